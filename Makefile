@@ -1,0 +1,33 @@
+# Baton: `make demo` shows turn-taking on this machine; `make test` runs lint, types and tests.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint soak proto bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/baton demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -q -rs
+
+soak: $(STAMP)
+	$(BIN)/pytest -q -rs -m soak tests/reliability
+
+proto: $(STAMP)
+	PYTHON=$(BIN)/python bash hack/gen-proto.sh
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,92 @@
+"""The interface every evacuation backend implements.
+
+The lease service never moves memory itself. Before it grants a turn it asks the residency
+layer to make room, and the residency layer drives a `Backend` to park and restore tenants.
+Backend calls may block (they copy memory); the agent runs them off its event loop.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Residency(StrEnum):
+    """Where a tenant's memory on one GPU is."""
+
+    RESIDENT = "resident"
+    PARKED = "parked"
+    PARKING = "parking"
+    RESTORING = "restoring"
+
+
+@dataclass(frozen=True)
+class TenantRef:
+    """What a backend needs to know about a tenant to move its memory."""
+
+    tenant_id: str
+    gpus: tuple[str, ...]
+    pids: tuple[int, ...] = ()
+    """Host PIDs of the tenant's GPU processes (cuda backend)."""
+    memory_limit_bytes: int | None = None
+    """The tenant's memory cgroup limit, if known; parked bytes are charged to it."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """The outcome of one park or restore."""
+
+    tenant_id: str
+    gpu: str
+    direction: str  # "park" | "restore"
+    bytes: int
+    seconds: float
+
+
+@dataclass
+class TenantState:
+    """A backend's view of one tenant, for /v1/status."""
+
+    tenant_id: str
+    residency: dict[str, Residency] = field(default_factory=dict)
+    footprint_bytes: dict[str, int] = field(default_factory=dict)
+    parked_bytes: int = 0
+    detail: str = ""
+
+
+class BackendError(Exception):
+    """A park or restore failed; the tenant is left as `state()` reports it."""
+
+
+class Backend(abc.ABC):
+    """Parks and restores tenants' GPU memory. Implementations: null, fake, cuda, app."""
+
+    name: str = "base"
+
+    @abc.abstractmethod
+    def attach(self, tenant: TenantRef) -> None:
+        """A tenant appeared (registered, or its pod was seen on this node)."""
+
+    @abc.abstractmethod
+    def detach(self, tenant_id: str) -> None:
+        """A tenant is gone for good: release whatever is held for it (parked bytes included)."""
+
+    @abc.abstractmethod
+    def footprint(self, tenant_id: str, gpu: str) -> int:
+        """Bytes of device memory the tenant occupies (or would occupy) on `gpu`."""
+
+    @abc.abstractmethod
+    def park(self, tenant_id: str, gpu: str) -> Move:
+        """Move the tenant's memory on `gpu` to host DRAM and free the device memory."""
+
+    @abc.abstractmethod
+    def restore(self, tenant_id: str, gpu: str) -> Move:
+        """Bring the tenant's parked memory on `gpu` back to the device."""
+
+    @abc.abstractmethod
+    def state(self, tenant_id: str) -> TenantState:
+        """Where the tenant's memory is now."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release backend resources at agent shutdown (parked tenant memory is kept)."""

@@ -1,0 +1,3 @@
+"""Baton: turn-taking GPU sharing for training jobs on Kubernetes."""
+
+__version__ = "0.1.0"

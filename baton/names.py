@@ -1,0 +1,71 @@
+"""The one source of truth for Baton's resource names, annotation keys, env vars, paths and ports.
+
+Every component imports these values; none spells them out again.
+"""
+
+from __future__ import annotations
+
+# Extended resources.
+RESOURCE_GPU = "baton.dev/gpu"
+"""Time-sliced GPU slots advertised by the device plugin."""
+RESOURCE_GPU_MEMORY = "baton.dev/gpu-memory"
+"""Device memory a tenant needs during its turn, MiB (extender-managed)."""
+RESOURCE_GPU_DUTY = "baton.dev/gpu-duty"
+"""Share of GPU time a tenant expects to use, percent 1-100 (extender-managed)."""
+
+# Node annotations (written by the device plugin, read by the extender).
+ANNOTATION_GPUS = "baton.dev/gpus"
+"""JSON list of {uuid, index, model, memoryMiB, slots, healthy}."""
+ANNOTATION_HOST_MEMORY_BUDGET = "baton.dev/host-memory-budget"
+"""Host DRAM budget for parked GPU memory on the node, MiB."""
+
+# Pod annotations.
+ANNOTATION_ASSIGNED_GPUS = "baton.dev/assigned-gpus"
+"""Comma-separated GPU UUIDs chosen at bind time."""
+ANNOTATION_ASSIGNED_AT = "baton.dev/assigned-at"
+"""RFC 3339 time (nanoseconds) of the assignment."""
+ANNOTATION_ALLOCATED_AT = "baton.dev/allocated-at"
+"""RFC 3339 time the device plugin allocated the pod."""
+
+# Scheduling.
+SCHEDULER_NAME = "baton-scheduler"
+NAMESPACE = "baton-system"
+
+# Node paths.
+AGENT_SOCKET = "/run/baton/agent.sock"
+AGENT_SOCKET_DIR = "/run/baton"
+AGENT_STATE_DIR = "/var/lib/baton"
+KUBELET_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_SOCKET_NAME = "kubelet.sock"
+DEVICE_PLUGIN_SOCKET_NAME = "baton-gpu.sock"
+
+# Environment in tenant containers.
+ENV_AGENT_SOCKET = "BATON_AGENT_SOCKET"
+ENV_GPUS = "BATON_GPUS"
+ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+
+# Metrics and ports.
+METRICS_PREFIX = "baton_"
+PORT_AGENT = 9460
+PORT_DEVICE_PLUGIN = 9461
+PORT_EXTENDER = 9462
+
+# Device plugin defaults.
+DEFAULT_SLOTS_PER_GPU = 4
+SLOT_SEPARATOR = "::"
+"""Device IDs are `<GPU-UUID>::<slot>`."""
+
+MIB = 1024 * 1024
+
+
+def slot_device_id(gpu_uuid: str, slot: int) -> str:
+    """The device ID the plugin advertises for one slot of one GPU."""
+    return f"{gpu_uuid}{SLOT_SEPARATOR}{slot}"
+
+
+def gpu_of_device_id(device_id: str) -> str:
+    """The GPU UUID a slot device ID belongs to."""
+    uuid, sep, _slot = device_id.rpartition(SLOT_SEPARATOR)
+    if not sep or not uuid:
+        raise ValueError(f"device ID {device_id!r} is not of the form <GPU-UUID>::<slot>")
+    return uuid

@@ -1,0 +1,1 @@
+"""The kube-scheduler extender: places tenant pods on GPUs and binds them."""
