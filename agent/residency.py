@@ -1,0 +1,56 @@
+"""The seam between the lease service and memory movement.
+
+The lease service owns turns; a `TurnPreparer` owns where tenants' memory is. Before granting a
+turn the lease service awaits `prepare`; it never moves memory itself. Yield calls nothing here:
+parking is lazy, and happens only when a later `prepare` needs the room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+
+class NoRoom(Exception):
+    """The turn cannot be granted yet (e.g. a park would exceed the host DRAM budget).
+
+    The message names the numbers. The lease service keeps the waiter queued and calls
+    `prepare` again when the node's state changes (a yield, a tenant leaving, a budget change).
+    """
+
+
+class TurnPreparer(Protocol):
+    """Makes a tenant's memory resident on its GPUs before its turn."""
+
+    async def prepare(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """Make room and restore the tenant on `gpus`; raise `NoRoom` if that cannot happen now."""
+        ...
+
+    async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """The tenant's lease was revoked (max hold passed while others wait): park it."""
+        ...
+
+    async def forget(self, tenant_id: str) -> None:
+        """The tenant is gone for good: release what is held for it, parked bytes included."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """Per tenant residency for /v1/status (JSON-serialisable)."""
+        ...
+
+
+class NullPreparer:
+    """Moves nothing: every tenant is always resident. Used when no backend is configured."""
+
+    async def prepare(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """Nothing to make room for."""
+
+    async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """Nothing to park."""
+
+    async def forget(self, tenant_id: str) -> None:
+        """Nothing to release."""
+
+    def status(self) -> dict[str, Any]:
+        """No residency information."""
+        return {}
