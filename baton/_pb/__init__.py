@@ -1,0 +1,1 @@
+"""Generated gRPC stubs (hack/gen-proto.sh). Do not edit."""
