@@ -1,0 +1,59 @@
+"""Domain errors of the lease service; `agent.grpc_server` maps each to one gRPC status."""
+
+from __future__ import annotations
+
+
+class AgentError(Exception):
+    """A request the agent refuses; the message says what to do about it."""
+
+
+class UnknownLease(AgentError):
+    """No lease with that id (NOT_FOUND)."""
+
+
+class NotOwner(AgentError):
+    """The lease belongs to another tenant (PERMISSION_DENIED)."""
+
+    def __init__(self, lease_id: str, owner: str) -> None:
+        super().__init__(f"lease {lease_id} belongs to tenant {owner!r}, not to the caller")
+        self.owner = owner
+
+
+class AlreadyHolding(AgentError):
+    """The tenant already holds or waits for one of these GPUs (FAILED_PRECONDITION)."""
+
+
+class NoLease(AgentError):
+    """Yield or renew without a lease (FAILED_PRECONDITION)."""
+
+
+class InvalidGpus(AgentError):
+    """Acquire on GPUs the tenant was not given (INVALID_ARGUMENT)."""
+
+
+class AcquireTimeout(AgentError):
+    """The turn was not granted in time; the waiter has left the queue (DEADLINE_EXCEEDED)."""
+
+
+class NotRegistered(AgentError):
+    """The caller's process belongs to no known tenant (FAILED_PRECONDITION)."""
+
+
+class RegistrationConflict(AgentError):
+    """A registration that contradicts an existing tenant (FAILED_PRECONDITION)."""
+
+
+class Forbidden(AgentError):
+    """The caller may not act on that tenant (PERMISSION_DENIED)."""
+
+
+class Unauthenticated(AgentError):
+    """No valid session token (UNAUTHENTICATED)."""
+
+
+class TenantGone(AgentError):
+    """The tenant left while the call was in flight (UNAVAILABLE)."""
+
+
+class CallbackFailed(AgentError):
+    """A tenant's park/restore callback failed or is not registered."""

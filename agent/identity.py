@@ -1,0 +1,137 @@
+"""Who is calling: SO_PEERCRED on a handshake socket, session tokens, and PID → pod UID.
+
+gRPC in Python does not expose a unix-socket peer's credentials, so a tenant first connects to
+a sibling socket (`<agent socket>.auth`); the agent reads the peer's PID, UID and GID from the
+kernel and answers with an unguessable token. The client sends the token as metadata on every
+call; it dies with the tenant's session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import secrets
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_POD_UID = re.compile(
+    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+)
+UNUSED_TOKEN_TTL = 30.0
+"""Seconds a token may go without a session before it is dropped."""
+
+
+def pod_uid_from_cgroup(text: str) -> str | None:
+    """The pod UID in a `/proc/<pid>/cgroup` file (cgroup v1 or v2, cgroupfs or systemd)."""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        if "kubepods" not in path:
+            continue
+        match = _POD_UID.search(path)
+        if match:
+            return match.group(1).replace("_", "-")
+    return None
+
+
+def pod_uid_of_pid(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The pod UID of a process, or None outside Kubernetes (or if the process is gone)."""
+    try:
+        return pod_uid_from_cgroup((proc / str(pid) / "cgroup").read_text())
+    except OSError:
+        return None
+
+
+def handshake_path(agent_socket: str) -> str:
+    """The handshake socket next to the agent's gRPC socket."""
+    return f"{agent_socket}.auth"
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A process the kernel vouched for."""
+
+    pid: int
+    uid: int
+    gid: int
+    token: str
+
+
+class TokenRegistry:
+    """Issues session tokens and resolves them to peers."""
+
+    def __init__(self, loop_call_later: Callable[[float, Callable[[], None]], object]) -> None:
+        self._peers: dict[str, Peer] = {}
+        self._attached: set[str] = set()
+        self._call_later = loop_call_later
+
+    def issue(self, pid: int, uid: int, gid: int) -> Peer:
+        """A new token for a process; dropped unless a session attaches it in time."""
+        peer = Peer(pid=pid, uid=uid, gid=gid, token=secrets.token_urlsafe(24))
+        self._peers[peer.token] = peer
+        self._call_later(UNUSED_TOKEN_TTL, lambda: self._drop_unused(peer.token))
+        return peer
+
+    def get(self, token: str | None) -> Peer | None:
+        """The peer a token was issued to, if it is still valid."""
+        return None if token is None else self._peers.get(token)
+
+    def attach(self, token: str) -> None:
+        """A session uses the token: it lives as long as the session."""
+        self._attached.add(token)
+
+    def revoke(self, token: str) -> None:
+        """The session ended: the token is dead."""
+        self._peers.pop(token, None)
+        self._attached.discard(token)
+
+    def _drop_unused(self, token: str) -> None:
+        if token not in self._attached:
+            self._peers.pop(token, None)
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process on the other end of a unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+async def serve_handshake(path: str, tokens: TokenRegistry, mode: int) -> asyncio.Server:
+    """Listen on `path`; every connection gets one JSON line with its token, then EOF."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
+            peer = tokens.issue(pid, uid, gid)
+            writer.write(json.dumps({"token": peer.token, "pid": pid}).encode() + b"\n")
+            await writer.drain()
+        except OSError as exc:
+            log.warning("handshake failed: %s", exc)
+        finally:
+            writer.close()
+
+    Path(path).unlink(missing_ok=True)
+    server = await asyncio.start_unix_server(handle, path=path)
+    Path(path).chmod(mode)
+    return server
+
+
+def request_token(path: str, timeout: float = 5.0) -> str:
+    """Client side of the handshake (blocking)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    return str(json.loads(data)["token"])

@@ -1,0 +1,298 @@
+"""The lease table: who holds which GPU, who waits, in what order. Pure: no sockets, no clock.
+
+Grants are two-phase so that the service can make room before a turn starts: `pick` reserves
+the GPUs of the waiters that may go now, then `grant` turns a reservation into a lease (or
+`block` puts the waiter back, skipped until `unblock_all`). A multi-GPU waiter takes all its
+GPUs at once or none, and the queue order is one global order, so waiters cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from agent.errors import AlreadyHolding, NotOwner, UnknownLease
+from agent.policy import POLICIES, Policy
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A granted turn on one or more GPUs."""
+
+    lease_id: str
+    tenant_id: str
+    gpus: tuple[str, ...]
+    tokens: Mapping[str, int]
+    granted_at: float
+    hold_until: float
+
+
+@dataclass
+class Waiter:
+    """A tenant waiting for a turn."""
+
+    waiter_id: str
+    tenant_id: str
+    gpus: tuple[str, ...]
+    seq: int
+    enqueued_at: float
+    deadline: float | None = None
+    front: bool = False
+    """Queued ahead of everyone (a revoked holder waiting to resume)."""
+    reserved: bool = False
+    blocked: str = ""
+    """Why the last attempt to make room failed; empty when eligible."""
+
+
+@dataclass
+class GpuState:
+    """One GPU: its holder and its last fencing token."""
+
+    holder: str | None = None
+    token: int = 0
+    busy_since: float | None = None
+
+
+@dataclass
+class TenantUsage:
+    """What a policy may know about a tenant."""
+
+    last_served: float | None = None
+    served_seconds: float = 0.0
+    duty: int = 100
+
+
+@dataclass
+class Tick:
+    """What time alone changed: waiters past their deadline, leases held too long."""
+
+    expired: list[Waiter] = field(default_factory=list)
+    overdue: list[Lease] = field(default_factory=list)
+
+
+class LeaseTable:
+    """Per GPU at most one holder; waiters served in the policy's order."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float],
+        policy: str | Policy = "fifo",
+        max_hold: float = 60.0,
+        new_id: Callable[[], str] | None = None,
+    ) -> None:
+        self._clock = clock
+        self._policy = POLICIES[policy] if isinstance(policy, str) else policy
+        self.max_hold = max_hold
+        self._new_id = new_id or (lambda: uuid.uuid4().hex[:16])
+        self._seq = itertools.count()
+        self.gpus: dict[str, GpuState] = {}
+        self.leases: dict[str, Lease] = {}
+        self.waiters: dict[str, Waiter] = {}
+        self.usage: dict[str, TenantUsage] = {}
+
+    # Queries.
+
+    def gpu(self, name: str) -> GpuState:
+        """The state of a GPU, created on first mention."""
+        return self.gpus.setdefault(name, GpuState())
+
+    def queue(self) -> list[Waiter]:
+        """All waiters in the order the policy serves them."""
+        return self._policy(list(self.waiters.values()), self.usage)
+
+    def queue_of(self, gpu: str) -> list[Waiter]:
+        """The waiters for one GPU, in serving order."""
+        return [w for w in self.queue() if gpu in w.gpus]
+
+    def lease(self, lease_id: str, tenant_id: str) -> Lease:
+        """A lease, checked to belong to `tenant_id`."""
+        lease = self.leases.get(lease_id)
+        if lease is None:
+            raise UnknownLease(f"no lease {lease_id!r}: it was yielded, revoked or never granted")
+        if lease.tenant_id != tenant_id:
+            raise NotOwner(lease_id, lease.tenant_id)
+        return lease
+
+    def leases_of(self, tenant_id: str) -> list[Lease]:
+        """The tenant's current leases."""
+        return [lease for lease in self.leases.values() if lease.tenant_id == tenant_id]
+
+    def contended(self, lease: Lease) -> bool:
+        """Whether anyone (other than the holder) waits for one of the lease's GPUs."""
+        return any(
+            w.tenant_id != lease.tenant_id and set(w.gpus) & set(lease.gpus)
+            for w in self.waiters.values()
+        )
+
+    # Waiting.
+
+    def enqueue(
+        self,
+        tenant_id: str,
+        gpus: Iterable[str],
+        *,
+        timeout: float | None = None,
+        front: bool = False,
+        duty: int = 100,
+    ) -> Waiter:
+        """Queue a tenant for all of `gpus` at once."""
+        wanted = tuple(sorted(set(gpus)))
+        if not wanted:
+            raise ValueError("a turn needs at least one GPU")
+        for gpu in wanted:
+            if self.gpu(gpu).holder is not None and self._holder(gpu).tenant_id == tenant_id:
+                raise AlreadyHolding(f"tenant {tenant_id!r} already holds {gpu}")
+        for w in self.waiters.values():
+            if w.tenant_id == tenant_id and set(w.gpus) & set(wanted):
+                raise AlreadyHolding(f"tenant {tenant_id!r} already waits for {', '.join(w.gpus)}")
+        now = self._clock()
+        self.usage.setdefault(tenant_id, TenantUsage()).duty = duty
+        waiter = Waiter(
+            waiter_id=self._new_id(),
+            tenant_id=tenant_id,
+            gpus=wanted,
+            seq=next(self._seq),
+            enqueued_at=now,
+            deadline=None if timeout is None else now + timeout,
+            front=front,
+        )
+        self.waiters[waiter.waiter_id] = waiter
+        return waiter
+
+    def cancel(self, waiter_id: str) -> Waiter | None:
+        """Remove a waiter (gave up, timed out, disconnected); its reservation goes with it."""
+        waiter = self.waiters.pop(waiter_id, None)
+        if waiter is not None and waiter.reserved:
+            for gpu in waiter.gpus:
+                self.gpu(gpu).holder = None
+        return waiter
+
+    # Granting.
+
+    def pick(self) -> list[Waiter]:
+        """Reserve the GPUs of every waiter that may start now, in serving order."""
+        claimed: set[str] = set()
+        chosen: list[Waiter] = []
+        for waiter in self.queue():
+            if waiter.blocked or waiter.reserved:
+                continue
+            wanted = set(waiter.gpus)
+            free = all(self.gpu(g).holder is None for g in wanted)
+            if free and not wanted & claimed:
+                for gpu in wanted:
+                    self.gpu(gpu).holder = waiter.waiter_id
+                waiter.reserved = True
+                chosen.append(waiter)
+            claimed |= wanted
+        return chosen
+
+    def grant(self, waiter_id: str) -> Lease:
+        """Turn a reservation into a lease with fresh fencing tokens."""
+        waiter = self.waiters.pop(waiter_id)
+        assert waiter.reserved, "grant() needs a reservation from pick()"
+        now = self._clock()
+        tokens = {}
+        for gpu in waiter.gpus:
+            state = self.gpu(gpu)
+            state.token += 1
+            state.holder = waiter_id
+            state.busy_since = now
+            tokens[gpu] = state.token
+        lease = Lease(
+            lease_id=waiter_id,
+            tenant_id=waiter.tenant_id,
+            gpus=waiter.gpus,
+            tokens=tokens,
+            granted_at=now,
+            hold_until=now + self.max_hold,
+        )
+        self.leases[lease.lease_id] = lease
+        return lease
+
+    def block(self, waiter_id: str, reason: str) -> None:
+        """Undo a reservation that could not be prepared; skip the waiter until `unblock_all`."""
+        waiter = self.waiters[waiter_id]
+        for gpu in waiter.gpus:
+            self.gpu(gpu).holder = None
+        waiter.reserved = False
+        waiter.blocked = reason or "no room"
+
+    def unblock_all(self) -> bool:
+        """The node changed: blocked waiters are eligible again. True if any were blocked."""
+        blocked = [w for w in self.waiters.values() if w.blocked]
+        for waiter in blocked:
+            waiter.blocked = ""
+        return bool(blocked)
+
+    # Ending turns.
+
+    def release(self, lease_id: str) -> Lease:
+        """End a lease (yield, revocation or departure) and record the tenant as served."""
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            raise UnknownLease(f"no lease {lease_id!r}")
+        now = self._clock()
+        for gpu in lease.gpus:
+            state = self.gpu(gpu)
+            state.holder = None
+            state.busy_since = None
+        usage = self.usage.setdefault(lease.tenant_id, TenantUsage())
+        usage.last_served = now
+        usage.served_seconds += max(0.0, now - lease.granted_at)
+        return lease
+
+    def revoke(self, lease_id: str) -> tuple[Lease, Waiter]:
+        """End an overdue lease and queue its tenant first for the next turn."""
+        lease = self.release(lease_id)
+        duty = self.usage[lease.tenant_id].duty
+        return lease, self.enqueue(lease.tenant_id, lease.gpus, front=True, duty=duty)
+
+    def drop_tenant(self, tenant_id: str) -> tuple[list[Lease], list[Waiter]]:
+        """The tenant is gone: release its leases and remove its waiters."""
+        mine = [w.waiter_id for w in self.waiters.values() if w.tenant_id == tenant_id]
+        removed = [w for w in map(self.cancel, mine) if w is not None]
+        leases = [self.release(lease.lease_id) for lease in self.leases_of(tenant_id)]
+        self.usage.pop(tenant_id, None)
+        return leases, removed
+
+    # Time.
+
+    def tick(self) -> Tick:
+        """Remove waiters past their deadline; list leases past their hold while others wait."""
+        now = self._clock()
+        result = Tick()
+        for waiter in list(self.waiters.values()):
+            if waiter.deadline is not None and now >= waiter.deadline and not waiter.reserved:
+                self.cancel(waiter.waiter_id)
+                result.expired.append(waiter)
+        result.overdue = [
+            lease
+            for lease in self.leases.values()
+            if now >= lease.hold_until and self.contended(lease)
+        ]
+        return result
+
+    def next_deadline(self, after: float = float("-inf")) -> float | None:
+        """The earliest time later than `after` at which `tick` could find something to do."""
+        times = [w.deadline for w in self.waiters.values() if w.deadline is not None]
+        times += [lease.hold_until for lease in self.leases.values() if self.contended(lease)]
+        return min((t for t in times if t > after), default=None)
+
+    # Persistence.
+
+    def restore_lease(self, lease: Lease) -> None:
+        """Reinstate a lease loaded from disk (fencing tokens never go backwards)."""
+        for gpu in lease.gpus:
+            state = self.gpu(gpu)
+            state.holder = lease.lease_id
+            state.token = max(state.token, lease.tokens.get(gpu, 0))
+            state.busy_since = self._clock()
+        self.leases[lease.lease_id] = replace(lease, tokens=dict(lease.tokens))
+
+    def _holder(self, gpu: str) -> Lease | Waiter:
+        holder = self.gpu(gpu).holder
+        assert holder is not None
+        return self.leases.get(holder) or self.waiters[holder]

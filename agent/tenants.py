@@ -1,0 +1,125 @@
+"""Who the tenants are: local tenants registered by PID, and pods seen on this node. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agent.errors import Forbidden, RegistrationConflict
+
+LOCAL = "local"
+POD = "pod"
+
+
+@dataclass
+class Tenant:
+    """A job that takes turns on its GPUs."""
+
+    tenant_id: str
+    name: str
+    gpus: tuple[str, ...]
+    gpu_memory_mib: int = 0
+    gpu_duty: int = 100
+    memory_limit_bytes: int = 0
+    source: str = LOCAL
+    uid: int | None = None
+    """The UID that registered a local tenant; only it (or root) may add processes."""
+    pids: set[int] = field(default_factory=set)
+    pod_uid: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable form (for the state file and /v1/status)."""
+        data = asdict(self)
+        data["gpus"] = list(self.gpus)
+        data["pids"] = sorted(self.pids)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Tenant:
+        """Inverse of `to_json`."""
+        return cls(**{**data, "gpus": tuple(data["gpus"]), "pids": set(data.get("pids", []))})
+
+
+class TenantRegistry:
+    """Maps processes to tenants."""
+
+    def __init__(self) -> None:
+        self.tenants: dict[str, Tenant] = {}
+        self._by_pod_uid: dict[str, str] = {}
+
+    def register_local(
+        self,
+        *,
+        pid: int,
+        uid: int,
+        name: str,
+        gpus: Iterable[str],
+        gpu_memory_mib: int = 0,
+        gpu_duty: int = 100,
+        memory_limit_bytes: int = 0,
+    ) -> Tenant:
+        """Register the process `pid` as (part of) the local tenant `name`."""
+        tenant_id = f"{LOCAL}/{name}"
+        wanted = tuple(sorted(set(gpus)))
+        existing = self.tenants.get(tenant_id)
+        if existing is None:
+            tenant = Tenant(
+                tenant_id=tenant_id,
+                name=name,
+                gpus=wanted,
+                gpu_memory_mib=gpu_memory_mib,
+                gpu_duty=gpu_duty,
+                memory_limit_bytes=memory_limit_bytes,
+                uid=uid,
+            )
+            self.tenants[tenant_id] = tenant
+        else:
+            if existing.uid not in (uid, None) and uid != 0:
+                raise Forbidden(f"tenant {name!r} was registered by UID {existing.uid}, not {uid}")
+            if existing.gpus != wanted:
+                raise RegistrationConflict(
+                    f"tenant {name!r} is registered with GPUs {', '.join(existing.gpus)}; "
+                    "use another name for other GPUs"
+                )
+            tenant = existing
+        tenant.pids.add(pid)
+        return tenant
+
+    def upsert_pod(self, tenant: Tenant) -> None:
+        """A pod on this node with Baton GPUs, added or changed."""
+        old = self.tenants.get(tenant.tenant_id)
+        if old is not None:
+            tenant.pids = old.pids
+        self.tenants[tenant.tenant_id] = tenant
+        self._by_pod_uid[tenant.pod_uid] = tenant.tenant_id
+
+    def remove(self, tenant_id: str) -> Tenant | None:
+        """Forget a tenant."""
+        tenant = self.tenants.pop(tenant_id, None)
+        if tenant is not None:
+            self._by_pod_uid.pop(tenant.pod_uid, None)
+        return tenant
+
+    def drop_pid(self, tenant_id: str, pid: int) -> None:
+        """A process of the tenant ended."""
+        tenant = self.tenants.get(tenant_id)
+        if tenant is not None:
+            tenant.pids.discard(pid)
+
+    def find(self, pid: int, pod_uid: str | None) -> Tenant | None:
+        """The tenant a process belongs to: its pod if it runs in one, else its registration."""
+        if pod_uid:
+            tenant_id = self._by_pod_uid.get(pod_uid)
+            return None if tenant_id is None else self.tenants.get(tenant_id)
+        for tenant in self.tenants.values():
+            if tenant.source == LOCAL and pid in tenant.pids:
+                return tenant
+        return None
+
+    def restore(self, tenants: Iterable[Tenant]) -> None:
+        """Reinstate tenants loaded from the state file."""
+        for tenant in tenants:
+            self.tenants[tenant.tenant_id] = tenant
+            if tenant.pod_uid:
+                self._by_pod_uid[tenant.pod_uid] = tenant.tenant_id

@@ -1,0 +1,193 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("name", "gpus", "gpu_memory_mib", "gpu_duty", "memory_limit_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    GPU_DUTY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    gpu_memory_mib: int
+    gpu_duty: int
+    memory_limit_bytes: int
+    def __init__(self, name: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., gpu_memory_mib: _Optional[int] = ..., gpu_duty: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ...) -> None: ...
+
+class Tenant(_message.Message):
+    __slots__ = ("tenant_id", "name", "gpus", "gpu_memory_mib", "gpu_duty", "memory_limit_bytes", "source")
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    GPU_DUTY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    tenant_id: str
+    name: str
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    gpu_memory_mib: int
+    gpu_duty: int
+    memory_limit_bytes: int
+    source: str
+    def __init__(self, tenant_id: _Optional[str] = ..., name: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., gpu_memory_mib: _Optional[int] = ..., gpu_duty: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: Tenant
+    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ...) -> None: ...
+
+class AcquireRequest(_message.Message):
+    __slots__ = ("gpus", "timeout_ms")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    timeout_ms: int
+    def __init__(self, gpus: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("lease_id", "tenant_id", "gpus", "fencing_tokens", "granted_at", "hold_until", "contended")
+    class FencingTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_AT_FIELD_NUMBER: _ClassVar[int]
+    HOLD_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    CONTENDED_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    tenant_id: str
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    fencing_tokens: _containers.ScalarMap[str, int]
+    granted_at: float
+    hold_until: float
+    contended: bool
+    def __init__(self, lease_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., fencing_tokens: _Optional[_Mapping[str, int]] = ..., granted_at: _Optional[float] = ..., hold_until: _Optional[float] = ..., contended: _Optional[bool] = ...) -> None: ...
+
+class YieldRequest(_message.Message):
+    __slots__ = ("lease_id",)
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
+
+class YieldResponse(_message.Message):
+    __slots__ = ("held_seconds",)
+    HELD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    held_seconds: float
+    def __init__(self, held_seconds: _Optional[float] = ...) -> None: ...
+
+class RenewRequest(_message.Message):
+    __slots__ = ("lease_id",)
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
+
+class GetLeaseRequest(_message.Message):
+    __slots__ = ("lease_id",)
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
+
+class ClientMessage(_message.Message):
+    __slots__ = ("hello", "callback_result")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    CALLBACK_RESULT_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    callback_result: CallbackResult
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., callback_result: _Optional[_Union[CallbackResult, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("client_version", "callbacks")
+    CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    client_version: str
+    callbacks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_version: _Optional[str] = ..., callbacks: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CallbackResult(_message.Message):
+    __slots__ = ("call_id", "bytes", "error")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    bytes: int
+    error: str
+    def __init__(self, call_id: _Optional[str] = ..., bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class AgentMessage(_message.Message):
+    __slots__ = ("welcome", "callback", "granted", "revoked")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    CALLBACK_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    callback: Callback
+    granted: Lease
+    revoked: Revoked
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., callback: _Optional[_Union[Callback, _Mapping]] = ..., granted: _Optional[_Union[Lease, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: Tenant
+    def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ...) -> None: ...
+
+class Callback(_message.Message):
+    __slots__ = ("call_id", "action", "gpu")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    action: str
+    gpu: str
+    def __init__(self, call_id: _Optional[str] = ..., action: _Optional[str] = ..., gpu: _Optional[str] = ...) -> None: ...
+
+class Revoked(_message.Message):
+    __slots__ = ("lease_id", "reason")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    reason: str
+    def __init__(self, lease_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("kind", "tenant_id", "gpus", "lease_id", "fencing_tokens", "at", "detail")
+    class FencingTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TENANT_ID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    tenant_id: str
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    lease_id: str
+    fencing_tokens: _containers.ScalarMap[str, int]
+    at: float
+    detail: str
+    def __init__(self, kind: _Optional[str] = ..., tenant_id: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., lease_id: _Optional[str] = ..., fencing_tokens: _Optional[_Mapping[str, int]] = ..., at: _Optional[float] = ..., detail: _Optional[str] = ...) -> None: ...
