@@ -31,6 +31,8 @@ class TenantRef:
     """Host PIDs of the tenant's GPU processes (cuda backend)."""
     memory_limit_bytes: int | None = None
     """The tenant's memory cgroup limit, if known; parked bytes are charged to it."""
+    declared_bytes: int | None = None
+    """Device memory per GPU the tenant declared (`baton.dev/gpu-memory`), if it did."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,10 @@ class TenantState:
 
 class BackendError(Exception):
     """A park or restore failed; the tenant is left as `state()` reports it."""
+
+
+class BackendUnavailable(Exception):
+    """The backend cannot run here (missing package or driver); the message says what to do."""
 
 
 class Backend(abc.ABC):
@@ -87,6 +93,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def state(self, tenant_id: str) -> TenantState:
         """Where the tenant's memory is now."""
+
+    def tenants(self) -> list[str]:
+        """Tenants this backend holds memory for, including ones found again after a restart."""
+        return []
+
+    def memory_limit(self, tenant_id: str) -> int | None:
+        """The tenant's memory cgroup limit in bytes, if the backend can tell."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release backend resources at agent shutdown (parked tenant memory is kept)."""

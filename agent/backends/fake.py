@@ -1,0 +1,213 @@
+"""Simulated GPUs whose device memory is real bytes in files outside the agent process.
+
+Park copies `<gpu>.dev` to `<gpu>.host` and removes the device file; restore copies it back. Each
+move writes the whole copy under a temporary name, commits it with a rename, then drops the
+source, so a crash at any point leaves at least one complete copy; `reconcile` (run at start)
+removes half-written copies and keeps the device copy where both survived.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from agent.backends.base import (
+    Backend,
+    BackendError,
+    Move,
+    Residency,
+    TenantRef,
+    TenantState,
+)
+from agent.fakegpu import (
+    DEVICE_SUFFIX,
+    HOST_SUFFIX,
+    read_json,
+    tenant_dir,
+    timed_flock,
+    unlock,
+    write_json,
+)
+
+TMP_SUFFIX = ".moving"
+
+
+def copy_file(src: Path, dst: Path) -> None:
+    """Copy `src` to `dst` in the kernel (sendfile), without fsync."""
+    with src.open("rb") as fin, dst.open("wb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        sent = 0
+        while sent < size:
+            n = os.sendfile(fout.fileno(), fin.fileno(), sent, size - sent)
+            if n == 0:
+                raise BackendError(f"{src} shrank while being copied")
+            sent += n
+
+
+class FakeBackend(Backend):
+    """Parks and restores tenants' simulated device memory under `root`."""
+
+    name = "fake"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        gpus: Mapping[str, int],
+        scale: float = 1.0,
+        pcie_gbps: float | None = None,
+        lock_timeout: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root = Path(root)
+        self.gpus = dict(gpus)
+        self.scale = scale
+        self.pcie_gbps = pcie_gbps
+        self.lock_timeout = lock_timeout
+        self._clock = clock
+        self._closing = threading.Event()
+        self._locks: dict[str, int] = {}
+        self._mutex = threading.Lock()
+        (self.root / "tenants").mkdir(parents=True, exist_ok=True)
+        write_json(self.root / "gpus.json", {"scale": scale, "gpus": self.gpus})
+        self.reconcile()
+
+    def reconcile(self) -> list[str]:
+        """Finish or undo moves a crash interrupted; returns what was done, one line each."""
+        done = []
+        for tdir in sorted((self.root / "tenants").iterdir()):
+            for tmp in tdir.glob(f"*{TMP_SUFFIX}"):
+                tmp.unlink()
+                done.append(f"removed half-written {tmp}")
+            for host in tdir.glob(f"*{HOST_SUFFIX}"):
+                dev = host.with_suffix(DEVICE_SUFFIX)
+                if dev.exists():
+                    host.unlink()
+                    done.append(f"kept device copy {dev}, dropped its duplicate {host.name}")
+            tenant_id = self._tenant_id(tdir)
+            if tenant_id and any(tdir.glob(f"*{HOST_SUFFIX}")):
+                self._hold(tenant_id)
+        return done
+
+    def _tenant_id(self, tdir: Path) -> str | None:
+        meta = tdir / "meta.json"
+        return str(read_json(meta)["tenant_id"]) if meta.exists() else None
+
+    def _dir(self, tenant_id: str) -> Path:
+        return tenant_dir(self.root, tenant_id)
+
+    def _meta(self, tenant_id: str) -> dict[str, object]:
+        path = self._dir(tenant_id) / "meta.json"
+        return read_json(path) if path.exists() else {}
+
+    def attach(self, tenant: TenantRef) -> None:
+        """Make the tenant's directory; the tenant allocates its regions itself."""
+        self._dir(tenant.tenant_id).mkdir(parents=True, exist_ok=True)
+
+    def detach(self, tenant_id: str) -> None:
+        """Drop every region of the tenant, parked copies included."""
+        self._release(tenant_id)
+        tdir = self._dir(tenant_id)
+        if tdir.exists():
+            for f in tdir.iterdir():
+                f.unlink()
+            tdir.rmdir()
+
+    def tenants(self) -> list[str]:
+        """Tenants with regions under the root."""
+        ids = (self._tenant_id(d) for d in sorted((self.root / "tenants").iterdir()))
+        return [t for t in ids if t]
+
+    def footprint(self, tenant_id: str, gpu: str) -> int:
+        """Simulated bytes the tenant allocated on `gpu`."""
+        fp = self._meta(tenant_id).get("footprint", {})
+        return int(fp.get(gpu, 0)) if isinstance(fp, dict) else 0
+
+    def memory_limit(self, tenant_id: str) -> int | None:
+        """The limit the tenant declared in place of a memory cgroup."""
+        limit = self._meta(tenant_id).get("memory_limit")
+        return int(limit) if isinstance(limit, int) else None
+
+    def state(self, tenant_id: str) -> TenantState:
+        """Per GPU residency from which files exist."""
+        tdir = self._dir(tenant_id)
+        st = TenantState(tenant_id)
+        for gpu in self.gpus:
+            size = self.footprint(tenant_id, gpu)
+            if (tdir / f"{gpu}{HOST_SUFFIX}").exists():
+                st.residency[gpu] = Residency.PARKED
+                st.parked_bytes += size
+            elif size:
+                st.residency[gpu] = Residency.RESIDENT
+            if size:
+                st.footprint_bytes[gpu] = size
+        return st
+
+    def park(self, tenant_id: str, gpu: str) -> Move:
+        """Copy the device region to host, commit it, then free the device region."""
+        self._hold(tenant_id)
+        try:
+            return self._move(tenant_id, gpu, DEVICE_SUFFIX, HOST_SUFFIX, "park")
+        except BaseException:
+            if not self._parked_gpus(tenant_id):
+                self._release(tenant_id)
+            raise
+
+    def restore(self, tenant_id: str, gpu: str) -> Move:
+        """Copy the parked region back to the device, commit it, then free the host copy."""
+        move = self._move(tenant_id, gpu, HOST_SUFFIX, DEVICE_SUFFIX, "restore")
+        if not self._parked_gpus(tenant_id):
+            self._release(tenant_id)
+        return move
+
+    def _move(self, tenant_id: str, gpu: str, src_sfx: str, dst_sfx: str, direction: str) -> Move:
+        tdir = self._dir(tenant_id)
+        src, dst = tdir / f"{gpu}{src_sfx}", tdir / f"{gpu}{dst_sfx}"
+        size = self.footprint(tenant_id, gpu)
+        if not src.exists():
+            if dst.exists() or not size:
+                return Move(tenant_id, gpu, direction, 0, 0.0)
+            raise BackendError(f"{tenant_id} has neither {src.name} nor {dst.name} on {gpu}")
+        start = self._clock()
+        tmp = dst.with_name(dst.name + TMP_SUFFIX)
+        copy_file(src, tmp)
+        self._model_bandwidth(size, start)
+        os.replace(tmp, dst)
+        src.unlink()
+        return Move(tenant_id, gpu, direction, size, self._clock() - start)
+
+    def _model_bandwidth(self, size: int, start: float) -> None:
+        """Stretch a move of `size` simulated bytes to size / bandwidth seconds."""
+        if self.pcie_gbps:
+            remaining = size / (self.pcie_gbps * 1e9) - (self._clock() - start)
+            if remaining > 0:
+                self._closing.wait(remaining)
+
+    def _parked_gpus(self, tenant_id: str) -> list[Path]:
+        return list(self._dir(tenant_id).glob(f"*{HOST_SUFFIX}"))
+
+    def _hold(self, tenant_id: str) -> None:
+        """Take the tenant's lock exclusively (its accesses wait) unless already held."""
+        with self._mutex:
+            if tenant_id in self._locks:
+                return
+        try:
+            fd = timed_flock(self._dir(tenant_id) / "lock", True, self.lock_timeout)
+        except TimeoutError as e:
+            raise BackendError(f"{tenant_id} kept its device memory busy: {e}") from e
+        with self._mutex:
+            self._locks[tenant_id] = fd
+
+    def _release(self, tenant_id: str) -> None:
+        with self._mutex:
+            fd = self._locks.pop(tenant_id, None)
+        if fd is not None:
+            unlock(fd)
+
+    def close(self) -> None:
+        """Cut modelled waits short and release locks; parked regions stay on disk."""
+        self._closing.set()
+        for tenant_id in list(self._locks):
+            self._release(tenant_id)

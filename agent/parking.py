@@ -1,0 +1,217 @@
+"""The real `TurnPreparer`: plans room for each turn and runs the moves through a backend.
+
+Plans come from `agent.planner` (pure); this module gathers the snapshot, runs the moves off the
+event loop (`asyncio.to_thread`), retries failed parks with backoff, and keeps metrics and the
+per tenant status that /v1/status shows. One plan runs at a time per node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from agent.backends.base import Backend, BackendError, Move, Residency, TenantRef, TenantState
+from agent.parking_metrics import ParkingMetrics
+from agent.planner import Plan, Refusal, Snapshot, Step, TenantView, plan_park, plan_turn
+from agent.residency import NoRoom
+
+log = logging.getLogger(__name__)
+
+
+class ParkingPreparer:
+    """Makes each incoming tenant resident, parking least-recently-served ones when needed."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        gpu_memory: Mapping[str, int],
+        *,
+        host_budget: int,
+        headroom: int = 0,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        attempts: int = 3,
+        backoff: float = 0.2,
+    ) -> None:
+        self.backend = backend
+        self.gpu_memory = dict(gpu_memory)
+        self.host_budget = host_budget
+        self.headroom = headroom
+        self.metrics = ParkingMetrics(backend.name, registry)
+        self.metrics.host_budget.set(host_budget)
+        self._clock = clock
+        self._wall = wall_clock
+        self._attempts = attempts
+        self._backoff = backoff
+        self._lock = asyncio.Lock()
+        self._refs: dict[str, TenantRef] = {}
+        self._last_turn: dict[str, float] = {}
+        self._last_turn_wall: dict[str, float] = {}
+        self._holding: dict[str, frozenset[str]] = {}
+        self._states: dict[str, TenantState] = {}
+        self._waiting: dict[str, str] = {}
+
+    def register(self, ref: TenantRef) -> None:
+        """Learn a tenant's GPUs, PIDs, memory limit and declared footprint."""
+        self._refs[ref.tenant_id] = ref
+        self.backend.attach(ref)
+
+    async def prepare(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """Make `tenant_id` resident on its GPUs; raise `NoRoom` naming the numbers if not now."""
+        async with self._lock:
+            if tenant_id not in self._refs:
+                self.register(TenantRef(tenant_id, tuple(gpus)))
+            for other, held in list(self._holding.items()):
+                if held & set(gpus):
+                    del self._holding[other]
+            snap = await asyncio.to_thread(self._snapshot)
+            plan = plan_turn(snap, tenant_id)
+            await self._carry_out(tenant_id, plan)
+            self._waiting.pop(tenant_id, None)
+            self._holding[tenant_id] = frozenset(gpus)
+            self._last_turn[tenant_id] = self._clock()
+            self._last_turn_wall[tenant_id] = self._wall()
+
+    async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """Park a holder whose lease ran out while others wait; `NoRoom` if it must stay."""
+        async with self._lock:
+            self.metrics.preemptions.inc()
+            self._holding.pop(tenant_id, None)
+            snap = await asyncio.to_thread(self._snapshot)
+            if tenant_id not in snap.tenants:
+                return
+            await self._carry_out(tenant_id, plan_park(snap, tenant_id))
+
+    async def forget(self, tenant_id: str) -> None:
+        """Drop everything held for a tenant that is gone, parked bytes included."""
+        async with self._lock:
+            await asyncio.to_thread(self.backend.detach, tenant_id)
+            for table in (self._refs, self._last_turn, self._last_turn_wall, self._holding):
+                table.pop(tenant_id, None)
+            self._states.pop(tenant_id, None)
+            self._waiting.pop(tenant_id, None)
+            self._publish()
+
+    async def _carry_out(self, tenant_id: str, plan: Plan | Refusal) -> None:
+        """Run the plan's moves in order, or record and raise the refusal."""
+        try:
+            if isinstance(plan, Refusal):
+                raise self._refuse(tenant_id, plan.reason, plan.message)
+            for step in plan.steps:
+                await self._move(tenant_id, step)
+        finally:
+            await asyncio.to_thread(self._refresh)
+
+    async def _move(self, tenant_id: str, step: Step) -> Move:
+        """One park or restore, retried with backoff; the tenant stays where it was on failure."""
+        fn = self.backend.park if step.direction == "park" else self.backend.restore
+        for attempt in range(self._attempts):
+            try:
+                move = await asyncio.to_thread(fn, step.tenant_id, step.gpu)
+            except BackendError as e:
+                self.metrics.failed(step.direction)
+                log.warning(
+                    "%s of %s on %s failed (attempt %d of %d): %s",
+                    step.direction, step.tenant_id, step.gpu, attempt + 1, self._attempts, e,
+                )  # fmt: skip
+                if attempt + 1 == self._attempts:
+                    raise self._refuse(
+                        tenant_id,
+                        "move_failed",
+                        f"{step.direction} of {step.tenant_id} on {step.gpu} failed "
+                        f"{self._attempts} times; last error: {e}",
+                    ) from e
+                await asyncio.sleep(self._backoff * 2**attempt)
+            else:
+                self.metrics.moved(move)
+                log.info(
+                    "%s %s on %s: %d bytes in %.3f s",
+                    move.direction, move.tenant_id, move.gpu, move.bytes, move.seconds,
+                )  # fmt: skip
+                return move
+        raise AssertionError("unreachable")
+
+    def _refuse(self, tenant_id: str, reason: str, message: str) -> NoRoom:
+        """Count, log (once per new message) and show why `tenant_id` waits; the error to raise."""
+        self.metrics.refused.labels(reason).inc()
+        if self._waiting.get(tenant_id) != message:
+            log.warning("turn for %s waits: %s", tenant_id, message)
+        self._waiting[tenant_id] = message
+        return NoRoom(message)
+
+    def _tenant_ids(self) -> list[str]:
+        return sorted(set(self._refs) | set(self.backend.tenants()))
+
+    def _view(self, tenant_id: str, st: TenantState) -> TenantView:
+        """The planner's view of one tenant from the backend's state and what we know."""
+        ref = self._refs.get(tenant_id)
+        declared = ref.declared_bytes if ref and ref.declared_bytes else 0
+        gpus = set(st.footprint_bytes) | set(ref.gpus if ref and declared else ())
+        footprint = {g: max(st.footprint_bytes.get(g, 0), declared) for g in gpus}
+        parked = {
+            g: st.footprint_bytes.get(g, 0)
+            for g, r in st.residency.items()
+            if r in (Residency.PARKED, Residency.PARKING, Residency.RESTORING)
+        }
+        limit = ref.memory_limit_bytes if ref and ref.memory_limit_bytes else None
+        return TenantView(
+            tenant_id,
+            footprint=footprint,
+            parked=parked,
+            last_turn=self._last_turn.get(tenant_id, float("-inf")),
+            memory_limit=limit if limit is not None else self.backend.memory_limit(tenant_id),
+            busy=tenant_id in self._holding,
+        )
+
+    def _snapshot(self) -> Snapshot:
+        """The node as the backend reports it now (runs in a worker thread)."""
+        self._refresh()
+        views = {t: self._view(t, st) for t, st in self._states.items()}
+        return Snapshot(self.gpu_memory, views, self.headroom, self.host_budget)
+
+    def _refresh(self) -> None:
+        """Re-read every tenant's state from the backend."""
+        self._states = {t: self.backend.state(t) for t in self._tenant_ids()}
+        self._publish()
+
+    def _publish(self) -> None:
+        self.metrics.parked_bytes.set(sum(st.parked_bytes for st in self._states.values()))
+
+    def status(self) -> dict[str, Any]:
+        """Node and per tenant residency for /v1/status."""
+        tenants = {}
+        for tenant_id, st in sorted(self._states.items()):
+            view = self._view(tenant_id, st)
+            kinds = set(st.residency.values())
+            when = self._last_turn_wall.get(tenant_id)
+            entry: dict[str, Any] = {
+                "residency": kinds.pop().value if len(kinds) == 1 else "mixed" if kinds else "",
+                "gpus": {g: r.value for g, r in sorted(st.residency.items())},
+                "footprint_bytes": sum(st.footprint_bytes.values()),
+                "parked_bytes": st.parked_bytes,
+                "last_turn": dt.datetime.fromtimestamp(when, dt.UTC).isoformat() if when else None,
+            }
+            if view.cgroup_blocks_park():
+                entry["not_parkable"] = (
+                    f"memory limit {view.memory_limit} bytes cannot hold its "
+                    f"{sum(view.footprint.values())} bytes of GPU memory"
+                )
+            if st.detail:
+                entry["detail"] = st.detail
+            if tenant_id in self._waiting:
+                entry["waiting"] = self._waiting[tenant_id]
+            tenants[tenant_id] = entry
+        return {
+            "backend": self.backend.name,
+            "parked_bytes": sum(st.parked_bytes for st in self._states.values()),
+            "host_memory_budget_bytes": self.host_budget,
+            "headroom_bytes": self.headroom,
+            "tenants": tenants,
+        }

@@ -1,0 +1,56 @@
+"""Prometheus metrics of parking and restoring tenants' GPU memory."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from agent.backends.base import Move
+from baton.names import METRICS_PREFIX
+
+MOVE_BUCKETS = (0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ParkingMetrics:
+    """Counters, histograms and gauges for one backend, registered in `registry`."""
+
+    def __init__(self, backend: str, registry: CollectorRegistry | None = None) -> None:
+        self.backend = backend
+        reg = registry if registry is not None else CollectorRegistry()
+        p = METRICS_PREFIX
+        labels = ("backend", "direction")
+        self.moves = Counter(f"{p}moves", "Parks and restores done.", labels, registry=reg)
+        self.move_seconds = Histogram(
+            f"{p}move_seconds", "Time one park or restore took.", labels,
+            buckets=MOVE_BUCKETS, registry=reg,
+        )  # fmt: skip
+        self.moved_bytes = Counter(
+            f"{p}moved_bytes", "Bytes of GPU memory parked or restored.", labels, registry=reg
+        )
+        self.move_failures = Counter(
+            f"{p}move_failures", "Parks and restores that failed.", labels, registry=reg
+        )
+        self.parked_bytes = Gauge(
+            f"{p}parked_bytes", "GPU memory parked in host DRAM on this node.", registry=reg
+        )
+        self.host_budget = Gauge(
+            f"{p}host_memory_budget_bytes", "Host DRAM budget for parked memory.", registry=reg
+        )
+        self.refused = Counter(
+            f"{p}refused_parks",
+            "Turns that could not be prepared yet, by reason.",
+            ("reason",),
+            registry=reg,
+        )
+        self.preemptions = Counter(
+            f"{p}preemptions", "Holders parked because their lease ran out.", registry=reg
+        )
+
+    def moved(self, move: Move) -> None:
+        """Count one finished move."""
+        self.moves.labels(self.backend, move.direction).inc()
+        self.move_seconds.labels(self.backend, move.direction).observe(move.seconds)
+        self.moved_bytes.labels(self.backend, move.direction).inc(move.bytes)
+
+    def failed(self, direction: str) -> None:
+        """Count one failed move."""
+        self.move_failures.labels(self.backend, direction).inc()
