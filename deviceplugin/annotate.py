@@ -1,0 +1,91 @@
+"""The node annotations the extender reads: GPU inventory and host DRAM budget, kept current."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+from baton import names
+from deviceplugin.devices import Inventory
+from deviceplugin.state import LiveInventory
+
+log = logging.getLogger(__name__)
+DEFAULT_HOST_MEMORY_BUDGET = "50%"
+_MAX_BACKOFF_S = 10.0
+
+
+def node_annotations(inventory: Inventory, budget_mib: int) -> dict[str, str]:
+    """`baton.dev/gpus` (JSON) and `baton.dev/host-memory-budget` (MiB)."""
+    return {
+        names.ANNOTATION_GPUS: json.dumps(inventory.annotation(), separators=(",", ":")),
+        names.ANNOTATION_HOST_MEMORY_BUDGET: str(budget_mib),
+    }
+
+
+def host_memory_budget_mib(spec: str, meminfo: str) -> int:
+    """MiB from `65536` (MiB) or `50%` (of MemTotal in /proc/meminfo's text)."""
+    spec = spec.strip()
+    if not spec.endswith("%"):
+        try:
+            return int(spec)
+        except ValueError as err:
+            raise ValueError(
+                f"--host-memory-budget {spec!r}: give MiB (65536) or a share (50%)"
+            ) from err
+    share = float(spec[:-1])
+    if not 0 < share <= 100:
+        raise ValueError(f"--host-memory-budget {spec!r}: the share must be within (0, 100]%")
+    for line in meminfo.splitlines():
+        if line.startswith("MemTotal:"):
+            kib = int(line.split()[1])
+            return int(kib / 1024 * share / 100)
+    raise ValueError("/proc/meminfo has no MemTotal line")
+
+
+class NodeAnnotator:
+    """Patches the node's annotations at start and after every inventory change."""
+
+    def __init__(self, api_client: Any, node_name: str, inventory: LiveInventory, budget_mib: int):
+        from kubernetes import client
+
+        self._core = client.CoreV1Api(api_client)
+        self.node_name = node_name
+        self.inventory = inventory
+        self.budget_mib = budget_mib
+        self.published = threading.Event()
+        self._pending = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="node-annotator", daemon=True)
+        inventory.subscribe(lambda _inventory: self._pending.set())
+
+    def start(self) -> None:
+        """Publish now and keep publishing on changes."""
+        self._pending.set()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop publishing."""
+        self._stop.set()
+        self._pending.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        backoff = 0.2
+        while True:
+            self._pending.wait()
+            if self._stop.is_set():
+                return
+            self._pending.clear()
+            _, inventory = self.inventory.snapshot()
+            body = {"metadata": {"annotations": node_annotations(inventory, self.budget_mib)}}
+            try:
+                self._core.patch_node(self.node_name, body, _request_timeout=5)
+                self.published.set()
+                backoff = 0.2
+            except Exception as err:
+                log.warning("cannot annotate node %s (%s); retrying", self.node_name, err)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                self._pending.set()

@@ -1,0 +1,115 @@
+"""Wiring: build every part of `baton deviceplugin` from its settings, start and stop them."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from baton import names
+from deviceplugin.allocation import Allocator, PodSource
+from deviceplugin.annotate import NodeAnnotator
+from deviceplugin.devices import Gpu, Inventory
+from deviceplugin.health import HealthTracker, NvmlHealthLoop
+from deviceplugin.metrics import Metrics, StatusServer
+from deviceplugin.plugin import DevicePlugin
+from deviceplugin.server import DevicePluginService, PluginServer
+from deviceplugin.state import LiveInventory
+
+log = logging.getLogger(__name__)
+CDI_KIND = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything `baton deviceplugin` is told on its command line."""
+
+    node_name: str
+    plugin_dir: Path = Path(names.KUBELET_DEVICE_PLUGIN_DIR)
+    slots_per_gpu: int = names.DEFAULT_SLOTS_PER_GPU
+    host_memory_budget_mib: int = 0
+    cdi: bool = False
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = names.PORT_DEVICE_PLUGIN
+    ignored_xids: frozenset[int] = frozenset()
+    socket_name: str = names.DEVICE_PLUGIN_SOCKET_NAME
+
+
+class Daemon:
+    """The running device plugin: gRPC server + registration, health, annotations, metrics."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        gpus: list[Gpu],
+        fake: bool,
+        source: PodSource,
+        api_client: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.inventory = LiveInventory(Inventory(tuple(gpus), settings.slots_per_gpu))
+        self.inventory.subscribe(self.metrics.observe_inventory)
+        self.metrics.observe_inventory(self.inventory.snapshot()[1])
+        self.health = HealthTracker(self.inventory, settings.ignored_xids)
+        self.allocator = Allocator(
+            source,
+            self.inventory,
+            self.metrics,
+            time.time_ns,
+            settings.node_name,
+            CDI_KIND if settings.cdi else None,
+        )
+        service = DevicePluginService(self.inventory, self.allocator, self.metrics)
+        server = PluginServer(service, settings.plugin_dir / settings.socket_name)
+        self.plugin = DevicePlugin(server, settings.plugin_dir, self.metrics)
+        self.status = StatusServer(
+            settings.metrics_host,
+            settings.metrics_port,
+            self.metrics,
+            self.health if fake else None,
+        )
+        self.nvml = None if fake else NvmlHealthLoop(self.health)
+        self.annotator = (
+            NodeAnnotator(
+                api_client, settings.node_name, self.inventory, settings.host_memory_budget_mib
+            )
+            if api_client is not None
+            else None
+        )
+
+    def start(self) -> None:
+        """Start metrics, health, annotations, then serve and register."""
+        self.status.start()
+        if self.nvml is not None:
+            self.nvml.start()
+        if self.annotator is not None:
+            self.annotator.start()
+        self.plugin.start()
+        log.info(
+            "serving %d slot devices of %s on %s; metrics on :%d",
+            len(self.inventory.snapshot()[1].devices()),
+            names.RESOURCE_GPU,
+            self.plugin.server.socket_path,
+            self.status.port,
+        )
+
+    def stop(self) -> None:
+        """Stop everything started."""
+        self.plugin.stop()
+        if self.annotator is not None:
+            self.annotator.stop()
+        if self.nvml is not None:
+            self.nvml.stop()
+        self.status.stop()
+
+    def run_until(self, stop: threading.Event) -> None:
+        """Start, block until `stop` is set, stop."""
+        self.start()
+        try:
+            stop.wait()
+        finally:
+            self.stop()

@@ -1,0 +1,230 @@
+"""Pure device logic: slot devices, health, which pod an Allocate serves, which GPUs it gets.
+
+No sockets, clocks or API calls: callers pass in snapshots and the current time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from baton import names
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+_ACTIVE_PHASES = ("", "Pending")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU of this node."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class Device:
+    """One slot device as the kubelet sees it."""
+
+    id: str
+    gpu: str
+    healthy: bool
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The node's GPUs, the slots advertised per GPU, and which GPUs are unhealthy (and why)."""
+
+    gpus: tuple[Gpu, ...]
+    slots_per_gpu: int
+    unhealthy: Mapping[str, str] = field(default_factory=dict)
+
+    def devices(self) -> list[Device]:
+        """Every slot device, GPUs in index order, slots in order."""
+        return [
+            Device(names.slot_device_id(gpu.uuid, slot), gpu.uuid, gpu.uuid not in self.unhealthy)
+            for gpu in sorted(self.gpus, key=lambda g: g.index)
+            for slot in range(self.slots_per_gpu)
+        ]
+
+    def healthy_gpus(self) -> list[Gpu]:
+        """GPUs not marked unhealthy, in index order."""
+        return [g for g in sorted(self.gpus, key=lambda g: g.index) if g.uuid not in self.unhealthy]
+
+    def with_health(self, uuid: str, healthy: bool, reason: str = "") -> Inventory:
+        """A copy with one GPU's health changed (unknown UUIDs raise KeyError)."""
+        if uuid not in {g.uuid for g in self.gpus}:
+            raise KeyError(f"no GPU with UUID {uuid} on this node")
+        unhealthy = dict(self.unhealthy)
+        if healthy:
+            unhealthy.pop(uuid, None)
+        else:
+            unhealthy[uuid] = reason or "unhealthy"
+        return replace(self, unhealthy=unhealthy)
+
+    def annotation(self) -> list[dict[str, object]]:
+        """The `baton.dev/gpus` node annotation value (before JSON encoding)."""
+        return [
+            {
+                "uuid": g.uuid,
+                "index": g.index,
+                "model": g.model,
+                "memoryMiB": g.memory_mib,
+                "slots": self.slots_per_gpu,
+                "healthy": g.uuid not in self.unhealthy,
+            }
+            for g in sorted(self.gpus, key=lambda g: g.index)
+        ]
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the device plugin needs to know about one pod on its node."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    phase: str
+    gpu_request: int
+    assigned_gpus: tuple[str, ...]
+    assigned_at_ns: int | None
+    allocated: bool
+    created_ns: int
+    deleting: bool = False
+
+    @property
+    def key(self) -> str:
+        """`namespace/name`."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def waiting(self) -> bool:
+        """Not yet allocated, not terminal, not being deleted."""
+        return not self.allocated and not self.deleting and self.phase in _ACTIVE_PHASES
+
+    @property
+    def holds_gpus(self) -> bool:
+        """Counts towards its GPUs' load (assigned and not terminal)."""
+        return bool(self.assigned_gpus) and self.phase not in ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The pod an Allocate serves and the GPUs it gets; `fallback` when it had no assignment."""
+
+    pod: PodView
+    gpus: tuple[str, ...]
+    fallback: bool
+
+
+class NoHealthyGpuError(Exception):
+    """Every GPU of the node is unhealthy."""
+
+
+def _order(pod: PodView) -> tuple[int, int, str]:
+    assigned = pod.assigned_at_ns if pod.assigned_at_ns is not None else pod.created_ns
+    return (assigned, pod.created_ns, pod.key)
+
+
+def choose_pod(
+    pods: Iterable[PodView],
+    device_count: int,
+    inventory: Inventory,
+    exclude: Iterable[str] = (),
+) -> Choice | None:
+    """The pod an Allocate of `device_count` devices serves, or None when no pod waits for it.
+
+    Assigned pods come first, oldest assignment first; else the oldest unassigned pod gets
+    the least-loaded GPUs. Pods whose UID is in `exclude` were already served.
+    """
+    skip = set(exclude)
+    all_pods = list(pods)
+    candidates = [
+        p for p in all_pods if p.waiting and p.uid not in skip and p.gpu_request == device_count
+    ]
+    assigned = sorted((p for p in candidates if p.assigned_gpus), key=_order)
+    if assigned:
+        return Choice(assigned[0], assigned[0].assigned_gpus, fallback=False)
+    unassigned = sorted(candidates, key=_order)
+    if not unassigned:
+        return None
+    gpus = least_loaded_gpus(inventory, all_pods, device_count)
+    return Choice(unassigned[0], gpus, fallback=True)
+
+
+def least_loaded_gpus(inventory: Inventory, pods: Iterable[PodView], count: int) -> tuple[str, ...]:
+    """`count` distinct healthy GPUs with the fewest pods assigned (ties: lowest index)."""
+    healthy = inventory.healthy_gpus()
+    if not healthy:
+        raise NoHealthyGpuError("every GPU on this node is unhealthy")
+    load = {g.uuid: 0 for g in healthy}
+    for pod in pods:
+        if pod.holds_gpus:
+            for uuid in pod.assigned_gpus:
+                if uuid in load:
+                    load[uuid] += 1
+    ranked = sorted(healthy, key=lambda g: (load[g.uuid], g.index))
+    return tuple(g.uuid for g in ranked[: max(count, 1)])
+
+
+def preferred_allocation(
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    prefer_gpus: Sequence[str] = (),
+) -> list[str]:
+    """The slot devices to suggest: `must_include`, then slots on `prefer_gpus` one GPU at a
+    time in turn, then the fewest further GPUs (those already used, then the fullest)."""
+    chosen = list(dict.fromkeys(must_include))
+    free: dict[str, list[str]] = {}
+    for device in available:
+        if device not in chosen:
+            free.setdefault(names.gpu_of_device_id(device), []).append(device)
+    preferred = [g for g in dict.fromkeys(prefer_gpus) if g in free]
+    while len(chosen) < size and any(free[g] for g in preferred):
+        for gpu in preferred:
+            if free[gpu] and len(chosen) < size:
+                chosen.append(free[gpu].pop(0))
+    used = {names.gpu_of_device_id(d) for d in chosen}
+    order = sorted(free, key=lambda g: (g not in used, -len(free[g])))
+    for gpu in order:
+        while free[gpu] and len(chosen) < size:
+            chosen.append(free[gpu].pop(0))
+    return chosen
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    """What a container gets from Allocate: env, mounts and CDI device names."""
+
+    envs: dict[str, str]
+    mounts: tuple[tuple[str, str, bool], ...]
+    cdi_devices: tuple[str, ...]
+
+
+def container_allocation(gpus: Sequence[str], cdi_kind: str | None = None) -> ContainerAllocation:
+    """The env, agent-socket mount and (with a CDI kind) CDI names for a pod's GPUs."""
+    envs = {
+        names.ENV_GPUS: ",".join(gpus),
+        names.ENV_AGENT_SOCKET: names.AGENT_SOCKET,
+    }
+    cdi: tuple[str, ...] = ()
+    if cdi_kind:
+        cdi = tuple(f"{cdi_kind}={uuid}" for uuid in gpus)
+    else:
+        envs[names.ENV_NVIDIA_VISIBLE_DEVICES] = ",".join(gpus)
+    mounts = ((names.AGENT_SOCKET_DIR, names.AGENT_SOCKET_DIR, True),)
+    return ContainerAllocation(envs=envs, mounts=mounts, cdi_devices=cdi)
+
+
+def allocation_annotations(choice: Choice, now: str) -> dict[str, str]:
+    """Pod annotations written once a pod is allocated (a fallback also records its GPUs)."""
+    annotations = {names.ANNOTATION_ALLOCATED_AT: now}
+    if choice.fallback:
+        annotations[names.ANNOTATION_ASSIGNED_GPUS] = ",".join(choice.gpus)
+        annotations[names.ANNOTATION_ASSIGNED_AT] = now
+    return annotations

@@ -1,0 +1,132 @@
+"""Prometheus metrics of the device plugin and the HTTP server on :9461 that exposes them.
+
+The same server takes fake health events when GPUs are fake:
+`POST /fake/xid` with JSON `{"gpu": "<UUID or index>", "xid": 79}` reports an XID on that GPU
+(ignored XIDs stay ignored), and `POST /fake/recover` with `{"gpu": ...}` marks it healthy again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from baton import names
+from deviceplugin.devices import Inventory
+from deviceplugin.health import HealthTracker
+
+log = logging.getLogger(__name__)
+_P = names.METRICS_PREFIX + "deviceplugin_"
+
+
+class Metrics:
+    """The device plugin's instruments, on a registry of their own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.allocations = Counter(
+            _P + "allocations", "Allocate calls by outcome.", ["outcome"], registry=r
+        )
+        self.allocate_seconds = Histogram(
+            _P + "allocate_seconds",
+            "Time to answer one Allocate call.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5),
+            registry=r,
+        )
+        self.devices = Gauge(
+            _P + "devices", "Advertised slot devices by health.", ["health"], registry=r
+        )
+        self.registrations = Counter(
+            _P + "registrations",
+            "Registrations with the kubelet by outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            _P + "fallback_assignments",
+            "Pods that reached the node without an assignment and got the least-loaded GPUs.",
+            registry=r,
+        )
+        self.unhealthy_gpus = Gauge(_P + "unhealthy_gpus", "GPUs marked unhealthy.", registry=r)
+
+    def observe_inventory(self, inventory: Inventory) -> None:
+        """Update the device gauges from an inventory."""
+        devices = inventory.devices()
+        healthy = sum(1 for d in devices if d.healthy)
+        self.devices.labels(health="Healthy").set(healthy)
+        self.devices.labels(health="Unhealthy").set(len(devices) - healthy)
+        self.unhealthy_gpus.set(len(inventory.unhealthy))
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: StatusServer
+
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
+        elif self.path in ("/healthz", "/readyz"):
+            self._send(200, b"ok\n", "text/plain")
+        else:
+            self._send(404, b"not found: try /metrics\n", "text/plain")
+
+    def do_POST(self) -> None:
+        tracker = self.server.fake_health
+        if tracker is None or self.path not in ("/fake/xid", "/fake/recover"):
+            self._send(404, b"fake health events need --fake-gpus\n", "text/plain")
+            return
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+            uuid = tracker.resolve(str(body["gpu"]))
+            if self.path == "/fake/xid":
+                changed = tracker.on_xid(uuid, int(body["xid"]))
+            else:
+                changed = tracker.set_healthy(uuid)
+        except (ValueError, KeyError, TypeError) as err:
+            self._send(400, f"bad request: {err}\n".encode(), "text/plain")
+            return
+        reply = json.dumps({"gpu": uuid, "changed": changed}).encode()
+        self._send(200, reply, "application/json")
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http: " + format, *args)
+
+
+class StatusServer(ThreadingHTTPServer):
+    """`/metrics`, `/healthz`, and (fake GPUs only) `/fake/xid`, `/fake/recover`."""
+
+    daemon_threads = True
+
+    def __init__(
+        self, host: str, port: int, metrics: Metrics, fake_health: HealthTracker | None
+    ) -> None:
+        super().__init__((host, port), _Handler)
+        self.metrics = metrics
+        self.fake_health = fake_health
+        self._thread = threading.Thread(target=self.serve_forever, name="metrics-http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful with port 0)."""
+        return int(self.server_address[1])
+
+    def start(self) -> None:
+        """Serve in a background thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        self.shutdown()
+        self.server_close()

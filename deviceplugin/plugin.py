@@ -1,0 +1,83 @@
+"""The plugin's lifecycle: serve, register, and serve + register again when the kubelet restarts."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from baton import names
+from deviceplugin.metrics import Metrics
+from deviceplugin.registration import RegistrationError, register
+from deviceplugin.server import PluginServer
+from deviceplugin.watcher import Change, SocketWatcher
+
+log = logging.getLogger(__name__)
+RETRY_REGISTER_S = 5.0
+
+
+class DevicePlugin:
+    """Owns the plugin's socket server and its registration with the kubelet."""
+
+    def __init__(self, server: PluginServer, plugin_dir: Path, metrics: Metrics) -> None:
+        self.server = server
+        self.plugin_dir = plugin_dir
+        self.metrics = metrics
+        self.kubelet_socket = plugin_dir / names.KUBELET_SOCKET_NAME
+        self.registered = False
+        self._stop = threading.Event()
+        self._watcher = SocketWatcher(
+            plugin_dir, names.KUBELET_SOCKET_NAME, server.socket_path.name
+        )
+        self._thread = threading.Thread(target=self._watch, name="kubelet-watch", daemon=True)
+
+    def start(self) -> None:
+        """Serve, register (retried in the background if the kubelet is not there yet), watch."""
+        self.server.start()
+        self._register()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching and serving."""
+        self._stop.set()
+        self._watcher.wake()
+        self._thread.join(timeout=10)
+        self._watcher.close()
+        self.server.stop()
+
+    def _register(self) -> None:
+        try:
+            register(self.kubelet_socket, self.server.socket_path.name, names.RESOURCE_GPU)
+        except RegistrationError as err:
+            self.registered = False
+            self.metrics.registrations.labels(outcome="failed").inc()
+            log.warning("not registered yet: %s; retrying when kubelet.sock appears", err)
+            return
+        self.registered = True
+        self.metrics.registrations.labels(outcome="ok").inc()
+        log.info("registered %s with the kubelet at %s", names.RESOURCE_GPU, self.kubelet_socket)
+
+    def _restart(self, why: str) -> None:
+        log.info("%s: restarting the plugin server and registering again", why)
+        self.server.stop()
+        self.server.start()
+        if self.kubelet_socket.exists():
+            self._register()
+        else:
+            self.registered = False
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            timeout = None if self.registered else RETRY_REGISTER_S
+            changes = list(self._watcher.changes(timeout))
+            if self._stop.is_set():
+                return
+            if Change.DIRECTORY_GONE in changes:
+                log.error("%s disappeared: the kubelet cannot reach this plugin", self.plugin_dir)
+                return
+            if Change.KUBELET_SOCKET_CREATED in changes:
+                self._restart("kubelet.sock was created (kubelet restarted)")
+            elif Change.PLUGIN_SOCKET_DELETED in changes and not self.server.socket_path.exists():
+                self._restart(f"{self.server.socket_path} was deleted")
+            elif not changes and not self.registered and self.kubelet_socket.exists():
+                self._register()

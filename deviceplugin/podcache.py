@@ -1,0 +1,234 @@
+"""A watch-fed cache of the pods on this node, and the pod annotation writes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from baton import names
+from baton.kube import parse_timestamp_ns
+from deviceplugin.devices import PodView
+from deviceplugin.errors import ApiUnavailableError, ConflictError, DevicePluginError
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_S = 5.0
+WATCH_TIMEOUT_S = 300
+_MAX_BACKOFF_S = 5.0
+
+
+def _quantity(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def _timestamp(text: object) -> int | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return parse_timestamp_ns(text)
+    except ValueError:
+        return None
+
+
+def pod_view(obj: Mapping[str, Any]) -> PodView:
+    """The device plugin's view of a pod object (as the API server's JSON)."""
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    containers = (obj.get("spec") or {}).get("containers") or []
+    request = 0
+    for container in containers:
+        resources = container.get("resources") or {}
+        amounts = resources.get("limits") or resources.get("requests") or {}
+        request += _quantity(amounts.get(names.RESOURCE_GPU, 0))
+    assigned = annotations.get(names.ANNOTATION_ASSIGNED_GPUS, "")
+    return PodView(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        resource_version=str(meta.get("resourceVersion", "")),
+        phase=(obj.get("status") or {}).get("phase") or "",
+        gpu_request=request,
+        assigned_gpus=tuple(u.strip() for u in assigned.split(",") if u.strip()),
+        assigned_at_ns=_timestamp(annotations.get(names.ANNOTATION_ASSIGNED_AT)),
+        allocated=names.ANNOTATION_ALLOCATED_AT in annotations,
+        created_ns=_timestamp(meta.get("creationTimestamp")) or 0,
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def _newer(candidate: str, current: str) -> bool:
+    """Whether resourceVersion `candidate` is not older than `current` (numeric when both are)."""
+    if candidate.isdigit() and current.isdigit():
+        return int(candidate) >= int(current)
+    return True
+
+
+class PodCache:
+    """This node's pods, kept current by a watch; reads never call the API server."""
+
+    def __init__(self, api_client: Any, node_name: str) -> None:
+        from kubernetes import client
+
+        self.node_name = node_name
+        self._core = client.CoreV1Api(api_client)
+        self._host = api_client.configuration.host
+        self._pods: dict[str, PodView] = {}
+        self._lock = threading.Lock()
+        self._synced = threading.Event()
+        self._stop = threading.Event()
+        self._response: Any = None
+        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+
+    def start(self) -> None:
+        """Start listing and watching in the background."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the watch and wait for its thread."""
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            response.close()
+        self._thread.join(timeout=REQUEST_TIMEOUT_S)
+
+    def wait_synced(self, timeout: float) -> bool:
+        """Whether the first list completed within `timeout` seconds."""
+        return self._synced.wait(timeout)
+
+    def pods(self) -> list[PodView]:
+        """The cached pods (no API call)."""
+        with self._lock:
+            return list(self._pods.values())
+
+    def relist(self) -> list[PodView]:
+        """One list call replacing the cache (the fallback on a cache miss)."""
+        self._list()
+        return self.pods()
+
+    def annotate(
+        self, pod: PodView, annotations: Mapping[str, str], *, check_version: bool = False
+    ) -> PodView:
+        """Merge annotations into the pod; with `check_version`, only if it is unchanged."""
+        metadata: dict[str, Any] = {"annotations": dict(annotations)}
+        if check_version:
+            metadata["resourceVersion"] = pod.resource_version
+        raw = self._call(
+            f"annotate pod {pod.key}",
+            self._core.patch_namespaced_pod,
+            pod.name,
+            pod.namespace,
+            {"metadata": metadata},
+        )
+        updated = pod_view(raw)
+        self._store(updated)
+        return updated
+
+    def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            response = method(
+                *args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs
+            )
+            return json.loads(response.data)
+        except ApiException as err:
+            if err.status == 409:
+                raise ConflictError(f"cannot {what}: it changed meanwhile ({err.reason})") from err
+            if err.status in (429, 500, 502, 503, 504):
+                raise ApiUnavailableError(
+                    f"cannot {what}: the Kubernetes API server at {self._host} answered "
+                    f"{err.status} {err.reason}"
+                ) from err
+            raise DevicePluginError(
+                f"cannot {what}: the API server answered {err.status} {err.reason}"
+            ) from err
+        except (HTTPError, OSError) as err:
+            raise ApiUnavailableError(
+                f"cannot {what}: the Kubernetes API server at {self._host} is unreachable "
+                f"({type(err).__name__}: {err})"
+            ) from err
+
+    def _store(self, pod: PodView) -> None:
+        with self._lock:
+            current = self._pods.get(pod.uid)
+            if current is None or _newer(pod.resource_version, current.resource_version):
+                self._pods[pod.uid] = pod
+
+    def _list(self) -> str:
+        body = self._call(
+            f"list the pods of node {self.node_name}",
+            self._core.list_pod_for_all_namespaces,
+            field_selector=f"spec.nodeName={self.node_name}",
+        )
+        pods = {view.uid: view for view in map(pod_view, body.get("items") or [])}
+        with self._lock:
+            self._pods = pods
+        self._synced.set()
+        return str((body.get("metadata") or {}).get("resourceVersion", ""))
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                version: str | None = self._list()
+                backoff = 0.1
+                while version and not self._stop.is_set():
+                    version = self._watch(version)
+            except DevicePluginError as err:
+                log.warning("pod watch of node %s: %s", self.node_name, err)
+            except Exception:
+                log.exception("pod watch of node %s failed", self.node_name)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, _MAX_BACKOFF_S)
+
+    def _watch(self, version: str) -> str | None:
+        """Apply watch events from `version`; the version to resume from, or None to relist."""
+        from urllib3.exceptions import HTTPError
+
+        response: Any = self._core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self.node_name}",
+            resource_version=version,
+            watch=True,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_TIMEOUT_S,
+            _preload_content=False,
+            _request_timeout=(REQUEST_TIMEOUT_S, WATCH_TIMEOUT_S + 30),
+        )
+        self._response = response
+        try:
+            for event in _events(response):
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    return None
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind in ("ADDED", "MODIFIED"):
+                    self._store(pod_view(obj))
+                elif kind == "DELETED":
+                    with self._lock:
+                        self._pods.pop((obj.get("metadata") or {}).get("uid", ""), None)
+        except (HTTPError, OSError, ValueError) as err:
+            if not self._stop.is_set():
+                log.info("pod watch of node %s ended (%s); relisting", self.node_name, err)
+            return None
+        finally:
+            self._response = None
+            response.release_conn()
+        return version
+
+
+def _events(response: Any) -> Iterator[dict[str, Any]]:
+    """Watch events, one JSON object per line of the streamed body."""
+    pending = b""
+    for chunk in response.stream(amt=None, decode_content=True):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)

@@ -1,0 +1,166 @@
+"""The DevicePlugin gRPC service (kubelet's client side) on the plugin's unix socket."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from baton._pb import api_pb2, api_pb2_grpc
+from deviceplugin.allocation import Allocator
+from deviceplugin.devices import (
+    HEALTHY,
+    UNHEALTHY,
+    ContainerAllocation,
+    Inventory,
+    NoHealthyGpuError,
+)
+from deviceplugin.errors import ApiUnavailableError, DevicePluginError, NoWaitingPodError
+from deviceplugin.metrics import Metrics
+from deviceplugin.state import LiveInventory
+
+log = logging.getLogger(__name__)
+_STREAM_RECHECK_S = 30.0
+READY_TIMEOUT_S = 5.0
+
+
+def list_response(inventory: Inventory) -> api_pb2.ListAndWatchResponse:
+    """The full device list as kubelet expects it on every ListAndWatch message."""
+    return api_pb2.ListAndWatchResponse(
+        devices=[
+            api_pb2.Device(ID=d.id, health=HEALTHY if d.healthy else UNHEALTHY)
+            for d in inventory.devices()
+        ]
+    )
+
+
+def container_response(allocation: ContainerAllocation) -> api_pb2.ContainerAllocateResponse:
+    """One container's Allocate answer."""
+    return api_pb2.ContainerAllocateResponse(
+        envs=allocation.envs,
+        mounts=[
+            api_pb2.Mount(container_path=c, host_path=h, read_only=ro)
+            for c, h, ro in allocation.mounts
+        ],
+        cdi_devices=[api_pb2.CDIDevice(name=n) for n in allocation.cdi_devices],
+    )
+
+
+_STATUS = {
+    ApiUnavailableError: grpc.StatusCode.UNAVAILABLE,
+    NoWaitingPodError: grpc.StatusCode.FAILED_PRECONDITION,
+    NoHealthyGpuError: grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
+class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
+    """Each RPC a few lines: the decisions live in `devices.py` and `allocation.py`."""
+
+    def __init__(self, inventory: LiveInventory, allocator: Allocator, metrics: Metrics) -> None:
+        self.inventory = inventory
+        self.allocator = allocator
+        self.metrics = metrics
+        self.stopping = threading.Event()
+
+    def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: grpc.ServicerContext
+    ) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)
+
+    def ListAndWatch(
+        self, request: api_pb2.Empty, context: grpc.ServicerContext
+    ) -> Iterator[api_pb2.ListAndWatchResponse]:
+        context.add_callback(self.inventory.wake)
+        version, inventory = self.inventory.snapshot()
+        yield list_response(inventory)
+
+        def done() -> bool:
+            return self.stopping.is_set() or not context.is_active()
+
+        while not done():
+            update = self.inventory.wait_newer(version, done, _STREAM_RECHECK_S)
+            if update is not None:
+                version, inventory = update
+                yield list_response(inventory)
+
+    def GetPreferredAllocation(
+        self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PreferredAllocationResponse:
+        answers = []
+        for req in request.container_requests:
+            try:
+                ids = self.allocator.preferred(
+                    list(req.available_deviceIDs),
+                    list(req.must_include_deviceIDs),
+                    req.allocation_size,
+                )
+            except ValueError as err:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            answers.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return api_pb2.PreferredAllocationResponse(container_responses=answers)
+
+    def Allocate(
+        self, request: api_pb2.AllocateRequest, context: grpc.ServicerContext
+    ) -> api_pb2.AllocateResponse:
+        started = time.perf_counter()
+        answers = []
+        try:
+            for req in request.container_requests:
+                answers.append(container_response(self.allocator.allocate(list(req.devices_ids))))
+        except DevicePluginError as err:
+            self._fail(
+                context, err, "api-unavailable" if isinstance(err, ApiUnavailableError) else "error"
+            )
+        except NoHealthyGpuError as err:
+            self._fail(context, err, "error")
+        self.metrics.allocate_seconds.observe(time.perf_counter() - started)
+        self.metrics.allocations.labels(outcome="ok").inc()
+        return api_pb2.AllocateResponse(container_responses=answers)
+
+    def _fail(self, context: grpc.ServicerContext, err: Exception, outcome: str) -> None:
+        self.metrics.allocations.labels(outcome=outcome).inc()
+        log.error("Allocate failed: %s", err)
+        code = _STATUS.get(type(err), grpc.StatusCode.INTERNAL)
+        context.abort(code, f"baton device plugin: {err}")
+
+    def PreStartContainer(
+        self, request: api_pb2.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()
+
+
+class PluginServer:
+    """A gRPC server for one DevicePluginService on a unix socket; start, stop, start again."""
+
+    def __init__(self, service: DevicePluginService, socket_path: Path) -> None:
+        self.service = service
+        self.socket_path = socket_path
+        self._server: grpc.Server | None = None
+
+    def start(self) -> None:
+        """Remove a stale socket, serve, and wait until the socket answers."""
+        self.socket_path.unlink(missing_ok=True)
+        self.service.stopping.clear()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dp"))
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        server.start()
+        self._server = server
+        with grpc.insecure_channel(f"unix://{self.socket_path}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=READY_TIMEOUT_S)
+
+    def stop(self) -> None:
+        """End every stream, stop serving, and remove the socket."""
+        self.service.stopping.set()
+        self.service.inventory.wake()
+        if self._server is not None:
+            self._server.stop(grace=None).wait(READY_TIMEOUT_S)
+            self._server = None
+        if self.socket_path.exists() and not os.path.isdir(self.socket_path):
+            self.socket_path.unlink(missing_ok=True)

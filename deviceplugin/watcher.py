@@ -1,0 +1,87 @@
+"""Kubelet restart detection from inotify events on the device-plugins directory.
+
+A restarting kubelet deletes every socket there (ours included) and creates a new
+kubelet.sock. Inodes are not compared: a recreated socket often gets the same inode.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import enum
+import os
+import select
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+IN_CREATE = 0x100
+IN_DELETE = 0x200
+IN_MOVED_FROM = 0x40
+IN_MOVED_TO = 0x80
+IN_DELETE_SELF = 0x400
+IN_IGNORED = 0x8000
+IN_NONBLOCK = os.O_NONBLOCK
+IN_CLOEXEC = os.O_CLOEXEC
+_HEADER = struct.Struct("iIII")
+
+
+class Change(enum.Enum):
+    """What happened in the directory that matters to the plugin."""
+
+    KUBELET_SOCKET_CREATED = "kubelet socket created"
+    PLUGIN_SOCKET_DELETED = "plugin socket deleted"
+    DIRECTORY_GONE = "device-plugins directory gone"
+
+
+class SocketWatcher:
+    """Reports kubelet.sock (re)creation and deletion of the plugin's own socket."""
+
+    def __init__(self, directory: Path, kubelet_socket: str, plugin_socket: str) -> None:
+        self.directory = directory
+        self.kubelet_socket = kubelet_socket
+        self.plugin_socket = plugin_socket
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        self._fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if self._fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
+        mask = IN_CREATE | IN_DELETE | IN_MOVED_FROM | IN_MOVED_TO | IN_DELETE_SELF
+        if libc.inotify_add_watch(self._fd, os.fsencode(directory), mask) < 0:
+            err = ctypes.get_errno()
+            os.close(self._fd)
+            raise OSError(err, f"cannot watch {directory}: {os.strerror(err)}")
+        self._wake_r, self._wake_w = os.pipe()
+
+    def changes(self, timeout: float | None = None) -> Iterator[Change]:
+        """Changes seen within one wait of at most `timeout` seconds (None: until one or close)."""
+        ready, _, _ = select.select([self._fd, self._wake_r], [], [], timeout)
+        if self._fd not in ready:
+            return
+        try:
+            data = os.read(self._fd, 64 * 1024)
+        except BlockingIOError:
+            return
+        yield from self._parse(data)
+
+    def _parse(self, data: bytes) -> Iterator[Change]:
+        offset = 0
+        while offset + _HEADER.size <= len(data):
+            _wd, mask, _cookie, length = _HEADER.unpack_from(data, offset)
+            raw = data[offset + _HEADER.size : offset + _HEADER.size + length]
+            offset += _HEADER.size + length
+            name = raw.rstrip(b"\0").decode(errors="replace")
+            if mask & (IN_DELETE_SELF | IN_IGNORED):
+                yield Change.DIRECTORY_GONE
+            elif mask & (IN_CREATE | IN_MOVED_TO) and name == self.kubelet_socket:
+                yield Change.KUBELET_SOCKET_CREATED
+            elif mask & (IN_DELETE | IN_MOVED_FROM) and name == self.plugin_socket:
+                yield Change.PLUGIN_SOCKET_DELETED
+
+    def wake(self) -> None:
+        """Make a blocked `changes()` return at once."""
+        os.write(self._wake_w, b"x")
+
+    def close(self) -> None:
+        """Release the inotify descriptor and the wake pipe."""
+        for fd in (self._fd, self._wake_r, self._wake_w):
+            os.close(fd)

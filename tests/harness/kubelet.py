@@ -1,0 +1,282 @@
+"""A kubelet stand-in for device plugin tests, shaped like kubelet's own stub: one type per role.
+
+`RegistrationServer` serves Registration on `<dir>/kubelet.sock` and validates requests as the
+kubelet does; `PluginEndpoint` is the kubelet's client to one plugin (options, a ListAndWatch
+stream whose every list is recorded, GetPreferredAllocation/Allocate); `KubeletStub` is the device
+manager tying them together: device accounting, admission one container request per call, and a
+simulated restart (delete the sockets, recreate kubelet.sock).
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from baton._pb import api_pb2, api_pb2_grpc
+
+SUPPORTED_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+CHECKPOINT = "kubelet_internal_checkpoint"
+DIAL_TIMEOUT_S = 10.0
+_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+Lists = list[dict[str, str]]
+
+
+def is_extended_resource_name(name: str) -> bool:
+    """kubelet's IsExtendedResourceName: `prefix/name`, not kubernetes.io, a qualified name."""
+    if "/" not in name or name.startswith("requests."):
+        return False
+    prefix, _, short = name.partition("/")
+    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
+        return False
+    qualified_prefix = prefix
+    return (
+        0 < len(qualified_prefix) <= 253
+        and all(_DNS_LABEL.match(label) for label in qualified_prefix.split("."))
+        and 0 < len(short) <= 63
+        and bool(_NAME.match(short))
+    )
+
+
+def validate_registration(request: api_pb2.RegisterRequest, socket_dir: Path) -> str | None:
+    """The kubelet's refusal message for a RegisterRequest, or None when it is acceptable."""
+    if request.version != SUPPORTED_VERSION:
+        return (
+            f"requested API version {request.version!r} is not supported by kubelet. "
+            f"Supported version is {SUPPORTED_VERSION!r}"
+        )
+    if not is_extended_resource_name(request.resource_name):
+        return f"the ResourceName {request.resource_name!r} is invalid"
+    endpoint = socket_dir / request.endpoint
+    if not request.endpoint or "/" in request.endpoint:
+        return f"endpoint {request.endpoint!r} must be a socket name in {socket_dir}"
+    if not endpoint.exists() or not stat.S_ISSOCK(endpoint.stat().st_mode):
+        return f"failed to dial device plugin: no socket at {endpoint}"
+    return None
+
+
+class RegistrationServer:
+    """Serves the Registration service on `<socket_dir>/kubelet.sock`."""
+
+    def __init__(
+        self, socket_dir: Path, on_register: Callable[[api_pb2.RegisterRequest], None]
+    ) -> None:
+        self.socket_dir = socket_dir
+        self.on_register = on_register
+        self.refusals: list[str] = []
+        self._server: grpc.Server | None = None
+
+    @property
+    def socket_path(self) -> Path:
+        return self.socket_dir / KUBELET_SOCKET
+
+    def start(self) -> None:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        api_pb2_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        server.start()
+        self._server = server
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(grace=None).wait(5)
+            self._server = None
+
+
+class _Registration(api_pb2_grpc.RegistrationServicer):
+    def __init__(self, owner: RegistrationServer) -> None:
+        self.owner = owner
+
+    def Register(
+        self, request: api_pb2.RegisterRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Empty:
+        problem = validate_registration(request, self.owner.socket_dir)
+        if problem is None:
+            try:
+                self.owner.on_register(request)
+            except Exception as err:
+                problem = f"failed to get device plugin options: {err}"
+        if problem is not None:
+            self.owner.refusals.append(problem)
+            context.abort(grpc.StatusCode.UNKNOWN, problem)
+        return api_pb2.Empty()
+
+
+class PluginEndpoint:
+    """The kubelet's client to one plugin: dials it, reads options, records every list."""
+
+    def __init__(self, socket_path: Path, resource: str) -> None:
+        self.socket_path = socket_path
+        self.resource = resource
+        self.lists: Lists = []
+        self.ended = threading.Event()
+        self._changed = threading.Condition()
+        self._channel = grpc.insecure_channel(
+            f"unix://{socket_path}", options=[("grpc.default_authority", "localhost")]
+        )
+        grpc.channel_ready_future(self._channel).result(timeout=DIAL_TIMEOUT_S)
+        self.stub = api_pb2_grpc.DevicePluginStub(self._channel)
+        self.options = self.stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=DIAL_TIMEOUT_S)
+        self._stream = self.stub.ListAndWatch(api_pb2.Empty())
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        try:
+            for response in self._stream:
+                with self._changed:
+                    self.lists.append({d.ID: d.health for d in response.devices})
+                    self._changed.notify_all()
+        except grpc.RpcError:
+            pass
+        finally:
+            with self._changed:
+                self.ended.set()
+                self._changed.notify_all()
+
+    def latest(self) -> dict[str, str]:
+        """The last list received (empty before the first)."""
+        with self._changed:
+            return dict(self.lists[-1]) if self.lists else {}
+
+    def wait_for_list(
+        self, accept: Callable[[dict[str, str]], bool], timeout: float = 5.0
+    ) -> dict[str, str]:
+        """Block until a received list satisfies `accept`; TimeoutError says what was seen."""
+        with self._changed:
+            if not self._changed.wait_for(
+                lambda: bool(self.lists) and accept(self.lists[-1]), timeout
+            ):
+                raise TimeoutError(f"no matching list within {timeout} s; lists: {self.lists}")
+            return dict(self.lists[-1])
+
+    def stop(self) -> None:
+        self._stream.cancel()
+        self._channel.close()
+        self._thread.join(timeout=5)
+
+
+class AdmissionError(Exception):
+    """The kubelet would fail the pod's admission with this message."""
+
+
+class KubeletStub:
+    """Device manager stand-in: registrations, device accounting, container admission."""
+
+    def __init__(self, socket_dir: Path) -> None:
+        self.socket_dir = socket_dir
+        self.registrations: list[api_pb2.RegisterRequest] = []
+        self.endpoints: dict[str, PluginEndpoint] = {}
+        self.allocated: dict[str, set[str]] = {}
+        self._changed = threading.Condition()
+        self._admit = threading.Lock()
+        self.registration = RegistrationServer(socket_dir, self._on_register)
+
+    def start(self) -> None:
+        self.registration.start()
+
+    def stop(self) -> None:
+        self.registration.stop()
+        for endpoint in list(self.endpoints.values()):
+            endpoint.stop()
+
+    def _on_register(self, request: api_pb2.RegisterRequest) -> None:
+        endpoint = PluginEndpoint(self.socket_dir / request.endpoint, request.resource_name)
+        with self._changed:
+            old = self.endpoints.get(request.resource_name)
+            self.endpoints[request.resource_name] = endpoint
+            self.registrations.append(request)
+            self._changed.notify_all()
+        if old is not None:
+            old.stop()
+
+    def wait_for_registrations(self, count: int, timeout: float = 5.0) -> api_pb2.RegisterRequest:
+        """Block until `count` registrations were accepted in total; the latest one."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: len(self.registrations) >= count, timeout):
+                raise TimeoutError(
+                    f"{len(self.registrations)} registrations after {timeout} s, wanted {count}; "
+                    f"refused: {self.registration.refusals}"
+                )
+            return self.registrations[count - 1]
+
+    def endpoint(self, resource: str) -> PluginEndpoint:
+        with self._changed:
+            return self.endpoints[resource]
+
+    def free_devices(self, resource: str) -> list[str]:
+        """Healthy devices of the resource that no container holds."""
+        latest = self.endpoint(resource).latest()
+        taken = self.allocated.get(resource, set())
+        return sorted(d for d, h in latest.items() if h == "Healthy" and d not in taken)
+
+    def admit(
+        self, resource: str, count: int
+    ) -> tuple[list[str], api_pb2.ContainerAllocateResponse]:
+        """Allocate `count` devices to one container as the kubelet does; AdmissionError if not."""
+        with self._admit:
+            if resource not in self.endpoints:
+                raise AdmissionError(f"cannot allocate unregistered device {resource}")
+            endpoint = self.endpoint(resource)
+            available = self.free_devices(resource)
+            if len(available) < count:
+                raise AdmissionError(
+                    f"requested number of devices unavailable for {resource}. "
+                    f"Requested: {count}, Available: {len(available)}"
+                )
+            chosen = available[:count]
+            if endpoint.options.get_preferred_allocation_available and count < len(available):
+                chosen = self._preferred(endpoint, available, count)
+            request = api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=chosen)]
+            )
+            try:
+                response = endpoint.stub.Allocate(request, timeout=DIAL_TIMEOUT_S)
+            except grpc.RpcError as err:
+                raise AdmissionError(
+                    f"Allocate failed due to rpc error: code = {err.code().name} "
+                    f"desc = {err.details()}, which is unexpected"
+                ) from err
+            if not response.container_responses:
+                raise AdmissionError("no containers return in allocation response")
+            self.allocated.setdefault(resource, set()).update(chosen)
+            return chosen, response.container_responses[0]
+
+    def _preferred(self, endpoint: PluginEndpoint, available: list[str], count: int) -> list[str]:
+        request = api_pb2.PreferredAllocationRequest(
+            container_requests=[
+                api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available, allocation_size=count
+                )
+            ]
+        )
+        answer = endpoint.stub.GetPreferredAllocation(request, timeout=DIAL_TIMEOUT_S)
+        preferred = [d for d in answer.container_responses[0].deviceIDs if d in available]
+        chosen = list(dict.fromkeys(preferred))[:count]
+        chosen += [d for d in available if d not in chosen][: count - len(chosen)]
+        return chosen
+
+    def release(self, resource: str, devices: list[str]) -> None:
+        """Free devices (their pod ended)."""
+        self.allocated.get(resource, set()).difference_update(devices)
+
+    def restart(self) -> None:
+        """Simulate a kubelet restart: drop plugins, delete sockets, serve a new kubelet.sock."""
+        self.registration.stop()
+        with self._changed:
+            endpoints, self.endpoints = list(self.endpoints.values()), {}
+        for endpoint in endpoints:
+            endpoint.stop()
+        for path in self.socket_dir.iterdir():
+            if path.name != CHECKPOINT and path.is_socket():
+                path.unlink()
+        self.registration = RegistrationServer(self.socket_dir, self._on_register)
+        self.registration.start()
