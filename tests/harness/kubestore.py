@@ -1,0 +1,341 @@
+"""The fake API server's object store: core/v1 semantics, resourceVersions and watch history."""
+
+from __future__ import annotations
+
+import copy
+import secrets
+import string
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from tests.harness.kubepatch import PatchError, apply_patch
+
+Obj = dict[str, Any]
+Matcher = Callable[[Obj], bool]
+
+KINDS = {"pods": "Pod", "nodes": "Node", "events": "Event", "configmaps": "ConfigMap"}
+NAMESPACED = frozenset({"pods", "events", "configmaps"})
+RESOURCE_OF_KIND = {kind: resource for resource, kind in KINDS.items()}
+REASONS = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    410: "Expired",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+    504: "Timeout",
+}
+CONFLICT_MESSAGE = (
+    "the object has been modified; please apply your changes to the latest version and try again"
+)
+# Pod spec fields an update may change; every other spec change is rejected like the real server.
+MUTABLE_POD_SPEC = frozenset({"activeDeadlineSeconds", "tolerations", "schedulingGates"})
+
+
+class ApiError(Exception):
+    """An error the API server answers with a `Status` body."""
+
+    def __init__(self, code: int, message: str, reason: str | None = None, **details: str):
+        super().__init__(message)
+        self.code, self.message, self.details = code, message, details
+        self.reason = reason or REASONS.get(code, "Unknown")
+
+    def status(self) -> Obj:
+        """The `Status` object the real server sends for this error."""
+        body: Obj = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        if self.details:
+            body["details"] = dict(self.details)
+        return body
+
+
+def not_found(resource: str, name: str) -> ApiError:
+    return ApiError(404, f'{resource} "{name}" not found', name=name, kind=resource)
+
+
+def conflict(resource: str, name: str, why: str = CONFLICT_MESSAGE) -> ApiError:
+    message = f'Operation cannot be fulfilled on {resource} "{name}": {why}'
+    return ApiError(409, message, name=name, kind=resource)
+
+
+@dataclass(frozen=True)
+class Change:
+    """One committed write: the object before (None when created) and after (None when deleted)."""
+
+    rv: int
+    resource: str
+    type: str
+    old: Obj | None
+    new: Obj | None
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Store:
+    """Objects keyed by (resource, namespace, name), with a global resourceVersion counter."""
+
+    def __init__(self, history_limit: int = 1000) -> None:
+        self.cond = threading.Condition()
+        self._objects: dict[tuple[str, str, str], Obj] = {}
+        self._rv = 0
+        self._history: deque[Change] = deque()
+        self._history_limit = history_limit
+        self._compacted = 0
+        self.bookmark_seq = 0
+
+    def request_bookmarks(self) -> None:
+        """Ask every bookmark-enabled watch to send a BOOKMARK."""
+        with self.cond:
+            self.bookmark_seq += 1
+            self.cond.notify_all()
+
+    @property
+    def resource_version(self) -> int:
+        with self.cond:
+            return self._rv
+
+    def _commit(self, resource: str, kind: str, old: Obj | None, new: Obj | None) -> Obj:
+        self._rv += 1
+        target = new if new is not None else copy.deepcopy(old)
+        assert target is not None
+        target.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
+        meta = target["metadata"]
+        key = (resource, meta.get("namespace", ""), meta["name"])
+        if new is None:
+            self._objects.pop(key, None)
+        else:
+            self._objects[key] = new
+        after = copy.deepcopy(new) if new is not None else None
+        self._history.append(Change(self._rv, resource, kind, copy.deepcopy(old), after))
+        while len(self._history) > self._history_limit:
+            self._compacted = self._history.popleft().rv
+        self.cond.notify_all()
+        return copy.deepcopy(target)
+
+    def compact(self) -> None:
+        """Forget every retained change, so watches from older resourceVersions get 410 Gone."""
+        with self.cond:
+            self._history.clear()
+            self._compacted = self._rv
+
+    def changes_after(self, rv: int) -> list[Change]:
+        """Retained changes newer than rv; ApiError 410 when some were already forgotten."""
+        with self.cond:
+            if rv < self._compacted:
+                raise ApiError(
+                    410, f"too old resource version: {rv} ({self._compacted + 1})", reason="Expired"
+                )
+            return [c for c in self._history if c.rv > rv]
+
+    def create(self, resource: str, namespace: str, body: Any, dry_run: bool = False) -> Obj:
+        """POST semantics: defaults, uid, timestamps; 409 AlreadyExists on a taken name."""
+        if not isinstance(body, dict):
+            raise ApiError(400, f"the body of the request is not a {KINDS[resource]} object")
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {}) or {}
+        obj["metadata"] = meta
+        if not meta.get("name") and meta.get("generateName"):
+            suffix = "".join(
+                secrets.choice(string.ascii_lowercase + string.digits) for _ in "12345"
+            )
+            meta["name"] = meta["generateName"] + suffix
+        if not meta.get("name"):
+            raise ApiError(422, f'{KINDS[resource]} "" is invalid: metadata.name: Required value')
+        if resource in NAMESPACED:
+            if meta.get("namespace", namespace) != namespace:
+                raise ApiError(
+                    400,
+                    "the namespace of the provided object does not match the namespace sent on"
+                    " the request",
+                )
+            meta["namespace"] = namespace
+        else:
+            meta.pop("namespace", None)
+        obj["kind"], obj["apiVersion"] = KINDS[resource], "v1"
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now())
+        meta.pop("resourceVersion", None)
+        if resource == "pods":
+            obj.setdefault("status", {}).setdefault("phase", "Pending")
+        with self.cond:
+            if (
+                resource,
+                namespace if resource in NAMESPACED else "",
+                meta["name"],
+            ) in self._objects:
+                message = f'{resource} "{meta["name"]}" already exists'
+                raise ApiError(409, message, reason="AlreadyExists", name=meta["name"])
+            if dry_run:
+                return obj
+            return self._commit(resource, "ADDED", None, obj)
+
+    def _current(self, resource: str, namespace: str, name: str) -> Obj:
+        key = (resource, namespace if resource in NAMESPACED else "", name)
+        if key not in self._objects:
+            raise not_found(resource, name)
+        return self._objects[key]
+
+    def get(self, resource: str, namespace: str, name: str) -> Obj:
+        with self.cond:
+            return copy.deepcopy(self._current(resource, namespace, name))
+
+    def list(self, resource: str, namespace: str | None, match: Matcher) -> tuple[list[Obj], int]:
+        """Matching objects in (namespace, name) order and the list's resourceVersion."""
+        with self.cond:
+            items = [
+                copy.deepcopy(obj)
+                for (res, ns, _name), obj in sorted(self._objects.items())
+                if res == resource and (namespace is None or ns == namespace) and match(obj)
+            ]
+            return items, self._rv
+
+    def patch(
+        self, resource: str, namespace: str, name: str, content_type: str, patch: Any, sub: str = ""
+    ) -> Obj:
+        """Apply a patch; 409 when it carries a stale resourceVersion."""
+        with self.cond:
+            current = self._current(resource, namespace, name)
+            try:
+                new = apply_patch(content_type, current, patch)
+            except PatchError as err:
+                raise ApiError(422, str(err)) from err
+            except TypeError as err:
+                raise ApiError(400, str(err)) from err
+            if sub == "status":
+                new = {**copy.deepcopy(current), "status": new.get("status", {})}
+            self._validate_update(resource, current, new)
+            if current == new:
+                return copy.deepcopy(current)
+            return self._commit(resource, "MODIFIED", current, new)
+
+    def replace(self, resource: str, namespace: str, name: str, body: Obj, sub: str = "") -> Obj:
+        """PUT semantics: the body replaces the object; a stale resourceVersion is a 409."""
+        with self.cond:
+            current = self._current(resource, namespace, name)
+            new = copy.deepcopy(body)
+            new["kind"], new["apiVersion"] = KINDS[resource], "v1"
+            if (new.get("metadata") or {}).get("name") != name:
+                raise ApiError(400, "the name of the object does not match the name on the URL")
+            if sub == "status":
+                new = {**copy.deepcopy(current), "status": new.get("status", {})}
+            self._validate_update(resource, current, new)
+            return self._commit(resource, "MODIFIED", current, new)
+
+    def _validate_update(self, resource: str, old: Obj, new: Obj) -> None:
+        name = old["metadata"]["name"]
+        rv = new.get("metadata", {}).get("resourceVersion")
+        if rv is not None and rv != old["metadata"]["resourceVersion"]:
+            raise conflict(resource, name)
+        new.setdefault("metadata", {})["resourceVersion"] = old["metadata"]["resourceVersion"]
+        for field in ("name", "namespace", "uid", "creationTimestamp"):
+            if new["metadata"].get(field) != old["metadata"].get(field):
+                raise ApiError(
+                    422,
+                    f'{KINDS[resource]} "{name}" is invalid: metadata.{field}:'
+                    " Invalid value: field is immutable",
+                )
+        if resource == "pods":
+            before = {k: v for k, v in old.get("spec", {}).items() if k not in MUTABLE_POD_SPEC}
+            after = {k: v for k, v in new.get("spec", {}).items() if k not in MUTABLE_POD_SPEC}
+            if before != after:
+                raise ApiError(
+                    422,
+                    f'Pod "{name}" is invalid: spec: Forbidden: pod updates may'
+                    " not change fields other than `spec.containers[*].image`,"
+                    "`spec.activeDeadlineSeconds`,`spec.tolerations`",
+                )
+
+    def delete(self, resource: str, namespace: str, name: str, grace: int | None) -> Obj:
+        """Delete; a bound pod with a grace period is only marked terminating, as kubelet would."""
+        with self.cond:
+            current = self._current(resource, namespace, name)
+            bound = resource == "pods" and current.get("spec", {}).get("nodeName")
+            if bound and (grace is None or grace > 0):
+                if current["metadata"].get("deletionTimestamp"):
+                    return copy.deepcopy(current)
+                new = copy.deepcopy(current)
+                seconds = grace if grace is not None else 30
+                new["metadata"].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=seconds)
+                return self._commit(resource, "MODIFIED", current, new)
+            return self._commit(resource, "DELETED", current, None)
+
+    def bind(self, namespace: str, name: str, binding: Any) -> None:
+        """The pods/binding subresource: set spec.nodeName once."""
+        if not isinstance(binding, dict):
+            raise ApiError(400, "the body of the request is not a Binding object")
+        meta = binding.get("metadata") or {}
+        if meta.get("name", name) != name:
+            raise ApiError(400, "name in URL does not match name in Binding object")
+        node = (binding.get("target") or {}).get("name")
+        if not node:
+            raise ApiError(400, "target.name: Required value: a binding needs a target node")
+        with self.cond:
+            current = self._current("pods", namespace, name)
+            uid = meta.get("uid")
+            if uid and uid != current["metadata"]["uid"]:
+                raise conflict(
+                    "pods/binding",
+                    name,
+                    f"Precondition failed: UID in precondition: "
+                    f"{uid}, UID in object meta: {current['metadata']['uid']}",
+                )
+            if current["metadata"].get("deletionTimestamp"):
+                raise conflict(
+                    "pods/binding",
+                    name,
+                    f"pod {name} is being deleted, cannot be assigned to a host",
+                )
+            if current.get("spec", {}).get("nodeName"):
+                assigned = current["spec"]["nodeName"]
+                raise conflict(
+                    "pods/binding", name, f'pod {name} is already assigned to node "{assigned}"'
+                )
+            new = copy.deepcopy(current)
+            new.setdefault("spec", {})["nodeName"] = node
+            annotations = meta.get("annotations") or {}
+            if annotations:
+                new["metadata"].setdefault("annotations", {}).update(annotations)
+            conditions = new.setdefault("status", {}).setdefault("conditions", [])
+            conditions.append(
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()}
+            )
+            self._commit("pods", "MODIFIED", current, new)
+
+    def put(self, obj: Obj) -> Obj:
+        """Create or overwrite an object directly, bypassing validation (test setup)."""
+        resource = RESOURCE_OF_KIND[obj["kind"]]
+        new = copy.deepcopy(obj)
+        new["apiVersion"] = "v1"
+        meta = new.setdefault("metadata", {})
+        if resource in NAMESPACED:
+            meta.setdefault("namespace", "default")
+        with self.cond:
+            key = (resource, meta.get("namespace", ""), meta["name"])
+            old = self._objects.get(key)
+            meta.setdefault("uid", old["metadata"]["uid"] if old else str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", _now())
+            return self._commit(resource, "MODIFIED" if old else "ADDED", old, new)
+
+    def remove(self, resource: str, namespace: str, name: str) -> Obj:
+        """Delete at once, whatever the object's state (test control)."""
+        with self.cond:
+            return self._commit(resource, "DELETED", self._current(resource, namespace, name), None)

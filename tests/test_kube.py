@@ -1,0 +1,68 @@
+"""Kubernetes client loading and the RFC 3339 nanosecond timestamps of pod annotations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kubernetes import client
+
+from baton.kube import (
+    KubeConfigError,
+    format_timestamp_ns,
+    load_api_client,
+    parse_timestamp_ns,
+)
+from tests.harness.fakeapi import FakeApiServer
+
+
+def test_kubeconfig_client_reaches_the_server(tmp_path: Path) -> None:
+    with FakeApiServer() as server:
+        api = load_api_client(str(server.kubeconfig_path(tmp_path)))
+        core: Any = client.CoreV1Api(api)
+        core.create_node({"metadata": {"name": "gpu-1"}})
+        assert server.get_object("Node", "gpu-1") is not None
+        (logged,) = server.requests(verb="create", resource="nodes")
+        assert logged.path == "/api/v1/nodes"
+
+
+def test_missing_kubeconfig_file_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(KubeConfigError, match=str(missing)):
+        load_api_client(str(missing))
+
+
+def test_no_configuration_says_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    with pytest.raises(KubeConfigError, match="--kubeconfig"):
+        load_api_client(None)
+
+
+def test_kubeconfig_env_is_the_fallback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with FakeApiServer() as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig_path(tmp_path)))
+        assert client.CoreV1Api(load_api_client(None)).list_node().items == []
+
+
+def test_timestamp_format_is_fixed_width_utc() -> None:
+    assert format_timestamp_ns(7) == "1970-01-01T00:00:00.000000007Z"
+    assert format_timestamp_ns(1_700_000_000_123_456_789) == "2023-11-14T22:13:20.123456789Z"
+
+
+def test_parse_accepts_short_fractions_and_offsets() -> None:
+    assert parse_timestamp_ns("1970-01-01T00:00:01Z") == 1_000_000_000
+    assert parse_timestamp_ns("1970-01-01T01:00:00.5+01:00") == 500_000_000
+    with pytest.raises(ValueError, match="RFC 3339"):
+        parse_timestamp_ns("yesterday")
+
+
+@given(st.integers(min_value=0, max_value=4_102_444_800 * 10**9))
+def test_timestamps_round_trip_and_sort(ns: int) -> None:
+    text = format_timestamp_ns(ns)
+    assert parse_timestamp_ns(text) == ns
+    assert (format_timestamp_ns(ns + 1) > text) is True
