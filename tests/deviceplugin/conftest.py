@@ -1,0 +1,72 @@
+"""Fixtures: a short socket directory, a kubelet stub in it, and a device plugin daemon."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from deviceplugin.allocation import PodSource
+from deviceplugin.daemon import Daemon, Settings
+from deviceplugin.gpus import parse_fake_gpus
+from deviceplugin.health import DEFAULT_IGNORED_XIDS
+from deviceplugin.memory import MemoryPods
+from tests.harness.kubelet import KubeletStub
+
+NODE = "node-a"
+StartPlugin = Callable[..., Daemon]
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(socket_dir: Path) -> Iterator[KubeletStub]:
+    stub = KubeletStub(socket_dir)
+    stub.start()
+    yield stub
+    stub.stop()
+
+
+@pytest.fixture
+def start_plugin(socket_dir: Path) -> Iterator[StartPlugin]:
+    started: list[Daemon] = []
+
+    def start(
+        source: PodSource | None = None,
+        gpus: str = "2x81920",
+        slots: int = 4,
+        api_client: object = None,
+        cdi: bool = False,
+    ) -> Daemon:
+        settings = Settings(
+            node_name=NODE,
+            plugin_dir=socket_dir,
+            slots_per_gpu=slots,
+            host_memory_budget_mib=4096,
+            cdi=cdi,
+            metrics_host="127.0.0.1",
+            metrics_port=0,
+            ignored_xids=frozenset(DEFAULT_IGNORED_XIDS),
+        )
+        daemon = Daemon(
+            settings,
+            parse_fake_gpus(gpus, NODE),
+            fake=True,
+            source=source if source is not None else MemoryPods(),
+            api_client=api_client,
+        )
+        daemon.start()
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()

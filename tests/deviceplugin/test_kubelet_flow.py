@@ -1,0 +1,96 @@
+"""The plugin against the kubelet stub over real unix sockets: registration, lists, health,
+kubelet restarts."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+from baton import names
+from deviceplugin.gpus import fake_uuid
+from tests.deviceplugin.conftest import NODE
+
+GPU0, GPU1 = fake_uuid(NODE, 0), fake_uuid(NODE, 1)
+
+
+def post(daemon, path, body):
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{daemon.status.port}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def test_registers_resource_after_serving(kubelet, start_plugin):
+    start_plugin()
+    request = kubelet.wait_for_registrations(1)
+    assert request.version == "v1beta1"
+    assert request.resource_name == names.RESOURCE_GPU
+    assert request.endpoint == names.DEVICE_PLUGIN_SOCKET_NAME
+    assert kubelet.endpoint(names.RESOURCE_GPU).options.get_preferred_allocation_available
+
+
+def test_list_and_watch_sends_every_slot_at_once(kubelet, start_plugin):
+    start_plugin(slots=3)
+    kubelet.wait_for_registrations(1)
+    devices = kubelet.endpoint(names.RESOURCE_GPU).wait_for_list(lambda devs: bool(devs))
+    want = {names.slot_device_id(g, s) for g in (GPU0, GPU1) for s in range(3)}
+    assert set(devices) == want
+    assert set(devices.values()) == {"Healthy"}
+
+
+def test_fake_xid_turns_that_gpus_slots_unhealthy(kubelet, start_plugin):
+    daemon = start_plugin()
+    kubelet.wait_for_registrations(1)
+    endpoint = kubelet.endpoint(names.RESOURCE_GPU)
+    endpoint.wait_for_list(lambda devs: bool(devs))
+
+    assert post(daemon, "/fake/xid", {"gpu": "1", "xid": 43}) == {"gpu": GPU1, "changed": False}
+    assert post(daemon, "/fake/xid", {"gpu": GPU1, "xid": 79}) == {"gpu": GPU1, "changed": True}
+    devices = endpoint.wait_for_list(lambda devs: "Unhealthy" in devs.values())
+    assert {d for d, h in devices.items() if h == "Unhealthy"} == {
+        names.slot_device_id(GPU1, s) for s in range(4)
+    }
+    assert len(endpoint.lists) == 2, "an ignored XID must not resend the list"
+    assert kubelet.free_devices(names.RESOURCE_GPU) == sorted(
+        names.slot_device_id(GPU0, s) for s in range(4)
+    )
+
+    post(daemon, "/fake/recover", {"gpu": GPU1})
+    endpoint.wait_for_list(lambda devs: set(devs.values()) == {"Healthy"})
+
+
+def test_reregisters_within_two_seconds_after_kubelet_restart(kubelet, start_plugin):
+    start_plugin()
+    kubelet.wait_for_registrations(1)
+    for restart in range(2):
+        began = time.monotonic()
+        kubelet.restart()
+        kubelet.wait_for_registrations(2 + restart, timeout=2.0)
+        assert time.monotonic() - began < 2.0
+        devices = kubelet.endpoint(names.RESOURCE_GPU).wait_for_list(lambda devs: bool(devs))
+        assert len(devices) == 8
+
+
+def test_reregisters_when_its_own_socket_is_deleted(kubelet, start_plugin, socket_dir):
+    start_plugin()
+    kubelet.wait_for_registrations(1)
+    (socket_dir / names.DEVICE_PLUGIN_SOCKET_NAME).unlink()
+    kubelet.wait_for_registrations(2, timeout=2.0)
+    assert (socket_dir / names.DEVICE_PLUGIN_SOCKET_NAME).is_socket()
+
+
+def test_registers_once_the_kubelet_appears(socket_dir, start_plugin):
+    from tests.harness.kubelet import KubeletStub
+
+    daemon = start_plugin()
+    assert not daemon.plugin.registered
+    late = KubeletStub(socket_dir)
+    late.start()
+    try:
+        late.wait_for_registrations(1, timeout=2.0)
+    finally:
+        late.stop()
