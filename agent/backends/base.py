@@ -31,6 +31,8 @@ class TenantRef:
     """Host PIDs of the tenant's GPU processes (cuda backend)."""
     memory_limit_bytes: int | None = None
     """The tenant's memory cgroup limit, if known; parked bytes are charged to it."""
+    pod_uid: str = ""
+    """The tenant's pod, if it is one: its GPU processes are found by cgroup."""
     declared_bytes: int | None = None
     """Device memory per GPU the tenant declared (`baton.dev/gpu-memory`), if it did."""
 
