@@ -69,6 +69,7 @@ class TokenRegistry:
     def __init__(self, loop_call_later: Callable[[float, Callable[[], None]], object]) -> None:
         self._peers: dict[str, Peer] = {}
         self._attached: set[str] = set()
+        self._tenant_of: dict[str, str] = {}
         self._call_later = loop_call_later
 
     def issue(self, pid: int, uid: int, gid: int) -> Peer:
@@ -82,6 +83,14 @@ class TokenRegistry:
         """The peer a token was issued to, if it is still valid."""
         return None if token is None else self._peers.get(token)
 
+    def bind(self, token: str, tenant_id: str) -> None:
+        """The token's process registered as `tenant_id`; later calls act as that tenant."""
+        self._tenant_of[token] = tenant_id
+
+    def tenant_of(self, token: str) -> str | None:
+        """The tenant the token was bound to by a registration, if any."""
+        return self._tenant_of.get(token)
+
     def attach(self, token: str) -> None:
         """A session uses the token: it lives as long as the session."""
         self._attached.add(token)
@@ -90,10 +99,12 @@ class TokenRegistry:
         """The session ended: the token is dead."""
         self._peers.pop(token, None)
         self._attached.discard(token)
+        self._tenant_of.pop(token, None)
 
     def _drop_unused(self, token: str) -> None:
         if token not in self._attached:
             self._peers.pop(token, None)
+            self._tenant_of.pop(token, None)
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:

@@ -1,0 +1,352 @@
+"""`AsyncBaton`: the asyncio client of the node agent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import os
+import socket as socketlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from agent.client.errors import AgentUnavailable, BatonError, LeaseLost, NotHolding, from_rpc_error
+from agent.identity import handshake_path
+from baton._pb import agent_pb2 as pb
+from baton._pb import agent_pb2_grpc
+from baton.names import (
+    AGENT_SESSION_METADATA,
+    AGENT_SOCKET,
+    ENV_AGENT_SOCKET,
+    ENV_GPUS,
+    ENV_TENANT_NAME,
+)
+
+log = logging.getLogger("baton.client")
+
+CLIENT_VERSION = "0.1.0"
+Callback = Callable[[str], "int | Awaitable[int | None] | None"]
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """A granted turn, as the client sees it."""
+
+    lease_id: str
+    gpus: tuple[str, ...]
+    fencing_tokens: dict[str, int]
+    granted_at: float
+    hold_until: float
+    contended: bool
+
+    @classmethod
+    def from_pb(cls, lease: pb.Lease) -> LeaseInfo:
+        """From the wire form."""
+        return cls(
+            lease.lease_id,
+            tuple(lease.gpus),
+            dict(lease.fencing_tokens),
+            lease.granted_at,
+            lease.hold_until,
+            lease.contended,
+        )
+
+
+def _gpus_from(value: Sequence[str] | str | None) -> tuple[str, ...]:
+    raw = os.environ.get(ENV_GPUS, "") if value is None else value
+    items = raw.split(",") if isinstance(raw, str) else raw
+    return tuple(g.strip() for g in items if g.strip())
+
+
+class AsyncBaton:
+    """Takes turns on this tenant's GPUs: `await acquire()`, `await yield_()`, `turn()`."""
+
+    def __init__(
+        self,
+        socket: str | None = None,
+        gpus: Sequence[str] | str | None = None,
+        *,
+        name: str | None = None,
+        gpu_memory_mib: int = 0,
+        gpu_duty: int = 0,
+        memory_limit_bytes: int = 0,
+        on_park: Callback | None = None,
+        on_restore: Callback | None = None,
+        connect_timeout: float = 5.0,
+        renew_interval: float = 2.0,
+        reconnect: bool = True,
+    ) -> None:
+        self.socket = socket or os.environ.get(ENV_AGENT_SOCKET) or AGENT_SOCKET
+        self.gpus = _gpus_from(gpus)
+        default_name = f"{socketlib.gethostname()}-{os.getpid()}"
+        self.name = name or os.environ.get(ENV_TENANT_NAME) or default_name
+        self._registration = pb.RegisterRequest(
+            name=self.name,
+            gpus=self.gpus,
+            gpu_memory_mib=gpu_memory_mib,
+            gpu_duty=gpu_duty,
+            memory_limit_bytes=memory_limit_bytes,
+        )
+        self._callbacks: dict[str, Callback] = {}
+        self._stub: agent_pb2_grpc.AgentStub | None = None
+        self.register_callbacks(on_park=on_park, on_restore=on_restore)
+        self._connect_timeout = connect_timeout
+        self._renew_interval = renew_interval
+        self._reconnect = reconnect
+        self.tenant: pb.Tenant | None = None
+        self.lease: LeaseInfo | None = None
+        self.resuming = False
+        """True after a revocation, until the agent hands the turn back."""
+        self._channel: grpc.aio.Channel | None = None
+        self._metadata: tuple[tuple[str, str], ...] = ()
+        self._call: Any = None
+        self._write_lock: asyncio.Lock | None = None
+        self._connected: asyncio.Event | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._renewer: asyncio.Task[None] | None = None
+        self._closing = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def register_callbacks(
+        self, on_park: Callback | None = None, on_restore: Callback | None = None
+    ) -> None:
+        """Callbacks the agent may ask for: move this tenant's memory off / back onto a GPU.
+
+        Each gets the GPU UUID and returns the bytes it moved. Register before connecting.
+        """
+        if self._stub is not None:
+            raise BatonError("register callbacks before the first connect()/acquire()")
+        for action, fn in (("park", on_park), ("restore", on_restore)):
+            if fn is not None:
+                self._callbacks[action] = fn
+
+    # Connection.
+
+    async def connect(self) -> None:
+        """Open the session (done by the first `acquire` if not called)."""
+        if self._supervisor is not None:
+            return
+        self._connected = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+        await self._open()
+        self._supervisor = asyncio.create_task(self._supervise())
+
+    async def _open(self) -> None:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(handshake_path(self.socket)), self._connect_timeout
+            )
+            line = await asyncio.wait_for(reader.readline(), self._connect_timeout)
+            writer.close()
+            token = json.loads(line)["token"]
+        except (OSError, TimeoutError, ValueError, KeyError) as exc:
+            raise AgentUnavailable(
+                f"cannot reach the Baton agent at {self.socket} ({exc}); is `baton agent` "
+                f"running, and is {ENV_AGENT_SOCKET} right?"
+            ) from None
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = grpc.aio.insecure_channel(f"unix:{self.socket}")
+        stub = agent_pb2_grpc.AgentStub(self._channel)
+        self._metadata = ((AGENT_SESSION_METADATA, token),)
+        try:
+            reply = await stub.Register(
+                self._registration, metadata=self._metadata, timeout=self._connect_timeout
+            )
+            call = stub.Session(metadata=self._metadata)
+            hello = pb.Hello(client_version=CLIENT_VERSION, callbacks=sorted(self._callbacks))
+            await call.write(pb.ClientMessage(hello=hello))
+            welcome = await asyncio.wait_for(call.read(), self._connect_timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, self.socket) from None
+        if not isinstance(welcome, pb.AgentMessage):
+            raise AgentUnavailable(f"the Baton agent at {self.socket} closed the session")
+        self.tenant = reply.tenant
+        self._stub, self._call = stub, call
+        assert self._connected is not None
+        self._connected.set()
+
+    async def _supervise(self) -> None:
+        delay = 0.05
+        while not self._closing:
+            await self._serve_session(self._call)
+            assert self._connected is not None
+            self._connected.clear()
+            if self._closing or not self._reconnect:
+                return
+            log.warning("lost the Baton agent at %s; reconnecting", self.socket)
+            while not self._closing:
+                try:
+                    await self._open()
+                except BatonError as exc:
+                    log.warning("reconnect failed (%s); retrying in %.2f s", exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(2.0, delay * 2)
+                    continue
+                delay = 0.05
+                log.warning("reconnected to the Baton agent at %s", self.socket)
+                await self._reclaim()
+                break
+
+    async def _serve_session(self, call: Any) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            while True:
+                message = await call.read()
+                if not isinstance(message, pb.AgentMessage):
+                    return
+                if message.HasField("callback"):
+                    task = asyncio.create_task(self._run_callback(call, message.callback))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                elif message.HasField("granted"):
+                    self.lease, self.resuming = LeaseInfo.from_pb(message.granted), False
+                    log.info("turn given back after a revocation: %s", self.lease.lease_id)
+                    self._start_renewer()
+                elif message.HasField("revoked"):
+                    log.warning(
+                        "turn revoked (%s); queued first for the next", message.revoked.reason
+                    )
+                    self._stop_renewer()
+                    self.lease, self.resuming = None, True
+
+    async def _run_callback(self, call: Any, request: pb.Callback) -> None:
+        fn = self._callbacks.get(request.action)
+        result = pb.CallbackResult(call_id=request.call_id)
+        try:
+            if fn is None:
+                raise BatonError(f"no on_{request.action} callback registered")
+            if inspect.iscoroutinefunction(fn):
+                moved = await fn(request.gpu)
+            else:
+                moved = await asyncio.to_thread(fn, request.gpu)
+            result.bytes = int(moved or 0)
+        except Exception as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+        assert self._write_lock is not None
+        async with self._write_lock:
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await call.write(pb.ClientMessage(callback_result=result))
+
+    async def _reclaim(self) -> None:
+        if self.lease is None:
+            return
+        try:
+            renewed = await self._rpc("Renew", pb.RenewRequest(lease_id=self.lease.lease_id))
+            self.lease = LeaseInfo.from_pb(renewed)
+            log.warning("kept the turn %s across the agent restart", self.lease.lease_id)
+        except LeaseLost:
+            log.warning("the turn %s was lost while the agent restarted", self.lease.lease_id)
+            self._stop_renewer()
+            self.lease = None
+
+    async def _ready(self) -> agent_pb2_grpc.AgentStub:
+        if self._supervisor is None:
+            await self.connect()
+        assert self._connected is not None
+        if not self._connected.is_set():
+            try:
+                await asyncio.wait_for(self._connected.wait(), self._connect_timeout)
+            except TimeoutError:
+                raise AgentUnavailable(
+                    f"not connected to the Baton agent at {self.socket}: still reconnecting "
+                    f"after {self._connect_timeout:g} s"
+                ) from None
+        assert self._stub is not None
+        return self._stub
+
+    async def _rpc(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        stub = await self._ready()
+        try:
+            return await getattr(stub, method)(request, metadata=self._metadata, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, self.socket) from None
+
+    # The two calls.
+
+    async def acquire(
+        self, timeout: float | None = None, gpus: Sequence[str] | None = None
+    ) -> LeaseInfo:
+        """Wait for the turn on all the tenant's GPUs (or `gpus`); `AcquireTimeout` if too long."""
+        if self.lease is not None:
+            return self.lease
+        timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        request = pb.AcquireRequest(gpus=list(gpus or ()), timeout_ms=timeout_ms)
+        reply = await self._rpc("Acquire", request, None if timeout is None else timeout + 5)
+        self.lease = LeaseInfo.from_pb(reply)
+        self._start_renewer()
+        return self.lease
+
+    async def yield_(self) -> None:
+        """End the turn. Parking is lazy: memory moves only if the next tenant needs the room."""
+        lease = self.lease
+        if lease is None and not self.resuming:
+            raise NotHolding("yield_() without a turn: call acquire() first")
+        self._stop_renewer()
+        self.lease, self.resuming = None, False
+        await self._rpc("Yield", pb.YieldRequest(lease_id=lease.lease_id if lease else ""))
+
+    @contextlib.asynccontextmanager
+    async def turn(self, timeout: float | None = None) -> AsyncIterator[LeaseInfo]:
+        """`async with baton.turn(): ...` or, as a decorator, `@baton.turn()`."""
+        lease = await self.acquire(timeout)
+        try:
+            yield lease
+        finally:
+            if self.lease is not None or self.resuming:
+                await self.yield_()
+
+    # Renewal.
+
+    def _start_renewer(self) -> None:
+        self._stop_renewer()
+        self._renewer = asyncio.create_task(self._renew_loop())
+
+    def _stop_renewer(self) -> None:
+        if self._renewer is not None and self._renewer is not asyncio.current_task():
+            self._renewer.cancel()
+        self._renewer = None
+
+    async def _renew_loop(self) -> None:
+        while self.lease is not None:
+            await asyncio.sleep(self._renew_interval)
+            lease = self.lease
+            if lease is None:
+                return
+            try:
+                renewed = await self._rpc("Renew", pb.RenewRequest(lease_id=lease.lease_id))
+                if self.lease is not None and self.lease.lease_id == renewed.lease_id:
+                    self.lease = LeaseInfo.from_pb(renewed)
+            except LeaseLost as exc:
+                if self.lease is lease:
+                    log.warning("lease %s lost: %s", lease.lease_id, exc)
+                    self.lease = None
+                return
+            except BatonError as exc:
+                log.info("renewing lease %s failed: %s", lease.lease_id, exc)
+
+    # Lifecycle.
+
+    async def close(self) -> None:
+        """End the session; the agent releases this process's turn and queue places."""
+        self._closing = True
+        self._stop_renewer()
+        if self._call is not None:
+            self._call.cancel()
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        if self._channel is not None:
+            await self._channel.close()
+
+    async def __aenter__(self) -> AsyncBaton:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

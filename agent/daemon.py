@@ -1,0 +1,139 @@
+"""Wiring of the node agent: lease service, gRPC and handshake sockets, HTTP, durable state."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from agent.grpc_server import AgentServicer
+from agent.http import StatusServer
+from agent.identity import TokenRegistry, handshake_path, pod_uid_of_pid, serve_handshake
+from agent.leases import LeaseTable
+from agent.residency import NullPreparer, TurnPreparer
+from agent.service import LeaseService
+from agent.sessions import SessionRegistry
+from agent.state import StateStore
+from agent.status import status_json
+from baton import names
+from baton._pb import agent_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentConfig:
+    """Everything `baton agent` can be told."""
+
+    socket: str = names.AGENT_SOCKET
+    state_dir: str = names.AGENT_STATE_DIR
+    http_host: str = "0.0.0.0"
+    http_port: int = names.PORT_AGENT
+    debug_tcp_port: int = 0
+    """Also serve gRPC on 127.0.0.1:<port> (0 = off). Calls still need a handshake token."""
+    policy: str = "fifo"
+    max_hold: float = 60.0
+    reconnect_grace: float = 10.0
+    socket_mode: int = 0o660
+
+
+class Agent:
+    """A running node agent; `start`, then `stop`."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        preparer: TurnPreparer | None = None,
+        sessions: SessionRegistry | None = None,
+    ) -> None:
+        self.config = config
+        self.preparer = preparer or NullPreparer()
+        self.sessions = sessions or SessionRegistry()
+        self.http_port = 0
+        self.service: LeaseService | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._handshake: asyncio.Server | None = None
+        self._http: StatusServer | None = None
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        """Load state, open the sockets; raises `StateDirError` if the state dir is unusable."""
+        cfg = self.config
+        store = StateStore(cfg.state_dir)
+        table = LeaseTable(clock=time.time, policy=cfg.policy, max_hold=cfg.max_hold)
+        service = LeaseService(
+            table=table,
+            preparer=self.preparer,
+            clock=time.time,
+            store=store,
+            reconnect_grace=cfg.reconnect_grace,
+            policy_name=cfg.policy,
+            sessions=self.sessions,
+        )
+        self.service = service
+        service.load()
+        service.metrics.watch(table, lambda: len(service.sessions.tenants()), time.time)
+        tokens = TokenRegistry(asyncio.get_running_loop().call_later)
+
+        Path(cfg.socket).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.socket).unlink(missing_ok=True)
+        self._grpc = grpc.aio.server()
+        agent_pb2_grpc.add_AgentServicer_to_server(
+            AgentServicer(service, tokens, pod_uid_of_pid), self._grpc
+        )
+        self._grpc.add_insecure_port(f"unix:{cfg.socket}")
+        if cfg.debug_tcp_port:
+            self._grpc.add_insecure_port(f"127.0.0.1:{cfg.debug_tcp_port}")
+        await self._grpc.start()
+        os.chmod(cfg.socket, cfg.socket_mode)
+        self._handshake = await serve_handshake(handshake_path(cfg.socket), tokens, cfg.socket_mode)
+
+        self._http = StatusServer(
+            service.metrics.registry, lambda: status_json(service, time.time()), lambda: True
+        )
+        self.http_port = await self._http.start(cfg.http_host, cfg.http_port)
+        log.info(
+            "agent ready: socket %s, http :%d, policy %s, max hold %g s, state %s",
+            cfg.socket,
+            self.http_port,
+            cfg.policy,
+            cfg.max_hold,
+            cfg.state_dir,
+        )
+
+    async def wait(self) -> None:
+        """Block until `stop` is called."""
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        """Close the sockets and stop the service; persisted state stays for the next start."""
+        if self._http is not None:
+            await self._http.stop()
+        if self._handshake is not None:
+            self._handshake.close()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=0.2)
+        if self.service is not None:
+            await self.service.close()
+        Path(self.config.socket).unlink(missing_ok=True)
+        Path(handshake_path(self.config.socket)).unlink(missing_ok=True)
+        self._stopped.set()
+
+
+async def run_agent(
+    config: AgentConfig,
+    preparer: TurnPreparer | None = None,
+    sessions: SessionRegistry | None = None,
+) -> None:
+    """Run an agent until cancelled."""
+    agent = Agent(config, preparer, sessions)
+    await agent.start()
+    try:
+        await agent.wait()
+    finally:
+        await agent.stop()

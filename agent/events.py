@@ -1,0 +1,66 @@
+"""The agent's event stream: grants, yields, revocations and departures, as they happen."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+GRANTED = "granted"
+YIELDED = "yielded"
+REVOKED = "revoked"
+EXPIRED = "expired"
+TENANT_JOINED = "tenant_joined"
+TENANT_GONE = "tenant_gone"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing that happened on the node."""
+
+    kind: str
+    tenant_id: str
+    at: float
+    gpus: tuple[str, ...] = ()
+    lease_id: str = ""
+    tokens: Mapping[str, int] = field(default_factory=dict)
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable form."""
+        return {
+            "kind": self.kind,
+            "tenant_id": self.tenant_id,
+            "at": self.at,
+            "gpus": list(self.gpus),
+            "lease_id": self.lease_id,
+            "fencing_tokens": dict(self.tokens),
+            "detail": self.detail,
+        }
+
+
+class EventBus:
+    """Fans events out to subscribers; a subscriber that falls behind loses its oldest events."""
+
+    def __init__(self, backlog: int = 1024) -> None:
+        self._backlog = backlog
+        self._queues: set[asyncio.Queue[Event]] = set()
+
+    def publish(self, event: Event) -> None:
+        """Deliver `event` to every subscriber without waiting."""
+        for queue in self._queues:
+            if queue.full():
+                queue.get_nowait()
+            queue.put_nowait(event)
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[asyncio.Queue[Event]]:
+        """`async with bus.subscribe() as events: event = await events.get()`."""
+        queue: asyncio.Queue[Event] = asyncio.Queue(self._backlog)
+        self._queues.add(queue)
+        try:
+            yield queue
+        finally:
+            self._queues.discard(queue)

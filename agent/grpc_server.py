@@ -1,0 +1,219 @@
+"""The agent's gRPC API: authenticates each call, forwards it to `LeaseService`, maps errors."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from agent import errors
+from agent.identity import Peer, TokenRegistry
+from agent.service import LeaseService, lease_to_pb
+from agent.sessions import Session as TenantSession
+from agent.tenants import Tenant
+from baton._pb import agent_pb2 as pb
+from baton._pb import agent_pb2_grpc
+from baton.names import AGENT_SESSION_METADATA
+
+log = logging.getLogger(__name__)
+
+_CODES: list[tuple[type[errors.AgentError], grpc.StatusCode]] = [
+    (errors.UnknownLease, grpc.StatusCode.NOT_FOUND),
+    (errors.NotOwner, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.Forbidden, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.InvalidGpus, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.AcquireTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.TenantGone, grpc.StatusCode.UNAVAILABLE),
+]
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
+
+
+def status_code(exc: errors.AgentError) -> grpc.StatusCode:
+    """The one gRPC status code for a domain error."""
+    for kind, code in _CODES:
+        if isinstance(exc, kind):
+            return code
+    return grpc.StatusCode.FAILED_PRECONDITION
+
+
+def _mapped(handler: Handler[Req, Resp]) -> Handler[Req, Resp]:
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+        try:
+            return await handler(self, request, context)
+        except errors.AgentError as exc:
+            await context.abort(status_code(exc), str(exc))
+            raise  # abort() raises; this line only satisfies the type checker
+
+    return wrapper
+
+
+class AgentServicer(agent_pb2_grpc.AgentServicer):
+    """One instance per agent."""
+
+    def __init__(
+        self,
+        service: LeaseService,
+        tokens: TokenRegistry,
+        pod_uid_of: Callable[[int], str | None],
+    ) -> None:
+        self._service = service
+        self._tokens = tokens
+        self._pod_uid_of = pod_uid_of
+
+    def _peer(self, context: grpc.aio.ServicerContext) -> Peer:
+        metadata = dict(context.invocation_metadata() or ())
+        peer = self._tokens.get(metadata.get(AGENT_SESSION_METADATA))
+        if peer is None:
+            raise errors.Unauthenticated(
+                "no valid session token: connect through the agent's handshake socket first "
+                "(the client library does this)"
+            )
+        return peer
+
+    def _tenant(self, context: grpc.aio.ServicerContext) -> tuple[Peer, Tenant]:
+        peer = self._peer(context)
+        bound = self._tokens.tenant_of(peer.token)
+        if bound is not None:
+            tenant = self._service.tenants.tenants.get(bound)
+        else:
+            tenant = self._service.tenants.find(peer.pid, self._pod_uid_of(peer.pid))
+        if tenant is None:
+            raise errors.NotRegistered(
+                f"process {peer.pid} belongs to no tenant: outside Kubernetes call Register "
+                "first; in a pod, the agent has not seen the pod (yet)"
+            )
+        return peer, tenant
+
+    @_mapped
+    async def Register(
+        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterResponse:
+        peer = self._peer(context)
+        pod_uid = self._pod_uid_of(peer.pid)
+        tenant = self._service.tenants.find(peer.pid, pod_uid)
+        if tenant is None and pod_uid:
+            raise errors.NotRegistered(f"pod {pod_uid} is not (yet) known to the agent")
+        if tenant is None or request.name:
+            if not request.name or not request.gpus:
+                raise errors.RegistrationConflict("a registration needs a name and GPUs")
+            if tenant is None or tenant.name != request.name:
+                tenant = self._service.register(peer.pid, peer.uid, request)
+        self._tokens.bind(peer.token, tenant.tenant_id)
+        return pb.RegisterResponse(tenant=tenant_to_pb(tenant))
+
+    @_mapped
+    async def Acquire(
+        self, request: pb.AcquireRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Lease:
+        _, tenant = self._tenant(context)
+        timeout = request.timeout_ms / 1000 if request.timeout_ms > 0 else None
+        granted = await self._service.acquire(tenant, tuple(request.gpus), timeout)
+        return lease_to_pb(granted.lease, self._service.table.contended(granted.lease))
+
+    @_mapped
+    async def Yield(
+        self, request: pb.YieldRequest, context: grpc.aio.ServicerContext
+    ) -> pb.YieldResponse:
+        _, tenant = self._tenant(context)
+        return pb.YieldResponse(held_seconds=self._service.yield_(tenant, request.lease_id))
+
+    @_mapped
+    async def Renew(self, request: pb.RenewRequest, context: grpc.aio.ServicerContext) -> pb.Lease:
+        _, tenant = self._tenant(context)
+        if not request.lease_id:
+            raise errors.NoLease("renew needs the id of a lease the tenant holds")
+        lease = self._service.inspect(tenant, request.lease_id)
+        return lease_to_pb(lease, self._service.table.contended(lease))
+
+    @_mapped
+    async def GetLease(
+        self, request: pb.GetLeaseRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Lease:
+        _, tenant = self._tenant(context)
+        lease = self._service.inspect(tenant, request.lease_id)
+        return lease_to_pb(lease, self._service.table.contended(lease))
+
+    async def Session(
+        self, request_iterator: AsyncIterator[pb.ClientMessage], context: grpc.aio.ServicerContext
+    ) -> None:
+        try:
+            peer, tenant = self._tenant(context)
+        except errors.AgentError as exc:
+            await context.abort(status_code(exc), str(exc))
+            return
+        first = await context.read()
+        hello = first.hello if isinstance(first, pb.ClientMessage) else pb.Hello()
+        session = TenantSession(tenant.tenant_id, peer.pid, peer.token, frozenset(hello.callbacks))
+        self._tokens.attach(peer.token)
+        self._service.sessions.open(session)
+        log.info("session opened: tenant %s pid %d", tenant.tenant_id, peer.pid)
+        reader = asyncio.create_task(self._read(context, session))
+        try:
+            await context.write(pb.AgentMessage(welcome=pb.Welcome(tenant=tenant_to_pb(tenant))))
+            await self._pump(context, session, reader)
+        finally:
+            reader.cancel()
+            last = self._service.sessions.close(session)
+            self._tokens.revoke(peer.token)
+            self._service.session_closed(tenant.tenant_id, peer.pid, last)
+            log.info("session closed: tenant %s pid %d", tenant.tenant_id, peer.pid)
+
+    async def _read(self, context: grpc.aio.ServicerContext, session: TenantSession) -> None:
+        while True:
+            message = await context.read()
+            if not isinstance(message, pb.ClientMessage):  # EOF: the client closed its side
+                return
+            if message.HasField("callback_result"):
+                session.resolve(message.callback_result)
+
+    async def _pump(
+        self, context: grpc.aio.ServicerContext, session: TenantSession, reader: asyncio.Task[None]
+    ) -> None:
+        while True:
+            outgoing = asyncio.ensure_future(session.outbox.get())
+            done, _ = await asyncio.wait({outgoing, reader}, return_when=asyncio.FIRST_COMPLETED)
+            if outgoing not in done:
+                outgoing.cancel()
+                return
+            message = outgoing.result()
+            if message is None:
+                return
+            await context.write(message)
+
+    async def WatchEvents(
+        self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Event]:
+        async with self._service.events.subscribe() as queue:
+            while True:
+                event = await queue.get()
+                yield pb.Event(
+                    kind=event.kind,
+                    tenant_id=event.tenant_id,
+                    gpus=event.gpus,
+                    lease_id=event.lease_id,
+                    fencing_tokens=dict(event.tokens),
+                    at=event.at,
+                    detail=event.detail,
+                )
+
+
+def tenant_to_pb(tenant: Tenant) -> pb.Tenant:
+    """The wire form of a tenant."""
+    return pb.Tenant(
+        tenant_id=tenant.tenant_id,
+        name=tenant.name,
+        gpus=tenant.gpus,
+        gpu_memory_mib=tenant.gpu_memory_mib,
+        gpu_duty=tenant.gpu_duty,
+        memory_limit_bytes=tenant.memory_limit_bytes,
+        source=tenant.source,
+    )

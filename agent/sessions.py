@@ -1,0 +1,102 @@
+"""Open tenant sessions: push messages to a tenant, and ask it to run its park/restore callbacks."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+
+from agent.errors import CallbackFailed, TenantGone
+from baton._pb import agent_pb2 as pb
+
+CLOSE = None
+"""Put on a session's outbox to end the stream."""
+
+
+@dataclass(eq=False)
+class Session:
+    """One tenant process's open stream."""
+
+    tenant_id: str
+    pid: int
+    token: str
+    callbacks: frozenset[str] = frozenset()
+    outbox: asyncio.Queue[pb.AgentMessage | None] = field(default_factory=asyncio.Queue)
+    pending: dict[str, asyncio.Future[int]] = field(default_factory=dict)
+
+    def send(self, message: pb.AgentMessage) -> None:
+        """Queue a message for the tenant."""
+        self.outbox.put_nowait(message)
+
+    def resolve(self, result: pb.CallbackResult) -> None:
+        """The tenant answered a callback."""
+        future = self.pending.pop(result.call_id, None)
+        if future is None or future.done():
+            return
+        if result.error:
+            future.set_exception(CallbackFailed(f"tenant {self.tenant_id}: {result.error}"))
+        else:
+            future.set_result(result.bytes)
+
+    def fail_pending(self) -> None:
+        """The stream ended: nobody will answer the open callbacks."""
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(TenantGone(f"tenant {self.tenant_id} disconnected"))
+        self.pending.clear()
+
+
+class SessionRegistry:
+    """The open sessions, per tenant."""
+
+    def __init__(self) -> None:
+        self._by_tenant: dict[str, list[Session]] = {}
+        self._ids = itertools.count(1)
+
+    def open(self, session: Session) -> None:
+        """Track a new session."""
+        self._by_tenant.setdefault(session.tenant_id, []).append(session)
+
+    def close(self, session: Session) -> bool:
+        """Stop tracking a session; True if it was the tenant's last."""
+        sessions = self._by_tenant.get(session.tenant_id, [])
+        if session in sessions:
+            sessions.remove(session)
+        session.fail_pending()
+        if sessions:
+            return False
+        self._by_tenant.pop(session.tenant_id, None)
+        return True
+
+    def connected(self, tenant_id: str) -> bool:
+        """Whether the tenant has an open session."""
+        return bool(self._by_tenant.get(tenant_id))
+
+    def tenants(self) -> list[str]:
+        """Tenants with open sessions."""
+        return list(self._by_tenant)
+
+    def notify(self, tenant_id: str, message: pb.AgentMessage) -> None:
+        """Send a message to every session of the tenant."""
+        for session in self._by_tenant.get(tenant_id, []):
+            session.send(message)
+
+    async def call_tenant(self, tenant_id: str, action: str, gpu: str, timeout: float) -> int:
+        """Ask the tenant to run its `on_<action>(gpu)` callback; returns the bytes it moved."""
+        session = next(
+            (s for s in self._by_tenant.get(tenant_id, []) if action in s.callbacks), None
+        )
+        if session is None:
+            raise CallbackFailed(f"tenant {tenant_id} has no session with an on_{action} callback")
+        call_id = str(next(self._ids))
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        session.pending[call_id] = future
+        session.send(pb.AgentMessage(callback=pb.Callback(call_id=call_id, action=action, gpu=gpu)))
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise CallbackFailed(
+                f"tenant {tenant_id} did not finish on_{action}({gpu}) within {timeout:g} s"
+            ) from None
+        finally:
+            session.pending.pop(call_id, None)

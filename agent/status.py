@@ -1,0 +1,48 @@
+"""The agent's /v1/status document: per GPU its holder, fencing token, queue and tenants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.service import LeaseService
+
+
+def status_json(service: LeaseService, now: float) -> dict[str, Any]:
+    """A JSON-serialisable picture of the node right now."""
+    table = service.table
+    gpus: dict[str, Any] = {}
+    for gpu in sorted(table.gpus):
+        state = table.gpus[gpu]
+        lease = table.leases.get(state.holder or "")
+        gpus[gpu] = {
+            "holder": lease.tenant_id if lease else None,
+            "lease_id": lease.lease_id if lease else None,
+            "fencing_token": state.token,
+            "held_s": round(now - lease.granted_at, 6) if lease else None,
+            "hold_until": lease.hold_until if lease else None,
+            "queue": [
+                {
+                    "tenant_id": w.tenant_id,
+                    "waited_s": round(now - w.enqueued_at, 6),
+                    "resuming": w.front,
+                    "blocked": w.blocked or None,
+                }
+                for w in table.queue_of(gpu)
+            ],
+            "tenants": sorted(
+                t.tenant_id for t in service.tenants.tenants.values() if gpu in t.gpus
+            ),
+            "busy_seconds": round(service.metrics.busy_seconds(table, gpu, now), 6),
+        }
+    tenants = {
+        t.tenant_id: {**t.to_json(), "connected": service.sessions.connected(t.tenant_id)}
+        for t in service.tenants.tenants.values()
+    }
+    return {
+        "time": now,
+        "policy": service.policy_name,
+        "max_hold_s": table.max_hold,
+        "gpus": gpus,
+        "tenants": tenants,
+        "residency": service.preparer.status(),
+    }
