@@ -1,0 +1,126 @@
+"""Parks tenants by asking them: their own on_park / on_restore callbacks, over their session.
+
+Fits frameworks that know how to free their GPU memory (vLLM sleep / wake_up, moving a model and
+optimizer to pinned host memory). The tenant reports the bytes it moved; that is what is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from agent.backends.base import (
+    Backend,
+    BackendError,
+    Move,
+    Residency,
+    TenantRef,
+    TenantState,
+)
+
+CallTenant = Callable[[str, str, str, float], Coroutine[Any, Any, int]]
+"""`(tenant_id, action, gpu, timeout) -> bytes moved`, run on the agent's event loop."""
+
+
+class AppBackend(Backend):
+    """Drives tenants' callbacks; `bind` it to the session registry once the agent runs."""
+
+    name = "app"
+
+    def __init__(self, timeout: float = 60.0) -> None:
+        self.timeout = timeout
+        self._call: CallTenant | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._refs: dict[str, TenantRef] = {}
+        self._parked: dict[str, dict[str, int]] = {}
+        self._reported: dict[str, dict[str, int]] = {}
+        self._mutex = threading.Lock()
+
+    def bind(self, call_tenant: CallTenant, loop: asyncio.AbstractEventLoop) -> None:
+        """Use `call_tenant` on `loop` to reach tenants."""
+        self._call, self._loop = call_tenant, loop
+
+    def attach(self, tenant: TenantRef) -> None:
+        """Remember the tenant's GPUs and declared footprint."""
+        self._refs[tenant.tenant_id] = tenant
+
+    def detach(self, tenant_id: str) -> None:
+        """Forget the tenant; what it offloaded lived in its own process."""
+        with self._mutex:
+            self._refs.pop(tenant_id, None)
+            self._parked.pop(tenant_id, None)
+            self._reported.pop(tenant_id, None)
+
+    def tenants(self) -> list[str]:
+        """Attached tenants."""
+        return list(self._refs)
+
+    def memory_limit(self, tenant_id: str) -> int | None:
+        """The limit the tenant registered with."""
+        ref = self._refs.get(tenant_id)
+        return ref.memory_limit_bytes if ref and ref.memory_limit_bytes else None
+
+    def footprint(self, tenant_id: str, gpu: str) -> int:
+        """What it last reported moving on `gpu`, else what it declared."""
+        with self._mutex:
+            reported = self._reported.get(tenant_id, {}).get(gpu)
+        if reported is not None:
+            return reported
+        ref = self._refs.get(tenant_id)
+        return (ref.declared_bytes or 0) if ref and gpu in ref.gpus else 0
+
+    def state(self, tenant_id: str) -> TenantState:
+        """Residency as the callbacks left it."""
+        ref = self._refs.get(tenant_id)
+        st = TenantState(tenant_id)
+        with self._mutex:
+            parked = dict(self._parked.get(tenant_id, {}))
+        for gpu in ref.gpus if ref else ():
+            st.residency[gpu] = Residency.PARKED if gpu in parked else Residency.RESIDENT
+            st.footprint_bytes[gpu] = self.footprint(tenant_id, gpu)
+        st.parked_bytes = sum(parked.values())
+        return st
+
+    def park(self, tenant_id: str, gpu: str) -> Move:
+        """Run the tenant's on_park(gpu) and count the bytes it reports."""
+        with self._mutex:
+            if gpu in self._parked.get(tenant_id, {}):
+                return Move(tenant_id, gpu, "park", 0, 0.0)
+        moved, seconds = self._run(tenant_id, "park", gpu)
+        with self._mutex:
+            self._parked.setdefault(tenant_id, {})[gpu] = moved
+            self._reported.setdefault(tenant_id, {})[gpu] = moved
+        return Move(tenant_id, gpu, "park", moved, seconds)
+
+    def restore(self, tenant_id: str, gpu: str) -> Move:
+        """Run the tenant's on_restore(gpu)."""
+        with self._mutex:
+            if gpu not in self._parked.get(tenant_id, {}):
+                return Move(tenant_id, gpu, "restore", 0, 0.0)
+        moved, seconds = self._run(tenant_id, "restore", gpu)
+        with self._mutex:
+            self._parked.get(tenant_id, {}).pop(gpu, None)
+        return Move(tenant_id, gpu, "restore", moved, seconds)
+
+    def _run(self, tenant_id: str, action: str, gpu: str) -> tuple[int, float]:
+        """Call the tenant from a worker thread; raise `BackendError` if it fails or is late."""
+        if self._call is None or self._loop is None:
+            raise BackendError("the app backend is not connected to the agent's sessions yet")
+        loop = self._loop
+        start = loop.time()
+        future = asyncio.run_coroutine_threadsafe(
+            self._call(tenant_id, action, gpu, self.timeout), loop
+        )
+        try:
+            moved = future.result(self.timeout + 5.0)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise BackendError(
+                f"{tenant_id} did not finish on_{action}({gpu}) within {self.timeout:g} s"
+            ) from None
+        except Exception as e:
+            raise BackendError(f"{tenant_id}: on_{action}({gpu}) failed: {e}") from e
+        return int(moved), loop.time() - start

@@ -1,0 +1,73 @@
+"""The app backend drives tenant callbacks on the agent's loop from worker threads."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent.backends.app import AppBackend
+from agent.backends.base import BackendError, Residency, TenantRef
+
+GPU = "GPU-0"
+
+
+class Tenant:
+    """A tenant that answers callbacks, optionally failing or never answering."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.calls: list[tuple[str, str]] = []
+        self.fail = ""
+        self.hang = False
+
+    async def __call__(self, tenant_id: str, action: str, gpu: str, timeout: float) -> int:
+        self.calls.append((action, gpu))
+        if self.hang:
+            await asyncio.wait_for(asyncio.Event().wait(), timeout)
+        if self.fail:
+            raise RuntimeError(self.fail)
+        return self.nbytes
+
+
+def drive(backend: AppBackend, tenant: Tenant, steps):
+    async def go():
+        backend.bind(tenant, asyncio.get_running_loop())
+        return [await asyncio.to_thread(getattr(backend, s), "t", GPU) for s in steps]
+
+    return asyncio.run(asyncio.wait_for(go(), 10))
+
+
+def test_park_and_restore_run_the_callbacks_and_count_reported_bytes():
+    backend = AppBackend(timeout=1.0)
+    backend.attach(TenantRef("t", (GPU,), declared_bytes=100))
+    assert backend.footprint("t", GPU) == 100
+    tenant = Tenant(5000)
+    park, again = drive(backend, tenant, ["park", "park"])
+    assert (park.bytes, again.bytes) == (5000, 0)
+    assert backend.state("t").residency == {GPU: Residency.PARKED}
+    assert backend.state("t").parked_bytes == 5000
+    (restore,) = drive(backend, tenant, ["restore"])
+    assert restore.bytes == 5000 and tenant.calls == [("park", GPU), ("restore", GPU)]
+    assert backend.state("t").residency == {GPU: Residency.RESIDENT}
+    assert backend.footprint("t", GPU) == 5000
+
+
+def test_a_failing_or_late_callback_leaves_the_tenant_resident():
+    backend = AppBackend(timeout=0.05)
+    backend.attach(TenantRef("t", (GPU,)))
+    tenant = Tenant(1)
+    tenant.fail = "out of pinned memory"
+    with pytest.raises(BackendError, match=r"on_park.*out of pinned memory"):
+        drive(backend, tenant, ["park"])
+    tenant.fail, tenant.hang = "", True
+    with pytest.raises(BackendError, match="on_park"):
+        drive(backend, tenant, ["park"])
+    assert backend.state("t").residency == {GPU: Residency.RESIDENT}
+
+
+def test_unbound_backend_says_so():
+    backend = AppBackend()
+    backend.attach(TenantRef("t", (GPU,)))
+    with pytest.raises(BackendError, match="not connected"):
+        backend.park("t", GPU)
