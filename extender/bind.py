@@ -1,0 +1,120 @@
+"""The bind verb: choose GPUs, annotate the pod under a resourceVersion precondition, bind it.
+
+The choice is recorded as an assumption in the cluster state under the cache lock before any
+API call, so a second bind right behind this one sees the slot taken. A failed bind drops it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from baton.kube import format_timestamp_ns
+from baton.names import ANNOTATION_ASSIGNED_AT, ANNOTATION_ASSIGNED_GPUS
+from extender.inventory import Assignment, pod_uid
+from extender.placement import Tenant, place
+from extender.requests import RequestError, TenantRequest, parse_pod_request
+from extender.state import ClusterState
+from extender.wire import BindingArgs
+
+
+class ApiFailure(Exception):
+    """The API server refused or could not be reached; the message says which and why."""
+
+
+class ApiConflict(ApiFailure):
+    """The object changed since we read it (HTTP 409)."""
+
+
+class PodApi(Protocol):
+    """The three API calls a bind needs."""
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """The pod as the API server has it now."""
+        ...
+
+    def annotate_pod(
+        self, namespace: str, name: str, resource_version: str, annotations: dict[str, str]
+    ) -> None:
+        """Set annotations if the pod is still at `resource_version`, else `ApiConflict`."""
+        ...
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """Create the pod's Binding to the node."""
+        ...
+
+
+class Binder:
+    """Binds pods to nodes with GPUs chosen by the placement policy."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        lock: threading.Lock,
+        api: PodApi,
+        clock_ns: Callable[[], int],
+    ):
+        self._state = state
+        self._lock = lock
+        self._api = api
+        self._clock_ns = clock_ns
+
+    def bind(self, args: BindingArgs) -> str:
+        """Bind the pod; the empty string on success, else why it did not."""
+        where = f"pod {args.pod_namespace}/{args.pod_name}"
+        for attempt in (1, 2):
+            try:
+                return self._attempt(args)
+            except ApiConflict as err:
+                if attempt == 2:
+                    return f"binding {where} to {args.node}: conflict twice in a row: {err}"
+            except (ApiFailure, _Refused) as err:
+                return f"binding {where} to {args.node}: {err}"
+        raise AssertionError("unreachable")
+
+    def _attempt(self, args: BindingArgs) -> str:
+        pod = self._api.get_pod(args.pod_namespace, args.pod_name)
+        uid = pod_uid(pod)
+        if args.pod_uid and uid != args.pod_uid:
+            raise _Refused(f"the pod now has UID {uid}, not {args.pod_uid}")
+        try:
+            request = parse_pod_request(pod)
+        except RequestError as err:
+            raise _Refused(str(err)) from None
+        if request is None:
+            self._api.bind_pod(args.pod_namespace, args.pod_name, uid, args.node)
+            return ""
+        chosen = self._assume(args, uid, request)
+        try:
+            version = str((pod.get("metadata") or {}).get("resourceVersion", ""))
+            notes = {
+                ANNOTATION_ASSIGNED_GPUS: ",".join(chosen.gpus),
+                ANNOTATION_ASSIGNED_AT: format_timestamp_ns(self._clock_ns()),
+            }
+            self._api.annotate_pod(args.pod_namespace, args.pod_name, version, notes)
+            self._api.bind_pod(args.pod_namespace, args.pod_name, uid, args.node)
+        except BaseException:
+            with self._lock:
+                self._state.forget(uid)
+            raise
+        return ""
+
+    def _assume(self, args: BindingArgs, uid: str, request: TenantRequest) -> Assignment:
+        with self._lock:
+            self._state.forget(uid)
+            node = self._state.node(args.node)
+            if node is None:
+                raise _Refused("the extender's cache does not know that node")
+            verdict = place(node, request, self._state.limits)
+            if not verdict.fits:
+                raise _Refused(f"it no longer fits: {verdict.reason}")
+            tenant = Tenant(uid, request.memory_mib, request.duty)
+            pod = f"{args.pod_namespace}/{args.pod_name}"
+            chosen = Assignment(uid, pod, args.node, verdict.gpus, tenant)
+            self._state.assume(chosen)
+        return chosen
+
+
+class _Refused(Exception):
+    """The bind cannot go ahead for a reason of the pod or node, not the API server."""

@@ -1,0 +1,140 @@
+"""The extender's calls to the Kubernetes API, on raw JSON, errors mapped to `ApiFailure`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from extender.bind import ApiConflict, ApiFailure
+
+POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+_PAGE = 500
+
+
+def api_errors(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Map the client's exceptions in the wrapped call to `ApiFailure` / `ApiConflict`."""
+
+    def wrap(call: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return call(*args, **kwargs)
+            except ApiFailure:
+                raise
+            except Exception as err:
+                raise translate(err, what) from err
+
+        return run
+
+    return wrap
+
+
+def translate(err: Exception, what: str) -> ApiFailure:
+    """A clear `ApiFailure` for an exception raised by the Kubernetes client."""
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(err, ApiException):
+        message = _status_message(err.body) or err.reason or "no message"
+        kind = ApiConflict if err.status == 409 else ApiFailure
+        return kind(f"{what}: API server answered {err.status}: {message}")
+    return ApiFailure(f"{what}: API server unreachable: {type(err).__name__}: {err}")
+
+
+def _status_message(body: Any) -> str:
+    try:
+        return str(json.loads(body).get("message", ""))
+    except (TypeError, ValueError, AttributeError):
+        return ""
+
+
+class KubePodApi:
+    """`PodApi` over the real Kubernetes client."""
+
+    def __init__(self, api_client: Any, timeout_s: float = 5.0):
+        from kubernetes import client
+
+        self._core = client.CoreV1Api(api_client)
+        self._timeout = timeout_s
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """The pod as the API server has it now."""
+        call = api_errors(f"reading pod {namespace}/{name}")(self._core.read_namespaced_pod)
+        resp = call(name, namespace, _preload_content=False, _request_timeout=self._timeout)
+        return dict(json.loads(resp.data))
+
+    def annotate_pod(
+        self, namespace: str, name: str, resource_version: str, annotations: dict[str, str]
+    ) -> None:
+        """Merge-patch annotations with a resourceVersion precondition (409 when stale)."""
+        body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
+        call = api_errors(f"annotating pod {namespace}/{name}")(self._core.patch_namespaced_pod)
+        call(
+            name,
+            namespace,
+            body,
+            _content_type="application/merge-patch+json",
+            _preload_content=False,
+            _request_timeout=self._timeout,
+        )
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """Create the pod's Binding (with a UID precondition when known)."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if uid and "/" not in uid:
+            meta["uid"] = uid
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        call = api_errors(f"binding pod {namespace}/{name}")(
+            self._core.create_namespaced_pod_binding
+        )
+        # The raw response avoids the client's failing decode of the Status it returns.
+        call(name, namespace, body, _preload_content=False, _request_timeout=self._timeout)
+
+
+class Lister:
+    """Paged lists and watches of nodes or pods, as raw JSON."""
+
+    def __init__(self, api_client: Any, kind: str, timeout_s: float = 30.0):
+        from kubernetes import client
+
+        core = client.CoreV1Api(api_client)
+        self.kind = kind
+        self._func = core.list_node if kind == "nodes" else core.list_pod_for_all_namespaces
+        self._extra = {} if kind == "nodes" else {"field_selector": POD_FIELD_SELECTOR}
+        self._timeout = timeout_s
+
+    def list(self) -> tuple[list[dict[str, Any]], str]:
+        """Every object and the list's resourceVersion."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        call = api_errors(f"listing {self.kind}")(self._func)
+        while True:
+            kwargs = {**self._extra, "limit": _PAGE, "_preload_content": False}
+            if token:
+                kwargs["_continue"] = token
+            page = json.loads(call(_request_timeout=self._timeout, **kwargs).data)
+            items += page.get("items") or []
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or ""
+            if not token:
+                return items, str(meta.get("resourceVersion", ""))
+
+    def watch(
+        self, watcher: Any, resource_version: str, timeout_s: int
+    ) -> Iterator[dict[str, Any]]:
+        """Raw watch events from `resource_version` until the server ends the watch."""
+        return iter(
+            watcher.stream(
+                self._func,
+                resource_version=resource_version,
+                timeout_seconds=timeout_s,
+                allow_watch_bookmarks=True,
+                deserialize=False,
+                _request_timeout=timeout_s + self._timeout,
+                **self._extra,
+            )
+        )

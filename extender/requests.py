@@ -1,0 +1,174 @@
+"""A pod's Baton request, read from its container resources.
+
+Values are summed over the app containers; init containers count as kube-scheduler counts
+them (the larger of their maximum and the app containers' sum). `baton.dev/gpu-memory` is MiB
+per GPU, `baton.dev/gpu-duty` a percent of one GPU's time. Omitted values stay `None`; the
+placement core fills in the defaults (whole GPU, 100 / slots) per GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from baton.names import RESOURCE_GPU, RESOURCE_GPU_DUTY, RESOURCE_GPU_MEMORY
+
+MAX_GPUS_PER_POD = 64
+MAX_GPU_MEMORY_MIB = 1 << 20
+"""1 TiB per GPU: anything larger is a unit mistake, not a GPU."""
+
+_BATON = (RESOURCE_GPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_DUTY)
+_QUANTITY = re.compile(
+    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
+)
+_SUFFIX = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal(10**3),
+    "M": Decimal(10**6),
+    "G": Decimal(10**9),
+    "T": Decimal(10**12),
+    "P": Decimal(10**15),
+    "E": Decimal(10**18),
+    "Ki": Decimal(2**10),
+    "Mi": Decimal(2**20),
+    "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50),
+    "Ei": Decimal(2**60),
+}
+
+
+class RequestError(ValueError):
+    """A pod's Baton request is not usable; the message names the field and the value."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRequest:
+    """What one pod asks of Baton."""
+
+    gpus: int
+    memory_mib: int | None = None
+    """Per GPU; `None` means the whole GPU."""
+    duty: float | None = None
+    """Percent of each GPU's time; `None` means 100 / slots."""
+    memory_limit_bytes: int | None = None
+    """Summed memory limit of the containers that use Baton GPUs; `None` when any is unlimited."""
+
+
+def parse_quantity(text: object) -> Decimal:
+    """A Kubernetes resource quantity (`"40960"`, `"64Gi"`, `"1e9"`, `"500m"`) as a number."""
+    match = _QUANTITY.match(str(text).strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a Kubernetes quantity")
+    number, exponent, suffix = match.groups()
+    try:
+        value = Decimal(number)
+    except InvalidOperation as err:  # pragma: no cover - the pattern admits only decimals
+        raise ValueError(f"{text!r} is not a Kubernetes quantity") from err
+    if exponent:
+        value = value.scaleb(int(exponent[1:]))
+    if suffix:
+        value *= _SUFFIX[suffix]
+    return value
+
+
+def parse_pod_request(pod: dict[str, Any]) -> TenantRequest | None:
+    """The pod's Baton request, or `None` when it asks for no Baton resource."""
+    spec = pod.get("spec") or {}
+    containers = spec.get("containers") or []
+    init = spec.get("initContainers") or []
+    app_totals = [_container_values(c) for c in containers]
+    init_totals = [_container_values(c) for c in init]
+    if not any(any(v is not None for v in t) for t in app_totals + init_totals):
+        return None
+    totals = [_effective(i, app_totals, init_totals) for i in range(3)]
+    gpus, memory, duty = totals
+    if gpus is None:
+        named = [n for n, v in zip(_BATON[1:], totals[1:], strict=True) if v is not None]
+        raise RequestError(f"{' and '.join(named)} is set but {RESOURCE_GPU} is not")
+    return TenantRequest(
+        gpus=_check_gpus(gpus),
+        memory_mib=None if memory is None else _check_memory(memory),
+        duty=None if duty is None else _check_duty(duty),
+        memory_limit_bytes=_memory_limit(containers + init),
+    )
+
+
+def _container_values(container: dict[str, Any]) -> tuple[Decimal | None, ...]:
+    resources = container.get("resources") or {}
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    values: list[Decimal | None] = []
+    for name in _BATON:
+        raw = limits.get(name, requests.get(name))
+        if raw is None:
+            values.append(None)
+            continue
+        try:
+            values.append(parse_quantity(raw))
+        except ValueError:
+            raise RequestError(f"{name} {raw!r} is not a number") from None
+    return tuple(values)
+
+
+def _effective(
+    i: int, app: list[tuple[Decimal | None, ...]], init: list[tuple[Decimal | None, ...]]
+) -> Decimal | None:
+    app_values = [v for t in app if (v := t[i]) is not None]
+    init_values = [v for t in init if (v := t[i]) is not None]
+    if not app_values and not init_values:
+        return None
+    app_sum = sum(app_values, Decimal(0))
+    return max(app_sum, *init_values) if init_values else app_sum
+
+
+def _whole(name: str, value: Decimal) -> int:
+    if value != value.to_integral_value():
+        raise RequestError(f"{name} {value} is not a whole number")
+    return int(value)
+
+
+def _check_gpus(value: Decimal) -> int:
+    count = _whole(RESOURCE_GPU, value)
+    if count <= 0:
+        raise RequestError(f"{RESOURCE_GPU} {count}: ask for at least 1 GPU")
+    if count > MAX_GPUS_PER_POD:
+        raise RequestError(f"{RESOURCE_GPU} {count} is more than {MAX_GPUS_PER_POD} GPUs per pod")
+    return count
+
+
+def _check_memory(value: Decimal) -> int:
+    mib = _whole(RESOURCE_GPU_MEMORY, value)
+    if mib <= 0:
+        raise RequestError(f"{RESOURCE_GPU_MEMORY} {mib} must be a positive number of MiB")
+    if mib > MAX_GPU_MEMORY_MIB:
+        raise RequestError(
+            f"{RESOURCE_GPU_MEMORY} {mib} MiB is more than any GPU has"
+            f" (it counts MiB: write 40960 for 40 GiB)"
+        )
+    return mib
+
+
+def _check_duty(value: Decimal) -> float:
+    if not 0 < value <= 100:
+        raise RequestError(f"{RESOURCE_GPU_DUTY} {value} is outside 1-100 (percent of GPU time)")
+    return float(value)
+
+
+def _memory_limit(containers: list[dict[str, Any]]) -> int | None:
+    total = 0
+    for container in containers:
+        if all(v is None for v in _container_values(container)[:1]):
+            continue
+        limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+        if limit is None:
+            return None
+        try:
+            total += int(parse_quantity(limit))
+        except ValueError:
+            raise RequestError(f"memory limit {limit!r} is not a quantity") from None
+    return total

@@ -1,0 +1,196 @@
+"""The cluster as the extender sees it: nodes, assignments and our own assumed binds. Pure.
+
+Fed by the cache's watches; each change rebuilds only the `NodeState` of the nodes it touches,
+so placement reads precomputed per-GPU totals. An assumed assignment (recorded at bind, before
+the watch shows it) counts like a real one until the watch confirms it, the pod goes away, or
+it expires.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from extender.inventory import (
+    Assignment,
+    NodeInventory,
+    assignment,
+    node_inventory,
+    pod_uid,
+)
+from extender.placement import Limits, NodeState, Tenant, node_state
+
+Clock = Callable[[], float]
+ASSUME_TTL_S = 120.0
+
+
+class ClusterState:
+    """Nodes, assignments and assumptions, with a `NodeState` per node kept current."""
+
+    def __init__(self, limits: Limits, clock: Clock, assume_ttl_s: float = ASSUME_TTL_S):
+        self.limits = limits
+        self._clock = clock
+        self._ttl = assume_ttl_s
+        self._nodes: dict[str, NodeInventory] = {}
+        self._assigned: dict[str, Assignment] = {}
+        self._assumed: dict[str, tuple[Assignment, float]] = {}
+        self._by_node: dict[str, set[str]] = defaultdict(set)
+        self._states: dict[str, NodeState] = {}
+
+    def node(self, name: str) -> NodeState | None:
+        """The node's current state, or `None` when the cache does not know it."""
+        return self._states.get(name)
+
+    def node_from_object(self, node: dict[str, Any]) -> NodeState:
+        """A node the watch has not shown yet, from the object kube-scheduler sent."""
+        return self._build(_name(node), node_inventory(node))
+
+    def node_names(self) -> list[str]:
+        """Every known node."""
+        return list(self._states)
+
+    def assumed(self) -> dict[str, Assignment]:
+        """Assignments from our binds the watch has not confirmed yet."""
+        return {uid: a for uid, (a, _) in self._assumed.items()}
+
+    def replace_nodes(self, nodes: Iterable[dict[str, Any]]) -> None:
+        """Start over from a full node list."""
+        self._nodes = {_name(n): node_inventory(n) for n in nodes}
+        self._rebuild_all()
+
+    def upsert_node(self, node: dict[str, Any]) -> None:
+        """A node was added or changed."""
+        self._nodes[_name(node)] = node_inventory(node)
+        self._rebuild_many({_name(node)})
+
+    def delete_node(self, node: dict[str, Any]) -> None:
+        """A node went away."""
+        self._nodes.pop(_name(node), None)
+        self._rebuild_many({_name(node)})
+
+    def replace_pods(self, pods: Iterable[dict[str, Any]]) -> None:
+        """Start over from a full pod list; assumptions it confirms are dropped."""
+        self._assigned.clear()
+        self._by_node.clear()
+        for pod in pods:
+            found = assignment(pod)
+            if found:
+                self._add(found)
+        for uid in [u for u in self._assumed if u in self._assigned]:
+            del self._assumed[uid]
+        self._expire()
+        self._rebuild_all()
+
+    def upsert_pod(self, pod: dict[str, Any]) -> None:
+        """A pod was added or changed."""
+        uid = pod_uid(pod)
+        touched = self._remove(uid)
+        found = assignment(pod)
+        if found:
+            self._add(found)
+            touched.add(found.node)
+            touched |= self._drop_assumed(uid)
+        touched |= self._expire()
+        self._rebuild_many(touched)
+
+    def delete_pod(self, pod: dict[str, Any]) -> None:
+        """A pod went away; so does any assumption about it."""
+        uid = pod_uid(pod)
+        self._rebuild_many(self._remove(uid) | self._drop_assumed(uid) | self._expire())
+
+    def assume(self, found: Assignment) -> None:
+        """Count an assignment from our own bind until the watch shows it."""
+        touched = self._drop_assumed(found.uid) | self._expire()
+        self._assumed[found.uid] = (found, self._clock())
+        self._rebuild_many(touched | {found.node})
+
+    def forget(self, uid: str) -> None:
+        """Drop an assumption (its bind failed)."""
+        self._rebuild_many(self._drop_assumed(uid))
+
+    def _add(self, found: Assignment) -> None:
+        self._assigned[found.uid] = found
+        self._by_node[found.node].add(found.uid)
+
+    def _remove(self, uid: str) -> set[str]:
+        old = self._assigned.pop(uid, None)
+        if old is None:
+            return set()
+        self._by_node[old.node].discard(uid)
+        return {old.node}
+
+    def _drop_assumed(self, uid: str) -> set[str]:
+        entry = self._assumed.pop(uid, None)
+        return {entry[0].node} if entry else set()
+
+    def _expire(self) -> set[str]:
+        deadline = self._clock() - self._ttl
+        stale = [uid for uid, (_, at) in self._assumed.items() if at < deadline]
+        return set().union(*(self._drop_assumed(uid) for uid in stale))
+
+    def _rebuild_all(self) -> None:
+        self._states = {name: self._build(name, inv) for name, inv in self._nodes.items()}
+
+    def _rebuild_many(self, names: set[str]) -> None:
+        for name in names:
+            inventory = self._nodes.get(name)
+            if inventory is None:
+                self._states.pop(name, None)
+            else:
+                self._states[name] = self._build(name, inventory)
+
+    def _build(self, name: str, inventory: NodeInventory) -> NodeState:
+        tenants: dict[str, list[Tenant]] = defaultdict(list)
+        for found in self.assignments_on(name):
+            for gpu in found.gpus:
+                tenants[gpu].append(found.tenant)
+        return node_state(
+            name, inventory.gpus, inventory.budget_mib, tenants, self.limits, inventory.problem
+        )
+
+    def assignments_on(self, name: str) -> list[Assignment]:
+        """Confirmed and assumed assignments on a node."""
+        found = [
+            self._assigned[uid] for uid in self._by_node.get(name, ()) if uid not in self._assumed
+        ]
+        return found + [a for a, _ in self._assumed.values() if a.node == name]
+
+    def inventory(self) -> list[dict[str, Any]]:
+        """Every node, GPU and tenant, for `/v1/inventory`."""
+        return [self._describe(name) for name in sorted(self._states)]
+
+    def _describe(self, name: str) -> dict[str, Any]:
+        state = self._states[name]
+        assumed = {uid for uid, (a, _) in self._assumed.items() if a.node == name}
+        pods = {a.uid: a.pod for a in self.assignments_on(name)}
+        return {
+            "name": name,
+            "hostMemoryBudgetMiB": state.budget_mib,
+            "parkedWorstCaseMiB": state.parked_worst_mib,
+            "problem": state.problem or None,
+            "gpus": [
+                {
+                    "uuid": g.gpu.uuid,
+                    "index": g.gpu.index,
+                    "model": g.gpu.model,
+                    "memoryMiB": g.gpu.memory_mib,
+                    "usableMiB": g.usable_mib,
+                    "healthy": g.gpu.healthy,
+                    "slots": g.gpu.slots,
+                    "freeSlots": g.gpu.slots - len(g.tenants),
+                    "summedDuty": round(g.duty_sum, 3),
+                    "tenantMemoryMiB": g.memory_total,
+                    "parkedWorstCaseMiB": g.parked_worst_mib,
+                    "tenants": [
+                        {"uid": uid, "pod": pods.get(uid, ""), "assumed": uid in assumed}
+                        for uid in g.tenants
+                    ],
+                }
+                for g in state.gpus
+            ],
+        }
+
+
+def _name(node: dict[str, Any]) -> str:
+    return str((node.get("metadata") or {}).get("name", ""))

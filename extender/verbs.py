@@ -1,0 +1,61 @@
+"""The filter and prioritize verbs over the cluster state (no HTTP here)."""
+
+from __future__ import annotations
+
+from extender.placement import NodeState, Verdict, place
+from extender.requests import RequestError, TenantRequest, parse_pod_request
+from extender.state import ClusterState
+from extender.wire import MIN_PRIORITY, ExtenderArgs
+
+UNKNOWN_NODE = "node is not in the extender's cache (its watch has not shown it yet)"
+
+
+def filter_nodes(
+    state: ClusterState, args: ExtenderArgs
+) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """Names that pass, failed node -> reason, unresolvable node -> reason."""
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    try:
+        request = parse_pod_request(args.pod)
+    except RequestError as err:
+        return [], {}, dict.fromkeys(args.node_names, str(err))
+    if request is None:
+        return list(args.node_names), failed, unresolvable
+    for name, verdict in _verdicts(state, args, request):
+        if verdict.fits:
+            passed.append(name)
+        elif verdict.unresolvable:
+            unresolvable[name] = verdict.reason
+        else:
+            failed[name] = verdict.reason
+    return passed, failed, unresolvable
+
+
+def prioritize_nodes(state: ClusterState, args: ExtenderArgs) -> list[tuple[str, int]]:
+    """A 0-10 score per node; nodes it does not fit and pods without a Baton request get 0."""
+    try:
+        request = parse_pod_request(args.pod)
+    except RequestError:
+        request = None
+    if request is None:
+        return [(name, MIN_PRIORITY) for name in args.node_names]
+    return [
+        (name, v.score if v.fits else MIN_PRIORITY) for name, v in _verdicts(state, args, request)
+    ]
+
+
+def _verdicts(
+    state: ClusterState, args: ExtenderArgs, request: TenantRequest
+) -> list[tuple[str, Verdict]]:
+    limits = state.limits
+    out = []
+    for name in args.node_names:
+        node: NodeState | None = state.node(name)
+        if node is None and args.nodes is not None:
+            node = state.node_from_object(args.nodes[name])
+        out.append(
+            (name, Verdict(False, UNKNOWN_NODE) if node is None else place(node, request, limits))
+        )
+    return out

@@ -1,0 +1,213 @@
+"""The placement core, case by case."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from extender.placement import (
+    Gpu,
+    Limits,
+    Policy,
+    Tenant,
+    Verdict,
+    node_state,
+    parked_worst_mib,
+    place,
+)
+from extender.requests import TenantRequest
+
+GIB = 1024
+H100 = 80 * GIB
+
+
+def gpus(n: int = 2, memory: int = H100, slots: int = 4) -> list[Gpu]:
+    return [Gpu(f"GPU-{i}", i, "H100", memory, slots) for i in range(n)]
+
+
+@dataclass
+class Case:
+    name: str
+    request: TenantRequest
+    tenants: dict[str, list[Tenant]] = field(default_factory=dict)
+    gpus: list[Gpu] = field(default_factory=gpus)
+    budget: int = 256 * GIB
+    limits: Limits = field(default_factory=Limits)
+    fits: bool = True
+    chosen: tuple[str, ...] = ()
+    reason: str = ""
+    unresolvable: bool = False
+
+
+def t(key: str, memory: int | None = None, duty: float | None = None) -> Tenant:
+    return Tenant(key, memory, duty)
+
+
+CASES = [
+    Case("empty node takes one GPU", TenantRequest(1, 40 * GIB, 50), chosen=("GPU-0",)),
+    Case(
+        "binpack fills the GPU that has tenants",
+        TenantRequest(1, 10 * GIB, 10),
+        tenants={"GPU-1": [t("a", 10 * GIB, 10)]},
+        chosen=("GPU-1",),
+    ),
+    Case(
+        "spread prefers the empty GPU",
+        TenantRequest(1, 10 * GIB, 10),
+        tenants={"GPU-0": [t("a", 10 * GIB, 10)]},
+        limits=Limits(Policy.SPREAD),
+        chosen=("GPU-1",),
+    ),
+    Case(
+        "complement prefers the GPU that gets closest to 100%",
+        TenantRequest(1, 10 * GIB, 40),
+        gpus=gpus(3),
+        tenants={
+            "GPU-0": [t("a", duty=30)],
+            "GPU-1": [t("b", duty=60)],
+            "GPU-2": [t("c", duty=70)],
+        },
+        limits=Limits(Policy.COMPLEMENT),
+        chosen=("GPU-1",),
+    ),
+    Case(
+        "memory above every GPU can never fit",
+        TenantRequest(1, 90000),
+        fits=False,
+        unresolvable=True,
+        reason="gpu-memory 90000 MiB exceeds every GPU on this node (81920 MiB)",
+    ),
+    Case(
+        "container memory limit below gpu-memory can never fit",
+        TenantRequest(1, 40 * GIB, memory_limit_bytes=32 * GIB * 2**20),
+        fits=False,
+        unresolvable=True,
+        reason="container memory limit 32 GiB cannot hold the 40 GiB of GPU memory it may park",
+    ),
+    Case(
+        "more GPUs than the node has can never fit",
+        TenantRequest(3),
+        fits=False,
+        unresolvable=True,
+        reason="asks for 3 GPUs; this node has 2",
+    ),
+    Case(
+        "duty over the limit names the GPU and the sum",
+        TenantRequest(1, 1 * GIB, 50),
+        gpus=gpus(1),
+        tenants={"GPU-0": [t("a", GIB, 80)]},
+        fits=False,
+        reason="no GPU can take it: GPU-0 summed duty would be 130% > 100%",
+    ),
+    Case(
+        "omitted duty is 100 / slots",
+        TenantRequest(1, GIB),
+        gpus=gpus(1, slots=4),
+        tenants={"GPU-0": [t("a", GIB), t("b", GIB)]},
+        fits=False,
+        reason="GPU-0 summed duty would be 75% > 70%",
+        limits=Limits(max_duty=70),
+    ),
+    Case(
+        "no free slot",
+        TenantRequest(1, GIB, 1),
+        gpus=gpus(1, slots=2),
+        tenants={"GPU-0": [t("a", GIB, 1), t("b", GIB, 1)]},
+        fits=False,
+        reason="GPU-0 has no free slot (2/2 taken)",
+    ),
+    Case(
+        "unhealthy GPU is skipped",
+        TenantRequest(1, GIB, 10),
+        gpus=[Gpu("GPU-0", 0, "H100", H100, 4, healthy=False), *gpus(2)[1:]],
+        chosen=("GPU-1",),
+    ),
+    Case(
+        "parked worst case over the host budget",
+        TenantRequest(1, 60 * GIB, 10),
+        gpus=gpus(1),
+        tenants={"GPU-0": [t("a", 60 * GIB, 10), t("b", 60 * GIB, 10)]},
+        budget=100 * GIB,
+        fits=False,
+        reason="parked worst case 120 GiB > host budget 100 GiB",
+    ),
+    Case(
+        "budget steers the choice to the GPU where nothing must park",
+        TenantRequest(1, 60 * GIB, 10),
+        tenants={"GPU-0": [t("a", 60 * GIB, 10)], "GPU-1": [t("b", 10 * GIB, 10)]},
+        budget=30 * GIB,
+        chosen=("GPU-1",),
+    ),
+    Case(
+        "two GPUs for a two-GPU pod",
+        TenantRequest(2, GIB, 10),
+        gpus=gpus(3),
+        tenants={"GPU-1": [t("a", GIB, 10)], "GPU-2": [t("b", GIB, 10)]},
+        chosen=("GPU-1", "GPU-2"),
+    ),
+    Case(
+        "headroom shrinks the usable memory",
+        TenantRequest(1, 80 * GIB),
+        limits=Limits(memory_headroom_mib=1024),
+        fits=False,
+        unresolvable=True,
+        reason="exceeds every GPU on this node (80896 MiB)",
+    ),
+    Case(
+        "no budget annotation means nothing may park",
+        TenantRequest(1, 50 * GIB, 10),
+        gpus=gpus(1),
+        tenants={"GPU-0": [t("a", 50 * GIB, 10)]},
+        budget=0,
+        fits=False,
+        reason="parked worst case 50 GiB > host budget 0 GiB",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_placement(case: Case) -> None:
+    node = node_state("n1", case.gpus, case.budget, case.tenants, case.limits)
+    verdict = place(node, case.request, case.limits)
+    assert verdict.fits is case.fits, verdict
+    assert case.reason in verdict.reason
+    assert verdict.unresolvable is case.unresolvable
+    if case.chosen:
+        assert verdict.gpus == case.chosen
+    if case.fits:
+        assert 0 <= verdict.score <= 10
+
+
+def test_scores_order_nodes_by_policy() -> None:
+    busy = node_state("busy", gpus(1), 0, {"GPU-0": [t("a", GIB, 20)]}, Limits())
+    idle = node_state("idle", gpus(1), 0, {}, Limits())
+    request = TenantRequest(1, GIB, 20)
+    for policy, better in ((Policy.BINPACK, busy), (Policy.SPREAD, idle)):
+        limits = Limits(policy)
+        scores = {n.name: place(n, request, limits).score for n in (busy, idle)}
+        assert scores[better.name] == max(scores.values())
+        assert len(set(scores.values())) == 2
+
+
+def test_node_without_gpus_or_with_a_broken_annotation_says_so() -> None:
+    assert place(node_state("n", [], 0, {}, Limits()), TenantRequest(1), Limits()) == Verdict(
+        False, "node advertises no Baton GPUs"
+    )
+    broken = node_state("n", [], 0, {}, Limits(), problem="annotation unreadable")
+    assert place(broken, TenantRequest(1), Limits()).reason == "annotation unreadable"
+
+
+@pytest.mark.parametrize(
+    ("memories", "usable", "worst"),
+    [
+        ([], 100, 0),
+        ([40, 60], 100, 0),
+        ([50, 40, 30], 80, 90),
+        ([80, 80], 80, 80),
+        ([10, 10, 10, 90], 100, 110),
+    ],
+)
+def test_parked_worst_case(memories: list[int], usable: int, worst: int) -> None:
+    smallest, largest = (min(memories), max(memories)) if memories else (0, 0)
+    assert parked_worst_mib(sum(memories), smallest, largest, usable) == worst

@@ -1,0 +1,75 @@
+"""Reading a pod's Baton request from its containers."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from extender.requests import RequestError, TenantRequest, parse_pod_request, parse_quantity
+from tests.extender.builders import pod
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("40960", Decimal(40960)),
+        ("64Gi", Decimal(64 * 2**30)),
+        ("1G", Decimal(10**9)),
+        ("1e3", Decimal(1000)),
+        ("500m", Decimal("0.5")),
+        ("1.5Ki", Decimal(1536)),
+    ],
+)
+def test_quantities(text: str, value: Decimal) -> None:
+    assert parse_quantity(text) == value
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"gpus": 1}, TenantRequest(1, None, None, 512 * 2**30)),
+        ({"gpus": 2, "memory": 40960, "duty": 30}, TenantRequest(2, 40960, 30.0, 512 * 2**30)),
+        ({"gpus": 1, "memory_limit": None}, TenantRequest(1, None, None, None)),
+        ({"gpus": "1", "memory": "1e4"}, TenantRequest(1, 10000, None, 512 * 2**30)),
+    ],
+)
+def test_requests_read(kwargs: dict, expected: TenantRequest) -> None:
+    assert parse_pod_request(pod(**kwargs)) == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gpus": "two"}, "baton.dev/gpu 'two' is not a number"),
+        ({"gpus": -1}, "baton.dev/gpu -1: ask for at least 1 GPU"),
+        ({"gpus": 0}, "baton.dev/gpu 0: ask for at least 1 GPU"),
+        ({"gpus": 1000}, "more than 64 GPUs per pod"),
+        ({"gpus": "1.5"}, "baton.dev/gpu 1.5 is not a whole number"),
+        ({"memory": 0}, "baton.dev/gpu-memory 0 must be a positive number of MiB"),
+        ({"memory": -5}, "baton.dev/gpu-memory -5 must be a positive"),
+        ({"memory": "80Gi"}, "more than any GPU has (it counts MiB"),
+        ({"duty": 0}, "baton.dev/gpu-duty 0 is outside 1-100"),
+        ({"duty": 150}, "baton.dev/gpu-duty 150 is outside 1-100"),
+        ({"gpus": None, "memory": 1000}, "baton.dev/gpu-memory is set but baton.dev/gpu is not"),
+        ({"memory_limit": "lots"}, "memory limit 'lots' is not a quantity"),
+    ],
+)
+def test_bad_requests_name_the_field(kwargs: dict, message: str) -> None:
+    with pytest.raises(RequestError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        parse_pod_request(pod(**kwargs))
+
+
+def test_pod_without_baton_resources_is_not_a_tenant() -> None:
+    assert parse_pod_request(pod(gpus=None)) is None
+
+
+def test_containers_sum_and_init_containers_count_like_kube_scheduler() -> None:
+    two = pod(gpus=1, memory=1000, duty=20)
+    container = two["spec"]["containers"][0]
+    two["spec"]["containers"].append({**container, "name": "sidecar"})
+    init = {**container, "name": "warmup"}
+    init["resources"] = {"limits": {"baton.dev/gpu": "3", "memory": "1Gi"}}
+    two["spec"]["initContainers"] = [init]
+    request = parse_pod_request(two)
+    assert request == TenantRequest(3, 2000, 40.0, 2 * 512 * 2**30 + 2**30)
