@@ -30,6 +30,8 @@ ANNOTATION_ALLOCATED_AT = "baton.dev/allocated-at"
 # Scheduling.
 SCHEDULER_NAME = "baton-scheduler"
 NAMESPACE = "baton-system"
+LABEL_GPU_NODE = "baton.dev/gpu-node"
+"""Node label the node DaemonSet selects (the nvidia overlay selects GPU feature discovery's)."""
 
 # Node paths.
 AGENT_SOCKET = "/run/baton/agent.sock"
