@@ -28,6 +28,18 @@ class ClusterCache:
         self.lock = threading.Lock()
         self._synced = {kind: threading.Event() for kind in KINDS}
 
+    @classmethod
+    def filled(
+        cls, state: ClusterState, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
+    ) -> ClusterCache:
+        """A synced cache holding the given objects (benchmarks, tests, dry runs)."""
+        cache = cls(state)
+        state.replace_nodes(nodes)
+        state.replace_pods(pods)
+        for kind in KINDS:
+            cache.mark_synced(kind)
+        return cache
+
     def synced(self) -> bool:
         """Whether every kind has been listed at least once."""
         return all(e.is_set() for e in self._synced.values())
