@@ -1,0 +1,1 @@
+"""Example tenants that take turns on Baton GPUs."""

@@ -1,0 +1,105 @@
+"""The example GRPO tenant: phase order, and two tenant processes taking turns on a real agent."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.client import LeaseInfo
+from agent.daemon import Agent, AgentConfig
+from agent.examples.grpo_loop import Phases, run
+from baton import names
+
+GPU = "GPU-00000000-0000-0000-0000-000000000001"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class RecordingBaton:
+    """Records the order of acquire, modelled work and yield."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.token = 0
+
+    def acquire(self, timeout: float | None = None) -> LeaseInfo:
+        self.token += 1
+        self.log.append("acquire")
+        return LeaseInfo("lease", (GPU,), {GPU: self.token}, 0.0, 0.0, False)
+
+    def yield_(self) -> None:
+        self.log.append("yield")
+
+
+def test_gpu_phases_hold_a_turn_and_scoring_does_not() -> None:
+    log: list[str] = []
+    out = io.StringIO()
+    turns = run(
+        RecordingBaton(log),
+        2,
+        Phases(generate_s=1.0, score_s=2.0, train_s=3.0),
+        pause=lambda s: log.append(f"work {s:g}"),
+        out=out,
+    )
+    one_step = ["acquire", "work 1", "yield", "work 2", "acquire", "work 3", "yield"]
+    assert log == one_step * 2
+    assert [(t.step, t.phase, t.tokens) for t in turns] == [
+        (1, "generation", (1,)),
+        (1, "training", (2,)),
+        (2, "generation", (3,)),
+        (2, "training", (4,)),
+    ]
+    assert "step 2 training" in out.getvalue() and "scoring" in out.getvalue()
+
+
+@pytest.fixture
+def agent_socket() -> Iterator[str]:
+    """A real agent (no parking backend) on a unix socket, run on its own event loop."""
+    workdir = Path(tempfile.mkdtemp(dir="/tmp", prefix="grpo"))
+    config = AgentConfig(
+        socket=str(workdir / "agent.sock"), state_dir=str(workdir / "state"), http_port=0
+    )
+    loop = asyncio.new_event_loop()
+    agent = Agent(config)
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(agent.start(), loop).result(timeout=10)
+    try:
+        yield config.socket
+    finally:
+        asyncio.run_coroutine_threadsafe(agent.stop(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+
+
+def test_two_tenant_processes_take_turns(agent_socket: str) -> None:
+    env = {**os.environ, names.ENV_AGENT_SOCKET: agent_socket, names.ENV_GPUS: GPU}
+    env["PYTHONPATH"] = str(ROOT)
+    args = ["--steps", "3", "--generate-s", "0.01", "--score-s", "0", "--train-s", "0.01"]
+    tenants = [
+        subprocess.Popen(
+            [sys.executable, "-m", "agent.examples.grpo_loop", *args, "--tenant", name],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("policy-a", "policy-b")
+    ]
+    outputs = [t.communicate(timeout=60) for t in tenants]
+    for tenant, (_out, err) in zip(tenants, outputs, strict=True):
+        assert tenant.returncode == 0, err
+    text = "".join(out for out, _ in outputs)
+    tokens = [int(t) for t in re.findall(r"held [\d.]+ ms on GPU-[\w-]+ \(token (\d+)\)", text)]
+    # Twelve turns on one GPU, each with its own fencing token: nobody shared a turn.
+    assert len(tokens) == 12 and len(set(tokens)) == 12
+    assert text.count("done: 6 turns") == 2
