@@ -57,6 +57,8 @@ class ParkingPreparer:
         self._holding: dict[str, frozenset[str]] = {}
         self._states: dict[str, TenantState] = {}
         self._waiting: dict[str, str] = {}
+        self.directory: Callable[[], Mapping[str, TenantRef]] = dict
+        """What the lease service knows of its tenants (GPUs, PIDs, limits), read before a plan."""
 
     def register(self, ref: TenantRef) -> None:
         """Learn a tenant's GPUs, PIDs, memory limit and declared footprint."""
@@ -172,6 +174,9 @@ class ParkingPreparer:
 
     def _snapshot(self) -> Snapshot:
         """The node as the backend reports it now (runs in a worker thread)."""
+        for tenant_id, ref in self.directory().items():
+            if self._refs.get(tenant_id) != ref:
+                self.register(ref)
         self._refresh()
         views = {t: self._view(t, st) for t, st in self._states.items()}
         return Snapshot(self.gpu_memory, views, self.headroom, self.host_budget)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from agent.backends.base import Move
 from baton.names import METRICS_PREFIX
@@ -16,6 +20,7 @@ class ParkingMetrics:
     def __init__(self, backend: str, registry: CollectorRegistry | None = None) -> None:
         self.backend = backend
         reg = registry if registry is not None else CollectorRegistry()
+        self.registry = reg
         p = METRICS_PREFIX
         labels = ("backend", "direction")
         self.moves = Counter(f"{p}moves", "Parks and restores done.", labels, registry=reg)
@@ -54,3 +59,14 @@ class ParkingMetrics:
     def failed(self, direction: str) -> None:
         """Count one failed move."""
         self.move_failures.labels(self.backend, direction).inc()
+
+
+class Forward(Collector):
+    """Exposes another registry's metrics through the registry this is registered in."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+
+    def collect(self) -> Iterable[Metric]:
+        """Everything `source` collects."""
+        return self.source.collect()

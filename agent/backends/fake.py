@@ -36,15 +36,15 @@ TMP_SUFFIX = ".moving"
 
 
 def copy_file(src: Path, dst: Path) -> None:
-    """Copy `src` to `dst` in the kernel (sendfile), without fsync."""
+    """Copy `src` to `dst` inside the kernel (copy_file_range), without fsync."""
     with src.open("rb") as fin, dst.open("wb") as fout:
         size = os.fstat(fin.fileno()).st_size
-        sent = 0
-        while sent < size:
-            n = os.sendfile(fout.fileno(), fin.fileno(), sent, size - sent)
+        left = size
+        while left:
+            n = os.copy_file_range(fin.fileno(), fout.fileno(), left)
             if n == 0:
                 raise BackendError(f"{src} shrank while being copied")
-            sent += n
+            left -= n
 
 
 class FakeBackend(Backend):

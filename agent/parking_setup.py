@@ -1,0 +1,127 @@
+"""Building the agent's `TurnPreparer` from its flags, and connecting it to the lease service."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.backends.base import Backend, BackendUnavailable, TenantRef
+from agent.parking import ParkingPreparer
+from agent.parking_metrics import Forward
+from agent.residency import NullPreparer, TurnPreparer
+from baton.names import DEFAULT_FAKE_GPU_DIR, MIB, fake_gpu_uuid
+
+if TYPE_CHECKING:
+    from agent.service import LeaseService
+    from agent.tenants import Tenant
+
+BACKENDS = ("none", "fake", "cuda", "app")
+
+
+@dataclass
+class ParkingOptions:
+    """The agent's flags about parking memory."""
+
+    backend: str = "none"
+    fake_gpus: str = "2x81920"
+    """Simulated GPUs: `COUNTxMIB`, or MiB per GPU separated by commas."""
+    fake_scale: float = 1 / 1024
+    """Real bytes per simulated byte (fake backend)."""
+    fake_dir: str = DEFAULT_FAKE_GPU_DIR
+    pcie_gbps: float = 0.0
+    """Modelled host-device bandwidth in GB/s (fake backend; 0 = copy as fast as memory)."""
+    host_memory_budget_mib: int = 0
+    """Host DRAM for parked memory; 0 = the simulated GPUs' total (fake) or half the RAM."""
+    headroom_mib: int = 0
+    lock_timeout_s: float = 5.0
+    callback_timeout_s: float = 60.0
+
+
+def parse_fake_gpus(spec: str) -> dict[str, int]:
+    """`2x81920` or `81920,40960` (MiB) to simulated GPU UUIDs and their bytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", spec)
+    sizes = [int(m[2])] * int(m[1]) if m else [int(s) for s in spec.split(",") if s.strip()]
+    if not sizes or min(sizes) <= 0:
+        raise ValueError(f"--fake-gpus {spec!r}: give COUNTxMIB (2x81920) or MIB,MIB,...")
+    return {fake_gpu_uuid(i): n * MIB for i, n in enumerate(sizes)}
+
+
+def half_the_ram(meminfo: str = "/proc/meminfo") -> int:
+    """Half of the host's memory, in bytes."""
+    for line in Path(meminfo).read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024 // 2
+    raise OSError(f"no MemTotal in {meminfo}")
+
+
+def build_backend(opts: ParkingOptions) -> tuple[Backend, dict[str, int]]:
+    """The backend the flags name and the GPU memory it manages, or `BackendUnavailable`."""
+    if opts.backend == "fake":
+        from agent.backends.fake import FakeBackend
+
+        gpus = parse_fake_gpus(opts.fake_gpus)
+        pcie = opts.pcie_gbps or None
+        return FakeBackend(opts.fake_dir, gpus, opts.fake_scale, pcie, opts.lock_timeout_s), gpus
+    if opts.backend == "cuda":
+        from agent.backends.cuda import CudaBackend
+
+        cuda = CudaBackend(lock_timeout_ms=int(opts.lock_timeout_s * 1000))
+        return cuda, cuda.gpu_memory()
+    if opts.backend == "app":
+        from agent.backends.app import AppBackend
+
+        return AppBackend(opts.callback_timeout_s), nvml_gpus() or parse_fake_gpus(opts.fake_gpus)
+    raise BackendUnavailable(f"unknown backend {opts.backend!r}; choose one of {BACKENDS}")
+
+
+def nvml_gpus() -> dict[str, int]:
+    """The GPUs NVML sees and their memory; empty without nvidia-ml-py or a driver."""
+    try:
+        import pynvml
+
+        from agent.backends.procs import gpu_memory
+
+        pynvml.nvmlInit()
+        return gpu_memory(pynvml)
+    except Exception:  # NVMLError, ImportError: no GPUs to report
+        return {}
+
+
+def build_preparer(opts: ParkingOptions) -> TurnPreparer:
+    """The preparer for `baton agent`: `NullPreparer` for `none`, else a `ParkingPreparer`."""
+    if opts.backend == "none":
+        return NullPreparer()
+    backend, gpus = build_backend(opts)
+    budget = opts.host_memory_budget_mib * MIB
+    if not budget:
+        budget = sum(gpus.values()) if opts.backend == "fake" else half_the_ram()
+    return ParkingPreparer(backend, gpus, host_budget=budget, headroom=opts.headroom_mib * MIB)
+
+
+def tenant_ref(tenant: Tenant) -> TenantRef:
+    """What a backend needs to know of one of the lease service's tenants."""
+    return TenantRef(
+        tenant.tenant_id,
+        tuple(tenant.gpus),
+        pids=tuple(sorted(tenant.pids)),
+        memory_limit_bytes=tenant.memory_limit_bytes or None,
+        pod_uid=tenant.pod_uid,
+        declared_bytes=tenant.gpu_memory_mib * MIB or None,
+    )
+
+
+def connect_preparer(preparer: TurnPreparer, service: LeaseService) -> None:
+    """Let the preparer read the service's tenants, reach their sessions and show its metrics."""
+    if not isinstance(preparer, ParkingPreparer):
+        return
+    preparer.directory = lambda: {
+        t.tenant_id: tenant_ref(t) for t in list(service.tenants.tenants.values())
+    }
+    service.metrics.registry.register(Forward(preparer.metrics.registry))
+    from agent.backends.app import AppBackend
+
+    if isinstance(preparer.backend, AppBackend):
+        preparer.backend.bind(service.sessions.call_tenant, asyncio.get_running_loop())
