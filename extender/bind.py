@@ -6,25 +6,17 @@ API call, so a second bind right behind this one sees the slot taken. A failed b
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from baton.kube import format_timestamp_ns
 from baton.names import ANNOTATION_ASSIGNED_AT, ANNOTATION_ASSIGNED_GPUS
+from extender.cache import ClusterCache
+from extender.errors import ApiConflict, ApiFailure
 from extender.inventory import Assignment, pod_uid
 from extender.placement import Tenant, place
 from extender.requests import RequestError, TenantRequest, parse_pod_request
-from extender.state import ClusterState
 from extender.wire import BindingArgs
-
-
-class ApiFailure(Exception):
-    """The API server refused or could not be reached; the message says which and why."""
-
-
-class ApiConflict(ApiFailure):
-    """The object changed since we read it (HTTP 409)."""
 
 
 class PodApi(Protocol):
@@ -48,15 +40,9 @@ class PodApi(Protocol):
 class Binder:
     """Binds pods to nodes with GPUs chosen by the placement policy."""
 
-    def __init__(
-        self,
-        state: ClusterState,
-        lock: threading.Lock,
-        api: PodApi,
-        clock_ns: Callable[[], int],
-    ):
-        self._state = state
-        self._lock = lock
+    def __init__(self, cache: ClusterCache, api: PodApi, clock_ns: Callable[[], int]):
+        self._cache = cache
+        self._state = cache.state
         self._api = api
         self._clock_ns = clock_ns
 
@@ -95,13 +81,14 @@ class Binder:
             self._api.annotate_pod(args.pod_namespace, args.pod_name, version, notes)
             self._api.bind_pod(args.pod_namespace, args.pod_name, uid, args.node)
         except BaseException:
-            with self._lock:
+            with self._cache.changed:
                 self._state.forget(uid)
+                self._cache.changed.notify_all()
             raise
         return ""
 
     def _assume(self, args: BindingArgs, uid: str, request: TenantRequest) -> Assignment:
-        with self._lock:
+        with self._cache.changed:
             self._state.forget(uid)
             node = self._state.node(args.node)
             if node is None:
@@ -113,6 +100,7 @@ class Binder:
             pod = f"{args.pod_namespace}/{args.pod_name}"
             chosen = Assignment(uid, pod, args.node, verdict.gpus, tenant)
             self._state.assume(chosen)
+            self._cache.changed.notify_all()
         return chosen
 
 

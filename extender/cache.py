@@ -12,6 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from extender.errors import ApiFailure
+from extender.kubeapi import Lister, Watch
 from extender.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -26,6 +28,8 @@ class ClusterCache:
     def __init__(self, state: ClusterState):
         self.state = state
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        """Notified, with the lock held, after every change the watches apply."""
         self._synced = {kind: threading.Event() for kind in KINDS}
 
     @classmethod
@@ -48,6 +52,11 @@ class ClusterCache:
         """Wait (bounded) until synced."""
         return all(e.wait(timeout_s) for e in self._synced.values())
 
+    def wait_for(self, predicate: Callable[[ClusterState], bool], timeout_s: float) -> bool:
+        """Wait (bounded) until the predicate holds for the state."""
+        with self.changed:
+            return self.changed.wait_for(lambda: predicate(self.state), timeout_s)
+
     def mark_synced(self, kind: str) -> None:
         """Record that a kind has been listed (for caches filled by hand)."""
         self._synced[kind].set()
@@ -63,12 +72,10 @@ class KubeCache(ClusterCache):
         on_restart: Callable[[str, str], None] = lambda kind, why: None,
     ):
         super().__init__(state)
-        from extender.kubeapi import Lister
-
         self._listers = {kind: Lister(api_client, kind) for kind in KINDS}
         self._on_restart = on_restart
         self._stop = threading.Event()
-        self._watchers: dict[str, Any] = {}
+        self._watches: dict[str, Watch] = {}
         self._threads: list[threading.Thread] = []
 
     def start(self) -> KubeCache:
@@ -83,8 +90,8 @@ class KubeCache(ClusterCache):
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the loops and close their watches."""
         self._stop.set()
-        for watcher in list(self._watchers.values()):
-            watcher.stop()
+        for watch in list(self._watches.values()):
+            watch.close()
         for thread in self._threads:
             thread.join(timeout_s)
 
@@ -107,30 +114,31 @@ class KubeCache(ClusterCache):
 
     def _relist(self, kind: str) -> str:
         items, version = self._listers[kind].list()
-        with self.lock:
+        with self.changed:
             if kind == "nodes":
                 self.state.replace_nodes(items)
             else:
                 self.state.replace_pods(items)
+            self.changed.notify_all()
         self._synced[kind].set()
         return version
 
     def _watch(self, kind: str, version: str) -> str:
-        from kubernetes import watch
-
-        watcher = watch.Watch()
-        self._watchers[kind] = watcher
-        for event in self._listers[kind].watch(watcher, version, WATCH_TIMEOUT_S):
-            if self._stop.is_set():
-                break
+        watch = self._listers[kind].watch(version, WATCH_TIMEOUT_S)
+        self._watches[kind] = watch
+        if self._stop.is_set():
+            watch.close()
+        for event in watch:
             version = self._apply(kind, event) or version
+        log.debug("watch of %s ended at resourceVersion %s", kind, version)
         return version
 
     def _apply(self, kind: str, event: dict[str, Any]) -> str:
         kind_of_event = event.get("type")
         obj = event.get("object") or {}
         if kind_of_event == "ERROR":
-            raise RuntimeError(f"watch error: {obj.get('code')} {obj.get('message')}")
+            code, message = obj.get("code"), obj.get("message")
+            raise ApiFailure(f"watching {kind}: API server answered {code}: {message}")
         version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
         if kind_of_event not in ("ADDED", "MODIFIED", "DELETED"):
             return version
@@ -140,6 +148,7 @@ class KubeCache(ClusterCache):
             apply = self.state.delete_node if deleted else self.state.upsert_node
         else:
             apply = self.state.delete_pod if deleted else self.state.upsert_pod
-        with self.lock:
+        with self.changed:
             apply(obj)
+            self.changed.notify_all()
         return version

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from extender.bind import ApiConflict, ApiFailure
+from extender.errors import ApiConflict, ApiFailure
 
 POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 _PAGE = 500
@@ -123,18 +124,43 @@ class Lister:
             if not token:
                 return items, str(meta.get("resourceVersion", ""))
 
-    def watch(
-        self, watcher: Any, resource_version: str, timeout_s: int
-    ) -> Iterator[dict[str, Any]]:
-        """Raw watch events from `resource_version` until the server ends the watch."""
-        return iter(
-            watcher.stream(
-                self._func,
-                resource_version=resource_version,
-                timeout_seconds=timeout_s,
-                allow_watch_bookmarks=True,
-                deserialize=False,
-                _request_timeout=timeout_s + self._timeout,
-                **self._extra,
-            )
+    def watch(self, resource_version: str, timeout_s: int) -> Watch:
+        """A watch from `resource_version`; the server ends it after `timeout_s`."""
+        call = api_errors(f"watching {self.kind}")(self._func)
+        resp = call(
+            watch=True,
+            resource_version=resource_version,
+            timeout_seconds=timeout_s,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+            _request_timeout=(self._timeout, timeout_s + self._timeout),
+            **self._extra,
         )
+        return Watch(resp, self.kind)
+
+
+class Watch:
+    """Events of one watch response, as dicts; `close()` ends it from another thread."""
+
+    def __init__(self, resp: Any, kind: str):
+        self._resp = resp
+        self._kind = kind
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        buffer = b""
+        try:
+            for chunk in self._resp.stream(amt=None, decode_content=False):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        except Exception as err:
+            raise translate(err, f"watching {self._kind}") from err
+        finally:
+            self._resp.release_conn()
+
+    def close(self) -> None:
+        """Interrupt the stream (safe from any thread)."""
+        with contextlib.suppress(Exception):
+            self._resp.shutdown()

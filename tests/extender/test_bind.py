@@ -1,0 +1,179 @@
+"""Bind against the fake API server: annotations, preconditions, conflicts, races, outages."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from baton.kube import parse_timestamp_ns
+from baton.names import ANNOTATION_ASSIGNED_AT, ANNOTATION_ASSIGNED_GPUS
+from extender.bind import Binder
+from extender.cache import ClusterCache, KubeCache
+from extender.kubeapi import KubePodApi
+from extender.placement import Limits
+from extender.state import ClusterState
+from extender.wire import BindingArgs
+from tests.extender.builders import node, pod
+from tests.extender.conftest import SYNC_TIMEOUT_S
+from tests.harness.fakeapi import FakeApiServer
+
+
+def put_pending(fake: FakeApiServer, name: str, **kwargs: Any) -> dict[str, Any]:
+    return fake.put_object(pod(name, **kwargs))
+
+
+def args_for(p: dict[str, Any], node_name: str) -> BindingArgs:
+    meta = p["metadata"]
+    return BindingArgs(meta["name"], meta["namespace"], meta["uid"], node_name)
+
+
+def assigned(fake: FakeApiServer, name: str) -> list[str]:
+    obj = fake.get_object("Pod", name) or {}
+    notes = obj.get("metadata", {}).get("annotations") or {}
+    return [g for g in notes.get(ANNOTATION_ASSIGNED_GPUS, "").split(",") if g]
+
+
+@pytest.fixture
+def binder(kube_cache: KubeCache, api_client: Any) -> Binder:
+    return Binder(kube_cache, KubePodApi(api_client), time.time_ns)
+
+
+@pytest.fixture
+def gpu_node(fake_api: FakeApiServer, kube_cache: KubeCache) -> str:
+    fake_api.put_object(node("gpu-1", gpus=2, slots=1))
+    assert kube_cache.wait_for(lambda s: s.node("gpu-1") is not None, SYNC_TIMEOUT_S)
+    return "gpu-1"
+
+
+def test_bind_annotates_then_binds_and_the_watch_confirms(
+    fake_api: FakeApiServer, kube_cache: KubeCache, binder: Binder, gpu_node: str
+) -> None:
+    p = put_pending(fake_api, "trainer", memory=1000, duty=50)
+    before = time.time_ns()
+    assert binder.bind(args_for(p, gpu_node)) == ""
+    stored = fake_api.get_object("Pod", "trainer")
+    assert stored is not None
+    assert stored["spec"]["nodeName"] == gpu_node
+    assert assigned(fake_api, "trainer") == ["GPU-gpu-1-0"]
+    at = parse_timestamp_ns(stored["metadata"]["annotations"][ANNOTATION_ASSIGNED_AT])
+    assert before <= at <= time.time_ns()
+    patch = fake_api.requests("patch", "pods")[0]
+    assert patch.path == "/api/v1/namespaces/default/pods/trainer"
+    uid = p["metadata"]["uid"]
+    assert kube_cache.wait_for(
+        lambda s: not s.assumed() and uid in s.node(gpu_node).gpus[0].tenants,  # type: ignore[union-attr]
+        SYNC_TIMEOUT_S,
+    )
+
+
+def test_conflict_is_refreshed_and_retried_once(
+    fake_api: FakeApiServer, binder: Binder, gpu_node: str
+) -> None:
+    p = put_pending(fake_api, "trainer")
+    fake_api.fail_next("patch", "pods", 409, message="the object has been modified")
+    assert binder.bind(args_for(p, gpu_node)) == ""
+    assert len(fake_api.requests("patch", "pods")) == 2
+    assert len(fake_api.requests("get", "pods")) == 2
+    assert assigned(fake_api, "trainer") == ["GPU-gpu-1-0"]
+
+
+def test_stale_resource_version_is_a_real_conflict_and_retried(
+    fake_api: FakeApiServer, kube_cache: KubeCache, api_client: Any, gpu_node: str
+) -> None:
+    p = put_pending(fake_api, "trainer")
+
+    class RacingApi(KubePodApi):
+        """Someone else updates the pod between our read and our patch, once."""
+
+        raced = False
+
+        def annotate_pod(self, namespace, name, resource_version, annotations):
+            if not self.raced:
+                self.raced = True
+                obj = fake_api.get_object("Pod", name)
+                assert obj is not None
+                obj["metadata"].setdefault("labels", {})["touched"] = "yes"
+                fake_api.put_object(obj)
+            super().annotate_pod(namespace, name, resource_version, annotations)
+
+    binder = Binder(kube_cache, RacingApi(api_client), time.time_ns)
+    assert binder.bind(args_for(p, gpu_node)) == ""
+    assert len(fake_api.requests("patch", "pods")) == 2
+    stored = fake_api.get_object("Pod", "trainer")
+    assert stored is not None and stored["metadata"]["labels"]["touched"] == "yes"
+
+
+def test_two_conflicts_answer_error_and_leave_no_assumption(
+    fake_api: FakeApiServer, kube_cache: KubeCache, binder: Binder, gpu_node: str
+) -> None:
+    p = put_pending(fake_api, "trainer")
+    fake_api.fail_next("patch", "pods", 409, times=2)
+    error = binder.bind(args_for(p, gpu_node))
+    assert "binding pod default/trainer to gpu-1: conflict twice in a row" in error
+    assert "409" in error
+    assert kube_cache.state.assumed() == {}
+    stored = fake_api.get_object("Pod", "trainer")
+    assert stored is not None and not stored["spec"].get("nodeName")
+
+
+def test_api_outage_answers_error_and_leaves_no_assumption(
+    fake_api: FakeApiServer, kube_cache: KubeCache, binder: Binder, gpu_node: str
+) -> None:
+    p = put_pending(fake_api, "trainer")
+    fake_api.stop()
+    error = binder.bind(args_for(p, gpu_node))
+    assert "reading pod default/trainer: API server unreachable" in error
+    assert kube_cache.state.assumed() == {}
+
+
+def test_binding_refused_after_annotation_drops_the_assumption(
+    fake_api: FakeApiServer, kube_cache: KubeCache, binder: Binder, gpu_node: str
+) -> None:
+    p = put_pending(fake_api, "trainer")
+    fake_api.fail_next("create", "pods/binding", 500, message="etcd is unhappy")
+    error = binder.bind(args_for(p, gpu_node))
+    assert "binding pod default/trainer: API server answered 500: etcd is unhappy" in error
+    assert kube_cache.state.assumed() == {}
+    state = kube_cache.state.node(gpu_node)
+    assert state is not None and all(not g.tenants for g in state.gpus)
+
+
+def test_two_pods_bound_back_to_back_never_share_a_slot(
+    fake_api: FakeApiServer, api_client: Any
+) -> None:
+    """No watch runs here: only the assumptions keep the second bind off the first's slot."""
+    fake_api.put_object(node("gpu-1", gpus=2, slots=1))
+    pods = [put_pending(fake_api, f"trainer-{i}", memory=1000, duty=10) for i in range(3)]
+    stored = fake_api.get_object("Node", "gpu-1", namespace="")
+    assert stored is not None
+    cache = ClusterCache.filled(ClusterState(Limits(), time.monotonic), [stored], [])
+    binder = Binder(cache, KubePodApi(api_client), time.time_ns)
+    with ThreadPoolExecutor(2) as pool:
+        errors = list(pool.map(binder.bind, [args_for(p, "gpu-1") for p in pods[:2]]))
+    assert errors == ["", ""]
+    first, second = assigned(fake_api, "trainer-0"), assigned(fake_api, "trainer-1")
+    assert len(first) == len(second) == 1
+    assert first != second
+    third = binder.bind(args_for(pods[2], "gpu-1"))
+    assert "it no longer fits: no GPU can take it" in third
+    assert "has no free slot (1/1 taken)" in third
+
+
+def test_uid_mismatch_is_refused(fake_api: FakeApiServer, binder: Binder, gpu_node: str) -> None:
+    p = put_pending(fake_api, "trainer")
+    stale = BindingArgs("trainer", "default", "not-the-uid", gpu_node)
+    assert f"the pod now has UID {p['metadata']['uid']}" in binder.bind(stale)
+    assert fake_api.requests("patch", "pods") == []
+
+
+def test_pod_without_baton_resources_is_bound_without_annotations(
+    fake_api: FakeApiServer, binder: Binder, gpu_node: str
+) -> None:
+    p = put_pending(fake_api, "web", gpus=None)
+    assert binder.bind(args_for(p, gpu_node)) == ""
+    assert fake_api.requests("patch", "pods") == []
+    stored = fake_api.get_object("Pod", "web")
+    assert stored is not None and stored["spec"]["nodeName"] == gpu_node
