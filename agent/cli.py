@@ -2,8 +2,138 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Annotated
+
 import typer
+
+from baton import names
+
+if TYPE_CHECKING:
+    from agent.residency import TurnPreparer
+    from agent.sessions import SessionRegistry
+
+BACKENDS = ("none",)
+
+
+def _make_preparer(backend: str, sessions: SessionRegistry) -> TurnPreparer:
+    """The residency layer for `--backend`; `sessions` lets it call tenants' callbacks."""
+    from agent.residency import NullPreparer
+
+    if backend == "none":
+        return NullPreparer()
+    raise typer.BadParameter(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def agent(
+    socket: Annotated[
+        str, typer.Option(envvar=names.ENV_AGENT_SOCKET, help="gRPC unix socket.")
+    ] = names.AGENT_SOCKET,
+    state_dir: Annotated[
+        str, typer.Option(envvar="BATON_AGENT_STATE_DIR", help="Durable state directory.")
+    ] = names.AGENT_STATE_DIR,
+    http_host: Annotated[str, typer.Option(envvar="BATON_AGENT_HTTP_HOST")] = "0.0.0.0",
+    http_port: Annotated[
+        int, typer.Option(envvar="BATON_AGENT_HTTP_PORT", help="Status/metrics; 0 = any.")
+    ] = names.PORT_AGENT,
+    debug_tcp_port: Annotated[
+        int, typer.Option(envvar="BATON_AGENT_DEBUG_TCP_PORT", help="Also on 127.0.0.1; 0 = off.")
+    ] = 0,
+    policy: Annotated[
+        str, typer.Option(envvar="BATON_AGENT_POLICY", help="Queue policy: fifo or lrs.")
+    ] = "fifo",
+    max_hold: Annotated[
+        float, typer.Option(envvar="BATON_AGENT_MAX_HOLD", help="Seconds before revocation.")
+    ] = 60.0,
+    reconnect_grace: Annotated[
+        float, typer.Option(envvar="BATON_AGENT_RECONNECT_GRACE", help="After a restart.")
+    ] = 10.0,
+    socket_mode: Annotated[
+        str, typer.Option(envvar="BATON_AGENT_SOCKET_MODE", help="Octal mode of the sockets.")
+    ] = "0660",
+    backend: Annotated[
+        str, typer.Option(envvar="BATON_AGENT_BACKEND", help="Evacuation backend.")
+    ] = "none",
+    log_level: Annotated[str, typer.Option(envvar="BATON_LOG_LEVEL")] = "INFO",
+) -> None:
+    """Run the node agent: turn-taking leases on this node's GPUs."""
+    import asyncio
+    import logging
+
+    from agent.daemon import AgentConfig, run_agent
+    from agent.policy import POLICIES
+    from agent.sessions import SessionRegistry
+    from agent.state import StateDirError
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    if policy not in POLICIES:
+        raise typer.BadParameter(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    sessions = SessionRegistry()
+    preparer = _make_preparer(backend, sessions)
+    config = AgentConfig(
+        socket=socket,
+        state_dir=state_dir,
+        http_host=http_host,
+        http_port=http_port,
+        debug_tcp_port=debug_tcp_port,
+        policy=policy,
+        max_hold=max_hold,
+        reconnect_grace=reconnect_grace,
+        socket_mode=int(socket_mode, 8),
+    )
+    try:
+        asyncio.run(run_agent(config, preparer, sessions))
+    except StateDirError as exc:
+        typer.echo(f"baton agent: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        pass
+
+
+def status(
+    url: Annotated[
+        str, typer.Option(envvar="BATON_STATUS_URL", help="The agent's HTTP address.")
+    ] = f"http://127.0.0.1:{names.PORT_AGENT}",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+) -> None:
+    """What each GPU is doing: holder, fencing token, queue, tenants."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/v1/status", timeout=5) as response:
+            document = json.load(response)
+    except (urllib.error.URLError, OSError) as exc:
+        typer.echo(f"baton status: cannot reach the agent at {url}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(document, indent=1))
+        return
+    from agent.status_view import print_status
+
+    print_status(document)
+
+
+def bench_handoff(
+    iterations: Annotated[int, typer.Option(help="Samples per measurement.")] = 500,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Uncontended acquire and yield→grant handoff between two tenant processes."""
+    import json
+
+    from agent.bench import run_handoff_bench
+
+    result = run_handoff_bench(iterations)
+    if not as_json:
+        for key, value in result.items():
+            typer.echo(f"{key:>16}: {value}")
+    typer.echo(json.dumps(result))
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
+    app.command("agent")(agent)
+    app.command("status")(status)
+    bench.command("handoff")(bench_handoff)

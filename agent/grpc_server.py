@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -10,9 +9,10 @@ from typing import Any, TypeVar
 
 import grpc
 
-from agent import errors
+from agent import api_ops, errors
 from agent.identity import Peer, TokenRegistry
-from agent.service import LeaseService, lease_to_pb
+from agent.service import LeaseService
+from agent.session_stream import SessionStream
 from agent.sessions import Session as TenantSession
 from agent.tenants import Tenant
 from baton._pb import agent_pb2 as pb
@@ -21,27 +21,9 @@ from baton.names import AGENT_SESSION_METADATA
 
 log = logging.getLogger(__name__)
 
-_CODES: list[tuple[type[errors.AgentError], grpc.StatusCode]] = [
-    (errors.UnknownLease, grpc.StatusCode.NOT_FOUND),
-    (errors.NotOwner, grpc.StatusCode.PERMISSION_DENIED),
-    (errors.Forbidden, grpc.StatusCode.PERMISSION_DENIED),
-    (errors.InvalidGpus, grpc.StatusCode.INVALID_ARGUMENT),
-    (errors.AcquireTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
-    (errors.TenantGone, grpc.StatusCode.UNAVAILABLE),
-]
-
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
-
-
-def status_code(exc: errors.AgentError) -> grpc.StatusCode:
-    """The one gRPC status code for a domain error."""
-    for kind, code in _CODES:
-        if isinstance(exc, kind):
-            return code
-    return grpc.StatusCode.FAILED_PRECONDITION
 
 
 def _mapped(handler: Handler[Req, Resp]) -> Handler[Req, Resp]:
@@ -50,7 +32,7 @@ def _mapped(handler: Handler[Req, Resp]) -> Handler[Req, Resp]:
         try:
             return await handler(self, request, context)
         except errors.AgentError as exc:
-            await context.abort(status_code(exc), str(exc))
+            await context.abort(api_ops.status_code(exc), str(exc))
             raise  # abort() raises; this line only satisfies the type checker
 
     return wrapper
@@ -108,39 +90,29 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             if tenant is None or tenant.name != request.name:
                 tenant = self._service.register(peer.pid, peer.uid, request)
         self._tokens.bind(peer.token, tenant.tenant_id)
-        return pb.RegisterResponse(tenant=tenant_to_pb(tenant))
+        return pb.RegisterResponse(tenant=api_ops.tenant_to_pb(tenant))
 
     @_mapped
     async def Acquire(
         self, request: pb.AcquireRequest, context: grpc.aio.ServicerContext
     ) -> pb.Lease:
-        _, tenant = self._tenant(context)
-        timeout = request.timeout_ms / 1000 if request.timeout_ms > 0 else None
-        granted = await self._service.acquire(tenant, tuple(request.gpus), timeout)
-        return lease_to_pb(granted.lease, self._service.table.contended(granted.lease))
+        return await api_ops.acquire(self._service, self._tenant(context)[1], request)
 
     @_mapped
     async def Yield(
         self, request: pb.YieldRequest, context: grpc.aio.ServicerContext
     ) -> pb.YieldResponse:
-        _, tenant = self._tenant(context)
-        return pb.YieldResponse(held_seconds=self._service.yield_(tenant, request.lease_id))
+        return api_ops.release(self._service, self._tenant(context)[1], request)
 
     @_mapped
     async def Renew(self, request: pb.RenewRequest, context: grpc.aio.ServicerContext) -> pb.Lease:
-        _, tenant = self._tenant(context)
-        if not request.lease_id:
-            raise errors.NoLease("renew needs the id of a lease the tenant holds")
-        lease = self._service.inspect(tenant, request.lease_id)
-        return lease_to_pb(lease, self._service.table.contended(lease))
+        return api_ops.renew(self._service, self._tenant(context)[1], request.lease_id)
 
     @_mapped
     async def GetLease(
         self, request: pb.GetLeaseRequest, context: grpc.aio.ServicerContext
     ) -> pb.Lease:
-        _, tenant = self._tenant(context)
-        lease = self._service.inspect(tenant, request.lease_id)
-        return lease_to_pb(lease, self._service.table.contended(lease))
+        return api_ops.renew(self._service, self._tenant(context)[1], request.lease_id)
 
     async def Session(
         self, request_iterator: AsyncIterator[pb.ClientMessage], context: grpc.aio.ServicerContext
@@ -148,7 +120,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         try:
             peer, tenant = self._tenant(context)
         except errors.AgentError as exc:
-            await context.abort(status_code(exc), str(exc))
+            await context.abort(api_ops.status_code(exc), str(exc))
             return
         first = await context.read()
         hello = first.hello if isinstance(first, pb.ClientMessage) else pb.Hello()
@@ -156,38 +128,18 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self._tokens.attach(peer.token)
         self._service.sessions.open(session)
         log.info("session opened: tenant %s pid %d", tenant.tenant_id, peer.pid)
-        reader = asyncio.create_task(self._read(context, session))
+        welcome = pb.AgentMessage(welcome=pb.Welcome(tenant=api_ops.tenant_to_pb(tenant)))
+        tenant_id = tenant.tenant_id
+        stream = SessionStream(
+            self._service, session, context, lambda: self._service.tenants.tenants.get(tenant_id)
+        )
         try:
-            await context.write(pb.AgentMessage(welcome=pb.Welcome(tenant=tenant_to_pb(tenant))))
-            await self._pump(context, session, reader)
+            await stream.serve(welcome)
         finally:
-            reader.cancel()
             last = self._service.sessions.close(session)
             self._tokens.revoke(peer.token)
-            self._service.session_closed(tenant.tenant_id, peer.pid, last)
-            log.info("session closed: tenant %s pid %d", tenant.tenant_id, peer.pid)
-
-    async def _read(self, context: grpc.aio.ServicerContext, session: TenantSession) -> None:
-        while True:
-            message = await context.read()
-            if not isinstance(message, pb.ClientMessage):  # EOF: the client closed its side
-                return
-            if message.HasField("callback_result"):
-                session.resolve(message.callback_result)
-
-    async def _pump(
-        self, context: grpc.aio.ServicerContext, session: TenantSession, reader: asyncio.Task[None]
-    ) -> None:
-        while True:
-            outgoing = asyncio.ensure_future(session.outbox.get())
-            done, _ = await asyncio.wait({outgoing, reader}, return_when=asyncio.FIRST_COMPLETED)
-            if outgoing not in done:
-                outgoing.cancel()
-                return
-            message = outgoing.result()
-            if message is None:
-                return
-            await context.write(message)
+            self._service.session_closed(tenant_id, peer.pid, last)
+            log.info("session closed: tenant %s pid %d", tenant_id, peer.pid)
 
     async def WatchEvents(
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext
@@ -204,16 +156,3 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                     at=event.at,
                     detail=event.detail,
                 )
-
-
-def tenant_to_pb(tenant: Tenant) -> pb.Tenant:
-    """The wire form of a tenant."""
-    return pb.Tenant(
-        tenant_id=tenant.tenant_id,
-        name=tenant.name,
-        gpus=tenant.gpus,
-        gpu_memory_mib=tenant.gpu_memory_mib,
-        gpu_duty=tenant.gpu_duty,
-        memory_limit_bytes=tenant.memory_limit_bytes,
-        source=tenant.source,
-    )

@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent import eager
 from agent import events as ev
 from agent.errors import AcquireTimeout, InvalidGpus, NoLease, TenantGone, UnknownLease
 from agent.leases import Lease, LeaseTable, Waiter
@@ -98,6 +99,8 @@ class LeaseService:
             self._timer.cancel()
         for task in list(self._tasks):
             task.cancel()
+        if self._store is not None:
+            self._store.flush()
 
     # Tenants.
 
@@ -224,17 +227,33 @@ class LeaseService:
 
     def _dispatch(self) -> None:
         for waiter in self.table.pick():
-            self._spawn(self._start_turn(waiter, self._changes))
+            changes = self._changes
+            try:
+                done, _, rest = eager.start(self.preparer.prepare(waiter.tenant_id, waiter.gpus))
+            except Exception as exc:
+                self._prepared(waiter, exc, changes)
+                continue
+            if done or rest is None:
+                self._prepared(waiter, None, changes)
+            else:
+                self._spawn(self._finish_preparing(waiter, rest, changes))
 
-    async def _start_turn(self, waiter: Waiter, changes: int) -> None:
+    async def _finish_preparing(self, waiter: Waiter, rest: eager.Rest[None], changes: int) -> None:
         try:
-            await self.preparer.prepare(waiter.tenant_id, waiter.gpus)
-        except NoRoom as exc:
-            self._blocked(waiter, str(exc), changes)
-            return
+            await rest
         except Exception as exc:
-            log.exception("making room for %s failed", waiter.tenant_id)
-            self._blocked(waiter, f"making room failed: {exc}", changes)
+            self._prepared(waiter, exc, changes)
+            return
+        self._prepared(waiter, None, changes)
+
+    def _prepared(self, waiter: Waiter, error: Exception | None, changes: int) -> None:
+        """Room was made for `waiter` (or not): grant the turn, or keep it waiting."""
+        if isinstance(error, NoRoom):
+            self._blocked(waiter, str(error), changes)
+            return
+        if error is not None:
+            log.error("making room for %s failed: %s", waiter.tenant_id, error)
+            self._blocked(waiter, f"making room failed: {error}", changes)
             return
         if waiter.waiter_id not in self.table.waiters:  # gave up while room was made
             self._dispatch()
@@ -363,7 +382,7 @@ class LeaseService:
     def _persist(self) -> None:
         if self._store is None:
             return
-        self._store.save(
+        self._store.save_soon(
             Snapshot(
                 tenants=list(self.tenants.tenants.values()),
                 leases=list(self.table.leases.values()),

@@ -1,10 +1,16 @@
-"""The agent's durable state: tenants, leases and fencing tokens, one JSON file, atomic writes."""
+"""The agent's durable state: tenants, leases and fencing tokens, one JSON file, atomic writes.
+
+Writes happen off the event loop, a newer snapshot replacing an unwritten one, so the file
+trails the live state by at most one write (about a millisecond).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +19,7 @@ from agent.leases import Lease
 from agent.tenants import Tenant
 
 STATE_FILE = "agent-state.json"
+log = logging.getLogger(__name__)
 
 
 class StateDirError(Exception):
@@ -35,6 +42,10 @@ class StateStore:
     def __init__(self, state_dir: str | Path) -> None:
         self.dir = Path(state_dir)
         self.path = self.dir / STATE_FILE
+        self._cond = threading.Condition()
+        self._latest: dict[str, Any] | None = None
+        self._writing = False
+        self._thread: threading.Thread | None = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=self.dir, prefix=".probe-"):
@@ -62,20 +73,50 @@ class StateStore:
         )
 
     def save(self, snapshot: Snapshot) -> None:
-        """Write the snapshot: a temp file in the same directory, then rename over the old one."""
-        data = {
-            "tenants": [t.to_json() for t in snapshot.tenants],
-            "leases": [_lease_to_json(x) for x in snapshot.leases],
-            "tokens": snapshot.tokens,
-        }
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".state-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        """Write the snapshot now: a temp file in the same directory, renamed over the old one."""
+        self._write(_to_json(snapshot))
+
+    def save_soon(self, snapshot: Snapshot) -> None:
+        """Write the snapshot from a background thread; a newer one replaces an unwritten one."""
+        data = _to_json(snapshot)
+        with self._cond:
+            self._latest = data
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._writer, name="state", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def flush(self, timeout: float = 5.0) -> None:
+        """Wait until everything handed to `save_soon` is on disk."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._latest is None and not self._writing, timeout)
+
+    def _writer(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._latest is not None)
+                data, self._latest, self._writing = self._latest, None, True
+            try:
+                self._write(data or {})
+            except OSError as exc:
+                log.error("cannot write agent state to %s: %s", self.path, exc)
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+    def _write(self, data: dict[str, Any]) -> None:
+        tmp = self.dir / f".{STATE_FILE}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, self.path)
+
+
+def _to_json(snapshot: Snapshot) -> dict[str, Any]:
+    return {
+        "tenants": [t.to_json() for t in snapshot.tenants],
+        "leases": [_lease_to_json(x) for x in snapshot.leases],
+        "tokens": dict(snapshot.tokens),
+    }
 
 
 def _lease_to_json(lease: Lease) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from agent.errors import Forbidden, RegistrationConflict
@@ -30,10 +30,18 @@ class Tenant:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable form (for the state file and /v1/status)."""
-        data = asdict(self)
-        data["gpus"] = list(self.gpus)
-        data["pids"] = sorted(self.pids)
-        return data
+        return {
+            "tenant_id": self.tenant_id,
+            "name": self.name,
+            "gpus": list(self.gpus),
+            "gpu_memory_mib": self.gpu_memory_mib,
+            "gpu_duty": self.gpu_duty,
+            "memory_limit_bytes": self.memory_limit_bytes,
+            "source": self.source,
+            "uid": self.uid,
+            "pids": sorted(self.pids),
+            "pod_uid": self.pod_uid,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Tenant:

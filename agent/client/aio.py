@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 import json
 import logging
 import os
@@ -15,7 +16,14 @@ from typing import Any
 
 import grpc
 
-from agent.client.errors import AgentUnavailable, BatonError, LeaseLost, NotHolding, from_rpc_error
+from agent.client.errors import (
+    AgentUnavailable,
+    BatonError,
+    LeaseLost,
+    NotHolding,
+    from_rpc_error,
+    from_status,
+)
 from agent.identity import handshake_path
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
@@ -111,6 +119,8 @@ class AsyncBaton:
         self._renewer: asyncio.Task[None] | None = None
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._request_ids = itertools.count(1)
+        self._replies: dict[int, asyncio.Future[pb.Reply]] = {}
 
     def register_callbacks(
         self, on_park: Callback | None = None, on_restore: Callback | None = None
@@ -194,27 +204,43 @@ class AsyncBaton:
                 break
 
     async def _serve_session(self, call: Any) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
-            while True:
-                message = await call.read()
-                if not isinstance(message, pb.AgentMessage):
-                    return
-                if message.HasField("callback"):
-                    task = asyncio.create_task(self._run_callback(call, message.callback))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-                elif message.HasField("granted"):
-                    self.lease, self.resuming = LeaseInfo.from_pb(message.granted), False
-                    log.info("turn given back after a revocation: %s", self.lease.lease_id)
-                    self._start_renewer()
-                elif message.HasField("revoked"):
-                    log.warning(
-                        "turn revoked (%s); queued first for the next", message.revoked.reason
-                    )
-                    self._stop_renewer()
-                    self.lease, self.resuming = None, True
+        try:
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+                while True:
+                    message = await call.read()
+                    if not isinstance(message, pb.AgentMessage):
+                        return
+                    self._on_message(call, message)
+        finally:
+            lost = AgentUnavailable(f"lost the Baton agent at {self.socket}")
+            for future in self._replies.values():
+                if not future.done():
+                    future.set_exception(lost)
 
-    async def _run_callback(self, call: Any, request: pb.Callback) -> None:
+    def _on_message(self, call: Any, message: pb.AgentMessage) -> None:
+        if message.HasField("reply"):
+            self._on_reply(message.reply)
+        elif message.HasField("callback"):
+            self._spawn(self._run_callback(message.callback))
+        elif message.HasField("granted"):
+            self.lease, self.resuming = LeaseInfo.from_pb(message.granted), False
+            log.info("turn given back after a revocation: %s", self.lease.lease_id)
+            self._start_renewer()
+        elif message.HasField("revoked"):
+            log.warning("turn revoked (%s); queued first for the next", message.revoked.reason)
+            self._stop_renewer()
+            self.lease, self.resuming = None, True
+
+    def _on_reply(self, reply: pb.Reply) -> None:
+        future = self._replies.pop(reply.request_id, None)
+        if future is not None and not future.done():
+            future.set_result(reply)
+        elif reply.HasField("lease"):  # granted just after this client gave up: hand it back
+            release = pb.Request(request_id=next(self._request_ids))
+            release.release.lease_id = reply.lease.lease_id
+            self._spawn(self._send(pb.ClientMessage(request=release)))
+
+    async def _run_callback(self, request: pb.Callback) -> None:
         fn = self._callbacks.get(request.action)
         result = pb.CallbackResult(call_id=request.call_id)
         try:
@@ -227,17 +253,48 @@ class AsyncBaton:
             result.bytes = int(moved or 0)
         except Exception as exc:
             result.error = f"{type(exc).__name__}: {exc}"
+        with contextlib.suppress(AgentUnavailable):
+            await self._send(pb.ClientMessage(callback_result=result))
+
+    async def _send(self, message: pb.ClientMessage) -> None:
         assert self._write_lock is not None
-        async with self._write_lock:
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                await call.write(pb.ClientMessage(callback_result=result))
+        call = self._call
+        try:
+            async with self._write_lock:
+                await call.write(message)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            raise AgentUnavailable(f"lost the Baton agent at {self.socket}: {exc}") from None
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _request(self, request: pb.Request, timeout: float | None = None) -> pb.Reply:
+        """Send a request on the session and wait for its reply."""
+        await self._ready()
+        request.request_id = next(self._request_ids)
+        future: asyncio.Future[pb.Reply] = asyncio.get_running_loop().create_future()
+        self._replies[request.request_id] = future
+        try:
+            await self._send(pb.ClientMessage(request=request))
+            reply = await asyncio.wait_for(future, timeout)
+        except (asyncio.CancelledError, TimeoutError):
+            if request.HasField("acquire"):
+                cancel = pb.Request(request_id=request.request_id, cancel=pb.CancelRequest())
+                self._spawn(self._send(pb.ClientMessage(request=cancel)))
+            raise
+        finally:
+            self._replies.pop(request.request_id, None)
+        if reply.HasField("error"):
+            raise from_status(reply.error.code, reply.error.message, self.socket)
+        return reply
 
     async def _reclaim(self) -> None:
         if self.lease is None:
             return
         try:
-            renewed = await self._rpc("Renew", pb.RenewRequest(lease_id=self.lease.lease_id))
-            self.lease = LeaseInfo.from_pb(renewed)
+            self.lease = await self._renew(self.lease.lease_id)
             log.warning("kept the turn %s across the agent restart", self.lease.lease_id)
         except LeaseLost:
             log.warning("the turn %s was lost while the agent restarted", self.lease.lease_id)
@@ -259,13 +316,6 @@ class AsyncBaton:
         assert self._stub is not None
         return self._stub
 
-    async def _rpc(self, method: str, request: Any, timeout: float | None = None) -> Any:
-        stub = await self._ready()
-        try:
-            return await getattr(stub, method)(request, metadata=self._metadata, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, self.socket) from None
-
     # The two calls.
 
     async def acquire(
@@ -275,9 +325,9 @@ class AsyncBaton:
         if self.lease is not None:
             return self.lease
         timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
-        request = pb.AcquireRequest(gpus=list(gpus or ()), timeout_ms=timeout_ms)
-        reply = await self._rpc("Acquire", request, None if timeout is None else timeout + 5)
-        self.lease = LeaseInfo.from_pb(reply)
+        request = pb.Request(acquire=pb.AcquireRequest(gpus=gpus or (), timeout_ms=timeout_ms))
+        reply = await self._request(request, None if timeout is None else timeout + 5)
+        self.lease = LeaseInfo.from_pb(reply.lease)
         self._start_renewer()
         return self.lease
 
@@ -288,7 +338,12 @@ class AsyncBaton:
             raise NotHolding("yield_() without a turn: call acquire() first")
         self._stop_renewer()
         self.lease, self.resuming = None, False
-        await self._rpc("Yield", pb.YieldRequest(lease_id=lease.lease_id if lease else ""))
+        release = pb.YieldRequest(lease_id=lease.lease_id if lease else "")
+        await self._request(pb.Request(release=release))
+
+    async def _renew(self, lease_id: str) -> LeaseInfo:
+        reply = await self._request(pb.Request(renew=pb.RenewRequest(lease_id=lease_id)))
+        return LeaseInfo.from_pb(reply.lease)
 
     @contextlib.asynccontextmanager
     async def turn(self, timeout: float | None = None) -> AsyncIterator[LeaseInfo]:
@@ -318,9 +373,9 @@ class AsyncBaton:
             if lease is None:
                 return
             try:
-                renewed = await self._rpc("Renew", pb.RenewRequest(lease_id=lease.lease_id))
+                renewed = await self._renew(lease.lease_id)
                 if self.lease is not None and self.lease.lease_id == renewed.lease_id:
-                    self.lease = LeaseInfo.from_pb(renewed)
+                    self.lease = renewed
             except LeaseLost as exc:
                 if self.lease is lease:
                     log.warning("lease %s lost: %s", lease.lease_id, exc)

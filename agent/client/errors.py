@@ -37,17 +37,26 @@ class InvalidRequest(BatonError, ValueError):
     """The agent rejected the request's arguments (e.g. GPUs the tenant was not given)."""
 
 
-def from_rpc_error(exc: grpc.aio.AioRpcError | grpc.RpcError, socket: str) -> BatonError:
-    """The client error for a failed RPC."""
-    code = exc.code() if hasattr(exc, "code") else None
-    detail = exc.details() if hasattr(exc, "details") else str(exc)
-    kinds: dict[grpc.StatusCode, type[BatonError]] = {
-        grpc.StatusCode.DEADLINE_EXCEEDED: AcquireTimeout,
-        grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-        grpc.StatusCode.FAILED_PRECONDITION: Refused,
-        grpc.StatusCode.NOT_FOUND: LeaseLost,
-        grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
-    }
+_KINDS: dict[grpc.StatusCode, type[BatonError]] = {
+    grpc.StatusCode.DEADLINE_EXCEEDED: AcquireTimeout,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.FAILED_PRECONDITION: Refused,
+    grpc.StatusCode.NOT_FOUND: LeaseLost,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
+}
+_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def from_status(code: grpc.StatusCode | int | None, detail: str, socket: str) -> BatonError:
+    """The client error for a refused request (a gRPC status code, or its number)."""
+    if isinstance(code, int):
+        code = _BY_NUMBER.get(code)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return AgentUnavailable(f"lost the Baton agent at {socket}: {detail}")
-    return kinds.get(code, BatonError)(detail or str(code))
+    kind = _KINDS.get(code, BatonError) if code is not None else BatonError
+    return kind(detail or str(code))
+
+
+def from_rpc_error(exc: grpc.aio.AioRpcError, socket: str) -> BatonError:
+    """The client error for a failed RPC."""
+    return from_status(exc.code(), exc.details() or "", socket)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x62\x61ton/agent/v1/agent.proto\x12\x0e\x62\x61ton.agent.v1\"s\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x03(\t\x12\x16\n\x0egpu_memory_mib\x18\x03 \x01(\x03\x12\x10\n\x08gpu_duty\x18\x04 \x01(\x05\x12\x1a\n\x12memory_limit_bytes\x18\x05 \x01(\x03\"\x8d\x01\n\x06Tenant\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\t\x12\x16\n\x0egpu_memory_mib\x18\x04 \x01(\x03\x12\x10\n\x08gpu_duty\x18\x05 \x01(\x05\x12\x1a\n\x12memory_limit_bytes\x18\x06 \x01(\x03\x12\x0e\n\x06source\x18\x07 \x01(\t\":\n\x10RegisterResponse\x12&\n\x06tenant\x18\x01 \x01(\x0b\x32\x16.baton.agent.v1.Tenant\"2\n\x0e\x41\x63quireRequest\x12\x0c\n\x04gpus\x18\x01 \x03(\t\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03\"\xed\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\t\x12@\n\x0e\x66\x65ncing_tokens\x18\x04 \x03(\x0b\x32(.baton.agent.v1.Lease.FencingTokensEntry\x12\x12\n\ngranted_at\x18\x05 \x01(\x01\x12\x12\n\nhold_until\x18\x06 \x01(\x01\x12\x11\n\tcontended\x18\x07 \x01(\x08\x1a\x34\n\x12\x46\x65ncingTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\" \n\x0cYieldRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"%\n\rYieldResponse\x12\x14\n\x0cheld_seconds\x18\x01 \x01(\x01\" \n\x0cRenewRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"#\n\x0fGetLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"z\n\rClientMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.baton.agent.v1.HelloH\x00\x12\x39\n\x0f\x63\x61llback_result\x18\x02 \x01(\x0b\x32\x1e.baton.agent.v1.CallbackResultH\x00\x42\x06\n\x04kind\"2\n\x05Hello\x12\x16\n\x0e\x63lient_version\x18\x01 \x01(\t\x12\x11\n\tcallbacks\x18\x02 \x03(\t\"?\n\x0e\x43\x61llbackResult\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\xc6\x01\n\x0c\x41gentMessage\x12*\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.baton.agent.v1.WelcomeH\x00\x12,\n\x08\x63\x61llback\x18\x02 \x01(\x0b\x32\x18.baton.agent.v1.CallbackH\x00\x12(\n\x07granted\x18\x03 \x01(\x0b\x32\x15.baton.agent.v1.LeaseH\x00\x12*\n\x07revoked\x18\x04 \x01(\x0b\x32\x17.baton.agent.v1.RevokedH\x00\x42\x06\n\x04kind\"1\n\x07Welcome\x12&\n\x06tenant\x18\x01 \x01(\x0b\x32\x16.baton.agent.v1.Tenant\"8\n\x08\x43\x61llback\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\t\"+\n\x07Revoked\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x14\n\x12WatchEventsRequest\"\xdc\x01\n\x05\x45vent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\t\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12@\n\x0e\x66\x65ncing_tokens\x18\x05 \x03(\x0b\x32(.baton.agent.v1.Event.FencingTokensEntry\x12\n\n\x02\x61t\x18\x06 \x01(\x01\x12\x0e\n\x06\x64\x65tail\x18\x07 \x01(\t\x1a\x34\n\x12\x46\x65ncingTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\xf8\x03\n\x05\x41gent\x12M\n\x08Register\x12\x1f.baton.agent.v1.RegisterRequest\x1a .baton.agent.v1.RegisterResponse\x12J\n\x07Session\x12\x1d.baton.agent.v1.ClientMessage\x1a\x1c.baton.agent.v1.AgentMessage(\x01\x30\x01\x12@\n\x07\x41\x63quire\x12\x1e.baton.agent.v1.AcquireRequest\x1a\x15.baton.agent.v1.Lease\x12\x44\n\x05Yield\x12\x1c.baton.agent.v1.YieldRequest\x1a\x1d.baton.agent.v1.YieldResponse\x12<\n\x05Renew\x12\x1c.baton.agent.v1.RenewRequest\x1a\x15.baton.agent.v1.Lease\x12\x42\n\x08GetLease\x12\x1f.baton.agent.v1.GetLeaseRequest\x1a\x15.baton.agent.v1.Lease\x12J\n\x0bWatchEvents\x12\".baton.agent.v1.WatchEventsRequest\x1a\x15.baton.agent.v1.Event0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x62\x61ton/agent/v1/agent.proto\x12\x0e\x62\x61ton.agent.v1\"s\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x03(\t\x12\x16\n\x0egpu_memory_mib\x18\x03 \x01(\x03\x12\x10\n\x08gpu_duty\x18\x04 \x01(\x05\x12\x1a\n\x12memory_limit_bytes\x18\x05 \x01(\x03\"\x8d\x01\n\x06Tenant\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\t\x12\x16\n\x0egpu_memory_mib\x18\x04 \x01(\x03\x12\x10\n\x08gpu_duty\x18\x05 \x01(\x05\x12\x1a\n\x12memory_limit_bytes\x18\x06 \x01(\x03\x12\x0e\n\x06source\x18\x07 \x01(\t\":\n\x10RegisterResponse\x12&\n\x06tenant\x18\x01 \x01(\x0b\x32\x16.baton.agent.v1.Tenant\"2\n\x0e\x41\x63quireRequest\x12\x0c\n\x04gpus\x18\x01 \x03(\t\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x03\"\xed\x01\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\t\x12@\n\x0e\x66\x65ncing_tokens\x18\x04 \x03(\x0b\x32(.baton.agent.v1.Lease.FencingTokensEntry\x12\x12\n\ngranted_at\x18\x05 \x01(\x01\x12\x12\n\nhold_until\x18\x06 \x01(\x01\x12\x11\n\tcontended\x18\x07 \x01(\x08\x1a\x34\n\x12\x46\x65ncingTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\" \n\x0cYieldRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"%\n\rYieldResponse\x12\x14\n\x0cheld_seconds\x18\x01 \x01(\x01\" \n\x0cRenewRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"#\n\x0fGetLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"\xa6\x01\n\rClientMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.baton.agent.v1.HelloH\x00\x12\x39\n\x0f\x63\x61llback_result\x18\x02 \x01(\x0b\x32\x1e.baton.agent.v1.CallbackResultH\x00\x12*\n\x07request\x18\x03 \x01(\x0b\x32\x17.baton.agent.v1.RequestH\x00\x42\x06\n\x04kind\"\xe9\x01\n\x07Request\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x31\n\x07\x61\x63quire\x18\x02 \x01(\x0b\x32\x1e.baton.agent.v1.AcquireRequestH\x00\x12/\n\x07release\x18\x03 \x01(\x0b\x32\x1c.baton.agent.v1.YieldRequestH\x00\x12-\n\x05renew\x18\x04 \x01(\x0b\x32\x1c.baton.agent.v1.RenewRequestH\x00\x12/\n\x06\x63\x61ncel\x18\x05 \x01(\x0b\x32\x1d.baton.agent.v1.CancelRequestH\x00\x42\x06\n\x04kind\"\x0f\n\rCancelRequest\"\xac\x01\n\x05Reply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12&\n\x05lease\x18\x02 \x01(\x0b\x32\x15.baton.agent.v1.LeaseH\x00\x12\x31\n\x08released\x18\x03 \x01(\x0b\x32\x1d.baton.agent.v1.YieldResponseH\x00\x12,\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x1b.baton.agent.v1.ErrorStatusH\x00\x42\x06\n\x04kind\",\n\x0b\x45rrorStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"2\n\x05Hello\x12\x16\n\x0e\x63lient_version\x18\x01 \x01(\t\x12\x11\n\tcallbacks\x18\x02 \x03(\t\"?\n\x0e\x43\x61llbackResult\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\xee\x01\n\x0c\x41gentMessage\x12*\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.baton.agent.v1.WelcomeH\x00\x12,\n\x08\x63\x61llback\x18\x02 \x01(\x0b\x32\x18.baton.agent.v1.CallbackH\x00\x12(\n\x07granted\x18\x03 \x01(\x0b\x32\x15.baton.agent.v1.LeaseH\x00\x12*\n\x07revoked\x18\x04 \x01(\x0b\x32\x17.baton.agent.v1.RevokedH\x00\x12&\n\x05reply\x18\x05 \x01(\x0b\x32\x15.baton.agent.v1.ReplyH\x00\x42\x06\n\x04kind\"1\n\x07Welcome\x12&\n\x06tenant\x18\x01 \x01(\x0b\x32\x16.baton.agent.v1.Tenant\"8\n\x08\x43\x61llback\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\t\"+\n\x07Revoked\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x14\n\x12WatchEventsRequest\"\xdc\x01\n\x05\x45vent\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x03(\t\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12@\n\x0e\x66\x65ncing_tokens\x18\x05 \x03(\x0b\x32(.baton.agent.v1.Event.FencingTokensEntry\x12\n\n\x02\x61t\x18\x06 \x01(\x01\x12\x0e\n\x06\x64\x65tail\x18\x07 \x01(\t\x1a\x34\n\x12\x46\x65ncingTokensEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\xf8\x03\n\x05\x41gent\x12M\n\x08Register\x12\x1f.baton.agent.v1.RegisterRequest\x1a .baton.agent.v1.RegisterResponse\x12J\n\x07Session\x12\x1d.baton.agent.v1.ClientMessage\x1a\x1c.baton.agent.v1.AgentMessage(\x01\x30\x01\x12@\n\x07\x41\x63quire\x12\x1e.baton.agent.v1.AcquireRequest\x1a\x15.baton.agent.v1.Lease\x12\x44\n\x05Yield\x12\x1c.baton.agent.v1.YieldRequest\x1a\x1d.baton.agent.v1.YieldResponse\x12<\n\x05Renew\x12\x1c.baton.agent.v1.RenewRequest\x1a\x15.baton.agent.v1.Lease\x12\x42\n\x08GetLease\x12\x1f.baton.agent.v1.GetLeaseRequest\x1a\x15.baton.agent.v1.Lease\x12J\n\x0bWatchEvents\x12\".baton.agent.v1.WatchEventsRequest\x1a\x15.baton.agent.v1.Event0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -55,26 +55,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RENEWREQUEST']._serialized_end=764
   _globals['_GETLEASEREQUEST']._serialized_start=766
   _globals['_GETLEASEREQUEST']._serialized_end=801
-  _globals['_CLIENTMESSAGE']._serialized_start=803
-  _globals['_CLIENTMESSAGE']._serialized_end=925
-  _globals['_HELLO']._serialized_start=927
-  _globals['_HELLO']._serialized_end=977
-  _globals['_CALLBACKRESULT']._serialized_start=979
-  _globals['_CALLBACKRESULT']._serialized_end=1042
-  _globals['_AGENTMESSAGE']._serialized_start=1045
-  _globals['_AGENTMESSAGE']._serialized_end=1243
-  _globals['_WELCOME']._serialized_start=1245
-  _globals['_WELCOME']._serialized_end=1294
-  _globals['_CALLBACK']._serialized_start=1296
-  _globals['_CALLBACK']._serialized_end=1352
-  _globals['_REVOKED']._serialized_start=1354
-  _globals['_REVOKED']._serialized_end=1397
-  _globals['_WATCHEVENTSREQUEST']._serialized_start=1399
-  _globals['_WATCHEVENTSREQUEST']._serialized_end=1419
-  _globals['_EVENT']._serialized_start=1422
-  _globals['_EVENT']._serialized_end=1642
+  _globals['_CLIENTMESSAGE']._serialized_start=804
+  _globals['_CLIENTMESSAGE']._serialized_end=970
+  _globals['_REQUEST']._serialized_start=973
+  _globals['_REQUEST']._serialized_end=1206
+  _globals['_CANCELREQUEST']._serialized_start=1208
+  _globals['_CANCELREQUEST']._serialized_end=1223
+  _globals['_REPLY']._serialized_start=1226
+  _globals['_REPLY']._serialized_end=1398
+  _globals['_ERRORSTATUS']._serialized_start=1400
+  _globals['_ERRORSTATUS']._serialized_end=1444
+  _globals['_HELLO']._serialized_start=1446
+  _globals['_HELLO']._serialized_end=1496
+  _globals['_CALLBACKRESULT']._serialized_start=1498
+  _globals['_CALLBACKRESULT']._serialized_end=1561
+  _globals['_AGENTMESSAGE']._serialized_start=1564
+  _globals['_AGENTMESSAGE']._serialized_end=1802
+  _globals['_WELCOME']._serialized_start=1804
+  _globals['_WELCOME']._serialized_end=1853
+  _globals['_CALLBACK']._serialized_start=1855
+  _globals['_CALLBACK']._serialized_end=1911
+  _globals['_REVOKED']._serialized_start=1913
+  _globals['_REVOKED']._serialized_end=1956
+  _globals['_WATCHEVENTSREQUEST']._serialized_start=1958
+  _globals['_WATCHEVENTSREQUEST']._serialized_end=1978
+  _globals['_EVENT']._serialized_start=1981
+  _globals['_EVENT']._serialized_end=2201
   _globals['_EVENT_FENCINGTOKENSENTRY']._serialized_start=605
   _globals['_EVENT_FENCINGTOKENSENTRY']._serialized_end=657
-  _globals['_AGENT']._serialized_start=1645
-  _globals['_AGENT']._serialized_end=2149
+  _globals['_AGENT']._serialized_start=2204
+  _globals['_AGENT']._serialized_end=2708
 # @@protoc_insertion_point(module_scope)

@@ -102,12 +102,52 @@ class GetLeaseRequest(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
 
 class ClientMessage(_message.Message):
-    __slots__ = ("hello", "callback_result")
+    __slots__ = ("hello", "callback_result", "request")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CALLBACK_RESULT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     callback_result: CallbackResult
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., callback_result: _Optional[_Union[CallbackResult, _Mapping]] = ...) -> None: ...
+    request: Request
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., callback_result: _Optional[_Union[CallbackResult, _Mapping]] = ..., request: _Optional[_Union[Request, _Mapping]] = ...) -> None: ...
+
+class Request(_message.Message):
+    __slots__ = ("request_id", "acquire", "release", "renew", "cancel")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ACQUIRE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    RENEW_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    acquire: AcquireRequest
+    release: YieldRequest
+    renew: RenewRequest
+    cancel: CancelRequest
+    def __init__(self, request_id: _Optional[int] = ..., acquire: _Optional[_Union[AcquireRequest, _Mapping]] = ..., release: _Optional[_Union[YieldRequest, _Mapping]] = ..., renew: _Optional[_Union[RenewRequest, _Mapping]] = ..., cancel: _Optional[_Union[CancelRequest, _Mapping]] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Reply(_message.Message):
+    __slots__ = ("request_id", "lease", "released", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    lease: Lease
+    released: YieldResponse
+    error: ErrorStatus
+    def __init__(self, request_id: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., released: _Optional[_Union[YieldResponse, _Mapping]] = ..., error: _Optional[_Union[ErrorStatus, _Mapping]] = ...) -> None: ...
+
+class ErrorStatus(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("client_version", "callbacks")
@@ -128,16 +168,18 @@ class CallbackResult(_message.Message):
     def __init__(self, call_id: _Optional[str] = ..., bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("welcome", "callback", "granted", "revoked")
+    __slots__ = ("welcome", "callback", "granted", "revoked", "reply")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     CALLBACK_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     callback: Callback
     granted: Lease
     revoked: Revoked
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., callback: _Optional[_Union[Callback, _Mapping]] = ..., granted: _Optional[_Union[Lease, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ...) -> None: ...
+    reply: Reply
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., callback: _Optional[_Union[Callback, _Mapping]] = ..., granted: _Optional[_Union[Lease, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ..., reply: _Optional[_Union[Reply, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("tenant",)

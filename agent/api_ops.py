@@ -1,0 +1,66 @@
+"""The agent API's operations, shared by the unary RPCs and the session stream."""
+
+from __future__ import annotations
+
+import grpc
+
+from agent import errors
+from agent.service import LeaseService, lease_to_pb
+from agent.tenants import Tenant
+from baton._pb import agent_pb2 as pb
+
+_CODES: list[tuple[type[errors.AgentError], grpc.StatusCode]] = [
+    (errors.UnknownLease, grpc.StatusCode.NOT_FOUND),
+    (errors.NotOwner, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.Forbidden, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.InvalidGpus, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.AcquireTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.TenantGone, grpc.StatusCode.UNAVAILABLE),
+]
+
+
+def status_code(exc: errors.AgentError) -> grpc.StatusCode:
+    """The one gRPC status code for a domain error (FAILED_PRECONDITION if none more precise)."""
+    for kind, code in _CODES:
+        if isinstance(exc, kind):
+            return code
+    return grpc.StatusCode.FAILED_PRECONDITION
+
+
+def error_status(exc: errors.AgentError) -> pb.ErrorStatus:
+    """A domain error as sent on the session stream."""
+    return pb.ErrorStatus(code=status_code(exc).value[0], message=str(exc))
+
+
+async def acquire(service: LeaseService, tenant: Tenant, request: pb.AcquireRequest) -> pb.Lease:
+    """Wait for the turn."""
+    timeout = request.timeout_ms / 1000 if request.timeout_ms > 0 else None
+    granted = await service.acquire(tenant, tuple(request.gpus), timeout)
+    return lease_to_pb(granted.lease, service.table.contended(granted.lease))
+
+
+def release(service: LeaseService, tenant: Tenant, request: pb.YieldRequest) -> pb.YieldResponse:
+    """End the turn."""
+    return pb.YieldResponse(held_seconds=service.yield_(tenant, request.lease_id))
+
+
+def renew(service: LeaseService, tenant: Tenant, lease_id: str) -> pb.Lease:
+    """Check (and report on) one of the tenant's own leases."""
+    if not lease_id:
+        raise errors.NoLease("renew needs the id of a lease the tenant holds")
+    lease = service.inspect(tenant, lease_id)
+    return lease_to_pb(lease, service.table.contended(lease))
+
+
+def tenant_to_pb(tenant: Tenant) -> pb.Tenant:
+    """The wire form of a tenant."""
+    return pb.Tenant(
+        tenant_id=tenant.tenant_id,
+        name=tenant.name,
+        gpus=tenant.gpus,
+        gpu_memory_mib=tenant.gpu_memory_mib,
+        gpu_duty=tenant.gpu_duty,
+        memory_limit_bytes=tenant.memory_limit_bytes,
+        source=tenant.source,
+    )

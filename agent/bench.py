@@ -1,0 +1,156 @@
+"""`baton bench handoff`: acquire latency and yield→grant handoff over the real socket.
+
+The agent runs in this process; tenants are separate processes using the real client. Times
+come from `time.perf_counter` (CLOCK_MONOTONIC, shared by all processes on the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+GPU = "GPU-bench-0"
+WARMUP = 20
+HOLD_S = 0.002
+"""How long each tenant holds its turn in the handoff run, so the other is queued by then."""
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The q-quantile (0..1) of the samples, nearest rank."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def handoffs(records: list[list[Any]]) -> list[float]:
+    """Yield→grant gaps (s) from `[token, tenant, requested, granted, yielded]` records.
+
+    A gap counts only when the turn passed to the other tenant and its request was already
+    queued when the holder yielded.
+    """
+    by_token = {int(r[0]): r for r in records}
+    gaps = []
+    for token, (_, tenant, requested, granted, _) in sorted(by_token.items()):
+        previous = by_token.get(token - 1)
+        if previous is None or previous[1] == tenant or requested > previous[4]:
+            continue
+        gaps.append(granted - previous[4])
+    return gaps
+
+
+def run_handoff_bench(iterations: int) -> dict[str, Any]:
+    """Run both measurements against a fresh agent; returns the bench's JSON fields."""
+    return asyncio.run(_bench(iterations))
+
+
+async def _bench(iterations: int) -> dict[str, Any]:
+    from agent.daemon import Agent, AgentConfig
+
+    workdir = tempfile.mkdtemp(dir="/tmp", prefix="baton-bench-")
+    socket = f"{workdir}/agent.sock"
+    config = AgentConfig(
+        socket=socket, state_dir=f"{workdir}/state", http_host="127.0.0.1", http_port=0
+    )
+    agent = Agent(config)
+    await agent.start()
+    try:
+        solo = await _workers(socket, "acquire", iterations, ["solo"])
+        acquire = list(solo[0])
+        pair = await _workers(socket, "pingpong", iterations, ["ping", "pong"])
+        gaps = handoffs(pair[0] + pair[1])
+    finally:
+        await agent.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    if not gaps:
+        raise RuntimeError("no handoffs observed; the tenants never waited for each other")
+    return {
+        "acquire_p50_ms": round(percentile(acquire, 0.5) * 1000, 3),
+        "acquire_p99_ms": round(percentile(acquire, 0.99) * 1000, 3),
+        "handoff_p50_ms": round(percentile(gaps, 0.5) * 1000, 3),
+        "handoff_p99_ms": round(percentile(gaps, 0.99) * 1000, 3),
+        "iterations": iterations,
+        "handoff_samples": len(gaps),
+    }
+
+
+async def _workers(socket: str, mode: str, iterations: int, names: list[str]) -> list[Any]:
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "agent.bench",
+            "--socket",
+            socket,
+            "--mode",
+            mode,
+            "--iterations",
+            str(iterations),
+            "--name",
+            name,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for name in names
+    ]
+    for proc in procs:  # each says "ready" once connected; then all start together
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"bench tenant failed to start: {line!r}")
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        await proc.stdin.drain()
+    results = []
+    for proc in procs:
+        out, _ = await asyncio.wait_for(proc.communicate(), 300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"bench tenant exited with {proc.returncode}")
+        results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    return results
+
+
+def _tenant(socket: str, mode: str, iterations: int, name: str) -> list[Any]:
+    from agent.client import Baton
+
+    baton = Baton(socket, [GPU], name=name)
+    baton.connect()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    samples: list[Any] = []
+    for i in range(iterations + WARMUP):
+        requested = time.perf_counter()
+        lease = baton.acquire()
+        granted = time.perf_counter()
+        if mode == "pingpong":
+            time.sleep(HOLD_S)
+        yielded = time.perf_counter()
+        baton.yield_()
+        if i < WARMUP:
+            continue
+        if mode == "acquire":
+            samples.append(granted - requested)
+        else:
+            samples.append([lease.fencing_tokens[GPU], name, requested, granted, yielded])
+    baton.close()
+    return samples
+
+
+def main() -> None:
+    """Entry point of a bench tenant process."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--mode", choices=["acquire", "pingpong"], required=True)
+    parser.add_argument("--iterations", type=int, required=True)
+    parser.add_argument("--name", required=True)
+    args = parser.parse_args()
+    print(json.dumps(_tenant(args.socket, args.mode, args.iterations, args.name)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""One tenant's session stream: requests in, replies, grants and callbacks out."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from agent import api_ops, eager, errors
+from agent.service import LeaseService
+from agent.sessions import Session
+from agent.tenants import Tenant
+from baton._pb import agent_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class SessionStream:
+    """Serves one open `Session` RPC until either side ends it."""
+
+    def __init__(
+        self,
+        service: LeaseService,
+        session: Session,
+        context: grpc.aio.ServicerContext,
+        tenant: Callable[[], Tenant | None],
+    ) -> None:
+        self._service = service
+        self._session = session
+        self._context = context
+        self._tenant = tenant
+        self._requests: dict[int, asyncio.Task[None]] = {}
+        self._lock = asyncio.Lock()
+
+    async def serve(self, welcome: pb.AgentMessage) -> None:
+        """Write the welcome, then pump the outbox while reading requests."""
+        await self._write(welcome)
+        reader = asyncio.create_task(self._read())
+        try:
+            while (message := await self._session.outbox.get()) is not None:
+                await self._write(message)
+        finally:
+            reader.cancel()
+            for task in self._requests.values():
+                task.cancel()
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                message = await self._context.read()
+                if not isinstance(message, pb.ClientMessage):  # the client closed its side
+                    return
+                if message.HasField("callback_result"):
+                    self._session.resolve(message.callback_result)
+                elif message.HasField("request"):
+                    await self._handle(message.request)
+        finally:
+            self._session.outbox.put_nowait(None)
+
+    async def _handle(self, request: pb.Request) -> None:
+        kind = request.WhichOneof("kind")
+        if kind == "cancel":
+            task = self._requests.pop(request.request_id, None)
+            if task is not None:
+                task.cancel()
+            return
+        if kind == "acquire":  # runs at once; only a turn that must wait becomes a task
+            _, _, rest = eager.start(self._acquire(request))
+            if rest is not None:
+                task = asyncio.create_task(_finish(rest))
+                self._requests[request.request_id] = task
+                task.add_done_callback(lambda _: self._requests.pop(request.request_id, None))
+            return
+        reply = pb.Reply(request_id=request.request_id)
+        try:
+            tenant = self._current_tenant()
+            if kind == "release":
+                reply.released.CopyFrom(api_ops.release(self._service, tenant, request.release))
+            elif kind == "renew":
+                reply.lease.CopyFrom(api_ops.renew(self._service, tenant, request.renew.lease_id))
+            else:
+                raise errors.AgentError(f"unknown request {kind!r}; upgrade the agent")
+        except errors.AgentError as exc:
+            reply.error.CopyFrom(api_ops.error_status(exc))
+        await self._write(pb.AgentMessage(reply=reply))
+
+    async def _acquire(self, request: pb.Request) -> None:
+        reply = pb.Reply(request_id=request.request_id)
+        try:
+            tenant = self._current_tenant()
+            reply.lease.CopyFrom(await api_ops.acquire(self._service, tenant, request.acquire))
+        except errors.AgentError as exc:
+            reply.error.CopyFrom(api_ops.error_status(exc))
+        await self._write(pb.AgentMessage(reply=reply))
+
+    async def _write(self, message: pb.AgentMessage) -> None:
+        async with self._lock:
+            await self._context.write(message)
+
+    def _current_tenant(self) -> Tenant:
+        tenant = self._tenant()
+        if tenant is None:
+            raise errors.TenantGone(f"tenant {self._session.tenant_id} is no longer known")
+        return tenant
+
+
+async def _finish(rest: eager.Rest[None]) -> None:
+    await rest
