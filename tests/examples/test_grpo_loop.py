@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
+from typing import Any
 
 from agent.client import LeaseInfo
 from agent.daemon import Agent, AgentConfig
 from agent.examples.grpo_loop import Phases, run
+from agent.parking_setup import ParkingOptions, build_preparer, connect_preparer
 from baton import names
 
 GPU = "GPU-00000000-0000-0000-0000-000000000001"
@@ -61,30 +63,43 @@ def test_gpu_phases_hold_a_turn_and_scoring_does_not() -> None:
     assert "step 2 training" in out.getvalue() and "scoring" in out.getvalue()
 
 
-@pytest.fixture
-def agent_socket() -> Iterator[str]:
-    """A real agent (no parking backend) on a unix socket, run on its own event loop."""
+@contextlib.contextmanager
+def running_agent(backend: str) -> Iterator[tuple[str, str, Any]]:
+    """A real agent on a unix socket, on its own event loop; yields (socket, fake dir, preparer)."""
     workdir = Path(tempfile.mkdtemp(dir="/tmp", prefix="grpo"))
     config = AgentConfig(
         socket=str(workdir / "agent.sock"), state_dir=str(workdir / "state"), http_port=0
     )
+    fake_dir = str(workdir / "gpus")
+    # One simulated 100 MiB GPU: two 60 MiB tenants cannot both be resident.
+    options = ParkingOptions(
+        backend=backend, fake_gpus="1x100", fake_scale=1 / 64, fake_dir=fake_dir
+    )
+    preparer = build_preparer(options)
     loop = asyncio.new_event_loop()
-    agent = Agent(config)
+    agent = Agent(config, preparer)
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    asyncio.run_coroutine_threadsafe(agent.start(), loop).result(timeout=10)
+
+    async def start() -> None:
+        await agent.start()
+        assert agent.service is not None
+        connect_preparer(preparer, agent.service)
+
+    asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
     try:
-        yield config.socket
+        yield config.socket, fake_dir, preparer
     finally:
         asyncio.run_coroutine_threadsafe(agent.stop(), loop).result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
-def test_two_tenant_processes_take_turns(agent_socket: str) -> None:
-    env = {**os.environ, names.ENV_AGENT_SOCKET: agent_socket, names.ENV_GPUS: GPU}
+def run_tenants(socket: str, gpu: str, extra_env: dict[str, str], *args: str) -> str:
+    """Two example tenants as processes; their combined output once both exit cleanly."""
+    env = {**os.environ, names.ENV_AGENT_SOCKET: socket, names.ENV_GPUS: gpu, **extra_env}
     env["PYTHONPATH"] = str(ROOT)
-    args = ["--steps", "3", "--generate-s", "0.01", "--score-s", "0", "--train-s", "0.01"]
     tenants = [
         subprocess.Popen(
             [sys.executable, "-m", "agent.examples.grpo_loop", *args, "--tenant", name],
@@ -98,8 +113,32 @@ def test_two_tenant_processes_take_turns(agent_socket: str) -> None:
     outputs = [t.communicate(timeout=60) for t in tenants]
     for tenant, (_out, err) in zip(tenants, outputs, strict=True):
         assert tenant.returncode == 0, err
-    text = "".join(out for out, _ in outputs)
+    return "".join(out for out, _ in outputs)
+
+
+FAST = ("--steps", "3", "--generate-s", "0.01", "--score-s", "0", "--train-s", "0.01")
+
+
+def test_two_tenant_processes_take_turns() -> None:
+    with running_agent("none") as (socket, _, _):
+        text = run_tenants(socket, GPU, {}, *FAST)
     tokens = [int(t) for t in re.findall(r"held [\d.]+ ms on GPU-[\w-]+ \(token (\d+)\)", text)]
     # Twelve turns on one GPU, each with its own fencing token: nobody shared a turn.
     assert len(tokens) == 12 and len(set(tokens)) == 12
     assert text.count("done: 6 turns") == 2
+
+
+def test_simulated_memory_survives_parking() -> None:
+    gpu = names.fake_gpu_uuid(0)
+    with running_agent("fake") as (socket, fake_dir, preparer):
+        env = {names.ENV_FAKE_GPU_DIR: fake_dir}
+        text = run_tenants(socket, gpu, env, *FAST, "--gpu-memory-mib", "60")
+        moved = [
+            sample.value
+            for metric in preparer.metrics.registry.collect()
+            for sample in metric.samples
+            if sample.name.endswith("moved_bytes_total")
+        ]
+    assert text.count("memory verified after 5 turns") == 2
+    # 60 + 60 MiB do not fit one 100 MiB GPU: the tenants were parked and restored in turn.
+    assert sum(moved) > 0
