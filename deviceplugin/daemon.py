@@ -16,11 +16,13 @@ from deviceplugin.devices import Gpu, Inventory
 from deviceplugin.health import HealthTracker, NvmlHealthLoop
 from deviceplugin.metrics import Metrics, StatusServer
 from deviceplugin.plugin import DevicePlugin
+from deviceplugin.podcache import PodCache
 from deviceplugin.server import DevicePluginService, PluginServer
 from deviceplugin.state import LiveInventory
 
 log = logging.getLogger(__name__)
 CDI_KIND = "nvidia.com/gpu"
+SYNC_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,17 @@ class Daemon:
         settings: Settings,
         gpus: list[Gpu],
         fake: bool,
-        source: PodSource,
         api_client: Any = None,
+        source: PodSource | None = None,
     ) -> None:
+        """Pods come from `source` when given, else from a watch through `api_client`."""
         self.settings = settings
+        self.pod_cache: PodCache | None = None
+        if source is None:
+            if api_client is None:
+                raise ValueError("the device plugin needs an API client or a pod source")
+            self.pod_cache = PodCache(api_client, settings.node_name)
+            source = self.pod_cache
         self.metrics = Metrics()
         self.inventory = LiveInventory(Inventory(tuple(gpus), settings.slots_per_gpu))
         self.inventory.subscribe(self.metrics.observe_inventory)
@@ -84,6 +93,14 @@ class Daemon:
     def start(self) -> None:
         """Start metrics, health, annotations, then serve and register."""
         self.status.start()
+        if self.pod_cache is not None:
+            self.pod_cache.start()
+            if not self.pod_cache.wait_synced(SYNC_TIMEOUT_S):
+                log.warning(
+                    "pods of node %s not listed within %g s; Allocate lists on demand until then",
+                    self.settings.node_name,
+                    SYNC_TIMEOUT_S,
+                )
         if self.nvml is not None:
             self.nvml.start()
         if self.annotator is not None:
@@ -100,6 +117,8 @@ class Daemon:
     def stop(self) -> None:
         """Stop everything started."""
         self.plugin.stop()
+        if self.pod_cache is not None:
+            self.pod_cache.stop()
         if self.annotator is not None:
             self.annotator.stop()
         if self.nvml is not None:

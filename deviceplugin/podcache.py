@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -92,9 +94,7 @@ class PodCache:
     def stop(self) -> None:
         """Stop the watch and wait for its thread."""
         self._stop.set()
-        response = self._response
-        if response is not None:
-            response.close()
+        _abort(self._response)
         self._thread.join(timeout=REQUEST_TIMEOUT_S)
 
     def wait_synced(self, timeout: float) -> bool:
@@ -152,7 +152,7 @@ class PodCache:
         except (HTTPError, OSError) as err:
             raise ApiUnavailableError(
                 f"cannot {what}: the Kubernetes API server at {self._host} is unreachable "
-                f"({type(err).__name__}: {err})"
+                f"({_root_cause(err)})"
             ) from err
 
     def _store(self, pod: PodView) -> None:
@@ -174,6 +174,8 @@ class PodCache:
         return str((body.get("metadata") or {}).get("resourceVersion", ""))
 
     def _run(self) -> None:
+        from urllib3.exceptions import HTTPError
+
         backoff = 0.1
         while not self._stop.is_set():
             try:
@@ -183,6 +185,8 @@ class PodCache:
                     version = self._watch(version)
             except DevicePluginError as err:
                 log.warning("pod watch of node %s: %s", self.node_name, err)
+            except (HTTPError, OSError) as err:
+                log.warning("pod watch of node %s: %s", self.node_name, _root_cause(err))
             except Exception:
                 log.exception("pod watch of node %s failed", self.node_name)
             self._stop.wait(backoff)
@@ -221,6 +225,25 @@ class PodCache:
             self._response = None
             response.release_conn()
         return version
+
+
+def _root_cause(err: BaseException) -> str:
+    """The innermost reason behind urllib3's nested errors, e.g. `Connection refused`."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror
+        reason = getattr(seen, "reason", None)
+        seen = reason if isinstance(reason, BaseException) else (seen.__cause__ or seen.__context__)
+    return f"{type(err).__name__}: {err}"
+
+
+def _abort(response: Any) -> None:
+    """Unblock a thread reading a streamed response (closing it from here would deadlock)."""
+    sock = getattr(getattr(response, "connection", None), "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _events(response: Any) -> Iterator[dict[str, Any]]:

@@ -6,14 +6,18 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from baton import names
+from baton.kube import format_timestamp_ns, load_api_client
 from deviceplugin.allocation import PodSource
 from deviceplugin.daemon import Daemon, Settings
 from deviceplugin.gpus import parse_fake_gpus
 from deviceplugin.health import DEFAULT_IGNORED_XIDS
 from deviceplugin.memory import MemoryPods
+from tests.harness.fakeapi import FakeApiServer
 from tests.harness.kubelet import KubeletStub
 
 NODE = "node-a"
@@ -60,8 +64,8 @@ def start_plugin(socket_dir: Path) -> Iterator[StartPlugin]:
             settings,
             parse_fake_gpus(gpus, NODE),
             fake=True,
-            source=source if source is not None else MemoryPods(),
             api_client=api_client,
+            source=source if source is not None or api_client is not None else MemoryPods(),
         )
         daemon.start()
         started.append(daemon)
@@ -70,3 +74,45 @@ def start_plugin(socket_dir: Path) -> Iterator[StartPlugin]:
     yield start
     for daemon in started:
         daemon.stop()
+
+
+@pytest.fixture
+def fake_api() -> Iterator[FakeApiServer]:
+    server = FakeApiServer().start()
+    server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def api_client(fake_api: FakeApiServer, socket_dir: Path) -> Iterator[Any]:
+    client = load_api_client(str(fake_api.kubeconfig_path(socket_dir)))
+    yield client
+    client.close()
+
+
+def tenant_pod(
+    name: str,
+    gpus: tuple[str, ...] = (),
+    assigned_at_ns: int | None = None,
+    request: int = 1,
+    node: str = NODE,
+) -> dict[str, Any]:
+    """A Pending tenant pod on `node` asking for `request` baton.dev/gpu, maybe assigned."""
+    annotations = {}
+    if gpus:
+        annotations[names.ANNOTATION_ASSIGNED_GPUS] = ",".join(gpus)
+    if assigned_at_ns is not None:
+        annotations[names.ANNOTATION_ASSIGNED_AT] = format_timestamp_ns(assigned_at_ns)
+    limits = {names.RESOURCE_GPU: str(request)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+        "spec": {
+            "nodeName": node,
+            "schedulerName": names.SCHEDULER_NAME,
+            "containers": [{"name": "main", "image": "tenant", "resources": {"limits": limits}}],
+        },
+        "status": {"phase": "Pending"},
+    }
