@@ -57,8 +57,8 @@ class ParkingPreparer:
         self._holding: dict[str, frozenset[str]] = {}
         self._states: dict[str, TenantState] = {}
         self._waiting: dict[str, str] = {}
-        self.directory: Callable[[], Mapping[str, TenantRef]] = dict
-        """What the lease service knows of its tenants (GPUs, PIDs, limits), read before a plan."""
+        self.directory: Callable[[], Mapping[str, TenantRef]] | None = None
+        """The lease service's tenants (GPUs, PIDs, limits); when set, only these count."""
 
     def register(self, ref: TenantRef) -> None:
         """Learn a tenant's GPUs, PIDs, memory limit and declared footprint."""
@@ -114,6 +114,9 @@ class ParkingPreparer:
     async def _move(self, tenant_id: str, step: Step) -> Move:
         """One park or restore, retried with backoff; the tenant stays where it was on failure."""
         fn = self.backend.park if step.direction == "park" else self.backend.restore
+        log.info(
+            "%s of %s on %s starts (%d bytes)", step.direction, step.tenant_id, step.gpu, step.bytes
+        )
         for attempt in range(self._attempts):
             try:
                 move = await asyncio.to_thread(fn, step.tenant_id, step.gpu)
@@ -149,7 +152,17 @@ class ParkingPreparer:
         return NoRoom(message)
 
     def _tenant_ids(self) -> list[str]:
-        return sorted(set(self._refs) | set(self.backend.tenants()))
+        """Tenants that count: the lease service's, else every one registered or in the backend.
+
+        A tenant the service has dropped no longer counts, even before `forget` has run.
+        """
+        if self.directory is None:
+            return sorted(set(self._refs) | set(self.backend.tenants()))
+        refs = self.directory()
+        for tenant_id, ref in refs.items():
+            if self._refs.get(tenant_id) != ref:
+                self.register(ref)
+        return sorted(refs)
 
     def _view(self, tenant_id: str, st: TenantState) -> TenantView:
         """The planner's view of one tenant from the backend's state and what we know."""
@@ -162,6 +175,7 @@ class ParkingPreparer:
             for g, r in st.residency.items()
             if r in (Residency.PARKED, Residency.PARKING, Residency.RESTORING)
         }
+        absent = {g for g in gpus if g not in parked and not st.footprint_bytes.get(g)}
         limit = ref.memory_limit_bytes if ref and ref.memory_limit_bytes else None
         return TenantView(
             tenant_id,
@@ -170,13 +184,11 @@ class ParkingPreparer:
             last_turn=self._last_turn.get(tenant_id, float("-inf")),
             memory_limit=limit if limit is not None else self.backend.memory_limit(tenant_id),
             busy=tenant_id in self._holding,
+            absent=frozenset(absent),
         )
 
     def _snapshot(self) -> Snapshot:
         """The node as the backend reports it now (runs in a worker thread)."""
-        for tenant_id, ref in self.directory().items():
-            if self._refs.get(tenant_id) != ref:
-                self.register(ref)
         self._refresh()
         views = {t: self._view(t, st) for t, st in self._states.items()}
         return Snapshot(self.gpu_memory, views, self.headroom, self.host_budget)

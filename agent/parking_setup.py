@@ -12,7 +12,7 @@ from agent.backends.base import Backend, BackendUnavailable, TenantRef
 from agent.parking import ParkingPreparer
 from agent.parking_metrics import Forward
 from agent.residency import NullPreparer, TurnPreparer
-from baton.names import DEFAULT_FAKE_GPU_DIR, MIB, fake_gpu_uuid
+from baton.names import DEFAULT_FAKE_GPU_DIR, DEFAULT_SLOTS_PER_GPU, MIB, fake_gpu_uuid
 
 if TYPE_CHECKING:
     from agent.service import LeaseService
@@ -34,7 +34,7 @@ class ParkingOptions:
     pcie_gbps: float = 0.0
     """Modelled host-device bandwidth in GB/s (fake backend; 0 = copy as fast as memory)."""
     host_memory_budget_mib: int = 0
-    """Host DRAM for parked memory; 0 = the simulated GPUs' total (fake) or half the RAM."""
+    """Host DRAM for parked memory; 0 = room for a full GPU per slot (fake) or half the RAM."""
     headroom_mib: int = 0
     lock_timeout_s: float = 5.0
     callback_timeout_s: float = 60.0
@@ -97,7 +97,8 @@ def build_preparer(opts: ParkingOptions) -> TurnPreparer:
     backend, gpus = build_backend(opts)
     budget = opts.host_memory_budget_mib * MIB
     if not budget:
-        budget = sum(gpus.values()) if opts.backend == "fake" else half_the_ram()
+        fake_budget = DEFAULT_SLOTS_PER_GPU * sum(gpus.values())
+        budget = fake_budget if opts.backend == "fake" else half_the_ram()
     return ParkingPreparer(backend, gpus, host_budget=budget, headroom=opts.headroom_mib * MIB)
 
 

@@ -44,6 +44,8 @@ class TenantView:
     """Its memory cgroup limit in bytes, if known; parked bytes are charged to it."""
     busy: bool = False
     """It holds a turn right now."""
+    absent: frozenset[str] = frozenset()
+    """GPUs where it holds no memory yet (it has not allocated since it joined)."""
 
     @property
     def parked_total(self) -> int:
@@ -52,7 +54,7 @@ class TenantView:
 
     def resident_on(self, gpu: str) -> int:
         """Bytes it occupies on `gpu` now."""
-        return 0 if gpu in self.parked else self.footprint.get(gpu, 0)
+        return 0 if gpu in self.parked or gpu in self.absent else self.footprint.get(gpu, 0)
 
     def cgroup_blocks_park(self) -> bool:
         """Parking would charge more bytes to its memory cgroup than its limit allows."""

@@ -1,0 +1,72 @@
+"""Tenant processes for the fake-node tests, driven over their stdin/stdout line protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import threading
+
+TENANT = [sys.executable, "-m", "tests.parking.tenant_proc"]
+
+
+class TenantProc:
+    """One tenant process; `event()` returns its next JSON line."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
+        self.proc = proc
+        self.name = name
+        self.events: list[dict] = []
+
+    @classmethod
+    async def start(cls, env: dict[str, str], name: str, mib: int, *flags: str) -> TenantProc:
+        proc = await asyncio.create_subprocess_exec(
+            *TENANT, "--name", name, "--mib", str(mib), "--declare", *flags,
+            env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        return cls(proc, name)
+
+    async def event(self, timeout: float = 30.0) -> dict:
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not line:
+            raise EOFError(f"tenant {self.name} exited ({self.events[-3:]})")
+        event = json.loads(line)
+        self.events.append(event)
+        return event
+
+    async def until(self, kind: str, timeout: float = 30.0) -> dict:
+        """Events up to the first of `kind` (or an error, which fails)."""
+        while True:
+            event = await self.event(timeout)
+            if event["event"] == kind:
+                return event
+            assert event["event"] != "error", f"{self.name}: {event['error']}"
+
+    def tell(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+
+    async def exit_code(self, timeout: float = 30.0) -> int:
+        return await asyncio.wait_for(self.proc.wait(), timeout)
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+
+
+class LogWatch(logging.Handler):
+    """Sets an event when a log message matches; install on a logger for the test's duration."""
+
+    def __init__(self, needle: str) -> None:
+        super().__init__()
+        self.needle = needle
+        self.seen = threading.Event()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if self.needle in message:
+            self.messages.append(message)
+            self.seen.set()

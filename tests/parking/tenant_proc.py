@@ -1,0 +1,73 @@
+"""A tenant process for the fake-node tests: takes turns, writes and verifies its device memory.
+
+Prints one JSON object per line: {"event": "turn", "i": ...} after each turn's work, "holding"
+when it waits inside its first turn for a line on stdin (--hold), "done", or "error".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import zlib
+
+from agent.client import Baton
+from agent.fakegpu import FakeGpuMemory
+from baton.names import ENV_GPUS
+
+
+def say(**event):
+    print(json.dumps(event), flush=True)
+
+
+def seed(name: str, i: int) -> int:
+    return zlib.crc32(name.encode()) * 1000 + i
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--name", required=True)
+    p.add_argument("--mib", type=int, required=True)
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--limit-mib", type=int, default=0)
+    p.add_argument("--declare", action="store_true", help="declare --mib as gpu-memory")
+    p.add_argument("--hold", action="store_true", help="wait for a stdin line in turn 0")
+    p.add_argument("--linger", action="store_true", help="after the turns, wait for a line")
+    p.add_argument("--timeout", type=float, default=30.0)
+    args = p.parse_args()
+    gpu = os.environ[ENV_GPUS]
+    baton = Baton(
+        name=args.name,
+        gpu_memory_mib=args.mib if args.declare else 0,
+        memory_limit_bytes=args.limit_mib * 1024 * 1024,
+    )
+    try:
+        baton.connect()
+        assert baton.tenant is not None
+        mem = FakeGpuMemory(baton.tenant.tenant_id, timeout=args.timeout)
+        for i in range(args.turns):
+            with baton.turn(timeout=args.timeout) as lease:
+                if i == 0:
+                    mem.allocate(gpu, args.mib)
+                else:
+                    mem.verify_pattern(gpu, seed(args.name, i - 1))
+                mem.write_pattern(gpu, seed(args.name, i))
+                if args.hold and i == 0:
+                    say(event="holding", lease=lease.lease_id)
+                    sys.stdin.readline()
+                    mem.verify_pattern(gpu, seed(args.name, i))
+                say(event="turn", i=i, tokens=lease.fencing_tokens)
+        say(event="done")
+        if args.linger:
+            sys.stdin.readline()
+        return 0
+    except Exception as e:
+        say(event="error", error=f"{type(e).__name__}: {e}")
+        return 1
+    finally:
+        baton.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
