@@ -1,0 +1,89 @@
+"""Who held each GPU when, and what that adds up to: a pure reading of the agent's events.
+
+Busy time is time a tenant holds its turn, as the agent granted and ended it; time spent
+parking or restoring memory while nobody holds the GPU is not busy.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agent import events as ev
+
+ENDS = (ev.YIELDED, ev.REVOKED)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One turn on one GPU, in the agent's clock."""
+
+    gpu: str
+    tenant_id: str
+    lease_id: str
+    start: float
+    end: float
+    token: int = 0
+
+
+def holds(events: Iterable[ev.Event], end_of_run: float) -> list[Hold]:
+    """Turns from granted to yielded, revoked or tenant_gone; open ones end at `end_of_run`."""
+    open_: dict[str, ev.Event] = {}
+    done: list[Hold] = []
+
+    def close(grant: ev.Event, at: float) -> None:
+        for gpu in grant.gpus:
+            token = grant.tokens.get(gpu, 0)
+            done.append(Hold(gpu, grant.tenant_id, grant.lease_id, grant.at, at, token))
+
+    for e in events:
+        if e.kind == ev.GRANTED:
+            open_[e.lease_id] = e
+        elif e.kind in ENDS and e.lease_id in open_:
+            close(open_.pop(e.lease_id), e.at)
+        elif e.kind == ev.TENANT_GONE:
+            for lease_id, grant in list(open_.items()):
+                if grant.tenant_id == e.tenant_id:
+                    close(open_.pop(lease_id), e.at)
+    for grant in open_.values():
+        close(grant, end_of_run)
+    return sorted(done, key=lambda h: (h.gpu, h.start))
+
+
+def on_gpu(all_holds: Iterable[Hold], gpu: str) -> list[Hold]:
+    """The holds of one GPU, in time order."""
+    return [h for h in all_holds if h.gpu == gpu]
+
+
+def busy_seconds(gpu_holds: Iterable[Hold], t0: float, t1: float) -> float:
+    """Seconds of [t0, t1] during which the GPU was held."""
+    return sum(max(0.0, min(h.end, t1) - max(h.start, t0)) for h in gpu_holds)
+
+
+def switches(gpu_holds: Sequence[Hold], t0: float, t1: float) -> int:
+    """Grants in [t0, t1] that passed the GPU to a different tenant than the one before."""
+    return sum(
+        1
+        for before, after in itertools.pairwise(gpu_holds)
+        if after.tenant_id != before.tenant_id and t0 <= after.start <= t1
+    )
+
+
+def handoff_gaps(gpu_holds: Sequence[Hold], requested: Mapping[str, float]) -> list[float]:
+    """Idle seconds between a yield and the next grant, counted where the next holder was
+    already waiting at the yield (`requested`: lease id → when its tenant asked)."""
+    gaps = []
+    for before, after in itertools.pairwise(gpu_holds):
+        asked = requested.get(after.lease_id)
+        if asked is not None and asked <= before.end:
+            gaps.append(max(0.0, after.start - before.end))
+    return gaps
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1), nearest rank; 0 for no samples."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

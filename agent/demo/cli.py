@@ -1,0 +1,128 @@
+"""`baton demo` and `baton bench duty` (registered by `agent.cli`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from agent.demo.runner import DemoConfig
+
+Tenants = Annotated[int, typer.Option(min=1, max=7, help="Synthetic RL tenants.")]
+Duty = Annotated[float, typer.Option(min=0.01, max=1.0, help="GPU share of each tenant alone.")]
+Cycle = Annotated[float, typer.Option(min=0.05, help="Mean seconds of one GPU + off-GPU step.")]
+Duration = Annotated[float, typer.Option(min=1.0, help="Seconds of each of the two runs.")]
+GpuMemory = Annotated[int, typer.Option(min=1, help="Simulated GPU memory, MiB.")]
+Footprints = Annotated[
+    str, typer.Option(help="Device memory per tenant, MiB: one value, or one per tenant (a,b,c).")
+]
+Pcie = Annotated[float, typer.Option(help="Modelled host-device bandwidth, GB/s; 0 = unmodelled.")]
+Scale = Annotated[float, typer.Option(help="Real bytes per simulated byte of device memory.")]
+Seed = Annotated[int, typer.Option(help="Seed of the phase lengths' variation.")]
+OutDir = Annotated[Path, typer.Option(help="Where the timeline PNG and trace JSON go.")]
+
+
+def _config(
+    tenants: int, duty: float, cycle: float, duration: float, gpu_memory: int,
+    footprints: str, pcie_gbps: float, scale: float, seed: int,
+) -> DemoConfig:  # fmt: skip
+    from agent.demo.runner import DemoConfig
+
+    try:
+        sizes = tuple(int(x) for x in footprints.split(",") if x.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) <= 0:
+        raise typer.BadParameter(f"--footprints {footprints!r}: give MiB, e.g. 6144 or 6144,4096")
+    if max(sizes) > gpu_memory:
+        raise typer.BadParameter(
+            f"a footprint of {max(sizes)} MiB exceeds --gpu-memory {gpu_memory}"
+        )
+    return DemoConfig(
+        tenants=tenants, duty=duty, cycle_s=cycle, duration_s=duration, gpu_memory_mib=gpu_memory,
+        footprints_mib=sizes, pcie_gbps=pcie_gbps, scale=scale, seed=seed,
+    )  # fmt: skip
+
+
+def demo(
+    tenants: Tenants = 3,
+    duty: Duty = 0.4,
+    cycle: Cycle = 1.5,
+    duration: Duration = 20.0,
+    gpu_memory: GpuMemory = 16384,
+    footprints: Footprints = "6144",
+    pcie_gbps: Pcie = 55.0,
+    scale: Scale = 1 / 4096,
+    seed: Seed = 7,
+    out_dir: OutDir = Path("baton-demo"),
+) -> None:
+    """Turn-taking on this machine: RL tenants alone on their own fake GPUs, then sharing one."""
+    import asyncio
+
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agent.demo.report import print_report
+    from agent.demo.runner import run_comparison
+    from agent.demo.timeline import write_timeline
+
+    config = _config(tenants, duty, cycle, duration, gpu_memory, footprints, pcie_gbps, scale, seed)
+    console = Console()
+    console.print(
+        f"{tenants} tenants, each busy on its GPU {duty:.0%} of a {cycle:g} s step; "
+        f"{duration:g} s alone on {tenants} GPUs, then {duration:g} s sharing one "
+        f"({gpu_memory} MiB, footprints {footprints} MiB, {pcie_gbps:g} GB/s modelled)."
+    )
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[turns]}"))
+    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+        tasks = {
+            label: progress.add_task(text, total=duration, turns="")
+            for label, text in (
+                ("alone", f"alone: {tenants} GPUs"),
+                ("shared", "shared: 1 GPU"),
+            )
+        }
+
+        def tick(label: str, elapsed: float, grants: int) -> None:
+            progress.update(tasks[label], completed=elapsed, turns=f"{grants} turns")
+
+        alone, shared = asyncio.run(run_comparison(config, tick))
+    print_report(console, config, alone, shared)
+    png, trace = write_timeline(out_dir, [alone, shared], "Who held the GPU when")
+    console.print(f"Timeline: {png} (picture), {trace} (open in https://ui.perfetto.dev)")
+
+
+def bench_duty(
+    tenants: Tenants = 3,
+    duty: Duty = 0.3,
+    cycle: Cycle = 1.5,
+    duration: Duration = 20.0,
+    gpu_memory: GpuMemory = 16384,
+    footprints: Footprints = "6144",
+    pcie_gbps: Pcie = 55.0,
+    scale: Scale = 1 / 4096,
+    seed: Seed = 7,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Duty cycle of tenants alone on their GPUs against all of them sharing one."""
+    import asyncio
+    import json
+
+    from agent.demo.report import summarize
+    from agent.demo.runner import run_comparison
+
+    config = _config(tenants, duty, cycle, duration, gpu_memory, footprints, pcie_gbps, scale, seed)
+    alone, shared = asyncio.run(run_comparison(config))
+    result = summarize(config, alone, shared)
+    if not as_json:
+        for key, value in result.items():
+            typer.echo(f"{key:>22}: {value}")
+    typer.echo(json.dumps(result))
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    """Add `baton demo` and `baton bench duty`."""
+    app.command("demo")(demo)
+    bench.command("duty")(bench_duty)

@@ -1,0 +1,251 @@
+"""Runs the demo's two phases: each tenant alone on its own fake GPU, then all sharing one.
+
+Each phase starts a fresh agent with the `fake` backend in this process (`agent.fakenode`) and
+K tenant processes that use the real client over the agent's unix socket. Everything measured
+about the GPUs comes from the agent: its event stream (who held which GPU when), its busy-seconds
+counter and its move metrics; the tenants report only their steps and data checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent import events as ev
+from agent.demo.analysis import Hold, busy_seconds, holds, on_gpu
+from agent.fakenode import FakeNode, FakeNodeOptions
+from baton.names import fake_gpu_uuid
+
+TENANT = [sys.executable, "-m", "agent.demo.tenant"]
+START_TIMEOUT_S = 60.0
+"""How long tenants may take to start and connect (imports are slow on a busy machine)."""
+Tick = Callable[[str, float, int], None]
+"""Progress callback: phase label, seconds elapsed in the phase, turns granted so far."""
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """The tenants, their phases and the simulated node."""
+
+    tenants: int = 3
+    duty: float = 0.4
+    """Share of time each tenant alone keeps its GPU busy (its GPU phase over its cycle)."""
+    cycle_s: float = 1.5
+    """Mean seconds of one step: GPU phase plus off-GPU phase."""
+    jitter: float = 0.1
+    duration_s: float = 20.0
+    """Seconds each of the two phases runs."""
+    gpu_memory_mib: int = 16384
+    footprints_mib: tuple[int, ...] = (6144,)
+    """Device memory per tenant; the last value repeats for the remaining tenants."""
+    pcie_gbps: float = 55.0
+    scale: float = 1 / 4096
+    """Real bytes per simulated byte of device memory."""
+    seed: int = 7
+
+    def footprint(self, i: int) -> int:
+        """MiB of device memory tenant `i` uses."""
+        return self.footprints_mib[min(i, len(self.footprints_mib) - 1)]
+
+    def name(self, i: int) -> str:
+        """Display name of tenant `i`."""
+        return f"t{i + 1}"
+
+    def tenant_args(self, i: int) -> list[str]:
+        """Command-line flags of tenant process `i`."""
+        return [
+            "--name", self.name(i), "--footprint-mib", str(self.footprint(i)),
+            "--gpu-s", repr(self.duty * self.cycle_s),
+            "--off-s", repr((1 - self.duty) * self.cycle_s),
+            "--jitter", repr(self.jitter), "--seed", str(self.seed * 1000 + i),
+            "--duty", str(round(self.duty * 100)),
+        ]  # fmt: skip
+
+
+@dataclass
+class TenantResult:
+    """One tenant's own report of a phase."""
+
+    name: str
+    gpu: str
+    tenant_id: str = ""
+    steps: int = 0
+    verified: int = 0
+    mismatches: list[str] = field(default_factory=list)
+    turns: list[list[Any]] = field(default_factory=list)
+    error: str = ""
+
+    def steps_by(self, t1: float) -> int:
+        """Steps whose GPU phase ended by `t1`."""
+        return sum(1 for turn in self.turns if turn[3] <= t1)
+
+
+@dataclass
+class PhaseResult:
+    """One phase as the agent saw it, plus the tenants' reports."""
+
+    label: str
+    gpus: list[str]
+    t0: float
+    t1: float
+    holds: list[Hold]
+    tenants: list[TenantResult]
+    agent_busy_s: dict[str, float]
+    """The agent's busy-seconds counter per GPU at the end of the phase (whole phase)."""
+    moves: dict[str, dict[str, float]]
+    """Per direction ("park", "restore"): count, bytes (simulated) and seconds, from metrics."""
+
+    @property
+    def wall_s(self) -> float:
+        """Length of the measured window."""
+        return self.t1 - self.t0
+
+    def duty(self, gpu: str) -> float:
+        """Busy ÷ wall of `gpu` over the window."""
+        return busy_seconds(on_gpu(self.holds, gpu), self.t0, self.t1) / self.wall_s
+
+
+async def run_phase(config: DemoConfig, shared: bool, tick: Tick | None = None) -> PhaseResult:
+    """Run the tenants alone on their own GPUs (`shared=False`) or all on one GPU."""
+    k = config.tenants
+    label = "shared" if shared else "alone"
+    node = FakeNode(
+        FakeNodeOptions(
+            fake_gpus=f"{1 if shared else k}x{config.gpu_memory_mib}",
+            fake_scale=config.scale,
+            pcie_gbps=config.pcie_gbps,
+            host_memory_budget_mib=sum(config.footprint(i) for i in range(k)),
+        )
+    )
+    await node.start()
+    try:
+        service = node.agent.service
+        async with service.events.subscribe() as queue:
+            log: list[ev.Event] = []
+            collector = asyncio.create_task(_collect(queue, log))
+            try:
+                tenants, t0, t1 = await _drive(node, config, shared, label, log, tick)
+            finally:
+                collector.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await collector
+            while not queue.empty():
+                log.append(queue.get_nowait())
+        now = time.time()
+        gpus = [fake_gpu_uuid(i) for i in range(1 if shared else k)]
+        busy = {g: service.metrics.busy_seconds(service.table, g, now) for g in gpus}
+        return PhaseResult(label, gpus, t0, t1, holds(log, now), tenants, busy, _moves(node))
+    finally:
+        await node.stop()
+
+
+async def _collect(queue: asyncio.Queue[ev.Event], log: list[ev.Event]) -> None:
+    while True:
+        log.append(await queue.get())
+
+
+async def _drive(
+    node: FakeNode,
+    config: DemoConfig,
+    shared: bool,
+    label: str,
+    log: list[ev.Event],
+    tick: Tick | None,
+) -> tuple[list[TenantResult], float, float]:
+    """Start the tenants, let them run for the phase, and gather their reports."""
+    k = config.tenants
+    results = [TenantResult(config.name(i), fake_gpu_uuid(0 if shared else i)) for i in range(k)]
+    procs = [
+        await asyncio.create_subprocess_exec(
+            *TENANT,
+            *config.tenant_args(i),
+            env=node.tenant_env(0 if shared else i),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for i in range(k)
+    ]
+    try:
+        for proc, result in zip(procs, results, strict=True):
+            ready = await _line(proc, START_TIMEOUT_S)
+            if ready.get("event") != "ready":
+                raise RuntimeError(f"tenant {result.name} did not start: {ready}")
+            result.tenant_id = ready["tenant_id"]
+        t0 = time.time()
+        t1 = t0 + config.duration_s
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"go {t1!r}\n".encode())
+        reports = [
+            asyncio.create_task(_line(p, config.duration_s + START_TIMEOUT_S)) for p in procs
+        ]
+        pending: set[asyncio.Task[dict[str, Any]]] = set(reports)
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=0.2)
+            if tick is not None:
+                grants = sum(1 for e in log if e.kind == ev.GRANTED)
+                tick(label, min(time.time(), t1) - t0, grants)
+        for task, result in zip(reports, results, strict=True):
+            _absorb(result, task.result())
+        for proc in procs:
+            await asyncio.wait_for(proc.wait(), START_TIMEOUT_S)
+        return results, t0, t1
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+async def _line(proc: asyncio.subprocess.Process, timeout: float) -> dict[str, Any]:
+    """The next JSON line of a tenant, or a description of its end."""
+    assert proc.stdout is not None
+    raw = await asyncio.wait_for(proc.stdout.readline(), timeout)
+    if not raw:
+        return {"event": "error", "error": f"exited with status {await proc.wait()}"}
+    data = json.loads(raw)
+    return data if isinstance(data, dict) else {"event": "error", "error": repr(data)}
+
+
+def _absorb(result: TenantResult, report: dict[str, Any]) -> None:
+    if report.get("event") != "done":
+        result.error = str(report.get("error", report))
+        return
+    result.steps = int(report["steps"])
+    result.verified = int(report["verified"])
+    result.mismatches = list(report["mismatches"])
+    result.turns = list(report["turns"])
+
+
+def _moves(node: FakeNode) -> dict[str, dict[str, float]]:
+    """Parks and restores counted by the agent's metrics."""
+    assert node.preparer is not None
+    registry = node.preparer.metrics.registry
+    out = {}
+    for direction in ("park", "restore"):
+        labels = {"backend": "fake", "direction": direction}
+
+        def value(name: str, labels: dict[str, str] = labels) -> float:
+            return registry.get_sample_value(name, labels) or 0.0
+
+        out[direction] = {
+            "count": value("baton_moves_total"),
+            "bytes": value("baton_moved_bytes_total"),
+            "seconds": value("baton_move_seconds_sum"),
+        }
+    return out
+
+
+async def run_comparison(
+    config: DemoConfig, tick: Tick | None = None
+) -> tuple[PhaseResult, PhaseResult]:
+    """The baseline (alone) phase, then the shared phase."""
+    alone = await run_phase(config, shared=False, tick=tick)
+    shared = await run_phase(config, shared=True, tick=tick)
+    return alone, shared
