@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from agent.demo import cli as demo_cli
 from baton import names
 
 if TYPE_CHECKING:
@@ -137,3 +138,4 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     app.command("agent")(agent)
     app.command("status")(status)
     bench.command("handoff")(bench_handoff)
+    demo_cli.register(app, bench)
