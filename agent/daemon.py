@@ -112,6 +112,8 @@ class Agent:
 
     async def stop(self) -> None:
         """Close the sockets and stop the service; persisted state stays for the next start."""
+        if self.service is not None:
+            self.service.stopping = True
         if self._http is not None:
             await self._http.stop()
         if self._handshake is not None:

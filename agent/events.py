@@ -8,11 +8,14 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+QUEUED = "queued"
 GRANTED = "granted"
 YIELDED = "yielded"
 REVOKED = "revoked"
 EXPIRED = "expired"
 TENANT_JOINED = "tenant_joined"
+CONNECTED = "connected"
+DISCONNECTED = "disconnected"
 TENANT_GONE = "tenant_gone"
 
 

@@ -127,6 +127,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         session = TenantSession(tenant.tenant_id, peer.pid, peer.token, frozenset(hello.callbacks))
         self._tokens.attach(peer.token)
         self._service.sessions.open(session)
+        self._service.session_opened(tenant.tenant_id, peer.pid)
         log.info("session opened: tenant %s pid %d", tenant.tenant_id, peer.pid)
         welcome = pb.AgentMessage(welcome=pb.Welcome(tenant=api_ops.tenant_to_pb(tenant)))
         tenant_id = tenant.tenant_id

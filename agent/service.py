@@ -65,6 +65,7 @@ class LeaseService:
         self._changes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.stopping = False
 
     # Lifecycle.
 
@@ -94,7 +95,8 @@ class LeaseService:
                 self._drop(tenant.tenant_id, "did not reconnect after an agent restart")
 
     async def close(self) -> None:
-        """Stop timers and background work."""
+        """Stop timers and background work; the persisted state stays as it is."""
+        self.stopping = True
         if self._timer is not None:
             self._timer.cancel()
         for task in list(self._tasks):
@@ -121,8 +123,15 @@ class LeaseService:
         self._changed()
         return tenant
 
+    def session_opened(self, tenant_id: str, pid: int) -> None:
+        """A tenant process opened its session."""
+        self._publish(ev.CONNECTED, tenant_id, detail=f"pid {pid}")
+
     def session_closed(self, tenant_id: str, pid: int, last: bool) -> None:
-        """A tenant process's session ended (it exited or died)."""
+        """A tenant process's session ended (it exited or died, or the agent is stopping)."""
+        if self.stopping:  # keep the tenant and its turn for the next agent
+            return
+        self._publish(ev.DISCONNECTED, tenant_id, detail=f"pid {pid}")
         self.tenants.drop_pid(tenant_id, pid)
         if last:
             self._drop(tenant_id, "its last session ended")
@@ -160,6 +169,7 @@ class LeaseService:
         waiter = self.table.enqueue(tenant.tenant_id, wanted, timeout=timeout, duty=tenant.gpu_duty)
         future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
         self._pending[waiter.waiter_id] = future
+        self._publish(ev.QUEUED, tenant.tenant_id, gpus=waiter.gpus)
         self._dispatch()
         self._reschedule()
         try:

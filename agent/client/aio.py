@@ -200,7 +200,7 @@ class AsyncBaton:
                     continue
                 delay = 0.05
                 log.warning("reconnected to the Baton agent at %s", self.socket)
-                await self._reclaim()
+                self._spawn(self._reclaim())
                 break
 
     async def _serve_session(self, call: Any) -> None:

@@ -1,0 +1,242 @@
+"""Test harness for the node agent: a real agent on a temp socket, and real tenant processes.
+
+    with AgentRunner(tmp) as agent:                      # agent in a background thread
+        a = TenantProcess(agent.socket, "a", ["GPU-0"])  # a subprocess using agent.client.Baton
+        a.request("acquire")                              # -> {"ok": True, "lease_id": ..., ...}
+        agent.wait_event(lambda e: e.kind == "granted")  # the agent's own event stream
+
+Events, HTTP and the service's state are read through the runner; nothing sleeps to wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agent.daemon import Agent, AgentConfig
+from agent.events import Event
+from agent.residency import TurnPreparer
+from agent.service import LeaseService
+from agent.sessions import SessionRegistry
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def short_tmpdir() -> str:
+    """A directory under /tmp short enough for unix socket paths."""
+    return tempfile.mkdtemp(dir="/tmp", prefix="baton-")
+
+
+class AgentRunner:
+    """A node agent on its own event loop in a background thread."""
+
+    def __init__(
+        self,
+        workdir: str | None = None,
+        *,
+        preparer: TurnPreparer | None = None,
+        sessions: SessionRegistry | None = None,
+        **config: Any,
+    ) -> None:
+        self.workdir = workdir or short_tmpdir()
+        self.config = AgentConfig(
+            socket=f"{self.workdir}/agent.sock",
+            state_dir=f"{self.workdir}/state",
+            http_host="127.0.0.1",
+            http_port=0,
+            **config,
+        )
+        self.preparer = preparer
+        self.sessions = sessions
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.seen: list[Event] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._agent: Agent | None = None
+
+    @property
+    def socket(self) -> str:
+        return self.config.socket
+
+    @property
+    def service(self) -> LeaseService:
+        assert self._agent is not None and self._agent.service is not None
+        return self._agent.service
+
+    def start(self) -> AgentRunner:
+        """Start the agent and wait until it serves."""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._agent = Agent(self.config, self.preparer, self.sessions or SessionRegistry())
+        self.call(self._start())
+        return self
+
+    async def _start(self) -> None:
+        assert self._agent is not None
+        await self._agent.start()
+        asyncio.get_running_loop().create_task(self._forward_events())
+
+    async def _forward_events(self) -> None:
+        async with self.service.events.subscribe() as events:
+            while True:
+                self.events.put(await events.get())
+
+    def stop(self) -> None:
+        """Stop the agent (its state directory stays) and its thread."""
+        if self._loop is None or self._agent is None:
+            return
+        self.call(self._agent.stop())
+        for task in asyncio.all_tasks(self._loop):
+            self._loop.call_soon_threadsafe(task.cancel)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        assert self._thread is not None
+        self._thread.join(timeout=10)
+        self._loop = None
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        """Run a coroutine on the agent's loop and return its result."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def inspect(self, fn: Callable[[LeaseService], T]) -> T:
+        """Evaluate `fn(service)` on the agent's loop (a consistent view of its state)."""
+
+        async def run() -> T:
+            return fn(self.service)
+
+        return self.call(run())
+
+    def mark(self) -> int:
+        """A position in the event history, for `wait_event(..., since=mark)`."""
+        self._drain()
+        return len(self.seen)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self.seen.append(self.events.get_nowait())
+            except queue.Empty:
+                return
+
+    def wait_event(
+        self, match: Callable[[Event], bool], timeout: float = 10, since: int = 0
+    ) -> Event:
+        """The first event from position `since` on that matches; fails after `timeout`."""
+        deadline = time.monotonic() + timeout
+        index = since
+        while True:
+            self._drain()
+            for event in self.seen[index:]:
+                if match(event):
+                    return event
+            index = len(self.seen)
+            try:
+                self.seen.append(self.events.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                kinds = [f"{e.kind}:{e.tenant_id}" for e in self.seen[since:]]
+                raise AssertionError(f"no matching event within {timeout} s; saw {kinds}") from None
+
+    def http(self, path: str) -> tuple[int, str]:
+        """GET a path from the agent's HTTP server."""
+        assert self._agent is not None
+        url = f"http://127.0.0.1:{self._agent.http_port}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def status(self) -> dict[str, Any]:
+        """The /v1/status document."""
+        code, body = self.http("/v1/status")
+        assert code == 200, body
+        return dict(json.loads(body))
+
+    def __enter__(self) -> AgentRunner:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class TenantProcess:
+    """A tenant process driven line by line (see `tests/harness/agent_tenant.py`)."""
+
+    def __init__(
+        self,
+        socket: str,
+        name: str,
+        gpus: Sequence[str],
+        *,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **(extra_env or {})}
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.harness.agent_tenant", socket, name, ",".join(gpus)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+        )
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        hello = self.reply(timeout=30)
+        assert hello.get("ready"), hello
+        self.pid = int(hello["pid"])
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put("")
+
+    def send(self, op: str, **args: Any) -> None:
+        """Send a command without waiting for its answer."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.proc.stdin.flush()
+
+    def reply(self, timeout: float = 10) -> dict[str, Any]:
+        """The next answer from the tenant."""
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"tenant {self.name} did not answer within {timeout} s") from None
+        if not line:
+            raise AssertionError(f"tenant {self.name} exited with {self.proc.wait(5)}")
+        return dict(json.loads(line))
+
+    def request(self, op: str, wait: float = 10, **args: Any) -> dict[str, Any]:
+        """Send a command and wait (up to `wait` seconds) for its answer."""
+        self.send(op, **args)
+        return self.reply(wait)
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye to the agent."""
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def close(self) -> None:
+        """Ask the tenant to exit, or kill it."""
+        if self.proc.poll() is None:
+            try:
+                self.send("exit")
+                self.proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.kill()
