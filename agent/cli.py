@@ -10,19 +10,20 @@ from agent.demo import cli as demo_cli
 from baton import names
 
 if TYPE_CHECKING:
+    from agent.parking_setup import ParkingOptions
     from agent.residency import TurnPreparer
-    from agent.sessions import SessionRegistry
-
-BACKENDS = ("none",)
 
 
-def _make_preparer(backend: str, sessions: SessionRegistry) -> TurnPreparer:
-    """The residency layer for `--backend`; `sessions` lets it call tenants' callbacks."""
-    from agent.residency import NullPreparer
+def _make_preparer(options: ParkingOptions) -> TurnPreparer:
+    """The residency layer for `--backend`; exits with the reason if it cannot run here."""
+    from agent.backends.base import BackendUnavailable
+    from agent.parking_setup import build_preparer
 
-    if backend == "none":
-        return NullPreparer()
-    raise typer.BadParameter(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    try:
+        return build_preparer(options)
+    except (BackendUnavailable, ValueError) as exc:
+        typer.echo(f"baton agent: --backend {options.backend}: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def agent(
@@ -52,8 +53,32 @@ def agent(
         str, typer.Option(envvar="BATON_AGENT_SOCKET_MODE", help="Octal mode of the sockets.")
     ] = "0660",
     backend: Annotated[
-        str, typer.Option(envvar="BATON_AGENT_BACKEND", help="Evacuation backend.")
+        str,
+        typer.Option(envvar=names.ENV_AGENT_BACKEND, help="Evacuation: none, fake, cuda or app."),
     ] = "none",
+    fake_gpus: Annotated[
+        str, typer.Option(envvar=names.ENV_FAKE_GPUS, help="Simulated GPUs, COUNTxMiB.")
+    ] = "2x81920",
+    fake_scale: Annotated[
+        float, typer.Option(envvar=names.ENV_FAKE_SCALE, help="Real bytes per simulated byte.")
+    ] = 1 / 1024,
+    fake_dir: Annotated[
+        str, typer.Option(envvar=names.ENV_FAKE_GPU_DIR, help="Simulated device memory files.")
+    ] = names.DEFAULT_FAKE_GPU_DIR,
+    pcie_gbps: Annotated[
+        float,
+        typer.Option(envvar=names.ENV_PCIE_GBPS, help="Modelled GB/s of a fake move; 0 = off."),
+    ] = 0.0,
+    host_memory_budget: Annotated[
+        int,
+        typer.Option(envvar=names.ENV_HOST_MEMORY_BUDGET, help="MiB for parked memory; 0 = auto."),
+    ] = 0,
+    headroom: Annotated[
+        int, typer.Option(envvar=names.ENV_HEADROOM, help="MiB kept free on each GPU.")
+    ] = 0,
+    move_timeout: Annotated[
+        float, typer.Option(envvar=names.ENV_MOVE_TIMEOUT, help="Seconds for a lock or callback.")
+    ] = 5.0,
     log_level: Annotated[str, typer.Option(envvar="BATON_LOG_LEVEL")] = "INFO",
 ) -> None:
     """Run the node agent: turn-taking leases on this node's GPUs."""
@@ -61,6 +86,7 @@ def agent(
     import logging
 
     from agent.daemon import AgentConfig, run_agent
+    from agent.parking_setup import ParkingOptions, connect_preparer
     from agent.policy import POLICIES
     from agent.sessions import SessionRegistry
     from agent.state import StateDirError
@@ -71,7 +97,19 @@ def agent(
     if policy not in POLICIES:
         raise typer.BadParameter(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     sessions = SessionRegistry()
-    preparer = _make_preparer(backend, sessions)
+    preparer = _make_preparer(
+        ParkingOptions(
+            backend=backend,
+            fake_gpus=fake_gpus,
+            fake_scale=fake_scale,
+            fake_dir=fake_dir,
+            pcie_gbps=pcie_gbps,
+            host_memory_budget_mib=host_memory_budget,
+            headroom_mib=headroom,
+            lock_timeout_s=move_timeout,
+            callback_timeout_s=move_timeout,
+        )
+    )
     config = AgentConfig(
         socket=socket,
         state_dir=state_dir,
@@ -84,7 +122,9 @@ def agent(
         socket_mode=int(socket_mode, 8),
     )
     try:
-        asyncio.run(run_agent(config, preparer, sessions))
+        asyncio.run(
+            run_agent(config, preparer, sessions, lambda svc: connect_preparer(preparer, svc))
+        )
     except StateDirError as exc:
         typer.echo(f"baton agent: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -133,9 +173,33 @@ def bench_handoff(
     typer.echo(json.dumps(result))
 
 
+def bench_evacuate(
+    backend: Annotated[str, typer.Option(help="fake or cuda.")] = "fake",
+    size_mib: Annotated[int, typer.Option(help="Bytes to park and restore, MiB.")] = 512,
+    runs: Annotated[int, typer.Option(help="Park/restore rounds; the fastest counts.")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Park and restore throughput against a plain memory copy of the same size."""
+    import json
+
+    from agent.backends.base import BackendUnavailable
+    from agent.evacuate_bench import run
+
+    try:
+        result = run(backend, size_mib, runs)
+    except (BackendUnavailable, ValueError) as exc:
+        typer.echo(f"baton bench evacuate: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if not as_json:
+        for key, value in result.items():
+            typer.echo(f"{key:>20}: {value}")
+    typer.echo(json.dumps(result))
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
     app.command("agent")(agent)
     app.command("status")(status)
     bench.command("handoff")(bench_handoff)
+    bench.command("evacuate")(bench_evacuate)
     demo_cli.register(app, bench)

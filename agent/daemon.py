@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,10 +51,13 @@ class Agent:
         config: AgentConfig,
         preparer: TurnPreparer | None = None,
         sessions: SessionRegistry | None = None,
+        on_service: Callable[[LeaseService], None] | None = None,
     ) -> None:
         self.config = config
         self.preparer = preparer or NullPreparer()
         self.sessions = sessions or SessionRegistry()
+        self._on_service = on_service
+        """Called with the lease service once it exists, before the sockets open."""
         self.http_port = 0
         self.service: LeaseService | None = None
         self._grpc: grpc.aio.Server | None = None
@@ -76,6 +80,8 @@ class Agent:
             sessions=self.sessions,
         )
         self.service = service
+        if self._on_service is not None:
+            self._on_service(service)
         service.load()
         service.metrics.watch(table, lambda: len(service.sessions.tenants()), time.time)
         tokens = TokenRegistry(asyncio.get_running_loop().call_later)
@@ -131,9 +137,10 @@ async def run_agent(
     config: AgentConfig,
     preparer: TurnPreparer | None = None,
     sessions: SessionRegistry | None = None,
+    on_service: Callable[[LeaseService], None] | None = None,
 ) -> None:
     """Run an agent until cancelled."""
-    agent = Agent(config, preparer, sessions)
+    agent = Agent(config, preparer, sessions, on_service)
     await agent.start()
     try:
         await agent.wait()

@@ -83,9 +83,10 @@ class FakeNode:
             max_hold=o.max_hold,
             reconnect_grace=o.reconnect_grace,
         )
-        self.agent = Agent(config, preparer, SessionRegistry())
+        self.agent = Agent(
+            config, preparer, SessionRegistry(), lambda svc: connect_preparer(preparer, svc)
+        )
         await self.agent.start()
-        connect_preparer(preparer, self.agent.service)
 
     async def stop(self) -> None:
         """Stop the agent and remove the directory (tenant memory included)."""

@@ -43,9 +43,10 @@ class ParkingOptions:
 def parse_fake_gpus(spec: str) -> dict[str, int]:
     """`2x81920` or `81920,40960` (MiB) to simulated GPU UUIDs and their bytes."""
     m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", spec)
-    sizes = [int(m[2])] * int(m[1]) if m else [int(s) for s in spec.split(",") if s.strip()]
-    if not sizes or min(sizes) <= 0:
+    parts = [m[2]] * int(m[1]) if m else [s.strip() for s in spec.split(",")]
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
         raise ValueError(f"--fake-gpus {spec!r}: give COUNTxMIB (2x81920) or MIB,MIB,...")
+    sizes = [int(p) for p in parts]
     return {fake_gpu_uuid(i): n * MIB for i, n in enumerate(sizes)}
 
 

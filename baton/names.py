@@ -85,3 +85,12 @@ FAKE_GPU_UUID_PREFIX = "GPU-fake-"
 def fake_gpu_uuid(index: int) -> str:
     """The UUID of simulated GPU number `index`."""
     return f"{FAKE_GPU_UUID_PREFIX}{index:04d}"
+
+# Agent flags about parking memory (env twins of `baton agent` options).
+ENV_AGENT_BACKEND = "BATON_AGENT_BACKEND"
+ENV_FAKE_GPUS = "BATON_FAKE_GPUS"
+ENV_FAKE_SCALE = "BATON_FAKE_SCALE"
+ENV_PCIE_GBPS = "BATON_PCIE_GBPS"
+ENV_HOST_MEMORY_BUDGET = "BATON_HOST_MEMORY_BUDGET"
+ENV_HEADROOM = "BATON_HEADROOM"
+ENV_MOVE_TIMEOUT = "BATON_MOVE_TIMEOUT"
