@@ -54,6 +54,9 @@ class _HttpServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out as separate writes; without TCP_NODELAY the body waits for the
+    # client's delayed ACK (~40 ms per response on Linux loopback).
+    disable_nagle_algorithm = True
     server: _HttpServer
 
     def log_message(self, format: str, *args: Any) -> None:
