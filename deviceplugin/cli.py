@@ -2,8 +2,118 @@
 
 from __future__ import annotations
 
+import json
+from typing import Annotated
+
 import typer
+
+from baton import names
+
+
+def deviceplugin(
+    node_name: Annotated[
+        str, typer.Option(envvar="NODE_NAME", help="This node's name (downward API).")
+    ],
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(envvar="BATON_KUBECONFIG", help="Kubeconfig file; default: in-cluster."),
+    ] = None,
+    device_plugin_dir: Annotated[
+        str, typer.Option(envvar="BATON_DEVICE_PLUGIN_DIR", help="Holds kubelet.sock.")
+    ] = names.KUBELET_DEVICE_PLUGIN_DIR,
+    slots_per_gpu: Annotated[
+        int, typer.Option(envvar="BATON_SLOTS_PER_GPU", min=1, help="Slot devices per GPU.")
+    ] = names.DEFAULT_SLOTS_PER_GPU,
+    fake_gpus: Annotated[
+        str | None,
+        typer.Option(
+            envvar="BATON_FAKE_GPUS",
+            help="Simulated GPUs: COUNTxMiB (2x81920) or a JSON/YAML file.",
+        ),
+    ] = None,
+    host_memory_budget: Annotated[
+        str,
+        typer.Option(
+            envvar="BATON_HOST_MEMORY_BUDGET", help="Parked-memory budget: MiB or % of MemTotal."
+        ),
+    ] = "50%",
+    cdi: Annotated[
+        bool, typer.Option(envvar="BATON_CDI", help="Hand out CDI device names, not the env var.")
+    ] = False,
+    metrics_host: Annotated[
+        str, typer.Option(envvar="BATON_DEVICE_PLUGIN_METRICS_HOST")
+    ] = "0.0.0.0",
+    metrics_port: Annotated[
+        int, typer.Option(envvar="BATON_DEVICE_PLUGIN_METRICS_PORT", help="0 = any free port.")
+    ] = names.PORT_DEVICE_PLUGIN,
+    ignored_xids: Annotated[
+        str, typer.Option(envvar="BATON_IGNORED_XIDS", help="XIDs that do not fail a GPU.")
+    ] = "13,31,43,45,68,109",
+    log_level: Annotated[str, typer.Option(envvar="BATON_LOG_LEVEL")] = "INFO",
+) -> None:
+    """Run the kubelet device plugin: advertise time-sliced GPU slots, hand each pod its GPUs."""
+    import logging
+    import signal
+    import threading
+    from pathlib import Path
+
+    from baton.kube import KubeConfigError, load_api_client
+    from deviceplugin.annotate import host_memory_budget_mib
+    from deviceplugin.daemon import Daemon, Settings
+    from deviceplugin.gpus import DiscoveryError, discover
+    from deviceplugin.health import parse_xid_list
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        gpus, fake = discover(fake_gpus, node_name)
+        budget = host_memory_budget_mib(host_memory_budget, Path("/proc/meminfo").read_text())
+        xids = parse_xid_list(ignored_xids)
+        api_client = load_api_client(kubeconfig)
+    except (DiscoveryError, KubeConfigError, ValueError) as err:
+        typer.echo(f"baton deviceplugin: {err}", err=True)
+        raise typer.Exit(1) from err
+    settings = Settings(
+        node_name=node_name,
+        plugin_dir=Path(device_plugin_dir),
+        slots_per_gpu=slots_per_gpu,
+        host_memory_budget_mib=budget,
+        cdi=cdi,
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
+        ignored_xids=xids,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    Daemon(settings, gpus, fake, api_client=api_client).run_until(stop)
+
+
+def bench_allocate(
+    iterations: Annotated[int, typer.Option(min=1, help="Pods admitted, one Allocate each.")] = 500,
+    pods: Annotated[int, typer.Option(min=0, help="Running pods already on the node.")] = 200,
+    api: Annotated[
+        str, typer.Option(help="memory (in-process pods) or fake (fake API server, real client).")
+    ] = "memory",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object on the last line.")
+    ] = False,
+) -> None:
+    """Allocate latency seen by the kubelet over the plugin's socket (target: p99 < 10 ms)."""
+    from deviceplugin.bench import run
+
+    if api not in ("memory", "fake"):
+        raise typer.BadParameter("--api must be memory or fake")
+    result = run(iterations, pods, api)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        for key, value in result.items():
+            typer.echo(f"{key:>18}: {value}")
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
+    app.command("deviceplugin")(deviceplugin)
+    bench.command("allocate")(bench_allocate)

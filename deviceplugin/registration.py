@@ -30,6 +30,10 @@ def register(kubelet_socket: Path, endpoint: str, resource_name: str) -> None:
             # Not wait_for_ready: a stale kubelet.sock (kubelet restarting) fails at once.
             api_pb2_grpc.RegistrationStub(channel).Register(request, timeout=REGISTER_TIMEOUT_S)
     except grpc.RpcError as err:
+        if err.code() == grpc.StatusCode.UNAVAILABLE:
+            raise RegistrationError(
+                f"cannot reach the kubelet at {kubelet_socket}: {err.details()}"
+            ) from err
         raise RegistrationError(
             f"kubelet refused to register {resource_name}: {err.code().name} {err.details()}"
         ) from err
