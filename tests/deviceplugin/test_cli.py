@@ -1,0 +1,88 @@
+"""`baton deviceplugin` and `baton bench allocate` as processes, configured through env twins."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+
+import pytest
+from typer.testing import CliRunner
+
+from baton import names
+from baton.cli import app
+from deviceplugin.gpus import DiscoveryError, discover_nvml
+from tests.deviceplugin.conftest import NODE, tenant_pod
+from tests.deviceplugin.test_allocate import GPU1
+
+BATON = [sys.executable, "-c", "from baton.cli import main; main()"]
+
+
+def test_without_gpus_or_fake_gpus_it_exits_saying_which_is_missing(socket_dir):
+    try:
+        discover_nvml()
+    except DiscoveryError:
+        pass
+    else:
+        pytest.skip("this machine has an NVIDIA GPU")
+    env = {"NODE_NAME": NODE, "BATON_DEVICE_PLUGIN_DIR": str(socket_dir)}
+    result = CliRunner().invoke(app, ["deviceplugin"], env=env)
+    assert result.exit_code == 1
+    assert "no NVIDIA GPU found" in result.output and "--fake-gpus" in result.output
+
+
+def test_daemon_serves_kubelet_api_and_metrics(socket_dir, kubelet, fake_api):
+    fake_api.put_object(tenant_pod("tenant", (GPU1,), assigned_at_ns=1))
+    env = os.environ | {
+        "NODE_NAME": NODE,
+        "BATON_FAKE_GPUS": "2x1024",
+        "BATON_DEVICE_PLUGIN_DIR": str(socket_dir),
+        "BATON_KUBECONFIG": str(fake_api.kubeconfig_path(socket_dir)),
+        "BATON_DEVICE_PLUGIN_METRICS_HOST": "127.0.0.1",
+        "BATON_DEVICE_PLUGIN_METRICS_PORT": "0",
+        "BATON_SLOTS_PER_GPU": "2",
+    }
+    proc = subprocess.Popen([*BATON, "deviceplugin"], env=env, stderr=subprocess.PIPE, text=True)
+    port: list[int] = []
+    seen = threading.Event()
+
+    def read_log() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            found = re.search(r"metrics on :(\d+)", line)
+            if found:
+                port.append(int(found.group(1)))
+                seen.set()
+
+    threading.Thread(target=read_log, daemon=True).start()
+    try:
+        kubelet.wait_for_registrations(1, timeout=20)
+        devices = kubelet.endpoint(names.RESOURCE_GPU).wait_for_list(bool)
+        assert len(devices) == 4
+        _, response = kubelet.admit(names.RESOURCE_GPU, 1)
+        assert response.envs[names.ENV_GPUS] == GPU1
+        assert seen.wait(10), "the daemon never logged its metrics port"
+        url = f"http://127.0.0.1:{port[0]}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            text = reply.read().decode()
+        assert 'baton_deviceplugin_allocations_total{outcome="ok"} 1.0' in text
+        assert 'baton_deviceplugin_devices{health="Healthy"} 4.0' in text
+        assert 'baton_deviceplugin_registrations_total{outcome="ok"} 1.0' in text
+        assert "baton_deviceplugin_allocate_seconds_bucket" in text
+        assert "baton_deviceplugin_fallback_assignments_total 0.0" in text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+
+
+def test_bench_allocate_prints_json_last():
+    result = CliRunner().invoke(app, ["bench", "allocate", "--json", "--iterations", "30"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output.strip().splitlines()[-1])
+    assert report["iterations"] == 30
+    assert 0 < report["allocate_p50_ms"] <= report["allocate_p99_ms"]

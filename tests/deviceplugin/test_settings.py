@@ -1,0 +1,68 @@
+"""Parsing what the operator gives: fake GPU declarations, the DRAM budget, ignored XIDs."""
+
+from __future__ import annotations
+
+import pytest
+
+from deviceplugin.annotate import host_memory_budget_mib
+from deviceplugin.gpus import DiscoveryError, discover, fake_uuid, parse_fake_gpus
+from deviceplugin.health import DEFAULT_IGNORED_XIDS, is_critical_xid, parse_xid_list
+
+MEMINFO = "MemTotal:       16384000 kB\nMemFree:         1000 kB\n"
+
+
+def test_fake_gpus_from_count_and_memory_have_stable_uuids():
+    gpus = parse_fake_gpus("2x81920", "node-a")
+    assert [(g.index, g.memory_mib) for g in gpus] == [(0, 81920), (1, 81920)]
+    assert [g.uuid for g in gpus] == [fake_uuid("node-a", 0), fake_uuid("node-a", 1)]
+    assert gpus[0].uuid.startswith("GPU-") and len(gpus[0].uuid) == 40
+    assert parse_fake_gpus("2x81920", "node-a") == gpus
+    assert parse_fake_gpus("2x81920", "node-b")[0].uuid != gpus[0].uuid
+
+
+def test_fake_gpus_from_a_file(tmp_path):
+    path = tmp_path / "gpus.yaml"
+    path.write_text("- {memoryMiB: 24576, model: L4}\n- {memoryMiB: 81920, uuid: GPU-fixed}\n")
+    gpus = parse_fake_gpus(str(path), "node-a")
+    assert [(g.uuid, g.model, g.memory_mib) for g in gpus] == [
+        (fake_uuid("node-a", 0), "L4", 24576),
+        ("GPU-fixed", "Baton Fake GPU", 81920),
+    ]
+
+
+@pytest.mark.parametrize("spec", ["0x100", "two", "/nonexistent/gpus.yaml"])
+def test_bad_fake_gpu_declarations_are_refused(spec):
+    with pytest.raises(DiscoveryError):
+        parse_fake_gpus(spec, "node-a")
+
+
+def test_no_gpu_and_no_flag_names_both():
+    try:
+        discover(None, "node-a")
+    except DiscoveryError as err:
+        assert "no NVIDIA GPU found" in str(err) and "--fake-gpus" in str(err)
+    else:
+        pytest.skip("this machine has an NVIDIA GPU")
+
+
+@pytest.mark.parametrize(
+    ("spec", "mib"), [("65536", 65536), ("50%", 8000), ("100%", 16000), ("12.5%", 2000)]
+)
+def test_host_memory_budget(spec, mib):
+    assert host_memory_budget_mib(spec, MEMINFO) == mib
+
+
+@pytest.mark.parametrize("spec", ["lots", "0%", "150%"])
+def test_bad_host_memory_budget(spec):
+    with pytest.raises(ValueError):
+        host_memory_budget_mib(spec, MEMINFO)
+
+
+def test_ignored_xids():
+    ignored = parse_xid_list("13, 31,43")
+    assert ignored == {13, 31, 43}
+    assert not is_critical_xid(13, ignored) and is_critical_xid(79, ignored)
+    assert parse_xid_list("") == frozenset()
+    assert 79 not in DEFAULT_IGNORED_XIDS
+    with pytest.raises(ValueError, match="comma-separated integers"):
+        parse_xid_list("13,x")
