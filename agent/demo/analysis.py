@@ -70,15 +70,20 @@ def switches(gpu_holds: Sequence[Hold], t0: float, t1: float) -> int:
     )
 
 
-def handoff_gaps(gpu_holds: Sequence[Hold], requested: Mapping[str, float]) -> list[float]:
-    """Idle seconds between a yield and the next grant, counted where the next holder was
-    already waiting at the yield (`requested`: lease id → when its tenant asked)."""
-    gaps = []
-    for before, after in itertools.pairwise(gpu_holds):
-        asked = requested.get(after.lease_id)
-        if asked is not None and asked <= before.end:
-            gaps.append(max(0.0, after.start - before.end))
-    return gaps
+def idle_waits(
+    gpu_holds: Sequence[Hold], requested: Mapping[str, float], t0: float, t1: float
+) -> list[float]:
+    """Per turn, seconds of [t0, t1] the GPU sat idle while its next holder was already asking
+    for it: making room (parks, restores) plus the grant's own latency. `requested`: lease id
+    → when its tenant asked."""
+    waits = []
+    free_since = float("-inf")
+    for hold in gpu_holds:
+        asked = requested.get(hold.lease_id)
+        if asked is not None and t0 <= hold.start <= t1:
+            waits.append(max(0.0, hold.start - max(free_since, asked, t0)))
+        free_since = max(free_since, hold.end)
+    return waits
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

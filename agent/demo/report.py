@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agent.demo.analysis import handoff_gaps, on_gpu, percentile, switches
+from agent.demo.analysis import idle_waits, on_gpu, percentile, switches
 from agent.demo.runner import DemoConfig, PhaseResult
 
 
@@ -29,7 +29,8 @@ def summarize(config: DemoConfig, alone: PhaseResult, shared: PhaseResult) -> di
     shared_holds = on_gpu(shared.holds, gpu)
     timesliced = shared.duty(gpu)
     requested = {turn[0]: turn[1] for t in shared.tenants for turn in t.turns}
-    gaps = handoff_gaps(shared_holds, requested)
+    waits = idle_waits(shared_holds, requested, shared.t0, shared.t1)
+    idle = shared.wall_s * (1 - timesliced)
     moves = shared.moves
     return {
         "tenants": config.tenants,
@@ -50,10 +51,11 @@ def summarize(config: DemoConfig, alone: PhaseResult, shared: PhaseResult) -> di
         "parks": int(moves["park"]["count"]),
         "restores": int(moves["restore"]["count"]),
         "move_s": round(sum(m["seconds"] for m in moves.values()), 3),
-        "handoffs_waited": len(gaps),
-        "handoff_idle_s": round(sum(gaps), 3),
-        "handoff_p50_ms": round(percentile(gaps, 0.5) * 1000, 2),
-        "handoff_p99_ms": round(percentile(gaps, 0.99) * 1000, 2),
+        "idle_s": round(idle, 3),
+        "idle_while_waited_s": round(sum(waits), 3),
+        "idle_unwanted_s": round(max(0.0, idle - sum(waits)), 3),
+        "grant_wait_p50_ms": round(percentile(waits, 0.5) * 1000, 2),
+        "grant_wait_p99_ms": round(percentile(waits, 0.99) * 1000, 2),
         "steps_alone": sum(t.steps_by(alone.t1) for t in alone.tenants),
         "steps_shared": sum(t.steps_by(shared.t1) for t in shared.tenants),
     }
@@ -107,8 +109,9 @@ def print_report(
         f"{config.tenants} tenants at {_pct(s['tenant_duty'])} duty alone: 1 shared GPU busy "
         f"{_pct(s['timesliced_duty'])} of the time, ideal {_pct(s['ideal_duty'])} → "
         f"[bold]{_pct(s['efficiency'])}[/] of ideal; data {verdict}.\n"
-        f"GPU idle while a tenant waited: {s['handoff_idle_s']:.2f} s over "
-        f"{s['handoffs_waited']} handoffs (p50 {s['handoff_p50_ms']:.0f} ms); "
-        f"parks and restores took {s['move_s']:.2f} s at {config.pcie_gbps:g} GB/s modelled."
+        f"Shared GPU idle {s['idle_s']:.2f} s: {s['idle_while_waited_s']:.2f} s while a tenant "
+        f"waited for it (p50 {s['grant_wait_p50_ms']:.0f} ms a turn; parks and restores took "
+        f"{s['move_s']:.2f} s at {config.pcie_gbps:g} GB/s modelled), "
+        f"{s['idle_unwanted_s']:.2f} s while every tenant was off the GPU."
     )
     return s

@@ -100,6 +100,8 @@ class PhaseResult:
     """The agent's busy-seconds counter per GPU at the end of the phase (whole phase)."""
     moves: dict[str, dict[str, float]]
     """Per direction ("park", "restore"): count, bytes (simulated) and seconds, from metrics."""
+    events: list[ev.Event] = field(default_factory=list)
+    """The agent's event stream during the phase."""
 
     @property
     def wall_s(self) -> float:
@@ -140,7 +142,9 @@ async def run_phase(config: DemoConfig, shared: bool, tick: Tick | None = None) 
         now = time.time()
         gpus = [fake_gpu_uuid(i) for i in range(1 if shared else k)]
         busy = {g: service.metrics.busy_seconds(service.table, g, now) for g in gpus}
-        return PhaseResult(label, gpus, t0, t1, holds(log, now), tenants, busy, _moves(node))
+        return PhaseResult(
+            label, gpus, t0, t1, holds(log, now), tenants, busy, _moves(node), events=log
+        )
     finally:
         await node.stop()
 
