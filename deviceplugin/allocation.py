@@ -6,7 +6,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 from baton import names
 from baton.kube import format_timestamp_ns
@@ -20,12 +20,13 @@ from deviceplugin.devices import (
     container_allocation,
     preferred_allocation,
 )
-from deviceplugin.errors import NoWaitingPodError
+from deviceplugin.errors import ConflictError, NoWaitingPodError
 from deviceplugin.metrics import Metrics
 from deviceplugin.state import LiveInventory
 
 log = logging.getLogger(__name__)
 _REMEMBERED_PODS = 4096
+Relist = Literal["never", "miss", "now"]
 
 
 class PodSource(Protocol):
@@ -64,18 +65,35 @@ class Allocator:
         self._lock = threading.Lock()
         self._served: deque[str] = deque(maxlen=_REMEMBERED_PODS)
 
-    def _choose(self, count: int, relist: bool) -> Choice | None:
+    def _choose(self, count: int, relist: Relist) -> Choice | None:
+        """From the cache; `relist` "miss": list once if the cache has none, "now": list first."""
         _, inventory = self.inventory.snapshot()
-        choice = choose_pod(self.source.pods(), count, inventory, self._served)
-        if choice is None and relist:
+        pods = self.source.relist() if relist == "now" else self.source.pods()
+        choice = choose_pod(pods, count, inventory, self._served)
+        if choice is None and relist == "miss":
             choice = choose_pod(self.source.relist(), count, inventory, self._served)
+        return choice
+
+    def _claim(self, count: int, relist: Relist) -> Choice:
+        """Choose the pod and annotate it allocated."""
+        choice = self._choose(count, relist)
+        if choice is None:
+            raise NoWaitingPodError(
+                f"no pod on node {self.node_name} waits for {count} {names.RESOURCE_GPU} "
+                "(none is Pending, unallocated and asks for exactly that many); "
+                "was it deleted meanwhile?"
+            )
+        now = format_timestamp_ns(self.clock_ns())
+        annotations = allocation_annotations(choice, now)
+        self.source.annotate(choice.pod, annotations, check_version=choice.fallback)
+        self._served.append(choice.pod.uid)
         return choice
 
     def preferred(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
         """Slots on the GPUs of the pod about to be admitted, else the fewest GPUs."""
         with self._lock:
             try:
-                choice = self._choose(size, relist=False)
+                choice = self._choose(size, relist="never")
             except NoHealthyGpuError:
                 choice = None
         prefer = choice.gpus if choice is not None else ()
@@ -84,17 +102,11 @@ class Allocator:
     def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
         """Find the pod these devices are for, annotate it allocated, return its container setup."""
         with self._lock:
-            choice = self._choose(len(device_ids), relist=True)
-            if choice is None:
-                raise NoWaitingPodError(
-                    f"no pod on node {self.node_name} waits for {len(device_ids)} "
-                    f"{names.RESOURCE_GPU} (none is assigned, Pending, unallocated and asks for "
-                    "exactly that many); was it deleted meanwhile?"
-                )
-            now = format_timestamp_ns(self.clock_ns())
-            annotations = allocation_annotations(choice, now)
-            self.source.annotate(choice.pod, annotations, check_version=choice.fallback)
-            self._served.append(choice.pod.uid)
+            try:
+                choice = self._claim(len(device_ids), relist="miss")
+            except ConflictError as err:
+                log.info("%s; listing the node's pods and trying once more", err)
+                choice = self._claim(len(device_ids), relist="now")
         if choice.fallback:
             self.metrics.fallbacks.inc()
             log.warning(

@@ -21,7 +21,12 @@ from deviceplugin.devices import (
     Inventory,
     NoHealthyGpuError,
 )
-from deviceplugin.errors import ApiUnavailableError, DevicePluginError, NoWaitingPodError
+from deviceplugin.errors import (
+    ApiUnavailableError,
+    ConflictError,
+    DevicePluginError,
+    NoWaitingPodError,
+)
 from deviceplugin.metrics import Metrics
 from deviceplugin.state import LiveInventory
 
@@ -52,11 +57,13 @@ def container_response(allocation: ContainerAllocation) -> api_pb2.ContainerAllo
     )
 
 
-_STATUS = {
-    ApiUnavailableError: grpc.StatusCode.UNAVAILABLE,
-    NoWaitingPodError: grpc.StatusCode.FAILED_PRECONDITION,
-    NoHealthyGpuError: grpc.StatusCode.FAILED_PRECONDITION,
+_STATUS: dict[type[Exception], tuple[grpc.StatusCode, str]] = {
+    ApiUnavailableError: (grpc.StatusCode.UNAVAILABLE, "api-unavailable"),
+    ConflictError: (grpc.StatusCode.ABORTED, "conflict"),
+    NoWaitingPodError: (grpc.StatusCode.FAILED_PRECONDITION, "no-pod"),
+    NoHealthyGpuError: (grpc.StatusCode.FAILED_PRECONDITION, "no-healthy-gpu"),
 }
+"""Each domain error's gRPC status and its `outcome` label on the allocations counter."""
 
 
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
@@ -113,21 +120,15 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         try:
             for req in request.container_requests:
                 answers.append(container_response(self.allocator.allocate(list(req.devices_ids))))
-        except DevicePluginError as err:
-            self._fail(
-                context, err, "api-unavailable" if isinstance(err, ApiUnavailableError) else "error"
-            )
-        except NoHealthyGpuError as err:
-            self._fail(context, err, "error")
-        self.metrics.allocate_seconds.observe(time.perf_counter() - started)
+        except (DevicePluginError, NoHealthyGpuError) as err:
+            code, outcome = _STATUS.get(type(err), (grpc.StatusCode.INTERNAL, "error"))
+            self.metrics.allocations.labels(outcome=outcome).inc()
+            log.error("Allocate failed: %s", err)
+            context.abort(code, f"baton device plugin: {err}")
+        finally:
+            self.metrics.allocate_seconds.observe(time.perf_counter() - started)
         self.metrics.allocations.labels(outcome="ok").inc()
         return api_pb2.AllocateResponse(container_responses=answers)
-
-    def _fail(self, context: grpc.ServicerContext, err: Exception, outcome: str) -> None:
-        self.metrics.allocations.labels(outcome=outcome).inc()
-        log.error("Allocate failed: %s", err)
-        code = _STATUS.get(type(err), grpc.StatusCode.INTERNAL)
-        context.abort(code, f"baton device plugin: {err}")
 
     def PreStartContainer(
         self, request: api_pb2.PreStartContainerRequest, context: grpc.ServicerContext

@@ -10,7 +10,7 @@ import pytest
 from baton import names
 from deviceplugin.allocation import Allocator
 from deviceplugin.devices import Gpu, Inventory, PodView
-from deviceplugin.errors import ApiUnavailableError, NoWaitingPodError
+from deviceplugin.errors import ApiUnavailableError, ConflictError, NoWaitingPodError
 from deviceplugin.memory import MemoryPods
 from deviceplugin.metrics import Metrics
 from deviceplugin.state import LiveInventory
@@ -50,6 +50,18 @@ class Unreachable(MemoryPods):
         return super().annotate(pod, annotations, check_version=check_version)
 
 
+class AssignedMeanwhile(MemoryPods):
+    """The extender assigns the pod between our read and our (preconditioned) write."""
+
+    def annotate(
+        self, pod: PodView, annotations: Mapping[str, str], *, check_version: bool = False
+    ) -> PodView:
+        if check_version and pod.resource_version == "1":
+            self.add(replace(pod, resource_version="2", assigned_gpus=(A,), assigned_at_ns=9))
+            raise ConflictError(f"cannot annotate pod {pod.key}: it changed meanwhile")
+        return super().annotate(pod, annotations, check_version=check_version)
+
+
 def allocator(source: MemoryPods) -> Allocator:
     inventory = LiveInventory(Inventory((Gpu(A, 0, "m", 1), Gpu(B, 1, "m", 1)), 2))
     return Allocator(source, inventory, Metrics(), lambda: 1_700_000_000_000_000_000, "node-a")
@@ -77,6 +89,17 @@ def test_cache_miss_costs_one_list():
     source.add(pod("late", gpus=[A], at=1))
     served.allocate([DEV_A])
     assert source.relists == 1, "a cache hit lists nothing"
+
+
+def test_assignment_racing_a_fallback_wins():
+    source = AssignedMeanwhile([pod("tenant")])
+    served = allocator(source)
+    assert served.allocate([DEV_B]).envs[names.ENV_GPUS] == A, "the extender's choice, not B"
+    assert source.relists == 1
+    fallbacks = served.metrics.registry.get_sample_value(
+        "baton_deviceplugin_fallback_assignments_total"
+    )
+    assert fallbacks == 0
 
 
 def test_failed_write_leaves_the_pod_waiting_for_the_next_try():
