@@ -7,7 +7,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from baton import names
@@ -81,7 +81,7 @@ class PodCache:
         self._core = client.CoreV1Api(api_client)
         self._host = api_client.configuration.host
         self._pods: dict[str, PodView] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._synced = threading.Event()
         self._stop = threading.Event()
         self._response: Any = None
@@ -105,6 +105,11 @@ class PodCache:
         """The cached pods (no API call)."""
         with self._lock:
             return list(self._pods.values())
+
+    def wait_for(self, accept: Callable[[list[PodView]], bool], timeout: float) -> bool:
+        """Block until the cached pods satisfy `accept` (True) or `timeout` passes (False)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: accept(list(self._pods.values())), timeout)
 
     def relist(self) -> list[PodView]:
         """One list call replacing the cache (the fallback on a cache miss)."""
@@ -160,6 +165,7 @@ class PodCache:
             current = self._pods.get(pod.uid)
             if current is None or _newer(pod.resource_version, current.resource_version):
                 self._pods[pod.uid] = pod
+                self._lock.notify_all()
 
     def _list(self) -> str:
         body = self._call(
@@ -170,6 +176,7 @@ class PodCache:
         pods = {view.uid: view for view in map(pod_view, body.get("items") or [])}
         with self._lock:
             self._pods = pods
+            self._lock.notify_all()
         self._synced.set()
         return str((body.get("metadata") or {}).get("resourceVersion", ""))
 
@@ -217,6 +224,7 @@ class PodCache:
                 elif kind == "DELETED":
                     with self._lock:
                         self._pods.pop((obj.get("metadata") or {}).get("uid", ""), None)
+                        self._lock.notify_all()
         except (HTTPError, OSError, ValueError) as err:
             if not self._stop.is_set():
                 log.info("pod watch of node %s ended (%s); relisting", self.node_name, err)
