@@ -70,20 +70,27 @@ def switches(gpu_holds: Sequence[Hold], t0: float, t1: float) -> int:
     )
 
 
-def idle_waits(
+def idle_wait_spans(
     gpu_holds: Sequence[Hold], requested: Mapping[str, float], t0: float, t1: float
-) -> list[float]:
-    """Per turn, seconds of [t0, t1] the GPU sat idle while its next holder was already asking
-    for it: making room (parks, restores) plus the grant's own latency. `requested`: lease id
-    → when its tenant asked."""
-    waits = []
+) -> list[tuple[float, float]]:
+    """Per turn granted in [t0, t1], the span the GPU sat idle while its next holder was
+    already asking for it: making room (parks, restores) plus the grant's own latency.
+    `requested`: lease id → when its tenant asked."""
+    spans = []
     free_since = float("-inf")
     for hold in gpu_holds:
         asked = requested.get(hold.lease_id)
         if asked is not None and t0 <= hold.start <= t1:
-            waits.append(max(0.0, hold.start - max(free_since, asked, t0)))
+            spans.append((min(hold.start, max(free_since, asked, t0)), hold.start))
         free_since = max(free_since, hold.end)
-    return waits
+    return spans
+
+
+def idle_waits(
+    gpu_holds: Sequence[Hold], requested: Mapping[str, float], t0: float, t1: float
+) -> list[float]:
+    """The lengths of `idle_wait_spans`."""
+    return [end - start for start, end in idle_wait_spans(gpu_holds, requested, t0, t1)]
 
 
 def percentile(samples: Sequence[float], q: float) -> float:

@@ -65,7 +65,7 @@ def demo(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agent.demo.report import print_report
-    from agent.demo.runner import run_comparison
+    from agent.demo.runner import DemoError, run_comparison
     from agent.demo.timeline import write_timeline
 
     config = _config(tenants, duty, cycle, duration, gpu_memory, footprints, pcie_gbps, scale, seed)
@@ -88,7 +88,11 @@ def demo(
         def tick(label: str, elapsed: float, grants: int) -> None:
             progress.update(tasks[label], completed=elapsed, turns=f"{grants} turns")
 
-        alone, shared = asyncio.run(run_comparison(config, tick))
+        try:
+            alone, shared = asyncio.run(run_comparison(config, tick))
+        except DemoError as e:
+            console.print(f"[red]baton demo: {e}[/]")
+            raise typer.Exit(1) from None
     print_report(console, config, alone, shared)
     png, trace = write_timeline(out_dir, [alone, shared], "Who held the GPU when")
     console.print(f"Timeline: {png} (picture), {trace} (open in https://ui.perfetto.dev)")
@@ -111,10 +115,14 @@ def bench_duty(
     import json
 
     from agent.demo.report import summarize
-    from agent.demo.runner import run_comparison
+    from agent.demo.runner import DemoError, run_comparison
 
     config = _config(tenants, duty, cycle, duration, gpu_memory, footprints, pcie_gbps, scale, seed)
-    alone, shared = asyncio.run(run_comparison(config))
+    try:
+        alone, shared = asyncio.run(run_comparison(config))
+    except DemoError as e:
+        typer.echo(f"baton bench duty: {e}", err=True)
+        raise typer.Exit(1) from None
     result = summarize(config, alone, shared)
     if not as_json:
         for key, value in result.items():

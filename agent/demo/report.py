@@ -28,8 +28,7 @@ def summarize(config: DemoConfig, alone: PhaseResult, shared: PhaseResult) -> di
     gpu = shared.gpus[0]
     shared_holds = on_gpu(shared.holds, gpu)
     timesliced = shared.duty(gpu)
-    requested = {turn[0]: turn[1] for t in shared.tenants for turn in t.turns}
-    waits = idle_waits(shared_holds, requested, shared.t0, shared.t1)
+    waits = idle_waits(shared_holds, shared.requested(), shared.t0, shared.t1)
     idle = shared.wall_s * (1 - timesliced)
     moves = shared.moves
     return {

@@ -29,6 +29,10 @@ Tick = Callable[[str, float, int], None]
 """Progress callback: phase label, seconds elapsed in the phase, turns granted so far."""
 
 
+class DemoError(Exception):
+    """The demo could not run (a tenant did not start); the message says which and why."""
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     """The tenants, their phases and the simulated node."""
@@ -108,6 +112,10 @@ class PhaseResult:
         """Length of the measured window."""
         return self.t1 - self.t0
 
+    def requested(self) -> dict[str, float]:
+        """When each turn was asked for (tenants' clocks, the same host clock): lease id → time."""
+        return {turn[0]: turn[1] for t in self.tenants for turn in t.turns}
+
     def duty(self, gpu: str) -> float:
         """Busy ÷ wall of `gpu` over the window."""
         return busy_seconds(on_gpu(self.holds, gpu), self.t0, self.t1) / self.wall_s
@@ -179,7 +187,7 @@ async def _drive(
         for proc, result in zip(procs, results, strict=True):
             ready = await _line(proc, START_TIMEOUT_S)
             if ready.get("event") != "ready":
-                raise RuntimeError(f"tenant {result.name} did not start: {ready}")
+                raise DemoError(f"tenant {result.name} did not start: {ready.get('error', ready)}")
             result.tenant_id = ready["tenant_id"]
         t0 = time.time()
         t1 = t0 + config.duration_s
@@ -198,7 +206,8 @@ async def _drive(
         for task, result in zip(reports, results, strict=True):
             _absorb(result, task.result())
         for proc in procs:
-            await asyncio.wait_for(proc.wait(), START_TIMEOUT_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 10)
         return results, t0, t1
     finally:
         for proc in procs:
@@ -210,9 +219,16 @@ async def _drive(
 async def _line(proc: asyncio.subprocess.Process, timeout: float) -> dict[str, Any]:
     """The next JSON line of a tenant, or a description of its end."""
     assert proc.stdout is not None
-    raw = await asyncio.wait_for(proc.stdout.readline(), timeout)
+    try:
+        raw = await asyncio.wait_for(proc.stdout.readline(), timeout)
+    except TimeoutError:
+        return {"event": "error", "error": f"said nothing for {timeout:g} s"}
     if not raw:
-        return {"event": "error", "error": f"exited with status {await proc.wait()}"}
+        try:
+            status = await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            status = None
+        return {"event": "error", "error": f"closed its output (exit status {status})"}
     data = json.loads(raw)
     return data if isinstance(data, dict) else {"event": "error", "error": repr(data)}
 

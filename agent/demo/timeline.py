@@ -9,7 +9,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
-from agent.demo.analysis import Hold
+from agent.demo.analysis import Hold, idle_wait_spans, on_gpu
 from agent.demo.runner import PhaseResult
 
 WIDTH = 1200
@@ -18,6 +18,7 @@ ROW_H = 28
 TOP = 34
 AXIS_H = 28
 PAD = 10
+WAIT_COLOUR = "#d62728"
 COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2", "#edc948")
 
 
@@ -40,6 +41,12 @@ def _clipped(phase: PhaseResult, gpu: str) -> list[tuple[Hold, float, float]]:
     return out
 
 
+def _waits(phase: PhaseResult, gpu: str) -> list[tuple[float, float]]:
+    """Spans the GPU sat idle while a tenant waited for it, as seconds from the window's start."""
+    spans = idle_wait_spans(on_gpu(phase.holds, gpu), phase.requested(), phase.t0, phase.t1)
+    return [(a - phase.t0, b - phase.t0) for a, b in spans if b > a]
+
+
 def write_png(path: Path, phases: Sequence[PhaseResult], title: str) -> tuple[int, int]:
     """Draw one row per GPU per phase, coloured by holder; returns the image size."""
     rows = [(p, g) for p in phases for g in p.gpus]
@@ -56,10 +63,12 @@ def write_png(path: Path, phases: Sequence[PhaseResult], title: str) -> tuple[in
     draw.text((PAD, 10), title, fill="black", font=font)
     names = sorted({n for p in phases for n in _names(p).values()})
     colour = {n: COLOURS[i % len(COLOURS)] for i, n in enumerate(names)}
-    for i, name in enumerate(names):
-        lx = WIDTH - PAD - (len(names) - i) * 60
-        draw.rectangle((lx, 10, lx + 12, 22), fill=colour[name])
+    legend = [(n, colour[n]) for n in names] + [("idle, a tenant waiting", WAIT_COLOUR)]
+    lx = WIDTH - PAD - sum(30 + 6 * len(n) for n, _ in legend)
+    for name, fill in legend:
+        draw.rectangle((lx, 10, lx + 12, 22), fill=fill)
         draw.text((lx + 16, 10), name, fill="black", font=font)
+        lx += 30 + 6 * len(name)
     for row, (phase, gpu) in enumerate(rows):
         y = TOP + row * ROW_H
         draw.text((PAD, y + 8), f"{phase.label} {gpu}", fill="black", font=font)
@@ -68,6 +77,8 @@ def write_png(path: Path, phases: Sequence[PhaseResult], title: str) -> tuple[in
         for hold, start, end in _clipped(phase, gpu):
             name = names_of.get(hold.tenant_id, hold.tenant_id)
             draw.rectangle((x(start), y + 3, x(end), y + ROW_H - 3), fill=colour.get(name))
+        for start, end in _waits(phase, gpu):
+            draw.rectangle((x(start), y + ROW_H - 9, x(end), y + ROW_H - 3), fill=WAIT_COLOUR)
     axis_y = TOP + len(rows) * ROW_H + 4
     draw.line((LABEL_W, axis_y, WIDTH - PAD, axis_y), fill="black")
     step = max(1, round(wall / 10))
@@ -108,6 +119,11 @@ def chrome_trace(phases: Sequence[PhaseResult]) -> dict[str, Any]:
                         },
                     }
                 )
+            for start, end in _waits(phase, gpu):
+                events.append(
+                    {"name": "idle, a tenant waiting", "cat": "wait", "ph": "X", "pid": pid,
+                     "tid": tid, "ts": round(start * 1e6, 1), "dur": round((end - start) * 1e6, 1)}
+                )  # fmt: skip
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

@@ -95,8 +95,11 @@ def test_timeline_is_a_chrome_trace_and_a_png_of_the_right_size(run, tmp_path):
     assert {"GPU-fake-0000", "GPU-fake-0001"} <= names
     for e in slices:
         assert {"name", "ts", "dur", "pid", "tid"} <= e.keys() and e["dur"] >= 0 and e["ts"] >= 0
-    shared_slices = [e for e in slices if e["pid"] == 2]
-    assert len(shared_slices) == sum(1 for h in shared.holds if h.start < shared.t1)
+    turns = [e for e in slices if e["pid"] == 2 and e["cat"] == "turn"]
+    assert len(turns) == sum(1 for h in shared.holds if h.start < shared.t1)
+    waits = [e for e in slices if e["pid"] == 2 and e["cat"] == "wait"]
+    waited_s = summarize(CONFIG, alone, shared)["idle_while_waited_s"]
+    assert sum(e["dur"] for e in waits) / 1e6 == pytest.approx(waited_s, abs=0.01)
     with Image.open(png) as image:
         assert image.format == "PNG"
         assert image.size == png_size(len(alone.gpus) + len(shared.gpus))
