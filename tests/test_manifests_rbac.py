@@ -1,0 +1,93 @@
+"""RBAC: every verb has a comment saying why, and the roles grant what the code calls, no more."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ROOT / "manifests" / "base"
+
+# Kubernetes client calls our daemons make, and the (resource, verbs) each needs. A list may
+# be followed by a watch, so list calls justify both.
+CALLS: dict[str, tuple[str, frozenset[str]]] = {
+    "read_node": ("nodes", frozenset({"get"})),
+    "list_node": ("nodes", frozenset({"list", "watch"})),
+    "patch_node": ("nodes", frozenset({"patch"})),
+    "read_namespaced_pod": ("pods", frozenset({"get"})),
+    "list_namespaced_pod": ("pods", frozenset({"list", "watch"})),
+    "list_pod_for_all_namespaces": ("pods", frozenset({"list", "watch"})),
+    "patch_namespaced_pod": ("pods", frozenset({"patch"})),
+    "delete_namespaced_pod": ("pods", frozenset({"delete"})),
+    "create_namespaced_pod_binding": ("pods/binding", frozenset({"create"})),
+    "create_namespaced_binding": ("bindings", frozenset({"create"})),
+    "create_namespaced_event": ("events", frozenset({"create"})),
+    "patch_namespaced_event": ("events", frozenset({"patch"})),
+}
+# Which code runs under which ServiceAccount's ClusterRole.
+ROLES = {"baton-node": ("agent", "deviceplugin"), "baton-extender": ("extender",)}
+
+
+def _rbac_rules(path: Path) -> list[tuple[str, list[str]]]:
+    """(preceding comment, verbs) for every rule, read from the text so comments survive."""
+    rules, comment = [], ""
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            comment += " " + stripped
+        elif stripped.startswith("- apiGroups:"):
+            block = "\n".join(lines[i : i + 5])
+            verbs = re.search(r"verbs: \[([^\]]*)\]", block)
+            assert verbs, f"{path}: a rule without a one-line verbs list"
+            rules.append((comment, [v.strip(' "') for v in verbs.group(1).split(",")]))
+            comment = ""
+        elif not stripped.startswith(("resources:", "resourceNames:", "verbs:")):
+            comment = ""
+    return rules
+
+
+@pytest.mark.parametrize("path", sorted(BASE.glob("rbac-*.yaml")), ids=lambda p: p.name)
+def test_every_rbac_verb_says_why(path: Path) -> None:
+    for comment, verbs in _rbac_rules(path):
+        for verb in verbs:
+            assert re.search(rf"\b{verb}\b", comment), f"{path}: no comment explains {verb!r}"
+        assert "*" not in verbs
+
+
+def granted(role: str) -> set[tuple[str, str]]:
+    for path in BASE.glob("rbac-*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == role:
+                return {
+                    (resource, verb)
+                    for rule in doc["rules"]
+                    for resource in rule["resources"]
+                    for verb in rule["verbs"]
+                }
+    raise AssertionError(f"no ClusterRole {role}")
+
+
+def calls_in(packages: tuple[str, ...]) -> dict[str, tuple[str, frozenset[str]]]:
+    used = {}
+    for package in packages:
+        for source in sorted((ROOT / package).rglob("*.py")):
+            for name in re.findall(r"\.(\w+)\b", source.read_text()):
+                if name in CALLS:
+                    used[name] = CALLS[name]
+    return used
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_roles_grant_exactly_what_the_code_calls(role: str) -> None:
+    grants = granted(role)
+    used = calls_in(ROLES[role])
+    assert used, f"no Kubernetes calls found for {role}"
+    for call, (resource, verbs) in used.items():
+        needed = {(resource, "list")} if "list" in verbs else {(resource, v) for v in verbs}
+        assert needed <= grants, f"{role} lacks {needed - grants} for {call}"
+    justified = {(resource, verb) for resource, verbs in used.values() for verb in verbs}
+    assert grants <= justified, f"{role} grants {grants - justified}, which no code calls"
