@@ -2,8 +2,89 @@
 
 from __future__ import annotations
 
+import json
+from typing import Annotated
+
 import typer
+
+from baton import names
+
+POLICIES = ("binpack", "spread", "complement")
+
+
+def extender(
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(envvar="BATON_KUBECONFIG", help="Kubeconfig file; default: in-cluster."),
+    ] = None,
+    host: Annotated[str, typer.Option(envvar="BATON_EXTENDER_HOST")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(envvar="BATON_EXTENDER_PORT")] = names.PORT_EXTENDER,
+    policy: Annotated[
+        str, typer.Option(envvar="BATON_EXTENDER_POLICY", help="binpack, spread or complement.")
+    ] = "binpack",
+    max_duty: Annotated[
+        float,
+        typer.Option(envvar="BATON_EXTENDER_MAX_DUTY", help="Highest summed gpu-duty per GPU, %."),
+    ] = 100.0,
+    memory_headroom: Annotated[
+        int,
+        typer.Option(envvar="BATON_EXTENDER_MEMORY_HEADROOM", help="MiB kept free on every GPU."),
+    ] = 0,
+    tls_cert: Annotated[
+        str | None, typer.Option(envvar="BATON_EXTENDER_TLS_CERT", help="Serve HTTPS.")
+    ] = None,
+    tls_key: Annotated[str | None, typer.Option(envvar="BATON_EXTENDER_TLS_KEY")] = None,
+    log_level: Annotated[str, typer.Option(envvar="BATON_LOG_LEVEL")] = "INFO",
+) -> None:
+    """Run the kube-scheduler extender: filter, prioritize and bind Baton pods."""
+    import logging
+
+    from baton.kube import KubeConfigError
+    from extender.main import Options, run
+    from extender.placement import Limits, Policy
+
+    if policy not in POLICIES:
+        raise typer.BadParameter(
+            f"{policy!r}; choose one of {', '.join(POLICIES)}", param_hint="--policy"
+        )
+    if not 0 < max_duty <= 1000:
+        raise typer.BadParameter(f"{max_duty} is not a percentage above 0", param_hint="--max-duty")
+    if memory_headroom < 0:
+        raise typer.BadParameter("must be 0 or more MiB", param_hint="--memory-headroom")
+    if bool(tls_cert) != bool(tls_key):
+        raise typer.BadParameter("give both --tls-cert and --tls-key, or neither")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    limits = Limits(Policy(policy), max_duty, memory_headroom)
+    try:
+        run(Options(kubeconfig, host, port, limits, tls_cert, tls_key))
+    except KubeConfigError as err:
+        typer.echo(f"baton extender: {err}", err=True)
+        raise typer.Exit(2) from None
+
+
+def bench_extender(
+    nodes: Annotated[int, typer.Option(min=1, help="Nodes in the synthetic cluster.")] = 5000,
+    pods: Annotated[int, typer.Option(min=0, help="Tenant pods placed on them.")] = 10000,
+    iterations: Annotated[int, typer.Option(min=10, help="Filter and prioritize calls.")] = 400,
+    binds: Annotated[int, typer.Option(min=1, help="Bind calls.")] = 200,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object on the last line.")
+    ] = False,
+) -> None:
+    """Filter, prioritize and bind latency and filter throughput over real HTTP."""
+    from extender.bench import run
+
+    figures = run(nodes, pods, iterations, binds)
+    if as_json:
+        typer.echo(json.dumps(figures))
+        return
+    for key, value in figures.items():
+        typer.echo(f"{key:>22}: {value}")
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
+    app.command("extender")(extender)
+    bench.command("extender")(bench_extender)

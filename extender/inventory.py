@@ -11,8 +11,8 @@ from baton.names import (
     ANNOTATION_GPUS,
     ANNOTATION_HOST_MEMORY_BUDGET,
 )
-from extender.placement import Gpu, Tenant
 from extender.requests import RequestError, parse_pod_request
+from extender.snapshot import Gpu, Tenant
 
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
 

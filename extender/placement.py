@@ -2,103 +2,49 @@
 
 A GPU can take a tenant when it is healthy, has a free slot, the tenant's `gpu-memory` fits
 the GPU's usable memory (size minus headroom), and the summed `gpu-duty` stays within the limit.
-A node can take it when enough of its GPUs can and its parked-memory worst case stays within
-its host DRAM budget.
-
-Parked-memory worst case of one GPU: 0 while all its tenants fit in memory together (nothing
-ever has to move); otherwise `total - max(smallest, usable - largest)`. The agent parks
-least-recently-used residents only until the incoming tenant fits, so what stays resident is
-at least the incoming tenant and more than `usable` minus the last tenant parked. A node's
-worst case is the sum over its GPUs; it must not exceed the budget.
+A node can take it when enough of its GPUs can and its parked-memory worst case (see
+`extender.snapshot`) stays within its host DRAM budget. Among the GPUs that can, the policy's
+key picks (and scores) the best; `binpack` fills GPUs with tenants, `spread` prefers idle ones,
+`complement` brings summed duty closest to the limit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from typing import NamedTuple
 
 from baton.names import MIB
 from extender.requests import TenantRequest
+from extender.snapshot import (
+    Gpu,
+    GpuState,
+    Limits,
+    NodeState,
+    Policy,
+    Tenant,
+    gpu_state,
+    node_state,
+    parked_worst_mib,
+)
+
+__all__ = [
+    "Gpu",
+    "GpuState",
+    "Limits",
+    "NodeState",
+    "Policy",
+    "Tenant",
+    "Verdict",
+    "fits_one",
+    "gpu_state",
+    "node_state",
+    "parked_worst_mib",
+    "place",
+]
 
 _EPSILON = 1e-9
-_MEMO_SIZE = 64
 
 
-class Policy(StrEnum):
-    """How prioritize ranks nodes and bind picks GPUs."""
-
-    BINPACK = "binpack"
-    """Fill GPUs that already have tenants."""
-    SPREAD = "spread"
-    """Prefer the least loaded GPUs."""
-    COMPLEMENT = "complement"
-    """Prefer the GPU whose summed duty gets closest to the limit without passing it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Policy and limits, set by the extender's flags."""
-
-    policy: Policy = Policy.BINPACK
-    max_duty: float = 100.0
-    """Highest summed `gpu-duty` per GPU, percent."""
-    memory_headroom_mib: int = 0
-    """Memory kept free on every GPU (CUDA contexts, fragmentation)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Gpu:
-    """One physical GPU as the device plugin advertises it."""
-
-    uuid: str
-    index: int
-    model: str
-    memory_mib: int
-    slots: int
-    healthy: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Tenant:
-    """A pod assigned to a GPU; `None` values take the GPU's defaults."""
-
-    key: str
-    memory_mib: int | None = None
-    duty: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class GpuState:
-    """A GPU with its tenants and the totals placement needs."""
-
-    gpu: Gpu
-    usable_mib: int
-    tenants: tuple[str, ...]
-    memory_total: int
-    memory_min: int
-    memory_max: int
-    duty_sum: float
-    parked_worst_mib: int
-
-
-@dataclass(frozen=True)
-class NodeState:
-    """A node's GPUs, tenants and host budget, precomputed for fast placement."""
-
-    name: str
-    gpus: tuple[GpuState, ...]
-    budget_mib: int
-    parked_worst_mib: int
-    problem: str = ""
-    """Why the node's inventory could not be read, if it could not."""
-    memo: dict[tuple[TenantRequest, Limits], Verdict] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(NamedTuple):
     """The answer for one node: where the tenant goes and how well, or why not."""
 
     fits: bool
@@ -108,68 +54,21 @@ class Verdict:
     score: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class _Candidate:
-    state: GpuState
-    memory_mib: int
-    key: tuple[float, float, int]
+class _Candidate(NamedTuple):
+    """A GPU that can take the tenant; tuples order by (score key, summed duty, -index)."""
+
+    key: float
+    duty_after: float
+    neg_index: int
     parked_delta_mib: int
+    uuid: str
 
 
-def parked_worst_mib(total: int, smallest: int, largest: int, usable: int) -> int:
-    """The most memory one GPU's tenants can have parked at once (see the module docstring)."""
-    if total <= usable:
-        return 0
-    return total - max(smallest, usable - largest)
+def place(node: NodeState, request: TenantRequest, limits: Limits, choose: bool = True) -> Verdict:
+    """Whether the tenant fits on the node; with `choose`, also on which GPUs and the score.
 
-
-def gpu_state(gpu: Gpu, tenants: Sequence[Tenant], limits: Limits) -> GpuState:
-    """A GPU's state with the given tenants (defaults resolved for this GPU)."""
-    usable = max(gpu.memory_mib - limits.memory_headroom_mib, 0)
-    memory = [usable if t.memory_mib is None else t.memory_mib for t in tenants]
-    default_duty = 100.0 / gpu.slots if gpu.slots else 100.0
-    duty = sum(default_duty if t.duty is None else t.duty for t in tenants)
-    total = sum(memory)
-    smallest, largest = (min(memory), max(memory)) if memory else (0, 0)
-    return GpuState(
-        gpu=gpu,
-        usable_mib=usable,
-        tenants=tuple(t.key for t in tenants),
-        memory_total=total,
-        memory_min=smallest,
-        memory_max=largest,
-        duty_sum=duty,
-        parked_worst_mib=parked_worst_mib(total, smallest, largest, usable),
-    )
-
-
-def node_state(
-    name: str,
-    gpus: Sequence[Gpu],
-    budget_mib: int,
-    tenants_by_gpu: Mapping[str, Sequence[Tenant]],
-    limits: Limits,
-    problem: str = "",
-) -> NodeState:
-    """A node's state; tenants of GPUs the node does not list are ignored."""
-    states = tuple(gpu_state(g, tenants_by_gpu.get(g.uuid, ()), limits) for g in gpus)
-    parked = sum(s.parked_worst_mib for s in states)
-    return NodeState(name, states, budget_mib, parked, problem)
-
-
-def place(node: NodeState, request: TenantRequest, limits: Limits) -> Verdict:
-    """Whether the tenant fits on the node, on which GPUs, with what score (0-10)."""
-    memo_key = (request, limits)
-    verdict = node.memo.get(memo_key)
-    if verdict is None:
-        verdict = _place(node, request, limits)
-        if len(node.memo) >= _MEMO_SIZE:
-            node.memo.clear()
-        node.memo[memo_key] = verdict
-    return verdict
-
-
-def _place(node: NodeState, request: TenantRequest, limits: Limits) -> Verdict:
+    Without `choose` (filter), the answer comes as soon as enough GPUs are found.
+    """
     if node.problem:
         return Verdict(False, node.problem)
     if not node.gpus:
@@ -177,24 +76,112 @@ def _place(node: NodeState, request: TenantRequest, limits: Limits) -> Verdict:
     never = _never_fits(node, request)
     if never:
         return Verdict(False, never, unresolvable=True)
-    candidates: list[_Candidate] = []
-    refusals: list[str] = []
-    for state in node.gpus:
-        outcome = _candidate(state, request, limits)
-        if isinstance(outcome, str):
-            refusals.append(outcome)
-        else:
-            candidates.append(outcome)
+    if choose and request.gpus == 1:
+        best = _best_one(node, request, limits)
+        if best is not None:
+            return best
+    candidates, enough = _candidates(node, request, limits, choose)
+    if enough:
+        return Verdict(True, gpus=tuple(c.uuid for c in candidates))
     if len(candidates) < request.gpus:
-        return Verdict(False, _too_few(request.gpus, len(candidates), refusals))
+        return Verdict(False, _too_few(node, request, limits, len(candidates)))
     return _choose(node, candidates, request.gpus)
+
+
+def fits_one(node: NodeState, request: TenantRequest, limits: Limits) -> bool:
+    """Filter's fast path for one-GPU pods: True when some GPU takes it (`place` says why not)."""
+    if request.gpus != 1:
+        return False
+    room = node.budget_mib - node.parked_worst_mib
+    wanted_memory, wanted_duty = request.memory_mib, request.duty
+    limit = request.memory_limit_bytes
+    max_duty = limits.max_duty + _EPSILON
+    for row in node.rows:
+        usable, duty_sum, default_duty, total, smallest, largest, parked, has_tenants = row[:8]
+        memory = usable if wanted_memory is None else wanted_memory
+        if memory > usable or (limit is not None and memory * MIB > limit):
+            continue
+        if duty_sum + (default_duty if wanted_duty is None else wanted_duty) > max_duty:
+            continue
+        total += memory
+        if total <= usable:
+            return True
+        smallest = min(smallest, memory) if has_tenants else memory
+        if total - max(smallest, usable - max(largest, memory)) - parked <= room:
+            return True
+    return False
+
+
+def _candidates(
+    node: NodeState, request: TenantRequest, limits: Limits, choose: bool
+) -> tuple[list[_Candidate], bool]:
+    """The GPUs that can take the tenant; without `choose`, stops (True) once enough fit."""
+    found: list[_Candidate] = []
+    want, room, spent = request.gpus, _room(node), 0
+    wanted_memory, wanted_duty = request.memory_mib, request.duty
+    limit = request.memory_limit_bytes
+    max_duty = limits.max_duty
+    policy = limits.policy
+    for row in node.rows:
+        usable, duty_sum, default_duty, total, smallest, largest, parked, has_tenants = row[:8]
+        memory = usable if wanted_memory is None else wanted_memory
+        if memory > usable or (limit is not None and memory * want * MIB > limit):
+            continue
+        after = duty_sum + (default_duty if wanted_duty is None else wanted_duty)
+        if after > max_duty + _EPSILON:
+            continue
+        delta = 0
+        total += memory
+        if total > usable:
+            smallest = min(smallest, memory) if has_tenants else memory
+            delta = total - max(smallest, usable - max(largest, memory)) - parked
+        if not choose:
+            found.append(_Candidate(0.0, after, 0, delta, row.uuid))
+            spent += delta
+            if len(found) == want and spent <= room:
+                return found, True
+            continue
+        if policy is Policy.BINPACK:
+            key = row.binpack_key
+        elif policy is Policy.SPREAD:
+            key = 1.0 - max(row.taken_share, min(duty_sum / max_duty, 1.0))
+        else:
+            key = min(after / max_duty, 1.0)
+        found.append(_Candidate(key, after, row.neg_index, delta, row.uuid))
+    return found, False
+
+
+def _refusal(state: GpuState, request: TenantRequest, limits: Limits) -> str:
+    """Why a GPU cannot take the tenant, in words (only asked once the node has failed)."""
+    gpu = state.gpu
+    memory = state.usable_mib if request.memory_mib is None else request.memory_mib
+    duty = state.default_duty if request.duty is None else request.duty
+    limit = request.memory_limit_bytes
+    if not gpu.healthy:
+        return f"{gpu.uuid} is unhealthy"
+    if memory > state.usable_mib:
+        return f"gpu-memory {memory} MiB exceeds {gpu.uuid} ({state.usable_mib} MiB)"
+    if limit is not None and memory * request.gpus * MIB > limit:
+        return f"{gpu.uuid} needs {memory} MiB parked per GPU, over the container memory limit"
+    if len(state.tenants) >= gpu.slots:
+        return f"{gpu.uuid} has no free slot ({len(state.tenants)}/{gpu.slots} taken)"
+    if state.duty_sum + duty > limits.max_duty + _EPSILON:
+        return (
+            f"{gpu.uuid} summed duty would be {_pct(state.duty_sum + duty)}"
+            f" > {_pct(limits.max_duty)}"
+        )
+    return ""
+
+
+def _room(node: NodeState) -> int:
+    return node.budget_mib - node.parked_worst_mib
 
 
 def _never_fits(node: NodeState, request: TenantRequest) -> str:
     count = request.gpus
     if count > len(node.gpus):
         return f"asks for {count} GPUs; this node has {len(node.gpus)}"
-    usable = sorted((s.usable_mib for s in node.gpus), reverse=True)
+    usable = node.usable_desc
     if request.memory_mib is not None and request.memory_mib > usable[count - 1]:
         where = "every GPU" if count == 1 else f"all but {_count(count - 1, 'GPU')}"
         return (
@@ -213,61 +200,67 @@ def _never_fits(node: NodeState, request: TenantRequest) -> str:
     return ""
 
 
-def _candidate(state: GpuState, request: TenantRequest, limits: Limits) -> _Candidate | str:
-    gpu = state.gpu
-    if not gpu.healthy:
-        return f"{gpu.uuid} is unhealthy"
-    memory = state.usable_mib if request.memory_mib is None else request.memory_mib
-    if memory > state.usable_mib:
-        return f"gpu-memory {memory} MiB exceeds {gpu.uuid} ({state.usable_mib} MiB)"
-    limit = request.memory_limit_bytes
-    if limit is not None and memory * request.gpus * MIB > limit:
-        return f"{gpu.uuid} needs {memory} MiB parked per GPU, over the container memory limit"
-    taken = len(state.tenants)
-    if taken >= gpu.slots:
-        return f"{gpu.uuid} has no free slot ({taken}/{gpu.slots} taken)"
-    duty = request.duty if request.duty is not None else 100.0 / gpu.slots
-    after = state.duty_sum + duty
-    if after > limits.max_duty + _EPSILON:
-        return f"{gpu.uuid} summed duty would be {_pct(after)} > {_pct(limits.max_duty)}"
-    parked = parked_worst_mib(
-        state.memory_total + memory,
-        min(state.memory_min, memory) if taken else memory,
-        max(state.memory_max, memory),
-        state.usable_mib,
-    )
-    key = (_policy_key(limits, state, duty), after, -gpu.index)
-    return _Candidate(state, memory, key, parked - state.parked_worst_mib)
-
-
-def _policy_key(limits: Limits, state: GpuState, duty: float) -> float:
-    slots = state.gpu.slots
-    taken = len(state.tenants)
-    if limits.policy is Policy.BINPACK:
-        return (taken + 1) / slots
-    if limits.policy is Policy.SPREAD:
-        return 1.0 - max(taken / slots, min(state.duty_sum / limits.max_duty, 1.0))
-    return min((state.duty_sum + duty) / limits.max_duty, 1.0)
-
-
 def _choose(node: NodeState, candidates: list[_Candidate], count: int) -> Verdict:
+    """The best-scoring GPUs whose parked memory fits the budget, else the thriftiest set."""
+    room = _room(node)
+    chosen: list[_Candidate] = []
+    for candidate in sorted(candidates, reverse=True):
+        if candidate.parked_delta_mib <= room:
+            chosen.append(candidate)
+            room -= candidate.parked_delta_mib
+            if len(chosen) == count:
+                return _chosen(chosen)
+    thrifty = sorted(candidates, key=lambda c: (c.parked_delta_mib, -c.key, -c.duty_after))
+    chosen = thrifty[:count]
+    worst = node.parked_worst_mib + sum(c.parked_delta_mib for c in chosen)
+    if worst > node.budget_mib:
+        return Verdict(
+            False, f"parked worst case {_gib(worst)} > host budget {_gib(node.budget_mib)}"
+        )
+    return _chosen(chosen)
+
+
+def _chosen(chosen: list[_Candidate]) -> Verdict:
+    score = round(10 * sum(c.key for c in chosen) / len(chosen))
+    return Verdict(True, gpus=tuple(c.uuid for c in chosen), score=max(0, min(10, score)))
+
+
+def _best_one(node: NodeState, request: TenantRequest, limits: Limits) -> Verdict | None:
+    """`_candidates` + `_choose` for one-GPU pods, without building the list (prioritize)."""
     room = node.budget_mib - node.parked_worst_mib
-    chosen = sorted(candidates, key=lambda c: c.key, reverse=True)[:count]
-    if sum(c.parked_delta_mib for c in chosen) > room:
-        chosen = sorted(candidates, key=lambda c: (c.parked_delta_mib, [-k for k in c.key]))
-        chosen = chosen[:count]
-        worst = node.parked_worst_mib + sum(c.parked_delta_mib for c in chosen)
-        if worst > node.budget_mib:
-            return Verdict(
-                False,
-                f"parked worst case {_gib(worst)} > host budget {_gib(node.budget_mib)}",
-            )
-    score = round(10 * sum(c.key[0] for c in chosen) / count)
-    uuids = tuple(c.state.gpu.uuid for c in chosen)
-    return Verdict(True, gpus=uuids, score=max(0, min(10, score)))
+    wanted_memory, wanted_duty = request.memory_mib, request.duty
+    limit = request.memory_limit_bytes
+    max_duty, policy = limits.max_duty, limits.policy
+    best: tuple[float, float, int, str] | None = None
+    for row in node.rows:
+        usable, duty_sum, default_duty, total, smallest, largest, parked, has_tenants = row[:8]
+        memory = usable if wanted_memory is None else wanted_memory
+        if memory > usable or (limit is not None and memory * MIB > limit):
+            continue
+        after = duty_sum + (default_duty if wanted_duty is None else wanted_duty)
+        if after > max_duty + _EPSILON:
+            continue
+        total += memory
+        if total > usable:
+            smallest = min(smallest, memory) if has_tenants else memory
+            if total - max(smallest, usable - max(largest, memory)) - parked > room:
+                continue
+        if policy is Policy.BINPACK:
+            key = row.binpack_key
+        elif policy is Policy.SPREAD:
+            key = 1.0 - max(row.taken_share, min(duty_sum / max_duty, 1.0))
+        else:
+            key = min(after / max_duty, 1.0)
+        if best is None or (key, after, row.neg_index) > best[:3]:
+            best = (key, after, row.neg_index, row.uuid)
+    if best is None:
+        return None
+    return Verdict(True, gpus=(best[3],), score=max(0, min(10, round(10 * best[0]))))
 
 
-def _too_few(count: int, found: int, refusals: list[str]) -> str:
+def _too_few(node: NodeState, request: TenantRequest, limits: Limits, found: int) -> str:
+    count = request.gpus
+    refusals = [r for r in (_refusal(s, request, limits) for s in node.gpus) if r]
     shown = "; ".join(refusals[:3])
     more = f"; and {len(refusals) - 3} more" if len(refusals) > 3 else ""
     if count == 1:

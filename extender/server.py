@@ -10,9 +10,21 @@ import uvicorn
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket; connections queue in its backlog until the server accepts."""
+    """A listening TCP socket; connections queue in its backlog until the server accepts.
+
+    Its protocol is set to TCP explicitly: asyncio turns Nagle off only on accepted sockets whose
+    protocol says TCP, and without that every answer waits out the client's delayed ACK.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=1024)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def make_server(

@@ -19,7 +19,7 @@ from extender.inventory import (
     node_inventory,
     pod_uid,
 )
-from extender.placement import Limits, NodeState, Tenant, node_state
+from extender.snapshot import Limits, NodeState, Tenant, node_state
 
 Clock = Callable[[], float]
 ASSUME_TTL_S = 120.0

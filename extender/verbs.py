@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from extender.placement import NodeState, Verdict, place
+from extender.placement import NodeState, Verdict, fits_one, place
 from extender.requests import RequestError, TenantRequest, parse_pod_request
 from extender.state import ClusterState
 from extender.wire import MIN_PRIORITY, ExtenderArgs
@@ -23,7 +23,13 @@ def filter_nodes(
         return [], {}, dict.fromkeys(args.node_names, str(err))
     if request is None:
         return list(args.node_names), failed, unresolvable
-    for name, verdict in _verdicts(state, args, request):
+    limits = state.limits
+    for name in args.node_names:
+        node = state.node(name)
+        if node is not None and fits_one(node, request, limits):
+            passed.append(name)
+            continue
+        verdict = _verdict(state, args, request, name, choose=False)
         if verdict.fits:
             passed.append(name)
         elif verdict.unresolvable:
@@ -42,20 +48,19 @@ def prioritize_nodes(state: ClusterState, args: ExtenderArgs) -> list[tuple[str,
     if request is None:
         return [(name, MIN_PRIORITY) for name in args.node_names]
     return [
-        (name, v.score if v.fits else MIN_PRIORITY) for name, v in _verdicts(state, args, request)
+        (name, v.score if v.fits else MIN_PRIORITY)
+        for name, v in (
+            (n, _verdict(state, args, request, n, choose=True)) for n in args.node_names
+        )
     ]
 
 
-def _verdicts(
-    state: ClusterState, args: ExtenderArgs, request: TenantRequest
-) -> list[tuple[str, Verdict]]:
-    limits = state.limits
-    out = []
-    for name in args.node_names:
-        node: NodeState | None = state.node(name)
-        if node is None and args.nodes is not None:
-            node = state.node_from_object(args.nodes[name])
-        out.append(
-            (name, Verdict(False, UNKNOWN_NODE) if node is None else place(node, request, limits))
-        )
-    return out
+def _verdict(
+    state: ClusterState, args: ExtenderArgs, request: TenantRequest, name: str, choose: bool
+) -> Verdict:
+    node: NodeState | None = state.node(name)
+    if node is None and args.nodes is not None:
+        node = state.node_from_object(args.nodes[name])
+    if node is None:
+        return Verdict(False, UNKNOWN_NODE)
+    return place(node, request, state.limits, choose)

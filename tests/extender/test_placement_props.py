@@ -7,7 +7,16 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.placement import Gpu, Limits, Policy, Tenant, node_state, parked_worst_mib, place
+from extender.placement import (
+    Gpu,
+    Limits,
+    Policy,
+    Tenant,
+    fits_one,
+    node_state,
+    parked_worst_mib,
+    place,
+)
 from extender.requests import TenantRequest
 
 GIB = 1024
@@ -46,7 +55,12 @@ def test_placing_never_exceeds_slots_memory_duty_or_budget(
     for i, request in enumerate(stream):
         node = node_state("n", gpus, budget, tenants, limits)
         verdict = place(node, request, limits)
+        filtered = place(node, request, limits, choose=False)
+        assert filtered.fits is verdict.fits, (filtered, verdict)
+        if request.gpus == 1:
+            assert fits_one(node, request, limits) is verdict.fits
         if not verdict.fits:
+            assert verdict.reason
             continue
         assert len(set(verdict.gpus)) == request.gpus
         _assert_each_chosen_gpu_alone_accepts(node, tenants, verdict.gpus, request, limits)

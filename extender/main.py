@@ -1,0 +1,61 @@
+"""Wiring for `baton extender`: API client, cache, binder, app, server."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from extender.placement import Limits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the command line decides."""
+
+    kubeconfig: str | None
+    host: str
+    port: int
+    limits: Limits
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+
+def run(options: Options) -> None:
+    """Serve until interrupted."""
+    from baton.kube import load_api_client
+    from extender.app import create_app
+    from extender.bind import Binder
+    from extender.cache import KubeCache
+    from extender.kubeapi import KubePodApi
+    from extender.metrics import Metrics
+    from extender.server import bind_socket, make_server
+    from extender.state import ClusterState
+
+    api_client = load_api_client(options.kubeconfig)
+    metrics = Metrics()
+    state = ClusterState(options.limits, time.monotonic)
+    cache = KubeCache(
+        state, api_client, on_restart=lambda kind, why: metrics.watch_restarts.labels(kind).inc()
+    )
+    binder = Binder(cache, KubePodApi(api_client), time.time_ns)
+    server = make_server(create_app(cache, binder, metrics), options.tls_cert, options.tls_key)
+    sock = bind_socket(options.host, options.port)
+    scheme = "https" if options.tls_cert else "http"
+    log.info(
+        "serving on %s://%s:%d, policy %s, max duty %g%%, memory headroom %d MiB",
+        scheme,
+        options.host,
+        options.port,
+        options.limits.policy,
+        options.limits.max_duty,
+        options.limits.memory_headroom_mib,
+    )
+    cache.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        cache.stop()
+        api_client.close()

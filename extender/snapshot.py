@@ -1,0 +1,174 @@
+"""A node snapshot for placement: its GPUs, their tenants and precomputed totals. Pure.
+
+Parked-memory worst case of one GPU: 0 while all its tenants fit in memory together (nothing
+ever has to move); otherwise `total - max(smallest, usable - largest)`. The agent parks
+least-recently-used residents only until the incoming tenant fits, so what stays resident is
+at least the incoming tenant and more than `usable` minus the last tenant parked. A node's
+worst case is the sum over its GPUs; it must not exceed the node's host DRAM budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import NamedTuple
+
+
+class Policy(StrEnum):
+    """How prioritize ranks nodes and bind picks GPUs."""
+
+    BINPACK = "binpack"
+    """Fill GPUs that already have tenants."""
+    SPREAD = "spread"
+    """Prefer the least loaded GPUs."""
+    COMPLEMENT = "complement"
+    """Prefer the GPU whose summed duty gets closest to the limit without passing it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Policy and limits, set by the extender's flags."""
+
+    policy: Policy = Policy.BINPACK
+    max_duty: float = 100.0
+    """Highest summed `gpu-duty` per GPU, percent."""
+    memory_headroom_mib: int = 0
+    """Memory kept free on every GPU (CUDA contexts, fragmentation)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical GPU as the device plugin advertises it."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    slots: int
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """A pod assigned to a GPU; `None` values take the GPU's defaults."""
+
+    key: str
+    memory_mib: int | None = None
+    duty: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """A GPU with its tenants and the totals placement needs."""
+
+    gpu: Gpu
+    usable_mib: int
+    tenants: tuple[str, ...]
+    memory_total: int
+    memory_min: int
+    memory_max: int
+    duty_sum: float
+    parked_worst_mib: int
+    default_duty: float
+    """`gpu-duty` of a tenant that names none: 100 / slots."""
+    open: bool
+    """Healthy with a free slot."""
+    binpack_key: float
+    """Share of the slots taken once one more tenant joins."""
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A node's GPUs, tenants and host budget, precomputed for fast placement."""
+
+    name: str
+    gpus: tuple[GpuState, ...]
+    budget_mib: int
+    parked_worst_mib: int
+    usable_desc: tuple[int, ...]
+    """Usable memory of its GPUs, largest first."""
+    rows: tuple[Row, ...]
+    """The open GPUs' figures as plain tuples, for the hot loop."""
+    problem: str = ""
+    """Why the node's inventory could not be read, if it could not."""
+
+
+class Row(NamedTuple):
+    """An open GPU's figures as a plain tuple, for the placement hot loops."""
+
+    usable: int
+    duty_sum: float
+    default_duty: float
+    memory_total: int
+    memory_min: int
+    memory_max: int
+    parked: int
+    has_tenants: bool
+    binpack_key: float
+    taken_share: float
+    neg_index: int
+    uuid: str
+
+
+def parked_worst_mib(total: int, smallest: int, largest: int, usable: int) -> int:
+    """The most memory one GPU's tenants can have parked at once (see the module docstring)."""
+    if total <= usable:
+        return 0
+    return total - max(smallest, usable - largest)
+
+
+def gpu_state(gpu: Gpu, tenants: Sequence[Tenant], limits: Limits) -> GpuState:
+    """A GPU's state with the given tenants (defaults resolved for this GPU)."""
+    usable = max(gpu.memory_mib - limits.memory_headroom_mib, 0)
+    memory = [usable if t.memory_mib is None else t.memory_mib for t in tenants]
+    default_duty = 100.0 / gpu.slots if gpu.slots else 100.0
+    duty = sum(default_duty if t.duty is None else t.duty for t in tenants)
+    total = sum(memory)
+    smallest, largest = (min(memory), max(memory)) if memory else (0, 0)
+    return GpuState(
+        gpu=gpu,
+        usable_mib=usable,
+        tenants=tuple(t.key for t in tenants),
+        memory_total=total,
+        memory_min=smallest,
+        memory_max=largest,
+        duty_sum=duty,
+        parked_worst_mib=parked_worst_mib(total, smallest, largest, usable),
+        default_duty=default_duty,
+        open=gpu.healthy and len(tenants) < gpu.slots,
+        binpack_key=(len(tenants) + 1) / gpu.slots,
+    )
+
+
+def node_state(
+    name: str,
+    gpus: Sequence[Gpu],
+    budget_mib: int,
+    tenants_by_gpu: Mapping[str, Sequence[Tenant]],
+    limits: Limits,
+    problem: str = "",
+) -> NodeState:
+    """A node's state; tenants of GPUs the node does not list are ignored."""
+    states = tuple(gpu_state(g, tenants_by_gpu.get(g.uuid, ()), limits) for g in gpus)
+    parked = sum(s.parked_worst_mib for s in states)
+    usable = tuple(sorted((s.usable_mib for s in states), reverse=True))
+    rows = tuple(_row(s) for s in states if s.open)
+    return NodeState(name, states, budget_mib, parked, usable, rows, problem)
+
+
+def _row(s: GpuState) -> Row:
+    return Row(
+        s.usable_mib,
+        s.duty_sum,
+        s.default_duty,
+        s.memory_total,
+        s.memory_min,
+        s.memory_max,
+        s.parked_worst_mib,
+        bool(s.tenants),
+        s.binpack_key,
+        len(s.tenants) / s.gpu.slots,
+        -s.gpu.index,
+        s.gpu.uuid,
+    )
