@@ -83,7 +83,9 @@ class Agent:
         if self._on_service is not None:
             self._on_service(service)
         service.load()
-        service.metrics.watch(table, lambda: len(service.sessions.tenants()), time.time)
+        service.metrics.watch(
+            table, lambda: len(service.sessions.tenants()), time.time, service.tenants.per_gpu
+        )
         tokens = TokenRegistry(asyncio.get_running_loop().call_later)
 
         Path(cfg.socket).parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -14,6 +15,8 @@ from baton.names import METRICS_PREFIX
 if TYPE_CHECKING:
     from agent.leases import Lease, LeaseTable
 
+DUTY_WINDOW_S = 60.0
+"""The window of `duty_last_minute` in /v1/status."""
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800)
 
 
@@ -39,6 +42,7 @@ class AgentMetrics:
             registry=self.registry,
         )
         self._busy: dict[str, float] = {}
+        self._turns: dict[str, deque[tuple[float, float]]] = {}
 
     def granted(self, lease: Lease, waited: float) -> None:
         """A turn started."""
@@ -52,20 +56,39 @@ class AgentMetrics:
         self.holds.observe(held)
         for gpu in lease.gpus:
             self._busy[gpu] = self._busy.get(gpu, 0.0) + held
+            turns = self._turns.setdefault(gpu, deque())
+            turns.append((lease.granted_at, now))
+            while turns and turns[0][1] < now - DUTY_WINDOW_S:
+                turns.popleft()
         if revoked:
             self.revocations.inc()
         return held
 
     def watch(
-        self, table: LeaseTable, tenants: Callable[[], int], clock: Callable[[], float]
+        self,
+        table: LeaseTable,
+        tenants: Callable[[], int],
+        clock: Callable[[], float],
+        gpu_tenants: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
-        """Export queue depth, busy seconds and active tenants read live from the service."""
-        self.registry.register(_TableCollector(self, table, tenants, clock))
+        """Export queue depth, busy seconds, holders and tenants read live from the service."""
+        self.registry.register(_TableCollector(self, table, tenants, clock, gpu_tenants))
 
     def busy_seconds(self, table: LeaseTable, gpu: str, now: float) -> float:
         """Seconds the GPU has been held, the current turn included."""
         since = table.gpu(gpu).busy_since
         return self._busy.get(gpu, 0.0) + (0.0 if since is None else max(0.0, now - since))
+
+    def duty_last_minute(self, table: LeaseTable, gpu: str, now: float) -> float:
+        """Share of the last `DUTY_WINDOW_S` seconds the GPU was held, 0 to 1."""
+        start = now - DUTY_WINDOW_S
+        busy = sum(
+            max(0.0, min(end, now) - max(begin, start)) for begin, end in self._turns.get(gpu, ())
+        )
+        since = table.gpu(gpu).busy_since
+        if since is not None:
+            busy += max(0.0, now - max(since, start))
+        return min(1.0, busy / DUTY_WINDOW_S)
 
 
 class _TableCollector(Collector):
@@ -75,8 +98,10 @@ class _TableCollector(Collector):
         table: LeaseTable,
         tenants: Callable[[], int],
         clock: Callable[[], float],
+        gpu_tenants: Callable[[], Mapping[str, int]],
     ) -> None:
         self._metrics, self._table, self._tenants, self._clock = metrics, table, tenants, clock
+        self._gpu_tenants = gpu_tenants
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         p = METRICS_PREFIX
@@ -84,12 +109,22 @@ class _TableCollector(Collector):
         busy = CounterMetricFamily(
             f"{p}gpu_busy_seconds", "Seconds a GPU was held (rate = duty cycle).", labels=["gpu"]
         )
+        holder = GaugeMetricFamily(
+            f"{p}gpu_holder", "1 for the tenant holding the GPU's turn.", labels=["gpu", "tenant"]
+        )
+        registered = GaugeMetricFamily(
+            f"{p}gpu_tenants", "Tenants registered on a GPU.", labels=["gpu"]
+        )
         now = self._clock()
+        counts = self._gpu_tenants()
         for gpu in sorted(self._table.gpus):
             depth.add_metric([gpu], len(self._table.queue_of(gpu)))
             busy.add_metric([gpu], self._metrics.busy_seconds(self._table, gpu, now))
-        yield depth
-        yield busy
+            registered.add_metric([gpu], counts.get(gpu, 0))
+            lease = self._table.leases.get(self._table.gpus[gpu].holder or "")
+            if lease is not None:
+                holder.add_metric([gpu, lease.tenant_id], 1)
+        yield from (depth, busy, holder, registered)
         yield GaugeMetricFamily(
             f"{p}active_tenants", "Tenants with an open session.", value=self._tenants()
         )

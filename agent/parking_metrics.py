@@ -9,6 +9,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from agent.backends.base import Move
+from agent.planner import Reason
 from baton.names import METRICS_PREFIX
 
 MOVE_BUCKETS = (0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -46,6 +47,8 @@ class ParkingMetrics:
             ("reason",),
             registry=reg,
         )
+        for reason in (*Reason, "move_failed"):  # every reason shows, at 0 until it happens
+            self.refused.labels(reason)
         self.preemptions = Counter(
             f"{p}preemptions", "Holders parked because their lease ran out.", registry=reg
         )

@@ -33,6 +33,7 @@ def status_json(service: LeaseService, now: float) -> dict[str, Any]:
                 t.tenant_id for t in service.tenants.tenants.values() if gpu in t.gpus
             ),
             "busy_seconds": round(service.metrics.busy_seconds(table, gpu, now), 6),
+            "duty_last_minute": round(service.metrics.duty_last_minute(table, gpu, now), 4),
         }
     tenants = {
         t.tenant_id: {**t.to_json(), "connected": service.sessions.connected(t.tenant_id)}

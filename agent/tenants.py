@@ -125,6 +125,14 @@ class TenantRegistry:
                 return tenant
         return None
 
+    def per_gpu(self) -> dict[str, int]:
+        """How many tenants are registered on each GPU."""
+        counts: dict[str, int] = {}
+        for tenant in self.tenants.values():
+            for gpu in tenant.gpus:
+                counts[gpu] = counts.get(gpu, 0) + 1
+        return counts
+
     def restore(self, tenants: Iterable[Tenant]) -> None:
         """Reinstate tenants loaded from the state file."""
         for tenant in tenants:
