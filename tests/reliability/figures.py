@@ -1,0 +1,26 @@
+"""Figures the reliability tests measured, gathered for `docs/reliability.md`.
+
+A test calls `record(section, name, figures)`; when $BATON_RELIABILITY_FIGURES names a file,
+the figures are appended to it as JSON lines (`make soak` sets it, then runs
+`tests.reliability.report`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import Any
+
+ENV_FIGURES = "BATON_RELIABILITY_FIGURES"
+_lock = threading.Lock()
+
+
+def record(section: str, name: str, figures: dict[str, Any]) -> None:
+    """Note one measured result (a load run, a fault survived, bad inputs tried)."""
+    path = os.environ.get(ENV_FIGURES)
+    if not path:
+        return
+    line = json.dumps({"section": section, "name": name, "figures": figures}, sort_keys=True)
+    with _lock, open(path, "a") as f:
+        f.write(line + "\n")

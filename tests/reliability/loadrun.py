@@ -1,0 +1,117 @@
+"""The agent load run: tenant processes over fake GPUs, judged by the invariant checker."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tests.harness.agent import ROOT
+
+from .checker import Report
+from .node import LoadNode
+
+GPU_MIB = 100
+
+
+class LineProc:
+    """A child process speaking JSON lines on stdout; every read is bounded."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+            cwd=ROOT,
+        )
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put("")
+
+    def line(self, timeout: float) -> dict[str, Any]:
+        """The next JSON line; fails after `timeout` or if the process exited."""
+        try:
+            text = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"{self.proc.args} said nothing for {timeout} s") from None
+        if not text:
+            raise AssertionError(f"{self.proc.args} exited with {self.proc.wait(5)}")
+        return dict(json.loads(text))
+
+    def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@dataclass
+class LoadResult:
+    """The checker's report plus what the tenants saw."""
+
+    report: Report
+    tenant_errors: list[str]
+    verified: int
+    max_wait_allowed: float
+
+    def figures(self, tenants: int, gpus: int, seconds: float) -> dict[str, Any]:
+        return {
+            **self.report.figures(),
+            "tenant_processes": tenants,
+            "gpus": gpus,
+            "seconds": seconds,
+            "verified_turns": self.verified,
+            "data_errors": len(self.tenant_errors),
+            "max_wait_allowed_s": round(self.max_wait_allowed, 2),
+        }
+
+
+def run_agent_load(
+    tenants: int, gpus: int, seconds: float, *, policy: str = "lrs", max_hold: float = 1.0
+) -> LoadResult:
+    """`tenants` processes over `gpus` fake GPUs of 100 MiB (footprints 35-45 MiB, so two
+    fit and the rest park) for `seconds`, under `policy`."""
+    rng = random.Random(7)
+    node = LoadNode(f"{gpus}x{GPU_MIB}", policy=policy, max_hold=max_hold).start()
+    procs: list[LineProc] = []
+    try:
+        for i in range(tenants):
+            gpu = node.gpu_ids[i % gpus]
+            argv = [
+                sys.executable, "-m", "tests.reliability.load_tenant", "--name", f"t{i}",
+                "--mib", str(rng.randint(35, 45)), "--seed", str(i),
+            ]  # fmt: skip
+            procs.append(LineProc(argv, node.tenant_env(gpu)))
+        for p in procs:
+            assert p.line(60).get("ready")
+        end = time.time() + seconds
+        for p in procs:
+            p.send(f"go {end}")
+        summaries = [p.line(seconds + 60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        node.stop()
+    per_gpu = -(-tenants // gpus)
+    allowed = (per_gpu - 1) * (max_hold + 1.0) + 1.0
+    errors = [f"t{i}: {e}" for i, s in enumerate(summaries) for e in s["errors"]]
+    verified = sum(int(s["verified"]) for s in summaries)
+    return LoadResult(node.checker.check(max_wait=allowed), errors, verified, allowed)

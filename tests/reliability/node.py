@@ -1,0 +1,134 @@
+"""A fake node for the load and fault runs: the real agent, the fake backend, and a journal.
+
+`LoadNode` is `tests.harness.agent.AgentRunner` with a parking preparer whose fake backend notes
+every completed park and restore, and a reader of the agent's gRPC WatchEvents stream; both
+feed an `InvariantChecker`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from agent.backends.base import Move
+from agent.backends.fake import FakeBackend
+from agent.daemon import Agent
+from agent.parking import ParkingPreparer
+from agent.parking_setup import connect_preparer, parse_fake_gpus
+from agent.sessions import SessionRegistry
+from baton._pb import agent_pb2 as pb
+from baton._pb import agent_pb2_grpc
+from baton.names import ENV_AGENT_SOCKET, ENV_FAKE_GPU_DIR, ENV_GPUS, MIB
+from tests.harness.agent import AgentRunner, short_tmpdir
+
+from .checker import InvariantChecker
+
+
+class JournalBackend(FakeBackend):
+    """The fake backend, telling the checker about every completed move."""
+
+    def __init__(self, checker: InvariantChecker, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.checker = checker
+        self.journal_lock = threading.Lock()
+
+    def park(self, tenant_id: str, gpu: str) -> Move:
+        return self._noted("park", super().park, tenant_id, gpu)
+
+    def restore(self, tenant_id: str, gpu: str) -> Move:
+        return self._noted("restore", super().restore, tenant_id, gpu)
+
+    def _noted(self, direction: str, fn: Any, tenant_id: str, gpu: str) -> Move:
+        started = time.time()
+        move: Move = fn(tenant_id, gpu)
+        with self.journal_lock:
+            self.checker.move(direction, tenant_id, gpu, started, time.time())
+        return move
+
+
+class LoadNode(AgentRunner):
+    """An in-process agent on fake GPUs whose events and moves reach `self.checker`."""
+
+    def __init__(
+        self,
+        fake_gpus: str,
+        *,
+        host_budget_mib: int = 0,
+        scale: float = 1 / 64,
+        **config: Any,
+    ) -> None:
+        super().__init__(short_tmpdir(), **config)
+        self.fake_dir = f"{self.workdir}/gpus"
+        self.checker = InvariantChecker()
+        gpus = parse_fake_gpus(fake_gpus)
+        self.gpu_ids = sorted(gpus)
+        backend = JournalBackend(self.checker, self.fake_dir, gpus, scale, None, 5.0)
+        budget = host_budget_mib * MIB or 4 * sum(gpus.values())
+        self.parking = ParkingPreparer(backend, gpus, host_budget=budget)
+        self.preparer = self.parking
+        self._watch: grpc.Channel | None = None
+        self.watching = threading.Event()
+
+    def start(self) -> LoadNode:
+        """Start the agent with its preparer connected, and the events reader."""
+        self._loop_thread()
+        self._agent = Agent(
+            self.config,
+            self.parking,
+            SessionRegistry(),
+            lambda svc: connect_preparer(self.parking, svc),
+        )
+        self.call(self._start())
+        self._watch = grpc.insecure_channel(f"unix:{self.socket}")
+        threading.Thread(target=self._read_events, daemon=True).start()
+        if not self.watching.wait(10):
+            raise AssertionError("the agent's WatchEvents stream did not open within 10 s")
+        return self
+
+    def _loop_thread(self) -> None:
+        import asyncio
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def _read_events(self) -> None:
+        assert self._watch is not None
+        stream = agent_pb2_grpc.AgentStub(self._watch).WatchEvents(pb.WatchEventsRequest())
+        self.watching.set()
+        try:
+            for e in stream:
+                with self.parking.backend.journal_lock:  # type: ignore[attr-defined]
+                    self.checker.event(
+                        e.kind, e.tenant_id, e.at, gpus=e.gpus, lease_id=e.lease_id,
+                        tokens=dict(e.fencing_tokens),
+                    )  # fmt: skip
+        except grpc.RpcError:
+            return  # the agent stopped
+
+    def tenant_env(self, gpu: str) -> dict[str, str]:
+        """What a tenant process on `gpu` needs to find the agent and its memory."""
+        return {ENV_AGENT_SOCKET: self.socket, ENV_GPUS: gpu, ENV_FAKE_GPU_DIR: self.fake_dir}
+
+    def stop(self) -> None:
+        """Stop the agent, the events reader and the backend; remove the work directory."""
+        super().stop()
+        if self._watch is not None:
+            self._watch.close()
+        self.parking.backend.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def parked_bytes(self) -> int:
+        """Simulated bytes parked in host memory now, as the agent's metric reports them."""
+        value = self.parking.metrics.registry.get_sample_value("baton_parked_bytes")
+        return int(value or 0)
+
+    def tenant_dirs(self) -> list[Path]:
+        """Tenant directories the fake backend still keeps."""
+        root = Path(self.fake_dir) / "tenants"
+        return sorted(root.iterdir()) if root.exists() else []
