@@ -244,11 +244,13 @@ class LeaseTable:
         usage.served_seconds += max(0.0, now - lease.granted_at)
         return lease
 
-    def revoke(self, lease_id: str) -> tuple[Lease, Waiter]:
-        """End an overdue lease and queue its tenant first for the next turn."""
+    def revoke(self, lease_id: str) -> tuple[Lease, list[Waiter], Waiter]:
+        """End an overdue lease: reserve its GPUs for the waiters now due (returned), then
+        queue the revoked tenant ahead of everyone else for the turn after."""
         lease = self.release(lease_id)
+        due = self.pick()
         duty = self.usage[lease.tenant_id].duty
-        return lease, self.enqueue(lease.tenant_id, lease.gpus, front=True, duty=duty)
+        return lease, due, self.enqueue(lease.tenant_id, lease.gpus, front=True, duty=duty)
 
     def drop_tenant(self, tenant_id: str) -> tuple[list[Lease], list[Waiter]]:
         """The tenant is gone: release its leases and remove its waiters."""

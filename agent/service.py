@@ -181,7 +181,9 @@ class LeaseService:
 
     def _abandon(self, waiter_id: str) -> None:
         self._pending.pop(waiter_id, None)
-        if self.table.cancel(waiter_id) is not None:
+        waiter = self.table.cancel(waiter_id)
+        if waiter is not None:
+            self._publish(ev.CANCELLED, waiter.tenant_id, gpus=waiter.gpus)
             self._dispatch()
         elif waiter_id in self.table.leases:  # granted just as the caller gave up
             self._end(self.table.leases[waiter_id], ev.YIELDED, "caller gave up")
@@ -236,7 +238,10 @@ class LeaseService:
         self._reschedule()
 
     def _dispatch(self) -> None:
-        for waiter in self.table.pick():
+        self._start_turns(self.table.pick())
+
+    def _start_turns(self, waiters: list[Waiter]) -> None:
+        for waiter in waiters:
             changes = self._changes
             try:
                 done, _, rest = eager.start(self.preparer.prepare(waiter.tenant_id, waiter.gpus))
@@ -349,7 +354,8 @@ class LeaseService:
             self._revoking.discard(lease.lease_id)
         if lease.lease_id not in self.table.leases:  # yielded meanwhile
             return
-        self.table.revoke(lease.lease_id)
+        _, due, _ = self.table.revoke(lease.lease_id)
+        self._start_turns(due)
         self.metrics.released(lease, self._clock(), revoked=True)
         self._publish(ev.REVOKED, lease.tenant_id, lease=lease, detail="held past maximum")
         revoked = pb.Revoked(lease_id=lease.lease_id, reason="held past the maximum hold time")

@@ -10,6 +10,7 @@ from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 from agent.client.aio import AsyncBaton, Callback, LeaseInfo
+from agent.client.errors import BatonError
 from baton._pb import agent_pb2 as pb
 
 T = TypeVar("T")
@@ -56,6 +57,9 @@ class Baton:
         self._thread.start()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed() or not self._thread.is_alive():
+            coro.close()
+            raise BatonError("this Baton client is closed; create a new one")
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result()
@@ -110,10 +114,15 @@ class Baton:
 
     def close(self) -> None:
         """End the session and stop the client's thread."""
-        if not self._loop.is_closed():
+        if self._loop.is_closed():
+            return
+        try:
             self._run(self._async.close())
+        finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
+            if not self._thread.is_alive():
+                self._loop.close()
 
     def __enter__(self) -> Baton:
         self.connect()

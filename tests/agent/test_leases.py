@@ -109,8 +109,11 @@ class LeaseTableMachine(RuleBasedStateMachine):
             assert waiter.waiter_id not in self.table.waiters
         for lease in tick.overdue:
             assert lease.hold_until <= self.clock.now and self.table.contended(lease)
-            _, resumed = self.table.revoke(lease.lease_id)
-            assert resumed.front and self.table.queue()[0].front
+            _, due, resumed = self.table.revoke(lease.lease_id)
+            assert resumed.front and all(w.reserved for w in due)
+            waiting = [w for w in self.table.queue() if not w.reserved]
+            ahead = waiting[: waiting.index(resumed)]
+            assert all(w.front for w in ahead)  # first after the turns now due
 
     @rule()
     def unblock(self) -> None:
@@ -265,12 +268,14 @@ def test_revoked_holder_goes_first_and_gets_a_higher_token() -> None:
     assert table.next_deadline() == lease.hold_until
     clock.now += 1
     (overdue,) = table.tick().overdue
-    _, resumed = table.revoke(overdue.lease_id)
-    assert resumed.front and resumed.tenant_id == "t0"
+    _, (due,), resumed = table.revoke(overdue.lease_id)
+    assert due.tenant_id == "t1" and resumed.front and resumed.tenant_id == "t0"
     table.enqueue("t2", ["g0"])
-    assert [w.tenant_id for w in table.queue()] == ["t0", "t1", "t2"]
+    assert [w.tenant_id for w in table.queue() if not w.reserved] == ["t0", "t2"]
+    table.release(table.grant(due.waiter_id).lease_id)
     (again,) = table.pick()
-    assert table.grant(again.waiter_id).tokens["g0"] == lease.tokens["g0"] + 1
+    assert again is resumed
+    assert table.grant(again.waiter_id).tokens["g0"] == lease.tokens["g0"] + 2
 
 
 def test_holding_alone_past_max_hold_is_not_overdue() -> None:

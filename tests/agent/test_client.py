@@ -1,0 +1,84 @@
+"""The client library: the two calls, context managers and decorators, errors, env defaults."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from agent.client import AgentUnavailable, AsyncBaton, Baton, NotHolding
+from tests.harness.agent import AgentRunner
+
+
+def test_sync_turn_as_context_manager_and_decorator(agent: AgentRunner) -> None:
+    with Baton(agent.socket, "GPU-0,GPU-1", name="sync") as baton:
+        with baton.turn() as lease:
+            assert lease.gpus == ("GPU-0", "GPU-1")
+            assert agent.status()["gpus"]["GPU-1"]["holder"] == "local/sync"
+        assert baton.lease is None
+
+        @baton.turn()
+        def step(x: int) -> int:
+            assert baton.lease is not None
+            return x * 2
+
+        assert step(21) == 42 and step(1) == 2
+        assert agent.status()["gpus"]["GPU-0"]["fencing_token"] == 3
+        with pytest.raises(NotHolding):
+            baton.yield_()
+
+
+def test_async_client_turns_and_cancellation(agent: AgentRunner) -> None:
+    async def scenario() -> None:
+        async with (
+            AsyncBaton(agent.socket, ["GPU-0"], name="x") as x,
+            AsyncBaton(agent.socket, ["GPU-0"], name="y") as y,
+        ):
+            async with x.turn() as lease:
+                assert lease.fencing_tokens == {"GPU-0": 1}
+                mark = await asyncio.to_thread(agent.mark)
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(y.acquire(), 0.2)
+                await asyncio.to_thread(agent.wait_event, lambda e: e.kind == "cancelled", 5, mark)
+                assert agent.status()["gpus"]["GPU-0"]["queue"] == []
+
+            @y.turn()
+            async def step() -> str:
+                assert y.lease is not None
+                return y.lease.lease_id
+
+            assert await step() != lease.lease_id
+
+    asyncio.run(scenario())
+
+
+def test_environment_supplies_socket_and_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATON_AGENT_SOCKET", "/tmp/elsewhere.sock")
+    monkeypatch.setenv("BATON_GPUS", "GPU-a, GPU-b")
+    baton = AsyncBaton()
+    assert baton.socket == "/tmp/elsewhere.sock" and baton.gpus == ("GPU-a", "GPU-b")
+
+
+def test_no_agent_is_a_clear_error_not_a_hang(workdir: str) -> None:
+    baton = Baton(f"{workdir}/missing.sock", ["GPU-0"], connect_timeout=1)
+    started = time.monotonic()
+    with pytest.raises(AgentUnavailable, match=r"missing\.sock"):
+        baton.acquire()
+    assert time.monotonic() - started < 5
+    baton.close()
+
+
+def test_calls_while_the_agent_is_gone_raise(workdir: str) -> None:
+    runner = AgentRunner(workdir).start()
+    baton = Baton(runner.socket, ["GPU-0"], name="orphan", connect_timeout=0.5)
+    try:
+        baton.acquire()
+        runner.stop()
+        with pytest.raises(AgentUnavailable, match=r"reconnecting|lost"):
+            baton.yield_()
+        with pytest.raises(AgentUnavailable):
+            baton.acquire(timeout=1)
+    finally:
+        baton.close()
+        runner.stop()

@@ -1,0 +1,101 @@
+"""Who is calling: cgroup parsing, SO_PEERCRED on the handshake socket, session tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.identity import (
+    TokenRegistry,
+    handshake_path,
+    pod_uid_from_cgroup,
+    pod_uid_of_pid,
+    request_token,
+    serve_handshake,
+)
+from baton._pb import agent_pb2 as pb
+from baton._pb import agent_pb2_grpc
+from tests.harness.agent import AgentRunner
+
+UID = "0b3c6c0e-1a2b-4c5d-8e9f-0123456789ab"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # cgroup v1, cgroupfs driver
+        f"12:memory:/kubepods/burstable/pod{UID}/3f1e2d\n11:cpu,cpuacct:/kubepods/burstable/pod{UID}/3f1e2d\n",
+        # cgroup v1, guaranteed QoS
+        f"4:devices:/kubepods/pod{UID}/abcdef0123\n",
+        # cgroup v2, systemd driver (underscores in the slice name)
+        "0::/kubepods.slice/kubepods-burstable.slice/"
+        f"kubepods-burstable-pod{UID.replace('-', '_')}.slice/cri-containerd-0123abcd.scope\n",
+        # cgroup v2, cgroupfs driver, besteffort
+        f"0::/kubepods/besteffort/pod{UID}/0123abcd\n",
+    ],
+)
+def test_pod_uid_from_cgroup(text: str) -> None:
+    assert pod_uid_from_cgroup(text) == UID
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0::/user.slice/user-1000.slice/session-2.scope\n",
+        "12:memory:/docker/0123456789abcdef\n",
+        f"0::/system.slice/pod{UID}.service\n",  # not under kubepods
+        "",
+    ],
+)
+def test_no_pod_outside_kubernetes(text: str) -> None:
+    assert pod_uid_from_cgroup(text) is None
+
+
+def test_pod_uid_of_pid_reads_proc(tmp_path: Path) -> None:
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "cgroup").write_text(f"0::/kubepods/burstable/pod{UID}/c0ffee\n")
+    assert pod_uid_of_pid(42, proc=tmp_path) == UID
+    assert pod_uid_of_pid(43, proc=tmp_path) is None
+
+
+def test_handshake_reports_the_callers_pid_uid_gid(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        tokens = TokenRegistry(loop.call_later)
+        path = str(tmp_path / "hs.sock")
+        server = await serve_handshake(path, tokens, 0o660)
+        try:
+            assert (os.stat(path).st_mode & 0o777) == 0o660
+            first = await asyncio.to_thread(request_token, path)
+            second = await asyncio.to_thread(request_token, path)
+        finally:
+            server.close()
+        assert first != second and len(first) >= 32
+        peer = tokens.get(first)
+        assert peer is not None
+        assert (peer.pid, peer.uid, peer.gid) == (os.getpid(), os.getuid(), os.getgid())
+        tokens.attach(first)
+        tokens.revoke(first)
+        assert tokens.get(first) is None and tokens.get("guess") is None
+
+    asyncio.run(scenario())
+
+
+def test_calls_without_a_valid_token_are_refused(agent: AgentRunner) -> None:
+    assert os.path.exists(handshake_path(agent.socket))
+    with grpc.insecure_channel(f"unix:{agent.socket}") as channel:
+        stub = agent_pb2_grpc.AgentStub(channel)
+        for metadata in ((), (("baton-session", "forged"),)):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Acquire(pb.AcquireRequest(), metadata=metadata, timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "handshake" in (info.value.details() or "")
+
+
+def test_socket_is_not_world_accessible(agent: AgentRunner) -> None:
+    for path in (agent.socket, handshake_path(agent.socket)):
+        assert (os.stat(path).st_mode & 0o777) == 0o660

@@ -1,0 +1,178 @@
+"""The agent's seams to the residency layer: prepare/revoke/forget, NoRoom, tenant callbacks."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grpc
+import pytest
+
+from agent.client import Baton
+from agent.errors import CallbackFailed
+from agent.residency import NoRoom
+from baton._pb import agent_pb2 as pb
+from baton._pb import agent_pb2_grpc
+from tests.harness.agent import AgentRunner
+
+
+class RecordingPreparer:
+    """A TurnPreparer that records calls and refuses room to tenants in `no_room`."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.no_room: set[str] = set()
+        self.refused = threading.Event()
+        self.forgotten = threading.Event()
+
+    async def prepare(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        self.calls.append(("prepare", tenant_id))
+        if tenant_id in self.no_room:
+            self.refused.set()
+            raise NoRoom(f"parking for {tenant_id} would exceed the host budget by 5 GiB")
+
+    async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        self.calls.append(("revoke", tenant_id))
+
+    async def forget(self, tenant_id: str) -> None:
+        self.calls.append(("forget", tenant_id))
+        self.forgotten.set()
+
+    def status(self) -> dict[str, Any]:
+        return {"calls": len(self.calls)}
+
+
+@pytest.fixture
+def preparer() -> RecordingPreparer:
+    return RecordingPreparer()
+
+
+@pytest.fixture
+def seam_agent(workdir: str, preparer: RecordingPreparer) -> Iterator[AgentRunner]:
+    runner = AgentRunner(workdir, preparer=preparer, max_hold=0.3).start()
+    yield runner
+    runner.stop()
+
+
+@pytest.fixture
+def clients(seam_agent: AgentRunner) -> Iterator[dict[str, Baton]]:
+    made: dict[str, Baton] = {}
+
+    class Factory(dict[str, Baton]):
+        def __missing__(self, name: str) -> Baton:
+            client = Baton(seam_agent.socket, ["GPU-0"], name=name, connect_timeout=5)
+            client.connect()
+            made[name] = self[name] = client
+            return client
+
+    yield Factory()
+    for client in made.values():
+        client.close()
+
+
+def test_overdue_holder_is_revoked_then_resumed_first(
+    seam_agent: AgentRunner, preparer: RecordingPreparer, clients: dict[str, Baton]
+) -> None:
+    a, b = clients["a"], clients["b"]
+    first = a.acquire()
+    waiting = threading.Thread(target=b.acquire, daemon=True)
+    waiting.start()
+    revoked = seam_agent.wait_event(lambda e: e.kind == "revoked", timeout=5)
+    assert revoked.tenant_id == "local/a" and revoked.lease_id == first.lease_id
+    waiting.join(5)
+    assert b.lease is not None
+    assert ("revoke", "local/a") in preparer.calls
+    assert preparer.calls.index(("revoke", "local/a")) < preparer.calls.index(
+        ("prepare", "local/b")
+    )
+    queue = seam_agent.status()["gpus"]["GPU-0"]["queue"]
+    assert queue == [{**queue[0], "tenant_id": "local/a", "resuming": True}]
+    mark = seam_agent.mark()
+    b.yield_()
+    resumed = seam_agent.wait_event(lambda e: e.kind == "granted", since=mark)
+    assert resumed.tenant_id == "local/a"
+    assert resumed.tokens["GPU-0"] == first.fencing_tokens["GPU-0"] + 2
+
+
+def test_no_room_keeps_the_waiter_queued_until_the_node_changes(
+    seam_agent: AgentRunner, preparer: RecordingPreparer, clients: dict[str, Baton]
+) -> None:
+    a, b = clients["a"], clients["b"]
+    a.acquire()
+    preparer.no_room.add("local/b")
+    waiting = threading.Thread(target=b.acquire, daemon=True)
+    mark = seam_agent.mark()
+    waiting.start()
+    seam_agent.wait_event(lambda e: e.kind == "queued" and e.tenant_id == "local/b", since=mark)
+    a.yield_()
+    assert preparer.refused.wait(5)
+    queue = seam_agent.status()["gpus"]["GPU-0"]["queue"]
+    assert "exceed the host budget" in queue[0]["blocked"]
+    assert seam_agent.status()["residency"] == {"calls": len(preparer.calls)}
+    attempts = preparer.calls.count(("prepare", "local/b"))
+    preparer.no_room.clear()
+    mark = seam_agent.mark()
+    clients["c"]  # a registration changes the node: prepare is tried again
+    seam_agent.wait_event(lambda e: e.kind == "granted" and e.tenant_id == "local/b", since=mark)
+    assert preparer.calls.count(("prepare", "local/b")) == attempts + 1
+    waiting.join(5)
+    assert b.lease is not None
+
+
+def test_departed_tenant_is_forgotten(
+    seam_agent: AgentRunner, preparer: RecordingPreparer, clients: dict[str, Baton]
+) -> None:
+    clients["a"].acquire()
+    clients["a"].close()
+    assert preparer.forgotten.wait(5)
+    assert ("forget", "local/a") in preparer.calls
+
+
+def test_call_tenant_runs_the_clients_callbacks(seam_agent: AgentRunner) -> None:
+    release = threading.Event()
+
+    def on_park(gpu: str) -> int:
+        return 1 << 20 if gpu == "GPU-0" else 0
+
+    def on_restore(gpu: str) -> int:
+        if gpu == "GPU-slow":
+            release.wait(10)
+        raise RuntimeError(f"cannot restore {gpu}")
+
+    client = Baton(seam_agent.socket, ["GPU-0"], name="cb", on_park=on_park, on_restore=on_restore)
+    plain = Baton(seam_agent.socket, ["GPU-0"], name="plain")
+    try:
+        client.connect()
+        plain.connect()
+        sessions = seam_agent.service.sessions
+        assert seam_agent.call(sessions.call_tenant("local/cb", "park", "GPU-0", 5)) == 1 << 20
+        with pytest.raises(CallbackFailed, match="cannot restore GPU-0"):
+            seam_agent.call(sessions.call_tenant("local/cb", "restore", "GPU-0", 5))
+        with pytest.raises(CallbackFailed, match=r"within 0\.2 s"):
+            seam_agent.call(sessions.call_tenant("local/cb", "restore", "GPU-slow", 0.2))
+        release.set()
+        with pytest.raises(CallbackFailed, match="no session with an on_park"):
+            seam_agent.call(sessions.call_tenant("local/plain", "park", "GPU-0", 5))
+    finally:
+        client.close()
+        plain.close()
+
+
+def test_watch_events_streams_grants_with_fencing_tokens(
+    seam_agent: AgentRunner, clients: dict[str, Baton]
+) -> None:
+    with grpc.insecure_channel(f"unix:{seam_agent.socket}") as channel:
+        stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(pb.WatchEventsRequest(), timeout=10)
+        seen: list[pb.Event] = []
+        clients["a"].acquire()
+        clients["a"].yield_()
+        for event in stream:
+            seen.append(event)
+            if event.kind == "yielded":
+                break
+        stream.cancel()
+    kinds = [e.kind for e in seen if e.tenant_id == "local/a"]
+    assert kinds[-3:] == ["queued", "granted", "yielded"]
+    granted = next(e for e in seen if e.kind == "granted")
+    assert granted.fencing_tokens["GPU-0"] >= 1 and granted.at > 0
