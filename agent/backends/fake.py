@@ -8,6 +8,7 @@ removes half-written copies and keeps the device copy where both survived.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -33,6 +34,7 @@ from agent.fakegpu import (
 )
 
 TMP_SUFFIX = ".moving"
+log = logging.getLogger(__name__)
 
 
 def copy_file(src: Path, dst: Path) -> None:
@@ -72,7 +74,8 @@ class FakeBackend(Backend):
         self._mutex = threading.Lock()
         (self.root / "tenants").mkdir(parents=True, exist_ok=True)
         write_json(self.root / "gpus.json", {"scale": scale, "gpus": self.gpus})
-        self.reconcile()
+        for line in self.reconcile():
+            log.warning("reconciled an interrupted move: %s", line)
 
     def reconcile(self) -> list[str]:
         """Finish or undo moves a crash interrupted; returns what was done, one line each."""
@@ -173,16 +176,17 @@ class FakeBackend(Backend):
         start = self._clock()
         tmp = dst.with_name(dst.name + TMP_SUFFIX)
         copy_file(src, tmp)
-        self._model_bandwidth(size, start)
+        self._model_bandwidth(tmp, size, start)
         os.replace(tmp, dst)
         src.unlink()
         return Move(tenant_id, gpu, direction, size, self._clock() - start)
 
-    def _model_bandwidth(self, size: int, start: float) -> None:
+    def _model_bandwidth(self, tmp: Path, size: int, start: float) -> None:
         """Stretch a move of `size` simulated bytes to size / bandwidth seconds."""
         if self.pcie_gbps:
             remaining = size / (self.pcie_gbps * 1e9) - (self._clock() - start)
             if remaining > 0:
+                log.info("copied %s; committing in %.3f s (modelled transfer)", tmp, remaining)
                 self._closing.wait(remaining)
 
     def _parked_gpus(self, tenant_id: str) -> list[Path]:

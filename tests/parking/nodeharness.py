@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
+import tempfile
 import threading
+from pathlib import Path
 
 TENANT = [sys.executable, "-m", "tests.parking.tenant_proc"]
 
@@ -14,18 +17,25 @@ TENANT = [sys.executable, "-m", "tests.parking.tenant_proc"]
 class TenantProc:
     """One tenant process; `event()` returns its next JSON line."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, name: str, stderr: Path) -> None:
         self.proc = proc
         self.name = name
+        self.stderr = stderr
         self.events: list[dict] = []
 
     @classmethod
     async def start(cls, env: dict[str, str], name: str, mib: int, *flags: str) -> TenantProc:
+        fd, stderr = tempfile.mkstemp(prefix=f"baton-tenant-{name}-", suffix=".log")
         proc = await asyncio.create_subprocess_exec(
             *TENANT, "--name", name, "--mib", str(mib), "--declare", *flags,
-            env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=fd,
         )  # fmt: skip
-        return cls(proc, name)
+        os.close(fd)
+        return cls(proc, name, Path(stderr))
+
+    def describe(self) -> str:
+        """Its events and the end of its stderr, for a failure message."""
+        return f"{self.name}: events {self.events}; stderr: {self.stderr.read_text()[-1500:]}"
 
     async def event(self, timeout: float = 30.0) -> dict:
         assert self.proc.stdout is not None
@@ -51,9 +61,12 @@ class TenantProc:
     async def exit_code(self, timeout: float = 30.0) -> int:
         return await asyncio.wait_for(self.proc.wait(), timeout)
 
-    def kill(self) -> None:
+    async def reap(self) -> None:
+        """Kill it if it still runs, and wait for it."""
         if self.proc.returncode is None:
             self.proc.kill()
+            await asyncio.wait_for(self.proc.wait(), 10)
+        self.stderr.unlink(missing_ok=True)
 
 
 class LogWatch(logging.Handler):

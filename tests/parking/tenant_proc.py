@@ -11,10 +11,14 @@ import json
 import os
 import sys
 import zlib
+from collections.abc import Callable
+from typing import TypeVar
 
-from agent.client import Baton
+from agent.client import AgentUnavailable, Baton
 from agent.fakegpu import FakeGpuMemory
 from baton.names import ENV_GPUS
+
+T = TypeVar("T")
 
 
 def say(**event):
@@ -23,6 +27,17 @@ def say(**event):
 
 def seed(name: str, i: int) -> int:
     return zlib.crc32(name.encode()) * 1000 + i
+
+
+def retried(call: Callable[[], T]) -> T:
+    """`call`, again while the agent restarts (each try waits for the client to reconnect)."""
+    for attempt in range(5):
+        try:
+            return call()
+        except AgentUnavailable:
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")
 
 
 def main() -> int:
@@ -34,6 +49,7 @@ def main() -> int:
     p.add_argument("--declare", action="store_true", help="declare --mib as gpu-memory")
     p.add_argument("--hold", action="store_true", help="wait for a stdin line in turn 0")
     p.add_argument("--linger", action="store_true", help="after the turns, wait for a line")
+    p.add_argument("--pause-after", type=int, default=-1, help="after turn N, wait for a line")
     p.add_argument("--timeout", type=float, default=30.0)
     args = p.parse_args()
     gpu = os.environ[ENV_GPUS]
@@ -47,17 +63,20 @@ def main() -> int:
         assert baton.tenant is not None
         mem = FakeGpuMemory(baton.tenant.tenant_id, timeout=args.timeout)
         for i in range(args.turns):
-            with baton.turn(timeout=args.timeout) as lease:
-                if i == 0:
-                    mem.allocate(gpu, args.mib)
-                else:
-                    mem.verify_pattern(gpu, seed(args.name, i - 1))
-                mem.write_pattern(gpu, seed(args.name, i))
-                if args.hold and i == 0:
-                    say(event="holding", lease=lease.lease_id)
-                    sys.stdin.readline()
-                    mem.verify_pattern(gpu, seed(args.name, i))
-                say(event="turn", i=i, tokens=lease.fencing_tokens)
+            lease = retried(lambda: baton.acquire(args.timeout))
+            if i == 0:
+                mem.allocate(gpu, args.mib)
+            else:
+                mem.verify_pattern(gpu, seed(args.name, i - 1))
+            mem.write_pattern(gpu, seed(args.name, i))
+            if args.hold and i == 0:
+                say(event="holding", lease=lease.lease_id)
+                sys.stdin.readline()
+                mem.verify_pattern(gpu, seed(args.name, i))
+            retried(baton.yield_)
+            say(event="turn", i=i, tokens=lease.fencing_tokens)
+            if i == args.pause_after:
+                sys.stdin.readline()
         say(event="done")
         if args.linger:
             sys.stdin.readline()

@@ -27,7 +27,7 @@ async def with_node(options: FakeNodeOptions, body):
         await body(node, tenants)
     finally:
         for t in tenants:
-            t.kill()
+            await t.reap()
         await node.stop()
 
 
