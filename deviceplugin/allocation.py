@@ -20,13 +20,13 @@ from deviceplugin.devices import (
     container_allocation,
     preferred_allocation,
 )
-from deviceplugin.errors import ConflictError, NoWaitingPodError
+from deviceplugin.errors import ConflictError, DevicePluginError, NoWaitingPodError
 from deviceplugin.metrics import Metrics
 from deviceplugin.state import LiveInventory
 
 log = logging.getLogger(__name__)
 _REMEMBERED_PODS = 4096
-Relist = Literal["never", "miss", "now"]
+Relist = Literal["miss", "now"]
 
 
 class PodSource(Protocol):
@@ -93,8 +93,9 @@ class Allocator:
         """Slots on the GPUs of the pod about to be admitted, else the fewest GPUs."""
         with self._lock:
             try:
-                choice = self._choose(size, relist="never")
-            except NoHealthyGpuError:
+                choice = self._choose(size, relist="miss")
+            except (NoHealthyGpuError, DevicePluginError) as err:
+                log.info("no preferred GPUs (%s); packing onto the fewest", err)
                 choice = None
         prefer = choice.gpus if choice is not None else ()
         return preferred_allocation(available, must, size, prefer)

@@ -72,7 +72,7 @@ def test_unassigned_pod_gets_least_loaded_gpu_and_is_annotated(fake_api, plugin,
     busy["status"]["phase"] = "Running"
     fake_api.put_object(busy)
     fake_api.put_object(tenant_pod("stray"))
-    fake_api.wait_for_requests("watch", "pods")
+    assert plugin.pod_cache.wait_for(lambda pods: len(pods) == 2, 5)
 
     devices, response = kubelet.admit(GPU, 1)
 
@@ -86,7 +86,7 @@ def test_unassigned_pod_gets_least_loaded_gpu_and_is_annotated(fake_api, plugin,
 
 def test_api_server_down_fails_admission_with_the_cause_then_recovers(fake_api, plugin, kubelet):
     fake_api.put_object(tenant_pod("tenant", (GPU1,), assigned_at_ns=5))
-    fake_api.wait_for_object("Pod", "tenant", lambda pod: pod is not None)
+    assert plugin.pod_cache.wait_for(lambda pods: len(pods) == 1, 5)
     fake_api.stop()
 
     with pytest.raises(AdmissionError) as failure:
