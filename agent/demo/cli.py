@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -13,7 +13,10 @@ if TYPE_CHECKING:
 Tenants = Annotated[int, typer.Option(min=1, max=7, help="Synthetic RL tenants.")]
 Duty = Annotated[float, typer.Option(min=0.01, max=1.0, help="GPU share of each tenant alone.")]
 Cycle = Annotated[float, typer.Option(min=0.05, help="Mean seconds of one GPU + off-GPU step.")]
-Duration = Annotated[float, typer.Option(min=1.0, help="Seconds of each of the two runs.")]
+Duration = Annotated[float, typer.Option(min=1.0, help="Seconds each of the two runs is measured.")]
+Warmup = Annotated[
+    float, typer.Option(min=0.0, help="Seconds each run goes before it is measured.")
+]
 GpuMemory = Annotated[int, typer.Option(min=1, help="Simulated GPU memory, MiB.")]
 Footprints = Annotated[
     str, typer.Option(help="Device memory per tenant, MiB: one value, or one per tenant (a,b,c).")
@@ -24,10 +27,8 @@ Seed = Annotated[int, typer.Option(help="Seed of the phase lengths' variation.")
 OutDir = Annotated[Path, typer.Option(help="Where the timeline PNG and trace JSON go.")]
 
 
-def _config(
-    tenants: int, duty: float, cycle: float, duration: float, gpu_memory: int,
-    footprints: str, pcie_gbps: float, scale: float, seed: int,
-) -> DemoConfig:  # fmt: skip
+def _config(footprints: str, **fields: Any) -> DemoConfig:
+    """The run's settings from the flags; `footprints` is `MIB` or `MIB,MIB,...`."""
     from agent.demo.runner import DemoConfig
 
     try:
@@ -36,21 +37,19 @@ def _config(
         sizes = ()
     if not sizes or min(sizes) <= 0:
         raise typer.BadParameter(f"--footprints {footprints!r}: give MiB, e.g. 6144 or 6144,4096")
-    if max(sizes) > gpu_memory:
+    if max(sizes) > fields["gpu_memory_mib"]:
         raise typer.BadParameter(
-            f"a footprint of {max(sizes)} MiB exceeds --gpu-memory {gpu_memory}"
+            f"a footprint of {max(sizes)} MiB exceeds --gpu-memory {fields['gpu_memory_mib']}"
         )
-    return DemoConfig(
-        tenants=tenants, duty=duty, cycle_s=cycle, duration_s=duration, gpu_memory_mib=gpu_memory,
-        footprints_mib=sizes, pcie_gbps=pcie_gbps, scale=scale, seed=seed,
-    )  # fmt: skip
+    return DemoConfig(footprints_mib=sizes, **fields)
 
 
 def demo(
     tenants: Tenants = 3,
     duty: Duty = 0.4,
     cycle: Cycle = 1.5,
-    duration: Duration = 20.0,
+    duration: Duration = 18.0,
+    warmup: Warmup = 2.0,
     gpu_memory: GpuMemory = 16384,
     footprints: Footprints = "6144",
     pcie_gbps: Pcie = 55.0,
@@ -68,17 +67,21 @@ def demo(
     from agent.demo.runner import DemoError, run_comparison
     from agent.demo.timeline import write_timeline
 
-    config = _config(tenants, duty, cycle, duration, gpu_memory, footprints, pcie_gbps, scale, seed)
+    config = _config(
+        footprints, tenants=tenants, duty=duty, cycle_s=cycle, duration_s=duration,
+        warmup_s=warmup, gpu_memory_mib=gpu_memory, pcie_gbps=pcie_gbps, scale=scale, seed=seed,
+    )  # fmt: skip
     console = Console()
     console.print(
         f"{tenants} tenants, each busy on its GPU {duty:.0%} of a {cycle:g} s step; "
-        f"{duration:g} s alone on {tenants} GPUs, then {duration:g} s sharing one "
+        f"{tenants} GPUs alone, then one GPU shared, each run measured for {duration:g} s "
+        f"after {warmup:g} s of warm-up "
         f"({gpu_memory} MiB, footprints {footprints} MiB, {pcie_gbps:g} GB/s modelled)."
     )
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[turns]}"))
     with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
         tasks = {
-            label: progress.add_task(text, total=duration, turns="")
+            label: progress.add_task(text, total=warmup + duration, turns="", start=False)
             for label, text in (
                 ("alone", f"alone: {tenants} GPUs"),
                 ("shared", "shared: 1 GPU"),
@@ -86,6 +89,7 @@ def demo(
         }
 
         def tick(label: str, elapsed: float, grants: int) -> None:
+            progress.start_task(tasks[label])
             progress.update(tasks[label], completed=elapsed, turns=f"{grants} turns")
 
         try:
@@ -103,6 +107,7 @@ def bench_duty(
     duty: Duty = 0.3,
     cycle: Cycle = 1.5,
     duration: Duration = 20.0,
+    warmup: Warmup = 3.0,
     gpu_memory: GpuMemory = 16384,
     footprints: Footprints = "6144",
     pcie_gbps: Pcie = 55.0,
@@ -117,7 +122,10 @@ def bench_duty(
     from agent.demo.report import summarize
     from agent.demo.runner import DemoError, run_comparison
 
-    config = _config(tenants, duty, cycle, duration, gpu_memory, footprints, pcie_gbps, scale, seed)
+    config = _config(
+        footprints, tenants=tenants, duty=duty, cycle_s=cycle, duration_s=duration,
+        warmup_s=warmup, gpu_memory_mib=gpu_memory, pcie_gbps=pcie_gbps, scale=scale, seed=seed,
+    )  # fmt: skip
     try:
         alone, shared = asyncio.run(run_comparison(config))
     except DemoError as e:

@@ -44,6 +44,7 @@ def summarize(config: DemoConfig, alone: PhaseResult, shared: PhaseResult) -> di
         "target_duty": config.duty,
         "baseline_duty_per_gpu": [round(d, 4) for d in baseline],
         "duration_s": config.duration_s,
+        "warmup_s": config.warmup_s,
         "gpu_memory_mib": config.gpu_memory_mib,
         "footprints_mib": [config.footprint(i) for i in range(config.tenants)],
         "pcie_gbps": config.pcie_gbps,
@@ -55,8 +56,8 @@ def summarize(config: DemoConfig, alone: PhaseResult, shared: PhaseResult) -> di
         "idle_unwanted_s": round(max(0.0, idle - sum(waits)), 3),
         "grant_wait_p50_ms": round(percentile(waits, 0.5) * 1000, 2),
         "grant_wait_p99_ms": round(percentile(waits, 0.99) * 1000, 2),
-        "steps_alone": sum(t.steps_by(alone.t1) for t in alone.tenants),
-        "steps_shared": sum(t.steps_by(shared.t1) for t in shared.tenants),
+        "steps_alone": sum(t.steps_in(alone.t0, alone.t1) for t in alone.tenants),
+        "steps_shared": sum(t.steps_in(shared.t0, shared.t1) for t in shared.tenants),
     }
 
 
@@ -82,8 +83,8 @@ def print_report(
         tenants.add_row(
             a.name,
             f"{config.footprint(alone.tenants.index(a)) / 1024:.1f} GiB",
-            str(a.steps_by(alone.t1)),
-            str(b.steps_by(shared.t1)),
+            str(a.steps_in(alone.t0, alone.t1)),
+            str(b.steps_in(shared.t0, shared.t1)),
             str(a.verified + b.verified),
             f"[green]{verdict}[/]" if ok else f"[red]{verdict}[/]",
         )

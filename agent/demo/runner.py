@@ -26,7 +26,7 @@ TENANT = [sys.executable, "-m", "agent.demo.tenant"]
 START_TIMEOUT_S = 60.0
 """How long tenants may take to start and connect (imports are slow on a busy machine)."""
 Tick = Callable[[str, float, int], None]
-"""Progress callback: phase label, seconds elapsed in the phase, turns granted so far."""
+"""Progress callback: phase label, seconds since its tenants started, turns granted so far."""
 
 
 class DemoError(Exception):
@@ -44,7 +44,9 @@ class DemoConfig:
     """Mean seconds of one step: GPU phase plus off-GPU phase."""
     jitter: float = 0.1
     duration_s: float = 20.0
-    """Seconds each of the two phases runs."""
+    """Seconds each of the two phases is measured."""
+    warmup_s: float = 2.0
+    """Seconds each phase runs before it is measured, so the figures show its steady state."""
     gpu_memory_mib: int = 16384
     footprints_mib: tuple[int, ...] = (6144,)
     """Device memory per tenant; the last value repeats for the remaining tenants."""
@@ -85,9 +87,9 @@ class TenantResult:
     turns: list[list[Any]] = field(default_factory=list)
     error: str = ""
 
-    def steps_by(self, t1: float) -> int:
-        """Steps whose GPU phase ended by `t1`."""
-        return sum(1 for turn in self.turns if turn[3] <= t1)
+    def steps_in(self, t0: float, t1: float) -> int:
+        """Steps whose GPU phase ended within [t0, t1]."""
+        return sum(1 for turn in self.turns if t0 <= turn[3] <= t1)
 
 
 @dataclass
@@ -189,20 +191,20 @@ async def _drive(
             if ready.get("event") != "ready":
                 raise DemoError(f"tenant {result.name} did not start: {ready.get('error', ready)}")
             result.tenant_id = ready["tenant_id"]
-        t0 = time.time()
+        start = time.time()
+        t0 = start + config.warmup_s
         t1 = t0 + config.duration_s
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write(f"go {t1!r}\n".encode())
-        reports = [
-            asyncio.create_task(_line(p, config.duration_s + START_TIMEOUT_S)) for p in procs
-        ]
+        limit = t1 - start + START_TIMEOUT_S
+        reports = [asyncio.create_task(_line(p, limit)) for p in procs]
         pending: set[asyncio.Task[dict[str, Any]]] = set(reports)
         while pending:
             _, pending = await asyncio.wait(pending, timeout=0.2)
             if tick is not None:
                 grants = sum(1 for e in log if e.kind == ev.GRANTED)
-                tick(label, min(time.time(), t1) - t0, grants)
+                tick(label, min(time.time(), t1) - start, grants)
         for task, result in zip(reports, results, strict=True):
             _absorb(result, task.result())
         for proc in procs:

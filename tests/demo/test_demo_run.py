@@ -23,6 +23,7 @@ CONFIG = DemoConfig(
     duty=0.3,
     cycle_s=0.4,
     duration_s=2.5,
+    warmup_s=0.5,
     gpu_memory_mib=1000,
     footprints_mib=(600,),
     pcie_gbps=55.0,
@@ -96,7 +97,7 @@ def test_timeline_is_a_chrome_trace_and_a_png_of_the_right_size(run, tmp_path):
     for e in slices:
         assert {"name", "ts", "dur", "pid", "tid"} <= e.keys() and e["dur"] >= 0 and e["ts"] >= 0
     turns = [e for e in slices if e["pid"] == 2 and e["cat"] == "turn"]
-    assert len(turns) == sum(1 for h in shared.holds if h.start < shared.t1)
+    assert len(turns) == sum(1 for h in shared.holds if h.start < shared.t1 and h.end > shared.t0)
     waits = [e for e in slices if e["pid"] == 2 and e["cat"] == "wait"]
     waited_s = summarize(CONFIG, alone, shared)["idle_while_waited_s"]
     assert sum(e["dur"] for e in waits) / 1e6 == pytest.approx(waited_s, abs=0.01)
@@ -108,8 +109,8 @@ def test_timeline_is_a_chrome_trace_and_a_png_of_the_right_size(run, tmp_path):
 def test_bench_duty_prints_every_field_on_its_last_line():
     out = subprocess.run(
         [sys.executable, "-c", "from baton.cli import main; main()", "bench", "duty", "--json",
-         "--tenants", "2", "--duration", "1.5", "--cycle", "0.3", "--gpu-memory", "1000",
-         "--footprints", "600", "--scale", "0.001"],
+         "--tenants", "2", "--duration", "1.5", "--warmup", "0.3", "--cycle", "0.3",
+         "--gpu-memory", "1000", "--footprints", "600", "--scale", "0.001"],
         capture_output=True, text=True, timeout=90, check=True,
     )  # fmt: skip
     result = json.loads(out.stdout.strip().splitlines()[-1])
