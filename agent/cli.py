@@ -79,6 +79,16 @@ def agent(
     move_timeout: Annotated[
         float, typer.Option(envvar=names.ENV_MOVE_TIMEOUT, help="Seconds for a lock or callback.")
     ] = 5.0,
+    node_name: Annotated[
+        str, typer.Option(envvar="NODE_NAME", help="In Kubernetes: watch this node's pods.")
+    ] = "",
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(envvar="BATON_KUBECONFIG", help="Kubeconfig file; default: in-cluster."),
+    ] = None,
+    proc_root: Annotated[
+        str, typer.Option(envvar="BATON_PROC_ROOT", help="The host's /proc (PID → pod).")
+    ] = "/proc",
     log_level: Annotated[str, typer.Option(envvar="BATON_LOG_LEVEL")] = "INFO",
 ) -> None:
     """Run the node agent: turn-taking leases on this node's GPUs."""
@@ -90,6 +100,7 @@ def agent(
     from agent.policy import POLICIES
     from agent.sessions import SessionRegistry
     from agent.state import StateDirError
+    from baton.kube import KubeConfigError
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -120,12 +131,15 @@ def agent(
         max_hold=max_hold,
         reconnect_grace=reconnect_grace,
         socket_mode=int(socket_mode, 8),
+        node_name=node_name,
+        kubeconfig=kubeconfig,
+        proc_root=proc_root,
     )
     try:
         asyncio.run(
             run_agent(config, preparer, sessions, lambda svc: connect_preparer(preparer, svc))
         )
-    except StateDirError as exc:
+    except (StateDirError, KubeConfigError) as exc:
         typer.echo(f"baton agent: {exc}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:

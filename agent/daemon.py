@@ -16,6 +16,7 @@ from agent.grpc_server import AgentServicer
 from agent.http import StatusServer
 from agent.identity import TokenRegistry, handshake_path, pod_uid_of_pid, serve_handshake
 from agent.leases import LeaseTable
+from agent.podwatch import PodWatcher
 from agent.residency import NullPreparer, TurnPreparer
 from agent.service import LeaseService
 from agent.sessions import SessionRegistry
@@ -41,6 +42,11 @@ class AgentConfig:
     max_hold: float = 60.0
     reconnect_grace: float = 10.0
     socket_mode: int = 0o660
+    node_name: str = ""
+    """In Kubernetes: this node's name; tenants are then learned from a watch of its pods."""
+    kubeconfig: str | None = None
+    proc_root: str = "/proc"
+    """Where the host's /proc is (PID → cgroup → pod); the agent runs with hostPID."""
 
 
 class Agent:
@@ -63,6 +69,7 @@ class Agent:
         self._grpc: grpc.aio.Server | None = None
         self._handshake: asyncio.Server | None = None
         self._http: StatusServer | None = None
+        self._pods: PodWatcher | None = None
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -92,7 +99,7 @@ class Agent:
         Path(cfg.socket).unlink(missing_ok=True)
         self._grpc = grpc.aio.server()
         agent_pb2_grpc.add_AgentServicer_to_server(
-            AgentServicer(service, tokens, pod_uid_of_pid), self._grpc
+            AgentServicer(service, tokens, self._pod_uid_of), self._grpc
         )
         self._grpc.add_insecure_port(f"unix:{cfg.socket}")
         if cfg.debug_tcp_port:
@@ -101,6 +108,8 @@ class Agent:
         os.chmod(cfg.socket, cfg.socket_mode)
         self._handshake = await serve_handshake(handshake_path(cfg.socket), tokens, cfg.socket_mode)
 
+        if cfg.node_name:
+            self._start_pod_watch(service)
         self._http = StatusServer(
             service.metrics.registry, lambda: status_json(service, time.time()), lambda: True
         )
@@ -114,6 +123,21 @@ class Agent:
             cfg.state_dir,
         )
 
+    def _pod_uid_of(self, pid: int) -> str | None:
+        return pod_uid_of_pid(pid, Path(self.config.proc_root))
+
+    def _start_pod_watch(self, service: LeaseService) -> None:
+        from baton.kube import load_api_client
+
+        self._pods = PodWatcher(
+            load_api_client(self.config.kubeconfig),
+            self.config.node_name,
+            asyncio.get_running_loop(),
+            service.upsert_pod,
+            service.pod_gone,
+        )
+        self._pods.start()
+
     async def wait(self) -> None:
         """Block until `stop` is called."""
         await self._stopped.wait()
@@ -122,6 +146,8 @@ class Agent:
         """Close the sockets and stop the service; persisted state stays for the next start."""
         if self.service is not None:
             self.service.stopping = True
+        if self._pods is not None:
+            self._pods.stop()
         if self._http is not None:
             await self._http.stop()
         if self._handshake is not None:

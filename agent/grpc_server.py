@@ -81,14 +81,20 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     ) -> pb.RegisterResponse:
         peer = self._peer(context)
         pod_uid = self._pod_uid_of(peer.pid)
-        tenant = self._service.tenants.find(peer.pid, pod_uid)
-        if tenant is None and pod_uid:
-            raise errors.NotRegistered(f"pod {pod_uid} is not (yet) known to the agent")
-        if tenant is None or request.name:
-            if not request.name or not request.gpus:
-                raise errors.RegistrationConflict("a registration needs a name and GPUs")
-            if tenant is None or tenant.name != request.name:
-                tenant = self._service.register(peer.pid, peer.uid, request)
+        if pod_uid:
+            tenant = self._service.tenants.find(peer.pid, pod_uid)
+            if tenant is None:
+                raise errors.NotRegistered(
+                    f"process {peer.pid} runs in pod {pod_uid}, which the agent has not seen "
+                    "with Baton GPUs assigned (yet); check the pod's baton.dev/assigned-gpus"
+                )
+        elif not request.name or not request.gpus:
+            raise errors.RegistrationConflict(
+                "outside Kubernetes a tenant registers with a name and its GPUs "
+                "(BATON_TENANT_NAME, BATON_GPUS)"
+            )
+        else:
+            tenant = self._service.register(peer.pid, peer.uid, request)
         self._tokens.bind(peer.token, tenant.tenant_id)
         return pb.RegisterResponse(tenant=api_ops.tenant_to_pb(tenant))
 

@@ -136,6 +136,17 @@ class LeaseService:
         if last:
             self._drop(tenant_id, "its last session ended")
 
+    def upsert_pod(self, tenant: Tenant) -> None:
+        """A pod on this node with Baton GPUs appeared or changed."""
+        old = self.tenants.tenants.get(tenant.tenant_id)
+        self.tenants.upsert_pod(tenant)
+        if old is not None and old.to_json() == tenant.to_json():
+            return
+        for gpu in tenant.gpus:
+            self.table.gpu(gpu)
+        self._publish(ev.TENANT_JOINED, tenant.tenant_id, gpus=tenant.gpus, detail="pod")
+        self._changed()
+
     def pod_gone(self, tenant_id: str) -> None:
         """The tenant's pod left the node."""
         self._drop(tenant_id, "its pod left the node")

@@ -150,10 +150,15 @@ class AgentRunner:
                 kinds = [f"{e.kind}:{e.tenant_id}" for e in self.seen[since:]]
                 raise AssertionError(f"no matching event within {timeout} s; saw {kinds}") from None
 
+    @property
+    def http_url(self) -> str:
+        """The agent's HTTP address."""
+        assert self._agent is not None
+        return f"http://127.0.0.1:{self._agent.http_port}"
+
     def http(self, path: str) -> tuple[int, str]:
         """GET a path from the agent's HTTP server."""
-        assert self._agent is not None
-        url = f"http://127.0.0.1:{self._agent.http_port}{path}"
+        url = f"{self.http_url}{path}"
         try:
             with urllib.request.urlopen(url, timeout=10) as response:
                 return response.status, response.read().decode()

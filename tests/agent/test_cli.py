@@ -1,0 +1,40 @@
+"""`baton agent` refuses what it cannot use; `baton status` shows what the agent reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from agent.client import Baton
+from baton.cli import app
+from tests.harness.agent import AgentRunner
+
+
+def test_agent_refuses_an_unwritable_state_dir(workdir: str, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = CliRunner().invoke(
+        app,
+        ["agent", "--socket", f"{workdir}/a.sock", "--state-dir", str(blocker / "state")],
+    )
+    assert result.exit_code == 2
+    assert "not writable" in result.output and "--state-dir" in result.output
+
+
+def test_status_renders_holders_and_queues(agent: AgentRunner) -> None:
+    with Baton(agent.socket, ["GPU-0"], name="shown") as baton:
+        baton.acquire()
+        url = agent.http_url
+        table = CliRunner().invoke(app, ["status", "--url", url])
+        assert table.exit_code == 0, table.output
+        assert "GPU-0" in table.output and "local/shown" in table.output
+        raw = CliRunner().invoke(app, ["status", "--url", url, "--json"])
+        document = json.loads(raw.output)
+        assert document["gpus"]["GPU-0"]["holder"] == "local/shown"
+
+
+def test_status_says_when_the_agent_is_unreachable(workdir: str) -> None:
+    result = CliRunner().invoke(app, ["status", "--url", "http://127.0.0.1:9"])
+    assert result.exit_code == 1 and "cannot reach the agent" in result.output

@@ -1,0 +1,68 @@
+"""In Kubernetes: tenants are the pods on this node, found from a caller's cgroup."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from agent.client import Baton
+from baton import names
+from tests.harness.agent import AgentRunner
+from tests.harness.fakeapi import FakeApiServer
+
+UID = "6f1c2a3b-4d5e-4f60-8a9b-0c1d2e3f4a5b"
+
+
+def pod(name: str, uid: str, node: str, gpus: str | None) -> dict[str, Any]:
+    annotations = {names.ANNOTATION_ASSIGNED_GPUS: gpus} if gpus else {}
+    resources = {
+        "requests": {names.RESOURCE_GPU_MEMORY: "20480", names.RESOURCE_GPU_DUTY: "40"},
+        "limits": {"memory": "64Gi", names.RESOURCE_GPU: "1"},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team", "uid": uid, "annotations": annotations},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "main", "image": "trainer", "resources": resources}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def test_pod_tenant_from_cgroup_and_pod_watch(workdir: str, tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / str(os.getpid())).mkdir(parents=True)
+    (proc / str(os.getpid()) / "cgroup").write_text(
+        "0::/kubepods.slice/kubepods-burstable.slice/"
+        f"kubepods-burstable-pod{UID.replace('-', '_')}.slice/cri-containerd-abc.scope\n"
+    )
+    with FakeApiServer() as api:
+        api.put_object(pod("trainer", UID, "node-1", "GPU-bbb,GPU-aaa"))
+        api.put_object(pod("elsewhere", "11111111-2222-4333-8444-555555555555", "node-2", "GPU-x"))
+        api.put_object(pod("plain", "21111111-2222-4333-8444-555555555555", "node-1", None))
+        kubeconfig = str(api.kubeconfig_path(tmp_path))
+        runner = AgentRunner(
+            workdir, node_name="node-1", kubeconfig=kubeconfig, proc_root=str(proc)
+        ).start()
+        baton = Baton(runner.socket, name="ignored-in-a-pod", connect_timeout=5)
+        try:
+            runner.wait_event(lambda e: e.kind == "tenant_joined" and e.tenant_id == "team/trainer")
+            lease = baton.acquire()
+            assert lease.gpus == ("GPU-aaa", "GPU-bbb")
+            tenant = runner.status()["tenants"]["team/trainer"]
+            assert tenant["source"] == "pod" and tenant["pod_uid"] == UID
+            assert (tenant["gpu_memory_mib"], tenant["gpu_duty"]) == (20480, 40)
+            assert tenant["memory_limit_bytes"] == 64 * 1024**3
+            assert set(runner.status()["tenants"]) == {"team/trainer"}
+
+            mark = runner.mark()
+            api.remove_object("Pod", "trainer", "team")
+            gone = runner.wait_event(lambda e: e.kind == "tenant_gone", since=mark)
+            assert gone.tenant_id == "team/trainer" and "pod left" in gone.detail
+            assert runner.status()["gpus"]["GPU-aaa"]["holder"] is None
+        finally:
+            baton.close()
+            runner.stop()
