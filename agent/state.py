@@ -19,6 +19,8 @@ from agent.leases import Lease
 from agent.tenants import Tenant
 
 STATE_FILE = "agent-state.json"
+PROBE_BYTES = 64 * 1024
+"""Written (then removed) at start: a state directory must hold a state file of this size."""
 log = logging.getLogger(__name__)
 
 
@@ -48,8 +50,10 @@ class StateStore:
         self._thread: threading.Thread | None = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=self.dir, prefix=".probe-"):
-                pass
+            with tempfile.NamedTemporaryFile(dir=self.dir, prefix=".probe-") as probe:
+                probe.write(b"\0" * PROBE_BYTES)  # creating an empty file works on a full disk
+                probe.flush()
+                os.fsync(probe.fileno())
         except OSError as exc:
             raise StateDirError(
                 f"state directory {self.dir} is not writable ({exc.strerror}); "
