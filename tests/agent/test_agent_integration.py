@@ -148,3 +148,24 @@ def test_restart_keeps_the_holders_turn(workdir: str) -> None:
             second.stop()
     finally:
         a.close()
+
+
+def test_holder_that_does_not_come_back_loses_its_turn_after_the_grace(workdir: str) -> None:
+    from tests.harness.agent import TenantProcess
+
+    first = AgentRunner(workdir).start()
+    a = TenantProcess(first.socket, "a", ["GPU-0"])
+    lease = a.request("acquire")
+    first.stop()
+    a.kill()  # dies while the agent is down
+    second = AgentRunner(workdir, reconnect_grace=1.5).start()
+    assert second.status()["gpus"]["GPU-0"]["holder"] == "local/a"
+    b = TenantProcess(second.socket, "b", ["GPU-0"])
+    try:
+        gone = second.wait_event(lambda e: e.kind == "tenant_gone" and e.tenant_id == "local/a")
+        assert "did not reconnect" in gone.detail
+        granted = b.request("acquire")
+        assert granted["tokens"]["GPU-0"] == lease["tokens"]["GPU-0"] + 1
+    finally:
+        b.close()
+        second.stop()
