@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.client
 import json
 import multiprocessing
+import os
 import random
 import socket
 import threading
@@ -65,7 +66,7 @@ def run(nodes: int, pods: int, iterations: int, binds: int, seed: int = 1) -> di
     )
     child.start()
     try:
-        figures = _drive(port, rng, nodes, iterations, pending)
+        figures = _drive(port, rng, nodes, iterations, pending, child.pid)
     finally:
         child.terminate()
         child.join(10)
@@ -75,7 +76,12 @@ def run(nodes: int, pods: int, iterations: int, binds: int, seed: int = 1) -> di
 
 
 def _drive(
-    port: int, rng: random.Random, nodes: int, iterations: int, pending: dict[str, Any]
+    port: int,
+    rng: random.Random,
+    nodes: int,
+    iterations: int,
+    pending: dict[str, Any],
+    server_pid: int | None,
 ) -> dict[str, Any]:
     names = [f"node-{i:05d}" for i in range(nodes)]
     per_call = nodes_to_score(nodes)
@@ -94,6 +100,12 @@ def _drive(
         prioritize_ms.append(_timed(conn, "/prioritize", json.dumps(args).encode())[0])
     bind_ms, bind_errors = _binds(conn, rng, names, per_call, pending)
     conn.close()
+    cpu_before = _cpu_seconds(server_pid)
+    rate, count = _throughput(port, bodies)
+    cpu_after = _cpu_seconds(server_pid)
+    cpu_ms = None
+    if cpu_before is not None and cpu_after is not None and count:
+        cpu_ms = round((cpu_after - cpu_before) * 1000 / count, 3)
     return {
         "filter_p50_ms": _pct(filter_ms, 50),
         "filter_p99_ms": _pct(filter_ms, 99),
@@ -103,7 +115,8 @@ def _drive(
         "bind_p99_ms": _pct(bind_ms, 99),
         "bind_errors": bind_errors,
         "feasible_nodes_mean": round(sum(map(len, passed)) / len(passed), 1),
-        "requests_per_s": _throughput(port, bodies),
+        "requests_per_s": rate,
+        "server_cpu_ms_per_filter": cpu_ms,
         "iterations": iterations,
         "bind_api": "in-memory",
     }
@@ -131,8 +144,10 @@ def _binds(
     return times, errors
 
 
-def _throughput(port: int, bodies: list[bytes], clients: int = 4, seconds: float = 3.0) -> float:
-    """Filter requests per second with several keep-alive clients at once."""
+def _throughput(
+    port: int, bodies: list[bytes], clients: int = 4, seconds: float = 3.0
+) -> tuple[float, int]:
+    """Filter requests per second with several keep-alive clients at once, and how many."""
     counts = [0] * clients
     deadline = time.perf_counter() + seconds
 
@@ -151,7 +166,17 @@ def _throughput(port: int, bodies: list[bytes], clients: int = 4, seconds: float
         thread.start()
     for thread in threads:
         thread.join(seconds + 60)
-    return round(sum(counts) / (time.perf_counter() - started), 1)
+    return round(sum(counts) / (time.perf_counter() - started), 1), sum(counts)
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of a process (Linux /proc), or None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _connect(port: int) -> http.client.HTTPConnection:

@@ -10,6 +10,7 @@ key picks (and scores) the best; `binpack` fills GPUs with tenants, `spread` pre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from baton.names import MIB
@@ -34,9 +35,9 @@ __all__ = [
     "Policy",
     "Tenant",
     "Verdict",
-    "fits_one",
     "gpu_state",
     "node_state",
+    "one_gpu_filter",
     "parked_worst_mib",
     "place",
 ]
@@ -88,28 +89,39 @@ def place(node: NodeState, request: TenantRequest, limits: Limits, choose: bool 
     return _choose(node, candidates, request.gpus)
 
 
-def fits_one(node: NodeState, request: TenantRequest, limits: Limits) -> bool:
-    """Filter's fast path for one-GPU pods: True when some GPU takes it (`place` says why not)."""
-    if request.gpus != 1:
-        return False
-    room = node.budget_mib - node.parked_worst_mib
+def one_gpu_filter(request: TenantRequest, limits: Limits) -> Callable[[NodeState], bool]:
+    """Filter's fast path for one-GPU pods: whether some GPU of a node takes the pod.
+
+    It agrees with `place`, which is what to ask for the reason when a node fails.
+    """
     wanted_memory, wanted_duty = request.memory_mib, request.duty
+    memory_cap = _memory_cap(request)
+    duty_cap = limits.max_duty + _EPSILON
+
+    def fits(node: NodeState) -> bool:
+        room = node.budget_mib - node.parked_worst_mib
+        for row in node.distinct_rows:
+            usable, duty_sum, default_duty, total, smallest, largest, parked, tenants = row[:8]
+            memory = usable if wanted_memory is None else wanted_memory
+            if memory > usable or memory > memory_cap:
+                continue
+            if duty_sum + (default_duty if wanted_duty is None else wanted_duty) > duty_cap:
+                continue
+            total += memory
+            if total <= usable:
+                return True
+            smallest = min(smallest, memory) if tenants else memory
+            if total - max(smallest, usable - max(largest, memory)) - parked <= room:
+                return True
+        return False
+
+    return fits
+
+
+def _memory_cap(request: TenantRequest) -> float:
+    """The most `gpu-memory` per GPU the pod's memory limit can hold when parked."""
     limit = request.memory_limit_bytes
-    max_duty = limits.max_duty + _EPSILON
-    for row in node.rows:
-        usable, duty_sum, default_duty, total, smallest, largest, parked, has_tenants = row[:8]
-        memory = usable if wanted_memory is None else wanted_memory
-        if memory > usable or (limit is not None and memory * MIB > limit):
-            continue
-        if duty_sum + (default_duty if wanted_duty is None else wanted_duty) > max_duty:
-            continue
-        total += memory
-        if total <= usable:
-            return True
-        smallest = min(smallest, memory) if has_tenants else memory
-        if total - max(smallest, usable - max(largest, memory)) - parked <= room:
-            return True
-    return False
+    return float("inf") if limit is None else limit // (MIB * request.gpus)
 
 
 def _candidates(
@@ -229,20 +241,21 @@ def _best_one(node: NodeState, request: TenantRequest, limits: Limits) -> Verdic
     """`_candidates` + `_choose` for one-GPU pods, without building the list (prioritize)."""
     room = node.budget_mib - node.parked_worst_mib
     wanted_memory, wanted_duty = request.memory_mib, request.duty
-    limit = request.memory_limit_bytes
+    memory_cap = _memory_cap(request)
     max_duty, policy = limits.max_duty, limits.policy
-    best: tuple[float, float, int, str] | None = None
-    for row in node.rows:
-        usable, duty_sum, default_duty, total, smallest, largest, parked, has_tenants = row[:8]
+    duty_cap = max_duty + _EPSILON
+    best_key, best_after, best_index, best_uuid = -1.0, 0.0, 0, ""
+    for row in node.distinct_rows:
+        usable, duty_sum, default_duty, total, smallest, largest, parked, tenants = row[:8]
         memory = usable if wanted_memory is None else wanted_memory
-        if memory > usable or (limit is not None and memory * MIB > limit):
+        if memory > usable or memory > memory_cap:
             continue
         after = duty_sum + (default_duty if wanted_duty is None else wanted_duty)
-        if after > max_duty + _EPSILON:
+        if after > duty_cap:
             continue
         total += memory
         if total > usable:
-            smallest = min(smallest, memory) if has_tenants else memory
+            smallest = min(smallest, memory) if tenants else memory
             if total - max(smallest, usable - max(largest, memory)) - parked > room:
                 continue
         if policy is Policy.BINPACK:
@@ -251,11 +264,14 @@ def _best_one(node: NodeState, request: TenantRequest, limits: Limits) -> Verdic
             key = 1.0 - max(row.taken_share, min(duty_sum / max_duty, 1.0))
         else:
             key = min(after / max_duty, 1.0)
-        if best is None or (key, after, row.neg_index) > best[:3]:
-            best = (key, after, row.neg_index, row.uuid)
-    if best is None:
+        if key > best_key or (
+            key == best_key
+            and (after > best_after or (after == best_after and row.neg_index > best_index))
+        ):
+            best_key, best_after, best_index, best_uuid = key, after, row.neg_index, row.uuid
+    if not best_uuid:
         return None
-    return Verdict(True, gpus=(best[3],), score=max(0, min(10, round(10 * best[0]))))
+    return Verdict(True, gpus=(best_uuid,), score=max(0, min(10, round(10 * best_key))))
 
 
 def _too_few(node: NodeState, request: TenantRequest, limits: Limits, found: int) -> str:

@@ -90,6 +90,9 @@ class NodeState:
     """Usable memory of its GPUs, largest first."""
     rows: tuple[Row, ...]
     """The open GPUs' figures as plain tuples, for the hot loop."""
+    distinct_rows: tuple[Row, ...]
+    """One row per set of GPUs in the same state (the lowest index of each): a one-GPU pod
+    fares the same on any of them, so its fast paths look at these only."""
     problem: str = ""
     """Why the node's inventory could not be read, if it could not."""
 
@@ -154,7 +157,14 @@ def node_state(
     parked = sum(s.parked_worst_mib for s in states)
     usable = tuple(sorted((s.usable_mib for s in states), reverse=True))
     rows = tuple(_row(s) for s in states if s.open)
-    return NodeState(name, states, budget_mib, parked, usable, rows, problem)
+    distinct: dict[tuple[object, ...], Row] = {}
+    for row in rows:
+        same = distinct.get(row[:10])
+        if same is None or row.neg_index > same.neg_index:
+            distinct[row[:10]] = row
+    return NodeState(
+        name, states, budget_mib, parked, usable, rows, tuple(distinct.values()), problem
+    )
 
 
 def _row(s: GpuState) -> Row:

@@ -9,7 +9,7 @@ it expires.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from extender.inventory import (
@@ -41,6 +41,10 @@ class ClusterState:
     def node(self, name: str) -> NodeState | None:
         """The node's current state, or `None` when the cache does not know it."""
         return self._states.get(name)
+
+    def nodes_by_name(self) -> Mapping[str, NodeState]:
+        """Every node's current state (read-only; replaced, never edited, on change)."""
+        return self._states
 
     def node_from_object(self, node: dict[str, Any]) -> NodeState:
         """A node the watch has not shown yet, from the object kube-scheduler sent."""

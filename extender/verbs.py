@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from extender.placement import NodeState, Verdict, fits_one, place
+from extender.placement import NodeState, Verdict, one_gpu_filter, place
 from extender.requests import RequestError, TenantRequest, parse_pod_request
 from extender.state import ClusterState
 from extender.wire import MIN_PRIORITY, ExtenderArgs
@@ -23,10 +23,11 @@ def filter_nodes(
         return [], {}, dict.fromkeys(args.node_names, str(err))
     if request is None:
         return list(args.node_names), failed, unresolvable
-    limits = state.limits
+    fits = one_gpu_filter(request, state.limits) if request.gpus == 1 else None
+    nodes = state.nodes_by_name()
     for name in args.node_names:
-        node = state.node(name)
-        if node is not None and fits_one(node, request, limits):
+        node = nodes.get(name)
+        if fits is not None and node is not None and fits(node):
             passed.append(name)
             continue
         verdict = _verdict(state, args, request, name, choose=False)

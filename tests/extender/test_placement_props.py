@@ -12,8 +12,8 @@ from extender.placement import (
     Limits,
     Policy,
     Tenant,
-    fits_one,
     node_state,
+    one_gpu_filter,
     parked_worst_mib,
     place,
 )
@@ -58,7 +58,7 @@ def test_placing_never_exceeds_slots_memory_duty_or_budget(
         filtered = place(node, request, limits, choose=False)
         assert filtered.fits is verdict.fits, (filtered, verdict)
         if request.gpus == 1:
-            assert fits_one(node, request, limits) is verdict.fits
+            assert one_gpu_filter(request, limits)(node) is verdict.fits
         if not verdict.fits:
             assert verdict.reason
             continue
