@@ -25,6 +25,7 @@ class LineProc:
     """A child process speaking JSON lines on stdout; every read is bounded."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.name = " ".join(argv[2:5])
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -47,9 +48,9 @@ class LineProc:
         try:
             text = self._lines.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError(f"{self.proc.args} said nothing for {timeout} s") from None
+            raise AssertionError(f"{self.name} said nothing for {timeout} s") from None
         if not text:
-            raise AssertionError(f"{self.proc.args} exited with {self.proc.wait(5)}")
+            raise AssertionError(f"{self.name} exited with {self.proc.wait(5)}")
         return dict(json.loads(text))
 
     def send(self, text: str) -> None:

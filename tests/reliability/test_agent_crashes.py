@@ -1,0 +1,109 @@
+"""`baton agent` SIGKILLed mid-restore or while a lease is held, then started again.
+
+(Killed mid-park is `tests/parking/test_agent_crash.py`.) The tenants are processes running
+`tests.parking.tenant_proc`: each turn verifies the pattern the previous turn wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from agent.fakenode import AgentProcess, FakeNodeOptions, tenant_env
+
+from .figures import record
+from .loadrun import LineProc
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def workdir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="baton-crash-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def tenant(node: AgentProcess, name: str, *flags: str) -> LineProc:
+    argv = [sys.executable, "-m", "tests.parking.tenant_proc", "--name", name, "--declare"]
+    return LineProc([*argv, *flags], tenant_env(node.socket, node.fake_dir))
+
+
+def until(proc: LineProc, kind: str, timeout: float = 30) -> list[dict]:
+    """The tenant's lines up to the first of `kind`; an error line fails."""
+    seen = []
+    while True:
+        line = proc.line(timeout)
+        seen.append(line)
+        assert line["event"] != "error", (proc.name, line)
+        if line["event"] == kind:
+            return seen
+
+
+def holders(node: AgentProcess) -> dict[str, str]:
+    url = f"http://127.0.0.1:{node.http_port}/v1/status"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        gpus = json.load(r)["gpus"]
+    return {gpu: state["holder"] for gpu, state in gpus.items()}
+
+
+def test_an_agent_killed_mid_restore_loses_nothing_and_everyone_gets_turns_again(workdir):
+    """Promised: a restore cut short by SIGKILL leaves one whole copy; after the restart every
+    tenant's data verifies on every later turn and both tenants finish all their turns."""
+    node = AgentProcess(
+        workdir, FakeNodeOptions(fake_gpus="1x100", pcie_gbps=0.2, reconnect_grace=30)
+    )
+    node.start()
+    procs = [tenant(node, n, "--mib", "60", "--turns", "3") for n in ("a", "b")]
+    try:
+        mid_restore = node.wait_for(r"copied .*\.dev\.moving; committing", 40)
+        node.kill()
+        node.start()
+        node.wait_for("reconciled an interrupted move", 10)
+        for p in procs:
+            turns = [line["i"] for line in until(p, "done", 60) if line["event"] == "turn"]
+            assert turns == [0, 1, 2]
+    finally:
+        for p in procs:
+            p.kill()
+        node.stop()
+    assert ".dev.moving" in mid_restore
+    record("faults", "agent SIGKILLed mid-restore", {"survived": True, "tenants": 2})
+
+
+def test_an_agent_killed_while_a_lease_is_held_keeps_the_holders_turn(workdir):
+    """Promised: the holder keeps its turn across the crash (it reconnects within the grace
+    period), a newcomer is not granted meanwhile, fencing tokens never go back, and both
+    tenants then take their turns with their data intact."""
+    node = AgentProcess(workdir, FakeNodeOptions(fake_gpus="1x100", reconnect_grace=30))
+    node.start()
+    a = tenant(node, "a", "--mib", "60", "--turns", "2", "--hold")
+    procs = [a]
+    try:
+        until(a, "holding")
+        node.kill()
+        node.start()
+        node.wait_for("restored 1 tenants and 1 leases", 10)
+        assert set(holders(node).values()) == {"local/a"}
+        b = tenant(node, "b", "--mib", "60", "--turns", "2")
+        procs.append(b)
+        node.wait_for("session opened: tenant local/b", 30)
+        node.wait_for("session opened: tenant local/a", 30)
+        assert set(holders(node).values()) == {"local/a"}
+        a.send("go")
+        lines_a, lines_b = until(a, "done"), until(b, "done")
+    finally:
+        for p in procs:
+            p.kill()
+        node.stop()
+    tokens = [next(iter(x["tokens"].values())) for x in lines_a + lines_b if x["event"] == "turn"]
+    assert [x["i"] for x in lines_a if x["event"] == "turn"] == [0, 1]
+    assert [x["i"] for x in lines_b if x["event"] == "turn"] == [0, 1]
+    assert len(set(tokens)) == 4 and tokens[0] == min(tokens), tokens
+    record("faults", "agent SIGKILLed while a lease is held", {"survived": True, "tenants": 2})
