@@ -45,7 +45,13 @@ def test_tenants_that_do_not_fit_together_take_turns_and_keep_their_data():
     async def body(node, tenants):
         env = node.tenant_env()
         for name in ("a", "b", "c"):
-            tenants.append(await TenantProc.start(env, name, 60, "--turns", "4"))
+            tenants.append(
+                await TenantProc.start(env, name, 60, "--turns", "4", "--pause-after", "0")
+            )
+        for t in tenants:
+            await t.until("turn")
+        for t in tenants:
+            t.tell()
         for t in tenants:
             await t.until("done", 60)
             assert [e["i"] for e in t.events if e["event"] == "turn"] == [0, 1, 2, 3]
