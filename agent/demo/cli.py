@@ -23,6 +23,9 @@ Footprints = Annotated[
 ]
 Pcie = Annotated[float, typer.Option(help="Modelled host-device bandwidth, GB/s; 0 = unmodelled.")]
 Scale = Annotated[float, typer.Option(help="Real bytes per simulated byte of device memory.")]
+Jitter = Annotated[
+    float, typer.Option(min=0.0, max=0.9, help="Phase lengths vary by up to ± this fraction.")
+]
 Seed = Annotated[int, typer.Option(help="Seed of the phase lengths' variation.")]
 OutDir = Annotated[Path, typer.Option(help="Where the timeline PNG and trace JSON go.")]
 
@@ -54,6 +57,7 @@ def demo(
     footprints: Footprints = "6144",
     pcie_gbps: Pcie = 55.0,
     scale: Scale = 1 / 4096,
+    jitter: Jitter = 0.1,
     seed: Seed = 7,
     out_dir: OutDir = Path("baton-demo"),
 ) -> None:
@@ -69,7 +73,8 @@ def demo(
 
     config = _config(
         footprints, tenants=tenants, duty=duty, cycle_s=cycle, duration_s=duration,
-        warmup_s=warmup, gpu_memory_mib=gpu_memory, pcie_gbps=pcie_gbps, scale=scale, seed=seed,
+        warmup_s=warmup, gpu_memory_mib=gpu_memory, pcie_gbps=pcie_gbps, scale=scale,
+        jitter=jitter, seed=seed,
     )  # fmt: skip
     console = Console()
     console.print(
@@ -112,6 +117,7 @@ def bench_duty(
     footprints: Footprints = "6144",
     pcie_gbps: Pcie = 55.0,
     scale: Scale = 1 / 4096,
+    jitter: Jitter = 0.1,
     seed: Seed = 7,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -124,7 +130,8 @@ def bench_duty(
 
     config = _config(
         footprints, tenants=tenants, duty=duty, cycle_s=cycle, duration_s=duration,
-        warmup_s=warmup, gpu_memory_mib=gpu_memory, pcie_gbps=pcie_gbps, scale=scale, seed=seed,
+        warmup_s=warmup, gpu_memory_mib=gpu_memory, pcie_gbps=pcie_gbps, scale=scale,
+        jitter=jitter, seed=seed,
     )  # fmt: skip
     try:
         alone, shared = asyncio.run(run_comparison(config))
