@@ -163,3 +163,28 @@ def test_a_full_disk_under_the_state_directory_stops_the_agent_at_start():
         said = agent_refuses(str(state))
     assert "No space left on device" in said or "not writable" in said, said[-2000:]
     record("faults", "agent state directory on a full disk", {"refused_at_start": True})
+
+
+def test_a_hung_holder_is_revoked_at_its_maximum_hold_parked_and_resumed_later():
+    """Promised: a holder that never yields is revoked once its maximum hold has passed while
+    others wait, and parked; the others take their turns; it gets its turn back later with its
+    data intact. The checker finds no broken invariant in the whole run."""
+    node = LoadNode("1x100", max_hold=0.5).start()
+    a = tenant(node, "a", "--turns", "2", "--hold")
+    procs = [a]
+    try:
+        assert a.line(30)["event"] == "holding"
+        others = [tenant(node, n, "--turns", "2") for n in ("b", "c")]
+        procs += others
+        for p in others:
+            assert [p.line(30)["event"] for _ in range(3)] == ["turn", "turn", "done"]
+        a.send("go")
+        assert [a.line(30)["event"] for _ in range(3)] == ["turn", "turn", "done"]
+    finally:
+        for p in procs:
+            p.kill()
+        node.stop()
+    report = node.checker.check(max_wait=30)
+    assert report.violations == []
+    assert report.revocations >= 1 and report.turns["local/a"] >= 3, report.turns
+    record("faults", "tenant hung while others wait", {"revocations": report.revocations})
