@@ -24,7 +24,10 @@ test: lint
 	$(BIN)/pytest -q -rs
 
 soak: $(STAMP)
-	$(BIN)/pytest -q -rs -m soak tests/reliability
+	mkdir -p build && rm -f build/reliability.jsonl
+	BATON_RELIABILITY_FIGURES=build/reliability.jsonl \
+		$(BIN)/pytest -q -rs -m 'soak or not soak' tests/reliability
+	$(BIN)/python -m tests.reliability.report build/reliability.jsonl docs/reliability.md
 
 proto: $(STAMP)
 	PYTHON=$(BIN)/python bash hack/gen-proto.sh
