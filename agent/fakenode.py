@@ -28,6 +28,8 @@ from baton.names import ENV_AGENT_SOCKET, ENV_FAKE_GPU_DIR, ENV_GPUS, fake_gpu_u
 class FakeNodeOptions:
     """The agent's settings for a fake node."""
 
+    backend: str = "fake"
+    """`fake`, or `app` (tenants park themselves; the fake GPUs give the GPU inventory)."""
     fake_gpus: str = "1x100"
     fake_scale: float = 1 / 64
     pcie_gbps: float = 0.0
@@ -40,7 +42,7 @@ class FakeNodeOptions:
 
 
 class FakeNode:
-    """An in-process agent with the fake backend under a fresh directory in /tmp."""
+    """An in-process agent (fake backend by default) under a fresh directory in /tmp."""
 
     def __init__(self, options: FakeNodeOptions | None = None, workdir: str | None = None) -> None:
         self.options = options or FakeNodeOptions()
@@ -63,7 +65,7 @@ class FakeNode:
         o = self.options
         preparer = build_preparer(
             ParkingOptions(
-                backend="fake",
+                backend=o.backend,
                 fake_gpus=o.fake_gpus,
                 fake_scale=o.fake_scale,
                 fake_dir=self.fake_dir,
@@ -128,7 +130,7 @@ class AgentProcess:
         o = self.options
         baton = shutil.which("baton", path=str(Path(sys.executable).parent)) or "baton"
         return [
-            baton, "agent", "--backend", "fake", "--socket", self.socket,
+            baton, "agent", "--backend", o.backend, "--socket", self.socket,
             "--state-dir", f"{self.workdir}/state", "--http-host", "127.0.0.1",
             "--http-port", "0", "--fake-dir", self.fake_dir, "--fake-gpus", o.fake_gpus,
             "--fake-scale", repr(o.fake_scale), "--pcie-gbps", repr(o.pcie_gbps),

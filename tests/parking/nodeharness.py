@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 TENANT = [sys.executable, "-m", "tests.parking.tenant_proc"]
+APP_TENANT = [sys.executable, "-m", "tests.parking.app_tenant"]
 
 
 class TenantProc:
@@ -24,10 +25,13 @@ class TenantProc:
         self.events: list[dict] = []
 
     @classmethod
-    async def start(cls, env: dict[str, str], name: str, mib: int, *flags: str) -> TenantProc:
+    async def start(
+        cls, env: dict[str, str], name: str, mib: int, *flags: str, argv: list[str] = TENANT
+    ) -> TenantProc:
         fd, stderr = tempfile.mkstemp(prefix=f"baton-tenant-{name}-", suffix=".log")
+        declare = ["--declare"] if argv is TENANT else []
         proc = await asyncio.create_subprocess_exec(
-            *TENANT, "--name", name, "--mib", str(mib), "--declare", *flags,
+            *argv, "--name", name, "--mib", str(mib), *declare, *flags,
             env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=fd,
         )  # fmt: skip
         os.close(fd)

@@ -10,7 +10,7 @@ import pytest
 
 from agent.fakenode import FakeNode, FakeNodeOptions
 
-from .nodeharness import LogWatch, TenantProc
+from .nodeharness import APP_TENANT, LogWatch, TenantProc
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -123,3 +123,23 @@ def test_a_tenant_whose_memory_limit_is_too_small_stays_resident():
         assert metric(node, "baton_refused_parks_total", reason="cgroup_limit") >= 1
 
     run(with_node(FakeNodeOptions(fake_gpus="1x100"), body))
+
+
+def test_the_app_backend_parks_tenants_through_their_own_callbacks():
+    async def body(node, tenants):
+        env = node.tenant_env()
+        a = await TenantProc.start(env, "a", 60, "--pause-after", "0", argv=APP_TENANT)
+        tenants.append(a)
+        await a.until("turn")
+        b = await TenantProc.start(env, "b", 60, "--turns", "1", argv=APP_TENANT)
+        tenants.append(b)
+        await b.until("done")
+        assert [e["event"] for e in a.events] == ["turn"]
+        assert (await a.event())["event"] == "parked"
+        a.tell()
+        await a.until("done")
+        assert [e["event"] for e in a.events] == ["turn", "parked", "restored", "turn", "done"]
+        moved = metric(node, "baton_moved_bytes_total", backend="app", direction="park")
+        assert moved == 60 * 1024 * 1024
+
+    run(with_node(FakeNodeOptions(backend="app", fake_gpus="1x100"), body))
