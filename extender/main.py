@@ -48,7 +48,7 @@ def run(options: Options) -> None:
         "serving on %s://%s:%d, policy %s, max duty %g%%, memory headroom %d MiB",
         scheme,
         options.host,
-        options.port,
+        sock.getsockname()[1],
         options.limits.policy,
         options.limits.max_duty,
         options.limits.memory_headroom_mib,
