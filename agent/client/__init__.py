@@ -9,7 +9,7 @@
 `AsyncBaton` offers the same for asyncio code.
 """
 
-from agent.client.aio import AsyncBaton, LeaseInfo
+from agent.client.aio import AsyncBaton
 from agent.client.errors import (
     AcquireTimeout,
     AgentUnavailable,
@@ -21,6 +21,7 @@ from agent.client.errors import (
     Refused,
 )
 from agent.client.sync import Baton
+from agent.client.types import LeaseInfo
 
 __all__ = [
     "AcquireTimeout",

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import itertools
 import json
 import logging
 import os
 import socket as socketlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -24,6 +22,7 @@ from agent.client.errors import (
     from_rpc_error,
     from_status,
 )
+from agent.client.types import Callback, LeaseInfo, gpus_from, run_callback
 from agent.identity import handshake_path
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
@@ -31,44 +30,12 @@ from baton.names import (
     AGENT_SESSION_METADATA,
     AGENT_SOCKET,
     ENV_AGENT_SOCKET,
-    ENV_GPUS,
     ENV_TENANT_NAME,
 )
 
 log = logging.getLogger("baton.client")
 
 CLIENT_VERSION = "0.1.0"
-Callback = Callable[[str], "int | Awaitable[int | None] | None"]
-
-
-@dataclass(frozen=True)
-class LeaseInfo:
-    """A granted turn, as the client sees it."""
-
-    lease_id: str
-    gpus: tuple[str, ...]
-    fencing_tokens: dict[str, int]
-    granted_at: float
-    hold_until: float
-    contended: bool
-
-    @classmethod
-    def from_pb(cls, lease: pb.Lease) -> LeaseInfo:
-        """From the wire form."""
-        return cls(
-            lease.lease_id,
-            tuple(lease.gpus),
-            dict(lease.fencing_tokens),
-            lease.granted_at,
-            lease.hold_until,
-            lease.contended,
-        )
-
-
-def _gpus_from(value: Sequence[str] | str | None) -> tuple[str, ...]:
-    raw = os.environ.get(ENV_GPUS, "") if value is None else value
-    items = raw.split(",") if isinstance(raw, str) else raw
-    return tuple(g.strip() for g in items if g.strip())
 
 
 class AsyncBaton:
@@ -90,7 +57,7 @@ class AsyncBaton:
         reconnect: bool = True,
     ) -> None:
         self.socket = socket or os.environ.get(ENV_AGENT_SOCKET) or AGENT_SOCKET
-        self.gpus = _gpus_from(gpus)
+        self.gpus = gpus_from(gpus)
         default_name = f"{socketlib.gethostname()}-{os.getpid()}"
         self.name = name or os.environ.get(ENV_TENANT_NAME) or default_name
         self._registration = pb.RegisterRequest(
@@ -241,18 +208,7 @@ class AsyncBaton:
             self._spawn(self._send(pb.ClientMessage(request=release)))
 
     async def _run_callback(self, request: pb.Callback) -> None:
-        fn = self._callbacks.get(request.action)
-        result = pb.CallbackResult(call_id=request.call_id)
-        try:
-            if fn is None:
-                raise BatonError(f"no on_{request.action} callback registered")
-            if inspect.iscoroutinefunction(fn):
-                moved = await fn(request.gpu)
-            else:
-                moved = await asyncio.to_thread(fn, request.gpu)
-            result.bytes = int(moved or 0)
-        except Exception as exc:
-            result.error = f"{type(exc).__name__}: {exc}"
+        result = await run_callback(self._callbacks.get(request.action), request)
         with contextlib.suppress(AgentUnavailable):
             await self._send(pb.ClientMessage(callback_result=result))
 

@@ -9,8 +9,9 @@ import threading
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
-from agent.client.aio import AsyncBaton, Callback, LeaseInfo
+from agent.client.aio import AsyncBaton
 from agent.client.errors import BatonError
+from agent.client.types import Callback, LeaseInfo
 from baton._pb import agent_pb2 as pb
 
 T = TypeVar("T")

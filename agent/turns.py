@@ -1,0 +1,348 @@
+"""Turns: the lease table driven by requests, time and the residency layer.
+
+Grants happen as soon as the state allows (a yield, a departure, a registration), never by
+polling; a single timer covers waiter deadlines and maximum hold times. `LeaseService` (in
+`agent.service`) adds tenants, sessions and restarts on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent import eager
+from agent import events as ev
+from agent.errors import AcquireTimeout, InvalidGpus, NoLease, UnknownLease
+from agent.leases import Lease, LeaseTable, Waiter
+from agent.metrics import AgentMetrics
+from agent.residency import NoRoom, TurnPreparer
+from agent.sessions import SessionRegistry
+from agent.state import Snapshot, StateStore
+from agent.tenants import Tenant, TenantRegistry
+from baton._pb import agent_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Granted:
+    """What an acquire returns: the lease and how long the tenant waited."""
+
+    lease: Lease
+    waited: float
+
+
+class TurnService:
+    """Turn-taking on the node's GPUs: acquire, yield, revocation, timeouts."""
+
+    def __init__(
+        self,
+        *,
+        table: LeaseTable,
+        preparer: TurnPreparer,
+        clock: Callable[[], float],
+        store: StateStore | None = None,
+        metrics: AgentMetrics | None = None,
+        reconnect_grace: float = 10.0,
+        policy_name: str = "fifo",
+        sessions: SessionRegistry | None = None,
+    ) -> None:
+        self.table = table
+        self.policy_name = policy_name
+        self.preparer = preparer
+        self.tenants = TenantRegistry()
+        self.sessions = sessions or SessionRegistry()
+        self.events = ev.EventBus()
+        self.metrics = metrics or AgentMetrics()
+        self._clock = clock
+        self._store = store
+        self._grace = reconnect_grace
+        self._pending: dict[str, asyncio.Future[Lease]] = {}
+        self._revoking: set[str] = set()
+        self._changes = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.stopping = False
+
+    # Lifecycle.
+
+    async def close(self) -> None:
+        """Stop timers and background work; the persisted state stays as it is."""
+        self.stopping = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._store is not None:
+            self._store.flush()
+
+    # Turns.
+
+    async def acquire(self, tenant: Tenant, gpus: Sequence[str], timeout: float | None) -> Granted:
+        """Wait for the turn on `gpus` (all of the tenant's GPUs if empty)."""
+        wanted = tuple(gpus) or tenant.gpus
+        foreign = sorted(set(wanted) - set(tenant.gpus))
+        if foreign or not wanted:
+            raise InvalidGpus(
+                f"tenant {tenant.tenant_id} was given GPUs [{', '.join(tenant.gpus)}]; "
+                f"it cannot acquire [{', '.join(foreign) or 'none'}]"
+            )
+        waiter = self.table.enqueue(tenant.tenant_id, wanted, timeout=timeout, duty=tenant.gpu_duty)
+        future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+        self._pending[waiter.waiter_id] = future
+        self._publish(ev.QUEUED, tenant.tenant_id, gpus=waiter.gpus)
+        self._dispatch()
+        self._reschedule()
+        try:
+            lease = await future
+        except asyncio.CancelledError:
+            self._abandon(waiter.waiter_id)
+            raise
+        return Granted(lease, lease.granted_at - waiter.enqueued_at)
+
+    def _abandon(self, waiter_id: str) -> None:
+        self._pending.pop(waiter_id, None)
+        waiter = self.table.cancel(waiter_id)
+        if waiter is not None:
+            self._publish(ev.CANCELLED, waiter.tenant_id, gpus=waiter.gpus)
+            self._dispatch()
+        elif waiter_id in self.table.leases:  # granted just as the caller gave up
+            self._end(self.table.leases[waiter_id], ev.YIELDED, "caller gave up")
+
+    def yield_(self, tenant: Tenant, lease_id: str) -> float:
+        """End the tenant's turn; returns how long it held it."""
+        if not lease_id:
+            mine = self.table.leases_of(tenant.tenant_id)
+            if not mine and self._cancel_resume(tenant.tenant_id):
+                return 0.0
+            if len(mine) != 1:
+                raise NoLease(
+                    f"tenant {tenant.tenant_id} holds {len(mine) or 'no'} leases; "
+                    "acquire first, or name the lease to yield"
+                )
+            lease_id = mine[0].lease_id
+        try:
+            lease = self.table.lease(lease_id, tenant.tenant_id)
+        except UnknownLease:
+            if self._cancel_resume(tenant.tenant_id):
+                return 0.0
+            raise
+        return self._end(lease, ev.YIELDED, "")
+
+    def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
+        """One of the tenant's own leases (renewing it is the same check)."""
+        return self.table.lease(lease_id, tenant.tenant_id)
+
+    def _cancel_resume(self, tenant_id: str) -> bool:
+        resume = [w for w in self.table.waiters.values() if w.tenant_id == tenant_id and w.front]
+        for waiter in resume:
+            self.table.cancel(waiter.waiter_id)
+        if resume:
+            self._changed()
+        return bool(resume)
+
+    def _end(self, lease: Lease, kind: str, detail: str) -> float:
+        self.table.release(lease.lease_id)
+        held = self.metrics.released(lease, self._clock())
+        self._publish(kind, lease.tenant_id, lease=lease, detail=detail)
+        self._changed()
+        return held
+
+    # Granting.
+
+    def _changed(self) -> None:
+        """The node's state changed: persist it, retry blocked waiters, grant what can be."""
+        self._changes += 1
+        self._persist()
+        self.table.unblock_all()
+        self._dispatch()
+        self._reschedule()
+
+    def _dispatch(self) -> None:
+        self._start_turns(self.table.pick())
+
+    def _start_turns(self, waiters: list[Waiter]) -> None:
+        for waiter in waiters:
+            changes = self._changes
+            try:
+                done, _, rest = eager.start(self.preparer.prepare(waiter.tenant_id, waiter.gpus))
+            except Exception as exc:
+                self._prepared(waiter, exc, changes)
+                continue
+            if done or rest is None:
+                self._prepared(waiter, None, changes)
+            else:
+                self._spawn(self._finish_preparing(waiter, rest, changes))
+
+    async def _finish_preparing(self, waiter: Waiter, rest: eager.Rest[None], changes: int) -> None:
+        try:
+            await rest
+        except Exception as exc:
+            self._prepared(waiter, exc, changes)
+            return
+        self._prepared(waiter, None, changes)
+
+    def _prepared(self, waiter: Waiter, error: Exception | None, changes: int) -> None:
+        """Room was made for `waiter` (or not): grant the turn, or keep it waiting."""
+        if isinstance(error, NoRoom):
+            self._blocked(waiter, str(error), changes)
+            return
+        if error is not None:
+            log.error("making room for %s failed: %s", waiter.tenant_id, error)
+            self._blocked(waiter, f"making room failed: {error}", changes)
+            return
+        if waiter.waiter_id not in self.table.waiters:  # gave up while room was made
+            self._dispatch()
+            return
+        lease = self.table.grant(waiter.waiter_id)
+        self.metrics.granted(lease, lease.granted_at - waiter.enqueued_at)
+        self._publish(ev.GRANTED, lease.tenant_id, lease=lease)
+        self._persist()
+        future = self._pending.pop(waiter.waiter_id, None)
+        if future is not None and not future.done():
+            future.set_result(lease)
+        elif waiter.front:
+            self.sessions.notify(lease.tenant_id, pb.AgentMessage(granted=lease_to_pb(lease)))
+        self._reschedule()
+
+    def _blocked(self, waiter: Waiter, reason: str, changes: int) -> None:
+        if waiter.waiter_id not in self.table.waiters:
+            self._dispatch()
+            return
+        self.table.block(waiter.waiter_id, reason)
+        log.warning("turn for %s waits: %s", waiter.tenant_id, reason)
+        if changes != self._changes:  # the node changed while room was being made
+            self._changed()
+        else:
+            self._dispatch()
+
+    # Time.
+
+    def _reschedule(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        now = self._clock()
+        deadline = self.table.next_deadline(after=now)
+        soonest = min(
+            (
+                w.deadline
+                for w in self.table.waiters.values()
+                if w.deadline is not None and not w.reserved
+            ),
+            default=None,
+        )
+        overdue = any(
+            lease.hold_until <= now and lease.lease_id not in self._revoking
+            for lease in self.table.leases.values()
+            if self.table.contended(lease)
+        )  # a lease can run out before anyone waits; the first waiter makes it overdue at once
+        if overdue or (soonest is not None and soonest <= now):
+            deadline = now
+        if deadline is not None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(max(0.0, deadline - now), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        tick = self.table.tick()
+        for waiter in tick.expired:
+            self._fail(
+                waiter.waiter_id,
+                AcquireTimeout(
+                    f"no turn on [{', '.join(waiter.gpus)}] within the timeout; "
+                    "the request has left the queue"
+                ),
+            )
+            self._publish(ev.EXPIRED, waiter.tenant_id, gpus=waiter.gpus)
+        for lease in tick.overdue:
+            if lease.lease_id not in self._revoking:
+                self._revoking.add(lease.lease_id)
+                self._spawn(self._revoke(lease))
+        if tick.expired:
+            self._dispatch()
+        self._reschedule()
+
+    async def _revoke(self, lease: Lease) -> None:
+        waiting = len({w.tenant_id for g in lease.gpus for w in self.table.queue_of(g)})
+        log.warning(
+            "tenant %s held [%s] past its maximum of %g s while %d others wait; revoking",
+            lease.tenant_id,
+            ", ".join(lease.gpus),
+            self.table.max_hold,
+            waiting,
+        )
+        try:
+            await self.preparer.revoke(lease.tenant_id, lease.gpus)
+        except Exception:
+            log.exception("parking %s on revocation failed", lease.tenant_id)
+        finally:
+            self._revoking.discard(lease.lease_id)
+        if lease.lease_id not in self.table.leases:  # yielded meanwhile
+            return
+        _, due, _ = self.table.revoke(lease.lease_id)
+        self._start_turns(due)
+        self.metrics.released(lease, self._clock(), revoked=True)
+        self._publish(ev.REVOKED, lease.tenant_id, lease=lease, detail="held past maximum")
+        revoked = pb.Revoked(lease_id=lease.lease_id, reason="held past the maximum hold time")
+        self.sessions.notify(lease.tenant_id, pb.AgentMessage(revoked=revoked))
+        self._changed()
+
+    # Plumbing.
+
+    def _fail(self, waiter_id: str, error: Exception) -> None:
+        future = self._pending.pop(waiter_id, None)
+        if future is not None and not future.done():
+            future.set_exception(error)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _publish(
+        self,
+        kind: str,
+        tenant_id: str,
+        *,
+        lease: Lease | None = None,
+        gpus: tuple[str, ...] = (),
+        detail: str = "",
+    ) -> None:
+        self.events.publish(
+            ev.Event(
+                kind=kind,
+                tenant_id=tenant_id,
+                at=self._clock(),
+                gpus=lease.gpus if lease else gpus,
+                lease_id=lease.lease_id if lease else "",
+                tokens=dict(lease.tokens) if lease else {},
+                detail=detail,
+            )
+        )
+
+    def _persist(self) -> None:
+        if self._store is None:
+            return
+        self._store.save_soon(
+            Snapshot(
+                tenants=list(self.tenants.tenants.values()),
+                leases=list(self.table.leases.values()),
+                tokens={gpu: state.token for gpu, state in self.table.gpus.items()},
+            )
+        )
+
+
+def lease_to_pb(lease: Lease, contended: bool = False) -> pb.Lease:
+    return pb.Lease(
+        lease_id=lease.lease_id,
+        tenant_id=lease.tenant_id,
+        gpus=lease.gpus,
+        fencing_tokens=dict(lease.tokens),
+        granted_at=lease.granted_at,
+        hold_until=lease.hold_until,
+        contended=contended,
+    )
