@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agent import events as ev
@@ -175,21 +176,28 @@ async def _drive(
     """Start the tenants, let them run for the phase, and gather their reports."""
     k = config.tenants
     results = [TenantResult(config.name(i), fake_gpu_uuid(0 if shared else i)) for i in range(k)]
-    procs = [
-        await asyncio.create_subprocess_exec(
-            *TENANT,
-            *config.tenant_args(i),
-            env=node.tenant_env(0 if shared else i),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        for i in range(k)
-    ]
+    logs = [Path(node.workdir) / f"{r.name}.log" for r in results]
+    procs: list[asyncio.subprocess.Process] = []
     try:
-        for proc, result in zip(procs, results, strict=True):
+        for i, log_path in enumerate(logs):
+            with log_path.open("wb") as stderr:  # the child keeps its own descriptor
+                procs.append(
+                    await asyncio.create_subprocess_exec(
+                        *TENANT,
+                        *config.tenant_args(i),
+                        env=node.tenant_env(0 if shared else i),
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=stderr,
+                    )
+                )
+        for proc, result, log_path in zip(procs, results, logs, strict=True):
             ready = await _line(proc, START_TIMEOUT_S)
             if ready.get("event") != "ready":
-                raise DemoError(f"tenant {result.name} did not start: {ready.get('error', ready)}")
+                raise DemoError(
+                    f"tenant {result.name} did not start: {ready.get('error', ready)}"
+                    f"{_tail(log_path)}"
+                )
             result.tenant_id = ready["tenant_id"]
         start = time.time()
         t0 = start + config.warmup_s
@@ -205,8 +213,10 @@ async def _drive(
             if tick is not None:
                 grants = sum(1 for e in log if e.kind == ev.GRANTED)
                 tick(label, min(time.time(), t1) - start, grants)
-        for task, result in zip(reports, results, strict=True):
+        for task, result, log_path in zip(reports, results, logs, strict=True):
             _absorb(result, task.result())
+            if result.error:
+                result.error += _tail(log_path)
         for proc in procs:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), 10)
@@ -233,6 +243,12 @@ async def _line(proc: asyncio.subprocess.Process, timeout: float) -> dict[str, A
         return {"event": "error", "error": f"closed its output (exit status {status})"}
     data = json.loads(raw)
     return data if isinstance(data, dict) else {"event": "error", "error": repr(data)}
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    """The last lines a tenant wrote to its stderr, to explain its failure."""
+    text = path.read_text(errors="replace").strip().splitlines()[-lines:] if path.exists() else []
+    return "".join(f"\n  {line}" for line in text)
 
 
 def _absorb(result: TenantResult, report: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ CONFIG = DemoConfig(
     tenants=2,
     duty=0.3,
     cycle_s=0.4,
-    duration_s=2.5,
+    duration_s=2.0,
     warmup_s=0.5,
     gpu_memory_mib=1000,
     footprints_mib=(600,),
@@ -109,7 +109,7 @@ def test_timeline_is_a_chrome_trace_and_a_png_of_the_right_size(run, tmp_path):
 def test_bench_duty_prints_every_field_on_its_last_line():
     out = subprocess.run(
         [sys.executable, "-c", "from baton.cli import main; main()", "bench", "duty", "--json",
-         "--tenants", "2", "--duration", "1.5", "--warmup", "0.3", "--cycle", "0.3",
+         "--tenants", "2", "--duration", "1.0", "--warmup", "0.2", "--cycle", "0.3",
          "--gpu-memory", "1000", "--footprints", "600", "--scale", "0.001"],
         capture_output=True, text=True, timeout=90, check=True,
     )  # fmt: skip
