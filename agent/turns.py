@@ -66,6 +66,7 @@ class TurnService:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
+        self._persist_soon = False
 
     # Lifecycle.
 
@@ -76,6 +77,8 @@ class TurnService:
             self._timer.cancel()
         for task in list(self._tasks):
             task.cancel()
+        if self._persist_soon:
+            self._save()
         if self._store is not None:
             self._store.flush()
 
@@ -325,8 +328,14 @@ class TurnService:
         )
 
     def _persist(self) -> None:
-        if self._store is None:
-            return
+        """Save the state once this event-loop step's changes are all made."""
+        if self._store is not None and not self._persist_soon:
+            self._persist_soon = True
+            asyncio.get_running_loop().call_soon(self._save)
+
+    def _save(self) -> None:
+        self._persist_soon = False
+        assert self._store is not None
         self._store.save_soon(
             Snapshot(
                 tenants=list(self.tenants.tenants.values()),

@@ -83,7 +83,7 @@ class AsyncBaton:
         self._write_lock: asyncio.Lock | None = None
         self._connected: asyncio.Event | None = None
         self._supervisor: asyncio.Task[None] | None = None
-        self._renewer: asyncio.Task[None] | None = None
+        self._renewer: asyncio.TimerHandle | None = None
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._request_ids = itertools.count(1)
@@ -315,30 +315,34 @@ class AsyncBaton:
 
     def _start_renewer(self) -> None:
         self._stop_renewer()
-        self._renewer = asyncio.create_task(self._renew_loop())
+        loop = asyncio.get_running_loop()
+        self._renewer = loop.call_later(self._renew_interval, self._renew_due)
 
     def _stop_renewer(self) -> None:
-        if self._renewer is not None and self._renewer is not asyncio.current_task():
+        if self._renewer is not None:
             self._renewer.cancel()
         self._renewer = None
 
-    async def _renew_loop(self) -> None:
-        while self.lease is not None:
-            await asyncio.sleep(self._renew_interval)
-            lease = self.lease
-            if lease is None:
-                return
-            try:
-                renewed = await self._renew(lease.lease_id)
-                if self.lease is not None and self.lease.lease_id == renewed.lease_id:
-                    self.lease = renewed
-            except LeaseLost as exc:
-                if self.lease is lease:
-                    log.warning("lease %s lost: %s", lease.lease_id, exc)
-                    self.lease = None
-                return
-            except BatonError as exc:
-                log.info("renewing lease %s failed: %s", lease.lease_id, exc)
+    def _renew_due(self) -> None:
+        if self.lease is not None:
+            self._spawn(self._renew_once(self.lease))
+
+    async def _renew_once(self, lease: LeaseInfo) -> None:
+        try:
+            renewed = await self._renew(lease.lease_id)
+        except LeaseLost as exc:
+            if self.lease is lease:
+                log.warning("lease %s lost: %s", lease.lease_id, exc)
+                self._stop_renewer()
+                self.lease = None
+            return
+        except BatonError as exc:
+            log.info("renewing lease %s failed: %s", lease.lease_id, exc)
+        else:
+            if self.lease is not None and self.lease.lease_id == renewed.lease_id:
+                self.lease = renewed
+        if self.lease is not None and self.lease.lease_id == lease.lease_id:
+            self._start_renewer()
 
     # Lifecycle.
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import time
 
 import pytest
@@ -82,3 +84,23 @@ def test_calls_while_the_agent_is_gone_raise(workdir: str) -> None:
     finally:
         baton.close()
         runner.stop()
+
+
+def test_background_renewal_notices_a_lost_lease(agent: AgentRunner) -> None:
+    lost = threading.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "lost" in record.getMessage():
+                lost.set()
+
+    handler = Watch()
+    logging.getLogger("baton.client").addHandler(handler)
+    try:
+        with Baton(agent.socket, ["GPU-0"], name="renewing", renew_interval=0.05) as baton:
+            lease = baton.acquire()
+            agent.inspect(lambda service: service.table.release(lease.lease_id))
+            assert lost.wait(5)
+            assert baton.lease is None
+    finally:
+        logging.getLogger("baton.client").removeHandler(handler)
