@@ -120,6 +120,7 @@ class AgentServicer:
 
     def WatchEvents(self, request, context):
         """Streams the agent's events (grants, yields, revocations, departures) as they happen.
+        Needs no session token: it is how `baton status` and tests watch the node.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
