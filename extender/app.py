@@ -1,5 +1,9 @@
 """The extender's HTTP face: kube-scheduler's verbs plus health, metrics and inventory.
 
+`/preempt` keeps only the candidate nodes where evicting kube-scheduler's proposed victims
+frees what the pod needs on a GPU (slots, memory, duty, host budget), so no pod is evicted for
+nothing.
+
 Every answer that is an answer is HTTP 200 (kube-scheduler treats anything else as a transport
 failure); a body that is not what kube-scheduler sends gets a 400 naming the field.
 """
@@ -18,7 +22,7 @@ from extender import wire
 from extender.bind import Binder
 from extender.cache import ClusterCache
 from extender.metrics import Metrics
-from extender.verbs import filter_nodes, prioritize_nodes
+from extender.verbs import filter_nodes, preempt_nodes, prioritize_nodes
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -38,6 +42,11 @@ def create_app(cache: ClusterCache, binder: Binder | None, metrics: Metrics) -> 
     async def prioritize_verb(request: Request) -> Response:
         body = await request.body()
         return _answer(metrics, "prioritize", lambda: _prioritize(cache, body))
+
+    @app.post("/preempt")
+    async def preempt_verb(request: Request) -> Response:
+        body = await request.body()
+        return _answer(metrics, "preempt", lambda: _preempt(cache, body))
 
     @app.post("/bind")
     async def bind_verb(request: Request) -> Response:
@@ -96,6 +105,11 @@ def _filter(cache: ClusterCache, metrics: Metrics, body: bytes) -> Any:
 def _prioritize(cache: ClusterCache, body: bytes) -> Any:
     args = wire.extender_args(body)
     return wire.host_priorities(prioritize_nodes(cache.state, args))
+
+
+def _preempt(cache: ClusterCache, body: bytes) -> Any:
+    args = wire.preemption_args(body)
+    return wire.preemption_result(args, preempt_nodes(cache.state, args))
 
 
 def _answer(metrics: Metrics, verb: str, compute: Callable[[], Any]) -> Response:

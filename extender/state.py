@@ -50,6 +50,13 @@ class ClusterState:
         """A node the watch has not shown yet, from the object kube-scheduler sent."""
         return self._build(_name(node), node_inventory(node))
 
+    def node_without(self, name: str, uids: set[str]) -> NodeState | None:
+        """The node as it would be once the given pods are gone (preemption)."""
+        inventory = self._nodes.get(name)
+        if inventory is None:
+            return None
+        return self._build(name, inventory, exclude=uids)
+
     def node_names(self) -> list[str]:
         """Every known node."""
         return list(self._states)
@@ -144,9 +151,13 @@ class ClusterState:
             else:
                 self._states[name] = self._build(name, inventory)
 
-    def _build(self, name: str, inventory: NodeInventory) -> NodeState:
+    def _build(
+        self, name: str, inventory: NodeInventory, exclude: set[str] | None = None
+    ) -> NodeState:
         tenants: dict[str, list[Tenant]] = defaultdict(list)
         for found in self.assignments_on(name):
+            if exclude and found.uid in exclude:
+                continue
             for gpu in found.gpus:
                 tenants[gpu].append(found.tenant)
         return node_state(

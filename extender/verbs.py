@@ -5,7 +5,7 @@ from __future__ import annotations
 from extender.placement import NodeState, Verdict, one_gpu_filter, place
 from extender.requests import RequestError, TenantRequest, parse_pod_request
 from extender.state import ClusterState
-from extender.wire import MIN_PRIORITY, ExtenderArgs
+from extender.wire import MIN_PRIORITY, ExtenderArgs, PreemptionArgs
 
 UNKNOWN_NODE = "node is not in the extender's cache (its watch has not shown it yet)"
 
@@ -65,3 +65,22 @@ def _verdict(
     if node is None:
         return Verdict(False, UNKNOWN_NODE)
     return place(node, request, state.limits, choose)
+
+
+def preempt_nodes(state: ClusterState, args: PreemptionArgs) -> list[str]:
+    """The candidate nodes where evicting the proposed victims makes room for the pod.
+
+    A pod without a Baton request (or with an unusable one) leaves the candidates as they are.
+    """
+    try:
+        request = parse_pod_request(args.pod)
+    except RequestError:
+        request = None
+    if request is None:
+        return list(args.victims)
+    kept = []
+    for name, uids in args.victims.items():
+        node = state.node_without(name, set(uids))
+        if node is not None and place(node, request, state.limits, choose=False).fits:
+            kept.append(name)
+    return kept

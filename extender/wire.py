@@ -80,6 +80,60 @@ def _node_name(node: dict[str, Any]) -> str:
     return name
 
 
+@dataclass(frozen=True, slots=True)
+class PreemptionArgs:
+    """A preempt request: per candidate node, the UIDs of the pods kube-scheduler would evict."""
+
+    pod: dict[str, Any]
+    victims: dict[str, list[str]]
+    pdb_violations: dict[str, int]
+
+
+def preemption_args(body: bytes) -> PreemptionArgs:
+    """Parse ExtenderPreemptionArgs (meta victims by UID, or full victim pods)."""
+    fields = decode(body)
+    pod = fields.get("pod")
+    if not isinstance(pod, dict):
+        raise WireError("field Pod is missing or not an object")
+    meta = fields.get("nodenametometavictims")
+    full = fields.get("nodenametovictims")
+    by_node = meta if meta is not None else full
+    if not isinstance(by_node, dict):
+        raise WireError("fields NodeNameToMetaVictims and NodeNameToVictims are both null")
+    victims: dict[str, list[str]] = {}
+    violations: dict[str, int] = {}
+    for node, entry in by_node.items():
+        if not isinstance(entry, dict):
+            raise WireError(f"victims of node {node} must be an object")
+        entry = {str(k).lower(): v for k, v in entry.items()}
+        pods = entry.get("pods") or []
+        if not isinstance(pods, list) or not all(isinstance(p, dict) for p in pods):
+            raise WireError(f"victims of node {node}: Pods must be a list of objects")
+        victims[node] = [_victim_uid(p, meta is not None) for p in pods]
+        violations[node] = int(entry.get("numpdbviolations") or 0)
+    return PreemptionArgs(pod, victims, violations)
+
+
+def _victim_uid(pod: dict[str, Any], meta: bool) -> str:
+    uid = pod.get("UID", pod.get("uid")) if meta else (pod.get("metadata") or {}).get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise WireError("a victim has no UID")
+    return uid
+
+
+def preemption_result(args: PreemptionArgs, nodes: list[str]) -> dict[str, Any]:
+    """ExtenderPreemptionResult: always the meta (UID) form."""
+    return {
+        "NodeNameToMetaVictims": {
+            node: {
+                "Pods": [{"UID": uid} for uid in args.victims[node]],
+                "NumPDBViolations": args.pdb_violations[node],
+            }
+            for node in nodes
+        }
+    }
+
+
 def binding_args(body: bytes) -> BindingArgs:
     """Parse ExtenderBindingArgs."""
     fields = decode(body)

@@ -185,3 +185,34 @@ def test_inventory_and_metrics(client: httpx.Client) -> None:
     text = client.get("/metrics").text
     assert 'baton_extender_requests_total{code="400",verb="bind"}' in text
     assert "baton_extender_cache_nodes 3.0" in text
+
+
+def test_preempt_keeps_nodes_where_the_victims_free_a_gpu(client: httpx.Client) -> None:
+    busy = BUSY[0]["metadata"]["uid"]
+    args = {
+        "Pod": pod(memory=20000),
+        "NodeNameToVictims": None,
+        "NodeNameToMetaVictims": {
+            "node-b": {"Pods": [{"UID": busy}], "NumPDBViolations": 1},
+            "node-c": {"Pods": [], "NumPDBViolations": 0},
+        },
+    }
+    answer = post(client, "preempt", args)
+    assert answer.status_code == 200
+    assert answer.json() == {
+        "NodeNameToMetaVictims": {"node-b": {"Pods": [{"UID": busy}], "NumPDBViolations": 1}}
+    }
+    args["NodeNameToMetaVictims"] = {"node-b": {"Pods": [], "NumPDBViolations": 0}}
+    assert post(client, "preempt", args).json() == {"NodeNameToMetaVictims": {}}
+
+
+def test_preempt_accepts_full_victim_pods(client: httpx.Client) -> None:
+    args = {
+        "Pod": pod(memory=1000),
+        "NodeNameToVictims": {"node-b": {"Pods": BUSY, "NumPDBViolations": 0}},
+        "NodeNameToMetaVictims": None,
+    }
+    result = post(client, "preempt", args).json()["NodeNameToMetaVictims"]
+    assert result == {
+        "node-b": {"Pods": [{"UID": BUSY[0]["metadata"]["uid"]}], "NumPDBViolations": 0}
+    }
