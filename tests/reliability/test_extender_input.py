@@ -1,0 +1,162 @@
+"""Bad input to the extender: its OpenAPI schema fuzzed, malformed bodies, absurd pod requests.
+
+Promised for every body: an answer of 2xx or 4xx (never 5xx, never a dropped connection); a 4xx
+names the problem; a pod that asks for something impossible gets a reason per node.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from baton.names import RESOURCE_GPU, RESOURCE_GPU_MEMORY
+from extender.app import create_app
+from extender.cache import ClusterCache
+from extender.metrics import Metrics
+from extender.placement import Limits
+from extender.server import ServerThread
+from extender.state import ClusterState
+from tests.extender.builders import node, pod
+
+from .figures import record
+
+NODES = [node("node-a", gpus=2), node("node-b", gpus=1, slots=2, memory=16384)]
+NAMES = ["node-a", "node-b"]
+VERBS = ("filter", "prioritize", "bind")
+tried: dict[str, int] = {"schemathesis": 0, "fuzzed": 0, "pod specs": 0}
+
+
+def app() -> Any:
+    cache = ClusterCache.filled(ClusterState(Limits(), time.monotonic), NODES, [])
+    return create_app(cache, None, Metrics())
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[httpx.Client]:
+    with (
+        ServerThread(app()) as server,
+        httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=10) as c,
+    ):
+        yield c
+    record("bad-input", "extender", dict(tried))
+
+
+def post(client: httpx.Client, verb: str, body: bytes) -> httpx.Response:
+    return client.post(f"/{verb}", content=body, headers={"Content-Type": "application/json"})
+
+
+def judge(response: httpx.Response, verb: str) -> None:
+    """2xx, or a 4xx whose Error says what was wrong with the request."""
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        error = response.json()["Error"]
+        assert error.startswith(f"bad {verb} request: ") and len(error) > 25, error
+        assert "Traceback" not in error
+
+
+schema = schemathesis.openapi.from_asgi("/openapi.json", app())
+
+
+@schema.parametrize()
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+def test_every_operation_of_the_schema_answers_2xx_or_4xx(case: Any) -> None:
+    response = case.call()
+    tried["schemathesis"] += 1
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:  # ours name the field; the framework's say what it refused
+        said = response.json()
+        assert said.get("Error", "").startswith("bad ") or said.get("detail"), said
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner),
+    max_leaves=20,
+)
+field_values = json_values | st.sampled_from(["", "-1", "0", "1e400", "NaN", "node-a", "1Gi"])
+
+
+@st.composite
+def extender_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    """ExtenderArgs or ExtenderBindingArgs with some fields replaced by arbitrary JSON."""
+    body: dict[str, Any] = {
+        "Pod": pod(gpus=1, memory=1000, duty=50),
+        "NodeNames": NAMES,
+        "Nodes": None,
+        "PodName": "p",
+        "PodNamespace": "default",
+        "PodUID": "u",
+        "Node": "node-a",
+    }
+    for key in draw(st.sets(st.sampled_from(sorted(body)))):
+        body[key] = draw(field_values)
+    limits = body["Pod"]["spec"]["containers"][0]["resources"]["limits"] if _is_pod(body) else {}
+    for key in draw(st.sets(st.sampled_from([RESOURCE_GPU, RESOURCE_GPU_MEMORY, "memory"]))):
+        limits[key] = draw(field_values)
+    return body
+
+
+def _is_pod(body: dict[str, Any]) -> bool:
+    return isinstance(body["Pod"], dict) and "spec" in body["Pod"]
+
+
+@given(body=extender_bodies() | json_values, verb=st.sampled_from(VERBS))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+def test_fuzzed_bodies_get_2xx_or_a_4xx_naming_the_problem(
+    client: httpx.Client, body: Any, verb: str
+) -> None:
+    tried["fuzzed"] += 1
+    judge(post(client, verb, json.dumps(body).encode()), verb)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"\x00\xff", b"{", b"null", b"[]", b'"Pod"', b"1e999", b'{"Pod": null}', b"{}" * 1000],
+)
+@pytest.mark.parametrize("verb", VERBS)
+def test_malformed_bodies_get_a_400_naming_the_problem(
+    client: httpx.Client, verb: str, raw: bytes
+) -> None:
+    tried["fuzzed"] += 1
+    response = post(client, verb, raw)
+    assert response.status_code == 400
+    judge(response, verb)
+
+
+ABSURD = ["lots", "-1", "0", "1e30", "99999999999999999999", "12abc", "-0.5"]
+CASES = [("memory", v) for v in [*ABSURD, "0.5"]] + [("duty", v) for v in [*ABSURD, "101"]]
+
+
+@pytest.mark.parametrize(("resource", "value"), CASES)
+def test_absurd_gpu_memory_or_duty_gets_a_reason_for_every_node(
+    client: httpx.Client, resource: str, value: str
+) -> None:
+    tried["pod specs"] += 1
+    spec = pod(memory=value) if resource == "memory" else pod(duty=value)
+    body = {"Pod": spec, "NodeNames": NAMES, "Nodes": None}
+    answer = post(client, "filter", json.dumps(body).encode())
+    assert answer.status_code == 200, answer.text
+    result = answer.json()
+    reasons = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
+    short = "gpu-memory" if resource == "memory" else "gpu-duty"
+    assert result["NodeNames"] == [] and set(reasons) == set(NAMES), result
+    for reason in reasons.values():
+        assert short in reason, reason
+
+
+@pytest.mark.parametrize("gpus", ["9", "3", "1000"])
+def test_more_gpus_than_any_node_has_gets_a_reason_per_node(client: httpx.Client, gpus: str):
+    tried["pod specs"] += 1
+    body = {"Pod": pod(gpus=gpus), "NodeNames": NAMES, "Nodes": None}
+    result = post(client, "filter", json.dumps(body).encode()).json()
+    reasons = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
+    assert result["NodeNames"] == [] and set(reasons) == set(NAMES), result
+    assert all(reason for reason in reasons.values())
