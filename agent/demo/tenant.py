@@ -108,7 +108,7 @@ def run_loop(
         record.steps += 1
         if clock() >= deadline:
             break
-        pause(off)
+        pause(min(off, deadline - clock()))
     return record
 
 
