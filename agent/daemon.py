@@ -135,6 +135,7 @@ class Agent:
             asyncio.get_running_loop(),
             service.upsert_pod,
             service.pod_gone,
+            {t.pod_uid: t.tenant_id for t in service.tenants.tenants.values() if t.pod_uid},
         )
         self._pods.start()
 

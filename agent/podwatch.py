@@ -69,6 +69,7 @@ class PodWatcher:
         loop: asyncio.AbstractEventLoop,
         upsert: Callable[[Tenant], None],
         remove: Callable[[str], None],
+        known: dict[str, str] | None = None,
     ) -> None:
         from kubernetes import client
 
@@ -77,7 +78,8 @@ class PodWatcher:
         self._loop = loop
         self._upsert = upsert
         self._remove = remove
-        self._known: dict[str, str] = {}  # pod uid -> tenant id
+        self._known = dict(known or {})
+        """Pod UID → tenant id of the pod tenants the agent has (restored ones included)."""
         self._stop = threading.Event()
         self._watch: Any = None
         self._thread = threading.Thread(target=self._run, name="podwatch", daemon=True)

@@ -63,6 +63,16 @@ def test_pod_tenant_from_cgroup_and_pod_watch(workdir: str, tmp_path: Path) -> N
             gone = runner.wait_event(lambda e: e.kind == "tenant_gone", since=mark)
             assert gone.tenant_id == "team/trainer" and "pod left" in gone.detail
             assert runner.status()["gpus"]["GPU-aaa"]["holder"] is None
+
+            api.put_object(pod("trainer", UID, "node-1", "GPU-aaa"))
+            runner.wait_event(lambda e: e.kind == "tenant_joined", since=mark)
+            runner.stop()  # the pod leaves while the agent is down: the relist notices
+            api.remove_object("Pod", "trainer", "team")
+            runner = AgentRunner(
+                workdir, node_name="node-1", kubeconfig=kubeconfig, proc_root=str(proc)
+            ).start()
+            runner.wait_event(lambda e: e.kind == "tenant_gone" and e.tenant_id == "team/trainer")
+            assert runner.status()["tenants"] == {}
         finally:
             baton.close()
             runner.stop()
