@@ -1,0 +1,291 @@
+"""The Kubernetes manifests, the Dockerfile and the hack/ scripts.
+
+Without kubectl these tests parse every YAML file and follow every kustomization reference; with
+kubectl (Debian's kubernetes-client package, or any newer kubectl) they also build each
+kustomization with its embedded kustomize and check the rendered objects.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+import yaml
+
+import baton.cli
+from baton import names
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFESTS = ROOT / "manifests"
+BUILDS = [".", "overlays/kind", "overlays/nvidia", "overlays/monitoring", "overlays/kind-examples"]
+REFERENCE_FIELDS = ("resources", "bases", "patchesStrategicMerge", "components")
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+Obj = dict[str, Any]
+
+
+def load_all(path: Path) -> list[Obj]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def kustomizations() -> list[Path]:
+    return sorted(MANIFESTS.rglob("kustomization.yaml"))
+
+
+def object_files() -> list[Path]:
+    return [
+        p
+        for p in sorted(MANIFESTS.rglob("*.yaml"))
+        if p.name != "kustomization.yaml" and "scheduler" not in p.relative_to(MANIFESTS).parts
+    ]
+
+
+def base_object(kind: str, name: str) -> Obj:
+    for path in sorted((MANIFESTS / "base").glob("*.yaml")):
+        for doc in load_all(path):
+            if doc.get("kind") == kind and doc["metadata"]["name"] == name:
+                return doc
+    raise AssertionError(f"no {kind} {name} in manifests/base")
+
+
+def containers(workload: Obj) -> dict[str, Obj]:
+    return {c["name"]: c for c in workload["spec"]["template"]["spec"]["containers"]}
+
+
+def env_names(container: Obj) -> set[str]:
+    return {e["name"] for e in container.get("env", [])}
+
+
+@pytest.mark.parametrize("kustomization", kustomizations(), ids=lambda p: str(p.parent.name))
+def test_kustomization_references_exist(kustomization: Path) -> None:
+    spec = yaml.safe_load(kustomization.read_text())
+    for field in REFERENCE_FIELDS:
+        for ref in spec.get(field) or []:
+            target = (kustomization.parent / ref).resolve()
+            assert target.exists(), f"{kustomization}: {field} {ref} does not exist"
+            if target.is_dir():
+                assert (target / "kustomization.yaml").exists(), f"{ref} is not a kustomization"
+            else:
+                assert target.is_relative_to(kustomization.parent), f"{ref} is outside its root"
+    for generator in spec.get("configMapGenerator") or []:
+        for entry in generator.get("files") or []:
+            assert (kustomization.parent / entry.split("=")[-1]).is_file(), entry
+
+
+@pytest.mark.parametrize("path", object_files(), ids=lambda p: str(p.relative_to(MANIFESTS)))
+def test_objects_are_well_formed(path: Path) -> None:
+    for doc in load_all(path):
+        assert {"apiVersion", "kind", "metadata"} <= doc.keys(), path
+        meta = doc["metadata"]
+        assert meta.get("name"), f"{path}: an object without a name"
+        if doc["kind"] not in CLUSTER_SCOPED:
+            assert meta.get("namespace") in (names.NAMESPACE, "kube-system", "baton-demo"), (
+                f"{path}: {doc['kind']} {meta['name']} names no Baton namespace"
+            )
+
+
+def test_node_daemonset_privileges_belong_to_the_agent_only() -> None:
+    daemonset = base_object("DaemonSet", "baton-node")
+    pod = daemonset["spec"]["template"]["spec"]
+    parts = containers(daemonset)
+    assert set(parts) == {"deviceplugin", "agent"}
+    assert pod["hostPID"] is True
+    assert parts["agent"]["securityContext"]["privileged"] is True
+    plugin = parts["deviceplugin"]["securityContext"]
+    assert not plugin.get("privileged") and plugin["allowPrivilegeEscalation"] is False
+    assert plugin["capabilities"]["drop"] == ["ALL"]
+    assert pod["nodeSelector"] == {names.LABEL_GPU_NODE: "true"}
+    for container in parts.values():
+        assert container["resources"]["requests"], container["name"]
+        node_name = next(e for e in container["env"] if e["name"] == "NODE_NAME")
+        assert node_name["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+def test_node_daemonset_mounts_and_ports_match_names() -> None:
+    daemonset = base_object("DaemonSet", "baton-node")
+    volumes = {
+        v["name"]: v["hostPath"]["path"] for v in daemonset["spec"]["template"]["spec"]["volumes"]
+    }
+    assert sorted(volumes.values()) == sorted(
+        [names.KUBELET_DEVICE_PLUGIN_DIR, names.AGENT_SOCKET_DIR, names.AGENT_STATE_DIR]
+    )
+    parts = containers(daemonset)
+    for container, port in (
+        ("agent", names.PORT_AGENT),
+        ("deviceplugin", names.PORT_DEVICE_PLUGIN),
+    ):
+        assert [p["containerPort"] for p in parts[container]["ports"]] == [port]
+        for mount in parts[container]["volumeMounts"]:
+            assert mount["mountPath"] == volumes[mount["name"]], "host and container paths differ"
+
+
+def test_extender_and_scheduler_wiring() -> None:
+    extender = base_object("Deployment", "baton-extender")
+    service = base_object("Service", "baton-extender")
+    assert containers(extender)["extender"]["ports"][0]["containerPort"] == names.PORT_EXTENDER
+    assert service["spec"]["ports"][0]["port"] == names.PORT_EXTENDER
+    scheduler = base_object("Deployment", "baton-scheduler")
+    command = containers(scheduler)["kube-scheduler"]["command"]
+    assert command[0] == "kube-scheduler"
+    assert f"--leader-elect-resource-name={names.SCHEDULER_NAME}" in command
+    assert f"--leader-elect-resource-namespace={names.NAMESPACE}" in command
+    assert containers(scheduler)["kube-scheduler"]["image"].startswith("registry.k8s.io/")
+
+
+def test_example_tenant_asks_for_baton_resources() -> None:
+    (job,) = [d for d in load_all(MANIFESTS / "examples" / "grpo-job.yaml") if d["kind"] == "Job"]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["schedulerName"] == names.SCHEDULER_NAME
+    limits = pod["containers"][0]["resources"]["limits"]
+    assert {names.RESOURCE_GPU, names.RESOURCE_GPU_MEMORY, names.RESOURCE_GPU_DUTY} <= set(limits)
+    assert pod["containers"][0]["command"] == ["python", "-m", "agent.examples.grpo_loop"]
+
+
+def _options(command: str) -> set[str]:
+    group = typer.main.get_command(baton.cli.app)
+    assert isinstance(group, typer.main.TyperGroup)
+    cmd = group.commands.get(command)
+    assert cmd is not None, f"`baton {command}` is not registered"
+    env: set[str] = set()
+    for param in cmd.params:
+        envvar = getattr(param, "envvar", None)
+        env.update([envvar] if isinstance(envvar, str) else envvar or [])
+    return env
+
+
+def _overlay_patches() -> list[Path]:
+    return [p for p in object_files() if "overlays" in p.parts]
+
+
+def test_daemon_env_vars_are_flags_of_their_commands() -> None:
+    """Every BATON_* (and NODE_NAME) variable set on a daemon is read by its `baton` command."""
+    workloads = [
+        base_object("DaemonSet", "baton-node"),
+        base_object("Deployment", "baton-extender"),
+    ]
+    base_commands = {name: c["args"][0] for w in workloads for name, c in containers(w).items()}
+    for path in [MANIFESTS / "base" / "node.yaml", *_overlay_patches()]:
+        for doc in load_all(path):
+            if doc["kind"] not in ("DaemonSet", "Deployment"):
+                continue
+            for name, container in containers(doc).items():
+                command = base_commands[name]
+                read = _options(command)
+                for var in env_names(container):
+                    if var.startswith("BATON_") or var == "NODE_NAME":
+                        assert var in read, f"{path.name}: `baton {command}` does not read {var}"
+
+
+def test_dockerfile_copies_every_package_and_ignores_nothing_it_needs() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = {
+        src
+        for line in re.findall(r"^COPY (?!--from)(.+)$", dockerfile, re.M)
+        for src in line.split()[:-1]
+    }
+    packages = {"baton", "agent", "deviceplugin", "extender"}
+    assert packages | {"pyproject.toml", "README.md"} <= copied
+    assert re.search(r'^ENTRYPOINT \["baton"\]$', dockerfile, re.M)
+    patterns = [p for p in (ROOT / ".dockerignore").read_text().splitlines() if p and p[0] != "#"]
+    for src in copied:
+        included = False
+        for pattern in patterns:
+            negated = pattern.startswith("!")
+            if fnmatch.fnmatch(src, pattern.lstrip("!").rstrip("/")) or pattern == "**":
+                included = negated
+        assert included, f".dockerignore leaves {src} out of the build context"
+
+
+def kubectl() -> str:
+    path = shutil.which("kubectl")
+    if path is None:
+        pytest.skip("needs system package kubernetes-client (kubectl, for `kubectl kustomize`)")
+    return path
+
+
+@functools.cache
+def _rendered(overlay: str) -> str:
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(MANIFESTS / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def build(overlay: str) -> list[Obj]:
+    """The objects `kubectl kustomize` renders for manifests/<overlay>."""
+    return [doc for doc in yaml.safe_load_all(_rendered(overlay)) if doc]
+
+
+def by_kind(objects: list[Obj], kind: str) -> dict[str, Obj]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+@pytest.mark.parametrize("overlay", BUILDS)
+def test_kustomize_builds(overlay: str) -> None:
+    objects = build(overlay)
+    assert objects
+    keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
+    assert len(keys) == len(set(keys)), "duplicate objects"
+
+
+@pytest.mark.parametrize("overlay", [".", "overlays/kind", "overlays/nvidia"])
+def test_built_install_is_complete(overlay: str) -> None:
+    objects = build(overlay)
+    assert set(by_kind(objects, "Deployment")) == {"baton-extender", "baton-scheduler"}
+    assert set(by_kind(objects, "DaemonSet")) == {"baton-node"}
+    configmaps = by_kind(objects, "ConfigMap")
+    scheduler = by_kind(objects, "Deployment")["baton-scheduler"]
+    (volume,) = scheduler["spec"]["template"]["spec"]["volumes"]
+    config = configmaps[volume["configMap"]["name"]]
+    flag = next(a for a in containers(scheduler)["kube-scheduler"]["command"] if "--config=" in a)
+    assert Path(flag.split("=", 1)[1]).name in config["data"], "the --config file is not mounted"
+    for workload in [
+        *by_kind(objects, "Deployment").values(),
+        *by_kind(objects, "DaemonSet").values(),
+    ]:
+        for container in containers(workload).values():
+            assert ":" in container["image"], f"{container['name']} has an untagged image"
+
+
+def test_kind_overlay_runs_fake_gpus_unprivileged() -> None:
+    node = by_kind(build("overlays/kind"), "DaemonSet")["baton-node"]
+    parts = containers(node)
+    assert not parts["agent"]["securityContext"]["privileged"]
+    assert {c["image"] for c in parts.values()} == {"baton:dev"}
+    assert "runtimeClassName" not in node["spec"]["template"]["spec"]
+
+
+def test_nvidia_overlay_uses_the_nvidia_runtime() -> None:
+    node = by_kind(build("overlays/nvidia"), "DaemonSet")["baton-node"]
+    pod = node["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+def test_monitoring_overlay_has_scrapes_and_the_dashboard() -> None:
+    objects = build("overlays/monitoring")
+    assert set(by_kind(objects, "PodMonitor")) == {"baton-node"}
+    assert set(by_kind(objects, "ServiceMonitor")) == {"baton-extender"}
+    (dashboard,) = by_kind(objects, "ConfigMap").values()
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert yaml.safe_load(dashboard["data"]["baton.json"])["title"]
+
+
+def test_hack_scripts_pass_shellcheck() -> None:
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("needs system package shellcheck")
+    scripts = sorted(str(p) for p in (ROOT / "hack").glob("*.sh"))
+    assert scripts
+    result = subprocess.run([shellcheck, *scripts], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
