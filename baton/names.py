@@ -76,6 +76,7 @@ def gpu_of_device_id(device_id: str) -> str:
         raise ValueError(f"device ID {device_id!r} is not of the form <GPU-UUID>::<slot>")
     return uuid
 
+
 # Fake GPUs (the `fake` evacuation backend and the tenants that use it).
 ENV_FAKE_GPU_DIR = "BATON_FAKE_GPU_DIR"
 DEFAULT_FAKE_GPU_DIR = "/dev/shm/baton-fake-gpus"
@@ -85,6 +86,7 @@ FAKE_GPU_UUID_PREFIX = "GPU-fake-"
 def fake_gpu_uuid(index: int) -> str:
     """The UUID of simulated GPU number `index`."""
     return f"{FAKE_GPU_UUID_PREFIX}{index:04d}"
+
 
 # Agent flags about parking memory (env twins of `baton agent` options).
 ENV_AGENT_BACKEND = "BATON_AGENT_BACKEND"
