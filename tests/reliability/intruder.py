@@ -40,7 +40,7 @@ def main() -> None:
     try:
         token = request_token(handshake_path(socket))
     except PermissionError as exc:
-        print(json.dumps({"connect": errno.errorcode[exc.errno]}), flush=True)
+        print(json.dumps({"connect": errno.errorcode.get(exc.errno or 0, str(exc))}), flush=True)
         return
     md = ((AGENT_SESSION_METADATA, token),)
     forged = ((AGENT_SESSION_METADATA, token[::-1]),)
