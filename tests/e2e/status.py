@@ -1,0 +1,48 @@
+"""What `baton status` and the extender's `/v1/inventory` say while the tenants run."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from typer.testing import CliRunner
+
+from baton.cli import app
+from tests.e2e.processes import get_json, poll
+
+if TYPE_CHECKING:
+    from tests.e2e.conftest import Node
+
+
+def wait_for_tenants(node: Node, tenants: Sequence[str], timeout: float = 30.0) -> None:
+    """Until the agent's pod watch has shown it every tenant pod."""
+
+    def known() -> bool | None:
+        status = get_json(f"{node.agent_url}/v1/status")
+        return True if set(tenants) <= set(status["tenants"]) else None
+
+    poll("every tenant pod known to the agent", known, timeout)
+
+
+def snapshot(node: Node, timeout: float = 30.0) -> None:
+    """Mid-run, once one tenant holds the GPU and one is parked: agent, inventory, status."""
+
+    def busy() -> dict[str, Any] | None:
+        status = get_json(f"{node.agent_url}/v1/status")
+        held = any(gpu["holder"] for gpu in status["gpus"].values())
+        parked = (status.get("residency") or {}).get("parked_bytes", 0) > 0
+        return status if held and parked else None
+
+    node.agent_status = poll("a holder and a parked tenant", busy, timeout)
+    node.inventory = get_json(f"{node.extender_url}/v1/inventory")
+    node.status_json = baton_status_json(node)
+
+
+def baton_status_json(node: Node) -> dict[str, Any]:
+    """`baton status --json` across the cluster: the extender's inventory, each node's agent."""
+    args = ["status", "--json", "--extender", node.extender_url]
+    args += ["--kubeconfig", str(node.kubeconfig), "--agent-port", str(node.agent_port)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.output))
