@@ -39,6 +39,7 @@ REASONS = {
 CONFLICT_MESSAGE = (
     "the object has been modified; please apply your changes to the latest version and try again"
 )
+SYSTEM_FIELDS = ("creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds")
 # Pod spec fields an update may change; every other spec change is rejected like the real server.
 MUTABLE_POD_SPEC = frozenset({"activeDeadlineSeconds", "tolerations", "schedulingGates"})
 
@@ -245,8 +246,14 @@ class Store:
         rv = new.get("metadata", {}).get("resourceVersion")
         if rv is not None and rv != old["metadata"]["resourceVersion"]:
             raise conflict(resource, name)
-        new.setdefault("metadata", {})["resourceVersion"] = old["metadata"]["resourceVersion"]
-        for field in ("name", "namespace", "uid", "creationTimestamp"):
+        meta = new.setdefault("metadata", {})
+        meta["resourceVersion"] = old["metadata"]["resourceVersion"]
+        # System fields keep their stored values, as the real server's update strategy does.
+        for field in SYSTEM_FIELDS:
+            meta.pop(field, None)
+            if field in old["metadata"]:
+                meta[field] = old["metadata"][field]
+        for field in ("name", "namespace", "uid"):
             if new["metadata"].get(field) != old["metadata"].get(field):
                 raise ApiError(
                     422,

@@ -297,3 +297,18 @@ def test_wait_for_object_sees_another_threads_write(fake_api: FakeApiServer) -> 
     )
     writer.join(timeout=5)
     assert node is not None and node["metadata"]["labels"] == {"ready": "1"}
+
+
+def test_replace_and_status_subresource(core: Any) -> None:
+    created = core.create_namespaced_pod("default", pod("p1"))
+    body = created.to_dict(serialize=True)
+    body["metadata"]["labels"] = {"replaced": "yes"}
+    replaced = core.replace_namespaced_pod("p1", "default", body)
+    assert replaced.metadata.labels == {"replaced": "yes"}
+    with pytest.raises(client.ApiException) as stale:
+        core.replace_namespaced_pod("p1", "default", body)
+    assert stale.value.status == 409
+    status = core.patch_namespaced_pod_status(
+        "p1", "default", {"status": {"phase": "Running"}, "metadata": {"labels": {"x": "y"}}}
+    )
+    assert status.status.phase == "Running" and status.metadata.labels == {"replaced": "yes"}
