@@ -150,25 +150,54 @@ def status(
     url: Annotated[
         str, typer.Option(envvar="BATON_STATUS_URL", help="The agent's HTTP address.")
     ] = f"http://127.0.0.1:{names.PORT_AGENT}",
+    extender: Annotated[
+        str | None,
+        typer.Option(
+            envvar="BATON_STATUS_EXTENDER",
+            help="Every node: the extender's URL (its /v1/inventory lists the nodes).",
+        ),
+    ] = None,
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(
+            envvar="BATON_KUBECONFIG", help="With --extender: node addresses from this cluster."
+        ),
+    ] = None,
+    agent_port: Annotated[
+        int, typer.Option(envvar="BATON_STATUS_AGENT_PORT", help="Agents' HTTP port on nodes.")
+    ] = names.PORT_AGENT,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
 ) -> None:
-    """What each GPU is doing: holder, fencing token, queue, tenants."""
+    """What each GPU is doing: holder, queue, tenants resident/parked, parked bytes, duty."""
     import json
     import urllib.error
-    import urllib.request
 
+    from agent import cluster_status
+
+    if extender is None:
+        answer = cluster_status.read_agent(url)
+        if isinstance(answer, str):
+            typer.echo(f"baton status: {answer}", err=True)
+            raise typer.Exit(1)
+        if as_json:
+            typer.echo(json.dumps(answer, indent=1))
+            return
+        from agent.cluster_view import print_agent
+
+        print_agent(answer, url)
+        return
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/v1/status", timeout=5) as response:
-            document = json.load(response)
-    except (urllib.error.URLError, OSError) as exc:
-        typer.echo(f"baton status: cannot reach the agent at {url}: {exc}", err=True)
+        addresses = cluster_status.node_addresses(kubeconfig) if kubeconfig else {}
+        document = cluster_status.read_cluster(extender, addresses, agent_port)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        typer.echo(f"baton status: cannot read the inventory at {extender}: {exc}", err=True)
         raise typer.Exit(1) from None
     if as_json:
         typer.echo(json.dumps(document, indent=1))
         return
-    from agent.status_view import print_status
+    from agent.cluster_view import print_cluster
 
-    print_status(document)
+    print_cluster(document)
 
 
 def bench_handoff(
