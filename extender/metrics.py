@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from baton.names import METRICS_PREFIX
 
 _P = f"{METRICS_PREFIX}extender_"
+VERBS = ("filter", "prioritize", "bind")
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -43,6 +44,9 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        for verb in VERBS:  # every verb shows from the start, not only after its first call
+            self.latency.labels(verb)
+            self.requests.labels(verb, "200")
         self.nodes = Gauge(f"{_P}cache_nodes", "Nodes in the cache.", registry=self.registry)
         self.assumed = Gauge(
             f"{_P}assumed_pods", "Binds not yet confirmed by the watch.", registry=self.registry
