@@ -47,6 +47,9 @@ class ParkingMetrics:
             ("reason",),
             registry=reg,
         )
+        for direction in ("park", "restore"):
+            for family in (self.moves, self.move_seconds, self.moved_bytes, self.move_failures):
+                family.labels(backend, direction)
         for reason in (*Reason, "move_failed"):  # every reason shows, at 0 until it happens
             self.refused.labels(reason)
         self.preemptions = Counter(
