@@ -98,7 +98,7 @@ def print_report(
             moved = _gib(m["park"]["bytes"] + m["restore"]["bytes"])
             gpu_holds = on_gpu(phase.holds, g)
             gpus.add_row(
-                phase.label, g, _pct(phase.duty(g)),
+                phase.label, g, _pct(round(phase.duty(g), 4)),
                 str(switches(gpu_holds, phase.t0, phase.t1)),
                 *([*totals, moved] if i == 0 else ["", "", ""]),
             )  # fmt: skip
