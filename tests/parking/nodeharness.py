@@ -56,7 +56,7 @@ class TenantProc:
             event = await self.event(timeout)
             if event["event"] == kind:
                 return event
-            assert event["event"] != "error", f"{self.name}: {event['error']}"
+            assert event["event"] != "error", self.describe()
 
     def tell(self) -> None:
         assert self.proc.stdin is not None

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 import zlib
 from collections.abc import Callable
 from typing import TypeVar
@@ -82,6 +83,7 @@ def main() -> int:
             sys.stdin.readline()
         return 0
     except Exception as e:
+        traceback.print_exc()
         say(event="error", error=f"{type(e).__name__}: {e}")
         return 1
     finally:
