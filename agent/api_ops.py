@@ -14,6 +14,7 @@ _CODES: list[tuple[type[errors.AgentError], grpc.StatusCode]] = [
     (errors.NotOwner, grpc.StatusCode.PERMISSION_DENIED),
     (errors.Forbidden, grpc.StatusCode.PERMISSION_DENIED),
     (errors.InvalidGpus, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.InvalidRegistration, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.AcquireTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (errors.TenantGone, grpc.StatusCode.UNAVAILABLE),

@@ -31,6 +31,10 @@ class InvalidGpus(AgentError):
     """Acquire on GPUs the tenant was not given (INVALID_ARGUMENT)."""
 
 
+class InvalidRegistration(AgentError):
+    """A registration with a field out of range (INVALID_ARGUMENT)."""
+
+
 class AcquireTimeout(AgentError):
     """The turn was not granted in time; the waiter has left the queue (DEADLINE_EXCEEDED)."""
 

@@ -6,10 +6,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.errors import Forbidden, RegistrationConflict
+from agent.errors import Forbidden, InvalidRegistration, RegistrationConflict
 
 LOCAL = "local"
 POD = "pod"
+MAX_NAME = 253
+MAX_GPUS = 64
 
 
 @dataclass
@@ -49,6 +51,22 @@ class Tenant:
         return cls(**{**data, "gpus": tuple(data["gpus"]), "pids": set(data.get("pids", []))})
 
 
+def check_registration(
+    name: str, gpus: tuple[str, ...], gpu_memory_mib: int, gpu_duty: int, memory_limit_bytes: int
+) -> None:
+    """Raise `InvalidRegistration` naming the first field out of range."""
+    if not name.isprintable() or not 0 < len(name) <= MAX_NAME:
+        raise InvalidRegistration(f"a tenant name is 1-{MAX_NAME} printable characters")
+    if not 0 < len(gpus) <= MAX_GPUS or not all(
+        g.isprintable() and 0 < len(g) <= MAX_NAME for g in gpus
+    ):
+        raise InvalidRegistration(f"give 1-{MAX_GPUS} GPU UUIDs, each 1-{MAX_NAME} characters")
+    if gpu_memory_mib < 0 or memory_limit_bytes < 0:
+        raise InvalidRegistration("gpu_memory_mib and memory_limit_bytes cannot be negative")
+    if not 1 <= gpu_duty <= 100:
+        raise InvalidRegistration(f"gpu_duty {gpu_duty} is outside 1-100 (percent of GPU time)")
+
+
 class TenantRegistry:
     """Maps processes to tenants."""
 
@@ -70,6 +88,7 @@ class TenantRegistry:
         """Register the process `pid` as (part of) the local tenant `name`."""
         tenant_id = f"{LOCAL}/{name}"
         wanted = tuple(sorted(set(gpus)))
+        check_registration(name, wanted, gpu_memory_mib, gpu_duty, memory_limit_bytes)
         existing = self.tenants.get(tenant_id)
         if existing is None:
             tenant = Tenant(
