@@ -1,0 +1,129 @@
+"""The Grafana dashboard queries only metrics our daemons export, and covers what operators read."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client import CollectorRegistry
+
+from agent.leases import LeaseTable
+from agent.metrics import AgentMetrics
+from agent.parking_metrics import Forward, ParkingMetrics
+from deviceplugin.metrics import Metrics as DevicePluginMetrics
+from extender.metrics import Metrics as ExtenderMetrics
+
+ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD = ROOT / "manifests" / "grafana" / "baton.json"
+METRIC = re.compile(r"\bbaton_[a-z0-9_]+\b")
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("", "_sum", "_count", "_created"),
+    "gauge": ("",),
+    "info": ("_info",),
+}
+OPERATOR_READS_FIRST = {
+    "duty cycle per GPU": "baton_gpu_busy_seconds_total",
+    "tenants per GPU": "baton_gpu_tenants",
+    "who holds each GPU": "baton_gpu_holder",
+    "queue depth": "baton_queue_depth",
+    "acquire wait": "baton_wait_seconds_bucket",
+    "park/restore GB/s": "baton_moved_bytes_total",
+    "park/restore seconds": "baton_move_seconds_bucket",
+    "parked bytes": "baton_parked_bytes",
+    "host budget": "baton_host_memory_budget_bytes",
+    "refused parks by reason": "baton_refused_parks_total",
+    "lease revocations": "baton_revocations_total",
+    "extender latency by verb": "baton_extender_request_seconds_bucket",
+    "extender errors by verb": "baton_extender_requests_total",
+    "Allocate latency": "baton_deviceplugin_allocate_seconds_bucket",
+    "Allocate fallbacks": "baton_deviceplugin_fallback_assignments_total",
+    "device health": "baton_deviceplugin_devices",
+}
+
+
+def dashboard() -> dict[str, Any]:
+    return dict(json.loads(DASHBOARD.read_text()))
+
+
+def panels(board: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel, rows' nested panels included."""
+    for panel in board["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
+def queries(board: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every target of every panel."""
+    return [(p["title"], t["expr"]) for p in panels(board) for t in p.get("targets", [])]
+
+
+def agent_registry() -> CollectorRegistry:
+    """The agent's registry as the daemon composes it: lease metrics plus parking metrics."""
+    metrics = AgentMetrics()
+    table = LeaseTable(clock=time.time, policy="fifo", max_hold=60.0)
+    metrics.watch(table, lambda: 0, time.time)
+    metrics.registry.register(Forward(ParkingMetrics("fake").registry))
+    return metrics.registry
+
+
+def exported_names() -> set[str]:
+    """Every sample name the agent, extender and device plugin registries can expose."""
+    registries = [agent_registry(), ExtenderMetrics().registry, DevicePluginMetrics().registry]
+    names: set[str] = set()
+    for registry in registries:
+        for family in registry.collect():
+            names.update(family.name + suffix for suffix in SUFFIXES[family.type])
+            names.update(sample.name for sample in family.samples)
+    return names
+
+
+def test_every_queried_metric_is_exported_by_our_code() -> None:
+    exported = exported_names()
+    missing = {
+        f"{title}: {name}"
+        for title, expr in queries(dashboard())
+        for name in METRIC.findall(expr)
+        if name not in exported
+    }
+    assert not missing, f"queried but exported by no Baton daemon: {sorted(missing)}"
+
+
+def test_every_query_reads_a_baton_metric() -> None:
+    found = queries(dashboard())
+    assert found
+    for title, expr in found:
+        assert METRIC.search(expr), f"{title}: {expr} reads no baton_ metric"
+
+
+def test_the_panels_an_operator_reads_first_are_there() -> None:
+    used = {name for _title, expr in queries(dashboard()) for name in METRIC.findall(expr)}
+    absent = [topic for topic, metric in OPERATOR_READS_FIRST.items() if metric not in used]
+    assert not absent, f"no panel for {absent}"
+
+
+def test_panels_are_well_formed_for_grafana() -> None:
+    board = dashboard()
+    ids = [p["id"] for p in panels(board)]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    variables = {v["name"] for v in board["templating"]["list"]}
+    for panel in panels(board):
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"]["uid"] == "${datasource}" and "datasource" in variables
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)), panel["title"]
+        assert {"x", "y", "w", "h"} <= set(panel["gridPos"]), panel["title"]
+
+
+def test_the_dashboard_ships_as_a_configmap_for_grafanas_sidecar() -> None:
+    kustomization = yaml.safe_load((DASHBOARD.parent / "kustomization.yaml").read_text())
+    generated = kustomization["configMapGenerator"]
+    assert any(DASHBOARD.name in entry.get("files", []) for entry in generated)
+    assert kustomization["generatorOptions"]["labels"].get("grafana_dashboard") == "1"
