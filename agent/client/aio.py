@@ -332,9 +332,9 @@ class AsyncBaton:
             renewed = await self._renew(lease.lease_id)
         except LeaseLost as exc:
             if self.lease is lease:
-                log.warning("lease %s lost: %s", lease.lease_id, exc)
                 self._stop_renewer()
                 self.lease = None
+                log.warning("lease %s lost: %s", lease.lease_id, exc)
             return
         except BatonError as exc:
             log.info("renewing lease %s failed: %s", lease.lease_id, exc)

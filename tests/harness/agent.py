@@ -11,6 +11,7 @@ Events, HTTP and the service's state are read through the runner; nothing sleeps
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import queue
@@ -61,8 +62,10 @@ class AgentRunner:
         )
         self.preparer = preparer
         self.sessions = sessions
-        self.events: queue.Queue[Event] = queue.Queue()
         self.seen: list[Event] = []
+        """Every event the agent published since it started (as far as taken so far)."""
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._subscription: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._agent: Agent | None = None
@@ -88,12 +91,8 @@ class AgentRunner:
     async def _start(self) -> None:
         assert self._agent is not None
         await self._agent.start()
-        asyncio.get_running_loop().create_task(self._forward_events())
-
-    async def _forward_events(self) -> None:
-        async with self.service.events.subscribe() as events:
-            while True:
-                self.events.put(await events.get())
+        self._subscription = self.service.events.subscribe()
+        self._events = await self._subscription.__aenter__()
 
     def stop(self) -> None:
         """Stop the agent (its state directory stays) and its thread."""
@@ -122,33 +121,41 @@ class AgentRunner:
 
     def mark(self) -> int:
         """A position in the event history, for `wait_event(..., since=mark)`."""
-        self._drain()
+        self._take(0)
         return len(self.seen)
 
-    def _drain(self) -> None:
-        while True:
-            try:
-                self.seen.append(self.events.get_nowait())
-            except queue.Empty:
-                return
+    def _take(self, timeout: float) -> bool:
+        """Move published events into `seen` (waiting up to `timeout` for one); any new?"""
+
+        async def take() -> list[Event]:
+            events = []
+            if self._events.empty() and timeout > 0:
+                with contextlib.suppress(TimeoutError):
+                    events.append(await asyncio.wait_for(self._events.get(), timeout))
+            while not self._events.empty():
+                events.append(self._events.get_nowait())
+            return events
+
+        events = self.call(take(), timeout + 10)
+        self.seen.extend(events)
+        return bool(events)
 
     def wait_event(
         self, match: Callable[[Event], bool], timeout: float = 10, since: int = 0
     ) -> Event:
         """The first event from position `since` on that matches; fails after `timeout`."""
         deadline = time.monotonic() + timeout
+        self._take(0)
         index = since
         while True:
-            self._drain()
             for event in self.seen[index:]:
                 if match(event):
                     return event
             index = len(self.seen)
-            try:
-                self.seen.append(self.events.get(timeout=max(0.0, deadline - time.monotonic())))
-            except queue.Empty:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._take(remaining):
                 kinds = [f"{e.kind}:{e.tenant_id}" for e in self.seen[since:]]
-                raise AssertionError(f"no matching event within {timeout} s; saw {kinds}") from None
+                raise AssertionError(f"no matching event within {timeout} s; saw {kinds}")
 
     @property
     def http_url(self) -> str:
