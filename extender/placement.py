@@ -37,6 +37,7 @@ __all__ = [
     "Verdict",
     "gpu_state",
     "node_state",
+    "one_gpu_chooser",
     "one_gpu_filter",
     "parked_worst_mib",
     "place",
@@ -78,9 +79,9 @@ def place(node: NodeState, request: TenantRequest, limits: Limits, choose: bool 
     if never:
         return Verdict(False, never, unresolvable=True)
     if choose and request.gpus == 1:
-        best = _best_one(node, request, limits)
+        best = one_gpu_chooser(request, limits)(node)
         if best is not None:
-            return best
+            return Verdict(True, gpus=(best[0],), score=best[1])
     candidates, enough = _candidates(node, request, limits, choose)
     if enough:
         return Verdict(True, gpus=tuple(c.uuid for c in candidates))
@@ -237,41 +238,52 @@ def _chosen(chosen: list[_Candidate]) -> Verdict:
     return Verdict(True, gpus=tuple(c.uuid for c in chosen), score=max(0, min(10, score)))
 
 
-def _best_one(node: NodeState, request: TenantRequest, limits: Limits) -> Verdict | None:
-    """`_candidates` + `_choose` for one-GPU pods, without building the list (prioritize)."""
-    room = node.budget_mib - node.parked_worst_mib
+def one_gpu_chooser(
+    request: TenantRequest, limits: Limits
+) -> Callable[[NodeState], tuple[str, int] | None]:
+    """Prioritize's fast path for one-GPU pods: a node's best GPU and score, None if none fits.
+
+    It agrees with `place`: the GPU with the best policy key among those the pod fits and whose
+    parked memory stays within the budget.
+    """
     wanted_memory, wanted_duty = request.memory_mib, request.duty
     memory_cap = _memory_cap(request)
-    max_duty, policy = limits.max_duty, limits.policy
+    max_duty = limits.max_duty
     duty_cap = max_duty + _EPSILON
-    best_key, best_after, best_index, best_uuid = -1.0, 0.0, 0, ""
-    for row in node.distinct_rows:
-        usable, duty_sum, default_duty, total, smallest, largest, parked, tenants = row[:8]
-        memory = usable if wanted_memory is None else wanted_memory
-        if memory > usable or memory > memory_cap:
-            continue
-        after = duty_sum + (default_duty if wanted_duty is None else wanted_duty)
-        if after > duty_cap:
-            continue
-        total += memory
-        if total > usable:
-            smallest = min(smallest, memory) if tenants else memory
-            if total - max(smallest, usable - max(largest, memory)) - parked > room:
+    binpack, spread = limits.policy is Policy.BINPACK, limits.policy is Policy.SPREAD
+
+    def choose(node: NodeState) -> tuple[str, int] | None:
+        room = node.budget_mib - node.parked_worst_mib
+        best_key, best_after, best_index, best_uuid = -1.0, 0.0, 0, ""
+        for row in node.distinct_rows:
+            usable, duty_sum, default_duty, total, smallest, largest, parked, tenants = row[:8]
+            memory = usable if wanted_memory is None else wanted_memory
+            if memory > usable or memory > memory_cap:
                 continue
-        if policy is Policy.BINPACK:
-            key = row.binpack_key
-        elif policy is Policy.SPREAD:
-            key = 1.0 - max(row.taken_share, min(duty_sum / max_duty, 1.0))
-        else:
-            key = min(after / max_duty, 1.0)
-        if key > best_key or (
-            key == best_key
-            and (after > best_after or (after == best_after and row.neg_index > best_index))
-        ):
-            best_key, best_after, best_index, best_uuid = key, after, row.neg_index, row.uuid
-    if not best_uuid:
-        return None
-    return Verdict(True, gpus=(best_uuid,), score=max(0, min(10, round(10 * best_key))))
+            after = duty_sum + (default_duty if wanted_duty is None else wanted_duty)
+            if after > duty_cap:
+                continue
+            total += memory
+            if total > usable:
+                smallest = min(smallest, memory) if tenants else memory
+                if total - max(smallest, usable - max(largest, memory)) - parked > room:
+                    continue
+            if binpack:
+                key = row.binpack_key
+            elif spread:
+                key = 1.0 - max(row.taken_share, min(duty_sum / max_duty, 1.0))
+            else:
+                key = min(after / max_duty, 1.0)
+            if key > best_key or (
+                key == best_key
+                and (after > best_after or (after == best_after and row.neg_index > best_index))
+            ):
+                best_key, best_after, best_index, best_uuid = key, after, row.neg_index, row.uuid
+        if not best_uuid:
+            return None
+        return best_uuid, max(0, min(10, round(10 * best_key)))
+
+    return choose
 
 
 def _too_few(node: NodeState, request: TenantRequest, limits: Limits, found: int) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from extender.placement import NodeState, Verdict, one_gpu_filter, place
+from extender.placement import NodeState, Verdict, one_gpu_chooser, one_gpu_filter, place
 from extender.requests import RequestError, TenantRequest, parse_pod_request
 from extender.state import ClusterState
 from extender.wire import MIN_PRIORITY, ExtenderArgs, PreemptionArgs
@@ -48,12 +48,18 @@ def prioritize_nodes(state: ClusterState, args: ExtenderArgs) -> list[tuple[str,
         request = None
     if request is None:
         return [(name, MIN_PRIORITY) for name in args.node_names]
-    return [
-        (name, v.score if v.fits else MIN_PRIORITY)
-        for name, v in (
-            (n, _verdict(state, args, request, n, choose=True)) for n in args.node_names
-        )
-    ]
+    choose = one_gpu_chooser(request, state.limits) if request.gpus == 1 else None
+    nodes = state.nodes_by_name()
+    scores = []
+    for name in args.node_names:
+        node = nodes.get(name)
+        if choose is not None and node is not None:
+            best = choose(node)
+            scores.append((name, MIN_PRIORITY if best is None else best[1]))
+            continue
+        verdict = _verdict(state, args, request, name, choose=True)
+        scores.append((name, verdict.score if verdict.fits else MIN_PRIORITY))
+    return scores
 
 
 def _verdict(

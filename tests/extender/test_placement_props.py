@@ -7,12 +7,14 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extender import placement
 from extender.placement import (
     Gpu,
     Limits,
     Policy,
     Tenant,
     node_state,
+    one_gpu_chooser,
     one_gpu_filter,
     parked_worst_mib,
     place,
@@ -59,6 +61,9 @@ def test_placing_never_exceeds_slots_memory_duty_or_budget(
         assert filtered.fits is verdict.fits, (filtered, verdict)
         if request.gpus == 1:
             assert one_gpu_filter(request, limits)(node) is verdict.fits
+            chosen = one_gpu_chooser(request, limits)(node)
+            assert chosen == ((verdict.gpus[0], verdict.score) if verdict.fits else None)
+            assert chosen == _reference_choice(node, request, limits)
         if not verdict.fits:
             assert verdict.reason
             continue
@@ -74,6 +79,17 @@ def test_placing_never_exceeds_slots_memory_duty_or_budget(
             assert state.memory_max <= state.usable_mib
             if state.tenants:
                 assert state.gpu.healthy
+
+
+def _reference_choice(node, request, limits):
+    """The general path's choice (every GPU listed, then chosen), for the fast path to match."""
+    if placement._never_fits(node, request):
+        return None
+    candidates, _ = placement._candidates(node, request, limits, True)
+    if not candidates:
+        return None
+    verdict = placement._choose(node, candidates, 1)
+    return (verdict.gpus[0], verdict.score) if verdict.fits else None
 
 
 def _assert_each_chosen_gpu_alone_accepts(node, tenants, chosen, request, limits) -> None:
