@@ -209,7 +209,7 @@ class ParkingPreparer:
             kinds = set(st.residency.values())
             when = self._last_turn_wall.get(tenant_id)
             entry: dict[str, Any] = {
-                "residency": kinds.pop().value if len(kinds) == 1 else "mixed" if kinds else "",
+                "residency": kinds.pop().value if len(kinds) == 1 else "mixed" if kinds else "none",
                 "gpus": {g: r.value for g, r in sorted(st.residency.items())},
                 "footprint_bytes": sum(st.footprint_bytes.values()),
                 "parked_bytes": st.parked_bytes,
