@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,6 +48,7 @@ class Prometheus:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.log = (workdir / "prometheus.log").open("w")
+        self.started_at = time.time()
         self.proc = subprocess.Popen(
             [
                 path,
@@ -87,6 +89,13 @@ class Prometheus:
         """An instant query's result vector; raises with Prometheus's error text."""
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
         answer = get_json(url)
+        assert answer["status"] == "success", f"{expr}: {answer}"
+        return list(answer["data"]["result"])
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """A range query's result matrix (what a Grafana time series panel asks for)."""
+        params = {"query": expr, "start": start, "end": end, "step": step}
+        answer = get_json(f"{self.url}/api/v1/query_range?" + urllib.parse.urlencode(params))
         assert answer["status"] == "success", f"{expr}: {answer}"
         return list(answer["data"]["result"])
 
