@@ -1,0 +1,52 @@
+"""Concurrent scheduler clients against the extender while its watch delivers churn."""
+
+from __future__ import annotations
+
+import pytest
+
+from .extender_load import ExtenderLoad
+from .figures import record
+
+
+def assert_held(nodes: int, pods: int, clients: int, seconds: float, p99_ms: float) -> None:
+    load = ExtenderLoad(nodes, pods)
+    try:
+        tally = load.run(clients, seconds)
+        double = load.double_booked()
+    finally:
+        load.close()
+    calls = sum(tally.statuses.values())
+    figures = {
+        "nodes": nodes,
+        "clients": clients,
+        "seconds": seconds,
+        "calls": calls,
+        "calls_per_s": round(calls / seconds, 1),
+        "binds": len(tally.bound) + tally.churn["bound pod deleted"],
+        "bind_errors": len(tally.bind_errors),
+        **{f"{verb}_p99_ms": round(tally.p99_ms(verb), 1) for verb in tally.latency},
+        "churn_events": sum(tally.churn.values()),
+        "non_200": calls - tally.statuses[200],
+        "double_booked": len(double),
+    }
+    print(figures, tally.bind_errors[:5])
+    record("load", f"extender: {clients} clients, {nodes} nodes, {seconds:g} s", figures)
+    assert double == []
+    assert set(tally.statuses) == {200}, tally.statuses
+    assert figures["binds"] > 0 and figures["churn_events"] > 0
+    for verb in ("filter", "prioritize"):
+        assert tally.p99_ms(verb) < p99_ms, (verb, figures)
+
+
+@pytest.mark.timeout(120)
+def test_twenty_clients_on_a_churning_cache_never_double_book():
+    """Promised: no slot is ever double-booked, every answer is 200, and filter/prioritize stay
+    fast (issue 5 targets p99 < 20 ms; on this shared machine the short run asserts < 500 ms)."""
+    assert_held(nodes=300, pods=400, clients=20, seconds=8, p99_ms=500)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1200)
+def test_twenty_clients_on_five_thousand_nodes_for_five_minutes():
+    """The same promises on the 5000-node cache for five minutes, p99 held to issue 5's 20 ms."""
+    assert_held(nodes=5000, pods=20000, clients=20, seconds=300, p99_ms=20)
