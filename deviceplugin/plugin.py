@@ -13,7 +13,8 @@ from deviceplugin.server import PluginServer
 from deviceplugin.watcher import Change, SocketWatcher
 
 log = logging.getLogger(__name__)
-RETRY_REGISTER_S = 5.0
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 5.0
 
 
 class DevicePlugin:
@@ -25,6 +26,7 @@ class DevicePlugin:
         self.metrics = metrics
         self.kubelet_socket = plugin_dir / names.KUBELET_SOCKET_NAME
         self.registered = False
+        self._retry_s = RETRY_FIRST_S
         self._stop = threading.Event()
         self._watcher = SocketWatcher(
             plugin_dir, names.KUBELET_SOCKET_NAME, server.socket_path.name
@@ -51,9 +53,14 @@ class DevicePlugin:
         except RegistrationError as err:
             self.registered = False
             self.metrics.registrations.labels(outcome="failed").inc()
-            log.warning("not registered yet: %s; retrying when kubelet.sock appears", err)
+            log.warning(
+                "not registered: %s; retrying in %g s or when kubelet.sock appears",
+                err,
+                self._retry_s,
+            )
             return
         self.registered = True
+        self._retry_s = RETRY_FIRST_S
         self.metrics.registrations.labels(outcome="ok").inc()
         log.info("registered %s with the kubelet at %s", names.RESOURCE_GPU, self.kubelet_socket)
 
@@ -67,17 +74,31 @@ class DevicePlugin:
             self.registered = False
 
     def _watch(self) -> None:
+        broken = False
         while not self._stop.is_set():
-            timeout = None if self.registered else RETRY_REGISTER_S
-            changes = list(self._watcher.changes(timeout))
+            waiting = not self.registered or broken
+            changes = list(self._watcher.changes(self._retry_s if waiting else None))
+            if waiting and not changes:
+                self._retry_s = min(self._retry_s * 2, RETRY_MAX_S)
             if self._stop.is_set():
                 return
             if Change.DIRECTORY_GONE in changes:
                 log.error("%s disappeared: the kubelet cannot reach this plugin", self.plugin_dir)
                 return
-            if Change.KUBELET_SOCKET_CREATED in changes:
-                self._restart("kubelet.sock was created (kubelet restarted)")
-            elif Change.PLUGIN_SOCKET_DELETED in changes and not self.server.socket_path.exists():
-                self._restart(f"{self.server.socket_path} was deleted")
-            elif not changes and not self.registered and self.kubelet_socket.exists():
-                self._register()
+            try:
+                broken = self._react(changes, broken)
+            except Exception:
+                log.exception("restarting the plugin server failed; retrying")
+                broken = True
+
+    def _react(self, changes: list[Change], broken: bool) -> bool:
+        """Restart or register as the changes require; False once all is well again."""
+        if Change.KUBELET_SOCKET_CREATED in changes:
+            self._restart("kubelet.sock was created (kubelet restarted)")
+        elif Change.PLUGIN_SOCKET_DELETED in changes and not self.server.socket_path.exists():
+            self._restart(f"{self.server.socket_path} was deleted")
+        elif not changes and broken:
+            self._restart("retrying after a failed restart")
+        elif not changes and not self.registered and self.kubelet_socket.exists():
+            self._register()
+        return False

@@ -1,9 +1,9 @@
-"""The DevicePlugin gRPC service (kubelet's client side) on the plugin's unix socket."""
+"""The DevicePlugin gRPC service that the kubelet calls, served on the plugin's unix socket."""
 
 from __future__ import annotations
 
 import logging
-import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -145,7 +145,7 @@ class PluginServer:
         self._server: grpc.Server | None = None
 
     def start(self) -> None:
-        """Remove a stale socket, serve, and wait until the socket answers."""
+        """Remove a stale socket, serve, and check that the socket accepts connections."""
         self.socket_path.unlink(missing_ok=True)
         self.service.stopping.clear()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dp"))
@@ -153,8 +153,13 @@ class PluginServer:
         server.add_insecure_port(f"unix://{self.socket_path}")
         server.start()
         self._server = server
-        with grpc.insecure_channel(f"unix://{self.socket_path}") as channel:
-            grpc.channel_ready_future(channel).result(timeout=READY_TIMEOUT_S)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(READY_TIMEOUT_S)
+            try:
+                probe.connect(str(self.socket_path))
+            except OSError as err:
+                self.stop()
+                raise OSError(f"plugin socket {self.socket_path} does not answer: {err}") from err
 
     def stop(self) -> None:
         """End every stream, stop serving, and remove the socket."""
@@ -163,5 +168,4 @@ class PluginServer:
         if self._server is not None:
             self._server.stop(grace=None).wait(READY_TIMEOUT_S)
             self._server = None
-        if self.socket_path.exists() and not os.path.isdir(self.socket_path):
-            self.socket_path.unlink(missing_ok=True)
+        self.socket_path.unlink(missing_ok=True)

@@ -32,7 +32,7 @@ def on_gpu(devices, gpu):
 def plugin(kubelet, start_plugin, fake_api, api_client):
     daemon = start_plugin(api_client=api_client)
     kubelet.wait_for_registrations(1)
-    kubelet.endpoint(GPU).wait_for_list(lambda devs: bool(devs))
+    kubelet.wait_for_list(GPU, lambda devs: bool(devs))
     return daemon
 
 
@@ -43,7 +43,7 @@ def test_two_assigned_pods_admitted_back_to_back_each_get_their_gpu(
     fake_api.put_object(tenant_pod("first", (GPU1,), assigned_at_ns=1_000))
     daemon = start_plugin(api_client=api_client)
     kubelet.wait_for_registrations(1)
-    kubelet.endpoint(GPU).wait_for_list(lambda devs: bool(devs))
+    kubelet.wait_for_list(GPU, lambda devs: bool(devs))
     fake_api.clear_requests()
 
     devices_a, response_a = kubelet.admit(GPU, 1)

@@ -62,7 +62,7 @@ def test_daemon_serves_kubelet_api_and_metrics(socket_dir, kubelet, fake_api):
     threading.Thread(target=read_log, daemon=True).start()
     try:
         kubelet.wait_for_registrations(1, timeout=20)
-        devices = kubelet.endpoint(names.RESOURCE_GPU).wait_for_list(bool)
+        devices = kubelet.wait_for_list(names.RESOURCE_GPU, bool)
         assert len(devices) == 4
         _, response = kubelet.admit(names.RESOURCE_GPU, 1)
         assert response.envs[names.ENV_GPUS] == GPU1

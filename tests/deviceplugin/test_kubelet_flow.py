@@ -4,7 +4,6 @@ kubelet restarts."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 
 from baton import names
@@ -36,7 +35,7 @@ def test_registers_resource_after_serving(kubelet, start_plugin):
 def test_list_and_watch_sends_every_slot_at_once(kubelet, start_plugin):
     start_plugin(slots=3)
     kubelet.wait_for_registrations(1)
-    devices = kubelet.endpoint(names.RESOURCE_GPU).wait_for_list(lambda devs: bool(devs))
+    devices = kubelet.wait_for_list(names.RESOURCE_GPU, lambda devs: bool(devs))
     want = {names.slot_device_id(g, s) for g in (GPU0, GPU1) for s in range(3)}
     assert set(devices) == want
     assert set(devices.values()) == {"Healthy"}
@@ -64,15 +63,16 @@ def test_fake_xid_turns_that_gpus_slots_unhealthy(kubelet, start_plugin):
 
 
 def test_reregisters_within_two_seconds_after_kubelet_restart(kubelet, start_plugin):
-    start_plugin()
+    daemon = start_plugin()
     kubelet.wait_for_registrations(1)
-    for restart in range(2):
-        began = time.monotonic()
+    post(daemon, "/fake/xid", {"gpu": GPU1, "xid": 79})
+    for _ in range(3):
         kubelet.restart()
-        kubelet.wait_for_registrations(2 + restart, timeout=2.0)
-        assert time.monotonic() - began < 2.0
-        devices = kubelet.endpoint(names.RESOURCE_GPU).wait_for_list(lambda devs: bool(devs))
+        registered = kubelet.wait_for_registration_after(kubelet.restarted_at, timeout=5.0)
+        assert registered - kubelet.restarted_at < 2.0
+        devices = kubelet.wait_for_list(names.RESOURCE_GPU, bool)
         assert len(devices) == 8
+        assert sorted(devices.values()) == ["Healthy"] * 4 + ["Unhealthy"] * 4
 
 
 def test_reregisters_when_its_own_socket_is_deleted(kubelet, start_plugin, socket_dir):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import stat
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
@@ -113,12 +114,14 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
 class PluginEndpoint:
     """The kubelet's client to one plugin: dials it, reads options, records every list."""
 
-    def __init__(self, socket_path: Path, resource: str) -> None:
+    def __init__(
+        self, socket_path: Path, resource: str, changed: threading.Condition | None = None
+    ) -> None:
         self.socket_path = socket_path
         self.resource = resource
         self.lists: Lists = []
         self.ended = threading.Event()
-        self._changed = threading.Condition()
+        self._changed = changed or threading.Condition()
         self._channel = grpc.insecure_channel(
             f"unix://{socket_path}", options=[("grpc.default_authority", "localhost")]
         )
@@ -178,6 +181,8 @@ class KubeletStub:
         self.allocated: dict[str, set[str]] = {}
         self._changed = threading.Condition()
         self._admit = threading.Lock()
+        self.restarted_at: float | None = None
+        self.registered_at: list[float] = []
         self.registration = RegistrationServer(socket_dir, self._on_register)
 
     def start(self) -> None:
@@ -189,11 +194,14 @@ class KubeletStub:
             endpoint.stop()
 
     def _on_register(self, request: api_pb2.RegisterRequest) -> None:
-        endpoint = PluginEndpoint(self.socket_dir / request.endpoint, request.resource_name)
+        endpoint = PluginEndpoint(
+            self.socket_dir / request.endpoint, request.resource_name, self._changed
+        )
         with self._changed:
             old = self.endpoints.get(request.resource_name)
             self.endpoints[request.resource_name] = endpoint
             self.registrations.append(request)
+            self.registered_at.append(time.monotonic())
             self._changed.notify_all()
         if old is not None:
             old.stop()
@@ -207,6 +215,36 @@ class KubeletStub:
                     f"refused: {self.registration.refusals}"
                 )
             return self.registrations[count - 1]
+
+    def wait_for_registration_after(self, since: float, timeout: float = 5.0) -> float:
+        """Block until a registration arrives after monotonic time `since`; its time."""
+
+        def later() -> list[float]:
+            return [t for t in self.registered_at if t >= since]
+
+        with self._changed:
+            if not self._changed.wait_for(later, timeout):
+                raise TimeoutError(
+                    f"no registration within {timeout} s; refused: {self.registration.refusals}"
+                )
+            return later()[0]
+
+    def wait_for_list(
+        self, resource: str, accept: Callable[[dict[str, str]], bool], timeout: float = 5.0
+    ) -> dict[str, str]:
+        """Block until the current endpoint's last list satisfies `accept` (following
+        re-registrations, which replace the endpoint); TimeoutError says what was seen."""
+
+        def matching() -> bool:
+            endpoint = self.endpoints.get(resource)
+            return endpoint is not None and bool(endpoint.lists) and accept(endpoint.lists[-1])
+
+        with self._changed:
+            if not self._changed.wait_for(matching, timeout):
+                endpoint = self.endpoints.get(resource)
+                seen = endpoint.lists if endpoint else "no endpoint"
+                raise TimeoutError(f"no matching {resource} list within {timeout} s: {seen}")
+            return dict(self.endpoints[resource].lists[-1])
 
     def endpoint(self, resource: str) -> PluginEndpoint:
         with self._changed:
@@ -280,3 +318,4 @@ class KubeletStub:
                 path.unlink()
         self.registration = RegistrationServer(self.socket_dir, self._on_register)
         self.registration.start()
+        self.restarted_at = time.monotonic()
