@@ -188,3 +188,36 @@ def test_a_hung_holder_is_revoked_at_its_maximum_hold_parked_and_resumed_later()
     assert report.violations == []
     assert report.revocations >= 1 and report.turns["local/a"] >= 3, report.turns
     record("faults", "tenant hung while others wait", {"revocations": report.revocations})
+
+
+def test_with_the_host_budget_exhausted_parks_are_refused_with_the_reason_and_nobody_is_killed():
+    """Promised: when parking would pass the host DRAM budget the turn waits, the agent shows
+    why (the numbers, in its status and a metric), no tenant process is killed, and the waiter
+    gets its turn once a resident tenant leaves."""
+    node = LoadNode("1x100", host_budget_mib=70, max_hold=30).start()
+    a = tenant(node, "a", "--turns", "1", "--linger")
+    procs = [a]
+    try:
+        assert [a.line(30)["event"] for _ in range(2)] == ["turn", "done"]
+        b = tenant(node, "b", "--turns", "1", "--linger")
+        procs.append(b)
+        assert [b.line(30)["event"] for _ in range(2)] == ["turn", "done"]  # parks a: 60 <= 70
+        c = tenant(node, "c", "--turns", "1")
+        procs.append(c)
+        node.wait_event(lambda e: e.kind == "queued" and e.tenant_id == "local/c", 30)
+        settled(node)
+        waiting = node.status()["residency"]["tenants"]["local/c"]["waiting"]
+        refused = node.parking.metrics.registry.get_sample_value(
+            "baton_refused_parks_total", {"reason": "host_budget"}
+        )
+        assert all(p.proc.poll() is None for p in procs), "a tenant was killed"
+        b.send("go")  # b leaves: its memory goes, c fits
+        assert [c.line(30)["event"] for _ in range(2)] == ["turn", "done"]
+        assert a.proc.poll() is None
+    finally:
+        for p in procs:
+            p.kill()
+        node.stop()
+    assert "over the 70 MiB budget" in waiting, waiting
+    assert refused is not None and refused >= 1
+    record("faults", "host DRAM budget exhausted", {"parks_refused": int(refused), "killed": 0})
