@@ -88,24 +88,24 @@ def _drive(
     bodies = [_args(_pod(f"new-{i}", rng), rng.sample(names, per_call)) for i in range(iterations)]
     conn = _connect(port)
     _call(conn, "/filter", bodies[0])
+    cpu = _CpuMeter(server_pid)
     filter_ms, passed = [], []
     for body in bodies:
         elapsed, answer = _timed(conn, "/filter", body)
         filter_ms.append(elapsed)
         passed.append(json.loads(answer)["NodeNames"])
-    prioritize_ms = []
+    filter_cpu = cpu.per_request(len(bodies))
+    prioritize_bodies = []
     for body, feasible in zip(bodies, passed, strict=True):
         args = json.loads(body)
         args["NodeNames"] = feasible
-        prioritize_ms.append(_timed(conn, "/prioritize", json.dumps(args).encode())[0])
+        prioritize_bodies.append(json.dumps(args).encode())
+    cpu = _CpuMeter(server_pid)
+    prioritize_ms = [_timed(conn, "/prioritize", body)[0] for body in prioritize_bodies]
+    prioritize_cpu = cpu.per_request(len(prioritize_bodies))
     bind_ms, bind_errors = _binds(conn, rng, names, per_call, pending)
     conn.close()
-    cpu_before = _cpu_seconds(server_pid)
-    rate, count = _throughput(port, bodies)
-    cpu_after = _cpu_seconds(server_pid)
-    cpu_ms = None
-    if cpu_before is not None and cpu_after is not None and count:
-        cpu_ms = round((cpu_after - cpu_before) * 1000 / count, 3)
+    rate, _ = _throughput(port, bodies)
     return {
         "filter_p50_ms": _pct(filter_ms, 50),
         "filter_p99_ms": _pct(filter_ms, 99),
@@ -116,10 +116,26 @@ def _drive(
         "bind_errors": bind_errors,
         "feasible_nodes_mean": round(sum(map(len, passed)) / len(passed), 1),
         "requests_per_s": rate,
-        "server_cpu_ms_per_filter": cpu_ms,
+        "server_cpu_ms_per_filter": filter_cpu,
+        "server_cpu_ms_per_prioritize": prioritize_cpu,
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "iterations": iterations,
         "bind_api": "in-memory",
     }
+
+
+class _CpuMeter:
+    """The server process's CPU time since construction, per request."""
+
+    def __init__(self, pid: int | None):
+        self._pid = pid
+        self._start = _cpu_seconds(pid)
+
+    def per_request(self, count: int) -> float | None:
+        end = _cpu_seconds(self._pid)
+        if self._start is None or end is None or not count:
+            return None
+        return round((end - self._start) * 1000 / count, 3)
 
 
 def _binds(
