@@ -148,6 +148,9 @@ def _binds(
     times, errors = [], 0
     for name, pod in pending.items():
         answer = json.loads(_call(conn, "/filter", _args(pod, rng.sample(names, per_call))))
+        if not answer["NodeNames"]:
+            errors += 1
+            continue
         args = {
             "PodName": name,
             "PodNamespace": "default",

@@ -51,7 +51,8 @@ def _status_message(body: Any) -> str:
 class KubePodApi:
     """`PodApi` over the real Kubernetes client."""
 
-    def __init__(self, api_client: Any, timeout_s: float = 5.0):
+    def __init__(self, api_client: Any, timeout_s: float = 1.5):
+        """`timeout_s` per call: a bind makes up to six, within kube-scheduler's 5 s."""
         from kubernetes import client
 
         self._core = client.CoreV1Api(api_client)
