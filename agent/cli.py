@@ -200,6 +200,35 @@ def status(
     print_cluster(document)
 
 
+def events(
+    socket: Annotated[
+        str, typer.Option(envvar=names.ENV_AGENT_SOCKET, help="The agent's gRPC unix socket.")
+    ] = names.AGENT_SOCKET,
+    count: Annotated[int, typer.Option(help="Stop after this many events; 0 = never.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
+) -> None:
+    """Print the agent's events as they happen: grants, yields, revocations, departures."""
+    import grpc
+
+    from agent.status_view import format_event
+    from baton._pb import agent_pb2, agent_pb2_grpc
+
+    with grpc.insecure_channel(f"unix:{socket}") as channel:
+        stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(agent_pb2.WatchEventsRequest())
+        try:
+            for seen, event in enumerate(stream, start=1):
+                typer.echo(format_event(event, as_json))
+                if count and seen >= count:
+                    break
+        except grpc.RpcError as exc:
+            typer.echo(
+                f"baton events: cannot watch the agent at {socket}: {exc.details()}", err=True
+            )
+            raise typer.Exit(1) from None
+        finally:
+            stream.cancel()
+
+
 def bench_handoff(
     iterations: Annotated[int, typer.Option(help="Samples per measurement.")] = 500,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -243,6 +272,7 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
     app.command("agent")(agent)
     app.command("status")(status)
+    app.command("events")(events)
     bench.command("handoff")(bench_handoff)
     bench.command("evacuate")(bench_evacuate)
     demo_cli.register(app, bench)

@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+WATCHING = "watching"
+"""The first event of every WatchEvents stream: the subscription is live."""
 QUEUED = "queued"
 GRANTED = "granted"
 YIELDED = "yielded"

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 
 from agent import api_ops, errors
+from agent import events as ev
 from agent.identity import Peer, TokenRegistry
 from agent.service import LeaseService
 from agent.session_stream import SessionStream
@@ -152,6 +154,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Event]:
         async with self._service.events.subscribe() as queue:
+            yield pb.Event(kind=ev.WATCHING, at=time.time())
             while True:
                 event = await queue.get()
                 yield pb.Event(

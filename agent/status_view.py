@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 from rich.console import Console
@@ -60,3 +62,22 @@ def print_status(document: dict[str, Any], console: Console | None = None) -> No
     residency = document.get("residency")
     if residency:
         console.print("Residency:", residency)
+
+
+def format_event(event: Any, as_json: bool = False) -> str:
+    """One line for an agent event (a `baton.agent.v1.Event`)."""
+    fields = {
+        "kind": event.kind,
+        "tenant_id": event.tenant_id,
+        "at": event.at,
+        "gpus": list(event.gpus),
+        "lease_id": event.lease_id,
+        "fencing_tokens": dict(event.fencing_tokens),
+        "detail": event.detail,
+    }
+    if as_json:
+        return json.dumps(fields)
+    when = time.strftime("%H:%M:%S", time.localtime(event.at)) + f".{int(event.at % 1 * 1000):03d}"
+    tokens = " ".join(f"{gpu}#{token}" for gpu, token in sorted(event.fencing_tokens.items()))
+    parts = [when, f"{event.kind:<13}", event.tenant_id, tokens or ", ".join(event.gpus)]
+    return "  ".join(p for p in [*parts, event.detail] if p)

@@ -356,6 +356,8 @@ class AsyncBaton:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
+        for task in list(self._tasks):
+            task.cancel()
         if self._channel is not None:
             await self._channel.close()
 

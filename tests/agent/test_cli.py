@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from typer.testing import CliRunner
 
 from agent.client import Baton
 from baton.cli import app
-from tests.harness.agent import AgentRunner
+from tests.harness.agent import ROOT, AgentRunner
 
 
 def test_agent_refuses_an_unwritable_state_dir(workdir: str, tmp_path: Path) -> None:
@@ -38,3 +40,25 @@ def test_status_renders_holders_and_queues(agent: AgentRunner) -> None:
 def test_status_says_when_the_agent_is_unreachable(workdir: str) -> None:
     result = CliRunner().invoke(app, ["status", "--url", "http://127.0.0.1:9"])
     assert result.exit_code == 1 and "cannot reach the agent" in result.output
+
+
+def test_events_prints_the_agents_event_stream(agent: AgentRunner) -> None:
+    command = [sys.executable, "-c", "from baton.cli import main; main()", "events"]
+    watcher = subprocess.Popen(
+        [*command, "--socket", agent.socket, "--count", "5", "--json"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert watcher.stdout is not None
+        assert json.loads(watcher.stdout.readline())["kind"] == "watching"
+        with Baton(agent.socket, ["GPU-0"], name="watched") as baton:  # joined, connected
+            baton.acquire()  # queued, granted
+        out, _ = watcher.communicate(timeout=30)
+    finally:
+        watcher.kill()
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["kind"] for e in events] == ["tenant_joined", "connected", "queued", "granted"]
+    assert events[-1]["fencing_tokens"] == {"GPU-0": 1}
+    assert watcher.returncode == 0

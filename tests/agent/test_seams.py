@@ -164,6 +164,7 @@ def test_watch_events_streams_grants_with_fencing_tokens(
 ) -> None:
     with grpc.insecure_channel(f"unix:{seam_agent.socket}") as channel:
         stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(pb.WatchEventsRequest(), timeout=10)
+        assert next(stream).kind == "watching"  # subscribed: nothing from here on is missed
         seen: list[pb.Event] = []
         clients["a"].acquire()
         clients["a"].yield_()
