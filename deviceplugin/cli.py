@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from baton import names
+from deviceplugin.annotate import DEFAULT_HOST_MEMORY_BUDGET
+from deviceplugin.health import DEFAULT_IGNORED_XIDS
 
 
 def deviceplugin(
@@ -36,7 +38,7 @@ def deviceplugin(
         typer.Option(
             envvar="BATON_HOST_MEMORY_BUDGET", help="Parked-memory budget: MiB or % of MemTotal."
         ),
-    ] = "50%",
+    ] = DEFAULT_HOST_MEMORY_BUDGET,
     cdi: Annotated[
         bool, typer.Option(envvar="BATON_CDI", help="Hand out CDI device names, not the env var.")
     ] = False,
@@ -48,7 +50,7 @@ def deviceplugin(
     ] = names.PORT_DEVICE_PLUGIN,
     ignored_xids: Annotated[
         str, typer.Option(envvar="BATON_IGNORED_XIDS", help="XIDs that do not fail a GPU.")
-    ] = "13,31,43,45,68,109",
+    ] = ",".join(map(str, DEFAULT_IGNORED_XIDS)),
     log_level: Annotated[str, typer.Option(envvar="BATON_LOG_LEVEL")] = "INFO",
 ) -> None:
     """Run the kubelet device plugin: advertise time-sliced GPU slots, hand each pod its GPUs."""
