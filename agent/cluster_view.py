@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agent.cluster_status import single_agent_document
@@ -40,10 +41,11 @@ def gpu_rows_table(document: dict[str, Any], show_node: bool = True) -> Table:
         first = True
         if node.get("error"):
             cells = [node["name"]] if show_node else []
-            cells += ["-", f"[red]{node['error']}[/red]", "", "", "", "", ""]
+            cells += ["-", f"[red]{escape(node['error'])}[/red]", "", "", "", "", ""]
             table.add_row(*cells, *([""] if show_node else []))
+            first = False
         for gpu in node.get("gpus", []):
-            name = gpu["uuid"] + ("" if gpu.get("healthy") in (None, True) else " [unhealthy]")
+            name = gpu["uuid"] + ("" if gpu.get("healthy") in (None, True) else " (unhealthy)")
             cells = [node["name"] if first else ""] if show_node else []
             cells += [
                 name,

@@ -27,6 +27,10 @@ NODE = "node-a"
 SPARE_NODE = "node-b"
 """Has GPUs on paper only (no daemons): kube-scheduler has a choice, so it calls prioritize."""
 GPU_MIB = 1024
+GPU_SIZES_MIB = (300, GPU_MIB)
+"""The node's two GPUs: tenants fit only the second, so the extender must choose it, and the
+kubelet's default pick (the first free slot, on the first GPU) is right only if
+GetPreferredAllocation steers it."""
 TENANT_MIB = 400
 """Two tenants fit on a GPU, three do not: someone is parked at every third turn or so."""
 BUDGET_MIB = 4096
@@ -54,6 +58,7 @@ class Node:
     agent_status: dict[str, Any] = field(default_factory=dict)
     inventory: dict[str, Any] = field(default_factory=dict)
     status_json: dict[str, Any] = field(default_factory=dict)
+    status_table: str = ""
     agent_metrics: str = ""
     kubelet: Kubelet | None = None
     prometheus: Prometheus | None = None
@@ -131,7 +136,9 @@ def daemons(root: Path, api: FakeApiServer, kubeconfig: Path) -> Iterator[Node]:
     (root / "run/baton").mkdir(parents=True)
     (root / FAKE_DIR.lstrip("/")).mkdir(parents=True)
     gpus_file = root / "fake-gpus.json"
-    gpus = [{"uuid": names.fake_gpu_uuid(i), "memoryMiB": GPU_MIB} for i in range(2)]
+    gpus = [
+        {"uuid": names.fake_gpu_uuid(i), "memoryMiB": mib} for i, mib in enumerate(GPU_SIZES_MIB)
+    ]
     gpus_file.write_text(json.dumps(gpus))
     ports = {name: free_port() for name in ("agent", "deviceplugin", "extender")}
     kubelet = KubeletStub(plugin_dir)
@@ -147,7 +154,7 @@ def daemons(root: Path, api: FakeApiServer, kubeconfig: Path) -> Iterator[Node]:
                 "BATON_AGENT_STATE_DIR": str(root / "var/lib/baton"),
                 "BATON_AGENT_HTTP_PORT": str(ports["agent"]),
                 names.ENV_AGENT_BACKEND: "fake",
-                names.ENV_FAKE_GPUS: f"2x{GPU_MIB}",
+                names.ENV_FAKE_GPUS: ",".join(map(str, GPU_SIZES_MIB)),
                 names.ENV_FAKE_SCALE: str(1 / 1024),
                 names.ENV_FAKE_GPU_DIR: str(root / FAKE_DIR.lstrip("/")),
                 names.ENV_HOST_MEMORY_BUDGET: str(BUDGET_MIB),

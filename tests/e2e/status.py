@@ -37,12 +37,21 @@ def snapshot(node: Node, timeout: float = 30.0) -> None:
     node.agent_status = poll("a holder and a parked tenant", busy, timeout)
     node.inventory = get_json(f"{node.extender_url}/v1/inventory")
     node.status_json = baton_status_json(node)
+    node.status_table = baton_status_table(node)
+
+
+def baton_status(node: Node, *extra: str) -> str:
+    """`baton status` across the cluster: the extender's inventory, each node's agent."""
+    args = ["status", "--extender", node.extender_url, "--kubeconfig", str(node.kubeconfig)]
+    args += ["--agent-port", str(node.agent_port), *extra]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "240"})
+    assert result.exit_code == 0, result.output
+    return result.output
 
 
 def baton_status_json(node: Node) -> dict[str, Any]:
-    """`baton status --json` across the cluster: the extender's inventory, each node's agent."""
-    args = ["status", "--json", "--extender", node.extender_url]
-    args += ["--kubeconfig", str(node.kubeconfig), "--agent-port", str(node.agent_port)]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    return dict(json.loads(result.output))
+    return dict(json.loads(baton_status(node, "--json")))
+
+
+def baton_status_table(node: Node) -> str:
+    return baton_status(node)

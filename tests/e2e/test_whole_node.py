@@ -53,7 +53,7 @@ def test_scheduler_calls_place_every_tenant_on_the_node_with_daemons(node: Node)
         assert pod is not None and pod["spec"]["nodeName"] == NODE
         assert names.ANNOTATION_ALLOCATED_AT in pod["metadata"]["annotations"]
     gpus = {chosen_gpu(node, name) for name in TENANTS}
-    assert len(gpus) == 1, f"binpack should put all three on one GPU, got {gpus}"
+    assert gpus == {names.fake_gpu_uuid(1)}, "the only GPU of the node the tenants fit"
 
 
 def test_allocate_hands_each_container_the_gpu_the_extender_chose(node: Node) -> None:
@@ -114,6 +114,9 @@ def test_baton_status_and_the_inventory_tell_the_same_story(node: Node) -> None:
     assert 0 < busy["duty_last_minute"] <= 1
     seen = node.agent_status["gpus"][busy["uuid"]]
     assert seen["holder"] in busy["tenants"]
+    table = node.status_table
+    assert NODE in table and SPARE_NODE in table and busy["uuid"] in table
+    assert "cannot reach the agent" in table and "MiB (" in table, table
 
 
 def test_finished_pods_leave_both_the_agent_and_the_inventory(node: Node) -> None:

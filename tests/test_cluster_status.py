@@ -1,0 +1,99 @@
+"""`baton status`: joining the extender's inventory with agents, the table, one real agent."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+from agent.cluster_status import cluster_document, gpu_summary
+from agent.cluster_view import gpu_rows_table
+from baton.cli import app
+from baton.names import MIB
+from tests.harness.agent import AgentRunner, TenantProcess
+
+GPU = "GPU-0"
+INVENTORY = {
+    "synced": True,
+    "nodes": [
+        {
+            "name": "n1",
+            "hostMemoryBudgetMiB": 1024,
+            "gpus": [
+                {
+                    "uuid": GPU,
+                    "index": 0,
+                    "healthy": True,
+                    "tenants": [{"uid": "u1", "pod": "ns/a"}, {"uid": "u2", "pod": "ns/b"}],
+                },
+                {"uuid": "GPU-1", "index": 1, "healthy": False, "tenants": []},
+            ],
+        },
+        {"name": "n2", "hostMemoryBudgetMiB": 0, "gpus": []},
+    ],
+}
+AGENT = {
+    "gpus": {
+        GPU: {
+            "holder": "ns/a",
+            "fencing_token": 7,
+            "queue": [{"tenant_id": "ns/b"}],
+            "tenants": ["ns/a", "ns/b"],
+            "duty_last_minute": 0.5,
+        }
+    },
+    "residency": {
+        "parked_bytes": 256 * MIB,
+        "host_memory_budget_bytes": 1024 * MIB,
+        "tenants": {"ns/a": {"gpus": {GPU: "resident"}}, "ns/b": {"gpus": {GPU: "parked"}}},
+    },
+}
+
+
+def test_a_gpu_row_says_who_holds_waits_and_where_memory_is() -> None:
+    row = gpu_summary(GPU, AGENT)
+    assert row["holder"] == "ns/a" and row["queue"] == ["ns/b"]
+    assert row["resident"] == ["ns/a"] and row["parked"] == ["ns/b"]
+    assert row["duty_last_minute"] == 0.5
+    assert gpu_summary("GPU-unknown", AGENT)["tenants"] == []
+
+
+def test_every_inventory_node_is_joined_with_its_agent_or_the_reason_it_is_missing() -> None:
+    urls = {"n1": "http://10.0.0.1:9460", "n2": "http://10.0.0.2:9460"}
+    doc = cluster_document(INVENTORY, {"n1": AGENT, "n2": "cannot reach the agent"}, urls)
+    n1, n2 = doc["nodes"]
+    assert n1["error"] is None and n2["error"] == "cannot reach the agent"
+    assert n1["parked_bytes"] == 256 * MIB and n1["annotated_budget_mib"] == 1024
+    gpu0, gpu1 = n1["gpus"]
+    assert gpu0["pods"] == ["ns/a", "ns/b"] and gpu0["parked"] == ["ns/b"]
+    assert gpu1["healthy"] is False and gpu1["holder"] is None
+    console = Console(record=True, width=200)
+    console.print(gpu_rows_table(doc))
+    text = console.export_text()
+    assert "256 / 1024 MiB (25%)" in text and "50%" in text and "(unhealthy)" in text
+    assert text.count("n2") == 1 and "cannot reach the agent" in text
+
+
+def test_status_of_one_agent_shows_its_gpus_and_tenants() -> None:
+    with AgentRunner() as agent:
+        tenant = TenantProcess(agent.socket, "trainer", [GPU])
+        try:
+            assert tenant.request("acquire")["ok"]
+            result = CliRunner().invoke(
+                app, ["status", "--url", agent.http_url], env={"COLUMNS": "200"}
+            )
+            raw = CliRunner().invoke(app, ["status", "--url", agent.http_url, "--json"])
+        finally:
+            tenant.close()
+    assert result.exit_code == 0, result.output
+    assert GPU in result.output and "local/trainer" in result.output
+    document: dict[str, Any] = json.loads(raw.output)
+    assert document["gpus"][GPU]["holder"] == "local/trainer"
+
+
+def test_status_says_which_agent_it_cannot_reach() -> None:
+    result = CliRunner().invoke(app, ["status", "--url", "http://127.0.0.1:9"])
+    assert result.exit_code == 1
+    assert "cannot reach the agent at http://127.0.0.1:9" in result.output
