@@ -51,7 +51,8 @@ class Binder:
         where = f"pod {args.pod_namespace}/{args.pod_name}"
         for attempt in (1, 2):
             try:
-                return self._attempt(args)
+                self._attempt(args)
+                return ""
             except ApiConflict as err:
                 if attempt == 2:
                     return f"binding {where} to {args.node}: conflict twice in a row: {err}"
@@ -59,18 +60,21 @@ class Binder:
                 return f"binding {where} to {args.node}: {err}"
         raise AssertionError("unreachable")
 
-    def _attempt(self, args: BindingArgs) -> str:
+    def _attempt(self, args: BindingArgs) -> None:
         pod = self._api.get_pod(args.pod_namespace, args.pod_name)
         uid = pod_uid(pod)
         if args.pod_uid and uid != args.pod_uid:
             raise _Refused(f"the pod now has UID {uid}, not {args.pod_uid}")
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if bound:
+            raise _Refused(f"it is already bound to node {bound}")
         try:
             request = parse_pod_request(pod)
         except RequestError as err:
             raise _Refused(str(err)) from None
         if request is None:
             self._api.bind_pod(args.pod_namespace, args.pod_name, uid, args.node)
-            return ""
+            return
         chosen = self._assume(args, uid, request)
         try:
             version = str((pod.get("metadata") or {}).get("resourceVersion", ""))
@@ -85,7 +89,6 @@ class Binder:
                 self._state.forget(uid)
                 self._cache.changed.notify_all()
             raise
-        return ""
 
     def _assume(self, args: BindingArgs, uid: str, request: TenantRequest) -> Assignment:
         with self._cache.changed:

@@ -177,3 +177,13 @@ def test_pod_without_baton_resources_is_bound_without_annotations(
     assert fake_api.requests("patch", "pods") == []
     stored = fake_api.get_object("Pod", "web")
     assert stored is not None and stored["spec"]["nodeName"] == gpu_node
+
+
+def test_a_pod_already_bound_is_left_alone(
+    fake_api: FakeApiServer, binder: Binder, gpu_node: str
+) -> None:
+    p = fake_api.put_object(pod("running", node_name="elsewhere", assigned=["GPU-x"]))
+    error = binder.bind(args_for(p, gpu_node))
+    assert error == "binding pod default/running to gpu-1: it is already bound to node elsewhere"
+    assert assigned(fake_api, "running") == ["GPU-x"]
+    assert fake_api.requests("patch", "pods") == []
