@@ -29,6 +29,10 @@ def snapshot(node: Node, timeout: float = 30.0) -> None:
     """Mid-run, once one tenant holds the GPU and one is parked: agent, inventory, status."""
 
     def busy() -> dict[str, Any] | None:
+        for name, container in node.containers.items():
+            if container.proc.poll() is not None:
+                _out, err = container.proc.communicate()
+                raise AssertionError(f"tenant {name} exited early:\n{err}")
         status = get_json(f"{node.agent_url}/v1/status")
         held = any(gpu["holder"] for gpu in status["gpus"].values())
         parked = (status.get("residency") or {}).get("parked_bytes", 0) > 0

@@ -29,9 +29,11 @@ def has_a_number(result: list[dict[str, Any]]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def prometheus(node: Node) -> Node:
-    if binary() is None or node.prometheus is None:
+def prometheus(request: pytest.FixtureRequest) -> Node:
+    if binary() is None:
         pytest.skip(MISSING)
+    node: Node = request.getfixturevalue("node")
+    assert node.prometheus is not None
     node.prometheus.wait_scraped_after(node.finished_at)
     return node
 
