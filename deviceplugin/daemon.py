@@ -80,6 +80,7 @@ class Daemon:
             settings.metrics_port,
             self.metrics,
             self.health if fake else None,
+            self.not_ready,
         )
         self.nvml = None if fake else NvmlHealthLoop(self.health)
         self.annotator = (
@@ -89,6 +90,14 @@ class Daemon:
             if api_client is not None
             else None
         )
+
+    def not_ready(self) -> str | None:
+        """Why the plugin cannot serve the kubelet yet, or None when it can."""
+        if not self.plugin.registered:
+            return f"not registered with the kubelet in {self.settings.plugin_dir}"
+        if self.pod_cache is not None and not self.pod_cache.wait_synced(0):
+            return f"pods of node {self.settings.node_name} not listed yet"
+        return None
 
     def start(self) -> None:
         """Start metrics, health, annotations, then serve and register."""

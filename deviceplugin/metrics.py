@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -70,8 +71,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/metrics":
             self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
-        elif self.path in ("/healthz", "/readyz"):
+        elif self.path == "/healthz":
             self._send(200, b"ok\n", "text/plain")
+        elif self.path == "/readyz":
+            problem = self.server.not_ready()
+            body = f"not ready: {problem}\n" if problem else "ok\n"
+            self._send(503 if problem else 200, body.encode(), "text/plain")
         else:
             self._send(404, b"not found: try /metrics\n", "text/plain")
 
@@ -105,16 +110,23 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class StatusServer(ThreadingHTTPServer):
-    """`/metrics`, `/healthz`, and (fake GPUs only) `/fake/xid`, `/fake/recover`."""
+    """`/metrics`, `/healthz`, `/readyz` (503 with the reason until `not_ready()` is None),
+    and (fake GPUs only) `/fake/xid`, `/fake/recover`."""
 
     daemon_threads = True
 
     def __init__(
-        self, host: str, port: int, metrics: Metrics, fake_health: HealthTracker | None
+        self,
+        host: str,
+        port: int,
+        metrics: Metrics,
+        fake_health: HealthTracker | None,
+        not_ready: Callable[[], str | None] = lambda: None,
     ) -> None:
         super().__init__((host, port), _Handler)
         self.metrics = metrics
         self.fake_health = fake_health
+        self.not_ready = not_ready
         self._thread = threading.Thread(target=self.serve_forever, name="metrics-http", daemon=True)
 
     @property

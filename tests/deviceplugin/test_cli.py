@@ -75,6 +75,8 @@ def test_daemon_serves_kubelet_api_and_metrics(socket_dir, kubelet, fake_api):
         assert 'baton_deviceplugin_registrations_total{outcome="ok"} 1.0' in text
         assert "baton_deviceplugin_allocate_seconds_bucket" in text
         assert "baton_deviceplugin_fallback_assignments_total 0.0" in text
+        with urllib.request.urlopen(f"http://127.0.0.1:{port[0]}/readyz", timeout=5) as reply:
+            assert reply.status == 200
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0

@@ -4,7 +4,10 @@ kubelet restarts."""
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
+
+import pytest
 
 from baton import names
 from deviceplugin.gpus import fake_uuid
@@ -88,6 +91,10 @@ def test_registers_once_the_kubelet_appears(socket_dir, start_plugin):
 
     daemon = start_plugin()
     assert not daemon.plugin.registered
+    with pytest.raises(urllib.error.HTTPError) as unready:
+        urllib.request.urlopen(f"http://127.0.0.1:{daemon.status.port}/readyz", timeout=5)
+    assert unready.value.code == 503
+    assert "not registered with the kubelet" in unready.value.read().decode()
     late = KubeletStub(socket_dir)
     late.start()
     try:
