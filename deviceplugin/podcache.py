@@ -181,6 +181,7 @@ class PodCache:
         return str((body.get("metadata") or {}).get("resourceVersion", ""))
 
     def _run(self) -> None:
+        from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         backoff = 0.1
@@ -194,6 +195,8 @@ class PodCache:
                 log.warning("pod watch of node %s: %s", self.node_name, err)
             except (HTTPError, OSError) as err:
                 log.warning("pod watch of node %s: %s", self.node_name, _root_cause(err))
+            except ApiException as err:
+                log.warning("pod watch of node %s: %s %s", self.node_name, err.status, err.reason)
             except Exception:
                 log.exception("pod watch of node %s failed", self.node_name)
             self._stop.wait(backoff)
