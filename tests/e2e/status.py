@@ -12,7 +12,7 @@ from baton.cli import app
 from tests.e2e.processes import get_json, poll
 
 if TYPE_CHECKING:
-    from tests.e2e.conftest import Node
+    from tests.e2e.node import Node
 
 
 def wait_for_tenants(node: Node, tenants: Sequence[str], timeout: float = 30.0) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Node
+from tests.e2e.node import Node
 from tests.e2e.prometheus import MISSING, SCRAPE_INTERVAL_S, binary
 from tests.test_dashboard import dashboard, queries
 
