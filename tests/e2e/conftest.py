@@ -35,55 +35,59 @@ from tests.harness.fakeapi import FakeApiServer
 from tests.harness.kubelet import KubeletStub
 
 
-@contextlib.contextmanager
-def daemons(root: Path, api: FakeApiServer, kubeconfig: Path) -> Iterator[Node]:
-    """The agent, device plugin and extender as `baton` processes, ready."""
+def start_daemons(root: Path, kubeconfig: Path, ports: dict[str, int]) -> list[Daemon]:
+    """`baton agent`, `baton deviceplugin`, `baton extender`, configured for the node `root`."""
     plugin_dir = root / "var/lib/kubelet/device-plugins"
-    plugin_dir.mkdir(parents=True)
-    (root / "run/baton").mkdir(parents=True)
-    (root / FAKE_DIR.lstrip("/")).mkdir(parents=True)
     gpus_file = root / "fake-gpus.json"
     gpus = [
         {"uuid": names.fake_gpu_uuid(i), "memoryMiB": mib} for i, mib in enumerate(GPU_SIZES_MIB)
     ]
     gpus_file.write_text(json.dumps(gpus))
-    ports = {name: free_port() for name in ("agent", "deviceplugin", "extender")}
-    kubelet = KubeletStub(plugin_dir)
-    kubelet.start()
-    started = [
-        Daemon(
-            "agent",
-            ["agent", "--socket", str(root / "run/baton/agent.sock"), "--http-host", "127.0.0.1"],
-            {
-                "NODE_NAME": NODE,
-                "BATON_KUBECONFIG": str(kubeconfig),
-                "BATON_PROC_ROOT": str(root / "proc"),
-                "BATON_AGENT_STATE_DIR": str(root / "var/lib/baton"),
-                "BATON_AGENT_HTTP_PORT": str(ports["agent"]),
-                names.ENV_AGENT_BACKEND: "fake",
-                names.ENV_FAKE_GPUS: ",".join(map(str, GPU_SIZES_MIB)),
-                names.ENV_FAKE_SCALE: str(1 / 1024),
-                names.ENV_FAKE_GPU_DIR: str(root / FAKE_DIR.lstrip("/")),
-                names.ENV_HOST_MEMORY_BUDGET: str(BUDGET_MIB),
-            },
-        ),
+    agent_env = {
+        "NODE_NAME": NODE,
+        "BATON_KUBECONFIG": str(kubeconfig),
+        "BATON_PROC_ROOT": str(root / "proc"),
+        "BATON_AGENT_STATE_DIR": str(root / "var/lib/baton"),
+        "BATON_AGENT_HTTP_PORT": str(ports["agent"]),
+        names.ENV_AGENT_BACKEND: "fake",
+        names.ENV_FAKE_GPUS: ",".join(map(str, GPU_SIZES_MIB)),
+        names.ENV_FAKE_SCALE: str(1 / 1024),
+        names.ENV_FAKE_GPU_DIR: str(root / FAKE_DIR.lstrip("/")),
+        names.ENV_HOST_MEMORY_BUDGET: str(BUDGET_MIB),
+    }
+    plugin_env = {
+        "NODE_NAME": NODE,
+        "BATON_DEVICE_PLUGIN_DIR": str(plugin_dir),
+        "BATON_HOST_MEMORY_BUDGET": str(BUDGET_MIB),
+        "BATON_DEVICE_PLUGIN_METRICS_HOST": "127.0.0.1",
+        "BATON_DEVICE_PLUGIN_METRICS_PORT": str(ports["deviceplugin"]),
+    }
+    extender_env = {"BATON_KUBECONFIG": str(kubeconfig), "BATON_EXTENDER_POLICY": "binpack"}
+    socket = str(root / "run/baton/agent.sock")
+    return [
+        Daemon("agent", ["agent", "--socket", socket, "--http-host", "127.0.0.1"], agent_env),
         Daemon(
             "deviceplugin",
             ["deviceplugin", "--fake-gpus", str(gpus_file), "--kubeconfig", str(kubeconfig)],
-            {
-                "NODE_NAME": NODE,
-                "BATON_DEVICE_PLUGIN_DIR": str(plugin_dir),
-                "BATON_HOST_MEMORY_BUDGET": str(BUDGET_MIB),
-                "BATON_DEVICE_PLUGIN_METRICS_HOST": "127.0.0.1",
-                "BATON_DEVICE_PLUGIN_METRICS_PORT": str(ports["deviceplugin"]),
-            },
+            plugin_env,
         ),
         Daemon(
             "extender",
             ["extender", "--host", "127.0.0.1", "--port", str(ports["extender"])],
-            {"BATON_KUBECONFIG": str(kubeconfig), "BATON_EXTENDER_POLICY": "binpack"},
+            extender_env,
         ),
     ]
+
+
+@contextlib.contextmanager
+def daemons(root: Path, api: FakeApiServer, kubeconfig: Path) -> Iterator[Node]:
+    """The kubelet stub and the three daemons, each ready; stopped (cleanly) at the end."""
+    for path in ("var/lib/kubelet/device-plugins", "run/baton", FAKE_DIR.lstrip("/")):
+        (root / path).mkdir(parents=True)
+    ports = {name: free_port() for name in ("agent", "deviceplugin", "extender")}
+    kubelet = KubeletStub(root / "var/lib/kubelet/device-plugins")
+    kubelet.start()
+    started = start_daemons(root, kubeconfig, ports)
     node = Node(
         root=root,
         api=api,
