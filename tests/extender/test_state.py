@@ -1,0 +1,78 @@
+"""The cluster state: assumptions from binds until the watch confirms them, with a fake clock."""
+
+from __future__ import annotations
+
+from extender.inventory import Assignment
+from extender.placement import Limits, Tenant
+from extender.state import ClusterState
+from tests.extender.builders import node, pod
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tenants(state: ClusterState, name: str = "n1") -> list[str]:
+    found = state.node(name)
+    assert found is not None
+    return [t for g in found.gpus for t in g.tenants]
+
+
+def assume(state: ClusterState, uid: str, gpu: str = "GPU-n1-0") -> None:
+    state.assume(Assignment(uid, f"default/{uid}", "n1", (gpu,), Tenant(uid, 1000, 10)))
+
+
+def setup() -> tuple[ClusterState, Clock]:
+    clock = Clock()
+    state = ClusterState(Limits(), clock, assume_ttl_s=60)
+    state.replace_nodes([node("n1", gpus=1)])
+    state.replace_pods([])
+    return state, clock
+
+
+def test_an_assumption_counts_until_the_watch_shows_the_bound_pod() -> None:
+    state, _ = setup()
+    assume(state, "u1")
+    assert tenants(state) == ["u1"]
+    annotated_only = pod("p", uid="u1", assigned=["GPU-n1-0"])
+    state.upsert_pod(annotated_only)
+    assert state.assumed() != {} and tenants(state) == ["u1"]
+    state.upsert_pod(pod("p", uid="u1", node_name="n1", assigned=["GPU-n1-0"]))
+    assert state.assumed() == {}
+    assert tenants(state) == ["u1"]
+
+
+def test_assumptions_expire_and_go_with_their_pod() -> None:
+    state, clock = setup()
+    assume(state, "u1")
+    assume(state, "u2")
+    state.delete_pod(pod("p", uid="u2"))
+    assert tenants(state) == ["u1"]
+    clock.now += 61
+    state.upsert_pod(pod("other", uid="u3"))
+    assert state.assumed() == {}
+    assert tenants(state) == []
+
+
+def test_a_relist_keeps_unconfirmed_assumptions_and_drops_confirmed_ones() -> None:
+    state, _ = setup()
+    assume(state, "u1")
+    assume(state, "u2")
+    state.replace_pods([pod("p1", uid="u1", node_name="n1", assigned=["GPU-n1-0"])])
+    assert set(state.assumed()) == {"u2"}
+    assert sorted(tenants(state)) == ["u1", "u2"]
+
+
+def test_forget_frees_the_slot_and_node_without_leaves_out_victims() -> None:
+    state, _ = setup()
+    state.replace_pods([pod("p1", uid="u1", node_name="n1", assigned=["GPU-n1-0"])])
+    assume(state, "u2")
+    state.forget("u2")
+    assert tenants(state) == ["u1"]
+    without = state.node_without("n1", {"u1"})
+    assert without is not None and [t for g in without.gpus for t in g.tenants] == []
+    assert tenants(state) == ["u1"]
