@@ -41,6 +41,11 @@ class LeaseService(TurnService):
             )
             asyncio.get_running_loop().call_later(self._grace, self._end_grace)
 
+    def _check_session(self, tenant_id: str) -> None:
+        if self.table.leases_of(tenant_id) and not self.sessions.connected(tenant_id):
+            log.warning("tenant %s holds a turn but never opened a session", tenant_id)
+            self._drop(tenant_id, "it held a turn without an open session")
+
     def _end_grace(self) -> None:
         for tenant in list(self.tenants.tenants.values()):
             if not self.sessions.connected(tenant.tenant_id):

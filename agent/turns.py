@@ -209,7 +209,13 @@ class TurnService:
             future.set_result(lease)
         elif waiter.front:
             self.sessions.notify(lease.tenant_id, pb.AgentMessage(granted=lease_to_pb(lease)))
+        if not self.sessions.connected(lease.tenant_id):  # a bare RPC caller: nothing to watch
+            loop = asyncio.get_running_loop()
+            loop.call_later(self._grace, self._check_session, lease.tenant_id)
         self._reschedule()
+
+    def _check_session(self, tenant_id: str) -> None:
+        """Hook: a tenant was granted a turn without an open session `reconnect_grace` ago."""
 
     def _blocked(self, waiter: Waiter, reason: str, changes: int) -> None:
         if waiter.waiter_id not in self.table.waiters:

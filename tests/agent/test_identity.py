@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket as socketlib
 from pathlib import Path
 
 import grpc
@@ -99,3 +100,29 @@ def test_calls_without_a_valid_token_are_refused(agent: AgentRunner) -> None:
 def test_socket_is_not_world_accessible(agent: AgentRunner) -> None:
     for path in (agent.socket, handshake_path(agent.socket)):
         assert (os.stat(path).st_mode & 0o777) == 0o660
+
+
+def test_debug_tcp_port_and_bare_rpc_callers(workdir: str) -> None:
+    with socketlib.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    runner = AgentRunner(workdir, debug_tcp_port=port, reconnect_grace=0.3).start()
+    try:
+        token = request_token(handshake_path(runner.socket))
+        metadata = (("baton-session", token),)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = agent_pb2_grpc.AgentStub(channel)
+            request = pb.RegisterRequest(name="tcp", gpus=["GPU-7"])
+            tenant = stub.Register(request, metadata=metadata, timeout=5).tenant
+            assert tenant.tenant_id == "local/tcp" and list(tenant.gpus) == ["GPU-7"]
+            lease = stub.Acquire(pb.AcquireRequest(timeout_ms=1000), metadata=metadata, timeout=5)
+            assert lease.fencing_tokens["GPU-7"] == 1
+            assert stub.Yield(pb.YieldRequest(lease_id=lease.lease_id), metadata=metadata)
+            mark = runner.mark()
+            stub.Acquire(pb.AcquireRequest(), metadata=metadata, timeout=5)
+        # no session watches this caller: the turn goes after the grace period
+        gone = runner.wait_event(lambda e: e.kind == "tenant_gone", timeout=5, since=mark)
+        assert gone.tenant_id == "local/tcp" and "without an open session" in gone.detail
+        assert runner.status()["gpus"]["GPU-7"]["holder"] is None
+    finally:
+        runner.stop()
