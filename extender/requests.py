@@ -78,9 +78,9 @@ def parse_quantity(text: object) -> Decimal:
 
 def parse_pod_request(pod: dict[str, Any]) -> TenantRequest | None:
     """The pod's Baton request, or `None` when it asks for no Baton resource."""
-    spec = pod.get("spec") or {}
-    containers = spec.get("containers") or []
-    init = spec.get("initContainers") or []
+    spec = _mapping(pod.get("spec"), "spec")
+    containers = _objects(spec.get("containers"), "spec.containers")
+    init = _objects(spec.get("initContainers"), "spec.initContainers")
     app_totals = [_container_values(c) for c in containers]
     init_totals = [_container_values(c) for c in init]
     if not any(any(v is not None for v in t) for t in app_totals + init_totals):
@@ -98,10 +98,26 @@ def parse_pod_request(pod: dict[str, Any]) -> TenantRequest | None:
     )
 
 
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RequestError(f"pod {where} is not an object")
+    return value
+
+
+def _objects(value: Any, where: str) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise RequestError(f"pod {where} is not a list of objects")
+    return value
+
+
 def _container_values(container: dict[str, Any]) -> tuple[Decimal | None, ...]:
-    resources = container.get("resources") or {}
-    limits = resources.get("limits") or {}
-    requests = resources.get("requests") or {}
+    resources = _mapping(container.get("resources"), "container resources")
+    limits = _mapping(resources.get("limits"), "container resources.limits")
+    requests = _mapping(resources.get("requests"), "container resources.requests")
     values: list[Decimal | None] = []
     for name in _BATON:
         raw = limits.get(name, requests.get(name))
@@ -164,7 +180,8 @@ def _memory_limit(containers: list[dict[str, Any]]) -> int | None:
     for container in containers:
         if all(v is None for v in _container_values(container)[:1]):
             continue
-        limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+        limits = _mapping(container.get("resources"), "resources").get("limits") or {}
+        limit = limits.get("memory")
         if limit is None:
             return None
         try:

@@ -73,3 +73,20 @@ def test_containers_sum_and_init_containers_count_like_kube_scheduler() -> None:
     two["spec"]["initContainers"] = [init]
     request = parse_pod_request(two)
     assert request == TenantRequest(3, 2000, 40.0, 2 * 512 * 2**30 + 2**30)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nonsense", "pod spec is not an object"),
+        ({"containers": "main"}, "pod spec.containers is not a list of objects"),
+        ({"containers": [{"resources": []}]}, "pod container resources is not an object"),
+        (
+            {"containers": [{"resources": {"limits": ["baton.dev/gpu"]}}]},
+            "pod container resources.limits is not an object",
+        ),
+    ],
+)
+def test_malformed_pods_are_request_errors(spec: object, message: str) -> None:
+    with pytest.raises(RequestError, match=message.replace(".", r"\.")):
+        parse_pod_request({"metadata": {"name": "p"}, "spec": spec})
