@@ -178,8 +178,8 @@ def _check_duty(value: Decimal) -> float:
 def _memory_limit(containers: list[dict[str, Any]]) -> int | None:
     total = 0
     for container in containers:
-        if all(v is None for v in _container_values(container)[:1]):
-            continue
+        if _container_values(container)[0] is None:
+            continue  # only the containers that use Baton GPUs park GPU memory
         limits = _mapping(container.get("resources"), "resources").get("limits") or {}
         limit = limits.get("memory")
         if limit is None:
