@@ -84,9 +84,13 @@ def create_app(cache: ClusterCache, binder: Binder | None, metrics: Metrics) -> 
 
     @app.get("/v1/inventory")
     async def inventory() -> Response:
-        with cache.lock:
-            nodes = cache.state.inventory()
-        return _json(200, {"synced": cache.synced(), "nodes": nodes})
+        def describe() -> Response:
+            with cache.lock:
+                nodes = cache.state.inventory()
+            return _json(200, {"synced": cache.synced(), "nodes": nodes})
+
+        # Off the event loop: describing a large cluster takes a while; the verbs must not wait.
+        return await run_in_threadpool(describe)
 
     return app
 
