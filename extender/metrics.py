@@ -44,9 +44,13 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
-        for verb in VERBS:  # every verb shows from the start, not only after its first call
+        for verb in VERBS:  # every series shows from the start, not only after its first use
             self.latency.labels(verb)
             self.requests.labels(verb, "200")
+        for outcome in ("passed", "failed", "unresolvable"):
+            self.filtered.labels(outcome)
+        for result in ("bound", "error"):
+            self.binds.labels(result)
         self.nodes = Gauge(f"{_P}cache_nodes", "Nodes in the cache.", registry=self.registry)
         self.assumed = Gauge(
             f"{_P}assumed_pods", "Binds not yet confirmed by the watch.", registry=self.registry
