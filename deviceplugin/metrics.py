@@ -55,6 +55,7 @@ class Metrics:
             registry=r,
         )
         self.unhealthy_gpus = Gauge(_P + "unhealthy_gpus", "GPUs marked unhealthy.", registry=r)
+        self.allocations.labels(outcome="ok")  # shown from the start, not after the first call
 
     def observe_inventory(self, inventory: Inventory) -> None:
         """Update the device gauges from an inventory."""
