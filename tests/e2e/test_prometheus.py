@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.node import Node
+from baton.names import MIB
+from tests.e2e.node import TENANT_MIB, TENANTS, Node
 from tests.e2e.prometheus import MISSING, SCRAPE_INTERVAL_S, binary
 from tests.test_dashboard import dashboard, queries
 
@@ -57,3 +58,29 @@ def test_every_dashboard_query_returns_data_over_the_run(prometheus: Node) -> No
         if not has_a_number(result):
             empty.append(f"{title}: {query}")
     assert not empty, "queries without data:\n" + "\n".join(empty)
+
+
+def largest(node: Node, title: str, legend: str | None = None) -> float:
+    """The largest finite value a panel's query took over the run."""
+    server = node.prometheus
+    assert server is not None
+    board = dashboard()
+    panel = next(p for p in board["panels"] if p["title"] == title)
+    target = next(t for t in panel["targets"] if legend is None or t["legendFormat"] == legend)
+    end = time.time()
+    query = grafana_variables(target["expr"], int(end - server.started_at) + 1)
+    result = server.query_range(query, server.started_at, end, step=SCRAPE_INTERVAL_S)
+    values = [float(v[1]) for series in result for v in series["values"]]
+    return max((v for v in values if math.isfinite(v)), default=math.nan)
+
+
+def test_the_dashboard_tells_the_story_of_the_run(prometheus: Node) -> None:
+    assert largest(prometheus, "Tenants per GPU") == len(TENANTS)
+    assert 0 < largest(prometheus, "Duty cycle per GPU") <= 1
+    assert largest(prometheus, "Queue depth") >= 1
+    assert largest(prometheus, "Park / restore throughput") > 0
+    assert largest(prometheus, "Parked bytes vs host budget", "parked {{instance}}") >= (
+        TENANT_MIB * MIB
+    )
+    assert largest(prometheus, "Device health", "slots {{health}}") == 8
+    assert largest(prometheus, "Allocate latency p50 / p99", "p99") > 0
