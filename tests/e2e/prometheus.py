@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 import shutil
 import subprocess
 import time
@@ -110,12 +112,6 @@ class Prometheus:
 
 
 def _unix(rfc3339: str) -> float:
-    """Prometheus's lastScrape (RFC 3339 with nanoseconds) as Unix seconds."""
-    import datetime as dt
-
-    head, _, rest = rfc3339.partition(".")
-    fraction = "".join(c for c in rest if c.isdigit())[:6] if rest else "0"
-    zone = rest[len("".join(c for c in rest if c.isdigit())) :] if rest else rfc3339[19:]
-    zone = "+00:00" if zone in ("Z", "") else zone
-    stamp = dt.datetime.fromisoformat(f"{head}.{fraction or '0'}{zone}")
-    return stamp.timestamp()
+    """Prometheus's lastScrape (RFC 3339, nanoseconds) as Unix seconds."""
+    micro = re.sub(r"(\.\d{6})\d+", r"\1", rfc3339)
+    return dt.datetime.fromisoformat(micro).timestamp()

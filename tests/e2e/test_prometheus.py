@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
 import pytest
 
@@ -23,10 +22,15 @@ def grafana_variables(expr: str, seconds: int) -> str:
     return expr.replace("$__rate_interval", RATE_INTERVAL).replace("$__range", f"{seconds}s")
 
 
-def has_a_number(result: list[dict[str, Any]]) -> bool:
-    """At least one finite value in a range query's matrix (NaN quantiles do not count)."""
-    values = [float(v[1]) for series in result for v in series.get("values", [])]
-    return any(math.isfinite(v) for v in values)
+def values_over_the_run(node: Node, expr: str) -> list[float]:
+    """Every finite value `expr` took over the run, evaluated as Grafana's time series would."""
+    server = node.prometheus
+    assert server is not None
+    end = time.time()
+    query = grafana_variables(expr, int(end - server.started_at) + 1)
+    result = server.query_range(query, server.started_at, end, step=SCRAPE_INTERVAL_S)
+    values = [float(v[1]) for series in result for v in series["values"]]
+    return [v for v in values if math.isfinite(v)]  # NaN quantiles (nothing observed) excluded
 
 
 @pytest.fixture(scope="module")
@@ -47,31 +51,19 @@ def test_prometheus_scraped_all_three_daemons(prometheus: Node) -> None:
 
 
 def test_every_dashboard_query_returns_data_over_the_run(prometheus: Node) -> None:
-    server = prometheus.prometheus
-    assert server is not None
-    end = time.time()
-    start = server.started_at
-    empty = []
-    for title, expr in queries(dashboard()):
-        query = grafana_variables(expr, int(end - start) + 1)
-        result = server.query_range(query, start, end, step=SCRAPE_INTERVAL_S)
-        if not has_a_number(result):
-            empty.append(f"{title}: {query}")
+    empty = [
+        f"{title}: {expr}"
+        for title, expr in queries(dashboard())
+        if not values_over_the_run(prometheus, expr)
+    ]
     assert not empty, "queries without data:\n" + "\n".join(empty)
 
 
 def largest(node: Node, title: str, legend: str | None = None) -> float:
-    """The largest finite value a panel's query took over the run."""
-    server = node.prometheus
-    assert server is not None
-    board = dashboard()
-    panel = next(p for p in board["panels"] if p["title"] == title)
+    """The largest value a panel's query (the one with `legend`) took over the run."""
+    panel = next(p for p in dashboard()["panels"] if p["title"] == title)
     target = next(t for t in panel["targets"] if legend is None or t["legendFormat"] == legend)
-    end = time.time()
-    query = grafana_variables(target["expr"], int(end - server.started_at) + 1)
-    result = server.query_range(query, server.started_at, end, step=SCRAPE_INTERVAL_S)
-    values = [float(v[1]) for series in result for v in series["values"]]
-    return max((v for v in values if math.isfinite(v)), default=math.nan)
+    return max(values_over_the_run(node, target["expr"]), default=math.nan)
 
 
 def test_the_dashboard_tells_the_story_of_the_run(prometheus: Node) -> None:
