@@ -8,6 +8,7 @@ import queue
 import random
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -26,10 +27,12 @@ class LineProc:
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.name = " ".join(argv[2:5])
+        self.stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed by kill()
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=self.stderr,
             text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT), **env},
             cwd=ROOT,
@@ -48,10 +51,17 @@ class LineProc:
         try:
             text = self._lines.get(timeout=timeout)
         except queue.Empty:
-            raise AssertionError(f"{self.name} said nothing for {timeout} s") from None
+            raise AssertionError(f"{self.name} said nothing for {timeout} s{self.said()}") from None
         if not text:
-            raise AssertionError(f"{self.name} exited with {self.proc.wait(5)}")
-        return dict(json.loads(text))
+            raise AssertionError(f"{self.name} exited with {self.proc.wait(5)}{self.said()}")
+        line = dict(json.loads(text))
+        assert line.get("event") != "error", f"{self.name}: {line}{self.said()}"
+        return line
+
+    def said(self) -> str:
+        """The end of the process's stderr, for a failure message."""
+        self.stderr.seek(0)
+        return "; stderr: " + self.stderr.read()[-3000:]
 
     def send(self, text: str) -> None:
         assert self.proc.stdin is not None
@@ -62,6 +72,7 @@ class LineProc:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
+        self.stderr.close()
 
 
 @dataclass

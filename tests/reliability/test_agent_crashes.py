@@ -46,6 +46,14 @@ def until(proc: LineProc, kind: str, timeout: float = 30) -> list[dict]:
             return seen
 
 
+def wait_for(node: AgentProcess, pattern: str, procs: list[LineProc]) -> str:
+    """The agent's log line matching `pattern`; on a timeout, what the tenants said too."""
+    try:
+        return node.wait_for(pattern, 40)
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}\n" + "\n".join(p.name + p.said() for p in procs)) from None
+
+
 def holders(node: AgentProcess) -> dict[str, str]:
     url = f"http://127.0.0.1:{node.http_port}/v1/status"
     with urllib.request.urlopen(url, timeout=5) as r:
@@ -60,15 +68,19 @@ def test_an_agent_killed_mid_restore_loses_nothing_and_everyone_gets_turns_again
         workdir, FakeNodeOptions(fake_gpus="1x100", pcie_gbps=0.2, reconnect_grace=30)
     )
     node.start()
-    procs = [tenant(node, n, "--mib", "60", "--turns", "3") for n in ("a", "b")]
+    procs = [tenant(node, n, "--mib", "60", "--turns", "3", "--pause-after", "0") for n in "ab"]
     try:
-        mid_restore = node.wait_for(r"copied .*\.dev\.moving; committing", 40)
+        for p in procs:  # both resident once, so a's next turn restores it
+            assert p.line(30)["event"] == "turn"
+        for p in procs:
+            p.send("go")
+        mid_restore = wait_for(node, r"copied .*\.dev\.moving; committing", procs)
         node.kill()
         node.start()
         node.wait_for("reconciled an interrupted move", 10)
         for p in procs:
             turns = [line["i"] for line in until(p, "done", 60) if line["event"] == "turn"]
-            assert turns == [0, 1, 2]
+            assert turns == [1, 2]
     finally:
         for p in procs:
             p.kill()
