@@ -101,6 +101,8 @@ def one_gpu_filter(request: TenantRequest, limits: Limits) -> Callable[[NodeStat
 
     def fits(node: NodeState) -> bool:
         room = node.budget_mib - node.parked_worst_mib
+        if room < 0:
+            return False  # already over budget (it was lowered): `place` says by how much
         for row in node.distinct_rows:
             usable, duty_sum, default_duty, total, smallest, largest, parked, tenants = row[:8]
             memory = usable if wanted_memory is None else wanted_memory
@@ -254,6 +256,8 @@ def one_gpu_chooser(
 
     def choose(node: NodeState) -> tuple[str, int] | None:
         room = node.budget_mib - node.parked_worst_mib
+        if room < 0:
+            return None
         best_key, best_after, best_index, best_uuid = -1.0, 0.0, 0, ""
         for row in node.distinct_rows:
             usable, duty_sum, default_duty, total, smallest, largest, parked, tenants = row[:8]

@@ -13,6 +13,8 @@ from extender.placement import (
     Tenant,
     Verdict,
     node_state,
+    one_gpu_chooser,
+    one_gpu_filter,
     parked_worst_mib,
     place,
 )
@@ -211,3 +213,14 @@ def test_node_without_gpus_or_with_a_broken_annotation_says_so() -> None:
 def test_parked_worst_case(memories: list[int], usable: int, worst: int) -> None:
     smallest, largest = (min(memories), max(memories)) if memories else (0, 0)
     assert parked_worst_mib(sum(memories), smallest, largest, usable) == worst
+
+
+def test_a_node_already_over_a_lowered_budget_takes_no_one() -> None:
+    crowded = {"GPU-0": [t("a", 60 * GIB, 10), t("b", 60 * GIB, 10)]}
+    node = node_state("n", gpus(2), 10 * GIB, crowded, Limits())
+    request = TenantRequest(1, GIB, 10)
+    verdict = place(node, request, Limits())
+    assert verdict == Verdict(False, "parked worst case 60 GiB > host budget 10 GiB")
+    assert not place(node, request, Limits(), choose=False).fits
+    assert not one_gpu_filter(request, Limits())(node)
+    assert one_gpu_chooser(request, Limits())(node) is None

@@ -55,6 +55,9 @@ def test_placing_never_exceeds_slots_memory_duty_or_budget(
 ) -> None:
     tenants: dict[str, list[Tenant]] = {}
     for i, request in enumerate(stream):
+        _assert_fast_paths_agree(
+            node_state("n", gpus, budget // 3, tenants, limits), request, limits
+        )
         node = node_state("n", gpus, budget, tenants, limits)
         verdict = place(node, request, limits)
         filtered = place(node, request, limits, choose=False)
@@ -79,6 +82,15 @@ def test_placing_never_exceeds_slots_memory_duty_or_budget(
             assert state.memory_max <= state.usable_mib
             if state.tenants:
                 assert state.gpu.healthy
+
+
+def _assert_fast_paths_agree(node, request, limits) -> None:
+    """Also on nodes whose budget was lowered below what may already be parked."""
+    verdict = place(node, request, limits)
+    assert place(node, request, limits, choose=False).fits is verdict.fits
+    if request.gpus == 1:
+        assert one_gpu_filter(request, limits)(node) is verdict.fits
+        assert one_gpu_chooser(request, limits)(node) == _reference_choice(node, request, limits)
 
 
 def _reference_choice(node, request, limits):
