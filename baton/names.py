@@ -32,6 +32,8 @@ SCHEDULER_NAME = "baton-scheduler"
 NAMESPACE = "baton-system"
 LABEL_GPU_NODE = "baton.dev/gpu-node"
 """Node label the node DaemonSet selects (the nvidia overlay selects GPU feature discovery's)."""
+NODE_POD_SELECTOR = "app.kubernetes.io/name=baton-node"
+"""Label selector of the node DaemonSet's pods (device plugin and agent) in `NAMESPACE`."""
 
 # Node paths.
 AGENT_SOCKET = "/run/baton/agent.sock"
