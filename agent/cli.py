@@ -160,7 +160,8 @@ def status(
     kubeconfig: Annotated[
         str | None,
         typer.Option(
-            envvar="BATON_KUBECONFIG", help="With --extender: node addresses from this cluster."
+            envvar="BATON_KUBECONFIG",
+            help="With --extender: find agents (node pod IPs) through this cluster's API.",
         ),
     ] = None,
     agent_port: Annotated[
@@ -187,7 +188,7 @@ def status(
         print_agent(answer, url)
         return
     try:
-        addresses = cluster_status.node_addresses(kubeconfig) if kubeconfig else {}
+        addresses = cluster_status.agent_addresses(kubeconfig) if kubeconfig else {}
         document = cluster_status.read_cluster(extender, addresses, agent_port)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         typer.echo(f"baton status: cannot read the inventory at {extender}: {exc}", err=True)

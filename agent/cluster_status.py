@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agent.backends.base import Residency
+from baton.names import NAMESPACE, NODE_POD_SELECTOR
 
 AgentAnswer = dict[str, Any] | str
 """An agent's /v1/status document, or why it could not be read."""
@@ -109,14 +110,16 @@ def read_agent(url: str, timeout: float = 3.0) -> AgentAnswer:
     return dict(document) if isinstance(document, dict) else f"{url} sent no JSON object"
 
 
-def node_addresses(kubeconfig: str | None) -> dict[str, str]:
-    """Each node's InternalIP (else its first address) from the API server."""
+def agent_addresses(kubeconfig: str | None) -> dict[str, str]:
+    """Where each node's agent listens: its node pod's IP, else the node's InternalIP."""
     from kubernetes import client
 
     from baton.kube import load_api_client
 
     with load_api_client(kubeconfig) as api_client:
-        nodes = client.CoreV1Api(api_client).list_node().items
+        core = client.CoreV1Api(api_client)
+        nodes = core.list_node().items
+        pods = core.list_namespaced_pod(NAMESPACE, label_selector=NODE_POD_SELECTOR).items
     found: dict[str, str] = {}
     for node in nodes:
         addresses = (node.status.addresses if node.status else None) or []
@@ -124,6 +127,10 @@ def node_addresses(kubeconfig: str | None) -> dict[str, str]:
         name = node.metadata.name if node.metadata else None
         if name and (internal or addresses):
             found[name] = (internal or [addresses[0].address])[0]
+    for pod in pods:
+        status, spec = pod.status, pod.spec
+        if status and status.phase == "Running" and status.pod_ip and spec and spec.node_name:
+            found[spec.node_name] = status.pod_ip
     return found
 
 

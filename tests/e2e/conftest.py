@@ -25,6 +25,7 @@ from tests.e2e.node import (
     TENANTS,
     Node,
     node_object,
+    node_pod,
     spare_node,
     tenant_pod,
 )
@@ -162,7 +163,8 @@ def node() -> Iterator[Node]:
     root = Path(tempfile.mkdtemp(prefix="e2e-", dir="/tmp"))
     api = FakeApiServer().start()
     try:
-        api.put_object(node_object(NODE, "127.0.0.1"))
+        api.put_object(node_object(NODE, "127.0.0.3"))  # agents are reached by pod IP
+        api.put_object(node_pod(NODE, "127.0.0.1"))
         api.put_object(spare_node())
         kubeconfig = api.kubeconfig_path(root)
         with daemons(root, api, kubeconfig) as running:

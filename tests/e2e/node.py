@@ -68,6 +68,23 @@ def node_object(name: str, address: str, annotations: dict[str, str] | None = No
     }
 
 
+def node_pod(node: str, pod_ip: str) -> Any:
+    """The node DaemonSet's pod (device plugin and agent) as the API server shows it running."""
+    key, _, value = names.NODE_POD_SELECTOR.partition("=")
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"baton-node-{node}",
+            "namespace": names.NAMESPACE,
+            "uid": str(uuid.uuid4()),
+            "labels": {key: value},
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "baton"}]},
+        "status": {"phase": "Running", "podIP": pod_ip},
+    }
+
+
 def spare_node() -> Any:
     """What the device plugin would write on a node with one GPU cut into 8 slots."""
     gpus = [{"uuid": "GPU-spare-0", "index": 0, "model": "fake", "memoryMiB": GPU_MIB}]
