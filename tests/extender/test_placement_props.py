@@ -48,7 +48,7 @@ limits_st = st.builds(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(gpu_lists, st.integers(0, 300 * GIB), st.lists(requests, max_size=25), limits_st)
 def test_placing_never_exceeds_slots_memory_duty_or_budget(
     gpus: list[Gpu], budget: int, stream: list[TenantRequest], limits: Limits
