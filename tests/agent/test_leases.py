@@ -46,9 +46,11 @@ def order_key(table: LeaseTable, waiter: Waiter) -> int:
 class LeaseTableMachine(RuleBasedStateMachine):
     """Random enqueues, cancels, grants, blocks, yields, revocations, departures and time."""
 
+    policy = "fifo"
+
     def __init__(self) -> None:
         super().__init__()
-        self.table, self.clock = make_table()
+        self.table, self.clock = make_table(self.policy)
         self.last_token = dict.fromkeys(GPUS, 0)
 
     @rule(
@@ -78,7 +80,7 @@ class LeaseTableMachine(RuleBasedStateMachine):
         before = [w for w in self.table.queue() if not w.blocked and not w.reserved]
         chosen = self.table.pick()
         self.check_progress()
-        for waiter in chosen:  # nobody ahead of a chosen waiter wanted its GPUs (FIFO)
+        for waiter in chosen:  # nobody ahead of a chosen waiter (in policy order) wanted its GPUs
             for other in before:
                 if other in chosen or not set(other.gpus) & set(waiter.gpus):
                     continue
@@ -150,8 +152,16 @@ class LeaseTableMachine(RuleBasedStateMachine):
             claimed |= set(waiter.gpus)
 
 
+class LrsLeaseTableMachine(LeaseTableMachine):
+    """The same invariants under least-recently-served ordering."""
+
+    policy = "lrs"
+
+
 TestLeaseTableMachine = LeaseTableMachine.TestCase
 TestLeaseTableMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestLrsLeaseTableMachine = LrsLeaseTableMachine.TestCase
+TestLrsLeaseTableMachine.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
 
 
 @settings(max_examples=80, deadline=None)
