@@ -109,7 +109,10 @@ def test_an_agent_killed_while_a_lease_is_held_keeps_the_holders_turn(workdir):
         node.wait_for("session opened: tenant local/a", 30)
         assert set(holders(node).values()) == {"local/a"}
         a.send("go")
-        lines_a, lines_b = until(a, "done"), until(b, "done")
+        try:
+            lines_a, lines_b = until(a, "done"), until(b, "done")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nagent log:\n" + "\n".join(node.lines[-40:])) from None
     finally:
         for p in procs:
             p.kill()
