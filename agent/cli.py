@@ -8,6 +8,7 @@ import typer
 
 from agent.demo import cli as demo_cli
 from baton import names
+from baton.shutdown import DEFAULT_GRACE_S
 
 if TYPE_CHECKING:
     from agent.parking_setup import ParkingOptions
@@ -89,6 +90,12 @@ def agent(
     proc_root: Annotated[
         str, typer.Option(envvar="BATON_PROC_ROOT", help="The host's /proc (PID → pod).")
     ] = "/proc",
+    shutdown_grace: Annotated[
+        float,
+        typer.Option(
+            envvar="BATON_AGENT_SHUTDOWN_GRACE", help="Seconds in-flight RPCs get on SIGTERM."
+        ),
+    ] = DEFAULT_GRACE_S,
     log_level: Annotated[str, typer.Option(envvar="BATON_LOG_LEVEL")] = "INFO",
 ) -> None:
     """Run the node agent: turn-taking leases on this node's GPUs."""
@@ -134,6 +141,7 @@ def agent(
         node_name=node_name,
         kubeconfig=kubeconfig,
         proc_root=proc_root,
+        shutdown_grace=shutdown_grace,
     )
     try:
         asyncio.run(

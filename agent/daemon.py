@@ -24,6 +24,7 @@ from agent.state import StateStore
 from agent.status import status_json
 from baton import names
 from baton._pb import agent_pb2_grpc
+from baton.shutdown import on_stop_signal_async
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ class AgentConfig:
     kubeconfig: str | None = None
     proc_root: str = "/proc"
     """Where the host's /proc is (PID → cgroup → pod); the agent runs with hostPID."""
+    shutdown_grace: float = 0.2
+    """Seconds in-flight RPCs get to finish on `stop` before they are cancelled."""
 
 
 class Agent:
@@ -70,7 +73,8 @@ class Agent:
         self._handshake: asyncio.Server | None = None
         self._http: StatusServer | None = None
         self._pods: PodWatcher | None = None
-        self._stopped = asyncio.Event()
+        self._stop_requested = asyncio.Event()
+        self.stop_reason = ""
 
     async def start(self) -> None:
         """Load state, open the sockets; raises `StateDirError` if the state dir is unusable."""
@@ -139,12 +143,20 @@ class Agent:
         )
         self._pods.start()
 
+    def request_stop(self, reason: str) -> None:
+        """Wake `wait`: the agent should stop, for `reason` (e.g. `SIGTERM`)."""
+        self.stop_reason = self.stop_reason or reason
+        self._stop_requested.set()
+
     async def wait(self) -> None:
-        """Block until `stop` is called."""
-        await self._stopped.wait()
+        """Block until a stop is requested (or `stop` is called)."""
+        await self._stop_requested.wait()
 
     async def stop(self) -> None:
-        """Close the sockets and stop the service; persisted state stays for the next start."""
+        """Refuse new RPCs, let in-flight ones finish within the grace, flush state, close.
+
+        Tenants, leases and parked memory stay as they are for the next agent.
+        """
         if self.service is not None:
             self.service.stopping = True
         if self._pods is not None:
@@ -154,12 +166,12 @@ class Agent:
         if self._handshake is not None:
             self._handshake.close()
         if self._grpc is not None:
-            await self._grpc.stop(grace=0.2)
+            await self._grpc.stop(grace=self.config.shutdown_grace)
         if self.service is not None:
             await self.service.close()
         Path(self.config.socket).unlink(missing_ok=True)
         Path(handshake_path(self.config.socket)).unlink(missing_ok=True)
-        self._stopped.set()
+        self._stop_requested.set()
 
 
 async def run_agent(
@@ -168,10 +180,16 @@ async def run_agent(
     sessions: SessionRegistry | None = None,
     on_service: Callable[[LeaseService], None] | None = None,
 ) -> None:
-    """Run an agent until cancelled."""
+    """Run an agent until SIGTERM or SIGINT (or cancellation); then stop it cleanly."""
     agent = Agent(config, preparer, sessions, on_service)
+    on_stop_signal_async(asyncio.get_running_loop(), agent.request_stop)
     await agent.start()
     try:
         await agent.wait()
     finally:
         await agent.stop()
+    log.info(
+        "agent stopped on %s; tenants, leases and parked memory kept in %s",
+        agent.stop_reason or "cancellation",
+        config.state_dir,
+    )
