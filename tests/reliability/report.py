@@ -30,13 +30,11 @@ def load(path: Path) -> dict[str, list[tuple[str, dict[str, Any]]]]:
 
 
 def table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """One markdown table per section: a row per result, a column per figure."""
-    columns: list[str] = []
-    for _, figures in rows:
-        columns += [k for k in figures if k not in columns]
-    out = ["| run | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    """A markdown table: one row per recorded result, its figures as `name: value`."""
+    out = ["| what | figures |", "|---|---|"]
     for name, figures in rows:
-        out.append(f"| {name} | " + " | ".join(str(figures.get(c, "")) for c in columns) + " |")
+        cells = ", ".join(f"{k}: {v}" for k, v in figures.items())
+        out.append(f"| {name} | {cells.replace('|', '/')} |")
     return out
 
 
