@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from baton import names
+from baton.shutdown import DEFAULT_GRACE_S
 
 POLICIES = ("binpack", "spread", "complement")
 
@@ -34,6 +35,12 @@ def extender(
         str | None, typer.Option(envvar="BATON_EXTENDER_TLS_CERT", help="Serve HTTPS.")
     ] = None,
     tls_key: Annotated[str | None, typer.Option(envvar="BATON_EXTENDER_TLS_KEY")] = None,
+    shutdown_grace: Annotated[
+        float,
+        typer.Option(
+            envvar="BATON_EXTENDER_SHUTDOWN_GRACE", help="Seconds open requests get on SIGTERM."
+        ),
+    ] = DEFAULT_GRACE_S,
     log_level: Annotated[str, typer.Option(envvar="BATON_LOG_LEVEL")] = "INFO",
 ) -> None:
     """Run the kube-scheduler extender: filter, prioritize and bind Baton pods."""
@@ -58,7 +65,7 @@ def extender(
     )
     limits = Limits(Policy(policy), max_duty, memory_headroom)
     try:
-        run(Options(kubeconfig, host, port, limits, tls_cert, tls_key))
+        run(Options(kubeconfig, host, port, limits, tls_cert, tls_key, shutdown_grace))
     except KubeConfigError as err:
         typer.echo(f"baton extender: {err}", err=True)
         raise typer.Exit(2) from None

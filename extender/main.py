@@ -6,6 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from baton.shutdown import DEFAULT_GRACE_S
 from extender.placement import Limits
 
 log = logging.getLogger(__name__)
@@ -21,10 +22,11 @@ class Options:
     limits: Limits
     tls_cert: str | None = None
     tls_key: str | None = None
+    shutdown_grace: float = DEFAULT_GRACE_S
 
 
 def run(options: Options) -> None:
-    """Serve until interrupted."""
+    """Serve until SIGTERM or SIGINT; then finish open requests (bounded) and stop."""
     from baton.kube import load_api_client
     from extender.app import create_app
     from extender.bind import Binder
@@ -41,7 +43,8 @@ def run(options: Options) -> None:
         state, api_client, on_restart=lambda kind, why: metrics.watch_restarts.labels(kind).inc()
     )
     binder = Binder(cache, KubePodApi(api_client), time.time_ns)
-    server = make_server(create_app(cache, binder, metrics), options.tls_cert, options.tls_key)
+    app = create_app(cache, binder, metrics)
+    server = make_server(app, options.tls_cert, options.tls_key, options.shutdown_grace)
     sock = bind_socket(options.host, options.port)
     scheme = "https" if options.tls_cert else "http"
     log.info(
@@ -59,3 +62,4 @@ def run(options: Options) -> None:
     finally:
         cache.stop()
         api_client.close()
+    log.info("extender stopped on %s; watches closed", server.stop_signal or "request")

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+import signal
 import socket
 import threading
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import uvicorn
+
+from baton.shutdown import STOP_SIGNALS, signal_name
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -27,10 +34,39 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class Server(uvicorn.Server):
+    """uvicorn, except that a stop signal ends `run` normally instead of being raised again."""
+
+    stop_signal: str | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Catch SIGTERM and SIGINT while serving from the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._on_stop_signal) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_stop_signal(self, sig: int, frame: FrameType | None) -> None:
+        self.stop_signal = self.stop_signal or signal_name(sig)
+        self.handle_exit(sig, frame)
+
+
 def make_server(
-    app: Any, certfile: str | None = None, keyfile: str | None = None
-) -> uvicorn.Server:
-    """A uvicorn server for the app, with TLS when a certificate and key are given."""
+    app: Any,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+    shutdown_grace: float | None = None,
+) -> Server:
+    """A uvicorn server for the app, with TLS when a certificate and key are given.
+
+    On stop it accepts no new connections and gives open ones `shutdown_grace` (whole) seconds.
+    """
     config = uvicorn.Config(
         app,
         log_level="warning",
@@ -38,8 +74,9 @@ def make_server(
         lifespan="off",
         ssl_certfile=certfile,
         ssl_keyfile=keyfile,
+        timeout_graceful_shutdown=None if shutdown_grace is None else math.ceil(shutdown_grace),
     )
-    return uvicorn.Server(config)
+    return Server(config)
 
 
 class ServerThread:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +24,8 @@ from tests.extender.builders import node, pod
 from tests.harness.fakeapi import FakeApiServer
 
 START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+_LOG_READ = threading.Condition()
 
 
 @pytest.mark.parametrize(
@@ -44,36 +48,61 @@ def test_bad_flags_are_refused_with_a_reason(
 
 
 @contextlib.contextmanager
-def running_extender(fake_api: FakeApiServer, tmp_path: Path) -> Iterator[int]:
-    """`baton extender` on an ephemeral port, configured through env twins; yields the port."""
+def running_extender(
+    fake_api: FakeApiServer, tmp_path: Path, lines: list[str] | None = None
+) -> Iterator[int]:
+    """`baton extender` on an ephemeral port, configured through env twins; yields the port.
+
+    On leaving, SIGTERM must end it with exit status 0 within `STOP_TIMEOUT_S`.
+    """
     kubeconfig = fake_api.kubeconfig_path(tmp_path)
-    env = {**os.environ, "BATON_KUBECONFIG": str(kubeconfig), "BATON_EXTENDER_PORT": "0"}
+    env = {
+        **os.environ,
+        "BATON_KUBECONFIG": str(kubeconfig),
+        "BATON_EXTENDER_PORT": "0",
+        "BATON_EXTENDER_SHUTDOWN_GRACE": "2",
+    }
     command = [str(Path(sys.executable).parent / "baton"), "extender", "--host", "127.0.0.1"]
     proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
+    log = [] if lines is None else lines
+    reader = threading.Thread(target=_read_log, args=(proc.stderr, log), daemon=True)
+    reader.start()
     try:
-        yield _port_from_log(proc.stderr, [])
+        yield _port_from_log(log)
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=STOP_TIMEOUT_S)
+        finally:
+            proc.kill()
+        reader.join(timeout=STOP_TIMEOUT_S)
+        assert code == 0, "".join(log)
 
 
-def _port_from_log(stream: IO[str], lines: list[str]) -> int:
-    found: list[int] = []
-    done = threading.Event()
-
-    def read() -> None:
-        for line in stream:
+def _read_log(stream: IO[str], lines: list[str]) -> None:
+    for line in stream:
+        with _LOG_READ:
             lines.append(line)
-            match = re.search(r"serving on http://127\.0\.0\.1:(\d+)", line)
-            if match and not found:
-                found.append(int(match.group(1)))
-                done.set()
-        done.set()
+            _LOG_READ.notify_all()
+    with _LOG_READ:
+        lines.append("")  # end of the log
+        _LOG_READ.notify_all()
 
-    threading.Thread(target=read, daemon=True).start()
-    assert done.wait(START_TIMEOUT_S) and found, f"no 'serving on' line: {lines}"
-    return found[0]
+
+def _port_from_log(lines: list[str]) -> int:
+    def port() -> int | None:
+        for line in lines:
+            match = re.search(r"serving on http://127\.0\.0\.1:(\d+)", line)
+            if match:
+                return int(match.group(1))
+        return None
+
+    with _LOG_READ:
+        _LOG_READ.wait_for(lambda: port() is not None or "" in lines, START_TIMEOUT_S)
+        found = port()
+    assert found is not None, f"no 'serving on' line: {lines}"
+    return found
 
 
 def test_extender_serves_and_binds_against_the_api_server(
@@ -101,3 +130,16 @@ def test_extender_serves_and_binds_against_the_api_server(
         assert bound is not None and bound["spec"]["nodeName"] == "gpu-1"
         assert bound["metadata"]["annotations"][ANNOTATION_ASSIGNED_GPUS] == "GPU-gpu-1-0"
         assert "baton_extender_binds_total" in httpx.get(f"{url}/metrics", timeout=10).text
+
+
+def test_sigterm_stops_serving_and_logs_why(fake_api: FakeApiServer, tmp_path: Path) -> None:
+    fake_api.put_object(node("gpu-1", gpus=1))
+    lines: list[str] = []
+    with running_extender(fake_api, tmp_path, lines) as port:
+        fake_api.wait_for_requests("watch", "pods", timeout=START_TIMEOUT_S)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            assert client.get("/readyz").status_code == 200  # a kept-alive connection stays open
+    stopped = [line for line in lines if "extender stopped on" in line]
+    assert len(stopped) == 1 and "stopped on SIGTERM; watches closed" in stopped[0], lines
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
