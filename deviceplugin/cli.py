@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from baton import names
+from baton.shutdown import DEFAULT_GRACE_S
 from deviceplugin.annotate import DEFAULT_HOST_MEMORY_BUDGET
 from deviceplugin.health import DEFAULT_IGNORED_XIDS
 
@@ -51,15 +52,20 @@ def deviceplugin(
     ignored_xids: Annotated[
         str, typer.Option(envvar="BATON_IGNORED_XIDS", help="XIDs that do not fail a GPU.")
     ] = ",".join(map(str, DEFAULT_IGNORED_XIDS)),
+    shutdown_grace: Annotated[
+        float,
+        typer.Option(
+            envvar="BATON_DEVICE_PLUGIN_SHUTDOWN_GRACE", help="Seconds an Allocate gets on SIGTERM."
+        ),
+    ] = DEFAULT_GRACE_S,
     log_level: Annotated[str, typer.Option(envvar="BATON_LOG_LEVEL")] = "INFO",
 ) -> None:
     """Run the kubelet device plugin: advertise time-sliced GPU slots, hand each pod its GPUs."""
     import logging
-    import signal
-    import threading
     from pathlib import Path
 
     from baton.kube import KubeConfigError, load_api_client
+    from baton.shutdown import StopSignal
     from deviceplugin.annotate import host_memory_budget_mib
     from deviceplugin.daemon import Daemon, Settings
     from deviceplugin.gpus import DiscoveryError, discover
@@ -85,11 +91,11 @@ def deviceplugin(
         metrics_host=metrics_host,
         metrics_port=metrics_port,
         ignored_xids=xids,
+        shutdown_grace=shutdown_grace,
     )
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    Daemon(settings, gpus, fake, api_client=api_client).run_until(stop)
+    stop = StopSignal().install()
+    daemon = Daemon(settings, gpus, fake, api_client=api_client)
+    daemon.run_until(stop.event, lambda: stop.received)
 
 
 def bench_allocate(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ class Settings:
     metrics_port: int = names.PORT_DEVICE_PLUGIN
     ignored_xids: frozenset[int] = frozenset()
     socket_name: str = names.DEVICE_PLUGIN_SOCKET_NAME
+    shutdown_grace: float | None = None
+    """Seconds an in-flight Allocate gets on stop; None cancels it at once."""
 
 
 class Daemon:
@@ -125,7 +128,7 @@ class Daemon:
 
     def stop(self) -> None:
         """Stop everything started."""
-        self.plugin.stop()
+        self.plugin.stop(self.settings.shutdown_grace)
         if self.pod_cache is not None:
             self.pod_cache.stop()
         if self.annotator is not None:
@@ -134,10 +137,16 @@ class Daemon:
             self.nvml.stop()
         self.status.stop()
 
-    def run_until(self, stop: threading.Event) -> None:
-        """Start, block until `stop` is set, stop."""
+    def run_until(
+        self, stop: threading.Event, why: Callable[[], str | None] = lambda: None
+    ) -> None:
+        """Start, block until `stop` is set, stop; log `why()` it stopped."""
         self.start()
         try:
             stop.wait()
         finally:
             self.stop()
+        log.info(
+            "device plugin stopped on %s; the kubelet drops its registration on its own",
+            why() or "request",
+        )

@@ -39,13 +39,13 @@ class DevicePlugin:
         self._register()
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop watching and serving."""
+    def stop(self, grace: float | None = None) -> None:
+        """Stop watching and serving (in-flight calls get `grace` s); the kubelet sees it go."""
         self._stop.set()
         self._watcher.wake()
         self._thread.join(timeout=10)
         self._watcher.close()
-        self.server.stop()
+        self.server.stop(grace)
 
     def _register(self) -> None:
         try:

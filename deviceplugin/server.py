@@ -161,11 +161,14 @@ class PluginServer:
                 self.stop()
                 raise OSError(f"plugin socket {self.socket_path} does not answer: {err}") from err
 
-    def stop(self) -> None:
-        """End every stream, stop serving, and remove the socket."""
+    def stop(self, grace: float | None = None) -> None:
+        """End every stream, stop serving, and remove the socket.
+
+        Calls in flight (Allocate) get `grace` seconds to finish; None cancels them at once.
+        """
         self.service.stopping.set()
         self.service.inventory.wake()
         if self._server is not None:
-            self._server.stop(grace=None).wait(READY_TIMEOUT_S)
+            self._server.stop(grace=grace).wait((grace or 0) + READY_TIMEOUT_S)
             self._server = None
         self.socket_path.unlink(missing_ok=True)

@@ -49,17 +49,20 @@ def test_daemon_serves_kubelet_api_and_metrics(socket_dir, kubelet, fake_api):
     }
     proc = subprocess.Popen([*BATON, "deviceplugin"], env=env, stderr=subprocess.PIPE, text=True)
     port: list[int] = []
+    lines: list[str] = []
     seen = threading.Event()
 
     def read_log() -> None:
         assert proc.stderr is not None
         for line in proc.stderr:
+            lines.append(line)
             found = re.search(r"metrics on :(\d+)", line)
             if found:
                 port.append(int(found.group(1)))
                 seen.set()
 
-    threading.Thread(target=read_log, daemon=True).start()
+    reader = threading.Thread(target=read_log, daemon=True)
+    reader.start()
     try:
         kubelet.wait_for_registrations(1, timeout=20)
         devices = kubelet.wait_for_list(names.RESOURCE_GPU, bool)
@@ -80,6 +83,10 @@ def test_daemon_serves_kubelet_api_and_metrics(socket_dir, kubelet, fake_api):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
+        reader.join(timeout=5)
+    stopped = [line for line in lines if "device plugin stopped on" in line]
+    assert len(stopped) == 1 and "stopped on SIGTERM" in stopped[0], lines
+    assert not (socket_dir / names.DEVICE_PLUGIN_SOCKET_NAME).exists()
 
 
 def test_bench_allocate_prints_json_last():
