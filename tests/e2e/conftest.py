@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -109,8 +108,9 @@ def daemons(root: Path, api: FakeApiServer, kubeconfig: Path) -> Iterator[Node]:
         codes = {d.name: d.stop() for d in started}
         kubelet.stop()
         logs = "\n".join(f"--- {d.name}\n{d.log()}" for d in started)
-        clean = (0, -signal.SIGTERM)
-        assert all(c in clean for c in codes.values()), f"exit codes {codes}\n{logs}"
+        assert all(c == 0 for c in codes.values()), f"exit codes {codes}\n{logs}"
+        for daemon in started:
+            daemon.wait_for_line(r"stopped on SIGTERM", timeout=5)
 
 
 def _sees_gpus(node: Node) -> bool | None:
