@@ -31,9 +31,9 @@ ANNOTATION_ALLOCATED_AT = "baton.dev/allocated-at"
 SCHEDULER_NAME = "baton-scheduler"
 NAMESPACE = "baton-system"
 LABEL_GPU_NODE = "baton.dev/gpu-node"
-"""Node label the node DaemonSet selects (the nvidia overlay selects GPU feature discovery's)."""
-NODE_POD_SELECTOR = "app.kubernetes.io/name=baton-node"
-"""Label selector of the node DaemonSet's pods (device plugin and agent) in `NAMESPACE`."""
+"""Node label the node DaemonSets select (the nvidia overlay selects GPU feature discovery's)."""
+NODE_POD_SELECTOR = "app.kubernetes.io/name=baton-agent"
+"""Label selector of the agent DaemonSet's pods (one per GPU node) in `NAMESPACE`."""
 
 # Node paths.
 AGENT_SOCKET = "/run/baton/agent.sock"

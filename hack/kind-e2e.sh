@@ -51,7 +51,7 @@ pass "$turns turns, each with its own fencing token"
 
 for gpu in $(cut -f3 <<<"$pods" | tr ',' '\n' | sort -u); do
     found=""
-    for pod in $(kubectl -n "$namespace" get pods -l app.kubernetes.io/name=baton-node -o name); do
+    for pod in $(kubectl -n "$namespace" get pods -l app.kubernetes.io/name=baton-agent -o name); do
         if kubectl -n "$namespace" exec "$pod" -c agent -- baton status --json | grep -q "$gpu"; then
             found="$pod"
         fi

@@ -43,7 +43,8 @@ done
 
 echo "kind-up: installing Baton (manifests/overlays/kind)"
 kubectl apply -k manifests/overlays/kind
-kubectl -n "$namespace" rollout status daemonset/baton-node --timeout=180s
+kubectl -n "$namespace" rollout status daemonset/baton-deviceplugin --timeout=180s
+kubectl -n "$namespace" rollout status daemonset/baton-agent --timeout=180s
 kubectl -n "$namespace" rollout status deployment/baton-extender --timeout=180s
 kubectl -n "$namespace" rollout status deployment/baton-scheduler --timeout=180s
 
@@ -62,7 +63,7 @@ until kubectl -n "$demo_namespace" wait --for=condition=complete job/grpo-tenant
         kubectl -n "$demo_namespace" logs -l job-name=grpo-tenant --prefix --tail=50 >&2 || true
         exit 1
     fi
-    for pod in $(kubectl -n "$namespace" get pods -l app.kubernetes.io/name=baton-node -o name); do
+    for pod in $(kubectl -n "$namespace" get pods -l app.kubernetes.io/name=baton-agent -o name); do
         echo "--- $pod"
         kubectl -n "$namespace" exec "$pod" -c agent -- baton status || true
     done

@@ -90,39 +90,63 @@ def test_objects_are_well_formed(path: Path) -> None:
             )
 
 
-def test_node_daemonset_privileges_belong_to_the_agent_only() -> None:
-    daemonset = base_object("DaemonSet", "baton-node")
-    pod = daemonset["spec"]["template"]["spec"]
-    parts = containers(daemonset)
-    assert set(parts) == {"deviceplugin", "agent"}
-    assert pod["hostPID"] is True
-    assert parts["agent"]["securityContext"]["privileged"] is True
-    plugin = parts["deviceplugin"]["securityContext"]
-    assert not plugin.get("privileged") and plugin["allowPrivilegeEscalation"] is False
-    assert plugin["capabilities"]["drop"] == ["ALL"]
-    assert pod["nodeSelector"] == {names.LABEL_GPU_NODE: "true"}
-    for container in parts.values():
+def host_paths(workload: Obj) -> dict[str, str]:
+    """Volume name → host path, for every hostPath volume of a workload."""
+    volumes = workload["spec"]["template"]["spec"]["volumes"]
+    return {v["name"]: v["hostPath"]["path"] for v in volumes if "hostPath" in v}
+
+
+def test_host_pid_and_privileges_belong_to_the_agent_only() -> None:
+    agent = base_object("DaemonSet", "baton-agent")
+    plugin = base_object("DaemonSet", "baton-deviceplugin")
+    assert set(containers(agent)) == {"agent"} and set(containers(plugin)) == {"deviceplugin"}
+    assert agent["spec"]["template"]["spec"]["hostPID"] is True
+    assert containers(agent)["agent"]["securityContext"]["privileged"] is True
+    plugin_pod = plugin["spec"]["template"]["spec"]
+    for field in ("hostPID", "hostNetwork", "hostIPC"):
+        assert field not in plugin_pod, f"the device plugin's pod sets {field}"
+    context = containers(plugin)["deviceplugin"]["securityContext"]
+    assert not context.get("privileged") and context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["readOnlyRootFilesystem"] is True
+    for workload, account in ((agent, "baton-agent"), (plugin, "baton-deviceplugin")):
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == account
+        assert pod["nodeSelector"] == {names.LABEL_GPU_NODE: "true"}
+        (container,) = containers(workload).values()
         assert container["resources"]["requests"], container["name"]
         node_name = next(e for e in container["env"] if e["name"] == "NODE_NAME")
         assert node_name["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
 
-def test_node_daemonset_mounts_and_ports_match_names() -> None:
-    daemonset = base_object("DaemonSet", "baton-node")
-    volumes = {
-        v["name"]: v["hostPath"]["path"] for v in daemonset["spec"]["template"]["spec"]["volumes"]
-    }
-    assert sorted(volumes.values()) == sorted(
-        [names.KUBELET_DEVICE_PLUGIN_DIR, names.AGENT_SOCKET_DIR, names.AGENT_STATE_DIR]
-    )
-    parts = containers(daemonset)
-    for container, port in (
-        ("agent", names.PORT_AGENT),
-        ("deviceplugin", names.PORT_DEVICE_PLUGIN),
+def test_node_daemonsets_mounts_and_ports_match_names() -> None:
+    agent = base_object("DaemonSet", "baton-agent")
+    plugin = base_object("DaemonSet", "baton-deviceplugin")
+    assert sorted(host_paths(agent).values()) == [names.AGENT_SOCKET_DIR, names.AGENT_STATE_DIR]
+    assert sorted(host_paths(plugin).values()) == [
+        names.AGENT_SOCKET_DIR,
+        names.KUBELET_DEVICE_PLUGIN_DIR,
+    ]
+    for workload, container, port in (
+        (agent, "agent", names.PORT_AGENT),
+        (plugin, "deviceplugin", names.PORT_DEVICE_PLUGIN),
     ):
-        assert [p["containerPort"] for p in parts[container]["ports"]] == [port]
-        for mount in parts[container]["volumeMounts"]:
+        part = containers(workload)[container]
+        assert [p["containerPort"] for p in part["ports"]] == [port]
+        volumes = host_paths(workload)
+        for mount in part["volumeMounts"]:
             assert mount["mountPath"] == volumes[mount["name"]], "host and container paths differ"
+            if workload is plugin and mount["mountPath"] == names.AGENT_SOCKET_DIR:
+                assert mount["readOnly"] is True, "the device plugin only hands the socket out"
+
+
+def test_status_selector_picks_the_agent_pods() -> None:
+    key, _, value = names.NODE_POD_SELECTOR.partition("=")
+    for name in ("baton-agent", "baton-deviceplugin"):
+        workload = base_object("DaemonSet", name)
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert (labels.get(key) == value) is (name == "baton-agent"), name
+        assert workload["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
 def test_extender_and_scheduler_wiring() -> None:
@@ -166,11 +190,13 @@ def _overlay_patches() -> list[Path]:
 def test_daemon_env_vars_are_flags_of_their_commands() -> None:
     """Every BATON_* (and NODE_NAME) variable set on a daemon is read by its `baton` command."""
     workloads = [
-        base_object("DaemonSet", "baton-node"),
+        base_object("DaemonSet", "baton-agent"),
+        base_object("DaemonSet", "baton-deviceplugin"),
         base_object("Deployment", "baton-extender"),
     ]
     base_commands = {name: c["args"][0] for w in workloads for name, c in containers(w).items()}
-    for path in [MANIFESTS / "base" / "node.yaml", *_overlay_patches()]:
+    base = [MANIFESTS / "base" / f"{name}.yaml" for name in ("agent", "deviceplugin")]
+    for path in [*base, *_overlay_patches()]:
         for doc in load_all(path):
             if doc["kind"] not in ("DaemonSet", "Deployment"):
                 continue
@@ -242,7 +268,8 @@ def test_kustomize_builds(overlay: str) -> None:
 def test_built_install_is_complete(overlay: str) -> None:
     objects = build(overlay)
     assert set(by_kind(objects, "Deployment")) == {"baton-extender", "baton-scheduler"}
-    assert set(by_kind(objects, "DaemonSet")) == {"baton-node"}
+    assert set(by_kind(objects, "DaemonSet")) == {"baton-agent", "baton-deviceplugin"}
+    assert [n for n, d in by_kind(objects, "DaemonSet").items() if _host_pid(d)] == ["baton-agent"]
     configmaps = by_kind(objects, "ConfigMap")
     scheduler = by_kind(objects, "Deployment")["baton-scheduler"]
     (volume,) = scheduler["spec"]["template"]["spec"]["volumes"]
@@ -255,26 +282,49 @@ def test_built_install_is_complete(overlay: str) -> None:
     ]:
         for container in containers(workload).values():
             assert ":" in container["image"], f"{container['name']} has an untagged image"
+        account = workload["spec"]["template"]["spec"]["serviceAccountName"]
+        assert account in by_kind(objects, "ServiceAccount"), f"no ServiceAccount {account}"
+
+
+def _host_pid(workload: Obj) -> bool:
+    return bool(workload["spec"]["template"]["spec"].get("hostPID"))
 
 
 def test_kind_overlay_runs_fake_gpus_unprivileged() -> None:
-    node = by_kind(build("overlays/kind"), "DaemonSet")["baton-node"]
-    parts = containers(node)
-    assert not parts["agent"]["securityContext"]["privileged"]
-    assert {c["image"] for c in parts.values()} == {"baton:dev"}
-    assert "runtimeClassName" not in node["spec"]["template"]["spec"]
+    daemonsets = by_kind(build("overlays/kind"), "DaemonSet")
+    agent = containers(daemonsets["baton-agent"])["agent"]
+    assert agent["securityContext"]["privileged"] is False
+    assert agent["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    for workload in daemonsets.values():
+        assert {c["image"] for c in containers(workload).values()} == {"baton:dev"}
+        assert "runtimeClassName" not in workload["spec"]["template"]["spec"]
+    plugin = containers(daemonsets["baton-deviceplugin"])["deviceplugin"]
+    assert {"BATON_FAKE_GPUS", "BATON_HOST_MEMORY_BUDGET"} <= env_names(plugin)
 
 
 def test_nvidia_overlay_uses_the_nvidia_runtime() -> None:
-    node = by_kind(build("overlays/nvidia"), "DaemonSet")["baton-node"]
-    pod = node["spec"]["template"]["spec"]
-    assert pod["runtimeClassName"] == "nvidia"
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    daemonsets = by_kind(build("overlays/nvidia"), "DaemonSet")
+    assert set(daemonsets) == {"baton-agent", "baton-deviceplugin"}
+    for workload in daemonsets.values():
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["runtimeClassName"] == "nvidia"
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    agent = containers(daemonsets["baton-agent"])["agent"]
+    assert {"name": "BATON_AGENT_BACKEND", "value": "cuda"} in agent["env"]
 
 
 def test_monitoring_overlay_has_scrapes_and_the_dashboard() -> None:
     objects = build("overlays/monitoring")
-    assert set(by_kind(objects, "PodMonitor")) == {"baton-node"}
+    monitors = by_kind(objects, "PodMonitor")
+    assert set(monitors) == {"baton-agent", "baton-deviceplugin"}
+    base = build(".")
+    for name, monitor in monitors.items():
+        pods = by_kind(base, "DaemonSet")[name]["spec"]["template"]
+        assert (
+            monitor["spec"]["selector"]["matchLabels"].items() <= pods["metadata"]["labels"].items()
+        )
+        ports = {p["name"] for c in pods["spec"]["containers"] for p in c["ports"]}
+        assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == ports
     assert set(by_kind(objects, "ServiceMonitor")) == {"baton-extender"}
     (dashboard,) = by_kind(objects, "ConfigMap").values()
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"

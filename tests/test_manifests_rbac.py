@@ -28,7 +28,11 @@ CALLS: dict[str, tuple[str, frozenset[str]]] = {
     "patch_namespaced_event": ("events", frozenset({"patch"})),
 }
 # Which code runs under which ServiceAccount's ClusterRole.
-ROLES = {"baton-node": ("agent", "deviceplugin"), "baton-extender": ("extender",)}
+ROLES = {
+    "baton-agent": ("agent",),
+    "baton-deviceplugin": ("deviceplugin",),
+    "baton-extender": ("extender",),
+}
 # Commands a user runs with their own kubeconfig, never under a daemon's ServiceAccount.
 USER_SIDE = {"agent/cluster_status.py"}
 

@@ -69,13 +69,13 @@ def node_object(name: str, address: str, annotations: dict[str, str] | None = No
 
 
 def node_pod(node: str, pod_ip: str) -> Any:
-    """The node DaemonSet's pod (device plugin and agent) as the API server shows it running."""
+    """The agent DaemonSet's pod on `node` as the API server shows it running."""
     key, _, value = names.NODE_POD_SELECTOR.partition("=")
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": f"baton-node-{node}",
+            "name": f"baton-agent-{node}",
             "namespace": names.NAMESPACE,
             "uid": str(uuid.uuid4()),
             "labels": {key: value},
