@@ -67,9 +67,9 @@ class LoadNode(AgentRunner):
         self.checker = InvariantChecker()
         gpus = parse_fake_gpus(fake_gpus)
         self.gpu_ids = sorted(gpus)
-        backend = JournalBackend(self.checker, self.fake_dir, gpus, scale, None, 5.0)
+        self.backend = JournalBackend(self.checker, self.fake_dir, gpus, scale, None, 5.0)
         budget = host_budget_mib * MIB or 4 * sum(gpus.values())
-        self.parking = ParkingPreparer(backend, gpus, host_budget=budget)
+        self.parking = ParkingPreparer(self.backend, gpus, host_budget=budget)
         self.preparer = self.parking
         self._watch: grpc.Channel | None = None
         self.watching = threading.Event()
@@ -103,7 +103,7 @@ class LoadNode(AgentRunner):
         self.watching.set()
         try:
             for e in stream:
-                with self.parking.backend.journal_lock:  # type: ignore[attr-defined]
+                with self.backend.journal_lock:
                     self.checker.event(
                         e.kind, e.tenant_id, e.at, gpus=e.gpus, lease_id=e.lease_id,
                         tokens=dict(e.fencing_tokens),
@@ -120,7 +120,7 @@ class LoadNode(AgentRunner):
         super().stop()
         if self._watch is not None:
             self._watch.close()
-        self.parking.backend.close()
+        self.backend.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def parked_bytes(self) -> int:
