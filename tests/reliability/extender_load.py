@@ -1,14 +1,16 @@
 """The extender load run: concurrent scheduler clients while the watch delivers churn.
 
-A real extender (cache, binder, HTTP app) watches the fake API server. `clients` threads each
-take pending pods and do what kube-scheduler does (filter, prioritize, bind the best node);
-meanwhile a churn thread flips GPU health on nodes, adds and removes spare nodes, deletes bound
-pods and creates new pending ones. Afterwards every GPU's bound pods are counted against its slots.
+A real extender (cache, binder, HTTP app) runs in its own process, watching the fake API
+server. `clients` threads each take pending pods and do what kube-scheduler does (filter,
+prioritize, bind the best node); meanwhile a churn thread flips GPU health on nodes, adds and
+removes spare nodes, deletes bound pods and creates new pending ones. Afterwards every GPU's
+bound pods are counted against its slots.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import queue
 import random
 import tempfile
@@ -58,6 +60,19 @@ def new_pod(name: str, rng: random.Random) -> dict[str, Any]:
     return pod(name, memory=rng.choice([None, 8192, 16384, 30000]), duty=rng.choice([None, 20, 40]))
 
 
+def serve(kubeconfig: str, ports: Any) -> None:
+    """The extender in its own process (so the clients do not share its interpreter)."""
+    client = load_api_client(kubeconfig)
+    cache = KubeCache(ClusterState(Limits(), time.monotonic), client)
+    cache.start()
+    if not cache.wait_synced(170):
+        return
+    binder = Binder(cache, KubePodApi(client), time.time_ns)
+    server = ServerThread(create_app(cache, binder, Metrics())).start()
+    ports.put(server.port)
+    threading.Event().wait()  # until the parent terminates this process
+
+
 class ExtenderLoad:
     """The fake API server, the extender serving from it, and the pods created so far."""
 
@@ -71,12 +86,16 @@ class ExtenderLoad:
         self.pending: queue.Queue[str] = queue.Queue()
         for _ in range(pods):
             self.add_pending()
-        self.client = load_api_client(str(self.api.kubeconfig_path(tempfile.mkdtemp(dir="/tmp"))))
-        self.cache = KubeCache(ClusterState(Limits(), time.monotonic), self.client)
-        self.cache.start()
-        assert self.cache.wait_synced(60), "the extender's cache did not sync"
-        binder = Binder(self.cache, KubePodApi(self.client), time.time_ns)
-        self.server = ServerThread(create_app(self.cache, binder, Metrics())).start()
+        kubeconfig = str(self.api.kubeconfig_path(tempfile.mkdtemp(dir="/tmp")))
+        spawn = multiprocessing.get_context("spawn")
+        ports: Any = spawn.Queue()
+        self.server = spawn.Process(target=serve, args=(kubeconfig, ports), daemon=True)
+        self.server.start()
+        try:
+            self.port = int(ports.get(timeout=180))
+        except queue.Empty:
+            self.close()
+            raise AssertionError("the extender did not sync with the API server in 180 s") from None
         self.tally = Tally()
 
     def add_pending(self) -> None:
@@ -86,9 +105,8 @@ class ExtenderLoad:
         self.pending.put(name)
 
     def close(self) -> None:
-        self.server.stop()
-        self.cache.stop()
-        self.client.close()
+        self.server.terminate()
+        self.server.join(10)
         self.api.stop()
 
     def run(self, clients: int, seconds: float) -> Tally:
@@ -105,7 +123,7 @@ class ExtenderLoad:
 
     def _client(self, stop: threading.Event, seed: int) -> None:
         rng = random.Random(seed)
-        url = f"http://127.0.0.1:{self.server.port}"
+        url = f"http://127.0.0.1:{self.port}"
         with httpx.Client(base_url=url, timeout=30) as http:
             while not stop.is_set():
                 try:
