@@ -1,6 +1,6 @@
-"""The API server goes away under the agent's pod watch, and comes back.
+"""The API server goes away under the agent's pod watch, or between a bind's two writes.
 
-(Outages during the extender's bind and the device plugin's Allocate are
+(Outages at the start of the extender's bind and during the device plugin's Allocate are
 `tests/extender/test_bind.py` and `tests/deviceplugin/test_allocate.py`.)
 """
 
@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from agent.client import Baton
+from baton.names import ANNOTATION_ASSIGNED_GPUS
+from extender.bind import Binder
+from extender.kubeapi import KubePodApi
+from extender.wire import BindingArgs
 from tests.agent.test_podwatch import UID, pod
+from tests.extender.builders import node
+from tests.extender.builders import pod as tenant
 from tests.harness.agent import AgentRunner, short_tmpdir
 from tests.harness.fakeapi import FakeApiServer
 from tests.parking.nodeharness import LogWatch
@@ -72,3 +79,32 @@ def test_the_agent_rides_out_an_api_outage_and_catches_up_when_it_returns(tmp_pa
     record(
         "faults", "API server down under the agent's pod watch", {"said": watch.messages[0][:60]}
     )
+
+
+def test_a_bind_cut_off_after_its_annotation_holds_no_slot_and_binds_once_the_api_is_back(
+    fake_api, kube_cache, api_client
+):
+    """Promised: when the API server fails between the assignment annotation and the Binding,
+    bind answers the error, nothing is assumed, the lone annotation (no nodeName) counts on no
+    GPU even after the watch delivers it, and the same bind succeeds when the server is back."""
+    fake_api.put_object(node("gpu-1", gpus=1, slots=1))
+    p = fake_api.put_object(tenant("trainer", memory=1000))
+    assert kube_cache.wait_for(lambda s: s.node("gpu-1") is not None, 10)
+    binder = Binder(kube_cache, KubePodApi(api_client), time.time_ns)
+    args = BindingArgs("trainer", "default", p["metadata"]["uid"], "gpu-1")
+    fake_api.fail_next("create", "pods/binding", 503, message="the API server is shutting down")
+    error = binder.bind(args)
+    assert "API server answered 503" in error
+    annotated = fake_api.get_object("Pod", "trainer")
+    assert (
+        annotated is not None and ANNOTATION_ASSIGNED_GPUS in annotated["metadata"]["annotations"]
+    )
+    fake_api.put_object(node("gpu-2", gpus=1, slots=1))  # a later event: once the cache has it,
+    fake_api.put_object(tenant("marker", node_name="gpu-2", assigned=["GPU-gpu-2-0"]))
+    assert kube_cache.wait_for(lambda s: bool(s.assignments_on("gpu-2")), 10)  # it has ours too
+    assert kube_cache.state.assumed() == {}
+    assert all(not g.tenants for g in kube_cache.state.node("gpu-1").gpus)
+    assert binder.bind(args) == ""
+    bound = fake_api.get_object("Pod", "trainer")
+    assert bound is not None and bound["spec"]["nodeName"] == "gpu-1"
+    record("faults", "API server failed between annotation and Binding", {"recovered": True})
