@@ -127,6 +127,23 @@ class LeaseTable:
             for w in self.waiters.values()
         )
 
+    def due_next(self) -> list[Waiter]:
+        """Per held GPU, the waiter first in line for it, if eligible (not blocked or reserved)."""
+        held = {g for lease in self.leases.values() for g in lease.gpus}
+        if not held or not self.waiters:
+            return []
+        heads: dict[str, Waiter] = {}
+        for waiter in self.queue():
+            for gpu in set(waiter.gpus) & held:
+                heads.setdefault(gpu, waiter)
+        due = {w.waiter_id: w for w in heads.values() if not (w.blocked or w.reserved)}
+        return list(due.values())
+
+    def busy_tenants(self) -> set[str]:
+        """Tenants holding a turn, or reserved one that is being prepared."""
+        busy = {lease.tenant_id for lease in self.leases.values()}
+        return busy | {w.tenant_id for w in self.waiters.values() if w.reserved}
+
     # Waiting.
 
     def enqueue(

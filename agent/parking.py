@@ -2,7 +2,9 @@
 
 Plans come from `agent.planner` (pure); this module gathers the snapshot, runs the moves off the
 event loop (`asyncio.to_thread`), retries failed parks with backoff, and keeps metrics and the
-per tenant status that /v1/status shows. One plan runs at a time per node.
+per tenant status that /v1/status shows. One plan runs at a time per node. While a GPU is held,
+`prepare_ahead` readies the waiter due next (`agent.planner.plan_ahead`), so that its grant finds
+nothing left to move.
 """
 
 from __future__ import annotations
@@ -11,14 +13,23 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from agent.backends.base import Backend, BackendError, Move, Residency, TenantRef, TenantState
 from agent.parking_metrics import ParkingMetrics
-from agent.planner import Plan, Refusal, Snapshot, Step, TenantView, plan_park, plan_turn
+from agent.planner import (
+    Plan,
+    Refusal,
+    Snapshot,
+    Step,
+    TenantView,
+    plan_ahead,
+    plan_park,
+    plan_turn,
+)
 from agent.residency import NoRoom
 
 log = logging.getLogger(__name__)
@@ -57,6 +68,7 @@ class ParkingPreparer:
         self._holding: dict[str, frozenset[str]] = {}
         self._states: dict[str, TenantState] = {}
         self._waiting: dict[str, str] = {}
+        self._ahead: dict[str, asyncio.Future[None]] = {}
         self.directory: Callable[[], Mapping[str, TenantRef]] | None = None
         """The lease service's tenants (GPUs, PIDs, limits); when set, only these count."""
 
@@ -67,6 +79,9 @@ class ParkingPreparer:
 
     async def prepare(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """Make `tenant_id` resident on its GPUs; raise `NoRoom` naming the numbers if not now."""
+        ahead = self._ahead.get(tenant_id)
+        if ahead is not None:  # its memory is on the way already: wait for that, move nothing
+            await asyncio.wait({ahead})
         async with self._lock:
             if tenant_id not in self._refs:
                 self.register(TenantRef(tenant_id, tuple(gpus)))
@@ -75,11 +90,43 @@ class ParkingPreparer:
                     del self._holding[other]
             snap = await asyncio.to_thread(self._snapshot)
             plan = plan_turn(snap, tenant_id)
-            await self._carry_out(tenant_id, plan)
+            await self._carry_out(tenant_id, plan, "grant")
             self._waiting.pop(tenant_id, None)
             self._holding[tenant_id] = frozenset(gpus)
             self._last_turn[tenant_id] = self._clock()
             self._last_turn_wall[tenant_id] = self._wall()
+
+    async def prepare_ahead(
+        self, tenant_id: str, gpus: Sequence[str], holders: Collection[str] = ()
+    ) -> None:
+        """Make the waiter due next resident while `holders` run; best effort, raises nothing."""
+        if tenant_id in self._ahead:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ahead[tenant_id] = done
+        try:
+            async with self._lock:
+                try:
+                    snap = await asyncio.to_thread(self._snapshot, holders)
+                    plan = plan_ahead(snap, tenant_id)
+                    if isinstance(plan, Plan) and plan.steps:
+                        log.info("preparing %s ahead of its turn", tenant_id)
+                        for step in plan.steps:
+                            await self._move(tenant_id, step, "ahead")
+                finally:
+                    await asyncio.to_thread(self._refresh)
+        except Exception as e:  # the grant will make room itself, and say why if it cannot
+            log.warning("preparing %s ahead of its turn stopped: %s", tenant_id, e)
+        finally:
+            del self._ahead[tenant_id]
+            done.set_result(None)
+
+    async def settled(self) -> None:
+        """Return once the moves started before this call (ahead ones included) are done."""
+        if self._ahead:
+            await asyncio.wait(list(self._ahead.values()))
+        async with self._lock:
+            pass
 
     async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """Park a holder whose lease ran out while others wait; `NoRoom` if it must stay."""
@@ -89,7 +136,7 @@ class ParkingPreparer:
             snap = await asyncio.to_thread(self._snapshot)
             if tenant_id not in snap.tenants:
                 return
-            await self._carry_out(tenant_id, plan_park(snap, tenant_id))
+            await self._carry_out(tenant_id, plan_park(snap, tenant_id), "revoke")
 
     async def forget(self, tenant_id: str) -> None:
         """Drop everything held for a tenant that is gone, parked bytes included."""
@@ -101,17 +148,17 @@ class ParkingPreparer:
             self._waiting.pop(tenant_id, None)
             self._publish()
 
-    async def _carry_out(self, tenant_id: str, plan: Plan | Refusal) -> None:
+    async def _carry_out(self, tenant_id: str, plan: Plan | Refusal, when: str) -> None:
         """Run the plan's moves in order, or record and raise the refusal."""
         try:
             if isinstance(plan, Refusal):
                 raise self._refuse(tenant_id, plan.reason, plan.message)
             for step in plan.steps:
-                await self._move(tenant_id, step)
+                await self._move(tenant_id, step, when)
         finally:
             await asyncio.to_thread(self._refresh)
 
-    async def _move(self, tenant_id: str, step: Step) -> Move:
+    async def _move(self, tenant_id: str, step: Step, when: str) -> Move:
         """One park or restore, retried with backoff; the tenant stays where it was on failure."""
         fn = self.backend.park if step.direction == "park" else self.backend.restore
         log.info(
@@ -135,7 +182,7 @@ class ParkingPreparer:
                     ) from e
                 await asyncio.sleep(self._backoff * 2**attempt)
             else:
-                self.metrics.moved(move)
+                self.metrics.moved(move, when)
                 log.info(
                     "%s %s on %s: %d bytes in %.3f s",
                     move.direction, move.tenant_id, move.gpu, move.bytes, move.seconds,
@@ -164,7 +211,7 @@ class ParkingPreparer:
                 self.register(ref)
         return sorted(refs)
 
-    def _view(self, tenant_id: str, st: TenantState) -> TenantView:
+    def _view(self, tenant_id: str, st: TenantState, busy: Collection[str] = ()) -> TenantView:
         """The planner's view of one tenant from the backend's state and what we know."""
         ref = self._refs.get(tenant_id)
         declared = ref.declared_bytes if ref and ref.declared_bytes else 0
@@ -183,14 +230,14 @@ class ParkingPreparer:
             parked=parked,
             last_turn=self._last_turn.get(tenant_id, float("-inf")),
             memory_limit=limit if limit is not None else self.backend.memory_limit(tenant_id),
-            busy=tenant_id in self._holding,
+            busy=tenant_id in self._holding or tenant_id in busy,
             absent=frozenset(absent),
         )
 
-    def _snapshot(self) -> Snapshot:
-        """The node as the backend reports it now (runs in a worker thread)."""
+    def _snapshot(self, busy: Collection[str] = ()) -> Snapshot:
+        """The node as the backend reports it now, `busy` holding turns (in a worker thread)."""
         self._refresh()
-        views = {t: self._view(t, st) for t, st in self._states.items()}
+        views = {t: self._view(t, st, busy) for t, st in self._states.items()}
         return Snapshot(self.gpu_memory, views, self.headroom, self.host_budget)
 
     def _refresh(self) -> None:

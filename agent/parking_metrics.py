@@ -12,6 +12,8 @@ from agent.backends.base import Move
 from agent.planner import Reason
 from baton.names import METRICS_PREFIX
 
+STAGES = ("grant", "ahead", "revoke")
+"""When a move is made: while a grant waits, ahead of a turn, or for a revocation."""
 MOVE_BUCKETS = (0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -32,6 +34,13 @@ class ParkingMetrics:
         self.moved_bytes = Counter(
             f"{p}moved_bytes", "Bytes of GPU memory parked or restored.", labels, registry=reg
         )
+        self.moved_when = Counter(
+            f"{p}moved_bytes_by_stage",
+            "Bytes of GPU memory moved, by when: while a grant waited, ahead of a turn (while "
+            "the GPU was held), or for a revocation.",
+            ("backend", "direction", "stage"),
+            registry=reg,
+        )
         self.move_failures = Counter(
             f"{p}move_failures", "Parks and restores that failed.", labels, registry=reg
         )
@@ -50,14 +59,17 @@ class ParkingMetrics:
         for direction in ("park", "restore"):
             for family in (self.moves, self.move_seconds, self.moved_bytes, self.move_failures):
                 family.labels(backend, direction)
+            for stage in STAGES:
+                self.moved_when.labels(backend, direction, stage)
         for reason in (*Reason, "move_failed"):  # every reason shows, at 0 until it happens
             self.refused.labels(reason)
         self.preemptions = Counter(
             f"{p}preemptions", "Holders parked because their lease ran out.", registry=reg
         )
 
-    def moved(self, move: Move) -> None:
-        """Count one finished move."""
+    def moved(self, move: Move, stage: str = "grant") -> None:
+        """Count one finished move, made at `stage` (one of `STAGES`)."""
+        self.moved_when.labels(self.backend, move.direction, stage).inc(move.bytes)
         self.moves.labels(self.backend, move.direction).inc()
         self.move_seconds.labels(self.backend, move.direction).observe(move.seconds)
         self.moved_bytes.labels(self.backend, move.direction).inc(move.bytes)

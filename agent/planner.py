@@ -10,7 +10,7 @@ is never chosen.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from baton.names import MIB
@@ -221,3 +221,19 @@ def plan_park(snap: Snapshot, tenant_id: str) -> Plan | Refusal:
             if t.resident_on(g)
         )
     )
+
+
+def plan_ahead(snap: Snapshot, incoming: str) -> Plan | Refusal:
+    """Plan making the next waiter `incoming` resident while the current holders run.
+
+    Like `plan_turn`, but holders count with their whole footprint (they may still allocate
+    during their turn), and neither they nor `incoming` is ever parked.
+    """
+    holders = {
+        t.tenant_id: replace(t, absent=frozenset())
+        for t in snap.tenants.values()
+        if t.busy and t.tenant_id != incoming
+    }
+    if incoming not in snap.tenants or snap.tenants[incoming].busy:
+        return Plan()
+    return plan_turn(replace(snap, tenants={**snap.tenants, **holders}), incoming)

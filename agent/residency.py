@@ -2,12 +2,14 @@
 
 The lease service owns turns; a `TurnPreparer` owns where tenants' memory is. Before granting a
 turn the lease service awaits `prepare`; it never moves memory itself. Yield calls nothing here:
-parking is lazy, and happens only when a later `prepare` needs the room.
+parking is lazy, and happens only when a later `prepare` needs the room. While a GPU is held, the
+lease service names the waiter due next with `prepare_ahead`, so its room can be made before the
+holder yields and its grant moves nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 
@@ -24,6 +26,16 @@ class TurnPreparer(Protocol):
 
     async def prepare(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """Make room and restore the tenant on `gpus`; raise `NoRoom` if that cannot happen now."""
+        ...
+
+    async def prepare_ahead(
+        self, tenant_id: str, gpus: Sequence[str], holders: Collection[str] = ()
+    ) -> None:
+        """`tenant_id` is due next on `gpus`, which `holders` hold: make it resident now if it can.
+
+        Best effort: raises nothing, never parks a holder, and a later `prepare` of the same
+        tenant awaits it rather than moving anything twice.
+        """
         ...
 
     async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
@@ -44,6 +56,11 @@ class NullPreparer:
 
     async def prepare(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """Nothing to make room for."""
+
+    async def prepare_ahead(
+        self, tenant_id: str, gpus: Sequence[str], holders: Collection[str] = ()
+    ) -> None:
+        """Nothing to prepare."""
 
     async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """Nothing to park."""

@@ -1,7 +1,9 @@
 """Turns: the lease table driven by requests, time and the residency layer.
 
 Grants happen as soon as the state allows (a yield, a departure, a registration), never by
-polling; a single timer covers waiter deadlines and maximum hold times. `LeaseService` (in
+polling; a single timer covers waiter deadlines and maximum hold times. When the waiter due next
+on a held GPU changes, the residency layer hears of it (`prepare_ahead`) so that it can make that
+waiter's room while the holder still runs. `LeaseService` (in
 `agent.service`) adds tenants, sessions and restarts on top.
 """
 
@@ -15,6 +17,7 @@ from typing import Any
 
 from agent import eager
 from agent import events as ev
+from agent.ahead import LookAhead
 from agent.errors import AcquireTimeout, InvalidGpus, NoLease, UnknownLease
 from agent.leases import Lease, LeaseTable, Waiter
 from agent.metrics import AgentMetrics
@@ -62,9 +65,12 @@ class TurnService:
         self._grace = reconnect_grace
         self._pending: dict[str, asyncio.Future[Lease]] = {}
         self._revoking: set[str] = set()
+        self._resumes: dict[str, str] = {}
+        """Revoked lease id → the waiter (then lease) that gives its tenant the turn back."""
         self._changes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._ahead = LookAhead(preparer, self._spawn)
         self.stopping = False
         self._persist_soon = False
 
@@ -130,9 +136,13 @@ class TurnService:
         try:
             lease = self.table.lease(lease_id, tenant.tenant_id)
         except UnknownLease:
-            if self._cancel_resume(tenant.tenant_id):
+            successor = self._resumes.pop(lease_id, "")
+            if successor in self.table.leases:  # revoked, then given back: that turn ends too
+                lease = self.table.lease(successor, tenant.tenant_id)
+            elif self._cancel_resume(tenant.tenant_id):
                 return 0.0
-            raise
+            else:
+                raise
         return self._end(lease, ev.YIELDED, "")
 
     def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
@@ -166,6 +176,7 @@ class TurnService:
 
     def _dispatch(self) -> None:
         self._start_turns(self.table.pick())
+        self._ahead.look(self.table)
 
     def _start_turns(self, waiters: list[Waiter]) -> None:
         for waiter in waiters:
@@ -212,6 +223,7 @@ class TurnService:
         if not self.sessions.connected(lease.tenant_id):  # a bare RPC caller: nothing to watch
             loop = asyncio.get_running_loop()
             loop.call_later(self._grace, self._check_session, lease.tenant_id)
+        self._ahead.look(self.table)
         self._reschedule()
 
     def _check_session(self, tenant_id: str) -> None:
@@ -292,7 +304,10 @@ class TurnService:
             self._revoking.discard(lease.lease_id)
         if lease.lease_id not in self.table.leases:  # yielded meanwhile
             return
-        _, due, _ = self.table.revoke(lease.lease_id)
+        _, due, resume = self.table.revoke(lease.lease_id)
+        live = self.table.waiters.keys() | self.table.leases.keys()
+        self._resumes = {k: v for k, v in self._resumes.items() if v in live}
+        self._resumes[lease.lease_id] = resume.waiter_id
         self._start_turns(due)
         self.metrics.released(lease, self._clock(), revoked=True)
         self._publish(ev.REVOKED, lease.tenant_id, lease=lease, detail="held past maximum")

@@ -190,13 +190,25 @@ class AsyncBaton:
         elif message.HasField("callback"):
             self._spawn(self._run_callback(message.callback))
         elif message.HasField("granted"):
-            self.lease, self.resuming = LeaseInfo.from_pb(message.granted), False
-            log.info("turn given back after a revocation: %s", self.lease.lease_id)
-            self._start_renewer()
+            self._on_resumed(LeaseInfo.from_pb(message.granted))
         elif message.HasField("revoked"):
-            log.warning("turn revoked (%s); queued first for the next", message.revoked.reason)
-            self._stop_renewer()
-            self.lease, self.resuming = None, True
+            self._on_revoked(message.revoked)
+
+    def _on_revoked(self, revoked: pb.Revoked) -> None:
+        if self.lease is None or self.lease.lease_id != revoked.lease_id:
+            log.info("turn %s revoked after this tenant yielded it", revoked.lease_id)
+            return
+        log.warning("turn revoked (%s); queued first for the next", revoked.reason)
+        self._stop_renewer()
+        self.lease, self.resuming = None, True
+
+    def _on_resumed(self, lease: LeaseInfo) -> None:
+        if not self.resuming:  # yielded since the revocation: that yield ended this turn too
+            log.info("turn %s given back after this tenant yielded; not taken", lease.lease_id)
+            return
+        self.lease, self.resuming = lease, False
+        log.info("turn given back after a revocation: %s", lease.lease_id)
+        self._start_renewer()
 
     def _on_reply(self, reply: pb.Reply) -> None:
         future = self._replies.pop(reply.request_id, None)
@@ -283,7 +295,7 @@ class AsyncBaton:
         timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
         request = pb.Request(acquire=pb.AcquireRequest(gpus=gpus or (), timeout_ms=timeout_ms))
         reply = await self._request(request, None if timeout is None else timeout + 5)
-        self.lease = LeaseInfo.from_pb(reply.lease)
+        self.lease, self.resuming = LeaseInfo.from_pb(reply.lease), False
         self._start_renewer()
         return self.lease
 
@@ -352,12 +364,16 @@ class AsyncBaton:
         self._stop_renewer()
         if self._call is not None:
             self._call.cancel()
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._call.code(), 1)  # so nothing of the call stays pending
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._channel is not None:
             await self._channel.close()
 

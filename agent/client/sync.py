@@ -119,6 +119,7 @@ class Baton:
             return
         try:
             self._run(self._async.close())
+            self._run(_finish_pending())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
@@ -131,3 +132,11 @@ class Baton:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def _finish_pending() -> None:
+    """Let what is left on the client's loop (gRPC's own call bookkeeping) end before it stops."""
+    tasks = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

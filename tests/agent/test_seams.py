@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -22,6 +22,7 @@ class RecordingPreparer:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.ahead: list[tuple[str, tuple[str, ...], frozenset[str]]] = []
         self.no_room: set[str] = set()
         self.refused = threading.Event()
         self.forgotten = threading.Event()
@@ -31,6 +32,11 @@ class RecordingPreparer:
         if tenant_id in self.no_room:
             self.refused.set()
             raise NoRoom(f"parking for {tenant_id} would exceed the host budget by 5 GiB")
+
+    async def prepare_ahead(
+        self, tenant_id: str, gpus: Sequence[str], holders: Collection[str] = ()
+    ) -> None:
+        self.ahead.append((tenant_id, tuple(gpus), frozenset(holders)))
 
     async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
         self.calls.append(("revoke", tenant_id))
@@ -118,6 +124,28 @@ def test_no_room_keeps_the_waiter_queued_until_the_node_changes(
     assert preparer.calls.count(("prepare", "local/b")) == attempts + 1
     waiting.join(5)
     assert b.lease is not None
+
+
+def test_the_waiter_due_next_is_named_ahead_once_while_the_gpu_is_held(
+    seam_agent: AgentRunner, preparer: RecordingPreparer, clients: dict[str, Baton]
+) -> None:
+    a, b, c = clients["a"], clients["b"], clients["c"]
+    a.acquire()
+    assert preparer.ahead == []  # nobody waits: nothing to prepare ahead
+    waiters = [threading.Thread(target=t.acquire, daemon=True) for t in (b, c)]
+    for waiter in waiters:
+        mark = seam_agent.mark()
+        waiter.start()
+        seam_agent.wait_event(lambda e: e.kind == "queued", since=mark)
+    assert preparer.ahead == [("local/b", ("GPU-0",), frozenset({"local/a"}))]  # c is not next
+    mark = seam_agent.mark()
+    a.yield_()
+    seam_agent.wait_event(lambda e: e.kind == "granted" and e.tenant_id == "local/b", since=mark)
+    assert preparer.ahead[1:] == [("local/c", ("GPU-0",), frozenset({"local/b"}))]
+    waiters[0].join(5)
+    b.yield_()
+    waiters[1].join(5)
+    assert len(preparer.ahead) == 2
 
 
 def test_departed_tenant_is_forgotten(

@@ -63,12 +63,6 @@ def test_tenants_that_do_not_fit_together_take_turns_and_keep_their_data():
     run(with_node(FakeNodeOptions(fake_gpus="1x100"), body))
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="client race: a holder that yields while its turn is being given back (its memory "
-    "is restored just before the grant reaches it) later takes the stale `granted` lease as "
-    "current, so its next acquire returns a lease the agent no longer has (LeaseLost)",
-)
 def test_a_preempted_holder_is_parked_and_resumes_without_noticing():
     async def body(node, tenants):
         env = node.tenant_env()
