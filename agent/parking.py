@@ -106,15 +106,11 @@ class ParkingPreparer:
         self._ahead[tenant_id] = done
         try:
             async with self._lock:
-                try:
-                    snap = await asyncio.to_thread(self._snapshot, holders)
-                    plan = plan_ahead(snap, tenant_id)
-                    if isinstance(plan, Plan) and plan.steps:
-                        log.info("preparing %s ahead of its turn", tenant_id)
-                        for step in plan.steps:
-                            await self._move(tenant_id, step, "ahead")
-                finally:
-                    await asyncio.to_thread(self._refresh)
+                snap = await asyncio.to_thread(self._snapshot, holders)
+                plan = plan_ahead(snap, tenant_id)
+                if isinstance(plan, Plan) and plan.steps:
+                    log.info("preparing %s ahead of its turn", tenant_id)
+                    await self._carry_out(tenant_id, plan, "ahead")
         except Exception as e:  # the grant will make room itself, and say why if it cannot
             log.warning("preparing %s ahead of its turn stopped: %s", tenant_id, e)
         finally:
@@ -150,9 +146,11 @@ class ParkingPreparer:
 
     async def _carry_out(self, tenant_id: str, plan: Plan | Refusal, when: str) -> None:
         """Run the plan's moves in order, or record and raise the refusal."""
+        if isinstance(plan, Refusal):
+            raise self._refuse(tenant_id, plan.reason, plan.message)
+        if not plan.steps:  # the snapshot the plan came from is current: nothing to re-read
+            return
         try:
-            if isinstance(plan, Refusal):
-                raise self._refuse(tenant_id, plan.reason, plan.message)
             for step in plan.steps:
                 await self._move(tenant_id, step, when)
         finally:
