@@ -58,7 +58,8 @@ def agent(
         typer.Option(envvar=names.ENV_AGENT_BACKEND, help="Evacuation: none, fake, cuda or app."),
     ] = "none",
     fake_gpus: Annotated[
-        str, typer.Option(envvar=names.ENV_FAKE_GPUS, help="Simulated GPUs, COUNTxMiB.")
+        str,
+        typer.Option(envvar=names.ENV_FAKE_GPUS, help="Simulated GPUs: COUNTxMiB or MiB,MiB,..."),
     ] = "2x81920",
     fake_scale: Annotated[
         float, typer.Option(envvar=names.ENV_FAKE_SCALE, help="Real bytes per simulated byte.")
@@ -81,7 +82,11 @@ def agent(
         float, typer.Option(envvar=names.ENV_MOVE_TIMEOUT, help="Seconds for a lock or callback.")
     ] = 5.0,
     node_name: Annotated[
-        str, typer.Option(envvar="NODE_NAME", help="In Kubernetes: watch this node's pods.")
+        str,
+        typer.Option(
+            envvar=names.ENV_NODE_NAME,
+            help="In Kubernetes: watch this node's pods; also names the fake GPUs.",
+        ),
     ] = "",
     kubeconfig: Annotated[
         str | None,
@@ -119,6 +124,7 @@ def agent(
         ParkingOptions(
             backend=backend,
             fake_gpus=fake_gpus,
+            node_name=node_name,
             fake_scale=fake_scale,
             fake_dir=fake_dir,
             pcie_gbps=pcie_gbps,

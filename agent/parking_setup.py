@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +11,13 @@ from agent.backends.base import Backend, BackendUnavailable, TenantRef
 from agent.parking import ParkingPreparer
 from agent.parking_metrics import Forward
 from agent.residency import NullPreparer, TurnPreparer
-from baton.names import DEFAULT_FAKE_GPU_DIR, DEFAULT_SLOTS_PER_GPU, MIB, fake_gpu_uuid
+from baton.names import (
+    DEFAULT_FAKE_GPU_DIR,
+    DEFAULT_SLOTS_PER_GPU,
+    MIB,
+    fake_gpu_sizes,
+    fake_gpu_uuid,
+)
 
 if TYPE_CHECKING:
     from agent.service import LeaseService
@@ -28,6 +33,8 @@ class ParkingOptions:
     backend: str = "none"
     fake_gpus: str = "2x81920"
     """Simulated GPUs: `COUNTxMIB`, or MiB per GPU separated by commas."""
+    node_name: str = ""
+    """Names the simulated GPUs (`baton.names.fake_gpu_uuid`); empty on a local machine."""
     fake_scale: float = 1 / 1024
     """Real bytes per simulated byte (fake backend)."""
     fake_dir: str = DEFAULT_FAKE_GPU_DIR
@@ -40,14 +47,9 @@ class ParkingOptions:
     callback_timeout_s: float = 60.0
 
 
-def parse_fake_gpus(spec: str) -> dict[str, int]:
-    """`2x81920` or `81920,40960` (MiB) to simulated GPU UUIDs and their bytes."""
-    m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", spec)
-    parts = [m[2]] * int(m[1]) if m else [s.strip() for s in spec.split(",")]
-    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"--fake-gpus {spec!r}: give COUNTxMIB (2x81920) or MIB,MIB,...")
-    sizes = [int(p) for p in parts]
-    return {fake_gpu_uuid(i): n * MIB for i, n in enumerate(sizes)}
+def parse_fake_gpus(spec: str, node_name: str = "") -> dict[str, int]:
+    """`2x81920` or `81920,40960` (MiB) to the node's simulated GPU UUIDs and their bytes."""
+    return {fake_gpu_uuid(i, node_name): mib * MIB for i, mib in enumerate(fake_gpu_sizes(spec))}
 
 
 def half_the_ram(meminfo: str = "/proc/meminfo") -> int:
@@ -63,7 +65,7 @@ def build_backend(opts: ParkingOptions) -> tuple[Backend, dict[str, int]]:
     if opts.backend == "fake":
         from agent.backends.fake import FakeBackend
 
-        gpus = parse_fake_gpus(opts.fake_gpus)
+        gpus = parse_fake_gpus(opts.fake_gpus, opts.node_name)
         pcie = opts.pcie_gbps or None
         return FakeBackend(opts.fake_dir, gpus, opts.fake_scale, pcie, opts.lock_timeout_s), gpus
     if opts.backend == "cuda":
@@ -74,7 +76,8 @@ def build_backend(opts: ParkingOptions) -> tuple[Backend, dict[str, int]]:
     if opts.backend == "app":
         from agent.backends.app import AppBackend
 
-        return AppBackend(opts.callback_timeout_s), nvml_gpus() or parse_fake_gpus(opts.fake_gpus)
+        gpus = nvml_gpus() or parse_fake_gpus(opts.fake_gpus, opts.node_name)
+        return AppBackend(opts.callback_timeout_s), gpus
     raise BackendUnavailable(f"unknown backend {opts.backend!r}; choose one of {BACKENDS}")
 
 

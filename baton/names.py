@@ -83,11 +83,28 @@ def gpu_of_device_id(device_id: str) -> str:
 ENV_FAKE_GPU_DIR = "BATON_FAKE_GPU_DIR"
 DEFAULT_FAKE_GPU_DIR = "/dev/shm/baton-fake-gpus"
 FAKE_GPU_UUID_PREFIX = "GPU-fake-"
+ENV_NODE_NAME = "NODE_NAME"
+"""This node's name (downward API); it also tells one node's simulated GPUs from another's."""
 
 
-def fake_gpu_uuid(index: int) -> str:
-    """The UUID of simulated GPU number `index`."""
-    return f"{FAKE_GPU_UUID_PREFIX}{index:04d}"
+def fake_gpu_uuid(index: int, node_name: str = "") -> str:
+    """The UUID of simulated GPU `index` on `node_name` (no node name: a local machine).
+
+    The device plugin and the agent both name fake GPUs with this, so the UUIDs a tenant is
+    given are the ones the agent knows; on a cluster each node's fake GPUs differ.
+    """
+    node = f"{node_name}-" if node_name else ""
+    return f"{FAKE_GPU_UUID_PREFIX}{node}{index:04d}"
+
+
+def fake_gpu_sizes(spec: str) -> list[int]:
+    """MiB of each simulated GPU, in index order, from `COUNTxMIB` (2x81920) or `MIB,MIB,...`."""
+    count, x, mib = spec.strip().lower().partition("x")
+    parts = [mib.strip()] * int(count) if x and count.strip().isdigit() else spec.split(",")
+    sizes = [p.strip() for p in parts]
+    if not sizes or not all(p.isdigit() and int(p) > 0 for p in sizes):
+        raise ValueError(f"--fake-gpus {spec!r}: give COUNTxMIB (2x81920) or MIB,MIB,...")
+    return [int(p) for p in sizes]
 
 
 # Agent flags about parking memory (env twins of `baton agent` options).

@@ -15,7 +15,7 @@ from deviceplugin.health import DEFAULT_IGNORED_XIDS
 
 def deviceplugin(
     node_name: Annotated[
-        str, typer.Option(envvar="NODE_NAME", help="This node's name (downward API).")
+        str, typer.Option(envvar=names.ENV_NODE_NAME, help="This node's name (downward API).")
     ],
     kubeconfig: Annotated[
         str | None,
@@ -31,7 +31,7 @@ def deviceplugin(
         str | None,
         typer.Option(
             envvar="BATON_FAKE_GPUS",
-            help="Simulated GPUs: COUNTxMiB (2x81920) or a JSON/YAML file.",
+            help="Simulated GPUs: COUNTxMiB (2x81920), MiB,MiB,... or a JSON/YAML file.",
         ),
     ] = None,
     host_memory_budget: Annotated[

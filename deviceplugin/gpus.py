@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
-import uuid as uuidlib
 from pathlib import Path
 
 import yaml
 
+from baton.names import fake_gpu_sizes, fake_gpu_uuid
 from deviceplugin.devices import Gpu
 
-_FAKE_SPEC = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
-_FAKE_NAMESPACE = uuidlib.UUID("6f1f0a52-4b57-4a9b-9a3c-2d1b2c0e0b47")
 FAKE_MODEL = "Baton Fake GPU"
 
 
@@ -20,28 +17,24 @@ class DiscoveryError(Exception):
     """No GPU could be found or declared; the message says what is missing."""
 
 
-def fake_uuid(node_name: str, index: int) -> str:
-    """A stable UUID for fake GPU `index` on `node_name`, shaped like NVML's `GPU-...`."""
-    return f"GPU-{uuidlib.uuid5(_FAKE_NAMESPACE, f'{node_name}/{index}')}"
-
-
 def parse_fake_gpus(spec: str, node_name: str) -> list[Gpu]:
-    """GPUs from `COUNTxMEMORY_MIB` (e.g. `2x81920`) or from a JSON/YAML file.
+    """GPUs from `COUNTxMEMORY_MIB` (e.g. `2x81920`), `MIB,MIB,...`, or a JSON/YAML file.
 
-    The file holds a list of `{memoryMiB, model?, uuid?}` objects, in index order.
+    The file holds a list of `{memoryMiB, model?, uuid?}` objects, in index order. UUIDs not
+    given are `baton.names.fake_gpu_uuid(index, node_name)`, as the agent's fake backend names
+    them.
     """
-    match = _FAKE_SPEC.match(spec)
-    if match:
-        count, memory = int(match.group(1)), int(match.group(2))
-        if count < 1 or memory < 1:
-            raise DiscoveryError(f"--fake-gpus {spec!r}: need at least one GPU of at least 1 MiB")
-        return [Gpu(fake_uuid(node_name, i), i, FAKE_MODEL, memory) for i in range(count)]
     path = Path(spec)
-    if not path.is_file():
+    if path.is_file():
+        return _gpus_from_file(path, node_name)
+    try:
+        sizes = fake_gpu_sizes(spec)
+    except ValueError:
         raise DiscoveryError(
-            f"--fake-gpus {spec!r} is neither COUNTxMEMORY_MIB (e.g. 2x81920) nor a readable file"
-        )
-    return _gpus_from_file(path, node_name)
+            f"--fake-gpus {spec!r} is neither COUNTxMEMORY_MIB (e.g. 2x81920), MIB,MIB,... "
+            "nor a readable file"
+        ) from None
+    return [Gpu(fake_gpu_uuid(i, node_name), i, FAKE_MODEL, mib) for i, mib in enumerate(sizes)]
 
 
 def _gpus_from_file(path: Path, node_name: str) -> list[Gpu]:
@@ -56,7 +49,7 @@ def _gpus_from_file(path: Path, node_name: str) -> list[Gpu]:
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("memoryMiB"), int):
             raise DiscoveryError(f"fake GPU file {path}: entry {index} needs an integer memoryMiB")
-        uuid = str(entry.get("uuid") or fake_uuid(node_name, index))
+        uuid = str(entry.get("uuid") or fake_gpu_uuid(index, node_name))
         gpus.append(Gpu(uuid, index, str(entry.get("model", FAKE_MODEL)), entry["memoryMiB"]))
     return gpus
 

@@ -299,7 +299,13 @@ def test_kind_overlay_runs_fake_gpus_unprivileged() -> None:
         assert {c["image"] for c in containers(workload).values()} == {"baton:dev"}
         assert "runtimeClassName" not in workload["spec"]["template"]["spec"]
     plugin = containers(daemonsets["baton-deviceplugin"])["deviceplugin"]
-    assert {"BATON_FAKE_GPUS", "BATON_HOST_MEMORY_BUDGET"} <= env_names(plugin)
+    assert {"BATON_FAKE_GPUS", "BATON_HOST_MEMORY_BUDGET", names.ENV_NODE_NAME} <= env_names(plugin)
+    assert names.ENV_NODE_NAME in env_names(agent)
+    fake_gpus = [
+        next(e["value"] for e in c["env"] if e["name"] == names.ENV_FAKE_GPUS)
+        for c in (plugin, agent)
+    ]
+    assert fake_gpus[0] == fake_gpus[1], "the device plugin and the agent must name the same GPUs"
 
 
 def test_nvidia_overlay_uses_the_nvidia_runtime() -> None:

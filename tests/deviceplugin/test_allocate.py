@@ -7,11 +7,11 @@ import json
 import pytest
 
 from baton import names
-from deviceplugin.gpus import fake_uuid
+from baton.names import fake_gpu_uuid
 from tests.deviceplugin.conftest import NODE, tenant_pod
 from tests.harness.kubelet import AdmissionError
 
-GPU0, GPU1 = fake_uuid(NODE, 0), fake_uuid(NODE, 1)
+GPU0, GPU1 = fake_gpu_uuid(0, NODE), fake_gpu_uuid(1, NODE)
 GPU = names.RESOURCE_GPU
 
 

@@ -10,10 +10,10 @@ import urllib.request
 import pytest
 
 from baton import names
-from deviceplugin.gpus import fake_uuid
+from baton.names import fake_gpu_uuid
 from tests.deviceplugin.conftest import NODE
 
-GPU0, GPU1 = fake_uuid(NODE, 0), fake_uuid(NODE, 1)
+GPU0, GPU1 = fake_gpu_uuid(0, NODE), fake_gpu_uuid(1, NODE)
 
 
 def post(daemon, path, body):

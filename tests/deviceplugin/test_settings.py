@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from agent.parking_setup import parse_fake_gpus as agent_fake_gpus
+from baton.names import fake_gpu_uuid
 from deviceplugin.annotate import host_memory_budget_mib
-from deviceplugin.gpus import DiscoveryError, discover, fake_uuid, parse_fake_gpus
+from deviceplugin.gpus import DiscoveryError, discover, parse_fake_gpus
 from deviceplugin.health import DEFAULT_IGNORED_XIDS, is_critical_xid, parse_xid_list
 
 MEMINFO = "MemTotal:       16384000 kB\nMemFree:         1000 kB\n"
@@ -14,10 +16,17 @@ MEMINFO = "MemTotal:       16384000 kB\nMemFree:         1000 kB\n"
 def test_fake_gpus_from_count_and_memory_have_stable_uuids():
     gpus = parse_fake_gpus("2x81920", "node-a")
     assert [(g.index, g.memory_mib) for g in gpus] == [(0, 81920), (1, 81920)]
-    assert [g.uuid for g in gpus] == [fake_uuid("node-a", 0), fake_uuid("node-a", 1)]
-    assert gpus[0].uuid.startswith("GPU-") and len(gpus[0].uuid) == 40
+    assert [g.uuid for g in gpus] == [fake_gpu_uuid(0, "node-a"), fake_gpu_uuid(1, "node-a")]
+    assert gpus[0].uuid == "GPU-fake-node-a-0000"
     assert parse_fake_gpus("2x81920", "node-a") == gpus
     assert parse_fake_gpus("2x81920", "node-b")[0].uuid != gpus[0].uuid
+    assert [g.memory_mib for g in parse_fake_gpus("100,50", "node-a")] == [100, 50]
+
+
+def test_the_agent_names_a_nodes_fake_gpus_as_the_device_plugin_does():
+    for spec in ("2x81920", "24576,81920"):
+        plugin = {g.uuid: g.memory_mib * 1024 * 1024 for g in parse_fake_gpus(spec, "node-a")}
+        assert agent_fake_gpus(spec, "node-a") == plugin
 
 
 def test_fake_gpus_from_a_file(tmp_path):
@@ -25,12 +34,12 @@ def test_fake_gpus_from_a_file(tmp_path):
     path.write_text("- {memoryMiB: 24576, model: L4}\n- {memoryMiB: 81920, uuid: GPU-fixed}\n")
     gpus = parse_fake_gpus(str(path), "node-a")
     assert [(g.uuid, g.model, g.memory_mib) for g in gpus] == [
-        (fake_uuid("node-a", 0), "L4", 24576),
+        (fake_gpu_uuid(0, "node-a"), "L4", 24576),
         ("GPU-fixed", "Baton Fake GPU", 81920),
     ]
 
 
-@pytest.mark.parametrize("spec", ["0x100", "two", "/nonexistent/gpus.yaml"])
+@pytest.mark.parametrize("spec", ["0x100", "two", "1,,2", "/nonexistent/gpus.yaml"])
 def test_bad_fake_gpu_declarations_are_refused(spec):
     with pytest.raises(DiscoveryError):
         parse_fake_gpus(spec, "node-a")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import shutil
 import subprocess
 import tempfile
@@ -38,11 +37,7 @@ from tests.harness.kubelet import KubeletStub
 def start_daemons(root: Path, kubeconfig: Path, ports: dict[str, int]) -> list[Daemon]:
     """`baton agent`, `baton deviceplugin`, `baton extender`, configured for the node `root`."""
     plugin_dir = root / "var/lib/kubelet/device-plugins"
-    gpus_file = root / "fake-gpus.json"
-    gpus = [
-        {"uuid": names.fake_gpu_uuid(i), "memoryMiB": mib} for i, mib in enumerate(GPU_SIZES_MIB)
-    ]
-    gpus_file.write_text(json.dumps(gpus))
+    fake_gpus = ",".join(map(str, GPU_SIZES_MIB))  # both name them by NODE_NAME, the same way
     agent_env = {
         "NODE_NAME": NODE,
         "BATON_KUBECONFIG": str(kubeconfig),
@@ -50,7 +45,7 @@ def start_daemons(root: Path, kubeconfig: Path, ports: dict[str, int]) -> list[D
         "BATON_AGENT_STATE_DIR": str(root / "var/lib/baton"),
         "BATON_AGENT_HTTP_PORT": str(ports["agent"]),
         names.ENV_AGENT_BACKEND: "fake",
-        names.ENV_FAKE_GPUS: ",".join(map(str, GPU_SIZES_MIB)),
+        names.ENV_FAKE_GPUS: fake_gpus,
         names.ENV_FAKE_SCALE: str(1 / 1024),
         names.ENV_FAKE_GPU_DIR: str(root / FAKE_DIR.lstrip("/")),
         names.ENV_HOST_MEMORY_BUDGET: str(BUDGET_MIB),
@@ -68,7 +63,7 @@ def start_daemons(root: Path, kubeconfig: Path, ports: dict[str, int]) -> list[D
         Daemon("agent", ["agent", "--socket", socket, "--http-host", "127.0.0.1"], agent_env),
         Daemon(
             "deviceplugin",
-            ["deviceplugin", "--fake-gpus", str(gpus_file), "--kubeconfig", str(kubeconfig)],
+            ["deviceplugin", "--fake-gpus", fake_gpus, "--kubeconfig", str(kubeconfig)],
             plugin_env,
         ),
         Daemon(

@@ -53,7 +53,7 @@ def test_scheduler_calls_place_every_tenant_on_the_node_with_daemons(node: Node)
         assert pod is not None and pod["spec"]["nodeName"] == NODE
         assert names.ANNOTATION_ALLOCATED_AT in pod["metadata"]["annotations"]
     gpus = {chosen_gpu(node, name) for name in TENANTS}
-    assert gpus == {names.fake_gpu_uuid(1)}, "the only GPU of the node the tenants fit"
+    assert gpus == {names.fake_gpu_uuid(1, NODE)}, "the only GPU of the node the tenants fit"
 
 
 def test_allocate_hands_each_container_the_gpu_the_extender_chose(node: Node) -> None:
