@@ -53,6 +53,8 @@ class GpuState:
     holder: str | None = None
     token: int = 0
     busy_since: float | None = None
+    served: dict[str, float] = field(default_factory=dict)
+    """When each tenant's last turn on this GPU ended."""
 
 
 @dataclass
@@ -126,23 +128,6 @@ class LeaseTable:
             w.tenant_id != lease.tenant_id and set(w.gpus) & set(lease.gpus)
             for w in self.waiters.values()
         )
-
-    def due_next(self) -> list[Waiter]:
-        """Per held GPU, the waiter first in line for it, if eligible (not blocked or reserved)."""
-        held = {g for lease in self.leases.values() for g in lease.gpus}
-        if not held or not self.waiters:
-            return []
-        heads: dict[str, Waiter] = {}
-        for waiter in self.queue():
-            for gpu in set(waiter.gpus) & held:
-                heads.setdefault(gpu, waiter)
-        due = {w.waiter_id: w for w in heads.values() if not (w.blocked or w.reserved)}
-        return list(due.values())
-
-    def busy_tenants(self) -> set[str]:
-        """Tenants holding a turn, or reserved one that is being prepared."""
-        busy = {lease.tenant_id for lease in self.leases.values()}
-        return busy | {w.tenant_id for w in self.waiters.values() if w.reserved}
 
     # Waiting.
 
@@ -256,6 +241,7 @@ class LeaseTable:
             state = self.gpu(gpu)
             state.holder = None
             state.busy_since = None
+            state.served[lease.tenant_id] = now
         usage = self.usage.setdefault(lease.tenant_id, TenantUsage())
         usage.last_served = now
         usage.served_seconds += max(0.0, now - lease.granted_at)
@@ -275,6 +261,8 @@ class LeaseTable:
         removed = [w for w in map(self.cancel, mine) if w is not None]
         leases = [self.release(lease.lease_id) for lease in self.leases_of(tenant_id)]
         self.usage.pop(tenant_id, None)
+        for state in self.gpus.values():
+            state.served.pop(tenant_id, None)
         return leases, removed
 
     # Time.

@@ -3,7 +3,7 @@
 Plans come from `agent.planner` (pure); this module gathers the snapshot, runs the moves off the
 event loop (`asyncio.to_thread`), retries failed parks with backoff, and keeps metrics and the
 per tenant status that /v1/status shows. One plan runs at a time per node. While a GPU is held,
-`prepare_ahead` readies the waiter due next (`agent.planner.plan_ahead`), so that its grant finds
+`prepare_ahead` readies the tenant due next (`agent.planner.plan_ahead`), so that its grant finds
 nothing left to move.
 """
 
@@ -99,7 +99,7 @@ class ParkingPreparer:
     async def prepare_ahead(
         self, tenant_id: str, gpus: Sequence[str], holders: Collection[str] = ()
     ) -> None:
-        """Make the waiter due next resident while `holders` run; best effort, raises nothing."""
+        """Make the tenant due next resident while `holders` run; best effort, raises nothing."""
         if tenant_id in self._ahead:
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -1,9 +1,9 @@
 """Turns: the lease table driven by requests, time and the residency layer.
 
 Grants happen as soon as the state allows (a yield, a departure, a registration), never by
-polling; a single timer covers waiter deadlines and maximum hold times. When the waiter due next
-on a held GPU changes, the residency layer hears of it (`prepare_ahead`) so that it can make that
-waiter's room while the holder still runs. `LeaseService` (in
+polling; a single timer covers waiter deadlines and maximum hold times. When the tenant due next
+on a held GPU changes, the residency layer hears of it (`agent.ahead`) so that it can make that
+tenant's room while the holder still runs. `LeaseService` (in
 `agent.service`) adds tenants, sessions and restarts on top.
 """
 
