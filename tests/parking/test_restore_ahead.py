@@ -10,6 +10,7 @@ import pytest
 from agent import eager
 from agent import events as ev
 from agent.backends.base import Move, TenantRef
+from agent.fakegpu import FakeGpuMemory
 from agent.fakenode import FakeNode, FakeNodeOptions
 from agent.parking import ParkingPreparer
 from baton.names import MIB
@@ -94,8 +95,6 @@ def test_a_grant_waits_for_the_restore_ahead_in_flight_instead_of_moving_twice(b
     backend.restore = counted_restore
 
     async def scenario() -> None:
-        from agent.fakegpu import FakeGpuMemory
-
         for i, name in enumerate(("a", "b", "c")):
             prep.register(TenantRef(name, (GPU,), declared_bytes=40 * MIB))
             await prep.prepare(name, [GPU])
@@ -112,3 +111,24 @@ def test_a_grant_waits_for_the_restore_ahead_in_flight_instead_of_moving_twice(b
     asyncio.run(asyncio.wait_for(scenario(), 10))
     assert restores == ["a"], "the grant restored a again instead of awaiting the ahead"
     assert prep.status()["tenants"]["c"]["residency"] == "resident", "the holder was parked"
+
+
+def test_a_tenant_that_leaves_while_readied_ahead_is_simply_forgotten(backend):
+    prep = ParkingPreparer(backend, {GPU: 100 * MIB}, host_budget=1000 * MIB, backoff=0.0)
+
+    async def scenario() -> None:
+        for name in ("a", "b", "c"):
+            prep.register(TenantRef(name, (GPU,), declared_bytes=40 * MIB))
+            await prep.prepare(name, [GPU])
+            FakeGpuMemory(name, backend.root, timeout=1.0).allocate(GPU, 40)
+        started, _, rest = eager.start(prep.prepare_ahead("a", [GPU], {"c"}))
+        assert not started and rest is not None
+        ahead = asyncio.ensure_future(rest)
+        await prep.forget("a")  # it left: its memory goes, whatever the ahead did with it
+        assert ahead.done()
+        await prep.prepare("b", [GPU])
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+    residency = {t: s["residency"] for t, s in prep.status()["tenants"].items()}
+    assert residency == {"b": "resident", "c": "resident"}
+    assert prep.status()["parked_bytes"] == 0
