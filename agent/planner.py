@@ -224,7 +224,7 @@ def plan_park(snap: Snapshot, tenant_id: str) -> Plan | Refusal:
 
 
 def plan_ahead(snap: Snapshot, incoming: str) -> Plan | Refusal:
-    """Plan making the next waiter `incoming` resident while the current holders run.
+    """Plan making `incoming`, due next, resident while the current holders run.
 
     Like `plan_turn`, but holders count with their whole footprint (they may still allocate
     during their turn), and neither they nor `incoming` is ever parked.

@@ -3,8 +3,8 @@
 Grants happen as soon as the state allows (a yield, a departure, a registration), never by
 polling; a single timer covers waiter deadlines and maximum hold times. When the tenant due next
 on a held GPU changes, the residency layer hears of it (`agent.ahead`) so that it can make that
-tenant's room while the holder still runs. `LeaseService` (in
-`agent.service`) adds tenants, sessions and restarts on top.
+tenant's room while the holder still runs. `LeaseService` (in `agent.service`) adds tenants,
+sessions and restarts on top.
 """
 
 from __future__ import annotations
