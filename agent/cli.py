@@ -8,6 +8,7 @@ import typer
 
 from agent.demo import cli as demo_cli
 from baton import names
+from baton.cli_options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
 from baton.shutdown import DEFAULT_GRACE_S
 
 if TYPE_CHECKING:
@@ -88,10 +89,7 @@ def agent(
             help="In Kubernetes: watch this node's pods; also names the fake GPUs.",
         ),
     ] = "",
-    kubeconfig: Annotated[
-        str | None,
-        typer.Option(envvar="BATON_KUBECONFIG", help="Kubeconfig file; default: in-cluster."),
-    ] = None,
+    kubeconfig: Kubeconfig = None,
     proc_root: Annotated[
         str, typer.Option(envvar="BATON_PROC_ROOT", help="The host's /proc (PID → pod).")
     ] = "/proc",
@@ -101,11 +99,10 @@ def agent(
             envvar="BATON_AGENT_SHUTDOWN_GRACE", help="Seconds in-flight RPCs get on SIGTERM."
         ),
     ] = DEFAULT_GRACE_S,
-    log_level: Annotated[str, typer.Option(envvar="BATON_LOG_LEVEL")] = "INFO",
+    log_level: LogLevel = "INFO",
 ) -> None:
     """Run the node agent: turn-taking leases on this node's GPUs."""
     import asyncio
-    import logging
 
     from agent.daemon import AgentConfig, run_agent
     from agent.parking_setup import ParkingOptions, connect_preparer
@@ -114,9 +111,7 @@ def agent(
     from agent.state import StateDirError
     from baton.kube import KubeConfigError
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    setup_logging(log_level)
     if policy not in POLICIES:
         raise typer.BadParameter(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     sessions = SessionRegistry()
@@ -174,7 +169,7 @@ def status(
     kubeconfig: Annotated[
         str | None,
         typer.Option(
-            envvar="BATON_KUBECONFIG",
+            envvar=names.ENV_KUBECONFIG,
             help="With --extender: find agents (node pod IPs) through this cluster's API.",
         ),
     ] = None,
@@ -246,29 +241,21 @@ def events(
 
 def bench_handoff(
     iterations: Annotated[int, typer.Option(help="Samples per measurement.")] = 500,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Uncontended acquire and yield→grant handoff between two tenant processes."""
-    import json
-
     from agent.bench import run_handoff_bench
 
-    result = run_handoff_bench(iterations)
-    if not as_json:
-        for key, value in result.items():
-            typer.echo(f"{key:>16}: {value}")
-    typer.echo(json.dumps(result))
+    echo_figures(run_handoff_bench(iterations), as_json)
 
 
 def bench_evacuate(
     backend: Annotated[str, typer.Option(help="fake or cuda.")] = "fake",
     size_mib: Annotated[int, typer.Option(help="Bytes to park and restore, MiB.")] = 512,
     runs: Annotated[int, typer.Option(help="Park/restore rounds; the fastest counts.")] = 3,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Park and restore throughput against a plain memory copy of the same size."""
-    import json
-
     from agent.backends.base import BackendUnavailable
     from agent.evacuate_bench import run
 
@@ -277,10 +264,7 @@ def bench_evacuate(
     except (BackendUnavailable, ValueError) as exc:
         typer.echo(f"baton bench evacuate: {exc}", err=True)
         raise typer.Exit(2) from None
-    if not as_json:
-        for key, value in result.items():
-            typer.echo(f"{key:>20}: {value}")
-    typer.echo(json.dumps(result))
+    echo_figures(result, as_json)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

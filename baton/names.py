@@ -52,6 +52,10 @@ ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 ENV_TENANT_NAME = "BATON_TENANT_NAME"
 """Name a tenant registers under outside Kubernetes (default: host name and PID)."""
 
+# Environment of the daemons (env twins shared by more than one command).
+ENV_KUBECONFIG = "BATON_KUBECONFIG"
+ENV_LOG_LEVEL = "BATON_LOG_LEVEL"
+
 # Metrics and ports.
 METRICS_PREFIX = "baton_"
 PORT_AGENT = 9460

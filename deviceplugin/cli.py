@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
 from baton import names
+from baton.cli_options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
 from baton.shutdown import DEFAULT_GRACE_S
 from deviceplugin.annotate import DEFAULT_HOST_MEMORY_BUDGET
 from deviceplugin.health import DEFAULT_IGNORED_XIDS
@@ -17,10 +17,7 @@ def deviceplugin(
     node_name: Annotated[
         str, typer.Option(envvar=names.ENV_NODE_NAME, help="This node's name (downward API).")
     ],
-    kubeconfig: Annotated[
-        str | None,
-        typer.Option(envvar="BATON_KUBECONFIG", help="Kubeconfig file; default: in-cluster."),
-    ] = None,
+    kubeconfig: Kubeconfig = None,
     device_plugin_dir: Annotated[
         str, typer.Option(envvar="BATON_DEVICE_PLUGIN_DIR", help="Holds kubelet.sock.")
     ] = names.KUBELET_DEVICE_PLUGIN_DIR,
@@ -30,14 +27,14 @@ def deviceplugin(
     fake_gpus: Annotated[
         str | None,
         typer.Option(
-            envvar="BATON_FAKE_GPUS",
+            envvar=names.ENV_FAKE_GPUS,
             help="Simulated GPUs: COUNTxMiB (2x81920), MiB,MiB,... or a JSON/YAML file.",
         ),
     ] = None,
     host_memory_budget: Annotated[
         str,
         typer.Option(
-            envvar="BATON_HOST_MEMORY_BUDGET", help="Parked-memory budget: MiB or % of MemTotal."
+            envvar=names.ENV_HOST_MEMORY_BUDGET, help="Parked-memory budget: MiB or % of MemTotal."
         ),
     ] = DEFAULT_HOST_MEMORY_BUDGET,
     cdi: Annotated[
@@ -58,10 +55,9 @@ def deviceplugin(
             envvar="BATON_DEVICE_PLUGIN_SHUTDOWN_GRACE", help="Seconds an Allocate gets on SIGTERM."
         ),
     ] = DEFAULT_GRACE_S,
-    log_level: Annotated[str, typer.Option(envvar="BATON_LOG_LEVEL")] = "INFO",
+    log_level: LogLevel = "INFO",
 ) -> None:
     """Run the kubelet device plugin: advertise time-sliced GPU slots, hand each pod its GPUs."""
-    import logging
     from pathlib import Path
 
     from baton.kube import KubeConfigError, load_api_client
@@ -71,9 +67,7 @@ def deviceplugin(
     from deviceplugin.gpus import DiscoveryError, discover
     from deviceplugin.health import parse_xid_list
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    setup_logging(log_level)
     try:
         gpus, fake = discover(fake_gpus, node_name)
         budget = host_memory_budget_mib(host_memory_budget, Path("/proc/meminfo").read_text())
@@ -104,21 +98,14 @@ def bench_allocate(
     api: Annotated[
         str, typer.Option(help="memory (in-process pods) or fake (fake API server, real client).")
     ] = "memory",
-    as_json: Annotated[
-        bool, typer.Option("--json", help="One JSON object on the last line.")
-    ] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Allocate latency seen by the kubelet over the plugin's socket (target: p99 < 10 ms)."""
     from deviceplugin.bench import run
 
     if api not in ("memory", "fake"):
         raise typer.BadParameter("--api must be memory or fake")
-    result = run(iterations, pods, api)
-    if as_json:
-        typer.echo(json.dumps(result))
-    else:
-        for key, value in result.items():
-            typer.echo(f"{key:>18}: {value}")
+    echo_figures(run(iterations, pods, api), as_json)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
 from baton import names
+from baton.cli_options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
 from baton.shutdown import DEFAULT_GRACE_S
 
 POLICIES = ("binpack", "spread", "complement")
 
 
 def extender(
-    kubeconfig: Annotated[
-        str | None,
-        typer.Option(envvar="BATON_KUBECONFIG", help="Kubeconfig file; default: in-cluster."),
-    ] = None,
+    kubeconfig: Kubeconfig = None,
     host: Annotated[str, typer.Option(envvar="BATON_EXTENDER_HOST")] = "0.0.0.0",
     port: Annotated[int, typer.Option(envvar="BATON_EXTENDER_PORT")] = names.PORT_EXTENDER,
     policy: Annotated[
@@ -41,11 +38,9 @@ def extender(
             envvar="BATON_EXTENDER_SHUTDOWN_GRACE", help="Seconds open requests get on SIGTERM."
         ),
     ] = DEFAULT_GRACE_S,
-    log_level: Annotated[str, typer.Option(envvar="BATON_LOG_LEVEL")] = "INFO",
+    log_level: LogLevel = "INFO",
 ) -> None:
     """Run the kube-scheduler extender: filter, prioritize and bind Baton pods."""
-    import logging
-
     from baton.kube import KubeConfigError
     from extender.main import Options, run
     from extender.placement import Limits, Policy
@@ -60,9 +55,7 @@ def extender(
         raise typer.BadParameter("must be 0 or more MiB", param_hint="--memory-headroom")
     if bool(tls_cert) != bool(tls_key):
         raise typer.BadParameter("give both --tls-cert and --tls-key, or neither")
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(log_level)
     limits = Limits(Policy(policy), max_duty, memory_headroom)
     try:
         run(Options(kubeconfig, host, port, limits, tls_cert, tls_key, shutdown_grace))
@@ -76,19 +69,12 @@ def bench_extender(
     pods: Annotated[int, typer.Option(min=0, help="Tenant pods placed on them.")] = 10000,
     iterations: Annotated[int, typer.Option(min=10, help="Filter and prioritize calls.")] = 400,
     binds: Annotated[int, typer.Option(min=1, help="Bind calls.")] = 200,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="One JSON object on the last line.")
-    ] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Filter, prioritize and bind latency and filter throughput over real HTTP."""
     from extender.bench import run
 
-    figures = run(nodes, pods, iterations, binds)
-    if as_json:
-        typer.echo(json.dumps(figures))
-        return
-    for key, value in figures.items():
-        typer.echo(f"{key:>22}: {value}")
+    echo_figures(run(nodes, pods, iterations, binds), as_json)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

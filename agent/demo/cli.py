@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from baton.cli_options import AsJson, echo_figures
 
 if TYPE_CHECKING:
     from agent.demo.runner import DemoConfig
@@ -30,7 +32,10 @@ Seed = Annotated[int, typer.Option(help="Seed of the phase lengths' variation.")
 OutDir = Annotated[Path, typer.Option(help="Where the timeline PNG and trace JSON go.")]
 
 
-def _config(footprints: str, **fields: Any) -> DemoConfig:
+def _config(
+    tenants: int, duty: float, cycle: float, duration: float, warmup: float, gpu_memory: int,
+    footprints: str, pcie_gbps: float, scale: float, jitter: float, seed: int,
+) -> DemoConfig:  # fmt: skip
     """The run's settings from the flags; `footprints` is `MIB` or `MIB,MIB,...`."""
     from agent.demo.runner import DemoConfig
 
@@ -40,11 +45,15 @@ def _config(footprints: str, **fields: Any) -> DemoConfig:
         sizes = ()
     if not sizes or min(sizes) <= 0:
         raise typer.BadParameter(f"--footprints {footprints!r}: give MiB, e.g. 6144 or 6144,4096")
-    if max(sizes) > fields["gpu_memory_mib"]:
+    if max(sizes) > gpu_memory:
         raise typer.BadParameter(
-            f"a footprint of {max(sizes)} MiB exceeds --gpu-memory {fields['gpu_memory_mib']}"
+            f"a footprint of {max(sizes)} MiB exceeds --gpu-memory {gpu_memory}"
         )
-    return DemoConfig(footprints_mib=sizes, **fields)
+    return DemoConfig(
+        tenants=tenants, duty=duty, cycle_s=cycle, duration_s=duration, warmup_s=warmup,
+        gpu_memory_mib=gpu_memory, footprints_mib=sizes, pcie_gbps=pcie_gbps, scale=scale,
+        jitter=jitter, seed=seed,
+    )  # fmt: skip
 
 
 def demo(
@@ -72,9 +81,8 @@ def demo(
     from agent.demo.timeline import write_timeline
 
     config = _config(
-        footprints, tenants=tenants, duty=duty, cycle_s=cycle, duration_s=duration,
-        warmup_s=warmup, gpu_memory_mib=gpu_memory, pcie_gbps=pcie_gbps, scale=scale,
-        jitter=jitter, seed=seed,
+        tenants, duty, cycle, duration, warmup, gpu_memory, footprints, pcie_gbps, scale,
+        jitter, seed,
     )  # fmt: skip
     console = Console()
     console.print(
@@ -119,30 +127,24 @@ def bench_duty(
     scale: Scale = 1 / 4096,
     jitter: Jitter = 0.1,
     seed: Seed = 7,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Duty cycle of tenants alone on their GPUs against all of them sharing one."""
     import asyncio
-    import json
 
     from agent.demo.report import summarize
     from agent.demo.runner import DemoError, run_comparison
 
     config = _config(
-        footprints, tenants=tenants, duty=duty, cycle_s=cycle, duration_s=duration,
-        warmup_s=warmup, gpu_memory_mib=gpu_memory, pcie_gbps=pcie_gbps, scale=scale,
-        jitter=jitter, seed=seed,
+        tenants, duty, cycle, duration, warmup, gpu_memory, footprints, pcie_gbps, scale,
+        jitter, seed,
     )  # fmt: skip
     try:
         alone, shared = asyncio.run(run_comparison(config))
     except DemoError as e:
         typer.echo(f"baton bench duty: {e}", err=True)
         raise typer.Exit(1) from None
-    result = summarize(config, alone, shared)
-    if not as_json:
-        for key, value in result.items():
-            typer.echo(f"{key:>22}: {value}")
-    typer.echo(json.dumps(result))
+    echo_figures(summarize(config, alone, shared), as_json)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
