@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from baton import names
-from baton.kube import format_timestamp_ns, load_api_client
+from baton.kube import format_timestamp_ns
 from deviceplugin.allocation import PodSource
 from deviceplugin.daemon import Daemon, Settings
 from deviceplugin.gpus import parse_fake_gpus
@@ -77,18 +77,9 @@ def start_plugin(socket_dir: Path) -> Iterator[StartPlugin]:
 
 
 @pytest.fixture
-def fake_api() -> Iterator[FakeApiServer]:
-    server = FakeApiServer().start()
-    server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def api_client(fake_api: FakeApiServer, socket_dir: Path) -> Iterator[Any]:
-    client = load_api_client(str(fake_api.kubeconfig_path(socket_dir)))
-    yield client
-    client.close()
+def fake_api(fake_api: FakeApiServer) -> FakeApiServer:
+    fake_api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    return fake_api
 
 
 def tenant_pod(
