@@ -33,13 +33,16 @@ from baton.names import (
 from extender.bind import Binder
 from extender.cache import KINDS, ClusterCache
 from extender.errors import ApiFailure
+from extender.inventory import gpu_entry
 from extender.placement import Limits, place
 from extender.requests import parse_pod_request
 from extender.server import bind_socket
+from extender.snapshot import Gpu
 from extender.state import ClusterState
 
 GPUS_PER_NODE = 8
 GPU_MIB = 81920
+GPU_MODEL = "NVIDIA H100 80GB HBM3"
 MEMORY_SHAPES = (None, 8192, 16384, 24576, 40960)
 DUTY_SHAPES = (None, 10, 20, 25, 30, 50)
 
@@ -288,15 +291,7 @@ def _args(pod: dict[str, Any], names: list[str]) -> bytes:
 
 def _node(name: str) -> dict[str, Any]:
     gpus = [
-        {
-            "uuid": f"GPU-{name}-{i}",
-            "index": i,
-            "model": "NVIDIA H100 80GB HBM3",
-            "memoryMiB": GPU_MIB,
-            "slots": 4,
-            "healthy": True,
-        }
-        for i in range(GPUS_PER_NODE)
+        gpu_entry(Gpu(f"GPU-{name}-{i}", i, GPU_MODEL, GPU_MIB, 4)) for i in range(GPUS_PER_NODE)
     ]
     notes = {ANNOTATION_GPUS: json.dumps(gpus), ANNOTATION_HOST_MEMORY_BUDGET: str(1536 * 1024)}
     return {"metadata": {"name": name, "annotations": notes}}

@@ -71,6 +71,18 @@ def parse_gpus(text: str | None) -> tuple[Gpu, ...]:
         raise InventoryError(f"node annotation {ANNOTATION_GPUS} is unreadable: {err}") from None
 
 
+def gpu_entry(gpu: Gpu) -> dict[str, Any]:
+    """One GPU as the `baton.dev/gpus` annotation lists it (what `parse_gpus` reads back)."""
+    return {
+        "uuid": gpu.uuid,
+        "index": gpu.index,
+        "model": gpu.model,
+        "memoryMiB": gpu.memory_mib,
+        "slots": gpu.slots,
+        "healthy": gpu.healthy,
+    }
+
+
 def _gpu(item: dict[str, Any]) -> Gpu:
     gpu = Gpu(
         uuid=str(item["uuid"]),

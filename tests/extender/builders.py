@@ -15,21 +15,17 @@ from baton.names import (
     RESOURCE_GPU_MEMORY,
     SCHEDULER_NAME,
 )
+from extender import inventory
+from extender.snapshot import Gpu
 
 H100_MIB = 81920
+H100_MODEL = "NVIDIA H100 80GB HBM3"
 
 
 def gpu_entry(
     uuid: str, index: int = 0, memory: int = H100_MIB, slots: int = 4, healthy: bool = True
 ) -> dict[str, Any]:
-    return {
-        "uuid": uuid,
-        "index": index,
-        "model": "NVIDIA H100 80GB HBM3",
-        "memoryMiB": memory,
-        "slots": slots,
-        "healthy": healthy,
-    }
+    return inventory.gpu_entry(Gpu(uuid, index, H100_MODEL, memory, slots, healthy))
 
 
 def node(
