@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from agent.backends import procs
@@ -146,7 +146,10 @@ class CudaBackend(Backend):
         """Bytes its processes use on `gpu` (as NVML reports), or had when parked."""
         if tenant_id in self._parked:
             return self._parked[tenant_id].get(gpu, 0)
-        pids = set(self.pids(tenant_id))
+        return self._bytes_on(gpu, self.pids(tenant_id))
+
+    def _bytes_on(self, gpu: str, pids: Collection[int]) -> int:
+        """Bytes NVML reports on `gpu` for the processes `pids`."""
         return sum(n for p, n in procs.gpu_processes(self.nvml, gpu).items() if p in pids)
 
     def memory_limit(self, tenant_id: str) -> int | None:
@@ -162,12 +165,17 @@ class CudaBackend(Backend):
         ref = self._refs.get(tenant_id)
         gpus = ref.gpus if ref else ()
         st = TenantState(tenant_id, detail=self._problems.get(tenant_id, ""))
-        parked = tenant_id in self._parked
+        parked = self._parked.get(tenant_id)
+        pids = set(self.pids(tenant_id)) if gpus and parked is None else set()
         for gpu in gpus:
-            st.residency[gpu] = Residency.PARKED if parked else Residency.RESIDENT
-            st.footprint_bytes[gpu] = self.footprint(tenant_id, gpu)
-        if parked:
-            st.parked_bytes = sum(self._parked[tenant_id].values())
+            if parked is None:
+                st.residency[gpu] = Residency.RESIDENT
+                st.footprint_bytes[gpu] = self._bytes_on(gpu, pids)
+            else:
+                st.residency[gpu] = Residency.PARKED
+                st.footprint_bytes[gpu] = parked.get(gpu, 0)
+        if parked is not None:
+            st.parked_bytes = sum(parked.values())
         return st
 
     def _state_of(self, pid: int) -> int:
@@ -184,7 +192,8 @@ class CudaBackend(Backend):
             pids = self.pids(tenant_id)
             if ref is None or not pids:
                 raise BackendError(f"{tenant_id} has no GPU processes to park")
-            sizes = {g: self.footprint(tenant_id, g) for g in ref.gpus}
+            held = set(pids)
+            sizes = {g: self._bytes_on(g, held) for g in ref.gpus}
             start = self._clock()
             self._lock_all(tenant_id, pids)
             done: list[int] = []
@@ -226,12 +235,7 @@ class CudaBackend(Backend):
         stuck = []
         for pid in pids if locked is None else locked:
             try:
-                if pid in checkpointed:
-                    (err,) = self.driver.cuCheckpointProcessRestore(pid, None)
-                    self._check(err, "cuCheckpointProcessRestore", pid)
-                if self._state_of(pid) == LOCKED:
-                    (err,) = self.driver.cuCheckpointProcessUnlock(pid, None)
-                    self._check(err, "cuCheckpointProcessUnlock", pid)
+                self._resume(pid, checkpointed=pid in checkpointed)
             except BackendError as e:
                 stuck.append(f"{pid}: {e}")
         if stuck:
@@ -239,6 +243,15 @@ class CudaBackend(Backend):
                 f"park failed ({cause}) and processes could not be returned to running: "
                 + "; ".join(stuck)
             )
+
+    def _resume(self, pid: int, checkpointed: bool) -> None:
+        """Bring one process's memory back (if `checkpointed`) and unlock it, so it runs again."""
+        if checkpointed:
+            (err,) = self.driver.cuCheckpointProcessRestore(pid, None)
+            self._check(err, "cuCheckpointProcessRestore", pid)
+        if self._state_of(pid) == LOCKED:
+            (err,) = self.driver.cuCheckpointProcessUnlock(pid, None)
+            self._check(err, "cuCheckpointProcessUnlock", pid)
 
     def restore(self, tenant_id: str, gpu: str) -> Move:
         """Restore then unlock every process of the tenant."""
@@ -250,12 +263,7 @@ class CudaBackend(Backend):
             failed = []
             for pid in self._parked_pids[tenant_id]:
                 try:
-                    if self._state_of(pid) == CHECKPOINTED:
-                        (err,) = self.driver.cuCheckpointProcessRestore(pid, None)
-                        self._check(err, "cuCheckpointProcessRestore", pid)
-                    if self._state_of(pid) == LOCKED:
-                        (err,) = self.driver.cuCheckpointProcessUnlock(pid, None)
-                        self._check(err, "cuCheckpointProcessUnlock", pid)
+                    self._resume(pid, checkpointed=self._state_of(pid) == CHECKPOINTED)
                 except BackendError as e:
                     failed.append(str(e))
             if failed:
