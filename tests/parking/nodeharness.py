@@ -9,10 +9,23 @@ import os
 import sys
 import tempfile
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, TypeVar
+
+from agent.fakenode import FakeNode, FakeNodeOptions
 
 TENANT = [sys.executable, "-m", "tests.parking.tenant_proc"]
 APP_TENANT = [sys.executable, "-m", "tests.parking.app_tenant"]
+
+
+T = TypeVar("T")
+RUN_TIMEOUT_S = 80
+
+
+def run(coro: Awaitable[T]) -> T:
+    """Run one test's coroutine, bounded."""
+    return asyncio.run(asyncio.wait_for(coro, RUN_TIMEOUT_S))
 
 
 class TenantProc:
@@ -87,3 +100,18 @@ class LogWatch(logging.Handler):
         if self.needle in message:
             self.messages.append(message)
             self.seen.set()
+
+
+async def with_node(
+    options: FakeNodeOptions, body: Callable[[FakeNode, list[TenantProc]], Awaitable[Any]]
+) -> None:
+    """Run `body` on a started fake node; the tenants it lists are reaped, the node stopped."""
+    node = FakeNode(options)
+    await node.start()
+    tenants: list[TenantProc] = []
+    try:
+        await body(node, tenants)
+    finally:
+        for t in tenants:
+            await t.reap()
+        await node.stop()

@@ -10,25 +10,9 @@ import pytest
 
 from agent.fakenode import FakeNode, FakeNodeOptions
 
-from .nodeharness import APP_TENANT, LogWatch, TenantProc
+from .nodeharness import APP_TENANT, LogWatch, TenantProc, run, with_node
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 80))
-
-
-async def with_node(options: FakeNodeOptions, body):
-    node = FakeNode(options)
-    await node.start()
-    tenants: list[TenantProc] = []
-    try:
-        await body(node, tenants)
-    finally:
-        for t in tenants:
-            await t.reap()
-        await node.stop()
 
 
 async def status(node: FakeNode) -> dict:

@@ -16,7 +16,7 @@ from agent.parking import ParkingPreparer
 from baton.names import MIB
 
 from .conftest import GPU
-from .nodeharness import TenantProc
+from .nodeharness import TenantProc, run, with_node
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -69,18 +69,7 @@ def test_the_next_waiter_is_restored_while_the_holder_runs_and_its_grant_moves_n
         for t in (a, c):
             assert await t.exit_code() == 0, t.describe()
 
-    async def run() -> None:
-        node = FakeNode(FakeNodeOptions(fake_gpus="1x100"))
-        await node.start()
-        tenants: list[TenantProc] = []
-        try:
-            await body(node, tenants)
-        finally:
-            for t in tenants:
-                await t.reap()
-            await node.stop()
-
-    asyncio.run(asyncio.wait_for(run(), 80))
+    run(with_node(FakeNodeOptions(fake_gpus="1x100"), body))
 
 
 def test_a_grant_waits_for_the_restore_ahead_in_flight_instead_of_moving_twice(backend):
