@@ -180,17 +180,7 @@ async def _drive(
     procs: list[asyncio.subprocess.Process] = []
     try:
         for i, log_path in enumerate(logs):
-            with log_path.open("wb") as stderr:  # the child keeps its own descriptor
-                procs.append(
-                    await asyncio.create_subprocess_exec(
-                        *TENANT,
-                        *config.tenant_args(i),
-                        env=node.tenant_env(0 if shared else i),
-                        stdin=asyncio.subprocess.PIPE,
-                        stdout=asyncio.subprocess.PIPE,
-                        stderr=stderr,
-                    )
-                )
+            procs.append(await _spawn(node, config, i, shared, log_path))
         for proc, result, log_path in zip(procs, results, logs, strict=True):
             ready = await _line(proc, START_TIMEOUT_S)
             if ready.get("event") != "ready":
@@ -226,6 +216,21 @@ async def _drive(
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+async def _spawn(
+    node: FakeNode, config: DemoConfig, i: int, shared: bool, log_path: Path
+) -> asyncio.subprocess.Process:
+    """Tenant `i`'s process, its stderr going to `log_path`."""
+    with log_path.open("wb") as stderr:  # the child keeps its own descriptor
+        return await asyncio.create_subprocess_exec(
+            *TENANT,
+            *config.tenant_args(i),
+            env=node.tenant_env(0 if shared else i),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
+        )
 
 
 async def _line(proc: asyncio.subprocess.Process, timeout: float) -> dict[str, Any]:
