@@ -35,6 +35,11 @@ from baton.names import (
 
 log = logging.getLogger("baton.client")
 
+
+class _NotSent(Exception):
+    """The session broke before a request left: it may be sent again after the reconnect."""
+
+
 CLIENT_VERSION = "0.1.0"
 
 
@@ -131,6 +136,7 @@ class AsyncBaton:
         self._channel = grpc.aio.insecure_channel(f"unix:{self.socket}")
         stub = agent_pb2_grpc.AgentStub(self._channel)
         self._metadata = ((AGENT_SESSION_METADATA, token),)
+        call = None
         try:
             reply = await stub.Register(
                 self._registration, metadata=self._metadata, timeout=self._connect_timeout
@@ -139,10 +145,16 @@ class AsyncBaton:
             hello = pb.Hello(client_version=CLIENT_VERSION, callbacks=sorted(self._callbacks))
             await call.write(pb.ClientMessage(hello=hello))
             welcome = await asyncio.wait_for(call.read(), self._connect_timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, self.socket) from None
-        if not isinstance(welcome, pb.AgentMessage):
-            raise AgentUnavailable(f"the Baton agent at {self.socket} closed the session")
+            if not isinstance(welcome, pb.AgentMessage):
+                raise AgentUnavailable(f"the Baton agent at {self.socket} closed the session")
+        except (grpc.aio.AioRpcError, TimeoutError, AgentUnavailable) as exc:
+            if call is not None:
+                call.cancel()
+            if isinstance(exc, grpc.aio.AioRpcError):
+                raise from_rpc_error(exc, self.socket) from None
+            raise AgentUnavailable(
+                f"the Baton agent at {self.socket} did not open the session: {exc}"
+            ) from None
         self.tenant = reply.tenant
         self._stub, self._call = stub, call
         assert self._connected is not None
@@ -179,7 +191,10 @@ class AsyncBaton:
                         return
                     self._on_message(call, message)
         finally:
-            lost = AgentUnavailable(f"lost the Baton agent at {self.socket}")
+            self._lost(call)
+            lost = AgentUnavailable(
+                f"lost the Baton agent at {self.socket}; reconnecting, retry the call"
+            )
             for future in self._replies.values():
                 if not future.done():
                     future.set_exception(lost)
@@ -231,7 +246,14 @@ class AsyncBaton:
             async with self._write_lock:
                 await call.write(message)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            self._lost(call)
             raise AgentUnavailable(f"lost the Baton agent at {self.socket}: {exc}") from None
+
+    def _lost(self, call: Any) -> None:
+        """The session stream `call` is broken: calls wait for the reconnect from now on."""
+        if call is self._call and self._connected is not None:
+            self._connected.clear()
+            call.cancel()  # so that the read side ends too, and the supervisor reconnects
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -239,13 +261,29 @@ class AsyncBaton:
         task.add_done_callback(self._tasks.discard)
 
     async def _request(self, request: pb.Request, timeout: float | None = None) -> pb.Reply:
-        """Send a request on the session and wait for its reply."""
-        await self._ready()
+        """Send a request on the session and wait for its reply.
+
+        While the session is broken the request waits for the reconnect, up to `timeout` (or
+        the connect timeout); a stream that breaks after it was sent fails it.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self._connect_timeout if timeout is None else timeout)
+        while True:
+            await self._ready(deadline - loop.time())
+            try:
+                return await self._send_request(request, timeout)
+            except _NotSent:
+                continue
+
+    async def _send_request(self, request: pb.Request, timeout: float | None) -> pb.Reply:
         request.request_id = next(self._request_ids)
         future: asyncio.Future[pb.Reply] = asyncio.get_running_loop().create_future()
         self._replies[request.request_id] = future
         try:
-            await self._send(pb.ClientMessage(request=request))
+            try:
+                await self._send(pb.ClientMessage(request=request))
+            except AgentUnavailable:
+                raise _NotSent from None
             reply = await asyncio.wait_for(future, timeout)
         except (asyncio.CancelledError, TimeoutError):
             if request.HasField("acquire"):
@@ -259,30 +297,42 @@ class AsyncBaton:
         return reply
 
     async def _reclaim(self) -> None:
-        if self.lease is None:
+        lease = self.lease
+        if lease is None:
             return
         try:
-            self.lease = await self._renew(self.lease.lease_id)
-            log.warning("kept the turn %s across the agent restart", self.lease.lease_id)
+            renewed = await self._renew(lease.lease_id)
         except LeaseLost:
-            log.warning("the turn %s was lost while the agent restarted", self.lease.lease_id)
-            self._stop_renewer()
-            self.lease = None
+            log.warning("the turn %s was lost while the agent restarted", lease.lease_id)
+            if self.lease is lease:
+                self._stop_renewer()
+                self.lease = None
+            return
+        if self.lease is not lease:  # yielded (or revoked) while the renewal was on its way
+            log.info("turn %s ended while it was being reclaimed", lease.lease_id)
+            return
+        self.lease = renewed
+        log.warning("kept the turn %s across the agent restart", renewed.lease_id)
 
-    async def _ready(self) -> agent_pb2_grpc.AgentStub:
+    async def _ready(self, wait: float) -> None:
+        """Return once the session is open; `AgentUnavailable` if not within `wait` seconds."""
         if self._supervisor is None:
             await self.connect()
-        assert self._connected is not None
-        if not self._connected.is_set():
-            try:
-                await asyncio.wait_for(self._connected.wait(), self._connect_timeout)
-            except TimeoutError:
-                raise AgentUnavailable(
-                    f"not connected to the Baton agent at {self.socket}: still reconnecting "
-                    f"after {self._connect_timeout:g} s"
-                ) from None
-        assert self._stub is not None
-        return self._stub
+        assert self._connected is not None and self._supervisor is not None
+        if self._connected.is_set():
+            return
+        if self._supervisor.done():
+            raise AgentUnavailable(
+                f"lost the Baton agent at {self.socket} and this client does not reconnect "
+                "(reconnect=False); create a new client"
+            )
+        try:
+            await asyncio.wait_for(self._connected.wait(), max(0.0, wait))
+        except TimeoutError:
+            raise AgentUnavailable(
+                f"not connected to the Baton agent at {self.socket}: still reconnecting "
+                f"after {max(0.0, wait):.3g} s"
+            ) from None
 
     # The two calls.
 
@@ -304,10 +354,18 @@ class AsyncBaton:
         lease = self.lease
         if lease is None and not self.resuming:
             raise NotHolding("yield_() without a turn: call acquire() first")
+        resuming = self.resuming
         self._stop_renewer()
         self.lease, self.resuming = None, False
         release = pb.YieldRequest(lease_id=lease.lease_id if lease else "")
-        await self._request(pb.Request(release=release))
+        try:
+            await self._request(pb.Request(release=release))
+        except AgentUnavailable:  # the turn may outlive the agent's restart: yield can be retried
+            if self.lease is None and not self.resuming:
+                self.lease, self.resuming = lease, resuming
+                if lease is not None:
+                    self._start_renewer()
+            raise
 
     async def _renew(self, lease_id: str) -> LeaseInfo:
         reply = await self._request(pb.Request(renew=pb.RenewRequest(lease_id=lease_id)))

@@ -79,8 +79,8 @@ def test_calls_while_the_agent_is_gone_raise(workdir: str) -> None:
         runner.stop()
         with pytest.raises(AgentUnavailable, match=r"reconnecting|lost"):
             baton.yield_()
-        with pytest.raises(AgentUnavailable):
-            baton.acquire(timeout=1)
+        with pytest.raises(AgentUnavailable, match="reconnecting"):
+            baton.yield_()  # the turn is kept for a retry; still no agent to end it
     finally:
         baton.close()
         runner.stop()

@@ -1,0 +1,115 @@
+"""The client across an agent restart: waiters retry through it, kept turns stay kept."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent.client import AgentUnavailable, AsyncBaton, LeaseInfo
+from agent.fakenode import AgentProcess, FakeNodeOptions
+from baton.names import fake_gpu_uuid
+from tests.harness.agent import AgentRunner
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def contended(holder: AsyncBaton, lease: LeaseInfo, within: float = 10) -> None:
+    """Return once the agent reports someone waiting behind `lease` (asked over the session)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not (await holder._renew(lease.lease_id)).contended:
+        assert loop.time() < deadline, "the waiter never queued"
+
+
+def test_a_waiter_retries_through_an_agent_killed_and_restarted(workdir: str) -> None:
+    node = AgentProcess(workdir, FakeNodeOptions(backend="app", reconnect_grace=30))
+    gpu = fake_gpu_uuid(0)
+
+    async def scenario() -> None:
+        holder = AsyncBaton(node.socket, [gpu], name="holder", connect_timeout=20)
+        waiter = AsyncBaton(node.socket, [gpu], name="waiter", connect_timeout=20)
+        try:
+            held = await holder.acquire()
+            waiting = asyncio.create_task(waiter.acquire(timeout=30))
+            await contended(holder, held)
+            await asyncio.to_thread(node.kill)
+            with pytest.raises(AgentUnavailable, match="reconnecting"):
+                await asyncio.wait_for(waiting, 10)
+            retry = asyncio.create_task(waiter.acquire(timeout=30))  # waits for the reconnect
+            await asyncio.to_thread(node.start)
+            assert not retry.done() or retry.exception() is None
+            await asyncio.wait_for(holder.yield_(), 20)  # the holder kept its turn; it ends it
+            granted = await asyncio.wait_for(retry, 20)
+            assert granted.fencing_tokens[gpu] == held.fencing_tokens[gpu] + 1
+            await waiter.yield_()
+        finally:
+            await holder.close()
+            await waiter.close()
+
+    node.start()
+    try:
+        asyncio.run(scenario())
+    finally:
+        node.stop()
+
+
+def test_a_call_on_a_broken_session_without_reconnect_fails_at_once(workdir: str) -> None:
+    runner = AgentRunner(workdir).start()
+
+    async def scenario() -> None:
+        client = AsyncBaton(runner.socket, ["GPU-0"], name="once", reconnect=False)
+        try:
+            await client.acquire()
+            await asyncio.to_thread(runner.stop)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(AgentUnavailable, match=r"reconnect=False|lost"):
+                await client.yield_()
+            with pytest.raises(AgentUnavailable, match="reconnect=False"):
+                await client.yield_()  # the turn is kept for a retry, which fails at once too
+            assert loop.time() - started < 5
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        runner.stop()
+
+
+def test_a_yield_while_the_turn_is_reclaimed_is_not_undone(workdir: str) -> None:
+    """The renewal that reclaims a turn after a restart and the holder's yield cross."""
+    first = AgentRunner(workdir, reconnect_grace=30).start()
+    second = AgentRunner(workdir, reconnect_grace=30)
+
+    async def scenario() -> None:
+        client = AsyncBaton(first.socket, ["GPU-0"], name="keeper", renew_interval=60)
+        renew = client._renew
+        yielded = asyncio.Event()
+
+        async def renew_then_yield(lease_id: str) -> LeaseInfo:
+            renewed = await renew(lease_id)
+            await client.yield_()  # lands before the reclaim sees the renewal's reply
+            yielded.set()
+            return renewed
+
+        try:
+            lease = await client.acquire()
+            client._renew = renew_then_yield  # type: ignore[method-assign]
+            await asyncio.to_thread(first.stop)
+            await asyncio.to_thread(second.start)
+            await asyncio.wait_for(yielded.wait(), 20)
+            client._renew = renew  # type: ignore[method-assign]
+            assert client.lease is None
+            again = await asyncio.wait_for(client.acquire(timeout=5), 10)
+            assert again.lease_id != lease.lease_id
+            await client.yield_()
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        first.stop()
+        second.stop()
