@@ -50,20 +50,7 @@ def create_app(cache: ClusterCache, binder: Binder | None, metrics: Metrics) -> 
 
     @app.post("/bind")
     async def bind_verb(request: Request) -> Response:
-        args_or_error = _parse_or_400(metrics, "bind", await request.body())
-        if isinstance(args_or_error, Response):
-            return args_or_error
-        started = time.perf_counter()
-        if binder is None:
-            error = "this extender runs without an API server and cannot bind"
-        else:
-            error = await run_in_threadpool(binder.bind, args_or_error)
-        metrics.binds.labels("error" if error else "bound").inc()
-        if error:
-            log.warning("%s", error)
-        metrics.latency.labels("bind").observe(time.perf_counter() - started)
-        metrics.requests.labels("bind", "200").inc()
-        return _json(200, wire.binding_result(error))
+        return await _bind(binder, metrics, await request.body())
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -93,6 +80,24 @@ def create_app(cache: ClusterCache, binder: Binder | None, metrics: Metrics) -> 
         return await run_in_threadpool(describe)
 
     return app
+
+
+async def _bind(binder: Binder | None, metrics: Metrics, body: bytes) -> Response:
+    """Bind the pod (off the event loop); a failed bind is a 200 whose Error says why."""
+    args_or_error = _parse_or_400(metrics, "bind", body)
+    if isinstance(args_or_error, Response):
+        return args_or_error
+    started = time.perf_counter()
+    if binder is None:
+        error = "this extender runs without an API server and cannot bind"
+    else:
+        error = await run_in_threadpool(binder.bind, args_or_error)
+    metrics.binds.labels("error" if error else "bound").inc()
+    if error:
+        log.warning("%s", error)
+    metrics.latency.labels("bind").observe(time.perf_counter() - started)
+    metrics.requests.labels("bind", "200").inc()
+    return _json(200, wire.binding_result(error))
 
 
 def _filter(cache: ClusterCache, metrics: Metrics, body: bytes) -> Any:
