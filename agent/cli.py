@@ -220,11 +220,18 @@ def events(
     """Print the agent's events as they happen: grants, yields, revocations, departures."""
     import grpc
 
+    from agent.identity import session_metadata
     from agent.status_view import format_event
     from baton._pb import agent_pb2, agent_pb2_grpc
 
+    try:
+        metadata = session_metadata(socket)
+    except (OSError, ValueError, KeyError) as exc:
+        typer.echo(f"baton events: cannot reach the agent at {socket}: {exc}", err=True)
+        raise typer.Exit(1) from None
     with grpc.insecure_channel(f"unix:{socket}") as channel:
-        stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(agent_pb2.WatchEventsRequest())
+        request = agent_pb2.WatchEventsRequest()
+        stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(request, metadata=metadata)
         try:
             for seen, event in enumerate(stream, start=1):
                 typer.echo(format_event(event, as_json))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -12,7 +13,7 @@ import grpc
 
 from agent import api_ops, errors
 from agent import events as ev
-from agent.identity import Peer, TokenRegistry
+from agent.identity import Peer, TokenRegistry, may_watch
 from agent.service import LeaseService
 from agent.session_stream import SessionStream
 from agent.sessions import Session as TenantSession
@@ -38,6 +39,11 @@ def _mapped(handler: Handler[Req, Resp]) -> Handler[Req, Resp]:
             raise  # abort() raises; this line only satisfies the type checker
 
     return wrapper
+
+
+def agent_uid() -> int:
+    """The agent's own UID (the user allowed to watch every tenant's events, with root)."""
+    return os.getuid()
 
 
 class AgentServicer(agent_pb2_grpc.AgentServicer):
@@ -153,6 +159,16 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     async def WatchEvents(
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Event]:
+        try:
+            peer = self._peer(context)
+            if not may_watch(peer.uid, agent_uid()):
+                raise errors.Forbidden(
+                    f"UID {peer.uid} may not watch the agent's events: they show every "
+                    f"tenant's turns; run as UID {agent_uid()} (the agent's user) or root"
+                )
+        except errors.AgentError as exc:
+            await context.abort(api_ops.status_code(exc), str(exc))
+            return
         async with self._service.events.subscribe() as queue:
             yield pb.Event(kind=ev.WATCHING, at=time.time())
             while True:

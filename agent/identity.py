@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from baton.names import AGENT_SESSION_METADATA
+
 log = logging.getLogger(__name__)
 
 _POD_UID = re.compile(
@@ -132,6 +134,17 @@ async def serve_handshake(path: str, tokens: TokenRegistry, mode: int) -> asynci
     server = await asyncio.start_unix_server(handle, path=path)
     Path(path).chmod(mode)
     return server
+
+
+def may_watch(peer_uid: int, agent_uid: int) -> bool:
+    """Whether a peer may watch every tenant's events: the agent's own user, or root."""
+    return peer_uid in (agent_uid, 0)
+
+
+def session_metadata(agent_socket: str, timeout: float = 5.0) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata carrying a fresh handshake token (blocking); for `WatchEvents` callers."""
+    token = request_token(handshake_path(agent_socket), timeout)
+    return ((AGENT_SESSION_METADATA, token),)
 
 
 def request_token(path: str, timeout: float = 5.0) -> str:

@@ -11,6 +11,7 @@ import pytest
 
 from agent.client import Baton
 from agent.errors import CallbackFailed
+from agent.identity import session_metadata
 from agent.residency import NoRoom
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
@@ -191,7 +192,9 @@ def test_watch_events_streams_grants_with_fencing_tokens(
     seam_agent: AgentRunner, clients: dict[str, Baton]
 ) -> None:
     with grpc.insecure_channel(f"unix:{seam_agent.socket}") as channel:
-        stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(pb.WatchEventsRequest(), timeout=10)
+        stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(
+            pb.WatchEventsRequest(), timeout=10, metadata=session_metadata(seam_agent.socket)
+        )
         assert next(stream).kind == "watching"  # subscribed: nothing from here on is missed
         seen: list[pb.Event] = []
         clients["a"].acquire()

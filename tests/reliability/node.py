@@ -18,6 +18,7 @@ import grpc
 from agent.backends.base import Move
 from agent.backends.fake import FakeBackend
 from agent.daemon import Agent
+from agent.identity import session_metadata
 from agent.parking import ParkingPreparer
 from agent.parking_setup import connect_preparer, parse_fake_gpus
 from agent.sessions import SessionRegistry
@@ -99,7 +100,10 @@ class LoadNode(AgentRunner):
 
     def _read_events(self) -> None:
         assert self._watch is not None
-        stream = agent_pb2_grpc.AgentStub(self._watch).WatchEvents(pb.WatchEventsRequest())
+        metadata = session_metadata(self.socket)
+        stream = agent_pb2_grpc.AgentStub(self._watch).WatchEvents(
+            pb.WatchEventsRequest(), metadata=metadata
+        )
         self.watching.set()
         try:
             for e in stream:
