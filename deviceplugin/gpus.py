@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from baton.names import fake_gpu_sizes, fake_gpu_uuid
+from baton.names import MIB, fake_gpu_sizes, fake_gpu_uuid
 from deviceplugin.devices import Gpu
 
 FAKE_MODEL = "Baton Fake GPU"
@@ -68,7 +68,7 @@ def discover_nvml() -> list[Gpu]:
         gpus = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total // MIB
             gpus.append(
                 Gpu(
                     _text(pynvml.nvmlDeviceGetUUID(handle)),
