@@ -26,6 +26,7 @@ from extender.snapshot import (
     node_state,
     parked_worst_mib,
 )
+from extender.wire import MAX_PRIORITY, MIN_PRIORITY
 
 __all__ = [
     "Gpu",
@@ -236,8 +237,13 @@ def _choose(node: NodeState, candidates: list[_Candidate], count: int) -> Verdic
 
 
 def _chosen(chosen: list[_Candidate]) -> Verdict:
-    score = round(10 * sum(c.key for c in chosen) / len(chosen))
-    return Verdict(True, gpus=tuple(c.uuid for c in chosen), score=max(0, min(10, score)))
+    score = _score(sum(c.key for c in chosen) / len(chosen))
+    return Verdict(True, gpus=tuple(c.uuid for c in chosen), score=score)
+
+
+def _score(key: float) -> int:
+    """A policy key (0 to 1) as the priority kube-scheduler takes from an extender."""
+    return max(MIN_PRIORITY, min(MAX_PRIORITY, round(MAX_PRIORITY * key)))
 
 
 def one_gpu_chooser(
@@ -285,7 +291,7 @@ def one_gpu_chooser(
                 best_key, best_after, best_index, best_uuid = key, after, row.neg_index, row.uuid
         if not best_uuid:
             return None
-        return best_uuid, max(0, min(10, round(10 * best_key)))
+        return best_uuid, _score(best_key)
 
     return choose
 
