@@ -1,4 +1,4 @@
-"""Renders an agent's /v1/status document for `baton status`."""
+"""Renders an agent's tenants for `baton status` and its events for `baton events`."""
 
 from __future__ import annotations
 
@@ -6,35 +6,7 @@ import json
 import time
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
-
-
-def gpu_table(document: dict[str, Any]) -> Table:
-    """One row per GPU: holder, token, how long held, queue, tenants."""
-    table = Table(
-        title=f"GPUs (policy {document.get('policy')}, max hold {document.get('max_hold_s')} s)"
-    )
-    for column in ("GPU", "holder", "token", "held", "queue", "tenants", "busy"):
-        table.add_column(column)
-    for gpu, info in document.get("gpus", {}).items():
-        held = info.get("held_s")
-        queue = [
-            q["tenant_id"]
-            + (" (resuming)" if q.get("resuming") else "")
-            + (f" [blocked: {q['blocked']}]" if q.get("blocked") else "")
-            for q in info.get("queue", [])
-        ]
-        table.add_row(
-            gpu,
-            info.get("holder") or "-",
-            str(info.get("fencing_token", 0)),
-            "-" if held is None else f"{held:.1f} s",
-            "\n".join(queue) or "-",
-            ", ".join(info.get("tenants", [])) or "-",
-            f"{info.get('busy_seconds', 0):.1f} s",
-        )
-    return table
 
 
 def tenant_table(document: dict[str, Any]) -> Table:
@@ -52,16 +24,6 @@ def tenant_table(document: dict[str, Any]) -> Table:
             "yes" if info.get("connected") else "no",
         )
     return table
-
-
-def print_status(document: dict[str, Any], console: Console | None = None) -> None:
-    """Print the tables (and the residency layer's report, if any)."""
-    console = console or Console()
-    console.print(gpu_table(document))
-    console.print(tenant_table(document))
-    residency = document.get("residency")
-    if residency:
-        console.print("Residency:", residency)
 
 
 def format_event(event: Any, as_json: bool = False) -> str:
