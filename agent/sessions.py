@@ -9,9 +9,6 @@ from dataclasses import dataclass, field
 from agent.errors import CallbackFailed, TenantGone
 from baton._pb import agent_pb2 as pb
 
-CLOSE = None
-"""Put on a session's outbox to end the stream."""
-
 
 @dataclass(eq=False)
 class Session:
@@ -22,6 +19,7 @@ class Session:
     token: str
     callbacks: frozenset[str] = frozenset()
     outbox: asyncio.Queue[pb.AgentMessage | None] = field(default_factory=asyncio.Queue)
+    """Messages to push; `None` ends the stream."""
     pending: dict[str, asyncio.Future[int]] = field(default_factory=dict)
 
     def send(self, message: pb.AgentMessage) -> None:
