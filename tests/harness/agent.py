@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import os
-import queue
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from agent.events import Event
 from agent.residency import TurnPreparer
 from agent.service import LeaseService
 from agent.sessions import SessionRegistry
+from tests.harness.lines import JsonLines
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,17 +206,10 @@ class TenantProcess:
             env=env,
             cwd=ROOT,
         )
-        self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._lines = JsonLines(self.proc, f"tenant {name}")
         hello = self.reply(timeout=30)
         assert hello.get("ready"), hello
         self.pid = int(hello["pid"])
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put("")
 
     def send(self, op: str, **args: Any) -> None:
         """Send a command without waiting for its answer."""
@@ -226,13 +219,7 @@ class TenantProcess:
 
     def reply(self, timeout: float = 10) -> dict[str, Any]:
         """The next answer from the tenant."""
-        try:
-            line = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"tenant {self.name} did not answer within {timeout} s") from None
-        if not line:
-            raise AssertionError(f"tenant {self.name} exited with {self.proc.wait(5)}")
-        return dict(json.loads(line))
+        return self._lines.next(timeout)
 
     def request(self, op: str, wait: float = 10, **args: Any) -> dict[str, Any]:
         """Send a command and wait (up to `wait` seconds) for its answer."""

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import random
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from tests.harness.agent import ROOT
+from tests.harness.lines import JsonLines
 
 from .checker import Report
 from .node import LoadNode
@@ -37,24 +35,11 @@ class LineProc:
             env={**os.environ, "PYTHONPATH": str(ROOT), **env},
             cwd=ROOT,
         )
-        self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-        self._lines.put("")
+        self._lines = JsonLines(self.proc, self.name, self.said)
 
     def line(self, timeout: float) -> dict[str, Any]:
         """The next JSON line; fails after `timeout` or if the process exited."""
-        try:
-            text = self._lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"{self.name} said nothing for {timeout} s{self.said()}") from None
-        if not text:
-            raise AssertionError(f"{self.name} exited with {self.proc.wait(5)}{self.said()}")
-        line = dict(json.loads(text))
+        line = self._lines.next(timeout)
         assert line.get("event") != "error", f"{self.name}: {line}{self.said()}"
         return line
 
