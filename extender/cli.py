@@ -10,8 +10,6 @@ from baton import names
 from baton.cli_options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
 from baton.shutdown import DEFAULT_GRACE_S
 
-POLICIES = ("binpack", "spread", "complement")
-
 
 def extender(
     kubeconfig: Kubeconfig = None,
@@ -45,9 +43,10 @@ def extender(
     from extender.main import Options, run
     from extender.placement import Limits, Policy
 
-    if policy not in POLICIES:
+    policies = [p.value for p in Policy]
+    if policy not in policies:
         raise typer.BadParameter(
-            f"{policy!r}; choose one of {', '.join(POLICIES)}", param_hint="--policy"
+            f"{policy!r}; choose one of {', '.join(policies)}", param_hint="--policy"
         )
     if not 0 < max_duty <= 1000:
         raise typer.BadParameter(f"{max_duty} is not a percentage above 0", param_hint="--max-duty")
