@@ -11,6 +11,7 @@ from agent.backends.base import Backend, BackendUnavailable, TenantRef
 from agent.parking import ParkingPreparer
 from agent.parking_metrics import Forward
 from agent.residency import NullPreparer, TurnPreparer
+from baton.meminfo import MEMINFO, mem_total_kib
 from baton.names import (
     DEFAULT_FAKE_GPU_DIR,
     DEFAULT_SLOTS_PER_GPU,
@@ -52,12 +53,9 @@ def parse_fake_gpus(spec: str, node_name: str = "") -> dict[str, int]:
     return {fake_gpu_uuid(i, node_name): mib * MIB for i, mib in enumerate(fake_gpu_sizes(spec))}
 
 
-def half_the_ram(meminfo: str = "/proc/meminfo") -> int:
+def half_the_ram(meminfo: str = MEMINFO) -> int:
     """Half of the host's memory, in bytes."""
-    for line in Path(meminfo).read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024 // 2
-    raise OSError(f"no MemTotal in {meminfo}")
+    return mem_total_kib(Path(meminfo).read_text()) * 1024 // 2
 
 
 def build_backend(opts: ParkingOptions) -> tuple[Backend, dict[str, int]]:

@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 from baton import names
+from baton.meminfo import mem_total_kib
 from deviceplugin.devices import Inventory
 from deviceplugin.state import LiveInventory
 
@@ -37,11 +38,7 @@ def host_memory_budget_mib(spec: str, meminfo: str) -> int:
     share = float(spec[:-1])
     if not 0 < share <= 100:
         raise ValueError(f"--host-memory-budget {spec!r}: the share must be within (0, 100]%")
-    for line in meminfo.splitlines():
-        if line.startswith("MemTotal:"):
-            kib = int(line.split()[1])
-            return int(kib / 1024 * share / 100)
-    raise ValueError("/proc/meminfo has no MemTotal line")
+    return int(mem_total_kib(meminfo) / 1024 * share / 100)
 
 
 class NodeAnnotator:

@@ -61,6 +61,7 @@ def deviceplugin(
     from pathlib import Path
 
     from baton.kube import KubeConfigError, load_api_client
+    from baton.meminfo import MEMINFO
     from baton.shutdown import StopSignal
     from deviceplugin.annotate import host_memory_budget_mib
     from deviceplugin.daemon import Daemon, Settings
@@ -70,7 +71,7 @@ def deviceplugin(
     setup_logging(log_level)
     try:
         gpus, fake = discover(fake_gpus, node_name)
-        budget = host_memory_budget_mib(host_memory_budget, Path("/proc/meminfo").read_text())
+        budget = host_memory_budget_mib(host_memory_budget, Path(MEMINFO).read_text())
         xids = parse_xid_list(ignored_xids)
         api_client = load_api_client(kubeconfig)
     except (DiscoveryError, KubeConfigError, ValueError) as err:
