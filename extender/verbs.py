@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from extender.placement import NodeState, Verdict, one_gpu_chooser, one_gpu_filter, place
 from extender.requests import RequestError, TenantRequest, parse_pod_request
 from extender.state import ClusterState
@@ -40,12 +42,17 @@ def filter_nodes(
     return passed, failed, unresolvable
 
 
+def _usable_request(pod: dict[str, Any]) -> TenantRequest | None:
+    """The pod's Baton request; None when it makes none or an unusable one (filter says why)."""
+    try:
+        return parse_pod_request(pod)
+    except RequestError:
+        return None
+
+
 def prioritize_nodes(state: ClusterState, args: ExtenderArgs) -> list[tuple[str, int]]:
     """A 0-10 score per node; nodes it does not fit and pods without a Baton request get 0."""
-    try:
-        request = parse_pod_request(args.pod)
-    except RequestError:
-        request = None
+    request = _usable_request(args.pod)
     if request is None:
         return [(name, MIN_PRIORITY) for name in args.node_names]
     choose = one_gpu_chooser(request, state.limits) if request.gpus == 1 else None
@@ -78,10 +85,7 @@ def preempt_nodes(state: ClusterState, args: PreemptionArgs) -> list[str]:
 
     A pod without a Baton request (or with an unusable one) leaves the candidates as they are.
     """
-    try:
-        request = parse_pod_request(args.pod)
-    except RequestError:
-        request = None
+    request = _usable_request(args.pod)
     if request is None:
         return list(args.victims)
     kept = []
