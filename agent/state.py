@@ -45,7 +45,7 @@ class StateStore:
         self.dir = Path(state_dir)
         self.path = self.dir / STATE_FILE
         self._cond = threading.Condition()
-        self._latest: dict[str, Any] | None = None
+        self._latest: bytes | None = None
         self._writing = False
         self._thread: threading.Thread | None = None
         try:
@@ -78,11 +78,15 @@ class StateStore:
 
     def save(self, snapshot: Snapshot) -> None:
         """Write the snapshot now: a temp file in the same directory, renamed over the old one."""
-        self._write(_to_json(snapshot))
+        self._write(_encode(snapshot))
 
     def save_soon(self, snapshot: Snapshot) -> None:
-        """Write the snapshot from a background thread; a newer one replaces an unwritten one."""
-        data = _to_json(snapshot)
+        """Write the snapshot from a background thread; a newer one replaces an unwritten one.
+
+        It is encoded here, so the writer holds the GIL only briefly between its system calls
+        (a long hold would stall the event loop's next grant for up to a switch interval).
+        """
+        data = _encode(snapshot)
         with self._cond:
             self._latest = data
             if self._thread is None:
@@ -101,18 +105,27 @@ class StateStore:
                 self._cond.wait_for(lambda: self._latest is not None)
                 data, self._latest, self._writing = self._latest, None, True
             try:
-                self._write(data or {})
+                self._write(data or b"{}")
             except OSError as exc:
                 log.error("cannot write agent state to %s: %s", self.path, exc)
             with self._cond:
                 self._writing = False
                 self._cond.notify_all()
 
-    def _write(self, data: dict[str, Any]) -> None:
+    def _write(self, data: bytes) -> None:
         tmp = self.dir / f".{STATE_FILE}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
         os.replace(tmp, self.path)
+
+
+def _encode(snapshot: Snapshot) -> bytes:
+    return json.dumps(_to_json(snapshot)).encode()
 
 
 def _to_json(snapshot: Snapshot) -> dict[str, Any]:
