@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import os
 import socket as socketlib
@@ -14,33 +13,24 @@ from typing import Any
 
 import grpc
 
+from agent.client.connect import open_session, reconnect
 from agent.client.errors import (
     AgentUnavailable,
     BatonError,
     LeaseLost,
     NotHolding,
-    from_rpc_error,
     from_status,
 )
 from agent.client.types import Callback, LeaseInfo, gpus_from, run_callback
-from agent.identity import handshake_path
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
-from baton.names import (
-    AGENT_SESSION_METADATA,
-    AGENT_SOCKET,
-    ENV_AGENT_SOCKET,
-    ENV_TENANT_NAME,
-)
+from baton.names import AGENT_SOCKET, ENV_AGENT_SOCKET, ENV_TENANT_NAME
 
 log = logging.getLogger("baton.client")
 
 
 class _NotSent(Exception):
     """The session broke before a request left: it may be sent again after the reconnect."""
-
-
-CLIENT_VERSION = "0.1.0"
 
 
 class AsyncBaton:
@@ -119,68 +109,25 @@ class AsyncBaton:
         self._supervisor = asyncio.create_task(self._supervise())
 
     async def _open(self) -> None:
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(handshake_path(self.socket)), self._connect_timeout
-            )
-            line = await asyncio.wait_for(reader.readline(), self._connect_timeout)
-            writer.close()
-            token = json.loads(line)["token"]
-        except (OSError, TimeoutError, ValueError, KeyError) as exc:
-            raise AgentUnavailable(
-                f"cannot reach the Baton agent at {self.socket} ({exc}); is `baton agent` "
-                f"running, and is {ENV_AGENT_SOCKET} right?"
-            ) from None
+        opened = await open_session(
+            self.socket, self._registration, list(self._callbacks), self._connect_timeout
+        )
         if self._channel is not None:
             await self._channel.close()
-        self._channel = grpc.aio.insecure_channel(f"unix:{self.socket}")
-        stub = agent_pb2_grpc.AgentStub(self._channel)
-        self._metadata = ((AGENT_SESSION_METADATA, token),)
-        call = None
-        try:
-            reply = await stub.Register(
-                self._registration, metadata=self._metadata, timeout=self._connect_timeout
-            )
-            call = stub.Session(metadata=self._metadata)
-            hello = pb.Hello(client_version=CLIENT_VERSION, callbacks=sorted(self._callbacks))
-            await call.write(pb.ClientMessage(hello=hello))
-            welcome = await asyncio.wait_for(call.read(), self._connect_timeout)
-            if not isinstance(welcome, pb.AgentMessage):
-                raise AgentUnavailable(f"the Baton agent at {self.socket} closed the session")
-        except (grpc.aio.AioRpcError, TimeoutError, AgentUnavailable) as exc:
-            if call is not None:
-                call.cancel()
-            if isinstance(exc, grpc.aio.AioRpcError):
-                raise from_rpc_error(exc, self.socket) from None
-            raise AgentUnavailable(
-                f"the Baton agent at {self.socket} did not open the session: {exc}"
-            ) from None
-        self.tenant = reply.tenant
-        self._stub, self._call = stub, call
+        self._channel, self._stub, self._call = opened.channel, opened.stub, opened.call
+        self._metadata = opened.metadata
+        self.tenant = opened.tenant
         assert self._connected is not None
         self._connected.set()
 
     async def _supervise(self) -> None:
-        delay = 0.05
         while not self._closing:
             await self._serve_session(self._call)
-            assert self._connected is not None
-            self._connected.clear()
             if self._closing or not self._reconnect:
                 return
             log.warning("lost the Baton agent at %s; reconnecting", self.socket)
-            while not self._closing:
-                try:
-                    await self._open()
-                except BatonError as exc:
-                    log.warning("reconnect failed (%s); retrying in %.2f s", exc, delay)
-                    await asyncio.sleep(delay)
-                    delay = min(2.0, delay * 2)
-                    continue
-                delay = 0.05
-                log.warning("reconnected to the Baton agent at %s", self.socket)
+            if await reconnect(self._open, lambda: self._closing, self.socket):
                 self._spawn(self._reclaim())
-                break
 
     async def _serve_session(self, call: Any) -> None:
         try:
@@ -321,7 +268,7 @@ class AsyncBaton:
         assert self._connected is not None and self._supervisor is not None
         if self._connected.is_set():
             return
-        if self._supervisor.done():
+        if not self._reconnect or self._supervisor.done():
             raise AgentUnavailable(
                 f"lost the Baton agent at {self.socket} and this client does not reconnect "
                 "(reconnect=False); create a new client"
