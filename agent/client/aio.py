@@ -207,8 +207,10 @@ class AsyncBaton:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _request(self, request: pb.Request, timeout: float | None = None) -> pb.Reply:
-        """Send a request on the session and wait for its reply.
+    async def _request(
+        self, request: pb.Request, timeout: float | None = None, slack: float = 0.0
+    ) -> pb.Reply:
+        """Send a request on the session and wait up to `timeout` + `slack` for its reply.
 
         While the session is broken the request waits for the reconnect, up to `timeout` (or
         the connect timeout); a stream that breaks after it was sent fails it.
@@ -218,7 +220,9 @@ class AsyncBaton:
         while True:
             await self._ready(deadline - loop.time())
             try:
-                return await self._send_request(request, timeout)
+                return await self._send_request(
+                    request, None if timeout is None else timeout + slack
+                )
             except _NotSent:
                 continue
 
@@ -291,7 +295,7 @@ class AsyncBaton:
             return self.lease
         timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
         request = pb.Request(acquire=pb.AcquireRequest(gpus=gpus or (), timeout_ms=timeout_ms))
-        reply = await self._request(request, None if timeout is None else timeout + 5)
+        reply = await self._request(request, timeout, slack=5)
         self.lease, self.resuming = LeaseInfo.from_pb(reply.lease), False
         self._start_renewer()
         return self.lease
