@@ -43,12 +43,18 @@ def handoffs(records: list[list[Any]]) -> list[float]:
     return gaps
 
 
-def run_handoff_bench(iterations: int) -> dict[str, Any]:
+CLIENTS = ("blocking", "async")
+"""`Baton` (a caller's thread, the client's event loop in another) or `AsyncBaton`."""
+
+
+def run_handoff_bench(iterations: int, client: str = "blocking") -> dict[str, Any]:
     """Run both measurements against a fresh agent; returns the bench's JSON fields."""
-    return asyncio.run(_bench(iterations))
+    if client not in CLIENTS:
+        raise ValueError(f"client {client!r} is not one of {', '.join(CLIENTS)}")
+    return asyncio.run(_bench(iterations, client))
 
 
-async def _bench(iterations: int) -> dict[str, Any]:
+async def _bench(iterations: int, client: str) -> dict[str, Any]:
     from agent.daemon import Agent, AgentConfig
 
     workdir = tempfile.mkdtemp(dir="/tmp", prefix="baton-bench-")
@@ -59,9 +65,9 @@ async def _bench(iterations: int) -> dict[str, Any]:
     agent = Agent(config)
     await agent.start()
     try:
-        solo = await _workers(socket, "acquire", iterations, ["solo"])
+        solo = await _workers(socket, "acquire", iterations, ["solo"], client)
         acquire = list(solo[0])
-        pair = await _workers(socket, "pingpong", iterations, ["ping", "pong"])
+        pair = await _workers(socket, "pingpong", iterations, ["ping", "pong"], client)
         gaps = handoffs(pair[0] + pair[1])
     finally:
         await agent.stop()
@@ -75,10 +81,13 @@ async def _bench(iterations: int) -> dict[str, Any]:
         "handoff_p99_ms": round(percentile(gaps, 0.99) * 1000, 3),
         "iterations": iterations,
         "handoff_samples": len(gaps),
+        "client": client,
     }
 
 
-async def _workers(socket: str, mode: str, iterations: int, names: list[str]) -> list[Any]:
+async def _workers(
+    socket: str, mode: str, iterations: int, names: list[str], client: str
+) -> list[Any]:
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
@@ -92,6 +101,8 @@ async def _workers(socket: str, mode: str, iterations: int, names: list[str]) ->
             str(iterations),
             "--name",
             name,
+            "--client",
+            client,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
@@ -141,6 +152,32 @@ def _tenant(socket: str, mode: str, iterations: int, name: str) -> list[Any]:
     return samples
 
 
+async def _async_tenant(socket: str, mode: str, iterations: int, name: str) -> list[Any]:
+    from agent.client import AsyncBaton
+
+    baton = AsyncBaton(socket, [GPU], name=name)
+    await baton.connect()
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    samples: list[Any] = []
+    for i in range(iterations + WARMUP):
+        requested = time.perf_counter()
+        lease = await baton.acquire()
+        granted = time.perf_counter()
+        if mode == "pingpong":
+            await asyncio.sleep(HOLD_S)
+        yielded = time.perf_counter()
+        await baton.yield_()
+        if i < WARMUP:
+            continue
+        if mode == "acquire":
+            samples.append(granted - requested)
+        else:
+            samples.append([lease.fencing_tokens[GPU], name, requested, granted, yielded])
+    await baton.close()
+    return samples
+
+
 def main() -> None:
     """Entry point of a bench tenant process."""
     parser = argparse.ArgumentParser()
@@ -148,8 +185,13 @@ def main() -> None:
     parser.add_argument("--mode", choices=["acquire", "pingpong"], required=True)
     parser.add_argument("--iterations", type=int, required=True)
     parser.add_argument("--name", required=True)
+    parser.add_argument("--client", choices=CLIENTS, default="blocking")
     args = parser.parse_args()
-    print(json.dumps(_tenant(args.socket, args.mode, args.iterations, args.name)), flush=True)
+    if args.client == "async":
+        run = asyncio.run(_async_tenant(args.socket, args.mode, args.iterations, args.name))
+    else:
+        run = _tenant(args.socket, args.mode, args.iterations, args.name)
+    print(json.dumps(run), flush=True)
 
 
 if __name__ == "__main__":

@@ -248,12 +248,19 @@ def events(
 
 def bench_handoff(
     iterations: Annotated[int, typer.Option(help="Samples per measurement.")] = 500,
+    client: Annotated[
+        str, typer.Option(help="Tenants use the blocking `Baton` or the asyncio `AsyncBaton`.")
+    ] = "blocking",
     as_json: AsJson = False,
 ) -> None:
     """Uncontended acquire and yield→grant handoff between two tenant processes."""
     from agent.bench import run_handoff_bench
 
-    echo_figures(run_handoff_bench(iterations), as_json)
+    try:
+        figures = run_handoff_bench(iterations, client)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--client") from None
+    echo_figures(figures, as_json)
 
 
 def bench_evacuate(
