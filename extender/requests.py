@@ -171,7 +171,7 @@ def _check_memory(value: Decimal) -> int:
 
 def _check_duty(value: Decimal) -> float:
     if not 0 < value <= 100:
-        raise RequestError(f"{RESOURCE_GPU_DUTY} {value} is outside 1-100 (percent of GPU time)")
+        raise RequestError(f"{RESOURCE_GPU_DUTY} {value} is not above 0 and at most 100 (percent)")
     return float(value)
 
 

@@ -127,7 +127,8 @@ def test_bad_pod_request_is_unresolvable_everywhere_with_the_field_named(
     body = post(client, "filter", names_only(pod(duty=150), ["node-a", "node-b"])).json()
     assert body["NodeNames"] == []
     assert set(body["FailedAndUnresolvableNodes"]) == {"node-a", "node-b"}
-    assert "baton.dev/gpu-duty 150 is outside 1-100" in body["FailedAndUnresolvableNodes"]["node-a"]
+    reason = body["FailedAndUnresolvableNodes"]["node-a"]
+    assert "baton.dev/gpu-duty 150 is not above 0 and at most 100" in reason
 
 
 @pytest.mark.parametrize(
