@@ -142,24 +142,25 @@ class AgentProcess:
 
     def start(self, timeout: float = 30.0) -> None:
         """Start the agent and wait for its "agent ready" log line."""
-        self.lines = []
+        lines: list[str] = []  # this process's own: a killed one's reader may still be draining
+        self.lines = lines
         self.proc = subprocess.Popen(
             self.argv(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
         )
-        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
+        threading.Thread(target=self._read, args=(self.proc, lines), daemon=True).start()
         line = self.wait_for(self.READY.pattern, timeout)
         match = self.READY.search(line)
         assert match is not None
         self.http_port = int(match[1])
 
-    def _read(self, proc: subprocess.Popen[str]) -> None:
+    def _read(self, proc: subprocess.Popen[str], lines: list[str]) -> None:
         assert proc.stderr is not None
         for line in proc.stderr:
             with self._cond:
-                self.lines.append(line.rstrip("\n"))
+                lines.append(line.rstrip("\n"))
                 self._cond.notify_all()
         with self._cond:
-            self.lines.append("<exited>")
+            lines.append("<exited>")
             self._cond.notify_all()
 
     def wait_for(self, pattern: str, timeout: float, start: int = 0) -> str:
