@@ -126,6 +126,21 @@ async def _workers(
     return results
 
 
+Turn = tuple[int, float, float, float]
+"""`(fencing token, requested, granted, yielded)` of one turn, times from `perf_counter`."""
+
+
+def _samples(mode: str, name: str, turns: list[Turn]) -> list[Any]:
+    """What a tenant process reports, warm-up dropped: acquire latencies, or handoff records."""
+    measured = turns[WARMUP:]
+    if mode == "acquire":
+        return [granted - requested for _, requested, granted, _ in measured]
+    return [
+        [token, name, requested, granted, yielded]
+        for token, requested, granted, yielded in measured
+    ]
+
+
 def _tenant(socket: str, mode: str, iterations: int, name: str) -> list[Any]:
     from agent.client import Baton
 
@@ -133,23 +148,17 @@ def _tenant(socket: str, mode: str, iterations: int, name: str) -> list[Any]:
     baton.connect()
     print("ready", flush=True)
     sys.stdin.readline()
-    samples: list[Any] = []
-    for i in range(iterations + WARMUP):
+    turns: list[Turn] = []
+    for _ in range(iterations + WARMUP):
         requested = time.perf_counter()
         lease = baton.acquire()
         granted = time.perf_counter()
         if mode == "pingpong":
             time.sleep(HOLD_S)
-        yielded = time.perf_counter()
+        turns.append((lease.fencing_tokens[GPU], requested, granted, time.perf_counter()))
         baton.yield_()
-        if i < WARMUP:
-            continue
-        if mode == "acquire":
-            samples.append(granted - requested)
-        else:
-            samples.append([lease.fencing_tokens[GPU], name, requested, granted, yielded])
     baton.close()
-    return samples
+    return _samples(mode, name, turns)
 
 
 async def _async_tenant(socket: str, mode: str, iterations: int, name: str) -> list[Any]:
@@ -159,23 +168,17 @@ async def _async_tenant(socket: str, mode: str, iterations: int, name: str) -> l
     await baton.connect()
     print("ready", flush=True)
     await asyncio.to_thread(sys.stdin.readline)
-    samples: list[Any] = []
-    for i in range(iterations + WARMUP):
+    turns: list[Turn] = []
+    for _ in range(iterations + WARMUP):
         requested = time.perf_counter()
         lease = await baton.acquire()
         granted = time.perf_counter()
         if mode == "pingpong":
             await asyncio.sleep(HOLD_S)
-        yielded = time.perf_counter()
+        turns.append((lease.fencing_tokens[GPU], requested, granted, time.perf_counter()))
         await baton.yield_()
-        if i < WARMUP:
-            continue
-        if mode == "acquire":
-            samples.append(granted - requested)
-        else:
-            samples.append([lease.fencing_tokens[GPU], name, requested, granted, yielded])
     await baton.close()
-    return samples
+    return _samples(mode, name, turns)
 
 
 def main() -> None:
