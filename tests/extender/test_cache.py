@@ -46,21 +46,34 @@ def test_pods_deleted_free_their_slots(fake_api: FakeApiServer, kube_cache: Kube
     assert kube_cache.wait_for(lambda s: tenants(s, "n1") == [], SYNC_TIMEOUT_S)
 
 
-def test_outage_and_expired_history_lead_to_a_relist(
+def test_outage_leads_to_a_fresh_start(fake_api: FakeApiServer, kube_cache: KubeCache) -> None:
+    fake_api.put_object(node("n1", gpus=1))
+    assert kube_cache.wait_for(lambda s: s.node("n1") is not None, SYNC_TIMEOUT_S)
+    fake_api.stop()
+    fake_api.clear_requests()
+    fake_api.put_object(node("n2", gpus=2))
+    fake_api.put_object(pod("a", node_name="n2", assigned=["GPU-n2-1"]))
+    fake_api.start()
+    assert kube_cache.wait_for(lambda s: len(tenants(s, "n2")) == 1, SYNC_TIMEOUT_S)
+    assert kube_cache.wait_for(lambda s: s.node("n2") is not None, SYNC_TIMEOUT_S)
+    assert fake_api.requests(resource="nodes"), "the cache never came back to the API server"
+
+
+def test_expired_history_leads_to_a_relist(
     fake_api: FakeApiServer, kube_cache: KubeCache, restarts: list[tuple[str, str]]
 ) -> None:
     fake_api.put_object(node("n1", gpus=1))
     assert kube_cache.wait_for(lambda s: s.node("n1") is not None, SYNC_TIMEOUT_S)
-    fake_api.stop()
-    fake_api.put_object(node("n2", gpus=2))
-    fake_api.put_object(pod("a", node_name="n2", assigned=["GPU-n2-1"]))
-    fake_api.compact_history()
-    fake_api.start()
+    lists_before = len(fake_api.requests("list", "nodes"))
+    with fake_api.atomically():
+        fake_api.put_object(node("n2", gpus=2))
+        fake_api.put_object(pod("a", node_name="n2", assigned=["GPU-n2-1"]))
+        fake_api.compact_history()
     assert kube_cache.wait_for(lambda s: len(tenants(s, "n2")) == 1, SYNC_TIMEOUT_S)
     assert kube_cache.wait_for(lambda s: s.node("n2") is not None, SYNC_TIMEOUT_S)
     gone = "ApiFailure: watching nodes: API server answered 410: too old resource version"
     assert any(kind == "nodes" and why.startswith(gone) for kind, why in restarts), restarts
-    assert len(fake_api.requests("list", "nodes")) >= 2
+    assert len(fake_api.requests("list", "nodes")) > lists_before
 
 
 def test_unreadable_annotation_is_reported_per_node(

@@ -12,7 +12,7 @@ import contextlib
 import json
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -252,6 +252,13 @@ class FakeApiServer:
     def send_bookmarks(self) -> None:
         """Make every watch that allows bookmarks send one now."""
         self.store.request_bookmarks()
+
+    @contextlib.contextmanager
+    def atomically(self) -> Iterator[None]:
+        """Make the changes inside the block appear to watchers as one step (they see none before
+        the block ends); with compact_history() inside, a running watch gets 410 Gone."""
+        with self.store.cond:
+            yield
 
     def compact_history(self) -> None:
         """Forget the event history, so watches from older resourceVersions get 410 Gone."""
