@@ -18,6 +18,7 @@ _CODES: list[tuple[type[errors.AgentError], grpc.StatusCode]] = [
     (errors.AcquireTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (errors.TenantGone, grpc.StatusCode.UNAVAILABLE),
+    (errors.Cancelled, grpc.StatusCode.CANCELLED),
 ]
 
 

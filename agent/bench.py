@@ -15,6 +15,8 @@ import tempfile
 import time
 from typing import Any
 
+from agent.client.links import TRANSPORTS
+
 GPU = "GPU-bench-0"
 WARMUP = 20
 HOLD_S = 0.002
@@ -47,14 +49,20 @@ CLIENTS = ("blocking", "async")
 """`Baton` (a caller's thread, the client's event loop in another) or `AsyncBaton`."""
 
 
-def run_handoff_bench(iterations: int, client: str = "blocking") -> dict[str, Any]:
+def run_handoff_bench(
+    iterations: int, client: str = "blocking", transport: str = "direct"
+) -> dict[str, Any]:
     """Run both measurements against a fresh agent; returns the bench's JSON fields."""
     if client not in CLIENTS:
         raise ValueError(f"client {client!r} is not one of {', '.join(CLIENTS)}")
-    return asyncio.run(_bench(iterations, client))
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
+    if client == "blocking" and transport != "direct":
+        raise ValueError("the blocking client speaks direct sessions only; use --client async")
+    return asyncio.run(_bench(iterations, client, transport))
 
 
-async def _bench(iterations: int, client: str) -> dict[str, Any]:
+async def _bench(iterations: int, client: str, transport: str) -> dict[str, Any]:
     from agent.daemon import Agent, AgentConfig
 
     workdir = tempfile.mkdtemp(dir="/tmp", prefix="baton-bench-")
@@ -65,9 +73,9 @@ async def _bench(iterations: int, client: str) -> dict[str, Any]:
     agent = Agent(config)
     await agent.start()
     try:
-        solo = await _workers(socket, "acquire", iterations, ["solo"], client)
+        solo = await _workers(socket, "acquire", iterations, ["solo"], client, transport)
         acquire = list(solo[0])
-        pair = await _workers(socket, "pingpong", iterations, ["ping", "pong"], client)
+        pair = await _workers(socket, "pingpong", iterations, ["ping", "pong"], client, transport)
         gaps = handoffs(pair[0] + pair[1])
     finally:
         await agent.stop()
@@ -82,11 +90,12 @@ async def _bench(iterations: int, client: str) -> dict[str, Any]:
         "iterations": iterations,
         "handoff_samples": len(gaps),
         "client": client,
+        "transport": transport,
     }
 
 
 async def _workers(
-    socket: str, mode: str, iterations: int, names: list[str], client: str
+    socket: str, mode: str, iterations: int, names: list[str], client: str, transport: str
 ) -> list[Any]:
     procs = [
         await asyncio.create_subprocess_exec(
@@ -103,6 +112,8 @@ async def _workers(
             name,
             "--client",
             client,
+            "--transport",
+            transport,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
@@ -141,9 +152,11 @@ def _samples(mode: str, name: str, turns: list[Turn]) -> list[Any]:
     ]
 
 
-def _tenant(socket: str, mode: str, iterations: int, name: str) -> list[Any]:
+def _tenant(socket: str, mode: str, iterations: int, name: str, transport: str) -> list[Any]:
     from agent.client import Baton
 
+    if transport != "direct":
+        raise SystemExit("the blocking client speaks direct sessions only; use --client async")
     baton = Baton(socket, [GPU], name=name)
     baton.connect()
     print("ready", flush=True)
@@ -161,10 +174,12 @@ def _tenant(socket: str, mode: str, iterations: int, name: str) -> list[Any]:
     return _samples(mode, name, turns)
 
 
-async def _async_tenant(socket: str, mode: str, iterations: int, name: str) -> list[Any]:
+async def _async_tenant(
+    socket: str, mode: str, iterations: int, name: str, transport: str
+) -> list[Any]:
     from agent.client import AsyncBaton
 
-    baton = AsyncBaton(socket, [GPU], name=name)
+    baton = AsyncBaton(socket, [GPU], name=name, transport=transport)
     await baton.connect()
     print("ready", flush=True)
     await asyncio.to_thread(sys.stdin.readline)
@@ -189,11 +204,13 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--client", choices=CLIENTS, default="blocking")
+    parser.add_argument("--transport", choices=TRANSPORTS, default="direct")
     args = parser.parse_args()
+    tenant_args = (args.socket, args.mode, args.iterations, args.name, args.transport)
     if args.client == "async":
-        run = asyncio.run(_async_tenant(args.socket, args.mode, args.iterations, args.name))
+        run = asyncio.run(_async_tenant(*tenant_args))
     else:
-        run = _tenant(args.socket, args.mode, args.iterations, args.name)
+        run = _tenant(*tenant_args)
     print(json.dumps(run), flush=True)
 
 

@@ -251,15 +251,22 @@ def bench_handoff(
     client: Annotated[
         str, typer.Option(help="Tenants use the blocking `Baton` or the asyncio `AsyncBaton`.")
     ] = "blocking",
+    transport: Annotated[
+        str,
+        typer.Option(
+            help="The session travels as frames on the handshake socket (direct) or over gRPC."
+        ),
+    ] = "direct",
     as_json: AsJson = False,
 ) -> None:
     """Uncontended acquire and yield→grant handoff between two tenant processes."""
     from agent.bench import run_handoff_bench
 
     try:
-        figures = run_handoff_bench(iterations, client)
+        figures = run_handoff_bench(iterations, client, transport)
     except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--client") from None
+        hint = "--transport" if "transport" in str(e) else "--client"
+        raise typer.BadParameter(str(e), param_hint=hint) from None
     echo_figures(figures, as_json)
 
 

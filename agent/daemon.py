@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -12,9 +13,16 @@ from pathlib import Path
 
 import grpc
 
+from agent import direct_session
 from agent.grpc_server import AgentServicer
 from agent.http import StatusServer
-from agent.identity import TokenRegistry, handshake_path, pod_uid_of_pid, serve_handshake
+from agent.identity import (
+    HandshakeServer,
+    TokenRegistry,
+    handshake_path,
+    pod_uid_of_pid,
+    serve_handshake,
+)
 from agent.leases import LeaseTable
 from agent.podwatch import PodWatcher
 from agent.residency import NullPreparer, TurnPreparer
@@ -70,7 +78,7 @@ class Agent:
         self.http_port = 0
         self.service: LeaseService | None = None
         self._grpc: grpc.aio.Server | None = None
-        self._handshake: asyncio.Server | None = None
+        self._handshake: HandshakeServer | None = None
         self._http: StatusServer | None = None
         self._pods: PodWatcher | None = None
         self._stop_requested = asyncio.Event()
@@ -102,15 +110,19 @@ class Agent:
         Path(cfg.socket).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.socket).unlink(missing_ok=True)
         self._grpc = grpc.aio.server()
-        agent_pb2_grpc.add_AgentServicer_to_server(
-            AgentServicer(service, tokens, self._pod_uid_of), self._grpc
-        )
+        servicer = AgentServicer(service, tokens, self._pod_uid_of)
+        agent_pb2_grpc.add_AgentServicer_to_server(servicer, self._grpc)
         self._grpc.add_insecure_port(f"unix:{cfg.socket}")
         if cfg.debug_tcp_port:
             self._grpc.add_insecure_port(f"127.0.0.1:{cfg.debug_tcp_port}")
         await self._grpc.start()
         os.chmod(cfg.socket, cfg.socket_mode)
-        self._handshake = await serve_handshake(handshake_path(cfg.socket), tokens, cfg.socket_mode)
+        self._handshake = await serve_handshake(
+            handshake_path(cfg.socket),
+            tokens,
+            cfg.socket_mode,
+            functools.partial(direct_session.serve, servicer),
+        )
 
         if cfg.node_name:
             self._start_pod_watch(service)

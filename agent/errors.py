@@ -55,6 +55,10 @@ class Unauthenticated(AgentError):
     """No valid session token (UNAUTHENTICATED)."""
 
 
+class Cancelled(AgentError):
+    """The client withdrew its pending acquire (CANCELLED)."""
+
+
 class TenantGone(AgentError):
     """The tenant left while the call was in flight (UNAVAILABLE)."""
 

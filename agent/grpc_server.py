@@ -15,7 +15,7 @@ from agent import api_ops, errors
 from agent import events as ev
 from agent.identity import Peer, TokenRegistry, may_watch
 from agent.service import LeaseService
-from agent.session_stream import SessionStream
+from agent.session_stream import Link, SessionStream
 from agent.sessions import Session as TenantSession
 from agent.tenants import Tenant
 from baton._pb import agent_pb2 as pb
@@ -87,7 +87,11 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     async def Register(
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterResponse:
-        peer = self._peer(context)
+        tenant = self.register_peer(self._peer(context), request)
+        return pb.RegisterResponse(tenant=api_ops.tenant_to_pb(tenant))
+
+    def register_peer(self, peer: Peer, request: pb.RegisterRequest) -> Tenant:
+        """The tenant `peer` belongs to: its pod's, or the one it registers outside Kubernetes."""
         pod_uid = self._pod_uid_of(peer.pid)
         if pod_uid:
             tenant = self._service.tenants.find(peer.pid, pod_uid)
@@ -104,7 +108,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         else:
             tenant = self._service.register(peer.pid, peer.uid, request)
         self._tokens.bind(peer.token, tenant.tenant_id)
-        return pb.RegisterResponse(tenant=api_ops.tenant_to_pb(tenant))
+        return tenant
 
     @_mapped
     async def Acquire(
@@ -138,6 +142,10 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             return
         first = await context.read()
         hello = first.hello if isinstance(first, pb.ClientMessage) else pb.Hello()
+        await self.run_session(peer, tenant, hello, context)
+
+    async def run_session(self, peer: Peer, tenant: Tenant, hello: pb.Hello, link: Link) -> None:
+        """Open the tenant's session, serve it over `link` until it ends, then close it."""
         session = TenantSession(tenant.tenant_id, peer.pid, peer.token, frozenset(hello.callbacks))
         self._tokens.attach(peer.token)
         self._service.sessions.open(session)
@@ -146,7 +154,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         welcome = pb.AgentMessage(welcome=pb.Welcome(tenant=api_ops.tenant_to_pb(tenant)))
         tenant_id = tenant.tenant_id
         stream = SessionStream(
-            self._service, session, context, lambda: self._service.tenants.tenants.get(tenant_id)
+            self._service, session, link, lambda: self._service.tenants.tenants.get(tenant_id)
         )
         try:
             await stream.serve(welcome)
@@ -155,6 +163,29 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             self._tokens.revoke(peer.token)
             self._service.session_closed(tenant_id, peer.pid, last)
             log.info("session closed: tenant %s pid %d", tenant_id, peer.pid)
+
+    def session_tenant(self, token: str, pid: int) -> Tenant:
+        """The tenant of the open session `token`, for another connection of its process."""
+        owner = self._tokens.get(token)
+        tenant_id = self._tokens.tenant_of(token)
+        if owner is None or tenant_id is None or owner.pid != pid:
+            raise errors.Unauthenticated(
+                f"process {pid} has no open session with that token: a call link joins a "
+                "session its own process opened"
+            )
+        tenant = self._service.tenants.tenants.get(tenant_id)
+        if tenant is None:
+            raise errors.TenantGone(f"tenant {tenant_id} is no longer known")
+        return tenant
+
+    async def run_calls(self, tenant: Tenant, link: Link) -> None:
+        """Serve requests (no session of their own) over `link` until it ends."""
+        welcome = pb.AgentMessage(welcome=pb.Welcome(tenant=api_ops.tenant_to_pb(tenant)))
+        tenant_id = tenant.tenant_id
+        stream = SessionStream(
+            self._service, None, link, lambda: self._service.tenants.tenants.get(tenant_id)
+        )
+        await stream.serve(welcome)
 
     async def WatchEvents(
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext

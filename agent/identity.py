@@ -15,7 +15,7 @@ import re
 import secrets
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,24 +116,55 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     return pid, uid, gid
 
 
-async def serve_handshake(path: str, tokens: TokenRegistry, mode: int) -> asyncio.Server:
-    """Listen on `path`; every connection gets one JSON line with its token, then EOF."""
+OnSession = Callable[[Peer, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+"""Serves what a client sends after its token line (a direct session); returns at its end."""
+
+
+class HandshakeServer:
+    """The listening handshake socket and the connections it holds open (direct sessions)."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+
+    def close(self) -> None:
+        """Stop listening and end every open connection, so that their clients notice."""
+        if self.server is not None:
+            self.server.close()
+        for writer in list(self._open):
+            writer.close()
+
+    async def wait_closed(self) -> None:
+        if self.server is not None:
+            await self.server.wait_closed()
+
+
+async def serve_handshake(
+    path: str, tokens: TokenRegistry, mode: int, on_session: OnSession | None = None
+) -> HandshakeServer:
+    """Listen on `path`; every connection gets one JSON line with its token. Then the
+    connection ends, or, with `on_session`, carries the client's direct session."""
+    handshake = HandshakeServer()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handshake._open.add(writer)
         try:
             pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
             peer = tokens.issue(pid, uid, gid)
             writer.write(json.dumps({"token": peer.token, "pid": pid}).encode() + b"\n")
             await writer.drain()
+            if on_session is not None:
+                await on_session(peer, reader, writer)
         except OSError as exc:
             log.warning("handshake failed: %s", exc)
         finally:
+            handshake._open.discard(writer)
             writer.close()
 
     Path(path).unlink(missing_ok=True)
-    server = await asyncio.start_unix_server(handle, path=path)
+    handshake.server = await asyncio.start_unix_server(handle, path=path)
     Path(path).chmod(mode)
-    return server
+    return handshake
 
 
 def may_watch(peer_uid: int, agent_uid: int) -> bool:

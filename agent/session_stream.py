@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-
-import grpc
+from typing import Any, Protocol
 
 from agent import api_ops, eager, errors
 from agent.service import LeaseService
@@ -17,19 +16,32 @@ from baton._pb import agent_pb2 as pb
 log = logging.getLogger(__name__)
 
 
+class Link(Protocol):
+    """Where a session's messages travel: the gRPC `Session` call, or a direct session."""
+
+    async def read(self) -> Any:
+        """The next `ClientMessage`; anything else (gRPC's EOF, None) when the client is done."""
+        ...
+
+    async def write(self, message: pb.AgentMessage) -> None: ...
+
+
 class SessionStream:
-    """Serves one open `Session` RPC until either side ends it."""
+    """Serves one open session until either side ends it.
+
+    Without a `Session` it serves a direct call link: requests and their replies only.
+    """
 
     def __init__(
         self,
         service: LeaseService,
-        session: Session,
-        context: grpc.aio.ServicerContext,
+        session: Session | None,
+        link: Link,
         tenant: Callable[[], Tenant | None],
     ) -> None:
         self._service = service
         self._session = session
-        self._context = context
+        self._link = link
         self._tenant = tenant
         self._requests: dict[int, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
@@ -39,6 +51,9 @@ class SessionStream:
         await self._write(welcome)
         reader = asyncio.create_task(self._read())
         try:
+            if self._session is None:
+                await reader
+                return
             while (message := await self._session.outbox.get()) is not None:
                 await self._write(message)
         finally:
@@ -49,22 +64,28 @@ class SessionStream:
     async def _read(self) -> None:
         try:
             while True:
-                message = await self._context.read()
+                message = await self._link.read()
                 if not isinstance(message, pb.ClientMessage):  # the client closed its side
                     return
-                if message.HasField("callback_result"):
+                if message.HasField("callback_result") and self._session is not None:
                     self._session.resolve(message.callback_result)
                 elif message.HasField("request"):
                     await self._handle(message.request)
         finally:
-            self._session.outbox.put_nowait(None)
+            if self._session is not None:
+                self._session.outbox.put_nowait(None)
 
     async def _handle(self, request: pb.Request) -> None:
         kind = request.WhichOneof("kind")
-        if kind == "cancel":
+        if kind == "cancel":  # a pending acquire is answered once more: cancelled
             task = self._requests.pop(request.request_id, None)
             if task is not None:
                 task.cancel()
+                cancelled = pb.Reply(request_id=request.request_id)
+                cancelled.error.CopyFrom(
+                    api_ops.error_status(errors.Cancelled("the acquire was withdrawn"))
+                )
+                await self._write(pb.AgentMessage(reply=cancelled))
             return
         if kind == "acquire":  # runs at once; only a turn that must wait becomes a task
             _, _, rest = eager.start(self._acquire(request))
@@ -97,12 +118,12 @@ class SessionStream:
 
     async def _write(self, message: pb.AgentMessage) -> None:
         async with self._lock:
-            await self._context.write(message)
+            await self._link.write(message)
 
     def _current_tenant(self) -> Tenant:
         tenant = self._tenant()
         if tenant is None:
-            raise errors.TenantGone(f"tenant {self._session.tenant_id} is no longer known")
+            raise errors.TenantGone("this session's tenant is no longer known to the agent")
         return tenant
 
 

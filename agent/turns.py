@@ -169,10 +169,10 @@ class TurnService:
     def _changed(self) -> None:
         """The node's state changed: persist it, retry blocked waiters, grant what can be."""
         self._changes += 1
-        self._persist()
         self.table.unblock_all()
         self._dispatch()
         self._reschedule()
+        self._persist()  # after the grants: their waiters resume before the state is encoded
 
     def _dispatch(self) -> None:
         self._start_turns(self.table.pick())
@@ -214,12 +214,12 @@ class TurnService:
         lease = self.table.grant(waiter.waiter_id)
         self.metrics.granted(lease, lease.granted_at - waiter.enqueued_at)
         self._publish(ev.GRANTED, lease.tenant_id, lease=lease)
-        self._persist()
         future = self._pending.pop(waiter.waiter_id, None)
         if future is not None and not future.done():
             future.set_result(lease)
         elif waiter.front:
             self.sessions.notify(lease.tenant_id, pb.AgentMessage(granted=lease_to_pb(lease)))
+        self._persist()
         if not self.sessions.connected(lease.tenant_id):  # a bare RPC caller: nothing to watch
             loop = asyncio.get_running_loop()
             loop.call_later(self._grace, self._check_session, lease.tenant_id)

@@ -11,8 +11,6 @@ import socket as socketlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import grpc
-
 from agent.client.connect import open_session, reconnect
 from agent.client.errors import (
     AgentUnavailable,
@@ -21,12 +19,16 @@ from agent.client.errors import (
     NotHolding,
     from_status,
 )
+from agent.client.links import TRANSPORTS, SessionLink
 from agent.client.types import Callback, LeaseInfo, gpus_from, run_callback
 from baton._pb import agent_pb2 as pb
-from baton._pb import agent_pb2_grpc
 from baton.names import AGENT_SOCKET, ENV_AGENT_SOCKET, ENV_TENANT_NAME
 
 log = logging.getLogger("baton.client")
+
+
+REPLY_TIMEOUT_S = 10.0
+"""How long a yield or renewal waits for the agent's answer (a live agent answers at once)."""
 
 
 class _NotSent(Exception):
@@ -50,7 +52,12 @@ class AsyncBaton:
         connect_timeout: float = 5.0,
         renew_interval: float = 2.0,
         reconnect: bool = True,
+        transport: str = "direct",
     ) -> None:
+        if transport not in TRANSPORTS:
+            raise BatonError(f"unknown transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
+        self.transport = transport
+        """How the session travels: "direct" (frames on the handshake socket) or "grpc"."""
         self.socket = socket or os.environ.get(ENV_AGENT_SOCKET) or AGENT_SOCKET
         self.gpus = gpus_from(gpus)
         default_name = f"{socketlib.gethostname()}-{os.getpid()}"
@@ -63,7 +70,8 @@ class AsyncBaton:
             memory_limit_bytes=memory_limit_bytes,
         )
         self._callbacks: dict[str, Callback] = {}
-        self._stub: agent_pb2_grpc.AgentStub | None = None
+        self._link: SessionLink | None = None
+        self._token = ""
         self.register_callbacks(on_park=on_park, on_restore=on_restore)
         self._connect_timeout = connect_timeout
         self._renew_interval = renew_interval
@@ -72,9 +80,6 @@ class AsyncBaton:
         self.lease: LeaseInfo | None = None
         self.resuming = False
         """True after a revocation, until the agent hands the turn back."""
-        self._channel: grpc.aio.Channel | None = None
-        self._metadata: tuple[tuple[str, str], ...] = ()
-        self._call: Any = None
         self._write_lock: asyncio.Lock | None = None
         self._connected: asyncio.Event | None = None
         self._supervisor: asyncio.Task[None] | None = None
@@ -91,7 +96,7 @@ class AsyncBaton:
 
         Each gets the GPU UUID and returns the bytes it moved. Register before connecting.
         """
-        if self._stub is not None:
+        if self._link is not None:
             raise BatonError("register callbacks before the first connect()/acquire()")
         for action, fn in (("park", on_park), ("restore", on_restore)):
             if fn is not None:
@@ -110,35 +115,35 @@ class AsyncBaton:
 
     async def _open(self) -> None:
         opened = await open_session(
-            self.socket, self._registration, list(self._callbacks), self._connect_timeout
+            self.socket,
+            self._registration,
+            list(self._callbacks),
+            self._connect_timeout,
+            self.transport,
         )
-        if self._channel is not None:
-            await self._channel.close()
-        self._channel, self._stub, self._call = opened.channel, opened.stub, opened.call
-        self._metadata = opened.metadata
+        if self._link is not None:
+            await self._link.close()
+        self._link, self._token = opened.link, opened.token
         self.tenant = opened.tenant
         assert self._connected is not None
         self._connected.set()
 
     async def _supervise(self) -> None:
         while not self._closing:
-            await self._serve_session(self._call)
+            assert self._link is not None
+            await self._serve_session(self._link)
             if self._closing or not self._reconnect:
                 return
             log.warning("lost the Baton agent at %s; reconnecting", self.socket)
             if await reconnect(self._open, lambda: self._closing, self.socket):
                 self._spawn(self._reclaim())
 
-    async def _serve_session(self, call: Any) -> None:
+    async def _serve_session(self, link: SessionLink) -> None:
         try:
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
-                while True:
-                    message = await call.read()
-                    if not isinstance(message, pb.AgentMessage):
-                        return
-                    self._on_message(call, message)
+            while (message := await link.read()) is not None:
+                self._on_message(message)
         finally:
-            self._lost(call)
+            self._lost(link)
             lost = AgentUnavailable(
                 f"lost the Baton agent at {self.socket}; reconnecting, retry the call"
             )
@@ -146,7 +151,7 @@ class AsyncBaton:
                 if not future.done():
                     future.set_exception(lost)
 
-    def _on_message(self, call: Any, message: pb.AgentMessage) -> None:
+    def _on_message(self, message: pb.AgentMessage) -> None:
         if message.HasField("reply"):
             self._on_reply(message.reply)
         elif message.HasField("callback"):
@@ -187,20 +192,20 @@ class AsyncBaton:
             await self._send(pb.ClientMessage(callback_result=result))
 
     async def _send(self, message: pb.ClientMessage) -> None:
-        assert self._write_lock is not None
-        call = self._call
+        assert self._write_lock is not None and self._link is not None
+        link = self._link
         try:
             async with self._write_lock:
-                await call.write(message)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-            self._lost(call)
-            raise AgentUnavailable(f"lost the Baton agent at {self.socket}: {exc}") from None
+                await link.write(message)
+        except AgentUnavailable:
+            self._lost(link)
+            raise
 
-    def _lost(self, call: Any) -> None:
-        """The session stream `call` is broken: calls wait for the reconnect from now on."""
-        if call is self._call and self._connected is not None:
+    def _lost(self, link: SessionLink) -> None:
+        """The session `link` is broken: calls wait for the reconnect from now on."""
+        if link is self._link and self._connected is not None:
             self._connected.clear()
-            call.cancel()  # so that the read side ends too, and the supervisor reconnects
+            link.cancel()  # so that the read side ends too, and the supervisor reconnects
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -236,10 +241,16 @@ class AsyncBaton:
             except AgentUnavailable:
                 raise _NotSent from None
             reply = await asyncio.wait_for(future, timeout)
-        except (asyncio.CancelledError, TimeoutError):
-            if request.HasField("acquire"):
+        except (asyncio.CancelledError, TimeoutError) as exc:
+            kind = request.WhichOneof("kind")
+            if kind == "acquire":
                 cancel = pb.Request(request_id=request.request_id, cancel=pb.CancelRequest())
                 self._spawn(self._send(pb.ClientMessage(request=cancel)))
+            if isinstance(exc, TimeoutError):
+                raise AgentUnavailable(
+                    f"the Baton agent at {self.socket} did not answer a {kind} request "
+                    f"within {timeout:.3g} s"
+                ) from None
             raise
         finally:
             self._replies.pop(request.request_id, None)
@@ -371,10 +382,8 @@ class AsyncBaton:
         """End the session; the agent releases this process's turn and queue places."""
         self._closing = True
         self._stop_renewer()
-        if self._call is not None:
-            self._call.cancel()
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._call.code(), 1)  # so nothing of the call stays pending
+        if self._link is not None:
+            self._link.cancel()
         if self._supervisor is not None:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -383,8 +392,8 @@ class AsyncBaton:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._channel is not None:
-            await self._channel.close()
+        if self._link is not None:
+            await self._link.close()
 
     async def __aenter__(self) -> AsyncBaton:
         await self.connect()

@@ -1,4 +1,4 @@
-"""Opening a session with the node agent: handshake token, registration, the session stream."""
+"""Opening a session with the node agent: handshake, registration, the session link."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 
-from agent.client.errors import AgentUnavailable, BatonError, from_rpc_error
+from agent.client.errors import AgentUnavailable, BatonError, from_rpc_error, from_status
+from agent.client.links import TRANSPORTS, DirectLink, GrpcLink, SessionLink
 from agent.identity import handshake_path
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
@@ -26,42 +26,96 @@ CLIENT_VERSION = "0.1.0"
 class Opened:
     """A session the agent welcomed."""
 
-    channel: grpc.aio.Channel
-    stub: agent_pb2_grpc.AgentStub
-    call: Any
+    link: SessionLink
     tenant: pb.Tenant
-    metadata: tuple[tuple[str, str], ...]
-    """The session token, as sent with every call."""
+    token: str
+    """The session token: unary RPCs with it as `baton-session` metadata act as this session."""
 
 
-async def session_token(socket: str, timeout: float) -> str:
-    """A token from the agent's SO_PEERCRED handshake socket next to `socket`."""
+def _unreachable(socket: str, exc: BaseException) -> AgentUnavailable:
+    return AgentUnavailable(
+        f"cannot reach the Baton agent at {socket} ({exc}); is `baton agent` "
+        f"running, and is {ENV_AGENT_SOCKET} right?"
+    )
+
+
+async def _handshake(
+    socket: str, timeout: float
+) -> tuple[str, asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect to the handshake socket next to `socket` and read the token line."""
     try:
         reader, writer = await asyncio.wait_for(
             asyncio.open_unix_connection(handshake_path(socket)), timeout
         )
+    except (OSError, TimeoutError) as exc:
+        raise _unreachable(socket, exc) from None
+    try:
         line = await asyncio.wait_for(reader.readline(), timeout)
-        writer.close()
-        return str(json.loads(line)["token"])
+        return str(json.loads(line)["token"]), reader, writer
     except (OSError, TimeoutError, ValueError, KeyError) as exc:
-        raise AgentUnavailable(
-            f"cannot reach the Baton agent at {socket} ({exc}); is `baton agent` "
-            f"running, and is {ENV_AGENT_SOCKET} right?"
-        ) from None
+        writer.close()
+        raise _unreachable(socket, exc) from None
+
+
+async def session_token(socket: str, timeout: float) -> str:
+    """A token from the agent's SO_PEERCRED handshake socket next to `socket`."""
+    token, _, writer = await _handshake(socket, timeout)
+    writer.close()
+    return token
 
 
 async def open_session(
-    socket: str, registration: pb.RegisterRequest, callbacks: Sequence[str], timeout: float
+    socket: str,
+    registration: pb.RegisterRequest,
+    callbacks: Sequence[str],
+    timeout: float,
+    transport: str = "direct",
 ) -> Opened:
-    """Register and open the session stream; `AgentUnavailable` (or the refusal) if not."""
-    metadata = ((AGENT_SESSION_METADATA, await session_token(socket, timeout)),)
+    """Register and open the session; `AgentUnavailable` (or the refusal) if not."""
+    hello = pb.Hello(client_version=CLIENT_VERSION, callbacks=sorted(callbacks))
+    if transport == "direct":
+        return await _open_direct(socket, registration, hello, timeout)
+    if transport == "grpc":
+        return await _open_grpc(socket, registration, hello, timeout)
+    raise BatonError(f"unknown transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
+
+
+async def _open_direct(
+    socket: str, registration: pb.RegisterRequest, hello: pb.Hello, timeout: float
+) -> Opened:
+    token, reader, writer = await _handshake(socket, timeout)
+    link = DirectLink(reader, writer, socket)
+    hello.register.CopyFrom(registration)
+    try:
+        await link.write(pb.ClientMessage(hello=hello))
+        welcome = await asyncio.wait_for(link.read(), timeout)
+    except (AgentUnavailable, TimeoutError) as exc:
+        await link.close()
+        raise AgentUnavailable(
+            f"the Baton agent at {socket} did not open the session: {exc}"
+        ) from None
+    if welcome is not None and welcome.HasField("welcome"):
+        return Opened(link, welcome.welcome.tenant, token)
+    await link.close()
+    if welcome is not None and welcome.HasField("refused"):
+        raise from_status(welcome.refused.code, welcome.refused.message, socket)
+    raise AgentUnavailable(
+        f"the Baton agent at {socket} closed the session before welcoming it; "
+        "if it is older than this client, use transport='grpc'"
+    )
+
+
+async def _open_grpc(
+    socket: str, registration: pb.RegisterRequest, hello: pb.Hello, timeout: float
+) -> Opened:
+    token = await session_token(socket, timeout)
+    metadata = ((AGENT_SESSION_METADATA, token),)
     channel = grpc.aio.insecure_channel(f"unix:{socket}")
     stub = agent_pb2_grpc.AgentStub(channel)
     call = None
     try:
         reply = await stub.Register(registration, metadata=metadata, timeout=timeout)
         call = stub.Session(metadata=metadata)
-        hello = pb.Hello(client_version=CLIENT_VERSION, callbacks=sorted(callbacks))
         await call.write(pb.ClientMessage(hello=hello))
         welcome = await asyncio.wait_for(call.read(), timeout)
         if not isinstance(welcome, pb.AgentMessage):
@@ -75,7 +129,7 @@ async def open_session(
         raise AgentUnavailable(
             f"the Baton agent at {socket} did not open the session: {exc}"
         ) from None
-    return Opened(channel, stub, call, reply.tenant, metadata)
+    return Opened(GrpcLink(channel, call, socket), reply.tenant, token)
 
 
 async def reconnect(

@@ -59,3 +59,22 @@ async def run_callback(fn: Callback | None, request: pb.Callback) -> pb.Callback
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     return result
+
+
+def run_callback_blocking(fn: Callback | None, request: pb.Callback) -> pb.CallbackResult:
+    """`run_callback` for the blocking client: runs in the caller's (a worker) thread."""
+    result = pb.CallbackResult(call_id=request.call_id)
+    try:
+        if fn is None:
+            raise BatonError(f"no on_{request.action} callback registered")
+        moved = fn(request.gpu)
+        if inspect.isawaitable(moved):
+            moved = asyncio.run(_awaited(moved))
+        result.bytes = int(moved or 0)
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+async def _awaited(value: Awaitable[int | None]) -> int | None:
+    return await value

@@ -61,6 +61,22 @@ def busy_seconds(gpu_holds: Iterable[Hold], t0: float, t1: float) -> float:
     return sum(max(0.0, min(h.end, t1) - max(h.start, t0)) for h in gpu_holds)
 
 
+def cycle_duty(gpu_holds: Sequence[Hold], t0: float, t1: float) -> float:
+    """Busy share of the GPU over the whole cycles in [t0, t1]: from the first grant in the
+    window to the last, counting the holds that start in that span.
+
+    A window that is not a whole number of cycles over-counts or under-counts one GPU phase,
+    and tenants that start together make that error the same for each of them; measuring
+    from grant to grant removes it. Falls back to busy ÷ wall with fewer than two grants.
+    """
+    starts = [h.start for h in gpu_holds if t0 <= h.start <= t1]
+    if len(starts) < 2 or t1 <= t0:
+        return busy_seconds(gpu_holds, t0, t1) / (t1 - t0) if t1 > t0 else 0.0
+    first, last = min(starts), max(starts)
+    busy = sum(h.end - h.start for h in gpu_holds if first <= h.start < last)
+    return busy / (last - first)
+
+
 def switches(gpu_holds: Sequence[Hold], t0: float, t1: float) -> int:
     """Grants in [t0, t1] that passed the GPU to a different tenant than the one before."""
     return sum(

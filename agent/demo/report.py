@@ -22,7 +22,7 @@ def integrity_ok(*phases: PhaseResult) -> bool:
 
 def summarize(config: DemoConfig, alone: PhaseResult, shared: PhaseResult) -> dict[str, Any]:
     """The bench fields, then figures that explain them."""
-    baseline = [alone.duty(g) for g in alone.gpus]
+    baseline = [alone.cycle_duty(g) for g in alone.gpus]
     tenant_duty = sum(baseline) / len(baseline)
     ideal = min(1.0, config.tenants * tenant_duty)
     gpu = shared.gpus[0]
@@ -43,6 +43,7 @@ def summarize(config: DemoConfig, alone: PhaseResult, shared: PhaseResult) -> di
         "integrity_ok": integrity_ok(alone, shared),
         "target_duty": config.duty,
         "baseline_duty_per_gpu": [round(d, 4) for d in baseline],
+        "baseline_duty_window": round(sum(alone.duty(g) for g in alone.gpus) / len(baseline), 4),
         "duration_s": config.duration_s,
         "warmup_s": config.warmup_s,
         "gpu_memory_mib": config.gpu_memory_mib,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import events as ev
-from agent.demo.analysis import Hold, busy_seconds, holds, on_gpu
+from agent.demo.analysis import Hold, busy_seconds, cycle_duty, holds, on_gpu
 from agent.fakenode import FakeNode, FakeNodeOptions
 from baton.names import fake_gpu_uuid
 
@@ -122,6 +122,10 @@ class PhaseResult:
     def duty(self, gpu: str) -> float:
         """Busy ÷ wall of `gpu` over the window."""
         return busy_seconds(on_gpu(self.holds, gpu), self.t0, self.t1) / self.wall_s
+
+    def cycle_duty(self, gpu: str) -> float:
+        """Busy share of `gpu` over the whole cycles in the window (see `cycle_duty`)."""
+        return cycle_duty(on_gpu(self.holds, gpu), self.t0, self.t1)
 
 
 async def run_phase(config: DemoConfig, shared: bool, tick: Tick | None = None) -> PhaseResult:

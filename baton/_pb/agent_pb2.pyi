@@ -150,12 +150,16 @@ class ErrorStatus(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("client_version", "callbacks")
+    __slots__ = ("client_version", "callbacks", "register", "session_token")
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     CALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     client_version: str
     callbacks: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, client_version: _Optional[str] = ..., callbacks: _Optional[_Iterable[str]] = ...) -> None: ...
+    register: RegisterRequest
+    session_token: str
+    def __init__(self, client_version: _Optional[str] = ..., callbacks: _Optional[_Iterable[str]] = ..., register: _Optional[_Union[RegisterRequest, _Mapping]] = ..., session_token: _Optional[str] = ...) -> None: ...
 
 class CallbackResult(_message.Message):
     __slots__ = ("call_id", "bytes", "error")
@@ -168,18 +172,20 @@ class CallbackResult(_message.Message):
     def __init__(self, call_id: _Optional[str] = ..., bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("welcome", "callback", "granted", "revoked", "reply")
+    __slots__ = ("welcome", "callback", "granted", "revoked", "reply", "refused")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     CALLBACK_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
     REPLY_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     callback: Callback
     granted: Lease
     revoked: Revoked
     reply: Reply
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., callback: _Optional[_Union[Callback, _Mapping]] = ..., granted: _Optional[_Union[Lease, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ..., reply: _Optional[_Union[Reply, _Mapping]] = ...) -> None: ...
+    refused: ErrorStatus
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., callback: _Optional[_Union[Callback, _Mapping]] = ..., granted: _Optional[_Union[Lease, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ..., reply: _Optional[_Union[Reply, _Mapping]] = ..., refused: _Optional[_Union[ErrorStatus, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("tenant",)

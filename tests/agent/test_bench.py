@@ -29,14 +29,21 @@ def test_percentile_is_nearest_rank() -> None:
     assert percentile(samples, 0.99) == 100.0
 
 
-@pytest.mark.parametrize("client", ["blocking", "async"])
-def test_a_short_run_reports_every_field(client: str) -> None:
-    figures = run_handoff_bench(30, client)
+@pytest.mark.parametrize(
+    ("client", "transport"), [("blocking", "direct"), ("async", "direct"), ("async", "grpc")]
+)
+def test_a_short_run_reports_every_field(client: str, transport: str) -> None:
+    figures = run_handoff_bench(30, client, transport)
     assert all(figures[f] > 0 for f in FIELDS)
     assert figures["acquire_p50_ms"] <= figures["acquire_p99_ms"]
     assert figures["handoff_p50_ms"] <= figures["handoff_p99_ms"]
     assert figures["handoff_samples"] > 0
-    assert figures["client"] == client
+    assert (figures["client"], figures["transport"]) == (client, transport)
+
+
+def test_an_unknown_transport_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="'carrier-pigeon' is not one of direct, grpc"):
+        run_handoff_bench(5, "blocking", "carrier-pigeon")
 
 
 def test_an_unknown_client_is_refused_by_name() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -29,22 +28,22 @@ class HeldPushes:
 
     def __init__(self, client: AsyncBaton, *kinds: str) -> None:
         self.client, self.kinds = client, kinds
-        self.held: list[tuple[Any, pb.AgentMessage]] = []
+        self.held: list[pb.AgentMessage] = []
         self.arrived = {kind: asyncio.Event() for kind in kinds}
         self._deliver = client._on_message
         client._on_message = self._intercept  # type: ignore[method-assign]
 
-    def _intercept(self, call: Any, message: pb.AgentMessage) -> None:
+    def _intercept(self, message: pb.AgentMessage) -> None:
         kind = message.WhichOneof("kind")
         if kind in self.kinds:
-            self.held.append((call, message))
+            self.held.append(message)
             self.arrived[kind].set()
         else:
-            self._deliver(call, message)
+            self._deliver(message)
 
     def deliver(self) -> None:
-        for call, message in self.held:
-            self._deliver(call, message)
+        for message in self.held:
+            self._deliver(message)
         self.held.clear()
 
 

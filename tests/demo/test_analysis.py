@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from agent import events as ev
-from agent.demo.analysis import busy_seconds, holds, idle_waits, on_gpu, percentile, switches
+from agent.demo.analysis import (
+    Hold,
+    busy_seconds,
+    cycle_duty,
+    holds,
+    idle_waits,
+    on_gpu,
+    percentile,
+    switches,
+)
 
 G = "GPU-fake-0000"
 
@@ -47,6 +56,16 @@ def test_busy_seconds_clip_to_the_window():
     gpu = on_gpu(holds(EVENTS, 9.0), G)
     assert busy_seconds(gpu, 0.0, 9.0) == pytest.approx(1 + 1.5 + 1 + 1 + 1)
     assert busy_seconds(gpu, 1.5, 3.0) == pytest.approx(0.5 + 0.5)
+
+
+def test_cycle_duty_counts_whole_cycles_from_grant_to_grant():
+    # One tenant alone: 1 s on the GPU in every 3 s cycle, first grant at 0.5.
+    cycles = [Hold(G, "a", f"l{i}", 0.5 + 3 * i, 1.5 + 3 * i) for i in range(7)]
+    # A 10 s window holds four GPU phases (0.5, 3.5, 6.5, 9.5): busy ÷ wall says 0.35 ...
+    assert busy_seconds(cycles, 0.0, 10.0) / 10.0 == pytest.approx(0.35)
+    # ... the whole cycles between the first and the last grant say what the tenant does.
+    assert cycle_duty(cycles, 0.0, 10.0) == pytest.approx(1 / 3)
+    assert cycle_duty(cycles, 0.0, 2.0) == pytest.approx(0.5)  # one grant: busy ÷ wall
 
 
 def test_switches_count_only_changes_of_holder_inside_the_window():

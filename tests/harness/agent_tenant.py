@@ -18,6 +18,7 @@ import grpc
 from agent.client import Baton, BatonError
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
+from baton.names import AGENT_SESSION_METADATA
 
 
 def answer(**fields: Any) -> None:
@@ -25,7 +26,7 @@ def answer(**fields: Any) -> None:
 
 
 def run_rpc(baton: Baton, command: dict[str, Any]) -> None:
-    metadata = baton._async._metadata  # this process's session token
+    metadata = ((AGENT_SESSION_METADATA, baton._token),)  # this process's session
     with grpc.insecure_channel(f"unix:{baton.socket}") as channel:
         stub = agent_pb2_grpc.AgentStub(channel)
         try:

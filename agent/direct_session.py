@@ -1,0 +1,87 @@
+"""Direct sessions: the session stream carried on the handshake connection, without gRPC.
+
+The handshake already proved who the client is (SO_PEERCRED); if the client then sends frames
+(`agent.framing`), the first is a Hello with its registration and the rest are the messages of
+the `Session` RPC. A turn handoff over this link is one small write on each side, which is what
+keeps it well under a millisecond.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from agent import api_ops, errors, framing
+from agent.grpc_server import AgentServicer
+from agent.identity import UNUSED_TOKEN_TTL, Peer
+from baton._pb import agent_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT_S = UNUSED_TOKEN_TTL
+"""How long a connection may stay open after its token line without saying Hello."""
+
+
+class FramedLink:
+    """The agent's end of a direct session, shaped like the gRPC call `SessionStream` reads."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    async def read(self) -> pb.ClientMessage | None:
+        try:
+            return await framing.read_frame(self._reader, pb.ClientMessage)
+        except (framing.FrameError, OSError) as exc:
+            log.warning("direct session ended on a bad read: %s", exc)
+            return None
+
+    async def write(self, message: pb.AgentMessage) -> None:
+        self._writer.write(framing.encode(message))
+        if self._writer.transport.get_write_buffer_size():
+            await self._writer.drain()
+
+
+async def serve(
+    servicer: AgentServicer, peer: Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Serve what follows the token line on one handshake connection (nothing, or a session)."""
+    link = FramedLink(reader, writer)
+    try:
+        first = await asyncio.wait_for(link.read(), HELLO_TIMEOUT_S)
+    except TimeoutError:
+        log.info("handshake connection of pid %d idle after its token; closed", peer.pid)
+        return
+    if first is None:  # a client that came for its token only
+        return
+    if not first.HasField("hello"):
+        kind = first.WhichOneof("kind")
+        refusal = errors.InvalidRegistration(f"a direct session starts with Hello, not {kind}")
+        await _refuse(link, refusal)
+        return
+    if first.hello.session_token:
+        await _serve_calls(servicer, peer, first.hello.session_token, link)
+        return
+    try:
+        tenant = servicer.register_peer(peer, first.hello.register)
+    except errors.AgentError as exc:
+        await _refuse(link, exc)
+        return
+    await servicer.run_session(peer, tenant, first.hello, link)
+
+
+async def _serve_calls(servicer: AgentServicer, peer: Peer, token: str, link: FramedLink) -> None:
+    """A call link: requests of the session `token` names, from the process that opened it."""
+    try:
+        tenant = servicer.session_tenant(token, peer.pid)
+    except errors.AgentError as exc:
+        await _refuse(link, exc)
+        return
+    await servicer.run_calls(tenant, link)
+
+
+async def _refuse(link: FramedLink, exc: errors.AgentError) -> None:
+    log.info("direct session refused: %s", exc)
+    with contextlib.suppress(OSError):
+        await link.write(pb.AgentMessage(refused=api_ops.error_status(exc)))
