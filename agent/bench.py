@@ -82,6 +82,7 @@ async def _bench(iterations: int, client: str, transport: str) -> dict[str, Any]
         shutil.rmtree(workdir, ignore_errors=True)
     if not gaps:
         raise RuntimeError("no handoffs observed; the tenants never waited for each other")
+    ref_acquire, ref_gaps = await _reference(iterations)
     return {
         "acquire_p50_ms": round(percentile(acquire, 0.5) * 1000, 3),
         "acquire_p99_ms": round(percentile(acquire, 0.99) * 1000, 3),
@@ -91,33 +92,59 @@ async def _bench(iterations: int, client: str, transport: str) -> dict[str, Any]
         "handoff_samples": len(gaps),
         "client": client,
         "transport": transport,
+        "reference_acquire_p99_ms": round(percentile(ref_acquire, 0.99) * 1000, 3),
+        "reference_handoff_p50_ms": round(percentile(ref_gaps, 0.5) * 1000, 3),
+        "reference_handoff_p99_ms": round(percentile(ref_gaps, 0.99) * 1000, 3),
     }
+
+
+async def _reference(iterations: int) -> tuple[list[float], list[float]]:
+    """The same two measurements against `agent.bench_reference`'s bare relay."""
+    from agent.bench_reference import Relay
+
+    workdir = tempfile.mkdtemp(dir="/tmp", prefix="baton-bench-ref-")
+    path = f"{workdir}/relay.sock"
+    server = await asyncio.start_unix_server(Relay().serve, path=path)
+    try:
+        args = ["--socket", path, "--iterations", str(iterations)]
+        solo = await _spawn("agent.bench_reference", [[*args, "--mode", "acquire"]])
+        pair = await _spawn("agent.bench_reference", [[*args, "--mode", "pingpong"]] * 2)
+    finally:
+        server.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    acquire = [granted - requested for requested, granted, _ in solo[0]]
+    turns = sorted(
+        (granted, name, requested, yielded)
+        for name, tenant in enumerate(pair)
+        for requested, granted, yielded in tenant
+    )
+    records = [
+        [token, name, requested, granted, yielded]
+        for token, (granted, name, requested, yielded) in enumerate(turns)
+    ]
+    return acquire, handoffs(records)
 
 
 async def _workers(
     socket: str, mode: str, iterations: int, names: list[str], client: str, transport: str
 ) -> list[Any]:
+    common = ["--socket", socket, "--mode", mode, "--iterations", str(iterations)]
+    options = ["--client", client, "--transport", transport]
+    return await _spawn("agent.bench", [[*common, "--name", name, *options] for name in names])
+
+
+async def _spawn(module: str, argvs: list[list[str]]) -> list[Any]:
+    """Run one tenant process per argv; start them together; their last lines, parsed."""
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "agent.bench",
-            "--socket",
-            socket,
-            "--mode",
-            mode,
-            "--iterations",
-            str(iterations),
-            "--name",
-            name,
-            "--client",
-            client,
-            "--transport",
-            transport,
+            module,
+            *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
-        for name in names
+        for argv in argvs
     ]
     for proc in procs:  # each says "ready" once connected; then all start together
         assert proc.stdout is not None

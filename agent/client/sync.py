@@ -34,6 +34,8 @@ from baton.names import AGENT_SOCKET, ENV_AGENT_SOCKET, ENV_TENANT_NAME
 
 log = logging.getLogger("baton.client")
 
+LINK_GRACE_S = 2.0
+"""How long a call link that cannot reach the agent waits to see the session break too."""
 REPLY_TIMEOUT_S = 10.0
 """How long a yield waits for the agent's answer (a live agent answers at once)."""
 RECONNECT_BACKOFF_S = (0.05, 2.0)
@@ -163,6 +165,8 @@ class Baton:
         self._token = ""
         self._sock: socketlib.socket | None = None
         self._connected = threading.Event()
+        self._disconnected = threading.Event()
+        """Set while the session is broken (the opposite of `_connected`, to wait on)."""
         self._closed = threading.Event()
         self._connect_lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -234,6 +238,7 @@ class Baton:
         sock.settimeout(self._tick())
         with self._state:
             self._sock, self._token, self.tenant = sock, token, first.welcome.tenant
+            self._disconnected.clear()
         self._connected.set()
         return reader
 
@@ -293,6 +298,7 @@ class Baton:
             if sock is not self._sock:
                 return
             self._connected.clear()
+            self._disconnected.set()
             self._sock = None
             calls, self._calls = self._calls, {}
             link, self._link = self._link, None
@@ -421,12 +427,15 @@ class Baton:
                 try:
                     link = self._call_link()
                     return self._call(link, request, reply_timeout)
-                except _NotSent:
-                    if self._connected.is_set():  # the session is fine: so was the link's end
+                except _NotSent as exc:
+                    # The agent went away (the reader thread hears of it on the session and
+                    # reconnects; then this request goes out again) or it refuses call links.
+                    wait = min(LINK_GRACE_S, max(0.0, deadline - time.monotonic()))
+                    if not self._disconnected.wait(wait):
                         raise AgentUnavailable(
-                            f"cannot send to the Baton agent at {self.socket}"
+                            f"cannot open a call link to the Baton agent at {self.socket} "
+                            f"while its session is up: {exc.__cause__ or exc}"
                         ) from None
-                    continue
 
     def _call_link(self) -> _CallLink:
         """The open call link of the current session (opened now if needed)."""

@@ -10,7 +10,16 @@ import pytest
 
 from agent.bench import handoffs, percentile, run_handoff_bench
 
-FIELDS = ("acquire_p50_ms", "acquire_p99_ms", "handoff_p50_ms", "handoff_p99_ms", "iterations")
+FIELDS = (
+    "acquire_p50_ms",
+    "acquire_p99_ms",
+    "handoff_p50_ms",
+    "handoff_p99_ms",
+    "iterations",
+    "reference_acquire_p99_ms",
+    "reference_handoff_p50_ms",
+    "reference_handoff_p99_ms",
+)
 
 
 def test_a_gap_counts_only_when_the_turn_passes_to_a_queued_tenant() -> None:
@@ -39,6 +48,11 @@ def test_a_short_run_reports_every_field(client: str, transport: str) -> None:
     assert figures["handoff_p50_ms"] <= figures["handoff_p99_ms"]
     assert figures["handoff_samples"] > 0
     assert (figures["client"], figures["transport"]) == (client, transport)
+
+
+def test_the_blocking_client_over_grpc_is_refused_with_the_way_out() -> None:
+    with pytest.raises(ValueError, match="direct sessions only; use --client async"):
+        run_handoff_bench(5, "blocking", "grpc")
 
 
 def test_an_unknown_transport_is_refused_by_name() -> None:

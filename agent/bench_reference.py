@@ -1,0 +1,114 @@
+"""The handoff bench's reference: the same turn-taking with nothing of Baton in it.
+
+A relay in the bench process grants one turn at a time, first come first served, over a unix
+socket with the same frames as a direct session, to tenant processes that wait in the calling
+thread; it does no bookkeeping, no metrics, no state. What the handoff bench measures above this
+floor is Baton's own cost; the floor itself is the machine (scheduling of three processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import time
+from collections import deque
+from typing import Any
+
+from agent.framing import HEADER
+
+ACQUIRE, YIELD, GRANTED, DONE = b"A", b"Y", b"G", b"K"
+
+
+def _frame(body: bytes) -> bytes:
+    return HEADER.pack(len(body)) + body
+
+
+class Relay:
+    """One GPU's turns: a holder and a FIFO queue of writers."""
+
+    def __init__(self) -> None:
+        self.holder: asyncio.StreamWriter | None = None
+        self.queue: deque[asyncio.StreamWriter] = deque()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                header = await reader.readexactly(HEADER.size)
+                body = await reader.readexactly(HEADER.unpack(header)[0])
+                if body == ACQUIRE:
+                    if self.holder is None:
+                        self.holder = writer
+                        writer.write(_frame(GRANTED))
+                    else:
+                        self.queue.append(writer)
+                elif body == YIELD and self.holder is writer:
+                    self.holder = self.queue.popleft() if self.queue else None
+                    if self.holder is not None:
+                        self.holder.write(_frame(GRANTED))
+                    writer.write(_frame(DONE))
+        except (asyncio.IncompleteReadError, OSError):
+            pass
+        finally:
+            writer.close()
+
+
+class _Tenant:
+    """The tenant side: blocking socket, answers read in the calling thread."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(60)
+        self.sock.connect(path)
+
+    def call(self, body: bytes) -> bytes:
+        self.sock.sendall(_frame(body))
+        header = self._exactly(HEADER.size)
+        return self._exactly(HEADER.unpack(header)[0])
+
+    def _exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("the relay closed the connection")
+            data += chunk
+        return data
+
+
+def tenant_turns(path: str, mode: str, iterations: int, hold_s: float) -> list[Any]:
+    """Run one tenant's turns; returns `[token, requested, granted, yielded]` per turn."""
+    from agent.bench import WARMUP
+
+    tenant = _Tenant(path)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    turns = []
+    for _ in range(iterations + WARMUP):
+        requested = time.perf_counter()
+        tenant.call(ACQUIRE)
+        granted = time.perf_counter()
+        if mode == "pingpong":
+            time.sleep(hold_s)
+        yielded = time.perf_counter()
+        tenant.call(YIELD)
+        turns.append((requested, granted, yielded))
+    return turns[WARMUP:]
+
+
+def main() -> None:
+    """Entry point of a reference tenant process."""
+    from agent.bench import HOLD_S
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--mode", choices=["acquire", "pingpong"], required=True)
+    parser.add_argument("--iterations", type=int, required=True)
+    args = parser.parse_args()
+    print(json.dumps(tenant_turns(args.socket, args.mode, args.iterations, HOLD_S)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
