@@ -105,6 +105,8 @@ class SessionStream:
                 raise errors.AgentError(f"unknown request {kind!r}; upgrade the agent")
         except errors.AgentError as exc:
             reply.error.CopyFrom(api_ops.error_status(exc))
+        if kind == "release":  # the grant this yield made goes out first; then its answer
+            await asyncio.sleep(0)
         await self._write(pb.AgentMessage(reply=reply))
 
     async def _acquire(self, request: pb.Request) -> None:

@@ -73,12 +73,15 @@ class TurnService:
         self._ahead = LookAhead(preparer, self._spawn)
         self.stopping = False
         self._persist_soon = False
+        self._settle_pending = False
+        self._closed = False
 
     # Lifecycle.
 
     async def close(self) -> None:
         """Stop timers and background work; the persisted state stays as it is."""
         self.stopping = True
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
         for task in list(self._tasks):
@@ -104,7 +107,6 @@ class TurnService:
         self._pending[waiter.waiter_id] = future
         self._publish(ev.QUEUED, tenant.tenant_id, gpus=waiter.gpus)
         self._dispatch()
-        self._reschedule()
         try:
             lease = await future
         except asyncio.CancelledError:
@@ -171,12 +173,11 @@ class TurnService:
         self._changes += 1
         self.table.unblock_all()
         self._dispatch()
-        self._reschedule()
         self._persist()  # after the grants: their waiters resume before the state is encoded
 
     def _dispatch(self) -> None:
         self._start_turns(self.table.pick())
-        self._ahead.look(self.table)
+        self._settle_soon()
 
     def _start_turns(self, waiters: list[Waiter]) -> None:
         for waiter in waiters:
@@ -223,8 +224,7 @@ class TurnService:
         if not self.sessions.connected(lease.tenant_id):  # a bare RPC caller: nothing to watch
             loop = asyncio.get_running_loop()
             loop.call_later(self._grace, self._check_session, lease.tenant_id)
-        self._ahead.look(self.table)
-        self._reschedule()
+        self._settle_soon()
 
     def _check_session(self, tenant_id: str) -> None:
         """Hook: a tenant was granted a turn without an open session `reconnect_grace` ago."""
@@ -241,6 +241,20 @@ class TurnService:
             self._dispatch()
 
     # Time.
+
+    def _settle_soon(self) -> None:
+        """After this burst of changes (one event-loop step): set the next timer and name who
+        is due next. Once per step, however many grants and yields the step made."""
+        if not self._settle_pending and not self._closed:
+            self._settle_pending = True
+            asyncio.get_running_loop().call_soon(self._settle)
+
+    def _settle(self) -> None:
+        self._settle_pending = False
+        if self._closed:
+            return
+        self._reschedule()
+        self._ahead.look(self.table)
 
     def _reschedule(self) -> None:
         if self._timer is not None:
@@ -285,7 +299,7 @@ class TurnService:
                 self._spawn(self._revoke(lease))
         if tick.expired:
             self._dispatch()
-        self._reschedule()
+        self._reschedule()  # now: this timer is spent
 
     async def _revoke(self, lease: Lease) -> None:
         waiting = len({w.tenant_id for g in lease.gpus for w in self.table.queue_of(g)})
