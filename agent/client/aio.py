@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
-import socket as socketlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -20,15 +18,17 @@ from agent.client.errors import (
     from_status,
 )
 from agent.client.links import TRANSPORTS, SessionLink
-from agent.client.types import Callback, LeaseInfo, gpus_from, run_callback
+from agent.client.types import (
+    REPLY_TIMEOUT_S,
+    Callback,
+    Identity,
+    LeaseInfo,
+    add_callbacks,
+    run_callback,
+)
 from baton._pb import agent_pb2 as pb
-from baton.names import AGENT_SOCKET, ENV_AGENT_SOCKET, ENV_TENANT_NAME
 
 log = logging.getLogger("baton.client")
-
-
-REPLY_TIMEOUT_S = 10.0
-"""How long a yield or renewal waits for the agent's answer (a live agent answers at once)."""
 
 
 class _NotSent(Exception):
@@ -58,17 +58,9 @@ class AsyncBaton:
             raise BatonError(f"unknown transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
         self.transport = transport
         """How the session travels: "direct" (frames on the handshake socket) or "grpc"."""
-        self.socket = socket or os.environ.get(ENV_AGENT_SOCKET) or AGENT_SOCKET
-        self.gpus = gpus_from(gpus)
-        default_name = f"{socketlib.gethostname()}-{os.getpid()}"
-        self.name = name or os.environ.get(ENV_TENANT_NAME) or default_name
-        self._registration = pb.RegisterRequest(
-            name=self.name,
-            gpus=self.gpus,
-            gpu_memory_mib=gpu_memory_mib,
-            gpu_duty=gpu_duty,
-            memory_limit_bytes=memory_limit_bytes,
-        )
+        me = Identity.of(socket, gpus, name, gpu_memory_mib, gpu_duty, memory_limit_bytes)
+        self.socket, self.gpus, self.name = me.socket, me.gpus, me.name
+        self._registration = me.registration
         self._callbacks: dict[str, Callback] = {}
         self._link: SessionLink | None = None
         self._token = ""
@@ -96,11 +88,7 @@ class AsyncBaton:
 
         Each gets the GPU UUID and returns the bytes it moved. Register before connecting.
         """
-        if self._link is not None:
-            raise BatonError("register callbacks before the first connect()/acquire()")
-        for action, fn in (("park", on_park), ("restore", on_restore)):
-            if fn is not None:
-                self._callbacks[action] = fn
+        add_callbacks(self._callbacks, self._link is not None, on_park, on_restore)
 
     # Connection.
 
@@ -218,16 +206,20 @@ class AsyncBaton:
         """Send a request on the session and wait up to `timeout` + `slack` for its reply.
 
         While the session is broken the request waits for the reconnect, up to `timeout` (or
-        the connect timeout); a stream that breaks after it was sent fails it.
+        the connect timeout); a stream that breaks after it was sent fails it. Only an acquire
+        without a timeout waits for its reply without end (it is queued); the others are
+        answered at once by a live agent and give up after `REPLY_TIMEOUT_S`.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self._connect_timeout if timeout is None else timeout)
+        if timeout is not None:
+            reply_timeout: float | None = timeout + slack
+        else:
+            reply_timeout = None if request.HasField("acquire") else REPLY_TIMEOUT_S
         while True:
             await self._ready(deadline - loop.time())
             try:
-                return await self._send_request(
-                    request, None if timeout is None else timeout + slack
-                )
+                return await self._send_request(request, reply_timeout)
             except _NotSent:
                 continue
 

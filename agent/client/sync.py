@@ -12,7 +12,6 @@ import contextlib
 import itertools
 import json
 import logging
-import os
 import socket as socketlib
 import threading
 import time
@@ -27,17 +26,22 @@ from agent.client.errors import (
     NotHolding,
     from_status,
 )
-from agent.client.types import Callback, LeaseInfo, gpus_from, run_callback_blocking
+from agent.client.types import (
+    REPLY_TIMEOUT_S,
+    Callback,
+    Identity,
+    LeaseInfo,
+    add_callbacks,
+    run_callback_blocking,
+)
 from agent.identity import handshake_path
 from baton._pb import agent_pb2 as pb
-from baton.names import AGENT_SOCKET, ENV_AGENT_SOCKET, ENV_TENANT_NAME
+from baton.names import ENV_AGENT_SOCKET
 
 log = logging.getLogger("baton.client")
 
 LINK_GRACE_S = 2.0
 """How long a call link that cannot reach the agent waits to see the session break too."""
-REPLY_TIMEOUT_S = 10.0
-"""How long a yield waits for the agent's answer (a live agent answers at once)."""
 RECONNECT_BACKOFF_S = (0.05, 2.0)
 """First and longest pause between reconnect attempts."""
 
@@ -141,17 +145,9 @@ class Baton:
         renew_interval: float = 2.0,
         reconnect: bool = True,
     ) -> None:
-        self.socket = socket or os.environ.get(ENV_AGENT_SOCKET) or AGENT_SOCKET
-        self.gpus = gpus_from(gpus)
-        default_name = f"{socketlib.gethostname()}-{os.getpid()}"
-        self.name = name or os.environ.get(ENV_TENANT_NAME) or default_name
-        self._registration = pb.RegisterRequest(
-            name=self.name,
-            gpus=self.gpus,
-            gpu_memory_mib=gpu_memory_mib,
-            gpu_duty=gpu_duty,
-            memory_limit_bytes=memory_limit_bytes,
-        )
+        me = Identity.of(socket, gpus, name, gpu_memory_mib, gpu_duty, memory_limit_bytes)
+        self.socket, self.gpus, self.name = me.socket, me.gpus, me.name
+        self._registration = me.registration
         self._callbacks: dict[str, Callback] = {}
         self._connect_timeout = connect_timeout
         self._renew_interval = renew_interval
@@ -188,11 +184,7 @@ class Baton:
 
         Each gets the GPU UUID and returns the bytes it moved. Register before connecting.
         """
-        if self._reader is not None:
-            raise BatonError("register callbacks before the first connect()/acquire()")
-        for action, fn in (("park", on_park), ("restore", on_restore)):
-            if fn is not None:
-                self._callbacks[action] = fn
+        add_callbacks(self._callbacks, self._reader is not None, on_park, on_restore)
 
     # Connection.
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import socket as socketlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from agent.client.errors import BatonError
 from baton._pb import agent_pb2 as pb
-from baton.names import ENV_GPUS
+from baton.names import AGENT_SOCKET, ENV_AGENT_SOCKET, ENV_GPUS, ENV_TENANT_NAME
 
 Callback = Callable[[str], "int | Awaitable[int | None] | None"]
 
@@ -37,6 +38,58 @@ class LeaseInfo:
             lease.hold_until,
             lease.contended,
         )
+
+
+REPLY_TIMEOUT_S = 10.0
+"""How long a yield or renewal waits for the agent's answer (a live agent answers at once)."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a client says it is: its agent socket, its GPUs, its name and its registration."""
+
+    socket: str
+    gpus: tuple[str, ...]
+    name: str
+    registration: pb.RegisterRequest
+
+    @classmethod
+    def of(
+        cls,
+        socket: str | None,
+        gpus: Sequence[str] | str | None,
+        name: str | None,
+        gpu_memory_mib: int,
+        gpu_duty: int,
+        memory_limit_bytes: int,
+    ) -> Identity:
+        """From the client's arguments, falling back on the environment."""
+        path = socket or os.environ.get(ENV_AGENT_SOCKET) or AGENT_SOCKET
+        wanted = gpus_from(gpus)
+        default_name = f"{socketlib.gethostname()}-{os.getpid()}"
+        chosen = name or os.environ.get(ENV_TENANT_NAME) or default_name
+        registration = pb.RegisterRequest(
+            name=chosen,
+            gpus=wanted,
+            gpu_memory_mib=gpu_memory_mib,
+            gpu_duty=gpu_duty,
+            memory_limit_bytes=memory_limit_bytes,
+        )
+        return cls(path, wanted, chosen, registration)
+
+
+def add_callbacks(
+    callbacks: dict[str, Callback],
+    connected: bool,
+    on_park: Callback | None,
+    on_restore: Callback | None,
+) -> None:
+    """Register park/restore callbacks, which must come before the session opens."""
+    if connected:
+        raise BatonError("register callbacks before the first connect()/acquire()")
+    for action, fn in (("park", on_park), ("restore", on_restore)):
+        if fn is not None:
+            callbacks[action] = fn
 
 
 def gpus_from(value: Sequence[str] | str | None) -> tuple[str, ...]:
