@@ -82,7 +82,9 @@ def test_the_blocking_client_gives_up_on_an_unanswered_yield(mute: MuteAgent) ->
     baton = Baton(mute.socket, ["GPU-0"], name="mute", renew_interval=60)
     try:
         assert baton.acquire().lease_id == "l1"
-        with pytest.raises(AgentUnavailable, match="did not answer a release request within 0.3 s"):
+        with pytest.raises(
+            AgentUnavailable, match=r"did not answer a release request within 0\.3 s"
+        ):
             baton.yield_()
         assert baton.lease is not None  # kept, so that the yield can be tried again
     finally:
