@@ -72,13 +72,21 @@ async def serve(
 
 
 async def _serve_calls(servicer: AgentServicer, peer: Peer, token: str, link: FramedLink) -> None:
-    """A call link: requests of the session `token` names, from the process that opened it."""
+    """A call link: requests of the session `token` names, from the process that opened it.
+    It ends with that session."""
     try:
         tenant = servicer.session_tenant(token, peer.pid)
     except errors.AgentError as exc:
         await _refuse(link, exc)
         return
-    await servicer.run_calls(tenant, link)
+    calls = asyncio.create_task(servicer.run_calls(tenant, link))
+    ended = asyncio.create_task(servicer.session_ended(token).wait())
+    try:
+        await asyncio.wait((calls, ended), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (calls, ended):
+            task.cancel()
+        await asyncio.gather(calls, ended, return_exceptions=True)
 
 
 async def _refuse(link: FramedLink, exc: errors.AgentError) -> None:

@@ -64,9 +64,17 @@ class EventBus:
     @contextlib.asynccontextmanager
     async def subscribe(self) -> AsyncIterator[asyncio.Queue[Event]]:
         """`async with bus.subscribe() as events: event = await events.get()`."""
-        queue: asyncio.Queue[Event] = asyncio.Queue(self._backlog)
-        self._queues.add(queue)
+        queue = self.attach()
         try:
             yield queue
         finally:
-            self._queues.discard(queue)
+            self.detach(queue)
+
+    def attach(self) -> asyncio.Queue[Event]:
+        """A queue that gets every event from now on, until `detach`."""
+        queue: asyncio.Queue[Event] = asyncio.Queue(self._backlog)
+        self._queues.add(queue)
+        return queue
+
+    def detach(self, queue: asyncio.Queue[Event]) -> None:
+        self._queues.discard(queue)

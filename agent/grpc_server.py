@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -177,6 +178,10 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if tenant is None:
             raise errors.TenantGone(f"tenant {tenant_id} is no longer known")
         return tenant
+
+    def session_ended(self, token: str) -> asyncio.Event:
+        """Set when the session of `token` ends."""
+        return self._tokens.ended(token)
 
     async def run_calls(self, tenant: Tenant, link: Link) -> None:
         """Serve requests (no session of their own) over `link` until it ends."""

@@ -72,6 +72,7 @@ class TokenRegistry:
         self._peers: dict[str, Peer] = {}
         self._attached: set[str] = set()
         self._tenant_of: dict[str, str] = {}
+        self._ended: dict[str, asyncio.Event] = {}
         self._call_later = loop_call_later
 
     def issue(self, pid: int, uid: int, gid: int) -> Peer:
@@ -102,6 +103,20 @@ class TokenRegistry:
         self._peers.pop(token, None)
         self._attached.discard(token)
         self._tenant_of.pop(token, None)
+        ended = self._ended.pop(token, None)
+        if ended is not None:
+            ended.set()
+
+    def ended(self, token: str) -> asyncio.Event:
+        """Set when the session of `token` ends (already set if the token is not valid)."""
+        event = self._ended.get(token)
+        if event is None:
+            event = asyncio.Event()
+            if token in self._peers:
+                self._ended[token] = event
+            else:
+                event.set()
+        return event
 
     def _drop_unused(self, token: str) -> None:
         if token not in self._attached:

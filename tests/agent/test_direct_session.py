@@ -81,6 +81,18 @@ def test_a_session_and_its_call_link_take_a_turn(agent: AgentRunner) -> None:
         main.close()
 
 
+def test_a_call_link_ends_with_its_session(agent: AgentRunner) -> None:
+    main = session(agent, "short-lived")
+    calls = Raw(agent)
+    try:
+        welcome = calls.hello(session_token=main.token)
+        assert welcome is not None and welcome.HasField("welcome")
+        main.close()
+        assert calls.read() is None  # the agent closed the call link too
+    finally:
+        calls.close()
+
+
 def test_a_session_must_start_with_hello(agent: AgentRunner) -> None:
     raw = Raw(agent)
     try:

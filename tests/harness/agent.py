@@ -65,7 +65,6 @@ class AgentRunner:
         self.seen: list[Event] = []
         """Every event the agent published since it started (as far as taken so far)."""
         self._events: asyncio.Queue[Event] = asyncio.Queue()
-        self._subscription: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._agent: Agent | None = None
@@ -84,15 +83,15 @@ class AgentRunner:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._agent = Agent(self.config, self.preparer, self.sessions or SessionRegistry())
-        self.call(self._start())
+        self._agent = Agent(
+            self.config, self.preparer, self.sessions or SessionRegistry(), self._attach
+        )
+        self.call(self._agent.start())
         return self
 
-    async def _start(self) -> None:
-        assert self._agent is not None
-        await self._agent.start()
-        self._subscription = self.service.events.subscribe()
-        self._events = await self._subscription.__aenter__()
+    def _attach(self, service: LeaseService) -> None:
+        """Subscribe as soon as the service exists, so that no event of the start is missed."""
+        self._events = service.events.attach()
 
     def stop(self) -> None:
         """Stop the agent (its state directory stays) and its thread."""
