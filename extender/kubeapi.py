@@ -60,17 +60,19 @@ class KubePodApi:
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """The pod as the API server has it now."""
-        call = api_errors(f"reading pod {namespace}/{name}")(self._core.read_namespaced_pod)
+        what = f"reading pod {namespace}/{name}"
+        call = api_errors(what)(self._core.read_namespaced_pod)
         resp = call(name, namespace, _preload_content=False, _request_timeout=self._timeout)
-        return dict(json.loads(resp.data))
+        return dict(json.loads(_read(resp, what)))
 
     def annotate_pod(
         self, namespace: str, name: str, resource_version: str, annotations: dict[str, str]
     ) -> None:
         """Merge-patch annotations with a resourceVersion precondition (409 when stale)."""
         body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
-        call = api_errors(f"annotating pod {namespace}/{name}")(self._core.patch_namespaced_pod)
-        call(
+        what = f"annotating pod {namespace}/{name}"
+        call = api_errors(what)(self._core.patch_namespaced_pod)
+        resp = call(
             name,
             namespace,
             body,
@@ -78,6 +80,7 @@ class KubePodApi:
             _preload_content=False,
             _request_timeout=self._timeout,
         )
+        _read(resp, what)
 
     def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         """Create the pod's Binding (with a UID precondition when known)."""
@@ -90,11 +93,23 @@ class KubePodApi:
             "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        call = api_errors(f"binding pod {namespace}/{name}")(
-            self._core.create_namespaced_pod_binding
-        )
+        what = f"binding pod {namespace}/{name}"
+        call = api_errors(what)(self._core.create_namespaced_pod_binding)
         # The raw response avoids the client's failing decode of the Status it returns.
-        call(name, namespace, body, _preload_content=False, _request_timeout=self._timeout)
+        resp = call(name, namespace, body, _preload_content=False, _request_timeout=self._timeout)
+        _read(resp, what)
+
+
+def _read(resp: Any, what: str) -> bytes:
+    """The whole body of a raw (`_preload_content=False`) response.
+
+    Reading it to the end is what hands the connection back to urllib3's pool; a response left
+    unread keeps its connection out of the pool, so every call would open a new one.
+    """
+    try:
+        return bytes(resp.data)
+    except Exception as err:
+        raise translate(err, what) from err
 
 
 class Lister:

@@ -125,6 +125,8 @@ class FakeApiServer:
         self._lock = threading.Lock()
         self._logged = threading.Condition(self._lock)
         self._conns: set[socket.socket] = set()
+        self.connections_accepted = 0
+        """Client connections accepted since construction (a pooling client opens a few)."""
         self._log: list[LoggedRequest] = []
         self._faults: list[_Fault] = []
 
@@ -267,6 +269,7 @@ class FakeApiServer:
     def _track(self, conn: socket.socket, add: bool) -> None:
         with self._lock:
             (self._conns.add if add else self._conns.discard)(conn)
+            self.connections_accepted += add
 
     def _record(self, request: LoggedRequest) -> None:
         with self._lock:

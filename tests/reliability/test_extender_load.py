@@ -7,12 +7,17 @@ import pytest
 from .extender_load import ExtenderLoad
 from .figures import record
 
+MAX_API_CONNECTIONS = 40
+"""Connections the extender may open to the API server in a run: its watches and lists, and
+one per bind in flight; a bind that left its responses unread opened two more every time."""
+
 
 def assert_held(nodes: int, pods: int, clients: int, seconds: float, p99_ms: float) -> None:
     load = ExtenderLoad(nodes, pods)
     try:
         tally = load.run(clients, seconds)
         double = load.double_booked()
+        connections = load.api.connections_accepted
     finally:
         load.close()
     calls = sum(tally.statuses.values())
@@ -34,6 +39,8 @@ def assert_held(nodes: int, pods: int, clients: int, seconds: float, p99_ms: flo
     assert double == []
     assert set(tally.statuses) == {200}, tally.statuses
     assert figures["binds"] > 0 and figures["churn_events"] > 0
+    # Binds reuse the extender's pooled API connections instead of opening one per call.
+    assert connections <= MAX_API_CONNECTIONS, (connections, figures["binds"])
     for verb in ("filter", "prioritize"):
         assert tally.p99_ms(verb) < p99_ms, (verb, figures)
 
