@@ -1,50 +1,51 @@
 """The extender load run: concurrent scheduler clients while the watch delivers churn.
 
 A real extender (cache, binder, HTTP app) runs in its own process, watching the fake API
-server. `clients` threads each take pending pods and do what kube-scheduler does (filter,
-prioritize, bind the best node); meanwhile a churn thread flips GPU health on nodes, adds and
-removes spare nodes, deletes bound pods and creates new pending ones. Afterwards every GPU's
-bound pods are counted against its slots.
+server. `clients` scheduler processes each take pending pods and do what kube-scheduler does
+(filter, prioritize, bind the best node), timing every HTTP call. Like kube-scheduler, they share
+no interpreter with the API server: the test process keeps only the fake API server, a feeder
+that hands out pending pods, and a churn thread that flips GPU health on nodes, adds and removes
+spare nodes, deletes bound pods and creates new pending ones. Afterwards every GPU's bound pods
+are counted against its slots.
+
+Module-level imports stay light: each scheduler process imports this module.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import multiprocessing
 import queue
 import random
+import socket
 import tempfile
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from baton.kube import load_api_client
-from baton.names import ANNOTATION_ASSIGNED_GPUS, ANNOTATION_GPUS
-from extender.app import create_app
-from extender.bind import Binder
-from extender.cache import KubeCache
-from extender.kubeapi import KubePodApi
-from extender.metrics import Metrics
-from extender.placement import Limits
-from extender.server import ServerThread
-from extender.state import ClusterState
-from tests.extender.builders import node, pod
-from tests.harness.fakeapi import FakeApiServer
+if TYPE_CHECKING:
+    from tests.harness.fakeapi import FakeApiServer
 
 GPUS, SLOTS = 2, 4
+VERBS = ("filter", "prioritize", "bind")
+START_TIMEOUT_S = 120.0
+"""For the scheduler processes to start and connect (20 interpreters on 2 cores)."""
+FINISH_TIMEOUT_S = 60.0
+"""For them to finish the pod in hand and report once the run is over."""
+IDLE_RECONNECT_S = 2.0
+"""A connection idle this long is opened afresh (uvicorn closes idle ones after 5 s)."""
+NO_ANSWER = 0
+"""The status counted for a call that got no HTTP answer at all."""
 
 
 @dataclass
 class Tally:
     """What the clients and the churn saw."""
 
-    latency: dict[str, list[float]] = field(
-        default_factory=lambda: {"filter": [], "prioritize": [], "bind": []}
-    )
+    latency: dict[str, list[float]] = field(default_factory=lambda: {verb: [] for verb in VERBS})
     statuses: Counter[int] = field(default_factory=Counter)
     bound: list[str] = field(default_factory=list)
     bind_errors: list[str] = field(default_factory=list)
@@ -57,11 +58,23 @@ class Tally:
 
 
 def new_pod(name: str, rng: random.Random) -> dict[str, Any]:
+    from tests.extender.builders import pod
+
     return pod(name, memory=rng.choice([None, 8192, 16384, 30000]), duty=rng.choice([None, 20, 40]))
 
 
 def serve(kubeconfig: str, ports: Any) -> None:
     """The extender in its own process (so the clients do not share its interpreter)."""
+    from baton.kube import load_api_client
+    from extender.app import create_app
+    from extender.bind import Binder
+    from extender.cache import KubeCache
+    from extender.kubeapi import KubePodApi
+    from extender.metrics import Metrics
+    from extender.placement import Limits
+    from extender.server import ServerThread
+    from extender.state import ClusterState
+
     client = load_api_client(kubeconfig)
     cache = KubeCache(ClusterState(Limits(), time.monotonic), client)
     cache.start()
@@ -77,8 +90,11 @@ class ExtenderLoad:
     """The fake API server, the extender serving from it, and the pods created so far."""
 
     def __init__(self, nodes: int, pods: int, seed: int = 3) -> None:
+        from tests.extender.builders import node
+        from tests.harness.fakeapi import FakeApiServer
+
         self.rng = random.Random(seed)
-        self.api = FakeApiServer().start()
+        self.api: FakeApiServer = FakeApiServer().start()
         for i in range(nodes):
             self.api.put_object(node(f"node-{i:05d}", gpus=GPUS, slots=SLOTS))
         self.node_names = [f"node-{i:05d}" for i in range(nodes)]
@@ -110,66 +126,111 @@ class ExtenderLoad:
         self.api.stop()
 
     def run(self, clients: int, seconds: float) -> Tally:
-        stop = threading.Event()
-        threads = [threading.Thread(target=self._client, args=(stop, i)) for i in range(clients)]
-        threads.append(threading.Thread(target=self._churn, args=(stop,)))
-        for t in threads:
-            t.start()
-        stop.wait(seconds)
-        stop.set()
-        for t in threads:
-            t.join(30)
+        """`clients` scheduler processes for `seconds` (timed from when all are connected)."""
+        spawn = multiprocessing.get_context("spawn")
+        work: Any = spawn.Queue(maxsize=clients)
+        events: Any = spawn.Queue()
+        go, finish = spawn.Event(), spawn.Event()
+        procs = [
+            spawn.Process(
+                target=schedule,
+                args=(self.port, self.node_names, seed, work, events, go, finish),
+                name=f"scheduler-{seed}",
+                daemon=True,
+            )
+            for seed in range(clients)
+        ]
+        stop, gave_up = threading.Event(), threading.Event()
+        threads = [
+            threading.Thread(target=self._feed, args=(work, stop), name="feeder"),
+            threading.Thread(target=self._churn, args=(stop,), name="churn"),
+        ]
+        for p in procs:
+            p.start()
+        try:
+            self._await(events, "ready", clients, START_TIMEOUT_S)
+            go.set()
+            for t in threads:
+                t.start()
+            collector = threading.Thread(
+                target=self._collect, args=(events, clients, gave_up), name="collector"
+            )
+            collector.start()
+            stop.wait(seconds)
+            finish.set()
+            stop.set()
+            for t in threads:
+                t.join(30)
+            collector.join(FINISH_TIMEOUT_S)
+            if collector.is_alive():
+                raise AssertionError(f"scheduler clients did not report {FINISH_TIMEOUT_S:g} s on")
+        finally:
+            go.set()
+            finish.set()
+            stop.set()
+            gave_up.set()
+            for p in procs:
+                p.join(10)
+                if p.is_alive():
+                    p.terminate()
+                    p.join(5)
+            work.cancel_join_thread()
         return self.tally
 
-    def _client(self, stop: threading.Event, seed: int) -> None:
-        rng = random.Random(seed)
-        url = f"http://127.0.0.1:{self.port}"
-        with httpx.Client(base_url=url, timeout=30) as http:
-            while not stop.is_set():
-                try:
-                    name = self.pending.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-                spec = self.api.get_object("Pod", name)
-                if spec is None:
-                    continue
-                names = rng.sample(self.node_names, min(50, len(self.node_names)))
-                args = {"Pod": spec, "NodeNames": names, "Nodes": None}
-                passed = self._call(http, "filter", args).get("NodeNames") or []
-                if not passed:
-                    continue
-                args["NodeNames"] = passed
-                scores = self._call(http, "prioritize", args)
-                best = max(scores, key=lambda s: s["Score"])["Host"] if scores else passed[0]
-                meta = spec["metadata"]
-                bind = {
-                    "PodName": name,
-                    "PodNamespace": "default",
-                    "PodUID": meta["uid"],
-                    "Node": best,
-                }
-                error = self._call(http, "bind", bind).get("Error", "")
-                with self.tally.lock:
-                    (
-                        self.tally.bind_errors.append(error)
-                        if error
-                        else self.tally.bound.append(name)
-                    )
+    def _await(self, events: Any, kind: str, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for seen in range(count):
+            try:
+                event = events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(
+                    f"{seen} of {count} scheduler clients {kind} within {timeout_s:g} s"
+                ) from None
+            if event[0] != kind:
+                raise AssertionError(f"a scheduler client said {event!r} before it was {kind}")
 
-    def _call(self, http: httpx.Client, verb: str, body: Any) -> Any:
-        began = time.perf_counter()
-        r = http.post(
-            f"/{verb}", content=json.dumps(body), headers={"Content-Type": "application/json"}
-        )
-        with self.tally.lock:
-            self.tally.latency[verb].append(time.perf_counter() - began)
-            self.tally.statuses[r.status_code] += 1
-        return r.json() if r.status_code == 200 else {}
+    def _collect(self, events: Any, clients: int, gave_up: threading.Event) -> None:
+        """Bind outcomes as they come (the churn deletes bound pods), then each client's figures."""
+        done = 0
+        while done < clients and not gave_up.is_set():
+            try:
+                kind, *rest = events.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            with self.tally.lock:
+                if kind == "bound":
+                    self.tally.bound.append(rest[0])
+                elif kind == "error":
+                    self.tally.bind_errors.append(rest[0])
+                elif kind == "done":
+                    latency, statuses = rest
+                    for verb, values in latency.items():
+                        self.tally.latency[verb] += values
+                    self.tally.statuses.update(statuses)
+                    done += 1
+
+    def _feed(self, work: Any, stop: threading.Event) -> None:
+        """Pending pods to the clients, each as the API server has it when handed out."""
+        while not stop.is_set():
+            try:
+                name = self.pending.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            spec = self.api.get_object("Pod", name)
+            while spec is not None and not stop.is_set():
+                try:
+                    work.put((name, spec), timeout=0.5)
+                    break
+                except queue.Full:
+                    continue
 
     def _churn(self, stop: threading.Event) -> None:
         """Node and pod churn through the API server, as fast as it goes, until stopped."""
+        from baton.names import ANNOTATION_GPUS
+        from tests.extender.builders import node
+
         spare = 0
-        while not stop.wait(0.02):  # paced so the churn does not starve the clients
+        while not stop.wait(0.02):  # paced so the churn does not starve the API server
             step = self.rng.randrange(4)
             if step == 0:
                 name = self.rng.choice(self.node_names)
@@ -196,6 +257,8 @@ class ExtenderLoad:
 
     def double_booked(self) -> list[str]:
         """GPUs with more bound pods than slots, according to the API server."""
+        from baton.names import ANNOTATION_ASSIGNED_GPUS
+
         per_gpu: Counter[str] = Counter()
         for name in self.pods:
             obj = self.api.get_object("Pod", name)
@@ -205,3 +268,91 @@ class ExtenderLoad:
             for gpu in filter(None, notes.get(ANNOTATION_ASSIGNED_GPUS, "").split(",")):
                 per_gpu[gpu] += 1
         return [f"{gpu}: {n} pods on {SLOTS} slots" for gpu, n in per_gpu.items() if n > SLOTS]
+
+
+def schedule(
+    port: int, node_names: list[str], seed: int, work: Any, events: Any, go: Any, finish: Any
+) -> None:
+    """One scheduler client, in a process of its own: filter, prioritize and bind pending pods.
+
+    It reports `("ready",)` once connected, each bind's outcome as it comes, and its latencies
+    and statuses (`("done", latency, statuses)`) when the run is over or it fails.
+    """
+    client = None
+    try:
+        client = _Scheduler(port, random.Random(seed), node_names)
+        events.put(("ready",))
+        if go.wait(START_TIMEOUT_S):
+            while not finish.is_set():
+                try:
+                    name, spec = work.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                outcome = client.schedule(name, spec)
+                if outcome is not None:
+                    events.put(outcome)
+    finally:
+        if client is None:
+            events.put(("done", {}, {}))
+        else:
+            client.close()
+            events.put(("done", client.latency, dict(client.statuses)))
+
+
+class _Scheduler:
+    """What one kube-scheduler does for a pod, over one keep-alive connection like Go's client."""
+
+    def __init__(self, port: int, rng: random.Random, node_names: list[str]) -> None:
+        self.port = port
+        self.rng = rng
+        self.node_names = node_names
+        self.latency: dict[str, list[float]] = {verb: [] for verb in VERBS}
+        self.statuses: Counter[int] = Counter()
+        self.conn = self._connect()
+        self.used = time.monotonic()
+
+    def _connect(self) -> http.client.HTTPConnection:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        conn.connect()
+        assert conn.sock is not None
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def schedule(self, name: str, spec: dict[str, Any]) -> tuple[str, str] | None:
+        """Filter, prioritize and bind one pod; the bind's outcome, None when nothing passed."""
+        names = self.rng.sample(self.node_names, min(50, len(self.node_names)))
+        args = {"Pod": spec, "NodeNames": names, "Nodes": None}
+        passed = self._call("filter", args).get("NodeNames") or []
+        if not passed:
+            return None
+        args["NodeNames"] = passed
+        scores = self._call("prioritize", args) or []
+        best = max(scores, key=lambda s: s["Score"])["Host"] if scores else passed[0]
+        meta = spec["metadata"]
+        bind = {"PodName": name, "PodNamespace": "default", "PodUID": meta["uid"], "Node": best}
+        error = self._call("bind", bind).get("Error", "")
+        return ("error", error) if error else ("bound", name)
+
+    def _call(self, verb: str, body: Any) -> Any:
+        """POST the verb, timed around the HTTP exchange alone; the answer, {} unless 200."""
+        data = json.dumps(body).encode()
+        if time.monotonic() - self.used > IDLE_RECONNECT_S:
+            self.conn.close()
+            self.conn = self._connect()
+        began = time.perf_counter()
+        try:
+            self.conn.request("POST", f"/{verb}", data, {"Content-Type": "application/json"})
+            resp = self.conn.getresponse()
+            answer = resp.read()
+            status = resp.status
+        except (OSError, http.client.HTTPException):
+            self.conn.close()
+            self.conn = self._connect()
+            answer, status = b"", NO_ANSWER
+        self.latency[verb].append(time.perf_counter() - began)
+        self.statuses[status] += 1
+        self.used = time.monotonic()
+        return json.loads(answer) if status == 200 else {}
