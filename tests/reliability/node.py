@@ -21,6 +21,7 @@ from agent.daemon import Agent
 from agent.identity import session_metadata
 from agent.parking import ParkingPreparer
 from agent.parking_setup import connect_preparer, parse_fake_gpus
+from agent.service import LeaseService
 from agent.sessions import SessionRegistry
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
@@ -78,18 +79,17 @@ class LoadNode(AgentRunner):
     def start(self) -> LoadNode:
         """Start the agent with its preparer connected, and the events reader."""
         self._loop_thread()
-        self._agent = Agent(
-            self.config,
-            self.parking,
-            SessionRegistry(),
-            lambda svc: connect_preparer(self.parking, svc),
-        )
-        self.call(self._start())
+        self._agent = Agent(self.config, self.parking, SessionRegistry(), self._on_service)
+        self.call(self._agent.start())
         self._watch = grpc.insecure_channel(f"unix:{self.socket}")
         threading.Thread(target=self._read_events, daemon=True).start()
         if not self.watching.wait(10):
             raise AssertionError("the agent's WatchEvents stream did not open within 10 s")
         return self
+
+    def _on_service(self, service: LeaseService) -> None:
+        connect_preparer(self.parking, service)
+        self._attach(service)
 
     def _loop_thread(self) -> None:
         import asyncio
