@@ -8,7 +8,7 @@ Every answer that is an answer is HTTP 200 (kube-scheduler treats anything else 
 failure); a body that is not what kube-scheduler sends gets a 400 naming the field.
 
 `/filter` and `/prioritize` are answered on the event loop; binds wait on the API server in
-worker threads, at most `BINDS_IN_FLIGHT` at a time (see there).
+worker threads, at most `binds_in_flight` at a time (default `BINDS_IN_FLIGHT`, see there).
 """
 
 from __future__ import annotations
@@ -44,10 +44,17 @@ Two in flight still bind about 65 pods a second when each of a bind's three API 
 """
 
 
-def create_app(cache: ClusterCache, binder: Binder | None, metrics: Metrics) -> FastAPI:
+def create_app(
+    cache: ClusterCache,
+    binder: Binder | None,
+    metrics: Metrics,
+    binds_in_flight: int = BINDS_IN_FLIGHT,
+) -> FastAPI:
     """The FastAPI app serving `/filter`, `/prioritize`, `/bind` and the operational routes."""
+    if binds_in_flight < 1:
+        raise ValueError(f"binds in flight must be 1 or more, not {binds_in_flight}")
     app = FastAPI(title="Baton scheduler extender", docs_url=None, redoc_url=None)
-    binds = anyio.CapacityLimiter(BINDS_IN_FLIGHT)
+    binds = anyio.CapacityLimiter(binds_in_flight)
 
     @app.post("/filter")
     async def filter_verb(request: Request) -> Response:

@@ -36,6 +36,13 @@ def extender(
             envvar="BATON_EXTENDER_SHUTDOWN_GRACE", help="Seconds open requests get on SIGTERM."
         ),
     ] = DEFAULT_GRACE_S,
+    binds_in_flight: Annotated[
+        int,
+        typer.Option(
+            envvar="BATON_EXTENDER_BINDS_IN_FLIGHT",
+            help="Binds that may wait on the API server at once; the rest queue in order.",
+        ),
+    ] = 2,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run the kube-scheduler extender: filter, prioritize and bind Baton pods."""
@@ -52,12 +59,17 @@ def extender(
         raise typer.BadParameter(f"{max_duty} is not a percentage above 0", param_hint="--max-duty")
     if memory_headroom < 0:
         raise typer.BadParameter("must be 0 or more MiB", param_hint="--memory-headroom")
+    if binds_in_flight < 1:
+        raise typer.BadParameter("must be 1 or more", param_hint="--binds-in-flight")
     if bool(tls_cert) != bool(tls_key):
         raise typer.BadParameter("give both --tls-cert and --tls-key, or neither")
     setup_logging(log_level)
     limits = Limits(Policy(policy), max_duty, memory_headroom)
     try:
-        run(Options(kubeconfig, host, port, limits, tls_cert, tls_key, shutdown_grace))
+        options = Options(
+            kubeconfig, host, port, limits, tls_cert, tls_key, shutdown_grace, binds_in_flight
+        )
+        run(options)
     except KubeConfigError as err:
         typer.echo(f"baton extender: {err}", err=True)
         raise typer.Exit(2) from None

@@ -23,6 +23,7 @@ class Options:
     tls_cert: str | None = None
     tls_key: str | None = None
     shutdown_grace: float = DEFAULT_GRACE_S
+    binds_in_flight: int = 2
 
 
 def run(options: Options) -> None:
@@ -43,7 +44,7 @@ def run(options: Options) -> None:
         state, api_client, on_restart=lambda kind, why: metrics.watch_restarts.labels(kind).inc()
     )
     binder = Binder(cache, KubePodApi(api_client), time.time_ns)
-    app = create_app(cache, binder, metrics)
+    app = create_app(cache, binder, metrics, options.binds_in_flight)
     server = make_server(app, options.tls_cert, options.tls_key, options.shutdown_grace)
     sock = bind_socket(options.host, options.port)
     scheme = "https" if options.tls_cert else "http"

@@ -35,6 +35,7 @@ _LOG_READ = threading.Condition()
         ([], {"BATON_EXTENDER_POLICY": "random"}, "choose one of binpack"),
         (["--max-duty", "0"], {}, "0.0 is not a percentage above 0"),
         (["--memory-headroom", "-1"], {}, "must be 0 or more MiB"),
+        ([], {"BATON_EXTENDER_BINDS_IN_FLIGHT": "0"}, "must be 1 or more"),
         (["--tls-cert", "/x.crt"], {}, "give both --tls-cert and --tls-key"),
         (["--kubeconfig", "/nonexistent/kubeconfig"], {}, "does not exist"),
     ],
