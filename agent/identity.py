@@ -198,10 +198,16 @@ def request_token(path: str, timeout: float = 5.0) -> str:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(path)
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-    return str(json.loads(data)["token"])
+        return read_token_line(sock)[0]
+
+
+def read_token_line(sock: socket.socket) -> tuple[str, bytes]:
+    """The handshake's token (blocking), and whatever arrived after its line."""
+    data = b""
+    while b"\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise OSError("the handshake socket closed before sending a token")
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    return str(json.loads(line)["token"]), rest

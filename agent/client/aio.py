@@ -19,11 +19,11 @@ from agent.client.errors import (
 )
 from agent.client.links import TRANSPORTS, SessionLink
 from agent.client.types import (
-    REPLY_TIMEOUT_S,
     Callback,
     Identity,
     LeaseInfo,
     add_callbacks,
+    reply_wait,
     run_callback,
 )
 from baton._pb import agent_pb2 as pb
@@ -212,10 +212,7 @@ class AsyncBaton:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self._connect_timeout if timeout is None else timeout)
-        if timeout is not None:
-            reply_timeout: float | None = timeout + slack
-        else:
-            reply_timeout = None if request.HasField("acquire") else REPLY_TIMEOUT_S
+        reply_timeout = reply_wait(request, timeout, slack)
         while True:
             await self._ready(deadline - loop.time())
             try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import socket as socketlib
 import threading
@@ -32,9 +31,10 @@ from agent.client.types import (
     Identity,
     LeaseInfo,
     add_callbacks,
+    reply_wait,
     run_callback_blocking,
 )
-from agent.identity import handshake_path
+from agent.identity import handshake_path, read_token_line
 from baton._pb import agent_pb2 as pb
 from baton.names import ENV_AGENT_SOCKET
 
@@ -90,7 +90,7 @@ class _CallLink:
         try:
             sock.settimeout(timeout)
             sock.connect(handshake_path(socket))
-            _, rest = _read_token_line(sock)
+            _, rest = read_token_line(sock)
             hello = pb.Hello(client_version=CLIENT_VERSION, session_token=token)
             sock.sendall(framing.encode(pb.ClientMessage(hello=hello)))
             reader = framing.BlockingReader(sock, rest)
@@ -207,7 +207,7 @@ class Baton:
         sock.settimeout(self._connect_timeout)
         try:
             sock.connect(handshake_path(self.socket))
-            token, rest = _read_token_line(sock)
+            token, rest = read_token_line(sock)
             hello = pb.Hello(
                 client_version=CLIENT_VERSION,
                 callbacks=sorted(self._callbacks),
@@ -409,10 +409,7 @@ class Baton:
         acquire without a timeout waits for its answer without end (it is queued).
         """
         deadline = time.monotonic() + (self._connect_timeout if timeout is None else timeout)
-        if timeout is not None:
-            reply_timeout: float | None = timeout + slack
-        else:
-            reply_timeout = None if request.HasField("acquire") else REPLY_TIMEOUT_S
+        reply_timeout = reply_wait(request, timeout, slack)
         while True:
             self._ready(deadline - time.monotonic())
             with self._call_lock:
@@ -638,15 +635,3 @@ class Baton:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _read_token_line(sock: socketlib.socket) -> tuple[str, bytes]:
-    """The handshake's token, and whatever arrived after its line."""
-    data = b""
-    while b"\n" not in data:
-        chunk = sock.recv(4096)
-        if not chunk:
-            raise OSError("the handshake socket closed before sending a token")
-        data += chunk
-    line, _, rest = data.partition(b"\n")
-    return str(json.loads(line)["token"]), rest

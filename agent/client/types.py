@@ -44,6 +44,14 @@ REPLY_TIMEOUT_S = 10.0
 """How long a yield or renewal waits for the agent's answer (a live agent answers at once)."""
 
 
+def reply_wait(request: pb.Request, timeout: float | None, slack: float) -> float | None:
+    """How long to wait for the answer to `request`: its own timeout plus `slack`; without one,
+    for ever for an acquire (it is queued), `REPLY_TIMEOUT_S` for anything else."""
+    if timeout is not None:
+        return timeout + slack
+    return None if request.HasField("acquire") else REPLY_TIMEOUT_S
+
+
 @dataclass(frozen=True)
 class Identity:
     """Who a client says it is: its agent socket, its GPUs, its name and its registration."""

@@ -71,8 +71,7 @@ class MuteAgent:
 
 @pytest.fixture
 def mute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MuteAgent]:
-    monkeypatch.setattr("agent.client.sync.REPLY_TIMEOUT_S", REPLY_TIMEOUT_S)
-    monkeypatch.setattr("agent.client.aio.REPLY_TIMEOUT_S", REPLY_TIMEOUT_S)
+    monkeypatch.setattr("agent.client.types.REPLY_TIMEOUT_S", REPLY_TIMEOUT_S)
     agent = MuteAgent(tmp_path)
     yield agent
     agent.close()
