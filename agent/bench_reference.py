@@ -17,13 +17,9 @@ import time
 from collections import deque
 from typing import Any
 
-from agent.framing import HEADER
+from agent import framing
 
 ACQUIRE, YIELD, GRANTED, DONE = b"A", b"Y", b"G", b"K"
-
-
-def _frame(body: bytes) -> bytes:
-    return HEADER.pack(len(body)) + body
 
 
 class Relay:
@@ -35,21 +31,19 @@ class Relay:
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while True:
-                header = await reader.readexactly(HEADER.size)
-                body = await reader.readexactly(HEADER.unpack(header)[0])
+            while (body := await framing.read_body(reader)) is not None:
                 if body == ACQUIRE:
                     if self.holder is None:
                         self.holder = writer
-                        writer.write(_frame(GRANTED))
+                        writer.write(framing.frame(GRANTED))
                     else:
                         self.queue.append(writer)
                 elif body == YIELD and self.holder is writer:
                     self.holder = self.queue.popleft() if self.queue else None
                     if self.holder is not None:
-                        self.holder.write(_frame(GRANTED))
-                    writer.write(_frame(DONE))
-        except (asyncio.IncompleteReadError, OSError):
+                        self.holder.write(framing.frame(GRANTED))
+                    writer.write(framing.frame(DONE))
+        except (framing.FrameError, OSError):
             pass
         finally:
             writer.close()
@@ -62,20 +56,14 @@ class _Tenant:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(60)
         self.sock.connect(path)
+        self.reader = framing.BlockingReader(self.sock)
 
     def call(self, body: bytes) -> bytes:
-        self.sock.sendall(_frame(body))
-        header = self._exactly(HEADER.size)
-        return self._exactly(HEADER.unpack(header)[0])
-
-    def _exactly(self, n: int) -> bytes:
-        data = b""
-        while len(data) < n:
-            chunk = self.sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("the relay closed the connection")
-            data += chunk
-        return data
+        self.sock.sendall(framing.frame(body))
+        answer = self.reader.read_body()
+        if answer is None:
+            raise ConnectionError("the relay closed the connection")
+        return answer
 
 
 def tenant_turns(path: str, mode: str, iterations: int, hold_s: float) -> list[Any]:

@@ -29,6 +29,11 @@ def encode(message: Message) -> bytes:
     body = message.SerializeToString()
     if len(body) > MAX_FRAME_BYTES:
         raise FrameError(f"a {type(message).__name__} of {len(body)} bytes is over the frame limit")
+    return frame(body)
+
+
+def frame(body: bytes) -> bytes:
+    """One frame holding `body` as it is."""
     return HEADER.pack(len(body)) + body
 
 
@@ -44,6 +49,12 @@ def decode(kind: type[M], body: bytes) -> M:
 
 async def read_frame(reader: asyncio.StreamReader, kind: type[M]) -> M | None:
     """The next message; None when the peer closed between frames; `FrameError` otherwise."""
+    body = await read_body(reader)
+    return None if body is None else decode(kind, body)
+
+
+async def read_body(reader: asyncio.StreamReader) -> bytes | None:
+    """The next frame's body, undecoded; None when the peer closed between frames."""
     try:
         header = await reader.readexactly(HEADER.size)
     except asyncio.IncompleteReadError as exc:
@@ -54,10 +65,9 @@ async def read_frame(reader: asyncio.StreamReader, kind: type[M]) -> M | None:
     if size > MAX_FRAME_BYTES:
         raise FrameError(f"a frame of {size} bytes is over the limit of {MAX_FRAME_BYTES}")
     try:
-        body = await reader.readexactly(size)
+        return await reader.readexactly(size)
     except asyncio.IncompleteReadError:
         raise FrameError(f"the connection ended inside a frame of {size} bytes") from None
-    return decode(kind, body)
 
 
 class BlockingReader:
@@ -72,6 +82,11 @@ class BlockingReader:
 
         `TimeoutError` when the socket's timeout passes first; no bytes are lost then.
         """
+        body = self.read_body()
+        return None if body is None else decode(kind, body)
+
+    def read_body(self) -> bytes | None:
+        """The next frame's body, undecoded (as `read`)."""
         if not self._fill(HEADER.size):
             return None
         (size,) = HEADER.unpack_from(self._buffer)
@@ -81,7 +96,7 @@ class BlockingReader:
             raise FrameError(f"the connection ended inside a frame of {size} bytes")
         body = bytes(self._buffer[HEADER.size : HEADER.size + size])
         del self._buffer[: HEADER.size + size]
-        return decode(kind, body)
+        return body
 
     def _fill(self, n: int) -> bool:
         while len(self._buffer) < n:
