@@ -51,19 +51,16 @@ class _NotSent(Exception):
 
 
 class _Call:
-    """A request waiting for its answer; `on_done` (reader thread) for background requests."""
+    """A request on the session whose answer `on_done` handles on the reader thread."""
 
-    def __init__(self, on_done: Callable[[_Call], None] | None = None) -> None:
-        self.done = threading.Event()
+    def __init__(self, on_done: Callable[[_Call], None]) -> None:
         self.reply: pb.Reply | None = None
         self.error: BatonError | None = None
         self.on_done = on_done
 
     def finish(self, reply: pb.Reply | None, error: BatonError | None = None) -> None:
         self.reply, self.error = reply, error
-        self.done.set()
-        if self.on_done is not None:
-            self.on_done(self)
+        self.on_done(self)
 
     def result(self, socket: str) -> pb.Reply:
         """The reply, or the error it carries."""
@@ -345,9 +342,8 @@ class Baton:
             call = self._calls.pop(reply.request_id, None)
         if call is not None:
             call.finish(reply)
-        elif reply.HasField("lease"):  # granted just after this client gave up: hand it back
-            release = pb.Request(release=pb.YieldRequest(lease_id=reply.lease.lease_id))
-            self._background(release)
+        else:  # acquires travel on the call link: nothing granted arrives unasked here
+            log.debug("answer %d on the session matches no request", reply.request_id)
 
     def _on_revoked(self, revoked: pb.Revoked) -> None:
         with self._state:
@@ -384,9 +380,7 @@ class Baton:
             self._lost(sock)
             raise AgentUnavailable(f"lost the Baton agent at {self.socket}: {exc}") from None
 
-    def _background(
-        self, request: pb.Request, on_done: Callable[[_Call], None] | None = None
-    ) -> None:
+    def _background(self, request: pb.Request, on_done: Callable[[_Call], None]) -> None:
         """Send a request whose answer `on_done` handles on the reader thread."""
         call = _Call(on_done)
         request.request_id = next(self._ids)
