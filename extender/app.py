@@ -8,7 +8,7 @@ Every answer that is an answer is HTTP 200 (kube-scheduler treats anything else 
 failure); a body that is not what kube-scheduler sends gets a 400 naming the field.
 
 `/filter` and `/prioritize` are answered on the event loop; binds wait on the API server in
-worker threads, at most `binds_in_flight` at a time (default `BINDS_IN_FLIGHT`, see there).
+worker threads, at most `binds_in_flight` at a time (see `extender.main.BINDS_IN_FLIGHT`).
 """
 
 from __future__ import annotations
@@ -26,22 +26,13 @@ from starlette.concurrency import run_in_threadpool
 from extender import wire
 from extender.bind import Binder
 from extender.cache import ClusterCache
+from extender.main import BINDS_IN_FLIGHT
 from extender.metrics import Metrics
 from extender.verbs import filter_nodes, preempt_nodes, prioritize_nodes
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
 NOT_SYNCED = "the extender's cluster cache has not synced with the API server yet; retry shortly"
-BINDS_IN_FLIGHT = 2
-"""Binds running at once; the others wait their turn, in arrival order.
-
-kube-scheduler waits for filter and prioritize on its scheduling path but binds asynchronously,
-so the verbs come first. A bind thread holds the interpreter lock for its API client work (about
-1.5 ms of CPU a bind) and the event loop needs it for every verb. With a thread per waiting bind,
-20 concurrent schedulers on 2 cores kept the loop queued behind the bind threads: filter p99
-about 90 ms with 8 binds in flight, 30 ms with 4 and 11 ms with 2, at the same calls per second.
-Two in flight still bind about 65 pods a second when each of a bind's three API calls takes 10 ms.
-"""
 
 
 def create_app(

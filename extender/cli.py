@@ -9,6 +9,7 @@ import typer
 from baton import names
 from baton.cli_options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
 from baton.shutdown import DEFAULT_GRACE_S
+from extender.main import BINDS_IN_FLIGHT
 
 
 def extender(
@@ -42,7 +43,7 @@ def extender(
             envvar="BATON_EXTENDER_BINDS_IN_FLIGHT",
             help="Binds that may wait on the API server at once; the rest queue in order.",
         ),
-    ] = 2,
+    ] = BINDS_IN_FLIGHT,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run the kube-scheduler extender: filter, prioritize and bind Baton pods."""
