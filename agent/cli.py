@@ -12,8 +12,8 @@ from baton.cli_options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_
 from baton.shutdown import DEFAULT_GRACE_S
 
 if TYPE_CHECKING:
+    from agent.core.residency import TurnPreparer
     from agent.parking_setup import ParkingOptions
-    from agent.residency import TurnPreparer
 
 
 def _make_preparer(options: ParkingOptions) -> TurnPreparer:
@@ -104,9 +104,9 @@ def agent(
     """Run the node agent: turn-taking leases on this node's GPUs."""
     import asyncio
 
+    from agent.core.policy import POLICIES
     from agent.daemon import AgentConfig, run_agent
     from agent.parking_setup import ParkingOptions, connect_preparer
-    from agent.policy import POLICIES
     from agent.sessions import SessionRegistry
     from agent.state import StateDirError
     from baton.kube import KubeConfigError

@@ -14,6 +14,8 @@ from pathlib import Path
 import grpc
 
 from agent import direct_session
+from agent.core.leases import LeaseTable
+from agent.core.residency import NullPreparer, TurnPreparer
 from agent.grpc_server import AgentServicer
 from agent.http import StatusServer
 from agent.identity import (
@@ -23,9 +25,7 @@ from agent.identity import (
     pod_uid_of_pid,
     serve_handshake,
 )
-from agent.leases import LeaseTable
 from agent.podwatch import PodWatcher
-from agent.residency import NullPreparer, TurnPreparer
 from agent.service import LeaseService
 from agent.sessions import SessionRegistry
 from agent.state import StateStore

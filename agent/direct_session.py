@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import logging
 
-from agent import api_ops, errors, framing
+from agent import api_ops, framing
+from agent.core import errors
 from agent.grpc_server import AgentServicer
 from agent.identity import UNUSED_TOKEN_TTL, Peer
 from baton._pb import agent_pb2 as pb

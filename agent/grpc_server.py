@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from agent import api_ops, errors
-from agent import events as ev
+from agent import api_ops
+from agent.core import errors
+from agent.core import events as ev
 from agent.identity import Peer, TokenRegistry, may_watch
 from agent.service import LeaseService
 from agent.session_stream import Link, SessionStream

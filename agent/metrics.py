@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 from baton.names import METRICS_PREFIX
 
 if TYPE_CHECKING:
-    from agent.leases import Lease, LeaseTable
+    from agent.core.leases import Lease, LeaseTable
 
 DUTY_WINDOW_S = 60.0
 """The window of `duty_last_minute` in /v1/status."""

@@ -1,10 +1,10 @@
 """The real `TurnPreparer`: plans room for each turn and runs the moves through a backend.
 
-Plans come from `agent.planner` (pure); this module gathers the snapshot, runs the moves off the
-event loop (`asyncio.to_thread`), retries failed parks with backoff, and keeps metrics and the
+Plans come from `agent.core.planner` (pure); this module gathers the snapshot, runs the moves off
+the event loop (`asyncio.to_thread`), retries failed parks with backoff, and keeps metrics and the
 per tenant status that /v1/status shows. One plan runs at a time per node. While a GPU is held,
-`prepare_ahead` readies the tenant due next (`agent.planner.plan_ahead`), so that its grant finds
-nothing left to move.
+`prepare_ahead` readies the tenant due next (`agent.core.planner.plan_ahead`), so that its grant
+finds nothing left to move.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from agent.backends.base import Backend, BackendError, Move, Residency, TenantRef, TenantState
-from agent.parking_metrics import ParkingMetrics
-from agent.planner import (
+from agent.core.planner import (
     Plan,
     Refusal,
     Snapshot,
@@ -30,7 +29,8 @@ from agent.planner import (
     plan_park,
     plan_turn,
 )
-from agent.residency import NoRoom
+from agent.core.residency import NoRoom
+from agent.parking_metrics import ParkingMetrics
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from agent.backends.base import Move
-from agent.planner import Reason
+from agent.core.planner import Reason
 from baton.names import METRICS_PREFIX
 
 STAGES = ("grant", "ahead", "revoke")

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.backends.base import Backend, BackendUnavailable, TenantRef
+from agent.core.residency import NullPreparer, TurnPreparer
 from agent.parking import ParkingPreparer
 from agent.parking_metrics import Forward
-from agent.residency import NullPreparer, TurnPreparer
 from baton.meminfo import MEMINFO, mem_total_kib
 from baton.names import (
     DEFAULT_FAKE_GPU_DIR,

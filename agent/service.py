@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from agent import events as ev
-from agent.errors import TenantGone
+from agent.core import events as ev
+from agent.core.errors import TenantGone
 from agent.tenants import LOCAL, Tenant
 from agent.turns import Granted, TurnService, lease_to_pb
 from baton._pb import agent_pb2 as pb

@@ -7,7 +7,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agent import api_ops, eager, errors
+from agent import api_ops
+from agent.core import eager, errors
 from agent.service import LeaseService
 from agent.sessions import Session
 from agent.tenants import Tenant

@@ -6,7 +6,7 @@ import asyncio
 import itertools
 from dataclasses import dataclass, field
 
-from agent.errors import CallbackFailed, TenantGone
+from agent.core.errors import CallbackFailed, TenantGone
 from baton._pb import agent_pb2 as pb
 
 

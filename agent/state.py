@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.leases import Lease
+from agent.core.leases import Lease
 from agent.tenants import Tenant
 
 STATE_FILE = "agent-state.json"

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.errors import Forbidden, InvalidRegistration, RegistrationConflict
+from agent.core.errors import Forbidden, InvalidRegistration, RegistrationConflict
 
 LOCAL = "local"
 POD = "pod"

@@ -2,7 +2,7 @@
 
 Grants happen as soon as the state allows (a yield, a departure, a registration), never by
 polling; a single timer covers waiter deadlines and maximum hold times. When the tenant due next
-on a held GPU changes, the residency layer hears of it (`agent.ahead`) so that it can make that
+on a held GPU changes, the residency layer hears of it (`agent.core.ahead`) so that it can make that
 tenant's room while the holder still runs. `LeaseService` (in `agent.service`) adds tenants,
 sessions and restarts on top.
 """
@@ -15,13 +15,13 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent import eager
-from agent import events as ev
-from agent.ahead import LookAhead
-from agent.errors import AcquireTimeout, InvalidGpus, NoLease, UnknownLease
-from agent.leases import Lease, LeaseTable, Waiter
+from agent.core import eager
+from agent.core import events as ev
+from agent.core.ahead import LookAhead
+from agent.core.errors import AcquireTimeout, InvalidGpus, NoLease, UnknownLease
+from agent.core.leases import Lease, LeaseTable, Waiter
+from agent.core.residency import NoRoom, TurnPreparer
 from agent.metrics import AgentMetrics
-from agent.residency import NoRoom, TurnPreparer
 from agent.sessions import SessionRegistry
 from agent.state import Snapshot, StateStore
 from agent.tenants import Tenant, TenantRegistry

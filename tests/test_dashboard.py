@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from prometheus_client import CollectorRegistry
 
-from agent.leases import LeaseTable
+from agent.core.leases import LeaseTable
 from agent.metrics import AgentMetrics
 from agent.parking_metrics import Forward, ParkingMetrics
 from deviceplugin.metrics import Metrics as DevicePluginMetrics

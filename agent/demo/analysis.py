@@ -10,7 +10,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agent import events as ev
+from agent.core import events as ev
 
 ENDS = (ev.YIELDED, ev.REVOKED)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent import events as ev
+from agent.core import events as ev
 from agent.demo.analysis import Hold, busy_seconds, cycle_duty, holds, on_gpu
 from agent.fakenode import FakeNode, FakeNodeOptions
 from baton.names import fake_gpu_uuid

@@ -6,7 +6,7 @@ import re
 import time
 from collections.abc import Callable
 
-from agent.events import Event
+from agent.core.events import Event
 from tests.agent.conftest import TenantFactory
 from tests.harness.agent import AgentRunner
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.ahead import busy_tenants, due_next
-from agent.leases import Lease, LeaseTable
+from agent.core.ahead import busy_tenants, due_next
+from agent.core.leases import Lease, LeaseTable
 
 from .test_leases import make_table
 

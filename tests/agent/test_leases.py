@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from agent.errors import AlreadyHolding, NotOwner, UnknownLease
-from agent.leases import LeaseTable, Waiter
+from agent.core.errors import AlreadyHolding, NotOwner, UnknownLease
+from agent.core.leases import LeaseTable, Waiter
 
 GPUS = ("g0", "g1", "g2")
 TENANTS = ("t0", "t1", "t2", "t3")

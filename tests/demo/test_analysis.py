@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent import events as ev
+from agent.core import events as ev
 from agent.demo.analysis import (
     Hold,
     busy_seconds,

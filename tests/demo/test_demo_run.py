@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 from rich.console import Console
 
-from agent import events as ev
+from agent.core import events as ev
 from agent.demo.report import print_report, summarize
 from agent.demo.runner import DemoConfig, PhaseResult, run_comparison
 from agent.demo.timeline import chrome_trace, png_size, write_timeline

@@ -25,9 +25,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agent.core.events import Event
+from agent.core.residency import TurnPreparer
 from agent.daemon import Agent, AgentConfig
-from agent.events import Event
-from agent.residency import TurnPreparer
 from agent.service import LeaseService
 from agent.sessions import SessionRegistry
 from tests.harness.lines import JsonLines

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.planner import Plan, Reason, Refusal, Snapshot, TenantView, plan_park, plan_turn
+from agent.core.planner import Plan, Reason, Refusal, Snapshot, TenantView, plan_park, plan_turn
 from baton.names import MIB
 
 G0, G1 = "GPU-0", "GPU-1"

@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.planner import Plan, Reason, Refusal, Snapshot, plan_ahead
+from agent.core.planner import Plan, Reason, Refusal, Snapshot, plan_ahead
 
 from .test_planner import G0, after, node, snapshots, tv
 

@@ -8,9 +8,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent.backends.base import BackendError, TenantRef
+from agent.core.residency import NoRoom
 from agent.fakegpu import FakeGpuMemory
 from agent.parking import ParkingPreparer
-from agent.residency import NoRoom
 from baton.names import MIB
 
 from .conftest import GPU

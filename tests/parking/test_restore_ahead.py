@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from agent import eager
-from agent import events as ev
 from agent.backends.base import Move, TenantRef
+from agent.core import eager
+from agent.core import events as ev
 from agent.fakegpu import FakeGpuMemory
 from agent.fakenode import FakeNode, FakeNodeOptions
 from agent.parking import ParkingPreparer

@@ -6,10 +6,10 @@ import pytest
 
 from agent.backends.base import BackendUnavailable
 from agent.backends.fake import FakeBackend
+from agent.core.residency import NullPreparer
 from agent.evacuate_bench import run as run_bench
 from agent.parking import ParkingPreparer
 from agent.parking_setup import ParkingOptions, build_preparer, parse_fake_gpus, tenant_ref
-from agent.residency import NullPreparer
 from agent.tenants import Tenant
 from baton.names import MIB, fake_gpu_uuid
 

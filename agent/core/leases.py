@@ -13,8 +13,9 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from agent.errors import AlreadyHolding, NotOwner, UnknownLease
-from agent.policy import POLICIES, Policy
+from agent.core.errors import AlreadyHolding, NotOwner, UnknownLease
+from agent.core.policy import POLICIES, Policy
+from agent.core.waiters import TenantUsage, Waiter
 
 
 @dataclass(frozen=True)
@@ -30,23 +31,6 @@ class Lease:
 
 
 @dataclass
-class Waiter:
-    """A tenant waiting for a turn."""
-
-    waiter_id: str
-    tenant_id: str
-    gpus: tuple[str, ...]
-    seq: int
-    enqueued_at: float
-    deadline: float | None = None
-    front: bool = False
-    """Queued ahead of everyone (a revoked holder waiting to resume)."""
-    reserved: bool = False
-    blocked: str = ""
-    """Why the last attempt to make room failed; empty when eligible."""
-
-
-@dataclass
 class GpuState:
     """One GPU: its holder and its last fencing token."""
 
@@ -55,15 +39,6 @@ class GpuState:
     busy_since: float | None = None
     served: dict[str, float] = field(default_factory=dict)
     """When each tenant's last turn on this GPU ended."""
-
-
-@dataclass
-class TenantUsage:
-    """What a policy may know about a tenant."""
-
-    last_served: float | None = None
-    served_seconds: float = 0.0
-    duty: int = 100
 
 
 @dataclass

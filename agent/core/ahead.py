@@ -14,9 +14,9 @@ from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from agent import eager
-from agent.leases import GpuState, LeaseTable, Waiter
-from agent.residency import TurnPreparer
+from agent.core import eager
+from agent.core.leases import GpuState, LeaseTable, Waiter
+from agent.core.residency import TurnPreparer
 
 log = logging.getLogger(__name__)
 

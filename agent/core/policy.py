@@ -8,12 +8,10 @@ always come first.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from agent.leases import TenantUsage, Waiter
+from agent.core.waiters import TenantUsage, Waiter
 
-Policy = Callable[[list["Waiter"], Mapping[str, "TenantUsage"]], list["Waiter"]]
+Policy = Callable[[list[Waiter], Mapping[str, TenantUsage]], list[Waiter]]
 
 
 def fifo(waiters: list[Waiter], usage: Mapping[str, TenantUsage]) -> list[Waiter]:

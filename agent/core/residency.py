@@ -3,8 +3,8 @@
 The lease service owns turns; a `TurnPreparer` owns where tenants' memory is. Before granting a
 turn the lease service awaits `prepare`; it never moves memory itself. Yield calls nothing here:
 parking is lazy, and happens only when a later `prepare` needs the room. While a GPU is held, the
-lease service names the tenant due next with `prepare_ahead` (`agent.ahead`), so its room can be
-made before the holder yields and its grant moves nothing.
+lease service names the tenant due next with `prepare_ahead` (`agent.core.ahead`), so its room
+can be made before the holder yields and its grant moves nothing.
 """
 
 from __future__ import annotations

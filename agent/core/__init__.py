@@ -1,0 +1,1 @@
+"""The turn-taking core: leases, policies, the residency planner, restore-ahead. Pure."""

@@ -1,0 +1,31 @@
+"""What waits for a turn, and what a queue policy may know about each tenant."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Waiter:
+    """A tenant waiting for a turn."""
+
+    waiter_id: str
+    tenant_id: str
+    gpus: tuple[str, ...]
+    seq: int
+    enqueued_at: float
+    deadline: float | None = None
+    front: bool = False
+    """Queued ahead of everyone (a revoked holder waiting to resume)."""
+    reserved: bool = False
+    blocked: str = ""
+    """Why the last attempt to make room failed; empty when eligible."""
+
+
+@dataclass
+class TenantUsage:
+    """What a policy may know about a tenant."""
+
+    last_served: float | None = None
+    served_seconds: float = 0.0
+    duty: int = 100
