@@ -17,7 +17,7 @@ import time
 from collections import deque
 from typing import Any
 
-from agent import framing
+from agent.wire import framing
 
 ACQUIRE, YIELD, GRANTED, DONE = b"A", b"Y", b"G", b"K"
 

@@ -107,7 +107,7 @@ def agent(
     from agent.core.policy import POLICIES
     from agent.daemon import AgentConfig, run_agent
     from agent.parking_setup import ParkingOptions, connect_preparer
-    from agent.sessions import SessionRegistry
+    from agent.server.sessions import SessionRegistry
     from agent.state import StateDirError
     from baton.kube import KubeConfigError
 
@@ -220,8 +220,8 @@ def events(
     """Print the agent's events as they happen: grants, yields, revocations, departures."""
     import grpc
 
-    from agent.identity import session_metadata
     from agent.status_view import format_event
+    from agent.wire.handshake import session_metadata
     from baton._pb import agent_pb2, agent_pb2_grpc
 
     try:

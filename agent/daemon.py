@@ -13,23 +13,18 @@ from pathlib import Path
 
 import grpc
 
-from agent import direct_session
 from agent.core.leases import LeaseTable
 from agent.core.residency import NullPreparer, TurnPreparer
-from agent.grpc_server import AgentServicer
-from agent.http import StatusServer
-from agent.identity import (
-    HandshakeServer,
-    TokenRegistry,
-    handshake_path,
-    pod_uid_of_pid,
-    serve_handshake,
-)
+from agent.identity import HandshakeServer, TokenRegistry, pod_uid_of_pid, serve_handshake
 from agent.podwatch import PodWatcher
-from agent.service import LeaseService
-from agent.sessions import SessionRegistry
+from agent.server import direct_session
+from agent.server.grpc_server import AgentServicer
+from agent.server.http import StatusServer
+from agent.server.service import LeaseService
+from agent.server.sessions import SessionRegistry
+from agent.server.status import status_json
 from agent.state import StateStore
-from agent.status import status_json
+from agent.wire.handshake import handshake_path
 from baton import names
 from baton._pb import agent_pb2_grpc
 from baton.shutdown import on_stop_signal_async

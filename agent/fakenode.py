@@ -60,7 +60,7 @@ class FakeNode:
     async def start(self) -> None:
         """Start the agent; returns once its sockets accept connections."""
         from agent.daemon import Agent, AgentConfig
-        from agent.sessions import SessionRegistry
+        from agent.server.sessions import SessionRegistry
 
         o = self.options
         preparer = build_preparer(

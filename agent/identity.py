@@ -19,8 +19,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from baton.names import AGENT_SESSION_METADATA
-
 log = logging.getLogger(__name__)
 
 _POD_UID = re.compile(
@@ -48,11 +46,6 @@ def pod_uid_of_pid(pid: int, proc: Path = Path("/proc")) -> str | None:
         return pod_uid_from_cgroup((proc / str(pid) / "cgroup").read_text())
     except OSError:
         return None
-
-
-def handshake_path(agent_socket: str) -> str:
-    """The handshake socket next to the agent's gRPC socket."""
-    return f"{agent_socket}.auth"
 
 
 @dataclass(frozen=True)
@@ -185,29 +178,3 @@ async def serve_handshake(
 def may_watch(peer_uid: int, agent_uid: int) -> bool:
     """Whether a peer may watch every tenant's events: the agent's own user, or root."""
     return peer_uid in (agent_uid, 0)
-
-
-def session_metadata(agent_socket: str, timeout: float = 5.0) -> tuple[tuple[str, str], ...]:
-    """gRPC metadata carrying a fresh handshake token (blocking); for `WatchEvents` callers."""
-    token = request_token(handshake_path(agent_socket), timeout)
-    return ((AGENT_SESSION_METADATA, token),)
-
-
-def request_token(path: str, timeout: float = 5.0) -> str:
-    """Client side of the handshake (blocking)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(path)
-        return read_token_line(sock)[0]
-
-
-def read_token_line(sock: socket.socket) -> tuple[str, bytes]:
-    """The handshake's token (blocking), and whatever arrived after its line."""
-    data = b""
-    while b"\n" not in data:
-        chunk = sock.recv(4096)
-        if not chunk:
-            raise OSError("the handshake socket closed before sending a token")
-        data += chunk
-    line, _, rest = data.partition(b"\n")
-    return str(json.loads(line)["token"]), rest

@@ -21,7 +21,7 @@ from baton.names import (
 )
 
 if TYPE_CHECKING:
-    from agent.service import LeaseService
+    from agent.server.service import LeaseService
     from agent.tenants import Tenant
 
 BACKENDS = ("none", "fake", "cuda", "app")

@@ -12,7 +12,7 @@ import grpc
 
 from agent.client.errors import AgentUnavailable, BatonError, from_rpc_error, from_status
 from agent.client.links import TRANSPORTS, DirectLink, GrpcLink, SessionLink
-from agent.identity import handshake_path
+from agent.wire.handshake import handshake_path
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
 from baton.names import AGENT_SESSION_METADATA, ENV_AGENT_SOCKET

@@ -1,6 +1,6 @@
 """The two ways a client's session reaches the agent, behind one small interface.
 
-- `DirectLink` (the default): frames on the handshake connection (`agent.framing`), read and
+- `DirectLink` (the default): frames on the handshake connection (`agent.wire.framing`), read and
   written by the client's event loop; no gRPC in the turn path.
 - `GrpcLink`: the `Session` RPC on the agent's gRPC socket, for comparison and for agents that
   predate direct sessions.
@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 import grpc
 
-from agent import framing
 from agent.client.errors import AgentUnavailable
+from agent.wire import framing
 from baton._pb import agent_pb2 as pb
 
 TRANSPORTS = ("direct", "grpc")

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from agent import framing
 from agent.client.connect import CLIENT_VERSION
 from agent.client.errors import (
     AgentUnavailable,
@@ -34,7 +33,8 @@ from agent.client.types import (
     reply_wait,
     run_callback_blocking,
 )
-from agent.identity import handshake_path, read_token_line
+from agent.wire import framing
+from agent.wire.handshake import handshake_path, read_token_line
 from baton._pb import agent_pb2 as pb
 from baton.names import ENV_AGENT_SOCKET
 

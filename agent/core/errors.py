@@ -1,4 +1,4 @@
-"""Domain errors of the lease service; `agent.grpc_server` maps each to one gRPC status."""
+"""Domain errors of the lease service; `agent.server.grpc_server` maps each to one gRPC status."""
 
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import framing
 from agent.client import AgentUnavailable, AsyncBaton, Baton
-from agent.identity import handshake_path
+from agent.wire import framing
+from agent.wire.handshake import handshake_path
 from baton._pb import agent_pb2 as pb
 
 REPLY_TIMEOUT_S = 0.3

@@ -8,9 +8,9 @@ import struct
 
 import pytest
 
-from agent import framing
 from agent.client import Baton
-from agent.identity import handshake_path
+from agent.wire import framing
+from agent.wire.handshake import handshake_path
 from baton._pb import agent_pb2 as pb
 from tests.harness.agent import AgentRunner
 

@@ -10,14 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.identity import (
-    TokenRegistry,
-    handshake_path,
-    pod_uid_from_cgroup,
-    pod_uid_of_pid,
-    request_token,
-    serve_handshake,
-)
+from agent.identity import TokenRegistry, pod_uid_from_cgroup, pod_uid_of_pid, serve_handshake
+from agent.wire.handshake import handshake_path, request_token
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
 from tests.harness.agent import AgentRunner

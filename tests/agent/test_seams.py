@@ -12,7 +12,7 @@ import pytest
 from agent.client import Baton
 from agent.core.errors import CallbackFailed
 from agent.core.residency import NoRoom
-from agent.identity import session_metadata
+from agent.wire.handshake import session_metadata
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
 from tests.harness.agent import AgentRunner

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from agent.identity import handshake_path, may_watch, request_token, session_metadata
+from agent.identity import may_watch
+from agent.wire.handshake import handshake_path, request_token, session_metadata
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
 from baton.names import AGENT_SESSION_METADATA
@@ -41,7 +42,7 @@ def first_event(agent: AgentRunner, metadata: tuple[tuple[str, str], ...]) -> pb
 def token_of_another_user(agent: AgentRunner, monkeypatch: pytest.MonkeyPatch) -> str:
     """A handshake token whose peer is neither the agent's user nor root."""
     if os.getuid() != 0:  # the agent then counts as running under some other user
-        monkeypatch.setattr("agent.grpc_server.agent_uid", lambda: os.getuid() + 1)
+        monkeypatch.setattr("agent.server.grpc_server.agent_uid", lambda: os.getuid() + 1)
         return request_token(handshake_path(agent.socket))
     reader, writer = os.pipe()
     pid = os.fork()

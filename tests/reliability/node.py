@@ -18,11 +18,11 @@ import grpc
 from agent.backends.base import Move
 from agent.backends.fake import FakeBackend
 from agent.daemon import Agent
-from agent.identity import session_metadata
 from agent.parking import ParkingPreparer
 from agent.parking_setup import connect_preparer, parse_fake_gpus
-from agent.service import LeaseService
-from agent.sessions import SessionRegistry
+from agent.server.service import LeaseService
+from agent.server.sessions import SessionRegistry
+from agent.wire.handshake import session_metadata
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
 from baton.names import ENV_AGENT_SOCKET, ENV_FAKE_GPU_DIR, ENV_GPUS, MIB

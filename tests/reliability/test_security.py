@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.identity import handshake_path
+from agent.wire.handshake import handshake_path
 from baton import names
 from deviceplugin.devices import container_allocation
 from tests.harness.agent import ROOT, AgentRunner, TenantProcess

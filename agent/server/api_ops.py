@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from agent.core import errors
-from agent.service import LeaseService, lease_to_pb
+from agent.server.service import LeaseService, lease_to_pb
 from agent.tenants import Tenant
 from baton._pb import agent_pb2 as pb
 

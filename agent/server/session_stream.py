@@ -7,10 +7,10 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from agent import api_ops
 from agent.core import eager, errors
-from agent.service import LeaseService
-from agent.sessions import Session
+from agent.server import api_ops
+from agent.server.service import LeaseService
+from agent.server.sessions import Session
 from agent.tenants import Tenant
 from baton._pb import agent_pb2 as pb
 

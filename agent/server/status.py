@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent.service import LeaseService
+from agent.server.service import LeaseService
 
 
 def status_json(service: LeaseService, now: float) -> dict[str, Any]:

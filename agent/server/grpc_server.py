@@ -12,13 +12,13 @@ from typing import Any, TypeVar
 
 import grpc
 
-from agent import api_ops
 from agent.core import errors
 from agent.core import events as ev
 from agent.identity import Peer, TokenRegistry, may_watch
-from agent.service import LeaseService
-from agent.session_stream import Link, SessionStream
-from agent.sessions import Session as TenantSession
+from agent.server import api_ops
+from agent.server.service import LeaseService
+from agent.server.session_stream import Link, SessionStream
+from agent.server.sessions import Session as TenantSession
 from agent.tenants import Tenant
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc

@@ -1,7 +1,7 @@
 """Direct sessions: the session stream carried on the handshake connection, without gRPC.
 
 The handshake already proved who the client is (SO_PEERCRED); if the client then sends frames
-(`agent.framing`), the first is a Hello with its registration and the rest are the messages of
+(`agent.wire.framing`), the first is a Hello with its registration and the rest are the messages of
 the `Session` RPC. A turn handoff over this link is one small write on each side, which is what
 keeps it well under a millisecond.
 """
@@ -12,10 +12,11 @@ import asyncio
 import contextlib
 import logging
 
-from agent import api_ops, framing
 from agent.core import errors
-from agent.grpc_server import AgentServicer
 from agent.identity import UNUSED_TOKEN_TTL, Peer
+from agent.server import api_ops
+from agent.server.grpc_server import AgentServicer
+from agent.wire import framing
 from baton._pb import agent_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Grants happen as soon as the state allows (a yield, a departure, a registration), never by
 polling; a single timer covers waiter deadlines and maximum hold times. When the tenant due next
 on a held GPU changes, the residency layer hears of it (`agent.core.ahead`) so that it can make that
-tenant's room while the holder still runs. `LeaseService` (in `agent.service`) adds tenants,
+tenant's room while the holder still runs. `LeaseService` (in `agent.server.service`) adds tenants,
 sessions and restarts on top.
 """
 
@@ -21,8 +21,8 @@ from agent.core.ahead import LookAhead
 from agent.core.errors import AcquireTimeout, InvalidGpus, NoLease, UnknownLease
 from agent.core.leases import Lease, LeaseTable, Waiter
 from agent.core.residency import NoRoom, TurnPreparer
-from agent.metrics import AgentMetrics
-from agent.sessions import SessionRegistry
+from agent.server.metrics import AgentMetrics
+from agent.server.sessions import SessionRegistry
 from agent.state import Snapshot, StateStore
 from agent.tenants import Tenant, TenantRegistry
 from baton._pb import agent_pb2 as pb

@@ -1,6 +1,6 @@
-"""The lease service: turns (`agent.turns`) plus tenants, sessions and agent restarts.
+"""The lease service: turns (`agent.server.turns`) plus tenants, sessions and agent restarts.
 
-No sockets here: `agent.grpc_server` turns RPCs into calls on `LeaseService`.
+No sockets here: `agent.server.grpc_server` turns RPCs into calls on `LeaseService`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import logging
 
 from agent.core import events as ev
 from agent.core.errors import TenantGone
+from agent.server.turns import Granted, TurnService, lease_to_pb
 from agent.tenants import LOCAL, Tenant
-from agent.turns import Granted, TurnService, lease_to_pb
 from baton._pb import agent_pb2 as pb
 
 __all__ = ["Granted", "LeaseService", "lease_to_pb"]

@@ -1,0 +1,1 @@
+"""What travels between tenants and the agent: the handshake and the session's frames."""

@@ -1,0 +1,44 @@
+"""The handshake socket's client side: where it is, and the token line it answers with.
+
+A tenant first connects to a sibling of the agent's socket (`<agent socket>.auth`); the agent
+reads the peer's credentials from the kernel and answers with one JSON line carrying a session
+token (`agent.node.identity` is the server side).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+from baton.names import AGENT_SESSION_METADATA
+
+
+def handshake_path(agent_socket: str) -> str:
+    """The handshake socket next to the agent's gRPC socket."""
+    return f"{agent_socket}.auth"
+
+
+def session_metadata(agent_socket: str, timeout: float = 5.0) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata carrying a fresh handshake token (blocking); for `WatchEvents` callers."""
+    token = request_token(handshake_path(agent_socket), timeout)
+    return ((AGENT_SESSION_METADATA, token),)
+
+
+def request_token(path: str, timeout: float = 5.0) -> str:
+    """Client side of the handshake (blocking)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        return read_token_line(sock)[0]
+
+
+def read_token_line(sock: socket.socket) -> tuple[str, bytes]:
+    """The handshake's token (blocking), and whatever arrived after its line."""
+    data = b""
+    while b"\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise OSError("the handshake socket closed before sending a token")
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    return str(json.loads(line)["token"]), rest
