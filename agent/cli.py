@@ -13,13 +13,13 @@ from baton.shutdown import DEFAULT_GRACE_S
 
 if TYPE_CHECKING:
     from agent.core.residency import TurnPreparer
-    from agent.parking_setup import ParkingOptions
+    from agent.parking.setup import ParkingOptions
 
 
 def _make_preparer(options: ParkingOptions) -> TurnPreparer:
     """The residency layer for `--backend`; exits with the reason if it cannot run here."""
-    from agent.backends.base import BackendUnavailable
-    from agent.parking_setup import build_preparer
+    from agent.parking.backends.base import BackendUnavailable
+    from agent.parking.setup import build_preparer
 
     try:
         return build_preparer(options)
@@ -106,7 +106,7 @@ def agent(
 
     from agent.core.policy import POLICIES
     from agent.daemon import AgentConfig, run_agent
-    from agent.parking_setup import ParkingOptions, connect_preparer
+    from agent.parking.setup import ParkingOptions, connect_preparer
     from agent.server.sessions import SessionRegistry
     from agent.state import StateDirError
     from baton.kube import KubeConfigError
@@ -277,8 +277,8 @@ def bench_evacuate(
     as_json: AsJson = False,
 ) -> None:
     """Park and restore throughput against a plain memory copy of the same size."""
-    from agent.backends.base import BackendUnavailable
     from agent.evacuate_bench import run
+    from agent.parking.backends.base import BackendUnavailable
 
     try:
         result = run(backend, size_mib, runs)

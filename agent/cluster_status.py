@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from agent.backends.base import Residency
+from agent.parking.backends.base import Residency
 from baton.names import NAMESPACE, NODE_POD_SELECTOR
 
 AgentAnswer = dict[str, Any] | str

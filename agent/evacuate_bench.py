@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.backends.base import Backend, TenantRef
+from agent.parking.backends.base import Backend, TenantRef
 from baton.names import MIB, fake_gpu_uuid
 
 FILL = bytes(range(256)) * (4 * MIB // 256)
@@ -74,8 +74,8 @@ def report(backend: str, nbytes: int, out_s: float, in_s: float, runs: int) -> d
 
 def bench_fake(size_mib: int, runs: int = 3) -> dict[str, Any]:
     """Park/restore `size_mib` MiB of real bytes on a fake GPU (scale 1, no bandwidth model)."""
-    from agent.backends.fake import FakeBackend
-    from agent.fakegpu import FakeGpuMemory
+    from agent.parking.backends.fake import FakeBackend
+    from agent.parking.fakegpu import FakeGpuMemory
 
     shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
     root = tempfile.mkdtemp(prefix="baton-evacuate-", dir=shm)
@@ -116,7 +116,7 @@ sys.stdin.readline()
 
 def bench_cuda(size_mib: int, runs: int = 3) -> dict[str, Any]:
     """Checkpoint/restore a child process holding `size_mib` MiB of device memory."""
-    from agent.backends.cuda import CudaBackend
+    from agent.parking.backends.cuda import CudaBackend
 
     backend = CudaBackend()
     gpu = next(iter(backend.gpu_memory()))

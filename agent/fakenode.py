@@ -2,7 +2,7 @@
 
 `FakeNode` runs the agent in this process; `AgentProcess` runs `baton agent` as a child (to kill
 it with SIGKILL and start it again). Tenants are separate processes given `tenant_env()`; they
-use the real client, and `agent.fakegpu.FakeGpuMemory` for their device memory.
+use the real client, and `agent.parking.fakegpu.FakeGpuMemory` for their device memory.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.parking import ParkingPreparer
-from agent.parking_setup import ParkingOptions, build_preparer, connect_preparer
+from agent.parking.preparer import ParkingPreparer
+from agent.parking.setup import ParkingOptions, build_preparer, connect_preparer
 from baton.names import ENV_AGENT_SOCKET, ENV_FAKE_GPU_DIR, ENV_GPUS, fake_gpu_uuid
 
 

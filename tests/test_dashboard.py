@@ -13,7 +13,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from agent.core.leases import LeaseTable
-from agent.parking_metrics import Forward, ParkingMetrics
+from agent.parking.metrics import Forward, ParkingMetrics
 from agent.server.metrics import AgentMetrics
 from deviceplugin.metrics import Metrics as DevicePluginMetrics
 from extender.metrics import Metrics as ExtenderMetrics

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agent.client import Baton, LeaseInfo
-from agent.fakegpu import FakeGpuMemory, PatternMismatch
+from agent.parking.fakegpu import FakeGpuMemory, PatternMismatch
 from baton.names import ENV_GPUS
 
 
@@ -35,7 +35,7 @@ class TurnTaker(Protocol):
 
 
 class DeviceMemory(Protocol):
-    """The part of `agent.fakegpu.FakeGpuMemory` a tenant uses."""
+    """The part of `agent.parking.fakegpu.FakeGpuMemory` a tenant uses."""
 
     def allocate(self, gpu: str, mib: int, memory_limit_mib: int | None = None) -> None: ...
 

@@ -70,7 +70,7 @@ class SimulatedMemory:
     """Device memory on the fake backend's simulated GPUs: verify the last pattern, write anew."""
 
     def __init__(self, tenant_id: str, gpus: Sequence[str], mib: int) -> None:
-        from agent.fakegpu import FakeGpuMemory
+        from agent.parking.fakegpu import FakeGpuMemory
 
         self.memory = FakeGpuMemory(tenant_id)
         self.gpus = list(gpus)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agent.client import LeaseInfo
 from agent.demo.tenant import Shape, pattern_seed, run_loop
-from agent.fakegpu import PatternMismatch
+from agent.parking.fakegpu import PatternMismatch
 
 
 class Clock:

@@ -19,7 +19,7 @@ from typing import Any
 from agent.client import LeaseInfo
 from agent.daemon import Agent, AgentConfig
 from agent.examples.grpo_loop import Phases, run
-from agent.parking_setup import ParkingOptions, build_preparer, connect_preparer
+from agent.parking.setup import ParkingOptions, build_preparer, connect_preparer
 from baton import names
 
 GPU = "GPU-00000000-0000-0000-0000-000000000001"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.backends.fake import FakeBackend
+from agent.parking.backends.fake import FakeBackend
 from baton.names import MIB, fake_gpu_uuid
 
 GPU = fake_gpu_uuid(0)

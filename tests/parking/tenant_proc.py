@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from agent.client import AgentUnavailable, Baton
-from agent.fakegpu import FakeGpuMemory
+from agent.parking.fakegpu import FakeGpuMemory
 from baton.names import ENV_GPUS
 
 T = TypeVar("T")

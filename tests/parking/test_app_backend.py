@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from agent.backends.app import AppBackend
-from agent.backends.base import BackendError, Residency, TenantRef
+from agent.parking.backends.app import AppBackend
+from agent.parking.backends.base import BackendError, Residency, TenantRef
 
 GPU = "GPU-0"
 

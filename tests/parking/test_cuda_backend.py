@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.backends import cuda as cuda_mod
-from agent.backends.base import BackendError, BackendUnavailable, Residency, TenantRef
-from agent.backends.cuda import CudaBackend
+from agent.parking.backends import cuda as cuda_mod
+from agent.parking.backends.base import BackendError, BackendUnavailable, Residency, TenantRef
+from agent.parking.backends.cuda import CudaBackend
 
 from .standin_cuda import CHECKPOINTED, RUNNING, CUresult, StandInDriver, StandInNvml
 

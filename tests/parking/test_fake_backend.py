@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-import agent.backends.fake as fake
-from agent.backends.base import BackendError, Residency
-from agent.backends.fake import FakeBackend
-from agent.fakegpu import FakeGpuMemory, NotResident, PatternMismatch
+import agent.parking.backends.fake as fake
+from agent.parking.backends.base import BackendError, Residency
+from agent.parking.backends.fake import FakeBackend
+from agent.parking.fakegpu import FakeGpuMemory, NotResident, PatternMismatch
 from baton.names import MIB
 
 from .conftest import GPU, GPU1, SCALE

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.backends.base import BackendError, TenantRef
 from agent.core.residency import NoRoom
-from agent.fakegpu import FakeGpuMemory
-from agent.parking import ParkingPreparer
+from agent.parking.backends.base import BackendError, TenantRef
+from agent.parking.fakegpu import FakeGpuMemory
+from agent.parking.preparer import ParkingPreparer
 from baton.names import MIB
 
 from .conftest import GPU

@@ -7,12 +7,12 @@ import asyncio
 
 import pytest
 
-from agent.backends.base import Move, TenantRef
 from agent.core import eager
 from agent.core import events as ev
-from agent.fakegpu import FakeGpuMemory
 from agent.fakenode import FakeNode, FakeNodeOptions
-from agent.parking import ParkingPreparer
+from agent.parking.backends.base import Move, TenantRef
+from agent.parking.fakegpu import FakeGpuMemory
+from agent.parking.preparer import ParkingPreparer
 from baton.names import MIB
 
 from .conftest import GPU

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from agent.backends.base import BackendUnavailable
-from agent.backends.fake import FakeBackend
 from agent.core.residency import NullPreparer
 from agent.evacuate_bench import run as run_bench
-from agent.parking import ParkingPreparer
-from agent.parking_setup import ParkingOptions, build_preparer, parse_fake_gpus, tenant_ref
+from agent.parking.backends.base import BackendUnavailable
+from agent.parking.backends.fake import FakeBackend
+from agent.parking.preparer import ParkingPreparer
+from agent.parking.setup import ParkingOptions, build_preparer, parse_fake_gpus, tenant_ref
 from agent.tenants import Tenant
 from baton.names import MIB, fake_gpu_uuid
 

@@ -19,7 +19,7 @@ import time
 import zlib
 
 from agent.client import Baton, BatonError
-from agent.fakegpu import FakeGpuMemory, NotResident, PatternMismatch
+from agent.parking.fakegpu import FakeGpuMemory, NotResident, PatternMismatch
 from baton.names import ENV_GPUS
 
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import grpc
 
-from agent.backends.base import Move
-from agent.backends.fake import FakeBackend
 from agent.daemon import Agent
-from agent.parking import ParkingPreparer
-from agent.parking_setup import connect_preparer, parse_fake_gpus
+from agent.parking.backends.base import Move
+from agent.parking.backends.fake import FakeBackend
+from agent.parking.preparer import ParkingPreparer
+from agent.parking.setup import connect_preparer, parse_fake_gpus
 from agent.server.service import LeaseService
 from agent.server.sessions import SessionRegistry
 from agent.wire.handshake import session_metadata

@@ -18,7 +18,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from agent.backends.base import Backend, BackendError, Move, Residency, TenantRef, TenantState
 from agent.core.planner import (
     Plan,
     Refusal,
@@ -30,7 +29,15 @@ from agent.core.planner import (
     plan_turn,
 )
 from agent.core.residency import NoRoom
-from agent.parking_metrics import ParkingMetrics
+from agent.parking.backends.base import (
+    Backend,
+    BackendError,
+    Move,
+    Residency,
+    TenantRef,
+    TenantState,
+)
+from agent.parking.metrics import ParkingMetrics
 
 log = logging.getLogger(__name__)
 

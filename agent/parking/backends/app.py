@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from agent.backends.base import (
+from agent.parking.backends.base import (
     Backend,
     BackendError,
     Move,

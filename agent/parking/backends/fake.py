@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from agent.backends.base import (
+from agent.parking.backends.base import (
     Backend,
     BackendError,
     Move,
@@ -23,7 +23,7 @@ from agent.backends.base import (
     TenantRef,
     TenantState,
 )
-from agent.fakegpu import (
+from agent.parking.fakegpu import (
     DEVICE_SUFFIX,
     HOST_SUFFIX,
     read_json,

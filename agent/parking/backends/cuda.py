@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from agent.backends import procs
-from agent.backends.base import (
+from agent.parking.backends import procs
+from agent.parking.backends.base import (
     Backend,
     BackendError,
     BackendUnavailable,

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agent.backends.base import Backend, BackendUnavailable, TenantRef
 from agent.core.residency import NullPreparer, TurnPreparer
-from agent.parking import ParkingPreparer
-from agent.parking_metrics import Forward
+from agent.parking.backends.base import Backend, BackendUnavailable, TenantRef
+from agent.parking.metrics import Forward
+from agent.parking.preparer import ParkingPreparer
 from baton.meminfo import MEMINFO, mem_total_kib
 from baton.names import (
     DEFAULT_FAKE_GPU_DIR,
@@ -61,18 +61,18 @@ def half_the_ram(meminfo: str = MEMINFO) -> int:
 def build_backend(opts: ParkingOptions) -> tuple[Backend, dict[str, int]]:
     """The backend the flags name and the GPU memory it manages, or `BackendUnavailable`."""
     if opts.backend == "fake":
-        from agent.backends.fake import FakeBackend
+        from agent.parking.backends.fake import FakeBackend
 
         gpus = parse_fake_gpus(opts.fake_gpus, opts.node_name)
         pcie = opts.pcie_gbps or None
         return FakeBackend(opts.fake_dir, gpus, opts.fake_scale, pcie, opts.lock_timeout_s), gpus
     if opts.backend == "cuda":
-        from agent.backends.cuda import CudaBackend
+        from agent.parking.backends.cuda import CudaBackend
 
         cuda = CudaBackend(lock_timeout_ms=int(opts.lock_timeout_s * 1000))
         return cuda, cuda.gpu_memory()
     if opts.backend == "app":
-        from agent.backends.app import AppBackend
+        from agent.parking.backends.app import AppBackend
 
         gpus = nvml_gpus() or parse_fake_gpus(opts.fake_gpus, opts.node_name)
         return AppBackend(opts.callback_timeout_s), gpus
@@ -84,7 +84,7 @@ def nvml_gpus() -> dict[str, int]:
     try:
         import pynvml
 
-        from agent.backends.procs import gpu_memory
+        from agent.parking.backends.procs import gpu_memory
 
         pynvml.nvmlInit()
         return gpu_memory(pynvml)
@@ -124,7 +124,7 @@ def connect_preparer(preparer: TurnPreparer, service: LeaseService) -> None:
         t.tenant_id: tenant_ref(t) for t in list(service.tenants.tenants.values())
     }
     service.metrics.registry.register(Forward(preparer.metrics.registry))
-    from agent.backends.app import AppBackend
+    from agent.parking.backends.app import AppBackend
 
     if isinstance(preparer.backend, AppBackend):
         preparer.backend.bind(service.sessions.call_tenant, asyncio.get_running_loop())

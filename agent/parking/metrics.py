@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from agent.backends.base import Move
 from agent.core.planner import Reason
+from agent.parking.backends.base import Move
 from baton.names import METRICS_PREFIX
 
 STAGES = ("grant", "ahead", "revoke")
