@@ -63,7 +63,7 @@ def run_handoff_bench(
 
 
 async def _bench(iterations: int, client: str, transport: str) -> dict[str, Any]:
-    from agent.daemon import Agent, AgentConfig
+    from agent.node.daemon import Agent, AgentConfig
 
     workdir = tempfile.mkdtemp(dir="/tmp", prefix="baton-bench-")
     socket = f"{workdir}/agent.sock"

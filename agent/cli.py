@@ -105,10 +105,10 @@ def agent(
     import asyncio
 
     from agent.core.policy import POLICIES
-    from agent.daemon import AgentConfig, run_agent
+    from agent.node.daemon import AgentConfig, run_agent
+    from agent.node.state import StateDirError
     from agent.parking.setup import ParkingOptions, connect_preparer
     from agent.server.sessions import SessionRegistry
-    from agent.state import StateDirError
     from baton.kube import KubeConfigError
 
     setup_logging(log_level)

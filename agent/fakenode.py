@@ -59,7 +59,7 @@ class FakeNode:
 
     async def start(self) -> None:
         """Start the agent; returns once its sockets accept connections."""
-        from agent.daemon import Agent, AgentConfig
+        from agent.node.daemon import Agent, AgentConfig
         from agent.server.sessions import SessionRegistry
 
         o = self.options

@@ -21,8 +21,8 @@ from baton.names import (
 )
 
 if TYPE_CHECKING:
+    from agent.node.tenants import Tenant
     from agent.server.service import LeaseService
-    from agent.tenants import Tenant
 
 BACKENDS = ("none", "fake", "cuda", "app")
 

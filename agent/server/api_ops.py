@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 
 from agent.core import errors
+from agent.node.tenants import Tenant
 from agent.server.service import LeaseService, lease_to_pb
-from agent.tenants import Tenant
 from baton._pb import agent_pb2 as pb
 
 _CODES: list[tuple[type[errors.AgentError], grpc.StatusCode]] = [

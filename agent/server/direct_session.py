@@ -13,7 +13,7 @@ import contextlib
 import logging
 
 from agent.core import errors
-from agent.identity import UNUSED_TOKEN_TTL, Peer
+from agent.node.identity import UNUSED_TOKEN_TTL, Peer
 from agent.server import api_ops
 from agent.server.grpc_server import AgentServicer
 from agent.wire import framing

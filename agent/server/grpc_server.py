@@ -14,12 +14,12 @@ import grpc
 
 from agent.core import errors
 from agent.core import events as ev
-from agent.identity import Peer, TokenRegistry, may_watch
+from agent.node.identity import Peer, TokenRegistry, may_watch
+from agent.node.tenants import Tenant
 from agent.server import api_ops
 from agent.server.service import LeaseService
 from agent.server.session_stream import Link, SessionStream
 from agent.server.sessions import Session as TenantSession
-from agent.tenants import Tenant
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
 from baton.names import AGENT_SESSION_METADATA

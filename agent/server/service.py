@@ -10,8 +10,8 @@ import logging
 
 from agent.core import events as ev
 from agent.core.errors import TenantGone
+from agent.node.tenants import LOCAL, Tenant
 from agent.server.turns import Granted, TurnService, lease_to_pb
-from agent.tenants import LOCAL, Tenant
 from baton._pb import agent_pb2 as pb
 
 __all__ = ["Granted", "LeaseService", "lease_to_pb"]

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from agent.core import eager, errors
+from agent.node.tenants import Tenant
 from agent.server import api_ops
 from agent.server.service import LeaseService
 from agent.server.sessions import Session
-from agent.tenants import Tenant
 from baton._pb import agent_pb2 as pb
 
 log = logging.getLogger(__name__)

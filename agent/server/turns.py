@@ -21,10 +21,10 @@ from agent.core.ahead import LookAhead
 from agent.core.errors import AcquireTimeout, InvalidGpus, NoLease, UnknownLease
 from agent.core.leases import Lease, LeaseTable, Waiter
 from agent.core.residency import NoRoom, TurnPreparer
+from agent.node.state import Snapshot, StateStore
+from agent.node.tenants import Tenant, TenantRegistry
 from agent.server.metrics import AgentMetrics
 from agent.server.sessions import SessionRegistry
-from agent.state import Snapshot, StateStore
-from agent.tenants import Tenant, TenantRegistry
 from baton._pb import agent_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.identity import TokenRegistry, pod_uid_from_cgroup, pod_uid_of_pid, serve_handshake
+from agent.node.identity import TokenRegistry, pod_uid_from_cgroup, pod_uid_of_pid, serve_handshake
 from agent.wire.handshake import handshake_path, request_token
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc

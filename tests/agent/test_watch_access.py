@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from agent.identity import may_watch
+from agent.node.identity import may_watch
 from agent.wire.handshake import handshake_path, request_token, session_metadata
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc

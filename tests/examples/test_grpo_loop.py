@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.client import LeaseInfo
-from agent.daemon import Agent, AgentConfig
 from agent.examples.grpo_loop import Phases, run
+from agent.node.daemon import Agent, AgentConfig
 from agent.parking.setup import ParkingOptions, build_preparer, connect_preparer
 from baton import names
 

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from agent.core.events import Event
 from agent.core.residency import TurnPreparer
-from agent.daemon import Agent, AgentConfig
+from agent.node.daemon import Agent, AgentConfig
 from agent.server.service import LeaseService
 from agent.server.sessions import SessionRegistry
 from tests.harness.lines import JsonLines

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from agent.daemon import Agent
+from agent.node.daemon import Agent
 from agent.parking.backends.base import Move
 from agent.parking.backends.fake import FakeBackend
 from agent.parking.preparer import ParkingPreparer

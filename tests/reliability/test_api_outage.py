@@ -40,7 +40,7 @@ def test_the_agent_rides_out_an_api_outage_and_catches_up_when_it_returns(tmp_pa
     proc.mkdir(parents=True)
     proc.joinpath("cgroup").write_text(f"0::/kubepods/burstable/pod{UID}/abc\n")
     watch = LogWatch("pod watch failed")
-    logging.getLogger("agent.podwatch").addHandler(watch)
+    logging.getLogger("agent.node.podwatch").addHandler(watch)
     with FakeApiServer() as api:
         api.put_object(pod("trainer", UID, "node-1", "GPU-a"))
         api.put_object(pod("other", OTHER_UID, "node-1", "GPU-a"))
@@ -73,7 +73,7 @@ def test_the_agent_rides_out_an_api_outage_and_catches_up_when_it_returns(tmp_pa
             assert baton.lease is not None and baton.lease.lease_id == lease.lease_id
             baton.yield_()
         finally:
-            logging.getLogger("agent.podwatch").removeHandler(watch)
+            logging.getLogger("agent.node.podwatch").removeHandler(watch)
             baton.close()
             runner.stop()
     record(

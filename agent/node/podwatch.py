@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agent.tenants import POD, Tenant
+from agent.node.tenants import POD, Tenant
 from baton import names
 
 log = logging.getLogger(__name__)

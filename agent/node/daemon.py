@@ -15,15 +15,15 @@ import grpc
 
 from agent.core.leases import LeaseTable
 from agent.core.residency import NullPreparer, TurnPreparer
-from agent.identity import HandshakeServer, TokenRegistry, pod_uid_of_pid, serve_handshake
-from agent.podwatch import PodWatcher
+from agent.node.identity import HandshakeServer, TokenRegistry, pod_uid_of_pid, serve_handshake
+from agent.node.podwatch import PodWatcher
+from agent.node.state import StateStore
 from agent.server import direct_session
 from agent.server.grpc_server import AgentServicer
 from agent.server.http import StatusServer
 from agent.server.service import LeaseService
 from agent.server.sessions import SessionRegistry
 from agent.server.status import status_json
-from agent.state import StateStore
 from agent.wire.handshake import handshake_path
 from baton import names
 from baton._pb import agent_pb2_grpc

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.core.leases import Lease
-from agent.tenants import Tenant
+from agent.node.tenants import Tenant
 
 STATE_FILE = "agent-state.json"
 PROBE_BYTES = 64 * 1024

@@ -1,0 +1,1 @@
+"""What the agent knows of its node: who calls (pods, local tenants), durable state, wiring."""
