@@ -8,7 +8,7 @@ Every answer that is an answer is HTTP 200 (kube-scheduler treats anything else 
 failure); a body that is not what kube-scheduler sends gets a 400 naming the field.
 
 `/filter` and `/prioritize` are answered on the event loop; binds wait on the API server in
-worker threads, at most `binds_in_flight` at a time (see `extender.main.BINDS_IN_FLIGHT`).
+worker threads, at most `binds_in_flight` at a time (see `extender.bind.BINDS_IN_FLIGHT`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from fastapi import FastAPI, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from extender import wire
-from extender.bind import Binder
+from extender.bind import BINDS_IN_FLIGHT, Binder
 from extender.cache import ClusterCache
-from extender.main import BINDS_IN_FLIGHT
 from extender.metrics import Metrics
 from extender.verbs import filter_nodes, preempt_nodes, prioritize_nodes
 

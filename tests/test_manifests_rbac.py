@@ -34,7 +34,7 @@ ROLES = {
     "baton-extender": ("extender",),
 }
 # Commands a user runs with their own kubeconfig, never under a daemon's ServiceAccount.
-USER_SIDE = {"agent/cluster_status.py"}
+USER_SIDE = {"baton/status/cluster.py"}
 
 
 def _rbac_rules(path: Path) -> list[tuple[str, list[str]]]:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agent.bench import handoffs, percentile, run_handoff_bench
+from baton.bench.handoff import handoffs, percentile, run_handoff_bench
 
 FIELDS = (
     "acquire_p50_ms",

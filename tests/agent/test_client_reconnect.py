@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from agent.client import AgentUnavailable, AsyncBaton, LeaseInfo
-from agent.fakenode import AgentProcess, FakeNodeOptions
+from baton.demo.fakenode import AgentProcess, FakeNodeOptions
 from baton.names import fake_gpu_uuid
 from tests.harness.agent import AgentRunner
 

@@ -12,9 +12,9 @@ from PIL import Image
 from rich.console import Console
 
 from agent.core import events as ev
-from agent.demo.report import print_report, summarize
-from agent.demo.runner import DemoConfig, PhaseResult, run_comparison
-from agent.demo.timeline import chrome_trace, png_size, write_timeline
+from baton.demo.report import print_report, summarize
+from baton.demo.runner import DemoConfig, PhaseResult, run_comparison
+from baton.demo.timeline import chrome_trace, png_size, write_timeline
 from baton.names import MIB
 
 # Two 600 MiB tenants on a 1000 MiB GPU: they never fit together, so every switch moves memory.

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from agent.client import LeaseInfo
-from agent.demo.tenant import Shape, pattern_seed, run_loop
 from agent.parking.fakegpu import PatternMismatch
+from baton.demo.tenant import Shape, pattern_seed, run_loop
 
 
 class Clock:

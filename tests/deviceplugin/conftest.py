@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from baton import names
+from baton.bench.memory_pods import MemoryPods
 from baton.kube import format_timestamp_ns
 from deviceplugin.allocation import PodSource
 from deviceplugin.daemon import Daemon, Settings
 from deviceplugin.gpus import parse_fake_gpus
 from deviceplugin.health import DEFAULT_IGNORED_XIDS
-from deviceplugin.memory import MemoryPods
 from tests.harness.fakeapi import FakeApiServer
 from tests.harness.kubelet import KubeletStub
 

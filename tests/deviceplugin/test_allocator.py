@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 
 from baton import names
+from baton.bench.memory_pods import MemoryPods
 from deviceplugin.allocation import Allocator
 from deviceplugin.devices import Gpu, Inventory, PodView
 from deviceplugin.errors import ApiUnavailableError, ConflictError, NoWaitingPodError
-from deviceplugin.memory import MemoryPods
 from deviceplugin.metrics import Metrics
 from deviceplugin.state import LiveInventory
 from tests.deviceplugin.test_devices import pod

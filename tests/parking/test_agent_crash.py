@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 
-from agent.fakenode import AgentProcess, FakeNodeOptions, tenant_env
+from baton.demo.fakenode import AgentProcess, FakeNodeOptions, tenant_env
 
 from .nodeharness import TenantProc
 

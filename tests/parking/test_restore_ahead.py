@@ -9,10 +9,10 @@ import pytest
 
 from agent.core import eager
 from agent.core import events as ev
-from agent.fakenode import FakeNode, FakeNodeOptions
 from agent.parking.backends.base import Move, TenantRef
 from agent.parking.fakegpu import FakeGpuMemory
 from agent.parking.preparer import ParkingPreparer
+from baton.demo.fakenode import FakeNode, FakeNodeOptions
 from baton.names import MIB
 
 from .conftest import GPU

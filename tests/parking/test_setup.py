@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from agent.core.residency import NullPreparer
-from agent.evacuate_bench import run as run_bench
 from agent.node.tenants import Tenant
 from agent.parking.backends.base import BackendUnavailable
 from agent.parking.backends.fake import FakeBackend
 from agent.parking.preparer import ParkingPreparer
 from agent.parking.setup import ParkingOptions, build_preparer, parse_fake_gpus, tenant_ref
+from baton.bench.evacuate import run as run_bench
 from baton.names import MIB, fake_gpu_uuid
 
 

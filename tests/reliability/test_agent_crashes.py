@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.fakenode import AgentProcess, FakeNodeOptions, tenant_env
+from baton.demo.fakenode import AgentProcess, FakeNodeOptions, tenant_env
 
 from .figures import record
 from .loadrun import LineProc

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.fakenode import AgentProcess, FakeNodeOptions
+from baton.demo.fakenode import AgentProcess, FakeNodeOptions
 
 from .figures import record
 from .loadrun import LineProc

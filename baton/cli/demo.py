@@ -1,4 +1,4 @@
-"""`baton demo` and `baton bench duty` (registered by `agent.cli`)."""
+"""`baton demo` and `baton bench duty` (registered by `baton.cli.agent`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from baton.cli_options import AsJson, echo_figures
+from baton.cli.options import AsJson, echo_figures
 
 if TYPE_CHECKING:
-    from agent.demo.runner import DemoConfig
+    from baton.demo.runner import DemoConfig
 
 Tenants = Annotated[int, typer.Option(min=1, max=7, help="Synthetic RL tenants.")]
 Duty = Annotated[float, typer.Option(min=0.01, max=1.0, help="GPU share of each tenant alone.")]
@@ -37,7 +37,7 @@ def _config(
     footprints: str, pcie_gbps: float, scale: float, jitter: float, seed: int,
 ) -> DemoConfig:  # fmt: skip
     """The run's settings from the flags; `footprints` is `MIB` or `MIB,MIB,...`."""
-    from agent.demo.runner import DemoConfig
+    from baton.demo.runner import DemoConfig
 
     try:
         sizes = tuple(int(x) for x in footprints.split(",") if x.strip())
@@ -76,9 +76,9 @@ def demo(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agent.demo.report import print_report
-    from agent.demo.runner import DemoError, run_comparison
-    from agent.demo.timeline import write_timeline
+    from baton.demo.report import print_report
+    from baton.demo.runner import DemoError, run_comparison
+    from baton.demo.timeline import write_timeline
 
     config = _config(
         tenants, duty, cycle, duration, warmup, gpu_memory, footprints, pcie_gbps, scale,
@@ -132,8 +132,8 @@ def bench_duty(
     """Duty cycle of tenants alone on their GPUs against all of them sharing one."""
     import asyncio
 
-    from agent.demo.report import summarize
-    from agent.demo.runner import DemoError, run_comparison
+    from baton.demo.report import summarize
+    from baton.demo.runner import DemoError, run_comparison
 
     config = _config(
         tenants, duty, cycle, duration, warmup, gpu_memory, footprints, pcie_gbps, scale,

@@ -18,10 +18,10 @@ import grpc
 
 from baton import names
 from baton._pb import api_pb2, api_pb2_grpc
+from baton.bench.memory_pods import MemoryPods
 from deviceplugin.daemon import Daemon, Settings
 from deviceplugin.devices import PodView
 from deviceplugin.gpus import parse_fake_gpus
-from deviceplugin.memory import MemoryPods
 
 NODE = "bench-node"
 

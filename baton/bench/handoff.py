@@ -16,11 +16,9 @@ import time
 from typing import Any
 
 from agent.client.links import TRANSPORTS
+from baton.bench.relay import HOLD_S, WARMUP
 
 GPU = "GPU-bench-0"
-WARMUP = 20
-HOLD_S = 0.002
-"""How long each tenant holds its turn in the handoff run, so the other is queued by then."""
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -99,16 +97,16 @@ async def _bench(iterations: int, client: str, transport: str) -> dict[str, Any]
 
 
 async def _reference(iterations: int) -> tuple[list[float], list[float]]:
-    """The same two measurements against `agent.bench_reference`'s bare relay."""
-    from agent.bench_reference import Relay
+    """The same two measurements against `baton.bench.relay`'s bare relay."""
+    from baton.bench.relay import Relay
 
     workdir = tempfile.mkdtemp(dir="/tmp", prefix="baton-bench-ref-")
     path = f"{workdir}/relay.sock"
     server = await asyncio.start_unix_server(Relay().serve, path=path)
     try:
         args = ["--socket", path, "--iterations", str(iterations)]
-        solo = await _spawn("agent.bench_reference", [[*args, "--mode", "acquire"]])
-        pair = await _spawn("agent.bench_reference", [[*args, "--mode", "pingpong"]] * 2)
+        solo = await _spawn("baton.bench.relay", [[*args, "--mode", "acquire"]])
+        pair = await _spawn("baton.bench.relay", [[*args, "--mode", "pingpong"]] * 2)
     finally:
         server.close()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -130,7 +128,9 @@ async def _workers(
 ) -> list[Any]:
     common = ["--socket", socket, "--mode", mode, "--iterations", str(iterations)]
     options = ["--client", client, "--transport", transport]
-    return await _spawn("agent.bench", [[*common, "--name", name, *options] for name in names])
+    return await _spawn(
+        "baton.bench.handoff", [[*common, "--name", name, *options] for name in names]
+    )
 
 
 async def _spawn(module: str, argvs: list[list[str]]) -> list[Any]:

@@ -1,4 +1,4 @@
-"""`baton` subcommands of the agent (registered by `baton.cli`)."""
+"""`baton agent` and the agent's benchmarks (registered by `baton.cli`)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from agent.demo import cli as demo_cli
 from baton import names
-from baton.cli_options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
+from baton.cli.options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
 from baton.shutdown import DEFAULT_GRACE_S
 
 if TYPE_CHECKING:
@@ -155,97 +154,6 @@ def agent(
         pass
 
 
-def status(
-    url: Annotated[
-        str, typer.Option(envvar="BATON_STATUS_URL", help="The agent's HTTP address.")
-    ] = f"http://127.0.0.1:{names.PORT_AGENT}",
-    extender: Annotated[
-        str | None,
-        typer.Option(
-            envvar="BATON_STATUS_EXTENDER",
-            help="Every node: the extender's URL (its /v1/inventory lists the nodes).",
-        ),
-    ] = None,
-    kubeconfig: Annotated[
-        str | None,
-        typer.Option(
-            envvar=names.ENV_KUBECONFIG,
-            help="With --extender: find agents (node pod IPs) through this cluster's API.",
-        ),
-    ] = None,
-    agent_port: Annotated[
-        int, typer.Option(envvar="BATON_STATUS_AGENT_PORT", help="Agents' HTTP port on nodes.")
-    ] = names.PORT_AGENT,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
-) -> None:
-    """What each GPU is doing: holder, queue, tenants resident/parked, parked bytes, duty."""
-    import json
-    import urllib.error
-
-    from agent import cluster_status
-
-    if extender is None:
-        answer = cluster_status.read_agent(url)
-        if isinstance(answer, str):
-            typer.echo(f"baton status: {answer}", err=True)
-            raise typer.Exit(1)
-        if as_json:
-            typer.echo(json.dumps(answer, indent=1))
-            return
-        from agent.cluster_view import print_agent
-
-        print_agent(answer, url)
-        return
-    try:
-        addresses = cluster_status.agent_addresses(kubeconfig) if kubeconfig else {}
-        document = cluster_status.read_cluster(extender, addresses, agent_port)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        typer.echo(f"baton status: cannot read the inventory at {extender}: {exc}", err=True)
-        raise typer.Exit(1) from None
-    if as_json:
-        typer.echo(json.dumps(document, indent=1))
-        return
-    from agent.cluster_view import print_cluster
-
-    print_cluster(document)
-
-
-def events(
-    socket: Annotated[
-        str, typer.Option(envvar=names.ENV_AGENT_SOCKET, help="The agent's gRPC unix socket.")
-    ] = names.AGENT_SOCKET,
-    count: Annotated[int, typer.Option(help="Stop after this many events; 0 = never.")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
-) -> None:
-    """Print the agent's events as they happen: grants, yields, revocations, departures."""
-    import grpc
-
-    from agent.status_view import format_event
-    from agent.wire.handshake import session_metadata
-    from baton._pb import agent_pb2, agent_pb2_grpc
-
-    try:
-        metadata = session_metadata(socket)
-    except (OSError, ValueError, KeyError) as exc:
-        typer.echo(f"baton events: cannot reach the agent at {socket}: {exc}", err=True)
-        raise typer.Exit(1) from None
-    with grpc.insecure_channel(f"unix:{socket}") as channel:
-        request = agent_pb2.WatchEventsRequest()
-        stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(request, metadata=metadata)
-        try:
-            for seen, event in enumerate(stream, start=1):
-                typer.echo(format_event(event, as_json))
-                if count and seen >= count:
-                    break
-        except grpc.RpcError as exc:
-            typer.echo(
-                f"baton events: cannot watch the agent at {socket}: {exc.details()}", err=True
-            )
-            raise typer.Exit(1) from None
-        finally:
-            stream.cancel()
-
-
 def bench_handoff(
     iterations: Annotated[int, typer.Option(help="Samples per measurement.")] = 500,
     client: Annotated[
@@ -260,7 +168,7 @@ def bench_handoff(
     as_json: AsJson = False,
 ) -> None:
     """Uncontended acquire and yield→grant handoff between two tenant processes."""
-    from agent.bench import run_handoff_bench
+    from baton.bench.handoff import run_handoff_bench
 
     try:
         figures = run_handoff_bench(iterations, client, transport)
@@ -277,8 +185,8 @@ def bench_evacuate(
     as_json: AsJson = False,
 ) -> None:
     """Park and restore throughput against a plain memory copy of the same size."""
-    from agent.evacuate_bench import run
     from agent.parking.backends.base import BackendUnavailable
+    from baton.bench.evacuate import run
 
     try:
         result = run(backend, size_mib, runs)
@@ -291,8 +199,5 @@ def bench_evacuate(
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
     app.command("agent")(agent)
-    app.command("status")(status)
-    app.command("events")(events)
     bench.command("handoff")(bench_handoff)
     bench.command("evacuate")(bench_evacuate)
-    demo_cli.register(app, bench)

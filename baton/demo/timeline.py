@@ -9,8 +9,8 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
-from agent.demo.analysis import Hold, idle_wait_spans, on_gpu
-from agent.demo.runner import PhaseResult
+from baton.demo.analysis import Hold, idle_wait_spans, on_gpu
+from baton.demo.runner import PhaseResult
 
 WIDTH = 1200
 LABEL_W = 190

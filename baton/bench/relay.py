@@ -19,6 +19,11 @@ from typing import Any
 
 from agent.wire import framing
 
+WARMUP = 20
+"""Turns left out of every measurement (the handoff bench's and the relay's)."""
+HOLD_S = 0.002
+"""How long each tenant holds its turn in the handoff run, so the other is queued by then."""
+
 ACQUIRE, YIELD, GRANTED, DONE = b"A", b"Y", b"G", b"K"
 
 
@@ -68,8 +73,6 @@ class _Tenant:
 
 def tenant_turns(path: str, mode: str, iterations: int, hold_s: float) -> list[Any]:
     """Run one tenant's turns; returns `[token, requested, granted, yielded]` per turn."""
-    from agent.bench import WARMUP
-
     tenant = _Tenant(path)
     print("ready", flush=True)
     sys.stdin.readline()
@@ -88,8 +91,6 @@ def tenant_turns(path: str, mode: str, iterations: int, hold_s: float) -> list[A
 
 def main() -> None:
     """Entry point of a reference tenant process."""
-    from agent.bench import HOLD_S
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket", required=True)
     parser.add_argument("--mode", choices=["acquire", "pingpong"], required=True)

@@ -1,12 +1,10 @@
-"""`baton`: the single command line. Each component registers its own subcommands."""
+"""`baton`: the single command line. Each module here registers its own subcommands."""
 
 from __future__ import annotations
 
 import typer
 
-import agent.cli
-import deviceplugin.cli
-import extender.cli
+from baton.cli import agent, demo, deviceplugin, extender, status
 
 app = typer.Typer(
     name="baton",
@@ -20,7 +18,7 @@ bench_app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 
-for component in (agent.cli, deviceplugin.cli, extender.cli):
+for component in (agent, deviceplugin, extender, status, demo):
     component.register(app, bench_app)
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from baton import names
-from baton.cli_options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
+from baton.cli.options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
 from baton.shutdown import DEFAULT_GRACE_S
 from deviceplugin.annotate import DEFAULT_HOST_MEMORY_BUDGET
 from deviceplugin.health import DEFAULT_IGNORED_XIDS
@@ -102,7 +102,7 @@ def bench_allocate(
     as_json: AsJson = False,
 ) -> None:
     """Allocate latency seen by the kubelet over the plugin's socket (target: p99 < 10 ms)."""
-    from deviceplugin.bench import run
+    from baton.bench.allocate import run
 
     if api not in ("memory", "fake"):
         raise typer.BadParameter("--api must be memory or fake")

@@ -1,4 +1,4 @@
-"""Renders `agent.cluster_status` documents as one rich table, a row per GPU."""
+"""Renders `baton.status.cluster` documents as one rich table, a row per GPU."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from agent.cluster_status import single_agent_document
-from agent.status_view import tenant_table
 from baton.names import MIB
+from baton.status.cluster import single_agent_document
+from baton.status.view import tenant_table
 
 
 def _names(items: list[str]) -> str:

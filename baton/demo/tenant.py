@@ -5,7 +5,7 @@ During each turn it verifies the pattern it wrote into its fake device memory th
 models reward scoring and environment steps. It speaks JSON lines on stdout: "ready" once
 connected, then, after a `go <deadline>` line on stdin, one "done" (or "error") object.
 
-    python -m agent.demo.tenant --name t1 --footprint-mib 6144 --gpu-s 0.6 --off-s 1.4
+    python -m baton.demo.tenant --name t1 --footprint-mib 6144 --gpu-s 0.6 --off-s 1.4
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from agent.demo.analysis import idle_waits, on_gpu, percentile, switches
-from agent.demo.runner import DemoConfig, PhaseResult
+from baton.demo.analysis import idle_waits, on_gpu, percentile, switches
+from baton.demo.runner import DemoConfig, PhaseResult
 
 
 def integrity_ok(*phases: PhaseResult) -> bool:

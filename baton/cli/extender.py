@@ -7,9 +7,9 @@ from typing import Annotated
 import typer
 
 from baton import names
-from baton.cli_options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
+from baton.cli.options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
 from baton.shutdown import DEFAULT_GRACE_S
-from extender.main import BINDS_IN_FLIGHT
+from extender.bind import BINDS_IN_FLIGHT
 
 
 def extender(
@@ -84,7 +84,7 @@ def bench_extender(
     as_json: AsJson = False,
 ) -> None:
     """Filter, prioritize and bind latency and filter throughput over real HTTP."""
-    from extender.bench import run
+    from baton.bench.extender import run
 
     echo_figures(run(nodes, pods, iterations, binds), as_json)
 

@@ -1,6 +1,6 @@
 """Runs the demo's two phases: each tenant alone on its own fake GPU, then all sharing one.
 
-Each phase starts a fresh agent with the `fake` backend in this process (`agent.fakenode`) and
+Each phase starts a fresh agent with the `fake` backend in this process (`baton.demo.fakenode`) and
 K tenant processes that use the real client over the agent's unix socket. Everything measured
 about the GPUs comes from the agent: its event stream (who held which GPU when), its busy-seconds
 counter and its move metrics; the tenants report only their steps and data checks.
@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from agent.core import events as ev
-from agent.demo.analysis import Hold, busy_seconds, cycle_duty, holds, on_gpu
-from agent.fakenode import FakeNode, FakeNodeOptions
+from baton.demo.analysis import Hold, busy_seconds, cycle_duty, holds, on_gpu
+from baton.demo.fakenode import FakeNode, FakeNodeOptions
 from baton.names import fake_gpu_uuid
 
-TENANT = [sys.executable, "-m", "agent.demo.tenant"]
+TENANT = [sys.executable, "-m", "baton.demo.tenant"]
 START_TIMEOUT_S = 60.0
 """How long tenants may take to start and connect (imports are slow on a busy machine)."""
 Tick = Callable[[str, float, int], None]
