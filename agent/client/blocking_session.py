@@ -1,0 +1,393 @@
+"""The blocking client's session: its reader thread, reconnects, callbacks and renewals.
+
+One background thread per client reads what the agent sends on the session (answers to
+background requests, turns given back, revocations, park/restore callbacks), renews the held
+turn and reconnects after the agent restarts. `agent.client.sync.Baton` adds the two calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import socket as socketlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from agent.client.call_link import CallLink
+from agent.client.connect import CLIENT_VERSION
+from agent.client.errors import AgentUnavailable, BatonError, LeaseLost, from_status
+from agent.client.types import (
+    Callback,
+    Identity,
+    LeaseInfo,
+    add_callbacks,
+    run_callback_blocking,
+)
+from agent.wire import framing
+from agent.wire.handshake import handshake_path, read_token_line
+from baton._pb import agent_pb2 as pb
+from baton.names import ENV_AGENT_SOCKET
+
+log = logging.getLogger("baton.client")
+
+RECONNECT_BACKOFF_S = (0.05, 2.0)
+"""First and longest pause between reconnect attempts."""
+
+
+class BackgroundCall:
+    """A request on the session whose answer `on_done` handles on the reader thread."""
+
+    def __init__(self, on_done: Callable[[BackgroundCall], None]) -> None:
+        self.reply: pb.Reply | None = None
+        self.error: BatonError | None = None
+        self.on_done = on_done
+
+    def finish(self, reply: pb.Reply | None, error: BatonError | None = None) -> None:
+        self.reply, self.error = reply, error
+        self.on_done(self)
+
+    def result(self, socket: str) -> pb.Reply:
+        """The reply, or the error it carries."""
+        if self.error is not None:
+            raise self.error
+        assert self.reply is not None
+        if self.reply.HasField("error"):
+            raise from_status(self.reply.error.code, self.reply.error.message, socket)
+        return self.reply
+
+
+class BlockingSession:
+    """A tenant's session with the node agent, served by a background thread."""
+
+    def __init__(
+        self,
+        socket: str | None = None,
+        gpus: Sequence[str] | str | None = None,
+        *,
+        name: str | None = None,
+        gpu_memory_mib: int = 0,
+        gpu_duty: int = 0,
+        memory_limit_bytes: int = 0,
+        on_park: Callback | None = None,
+        on_restore: Callback | None = None,
+        connect_timeout: float = 5.0,
+        renew_interval: float = 2.0,
+        reconnect: bool = True,
+    ) -> None:
+        me = Identity.of(socket, gpus, name, gpu_memory_mib, gpu_duty, memory_limit_bytes)
+        self.socket, self.gpus, self.name = me.socket, me.gpus, me.name
+        self._registration = me.registration
+        self._callbacks: dict[str, Callback] = {}
+        self._connect_timeout = connect_timeout
+        self._renew_interval = renew_interval
+        self._reconnect = reconnect
+        self.tenant: pb.Tenant | None = None
+        """This tenant as the agent knows it (after connecting)."""
+        self.lease: LeaseInfo | None = None
+        """The turn held now, if any."""
+        self.resuming = False
+        """True after a revocation, until the agent hands the turn back."""
+        self._token = ""
+        self._sock: socketlib.socket | None = None
+        self._connected = threading.Event()
+        self._disconnected = threading.Event()
+        """Set while the session is broken (the opposite of `_connected`, to wait on)."""
+        self._closed = threading.Event()
+        self._connect_lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._call_lock = threading.Lock()
+        """One request at a time on the call link; calls from several threads queue here."""
+        self._link: CallLink | None = None
+        self._state = threading.RLock()
+        """Guards the lease, the calls and the socket, shared by the caller and the reader."""
+        self._calls: dict[int, BackgroundCall] = {}
+        self._ids = itertools.count(1)
+        self._renew_at: float | None = None
+        self._reader: threading.Thread | None = None
+        self.register_callbacks(on_park=on_park, on_restore=on_restore)
+
+    def register_callbacks(
+        self, on_park: Callback | None = None, on_restore: Callback | None = None
+    ) -> None:
+        """Callbacks the agent may ask for: move this tenant's memory off / back onto a GPU.
+
+        Each gets the GPU UUID and returns the bytes it moved. Register before connecting.
+        """
+        add_callbacks(self._callbacks, self._reader is not None, on_park, on_restore)
+
+    # Connection.
+
+    def connect(self) -> None:
+        """Open the session now (the first `acquire` does it otherwise)."""
+        with self._connect_lock:
+            if self._closed.is_set():
+                raise BatonError("this Baton client is closed; create a new one")
+            if self._reader is not None:
+                return
+            reader = self._open()
+            self._reader = threading.Thread(
+                target=self._supervise, args=(reader,), name="baton-client", daemon=True
+            )
+            self._reader.start()
+
+    def _open(self) -> framing.BlockingReader:
+        """Handshake, Hello, Welcome: a new session is current; `AgentUnavailable` if not."""
+        sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        sock.settimeout(self._connect_timeout)
+        try:
+            sock.connect(handshake_path(self.socket))
+            token, rest = read_token_line(sock)
+            hello = pb.Hello(
+                client_version=CLIENT_VERSION,
+                callbacks=sorted(self._callbacks),
+                register=self._registration,
+            )
+            sock.sendall(framing.encode(pb.ClientMessage(hello=hello)))
+            reader = framing.BlockingReader(sock, rest)
+            first = reader.read(pb.AgentMessage)
+        except (OSError, ValueError, KeyError, framing.FrameError) as exc:
+            sock.close()
+            raise AgentUnavailable(
+                f"cannot reach the Baton agent at {self.socket} ({exc}); is `baton agent` "
+                f"running, and is {ENV_AGENT_SOCKET} right?"
+            ) from None
+        if first is None or not first.HasField("welcome"):
+            sock.close()
+            if first is not None and first.HasField("refused"):
+                raise from_status(first.refused.code, first.refused.message, self.socket)
+            raise AgentUnavailable(f"the Baton agent at {self.socket} closed the session")
+        sock.settimeout(self._tick())
+        with self._state:
+            self._sock, self._token, self.tenant = sock, token, first.welcome.tenant
+            self._disconnected.clear()
+        self._connected.set()
+        return reader
+
+    def _tick(self) -> float:
+        """How often the reader thread looks up from the socket to renew the turn."""
+        return max(0.01, min(1.0, self._renew_interval / 2))
+
+    def _supervise(self, reader: framing.BlockingReader) -> None:
+        """The reader thread: serve the session; after it breaks, reconnect and serve again."""
+        while True:
+            self._serve(reader)
+            if self._closed.is_set() or not self._reconnect:
+                return
+            log.warning("lost the Baton agent at %s; reconnecting", self.socket)
+            opened = self._reopen()
+            if opened is None:
+                return
+            reader = opened
+            log.warning("reconnected to the Baton agent at %s", self.socket)
+            self._reclaim()
+
+    def _reopen(self) -> framing.BlockingReader | None:
+        delay, longest = RECONNECT_BACKOFF_S
+        while not self._closed.is_set():
+            try:
+                return self._open()
+            except BatonError as exc:
+                log.warning("reconnect failed (%s); retrying in %.2f s", exc, delay)
+                if self._closed.wait(delay):
+                    return None
+                delay = min(longest, delay * 2)
+        return None
+
+    def _serve(self, reader: framing.BlockingReader) -> None:
+        sock = self._sock
+        try:
+            while True:
+                try:
+                    message = reader.read(pb.AgentMessage)
+                except TimeoutError:
+                    self._renew_if_due()
+                    continue
+                if message is None:
+                    return
+                self._on_message(message)
+                self._renew_if_due()
+        except (OSError, framing.FrameError) as exc:
+            if not self._closed.is_set():
+                log.info("session with the Baton agent at %s ended: %s", self.socket, exc)
+        finally:
+            if sock is not None:
+                self._lost(sock)
+
+    def _lost(self, sock: socketlib.socket) -> None:
+        """The session on `sock` is broken: calls wait for the reconnect from now on."""
+        with self._state:
+            if sock is not self._sock:
+                return
+            self._connected.clear()
+            self._disconnected.set()
+            self._sock = None
+            calls, self._calls = self._calls, {}
+            link, self._link = self._link, None
+        if link is not None:
+            link.close()  # a caller waiting on it hears of the loss at once
+        with contextlib.suppress(OSError):
+            sock.shutdown(socketlib.SHUT_RDWR)
+        sock.close()
+        lost = AgentUnavailable(
+            f"lost the Baton agent at {self.socket}; reconnecting, retry the call"
+        )
+        for call in calls.values():
+            call.finish(None, lost)
+
+    def _ready(self, wait: float) -> None:
+        """Return once the session is open; `AgentUnavailable` if not within `wait` seconds."""
+        if self._reader is None:
+            self.connect()
+        if self._connected.is_set():
+            return
+        assert self._reader is not None
+        if self._closed.is_set():
+            raise BatonError("this Baton client is closed; create a new one")
+        if not self._reconnect or not self._reader.is_alive():
+            raise AgentUnavailable(
+                f"lost the Baton agent at {self.socket} and this client does not reconnect "
+                "(reconnect=False); create a new client"
+            )
+        if not self._connected.wait(max(0.0, wait)):
+            raise AgentUnavailable(
+                f"not connected to the Baton agent at {self.socket}: still reconnecting "
+                f"after {max(0.0, wait):.3g} s"
+            )
+
+    # Messages.
+
+    def _on_message(self, message: pb.AgentMessage) -> None:
+        kind = message.WhichOneof("kind")
+        if kind == "reply":
+            self._on_reply(message.reply)
+        elif kind == "callback":
+            threading.Thread(
+                target=self._run_callback, args=(message.callback,), daemon=True
+            ).start()
+        elif kind == "granted":
+            self._on_resumed(LeaseInfo.from_pb(message.granted))
+        elif kind == "revoked":
+            self._on_revoked(message.revoked)
+
+    def _on_reply(self, reply: pb.Reply) -> None:
+        with self._state:
+            call = self._calls.pop(reply.request_id, None)
+        if call is not None:
+            call.finish(reply)
+        else:  # acquires travel on the call link: nothing granted arrives unasked here
+            log.debug("answer %d on the session matches no request", reply.request_id)
+
+    def _on_revoked(self, revoked: pb.Revoked) -> None:
+        with self._state:
+            if self.lease is None or self.lease.lease_id != revoked.lease_id:
+                log.info("turn %s revoked after this tenant yielded it", revoked.lease_id)
+                return
+            log.warning("turn revoked (%s); queued first for the next", revoked.reason)
+            self.lease, self.resuming, self._renew_at = None, True, None
+
+    def _on_resumed(self, lease: LeaseInfo) -> None:
+        with self._state:
+            if not self.resuming:  # yielded since the revocation: that yield ended this turn
+                log.info("turn %s given back after this tenant yielded; not taken", lease.lease_id)
+                return
+            self.lease, self.resuming = lease, False
+            self._renew_at = time.monotonic() + self._renew_interval
+        log.info("turn given back after a revocation: %s", lease.lease_id)
+
+    def _run_callback(self, request: pb.Callback) -> None:
+        result = run_callback_blocking(self._callbacks.get(request.action), request)
+        with contextlib.suppress(AgentUnavailable):
+            self._send(pb.ClientMessage(callback_result=result))
+
+    def _send(self, message: pb.ClientMessage) -> None:
+        frame = framing.encode(message)
+        with self._state:
+            sock = self._sock
+        if sock is None:
+            raise AgentUnavailable(f"not connected to the Baton agent at {self.socket}")
+        try:
+            with self._send_lock:
+                sock.sendall(frame)
+        except OSError as exc:
+            self._lost(sock)
+            raise AgentUnavailable(f"lost the Baton agent at {self.socket}: {exc}") from None
+
+    def _background(self, request: pb.Request, on_done: Callable[[BackgroundCall], None]) -> None:
+        """Send a request whose answer `on_done` handles on the reader thread."""
+        call = BackgroundCall(on_done)
+        request.request_id = next(self._ids)
+        with self._state:
+            self._calls[request.request_id] = call
+        try:
+            self._send(pb.ClientMessage(request=request))
+        except AgentUnavailable as exc:
+            with self._state:
+                self._calls.pop(request.request_id, None)
+            call.finish(None, exc)
+
+    # Renewal (on the reader thread).
+
+    def _renew_if_due(self) -> None:
+        with self._state:
+            lease, due = self.lease, self._renew_at
+            if lease is None or due is None or time.monotonic() < due:
+                return
+            self._renew_at = None  # until this renewal is answered
+
+        def done(call: BackgroundCall) -> None:
+            self._renewed(lease, call)
+
+        self._background(pb.Request(renew=pb.RenewRequest(lease_id=lease.lease_id)), done)
+
+    def _renewed(self, lease: LeaseInfo, call: BackgroundCall, reclaiming: bool = False) -> None:
+        try:
+            renewed = LeaseInfo.from_pb(call.result(self.socket).lease)
+        except LeaseLost as exc:
+            with self._state:
+                if self.lease is lease:
+                    self.lease, self._renew_at = None, None
+                    if reclaiming:
+                        log.warning(
+                            "the turn %s was lost while the agent restarted", lease.lease_id
+                        )
+                    else:
+                        log.warning("lease %s lost: %s", lease.lease_id, exc)
+            return
+        except BatonError as exc:
+            log.info("renewing lease %s failed: %s", lease.lease_id, exc)
+            renewed = None
+        with self._state:
+            if self.lease is None or self.lease.lease_id != lease.lease_id:
+                if reclaiming:
+                    log.info("turn %s ended while it was being reclaimed", lease.lease_id)
+                return
+            if renewed is not None:
+                self.lease = renewed
+                if reclaiming:
+                    log.warning("kept the turn %s across the agent restart", renewed.lease_id)
+            self._renew_at = time.monotonic() + self._renew_interval
+
+    def _reclaim(self) -> None:
+        """After a reconnect: tell the new agent that the turn held is still in use."""
+        with self._state:
+            lease = self.lease
+        if lease is None:
+            return
+
+        def done(call: BackgroundCall) -> None:
+            self._renewed(lease, call, reclaiming=True)
+
+        self._background(pb.Request(renew=pb.RenewRequest(lease_id=lease.lease_id)), done)
+
+    def close(self) -> None:
+        """End the session; the agent releases this process's turn and queue places."""
+        self._closed.set()
+        with self._state:
+            sock = self._sock
+        if sock is not None:
+            self._lost(sock)
+        reader = self._reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout=5)

@@ -1,0 +1,172 @@
+"""The folder tree is the architecture: arrows point one way, no cycles, small files."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("agent", "baton", "extender", "deviceplugin")
+GENERATED = "baton._pb"
+MAX_LINES = 400
+TOOLS = ("baton.cli", "baton.bench", "baton.demo", "baton.status")
+DAEMONS = ("agent", "extender", "deviceplugin")
+CORE_MAY_IMPORT = ("agent.core", "baton.names")
+CLIENT_MUST_NOT_IMPORT = ("agent.server", "agent.node", "agent.parking", "agent.core")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _our_modules() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = _module_name(path)
+            if not name.startswith(GENERATED):
+                modules[name] = path
+    return modules
+
+
+MODULES = _our_modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import, at any depth (lazy ones too), except those only for type checkers."""
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def imports_of(module: str) -> set[str]:
+    """The modules `module` imports, resolved to the most specific module name."""
+    tree = ast.parse(MODULES[module].read_text())
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in _import_nodes(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+            base = ".".join([*anchor, base] if base else anchor)
+        for alias in node.names:
+            candidate = f"{base}.{alias.name}"
+            found.add(candidate if candidate in MODULES else base)
+    return found
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _ours(name: str) -> bool:
+    return _within(name, PACKAGES)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _within(m, ("agent.core",))))
+def test_the_core_imports_only_the_core_names_and_the_standard_library(module: str) -> None:
+    for name in imports_of(module):
+        top = name.split(".")[0]
+        allowed = _within(name, CORE_MAY_IMPORT) or (top in sys.stdlib_module_names)
+        assert allowed, f"{module} imports {name}: the core may import only itself and names"
+
+
+def test_the_core_check_catches_a_server_import(tmp_path: Path) -> None:
+    """The rule above is no formality: a core module importing gRPC or a server fails it."""
+    bad = "import grpc\nfrom agent.server import service\n"
+    tree = ast.parse(bad)
+    names = {a.name for n in _import_nodes(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in _import_nodes(tree) if isinstance(n, ast.ImportFrom)}
+    rejected = {n for n in names if not _within(n, CORE_MAY_IMPORT)}
+    assert rejected == {"grpc", "agent.server"}
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _within(m, DAEMONS)))
+def test_daemons_never_import_the_command_line_tools(module: str) -> None:
+    for name in imports_of(module):
+        assert not _within(name, TOOLS), f"{module} imports the tool {name}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _within(m, ("agent.client",))))
+def test_the_client_carries_nothing_of_the_agent_daemon(module: str) -> None:
+    for name in imports_of(module):
+        assert not _within(name, CLIENT_MUST_NOT_IMPORT), f"{module} imports {name}"
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    graph = {m: sorted(n for n in imports_of(m) if n in MODULES and n != m) for m in MODULES}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles() == []
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_files_stay_small(module: str) -> None:
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[module].relative_to(ROOT)} has {lines} lines"
+
+
+PACKAGE_NAMES = sorted(m for m, p in MODULES.items() if p.name == "__init__.py")
+
+
+@pytest.mark.parametrize("package", PACKAGE_NAMES)
+def test_every_package_says_what_it_is(package: str) -> None:
+    docstring = ast.get_docstring(ast.parse(MODULES[package].read_text()))
+    assert docstring, f"{package} has no docstring"
+    assert len(docstring.splitlines()[0]) > 20, f"{package}'s docstring says too little"
