@@ -1,7 +1,7 @@
 """`baton agent` SIGKILLed mid-restore or while a lease is held, then started again.
 
-(Killed mid-park is `tests/parking/test_agent_crash.py`.) The tenants are processes running
-`tests.parking.tenant_proc`: each turn verifies the pattern the previous turn wrote.
+(Killed mid-park is `tests/agent/parking/test_agent_crash.py`.) The tenants are processes running
+`tests.agent.parking.tenant_proc`: each turn verifies the pattern the previous turn wrote.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def workdir() -> Iterator[str]:
 
 
 def tenant(node: AgentProcess, name: str, *flags: str) -> LineProc:
-    argv = [sys.executable, "-m", "tests.parking.tenant_proc", "--name", name, "--declare"]
+    argv = [sys.executable, "-m", "tests.agent.parking.tenant_proc", "--name", name, "--declare"]
     return LineProc([*argv, *flags], tenant_env(node.socket, node.fake_dir))
 
 

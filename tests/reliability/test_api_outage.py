@@ -18,12 +18,12 @@ from baton.names import ANNOTATION_ASSIGNED_GPUS
 from extender.bind import Binder
 from extender.kubeapi import KubePodApi
 from extender.wire import BindingArgs
-from tests.agent.test_podwatch import UID, pod
+from tests.agent.node.test_podwatch import UID, pod
+from tests.agent.parking.nodeharness import LogWatch
 from tests.extender.builders import node
 from tests.extender.builders import pod as tenant
 from tests.harness.agent import AgentRunner, short_tmpdir
 from tests.harness.fakeapi import FakeApiServer
-from tests.parking.nodeharness import LogWatch
 
 from .figures import record
 

@@ -1,6 +1,6 @@
 """Tenant processes SIGKILLed while parked or waiting, and the agent's state directory unusable.
 
-(A holder SIGKILLed is `tests/agent/test_agent_integration.py`.)
+(A holder SIGKILLed is `tests/agent/server/test_agent_integration.py`.)
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def node() -> Iterator[LoadNode]:
 
 
 def tenant(node: LoadNode, name: str, *flags: str) -> LineProc:
-    argv = [sys.executable, "-m", "tests.parking.tenant_proc", "--name", name, "--declare"]
+    argv = [sys.executable, "-m", "tests.agent.parking.tenant_proc", "--name", name, "--declare"]
     return LineProc([*argv, "--mib", "60", *flags], node.tenant_env(node.gpu_ids[0]))
 
 

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 from baton.demo.fakenode import FakeNode, FakeNodeOptions
 
-TENANT = [sys.executable, "-m", "tests.parking.tenant_proc"]
-APP_TENANT = [sys.executable, "-m", "tests.parking.app_tenant"]
+TENANT = [sys.executable, "-m", "tests.agent.parking.tenant_proc"]
+APP_TENANT = [sys.executable, "-m", "tests.agent.parking.app_tenant"]
 
 
 T = TypeVar("T")
