@@ -20,7 +20,7 @@ mkdir -p "$out"
 find "$out" -maxdepth 1 -name '*_pb2*' -delete
 while IFS= read -r -d '' file; do
     name=$(basename "$file")
-    sed -E 's/^from [A-Za-z0-9_.]+ import ([A-Za-z0-9_]+_pb2)( as |$)/from . import \1\2/' \
+    sed -E '/^from google\.protobuf /!s/^from [A-Za-z0-9_.]+ import ([A-Za-z0-9_]+_pb2)( as |$)/from . import \1\2/' \
         "$file" >"$out/$name"
 done < <(find "$work" -name '*_pb2*' -print0)
 [ -f "$out/__init__.py" ] || printf '"""Generated gRPC stubs (hack/gen-proto.sh). Do not edit."""\n' >"$out/__init__.py"
