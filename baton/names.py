@@ -61,6 +61,14 @@ METRICS_PREFIX = "baton_"
 PORT_AGENT = 9460
 PORT_DEVICE_PLUGIN = 9461
 PORT_EXTENDER = 9462
+PORT_LLMD_ORCHESTRATOR = 50051
+"""llm-d's TimeSlice Orchestrator port; `baton agent --llmd-listen` serves it and its agent's."""
+
+# llm-d time-slicing compatibility (`agent/server/llmd`).
+LABEL_LLMD_JOB = "timeslice.io/job-id"
+LABEL_LLMD_GROUP = "timeslice.io/group"
+ENV_LLMD_LISTEN = "BATON_AGENT_LLMD_LISTEN"
+ENV_LLMD_GROUPS = "BATON_AGENT_LLMD_GROUPS"
 
 # Device plugin defaults.
 DEFAULT_SLOTS_PER_GPU = 4

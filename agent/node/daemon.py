@@ -6,6 +6,7 @@ import asyncio
 import functools
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from agent.node.state import StateStore
 from agent.server import direct_session
 from agent.server.grpc_server import AgentServicer
 from agent.server.http import StatusServer
+from agent.server.llmd.groups import Groups
+from agent.server.llmd.server import LlmdServer
 from agent.server.service import LeaseService
 from agent.server.sessions import SessionRegistry
 from agent.server.status import status_json
@@ -53,6 +56,10 @@ class AgentConfig:
     """Where the host's /proc is (PID → cgroup → pod); the agent runs with hostPID."""
     shutdown_grace: float = 0.2
     """Seconds in-flight RPCs get to finish on `stop` before they are cancelled."""
+    llmd_listen: str = ""
+    """Also serve llm-d's time-slicing API on HOST:PORT, plaintext ("" = off)."""
+    llmd_groups: tuple[str, ...] = ()
+    """llm-d groups outside Kubernetes: `NAME=GPU[,GPU...]` each."""
 
 
 class Agent:
@@ -76,6 +83,7 @@ class Agent:
         self._handshake: HandshakeServer | None = None
         self._http: StatusServer | None = None
         self._pods: PodWatcher | None = None
+        self.llmd: LlmdServer | None = None
         self._stop_requested = asyncio.Event()
         self.stop_reason = ""
 
@@ -119,6 +127,8 @@ class Agent:
             functools.partial(direct_session.serve, servicer),
         )
 
+        if cfg.llmd_listen:
+            await self._start_llmd(service)
         if cfg.node_name:
             self._start_pod_watch(service)
         self._http = StatusServer(
@@ -133,6 +143,20 @@ class Agent:
             cfg.max_hold,
             cfg.state_dir,
         )
+
+    async def _start_llmd(self, service: LeaseService) -> None:
+        cfg = self.config
+        backend = getattr(getattr(self.preparer, "backend", None), "name", "none")
+        self.llmd = LlmdServer(
+            service,
+            cfg.llmd_listen,
+            Groups.from_specs(cfg.llmd_groups),
+            getattr(self.preparer, "gpu_memory", {}),
+            cfg.node_name or socket.gethostname(),
+            backend,
+            Path(cfg.proc_root),
+        )
+        await self.llmd.start()
 
     def _pod_uid_of(self, pid: int) -> str | None:
         return pod_uid_of_pid(pid, Path(self.config.proc_root))
@@ -172,6 +196,8 @@ class Agent:
             await self._http.stop()
         if self._handshake is not None:
             self._handshake.close()
+        if self.llmd is not None:
+            await self.llmd.stop(self.config.shutdown_grace)
         if self._grpc is not None:
             await self._grpc.stop(grace=self.config.shutdown_grace)
         if self.service is not None:

@@ -10,6 +10,8 @@ from agent.core.errors import Forbidden, InvalidRegistration, RegistrationConfli
 
 LOCAL = "local"
 POD = "pod"
+LLMD = "llmd"
+"""A job that came through llm-d's time-slicing API (`agent.server.llmd`)."""
 MAX_NAME = 253
 MAX_GPUS = 64
 
@@ -114,12 +116,13 @@ class TenantRegistry:
         return tenant
 
     def upsert_pod(self, tenant: Tenant) -> None:
-        """A pod on this node with Baton GPUs, added or changed."""
+        """A pod on this node with Baton GPUs (or another kept tenant), added or changed."""
         old = self.tenants.get(tenant.tenant_id)
         if old is not None:
             tenant.pids = old.pids
         self.tenants[tenant.tenant_id] = tenant
-        self._by_pod_uid[tenant.pod_uid] = tenant.tenant_id
+        if tenant.pod_uid:
+            self._by_pod_uid[tenant.pod_uid] = tenant.tenant_id
 
     def remove(self, tenant_id: str) -> Tenant | None:
         """Forget a tenant."""

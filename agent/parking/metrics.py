@@ -12,8 +12,8 @@ from agent.core.planner import Reason
 from agent.parking.backends.base import Move
 from baton.names import METRICS_PREFIX
 
-STAGES = ("grant", "ahead", "revoke")
-"""When a move is made: while a grant waits, ahead of a turn, or for a revocation."""
+STAGES = ("grant", "ahead", "revoke", "request")
+"""When a move is made: while a grant waits, ahead of a turn, for a revocation, or on request."""
 MOVE_BUCKETS = (0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 

@@ -141,6 +141,30 @@ class ParkingPreparer:
                 return
             await self._carry_out(tenant_id, plan_park(snap, tenant_id), "revoke")
 
+    async def park(self, tenant_id: str) -> None:
+        """Park the tenant now, on request (llm-d's Snapshot); `NoRoom` if it cannot be."""
+        async with self._lock:
+            self._holding.pop(tenant_id, None)
+            snap = await asyncio.to_thread(self._snapshot)
+            if tenant_id in snap.tenants:
+                await self._carry_out(tenant_id, plan_park(snap, tenant_id), "request")
+
+    async def unpark(self, tenant_id: str) -> None:
+        """Restore the tenant now, on request (llm-d's Restore), parking idle others for room."""
+        async with self._lock:
+            snap = await asyncio.to_thread(self._snapshot)
+            if tenant_id in snap.tenants:
+                await self._carry_out(tenant_id, plan_turn(snap, tenant_id), "request")
+
+    def resident_bytes(self) -> dict[str, int]:
+        """Device bytes in use on each GPU, as the backend last reported them."""
+        used = dict.fromkeys(self.gpu_memory, 0)
+        for st in self._states.values():
+            for gpu, where in st.residency.items():
+                if where != Residency.PARKED:
+                    used[gpu] = used.get(gpu, 0) + st.footprint_bytes.get(gpu, 0)
+        return used
+
     async def forget(self, tenant_id: str) -> None:
         """Drop everything held for a tenant that is gone, parked bytes included."""
         async with self._lock:

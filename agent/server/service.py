@@ -10,7 +10,7 @@ import logging
 
 from agent.core import events as ev
 from agent.core.errors import TenantGone
-from agent.node.tenants import LOCAL, Tenant
+from agent.node.tenants import POD, Tenant
 from agent.server.turns import Granted, TurnService, lease_to_pb
 from baton._pb import agent_pb2 as pb
 
@@ -86,13 +86,17 @@ class LeaseService(TurnService):
 
     def upsert_pod(self, tenant: Tenant) -> None:
         """A pod on this node with Baton GPUs appeared or changed."""
+        self.upsert_tenant(tenant, "pod")
+
+    def upsert_tenant(self, tenant: Tenant, detail: str) -> None:
+        """A tenant known by other means than a registration (a pod, an llm-d job) changed."""
         old = self.tenants.tenants.get(tenant.tenant_id)
         self.tenants.upsert_pod(tenant)
         if old is not None and old.to_json() == tenant.to_json():
             return
         for gpu in tenant.gpus:
             self.table.gpu(gpu)
-        self._publish(ev.TENANT_JOINED, tenant.tenant_id, gpus=tenant.gpus, detail="pod")
+        self._publish(ev.TENANT_JOINED, tenant.tenant_id, gpus=tenant.gpus, detail=detail)
         self._changed()
 
     def pod_gone(self, tenant_id: str) -> None:
@@ -107,7 +111,7 @@ class LeaseService(TurnService):
         for lease in leases:
             self.metrics.released(lease, self._clock())
         tenant = self.tenants.tenants.get(tenant_id)
-        if tenant is not None and tenant.source == LOCAL:
+        if tenant is not None and tenant.source != POD:
             self.tenants.remove(tenant_id)
         self._publish(ev.TENANT_GONE, tenant_id, detail=why)
         log.info("tenant %s gone (%s); released %d leases", tenant_id, why, len(leases))

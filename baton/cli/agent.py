@@ -98,6 +98,20 @@ def agent(
             envvar="BATON_AGENT_SHUTDOWN_GRACE", help="Seconds in-flight RPCs get on SIGTERM."
         ),
     ] = DEFAULT_GRACE_S,
+    llmd_listen: Annotated[
+        str,
+        typer.Option(
+            envvar=names.ENV_LLMD_LISTEN,
+            help="Also serve llm-d's time-slicing API here (HOST:PORT, plaintext); off if empty.",
+        ),
+    ] = "",
+    llmd_group: Annotated[
+        list[str] | None,
+        typer.Option(
+            envvar=names.ENV_LLMD_GROUPS,
+            help="An llm-d group outside Kubernetes: NAME=GPU[,GPU...] (repeatable).",
+        ),
+    ] = None,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run the node agent: turn-taking leases on this node's GPUs."""
@@ -107,12 +121,17 @@ def agent(
     from agent.node.daemon import AgentConfig, run_agent
     from agent.node.state import StateDirError
     from agent.parking.setup import ParkingOptions, connect_preparer
+    from agent.server.llmd.groups import Groups, GroupSpecError
     from agent.server.sessions import SessionRegistry
     from baton.kube import KubeConfigError
 
     setup_logging(log_level)
     if policy not in POLICIES:
         raise typer.BadParameter(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    try:
+        Groups.from_specs(llmd_group or ())
+    except GroupSpecError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--llmd-group") from None
     sessions = SessionRegistry()
     preparer = _make_preparer(
         ParkingOptions(
@@ -142,12 +161,14 @@ def agent(
         kubeconfig=kubeconfig,
         proc_root=proc_root,
         shutdown_grace=shutdown_grace,
+        llmd_listen=llmd_listen,
+        llmd_groups=tuple(llmd_group or ()),
     )
     try:
         asyncio.run(
             run_agent(config, preparer, sessions, lambda svc: connect_preparer(preparer, svc))
         )
-    except (StateDirError, KubeConfigError) as exc:
+    except (StateDirError, KubeConfigError, RuntimeError) as exc:
         typer.echo(f"baton agent: {exc}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:

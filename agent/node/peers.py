@@ -1,0 +1,130 @@
+"""Who is at the other end of a TCP connection on this host, and noticing when that process ends.
+
+gRPC over TCP carries no SO_PEERCRED, so the agent finds the caller the way `ss -p` does: the
+connection's socket inode in /proc/net/tcp{,6}, then the process holding that inode. It works
+for callers in the agent's network namespace (loopback, or the host network); others stay
+unknown. `ProcessWatch` wakes the event loop through a pidfd the moment a process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+_ESTABLISHED = "01"
+
+
+@dataclass(frozen=True)
+class PeerProcess:
+    """The process behind a connection."""
+
+    pid: int
+    uid: int
+
+
+def parse_peer(peer: str) -> tuple[str, int] | None:
+    """`ipv4:127.0.0.1:5000` or `ipv6:[::1]:5000` (gRPC's `context.peer()`) to (ip, port)."""
+    kind, _, rest = peer.partition(":")
+    host, _, port = rest.rpartition(":")
+    if kind not in ("ipv4", "ipv6") or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _proc_hex(ip: str) -> tuple[str, str]:
+    """The address as /proc/net/tcp (IPv4) and /proc/net/tcp6 spell it."""
+    addr = ipaddress.ip_address(ip)
+    v6 = addr if addr.version == 6 else ipaddress.IPv6Address(f"::ffff:{addr}")
+    raw6 = v6.packed
+    words6 = "".join(raw6[i : i + 4][::-1].hex().upper() for i in range(0, 16, 4))
+    mapped = v6.ipv4_mapped if addr.version == 6 else addr
+    v4 = mapped.packed[::-1].hex().upper() if mapped is not None else ""
+    return v4, words6
+
+
+def socket_inode(peer: str, server_port: int, proc_root: Path = Path("/proc")) -> int | None:
+    """The inode of the caller's end of the connection `peer` → our `server_port`."""
+    parsed = parse_peer(peer)
+    if parsed is None:
+        return None
+    ip, port = parsed
+    v4, v6 = _proc_hex(ip)
+    wanted = {f"{a}:{port:04X}" for a in (v4, v6) if a}
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc_root / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) < 10 or cols[3] != _ESTABLISHED or cols[1] not in wanted:
+                continue
+            if int(cols[2].rsplit(":", 1)[1], 16) == server_port:
+                return int(cols[9])
+    return None
+
+
+def process_of_socket(inode: int, proc_root: Path = Path("/proc")) -> PeerProcess | None:
+    """The process that holds the socket `inode` open (the first found)."""
+    target = f"socket:[{inode}]"
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for fd in (entry / "fd").iterdir():
+                if os.readlink(fd) == target:
+                    return PeerProcess(int(entry.name), entry.stat().st_uid)
+        except OSError:  # gone, or not ours to read
+            continue
+    return None
+
+
+def peer_process(
+    peer: str, server_port: int, proc_root: Path = Path("/proc")
+) -> PeerProcess | None:
+    """The local process calling from `peer`, or None if it is not in our network namespace."""
+    inode = socket_inode(peer, server_port, proc_root)
+    return None if inode is None else process_of_socket(inode, proc_root)
+
+
+class ProcessWatch:
+    """Calls back when a watched process exits (a pidfd on the event loop; no polling)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._fds: dict[int, int] = {}
+        self._callbacks: dict[int, list[Callable[[int], None]]] = {}
+
+    def watch(self, pid: int, on_exit: Callable[[int], None]) -> bool:
+        """Call `on_exit(pid)` once `pid` exits; False if it is gone already (no call then)."""
+        if pid not in self._fds:
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                return False
+            self._fds[pid] = fd
+            self._loop.add_reader(fd, self._exited, pid)
+        self._callbacks.setdefault(pid, []).append(on_exit)
+        return True
+
+    def _exited(self, pid: int) -> None:
+        callbacks = self._callbacks.get(pid, [])
+        self._forget(pid)
+        for on_exit in callbacks:
+            on_exit(pid)
+
+    def _forget(self, pid: int) -> None:
+        self._callbacks.pop(pid, None)
+        fd = self._fds.pop(pid, None)
+        if fd is not None:
+            self._loop.remove_reader(fd)
+            os.close(fd)
+
+    def close(self) -> None:
+        """Stop watching everything."""
+        for pid in list(self._fds):
+            self._forget(pid)

@@ -1,0 +1,73 @@
+"""The llm-d adapter's errors, and the one place they (and the agent's) become gRPC codes."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from agent.core import errors
+from agent.server import api_ops
+
+
+class UnknownGroup(errors.AgentError):
+    """No group by that name on this node (NOT_FOUND)."""
+
+
+class UnknownJob(errors.AgentError):
+    """No job by that id on this node (NOT_FOUND)."""
+
+
+class UnknownOperation(errors.AgentError):
+    """No operation by that id (NOT_FOUND)."""
+
+
+class UnsupportedBackend(errors.AgentError):
+    """A snapshot backend this agent does not run (NOT_FOUND)."""
+
+
+class Transitioning(errors.AgentError):
+    """The job's memory is already moving (ABORTED)."""
+
+
+class BadRequest(errors.AgentError):
+    """A malformed request (INVALID_ARGUMENT)."""
+
+
+_CODES: list[tuple[type[errors.AgentError], grpc.StatusCode]] = [
+    (UnknownGroup, grpc.StatusCode.NOT_FOUND),
+    (UnknownJob, grpc.StatusCode.NOT_FOUND),
+    (UnknownOperation, grpc.StatusCode.NOT_FOUND),
+    (UnsupportedBackend, grpc.StatusCode.NOT_FOUND),
+    (Transitioning, grpc.StatusCode.ABORTED),
+    (BadRequest, grpc.StatusCode.INVALID_ARGUMENT),
+]
+
+
+def status_code(exc: errors.AgentError) -> grpc.StatusCode:
+    """The gRPC code llm-d's clients expect for a domain error."""
+    for kind, code in _CODES:
+        if isinstance(exc, kind):
+            return code
+    return api_ops.status_code(exc)
+
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
+
+
+def mapped(handler: Handler[Req, Resp]) -> Handler[Req, Resp]:
+    """Answer a domain error with its gRPC code and message."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+        try:
+            return await handler(self, request, context)
+        except errors.AgentError as exc:
+            await context.abort(status_code(exc), str(exc))
+            raise  # abort() raises; this line only satisfies the type checker
+
+    return wrapper

@@ -1,0 +1,231 @@
+"""llm-d's TimeSliceOrchestratorService over Baton's turns: a group's turn is a lease on its GPUs.
+
+Acquire waits for Baton's grant, which comes once the job's memory is resident (no polling);
+a caller that goes away while waiting leaves the queue. Yield ends the turn at once: the
+job's memory is parked only when another job's turn needs the room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from agent.core.errors import Forbidden
+from agent.core.leases import Lease, Waiter
+from agent.server.llmd import groups as g
+from agent.server.llmd.edge import BadRequest, mapped
+from agent.server.llmd.jobs import Jobs
+from agent.server.llmd.residency import job_state, parked_on, residency
+from baton._pb import snapshot_agent_pb2 as sa
+from baton._pb import timeslice_orchestrator_pb2 as ts
+from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
+
+_STATES = {
+    g.IDLE: ts.GroupStatus.STATE_IDLE,
+    g.IDLE_YIELDED: ts.GroupStatus.STATE_IDLE_YIELDED,
+    g.LOCKED: ts.GroupStatus.STATE_LOCKED,
+    g.SWITCHING: ts.GroupStatus.STATE_SWITCHING,
+}
+
+
+class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
+    """One per agent, sharing its `Jobs` with the snapshot-agent service."""
+
+    def __init__(
+        self,
+        jobs: Jobs,
+        node: str,
+        moving: Callable[[str], bool],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._jobs = jobs
+        self._service = jobs.service
+        self._node = node
+        self._moving = moving
+        self._clock = clock
+        self._since = g.StateClock()
+        self._follower: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Follow the agent's events, so that each group's state timestamp is when it changed."""
+        self._follower = asyncio.create_task(self._follow())
+
+    async def stop(self) -> None:
+        """Stop following events."""
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.gather(self._follower, return_exceptions=True)
+
+    async def _follow(self) -> None:
+        async with self._service.events.subscribe() as events:
+            while True:
+                event = await events.get()
+                for group in self._jobs.groups.names():
+                    gpus = self._jobs.groups.gpus(group) or ()
+                    if not event.gpus or set(event.gpus) & set(gpus):
+                        self._since.observe(group, g.group_state(self._facts(gpus)), event.at)
+
+    # Turns.
+
+    @mapped
+    async def Acquire(
+        self, request: ts.AcquireRequest, context: grpc.aio.ServicerContext
+    ) -> ts.AcquireResponse:
+        """Wait for the group's turn with the job's memory resident; at once for the holder."""
+        tenant = await self._jobs.join(request.job_id, request.group_id, context.peer())
+        gpus = self._jobs.group_gpus(request.group_id)
+        if self._lease(tenant.tenant_id, gpus) is not None:
+            return ts.AcquireResponse(success=True, waited_ms=0, context_restored=False)
+        was_parked = parked_on(residency(self._service.preparer).get(tenant.tenant_id, {}), gpus)
+        granted = await self._service.acquire(tenant, gpus, context.time_remaining())
+        return ts.AcquireResponse(
+            success=True, waited_ms=int(granted.waited * 1000), context_restored=was_parked
+        )
+
+    @mapped
+    async def Yield(
+        self, request: ts.YieldRequest, context: grpc.aio.ServicerContext
+    ) -> ts.YieldResponse:
+        """End the job's turn; PERMISSION_DENIED if it does not hold the group's turn."""
+        gpus = self._jobs.group_gpus(request.group_id)
+        if not request.job_id:
+            raise BadRequest("job_id is required")
+        tenant = self._jobs.find(request.job_id, request.group_id)
+        lease = self._lease(tenant.tenant_id, gpus) if tenant else None
+        if tenant is None or lease is None:
+            holder = self._holder(gpus)
+            raise Forbidden(
+                f"job {request.job_id!r} does not hold group {request.group_id!r}'s turn "
+                f"(held by {self._jobs.job_of(holder.tenant_id) if holder else 'nobody'})"
+            )
+        self._jobs.check_caller(tenant, await self._jobs.caller(context.peer()))
+        waiting = {
+            w.tenant_id
+            for w in self._service.table.waiters.values()
+            if set(w.gpus) & set(gpus) and w.tenant_id != tenant.tenant_id
+        }
+        self._service.yield_(tenant, lease.lease_id)
+        return ts.YieldResponse(
+            success=True, pending_waiters=len(waiting), snapshot_deferred=not waiting
+        )
+
+    # Status.
+
+    @mapped
+    async def ListGroups(
+        self, request: ts.ListGroupsRequest, context: grpc.aio.ServicerContext
+    ) -> ts.ListGroupsResponse:
+        """Every group on this node."""
+        return ts.ListGroupsResponse(group_ids=self._jobs.groups.names())
+
+    @mapped
+    async def GetGroupStatus(
+        self, request: ts.GetGroupStatusRequest, context: grpc.aio.ServicerContext
+    ) -> ts.GetGroupStatusResponse:
+        """The group's state from Baton's lease table and residency layer."""
+        gpus = self._jobs.group_gpus(request.group_id)
+        facts = self._facts(gpus)
+        state = g.group_state(facts)
+        stamp = Timestamp()
+        stamp.FromNanoseconds(
+            int(self._since.observe(request.group_id, state, self._clock()) * 1e9)
+        )
+        job = self._jobs.job_of
+        status = ts.GroupStatus(
+            group_id=request.group_id,
+            group_state=_STATES[state],
+            state_timestamp=stamp,
+            locking_job=job(facts.holder) if facts.holder else "",
+            active_job=job(facts.holder or facts.switching_to or facts.last_holder)
+            if facts.holder or facts.switching_to or facts.last_holder
+            else "",
+            waiter_queue_depth=len({w.waiter_id for gpu in gpus for w in self._queue(gpu)}),
+            loaded_job=job(facts.loaded) if facts.loaded else "",
+        )
+        return ts.GetGroupStatusResponse(group=status, agent_job_states=self._job_states(gpus))
+
+    def _job_states(self, gpus: tuple[str, ...]) -> list[ts.SnapshotAgentJobState]:
+        where = residency(self._service.preparer)
+        parks = bool(self._service.preparer.status())
+        states = []
+        for job_id, tenant in sorted(self._jobs.job_ids().items()):
+            if not set(tenant.gpus) & set(gpus):
+                continue
+            moving = self._moving(tenant.tenant_id) or self._switching(tenant.tenant_id, gpus)
+            state = job_state(where.get(tenant.tenant_id, {}), moving, parks)
+            name = sa.JobState.Name(state).replace("JOB_STATE_", "STATE_")
+            states.append(
+                ts.SnapshotAgentJobState(
+                    agent=self._node,
+                    job_state=name,
+                    job_id=job_id,
+                )
+            )
+        return states
+
+    # Facts.
+
+    def _facts(self, gpus: tuple[str, ...]) -> g.GroupFacts:
+        holder = self._holder(gpus)
+        switching = next(
+            (
+                w.tenant_id
+                for w in self._service.table.waiters.values()
+                if w.reserved and set(w.gpus) & set(gpus)
+            ),
+            "",
+        )
+        served = [
+            (when, tenant_id)
+            for gpu in gpus
+            for tenant_id, when in self._service.table.gpu(gpu).served.items()
+        ]
+        last = max(served)[1] if served else ""
+        current = holder.tenant_id if holder else ""
+        return g.GroupFacts(
+            holder=current,
+            switching_to=switching,
+            loaded=self._loaded(gpus, current or last),
+            last_holder=last,
+        )
+
+    def _loaded(self, gpus: tuple[str, ...], likely: str) -> str:
+        """The job whose memory is resident on the group, preferring the (last) holder."""
+        if not self._service.preparer.status():  # nothing is ever parked
+            return likely
+        resident = sorted(
+            tid
+            for tid, where in residency(self._service.preparer).items()
+            if tid in self._jobs.service.tenants.tenants
+            and any(where.get(gpu) == "resident" for gpu in gpus)
+        )
+        return likely if likely in resident else (resident[0] if resident else "")
+
+    def _switching(self, tenant_id: str, gpus: tuple[str, ...]) -> bool:
+        return any(
+            w.reserved and w.tenant_id == tenant_id and set(w.gpus) & set(gpus)
+            for w in self._service.table.waiters.values()
+        )
+
+    def _queue(self, gpu: str) -> list[Waiter]:
+        return [w for w in self._service.table.queue_of(gpu) if not w.reserved]
+
+    def _holder(self, gpus: tuple[str, ...]) -> Lease | None:
+        return next(
+            (lease for lease in self._service.table.leases.values() if set(lease.gpus) & set(gpus)),
+            None,
+        )
+
+    def _lease(self, tenant_id: str, gpus: tuple[str, ...]) -> Lease | None:
+        return next(
+            (
+                lease
+                for lease in self._service.table.leases_of(tenant_id)
+                if set(lease.gpus) == set(gpus)
+            ),
+            None,
+        )

@@ -1,0 +1,213 @@
+"""llm-d's SnapshotAgentService over Baton's parking layer: Snapshot parks, Restore brings back.
+
+Both return an operation at once and move the memory in the background; GetOperation reports
+PENDING, COMPLETE (with the bytes the backend really moved and holds) or FAILED, with the time
+taken. The agent's own backend (`--backend`) does the moving; `app_channel` needs the job's
+WorkloadChannel. The last `KEEP` finished operations are kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from agent.core.errors import AgentError
+from agent.node.tenants import Tenant
+from agent.parking.preparer import ParkingPreparer
+from agent.server.llmd.channel import Channels
+from agent.server.llmd.edge import Transitioning, UnknownOperation, UnsupportedBackend, mapped
+from agent.server.llmd.jobs import Jobs
+from agent.server.llmd.residency import bytes_of, job_state, residency
+from baton._pb import snapshot_agent_pb2 as sa
+from baton._pb import snapshot_agent_pb2_grpc as sa_grpc
+
+KEEP = 1024
+
+
+class WrongState(AgentError):
+    """Snapshot of a job that is not running, or Restore of one not saved (FAILED_PRECONDITION)."""
+
+
+@dataclass
+class Operation:
+    """One snapshot or restore."""
+
+    op_id: str
+    tenant_id: str
+    started: float
+    status: sa.OperationStatus = sa.OPERATION_STATUS_PENDING
+    finished: float | None = None
+    storage_bytes: int = 0
+    device_bytes: int = 0
+    error: str = ""
+
+    def to_pb(self, now: float) -> sa.GetOperationResponse:
+        """The wire form; bytes only on COMPLETE, the error only on FAILED."""
+        elapsed = int(((self.finished or now) - self.started) * 1000)
+        reply = sa.GetOperationResponse(status=self.status, elapsed_ms=elapsed)
+        if self.status == sa.OPERATION_STATUS_COMPLETE:
+            reply.storage_bytes, reply.snapshot_device_bytes = self.storage_bytes, self.device_bytes
+        elif self.status == sa.OPERATION_STATUS_FAILED:
+            reply.error = self.error
+        return reply
+
+
+class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
+    """One per agent, sharing its `Jobs` with the orchestrator service."""
+
+    def __init__(
+        self, jobs: Jobs, channels: Channels, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._jobs = jobs
+        self._channels = channels
+        self._clock = clock
+        self._ops: OrderedDict[str, Operation] = OrderedDict()
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def moving(self, tenant_id: str) -> bool:
+        """Whether an operation on the tenant is still running."""
+        return any(
+            op.tenant_id == tenant_id and op.status == sa.OPERATION_STATUS_PENDING
+            for op in self._ops.values()
+        )
+
+    async def stop(self) -> None:
+        """Cancel operations in flight."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _preparer(self, config: sa.BackendConfig, tenant: Tenant) -> ParkingPreparer:
+        preparer = self._jobs.service.preparer
+        if not isinstance(preparer, ParkingPreparer):
+            raise UnsupportedBackend(
+                "this agent parks nothing (--backend none); "
+                "start it with --backend cuda, fake or app"
+            )
+        kind = config.WhichOneof("backend") or "cuda"
+        runs = preparer.backend.name
+        if kind in ("app_endpoint", "direct_memory", "memory_regions"):
+            raise UnsupportedBackend(
+                f"backend {kind} is not offered by Baton; use cuda or app_channel"
+            )
+        if kind == "app_channel" and (runs != "app" or self._channels.of(tenant.tenant_id) is None):
+            raise UnsupportedBackend(
+                f"app_channel needs the agent's app backend (it runs {runs}) and the job's "
+                "WorkloadChannel registered"
+            )
+        if kind == "cuda" and config.cuda.explicit_target.pids:
+            tenant.pids.update(config.cuda.explicit_target.pids)
+        return preparer
+
+    async def _job(self, job_id: str, group: str, context: grpc.aio.ServicerContext) -> Tenant:
+        tenant = await self._jobs.check(job_id, group, context.peer())
+        if self.moving(tenant.tenant_id):
+            raise Transitioning(f"job {job_id!r} is being snapshotted or restored; try again")
+        return tenant
+
+    def _state(self, tenant: Tenant, preparer: ParkingPreparer) -> sa.JobState:
+        where = residency(preparer).get(tenant.tenant_id, {})
+        return job_state(where, self.moving(tenant.tenant_id), parks=True)
+
+    @mapped
+    async def Snapshot(
+        self, request: sa.SnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> sa.SnapshotResponse:
+        """Park the job's memory in host DRAM (an operation)."""
+        tenant = await self._job(request.job_id, request.group, context)
+        preparer = self._preparer(request.backend_config, tenant)
+        if self._state(tenant, preparer) != sa.JOB_STATE_RUNNING:
+            raise WrongState(f"job {request.job_id!r} is not RUNNING: there is nothing to snapshot")
+        channel = self._channels.of(tenant.tenant_id)
+        if channel is not None:
+            cfg = request.backend_config.app_channel
+            channel.next_snapshot(cfg.mode, cfg.tags or channel.tags)
+        op = self._start(tenant.tenant_id, preparer.park(tenant.tenant_id), restore=False)
+        return sa.SnapshotResponse(operation_id=op.op_id)
+
+    @mapped
+    async def Restore(
+        self, request: sa.RestoreRequest, context: grpc.aio.ServicerContext
+    ) -> sa.RestoreResponse:
+        """Bring the job's parked memory back to its GPUs (an operation)."""
+        tenant = await self._job(request.job_id, request.group, context)
+        preparer = self._preparer(request.backend_config, tenant)
+        if self._state(tenant, preparer) != sa.JOB_STATE_SAVED:
+            raise WrongState(f"job {request.job_id!r} is not SAVED: there is nothing to restore")
+        op = self._start(tenant.tenant_id, preparer.unpark(tenant.tenant_id), restore=True)
+        return sa.RestoreResponse(operation_id=op.op_id)
+
+    def _start(self, tenant_id: str, move: Coroutine[Any, Any, None], restore: bool) -> Operation:
+        op = Operation(f"op-{next(self._ids)}", tenant_id, self._clock())
+        self._ops[op.op_id] = op
+        while len(self._ops) > KEEP:
+            self._ops.popitem(last=False)
+        task = asyncio.create_task(self._run(op, move, restore))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return op
+
+    async def _run(self, op: Operation, move: Coroutine[Any, Any, None], restore: bool) -> None:
+        preparer = self._jobs.service.preparer
+        held_before, _ = bytes_of(preparer, op.tenant_id)
+        try:
+            await move
+        except Exception as exc:  # NoRoom, a failed move: the operation says why
+            op.status, op.error = sa.OPERATION_STATUS_FAILED, str(exc) or type(exc).__name__
+        else:
+            held, device = bytes_of(preparer, op.tenant_id)
+            op.status = sa.OPERATION_STATUS_COMPLETE
+            op.storage_bytes, op.device_bytes = (held_before if restore else held), device
+        op.finished = self._clock()
+
+    @mapped
+    async def GetOperation(
+        self, request: sa.GetOperationRequest, context: grpc.aio.ServicerContext
+    ) -> sa.GetOperationResponse:
+        """Where an operation is."""
+        op = self._ops.get(request.operation_id)
+        if op is None:
+            raise UnknownOperation(f"no operation {request.operation_id!r} on this agent")
+        return op.to_pb(self._clock())
+
+    @mapped
+    async def Status(
+        self, request: sa.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> sa.StatusResponse:
+        """Every job's state, and each GPU's memory in use."""
+        preparer = self._jobs.service.preparer
+        parks = isinstance(preparer, ParkingPreparer)
+        where = residency(preparer)
+        jobs = [
+            sa.JobStatus(
+                job_id=job_id,
+                state=job_state(
+                    where.get(tenant.tenant_id, {}), self.moving(tenant.tenant_id), parks
+                ),
+            )
+            for job_id, tenant in sorted(self._jobs.job_ids().items())
+        ]
+        gpus = []
+        if isinstance(preparer, ParkingPreparer):
+            used = preparer.resident_bytes()
+            gpus = [
+                sa.AcceleratorStatus(
+                    id=gpu, memory_used_bytes=used.get(gpu, 0), memory_total_bytes=total
+                )
+                for gpu, total in sorted(preparer.gpu_memory.items())
+            ]
+        return sa.StatusResponse(job_statuses=jobs, accelerator_statuses=gpus)
+
+    def WorkloadChannel(
+        self, request_iterator: AsyncIterator[sa.WorkloadMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[sa.AgentCommand]:
+        """Register a workload; the agent pushes its snapshot and restore commands."""
+        return self._channels.serve(request_iterator, context)
