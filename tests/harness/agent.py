@@ -50,9 +50,12 @@ class AgentRunner:
         *,
         preparer: TurnPreparer | None = None,
         sessions: SessionRegistry | None = None,
+        connect_parking: bool = False,
         **config: Any,
     ) -> None:
         self.workdir = workdir or short_tmpdir()
+        self.connect_parking = connect_parking
+        """Connect `preparer` to the service (directory, metrics, the app backend's sessions)."""
         self.config = AgentConfig(
             socket=f"{self.workdir}/agent.sock",
             state_dir=f"{self.workdir}/state",
@@ -92,6 +95,16 @@ class AgentRunner:
     def _attach(self, service: LeaseService) -> None:
         """Subscribe as soon as the service exists, so that no event of the start is missed."""
         self._events = service.events.attach()
+        if self.connect_parking and self.preparer is not None:
+            from agent.parking.setup import connect_preparer
+
+            connect_preparer(self.preparer, service)
+
+    @property
+    def llmd_port(self) -> int:
+        """The port of the llm-d listener (`llmd_listen=...:0`)."""
+        assert self._agent is not None and self._agent.llmd is not None
+        return self._agent.llmd.port
 
     def stop(self) -> None:
         """Stop the agent (its state directory stays) and its thread."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 IDLE = "idle"
@@ -33,11 +33,9 @@ def valid_id(value: str) -> bool:
 
 @dataclass
 class Groups:
-    """The node's groups: configured ones, and ones learned from pods' labels."""
+    """The node's groups (`--llmd-group`), each a set of GPUs."""
 
     static: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    pods: dict[str, tuple[str, str, tuple[str, ...]]] = field(default_factory=dict)
-    """Pod tenant id → (job id, group, its GPUs), from `timeslice.io/*` labels."""
 
     @classmethod
     def from_specs(cls, specs: Iterable[str]) -> Groups:
@@ -52,35 +50,11 @@ class Groups:
 
     def names(self) -> list[str]:
         """Every group id, sorted."""
-        return sorted(set(self.static) | {group for _, group, _ in self.pods.values()})
+        return sorted(self.static)
 
     def gpus(self, group: str) -> tuple[str, ...] | None:
         """The group's GPUs (None if there is no such group)."""
-        if group in self.static:
-            return self.static[group]
-        members = [gpus for _, g, gpus in self.pods.values() if g == group]
-        return tuple(sorted({gpu for gpus in members for gpu in gpus})) if members else None
-
-    def pod_of(self, job_id: str, group: str) -> str | None:
-        """The pod tenant labelled as `job_id` in `group`, if any."""
-        for tenant_id, (job, g, _) in sorted(self.pods.items()):
-            if job == job_id and g == group:
-                return tenant_id
-        return None
-
-    def set_pod(self, tenant_id: str, labels: Mapping[str, str], gpus: tuple[str, ...]) -> None:
-        """A pod tenant appeared or changed; it joins the group its labels name, if any."""
-        from baton.names import LABEL_LLMD_GROUP, LABEL_LLMD_JOB
-
-        job, group = labels.get(LABEL_LLMD_JOB, ""), labels.get(LABEL_LLMD_GROUP, "")
-        if valid_id(job) and valid_id(group) and gpus:
-            self.pods[tenant_id] = (job, group, gpus)
-        else:
-            self.pods.pop(tenant_id, None)
-
-    def drop_pod(self, tenant_id: str) -> None:
-        """A pod tenant left."""
-        self.pods.pop(tenant_id, None)
+        return self.static.get(group)
 
 
 @dataclass(frozen=True)

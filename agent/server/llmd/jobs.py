@@ -1,8 +1,7 @@
 """llm-d jobs as Baton tenants: which tenant a job is, which processes are it, and when they end.
 
-A job outside Kubernetes is the tenant `llmd/<job id>` on the GPUs of every group it joined,
-declared to need those GPUs whole (llm-d's API carries no memory size). In a cluster it is the
-pod labelled `timeslice.io/job-id` in the group. Each process that calls for a job (found from
+A job is the tenant `llmd/<job id>` on the GPUs of every group it joined, declared to need
+those GPUs whole (llm-d's API carries no memory size). Each process that calls for a job (found from
 its TCP connection, `agent.node.peers`) counts as one of the job's sessions; when the last one
 exits, the job's turns and waits end, as for any tenant whose session closes.
 """
@@ -70,27 +69,24 @@ class Jobs:
             self._callers[peer] = found
         return self._callers[peer]
 
-    def tenant_id(self, job_id: str, group: str = "") -> str:
-        """The tenant a job is (its pod's, if a pod carries the job's labels)."""
-        return (group and self.groups.pod_of(job_id, group)) or PREFIX + job_id
+    def tenant_id(self, job_id: str) -> str:
+        """The tenant a job is."""
+        return PREFIX + job_id
 
     def job_of(self, tenant_id: str) -> str:
-        """The llm-d job id of a tenant."""
-        if tenant_id.startswith(PREFIX):
-            return tenant_id[len(PREFIX) :]
-        member = self.groups.pods.get(tenant_id)
-        return member[0] if member else tenant_id
+        """The llm-d job id of a tenant (other tenants go by their tenant id)."""
+        return tenant_id[len(PREFIX) :] if tenant_id.startswith(PREFIX) else tenant_id
 
     def find(self, job_id: str, group: str = "") -> Tenant | None:
         """The job's tenant, if the agent has it."""
-        return self.service.tenants.tenants.get(self.tenant_id(job_id, group))
+        return self.service.tenants.tenants.get(self.tenant_id(job_id))
 
     def job_ids(self) -> dict[str, Tenant]:
-        """Every job the adapter can name (llm-d jobs and labelled pods), by job id."""
+        """Every llm-d job the agent has, by job id."""
         return {
             self.job_of(tid): tenant
             for tid, tenant in self.service.tenants.tenants.items()
-            if tid.startswith(PREFIX) or tid in self.groups.pods
+            if tid.startswith(PREFIX)
         }
 
     def group_gpus(self, group: str) -> tuple[str, ...]:

@@ -206,8 +206,9 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             ]
         return sa.StatusResponse(job_statuses=jobs, accelerator_statuses=gpus)
 
-    def WorkloadChannel(
+    async def WorkloadChannel(
         self, request_iterator: AsyncIterator[sa.WorkloadMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[sa.AgentCommand]:
         """Register a workload; the agent pushes its snapshot and restore commands."""
-        return self._channels.serve(request_iterator, context)
+        async for command in self._channels.serve(request_iterator, context):
+            yield command

@@ -1,0 +1,1 @@
+"""Tests of the llm-d time-slicing API, over its real port."""

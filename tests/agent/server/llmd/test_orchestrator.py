@@ -1,0 +1,145 @@
+"""llm-d's TimeSliceOrchestratorService over the real port, driven by a client written from
+their documented behaviour: two jobs alternate, a killed holder frees the group, every code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.core import events as ev
+from baton._pb import timeslice_orchestrator_pb2 as ts
+from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
+from tests.harness.agent import AgentRunner
+
+ROOT = Path(__file__).resolve().parents[4]
+GROUP = "trainers"
+
+
+@pytest.fixture
+def agent(workdir: str) -> Iterator[AgentRunner]:
+    runner = AgentRunner(
+        workdir, llmd_listen="127.0.0.1:0", llmd_groups=(f"{GROUP}=GPU-0", "samplers=GPU-1")
+    ).start()
+    yield runner
+    runner.stop()
+
+
+@pytest.fixture
+def target(agent: AgentRunner) -> str:
+    return f"127.0.0.1:{agent.llmd_port}"
+
+
+@pytest.fixture
+def clients(target: str) -> Iterator[tuple[TimeSliceOrchestratorClient, ...]]:
+    made = tuple(TimeSliceOrchestratorClient(target, job, GROUP) for job in ("job-a", "job-b"))
+    yield made
+    for client in made:
+        client.close()
+
+
+def _wait_queued(agent: AgentRunner, mark: int, tenant: str) -> None:
+    agent.wait_event(lambda e: e.kind == ev.QUEUED and e.tenant_id == tenant, since=mark)
+
+
+def test_two_jobs_alternate(agent: AgentRunner, clients: tuple[TimeSliceOrchestratorClient, ...]):
+    a, b = clients
+    assert a.list_groups() == ["samplers", GROUP]
+    assert a.get_status().group.group_state == ts.GroupStatus.STATE_IDLE
+    assert a.acquire()[0] is True
+    assert a.acquire() == (True, 0, False), "a second acquire by the holder succeeds at once"
+    with ThreadPoolExecutor(1) as pool:
+        for _ in range(3):
+            mark = agent.mark()
+            waiting: Future[tuple[bool, int, bool]] = pool.submit(b.acquire)
+            _wait_queued(agent, mark, "llmd/job-b")
+            status = a.get_status()
+            assert status.group.group_state == ts.GroupStatus.STATE_LOCKED
+            assert (status.group.locking_job, status.group.waiter_queue_depth) == ("job-a", 1)
+            assert {s.job_id for s in status.agent_job_states} == {"job-a", "job-b"}
+            assert a.release() == (True, 1, False), "one waiter: the snapshot is not deferred"
+            assert waiting.result(5)[0] is True
+            assert a.get_status().group.locking_job == "job-b"
+            mark = agent.mark()
+            waiting = pool.submit(a.acquire)
+            _wait_queued(agent, mark, "llmd/job-a")
+            assert b.release() == (True, 1, False)
+            assert waiting.result(5)[0] is True
+    assert a.release() == (True, 0, True), "nobody waits: the snapshot is deferred"
+    group = a.get_status().group
+    assert group.group_state == ts.GroupStatus.STATE_IDLE_YIELDED
+    assert (group.locking_job, group.loaded_job, group.active_job) == ("", "job-a", "job-a")
+    assert group.state_timestamp.ToSeconds() > 0
+
+
+def test_a_job_cannot_yield_another_jobs_turn(clients: tuple[TimeSliceOrchestratorClient, ...]):
+    a, b = clients
+    a.acquire()
+    with pytest.raises(grpc.RpcError) as denied:
+        b.release()
+    assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "held by job-a" in str(denied.value.details())
+    assert a.get_status().group.locking_job == "job-a", "the turn stayed with its holder"
+    with pytest.raises(grpc.RpcError) as never:
+        b.release(job_id="job-never-seen")
+    assert never.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_every_status_code_the_reference_names(clients: tuple[TimeSliceOrchestratorClient, ...]):
+    a, b = clients
+    cases = [
+        (lambda: a.acquire(group_id="no-such-group"), grpc.StatusCode.NOT_FOUND),
+        (lambda: a.get_status("no-such-group"), grpc.StatusCode.NOT_FOUND),
+        (lambda: a.release(group_id="no-such-group"), grpc.StatusCode.NOT_FOUND),
+        (lambda: a.acquire(job_id=" "), grpc.StatusCode.INVALID_ARGUMENT),
+    ]
+    for call, code in cases:
+        with pytest.raises(grpc.RpcError) as err:
+            call()
+        assert err.value.code() == code, err.value.details()
+    a.acquire()
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as late:
+        b.acquire(timeout_sec=0.3)
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - started < 3
+    assert a.get_status().group.waiter_queue_depth == 0, "the caller's deadline left no ghost"
+
+
+def test_a_job_killed_while_holding_frees_the_group_within_a_second(
+    agent: AgentRunner, target: str, clients: tuple[TimeSliceOrchestratorClient, ...]
+):
+    _, b = clients
+    job = subprocess.Popen(
+        [sys.executable, "-m", "tests.agent.server.llmd.job_process", target, "job-a", GROUP],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip() == "held"
+        mark = agent.mark()
+        got: list[float] = []
+        waiter = threading.Thread(target=lambda: (b.acquire(timeout_sec=10), got.append(1.0)))
+        waiter.start()
+        _wait_queued(agent, mark, "llmd/job-b")
+        killed = time.monotonic()
+        job.kill()
+        waiter.join(5)
+        assert got, "the waiting job never got the turn"
+        assert time.monotonic() - killed < 1.0
+        assert b.get_status().group.locking_job == "job-b"
+    finally:
+        job.kill()
+        job.wait(5)
+        assert job.stdin is not None and job.stdout is not None
+        job.stdin.close()
+        job.stdout.close()

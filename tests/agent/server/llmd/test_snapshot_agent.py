@@ -1,0 +1,221 @@
+"""llm-d's SnapshotAgentService over the real port: a WorkloadChannel workload is parked and
+restored by Baton's app backend (on request and for another job's turn), with its data intact."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from agent.parking.setup import ParkingOptions, build_preparer
+from baton._pb import snapshot_agent_pb2 as sa
+from baton._pb import snapshot_agent_pb2_grpc as sa_grpc
+from baton._pb import timeslice_orchestrator_pb2 as ts
+from baton.names import MIB
+from tests.agent.server.llmd.llmd_client import (
+    SnapshotAgentClient,
+    TimeSliceOrchestratorClient,
+    WorkloadHandle,
+    register_workload,
+)
+from tests.harness.agent import AgentRunner
+
+GPU_MIB = 1024
+
+
+class Workload:
+    """An in-process engine: its "device" data goes to host memory on snapshot and comes back."""
+
+    def __init__(self) -> None:
+        self.device: bytes | None = bytes(range(256)) * 64
+        self.host: bytes | None = None
+        self.modes: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail = ""
+
+    def on_snapshot(self, mode: int, tags: list[str]) -> None:
+        assert self.gate.wait(10)
+        if self.fail:
+            raise RuntimeError(self.fail)
+        self.modes.append(mode)
+        self.host, self.device = self.device, None
+
+    def on_restore(self, tags: list[str]) -> None:
+        self.device, self.host = self.host, None
+
+
+@pytest.fixture
+def agent(workdir: str) -> Iterator[AgentRunner]:
+    preparer = build_preparer(ParkingOptions(backend="app", fake_gpus=f"1x{GPU_MIB}"))
+    gpu = next(iter(preparer.gpu_memory))
+    runner = AgentRunner(
+        workdir,
+        preparer=preparer,
+        connect_parking=True,
+        llmd_listen="127.0.0.1:0",
+        llmd_groups=(f"g={gpu}",),
+    ).start()
+    yield runner
+    runner.stop()
+
+
+@pytest.fixture
+def endpoint(agent: AgentRunner) -> str:
+    return f"127.0.0.1:{agent.llmd_port}"
+
+
+@pytest.fixture
+def workload(endpoint: str) -> Iterator[tuple[Workload, WorkloadHandle]]:
+    engine = Workload()
+    handle = register_workload(
+        endpoint,
+        "engine",
+        "g",
+        engine.on_snapshot,
+        engine.on_restore,
+        supported_modes=[sa.SUSPEND_MODE_OFFLOAD, sa.SUSPEND_MODE_DISCARD],
+        default_mode=sa.SUSPEND_MODE_OFFLOAD,
+    )
+    yield engine, handle
+    engine.gate.set()
+    handle.close()
+
+
+def _registered(client: SnapshotAgentClient, job: str) -> None:
+    """Wait until the agent lists the job (the channel's registration has arrived)."""
+    for _ in range(500):
+        if job in {j.job_id for j in client.status().job_statuses}:
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"{job} never registered")
+
+
+def _state(client: SnapshotAgentClient, job: str) -> str:
+    states = {j.job_id: j.state for j in client.status().job_statuses}
+    return sa.JobState.Name(states[job])
+
+
+def test_snapshot_and_restore_through_the_workload_channel(
+    endpoint: str, workload: tuple[Workload, WorkloadHandle]
+) -> None:
+    engine, _ = workload
+    original = engine.device
+    client = SnapshotAgentClient(endpoint)
+    try:
+        assert client.check_health() == "SERVING"
+        assert client.check_health("app") == "SERVING"
+        _registered(client, "engine")
+        assert _state(client, "engine") == "JOB_STATE_RUNNING"
+        config = sa.BackendConfig(app_channel=sa.AppChannelConfig(mode=sa.SUSPEND_MODE_DISCARD))
+        op = client.wait_for_operation(client.snapshot("engine", "g", config), 0.01)
+        assert sa.OperationStatus.Name(op.status) == "OPERATION_STATUS_COMPLETE", op.error
+        assert op.HasField("storage_bytes") and not op.HasField("error")
+        assert op.storage_bytes == op.snapshot_device_bytes == GPU_MIB * MIB
+        assert engine.device is None and engine.host == original
+        assert engine.modes == [sa.SUSPEND_MODE_DISCARD]
+        assert _state(client, "engine") == "JOB_STATE_SAVED"
+        gpu = client.status().accelerator_statuses[0]
+        assert (gpu.memory_used_bytes, gpu.memory_total_bytes) == (0, GPU_MIB * MIB)
+        op = client.wait_for_operation(client.restore("engine", "g"), 0.01)
+        assert op.status == sa.OPERATION_STATUS_COMPLETE and op.storage_bytes == GPU_MIB * MIB
+        assert engine.device == original, "the data came back as it was"
+        assert _state(client, "engine") == "JOB_STATE_RUNNING"
+    finally:
+        client.close()
+
+
+def test_another_jobs_turn_parks_the_workload_and_its_own_restores_it(
+    endpoint: str, workload: tuple[Workload, WorkloadHandle]
+) -> None:
+    engine, _ = workload
+    trainer_engine = Workload()
+    trainer_channel = register_workload(
+        endpoint, "trainer", "g", trainer_engine.on_snapshot, trainer_engine.on_restore
+    )
+    original = engine.device
+    agent_client = SnapshotAgentClient(endpoint)
+    trainer = TimeSliceOrchestratorClient(endpoint, "trainer", "g")
+    sampler = TimeSliceOrchestratorClient(endpoint, "engine", "g")
+    try:
+        _registered(agent_client, "engine")
+        _registered(agent_client, "trainer")
+        assert trainer.acquire(timeout_sec=10)[0]
+        assert engine.device is None and engine.host == original, "parked for the trainer"
+        assert trainer_engine.device is not None, "only one job fits: the other one was parked"
+        assert trainer.release() == (True, 0, True)
+        ok, _, restored = sampler.acquire(timeout_sec=10)
+        assert ok and restored, "its context came back for its turn"
+        assert engine.device == original and trainer_engine.device is None
+        status = sampler.get_status()
+        assert status.group.group_state == ts.GroupStatus.STATE_LOCKED
+        assert status.group.loaded_job == "engine"
+        states = {s.job_id: s.job_state for s in status.agent_job_states}
+        assert states == {
+            "engine": ts.SnapshotAgentJobState.STATE_RUNNING,
+            "trainer": ts.SnapshotAgentJobState.STATE_SAVED,
+        }
+    finally:
+        for c in (agent_client, trainer, sampler):
+            c.close()
+        trainer_channel.close()
+
+
+def test_every_status_code_the_reference_names(
+    endpoint: str, workload: tuple[Workload, WorkloadHandle]
+) -> None:
+    engine, _ = workload
+    client = SnapshotAgentClient(endpoint)
+    try:
+        _registered(client, "engine")
+        endpoint_cfg = sa.BackendConfig(app_endpoint=sa.AppEndpointConfig(app=sa.APP_VLLM))
+        cases = [
+            (lambda: client.snapshot("nobody", "g"), grpc.StatusCode.NOT_FOUND),
+            (lambda: client.snapshot("engine", "g", endpoint_cfg), grpc.StatusCode.NOT_FOUND),
+            (lambda: client.get_operation("op-unknown"), grpc.StatusCode.NOT_FOUND),
+            (lambda: client.restore("engine", "g"), grpc.StatusCode.FAILED_PRECONDITION),
+            (lambda: client.check_health("no.such.Service"), grpc.StatusCode.NOT_FOUND),
+        ]
+        for call, code in cases:
+            with pytest.raises(grpc.RpcError) as err:
+                call()
+            assert err.value.code() == code, err.value.details()
+        engine.gate.clear()
+        first = client.snapshot("engine", "g")
+        assert client.get_operation(first).status == sa.OPERATION_STATUS_PENDING
+        with pytest.raises(grpc.RpcError) as busy:
+            client.snapshot("engine", "g")
+        assert busy.value.code() == grpc.StatusCode.ABORTED
+        engine.gate.set()
+        assert client.wait_for_operation(first, 0.01).status == sa.OPERATION_STATUS_COMPLETE
+        with pytest.raises(grpc.RpcError) as saved:
+            client.snapshot("engine", "g")
+        assert saved.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        client.wait_for_operation(client.restore("engine", "g"), 0.01)
+        engine.fail = "out of host memory"
+        op = client.wait_for_operation(client.snapshot("engine", "g"), 0.01)
+        assert op.status == sa.OPERATION_STATUS_FAILED and "out of host memory" in op.error
+        assert not op.HasField("storage_bytes")
+    finally:
+        client.close()
+
+
+def test_a_channel_must_open_with_one_registration(endpoint: str) -> None:
+    channel = grpc.insecure_channel(endpoint)
+    stub = sa_grpc.SnapshotAgentServiceStub(channel)
+    try:
+        result = sa.WorkloadMessage(result=sa.CommandResult(command_id="1", ok=True))
+        with pytest.raises(grpc.RpcError) as err:
+            list(stub.WorkloadChannel(iter([result]), timeout=5))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        caps = sa.WorkloadCapabilities()
+        reg = sa.WorkloadMessage(
+            register=sa.RegisterWorkload(job_id="x", group="g", capabilities=caps)
+        )
+        with pytest.raises(grpc.RpcError) as twice:
+            list(stub.WorkloadChannel(iter([reg, reg]), timeout=5))
+        assert twice.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        channel.close()
