@@ -157,8 +157,8 @@ def register_workload(
     group: str = "",
     on_snapshot: Callable[[int, list[str]], None] | None = None,
     on_restore: Callable[[list[str]], None] | None = None,
-    supported_modes: list[int] | None = None,
-    default_mode: int = 0,
+    supported_modes: list[sa.SuspendMode] | None = None,
+    default_mode: sa.SuspendMode = sa.SUSPEND_MODE_UNSPECIFIED,
     tags: list[str] | None = None,
 ) -> WorkloadHandle:
     caps = sa.WorkloadCapabilities(

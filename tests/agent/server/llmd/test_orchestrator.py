@@ -127,8 +127,8 @@ def test_a_job_killed_while_holding_frees_the_group_within_a_second(
     try:
         assert job.stdout is not None and job.stdout.readline().strip() == "held"
         mark = agent.mark()
-        got: list[float] = []
-        waiter = threading.Thread(target=lambda: (b.acquire(timeout_sec=10), got.append(1.0)))
+        got: list[tuple[bool, int, bool]] = []
+        waiter = threading.Thread(target=lambda: got.append(b.acquire(timeout_sec=10)))
         waiter.start()
         _wait_queued(agent, mark, "llmd/job-b")
         killed = time.monotonic()

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from agent.parking.preparer import ParkingPreparer
 from agent.parking.setup import ParkingOptions, build_preparer
 from baton._pb import snapshot_agent_pb2 as sa
 from baton._pb import snapshot_agent_pb2_grpc as sa_grpc
@@ -50,6 +51,7 @@ class Workload:
 @pytest.fixture
 def agent(workdir: str) -> Iterator[AgentRunner]:
     preparer = build_preparer(ParkingOptions(backend="app", fake_gpus=f"1x{GPU_MIB}"))
+    assert isinstance(preparer, ParkingPreparer)
     gpu = next(iter(preparer.gpu_memory))
     runner = AgentRunner(
         workdir,
