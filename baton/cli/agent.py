@@ -186,11 +186,21 @@ def bench_handoff(
             help="The session travels as frames on the handshake socket (direct) or over gRPC."
         ),
     ] = "direct",
+    api: Annotated[
+        str, typer.Option(help="Through Baton's own API, or llm-d's time-slicing API (llmd).")
+    ] = "baton",
     as_json: AsJson = False,
 ) -> None:
     """Uncontended acquire and yield→grant handoff between two tenant processes."""
     from baton.bench.handoff import run_handoff_bench
 
+    if api not in ("baton", "llmd"):
+        raise typer.BadParameter(f"unknown API {api!r}; choose baton or llmd", param_hint="--api")
+    if api == "llmd":
+        from baton.bench.llmd_handoff import run_llmd_handoff_bench
+
+        echo_figures(run_llmd_handoff_bench(iterations), as_json)
+        return
     try:
         figures = run_handoff_bench(iterations, client, transport)
     except ValueError as e:
