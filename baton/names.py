@@ -65,6 +65,10 @@ PORT_LLMD_ORCHESTRATOR = 50051
 """llm-d's TimeSlice Orchestrator port; `baton agent --llmd-listen` serves it and its agent's."""
 
 # llm-d time-slicing compatibility (`agent/server/llmd`).
+LABEL_PREFIX_LLMD = "timeslice.io/"
+"""Pod labels of llm-d's time-slicing; the agent keeps these on its pod tenants."""
+LABEL_LLMD_JOB = "timeslice.io/job-id"
+LABEL_LLMD_GROUP = "timeslice.io/group"
 ENV_LLMD_LISTEN = "BATON_AGENT_LLMD_LISTEN"
 ENV_LLMD_GROUPS = "BATON_AGENT_LLMD_GROUPS"
 

@@ -1,9 +1,10 @@
 """Who is at the other end of a TCP connection on this host, and noticing when that process ends.
 
 gRPC over TCP carries no SO_PEERCRED, so the agent finds the caller the way `ss -p` does: the
-connection's socket inode in /proc/net/tcp{,6}, then the process holding that inode. It works
-for callers in the agent's network namespace (loopback, or the host network); others stay
-unknown. `ProcessWatch` wakes the event loop through a pidfd the moment a process exits.
+connection's socket inode in /proc/net/tcp{,6} (the agent's network namespace first, then
+every other one it can see: pods', when it runs with hostPID), then the process holding that
+inode. Callers on other hosts stay unknown. `ProcessWatch` wakes the event loop through a
+pidfd the moment a process exits.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,17 +47,26 @@ def _proc_hex(ip: str) -> tuple[str, str]:
     return v4, words6
 
 
-def socket_inode(peer: str, server_port: int, proc_root: Path = Path("/proc")) -> int | None:
-    """The inode of the caller's end of the connection `peer` → our `server_port`."""
-    parsed = parse_peer(peer)
-    if parsed is None:
-        return None
-    ip, port = parsed
-    v4, v6 = _proc_hex(ip)
-    wanted = {f"{a}:{port:04X}" for a in (v4, v6) if a}
+def _net_dirs(proc_root: Path) -> Iterator[Path]:
+    """Our own /proc/net, then one per other network namespace (a pod's, with hostPID)."""
+    yield proc_root / "net"
+    seen = set()
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            netns = os.readlink(entry / "ns" / "net")
+        except OSError:
+            continue
+        if netns not in seen:
+            seen.add(netns)
+            yield entry / "net"
+
+
+def _find_in(net: Path, wanted: set[str], server_port: int) -> int | None:
     for table in ("tcp", "tcp6"):
         try:
-            lines = (proc_root / "net" / table).read_text().splitlines()[1:]
+            lines = (net / table).read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
@@ -65,6 +75,21 @@ def socket_inode(peer: str, server_port: int, proc_root: Path = Path("/proc")) -
                 continue
             if int(cols[2].rsplit(":", 1)[1], 16) == server_port:
                 return int(cols[9])
+    return None
+
+
+def socket_inode(peer: str, server_port: int, proc_root: Path = Path("/proc")) -> int | None:
+    """The inode of the caller's end of the connection `peer` → our `server_port`."""
+    parsed = parse_peer(peer)
+    if parsed is None:
+        return None
+    ip, port = parsed
+    v4, v6 = _proc_hex(ip)
+    wanted = {f"{a}:{port:04X}" for a in (v4, v6) if a}
+    for net in _net_dirs(proc_root):
+        inode = _find_in(net, wanted, server_port)
+        if inode is not None:
+            return inode
     return None
 
 

@@ -56,6 +56,9 @@ def pod_tenant(pod: Any) -> Tenant | None:
         memory_limit_bytes=memory_limit,
         source=POD,
         pod_uid=meta.uid,
+        labels={
+            k: v for k, v in (meta.labels or {}).items() if k.startswith(names.LABEL_PREFIX_LLMD)
+        },
     )
 
 

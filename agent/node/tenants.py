@@ -31,6 +31,8 @@ class Tenant:
     """The UID that registered a local tenant; only it (or root) may add processes."""
     pids: set[int] = field(default_factory=set)
     pod_uid: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    """The pod's labels Baton reads (llm-d's `timeslice.io/*`)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable form (for the state file and /v1/status)."""
@@ -45,6 +47,7 @@ class Tenant:
             "uid": self.uid,
             "pids": sorted(self.pids),
             "pod_uid": self.pod_uid,
+            "labels": dict(self.labels),
         }
 
     @classmethod

@@ -62,3 +62,11 @@ def test_events_prints_the_agents_event_stream(agent: AgentRunner) -> None:
     assert [e["kind"] for e in events] == ["tenant_joined", "connected", "queued", "granted"]
     assert events[-1]["fencing_tokens"] == {"GPU-0": 1}
     assert watcher.returncode == 0
+
+
+def test_agent_refuses_a_malformed_llmd_group(workdir: str) -> None:
+    result = CliRunner().invoke(
+        app, ["agent", "--socket", f"{workdir}/a.sock", "--llmd-group", "trainers"]
+    )
+    assert result.exit_code == 2
+    assert "NAME=GPU" in result.output and "--llmd-group" in result.output

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+from baton.names import LABEL_LLMD_GROUP, LABEL_LLMD_JOB
 
 IDLE = "idle"
 IDLE_YIELDED = "idle_yielded"
@@ -33,7 +35,7 @@ def valid_id(value: str) -> bool:
 
 @dataclass
 class Groups:
-    """The node's groups (`--llmd-group`), each a set of GPUs."""
+    """The groups given with `--llmd-group`, each a set of GPUs (pods' groups come on top)."""
 
     static: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -55,6 +57,22 @@ class Groups:
     def gpus(self, group: str) -> tuple[str, ...] | None:
         """The group's GPUs (None if there is no such group)."""
         return self.static.get(group)
+
+
+def pod_membership(labels: Mapping[str, str]) -> tuple[str, str] | None:
+    """(job id, group) from a pod's `timeslice.io/job-id` and `timeslice.io/group` labels."""
+    job, group = labels.get(LABEL_LLMD_JOB, ""), labels.get(LABEL_LLMD_GROUP, "")
+    return (job, group) if valid_id(job) and valid_id(group) else None
+
+
+def pod_groups(
+    members: Iterable[tuple[tuple[str, str], tuple[str, ...]]],
+) -> dict[str, tuple[str, ...]]:
+    """Group → the union of its member pods' GPUs, from ((job, group), GPUs) pairs."""
+    gpus: dict[str, set[str]] = {}
+    for (_, group), pod_gpus in members:
+        gpus.setdefault(group, set()).update(pod_gpus)
+    return {group: tuple(sorted(found)) for group, found in gpus.items()}
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
 """llm-d jobs as Baton tenants: which tenant a job is, which processes are it, and when they end.
 
-A job is the tenant `llmd/<job id>` on the GPUs of every group it joined, declared to need
-those GPUs whole (llm-d's API carries no memory size). Each process that calls for a job (found from
-its TCP connection, `agent.node.peers`) counts as one of the job's sessions; when the last one
-exits, the job's turns and waits end, as for any tenant whose session closes.
+A job outside Kubernetes is the tenant `llmd/<job id>` on the GPUs of every group it joined,
+declared to need those GPUs whole (llm-d's API carries no memory size). In a cluster it is the
+pod labelled `timeslice.io/job-id`, and a group is the GPUs of the pods labelled with it
+(`timeslice.io/group`); only the pod's own processes may act for its job. Each process that
+calls for a job (found from its TCP connection, `agent.node.peers`) counts as one of the job's
+sessions; when the last one exits, the job's turns and waits end, as for any tenant whose
+session closes.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from agent.core.errors import Forbidden, InvalidRegistration
+from agent.node.identity import pod_uid_of_pid
 from agent.node.peers import PeerProcess, ProcessWatch, peer_process
-from agent.node.tenants import LLMD, Tenant
+from agent.node.tenants import LLMD, POD, Tenant
 from agent.server.llmd.edge import UnknownGroup, UnknownJob
-from agent.server.llmd.groups import Groups, valid_id
+from agent.server.llmd.groups import Groups, pod_groups, pod_membership, valid_id
 from agent.server.service import LeaseService
 from agent.server.sessions import Session
 from baton._pb import agent_pb2 as pb
@@ -69,32 +73,59 @@ class Jobs:
             self._callers[peer] = found
         return self._callers[peer]
 
-    def tenant_id(self, job_id: str) -> str:
-        """The tenant a job is."""
-        return PREFIX + job_id
+    def _pods(self) -> list[tuple[Tenant, tuple[str, str]]]:
+        """Pod tenants labelled with an llm-d job and group, and those labels."""
+        found = []
+        for tenant in self.service.tenants.tenants.values():
+            member = pod_membership(tenant.labels) if tenant.source == POD else None
+            if member is not None:
+                found.append((tenant, member))
+        return found
 
     def job_of(self, tenant_id: str) -> str:
-        """The llm-d job id of a tenant (other tenants go by their tenant id)."""
-        return tenant_id[len(PREFIX) :] if tenant_id.startswith(PREFIX) else tenant_id
+        """The llm-d job id of a tenant (its label for a pod; others go by their tenant id)."""
+        if tenant_id.startswith(PREFIX):
+            return tenant_id[len(PREFIX) :]
+        tenant = self.service.tenants.tenants.get(tenant_id)
+        member = pod_membership(tenant.labels) if tenant is not None else None
+        return member[0] if member else tenant_id
 
     def find(self, job_id: str, group: str = "") -> Tenant | None:
-        """The job's tenant, if the agent has it."""
-        return self.service.tenants.tenants.get(self.tenant_id(job_id))
+        """The job's tenant: the pod labelled with it (in `group`, if given), else `llmd/<id>`."""
+        for tenant, (job, in_group) in self._pods():
+            if job == job_id and group in ("", in_group):
+                return tenant
+        return self.service.tenants.tenants.get(PREFIX + job_id)
 
     def job_ids(self) -> dict[str, Tenant]:
-        """Every llm-d job the agent has, by job id."""
-        return {
+        """Every llm-d job the agent has (`llmd/` tenants and labelled pods), by job id."""
+        jobs = {
             self.job_of(tid): tenant
             for tid, tenant in self.service.tenants.tenants.items()
             if tid.startswith(PREFIX)
         }
+        jobs.update({job: tenant for tenant, (job, _) in self._pods()})
+        return jobs
+
+    def group_names(self) -> list[str]:
+        """Every group: given with `--llmd-group`, or named by a pod's label."""
+        return sorted(set(self.groups.names()) | {group for _, (_, group) in self._pods()})
 
     def group_gpus(self, group: str) -> tuple[str, ...]:
         """The group's GPUs, or `UnknownGroup`."""
-        gpus = self.groups.gpus(group)
-        if gpus is None:
-            known = ", ".join(self.groups.names()) or "none"
+        gpus = self.groups.gpus(group) or pod_groups(
+            (member, tenant.gpus) for tenant, member in self._pods()
+        ).get(group)
+        if not gpus:
+            known = ", ".join(self.group_names()) or "none"
             raise UnknownGroup(f"no group {group!r} on this node (groups: {known})")
+        return gpus
+
+    def turn_gpus(self, tenant: Tenant, group: str) -> tuple[str, ...]:
+        """The GPUs of the job's turn in `group`: the group's (a pod's own, within it)."""
+        gpus = self.group_gpus(group)
+        if tenant.source == POD:
+            return tuple(g for g in gpus if g in tenant.gpus)
         return gpus
 
     # Joining.
@@ -125,7 +156,16 @@ class Jobs:
         return tenant
 
     def check_caller(self, tenant: Tenant | None, caller: PeerProcess | None) -> None:
-        """A job belongs to the user whose process first used it (root may act for any)."""
+        """A pod's job is only its own processes'; another job belongs to the user whose
+        process first used it (root may act for any)."""
+        if tenant is not None and tenant.source == POD:
+            pod = pod_uid_of_pid(caller.pid, self._proc_root) if caller else None
+            if pod != tenant.pod_uid:
+                raise Forbidden(
+                    f"job {self.job_of(tenant.tenant_id)!r} is pod {tenant.tenant_id}; "
+                    "only its own processes may act for it"
+                )
+            return
         if tenant is None or tenant.uid is None or caller is None or caller.uid in (0, tenant.uid):
             return
         raise Forbidden(

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from agent.core.errors import Forbidden
+from agent.core.errors import AgentError, Forbidden
 from agent.core.leases import Lease, Waiter
 from agent.server.llmd import groups as g
 from agent.server.llmd.edge import BadRequest, mapped
@@ -64,8 +64,11 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         async with self._service.events.subscribe() as events:
             while True:
                 event = await events.get()
-                for group in self._jobs.groups.names():
-                    gpus = self._jobs.groups.gpus(group) or ()
+                for group in self._jobs.group_names():
+                    try:
+                        gpus = self._jobs.group_gpus(group)
+                    except AgentError:  # its last pod left just now
+                        continue
                     if not event.gpus or set(event.gpus) & set(gpus):
                         self._since.observe(group, g.group_state(self._facts(gpus)), event.at)
 
@@ -77,7 +80,7 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
     ) -> ts.AcquireResponse:
         """Wait for the group's turn with the job's memory resident; at once for the holder."""
         tenant = await self._jobs.join(request.job_id, request.group_id, context.peer())
-        gpus = self._jobs.group_gpus(request.group_id)
+        gpus = self._jobs.turn_gpus(tenant, request.group_id)
         if self._lease(tenant.tenant_id, gpus) is not None:
             return ts.AcquireResponse(success=True, waited_ms=0, context_restored=False)
         was_parked = parked_on(residency(self._service.preparer).get(tenant.tenant_id, {}), gpus)
@@ -95,7 +98,11 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         if not request.job_id:
             raise BadRequest("job_id is required")
         tenant = self._jobs.find(request.job_id, request.group_id)
-        lease = self._lease(tenant.tenant_id, gpus) if tenant else None
+        lease = (
+            self._lease(tenant.tenant_id, self._jobs.turn_gpus(tenant, request.group_id))
+            if tenant
+            else None
+        )
         if tenant is None or lease is None:
             holder = self._holder(gpus)
             raise Forbidden(
@@ -120,7 +127,7 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         self, request: ts.ListGroupsRequest, context: grpc.aio.ServicerContext
     ) -> ts.ListGroupsResponse:
         """Every group on this node."""
-        return ts.ListGroupsResponse(group_ids=self._jobs.groups.names())
+        return ts.ListGroupsResponse(group_ids=self._jobs.group_names())
 
     @mapped
     async def GetGroupStatus(
