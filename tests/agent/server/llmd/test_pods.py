@@ -4,12 +4,14 @@ pod's own processes may act for its job."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from agent.core.events import Event
 from baton import names
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
 from tests.harness.agent import AgentRunner
@@ -34,6 +36,10 @@ def labelled_pod(name: str, uid: str, job: str, group: str) -> dict[str, Any]:
         "spec": {"nodeName": "node-1", "containers": [{"name": "main", "image": "rl"}]},
         "status": {"phase": "Running"},
     }
+
+
+def joined(tenant_id: str) -> Callable[[Event], bool]:
+    return lambda e: e.kind == "tenant_joined" and e.tenant_id == tenant_id
 
 
 def fake_proc(root: Path) -> Path:
@@ -62,7 +68,7 @@ def test_groups_and_jobs_from_pod_labels(workdir: str, tmp_path: Path) -> None:
         client = TimeSliceOrchestratorClient(f"127.0.0.1:{runner.llmd_port}", group_id="trainers")
         try:
             for pod in ("team/trainer-a", "team/trainer-b"):
-                runner.wait_event(lambda e, p=pod: e.kind == "tenant_joined" and e.tenant_id == p)
+                runner.wait_event(joined(pod))
             assert client.list_groups() == ["trainers"]
             assert client.acquire(job_id="job-a", timeout_sec=5)[0]
             status = client.get_status()
