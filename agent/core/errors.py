@@ -63,5 +63,9 @@ class TenantGone(AgentError):
     """The tenant left while the call was in flight (UNAVAILABLE)."""
 
 
+class Quarantined(AgentError):
+    """The tenant's memory cannot be moved safely any more; it takes no more turns."""
+
+
 class CallbackFailed(AgentError):
     """A tenant's park/restore callback failed or is not registered."""

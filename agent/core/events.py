@@ -20,6 +20,10 @@ TENANT_JOINED = "tenant_joined"
 CONNECTED = "connected"
 DISCONNECTED = "disconnected"
 TENANT_GONE = "tenant_gone"
+QUARANTINED = "quarantined"
+"""The tenant's memory cannot be moved safely any more: it takes no more turns (detail: why)."""
+REVOKE_FAILED = "revoke_failed"
+"""A holder past its maximum could not be parked: it keeps the GPU (detail: why)."""
 
 
 @dataclass(frozen=True)

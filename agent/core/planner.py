@@ -27,6 +27,8 @@ class Reason(StrEnum):
     """Only residents whose memory limit cannot hold their parked bytes stand in the way."""
     BUSY = "busy"
     """Only residents that hold a turn right now stand in the way."""
+    UNPARKABLE = "unparkable"
+    """Only residents the backend cannot park (or has quarantined) stand in the way."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,10 @@ class TenantView:
     """It holds a turn right now."""
     absent: frozenset[str] = frozenset()
     """GPUs where it holds no memory yet (it has not allocated since it joined)."""
+    memory_used: int = 0
+    """Bytes its memory cgroup uses already; parked bytes come on top."""
+    unparkable: str = ""
+    """Why the backend cannot park it (it stays resident); empty if it can."""
 
     @property
     def parked_total(self) -> int:
@@ -58,7 +64,17 @@ class TenantView:
 
     def cgroup_blocks_park(self) -> bool:
         """Parking would charge more bytes to its memory cgroup than its limit allows."""
-        return self.memory_limit is not None and self.memory_limit < sum(self.footprint.values())
+        return self.memory_limit is not None and self.memory_limit < self.memory_used + sum(
+            self.footprint.values()
+        )
+
+    def cgroup_message(self) -> str:
+        """Why its memory cgroup cannot hold its parked bytes, with the numbers."""
+        return (
+            f"its memory limit {_mib(self.memory_limit or 0)} cannot hold its "
+            f"{_mib(sum(self.footprint.values()))} of GPU memory on top of the "
+            f"{_mib(self.memory_used)} it uses"
+        )
 
 
 @dataclass(frozen=True)
@@ -163,7 +179,7 @@ def _make_room(
     for t in sorted(others, key=lambda t: (t.last_turn, t.tenant_id)):
         if used + need <= capacity:
             break
-        if t.busy or t.cgroup_blocks_park():
+        if t.busy or t.cgroup_blocks_park() or t.unparkable:
             skipped.append(t)
             continue
         picked.append(t)
@@ -175,14 +191,22 @@ def _make_room(
 
 def _blocked(incoming: str, gpu: str, need: int, free: int, skipped: list[TenantView]) -> Refusal:
     """The refusal when only unparkable residents stand in the way."""
+    pinned = [t for t in skipped if t.unparkable and not t.busy]
+    if pinned:
+        t = pinned[0]
+        return Refusal(
+            Reason.UNPARKABLE,
+            f"{incoming} needs {_mib(need)} on {gpu} ({_mib(free)} free); {t.tenant_id} "
+            f"stays resident: {t.unparkable}",
+            t.tenant_id,
+        )
     by_cgroup = [t for t in skipped if not t.busy]
     if by_cgroup:
         t = by_cgroup[0]
         return Refusal(
             Reason.CGROUP_LIMIT,
             f"{incoming} needs {_mib(need)} on {gpu} ({_mib(free)} free); {t.tenant_id} "
-            f"stays resident: its memory limit {_mib(t.memory_limit or 0)} cannot hold its "
-            f"{_mib(sum(t.footprint.values()))} of GPU memory when parked",
+            f"stays resident: {t.cgroup_message()}",
             t.tenant_id,
         )
     t = skipped[0]
@@ -200,12 +224,11 @@ def plan_park(snap: Snapshot, tenant_id: str) -> Plan | Refusal:
     size = sum(t.resident_on(g) for g in t.footprint)
     if not size:
         return Plan()
+    if t.unparkable:
+        return Refusal(Reason.UNPARKABLE, f"{tenant_id} stays resident: {t.unparkable}", tenant_id)
     if t.cgroup_blocks_park():
         return Refusal(
-            Reason.CGROUP_LIMIT,
-            f"{tenant_id} stays resident: its memory limit {_mib(t.memory_limit or 0)} cannot "
-            f"hold its {_mib(sum(t.footprint.values()))} of GPU memory when parked",
-            tenant_id,
+            Reason.CGROUP_LIMIT, f"{tenant_id} stays resident: {t.cgroup_message()}", tenant_id
         )
     if snap.parked_bytes + size > snap.host_budget:
         return Refusal(

@@ -50,6 +50,18 @@ class TurnPreparer(Protocol):
         """Per tenant residency for /v1/status (JSON-serialisable)."""
         ...
 
+    def rescan(self, tenant_id: str) -> None:
+        """The tenant opened a session: its processes may have changed."""
+        ...
+
+    def durable(self) -> dict[str, Any]:
+        """What must survive an agent restart (which processes are parked), JSON-serialisable."""
+        ...
+
+    def reinstate(self, saved: dict[str, Any]) -> None:
+        """Take back what `durable` returned before a restart."""
+        ...
+
 
 class NullPreparer:
     """Moves nothing: every tenant is always resident. Used when no backend is configured."""
@@ -71,3 +83,13 @@ class NullPreparer:
     def status(self) -> dict[str, Any]:
         """No residency information."""
         return {}
+
+    def rescan(self, tenant_id: str) -> None:
+        """No processes to find."""
+
+    def durable(self) -> dict[str, Any]:
+        """Nothing parked."""
+        return {}
+
+    def reinstate(self, saved: dict[str, Any]) -> None:
+        """Nothing to take back."""

@@ -1,4 +1,5 @@
-"""The agent's durable state: tenants, leases and fencing tokens, one JSON file, atomic writes.
+"""The agent's durable state: tenants, leases, fencing tokens and parked processes, one JSON
+file, atomic writes.
 
 Writes happen off the event loop, a newer snapshot replacing an unwritten one, so the file
 trails the live state by at most one write (about a millisecond).
@@ -36,6 +37,9 @@ class Snapshot:
     leases: list[Lease] = field(default_factory=list)
     tokens: dict[str, int] = field(default_factory=dict)
     """Last fencing token per GPU (so tokens never repeat after a restart)."""
+    parked: dict[str, Any] = field(default_factory=dict)
+    """The parking backend's record: per tenant, which processes are parked with how many bytes
+    on which GPU, and why a tenant is quarantined (confirmed with the driver after a restart)."""
 
 
 class StateStore:
@@ -74,6 +78,7 @@ class StateStore:
             tenants=[Tenant.from_json(t) for t in data.get("tenants", [])],
             leases=[_lease_from_json(x) for x in data.get("leases", [])],
             tokens={k: int(v) for k, v in data.get("tokens", {}).items()},
+            parked=dict(data.get("parked", {})),
         )
 
     def save(self, snapshot: Snapshot) -> None:
@@ -133,6 +138,7 @@ def _to_json(snapshot: Snapshot) -> dict[str, Any]:
         "tenants": [t.to_json() for t in snapshot.tenants],
         "leases": [_lease_to_json(x) for x in snapshot.leases],
         "tokens": dict(snapshot.tokens),
+        "parked": snapshot.parked,
     }
 
 

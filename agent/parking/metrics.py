@@ -61,8 +61,16 @@ class ParkingMetrics:
                 family.labels(backend, direction)
             for stage in STAGES:
                 self.moved_when.labels(backend, direction, stage)
-        for reason in (*Reason, "move_failed"):  # every reason shows, at 0 until it happens
+        for reason in (*Reason, "move_failed", "quarantined"):  # each shows, at 0 until it happens
             self.refused.labels(reason)
+        self.quarantined = Gauge(
+            f"{p}quarantined_tenants",
+            "Tenants whose memory the backend can no longer move safely: they take no turns.",
+            registry=reg,
+        )
+        self.quarantines = Counter(
+            f"{p}quarantines", "Tenants quarantined since the agent started.", registry=reg
+        )
         self.preemptions = Counter(
             f"{p}preemptions", "Holders parked because their lease ran out.", registry=reg
         )

@@ -18,8 +18,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from agent.core.errors import Quarantined
 from agent.core.planner import (
     Plan,
+    Reason,
     Refusal,
     Snapshot,
     Step,
@@ -36,7 +38,9 @@ from agent.parking.backends.base import (
     Residency,
     TenantRef,
     TenantState,
+    Unparkable,
 )
+from agent.parking.backends.base import Quarantined as BackendQuarantined
 from agent.parking.metrics import ParkingMetrics
 
 log = logging.getLogger(__name__)
@@ -76,8 +80,15 @@ class ParkingPreparer:
         self._states: dict[str, TenantState] = {}
         self._waiting: dict[str, str] = {}
         self._ahead: dict[str, asyncio.Future[None]] = {}
+        self._cgroups: dict[str, tuple[int | None, int]] = {}
+        """Per tenant, its memory cgroup's limit and usage as the backend last read them."""
+        self._quarantined: dict[str, str] = {}
         self.directory: Callable[[], Mapping[str, TenantRef]] | None = None
         """The lease service's tenants (GPUs, PIDs, limits); when set, only these count."""
+        self.on_quarantine: Callable[[str, str], None] | None = None
+        """Told (on the event loop) when a tenant is quarantined, and why."""
+        self.on_change: Callable[[], None] | None = None
+        """Told (on the event loop) after moves, so that `durable()` is saved."""
 
     def register(self, ref: TenantRef) -> None:
         """Learn a tenant's GPUs, PIDs, memory limit and declared footprint."""
@@ -96,6 +107,9 @@ class ParkingPreparer:
                 if held & set(gpus):
                     del self._holding[other]
             snap = await asyncio.to_thread(self._snapshot)
+            self._announce()
+            if tenant_id in self._quarantined:
+                raise self._refuse_quarantined(tenant_id)
             plan = plan_turn(snap, tenant_id)
             await self._carry_out(tenant_id, plan, "grant")
             self._waiting.pop(tenant_id, None)
@@ -114,6 +128,9 @@ class ParkingPreparer:
         try:
             async with self._lock:
                 snap = await asyncio.to_thread(self._snapshot, holders)
+                self._announce()
+                if tenant_id in self._quarantined:
+                    return
                 plan = plan_ahead(snap, tenant_id)
                 if isinstance(plan, Plan) and plan.steps:
                     log.info("preparing %s ahead of its turn", tenant_id)
@@ -132,14 +149,21 @@ class ParkingPreparer:
             pass
 
     async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
-        """Park a holder whose lease ran out while others wait; `NoRoom` if it must stay."""
+        """Park a holder whose lease ran out while others wait; `NoRoom` (it keeps its turn)
+        if it must stay."""
         async with self._lock:
             self.metrics.preemptions.inc()
-            self._holding.pop(tenant_id, None)
-            snap = await asyncio.to_thread(self._snapshot)
-            if tenant_id not in snap.tenants:
-                return
-            await self._carry_out(tenant_id, plan_park(snap, tenant_id), "revoke")
+            held = self._holding.pop(tenant_id, None)
+            try:
+                snap = await asyncio.to_thread(self._snapshot)
+                self._announce()
+                if tenant_id not in snap.tenants:
+                    return
+                await self._carry_out(tenant_id, plan_park(snap, tenant_id), "revoke")
+            except BaseException:
+                if held is not None:
+                    self._holding[tenant_id] = held
+                raise
 
     async def park(self, tenant_id: str) -> None:
         """Park the tenant now, on request (llm-d's Snapshot); `NoRoom` if it cannot be."""
@@ -171,6 +195,9 @@ class ParkingPreparer:
             await asyncio.to_thread(self.backend.detach, tenant_id)
             for table in (self._refs, self._last_turn, self._last_turn_wall, self._holding):
                 table.pop(tenant_id, None)
+            self._cgroups.pop(tenant_id, None)
+            if self._quarantined.pop(tenant_id, None) is not None:
+                self.metrics.quarantined.set(len(self._quarantined))
             self._states.pop(tenant_id, None)
             self._waiting.pop(tenant_id, None)
             self._publish()
@@ -186,6 +213,9 @@ class ParkingPreparer:
                 await self._move(tenant_id, step, when)
         finally:
             await asyncio.to_thread(self._refresh)
+            self._announce()
+            if self.on_change is not None:
+                self.on_change()
 
     async def _move(self, tenant_id: str, step: Step, when: str) -> Move:
         """One park or restore, retried with backoff; the tenant stays where it was on failure."""
@@ -196,6 +226,18 @@ class ParkingPreparer:
         for attempt in range(self._attempts):
             try:
                 move = await asyncio.to_thread(fn, step.tenant_id, step.gpu)
+            except (BackendQuarantined, Unparkable) as e:  # retrying cannot help
+                self.metrics.failed(step.direction)
+                log.error("%s of %s on %s: %s", step.direction, step.tenant_id, step.gpu, e)
+                if isinstance(e, BackendQuarantined):
+                    self._note_quarantine(step.tenant_id, str(e))
+                if step.tenant_id == tenant_id and isinstance(e, BackendQuarantined):
+                    raise self._refuse_quarantined(tenant_id) from e
+                raise self._refuse(
+                    tenant_id,
+                    "quarantined" if isinstance(e, BackendQuarantined) else Reason.UNPARKABLE,
+                    f"{step.direction} of {step.tenant_id} on {step.gpu} failed: {e}",
+                ) from e
             except BackendError as e:
                 self.metrics.failed(step.direction)
                 log.warning(
@@ -227,6 +269,42 @@ class ParkingPreparer:
         self._waiting[tenant_id] = message
         return NoRoom(message)
 
+    def _note_quarantine(self, tenant_id: str, why: str) -> None:
+        """Remember the quarantine, count it and tell the lease service (once per tenant)."""
+        if tenant_id in self._quarantined:
+            return
+        self._quarantined[tenant_id] = why
+        self.metrics.quarantined.set(len(self._quarantined))
+        self.metrics.quarantines.inc()
+        log.error("tenant %s is quarantined and takes no more turns: %s", tenant_id, why)
+        if self.on_quarantine is not None:
+            self.on_quarantine(tenant_id, why)
+
+    def _announce(self) -> None:
+        """Note quarantines the backend reported in the last refresh (on the event loop)."""
+        for tenant_id, st in list(self._states.items()):
+            if st.quarantined:
+                self._note_quarantine(tenant_id, st.quarantined)
+
+    def _refuse_quarantined(self, tenant_id: str) -> Quarantined:
+        """The error for a turn of a quarantined tenant; counted and shown like a refusal."""
+        why = self._quarantined[tenant_id]
+        self._refuse(tenant_id, "quarantined", f"{tenant_id} takes no more turns: {why}")
+        return Quarantined(f"{tenant_id} takes no more turns: {why}")
+
+    def rescan(self, tenant_id: str) -> None:
+        """A session opened: the backend finds the tenant's processes again on next use."""
+        self.backend.rescan(tenant_id)
+
+    def durable(self) -> dict[str, Any]:
+        """The backend's record of parked processes, for the agent's state file."""
+        return self.backend.durable()
+
+    def reinstate(self, saved: dict[str, Any]) -> None:
+        """Hand the record saved before a restart back to the backend (it confirms it)."""
+        if saved:
+            self.backend.adopt(saved)
+
     def _tenant_ids(self) -> list[str]:
         """Tenants that count: the lease service's, else every one registered or in the backend.
 
@@ -253,14 +331,17 @@ class ParkingPreparer:
         }
         absent = {g for g in gpus if g not in parked and not st.footprint_bytes.get(g)}
         limit = ref.memory_limit_bytes if ref and ref.memory_limit_bytes else None
+        found_limit, used = self._cgroups.get(tenant_id, (None, 0))
         return TenantView(
             tenant_id,
             footprint=footprint,
             parked=parked,
             last_turn=self._last_turn.get(tenant_id, float("-inf")),
-            memory_limit=limit if limit is not None else self.backend.memory_limit(tenant_id),
+            memory_limit=limit if limit is not None else found_limit,
             busy=tenant_id in self._holding or tenant_id in busy,
             absent=frozenset(absent),
+            memory_used=used,
+            unparkable=st.quarantined or st.unparkable,
         )
 
     def _snapshot(self, busy: Collection[str] = ()) -> Snapshot:
@@ -270,8 +351,12 @@ class ParkingPreparer:
         return Snapshot(self.gpu_memory, views, self.headroom, self.host_budget)
 
     def _refresh(self) -> None:
-        """Re-read every tenant's state from the backend."""
-        self._states = {t: self.backend.state(t) for t in self._tenant_ids()}
+        """Re-read every tenant's state and memory cgroup from the backend (in a worker thread)."""
+        ids = self._tenant_ids()
+        self._states = {t: self.backend.state(t) for t in ids}
+        self._cgroups = {
+            t: (self.backend.memory_limit(t), self.backend.memory_used(t)) for t in ids
+        }
         self._publish()
 
     def _publish(self) -> None:
@@ -294,8 +379,14 @@ class ParkingPreparer:
             if view.cgroup_blocks_park():
                 entry["not_parkable"] = (
                     f"memory limit {view.memory_limit} bytes cannot hold its "
-                    f"{sum(view.footprint.values())} bytes of GPU memory"
+                    f"{sum(view.footprint.values())} bytes of GPU memory on top of the "
+                    f"{view.memory_used} bytes it uses"
                 )
+            if st.unparkable:
+                entry["not_parkable"] = st.unparkable
+            quarantined = st.quarantined or self._quarantined.get(tenant_id)
+            if quarantined:
+                entry["quarantined"] = quarantined
             if st.detail:
                 entry["detail"] = st.detail
             if tenant_id in self._waiting:

@@ -9,7 +9,7 @@ import asyncio
 import logging
 
 from agent.core import events as ev
-from agent.core.errors import TenantGone
+from agent.core.errors import Quarantined, TenantGone
 from agent.node.tenants import POD, Tenant
 from agent.server.turns import Granted, TurnService, lease_to_pb
 from baton._pb import agent_pb2 as pb
@@ -32,6 +32,7 @@ class LeaseService(TurnService):
             self.table.gpu(gpu).token = token
         for lease in snapshot.leases:
             self.table.restore_lease(lease)
+        self.preparer.reinstate(snapshot.parked)
         if snapshot.tenants:
             log.info(
                 "restored %d tenants and %d leases; holders have %g s to reconnect",
@@ -72,8 +73,18 @@ class LeaseService(TurnService):
         return tenant
 
     def session_opened(self, tenant_id: str, pid: int) -> None:
-        """A tenant process opened its session."""
+        """A tenant process opened its session: its processes are found again before a move."""
+        self.preparer.rescan(tenant_id)
         self._publish(ev.CONNECTED, tenant_id, detail=f"pid {pid}")
+
+    def quarantine(self, tenant_id: str, why: str) -> None:
+        """The tenant's memory can no longer be moved safely: it takes no more turns."""
+        self._publish(ev.QUARANTINED, tenant_id, detail=why)
+        error = Quarantined(f"{tenant_id} takes no more turns: {why}")
+        for waiter in [w for w in self.table.waiters.values() if w.tenant_id == tenant_id]:
+            self.table.cancel(waiter.waiter_id)
+            self._fail(waiter.waiter_id, error)
+        self._changed()
 
     def session_closed(self, tenant_id: str, pid: int, last: bool) -> None:
         """A tenant process's session ended (it exited or died, or the agent is stopping)."""

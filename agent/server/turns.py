@@ -18,12 +18,13 @@ from typing import Any
 from agent.core import eager
 from agent.core import events as ev
 from agent.core.ahead import LookAhead
-from agent.core.errors import AcquireTimeout, InvalidGpus, NoLease, UnknownLease
+from agent.core.errors import AcquireTimeout, InvalidGpus, NoLease, Quarantined, UnknownLease
 from agent.core.leases import Lease, LeaseTable, Waiter
 from agent.core.residency import NoRoom, TurnPreparer
 from agent.node.state import Snapshot, StateStore
 from agent.node.tenants import Tenant, TenantRegistry
 from agent.server.metrics import AgentMetrics
+from agent.server.revocations import Revocations
 from agent.server.sessions import SessionRegistry
 from baton._pb import agent_pb2 as pb
 
@@ -64,7 +65,7 @@ class TurnService:
         self._store = store
         self._grace = reconnect_grace
         self._pending: dict[str, asyncio.Future[Lease]] = {}
-        self._revoking: set[str] = set()
+        self.revocations = Revocations()
         self._resumes: dict[str, str] = {}
         """Revoked lease id → the waiter (then lease) that gives its tenant the turn back."""
         self._changes = 0
@@ -202,6 +203,11 @@ class TurnService:
 
     def _prepared(self, waiter: Waiter, error: Exception | None, changes: int) -> None:
         """Room was made for `waiter` (or not): grant the turn, or keep it waiting."""
+        if isinstance(error, Quarantined):  # no more turns: the caller hears why
+            self.table.cancel(waiter.waiter_id)
+            self._fail(waiter.waiter_id, error)
+            self._dispatch()
+            return
         if isinstance(error, NoRoom):
             self._blocked(waiter, str(error), changes)
             return
@@ -262,21 +268,16 @@ class TurnService:
             self._timer = None
         now = self._clock()
         deadline = self.table.next_deadline(after=now)
-        soonest = min(
-            (
-                w.deadline
-                for w in self.table.waiters.values()
-                if w.deadline is not None and not w.reserved
-            ),
-            default=None,
-        )
+        due = [w.deadline for w in self.table.waiters.values() if not w.reserved]
+        soonest = min((d for d in due if d is not None), default=None)
         overdue = any(
-            lease.hold_until <= now and lease.lease_id not in self._revoking
+            lease.hold_until <= now and self.revocations.may_start(lease.lease_id, now)
             for lease in self.table.leases.values()
             if self.table.contended(lease)
         )  # a lease can run out before anyone waits; the first waiter makes it overdue at once
         if overdue or (soonest is not None and soonest <= now):
             deadline = now
+        deadline = self.revocations.sooner(deadline, now, self.table.leases.keys())
         if deadline is not None:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(max(0.0, deadline - now), self._on_timer)
@@ -294,8 +295,8 @@ class TurnService:
             )
             self._publish(ev.EXPIRED, waiter.tenant_id, gpus=waiter.gpus)
         for lease in tick.overdue:
-            if lease.lease_id not in self._revoking:
-                self._revoking.add(lease.lease_id)
+            if self.revocations.may_start(lease.lease_id, self._clock()):
+                self.revocations.start(lease.lease_id)
                 self._spawn(self._revoke(lease))
         if tick.expired:
             self._dispatch()
@@ -305,17 +306,18 @@ class TurnService:
         waiting = len({w.tenant_id for g in lease.gpus for w in self.table.queue_of(g)})
         log.warning(
             "tenant %s held [%s] past its maximum of %g s while %d others wait; revoking",
-            lease.tenant_id,
-            ", ".join(lease.gpus),
-            self.table.max_hold,
-            waiting,
-        )
+            lease.tenant_id, ", ".join(lease.gpus), self.table.max_hold, waiting,
+        )  # fmt: skip
         try:
             await self.preparer.revoke(lease.tenant_id, lease.gpus)
-        except Exception:
-            log.exception("parking %s on revocation failed", lease.tenant_id)
+        except Exception as exc:  # the holder keeps the GPU until it can be parked
+            if lease.lease_id in self.table.leases:
+                why = self.revocations.failed(self.table, lease, exc, self._clock())
+                self._publish(ev.REVOKE_FAILED, lease.tenant_id, lease=lease, detail=why)
+                self._reschedule()
+            return
         finally:
-            self._revoking.discard(lease.lease_id)
+            self.revocations.finished(lease.lease_id)
         if lease.lease_id not in self.table.leases:  # yielded meanwhile
             return
         _, due, resume = self.table.revoke(lease.lease_id)
@@ -330,6 +332,10 @@ class TurnService:
         self._changed()
 
     # Plumbing.
+
+    def persist(self) -> None:
+        """Save the state soon (e.g. after the residency layer moved memory)."""
+        self._persist()
 
     def _fail(self, waiter_id: str, error: Exception) -> None:
         future = self._pending.pop(waiter_id, None)
@@ -376,6 +382,7 @@ class TurnService:
                 tenants=list(self.tenants.tenants.values()),
                 leases=list(self.table.leases.values()),
                 tokens={gpu: state.token for gpu, state in self.table.gpus.items()},
+                parked=self.preparer.durable(),
             )
         )
 

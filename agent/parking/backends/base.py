@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 
 class Residency(StrEnum):
@@ -57,10 +58,22 @@ class TenantState:
     footprint_bytes: dict[str, int] = field(default_factory=dict)
     parked_bytes: int = 0
     detail: str = ""
+    quarantined: str = ""
+    """Why the tenant may take no more turns (its processes are in a state the agent cannot fix)."""
+    unparkable: str = ""
+    """Why the tenant cannot be parked (it stays resident); empty if it can be."""
 
 
 class BackendError(Exception):
     """A park or restore failed; the tenant is left as `state()` reports it."""
+
+
+class Quarantined(BackendError):
+    """The tenant's processes are in a state the agent cannot fix; it takes no more turns."""
+
+
+class Unparkable(BackendError):
+    """The driver cannot park this tenant (the message says why); it stays resident."""
 
 
 class BackendUnavailable(Exception):
@@ -103,6 +116,20 @@ class Backend(abc.ABC):
     def memory_limit(self, tenant_id: str) -> int | None:
         """The tenant's memory cgroup limit in bytes, if the backend can tell."""
         return None
+
+    def memory_used(self, tenant_id: str) -> int:
+        """Bytes its memory cgroup (the one `memory_limit` names) uses already."""
+        return 0
+
+    def rescan(self, tenant_id: str) -> None:  # noqa: B027 - optional hook
+        """The tenant's processes may have changed (a session opened): find them again."""
+
+    def durable(self) -> dict[str, Any]:
+        """What must survive an agent restart (JSON): e.g. which processes are parked."""
+        return {}
+
+    def adopt(self, saved: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Take back what `durable` returned before a restart; confirmed before it is used."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release backend resources at agent shutdown (parked tenant memory is kept)."""

@@ -1,9 +1,17 @@
 """Parks tenants with the CUDA driver's checkpoint API, called in-process through cuda-python.
 
-Park locks every GPU process of the tenant (with a timeout), then checkpoints each one: the driver
-copies its device memory into host memory inside that process and releases the GPU. Restore
-brings it back and unlocks. A failure on the way is rolled back so the tenant runs on, resident;
-what could not be rolled back is reported by `state()`.
+A tenant's processes are its registered PIDs plus, for a pod, every process in the pod's cgroup;
+those with CUDA state count (found again when a session opens and before each park). Park locks
+them all (with a timeout), then checkpoints each: the driver copies its device memory into host
+memory inside that process and releases the GPU. Restore first checks that the GPU has the bytes
+free plus `headroom_bytes`, restores every process, then unlocks them. All of a tenant's
+processes move or none do: a failure undoes the ones done.
+
+Every driver call has a deadline and runs outside the backend's lock. A tenant whose processes
+end up anywhere but RUNNING after a resume (FAILED included), whose restore ran out of device
+memory, or one of whose calls did not return in time is quarantined: it takes no more turns and
+`state()` says why. A tenant the driver cannot checkpoint (NCCL, CUDA IPC, managed memory) is
+refused: it stays resident, and `state()` says why.
 """
 
 from __future__ import annotations
@@ -11,34 +19,57 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from agent.parking.backends import procs
+from agent.parking.backends import cuda_moves, procs
 from agent.parking.backends.base import (
     Backend,
     BackendError,
-    BackendUnavailable,
     Move,
+    Quarantined,
     Residency,
     TenantRef,
     TenantState,
+    Unparkable,
+)
+from agent.parking.backends.cuda_driver import (
+    CHECKPOINTED,
+    FAILED,
+    LOCKED,
+    CheckpointDriver,
+    check_driver,
+    load_modules,
+)
+from agent.parking.backends.cuda_moves import SHARING
+from agent.parking.backends.deadline import CallStalled, call_with_deadline
+
+DEFAULT_HEADROOM = 1 << 30
+"""Bytes a restore needs free beyond what it brings back (CUDA contexts, allocator slack)."""
+NCCL_SHM = "/dev/shm/nccl-"
+"""NCCL's shared-memory segments: a process mapping one shares GPU memory with its peers."""
+
+STALLED = (
+    "a driver call that does not return usually means the tenant's processes share GPU memory "
+    "(NCCL, CUDA IPC): the driver's calls on one wait while a peer is locked"
 )
 
-INSTALL_HINT = "the cuda backend needs cuda-python and nvidia-ml-py: pip install 'baton-gpu[cuda]'"
-MIN_DRIVER_API = 12080
-"""cuCheckpointProcess* with a lock timeout: CUDA 12.8 driver API, NVIDIA driver 570 or newer."""
-RUNNING, LOCKED, CHECKPOINTED, FAILED = 0, 1, 2, 3
 
+@dataclass
+class ParkedProcs:
+    """A parked tenant: each process's bytes per GPU; `confirmed` once the driver agreed."""
 
-def load_modules() -> tuple[Any, Any]:
-    """Import `cuda.bindings.driver` and `pynvml`, or say how to install them."""
-    try:
-        import pynvml
-        from cuda.bindings import driver
-    except ImportError as e:
-        raise BackendUnavailable(f"{INSTALL_HINT} ({e})") from e
-    return driver, pynvml
+    pids: dict[int, dict[str, int]]
+    confirmed: bool = True
+
+    def per_gpu(self) -> dict[str, int]:
+        """Parked bytes per GPU."""
+        out: dict[str, int] = {}
+        for sizes in self.pids.values():
+            for gpu, n in sizes.items():
+                out[gpu] = out.get(gpu, 0) + n
+        return out
 
 
 class CudaBackend(Backend):
@@ -54,224 +85,296 @@ class CudaBackend(Backend):
         proc_root: str = "/proc",
         cgroup_root: str = "/sys/fs/cgroup",
         clock: Callable[[], float] = time.monotonic,
+        call_timeout_s: float = 10.0,
+        copy_gbps: float = 1.0,
+        headroom_bytes: int = DEFAULT_HEADROOM,
     ) -> None:
         if driver is None or nvml is None:
             driver, nvml = load_modules()
         self.driver = driver
         self.nvml = nvml
-        self.lock_timeout_ms = lock_timeout_ms
         self.proc_root = proc_root
         self.cgroup_root = cgroup_root
+        self.headroom_bytes = headroom_bytes
+        self.call_timeout_s = call_timeout_s
+        self.calls = CheckpointDriver(driver, lock_timeout_ms, call_timeout_s, copy_gbps * 1e9)
         self._clock = clock
-        self._refs: dict[str, TenantRef] = {}
-        self._parked: dict[str, dict[str, int]] = {}
-        """Tenant to the per GPU bytes it had when parked."""
-        self._parked_pids: dict[str, tuple[int, ...]] = {}
-        self._problems: dict[str, str] = {}
         self._mutex = threading.Lock()
-        self.driver_version = self._check_driver()
+        """Guards the tables below; never held across a driver call."""
+        self._refs: dict[str, TenantRef] = {}
+        self._found: dict[str, tuple[int, ...]] = {}
+        self._parked: dict[str, ParkedProcs] = {}
+        self._quarantined: dict[str, str] = {}
+        self._unparkable: dict[str, str] = {}
+        self._problems: dict[str, str] = {}
+        self.driver_version = check_driver(driver, nvml, self.calls.error_name)
 
-    def _check_driver(self) -> int:
-        """The driver API version; raises `BackendUnavailable` saying what is needed."""
-        if not hasattr(self.driver, "cuCheckpointProcessLock"):
-            raise BackendUnavailable(f"cuda-python is too old for checkpointing; {INSTALL_HINT}")
-        try:
-            err, version = self.driver.cuDriverGetVersion()
-            self._check(err, "cuDriverGetVersion")
-            if version < MIN_DRIVER_API:
-                raise BackendUnavailable(
-                    f"the cuda backend needs NVIDIA driver 570 or newer (CUDA 12.8 driver API); "
-                    f"this driver supports CUDA {version // 1000}.{version % 1000 // 10}"
-                )
-            (err,) = self.driver.cuInit(0)
-            self._check(err, "cuInit")
-            self.nvml.nvmlInit()
-        except (RuntimeError, OSError, BackendError) as e:
-            if isinstance(e, BackendUnavailable):
-                raise
-            raise BackendUnavailable(f"no usable NVIDIA driver here: {e}") from e
-        return int(version)
-
-    def _check(self, err: Any, call: str, pid: int | None = None) -> None:
-        """Raise `BackendError` naming the call, the process and the CUDA error."""
-        if err == self.driver.CUresult.CUDA_SUCCESS:
-            return
-        _, name = self.driver.cuGetErrorName(err)
-        label = name.decode() if isinstance(name, bytes) else str(name or err)
-        where = f" on pid {pid}" if pid is not None else ""
-        raise BackendError(f"{call}{where} failed: {label}")
+    def _nvml(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return call_with_deadline(self.call_timeout_s, what, fn, self.nvml, *args)
 
     def gpu_memory(self) -> dict[str, int]:
         """Every GPU's UUID and total memory."""
         return procs.gpu_memory(self.nvml)
 
+    # Tenants and their processes.
+
     def attach(self, tenant: TenantRef) -> None:
-        """Remember how to find the tenant's processes; notice ones still parked from before."""
-        self._refs[tenant.tenant_id] = tenant
-        if tenant.tenant_id in self._parked or not tenant.pids:
-            return
-        held = [p for p in tenant.pids if self._state_of(p) in (LOCKED, CHECKPOINTED)]
-        if held:
-            size = tenant.declared_bytes or 0
-            self._parked[tenant.tenant_id] = {g: size for g in tenant.gpus}
-            self._parked_pids[tenant.tenant_id] = tenant.pids
+        """Remember how to find the tenant's processes (found on first use, off the event loop)."""
+        with self._mutex:
+            old = self._refs.get(tenant.tenant_id)
+            self._refs[tenant.tenant_id] = tenant
+            if old is None or (old.pids, old.pod_uid) != (tenant.pids, tenant.pod_uid):
+                self._found.pop(tenant.tenant_id, None)
 
     def detach(self, tenant_id: str) -> None:
         """Forget the tenant (its processes are gone, and with them their parked memory)."""
-        self._refs.pop(tenant_id, None)
-        self._parked.pop(tenant_id, None)
-        self._parked_pids.pop(tenant_id, None)
-        self._problems.pop(tenant_id, None)
+        with self._mutex:
+            for table in (self._refs, self._found, self._parked, self._quarantined):
+                table.pop(tenant_id, None)
+            self._unparkable.pop(tenant_id, None)
+            self._problems.pop(tenant_id, None)
+
+    def rescan(self, tenant_id: str) -> None:
+        """Find the tenant's processes again on next use; a refusal may no longer hold."""
+        with self._mutex:
+            self._found.pop(tenant_id, None)
+            self._unparkable.pop(tenant_id, None)
 
     def tenants(self) -> list[str]:
-        """Attached tenants."""
-        return list(self._refs)
+        """Attached tenants and ones still parked from before a restart."""
+        with self._mutex:
+            return sorted(set(self._refs) | set(self._parked))
 
-    def pids(self, tenant_id: str) -> tuple[int, ...]:
-        """The tenant's GPU processes: registered PIDs, else NVML's matched to its pod by cgroup."""
-        if tenant_id in self._parked_pids:
-            return self._parked_pids[tenant_id]
-        ref = self._refs.get(tenant_id)
+    def _candidates(self, ref: TenantRef) -> set[int]:
+        found = set(ref.pids)
+        if ref.pod_uid:
+            found |= set(procs.pod_pids(ref.pod_uid, self.proc_root))
+        return found
+
+    def _discover(self, tenant_id: str) -> tuple[int, ...]:
+        """The tenant's processes with CUDA state, asking the driver about each candidate."""
+        with self._mutex:
+            ref = self._refs.get(tenant_id)
         if ref is None:
             return ()
-        if ref.pids:
-            return ref.pids
-        found = set()
-        for gpu in ref.gpus:
-            found |= {p for p in procs.gpu_processes(self.nvml, gpu) if procs.in_pod(
-                p, ref.pod_uid, self.proc_root)}  # fmt: skip
-        return tuple(sorted(found))
+        with_state = []
+        for pid in sorted(self._candidates(ref)):
+            state = self.calls.state(pid)
+            if state == FAILED:
+                self._quarantine(tenant_id, f"pid {pid} is in the driver's FAILED state")
+            if state is not None:
+                with_state.append(pid)
+        with self._mutex:
+            self._found[tenant_id] = tuple(with_state)
+        return tuple(with_state)
+
+    def pids(self, tenant_id: str) -> tuple[int, ...]:
+        """The tenant's GPU processes: parked ones, else those found (found now if not yet)."""
+        with self._mutex:
+            parked = self._parked.get(tenant_id)
+            found = self._found.get(tenant_id)
+        if parked is not None:
+            return tuple(sorted(parked.pids))
+        return found if found is not None else self._discover(tenant_id)
+
+    def _bytes(self, gpus: tuple[str, ...], pids: tuple[int, ...]) -> dict[int, dict[str, int]]:
+        """Per process, its bytes on each of `gpus` as NVML reports them."""
+        out: dict[int, dict[str, int]] = {pid: {} for pid in pids}
+        for gpu in gpus:
+            used = self._nvml(f"NVML process list of {gpu}", procs.gpu_processes, gpu)
+            for pid in pids:
+                out[pid][gpu] = used.get(pid, 0)
+        return out
 
     def footprint(self, tenant_id: str, gpu: str) -> int:
         """Bytes its processes use on `gpu` (as NVML reports), or had when parked."""
-        if tenant_id in self._parked:
-            return self._parked[tenant_id].get(gpu, 0)
-        return self._bytes_on(gpu, self.pids(tenant_id))
+        with self._mutex:
+            parked = self._parked.get(tenant_id)
+        if parked is not None:
+            return parked.per_gpu().get(gpu, 0)
+        return sum(b.get(gpu, 0) for b in self._bytes((gpu,), self.pids(tenant_id)).values())
 
-    def _bytes_on(self, gpu: str, pids: Collection[int]) -> int:
-        """Bytes NVML reports on `gpu` for the processes `pids`."""
-        return sum(n for p, n in procs.gpu_processes(self.nvml, gpu).items() if p in pids)
+    def _cgroup(self, tenant_id: str) -> procs.CgroupMemory | None:
+        root, cgroups = self.proc_root, self.cgroup_root
+        found = [procs.memory_cgroup(p, root, cgroups) for p in self.pids(tenant_id)]
+        known = [c for c in found if c is not None]
+        return min(known, key=lambda c: c.limit - c.used) if known else None
 
     def memory_limit(self, tenant_id: str) -> int | None:
-        """The tightest memory cgroup limit among its processes."""
-        limits = [
-            procs.memory_limit(p, self.proc_root, self.cgroup_root) for p in self.pids(tenant_id)
-        ]
-        known = [n for n in limits if n is not None]
-        return min(known) if known else None
+        """The limit of the memory cgroup with the least room among its processes."""
+        found = self._cgroup(tenant_id)
+        return None if found is None else found.limit
+
+    def memory_used(self, tenant_id: str) -> int:
+        """What that cgroup uses already (the parked bytes would come on top)."""
+        found = self._cgroup(tenant_id)
+        return 0 if found is None else found.used
 
     def state(self, tenant_id: str) -> TenantState:
-        """Residency from the driver's process states."""
-        ref = self._refs.get(tenant_id)
-        gpus = ref.gpus if ref else ()
-        st = TenantState(tenant_id, detail=self._problems.get(tenant_id, ""))
-        parked = self._parked.get(tenant_id)
-        pids = set(self.pids(tenant_id)) if gpus and parked is None else set()
+        """Residency, with what the driver said; confirms state adopted after a restart."""
+        with self._mutex:
+            ref = self._refs.get(tenant_id)
+            parked = self._parked.get(tenant_id)
+        sizes: dict[str, int] = {}
+        try:
+            if parked is not None and not parked.confirmed:
+                self._confirm(tenant_id, parked)
+            with self._mutex:
+                parked = self._parked.get(tenant_id)
+            sizes = parked.per_gpu() if parked else {}
+            if parked is None and ref is not None:
+                per_pid = self._bytes(ref.gpus, self.pids(tenant_id))
+                for gpu in ref.gpus:
+                    sizes[gpu] = sum(b.get(gpu, 0) for b in per_pid.values())
+        except CallStalled as e:
+            self._quarantine(tenant_id, f"{e}; the driver may be wedged for this tenant")
+        except BackendError as e:
+            with self._mutex:
+                self._problems[tenant_id] = str(e)
+        gpus = ref.gpus if ref else tuple(sizes)
+        with self._mutex:
+            st = TenantState(
+                tenant_id,
+                detail=self._problems.get(tenant_id, ""),
+                quarantined=self._quarantined.get(tenant_id, ""),
+                unparkable=self._unparkable.get(tenant_id, ""),
+            )
+            parked = self._parked.get(tenant_id)
         for gpu in gpus:
-            if parked is None:
-                st.residency[gpu] = Residency.RESIDENT
-                st.footprint_bytes[gpu] = self._bytes_on(gpu, pids)
-            else:
-                st.residency[gpu] = Residency.PARKED
-                st.footprint_bytes[gpu] = parked.get(gpu, 0)
-        if parked is not None:
-            st.parked_bytes = sum(parked.values())
+            st.residency[gpu] = Residency.PARKED if parked else Residency.RESIDENT
+            st.footprint_bytes[gpu] = sizes.get(gpu, 0)
+        st.parked_bytes = sum(parked.per_gpu().values()) if parked else 0
         return st
 
-    def _state_of(self, pid: int) -> int:
-        err, state = self.driver.cuCheckpointProcessGetState(pid)
-        self._check(err, "cuCheckpointProcessGetState", pid)
-        return int(state)
+    def _confirm(self, tenant_id: str, parked: ParkedProcs) -> None:
+        """Ask the driver about each process recorded as parked before a restart."""
+        still: dict[int, dict[str, int]] = {}
+        for pid, sizes in parked.pids.items():
+            state = self.calls.state(pid)
+            if state == CHECKPOINTED:
+                still[pid] = sizes
+            elif state == LOCKED:  # stopped mid-move: its memory is on the device
+                self.calls.unlock(pid)
+            elif state == FAILED:
+                raise self._quarantine(tenant_id, f"pid {pid} is in the driver's FAILED state")
+        with self._mutex:
+            if still:
+                self._parked[tenant_id] = ParkedProcs(still)
+            else:
+                self._parked.pop(tenant_id, None)
+
+    def _quarantine(self, tenant_id: str, why: str) -> Quarantined:
+        """Record why the tenant takes no more turns; the error to raise."""
+        with self._mutex:
+            self._quarantined.setdefault(tenant_id, why)
+            return Quarantined(f"{tenant_id} is quarantined: {self._quarantined[tenant_id]}")
+
+    def _stopped(self, tenant_id: str) -> None:
+        """Raise if the tenant is quarantined (call with the mutex held)."""
+        if tenant_id in self._quarantined:
+            raise Quarantined(f"{tenant_id} is quarantined: {self._quarantined[tenant_id]}")
+
+    # Moves.
 
     def park(self, tenant_id: str, gpu: str) -> Move:
-        """Lock then checkpoint every process of the tenant; roll back on failure."""
+        """Lock then checkpoint every process of the tenant; undo all on failure."""
         with self._mutex:
             if tenant_id in self._parked:
                 return Move(tenant_id, gpu, "park", 0, 0.0)
+            self._stopped(tenant_id)
+            if tenant_id in self._unparkable:
+                raise Unparkable(f"{tenant_id}: {self._unparkable[tenant_id]}")
             ref = self._refs.get(tenant_id)
-            pids = self.pids(tenant_id)
-            if ref is None or not pids:
-                raise BackendError(f"{tenant_id} has no GPU processes to park")
-            held = set(pids)
-            sizes = {g: self._bytes_on(g, held) for g in ref.gpus}
-            start = self._clock()
-            self._lock_all(tenant_id, pids)
-            done: list[int] = []
-            try:
-                for pid in pids:
-                    (err,) = self.driver.cuCheckpointProcessCheckpoint(pid, None)
-                    self._check(err, "cuCheckpointProcessCheckpoint", pid)
-                    done.append(pid)
-            except BackendError as e:
-                self._roll_back(tenant_id, pids, done, e)
-                raise
-            self._parked[tenant_id] = sizes
-            self._parked_pids[tenant_id] = pids
-            self._problems.pop(tenant_id, None)
-            return Move(tenant_id, gpu, "park", sum(sizes.values()), self._clock() - start)
-
-    def _lock_all(self, tenant_id: str, pids: tuple[int, ...]) -> None:
-        args = self.driver.CUcheckpointLockArgs()
-        args.timeoutMs = self.lock_timeout_ms
-        locked: list[int] = []
+        if ref is None:
+            raise BackendError(f"{tenant_id} is not known to the cuda backend")
         try:
+            pids = self._discover(tenant_id)
+            with self._mutex:
+                self._stopped(tenant_id)
+            if not pids:
+                raise BackendError(f"{tenant_id} has no processes with CUDA state to park")
             for pid in pids:
-                (err,) = self.driver.cuCheckpointProcessLock(pid, args)
-                self._check(err, f"cuCheckpointProcessLock ({self.lock_timeout_ms} ms)", pid)
-                locked.append(pid)
-        except BackendError as e:
-            self._roll_back(tenant_id, pids, [], e, locked)
-            raise
-
-    def _roll_back(
-        self,
-        tenant_id: str,
-        pids: tuple[int, ...],
-        checkpointed: list[int],
-        cause: BackendError,
-        locked: list[int] | None = None,
-    ) -> None:
-        """Return every touched process to running; record any that would not go back."""
-        stuck = []
-        for pid in pids if locked is None else locked:
-            try:
-                self._resume(pid, checkpointed=pid in checkpointed)
-            except BackendError as e:
-                stuck.append(f"{pid}: {e}")
-        if stuck:
-            self._problems[tenant_id] = (
-                f"park failed ({cause}) and processes could not be returned to running: "
-                + "; ".join(stuck)
-            )
-
-    def _resume(self, pid: int, checkpointed: bool) -> None:
-        """Bring one process's memory back (if `checkpointed`) and unlock it, so it runs again."""
-        if checkpointed:
-            (err,) = self.driver.cuCheckpointProcessRestore(pid, None)
-            self._check(err, "cuCheckpointProcessRestore", pid)
-        if self._state_of(pid) == LOCKED:
-            (err,) = self.driver.cuCheckpointProcessUnlock(pid, None)
-            self._check(err, "cuCheckpointProcessUnlock", pid)
+                if procs.maps_path(pid, NCCL_SHM, self.proc_root):
+                    raise Unparkable(f"pid {pid} maps NCCL shared memory ({NCCL_SHM}*); {SHARING}")
+            sizes = self._bytes(ref.gpus, pids)
+            start = self._clock()
+            cuda_moves.park_all(self.calls, pids, sizes)
+        except CallStalled as e:
+            raise self._quarantine(tenant_id, f"{e}; {STALLED}") from e
+        except Quarantined as e:
+            raise self._quarantine(tenant_id, str(e)) from e
+        except Unparkable as e:
+            with self._mutex:
+                self._unparkable[tenant_id] = str(e)
+            raise Unparkable(f"{tenant_id}: {e}") from e
+        with self._mutex:
+            self._parked[tenant_id] = ParkedProcs(sizes)
+            self._problems.pop(tenant_id, None)
+        moved = sum(sum(s.values()) for s in sizes.values())
+        return Move(tenant_id, gpu, "park", moved, self._clock() - start)
 
     def restore(self, tenant_id: str, gpu: str) -> Move:
-        """Restore then unlock every process of the tenant."""
+        """Check there is room, restore every process, then unlock them all; undo on failure."""
         with self._mutex:
-            sizes = self._parked.get(tenant_id)
-            if sizes is None:
+            parked = self._parked.get(tenant_id)
+            if parked is None:
                 return Move(tenant_id, gpu, "restore", 0, 0.0)
+            self._stopped(tenant_id)
+        try:
+            if not parked.confirmed:
+                self._confirm(tenant_id, parked)
+                with self._mutex:
+                    parked = self._parked.get(tenant_id)
+                if parked is None:
+                    return Move(tenant_id, gpu, "restore", 0, 0.0)
+            self._check_room(tenant_id, parked)
             start = self._clock()
-            failed = []
-            for pid in self._parked_pids[tenant_id]:
-                try:
-                    self._resume(pid, checkpointed=self._state_of(pid) == CHECKPOINTED)
-                except BackendError as e:
-                    failed.append(str(e))
-            if failed:
-                self._problems[tenant_id] = "restore incomplete: " + "; ".join(failed)
-                raise BackendError(f"{tenant_id}: " + "; ".join(failed))
-            del self._parked[tenant_id], self._parked_pids[tenant_id]
+            cuda_moves.restore_all(self.calls, parked.pids)
+        except CallStalled as e:
+            raise self._quarantine(tenant_id, f"{e}; {STALLED}") from e
+        except Quarantined as e:
+            raise self._quarantine(tenant_id, str(e)) from e
+        with self._mutex:
+            self._parked.pop(tenant_id, None)
+            self._found[tenant_id] = tuple(sorted(parked.pids))
             self._problems.pop(tenant_id, None)
-            return Move(tenant_id, gpu, "restore", sum(sizes.values()), self._clock() - start)
+        moved = sum(parked.per_gpu().values())
+        return Move(tenant_id, gpu, "restore", moved, self._clock() - start)
+
+    def _check_room(self, tenant_id: str, parked: ParkedProcs) -> None:
+        """Refuse (retryably) a restore without room: a failed one would poison the process."""
+        for gpu, n in sorted(parked.per_gpu().items()):
+            free = self._nvml(f"NVML memory info of {gpu}", procs.gpu_free, gpu)
+            need = n + self.headroom_bytes
+            if free < need:
+                raise BackendError(
+                    f"restoring {tenant_id} needs {need >> 20} MiB free on {gpu} "
+                    f"({n >> 20} MiB parked + {self.headroom_bytes >> 20} MiB headroom); "
+                    f"NVML reports {free >> 20} MiB free"
+                )
+
+    # Restarts.
+
+    def durable(self) -> dict[str, Any]:
+        """Parked processes and their bytes per tenant, and why tenants are quarantined."""
+        with self._mutex:
+            out: dict[str, Any] = {
+                t: {"pids": {str(pid): dict(s) for pid, s in p.pids.items()}}
+                for t, p in self._parked.items()
+            }
+            for t, why in self._quarantined.items():
+                out.setdefault(t, {"pids": {}})["quarantined"] = why
+        return out
+
+    def adopt(self, saved: dict[str, Any]) -> None:
+        """Take back parked processes (unconfirmed until the driver is asked) and quarantines."""
+        with self._mutex:
+            for tenant_id, entry in saved.items():
+                pids = {int(p): {g: int(n) for g, n in s.items()} for p, s in entry["pids"].items()}
+                if pids:
+                    self._parked[tenant_id] = ParkedProcs(pids, confirmed=False)
+                if entry.get("quarantined"):
+                    self._quarantined[tenant_id] = str(entry["quarantined"])
 
     def close(self) -> None:
         """Leave parked processes parked (their memory is inside them); release NVML."""

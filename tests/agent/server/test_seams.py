@@ -49,6 +49,15 @@ class RecordingPreparer:
     def status(self) -> dict[str, Any]:
         return {"calls": len(self.calls)}
 
+    def rescan(self, tenant_id: str) -> None:
+        pass
+
+    def durable(self) -> dict[str, Any]:
+        return {}
+
+    def reinstate(self, saved: dict[str, Any]) -> None:
+        pass
+
 
 @pytest.fixture
 def preparer() -> RecordingPreparer:

@@ -1,0 +1,118 @@
+"""The cuda backend's move sequences over all of a tenant's processes: all of them move or none.
+
+Park: lock each, then checkpoint each; a failure returns every touched process to RUNNING.
+Restore: restore each, then unlock each, then check each is RUNNING; a failed restore parks the
+ones already brought back again. The functions raise `Quarantined` (with the reason only) when
+a process is left in a state the agent cannot fix, `Unparkable` when the driver does not support
+checkpointing the processes, and `DriverError` for a failure that left everything as it was.
+"""
+
+from __future__ import annotations
+
+from agent.parking.backends.base import BackendError, Quarantined, Unparkable
+from agent.parking.backends.cuda_driver import (
+    CHECKPOINTED,
+    LOCKED,
+    NOT_SUPPORTED,
+    OUT_OF_MEMORY,
+    RUNNING,
+    CheckpointDriver,
+    DriverError,
+    state_name,
+)
+
+Sizes = dict[int, dict[str, int]]
+"""Per process, its bytes on each GPU."""
+SHARING = (
+    "the driver cannot checkpoint processes that share GPU memory (NCCL, CUDA IPC) or use "
+    "managed memory; the tenant stays resident"
+)
+
+
+def _total(sizes: Sizes, pid: int) -> int:
+    return sum(sizes.get(pid, {}).values())
+
+
+def park_all(calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes) -> None:
+    """Lock every process, then checkpoint every one; undo all if one fails."""
+    locked: list[int] = []
+    for pid in pids:
+        try:
+            calls.lock(pid)
+        except DriverError as e:
+            roll_back(calls, [*locked, pid], sizes, e)
+            if e.code == NOT_SUPPORTED:
+                raise Unparkable(f"{e}: {SHARING}") from e
+            raise
+        locked.append(pid)
+    for pid in pids:
+        try:
+            calls.checkpoint(pid, _total(sizes, pid))
+        except DriverError as e:
+            roll_back(calls, list(pids), sizes, e)
+            if e.code == NOT_SUPPORTED:
+                raise Unparkable(f"{e}: {SHARING}") from e
+            raise
+
+
+def roll_back(calls: CheckpointDriver, pids: list[int], sizes: Sizes, cause: Exception) -> None:
+    """Return every touched process to RUNNING; `Quarantined` if one will not go."""
+    stuck = []
+    for pid in reversed(pids):
+        try:
+            state = calls.state(pid)
+            if state == CHECKPOINTED:
+                calls.restore(pid, _total(sizes, pid))
+                state = calls.state(pid)
+            if state == LOCKED:
+                calls.unlock(pid)
+                state = calls.state(pid)
+            if state not in (RUNNING, None):
+                stuck.append(f"pid {pid} is {state_name(state)}")
+        except BackendError as e:
+            stuck.append(str(e))
+    if stuck:
+        raise Quarantined(f"park failed ({cause}) and could not be undone: " + "; ".join(stuck))
+
+
+def restore_all(calls: CheckpointDriver, sizes: Sizes) -> None:
+    """Restore every process, then unlock every one; each must end RUNNING."""
+    pids = sorted(sizes)
+    restored: list[int] = []
+    for pid in pids:
+        try:
+            calls.restore(pid, _total(sizes, pid))
+        except DriverError as e:
+            park_again(calls, restored, sizes, e)
+            if e.code == OUT_OF_MEMORY:
+                raise Quarantined(
+                    f"{e}: the driver fails every later restore of a process whose restore ran "
+                    "out of device memory, so it is not retried"
+                ) from e
+            state = calls.state(pid)
+            if state != CHECKPOINTED:
+                raise Quarantined(f"{e}; pid {pid} is {state_name(state)}") from e
+            raise
+        restored.append(pid)
+    for pid in pids:
+        try:
+            calls.unlock(pid)
+        except DriverError as e:
+            raise Quarantined(f"{e}; pid {pid} is {state_name(calls.state(pid))}") from e
+    for pid in pids:
+        state = calls.state(pid)
+        if state != RUNNING:
+            raise Quarantined(f"after its restore pid {pid} is {state_name(state)}, not running")
+
+
+def park_again(
+    calls: CheckpointDriver, restored: list[int], sizes: Sizes, cause: Exception
+) -> None:
+    """Checkpoint again the processes a failed restore had brought back (all or none)."""
+    for pid in restored:
+        try:
+            calls.checkpoint(pid, _total(sizes, pid))
+        except BackendError as e:
+            raise Quarantined(
+                f"restore failed ({cause}) and pid {pid} could not be parked again: {e}"
+            ) from e
