@@ -385,8 +385,11 @@ class ParkingPreparer:
             if st.unparkable:
                 entry["not_parkable"] = st.unparkable
             quarantined = st.quarantined or self._quarantined.get(tenant_id)
-            if quarantined:
+            if quarantined:  # its memory is wherever the driver left it: not "resident"
+                entry["residency"] = "quarantined"
                 entry["quarantined"] = quarantined
+            if st.pids:
+                entry["pids"] = list(st.pids)
             if st.detail:
                 entry["detail"] = st.detail
             if tenant_id in self._waiting:

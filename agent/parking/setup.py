@@ -43,7 +43,8 @@ class ParkingOptions:
     """Modelled host-device bandwidth in GB/s (fake backend; 0 = copy as fast as memory)."""
     host_memory_budget_mib: int = 0
     """Host DRAM for parked memory; 0 = room for a full GPU per slot (fake) or half the RAM."""
-    headroom_mib: int = 0
+    headroom_mib: int | None = None
+    """MiB kept free on each GPU; None = the backend's default (cuda: 1024, others: 0)."""
     lock_timeout_s: float = 5.0
     callback_timeout_s: float = 60.0
 
@@ -69,7 +70,10 @@ def build_backend(opts: ParkingOptions) -> tuple[Backend, dict[str, int]]:
     if opts.backend == "cuda":
         from agent.parking.backends.cuda import CudaBackend
 
-        cuda = CudaBackend(lock_timeout_ms=int(opts.lock_timeout_s * 1000))
+        cuda = CudaBackend(
+            lock_timeout_ms=int(opts.lock_timeout_s * 1000),
+            headroom_bytes=default_headroom(opts),
+        )
         return cuda, cuda.gpu_memory()
     if opts.backend == "app":
         from agent.parking.backends.app import AppBackend
@@ -92,6 +96,17 @@ def nvml_gpus() -> dict[str, int]:
         return {}
 
 
+def default_headroom(opts: ParkingOptions) -> int:
+    """Bytes kept free on each GPU: the flag's, else the backend's default."""
+    if opts.headroom_mib is not None:
+        return opts.headroom_mib * MIB
+    if opts.backend == "cuda":
+        from agent.parking.backends.cuda import DEFAULT_HEADROOM
+
+        return DEFAULT_HEADROOM
+    return 0
+
+
 def build_preparer(opts: ParkingOptions) -> TurnPreparer:
     """The preparer for `baton agent`: `NullPreparer` for `none`, else a `ParkingPreparer`."""
     if opts.backend == "none":
@@ -101,7 +116,7 @@ def build_preparer(opts: ParkingOptions) -> TurnPreparer:
     if not budget:
         fake_budget = DEFAULT_SLOTS_PER_GPU * sum(gpus.values())
         budget = fake_budget if opts.backend == "fake" else half_the_ram()
-    return ParkingPreparer(backend, gpus, host_budget=budget, headroom=opts.headroom_mib * MIB)
+    return ParkingPreparer(backend, gpus, host_budget=budget, headroom=default_headroom(opts))
 
 
 def tenant_ref(tenant: Tenant) -> TenantRef:

@@ -76,8 +76,13 @@ def agent(
         typer.Option(envvar=names.ENV_HOST_MEMORY_BUDGET, help="MiB for parked memory; 0 = auto."),
     ] = 0,
     headroom: Annotated[
-        int, typer.Option(envvar=names.ENV_HEADROOM, help="MiB kept free on each GPU.")
-    ] = 0,
+        int | None,
+        typer.Option(
+            envvar=names.ENV_HEADROOM,
+            help="MiB kept free on each GPU (and needed free beyond a restore's bytes); "
+            "default 1024 with --backend cuda, else 0.",
+        ),
+    ] = None,
     move_timeout: Annotated[
         float, typer.Option(envvar=names.ENV_MOVE_TIMEOUT, help="Seconds for a lock or callback.")
     ] = 5.0,

@@ -62,6 +62,8 @@ class TenantState:
     """Why the tenant may take no more turns (its processes are in a state the agent cannot fix)."""
     unparkable: str = ""
     """Why the tenant cannot be parked (it stays resident); empty if it can be."""
+    pids: tuple[int, ...] = ()
+    """The processes the backend moves for it, if it moves processes (cuda)."""
 
 
 class BackendError(Exception):

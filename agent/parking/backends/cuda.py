@@ -49,11 +49,7 @@ DEFAULT_HEADROOM = 1 << 30
 """Bytes a restore needs free beyond what it brings back (CUDA contexts, allocator slack)."""
 NCCL_SHM = "/dev/shm/nccl-"
 """NCCL's shared-memory segments: a process mapping one shares GPU memory with its peers."""
-
-STALLED = (
-    "a driver call that does not return usually means the tenant's processes share GPU memory "
-    "(NCCL, CUDA IPC): the driver's calls on one wait while a peer is locked"
-)
+STALLED = "the driver may be wedged for this tenant's processes"
 
 
 @dataclass
@@ -227,7 +223,7 @@ class CudaBackend(Backend):
                 for gpu in ref.gpus:
                     sizes[gpu] = sum(b.get(gpu, 0) for b in per_pid.values())
         except CallStalled as e:
-            self._quarantine(tenant_id, f"{e}; the driver may be wedged for this tenant")
+            self._quarantine(tenant_id, f"{e}; {STALLED}")
         except BackendError as e:
             with self._mutex:
                 self._problems[tenant_id] = str(e)
@@ -240,6 +236,7 @@ class CudaBackend(Backend):
                 unparkable=self._unparkable.get(tenant_id, ""),
             )
             parked = self._parked.get(tenant_id)
+            st.pids = tuple(sorted(parked.pids)) if parked else self._found.get(tenant_id, ())
         for gpu in gpus:
             st.residency[gpu] = Residency.PARKED if parked else Residency.RESIDENT
             st.footprint_bytes[gpu] = sizes.get(gpu, 0)

@@ -1,6 +1,7 @@
 """The cuda backend's move sequences over all of a tenant's processes: all of them move or none.
 
-Park: lock each, then checkpoint each; a failure returns every touched process to RUNNING.
+Park: lock each, then checkpoint each; a failure returns every touched process to RUNNING (a
+lock that does not return in time, too: the tenant is then refused, as sharing GPU memory).
 Restore: restore each, then unlock each, then check each is RUNNING; a failed restore parks the
 ones already brought back again. The functions raise `Quarantined` (with the reason only) when
 a process is left in a state the agent cannot fix, `Unparkable` when the driver does not support
@@ -20,12 +21,17 @@ from agent.parking.backends.cuda_driver import (
     DriverError,
     state_name,
 )
+from agent.parking.backends.deadline import CallStalled
 
 Sizes = dict[int, dict[str, int]]
 """Per process, its bytes on each GPU."""
 SHARING = (
     "the driver cannot checkpoint processes that share GPU memory (NCCL, CUDA IPC) or use "
     "managed memory; the tenant stays resident"
+)
+STALLED = (
+    "a lock that does not return means the tenant's processes share GPU memory (NCCL, CUDA "
+    "IPC): the driver's calls on one wait while a peer is locked"
 )
 
 
@@ -39,8 +45,11 @@ def park_all(calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes) -> No
     for pid in pids:
         try:
             calls.lock(pid)
+        except CallStalled as e:  # undone if it can be; the tenant cannot be parked
+            roll_back(calls, [pid, *locked], sizes, e)
+            raise Unparkable(f"{e}; {STALLED}; {SHARING}") from e
         except DriverError as e:
-            roll_back(calls, [*locked, pid], sizes, e)
+            roll_back(calls, [pid, *locked], sizes, e)
             if e.code == NOT_SUPPORTED:
                 raise Unparkable(f"{e}: {SHARING}") from e
             raise

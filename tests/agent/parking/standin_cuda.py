@@ -1,25 +1,44 @@
-"""Stand-ins for `cuda.bindings.driver` and `pynvml` that follow the checkpoint state machine.
+"""Stand-ins for `cuda.bindings.driver` and `pynvml` that model the driver's checkpoint behaviour.
 
-Calls return tuples led by a `CUresult`, as cuda-python's do; a call in the wrong state answers
-CUDA_ERROR_ILLEGAL_STATE. A checkpointed process vanishes from NVML's process list.
+Calls return tuples led by a `CUresult`, as cuda-python's do. Per process states follow the
+documented machine (RUNNING → LOCKED → CHECKPOINTED → LOCKED → RUNNING; a call in the wrong
+state answers CUDA_ERROR_ILLEGAL_STATE). Modelled from the driver's documentation and the
+public NVIDIA/cuda-checkpoint bug reports:
+
+* a process without a CUDA context answers the state query with NOT_INITIALIZED, a PID the
+  driver does not know with INVALID_VALUE;
+* an injected failure (`fail`) can leave the process FAILED (`leaves`);
+* a restore that does not fit the GPU's free memory answers OUT_OF_MEMORY, and every later
+  restore of that process fails the same way (it is poisoned);
+* processes that share GPU memory (`shared`, e.g. NCCL ranks): a state query or lock of one
+  blocks while a peer is locked, until `hang_over` is set (then it answers NOT_READY);
+* a checkpointed process vanishes from NVML's process list and frees its device memory.
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import Any
 
 
 class CUresult(enum.IntEnum):
     CUDA_SUCCESS = 0
     CUDA_ERROR_INVALID_VALUE = 1
+    CUDA_ERROR_OUT_OF_MEMORY = 2
+    CUDA_ERROR_NOT_INITIALIZED = 3
+    CUDA_ERROR_INVALID_CONTEXT = 201
     CUDA_ERROR_ILLEGAL_STATE = 401
     CUDA_ERROR_NOT_READY = 600
     CUDA_ERROR_NOT_SUPPORTED = 801
+    CUDA_ERROR_UNKNOWN = 999
 
 
 RUNNING, LOCKED, CHECKPOINTED, FAILED = 0, 1, 2, 3
+HANG_BOUND_S = 30.0
+"""A blocked stand-in call gives up after this long even if `hang_over` is never set."""
 
 
 class CUcheckpointLockArgs:
@@ -32,11 +51,25 @@ class StandInDriver:
 
     version: int = 12080
     states: dict[int, int] = field(default_factory=dict)
+    no_context: set[int] = field(default_factory=set)
     fail: dict[tuple[str, int], CUresult] = field(default_factory=dict)
+    leaves: dict[tuple[str, int], int] = field(default_factory=dict)
+    """The state an injected failure leaves the process in (default: unchanged)."""
+    shared: list[set[int]] = field(default_factory=list)
+    poisoned: set[int] = field(default_factory=set)
+    hang: set[tuple[str, int]] = field(default_factory=set)
+    """Calls that do not return until `hang_over` is set (then answer NOT_READY)."""
     calls: list[tuple[str, int]] = field(default_factory=list)
     lock_timeouts: list[int] = field(default_factory=list)
+    hang_over: threading.Event = field(default_factory=threading.Event)
+    blocked: threading.Event = field(default_factory=threading.Event)
+    """Set once a call has blocked on a locked peer."""
+    nvml: Any = None
     CUresult = CUresult
     CUcheckpointLockArgs = CUcheckpointLockArgs
+
+    def __post_init__(self) -> None:
+        self._mutex = threading.Lock()
 
     def cuDriverGetVersion(self):
         return (CUresult.CUDA_SUCCESS, self.version)
@@ -47,15 +80,46 @@ class StandInDriver:
     def cuGetErrorName(self, err):
         return (CUresult.CUDA_SUCCESS, CUresult(err).name.encode())
 
+    def _peer_locked(self, pid: int) -> bool:
+        with self._mutex:
+            return any(
+                pid in group and any(self.states.get(p) == LOCKED for p in group - {pid})
+                for group in self.shared
+            )
+
+    def _hang_if_peer_locked(self, pid: int) -> bool:
+        """Block while a peer sharing memory with `pid` is locked; True if it blocked."""
+        if not self._peer_locked(pid):
+            return False
+        self.blocked.set()
+        self.hang_over.wait(HANG_BOUND_S)
+        return True
+
     def cuCheckpointProcessGetState(self, pid):
+        self.calls.append(("state", pid))
+        if self._hang_if_peer_locked(pid):
+            return (CUresult.CUDA_ERROR_NOT_READY, None)
+        if pid in self.no_context:
+            return (CUresult.CUDA_ERROR_NOT_INITIALIZED, None)
         if pid not in self.states:
             return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
         return (CUresult.CUDA_SUCCESS, self.states[pid])
 
     def _step(self, call, pid, need, to):
         self.calls.append((call, pid))
+        if (call, pid) in self.hang:
+            self.blocked.set()
+            self.hang_over.wait(HANG_BOUND_S)
+            return (CUresult.CUDA_ERROR_NOT_READY,)
         if (call, pid) in self.fail:
-            return (self.fail.pop((call, pid)),)
+            err = self.fail.pop((call, pid))
+            if (call, pid) in self.leaves:
+                self.states[pid] = self.leaves.pop((call, pid))
+            if call == "restore" and err == CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+                self.poisoned.add(pid)
+            return (err,)
+        if pid in self.no_context or pid not in self.states:
+            return (CUresult.CUDA_ERROR_INVALID_VALUE,)
         if self.states.get(pid) != need:
             return (CUresult.CUDA_ERROR_ILLEGAL_STATE,)
         self.states[pid] = to
@@ -63,25 +127,47 @@ class StandInDriver:
 
     def cuCheckpointProcessLock(self, pid, args):
         self.lock_timeouts.append(args.timeoutMs)
+        if self._hang_if_peer_locked(pid):
+            self.calls.append(("lock", pid))
+            return (CUresult.CUDA_ERROR_NOT_READY,)
         return self._step("lock", pid, RUNNING, LOCKED)
 
     def cuCheckpointProcessCheckpoint(self, pid, args):
         return self._step("checkpoint", pid, LOCKED, CHECKPOINTED)
 
     def cuCheckpointProcessRestore(self, pid, args):
+        if self.states.get(pid) == CHECKPOINTED and (pid in self.poisoned or not self._fits(pid)):
+            self.calls.append(("restore", pid))
+            self.poisoned.add(pid)
+            return (CUresult.CUDA_ERROR_OUT_OF_MEMORY,)
         return self._step("restore", pid, CHECKPOINTED, LOCKED)
 
     def cuCheckpointProcessUnlock(self, pid, args):
         return self._step("unlock", pid, LOCKED, RUNNING)
 
+    def _fits(self, pid: int) -> bool:
+        if self.nvml is None:
+            return True
+        return all(used.get(pid, 0) <= self.nvml.free(gpu) for gpu, used in self.nvml.used.items())
+
 
 class StandInNvml:
-    """Per GPU processes and their memory; checkpointed processes are not listed."""
+    """Per GPU processes and their memory; checkpointed processes are neither listed nor count."""
 
     def __init__(self, driver: StandInDriver, gpus: dict[str, int]) -> None:
         self.driver = driver
+        driver.nvml = self
         self.gpus = gpus
         self.used: dict[str, dict[int, int]] = {g: {} for g in gpus}
+        self.other: dict[str, int] = {g: 0 for g in gpus}
+        """Bytes used on each GPU by processes outside every tenant."""
+
+    def free(self, gpu: str) -> int:
+        listed = sum(n for pid, n in self.used[gpu].items() if self._listed(pid))
+        return self.gpus[gpu] - listed - self.other[gpu]
+
+    def _listed(self, pid: int) -> bool:
+        return self.driver.states.get(pid) != CHECKPOINTED
 
     def nvmlInit(self):
         pass
@@ -102,11 +188,12 @@ class StandInNvml:
         return handle
 
     def nvmlDeviceGetMemoryInfo(self, handle):
-        return SimpleNamespace(total=self.gpus[handle])
+        free = self.free(handle)
+        return SimpleNamespace(total=self.gpus[handle], free=free, used=self.gpus[handle] - free)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         return [
             SimpleNamespace(pid=pid, usedGpuMemory=n)
             for pid, n in self.used[handle].items()
-            if self.driver.states.get(pid) != CHECKPOINTED
+            if self._listed(pid)
         ]

@@ -1,41 +1,64 @@
-"""The cuda backend against a stand-in driver: lock, checkpoint, restore, unlock and failures."""
+"""The cuda backend against a stand-in driver: park, restore, rollbacks, states, restarts."""
 
 from __future__ import annotations
 
 import pytest
 
 from agent.parking.backends import cuda as cuda_mod
-from agent.parking.backends.base import BackendError, BackendUnavailable, Residency, TenantRef
-from agent.parking.backends.cuda import CudaBackend
+from agent.parking.backends.base import (
+    BackendError,
+    BackendUnavailable,
+    Quarantined,
+    Residency,
+    TenantRef,
+)
+from agent.parking.backends.cuda import DEFAULT_HEADROOM, CudaBackend
 
-from .standin_cuda import CHECKPOINTED, RUNNING, CUresult, StandInDriver, StandInNvml
+from .standin_cuda import (
+    CHECKPOINTED,
+    FAILED,
+    LOCKED,
+    RUNNING,
+    CUresult,
+    StandInDriver,
+    StandInNvml,
+)
 
 GPU = "GPU-11111111-2222-3333-4444-555555555555"
 GIB = 1024**3
 
 
+def moves(driver: StandInDriver) -> list[tuple[str, int]]:
+    """The driver calls that change a process's state (state queries left out)."""
+    return [c for c in driver.calls if c[0] != "state"]
+
+
 @pytest.fixture
-def node():
+def node(tmp_path):
     driver = StandInDriver(states={100: RUNNING, 101: RUNNING, 200: RUNNING})
     nvml = StandInNvml(driver, {GPU: 80 * GIB})
     nvml.used[GPU] = {100: 3 * GIB, 101: 1 * GIB, 200: 2 * GIB}
-    backend = CudaBackend(driver, nvml, lock_timeout_ms=1500)
+    backend = CudaBackend(driver, nvml, lock_timeout_ms=1500, proc_root=str(tmp_path))
     backend.attach(TenantRef("a", (GPU,), pids=(100, 101)))
-    return driver, nvml, backend
+    yield driver, nvml, backend
+    driver.hang_over.set()
 
 
 def test_park_locks_then_checkpoints_every_process_and_restore_undoes_it(node):
-    driver, _, backend = node
+    driver, nvml, backend = node
     assert backend.footprint("a", GPU) == 4 * GIB
     move = backend.park("a", GPU)
     assert move.bytes == 4 * GIB
-    assert driver.calls == [("lock", 100), ("lock", 101), ("checkpoint", 100), ("checkpoint", 101)]
+    assert moves(driver) == [("lock", 100), ("lock", 101), ("checkpoint", 100), ("checkpoint", 101)]
     assert driver.lock_timeouts == [1500, 1500]
     assert driver.states[100] == driver.states[101] == CHECKPOINTED
+    assert nvml.free(GPU) == 78 * GIB
     st = backend.state("a")
     assert st.residency == {GPU: Residency.PARKED} and st.parked_bytes == 4 * GIB
     assert backend.park("a", GPU).bytes == 0
+    driver.calls.clear()
     assert backend.restore("a", GPU).bytes == 4 * GIB
+    assert moves(driver) == [("restore", 100), ("restore", 101), ("unlock", 100), ("unlock", 101)]
     assert driver.states[100] == driver.states[101] == RUNNING
     assert backend.state("a").residency == {GPU: Residency.RESIDENT}
 
@@ -53,67 +76,95 @@ def test_a_lock_timeout_leaves_the_tenant_running(node):
 
 def test_a_failed_checkpoint_is_rolled_back(node):
     driver, _, backend = node
-    driver.fail[("checkpoint", 101)] = CUresult.CUDA_ERROR_NOT_SUPPORTED
-    with pytest.raises(BackendError, match="CUDA_ERROR_NOT_SUPPORTED"):
+    driver.fail[("checkpoint", 101)] = CUresult.CUDA_ERROR_INVALID_CONTEXT
+    with pytest.raises(BackendError, match="CUDA_ERROR_INVALID_CONTEXT"):
         backend.park("a", GPU)
     assert driver.states[100] == driver.states[101] == RUNNING
-    assert backend.state("a").detail == ""
+    st = backend.state("a")
+    assert st.detail == "" and st.quarantined == ""
 
 
-def test_a_rollback_that_fails_is_reported_not_hidden(node):
+def test_a_rollback_that_fails_quarantines_the_tenant(node):
     driver, _, backend = node
-    driver.fail[("checkpoint", 101)] = CUresult.CUDA_ERROR_NOT_SUPPORTED
+    driver.fail[("checkpoint", 101)] = CUresult.CUDA_ERROR_INVALID_CONTEXT
     driver.fail[("restore", 100)] = CUresult.CUDA_ERROR_ILLEGAL_STATE
-    with pytest.raises(BackendError):
+    with pytest.raises(Quarantined, match=r"could not be undone.*pid 100"):
         backend.park("a", GPU)
-    assert "could not be returned to running" in backend.state("a").detail
-    assert "100" in backend.state("a").detail
+    assert "could not be undone" in backend.state("a").quarantined
+    driver.calls.clear()
+    with pytest.raises(Quarantined):
+        backend.park("a", GPU)
+    assert moves(driver) == []
 
 
-def test_a_failed_restore_is_reported_and_can_be_retried(node):
+def test_a_failed_restore_parks_the_restored_ones_again_and_can_be_retried(node):
     driver, _, backend = node
     backend.park("a", GPU)
     driver.fail[("restore", 101)] = CUresult.CUDA_ERROR_ILLEGAL_STATE
-    with pytest.raises(BackendError, match="pid 101"):
+    with pytest.raises(BackendError, match="pid 101") as failed:
         backend.restore("a", GPU)
-    assert "restore incomplete" in backend.state("a").detail
-    assert driver.states[100] == RUNNING and driver.states[101] == CHECKPOINTED
+    assert not isinstance(failed.value, Quarantined)
+    assert driver.states[100] == driver.states[101] == CHECKPOINTED
+    assert backend.state("a").residency == {GPU: Residency.PARKED}
     backend.restore("a", GPU)
-    assert driver.states[101] == RUNNING and backend.state("a").detail == ""
+    assert driver.states[100] == driver.states[101] == RUNNING
 
 
-def test_pod_processes_are_found_by_cgroup(tmp_path):
-    driver = StandInDriver(states={100: RUNNING, 200: RUNNING})
-    nvml = StandInNvml(driver, {GPU: 80 * GIB})
-    nvml.used[GPU] = {100: 3 * GIB, 200: 2 * GIB}
-    uid = "0f1e2d3c-aaaa-bbbb-cccc-123456789abc"
-    pod_cg = f"/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-x.scope"
-    for pid, cg in ((100, pod_cg), (200, "/system.slice/other.scope")):
-        (tmp_path / "proc" / str(pid)).mkdir(parents=True)
-        (tmp_path / "proc" / str(pid) / "cgroup").write_text(f"0::{cg}\n")
-    limit_dir = tmp_path / "cg" / pod_cg.lstrip("/")
-    limit_dir.mkdir(parents=True)
-    (limit_dir / "memory.max").write_text("max\n")
-    (limit_dir.parent / "memory.max").write_text(f"{2 * GIB}\n")
-    backend = CudaBackend(
-        driver, nvml, proc_root=str(tmp_path / "proc"), cgroup_root=str(tmp_path / "cg")
-    )
-    backend.attach(TenantRef("pod", (GPU,), pod_uid=uid))
-    assert backend.pids("pod") == (100,)
-    assert backend.footprint("pod", GPU) == 3 * GIB
-    assert backend.memory_limit("pod") == 2 * GIB
-    backend.park("pod", GPU)
-    assert backend.pids("pod") == (100,) and backend.footprint("pod", GPU) == 3 * GIB
+def test_a_process_left_failed_by_a_checkpoint_quarantines_the_tenant(node):
+    driver, _, backend = node
+    driver.fail[("checkpoint", 101)] = CUresult.CUDA_ERROR_UNKNOWN
+    driver.leaves[("checkpoint", 101)] = FAILED
+    with pytest.raises(Quarantined, match="pid 101 is failed"):
+        backend.park("a", GPU)
+    assert driver.states[100] == RUNNING
+    assert "pid 101 is failed" in backend.state("a").quarantined
 
 
-def test_a_restarted_agent_finds_processes_still_parked(node):
+def test_a_process_not_running_after_its_restore_quarantines_the_tenant(node):
+    driver, _, backend = node
+    backend.park("a", GPU)
+    driver.fail[("unlock", 101)] = CUresult.CUDA_ERROR_UNKNOWN
+    driver.leaves[("unlock", 101)] = FAILED
+    with pytest.raises(Quarantined, match="pid 101 is failed"):
+        backend.restore("a", GPU)
+    st = backend.state("a")
+    assert st.quarantined and st.residency != {GPU: Residency.RESIDENT}
+
+
+def test_a_restarted_backend_confirms_what_was_parked_with_the_driver(node):
+    driver, nvml, backend = node
+    backend.attach(TenantRef("b", (GPU,), pids=(200,)))
+    backend.park("a", GPU)
+    backend.park("b", GPU)
+    saved = backend.durable()
+    assert saved["a"]["pids"] == {"100": {GPU: 3 * GIB}, "101": {GPU: 1 * GIB}}
+    driver.states[200] = LOCKED  # the old agent died between restoring and unlocking b
+    again = CudaBackend(driver, nvml)
+    again.adopt(saved)
+    assert again.tenants() == ["a", "b"]
+    again.attach(TenantRef("a", (GPU,), pod_uid=""))
+    assert again.state("a").residency == {GPU: Residency.PARKED}
+    assert again.state("a").parked_bytes == 4 * GIB
+    assert again.state("b").parked_bytes == 0 and driver.states[200] == RUNNING
+    again.restore("a", GPU)
+    assert driver.states[100] == driver.states[101] == RUNNING
+
+
+def test_a_restarted_backend_quarantines_a_process_the_driver_reports_failed(node):
     driver, nvml, backend = node
     backend.park("a", GPU)
+    driver.states[101] = FAILED
     again = CudaBackend(driver, nvml)
-    again.attach(TenantRef("a", (GPU,), pids=(100, 101), declared_bytes=4 * GIB))
-    assert again.state("a").residency == {GPU: Residency.PARKED}
-    again.restore("a", GPU)
-    assert driver.states[100] == RUNNING
+    again.adopt(backend.durable())
+    assert "pid 101" in again.state("a").quarantined
+    with pytest.raises(Quarantined):
+        again.restore("a", GPU)
+    assert again.durable()["a"]["quarantined"]
+
+
+def test_the_default_headroom_is_not_zero(node):
+    driver, nvml, _ = node
+    assert CudaBackend(driver, nvml).headroom_bytes == DEFAULT_HEADROOM >= 512 * 1024**2
 
 
 def test_an_old_driver_is_refused_with_the_version_needed():

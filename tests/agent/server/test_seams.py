@@ -25,6 +25,7 @@ class RecordingPreparer:
         self.calls: list[tuple[str, str]] = []
         self.ahead: list[tuple[str, tuple[str, ...], frozenset[str]]] = []
         self.no_room: set[str] = set()
+        self.cannot_park: set[str] = set()
         self.refused = threading.Event()
         self.forgotten = threading.Event()
 
@@ -41,6 +42,8 @@ class RecordingPreparer:
 
     async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
         self.calls.append(("revoke", tenant_id))
+        if tenant_id in self.cannot_park:
+            raise NoRoom(f"park of {tenant_id} failed 3 times; last error: lock timed out")
 
     async def forget(self, tenant_id: str) -> None:
         self.calls.append(("forget", tenant_id))
@@ -109,6 +112,29 @@ def test_overdue_holder_is_revoked_then_resumed_first(
     resumed = seam_agent.wait_event(lambda e: e.kind == "granted", since=mark)
     assert resumed.tenant_id == "local/a"
     assert resumed.tokens["GPU-0"] == first.fencing_tokens["GPU-0"] + 2
+
+
+def test_a_holder_that_cannot_be_parked_keeps_the_gpu_and_its_waiter_hears_why(
+    seam_agent: AgentRunner, preparer: RecordingPreparer, clients: dict[str, Baton]
+) -> None:
+    a, b = clients["a"], clients["b"]
+    preparer.cannot_park.add("local/a")
+    seam_agent.inspect(lambda service: setattr(service.revocations, "retry_s", 0.2))
+    first = a.acquire()
+    waiting = threading.Thread(target=b.acquire, daemon=True)
+    waiting.start()
+    failed = seam_agent.wait_event(lambda e: e.kind == "revoke_failed", timeout=5)
+    assert failed.tenant_id == "local/a" and "lock timed out" in failed.detail
+    gpu = seam_agent.status()["gpus"]["GPU-0"]
+    assert gpu["holder"] == "local/a" and gpu["lease_id"] == first.lease_id
+    assert "could not be parked" in (gpu["queue"][0]["blocked"] or "")
+    assert b.lease is None
+    mark = seam_agent.mark()
+    preparer.cannot_park.clear()
+    revoked = seam_agent.wait_event(lambda e: e.kind == "revoked", since=mark, timeout=5)
+    assert revoked.lease_id == first.lease_id
+    waiting.join(5)
+    assert b.lease is not None
 
 
 def test_no_room_keeps_the_waiter_queued_until_the_node_changes(

@@ -1,0 +1,188 @@
+"""The cuda backend and the driver's failure modes: memory, missing contexts, stalls, sharing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent.core.errors import Quarantined as TurnQuarantined
+from agent.core.residency import NoRoom
+from agent.parking.backends.base import (
+    BackendError,
+    Quarantined,
+    Residency,
+    TenantRef,
+    Unparkable,
+)
+from agent.parking.backends.cuda import CudaBackend
+from agent.parking.preparer import ParkingPreparer
+
+from .standin_cuda import CHECKPOINTED, RUNNING, CUresult, StandInDriver, StandInNvml
+from .test_cuda_backend import GIB, GPU, moves
+
+MIB = 1024**2
+
+
+@pytest.fixture
+def node(tmp_path):
+    driver = StandInDriver(states={100: RUNNING, 101: RUNNING, 200: RUNNING})
+    nvml = StandInNvml(driver, {GPU: 10 * GIB})
+    nvml.used[GPU] = {100: 3 * GIB, 101: 1 * GIB, 200: 4 * GIB}
+    backend = CudaBackend(
+        driver, nvml, lock_timeout_ms=100, proc_root=str(tmp_path), call_timeout_s=0.3
+    )
+    backend.attach(TenantRef("a", (GPU,), pids=(100, 101)))
+    backend.attach(TenantRef("b", (GPU,), pids=(200,)))
+    yield driver, nvml, backend
+    driver.hang_over.set()
+
+
+def test_a_restore_without_room_for_its_bytes_and_the_headroom_is_not_tried(node):
+    driver, nvml, backend = node
+    backend.park("a", GPU)
+    nvml.other[GPU] = 2 * GIB  # 10 - 4 (b) - 2 = 4 GiB free: the 4 GiB fit, the headroom not
+    driver.calls.clear()
+    with pytest.raises(BackendError, match=r"needs 5120 MiB free .* NVML reports 4096 MiB free"):
+        backend.restore("a", GPU)
+    assert moves(driver) == [] and driver.poisoned == set()
+    assert backend.state("a").residency == {GPU: Residency.PARKED}
+    nvml.other[GPU] = 0
+    backend.restore("a", GPU)
+    assert driver.states[100] == driver.states[101] == RUNNING
+
+
+def test_a_restore_that_ran_out_of_memory_is_never_retried(node):
+    driver, _, backend = node
+    reg = CollectorRegistry()
+    prep = ParkingPreparer(
+        backend, {GPU: 10 * GIB}, host_budget=20 * GIB, registry=reg, backoff=0.0
+    )
+    told: list[tuple[str, str]] = []
+    prep.on_quarantine = lambda t, why: told.append((t, why))
+    backend.park("a", GPU)
+    driver.fail[("restore", 101)] = CUresult.CUDA_ERROR_OUT_OF_MEMORY
+
+    async def turn() -> None:
+        await prep.prepare("a", [GPU])
+
+    with pytest.raises(TurnQuarantined, match="out of device memory"):
+        asyncio.run(asyncio.wait_for(turn(), 10))
+    assert moves(driver).count(("restore", 101)) == 1
+    assert driver.states[100] == driver.states[101] == CHECKPOINTED  # 100 parked again
+    assert told and told[0][0] == "a"
+    entry = prep.status()["tenants"]["a"]
+    assert entry["residency"] == "quarantined" and "out of device memory" in entry["quarantined"]
+    assert reg.get_sample_value("baton_quarantined_tenants") == 1
+    with pytest.raises(TurnQuarantined):
+        asyncio.run(asyncio.wait_for(turn(), 10))
+    assert moves(driver).count(("restore", 101)) == 1
+
+
+def test_an_out_of_memory_restore_poisons_the_process(node):
+    driver, _, backend = node
+    backend.headroom_bytes = 0
+    backend.park("a", GPU)
+    driver.fail[("restore", 100)] = CUresult.CUDA_ERROR_OUT_OF_MEMORY
+    with pytest.raises(Quarantined):
+        backend.restore("a", GPU)
+    assert driver.cuCheckpointProcessRestore(100, None) == (CUresult.CUDA_ERROR_OUT_OF_MEMORY,)
+
+
+def test_a_process_without_a_context_is_not_an_error(node):
+    driver, _, backend = node
+    driver.no_context.add(102)
+    backend.attach(TenantRef("a", (GPU,), pids=(100, 101, 102)))
+    backend.attach(TenantRef("fresh", (GPU,), pids=(102,)))
+    assert backend.pids("a") == (100, 101)
+    st = backend.state("fresh")
+    assert st.residency == {GPU: Residency.RESIDENT} and st.footprint_bytes == {GPU: 0}
+    assert st.detail == "" and st.quarantined == ""
+    backend.park("a", GPU)
+    assert ("lock", 102) not in driver.calls
+
+
+def test_processes_sharing_memory_are_refused_not_hung(node):
+    driver, _, backend = node
+    driver.shared.append({100, 101})  # NCCL ranks: calls on 101 wait while 100 is locked
+    started = time.monotonic()
+    with pytest.raises(Unparkable, match="share GPU memory"):
+        backend.park("a", GPU)
+    assert time.monotonic() - started < 5
+    assert driver.states[100] == driver.states[101] == RUNNING
+    st = backend.state("a")
+    assert "share GPU memory" in st.unparkable and st.quarantined == ""
+    driver.calls.clear()
+    with pytest.raises(Unparkable):
+        backend.park("a", GPU)
+    assert moves(driver) == []
+
+
+def test_a_tenant_mapping_nccl_shared_memory_is_refused_before_any_lock(node, tmp_path):
+    driver, _, backend = node
+    (tmp_path / "101").mkdir()
+    (tmp_path / "101" / "maps").write_text("7f00-7f10 rw-s 0 00:1a 9 /dev/shm/nccl-Ab12Cd\n")
+    with pytest.raises(Unparkable, match="NCCL"):
+        backend.park("a", GPU)
+    assert moves(driver) == []
+
+
+def test_a_checkpoint_the_driver_does_not_support_is_refused(node):
+    driver, _, backend = node
+    driver.fail[("checkpoint", 100)] = CUresult.CUDA_ERROR_NOT_SUPPORTED
+    with pytest.raises(Unparkable, match="managed memory"):
+        backend.park("a", GPU)
+    assert driver.states[100] == driver.states[101] == RUNNING
+
+
+def test_the_planner_leaves_a_refused_tenant_resident_and_says_why(node):
+    driver, _, backend = node
+    driver.shared.append({100, 101})
+    prep = ParkingPreparer(backend, {GPU: 10 * GIB}, host_budget=20 * GIB, backoff=0.0)
+    prep.register(TenantRef("a", (GPU,), pids=(100, 101)))
+    prep.register(TenantRef("b", (GPU,), pids=(200,)))
+    prep.register(TenantRef("c", (GPU,), declared_bytes=7 * GIB))
+
+    async def turns() -> None:
+        await prep.prepare("a", [GPU])
+        await prep.prepare("b", [GPU])
+        await prep.prepare("c", [GPU])
+
+    with pytest.raises(NoRoom, match="share GPU memory"):
+        asyncio.run(asyncio.wait_for(turns(), 10))
+    with pytest.raises(NoRoom, match=r"a stays resident: .*share GPU memory"):
+        asyncio.run(asyncio.wait_for(prep.prepare("c", [GPU]), 10))
+    assert "share GPU memory" in prep.status()["tenants"]["a"]["not_parkable"]
+    assert driver.states[100] == driver.states[101] == RUNNING
+
+
+def test_a_call_that_does_not_return_quarantines_and_holds_no_lock(node):
+    driver, _, backend = node
+    backend.park("a", GPU)
+    driver.hang.add(("restore", 100))
+    backend.calls.copy_bytes_per_s = 1e12
+    failed: list[BaseException] = []
+
+    def restore() -> None:
+        try:
+            backend.restore("a", GPU)
+        except BaseException as e:
+            failed.append(e)
+
+    worker = threading.Thread(target=restore, daemon=True)
+    worker.start()
+    assert driver.blocked.wait(5)
+    answered = threading.Event()
+
+    def other_tenant() -> None:
+        backend.state("b")
+        answered.set()
+
+    threading.Thread(target=other_tenant, daemon=True).start()
+    assert answered.wait(5) and worker.is_alive()  # the hung call holds nothing
+    worker.join(5)
+    assert failed and isinstance(failed[0], Quarantined)
+    assert "did not return within" in backend.state("a").quarantined

@@ -1,0 +1,82 @@
+"""An agent restarted while a pod tenant is parked: the state file says which processes, the
+driver confirms them, and the tenant's next turn restores it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from agent.core.leases import LeaseTable
+from agent.node.state import StateStore
+from agent.node.tenants import POD, Tenant
+from agent.parking.backends.cuda import CudaBackend
+from agent.parking.preparer import ParkingPreparer
+from agent.parking.setup import connect_preparer
+from agent.server.service import LeaseService
+
+from .standin_cuda import CHECKPOINTED, RUNNING, StandInDriver, StandInNvml
+from .test_cuda_backend import GIB, GPU
+from .test_cuda_pods import SYSTEMD, spawn, v2
+
+UIDS = {"a": "0f1e2d3c-aaaa-bbbb-cccc-123456789abc", "b": "1f1e2d3c-aaaa-bbbb-cccc-123456789abc"}
+PIDS = {"a": 11, "b": 21}
+
+
+def agent(state_dir: Path, proc: Path, driver: StandInDriver, nvml: StandInNvml) -> LeaseService:
+    """A lease service with a parking preparer over the cuda backend, as `baton agent` wires it."""
+    backend = CudaBackend(driver, nvml, proc_root=str(proc), cgroup_root=str(proc / "none"))
+    prep = ParkingPreparer(backend, {GPU: 10 * GIB}, host_budget=20 * GIB, headroom=GIB)
+    service = LeaseService(
+        table=LeaseTable(clock=time.time),
+        preparer=prep,
+        clock=time.time,
+        store=StateStore(state_dir),
+        reconnect_grace=600,
+    )
+    connect_preparer(prep, service)
+    return service
+
+
+def pod(name: str) -> Tenant:
+    return Tenant(f"default/{name}", name, (GPU,), source=POD, pod_uid=UIDS[name])
+
+
+def test_an_agent_restarted_while_a_tenant_is_parked_restores_it_first(tmp_path):
+    proc = tmp_path / "proc"
+    for name, pid in PIDS.items():
+        spawn(proc, pid, v2(SYSTEMD, UIDS[name], "trainer"))
+    driver = StandInDriver(states={11: RUNNING, 21: RUNNING})
+    nvml = StandInNvml(driver, {GPU: 10 * GIB})
+    nvml.used[GPU] = {11: 5 * GIB, 21: 5 * GIB}
+
+    async def before() -> None:
+        service = agent(tmp_path / "state", proc, driver, nvml)
+        service.load()
+        for name in PIDS:
+            service.upsert_pod(pod(name))
+        await service.preparer.prepare("default/a", [GPU])
+        await service.preparer.prepare("default/b", [GPU])  # parks a
+        await service.close()
+
+    asyncio.run(asyncio.wait_for(before(), 10))
+    assert driver.states[11] == CHECKPOINTED
+    saved = json.loads((tmp_path / "state" / "agent-state.json").read_text())
+    assert saved["parked"]["default/a"]["pids"] == {"11": {GPU: 5 * GIB}}
+
+    async def after() -> dict:
+        service = agent(tmp_path / "state", proc, driver, nvml)
+        service.load()
+        await asyncio.to_thread(service.preparer._refresh)  # type: ignore[attr-defined]
+        status = service.preparer.status()
+        await service.preparer.prepare("default/a", [GPU])
+        await service.close()
+        return status
+
+    status = asyncio.run(asyncio.wait_for(after(), 10))
+    assert status["tenants"]["default/a"]["residency"] == "parked"
+    assert status["tenants"]["default/a"]["parked_bytes"] == 5 * GIB
+    assert driver.states[11] == RUNNING and driver.states[21] == CHECKPOINTED
+    saved = json.loads((tmp_path / "state" / "agent-state.json").read_text())
+    assert list(saved["parked"]) == ["default/b"]
