@@ -2,7 +2,9 @@
 
 It fills --gib GiB of device memory from a seeded generator, and at the start of every later turn
 checks the tensors are bit-identical to what it wrote (after a park/restore by the agent's cuda
-backend), and that NVML no longer lists its peer, which the agent parked to make room.
+backend), and that NVML no longer lists its peer, which the agent parked to make room. Each turn
+is held --hold seconds. An acquire or yield cut off by an agent restart is made again once the
+client has reconnected.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pynvml
 import torch
 
 from agent.client import Baton
+from agent.client.errors import AgentUnavailable, NotHolding
 
 CHUNK = 1 << 30
 
@@ -54,6 +57,30 @@ def alive(pid: int) -> bool:
     return True
 
 
+def acquire(baton: Baton, timeout: float) -> None:
+    """Take the turn, asking again if an agent restart cut the request off."""
+    for _ in range(5):
+        try:
+            baton.acquire(timeout=timeout)
+            return
+        except AgentUnavailable:
+            continue
+    raise SystemExit("the agent stayed unavailable across five acquires")
+
+
+def release(baton: Baton) -> None:
+    """Yield the turn; a turn the restarted agent no longer knows is already given up."""
+    for _ in range(5):
+        try:
+            baton.yield_()
+            return
+        except AgentUnavailable:
+            continue
+        except NotHolding:
+            return
+    raise SystemExit("the agent stayed unavailable across five yields")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--name", required=True)
@@ -61,6 +88,7 @@ def main() -> int:
     p.add_argument("--gpu", required=True, help="GPU UUID")
     p.add_argument("--gib", type=int, default=4)
     p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--hold", type=float, default=0.0, help="seconds each turn is held")
     p.add_argument("--workdir", required=True)
     args = p.parse_args()
     work = Path(args.workdir)
@@ -70,7 +98,8 @@ def main() -> int:
     try:
         for turn in range(args.turns):
             asked = time.monotonic()
-            with baton.turn(timeout=600):
+            acquire(baton, 600)
+            try:
                 waited = time.monotonic() - asked
                 if turn == 0:
                     chunks = [
@@ -88,7 +117,10 @@ def main() -> int:
                         raise SystemExit(f"{args.name}: NVML still lists {args.peer} on the GPU")
                 fill(chunks, turn)
                 torch.cuda.synchronize()
+                time.sleep(args.hold)
                 turns.append({"turn": turn, "waited_s": round(waited, 3), "peer": peer_parked})
+            finally:
+                release(baton)
         print(json.dumps({"tenant": args.name, "turns": turns}), flush=True)
         return 0
     finally:

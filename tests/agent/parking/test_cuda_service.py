@@ -1,5 +1,6 @@
-"""An agent restarted while a pod tenant is parked: the state file says which processes, the
-driver confirms them, and the tenant's next turn restores it."""
+"""The cuda backend under the lease service: an agent restarted while a pod tenant is parked
+(the state file says which processes, the driver confirms them, the next turn restores it), and
+a quarantined tenant's turn (refused with the reason, an event)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
+from agent.core import events as ev
+from agent.core.errors import Quarantined
 from agent.core.leases import LeaseTable
 from agent.node.state import StateStore
 from agent.node.tenants import POD, Tenant
@@ -16,7 +21,7 @@ from agent.parking.preparer import ParkingPreparer
 from agent.parking.setup import connect_preparer
 from agent.server.service import LeaseService
 
-from .standin_cuda import CHECKPOINTED, RUNNING, StandInDriver, StandInNvml
+from .standin_cuda import CHECKPOINTED, RUNNING, CUresult, StandInDriver, StandInNvml
 from .test_cuda_backend import GIB, GPU
 from .test_cuda_pods import SYSTEMD, spawn, v2
 
@@ -80,3 +85,36 @@ def test_an_agent_restarted_while_a_tenant_is_parked_restores_it_first(tmp_path)
     assert driver.states[11] == RUNNING and driver.states[21] == CHECKPOINTED
     saved = json.loads((tmp_path / "state" / "agent-state.json").read_text())
     assert list(saved["parked"]) == ["default/b"]
+
+
+def test_a_quarantined_tenant_is_refused_its_turn_with_the_reason_and_an_event(tmp_path):
+    proc = tmp_path / "proc"
+    for name, pid in PIDS.items():
+        spawn(proc, pid, v2(SYSTEMD, UIDS[name], "trainer"))
+    driver = StandInDriver(states={11: RUNNING, 21: RUNNING})
+    nvml = StandInNvml(driver, {GPU: 10 * GIB})
+    nvml.used[GPU] = {11: 5 * GIB, 21: 5 * GIB}
+
+    async def run() -> list[ev.Event]:
+        service = agent(tmp_path / "state", proc, driver, nvml)
+        events = service.events.attach()
+        for name in PIDS:
+            service.upsert_pod(pod(name))
+        a, b = (service.tenants.tenants[f"default/{n}"] for n in PIDS)
+        for tenant in (a, b):  # b's turn parks a
+            granted = await service.acquire(tenant, [], timeout=5)
+            service.yield_(tenant, granted.lease.lease_id)
+        driver.fail[("restore", 11)] = CUresult.CUDA_ERROR_OUT_OF_MEMORY
+        with pytest.raises(Quarantined, match="out of device memory"):
+            await service.acquire(a, [], timeout=5)
+        with pytest.raises(Quarantined):
+            await service.acquire(a, [], timeout=5)
+        status = service.preparer.status()["tenants"]["default/a"]
+        assert status["residency"] == "quarantined"
+        await service.close()
+        return [events.get_nowait() for _ in range(events.qsize())]
+
+    seen = asyncio.run(asyncio.wait_for(run(), 10))
+    quarantined = [e for e in seen if e.kind == ev.QUARANTINED]
+    assert len(quarantined) == 1 and quarantined[0].tenant_id == "default/a"
+    assert "out of device memory" in quarantined[0].detail
