@@ -20,7 +20,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agent.parking.backends import cuda_moves, procs
@@ -42,7 +42,7 @@ from agent.parking.backends.cuda_driver import (
     check_driver,
     load_modules,
 )
-from agent.parking.backends.cuda_moves import SHARING
+from agent.parking.backends.cuda_moves import SHARING, ParkedProcs
 from agent.parking.backends.deadline import CallStalled, call_with_deadline
 
 DEFAULT_HEADROOM = 1 << 30
@@ -50,22 +50,6 @@ DEFAULT_HEADROOM = 1 << 30
 NCCL_SHM = "/dev/shm/nccl-"
 """NCCL's shared-memory segments: a process mapping one shares GPU memory with its peers."""
 STALLED = "the driver may be wedged for this tenant's processes"
-
-
-@dataclass
-class ParkedProcs:
-    """A parked tenant: each process's bytes per GPU; `confirmed` once the driver agreed."""
-
-    pids: dict[int, dict[str, int]]
-    confirmed: bool = True
-
-    def per_gpu(self) -> dict[str, int]:
-        """Parked bytes per GPU."""
-        out: dict[str, int] = {}
-        for sizes in self.pids.values():
-            for gpu, n in sizes.items():
-                out[gpu] = out.get(gpu, 0) + n
-        return out
 
 
 class CudaBackend(Backend):
@@ -103,6 +87,8 @@ class CudaBackend(Backend):
         self._quarantined: dict[str, str] = {}
         self._unparkable: dict[str, str] = {}
         self._problems: dict[str, str] = {}
+        self._moving: set[str] = set()
+        """Tenants a park or restore is under way for (their processes may be locked)."""
         self.driver_version = check_driver(driver, nvml, self.calls.error_name)
 
     def _nvml(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -123,9 +109,12 @@ class CudaBackend(Backend):
                 self._found.pop(tenant.tenant_id, None)
 
     def detach(self, tenant_id: str) -> None:
-        """Forget the tenant (its processes are gone, and with them their parked memory)."""
+        """Forget the tenant; if its parked processes still live, keep them for its return."""
         with self._mutex:
-            for table in (self._refs, self._found, self._parked, self._quarantined):
+            parked = self._parked.pop(tenant_id, None)
+            if parked and any(Path(self.proc_root, str(p)).exists() for p in parked.pids):
+                self._parked[tenant_id] = parked  # still in their memory: restore when back
+            for table in (self._refs, self._found, self._quarantined):
                 table.pop(tenant_id, None)
             self._unparkable.pop(tenant_id, None)
             self._problems.pop(tenant_id, None)
@@ -153,14 +142,22 @@ class CudaBackend(Backend):
             ref = self._refs.get(tenant_id)
         if ref is None:
             return ()
-        with_state = []
+        with_state, held = [], {}
         for pid in sorted(self._candidates(ref)):
             state = self.calls.state(pid)
             if state == FAILED:
                 self._quarantine(tenant_id, f"pid {pid} is in the driver's FAILED state")
+            elif state == LOCKED and tenant_id not in self._moving:
+                self.calls.unlock(pid)  # a move cut off by a restart: its memory is on the GPU
+            elif state == CHECKPOINTED:  # parked by an agent that could not save it
+                held[pid] = {g: 0 for g in ref.gpus}
             if state is not None:
                 with_state.append(pid)
         with self._mutex:
+            if held and tenant_id not in self._parked:
+                first = min(held)
+                held[first] = {g: ref.declared_bytes or 0 for g in ref.gpus}
+                self._parked[tenant_id] = ParkedProcs(held)
             self._found[tenant_id] = tuple(with_state)
         return tuple(with_state)
 
@@ -245,15 +242,10 @@ class CudaBackend(Backend):
 
     def _confirm(self, tenant_id: str, parked: ParkedProcs) -> None:
         """Ask the driver about each process recorded as parked before a restart."""
-        still: dict[int, dict[str, int]] = {}
-        for pid, sizes in parked.pids.items():
-            state = self.calls.state(pid)
-            if state == CHECKPOINTED:
-                still[pid] = sizes
-            elif state == LOCKED:  # stopped mid-move: its memory is on the device
-                self.calls.unlock(pid)
-            elif state == FAILED:
-                raise self._quarantine(tenant_id, f"pid {pid} is in the driver's FAILED state")
+        try:
+            still = cuda_moves.confirm(self.calls, parked.pids)
+        except Quarantined as e:
+            raise self._quarantine(tenant_id, str(e)) from e
         with self._mutex:
             if still:
                 self._parked[tenant_id] = ParkedProcs(still)
@@ -275,6 +267,22 @@ class CudaBackend(Backend):
 
     def park(self, tenant_id: str, gpu: str) -> Move:
         """Lock then checkpoint every process of the tenant; undo all on failure."""
+        return self._while_moving(tenant_id, self._park, gpu)
+
+    def restore(self, tenant_id: str, gpu: str) -> Move:
+        """Check there is room, restore every process, then unlock them all; undo on failure."""
+        return self._while_moving(tenant_id, self._restore, gpu)
+
+    def _while_moving(self, tenant_id: str, move: Callable[[str, str], Move], gpu: str) -> Move:
+        with self._mutex:
+            self._moving.add(tenant_id)
+        try:
+            return move(tenant_id, gpu)
+        finally:
+            with self._mutex:
+                self._moving.discard(tenant_id)
+
+    def _park(self, tenant_id: str, gpu: str) -> Move:
         with self._mutex:
             if tenant_id in self._parked:
                 return Move(tenant_id, gpu, "park", 0, 0.0)
@@ -288,6 +296,8 @@ class CudaBackend(Backend):
             pids = self._discover(tenant_id)
             with self._mutex:
                 self._stopped(tenant_id)
+                if tenant_id in self._parked:  # found checkpointed by the driver already
+                    return Move(tenant_id, gpu, "park", 0, 0.0)
             if not pids:
                 raise BackendError(f"{tenant_id} has no processes with CUDA state to park")
             for pid in pids:
@@ -310,8 +320,7 @@ class CudaBackend(Backend):
         moved = sum(sum(s.values()) for s in sizes.values())
         return Move(tenant_id, gpu, "park", moved, self._clock() - start)
 
-    def restore(self, tenant_id: str, gpu: str) -> Move:
-        """Check there is room, restore every process, then unlock them all; undo on failure."""
+    def _restore(self, tenant_id: str, gpu: str) -> Move:
         with self._mutex:
             parked = self._parked.get(tenant_id)
             if parked is None:

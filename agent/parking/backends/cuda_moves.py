@@ -10,9 +10,12 @@ checkpointing the processes, and `DriverError` for a failure that left everythin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from agent.parking.backends.base import BackendError, Quarantined, Unparkable
 from agent.parking.backends.cuda_driver import (
     CHECKPOINTED,
+    FAILED,
     LOCKED,
     NOT_SUPPORTED,
     OUT_OF_MEMORY,
@@ -25,6 +28,24 @@ from agent.parking.backends.deadline import CallStalled
 
 Sizes = dict[int, dict[str, int]]
 """Per process, its bytes on each GPU."""
+
+
+@dataclass
+class ParkedProcs:
+    """A parked tenant: each process's bytes per GPU; `confirmed` once the driver agreed."""
+
+    pids: Sizes
+    confirmed: bool = True
+
+    def per_gpu(self) -> dict[str, int]:
+        """Parked bytes per GPU."""
+        out: dict[str, int] = {}
+        for sizes in self.pids.values():
+            for gpu, n in sizes.items():
+                out[gpu] = out.get(gpu, 0) + n
+        return out
+
+
 SHARING = (
     "the driver cannot checkpoint processes that share GPU memory (NCCL, CUDA IPC) or use "
     "managed memory; the tenant stays resident"
@@ -125,3 +146,19 @@ def park_again(
             raise Quarantined(
                 f"restore failed ({cause}) and pid {pid} could not be parked again: {e}"
             ) from e
+
+
+def confirm(calls: CheckpointDriver, sizes: Sizes) -> Sizes:
+    """The processes recorded as parked (before a restart) that the driver says still are.
+
+    One left locked stopped mid-move with its memory on the device: it is unlocked."""
+    still: Sizes = {}
+    for pid, on_gpus in sizes.items():
+        state = calls.state(pid)
+        if state == CHECKPOINTED:
+            still[pid] = on_gpus
+        elif state == LOCKED:
+            calls.unlock(pid)
+        elif state == FAILED:
+            raise Quarantined(f"pid {pid} is in the driver's FAILED state")
+    return still

@@ -8,10 +8,10 @@ import pytest
 
 from agent.core.planner import TenantView
 from agent.parking.backends import procs
-from agent.parking.backends.base import TenantRef
+from agent.parking.backends.base import Residency, TenantRef
 from agent.parking.backends.cuda import CudaBackend
 
-from .standin_cuda import CHECKPOINTED, RUNNING, StandInDriver, StandInNvml
+from .standin_cuda import CHECKPOINTED, LOCKED, RUNNING, StandInDriver, StandInNvml
 from .test_cuda_backend import GIB, GPU, moves
 
 UID = "0f1e2d3c-aaaa-bbbb-cccc-123456789abc"
@@ -119,3 +119,34 @@ def test_the_cgroup_check_counts_what_the_cgroup_uses_already():
     assert not fits.cgroup_blocks_park()
     assert tight.cgroup_blocks_park()
     assert "on top of the 6144 MiB it uses" in tight.cgroup_message()
+
+
+def test_processes_the_driver_reports_parked_or_locked_are_taken_back_without_a_record(proc):
+    spawn(proc, 11, v2(SYSTEMD, UID, "trainer"))
+    spawn(proc, 12, v2(SYSTEMD, UID, "trainer"))
+    driver = StandInDriver(states={11: CHECKPOINTED, 12: LOCKED})  # an agent died mid-park
+    backend = backend_for(proc, driver)
+    backend.attach(TenantRef("pod", (GPU,), pod_uid=UID, declared_bytes=3 * GIB))
+    st = backend.state("pod")
+    assert st.residency == {GPU: Residency.PARKED} and st.parked_bytes == 3 * GIB
+    assert driver.states[12] == RUNNING
+    backend.restore("pod", GPU)
+    assert driver.states[11] == RUNNING
+
+
+def test_a_parked_tenant_whose_processes_live_on_is_kept_when_detached(proc):
+    spawn(proc, 11, v2(SYSTEMD, UID, "trainer"))
+    driver = StandInDriver(states={11: RUNNING})
+    backend = backend_for(proc, driver)
+    backend.attach(TenantRef("pod", (GPU,), pod_uid=UID))
+    backend.park("pod", GPU)
+    backend.detach("pod")  # e.g. dropped after an agent restart before it reconnected
+    backend.attach(TenantRef("pod", (GPU,), pod_uid=UID))
+    assert backend.state("pod").residency == {GPU: Residency.PARKED}
+    backend.restore("pod", GPU)
+    assert driver.states[11] == RUNNING
+    backend.park("pod", GPU)
+    (proc / "11" / "cgroup").unlink()
+    (proc / "11").rmdir()  # the process is gone
+    backend.detach("pod")
+    assert backend.tenants() == []
