@@ -42,6 +42,7 @@ from agent.parking.backends.base import (
 )
 from agent.parking.backends.base import Quarantined as BackendQuarantined
 from agent.parking.metrics import ParkingMetrics
+from agent.parking.quarantine import Quarantines
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +83,9 @@ class ParkingPreparer:
         self._ahead: dict[str, asyncio.Future[None]] = {}
         self._cgroups: dict[str, tuple[int | None, int]] = {}
         """Per tenant, its memory cgroup's limit and usage as the backend last read them."""
-        self._quarantined: dict[str, str] = {}
+        self.quarantines = Quarantines(self.metrics)
         self.directory: Callable[[], Mapping[str, TenantRef]] | None = None
         """The lease service's tenants (GPUs, PIDs, limits); when set, only these count."""
-        self.on_quarantine: Callable[[str, str], None] | None = None
-        """Told (on the event loop) when a tenant is quarantined, and why."""
         self.on_change: Callable[[], None] | None = None
         """Told (on the event loop) after moves, so that `durable()` is saved."""
 
@@ -107,8 +106,8 @@ class ParkingPreparer:
                 if held & set(gpus):
                     del self._holding[other]
             snap = await asyncio.to_thread(self._snapshot)
-            self._announce()
-            if tenant_id in self._quarantined:
+            self.quarantines.note_all(self._states)
+            if tenant_id in self.quarantines.why:
                 raise self._refuse_quarantined(tenant_id)
             plan = plan_turn(snap, tenant_id)
             await self._carry_out(tenant_id, plan, "grant")
@@ -128,8 +127,8 @@ class ParkingPreparer:
         try:
             async with self._lock:
                 snap = await asyncio.to_thread(self._snapshot, holders)
-                self._announce()
-                if tenant_id in self._quarantined:
+                self.quarantines.note_all(self._states)
+                if tenant_id in self.quarantines.why:
                     return
                 plan = plan_ahead(snap, tenant_id)
                 if isinstance(plan, Plan) and plan.steps:
@@ -156,7 +155,7 @@ class ParkingPreparer:
             held = self._holding.pop(tenant_id, None)
             try:
                 snap = await asyncio.to_thread(self._snapshot)
-                self._announce()
+                self.quarantines.note_all(self._states)
                 if tenant_id not in snap.tenants:
                     return
                 await self._carry_out(tenant_id, plan_park(snap, tenant_id), "revoke")
@@ -196,8 +195,7 @@ class ParkingPreparer:
             for table in (self._refs, self._last_turn, self._last_turn_wall, self._holding):
                 table.pop(tenant_id, None)
             self._cgroups.pop(tenant_id, None)
-            if self._quarantined.pop(tenant_id, None) is not None:
-                self.metrics.quarantined.set(len(self._quarantined))
+            self.quarantines.forget(tenant_id)
             self._states.pop(tenant_id, None)
             self._waiting.pop(tenant_id, None)
             self._publish()
@@ -213,7 +211,7 @@ class ParkingPreparer:
                 await self._move(tenant_id, step, when)
         finally:
             await asyncio.to_thread(self._refresh)
-            self._announce()
+            self.quarantines.note_all(self._states)
             if self.on_change is not None:
                 self.on_change()
 
@@ -230,7 +228,7 @@ class ParkingPreparer:
                 self.metrics.failed(step.direction)
                 log.error("%s of %s on %s: %s", step.direction, step.tenant_id, step.gpu, e)
                 if isinstance(e, BackendQuarantined):
-                    self._note_quarantine(step.tenant_id, str(e))
+                    self.quarantines.note(step.tenant_id, str(e))
                 if step.tenant_id == tenant_id and isinstance(e, BackendQuarantined):
                     raise self._refuse_quarantined(tenant_id) from e
                 raise self._refuse(
@@ -269,26 +267,9 @@ class ParkingPreparer:
         self._waiting[tenant_id] = message
         return NoRoom(message)
 
-    def _note_quarantine(self, tenant_id: str, why: str) -> None:
-        """Remember the quarantine, count it and tell the lease service (once per tenant)."""
-        if tenant_id in self._quarantined:
-            return
-        self._quarantined[tenant_id] = why
-        self.metrics.quarantined.set(len(self._quarantined))
-        self.metrics.quarantines.inc()
-        log.error("tenant %s is quarantined and takes no more turns: %s", tenant_id, why)
-        if self.on_quarantine is not None:
-            self.on_quarantine(tenant_id, why)
-
-    def _announce(self) -> None:
-        """Note quarantines the backend reported in the last refresh (on the event loop)."""
-        for tenant_id, st in list(self._states.items()):
-            if st.quarantined:
-                self._note_quarantine(tenant_id, st.quarantined)
-
     def _refuse_quarantined(self, tenant_id: str) -> Quarantined:
         """The error for a turn of a quarantined tenant; counted and shown like a refusal."""
-        why = self._quarantined[tenant_id]
+        why = self.quarantines.why[tenant_id]
         self._refuse(tenant_id, "quarantined", f"{tenant_id} takes no more turns: {why}")
         return Quarantined(f"{tenant_id} takes no more turns: {why}")
 
@@ -384,7 +365,7 @@ class ParkingPreparer:
                 )
             if st.unparkable:
                 entry["not_parkable"] = st.unparkable
-            quarantined = st.quarantined or self._quarantined.get(tenant_id)
+            quarantined = st.quarantined or self.quarantines.why.get(tenant_id)
             if quarantined:  # its memory is wherever the driver left it: not "resident"
                 entry["residency"] = "quarantined"
                 entry["quarantined"] = quarantined

@@ -138,7 +138,7 @@ def connect_preparer(preparer: TurnPreparer, service: LeaseService) -> None:
     preparer.directory = lambda: {
         t.tenant_id: tenant_ref(t) for t in list(service.tenants.tenants.values())
     }
-    preparer.on_quarantine = service.quarantine
+    preparer.quarantines.on_quarantine = service.quarantine
     preparer.on_change = service.persist
     service.metrics.registry.register(Forward(preparer.metrics.registry))
     from agent.parking.backends.app import AppBackend

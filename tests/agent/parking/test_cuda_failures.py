@@ -62,7 +62,7 @@ def test_a_restore_that_ran_out_of_memory_is_never_retried(node):
         backend, {GPU: 10 * GIB}, host_budget=20 * GIB, registry=reg, backoff=0.0
     )
     told: list[tuple[str, str]] = []
-    prep.on_quarantine = lambda t, why: told.append((t, why))
+    prep.quarantines.on_quarantine = lambda t, why: told.append((t, why))
     backend.park("a", GPU)
     driver.fail[("restore", 101)] = CUresult.CUDA_ERROR_OUT_OF_MEMORY
 
