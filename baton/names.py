@@ -5,6 +5,8 @@ Every component imports these values; none spells them out again.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 # Extended resources.
 RESOURCE_GPU = "baton.dev/gpu"
 """Time-sliced GPU slots advertised by the device plugin."""
@@ -25,7 +27,10 @@ ANNOTATION_ASSIGNED_GPUS = "baton.dev/assigned-gpus"
 ANNOTATION_ASSIGNED_AT = "baton.dev/assigned-at"
 """RFC 3339 time (nanoseconds) of the assignment."""
 ANNOTATION_ALLOCATED_AT = "baton.dev/allocated-at"
-"""RFC 3339 time the device plugin allocated the pod."""
+"""RFC 3339 time the device plugin first saw the kubelet's allocation for the pod."""
+ANNOTATION_CONTAINER_GPUS = "baton.dev/container-gpus"
+"""JSON object: container name → sorted GPU UUIDs of the slots the kubelet allocated to it
+(from its PodResources API; the device plugin writes it, the agent reads it)."""
 
 # Scheduling.
 SCHEDULER_NAME = "baton-scheduler"
@@ -44,6 +49,9 @@ AGENT_SESSION_METADATA = "baton-session"
 KUBELET_DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET_NAME = "kubelet.sock"
 DEVICE_PLUGIN_SOCKET_NAME = "baton-gpu.sock"
+KUBELET_POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
+KUBELET_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+"""The kubelet's PodResources API (v1): which devices each container was allocated."""
 
 # Environment in tenant containers.
 ENV_AGENT_SOCKET = "BATON_AGENT_SOCKET"
@@ -83,6 +91,11 @@ MIB = 1024 * 1024
 def slot_device_id(gpu_uuid: str, slot: int) -> str:
     """The device ID the plugin advertises for one slot of one GPU."""
     return f"{gpu_uuid}{SLOT_SEPARATOR}{slot}"
+
+
+def gpus_of_device_ids(device_ids: Iterable[str]) -> tuple[str, ...]:
+    """The sorted, distinct GPU UUIDs of some slot device IDs: the GPUs of a container."""
+    return tuple(sorted({gpu_of_device_id(d) for d in device_ids}))
 
 
 def gpu_of_device_id(device_id: str) -> str:

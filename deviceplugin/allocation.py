@@ -1,32 +1,34 @@
-"""Serving GetPreferredAllocation and Allocate: pick the pod, answer, mark it allocated."""
+"""Serving GetPreferredAllocation and Allocate: steer towards the proposal, answer from the IDs.
+
+Allocate does not say which pod it is for, and the kubelet admits pods in its own order, one
+container at a time. So Allocate answers from the device IDs it is given (a container's GPUs are
+its slots' GPUs), and which pod got them is read back from the kubelet's PodResources API
+(`reconcile.py`). GetPreferredAllocation only steers: towards the GPUs the extender assigned to
+the pod most likely being admitted.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal, Protocol
+from typing import Protocol
 
 from baton import names
-from baton.kube import format_timestamp_ns
 from deviceplugin.devices import (
     Choice,
     ContainerAllocation,
     NoHealthyGpuError,
     PodView,
-    allocation_annotations,
     choose_pod,
     container_allocation,
     preferred_allocation,
 )
-from deviceplugin.errors import ConflictError, DevicePluginError, NoWaitingPodError
-from deviceplugin.metrics import Metrics
+from deviceplugin.errors import DevicePluginError
 from deviceplugin.state import LiveInventory
 
 log = logging.getLogger(__name__)
 _REMEMBERED_PODS = 4096
-Relist = Literal["miss", "now"]
 
 
 class PodSource(Protocol):
@@ -45,55 +47,47 @@ class PodSource(Protocol):
 
 
 class Allocator:
-    """Matches kubelet allocation calls to pods; one Allocate at a time."""
+    """Answers the kubelet's allocation calls; `on_allocate` is told after every Allocate."""
 
     def __init__(
         self,
         source: PodSource,
         inventory: LiveInventory,
-        metrics: Metrics,
-        clock_ns: Callable[[], int],
         node_name: str,
         cdi_kind: str | None = None,
+        on_allocate: Callable[[], None] = lambda: None,
     ) -> None:
         self.source = source
         self.inventory = inventory
-        self.metrics = metrics
-        self.clock_ns = clock_ns
         self.node_name = node_name
         self.cdi_kind = cdi_kind
+        self.on_allocate = on_allocate
         self._lock = threading.Lock()
-        self._served: deque[str] = deque(maxlen=_REMEMBERED_PODS)
+        self._steered: dict[str, int] = {}
+        """Pod UID → slots steered for it so far; -1 once all its asks were (the hint moves on)."""
 
-    def _choose(self, count: int, relist: Relist) -> Choice | None:
-        """From the cache; `relist` "miss": list once if the cache has none, "now": list first."""
+    def _steer_for(self, size: int) -> Choice | None:
+        """The pod a container asking `size` slots most likely belongs to (a guess)."""
         _, inventory = self.inventory.snapshot()
-        pods = self.source.relist() if relist == "now" else self.source.pods()
-        choice = choose_pod(pods, count, inventory, self._served)
-        if choice is None and relist == "miss":
-            choice = choose_pod(self.source.relist(), count, inventory, self._served)
-        return choice
-
-    def _claim(self, count: int, relist: Relist) -> Choice:
-        """Choose the pod and annotate it allocated."""
-        choice = self._choose(count, relist)
+        done = [uid for uid, n in self._steered.items() if n < 0]
+        choice = choose_pod(self.source.pods(), size, inventory, done)
         if choice is None:
-            raise NoWaitingPodError(
-                f"no pod on node {self.node_name} waits for {count} {names.RESOURCE_GPU} "
-                "(none is Pending, unallocated and asks for exactly that many); "
-                "was it deleted meanwhile?"
-            )
-        now = format_timestamp_ns(self.clock_ns())
-        annotations = allocation_annotations(choice, now)
-        self.source.annotate(choice.pod, annotations, check_version=choice.fallback)
-        self._served.append(choice.pod.uid)
-        return choice
+            return None
+        uid = choice.pod.uid
+        steered = self._steered.get(uid, 0)
+        if uid not in self._steered and len(self._steered) >= _REMEMBERED_PODS:
+            self._steered.pop(next(iter(self._steered)))
+        total = steered + size
+        self._steered[uid] = -1 if total >= sum(choice.pod.slot_asks or (size,)) else total
+        turn = steered % len(choice.gpus)
+        gpus = choice.gpus[turn:] + choice.gpus[:turn]
+        return Choice(choice.pod, gpus, choice.fallback)
 
     def preferred(self, available: Sequence[str], must: Sequence[str], size: int) -> list[str]:
-        """Slots on the GPUs of the pod about to be admitted, else the fewest GPUs."""
+        """`must`, then slots on the GPUs of the pod most likely admitted, else the fewest."""
         with self._lock:
             try:
-                choice = self._choose(size, relist="miss")
+                choice = self._steer_for(size)
             except (NoHealthyGpuError, DevicePluginError) as err:
                 log.info("no preferred GPUs (%s); packing onto the fewest", err)
                 choice = None
@@ -101,21 +95,10 @@ class Allocator:
         return preferred_allocation(available, must, size, prefer)
 
     def allocate(self, device_ids: Sequence[str]) -> ContainerAllocation:
-        """Find the pod these devices are for, annotate it allocated, return its container setup."""
-        with self._lock:
-            try:
-                choice = self._claim(len(device_ids), relist="miss")
-            except ConflictError as err:
-                log.info("%s; listing the node's pods and trying once more", err)
-                choice = self._claim(len(device_ids), relist="now")
-        if choice.fallback:
-            self.metrics.fallbacks.inc()
-            log.warning(
-                "pod %s reached node %s without a GPU assignment (scheduled without the Baton "
-                "extender?); gave it the least-loaded GPUs %s",
-                choice.pod.key,
-                self.node_name,
-                ",".join(choice.gpus),
-            )
-        log.info("allocated GPUs %s to pod %s", ",".join(choice.gpus), choice.pod.key)
-        return container_allocation(choice.gpus, self.cdi_kind)
+        """The container's setup for the GPUs of its allocated slots (the kubelet's choice)."""
+        gpus = names.gpus_of_device_ids(device_ids)
+        if not gpus:
+            raise ValueError("Allocate named no devices")
+        self.on_allocate()
+        log.info("allocated GPUs %s (devices %s)", ",".join(gpus), ",".join(device_ids))
+        return container_allocation(gpus, self.cdi_kind)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,8 @@ from deviceplugin.health import HealthTracker, NvmlHealthLoop
 from deviceplugin.metrics import Metrics, StatusServer
 from deviceplugin.plugin import DevicePlugin
 from deviceplugin.podcache import PodCache
+from deviceplugin.podresources import PodResourcesClient
+from deviceplugin.reconcile import DEFAULT_INTERVAL_S, Reconciler
 from deviceplugin.server import DevicePluginService, PluginServer
 from deviceplugin.state import LiveInventory
 
@@ -41,6 +42,9 @@ class Settings:
     socket_name: str = names.DEVICE_PLUGIN_SOCKET_NAME
     shutdown_grace: float | None = None
     """Seconds an in-flight Allocate gets on stop; None cancels it at once."""
+    pod_resources_socket: Path | None = Path(names.KUBELET_POD_RESOURCES_SOCKET)
+    """The kubelet's PodResources API; None: no reconciliation (Allocate still answers)."""
+    reconcile_interval_s: float = DEFAULT_INTERVAL_S
 
 
 class Daemon:
@@ -67,13 +71,23 @@ class Daemon:
         self.inventory.subscribe(self.metrics.observe_inventory)
         self.metrics.observe_inventory(self.inventory.snapshot()[1])
         self.health = HealthTracker(self.inventory, settings.ignored_xids)
+        self.pod_resources: PodResourcesClient | None = None
+        self.reconciler: Reconciler | None = None
+        if settings.pod_resources_socket is not None:
+            self.pod_resources = PodResourcesClient(settings.pod_resources_socket)
+            self.reconciler = Reconciler(
+                self.pod_resources,
+                source,
+                self.metrics,
+                settings.node_name,
+                settings.reconcile_interval_s,
+            )
         self.allocator = Allocator(
             source,
             self.inventory,
-            self.metrics,
-            time.time_ns,
             settings.node_name,
             CDI_KIND if settings.cdi else None,
+            self.reconciler.poke if self.reconciler is not None else lambda: None,
         )
         service = DevicePluginService(self.inventory, self.allocator, self.metrics)
         server = PluginServer(service, settings.plugin_dir / settings.socket_name)
@@ -117,6 +131,8 @@ class Daemon:
             self.nvml.start()
         if self.annotator is not None:
             self.annotator.start()
+        if self.reconciler is not None:
+            self.reconciler.start()
         self.plugin.start()
         log.info(
             "serving %d slot devices of %s on %s; metrics on :%d",
@@ -129,6 +145,10 @@ class Daemon:
     def stop(self) -> None:
         """Stop everything started."""
         self.plugin.stop(self.settings.shutdown_grace)
+        if self.reconciler is not None:
+            self.reconciler.stop()
+        if self.pod_resources is not None:
+            self.pod_resources.close()
         if self.pod_cache is not None:
             self.pod_cache.stop()
         if self.annotator is not None:

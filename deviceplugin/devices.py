@@ -1,4 +1,4 @@
-"""Pure device logic: slot devices, health, which pod an Allocate serves, which GPUs it gets.
+"""Pure device logic: slot devices, health, which pod a preferred allocation steers for, env.
 
 No sockets, clocks or API calls: callers pass in snapshots and the current time.
 """
@@ -95,6 +95,10 @@ class PodView:
     allocated: bool
     created_ns: int
     deleting: bool = False
+    slot_asks: tuple[int, ...] = ()
+    """Each GPU container's (init containers too) `baton.dev/gpu` request, in admission order."""
+    container_gpus: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    """The `baton.dev/container-gpus` annotation: what the kubelet allocated, per container."""
 
     @property
     def key(self) -> str:
@@ -114,7 +118,7 @@ class PodView:
 
 @dataclass(frozen=True)
 class Choice:
-    """The pod an Allocate serves and the GPUs it gets; `fallback` when it had no assignment."""
+    """The pod a preferred allocation steers for and its GPUs; `fallback`: it had none assigned."""
 
     pod: PodView
     gpus: tuple[str, ...]
@@ -136,15 +140,20 @@ def choose_pod(
     inventory: Inventory,
     exclude: Iterable[str] = (),
 ) -> Choice | None:
-    """The pod an Allocate of `device_count` devices serves, or None when no pod waits for it.
+    """The pod a container asking for `device_count` devices most likely belongs to, or None.
 
-    Assigned pods come first, oldest assignment first; else the oldest unassigned pod gets
-    the least-loaded GPUs. Pods whose UID is in `exclude` were already served.
+    A guess (the kubelet does not say which pod it admits): assigned pods first, oldest
+    assignment first; else the oldest unassigned pod, with the least-loaded GPUs. Pods whose
+    UID is in `exclude` were already steered for.
     """
     skip = set(exclude)
     all_pods = list(pods)
     candidates = [
-        p for p in all_pods if p.waiting and p.uid not in skip and p.gpu_request == device_count
+        p
+        for p in all_pods
+        if p.waiting
+        and p.uid not in skip
+        and (p.gpu_request == device_count or device_count in p.slot_asks)
     ]
     assigned = sorted((p for p in candidates if p.assigned_gpus), key=_order)
     if assigned:
@@ -207,7 +216,7 @@ class ContainerAllocation:
 
 
 def container_allocation(gpus: Sequence[str], cdi_kind: str | None = None) -> ContainerAllocation:
-    """The env, agent-socket mount and (with a CDI kind) CDI names for a pod's GPUs."""
+    """The env, agent-socket mount and (with a CDI kind) CDI names for a container's GPUs."""
     envs = {
         names.ENV_GPUS: ",".join(gpus),
         names.ENV_AGENT_SOCKET: names.AGENT_SOCKET,
@@ -219,12 +228,3 @@ def container_allocation(gpus: Sequence[str], cdi_kind: str | None = None) -> Co
         envs[names.ENV_NVIDIA_VISIBLE_DEVICES] = ",".join(gpus)
     mounts = ((names.AGENT_SOCKET_DIR, names.AGENT_SOCKET_DIR, True),)
     return ContainerAllocation(envs=envs, mounts=mounts, cdi_devices=cdi)
-
-
-def allocation_annotations(choice: Choice, now: str) -> dict[str, str]:
-    """Pod annotations written once a pod is allocated (a fallback also records its GPUs)."""
-    annotations = {names.ANNOTATION_ALLOCATED_AT: now}
-    if choice.fallback:
-        annotations[names.ANNOTATION_ASSIGNED_GPUS] = ",".join(choice.gpus)
-        annotations[names.ANNOTATION_ASSIGNED_AT] = now
-    return annotations

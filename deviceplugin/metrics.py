@@ -51,7 +51,15 @@ class Metrics:
         )
         self.fallbacks = Counter(
             _P + "fallback_assignments",
-            "Pods that reached the node without an assignment and got the least-loaded GPUs.",
+            "Pods that reached the node without an assignment (their allocation is recorded).",
+            registry=r,
+        )
+        self.reconciled = Counter(
+            _P + "reconciled_pods",
+            "Pods whose GPU annotations were written from the kubelet's allocation, by outcome "
+            "(confirmed: as the extender proposed; corrected: the kubelet chose other GPUs; "
+            "fallback: no proposal).",
+            ["outcome"],
             registry=r,
         )
         self.unhealthy_gpus = Gauge(_P + "unhealthy_gpus", "GPUs marked unhealthy.", registry=r)

@@ -13,6 +13,7 @@ from typing import Any
 from baton import names
 from baton.kube import parse_timestamp_ns
 from deviceplugin.devices import PodView
+from deviceplugin.truth import decode_container_gpus
 from deviceplugin.errors import ApiUnavailableError, ConflictError, DevicePluginError
 
 log = logging.getLogger(__name__)
@@ -38,16 +39,33 @@ def _timestamp(text: object) -> int | None:
         return None
 
 
+def _slots(container: Mapping[str, Any]) -> int:
+    resources = container.get("resources") or {}
+    amounts = resources.get("limits") or resources.get("requests") or {}
+    return _quantity(amounts.get(names.RESOURCE_GPU, 0))
+
+
+def slot_request(spec: Mapping[str, Any]) -> tuple[int, tuple[int, ...]]:
+    """The pod's `baton.dev/gpu` as the kubelet counts it, and each GPU container's ask.
+
+    The kubelet allocates per container; init containers run one at a time before the app
+    containers (their devices are reused), so a pod needs max(sum of app containers and
+    sidecars, the largest init container).
+    """
+    inits = spec.get("initContainers") or []
+    apps = spec.get("containers") or []
+    sidecars = [c for c in inits if c.get("restartPolicy") == "Always"]
+    long_running = sum(_slots(c) for c in (*sidecars, *apps))
+    largest_init = max((_slots(c) for c in inits if c not in sidecars), default=0)
+    asks = tuple(n for n in (_slots(c) for c in (*inits, *apps)) if n)
+    return max(long_running, largest_init), asks
+
+
 def pod_view(obj: Mapping[str, Any]) -> PodView:
     """The device plugin's view of a pod object (as the API server's JSON)."""
     meta = obj.get("metadata") or {}
     annotations = meta.get("annotations") or {}
-    containers = (obj.get("spec") or {}).get("containers") or []
-    request = 0
-    for container in containers:
-        resources = container.get("resources") or {}
-        amounts = resources.get("limits") or resources.get("requests") or {}
-        request += _quantity(amounts.get(names.RESOURCE_GPU, 0))
+    request, asks = slot_request(obj.get("spec") or {})
     assigned = annotations.get(names.ANNOTATION_ASSIGNED_GPUS, "")
     return PodView(
         namespace=meta.get("namespace", ""),
@@ -61,6 +79,8 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         allocated=names.ANNOTATION_ALLOCATED_AT in annotations,
         created_ns=_timestamp(meta.get("creationTimestamp")) or 0,
         deleting=bool(meta.get("deletionTimestamp")),
+        slot_asks=asks,
+        container_gpus=decode_container_gpus(annotations.get(names.ANNOTATION_CONTAINER_GPUS)),
     )
 
 

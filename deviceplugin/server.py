@@ -120,6 +120,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         try:
             for req in request.container_requests:
                 answers.append(container_response(self.allocator.allocate(list(req.devices_ids))))
+        except ValueError as err:
+            self.metrics.allocations.labels(outcome="bad-request").inc()
+            log.error("Allocate refused: %s", err)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"baton device plugin: {err}")
         except (DevicePluginError, NoHealthyGpuError) as err:
             code, outcome = _STATUS.get(type(err), (grpc.StatusCode.INTERNAL, "error"))
             self.metrics.allocations.labels(outcome=outcome).inc()

@@ -7,6 +7,7 @@ a thread and hands each change to the event loop.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -26,14 +27,30 @@ def _quantity(value: Any) -> float:
     return float(parse_quantity(str(value)))
 
 
+def container_gpus(text: str | None) -> dict[str, tuple[str, ...]]:
+    """The `baton.dev/container-gpus` annotation (the kubelet's allocation); {} if absent or bad."""
+    try:
+        data = json.loads(text or "{}")
+    except ValueError:
+        log.warning("ignoring a malformed %s annotation: %r", names.ANNOTATION_CONTAINER_GPUS, text)
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(c): tuple(sorted(map(str, g))) for c, g in data.items() if isinstance(g, list)}
+
+
 def pod_tenant(pod: Any) -> Tenant | None:
-    """The tenant a pod is, or None if it has no Baton GPUs assigned (or has finished)."""
+    """The tenant a pod is, or None if it has no Baton GPUs assigned (or has finished).
+
+    Its GPUs are what the kubelet allocated to its containers once the device plugin has
+    recorded that (`baton.dev/container-gpus`), until then the extender's proposal.
+    """
     meta, spec, status = pod.metadata, pod.spec, pod.status
     annotations = meta.annotations or {}
-    gpus = tuple(
-        sorted(g.strip() for g in annotations.get(names.ANNOTATION_ASSIGNED_GPUS, "").split(","))
-    )
-    gpus = tuple(g for g in gpus if g)
+    per_container = container_gpus(annotations.get(names.ANNOTATION_CONTAINER_GPUS))
+    proposed = annotations.get(names.ANNOTATION_ASSIGNED_GPUS, "").split(",")
+    allocated = {g for each in per_container.values() for g in each}
+    gpus = tuple(sorted(allocated or {g.strip() for g in proposed if g.strip()}))
     if not gpus or (status is not None and status.phase in _DONE_PHASES):
         return None
     memory_mib = duty = memory_limit = 0
@@ -59,6 +76,7 @@ def pod_tenant(pod: Any) -> Tenant | None:
         labels={
             k: v for k, v in (meta.labels or {}).items() if k.startswith(names.LABEL_PREFIX_LLMD)
         },
+        container_gpus=per_container,
     )
 
 

@@ -33,6 +33,8 @@ class Tenant:
     pod_uid: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     """The pod's labels Baton reads (llm-d's `timeslice.io/*`)."""
+    container_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """A pod tenant's GPUs per container, as the kubelet allocated them (`gpus` is the union)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable form (for the state file and /v1/status)."""
@@ -48,12 +50,21 @@ class Tenant:
             "pids": sorted(self.pids),
             "pod_uid": self.pod_uid,
             "labels": dict(self.labels),
+            "container_gpus": {c: list(g) for c, g in sorted(self.container_gpus.items())},
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Tenant:
         """Inverse of `to_json`."""
-        return cls(**{**data, "gpus": tuple(data["gpus"]), "pids": set(data.get("pids", []))})
+        containers = {c: tuple(g) for c, g in (data.get("container_gpus") or {}).items()}
+        return cls(
+            **{
+                **data,
+                "gpus": tuple(data["gpus"]),
+                "pids": set(data.get("pids", [])),
+                "container_gpus": containers,
+            }
+        )
 
 
 def check_registration(

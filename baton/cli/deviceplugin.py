@@ -11,6 +11,7 @@ from baton.cli.options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_
 from baton.shutdown import DEFAULT_GRACE_S
 from deviceplugin.annotate import DEFAULT_HOST_MEMORY_BUDGET
 from deviceplugin.health import DEFAULT_IGNORED_XIDS
+from deviceplugin.reconcile import DEFAULT_INTERVAL_S
 
 
 def deviceplugin(
@@ -49,6 +50,21 @@ def deviceplugin(
     ignored_xids: Annotated[
         str, typer.Option(envvar="BATON_IGNORED_XIDS", help="XIDs that do not fail a GPU.")
     ] = ",".join(map(str, DEFAULT_IGNORED_XIDS)),
+    pod_resources_socket: Annotated[
+        str,
+        typer.Option(
+            envvar="BATON_POD_RESOURCES_SOCKET",
+            help="The kubelet's PodResources API, read to reconcile pod annotations ('' = off).",
+        ),
+    ] = names.KUBELET_POD_RESOURCES_SOCKET,
+    reconcile_interval: Annotated[
+        float,
+        typer.Option(
+            envvar="BATON_RECONCILE_INTERVAL",
+            min=0.1,
+            help="Seconds between reconciliations besides the ones after each Allocate.",
+        ),
+    ] = DEFAULT_INTERVAL_S,
     shutdown_grace: Annotated[
         float,
         typer.Option(
@@ -87,6 +103,8 @@ def deviceplugin(
         metrics_port=metrics_port,
         ignored_xids=xids,
         shutdown_grace=shutdown_grace,
+        pod_resources_socket=Path(pod_resources_socket) if pod_resources_socket else None,
+        reconcile_interval_s=reconcile_interval,
     )
     stop = StopSignal().install()
     daemon = Daemon(settings, gpus, fake, api_client=api_client)

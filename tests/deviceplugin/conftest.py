@@ -19,6 +19,7 @@ from deviceplugin.gpus import parse_fake_gpus
 from deviceplugin.health import DEFAULT_IGNORED_XIDS
 from tests.harness.fakeapi import FakeApiServer
 from tests.harness.kubelet import KubeletStub
+from tests.harness.podresources import AdmittedPod, ContainerAsk
 
 NODE = "node-a"
 StartPlugin = Callable[..., Daemon]
@@ -33,7 +34,8 @@ def socket_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def kubelet(socket_dir: Path) -> Iterator[KubeletStub]:
-    stub = KubeletStub(socket_dir)
+    (socket_dir / "pod-resources").mkdir()
+    stub = KubeletStub(socket_dir, socket_dir / "pod-resources")
     stub.start()
     yield stub
     stub.stop()
@@ -49,6 +51,7 @@ def start_plugin(socket_dir: Path) -> Iterator[StartPlugin]:
         slots: int = 4,
         api_client: object = None,
         cdi: bool = False,
+        reconcile_interval_s: float = 10.0,
     ) -> Daemon:
         settings = Settings(
             node_name=NODE,
@@ -59,6 +62,8 @@ def start_plugin(socket_dir: Path) -> Iterator[StartPlugin]:
             metrics_host="127.0.0.1",
             metrics_port=0,
             ignored_xids=frozenset(DEFAULT_IGNORED_XIDS),
+            pod_resources_socket=socket_dir / "pod-resources" / "kubelet.sock",
+            reconcile_interval_s=reconcile_interval_s,
         )
         daemon = Daemon(
             settings,
@@ -88,22 +93,50 @@ def tenant_pod(
     assigned_at_ns: int | None = None,
     request: int = 1,
     node: str = NODE,
+    containers: dict[str, int] | None = None,
+    inits: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """A Pending tenant pod on `node` asking for `request` baton.dev/gpu, maybe assigned."""
+    """A Pending tenant pod on `node` asking for `request` baton.dev/gpu (or, per container,
+    `containers` and init containers `inits`), maybe assigned."""
     annotations = {}
     if gpus:
         annotations[names.ANNOTATION_ASSIGNED_GPUS] = ",".join(gpus)
     if assigned_at_ns is not None:
         annotations[names.ANNOTATION_ASSIGNED_AT] = format_timestamp_ns(assigned_at_ns)
-    limits = {names.RESOURCE_GPU: str(request)}
+
+    def spec(asks: dict[str, int]) -> list[dict[str, Any]]:
+        return [
+            {"name": c, "image": "tenant", "resources": {"limits": {names.RESOURCE_GPU: str(n)}}}
+            for c, n in asks.items()
+        ]
+
+    pod_spec: dict[str, Any] = {
+        "nodeName": node,
+        "schedulerName": names.SCHEDULER_NAME,
+        "containers": spec(containers or {"main": request}),
+    }
+    if inits:
+        pod_spec["initContainers"] = spec(inits)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "annotations": annotations},
-        "spec": {
-            "nodeName": node,
-            "schedulerName": names.SCHEDULER_NAME,
-            "containers": [{"name": "main", "image": "tenant", "resources": {"limits": limits}}],
-        },
+        "spec": pod_spec,
         "status": {"phase": "Pending"},
     }
+
+
+def admit(kubelet: KubeletStub, pod: dict[str, Any]) -> AdmittedPod:
+    """Admit a pod object through the kubelet stub, container by container (init first)."""
+    spec = pod["spec"]
+
+    def asks(key: str) -> list[ContainerAsk]:
+        return [
+            ContainerAsk(c["name"], int(c["resources"]["limits"].get(names.RESOURCE_GPU, 0)))
+            for c in spec.get(key) or []
+        ]
+
+    meta = pod["metadata"]
+    return kubelet.admit_pod(
+        meta["namespace"], meta["name"], asks("containers"), asks("initContainers")
+    )

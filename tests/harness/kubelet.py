@@ -3,8 +3,11 @@
 `RegistrationServer` serves Registration on `<dir>/kubelet.sock` and validates requests as the
 kubelet does; `PluginEndpoint` is the kubelet's client to one plugin (options, a ListAndWatch
 stream whose every list is recorded, GetPreferredAllocation/Allocate); `KubeletStub` is the device
-manager tying them together: device accounting, admission one container request per call, and a
-simulated restart (delete the sockets, recreate kubelet.sock).
+manager tying them together: device accounting, admission one container request per call (a
+whole pod: init containers first, their devices reused by later containers, as the kubelet's
+device manager does; pods in whatever order the test admits them), its PodResources API
+(`podresources.py`) when given a directory for it, and a simulated restart (delete the sockets,
+recreate kubelet.sock).
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ from pathlib import Path
 
 import grpc
 
+from baton import names
 from baton._pb import api_pb2, api_pb2_grpc
+from tests.harness.podresources import (
+    AdmittedPod,
+    ContainerAsk,
+    PodResourcesRecord,
+    PodResourcesServer,
+)
 
 SUPPORTED_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
@@ -174,7 +184,12 @@ class AdmissionError(Exception):
 class KubeletStub:
     """Device manager stand-in: registrations, device accounting, container admission."""
 
-    def __init__(self, socket_dir: Path) -> None:
+    def __init__(
+        self,
+        socket_dir: Path,
+        pod_resources_dir: Path | None = None,
+        resource: str = names.RESOURCE_GPU,
+    ) -> None:
         self.socket_dir = socket_dir
         self.registrations: list[api_pb2.RegisterRequest] = []
         self.endpoints: dict[str, PluginEndpoint] = {}
@@ -184,12 +199,22 @@ class KubeletStub:
         self.restarted_at: float | None = None
         self.registered_at: list[float] = []
         self.registration = RegistrationServer(socket_dir, self._on_register)
+        self.record = PodResourcesRecord(resource)
+        self.pod_resources = (
+            PodResourcesServer(pod_resources_dir, self.record, self._allocatable)
+            if pod_resources_dir is not None
+            else None
+        )
 
     def start(self) -> None:
         self.registration.start()
+        if self.pod_resources is not None:
+            self.pod_resources.start()
 
     def stop(self) -> None:
         self.registration.stop()
+        if self.pod_resources is not None:
+            self.pod_resources.stop()
         for endpoint in list(self.endpoints.values()):
             endpoint.stop()
 
@@ -256,49 +281,93 @@ class KubeletStub:
         taken = self.allocated.get(resource, set())
         return sorted(d for d, h in latest.items() if h == "Healthy" and d not in taken)
 
+    def _allocatable(self) -> list[str]:
+        endpoint = self.endpoints.get(self.record.resource)
+        return sorted(endpoint.latest()) if endpoint is not None else []
+
     def admit(
         self, resource: str, count: int
     ) -> tuple[list[str], api_pb2.ContainerAllocateResponse]:
         """Allocate `count` devices to one container as the kubelet does; AdmissionError if not."""
         with self._admit:
-            if resource not in self.endpoints:
-                raise AdmissionError(f"cannot allocate unregistered device {resource}")
-            endpoint = self.endpoint(resource)
-            available = self.free_devices(resource)
-            if len(available) < count:
-                raise AdmissionError(
-                    f"requested number of devices unavailable for {resource}. "
-                    f"Requested: {count}, Available: {len(available)}"
-                )
-            chosen = available[:count]
-            if endpoint.options.get_preferred_allocation_available and count < len(available):
-                chosen = self._preferred(endpoint, available, count)
-            request = api_pb2.AllocateRequest(
-                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=chosen)]
-            )
-            try:
-                response = endpoint.stub.Allocate(request, timeout=DIAL_TIMEOUT_S)
-            except grpc.RpcError as err:
-                raise AdmissionError(
-                    f"Allocate failed due to rpc error: code = {err.code().name} "
-                    f"desc = {err.details()}, which is unexpected"
-                ) from err
-            if not response.container_responses:
-                raise AdmissionError("no containers return in allocation response")
-            self.allocated.setdefault(resource, set()).update(chosen)
-            return chosen, response.container_responses[0]
+            return self._admit_container(resource, count, set())
 
-    def _preferred(self, endpoint: PluginEndpoint, available: list[str], count: int) -> list[str]:
+    def admit_pod(
+        self, namespace: str, name: str, containers: list[ContainerAsk], inits: list[ContainerAsk]
+    ) -> AdmittedPod:
+        """Allocate every container of a pod, init containers first, as the device manager does:
+        an init container's devices may be reused by the containers after it."""
+        resource = self.record.resource
+        pod = AdmittedPod(namespace, name, [c.name for c in (*inits, *containers) if c.sidecar])
+        pod.listed += [c.name for c in containers]
+        reusable: set[str] = set()
+        with self._admit:
+            for ask in (*inits, *containers):
+                if ask.count:
+                    devices, answer = self._admit_container(resource, ask.count, reusable)
+                    pod.devices[ask.name], pod.envs[ask.name] = devices, dict(answer.envs)
+                    if ask in inits and not ask.sidecar:
+                        reusable |= set(devices)
+                    else:
+                        reusable -= set(devices)
+        self.record.add(pod)
+        return pod
+
+    def release_pod(self, namespace: str, name: str) -> None:
+        """The pod ended: free its devices and drop it from PodResources."""
+        pod = self.record.remove(namespace, name)
+        if pod is not None:
+            self.release(self.record.resource, [d for ids in pod.devices.values() for d in ids])
+
+    def _admit_container(
+        self, resource: str, count: int, reusable: set[str]
+    ) -> tuple[list[str], api_pb2.ContainerAllocateResponse]:
+        if resource not in self.endpoints:
+            raise AdmissionError(f"cannot allocate unregistered device {resource}")
+        endpoint = self.endpoint(resource)
+        reused = sorted(reusable)[:count]
+        needed = count - len(reused)
+        available = self.free_devices(resource)
+        if len(available) < needed:
+            raise AdmissionError(
+                f"requested number of devices unavailable for {resource}. "
+                f"Requested: {needed}, Available: {len(available)}"
+            )
+        chosen = reused + available[:needed]
+        if needed and endpoint.options.get_preferred_allocation_available and needed < len(
+            available
+        ):
+            chosen = self._preferred(endpoint, available + reused, reused, count)
+        request = api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=chosen)]
+        )
+        try:
+            response = endpoint.stub.Allocate(request, timeout=DIAL_TIMEOUT_S)
+        except grpc.RpcError as err:
+            raise AdmissionError(
+                f"Allocate failed due to rpc error: code = {err.code().name} "
+                f"desc = {err.details()}, which is unexpected"
+            ) from err
+        if not response.container_responses:
+            raise AdmissionError("no containers return in allocation response")
+        self.allocated.setdefault(resource, set()).update(chosen)
+        return chosen, response.container_responses[0]
+
+    def _preferred(
+        self, endpoint: PluginEndpoint, available: list[str], must: list[str], count: int
+    ) -> list[str]:
         request = api_pb2.PreferredAllocationRequest(
             container_requests=[
                 api_pb2.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=available, allocation_size=count
+                    available_deviceIDs=available,
+                    must_include_deviceIDs=must,
+                    allocation_size=count,
                 )
             ]
         )
         answer = endpoint.stub.GetPreferredAllocation(request, timeout=DIAL_TIMEOUT_S)
         preferred = [d for d in answer.container_responses[0].deviceIDs if d in available]
-        chosen = list(dict.fromkeys(preferred))[:count]
+        chosen = list(dict.fromkeys([*must, *preferred]))[:count]
         chosen += [d for d in available if d not in chosen][: count - len(chosen)]
         return chosen
 

@@ -1,0 +1,153 @@
+"""Reconciling pod annotations from the kubelet's allocation (its PodResources API).
+
+After every Allocate (the kubelet records it once Allocate returns, so a few passes in quick
+succession), and every `interval_s` anyway, the reconciler lists what the kubelet allocated to
+each container and corrects the pods whose annotations say otherwise (`truth.py`): the kubelet
+wins, and the extender's cache and the agent read the corrected annotations.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from baton import names
+from baton.kube import format_timestamp_ns
+from deviceplugin.allocation import PodSource
+from deviceplugin.devices import PodView
+from deviceplugin.errors import DevicePluginError
+from deviceplugin.metrics import Metrics
+from deviceplugin.truth import Reconciliation, container_gpus, reconcile
+
+if TYPE_CHECKING:
+    from deviceplugin.podresources import Allocations
+
+log = logging.getLogger(__name__)
+AFTER_ALLOCATE_S = (0.02, 0.1, 0.5, 2.0)
+"""Delays of the passes after an Allocate: the kubelet records it only once Allocate returns."""
+DEFAULT_INTERVAL_S = 10.0
+
+
+class AllocationLister(Protocol):
+    """The kubelet's per-container allocations (`PodResourcesClient`)."""
+
+    def list(self) -> Allocations:
+        """Pod → container → device IDs."""
+
+
+class Reconciler:
+    """Keeps every pod's GPU annotations equal to what the kubelet allocated."""
+
+    def __init__(
+        self,
+        lister: AllocationLister,
+        source: PodSource,
+        metrics: Metrics,
+        node_name: str,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.lister = lister
+        self.source = source
+        self.metrics = metrics
+        self.node_name = node_name
+        self.interval_s = interval_s
+        self.clock_ns = clock_ns
+        self.passes = 0
+        self._due: list[float] = []
+        self._wake = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="reconcile", daemon=True)
+
+    def start(self) -> None:
+        """Reconcile now, after every poke, and every `interval_s`."""
+        self.poke()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop reconciling."""
+        with self._wake:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def poke(self) -> None:
+        """An Allocate happened: reconcile in a moment (and again shortly after)."""
+        now = time.monotonic()
+        with self._wake:
+            for delay in AFTER_ALLOCATE_S:
+                due = now + delay
+                if not any(abs(due - other) < delay / 4 for other in self._due):
+                    self._due.append(due)
+            self._due.sort()
+            self._wake.notify_all()
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while True:
+            with self._wake:
+                while not self._stop:
+                    now = time.monotonic()
+                    due = min(self._due[0] if self._due else now + 1e9, last + self.interval_s)
+                    if due <= now:
+                        break
+                    self._wake.wait(due - now)
+                if self._stop:
+                    return
+                self._due = [d for d in self._due if d > now]
+            try:
+                self.reconcile_once()
+            except DevicePluginError as err:
+                log.warning("cannot reconcile GPU annotations on node %s: %s", self.node_name, err)
+            except Exception:
+                log.exception("reconciling GPU annotations on node %s failed", self.node_name)
+            last = time.monotonic()
+
+    def reconcile_once(self) -> list[Reconciliation]:
+        """One pass: list the kubelet's allocations, correct the pods that disagree."""
+        allocated = self.lister.list()
+        pods = {(p.namespace, p.name): p for p in self.source.pods() if not p.deleting}
+        if any(key not in pods for key in allocated):
+            pods = {(p.namespace, p.name): p for p in self.source.relist() if not p.deleting}
+        now = format_timestamp_ns(self.clock_ns())
+        done = []
+        for key, devices in sorted(allocated.items()):
+            pod = pods.get(key)
+            if pod is not None:
+                done.append(self._correct(pod, container_gpus(devices), now))
+        self.passes += 1
+        return done
+
+    def _correct(self, pod: PodView, gpus: dict[str, tuple[str, ...]], now: str) -> Reconciliation:
+        result = reconcile(pod, gpus, now)
+        if result.outcome == "unchanged":
+            return result
+        self.source.annotate(pod, result.annotations)
+        self.metrics.reconciled.labels(outcome=result.outcome).inc()
+        allocated = ",".join(result.allocated)
+        if result.outcome == "fallback":
+            self.metrics.fallbacks.inc()
+            log.warning(
+                "pod %s reached node %s without a GPU assignment (scheduled without the Baton "
+                "extender?); the kubelet gave it GPUs %s, recorded as its %s",
+                pod.key,
+                self.node_name,
+                allocated,
+                names.ANNOTATION_ASSIGNED_GPUS,
+            )
+        elif result.outcome == "corrected":
+            log.warning(
+                "pod %s: the extender proposed GPUs %s but the kubelet allocated %s; "
+                "the kubelet wins and %s now says so",
+                pod.key,
+                ",".join(result.proposed),
+                allocated,
+                names.ANNOTATION_ASSIGNED_GPUS,
+            )
+        else:
+            log.info("pod %s: the kubelet allocated the proposed GPUs %s", pod.key, allocated)
+        return result
