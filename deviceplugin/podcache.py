@@ -13,8 +13,8 @@ from typing import Any
 from baton import names
 from baton.kube import parse_timestamp_ns
 from deviceplugin.devices import PodView
-from deviceplugin.truth import decode_container_gpus
 from deviceplugin.errors import ApiUnavailableError, ConflictError, DevicePluginError
+from deviceplugin.truth import decode_container_gpus
 
 log = logging.getLogger(__name__)
 

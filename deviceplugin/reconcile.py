@@ -57,6 +57,7 @@ class Reconciler:
         self.interval_s = interval_s
         self.clock_ns = clock_ns
         self.passes = 0
+        self._started = 0
         self._due: list[float] = []
         self._wake = threading.Condition()
         self._stop = False
@@ -86,6 +87,14 @@ class Reconciler:
             self._due.sort()
             self._wake.notify_all()
 
+    def settle(self, timeout: float) -> bool:
+        """Run a pass now and wait until one that began after this call has finished."""
+        with self._wake:
+            target = self._started + 1
+        self.poke()
+        with self._wake:
+            return self._wake.wait_for(lambda: self.passes >= target or self._stop, timeout)
+
     def _run(self) -> None:
         last = time.monotonic()
         while True:
@@ -99,6 +108,7 @@ class Reconciler:
                 if self._stop:
                     return
                 self._due = [d for d in self._due if d > now]
+                self._started += 1
             try:
                 self.reconcile_once()
             except DevicePluginError as err:
@@ -106,6 +116,9 @@ class Reconciler:
             except Exception:
                 log.exception("reconciling GPU annotations on node %s failed", self.node_name)
             last = time.monotonic()
+            with self._wake:
+                self.passes += 1
+                self._wake.notify_all()
 
     def reconcile_once(self) -> list[Reconciliation]:
         """One pass: list the kubelet's allocations, correct the pods that disagree."""
@@ -119,7 +132,6 @@ class Reconciler:
             pod = pods.get(key)
             if pod is not None:
                 done.append(self._correct(pod, container_gpus(devices), now))
-        self.passes += 1
         return done
 
     def _correct(self, pod: PodView, gpus: dict[str, tuple[str, ...]], now: str) -> Reconciliation:

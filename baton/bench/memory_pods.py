@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from baton import names
 from deviceplugin.devices import PodView
+from deviceplugin.truth import decode_container_gpus
 
 
 class MemoryPods:
@@ -36,14 +37,18 @@ class MemoryPods:
     def annotate(
         self, pod: PodView, annotations: Mapping[str, str], *, check_version: bool = False
     ) -> PodView:
-        """Mark the pod allocated (and assigned, for a fallback)."""
+        """Apply the GPU annotations: allocated, assigned GPUs, per-container GPUs."""
         gpus = annotations.get(names.ANNOTATION_ASSIGNED_GPUS)
+        per_container = annotations.get(names.ANNOTATION_CONTAINER_GPUS)
         with self._lock:
             current = self._pods[pod.uid]
             updated = replace(
                 current,
                 allocated=names.ANNOTATION_ALLOCATED_AT in annotations or current.allocated,
                 assigned_gpus=tuple(gpus.split(",")) if gpus else current.assigned_gpus,
+                container_gpus=decode_container_gpus(per_container)
+                if per_container
+                else current.container_gpus,
             )
             self._pods[pod.uid] = updated
         return updated

@@ -1,4 +1,4 @@
-"""The Allocator over in-process pod sources: the lagging-watch race, fallback list, failures."""
+"""The Allocator and the Reconciler over in-process pod sources: steering, truth, failures."""
 
 from __future__ import annotations
 
@@ -11,27 +11,16 @@ from baton import names
 from baton.bench.memory_pods import MemoryPods
 from deviceplugin.allocation import Allocator
 from deviceplugin.devices import Gpu, Inventory, PodView
-from deviceplugin.errors import ApiUnavailableError, ConflictError, NoWaitingPodError
+from deviceplugin.errors import ApiUnavailableError
 from deviceplugin.metrics import Metrics
+from deviceplugin.podresources import Allocations
+from deviceplugin.reconcile import Reconciler
 from deviceplugin.state import LiveInventory
 from tests.deviceplugin.test_devices import pod
 
 A, B = "GPU-a", "GPU-b"
-DEV_A, DEV_B = names.slot_device_id(A, 0), names.slot_device_id(B, 0)
-
-
-class LaggingWatch(MemoryPods):
-    """Annotations reach the API server, but the cache never sees them (a watch far behind)."""
-
-    def __init__(self, pods: list[PodView]) -> None:
-        super().__init__(pods)
-        self.patched: list[str] = []
-
-    def annotate(
-        self, pod: PodView, annotations: Mapping[str, str], *, check_version: bool = False
-    ) -> PodView:
-        self.patched.append(pod.name)
-        return replace(pod, allocated=True)
+A0, A1, B0, B1 = (names.slot_device_id(g, s) for g in (A, B) for s in (0, 1))
+EVERY = [A0, A1, B0, B1]
 
 
 class Unreachable(MemoryPods):
@@ -50,62 +39,84 @@ class Unreachable(MemoryPods):
         return super().annotate(pod, annotations, check_version=check_version)
 
 
-class AssignedMeanwhile(MemoryPods):
-    """The extender assigns the pod between our read and our (preconditioned) write."""
+class Kubelet:
+    """A PodResources lister returning what the test says the kubelet allocated."""
 
-    def annotate(
-        self, pod: PodView, annotations: Mapping[str, str], *, check_version: bool = False
-    ) -> PodView:
-        if check_version and pod.resource_version == "1":
-            self.add(replace(pod, resource_version="2", assigned_gpus=(A,), assigned_at_ns=9))
-            raise ConflictError(f"cannot annotate pod {pod.key}: it changed meanwhile")
-        return super().annotate(pod, annotations, check_version=check_version)
+    def __init__(self) -> None:
+        self.allocations: Allocations = {}
+
+    def list(self) -> Allocations:
+        return {k: dict(v) for k, v in self.allocations.items()}
 
 
 def allocator(source: MemoryPods) -> Allocator:
     inventory = LiveInventory(Inventory((Gpu(A, 0, "m", 1), Gpu(B, 1, "m", 1)), 2))
-    return Allocator(source, inventory, Metrics(), lambda: 1_700_000_000_000_000_000, "node-a")
+    return Allocator(source, inventory, "node-a")
 
 
-def test_back_to_back_admissions_each_get_their_own_pod_while_the_watch_lags():
-    source = LaggingWatch([pod("first", gpus=[B], at=1), pod("second", gpus=[A], at=2)])
-    served = allocator(source)
-
-    assert served.preferred([DEV_A, DEV_B], [], 1) == [DEV_B]
-    assert served.allocate([DEV_B]).envs[names.ENV_GPUS] == B
-    assert served.preferred([DEV_A], [], 1) == [DEV_A]
-    assert served.allocate([DEV_A]).envs[names.ENV_GPUS] == A
-    assert source.patched == ["first", "second"]
-    with pytest.raises(NoWaitingPodError):
-        served.allocate([DEV_A])
+def reconciler(source: MemoryPods, kubelet: Kubelet) -> Reconciler:
+    return Reconciler(kubelet, source, Metrics(), "node-a", clock_ns=lambda: 1_700_000_000 * 10**9)
 
 
-def test_cache_miss_costs_one_list():
+def test_allocate_answers_from_the_device_ids_whichever_pod_they_are_for():
+    served = allocator(MemoryPods())
+    assert served.allocate([B1, A0]).envs[names.ENV_GPUS] == f"{A},{B}"
+    assert served.allocate([B1]).envs[names.ENV_NVIDIA_VISIBLE_DEVICES] == B
+    with pytest.raises(ValueError, match="<GPU-UUID>::<slot>"):
+        served.allocate(["no-slot"])
+
+
+def test_preferred_steers_each_container_of_the_oldest_pod_then_moves_on():
+    pods = [
+        pod("second", gpus=[A], at=2),
+        replace(pod("first", request=2, gpus=[A, B], at=1), slot_asks=(1, 1)),
+    ]
+    served = allocator(MemoryPods(pods))
+    assert served.preferred(EVERY, [], 1) == [A0], "first's first container: its first GPU"
+    assert served.preferred([A1, B0, B1], [], 1) == [B0], "first's second container: the next"
+    assert served.preferred([A1, B1], [], 1) == [A1], "then second's GPU"
+    assert served.preferred([B1], [], 1) == [B1], "nobody left to steer for: any slot"
+
+
+def test_reconcile_confirms_corrects_and_records_a_fallback():
+    source = MemoryPods([pod("kept", gpus=[A], at=1), pod("moved", gpus=[A], at=2), pod("stray")])
+    kubelet = Kubelet()
+    kubelet.allocations = {
+        ("ns", "kept"): {"main": (A0,)},
+        ("ns", "moved"): {"main": (B0,)},
+        ("ns", "stray"): {"main": (B1, A1)},
+    }
+    loop = reconciler(source, kubelet)
+    outcomes = {r.outcome for r in loop.reconcile_once()}
+    assert outcomes == {"confirmed", "corrected", "fallback"}
+    views = {p.name: p for p in source.pods()}
+    assert views["moved"].assigned_gpus == (B,) and views["moved"].container_gpus == {"main": (B,)}
+    assert views["stray"].assigned_gpus == (A, B)
+    assert all(v.allocated for v in views.values())
+    assert {r.outcome for r in loop.reconcile_once()} == {"unchanged"}
+    assert (
+        loop.metrics.registry.get_sample_value("baton_deviceplugin_fallback_assignments_total") == 1
+    )
+
+
+def test_a_failed_write_is_corrected_on_the_next_pass():
+    source = Unreachable([pod("tenant", gpus=[A], at=1)], failures=1)
+    kubelet = Kubelet()
+    kubelet.allocations = {("ns", "tenant"): {"main": (B0,)}}
+    loop = reconciler(source, kubelet)
+    with pytest.raises(ApiUnavailableError):
+        loop.reconcile_once()
+    assert [r.outcome for r in loop.reconcile_once()] == ["corrected"]
+    assert source.pods()[0].assigned_gpus == (B,)
+
+
+def test_an_allocation_for_a_pod_the_cache_lacks_costs_one_list():
     source = MemoryPods()
-    served = allocator(source)
-    with pytest.raises(NoWaitingPodError, match=r"waits for 1 baton\.dev/gpu"):
-        served.allocate([DEV_A])
+    kubelet = Kubelet()
+    kubelet.allocations = {("ns", "late"): {"main": (A0,)}}
+    loop = reconciler(source, kubelet)
+    assert loop.reconcile_once() == []
     assert source.relists == 1
     source.add(pod("late", gpus=[A], at=1))
-    served.allocate([DEV_A])
+    assert [r.outcome for r in loop.reconcile_once()] == ["confirmed"]
     assert source.relists == 1, "a cache hit lists nothing"
-
-
-def test_assignment_racing_a_fallback_wins():
-    source = AssignedMeanwhile([pod("tenant")])
-    served = allocator(source)
-    assert served.allocate([DEV_B]).envs[names.ENV_GPUS] == A, "the extender's choice, not B"
-    assert source.relists == 1
-    fallbacks = served.metrics.registry.get_sample_value(
-        "baton_deviceplugin_fallback_assignments_total"
-    )
-    assert fallbacks == 0
-
-
-def test_failed_write_leaves_the_pod_waiting_for_the_next_try():
-    source = Unreachable([pod("tenant", gpus=[B], at=1)], failures=1)
-    served = allocator(source)
-    with pytest.raises(ApiUnavailableError):
-        served.allocate([DEV_B])
-    assert served.allocate([DEV_B]).envs[names.ENV_GPUS] == B
-    assert [p.allocated for p in source.pods()] == [True]

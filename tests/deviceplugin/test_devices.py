@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from baton import names
@@ -10,11 +12,16 @@ from deviceplugin.devices import (
     Inventory,
     NoHealthyGpuError,
     PodView,
-    allocation_annotations,
     choose_pod,
     container_allocation,
     least_loaded_gpus,
     preferred_allocation,
+)
+from deviceplugin.truth import (
+    container_gpus,
+    decode_container_gpus,
+    encode_container_gpus,
+    reconcile,
 )
 
 A, B, C = "GPU-a", "GPU-b", "GPU-c"
@@ -187,13 +194,40 @@ def test_container_allocation_env_mount_and_cdi():
     assert cdi.cdi_devices == (f"nvidia.com/gpu={A}",)
 
 
-def test_allocation_annotations_record_fallback_assignment():
-    assigned = choose_pod([pod("a", gpus=[A], at=1)], 1, INV)
-    fallback = choose_pod([pod("b")], 1, INV)
-    assert assigned is not None and fallback is not None
-    assert allocation_annotations(assigned, "T") == {names.ANNOTATION_ALLOCATED_AT: "T"}
-    assert allocation_annotations(fallback, "T") == {
-        names.ANNOTATION_ALLOCATED_AT: "T",
-        names.ANNOTATION_ASSIGNED_GPUS: A,
-        names.ANNOTATION_ASSIGNED_AT: "T",
-    }
+RECONCILE_CASES = [
+    # (assigned, allocated already, container GPUs recorded, kubelet's allocation, outcome, keys)
+    ((A,), False, {}, {"main": (A,)}, "confirmed", {"container", "allocated"}),
+    ((A,), False, {}, {"main": (B,)}, "corrected", {"container", "assigned", "allocated"}),
+    ((), False, {}, {"main": (B,)}, "fallback", {"container", "assigned", "at", "allocated"}),
+    ((B,), True, {"main": (B,)}, {"main": (B,)}, "unchanged", set()),
+    ((A, B), True, {"x": (A,)}, {"x": (A,), "y": (B,)}, "confirmed", {"container"}),
+]
+KEYS = {
+    "container": names.ANNOTATION_CONTAINER_GPUS,
+    "assigned": names.ANNOTATION_ASSIGNED_GPUS,
+    "at": names.ANNOTATION_ASSIGNED_AT,
+    "allocated": names.ANNOTATION_ALLOCATED_AT,
+}
+
+
+@pytest.mark.parametrize(
+    ("assigned", "allocated", "recorded", "kubelet", "outcome", "keys"), RECONCILE_CASES
+)
+def test_reconcile_makes_the_annotations_say_what_the_kubelet_allocated(
+    assigned, allocated, recorded, kubelet, outcome, keys
+):
+    view = replace(pod("p", gpus=assigned, allocated=allocated), container_gpus=recorded)
+    result = reconcile(view, kubelet, "T")
+    assert result.outcome == outcome
+    assert set(result.annotations) == {KEYS[k] for k in keys}
+    if keys:
+        written = decode_container_gpus(result.annotations[names.ANNOTATION_CONTAINER_GPUS])
+        assert written == kubelet
+        assert result.allocated == tuple(sorted({g for gs in kubelet.values() for g in gs}))
+
+
+def test_container_gpus_round_trip_and_bad_values_read_as_none():
+    gpus = container_gpus({"b": (d(B, 1), d(A, 0), d(B, 0)), "a": (d(C, 1),), "none": ()})
+    assert gpus == {"a": (C,), "b": (A, B)}
+    assert decode_container_gpus(encode_container_gpus(gpus)) == gpus
+    assert decode_container_gpus("not json") == {} == decode_container_gpus("[1]")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ def agent(fake_api: FakeApiServer, tmp_path: Path) -> Iterator[AgentRunner]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def annotations(fake_api: FakeApiServer, name: str) -> dict[str, str]:
+def annotations_of(fake_api: FakeApiServer, name: str) -> dict[str, str]:
     pod = fake_api.get_object("Pod", name)
     assert pod is not None
     return dict(pod["metadata"].get("annotations") or {})
@@ -67,13 +68,14 @@ def wait_reconciled(plugin: Daemon, pods: list[str], timeout: float = 15.0) -> N
         return set(pods) <= recorded
 
     assert plugin.pod_cache.wait_for(done, timeout), "annotations not reconciled in time"
+    assert plugin.reconciler is not None and plugin.reconciler.settle(timeout)
 
 
 def assert_views_agree(
     fake_api: FakeApiServer, agent: AgentRunner, admitted: AdmittedPod
 ) -> dict[str, tuple[str, ...]]:
     """Each listed container's GPUs, after checking every view of them agrees."""
-    found = annotations(fake_api, admitted.name)
+    found = annotations_of(fake_api, admitted.name)
     recorded = json.loads(found[names.ANNOTATION_CONTAINER_GPUS])
     truth: dict[str, tuple[str, ...]] = {}
     for container, devices in admitted.devices.items():
@@ -87,12 +89,27 @@ def assert_views_agree(
     assert set(recorded) == set(truth), "only the containers the kubelet lists are recorded"
     union = sorted({g for gpus in truth.values() for g in gpus})
     assert found[names.ANNOTATION_ASSIGNED_GPUS] == ",".join(union)
-    tenant_id = f"default/{admitted.name}"
-    agent.wait_event(lambda e: e.tenant_id == tenant_id and list(e.gpus) == union)
-    view = agent.status()["tenants"][tenant_id]
+    view = agent_view(agent, f"default/{admitted.name}", truth)
     assert view["gpus"] == union
-    assert {c: tuple(g) for c, g in view["container_gpus"].items()} == truth
     return truth
+
+
+def agent_view(
+    agent: AgentRunner, tenant_id: str, truth: dict[str, tuple[str, ...]]
+) -> dict[str, Any]:
+    """The agent's tenant once it shows `truth`: rechecked after each of the tenant's changes."""
+    since = 0
+    deadline = time.monotonic() + 10
+    while True:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"the agent never showed {tenant_id} on {truth}"
+        event = agent.wait_event(
+            lambda e: e.tenant_id == tenant_id and e.kind == "tenant_joined", remaining, since
+        )
+        since = next(i for i in range(since, len(agent.seen)) if agent.seen[i] is event) + 1
+        view: dict[str, Any] = agent.status()["tenants"].get(tenant_id) or {}
+        if {c: tuple(g) for c, g in view.get("container_gpus", {}).items()} == truth:
+            return view
 
 
 def test_many_pods_admitted_out_of_order_each_container_agrees_with_the_kubelet(
@@ -116,11 +133,11 @@ def test_many_pods_admitted_out_of_order_each_container_agrees_with_the_kubelet(
 
     per_gpu = {GPU0: 0, GPU1: 0}
     corrected = 0
-    for pod in admitted:
-        truth = assert_views_agree(fake_api, agent, pod)
+    for each in admitted:
+        truth = assert_views_agree(fake_api, agent, each)
         (gpu,) = truth["main"]
         per_gpu[gpu] += 1
-        proposed = [p for p in pods if p["metadata"]["name"] == pod.name][0]
+        proposed = next(p for p in pods if p["metadata"]["name"] == each.name)
         corrected += proposed["metadata"]["annotations"][names.ANNOTATION_ASSIGNED_GPUS] != gpu
     assert sum(per_gpu.values()) == count
     assert corrected > 0, "out-of-order admission must have put some pod off its proposal"
@@ -174,4 +191,4 @@ def test_allocate_needs_no_api_server_and_annotations_follow_once_it_is_back(
     assert plugin.reconciler is not None
     plugin.reconciler.poke()
     wait_reconciled(plugin, ["tenant"])
-    assert annotations(fake_api, "tenant")[names.ANNOTATION_ASSIGNED_GPUS] == GPU1
+    assert annotations_of(fake_api, "tenant")[names.ANNOTATION_ASSIGNED_GPUS] == GPU1

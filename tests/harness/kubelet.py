@@ -334,8 +334,10 @@ class KubeletStub:
                 f"Requested: {needed}, Available: {len(available)}"
             )
         chosen = reused + available[:needed]
-        if needed and endpoint.options.get_preferred_allocation_available and needed < len(
-            available
+        if (
+            needed
+            and endpoint.options.get_preferred_allocation_available
+            and needed < len(available)
         ):
             chosen = self._preferred(endpoint, available + reused, reused, count)
         request = api_pb2.AllocateRequest(
