@@ -26,6 +26,7 @@ from baton._pb import api_pb2
 from tests.e2e.processes import ROOT, container_command
 from tests.harness.fakeapi import FakeApiServer
 from tests.harness.kubelet import KubeletStub
+from tests.harness.podresources import ContainerAsk
 
 EXTENDER_WEIGHT = 1
 MAX_NODE_SCORE = 100
@@ -121,7 +122,9 @@ class Kubelet:
         assert pod is not None and pod["spec"].get("nodeName"), f"{name} is not bound"
         spec = pod["spec"]["containers"][0]
         count = int(spec["resources"]["limits"][names.RESOURCE_GPU])
-        devices, response = self.stub.admit(names.RESOURCE_GPU, count)
+        admitted = self.stub.admit_pod(namespace, name, [ContainerAsk(spec["name"], count)], [])
+        devices = admitted.devices[spec["name"]]
+        response = admitted.answers[spec["name"]]
         env = {e["name"]: e["value"] for e in spec.get("env", [])}
         env.update(response.envs)
         env.update(HOSTNAME=name, PATH=os.environ["PATH"], PYTHONPATH=str(ROOT))

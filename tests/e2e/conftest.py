@@ -56,6 +56,7 @@ def start_daemons(root: Path, kubeconfig: Path, ports: dict[str, int]) -> list[D
         "BATON_HOST_MEMORY_BUDGET": str(BUDGET_MIB),
         "BATON_DEVICE_PLUGIN_METRICS_HOST": "127.0.0.1",
         "BATON_DEVICE_PLUGIN_METRICS_PORT": str(ports["deviceplugin"]),
+        "BATON_POD_RESOURCES_SOCKET": str(root / "var/lib/kubelet/pod-resources/kubelet.sock"),
     }
     extender_env = {"BATON_KUBECONFIG": str(kubeconfig), "BATON_EXTENDER_POLICY": "binpack"}
     socket = str(root / "run/baton/agent.sock")
@@ -77,10 +78,11 @@ def start_daemons(root: Path, kubeconfig: Path, ports: dict[str, int]) -> list[D
 @contextlib.contextmanager
 def daemons(root: Path, api: FakeApiServer, kubeconfig: Path) -> Iterator[Node]:
     """The kubelet stub and the three daemons, each ready; stopped (cleanly) at the end."""
-    for path in ("var/lib/kubelet/device-plugins", "run/baton", FAKE_DIR.lstrip("/")):
+    kubelet_dirs = ("var/lib/kubelet/device-plugins", "var/lib/kubelet/pod-resources")
+    for path in (*kubelet_dirs, "run/baton", FAKE_DIR.lstrip("/")):
         (root / path).mkdir(parents=True)
     ports = {name: free_port() for name in ("agent", "deviceplugin", "extender")}
-    kubelet = KubeletStub(root / "var/lib/kubelet/device-plugins")
+    kubelet = KubeletStub(root / kubelet_dirs[0], root / kubelet_dirs[1])
     kubelet.start()
     started = start_daemons(root, kubeconfig, ports)
     node = Node(

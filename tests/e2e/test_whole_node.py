@@ -22,6 +22,7 @@ paper only, so that kube-scheduler has a choice and calls prioritize.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections import defaultdict
 
@@ -60,6 +61,10 @@ def test_allocate_hands_each_container_the_gpu_the_extender_chose(node: Node) ->
     for name, container in node.containers.items():
         gpu = chosen_gpu(node, name)
         assert {names.gpu_of_device_id(d) for d in container.devices} == {gpu}
+        found = node.api.get_object("Pod", name)
+        assert found is not None
+        recorded = json.loads(found["metadata"]["annotations"][names.ANNOTATION_CONTAINER_GPUS])
+        assert recorded == {"trainer": [gpu]}, "the kubelet's allocation, read back from it"
         assert container.env[names.ENV_GPUS] == gpu
         assert container.env[names.ENV_NVIDIA_VISIBLE_DEVICES] == gpu
         assert container.env[names.ENV_AGENT_SOCKET] == names.AGENT_SOCKET

@@ -306,6 +306,7 @@ class KubeletStub:
                 if ask.count:
                     devices, answer = self._admit_container(resource, ask.count, reusable)
                     pod.devices[ask.name], pod.envs[ask.name] = devices, dict(answer.envs)
+                    pod.answers[ask.name] = answer
                     if ask in inits and not ask.sidecar:
                         reusable |= set(devices)
                     else:

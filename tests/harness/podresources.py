@@ -15,6 +15,7 @@ from pathlib import Path
 
 import grpc
 
+from baton._pb import api_pb2
 from baton._pb import podresources_pb2 as pb
 from baton._pb import podresources_pb2_grpc as pb_grpc
 
@@ -40,6 +41,7 @@ class AdmittedPod:
     """Containers PodResources lists (app containers and sidecars), in spec order."""
     devices: dict[str, list[str]] = field(default_factory=dict)
     envs: dict[str, dict[str, str]] = field(default_factory=dict)
+    answers: dict[str, api_pb2.ContainerAllocateResponse] = field(default_factory=dict)
 
 
 class PodResourcesRecord:
