@@ -126,6 +126,7 @@ def test_node_daemonsets_mounts_and_ports_match_names() -> None:
     assert sorted(host_paths(plugin).values()) == [
         names.AGENT_SOCKET_DIR,
         names.KUBELET_DEVICE_PLUGIN_DIR,
+        names.KUBELET_POD_RESOURCES_DIR,
     ]
     for workload, container, port in (
         (agent, "agent", names.PORT_AGENT),
