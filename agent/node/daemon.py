@@ -16,7 +16,13 @@ import grpc
 
 from agent.core.leases import LeaseTable
 from agent.core.residency import NullPreparer, TurnPreparer
-from agent.node.identity import HandshakeServer, TokenRegistry, pod_uid_of_pid, serve_handshake
+from agent.node.identity import (
+    HandshakeServer,
+    TokenRegistry,
+    container_id_of_pid,
+    pod_uid_of_pid,
+    serve_handshake,
+)
 from agent.node.podwatch import PodWatcher
 from agent.node.state import StateStore
 from agent.server import direct_session
@@ -113,7 +119,7 @@ class Agent:
         Path(cfg.socket).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.socket).unlink(missing_ok=True)
         self._grpc = grpc.aio.server()
-        servicer = AgentServicer(service, tokens, self._pod_uid_of)
+        servicer = AgentServicer(service, tokens, self._pod_uid_of, self._container_id_of)
         agent_pb2_grpc.add_AgentServicer_to_server(servicer, self._grpc)
         self._grpc.add_insecure_port(f"unix:{cfg.socket}")
         if cfg.debug_tcp_port:
@@ -160,6 +166,9 @@ class Agent:
 
     def _pod_uid_of(self, pid: int) -> str | None:
         return pod_uid_of_pid(pid, Path(self.config.proc_root))
+
+    def _container_id_of(self, pid: int) -> str | None:
+        return container_id_of_pid(pid, Path(self.config.proc_root))
 
     def _start_pod_watch(self, service: LeaseService) -> None:
         from baton.kube import load_api_client

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 _POD_UID = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
 )
+_CONTAINER_ID = re.compile(r"(?:^|[/-])([0-9a-f]{64})(?:\.scope)?$")
 UNUSED_TOKEN_TTL = 30.0
 """Seconds a token may go without a session before it is dropped."""
 
@@ -44,6 +45,29 @@ def pod_uid_of_pid(pid: int, proc: Path = Path("/proc")) -> str | None:
     """The pod UID of a process, or None outside Kubernetes (or if the process is gone)."""
     try:
         return pod_uid_from_cgroup((proc / str(pid) / "cgroup").read_text())
+    except OSError:
+        return None
+
+
+def container_id_from_cgroup(text: str) -> str | None:
+    """The container ID in a `/proc/<pid>/cgroup` file of a pod's process (None outside one).
+
+    The last path element under `kubepods`: `cri-containerd-<id>.scope`, `crio-<id>.scope`,
+    `docker-<id>.scope` (systemd driver) or `<id>` (cgroupfs driver).
+    """
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1].strip()
+        if "kubepods" in path:
+            match = _CONTAINER_ID.search(path)
+            if match:
+                return match.group(1)
+    return None
+
+
+def container_id_of_pid(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The container ID of a process in a pod, or None (outside a pod, or gone)."""
+    try:
+        return container_id_from_cgroup((proc / str(pid) / "cgroup").read_text())
     except OSError:
         return None
 

@@ -77,7 +77,19 @@ def pod_tenant(pod: Any) -> Tenant | None:
             k: v for k, v in (meta.labels or {}).items() if k.startswith(names.LABEL_PREFIX_LLMD)
         },
         container_gpus=per_container,
+        containers=_container_ids(status),
     )
+
+
+def _container_ids(status: Any) -> dict[str, str]:
+    """Container ID (without its `containerd://` scheme) → name, from the pod's status."""
+    if status is None:
+        return {}
+    found = {}
+    for each in [*(status.init_container_statuses or []), *(status.container_statuses or [])]:
+        if each.container_id:
+            found[each.container_id.rpartition("://")[2]] = each.name
+    return found
 
 
 class PodWatcher:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.core.errors import Forbidden, InvalidRegistration, RegistrationConflict
@@ -35,6 +35,8 @@ class Tenant:
     """The pod's labels Baton reads (llm-d's `timeslice.io/*`)."""
     container_gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """A pod tenant's GPUs per container, as the kubelet allocated them (`gpus` is the union)."""
+    containers: dict[str, str] = field(default_factory=dict)
+    """A pod tenant's container IDs (from its status) → container names."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable form (for the state file and /v1/status)."""
@@ -51,6 +53,7 @@ class Tenant:
             "pod_uid": self.pod_uid,
             "labels": dict(self.labels),
             "container_gpus": {c: list(g) for c, g in sorted(self.container_gpus.items())},
+            "containers": dict(sorted(self.containers.items())),
         }
 
     @classmethod
@@ -65,6 +68,19 @@ class Tenant:
                 "container_gpus": containers,
             }
         )
+
+
+def in_container(tenant: Tenant, container_id: str | None) -> Tenant:
+    """The tenant as a process of one of its pod's containers sees it: that container's GPUs.
+
+    Unchanged when the container is unknown or has no GPUs of its own recorded (an ordinary init
+    container, which the kubelet does not report): then it takes turns on all the pod's GPUs.
+    """
+    name = tenant.containers.get(container_id or "")
+    gpus = tenant.container_gpus.get(name or "")
+    if not gpus or gpus == tenant.gpus:
+        return tenant
+    return replace(tenant, gpus=gpus)
 
 
 def check_registration(

@@ -81,7 +81,7 @@ async def _serve_calls(servicer: AgentServicer, peer: Peer, token: str, link: Fr
     except errors.AgentError as exc:
         await _refuse(link, exc)
         return
-    calls = asyncio.create_task(servicer.run_calls(tenant, link))
+    calls = asyncio.create_task(servicer.run_calls(tenant, link, peer.pid))
     ended = asyncio.create_task(servicer.session_ended(token).wait())
     try:
         await asyncio.wait((calls, ended), return_when=asyncio.FIRST_COMPLETED)

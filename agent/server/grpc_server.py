@@ -15,7 +15,7 @@ import grpc
 from agent.core import errors
 from agent.core import events as ev
 from agent.node.identity import Peer, TokenRegistry, may_watch
-from agent.node.tenants import Tenant
+from agent.node.tenants import POD, Tenant, in_container
 from agent.server import api_ops
 from agent.server.service import LeaseService
 from agent.server.session_stream import Link, SessionStream
@@ -56,10 +56,32 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         service: LeaseService,
         tokens: TokenRegistry,
         pod_uid_of: Callable[[int], str | None],
+        container_id_of: Callable[[int], str | None] = lambda pid: None,
     ) -> None:
         self._service = service
         self._tokens = tokens
         self._pod_uid_of = pod_uid_of
+        self._container_id_of = container_id_of
+
+    def _as_seen_by(self, tenant: Tenant | None, pid: int) -> Tenant | None:
+        """A pod tenant as the process `pid` sees it: its own container's GPUs."""
+        if tenant is None or tenant.source != POD or not tenant.container_gpus:
+            return tenant
+        return in_container(tenant, self._container_id_of(pid))
+
+    def _current(self, tenant_id: str, pid: int) -> Callable[[], Tenant | None]:
+        """The session's tenant as its process sees it, looked up afresh on every request."""
+        container: list[str | None] = []
+
+        def current() -> Tenant | None:
+            tenant = self._service.tenants.tenants.get(tenant_id)
+            if tenant is None or tenant.source != POD or not tenant.container_gpus:
+                return tenant
+            if not container:  # a process stays in its container: read its cgroup once
+                container.append(self._container_id_of(pid))
+            return in_container(tenant, container[0])
+
+        return current
 
     def _peer(self, context: grpc.aio.ServicerContext) -> Peer:
         metadata = dict(context.invocation_metadata() or ())
@@ -78,6 +100,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             tenant = self._service.tenants.tenants.get(bound)
         else:
             tenant = self._service.tenants.find(peer.pid, self._pod_uid_of(peer.pid))
+        tenant = self._as_seen_by(tenant, peer.pid)
         if tenant is None:
             raise errors.NotRegistered(
                 f"process {peer.pid} belongs to no tenant: outside Kubernetes call Register "
@@ -110,7 +133,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         else:
             tenant = self._service.register(peer.pid, peer.uid, request)
         self._tokens.bind(peer.token, tenant.tenant_id)
-        return tenant
+        return self._as_seen_by(tenant, peer.pid) or tenant
 
     @_mapped
     async def Acquire(
@@ -155,9 +178,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         log.info("session opened: tenant %s pid %d", tenant.tenant_id, peer.pid)
         welcome = pb.AgentMessage(welcome=pb.Welcome(tenant=api_ops.tenant_to_pb(tenant)))
         tenant_id = tenant.tenant_id
-        stream = SessionStream(
-            self._service, session, link, lambda: self._service.tenants.tenants.get(tenant_id)
-        )
+        stream = SessionStream(self._service, session, link, self._current(tenant_id, peer.pid))
         try:
             await stream.serve(welcome)
         finally:
@@ -175,7 +196,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 f"process {pid} has no open session with that token: a call link joins a "
                 "session its own process opened"
             )
-        tenant = self._service.tenants.tenants.get(tenant_id)
+        tenant = self._as_seen_by(self._service.tenants.tenants.get(tenant_id), pid)
         if tenant is None:
             raise errors.TenantGone(f"tenant {tenant_id} is no longer known")
         return tenant
@@ -184,13 +205,10 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         """Set when the session of `token` ends."""
         return self._tokens.ended(token)
 
-    async def run_calls(self, tenant: Tenant, link: Link) -> None:
-        """Serve requests (no session of their own) over `link` until it ends."""
+    async def run_calls(self, tenant: Tenant, link: Link, pid: int) -> None:
+        """Serve requests of process `pid` (no session of their own) over `link` until it ends."""
         welcome = pb.AgentMessage(welcome=pb.Welcome(tenant=api_ops.tenant_to_pb(tenant)))
-        tenant_id = tenant.tenant_id
-        stream = SessionStream(
-            self._service, None, link, lambda: self._service.tenants.tenants.get(tenant_id)
-        )
+        stream = SessionStream(self._service, None, link, self._current(tenant.tenant_id, pid))
         await stream.serve(welcome)
 
     async def WatchEvents(

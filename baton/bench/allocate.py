@@ -97,7 +97,11 @@ def run(iterations: int, idle_pods: int, api: str) -> dict[str, object]:
     running = [replace(p, allocated=True, phase="Running") for p in _pods(idle_pods, uuids, 0)]
     waiting = _pods(iterations, uuids, idle_pods)
     settings = Settings(
-        node_name=NODE, plugin_dir=workdir, metrics_host="127.0.0.1", metrics_port=0
+        node_name=NODE,
+        plugin_dir=workdir,
+        metrics_host="127.0.0.1",
+        metrics_port=0,
+        pod_resources_socket=None,  # Allocate's path only: reconciliation runs beside it
     )
     try:
         with contextlib.ExitStack() as stack:

@@ -10,13 +10,40 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.node.identity import TokenRegistry, pod_uid_from_cgroup, pod_uid_of_pid, serve_handshake
+from agent.node.identity import (
+    TokenRegistry,
+    container_id_from_cgroup,
+    pod_uid_from_cgroup,
+    pod_uid_of_pid,
+    serve_handshake,
+)
 from agent.wire.handshake import handshake_path, request_token
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
 from tests.harness.agent import AgentRunner
 
 UID = "0b3c6c0e-1a2b-4c5d-8e9f-0123456789ab"
+
+
+CID = "3f1e2d" * 10 + "abcd"
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (f"12:memory:/kubepods/burstable/pod{UID}/{CID}\n", CID),
+        (
+            "0::/kubepods.slice/kubepods-burstable.slice/"
+            f"kubepods-burstable-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n",
+            CID,
+        ),
+        (f"0::/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/crio-{CID}.scope\n", CID),
+        (f"0::/kubepods/besteffort/pod{UID}\n", None),
+        (f"0::/user.slice/{CID}\n", None),
+    ],
+)
+def test_container_id_from_cgroup(text: str, want: str | None) -> None:
+    assert container_id_from_cgroup(text) == want
 
 
 @pytest.mark.parametrize(

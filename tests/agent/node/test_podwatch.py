@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,55 @@ def test_pod_tenant_from_cgroup_and_pod_watch(workdir: str, tmp_path: Path) -> N
             ).start()
             runner.wait_event(lambda e: e.kind == "tenant_gone" and e.tenant_id == "team/trainer")
             assert runner.status()["tenants"] == {}
+        finally:
+            baton.close()
+            runner.stop()
+
+
+def test_a_containers_process_takes_turns_on_its_own_containers_gpus(
+    workdir: str, tmp_path: Path
+) -> None:
+    learner, actor = "a" * 64, "b" * 64
+    proc = tmp_path / "proc"
+    (proc / str(os.getpid())).mkdir(parents=True)
+    (proc / str(os.getpid()) / "cgroup").write_text(
+        "0::/kubepods.slice/kubepods-burstable.slice/"
+        f"kubepods-burstable-pod{UID.replace('-', '_')}.slice/cri-containerd-{actor}.scope\n"
+    )
+    two = pod("trainer", UID, "node-1", "GPU-aaa,GPU-bbb")
+    two["metadata"]["annotations"][names.ANNOTATION_CONTAINER_GPUS] = json.dumps(
+        {"learner": ["GPU-aaa"], "actor": ["GPU-bbb"]}
+    )
+    main = two["spec"]["containers"][0]
+    two["spec"]["containers"] = [{**main, "name": "learner"}, {**main, "name": "actor"}]
+    two["status"]["containerStatuses"] = [
+        {
+            "name": n,
+            "containerID": f"containerd://{cid}",
+            "ready": True,
+            "restartCount": 0,
+            "image": "trainer",
+            "imageID": "",
+        }
+        for n, cid in (("learner", learner), ("actor", actor))
+    ]
+    with FakeApiServer() as api:
+        api.put_object(two)
+        kubeconfig = str(api.kubeconfig_path(tmp_path))
+        runner = AgentRunner(
+            workdir, node_name="node-1", kubeconfig=kubeconfig, proc_root=str(proc)
+        ).start()
+        baton = Baton(runner.socket, connect_timeout=5)
+        try:
+            runner.wait_event(lambda e: e.kind == "tenant_joined" and e.tenant_id == "team/trainer")
+            tenant = runner.status()["tenants"]["team/trainer"]
+            assert tenant["gpus"] == ["GPU-aaa", "GPU-bbb"]
+            assert tenant["container_gpus"] == {"actor": ["GPU-bbb"], "learner": ["GPU-aaa"]}
+            assert tenant["containers"] == {learner: "learner", actor: "actor"}
+            lease = baton.acquire()
+            assert lease.gpus == ("GPU-bbb",), "the actor's GPU, not the whole pod's"
+            assert runner.status()["gpus"]["GPU-aaa"]["holder"] is None
+            baton.yield_()
         finally:
             baton.close()
             runner.stop()
