@@ -1,4 +1,4 @@
-"""Domain errors of the device plugin; `server.py` maps each to one gRPC status."""
+"""Domain errors of the device plugin (the API server's answers, the kubelet's sockets)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,3 @@ class ApiUnavailableError(DevicePluginError):
 
 class ConflictError(DevicePluginError):
     """The pod changed since it was read (resourceVersion precondition failed)."""
-
-
-class NoWaitingPodError(DevicePluginError):
-    """No pod on this node waits for the devices being allocated."""

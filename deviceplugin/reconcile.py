@@ -58,6 +58,7 @@ class Reconciler:
         self.clock_ns = clock_ns
         self.passes = 0
         self._started = 0
+        self._problem = ""
         self._due: list[float] = []
         self._wake = threading.Condition()
         self._stop = False
@@ -111,8 +112,13 @@ class Reconciler:
                 self._started += 1
             try:
                 self.reconcile_once()
+                if self._problem:
+                    log.info("reconciling GPU annotations on node %s again", self.node_name)
+                self._problem = ""
             except DevicePluginError as err:
-                log.warning("cannot reconcile GPU annotations on node %s: %s", self.node_name, err)
+                if str(err) != self._problem:  # once per distinct problem, not every pass
+                    log.warning("cannot reconcile GPU annotations on %s: %s", self.node_name, err)
+                self._problem = str(err)
             except Exception:
                 log.exception("reconciling GPU annotations on node %s failed", self.node_name)
             last = time.monotonic()

@@ -14,19 +14,7 @@ import grpc
 
 from baton._pb import api_pb2, api_pb2_grpc
 from deviceplugin.allocation import Allocator
-from deviceplugin.devices import (
-    HEALTHY,
-    UNHEALTHY,
-    ContainerAllocation,
-    Inventory,
-    NoHealthyGpuError,
-)
-from deviceplugin.errors import (
-    ApiUnavailableError,
-    ConflictError,
-    DevicePluginError,
-    NoWaitingPodError,
-)
+from deviceplugin.devices import HEALTHY, UNHEALTHY, ContainerAllocation, Inventory
 from deviceplugin.metrics import Metrics
 from deviceplugin.state import LiveInventory
 
@@ -55,15 +43,6 @@ def container_response(allocation: ContainerAllocation) -> api_pb2.ContainerAllo
         ],
         cdi_devices=[api_pb2.CDIDevice(name=n) for n in allocation.cdi_devices],
     )
-
-
-_STATUS: dict[type[Exception], tuple[grpc.StatusCode, str]] = {
-    ApiUnavailableError: (grpc.StatusCode.UNAVAILABLE, "api-unavailable"),
-    ConflictError: (grpc.StatusCode.ABORTED, "conflict"),
-    NoWaitingPodError: (grpc.StatusCode.FAILED_PRECONDITION, "no-pod"),
-    NoHealthyGpuError: (grpc.StatusCode.FAILED_PRECONDITION, "no-healthy-gpu"),
-}
-"""Each domain error's gRPC status and its `outcome` label on the allocations counter."""
 
 
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
@@ -120,15 +99,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         try:
             for req in request.container_requests:
                 answers.append(container_response(self.allocator.allocate(list(req.devices_ids))))
-        except ValueError as err:
+        except ValueError as err:  # the only way Allocate fails: device IDs not of ours
             self.metrics.allocations.labels(outcome="bad-request").inc()
             log.error("Allocate refused: %s", err)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"baton device plugin: {err}")
-        except (DevicePluginError, NoHealthyGpuError) as err:
-            code, outcome = _STATUS.get(type(err), (grpc.StatusCode.INTERNAL, "error"))
-            self.metrics.allocations.labels(outcome=outcome).inc()
-            log.error("Allocate failed: %s", err)
-            context.abort(code, f"baton device plugin: {err}")
         finally:
             self.metrics.allocate_seconds.observe(time.perf_counter() - started)
         self.metrics.allocations.labels(outcome="ok").inc()

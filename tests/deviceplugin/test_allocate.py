@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import grpc
 import pytest
 
 from baton import names
+from baton._pb import api_pb2
 from baton.names import fake_gpu_uuid
 from tests.deviceplugin.conftest import NODE, admit, tenant_pod
 
@@ -111,3 +113,14 @@ def test_node_annotations_follow_health(fake_api, plugin):
     fake_api.wait_for_object(
         "Node", NODE, lambda n: [g["healthy"] for g in gpus(n)] == [False, True], namespace=""
     )
+
+
+def test_allocate_of_device_ids_not_of_ours_is_a_clear_refusal(plugin, kubelet):
+    request = api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["not-a-slot"])]
+    )
+    with pytest.raises(grpc.RpcError) as failure:
+        kubelet.endpoint(GPU).stub.Allocate(request, timeout=5)
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "<GPU-UUID>::<slot>" in failure.value.details()
+    assert sample(plugin, "allocations_total", outcome="bad-request") == 1

@@ -13,7 +13,7 @@ from deviceplugin.allocation import Allocator
 from deviceplugin.devices import Gpu, Inventory, PodView
 from deviceplugin.errors import ApiUnavailableError
 from deviceplugin.metrics import Metrics
-from deviceplugin.podresources import Allocations
+from deviceplugin.podresources import Allocations, PodResourcesClient, PodResourcesUnavailableError
 from deviceplugin.reconcile import Reconciler
 from deviceplugin.state import LiveInventory
 from tests.deviceplugin.test_devices import pod
@@ -120,3 +120,12 @@ def test_an_allocation_for_a_pod_the_cache_lacks_costs_one_list():
     source.add(pod("late", gpus=[A], at=1))
     assert [r.outcome for r in loop.reconcile_once()] == ["confirmed"]
     assert source.relists == 1, "a cache hit lists nothing"
+
+
+def test_a_missing_pod_resources_socket_is_named_in_the_error(tmp_path):
+    client = PodResourcesClient(tmp_path / "kubelet.sock")
+    try:
+        with pytest.raises(PodResourcesUnavailableError, match="pod-resources mounted"):
+            client.list()
+    finally:
+        client.close()
