@@ -5,7 +5,7 @@ container at a time, init containers first, and reports what it allocated on its
 socket; the device plugin answers Allocate from the device IDs and reconciles the pods'
 annotations from PodResources; the agent (a real one, watching the same fake API server) reads
 them. For each container: its devices' GPU == BATON_GPUS == NVIDIA_VISIBLE_DEVICES == the pod's
-annotation == the agent's view.
+annotation == the agent's view (and the extender's cache counts the pod's slots there).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pytest
 from baton import names
 from baton.names import fake_gpu_uuid
 from deviceplugin.daemon import Daemon
+from extender.inventory import assignment
 from tests.deviceplugin.conftest import NODE, admit, tenant_pod
 from tests.harness.agent import AgentRunner, short_tmpdir
 from tests.harness.fakeapi import FakeApiServer
@@ -89,6 +90,9 @@ def assert_views_agree(
     assert set(recorded) == set(truth), "only the containers the kubelet lists are recorded"
     union = sorted({g for gpus in truth.values() for g in gpus})
     assert found[names.ANNOTATION_ASSIGNED_GPUS] == ",".join(union)
+    obj = fake_api.get_object("Pod", admitted.name)
+    held = assignment({**obj, "status": {"phase": "Running"}}) if obj else None
+    assert held is not None and list(held.gpus) == union, "the extender's cache counts the truth"
     view = agent_view(agent, f"default/{admitted.name}", truth)
     assert view["gpus"] == union
     return truth
