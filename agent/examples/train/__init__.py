@@ -1,0 +1,1 @@
+"""Real training tenants: a small causal transformer trained from scratch by SFT and by GRPO."""

@@ -1,0 +1,220 @@
+"""Runs real training tenants as processes: alone (no agent, or on a GPU of their own) or sharing
+one simulated GPU on an agent with the `app` backend, too small for any two of them at once, so
+every switch parks one tenant through its own `TorchParker` and restores another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from agent.examples.train.jobs import JobConfig, estimate_bytes
+from baton.names import MIB
+
+TENANT = [sys.executable, "-m", "agent.examples.train.tenant"]
+START_TIMEOUT_S = 120.0
+"""How long a tenant may take to import torch, build its model and connect."""
+FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(JobConfig)}
+"""The tenant's command-line flag for each `JobConfig` field."""
+
+
+class TrainRunError(Exception):
+    """A tenant failed or never answered; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    """One tenant: its name, what it trains, and for how many steps (0: until the deadline)."""
+
+    name: str
+    config: JobConfig
+    steps: int = 0
+    duty: int = 0
+
+    def argv(self, solo: bool) -> list[str]:
+        """The tenant process's command line."""
+        flags = [f"{FLAGS[k]}={v}" for k, v in vars(self.config).items()]
+        mode = ["--solo"] if solo else []
+        extra = ["--duty", str(self.duty)] if self.duty else []
+        return [*TENANT, "--name", self.name, "--steps", str(self.steps), *flags, *mode, *extra]
+
+    def footprint_mib(self) -> float:
+        """MiB a park of this tenant moves."""
+        return estimate_bytes(self.config) / MIB
+
+
+def shared_gpu_mib(specs: Sequence[TenantSpec]) -> int:
+    """A GPU that holds any one of the tenants but no two: every switch must park."""
+    sizes = sorted(s.footprint_mib() for s in specs)
+    gpu = math.ceil(sizes[-1])
+    if len(sizes) > 1 and sizes[0] + sizes[1] <= gpu:
+        raise TrainRunError(
+            f"tenants of {sizes[0]:.2f} and {sizes[1]:.2f} MiB fit together on a {gpu} MiB GPU,"
+            " so nothing would be parked; make them larger (--d-model, --batch)"
+        )
+    return gpu
+
+
+@dataclass
+class Outcome:
+    """The tenants' "done" reports, and what the agent counted (shared runs)."""
+
+    reports: list[dict[str, Any]]
+    moves: dict[str, dict[str, float]] = field(default_factory=dict)
+    gpu_mib: int = 0
+
+
+async def run_shared(
+    specs: Sequence[TenantSpec], deadline: float = math.inf, *, gpu_mib: int = 0
+) -> Outcome:
+    """All tenants on one simulated GPU of an agent with the `app` backend, taking turns."""
+    from agent.fakenode import FakeNode, FakeNodeOptions
+
+    gpu_mib = gpu_mib or shared_gpu_mib(specs)
+    budget = math.ceil(sum(s.footprint_mib() for s in specs)) + 1
+    node = FakeNode(
+        FakeNodeOptions(backend="app", fake_gpus=f"1x{gpu_mib}", host_memory_budget_mib=budget)
+    )
+    await node.start()
+    try:
+        reports = await run_tenants(specs, node.tenant_env(0), deadline, Path(node.workdir))
+        return Outcome(reports, agent_moves(node), gpu_mib)
+    finally:
+        await node.stop()
+
+
+async def run_alone(specs: Sequence[TenantSpec], *, agent: bool = True) -> list[dict[str, Any]]:
+    """Each tenant by itself, one after another: through an agent on a GPU it has to itself,
+    or (`agent=False`) with no agent at all."""
+    if not agent:
+        logdir = Path(tempfile.mkdtemp(prefix="baton-train-", dir="/tmp"))
+        try:
+            return await run_tenants(specs, None, math.inf, logdir, solo=True)
+        finally:
+            shutil.rmtree(logdir, ignore_errors=True)
+    from agent.fakenode import FakeNode, FakeNodeOptions
+
+    reports = []
+    for spec in specs:
+        gpu = math.ceil(spec.footprint_mib()) + 1
+        node = FakeNode(FakeNodeOptions(backend="app", fake_gpus=f"1x{gpu}"))
+        await node.start()
+        try:
+            reports += await run_tenants([spec], node.tenant_env(0), math.inf, Path(node.workdir))
+        finally:
+            await node.stop()
+    return reports
+
+
+async def run_tenants(
+    specs: Sequence[TenantSpec],
+    env: Mapping[str, str] | None,
+    deadline: float,
+    logdir: Path | None,
+    *,
+    solo: bool = False,
+) -> list[dict[str, Any]]:
+    """Start the tenants, let them all go at once, and return their "done" reports in order."""
+    procs: list[asyncio.subprocess.Process] = []
+    logs: list[Path | None] = []
+    try:
+        for spec in specs:
+            log = logdir / f"{spec.name}.log" if logdir else None
+            logs.append(log)
+            stderr = log.open("wb") if log else asyncio.subprocess.DEVNULL
+            try:
+                procs.append(await _spawn(spec.argv(solo), env, stderr))
+            finally:
+                if log and not isinstance(stderr, int):
+                    stderr.close()
+        for spec, proc, log in zip(specs, procs, logs, strict=True):
+            ready = await _line(proc, START_TIMEOUT_S)
+            if ready.get("event") != "ready":
+                raise TrainRunError(f"tenant {spec.name} did not start: {_why(ready, log)}")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"go {deadline!r}\n".encode())
+        wait = (deadline - time.time() if deadline < math.inf else 0) + 600.0
+        done = await asyncio.gather(*(_line(p, wait) for p in procs))
+        for spec, report, log in zip(specs, done, logs, strict=True):
+            if report.get("event") != "done":
+                raise TrainRunError(f"tenant {spec.name} failed: {_why(report, log)}")
+        for proc in procs:  # all done: now they may leave
+            assert proc.stdin is not None
+            proc.stdin.write(b"exit\n")
+        for proc in procs:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 30)
+        return list(done)
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+async def _spawn(
+    argv: list[str], env: Mapping[str, str] | None, stderr: Any
+) -> asyncio.subprocess.Process:
+    """A tenant process with pipes for its protocol."""
+    import os
+
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        env=dict(env or os.environ),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=stderr,
+    )
+
+
+async def _line(proc: asyncio.subprocess.Process, timeout: float) -> dict[str, Any]:
+    """The tenant's next JSON line, or a description of why there was none."""
+    assert proc.stdout is not None
+    try:
+        raw = await asyncio.wait_for(proc.stdout.readline(), timeout)
+    except TimeoutError:
+        return {"event": "error", "error": f"said nothing for {timeout:g} s"}
+    if not raw:
+        return {"event": "error", "error": "closed its output"}
+    data = json.loads(raw)
+    return data if isinstance(data, dict) else {"event": "error", "error": repr(data)}
+
+
+def _why(report: Mapping[str, Any], log: Path | None) -> str:
+    """The tenant's error and the last lines of its stderr."""
+    tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log and log.exists() else []
+    return str(report.get("error", report)) + "".join(f"\n  {line}" for line in tail)
+
+
+def agent_moves(node: Any) -> dict[str, dict[str, float]]:
+    """Parks and restores the agent counted for the app backend, from its metrics."""
+    registry = node.preparer.metrics.registry
+    out = {}
+    for direction in ("park", "restore"):
+        labels = {"backend": "app", "direction": direction}
+        out[direction] = {
+            "count": registry.get_sample_value("baton_moves_total", labels) or 0.0,
+            "bytes": registry.get_sample_value("baton_moved_bytes_total", labels) or 0.0,
+            "seconds": registry.get_sample_value("baton_move_seconds_sum", labels) or 0.0,
+        }
+    return out
+
+
+def same_training(alone: Mapping[str, Any], shared: Mapping[str, Any]) -> list[str]:
+    """Where two runs of one tenant differ (per-step losses, rewards, final parameters)."""
+    diffs = []
+    for key in ("steps", "losses", "rewards", "params_sha256"):
+        if alone[key] != shared[key]:
+            diffs.append(f"{alone['name']}: {key} differ")
+    return diffs
