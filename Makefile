@@ -3,13 +3,16 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Extras besides dev, e.g. EXTRAS=torch (the real training tenants; CI sets it).
+EXTRAS ?=
+comma := ,
 
 .PHONY: demo test lint soak proto bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev$(if $(EXTRAS),$(comma)$(EXTRAS))]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -12,7 +12,9 @@
 # peer. Once a tenant is parked the agent is killed (SIGKILL) and started again on the same
 # state directory: the parked tenant's next turn must restore it. Last, it prints park (out)
 # and restore (in) GB/s from the agents' logs against the host<->device copy rate measured in
-# the same run, as JSON.
+# the same run, as JSON. Then it checks that real SFT and GRPO tenants trained on the GPU while
+# taking turns (parked by their own TorchParker, `app` backend) match the same tenants trained
+# alone bit for bit (hack/train-exactness.py --device cuda).
 #
 # Needs: pip install torch '.[cuda,dev]' into the virtualenv (PYTHON / BATON override the paths).
 set -euo pipefail
@@ -141,3 +143,6 @@ echo "gpu-check: both tenants verified their tensors after every restore, across
 
 "$PYTHON" hack/gpu-check-helper.py copy-rate "$GIB" >"$work/copy.json"
 "$PYTHON" hack/gpu-check-helper.py figures "$work/copy.json" "$work/agent1.log" "$work/agent2.log"
+
+echo "Real training tenants on the GPU, alone against taking turns (must be identical):"
+PYTHONPATH=. "$PYTHON" hack/train-exactness.py --device cuda

@@ -5,6 +5,8 @@
 
     parker = TorchParker(model, optimizer, reference, sampler.cache)
     baton = Baton(on_park=parker.park, on_restore=parker.restore)
+    with baton.turn(), parker.in_use():
+        train_step()
 
 On park every storage behind the registered modules (parameters, gradients, buffers),
 optimizers (their state) and tensors is copied into a host buffer allocated on the first park
@@ -17,6 +19,7 @@ Needs torch (`pip install 'baton-gpu[torch]'`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -93,6 +96,15 @@ class TorchParker:
         """Park these too from the next park on."""
         self.sources.extend(sources)
 
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """Hold parks off while the tenant computes: a park asked meanwhile (a revoked turn)
+        waits until the work is done. Raises `ParkError` if the tensors are parked now."""
+        with self._lock:
+            if self._parked:
+                raise ParkError("the tensors are parked: the agent restores them before a turn")
+            yield
+
     @property
     def parked(self) -> bool:
         """True between a park and its restore."""
@@ -104,7 +116,7 @@ class TorchParker:
         out = []
         for source in self.sources:
             for tensor in tensors_of(source):
-                if self.device is not None and tensor.device != self.device:
+                if not self._on_device(tensor):
                     continue
                 storage = tensor.untyped_storage()
                 if storage.nbytes() == 0 or storage.data_ptr() in seen:
@@ -112,6 +124,14 @@ class TorchParker:
                 seen.add(storage.data_ptr())
                 out.append(storage)
         return out
+
+    def _on_device(self, tensor: torch.Tensor) -> bool:
+        """True when the tensor lives on this parker's device (any device if none was named)."""
+        want = self.device
+        if want is None:
+            return True
+        have = tensor.device
+        return have.type == want.type and (want.index is None or have.index == want.index)
 
     def footprint_bytes(self) -> int:
         """Bytes a park would move now."""

@@ -30,6 +30,29 @@ Jitter = Annotated[
 ]
 Seed = Annotated[int, typer.Option(help="Seed of the phase lengths' variation.")]
 OutDir = Annotated[Path, typer.Option(help="Where the timeline PNG and trace JSON go.")]
+TenantKind = Annotated[
+    str,
+    typer.Option(
+        help="synthetic (sleeps and byte patterns) or train (real SFT and GRPO in PyTorch, "
+        "parked by the app backend; --duty, --cycle and the memory flags do not apply)."
+    ),
+]
+
+
+def _train(config: DemoConfig) -> DemoConfig:
+    """The demo with real training tenants, on a GPU that holds one of them at a time."""
+    import math
+    from dataclasses import replace
+
+    try:
+        from baton.demo.train import TrainMix, shared_gpu_mib
+    except ImportError as e:
+        raise typer.BadParameter(f"--tenant-kind train needs torch ({e})") from None
+    specs = TrainMix(tenants=config.tenants, steps=0).specs()
+    sizes = tuple(math.ceil(s.footprint_mib()) for s in specs)
+    # As with the synthetic tenants: all but one fit, so switches park and restore.
+    gpu = shared_gpu_mib(specs, len(specs) - 1) if len(specs) > 1 else sizes[0]
+    return replace(config, tenant_kind="train", gpu_memory_mib=gpu, footprints_mib=sizes)
 
 
 def _config(
@@ -69,6 +92,7 @@ def demo(
     jitter: Jitter = 0.1,
     seed: Seed = 7,
     out_dir: OutDir = Path("baton-demo"),
+    tenant_kind: TenantKind = "synthetic",
 ) -> None:
     """Turn-taking on this machine: RL tenants alone on their own fake GPUs, then sharing one."""
     import asyncio
@@ -85,11 +109,17 @@ def demo(
         jitter, seed,
     )  # fmt: skip
     console = Console()
+    if tenant_kind not in ("synthetic", "train"):
+        raise typer.BadParameter(f"--tenant-kind {tenant_kind!r}: synthetic or train")
+    what = f"each busy on its GPU {duty:.0%} of a {cycle:g} s step"
+    sizes = f"{gpu_memory} MiB, footprints {footprints} MiB, {pcie_gbps:g} GB/s modelled"
+    if tenant_kind == "train":
+        config = _train(config)
+        what = "training for real (GRPO and SFT, PyTorch on the CPU)"
+        sizes = f"{config.gpu_memory_mib} MiB GPU, app backend"
     console.print(
-        f"{tenants} tenants, each busy on its GPU {duty:.0%} of a {cycle:g} s step; "
-        f"{tenants} GPUs alone, then one GPU shared, each run measured for {duration:g} s "
-        f"after {warmup:g} s of warm-up "
-        f"({gpu_memory} MiB, footprints {footprints} MiB, {pcie_gbps:g} GB/s modelled)."
+        f"{tenants} tenants, {what}; {tenants} GPUs alone, then one GPU shared, each run "
+        f"measured for {duration:g} s after {warmup:g} s of warm-up ({sizes})."
     )
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[turns]}"))
     with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
@@ -147,7 +177,54 @@ def bench_duty(
     echo_figures(summarize(config, alone, shared), as_json)
 
 
+Opt = typer.Option
+
+
+def bench_train(
+    tenants: Annotated[int, Opt(min=2, max=7, help="Tenants, GRPO and SFT in turn.")] = 3,
+    steps: Annotated[int | None, Opt(min=2, help="Training steps of each tenant.")] = None,
+    device: Annotated[str, Opt(help="Where tenants train: cpu, or cuda.")] = "cpu",
+    d_model: Annotated[int | None, Opt(min=8, help="Model width.")] = None,
+    layers: Annotated[int | None, Opt(min=1, help="Transformer blocks.")] = None,
+    sft_batch: Annotated[int | None, Opt(min=1, help="SFT pairs per step.")] = None,
+    grpo_batch: Annotated[int | None, Opt(min=1, help="GRPO prompts per step.")] = None,
+    group: Annotated[int | None, Opt(min=2, help="GRPO completions per prompt.")] = None,
+    grpo_off_s: Annotated[
+        float | None, Opt(min=0.0, help="GRPO's modelled off-device wait per step, s.")
+    ] = None,
+    sft_off_s: Annotated[
+        float | None, Opt(min=0.0, help="SFT's modelled off-device wait per step, s.")
+    ] = None,
+    as_json: AsJson = False,
+) -> None:
+    """Real SFT and GRPO tenants alone, then sharing one device: duty, GB/s, bit-exactness.
+
+    Unset sizes take `baton.demo.train.TrainMix`'s defaults.
+    """
+    try:
+        from baton.bench.train import run
+        from baton.demo.train import TrainMix, TrainRunError
+    except ImportError as e:
+        typer.echo(f"baton bench train needs torch: pip install 'baton-gpu[torch]' ({e})", err=True)
+        raise typer.Exit(1) from None
+    given = {
+        "steps": steps, "d_model": d_model, "layers": layers, "sft_batch": sft_batch,
+        "grpo_batch": grpo_batch, "group": group, "grpo_off_s": grpo_off_s,
+        "sft_off_s": sft_off_s,
+    }  # fmt: skip
+    config = TrainMix(
+        tenants=tenants, device=device, **{k: v for k, v in given.items() if v is not None}
+    )
+    try:
+        figures = run(config)
+    except TrainRunError as e:
+        typer.echo(f"baton bench train: {e}", err=True)
+        raise typer.Exit(1) from None
+    echo_figures(figures, as_json)
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
-    """Add `baton demo` and `baton bench duty`."""
+    """Add `baton demo`, `baton bench duty` and `baton bench train`."""
     app.command("demo")(demo)
     bench.command("duty")(bench_duty)
+    bench.command("train")(bench_train)

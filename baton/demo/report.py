@@ -66,6 +66,11 @@ def _pct(x: float) -> str:
     return f"{x * 100:.1f}%"
 
 
+def _mib(mib: int) -> str:
+    """A footprint in MiB, as GiB once it is that large."""
+    return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib} MiB"
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -83,7 +88,7 @@ def print_report(
         verdict = "intact" if ok else "; ".join([a.error, b.error, *a.mismatches, *b.mismatches])
         tenants.add_row(
             a.name,
-            f"{config.footprint(alone.tenants.index(a)) / 1024:.1f} GiB",
+            _mib(config.footprint(alone.tenants.index(a))),
             str(a.steps_in(alone.t0, alone.t1)),
             str(b.steps_in(shared.t0, shared.t1)),
             str(a.verified + b.verified),

@@ -14,7 +14,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,9 @@ class DemoConfig:
     scale: float = 1 / 4096
     """Real bytes per simulated byte of device memory."""
     seed: int = 7
+    tenant_kind: str = "synthetic"
+    """`synthetic` (sleeps and byte patterns, `fake` backend) or `train` (real SFT and GRPO
+    tenants, `baton.demo.train`, parked by their own `TorchParker` through the `app` backend)."""
 
     def footprint(self, i: int) -> int:
         """MiB of device memory tenant `i` uses."""
@@ -63,6 +66,20 @@ class DemoConfig:
     def name(self, i: int) -> str:
         """Display name of tenant `i`."""
         return f"t{i + 1}"
+
+    @property
+    def backend(self) -> str:
+        """The agent's parking backend for these tenants."""
+        return "app" if self.tenant_kind == "train" else "fake"
+
+    def command(self, i: int) -> list[str]:
+        """Tenant process `i`'s command line."""
+        if self.tenant_kind == "train":
+            from baton.demo.train import TrainMix
+
+            spec = TrainMix(tenants=self.tenants, steps=0).specs()[i]
+            return replace(spec, name=self.name(i)).argv(solo=False)
+        return [*TENANT, *self.tenant_args(i)]
 
     def tenant_args(self, i: int) -> list[str]:
         """Command-line flags of tenant process `i`."""
@@ -134,6 +151,7 @@ async def run_phase(config: DemoConfig, shared: bool, tick: Tick | None = None) 
     label = "shared" if shared else "alone"
     node = FakeNode(
         FakeNodeOptions(
+            backend=config.backend,
             fake_gpus=f"{1 if shared else k}x{config.gpu_memory_mib}",
             fake_scale=config.scale,
             pcie_gbps=config.pcie_gbps,
@@ -211,6 +229,9 @@ async def _drive(
             _absorb(result, task.result())
             if result.error:
                 result.error += _tail(log_path)
+        for proc in procs:  # every tenant is done; a tenant that waits for it may leave now
+            assert proc.stdin is not None
+            proc.stdin.close()
         for proc in procs:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), 10)
@@ -228,8 +249,7 @@ async def _spawn(
     """Tenant `i`'s process, its stderr going to `log_path`."""
     with log_path.open("wb") as stderr:  # the child keeps its own descriptor
         return await asyncio.create_subprocess_exec(
-            *TENANT,
-            *config.tenant_args(i),
+            *config.command(i),
             env=node.tenant_env(0 if shared else i),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -276,7 +296,7 @@ def _moves(node: FakeNode) -> dict[str, dict[str, float]]:
     registry = node.preparer.metrics.registry
     out = {}
     for direction in ("park", "restore"):
-        labels = {"backend": "fake", "direction": direction}
+        labels = {"backend": node.options.backend, "direction": direction}
 
         def value(name: str, labels: dict[str, str] = labels) -> float:
             return registry.get_sample_value(name, labels) or 0.0

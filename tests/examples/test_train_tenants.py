@@ -6,6 +6,7 @@ import asyncio
 import importlib.util
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -63,9 +64,31 @@ def test_park_moves_every_storage_out_and_back_through_reused_buffers() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, tensors, strict=True))
 
 
+@needs_torch
+def test_a_park_asked_during_a_turn_waits_for_its_work() -> None:
+    import torch
+
+    from agent.client.torch import ParkError, TorchParker
+
+    weights = torch.ones(1024)
+    parker = TorchParker(weights)
+    with parker.in_use():
+        park = threading.Thread(target=parker.park, args=("gpu",))
+        park.start()
+        park.join(0.2)
+        assert park.is_alive() and weights.untyped_storage().nbytes() == 4096
+        weights.mul_(2)
+    park.join(10)
+    assert parker.parked
+    with pytest.raises(ParkError, match="parked"), parker.in_use():
+        pass
+    parker.restore("gpu")
+    assert torch.equal(weights, torch.full((1024,), 2.0))
+
+
 def specs() -> list:
     from agent.examples.train.jobs import JobConfig
-    from agent.examples.train.runs import TenantSpec
+    from baton.demo.train import TenantSpec
 
     return [
         TenantSpec("sft", JobConfig(kind="sft", seed=1, batch=16), steps=8),
@@ -76,7 +99,7 @@ def specs() -> list:
 @needs_torch
 @pytest.mark.timeout(180)
 def test_tenants_sharing_a_gpu_train_bit_for_bit_as_they_do_alone() -> None:
-    from agent.examples.train.runs import run_alone, run_shared, same_training
+    from baton.demo.train import run_alone, run_shared, same_training
 
     tenants = specs()
     alone = asyncio.run(run_alone(tenants, agent=False))

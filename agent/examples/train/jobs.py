@@ -2,6 +2,8 @@
 
 Each `step` runs its device phases inside `turn(phase)` (a context manager the caller gives:
 a Baton turn, or nothing when alone); scoring and any modelled off-device wait run outside.
+GRPO trains on a step's samples and draws the next step's in the same turn, as colocated RL
+loops do, so both kinds take one turn per step.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from agent.examples.train import task
 from agent.examples.train.model import KVCache, ModelSize, TinyLM, sample, token_logprobs
 
 Turn = Callable[[str], AbstractContextManager[Any]]
-"""`turn(phase)`: holds the device for one phase ("train", "generation", "training")."""
+"""`turn(phase)`: holds the device for one phase ("train", "generation", ...)."""
 KINDS = ("sft", "grpo")
 
 
@@ -150,18 +152,19 @@ class GrpoJob(Job):
         rows = config.batch * config.group
         self.cache = KVCache(config.size(), rows, self.device)
         self.sampler = torch.Generator(device=self.device).manual_seed(config.seed + 2)
+        self._samples: list[list[int]] | None = None
 
     def sources(self) -> list[Any]:
         return [*super().sources(), self.reference, *self.cache.tensors()]
 
     def step(self, turn: Turn) -> dict[str, float]:
+        """Score the step's samples off the device, then one turn: train on them, and sample
+        the next step's (the weights are on the device already). The first step samples first."""
         c = self.config
-        prompt = task.prompts(c.batch, c.digits, self.data).repeat_interleave(c.group, 0)
-        with turn("generation"):
-            seqs = sample(
-                self.model, prompt.to(self.device), c.digits + 1, self.cache, self.sampler
-            )
-            rows = seqs.tolist()
+        if self._samples is None:
+            with turn("generation"):
+                self._samples = self._generate()
+        rows = self._samples
         rewards = torch.tensor(
             [task.reward(r[: self.prompt_len], r[self.prompt_len :]) for r in rows]
         )
@@ -169,9 +172,18 @@ class GrpoJob(Job):
         adv = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)
         advantages = adv.reshape(-1).tolist()
         self.off_device()
-        with turn("training"):
+        with turn("training+generation"):
             loss, kl = self._train(rows, advantages)
+            self._samples = self._generate()
         return {"loss": loss, "reward": float(rewards.mean().item()), "kl": kl}
+
+    def _generate(self) -> list[list[int]]:
+        """A group of sampled completions per new prompt, as token lists (off the device)."""
+        c = self.config
+        prompt = task.prompts(c.batch, c.digits, self.data).repeat_interleave(c.group, 0)
+        seqs = sample(self.model, prompt.to(self.device), c.digits + 1, self.cache, self.sampler)
+        rows: list[list[int]] = seqs.tolist()
+        return rows
 
     def _train(self, rows: list[list[int]], advantages: list[float]) -> tuple[float, float]:
         """The clipped policy-gradient steps with the KL term; returns the last loss and KL."""

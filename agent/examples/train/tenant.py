@@ -35,6 +35,7 @@ class Report:
     turns: list[list[Any]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
+    step_ends: list[float] = field(default_factory=list)
     params_sha256: str = ""
     footprint_bytes: int = 0
     moves: dict[str, float] = field(default_factory=dict)
@@ -62,19 +63,30 @@ class Turns:
             lease_id = self.baton.acquire(self.acquire_timeout).lease_id
         granted = time.time()
         try:
-            if self.parker.parked:
-                raise RuntimeError(f"granted a turn for {phase} while still parked")
-            now = self.job.fingerprint()
-            if self._last is not None and now != self._last:
-                self._ok = False
-                self.report.mismatches.append(f"{phase}: parameters changed between turns")
-            yield
-            self._last = self.job.fingerprint()
-            sync(self.job.device)
+            with self.parker.in_use():
+                now = self.job.fingerprint()
+                if self._last is not None and now != self._last:
+                    self._ok = False
+                    self.report.mismatches.append(f"{phase}: parameters changed between turns")
+                yield
+                self._last = self.job.fingerprint()
+                sync(self.job.device)
         finally:
             if self.baton is not None:
                 self.baton.yield_()
         self.report.turns.append([lease_id, requested, granted, time.time()])
+
+    def final(self) -> tuple[str, int]:
+        """The parameters' SHA-256 and the bytes a park moves, read on one more (unrecorded)
+        turn: between turns the agent may have parked them."""
+        if self.baton is not None:
+            self.baton.acquire(self.acquire_timeout)
+        try:
+            with self.parker.in_use():
+                return self.job.digest(), self.parker.footprint_bytes()
+        finally:
+            if self.baton is not None:
+                self.baton.yield_()
 
     def step_done(self, figures: dict[str, float]) -> None:
         """Count a finished step."""
@@ -83,6 +95,7 @@ class Turns:
             r.verified += 1
         self._ok = True
         r.steps += 1
+        r.step_ends.append(time.time())
         r.losses.append(figures["loss"])
         if "reward" in figures:
             r.rewards.append(figures["reward"])
@@ -175,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         turns = Turns(job, baton, parker, args.acquire_timeout)
         report = train(turns, args.steps, float(command[1]))
-        report.params_sha256 = job.digest()
-        report.footprint_bytes = parker.footprint_bytes()
+        report.params_sha256, report.footprint_bytes = turns.final()
         report.moves = asdict(parker.stats)
         say(event="done", tenant_id=tenant_id, name=args.name, kind=args.kind, **asdict(report))
         if not args.go:  # stay connected until every tenant of the run is done

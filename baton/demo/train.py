@@ -53,14 +53,55 @@ class TenantSpec:
         return estimate_bytes(self.config) / MIB
 
 
-def shared_gpu_mib(specs: Sequence[TenantSpec]) -> int:
-    """A GPU that holds any one of the tenants but no two: every switch must park."""
+MIX = ("grpo", "sft")
+"""Tenant i trains MIX[i % 2]."""
+
+
+@dataclass(frozen=True)
+class TrainMix:
+    """K tenants, GRPO and SFT in turn; the defaults take 0.1-0.2 s device phases on a CPU core."""
+
+    tenants: int = 3
+    steps: int = 40
+    device: str = "cpu"
+    d_model: int = 64
+    layers: int = 2
+    digits: int = 6
+    sft_batch: int = 256
+    grpo_batch: int = 32
+    group: int = 8
+    grpo_off_s: float = 0.55
+    """GRPO's modelled off-device wait per step (a remote verifier, a sandbox), beside scoring."""
+    sft_off_s: float = 0.3
+    """SFT's modelled off-device wait per step (fetching the next batch)."""
+
+    def specs(self) -> list[TenantSpec]:
+        """The K tenants, SFT and GRPO mixed, each with its own seed."""
+        out = []
+        for i in range(self.tenants):
+            kind = MIX[i % len(MIX)]
+            grpo = kind == "grpo"
+            config = JobConfig(
+                kind=kind, seed=100 + i, digits=self.digits, d_model=self.d_model,
+                layers=self.layers, batch=self.grpo_batch if grpo else self.sft_batch,
+                group=self.group, lr=3e-4 if grpo else 1e-3, device=self.device,
+                off_s=self.grpo_off_s if grpo else self.sft_off_s,
+            )  # fmt: skip
+            out.append(TenantSpec(f"t{i + 1}-{kind}", config, steps=self.steps))
+        return out
+
+
+def shared_gpu_mib(specs: Sequence[TenantSpec], fits: int = 1) -> int:
+    """A GPU that holds any `fits` of the tenants but never `fits + 1`: switches must park."""
     sizes = sorted(s.footprint_mib() for s in specs)
-    gpu = math.ceil(sizes[-1])
-    if len(sizes) > 1 and sizes[0] + sizes[1] <= gpu:
+    if not 1 <= fits < len(sizes) or len(sizes) < 2:
+        raise TrainRunError(f"{fits} of {len(sizes)} tenants at once: nothing would be parked")
+    gpu = math.ceil(sum(sizes[-fits:]))
+    if sum(sizes[: fits + 1]) <= gpu:
         raise TrainRunError(
-            f"tenants of {sizes[0]:.2f} and {sizes[1]:.2f} MiB fit together on a {gpu} MiB GPU,"
-            " so nothing would be parked; make them larger (--d-model, --batch)"
+            f"{fits + 1} tenants of {', '.join(f'{x:.2f}' for x in sizes[: fits + 1])} MiB fit"
+            f" together on a {gpu} MiB GPU, so fewer would be parked; make them larger"
+            " (--d-model, --batch) or more alike"
         )
     return gpu
 
@@ -75,12 +116,13 @@ class Outcome:
 
 
 async def run_shared(
-    specs: Sequence[TenantSpec], deadline: float = math.inf, *, gpu_mib: int = 0
+    specs: Sequence[TenantSpec], deadline: float = math.inf, *, fits: int = 1
 ) -> Outcome:
-    """All tenants on one simulated GPU of an agent with the `app` backend, taking turns."""
-    from agent.fakenode import FakeNode, FakeNodeOptions
+    """All tenants on one simulated GPU of an agent with the `app` backend, taking turns; the
+    GPU holds `fits` of them at once (`shared_gpu_mib`)."""
+    from baton.demo.fakenode import FakeNode, FakeNodeOptions
 
-    gpu_mib = gpu_mib or shared_gpu_mib(specs)
+    gpu_mib = shared_gpu_mib(specs, fits)
     budget = math.ceil(sum(s.footprint_mib() for s in specs)) + 1
     node = FakeNode(
         FakeNodeOptions(backend="app", fake_gpus=f"1x{gpu_mib}", host_memory_budget_mib=budget)
@@ -102,7 +144,7 @@ async def run_alone(specs: Sequence[TenantSpec], *, agent: bool = True) -> list[
             return await run_tenants(specs, None, math.inf, logdir, solo=True)
         finally:
             shutil.rmtree(logdir, ignore_errors=True)
-    from agent.fakenode import FakeNode, FakeNodeOptions
+    from baton.demo.fakenode import FakeNode, FakeNodeOptions
 
     reports = []
     for spec in specs:
