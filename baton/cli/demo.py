@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -207,7 +207,7 @@ def bench_train(
     except ImportError as e:
         typer.echo(f"baton bench train needs torch: pip install 'baton-gpu[torch]' ({e})", err=True)
         raise typer.Exit(1) from None
-    given = {
+    given: dict[str, Any] = {
         "steps": steps, "d_model": d_model, "layers": layers, "sft_batch": sft_batch,
         "grpo_batch": grpo_batch, "group": group, "grpo_off_s": grpo_off_s,
         "sft_off_s": sft_off_s,

@@ -111,13 +111,16 @@ def print_report(
     console.print(tenants)
     console.print(gpus)
     verdict = "[green]intact[/]" if s["integrity_ok"] else "[red]CORRUPTED OR INCOMPLETE[/]"
+    how = f"at {config.pcie_gbps:g} GB/s modelled"
+    if config.backend == "app":
+        how = "in the tenants' own callbacks"
     console.print(
         f"{config.tenants} tenants at {_pct(s['tenant_duty'])} duty alone: 1 shared GPU busy "
         f"{_pct(s['timesliced_duty'])} of the time, ideal {_pct(s['ideal_duty'])} → "
         f"[bold]{_pct(s['efficiency'])}[/] of ideal; data {verdict}.\n"
         f"Shared GPU idle {s['idle_s']:.2f} s: {s['idle_while_waited_s']:.2f} s while a tenant "
         f"waited for it (p50 {s['grant_wait_p50_ms']:.0f} ms a turn; parks and restores took "
-        f"{s['move_s']:.2f} s at {config.pcie_gbps:g} GB/s modelled), "
+        f"{s['move_s']:.2f} s {how}), "
         f"{s['idle_unwanted_s']:.2f} s while every tenant was off the GPU."
     )
     return s

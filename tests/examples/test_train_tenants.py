@@ -116,3 +116,43 @@ def test_tenants_sharing_a_gpu_train_bit_for_bit_as_they_do_alone() -> None:
     reported = sum(r["moves"]["parked_bytes"] for r in shared.reports)
     # The agent counts the bytes the callbacks report (and may park once more after "done").
     assert counted["count"] >= 4 and counted["bytes"] >= reported > 0
+
+
+def _report(name: str, turns: list[list[float]], sha: str = "x") -> dict:
+    moves = {"parks": 1, "restores": 1, "parked_bytes": 1000, "restored_bytes": 1000}
+    return {
+        "name": name, "steps": len(turns), "losses": [1.0] * len(turns), "rewards": [],
+        "params_sha256": sha, "turns": [["l", t[0], t[1], t[2]] for t in turns],
+        "step_ends": [t[2] for t in turns], "footprint_bytes": 1000,
+        "moves": {**moves, "park_s": 1e-6, "restore_s": 2e-6},
+    }  # fmt: skip
+
+
+@needs_torch
+def test_bench_train_figures_from_turn_records() -> None:
+    from baton.bench.train import summarize
+    from baton.demo.train import Outcome
+
+    tenants = specs()
+    # Alone: each holds 1 s of every 4. Shared: both run from 1.5 s (grpo's first grant) to
+    # 5 s (its last yield), the device busy 3 s of those 3.5; grpo waited 0.5 s on a free one.
+    alone = [
+        _report("sft", [[0, 0, 1], [4, 4, 5], [8, 8, 9]]),
+        _report("grpo", [[0, 0, 1], [4, 4, 5], [8, 8, 9]]),
+    ]
+    shared = [
+        _report("sft", [[0, 0, 1], [3, 3, 4], [6, 6, 7]]),
+        _report("grpo", [[0.5, 1.5, 2.5], [4, 4, 5]], sha="y"),
+    ]
+    moves = {d: {"count": 2.0, "bytes": 2000.0, "seconds": 0.0} for d in ("park", "restore")}
+    figures = summarize(tenants, alone, Outcome(shared, moves, 3), copy=5.0)
+    assert figures["baseline_duty"] == round(3 / 9, 4)
+    assert figures["ideal_duty"] == round(6 / 9, 4)
+    assert (figures["timesliced_duty"], figures["idle_while_waited_s"]) == (0.8571, 0.5)
+    assert figures["park_gbps"] == 1.0 and figures["restore_gbps"] == 0.5
+    assert figures["copy_gbps"] == 5.0 and figures["tenants"] == 2
+    assert figures["identical"] is False
+    assert figures["differences"] == [
+        f"grpo: {k} differ" for k in ("steps", "losses", "params_sha256")
+    ]
+    assert set(figures["steps_per_s"]) == {"sft", "grpo"}
