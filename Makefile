@@ -2,10 +2,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
 # Extras besides dev, e.g. EXTRAS=torch (the real training tenants; CI sets it).
 EXTRAS ?=
 comma := ,
+STAMP := $(VENV)/.installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
 
 .PHONY: demo test lint soak proto bench clean
 
