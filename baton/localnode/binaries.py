@@ -1,0 +1,116 @@
+"""Finding the Kubernetes and etcd binaries, unpacking the packed ones into a cache."""
+
+from __future__ import annotations
+
+import hashlib
+import lzma
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from baton.localnode.procs import LocalNodeError
+
+ENV_BIN_DIR = "BATON_KUBE_BIN_DIR"
+ENV_CACHE_DIR = "BATON_LOCALNODE_CACHE"
+KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def cache_dir() -> Path:
+    """Where unpacked binaries, built images and containerd's content live between runs."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "baton-localnode"
+    return Path(os.environ.get(ENV_CACHE_DIR) or default)
+
+
+@dataclass(frozen=True)
+class KubeBinaries:
+    """Paths of one executable per component."""
+
+    etcd: Path
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kubelet: Path
+
+    def version_dir(self) -> Path:
+        """The directory the binaries are in."""
+        return self.kubelet.parent
+
+
+def _unpack(packed: Path, into: Path) -> Path:
+    """`packed` (.xz) decompressed into `into`, keyed by its content hash; reused when there."""
+    digest = hashlib.sha256(packed.read_bytes()).hexdigest()[:16]
+    out = into / f"{packed.name.removesuffix('.xz')}-{digest}"
+    if not out.exists():
+        into.mkdir(parents=True, exist_ok=True)
+        part = out.with_suffix(".part")
+        with lzma.open(packed) as src, part.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        part.chmod(0o755)
+        part.rename(out)
+    return out
+
+
+def _from_packed(directory: Path) -> KubeBinaries | None:
+    """Binaries from `kube-*.xz` and `etcd-*.xz` in `directory` (the shared layout)."""
+    kube = sorted(directory.glob("kube-v*-linux-amd64.xz"))
+    etcd = sorted(directory.glob("etcd-v*-linux-amd64.xz"))
+    if not kube or not etcd:
+        return None
+    bin_dir = cache_dir() / "bin"
+    kube_bin = _unpack(kube[-1], bin_dir)
+    etcd_bin = _unpack(etcd[-1], bin_dir)
+    links = bin_dir / kube_bin.name.replace("kube-", "links-", 1)
+    links.mkdir(exist_ok=True)
+    for command in KUBE_COMMANDS:
+        link = links / command
+        if not link.is_symlink():
+            link.symlink_to(kube_bin)
+    (links / "etcd").unlink(missing_ok=True)
+    (links / "etcd").symlink_to(etcd_bin)
+    return _from_plain(links)
+
+
+def _from_plain(directory: Path) -> KubeBinaries | None:
+    """Binaries named after their commands in `directory` (the official release layout)."""
+    paths = {name: directory / name for name in ("etcd", *KUBE_COMMANDS)}
+    if not all(os.access(path, os.X_OK) for path in paths.values()):
+        return None
+    return KubeBinaries(
+        etcd=paths["etcd"],
+        kube_apiserver=paths["kube-apiserver"],
+        kube_controller_manager=paths["kube-controller-manager"],
+        kube_scheduler=paths["kube-scheduler"],
+        kubelet=paths["kubelet"],
+    )
+
+
+def search_dirs() -> list[Path]:
+    """Where binaries are looked for: $BATON_KUBE_BIN_DIR, else ../shared/k8s by the checkout."""
+    named = os.environ.get(ENV_BIN_DIR)
+    if named:
+        return [Path(named)]
+    return [CHECKOUT.parent / "shared" / "k8s", CHECKOUT.parent.parent / "shared" / "k8s"]
+
+
+def find_binaries() -> KubeBinaries | None:
+    """The binaries from the first search directory that has them, or None."""
+    for directory in search_dirs():
+        if directory.is_dir():
+            found = _from_plain(directory) or _from_packed(directory)
+            if found:
+                return found
+    return None
+
+
+def require_binaries() -> KubeBinaries:
+    """The binaries, or LocalNodeError saying where they were looked for."""
+    found = find_binaries()
+    if found is None:
+        where = ", ".join(str(d) for d in search_dirs())
+        raise LocalNodeError(
+            f"no Kubernetes binaries in {where}: set {ENV_BIN_DIR} to a directory with etcd,"
+            f" {', '.join(KUBE_COMMANDS)} (or the packed kube-*.xz and etcd-*.xz)"
+        )
+    return found

@@ -1,0 +1,157 @@
+"""The node's images, built without a container engine and cached by their inputs.
+
+`baton:local` follows the Dockerfile: its COPY sources are installed into a venv at the path the
+Dockerfile names, on a Debian bookworm root filesystem made by mmdebstrap (bookworm's python3 is
+3.11, like the Dockerfile's base), with the Dockerfile's ENV, USER, ENTRYPOINT and CMD. The
+dependencies are wheels pip resolves for the project (pip's cache makes a rerun quick).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from baton.localnode.archive import layer_from_files, write_archive
+from baton.localnode.binaries import CHECKOUT, KubeBinaries, cache_dir
+from baton.localnode.dockerfile import Dockerfile, parse_dockerfile
+from baton.localnode.procs import LocalNodeError, run
+from baton.localnode.runtime import PAUSE_IMAGE
+
+BATON_IMAGE = "baton:local"
+SCHEDULER_IMAGE = "localhost/kube-scheduler:local"
+SUITE = "bookworm"
+BUILDER_VERSION = "1"
+"""Bump when the build steps change, so cached images are rebuilt."""
+PAUSE_C = "#include <signal.h>\n#include <unistd.h>\n#include <sys/wait.h>\n" + (
+    "static void reap(int s){(void)s;while(waitpid(-1,0,WNOHANG)>0);}\n"
+    "static void quit(int s){(void)s;_exit(0);}\n"
+    "int main(void){signal(SIGCHLD,reap);signal(SIGINT,quit);signal(SIGTERM,quit);"
+    "for(;;)pause();}\n"
+)
+
+
+def images_dir() -> Path:
+    """Where built image archives are kept."""
+    return cache_dir() / "images"
+
+
+def _cached(name: str, key: str) -> Path:
+    return images_dir() / f"{name}-{key[:16]}.tar"
+
+
+def pause_image(work: Path) -> Path:
+    """The sandbox image: a static pause program that reaps children and exits on a signal."""
+    key = hashlib.sha256((PAUSE_C + BUILDER_VERSION).encode()).hexdigest()
+    out = _cached("pause", key)
+    if out.exists():
+        return out
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "pause.c").write_text(PAUSE_C)
+    run(["gcc", "-static", "-Os", "-o", str(work / "pause"), str(work / "pause.c")])
+    layer = layer_from_files(work / "pause-layer.tar", {"pause": work / "pause"})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return write_archive(out, PAUSE_IMAGE, [layer], {"Entrypoint": ["/pause"]})
+
+
+def scheduler_image(binaries: KubeBinaries, work: Path) -> Path:
+    """kube-scheduler on its own (the binary is static), as the baton-scheduler pod runs it."""
+    binary = binaries.kube_scheduler.resolve()
+    key = hashlib.sha256(f"{binary}:{binary.stat().st_size}:{BUILDER_VERSION}:resolved".encode())
+    out = _cached("kube-scheduler", key.hexdigest())
+    if out.exists():
+        return out
+    work.mkdir(parents=True, exist_ok=True)
+    layer = layer_from_files(
+        work / "scheduler-layer.tar", {"usr/local/bin/kube-scheduler": binaries.kube_scheduler}
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    config = {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "Entrypoint": ["kube-scheduler"]}
+    return write_archive(out, SCHEDULER_IMAGE, [layer], config)
+
+
+def _ignore_patterns(root: Path) -> list[str]:
+    path = root / ".dockerignore"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def _ignored(rel: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore keeps `rel` out of the build context (the last match decides)."""
+    parents = [rel] + ["/".join(rel.split("/")[:n]) for n in range(1, rel.count("/") + 1)]
+    ignored = False
+    for pattern in patterns:
+        keep = pattern.startswith("!")
+        glob = pattern.lstrip("!").rstrip("/")
+        if glob == "**" or any(fnmatch.fnmatch(p, glob) for p in parents):
+            ignored = not keep
+    return ignored
+
+
+def source_files(spec: Dockerfile, root: Path = CHECKOUT) -> list[Path]:
+    """Every file the Dockerfile's COPY instructions take from the build context."""
+    patterns = _ignore_patterns(root)
+    files: list[Path] = []
+    for source in spec.copy_sources:
+        path = root / source
+        if not path.exists():
+            raise LocalNodeError(f"the Dockerfile copies {source}, which {root} does not have")
+        found = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        files += [p for p in found if not _ignored(str(p.relative_to(root)), patterns)]
+    return files
+
+
+def baton_key(spec: Dockerfile, root: Path = CHECKOUT) -> str:
+    """Hash of everything the Baton image is built from."""
+    digest = hashlib.sha256(f"{BUILDER_VERSION}:{SUITE}:{spec.text}".encode())
+    for path in source_files(spec, root):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def baton_image(work: Path, root: Path = CHECKOUT) -> Path:
+    """The Baton image archive (cached by its inputs); built with mmdebstrap when missing."""
+    spec = parse_dockerfile((root / "Dockerfile").read_text())
+    out = _cached("baton", baton_key(spec, root))
+    if out.exists():
+        return out
+    if shutil.which("mmdebstrap") is None:
+        raise LocalNodeError(
+            "building the Baton image needs mmdebstrap: apt-get install mmdebstrap"
+        )
+    work.mkdir(parents=True, exist_ok=True)
+    context = work / "context"
+    shutil.rmtree(context, ignore_errors=True)
+    for path in source_files(spec, root):
+        target = context / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    wheels = work / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels)]
+    run([*pip, f"{context}{spec.extras}"], timeout=600)
+    rootfs = work / "rootfs.tar"
+    venv = spec.venv
+    hooks = [
+        f'cp -r {wheels} "$1/tmp/wheels"',
+        f'chroot "$1" python3 -m venv {venv}',
+        f'chroot "$1" {venv}/bin/pip install --quiet --no-index --find-links /tmp/wheels'
+        f' "{spec.project}{spec.extras}"',
+        'rm -rf "$1/tmp/wheels" "$1/var/cache/apt" "$1/var/lib/apt/lists"',
+    ]
+    argv = ["mmdebstrap", "--variant=minbase", "--mode=root", "--include=python3,python3-venv"]
+    argv += ["--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-exclude=/usr/share/man/*"]
+    argv += [f"--customize-hook={hook}" for hook in hooks]
+    try:
+        run([*argv, SUITE, str(rootfs)], timeout=900)
+    except subprocess.TimeoutExpired as err:
+        raise LocalNodeError(f"mmdebstrap did not finish within {err.timeout} s") from err
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in images_dir().glob("baton-*.tar"):
+        stale.unlink()
+    archive = write_archive(out, BATON_IMAGE, [rootfs], spec.image_config())
+    rootfs.unlink()
+    return archive

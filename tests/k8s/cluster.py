@@ -1,0 +1,146 @@
+"""The real node as the tests use it: kubectl, bounded waits on pods, the daemons' HTTP ports."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from baton import names
+from baton.localnode import LocalNode
+from baton.localnode.procs import LocalNodeError
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+AGENT_URL = f"http://127.0.0.1:{names.PORT_AGENT}"
+DEVICE_PLUGIN_URL = f"http://127.0.0.1:{names.PORT_DEVICE_PLUGIN}"
+EXTENDER_URL = f"http://127.0.0.1:{names.PORT_EXTENDER}"
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 0.3) -> T:
+    """`probe()` until it returns a value; AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    idle = threading.Event()
+    while True:
+        found = probe()
+        if found is not None:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {timeout:g} s")
+        idle.wait(every)
+
+
+def get_text(url: str) -> str:
+    """GET a document from a daemon on loopback."""
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        return str(reply.read().decode())
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus sample's values over series with these labels."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        series, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in series for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+class Cluster:
+    """kubectl and waits over one LocalNode with Baton installed."""
+
+    def __init__(self, node: LocalNode) -> None:
+        self.node = node
+        self.node_name = node.node_name
+
+    def kubectl(self, *args: str, timeout: float = 60.0, stdin: str | None = None) -> str:
+        """kubectl as the cluster admin; stdout (LocalNodeError when it fails)."""
+        return self.node.kubectl(*args, timeout=timeout, stdin=stdin)
+
+    def try_kubectl(self, *args: str) -> str | None:
+        """kubectl, or None when it fails."""
+        try:
+            return self.node.kubectl(*args, timeout=30)
+        except LocalNodeError:
+            return None
+
+    def get(self, *args: str) -> Obj:
+        """`kubectl get ... -o json` decoded."""
+        return dict(json.loads(self.kubectl("get", *args, "-o", "json")))
+
+    def apply(self, *objects: Obj) -> None:
+        """`kubectl apply` these objects."""
+        doc = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(doc))
+
+    def pod(self, namespace: str, name: str) -> Obj:
+        """A pod as the API server has it."""
+        return self.get("pod", "-n", namespace, name)
+
+    def wait_phase(self, namespace: str, name: str, phases: set[str], timeout: float) -> Obj:
+        """The pod once its phase is one of `phases`; fails early on one it can't leave."""
+        final = {"Succeeded", "Failed"} - phases
+
+        def reached() -> Obj | None:
+            pod = self.pod(namespace, name)
+            phase = pod.get("status", {}).get("phase")
+            if phase in final:
+                raise AssertionError(
+                    f"pod {namespace}/{name} ended {phase}:\n{self.describe(namespace, name)}\n"
+                    + self.logs(namespace, name)
+                )
+            return pod if phase in phases else None
+
+        return wait_for(f"pod {namespace}/{name} to be {'/'.join(phases)}", reached, timeout)
+
+    def wait_succeeded(self, namespace: str, *pods: str, timeout: float = 90.0) -> None:
+        """Every pod Succeeded (AssertionError with its description if one fails)."""
+        deadline = time.monotonic() + timeout
+        for name in pods:
+            self.wait_phase(namespace, name, {"Succeeded"}, max(1.0, deadline - time.monotonic()))
+
+    def describe(self, namespace: str, name: str) -> str:
+        """`kubectl describe pod`, as a user reads it."""
+        return self.try_kubectl("describe", "pod", "-n", namespace, name) or ""
+
+    def logs(self, namespace: str, name: str, container: str | None = None) -> str:
+        """`kubectl logs` of a pod (through the API server and the kubelet)."""
+        extra = ["-c", container] if container else []
+        return self.kubectl("logs", "-n", namespace, name, *extra)
+
+    def daemon_pod(self, app: str) -> Obj:
+        """The one running, ready pod of a Baton daemon (by app.kubernetes.io/name)."""
+
+        def ready() -> Obj | None:
+            items = self.get("pods", "-n", names.NAMESPACE, "-l", f"app.kubernetes.io/name={app}")
+            for pod in items["items"]:
+                statuses = pod.get("status", {}).get("containerStatuses") or []
+                gone = pod["metadata"].get("deletionTimestamp")
+                if not gone and statuses and all(s.get("ready") for s in statuses):
+                    return dict(pod)
+            return None
+
+        return wait_for(f"a ready {app} pod", ready, 90.0)
+
+    def allocatable_gpus(self) -> int:
+        """The node's allocatable baton.dev/gpu (0 while no plugin is registered)."""
+        node = self.get("node", self.node_name)
+        return int(node["status"].get("allocatable", {}).get(names.RESOURCE_GPU, "0"))
+
+    def kubelet_allocations(self) -> dict[tuple[str, str], list[str]]:
+        """(pod UID, container) → device IDs, from the kubelet's device manager checkpoint."""
+        path = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+        with open(path) as f:
+            data = json.load(f)["Data"]
+        found: dict[tuple[str, str], list[str]] = {}
+        for entry in data.get("PodDeviceEntries") or []:
+            if entry["ResourceName"] != names.RESOURCE_GPU:
+                continue
+            ids = [i for per_numa in entry["DeviceIDs"].values() for i in per_numa]
+            found[(entry["PodUID"], entry["ContainerName"])] = ids
+        return found
