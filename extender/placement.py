@@ -311,7 +311,9 @@ def _count(n: int, noun: str) -> str:
 
 
 def _pct(value: float) -> str:
-    return f"{round(value, 1):g}%"
+    # No "%": kube-scheduler passes failure reasons to its event recorder as a format string,
+    # so "120% > 100%" reached `kubectl describe pod` as "120%!>(MISSING) 100%!(MISSING)".
+    return f"{round(value, 1):g} percent"
 
 
 def _gib(mib: int) -> str:

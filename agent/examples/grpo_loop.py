@@ -21,9 +21,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import Protocol, TextIO, TypeVar
 
 from agent.client import Baton, LeaseInfo
+from agent.client.errors import AgentUnavailable
 from baton.names import MIB
 
 CGROUP_MEMORY_MAX = "/sys/fs/cgroup/memory.max"
@@ -95,6 +96,26 @@ def memory_limit_mib(path: str = CGROUP_MEMORY_MAX) -> int | None:
     return None if text == "max" else int(text) // MIB
 
 
+T = TypeVar("T")
+AGENT_RESTART_RETRIES = 3
+"""Calls retried when the agent restarts under them (the client reconnects on its own)."""
+
+
+def across_agent_restarts(call: Callable[[], T]) -> T:
+    """`call()`, made again if the agent went away while it was in flight.
+
+    A call in flight when the agent restarts fails with AgentUnavailable; the client reconnects
+    and the tenant keeps its lease, so making the same call again is what a tenant should do.
+    """
+    for attempt in range(AGENT_RESTART_RETRIES):
+        try:
+            return call()
+        except AgentUnavailable:
+            if attempt == AGENT_RESTART_RETRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def gpu_phase(
     baton: TurnTaker,
     step: int,
@@ -106,14 +127,14 @@ def gpu_phase(
 ) -> Turn:
     """Hold one turn for the phase's GPU work and describe it."""
     asked = clock()
-    lease = baton.acquire(acquire_timeout)
+    lease = across_agent_restarts(lambda: baton.acquire(acquire_timeout))
     granted = clock()
     try:
         if touch is not None:
             touch()
         work()
     finally:
-        baton.yield_()
+        across_agent_restarts(baton.yield_)
     tokens = tuple(lease.fencing_tokens.get(gpu, 0) for gpu in lease.gpus)
     return Turn(step, phase, granted - asked, clock() - granted, tuple(lease.gpus), tokens)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.client import LeaseInfo
+from agent.client.errors import AgentUnavailable
 from agent.examples.grpo_loop import Phases, run
 from agent.node.daemon import Agent, AgentConfig
 from agent.parking.setup import ParkingOptions, build_preparer, connect_preparer
@@ -40,6 +41,35 @@ class RecordingBaton:
 
     def yield_(self) -> None:
         self.log.append("yield")
+
+
+class RestartingBaton(RecordingBaton):
+    """The agent restarts under the first acquire and the first yield."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__(log)
+        self.failures = {"acquire": 1, "yield": 1}
+
+    def _maybe_fail(self, call: str) -> None:
+        if self.failures[call]:
+            self.failures[call] -= 1
+            self.log.append(f"{call} lost")
+            raise AgentUnavailable("lost the Baton agent; reconnecting, retry the call")
+
+    def acquire(self, timeout: float | None = None) -> LeaseInfo:
+        self._maybe_fail("acquire")
+        return super().acquire(timeout)
+
+    def yield_(self) -> None:
+        self._maybe_fail("yield")
+        super().yield_()
+
+
+def test_calls_lost_to_an_agent_restart_are_made_again() -> None:
+    log: list[str] = []
+    run(RestartingBaton(log), 1, Phases(1.0, 2.0, 3.0), pause=lambda s: None, out=io.StringIO())
+    assert log[:4] == ["acquire lost", "acquire", "yield lost", "yield"]
+    assert log.count("acquire") == log.count("yield") == 2
 
 
 def test_gpu_phases_hold_a_turn_and_scoring_does_not() -> None:

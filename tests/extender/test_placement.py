@@ -100,7 +100,7 @@ CASES = [
         gpus=gpus(1),
         tenants={"GPU-0": [t("a", GIB, 80)]},
         fits=False,
-        reason="no GPU can take it: GPU-0 summed duty would be 130% > 100%",
+        reason="no GPU can take it: GPU-0 summed duty would be 130 percent > 100 percent",
     ),
     Case(
         "omitted duty is 100 / slots",
@@ -108,7 +108,7 @@ CASES = [
         gpus=gpus(1, slots=4),
         tenants={"GPU-0": [t("a", GIB), t("b", GIB)]},
         fits=False,
-        reason="GPU-0 summed duty would be 75% > 70%",
+        reason="GPU-0 summed duty would be 75 percent > 70 percent",
         limits=Limits(max_duty=70),
     ),
     Case(

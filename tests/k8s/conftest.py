@@ -28,6 +28,8 @@ PACKAGES = {
     "containernetworking-plugins": lambda: any(Path(d, "bridge").exists() for d in CNI_BIN_DIRS),
     "mmdebstrap": lambda: shutil.which("mmdebstrap"),
     "kubernetes-client": lambda: shutil.which("kubectl"),
+    "gcc": lambda: shutil.which("gcc"),
+    "openssl": lambda: shutil.which("openssl"),
 }
 TIMINGS: dict[str, float] = {}
 
