@@ -93,3 +93,10 @@ def unique() -> Callable[[str], str]:
     """Pod names unique within the session."""
     counter = iter(range(1_000_000))
     return lambda base: f"{base}-{next(counter)}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Room for the first test, which waits for the node (and a cold image build, ~2 min)."""
+    for item in items:
+        if "tests/k8s/" in str(item.path):
+            item.add_marker(pytest.mark.timeout(600))

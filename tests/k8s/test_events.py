@@ -11,8 +11,6 @@ from baton import names
 from tests.k8s.cluster import Cluster, wait_for
 from tests.k8s.pods import sleeper_pod
 
-pytestmark = pytest.mark.timeout(240)
-
 
 def events_section(cluster: Cluster, namespace: str, pod: str, needle: str) -> str:
     """The pod's `kubectl describe` once its events contain `needle` (whitespace folded)."""

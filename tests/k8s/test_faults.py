@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
-
 from baton import names
 from tests.k8s.cluster import DEVICE_PLUGIN_URL, Cluster, get_text, metric, wait_for
 from tests.k8s.pods import tenant_pod
 
-pytestmark = pytest.mark.timeout(240)
 LONG_STEPS = 30
 """Enough turns (about 0.15 s each plus parking) that the fault lands while tenants run."""
 

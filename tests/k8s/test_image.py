@@ -39,7 +39,7 @@ def test_built_image_has_the_dockerfiles_config(cluster: Cluster) -> None:
 def test_local_scheduler_profile_is_the_base_one_on_loopback() -> None:
     base = yaml.safe_load((CHECKOUT / "manifests/scheduler/scheduler-config.yaml").read_text())
     local = yaml.safe_load(
-        (CHECKOUT / "manifests/overlays/local/scheduler-config.yaml").read_text()
+        (CHECKOUT / "manifests/overlays/local/scheduler/config.yaml").read_text()
     )
     assert local["extenders"][0].pop("urlPrefix") == "http://127.0.0.1:9462"
     base["extenders"][0].pop("urlPrefix")

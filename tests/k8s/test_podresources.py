@@ -8,7 +8,6 @@ from baton import names
 from tests.k8s.cluster import Cluster
 from tests.k8s.pods import report, sleeper_pod
 
-pytestmark = pytest.mark.timeout(240)
 PODS = 8
 """Every slot of the node's two 4-slot GPUs."""
 

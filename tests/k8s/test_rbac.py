@@ -7,7 +7,6 @@ import pytest
 from baton import names
 from tests.k8s.cluster import Cluster
 
-pytestmark = pytest.mark.timeout(120)
 SA = f"system:serviceaccount:{names.NAMESPACE}"
 ALLOWED = [
     ("baton-agent", "list", "pods"),

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from baton import names
 from tests.k8s.cluster import AGENT_URL, Cluster, get_text, metric
 from tests.k8s.pods import report, tenant_pod
 
-pytestmark = pytest.mark.timeout(300)
 TENANTS = ("grpo-a", "grpo-b", "grpo-c")
 
 
