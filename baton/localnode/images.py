@@ -43,6 +43,12 @@ def _cached(name: str, key: str) -> Path:
     return images_dir() / f"{name}-{key[:16]}.tar"
 
 
+def _drop_stale(name: str) -> None:
+    """Remove archives of `name` built from other inputs (before writing the current one)."""
+    for stale in images_dir().glob(f"{name}-*.tar"):
+        stale.unlink()
+
+
 def pause_image(work: Path) -> Path:
     """The sandbox image: a static pause program that reaps children and exits on a signal."""
     key = hashlib.sha256((PAUSE_C + BUILDER_VERSION).encode()).hexdigest()
@@ -54,6 +60,7 @@ def pause_image(work: Path) -> Path:
     run(["gcc", "-static", "-Os", "-o", str(work / "pause"), str(work / "pause.c")])
     layer = layer_from_files(work / "pause-layer.tar", {"pause": work / "pause"})
     out.parent.mkdir(parents=True, exist_ok=True)
+    _drop_stale("pause")
     return write_archive(out, PAUSE_IMAGE, [layer], {"Entrypoint": ["/pause"]})
 
 
@@ -69,6 +76,7 @@ def scheduler_image(binaries: KubeBinaries, work: Path) -> Path:
         work / "scheduler-layer.tar", {"usr/local/bin/kube-scheduler": binaries.kube_scheduler}
     )
     out.parent.mkdir(parents=True, exist_ok=True)
+    _drop_stale("kube-scheduler")
     config = {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"], "Entrypoint": ["kube-scheduler"]}
     return write_archive(out, SCHEDULER_IMAGE, [layer], config)
 
@@ -150,8 +158,7 @@ def baton_image(work: Path, root: Path = CHECKOUT) -> Path:
     except subprocess.TimeoutExpired as err:
         raise LocalNodeError(f"mmdebstrap did not finish within {err.timeout} s") from err
     out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in images_dir().glob("baton-*.tar"):
-        stale.unlink()
+    _drop_stale("baton")
     archive = write_archive(out, BATON_IMAGE, [rootfs], spec.image_config())
     rootfs.unlink()
     return archive
