@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import threading
@@ -12,16 +13,24 @@ from pathlib import Path
 
 from baton.localnode import images
 from baton.localnode.binaries import require_binaries
-from baton.localnode.install import install_baton
+from baton.localnode.install import HOST_DIRS, install_baton
 from baton.localnode.node import LocalNode
 from baton.localnode.procs import LocalNodeError
 
 
 def _up(args: argparse.Namespace) -> int:
     root = Path(args.dir or tempfile.mkdtemp(prefix="baton-localnode-"))
-    with LocalNode(root) as node:
+    try:
+        return _run_node(root, args.install)
+    finally:
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_node(root: Path, install: bool) -> int:
+    with LocalNode(root, scratch_dirs=HOST_DIRS) as node:
         print(f"node {node.node_name} Ready in {node.timings['ready_s']:.1f} s", flush=True)
-        if args.install:
+        if install:
             began = time.monotonic()
             install_baton(node)
             print(f"Baton installed in {time.monotonic() - began:.1f} s", flush=True)
