@@ -65,28 +65,27 @@ class KubePodApi:
         resp = call(name, namespace, _preload_content=False, _request_timeout=self._timeout)
         return dict(json.loads(_read(resp, what)))
 
-    def annotate_pod(
-        self, namespace: str, name: str, resource_version: str, annotations: dict[str, str]
+    def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        resource_version: str = "",
+        annotations: dict[str, str] | None = None,
     ) -> None:
-        """Merge-patch annotations with a resourceVersion precondition (409 when stale)."""
-        body = {"metadata": {"resourceVersion": resource_version, "annotations": annotations}}
-        what = f"annotating pod {namespace}/{name}"
-        call = api_errors(what)(self._core.patch_namespaced_pod)
-        resp = call(
-            name,
-            namespace,
-            body,
-            _content_type="application/merge-patch+json",
-            _preload_content=False,
-            _request_timeout=self._timeout,
-        )
-        _read(resp, what)
+        """Create the pod's Binding: UID and resourceVersion preconditions (409 when stale).
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """Create the pod's Binding (with a UID precondition when known)."""
+        The API server copies a Binding's annotations onto the pod in the same write that sets
+        its node, so a pod is never seen annotated but unbound, or bound without its GPUs.
+        """
         meta: dict[str, Any] = {"name": name, "namespace": namespace}
         if uid and "/" not in uid:
             meta["uid"] = uid
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        if annotations:
+            meta["annotations"] = annotations
         body = {
             "apiVersion": "v1",
             "kind": "Binding",

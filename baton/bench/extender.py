@@ -256,14 +256,17 @@ class MemoryPodApi:
         except KeyError:
             raise ApiFailure(f"pod {namespace}/{name} not found") from None
 
-    def annotate_pod(
-        self, namespace: str, name: str, resource_version: str, annotations: dict[str, str]
+    def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        resource_version: str = "",
+        annotations: dict[str, str] | None = None,
     ) -> None:
-        """Record the annotations."""
-        self._pods[name]["metadata"]["annotations"].update(annotations)
-
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """Record the binding."""
+        """Record the binding and its annotations."""
+        self._pods[name]["metadata"]["annotations"].update(annotations or {})
         self._pods[name]["spec"]["nodeName"] = node
 
 

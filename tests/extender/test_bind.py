@@ -48,7 +48,7 @@ def gpu_node(fake_api: FakeApiServer, kube_cache: KubeCache) -> str:
     return "gpu-1"
 
 
-def test_bind_annotates_then_binds_and_the_watch_confirms(
+def test_bind_writes_the_assignment_with_the_binding_and_the_watch_confirms(
     fake_api: FakeApiServer, kube_cache: KubeCache, binder: Binder, gpu_node: str
 ) -> None:
     p = put_pending(fake_api, "trainer", memory=1000, duty=50)
@@ -60,8 +60,9 @@ def test_bind_annotates_then_binds_and_the_watch_confirms(
     assert assigned(fake_api, "trainer") == ["GPU-gpu-1-0"]
     at = parse_timestamp_ns(stored["metadata"]["annotations"][ANNOTATION_ASSIGNED_AT])
     assert before <= at <= time.time_ns()
-    patch = fake_api.requests("patch", "pods")[0]
-    assert patch.path == "/api/v1/namespaces/default/pods/trainer"
+    assert fake_api.requests("patch", "pods") == []  # one write: the Binding carries them
+    binding = fake_api.requests("create", "pods/binding")[0]
+    assert binding.path == "/api/v1/namespaces/default/pods/trainer/binding"
     uid = p["metadata"]["uid"]
     assert kube_cache.wait_for(
         lambda s: not s.assumed() and uid in s.node(gpu_node).gpus[0].tenants,  # type: ignore[union-attr]
@@ -73,9 +74,9 @@ def test_conflict_is_refreshed_and_retried_once(
     fake_api: FakeApiServer, binder: Binder, gpu_node: str
 ) -> None:
     p = put_pending(fake_api, "trainer")
-    fake_api.fail_next("patch", "pods", 409, message="the object has been modified")
+    fake_api.fail_next("create", "pods/binding", 409, message="the object has been modified")
     assert binder.bind(args_for(p, gpu_node)) == ""
-    assert len(fake_api.requests("patch", "pods")) == 2
+    assert len(fake_api.requests("create", "pods/binding")) == 2
     assert len(fake_api.requests("get", "pods")) == 2
     assert assigned(fake_api, "trainer") == ["GPU-gpu-1-0"]
 
@@ -86,22 +87,22 @@ def test_stale_resource_version_is_a_real_conflict_and_retried(
     p = put_pending(fake_api, "trainer")
 
     class RacingApi(KubePodApi):
-        """Someone else updates the pod between our read and our patch, once."""
+        """Someone else updates the pod between our read and our binding, once."""
 
         raced = False
 
-        def annotate_pod(self, namespace, name, resource_version, annotations):
+        def bind_pod(self, namespace, name, uid, node, resource_version="", annotations=None):
             if not self.raced:
                 self.raced = True
                 obj = fake_api.get_object("Pod", name)
                 assert obj is not None
                 obj["metadata"].setdefault("labels", {})["touched"] = "yes"
                 fake_api.put_object(obj)
-            super().annotate_pod(namespace, name, resource_version, annotations)
+            super().bind_pod(namespace, name, uid, node, resource_version, annotations)
 
     binder = Binder(kube_cache, RacingApi(api_client), time.time_ns)
     assert binder.bind(args_for(p, gpu_node)) == ""
-    assert len(fake_api.requests("patch", "pods")) == 2
+    assert len(fake_api.requests("create", "pods/binding")) == 2
     stored = fake_api.get_object("Pod", "trainer")
     assert stored is not None and stored["metadata"]["labels"]["touched"] == "yes"
 
@@ -110,7 +111,7 @@ def test_two_conflicts_answer_error_and_leave_no_assumption(
     fake_api: FakeApiServer, kube_cache: KubeCache, binder: Binder, gpu_node: str
 ) -> None:
     p = put_pending(fake_api, "trainer")
-    fake_api.fail_next("patch", "pods", 409, times=2)
+    fake_api.fail_next("create", "pods/binding", 409, times=2)
     error = binder.bind(args_for(p, gpu_node))
     assert "binding pod default/trainer to gpu-1: conflict twice in a row" in error
     assert "409" in error
@@ -166,7 +167,7 @@ def test_uid_mismatch_is_refused(fake_api: FakeApiServer, binder: Binder, gpu_no
     p = put_pending(fake_api, "trainer")
     stale = BindingArgs("trainer", "default", "not-the-uid", gpu_node)
     assert f"the pod now has UID {p['metadata']['uid']}" in binder.bind(stale)
-    assert fake_api.requests("patch", "pods") == []
+    assert fake_api.requests("create", "pods/binding") == []
 
 
 def test_pod_without_baton_resources_is_bound_without_annotations(
@@ -186,4 +187,4 @@ def test_a_pod_already_bound_is_left_alone(
     error = binder.bind(args_for(p, gpu_node))
     assert error == "binding pod default/running to gpu-1: it is already bound to node elsewhere"
     assert assigned(fake_api, "running") == ["GPU-x"]
-    assert fake_api.requests("patch", "pods") == []
+    assert fake_api.requests("create", "pods/binding") == []

@@ -305,6 +305,14 @@ class Store:
                     f"Precondition failed: UID in precondition: "
                     f"{uid}, UID in object meta: {current['metadata']['uid']}",
                 )
+            version = meta.get("resourceVersion")
+            if version and version != current["metadata"]["resourceVersion"]:
+                raise conflict(
+                    "pods/binding",
+                    name,
+                    f"Precondition failed: ResourceVersion in precondition: {version}, "
+                    f"ResourceVersion in object meta: {current['metadata']['resourceVersion']}",
+                )
             if current["metadata"].get("deletionTimestamp"):
                 raise conflict(
                     "pods/binding",
