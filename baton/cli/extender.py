@@ -89,7 +89,37 @@ def bench_extender(
     echo_figures(run(nodes, pods, iterations, binds), as_json)
 
 
+def bench_schedule(
+    nodes: Annotated[
+        int, typer.Option(min=1, help="Nodes made through the API, 8 GPUs each.")
+    ] = 100,
+    pods: Annotated[int, typer.Option(min=2, help="Pods for the throughput run.")] = 1000,
+    latency_pods: Annotated[int, typer.Option(min=1, help="Pods for the latency run.")] = 200,
+    rate: Annotated[float, typer.Option(min=0.1, help="Pods/s created in the latency run.")] = 20.0,
+    as_json: AsJson = False,
+) -> None:
+    """Pods through the real kube-scheduler with the extender, against a profile without it."""
+    from baton.bench.schedule import run
+    from baton.localnode.binaries import find_binaries
+    from baton.localnode.procs import LocalNodeError
+
+    if find_binaries() is None:
+        typer.echo(
+            "baton bench schedule: needs Kubernetes binaries (kube-apiserver, kube-scheduler, "
+            "etcd): set BATON_KUBE_BIN_DIR",
+            err=True,
+        )
+        raise typer.Exit(2)
+    try:
+        figures = run(nodes, pods, latency_pods, rate)
+    except (LocalNodeError, TimeoutError, RuntimeError) as exc:
+        typer.echo(f"baton bench schedule: {exc}", err=True)
+        raise typer.Exit(1) from None
+    echo_figures(figures, as_json)
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
     app.command("extender")(extender)
     bench.command("extender")(bench_extender)
+    bench.command("schedule")(bench_schedule)

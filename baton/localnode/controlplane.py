@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import ssl
 import tempfile
 import urllib.error
@@ -23,6 +24,18 @@ SERVICE_RANGE = "10.96.0.0/24"
 START_TIMEOUT = 60.0
 
 
+def free_ports(count: int) -> tuple[int, ...]:
+    """`count` loopback TCP ports nobody listens on now."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return tuple(int(sock.getsockname()[1]) for sock in socks)
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 class ControlPlane:
     """A control plane for one node; `start()` it, `close()` stops every process it started."""
 
@@ -33,14 +46,20 @@ class ControlPlane:
         node_name: str = "localhost",
         controller_manager: bool = True,
         scheduler: bool = True,
+        ports: str = "fixed",
     ) -> None:
+        """`ports="free"` picks unused loopback ports, so a second one can run beside."""
         self.root = root or Path(tempfile.mkdtemp(prefix="baton-localnode-"))
         self._own_root = root is None
         self.binaries = binaries or require_binaries()
         self.node_name = node_name
         self.with_controller_manager = controller_manager
         self.with_scheduler = scheduler
-        self.server = f"https://127.0.0.1:{APISERVER_PORT}"
+        fixed = (ETCD_PORT, ETCD_PEER_PORT, APISERVER_PORT)
+        self.etcd_port, self.etcd_peer_port, self.apiserver_port = (
+            fixed if ports == "fixed" else free_ports(3)
+        )
+        self.server = f"https://127.0.0.1:{self.apiserver_port}"
         self.logs = self.root / "logs"
         self.pki: Pki | None = None
         self.processes: dict[str, Process] = {}
@@ -82,8 +101,8 @@ class ControlPlane:
             [
                 str(self.binaries.etcd),
                 f"--data-dir={self.root / 'etcd'}",
-                f"--listen-client-urls=http://127.0.0.1:{ETCD_PORT}",
-                f"--listen-peer-urls=http://127.0.0.1:{ETCD_PEER_PORT}",
+                f"--listen-client-urls=http://127.0.0.1:{self.etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{self.etcd_peer_port}",
             ],
         )
 
@@ -101,10 +120,10 @@ class ControlPlane:
             "kube-apiserver",
             [
                 str(self.binaries.kube_apiserver),
-                f"--etcd-servers=http://127.0.0.1:{ETCD_PORT}",
+                f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
-                f"--secure-port={APISERVER_PORT}",
+                f"--secure-port={self.apiserver_port}",
                 f"--service-cluster-ip-range={SERVICE_RANGE}",
                 "--authorization-mode=Node,RBAC",
                 "--enable-admission-plugins=NodeRestriction,ServiceAccount",

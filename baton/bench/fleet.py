@@ -1,0 +1,228 @@
+"""Nodes without kubelets and tenant pods, made through a real API server (as kwok does).
+
+A node is created with Baton's annotations, then its status is patched to carry the device
+plugin's `baton.dev/gpu` capacity and a Ready condition, and the `not-ready` taint that the API
+server puts on every new node is lifted: nothing else would, there is no kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kubernetes import client, watch
+
+from baton.names import (
+    ANNOTATION_GPUS,
+    ANNOTATION_HOST_MEMORY_BUDGET,
+    LABEL_GPU_NODE,
+    RESOURCE_GPU,
+    RESOURCE_GPU_DUTY,
+    RESOURCE_GPU_MEMORY,
+)
+
+GPUS_PER_NODE = 8
+SLOTS_PER_GPU = 4
+GPU_MIB = 81920
+GPU_MODEL = "NVIDIA H100 80GB HBM3"
+BENCH_LABEL = "baton.dev/bench"
+"""On every node and pod the bench makes, so it finds (and removes) exactly those."""
+
+
+def node_body(name: str) -> dict[str, Any]:
+    """A node as the device plugin would annotate it: 8 GPUs of 80 GiB, 4 slots each."""
+    gpus = [
+        {
+            "uuid": f"GPU-{name}-{index}",
+            "index": index,
+            "model": GPU_MODEL,
+            "memoryMiB": GPU_MIB,
+            "slots": SLOTS_PER_GPU,
+            "healthy": True,
+        }
+        for index in range(GPUS_PER_NODE)
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {BENCH_LABEL: "true", LABEL_GPU_NODE: "true"},
+            "annotations": {
+                ANNOTATION_GPUS: json.dumps(gpus),
+                ANNOTATION_HOST_MEMORY_BUDGET: str(4 * 1024 * 1024),
+            },
+        },
+    }
+
+
+def node_status() -> dict[str, Any]:
+    """Capacity (the device plugin's slots included) and a Ready condition."""
+    capacity = {
+        "cpu": "192",
+        "memory": "2Ti",
+        "pods": "110",
+        RESOURCE_GPU: str(GPUS_PER_NODE * SLOTS_PER_GPU),
+    }
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "a node of the schedule bench (no kubelet)",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }
+    return {"status": {"capacity": capacity, "allocatable": capacity, "conditions": [ready]}}
+
+
+def make_nodes(api: Any, names: Iterable[str], workers: int = 8) -> None:
+    """Create the nodes, give them capacity and lift their `not-ready` taint."""
+
+    def one(name: str) -> None:
+        api.create_node(node_body(name))
+        api.patch_node_status(name, node_status())
+        api.patch_node(name, {"spec": {"taints": []}})
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, names))
+
+
+def pod_body(name: str, scheduler: str, memory_mib: int, duty: int) -> dict[str, Any]:
+    """A tenant pod asking for one Baton GPU slot, device memory and duty."""
+    limits = {
+        RESOURCE_GPU: "1",
+        RESOURCE_GPU_MEMORY: str(memory_mib),
+        RESOURCE_GPU_DUTY: str(duty),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {BENCH_LABEL: scheduler}},
+        "spec": {
+            "schedulerName": scheduler,
+            "automountServiceAccountToken": False,
+            "nodeSelector": {BENCH_LABEL: "true"},
+            "containers": [
+                {"name": "tenant", "image": "baton:bench", "resources": {"limits": limits}}
+            ],
+        },
+    }
+
+
+def make_namespace(api: Any, namespace: str) -> None:
+    """The bench's namespace and its `default` ServiceAccount (no controller makes one here)."""
+    api.create_namespace({"metadata": {"name": namespace}})
+    api.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
+
+
+class BindWatch:
+    """Records when each pod of a namespace was first seen bound to a node."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        self._api = api
+        self._namespace = namespace
+        self._lock = threading.Condition()
+        self.bound: dict[str, float] = {}
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._run, name="bind-watch", daemon=True)
+        self._error: BaseException | None = None
+        self._stopped = threading.Event()
+        self._version = ""
+
+    def start(self) -> BindWatch:
+        """Start watching; returns once the first list is taken (later pods are all seen)."""
+        self._relist()
+        self._thread.start()
+        return self
+
+    def _relist(self) -> None:
+        listed = self._api.list_namespaced_pod(self._namespace)
+        for pod in listed.items:
+            self._saw(pod)
+        self._version = listed.metadata.resource_version
+
+    def _saw(self, pod: Any) -> None:
+        if pod.spec.node_name:
+            with self._lock:
+                self.bound.setdefault(pod.metadata.name, time.monotonic())
+                self._lock.notify_all()
+
+    def _run(self) -> None:
+        """Watch from the last version seen; a watch the server ends is opened again."""
+        try:
+            while not self._stopped.is_set():
+                try:
+                    for event in self._watch.stream(
+                        self._api.list_namespaced_pod,
+                        self._namespace,
+                        resource_version=self._version,
+                        timeout_seconds=60,
+                    ):
+                        pod = event["object"]
+                        self._version = pod.metadata.resource_version
+                        self._saw(pod)
+                except client.ApiException as exc:
+                    if exc.status != 410:
+                        raise
+                    self._relist()  # the history we asked for is gone: start over from now
+        except BaseException as exc:  # reported by wait_bound
+            with self._lock:
+                self._error = exc
+                self._lock.notify_all()
+
+    def wait_bound(self, names: Iterable[str], timeout: float) -> None:
+        """Return once every pod in `names` is bound; TimeoutError saying how many were not."""
+        wanted = set(names)
+        deadline = time.monotonic() + timeout
+
+        def done() -> bool:
+            return self._error is not None or wanted <= self.bound.keys()
+
+        with self._lock:
+            while not done():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = len(wanted - self.bound.keys())
+                    raise TimeoutError(f"{missing} of {len(wanted)} pods unbound after {timeout} s")
+                self._lock.wait(left)
+            if self._error is not None:
+                raise RuntimeError(f"the pod watch failed: {self._error}") from self._error
+
+    def stop(self) -> None:
+        """End the watch."""
+        self._stopped.set()
+        self._watch.stop()
+
+
+def create_pods(
+    api: Any,
+    namespace: str,
+    bodies: list[dict[str, Any]],
+    workers: int = 8,
+    pace: Callable[[int], None] | None = None,
+) -> dict[str, float]:
+    """Create the pods (`pace(i)` before the i-th, if given); when each create was sent."""
+    sent: dict[str, float] = {}
+
+    def one(item: tuple[int, dict[str, Any]]) -> None:
+        index, body = item
+        if pace is not None:
+            pace(index)
+        sent[body["metadata"]["name"]] = time.monotonic()
+        api.create_namespaced_pod(namespace, body)
+
+    with ThreadPoolExecutor(workers if pace is None else 1) as pool:
+        list(pool.map(one, enumerate(bodies)))
+    return sent
+
+
+def delete_pods(api: Any, namespace: str, scheduler: str) -> None:
+    """Remove a profile's pods at once (no kubelet would ever confirm a graceful delete)."""
+    api.delete_collection_namespaced_pod(
+        namespace, label_selector=f"{BENCH_LABEL}={scheduler}", grace_period_seconds=0
+    )

@@ -1,0 +1,205 @@
+"""`baton bench schedule`: tenant pods through the real kube-scheduler, with and without Baton.
+
+One control plane (etcd, kube-apiserver) from the Kubernetes binaries, nodes made through the
+API with Baton's annotations and capacity and no kubelet, and the same pods scheduled twice:
+by a profile with the Baton extender (`baton extender` as a process; kube-scheduler calls its
+filter, prioritize and bind over HTTP) and, as the same run's reference, by a profile without
+it (the extender's two ignored resources ignored by NodeResourcesFit instead). Each profile has
+a kube-scheduler of its own with the same client rate limits, raised above the pod rate so
+that neither is throttled by its own client.
+
+Per profile, two measurements:
+- throughput: every pod is created while its scheduler is stopped, then the scheduler starts;
+  pods per second from its first bind to its last;
+- latency: with the scheduler running, pods are created one by one at a steady rate well below
+  that throughput; create → bound, as the bench's watch sees it.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from baton.bench import fleet
+from baton.kube import load_api_client
+from baton.localnode.controlplane import ControlPlane, free_ports
+from baton.localnode.procs import Process, wait_for
+from baton.names import RESOURCE_GPU_DUTY, RESOURCE_GPU_MEMORY, SCHEDULER_NAME
+
+NAMESPACE = "baton-bench"
+REFERENCE = "baton-bench-reference"
+CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "scheduler" / "scheduler-config.yaml"
+CLIENT_QPS = 1000
+BIND_TIMEOUT_S = 300.0
+MEMORY_SHAPES = (8192, 16384, 24576)
+DUTY_SHAPES = (10, 20, 25)
+
+
+def scheduler_config(kubeconfig: Path, profile: str, extender_url: str | None) -> dict[str, Any]:
+    """The project's `baton-scheduler` configuration, or the reference profile without it."""
+    config: dict[str, Any] = yaml.safe_load(CONFIG.read_text())
+    config["leaderElection"] = {"leaderElect": False}
+    config["clientConnection"] = {
+        "kubeconfig": str(kubeconfig),
+        "qps": CLIENT_QPS,
+        "burst": CLIENT_QPS,
+    }
+    if extender_url is not None:
+        config["extenders"][0]["urlPrefix"] = extender_url
+        return config
+    ignored = [RESOURCE_GPU_MEMORY, RESOURCE_GPU_DUTY]
+    fit = {"name": "NodeResourcesFit", "args": {"ignoredResources": ignored}}
+    config.pop("extenders")
+    config["profiles"] = [{"schedulerName": profile, "pluginConfig": [fit]}]
+    return config
+
+
+def pods(scheduler: str, prefix: str, count: int) -> list[dict[str, Any]]:
+    """`count` tenant pods of mixed memory and duty, the same shapes for either profile."""
+    return [
+        fleet.pod_body(
+            f"{prefix}-{i:05d}",
+            scheduler,
+            MEMORY_SHAPES[i % len(MEMORY_SHAPES)],
+            DUTY_SHAPES[i % len(DUTY_SHAPES)],
+        )
+        for i in range(count)
+    ]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank) of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+class Bench:
+    """The control plane, the extender and one scheduler process at a time."""
+
+    def __init__(self, root: Path, nodes: int) -> None:
+        self.root = root
+        self.nodes = nodes
+        self.plane = ControlPlane(
+            root / "plane", controller_manager=False, scheduler=False, ports="free"
+        )
+        self.extender: Process | None = None
+        self.extender_url = ""
+
+    @contextmanager
+    def running(self) -> Iterator[Bench]:
+        """Everything up for the block; everything stopped after it, also on failure."""
+        try:
+            self.plane.start()
+            self.api = client.CoreV1Api(load_api_client(str(self.plane.admin_kubeconfig)))
+            fleet.make_namespace(self.api, NAMESPACE)
+            fleet.make_nodes(self.api, [f"bench-node-{i:04d}" for i in range(self.nodes)])
+            self._start_extender()
+            yield self
+        finally:
+            if self.extender is not None:
+                self.extender.stop()
+            self.plane.close()
+
+    def _start_extender(self) -> None:
+        (port,) = free_ports(1)
+        self.extender_url = f"http://127.0.0.1:{port}"
+        argv = [
+            sys.executable,
+            "-m",
+            "baton",
+            "extender",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        argv += ["--kubeconfig", str(self.plane.admin_kubeconfig), "--log-level", "WARNING"]
+        self.extender = Process("baton-extender", argv, self.root / "extender.log").start()
+        extender = self.extender
+
+        def ready() -> bool | None:
+            extender.check()
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+                    conn.sendall(b"GET /readyz HTTP/1.0\r\n\r\n")
+                    return True if b" 200 " in conn.recv(64) else None
+            except OSError:
+                return None
+
+        wait_for("the extender to be ready", ready, 60.0, every=0.1)
+
+    @contextmanager
+    def scheduler(self, profile: str) -> Iterator[None]:
+        """A kube-scheduler serving `profile` for the block."""
+        url = self.extender_url if profile == SCHEDULER_NAME else None
+        kubeconfig = self.plane.root / "kube-scheduler.kubeconfig"
+        path = self.root / f"{profile}.yaml"
+        path.write_text(yaml.safe_dump(scheduler_config(kubeconfig, profile, url)))
+        argv = [str(self.plane.binaries.kube_scheduler), f"--config={path}", "--secure-port=0"]
+        proc = Process(profile, argv, self.root / f"{profile}.log").start()
+        try:
+            yield
+        finally:
+            proc.stop()
+
+    def measure(self, profile: str, count: int, latency_pods: int, rate: float) -> dict[str, float]:
+        """Throughput and latency of one profile; its pods are removed afterwards."""
+        watch = fleet.BindWatch(self.api, NAMESPACE).start()
+        try:
+            burst = pods(profile, f"{profile}-t", count)
+            fleet.create_pods(self.api, NAMESPACE, burst)
+            with self.scheduler(profile):
+                watch.wait_bound((p["metadata"]["name"] for p in burst), BIND_TIMEOUT_S)
+                times = sorted(watch.bound[p["metadata"]["name"]] for p in burst)
+                paced = pods(profile, f"{profile}-l", latency_pods)
+                start = time.monotonic()
+                gate = threading.Event()
+
+                def pace(i: int) -> None:
+                    gate.wait(max(0.0, start + i / rate - time.monotonic()))
+
+                sent = fleet.create_pods(self.api, NAMESPACE, paced, pace=pace)
+                watch.wait_bound(sent, BIND_TIMEOUT_S)
+            latencies = [(watch.bound[name] - at) * 1000 for name, at in sent.items()]
+        finally:
+            watch.stop()
+        fleet.delete_pods(self.api, NAMESPACE, profile)
+        span = times[-1] - times[0]
+        return {
+            "pods_per_s": (len(times) - 1) / span if span > 0 else float("inf"),
+            "p50_schedule_ms": percentile(latencies, 50),
+            "p99_schedule_ms": percentile(latencies, 99),
+        }
+
+
+def run(nodes: int, pods_count: int, latency_pods: int, rate: float) -> dict[str, Any]:
+    """Both profiles over the same nodes and pods; one dict of figures."""
+    with tempfile.TemporaryDirectory(prefix="baton-bench-schedule-") as tmp:
+        bench = Bench(Path(tmp), nodes)
+        with bench.running():
+            reference = bench.measure(REFERENCE, pods_count, latency_pods, rate)
+            baton = bench.measure(SCHEDULER_NAME, pods_count, latency_pods, rate)
+    return {
+        "pods": pods_count,
+        "nodes": nodes,
+        "gpus_per_node": fleet.GPUS_PER_NODE,
+        "pods_per_s": round(baton["pods_per_s"], 1),
+        "reference_pods_per_s": round(reference["pods_per_s"], 1),
+        "throughput_ratio": round(baton["pods_per_s"] / reference["pods_per_s"], 3),
+        "p50_schedule_ms": round(baton["p50_schedule_ms"], 1),
+        "p99_schedule_ms": round(baton["p99_schedule_ms"], 1),
+        "reference_p50_schedule_ms": round(reference["p50_schedule_ms"], 1),
+        "reference_p99_schedule_ms": round(reference["p99_schedule_ms"], 1),
+        "latency_pods": latency_pods,
+        "latency_rate_per_s": rate,
+    }

@@ -1,0 +1,83 @@
+"""`baton bench schedule` against the real kube-apiserver and kube-scheduler (small sizes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from baton.bench import schedule
+from baton.localnode.binaries import find_binaries
+from baton.names import ANNOTATION_ASSIGNED_GPUS
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def binaries() -> None:
+    if find_binaries() is None:
+        pytest.skip("needs Kubernetes binaries (BATON_KUBE_BIN_DIR, or ../shared/k8s)")
+
+
+def test_both_profiles_schedule_every_pod_and_report_same_run_figures() -> None:
+    figures = schedule.run(nodes=3, pods_count=30, latency_pods=6, rate=20.0)
+    assert figures["pods"] == 30 and figures["nodes"] == 3
+    assert figures["pods_per_s"] > 0 and figures["reference_pods_per_s"] > 0
+    ratio = figures["pods_per_s"] / figures["reference_pods_per_s"]
+    assert figures["throughput_ratio"] == pytest.approx(ratio, rel=0.01)
+    assert 0 < figures["p50_schedule_ms"] <= figures["p99_schedule_ms"]
+    assert 0 < figures["reference_p50_schedule_ms"] <= figures["reference_p99_schedule_ms"]
+
+
+def test_the_extender_profile_really_goes_through_the_extender(tmp_path: Path) -> None:
+    """Pods of the Baton profile carry the extender's GPU assignment; the reference's do not."""
+    bench = schedule.Bench(tmp_path, nodes=2)
+    with bench.running():
+        for profile in (schedule.SCHEDULER_NAME, schedule.REFERENCE):
+            watch = schedule.fleet.BindWatch(bench.api, schedule.NAMESPACE).start()
+            try:
+                pods = schedule.pods(profile, f"{profile}-x", 4)
+                schedule.fleet.create_pods(bench.api, schedule.NAMESPACE, pods)
+                with bench.scheduler(profile):
+                    watch.wait_bound((p["metadata"]["name"] for p in pods), 120)
+            finally:
+                watch.stop()
+            listed = bench.api.list_namespaced_pod(
+                schedule.NAMESPACE, label_selector=f"{schedule.fleet.BENCH_LABEL}={profile}"
+            ).items
+            assert len(listed) == 4
+            for p in listed:
+                gpus = (p.metadata.annotations or {}).get(ANNOTATION_ASSIGNED_GPUS)
+                if profile == schedule.SCHEDULER_NAME:
+                    assert gpus and gpus.startswith(f"GPU-{p.spec.node_name}-")
+                else:
+                    assert gpus is None
+
+
+def test_the_command_prints_json_last_or_says_what_is_missing() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "baton",
+            "bench",
+            "schedule",
+            "--nodes",
+            "2",
+            "--pods",
+            "8",
+            "--latency-pods",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["pods"] == 8 and figures["reference_pods_per_s"] > 0
