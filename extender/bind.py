@@ -68,7 +68,7 @@ class Binder:
         where = f"pod {args.pod_namespace}/{args.pod_name}"
         for attempt in (1, 2):
             try:
-                self._attempt(args)
+                self._attempt(args, cached=attempt == 1)
                 return ""
             except ApiConflict as err:
                 if attempt == 2:
@@ -77,8 +77,15 @@ class Binder:
                 return f"binding {where} to {args.node}: {err}"
         raise AssertionError("unreachable")
 
-    def _attempt(self, args: BindingArgs) -> None:
-        pod = self._api.get_pod(args.pod_namespace, args.pod_name)
+    def _attempt(self, args: BindingArgs, cached: bool) -> None:
+        """One try: the pod as the watch showed it (first) or as the API server has it now.
+
+        A stale cached pod costs nothing but the retry: the Binding's resourceVersion
+        precondition makes the API server refuse it with a conflict.
+        """
+        pod = self._pod(args) if cached else None
+        if pod is None:
+            pod = self._api.get_pod(args.pod_namespace, args.pod_name)
         uid = pod_uid(pod)
         if args.pod_uid and uid != args.pod_uid:
             raise _Refused(f"the pod now has UID {uid}, not {args.pod_uid}")
@@ -105,6 +112,16 @@ class Binder:
                 self._state.forget(uid)
                 self._cache.changed.notify_all()
             raise
+
+    def _pod(self, args: BindingArgs) -> dict[str, Any] | None:
+        if not args.pod_uid:
+            return None
+        with self._cache.changed:
+            pod = self._state.pending_pod(args.pod_uid)
+        meta = (pod or {}).get("metadata") or {}
+        if meta.get("name") != args.pod_name or meta.get("namespace") != args.pod_namespace:
+            return None
+        return pod
 
     def _assume(self, args: BindingArgs, uid: str, request: TenantRequest) -> Assignment:
         with self._cache.changed:

@@ -37,6 +37,8 @@ class ClusterState:
         self._assumed: dict[str, tuple[Assignment, float]] = {}
         self._by_node: dict[str, set[str]] = defaultdict(set)
         self._states: dict[str, NodeState] = {}
+        self._pending: dict[str, dict[str, Any]] = {}
+        """Pods not yet bound, as last seen: a bind reads them here instead of from the API."""
 
     def node(self, name: str) -> NodeState | None:
         """The node's current state, or `None` when the cache does not know it."""
@@ -84,7 +86,9 @@ class ClusterState:
         """Start over from a full pod list; assumptions it confirms are dropped."""
         self._assigned.clear()
         self._by_node.clear()
+        self._pending.clear()
         for pod in pods:
+            self._note_pending(pod)
             found = assignment(pod)
             if found:
                 self._add(found)
@@ -96,6 +100,7 @@ class ClusterState:
     def upsert_pod(self, pod: dict[str, Any]) -> None:
         """A pod was added or changed."""
         uid = pod_uid(pod)
+        self._note_pending(pod)
         touched = self._remove(uid)
         found = assignment(pod)
         if found:
@@ -108,7 +113,19 @@ class ClusterState:
     def delete_pod(self, pod: dict[str, Any]) -> None:
         """A pod went away; so does any assumption about it."""
         uid = pod_uid(pod)
+        self._pending.pop(uid, None)
         self._rebuild_many(self._remove(uid) | self._drop_assumed(uid) | self._expire())
+
+    def pending_pod(self, uid: str) -> dict[str, Any] | None:
+        """The unbound pod with this UID as the watch last showed it, if any."""
+        return self._pending.get(uid)
+
+    def _note_pending(self, pod: dict[str, Any]) -> None:
+        uid = pod_uid(pod)
+        if (pod.get("spec") or {}).get("nodeName"):
+            self._pending.pop(uid, None)
+        else:
+            self._pending[uid] = pod
 
     def assume(self, found: Assignment) -> None:
         """Count an assignment from our own bind until the watch shows it."""

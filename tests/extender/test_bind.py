@@ -70,14 +70,32 @@ def test_bind_writes_the_assignment_with_the_binding_and_the_watch_confirms(
     )
 
 
-def test_conflict_is_refreshed_and_retried_once(
-    fake_api: FakeApiServer, binder: Binder, gpu_node: str
+def cached(kube_cache: KubeCache, p: dict[str, Any]) -> None:
+    """Wait until the extender's watch has shown it the pending pod."""
+    uid = p["metadata"]["uid"]
+    assert kube_cache.wait_for(lambda s: s.pending_pod(uid) is not None, SYNC_TIMEOUT_S)
+
+
+def test_a_pod_the_watch_showed_is_bound_in_one_api_call(
+    fake_api: FakeApiServer, kube_cache: KubeCache, binder: Binder, gpu_node: str
 ) -> None:
     p = put_pending(fake_api, "trainer")
+    cached(kube_cache, p)
+    before = len(fake_api.requests())
+    assert binder.bind(args_for(p, gpu_node)) == ""
+    made = fake_api.requests()[before:]
+    assert [(r.verb, r.resource) for r in made if r.verb != "watch"] == [("create", "pods/binding")]
+
+
+def test_conflict_is_refreshed_and_retried_once(
+    fake_api: FakeApiServer, kube_cache: KubeCache, binder: Binder, gpu_node: str
+) -> None:
+    p = put_pending(fake_api, "trainer")
+    cached(kube_cache, p)
     fake_api.fail_next("create", "pods/binding", 409, message="the object has been modified")
     assert binder.bind(args_for(p, gpu_node)) == ""
     assert len(fake_api.requests("create", "pods/binding")) == 2
-    assert len(fake_api.requests("get", "pods")) == 2
+    assert len(fake_api.requests("get", "pods")) == 1  # the retry reads the pod afresh
     assert assigned(fake_api, "trainer") == ["GPU-gpu-1-0"]
 
 
@@ -126,7 +144,7 @@ def test_api_outage_answers_error_and_leaves_no_assumption(
     p = put_pending(fake_api, "trainer")
     fake_api.stop()
     error = binder.bind(args_for(p, gpu_node))
-    assert "reading pod default/trainer: API server unreachable" in error
+    assert "binding pod default/trainer" in error and "API server unreachable" in error
     assert kube_cache.state.assumed() == {}
 
 
