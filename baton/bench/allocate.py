@@ -67,7 +67,7 @@ def _pod_object(pod: PodView) -> dict[str, Any]:
 @contextlib.contextmanager
 def _fake_api(pods: list[PodView], workdir: Path) -> Iterator[Any]:
     """The repository's fake API server (tests/harness) loaded with the pods; an API client."""
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = Path(__file__).resolve().parents[2]
     if (checkout / "tests" / "harness" / "fakeapi.py").is_file():
         sys.path.insert(0, str(checkout))
     try:
