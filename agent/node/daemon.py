@@ -25,6 +25,7 @@ from agent.node.identity import (
 )
 from agent.node.podwatch import PodWatcher
 from agent.node.state import StateStore
+from agent.node.watchtoken import write_watch_token
 from agent.server import direct_session
 from agent.server.grpc_server import AgentServicer
 from agent.server.http import StatusServer
@@ -57,6 +58,8 @@ class AgentConfig:
     socket_mode: int = 0o660
     node_name: str = ""
     """In Kubernetes: this node's name; tenants are then learned from a watch of its pods."""
+    allow_local_tenants: bool = False
+    """With `node_name`: let processes in no pod register too (always allowed without one)."""
     kubeconfig: str | None = None
     proc_root: str = "/proc"
     """Where the host's /proc is (PID → cgroup → pod); the agent runs with hostPID."""
@@ -119,7 +122,15 @@ class Agent:
         Path(cfg.socket).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.socket).unlink(missing_ok=True)
         self._grpc = grpc.aio.server()
-        servicer = AgentServicer(service, tokens, self._pod_uid_of, self._container_id_of)
+        local_tenants = cfg.allow_local_tenants or not cfg.node_name
+        servicer = AgentServicer(
+            service,
+            tokens,
+            self._pod_uid_of,
+            write_watch_token(cfg.state_dir),
+            local_tenants,
+            self._container_id_of,
+        )
         agent_pb2_grpc.add_AgentServicer_to_server(servicer, self._grpc)
         self._grpc.add_insecure_port(f"unix:{cfg.socket}")
         if cfg.debug_tcp_port:
@@ -142,12 +153,15 @@ class Agent:
         )
         self.http_port = await self._http.start(cfg.http_host, cfg.http_port)
         log.info(
-            "agent ready: socket %s, http :%d, policy %s, max hold %g s, state %s",
+            "agent ready: socket %s (mode %04o), http :%d, policy %s, max hold %g s, state %s, "
+            "local tenants %s",
             cfg.socket,
+            cfg.socket_mode,
             self.http_port,
             cfg.policy,
             cfg.max_hold,
             cfg.state_dir,
+            "allowed" if local_tenants else "refused (serving pods)",
         )
 
     async def _start_llmd(self, service: LeaseService) -> None:

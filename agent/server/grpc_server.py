@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import logging
 import os
 import time
@@ -22,7 +23,7 @@ from agent.server.session_stream import Link, SessionStream
 from agent.server.sessions import Session as TenantSession
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
-from baton.names import AGENT_SESSION_METADATA
+from baton.names import AGENT_SESSION_METADATA, AGENT_WATCH_METADATA
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,17 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         service: LeaseService,
         tokens: TokenRegistry,
         pod_uid_of: Callable[[int], str | None],
+        watch_token: str,
+        local_tenants: bool = True,
         container_id_of: Callable[[int], str | None] = lambda pid: None,
     ) -> None:
         self._service = service
         self._tokens = tokens
         self._pod_uid_of = pod_uid_of
+        self._watch_token = watch_token
+        """What `WatchEvents` callers must present (the agent writes it to a root-only file)."""
+        self._local_tenants = local_tenants
+        """Whether processes outside any pod may register (refused by default when serving pods)."""
         self._container_id_of = container_id_of
 
     def _as_seen_by(self, tenant: Tenant | None, pid: int) -> Tenant | None:
@@ -125,6 +132,12 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                     f"process {peer.pid} runs in pod {pod_uid}, which the agent has not seen "
                     "with Baton GPUs assigned (yet); check the pod's baton.dev/assigned-gpus"
                 )
+        elif not self._local_tenants:
+            raise errors.Forbidden(
+                f"process {peer.pid} (UID {peer.uid}) runs in no pod, and this agent serves "
+                "pods: local tenants are refused unless it runs with --allow-local-tenants "
+                "(BATON_AGENT_ALLOW_LOCAL_TENANTS)"
+            )
         elif not request.name or not request.gpus:
             raise errors.RegistrationConflict(
                 "outside Kubernetes a tenant registers with a name and its GPUs "
@@ -216,6 +229,14 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     ) -> AsyncIterator[pb.Event]:
         try:
             peer = self._peer(context)
+            metadata = dict(context.invocation_metadata() or ())
+            presented = str(metadata.get(AGENT_WATCH_METADATA, ""))
+            if not hmac.compare_digest(presented.encode(), self._watch_token.encode()):
+                raise errors.Forbidden(
+                    "watching the agent's events needs its watch token (the file watch-token "
+                    "in its state directory, readable by the agent's user only): "
+                    "`baton events --state-dir DIR` sends it"
+                )
             if not may_watch(peer.uid, agent_uid()):
                 raise errors.Forbidden(
                     f"UID {peer.uid} may not watch the agent's events: they show every "

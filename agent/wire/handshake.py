@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
-from baton.names import AGENT_SESSION_METADATA
+from baton.names import AGENT_SESSION_METADATA, AGENT_WATCH_METADATA, AGENT_WATCH_TOKEN_FILE
 
 
 def handshake_path(agent_socket: str) -> str:
@@ -19,9 +20,29 @@ def handshake_path(agent_socket: str) -> str:
 
 
 def session_metadata(agent_socket: str, timeout: float = 5.0) -> tuple[tuple[str, str], ...]:
-    """gRPC metadata carrying a fresh handshake token (blocking); for `WatchEvents` callers."""
+    """gRPC metadata carrying a fresh handshake token (blocking)."""
     token = request_token(handshake_path(agent_socket), timeout)
     return ((AGENT_SESSION_METADATA, token),)
+
+
+class WatchTokenUnreadable(OSError):
+    """The agent's watch token file cannot be read by this process."""
+
+
+def watch_metadata(
+    agent_socket: str, state_dir: str, timeout: float = 5.0
+) -> tuple[tuple[str, str], ...]:
+    """Metadata for `WatchEvents`: a handshake token and the agent's watch token (blocking)."""
+    path = Path(state_dir) / AGENT_WATCH_TOKEN_FILE
+    try:
+        watch = path.read_text().strip()
+    except OSError as exc:
+        raise WatchTokenUnreadable(
+            f"cannot read the agent's watch token {path} ({exc.strerror}): watching needs the "
+            "agent's user or root on the node (in Kubernetes: in the agent's container); "
+            "--state-dir names the agent's state directory"
+        ) from None
+    return (*session_metadata(agent_socket, timeout), (AGENT_WATCH_METADATA, watch))
 
 
 def request_token(path: str, timeout: float = 5.0) -> str:

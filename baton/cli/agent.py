@@ -93,6 +93,13 @@ def agent(
             help="In Kubernetes: watch this node's pods; also names the fake GPUs.",
         ),
     ] = "",
+    allow_local_tenants: Annotated[
+        bool,
+        typer.Option(
+            envvar="BATON_AGENT_ALLOW_LOCAL_TENANTS",
+            help="With --node-name: let processes in no pod register as tenants too.",
+        ),
+    ] = False,
     kubeconfig: Kubeconfig = None,
     proc_root: Annotated[
         str, typer.Option(envvar="BATON_PROC_ROOT", help="The host's /proc (PID → pod).")
@@ -163,6 +170,7 @@ def agent(
         reconnect_grace=reconnect_grace,
         socket_mode=int(socket_mode, 8),
         node_name=node_name,
+        allow_local_tenants=allow_local_tenants,
         kubeconfig=kubeconfig,
         proc_root=proc_root,
         shutdown_grace=shutdown_grace,

@@ -68,18 +68,27 @@ def events(
     socket: Annotated[
         str, typer.Option(envvar=names.ENV_AGENT_SOCKET, help="The agent's gRPC unix socket.")
     ] = names.AGENT_SOCKET,
+    state_dir: Annotated[
+        str,
+        typer.Option(
+            envvar="BATON_AGENT_STATE_DIR", help="The agent's state directory (its watch token)."
+        ),
+    ] = names.AGENT_STATE_DIR,
     count: Annotated[int, typer.Option(help="Stop after this many events; 0 = never.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
 ) -> None:
     """Print the agent's events as they happen: grants, yields, revocations, departures."""
     import grpc
 
-    from agent.wire.handshake import session_metadata
+    from agent.wire.handshake import WatchTokenUnreadable, watch_metadata
     from baton._pb import agent_pb2, agent_pb2_grpc
     from baton.status.view import format_event
 
     try:
-        metadata = session_metadata(socket)
+        metadata = watch_metadata(socket, state_dir)
+    except WatchTokenUnreadable as exc:
+        typer.echo(f"baton events: {exc}", err=True)
+        raise typer.Exit(1) from None
     except (OSError, ValueError, KeyError) as exc:
         typer.echo(f"baton events: cannot reach the agent at {socket}: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -44,8 +44,9 @@ def test_status_says_when_the_agent_is_unreachable(workdir: str) -> None:
 
 def test_events_prints_the_agents_event_stream(agent: AgentRunner) -> None:
     command = [sys.executable, "-c", "from baton.cli import main; main()", "events"]
+    where = ["--socket", agent.socket, "--state-dir", agent.config.state_dir]
     watcher = subprocess.Popen(
-        [*command, "--socket", agent.socket, "--count", "5", "--json"],
+        [*command, *where, "--count", "5", "--json"],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,

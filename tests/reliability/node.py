@@ -22,7 +22,7 @@ from agent.parking.preparer import ParkingPreparer
 from agent.parking.setup import connect_preparer, parse_fake_gpus
 from agent.server.service import LeaseService
 from agent.server.sessions import SessionRegistry
-from agent.wire.handshake import session_metadata
+from agent.wire.handshake import watch_metadata
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
 from baton.names import ENV_AGENT_SOCKET, ENV_FAKE_GPU_DIR, ENV_GPUS, MIB
@@ -100,7 +100,7 @@ class LoadNode(AgentRunner):
 
     def _read_events(self) -> None:
         assert self._watch is not None
-        metadata = session_metadata(self.socket)
+        metadata = watch_metadata(self.socket, self.config.state_dir)
         stream = agent_pb2_grpc.AgentStub(self._watch).WatchEvents(
             pb.WatchEventsRequest(), metadata=metadata
         )

@@ -1,6 +1,8 @@
 """Tenants cannot reach each other through the agent; pods get the agent socket and no more.
 
 The intruder runs under another UID (`tests/reliability/intruder.py` drops to it after start).
+Outside Kubernetes the agent runs with its defaults; as deployed, with the socket mode, flags
+and environment the built manifests give it (`tests/reliability/deployed.py`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.client import Baton
 from agent.wire.handshake import handshake_path
 from baton import names
 from deviceplugin.devices import container_allocation
+from tests.agent.node.test_podwatch import pod
 from tests.harness.agent import ROOT, AgentRunner, TenantProcess
+from tests.harness.fakeapi import FakeApiServer
 
+from .deployed import AGENT_OVERLAYS, deployed_agent_config
 from .figures import record
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,15 +42,36 @@ def agent() -> Iterator[AgentRunner]:
     runner.stop()
 
 
-def intrude(agent: AgentRunner, uid: int, gid: int, lease_id: str) -> dict[str, Any]:
+def intrude(
+    agent: AgentRunner, uid: int, gid: int, lease_id: str, in_pod: str | None = None
+) -> dict[str, Any]:
+    """Run the intruder as `uid`:`gid`, in the pod `in_pod` (by its cgroup) or in none."""
     argv = [
         sys.executable, "-m", "tests.reliability.intruder", agent.socket, str(uid), str(gid),
         "intruder", INTRUDER_GPU, "victim", lease_id, VICTIM_GPU,
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return dict(json.loads(done.stdout.splitlines()[-1]))
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        if in_pod is not None:
+            place_in_pod(Path(agent.config.proc_root), proc.pid, in_pod)
+        out, err = proc.communicate("go\n", timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    return dict(json.loads(out.splitlines()[-1]))
+
+
+def place_in_pod(proc_root: Path, pid: int, pod_uid: str) -> None:
+    """What the kernel shows in /proc/<pid>/cgroup for a container of the pod."""
+    (proc_root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (proc_root / str(pid) / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-pod{pod_uid.replace('-', '_')}.slice/cri-containerd-1.scope\n"
+    )
 
 
 def snapshot(agent: AgentRunner) -> Any:
@@ -81,6 +108,8 @@ def test_a_tenant_of_another_uid_cannot_yield_renew_inspect_or_join_anothers_tur
         "join_its_tenant": "PERMISSION_DENIED",
         "forged_token": "UNAUTHENTICATED",
         "no_token": "UNAUTHENTICATED",
+        "watch": "PERMISSION_DENIED",
+        "watch_guessed_token": "PERMISSION_DENIED",
     }
     assert [x for x in after[0] if x[1] == "local/victim"] == before[0]
     assert [t for t in after[1] if t[0] == "local/victim"] == [("local/victim", 0, (VICTIM_GPU,))]
@@ -89,8 +118,8 @@ def test_a_tenant_of_another_uid_cannot_yield_renew_inspect_or_join_anothers_tur
 
 @pytest.mark.skipif(os.getuid() != 0, reason="running a process under another UID needs root")
 def test_the_sockets_keep_out_processes_outside_the_owner_and_group(agent):
-    """Promised: the gRPC and handshake sockets are mode 0660; a process of another UID and
-    group cannot even connect."""
+    """Promised: by default (outside Kubernetes) the gRPC and handshake sockets are mode 0660;
+    a process of another UID and group cannot even connect."""
     for path in (agent.socket, handshake_path(agent.socket)):
         mode = os.stat(path).st_mode
         assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o660, oct(mode)
@@ -141,3 +170,109 @@ def test_tenant_pods_get_the_agent_socket_directory_and_nothing_else_of_the_host
     assert Path(names.AGENT_SOCKET).parent == Path(names.AGENT_SOCKET_DIR)
     assert not Path(names.AGENT_STATE_DIR).is_relative_to(names.AGENT_SOCKET_DIR)
     record("security", "tenant pod host access", {"pod_templates": len(tenants)})
+
+
+VICTIM_POD, INTRUDER_POD = (
+    "7a1c2a3b-4d5e-4f60-8a9b-0c1d2e3f4a5b",
+    "8b1c2a3b-4d5e-4f60-8a9b-0c1d2e3f4a5b",
+)
+
+
+@pytest.fixture(params=AGENT_OVERLAYS)
+def deployed(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[tuple[AgentRunner, Baton, str]]:
+    """An agent run with a built manifest's settings, serving two pods (victim, intruder) of a
+    fake API server; the test process is the victim pod's container, holding its GPU."""
+    config = deployed_agent_config(request.param, monkeypatch)
+    assert config.node_name, f"{request.param}: the deployed agent does not serve pods"
+    proc = tmp_path / "proc"
+    place_in_pod(proc, os.getpid(), VICTIM_POD)
+    with FakeApiServer() as api:
+        node = config.node_name
+        api.put_object(pod("victim", VICTIM_POD, node, VICTIM_GPU))
+        api.put_object(pod("intruder", INTRUDER_POD, node, INTRUDER_GPU))
+        agent = AgentRunner(
+            socket_mode=config.socket_mode,
+            node_name=node,
+            allow_local_tenants=config.allow_local_tenants,
+            kubeconfig=str(api.kubeconfig_path(tmp_path)),
+            proc_root=str(proc),
+        ).start()
+        os.chmod(agent.workdir, 0o755)  # others may reach the socket; its own mode decides
+        victim = Baton(agent.socket, connect_timeout=5)
+        try:
+            agent.wait_event(lambda e: e.kind == "tenant_joined" and e.tenant_id == "team/intruder")
+            lease_id = victim.acquire().lease_id
+            yield agent, victim, lease_id
+        finally:
+            victim.close()
+            agent.stop()
+
+
+def victims_lease(agent: AgentRunner) -> Any:
+    return [x for x in snapshot(agent)[0] if x[1] == "team/victim"]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="running a process under another UID needs root")
+def test_as_deployed_a_process_in_no_pod_gets_nothing_even_as_root(deployed):
+    """Promised, with the manifests' socket mode and flags: a process on the node that is in no
+    Baton pod, root or not, cannot register, act on the victim's lease or watch the events; a
+    socket open to others does not change that (identity comes from SO_PEERCRED)."""
+    agent, _, lease_id = deployed
+    before = victims_lease(agent)
+    mode = agent.config.socket_mode
+    for path in (agent.socket, handshake_path(agent.socket)):
+        assert stat.S_IMODE(os.stat(path).st_mode) == mode, "the socket is not as deployed"
+    refused = {
+        "yield": "FAILED_PRECONDITION",
+        "renew": "FAILED_PRECONDITION",
+        "inspect": "FAILED_PRECONDITION",
+        "acquire_its_gpu": "FAILED_PRECONDITION",
+        "join_its_tenant": "PERMISSION_DENIED",
+        "forged_token": "UNAUTHENTICATED",
+        "no_token": "UNAUTHENTICATED",
+        "watch": "PERMISSION_DENIED",
+        "watch_guessed_token": "PERMISSION_DENIED",
+    }
+    if agent.config.allow_local_tenants:
+        pytest.fail("the deployed agent lets processes in no pod register as local tenants")
+    tried = 0
+    for uid, gid in ((0, 0), (1002, 1002)):
+        said = intrude(agent, uid, gid, lease_id)
+        tried += 1
+        if uid and not mode & 0o006:
+            assert said == {"connect": "EACCES"}
+            continue
+        assert said.pop("uid") == uid
+        assert said == {"tenant": "PERMISSION_DENIED", **refused}, f"as UID {uid}"
+    assert victims_lease(agent) == before
+    record("security", f"deployed agent (mode {mode:04o}), process in no pod", {"uids": tried})
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="running a process under another UID needs root")
+def test_as_deployed_a_tenant_pod_cannot_touch_another_pods_turn(deployed):
+    """Promised, with the manifests' settings: a process of another pod, under another UID,
+    is its own pod's tenant and nothing more: it cannot end, renew or read the victim's lease,
+    take its GPU, join its tenant or watch the events."""
+    agent, _, lease_id = deployed
+    before = victims_lease(agent)
+    said = intrude(agent, 1002, 1002, lease_id, in_pod=INTRUDER_POD)
+    if not agent.config.socket_mode & 0o006:
+        pytest.fail("the deployed socket mode keeps tenants of other UIDs out of the agent")
+    assert said.pop("uid") == 1002
+    assert said == {
+        "tenant": "team/intruder",
+        "yield": "PERMISSION_DENIED",
+        "renew": "PERMISSION_DENIED",
+        "inspect": "PERMISSION_DENIED",
+        "acquire_its_gpu": "INVALID_ARGUMENT",
+        "join_its_tenant": "team/intruder",
+        "forged_token": "UNAUTHENTICATED",
+        "no_token": "UNAUTHENTICATED",
+        "watch": "PERMISSION_DENIED",
+        "watch_guessed_token": "PERMISSION_DENIED",
+    }
+    assert victims_lease(agent) == before
+    refused = [what for what, answer in said.items() if answer != "team/intruder"]
+    record("security", "deployed agent, another pod's tenant", {"refused": len(refused)})

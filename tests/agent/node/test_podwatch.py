@@ -7,7 +7,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agent.client import Baton
+from agent.client.errors import PermissionDenied
 from baton import names
 from tests.harness.agent import AgentRunner
 from tests.harness.fakeapi import FakeApiServer
@@ -126,3 +129,29 @@ def test_a_containers_process_takes_turns_on_its_own_containers_gpus(
         finally:
             baton.close()
             runner.stop()
+
+
+def test_serving_pods_refuses_local_tenants_unless_allowed(workdir: str, tmp_path: Path) -> None:
+    """A process in no pod may register only when the agent runs with --allow-local-tenants."""
+    with FakeApiServer() as api:
+        kubeconfig = str(api.kubeconfig_path(tmp_path))
+        for allowed in (False, True):
+            runner = AgentRunner(
+                workdir,
+                node_name="node-1",
+                kubeconfig=kubeconfig,
+                proc_root=str(tmp_path / "proc"),
+                allow_local_tenants=allowed,
+            ).start()
+            try:
+                if not allowed:
+                    refused = Baton(runner.socket, ["GPU-0"], name="local", connect_timeout=5)
+                    with pytest.raises(PermissionDenied, match="--allow-local-tenants"), refused:
+                        refused.acquire(timeout=5)
+                    assert runner.status()["tenants"] == {}
+                    continue
+                with Baton(runner.socket, ["GPU-0"], name="local", connect_timeout=5) as baton:
+                    assert baton.acquire().gpus == ("GPU-0",)
+                    assert set(runner.status()["tenants"]) == {"local/local"}
+            finally:
+                runner.stop()

@@ -12,7 +12,7 @@ import pytest
 from agent.client import Baton
 from agent.core.errors import CallbackFailed
 from agent.core.residency import NoRoom
-from agent.wire.handshake import session_metadata
+from agent.wire.handshake import watch_metadata
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
 from tests.harness.agent import AgentRunner
@@ -228,7 +228,9 @@ def test_watch_events_streams_grants_with_fencing_tokens(
 ) -> None:
     with grpc.insecure_channel(f"unix:{seam_agent.socket}") as channel:
         stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(
-            pb.WatchEventsRequest(), timeout=10, metadata=session_metadata(seam_agent.socket)
+            pb.WatchEventsRequest(),
+            timeout=10,
+            metadata=watch_metadata(seam_agent.socket, seam_agent.config.state_dir),
         )
         assert next(stream).kind == "watching"  # subscribed: nothing from here on is missed
         seen: list[pb.Event] = []

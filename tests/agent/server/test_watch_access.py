@@ -1,20 +1,30 @@
-"""WatchEvents shows every tenant's turns: only the agent's own user and root may watch."""
+"""WatchEvents shows every tenant's turns: it needs the agent's watch token (a file only the
+agent's user can read) and the agent's own user or root; UID 0 alone is not enough."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import stat
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
 
 from agent.node.identity import may_watch
-from agent.wire.handshake import handshake_path, request_token, session_metadata
+from agent.wire.handshake import (
+    WatchTokenUnreadable,
+    handshake_path,
+    request_token,
+    session_metadata,
+    watch_metadata,
+)
+from baton import names
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
-from baton.names import AGENT_SESSION_METADATA
+from baton.names import AGENT_SESSION_METADATA, AGENT_WATCH_METADATA
 from tests.harness.agent import AgentRunner
 
 NOBODY = 65534
@@ -67,8 +77,48 @@ def token_of_another_user(agent: AgentRunner, monkeypatch: pytest.MonkeyPatch) -
     return str(json.loads(line)["token"])
 
 
-def test_the_agents_own_user_may_watch(open_agent: AgentRunner) -> None:
-    assert first_event(open_agent, session_metadata(open_agent.socket)).kind == "watching"
+def watch_token(agent: AgentRunner) -> str:
+    return (Path(agent.config.state_dir) / names.AGENT_WATCH_TOKEN_FILE).read_text().strip()
+
+
+def test_the_agents_own_user_with_the_watch_token_may_watch(open_agent: AgentRunner) -> None:
+    metadata = watch_metadata(open_agent.socket, open_agent.config.state_dir)
+    assert first_event(open_agent, metadata).kind == "watching"
+
+
+def test_the_watch_token_file_is_readable_by_the_agents_user_only(open_agent: AgentRunner) -> None:
+    path = Path(open_agent.config.state_dir) / names.AGENT_WATCH_TOKEN_FILE
+    info = path.stat()
+    assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.getuid()
+    assert len(watch_token(open_agent)) == 64
+
+
+def test_a_session_token_alone_is_not_enough_even_for_root(open_agent: AgentRunner) -> None:
+    """The agent's own user (root here when the suite runs as root) without the watch token."""
+    for metadata in (
+        session_metadata(open_agent.socket),
+        (*session_metadata(open_agent.socket), (AGENT_WATCH_METADATA, "0" * 64)),
+    ):
+        with pytest.raises(grpc.RpcError) as caught:
+            first_event(open_agent, metadata)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "watch token" in (caught.value.details() or "")
+
+
+def test_a_new_agent_writes_a_new_watch_token(workdir: str) -> None:
+    tokens = []
+    for _ in range(2):
+        runner = AgentRunner(workdir).start()
+        try:
+            tokens.append(watch_token(runner))
+        finally:
+            runner.stop()
+    assert tokens[0] != tokens[1]
+
+
+def test_watch_metadata_says_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(WatchTokenUnreadable, match="cannot read the agent's watch token"):
+        watch_metadata(str(tmp_path / "agent.sock"), str(tmp_path / "no-state"))
 
 
 def test_watching_without_a_handshake_is_refused(open_agent: AgentRunner) -> None:
@@ -77,12 +127,13 @@ def test_watching_without_a_handshake_is_refused(open_agent: AgentRunner) -> Non
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
-def test_another_user_may_not_watch(
+def test_another_user_may_not_watch_even_with_the_watch_token(
     open_agent: AgentRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     token = token_of_another_user(open_agent, monkeypatch)
+    metadata = ((AGENT_SESSION_METADATA, token), (AGENT_WATCH_METADATA, watch_token(open_agent)))
     with pytest.raises(grpc.RpcError) as caught:
-        first_event(open_agent, ((AGENT_SESSION_METADATA, token),))
+        first_event(open_agent, metadata)
     assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "may not watch" in (caught.value.details() or "")
 

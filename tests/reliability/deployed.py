@@ -1,0 +1,64 @@
+"""The agent's settings as deployed: what `baton agent` makes of a built manifest's args and env.
+
+The agent container's command line and environment come from `kubectl kustomize`; they are
+parsed by the real `baton agent` command (its run is replaced by capturing the config), so the
+security tests run the agent exactly as a node would.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from agent.node.daemon import AgentConfig
+from tests.test_manifests import build
+
+AGENT_OVERLAYS = [".", "overlays/kind", "overlays/nvidia"]
+"""The builds that deploy the agent DaemonSet."""
+NODE_NAME = "node-1"
+"""What the downward API gives the agent as its node's name in these tests."""
+
+
+def agent_container(overlay: str) -> dict[str, Any]:
+    """The agent DaemonSet's `agent` container in the build of manifests/<overlay>."""
+    daemonsets = [o for o in build(overlay) if o["kind"] == "DaemonSet"]
+    [agent] = [d for d in daemonsets if d["metadata"]["name"] == "baton-agent"]
+    containers = agent["spec"]["template"]["spec"]["containers"]
+    [container] = [c for c in containers if c["name"] == "agent"]
+    return dict(container)
+
+
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    """The container's environment, with the downward API's node name filled in."""
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        field = var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        if field == "spec.nodeName":
+            env[var["name"]] = NODE_NAME
+        elif "value" in var:
+            env[var["name"]] = str(var["value"])
+    return env
+
+
+def deployed_agent_config(overlay: str, monkeypatch: pytest.MonkeyPatch) -> AgentConfig:
+    """The `AgentConfig` `baton agent` builds from the manifest's args and env."""
+    from baton.cli import app
+
+    container = agent_container(overlay)
+    argv = [*container.get("command", [])[1:], *container.get("args", [])]
+    assert argv[:1] == ["agent"], f"the agent container runs {argv}, not `baton agent`"
+    seen: list[AgentConfig] = []
+
+    async def capture(config: AgentConfig, *_: object) -> None:
+        seen.append(config)
+
+    monkeypatch.setattr("agent.node.daemon.run_agent", capture)
+    monkeypatch.setattr("baton.cli.agent._make_preparer", lambda options: None)
+    for name in [n for n in os.environ if n.startswith("BATON_") or n == "NODE_NAME"]:
+        monkeypatch.delenv(name)  # only the manifest's environment counts
+    result = CliRunner().invoke(app, argv, env=container_env(container))
+    assert result.exit_code == 0 and len(seen) == 1, result.output
+    return seen[0]
