@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,6 +52,62 @@ def load_api_client(kubeconfig: str | None) -> ApiClient:
             f" (KUBERNETES_SERVICE_HOST unset or {SERVICE_ACCOUNT_TOKEN} missing)"
         )
     return client.ApiClient(configuration)
+
+
+class Outage:
+    """Says once that the API server is failing, and what the caller does meanwhile; once again
+    when it answers. The failures between go to the debug log."""
+
+    def __init__(self, log: logging.Logger, what: str, meanwhile: str) -> None:
+        self.log = log
+        self.what = what
+        """What fails, e.g. "pod watch of node n1"."""
+        self.meanwhile = meanwhile
+        """What the caller does until it answers, e.g. "Allocate lists pods on demand"."""
+        self.failures = 0
+        self._lock = threading.Lock()
+
+    def failed(self, err: BaseException | str, retry_s: float) -> None:
+        """One more failed attempt; the next is in `retry_s` seconds."""
+        with self._lock:
+            self.failures += 1
+            first = self.failures == 1
+        why = err if isinstance(err, str) else api_error_reason(err)
+        if first:
+            self.log.warning(
+                "%s: %s; retrying with backoff (next in %.1f s) until the API server answers; "
+                "meanwhile %s",
+                self.what,
+                why,
+                retry_s,
+                self.meanwhile,
+            )
+        else:
+            self.log.debug("%s: attempt %d failed: %s", self.what, self.failures, why)
+
+    def answered(self) -> None:
+        """An attempt succeeded."""
+        with self._lock:
+            failures, self.failures = self.failures, 0
+        if failures:
+            self.log.info(
+                "%s: the API server answers again after %d failed attempts", self.what, failures
+            )
+
+
+def api_error_reason(err: BaseException) -> str:
+    """A one-line reason for a failed API call: the HTTP status, or the connection's root cause."""
+    status, reason = getattr(err, "status", None), getattr(err, "reason", None)
+    if isinstance(status, int) and isinstance(reason, str):
+        return f"API server answered {status} {reason}"
+    root: BaseException = err
+    for _ in range(10):
+        inner = getattr(root, "reason", None) or root.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        root = inner
+    text = str(root).split(": ", 1)[-1] if "Failed to establish" in str(root) else str(root)
+    return f"API server unreachable ({type(root).__name__}: {text})"
 
 
 def format_timestamp_ns(ns: int) -> str:

@@ -8,6 +8,7 @@ import threading
 from typing import Any
 
 from baton import names
+from baton.kube import Outage
 from baton.meminfo import mem_total_kib
 from deviceplugin.devices import Inventory
 from deviceplugin.state import LiveInventory
@@ -52,6 +53,11 @@ class NodeAnnotator:
         self.inventory = inventory
         self.budget_mib = budget_mib
         self.published = threading.Event()
+        self._outage = Outage(
+            log,
+            f"annotating node {node_name}",
+            "the extender does not see this node's GPUs and host budget, or sees old ones",
+        )
         self._pending = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="node-annotator", daemon=True)
@@ -80,9 +86,10 @@ class NodeAnnotator:
             try:
                 self._core.patch_node(self.node_name, body, _request_timeout=5)
                 self.published.set()
+                self._outage.answered()
                 backoff = 0.2
             except Exception as err:
-                log.warning("cannot annotate node %s (%s); retrying", self.node_name, err)
+                self._outage.failed(err, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 self._pending.set()

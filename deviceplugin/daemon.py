@@ -13,6 +13,7 @@ from baton import names
 from deviceplugin.allocation import Allocator, PodSource
 from deviceplugin.annotate import NodeAnnotator
 from deviceplugin.devices import Gpu, Inventory
+from deviceplugin.errors import StartError
 from deviceplugin.health import HealthTracker, NvmlHealthLoop
 from deviceplugin.metrics import Metrics, StatusServer
 from deviceplugin.plugin import DevicePlugin
@@ -92,13 +93,19 @@ class Daemon:
         service = DevicePluginService(self.inventory, self.allocator, self.metrics)
         server = PluginServer(service, settings.plugin_dir / settings.socket_name)
         self.plugin = DevicePlugin(server, settings.plugin_dir, self.metrics)
-        self.status = StatusServer(
-            settings.metrics_host,
-            settings.metrics_port,
-            self.metrics,
-            self.health if fake else None,
-            self.not_ready,
-        )
+        try:
+            self.status = StatusServer(
+                settings.metrics_host,
+                settings.metrics_port,
+                self.metrics,
+                self.health if fake else None,
+                self.not_ready,
+            )
+        except OSError as err:
+            raise StartError(
+                f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} "
+                f"({err.strerror}); pass another --metrics-port"
+            ) from None
         self.nvml = None if fake else NvmlHealthLoop(self.health)
         self.annotator = (
             NodeAnnotator(
@@ -161,7 +168,11 @@ class Daemon:
         self, stop: threading.Event, why: Callable[[], str | None] = lambda: None
     ) -> None:
         """Start, block until `stop` is set, stop; log `why()` it stopped."""
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()  # what started before the failure
+            raise
         try:
             stop.wait()
         finally:

@@ -13,3 +13,7 @@ class ApiUnavailableError(DevicePluginError):
 
 class ConflictError(DevicePluginError):
     """The pod changed since it was read (resourceVersion precondition failed)."""
+
+
+class StartError(DevicePluginError):
+    """Something the plugin needs at start (a port, its socket's directory) is unusable."""

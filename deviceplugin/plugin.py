@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 from baton import names
+from deviceplugin.errors import StartError
 from deviceplugin.metrics import Metrics
 from deviceplugin.registration import RegistrationError, register
 from deviceplugin.server import PluginServer
@@ -27,25 +28,84 @@ class DevicePlugin:
         self.kubelet_socket = plugin_dir / names.KUBELET_SOCKET_NAME
         self.registered = False
         self._retry_s = RETRY_FIRST_S
+        self._failed_registrations = 0
+        """Failed attempts since the last registration: only the first is a warning."""
         self._stop = threading.Event()
-        self._watcher = SocketWatcher(
-            plugin_dir, names.KUBELET_SOCKET_NAME, server.socket_path.name
-        )
-        self._thread = threading.Thread(target=self._watch, name="kubelet-watch", daemon=True)
+        self._watcher: SocketWatcher | None = None
+        self._thread = threading.Thread(target=self._run, name="kubelet-watch", daemon=True)
 
     def start(self) -> None:
-        """Serve, register (retried in the background if the kubelet is not there yet), watch."""
-        self.server.start()
-        self._register()
+        """Serve, register (retried in the background if the kubelet is not there yet), watch;
+        all in the background while the kubelet's directory does not exist yet."""
+        if self.plugin_dir.is_dir():
+            try:
+                self._open()
+            except OSError as err:
+                raise StartError(
+                    f"cannot serve the plugin socket in {self.plugin_dir} ({err}); the plugin "
+                    "needs to create sockets there (run it as root, with the directory mounted)"
+                ) from None
         self._thread.start()
 
     def stop(self, grace: float | None = None) -> None:
         """Stop watching and serving (in-flight calls get `grace` s); the kubelet sees it go."""
         self._stop.set()
-        self._watcher.wake()
-        self._thread.join(timeout=10)
-        self._watcher.close()
+        if self._watcher is not None:
+            self._watcher.wake()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=10)
+        if self._watcher is not None:
+            self._watcher.close()
         self.server.stop(grace)
+
+    def _open(self) -> None:
+        """Watch the directory, serve in it and register."""
+        self._watcher = SocketWatcher(
+            self.plugin_dir, names.KUBELET_SOCKET_NAME, self.server.socket_path.name
+        )
+        self.server.start()
+        self._register()
+
+    def _wait_for_directory(self, why: str) -> bool:
+        """Wait (with backoff, until stopped) for the kubelet to create its directory."""
+        log.warning(
+            "%s: %s; waiting for the kubelet to create it (checking every %g to %g s), then "
+            "serving and registering",
+            self.plugin_dir,
+            why,
+            RETRY_FIRST_S,
+            RETRY_MAX_S,
+        )
+        delay = RETRY_FIRST_S
+        while not self._stop.wait(delay):
+            if self.plugin_dir.is_dir():
+                log.info("%s exists now", self.plugin_dir)
+                return True
+            delay = min(delay * 2, RETRY_MAX_S)
+        return False
+
+    def _run(self) -> None:
+        """Watch the directory; wait for it while it is missing, before and after a start."""
+        why = "the device-plugin directory does not exist (yet)"
+        while not self._stop.is_set():
+            if self._watcher is None:
+                if not self._wait_for_directory(why):
+                    return
+                try:
+                    self._open()
+                except OSError as err:  # gone again before the watch was set up
+                    log.warning("%s: cannot watch it (%s)", self.plugin_dir, err.strerror)
+                    self._close_watcher()
+                    continue
+            self._watch()
+            why = "the directory disappeared, so the kubelet cannot reach this plugin"
+
+    def _close_watcher(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+        self.server.stop()
+        self.registered = False
 
     def _register(self) -> None:
         try:
@@ -53,12 +113,17 @@ class DevicePlugin:
         except RegistrationError as err:
             self.registered = False
             self.metrics.registrations.labels(outcome="failed").inc()
-            log.warning(
-                "not registered: %s; retrying in %g s or when kubelet.sock appears",
+            self._failed_registrations += 1
+            log.log(
+                logging.WARNING if self._failed_registrations == 1 else logging.DEBUG,
+                "not registered: %s; retrying with backoff (next in %g s, up to %g s apart) "
+                "and when kubelet.sock appears",
                 err,
                 self._retry_s,
+                RETRY_MAX_S,
             )
             return
+        self._failed_registrations = 0
         self.registered = True
         self._retry_s = RETRY_FIRST_S
         self.metrics.registrations.labels(outcome="ok").inc()
@@ -74,6 +139,8 @@ class DevicePlugin:
             self.registered = False
 
     def _watch(self) -> None:
+        """React to the directory's changes until stopped or the directory is gone."""
+        assert self._watcher is not None
         broken = False
         while not self._stop.is_set():
             waiting = not self.registered or broken
@@ -83,7 +150,7 @@ class DevicePlugin:
             if self._stop.is_set():
                 return
             if Change.DIRECTORY_GONE in changes:
-                log.error("%s disappeared: the kubelet cannot reach this plugin", self.plugin_dir)
+                self._close_watcher()
                 return
             try:
                 broken = self._react(changes, broken)

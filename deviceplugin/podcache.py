@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from baton import names
-from baton.kube import parse_timestamp_ns
+from baton.kube import Outage, parse_timestamp_ns
 from deviceplugin.devices import PodView
 from deviceplugin.errors import ApiUnavailableError, ConflictError, DevicePluginError
 from deviceplugin.truth import decode_container_gpus
@@ -205,18 +205,24 @@ class PodCache:
         from urllib3.exceptions import HTTPError
 
         backoff = 0.1
+        outage = Outage(
+            log,
+            f"pod watch of node {self.node_name}",
+            "Allocate lists the node's pods itself, and fails naming the API server if it cannot",
+        )
         while not self._stop.is_set():
             try:
                 version: str | None = self._list()
+                outage.answered()
                 backoff = 0.1
                 while version and not self._stop.is_set():
                     version = self._watch(version)
             except DevicePluginError as err:
-                log.warning("pod watch of node %s: %s", self.node_name, err)
+                outage.failed(str(err), backoff)
             except (HTTPError, OSError) as err:
-                log.warning("pod watch of node %s: %s", self.node_name, _root_cause(err))
+                outage.failed(f"API server unreachable ({_root_cause(err)})", backoff)
             except ApiException as err:
-                log.warning("pod watch of node %s: %s %s", self.node_name, err.status, err.reason)
+                outage.failed(err, backoff)
             except Exception:
                 log.exception("pod watch of node %s failed", self.node_name)
             self._stop.wait(backoff)

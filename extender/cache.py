@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from baton.kube import Outage
 from extender.errors import ApiFailure
 from extender.kubeapi import Lister, Watch
 from extender.state import ClusterState
@@ -74,6 +75,11 @@ class KubeCache(ClusterCache):
         super().__init__(state)
         self._listers = {kind: Lister(api_client, kind) for kind in KINDS}
         self._on_restart = on_restart
+        self._outage = Outage(
+            log,
+            "listing and watching nodes and pods",
+            "/readyz is not ready and filter answers from what was listed before, if anything",
+        )
         self._stop = threading.Event()
         self._watches: dict[str, Watch] = {}
         self._threads: list[threading.Thread] = []
@@ -100,6 +106,7 @@ class KubeCache(ClusterCache):
         while not self._stop.is_set():
             try:
                 version = self._relist(kind)
+                self._outage.answered()
                 failures = 0
                 while not self._stop.is_set():
                     version = self._watch(kind, version)
@@ -107,9 +114,10 @@ class KubeCache(ClusterCache):
                 if self._stop.is_set():
                     return
                 why = f"{type(err).__name__}: {err}"
-                log.warning("watch of %s failed, listing again: %s", kind, why)
+                backoff = BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
+                self._outage.failed(err, backoff)
                 self._on_restart(kind, why)
-                self._stop.wait(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
+                self._stop.wait(backoff)
                 failures += 1
 
     def _relist(self, kind: str) -> str:

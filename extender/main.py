@@ -13,6 +13,34 @@ from extender.placement import Limits
 log = logging.getLogger(__name__)
 
 
+class StartError(Exception):
+    """A file, port or setting the extender needs at start is missing or unusable."""
+
+
+def check_tls(cert: str | None, key: str | None) -> None:
+    """Raise `StartError` unless the certificate and key (when given) load as a TLS identity."""
+    import ssl
+
+    if not cert or not key:
+        return
+    for option, path in (("--tls-cert", cert), ("--tls-key", key)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise StartError(
+                f"{option} {path}: cannot read it ({exc.strerror}); mount the serving "
+                "certificate's secret there (manifests/scheduler/tls) or pass the right path"
+            ) from None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise StartError(
+            f"--tls-cert {cert} / --tls-key {key} do not load as a certificate and its key "
+            f"({exc.reason or exc})"
+        ) from None
+
+
 @dataclass(frozen=True)
 class Options:
     """What the command line decides."""
@@ -38,7 +66,19 @@ def run(options: Options) -> None:
     from extender.server import bind_socket, make_server
     from extender.state import ClusterState
 
-    api_client = load_api_client(options.kubeconfig)
+    check_tls(options.tls_cert, options.tls_key)
+    try:
+        sock = bind_socket(options.host, options.port)
+    except OSError as exc:
+        raise StartError(
+            f"cannot listen on {options.host}:{options.port} ({exc.strerror}); pass another "
+            "--port (BATON_EXTENDER_PORT)"
+        ) from None
+    try:
+        api_client = load_api_client(options.kubeconfig)
+    except BaseException:
+        sock.close()
+        raise
     metrics = Metrics()
     state = ClusterState(options.limits, time.monotonic)
     cache = KubeCache(
@@ -47,7 +87,6 @@ def run(options: Options) -> None:
     binder = Binder(cache, KubePodApi(api_client), time.time_ns)
     app = create_app(cache, binder, metrics, options.binds_in_flight)
     server = make_server(app, options.tls_cert, options.tls_key, options.shutdown_grace)
-    sock = bind_socket(options.host, options.port)
     scheme = "https" if options.tls_cert else "http"
     log.info(
         "serving on %s://%s:%d, policy %s, max duty %g%%, memory headroom %d MiB",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -11,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -40,6 +42,10 @@ from baton._pb import agent_pb2_grpc
 from baton.shutdown import on_stop_signal_async
 
 log = logging.getLogger(__name__)
+
+
+class AgentStartError(Exception):
+    """Something the agent needs at start is missing or unusable; the message says what."""
 
 
 @dataclass
@@ -97,9 +103,12 @@ class Agent:
         self.stop_reason = ""
 
     async def start(self) -> None:
-        """Load state, open the sockets; raises `StateDirError` if the state dir is unusable."""
+        """Load state, open the sockets. Raises `StateDirError`, `KubeConfigError` or
+        `AgentStartError` (what is missing, what to pass) before anything is served."""
         cfg = self.config
         store = StateStore(cfg.state_dir)
+        watch_token = write_watch_token(cfg.state_dir)
+        api_client = self._pods_api_client()
         table = LeaseTable(clock=time.time, policy=cfg.policy, max_hold=cfg.max_hold)
         service = LeaseService(
             table=table,
@@ -119,22 +128,21 @@ class Agent:
         )
         tokens = TokenRegistry(asyncio.get_running_loop().call_later)
 
-        Path(cfg.socket).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.socket).unlink(missing_ok=True)
+        self._prepare_socket_dir()
         self._grpc = grpc.aio.server()
         local_tenants = cfg.allow_local_tenants or not cfg.node_name
         servicer = AgentServicer(
             service,
             tokens,
             self._pod_uid_of,
-            write_watch_token(cfg.state_dir),
+            watch_token,
             local_tenants,
             self._container_id_of,
         )
         agent_pb2_grpc.add_AgentServicer_to_server(servicer, self._grpc)
-        self._grpc.add_insecure_port(f"unix:{cfg.socket}")
+        self._listen_grpc(f"unix:{cfg.socket}", "--socket (BATON_AGENT_SOCKET)")
         if cfg.debug_tcp_port:
-            self._grpc.add_insecure_port(f"127.0.0.1:{cfg.debug_tcp_port}")
+            self._listen_grpc(f"127.0.0.1:{cfg.debug_tcp_port}", "--debug-tcp-port")
         await self._grpc.start()
         os.chmod(cfg.socket, cfg.socket_mode)
         self._handshake = await serve_handshake(
@@ -146,21 +154,27 @@ class Agent:
 
         if cfg.llmd_listen:
             await self._start_llmd(service)
-        if cfg.node_name:
-            self._start_pod_watch(service)
+        if api_client is not None:
+            self._start_pod_watch(service, api_client)
         self._http = StatusServer(
             service.metrics.registry, lambda: status_json(service, time.time()), lambda: True
         )
-        self.http_port = await self._http.start(cfg.http_host, cfg.http_port)
+        try:
+            self.http_port = await self._http.start(cfg.http_host, cfg.http_port)
+        except OSError as exc:
+            raise AgentStartError(
+                f"cannot serve status and metrics on {cfg.http_host}:{cfg.http_port} "
+                f"({exc.strerror}); pass another --http-port (BATON_AGENT_HTTP_PORT)"
+            ) from None
         log.info(
-            "agent ready: socket %s (mode %04o), http :%d, policy %s, max hold %g s, state %s, "
-            "local tenants %s",
+            "agent ready: socket %s, http :%d, policy %s, max hold %g s, state %s, "
+            "socket mode %04o, local tenants %s",
             cfg.socket,
-            cfg.socket_mode,
             self.http_port,
             cfg.policy,
             cfg.max_hold,
             cfg.state_dir,
+            cfg.socket_mode,
             "allowed" if local_tenants else "refused (serving pods)",
         )
 
@@ -184,11 +198,44 @@ class Agent:
     def _container_id_of(self, pid: int) -> str | None:
         return container_id_of_pid(pid, Path(self.config.proc_root))
 
-    def _start_pod_watch(self, service: LeaseService) -> None:
+    def _pods_api_client(self) -> Any:
+        """With a node name: the API client for the pod watch, once `/proc` is checked."""
+        cfg = self.config
+        if not cfg.node_name:
+            return None
+        if not Path(cfg.proc_root).is_dir():
+            raise AgentStartError(
+                f"the host's /proc is not at {cfg.proc_root}: without it no caller can be "
+                "matched to its pod; pass --proc-root (BATON_PROC_ROOT)"
+            )
         from baton.kube import load_api_client
 
+        return load_api_client(cfg.kubeconfig)
+
+    def _prepare_socket_dir(self) -> None:
+        """The socket's directory exists and holds no stale socket."""
+        path = Path(self.config.socket)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise AgentStartError(
+                f"cannot create the socket {path} ({exc.strerror}: {exc.filename}); "
+                "pass --socket (BATON_AGENT_SOCKET) in a writable directory"
+            ) from None
+
+    def _listen_grpc(self, address: str, option: str) -> None:
+        assert self._grpc is not None
+        try:
+            bound = self._grpc.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise AgentStartError(f"cannot listen on {address} ({exc}); check {option}") from None
+        if not bound and not address.startswith("unix:"):
+            raise AgentStartError(f"cannot listen on {address}; check {option}")
+
+    def _start_pod_watch(self, service: LeaseService, api_client: Any) -> None:
         self._pods = PodWatcher(
-            load_api_client(self.config.kubeconfig),
+            api_client,
             self.config.node_name,
             asyncio.get_running_loop(),
             service.upsert_pod,
@@ -225,8 +272,9 @@ class Agent:
             await self._grpc.stop(grace=self.config.shutdown_grace)
         if self.service is not None:
             await self.service.close()
-        Path(self.config.socket).unlink(missing_ok=True)
-        Path(handshake_path(self.config.socket)).unlink(missing_ok=True)
+        for path in (self.config.socket, handshake_path(self.config.socket)):
+            with contextlib.suppress(OSError):  # e.g. a socket directory that never was
+                Path(path).unlink(missing_ok=True)
         self._stop_requested.set()
 
 
@@ -239,7 +287,11 @@ async def run_agent(
     """Run an agent until SIGTERM or SIGINT (or cancellation); then stop it cleanly."""
     agent = Agent(config, preparer, sessions, on_service)
     on_stop_signal_async(asyncio.get_running_loop(), agent.request_stop)
-    await agent.start()
+    try:
+        await agent.start()
+    except BaseException:
+        await agent.stop()  # close whatever opened before the failure
+        raise
     try:
         await agent.wait()
     finally:

@@ -15,6 +15,7 @@ from typing import Any
 
 from agent.node.tenants import POD, Tenant
 from baton import names
+from baton.kube import Outage
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,12 @@ class PodWatcher:
         self._remove = remove
         self._known = dict(known or {})
         """Pod UID → tenant id of the pod tenants the agent has (restored ones included)."""
+        self._outage = Outage(
+            log,
+            f"watch of node {node_name}'s pods",
+            "tenants in new pods are not recognised (their Register is refused) and pods that "
+            "leave keep their tenants",
+        )
         self._stop = threading.Event()
         self._watch: Any = None
         self._thread = threading.Thread(target=self._run, name="podwatch", daemon=True)
@@ -135,6 +142,7 @@ class PodWatcher:
         while not self._stop.is_set():
             try:
                 version = self._relist()
+                self._outage.answered()
                 self._watch = watch.Watch()
                 for item in self._watch.stream(
                     self._core.list_pod_for_all_namespaces,
@@ -146,11 +154,11 @@ class PodWatcher:
                 delay = 0.5
             except ApiException as exc:
                 if exc.status != 410:
-                    log.warning("pod watch failed (%s); retrying in %.1f s", exc.reason, delay)
+                    self._outage.failed(exc, delay)
                     self._stop.wait(delay)
                     delay = min(30.0, delay * 2)
             except Exception as exc:  # connection errors of any kind: back off and relist
-                log.warning("pod watch failed (%s); retrying in %.1f s", exc, delay)
+                self._outage.failed(exc, delay)
                 self._stop.wait(delay)
                 delay = min(30.0, delay * 2)
 

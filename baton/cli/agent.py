@@ -130,7 +130,7 @@ def agent(
     import asyncio
 
     from agent.core.policy import POLICIES
-    from agent.node.daemon import AgentConfig, run_agent
+    from agent.node.daemon import AgentConfig, AgentStartError, run_agent
     from agent.node.state import StateDirError
     from agent.parking.setup import ParkingOptions, connect_preparer
     from agent.server.llmd.groups import Groups, GroupSpecError
@@ -181,7 +181,7 @@ def agent(
         asyncio.run(
             run_agent(config, preparer, sessions, lambda svc: connect_preparer(preparer, svc))
         )
-    except (StateDirError, KubeConfigError, RuntimeError) as exc:
+    except (StateDirError, KubeConfigError, AgentStartError, RuntimeError) as exc:
         typer.echo(f"baton agent: {exc}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:

@@ -81,6 +81,7 @@ def deviceplugin(
     from baton.shutdown import StopSignal
     from deviceplugin.annotate import host_memory_budget_mib
     from deviceplugin.daemon import Daemon, Settings
+    from deviceplugin.errors import StartError
     from deviceplugin.gpus import DiscoveryError, discover
     from deviceplugin.health import parse_xid_list
 
@@ -107,8 +108,12 @@ def deviceplugin(
         reconcile_interval_s=reconcile_interval,
     )
     stop = StopSignal().install()
-    daemon = Daemon(settings, gpus, fake, api_client=api_client)
-    daemon.run_until(stop.event, lambda: stop.received)
+    try:
+        daemon = Daemon(settings, gpus, fake, api_client=api_client)
+        daemon.run_until(stop.event, lambda: stop.received)
+    except StartError as err:
+        typer.echo(f"baton deviceplugin: {err}", err=True)
+        raise typer.Exit(1) from None
 
 
 def bench_allocate(

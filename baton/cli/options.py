@@ -24,6 +24,9 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 def setup_logging(level: str) -> None:
     """Log to stderr at `level` (DEBUG, INFO, ...) in the daemons' one format."""
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
+    # The Kubernetes client's connection pool warns on every retry of every request; the
+    # daemons say once what is unreachable and what they do about it (`baton.kube.Outage`).
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
 
 def echo_figures(figures: Mapping[str, object], as_json: bool) -> None:

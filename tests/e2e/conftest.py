@@ -37,6 +37,7 @@ from tests.harness.kubelet import KubeletStub
 def start_daemons(root: Path, kubeconfig: Path, ports: dict[str, int]) -> list[Daemon]:
     """`baton agent`, `baton deviceplugin`, `baton extender`, configured for the node `root`."""
     plugin_dir = root / "var/lib/kubelet/device-plugins"
+    (root / "proc").mkdir(parents=True, exist_ok=True)  # the node's /proc, as the agent expects
     fake_gpus = ",".join(map(str, GPU_SIZES_MIB))  # both name them by NODE_NAME, the same way
     agent_env = {
         "NODE_NAME": NODE,

@@ -39,7 +39,7 @@ def test_the_agent_rides_out_an_api_outage_and_catches_up_when_it_returns(tmp_pa
     proc = tmp_path / "proc" / str(os.getpid())
     proc.mkdir(parents=True)
     proc.joinpath("cgroup").write_text(f"0::/kubepods/burstable/pod{UID}/abc\n")
-    watch = LogWatch("pod watch failed")
+    watch = LogWatch("watch of node node-1's pods: ")
     logging.getLogger("agent.node.podwatch").addHandler(watch)
     with FakeApiServer() as api:
         api.put_object(pod("trainer", UID, "node-1", "GPU-a"))

@@ -133,6 +133,7 @@ def test_a_containers_process_takes_turns_on_its_own_containers_gpus(
 
 def test_serving_pods_refuses_local_tenants_unless_allowed(workdir: str, tmp_path: Path) -> None:
     """A process in no pod may register only when the agent runs with --allow-local-tenants."""
+    (tmp_path / "proc").mkdir()
     with FakeApiServer() as api:
         kubeconfig = str(api.kubeconfig_path(tmp_path))
         for allowed in (False, True):
