@@ -27,6 +27,12 @@ from extender import wire
 from extender.bind import BINDS_IN_FLIGHT, Binder
 from extender.cache import ClusterCache
 from extender.metrics import Metrics
+from extender.schema import (
+    EXTENDER_ARGS,
+    EXTENDER_BINDING_ARGS,
+    EXTENDER_PREEMPTION_ARGS,
+    request_body,
+)
 from extender.verbs import filter_nodes, preempt_nodes, prioritize_nodes
 
 log = logging.getLogger(__name__)
@@ -46,22 +52,22 @@ def create_app(
     app = FastAPI(title="Baton scheduler extender", docs_url=None, redoc_url=None)
     binds = anyio.CapacityLimiter(binds_in_flight)
 
-    @app.post("/filter")
+    @app.post("/filter", openapi_extra=request_body(EXTENDER_ARGS))
     async def filter_verb(request: Request) -> Response:
         body = await request.body()
         return _answer(metrics, "filter", lambda: _filter(cache, metrics, body))
 
-    @app.post("/prioritize")
+    @app.post("/prioritize", openapi_extra=request_body(EXTENDER_ARGS))
     async def prioritize_verb(request: Request) -> Response:
         body = await request.body()
         return _answer(metrics, "prioritize", lambda: _prioritize(cache, body))
 
-    @app.post("/preempt")
+    @app.post("/preempt", openapi_extra=request_body(EXTENDER_PREEMPTION_ARGS))
     async def preempt_verb(request: Request) -> Response:
         body = await request.body()
         return _answer(metrics, "preempt", lambda: _preempt(cache, body))
 
-    @app.post("/bind")
+    @app.post("/bind", openapi_extra=request_body(EXTENDER_BINDING_ARGS))
     async def bind_verb(request: Request) -> Response:
         return await _bind(binder, binds, metrics, await request.body())
 
