@@ -67,18 +67,15 @@ def run(options: Options) -> None:
     from extender.state import ClusterState
 
     check_tls(options.tls_cert, options.tls_key)
+    api_client = load_api_client(options.kubeconfig)
     try:
         sock = bind_socket(options.host, options.port)
     except OSError as exc:
+        api_client.close()
         raise StartError(
             f"cannot listen on {options.host}:{options.port} ({exc.strerror}); pass another "
             "--port (BATON_EXTENDER_PORT)"
         ) from None
-    try:
-        api_client = load_api_client(options.kubeconfig)
-    except BaseException:
-        sock.close()
-        raise
     metrics = Metrics()
     state = ClusterState(options.limits, time.monotonic)
     cache = KubeCache(
