@@ -10,6 +10,7 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -17,7 +18,7 @@ import pytest
 
 from baton.demo.fakenode import AgentProcess, FakeNodeOptions, tenant_env
 
-from .figures import record
+from .figures import record, turn_figures
 from .loadrun import LineProc
 
 pytestmark = pytest.mark.timeout(90)
@@ -69,24 +70,35 @@ def test_an_agent_killed_mid_restore_loses_nothing_and_everyone_gets_turns_again
     )
     node.start()
     procs = [tenant(node, n, "--mib", "60", "--turns", "3", "--pause-after", "0") for n in "ab"]
+    seen: list[dict] = []
     try:
         for p in procs:  # both resident once, so a's next turn restores it
-            assert p.line(30)["event"] == "turn"
+            seen.append(p.line(30))
+            assert seen[-1]["event"] == "turn"
         for p in procs:
             p.send("go")
         mid_restore = wait_for(node, r"copied .*\.dev\.moving; committing", procs)
+        killed = time.monotonic()
         node.kill()
         node.start()
         node.wait_for("reconciled an interrupted move", 10)
+        recovered_s = time.monotonic() - killed
         for p in procs:
-            turns = [line["i"] for line in until(p, "done", 60) if line["event"] == "turn"]
-            assert turns == [1, 2]
+            lines = until(p, "done", 60)
+            seen += lines
+            assert [line["i"] for line in lines if line["event"] == "turn"] == [1, 2]
     finally:
         for p in procs:
             p.kill()
         node.stop()
     assert ".dev.moving" in mid_restore
-    record("faults", "agent SIGKILLed mid-restore", {"survived": True, "tenants": 2})
+    figures = turn_figures(seen)
+    assert figures["turns_verified"] == 2 * len(procs)
+    record(
+        "faults",
+        "agent SIGKILLed mid-restore",
+        {"agents_killed": 1, "restart_to_reconciled_s": round(recovered_s, 3), **figures},
+    )
 
 
 def test_an_agent_killed_while_a_lease_is_held_keeps_the_holders_turn(workdir):
@@ -99,9 +111,11 @@ def test_an_agent_killed_while_a_lease_is_held_keeps_the_holders_turn(workdir):
     procs = [a]
     try:
         until(a, "holding")
+        killed = time.monotonic()
         node.kill()
         node.start()
         node.wait_for("restored 1 tenants and 1 leases", 10)
+        recovered_s = time.monotonic() - killed
         assert set(holders(node).values()) == {"local/a"}
         b = tenant(node, "b", "--mib", "60", "--turns", "2")
         procs.append(b)
@@ -121,4 +135,6 @@ def test_an_agent_killed_while_a_lease_is_held_keeps_the_holders_turn(workdir):
     assert [x["i"] for x in lines_a if x["event"] == "turn"] == [0, 1]
     assert [x["i"] for x in lines_b if x["event"] == "turn"] == [0, 1]
     assert len(set(tokens)) == 4 and tokens[0] == min(tokens), tokens
-    record("faults", "agent SIGKILLed while a lease is held", {"survived": True, "tenants": 2})
+    figures = {"agents_killed": 1, "kill_to_lease_restored_s": round(recovered_s, 3)}
+    figures |= turn_figures(lines_a + lines_b) | {"fencing_tokens_distinct": len(set(tokens))}
+    record("faults", "agent SIGKILLed while a lease is held", figures)

@@ -55,6 +55,7 @@ def test_the_agent_rides_out_an_api_outage_and_catches_up_when_it_returns(tmp_pa
             runner.wait_event(lambda e: e.kind == "tenant_joined" and e.tenant_id == "team/other")
             lease = baton.acquire(timeout=10)
             api.stop()
+            down = time.monotonic()
             assert watch.seen.wait(10), "the agent did not report the lost pod watch"
             status = runner.status()
             assert status["gpus"]["GPU-a"]["holder"] == "team/trainer"
@@ -63,12 +64,14 @@ def test_the_agent_rides_out_an_api_outage_and_catches_up_when_it_returns(tmp_pa
             api.remove_object("Pod", "other", "team")
             api.put_object(pod("newcomer", NEW_UID, "node-1", "GPU-a"))
             api.start()
+            back = time.monotonic()
             runner.wait_event(
                 lambda e: e.kind == "tenant_gone" and e.tenant_id == "team/other", 20, mark
             )
             runner.wait_event(
                 lambda e: e.kind == "tenant_joined" and e.tenant_id == "team/newcomer", 20, mark
             )
+            caught_up_s = time.monotonic() - back
             assert runner.status()["gpus"]["GPU-a"]["holder"] == "team/trainer"
             assert baton.lease is not None and baton.lease.lease_id == lease.lease_id
             baton.yield_()
@@ -76,9 +79,14 @@ def test_the_agent_rides_out_an_api_outage_and_catches_up_when_it_returns(tmp_pa
             logging.getLogger("agent.node.podwatch").removeHandler(watch)
             baton.close()
             runner.stop()
-    record(
-        "faults", "API server down under the agent's pod watch", {"said": watch.messages[0][:60]}
-    )
+    figures = {
+        "outages": 1,
+        "down_s": round(back - down, 3),
+        "caught_up_s": round(caught_up_s, 3),
+        "warnings": len(watch.messages),
+        "held_turn_kept": 1,
+    }
+    record("faults", "API server down under the agent's pod watch", figures)
 
 
 def test_a_bind_cut_off_at_its_binding_leaves_the_pod_untouched_and_binds_once_the_api_is_back(
@@ -94,14 +102,22 @@ def test_a_bind_cut_off_at_its_binding_leaves_the_pod_untouched_and_binds_once_t
     args = BindingArgs("trainer", "default", p["metadata"]["uid"], "gpu-1")
     fake_api.fail_next("create", "pods/binding", 503, message="the API server is shutting down")
     error = binder.bind(args)
+    attempts, failed = 1, int(bool(error))
     assert "API server answered 503" in error
     untouched = fake_api.get_object("Pod", "trainer")
     assert untouched is not None
     assert ANNOTATION_ASSIGNED_GPUS not in (untouched["metadata"].get("annotations") or {})
     assert kube_cache.state.assumed() == {}
     assert all(not g.tenants for g in kube_cache.state.node("gpu-1").gpus)
+    assumed_after_failure = len(kube_cache.state.assumed())
     assert binder.bind(args) == ""
+    attempts += 1
     bound = fake_api.get_object("Pod", "trainer")
     assert bound is not None and bound["spec"]["nodeName"] == "gpu-1"
     assert bound["metadata"]["annotations"][ANNOTATION_ASSIGNED_GPUS] == "GPU-gpu-1-0"
-    record("faults", "API server failed at the Binding", {"recovered": True})
+    figures = {"binds": attempts, "binds_failed": failed}
+    figures |= {
+        "assumed_after_failure": assumed_after_failure,
+        "bound": int(bound["spec"]["nodeName"] == "gpu-1"),
+    }
+    record("faults", "API server failed at the Binding", figures)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.processes import Daemon
+from tests.e2e.processes import Daemon, poll
 from tests.harness.fakeapi import FakeApiServer
 from tests.harness.kubelet import KubeletStub
 
@@ -205,13 +205,16 @@ def test_the_device_plugin_waits_for_the_kubelets_directory_and_socket(tmp_path:
             plugin.wait_for_line("not registered: cannot reach the kubelet.*retrying", 30)
             kubelet.start()
             plugin.wait_for_line("registered baton.dev/gpu with the kubelet", 30)
-            assert count(plugin, "does not exist (yet)") == 1, plugin.log()
-            assert count(plugin, "not registered") == 1, plugin.log()
+            waits = {
+                "directory_waits_said": count(plugin, "does not exist (yet)"),
+                "kubelet_waits_said": count(plugin, "not registered"),
+            }
+            assert waits == {"directory_waits_said": 1, "kubelet_waits_said": 1}, plugin.log()
         finally:
             assert plugin.stop() == 0, plugin.log()
             kubelet.stop()
     assert "Traceback" not in plugin.log()
-    record("faults", "device plugin started before the kubelet", {"registered": 1})
+    record("faults", "device plugin started before the kubelet", waits)
 
 
 def test_the_extender_waits_for_the_api_server_and_is_not_ready_meanwhile(
@@ -228,11 +231,20 @@ def test_the_extender_waits_for_the_api_server_and_is_not_ready_meanwhile(
     try:
         extender.wait_for_line(f"nodes and pods: .*{UNREACHABLE}.*retrying", 30)
         extender.wait_for_line("serving on", 10)
-        assert get_status(f"http://127.0.0.1:{port}/readyz") == 503
+        ready = f"http://127.0.0.1:{port}/readyz"
+        before = get_status(ready)
+        assert before == 503
         api.start()
         extender.wait_for_line("answers again after", 60)
         assert count(extender, UNREACHABLE) == 1, extender.log()
+        after = poll(
+            "/readyz answering 200",
+            lambda: get_status(ready) if get_status(ready) == 200 else None,
+            30,
+        )
+        warnings = count(extender, UNREACHABLE)
     finally:
         assert extender.stop() == 0, extender.log()
     assert "Traceback" not in extender.log()
-    record("faults", "extender started before the API server", {"readyz_before": 503})
+    figures = {"readyz_before": before, "readyz_200_after_api_back": int(after)}
+    record("faults", "extender started before the API server", figures | {"warnings": warnings})

@@ -12,7 +12,7 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from agent.client import Baton
+from agent.core.events import Event
 from agent.wire.handshake import handshake_path
 from baton import names
 from deviceplugin.devices import container_allocation
@@ -202,12 +203,18 @@ def deployed(
         os.chmod(agent.workdir, 0o755)  # others may reach the socket; its own mode decides
         victim = Baton(agent.socket, connect_timeout=5)
         try:
-            agent.wait_event(lambda e: e.kind == "tenant_joined" and e.tenant_id == "team/intruder")
+            for tenant in ("team/victim", "team/intruder"):  # both pods seen by the watch
+                agent.wait_event(joined(tenant), 30)
             lease_id = victim.acquire().lease_id
             yield agent, victim, lease_id
         finally:
             victim.close()
             agent.stop()
+
+
+def joined(tenant: str) -> Callable[[Event], bool]:
+    """Matches the event of `tenant` joining."""
+    return lambda e: e.kind == "tenant_joined" and e.tenant_id == tenant
 
 
 def victims_lease(agent: AgentRunner) -> Any:

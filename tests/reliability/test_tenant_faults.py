@@ -19,7 +19,7 @@ import pytest
 
 from baton.demo.fakenode import AgentProcess, FakeNodeOptions
 
-from .figures import record
+from .figures import record, turn_figures
 from .loadrun import LineProc
 from .node import LoadNode
 
@@ -71,6 +71,7 @@ def test_a_parked_tenant_killed_releases_its_parked_bytes(node):
         residency = node.status()["residency"]
         assert residency["tenants"]["local/a"]["residency"] == "parked"
         assert node.parked_bytes() == residency["parked_bytes"] == 60 * 2**20
+        parked_before = node.parked_bytes()
         seconds = gone_within(node, a, "local/a")
         settled(node)
         residency = node.status()["residency"]
@@ -82,7 +83,12 @@ def test_a_parked_tenant_killed_releases_its_parked_bytes(node):
     assert node.parked_bytes() == residency["parked_bytes"] == 0
     assert "local/a" not in residency["tenants"]
     assert dirs == ["local%2Fb"]
-    record("faults", "tenant SIGKILLed while parked", {"gone_s": round(seconds, 3)})
+    released = parked_before - node.parked_bytes()
+    record(
+        "faults",
+        "tenant SIGKILLed while parked",
+        {"tenants_killed": 1, "gone_s": round(seconds, 3), "parked_bytes_released": released},
+    )
 
 
 def test_a_waiting_tenant_killed_leaves_the_queue_at_once(node):
@@ -99,40 +105,50 @@ def test_a_waiting_tenant_killed_leaves_the_queue_at_once(node):
         seconds = gone_within(node, b, "local/b")
         assert node.inspect(lambda s: list(s.table.waiters)) == []
         a.send("go")
-        assert [a.line(30)["event"] for _ in range(3)] == ["turn", "turn", "done"]
+        after = [a.line(30) for _ in range(3)]
+        assert [x["event"] for x in after] == ["turn", "turn", "done"]
         c = tenant(node, "c", "--turns", "1")
         procs.append(c)
-        assert [c.line(30)["event"] for _ in range(2)] == ["turn", "done"]
+        after += [c.line(30) for _ in range(2)]
+        assert [x["event"] for x in after[3:]] == ["turn", "done"]
     finally:
         for p in procs:
             p.kill()
     assert seconds < 1.0
-    record("faults", "tenant SIGKILLed while waiting", {"gone_s": round(seconds, 3)})
+    figures = {"tenants_killed": 1, "gone_s": round(seconds, 3), **turn_figures(after)}
+    record("faults", "tenant SIGKILLed while waiting", figures)
 
 
-def agent_refuses(state_dir: str) -> str:
-    """Start `baton agent` on `state_dir`; it must exit non-zero. Returns what it said."""
+def agent_refuses(state_dir: str) -> tuple[str, dict[str, object]]:
+    """Start `baton agent` on `state_dir`; it must exit non-zero. Returns what it said, and
+    its exit status and how long it took to refuse."""
     work = tempfile.mkdtemp(prefix="baton-state-", dir="/tmp")
     argv = AgentProcess(work, FakeNodeOptions()).argv()
     shutil.rmtree(work)
     argv[argv.index("--state-dir") + 1] = state_dir
+    began = time.monotonic()
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=15)
     except subprocess.TimeoutExpired as exc:
         said = exc.stderr.decode() if isinstance(exc.stderr, bytes) else str(exc.stderr)
         pytest.fail(f"the agent ran on {state_dir} instead of refusing: {said[-1000:]}")
     assert done.returncode != 0, done.stderr[-2000:]
-    return done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    refused: dict[str, object] = {
+        "exit_status": done.returncode,
+        "refused_in_s": round(time.monotonic() - began, 2),
+    }
+    return done.stderr, refused
 
 
 def test_an_unwritable_state_directory_stops_the_agent_at_start(tmp_path):
     """Promised: the agent says its state directory cannot be used and refuses to run."""
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
-    said = agent_refuses(str(blocker / "state"))
+    said, refused = agent_refuses(str(blocker / "state"))
     assert f"state directory {blocker / 'state'} is not writable" in said
     assert "--state-dir" in said
-    record("faults", "agent state directory unwritable", {"refused_at_start": True})
+    record("faults", "agent state directory unwritable", refused)
 
 
 @contextlib.contextmanager
@@ -160,9 +176,9 @@ def test_a_full_disk_under_the_state_directory_stops_the_agent_at_start():
     with full_tmpfs() as mnt:
         state = mnt / "state"
         os.makedirs(state, exist_ok=True)
-        said = agent_refuses(str(state))
+        said, refused = agent_refuses(str(state))
     assert "No space left on device" in said or "not writable" in said, said[-2000:]
-    record("faults", "agent state directory on a full disk", {"refused_at_start": True})
+    record("faults", "agent state directory on a full disk", refused)
 
 
 def test_a_hung_holder_is_revoked_at_its_maximum_hold_parked_and_resumed_later():
@@ -187,7 +203,9 @@ def test_a_hung_holder_is_revoked_at_its_maximum_hold_parked_and_resumed_later()
     report = node.checker.check(max_wait=30)
     assert report.violations == []
     assert report.revocations >= 1 and report.turns["local/a"] >= 3, report.turns
-    record("faults", "tenant hung while others wait", {"revocations": report.revocations})
+    figures = {"revocations": report.revocations, "violations": len(report.violations)}
+    figures |= {f"turns_{t.removeprefix('local/')}": n for t, n in sorted(report.turns.items())}
+    record("faults", "tenant hung while others wait", figures)
 
 
 def test_with_the_host_budget_exhausted_parks_are_refused_with_the_reason_and_nobody_is_killed():
@@ -214,10 +232,13 @@ def test_with_the_host_budget_exhausted_parks_are_refused_with_the_reason_and_no
         b.send("go")  # b leaves: its memory goes, c fits
         assert [c.line(30)["event"] for _ in range(2)] == ["turn", "done"]
         assert a.proc.poll() is None
+        killed = sum(p.proc.poll() not in (None, 0) for p in procs)
     finally:
         for p in procs:
             p.kill()
         node.stop()
     assert "over the 70 MiB budget" in waiting, waiting
     assert refused is not None and refused >= 1
-    record("faults", "host DRAM budget exhausted", {"parks_refused": int(refused), "killed": 0})
+    assert killed == 0
+    figures = {"parks_refused": int(refused), "tenants": len(procs), "tenants_killed": killed}
+    record("faults", "host DRAM budget exhausted", figures)

@@ -63,19 +63,23 @@ def main() -> int:
         baton.connect()
         assert baton.tenant is not None
         mem = FakeGpuMemory(baton.tenant.tenant_id, timeout=args.timeout)
+        size = args.mib * 1024 * 1024
         for i in range(args.turns):
             lease = retried(lambda: baton.acquire(args.timeout))
+            verified = 0
             if i == 0:
                 mem.allocate(gpu, args.mib)
             else:
                 mem.verify_pattern(gpu, seed(args.name, i - 1))
+                verified += size
             mem.write_pattern(gpu, seed(args.name, i))
             if args.hold and i == 0:
                 say(event="holding", lease=lease.lease_id)
                 sys.stdin.readline()
                 mem.verify_pattern(gpu, seed(args.name, i))
+                verified += size
             retried(baton.yield_)
-            say(event="turn", i=i, tokens=lease.fencing_tokens)
+            say(event="turn", i=i, tokens=lease.fencing_tokens, verified_bytes=verified)
             if i == args.pause_after:
                 sys.stdin.readline()
         say(event="done")
