@@ -30,7 +30,7 @@ soak: $(STAMP)
 	mkdir -p build && rm -f build/reliability.jsonl
 	BATON_RELIABILITY_FIGURES=build/reliability.jsonl \
 		$(BIN)/pytest -q -rs -m 'soak or not soak' tests/reliability
-	$(BIN)/python -m tests.reliability.report build/reliability.jsonl docs/reliability.md
+	$(BIN)/python -m tests.reliability.report build/reliability.jsonl --out docs/reliability.md
 
 proto: $(STAMP)
 	PYTHON=$(BIN)/python bash hack/gen-proto.sh

@@ -57,8 +57,9 @@ def deployed_agent_config(overlay: str, monkeypatch: pytest.MonkeyPatch) -> Agen
 
     monkeypatch.setattr("agent.node.daemon.run_agent", capture)
     monkeypatch.setattr("baton.cli.agent._make_preparer", lambda options: None)
-    for name in [n for n in os.environ if n.startswith("BATON_") or n == "NODE_NAME"]:
-        monkeypatch.delenv(name)  # only the manifest's environment counts
-    result = CliRunner().invoke(app, argv, env=container_env(container))
+    unset: dict[str, str | None] = {
+        n: None for n in os.environ if n.startswith("BATON_") or n == "NODE_NAME"
+    }  # while the command runs, only the manifest's environment counts
+    result = CliRunner().invoke(app, argv, env={**unset, **container_env(container)})
     assert result.exit_code == 0 and len(seen) == 1, result.output
     return seen[0]

@@ -183,8 +183,8 @@ def test_the_agent_waits_for_the_api_server_and_says_so_once(tmp_path: Path, dow
         agent.wait_for_line("answers again after", 60)
         assert count(agent, UNREACHABLE) == 1, agent.log()
     finally:
-        assert agent.stop() == 0, agent.log()
-    assert "Traceback" not in agent.log()
+        agent.stop()  # its exit status on SIGTERM is tests/agent/node/test_shutdown.py's matter
+    assert "agent stopped on SIGTERM" in agent.log() and "Traceback" not in agent.log()
     record("faults", "agent started before the API server", {"warnings": count(agent, "WARN")})
 
 
@@ -246,5 +246,5 @@ def test_the_extender_waits_for_the_api_server_and_is_not_ready_meanwhile(
     finally:
         assert extender.stop() == 0, extender.log()
     assert "Traceback" not in extender.log()
-    figures = {"readyz_before": before, "readyz_200_after_api_back": int(after)}
+    figures = {"readyz_before": before, "readyz_after_api_back": after}
     record("faults", "extender started before the API server", figures | {"warnings": warnings})

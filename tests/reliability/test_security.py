@@ -182,7 +182,7 @@ VICTIM_POD, INTRUDER_POD = (
 @pytest.fixture(params=AGENT_OVERLAYS)
 def deployed(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> Iterator[tuple[AgentRunner, Baton, str]]:
+) -> Iterator[tuple[AgentRunner, str, str]]:
     """An agent run with a built manifest's settings, serving two pods (victim, intruder) of a
     fake API server; the test process is the victim pod's container, holding its GPU."""
     config = deployed_agent_config(request.param, monkeypatch)
@@ -206,7 +206,7 @@ def deployed(
             for tenant in ("team/victim", "team/intruder"):  # both pods seen by the watch
                 agent.wait_event(joined(tenant), 30)
             lease_id = victim.acquire().lease_id
-            yield agent, victim, lease_id
+            yield agent, lease_id, f"manifests/{request.param}".rstrip("/.")
         finally:
             victim.close()
             agent.stop()
@@ -226,7 +226,7 @@ def test_as_deployed_a_process_in_no_pod_gets_nothing_even_as_root(deployed):
     """Promised, with the manifests' socket mode and flags: a process on the node that is in no
     Baton pod, root or not, cannot register, act on the victim's lease or watch the events; a
     socket open to others does not change that (identity comes from SO_PEERCRED)."""
-    agent, _, lease_id = deployed
+    agent, lease_id, built = deployed
     before = victims_lease(agent)
     mode = agent.config.socket_mode
     for path in (agent.socket, handshake_path(agent.socket)):
@@ -254,7 +254,7 @@ def test_as_deployed_a_process_in_no_pod_gets_nothing_even_as_root(deployed):
         assert said.pop("uid") == uid
         assert said == {"tenant": "PERMISSION_DENIED", **refused}, f"as UID {uid}"
     assert victims_lease(agent) == before
-    record("security", f"deployed agent (mode {mode:04o}), process in no pod", {"uids": tried})
+    record("security", f"{built} agent (mode {mode:04o}), process in no pod", {"uids": tried})
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="running a process under another UID needs root")
@@ -262,7 +262,7 @@ def test_as_deployed_a_tenant_pod_cannot_touch_another_pods_turn(deployed):
     """Promised, with the manifests' settings: a process of another pod, under another UID,
     is its own pod's tenant and nothing more: it cannot end, renew or read the victim's lease,
     take its GPU, join its tenant or watch the events."""
-    agent, _, lease_id = deployed
+    agent, lease_id, built = deployed
     before = victims_lease(agent)
     said = intrude(agent, 1002, 1002, lease_id, in_pod=INTRUDER_POD)
     if not agent.config.socket_mode & 0o006:
@@ -282,4 +282,4 @@ def test_as_deployed_a_tenant_pod_cannot_touch_another_pods_turn(deployed):
     }
     assert victims_lease(agent) == before
     refused = [what for what, answer in said.items() if answer != "team/intruder"]
-    record("security", "deployed agent, another pod's tenant", {"refused": len(refused)})
+    record("security", f"{built} agent, another pod's tenant", {"refused": len(refused)})
