@@ -24,11 +24,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 
-Source = torch.nn.Module | torch.optim.Optimizer | torch.Tensor | Callable[[], Iterable[Any]]
+Source: TypeAlias = (
+    torch.nn.Module | torch.optim.Optimizer | torch.Tensor | Callable[[], Iterable[Any]]
+)
 """What can be parked: a module, an optimizer, a tensor, or a function listing tensors."""
 
 

@@ -49,7 +49,8 @@ def test_the_extender_profile_really_goes_through_the_extender(tmp_path: Path) -
                 schedule.NAMESPACE, label_selector=f"{schedule.fleet.BENCH_LABEL}={profile}"
             ).items
             assert len(listed) == 4
-            for p in listed:
+            for p in listed:  # V1Pod: its metadata and spec are always there
+                assert p.metadata is not None and p.spec is not None
                 gpus = (p.metadata.annotations or {}).get(ANNOTATION_ASSIGNED_GPUS)
                 if profile == schedule.SCHEDULER_NAME:
                     assert gpus and gpus.startswith(f"GPU-{p.spec.node_name}-")
