@@ -187,7 +187,8 @@ def preferred_allocation(
     prefer_gpus: Sequence[str] = (),
 ) -> list[str]:
     """The slot devices to suggest: `must_include`, then slots on `prefer_gpus` one GPU at a
-    time in turn, then the fewest further GPUs (those already used, then the fullest)."""
+    time in turn, then one slot on each further GPU (the fullest first), and only when every GPU
+    has one a second slot of a GPU: a container asking for N slots means N GPUs."""
     chosen = list(dict.fromkeys(must_include))
     free: dict[str, list[str]] = {}
     for device in available:
@@ -199,8 +200,11 @@ def preferred_allocation(
             if free[gpu] and len(chosen) < size:
                 chosen.append(free[gpu].pop(0))
     used = {names.gpu_of_device_id(d) for d in chosen}
-    order = sorted(free, key=lambda g: (g not in used, -len(free[g])))
+    order = sorted((g for g in free if g not in used), key=lambda g: -len(free[g]))
     for gpu in order:
+        if free[gpu] and len(chosen) < size:
+            chosen.append(free[gpu].pop(0))
+    for gpu in sorted(free, key=lambda g: -len(free[g])):
         while free[gpu] and len(chosen) < size:
             chosen.append(free[gpu].pop(0))
     return chosen

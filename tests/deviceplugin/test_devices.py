@@ -168,10 +168,12 @@ ALL = [d(g, s) for g in (A, B, C) for s in range(4)]
         (ALL, [], 1, [C], [d(C, 0)]),
         # two GPUs assigned: one slot on each
         (ALL, [], 2, [B, C], [d(B, 0), d(C, 0)]),
-        # no preference: pack onto one GPU, the fullest of free slots
-        ([d(A, 0), d(B, 0), d(B, 1), d(B, 2)], [], 2, [], [d(B, 0), d(B, 1)]),
-        # must-include first, then the GPU it is on
-        (ALL, [d(C, 3)], 2, [], [d(C, 3), d(C, 0)]),
+        # no preference: N slots are N GPUs (as the extender places them), fullest first
+        ([d(A, 0), d(B, 0), d(B, 1), d(B, 2)], [], 2, [], [d(B, 0), d(A, 0)]),
+        # must-include first, then another GPU
+        (ALL, [d(C, 3)], 2, [], [d(C, 3), d(A, 0)]),
+        # more slots than GPUs with a free slot: only then a second slot of one GPU
+        ([d(A, 0), d(B, 0), d(B, 1)], [], 3, [], [d(B, 0), d(A, 0), d(B, 1)]),
         # the preferred GPU has no free slot left: fall back to packing
         ([d(A, 1), d(B, 0), d(B, 1)], [], 1, [C], [d(B, 0)]),
     ],

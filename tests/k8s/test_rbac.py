@@ -14,7 +14,7 @@ ALLOWED = [
     ("baton-deviceplugin", "patch", "nodes"),
     ("baton-deviceplugin", "patch", "pods"),
     ("baton-deviceplugin", "watch", "pods"),
-    ("baton-extender", "patch", "pods"),
+    ("baton-extender", "get", "pods"),
     ("baton-extender", "create", "pods/binding"),
     ("baton-extender", "watch", "nodes"),
     ("baton-scheduler", "create", "bindings"),
@@ -26,6 +26,7 @@ DENIED = [
     ("baton-deviceplugin", "delete", "pods"),
     ("baton-deviceplugin", "create", "pods/binding"),
     ("baton-extender", "patch", "nodes"),
+    ("baton-extender", "patch", "pods"),
     ("baton-extender", "delete", "pods"),
     ("baton-scheduler", "patch", "nodes"),
     ("baton-scheduler", "get", "secrets"),
@@ -64,4 +65,8 @@ def test_each_daemon_runs_as_its_own_service_account(cluster: Cluster, app: str)
     sources = [s for v in projected for s in v["projected"]["sources"]]
     assert any("serviceAccountToken" in s for s in sources), "no bound service-account token"
     logs = cluster.logs(names.NAMESPACE, pod["metadata"]["name"])
-    assert "forbidden" not in logs.lower(), logs
+    denied = [line for line in logs.splitlines() if "forbidden" in line.lower()]
+    # A kube-apiserver that has just restarted (tests/k8s/test_faults.py) answers 403 until its
+    # RBAC caches are filled; the daemons say so and retry. Any other denial is a missing grant.
+    lasting = [line for line in denied if "retrying with backoff" not in line]
+    assert not lasting, "\n".join(lasting)
