@@ -26,12 +26,12 @@ so the verbs come first. A bind thread holds the interpreter lock for its API cl
 1.5 ms of CPU a bind) and the event loop needs it for every verb. With a thread per waiting bind,
 20 concurrent schedulers on 2 cores kept the loop queued behind the bind threads: filter p99
 about 90 ms with 8 binds in flight, 30 ms with 4 and 11 ms with 2, at the same calls per second.
-Two in flight still bind about 100 pods a second when each of a bind's two API calls takes 10 ms.
+Two in flight still bind about 200 pods a second when a bind's one API call takes 10 ms.
 """
 
 
 class PodApi(Protocol):
-    """The two API calls a bind needs."""
+    """The API calls a bind needs (the read only when the cache lacks the pod)."""
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """The pod as the API server has it now."""
