@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from typing import Any
 from agent.core import events as ev
 from baton.demo.analysis import Hold, busy_seconds, cycle_duty, holds, on_gpu
 from baton.demo.fakenode import FakeNode, FakeNodeOptions
+from baton.demo.lines import read_line
 from baton.names import fake_gpu_uuid
 
 TENANT = [sys.executable, "-m", "baton.demo.tenant"]
@@ -204,7 +204,7 @@ async def _drive(
         for i, log_path in enumerate(logs):
             procs.append(await _spawn(node, config, i, shared, log_path))
         for proc, result, log_path in zip(procs, results, logs, strict=True):
-            ready = await _line(proc, START_TIMEOUT_S)
+            ready = await read_line(proc, START_TIMEOUT_S)
             if ready.get("event") != "ready":
                 raise DemoError(
                     f"tenant {result.name} did not start: {ready.get('error', ready)}"
@@ -218,7 +218,7 @@ async def _drive(
             assert proc.stdin is not None
             proc.stdin.write(f"go {t1!r}\n".encode())
         limit = t1 - start + START_TIMEOUT_S
-        reports = [asyncio.create_task(_line(p, limit)) for p in procs]
+        reports = [asyncio.create_task(read_line(p, limit)) for p in procs]
         pending: set[asyncio.Task[dict[str, Any]]] = set(reports)
         while pending:
             _, pending = await asyncio.wait(pending, timeout=0.2)
@@ -255,23 +255,6 @@ async def _spawn(
             stdout=asyncio.subprocess.PIPE,
             stderr=stderr,
         )
-
-
-async def _line(proc: asyncio.subprocess.Process, timeout: float) -> dict[str, Any]:
-    """The next JSON line of a tenant, or a description of its end."""
-    assert proc.stdout is not None
-    try:
-        raw = await asyncio.wait_for(proc.stdout.readline(), timeout)
-    except TimeoutError:
-        return {"event": "error", "error": f"said nothing for {timeout:g} s"}
-    if not raw:
-        try:
-            status = await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            status = None
-        return {"event": "error", "error": f"closed its output (exit status {status})"}
-    data = json.loads(raw)
-    return data if isinstance(data, dict) else {"event": "error", "error": repr(data)}
 
 
 def _tail(path: Path, lines: int = 5) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import shutil
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.examples.train.jobs import JobConfig, estimate_bytes
+from baton.demo.lines import read_line
 from baton.names import MIB
 
 TENANT = [sys.executable, "-m", "agent.examples.train.tenant"]
@@ -180,14 +180,14 @@ async def run_tenants(
                 if log and not isinstance(stderr, int):
                     stderr.close()
         for spec, proc, log in zip(specs, procs, logs, strict=True):
-            ready = await _line(proc, START_TIMEOUT_S)
+            ready = await read_line(proc, START_TIMEOUT_S)
             if ready.get("event") != "ready":
                 raise TrainRunError(f"tenant {spec.name} did not start: {_why(ready, log)}")
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write(f"go {deadline!r}\n".encode())
         wait = (deadline - time.time() if deadline < math.inf else 0) + 600.0
-        done = await asyncio.gather(*(_line(p, wait) for p in procs))
+        done = await asyncio.gather(*(read_line(p, wait) for p in procs))
         for spec, report, log in zip(specs, done, logs, strict=True):
             if report.get("event") != "done":
                 raise TrainRunError(f"tenant {spec.name} failed: {_why(report, log)}")
@@ -218,19 +218,6 @@ async def _spawn(
         stdout=asyncio.subprocess.PIPE,
         stderr=stderr,
     )
-
-
-async def _line(proc: asyncio.subprocess.Process, timeout: float) -> dict[str, Any]:
-    """The tenant's next JSON line, or a description of why there was none."""
-    assert proc.stdout is not None
-    try:
-        raw = await asyncio.wait_for(proc.stdout.readline(), timeout)
-    except TimeoutError:
-        return {"event": "error", "error": f"said nothing for {timeout:g} s"}
-    if not raw:
-        return {"event": "error", "error": "closed its output"}
-    data = json.loads(raw)
-    return data if isinstance(data, dict) else {"event": "error", "error": repr(data)}
 
 
 def _why(report: Mapping[str, Any], log: Path | None) -> str:

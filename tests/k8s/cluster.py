@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from baton import names
-from baton.localnode import LocalNode
+from baton.localnode import LocalNode, procs
 from baton.localnode.procs import LocalNodeError
 
 T = TypeVar("T")
@@ -22,15 +21,10 @@ EXTENDER_URL = f"http://127.0.0.1:{names.PORT_EXTENDER}"
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 0.3) -> T:
     """`probe()` until it returns a value; AssertionError naming `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    idle = threading.Event()
-    while True:
-        found = probe()
-        if found is not None:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:g} s")
-        idle.wait(every)
+    try:
+        return procs.wait_for(what, probe, timeout, every)
+    except LocalNodeError as err:
+        raise AssertionError(str(err)) from None
 
 
 def get_text(url: str) -> str:
