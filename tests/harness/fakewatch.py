@@ -95,19 +95,20 @@ def _pump(
     else:
         cursor = int(start)
     while True:
-        try:
-            changes = store.changes_after(cursor)
-        except ApiError as err:
-            stream.send({"type": "ERROR", "object": err.status()})
-            return
+        with store.cond:  # the changes and "nothing newer" are read in one hold of the lock
+            try:
+                changes = store.changes_after(cursor)
+            except ApiError as err:
+                stream.send({"type": "ERROR", "object": err.status()})
+                return
+            if not changes:
+                cursor = max(cursor, store.resource_version)
         for change in changes:
             event = event_for(change, route, match)
             cursor = change.rv
             if event is not None:
                 stream.send(event)
         with store.cond:
-            if not changes:
-                cursor = max(cursor, store.resource_version)
             seq = store.bookmark_seq
             if bookmarks and seq != seen_bookmarks:
                 seen_bookmarks = seq
