@@ -195,9 +195,10 @@ def collect(core: Any, count: int, **kwargs: Any) -> tuple[threading.Thread, lis
     return thread, events
 
 
-def test_watch_delivers_events_in_order(core: Any) -> None:
+def test_watch_delivers_events_in_order(core: Any, fake_api: FakeApiServer) -> None:
     start = core.list_pod_for_all_namespaces().metadata.resource_version
     thread, events = collect(core, 4, resource_version=start)
+    fake_api.wait_for_requests("watch", "pods")  # the watch is open before anything changes
     core.create_namespaced_pod("default", pod("p1"))
     core.patch_namespaced_pod("p1", "default", {"metadata": {"labels": {"turn": "1"}}})
     core.create_namespaced_pod("other", pod("p2"))
