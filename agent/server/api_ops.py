@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
 import grpc
 
 from agent.core import errors
@@ -28,6 +32,30 @@ def status_code(exc: errors.AgentError) -> grpc.StatusCode:
         if isinstance(exc, kind):
             return code
     return grpc.StatusCode.FAILED_PRECONDITION
+
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
+
+
+def aborting(
+    code_of: Callable[[errors.AgentError], grpc.StatusCode],
+) -> Callable[[Handler[Req, Resp]], Handler[Req, Resp]]:
+    """A decorator for RPC handlers: a domain error aborts the call with `code_of` its code."""
+
+    def decorate(handler: Handler[Req, Resp]) -> Handler[Req, Resp]:
+        @functools.wraps(handler)
+        async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+            try:
+                return await handler(self, request, context)
+            except errors.AgentError as exc:
+                await context.abort(code_of(exc), str(exc))
+                raise  # abort() raises; this line only satisfies the type checker
+
+        return wrapper
+
+    return decorate
 
 
 def error_status(exc: errors.AgentError) -> pb.ErrorStatus:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import hmac
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -27,21 +25,7 @@ from baton.names import AGENT_SESSION_METADATA, AGENT_WATCH_METADATA
 
 log = logging.getLogger(__name__)
 
-Req = TypeVar("Req")
-Resp = TypeVar("Resp")
-Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
-
-
-def _mapped(handler: Handler[Req, Resp]) -> Handler[Req, Resp]:
-    @functools.wraps(handler)
-    async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
-        try:
-            return await handler(self, request, context)
-        except errors.AgentError as exc:
-            await context.abort(api_ops.status_code(exc), str(exc))
-            raise  # abort() raises; this line only satisfies the type checker
-
-    return wrapper
+_mapped = api_ops.aborting(api_ops.status_code)
 
 
 def agent_uid() -> int:

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
-
 import grpc
 
 from agent.core import errors
@@ -54,20 +50,5 @@ def status_code(exc: errors.AgentError) -> grpc.StatusCode:
     return api_ops.status_code(exc)
 
 
-Req = TypeVar("Req")
-Resp = TypeVar("Resp")
-Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
-
-
-def mapped(handler: Handler[Req, Resp]) -> Handler[Req, Resp]:
-    """Answer a domain error with its gRPC code and message."""
-
-    @functools.wraps(handler)
-    async def wrapper(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
-        try:
-            return await handler(self, request, context)
-        except errors.AgentError as exc:
-            await context.abort(status_code(exc), str(exc))
-            raise  # abort() raises; this line only satisfies the type checker
-
-    return wrapper
+mapped = api_ops.aborting(status_code)
+"""Answer a domain error with the gRPC code llm-d's clients expect, and its message."""
