@@ -11,12 +11,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+from baton.localnode.procs import LocalNodeError, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BATON = [sys.executable, "-c", "from baton.cli import main; main()"]
@@ -32,15 +33,10 @@ def free_port() -> int:
 
 def poll(what: str, probe: Callable[[], T | None], timeout: float, every: float = 0.05) -> T:
     """`probe()` until it returns a value; TimeoutError naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    idle = threading.Event()
-    while True:
-        found = probe()
-        if found is not None:
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout} s")
-        idle.wait(every)
+    try:
+        return wait_for(what, probe, timeout, every)
+    except LocalNodeError as err:
+        raise TimeoutError(str(err)) from None
 
 
 def get_json(url: str, timeout: float = 5.0) -> Any:
