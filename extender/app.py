@@ -1,4 +1,5 @@
-"""The extender's HTTP face: kube-scheduler's verbs plus health, metrics and inventory.
+"""The extender's routes: kube-scheduler's verbs plus health, metrics, inventory and the
+OpenAPI document.
 
 `/preempt` keeps only the candidate nodes where evicting kube-scheduler's proposed victims
 frees what the pod needs on a GPU (slots, memory, duty, host budget), so no pod is evicted for
@@ -7,8 +8,9 @@ nothing.
 Every answer that is an answer is HTTP 200 (kube-scheduler treats anything else as a transport
 failure); a body that is not what kube-scheduler sends gets a 400 naming the field.
 
-`/filter` and `/prioritize` are answered on the event loop; binds wait on the API server in
-worker threads, at most `binds_in_flight` at a time (see `extender.bind.BINDS_IN_FLIGHT`).
+`/filter`, `/prioritize` and `/preempt` are answered on the event loop; binds wait on the API
+server in worker threads, at most `binds_in_flight` at a time (see
+`extender.bind.BINDS_IN_FLIGHT`), the others queued in arrival order.
 """
 
 from __future__ import annotations
@@ -16,28 +18,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
-import anyio
-import anyio.to_thread
-from fastapi import FastAPI, Request, Response
-from starlette.concurrency import run_in_threadpool
 
 from extender import wire
 from extender.bind import BINDS_IN_FLIGHT, Binder
 from extender.cache import ClusterCache
+from extender.http import Reply, Request, Route, Routes, text
 from extender.metrics import Metrics
-from extender.schema import (
-    EXTENDER_ARGS,
-    EXTENDER_BINDING_ARGS,
-    EXTENDER_PREEMPTION_ARGS,
-    request_body,
-)
-from extender.verbs import filter_nodes, preempt_nodes, prioritize_nodes
+from extender.schema import openapi_document
+from extender.verbs import FilterScores, filter_nodes, preempt_nodes, prioritize_nodes
 
 log = logging.getLogger(__name__)
-JSON = "application/json"
 NOT_SYNCED = "the extender's cluster cache has not synced with the API server yet; retry shortly"
+OK = text(200, "ok")
 
 
 def create_app(
@@ -45,97 +39,81 @@ def create_app(
     binder: Binder | None,
     metrics: Metrics,
     binds_in_flight: int = BINDS_IN_FLIGHT,
-) -> FastAPI:
-    """The FastAPI app serving `/filter`, `/prioritize`, `/bind` and the operational routes."""
+) -> Routes:
+    """The routes serving `/filter`, `/prioritize`, `/preempt`, `/bind` and the operational
+    ones."""
     if binds_in_flight < 1:
         raise ValueError(f"binds in flight must be 1 or more, not {binds_in_flight}")
-    app = FastAPI(title="Baton scheduler extender", docs_url=None, redoc_url=None)
-    binds = anyio.CapacityLimiter(binds_in_flight)
+    binds = ThreadPoolExecutor(binds_in_flight, thread_name_prefix="extender-bind")
+    describing = ThreadPoolExecutor(1, thread_name_prefix="extender-inventory")
+    document = wire.encode(openapi_document())
+    kept = FilterScores()
 
-    @app.post("/filter", openapi_extra=request_body(EXTENDER_ARGS))
-    async def filter_verb(request: Request) -> Response:
-        body = await request.body()
-        return _answer(metrics, "filter", lambda: _filter(cache, metrics, body))
+    def verb(name: str, compute: Callable[[bytes], Any]) -> Route:
+        return Route(lambda request: _answer(metrics, name, lambda: compute(request.body)))
 
-    @app.post("/prioritize", openapi_extra=request_body(EXTENDER_ARGS))
-    async def prioritize_verb(request: Request) -> Response:
-        body = await request.body()
-        return _answer(metrics, "prioritize", lambda: _prioritize(cache, body))
+    def readyz(request: Request) -> Reply:
+        return OK if cache.synced() else text(503, NOT_SYNCED)
 
-    @app.post("/preempt", openapi_extra=request_body(EXTENDER_PREEMPTION_ARGS))
-    async def preempt_verb(request: Request) -> Response:
-        body = await request.body()
-        return _answer(metrics, "preempt", lambda: _preempt(cache, body))
-
-    @app.post("/bind", openapi_extra=request_body(EXTENDER_BINDING_ARGS))
-    async def bind_verb(request: Request) -> Response:
-        return await _bind(binder, binds, metrics, await request.body())
-
-    @app.get("/healthz")
-    async def healthz() -> Response:
-        return Response("ok\n", media_type="text/plain")
-
-    @app.get("/readyz")
-    async def readyz() -> Response:
-        if cache.synced():
-            return Response("ok\n", media_type="text/plain")
-        return Response(NOT_SYNCED + "\n", status_code=503, media_type="text/plain")
-
-    @app.get("/metrics")
-    async def metrics_route() -> Response:
+    def metrics_route(request: Request) -> Reply:
         with cache.lock:
             metrics.nodes.set(len(cache.state.node_names()))
             metrics.assumed.set(len(cache.state.assumed()))
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+        return Reply(200, metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/inventory")
-    async def inventory() -> Response:
-        def describe() -> Response:
-            with cache.lock:
-                nodes = cache.state.inventory()
-            return _json(200, {"synced": cache.synced(), "nodes": nodes})
+    def inventory(request: Request) -> Reply:
+        with cache.lock:
+            nodes = cache.state.inventory()
+        return Reply(200, wire.encode({"synced": cache.synced(), "nodes": nodes}))
 
+    return {
+        ("POST", "/filter"): verb("filter", lambda body: _filter(cache, metrics, kept, body)),
+        ("POST", "/prioritize"): verb("prioritize", lambda body: _prioritize(cache, kept, body)),
+        ("POST", "/preempt"): verb("preempt", lambda body: _preempt(cache, body)),
+        ("POST", "/bind"): Route(lambda request: _bind(binder, metrics, request.body), binds),
+        ("GET", "/healthz"): Route(lambda request: OK),
+        ("GET", "/readyz"): Route(readyz),
+        ("GET", "/metrics"): Route(metrics_route),
         # Off the event loop: describing a large cluster takes a while; the verbs must not wait.
-        return await run_in_threadpool(describe)
+        ("GET", "/v1/inventory"): Route(inventory, describing),
+        ("GET", "/openapi.json"): Route(lambda request: Reply(200, document)),
+    }
 
-    return app
 
-
-async def _bind(
-    binder: Binder | None, binds: anyio.CapacityLimiter, metrics: Metrics, body: bytes
-) -> Response:
-    """Bind the pod (off the event loop, `binds` at a time); a failed bind is a 200 whose Error
-    says why."""
-    args_or_error = _parse_or_400(metrics, "bind", body)
-    if isinstance(args_or_error, Response):
-        return args_or_error
+def _bind(binder: Binder | None, metrics: Metrics, body: bytes) -> Reply:
+    """Bind the pod (on a bind thread); a failed bind is a 200 whose Error says why."""
+    try:
+        args = wire.binding_args(body)
+    except wire.WireError as err:
+        metrics.requests.labels("bind", "400").inc()
+        return Reply(400, wire.encode({"Error": f"bad bind request: {err}"}))
     started = time.perf_counter()
     if binder is None:
         error = "this extender runs without an API server and cannot bind"
     else:
-        error = await anyio.to_thread.run_sync(binder.bind, args_or_error, limiter=binds)
+        error = binder.bind(args)
     metrics.binds.labels("error" if error else "bound").inc()
     if error:
         log.warning("%s", error)
     metrics.latency.labels("bind").observe(time.perf_counter() - started)
     metrics.requests.labels("bind", "200").inc()
-    return _json(200, wire.binding_result(error))
+    return Reply(200, wire.encode(wire.binding_result(error)))
 
 
-def _filter(cache: ClusterCache, metrics: Metrics, body: bytes) -> Any:
+def _filter(cache: ClusterCache, metrics: Metrics, kept: FilterScores, body: bytes) -> Any:
     args = wire.extender_args(body)
     if not cache.synced():
         return wire.filter_result(args, [], {}, {}, NOT_SYNCED)
-    passed, failed, unresolvable = filter_nodes(cache.state, args)
+    passed, failed, unresolvable = filter_nodes(cache.state, args, kept)
     metrics.filtered.labels("passed").inc(len(passed))
     metrics.filtered.labels("failed").inc(len(failed))
     metrics.filtered.labels("unresolvable").inc(len(unresolvable))
     return wire.filter_result(args, passed, failed, unresolvable)
 
 
-def _prioritize(cache: ClusterCache, body: bytes) -> Any:
+def _prioritize(cache: ClusterCache, kept: FilterScores, body: bytes) -> Any:
     args = wire.extender_args(body)
-    return wire.host_priorities(prioritize_nodes(cache.state, args))
+    return wire.host_priorities(prioritize_nodes(cache.state, args, kept))
 
 
 def _preempt(cache: ClusterCache, body: bytes) -> Any:
@@ -143,27 +121,15 @@ def _preempt(cache: ClusterCache, body: bytes) -> Any:
     return wire.preemption_result(args, preempt_nodes(cache.state, args))
 
 
-def _answer(metrics: Metrics, verb: str, compute: Callable[[], Any]) -> Response:
+def _answer(metrics: Metrics, verb: str, compute: Callable[[], Any]) -> Reply:
     started = time.perf_counter()
     try:
-        response = _json(200, compute())
+        reply = Reply(200, wire.encode(compute()))
     except wire.WireError as err:
-        response = _json(400, {"Error": f"bad {verb} request: {err}"})
+        reply = Reply(400, wire.encode({"Error": f"bad {verb} request: {err}"}))
     except Exception as err:
         log.exception("%s failed", verb)
-        response = _json(500, {"Error": f"{verb} failed inside the extender: {err}"})
+        reply = Reply(500, wire.encode({"Error": f"{verb} failed inside the extender: {err}"}))
     metrics.latency.labels(verb).observe(time.perf_counter() - started)
-    metrics.requests.labels(verb, str(response.status_code)).inc()
-    return response
-
-
-def _parse_or_400(metrics: Metrics, verb: str, body: bytes) -> wire.BindingArgs | Response:
-    try:
-        return wire.binding_args(body)
-    except wire.WireError as err:
-        metrics.requests.labels(verb, "400").inc()
-        return _json(400, {"Error": f"bad {verb} request: {err}"})
-
-
-def _json(status: int, value: Any) -> Response:
-    return Response(wire.encode(value), status_code=status, media_type=JSON)
+    metrics.requests.labels(verb, str(reply.status)).inc()
+    return reply

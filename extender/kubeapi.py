@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote
 
+import orjson
+
+from extender.apipost import ApiPost, status_message
 from extender.errors import ApiConflict, ApiFailure
 
 POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
@@ -35,17 +38,10 @@ def translate(err: Exception, what: str) -> ApiFailure:
     from kubernetes.client.exceptions import ApiException
 
     if isinstance(err, ApiException):
-        message = _status_message(err.body) or err.reason or "no message"
+        message = status_message(err.body) or err.reason or "no message"
         kind = ApiConflict if err.status == 409 else ApiFailure
         return kind(f"{what}: API server answered {err.status}: {message}")
     return ApiFailure(f"{what}: API server unreachable: {type(err).__name__}: {err}")
-
-
-def _status_message(body: Any) -> str:
-    try:
-        return str(json.loads(body).get("message", ""))
-    except (TypeError, ValueError, AttributeError):
-        return ""
 
 
 class KubePodApi:
@@ -56,6 +52,7 @@ class KubePodApi:
         from kubernetes import client
 
         self._core = client.CoreV1Api(api_client)
+        self._post = ApiPost(api_client, timeout_s)
         self._timeout = timeout_s
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
@@ -63,7 +60,7 @@ class KubePodApi:
         what = f"reading pod {namespace}/{name}"
         call = api_errors(what)(self._core.read_namespaced_pod)
         resp = call(name, namespace, _preload_content=False, _request_timeout=self._timeout)
-        return dict(json.loads(_read(resp, what)))
+        return dict(orjson.loads(_read(resp, what)))
 
     def bind_pod(
         self,
@@ -92,11 +89,12 @@ class KubePodApi:
             "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        what = f"binding pod {namespace}/{name}"
-        call = api_errors(what)(self._core.create_namespaced_pod_binding)
-        # The raw response avoids the client's failing decode of the Status it returns.
-        resp = call(name, namespace, body, _preload_content=False, _request_timeout=self._timeout)
-        _read(resp, what)
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/binding"
+        self._post(
+            path,
+            orjson.dumps(body),
+            f"binding pod {namespace}/{name}",
+        )
 
 
 def _read(resp: Any, what: str) -> bytes:
@@ -132,7 +130,7 @@ class Lister:
             kwargs = {**self._extra, "limit": _PAGE, "_preload_content": False}
             if token:
                 kwargs["_continue"] = token
-            page = json.loads(call(_request_timeout=self._timeout, **kwargs).data)
+            page = orjson.loads(call(_request_timeout=self._timeout, **kwargs).data)
             items += page.get("items") or []
             meta = page.get("metadata") or {}
             token = meta.get("continue") or ""
@@ -169,7 +167,7 @@ class Watch:
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
                     if line.strip():
-                        yield json.loads(line)
+                        yield orjson.loads(line)
         except Exception as err:
             raise translate(err, f"watching {self._kind}") from err
         finally:

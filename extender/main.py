@@ -63,7 +63,7 @@ def run(options: Options) -> None:
     from extender.cache import KubeCache
     from extender.kubeapi import KubePodApi
     from extender.metrics import Metrics
-    from extender.server import bind_socket, make_server
+    from extender.server import Server, bind_socket
     from extender.state import ClusterState
 
     check_tls(options.tls_cert, options.tls_key)
@@ -83,7 +83,7 @@ def run(options: Options) -> None:
     )
     binder = Binder(cache, KubePodApi(api_client), time.time_ns)
     app = create_app(cache, binder, metrics, options.binds_in_flight)
-    server = make_server(app, options.tls_cert, options.tls_key, options.shutdown_grace)
+    server = Server(app, options.tls_cert, options.tls_key, options.shutdown_grace)
     scheme = "https" if options.tls_cert else "http"
     log.info(
         "serving on %s://%s:%d, policy %s, max duty %g%%, memory headroom %d MiB",

@@ -1,4 +1,4 @@
-"""The verbs' request bodies as JSON Schema, for the OpenAPI document only.
+"""The verbs' request bodies as JSON Schema, and the OpenAPI document that carries them.
 
 The verbs read their raw bodies (`extender.wire` parses them, accepting any key case as Go
 does); these schemas describe what kube-scheduler sends, with its exact PascalCase keys and
@@ -149,6 +149,43 @@ EXTENDER_PREEMPTION_ARGS: Schema = {
 }
 
 
-def request_body(schema: Schema) -> dict[str, Any]:
-    """`openapi_extra` for a route whose body is `schema` (JSON), read raw by the route."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+def _post(summary: str, schema: Schema) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
+            "responses": {
+                "200": {"description": "the verb's answer (its Error field says when it failed)"},
+                "400": {"description": "the body is not what kube-scheduler sends"},
+            },
+        }
+    }
+
+
+def _get(summary: str, content_type: str) -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": summary,
+            "responses": {"200": {"description": summary, "content": {content_type: {}}}},
+        }
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the extender's routes, served at `/openapi.json`."""
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Baton scheduler extender", "version": "1"},
+        "paths": {
+            "/filter": _post("the nodes where the pod fits", EXTENDER_ARGS),
+            "/prioritize": _post("a 0-10 score per node", EXTENDER_ARGS),
+            "/preempt": _post(
+                "the candidate nodes where eviction frees a GPU", EXTENDER_PREEMPTION_ARGS
+            ),
+            "/bind": _post("bind the pod with its GPUs", EXTENDER_BINDING_ARGS),
+            "/healthz": _get("the process serves", "text/plain"),
+            "/readyz": _get("the cluster cache has synced", "text/plain"),
+            "/metrics": _get("Prometheus metrics", "text/plain"),
+            "/v1/inventory": _get("every node's GPUs and tenants", "application/json"),
+        },
+    }

@@ -1,27 +1,19 @@
-"""Serving the app with uvicorn on a socket bound before the server starts."""
+"""Serving the extender's routes on a socket bound before the server starts."""
 
 from __future__ import annotations
 
-import contextlib
-import math
+import asyncio
 import signal
 import socket
+import ssl
 import threading
-from collections.abc import Iterator
-from types import FrameType
-from typing import Any
-
-import uvicorn
 
 from baton.shutdown import STOP_SIGNALS, signal_name
+from extender.http import HttpServer, Routes
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket; connections queue in its backlog until the server accepts.
-
-    Its protocol is set to TCP explicitly: asyncio turns Nagle off only on accepted sockets whose
-    protocol says TCP, and without that every answer waits out the client's delayed ACK.
-    """
+    """A listening TCP socket; connections queue in its backlog until the server accepts."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
@@ -34,57 +26,76 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-class Server(uvicorn.Server):
-    """uvicorn, except that a stop signal ends `run` normally instead of being raised again."""
-
-    stop_signal: str | None = None
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        """Catch SIGTERM and SIGINT while serving from the main thread."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.signal(sig, self._on_stop_signal) for sig in STOP_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def _on_stop_signal(self, sig: int, frame: FrameType | None) -> None:
-        self.stop_signal = self.stop_signal or signal_name(sig)
-        self.handle_exit(sig, frame)
+def tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+    """A server-side TLS context serving the certificate."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certfile, keyfile)
+    return context
 
 
-def make_server(
-    app: Any,
-    certfile: str | None = None,
-    keyfile: str | None = None,
-    shutdown_grace: float | None = None,
-) -> Server:
-    """A uvicorn server for the app, with TLS when a certificate and key are given.
+class Server:
+    """The routes served from `run` until `stop()` or (in the main thread) SIGTERM/SIGINT.
 
-    On stop it accepts no new connections and gives open ones `shutdown_grace` (whole) seconds.
+    On stop it accepts no new connections and gives open requests `shutdown_grace` seconds.
     """
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-        ssl_certfile=certfile,
-        ssl_keyfile=keyfile,
-        timeout_graceful_shutdown=None if shutdown_grace is None else math.ceil(shutdown_grace),
-    )
-    return Server(config)
-
-
-class ServerThread:
-    """The app served from a background thread; `port` is usable as soon as it is constructed."""
 
     def __init__(
         self,
-        app: Any,
+        routes: Routes,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        shutdown_grace: float | None = None,
+    ):
+        context = tls_context(certfile, keyfile) if certfile and keyfile else None
+        self.http = HttpServer(routes, context)
+        self.shutdown_grace = shutdown_grace
+        self.stop_signal: str | None = None
+        """The signal that stopped it, by name; None when stopped by `stop()` or not yet."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_asked = threading.Event()
+        self._ready = threading.Event()
+
+    def run(self, sockets: list[socket.socket]) -> None:
+        """Serve on the (listening) socket until stopped."""
+        (sock,) = sockets
+        asyncio.run(self._serve(sock))
+
+    async def _serve(self, sock: socket.socket) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._loop.add_signal_handler(sig, self._on_stop_signal, sig)
+        self._ready.set()
+        if self._stop_asked.is_set():
+            self._stop.set()
+        try:
+            await self.http.serve(sock, self._stop, self.shutdown_grace)
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                for sig in STOP_SIGNALS:
+                    self._loop.remove_signal_handler(sig)
+
+    def _on_stop_signal(self, sig: signal.Signals) -> None:
+        self.stop_signal = self.stop_signal or signal_name(sig)
+        assert self._stop is not None
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Ask the server to stop (from any thread)."""
+        self._stop_asked.set()
+        if self._ready.is_set() and self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+
+class ServerThread:
+    """The routes served from a background thread; `port` is usable as soon as it is
+    constructed."""
+
+    def __init__(
+        self,
+        routes: Routes,
         host: str = "127.0.0.1",
         port: int = 0,
         certfile: str | None = None,
@@ -92,9 +103,9 @@ class ServerThread:
     ):
         self._socket = bind_socket(host, port)
         self.port = int(self._socket.getsockname()[1])
-        self.server = make_server(app, certfile, keyfile)
+        self.server = Server(routes, certfile, keyfile, shutdown_grace=1.0)
         self._thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self._socket]}, name="extender-http"
+            target=self.server.run, args=([self._socket],), name="extender-http"
         )
         self._thread.daemon = True
 
@@ -105,7 +116,7 @@ class ServerThread:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Ask the server to finish and wait (bounded) for it."""
-        self.server.should_exit = True
+        self.server.stop()
         self._thread.join(timeout_s)
         self._socket.close()
 

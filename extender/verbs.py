@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from extender.placement import NodeState, Verdict, one_gpu_chooser, one_gpu_filter, place
@@ -12,10 +13,39 @@ from extender.wire import MIN_PRIORITY, ExtenderArgs, PreemptionArgs
 UNKNOWN_NODE = "node is not in the extender's cache (its watch has not shown it yet)"
 
 
+class FilterScores:
+    """The scores filter found for the last few pods, for the prioritize call that follows.
+
+    kube-scheduler filters and scores a pod in one scheduling cycle, on one snapshot of the
+    cluster. Filter's fast path finds each node's best GPU anyway; keeping its score means
+    prioritize scores the pod on the state filter judged it on (a bind finished in between
+    does not make the two disagree) and costs a lookup instead of a second placement. A node
+    filter did not score (or a pod it did not see) is scored afresh.
+    """
+
+    def __init__(self, pods: int = 16):
+        self._pods = pods
+        self._scores: OrderedDict[str, dict[str, int]] = OrderedDict()
+
+    def keep(self, pod: str, scores: dict[str, int]) -> None:
+        """Filter's scores for the pod (its UID and resourceVersion); the oldest pod's go when
+        more than `pods` are kept."""
+        self._scores[pod] = scores
+        self._scores.move_to_end(pod)
+        while len(self._scores) > self._pods:
+            self._scores.popitem(last=False)
+
+    def take(self, pod: str) -> dict[str, int]:
+        """The pod's scores by node (empty if filter kept none); they are used once."""
+        return self._scores.pop(pod, None) or {}
+
+
 def filter_nodes(
-    state: ClusterState, args: ExtenderArgs
+    state: ClusterState, args: ExtenderArgs, kept: FilterScores | None = None
 ) -> tuple[list[str], dict[str, str], dict[str, str]]:
-    """Names that pass, failed node -> reason, unresolvable node -> reason."""
+    """Names that pass, failed node -> reason, unresolvable node -> reason.
+
+    With `kept`, the scores of the passing nodes are kept for prioritize (one-GPU pods)."""
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
@@ -25,13 +55,22 @@ def filter_nodes(
         return [], {}, dict.fromkeys(args.node_names, str(err))
     if request is None:
         return list(args.node_names), failed, unresolvable
-    fits = one_gpu_filter(request, state.limits) if request.gpus == 1 else None
+    one_gpu = request.gpus == 1
+    fits = one_gpu_filter(request, state.limits) if one_gpu and kept is None else None
+    choose = one_gpu_chooser(request, state.limits) if one_gpu and kept is not None else None
+    scores: dict[str, int] = {}
     nodes = state.nodes_by_name()
     for name in args.node_names:
         node = nodes.get(name)
-        if fits is not None and node is not None and fits(node):
-            passed.append(name)
-            continue
+        if node is not None:
+            if fits is not None and fits(node):
+                passed.append(name)
+                continue
+            best = choose(node) if choose is not None else None
+            if best is not None:
+                passed.append(name)
+                scores[name] = best[1]
+                continue
         verdict = _verdict(state, args, request, name, choose=False)
         if verdict.fits:
             passed.append(name)
@@ -39,7 +78,18 @@ def filter_nodes(
             unresolvable[name] = verdict.reason
         else:
             failed[name] = verdict.reason
+    version = _version(args.pod)
+    if kept is not None and scores and version:
+        kept.keep(version, scores)
     return passed, failed, unresolvable
+
+
+def _version(pod: dict[str, Any]) -> str:
+    """The pod's UID and resourceVersion ("" without a UID): what filter's scores are kept by,
+    so a pod changed in between is scored afresh."""
+    meta = pod.get("metadata") or {}
+    uid, version = meta.get("uid"), meta.get("resourceVersion")
+    return f"{uid}/{version}" if isinstance(uid, str) and uid else ""
 
 
 def _usable_request(pod: dict[str, Any]) -> TenantRequest | None:
@@ -50,8 +100,15 @@ def _usable_request(pod: dict[str, Any]) -> TenantRequest | None:
         return None
 
 
-def prioritize_nodes(state: ClusterState, args: ExtenderArgs) -> list[tuple[str, int]]:
-    """A 0-10 score per node; nodes it does not fit and pods without a Baton request get 0."""
+def prioritize_nodes(
+    state: ClusterState, args: ExtenderArgs, kept: FilterScores | None = None
+) -> list[tuple[str, int]]:
+    """A 0-10 score per node; nodes it does not fit and pods without a Baton request get 0.
+
+    With `kept`, the scores filter kept for this pod are used where it has them."""
+    known = kept.take(_version(args.pod)) if kept is not None else {}
+    if known and all(name in known for name in args.node_names):
+        return [(name, known[name]) for name in args.node_names]
     request = _usable_request(args.pod)
     if request is None:
         return [(name, MIN_PRIORITY) for name in args.node_names]
@@ -59,6 +116,10 @@ def prioritize_nodes(state: ClusterState, args: ExtenderArgs) -> list[tuple[str,
     nodes = state.nodes_by_name()
     scores = []
     for name in args.node_names:
+        score = known.get(name)
+        if score is not None:
+            scores.append((name, score))
+            continue
         node = nodes.get(name)
         if choose is not None and node is not None:
             best = choose(node)

@@ -7,9 +7,10 @@ camelCase Kubernetes objects.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 MIN_PRIORITY = 0
 MAX_PRIORITY = 10
@@ -42,8 +43,8 @@ class BindingArgs:
 def decode(body: bytes) -> dict[str, Any]:
     """A JSON object with its top-level keys lowercased."""
     try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
         raise WireError(f"request body is not valid JSON: {err}") from None
     if not isinstance(value, dict):
         raise WireError(f"request body must be a JSON object, not {type(value).__name__}")
@@ -179,4 +180,4 @@ def binding_result(error: str = "") -> dict[str, Any]:
 
 def encode(value: Any) -> bytes:
     """Compact JSON bytes."""
-    return json.dumps(value, separators=(",", ":")).encode()
+    return orjson.dumps(value)

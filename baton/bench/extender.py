@@ -1,7 +1,7 @@
 """`baton bench extender`: the real HTTP verbs against a large synthetic cluster.
 
-The server runs in a child process (uvicorn on loopback, one event loop) so the client does not
-share its interpreter. Requests are shaped as kube-scheduler sends them with
+The server runs in a child process (the extender's HTTP server on loopback, one event loop)
+so the client does not share its interpreter. Requests are shaped as kube-scheduler sends them with
 `nodeCacheCapable: true`: the full Pod and a list of node names. kube-scheduler stops looking
 for feasible nodes after `percentageOfNodesToScore` (adaptive: 50% - nodes/125, at least 5%,
 at least 100 nodes), so a filter call carries that many names, not the whole cluster.
@@ -234,13 +234,13 @@ def _pct(values: list[float], pct: int) -> float:
 def _serve(sock: socket.socket, state: ClusterState, pending: dict[str, Any]) -> None:
     from extender.app import create_app
     from extender.metrics import Metrics
-    from extender.server import make_server
+    from extender.server import Server
 
     cache = ClusterCache(state)
     for kind in KINDS:
         cache.mark_synced(kind)
     binder = Binder(cache, MemoryPodApi(pending), time.time_ns)
-    make_server(create_app(cache, binder, Metrics())).run(sockets=[sock])
+    Server(create_app(cache, binder, Metrics())).run(sockets=[sock])
 
 
 class MemoryPodApi:

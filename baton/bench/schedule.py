@@ -10,14 +10,22 @@ that neither is throttled by its own client.
 
 Per profile, two measurements:
 - throughput: every pod is created while its scheduler is stopped, then the scheduler starts;
-  pods per second from its first bind to its last;
+  pods per second from its first bind to its last. The two profiles take turns for `rounds`
+  rounds (reference first in odd rounds, Baton first in even ones, so a drift of the shared
+  machine weighs on both alike); the figures are each profile's median and the ratio of the
+  medians, with every round's figure beside them;
 - latency: with the scheduler running, pods are created one by one at a steady rate well below
   that throughput; create → bound, as the bench's watch sees it.
+
+Everything runs on the same machine, so a profile's throughput is bounded by the CPU that
+etcd, kube-apiserver, kube-scheduler (and the extender) share: the ratio, not the absolute
+figure, is what carries over to another machine.
 """
 
 from __future__ import annotations
 
 import socket
+import statistics
 import sys
 import tempfile
 import threading
@@ -152,16 +160,33 @@ class Bench:
         finally:
             proc.stop()
 
-    def measure(self, profile: str, count: int, latency_pods: int, rate: float) -> dict[str, float]:
-        """Throughput and latency of one profile; its pods are removed afterwards."""
+    def throughput(self, profile: str, count: int, tag: str) -> float:
+        """Pods per second, first bind to last, for `count` pods waiting when the scheduler
+        starts; its pods are removed afterwards."""
         watch = fleet.BindWatch(self.api, NAMESPACE).start()
         try:
-            burst = pods(profile, f"{profile}-t", count)
+            burst = pods(profile, f"{profile}-{tag}", count)
             fleet.create_pods(self.api, NAMESPACE, burst)
             with self.scheduler(profile):
                 watch.wait_bound((p["metadata"]["name"] for p in burst), BIND_TIMEOUT_S)
-                times = sorted(watch.bound[p["metadata"]["name"]] for p in burst)
-                paced = pods(profile, f"{profile}-l", latency_pods)
+            times = sorted(watch.bound[p["metadata"]["name"]] for p in burst)
+        finally:
+            watch.stop()
+        fleet.delete_pods(self.api, NAMESPACE, profile)
+        span = times[-1] - times[0]
+        return (len(times) - 1) / span if span > 0 else float("inf")
+
+    def latency(self, profile: str, count: int, rate: float) -> dict[str, float]:
+        """Create → bound of `count` pods created at `rate` per second while the scheduler
+        runs; its pods are removed afterwards."""
+        watch = fleet.BindWatch(self.api, NAMESPACE).start()
+        try:
+            with self.scheduler(profile):
+                # One pod first, so the pacing starts once the scheduler has synced and serves.
+                (warm,) = pods(profile, f"{profile}-w", 1)
+                fleet.create_pods(self.api, NAMESPACE, [warm])
+                watch.wait_bound([warm["metadata"]["name"]], BIND_TIMEOUT_S)
+                paced = pods(profile, f"{profile}-l", count)
                 start = time.monotonic()
                 gate = threading.Event()
 
@@ -174,32 +199,43 @@ class Bench:
         finally:
             watch.stop()
         fleet.delete_pods(self.api, NAMESPACE, profile)
-        span = times[-1] - times[0]
-        return {
-            "pods_per_s": (len(times) - 1) / span if span > 0 else float("inf"),
-            "p50_schedule_ms": percentile(latencies, 50),
-            "p99_schedule_ms": percentile(latencies, 99),
-        }
+        return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)}
 
 
-def run(nodes: int, pods_count: int, latency_pods: int, rate: float) -> dict[str, Any]:
+def run(
+    nodes: int, pods_count: int, latency_pods: int, rate: float, rounds: int = 3
+) -> dict[str, Any]:
     """Both profiles over the same nodes and pods; one dict of figures."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be 1 or more, not {rounds}")
+    rates: dict[str, list[float]] = {REFERENCE: [], SCHEDULER_NAME: []}
     with tempfile.TemporaryDirectory(prefix="baton-bench-schedule-") as tmp:
         bench = Bench(Path(tmp), nodes)
         with bench.running():
-            reference = bench.measure(REFERENCE, pods_count, latency_pods, rate)
-            baton = bench.measure(SCHEDULER_NAME, pods_count, latency_pods, rate)
+            for index in range(rounds):
+                order = (
+                    (REFERENCE, SCHEDULER_NAME) if index % 2 == 0 else (SCHEDULER_NAME, REFERENCE)
+                )
+                for profile in order:
+                    rates[profile].append(bench.throughput(profile, pods_count, f"t{index}"))
+            reference = bench.latency(REFERENCE, latency_pods, rate)
+            baton = bench.latency(SCHEDULER_NAME, latency_pods, rate)
+    baton_rate = statistics.median(rates[SCHEDULER_NAME])
+    reference_rate = statistics.median(rates[REFERENCE])
     return {
         "pods": pods_count,
         "nodes": nodes,
         "gpus_per_node": fleet.GPUS_PER_NODE,
-        "pods_per_s": round(baton["pods_per_s"], 1),
-        "reference_pods_per_s": round(reference["pods_per_s"], 1),
-        "throughput_ratio": round(baton["pods_per_s"] / reference["pods_per_s"], 3),
-        "p50_schedule_ms": round(baton["p50_schedule_ms"], 1),
-        "p99_schedule_ms": round(baton["p99_schedule_ms"], 1),
-        "reference_p50_schedule_ms": round(reference["p50_schedule_ms"], 1),
-        "reference_p99_schedule_ms": round(reference["p99_schedule_ms"], 1),
+        "rounds": rounds,
+        "pods_per_s": round(baton_rate, 1),
+        "reference_pods_per_s": round(reference_rate, 1),
+        "throughput_ratio": round(baton_rate / reference_rate, 3),
+        "pods_per_s_rounds": [round(r, 1) for r in rates[SCHEDULER_NAME]],
+        "reference_pods_per_s_rounds": [round(r, 1) for r in rates[REFERENCE]],
+        "p50_schedule_ms": round(baton["p50"], 1),
+        "p99_schedule_ms": round(baton["p99"], 1),
+        "reference_p50_schedule_ms": round(reference["p50"], 1),
+        "reference_p99_schedule_ms": round(reference["p99"], 1),
         "latency_pods": latency_pods,
         "latency_rate_per_s": rate,
     }

@@ -96,6 +96,9 @@ def bench_schedule(
     pods: Annotated[int, typer.Option(min=2, help="Pods for the throughput run.")] = 1000,
     latency_pods: Annotated[int, typer.Option(min=1, help="Pods for the latency run.")] = 200,
     rate: Annotated[float, typer.Option(min=0.1, help="Pods/s created in the latency run.")] = 20.0,
+    rounds: Annotated[
+        int, typer.Option(min=1, help="Throughput runs per profile, taking turns; medians.")
+    ] = 3,
     as_json: AsJson = False,
 ) -> None:
     """Pods through the real kube-scheduler with the extender, against a profile without it."""
@@ -111,7 +114,7 @@ def bench_schedule(
         )
         raise typer.Exit(2)
     try:
-        figures = run(nodes, pods, latency_pods, rate)
+        figures = run(nodes, pods, latency_pods, rate, rounds)
     except (LocalNodeError, TimeoutError, RuntimeError) as exc:
         typer.echo(f"baton bench schedule: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -23,11 +23,15 @@ def binaries() -> None:
 
 
 def test_both_profiles_schedule_every_pod_and_report_same_run_figures() -> None:
-    figures = schedule.run(nodes=3, pods_count=30, latency_pods=6, rate=20.0)
-    assert figures["pods"] == 30 and figures["nodes"] == 3
+    figures = schedule.run(nodes=3, pods_count=30, latency_pods=6, rate=20.0, rounds=2)
+    assert figures["pods"] == 30 and figures["nodes"] == 3 and figures["rounds"] == 2
     assert figures["pods_per_s"] > 0 and figures["reference_pods_per_s"] > 0
     ratio = figures["pods_per_s"] / figures["reference_pods_per_s"]
     assert figures["throughput_ratio"] == pytest.approx(ratio, rel=0.01)
+    for key in ("pods_per_s", "reference_pods_per_s"):
+        rounds = figures[f"{key}_rounds"]
+        assert len(rounds) == 2 and all(r > 0 for r in rounds)
+        assert figures[key] == pytest.approx(sum(rounds) / 2, rel=0.01)  # the median of two
     assert 0 < figures["p50_schedule_ms"] <= figures["p99_schedule_ms"]
     assert 0 < figures["reference_p50_schedule_ms"] <= figures["reference_p99_schedule_ms"]
 
@@ -72,6 +76,8 @@ def test_the_command_prints_json_last_or_says_what_is_missing() -> None:
             "8",
             "--latency-pods",
             "2",
+            "--rounds",
+            "1",
             "--json",
         ],
         capture_output=True,

@@ -22,6 +22,7 @@ from extender.app import create_app
 from extender.cache import ClusterCache
 from extender.metrics import Metrics
 from extender.placement import Limits
+from extender.schema import openapi_document
 from extender.server import ServerThread
 from extender.state import ClusterState
 from tests.extender.builders import node, pod
@@ -62,7 +63,15 @@ def judge(response: httpx.Response, verb: str) -> None:
         assert "Traceback" not in error
 
 
-schema = schemathesis.openapi.from_asgi("/openapi.json", app())
+schema = schemathesis.openapi.from_dict(openapi_document())
+
+
+def test_the_served_openapi_document_is_the_one_the_tests_generate_from(
+    client: httpx.Client,
+) -> None:
+    assert client.get("/openapi.json").json() == openapi_document()
+
+
 SCHEMA_VERBS = ("filter", "prioritize", "preempt", "bind")
 CASES_PER_VERB = 60
 """Bodies generated from each verb's request schema (ExtenderArgs, ExtenderBindingArgs,
@@ -71,14 +80,18 @@ ExtenderPreemptionArgs in `extender.schema`)."""
 
 @schema.include(method="GET").parametrize()
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
-def test_every_get_operation_of_the_schema_answers_2xx_or_4xx(case: Any) -> None:
-    response = case.call()
+def test_every_get_operation_of_the_schema_answers_2xx_or_4xx(
+    client: httpx.Client, case: Any
+) -> None:
+    response = case.call(base_url=str(client.base_url))
     tried["schemathesis"] += 1
     assert response.status_code < 500, response.text
 
 
 @pytest.mark.parametrize("verb", SCHEMA_VERBS)
-def test_bodies_generated_from_the_schema_reach_the_verb_and_get_2xx_or_4xx(verb: str) -> None:
+def test_bodies_generated_from_the_schema_reach_the_verb_and_get_2xx_or_4xx(
+    client: httpx.Client, verb: str
+) -> None:
     """Promised: the schema describes each verb's body, so generated bodies are ones the verb
     reads and answers (200, its verdict); the rest get a 400 naming the field; never a 5xx."""
     operation = schema[f"/{verb}"]["POST"]
@@ -93,7 +106,7 @@ def test_bodies_generated_from_the_schema_reach_the_verb_and_get_2xx_or_4xx(verb
         suppress_health_check=list(HealthCheck),
     )
     def call(case: Any) -> None:
-        response = case.call()
+        response = case.call(base_url=str(client.base_url))
         seen["tried"] += 1
         assert response.status_code < 500, response.text
         if response.status_code == 200:

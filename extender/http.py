@@ -1,0 +1,348 @@
+"""A small HTTP/1.1 server on asyncio for the extender: keep-alive, TLS, bounded bodies,
+answers in request order, a graceful stop.
+
+kube-scheduler waits for filter and prioritize inside its one-pod-at-a-time scheduling cycle,
+so the verbs' HTTP path is paid once per pod. A route answered on the loop is called from the
+protocol's own callback with the parsed request: no task, framework or middleware between
+them. A route with a thread pool (bind, which waits on the API server) runs there; requests
+behind it on the same connection wait for its answer, so answers leave in request order.
+Requests are parsed by httptools (llhttp, the parser of Node.js and uvicorn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import socket
+import ssl
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from http import HTTPStatus
+
+import httptools
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+TEXT = "text/plain; charset=utf-8"
+MAX_BODY = 64 * 1024 * 1024
+"""The largest request body read: ExtenderArgs with a full NodeList of thousands of nodes fits."""
+IDLE_TIMEOUT_S = 120.0
+"""How long a kept-alive connection may wait for its next request: longer than Go's 90 s
+idle-connection timeout, so kube-scheduler closes idle connections, not we under its request."""
+REQUEST_TIMEOUT_S = 30.0
+"""How long a begun request may take to arrive whole."""
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One parsed request."""
+
+    method: str
+    path: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One answer."""
+
+    status: int
+    body: bytes
+    content_type: str = JSON
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A handler, answered on the event loop unless it has a thread pool to run on."""
+
+    handler: Callable[[Request], Reply]
+    pool: Executor | None = None
+
+
+Routes = dict[tuple[str, str], Route]
+"""(method, path) -> route."""
+
+
+def text(status: int, message: str) -> Reply:
+    """A plain-text answer of one line."""
+    return Reply(status, (message + "\n").encode(), TEXT)
+
+
+@dataclass
+class _Incoming:
+    """The request being parsed."""
+
+    url: bytearray = field(default_factory=bytearray)
+    body: list[bytes] = field(default_factory=list)
+    size: int = 0
+    expect_continue: bool = False
+
+
+class _RequestRefused(Exception):
+    """Raised from a parser callback: the request is answered with `reply` and the connection
+    closed."""
+
+    def __init__(self, reply: Reply):
+        super().__init__(reply.body.decode(errors="replace"))
+        self.reply = reply
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: parse, dispatch in order, answer, keep alive or close."""
+
+    def __init__(self, server: HttpServer):
+        self._server = server
+        self._loop = asyncio.get_running_loop()
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._incoming: _Incoming | None = None
+        self._queue: deque[tuple[Request, bool]] = deque()
+        self._running = False
+        self._closing = False
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            # Without it every answer waits out the client's delayed ACK (Nagle).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._server.connections.add(self)
+        self._wait(IDLE_TIMEOUT_S)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        self._transport = None
+        if self._timer is not None:
+            self._timer.cancel()
+        self._server.connection_gone()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._refuse(text(400, "bad HTTP request: protocol upgrades are not served here"))
+        except httptools.HttpParserError as err:
+            cause = err.__context__
+            if isinstance(cause, _RequestRefused):
+                self._refuse(cause.reply)
+            else:
+                self._refuse(text(400, f"bad HTTP request: {err}"))
+
+    # -- httptools callbacks
+
+    def on_message_begin(self) -> None:
+        self._incoming = _Incoming()
+        self._wait(REQUEST_TIMEOUT_S)
+
+    def on_url(self, url: bytes) -> None:
+        assert self._incoming is not None
+        self._incoming.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        assert self._incoming is not None
+        lowered = name.lower()
+        if lowered == b"content-length" and value.strip().isdigit():
+            self._check_size(int(value))
+        elif lowered == b"expect" and value.strip().lower() == b"100-continue":
+            self._incoming.expect_continue = True
+
+    def on_headers_complete(self) -> None:
+        assert self._incoming is not None
+        if self._incoming.expect_continue and self._transport is not None:
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        assert self._incoming is not None
+        self._incoming.size += len(body)
+        self._check_size(self._incoming.size)
+        self._incoming.body.append(body)
+
+    def on_message_complete(self) -> None:
+        incoming, self._incoming = self._incoming, None
+        assert incoming is not None
+        path = bytes(incoming.url).split(b"?", 1)[0].decode("latin-1")
+        method = self._parser.get_method().decode("latin-1")
+        request = Request(method, path, b"".join(incoming.body))
+        self._queue.append((request, self._parser.should_keep_alive()))
+        if self._running:
+            if self._transport is not None:
+                self._transport.pause_reading()
+            return
+        self._drain()
+
+    # -- dispatch
+
+    def _drain(self) -> None:
+        """Answer queued requests in order until one must run on a pool."""
+        while self._queue and not self._running and self._transport is not None:
+            request, keep_alive = self._queue.popleft()
+            route, refusal = self._server.route(request)
+            if route is None or route.pool is None:
+                self._answer(refusal or _call(route, request), keep_alive)
+                continue
+            self._running = True
+            future = self._loop.run_in_executor(route.pool, _call, route, request)
+            future.add_done_callback(functools.partial(self._ran, keep_alive=keep_alive))
+        if not self._running and self._transport is not None:
+            self._transport.resume_reading()
+            self._wait(IDLE_TIMEOUT_S if self._incoming is None else REQUEST_TIMEOUT_S)
+
+    def _ran(self, done: asyncio.Future[Reply], *, keep_alive: bool) -> None:
+        self._running = False
+        self._answer(done.result(), keep_alive)
+        self._drain()
+
+    def _answer(self, reply: Reply, keep_alive: bool) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        keep_alive = keep_alive and not self._closing
+        transport.write(_encode(reply, keep_alive))
+        if not keep_alive:
+            self._queue.clear()
+            transport.close()
+            self._transport = None
+
+    def _refuse(self, reply: Reply) -> None:
+        """Answer a request that cannot be read and close: the stream is not in step any more.
+        Behind a running request, the connection closes after its answer instead."""
+        self._queue.clear()
+        self._closing = True
+        if self._transport is not None:
+            self._transport.pause_reading()
+        if not self._running:
+            self._answer(reply, keep_alive=False)
+
+    def _check_size(self, size: int) -> None:
+        if size > self._server.max_body:
+            limit = self._server.max_body
+            raise _RequestRefused(text(413, f"request body over {limit} bytes; not read"))
+
+    # -- timeouts and stop
+
+    def _wait(self, timeout_s: float) -> None:
+        """Close the connection unless something happens within `timeout_s` (a lazy timer:
+        moving the deadline costs nothing; the timer re-arms itself when it fires early)."""
+        self._deadline = self._loop.time() + timeout_s
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._deadline, self._check_deadline)
+
+    def _check_deadline(self) -> None:
+        self._timer = None
+        if self._transport is None or self._running:
+            return
+        if self._loop.time() < self._deadline:
+            self._timer = self._loop.call_at(self._deadline, self._check_deadline)
+        elif self._incoming is not None:
+            self._refuse(text(408, f"request not received whole within {REQUEST_TIMEOUT_S:g} s"))
+        else:
+            self._transport.close()
+
+    def idle(self) -> bool:
+        """Nothing begun, queued or running."""
+        return self._incoming is None and not self._queue and not self._running
+
+    def finish(self) -> None:
+        """Close now if idle; else after the answers owed (each says `Connection: close`)."""
+        self._closing = True
+        if self.idle() and self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        """Drop the connection without answering."""
+        if self._transport is not None:
+            self._transport.abort()
+
+
+def _call(route: Route | None, request: Request) -> Reply:
+    assert route is not None
+    try:
+        return route.handler(request)
+    except Exception as err:
+        log.exception("%s %s failed", request.method, request.path)
+        return text(500, f"{request.method} {request.path} failed inside the extender: {err}")
+
+
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
+
+
+def _encode(reply: Reply, keep_alive: bool) -> bytes:
+    reason = _REASONS.get(reply.status, "")
+    head = [
+        f"HTTP/1.1 {reply.status} {reason}",
+        f"Content-Type: {reply.content_type}",
+        f"Content-Length: {len(reply.body)}",
+    ]
+    head += [f"{name}: {value}" for name, value in reply.headers]
+    if not keep_alive:
+        head.append("Connection: close")
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + reply.body
+
+
+class HttpServer:
+    """Serves `routes` on a listening socket until stopped."""
+
+    def __init__(
+        self, routes: Routes, ssl_context: ssl.SSLContext | None = None, max_body: int = MAX_BODY
+    ):
+        self.routes = routes
+        self.ssl_context = ssl_context
+        self.max_body = max_body
+        self.connections: set[Connection] = set()
+        self._allowed: dict[str, list[str]] = {}
+        for method, path in routes:
+            self._allowed.setdefault(path, []).append(method)
+        self._gone: asyncio.Event | None = None
+
+    def route(self, request: Request) -> tuple[Route | None, Reply | None]:
+        """The request's route, or the refusal when there is none."""
+        route = self.routes.get((request.method, request.path))
+        if route is not None:
+            return route, None
+        allowed = self._allowed.get(request.path)
+        if allowed is None:
+            return None, text(404, f"no such path: {request.path}")
+        methods = ", ".join(sorted(allowed))
+        message = f"{request.method} is not served on {request.path}; use {methods}"
+        return None, Reply(405, (message + "\n").encode(), TEXT, (("Allow", methods),))
+
+    def connection_gone(self) -> None:
+        if self._gone is not None and not self.connections:
+            self._gone.set()
+
+    async def serve(self, sock: socket.socket, stop: asyncio.Event, grace_s: float | None) -> None:
+        """Accept on `sock` until `stop` is set; then let open requests finish for up to
+        `grace_s` seconds (None: as long as they take) and close every connection."""
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: Connection(self), sock=sock, ssl=self.ssl_context, backlog=1024
+        )
+        try:
+            await stop.wait()
+        finally:
+            server.close()
+            self._gone = asyncio.Event()
+            for connection in list(self.connections):
+                connection.finish()
+            if self.connections:
+                try:
+                    await asyncio.wait_for(self._gone.wait(), grace_s)
+                except TimeoutError:
+                    log.warning(
+                        "%d connections still busy after %g s; closing them",
+                        len(self.connections),
+                        grace_s,
+                    )
+            for connection in list(self.connections):
+                connection.abort()
+            await server.wait_closed()
