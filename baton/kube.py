@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -113,8 +114,13 @@ def api_error_reason(err: BaseException) -> str:
 def format_timestamp_ns(ns: int) -> str:
     """RFC 3339 UTC with exactly nine fraction digits, e.g. `2026-01-02T03:04:05.000000007Z`."""
     seconds, frac = divmod(ns, _NS_PER_S)
-    whole = datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{whole}.{frac:09d}Z"
+    return f"{_whole_seconds(seconds)}.{frac:09d}Z"
+
+
+@functools.lru_cache(maxsize=4)
+def _whole_seconds(seconds: int) -> str:
+    # Timestamps written one after another mostly fall in the same second (a bind each).
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 _RFC3339 = re.compile(

@@ -1,25 +1,26 @@
-"""POSTs of ready-made JSON to the API server: one kept-alive connection per bind thread.
+"""POSTs of ready-made JSON to the API server, on the event loop, over kept-alive connections.
 
-A bind is one such call per pod, and the bind threads share the interpreter with the event
-loop that answers kube-scheduler's filter and prioritize. The generated client's request path
-(argument validation, serialisation, urllib3's pool and retry machinery) took several times the
-CPU of the call itself, so binds use `http.client` directly, with the API client's address,
-TLS settings and credentials. Through a proxy (rare for an in-cluster extender) they go by the
-API client's own pool instead.
+A bind is one such call per pod. It runs on the extender's event loop beside the verbs
+kube-scheduler waits for: a bind thread would hold the interpreter lock for its HTTP client
+work while the loop waits for it, and a thread per bind in flight made every verb queue behind
+them. Here a bind costs the loop the few tens of microseconds of writing its request and
+reading its answer; the waits on the API server are the loop's idle time. The API client's
+address, TLS settings and credentials are used. Through a proxy (rare for an in-cluster
+extender) the call goes by the API client's own pool, in a thread.
 """
 
 from __future__ import annotations
 
-import http.client
+import asyncio
 import json
 import ssl
-import threading
+import weakref
 from typing import Any
 from urllib.parse import urlsplit
 
 from extender.errors import ApiConflict, ApiFailure
 
-_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+_STALE = (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError)
 """What a kept-alive connection the API server closed while idle raises on reuse."""
 
 
@@ -31,81 +32,132 @@ def status_message(body: Any) -> str:
         return ""
 
 
+class _Connection:
+    """One HTTP/1.1 connection, one exchange at a time."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader = reader
+        self.writer = writer
+
+    async def exchange(self, request: bytes) -> tuple[int, str, bytes, bool]:
+        """Status, reason, body, and whether the connection may be used again."""
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        version, _, rest = status_line.partition(" ")
+        code, _, reason = rest.partition(" ")
+        if not version.startswith("HTTP/1.") or not code.isdigit():
+            raise ValueError(f"not an HTTP/1.1 answer: {status_line[:60]!r}")
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            if name:
+                headers[name.strip().lower()] = value.strip()
+        keep = headers.get("connection", "").lower() != "close"
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            body = await self._chunks()
+        elif "content-length" in headers:
+            body = await self.reader.readexactly(int(headers["content-length"]))
+        else:
+            body, keep = await self.reader.read(), False
+        return int(code), reason, body, keep
+
+    async def _chunks(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                while await self.reader.readuntil(b"\r\n") != b"\r\n":
+                    pass  # trailers
+                return b"".join(parts)
+            parts.append(await self.reader.readexactly(size))
+            await self.reader.readexactly(2)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 class ApiPost:
-    """`post(path, body, what)`: the answer's body; `ApiConflict` for a 409, `ApiFailure` for
-    any other failure, each naming `what`."""
+    """`await post(path, body, what)`: the answer's body; `ApiConflict` for a 409,
+    `ApiFailure` for any other failure, each naming `what`."""
 
     def __init__(self, api_client: Any, timeout_s: float):
         self._configuration = api_client.configuration
         self._pool = api_client.rest_client.pool_manager
         self._timeout_s = timeout_s
-        self._headers = {
-            "Content-Type": "application/json",
-            "Accept": "application/json",
-            "User-Agent": api_client.user_agent,
-        }
         url = urlsplit(self._configuration.host)
-        self._https = url.scheme == "https"
         self._host = url.hostname or "localhost"
-        self._port = url.port or (443 if self._https else 80)
+        self._port = url.port or (443 if url.scheme == "https" else 80)
         self._prefix = url.path.rstrip("/")
+        self._head = (
+            f"Host: {url.netloc}\r\nContent-Type: application/json\r\n"
+            f"Accept: application/json\r\nUser-Agent: {api_client.user_agent}\r\n"
+        )
         self._proxied = bool(self._configuration.proxy)
-        self._tls = _tls_context(self._configuration) if self._https else None
-        self._local = threading.local()
+        self._tls = _tls_context(self._configuration) if url.scheme == "https" else None
+        self._server_name = self._configuration.tls_server_name or self._host
+        self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Connection]] = (
+            weakref.WeakKeyDictionary()
+        )
 
-    def __call__(self, path: str, body: bytes, what: str) -> bytes:
-        headers = dict(self._headers)
+    async def __call__(self, path: str, body: bytes, what: str) -> bytes:
         # auth_settings() reads the token afresh (in a pod, the rotating service-account token).
         token = self._configuration.auth_settings().get("BearerToken")
-        if token:
-            headers[token["key"]] = token["value"]
+        auth = f"{token['key']}: {token['value']}\r\n" if token else ""
         if self._proxied:
-            status, reason, data = self._through_pool(path, body, headers, what)
+            headers = {"Authorization": token["value"]} if token else {}
+            answer = await asyncio.to_thread(self._through_pool, path, body, headers, what)
         else:
-            status, reason, data = self._direct(path, body, headers, what)
+            request = (
+                f"POST {self._prefix}{path} HTTP/1.1\r\n{self._head}{auth}"
+                f"Content-Length: {len(body)}\r\n\r\n"
+            ).encode("latin-1") + body
+            answer = await self._direct(request, what)
+        status, reason, data = answer
         if status >= 300:
             message = status_message(data) or reason or "no message"
             kind = ApiConflict if status == 409 else ApiFailure
             raise kind(f"{what}: API server answered {status}: {message}")
         return data
 
-    def _direct(
-        self, path: str, body: bytes, headers: dict[str, str], what: str
-    ) -> tuple[int, str, bytes]:
+    async def _direct(self, request: bytes, what: str) -> tuple[int, str, bytes]:
+        idle = self._idle.setdefault(asyncio.get_running_loop(), [])
         for attempt in (1, 2):
-            conn, reused = self._connection()
+            reused = bool(idle)
+            conn: _Connection | None = idle.pop() if idle else None
             try:
-                conn.request("POST", self._prefix + path, body, headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                if resp.will_close:
-                    self._drop()
-                return resp.status, resp.reason, data
+                async with asyncio.timeout(self._timeout_s):
+                    if conn is None:
+                        conn = _Connection(*await self._open())
+                    status, reason, data, keep = await conn.exchange(request)
             except _STALE as err:
-                self._drop()
+                _close(conn)
                 if not reused or attempt == 2:
                     raise _unreachable(what, err) from err
-            except (OSError, http.client.HTTPException) as err:
-                self._drop()
+                continue
+            except (OSError, TimeoutError, ValueError, asyncio.LimitOverrunError) as err:
+                _close(conn)
                 raise _unreachable(what, err) from err
+            except BaseException:
+                _close(conn)  # cancelled mid-exchange: the stream is out of step
+                raise
+            if keep:
+                idle.append(conn)
+            else:
+                conn.close()
+            return status, reason, data
         raise AssertionError("unreachable")
 
-    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            return conn, True
-        if self._tls is not None:
-            name = self._configuration.tls_server_name or self._host
-            conn = _Https(self._host, self._port, self._timeout_s, self._tls, name)
-        else:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout_s)
-        self._local.conn = conn
-        return conn, False
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._tls is None:
+            return await asyncio.open_connection(self._host, self._port)
+        return await asyncio.open_connection(
+            self._host, self._port, ssl=self._tls, server_hostname=self._server_name
+        )
 
-    def _drop(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None:
+    def close(self) -> None:
+        """Close the kept-alive connections of the running loop."""
+        for conn in self._idle.pop(asyncio.get_running_loop(), []):
             conn.close()
 
     def _through_pool(
@@ -114,6 +166,7 @@ class ApiPost:
         import urllib3
 
         url = self._configuration.host + path
+        headers = {**headers, "Content-Type": "application/json", "Accept": "application/json"}
         timeout = urllib3.Timeout(total=self._timeout_s)
         try:
             resp = self._pool.request("POST", url, body=body, headers=headers, timeout=timeout)
@@ -122,24 +175,14 @@ class ApiPost:
         return resp.status, resp.reason or "", bytes(resp.data)
 
 
-class _Https(http.client.HTTPConnection):
-    """HTTPS whose certificate is checked against `server_name`, which may differ from the
-    address connected to (a kubeconfig's `tls-server-name`)."""
-
-    def __init__(
-        self, host: str, port: int, timeout_s: float, tls: ssl.SSLContext, server_name: str
-    ):
-        super().__init__(host, port, timeout=timeout_s)
-        self._tls = tls
-        self._server_name = server_name
-
-    def connect(self) -> None:
-        super().connect()
-        self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
+def _close(conn: _Connection | None) -> None:
+    if conn is not None:
+        conn.close()
 
 
 def _unreachable(what: str, err: BaseException) -> ApiFailure:
-    return ApiFailure(f"{what}: API server unreachable: {type(err).__name__}: {err}")
+    detail = str(err) or ("no answer in time" if isinstance(err, TimeoutError) else "no detail")
+    return ApiFailure(f"{what}: API server unreachable: {type(err).__name__}: {detail}")
 
 
 def _tls_context(configuration: Any) -> ssl.SSLContext:

@@ -8,13 +8,15 @@ nothing.
 Every answer that is an answer is HTTP 200 (kube-scheduler treats anything else as a transport
 failure); a body that is not what kube-scheduler sends gets a 400 naming the field.
 
-`/filter`, `/prioritize` and `/preempt` are answered on the event loop; binds wait on the API
-server in worker threads, at most `binds_in_flight` at a time (see
-`extender.bind.BINDS_IN_FLIGHT`), the others queued in arrival order.
+Everything is answered on the event loop: `/filter`, `/prioritize` and `/preempt` at once,
+binds when the API server has answered their one call (`extender.apipost`), at most
+`binds_in_flight` at a time (see `extender.bind.BINDS_IN_FLIGHT`), the others queued in arrival
+order. Only the inventory, which takes a while for a large cluster, runs in a thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -44,7 +46,7 @@ def create_app(
     ones."""
     if binds_in_flight < 1:
         raise ValueError(f"binds in flight must be 1 or more, not {binds_in_flight}")
-    binds = ThreadPoolExecutor(binds_in_flight, thread_name_prefix="extender-bind")
+    binds = asyncio.Semaphore(binds_in_flight)
     describing = ThreadPoolExecutor(1, thread_name_prefix="extender-inventory")
     document = wire.encode(openapi_document())
     kept = FilterScores()
@@ -70,7 +72,7 @@ def create_app(
         ("POST", "/filter"): verb("filter", lambda body: _filter(cache, metrics, kept, body)),
         ("POST", "/prioritize"): verb("prioritize", lambda body: _prioritize(cache, kept, body)),
         ("POST", "/preempt"): verb("preempt", lambda body: _preempt(cache, body)),
-        ("POST", "/bind"): Route(lambda request: _bind(binder, metrics, request.body), binds),
+        ("POST", "/bind"): Route(lambda request: _bind(binder, binds, metrics, request.body)),
         ("GET", "/healthz"): Route(lambda request: OK),
         ("GET", "/readyz"): Route(readyz),
         ("GET", "/metrics"): Route(metrics_route),
@@ -80,8 +82,10 @@ def create_app(
     }
 
 
-def _bind(binder: Binder | None, metrics: Metrics, body: bytes) -> Reply:
-    """Bind the pod (on a bind thread); a failed bind is a 200 whose Error says why."""
+async def _bind(
+    binder: Binder | None, binds: asyncio.Semaphore, metrics: Metrics, body: bytes
+) -> Reply:
+    """Bind the pod (`binds` at a time); a failed bind is a 200 whose Error says why."""
     try:
         args = wire.binding_args(body)
     except wire.WireError as err:
@@ -91,12 +95,12 @@ def _bind(binder: Binder | None, metrics: Metrics, body: bytes) -> Reply:
     if binder is None:
         error = "this extender runs without an API server and cannot bind"
     else:
-        error = binder.bind(args)
+        async with binds:
+            error = await binder.bind(args)
     metrics.binds.labels("error" if error else "bound").inc()
     if error:
         log.warning("%s", error)
-    metrics.latency.labels("bind").observe(time.perf_counter() - started)
-    metrics.requests.labels("bind", "200").inc()
+    metrics.answered("bind", 200, time.perf_counter() - started)
     return Reply(200, wire.encode(wire.binding_result(error)))
 
 
@@ -130,6 +134,5 @@ def _answer(metrics: Metrics, verb: str, compute: Callable[[], Any]) -> Reply:
     except Exception as err:
         log.exception("%s failed", verb)
         reply = Reply(500, wire.encode({"Error": f"{verb} failed inside the extender: {err}"}))
-    metrics.latency.labels(verb).observe(time.perf_counter() - started)
-    metrics.requests.labels(verb, str(reply.status)).inc()
+    metrics.answered(verb, reply.status, time.perf_counter() - started)
     return reply

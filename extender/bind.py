@@ -35,11 +35,11 @@ and 10.8 ms with 8.
 class PodApi(Protocol):
     """The API calls a bind needs (the read only when the cache lacks the pod)."""
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """The pod as the API server has it now."""
         ...
 
-    def bind_pod(
+    async def bind_pod(
         self,
         namespace: str,
         name: str,
@@ -65,12 +65,12 @@ class Binder:
         self._api = api
         self._clock_ns = clock_ns
 
-    def bind(self, args: BindingArgs) -> str:
+    async def bind(self, args: BindingArgs) -> str:
         """Bind the pod; the empty string on success, else why it did not."""
         where = f"pod {args.pod_namespace}/{args.pod_name}"
         for attempt in (1, 2):
             try:
-                self._attempt(args, cached=attempt == 1)
+                await self._attempt(args, cached=attempt == 1)
                 return ""
             except ApiConflict as err:
                 if attempt == 2:
@@ -79,7 +79,7 @@ class Binder:
                 return f"binding {where} to {args.node}: {err}"
         raise AssertionError("unreachable")
 
-    def _attempt(self, args: BindingArgs, cached: bool) -> None:
+    async def _attempt(self, args: BindingArgs, cached: bool) -> None:
         """One try: the pod as the watch showed it (first) or as the API server has it now.
 
         A stale cached pod costs nothing but the retry: the Binding's resourceVersion
@@ -87,7 +87,7 @@ class Binder:
         """
         pod = self._pod(args) if cached else None
         if pod is None:
-            pod = self._api.get_pod(args.pod_namespace, args.pod_name)
+            pod = await self._api.get_pod(args.pod_namespace, args.pod_name)
         uid = pod_uid(pod)
         if args.pod_uid and uid != args.pod_uid:
             raise _Refused(f"the pod now has UID {uid}, not {args.pod_uid}")
@@ -99,7 +99,7 @@ class Binder:
         except RequestError as err:
             raise _Refused(str(err)) from None
         if request is None:
-            self._api.bind_pod(args.pod_namespace, args.pod_name, uid, args.node)
+            await self._api.bind_pod(args.pod_namespace, args.pod_name, uid, args.node)
             return
         chosen = self._assume(args, uid, request)
         try:
@@ -108,7 +108,9 @@ class Binder:
                 ANNOTATION_ASSIGNED_GPUS: ",".join(chosen.gpus),
                 ANNOTATION_ASSIGNED_AT: format_timestamp_ns(self._clock_ns()),
             }
-            self._api.bind_pod(args.pod_namespace, args.pod_name, uid, args.node, version, notes)
+            await self._api.bind_pod(
+                args.pod_namespace, args.pod_name, uid, args.node, version, notes
+            )
         except BaseException:
             with self._cache.changed:
                 self._state.forget(uid)

@@ -4,8 +4,9 @@ answers in request order, a graceful stop.
 kube-scheduler waits for filter and prioritize inside its one-pod-at-a-time scheduling cycle,
 so the verbs' HTTP path is paid once per pod. A route answered on the loop is called from the
 protocol's own callback with the parsed request: no task, framework or middleware between
-them. A route with a thread pool (bind, which waits on the API server) runs there; requests
-behind it on the same connection wait for its answer, so answers leave in request order.
+them. A route whose handler returns a coroutine (bind, which waits on the API server) answers
+when it finishes, and a route with a thread pool runs there; requests behind either on the
+same connection wait for its answer, so answers leave in request order.
 Requests are parsed by httptools (llhttp, the parser of Node.js and uvicorn).
 """
 
@@ -17,7 +18,7 @@ import logging
 import socket
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -58,9 +59,10 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A handler, answered on the event loop unless it has a thread pool to run on."""
+    """A handler, called on the event loop unless it has a thread pool to run on. A handler on
+    the loop answers at once (a `Reply`) or when its coroutine finishes (it must not block)."""
 
-    handler: Callable[[Request], Reply]
+    handler: Callable[[Request], Reply | Awaitable[Reply]]
     pool: Executor | None = None
 
 
@@ -117,7 +119,7 @@ class Connection(asyncio.Protocol):
             # Without it every answer waits out the client's delayed ACK (Nagle).
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._server.connections.add(self)
-        self._wait(IDLE_TIMEOUT_S)
+        self._wait(self._server.idle_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
@@ -142,7 +144,7 @@ class Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._incoming = _Incoming()
-        self._wait(REQUEST_TIMEOUT_S)
+        self._wait(self._server.request_timeout_s)
 
     def on_url(self, url: bytes) -> None:
         assert self._incoming is not None
@@ -187,18 +189,34 @@ class Connection(asyncio.Protocol):
         while self._queue and not self._running and self._transport is not None:
             request, keep_alive = self._queue.popleft()
             route, refusal = self._server.route(request)
-            if route is None or route.pool is None:
-                self._answer(refusal or _call(route, request), keep_alive)
+            if refusal is not None:
+                self._answer(refusal, keep_alive)
                 continue
+            assert route is not None
+            if route.pool is not None:
+                later: asyncio.Future[Reply] = self._loop.run_in_executor(
+                    route.pool, _call_blocking, route, request
+                )
+            else:
+                reply = _call(route, request)
+                if isinstance(reply, Reply):
+                    self._answer(reply, keep_alive)
+                    continue
+                later = self._loop.create_task(_awaited(request, reply))
             self._running = True
-            future = self._loop.run_in_executor(route.pool, _call, route, request)
-            future.add_done_callback(functools.partial(self._ran, keep_alive=keep_alive))
+            later.add_done_callback(functools.partial(self._ran, keep_alive=keep_alive))
         if not self._running and self._transport is not None:
             self._transport.resume_reading()
-            self._wait(IDLE_TIMEOUT_S if self._incoming is None else REQUEST_TIMEOUT_S)
+            server = self._server
+            self._wait(
+                server.idle_timeout_s if self._incoming is None else server.request_timeout_s
+            )
 
     def _ran(self, done: asyncio.Future[Reply], *, keep_alive: bool) -> None:
         self._running = False
+        if done.cancelled():
+            self.abort()  # the server stopped before it finished
+            return
         self._answer(done.result(), keep_alive)
         self._drain()
 
@@ -244,7 +262,8 @@ class Connection(asyncio.Protocol):
         if self._loop.time() < self._deadline:
             self._timer = self._loop.call_at(self._deadline, self._check_deadline)
         elif self._incoming is not None:
-            self._refuse(text(408, f"request not received whole within {REQUEST_TIMEOUT_S:g} s"))
+            within = self._server.request_timeout_s
+            self._refuse(text(408, f"request not received whole within {within:g} s"))
         else:
             self._transport.close()
 
@@ -264,13 +283,29 @@ class Connection(asyncio.Protocol):
             self._transport.abort()
 
 
-def _call(route: Route | None, request: Request) -> Reply:
-    assert route is not None
+def _call(route: Route, request: Request) -> Reply | Awaitable[Reply]:
     try:
         return route.handler(request)
     except Exception as err:
-        log.exception("%s %s failed", request.method, request.path)
-        return text(500, f"{request.method} {request.path} failed inside the extender: {err}")
+        return _failed(request, err)
+
+
+def _call_blocking(route: Route, request: Request) -> Reply:
+    reply = _call(route, request)
+    assert isinstance(reply, Reply), f"{request.path}: a route with a pool answers a Reply"
+    return reply
+
+
+async def _awaited(request: Request, reply: Awaitable[Reply]) -> Reply:
+    try:
+        return await reply
+    except Exception as err:
+        return _failed(request, err)
+
+
+def _failed(request: Request, err: Exception) -> Reply:
+    log.exception("%s %s failed", request.method, request.path)
+    return text(500, f"{request.method} {request.path} failed inside the extender: {err}")
 
 
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
@@ -293,11 +328,18 @@ class HttpServer:
     """Serves `routes` on a listening socket until stopped."""
 
     def __init__(
-        self, routes: Routes, ssl_context: ssl.SSLContext | None = None, max_body: int = MAX_BODY
+        self,
+        routes: Routes,
+        ssl_context: ssl.SSLContext | None = None,
+        max_body: int = MAX_BODY,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
     ):
         self.routes = routes
         self.ssl_context = ssl_context
         self.max_body = max_body
+        self.idle_timeout_s = idle_timeout_s
+        self.request_timeout_s = request_timeout_s
         self.connections: set[Connection] = set()
         self._allowed: dict[str, list[str]] = {}
         for method, path in routes:

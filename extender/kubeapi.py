@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,7 +46,8 @@ def translate(err: Exception, what: str) -> ApiFailure:
 
 
 class KubePodApi:
-    """`PodApi` over the real Kubernetes client."""
+    """`PodApi` over the Kubernetes API: binds posted from the event loop (`ApiPost`), the
+    rare read by the Kubernetes client in a thread."""
 
     def __init__(self, api_client: Any, timeout_s: float = 1.5):
         """`timeout_s` per call: a bind makes up to six, within kube-scheduler's 5 s."""
@@ -55,14 +57,17 @@ class KubePodApi:
         self._post = ApiPost(api_client, timeout_s)
         self._timeout = timeout_s
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """The pod as the API server has it now."""
+        return await asyncio.to_thread(self._read_pod, namespace, name)
+
+    def _read_pod(self, namespace: str, name: str) -> dict[str, Any]:
         what = f"reading pod {namespace}/{name}"
         call = api_errors(what)(self._core.read_namespaced_pod)
         resp = call(name, namespace, _preload_content=False, _request_timeout=self._timeout)
         return dict(orjson.loads(_read(resp, what)))
 
-    def bind_pod(
+    async def bind_pod(
         self,
         namespace: str,
         name: str,
@@ -90,11 +95,11 @@ class KubePodApi:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/binding"
-        self._post(
-            path,
-            orjson.dumps(body),
-            f"binding pod {namespace}/{name}",
-        )
+        await self._post(path, orjson.dumps(body), f"binding pod {namespace}/{name}")
+
+    def close(self) -> None:
+        """Close the running loop's kept-alive connections."""
+        self._post.close()
 
 
 def _read(resp: Any, what: str) -> bytes:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from baton.names import METRICS_PREFIX
@@ -51,6 +53,7 @@ class Metrics:
             self.filtered.labels(outcome)
         for result in ("bound", "error"):
             self.binds.labels(result)
+        self._answered: dict[tuple[str, int], tuple[Any, Any]] = {}
         self.nodes = Gauge(f"{_P}cache_nodes", "Nodes in the cache.", registry=self.registry)
         self.assumed = Gauge(
             f"{_P}assumed_pods", "Binds not yet confirmed by the watch.", registry=self.registry
@@ -59,3 +62,13 @@ class Metrics:
     def render(self) -> bytes:
         """The text exposition format."""
         return generate_latest(self.registry)
+
+    def answered(self, verb: str, code: int, seconds: float) -> None:
+        """One answered request: its status counted, its time observed (the labelled series
+        are looked up once: the verbs are on kube-scheduler's path)."""
+        series = self._answered.get((verb, code))
+        if series is None:
+            series = (self.requests.labels(verb, str(code)), self.latency.labels(verb))
+            self._answered[(verb, code)] = series
+        series[0].inc()
+        series[1].observe(seconds)

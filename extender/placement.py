@@ -246,6 +246,11 @@ def _score(key: float) -> int:
     return max(MIN_PRIORITY, min(MAX_PRIORITY, round(MAX_PRIORITY * key)))
 
 
+_UNSEEN = object()
+_SHAPES_KEPT = 64
+"""Request shapes a node state keeps answers for; more (a stream of odd sizes) start afresh."""
+
+
 def one_gpu_chooser(
     request: TenantRequest, limits: Limits
 ) -> Callable[[NodeState], tuple[str, int] | None]:
@@ -259,8 +264,20 @@ def one_gpu_chooser(
     max_duty = limits.max_duty
     duty_cap = max_duty + _EPSILON
     binpack, spread = limits.policy is Policy.BINPACK, limits.policy is Policy.SPREAD
+    shape = (wanted_memory, wanted_duty, memory_cap, limits.policy, max_duty)
 
     def choose(node: NodeState) -> tuple[str, int] | None:
+        # Pods come in few shapes, and a bind changes one node: most answers are known.
+        known = node.choices.get(shape, _UNSEEN)
+        if known is not _UNSEEN:
+            return known  # type: ignore[return-value]
+        best = fresh(node)
+        if len(node.choices) >= _SHAPES_KEPT:
+            node.choices.clear()
+        node.choices[shape] = best
+        return best
+
+    def fresh(node: NodeState) -> tuple[str, int] | None:
         room = node.budget_mib - node.parked_worst_mib
         if room < 0:
             return None

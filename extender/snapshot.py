@@ -10,7 +10,7 @@ worst case is the sum over its GPUs; it must not exceed the node's host DRAM bud
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -76,6 +76,8 @@ class GpuState:
     """Healthy with a free slot."""
     binpack_key: float
     """Share of the slots taken once one more tenant joins."""
+    tenants_in: tuple[Tenant, ...] = field(default=(), compare=False, repr=False)
+    """The tenants it was made with (what `node_state` reuses it by)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ class NodeState:
     fares the same on any of them, so its fast paths look at these only."""
     problem: str = ""
     """Why the node's inventory could not be read, if it could not."""
+    choices: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
+    """Placement answers for this state, by request shape (`one_gpu_chooser`): the state never
+    changes (a change makes a new one), so an answer holds as long as the state does."""
 
 
 class Row(NamedTuple):
@@ -141,6 +146,7 @@ def gpu_state(gpu: Gpu, tenants: Sequence[Tenant], limits: Limits) -> GpuState:
         default_duty=default_duty,
         open=gpu.healthy and len(tenants) < gpu.slots,
         binpack_key=(len(tenants) + 1) / gpu.slots,
+        tenants_in=tuple(tenants),
     )
 
 
@@ -151,9 +157,18 @@ def node_state(
     tenants_by_gpu: Mapping[str, Sequence[Tenant]],
     limits: Limits,
     problem: str = "",
+    reuse: Sequence[GpuState] = (),
 ) -> NodeState:
-    """A node's state; tenants of GPUs the node does not list are ignored."""
-    states = tuple(gpu_state(g, tenants_by_gpu.get(g.uuid, ()), limits) for g in gpus)
+    """A node's state; tenants of GPUs the node does not list are ignored.
+
+    `reuse`: GPU states made before with the same limits (the node's previous state); one for
+    the same GPU with the same tenants is taken as it is instead of computed again."""
+    known = {(s.gpu, s.tenants_in): s for s in reuse}
+    states = tuple(
+        known.get((g, tuple(tenants_by_gpu.get(g.uuid, ()))))
+        or gpu_state(g, tenants_by_gpu.get(g.uuid, ()), limits)
+        for g in gpus
+    )
     parked = sum(s.parked_worst_mib for s in states)
     usable = tuple(sorted((s.usable_mib for s in states), reverse=True))
     rows = tuple(_row(s) for s in states if s.open)

@@ -177,8 +177,15 @@ class ClusterState:
                 continue
             for gpu in found.gpus:
                 tenants[gpu].append(found.tenant)
+        before = self._states.get(name)
         return node_state(
-            name, inventory.gpus, inventory.budget_mib, tenants, self.limits, inventory.problem
+            name,
+            inventory.gpus,
+            inventory.budget_mib,
+            tenants,
+            self.limits,
+            inventory.problem,
+            reuse=before.gpus if before is not None else (),
         )
 
     def assignments_on(self, name: str) -> list[Assignment]:

@@ -63,13 +63,14 @@ def filter_nodes(
     for name in args.node_names:
         node = nodes.get(name)
         if node is not None:
-            if fits is not None and fits(node):
+            if choose is not None:
+                best = choose(node)
+                if best is not None:
+                    passed.append(name)
+                    scores[name] = best[1]
+                    continue
+            elif fits is not None and fits(node):
                 passed.append(name)
-                continue
-            best = choose(node) if choose is not None else None
-            if best is not None:
-                passed.append(name)
-                scores[name] = best[1]
                 continue
         verdict = _verdict(state, args, request, name, choose=False)
         if verdict.fits:
@@ -107,7 +108,7 @@ def prioritize_nodes(
 
     With `kept`, the scores filter kept for this pod are used where it has them."""
     known = kept.take(_version(args.pod)) if kept is not None else {}
-    if known and all(name in known for name in args.node_names):
+    if known and known.keys() >= set(args.node_names):
         return [(name, known[name]) for name in args.node_names]
     request = _usable_request(args.pod)
     if request is None:

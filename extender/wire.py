@@ -8,6 +8,7 @@ camelCase Kubernetes objects.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -59,7 +60,7 @@ def extender_args(body: bytes) -> ExtenderArgs:
         raise WireError("field Pod is missing or not an object")
     names = fields.get("nodenames")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        if not isinstance(names, list) or not all(map(isinstance, names, repeat(str))):
             raise WireError("field NodeNames must be a list of node names or null")
         return ExtenderArgs(pod, names, None)
     node_list = fields.get("nodes")

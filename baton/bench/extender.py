@@ -249,14 +249,14 @@ class MemoryPodApi:
     def __init__(self, pods: dict[str, Any]):
         self._pods = pods
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any]:
         """The stored pod."""
         try:
             return dict(self._pods[name])
         except KeyError:
             raise ApiFailure(f"pod {namespace}/{name} not found") from None
 
-    def bind_pod(
+    async def bind_pod(
         self,
         namespace: str,
         name: str,

@@ -32,6 +32,7 @@ def test_both_profiles_schedule_every_pod_and_report_same_run_figures() -> None:
         rounds = figures[f"{key}_rounds"]
         assert len(rounds) == 2 and all(r > 0 for r in rounds)
         assert figures[key] == pytest.approx(sum(rounds) / 2, rel=0.01)  # the median of two
+    assert figures["steady_pods_per_s"] > 0 and figures["reference_steady_pods_per_s"] > 0
     assert 0 < figures["p50_schedule_ms"] <= figures["p99_schedule_ms"]
     assert 0 < figures["reference_p50_schedule_ms"] <= figures["reference_p99_schedule_ms"]
 

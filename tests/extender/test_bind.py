@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,6 +21,11 @@ from extender.wire import BindingArgs
 from tests.extender.builders import node, pod
 from tests.extender.conftest import SYNC_TIMEOUT_S
 from tests.harness.fakeapi import FakeApiServer
+
+
+def bind(binder: Binder, args: BindingArgs) -> str:
+    """One bind, on an event loop of its own."""
+    return asyncio.run(binder.bind(args))
 
 
 def put_pending(fake: FakeApiServer, name: str, **kwargs: Any) -> dict[str, Any]:
@@ -53,7 +60,7 @@ def test_bind_writes_the_assignment_with_the_binding_and_the_watch_confirms(
 ) -> None:
     p = put_pending(fake_api, "trainer", memory=1000, duty=50)
     before = time.time_ns()
-    assert binder.bind(args_for(p, gpu_node)) == ""
+    assert bind(binder, args_for(p, gpu_node)) == ""
     stored = fake_api.get_object("Pod", "trainer")
     assert stored is not None
     assert stored["spec"]["nodeName"] == gpu_node
@@ -82,7 +89,7 @@ def test_a_pod_the_watch_showed_is_bound_in_one_api_call(
     p = put_pending(fake_api, "trainer")
     cached(kube_cache, p)
     before = len(fake_api.requests())
-    assert binder.bind(args_for(p, gpu_node)) == ""
+    assert bind(binder, args_for(p, gpu_node)) == ""
     made = fake_api.requests()[before:]
     assert [(r.verb, r.resource) for r in made if r.verb != "watch"] == [("create", "pods/binding")]
 
@@ -93,7 +100,7 @@ def test_conflict_is_refreshed_and_retried_once(
     p = put_pending(fake_api, "trainer")
     cached(kube_cache, p)
     fake_api.fail_next("create", "pods/binding", 409, message="the object has been modified")
-    assert binder.bind(args_for(p, gpu_node)) == ""
+    assert bind(binder, args_for(p, gpu_node)) == ""
     assert len(fake_api.requests("create", "pods/binding")) == 2
     assert len(fake_api.requests("get", "pods")) == 1  # the retry reads the pod afresh
     assert assigned(fake_api, "trainer") == ["GPU-gpu-1-0"]
@@ -109,17 +116,17 @@ def test_stale_resource_version_is_a_real_conflict_and_retried(
 
         raced = False
 
-        def bind_pod(self, namespace, name, uid, node, resource_version="", annotations=None):
+        async def bind_pod(self, namespace, name, uid, node, resource_version="", annotations=None):
             if not self.raced:
                 self.raced = True
                 obj = fake_api.get_object("Pod", name)
                 assert obj is not None
                 obj["metadata"].setdefault("labels", {})["touched"] = "yes"
                 fake_api.put_object(obj)
-            super().bind_pod(namespace, name, uid, node, resource_version, annotations)
+            await super().bind_pod(namespace, name, uid, node, resource_version, annotations)
 
     binder = Binder(kube_cache, RacingApi(api_client), time.time_ns)
-    assert binder.bind(args_for(p, gpu_node)) == ""
+    assert bind(binder, args_for(p, gpu_node)) == ""
     assert len(fake_api.requests("create", "pods/binding")) == 2
     stored = fake_api.get_object("Pod", "trainer")
     assert stored is not None and stored["metadata"]["labels"]["touched"] == "yes"
@@ -130,7 +137,7 @@ def test_two_conflicts_answer_error_and_leave_no_assumption(
 ) -> None:
     p = put_pending(fake_api, "trainer")
     fake_api.fail_next("create", "pods/binding", 409, times=2)
-    error = binder.bind(args_for(p, gpu_node))
+    error = bind(binder, args_for(p, gpu_node))
     assert "binding pod default/trainer to gpu-1: conflict twice in a row" in error
     assert "409" in error
     assert kube_cache.state.assumed() == {}
@@ -143,7 +150,7 @@ def test_api_outage_answers_error_and_leaves_no_assumption(
 ) -> None:
     p = put_pending(fake_api, "trainer")
     fake_api.stop()
-    error = binder.bind(args_for(p, gpu_node))
+    error = bind(binder, args_for(p, gpu_node))
     assert "binding pod default/trainer" in error and "API server unreachable" in error
     assert kube_cache.state.assumed() == {}
 
@@ -153,7 +160,7 @@ def test_binding_refused_after_annotation_drops_the_assumption(
 ) -> None:
     p = put_pending(fake_api, "trainer")
     fake_api.fail_next("create", "pods/binding", 500, message="etcd is unhappy")
-    error = binder.bind(args_for(p, gpu_node))
+    error = bind(binder, args_for(p, gpu_node))
     assert "binding pod default/trainer: API server answered 500: etcd is unhappy" in error
     assert kube_cache.state.assumed() == {}
     state = kube_cache.state.node(gpu_node)
@@ -171,12 +178,14 @@ def test_two_pods_bound_back_to_back_never_share_a_slot(
     cache = ClusterCache.filled(ClusterState(Limits(), time.monotonic), [stored], [])
     binder = Binder(cache, KubePodApi(api_client), time.time_ns)
     with ThreadPoolExecutor(2) as pool:
-        errors = list(pool.map(binder.bind, [args_for(p, "gpu-1") for p in pods[:2]]))
+        errors = list(
+            pool.map(functools.partial(bind, binder), [args_for(p, "gpu-1") for p in pods[:2]])
+        )
     assert errors == ["", ""]
     first, second = assigned(fake_api, "trainer-0"), assigned(fake_api, "trainer-1")
     assert len(first) == len(second) == 1
     assert first != second
-    third = binder.bind(args_for(pods[2], "gpu-1"))
+    third = bind(binder, args_for(pods[2], "gpu-1"))
     assert "it no longer fits: no GPU can take it" in third
     assert "has no free slot (1/1 taken)" in third
 
@@ -184,7 +193,7 @@ def test_two_pods_bound_back_to_back_never_share_a_slot(
 def test_uid_mismatch_is_refused(fake_api: FakeApiServer, binder: Binder, gpu_node: str) -> None:
     p = put_pending(fake_api, "trainer")
     stale = BindingArgs("trainer", "default", "not-the-uid", gpu_node)
-    assert f"the pod now has UID {p['metadata']['uid']}" in binder.bind(stale)
+    assert f"the pod now has UID {p['metadata']['uid']}" in bind(binder, stale)
     assert fake_api.requests("create", "pods/binding") == []
 
 
@@ -192,7 +201,7 @@ def test_pod_without_baton_resources_is_bound_without_annotations(
     fake_api: FakeApiServer, binder: Binder, gpu_node: str
 ) -> None:
     p = put_pending(fake_api, "web", gpus=None)
-    assert binder.bind(args_for(p, gpu_node)) == ""
+    assert bind(binder, args_for(p, gpu_node)) == ""
     assert fake_api.requests("patch", "pods") == []
     stored = fake_api.get_object("Pod", "web")
     assert stored is not None and stored["spec"]["nodeName"] == gpu_node
@@ -202,7 +211,7 @@ def test_a_pod_already_bound_is_left_alone(
     fake_api: FakeApiServer, binder: Binder, gpu_node: str
 ) -> None:
     p = fake_api.put_object(pod("running", node_name="elsewhere", assigned=["GPU-x"]))
-    error = binder.bind(args_for(p, gpu_node))
+    error = bind(binder, args_for(p, gpu_node))
     assert error == "binding pod default/running to gpu-1: it is already bound to node elsewhere"
     assert assigned(fake_api, "running") == ["GPU-x"]
     assert fake_api.requests("create", "pods/binding") == []

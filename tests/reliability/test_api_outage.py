@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -101,7 +102,7 @@ def test_a_bind_cut_off_at_its_binding_leaves_the_pod_untouched_and_binds_once_t
     binder = Binder(kube_cache, KubePodApi(api_client), time.time_ns)
     args = BindingArgs("trainer", "default", p["metadata"]["uid"], "gpu-1")
     fake_api.fail_next("create", "pods/binding", 503, message="the API server is shutting down")
-    error = binder.bind(args)
+    error = asyncio.run(binder.bind(args))
     attempts, failed = 1, int(bool(error))
     assert "API server answered 503" in error
     untouched = fake_api.get_object("Pod", "trainer")
@@ -110,7 +111,7 @@ def test_a_bind_cut_off_at_its_binding_leaves_the_pod_untouched_and_binds_once_t
     assert kube_cache.state.assumed() == {}
     assert all(not g.tenants for g in kube_cache.state.node("gpu-1").gpus)
     assumed_after_failure = len(kube_cache.state.assumed())
-    assert binder.bind(args) == ""
+    assert asyncio.run(binder.bind(args)) == ""
     attempts += 1
     bound = fake_api.get_object("Pod", "trainer")
     assert bound is not None and bound["spec"]["nodeName"] == "gpu-1"
