@@ -22,13 +22,11 @@ BINDS_IN_FLIGHT = 8
 """Binds running at once; the others wait their turn, in arrival order.
 
 kube-scheduler waits for filter and prioritize on its scheduling path but binds asynchronously,
-and many at once. A bind's API call waits on the API server and etcd for milliseconds, so with
-too few in flight the binds fall behind the scheduling cycle; a bind thread also takes the
-interpreter lock for its own work (about 0.3 ms of CPU a bind with `extender.apipost`), which
-the event loop needs for every verb. Measured on 2 cores: through the real kube-scheduler
-(`baton bench schedule`) 2 in flight bound about 300 pods a second and 8 about 355; under 20
-concurrent schedulers (`tests/reliability/test_extender_load.py`) filter p99 was 8.4 ms with 2
-and 10.8 ms with 8.
+and many at once. A bind's one API call waits on the API server and etcd for milliseconds, so
+with too few in flight the binds fall behind the scheduling cycle. Binds run on the event loop
+(`extender.apipost`), so those in flight cost the verbs nothing while they wait. Through the
+real kube-scheduler on 2 cores (`baton bench schedule`), binds in threads: 2 in flight bound
+about 300 pods a second, 8 about 355.
 """
 
 

@@ -35,6 +35,10 @@ class FilterScores:
         while len(self._scores) > self._pods:
             self._scores.popitem(last=False)
 
+    def __len__(self) -> int:
+        """Pods whose scores are kept."""
+        return len(self._scores)
+
     def take(self, pod: str) -> dict[str, int]:
         """The pod's scores by node (empty if filter kept none); they are used once."""
         return self._scores.pop(pod, None) or {}

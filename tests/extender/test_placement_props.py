@@ -141,3 +141,37 @@ def test_parked_worst_case_bounds_lazy_lru_parking(
             resident[tenant] = sizes[tenant]
         parked = sum(sizes[t] for t in started - set(resident))
         assert parked <= bound, (parked, dict(resident))
+
+
+@settings(max_examples=200, deadline=None)
+@given(gpu_lists, st.lists(st.tuples(requests, st.integers(0, 5)), max_size=12), limits_st)
+def test_a_rebuilt_node_reuses_unchanged_gpus_and_equals_a_fresh_build(
+    gpus: list[Gpu], stream: list[tuple[TenantRequest, int]], limits: Limits
+) -> None:
+    """Promised: a node rebuilt from its previous state (`reuse`) is the node built afresh,
+    and a GPU whose tenants did not change keeps its very state object."""
+    tenants: dict[str, list[Tenant]] = {}
+    before = node_state("n", gpus, 100 * GIB, tenants, limits)
+    for i, (request, which) in enumerate(stream):
+        uuid = gpus[which % len(gpus)].uuid
+        tenants.setdefault(uuid, []).append(Tenant(f"t{i}", request.memory_mib, request.duty))
+        rebuilt = node_state("n", gpus, 100 * GIB, tenants, limits, reuse=before.gpus)
+        assert rebuilt == node_state("n", gpus, 100 * GIB, tenants, limits)
+        for old, new in zip(before.gpus, rebuilt.gpus, strict=True):
+            if old.gpu.uuid != uuid:
+                assert new is old
+        before = rebuilt
+
+
+@settings(max_examples=200, deadline=None)
+@given(gpu_lists, st.lists(requests, min_size=1, max_size=6), limits_st)
+def test_a_node_answers_a_request_shape_from_memory_as_it_would_afresh(
+    gpus: list[Gpu], stream: list[TenantRequest], limits: Limits
+) -> None:
+    node = node_state("n", gpus, 100 * GIB, {}, limits)
+    for request in stream:
+        first = one_gpu_chooser(request, limits)(node)
+        again = one_gpu_chooser(request, limits)(node)  # a second pod of the same shape
+        fresh = one_gpu_chooser(request, limits)(node_state("n", gpus, 100 * GIB, {}, limits))
+        assert first == again == fresh
+    assert 0 < len(node.choices) <= len(stream)

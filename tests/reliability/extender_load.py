@@ -36,7 +36,7 @@ START_TIMEOUT_S = 120.0
 FINISH_TIMEOUT_S = 60.0
 """For them to finish the pod in hand and report once the run is over."""
 IDLE_RECONNECT_S = 2.0
-"""A connection idle this long is opened afresh (uvicorn closes idle ones after 5 s)."""
+"""A connection idle this long is opened afresh (as a client would after a pause)."""
 NO_ANSWER = 0
 """The status counted for a call that got no HTTP answer at all."""
 

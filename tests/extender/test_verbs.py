@@ -1,0 +1,87 @@
+"""Filter and prioritize without HTTP: prioritize answered from the scores filter kept."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from extender.inventory import Assignment
+from extender.placement import Limits, Tenant
+from extender.state import ClusterState
+from extender.verbs import FilterScores, filter_nodes, prioritize_nodes
+from extender.wire import ExtenderArgs
+from tests.extender.builders import node, pod
+
+NAMES = ["node-a", "node-b", "node-c"]
+
+
+def cluster() -> ClusterState:
+    state = ClusterState(Limits(), time.monotonic)
+    state.replace_nodes([node(name, gpus=2) for name in NAMES])
+    state.replace_pods([])
+    return state
+
+
+def args(p: dict[str, Any], names: list[str] = NAMES) -> ExtenderArgs:
+    return ExtenderArgs(p, list(names), None)
+
+
+def occupy(state: ClusterState, name: str, uid: str = "other") -> None:
+    """Another pod's bind takes GPU 0 of the node (an assumption, as a bind makes)."""
+    tenant = Tenant(uid, 40000, 50)
+    state.assume(Assignment(uid, f"default/{uid}", name, (f"GPU-{name}-0",), tenant))
+
+
+def test_prioritize_after_filter_gives_the_scores_it_would_compute_itself() -> None:
+    state, kept = cluster(), FilterScores()
+    occupy(state, "node-b")
+    p = pod(memory=8192, duty=20)
+    passed, failed, _ = filter_nodes(state, args(p), kept)
+    assert passed == NAMES and not failed
+    assert prioritize_nodes(state, args(p), kept) == prioritize_nodes(state, args(p))
+    assert kept.take("x") == {}
+
+
+def test_prioritize_scores_the_pod_on_the_state_filter_judged_it_on() -> None:
+    """Promised: a bind finishing between a pod's filter and its prioritize (kube-scheduler
+    scores a pod on the snapshot it filtered it on) does not change the pod's scores."""
+    state, kept = cluster(), FilterScores()
+    p = pod(memory=8192, duty=20)
+    filter_nodes(state, args(p), kept)
+    before = dict(prioritize_nodes(state, args(p)))
+    occupy(state, "node-a")
+    fresh = dict(prioritize_nodes(state, args(p)))
+    assert fresh["node-a"] != before["node-a"]  # the state did change the score
+    assert dict(prioritize_nodes(state, args(p), kept)) == before
+
+
+def test_nodes_filter_did_not_score_and_changed_pods_are_scored_afresh() -> None:
+    state, kept = cluster(), FilterScores()
+    p = pod(memory=8192, duty=20)
+    filter_nodes(state, args(p, ["node-a"]), kept)
+    occupy(state, "node-a")
+    occupy(state, "node-b")
+    scores = dict(prioritize_nodes(state, args(p), kept))
+    assert scores["node-b"] == dict(prioritize_nodes(state, args(p)))["node-b"]
+    filter_nodes(state, args(p), kept)
+    changed = {**p, "metadata": {**p["metadata"], "resourceVersion": "2"}}
+    occupy(state, "node-c", uid="third")
+    assert prioritize_nodes(state, args(changed), kept) == prioritize_nodes(state, args(changed))
+
+
+def test_kept_scores_are_used_once_and_only_for_the_last_pods() -> None:
+    kept = FilterScores(pods=2)
+    for name in ("a", "b", "c"):
+        kept.keep(name, {"node-a": 1})
+    assert kept.take("a") == {}  # the oldest went
+    assert kept.take("c") == {"node-a": 1}
+    assert kept.take("c") == {}
+
+
+def test_multi_gpu_and_unusable_requests_keep_no_scores() -> None:
+    state, kept = cluster(), FilterScores()
+    passed, _, _ = filter_nodes(state, args(pod(gpus=2, memory=8192)), kept)
+    assert passed == NAMES
+    _, _, unresolvable = filter_nodes(state, args(pod(memory="lots")), kept)
+    assert set(unresolvable) == set(NAMES)
+    assert len(kept) == 0  # nothing kept for either
