@@ -250,8 +250,11 @@ class Connection(asyncio.Protocol):
 
     def _wait(self, timeout_s: float) -> None:
         """Close the connection unless something happens within `timeout_s` (a lazy timer:
-        moving the deadline costs nothing; the timer re-arms itself when it fires early)."""
+        moving the deadline later costs nothing; the timer re-arms itself when it fires early)."""
         self._deadline = self._loop.time() + timeout_s
+        if self._timer is not None and self._timer.when() > self._deadline:
+            self._timer.cancel()  # a shorter wait than the one armed: arm it anew
+            self._timer = None
         if self._timer is None:
             self._timer = self._loop.call_at(self._deadline, self._check_deadline)
 

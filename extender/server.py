@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import ssl
@@ -86,7 +87,8 @@ class Server:
         """Ask the server to stop (from any thread)."""
         self._stop_asked.set()
         if self._ready.is_set() and self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
+            with contextlib.suppress(RuntimeError):  # its loop has finished: nothing to stop
+                self._loop.call_soon_threadsafe(self._stop.set)
 
 
 class ServerThread:
