@@ -27,6 +27,14 @@ CALLS: dict[str, tuple[str, frozenset[str]]] = {
     "create_namespaced_event": ("events", frozenset({"create"})),
     "patch_namespaced_event": ("events", frozenset({"patch"})),
 }
+# API paths our daemons call without the client (a raw POST), and the (resource, verbs) each
+# needs: the extender posts its Bindings itself (extender/apipost.py).
+RAW_CALLS: dict[str, tuple[str, frozenset[str]]] = {
+    r'"/api/v1/namespaces/\{[^}]+\}/pods/\{[^}]+\}/binding"': (
+        "pods/binding",
+        frozenset({"create"}),
+    ),
+}
 # Which code runs under which ServiceAccount's ClusterRole.
 ROLES = {
     "baton-agent": ("agent",),
@@ -83,9 +91,13 @@ def calls_in(packages: tuple[str, ...]) -> dict[str, tuple[str, frozenset[str]]]
         for source in sorted((ROOT / package).rglob("*.py")):
             if str(source.relative_to(ROOT)) in USER_SIDE:
                 continue
-            for name in re.findall(r"\.(\w+)\b", source.read_text()):
+            text = source.read_text()
+            for name in re.findall(r"\.(\w+)\b", text):
                 if name in CALLS:
                     used[name] = CALLS[name]
+            for pattern, needs in RAW_CALLS.items():
+                if re.search(pattern, text):
+                    used[pattern] = needs
     return used
 
 

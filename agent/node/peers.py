@@ -100,11 +100,15 @@ def process_of_socket(inode: int, proc_root: Path = Path("/proc")) -> PeerProces
         if not entry.name.isdigit():
             continue
         try:
-            for fd in (entry / "fd").iterdir():
-                if os.readlink(fd) == target:
-                    return PeerProcess(int(entry.name), entry.stat().st_uid)
+            fds = list((entry / "fd").iterdir())
         except OSError:  # gone, or not ours to read
             continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) == target:
+                    return PeerProcess(int(entry.name), entry.stat().st_uid)
+            except OSError:  # this descriptor closed meanwhile: the others still count
+                continue
     return None
 
 

@@ -68,10 +68,12 @@ class Jobs:
 
     async def caller(self, peer: str) -> PeerProcess | None:
         """The local process behind a gRPC peer, or None if it is outside our network namespace."""
-        if peer not in self._callers:
+        found = self._callers.get(peer)
+        if found is None:
             found = await asyncio.to_thread(peer_process, peer, self._port, self._proc_root)
-            self._callers[peer] = found
-        return self._callers[peer]
+            if found is not None:  # a miss is not kept: the next call looks again
+                self._callers[peer] = found
+        return found
 
     def _pods(self) -> list[tuple[Tenant, tuple[str, str]]]:
         """Pod tenants labelled with an llm-d job and group, and those labels."""
