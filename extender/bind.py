@@ -53,6 +53,10 @@ class PodApi(Protocol):
         """
         ...
 
+    def close(self) -> None:
+        """Close what it keeps open for the running event loop (its kept-alive connections)."""
+        ...
+
 
 class Binder:
     """Binds pods to nodes with GPUs chosen by the placement policy."""
@@ -62,6 +66,10 @@ class Binder:
         self._state = cache.state
         self._api = api
         self._clock_ns = clock_ns
+
+    def close(self) -> None:
+        """Close the API connections kept for the running event loop (call it on that loop)."""
+        self._api.close()
 
     async def bind(self, args: BindingArgs) -> str:
         """Bind the pod; the empty string on success, else why it did not."""

@@ -83,7 +83,9 @@ def run(options: Options) -> None:
     )
     binder = Binder(cache, KubePodApi(api_client), time.time_ns)
     app = create_app(cache, binder, metrics, options.binds_in_flight)
-    server = Server(app, options.tls_cert, options.tls_key, options.shutdown_grace)
+    server = Server(
+        app, options.tls_cert, options.tls_key, options.shutdown_grace, on_stop=binder.close
+    )
     scheme = "https" if options.tls_cert else "http"
     log.info(
         "serving on %s://%s:%d, policy %s, max duty %g%%, memory headroom %d MiB",

@@ -8,6 +8,7 @@ import signal
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 
 from baton.shutdown import STOP_SIGNALS, signal_name
 from extender.http import HttpServer, Routes
@@ -46,10 +47,14 @@ class Server:
         certfile: str | None = None,
         keyfile: str | None = None,
         shutdown_grace: float | None = None,
+        on_stop: Callable[[], None] | None = None,
     ):
+        """`on_stop` runs on the server's event loop once it has stopped serving (e.g. to
+        close connections made on that loop)."""
         context = tls_context(certfile, keyfile) if certfile and keyfile else None
         self.http = HttpServer(routes, context)
         self.shutdown_grace = shutdown_grace
+        self._on_stop = on_stop
         self.stop_signal: str | None = None
         """The signal that stopped it, by name; None when stopped by `stop()` or not yet."""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -74,6 +79,8 @@ class Server:
         try:
             await self.http.serve(sock, self._stop, self.shutdown_grace)
         finally:
+            if self._on_stop is not None:
+                self._on_stop()
             if threading.current_thread() is threading.main_thread():
                 for sig in STOP_SIGNALS:
                     self._loop.remove_signal_handler(sig)
@@ -102,10 +109,11 @@ class ServerThread:
         port: int = 0,
         certfile: str | None = None,
         keyfile: str | None = None,
+        on_stop: Callable[[], None] | None = None,
     ):
         self._socket = bind_socket(host, port)
         self.port = int(self._socket.getsockname()[1])
-        self.server = Server(routes, certfile, keyfile, shutdown_grace=1.0)
+        self.server = Server(routes, certfile, keyfile, shutdown_grace=1.0, on_stop=on_stop)
         self._thread = threading.Thread(
             target=self.server.run, args=([self._socket],), name="extender-http"
         )

@@ -240,7 +240,7 @@ def _serve(sock: socket.socket, state: ClusterState, pending: dict[str, Any]) ->
     for kind in KINDS:
         cache.mark_synced(kind)
     binder = Binder(cache, MemoryPodApi(pending), time.time_ns)
-    Server(create_app(cache, binder, Metrics())).run(sockets=[sock])
+    Server(create_app(cache, binder, Metrics()), on_stop=binder.close).run(sockets=[sock])
 
 
 class MemoryPodApi:
@@ -268,6 +268,9 @@ class MemoryPodApi:
         """Record the binding and its annotations."""
         self._pods[name]["metadata"]["annotations"].update(annotations or {})
         self._pods[name]["spec"]["nodeName"] = node
+
+    def close(self) -> None:
+        """Nothing is kept open."""
 
 
 def _place_tenants(state: ClusterState, rng: random.Random, nodes: int, pods: int) -> int:

@@ -24,8 +24,15 @@ from tests.harness.fakeapi import FakeApiServer
 
 
 def bind(binder: Binder, args: BindingArgs) -> str:
-    """One bind, on an event loop of its own."""
-    return asyncio.run(binder.bind(args))
+    """One bind, on an event loop of its own (its API connections closed before it ends)."""
+
+    async def once() -> str:
+        try:
+            return await binder.bind(args)
+        finally:
+            binder.close()
+
+    return asyncio.run(once())
 
 
 def put_pending(fake: FakeApiServer, name: str, **kwargs: Any) -> dict[str, Any]:

@@ -81,7 +81,7 @@ def serve(kubeconfig: str, ports: Any) -> None:
     if not cache.wait_synced(170):
         return
     binder = Binder(cache, KubePodApi(client), time.time_ns)
-    server = ServerThread(create_app(cache, binder, Metrics())).start()
+    server = ServerThread(create_app(cache, binder, Metrics()), on_stop=binder.close).start()
     ports.put(server.port)
     threading.Event().wait()  # until the parent terminates this process
 
