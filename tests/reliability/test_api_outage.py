@@ -28,6 +28,10 @@ from tests.harness.fakeapi import FakeApiServer
 
 from .figures import record
 
+pytestmark = pytest.mark.timeout(60)
+OTHER_UID = "31111111-2222-4333-8444-555555555555"
+NEW_UID = "41111111-2222-4333-8444-555555555555"
+
 
 def bind(binder: Binder, args: BindingArgs) -> str:
     """One bind on an event loop of its own, its API connections closed before it ends."""
@@ -39,11 +43,6 @@ def bind(binder: Binder, args: BindingArgs) -> str:
             binder.close()
 
     return asyncio.run(once())
-
-
-pytestmark = pytest.mark.timeout(60)
-OTHER_UID = "31111111-2222-4333-8444-555555555555"
-NEW_UID = "41111111-2222-4333-8444-555555555555"
 
 
 def test_the_agent_rides_out_an_api_outage_and_catches_up_when_it_returns(tmp_path: Path):
