@@ -185,7 +185,7 @@ class Connection(asyncio.Protocol):
     # -- dispatch
 
     def _drain(self) -> None:
-        """Answer queued requests in order until one must run on a pool."""
+        """Answer queued requests in order until one must wait (a coroutine or a pool)."""
         while self._queue and not self._running and self._transport is not None:
             request, keep_alive = self._queue.popleft()
             route, refusal = self._server.route(request)

@@ -39,7 +39,6 @@ __all__ = [
     "gpu_state",
     "node_state",
     "one_gpu_chooser",
-    "one_gpu_filter",
     "parked_worst_mib",
     "place",
 ]
@@ -89,37 +88,6 @@ def place(node: NodeState, request: TenantRequest, limits: Limits, choose: bool 
     if len(candidates) < request.gpus:
         return Verdict(False, _too_few(node, request, limits, len(candidates)))
     return _choose(node, candidates, request.gpus)
-
-
-def one_gpu_filter(request: TenantRequest, limits: Limits) -> Callable[[NodeState], bool]:
-    """Filter's fast path for one-GPU pods: whether some GPU of a node takes the pod.
-
-    It agrees with `place`, which is what to ask for the reason when a node fails.
-    """
-    wanted_memory, wanted_duty = request.memory_mib, request.duty
-    memory_cap = _memory_cap(request)
-    duty_cap = limits.max_duty + _EPSILON
-
-    def fits(node: NodeState) -> bool:
-        room = node.budget_mib - node.parked_worst_mib
-        if room < 0:
-            return False  # already over budget (it was lowered): `place` says by how much
-        for row in node.distinct_rows:
-            usable, duty_sum, default_duty, total, smallest, largest, parked, tenants = row[:8]
-            memory = usable if wanted_memory is None else wanted_memory
-            if memory > usable or memory > memory_cap:
-                continue
-            if duty_sum + (default_duty if wanted_duty is None else wanted_duty) > duty_cap:
-                continue
-            total += memory
-            if total <= usable:
-                return True
-            smallest = min(smallest, memory) if tenants else memory
-            if total - max(smallest, usable - max(largest, memory)) - parked <= room:
-                return True
-        return False
-
-    return fits
 
 
 def _memory_cap(request: TenantRequest) -> float:
@@ -254,7 +222,8 @@ _SHAPES_KEPT = 64
 def one_gpu_chooser(
     request: TenantRequest, limits: Limits
 ) -> Callable[[NodeState], tuple[str, int] | None]:
-    """Prioritize's fast path for one-GPU pods: a node's best GPU and score, None if none fits.
+    """Filter's and prioritize's fast path for one-GPU pods: a node's best GPU and score, None
+    if none fits.
 
     It agrees with `place`: the GPU with the best policy key among those the pod fits and whose
     parked memory stays within the budget.

@@ -164,11 +164,8 @@ def node_state(
     `reuse`: GPU states made before with the same limits (the node's previous state); one for
     the same GPU with the same tenants is taken as it is instead of computed again."""
     known = {(s.gpu, s.tenants_in): s for s in reuse}
-    states = tuple(
-        known.get((g, tuple(tenants_by_gpu.get(g.uuid, ()))))
-        or gpu_state(g, tenants_by_gpu.get(g.uuid, ()), limits)
-        for g in gpus
-    )
+    on_each = [(g, tuple(tenants_by_gpu.get(g.uuid, ()))) for g in gpus]
+    states = tuple(known.get(key) or gpu_state(*key, limits) for key in on_each)
     parked = sum(s.parked_worst_mib for s in states)
     usable = tuple(sorted((s.usable_mib for s in states), reverse=True))
     rows = tuple(_row(s) for s in states if s.open)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from extender.placement import NodeState, Verdict, one_gpu_chooser, one_gpu_filter, place
+from extender.placement import NodeState, Verdict, one_gpu_chooser, place
 from extender.requests import RequestError, TenantRequest, parse_pod_request
 from extender.state import ClusterState
 from extender.wire import MIN_PRIORITY, ExtenderArgs, PreemptionArgs
@@ -59,23 +59,16 @@ def filter_nodes(
         return [], {}, dict.fromkeys(args.node_names, str(err))
     if request is None:
         return list(args.node_names), failed, unresolvable
-    one_gpu = request.gpus == 1
-    fits = one_gpu_filter(request, state.limits) if one_gpu and kept is None else None
-    choose = one_gpu_chooser(request, state.limits) if one_gpu and kept is not None else None
+    choose = one_gpu_chooser(request, state.limits) if request.gpus == 1 else None
     scores: dict[str, int] = {}
     nodes = state.nodes_by_name()
     for name in args.node_names:
         node = nodes.get(name)
-        if node is not None:
-            if choose is not None:
-                best = choose(node)
-                if best is not None:
-                    passed.append(name)
-                    scores[name] = best[1]
-                    continue
-            elif fits is not None and fits(node):
-                passed.append(name)
-                continue
+        best = choose(node) if choose is not None and node is not None else None
+        if best is not None:
+            passed.append(name)
+            scores[name] = best[1]
+            continue
         verdict = _verdict(state, args, request, name, choose=False)
         if verdict.fits:
             passed.append(name)

@@ -14,7 +14,6 @@ from extender.placement import (
     Verdict,
     node_state,
     one_gpu_chooser,
-    one_gpu_filter,
     parked_worst_mib,
     place,
 )
@@ -222,5 +221,4 @@ def test_a_node_already_over_a_lowered_budget_takes_no_one() -> None:
     verdict = place(node, request, Limits())
     assert verdict == Verdict(False, "parked worst case 60 GiB > host budget 10 GiB")
     assert not place(node, request, Limits(), choose=False).fits
-    assert not one_gpu_filter(request, Limits())(node)
     assert one_gpu_chooser(request, Limits())(node) is None

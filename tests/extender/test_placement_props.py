@@ -15,7 +15,6 @@ from extender.placement import (
     Tenant,
     node_state,
     one_gpu_chooser,
-    one_gpu_filter,
     parked_worst_mib,
     place,
 )
@@ -63,7 +62,7 @@ def test_placing_never_exceeds_slots_memory_duty_or_budget(
         filtered = place(node, request, limits, choose=False)
         assert filtered.fits is verdict.fits, (filtered, verdict)
         if request.gpus == 1:
-            assert one_gpu_filter(request, limits)(node) is verdict.fits
+            assert (one_gpu_chooser(request, limits)(node) is not None) is verdict.fits
             chosen = one_gpu_chooser(request, limits)(node)
             assert chosen == ((verdict.gpus[0], verdict.score) if verdict.fits else None)
             assert chosen == _reference_choice(node, request, limits)
@@ -89,7 +88,7 @@ def _assert_fast_paths_agree(node, request, limits) -> None:
     verdict = place(node, request, limits)
     assert place(node, request, limits, choose=False).fits is verdict.fits
     if request.gpus == 1:
-        assert one_gpu_filter(request, limits)(node) is verdict.fits
+        assert (one_gpu_chooser(request, limits)(node) is not None) is verdict.fits
         assert one_gpu_chooser(request, limits)(node) == _reference_choice(node, request, limits)
 
 
