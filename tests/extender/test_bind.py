@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,21 +17,10 @@ from extender.kubeapi import KubePodApi
 from extender.placement import Limits
 from extender.state import ClusterState
 from extender.wire import BindingArgs
+from tests.extender.binding import bind_once
 from tests.extender.builders import node, pod
 from tests.extender.conftest import SYNC_TIMEOUT_S
 from tests.harness.fakeapi import FakeApiServer
-
-
-def bind(binder: Binder, args: BindingArgs) -> str:
-    """One bind, on an event loop of its own (its API connections closed before it ends)."""
-
-    async def once() -> str:
-        try:
-            return await binder.bind(args)
-        finally:
-            binder.close()
-
-    return asyncio.run(once())
 
 
 def put_pending(fake: FakeApiServer, name: str, **kwargs: Any) -> dict[str, Any]:
@@ -67,7 +55,7 @@ def test_bind_writes_the_assignment_with_the_binding_and_the_watch_confirms(
 ) -> None:
     p = put_pending(fake_api, "trainer", memory=1000, duty=50)
     before = time.time_ns()
-    assert bind(binder, args_for(p, gpu_node)) == ""
+    assert bind_once(binder, args_for(p, gpu_node)) == ""
     stored = fake_api.get_object("Pod", "trainer")
     assert stored is not None
     assert stored["spec"]["nodeName"] == gpu_node
@@ -96,7 +84,7 @@ def test_a_pod_the_watch_showed_is_bound_in_one_api_call(
     p = put_pending(fake_api, "trainer")
     cached(kube_cache, p)
     before = len(fake_api.requests())
-    assert bind(binder, args_for(p, gpu_node)) == ""
+    assert bind_once(binder, args_for(p, gpu_node)) == ""
     made = fake_api.requests()[before:]
     assert [(r.verb, r.resource) for r in made if r.verb != "watch"] == [("create", "pods/binding")]
 
@@ -107,7 +95,7 @@ def test_conflict_is_refreshed_and_retried_once(
     p = put_pending(fake_api, "trainer")
     cached(kube_cache, p)
     fake_api.fail_next("create", "pods/binding", 409, message="the object has been modified")
-    assert bind(binder, args_for(p, gpu_node)) == ""
+    assert bind_once(binder, args_for(p, gpu_node)) == ""
     assert len(fake_api.requests("create", "pods/binding")) == 2
     assert len(fake_api.requests("get", "pods")) == 1  # the retry reads the pod afresh
     assert assigned(fake_api, "trainer") == ["GPU-gpu-1-0"]
@@ -133,7 +121,7 @@ def test_stale_resource_version_is_a_real_conflict_and_retried(
             await super().bind_pod(namespace, name, uid, node, resource_version, annotations)
 
     binder = Binder(kube_cache, RacingApi(api_client), time.time_ns)
-    assert bind(binder, args_for(p, gpu_node)) == ""
+    assert bind_once(binder, args_for(p, gpu_node)) == ""
     assert len(fake_api.requests("create", "pods/binding")) == 2
     stored = fake_api.get_object("Pod", "trainer")
     assert stored is not None and stored["metadata"]["labels"]["touched"] == "yes"
@@ -144,7 +132,7 @@ def test_two_conflicts_answer_error_and_leave_no_assumption(
 ) -> None:
     p = put_pending(fake_api, "trainer")
     fake_api.fail_next("create", "pods/binding", 409, times=2)
-    error = bind(binder, args_for(p, gpu_node))
+    error = bind_once(binder, args_for(p, gpu_node))
     assert "binding pod default/trainer to gpu-1: conflict twice in a row" in error
     assert "409" in error
     assert kube_cache.state.assumed() == {}
@@ -157,7 +145,7 @@ def test_api_outage_answers_error_and_leaves_no_assumption(
 ) -> None:
     p = put_pending(fake_api, "trainer")
     fake_api.stop()
-    error = bind(binder, args_for(p, gpu_node))
+    error = bind_once(binder, args_for(p, gpu_node))
     assert "binding pod default/trainer" in error and "API server unreachable" in error
     assert kube_cache.state.assumed() == {}
 
@@ -167,7 +155,7 @@ def test_binding_refused_after_annotation_drops_the_assumption(
 ) -> None:
     p = put_pending(fake_api, "trainer")
     fake_api.fail_next("create", "pods/binding", 500, message="etcd is unhappy")
-    error = bind(binder, args_for(p, gpu_node))
+    error = bind_once(binder, args_for(p, gpu_node))
     assert "binding pod default/trainer: API server answered 500: etcd is unhappy" in error
     assert kube_cache.state.assumed() == {}
     state = kube_cache.state.node(gpu_node)
@@ -186,13 +174,13 @@ def test_two_pods_bound_back_to_back_never_share_a_slot(
     binder = Binder(cache, KubePodApi(api_client), time.time_ns)
     with ThreadPoolExecutor(2) as pool:
         errors = list(
-            pool.map(functools.partial(bind, binder), [args_for(p, "gpu-1") for p in pods[:2]])
+            pool.map(functools.partial(bind_once, binder), [args_for(p, "gpu-1") for p in pods[:2]])
         )
     assert errors == ["", ""]
     first, second = assigned(fake_api, "trainer-0"), assigned(fake_api, "trainer-1")
     assert len(first) == len(second) == 1
     assert first != second
-    third = bind(binder, args_for(pods[2], "gpu-1"))
+    third = bind_once(binder, args_for(pods[2], "gpu-1"))
     assert "it no longer fits: no GPU can take it" in third
     assert "has no free slot (1/1 taken)" in third
 
@@ -200,7 +188,7 @@ def test_two_pods_bound_back_to_back_never_share_a_slot(
 def test_uid_mismatch_is_refused(fake_api: FakeApiServer, binder: Binder, gpu_node: str) -> None:
     p = put_pending(fake_api, "trainer")
     stale = BindingArgs("trainer", "default", "not-the-uid", gpu_node)
-    assert f"the pod now has UID {p['metadata']['uid']}" in bind(binder, stale)
+    assert f"the pod now has UID {p['metadata']['uid']}" in bind_once(binder, stale)
     assert fake_api.requests("create", "pods/binding") == []
 
 
@@ -208,7 +196,7 @@ def test_pod_without_baton_resources_is_bound_without_annotations(
     fake_api: FakeApiServer, binder: Binder, gpu_node: str
 ) -> None:
     p = put_pending(fake_api, "web", gpus=None)
-    assert bind(binder, args_for(p, gpu_node)) == ""
+    assert bind_once(binder, args_for(p, gpu_node)) == ""
     assert fake_api.requests("patch", "pods") == []
     stored = fake_api.get_object("Pod", "web")
     assert stored is not None and stored["spec"]["nodeName"] == gpu_node
@@ -218,7 +206,7 @@ def test_a_pod_already_bound_is_left_alone(
     fake_api: FakeApiServer, binder: Binder, gpu_node: str
 ) -> None:
     p = fake_api.put_object(pod("running", node_name="elsewhere", assigned=["GPU-x"]))
-    error = bind(binder, args_for(p, gpu_node))
+    error = bind_once(binder, args_for(p, gpu_node))
     assert error == "binding pod default/running to gpu-1: it is already bound to node elsewhere"
     assert assigned(fake_api, "running") == ["GPU-x"]
     assert fake_api.requests("create", "pods/binding") == []

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -21,6 +20,7 @@ from extender.kubeapi import KubePodApi
 from extender.wire import BindingArgs
 from tests.agent.node.test_podwatch import UID, pod
 from tests.agent.parking.nodeharness import LogWatch
+from tests.extender.binding import bind_once
 from tests.extender.builders import node
 from tests.extender.builders import pod as tenant
 from tests.harness.agent import AgentRunner, short_tmpdir
@@ -31,18 +31,6 @@ from .figures import record
 pytestmark = pytest.mark.timeout(60)
 OTHER_UID = "31111111-2222-4333-8444-555555555555"
 NEW_UID = "41111111-2222-4333-8444-555555555555"
-
-
-def bind(binder: Binder, args: BindingArgs) -> str:
-    """One bind on an event loop of its own, its API connections closed before it ends."""
-
-    async def once() -> str:
-        try:
-            return await binder.bind(args)
-        finally:
-            binder.close()
-
-    return asyncio.run(once())
 
 
 def test_the_agent_rides_out_an_api_outage_and_catches_up_when_it_returns(tmp_path: Path):
@@ -114,7 +102,7 @@ def test_a_bind_cut_off_at_its_binding_leaves_the_pod_untouched_and_binds_once_t
     binder = Binder(kube_cache, KubePodApi(api_client), time.time_ns)
     args = BindingArgs("trainer", "default", p["metadata"]["uid"], "gpu-1")
     fake_api.fail_next("create", "pods/binding", 503, message="the API server is shutting down")
-    error = bind(binder, args)
+    error = bind_once(binder, args)
     attempts, failed = 1, int(bool(error))
     assert "API server answered 503" in error
     untouched = fake_api.get_object("Pod", "trainer")
@@ -123,7 +111,7 @@ def test_a_bind_cut_off_at_its_binding_leaves_the_pod_untouched_and_binds_once_t
     assert kube_cache.state.assumed() == {}
     assert all(not g.tenants for g in kube_cache.state.node("gpu-1").gpus)
     assumed_after_failure = len(kube_cache.state.assumed())
-    assert bind(binder, args) == ""
+    assert bind_once(binder, args) == ""
     attempts += 1
     bound = fake_api.get_object("Pod", "trainer")
     assert bound is not None and bound["spec"]["nodeName"] == "gpu-1"
