@@ -24,8 +24,21 @@ _STALE = (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError)
 """What a kept-alive connection the API server closed while idle raises on reuse."""
 
 
-def status_message(body: Any) -> str:
-    """The `message` of a Kubernetes Status body, or ""."""
+def refusal(what: str, status: int, body: Any, reason: str = "") -> ApiFailure:
+    """The API server's refusal of `what`, with the message of its Status body: `ApiConflict`
+    for a 409, else `ApiFailure`."""
+    message = _status_message(body) or reason or "no message"
+    kind = ApiConflict if status == 409 else ApiFailure
+    return kind(f"{what}: API server answered {status}: {message}")
+
+
+def unreachable(what: str, err: BaseException) -> ApiFailure:
+    """`what` got no answer from the API server."""
+    detail = str(err) or ("no answer in time" if isinstance(err, TimeoutError) else "no detail")
+    return ApiFailure(f"{what}: API server unreachable: {type(err).__name__}: {detail}")
+
+
+def _status_message(body: Any) -> str:
     try:
         return str(json.loads(body).get("message", ""))
     except (TypeError, ValueError, AttributeError):
@@ -115,9 +128,7 @@ class ApiPost:
             answer = await self._direct(request, what)
         status, reason, data = answer
         if status >= 300:
-            message = status_message(data) or reason or "no message"
-            kind = ApiConflict if status == 409 else ApiFailure
-            raise kind(f"{what}: API server answered {status}: {message}")
+            raise refusal(what, status, data, reason)
         return data
 
     async def _direct(self, request: bytes, what: str) -> tuple[int, str, bytes]:
@@ -133,11 +144,11 @@ class ApiPost:
             except _STALE as err:
                 _close(conn)
                 if not reused or attempt == 2:
-                    raise _unreachable(what, err) from err
+                    raise unreachable(what, err) from err
                 continue
             except (OSError, TimeoutError, ValueError, asyncio.LimitOverrunError) as err:
                 _close(conn)
-                raise _unreachable(what, err) from err
+                raise unreachable(what, err) from err
             except BaseException:
                 _close(conn)  # cancelled mid-exchange: the stream is out of step
                 raise
@@ -171,18 +182,13 @@ class ApiPost:
         try:
             resp = self._pool.request("POST", url, body=body, headers=headers, timeout=timeout)
         except urllib3.exceptions.HTTPError as err:
-            raise _unreachable(what, err) from err
+            raise unreachable(what, err) from err
         return resp.status, resp.reason or "", bytes(resp.data)
 
 
 def _close(conn: _Connection | None) -> None:
     if conn is not None:
         conn.close()
-
-
-def _unreachable(what: str, err: BaseException) -> ApiFailure:
-    detail = str(err) or ("no answer in time" if isinstance(err, TimeoutError) else "no detail")
-    return ApiFailure(f"{what}: API server unreachable: {type(err).__name__}: {detail}")
 
 
 def _tls_context(configuration: Any) -> ssl.SSLContext:

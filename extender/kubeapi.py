@@ -10,8 +10,8 @@ from urllib.parse import quote
 
 import orjson
 
-from extender.apipost import ApiPost, status_message
-from extender.errors import ApiConflict, ApiFailure
+from extender.apipost import ApiPost, refusal, unreachable
+from extender.errors import ApiFailure
 
 POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 _PAGE = 500
@@ -39,10 +39,8 @@ def translate(err: Exception, what: str) -> ApiFailure:
     from kubernetes.client.exceptions import ApiException
 
     if isinstance(err, ApiException):
-        message = status_message(err.body) or err.reason or "no message"
-        kind = ApiConflict if err.status == 409 else ApiFailure
-        return kind(f"{what}: API server answered {err.status}: {message}")
-    return ApiFailure(f"{what}: API server unreachable: {type(err).__name__}: {err}")
+        return refusal(what, err.status, err.body, err.reason)
+    return unreachable(what, err)
 
 
 class KubePodApi:
