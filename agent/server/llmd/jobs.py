@@ -56,8 +56,8 @@ class Jobs:
         self._port = server_port
         self._proc_root = proc_root
         self._watch = ProcessWatch(asyncio.get_running_loop())
-        self._callers: dict[str, PeerProcess | None] = {}
-        """gRPC peer (one per client connection) → its process, once looked up."""
+        self._callers: dict[str, PeerProcess] = {}
+        """gRPC peer (one per client connection) → its process, once found."""
         self._sessions: dict[tuple[str, int], Session] = {}
 
     def close(self) -> None:
@@ -206,7 +206,7 @@ class Jobs:
         self.service.session_opened(tenant_id, pid)
 
     def _exited(self, tenant_id: str, pid: int) -> None:
-        self._callers = {k: v for k, v in self._callers.items() if v is None or v.pid != pid}
+        self._callers = {k: v for k, v in self._callers.items() if v.pid != pid}
         session = self._sessions.pop((tenant_id, pid), None)
         if session is None:
             return
