@@ -32,8 +32,10 @@ def check_tls(cert: str | None, key: str | None) -> None:
                 f"{option} {path}: cannot read it ({exc.strerror}); mount the serving "
                 "certificate's secret there (manifests/scheduler/tls) or pass the right path"
             ) from None
+    from extender.server import tls_context
+
     try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        tls_context(cert, key)
     except ssl.SSLError as exc:
         raise StartError(
             f"--tls-cert {cert} / --tls-key {key} do not load as a certificate and its key "
