@@ -17,7 +17,6 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -29,6 +28,8 @@ from tests.harness.podresources import (
     ContainerAsk,
     PodResourcesRecord,
     PodResourcesServer,
+    stop_server,
+    unix_server,
 )
 
 SUPPORTED_VERSION = "v1beta1"
@@ -90,16 +91,15 @@ class RegistrationServer:
         return self.socket_dir / KUBELET_SOCKET
 
     def start(self) -> None:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        api_pb2_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
-        server.add_insecure_port(f"unix://{self.socket_path}")
-        server.start()
-        self._server = server
+        registration = _Registration(self)
+        self._server = unix_server(
+            self.socket_path,
+            lambda s: api_pb2_grpc.add_RegistrationServicer_to_server(registration, s),
+        )
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=None).wait(5)
-            self._server = None
+        stop_server(self._server)
+        self._server = None
 
 
 class _Registration(api_pb2_grpc.RegistrationServicer):

@@ -124,16 +124,27 @@ class PodResourcesServer:
         self._server: grpc.Server | None = None
 
     def start(self) -> None:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        pb_grpc.add_PodResourcesListerServicer_to_server(
-            _Lister(self.record, self._allocatable), server
+        lister = _Lister(self.record, self._allocatable)
+        self._server = unix_server(
+            self.socket_path, lambda s: pb_grpc.add_PodResourcesListerServicer_to_server(lister, s)
         )
-        server.add_insecure_port(f"unix://{self.socket_path}")
-        server.start()
-        self._server = server
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(grace=None).wait(5)
-            self._server = None
+        stop_server(self._server)
+        self._server = None
         self.socket_path.unlink(missing_ok=True)
+
+
+def unix_server(socket_path: Path, add: Callable[[grpc.Server], None]) -> grpc.Server:
+    """A started gRPC server on the Unix socket, with the servicers `add` puts on it."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    add(server)
+    server.add_insecure_port(f"unix://{socket_path}")
+    server.start()
+    return server
+
+
+def stop_server(server: grpc.Server | None) -> None:
+    """Stop the server (if any) and wait, bounded, for it."""
+    if server is not None:
+        server.stop(grace=None).wait(5)
