@@ -15,7 +15,7 @@ from extender.cache import ClusterCache
 from extender.errors import ApiConflict, ApiFailure
 from extender.inventory import Assignment, pod_uid
 from extender.placement import Tenant, place
-from extender.requests import RequestError, TenantRequest, parse_pod_request
+from extender.requests import RequestError, TenantRequest
 from extender.wire import BindingArgs
 
 BINDS_IN_FLIGHT = 8
@@ -101,7 +101,7 @@ class Binder:
         if bound:
             raise _Refused(f"it is already bound to node {bound}")
         try:
-            request = parse_pod_request(pod)
+            request = self._state.request(pod)
         except RequestError as err:
             raise _Refused(str(err)) from None
         if request is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ from baton.names import (
     ANNOTATION_GPUS,
     ANNOTATION_HOST_MEMORY_BUDGET,
 )
-from extender.requests import RequestError, parse_pod_request
+from extender.requests import RequestError, TenantRequest, parse_pod_request
 from extender.snapshot import Gpu, Tenant
 
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
@@ -125,8 +126,12 @@ def pod_uid(pod: dict[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("uid") or pod_name(pod))
 
 
-def assignment(pod: dict[str, Any]) -> Assignment | None:
-    """The GPUs a bound, live pod holds, or `None` when it holds none."""
+def assignment(
+    pod: dict[str, Any],
+    request_of: Callable[[dict[str, Any]], TenantRequest | None] = parse_pod_request,
+) -> Assignment | None:
+    """The GPUs a bound, live pod holds, or `None` when it holds none (its request read by
+    `request_of`)."""
     node = (pod.get("spec") or {}).get("nodeName")
     assigned = annotations_of(pod).get(ANNOTATION_ASSIGNED_GPUS)
     phase = (pod.get("status") or {}).get("phase")
@@ -134,7 +139,7 @@ def assignment(pod: dict[str, Any]) -> Assignment | None:
         return None
     uid = pod_uid(pod)
     try:
-        request = parse_pod_request(pod)
+        request = request_of(pod)
     except RequestError:
         request = None
     memory, duty = (request.memory_mib, request.duty) if request else (None, None)

@@ -98,6 +98,62 @@ def parse_pod_request(pod: dict[str, Any]) -> TenantRequest | None:
     )
 
 
+class RequestMemo:
+    """`parse_pod_request`, remembered per pod UID while the pod's container resources stay
+    the same.
+
+    One pod is read several times on its way to a node: by filter and prioritize (from
+    kube-scheduler's copy), by bind and by the watch (twice: pending, then bound). Comparing
+    the containers' `resources` with the remembered ones is a C-level dict comparison, far
+    cheaper than parsing the quantities again, and a resize (which changes them) is read
+    afresh. Safe to share between threads: each step is one dict operation.
+    """
+
+    def __init__(self, size: int = 8192):
+        self._size = size
+        self._memo: dict[str, tuple[tuple[object, ...], TenantRequest | str | None]] = {}
+
+    def __len__(self) -> int:
+        """Pods remembered."""
+        return len(self._memo)
+
+    def request(self, pod: dict[str, Any]) -> TenantRequest | None:
+        """As `parse_pod_request` (a `RequestError` for an unusable request)."""
+        uid = (pod.get("metadata") or {}).get("uid")
+        key = _resources_key(pod)
+        if not isinstance(uid, str) or not uid or key is None:
+            return parse_pod_request(pod)
+        hit = self._memo.get(uid)
+        if hit is None or hit[0] != key:
+            try:
+                found: TenantRequest | str | None = parse_pod_request(pod)
+            except RequestError as err:
+                found = str(err)
+            if len(self._memo) >= self._size:
+                self._memo.clear()  # rare (a pod's entry goes when it does); cheap to refill
+            hit = self._memo[uid] = (key, found)
+        if isinstance(hit[1], str):
+            raise RequestError(hit[1])
+        return hit[1]
+
+    def forget(self, uid: str) -> None:
+        """The pod is gone."""
+        self._memo.pop(uid, None)
+
+
+def _resources_key(pod: dict[str, Any]) -> tuple[object, ...] | None:
+    """Everything `parse_pod_request` reads: each container's and init container's
+    `resources` (None for a pod shaped so oddly that the parser should say why)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return None
+    try:
+        app, init = spec.get("containers") or (), spec.get("initContainers") or ()
+        return (len(app), *(c.get("resources") for c in app), *(c.get("resources") for c in init))
+    except (AttributeError, TypeError):
+        return None
+
+
 def _mapping(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}

@@ -19,6 +19,7 @@ from extender.inventory import (
     node_inventory,
     pod_uid,
 )
+from extender.requests import RequestMemo, TenantRequest
 from extender.snapshot import Limits, NodeState, Tenant, node_state
 
 Clock = Callable[[], float]
@@ -39,6 +40,12 @@ class ClusterState:
         self._states: dict[str, NodeState] = {}
         self._pending: dict[str, dict[str, Any]] = {}
         """Pods not yet bound, as last seen: a bind reads them here instead of from the API."""
+        self._requests = RequestMemo()
+
+    def request(self, pod: dict[str, Any]) -> TenantRequest | None:
+        """The pod's Baton request (`parse_pod_request`, remembered while its resources stay
+        the same); a `RequestError` when it is unusable."""
+        return self._requests.request(pod)
 
     def node(self, name: str) -> NodeState | None:
         """The node's current state, or `None` when the cache does not know it."""
@@ -89,7 +96,7 @@ class ClusterState:
         self._pending.clear()
         for pod in pods:
             self._note_pending(pod)
-            found = assignment(pod)
+            found = assignment(pod, self.request)
             if found:
                 self._add(found)
         for uid in [u for u in self._assumed if u in self._assigned]:
@@ -98,15 +105,22 @@ class ClusterState:
         self._rebuild_all()
 
     def upsert_pod(self, pod: dict[str, Any]) -> None:
-        """A pod was added or changed."""
+        """A pod was added or changed.
+
+        When it holds what was counted for it already (the watch confirming our bind as
+        assumed, or a status change of a running tenant), no node changes and none is rebuilt.
+        """
         uid = pod_uid(pod)
         self._note_pending(pod)
+        before = self._counted(uid)
         touched = self._remove(uid)
-        found = assignment(pod)
+        found = assignment(pod, self.request)
         if found:
             self._add(found)
             touched.add(found.node)
             touched |= self._drop_assumed(uid)
+            if found == before:
+                touched = set()
         touched |= self._expire()
         self._rebuild_many(touched)
 
@@ -114,6 +128,7 @@ class ClusterState:
         """A pod went away; so does any assumption about it."""
         uid = pod_uid(pod)
         self._pending.pop(uid, None)
+        self._requests.forget(uid)
         self._rebuild_many(self._remove(uid) | self._drop_assumed(uid) | self._expire())
 
     def pending_pod(self, uid: str) -> dict[str, Any] | None:
@@ -136,6 +151,11 @@ class ClusterState:
     def forget(self, uid: str) -> None:
         """Drop an assumption (its bind failed)."""
         self._rebuild_many(self._drop_assumed(uid))
+
+    def _counted(self, uid: str) -> Assignment | None:
+        """What the pod counts as on its node now: our assumption over the watch's view."""
+        entry = self._assumed.get(uid)
+        return entry[0] if entry else self._assigned.get(uid)
 
     def _add(self, found: Assignment) -> None:
         self._assigned[found.uid] = found

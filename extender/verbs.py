@@ -6,7 +6,7 @@ from collections import OrderedDict
 from typing import Any
 
 from extender.placement import NodeState, Verdict, one_gpu_chooser, place
-from extender.requests import RequestError, TenantRequest, parse_pod_request
+from extender.requests import RequestError, TenantRequest
 from extender.state import ClusterState
 from extender.wire import MIN_PRIORITY, ExtenderArgs, PreemptionArgs
 
@@ -54,7 +54,7 @@ def filter_nodes(
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     try:
-        request = parse_pod_request(args.pod)
+        request = state.request(args.pod)
     except RequestError as err:
         return [], {}, dict.fromkeys(args.node_names, str(err))
     if request is None:
@@ -90,10 +90,10 @@ def _version(pod: dict[str, Any]) -> str:
     return f"{uid}/{version}" if isinstance(uid, str) and uid else ""
 
 
-def _usable_request(pod: dict[str, Any]) -> TenantRequest | None:
+def _usable_request(state: ClusterState, pod: dict[str, Any]) -> TenantRequest | None:
     """The pod's Baton request; None when it makes none or an unusable one (filter says why)."""
     try:
-        return parse_pod_request(pod)
+        return state.request(pod)
     except RequestError:
         return None
 
@@ -107,7 +107,7 @@ def prioritize_nodes(
     known = kept.take(_version(args.pod)) if kept is not None else {}
     if known and known.keys() >= set(args.node_names):
         return [(name, known[name]) for name in args.node_names]
-    request = _usable_request(args.pod)
+    request = _usable_request(state, args.pod)
     if request is None:
         return [(name, MIN_PRIORITY) for name in args.node_names]
     choose = one_gpu_chooser(request, state.limits) if request.gpus == 1 else None
@@ -144,7 +144,7 @@ def preempt_nodes(state: ClusterState, args: PreemptionArgs) -> list[str]:
 
     A pod without a Baton request (or with an unusable one) leaves the candidates as they are.
     """
-    request = _usable_request(args.pod)
+    request = _usable_request(state, args.pod)
     if request is None:
         return list(args.victims)
     kept = []

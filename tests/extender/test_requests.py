@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 from decimal import Decimal
 
 import pytest
 
-from extender.requests import RequestError, TenantRequest, parse_pod_request, parse_quantity
+from extender.requests import (
+    RequestError,
+    RequestMemo,
+    TenantRequest,
+    parse_pod_request,
+    parse_quantity,
+)
 from tests.extender.builders import pod
 
 
@@ -90,3 +97,43 @@ def test_containers_sum_and_init_containers_count_like_kube_scheduler() -> None:
 def test_malformed_pods_are_request_errors(spec: object, message: str) -> None:
     with pytest.raises(RequestError, match=message.replace(".", r"\.")):
         parse_pod_request({"metadata": {"name": "p"}, "spec": spec})
+
+
+def test_the_memo_answers_as_the_parser_and_reads_a_resize_afresh() -> None:
+    memo = RequestMemo()
+    first = pod(uid="u1", gpus=1, memory=8192, duty=20)
+    assert memo.request(first) == parse_pod_request(first)
+    assert len(memo) == 1
+    resized = copy.deepcopy(first)
+    resized["spec"]["containers"][0]["resources"]["limits"]["memory"] = "64Gi"
+    assert memo.request(resized) == parse_pod_request(resized)
+    assert memo.request(resized) != memo.request(first)
+    memo.forget("u1")
+    assert len(memo) == 0
+
+
+def test_the_memo_remembers_an_unusable_request_and_still_says_why() -> None:
+    memo = RequestMemo()
+    bad = pod(uid="u1", gpus="1.5")
+    for _ in range(2):
+        with pytest.raises(RequestError, match="not a whole number"):
+            memo.request(bad)
+
+
+def test_the_memo_leaves_pods_without_uid_or_with_odd_shapes_to_the_parser() -> None:
+    memo = RequestMemo()
+    unnamed = pod(gpus=2)
+    unnamed["metadata"].pop("uid")
+    assert memo.request(unnamed) == TenantRequest(gpus=2, memory_limit_bytes=512 * 2**30)
+    odd = pod(uid="u2")
+    odd["spec"]["containers"] = ["not an object"]
+    with pytest.raises(RequestError, match="not a list of objects"):
+        memo.request(odd)
+    assert len(memo) == 0
+
+
+def test_the_memo_starts_over_when_full() -> None:
+    memo = RequestMemo(size=2)
+    for uid in ("a", "b", "c"):
+        memo.request(pod(uid=uid))
+    assert len(memo) == 1

@@ -76,3 +76,27 @@ def test_forget_frees_the_slot_and_node_without_leaves_out_victims() -> None:
     without = state.node_without("n1", {"u1"})
     assert without is not None and [t for g in without.gpus for t in g.tenants] == []
     assert tenants(state) == ["u1"]
+
+
+def test_the_watch_confirming_an_assumption_keeps_the_node_state() -> None:
+    state, _ = setup()
+    state.assume(Assignment("u1", "default/p", "n1", ("GPU-n1-0",), Tenant("u1", None, None)))
+    assumed = state.node("n1")
+    state.upsert_pod(pod("p", uid="u1", node_name="n1", assigned=["GPU-n1-0"]))
+    assert state.assumed() == {}
+    assert state.node("n1") is assumed
+    running = pod("p", uid="u1", node_name="n1", assigned=["GPU-n1-0"])
+    running["status"]["phase"] = "Running"
+    state.upsert_pod(running)
+    assert state.node("n1") is assumed
+
+
+def test_the_watch_showing_another_assignment_than_assumed_rebuilds_the_node() -> None:
+    state, _ = setup()
+    state.replace_nodes([node("n1", gpus=2)])
+    state.assume(Assignment("u1", "default/p", "n1", ("GPU-n1-0",), Tenant("u1", None, None)))
+    assumed = state.node("n1")
+    state.upsert_pod(pod("p", uid="u1", node_name="n1", assigned=["GPU-n1-1"]))
+    rebuilt = state.node("n1")
+    assert rebuilt is not assumed and rebuilt is not None
+    assert [list(g.tenants) for g in rebuilt.gpus] == [[], ["u1"]]
