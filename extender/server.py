@@ -1,4 +1,10 @@
-"""Serving the extender's routes on a socket bound before the server starts."""
+"""Serving the extender's routes on a socket bound before the server starts.
+
+The event loop is uvloop's (libuv, in C): the extender's answers are short, so the loop's own
+work per request (waking on the socket, reading, writing, scheduling callbacks) is a large part
+of what each costs. Through the real kube-scheduler on 2 cores (`baton bench schedule`) it
+took the extender's CPU per pod from about 0.82 to 0.70 ms.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable
+
+import uvloop
 
 from baton.shutdown import STOP_SIGNALS, signal_name
 from extender.http import HttpServer, Routes
@@ -65,7 +73,8 @@ class Server:
     def run(self, sockets: list[socket.socket]) -> None:
         """Serve on the (listening) socket until stopped."""
         (sock,) = sockets
-        asyncio.run(self._serve(sock))
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(self._serve(sock))
 
     async def _serve(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()

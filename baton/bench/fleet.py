@@ -7,6 +7,7 @@ server puts on every new node is lifted: nothing else would, there is no kubelet
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kubernetes import client, watch
+import orjson
 
 from baton.names import (
     ANNOTATION_GPUS,
@@ -121,17 +122,22 @@ def make_namespace(api: Any, namespace: str) -> None:
 
 
 class BindWatch:
-    """Records when each pod of a namespace was first seen bound to a node."""
+    """Records when each pod of a namespace was first seen bound to a node.
+
+    It reads the watch as raw JSON lines and looks at three fields of each pod: it shares the
+    machine with the schedulers it measures, and building the client's model objects for
+    every event cost about 0.25 ms of CPU a pod, taken from them.
+    """
 
     def __init__(self, api: Any, namespace: str) -> None:
         self._api = api
         self._namespace = namespace
         self._lock = threading.Condition()
         self.bound: dict[str, float] = {}
-        self._watch = watch.Watch()
         self._thread = threading.Thread(target=self._run, name="bind-watch", daemon=True)
         self._error: BaseException | None = None
         self._stopped = threading.Event()
+        self._response: Any = None
         self._version = ""
 
     def start(self) -> BindWatch:
@@ -141,39 +147,59 @@ class BindWatch:
         return self
 
     def _relist(self) -> None:
-        listed = self._api.list_namespaced_pod(self._namespace)
-        for pod in listed.items:
+        raw = self._api.list_namespaced_pod(self._namespace, _preload_content=False)
+        listed = orjson.loads(raw.data)
+        for pod in listed.get("items") or []:
             self._saw(pod)
-        self._version = listed.metadata.resource_version
+        self._version = str((listed.get("metadata") or {}).get("resourceVersion", ""))
 
-    def _saw(self, pod: Any) -> None:
-        if pod.spec.node_name:
+    def _saw(self, pod: dict[str, Any]) -> None:
+        if (pod.get("spec") or {}).get("nodeName"):
             with self._lock:
-                self.bound.setdefault(pod.metadata.name, time.monotonic())
+                self.bound.setdefault(pod["metadata"]["name"], time.monotonic())
                 self._lock.notify_all()
 
     def _run(self) -> None:
         """Watch from the last version seen; a watch the server ends is opened again."""
         try:
             while not self._stopped.is_set():
-                try:
-                    for event in self._watch.stream(
-                        self._api.list_namespaced_pod,
-                        self._namespace,
-                        resource_version=self._version,
-                        timeout_seconds=60,
-                    ):
-                        pod = event["object"]
-                        self._version = pod.metadata.resource_version
-                        self._saw(pod)
-                except client.ApiException as exc:
-                    if exc.status != 410:
-                        raise
-                    self._relist()  # the history we asked for is gone: start over from now
+                self._response = self._api.list_namespaced_pod(
+                    self._namespace,
+                    watch=True,
+                    resource_version=self._version,
+                    timeout_seconds=60,
+                    _preload_content=False,
+                )
+                if self._stopped.is_set():
+                    break
+                self._follow(self._response)
         except BaseException as exc:  # reported by wait_bound
-            with self._lock:
-                self._error = exc
-                self._lock.notify_all()
+            if not self._stopped.is_set():
+                with self._lock:
+                    self._error = exc
+                    self._lock.notify_all()
+        finally:
+            if self._response is not None:
+                self._response.release_conn()
+
+    def _follow(self, response: Any) -> None:
+        """The events of one watch response, until the server or `stop()` ends it."""
+        buffer = b""
+        for chunk in response.stream(amt=None, decode_content=False):
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if not line.strip():
+                    continue
+                event = orjson.loads(line)
+                pod = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    if pod.get("code") != 410:
+                        raise RuntimeError(f"the watch ended: {pod.get('message', pod)}")
+                    self._relist()  # the history we asked for is gone: start over from now
+                    return
+                self._version = str(pod["metadata"]["resourceVersion"])
+                self._saw(pod)
 
     def wait_bound(self, names: Iterable[str], timeout: float) -> None:
         """Return once every pod in `names` is bound; TimeoutError saying how many were not."""
@@ -194,9 +220,13 @@ class BindWatch:
                 raise RuntimeError(f"the pod watch failed: {self._error}") from self._error
 
     def stop(self) -> None:
-        """End the watch."""
+        """End the watch (and wait, bounded, for its thread)."""
         self._stopped.set()
-        self._watch.stop()
+        response = self._response
+        if response is not None:
+            with contextlib.suppress(Exception):
+                response.shutdown()
+        self._thread.join(timeout=10)
 
 
 def create_pods(
