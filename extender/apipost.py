@@ -92,7 +92,8 @@ class _Connection:
 
 class ApiPost:
     """`await post(path, body, what)`: the answer's body; `ApiConflict` for a 409,
-    `ApiFailure` for any other failure, each naming `what`."""
+    `ApiFailure` for any other failure, each naming `what`. The body is JSON unless
+    `content_type` says otherwise; the answer is asked for in JSON."""
 
     def __init__(self, api_client: Any, timeout_s: float):
         self._configuration = api_client.configuration
@@ -103,7 +104,7 @@ class ApiPost:
         self._port = url.port or (443 if url.scheme == "https" else 80)
         self._prefix = url.path.rstrip("/")
         self._head = (
-            f"Host: {url.netloc}\r\nContent-Type: application/json\r\n"
+            f"Host: {url.netloc}\r\n"
             f"Accept: application/json\r\nUser-Agent: {api_client.user_agent}\r\n"
         )
         self._proxied = bool(self._configuration.proxy)
@@ -113,17 +114,21 @@ class ApiPost:
             weakref.WeakKeyDictionary()
         )
 
-    async def __call__(self, path: str, body: bytes, what: str) -> bytes:
+    async def __call__(
+        self, path: str, body: bytes, what: str, content_type: str = "application/json"
+    ) -> bytes:
         # auth_settings() reads the token afresh (in a pod, the rotating service-account token).
         token = self._configuration.auth_settings().get("BearerToken")
         auth = f"{token['key']}: {token['value']}\r\n" if token else ""
         if self._proxied:
-            headers = {"Authorization": token["value"]} if token else {}
+            headers = {"Content-Type": content_type}
+            if token:
+                headers["Authorization"] = token["value"]
             answer = await asyncio.to_thread(self._through_pool, path, body, headers, what)
         else:
             request = (
                 f"POST {self._prefix}{path} HTTP/1.1\r\n{self._head}{auth}"
-                f"Content-Length: {len(body)}\r\n\r\n"
+                f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
             ).encode("latin-1") + body
             answer = await self._direct(request, what)
         status, reason, data = answer
@@ -177,7 +182,7 @@ class ApiPost:
         import urllib3
 
         url = self._configuration.host + path
-        headers = {**headers, "Content-Type": "application/json", "Accept": "application/json"}
+        headers = {**headers, "Accept": "application/json"}
         timeout = urllib3.Timeout(total=self._timeout_s)
         try:
             resp = self._pool.request("POST", url, body=body, headers=headers, timeout=timeout)

@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 import orjson
 
+from extender import kubeproto
 from extender.apipost import ApiPost, refusal, unreachable
 from extender.errors import ApiFailure
 
@@ -77,23 +78,20 @@ class KubePodApi:
         """Create the pod's Binding: UID and resourceVersion preconditions (409 when stale).
 
         The API server copies a Binding's annotations onto the pod in the same write that sets
-        its node, so a pod is never seen annotated but unbound, or bound without its GPUs.
+        its node, so a pod is never seen annotated but unbound, or bound without its GPUs. The
+        Binding goes in protobuf, as kube-scheduler sends it (`extender.kubeproto`).
         """
-        meta: dict[str, Any] = {"name": name, "namespace": namespace}
-        if uid and "/" not in uid:
-            meta["uid"] = uid
-        if resource_version:
-            meta["resourceVersion"] = resource_version
-        if annotations:
-            meta["annotations"] = annotations
-        body = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": meta,
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        }
+        body = kubeproto.binding(
+            namespace,
+            name,
+            node,
+            uid=uid if "/" not in uid else "",
+            resource_version=resource_version,
+            annotations=annotations,
+        )
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}/binding"
-        await self._post(path, orjson.dumps(body), f"binding pod {namespace}/{name}")
+        what = f"binding pod {namespace}/{name}"
+        await self._post(path, body, what, kubeproto.CONTENT_TYPE)
 
     def close(self) -> None:
         """Close the running loop's kept-alive connections."""

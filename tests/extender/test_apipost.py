@@ -14,6 +14,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
+from extender import kubeproto
 from extender.apipost import ApiPost
 from extender.errors import ApiConflict, ApiFailure
 
@@ -151,6 +152,19 @@ def test_a_201_gives_its_body_and_the_request_is_as_sent() -> None:
         assert seen.headers["content-length"] == str(len(BODY))
         assert "authorization" not in seen.headers
         assert seen.body == BODY
+
+    run(body())
+
+
+def test_a_protobuf_body_goes_with_its_content_type_and_the_answer_is_asked_in_json() -> None:
+    async def body() -> None:
+        raw = kubeproto.binding("ns", "p", "node-1")
+        async with StandIn(answer("201 Created", b"{}")) as server, poster(server.port) as post:
+            await post(BINDING, raw, WHAT, kubeproto.CONTENT_TYPE)
+        (seen,) = server.seen
+        assert seen.headers["content-type"] == "application/vnd.kubernetes.protobuf"
+        assert seen.headers["accept"] == "application/json"
+        assert seen.body == raw
 
     run(body())
 

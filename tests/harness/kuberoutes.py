@@ -15,6 +15,7 @@ from tests.harness.kubepatch import (
     label_matcher,
     parse_json,
 )
+from tests.harness.kubeprotobuf import PROTOBUF, read_binding
 from tests.harness.kubestore import KINDS, NAMESPACED, ApiError, Obj, Store
 
 BINDING_SUCCESS: Obj = {
@@ -82,7 +83,9 @@ def matcher(route: Route) -> Callable[[Obj], bool]:
     return lambda obj: bool(fields(obj) and labels(obj))
 
 
-def _body(raw: bytes) -> Any:
+def _body(raw: bytes, content_type: str | None = None) -> Any:
+    if (content_type or "").split(";")[0].strip() == PROTOBUF:
+        return read_binding(raw)
     try:
         return parse_json(raw)
     except ValueError as err:
@@ -99,7 +102,7 @@ def handle(
         obj = store.get(route.resource, ns, route.name)
         return 200, ({"status": obj.get("status", {}), **obj} if route.sub else obj)
     if verb == "create" and route.sub == "binding":
-        binding = _body(raw)
+        binding = _body(raw, content_type)
         name = route.name or (binding.get("metadata") or {}).get("name", "")
         store.bind(ns, name, binding)
         return 201, {
