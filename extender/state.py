@@ -8,7 +8,7 @@ it expires.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -19,17 +19,11 @@ from extender.inventory import (
     node_inventory,
     pod_uid,
 )
-from extender.placement import one_gpu_chooser
 from extender.requests import RequestMemo, TenantRequest
 from extender.snapshot import Limits, NodeState, Tenant, node_state
 
 Clock = Callable[[], float]
 ASSUME_TTL_S = 120.0
-CHANGES_KEPT = 1024
-"""Node changes remembered for bringing kept score tables up to date; a table older than
-that is made afresh."""
-SHAPES_KEPT = 32
-"""One-GPU request shapes whose score tables are kept; more start afresh."""
 
 
 class ClusterState:
@@ -47,10 +41,6 @@ class ClusterState:
         self._pending: dict[str, dict[str, Any]] = {}
         """Pods not yet bound, as last seen: a bind reads them here instead of from the API."""
         self._requests = RequestMemo()
-        self._version = 0
-        """Counts node state changes; `_changes` holds (version, node) of the latest ones."""
-        self._changes: deque[tuple[int, str]] = deque(maxlen=CHANGES_KEPT)
-        self._tables: dict[TenantRequest, tuple[int, dict[str, int | None]]] = {}
 
     def request(self, pod: dict[str, Any]) -> TenantRequest | None:
         """The pod's Baton request (`parse_pod_request`, remembered while its resources stay
@@ -75,46 +65,6 @@ class ClusterState:
         if inventory is None:
             return None
         return self._build(name, inventory, exclude=uids)
-
-    def one_gpu_scores(self, request: TenantRequest) -> Mapping[str, int | None]:
-        """Every node's score for a one-GPU pod of this request (None where no GPU takes it).
-
-        Kept per request shape and brought up to date from the nodes changed since, so a pod
-        of a shape seen before costs a placement per changed node (a bind changes one), not
-        one per node. A table handed out is never changed afterwards (an update copies it):
-        prioritize reads the one filter saw. Called from one thread (the event loop); the
-        changes it reads are made by others.
-        """
-        version = self._version  # read first: a change after it is redone next time
-        kept = self._tables.get(request)
-        changed = self._changed_since(kept[0]) if kept is not None else None
-        if kept is not None and changed is not None and not changed:
-            return kept[1]
-        choose = one_gpu_chooser(request, self.limits)
-        if kept is None or changed is None:
-            nodes = list(self._states.items())  # one C-level copy: the watch may add a node
-            table = {name: _score(choose(node)) for name, node in nodes}
-        else:
-            table = dict(kept[1])
-            for name in changed:
-                node = self._states.get(name)
-                if node is None:
-                    table.pop(name, None)
-                else:
-                    table[name] = _score(choose(node))
-        if len(self._tables) >= SHAPES_KEPT and request not in self._tables:
-            self._tables.clear()
-        self._tables[request] = (version, table)
-        return table
-
-    def _changed_since(self, version: int) -> set[str] | None:
-        """Nodes changed after `version`; None when more changed than are remembered."""
-        if version == self._version:
-            return set()
-        changes = list(self._changes)  # one C-level copy: writers append meanwhile
-        if not changes or changes[0][0] > version + 1:
-            return None
-        return {name for at, name in changes if at > version}
 
     def node_names(self) -> list[str]:
         """Every known node."""
@@ -229,8 +179,6 @@ class ClusterState:
 
     def _rebuild_all(self) -> None:
         self._states = {name: self._build(name, inv) for name, inv in self._nodes.items()}
-        self._changes.clear()
-        self._version += 1  # with no changes remembered, every kept table is made afresh
 
     def _rebuild_many(self, names: set[str]) -> None:
         for name in names:
@@ -239,9 +187,6 @@ class ClusterState:
                 self._states.pop(name, None)
             else:
                 self._states[name] = self._build(name, inventory)
-            # After the state: a reader that sees this version sees the new state too.
-            self._changes.append((self._version + 1, name))
-            self._version += 1
 
     def _build(
         self, name: str, inventory: NodeInventory, exclude: set[str] | None = None
@@ -304,10 +249,6 @@ class ClusterState:
                 for g in state.gpus
             ],
         }
-
-
-def _score(best: tuple[str, int] | None) -> int | None:
-    return None if best is None else best[1]
 
 
 def _name(node: dict[str, Any]) -> str:

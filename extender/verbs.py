@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
 from typing import Any
 
-from extender.placement import NodeState, Verdict, place
+from extender.placement import NodeState, Verdict, one_gpu_chooser, place
 from extender.requests import RequestError, TenantRequest
 from extender.state import ClusterState
 from extender.wire import MIN_PRIORITY, ExtenderArgs, PreemptionArgs
@@ -20,16 +19,15 @@ class FilterScores:
     kube-scheduler filters and scores a pod in one scheduling cycle, on one snapshot of the
     cluster. Filter's fast path finds each node's best GPU anyway; keeping its score means
     prioritize scores the pod on the state filter judged it on (a bind finished in between
-    does not make the two disagree) and costs a lookup instead of a second placement. What
-    filter kept is the table of every node the cache knew then (`one_gpu_scores`); a node
-    it did not know, or a pod it did not see, is scored afresh.
+    does not make the two disagree) and costs a lookup instead of a second placement. A node
+    filter did not score (or a pod it did not see) is scored afresh.
     """
 
     def __init__(self, pods: int = 16):
         self._pods = pods
-        self._scores: OrderedDict[str, Mapping[str, int | None]] = OrderedDict()
+        self._scores: OrderedDict[str, dict[str, int]] = OrderedDict()
 
-    def keep(self, pod: str, scores: Mapping[str, int | None]) -> None:
+    def keep(self, pod: str, scores: dict[str, int]) -> None:
         """Filter's scores for the pod (its UID and resourceVersion); the oldest pod's go when
         more than `pods` are kept."""
         self._scores[pod] = scores
@@ -41,9 +39,8 @@ class FilterScores:
         """Pods whose scores are kept."""
         return len(self._scores)
 
-    def take(self, pod: str) -> Mapping[str, int | None]:
-        """The pod's scores by node, None where it fits no GPU (empty if filter kept none);
-        they are used once."""
+    def take(self, pod: str) -> dict[str, int]:
+        """The pod's scores by node (empty if filter kept none); they are used once."""
         return self._scores.pop(pod, None) or {}
 
 
@@ -62,10 +59,15 @@ def filter_nodes(
         return [], {}, dict.fromkeys(args.node_names, str(err))
     if request is None:
         return list(args.node_names), failed, unresolvable
-    scores = state.one_gpu_scores(request) if request.gpus == 1 else {}
+    choose = one_gpu_chooser(request, state.limits) if request.gpus == 1 else None
+    scores: dict[str, int] = {}
+    nodes = state.nodes_by_name()
     for name in args.node_names:
-        if scores.get(name) is not None:
+        node = nodes.get(name)
+        best = choose(node) if choose is not None and node is not None else None
+        if best is not None:
             passed.append(name)
+            scores[name] = best[1]
             continue
         verdict = _verdict(state, args, request, name, choose=False)
         if verdict.fits:
@@ -104,24 +106,26 @@ def prioritize_nodes(
     With `kept`, the scores filter kept for this pod are used where it has them."""
     known = kept.take(_version(args.pod)) if kept is not None else {}
     if known and known.keys() >= set(args.node_names):
-        return [(name, _priority(known[name])) for name in args.node_names]
+        return [(name, known[name]) for name in args.node_names]
     request = _usable_request(state, args.pod)
     if request is None:
         return [(name, MIN_PRIORITY) for name in args.node_names]
-    if request.gpus == 1:
-        known = {**state.one_gpu_scores(request), **known}
+    choose = one_gpu_chooser(request, state.limits) if request.gpus == 1 else None
+    nodes = state.nodes_by_name()
     scores = []
     for name in args.node_names:
-        if name in known:
-            scores.append((name, _priority(known[name])))
+        score = known.get(name)
+        if score is not None:
+            scores.append((name, score))
+            continue
+        node = nodes.get(name)
+        if choose is not None and node is not None:
+            best = choose(node)
+            scores.append((name, MIN_PRIORITY if best is None else best[1]))
             continue
         verdict = _verdict(state, args, request, name, choose=True)
         scores.append((name, verdict.score if verdict.fits else MIN_PRIORITY))
     return scores
-
-
-def _priority(score: int | None) -> int:
-    return MIN_PRIORITY if score is None else score
 
 
 def _verdict(

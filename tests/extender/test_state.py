@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import random
-from typing import Any
-
 from extender.inventory import Assignment
-from extender.placement import Limits, Tenant, one_gpu_chooser
-from extender.requests import TenantRequest
-from extender.state import CHANGES_KEPT, ClusterState
+from extender.placement import Limits, Tenant
+from extender.state import ClusterState
 from tests.extender.builders import node, pod
 
 
@@ -104,47 +100,3 @@ def test_the_watch_showing_another_assignment_than_assumed_rebuilds_the_node() -
     rebuilt = state.node("n1")
     assert rebuilt is not assumed and rebuilt is not None
     assert [list(g.tenants) for g in rebuilt.gpus] == [[], ["u1"]]
-
-
-def fresh_scores(state: ClusterState, request: TenantRequest) -> dict[str, int | None]:
-    choose = one_gpu_chooser(request, state.limits)
-    return {
-        name: None if (best := choose(node)) is None else best[1]
-        for name, node in state.nodes_by_name().items()
-    }
-
-
-def test_kept_score_tables_follow_every_change_and_are_never_edited_after() -> None:
-    rng = random.Random(7)
-    state = ClusterState(Limits(), Clock(), assume_ttl_s=60)
-    state.replace_nodes([node(f"n{i}", gpus=2) for i in range(6)])
-    state.replace_pods([])
-    shapes = [TenantRequest(1, 20000, 30.0), TenantRequest(1, None, None)]
-    handed: list[tuple[dict[str, int | None], Any]] = []
-    for step in range(300):
-        name = f"n{rng.randrange(7)}"  # n6 comes and goes
-        action = rng.randrange(4)
-        if action == 0:
-            uid = f"u{rng.randrange(12)}"
-            gpu = f"GPU-{name}-{rng.randrange(2)}"
-            state.assume(Assignment(uid, f"default/{uid}", name, (gpu,), Tenant(uid, 20000, 30)))
-        elif action == 1:
-            state.forget(f"u{rng.randrange(12)}")
-        elif action == 2:
-            state.upsert_node(node(name, gpus=rng.choice([1, 2])))
-        elif step % 50 == 0:
-            state.delete_node(node(name))
-        for request in shapes:
-            table = state.one_gpu_scores(request)
-            assert dict(table) == fresh_scores(state, request), f"step {step}"
-            handed.append((dict(table), table))
-    assert all(copy == table for copy, table in handed)
-
-
-def test_a_table_older_than_the_changes_kept_is_made_afresh() -> None:
-    state, _ = setup()
-    request = TenantRequest(1, 20000, 30.0)
-    first = state.one_gpu_scores(request)
-    for i in range(CHANGES_KEPT + 5):
-        assume(state, f"u{i % 3}")
-    assert state.one_gpu_scores(request) == fresh_scores(state, request) != first
