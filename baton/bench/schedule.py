@@ -162,21 +162,35 @@ class Bench:
         finally:
             proc.stop()
 
-    def throughput(self, profile: str, count: int, tag: str) -> tuple[float, float]:
+    def throughput(self, profile: str, count: int, tag: str) -> tuple[float, float, int]:
         """Pods per second for `count` pods waiting when the scheduler starts: first bind to
         last, and over the middle 90% of binds (steady, without the first and last pods'
-        stragglers); its pods are removed afterwards."""
+        stragglers); and how many API requests kube-apiserver refused with 429 meanwhile. Its
+        pods are removed afterwards."""
         watch = fleet.BindWatch(self.api, NAMESPACE).start()
         try:
             burst = pods(profile, f"{profile}-{tag}", count)
             fleet.create_pods(self.api, NAMESPACE, burst)
+            refused = self.refused_requests()
             with self.scheduler(profile):
                 watch.wait_bound((p["metadata"]["name"] for p in burst), BIND_TIMEOUT_S)
+            refused = self.refused_requests() - refused
             times = sorted(watch.bound[p["metadata"]["name"]] for p in burst)
         finally:
             watch.stop()
         fleet.delete_pods(self.api, NAMESPACE, profile)
-        return _rate(times), _rate(times[len(times) // 20 : len(times) - len(times) // 20])
+        steady = _rate(times[len(times) // 20 : len(times) - len(times) // 20])
+        return _rate(times), steady, refused
+
+    def refused_requests(self) -> int:
+        """Requests kube-apiserver has refused with 429 so far (its API Priority and Fairness
+        turning work away), from its own metrics."""
+        api_client = self.api.api_client  # the admin kubeconfig: its client certificate
+        url = f"{api_client.configuration.host}/metrics"
+        answer = api_client.rest_client.pool_manager.request("GET", url, timeout=30.0)
+        if answer.status != 200:
+            raise RuntimeError(f"reading kube-apiserver's /metrics: HTTP {answer.status}")
+        return refused_in(answer.data.decode())
 
     def latency(self, profile: str, count: int, rate: float) -> dict[str, float]:
         """Create → bound of `count` pods created at `rate` per second while the scheduler
@@ -204,6 +218,15 @@ class Bench:
         return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)}
 
 
+def refused_in(metrics: str) -> int:
+    """The sum of `apiserver_request_total` over the series with code 429."""
+    total = 0.0
+    for line in metrics.splitlines():
+        if line.startswith("apiserver_request_total{") and 'code="429"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
 def _rate(times: list[float]) -> float:
     """Binds per second from the first of `times` (sorted) to the last."""
     span = times[-1] - times[0] if len(times) > 1 else 0.0
@@ -218,6 +241,7 @@ def run(
         raise ValueError(f"rounds must be 1 or more, not {rounds}")
     rates: dict[str, list[float]] = {REFERENCE: [], SCHEDULER_NAME: []}
     steady: dict[str, list[float]] = {REFERENCE: [], SCHEDULER_NAME: []}
+    refused: dict[str, list[int]] = {REFERENCE: [], SCHEDULER_NAME: []}
     with tempfile.TemporaryDirectory(prefix="baton-bench-schedule-") as tmp:
         bench = Bench(Path(tmp), nodes)
         with bench.running():
@@ -226,9 +250,10 @@ def run(
                     (REFERENCE, SCHEDULER_NAME) if index % 2 == 0 else (SCHEDULER_NAME, REFERENCE)
                 )
                 for profile in order:
-                    whole, middle = bench.throughput(profile, pods_count, f"t{index}")
+                    whole, middle, turned_away = bench.throughput(profile, pods_count, f"t{index}")
                     rates[profile].append(whole)
                     steady[profile].append(middle)
+                    refused[profile].append(turned_away)
             reference = bench.latency(REFERENCE, latency_pods, rate)
             baton = bench.latency(SCHEDULER_NAME, latency_pods, rate)
     baton_rate = statistics.median(rates[SCHEDULER_NAME])
@@ -248,6 +273,8 @@ def run(
         "steady_pods_per_s": round(baton_steady, 1),
         "reference_steady_pods_per_s": round(reference_steady, 1),
         "steady_throughput_ratio": round(baton_steady / reference_steady, 3),
+        "refused_requests_rounds": refused[SCHEDULER_NAME],
+        "reference_refused_requests_rounds": refused[REFERENCE],
         "p50_schedule_ms": round(baton["p50"], 1),
         "p99_schedule_ms": round(baton["p99"], 1),
         "reference_p50_schedule_ms": round(reference["p50"], 1),

@@ -35,6 +35,8 @@ def test_both_profiles_schedule_every_pod_and_report_same_run_figures() -> None:
     assert figures["steady_pods_per_s"] > 0 and figures["reference_steady_pods_per_s"] > 0
     assert 0 < figures["p50_schedule_ms"] <= figures["p99_schedule_ms"]
     assert 0 < figures["reference_p50_schedule_ms"] <= figures["reference_p99_schedule_ms"]
+    for key in ("refused_requests_rounds", "reference_refused_requests_rounds"):
+        assert len(figures[key]) == 2 and all(n >= 0 for n in figures[key])
 
 
 def test_the_extender_profile_really_goes_through_the_extender(tmp_path: Path) -> None:
@@ -89,3 +91,16 @@ def test_the_command_prints_json_last_or_says_what_is_missing() -> None:
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["pods"] == 8 and figures["reference_pods_per_s"] > 0
+
+
+def test_refused_requests_are_counted_from_the_429_series_only() -> None:
+    metrics = "\n".join(
+        [
+            "# HELP apiserver_request_total Counter of apiserver requests",
+            'apiserver_request_total{code="201",verb="POST",resource="pods"} 1000',
+            'apiserver_request_total{code="429",verb="POST",resource="pods"} 120',
+            'apiserver_request_total{code="429",verb="POST",resource="events"} 94',
+            'apiserver_request_duration_seconds_count{code="429"} 7',
+        ]
+    )
+    assert schedule.refused_in(metrics) == 214
