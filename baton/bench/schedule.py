@@ -133,7 +133,10 @@ class Bench:
             "--port",
             str(port),
         ]
-        argv += ["--kubeconfig", str(self.plane.admin_kubeconfig), "--log-level", "WARNING"]
+        # kube-scheduler's own identity, as for the binds of the reference profile: the same
+        # RBAC and the same API Priority and Fairness level (the admin's would be exempt).
+        kubeconfig = self.plane.root / "kube-scheduler.kubeconfig"
+        argv += ["--kubeconfig", str(kubeconfig), "--log-level", "WARNING"]
         self.extender = Process("baton-extender", argv, self.root / "extender.log").start()
         extender = self.extender
 
