@@ -103,7 +103,7 @@ class RequestMemo:
     the same.
 
     One pod is read several times on its way to a node: by filter and prioritize (from
-    kube-scheduler's copy), by bind and by the watch (twice: pending, then bound). Comparing
+    kube-scheduler's copy), by bind, and by the watch once it is bound. Comparing
     the containers' `resources` with the remembered ones is a C-level dict comparison, far
     cheaper than parsing the quantities again, and a resize (which changes them) is read
     afresh. Safe to share between threads: each step is one dict operation.
