@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from baton.bench.fleet import BindWatch
+from extender.kubeapi import Watch
 
 
 class Raw:
@@ -17,6 +18,9 @@ class Raw:
 
     def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
         return iter(self._chunks)
+
+    def release_conn(self) -> None:
+        pass
 
 
 def pod(name: str, version: str, node: str = "") -> dict[str, Any]:
@@ -41,7 +45,7 @@ def test_events_split_across_chunks_are_read_and_bound_pods_recorded() -> None:
     watch = BindWatch(Api(), "ns")
     watch._relist()
     events = line("ADDED", pod("a", "10")) + line("MODIFIED", pod("a", "11", node="n2"))
-    watch._follow(Raw(chunks=[events[:25], events[25:70], events[70:]]))
+    watch._follow(Watch(Raw(chunks=[events[:25], events[25:70], events[70:]]), "pods"))
     assert set(watch.bound) == {"a"}
     assert watch._version == "11"
 
@@ -50,7 +54,9 @@ def test_a_410_relists_and_another_error_ends_the_watch() -> None:
     api = Api()
     watch = BindWatch(api, "ns")
     watch._relist()
-    watch._follow(Raw(chunks=[line("ERROR", {"code": 410, "message": "too old"})]))
+    watch._follow(Watch(Raw(chunks=[line("ERROR", {"code": 410, "message": "too old"})]), "pods"))
     assert api.lists == 2 and "listed" in watch.bound and watch._version == "2"
     with pytest.raises(RuntimeError, match="forbidden"):
-        watch._follow(Raw(chunks=[line("ERROR", {"code": 403, "message": "forbidden"})]))
+        watch._follow(
+            Watch(Raw(chunks=[line("ERROR", {"code": 403, "message": "forbidden"})]), "pods")
+        )
