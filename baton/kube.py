@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import logging
 import os
 import re
+import socket
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -109,6 +113,27 @@ def api_error_reason(err: BaseException) -> str:
         root = inner
     text = str(root).split(": ", 1)[-1] if "Failed to establish" in str(root) else str(root)
     return f"API server unreachable ({type(root).__name__}: {text})"
+
+
+def watch_events(response: Any) -> Iterator[dict[str, Any]]:
+    """The events of a streamed watch response (`_preload_content=False`), one JSON object per
+    line of its body."""
+    pending = b""
+    for chunk in response.stream(amt=None, decode_content=True):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+
+
+def interrupt(response: Any) -> None:
+    """Unblock a thread reading a streamed response, from another thread (closing the response
+    from here would deadlock): its socket is shut down, so the reader's next read ends."""
+    sock = getattr(getattr(response, "connection", None), "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def format_timestamp_ns(ns: int) -> str:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from baton import names
-from baton.kube import Outage, parse_timestamp_ns
+from baton.kube import Outage, interrupt, parse_timestamp_ns, watch_events
 from deviceplugin.devices import PodView
 from deviceplugin.errors import ApiUnavailableError, ConflictError, DevicePluginError
 from deviceplugin.truth import decode_container_gpus
@@ -114,7 +112,7 @@ class PodCache:
     def stop(self) -> None:
         """Stop the watch and wait for its thread."""
         self._stop.set()
-        _abort(self._response)
+        interrupt(self._response)
         self._thread.join(timeout=REQUEST_TIMEOUT_S)
 
     def wait_synced(self, timeout: float) -> bool:
@@ -243,7 +241,7 @@ class PodCache:
         )
         self._response = response
         try:
-            for event in _events(response):
+            for event in watch_events(response):
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
                     return None
@@ -273,22 +271,3 @@ def _root_cause(err: BaseException) -> str:
         reason = getattr(seen, "reason", None)
         seen = reason if isinstance(reason, BaseException) else (seen.__cause__ or seen.__context__)
     return f"{type(err).__name__}: {err}"
-
-
-def _abort(response: Any) -> None:
-    """Unblock a thread reading a streamed response (closing it from here would deadlock)."""
-    sock = getattr(getattr(response, "connection", None), "sock", None)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-def _events(response: Any) -> Iterator[dict[str, Any]]:
-    """Watch events, one JSON object per line of the streamed body."""
-    pending = b""
-    for chunk in response.stream(amt=None, decode_content=True):
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield json.loads(line)

@@ -261,7 +261,7 @@ class Agent:
         if self.service is not None:
             self.service.stopping = True
         if self._pods is not None:
-            self._pods.stop()
+            await asyncio.to_thread(self._pods.stop)  # waits for its thread
         if self._http is not None:
             await self._http.stop()
         if self._handshake is not None:

@@ -10,16 +10,19 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.node.tenants import POD, Tenant
 from baton import names
-from baton.kube import Outage
+from baton.kube import Outage, interrupt, watch_events
 
 log = logging.getLogger(__name__)
 
 _DONE_PHASES = ("Succeeded", "Failed")
+REQUEST_TIMEOUT_S = 10.0
+"""A list's answer, and a watch's headers, must arrive within this."""
+WATCH_TIMEOUT_S = 300
 
 
 def _quantity(value: Any) -> float:
@@ -40,56 +43,54 @@ def container_gpus(text: str | None) -> dict[str, tuple[str, ...]]:
     return {str(c): tuple(sorted(map(str, g))) for c, g in data.items() if isinstance(g, list)}
 
 
-def pod_tenant(pod: Any) -> Tenant | None:
-    """The tenant a pod is, or None if it has no Baton GPUs assigned (or has finished).
+def pod_tenant(pod: Mapping[str, Any]) -> Tenant | None:
+    """The tenant a pod (the API server's JSON) is, or None if it has no Baton GPUs assigned
+    (or has finished).
 
     Its GPUs are what the kubelet allocated to its containers once the device plugin has
     recorded that (`baton.dev/container-gpus`), until then the extender's proposal.
     """
-    meta, spec, status = pod.metadata, pod.spec, pod.status
-    annotations = meta.annotations or {}
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status")
+    annotations = meta.get("annotations") or {}
     per_container = container_gpus(annotations.get(names.ANNOTATION_CONTAINER_GPUS))
     proposed = annotations.get(names.ANNOTATION_ASSIGNED_GPUS, "").split(",")
     allocated = {g for each in per_container.values() for g in each}
     gpus = tuple(sorted(allocated or {g.strip() for g in proposed if g.strip()}))
-    if not gpus or (status is not None and status.phase in _DONE_PHASES):
+    if not gpus or (status or {}).get("phase") in _DONE_PHASES:
         return None
     memory_mib = duty = memory_limit = 0
-    for container in spec.containers or []:
-        resources = container.resources
-        wanted = {
-            **((resources and resources.requests) or {}),
-            **((resources and resources.limits) or {}),
-        }
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        limits = resources.get("limits") or {}
+        wanted = {**(resources.get("requests") or {}), **limits}
         memory_mib += int(_quantity(wanted.get(names.RESOURCE_GPU_MEMORY, 0)))
         duty = max(duty, int(_quantity(wanted.get(names.RESOURCE_GPU_DUTY, 0))))
-        limits = (resources and resources.limits) or {}
         memory_limit += int(_quantity(limits.get("memory", 0)))
+    labels = meta.get("labels") or {}
     return Tenant(
-        tenant_id=f"{meta.namespace}/{meta.name}",
-        name=meta.name,
+        tenant_id=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+        name=meta.get("name", ""),
         gpus=gpus,
         gpu_memory_mib=memory_mib,
         gpu_duty=duty or 100,
         memory_limit_bytes=memory_limit,
         source=POD,
-        pod_uid=meta.uid,
-        labels={
-            k: v for k, v in (meta.labels or {}).items() if k.startswith(names.LABEL_PREFIX_LLMD)
-        },
+        pod_uid=meta.get("uid", ""),
+        labels={k: v for k, v in labels.items() if k.startswith(names.LABEL_PREFIX_LLMD)},
         container_gpus=per_container,
-        containers=_container_ids(status),
+        containers=_container_ids(status or {}),
     )
 
 
-def _container_ids(status: Any) -> dict[str, str]:
+def _container_ids(status: Mapping[str, Any]) -> dict[str, str]:
     """Container ID (without its `containerd://` scheme) → name, from the pod's status."""
-    if status is None:
-        return {}
     found = {}
-    for each in [*(status.init_container_statuses or []), *(status.container_statuses or [])]:
-        if each.container_id:
-            found[each.container_id.rpartition("://")[2]] = each.name
+    for each in [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]:
+        if each.get("containerID"):
+            found[each["containerID"].rpartition("://")[2]] = each.get("name", "")
     return found
 
 
@@ -121,7 +122,8 @@ class PodWatcher:
             "leave keep their tenants",
         )
         self._stop = threading.Event()
-        self._watch: Any = None
+        self._response: Any = None
+        """The list or watch response being read, for `stop` to interrupt."""
         self._thread = threading.Thread(target=self._run, name="podwatch", daemon=True)
 
     def start(self) -> None:
@@ -129,13 +131,19 @@ class PodWatcher:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop watching."""
+        """Stop watching and wait for the thread (at most its request timeout).
+
+        The thread must be gone before the interpreter exits: a daemon thread that wakes from
+        its socket read while the interpreter finalizes aborts the whole process (SIGABRT).
+        """
         self._stop.set()
-        if self._watch is not None:
-            self._watch.stop()
+        interrupt(self._response)
+        if self._thread.is_alive():
+            self._thread.join(REQUEST_TIMEOUT_S + 1.0)
+        if self._thread.is_alive():
+            log.warning("the pod watch did not stop within %.0f s", REQUEST_TIMEOUT_S + 1.0)
 
     def _run(self) -> None:
-        from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
         delay = 0.5
@@ -143,41 +151,76 @@ class PodWatcher:
             try:
                 version = self._relist()
                 self._outage.answered()
-                self._watch = watch.Watch()
-                for item in self._watch.stream(
-                    self._core.list_pod_for_all_namespaces,
-                    field_selector=self._selector,
-                    resource_version=version,
-                    timeout_seconds=300,
-                ):
-                    self._apply(item["type"], item["object"])
+                while version and not self._stop.is_set():
+                    version = self._watch(version)
                 delay = 0.5
             except ApiException as exc:
-                if exc.status != 410:
-                    self._outage.failed(exc, delay)
-                    self._stop.wait(delay)
-                    delay = min(30.0, delay * 2)
+                if exc.status == 410:
+                    continue  # the watch's version is too old: relist at once
+                self._fail(exc, delay)
+                delay = min(30.0, delay * 2)
             except Exception as exc:  # connection errors of any kind: back off and relist
-                self._outage.failed(exc, delay)
-                self._stop.wait(delay)
+                self._fail(exc, delay)
                 delay = min(30.0, delay * 2)
 
+    def _fail(self, exc: Exception, delay: float) -> None:
+        if not self._stop.is_set():
+            self._outage.failed(exc, delay)
+            self._stop.wait(delay)
+
+    def _call(self, **kwargs: Any) -> Any:
+        """A raw list or watch response of this node's pods, kept for `stop` to interrupt."""
+        response = self._core.list_pod_for_all_namespaces(
+            field_selector=self._selector, _preload_content=False, **kwargs
+        )
+        self._response = response
+        if self._stop.is_set():  # stopped while the call was being made
+            interrupt(response)
+        return response
+
     def _relist(self) -> str:
-        pods: Any = self._core.list_pod_for_all_namespaces(field_selector=self._selector)
+        response = self._call(_request_timeout=REQUEST_TIMEOUT_S)
+        try:
+            pods = json.loads(response.data)
+        finally:
+            self._response = None
         seen = set()
-        for pod in pods.items:
-            seen.add(pod.metadata.uid)
+        for pod in pods.get("items") or []:
+            seen.add((pod.get("metadata") or {}).get("uid", ""))
             self._apply("MODIFIED", pod)
         for uid in set(self._known) - seen:
             self._gone(uid)
-        return str(pods.metadata.resource_version)
+        return str((pods.get("metadata") or {}).get("resourceVersion", ""))
 
-    def _apply(self, kind: str, pod: Any) -> None:
+    def _watch(self, version: str) -> str:
+        """Apply watch events from `version`; the version to resume from, or "" to relist."""
+        response = self._call(
+            resource_version=version,
+            watch=True,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_TIMEOUT_S,
+            _request_timeout=(REQUEST_TIMEOUT_S, WATCH_TIMEOUT_S + 30),
+        )
+        try:
+            for event in watch_events(response):
+                kind, pod = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":  # e.g. 410: the version is too old
+                    return ""
+                version = str((pod.get("metadata") or {}).get("resourceVersion") or version)
+                if kind != "BOOKMARK":
+                    self._apply(str(kind), pod)
+        finally:
+            self._response = None
+            response.release_conn()
+        return version
+
+    def _apply(self, kind: str, pod: Mapping[str, Any]) -> None:
+        uid = (pod.get("metadata") or {}).get("uid", "")
         tenant = None if kind == "DELETED" else pod_tenant(pod)
         if tenant is None:
-            self._gone(pod.metadata.uid)
+            self._gone(uid)
             return
-        self._known[pod.metadata.uid] = tenant.tenant_id
+        self._known[uid] = tenant.tenant_id
         self._loop.call_soon_threadsafe(self._upsert, tenant)
 
     def _gone(self, uid: str) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,9 @@ import pytest
 
 from agent.client import Baton
 from agent.client.errors import PermissionDenied
+from agent.node.podwatch import PodWatcher
 from baton import names
+from baton.kube import load_api_client
 from tests.harness.agent import AgentRunner
 from tests.harness.fakeapi import FakeApiServer
 
@@ -156,3 +160,29 @@ def test_serving_pods_refuses_local_tenants_unless_allowed(workdir: str, tmp_pat
                     assert set(runner.status()["tenants"]) == {"local/local"}
             finally:
                 runner.stop()
+
+
+def test_stop_ends_the_watch_thread_while_its_watch_waits(tmp_path: Path) -> None:
+    """`stop` interrupts the watch's read and waits for the thread: a daemon thread left reading
+    at interpreter exit can wake during finalization and abort the agent (SIGABRT)."""
+    loop = asyncio.new_event_loop()
+    joined: list[str] = []
+    with FakeApiServer() as api:
+        api.put_object(pod("trainer", UID, "node-1", "GPU-aaa"))
+        watcher = PodWatcher(
+            load_api_client(str(api.kubeconfig_path(tmp_path))),
+            "node-1",
+            loop,
+            lambda tenant: joined.append(tenant.tenant_id),
+            lambda tenant_id: None,
+        )
+        try:
+            watcher.start()
+            api.wait_for_requests("watch", "pods")  # listed, and now waiting for events
+        finally:
+            watcher.stop()
+            loop.call_soon(loop.stop)
+            loop.run_forever()  # hand over what the thread queued
+            loop.close()
+        assert not [t for t in threading.enumerate() if t.name == "podwatch"]
+    assert joined == ["team/trainer"]
