@@ -88,6 +88,7 @@ def run(options: Options) -> None:
     server = Server(
         app, options.tls_cert, options.tls_key, options.shutdown_grace, on_stop=binder.close
     )
+    server.catch_stop_signals()  # from here on a stop signal ends the extender in order
     scheme = "https" if options.tls_cert else "http"
     log.info(
         "serving on %s://%s:%d, policy %s, max duty %g%%, memory headroom %d MiB",

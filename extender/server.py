@@ -94,10 +94,16 @@ class Server:
                 for sig in STOP_SIGNALS:
                     self._loop.remove_signal_handler(sig)
 
-    def _on_stop_signal(self, sig: signal.Signals) -> None:
+    def catch_stop_signals(self) -> None:
+        """From now on (call it in the main thread), SIGTERM or SIGINT stops the server, also
+        one that arrives before `run` serves: it then stops as soon as it starts. While `run`
+        serves, its event loop handles them."""
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, lambda number, _frame: self._on_stop_signal(number))
+
+    def _on_stop_signal(self, sig: int) -> None:
         self.stop_signal = self.stop_signal or signal_name(sig)
-        assert self._stop is not None
-        self._stop.set()
+        self.stop()
 
     def stop(self) -> None:
         """Ask the server to stop (from any thread)."""

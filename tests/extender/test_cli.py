@@ -144,3 +144,14 @@ def test_sigterm_stops_serving_and_logs_why(fake_api: FakeApiServer, tmp_path: P
     assert len(stopped) == 1 and "stopped on SIGTERM; watches closed" in stopped[0], lines
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=5):
         pass
+
+
+def test_a_sigterm_as_soon_as_it_serves_still_stops_it_in_order(
+    fake_api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The signal arrives while the watches start, before the event loop runs: it must not
+    kill the process (exit status 0 is `running_extender`'s own check)."""
+    lines: list[str] = []
+    with running_extender(fake_api, tmp_path, lines):
+        pass
+    assert [line for line in lines if "stopped on SIGTERM; watches closed" in line], lines
