@@ -141,14 +141,19 @@ class AgentProcess:
         ]  # fmt: skip
 
     def start(self, timeout: float = 30.0) -> None:
-        """Start the agent and wait for its "agent ready" log line."""
+        """Start the agent and wait for its "agent ready" log line; an agent that does not get
+        ready in time is stopped before the TimeoutError is raised."""
         lines: list[str] = []  # this process's own: a killed one's reader may still be draining
         self.lines = lines
         self.proc = subprocess.Popen(
             self.argv(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
         )
         threading.Thread(target=self._read, args=(self.proc, lines), daemon=True).start()
-        line = self.wait_for(self.READY.pattern, timeout)
+        try:
+            line = self.wait_for(self.READY.pattern, timeout)
+        except BaseException:
+            self.stop()
+            raise
         match = self.READY.search(line)
         assert match is not None
         self.http_port = int(match[1])

@@ -54,3 +54,10 @@ def test_an_agent_killed_mid_park_loses_nothing_and_everyone_gets_turns_again():
     finally:
         node.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_an_agent_that_is_not_ready_in_time_is_stopped_not_left_running(tmp_path):
+    node = AgentProcess(str(tmp_path), FakeNodeOptions(fake_gpus="1x100"))
+    with pytest.raises(TimeoutError, match="agent ready"):
+        node.start(timeout=0.001)  # far less than the interpreter takes to start
+    assert node.proc is not None and node.proc.poll() is not None
