@@ -9,6 +9,11 @@ waits for its restore, as CUDA calls wait under the checkpoint lock.
 Layout under the root: `gpus.json` ({"scale": real bytes per simulated byte, "gpus": {uuid:
 simulated bytes}}), and per tenant `tenants/<id>/` holding `meta.json`, `lock`, `<gpu>.dev`
 (resident bytes) and `<gpu>.host` (parked bytes).
+
+Every file and directory under the root is open to every UID (`share`): the agent (root, but
+in its container without the capabilities to override file permissions or change owners) and
+tenants of any UID write each other's files there. `tenants/` is sticky, as /tmp is. Simulated
+device memory is a stand-in, not a boundary between tenants.
 """
 
 from __future__ import annotations
@@ -57,16 +62,31 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def share(fd: int) -> int:
+    """Open the file to every UID (read and write) if this process owns it; returns `fd`."""
+    if os.fstat(fd).st_uid == os.geteuid():
+        os.fchmod(fd, 0o666)
+    return fd
+
+
+def shared_dir(path: Path, mode: int = 0o777) -> None:
+    """Make the directory (its parent exists) and open it to every UID if this process owns it."""
+    path.mkdir(exist_ok=True)
+    if path.stat().st_uid == os.geteuid():
+        path.chmod(mode)
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Replace `path` atomically with `data`."""
     tmp = path.with_name(path.name + ".new")
-    tmp.write_text(json.dumps(data))
+    with open(share(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)), "w") as f:
+        f.write(json.dumps(data))
     os.replace(tmp, path)
 
 
 def timed_flock(path: Path, exclusive: bool, timeout: float) -> int:
     """Open `path` and lock it, waiting at most `timeout` seconds; returns the locked fd."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = share(os.open(path, os.O_RDWR | os.O_CREAT, 0o666))
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     try:
         fcntl.flock(fd, mode | fcntl.LOCK_NB)
@@ -124,7 +144,7 @@ class FakeGpuMemory:
         """Take `mib` simulated MiB on `gpu`; `memory_limit_mib` stands in for a cgroup limit."""
         if gpu not in self.gpus:
             raise ValueError(f"{gpu} is not a fake GPU here (have {', '.join(self.gpus)})")
-        self.dir.mkdir(parents=True, exist_ok=True)
+        shared_dir(self.dir)
         meta_path = self.dir / "meta.json"
         meta = read_json(meta_path) if meta_path.exists() else {"footprint": {}}
         meta["tenant_id"] = self.tenant_id
@@ -132,6 +152,7 @@ class FakeGpuMemory:
         meta["memory_limit"] = None if memory_limit_mib is None else memory_limit_mib * MIB
         new = self.dir / f"{gpu}.alloc"
         with new.open("wb") as f:
+            share(f.fileno())
             f.truncate(max(1, round(mib * MIB * self.scale)))
         os.replace(new, self.dir / f"{gpu}{DEVICE_SUFFIX}")
         write_json(meta_path, meta)

@@ -9,6 +9,7 @@ from baton import names
 FAKE_DIR = "/run/baton-fake-gpus"
 """The simulated device memory's host directory (manifests/overlays/local/node-fake-gpus.yaml)."""
 REPORT = (
+    "echo TENANT_UID=$(id -u); "
     "env | grep -E '^(BATON_|NVIDIA_)' | sort; "
     "grep ' /run/baton ' /proc/self/mountinfo | sed 's/^/mount: /'; "
     "sed 's/^/cgroup: /' /proc/self/cgroup | head -2; "
@@ -73,8 +74,6 @@ def _pod(name: str, namespace: str, script: str, env: dict[str, str], limits: An
             "schedulerName": names.SCHEDULER_NAME,
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
-            # The fake backend's files are the agent's (root); a GPU tenant needs no root.
-            "securityContext": {"runAsUser": 0},
             "containers": [container],
             "volumes": [{"name": "fake-gpus", "hostPath": {"path": FAKE_DIR}}],
         },

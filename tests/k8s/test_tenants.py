@@ -39,6 +39,8 @@ def test_tenants_take_turns_with_what_allocate_gave_them(cluster: Cluster, names
         assert f"pod{uid}" in logs
         assert f"tenant {namespace}/{name} gone" in agent_log
         assert "memory verified" in logs, logs
+        # As the image's user, not root: the fake GPU memory files are open to every UID.
+        assert env["TENANT_UID"] == "65532", logs
         sched = cluster.describe(namespace, name)
         assert re.search(rf"Scheduled .*{names.SCHEDULER_NAME}\s+Successfully assigned", sched)
     # binpack puts all three on one 80 GiB GPU, where two 30000 MiB tenants fit and three don't.

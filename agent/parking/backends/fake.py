@@ -27,6 +27,8 @@ from agent.parking.fakegpu import (
     DEVICE_SUFFIX,
     HOST_SUFFIX,
     read_json,
+    share,
+    shared_dir,
     tenant_dir,
     timed_flock,
     unlock,
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 def copy_file(src: Path, dst: Path) -> None:
     """Copy `src` to `dst` inside the kernel (copy_file_range), without fsync."""
     with src.open("rb") as fin, dst.open("wb") as fout:
+        share(fout.fileno())  # the tenant writes its restored region
         size = os.fstat(fin.fileno()).st_size
         left = size
         while left:
@@ -72,7 +75,8 @@ class FakeBackend(Backend):
         self._closing = threading.Event()
         self._locks: dict[str, int] = {}
         self._mutex = threading.Lock()
-        (self.root / "tenants").mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        shared_dir(self.root / "tenants", 0o1777)  # each tenant may make its own directory
         write_json(self.root / "gpus.json", {"scale": scale, "gpus": self.gpus})
         for line in self.reconcile():
             log.warning("reconciled an interrupted move: %s", line)
@@ -107,7 +111,7 @@ class FakeBackend(Backend):
 
     def attach(self, tenant: TenantRef) -> None:
         """Make the tenant's directory; the tenant allocates its regions itself."""
-        self._dir(tenant.tenant_id).mkdir(parents=True, exist_ok=True)
+        shared_dir(self._dir(tenant.tenant_id))
 
     def detach(self, tenant_id: str) -> None:
         """Drop every region of the tenant, parked copies included."""

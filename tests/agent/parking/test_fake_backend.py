@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 import agent.parking.backends.fake as fake
-from agent.parking.backends.base import BackendError, Residency
+from agent.parking.backends.base import BackendError, Residency, TenantRef
 from agent.parking.backends.fake import FakeBackend
 from agent.parking.fakegpu import FakeGpuMemory, NotResident, PatternMismatch
 from baton.names import MIB
@@ -123,3 +129,71 @@ def test_a_crash_mid_move_is_reconciled_without_loss_or_duplicate(
     mem.verify_pattern(GPU, 7)
     assert again.state("t1").parked_bytes == 0
     again.close()
+
+
+def as_uid(uid: int, work: Callable[[], object]) -> None:
+    """Run `work` in a forked child that has dropped to `uid` (and that GID); raise what it
+    raised, as text."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only its exit status and the pipe leave it
+        os.close(read_end)
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            work()
+            os._exit(0)
+        except BaseException as err:
+            os.write(write_end, repr(err).encode())
+            os._exit(1)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        said = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"as UID {uid}: {said}"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching between UIDs takes root")
+@pytest.mark.parametrize("attached_first", [True, False], ids=["agent first", "tenant first"])
+def test_an_agent_and_a_tenant_of_other_uids_share_the_memory_files(attached_first):
+    """In its container the agent is root without the capabilities to override permissions or
+    change owners, so it meets the files as another UID would; the tenant runs as its image's
+    user. Each must write what the other made, across a park and a restore, and the agent must
+    clean up after it. Either may make the tenant's directory first."""
+    agent_uid, tenant_uid = 65533, 65534
+    root = Path(tempfile.mkdtemp(prefix="baton-fakegpu-", dir="/tmp"))
+
+    def as_agent(*steps: Callable[[FakeBackend], object]) -> None:
+        def run() -> None:
+            b = FakeBackend(root, {GPU: 100 * MIB}, scale=SCALE, lock_timeout=2.0)
+            for step in steps:
+                step(b)
+            b.close()
+
+        as_uid(agent_uid, run)
+
+    def allocate() -> None:
+        mem = FakeGpuMemory("t1", root, timeout=2.0)
+        mem.allocate(GPU, 32)
+        mem.write_pattern(GPU, 7)
+
+    def check_and_write() -> None:
+        mem = FakeGpuMemory("t1", root, timeout=2.0)
+        mem.verify_pattern(GPU, 7)
+        mem.write_pattern(GPU, 8)
+
+    def moved(b: FakeBackend) -> None:
+        assert b.park("t1", GPU).bytes == 32 * MIB
+        assert b.restore("t1", GPU).bytes == 32 * MIB
+
+    try:
+        root.chmod(0o755)  # as the hostPath directory is
+        os.chown(root, agent_uid, agent_uid)  # the agent's fake GPU directory
+        as_agent(*([lambda b: b.attach(TenantRef("t1", (GPU,)))] if attached_first else []))
+        as_uid(tenant_uid, allocate)
+        as_agent(moved)
+        as_uid(tenant_uid, check_and_write)
+        as_agent(lambda b: b.detach("t1"))
+        assert list((root / "tenants").iterdir()) == []
+    finally:
+        shutil.rmtree(root)
