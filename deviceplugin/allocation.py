@@ -67,10 +67,22 @@ class Allocator:
         """Pod UID → slots steered for it so far; -1 once all its asks were (the hint moves on)."""
 
     def _steer_for(self, size: int) -> Choice | None:
-        """The pod a container asking `size` slots most likely belongs to (a guess)."""
+        """The pod a container asking `size` slots most likely belongs to (a guess).
+
+        The kubelet admits a pod as soon as its own watch shows it bound, which can be before
+        ours does: when the cache has no assigned pod waiting, one list of the node's pods
+        looks again (else the container would be steered to no GPU, or another pod's).
+        """
         _, inventory = self.inventory.snapshot()
         done = [uid for uid, n in self._steered.items() if n < 0]
         choice = choose_pod(self.source.pods(), size, inventory, done)
+        if choice is None or choice.fallback:
+            try:
+                pods = self.source.relist()
+            except DevicePluginError as err:
+                log.info("steering from the cached pods only: %s", err)
+            else:
+                choice = choose_pod(pods, size, inventory, done) or choice
         if choice is None:
             return None
         uid = choice.pod.uid

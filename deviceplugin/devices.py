@@ -187,8 +187,9 @@ def preferred_allocation(
     prefer_gpus: Sequence[str] = (),
 ) -> list[str]:
     """The slot devices to suggest: `must_include`, then slots on `prefer_gpus` one GPU at a
-    time in turn, then one slot on each further GPU (the fullest first), and only when every GPU
-    has one a second slot of a GPU: a container asking for N slots means N GPUs."""
+    time in turn, then one slot on each further GPU (those with the most free slots first), and
+    only when every GPU has one a second slot of a GPU: a container asking for N slots means N
+    GPUs."""
     chosen = list(dict.fromkeys(must_include))
     free: dict[str, list[str]] = {}
     for device in available:

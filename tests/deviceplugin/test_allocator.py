@@ -129,3 +129,26 @@ def test_a_missing_pod_resources_socket_is_named_in_the_error(tmp_path):
             client.list()
     finally:
         client.close()
+
+
+class Lagging(MemoryPods):
+    """A watch-fed cache that has not yet shown the pods the API server has (`late`)."""
+
+    def __init__(self, cached: list[PodView], late: list[PodView]) -> None:
+        super().__init__(cached)
+        self.late = late
+
+    def relist(self) -> list[PodView]:
+        for each in self.late:
+            self.add(each)
+        return super().relist()
+
+
+def test_preferred_lists_the_pods_when_the_cache_has_none_waiting_for_its_gpus():
+    """The kubelet admits the third pod before the plugin's watch shows it bound: steering it
+    anyway to the emptiest GPU would undo the extender's packing (the kubelet's choice wins)."""
+    source = Lagging([pod("first", gpus=[A], at=1)], [pod("late", gpus=[A], at=2)])
+    served = allocator(source)
+    assert served.preferred(EVERY, [], 1) == [A0] and source.relists == 0, "a cache hit"
+    assert served.preferred([A1, B0, B1], [], 1) == [A1], "late's GPU, found by one list"
+    assert source.relists == 1
