@@ -13,7 +13,8 @@ simulated bytes}}), and per tenant `tenants/<id>/` holding `meta.json`, `lock`, 
 Every file and directory under the root is open to every UID (`share`): the agent (root, but
 in its container without the capabilities to override file permissions or change owners) and
 tenants of any UID write each other's files there. `tenants/` is sticky, as /tmp is. Simulated
-device memory is a stand-in, not a boundary between tenants.
+device memory is a stand-in, not a boundary between tenants; but nobody follows a symbolic link
+there (`open_file`), so a tenant cannot make the agent read or write a file of the agent's.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import fcntl
 import json
 import os
 import random
+import stat
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -56,10 +58,22 @@ def tenant_dir(root: Path, tenant_id: str) -> Path:
 
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from `path`."""
-    data = json.loads(path.read_text())
+    with open(open_file(path, os.O_RDONLY)) as f:
+        data = json.loads(f.read())
     if not isinstance(data, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     return data
+
+
+def open_file(path: Path, flags: int, mode: int = 0o666) -> int:
+    """`os.open` that refuses a symbolic link (ELOOP) instead of following it."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+def new_file(path: Path) -> int:
+    """A new, empty file at `path` (whatever was there is removed first) open to every UID."""
+    path.unlink(missing_ok=True)
+    return share(open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
 
 
 def share(fd: int) -> int:
@@ -72,21 +86,24 @@ def share(fd: int) -> int:
 def shared_dir(path: Path, mode: int = 0o777) -> None:
     """Make the directory (its parent exists) and open it to every UID if this process owns it."""
     path.mkdir(exist_ok=True)
-    if path.stat().st_uid == os.geteuid():
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{path} is not a directory (a symbolic link?)")
+    if st.st_uid == os.geteuid():
         path.chmod(mode)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Replace `path` atomically with `data`."""
     tmp = path.with_name(path.name + ".new")
-    with open(share(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)), "w") as f:
+    with open(new_file(tmp), "w") as f:
         f.write(json.dumps(data))
     os.replace(tmp, path)
 
 
 def timed_flock(path: Path, exclusive: bool, timeout: float) -> int:
     """Open `path` and lock it, waiting at most `timeout` seconds; returns the locked fd."""
-    fd = share(os.open(path, os.O_RDWR | os.O_CREAT, 0o666))
+    fd = share(open_file(path, os.O_RDWR | os.O_CREAT))
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
     try:
         fcntl.flock(fd, mode | fcntl.LOCK_NB)
@@ -151,8 +168,7 @@ class FakeGpuMemory:
         meta["footprint"][gpu] = mib * MIB
         meta["memory_limit"] = None if memory_limit_mib is None else memory_limit_mib * MIB
         new = self.dir / f"{gpu}.alloc"
-        with new.open("wb") as f:
-            share(f.fileno())
+        with open(new_file(new), "wb") as f:
             f.truncate(max(1, round(mib * MIB * self.scale)))
         os.replace(new, self.dir / f"{gpu}{DEVICE_SUFFIX}")
         write_json(meta_path, meta)
@@ -174,7 +190,7 @@ class FakeGpuMemory:
 
     def write_pattern(self, gpu: str, seed: int) -> None:
         """Fill the device region on `gpu` with the pattern for `seed`."""
-        with self.access(gpu) as path, path.open("r+b") as f:
+        with self.access(gpu) as path, open(open_file(path, os.O_RDWR), "r+b") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(0)
             for i, off in enumerate(range(0, size, CHUNK)):
@@ -182,7 +198,7 @@ class FakeGpuMemory:
 
     def verify_pattern(self, gpu: str, seed: int) -> None:
         """Raise `PatternMismatch` unless the region on `gpu` holds the pattern for `seed`."""
-        with self.access(gpu) as path, path.open("rb") as f:
+        with self.access(gpu) as path, open(open_file(path, os.O_RDONLY), "rb") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(0)
             for i, off in enumerate(range(0, size, CHUNK)):

@@ -26,8 +26,9 @@ from agent.parking.backends.base import (
 from agent.parking.fakegpu import (
     DEVICE_SUFFIX,
     HOST_SUFFIX,
+    new_file,
+    open_file,
     read_json,
-    share,
     shared_dir,
     tenant_dir,
     timed_flock,
@@ -41,8 +42,8 @@ log = logging.getLogger(__name__)
 
 def copy_file(src: Path, dst: Path) -> None:
     """Copy `src` to `dst` inside the kernel (copy_file_range), without fsync."""
-    with src.open("rb") as fin, dst.open("wb") as fout:
-        share(fout.fileno())  # the tenant writes its restored region
+    # No symbolic link is followed: the tenant could point one at a file of the agent's.
+    with open(open_file(src, os.O_RDONLY), "rb") as fin, open(new_file(dst), "wb") as fout:
         size = os.fstat(fin.fileno()).st_size
         left = size
         while left:
@@ -84,7 +85,7 @@ class FakeBackend(Backend):
     def reconcile(self) -> list[str]:
         """Finish or undo moves a crash interrupted; returns what was done, one line each."""
         done = []
-        for tdir in sorted((self.root / "tenants").iterdir()):
+        for tdir in self._tenant_dirs():
             for tmp in tdir.glob(f"*{TMP_SUFFIX}"):
                 tmp.unlink()
                 done.append(f"removed half-written {tmp}")
@@ -98,12 +99,20 @@ class FakeBackend(Backend):
                 self._hold(tenant_id)
         return done
 
+    def _tenant_dirs(self) -> list[Path]:
+        """The tenants' directories; anything else in `tenants/` (a symbolic link) is passed by."""
+        found = (self.root / "tenants").iterdir()
+        return sorted(d for d in found if d.is_dir() and not d.is_symlink())
+
     def _tenant_id(self, tdir: Path) -> str | None:
         meta = tdir / "meta.json"
         return str(read_json(meta)["tenant_id"]) if meta.exists() else None
 
     def _dir(self, tenant_id: str) -> Path:
-        return tenant_dir(self.root, tenant_id)
+        path = tenant_dir(self.root, tenant_id)
+        if path.is_symlink():
+            raise BackendError(f"{path} is a symbolic link, not {tenant_id}'s directory")
+        return path
 
     def _meta(self, tenant_id: str) -> dict[str, object]:
         path = self._dir(tenant_id) / "meta.json"
@@ -124,7 +133,7 @@ class FakeBackend(Backend):
 
     def tenants(self) -> list[str]:
         """Tenants with regions under the root."""
-        ids = (self._tenant_id(d) for d in sorted((self.root / "tenants").iterdir()))
+        ids = (self._tenant_id(d) for d in self._tenant_dirs())
         return [t for t in ids if t]
 
     def footprint(self, tenant_id: str, gpu: str) -> int:

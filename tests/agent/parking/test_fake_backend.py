@@ -132,13 +132,14 @@ def test_a_crash_mid_move_is_reconciled_without_loss_or_duplicate(
 
 
 def as_uid(uid: int, work: Callable[[], object]) -> None:
-    """Run `work` in a forked child that has dropped to `uid` (and that GID); raise what it
-    raised, as text."""
+    """Run `work` in a forked child that has dropped to `uid` (that GID, no other groups);
+    raise what it raised, as text."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: only its exit status and the pipe leave it
         os.close(read_end)
         try:
+            os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
             work()
@@ -195,5 +196,42 @@ def test_an_agent_and_a_tenant_of_other_uids_share_the_memory_files(attached_fir
         as_uid(tenant_uid, check_and_write)
         as_agent(lambda b: b.detach("t1"))
         assert list((root / "tenants").iterdir()) == []
+    finally:
+        shutil.rmtree(root)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching between UIDs takes root")
+@pytest.mark.parametrize("planted", [f"{GPU}.dev", "lock"])
+def test_the_agent_follows_no_symbolic_link_a_tenant_plants(planted):
+    """A tenant replaces its region or its lock with a link to a file only the agent may read:
+    the park fails, and the file is neither copied where the tenant can read it nor opened up."""
+    agent_uid, tenant_uid = 65533, 65534
+    root = Path(tempfile.mkdtemp(prefix="baton-fakegpu-", dir="/tmp"))
+    secret = root / "agent-only"
+
+    def plant() -> None:
+        mem = FakeGpuMemory("t1", root, timeout=2.0)
+        mem.allocate(GPU, 32)
+        (mem.dir / planted).unlink(missing_ok=True)
+        (mem.dir / planted).symlink_to(secret)
+
+    def park_refused() -> None:
+        b = FakeBackend(root, {GPU: 100 * MIB}, scale=SCALE, lock_timeout=2.0)
+        with pytest.raises(OSError):
+            b.park("t1", GPU)
+        b.close()
+
+    try:
+        root.chmod(0o755)
+        os.chown(root, agent_uid, agent_uid)
+        secret.write_text("the agent's token")
+        secret.chmod(0o600)
+        os.chown(secret, agent_uid, agent_uid)
+        as_uid(agent_uid, lambda: FakeBackend(root, {GPU: 100 * MIB}, scale=SCALE).close())
+        as_uid(tenant_uid, plant)
+        as_uid(agent_uid, park_refused)
+        assert not (root / "tenants" / "t1" / f"{GPU}.host").exists()
+        assert secret.stat().st_mode & 0o777 == 0o600
+        assert secret.read_text() == "the agent's token"
     finally:
         shutil.rmtree(root)
