@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 _DONE_PHASES = ("Succeeded", "Failed")
 REQUEST_TIMEOUT_S = 10.0
-"""A list's answer, and a watch's headers, must arrive within this."""
+"""A list's answer, and a connection to the API server, must come within this."""
 WATCH_TIMEOUT_S = 300
 
 
@@ -92,6 +92,10 @@ def _container_ids(status: Mapping[str, Any]) -> dict[str, str]:
         if each.get("containerID"):
             found[each["containerID"].rpartition("://")[2]] = each.get("name", "")
     return found
+
+
+class WatchError(Exception):
+    """The API server ended the watch with an error other than 410 Gone (backed off)."""
 
 
 class PodWatcher:
@@ -204,8 +208,11 @@ class PodWatcher:
         try:
             for event in watch_events(response):
                 kind, pod = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":  # e.g. 410: the version is too old
-                    return ""
+                if kind == "ERROR":
+                    if pod.get("code") == 410:  # the version is too old: relist at once
+                        return ""
+                    code, message = pod.get("code"), pod.get("message")
+                    raise WatchError(f"the watch ended with {code}: {message}")
                 version = str((pod.get("metadata") or {}).get("resourceVersion") or version)
                 if kind != "BOOKMARK":
                     self._apply(str(kind), pod)

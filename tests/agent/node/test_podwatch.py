@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from agent.client import Baton
 from agent.client.errors import PermissionDenied
-from agent.node.podwatch import PodWatcher
+from agent.node.podwatch import PodWatcher, WatchError
 from baton import names
 from baton.kube import load_api_client
 from tests.harness.agent import AgentRunner
@@ -186,3 +187,42 @@ def test_stop_ends_the_watch_thread_while_its_watch_waits(tmp_path: Path) -> Non
             loop.close()
         assert not [t for t in threading.enumerate() if t.name == "podwatch"]
     assert joined == ["team/trainer"]
+
+
+class OneWatch:
+    """A stand-in for the API: every watch answers with these event lines, then ends."""
+
+    def __init__(self, *events: dict[str, Any]) -> None:
+        self.lines = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+
+    def list_pod_for_all_namespaces(self, **_: Any) -> OneWatch:
+        return self
+
+    def stream(self, amt: Any = None, decode_content: bool = True) -> list[bytes]:
+        return [self.lines[:7], self.lines[7:]]  # split mid-line, as chunks come
+
+    def release_conn(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("code", "outcome"), [(410, "relist"), (500, "back off"), (429, "back off")]
+)
+def test_a_watch_error_other_than_410_is_backed_off_not_relisted_at_once(
+    code: int, outcome: str
+) -> None:
+    """410 Gone means the version is too old: relist now. Any other error event is a failing
+    API server, which a relist at once would hammer in a loop."""
+    loop = asyncio.new_event_loop()
+    watcher = PodWatcher(client.ApiClient(), "node-1", loop, lambda t: None, lambda i: None)
+    watcher._core = OneWatch(  # type: ignore[assignment]
+        {"type": "ERROR", "object": {"kind": "Status", "code": code, "message": "no"}}
+    )
+    try:
+        if outcome == "relist":
+            assert watcher._watch("7") == ""
+        else:
+            with pytest.raises(WatchError, match=f"ended with {code}: no"):
+                watcher._watch("7")
+    finally:
+        loop.close()
