@@ -79,7 +79,7 @@ class Allocator:
         if choice is None or choice.fallback:
             try:
                 pods = self.source.relist()
-            except DevicePluginError as err:
+            except Exception as err:  # an unreachable API server or an unreadable answer
                 log.info("steering from the cached pods only: %s", err)
             else:
                 choice = choose_pod(pods, size, inventory, done) or choice

@@ -152,3 +152,17 @@ def test_preferred_lists_the_pods_when_the_cache_has_none_waiting_for_its_gpus()
     assert served.preferred(EVERY, [], 1) == [A0] and source.relists == 0, "a cache hit"
     assert served.preferred([A1, B0, B1], [], 1) == [A1], "late's GPU, found by one list"
     assert source.relists == 1
+
+
+class Unlistable(MemoryPods):
+    """A cache whose fallback list fails (an API server that answers garbage, or none)."""
+
+    def relist(self) -> list[PodView]:
+        raise ValueError("Expecting value: line 1 column 1 (char 0)")
+
+
+def test_preferred_still_answers_when_its_list_fails():
+    """A failed list must not fail the pod's admission: the kubelet gets a suggestion anyway."""
+    served = allocator(Unlistable([pod("first", gpus=[A], at=1)]))
+    assert served.preferred(EVERY, [], 1) == [A0]
+    assert len(served.preferred([A1, B0, B1], [], 1)) == 1, "nobody to steer for: any one slot"
