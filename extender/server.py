@@ -15,6 +15,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable
+from types import FrameType
 
 import uvloop
 
@@ -83,7 +84,7 @@ class Server:
             for sig in STOP_SIGNALS:
                 self._loop.add_signal_handler(sig, self._on_stop_signal, sig)
         self._ready.set()
-        if self._stop_asked.is_set():
+        if self._stop_asked.is_set() or self.stop_signal is not None:
             self._stop.set()
         try:
             await self.http.serve(sock, self._stop, self.shutdown_grace)
@@ -99,7 +100,11 @@ class Server:
         one that arrives before `run` serves: it then stops as soon as it starts. While `run`
         serves, its event loop handles them."""
         for sig in STOP_SIGNALS:
-            signal.signal(sig, lambda number, _frame: self._on_stop_signal(number))
+            signal.signal(sig, self._on_early_signal)
+
+    def _on_early_signal(self, sig: int, _frame: FrameType | None) -> None:
+        # Only an attribute: a handler that took a lock could interrupt its own holder.
+        self.stop_signal = self.stop_signal or signal_name(sig)
 
     def _on_stop_signal(self, sig: int) -> None:
         self.stop_signal = self.stop_signal or signal_name(sig)
