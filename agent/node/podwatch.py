@@ -7,6 +7,7 @@ a thread and hands each change to the event loop.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import threading
@@ -109,10 +110,17 @@ class PodWatcher:
         upsert: Callable[[Tenant], None],
         remove: Callable[[str], None],
         known: dict[str, str] | None = None,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         from kubernetes import client
 
-        self._core = client.CoreV1Api(api_client)
+        # A client of its own that does not retry: urllib3's retries would stretch a request
+        # to an unresponsive API server past what `stop` waits for (the loop backs off itself).
+        configuration = copy.copy(api_client.configuration)
+        configuration.retries = False
+        self._api = client.ApiClient(configuration)
+        self._core = client.CoreV1Api(self._api)
+        self._timeout_s = request_timeout_s
         self._selector = f"spec.nodeName={node_name}"
         self._loop = loop
         self._upsert = upsert
@@ -143,9 +151,11 @@ class PodWatcher:
         self._stop.set()
         interrupt(self._response)
         if self._thread.is_alive():
-            self._thread.join(REQUEST_TIMEOUT_S + 1.0)
+            self._thread.join(self._timeout_s + 1.0)
         if self._thread.is_alive():
-            log.warning("the pod watch did not stop within %.0f s", REQUEST_TIMEOUT_S + 1.0)
+            log.warning("the pod watch did not stop within %.0f s", self._timeout_s + 1.0)
+        else:
+            self._api.close()
 
     def _run(self) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -183,7 +193,7 @@ class PodWatcher:
         return response
 
     def _relist(self) -> str:
-        response = self._call(_request_timeout=REQUEST_TIMEOUT_S)
+        response = self._call(_request_timeout=self._timeout_s)
         try:
             pods = json.loads(response.data)
         finally:
@@ -203,7 +213,7 @@ class PodWatcher:
             watch=True,
             allow_watch_bookmarks=True,
             timeout_seconds=WATCH_TIMEOUT_S,
-            _request_timeout=(REQUEST_TIMEOUT_S, WATCH_TIMEOUT_S + 30),
+            _request_timeout=(self._timeout_s, WATCH_TIMEOUT_S + 30),
         )
         try:
             for event in watch_events(response):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from agent.client.errors import PermissionDenied
 from agent.node.podwatch import PodWatcher, WatchError
 from baton import names
 from baton.kube import load_api_client
+from tests.e2e.processes import poll
 from tests.harness.agent import AgentRunner
 from tests.harness.fakeapi import FakeApiServer
 
@@ -225,4 +228,44 @@ def test_a_watch_error_other_than_410_is_backed_off_not_relisted_at_once(
             with pytest.raises(WatchError, match=f"ended with {code}: no"):
                 watcher._watch("7")
     finally:
+        loop.close()
+
+
+def test_stop_ends_the_thread_while_the_api_server_never_answers() -> None:
+    """A request the server accepts and never answers cannot be interrupted: it ends at its
+    timeout, once, as the watch's client does not retry, so `stop` still finds the thread gone."""
+    accepted: list[socket.socket] = []
+    done = threading.Event()
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.05)
+
+    def accept() -> None:
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                accepted.append(server.accept()[0])
+
+    acceptor = threading.Thread(target=accept, name="silent-api")
+    acceptor.start()
+    loop = asyncio.new_event_loop()
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{server.getsockname()[1]}"
+    watcher = PodWatcher(
+        client.ApiClient(configuration),
+        "node-1",
+        loop,
+        lambda t: None,
+        lambda i: None,
+        request_timeout_s=0.5,
+    )
+    try:
+        watcher.start()
+        poll("the watch's list to connect", lambda: accepted or None, 10)
+        watcher.stop()
+        assert not [t for t in threading.enumerate() if t.name == "podwatch"]
+    finally:
+        done.set()
+        acceptor.join(5)
+        for conn in accepted:
+            conn.close()
+        server.close()
         loop.close()
