@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import os
 import re
@@ -14,6 +13,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -117,14 +118,14 @@ def api_error_reason(err: BaseException) -> str:
 
 def watch_events(response: Any) -> Iterator[dict[str, Any]]:
     """The events of a streamed watch response (`_preload_content=False`), one JSON object per
-    line of its body."""
+    line of its body (orjson: the extender reads every pod event of its cluster this way)."""
     pending = b""
     for chunk in response.stream(amt=None, decode_content=True):
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for line in lines:
             if line.strip():
-                yield json.loads(line)
+                yield orjson.loads(line)
 
 
 def interrupt(response: Any) -> None:

@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 import orjson
 
+from baton.kube import watch_events
 from extender import kubeproto
 from extender.apipost import ApiPost, refusal, unreachable
 from extender.errors import ApiFailure
@@ -161,14 +162,8 @@ class Watch:
         self._kind = kind
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        buffer = b""
         try:
-            for chunk in self._resp.stream(amt=None, decode_content=False):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield orjson.loads(line)
+            yield from watch_events(self._resp)
         except Exception as err:
             raise translate(err, f"watching {self._kind}") from err
         finally:
