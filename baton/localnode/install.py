@@ -7,6 +7,7 @@ from pathlib import Path
 from baton import names
 from baton.localnode.binaries import CHECKOUT
 from baton.localnode.node import LocalNode
+from baton.localnode.procs import wait_for
 
 HOST_DIRS = (Path("/run/baton"), Path("/var/lib/baton"), Path("/run/baton-fake-gpus"))
 """What the overlay's hostPath volumes create on the node: gone with the node if it made them."""
@@ -20,10 +21,24 @@ WORKLOADS = (
 
 
 def install_baton(node: LocalNode, timeout_s: int = 90) -> None:
-    """`kubectl apply -k manifests/overlays/local` and wait for every daemon to roll out."""
+    """`kubectl apply -k manifests/overlays/local`, wait for every daemon to roll out and for
+    the node to show the device plugin's slots.
+
+    The kubelet reports a registered plugin's devices in the node's status on its next status
+    update (up to 10 s later): until then kube-scheduler refuses every tenant pod with
+    "Insufficient baton.dev/gpu".
+    """
     node.kubectl("apply", "-k", str(OVERLAY), timeout=60)
     for workload in WORKLOADS:
         node.kubectl(
             "-n", names.NAMESPACE, "rollout", "status", workload, f"--timeout={timeout_s}s",
             timeout=timeout_s + 10,
         )  # fmt: skip
+
+    def slots() -> bool | None:
+        node_obj = node.plane.get(f"/api/v1/nodes/{node.node_name}")
+        assert isinstance(node_obj, dict)
+        allocatable = node_obj.get("status", {}).get("allocatable", {})
+        return True if int(allocatable.get(names.RESOURCE_GPU, "0")) > 0 else None
+
+    wait_for(f"node {node.node_name} to show {names.RESOURCE_GPU} slots", slots, timeout_s, 0.2)
