@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from baton import names
+from baton.contract import names
 from deviceplugin.devices import (
     Choice,
     ContainerAllocation,

@@ -7,9 +7,9 @@ import logging
 import threading
 from typing import Any
 
-from baton import names
-from baton.kube import Outage
-from baton.meminfo import mem_total_kib
+from baton.contract import names
+from baton.contract.kube import Outage
+from baton.contract.meminfo import mem_total_kib
 from deviceplugin.devices import Inventory
 from deviceplugin.state import LiveInventory
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from baton import names
+from baton.contract import names
 from deviceplugin.allocation import Allocator, PodSource
 from deviceplugin.annotate import NodeAnnotator
 from deviceplugin.devices import Gpu, Inventory

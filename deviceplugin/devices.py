@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from baton import names
+from baton.contract import names
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from baton.names import MIB, fake_gpu_sizes, fake_gpu_uuid
+from baton.contract.names import MIB, fake_gpu_sizes, fake_gpu_uuid
 from deviceplugin.devices import Gpu
 
 FAKE_MODEL = "Baton Fake GPU"
@@ -21,8 +21,8 @@ def parse_fake_gpus(spec: str, node_name: str) -> list[Gpu]:
     """GPUs from `COUNTxMEMORY_MIB` (e.g. `2x81920`), `MIB,MIB,...`, or a JSON/YAML file.
 
     The file holds a list of `{memoryMiB, model?, uuid?}` objects, in index order. UUIDs not
-    given are `baton.names.fake_gpu_uuid(index, node_name)`, as the agent's fake backend names
-    them.
+    given are `baton.contract.names.fake_gpu_uuid(index, node_name)`, as the agent's fake
+    backend names them.
     """
     path = Path(spec)
     if path.is_file():

@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from baton import names
+from baton.contract import names
 from deviceplugin.devices import Inventory
 from deviceplugin.health import HealthTracker
 

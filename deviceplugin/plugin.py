@@ -6,7 +6,7 @@ import logging
 import threading
 from pathlib import Path
 
-from baton import names
+from baton.contract import names
 from deviceplugin.errors import StartError
 from deviceplugin.metrics import Metrics
 from deviceplugin.registration import RegistrationError, register

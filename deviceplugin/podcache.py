@@ -8,8 +8,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from baton import names
-from baton.kube import Outage, interrupt, parse_timestamp_ns, watch_events
+from baton.contract import names
+from baton.contract.kube import Outage, interrupt, parse_timestamp_ns, watch_events
 from deviceplugin.devices import PodView
 from deviceplugin.errors import ApiUnavailableError, ConflictError, DevicePluginError
 from deviceplugin.truth import decode_container_gpus

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import grpc
 
-from baton import names
 from baton._pb import podresources_pb2, podresources_pb2_grpc
+from baton.contract import names
 from deviceplugin.errors import DevicePluginError
 
 CALL_TIMEOUT_S = 5.0

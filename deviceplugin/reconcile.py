@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from baton import names
-from baton.kube import format_timestamp_ns
+from baton.contract import names
+from baton.contract.kube import format_timestamp_ns
 from deviceplugin.allocation import PodSource
 from deviceplugin.devices import PodView
 from deviceplugin.errors import DevicePluginError

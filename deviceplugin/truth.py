@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from baton import names
+from baton.contract import names
 from deviceplugin.devices import PodView
 
 ContainerGpus = Mapping[str, tuple[str, ...]]

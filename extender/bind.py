@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from baton.kube import format_timestamp_ns
-from baton.names import ANNOTATION_ASSIGNED_AT, ANNOTATION_ASSIGNED_GPUS
+from baton.contract.kube import format_timestamp_ns
+from baton.contract.names import ANNOTATION_ASSIGNED_AT, ANNOTATION_ASSIGNED_GPUS
 from extender.cache import ClusterCache
 from extender.errors import ApiConflict, ApiFailure
 from extender.inventory import Assignment, pod_uid

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from baton.kube import Outage
+from baton.contract.kube import Outage
 from extender.errors import ApiFailure
 from extender.kubeapi import Lister, Watch
 from extender.state import ClusterState

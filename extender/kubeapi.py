@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import orjson
 
-from baton.kube import watch_events
+from baton.contract.kube import watch_events
 from extender import kubeproto
 from extender.apipost import ApiPost, refusal, unreachable
 from extender.errors import ApiFailure

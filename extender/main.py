@@ -6,7 +6,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from baton.shutdown import DEFAULT_GRACE_S
+from baton.contract.shutdown import DEFAULT_GRACE_S
 from extender.bind import BINDS_IN_FLIGHT
 from extender.placement import Limits
 
@@ -59,7 +59,7 @@ class Options:
 
 def run(options: Options) -> None:
     """Serve until SIGTERM or SIGINT; then finish open requests (bounded) and stop."""
-    from baton.kube import load_api_client
+    from baton.contract.kube import load_api_client
     from extender.app import create_app
     from extender.bind import Binder
     from extender.cache import KubeCache

@@ -6,7 +6,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from baton.names import METRICS_PREFIX
+from baton.contract.names import METRICS_PREFIX
 
 _P = f"{METRICS_PREFIX}extender_"
 VERBS = ("filter", "prioritize", "bind")

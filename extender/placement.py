@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from baton.names import MIB
+from baton.contract.names import MIB
 from extender.requests import TenantRequest
 from extender.snapshot import (
     Gpu,

@@ -19,7 +19,7 @@ from types import FrameType
 
 import uvloop
 
-from baton.shutdown import STOP_SIGNALS, signal_name
+from baton.contract.shutdown import STOP_SIGNALS, signal_name
 from extender.http import HttpServer, Routes
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from baton.kube import load_api_client
+from baton.contract.kube import load_api_client
 from tests.harness.fakeapi import FakeApiServer
 
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes import client
 
-from baton.kube import (
+from baton.contract.kube import (
     KubeConfigError,
     format_timestamp_ns,
     load_api_client,

@@ -15,7 +15,7 @@ GENERATED = "baton._pb"
 MAX_LINES = 400
 TOOLS = ("baton.cli", "baton.bench", "baton.demo", "baton.status", "baton.localnode")
 DAEMONS = ("agent", "extender", "deviceplugin")
-CORE_MAY_IMPORT = ("agent.core", "baton.names")
+CORE_MAY_IMPORT = ("agent.core", "baton.contract.names")
 CLIENT_MUST_NOT_IMPORT = ("agent.server", "agent.node", "agent.parking", "agent.core")
 
 

@@ -20,7 +20,7 @@ import typer.main
 import yaml
 
 import baton.cli
-from baton import names
+from baton.contract import names
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = ROOT / "manifests"

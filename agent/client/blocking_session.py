@@ -28,7 +28,7 @@ from agent.client.types import (
 from agent.wire import framing
 from agent.wire.handshake import handshake_path, read_token_line
 from baton._pb import agent_pb2 as pb
-from baton.names import ENV_AGENT_SOCKET
+from baton.contract.names import ENV_AGENT_SOCKET
 
 log = logging.getLogger("baton.client")
 

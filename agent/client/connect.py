@@ -15,7 +15,7 @@ from agent.client.links import TRANSPORTS, DirectLink, GrpcLink, SessionLink
 from agent.wire.handshake import handshake_path
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
-from baton.names import AGENT_SESSION_METADATA, ENV_AGENT_SOCKET
+from baton.contract.names import AGENT_SESSION_METADATA, ENV_AGENT_SOCKET
 
 log = logging.getLogger("baton.client")
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from agent.client.errors import BatonError
 from baton._pb import agent_pb2 as pb
-from baton.names import AGENT_SOCKET, ENV_AGENT_SOCKET, ENV_GPUS, ENV_TENANT_NAME
+from baton.contract.names import AGENT_SOCKET, ENV_AGENT_SOCKET, ENV_GPUS, ENV_TENANT_NAME
 
 Callback = Callable[[str], "int | Awaitable[int | None] | None"]
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from baton.names import MIB
+from baton.contract.names import MIB
 
 
 class Reason(StrEnum):

@@ -25,7 +25,7 @@ from typing import Protocol, TextIO, TypeVar
 
 from agent.client import Baton, LeaseInfo
 from agent.client.errors import AgentUnavailable
-from baton.names import MIB
+from baton.contract.names import MIB
 
 CGROUP_MEMORY_MAX = "/sys/fs/cgroup/memory.max"
 

@@ -37,9 +37,9 @@ from agent.server.service import LeaseService
 from agent.server.sessions import SessionRegistry
 from agent.server.status import status_json
 from agent.wire.handshake import handshake_path
-from baton import names
 from baton._pb import agent_pb2_grpc
-from baton.shutdown import on_stop_signal_async
+from baton.contract import names
+from baton.contract.shutdown import on_stop_signal_async
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class Agent:
                 f"the host's /proc is not at {cfg.proc_root}: without it no caller can be "
                 "matched to its pod; pass --proc-root (BATON_PROC_ROOT)"
             )
-        from baton.kube import load_api_client
+        from baton.contract.kube import load_api_client
 
         return load_api_client(cfg.kubeconfig)
 

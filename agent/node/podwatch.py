@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from agent.node.tenants import POD, Tenant
-from baton import names
-from baton.kube import Outage, interrupt, watch_events
+from baton.contract import names
+from baton.contract.kube import Outage, interrupt, watch_events
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import secrets
 from pathlib import Path
 
 from agent.node.state import StateDirError
-from baton.names import AGENT_WATCH_TOKEN_FILE
+from baton.contract.names import AGENT_WATCH_TOKEN_FILE
 
 
 def write_watch_token(state_dir: str | Path) -> str:

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from baton.names import DEFAULT_FAKE_GPU_DIR, ENV_FAKE_GPU_DIR, MIB
+from baton.contract.names import DEFAULT_FAKE_GPU_DIR, ENV_FAKE_GPU_DIR, MIB
 
 DEVICE_SUFFIX = ".dev"
 HOST_SUFFIX = ".host"

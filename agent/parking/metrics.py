@@ -10,7 +10,7 @@ from prometheus_client.registry import Collector
 
 from agent.core.planner import Reason
 from agent.parking.backends.base import Move
-from baton.names import METRICS_PREFIX
+from baton.contract.names import METRICS_PREFIX
 
 STAGES = ("grant", "ahead", "revoke", "request")
 """When a move is made: while a grant waits, ahead of a turn, for a revocation, or on request."""

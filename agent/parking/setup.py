@@ -11,8 +11,8 @@ from agent.core.residency import NullPreparer, TurnPreparer
 from agent.parking.backends.base import Backend, BackendUnavailable, TenantRef
 from agent.parking.metrics import Forward
 from agent.parking.preparer import ParkingPreparer
-from baton.meminfo import MEMINFO, mem_total_kib
-from baton.names import (
+from baton.contract.meminfo import MEMINFO, mem_total_kib
+from baton.contract.names import (
     DEFAULT_FAKE_GPU_DIR,
     DEFAULT_SLOTS_PER_GPU,
     MIB,
@@ -35,7 +35,7 @@ class ParkingOptions:
     fake_gpus: str = "2x81920"
     """Simulated GPUs: `COUNTxMIB`, or MiB per GPU separated by commas."""
     node_name: str = ""
-    """Names the simulated GPUs (`baton.names.fake_gpu_uuid`); empty on a local machine."""
+    """Names the simulated GPUs (`baton.contract.names.fake_gpu_uuid`); empty on a local machine."""
     fake_scale: float = 1 / 1024
     """Real bytes per simulated byte (fake backend)."""
     fake_dir: str = DEFAULT_FAKE_GPU_DIR

@@ -21,7 +21,7 @@ from agent.server.session_stream import Link, SessionStream
 from agent.server.sessions import Session as TenantSession
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
-from baton.names import AGENT_SESSION_METADATA, AGENT_WATCH_METADATA
+from baton.contract.names import AGENT_SESSION_METADATA, AGENT_WATCH_METADATA
 
 log = logging.getLogger(__name__)
 

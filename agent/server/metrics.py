@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from baton.names import METRICS_PREFIX
+from baton.contract.names import METRICS_PREFIX
 
 if TYPE_CHECKING:
     from agent.core.leases import Lease, LeaseTable

@@ -11,7 +11,11 @@ import json
 import socket
 from pathlib import Path
 
-from baton.names import AGENT_SESSION_METADATA, AGENT_WATCH_METADATA, AGENT_WATCH_TOKEN_FILE
+from baton.contract.names import (
+    AGENT_SESSION_METADATA,
+    AGENT_WATCH_METADATA,
+    AGENT_WATCH_TOKEN_FILE,
+)
 
 
 def handshake_path(agent_socket: str) -> str:

@@ -16,9 +16,9 @@ from typing import Any
 
 import grpc
 
-from baton import names
 from baton._pb import api_pb2, api_pb2_grpc
 from baton.bench.memory_pods import MemoryPods
+from baton.contract import names
 from deviceplugin.daemon import Daemon, Settings
 from deviceplugin.devices import PodView
 from deviceplugin.gpus import parse_fake_gpus
@@ -74,7 +74,7 @@ def _fake_api(pods: list[PodView], workdir: Path) -> Iterator[Any]:
         from tests.harness.fakeapi import FakeApiServer
     except ImportError as err:
         raise SystemExit("--api fake needs a source checkout (tests/harness/fakeapi.py)") from err
-    from baton.kube import load_api_client
+    from baton.contract.kube import load_api_client
 
     server = FakeApiServer().start()
     server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})

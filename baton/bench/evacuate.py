@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.parking.backends.base import Backend, TenantRef
-from baton.names import MIB, fake_gpu_uuid
+from baton.contract.names import MIB, fake_gpu_uuid
 
 FILL = bytes(range(256)) * (4 * MIB // 256)
 

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from baton.names import (
+from baton.contract.names import (
     ANNOTATION_ASSIGNED_GPUS,
     ANNOTATION_GPUS,
     ANNOTATION_HOST_MEMORY_BUDGET,

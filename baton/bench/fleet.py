@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from baton.names import (
+from baton.contract.names import (
     ANNOTATION_GPUS,
     ANNOTATION_HOST_MEMORY_BUDGET,
     LABEL_GPU_NODE,

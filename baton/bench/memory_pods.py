@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from baton import names
+from baton.contract import names
 from deviceplugin.devices import PodView
 from deviceplugin.truth import decode_container_gpus
 

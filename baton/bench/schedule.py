@@ -41,10 +41,10 @@ import yaml
 from kubernetes import client
 
 from baton.bench import fleet
-from baton.kube import load_api_client
+from baton.contract.kube import load_api_client
+from baton.contract.names import RESOURCE_GPU_DUTY, RESOURCE_GPU_MEMORY, SCHEDULER_NAME
 from baton.localnode.controlplane import ControlPlane, free_ports
 from baton.localnode.procs import Process, wait_for
-from baton.names import RESOURCE_GPU_DUTY, RESOURCE_GPU_MEMORY, SCHEDULER_NAME
 
 NAMESPACE = "baton-bench"
 REFERENCE = "baton-bench-reference"

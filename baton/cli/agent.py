@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from baton import names
 from baton.cli.options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
-from baton.shutdown import DEFAULT_GRACE_S
+from baton.contract import names
+from baton.contract.shutdown import DEFAULT_GRACE_S
 
 if TYPE_CHECKING:
     from agent.core.residency import TurnPreparer
@@ -135,7 +135,7 @@ def agent(
     from agent.parking.setup import ParkingOptions, connect_preparer
     from agent.server.llmd.groups import Groups, GroupSpecError
     from agent.server.sessions import SessionRegistry
-    from baton.kube import KubeConfigError
+    from baton.contract.kube import KubeConfigError
 
     setup_logging(log_level)
     if policy not in POLICIES:

@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from baton import names
 from baton.cli.options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
-from baton.shutdown import DEFAULT_GRACE_S
+from baton.contract import names
+from baton.contract.shutdown import DEFAULT_GRACE_S
 from deviceplugin.annotate import DEFAULT_HOST_MEMORY_BUDGET
 from deviceplugin.health import DEFAULT_IGNORED_XIDS
 from deviceplugin.reconcile import DEFAULT_INTERVAL_S
@@ -76,9 +76,9 @@ def deviceplugin(
     """Run the kubelet device plugin: advertise time-sliced GPU slots, hand each pod its GPUs."""
     from pathlib import Path
 
-    from baton.kube import KubeConfigError, load_api_client
-    from baton.meminfo import MEMINFO
-    from baton.shutdown import StopSignal
+    from baton.contract.kube import KubeConfigError, load_api_client
+    from baton.contract.meminfo import MEMINFO
+    from baton.contract.shutdown import StopSignal
     from deviceplugin.annotate import host_memory_budget_mib
     from deviceplugin.daemon import Daemon, Settings
     from deviceplugin.errors import StartError

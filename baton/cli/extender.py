@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from baton import names
 from baton.cli.options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
-from baton.shutdown import DEFAULT_GRACE_S
+from baton.contract import names
+from baton.contract.shutdown import DEFAULT_GRACE_S
 from extender.bind import BINDS_IN_FLIGHT
 
 
@@ -47,7 +47,7 @@ def extender(
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run the kube-scheduler extender: filter, prioritize and bind Baton pods."""
-    from baton.kube import KubeConfigError
+    from baton.contract.kube import KubeConfigError
     from extender.main import Options, StartError, run
     from extender.placement import Limits, Policy
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from baton import names
+from baton.contract import names
 
 Kubeconfig = Annotated[
     str | None,
@@ -25,7 +25,7 @@ def setup_logging(level: str) -> None:
     """Log to stderr at `level` (DEBUG, INFO, ...) in the daemons' one format."""
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
     # The Kubernetes client's connection pool warns on every retry of every request; the
-    # daemons say once what is unreachable and what they do about it (`baton.kube.Outage`).
+    # daemons say once what is unreachable and what they do about it (`baton.contract.kube.Outage`).
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
 

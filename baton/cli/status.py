@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from baton import names
+from baton.contract import names
 
 
 def status(

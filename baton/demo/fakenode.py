@@ -21,7 +21,7 @@ from typing import Any
 
 from agent.parking.preparer import ParkingPreparer
 from agent.parking.setup import ParkingOptions, build_preparer, connect_preparer
-from baton.names import ENV_AGENT_SOCKET, ENV_FAKE_GPU_DIR, ENV_GPUS, fake_gpu_uuid
+from baton.contract.names import ENV_AGENT_SOCKET, ENV_FAKE_GPU_DIR, ENV_GPUS, fake_gpu_uuid
 
 
 @dataclass

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from agent.core import events as ev
+from baton.contract.names import fake_gpu_uuid
 from baton.demo.analysis import Hold, busy_seconds, cycle_duty, holds, on_gpu
 from baton.demo.fakenode import FakeNode, FakeNodeOptions
 from baton.demo.lines import read_line
-from baton.names import fake_gpu_uuid
 
 TENANT = [sys.executable, "-m", "baton.demo.tenant"]
 START_TIMEOUT_S = 60.0

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from agent.client import Baton, LeaseInfo
 from agent.parking.fakegpu import FakeGpuMemory, PatternMismatch
-from baton.names import ENV_GPUS
+from baton.contract.names import ENV_GPUS
 
 
 class TurnTaker(Protocol):

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.examples.train.jobs import JobConfig, estimate_bytes
+from baton.contract.names import MIB
 from baton.demo.lines import read_line
-from baton.names import MIB
 
 TENANT = [sys.executable, "-m", "agent.examples.train.tenant"]
 START_TIMEOUT_S = 120.0

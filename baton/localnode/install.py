@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from baton import names
+from baton.contract import names
 from baton.localnode.binaries import CHECKOUT
 from baton.localnode.node import LocalNode
 from baton.localnode.procs import wait_for

@@ -6,7 +6,7 @@ import contextlib
 import shutil
 from pathlib import Path
 
-from baton import names
+from baton.contract import names
 from baton.localnode.pki import Pki, kubeconfig
 from baton.localnode.procs import Process
 from baton.localnode.runtime import unmount_under

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agent.parking.backends.base import Residency
-from baton.names import NAMESPACE, NODE_POD_SELECTOR
+from baton.contract.names import NAMESPACE, NODE_POD_SELECTOR
 
 AgentAnswer = dict[str, Any] | str
 """An agent's /v1/status document, or why it could not be read."""
@@ -114,7 +114,7 @@ def agent_addresses(kubeconfig: str | None) -> dict[str, str]:
     """Where each node's agent listens: its node pod's IP, else the node's InternalIP."""
     from kubernetes import client
 
-    from baton.kube import load_api_client
+    from baton.contract.kube import load_api_client
 
     with load_api_client(kubeconfig) as api_client:
         core = client.CoreV1Api(api_client)

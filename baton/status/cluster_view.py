@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from baton.names import MIB
+from baton.contract.names import MIB
 from baton.status.cluster import single_agent_document
 from baton.status.view import tenant_table
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from baton.bench import schedule
+from baton.contract.names import ANNOTATION_ASSIGNED_GPUS
 from baton.localnode.binaries import find_binaries
-from baton.names import ANNOTATION_ASSIGNED_GPUS
 
 pytestmark = pytest.mark.timeout(300)
 

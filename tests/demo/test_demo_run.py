@@ -12,10 +12,10 @@ from PIL import Image
 from rich.console import Console
 
 from agent.core import events as ev
+from baton.contract.names import MIB
 from baton.demo.report import print_report, summarize
 from baton.demo.runner import DemoConfig, PhaseResult, run_comparison
 from baton.demo.timeline import chrome_trace, png_size, write_timeline
-from baton.names import MIB
 
 # Two 600 MiB tenants on a 1000 MiB GPU: they never fit together, so every switch moves memory.
 CONFIG = DemoConfig(

@@ -7,9 +7,9 @@ import json
 import grpc
 import pytest
 
-from baton import names
 from baton._pb import api_pb2
-from baton.names import fake_gpu_uuid
+from baton.contract import names
+from baton.contract.names import fake_gpu_uuid
 from tests.deviceplugin.conftest import NODE, admit, tenant_pod
 
 GPU0, GPU1 = fake_gpu_uuid(0, NODE), fake_gpu_uuid(1, NODE)

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from baton import names
 from baton.bench.memory_pods import MemoryPods
+from baton.contract import names
 from deviceplugin.allocation import Allocator
 from deviceplugin.devices import Gpu, Inventory, PodView
 from deviceplugin.errors import ApiUnavailableError

@@ -14,8 +14,8 @@ import urllib.request
 import pytest
 from typer.testing import CliRunner
 
-from baton import names
 from baton.cli import app
+from baton.contract import names
 from deviceplugin.gpus import DiscoveryError, discover_nvml
 from tests.deviceplugin.conftest import NODE, tenant_pod
 from tests.deviceplugin.test_allocate import GPU1

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from baton import names
+from baton.contract import names
 from deviceplugin.devices import (
     Gpu,
     Inventory,

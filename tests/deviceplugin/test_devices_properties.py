@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from baton import names
+from baton.contract import names
 from deviceplugin.devices import Gpu, Inventory, choose_pod, preferred_allocation
 from tests.deviceplugin.test_devices import pod
 

@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from baton import names
-from baton.names import fake_gpu_uuid
+from baton.contract import names
+from baton.contract.names import fake_gpu_uuid
 from tests.deviceplugin.conftest import NODE
 
 GPU0, GPU1 = fake_gpu_uuid(0, NODE), fake_gpu_uuid(1, NODE)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from baton import names
 from baton._pb import api_pb2, api_pb2_grpc
+from baton.contract import names
 from tests.harness.kubelet import is_extended_resource_name
 
 

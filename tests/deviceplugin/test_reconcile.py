@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from baton import names
-from baton.names import fake_gpu_uuid
+from baton.contract import names
+from baton.contract.names import fake_gpu_uuid
 from deviceplugin.daemon import Daemon
 from extender.inventory import assignment
 from tests.deviceplugin.conftest import NODE, admit, tenant_pod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.parking.setup import parse_fake_gpus as agent_fake_gpus
-from baton.names import fake_gpu_uuid
+from baton.contract.names import fake_gpu_uuid
 from deviceplugin.annotate import host_memory_budget_mib
 from deviceplugin.gpus import DiscoveryError, discover, parse_fake_gpus
 from deviceplugin.health import DEFAULT_IGNORED_XIDS, is_critical_xid, parse_xid_list

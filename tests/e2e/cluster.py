@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from baton import names
 from baton._pb import api_pb2
+from baton.contract import names
 from tests.e2e.processes import ROOT, container_command
 from tests.harness.fakeapi import FakeApiServer
 from tests.harness.kubelet import KubeletStub

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from baton import names
+from baton.contract import names
 from tests.e2e.cluster import Kubelet, Scheduler
 from tests.e2e.node import (
     BUDGET_MIB,

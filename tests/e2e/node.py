@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from baton import names
+from baton.contract import names
 from tests.e2e.cluster import Container, Kubelet, Placement
 from tests.e2e.prometheus import Prometheus
 from tests.harness.fakeapi import FakeApiServer

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from baton.names import MIB
+from baton.contract.names import MIB
 from tests.e2e.node import TENANT_MIB, TENANTS, Node
 from tests.e2e.prometheus import MISSING, SCRAPE_INTERVAL_S, binary
 from tests.test_dashboard import dashboard, queries

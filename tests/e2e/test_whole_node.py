@@ -28,7 +28,7 @@ from collections import defaultdict
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from baton import names
+from baton.contract import names
 from tests.e2e.node import NODE, SPARE_NODE, STEPS, TENANTS, Node
 from tests.e2e.processes import get_json, poll
 

@@ -21,7 +21,7 @@ from agent.client.errors import AgentUnavailable
 from agent.examples.grpo_loop import Phases, run
 from agent.node.daemon import Agent, AgentConfig
 from agent.parking.setup import ParkingOptions, build_preparer, connect_preparer
-from baton import names
+from baton.contract import names
 
 GPU = "GPU-00000000-0000-0000-0000-000000000001"
 ROOT = Path(__file__).resolve().parents[2]

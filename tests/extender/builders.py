@@ -6,7 +6,7 @@ import json
 import uuid as uuidlib
 from typing import Any
 
-from baton.names import (
+from baton.contract.names import (
     ANNOTATION_ASSIGNED_GPUS,
     ANNOTATION_GPUS,
     ANNOTATION_HOST_MEMORY_BUDGET,

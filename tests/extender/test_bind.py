@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from baton.kube import parse_timestamp_ns
-from baton.names import ANNOTATION_ASSIGNED_AT, ANNOTATION_ASSIGNED_GPUS
+from baton.contract.kube import parse_timestamp_ns
+from baton.contract.names import ANNOTATION_ASSIGNED_AT, ANNOTATION_ASSIGNED_GPUS
 from extender.bind import Binder
 from extender.cache import ClusterCache, KubeCache
 from extender.kubeapi import KubePodApi

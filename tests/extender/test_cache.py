@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from baton.names import ANNOTATION_GPUS
+from baton.contract.names import ANNOTATION_GPUS
 from extender.cache import KubeCache
 from extender.state import ClusterState
 from tests.extender.builders import gpu_entry, node, pod

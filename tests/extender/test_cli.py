@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 import baton.cli
-from baton.names import ANNOTATION_ASSIGNED_GPUS
+from baton.contract.names import ANNOTATION_ASSIGNED_GPUS
 from tests.extender.builders import node, pod
 from tests.harness.fakeapi import FakeApiServer
 

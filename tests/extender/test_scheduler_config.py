@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from baton import names
+from baton.contract import names
 from extender.app import create_app
 from extender.cache import ClusterCache
 from extender.metrics import Metrics

@@ -18,7 +18,7 @@ import grpc
 from agent.client import Baton, BatonError
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
-from baton.names import AGENT_SESSION_METADATA
+from baton.contract.names import AGENT_SESSION_METADATA
 
 
 def answer(**fields: Any) -> None:

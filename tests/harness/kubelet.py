@@ -21,8 +21,8 @@ from pathlib import Path
 
 import grpc
 
-from baton import names
 from baton._pb import api_pb2, api_pb2_grpc
+from baton.contract import names
 from tests.harness.podresources import (
     AdmittedPod,
     ContainerAsk,

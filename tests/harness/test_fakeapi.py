@@ -12,7 +12,7 @@ import pytest
 import urllib3
 from kubernetes import client, watch
 
-from baton.kube import load_api_client
+from baton.contract.kube import load_api_client
 from tests.harness.fakeapi import FakeApiServer
 
 

@@ -8,7 +8,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from baton import names
+from baton.contract import names
 from baton.localnode import LocalNode, procs
 from baton.localnode.procs import LocalNodeError
 

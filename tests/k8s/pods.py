@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from baton import names
+from baton.contract import names
 
 FAKE_DIR = "/run/baton-fake-gpus"
 """The simulated device memory's host directory (manifests/overlays/local/node-fake-gpus.yaml)."""

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from baton import names
+from baton.contract import names
 from tests.k8s.cluster import Cluster, wait_for
 from tests.k8s.pods import sleeper_pod
 

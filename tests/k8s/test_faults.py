@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from baton import names
+from baton.contract import names
 from tests.k8s.cluster import DEVICE_PLUGIN_URL, Cluster, get_text, metric, wait_for
 from tests.k8s.pods import tenant_pod
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from baton import names
+from baton.contract import names
 from tests.k8s.cluster import Cluster, wait_for
 from tests.k8s.pods import report, sleeper_pod
 

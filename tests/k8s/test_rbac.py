@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from baton import names
+from baton.contract import names
 from tests.k8s.cluster import Cluster
 
 SA = f"system:serviceaccount:{names.NAMESPACE}"

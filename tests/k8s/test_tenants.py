@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from baton import names
+from baton.contract import names
 from tests.k8s.cluster import AGENT_URL, Cluster, get_text, metric
 from tests.k8s.pods import report, tenant_pod
 

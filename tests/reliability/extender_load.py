@@ -65,7 +65,7 @@ def new_pod(name: str, rng: random.Random) -> dict[str, Any]:
 
 def serve(kubeconfig: str, ports: Any) -> None:
     """The extender in its own process (so the clients do not share its interpreter)."""
-    from baton.kube import load_api_client
+    from baton.contract.kube import load_api_client
     from extender.app import create_app
     from extender.bind import Binder
     from extender.cache import KubeCache
@@ -226,7 +226,7 @@ class ExtenderLoad:
 
     def _churn(self, stop: threading.Event) -> None:
         """Node and pod churn through the API server, as fast as it goes, until stopped."""
-        from baton.names import ANNOTATION_GPUS
+        from baton.contract.names import ANNOTATION_GPUS
         from tests.extender.builders import node
 
         spare = 0
@@ -257,7 +257,7 @@ class ExtenderLoad:
 
     def double_booked(self) -> list[str]:
         """GPUs with more bound pods than slots, according to the API server."""
-        from baton.names import ANNOTATION_ASSIGNED_GPUS
+        from baton.contract.names import ANNOTATION_ASSIGNED_GPUS
 
         per_gpu: Counter[str] = Counter()
         for name in self.pods:

@@ -21,7 +21,7 @@ import grpc
 from agent.wire.handshake import handshake_path, request_token
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
-from baton.names import AGENT_SESSION_METADATA, AGENT_WATCH_METADATA
+from baton.contract.names import AGENT_SESSION_METADATA, AGENT_WATCH_METADATA
 
 
 def code_of(call: object) -> str:

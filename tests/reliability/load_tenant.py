@@ -20,7 +20,7 @@ import zlib
 
 from agent.client import Baton, BatonError
 from agent.parking.fakegpu import FakeGpuMemory, NotResident, PatternMismatch
-from baton.names import ENV_GPUS
+from baton.contract.names import ENV_GPUS
 
 
 def say(**fields: object) -> None:

@@ -25,7 +25,7 @@ from agent.server.sessions import SessionRegistry
 from agent.wire.handshake import watch_metadata
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
-from baton.names import ENV_AGENT_SOCKET, ENV_FAKE_GPU_DIR, ENV_GPUS, MIB
+from baton.contract.names import ENV_AGENT_SOCKET, ENV_FAKE_GPU_DIR, ENV_GPUS, MIB
 from tests.harness.agent import AgentRunner, short_tmpdir
 
 from .checker import InvariantChecker

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from agent.wire.handshake import handshake_path, request_token
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
-from baton.names import AGENT_SESSION_METADATA
+from baton.contract.names import AGENT_SESSION_METADATA
 from tests.harness.agent import AgentRunner, TenantProcess
 
 from .figures import record

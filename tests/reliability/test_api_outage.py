@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent.client import Baton
-from baton.names import ANNOTATION_ASSIGNED_GPUS
+from baton.contract.names import ANNOTATION_ASSIGNED_GPUS
 from extender.bind import Binder
 from extender.kubeapi import KubePodApi
 from extender.wire import BindingArgs

@@ -17,7 +17,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from baton.names import RESOURCE_GPU, RESOURCE_GPU_MEMORY
+from baton.contract.names import RESOURCE_GPU, RESOURCE_GPU_MEMORY
 from extender.app import create_app
 from extender.cache import ClusterCache
 from extender.metrics import Metrics

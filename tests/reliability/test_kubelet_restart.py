@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from baton import names
+from baton.contract import names
 from tests.deviceplugin.test_kubelet_flow import GPU1, post
 
 from .figures import record

@@ -22,7 +22,7 @@ import yaml
 from agent.client import Baton
 from agent.core.events import Event
 from agent.wire.handshake import handshake_path
-from baton import names
+from baton.contract import names
 from deviceplugin.devices import container_allocation
 from tests.agent.node.test_podwatch import pod
 from tests.harness.agent import ROOT, AgentRunner, TenantProcess

@@ -9,7 +9,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from baton.cli import app
-from baton.names import MIB
+from baton.contract.names import MIB
 from baton.status.cluster import cluster_document, gpu_summary
 from baton.status.cluster_view import gpu_rows_table
 from tests.harness.agent import AgentRunner, TenantProcess

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from baton.names import MIB
+from baton.contract.names import MIB
 
 
 @dataclass

@@ -21,7 +21,7 @@ from agent.server.llmd.jobs import Jobs
 from agent.server.sessions import Session
 from baton._pb import agent_pb2 as pb
 from baton._pb import snapshot_agent_pb2 as sa
-from baton.names import MIB
+from baton.contract.names import MIB
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from baton.names import LABEL_LLMD_GROUP, LABEL_LLMD_JOB
+from baton.contract.names import LABEL_LLMD_GROUP, LABEL_LLMD_JOB
 
 IDLE = "idle"
 IDLE_YIELDED = "idle_yielded"

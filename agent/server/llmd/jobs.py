@@ -25,7 +25,7 @@ from agent.server.llmd.groups import Groups, pod_groups, pod_membership, valid_i
 from agent.server.service import LeaseService
 from agent.server.sessions import Session
 from baton._pb import agent_pb2 as pb
-from baton.names import MIB
+from baton.contract.names import MIB
 
 log = logging.getLogger(__name__)
 

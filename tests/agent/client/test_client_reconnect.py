@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from agent.client import AgentUnavailable, AsyncBaton, LeaseInfo
+from baton.contract.names import fake_gpu_uuid
 from baton.demo.fakenode import AgentProcess, FakeNodeOptions
-from baton.names import fake_gpu_uuid
 from tests.harness.agent import AgentRunner
 
 pytestmark = pytest.mark.timeout(60)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.core.planner import Plan, Reason, Refusal, Snapshot, TenantView, plan_park, plan_turn
-from baton.names import MIB
+from baton.contract.names import MIB
 
 G0, G1 = "GPU-0", "GPU-1"
 

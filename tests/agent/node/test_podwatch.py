@@ -17,8 +17,8 @@ from kubernetes import client
 from agent.client import Baton
 from agent.client.errors import PermissionDenied
 from agent.node.podwatch import PodWatcher, WatchError
-from baton import names
-from baton.kube import load_api_client
+from baton.contract import names
+from baton.contract.kube import load_api_client
 from tests.e2e.processes import poll
 from tests.harness.agent import AgentRunner
 from tests.harness.fakeapi import FakeApiServer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.parking.backends.fake import FakeBackend
-from baton.names import MIB, fake_gpu_uuid
+from baton.contract.names import MIB, fake_gpu_uuid
 
 GPU = fake_gpu_uuid(0)
 GPU1 = fake_gpu_uuid(1)

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from agent.client import AgentUnavailable, Baton
 from agent.parking.fakegpu import FakeGpuMemory
-from baton.names import ENV_GPUS
+from baton.contract.names import ENV_GPUS
 
 T = TypeVar("T")
 

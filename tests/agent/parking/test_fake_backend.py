@@ -14,7 +14,7 @@ import agent.parking.backends.fake as fake
 from agent.parking.backends.base import BackendError, Residency, TenantRef
 from agent.parking.backends.fake import FakeBackend
 from agent.parking.fakegpu import FakeGpuMemory, NotResident, PatternMismatch
-from baton.names import MIB
+from baton.contract.names import MIB
 
 from .conftest import GPU, GPU1, SCALE
 

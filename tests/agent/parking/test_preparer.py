@@ -11,7 +11,7 @@ from agent.core.residency import NoRoom
 from agent.parking.backends.base import BackendError, TenantRef
 from agent.parking.fakegpu import FakeGpuMemory
 from agent.parking.preparer import ParkingPreparer
-from baton.names import MIB
+from baton.contract.names import MIB
 
 from .conftest import GPU
 

@@ -12,8 +12,8 @@ from agent.core import events as ev
 from agent.parking.backends.base import Move, TenantRef
 from agent.parking.fakegpu import FakeGpuMemory
 from agent.parking.preparer import ParkingPreparer
+from baton.contract.names import MIB
 from baton.demo.fakenode import FakeNode, FakeNodeOptions
-from baton.names import MIB
 
 from .conftest import GPU
 from .nodeharness import TenantProc, run, with_node

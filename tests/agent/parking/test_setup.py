@@ -11,7 +11,7 @@ from agent.parking.backends.fake import FakeBackend
 from agent.parking.preparer import ParkingPreparer
 from agent.parking.setup import ParkingOptions, build_preparer, parse_fake_gpus, tenant_ref
 from baton.bench.evacuate import run as run_bench
-from baton.names import MIB, fake_gpu_uuid
+from baton.contract.names import MIB, fake_gpu_uuid
 
 
 def test_fake_gpu_specs():

@@ -21,10 +21,10 @@ from agent.wire.handshake import (
     session_metadata,
     watch_metadata,
 )
-from baton import names
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
-from baton.names import AGENT_SESSION_METADATA, AGENT_WATCH_METADATA
+from baton.contract import names
+from baton.contract.names import AGENT_SESSION_METADATA, AGENT_WATCH_METADATA
 from tests.harness.agent import AgentRunner
 
 NOBODY = 65534

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from agent.core.events import Event
-from baton import names
+from baton.contract import names
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
 from tests.harness.agent import AgentRunner
 from tests.harness.fakeapi import FakeApiServer

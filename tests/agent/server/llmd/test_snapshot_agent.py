@@ -14,7 +14,7 @@ from agent.parking.setup import ParkingOptions, build_preparer
 from baton._pb import snapshot_agent_pb2 as sa
 from baton._pb import snapshot_agent_pb2_grpc as sa_grpc
 from baton._pb import timeslice_orchestrator_pb2 as ts
-from baton.names import MIB
+from baton.contract.names import MIB
 from tests.agent.server.llmd.llmd_client import (
     SnapshotAgentClient,
     TimeSliceOrchestratorClient,
