@@ -19,6 +19,7 @@ import orjson
 from baton.contract.names import (
     ANNOTATION_GPUS,
     ANNOTATION_HOST_MEMORY_BUDGET,
+    LABEL_BENCH,
     LABEL_GPU_NODE,
     RESOURCE_GPU,
     RESOURCE_GPU_DUTY,
@@ -30,8 +31,7 @@ GPUS_PER_NODE = 8
 SLOTS_PER_GPU = 4
 GPU_MIB = 81920
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
-BENCH_LABEL = "baton.dev/bench"
-"""On every node and pod the bench makes, so it finds (and removes) exactly those."""
+BENCH_LABEL = LABEL_BENCH
 
 
 def node_body(name: str) -> dict[str, Any]:
@@ -125,9 +125,9 @@ class BindWatch:
     """Records when each pod of a namespace was first seen bound to a node.
 
     It reads the watch as raw JSON lines (`extender.kubeapi.Watch`, as the extender's own
-    watches do) and looks at three fields of each pod: it shares the
-    machine with the schedulers it measures, and building the client's model objects for
-    every event cost about 0.25 ms of CPU a pod, taken from them.
+    watches do) and looks at three fields of each pod: it shares the machine with the
+    schedulers it measures, and building the client's model objects for every event would take
+    CPU from them.
     """
 
     def __init__(self, api: Any, namespace: str) -> None:

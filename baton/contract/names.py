@@ -37,6 +37,8 @@ SCHEDULER_NAME = "baton-scheduler"
 NAMESPACE = "baton-system"
 LABEL_GPU_NODE = "baton.dev/gpu-node"
 """Node label the node DaemonSets select (the nvidia overlay selects GPU feature discovery's)."""
+LABEL_BENCH = "baton.dev/bench"
+"""On every node and pod `baton bench schedule` makes, so it finds (and removes) exactly those."""
 NODE_POD_SELECTOR = "app.kubernetes.io/name=baton-agent"
 """Label selector of the agent DaemonSet's pods (one per GPU node) in `NAMESPACE`."""
 
