@@ -24,9 +24,7 @@ BINDS_IN_FLIGHT = 8
 kube-scheduler waits for filter and prioritize on its scheduling path but binds asynchronously,
 and many at once. A bind's one API call waits on the API server and etcd for milliseconds, so
 with too few in flight the binds fall behind the scheduling cycle. Binds run on the event loop
-(`extender.apipost`), so those in flight cost the verbs nothing while they wait. Through the
-real kube-scheduler on 2 cores (`baton bench schedule`), binds in threads: 2 in flight bound
-about 300 pods a second, 8 about 355.
+(`extender.apipost`), so those in flight cost the verbs nothing while they wait.
 """
 
 
