@@ -1,6 +1,7 @@
-"""POSTs of ready-made JSON to the API server, on the event loop, over kept-alive connections.
+"""POSTs of ready-made bodies to the API server, on the event loop, over kept-alive connections.
 
-A bind is one such call per pod. It runs on the extender's event loop beside the verbs
+The body is JSON unless the caller names another content type (binds go as protobuf,
+`extender.kubeproto`); the answer is asked for in JSON. A bind is one such call per pod. It runs on the extender's event loop beside the verbs
 kube-scheduler waits for: a bind thread would hold the interpreter lock for its HTTP client
 work while the loop waits for it, and a thread per bind in flight made every verb queue behind
 them. Here a bind costs the loop the few tens of microseconds of writing its request and
