@@ -11,11 +11,11 @@ from typing import Any, Protocol
 
 from baton.contract.kube import format_timestamp_ns
 from baton.contract.names import ANNOTATION_ASSIGNED_AT, ANNOTATION_ASSIGNED_GPUS
+from baton.contract.podask import RequestError, TenantRequest
 from extender.cache import ClusterCache
 from extender.errors import ApiConflict, ApiFailure
 from extender.inventory import Assignment, pod_uid
 from extender.placement import Tenant, place
-from extender.requests import RequestError, TenantRequest
 from extender.wire import BindingArgs
 
 BINDS_IN_FLIGHT = 8

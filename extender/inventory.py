@@ -12,7 +12,7 @@ from baton.contract.names import (
     ANNOTATION_GPUS,
     ANNOTATION_HOST_MEMORY_BUDGET,
 )
-from extender.requests import RequestError, TenantRequest, parse_pod_request
+from baton.contract.podask import RequestError, TenantRequest, parse_pod_request
 from extender.snapshot import Gpu, Tenant
 
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})

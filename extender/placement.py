@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from baton.contract.names import MIB
-from extender.requests import TenantRequest
+from baton.contract.podask import TenantRequest
 from extender.snapshot import (
     Gpu,
     GpuState,

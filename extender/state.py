@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from baton.contract.podask import RequestMemo, TenantRequest
 from extender.inventory import (
     Assignment,
     NodeInventory,
@@ -19,7 +20,6 @@ from extender.inventory import (
     node_inventory,
     pod_uid,
 )
-from extender.requests import RequestMemo, TenantRequest
 from extender.snapshot import Limits, NodeState, Tenant, node_state
 
 Clock = Callable[[], float]

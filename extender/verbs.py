@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+from baton.contract.podask import RequestError, TenantRequest
 from extender.placement import NodeState, Verdict, one_gpu_chooser, place
-from extender.requests import RequestError, TenantRequest
 from extender.state import ClusterState
 from extender.wire import MIN_PRIORITY, ExtenderArgs, PreemptionArgs
 

@@ -30,12 +30,12 @@ from baton.contract.names import (
     RESOURCE_GPU_MEMORY,
     SCHEDULER_NAME,
 )
+from baton.contract.podask import parse_pod_request
 from extender.bind import Binder
 from extender.cache import KINDS, ClusterCache
 from extender.errors import ApiFailure
 from extender.inventory import gpu_entry
 from extender.placement import Limits, place
-from extender.requests import parse_pod_request
 from extender.server import bind_socket
 from extender.snapshot import Gpu
 from extender.state import ClusterState

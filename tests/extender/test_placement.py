@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from baton.contract.podask import TenantRequest
 from extender.placement import (
     Gpu,
     Limits,
@@ -17,7 +18,6 @@ from extender.placement import (
     parked_worst_mib,
     place,
 )
-from extender.requests import TenantRequest
 
 GIB = 1024
 H100 = 80 * GIB

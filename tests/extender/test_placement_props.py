@@ -7,6 +7,7 @@ from collections import OrderedDict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from baton.contract.podask import TenantRequest
 from extender import placement
 from extender.placement import (
     Gpu,
@@ -18,7 +19,6 @@ from extender.placement import (
     parked_worst_mib,
     place,
 )
-from extender.requests import TenantRequest
 
 GIB = 1024
 

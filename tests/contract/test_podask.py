@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from extender.requests import (
+from baton.contract.podask import (
     RequestError,
     RequestMemo,
     TenantRequest,
