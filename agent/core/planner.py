@@ -78,7 +78,7 @@ class TenantView:
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class NodeView:
     """The node as it is now: GPU memory, headroom, host budget and every tenant."""
 
     gpu_memory: Mapping[str, int]
@@ -128,7 +128,7 @@ def _mib(n: int) -> str:
     return f"{n / MIB:.0f} MiB"
 
 
-def plan_turn(snap: Snapshot, incoming: str) -> Plan | Refusal:
+def plan_turn(snap: NodeView, incoming: str) -> Plan | Refusal:
     """Plan the moves that make `incoming` resident on every GPU it uses."""
     me = snap.tenants[incoming]
     for gpu in sorted(me.footprint):
@@ -166,7 +166,7 @@ def plan_turn(snap: Snapshot, incoming: str) -> Plan | Refusal:
 
 
 def _make_room(
-    snap: Snapshot, me: TenantView, gpu: str, chosen: list[TenantView]
+    snap: NodeView, me: TenantView, gpu: str, chosen: list[TenantView]
 ) -> list[TenantView] | Refusal:
     """Least-recently-served residents to park on `gpu` (beyond `chosen`), or why none will do."""
     capacity = snap.gpu_memory[gpu] - snap.headroom
@@ -218,7 +218,7 @@ def _blocked(incoming: str, gpu: str, need: int, free: int, skipped: list[Tenant
     )
 
 
-def plan_park(snap: Snapshot, tenant_id: str) -> Plan | Refusal:
+def plan_park(snap: NodeView, tenant_id: str) -> Plan | Refusal:
     """Plan parking `tenant_id` on every GPU it is resident on (a preempted holder)."""
     t = snap.tenants[tenant_id]
     size = sum(t.resident_on(g) for g in t.footprint)
@@ -246,7 +246,7 @@ def plan_park(snap: Snapshot, tenant_id: str) -> Plan | Refusal:
     )
 
 
-def plan_ahead(snap: Snapshot, incoming: str) -> Plan | Refusal:
+def plan_ahead(snap: NodeView, incoming: str) -> Plan | Refusal:
     """Plan making `incoming`, due next, resident while the current holders run.
 
     Like `plan_turn`, but holders count with their whole footprint (they may still allocate

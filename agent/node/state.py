@@ -1,7 +1,7 @@
 """The agent's durable state: tenants, leases, fencing tokens and parked processes, one JSON
 file, atomic writes.
 
-Writes happen off the event loop, a newer snapshot replacing an unwritten one, so the file
+Writes happen off the event loop, a newer state replacing an unwritten one, so the file
 trails the live state by at most one write (about a millisecond).
 """
 
@@ -30,7 +30,7 @@ class StateDirError(Exception):
 
 
 @dataclass
-class Snapshot:
+class PersistedState:
     """Everything that must survive an agent restart."""
 
     tenants: list[Tenant] = field(default_factory=list)
@@ -43,7 +43,7 @@ class Snapshot:
 
 
 class StateStore:
-    """Reads and writes the snapshot in `state_dir`."""
+    """Reads and writes the state in `state_dir`."""
 
     def __init__(self, state_dir: str | Path) -> None:
         self.dir = Path(state_dir)
@@ -64,34 +64,34 @@ class StateStore:
                 "pass --state-dir (BATON_AGENT_STATE_DIR) pointing at a writable directory"
             ) from exc
 
-    def load(self) -> Snapshot:
-        """The last saved snapshot, or an empty one."""
+    def load(self) -> PersistedState:
+        """The last saved state, or an empty one."""
         try:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
-            return Snapshot()
+            return PersistedState()
         except (OSError, ValueError) as exc:
             raise StateDirError(
                 f"cannot read {self.path}: {exc}; move it aside to start afresh"
             ) from exc
-        return Snapshot(
+        return PersistedState(
             tenants=[Tenant.from_json(t) for t in data.get("tenants", [])],
             leases=[_lease_from_json(x) for x in data.get("leases", [])],
             tokens={k: int(v) for k, v in data.get("tokens", {}).items()},
             parked=dict(data.get("parked", {})),
         )
 
-    def save(self, snapshot: Snapshot) -> None:
-        """Write the snapshot now: a temp file in the same directory, renamed over the old one."""
-        self._write(_encode(snapshot))
+    def save(self, state: PersistedState) -> None:
+        """Write the state now: a temp file in the same directory, renamed over the old one."""
+        self._write(_encode(state))
 
-    def save_soon(self, snapshot: Snapshot) -> None:
-        """Write the snapshot from a background thread; a newer one replaces an unwritten one.
+    def save_soon(self, state: PersistedState) -> None:
+        """Write the state from a background thread; a newer one replaces an unwritten one.
 
         It is encoded here, so the writer holds the GIL only briefly between its system calls
         (a long hold would stall the event loop's next grant for up to a switch interval).
         """
-        data = _encode(snapshot)
+        data = _encode(state)
         with self._cond:
             self._latest = data
             if self._thread is None:
@@ -129,16 +129,16 @@ class StateStore:
         os.replace(tmp, self.path)
 
 
-def _encode(snapshot: Snapshot) -> bytes:
-    return json.dumps(_to_json(snapshot)).encode()
+def _encode(state: PersistedState) -> bytes:
+    return json.dumps(_to_json(state)).encode()
 
 
-def _to_json(snapshot: Snapshot) -> dict[str, Any]:
+def _to_json(state: PersistedState) -> dict[str, Any]:
     return {
-        "tenants": [t.to_json() for t in snapshot.tenants],
-        "leases": [_lease_to_json(x) for x in snapshot.leases],
-        "tokens": dict(snapshot.tokens),
-        "parked": snapshot.parked,
+        "tenants": [t.to_json() for t in state.tenants],
+        "leases": [_lease_to_json(x) for x in state.leases],
+        "tokens": dict(state.tokens),
+        "parked": state.parked,
     }
 
 

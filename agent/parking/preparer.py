@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry
 
 from agent.core.errors import Quarantined
 from agent.core.planner import (
+    NodeView,
     Plan,
     Reason,
     Refusal,
-    Snapshot,
     Step,
     TenantView,
     plan_ahead,
@@ -34,13 +34,13 @@ from agent.core.residency import NoRoom
 from agent.parking.backends.base import (
     Backend,
     BackendError,
+    BackendQuarantined,
     Move,
     Residency,
     TenantRef,
     TenantState,
     Unparkable,
 )
-from agent.parking.backends.base import Quarantined as BackendQuarantined
 from agent.parking.metrics import ParkingMetrics
 from agent.parking.quarantine import Quarantines
 
@@ -325,11 +325,11 @@ class ParkingPreparer:
             unparkable=st.quarantined or st.unparkable,
         )
 
-    def _snapshot(self, busy: Collection[str] = ()) -> Snapshot:
+    def _snapshot(self, busy: Collection[str] = ()) -> NodeView:
         """The node as the backend reports it now, `busy` holding turns (in a worker thread)."""
         self._refresh()
         views = {t: self._view(t, st, busy) for t, st in self._states.items()}
-        return Snapshot(self.gpu_memory, views, self.headroom, self.host_budget)
+        return NodeView(self.gpu_memory, views, self.headroom, self.host_budget)
 
     def _refresh(self) -> None:
         """Re-read every tenant's state and memory cgroup from the backend (in a worker thread)."""

@@ -26,18 +26,18 @@ class LeaseService(TurnService):
         """Reinstate persisted tenants and leases; holders have `reconnect_grace` to come back."""
         if self._store is None:
             return
-        snapshot = self._store.load()
-        self.tenants.restore(snapshot.tenants)
-        for gpu, token in snapshot.tokens.items():
+        saved = self._store.load()
+        self.tenants.restore(saved.tenants)
+        for gpu, token in saved.tokens.items():
             self.table.gpu(gpu).token = token
-        for lease in snapshot.leases:
+        for lease in saved.leases:
             self.table.restore_lease(lease)
-        self.preparer.reinstate(snapshot.parked)
-        if snapshot.tenants:
+        self.preparer.reinstate(saved.parked)
+        if saved.tenants:
             log.info(
                 "restored %d tenants and %d leases; holders have %g s to reconnect",
-                len(snapshot.tenants),
-                len(snapshot.leases),
+                len(saved.tenants),
+                len(saved.leases),
                 self._grace,
             )
             asyncio.get_running_loop().call_later(self._grace, self._end_grace)

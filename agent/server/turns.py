@@ -21,7 +21,7 @@ from agent.core.ahead import LookAhead
 from agent.core.errors import AcquireTimeout, InvalidGpus, NoLease, Quarantined, UnknownLease
 from agent.core.leases import Lease, LeaseTable, Waiter
 from agent.core.residency import NoRoom, TurnPreparer
-from agent.node.state import Snapshot, StateStore
+from agent.node.state import PersistedState, StateStore
 from agent.node.tenants import Tenant, TenantRegistry
 from agent.server.metrics import AgentMetrics
 from agent.server.revocations import Revocations
@@ -378,7 +378,7 @@ class TurnService:
         self._persist_soon = False
         assert self._store is not None
         self._store.save_soon(
-            Snapshot(
+            PersistedState(
                 tenants=list(self.tenants.tenants.values()),
                 leases=list(self.table.leases.values()),
                 tokens={gpu: state.token for gpu, state in self.table.gpus.items()},

@@ -70,7 +70,7 @@ class BackendError(Exception):
     """A park or restore failed; the tenant is left as `state()` reports it."""
 
 
-class Quarantined(BackendError):
+class BackendQuarantined(BackendError):
     """The tenant's processes are in a state the agent cannot fix; it takes no more turns."""
 
 

@@ -27,8 +27,8 @@ from agent.parking.backends import cuda_moves, procs
 from agent.parking.backends.base import (
     Backend,
     BackendError,
+    BackendQuarantined,
     Move,
-    Quarantined,
     Residency,
     TenantRef,
     TenantState,
@@ -244,7 +244,7 @@ class CudaBackend(Backend):
         """Ask the driver about each process recorded as parked before a restart."""
         try:
             still = cuda_moves.confirm(self.calls, parked.pids)
-        except Quarantined as e:
+        except BackendQuarantined as e:
             raise self._quarantine(tenant_id, str(e)) from e
         with self._mutex:
             if still:
@@ -252,16 +252,16 @@ class CudaBackend(Backend):
             else:
                 self._parked.pop(tenant_id, None)
 
-    def _quarantine(self, tenant_id: str, why: str) -> Quarantined:
+    def _quarantine(self, tenant_id: str, why: str) -> BackendQuarantined:
         """Record why the tenant takes no more turns; the error to raise."""
         with self._mutex:
             self._quarantined.setdefault(tenant_id, why)
-            return Quarantined(f"{tenant_id} is quarantined: {self._quarantined[tenant_id]}")
+            return BackendQuarantined(f"{tenant_id} is quarantined: {self._quarantined[tenant_id]}")
 
     def _stopped(self, tenant_id: str) -> None:
         """Raise if the tenant is quarantined (call with the mutex held)."""
         if tenant_id in self._quarantined:
-            raise Quarantined(f"{tenant_id} is quarantined: {self._quarantined[tenant_id]}")
+            raise BackendQuarantined(f"{tenant_id} is quarantined: {self._quarantined[tenant_id]}")
 
     # Moves.
 
@@ -308,7 +308,7 @@ class CudaBackend(Backend):
             cuda_moves.park_all(self.calls, pids, sizes)
         except CallStalled as e:
             raise self._quarantine(tenant_id, f"{e}; {STALLED}") from e
-        except Quarantined as e:
+        except BackendQuarantined as e:
             raise self._quarantine(tenant_id, str(e)) from e
         except Unparkable as e:
             with self._mutex:
@@ -338,7 +338,7 @@ class CudaBackend(Backend):
             cuda_moves.restore_all(self.calls, parked.pids)
         except CallStalled as e:
             raise self._quarantine(tenant_id, f"{e}; {STALLED}") from e
-        except Quarantined as e:
+        except BackendQuarantined as e:
             raise self._quarantine(tenant_id, str(e)) from e
         with self._mutex:
             self._parked.pop(tenant_id, None)

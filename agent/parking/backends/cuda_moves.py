@@ -3,16 +3,16 @@
 Park: lock each, then checkpoint each; a failure returns every touched process to RUNNING (a
 lock that does not return in time, too: the tenant is then refused, as sharing GPU memory).
 Restore: restore each, then unlock each, then check each is RUNNING; a failed restore parks the
-ones already brought back again. The functions raise `Quarantined` (with the reason only) when
-a process is left in a state the agent cannot fix, `Unparkable` when the driver does not support
-checkpointing the processes, and `DriverError` for a failure that left everything as it was.
+ones already brought back again. The functions raise `BackendQuarantined` (with the reason only)
+when a process is left in a state the agent cannot fix, `Unparkable` when the driver does not
+support checkpointing the processes, and `DriverError` for a failure that left everything as it was.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.parking.backends.base import BackendError, Quarantined, Unparkable
+from agent.parking.backends.base import BackendError, BackendQuarantined, Unparkable
 from agent.parking.backends.cuda_driver import (
     CHECKPOINTED,
     FAILED,
@@ -86,7 +86,7 @@ def park_all(calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes) -> No
 
 
 def roll_back(calls: CheckpointDriver, pids: list[int], sizes: Sizes, cause: Exception) -> None:
-    """Return every touched process to RUNNING; `Quarantined` if one will not go."""
+    """Return every touched process to RUNNING; `BackendQuarantined` if one will not go."""
     stuck = []
     for pid in reversed(pids):
         try:
@@ -102,7 +102,9 @@ def roll_back(calls: CheckpointDriver, pids: list[int], sizes: Sizes, cause: Exc
         except BackendError as e:
             stuck.append(str(e))
     if stuck:
-        raise Quarantined(f"park failed ({cause}) and could not be undone: " + "; ".join(stuck))
+        raise BackendQuarantined(
+            f"park failed ({cause}) and could not be undone: " + "; ".join(stuck)
+        )
 
 
 def restore_all(calls: CheckpointDriver, sizes: Sizes) -> None:
@@ -115,24 +117,26 @@ def restore_all(calls: CheckpointDriver, sizes: Sizes) -> None:
         except DriverError as e:
             park_again(calls, restored, sizes, e)
             if e.code == OUT_OF_MEMORY:
-                raise Quarantined(
+                raise BackendQuarantined(
                     f"{e}: the driver fails every later restore of a process whose restore ran "
                     "out of device memory, so it is not retried"
                 ) from e
             state = calls.state(pid)
             if state != CHECKPOINTED:
-                raise Quarantined(f"{e}; pid {pid} is {state_name(state)}") from e
+                raise BackendQuarantined(f"{e}; pid {pid} is {state_name(state)}") from e
             raise
         restored.append(pid)
     for pid in pids:
         try:
             calls.unlock(pid)
         except DriverError as e:
-            raise Quarantined(f"{e}; pid {pid} is {state_name(calls.state(pid))}") from e
+            raise BackendQuarantined(f"{e}; pid {pid} is {state_name(calls.state(pid))}") from e
     for pid in pids:
         state = calls.state(pid)
         if state != RUNNING:
-            raise Quarantined(f"after its restore pid {pid} is {state_name(state)}, not running")
+            raise BackendQuarantined(
+                f"after its restore pid {pid} is {state_name(state)}, not running"
+            )
 
 
 def park_again(
@@ -143,7 +147,7 @@ def park_again(
         try:
             calls.checkpoint(pid, _total(sizes, pid))
         except BackendError as e:
-            raise Quarantined(
+            raise BackendQuarantined(
                 f"restore failed ({cause}) and pid {pid} could not be parked again: {e}"
             ) from e
 
@@ -160,5 +164,5 @@ def confirm(calls: CheckpointDriver, sizes: Sizes) -> Sizes:
         elif state == LOCKED:
             calls.unlock(pid)
         elif state == FAILED:
-            raise Quarantined(f"pid {pid} is in the driver's FAILED state")
+            raise BackendQuarantined(f"pid {pid} is in the driver's FAILED state")
     return still

@@ -5,14 +5,14 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.core.planner import Plan, Reason, Refusal, Snapshot, TenantView, plan_park, plan_turn
+from agent.core.planner import NodeView, Plan, Reason, Refusal, TenantView, plan_park, plan_turn
 from baton.contract.names import MIB
 
 G0, G1 = "GPU-0", "GPU-1"
 
 
-def node(*tenants: TenantView, gpus=None, budget=1000 * MIB, headroom=0) -> Snapshot:
-    return Snapshot(gpus or {G0: 100 * MIB}, {t.tenant_id: t for t in tenants}, headroom, budget)
+def node(*tenants: TenantView, gpus=None, budget=1000 * MIB, headroom=0) -> NodeView:
+    return NodeView(gpus or {G0: 100 * MIB}, {t.tenant_id: t for t in tenants}, headroom, budget)
 
 
 def tv(name, mib, *, parked=False, last=0.0, limit=None, busy=False, gpu=G0) -> TenantView:
@@ -129,11 +129,11 @@ def snapshots(draw, max_gpus=3):
             draw(st.one_of(st.none(), st.integers(0, 300))),
             draw(st.booleans()) if i else False,
         )
-    snap = Snapshot(gpus, tenants, draw(st.integers(0, 10)), draw(st.integers(0, 600)))
+    snap = NodeView(gpus, tenants, draw(st.integers(0, 10)), draw(st.integers(0, 600)))
     return snap, "t0"
 
 
-def after(snap: Snapshot, plan: Plan) -> dict[str, set[str]]:
+def after(snap: NodeView, plan: Plan) -> dict[str, set[str]]:
     parked = {t: set(v.parked) for t, v in snap.tenants.items()}
     for s in plan.steps:
         (parked[s.tenant_id].add if s.direction == "park" else parked[s.tenant_id].discard)(s.gpu)

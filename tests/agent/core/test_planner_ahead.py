@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.core.planner import Plan, Reason, Refusal, Snapshot, plan_ahead
+from agent.core.planner import NodeView, Plan, Reason, Refusal, plan_ahead
 
 from .test_planner import G0, after, node, snapshots, tv
 
@@ -50,7 +50,7 @@ def with_holders(draw):
     for name, t in tenants.items():
         if t.busy and draw(st.booleans()):
             tenants[name] = replace(t, absent=frozenset(set(t.footprint) - set(t.parked)))
-    return Snapshot(snap.gpu_memory, tenants, snap.headroom, snap.host_budget), me
+    return NodeView(snap.gpu_memory, tenants, snap.headroom, snap.host_budget), me
 
 
 @settings(max_examples=300, deadline=None)

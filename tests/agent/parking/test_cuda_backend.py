@@ -7,8 +7,8 @@ import pytest
 from agent.parking.backends import cuda as cuda_mod
 from agent.parking.backends.base import (
     BackendError,
+    BackendQuarantined,
     BackendUnavailable,
-    Quarantined,
     Residency,
     TenantRef,
 )
@@ -88,11 +88,11 @@ def test_a_rollback_that_fails_quarantines_the_tenant(node):
     driver, _, backend = node
     driver.fail[("checkpoint", 101)] = CUresult.CUDA_ERROR_INVALID_CONTEXT
     driver.fail[("restore", 100)] = CUresult.CUDA_ERROR_ILLEGAL_STATE
-    with pytest.raises(Quarantined, match=r"could not be undone.*pid 100"):
+    with pytest.raises(BackendQuarantined, match=r"could not be undone.*pid 100"):
         backend.park("a", GPU)
     assert "could not be undone" in backend.state("a").quarantined
     driver.calls.clear()
-    with pytest.raises(Quarantined):
+    with pytest.raises(BackendQuarantined):
         backend.park("a", GPU)
     assert moves(driver) == []
 
@@ -103,7 +103,7 @@ def test_a_failed_restore_parks_the_restored_ones_again_and_can_be_retried(node)
     driver.fail[("restore", 101)] = CUresult.CUDA_ERROR_ILLEGAL_STATE
     with pytest.raises(BackendError, match="pid 101") as failed:
         backend.restore("a", GPU)
-    assert not isinstance(failed.value, Quarantined)
+    assert not isinstance(failed.value, BackendQuarantined)
     assert driver.states[100] == driver.states[101] == CHECKPOINTED
     assert backend.state("a").residency == {GPU: Residency.PARKED}
     backend.restore("a", GPU)
@@ -114,7 +114,7 @@ def test_a_process_left_failed_by_a_checkpoint_quarantines_the_tenant(node):
     driver, _, backend = node
     driver.fail[("checkpoint", 101)] = CUresult.CUDA_ERROR_UNKNOWN
     driver.leaves[("checkpoint", 101)] = FAILED
-    with pytest.raises(Quarantined, match="pid 101 is failed"):
+    with pytest.raises(BackendQuarantined, match="pid 101 is failed"):
         backend.park("a", GPU)
     assert driver.states[100] == RUNNING
     assert "pid 101 is failed" in backend.state("a").quarantined
@@ -125,7 +125,7 @@ def test_a_process_not_running_after_its_restore_quarantines_the_tenant(node):
     backend.park("a", GPU)
     driver.fail[("unlock", 101)] = CUresult.CUDA_ERROR_UNKNOWN
     driver.leaves[("unlock", 101)] = FAILED
-    with pytest.raises(Quarantined, match="pid 101 is failed"):
+    with pytest.raises(BackendQuarantined, match="pid 101 is failed"):
         backend.restore("a", GPU)
     st = backend.state("a")
     assert st.quarantined and st.residency != {GPU: Residency.RESIDENT}
@@ -157,7 +157,7 @@ def test_a_restarted_backend_quarantines_a_process_the_driver_reports_failed(nod
     again = CudaBackend(driver, nvml)
     again.adopt(backend.durable())
     assert "pid 101" in again.state("a").quarantined
-    with pytest.raises(Quarantined):
+    with pytest.raises(BackendQuarantined):
         again.restore("a", GPU)
     assert again.durable()["a"]["quarantined"]
 

@@ -9,11 +9,11 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.core.errors import Quarantined as TurnQuarantined
+from agent.core.errors import Quarantined
 from agent.core.residency import NoRoom
 from agent.parking.backends.base import (
     BackendError,
-    Quarantined,
+    BackendQuarantined,
     Residency,
     TenantRef,
     Unparkable,
@@ -69,7 +69,7 @@ def test_a_restore_that_ran_out_of_memory_is_never_retried(node):
     async def turn() -> None:
         await prep.prepare("a", [GPU])
 
-    with pytest.raises(TurnQuarantined, match="out of device memory"):
+    with pytest.raises(Quarantined, match="out of device memory"):
         asyncio.run(asyncio.wait_for(turn(), 10))
     assert moves(driver).count(("restore", 101)) == 1
     assert driver.states[100] == driver.states[101] == CHECKPOINTED  # 100 parked again
@@ -77,7 +77,7 @@ def test_a_restore_that_ran_out_of_memory_is_never_retried(node):
     entry = prep.status()["tenants"]["a"]
     assert entry["residency"] == "quarantined" and "out of device memory" in entry["quarantined"]
     assert reg.get_sample_value("baton_quarantined_tenants") == 1
-    with pytest.raises(TurnQuarantined):
+    with pytest.raises(Quarantined):
         asyncio.run(asyncio.wait_for(turn(), 10))
     assert moves(driver).count(("restore", 101)) == 1
 
@@ -87,7 +87,7 @@ def test_an_out_of_memory_restore_poisons_the_process(node):
     backend.headroom_bytes = 0
     backend.park("a", GPU)
     driver.fail[("restore", 100)] = CUresult.CUDA_ERROR_OUT_OF_MEMORY
-    with pytest.raises(Quarantined):
+    with pytest.raises(BackendQuarantined):
         backend.restore("a", GPU)
     assert driver.cuCheckpointProcessRestore(100, None) == (CUresult.CUDA_ERROR_OUT_OF_MEMORY,)
 
@@ -184,5 +184,5 @@ def test_a_call_that_does_not_return_quarantines_and_holds_no_lock(node):
     threading.Thread(target=other_tenant, daemon=True).start()
     assert answered.wait(5) and worker.is_alive()  # the hung call holds nothing
     worker.join(5)
-    assert failed and isinstance(failed[0], Quarantined)
+    assert failed and isinstance(failed[0], BackendQuarantined)
     assert "did not return within" in backend.state("a").quarantined
