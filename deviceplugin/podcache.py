@@ -10,6 +10,7 @@ from typing import Any
 
 from baton.contract import names
 from baton.contract.kube import Outage, interrupt, parse_timestamp_ns, watch_events
+from baton.contract.podask import RequestError, read_pod_ask
 from deviceplugin.devices import PodView
 from deviceplugin.errors import ApiUnavailableError, ConflictError, DevicePluginError
 from deviceplugin.truth import decode_container_gpus
@@ -21,13 +22,6 @@ WATCH_TIMEOUT_S = 300
 _MAX_BACKOFF_S = 5.0
 
 
-def _quantity(value: object) -> int:
-    try:
-        return int(str(value))
-    except ValueError:
-        return 0
-
-
 def _timestamp(text: object) -> int | None:
     if not isinstance(text, str):
         return None
@@ -37,33 +31,23 @@ def _timestamp(text: object) -> int | None:
         return None
 
 
-def _slots(container: Mapping[str, Any]) -> int:
-    resources = container.get("resources") or {}
-    amounts = resources.get("limits") or resources.get("requests") or {}
-    return _quantity(amounts.get(names.RESOURCE_GPU, 0))
-
-
-def slot_request(spec: Mapping[str, Any]) -> tuple[int, tuple[int, ...]]:
-    """The pod's `baton.dev/gpu` as the kubelet counts it, and each GPU container's ask.
-
-    The kubelet allocates per container; init containers run one at a time before the app
-    containers (their devices are reused), so a pod needs max(sum of app containers and
-    sidecars, the largest init container).
-    """
-    inits = spec.get("initContainers") or []
-    apps = spec.get("containers") or []
-    sidecars = [c for c in inits if c.get("restartPolicy") == "Always"]
-    long_running = sum(_slots(c) for c in (*sidecars, *apps))
-    largest_init = max((_slots(c) for c in inits if c not in sidecars), default=0)
-    asks = tuple(n for n in (_slots(c) for c in (*inits, *apps)) if n)
-    return max(long_running, largest_init), asks
+def _slot_asks(obj: Mapping[str, Any]) -> tuple[int, tuple[int, ...]]:
+    """The pod's `baton.dev/gpu` as the kubelet counts it, and each GPU container's ask
+    (`baton.contract.podask`); none for a pod whose ask cannot be read."""
+    try:
+        ask = read_pod_ask(obj)
+    except RequestError as err:
+        meta = obj.get("metadata") or {}
+        log.debug("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), err)
+        return 0, ()
+    return ask.slots, ask.slot_asks
 
 
 def pod_view(obj: Mapping[str, Any]) -> PodView:
     """The device plugin's view of a pod object (as the API server's JSON)."""
     meta = obj.get("metadata") or {}
     annotations = meta.get("annotations") or {}
-    request, asks = slot_request(obj.get("spec") or {})
+    request, asks = _slot_asks(obj)
     assigned = annotations.get(names.ANNOTATION_ASSIGNED_GPUS, "")
     return PodView(
         namespace=meta.get("namespace", ""),

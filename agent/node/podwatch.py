@@ -17,6 +17,7 @@ from typing import Any
 from agent.node.tenants import POD, Tenant
 from baton.contract import names
 from baton.contract.kube import Outage, interrupt, watch_events
+from baton.contract.podask import RequestError, TenantRequest, parse_pod_request
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +25,6 @@ _DONE_PHASES = ("Succeeded", "Failed")
 REQUEST_TIMEOUT_S = 10.0
 """A list's answer, and a connection to the API server, must come within this."""
 WATCH_TIMEOUT_S = 300
-
-
-def _quantity(value: Any) -> float:
-    from kubernetes.utils import parse_quantity
-
-    return float(parse_quantity(str(value)))
 
 
 def container_gpus(text: str | None) -> dict[str, tuple[str, ...]]:
@@ -51,7 +46,7 @@ def pod_tenant(pod: Mapping[str, Any]) -> Tenant | None:
     Its GPUs are what the kubelet allocated to its containers once the device plugin has
     recorded that (`baton.dev/container-gpus`), until then the extender's proposal.
     """
-    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status")
+    meta, status = pod.get("metadata") or {}, pod.get("status")
     annotations = meta.get("annotations") or {}
     per_container = container_gpus(annotations.get(names.ANNOTATION_CONTAINER_GPUS))
     proposed = annotations.get(names.ANNOTATION_ASSIGNED_GPUS, "").split(",")
@@ -59,28 +54,36 @@ def pod_tenant(pod: Mapping[str, Any]) -> Tenant | None:
     gpus = tuple(sorted(allocated or {g.strip() for g in proposed if g.strip()}))
     if not gpus or (status or {}).get("phase") in _DONE_PHASES:
         return None
-    memory_mib = duty = memory_limit = 0
-    for container in spec.get("containers") or []:
-        resources = container.get("resources") or {}
-        limits = resources.get("limits") or {}
-        wanted = {**(resources.get("requests") or {}), **limits}
-        memory_mib += int(_quantity(wanted.get(names.RESOURCE_GPU_MEMORY, 0)))
-        duty = max(duty, int(_quantity(wanted.get(names.RESOURCE_GPU_DUTY, 0))))
-        memory_limit += int(_quantity(limits.get("memory", 0)))
+    request = _request(pod) or TenantRequest(len(gpus))
     labels = meta.get("labels") or {}
     return Tenant(
         tenant_id=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
         name=meta.get("name", ""),
         gpus=gpus,
-        gpu_memory_mib=memory_mib,
-        gpu_duty=duty or 100,
-        memory_limit_bytes=memory_limit,
+        gpu_memory_mib=request.memory_mib or 0,
+        gpu_duty=int(request.duty or 0) or 100,
+        memory_limit_bytes=request.memory_limit_bytes or 0,
         source=POD,
         pod_uid=meta.get("uid", ""),
         labels={k: v for k, v in labels.items() if k.startswith(names.LABEL_PREFIX_LLMD)},
         container_gpus=per_container,
         containers=_container_ids(status or {}),
     )
+
+
+def _request(pod: Mapping[str, Any]) -> TenantRequest | None:
+    """The pod's ask (`baton.contract.podask`); an unusable one is logged and the defaults hold."""
+    try:
+        return parse_pod_request(pod)
+    except RequestError as err:
+        meta = pod.get("metadata") or {}
+        log.warning(
+            "pod %s/%s: %s; it takes turns with the defaults",
+            meta.get("namespace"),
+            meta.get("name"),
+            err,
+        )
+        return None
 
 
 def _container_ids(status: Mapping[str, Any]) -> dict[str, str]:

@@ -1,16 +1,28 @@
-"""A pod's Baton request, read from its container resources.
+"""What a pod asks of Baton, read once for every daemon: per container, and for the pod.
 
-Values are summed over the app containers; init containers count as kube-scheduler counts
-them (the larger of their maximum and the app containers' sum). `baton.dev/gpu-memory` is MiB
-per GPU, `baton.dev/gpu-duty` a percent of one GPU's time. Omitted values stay `None`; the
-placement core fills in the defaults (whole GPU, 100 / slots) per GPU.
+The rules (the extender places by them, the device plugin steers by them, the agent parks by them):
+
+- A container asks what its limits say, or its requests where no limit names the resource:
+  `baton.dev/gpu` slots, `baton.dev/gpu-memory` MiB per GPU, `baton.dev/gpu-duty` percent of
+  one GPU's time.
+- The pod asks as kube-scheduler and the kubelet count: app containers and sidecars (init
+  containers with `restartPolicy: Always`) run together and add up; an ordinary init container
+  runs alone beside the sidecars started before it; the pod asks the larger of the two. So the
+  duty on a GPU is the sum of what the containers placed on it ask.
+- The memory limit that bounds parking is the summed memory limit of the containers that ask
+  for `baton.dev/gpu`; one of them without a limit makes it unlimited (`None`); containers
+  without Baton GPUs do not count.
+- Omitted values stay `None` (the placement core fills in the defaults per GPU: the whole GPU,
+  100 / slots). An unusable ask is a `RequestError`, one line naming the field and the value.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from enum import StrEnum
 from typing import Any
 
 from baton.contract.names import RESOURCE_GPU, RESOURCE_GPU_DUTY, RESOURCE_GPU_MEMORY
@@ -76,16 +88,84 @@ def parse_quantity(text: object) -> Decimal:
     return value
 
 
-def parse_pod_request(pod: dict[str, Any]) -> TenantRequest | None:
-    """The pod's Baton request, or `None` when it asks for no Baton resource."""
+class ContainerKind(StrEnum):
+    """How a container runs within its pod."""
+
+    APP = "app"
+    INIT = "init"
+    """Runs to completion, alone, before the app containers start."""
+    SIDECAR = "sidecar"
+    """An init container with `restartPolicy: Always`: it runs beside the app containers."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAsk:
+    """What one container asks of Baton (`None`: it does not name the value)."""
+
+    name: str
+    kind: ContainerKind
+    slots: int | None = None
+    memory_mib: int | None = None
+    """Per GPU."""
+    duty: float | None = None
+    memory_limit_bytes: int | None = None
+    """Its memory limit; `None` when it has none."""
+    values: tuple[Decimal | None, ...] = field(default=(), compare=False, repr=False)
+    """slots, memory, duty as read, for summing exactly."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodAsk:
+    """Every container's ask, init containers (sidecars among them) first, in spec order."""
+
+    containers: tuple[ContainerAsk, ...]
+
+    @property
+    def slots(self) -> int:
+        """The pod's `baton.dev/gpu` as kube-scheduler and the kubelet count it (0: none)."""
+        total = _effective(0, self.containers)
+        return 0 if total is None else int(total)
+
+    @property
+    def slot_asks(self) -> tuple[int, ...]:
+        """Each GPU container's slots, in the kubelet's admission order."""
+        return tuple(c.slots for c in self.containers if c.slots)
+
+    def memory_limit_bytes(self) -> int | None:
+        """The memory limit that bounds parking (see the module docstring)."""
+        total = 0
+        for container in self.containers:
+            if not container.slots:
+                continue  # only the containers that use Baton GPUs park GPU memory
+            if container.memory_limit_bytes is None:
+                return None
+            total += container.memory_limit_bytes
+        return total
+
+
+def read_pod_ask(pod: Mapping[str, Any]) -> PodAsk:
+    """Every container's ask (a `RequestError` for one that cannot be read)."""
     spec = _mapping(pod.get("spec"), "spec")
-    containers = _objects(spec.get("containers"), "spec.containers")
+    app = _objects(spec.get("containers"), "spec.containers")
     init = _objects(spec.get("initContainers"), "spec.initContainers")
-    app_totals = [_container_values(c) for c in containers]
-    init_totals = [_container_values(c) for c in init]
-    if not any(any(v is not None for v in t) for t in app_totals + init_totals):
+    return PodAsk(
+        (
+            *(_container_ask(c, _init_kind(c)) for c in init),
+            *(_container_ask(c, ContainerKind.APP) for c in app),
+        )
+    )
+
+
+def parse_pod_request(pod: Mapping[str, Any]) -> TenantRequest | None:
+    """The pod's Baton request, or `None` when it asks for no Baton resource."""
+    return pod_request(read_pod_ask(pod))
+
+
+def pod_request(ask: PodAsk) -> TenantRequest | None:
+    """The pod-level figures of an ask, checked; `None` when it names no Baton resource."""
+    if not any(v is not None for c in ask.containers for v in c.values):
         return None
-    totals = [_effective(i, app_totals, init_totals) for i in range(3)]
+    totals = [_effective(i, ask.containers) for i in range(3)]
     gpus, memory, duty = totals
     if gpus is None:
         named = [n for n, v in zip(_BATON[1:], totals[1:], strict=True) if v is not None]
@@ -94,7 +174,7 @@ def parse_pod_request(pod: dict[str, Any]) -> TenantRequest | None:
         gpus=_check_gpus(gpus),
         memory_mib=None if memory is None else _check_memory(memory),
         duty=None if duty is None else _check_duty(duty),
-        memory_limit_bytes=_memory_limit(containers + init),
+        memory_limit_bytes=ask.memory_limit_bytes(),
     )
 
 
@@ -170,7 +250,12 @@ def _objects(value: Any, where: str) -> list[dict[str, Any]]:
     return value
 
 
-def _container_values(container: dict[str, Any]) -> tuple[Decimal | None, ...]:
+def _init_kind(container: dict[str, Any]) -> ContainerKind:
+    always = container.get("restartPolicy") == "Always"
+    return ContainerKind.SIDECAR if always else ContainerKind.INIT
+
+
+def _container_ask(container: dict[str, Any], kind: ContainerKind) -> ContainerAsk:
     resources = _mapping(container.get("resources"), "container resources")
     limits = _mapping(resources.get("limits"), "container resources.limits")
     requests = _mapping(resources.get("requests"), "container resources.requests")
@@ -184,18 +269,36 @@ def _container_values(container: dict[str, Any]) -> tuple[Decimal | None, ...]:
             values.append(parse_quantity(raw))
         except ValueError:
             raise RequestError(f"{name} {raw!r} is not a number") from None
-    return tuple(values)
+    slots, memory, duty = values
+    return ContainerAsk(
+        name=str(container.get("name", "")),
+        kind=kind,
+        slots=None if slots is None else _whole(RESOURCE_GPU, slots),
+        memory_mib=None if memory is None else _whole(RESOURCE_GPU_MEMORY, memory),
+        duty=None if duty is None else float(duty),
+        memory_limit_bytes=_memory_limit(limits.get("memory")),
+        values=tuple(values),
+    )
 
 
-def _effective(
-    i: int, app: list[tuple[Decimal | None, ...]], init: list[tuple[Decimal | None, ...]]
-) -> Decimal | None:
-    app_values = [v for t in app if (v := t[i]) is not None]
-    init_values = [v for t in init if (v := t[i]) is not None]
-    if not app_values and not init_values:
+def _effective(i: int, containers: tuple[ContainerAsk, ...]) -> Decimal | None:
+    """Value `i` for the pod, counted as kube-scheduler counts it (`None`: nobody names it)."""
+    if all(c.values[i] is None for c in containers):
         return None
-    app_sum = sum(app_values, Decimal(0))
-    return max(app_sum, *init_values) if init_values else app_sum
+    running = Decimal(0)  # app containers and the sidecars: they run together
+    sidecars = Decimal(0)
+    peak: Decimal | None = None  # the most an init container needs beside earlier sidecars
+    for container in containers:
+        value = container.values[i]
+        if container.kind is ContainerKind.APP:
+            running += value or 0
+        elif value is not None:
+            if container.kind is ContainerKind.SIDECAR:
+                sidecars += value
+                running += value
+            during = sidecars if container.kind is ContainerKind.SIDECAR else sidecars + value
+            peak = during if peak is None else max(peak, during)
+    return running if peak is None else max(running, peak)
 
 
 def _whole(name: str, value: Decimal) -> int:
@@ -231,17 +334,10 @@ def _check_duty(value: Decimal) -> float:
     return float(value)
 
 
-def _memory_limit(containers: list[dict[str, Any]]) -> int | None:
-    total = 0
-    for container in containers:
-        if _container_values(container)[0] is None:
-            continue  # only the containers that use Baton GPUs park GPU memory
-        limits = _mapping(container.get("resources"), "resources").get("limits") or {}
-        limit = limits.get("memory")
-        if limit is None:
-            return None
-        try:
-            total += int(parse_quantity(limit))
-        except ValueError:
-            raise RequestError(f"memory limit {limit!r} is not a quantity") from None
-    return total
+def _memory_limit(limit: object) -> int | None:
+    if limit is None:
+        return None
+    try:
+        return int(parse_quantity(limit))
+    except ValueError:
+        raise RequestError(f"memory limit {limit!r} is not a quantity") from None

@@ -8,11 +8,14 @@ from decimal import Decimal
 import pytest
 
 from baton.contract.podask import (
+    ContainerAsk,
+    ContainerKind,
     RequestError,
     RequestMemo,
     TenantRequest,
     parse_pod_request,
     parse_quantity,
+    read_pod_ask,
 )
 from tests.extender.builders import pod
 
@@ -137,3 +140,33 @@ def test_the_memo_starts_over_when_full() -> None:
     for uid in ("a", "b", "c"):
         memo.request(pod(uid=uid))
     assert len(memo) == 1
+
+
+def test_each_container_is_read_with_its_kind_and_memory_limit() -> None:
+    spec = pod(gpus=1, memory=1000, duty=20)
+    main = spec["spec"]["containers"][0]
+    spec["spec"]["initContainers"] = [
+        {"name": "proxy", "restartPolicy": "Always", "resources": {"limits": {"memory": "1Gi"}}},
+        {"name": "warmup", "resources": {"requests": {"baton.dev/gpu": "2"}}},
+    ]
+    ask = read_pod_ask(spec)
+    assert [(c.name, c.kind) for c in ask.containers] == [
+        ("proxy", ContainerKind.SIDECAR),
+        ("warmup", ContainerKind.INIT),
+        (main["name"], ContainerKind.APP),
+    ]
+    assert ask.containers[0] == ContainerAsk(
+        "proxy", ContainerKind.SIDECAR, None, None, None, 2**30
+    )
+    assert ask.containers[2].slots == 1 and ask.containers[2].duty == 20.0
+    assert (ask.slots, ask.slot_asks) == (2, (2, 1))
+    assert ask.memory_limit_bytes() is None  # warmup asks a GPU and has no memory limit
+
+
+def test_an_init_container_after_a_sidecar_needs_room_beside_it() -> None:
+    spec = pod(gpus=1)
+    spec["spec"]["initContainers"] = [
+        {"name": "s", "restartPolicy": "Always", "resources": {"limits": {"baton.dev/gpu": "2"}}},
+        {"name": "i", "resources": {"limits": {"baton.dev/gpu": "2"}}},
+    ]
+    assert read_pod_ask(spec).slots == 4  # i runs beside s: 2 + 2 > s + main
