@@ -1,23 +1,21 @@
-"""`AsyncBaton`: the asyncio client of the node agent."""
+"""`AsyncBaton`: the asyncio client of the node agent.
+
+The session's reads, writes and timers run on the caller's event loop; what they do to the turn
+is decided in `agent.client.session_core`, as for the blocking client.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from agent.client.connect import open_session, reconnect
-from agent.client.errors import (
-    AgentUnavailable,
-    BatonError,
-    LeaseLost,
-    NotHolding,
-    from_status,
-)
+from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.links import TRANSPORTS, SessionLink
+from agent.client.session_core import SessionCore
 from agent.client.types import (
     Callback,
     Identity,
@@ -66,20 +64,27 @@ class AsyncBaton:
         self._token = ""
         self.register_callbacks(on_park=on_park, on_restore=on_restore)
         self._connect_timeout = connect_timeout
-        self._renew_interval = renew_interval
         self._reconnect = reconnect
         self.tenant: pb.Tenant | None = None
-        self.lease: LeaseInfo | None = None
-        self.resuming = False
-        """True after a revocation, until the agent hands the turn back."""
+        """This tenant as the agent knows it (after connecting)."""
+        self._core = SessionCore(renew_interval)
         self._write_lock: asyncio.Lock | None = None
         self._connected: asyncio.Event | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._renewer: asyncio.TimerHandle | None = None
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self._request_ids = itertools.count(1)
         self._replies: dict[int, asyncio.Future[pb.Reply]] = {}
+
+    @property
+    def lease(self) -> LeaseInfo | None:
+        """The turn held now, if any."""
+        return self._core.lease
+
+    @property
+    def resuming(self) -> bool:
+        """True after a revocation, until the agent hands the turn back."""
+        return self._core.resuming
 
     def register_callbacks(
         self, on_park: Callback | None = None, on_restore: Callback | None = None
@@ -140,38 +145,22 @@ class AsyncBaton:
                     future.set_exception(lost)
 
     def _on_message(self, message: pb.AgentMessage) -> None:
-        if message.HasField("reply"):
+        kind = message.WhichOneof("kind")
+        if kind == "reply":
             self._on_reply(message.reply)
-        elif message.HasField("callback"):
+        elif kind == "callback":
             self._spawn(self._run_callback(message.callback))
-        elif message.HasField("granted"):
-            self._on_resumed(LeaseInfo.from_pb(message.granted))
-        elif message.HasField("revoked"):
-            self._on_revoked(message.revoked)
-
-    def _on_revoked(self, revoked: pb.Revoked) -> None:
-        if self.lease is None or self.lease.lease_id != revoked.lease_id:
-            log.info("turn %s revoked after this tenant yielded it", revoked.lease_id)
-            return
-        log.warning("turn revoked (%s); queued first for the next", revoked.reason)
-        self._stop_renewer()
-        self.lease, self.resuming = None, True
-
-    def _on_resumed(self, lease: LeaseInfo) -> None:
-        if not self.resuming:  # yielded since the revocation: that yield ended this turn too
-            log.info("turn %s given back after this tenant yielded; not taken", lease.lease_id)
-            return
-        self.lease, self.resuming = lease, False
-        log.info("turn given back after a revocation: %s", lease.lease_id)
-        self._start_renewer()
+        else:
+            self._core.pushed(message)
+            self._rearm()
 
     def _on_reply(self, reply: pb.Reply) -> None:
         future = self._replies.pop(reply.request_id, None)
         if future is not None and not future.done():
             future.set_result(reply)
-        elif reply.HasField("lease"):  # granted just after this client gave up: hand it back
-            release = pb.Request(request_id=next(self._request_ids))
-            release.release.lease_id = reply.lease.lease_id
+            return
+        release = self._core.unclaimed(reply)
+        if release is not None:
             self._spawn(self._send(pb.ClientMessage(request=release)))
 
     async def _run_callback(self, request: pb.Callback) -> None:
@@ -221,7 +210,7 @@ class AsyncBaton:
                 continue
 
     async def _send_request(self, request: pb.Request, timeout: float | None) -> pb.Reply:
-        request.request_id = next(self._request_ids)
+        request.request_id = next(self._core.ids)
         future: asyncio.Future[pb.Reply] = asyncio.get_running_loop().create_future()
         self._replies[request.request_id] = future
         try:
@@ -248,22 +237,11 @@ class AsyncBaton:
         return reply
 
     async def _reclaim(self) -> None:
-        lease = self.lease
-        if lease is None:
-            return
-        try:
-            renewed = await self._renew(lease.lease_id)
-        except LeaseLost:
-            log.warning("the turn %s was lost while the agent restarted", lease.lease_id)
-            if self.lease is lease:
-                self._stop_renewer()
-                self.lease = None
-            return
-        if self.lease is not lease:  # yielded (or revoked) while the renewal was on its way
-            log.info("turn %s ended while it was being reclaimed", lease.lease_id)
-            return
-        self.lease = renewed
-        log.warning("kept the turn %s across the agent restart", renewed.lease_id)
+        """After a reconnect: tell the new agent that the turn held is still in use."""
+        lease = self._core.reclaim()
+        self._rearm()
+        if lease is not None:
+            await self._renew_once(lease, reclaiming=True)
 
     async def _ready(self, wait: float) -> None:
         """Return once the session is open; `AgentUnavailable` if not within `wait` seconds."""
@@ -296,26 +274,19 @@ class AsyncBaton:
         timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
         request = pb.Request(acquire=pb.AcquireRequest(gpus=gpus or (), timeout_ms=timeout_ms))
         reply = await self._request(request, timeout, slack=5)
-        self.lease, self.resuming = LeaseInfo.from_pb(reply.lease), False
-        self._start_renewer()
-        return self.lease
+        lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
+        self._rearm()
+        return lease
 
     async def yield_(self) -> None:
         """End the turn. Parking is lazy: memory moves only if the next tenant needs the room."""
-        lease = self.lease
-        if lease is None and not self.resuming:
-            raise NotHolding("yield_() without a turn: call acquire() first")
-        resuming = self.resuming
-        self._stop_renewer()
-        self.lease, self.resuming = None, False
-        release = pb.YieldRequest(lease_id=lease.lease_id if lease else "")
+        ended = self._core.begin_yield()
+        self._rearm()
         try:
-            await self._request(pb.Request(release=release))
+            await self._request(pb.Request(release=pb.YieldRequest(lease_id=ended.lease_id)))
         except AgentUnavailable:  # the turn may outlive the agent's restart: yield can be retried
-            if self.lease is None and not self.resuming:
-                self.lease, self.resuming = lease, resuming
-                if lease is not None:
-                    self._start_renewer()
+            self._core.yield_failed(ended)
+            self._rearm()
             raise
 
     async def _renew(self, lease_id: str) -> LeaseInfo:
@@ -329,15 +300,18 @@ class AsyncBaton:
         try:
             yield lease
         finally:
-            if self.lease is not None or self.resuming:
+            if self._core.holding():
                 await self.yield_()
 
     # Renewal.
 
-    def _start_renewer(self) -> None:
+    def _rearm(self) -> None:
+        """Set the renewal timer to the core's deadline (or stop it, when none is due)."""
         self._stop_renewer()
-        loop = asyncio.get_running_loop()
-        self._renewer = loop.call_later(self._renew_interval, self._renew_due)
+        due = self._core.renew_at
+        if due is not None:
+            delay = max(0.0, due - self._core.clock())
+            self._renewer = asyncio.get_running_loop().call_later(delay, self._renew_due)
 
     def _stop_renewer(self) -> None:
         if self._renewer is not None:
@@ -345,25 +319,21 @@ class AsyncBaton:
         self._renewer = None
 
     def _renew_due(self) -> None:
-        if self.lease is not None:
-            self._spawn(self._renew_once(self.lease))
+        self._renewer = None
+        lease = self._core.renewal_due()
+        if lease is not None:
+            self._spawn(self._renew_once(lease))
+        elif self._core.renew_at is not None:  # the timer fired a hair early
+            self._rearm()
 
-    async def _renew_once(self, lease: LeaseInfo) -> None:
+    async def _renew_once(self, lease: LeaseInfo, reclaiming: bool = False) -> None:
+        outcome: LeaseInfo | BatonError
         try:
-            renewed = await self._renew(lease.lease_id)
-        except LeaseLost as exc:
-            if self.lease is lease:
-                self._stop_renewer()
-                self.lease = None
-                log.warning("lease %s lost: %s", lease.lease_id, exc)
-            return
+            outcome = await self._renew(lease.lease_id)
         except BatonError as exc:
-            log.info("renewing lease %s failed: %s", lease.lease_id, exc)
-        else:
-            if self.lease is not None and self.lease.lease_id == renewed.lease_id:
-                self.lease = renewed
-        if self.lease is not None and self.lease.lease_id == lease.lease_id:
-            self._start_renewer()
+            outcome = exc
+        self._core.renewed(lease, outcome, reclaiming)
+        self._rearm()
 
     # Lifecycle.
 

@@ -2,22 +2,22 @@
 
 One background thread per client reads what the agent sends on the session (answers to
 background requests, turns given back, revocations, park/restore callbacks), renews the held
-turn and reconnects after the agent restarts. `agent.client.sync.Baton` adds the two calls.
+turn and reconnects after the agent restarts; what each of those does to the turn is decided in
+`agent.client.session_core`. `agent.client.sync.Baton` adds the two calls.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import socket as socketlib
 import threading
-import time
 from collections.abc import Callable, Sequence
 
 from agent.client.call_link import CallLink
 from agent.client.connect import CLIENT_VERSION
-from agent.client.errors import AgentUnavailable, BatonError, LeaseLost, from_status
+from agent.client.errors import AgentUnavailable, BatonError, from_status
+from agent.client.session_core import SessionCore
 from agent.client.types import (
     Callback,
     Identity,
@@ -85,10 +85,8 @@ class BlockingSession:
         self._reconnect = reconnect
         self.tenant: pb.Tenant | None = None
         """This tenant as the agent knows it (after connecting)."""
-        self.lease: LeaseInfo | None = None
-        """The turn held now, if any."""
-        self.resuming = False
-        """True after a revocation, until the agent hands the turn back."""
+        self._core = SessionCore(renew_interval)
+        """The turn held and its renewal; changed only under `_state`."""
         self._token = ""
         self._sock: socketlib.socket | None = None
         self._connected = threading.Event()
@@ -101,12 +99,20 @@ class BlockingSession:
         """One request at a time on the call link; calls from several threads queue here."""
         self._link: CallLink | None = None
         self._state = threading.RLock()
-        """Guards the lease, the calls and the socket, shared by the caller and the reader."""
+        """Guards the core, the calls and the socket, shared by the caller and the reader."""
         self._calls: dict[int, BackgroundCall] = {}
-        self._ids = itertools.count(1)
-        self._renew_at: float | None = None
         self._reader: threading.Thread | None = None
         self.register_callbacks(on_park=on_park, on_restore=on_restore)
+
+    @property
+    def lease(self) -> LeaseInfo | None:
+        """The turn held now, if any."""
+        return self._core.lease
+
+    @property
+    def resuming(self) -> bool:
+        """True after a revocation, until the agent hands the turn back."""
+        return self._core.resuming
 
     def register_callbacks(
         self, on_park: Callback | None = None, on_restore: Callback | None = None
@@ -266,35 +272,20 @@ class BlockingSession:
             threading.Thread(
                 target=self._run_callback, args=(message.callback,), daemon=True
             ).start()
-        elif kind == "granted":
-            self._on_resumed(LeaseInfo.from_pb(message.granted))
-        elif kind == "revoked":
-            self._on_revoked(message.revoked)
+        else:
+            with self._state:
+                self._core.pushed(message)
 
     def _on_reply(self, reply: pb.Reply) -> None:
         with self._state:
             call = self._calls.pop(reply.request_id, None)
         if call is not None:
             call.finish(reply)
-        else:  # acquires travel on the call link: nothing granted arrives unasked here
-            log.debug("answer %d on the session matches no request", reply.request_id)
-
-    def _on_revoked(self, revoked: pb.Revoked) -> None:
-        with self._state:
-            if self.lease is None or self.lease.lease_id != revoked.lease_id:
-                log.info("turn %s revoked after this tenant yielded it", revoked.lease_id)
-                return
-            log.warning("turn revoked (%s); queued first for the next", revoked.reason)
-            self.lease, self.resuming, self._renew_at = None, True, None
-
-    def _on_resumed(self, lease: LeaseInfo) -> None:
-        with self._state:
-            if not self.resuming:  # yielded since the revocation: that yield ended this turn
-                log.info("turn %s given back after this tenant yielded; not taken", lease.lease_id)
-                return
-            self.lease, self.resuming = lease, False
-            self._renew_at = time.monotonic() + self._renew_interval
-        log.info("turn given back after a revocation: %s", lease.lease_id)
+            return
+        release = self._core.unclaimed(reply)
+        if release is not None:
+            with contextlib.suppress(AgentUnavailable):
+                self._send(pb.ClientMessage(request=release))
 
     def _run_callback(self, request: pb.Callback) -> None:
         result = run_callback_blocking(self._callbacks.get(request.action), request)
@@ -317,7 +308,7 @@ class BlockingSession:
     def _background(self, request: pb.Request, on_done: Callable[[BackgroundCall], None]) -> None:
         """Send a request whose answer `on_done` handles on the reader thread."""
         call = BackgroundCall(on_done)
-        request.request_id = next(self._ids)
+        request.request_id = next(self._core.ids)
         with self._state:
             self._calls[request.request_id] = call
         try:
@@ -331,53 +322,26 @@ class BlockingSession:
 
     def _renew_if_due(self) -> None:
         with self._state:
-            lease, due = self.lease, self._renew_at
-            if lease is None or due is None or time.monotonic() < due:
-                return
-            self._renew_at = None  # until this renewal is answered
-
-        def done(call: BackgroundCall) -> None:
-            self._renewed(lease, call)
-
-        self._background(pb.Request(renew=pb.RenewRequest(lease_id=lease.lease_id)), done)
-
-    def _renewed(self, lease: LeaseInfo, call: BackgroundCall, reclaiming: bool = False) -> None:
-        try:
-            renewed = LeaseInfo.from_pb(call.result(self.socket).lease)
-        except LeaseLost as exc:
-            with self._state:
-                if self.lease is lease:
-                    self.lease, self._renew_at = None, None
-                    if reclaiming:
-                        log.warning(
-                            "the turn %s was lost while the agent restarted", lease.lease_id
-                        )
-                    else:
-                        log.warning("lease %s lost: %s", lease.lease_id, exc)
-            return
-        except BatonError as exc:
-            log.info("renewing lease %s failed: %s", lease.lease_id, exc)
-            renewed = None
-        with self._state:
-            if self.lease is None or self.lease.lease_id != lease.lease_id:
-                if reclaiming:
-                    log.info("turn %s ended while it was being reclaimed", lease.lease_id)
-                return
-            if renewed is not None:
-                self.lease = renewed
-                if reclaiming:
-                    log.warning("kept the turn %s across the agent restart", renewed.lease_id)
-            self._renew_at = time.monotonic() + self._renew_interval
+            lease = self._core.renewal_due()
+        if lease is not None:
+            self._renew(lease, reclaiming=False)
 
     def _reclaim(self) -> None:
         """After a reconnect: tell the new agent that the turn held is still in use."""
         with self._state:
-            lease = self.lease
-        if lease is None:
-            return
+            lease = self._core.reclaim()
+        if lease is not None:
+            self._renew(lease, reclaiming=True)
 
+    def _renew(self, lease: LeaseInfo, reclaiming: bool) -> None:
         def done(call: BackgroundCall) -> None:
-            self._renewed(lease, call, reclaiming=True)
+            outcome: LeaseInfo | BatonError
+            try:
+                outcome = LeaseInfo.from_pb(call.result(self.socket).lease)
+            except BatonError as exc:
+                outcome = exc
+            with self._state:
+                self._core.renewed(lease, outcome, reclaiming)
 
         self._background(pb.Request(renew=pb.RenewRequest(lease_id=lease.lease_id)), done)
 

@@ -8,19 +8,16 @@ the answer itself, so no thread hop sits in a turn.
 from __future__ import annotations
 
 import contextlib
-import logging
 import socket as socketlib
 import time
-from collections.abc import Iterator
 
 from agent.client.connect import CLIENT_VERSION
 from agent.client.errors import AgentUnavailable, from_status
+from agent.client.session_core import SessionCore
 from agent.client.types import REPLY_TIMEOUT_S
 from agent.wire import framing
 from agent.wire.handshake import handshake_path, read_token_line
 from baton._pb import agent_pb2 as pb
-
-log = logging.getLogger("baton.client")
 
 
 class NotSent(Exception):
@@ -36,19 +33,19 @@ class CallLink:
         reader: framing.BlockingReader,
         token: str,
         agent_socket: str,
-        ids: Iterator[int],
+        core: SessionCore,
     ):
         self.sock = sock
         self.reader = reader
         self.token = token
         """The session this link belongs to."""
         self.agent_socket = agent_socket
-        self._ids = ids
-        """The client's request ids, shared with its session."""
+        self._core = core
+        """The client's session state: its request ids, and what to do with a stray answer."""
         self.closed = False
 
     @classmethod
-    def open(cls, socket: str, token: str, timeout: float, ids: Iterator[int]) -> CallLink:
+    def open(cls, socket: str, token: str, timeout: float, core: SessionCore) -> CallLink:
         """Join the session `token` on a connection of its own."""
         sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
         try:
@@ -65,7 +62,7 @@ class CallLink:
         except BaseException:
             sock.close()
             raise
-        return cls(sock, reader, token, socket, ids)
+        return cls(sock, reader, token, socket, core)
 
     def send(self, message: pb.ClientMessage) -> None:
         self.sock.sendall(framing.encode(message))
@@ -90,7 +87,7 @@ class CallLink:
 
     def call(self, request: pb.Request, timeout: float | None) -> pb.Reply:
         """Send `request`, wait up to `timeout` for the answer; withdraw an unanswered acquire."""
-        request.request_id = next(self._ids)
+        request.request_id = next(self._core.ids)
         kind = request.WhichOneof("kind")
         try:
             self.send(pb.ClientMessage(request=request))
@@ -139,14 +136,11 @@ class CallLink:
             self._stray(reply)
 
     def _stray(self, reply: pb.Reply) -> None:
-        """An answer nobody waits for: a turn granted to a withdrawn acquire is handed back."""
-        if reply.HasField("lease"):
-            release = pb.Request(release=pb.YieldRequest(lease_id=reply.lease.lease_id))
-            release.request_id = next(self._ids)
+        """An answer nobody waits for: what the core says to do with it (hand a turn back)."""
+        release = self._core.unclaimed(reply)
+        if release is not None:
             with contextlib.suppress(OSError):
                 self.send(pb.ClientMessage(request=release))
-        elif reply.HasField("error"):
-            log.debug("late answer %d: %s", reply.request_id, reply.error.message)
 
     def _withdraw(self, request_id: int) -> None:
         """Take a pending acquire off the queue; a turn granted meanwhile is handed back."""

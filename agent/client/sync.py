@@ -2,8 +2,8 @@
 
 The caller's thread writes its requests straight to the socket and waits for the answer
 (`agent.client.call_link`); one background thread per client serves the session
-(`agent.client.blocking_session`). No event loop sits between the caller and the socket, so a
-turn costs two small writes and one wake-up.
+(`agent.client.blocking_session`); `agent.client.session_core` keeps the turn's state. No event
+loop sits between the caller and the socket, so a turn costs two small writes and one wake-up.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 from agent.client.blocking_session import BlockingSession
 from agent.client.call_link import CallLink, NotSent
-from agent.client.errors import AgentUnavailable, NotHolding
+from agent.client.errors import AgentUnavailable
 from agent.client.types import LeaseInfo, reply_wait
 from agent.wire import framing
 from baton._pb import agent_pb2 as pb
@@ -65,7 +65,7 @@ class Baton(BlockingSession):
         if link is not None:
             link.close()
         try:
-            link = CallLink.open(self.socket, token, self._connect_timeout, self._ids)
+            link = CallLink.open(self.socket, token, self._connect_timeout, self._core)
         except (OSError, ValueError, KeyError, framing.FrameError) as exc:
             raise NotSent from exc
         with self._state:
@@ -81,28 +81,18 @@ class Baton(BlockingSession):
         timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
         request = pb.Request(acquire=pb.AcquireRequest(gpus=gpus or (), timeout_ms=timeout_ms))
         reply = self._request(request, timeout, slack=5)
-        lease = LeaseInfo.from_pb(reply.lease)
         with self._state:
-            self.lease, self.resuming = lease, False
-            self._renew_at = time.monotonic() + self._renew_interval
-        return lease
+            return self._core.granted(LeaseInfo.from_pb(reply.lease))
 
     def yield_(self) -> None:
         """End the turn. Parking is lazy: memory moves only if the next tenant needs the room."""
         with self._state:
-            lease, resuming = self.lease, self.resuming
-            if lease is None and not resuming:
-                raise NotHolding("yield_() without a turn: call acquire() first")
-            self.lease, self.resuming, self._renew_at = None, False, None
-        release = pb.YieldRequest(lease_id=lease.lease_id if lease else "")
+            ended = self._core.begin_yield()
         try:
-            self._request(pb.Request(release=release))
+            self._request(pb.Request(release=pb.YieldRequest(lease_id=ended.lease_id)))
         except AgentUnavailable:  # the turn may outlive the agent's restart: yield can be retried
             with self._state:
-                if self.lease is None and not self.resuming:
-                    self.lease, self.resuming = lease, resuming
-                    if lease is not None:
-                        self._renew_at = time.monotonic() + self._renew_interval
+                self._core.yield_failed(ended)
             raise
 
     @contextlib.contextmanager
@@ -112,7 +102,7 @@ class Baton(BlockingSession):
         try:
             yield lease
         finally:
-            if self.lease is not None or self.resuming:
+            if self._core.holding():
                 self.yield_()
 
     # Lifecycle.

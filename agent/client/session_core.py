@@ -1,0 +1,160 @@
+"""The client session's state machine, written once with no I/O: what the tenant holds.
+
+`Baton` (blocking) and `AsyncBaton` (asyncio) feed it what happens (a grant, a yield, the
+agent's revocations and resumes, renewals and their answers, an answer nobody waits for) and do
+what it hands back (a lease to renew, a turn to hand back); the clock is injected.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agent.client.errors import BatonError, LeaseLost, NotHolding
+from agent.client.types import LeaseInfo
+from baton._pb import agent_pb2 as pb
+
+log = logging.getLogger("baton.client")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a yield ends: the lease held (None while resuming) and whether a resume was due."""
+
+    lease: LeaseInfo | None
+    resuming: bool
+
+    @property
+    def lease_id(self) -> str:
+        return self.lease.lease_id if self.lease is not None else ""
+
+
+class SessionCore:
+    """The turn a tenant holds, its renewal deadline, and the rules that change them.
+
+    Invariants: at most one lease is held; never a lease and a pending resume at once; a
+    renewal is due only while a lease is held.
+    """
+
+    def __init__(self, renew_interval: float, clock: Callable[[], float] = time.monotonic):
+        self.renew_interval = renew_interval
+        self.clock = clock
+        self.lease: LeaseInfo | None = None
+        """The turn held now, if any."""
+        self.resuming = False
+        """True after a revocation, until the agent hands the turn back."""
+        self.renew_at: float | None = None
+        """When the held lease is next renewed; None while a renewal is on its way."""
+        self.ids = itertools.count(1)
+        """Request ids, shared by every connection of the session."""
+
+    def holding(self) -> bool:
+        """A turn to end: a lease held, or one the agent will give back."""
+        return self.lease is not None or self.resuming
+
+    # The caller's calls.
+
+    def granted(self, lease: LeaseInfo) -> LeaseInfo:
+        """An acquire was answered: the turn is held, its renewal due after the interval."""
+        self.lease, self.resuming = lease, False
+        self.renew_at = self.clock() + self.renew_interval
+        return lease
+
+    def begin_yield(self) -> Turn:
+        """The caller yields: the turn ends now; the shell sends the release for `Turn`."""
+        if self.lease is None and not self.resuming:
+            raise NotHolding("yield_() without a turn: call acquire() first")
+        turn = Turn(self.lease, self.resuming)
+        self.lease, self.resuming, self.renew_at = None, False, None
+        return turn
+
+    def yield_failed(self, turn: Turn) -> None:
+        """The release never reached the agent: the turn is held again, so yield can be retried.
+
+        Unless something else (a grant, a resume) changed the turn meanwhile.
+        """
+        if self.lease is not None or self.resuming:
+            return
+        self.lease, self.resuming = turn.lease, turn.resuming
+        if turn.lease is not None:
+            self.renew_at = self.clock() + self.renew_interval
+
+    # What the agent sends unasked.
+
+    def revoked(self, lease_id: str, reason: str = "") -> None:
+        """The agent took the turn back (held too long while others wait); it will return it."""
+        if self.lease is None or self.lease.lease_id != lease_id:
+            log.info("turn %s revoked after this tenant yielded it", lease_id)
+            return
+        log.warning("turn revoked (%s); queued first for the next", reason)
+        self.lease, self.resuming, self.renew_at = None, True, None
+
+    def resumed(self, lease: LeaseInfo) -> None:
+        """The agent gave a revoked turn back; not taken if the tenant yielded since."""
+        if not self.resuming:
+            log.info("turn %s given back after this tenant yielded; not taken", lease.lease_id)
+            return
+        self.granted(lease)
+        log.info("turn given back after a revocation: %s", lease.lease_id)
+
+    def pushed(self, message: pb.AgentMessage) -> None:
+        """A revocation or a resume pushed on the session (anything else is the shell's)."""
+        kind = message.WhichOneof("kind")
+        if kind == "revoked":
+            self.revoked(message.revoked.lease_id, message.revoked.reason)
+        elif kind == "granted":
+            self.resumed(LeaseInfo.from_pb(message.granted))
+
+    def unclaimed(self, reply: pb.Reply) -> pb.Request | None:
+        """An answer no caller waits for (it gave up): a turn it grants is handed back."""
+        if reply.HasField("lease"):
+            release = pb.Request(request_id=next(self.ids))
+            release.release.lease_id = reply.lease.lease_id
+            return release
+        if reply.HasField("error"):
+            log.debug("late answer %d: %s", reply.request_id, reply.error.message)
+        else:
+            log.debug("answer %d matches no request", reply.request_id)
+        return None
+
+    # Renewal and reclaim.
+
+    def renewal_due(self) -> LeaseInfo | None:
+        """The lease to renew now, if its time has come (none other is due until answered)."""
+        if self.lease is None or self.renew_at is None or self.clock() < self.renew_at:
+            return None
+        self.renew_at = None
+        return self.lease
+
+    def reclaim(self) -> LeaseInfo | None:
+        """After a reconnect: the lease to renew now, telling the new agent it is still in use."""
+        if self.lease is not None:
+            self.renew_at = None
+        return self.lease
+
+    def renewed(
+        self, lease: LeaseInfo, outcome: LeaseInfo | BatonError, reclaiming: bool = False
+    ) -> None:
+        """A renewal of `lease` was answered (`outcome`: the renewed lease, or the error)."""
+        if isinstance(outcome, LeaseLost):
+            if self.lease is lease:
+                self.lease, self.renew_at = None, None
+                if reclaiming:
+                    log.warning("the turn %s was lost while the agent restarted", lease.lease_id)
+                else:
+                    log.warning("lease %s lost: %s", lease.lease_id, outcome)
+            return
+        if isinstance(outcome, BatonError):
+            log.info("renewing lease %s failed: %s", lease.lease_id, outcome)
+        if self.lease is None or self.lease.lease_id != lease.lease_id:
+            if reclaiming:
+                log.info("turn %s ended while it was being reclaimed", lease.lease_id)
+            return
+        if isinstance(outcome, LeaseInfo):
+            self.lease = outcome
+            if reclaiming:
+                log.warning("kept the turn %s across the agent restart", outcome.lease_id)
+        self.renew_at = self.clock() + self.renew_interval
