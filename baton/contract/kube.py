@@ -9,7 +9,7 @@ import os
 import re
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,16 +116,18 @@ def api_error_reason(err: BaseException) -> str:
     return f"API server unreachable ({type(root).__name__}: {text})"
 
 
-def watch_events(response: Any) -> Iterator[dict[str, Any]]:
+def watch_events(
+    response: Any, decode: Callable[[bytes], Any] = orjson.loads
+) -> Iterator[dict[str, Any]]:
     """The events of a streamed watch response (`_preload_content=False`), one JSON object per
-    line of its body (orjson: the extender reads every pod event of its cluster this way)."""
+    line of its body, each read by `decode` (orjson: the extender reads every pod event so)."""
     pending = b""
     for chunk in response.stream(amt=None, decode_content=True):
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for line in lines:
             if line.strip():
-                yield orjson.loads(line)
+                yield decode(line)
 
 
 def interrupt(response: Any) -> None:
