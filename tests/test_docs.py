@@ -1,0 +1,59 @@
+"""The README and docs/: short, linked, and naming what CI and the daemons rely on."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import typer.main
+
+import baton.cli
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = sorted([README, *DOCS.glob("*.md")])
+DAEMON_PAGES = {"agent": "agent.md", "extender": "extender.md", "deviceplugin": "deviceplugin.md"}
+_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_readme_is_an_introduction() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; the reference belongs in docs/"
+
+
+def test_readme_names_every_system_package_ci_installs() -> None:
+    """`.ci/run` installs the packages the README lists; the two lists must not drift apart."""
+    script = (ROOT / ".ci" / "run").read_text()
+    listed = re.search(r"^packages=\(([^)]*)\)", script, re.M)
+    assert listed, ".ci/run no longer lists its packages as packages=(...)"
+    packages = listed.group(1).split() + re.findall(r"packages\+=\(([^)]*)\)", script)
+    readme = README.read_text()
+    missing = [p for p in packages if f"`{p}`" not in readme]
+    assert not missing, f"README.md does not name {missing}, which .ci/run installs"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_relative_links_point_at_files(page: Path) -> None:
+    targets = [t for t in _LINK.findall(page.read_text()) if "://" not in t]
+    missing = [t for t in targets if not (page.parent / t).exists()]
+    assert not missing, f"{page.name} links to files that do not exist: {missing}"
+
+
+def test_figures_carry_no_dates() -> None:
+    """docs/figures.md gives the current figures, not the history of runs."""
+    text = (DOCS / "figures.md").read_text()
+    assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", text)
+
+
+@pytest.mark.parametrize("command", sorted(DAEMON_PAGES))
+def test_every_daemon_flag_is_documented(command: str) -> None:
+    group = typer.main.get_command(baton.cli.app)
+    assert isinstance(group, typer.main.TyperGroup)
+    cmd = group.commands[command]
+    page = (DOCS / DAEMON_PAGES[command]).read_text()
+    flags = [o for p in cmd.params for o in p.opts if o.startswith("--") and o != "--help"]
+    assert flags
+    missing = [f for f in flags if f"`{f}`" not in page]
+    assert not missing, f"docs/{DAEMON_PAGES[command]} does not document {missing}"
