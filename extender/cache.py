@@ -1,26 +1,27 @@
-"""The cluster cache: `ClusterState` behind a lock, fed by list+watch of nodes and pods.
+"""The cluster cache: `ClusterState` behind a lock, fed by a list+watch reflector per kind.
 
-Each kind runs in its own thread: list, then watch from the list's resourceVersion; a watch the
-server ends is resumed from the last version seen; any error (410 Gone, a dropped connection,
-an outage) leads to a fresh list after a short, growing backoff.
+The reflectors (`baton.contract.reflector`) list, watch, relist on 410 and back off on errors;
+this file only decides what each change does to the state.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from baton.contract.kube import Outage
-from extender.errors import ApiFailure
-from extender.kubeapi import Lister, Watch
+from baton.contract.reflector import KubeSource, Reflector, WatchEvent
+from extender.kubeapi import POD_FIELD_SELECTOR
 from extender.state import ClusterState
 
 log = logging.getLogger(__name__)
 KINDS = ("nodes", "pods")
-WATCH_TIMEOUT_S = 300
-BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+SELECTORS = {"nodes": "", "pods": POD_FIELD_SELECTOR}
+REQUEST_TIMEOUT_S = 30.0
+"""A list page of the whole cluster, and a connection to the API server, must come within this."""
 
 
 class ClusterCache:
@@ -64,7 +65,7 @@ class ClusterCache:
 
 
 class KubeCache(ClusterCache):
-    """A cluster cache kept current by watches against the API server."""
+    """A cluster cache kept current by a reflector per kind against the API server."""
 
     def __init__(
         self,
@@ -73,90 +74,54 @@ class KubeCache(ClusterCache):
         on_restart: Callable[[str, str], None] = lambda kind, why: None,
     ):
         super().__init__(state)
-        self._listers = {kind: Lister(api_client, kind) for kind in KINDS}
-        self._on_restart = on_restart
-        self._outage = Outage(
+        outage = Outage(
             log,
             "listing and watching nodes and pods",
             "/readyz is not ready and filter answers from what was listed before, if anything",
         )
-        self._stop = threading.Event()
-        self._watches: dict[str, Watch] = {}
-        self._threads: list[threading.Thread] = []
+        self._reflectors = [
+            Reflector(
+                KubeSource(api_client, kind, field_selector=SELECTORS[kind]),
+                _KindStore(self, kind),
+                outage,
+                name=f"watch-{kind}",
+                on_restart=functools.partial(on_restart, kind),
+                request_timeout_s=REQUEST_TIMEOUT_S,
+            )
+            for kind in KINDS
+        ]
 
     def start(self) -> KubeCache:
         """Start both watch loops."""
-        for kind in KINDS:
-            thread = threading.Thread(target=self._run, args=(kind,), name=f"watch-{kind}")
-            thread.daemon = True
-            thread.start()
-            self._threads.append(thread)
+        for reflector in self._reflectors:
+            reflector.start()
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the loops and close their watches."""
-        self._stop.set()
-        for watch in list(self._watches.values()):
-            watch.close()
-        for thread in self._threads:
-            thread.join(timeout_s)
+        for reflector in self._reflectors:
+            reflector.stop(timeout_s)
 
-    def _run(self, kind: str) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                version = self._relist(kind)
-                self._outage.answered()
-                failures = 0
-                while not self._stop.is_set():
-                    version = self._watch(kind, version)
-            except Exception as err:
-                if self._stop.is_set():
-                    return
-                why = f"{type(err).__name__}: {err}"
-                backoff = BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
-                self._outage.failed(err, backoff)
-                self._on_restart(kind, why)
-                self._stop.wait(backoff)
-                failures += 1
 
-    def _relist(self, kind: str) -> str:
-        items, version = self._listers[kind].list()
-        with self.changed:
-            if kind == "nodes":
-                self.state.replace_nodes(items)
-            else:
-                self.state.replace_pods(items)
-            self.changed.notify_all()
-        self._synced[kind].set()
-        return version
+class _KindStore:
+    """One kind's part of the state, as the reflector hands it: each change under the lock."""
 
-    def _watch(self, kind: str, version: str) -> str:
-        watch = self._listers[kind].watch(version, WATCH_TIMEOUT_S)
-        self._watches[kind] = watch
-        if self._stop.is_set():
-            watch.close()
-        for event in watch:
-            version = self._apply(kind, event) or version
-        log.debug("watch of %s ended at resourceVersion %s", kind, version)
-        return version
+    def __init__(self, cache: ClusterCache, kind: str) -> None:
+        state = cache.state
+        self._cache, self._kind = cache, kind
+        nodes = kind == "nodes"
+        self._replace = state.replace_nodes if nodes else state.replace_pods
+        self._upsert = state.upsert_node if nodes else state.upsert_pod
+        self._delete = state.delete_node if nodes else state.delete_pod
 
-    def _apply(self, kind: str, event: dict[str, Any]) -> str:
-        kind_of_event = event.get("type")
-        obj = event.get("object") or {}
-        if kind_of_event == "ERROR":
-            code, message = obj.get("code"), obj.get("message")
-            raise ApiFailure(f"watching {kind}: API server answered {code}: {message}")
-        version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
-        if kind_of_event not in ("ADDED", "MODIFIED", "DELETED"):
-            return version
-        deleted = kind_of_event == "DELETED"
-        apply: Callable[[dict[str, Any]], None]
-        if kind == "nodes":
-            apply = self.state.delete_node if deleted else self.state.upsert_node
-        else:
-            apply = self.state.delete_pod if deleted else self.state.upsert_pod
-        with self.changed:
-            apply(obj)
-            self.changed.notify_all()
-        return version
+    def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
+        with self._cache.changed:
+            self._replace(objects)
+            self._cache.changed.notify_all()
+        self._cache.mark_synced(self._kind)
+
+    def apply(self, event: WatchEvent) -> None:
+        apply = self._delete if event.type == "DELETED" else self._upsert
+        with self._cache.changed:
+            apply(event.object)
+            self._cache.changed.notify_all()

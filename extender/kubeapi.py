@@ -1,22 +1,23 @@
-"""The extender's calls to the Kubernetes API, on raw JSON, errors mapped to `ApiFailure`."""
+"""The extender's calls to the Kubernetes API, on raw JSON, errors mapped to `ApiFailure`.
+
+Its lists and watches go through `baton.contract.reflector` (`extender.cache`), read by orjson.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
 import orjson
 
-from baton.contract.kube import watch_events
 from extender import kubeproto
 from extender.apipost import ApiPost, refusal, unreachable
 from extender.errors import ApiFailure
 
 POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
-_PAGE = 500
+"""The pods the extender watches: finished ones hold no GPU."""
 
 
 def api_errors(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -109,67 +110,3 @@ def _read(resp: Any, what: str) -> bytes:
         return bytes(resp.data)
     except Exception as err:
         raise translate(err, what) from err
-
-
-class Lister:
-    """Paged lists and watches of nodes or pods, as raw JSON."""
-
-    def __init__(self, api_client: Any, kind: str, timeout_s: float = 30.0):
-        from kubernetes import client
-
-        core = client.CoreV1Api(api_client)
-        self.kind = kind
-        self._func = core.list_node if kind == "nodes" else core.list_pod_for_all_namespaces
-        self._extra = {} if kind == "nodes" else {"field_selector": POD_FIELD_SELECTOR}
-        self._timeout = timeout_s
-
-    def list(self) -> tuple[list[dict[str, Any]], str]:
-        """Every object and the list's resourceVersion."""
-        items: list[dict[str, Any]] = []
-        token = ""
-        call = api_errors(f"listing {self.kind}")(self._func)
-        while True:
-            kwargs = {**self._extra, "limit": _PAGE, "_preload_content": False}
-            if token:
-                kwargs["_continue"] = token
-            page = orjson.loads(call(_request_timeout=self._timeout, **kwargs).data)
-            items += page.get("items") or []
-            meta = page.get("metadata") or {}
-            token = meta.get("continue") or ""
-            if not token:
-                return items, str(meta.get("resourceVersion", ""))
-
-    def watch(self, resource_version: str, timeout_s: int) -> Watch:
-        """A watch from `resource_version`; the server ends it after `timeout_s`."""
-        call = api_errors(f"watching {self.kind}")(self._func)
-        resp = call(
-            watch=True,
-            resource_version=resource_version,
-            timeout_seconds=timeout_s,
-            allow_watch_bookmarks=True,
-            _preload_content=False,
-            _request_timeout=(self._timeout, timeout_s + self._timeout),
-            **self._extra,
-        )
-        return Watch(resp, self.kind)
-
-
-class Watch:
-    """Events of one watch response, as dicts; `close()` ends it from another thread."""
-
-    def __init__(self, resp: Any, kind: str):
-        self._resp = resp
-        self._kind = kind
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        try:
-            yield from watch_events(self._resp)
-        except Exception as err:
-            raise translate(err, f"watching {self._kind}") from err
-        finally:
-            self._resp.release_conn()
-
-    def close(self) -> None:
-        """Interrupt the stream (safe from any thread)."""
-        with contextlib.suppress(Exception):
-            self._resp.shutdown()

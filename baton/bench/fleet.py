@@ -8,14 +8,14 @@ server puts on every new node is lifted: nothing else would, there is no kubelet
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import orjson
-
+from baton.contract.kube import Outage
 from baton.contract.names import (
     ANNOTATION_GPUS,
     ANNOTATION_HOST_MEMORY_BUDGET,
@@ -25,13 +25,16 @@ from baton.contract.names import (
     RESOURCE_GPU_DUTY,
     RESOURCE_GPU_MEMORY,
 )
-from extender.kubeapi import Watch
+from baton.contract.reflector import KubeSource, Reflector, WatchEvent
+
+log = logging.getLogger(__name__)
 
 GPUS_PER_NODE = 8
 SLOTS_PER_GPU = 4
 GPU_MIB = 81920
 GPU_MODEL = "NVIDIA H100 80GB HBM3"
 BENCH_LABEL = LABEL_BENCH
+LIST_TIMEOUT_S = 30.0
 
 
 def node_body(name: str) -> dict[str, Any]:
@@ -124,35 +127,37 @@ def make_namespace(api: Any, namespace: str) -> None:
 class BindWatch:
     """Records when each pod of a namespace was first seen bound to a node.
 
-    It reads the watch as raw JSON lines (`extender.kubeapi.Watch`, as the extender's own
-    watches do) and looks at three fields of each pod: it shares the machine with the
-    schedulers it measures, and building the client's model objects for every event would take
-    CPU from them.
+    A reflector (`baton.contract.reflector`) reads the watch as raw JSON lines with orjson, as
+    the extender's do, and this store looks at three fields of each pod: it shares the machine
+    with the schedulers it measures, and building the client's model objects for every event
+    would take CPU from them.
     """
 
     def __init__(self, api: Any, namespace: str) -> None:
-        self._api = api
-        self._namespace = namespace
+        """`api` is a `CoreV1Api`; the watch runs on a client of its own made from its config."""
         self._lock = threading.Condition()
         self.bound: dict[str, float] = {}
-        self._thread = threading.Thread(target=self._run, name="bind-watch", daemon=True)
-        self._error: BaseException | None = None
-        self._stopped = threading.Event()
-        self._watch: Watch | None = None
-        self._version = ""
+        self._listed = threading.Event()
+        outage = Outage(log, f"the bench's pod watch in {namespace}", "bind times wait for it")
+        source = KubeSource(api.api_client, "pods", namespace=namespace)
+        self._reflector = Reflector(source, self, outage, name="bind-watch")
 
     def start(self) -> BindWatch:
         """Start watching; returns once the first list is taken (later pods are all seen)."""
-        self._relist()
-        self._thread.start()
+        self._reflector.start()
+        if not self._listed.wait(LIST_TIMEOUT_S):
+            self._reflector.stop()
+            raise TimeoutError(f"the bench's pod watch did not list in {LIST_TIMEOUT_S} s")
         return self
 
-    def _relist(self) -> None:
-        raw = self._api.list_namespaced_pod(self._namespace, _preload_content=False)
-        listed = orjson.loads(raw.data)
-        for pod in listed.get("items") or []:
+    def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
+        for pod in objects:
             self._saw(pod)
-        self._version = str((listed.get("metadata") or {}).get("resourceVersion", ""))
+        self._listed.set()
+
+    def apply(self, event: WatchEvent) -> None:
+        if event.type != "DELETED":
+            self._saw(event.object)
 
     def _saw(self, pod: dict[str, Any]) -> None:
         if (pod.get("spec") or {}).get("nodeName"):
@@ -160,65 +165,17 @@ class BindWatch:
                 self.bound.setdefault(pod["metadata"]["name"], time.monotonic())
                 self._lock.notify_all()
 
-    def _run(self) -> None:
-        """Watch from the last version seen; a watch the server ends is opened again."""
-        try:
-            while not self._stopped.is_set():
-                response = self._api.list_namespaced_pod(
-                    self._namespace,
-                    watch=True,
-                    resource_version=self._version,
-                    timeout_seconds=60,
-                    _preload_content=False,
-                )
-                self._watch = Watch(response, "pods")
-                if self._stopped.is_set():  # stop() came before this watch: end it unread
-                    self._watch.close()
-                    response.release_conn()
-                    break
-                self._follow(self._watch)
-        except BaseException as exc:  # reported by wait_bound
-            if not self._stopped.is_set():
-                with self._lock:
-                    self._error = exc
-                    self._lock.notify_all()
-
-    def _follow(self, events: Iterable[dict[str, Any]]) -> None:
-        """The events of one watch, until the server or `stop()` ends it."""
-        for event in events:
-            pod = event.get("object") or {}
-            if event.get("type") == "ERROR":
-                if pod.get("code") != 410:
-                    raise RuntimeError(f"the watch ended: {pod.get('message', pod)}")
-                self._relist()  # the history we asked for is gone: start over from now
-                return
-            self._version = str(pod["metadata"]["resourceVersion"])
-            self._saw(pod)
-
     def wait_bound(self, names: Iterable[str], timeout: float) -> None:
         """Return once every pod in `names` is bound; TimeoutError saying how many were not."""
         wanted = set(names)
-        deadline = time.monotonic() + timeout
-
-        def done() -> bool:
-            return self._error is not None or wanted <= self.bound.keys()
-
         with self._lock:
-            while not done():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    missing = len(wanted - self.bound.keys())
-                    raise TimeoutError(f"{missing} of {len(wanted)} pods unbound after {timeout} s")
-                self._lock.wait(left)
-            if self._error is not None:
-                raise RuntimeError(f"the pod watch failed: {self._error}") from self._error
+            if not self._lock.wait_for(lambda: wanted <= self.bound.keys(), timeout):
+                missing = len(wanted - self.bound.keys())
+                raise TimeoutError(f"{missing} of {len(wanted)} pods unbound after {timeout} s")
 
     def stop(self) -> None:
         """End the watch (and wait, bounded, for its thread)."""
-        self._stopped.set()
-        if self._watch is not None:
-            self._watch.close()
-        self._thread.join(timeout=10)
+        self._reflector.stop()
 
 
 def create_pods(

@@ -177,7 +177,7 @@ class Reflector:
         """Relist at once when the history is gone (once in a row); else back off, then resume
         the watch from the last version seen (relist if the list or the store failed)."""
         why = _reason(err)
-        self._on_restart(f"{self.outage.what}: {why}")
+        self._on_restart(why)
         gone = _status_of(err) == 410
         if gone or isinstance(err, _StoreFailed):
             self.resource_version = ""

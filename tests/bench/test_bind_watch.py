@@ -1,62 +1,51 @@
-"""The bench's pod watch reads raw watch lines: split across chunks, relisting on 410."""
+"""The bench's pod watch: a store for the reflector that records when each pod was seen bound."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import orjson
 import pytest
 
 from baton.bench.fleet import BindWatch
-from extender.kubeapi import Watch
-
-
-class Raw:
-    def __init__(self, body: Any = None, chunks: list[bytes] | None = None) -> None:
-        self.data = orjson.dumps(body) if body is not None else b""
-        self._chunks = chunks or []
-
-    def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
-        return iter(self._chunks)
-
-    def release_conn(self) -> None:
-        pass
+from baton.contract.reflector import WatchEvent
+from tests.harness.fakeapi import FakeApiServer
 
 
 def pod(name: str, version: str, node: str = "") -> dict[str, Any]:
     return {"metadata": {"name": name, "resourceVersion": version}, "spec": {"nodeName": node}}
 
 
-class Api:
-    def __init__(self) -> None:
-        self.lists = 0
+class Core:
+    """What BindWatch takes from a `CoreV1Api`: its client."""
 
-    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Raw:
-        self.lists += 1
-        items = [pod("listed", "7", node="n1")] if self.lists > 1 else []
-        return Raw({"items": items, "metadata": {"resourceVersion": str(self.lists)}})
+    def __init__(self, api_client: Any) -> None:
+        self.api_client = api_client
 
 
-def line(kind: str, obj: dict[str, Any]) -> bytes:
-    return orjson.dumps({"type": kind, "object": obj}) + b"\n"
+def test_bound_pods_are_recorded_once_from_the_list_and_the_watch(api_client: Any) -> None:
+    watch = BindWatch(Core(api_client), "ns")
+    watch.replace([pod("listed", "7", node="n1"), pod("pending", "7")], "7")
+    watch.apply(WatchEvent("ADDED", pod("a", "10")))
+    assert set(watch.bound) == {"listed"}
+    watch.apply(WatchEvent("MODIFIED", pod("a", "11", node="n2")))
+    first = watch.bound["a"]
+    watch.apply(WatchEvent("MODIFIED", pod("a", "12", node="n2")))
+    watch.apply(WatchEvent("DELETED", pod("listed", "13", node="n1")))
+    assert set(watch.bound) == {"listed", "a"} and watch.bound["a"] == first
+    watch.wait_bound(["listed", "a"], 0)
+    with pytest.raises(TimeoutError, match="1 of 2 pods unbound"):
+        watch.wait_bound(["a", "pending"], 0)
 
 
-def test_events_split_across_chunks_are_read_and_bound_pods_recorded() -> None:
-    watch = BindWatch(Api(), "ns")
-    watch._relist()
-    events = line("ADDED", pod("a", "10")) + line("MODIFIED", pod("a", "11", node="n2"))
-    watch._follow(Watch(Raw(chunks=[events[:25], events[25:70], events[70:]]), "pods"))
-    assert set(watch.bound) == {"a"}
-    assert watch._version == "11"
-
-
-def test_a_410_relists_and_another_error_ends_the_watch() -> None:
-    api = Api()
-    watch = BindWatch(api, "ns")
-    watch._relist()
-    watch._follow(Watch(Raw(chunks=[line("ERROR", {"code": 410, "message": "too old"})]), "pods"))
-    assert api.lists == 2 and "listed" in watch.bound and watch._version == "2"
-    with pytest.raises(RuntimeError, match="forbidden"):
-        watch._follow(
-            Watch(Raw(chunks=[line("ERROR", {"code": 403, "message": "forbidden"})]), "pods")
-        )
+def test_follows_the_namespace_through_the_api(fake_api: FakeApiServer, api_client: Any) -> None:
+    listed = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "b", "namespace": "ns"}}
+    fake_api.put_object({**listed, "spec": {"nodeName": "n1"}})
+    watch = BindWatch(Core(api_client), "ns").start()
+    try:
+        assert set(watch.bound) == {"b"}, "start() returns once listed"
+        later = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "c", "namespace": "ns"}}
+        fake_api.put_object({**later, "spec": {}})
+        fake_api.put_object({**later, "spec": {"nodeName": "n2"}})
+        watch.wait_bound(["c"], 10)
+    finally:
+        watch.stop()

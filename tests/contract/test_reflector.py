@@ -158,8 +158,8 @@ def test_a_410_relists_at_once_and_a_second_in_a_row_backs_off() -> None:
         ("replace", ["c"], "30"),
     ]
     assert slept == [0.2], "the first 410 relists at once, the second after a backoff"
-    assert restarts[0] == "watch of things: API server answered 410: too old resource version"
-    assert restarts[1] == "watch of things: API server answered 410 Gone"
+    assert restarts[0] == "API server answered 410: too old resource version"
+    assert restarts[1] == "API server answered 410 Gone"
 
 
 def test_an_expired_continue_token_starts_the_list_again() -> None:
