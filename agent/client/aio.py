@@ -15,7 +15,7 @@ from typing import Any
 from agent.client.connect import open_session, reconnect
 from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.links import TRANSPORTS, SessionLink
-from agent.client.session_core import SessionCore
+from agent.client.session_core import SessionCore, acquire_request
 from agent.client.types import (
     Callback,
     Identity,
@@ -271,9 +271,7 @@ class AsyncBaton:
         """Wait for the turn on all the tenant's GPUs (or `gpus`); `AcquireTimeout` if too long."""
         if self.lease is not None:
             return self.lease
-        timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
-        request = pb.Request(acquire=pb.AcquireRequest(gpus=gpus or (), timeout_ms=timeout_ms))
-        reply = await self._request(request, timeout, slack=5)
+        reply = await self._request(acquire_request(timeout, gpus), timeout, slack=5)
         lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
         self._rearm()
         return lease

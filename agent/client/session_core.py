@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agent.client.errors import BatonError, LeaseLost, NotHolding
@@ -18,6 +18,12 @@ from agent.client.types import LeaseInfo
 from baton._pb import agent_pb2 as pb
 
 log = logging.getLogger("baton.client")
+
+
+def acquire_request(timeout: float | None, gpus: Sequence[str] | None) -> pb.Request:
+    """The acquire to send: the agent withdraws it after `timeout` (0 on the wire: no limit)."""
+    timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
+    return pb.Request(acquire=pb.AcquireRequest(gpus=gpus or (), timeout_ms=timeout_ms))
 
 
 @dataclass(frozen=True)

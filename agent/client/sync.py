@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from agent.client.blocking_session import BlockingSession
 from agent.client.call_link import CallLink, NotSent
 from agent.client.errors import AgentUnavailable
+from agent.client.session_core import acquire_request
 from agent.client.types import LeaseInfo, reply_wait
 from agent.wire import framing
 from baton._pb import agent_pb2 as pb
@@ -78,9 +79,7 @@ class Baton(BlockingSession):
         """Block until this tenant's turn; `AcquireTimeout` after `timeout` seconds."""
         if self.lease is not None:
             return self.lease
-        timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
-        request = pb.Request(acquire=pb.AcquireRequest(gpus=gpus or (), timeout_ms=timeout_ms))
-        reply = self._request(request, timeout, slack=5)
+        reply = self._request(acquire_request(timeout, gpus), timeout, slack=5)
         with self._state:
             return self._core.granted(LeaseInfo.from_pb(reply.lease))
 

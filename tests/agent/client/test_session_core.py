@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent.client.errors import AgentUnavailable, LeaseLost, NotHolding
-from agent.client.session_core import SessionCore
+from agent.client.session_core import SessionCore, acquire_request
 from agent.client.types import LeaseInfo
 from baton._pb import agent_pb2 as pb
 
@@ -201,3 +201,14 @@ def test_request_ids_are_shared_and_increase() -> None:
     first = next(session.ids)
     release = session.unclaimed(pb.Reply(request_id=1, lease=pb.Lease(lease_id="x")))
     assert release is not None and release.request_id == first + 1
+
+
+@pytest.mark.parametrize(
+    ("timeout", "gpus", "timeout_ms", "asked"),
+    [(None, None, 0, []), (0.0001, ["GPU-1"], 1, ["GPU-1"]), (2.5, (), 2500, [])],
+)
+def test_the_acquire_sent_for_a_timeout(
+    timeout: float | None, gpus: list[str] | None, timeout_ms: int, asked: list[str]
+) -> None:
+    request = acquire_request(timeout, gpus)
+    assert request.acquire.timeout_ms == timeout_ms and list(request.acquire.gpus) == asked
