@@ -11,7 +11,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from agent.client.errors import BatonError, LeaseLost, NotHolding
 from agent.client.types import LeaseInfo
@@ -26,8 +26,7 @@ def acquire_request(timeout: float | None, gpus: Sequence[str] | None) -> pb.Req
     return pb.Request(acquire=pb.AcquireRequest(gpus=gpus or (), timeout_ms=timeout_ms))
 
 
-@dataclass(frozen=True)
-class Turn:
+class Turn(NamedTuple):
     """What a yield ends: the lease held (None while resuming) and whether a resume was due."""
 
     lease: LeaseInfo | None
