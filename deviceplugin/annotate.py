@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Any
 
-from baton.contract import names
+from baton.contract.annotations import node_annotations as annotations_of_node
 from baton.contract.kube import Outage
 from baton.contract.meminfo import mem_total_kib
 from deviceplugin.devices import Inventory
@@ -19,11 +18,8 @@ _MAX_BACKOFF_S = 10.0
 
 
 def node_annotations(inventory: Inventory, budget_mib: int) -> dict[str, str]:
-    """`baton.dev/gpus` (JSON) and `baton.dev/host-memory-budget` (MiB)."""
-    return {
-        names.ANNOTATION_GPUS: json.dumps(inventory.annotation(), separators=(",", ":")),
-        names.ANNOTATION_HOST_MEMORY_BUDGET: str(budget_mib),
-    }
+    """`baton.dev/gpus` and `baton.dev/host-memory-budget` (`baton.contract.annotations`)."""
+    return annotations_of_node(inventory.records(), budget_mib)
 
 
 def host_memory_budget_mib(spec: str, meminfo: str) -> int:

@@ -12,8 +12,8 @@ from typing import Any
 from baton.contract import names
 from deviceplugin.allocation import Allocator, PodSource
 from deviceplugin.annotate import NodeAnnotator
-from deviceplugin.devices import Gpu, Inventory
-from deviceplugin.errors import StartError
+from deviceplugin.devices import Inventory, NodeGpu
+from deviceplugin.errors import DevicePluginStartError
 from deviceplugin.health import HealthTracker, NvmlHealthLoop
 from deviceplugin.metrics import Metrics, StatusServer
 from deviceplugin.plugin import DevicePlugin
@@ -54,7 +54,7 @@ class Daemon:
     def __init__(
         self,
         settings: Settings,
-        gpus: list[Gpu],
+        gpus: list[NodeGpu],
         fake: bool,
         api_client: Any = None,
         source: PodSource | None = None,
@@ -102,7 +102,7 @@ class Daemon:
                 self.not_ready,
             )
         except OSError as err:
-            raise StartError(
+            raise DevicePluginStartError(
                 f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} "
                 f"({err.strerror}); pass another --metrics-port"
             ) from None

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from baton.contract import names
+from baton.contract.annotations import GpuRecord
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -16,8 +17,8 @@ _ACTIVE_PHASES = ("", "Pending")
 
 
 @dataclass(frozen=True)
-class Gpu:
-    """One physical GPU of this node."""
+class NodeGpu:
+    """One physical GPU of this node, as NVML (or the fake GPUs' spec) describes it."""
 
     uuid: str
     index: int
@@ -38,7 +39,7 @@ class Device:
 class Inventory:
     """The node's GPUs, the slots advertised per GPU, and which GPUs are unhealthy (and why)."""
 
-    gpus: tuple[Gpu, ...]
+    gpus: tuple[NodeGpu, ...]
     slots_per_gpu: int
     unhealthy: Mapping[str, str] = field(default_factory=dict)
 
@@ -50,7 +51,7 @@ class Inventory:
             for slot in range(self.slots_per_gpu)
         ]
 
-    def healthy_gpus(self) -> list[Gpu]:
+    def healthy_gpus(self) -> list[NodeGpu]:
         """GPUs not marked unhealthy, in index order."""
         return [g for g in sorted(self.gpus, key=lambda g: g.index) if g.uuid not in self.unhealthy]
 
@@ -65,19 +66,19 @@ class Inventory:
             unhealthy[uuid] = reason or "unhealthy"
         return replace(self, unhealthy=unhealthy)
 
-    def annotation(self) -> list[dict[str, object]]:
-        """The `baton.dev/gpus` node annotation value (before JSON encoding)."""
-        return [
-            {
-                "uuid": g.uuid,
-                "index": g.index,
-                "model": g.model,
-                "memoryMiB": g.memory_mib,
-                "slots": self.slots_per_gpu,
-                "healthy": g.uuid not in self.unhealthy,
-            }
+    def records(self) -> tuple[GpuRecord, ...]:
+        """The GPUs as the `baton.dev/gpus` node annotation lists them, in index order."""
+        return tuple(
+            GpuRecord(
+                g.uuid,
+                g.index,
+                g.model,
+                g.memory_mib,
+                self.slots_per_gpu,
+                g.uuid not in self.unhealthy,
+            )
             for g in sorted(self.gpus, key=lambda g: g.index)
-        ]
+        )
 
 
 @dataclass(frozen=True)

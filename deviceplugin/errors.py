@@ -15,5 +15,5 @@ class ConflictError(DevicePluginError):
     """The pod changed since it was read (resourceVersion precondition failed)."""
 
 
-class StartError(DevicePluginError):
+class DevicePluginStartError(DevicePluginError):
     """Something the plugin needs at start (a port, its socket's directory) is unusable."""

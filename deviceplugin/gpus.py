@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from baton.contract.names import MIB, fake_gpu_sizes, fake_gpu_uuid
-from deviceplugin.devices import Gpu
+from deviceplugin.devices import NodeGpu
 
 FAKE_MODEL = "Baton Fake GPU"
 
@@ -17,7 +17,7 @@ class DiscoveryError(Exception):
     """No GPU could be found or declared; the message says what is missing."""
 
 
-def parse_fake_gpus(spec: str, node_name: str) -> list[Gpu]:
+def parse_fake_gpus(spec: str, node_name: str) -> list[NodeGpu]:
     """GPUs from `COUNTxMEMORY_MIB` (e.g. `2x81920`), `MIB,MIB,...`, or a JSON/YAML file.
 
     The file holds a list of `{memoryMiB, model?, uuid?}` objects, in index order. UUIDs not
@@ -34,10 +34,10 @@ def parse_fake_gpus(spec: str, node_name: str) -> list[Gpu]:
             f"--fake-gpus {spec!r} is neither COUNTxMEMORY_MIB (e.g. 2x81920), MIB,MIB,... "
             "nor a readable file"
         ) from None
-    return [Gpu(fake_gpu_uuid(i, node_name), i, FAKE_MODEL, mib) for i, mib in enumerate(sizes)]
+    return [NodeGpu(fake_gpu_uuid(i, node_name), i, FAKE_MODEL, mib) for i, mib in enumerate(sizes)]
 
 
-def _gpus_from_file(path: Path, node_name: str) -> list[Gpu]:
+def _gpus_from_file(path: Path, node_name: str) -> list[NodeGpu]:
     text = path.read_text()
     try:
         entries = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
@@ -50,11 +50,11 @@ def _gpus_from_file(path: Path, node_name: str) -> list[Gpu]:
         if not isinstance(entry, dict) or not isinstance(entry.get("memoryMiB"), int):
             raise DiscoveryError(f"fake GPU file {path}: entry {index} needs an integer memoryMiB")
         uuid = str(entry.get("uuid") or fake_gpu_uuid(index, node_name))
-        gpus.append(Gpu(uuid, index, str(entry.get("model", FAKE_MODEL)), entry["memoryMiB"]))
+        gpus.append(NodeGpu(uuid, index, str(entry.get("model", FAKE_MODEL)), entry["memoryMiB"]))
     return gpus
 
 
-def discover_nvml() -> list[Gpu]:
+def discover_nvml() -> list[NodeGpu]:
     """The node's NVIDIA GPUs via NVML; DiscoveryError says why there are none."""
     try:
         import pynvml
@@ -70,7 +70,7 @@ def discover_nvml() -> list[Gpu]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total // MIB
             gpus.append(
-                Gpu(
+                NodeGpu(
                     _text(pynvml.nvmlDeviceGetUUID(handle)),
                     index,
                     _text(pynvml.nvmlDeviceGetName(handle)),
@@ -88,7 +88,7 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def discover(fake_spec: str | None, node_name: str) -> tuple[list[Gpu], bool]:
+def discover(fake_spec: str | None, node_name: str) -> tuple[list[NodeGpu], bool]:
     """The GPUs to advertise and whether they are fake; DiscoveryError names what is missing."""
     if fake_spec:
         return parse_fake_gpus(fake_spec, node_name), True

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from baton.contract import names
-from deviceplugin.errors import StartError
+from deviceplugin.errors import DevicePluginStartError
 from deviceplugin.metrics import Metrics
 from deviceplugin.registration import RegistrationError, register
 from deviceplugin.server import PluginServer
@@ -41,7 +41,7 @@ class DevicePlugin:
             try:
                 self._open()
             except OSError as err:
-                raise StartError(
+                raise DevicePluginStartError(
                     f"cannot serve the plugin socket in {self.plugin_dir} ({err}); the plugin "
                     "needs to create sockets there (run it as root, with the directory mounted)"
                 ) from None

@@ -8,27 +8,17 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from baton.contract import names
-from baton.contract.kube import Outage, interrupt, parse_timestamp_ns, watch_events
+from baton.contract.annotations import decode_timestamp, pod_assignment
+from baton.contract.kube import Outage, interrupt, watch_events
 from baton.contract.podask import RequestError, read_pod_ask
 from deviceplugin.devices import PodView
 from deviceplugin.errors import ApiUnavailableError, ConflictError, DevicePluginError
-from deviceplugin.truth import decode_container_gpus
 
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 5.0
 WATCH_TIMEOUT_S = 300
 _MAX_BACKOFF_S = 5.0
-
-
-def _timestamp(text: object) -> int | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return parse_timestamp_ns(text)
-    except ValueError:
-        return None
 
 
 def _slot_asks(obj: Mapping[str, Any]) -> tuple[int, tuple[int, ...]]:
@@ -46,9 +36,8 @@ def _slot_asks(obj: Mapping[str, Any]) -> tuple[int, tuple[int, ...]]:
 def pod_view(obj: Mapping[str, Any]) -> PodView:
     """The device plugin's view of a pod object (as the API server's JSON)."""
     meta = obj.get("metadata") or {}
-    annotations = meta.get("annotations") or {}
+    assignment = pod_assignment(meta.get("annotations") or {})
     request, asks = _slot_asks(obj)
-    assigned = annotations.get(names.ANNOTATION_ASSIGNED_GPUS, "")
     return PodView(
         namespace=meta.get("namespace", ""),
         name=meta.get("name", ""),
@@ -56,13 +45,13 @@ def pod_view(obj: Mapping[str, Any]) -> PodView:
         resource_version=str(meta.get("resourceVersion", "")),
         phase=(obj.get("status") or {}).get("phase") or "",
         gpu_request=request,
-        assigned_gpus=tuple(u.strip() for u in assigned.split(",") if u.strip()),
-        assigned_at_ns=_timestamp(annotations.get(names.ANNOTATION_ASSIGNED_AT)),
-        allocated=names.ANNOTATION_ALLOCATED_AT in annotations,
-        created_ns=_timestamp(meta.get("creationTimestamp")) or 0,
+        assigned_gpus=assignment.assigned_gpus,
+        assigned_at_ns=assignment.assigned_at_ns,
+        allocated=assignment.allocated,
+        created_ns=decode_timestamp(meta.get("creationTimestamp")) or 0,
         deleting=bool(meta.get("deletionTimestamp")),
         slot_asks=asks,
-        container_gpus=decode_container_gpus(annotations.get(names.ANNOTATION_CONTAINER_GPUS)),
+        container_gpus=assignment.container_gpus,
     )
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from baton.contract import names
-from baton.contract.kube import format_timestamp_ns
+from baton.contract.annotations import encode_timestamp
 from deviceplugin.allocation import PodSource
 from deviceplugin.devices import PodView
 from deviceplugin.errors import DevicePluginError
@@ -132,7 +132,7 @@ class Reconciler:
         pods = {(p.namespace, p.name): p for p in self.source.pods() if not p.deleting}
         if any(key not in pods for key in allocated):
             pods = {(p.namespace, p.name): p for p in self.source.relist() if not p.deleting}
-        now = format_timestamp_ns(self.clock_ns())
+        now = encode_timestamp(self.clock_ns())
         done = []
         for key, devices in sorted(allocated.items()):
             pod = pods.get(key)

@@ -9,44 +9,20 @@ union, which the extender's cache reads).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from baton.contract import names
+from baton.contract.annotations import ContainerGpus, encode_assigned_gpus, encode_container_gpus
 from deviceplugin.devices import PodView
 
-ContainerGpus = Mapping[str, tuple[str, ...]]
-"""Container name → its sorted GPU UUIDs."""
 Outcome = Literal["confirmed", "corrected", "fallback", "unchanged"]
 
 
 def container_gpus(devices: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
     """Container name → GPUs, from container name → allocated slot device IDs (none: left out)."""
     return {c: names.gpus_of_device_ids(ids) for c, ids in sorted(devices.items()) if ids}
-
-
-def encode_container_gpus(gpus: ContainerGpus) -> str:
-    """The `baton.dev/container-gpus` annotation value: compact JSON, keys sorted."""
-    return json.dumps({c: list(g) for c, g in sorted(gpus.items())}, separators=(",", ":"))
-
-
-def decode_container_gpus(text: str | None) -> dict[str, tuple[str, ...]]:
-    """The annotation's value parsed; empty when absent or malformed (it is rewritten then)."""
-    if not text:
-        return {}
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {
-        str(c): tuple(sorted(str(g) for g in gpus))
-        for c, gpus in data.items()
-        if isinstance(gpus, list)
-    }
 
 
 def union(gpus: ContainerGpus) -> tuple[str, ...]:
@@ -75,7 +51,7 @@ def reconcile(pod: PodView, allocated: ContainerGpus, now: str) -> Reconciliatio
     proposed = tuple(sorted(pod.assigned_gpus))
     wanted = {
         names.ANNOTATION_CONTAINER_GPUS: encode_container_gpus(allocated),
-        names.ANNOTATION_ASSIGNED_GPUS: ",".join(truth),
+        names.ANNOTATION_ASSIGNED_GPUS: encode_assigned_gpus(truth),
     }
     if not pod.allocated:
         wanted[names.ANNOTATION_ALLOCATED_AT] = now
@@ -83,7 +59,7 @@ def reconcile(pod: PodView, allocated: ContainerGpus, now: str) -> Reconciliatio
         wanted[names.ANNOTATION_ASSIGNED_AT] = now
     current = {
         names.ANNOTATION_CONTAINER_GPUS: encode_container_gpus(pod.container_gpus),
-        names.ANNOTATION_ASSIGNED_GPUS: ",".join(proposed),
+        names.ANNOTATION_ASSIGNED_GPUS: encode_assigned_gpus(proposed),
     }
     changes = {k: v for k, v in wanted.items() if current.get(k) != v}
     outcome: Outcome

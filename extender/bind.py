@@ -9,13 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from baton.contract.kube import format_timestamp_ns
-from baton.contract.names import ANNOTATION_ASSIGNED_AT, ANNOTATION_ASSIGNED_GPUS
+from baton.contract.annotations import assignment_annotations
 from baton.contract.podask import RequestError, TenantRequest
 from extender.cache import ClusterCache
 from extender.errors import ApiConflict, ApiFailure
 from extender.inventory import Assignment, pod_uid
-from extender.placement import Tenant, place
+from extender.placement import PlacedPod, place
 from extender.wire import BindingArgs
 
 BINDS_IN_FLIGHT = 8
@@ -108,10 +107,7 @@ class Binder:
         chosen = self._assume(args, uid, request)
         try:
             version = str((pod.get("metadata") or {}).get("resourceVersion", ""))
-            notes = {
-                ANNOTATION_ASSIGNED_GPUS: ",".join(chosen.gpus),
-                ANNOTATION_ASSIGNED_AT: format_timestamp_ns(self._clock_ns()),
-            }
+            notes = assignment_annotations(chosen.gpus, self._clock_ns())
             await self._api.bind_pod(
                 args.pod_namespace, args.pod_name, uid, args.node, version, notes
             )
@@ -140,7 +136,7 @@ class Binder:
             verdict = place(node, request, self._state.limits)
             if not verdict.fits:
                 raise _Refused(f"it no longer fits: {verdict.reason}")
-            tenant = Tenant(uid, request.memory_mib, request.duty)
+            tenant = PlacedPod(uid, request.memory_mib, request.duty)
             pod = f"{args.pod_namespace}/{args.pod_name}"
             chosen = Assignment(uid, pod, args.node, verdict.gpus, tenant)
             self._state.assume(chosen)

@@ -13,12 +13,12 @@ from extender.placement import Limits
 log = logging.getLogger(__name__)
 
 
-class StartError(Exception):
+class ExtenderStartError(Exception):
     """A file, port or setting the extender needs at start is missing or unusable."""
 
 
 def check_tls(cert: str | None, key: str | None) -> None:
-    """Raise `StartError` unless the certificate and key (when given) load as a TLS identity."""
+    """Raise `ExtenderStartError` unless the certificate and key (when given) load as TLS."""
     import ssl
 
     if not cert or not key:
@@ -28,7 +28,7 @@ def check_tls(cert: str | None, key: str | None) -> None:
             with open(path, "rb"):
                 pass
         except OSError as exc:
-            raise StartError(
+            raise ExtenderStartError(
                 f"{option} {path}: cannot read it ({exc.strerror}); mount the serving "
                 "certificate's secret there (manifests/scheduler/tls) or pass the right path"
             ) from None
@@ -37,7 +37,7 @@ def check_tls(cert: str | None, key: str | None) -> None:
     try:
         tls_context(cert, key)
     except ssl.SSLError as exc:
-        raise StartError(
+        raise ExtenderStartError(
             f"--tls-cert {cert} / --tls-key {key} do not load as a certificate and its key "
             f"({exc.reason or exc})"
         ) from None
@@ -74,7 +74,7 @@ def run(options: Options) -> None:
         sock = bind_socket(options.host, options.port)
     except OSError as exc:
         api_client.close()
-        raise StartError(
+        raise ExtenderStartError(
             f"cannot listen on {options.host}:{options.port} ({exc.strerror}); pass another "
             "--port (BATON_EXTENDER_PORT)"
         ) from None

@@ -16,27 +16,27 @@ from typing import NamedTuple
 from baton.contract.names import MIB
 from baton.contract.podask import TenantRequest
 from extender.snapshot import (
-    Gpu,
-    GpuState,
+    GpuLoad,
+    GpuRecord,
     Limits,
     NodeState,
+    PlacedPod,
     Policy,
-    Tenant,
-    gpu_state,
+    gpu_load,
     node_state,
     parked_worst_mib,
 )
 from extender.wire import MAX_PRIORITY, MIN_PRIORITY
 
 __all__ = [
-    "Gpu",
-    "GpuState",
+    "GpuLoad",
+    "GpuRecord",
     "Limits",
     "NodeState",
+    "PlacedPod",
     "Policy",
-    "Tenant",
     "Verdict",
-    "gpu_state",
+    "gpu_load",
     "node_state",
     "one_gpu_chooser",
     "parked_worst_mib",
@@ -135,7 +135,7 @@ def _candidates(
     return found, False
 
 
-def _refusal(state: GpuState, request: TenantRequest, limits: Limits) -> str:
+def _refusal(state: GpuLoad, request: TenantRequest, limits: Limits) -> str:
     """Why a GPU cannot take the tenant, in words (only asked once the node has failed)."""
     gpu = state.gpu
     memory = state.usable_mib if request.memory_mib is None else request.memory_mib

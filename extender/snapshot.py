@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
+from baton.contract.annotations import GpuRecord
+
 
 class Policy(StrEnum):
     """How prioritize ranks nodes and bind picks GPUs."""
@@ -38,20 +40,8 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
-class Gpu:
-    """One physical GPU as the device plugin advertises it."""
-
-    uuid: str
-    index: int
-    model: str
-    memory_mib: int
-    slots: int
-    healthy: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Tenant:
-    """A pod assigned to a GPU; `None` values take the GPU's defaults."""
+class PlacedPod:
+    """A pod placed on a GPU, as placement counts it; `None` values take the GPU's defaults."""
 
     key: str
     memory_mib: int | None = None
@@ -59,10 +49,10 @@ class Tenant:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuState:
-    """A GPU with its tenants and the totals placement needs."""
+class GpuLoad:
+    """A GPU with the pods placed on it and the totals placement needs."""
 
-    gpu: Gpu
+    gpu: GpuRecord
     usable_mib: int
     tenants: tuple[str, ...]
     memory_total: int
@@ -76,7 +66,7 @@ class GpuState:
     """Healthy with a free slot."""
     binpack_key: float
     """Share of the slots taken once one more tenant joins."""
-    tenants_in: tuple[Tenant, ...] = field(default=(), compare=False, repr=False)
+    tenants_in: tuple[PlacedPod, ...] = field(default=(), compare=False, repr=False)
     """The tenants it was made with (what `node_state` reuses it by)."""
 
 
@@ -85,7 +75,7 @@ class NodeState:
     """A node's GPUs, tenants and host budget, precomputed for fast placement."""
 
     name: str
-    gpus: tuple[GpuState, ...]
+    gpus: tuple[GpuLoad, ...]
     budget_mib: int
     parked_worst_mib: int
     usable_desc: tuple[int, ...]
@@ -126,7 +116,7 @@ def parked_worst_mib(total: int, smallest: int, largest: int, usable: int) -> in
     return total - max(smallest, usable - largest)
 
 
-def gpu_state(gpu: Gpu, tenants: Sequence[Tenant], limits: Limits) -> GpuState:
+def gpu_load(gpu: GpuRecord, tenants: Sequence[PlacedPod], limits: Limits) -> GpuLoad:
     """A GPU's state with the given tenants (defaults resolved for this GPU)."""
     usable = max(gpu.memory_mib - limits.memory_headroom_mib, 0)
     memory = [usable if t.memory_mib is None else t.memory_mib for t in tenants]
@@ -134,7 +124,7 @@ def gpu_state(gpu: Gpu, tenants: Sequence[Tenant], limits: Limits) -> GpuState:
     duty = sum(default_duty if t.duty is None else t.duty for t in tenants)
     total = sum(memory)
     smallest, largest = (min(memory), max(memory)) if memory else (0, 0)
-    return GpuState(
+    return GpuLoad(
         gpu=gpu,
         usable_mib=usable,
         tenants=tuple(t.key for t in tenants),
@@ -152,12 +142,12 @@ def gpu_state(gpu: Gpu, tenants: Sequence[Tenant], limits: Limits) -> GpuState:
 
 def node_state(
     name: str,
-    gpus: Sequence[Gpu],
+    gpus: Sequence[GpuRecord],
     budget_mib: int,
-    tenants_by_gpu: Mapping[str, Sequence[Tenant]],
+    tenants_by_gpu: Mapping[str, Sequence[PlacedPod]],
     limits: Limits,
     problem: str = "",
-    reuse: Sequence[GpuState] = (),
+    reuse: Sequence[GpuLoad] = (),
 ) -> NodeState:
     """A node's state; tenants of GPUs the node does not list are ignored.
 
@@ -165,7 +155,7 @@ def node_state(
     the same GPU with the same tenants is taken as it is instead of computed again."""
     known = {(s.gpu, s.tenants_in): s for s in reuse}
     on_each = [(g, tuple(tenants_by_gpu.get(g.uuid, ()))) for g in gpus]
-    states = tuple(known.get(key) or gpu_state(*key, limits) for key in on_each)
+    states = tuple(known.get(key) or gpu_load(*key, limits) for key in on_each)
     parked = sum(s.parked_worst_mib for s in states)
     usable = tuple(sorted((s.usable_mib for s in states), reverse=True))
     rows = tuple(_row(s) for s in states if s.open)
@@ -179,7 +169,7 @@ def node_state(
     )
 
 
-def _row(s: GpuState) -> Row:
+def _row(s: GpuLoad) -> Row:
     return Row(
         s.usable_mib,
         s.duty_sum,

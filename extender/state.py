@@ -20,7 +20,7 @@ from extender.inventory import (
     node_inventory,
     pod_uid,
 )
-from extender.snapshot import Limits, NodeState, Tenant, node_state
+from extender.snapshot import Limits, NodeState, PlacedPod, node_state
 
 Clock = Callable[[], float]
 ASSUME_TTL_S = 120.0
@@ -191,7 +191,7 @@ class ClusterState:
     def _build(
         self, name: str, inventory: NodeInventory, exclude: set[str] | None = None
     ) -> NodeState:
-        tenants: dict[str, list[Tenant]] = defaultdict(list)
+        tenants: dict[str, list[PlacedPod]] = defaultdict(list)
         for found in self.assignments_on(name):
             if exclude and found.uid in exclude:
                 continue

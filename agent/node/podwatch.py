@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.node.tenants import POD, Tenant
 from baton.contract import names
+from baton.contract.annotations import pod_assignment
 from baton.contract.kube import Outage, interrupt, watch_events
 from baton.contract.podask import RequestError, TenantRequest, parse_pod_request
 
@@ -27,18 +28,6 @@ REQUEST_TIMEOUT_S = 10.0
 WATCH_TIMEOUT_S = 300
 
 
-def container_gpus(text: str | None) -> dict[str, tuple[str, ...]]:
-    """The `baton.dev/container-gpus` annotation (the kubelet's allocation); {} if absent or bad."""
-    try:
-        data = json.loads(text or "{}")
-    except ValueError:
-        log.warning("ignoring a malformed %s annotation: %r", names.ANNOTATION_CONTAINER_GPUS, text)
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {str(c): tuple(sorted(map(str, g))) for c, g in data.items() if isinstance(g, list)}
-
-
 def pod_tenant(pod: Mapping[str, Any]) -> Tenant | None:
     """The tenant a pod (the API server's JSON) is, or None if it has no Baton GPUs assigned
     (or has finished).
@@ -47,11 +36,10 @@ def pod_tenant(pod: Mapping[str, Any]) -> Tenant | None:
     recorded that (`baton.dev/container-gpus`), until then the extender's proposal.
     """
     meta, status = pod.get("metadata") or {}, pod.get("status")
-    annotations = meta.get("annotations") or {}
-    per_container = container_gpus(annotations.get(names.ANNOTATION_CONTAINER_GPUS))
-    proposed = annotations.get(names.ANNOTATION_ASSIGNED_GPUS, "").split(",")
+    assignment = pod_assignment(meta.get("annotations") or {})
+    per_container = dict(assignment.container_gpus)
     allocated = {g for each in per_container.values() for g in each}
-    gpus = tuple(sorted(allocated or {g.strip() for g in proposed if g.strip()}))
+    gpus = tuple(sorted(allocated or set(assignment.assigned_gpus)))
     if not gpus or (status or {}).get("phase") in _DONE_PHASES:
         return None
     request = _request(pod) or TenantRequest(len(gpus))

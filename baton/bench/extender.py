@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+from baton.contract.annotations import GpuRecord, gpu_fields
 from baton.contract.names import (
     ANNOTATION_ASSIGNED_GPUS,
     ANNOTATION_GPUS,
@@ -34,10 +35,8 @@ from baton.contract.podask import parse_pod_request
 from extender.bind import Binder
 from extender.cache import KINDS, ClusterCache
 from extender.errors import ApiFailure
-from extender.inventory import gpu_entry
 from extender.placement import Limits, place
 from extender.server import bind_socket
-from extender.snapshot import Gpu
 from extender.state import ClusterState
 
 GPUS_PER_NODE = 8
@@ -297,7 +296,8 @@ def _args(pod: dict[str, Any], names: list[str]) -> bytes:
 
 def _node(name: str) -> dict[str, Any]:
     gpus = [
-        gpu_entry(Gpu(f"GPU-{name}-{i}", i, GPU_MODEL, GPU_MIB, 4)) for i in range(GPUS_PER_NODE)
+        gpu_fields(GpuRecord(f"GPU-{name}-{i}", i, GPU_MODEL, GPU_MIB, 4))
+        for i in range(GPUS_PER_NODE)
     ]
     notes = {ANNOTATION_GPUS: json.dumps(gpus), ANNOTATION_HOST_MEMORY_BUDGET: str(1536 * 1024)}
     return {"metadata": {"name": name, "annotations": notes}}

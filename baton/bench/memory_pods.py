@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from baton.contract import names
+from baton.contract.annotations import decode_assigned_gpus, decode_container_gpus
 from deviceplugin.devices import PodView
-from deviceplugin.truth import decode_container_gpus
 
 
 class MemoryPods:
@@ -45,7 +45,7 @@ class MemoryPods:
             updated = replace(
                 current,
                 allocated=names.ANNOTATION_ALLOCATED_AT in annotations or current.allocated,
-                assigned_gpus=tuple(gpus.split(",")) if gpus else current.assigned_gpus,
+                assigned_gpus=decode_assigned_gpus(gpus) or current.assigned_gpus,
                 container_gpus=decode_container_gpus(per_container)
                 if per_container
                 else current.container_gpus,

@@ -81,7 +81,7 @@ def deviceplugin(
     from baton.contract.shutdown import StopSignal
     from deviceplugin.annotate import host_memory_budget_mib
     from deviceplugin.daemon import Daemon, Settings
-    from deviceplugin.errors import StartError
+    from deviceplugin.errors import DevicePluginStartError
     from deviceplugin.gpus import DiscoveryError, discover
     from deviceplugin.health import parse_xid_list
 
@@ -111,7 +111,7 @@ def deviceplugin(
     try:
         daemon = Daemon(settings, gpus, fake, api_client=api_client)
         daemon.run_until(stop.event, lambda: stop.received)
-    except StartError as err:
+    except DevicePluginStartError as err:
         typer.echo(f"baton deviceplugin: {err}", err=True)
         raise typer.Exit(1) from None
 

@@ -48,7 +48,7 @@ def extender(
 ) -> None:
     """Run the kube-scheduler extender: filter, prioritize and bind Baton pods."""
     from baton.contract.kube import KubeConfigError
-    from extender.main import Options, StartError, run
+    from extender.main import ExtenderStartError, Options, run
     from extender.placement import Limits, Policy
 
     policies = [p.value for p in Policy]
@@ -71,7 +71,7 @@ def extender(
             kubeconfig, host, port, limits, tls_cert, tls_key, shutdown_grace, binds_in_flight
         )
         run(options)
-    except (KubeConfigError, StartError) as err:
+    except (KubeConfigError, ExtenderStartError) as err:
         typer.echo(f"baton extender: {err}", err=True)
         raise typer.Exit(2) from None
 

@@ -10,7 +10,7 @@ import pytest
 from baton.bench.memory_pods import MemoryPods
 from baton.contract import names
 from deviceplugin.allocation import Allocator
-from deviceplugin.devices import Gpu, Inventory, PodView
+from deviceplugin.devices import Inventory, NodeGpu, PodView
 from deviceplugin.errors import ApiUnavailableError
 from deviceplugin.metrics import Metrics
 from deviceplugin.podresources import Allocations, PodResourcesClient, PodResourcesUnavailableError
@@ -50,7 +50,7 @@ class Kubelet:
 
 
 def allocator(source: MemoryPods) -> Allocator:
-    inventory = LiveInventory(Inventory((Gpu(A, 0, "m", 1), Gpu(B, 1, "m", 1)), 2))
+    inventory = LiveInventory(Inventory((NodeGpu(A, 0, "m", 1), NodeGpu(B, 1, "m", 1)), 2))
     return Allocator(source, inventory, "node-a")
 
 

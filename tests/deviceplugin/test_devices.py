@@ -7,9 +7,10 @@ from dataclasses import replace
 import pytest
 
 from baton.contract import names
+from baton.contract.annotations import decode_container_gpus, encode_container_gpus
 from deviceplugin.devices import (
-    Gpu,
     Inventory,
+    NodeGpu,
     NoHealthyGpuError,
     PodView,
     choose_pod,
@@ -17,15 +18,10 @@ from deviceplugin.devices import (
     least_loaded_gpus,
     preferred_allocation,
 )
-from deviceplugin.truth import (
-    container_gpus,
-    decode_container_gpus,
-    encode_container_gpus,
-    reconcile,
-)
+from deviceplugin.truth import container_gpus, reconcile
 
 A, B, C = "GPU-a", "GPU-b", "GPU-c"
-INV = Inventory((Gpu(B, 1, "m", 100), Gpu(A, 0, "m", 100), Gpu(C, 2, "m", 100)), 2)
+INV = Inventory((NodeGpu(B, 1, "m", 100), NodeGpu(A, 0, "m", 100), NodeGpu(C, 2, "m", 100)), 2)
 
 
 def pod(name, request=1, gpus=(), at=None, created=0, allocated=False, phase="Pending", uid=None):
@@ -64,7 +60,7 @@ def test_unhealthy_gpu_marks_only_its_slots():
     }
     assert [g.uuid for g in sick.healthy_gpus()] == [A, C]
     assert sick.with_health(B, True).unhealthy == {}
-    assert [e["healthy"] for e in sick.annotation()] == [True, False, True]
+    assert [r.healthy for r in sick.records()] == [True, False, True]
     with pytest.raises(KeyError):
         INV.with_health("GPU-zzz", False)
 

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from baton.contract import names
-from deviceplugin.devices import Gpu, Inventory, choose_pod, preferred_allocation
+from deviceplugin.devices import Inventory, NodeGpu, choose_pod, preferred_allocation
 from tests.deviceplugin.test_devices import pod
 
 GPUS = [f"GPU-{i}" for i in range(4)]
@@ -50,7 +50,7 @@ PODS = st.builds(
 
 @given(st.lists(PODS, unique_by=lambda p: p.name), st.integers(min_value=1, max_value=2))
 def test_choose_pod_serves_a_waiting_pod_that_asked_for_this_many(pods, count):
-    inventory = Inventory(tuple(Gpu(g, i, "m", 1) for i, g in enumerate(GPUS)), 4)
+    inventory = Inventory(tuple(NodeGpu(g, i, "m", 1) for i, g in enumerate(GPUS)), 4)
     choice = choose_pod(pods, count, inventory)
     waiting = [p for p in pods if p.waiting and p.gpu_request == count]
     if not waiting:

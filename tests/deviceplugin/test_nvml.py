@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.devices import Gpu, Inventory
+from deviceplugin.devices import Inventory, NodeGpu
 from deviceplugin.gpus import discover
 from deviceplugin.health import DEFAULT_IGNORED_XIDS, HealthTracker, NvmlHealthLoop
 from deviceplugin.state import LiveInventory
@@ -81,14 +81,14 @@ def test_discovery_reads_uuid_name_and_memory(nvml):
     gpus, fake = discover(None, "node-a")
     assert not fake
     assert gpus == [
-        Gpu(UUIDS[0], 0, "NVIDIA H200", 143771),
-        Gpu(UUIDS[1], 1, "NVIDIA H200", 143771),
+        NodeGpu(UUIDS[0], 0, "NVIDIA H200", 143771),
+        NodeGpu(UUIDS[1], 1, "NVIDIA H200", 143771),
     ]
 
 
 def test_critical_xid_marks_that_gpu_unhealthy_and_ignored_ones_do_not(nvml):
     nv, events = nvml
-    live = LiveInventory(Inventory((Gpu(UUIDS[0], 0, "m", 1), Gpu(UUIDS[1], 1, "m", 1)), 4))
+    live = LiveInventory(Inventory((NodeGpu(UUIDS[0], 0, "m", 1), NodeGpu(UUIDS[1], 1, "m", 1)), 4))
     loop = NvmlHealthLoop(HealthTracker(live, frozenset(DEFAULT_IGNORED_XIDS)))
     loop.start()
     try:

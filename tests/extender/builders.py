@@ -6,6 +6,7 @@ import json
 import uuid as uuidlib
 from typing import Any
 
+from baton.contract.annotations import GpuRecord, gpu_fields
 from baton.contract.names import (
     ANNOTATION_ASSIGNED_GPUS,
     ANNOTATION_GPUS,
@@ -15,8 +16,6 @@ from baton.contract.names import (
     RESOURCE_GPU_MEMORY,
     SCHEDULER_NAME,
 )
-from extender import inventory
-from extender.snapshot import Gpu
 
 H100_MIB = 81920
 H100_MODEL = "NVIDIA H100 80GB HBM3"
@@ -25,7 +24,7 @@ H100_MODEL = "NVIDIA H100 80GB HBM3"
 def gpu_entry(
     uuid: str, index: int = 0, memory: int = H100_MIB, slots: int = 4, healthy: bool = True
 ) -> dict[str, Any]:
-    return inventory.gpu_entry(Gpu(uuid, index, H100_MODEL, memory, slots, healthy))
+    return gpu_fields(GpuRecord(uuid, index, H100_MODEL, memory, slots, healthy))
 
 
 def node(

@@ -8,10 +8,10 @@ import pytest
 
 from baton.contract.podask import TenantRequest
 from extender.placement import (
-    Gpu,
+    GpuRecord,
     Limits,
+    PlacedPod,
     Policy,
-    Tenant,
     Verdict,
     node_state,
     one_gpu_chooser,
@@ -23,16 +23,16 @@ GIB = 1024
 H100 = 80 * GIB
 
 
-def gpus(n: int = 2, memory: int = H100, slots: int = 4) -> list[Gpu]:
-    return [Gpu(f"GPU-{i}", i, "H100", memory, slots) for i in range(n)]
+def gpus(n: int = 2, memory: int = H100, slots: int = 4) -> list[GpuRecord]:
+    return [GpuRecord(f"GPU-{i}", i, "H100", memory, slots) for i in range(n)]
 
 
 @dataclass
 class Case:
     name: str
     request: TenantRequest
-    tenants: dict[str, list[Tenant]] = field(default_factory=dict)
-    gpus: list[Gpu] = field(default_factory=gpus)
+    tenants: dict[str, list[PlacedPod]] = field(default_factory=dict)
+    gpus: list[GpuRecord] = field(default_factory=gpus)
     budget: int = 256 * GIB
     limits: Limits = field(default_factory=Limits)
     fits: bool = True
@@ -41,8 +41,8 @@ class Case:
     unresolvable: bool = False
 
 
-def t(key: str, memory: int | None = None, duty: float | None = None) -> Tenant:
-    return Tenant(key, memory, duty)
+def t(key: str, memory: int | None = None, duty: float | None = None) -> PlacedPod:
+    return PlacedPod(key, memory, duty)
 
 
 CASES = [
@@ -121,7 +121,7 @@ CASES = [
     Case(
         "unhealthy GPU is skipped",
         TenantRequest(1, GIB, 10),
-        gpus=[Gpu("GPU-0", 0, "H100", H100, 4, healthy=False), *gpus(2)[1:]],
+        gpus=[GpuRecord("GPU-0", 0, "H100", H100, 4, healthy=False), *gpus(2)[1:]],
         chosen=("GPU-1",),
     ),
     Case(

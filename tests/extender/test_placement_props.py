@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from baton.contract.podask import TenantRequest
 from extender import placement
 from extender.placement import (
-    Gpu,
+    GpuRecord,
     Limits,
+    PlacedPod,
     Policy,
-    Tenant,
     node_state,
     one_gpu_chooser,
     parked_worst_mib,
@@ -28,7 +28,7 @@ gpu_lists = st.lists(
     max_size=6,
 ).map(
     lambda specs: [
-        Gpu(f"GPU-{i}", i, "m", mem * GIB, slots, healthy=ok or i == 0)
+        GpuRecord(f"GPU-{i}", i, "m", mem * GIB, slots, healthy=ok or i == 0)
         for i, (mem, slots, ok) in enumerate(specs)
     ]
 )
@@ -50,9 +50,9 @@ limits_st = st.builds(
 @settings(max_examples=400, deadline=None)
 @given(gpu_lists, st.integers(0, 300 * GIB), st.lists(requests, max_size=25), limits_st)
 def test_placing_never_exceeds_slots_memory_duty_or_budget(
-    gpus: list[Gpu], budget: int, stream: list[TenantRequest], limits: Limits
+    gpus: list[GpuRecord], budget: int, stream: list[TenantRequest], limits: Limits
 ) -> None:
-    tenants: dict[str, list[Tenant]] = {}
+    tenants: dict[str, list[PlacedPod]] = {}
     for i, request in enumerate(stream):
         _assert_fast_paths_agree(
             node_state("n", gpus, budget // 3, tenants, limits), request, limits
@@ -72,7 +72,9 @@ def test_placing_never_exceeds_slots_memory_duty_or_budget(
         assert len(set(verdict.gpus)) == request.gpus
         _assert_each_chosen_gpu_alone_accepts(node, tenants, verdict.gpus, request, limits)
         for uuid in verdict.gpus:
-            tenants.setdefault(uuid, []).append(Tenant(f"t{i}", request.memory_mib, request.duty))
+            tenants.setdefault(uuid, []).append(
+                PlacedPod(f"t{i}", request.memory_mib, request.duty)
+            )
         after = node_state("n", gpus, budget, tenants, limits)
         assert after.parked_worst_mib <= budget
         for state in after.gpus:
@@ -145,15 +147,15 @@ def test_parked_worst_case_bounds_lazy_lru_parking(
 @settings(max_examples=200, deadline=None)
 @given(gpu_lists, st.lists(st.tuples(requests, st.integers(0, 5)), max_size=12), limits_st)
 def test_a_rebuilt_node_reuses_unchanged_gpus_and_equals_a_fresh_build(
-    gpus: list[Gpu], stream: list[tuple[TenantRequest, int]], limits: Limits
+    gpus: list[GpuRecord], stream: list[tuple[TenantRequest, int]], limits: Limits
 ) -> None:
     """Promised: a node rebuilt from its previous state (`reuse`) is the node built afresh,
     and a GPU whose tenants did not change keeps its very state object."""
-    tenants: dict[str, list[Tenant]] = {}
+    tenants: dict[str, list[PlacedPod]] = {}
     before = node_state("n", gpus, 100 * GIB, tenants, limits)
     for i, (request, which) in enumerate(stream):
         uuid = gpus[which % len(gpus)].uuid
-        tenants.setdefault(uuid, []).append(Tenant(f"t{i}", request.memory_mib, request.duty))
+        tenants.setdefault(uuid, []).append(PlacedPod(f"t{i}", request.memory_mib, request.duty))
         rebuilt = node_state("n", gpus, 100 * GIB, tenants, limits, reuse=before.gpus)
         assert rebuilt == node_state("n", gpus, 100 * GIB, tenants, limits)
         for old, new in zip(before.gpus, rebuilt.gpus, strict=True):
@@ -165,7 +167,7 @@ def test_a_rebuilt_node_reuses_unchanged_gpus_and_equals_a_fresh_build(
 @settings(max_examples=200, deadline=None)
 @given(gpu_lists, st.lists(requests, min_size=1, max_size=6), limits_st)
 def test_a_node_answers_a_request_shape_from_memory_as_it_would_afresh(
-    gpus: list[Gpu], stream: list[TenantRequest], limits: Limits
+    gpus: list[GpuRecord], stream: list[TenantRequest], limits: Limits
 ) -> None:
     node = node_state("n", gpus, 100 * GIB, {}, limits)
     for request in stream:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from extender.inventory import Assignment
-from extender.placement import Limits, Tenant
+from extender.placement import Limits, PlacedPod
 from extender.state import ClusterState
 from tests.extender.builders import node, pod
 
@@ -23,7 +23,7 @@ def tenants(state: ClusterState, name: str = "n1") -> list[str]:
 
 
 def assume(state: ClusterState, uid: str, gpu: str = "GPU-n1-0") -> None:
-    state.assume(Assignment(uid, f"default/{uid}", "n1", (gpu,), Tenant(uid, 1000, 10)))
+    state.assume(Assignment(uid, f"default/{uid}", "n1", (gpu,), PlacedPod(uid, 1000, 10)))
 
 
 def setup() -> tuple[ClusterState, Clock]:
@@ -80,7 +80,7 @@ def test_forget_frees_the_slot_and_node_without_leaves_out_victims() -> None:
 
 def test_the_watch_confirming_an_assumption_keeps_the_node_state() -> None:
     state, _ = setup()
-    state.assume(Assignment("u1", "default/p", "n1", ("GPU-n1-0",), Tenant("u1", None, None)))
+    state.assume(Assignment("u1", "default/p", "n1", ("GPU-n1-0",), PlacedPod("u1", None, None)))
     assumed = state.node("n1")
     state.upsert_pod(pod("p", uid="u1", node_name="n1", assigned=["GPU-n1-0"]))
     assert state.assumed() == {}
@@ -94,7 +94,7 @@ def test_the_watch_confirming_an_assumption_keeps_the_node_state() -> None:
 def test_the_watch_showing_another_assignment_than_assumed_rebuilds_the_node() -> None:
     state, _ = setup()
     state.replace_nodes([node("n1", gpus=2)])
-    state.assume(Assignment("u1", "default/p", "n1", ("GPU-n1-0",), Tenant("u1", None, None)))
+    state.assume(Assignment("u1", "default/p", "n1", ("GPU-n1-0",), PlacedPod("u1", None, None)))
     assumed = state.node("n1")
     state.upsert_pod(pod("p", uid="u1", node_name="n1", assigned=["GPU-n1-1"]))
     rebuilt = state.node("n1")

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from extender.inventory import Assignment
-from extender.placement import Limits, Tenant
+from extender.placement import Limits, PlacedPod
 from extender.state import ClusterState
 from extender.verbs import FilterScores, filter_nodes, prioritize_nodes
 from extender.wire import ExtenderArgs
@@ -28,7 +28,7 @@ def args(p: dict[str, Any], names: list[str] = NAMES) -> ExtenderArgs:
 
 def occupy(state: ClusterState, name: str, uid: str = "other") -> None:
     """Another pod's bind takes GPU 0 of the node (an assumption, as a bind makes)."""
-    tenant = Tenant(uid, 40000, 50)
+    tenant = PlacedPod(uid, 40000, 50)
     state.assume(Assignment(uid, f"default/{uid}", name, (f"GPU-{name}-0",), tenant))
 
 
