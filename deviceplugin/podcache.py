@@ -9,16 +9,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from baton.contract.annotations import decode_timestamp, pod_assignment
-from baton.contract.kube import Outage, interrupt, watch_events
+from baton.contract.kube import Outage
 from baton.contract.podask import RequestError, read_pod_ask
+from baton.contract.reflector import KubeSource, Reflector, WatchEvent
 from deviceplugin.devices import PodView
 from deviceplugin.errors import ApiUnavailableError, ConflictError, DevicePluginError
 
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 5.0
-WATCH_TIMEOUT_S = 300
-_MAX_BACKOFF_S = 5.0
 
 
 def _slot_asks(obj: Mapping[str, Any]) -> tuple[int, tuple[int, ...]]:
@@ -74,19 +73,23 @@ class PodCache:
         self._pods: dict[str, PodView] = {}
         self._lock = threading.Condition()
         self._synced = threading.Event()
-        self._stop = threading.Event()
-        self._response: Any = None
-        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+        outage = Outage(
+            log,
+            f"pod watch of node {node_name}",
+            "Allocate lists the node's pods itself, and fails naming the API server if it cannot",
+        )
+        source = KubeSource(api_client, "pods", field_selector=f"spec.nodeName={node_name}")
+        self._reflector = Reflector(
+            source, self, outage, name="pod-watch", request_timeout_s=REQUEST_TIMEOUT_S
+        )
 
     def start(self) -> None:
         """Start listing and watching in the background."""
-        self._thread.start()
+        self._reflector.start()
 
     def stop(self) -> None:
-        """Stop the watch and wait for its thread."""
-        self._stop.set()
-        interrupt(self._response)
-        self._thread.join(timeout=REQUEST_TIMEOUT_S)
+        """Stop the watch and wait (bounded) for its thread."""
+        self._reflector.stop()
 
     def wait_synced(self, timeout: float) -> bool:
         """Whether the first list completed within `timeout` seconds."""
@@ -103,9 +106,31 @@ class PodCache:
             return self._lock.wait_for(lambda: accept(list(self._pods.values())), timeout)
 
     def relist(self) -> list[PodView]:
-        """One list call replacing the cache (the fallback on a cache miss)."""
-        self._list()
+        """One list replacing the cache (the fallback on a cache miss)."""
+        try:
+            self._reflector.list_now()
+        except (ValueError, DevicePluginError):
+            raise
+        except Exception as err:
+            raise self._failure(f"list the pods of node {self.node_name}", err) from err
         return self.pods()
+
+    def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
+        """The reflector's full list: it replaces the cache."""
+        pods = {view.uid: view for view in map(pod_view, objects)}
+        with self._lock:
+            self._pods = pods
+            self._lock.notify_all()
+        self._synced.set()
+
+    def apply(self, event: WatchEvent) -> None:
+        """One change the watch saw."""
+        if event.type != "DELETED":
+            self._store(pod_view(event.object))
+            return
+        with self._lock:
+            self._pods.pop((event.object.get("metadata") or {}).get("uid", ""), None)
+            self._lock.notify_all()
 
     def annotate(
         self, pod: PodView, annotations: Mapping[str, str], *, check_version: bool = False
@@ -126,30 +151,38 @@ class PodCache:
         return updated
 
     def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
         try:
             response = method(
                 *args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S, **kwargs
             )
             return json.loads(response.data)
-        except ApiException as err:
+        except ValueError:
+            raise
+        except Exception as err:
+            raise self._failure(what, err) from err
+
+    def _failure(self, what: str, err: Exception) -> Exception:
+        """The device plugin's error for a failed API call (others pass as they are)."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        if isinstance(err, ApiException):
             if err.status == 409:
-                raise ConflictError(f"cannot {what}: it changed meanwhile ({err.reason})") from err
+                return ConflictError(f"cannot {what}: it changed meanwhile ({err.reason})")
             if err.status in (429, 500, 502, 503, 504):
-                raise ApiUnavailableError(
+                return ApiUnavailableError(
                     f"cannot {what}: the Kubernetes API server at {self._host} answered "
                     f"{err.status} {err.reason}"
-                ) from err
-            raise DevicePluginError(
+                )
+            return DevicePluginError(
                 f"cannot {what}: the API server answered {err.status} {err.reason}"
-            ) from err
-        except (HTTPError, OSError) as err:
-            raise ApiUnavailableError(
+            )
+        if isinstance(err, (HTTPError, OSError)):
+            return ApiUnavailableError(
                 f"cannot {what}: the Kubernetes API server at {self._host} is unreachable "
                 f"({_root_cause(err)})"
-            ) from err
+            )
+        return err
 
     def _store(self, pod: PodView) -> None:
         with self._lock:
@@ -157,82 +190,6 @@ class PodCache:
             if current is None or _newer(pod.resource_version, current.resource_version):
                 self._pods[pod.uid] = pod
                 self._lock.notify_all()
-
-    def _list(self) -> str:
-        body = self._call(
-            f"list the pods of node {self.node_name}",
-            self._core.list_pod_for_all_namespaces,
-            field_selector=f"spec.nodeName={self.node_name}",
-        )
-        pods = {view.uid: view for view in map(pod_view, body.get("items") or [])}
-        with self._lock:
-            self._pods = pods
-            self._lock.notify_all()
-        self._synced.set()
-        return str((body.get("metadata") or {}).get("resourceVersion", ""))
-
-    def _run(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        backoff = 0.1
-        outage = Outage(
-            log,
-            f"pod watch of node {self.node_name}",
-            "Allocate lists the node's pods itself, and fails naming the API server if it cannot",
-        )
-        while not self._stop.is_set():
-            try:
-                version: str | None = self._list()
-                outage.answered()
-                backoff = 0.1
-                while version and not self._stop.is_set():
-                    version = self._watch(version)
-            except DevicePluginError as err:
-                outage.failed(str(err), backoff)
-            except (HTTPError, OSError) as err:
-                outage.failed(f"API server unreachable ({_root_cause(err)})", backoff)
-            except ApiException as err:
-                outage.failed(err, backoff)
-            except Exception:
-                log.exception("pod watch of node %s failed", self.node_name)
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, _MAX_BACKOFF_S)
-
-    def _watch(self, version: str) -> str | None:
-        """Apply watch events from `version`; the version to resume from, or None to relist."""
-        from urllib3.exceptions import HTTPError
-
-        response: Any = self._core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={self.node_name}",
-            resource_version=version,
-            watch=True,
-            allow_watch_bookmarks=True,
-            timeout_seconds=WATCH_TIMEOUT_S,
-            _preload_content=False,
-            _request_timeout=(REQUEST_TIMEOUT_S, WATCH_TIMEOUT_S + 30),
-        )
-        self._response = response
-        try:
-            for event in watch_events(response):
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    return None
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                if kind in ("ADDED", "MODIFIED"):
-                    self._store(pod_view(obj))
-                elif kind == "DELETED":
-                    with self._lock:
-                        self._pods.pop((obj.get("metadata") or {}).get("uid", ""), None)
-                        self._lock.notify_all()
-        except (HTTPError, OSError, ValueError) as err:
-            if not self._stop.is_set():
-                log.info("pod watch of node %s ended (%s); relisting", self.node_name, err)
-            return None
-        finally:
-            self._response = None
-            response.release_conn()
-        return version
 
 
 def _root_cause(err: BaseException) -> str:
