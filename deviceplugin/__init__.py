@@ -13,7 +13,8 @@ Where each decision lives:
 - `podcache.py`  the watch-fed cache of this node's pods
 - `annotate.py`  node annotations `baton.dev/gpus` and `baton.dev/host-memory-budget`
 - `metrics.py`   Prometheus metrics and the HTTP server on :9461
-- `daemon.py`, `cli.py`, `bench.py`  wiring, `baton deviceplugin`, `baton bench allocate`
+- `daemon.py`     wiring; the command line is `baton/cli/deviceplugin.py`, the bench
+                 `baton/bench/allocate.py`
 
 Fake GPUs fail on request: with `--fake-gpus`, `POST /fake/xid` on the metrics port with
 `{"gpu": "<UUID or index>", "xid": 79}` reports an XID as NVML would (ignored XIDs stay ignored)
