@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
 import re
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -128,15 +126,6 @@ def watch_events(
         for line in lines:
             if line.strip():
                 yield decode(line)
-
-
-def interrupt(response: Any) -> None:
-    """Unblock a thread reading a streamed response, from another thread (closing the response
-    from here would deadlock): its socket is shut down, so the reader's next read ends."""
-    sock = getattr(getattr(response, "connection", None), "sock", None)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
 
 
 def format_timestamp_ns(ns: int) -> str:
