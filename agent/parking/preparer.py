@@ -41,6 +41,7 @@ from agent.parking.backends.base import (
     TenantState,
     Unparkable,
 )
+from agent.parking.host import ParkingHost
 from agent.parking.metrics import ParkingMetrics
 from agent.parking.quarantine import Quarantines
 
@@ -62,6 +63,7 @@ class ParkingPreparer:
         wall_clock: Callable[[], float] = time.time,
         attempts: int = 3,
         backoff: float = 0.2,
+        host: ParkingHost | None = None,
     ) -> None:
         self.backend = backend
         self.gpu_memory = dict(gpu_memory)
@@ -83,11 +85,9 @@ class ParkingPreparer:
         self._ahead: dict[str, asyncio.Future[None]] = {}
         self._cgroups: dict[str, tuple[int | None, int]] = {}
         """Per tenant, its memory cgroup's limit and usage as the backend last read them."""
-        self.quarantines = Quarantines(self.metrics)
-        self.directory: Callable[[], Mapping[str, TenantRef]] | None = None
-        """The lease service's tenants (GPUs, PIDs, limits); when set, only these count."""
-        self.on_change: Callable[[], None] | None = None
-        """Told (on the event loop) after moves, so that `durable()` is saved."""
+        self._host = host
+        """The agent: only its tenants count, and it hears of quarantines and moves; None alone."""
+        self.quarantines = Quarantines(self.metrics, host)
 
     def register(self, ref: TenantRef) -> None:
         """Learn a tenant's GPUs, PIDs, memory limit and declared footprint."""
@@ -212,8 +212,8 @@ class ParkingPreparer:
         finally:
             await asyncio.to_thread(self._refresh)
             self.quarantines.note_all(self._states)
-            if self.on_change is not None:
-                self.on_change()
+            if self._host is not None:
+                self._host.persist()
 
     async def _move(self, tenant_id: str, step: Step, when: str) -> Move:
         """One park or restore, retried with backoff; the tenant stays where it was on failure."""
@@ -287,13 +287,13 @@ class ParkingPreparer:
             self.backend.adopt(saved)
 
     def _tenant_ids(self) -> list[str]:
-        """Tenants that count: the lease service's, else every one registered or in the backend.
+        """Tenants that count: the host's, else every one registered or in the backend.
 
-        A tenant the service has dropped no longer counts, even before `forget` has run.
+        A tenant the host has dropped no longer counts, even before `forget` has run.
         """
-        if self.directory is None:
+        if self._host is None:
             return sorted(set(self._refs) | set(self.backend.tenants()))
-        refs = self.directory()
+        refs = self._host.tenant_refs()
         for tenant_id, ref in refs.items():
             if self._refs.get(tenant_id) != ref:
                 self.register(ref)

@@ -1,15 +1,16 @@
-"""Building the agent's `TurnPreparer` from its flags, and connecting it to the lease service."""
+"""Building the agent's `TurnPreparer` and its backend from its flags."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from agent.core.residency import NullPreparer, TurnPreparer
-from agent.parking.backends.base import Backend, BackendUnavailable, TenantRef
-from agent.parking.metrics import Forward
+from agent.parking.backends.app import CallTenant
+from agent.parking.backends.base import Backend, BackendUnavailable
+from agent.parking.host import ParkingHost
 from agent.parking.preparer import ParkingPreparer
 from baton.contract.meminfo import MEMINFO, mem_total_kib
 from baton.contract.names import (
@@ -19,10 +20,6 @@ from baton.contract.names import (
     fake_gpu_sizes,
     fake_gpu_uuid,
 )
-
-if TYPE_CHECKING:
-    from agent.node.tenants import Tenant
-    from agent.server.service import LeaseService
 
 BACKENDS = ("none", "fake", "cuda", "app")
 
@@ -59,8 +56,14 @@ def half_the_ram(meminfo: str = MEMINFO) -> int:
     return mem_total_kib(Path(meminfo).read_text()) * 1024 // 2
 
 
-def build_backend(opts: ParkingOptions) -> tuple[Backend, dict[str, int]]:
-    """The backend the flags name and the GPU memory it manages, or `BackendUnavailable`."""
+def build_backend(
+    opts: ParkingOptions,
+    call_tenant: CallTenant | None = None,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> tuple[Backend, dict[str, int]]:
+    """The backend the flags name and the GPU memory it manages, or `BackendUnavailable`.
+
+    The app backend reaches tenants through `call_tenant` (the agent's sessions) on `loop`."""
     if opts.backend == "fake":
         from agent.parking.backends.fake import FakeBackend
 
@@ -79,7 +82,7 @@ def build_backend(opts: ParkingOptions) -> tuple[Backend, dict[str, int]]:
         from agent.parking.backends.app import AppBackend
 
         gpus = nvml_gpus() or parse_fake_gpus(opts.fake_gpus, opts.node_name)
-        return AppBackend(opts.callback_timeout_s), gpus
+        return AppBackend(opts.callback_timeout_s, call_tenant, loop), gpus
     raise BackendUnavailable(f"unknown backend {opts.backend!r}; choose one of {BACKENDS}")
 
 
@@ -107,41 +110,20 @@ def default_headroom(opts: ParkingOptions) -> int:
     return 0
 
 
-def build_preparer(opts: ParkingOptions) -> TurnPreparer:
-    """The preparer for `baton agent`: `NullPreparer` for `none`, else a `ParkingPreparer`."""
+def build_preparer(
+    opts: ParkingOptions,
+    host: ParkingHost | None = None,
+    backend: tuple[Backend, Mapping[str, int]] | None = None,
+) -> TurnPreparer:
+    """The preparer for `baton agent`: `NullPreparer` for `none`, else a `ParkingPreparer` over
+    `backend` (the backend and its GPU memory; built from the flags if not given) for `host`."""
     if opts.backend == "none":
         return NullPreparer()
-    backend, gpus = build_backend(opts)
+    parker, gpus = backend or build_backend(opts)
     budget = opts.host_memory_budget_mib * MIB
     if not budget:
         fake_budget = DEFAULT_SLOTS_PER_GPU * sum(gpus.values())
         budget = fake_budget if opts.backend == "fake" else half_the_ram()
-    return ParkingPreparer(backend, gpus, host_budget=budget, headroom=default_headroom(opts))
-
-
-def tenant_ref(tenant: Tenant) -> TenantRef:
-    """What a backend needs to know of one of the lease service's tenants."""
-    return TenantRef(
-        tenant.tenant_id,
-        tuple(tenant.gpus),
-        pids=tuple(sorted(tenant.pids)),
-        memory_limit_bytes=tenant.memory_limit_bytes or None,
-        pod_uid=tenant.pod_uid,
-        declared_bytes=tenant.gpu_memory_mib * MIB or None,
+    return ParkingPreparer(
+        parker, gpus, host_budget=budget, headroom=default_headroom(opts), host=host
     )
-
-
-def connect_preparer(preparer: TurnPreparer, service: LeaseService) -> None:
-    """Let the preparer read the service's tenants, reach their sessions and show its metrics."""
-    if not isinstance(preparer, ParkingPreparer):
-        return
-    preparer.directory = lambda: {
-        t.tenant_id: tenant_ref(t) for t in list(service.tenants.tenants.values())
-    }
-    preparer.quarantines.on_quarantine = service.quarantine
-    preparer.on_change = service.persist
-    service.metrics.registry.register(Forward(preparer.metrics.registry))
-    from agent.parking.backends.app import AppBackend
-
-    if isinstance(preparer.backend, AppBackend):
-        preparer.backend.bind(service.sessions.call_tenant, asyncio.get_running_loop())

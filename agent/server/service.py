@@ -7,20 +7,74 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from agent.core import events as ev
 from agent.core.errors import Quarantined, TenantGone
+from agent.core.leases import LeaseTable
+from agent.core.residency import TurnPreparer
+from agent.node.state import StateStore
 from agent.node.tenants import POD, Tenant
+from agent.parking.backends.base import TenantRef
+from agent.parking.host import ParkingHost
+from agent.server.metrics import AgentMetrics
+from agent.server.sessions import SessionRegistry
 from agent.server.turns import Granted, TurnService, lease_to_pb
 from baton._pb import agent_pb2 as pb
+from baton.contract.names import MIB
 
-__all__ = ["Granted", "LeaseService", "lease_to_pb"]
+__all__ = ["Granted", "LeaseService", "PreparerFactory", "lease_to_pb", "tenant_ref"]
 
 log = logging.getLogger(__name__)
 
+PreparerFactory = Callable[[ParkingHost], TurnPreparer]
+"""Builds the service's residency layer, given the service as its `ParkingHost`."""
+
+
+def tenant_ref(tenant: Tenant) -> TenantRef:
+    """What a parking backend needs to know of one of the service's tenants."""
+    return TenantRef(
+        tenant.tenant_id,
+        tuple(tenant.gpus),
+        pids=tuple(sorted(tenant.pids)),
+        memory_limit_bytes=tenant.memory_limit_bytes or None,
+        pod_uid=tenant.pod_uid,
+        declared_bytes=tenant.gpu_memory_mib * MIB or None,
+    )
+
 
 class LeaseService(TurnService):
-    """Turn-taking on the node's GPUs, for the tenants the agent knows."""
+    """Turn-taking on the node's GPUs, for the tenants the agent knows.
+
+    It is the `ParkingHost` of its preparer, which `preparer` builds with it at construction.
+    """
+
+    def __init__(
+        self,
+        *,
+        table: LeaseTable,
+        preparer: PreparerFactory,
+        clock: Callable[[], float],
+        store: StateStore | None = None,
+        metrics: AgentMetrics | None = None,
+        reconnect_grace: float = 10.0,
+        policy_name: str = "fifo",
+        sessions: SessionRegistry | None = None,
+    ) -> None:
+        super().__init__(
+            table=table,
+            preparer=preparer(self),
+            clock=clock,
+            store=store,
+            metrics=metrics,
+            reconnect_grace=reconnect_grace,
+            policy_name=policy_name,
+            sessions=sessions,
+        )
+
+    def tenant_refs(self) -> dict[str, TenantRef]:
+        """The tenants that count for parking, as the preparer reads them."""
+        return {t.tenant_id: tenant_ref(t) for t in list(self.tenants.tenants.values())}
 
     def load(self) -> None:
         """Reinstate persisted tenants and leases; holders have `reconnect_grace` to come back."""

@@ -61,14 +61,14 @@ def run_handoff_bench(
 
 
 async def _bench(iterations: int, client: str, transport: str) -> dict[str, Any]:
-    from agent.node.daemon import Agent, AgentConfig
+    from agent.assembly import AgentConfig, build_agent
 
     workdir = tempfile.mkdtemp(dir="/tmp", prefix="baton-bench-")
     socket = f"{workdir}/agent.sock"
     config = AgentConfig(
         socket=socket, state_dir=f"{workdir}/state", http_host="127.0.0.1", http_port=0
     )
-    agent = Agent(config)
+    agent = build_agent(config)
     await agent.start()
     try:
         solo = await _workers(socket, "acquire", iterations, ["solo"], client, transport)

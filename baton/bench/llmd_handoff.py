@@ -30,7 +30,7 @@ def run_llmd_handoff_bench(iterations: int) -> dict[str, Any]:
 
 
 async def _bench(iterations: int) -> dict[str, Any]:
-    from agent.node.daemon import Agent, AgentConfig
+    from agent.assembly import AgentConfig, build_agent
 
     workdir = tempfile.mkdtemp(dir="/tmp", prefix="baton-bench-llmd-")
     config = AgentConfig(
@@ -41,7 +41,7 @@ async def _bench(iterations: int) -> dict[str, Any]:
         llmd_listen="127.0.0.1:0",
         llmd_groups=(f"{GROUP}={GPU}",),
     )
-    agent = Agent(config)
+    agent = build_agent(config)
     await agent.start()
     assert agent.llmd is not None
     target = f"127.0.0.1:{agent.llmd.port}"

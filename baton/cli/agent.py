@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -10,21 +10,16 @@ from baton.cli.options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_
 from baton.contract import names
 from baton.contract.shutdown import DEFAULT_GRACE_S
 
-if TYPE_CHECKING:
-    from agent.core.residency import TurnPreparer
-    from agent.parking.setup import ParkingOptions
 
-
-def _make_preparer(options: ParkingOptions) -> TurnPreparer:
-    """The residency layer for `--backend`; exits with the reason if it cannot run here."""
-    from agent.parking.backends.base import BackendUnavailable
-    from agent.parking.setup import build_preparer
-
-    try:
-        return build_preparer(options)
-    except (BackendUnavailable, ValueError) as exc:
-        typer.echo(f"baton agent: --backend {options.backend}: {exc}", err=True)
-        raise typer.Exit(2) from None
+def _queue_policy(queue_policy: str | None, deprecated: str | None) -> str:
+    """`--queue-policy`, else the deprecated `--policy` (saying so once on stderr), else fifo."""
+    if deprecated is not None:
+        typer.echo(
+            "baton agent: --policy (BATON_AGENT_POLICY) is deprecated; "
+            "use --queue-policy (BATON_AGENT_QUEUE_POLICY)",
+            err=True,
+        )
+    return queue_policy or deprecated or "fifo"
 
 
 def agent(
@@ -41,9 +36,21 @@ def agent(
     debug_tcp_port: Annotated[
         int, typer.Option(envvar="BATON_AGENT_DEBUG_TCP_PORT", help="Also on 127.0.0.1; 0 = off.")
     ] = 0,
+    queue_policy: Annotated[
+        str | None,
+        typer.Option(
+            envvar="BATON_AGENT_QUEUE_POLICY",
+            help="Who is served next: fifo or lrs (least recently served). Default fifo.",
+        ),
+    ] = None,
     policy: Annotated[
-        str, typer.Option(envvar="BATON_AGENT_POLICY", help="Queue policy: fifo or lrs.")
-    ] = "fifo",
+        str | None,
+        typer.Option(
+            envvar="BATON_AGENT_POLICY",
+            hidden=True,
+            help="Deprecated alias of --queue-policy.",
+        ),
+    ] = None,
     max_hold: Annotated[
         float, typer.Option(envvar="BATON_AGENT_MAX_HOLD", help="Seconds before revocation.")
     ] = 60.0,
@@ -129,43 +136,29 @@ def agent(
     """Run the node agent: turn-taking leases on this node's GPUs."""
     import asyncio
 
+    from agent.assembly import AgentConfig, AgentStartError, run_agent
     from agent.core.policy import POLICIES
-    from agent.node.daemon import AgentConfig, AgentStartError, run_agent
     from agent.node.state import StateDirError
-    from agent.parking.setup import ParkingOptions, connect_preparer
+    from agent.parking.backends.base import BackendUnavailable
+    from agent.parking.setup import ParkingOptions
     from agent.server.llmd.groups import Groups, GroupSpecError
-    from agent.server.sessions import SessionRegistry
     from baton.contract.kube import KubeConfigError
 
     setup_logging(log_level)
-    if policy not in POLICIES:
-        raise typer.BadParameter(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    order = _queue_policy(queue_policy, policy)
+    if order not in POLICIES:
+        raise typer.BadParameter(f"unknown policy {order!r}; choose one of {', '.join(POLICIES)}")
     try:
         Groups.from_specs(llmd_group or ())
     except GroupSpecError as exc:
         raise typer.BadParameter(str(exc), param_hint="--llmd-group") from None
-    sessions = SessionRegistry()
-    preparer = _make_preparer(
-        ParkingOptions(
-            backend=backend,
-            fake_gpus=fake_gpus,
-            node_name=node_name,
-            fake_scale=fake_scale,
-            fake_dir=fake_dir,
-            pcie_gbps=pcie_gbps,
-            host_memory_budget_mib=host_memory_budget,
-            headroom_mib=headroom,
-            lock_timeout_s=move_timeout,
-            callback_timeout_s=move_timeout,
-        )
-    )
     config = AgentConfig(
         socket=socket,
         state_dir=state_dir,
         http_host=http_host,
         http_port=http_port,
         debug_tcp_port=debug_tcp_port,
-        policy=policy,
+        queue_policy=order,
         max_hold=max_hold,
         reconnect_grace=reconnect_grace,
         socket_mode=int(socket_mode, 8),
@@ -176,11 +169,24 @@ def agent(
         shutdown_grace=shutdown_grace,
         llmd_listen=llmd_listen,
         llmd_groups=tuple(llmd_group or ()),
+        parking=ParkingOptions(
+            backend=backend,
+            fake_gpus=fake_gpus,
+            node_name=node_name,
+            fake_scale=fake_scale,
+            fake_dir=fake_dir,
+            pcie_gbps=pcie_gbps,
+            host_memory_budget_mib=host_memory_budget,
+            headroom_mib=headroom,
+            lock_timeout_s=move_timeout,
+            callback_timeout_s=move_timeout,
+        ),
     )
     try:
-        asyncio.run(
-            run_agent(config, preparer, sessions, lambda svc: connect_preparer(preparer, svc))
-        )
+        asyncio.run(run_agent(config))
+    except BackendUnavailable as exc:
+        typer.echo(f"baton agent: --backend {backend}: {exc}", err=True)
+        raise typer.Exit(2) from None
     except (StateDirError, KubeConfigError, AgentStartError, RuntimeError) as exc:
         typer.echo(f"baton agent: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.parking.preparer import ParkingPreparer
-from agent.parking.setup import ParkingOptions, build_preparer, connect_preparer
+from agent.parking.setup import ParkingOptions
 from baton.contract.names import ENV_AGENT_SOCKET, ENV_FAKE_GPU_DIR, ENV_GPUS, fake_gpu_uuid
 
 
@@ -59,12 +59,18 @@ class FakeNode:
 
     async def start(self) -> None:
         """Start the agent; returns once its sockets accept connections."""
-        from agent.node.daemon import Agent, AgentConfig
-        from agent.server.sessions import SessionRegistry
+        from agent.assembly import AgentConfig, build_agent
 
         o = self.options
-        preparer = build_preparer(
-            ParkingOptions(
+        config = AgentConfig(
+            socket=self.socket,
+            state_dir=f"{self.workdir}/state",
+            http_host="127.0.0.1",
+            http_port=0,
+            queue_policy=o.policy,
+            max_hold=o.max_hold,
+            reconnect_grace=o.reconnect_grace,
+            parking=ParkingOptions(
                 backend=o.backend,
                 fake_gpus=o.fake_gpus,
                 fake_scale=o.fake_scale,
@@ -72,22 +78,11 @@ class FakeNode:
                 pcie_gbps=o.pcie_gbps,
                 host_memory_budget_mib=o.host_memory_budget_mib,
                 headroom_mib=o.headroom_mib,
-            )
+            ),
         )
-        assert isinstance(preparer, ParkingPreparer)
-        self.preparer = preparer
-        config = AgentConfig(
-            socket=self.socket,
-            state_dir=f"{self.workdir}/state",
-            http_host="127.0.0.1",
-            http_port=0,
-            policy=o.policy,
-            max_hold=o.max_hold,
-            reconnect_grace=o.reconnect_grace,
-        )
-        self.agent = Agent(
-            config, preparer, SessionRegistry(), lambda svc: connect_preparer(preparer, svc)
-        )
+        self.agent = build_agent(config)
+        self.preparer = self.agent.parking
+        assert self.preparer is not None
         await self.agent.start()
 
     async def stop(self) -> None:
@@ -136,7 +131,7 @@ class AgentProcess:
             "--fake-scale", repr(o.fake_scale), "--pcie-gbps", repr(o.pcie_gbps),
             "--host-memory-budget", str(o.host_memory_budget_mib),
             "--headroom", str(o.headroom_mib), "--max-hold", repr(o.max_hold),
-            "--reconnect-grace", repr(o.reconnect_grace), "--policy", o.policy,
+            "--reconnect-grace", repr(o.reconnect_grace), "--queue-policy", o.policy,
             *o.extra_args,
         ]  # fmt: skip
 

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from agent.assembly import Agent, AgentConfig, build_agent
 from agent.client import LeaseInfo
 from agent.client.errors import AgentUnavailable
 from agent.examples.grpo_loop import Phases, run
-from agent.node.daemon import Agent, AgentConfig
-from agent.parking.setup import ParkingOptions, build_preparer, connect_preparer
+from agent.parking.setup import ParkingOptions
 from baton.contract import names
 
 GPU = "GPU-00000000-0000-0000-0000-000000000001"
@@ -97,26 +97,27 @@ def test_gpu_phases_hold_a_turn_and_scoring_does_not() -> None:
 def running_agent(backend: str) -> Iterator[tuple[str, str, Any]]:
     """A real agent on a unix socket, on its own event loop; yields (socket, fake dir, preparer)."""
     workdir = Path(tempfile.mkdtemp(dir="/tmp", prefix="grpo"))
-    config = AgentConfig(
-        socket=str(workdir / "agent.sock"), state_dir=str(workdir / "state"), http_port=0
-    )
     fake_dir = str(workdir / "gpus")
     # One simulated 100 MiB GPU: two 60 MiB tenants cannot both be resident.
-    options = ParkingOptions(
-        backend=backend, fake_gpus="1x100", fake_scale=1 / 64, fake_dir=fake_dir
+    config = AgentConfig(
+        socket=str(workdir / "agent.sock"),
+        state_dir=str(workdir / "state"),
+        http_port=0,
+        parking=ParkingOptions(
+            backend=backend, fake_gpus="1x100", fake_scale=1 / 64, fake_dir=fake_dir
+        ),
     )
-    preparer = build_preparer(options)
     loop = asyncio.new_event_loop()
-    agent = Agent(config, preparer)
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
 
-    async def start() -> None:
+    async def start() -> Agent:
+        agent = build_agent(config)
         await agent.start()
-        assert agent.service is not None
-        connect_preparer(preparer, agent.service)
+        return agent
 
-    asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
+    agent = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
+    preparer = agent.preparer
     try:
         yield config.socket, fake_dir, preparer
     finally:

@@ -21,15 +21,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agent.assembly import Agent, AgentConfig, build_agent
 from agent.core.events import Event
 from agent.core.residency import TurnPreparer
-from agent.node.daemon import Agent, AgentConfig
+from agent.parking.backends.base import Backend
 from agent.server.service import LeaseService
-from agent.server.sessions import SessionRegistry
 from tests.harness.lines import JsonLines
 
 T = TypeVar("T")
@@ -49,13 +49,10 @@ class AgentRunner:
         workdir: str | None = None,
         *,
         preparer: TurnPreparer | None = None,
-        sessions: SessionRegistry | None = None,
-        connect_parking: bool = False,
+        backend: tuple[Backend, Mapping[str, int]] | None = None,
         **config: Any,
     ) -> None:
         self.workdir = workdir or short_tmpdir()
-        self.connect_parking = connect_parking
-        """Connect `preparer` to the service (directory, metrics, the app backend's sessions)."""
         self.config = AgentConfig(
             socket=f"{self.workdir}/agent.sock",
             state_dir=f"{self.workdir}/state",
@@ -64,7 +61,9 @@ class AgentRunner:
             **config,
         )
         self.preparer = preparer
-        self.sessions = sessions
+        """Replaces the residency layer `config.parking` names (`build_agent`'s test seam)."""
+        self.backend = backend
+        """Replaces the backend `config.parking` names (`build_agent`'s test seam)."""
         self.seen: list[Event] = []
         """Every event the agent published since it started (as far as taken so far)."""
         self._events: asyncio.Queue[Event] = asyncio.Queue()
@@ -77,28 +76,27 @@ class AgentRunner:
         return self.config.socket
 
     @property
+    def agent(self) -> Agent:
+        """The agent `build_agent` made (once started)."""
+        assert self._agent is not None
+        return self._agent
+
+    @property
     def service(self) -> LeaseService:
-        assert self._agent is not None and self._agent.service is not None
-        return self._agent.service
+        return self.agent.service
 
     def start(self) -> AgentRunner:
-        """Start the agent and wait until it serves."""
+        """Build the agent on its own loop, subscribe to its events, and wait until it serves."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._agent = Agent(
-            self.config, self.preparer, self.sessions or SessionRegistry(), self._attach
-        )
-        self.call(self._agent.start())
+        self.call(self._start())
         return self
 
-    def _attach(self, service: LeaseService) -> None:
-        """Subscribe as soon as the service exists, so that no event of the start is missed."""
-        self._events = service.events.attach()
-        if self.connect_parking and self.preparer is not None:
-            from agent.parking.setup import connect_preparer
-
-            connect_preparer(self.preparer, service)
+    async def _start(self) -> None:
+        self._agent = build_agent(self.config, preparer=self.preparer, backend=self.backend)
+        self._events = self._agent.service.events.attach()  # before start: no event is missed
+        await self._agent.start()
 
     @property
     def llmd_port(self) -> int:

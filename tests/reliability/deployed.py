@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from agent.node.daemon import AgentConfig
+from agent.assembly import AgentConfig
 from tests.test_manifests import build
 
 AGENT_OVERLAYS = [".", "overlays/kind", "overlays/nvidia"]
@@ -52,11 +52,10 @@ def deployed_agent_config(overlay: str, monkeypatch: pytest.MonkeyPatch) -> Agen
     assert argv[:1] == ["agent"], f"the agent container runs {argv}, not `baton agent`"
     seen: list[AgentConfig] = []
 
-    async def capture(config: AgentConfig, *_: object) -> None:
+    async def capture(config: AgentConfig) -> None:
         seen.append(config)
 
-    monkeypatch.setattr("agent.node.daemon.run_agent", capture)
-    monkeypatch.setattr("baton.cli.agent._make_preparer", lambda options: None)
+    monkeypatch.setattr("agent.assembly.run_agent", capture)
     unset: dict[str, str | None] = {
         n: None for n in os.environ if n.startswith("BATON_") or n == "NODE_NAME"
     }  # while the command runs, only the manifest's environment counts

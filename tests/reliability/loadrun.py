@@ -87,7 +87,7 @@ def run_agent_load(
     """`tenants` processes over `gpus` fake GPUs of 100 MiB (footprints 35-45 MiB, so two
     fit and the rest park) for `seconds`, under `policy`."""
     rng = random.Random(7)
-    node = LoadNode(f"{gpus}x{GPU_MIB}", policy=policy, max_hold=max_hold).start()
+    node = LoadNode(f"{gpus}x{GPU_MIB}", queue_policy=policy, max_hold=max_hold).start()
     procs: list[LineProc] = []
     try:
         for i in range(tenants):

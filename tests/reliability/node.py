@@ -1,7 +1,7 @@
 """A fake node for the load and fault runs: the real agent, the fake backend, and a journal.
 
-`LoadNode` is `tests.harness.agent.AgentRunner` with a parking preparer whose fake backend notes
-every completed park and restore, and a reader of the agent's gRPC WatchEvents stream; both
+`LoadNode` is `tests.harness.agent.AgentRunner` with the fake backend, extended to note every
+completed park and restore, and a reader of the agent's gRPC WatchEvents stream; both
 feed an `InvariantChecker`.
 """
 
@@ -15,17 +15,14 @@ from typing import Any
 
 import grpc
 
-from agent.node.daemon import Agent
 from agent.parking.backends.base import Move
 from agent.parking.backends.fake import FakeBackend
 from agent.parking.preparer import ParkingPreparer
-from agent.parking.setup import connect_preparer, parse_fake_gpus
-from agent.server.service import LeaseService
-from agent.server.sessions import SessionRegistry
+from agent.parking.setup import ParkingOptions, parse_fake_gpus
 from agent.wire.handshake import watch_metadata
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
-from baton.contract.names import ENV_AGENT_SOCKET, ENV_FAKE_GPU_DIR, ENV_GPUS, MIB
+from baton.contract.names import ENV_AGENT_SOCKET, ENV_FAKE_GPU_DIR, ENV_GPUS
 from tests.harness.agent import AgentRunner, short_tmpdir
 
 from .checker import InvariantChecker
@@ -64,39 +61,38 @@ class LoadNode(AgentRunner):
         scale: float = 1 / 64,
         **config: Any,
     ) -> None:
-        super().__init__(short_tmpdir(), **config)
-        self.fake_dir = f"{self.workdir}/gpus"
-        self.checker = InvariantChecker()
+        workdir = short_tmpdir()
+        fake_dir = f"{workdir}/gpus"
+        checker = InvariantChecker()
         gpus = parse_fake_gpus(fake_gpus)
+        backend = JournalBackend(checker, fake_dir, gpus, scale, None, 5.0)
+        parking = ParkingOptions(
+            backend="fake", fake_gpus=fake_gpus, fake_dir=fake_dir, fake_scale=scale,
+            host_memory_budget_mib=host_budget_mib,
+        )  # fmt: skip
+        super().__init__(workdir, backend=(backend, gpus), parking=parking, **config)
+        self.fake_dir = fake_dir
+        self.checker = checker
         self.gpu_ids = sorted(gpus)
-        self.backend = JournalBackend(self.checker, self.fake_dir, gpus, scale, None, 5.0)
-        budget = host_budget_mib * MIB or 4 * sum(gpus.values())
-        self.parking = ParkingPreparer(self.backend, gpus, host_budget=budget)
-        self.preparer = self.parking
+        self.journal = backend
         self._watch: grpc.Channel | None = None
         self.watching = threading.Event()
 
+    @property
+    def parking(self) -> ParkingPreparer:
+        """The agent's parking preparer (once started)."""
+        parking = self.agent.parking
+        assert parking is not None
+        return parking
+
     def start(self) -> LoadNode:
-        """Start the agent with its preparer connected, and the events reader."""
-        self._loop_thread()
-        self._agent = Agent(self.config, self.parking, SessionRegistry(), self._on_service)
-        self.call(self._agent.start())
+        """Start the agent, then the events reader."""
+        super().start()
         self._watch = grpc.insecure_channel(f"unix:{self.socket}")
         threading.Thread(target=self._read_events, daemon=True).start()
         if not self.watching.wait(10):
             raise AssertionError("the agent's WatchEvents stream did not open within 10 s")
         return self
-
-    def _on_service(self, service: LeaseService) -> None:
-        connect_preparer(self.parking, service)
-        self._attach(service)
-
-    def _loop_thread(self) -> None:
-        import asyncio
-
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
 
     def _read_events(self) -> None:
         assert self._watch is not None
@@ -107,7 +103,7 @@ class LoadNode(AgentRunner):
         self.watching.set()
         try:
             for e in stream:
-                with self.backend.journal_lock:
+                with self.journal.journal_lock:
                     self.checker.event(
                         e.kind, e.tenant_id, e.at, gpus=e.gpus, lease_id=e.lease_id,
                         tokens=dict(e.fencing_tokens),
@@ -124,7 +120,7 @@ class LoadNode(AgentRunner):
         super().stop()
         if self._watch is not None:
             self._watch.close()
-        self.backend.close()
+        self.journal.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def parked_bytes(self) -> int:

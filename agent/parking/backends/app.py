@@ -26,22 +26,23 @@ CallTenant = Callable[[str, str, str, float], Coroutine[Any, Any, int]]
 
 
 class AppBackend(Backend):
-    """Drives tenants' callbacks; `bind` it to the session registry once the agent runs."""
+    """Drives tenants' callbacks through `call_tenant` (the agent's sessions) on `loop`."""
 
     name = "app"
 
-    def __init__(self, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        timeout: float = 60.0,
+        call_tenant: CallTenant | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self.timeout = timeout
-        self._call: CallTenant | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._call = call_tenant
+        self._loop = loop
         self._refs: dict[str, TenantRef] = {}
         self._parked: dict[str, dict[str, int]] = {}
         self._reported: dict[str, dict[str, int]] = {}
         self._mutex = threading.Lock()
-
-    def bind(self, call_tenant: CallTenant, loop: asyncio.AbstractEventLoop) -> None:
-        """Use `call_tenant` on `loop` to reach tenants."""
-        self._call, self._loop = call_tenant, loop
 
     def attach(self, tenant: TenantRef) -> None:
         """Remember the tenant's GPUs and declared footprint."""
@@ -108,7 +109,7 @@ class AppBackend(Backend):
     def _run(self, tenant_id: str, action: str, gpu: str) -> tuple[int, float]:
         """Call the tenant from a worker thread; raise `BackendError` if it fails or is late."""
         if self._call is None or self._loop is None:
-            raise BackendError("the app backend is not connected to the agent's sessions yet")
+            raise BackendError("the app backend is not connected to the agent's sessions")
         loop = self._loop
         start = loop.time()
         future = asyncio.run_coroutine_threadsafe(

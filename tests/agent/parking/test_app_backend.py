@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -30,19 +32,27 @@ class Tenant:
         return self.nbytes
 
 
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """The agent's event loop, in a thread of its own; the backend is called from this one."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    loop.close()
+
+
 def drive(backend: AppBackend, tenant: Tenant, steps):
-    async def go():
-        backend.bind(tenant, asyncio.get_running_loop())
-        return [await asyncio.to_thread(getattr(backend, s), "t", GPU) for s in steps]
-
-    return asyncio.run(asyncio.wait_for(go(), 10))
+    return [getattr(backend, s)("t", GPU) for s in steps]
 
 
-def test_park_and_restore_run_the_callbacks_and_count_reported_bytes():
-    backend = AppBackend(timeout=1.0)
+def test_park_and_restore_run_the_callbacks_and_count_reported_bytes(loop):
+    tenant = Tenant(5000)
+    backend = AppBackend(timeout=1.0, call_tenant=tenant, loop=loop)
     backend.attach(TenantRef("t", (GPU,), declared_bytes=100))
     assert backend.footprint("t", GPU) == 100
-    tenant = Tenant(5000)
     park, again = drive(backend, tenant, ["park", "park"])
     assert (park.bytes, again.bytes) == (5000, 0)
     assert backend.state("t").residency == {GPU: Residency.PARKED}
@@ -53,10 +63,10 @@ def test_park_and_restore_run_the_callbacks_and_count_reported_bytes():
     assert backend.footprint("t", GPU) == 5000
 
 
-def test_a_failing_or_late_callback_leaves_the_tenant_resident():
-    backend = AppBackend(timeout=0.05)
-    backend.attach(TenantRef("t", (GPU,)))
+def test_a_failing_or_late_callback_leaves_the_tenant_resident(loop):
     tenant = Tenant(1)
+    backend = AppBackend(timeout=0.05, call_tenant=tenant, loop=loop)
+    backend.attach(TenantRef("t", (GPU,)))
     tenant.fail = "out of pinned memory"
     with pytest.raises(BackendError, match=r"on_park.*out of pinned memory"):
         drive(backend, tenant, ["park"])

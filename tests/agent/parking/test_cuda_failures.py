@@ -55,14 +55,34 @@ def test_a_restore_without_room_for_its_bytes_and_the_headroom_is_not_tried(node
     assert driver.states[100] == driver.states[101] == RUNNING
 
 
+class Host:
+    """A `ParkingHost` with tenants a and b that records what it is told."""
+
+    def __init__(self) -> None:
+        self.quarantined: list[tuple[str, str]] = []
+        self.saves = 0
+
+    def tenant_refs(self) -> dict[str, TenantRef]:
+        return {
+            "a": TenantRef("a", (GPU,), pids=(100, 101)),
+            "b": TenantRef("b", (GPU,), pids=(200,)),
+        }
+
+    def quarantine(self, tenant_id: str, why: str) -> None:
+        self.quarantined.append((tenant_id, why))
+
+    def persist(self) -> None:
+        self.saves += 1
+
+
 def test_a_restore_that_ran_out_of_memory_is_never_retried(node):
     driver, _, backend = node
     reg = CollectorRegistry()
+    host = Host()
     prep = ParkingPreparer(
-        backend, {GPU: 10 * GIB}, host_budget=20 * GIB, registry=reg, backoff=0.0
+        backend, {GPU: 10 * GIB}, host_budget=20 * GIB, registry=reg, backoff=0.0, host=host
     )
-    told: list[tuple[str, str]] = []
-    prep.quarantines.on_quarantine = lambda t, why: told.append((t, why))
+    told = host.quarantined
     backend.park("a", GPU)
     driver.fail[("restore", 101)] = CUresult.CUDA_ERROR_OUT_OF_MEMORY
 
@@ -74,6 +94,7 @@ def test_a_restore_that_ran_out_of_memory_is_never_retried(node):
     assert moves(driver).count(("restore", 101)) == 1
     assert driver.states[100] == driver.states[101] == CHECKPOINTED  # 100 parked again
     assert told and told[0][0] == "a"
+    assert host.saves  # the host saved its state after the moves
     entry = prep.status()["tenants"]["a"]
     assert entry["residency"] == "quarantined" and "out of device memory" in entry["quarantined"]
     assert reg.get_sample_value("baton_quarantined_tenants") == 1

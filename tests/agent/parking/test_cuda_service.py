@@ -18,7 +18,6 @@ from agent.node.state import StateStore
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.cuda import CudaBackend
 from agent.parking.preparer import ParkingPreparer
-from agent.parking.setup import connect_preparer
 from agent.server.service import LeaseService
 
 from .standin_cuda import CHECKPOINTED, RUNNING, CUresult, StandInDriver, StandInNvml
@@ -32,16 +31,15 @@ PIDS = {"a": 11, "b": 21}
 def agent(state_dir: Path, proc: Path, driver: StandInDriver, nvml: StandInNvml) -> LeaseService:
     """A lease service with a parking preparer over the cuda backend, as `baton agent` wires it."""
     backend = CudaBackend(driver, nvml, proc_root=str(proc), cgroup_root=str(proc / "none"))
-    prep = ParkingPreparer(backend, {GPU: 10 * GIB}, host_budget=20 * GIB, headroom=GIB)
-    service = LeaseService(
+    return LeaseService(
         table=LeaseTable(clock=time.time),
-        preparer=prep,
+        preparer=lambda host: ParkingPreparer(
+            backend, {GPU: 10 * GIB}, host_budget=20 * GIB, headroom=GIB, host=host
+        ),
         clock=time.time,
         store=StateStore(state_dir),
         reconnect_grace=600,
     )
-    connect_preparer(prep, service)
-    return service
 
 
 def pod(name: str) -> Tenant:

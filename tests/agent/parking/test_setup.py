@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 from agent.core.residency import NullPreparer
-from agent.node.tenants import Tenant
 from agent.parking.backends.base import BackendUnavailable
 from agent.parking.backends.fake import FakeBackend
 from agent.parking.preparer import ParkingPreparer
-from agent.parking.setup import ParkingOptions, build_preparer, parse_fake_gpus, tenant_ref
+from agent.parking.setup import ParkingOptions, build_preparer, parse_fake_gpus
 from baton.bench.evacuate import run as run_bench
 from baton.contract.names import MIB, fake_gpu_uuid
 
@@ -40,15 +39,6 @@ def test_build_preparer_for_each_backend(tmp_path):
     assert isinstance(app, ParkingPreparer) and app.backend.name == "app"
     with pytest.raises(BackendUnavailable, match="unknown backend 'tpu'"):
         build_preparer(ParkingOptions(backend="tpu"))
-
-
-def test_tenant_ref_carries_what_backends_need():
-    tenant = Tenant(
-        "ns/p", "p", ("GPU-a",), gpu_memory_mib=10, memory_limit_bytes=0, pids={7, 3}, pod_uid="u"
-    )
-    ref = tenant_ref(tenant)
-    assert ref.pids == (3, 7) and ref.declared_bytes == 10 * MIB
-    assert ref.memory_limit_bytes is None and ref.pod_uid == "u"
 
 
 def test_evacuate_bench_reports_its_fields():

@@ -9,8 +9,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from agent.parking.preparer import ParkingPreparer
-from agent.parking.setup import ParkingOptions, build_preparer
+from agent.parking.setup import ParkingOptions, parse_fake_gpus
 from baton._pb import snapshot_agent_pb2 as sa
 from baton._pb import snapshot_agent_pb2_grpc as sa_grpc
 from baton._pb import timeslice_orchestrator_pb2 as ts
@@ -50,13 +49,10 @@ class Workload:
 
 @pytest.fixture
 def agent(workdir: str) -> Iterator[AgentRunner]:
-    preparer = build_preparer(ParkingOptions(backend="app", fake_gpus=f"1x{GPU_MIB}"))
-    assert isinstance(preparer, ParkingPreparer)
-    gpu = next(iter(preparer.gpu_memory))
+    gpu = next(iter(parse_fake_gpus(f"1x{GPU_MIB}")))
     runner = AgentRunner(
         workdir,
-        preparer=preparer,
-        connect_parking=True,
+        parking=ParkingOptions(backend="app", fake_gpus=f"1x{GPU_MIB}"),
         llmd_listen="127.0.0.1:0",
         llmd_groups=(f"g={gpu}",),
     ).start()

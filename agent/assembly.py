@@ -1,4 +1,10 @@
-"""Wiring of the node agent: lease service, gRPC and handshake sockets, HTTP, durable state."""
+"""The node agent's one composition root: `build_agent(config)` makes every part from one config.
+
+State, lease service, preparer and backend, gRPC and direct sessions, HTTP status and metrics,
+llm-d's services and the pod watch are built here and nowhere else; `baton agent`, the demo and
+the test harnesses all go through `build_agent`. The preparer is built with the lease service as
+its `ParkingHost` (`agent.parking.host`), so parking never reaches up into the server.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +15,15 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from agent.core.leases import LeaseTable
-from agent.core.residency import NullPreparer, TurnPreparer
+from agent.core.residency import TurnPreparer
 from agent.node.identity import (
     HandshakeServer,
     TokenRegistry,
@@ -28,6 +34,11 @@ from agent.node.identity import (
 from agent.node.podwatch import PodWatcher
 from agent.node.state import StateStore
 from agent.node.watchtoken import write_watch_token
+from agent.parking.backends.base import Backend, BackendUnavailable
+from agent.parking.host import ParkingHost
+from agent.parking.metrics import Forward
+from agent.parking.preparer import ParkingPreparer
+from agent.parking.setup import ParkingOptions, build_backend, build_preparer
 from agent.server import direct_session
 from agent.server.grpc_server import AgentServicer
 from agent.server.http import StatusServer
@@ -58,7 +69,8 @@ class AgentConfig:
     http_port: int = names.PORT_AGENT
     debug_tcp_port: int = 0
     """Also serve gRPC on 127.0.0.1:<port> (0 = off). Calls still need a handshake token."""
-    policy: str = "fifo"
+    queue_policy: str = "fifo"
+    """Who is served next on a GPU: `fifo` or `lrs` (`agent.core.policy`)."""
     max_hold: float = 60.0
     reconnect_grace: float = 10.0
     socket_mode: int = 0o660
@@ -75,25 +87,84 @@ class AgentConfig:
     """Also serve llm-d's time-slicing API on HOST:PORT, plaintext ("" = off)."""
     llmd_groups: tuple[str, ...] = ()
     """llm-d groups outside Kubernetes: `NAME=GPU[,GPU...]` each."""
+    parking: ParkingOptions = field(default_factory=ParkingOptions)
+    """The backend that parks memory (`none` by default) and its settings."""
+
+
+def build_agent(
+    config: AgentConfig,
+    *,
+    preparer: TurnPreparer | None = None,
+    backend: tuple[Backend, Mapping[str, int]] | None = None,
+) -> Agent:
+    """The whole agent for `config`, not yet serving; call it on the loop that will run it.
+
+    Test seams: `preparer` replaces the residency layer `config.parking` names, `backend` (a
+    backend and its GPU memory) the backend it parks through. Raises `BackendUnavailable`,
+    `StateDirError`, `KubeConfigError` or `AgentStartError` (what is missing, what to pass).
+    """
+    loop = asyncio.get_running_loop()
+    sessions = SessionRegistry()
+    opts = config.parking
+    if preparer is None and backend is None and opts.backend != "none":
+        try:
+            backend = build_backend(opts, sessions.call_tenant, loop)
+        except ValueError as exc:  # e.g. a malformed --fake-gpus
+            raise BackendUnavailable(str(exc)) from None
+    store = StateStore(config.state_dir)
+    watch_token = write_watch_token(config.state_dir)
+    api_client = _pods_api_client(config)
+
+    def make_preparer(host: ParkingHost) -> TurnPreparer:
+        return preparer or build_preparer(opts, host, backend)
+
+    table = LeaseTable(clock=time.time, policy=config.queue_policy, max_hold=config.max_hold)
+    service = LeaseService(
+        table=table,
+        preparer=make_preparer,
+        clock=time.time,
+        store=store,
+        reconnect_grace=config.reconnect_grace,
+        policy_name=config.queue_policy,
+        sessions=sessions,
+    )
+    if isinstance(service.preparer, ParkingPreparer):
+        service.metrics.registry.register(Forward(service.preparer.metrics.registry))
+    tokens = TokenRegistry(loop.call_later)
+    return Agent(config, service, tokens, watch_token, api_client)
+
+
+def _pods_api_client(config: AgentConfig) -> Any:
+    """With a node name: the API client for the pod watch, once `/proc` is checked."""
+    if not config.node_name:
+        return None
+    if not Path(config.proc_root).is_dir():
+        raise AgentStartError(
+            f"the host's /proc is not at {config.proc_root}: without it no caller can be "
+            "matched to its pod; pass --proc-root (BATON_PROC_ROOT)"
+        )
+    from baton.contract.kube import load_api_client
+
+    return load_api_client(config.kubeconfig)
 
 
 class Agent:
-    """A running node agent; `start`, then `stop`."""
+    """A node agent built by `build_agent`: `start`, then `stop`."""
 
     def __init__(
         self,
         config: AgentConfig,
-        preparer: TurnPreparer | None = None,
-        sessions: SessionRegistry | None = None,
-        on_service: Callable[[LeaseService], None] | None = None,
+        service: LeaseService,
+        tokens: TokenRegistry,
+        watch_token: str,
+        api_client: Any,
     ) -> None:
         self.config = config
-        self.preparer = preparer or NullPreparer()
-        self.sessions = sessions or SessionRegistry()
-        self._on_service = on_service
-        """Called with the lease service once it exists, before the sockets open."""
+        self.service = service
+        self._tokens = tokens
+        self._watch_token = watch_token
+        self._api_client = api_client
         self.http_port = 0
-        self.service: LeaseService | None = None
         self._grpc: grpc.aio.Server | None = None
         self._handshake: HandshakeServer | None = None
         self._http: StatusServer | None = None
@@ -102,40 +173,41 @@ class Agent:
         self._stop_requested = asyncio.Event()
         self.stop_reason = ""
 
+    @property
+    def preparer(self) -> TurnPreparer:
+        """The residency layer (a `NullPreparer` with `--backend none`)."""
+        return self.service.preparer
+
+    @property
+    def parking(self) -> ParkingPreparer | None:
+        """The parking preparer, if the agent parks memory."""
+        preparer = self.service.preparer
+        return preparer if isinstance(preparer, ParkingPreparer) else None
+
+    @property
+    def sessions(self) -> SessionRegistry:
+        return self.service.sessions
+
     async def start(self) -> None:
-        """Load state, open the sockets. Raises `StateDirError`, `KubeConfigError` or
-        `AgentStartError` (what is missing, what to pass) before anything is served."""
+        """Reinstate the saved state, open the sockets; raises `AgentStartError` (what to pass)
+        before anything is served."""
         cfg = self.config
-        store = StateStore(cfg.state_dir)
-        watch_token = write_watch_token(cfg.state_dir)
-        api_client = self._pods_api_client()
-        table = LeaseTable(clock=time.time, policy=cfg.policy, max_hold=cfg.max_hold)
-        service = LeaseService(
-            table=table,
-            preparer=self.preparer,
-            clock=time.time,
-            store=store,
-            reconnect_grace=cfg.reconnect_grace,
-            policy_name=cfg.policy,
-            sessions=self.sessions,
-        )
-        self.service = service
-        if self._on_service is not None:
-            self._on_service(service)
+        service = self.service
         service.load()
         service.metrics.watch(
-            table, lambda: len(service.sessions.tenants()), time.time, service.tenants.per_gpu
+            service.table,
+            lambda: len(service.sessions.tenants()),
+            time.time,
+            service.tenants.per_gpu,
         )
-        tokens = TokenRegistry(asyncio.get_running_loop().call_later)
-
         self._prepare_socket_dir()
         self._grpc = grpc.aio.server()
         local_tenants = cfg.allow_local_tenants or not cfg.node_name
         servicer = AgentServicer(
             service,
-            tokens,
+            self._tokens,
             self._pod_uid_of,
-            watch_token,
+            self._watch_token,
             local_tenants,
             self._container_id_of,
         )
@@ -147,15 +219,15 @@ class Agent:
         os.chmod(cfg.socket, cfg.socket_mode)
         self._handshake = await serve_handshake(
             handshake_path(cfg.socket),
-            tokens,
+            self._tokens,
             cfg.socket_mode,
             functools.partial(direct_session.serve, servicer),
         )
 
         if cfg.llmd_listen:
             await self._start_llmd(service)
-        if api_client is not None:
-            self._start_pod_watch(service, api_client)
+        if self._api_client is not None:
+            self._start_pod_watch(service, self._api_client)
         self._http = StatusServer(
             service.metrics.registry, lambda: status_json(service, time.time()), lambda: True
         )
@@ -171,7 +243,7 @@ class Agent:
             "socket mode %04o, local tenants %s",
             cfg.socket,
             self.http_port,
-            cfg.policy,
+            cfg.queue_policy,
             cfg.max_hold,
             cfg.state_dir,
             cfg.socket_mode,
@@ -180,14 +252,14 @@ class Agent:
 
     async def _start_llmd(self, service: LeaseService) -> None:
         cfg = self.config
-        backend = getattr(getattr(self.preparer, "backend", None), "name", "none")
+        parking = self.parking
         self.llmd = LlmdServer(
             service,
             cfg.llmd_listen,
             Groups.from_specs(cfg.llmd_groups),
-            getattr(self.preparer, "gpu_memory", {}),
+            parking.gpu_memory if parking is not None else {},
             cfg.node_name or socket.gethostname(),
-            backend,
+            parking.backend.name if parking is not None else "none",
             Path(cfg.proc_root),
         )
         await self.llmd.start()
@@ -197,20 +269,6 @@ class Agent:
 
     def _container_id_of(self, pid: int) -> str | None:
         return container_id_of_pid(pid, Path(self.config.proc_root))
-
-    def _pods_api_client(self) -> Any:
-        """With a node name: the API client for the pod watch, once `/proc` is checked."""
-        cfg = self.config
-        if not cfg.node_name:
-            return None
-        if not Path(cfg.proc_root).is_dir():
-            raise AgentStartError(
-                f"the host's /proc is not at {cfg.proc_root}: without it no caller can be "
-                "matched to its pod; pass --proc-root (BATON_PROC_ROOT)"
-            )
-        from baton.contract.kube import load_api_client
-
-        return load_api_client(cfg.kubeconfig)
 
     def _prepare_socket_dir(self) -> None:
         """The socket's directory exists and holds no stale socket."""
@@ -258,8 +316,7 @@ class Agent:
 
         Tenants, leases and parked memory stay as they are for the next agent.
         """
-        if self.service is not None:
-            self.service.stopping = True
+        self.service.stopping = True
         if self._pods is not None:
             await asyncio.to_thread(self._pods.stop)  # waits for its thread
         if self._http is not None:
@@ -270,22 +327,16 @@ class Agent:
             await self.llmd.stop(self.config.shutdown_grace)
         if self._grpc is not None:
             await self._grpc.stop(grace=self.config.shutdown_grace)
-        if self.service is not None:
-            await self.service.close()
+        await self.service.close()
         for path in (self.config.socket, handshake_path(self.config.socket)):
             with contextlib.suppress(OSError):  # e.g. a socket directory that never was
                 Path(path).unlink(missing_ok=True)
         self._stop_requested.set()
 
 
-async def run_agent(
-    config: AgentConfig,
-    preparer: TurnPreparer | None = None,
-    sessions: SessionRegistry | None = None,
-    on_service: Callable[[LeaseService], None] | None = None,
-) -> None:
-    """Run an agent until SIGTERM or SIGINT (or cancellation); then stop it cleanly."""
-    agent = Agent(config, preparer, sessions, on_service)
+async def run_agent(config: AgentConfig) -> None:
+    """Build and run an agent until SIGTERM or SIGINT (or cancellation); then stop it cleanly."""
+    agent = build_agent(config)
     on_stop_signal_async(asyncio.get_running_loop(), agent.request_stop)
     try:
         await agent.start()
