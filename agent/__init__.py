@@ -1,1 +1,5 @@
-"""The node snapshot agent: grants turns on GPUs and parks idle tenants' memory in host DRAM."""
+"""The node snapshot agent: grants turns on GPUs and parks idle tenants' memory in host DRAM.
+
+`assembly.py` builds the whole agent from one config (`build_agent`); `core` decides, `node`
+knows the node, `parking` moves memory, `server` serves the API, `client` is the tenants' library.
+"""

@@ -1,1 +1,1 @@
-"""What the agent knows of its node: who calls (pods, local tenants), durable state, wiring."""
+"""What the agent knows of its node: who calls (pods, local tenants) and its durable state."""

@@ -23,7 +23,7 @@ from agent.parking.backends.base import (
     TenantRef,
     TenantState,
 )
-from agent.parking.fakegpu import (
+from agent.parking.backends.fakegpu import (
     DEVICE_SUFFIX,
     HOST_SUFFIX,
     new_file,
