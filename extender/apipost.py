@@ -1,13 +1,12 @@
 """POSTs of ready-made bodies to the API server, on the event loop, over kept-alive connections.
 
 The body is JSON unless the caller names another content type (binds go as protobuf,
-`extender.kubeproto`); the answer is asked for in JSON. A bind is one such call per pod. It runs on the extender's event loop beside the verbs
-kube-scheduler waits for: a bind thread would hold the interpreter lock for its HTTP client
-work while the loop waits for it, and a thread per bind in flight made every verb queue behind
-them. Here a bind costs the loop the few tens of microseconds of writing its request and
-reading its answer; the waits on the API server are the loop's idle time. The API client's
-address, TLS settings and credentials are used. Through a proxy (rare for an in-cluster
-extender) the call goes by the API client's own pool, in a thread.
+`extender.kubeproto`); the answer is asked for in JSON. A bind is one such call per pod, run on
+the extender's event loop beside the verbs kube-scheduler waits for: a bind thread would hold
+the interpreter lock for its HTTP client work while the loop waits for it, so here the loop only
+writes the request and reads the answer, and the waits on the API server are its idle time. The
+API client's address, TLS settings and credentials are used. Through a proxy (rare for an
+in-cluster extender) the call goes by the API client's own pool, in a thread.
 """
 
 from __future__ import annotations

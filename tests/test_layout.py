@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,12 +47,15 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import, at any depth (lazy ones too), except those only for type checkers."""
+def _import_nodes(
+    tree: ast.AST, type_checking: bool = False
+) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import, at any depth (lazy ones too), except those only for type checkers unless
+    `type_checking` asks for them too."""
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_checking:
             stack.extend(node.orelse)
             continue
         if isinstance(node, ast.Import | ast.ImportFrom):
@@ -59,12 +63,12 @@ def _import_nodes(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
         stack.extend(ast.iter_child_nodes(node))
 
 
-def imports_of(module: str) -> set[str]:
+def imports_of(module: str, type_checking: bool = False) -> set[str]:
     """The modules `module` imports, resolved to the most specific module name."""
     tree = ast.parse(MODULES[module].read_text())
     package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in _import_nodes(tree):
+    for node in _import_nodes(tree, type_checking):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
             continue
@@ -170,3 +174,98 @@ def test_every_package_says_what_it_is(package: str) -> None:
     docstring = ast.get_docstring(ast.parse(MODULES[package].read_text()))
     assert docstring, f"{package} has no docstring"
     assert len(docstring.splitlines()[0]) > 20, f"{package}'s docstring says too little"
+
+
+GROUND = "baton.contract"
+
+
+def _package_of(module: str) -> str:
+    """The package a module belongs to: itself for a package's `__init__`, else its parent."""
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Package → the other packages its modules import, type annotations' imports included.
+
+    A package's own sub-packages are separate nodes: `agent.server` importing `agent.core` is an
+    arrow between two packages, and so is `baton` importing `baton.cli`.
+    """
+    graph: dict[str, set[str]] = {}
+    for module in MODULES:
+        source = _package_of(module)
+        targets = graph.setdefault(source, set())
+        for name in imports_of(module, type_checking=True):
+            if name in MODULES and _package_of(name) != source:
+                targets.add(_package_of(name))
+    return graph
+
+
+def package_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of packages that import each other, directly or through others."""
+    reach: dict[str, set[str]] = {}
+    for start in graph:
+        seen: set[str] = set()
+        todo = list(graph[start])
+        while todo:
+            node = todo.pop()
+            if node not in seen:
+                seen.add(node)
+                todo.extend(graph.get(node, ()))
+        reach[start] = seen
+    cycles = {tuple(sorted({a} | {b for b in reach[a] if a in reach.get(b, ())})) for a in graph}
+    return sorted(list(c) for c in cycles if len(c) > 1)
+
+
+def test_no_import_cycles_between_packages() -> None:
+    assert package_cycles(package_graph()) == []
+
+
+def test_the_package_cycle_check_sees_a_cycle_through_a_third_package() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert package_cycles(graph) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _within(m, (GROUND,))))
+def test_the_ground_package_imports_nothing_else_of_baton(module: str) -> None:
+    for name in imports_of(module):
+        assert not _ours(name) or _within(name, (GROUND,)), f"{module} imports {name}"
+
+
+def _annotation_literals(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """String constants that spell a `baton.dev/` key, wherever they stand."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+            continue
+        if node.value.startswith("baton.dev/"):
+            yield node.lineno, node.value
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if not _within(m, (GROUND,))))
+def test_only_the_ground_package_spells_a_baton_dev_key(module: str) -> None:
+    found = list(_annotation_literals(ast.parse(MODULES[module].read_text())))
+    assert not found, f"{module} spells {found}: use baton.contract.names"
+
+
+def test_the_key_check_catches_a_literal() -> None:
+    tree = ast.parse('KEY = "baton.dev/gpus"\nx = pod["baton.dev/assigned-gpus"]\n')
+    assert [v for _, v in _annotation_literals(tree)] == [
+        "baton.dev/gpus",
+        "baton.dev/assigned-gpus",
+    ]
+
+
+_NAMED_FILE = re.compile(r"`([\w./]+\.py)`")
+
+
+def files_named_by(package: str) -> list[str]:
+    """The `file.py` paths a package's docstring names (relative to its folder or the root)."""
+    docstring = ast.get_docstring(ast.parse(MODULES[package].read_text())) or ""
+    return _NAMED_FILE.findall(docstring)
+
+
+@pytest.mark.parametrize("package", PACKAGE_NAMES)
+def test_every_file_a_package_docstring_names_exists(package: str) -> None:
+    folder = MODULES[package].parent
+    named = files_named_by(package)
+    missing = [f for f in named if not (folder / f).is_file() and not (ROOT / f).is_file()]
+    assert not missing, f"{package}'s docstring names files that do not exist: {missing}"
