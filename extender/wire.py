@@ -7,6 +7,7 @@ camelCase Kubernetes objects.
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -15,6 +16,8 @@ import orjson
 
 MIN_PRIORITY = 0
 MAX_PRIORITY = 10
+INT64 = range(-(2**63), 2**63)
+"""What a Go int64 holds (NumPDBViolations): Go's decoder refuses any other number there."""
 
 
 class WireError(ValueError):
@@ -52,12 +55,19 @@ def decode(body: bytes) -> dict[str, Any]:
     return {str(k).lower(): v for k, v in value.items()}
 
 
-def extender_args(body: bytes) -> ExtenderArgs:
-    """Parse ExtenderArgs: `Pod` plus either `NodeNames` or `Nodes`."""
-    fields = decode(body)
+def _pod(fields: dict[str, Any]) -> dict[str, Any]:
     pod = fields.get("pod")
     if not isinstance(pod, dict):
         raise WireError("field Pod is missing or not an object")
+    if not isinstance(pod.get("metadata", {}), dict | None):
+        raise WireError("field Pod.metadata must be an object")
+    return pod
+
+
+def extender_args(body: bytes) -> ExtenderArgs:
+    """Parse ExtenderArgs: `Pod` plus either `NodeNames` or `Nodes`."""
+    fields = decode(body)
+    pod = _pod(fields)
     names = fields.get("nodenames")
     if names is not None:
         if not isinstance(names, list) or not all(map(isinstance, names, repeat(str))):
@@ -76,9 +86,14 @@ def extender_args(body: bytes) -> ExtenderArgs:
 
 
 def _node_name(node: dict[str, Any]) -> str:
-    name = (node.get("metadata") or {}).get("name")
-    if not isinstance(name, str) or not name:
+    """The item's name, once its metadata is shaped as the rest of the extender reads it."""
+    meta = node.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or not isinstance(name, str) or not name:
         raise WireError("field Nodes has an item without metadata.name")
+    notes = meta.get("annotations") or {}
+    if not isinstance(notes, dict) or not all(map(isinstance, notes.values(), repeat(str))):
+        raise WireError(f"field Nodes: node {name}: metadata.annotations must map keys to strings")
     return name
 
 
@@ -94,9 +109,7 @@ class PreemptionArgs:
 def preemption_args(body: bytes) -> PreemptionArgs:
     """Parse ExtenderPreemptionArgs (meta victims by UID, or full victim pods)."""
     fields = decode(body)
-    pod = fields.get("pod")
-    if not isinstance(pod, dict):
-        raise WireError("field Pod is missing or not an object")
+    pod = _pod(fields)
     meta = fields.get("nodenametometavictims")
     full = fields.get("nodenametovictims")
     by_node = meta if meta is not None else full
@@ -112,12 +125,28 @@ def preemption_args(body: bytes) -> PreemptionArgs:
         if not isinstance(pods, list) or not all(isinstance(p, dict) for p in pods):
             raise WireError(f"victims of node {node}: Pods must be a list of objects")
         victims[node] = [_victim_uid(p, meta is not None) for p in pods]
-        violations[node] = int(entry.get("numpdbviolations") or 0)
+        violations[node] = _pdb_violations(node, entry.get("numpdbviolations"))
     return PreemptionArgs(pod, victims, violations)
 
 
+def _pdb_violations(node: str, value: object) -> int:
+    """NumPDBViolations (null: 0), an int64 as Go decodes it; the answer echoes it back."""
+    if value is None:
+        return 0
+    if type(value) is not int or value not in INT64:
+        raise WireError(
+            f"victims of node {node}: NumPDBViolations must be an int64 (a whole number from"
+            f" -2^63 to 2^63-1), not {reprlib.repr(value)}"
+        )
+    return value
+
+
+def _object(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _victim_uid(pod: dict[str, Any], meta: bool) -> str:
-    uid = pod.get("UID", pod.get("uid")) if meta else (pod.get("metadata") or {}).get("uid")
+    uid = pod.get("UID", pod.get("uid")) if meta else _object(pod.get("metadata")).get("uid")
     if not isinstance(uid, str) or not uid:
         raise WireError("a victim has no UID")
     return uid
@@ -180,5 +209,14 @@ def binding_result(error: str = "") -> dict[str, Any]:
 
 
 def encode(value: Any) -> bytes:
-    """Compact JSON bytes."""
-    return orjson.dumps(value)
+    """Compact JSON bytes. orjson writes at most 254 levels of nesting and reads 1024: an
+    answer too deep to write echoes request objects (Nodes) as deep, so the request is refused."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as err:
+        if str(err) != "Recursion limit reached":
+            raise
+        raise WireError(
+            "field Nodes: an item nests objects or lists more than 254 levels deep; the answer"
+            " echoes the items and cannot (no Kubernetes Node is that deep)"
+        ) from None

@@ -19,6 +19,7 @@ The rules (the extender places by them, the device plugin steers by them, the ag
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -35,6 +36,7 @@ _BATON = (RESOURCE_GPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_DUTY)
 _QUANTITY = re.compile(
     r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
 )
+_LARGEST = Decimal(2**63)
 _SUFFIX = {
     "n": Decimal("1e-9"),
     "u": Decimal("1e-6"),
@@ -73,9 +75,11 @@ class TenantRequest:
 
 def parse_quantity(text: object) -> Decimal:
     """A Kubernetes resource quantity (`"40960"`, `"64Gi"`, `"1e9"`, `"500m"`) as a number."""
+    if not isinstance(text, str | int | float | Decimal) or isinstance(text, bool):
+        raise ValueError(f"{shown(text)} is not a Kubernetes quantity")
     match = _QUANTITY.match(str(text).strip())
     if not match:
-        raise ValueError(f"{text!r} is not a Kubernetes quantity")
+        raise ValueError(f"{shown(text)} is not a Kubernetes quantity")
     number, exponent, suffix = match.groups()
     try:
         value = Decimal(number)
@@ -85,7 +89,14 @@ def parse_quantity(text: object) -> Decimal:
         value = value.scaleb(int(exponent[1:]))
     if suffix:
         value *= _SUFFIX[suffix]
+    if abs(value) >= _LARGEST:  # past int64, and turning it into an int could take minutes
+        raise ValueError(f"{shown(text)} is out of range (a quantity is below 2^63)")
     return value
+
+
+def shown(value: object) -> str:
+    """A value as an error message quotes it: its repr, cut short (no recursion, any size)."""
+    return reprlib.repr(value)
 
 
 class ContainerKind(StrEnum):
@@ -204,7 +215,7 @@ class RequestMemo:
         if not isinstance(uid, str) or not uid or key is None:
             return parse_pod_request(pod)
         hit = self._memo.get(uid)
-        if hit is None or hit[0] != key:
+        if hit is None or _changed(hit[0], key):
             try:
                 found: TenantRequest | str | None = parse_pod_request(pod)
             except RequestError as err:
@@ -219,6 +230,14 @@ class RequestMemo:
     def forget(self, uid: str) -> None:
         """The pod is gone."""
         self._memo.pop(uid, None)
+
+
+def _changed(before: tuple[object, ...], now: tuple[object, ...]) -> bool:
+    """The resources differ, or are nested too deep to compare (no pod's are: read afresh)."""
+    try:
+        return before != now
+    except RecursionError:
+        return True
 
 
 def _resources_key(pod: dict[str, Any]) -> tuple[object, ...] | None:
@@ -268,10 +287,10 @@ def _container_ask(container: dict[str, Any], kind: ContainerKind) -> ContainerA
         try:
             values.append(parse_quantity(raw))
         except ValueError:
-            raise RequestError(f"{name} {raw!r} is not a number") from None
+            raise RequestError(f"{name} {shown(raw)} is not a number") from None
     slots, memory, duty = values
     return ContainerAsk(
-        name=str(container.get("name", "")),
+        name=_name(container.get("name", "")),
         kind=kind,
         slots=None if slots is None else _whole(RESOURCE_GPU, slots),
         memory_mib=None if memory is None else _whole(RESOURCE_GPU_MEMORY, memory),
@@ -279,6 +298,10 @@ def _container_ask(container: dict[str, Any], kind: ContainerKind) -> ContainerA
         memory_limit_bytes=_memory_limit(limits.get("memory")),
         values=tuple(values),
     )
+
+
+def _name(name: object) -> str:
+    return name if isinstance(name, str) else shown(name)
 
 
 def _effective(i: int, containers: tuple[ContainerAsk, ...]) -> Decimal | None:
@@ -340,4 +363,4 @@ def _memory_limit(limit: object) -> int | None:
     try:
         return int(parse_quantity(limit))
     except ValueError:
-        raise RequestError(f"memory limit {limit!r} is not a quantity") from None
+        raise RequestError(f"memory limit {shown(limit)} is not a quantity") from None
