@@ -19,6 +19,7 @@ import grpc
 from baton._pb import api_pb2, api_pb2_grpc
 from baton.bench.memory_pods import MemoryPods
 from baton.contract import names
+from baton.contract.annotations import assignment_annotations
 from deviceplugin.daemon import Daemon, Settings
 from deviceplugin.devices import PodView
 from deviceplugin.gpus import parse_fake_gpus
@@ -29,6 +30,10 @@ NODE = "bench-node"
 def _percentile(samples: list[float], share: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+ASSIGNED_FROM_NS = 1_767_225_600 * 10**9
+"""2026-01-01T00:00:00Z: the bench's pods are assigned this many nanoseconds after it."""
 
 
 def _pods(count: int, gpus: list[str], start: int) -> list[PodView]:
@@ -51,10 +56,9 @@ def _pods(count: int, gpus: list[str], start: int) -> list[PodView]:
 
 def _pod_object(pod: PodView) -> dict[str, Any]:
     limits = {names.RESOURCE_GPU: str(pod.gpu_request)}
-    annotations = {
-        names.ANNOTATION_ASSIGNED_GPUS: ",".join(pod.assigned_gpus),
-        names.ANNOTATION_ASSIGNED_AT: f"2026-01-01T00:00:00.{pod.assigned_at_ns or 0:09d}Z",
-    }
+    annotations = assignment_annotations(
+        pod.assigned_gpus, ASSIGNED_FROM_NS + (pod.assigned_at_ns or 0)
+    )
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -7,7 +7,6 @@ server puts on every new node is lifted: nothing else would, there is no kubelet
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -15,10 +14,9 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from baton.contract.annotations import GpuRecord, node_annotations
 from baton.contract.kube import Outage
 from baton.contract.names import (
-    ANNOTATION_GPUS,
-    ANNOTATION_HOST_MEMORY_BUDGET,
     LABEL_BENCH,
     LABEL_GPU_NODE,
     RESOURCE_GPU,
@@ -40,14 +38,7 @@ LIST_TIMEOUT_S = 30.0
 def node_body(name: str) -> dict[str, Any]:
     """A node as the device plugin would annotate it: 8 GPUs of 80 GiB, 4 slots each."""
     gpus = [
-        {
-            "uuid": f"GPU-{name}-{index}",
-            "index": index,
-            "model": GPU_MODEL,
-            "memoryMiB": GPU_MIB,
-            "slots": SLOTS_PER_GPU,
-            "healthy": True,
-        }
+        GpuRecord(f"GPU-{name}-{index}", index, GPU_MODEL, GPU_MIB, SLOTS_PER_GPU)
         for index in range(GPUS_PER_NODE)
     ]
     return {
@@ -56,10 +47,7 @@ def node_body(name: str) -> dict[str, Any]:
         "metadata": {
             "name": name,
             "labels": {BENCH_LABEL: "true", LABEL_GPU_NODE: "true"},
-            "annotations": {
-                ANNOTATION_GPUS: json.dumps(gpus),
-                ANNOTATION_HOST_MEMORY_BUDGET: str(4 * 1024 * 1024),
-            },
+            "annotations": node_annotations(gpus, budget_mib=4 * 1024 * 1024),
         },
     }
 
