@@ -237,6 +237,9 @@ class ParkingPreparer:
                     f"{step.direction} of {step.tenant_id} on {step.gpu} failed: {e}",
                 ) from e
             except BackendError as e:
+                if self._gone(step.tenant_id):  # it left meanwhile: forgotten, not moved
+                    log.info("%s left during its %s: skipped", step.tenant_id, step.direction)
+                    return Move(step.tenant_id, step.gpu, step.direction, 0, 0.0)
                 self.metrics.failed(step.direction)
                 log.warning(
                     "%s of %s on %s failed (attempt %d of %d): %s",
@@ -258,6 +261,10 @@ class ParkingPreparer:
                 )  # fmt: skip
                 return move
         raise AssertionError("unreachable")
+
+    def _gone(self, tenant_id: str) -> bool:
+        """True when the host no longer counts the tenant (its last session ended)."""
+        return self._host is not None and tenant_id not in self._host.tenant_refs()
 
     def _refuse(self, tenant_id: str, reason: str, message: str) -> NoRoom:
         """Count, log (once per new message) and show why `tenant_id` waits; the error to raise."""

@@ -146,3 +146,40 @@ def test_declared_footprint_and_registered_limit_count(backend):
     run(prep.prepare("a", [GPU]))
     with pytest.raises(NoRoom, match="memory limit 5 MiB cannot hold its 70 MiB"):
         run(prep.prepare("b", [GPU]))
+
+
+class Host:
+    """A `ParkingHost` whose tenants the test removes, as a session's end does."""
+
+    def __init__(self, *names: str) -> None:
+        self.refs = {n: TenantRef(n, (GPU,), declared_bytes=60 * MIB) for n in names}
+
+    def tenant_refs(self):
+        return dict(self.refs)
+
+    def quarantine(self, tenant_id, why):
+        raise AssertionError(f"{tenant_id} quarantined: {why}")
+
+    def persist(self):
+        pass
+
+
+def test_a_tenant_whose_session_ends_during_its_park_is_forgotten_not_retried(backend):
+    host = Host("a", "b")
+    prep = ParkingPreparer(backend, {GPU: 100 * MIB}, host_budget=1000 * MIB, host=host)
+    run(prep.prepare("a", [GPU]))
+    FakeGpuMemory("a", backend.root, timeout=1.0).allocate(GPU, 60)
+    tries = []
+
+    def session_ends(tenant_id, gpu):  # a's on_park meets its closed session
+        tries.append(tenant_id)
+        del host.refs[tenant_id]
+        raise BackendError(f"{tenant_id}: on_park({gpu}) failed: tenant {tenant_id} disconnected")
+
+    backend.park = session_ends
+    run(prep.prepare("b", [GPU]))  # granted at once: no backoff, no refusal
+    assert tries == ["a"] and "a" not in prep.status()["tenants"]
+    assert (
+        metric(prep.metrics.registry, "baton_move_failures_total", backend="fake", direction="park")
+        == 0
+    )
