@@ -291,6 +291,7 @@ class TurnService:
                 AcquireTimeout(
                     f"no turn on [{', '.join(waiter.gpus)}] within the timeout; "
                     "the request has left the queue"
+                    + (f"; it waited because {waiter.blocked}" if waiter.blocked else "")
                 ),
             )
             self._publish(ev.EXPIRED, waiter.tenant_id, gpus=waiter.gpus)

@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.client import Baton
+from agent.client import AcquireTimeout, Baton
 from agent.core.errors import CallbackFailed
 from agent.core.residency import NoRoom
 from agent.wire.handshake import watch_metadata
@@ -160,6 +160,17 @@ def test_no_room_keeps_the_waiter_queued_until_the_node_changes(
     assert preparer.calls.count(("prepare", "local/b")) == attempts + 1
     waiting.join(5)
     assert b.lease is not None
+
+
+def test_a_waiter_whose_room_cannot_be_made_hears_why_when_it_times_out(
+    seam_agent: AgentRunner, preparer: RecordingPreparer, clients: dict[str, Baton]
+) -> None:
+    a, b = clients["a"], clients["b"]
+    a.acquire()
+    a.yield_()
+    preparer.no_room.add("local/b")  # e.g. a's park failed: its on_park raised
+    with pytest.raises(AcquireTimeout, match=r"it waited because .*exceed the host budget"):
+        b.acquire(timeout=0.5)
 
 
 def test_the_waiter_due_next_is_named_ahead_once_while_the_gpu_is_held(
