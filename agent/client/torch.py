@@ -48,6 +48,8 @@ class MoveStats:
     restored_bytes: int = 0
     park_s: float = 0.0
     restore_s: float = 0.0
+    copied_bytes: int = 0
+    """Bytes of storages that could not be resized, copied once when registered."""
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -85,7 +87,7 @@ class TorchParker:
     def __init__(
         self, *sources: Source, device: torch.device | str | None = None, streams: int = 4
     ):
-        self.sources: list[Source] = list(sources)
+        self.sources: list[Source] = []
         self.device = torch.device(device) if device is not None else None
         self.streams = max(1, streams)
         self.stats = MoveStats()
@@ -93,9 +95,16 @@ class TorchParker:
         """Host buffers, one per parked storage in order; allocated once, reused after."""
         self._parked: list[tuple[torch.UntypedStorage, int]] = []
         self._lock = threading.Lock()
+        self.add(*sources)
 
     def add(self, *sources: Source) -> None:
-        """Park these too from the next park on."""
+        """Park these too from the next park on. A storage that cannot be resized (weights
+        memory-mapped by `from_pretrained` on the CPU, numpy arrays) is copied once into one
+        that can, since a park frees storage by resizing it."""
+        with torch.no_grad():
+            self.stats.copied_bytes += _make_resizable(
+                t for src in sources for t in tensors_of(src) if self._on_device(t)
+            )
         self.sources.extend(sources)
 
     @contextlib.contextmanager
@@ -146,6 +155,13 @@ class TorchParker:
                 raise ParkError("already parked: restore before parking again")
             start = time.perf_counter()
             storages = self.storages()
+            fixed = [s for s in storages if not s.resizable()]
+            if fixed:  # refuse before moving anything: a half-done park frees nothing
+                raise ParkError(
+                    f"{len(fixed)} storages ({sum(s.nbytes() for s in fixed)} bytes) cannot be"
+                    " resized, so a park cannot free them (memory-mapped weights, numpy"
+                    " arrays): register them with add(), which copies them once"
+                )
             pairs = [(s, self._buffer(i, s)) for i, s in enumerate(storages)]
             self._copy([(_bytes_of(s), host) for s, host in pairs])
             for storage, _host in pairs:
@@ -205,6 +221,24 @@ class TorchParker:
             with torch.cuda.stream(streams[i % len(streams)]):
                 dst.copy_(src, non_blocking=True)
         torch.cuda.synchronize(device)
+
+
+def _make_resizable(tensors: Iterable[torch.Tensor]) -> int:
+    """Point every tensor whose storage cannot be resized at a resizable copy of it (one copy
+    per storage, shared by its tensors, in place so modules and optimizers keep them); returns
+    the bytes copied."""
+    copies: dict[int, torch.UntypedStorage] = {}
+    copied = 0
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.resizable() or storage.nbytes() == 0:
+            continue
+        key = storage.data_ptr()
+        if key not in copies:
+            copies[key] = storage.clone()
+            copied += storage.nbytes()
+        tensor.set_(copies[key], tensor.storage_offset(), tensor.size(), tensor.stride())
+    return copied
 
 
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:

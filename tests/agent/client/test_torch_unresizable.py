@@ -1,0 +1,65 @@
+"""TorchParker and storages that cannot be resized (memory-mapped weights, as `from_pretrained`
+loads them on the CPU): copied once at registration, or refused at park with the reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import struct
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+
+
+def mapped_linear(tmp_path: Path):
+    """A Linear whose weight and bias are views of one memory-mapped file."""
+    import torch
+
+    path = tmp_path / "weights.bin"
+    path.write_bytes(struct.pack("20f", *range(20)))
+    flat = torch.from_file(str(path), shared=False, size=20, dtype=torch.float32)
+    model = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        model.weight.set_(flat.untyped_storage(), 0, (4, 4), (4, 1))
+        model.bias.set_(flat.untyped_storage(), 16, (4,), (1,))
+    assert not model.weight.untyped_storage().resizable()
+    return model
+
+
+def test_mapped_weights_are_copied_once_at_registration_and_park(tmp_path: Path) -> None:
+    import torch
+
+    from agent.client.torch import TorchParker
+
+    model = mapped_linear(tmp_path)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    parker = TorchParker(model, optimizer)
+    assert parker.stats.copied_bytes == 80  # one storage behind both, copied once
+    assert model.weight.untyped_storage().data_ptr() == model.bias.untyped_storage().data_ptr()
+    assert all(p.untyped_storage().resizable() for p in model.parameters())
+    assert optimizer.param_groups[0]["params"][0] is model.weight  # the same Parameter
+    assert parker.park("gpu") == 80
+    parker.restore("gpu")
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()  # still trains
+    assert not torch.equal(before[1], model.bias)
+
+
+def test_a_storage_mapped_after_registration_is_refused_before_anything_moves(
+    tmp_path: Path,
+) -> None:
+    import torch
+
+    from agent.client.torch import ParkError, TorchParker
+
+    model = torch.nn.Linear(4, 4)
+    parker = TorchParker(model)
+    late = mapped_linear(tmp_path)
+    with torch.no_grad():  # e.g. weights swapped in from a mapped checkpoint
+        model.weight.set_(late.weight.untyped_storage(), 0, (4, 4), (4, 1))
+    with pytest.raises(ParkError, match=r"1 storages \(80 bytes\) cannot be resized"):
+        parker.park("gpu")
+    assert not parker.parked and model.bias.untyped_storage().nbytes() == 16
