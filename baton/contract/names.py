@@ -75,6 +75,8 @@ METRICS_PREFIX = "baton_"
 PORT_AGENT = 9460
 PORT_DEVICE_PLUGIN = 9461
 PORT_EXTENDER = 9462
+PORT_DRA = 9463
+"""The DRA driver's metrics (and, with fake GPUs, fault injection) port."""
 PORT_LLMD_ORCHESTRATOR = 50051
 """llm-d's TimeSlice Orchestrator port; `baton agent --llmd-listen` serves it and its agent's."""
 
