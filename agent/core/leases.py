@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from agent.core.errors import AlreadyHolding, NotOwner, UnknownLease
+from agent.core.fair import FairShare
 from agent.core.policy import POLICIES, Policy
 from agent.core.waiters import TenantUsage, Waiter
 
@@ -61,7 +62,11 @@ class LeaseTable:
         new_id: Callable[[], str] | None = None,
     ) -> None:
         self._clock = clock
+        if policy == "fair":
+            policy = FairShare()
         self._policy = POLICIES[policy] if isinstance(policy, str) else policy
+        self.fair = self._policy if isinstance(self._policy, FairShare) else None
+        """The fair policy's state, when that is the policy (it accounts held time and tiers)."""
         self.max_hold = max_hold
         self._new_id = new_id or (lambda: uuid.uuid4().hex[:16])
         self._seq = itertools.count()
@@ -114,6 +119,7 @@ class LeaseTable:
         timeout: float | None = None,
         front: bool = False,
         duty: int = 100,
+        tier: int | None = None,
     ) -> Waiter:
         """Queue a tenant for all of `gpus` at once."""
         wanted = tuple(sorted(set(gpus)))
@@ -126,7 +132,11 @@ class LeaseTable:
             if w.tenant_id == tenant_id and set(w.gpus) & set(wanted):
                 raise AlreadyHolding(f"tenant {tenant_id!r} already waits for {', '.join(w.gpus)}")
         now = self._clock()
-        self.usage.setdefault(tenant_id, TenantUsage()).duty = duty
+        usage = self.usage.setdefault(tenant_id, TenantUsage())
+        usage.duty = duty
+        usage.tier = usage.tier if tier is None else tier
+        if self.fair is not None:
+            self.fair.joined(tenant_id, wanted, duty)
         waiter = Waiter(
             waiter_id=self._new_id(),
             tenant_id=tenant_id,
@@ -220,6 +230,13 @@ class LeaseTable:
         usage = self.usage.setdefault(lease.tenant_id, TenantUsage())
         usage.last_served = now
         usage.served_seconds += max(0.0, now - lease.granted_at)
+        if self.fair is not None:
+            waiting = {
+                g: {w.tenant_id for w in self.waiters.values() if g in w.gpus} for g in lease.gpus
+            }
+            self.fair.served(
+                lease.tenant_id, lease.gpus, max(0.0, now - lease.granted_at), self.usage, waiting
+            )
         return lease
 
     def revoke(self, lease_id: str) -> tuple[Lease, list[Waiter], Waiter]:
@@ -236,6 +253,8 @@ class LeaseTable:
         removed = [w for w in map(self.cancel, mine) if w is not None]
         leases = [self.release(lease.lease_id) for lease in self.leases_of(tenant_id)]
         self.usage.pop(tenant_id, None)
+        if self.fair is not None:
+            self.fair.vtime.pop(tenant_id, None)
         for state in self.gpus.values():
             state.served.pop(tenant_id, None)
         return leases, removed
@@ -250,17 +269,31 @@ class LeaseTable:
             if waiter.deadline is not None and now >= waiter.deadline and not waiter.reserved:
                 self.cancel(waiter.waiter_id)
                 result.expired.append(waiter)
+        due = {lease.lease_id: self.revoke_at(lease) for lease in self.leases.values()}
         result.overdue = [
             lease
             for lease in self.leases.values()
-            if now >= lease.hold_until and self.contended(lease)
+            if (at := due[lease.lease_id]) is not None and at <= now
         ]
         return result
+
+    def revoke_at(self, lease: Lease) -> float | None:
+        """When the lease may be revoked: past its maximum hold while others wait, or (the fair
+        policy's tier grace) for a higher tier's waiter. None: not while nothing changes."""
+        times = [lease.hold_until] if self.contended(lease) else []
+        if self.fair is not None:
+            tier = self.usage.get(lease.tenant_id, TenantUsage()).tier
+            for w in self.waiters.values():
+                wtier = self.usage.get(w.tenant_id, TenantUsage()).tier
+                at = self.fair.preempt_at(lease.gpus, tier, lease.granted_at, w, wtier)
+                if at is not None:
+                    times.append(at)
+        return min(times, default=None)
 
     def next_deadline(self, after: float = float("-inf")) -> float | None:
         """The earliest time later than `after` at which `tick` could find something to do."""
         times = [w.deadline for w in self.waiters.values() if w.deadline is not None]
-        times += [lease.hold_until for lease in self.leases.values() if self.contended(lease)]
+        times += [t for t in map(self.revoke_at, self.leases.values()) if t is not None]
         return min((t for t in times if t > after), default=None)
 
     # Persistence.

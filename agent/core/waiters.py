@@ -29,3 +29,5 @@ class TenantUsage:
     last_served: float | None = None
     served_seconds: float = 0.0
     duty: int = 100
+    tier: int = 0
+    """Its priority tier (the pod's priority); only the `fair` policy reads it."""

@@ -1,0 +1,118 @@
+"""The `fair` queue policy: weighted fair turns over measured GPU time, in priority tiers. Pure.
+
+Within a tier, turns follow a virtual-time fair queue (start-time fair queueing as in CFS or
+stride scheduling): a tenant's virtual time grows by the seconds it *held* a turn divided by its
+weight (`gpu-duty`), and the waiter with the least virtual time goes first, so each tenant's
+share of a contended GPU converges to its duty's share. A tenant that (re)joins is lifted to its
+GPU's virtual clock less `credit_s` of its own time, so idle time is banked only up to
+`credit_s` (bounded lag). Tiers (the pod's priority) are strict, except that a lower tier waiting
+behind a higher one is owed `min_share` of the GPU's time: its balance grows by `min_share` of
+each higher-tier turn it waits through and shrinks by the rest of each turn it takes while a
+higher tier waits, bounded by ±`credit_s`; a tier with a positive balance goes first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from agent.core.waiters import TenantUsage, Waiter
+
+
+@dataclass(frozen=True)
+class FairConfig:
+    """What the operator sets for the fair policy."""
+
+    min_share: float = 0.1
+    """Share of a GPU's time a lower tier keeps while a higher tier also waits (0 to 0.5)."""
+    credit_s: float = 10.0
+    """GPU-seconds of credit an idle tenant (or a tier kept waiting) may bank, at most."""
+    tier_grace_s: float | None = None
+    """Seconds a higher tier's waiter waits before the lower tier's holder is revoked (None:
+    never; it gets the GPU at the holder's next yield)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_share <= 0.5:
+            raise ValueError(f"min_share {self.min_share} is outside 0-0.5")
+        if self.credit_s < 0 or (self.tier_grace_s is not None and self.tier_grace_s < 0):
+            raise ValueError("credit_s and tier_grace_s cannot be negative")
+
+
+@dataclass
+class FairShare:
+    """The fair policy's state: each tenant's virtual time, each GPU's virtual clock, and what
+    each (GPU, tier) is owed."""
+
+    config: FairConfig = field(default_factory=FairConfig)
+    vtime: dict[str, float] = field(default_factory=dict)
+    vclock: dict[str, float] = field(default_factory=dict)
+    balance: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    def __call__(self, waiters: list[Waiter], usage: Mapping[str, TenantUsage]) -> list[Waiter]:
+        """Owed lower tiers first, then by tier (highest first), a revoked holder first within
+        its tier, then least virtual time, then arrival."""
+
+        def key(w: Waiter) -> tuple[bool, int, bool, float, int]:
+            tier = _tier(usage, w.tenant_id)
+            owed = any(self.balance.get((g, tier), 0.0) > 0 for g in w.gpus)
+            return (not owed, -tier, not w.front, self.vtime.get(w.tenant_id, 0.0), w.seq)
+
+        return sorted(waiters, key=key)
+
+    def joined(self, tenant_id: str, gpus: Iterable[str], duty: int) -> None:
+        """A tenant starts waiting: a new one starts at its GPUs' virtual clock, a returning one
+        keeps at most `credit_s` of banked time."""
+        clock = max((self.vclock.get(g, 0.0) for g in gpus), default=0.0)
+        floor = clock - self.config.credit_s / _weight(duty)
+        self.vtime[tenant_id] = max(self.vtime.get(tenant_id, clock), floor)
+
+    def served(
+        self,
+        tenant_id: str,
+        gpus: Iterable[str],
+        held: float,
+        usage: Mapping[str, TenantUsage],
+        waiting: Mapping[str, set[str]],
+    ) -> None:
+        """A turn of `held` seconds ended; `waiting` names the tenants still waiting per GPU."""
+        me = usage.get(tenant_id, TenantUsage())
+        self.vtime[tenant_id] = self.vtime.get(tenant_id, 0.0) + held / _weight(me.duty)
+        m, credit = self.config.min_share, self.config.credit_s
+        for gpu in gpus:
+            others = waiting.get(gpu, set()) - {tenant_id}
+            active = [self.vtime.get(t, 0.0) for t in others] + [self.vtime[tenant_id]]
+            self.vclock[gpu] = max(self.vclock.get(gpu, 0.0), min(active))
+            tiers = {_tier(usage, t) for t in others}
+            for lower in (t for t in tiers if t < me.tier):
+                self._add(gpu, lower, m * held, credit)
+            if any(t > me.tier for t in tiers):
+                self._add(gpu, me.tier, -(1 - m) * held, credit)
+
+    def owed(self, gpu: str, tier: int) -> float:
+        """GPU-seconds the tier is owed on the GPU (negative: it has had more than its minimum)."""
+        return self.balance.get((gpu, tier), 0.0)
+
+    def preempt_at(
+        self, gpus: Iterable[str], tier: int, granted_at: float, waiter: Waiter, waiter_tier: int
+    ) -> float | None:
+        """When a holder of `tier` may be revoked for a higher-tier waiter: after the grace, and
+        once the holder's tier has had the minimum share it was owed (None: never)."""
+        grace = self.config.tier_grace_s
+        if grace is None or waiter_tier <= tier or not set(gpus) & set(waiter.gpus):
+            return None
+        owed = max((self.owed(g, tier) for g in gpus), default=0.0)
+        used_up = granted_at + max(0.0, owed) / max(1e-9, 1 - self.config.min_share)
+        return max(waiter.enqueued_at + grace, used_up)
+
+    def _add(self, gpu: str, tier: int, amount: float, credit: float) -> None:
+        value = self.balance.get((gpu, tier), 0.0) + amount
+        self.balance[(gpu, tier)] = min(credit, max(-credit, value))
+
+
+def _weight(duty: int) -> float:
+    return max(1, duty) / 100.0
+
+
+def _tier(usage: Mapping[str, TenantUsage], tenant_id: str) -> int:
+    u = usage.get(tenant_id)
+    return 0 if u is None else u.tier
