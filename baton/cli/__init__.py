@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from baton.cli import agent, demo, deviceplugin, extender, status
+from baton.cli import agent, demo, deviceplugin, dra, extender, status
 
 app = typer.Typer(
     name="baton",
@@ -18,7 +18,7 @@ bench_app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 
-for component in (agent, deviceplugin, extender, status, demo):
+for component in (agent, deviceplugin, dra, extender, status, demo):
     component.register(app, bench_app)
 
 

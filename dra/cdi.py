@@ -1,0 +1,86 @@
+"""CDI specs: one file per prepared claim, which the runtime applies to the claim's containers.
+
+The spec's one device (`baton.dev/claim=<claim UID>`) carries what the device plugin's Allocate
+gives a container (`deviceplugin.devices.container_allocation`): `BATON_GPUS`,
+`BATON_AGENT_SOCKET`, the agent socket's directory bind-mounted, and, unless a vendor CDI kind
+is given (`--vendor-cdi nvidia.com/gpu`, whose IDs the kubelet then passes too),
+`NVIDIA_VISIBLE_DEVICES`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from baton.contract import names
+from deviceplugin.devices import container_allocation
+
+CDI_VERSION = "0.6.0"
+_PREFIX = "baton-claim-"
+
+
+def cdi_id(claim_uid: str) -> str:
+    """The qualified CDI ID the kubelet passes to the runtime for a claim's spec."""
+    return f"{names.CDI_KIND_CLAIM}={claim_uid}"
+
+
+def spec_path(spec_dir: Path, claim_uid: str) -> Path:
+    """Where a claim's spec lives."""
+    return spec_dir / f"{_PREFIX}{claim_uid}.json"
+
+
+def claim_spec(
+    claim_uid: str, gpus: Sequence[str], vendor_kind: str | None
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The spec for a claim's GPUs, and the vendor's CDI IDs to return beside ours."""
+    given = container_allocation(gpus, vendor_kind)
+    edits = {
+        "env": [f"{k}={v}" for k, v in sorted(given.envs.items())],
+        "mounts": [
+            {
+                "hostPath": host,
+                "containerPath": container,
+                "options": ["rbind", "ro" if read_only else "rw"],
+            }
+            for host, container, read_only in given.mounts
+        ],
+    }
+    spec = {
+        "cdiVersion": CDI_VERSION,
+        "kind": names.CDI_KIND_CLAIM,
+        "devices": [{"name": claim_uid, "containerEdits": edits}],
+    }
+    return spec, given.cdi_devices
+
+
+def write_spec(spec_dir: Path, claim_uid: str, spec: dict[str, Any]) -> Path:
+    """Write the spec atomically (the runtime never reads half a file)."""
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    path = spec_path(spec_dir, claim_uid)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as out:
+        json.dump(spec, out, indent=1)
+        out.flush()
+        os.fsync(out.fileno())
+    tmp.replace(path)
+    return path
+
+
+def remove_spec(spec_dir: Path, claim_uid: str) -> None:
+    """Remove a claim's spec (gone already is fine)."""
+    spec_path(spec_dir, claim_uid).unlink(missing_ok=True)
+
+
+def orphan_specs(spec_dir: Path, kept: Iterable[str]) -> list[Path]:
+    """Our spec files whose claim is not in `kept` (written by a prepare that never answered)."""
+    keep = set(kept)
+    if not spec_dir.is_dir():
+        return []
+    return [
+        p
+        for p in spec_dir.glob(f"{_PREFIX}*.json")
+        if p.name[len(_PREFIX) : -len(".json")] not in keep
+    ]

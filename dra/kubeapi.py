@@ -1,0 +1,67 @@
+"""The API calls the driver makes, as raw JSON (the client's models lag resource.k8s.io/v1)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from baton.contract import names
+
+REQUEST_TIMEOUT_S = 10.0
+
+
+class KubeDraApi:
+    """ResourceSlices of this driver on one node, ResourceClaims, and the node itself."""
+
+    def __init__(self, api_client: Any, node_name: str) -> None:
+        from kubernetes import client
+
+        # Any: the answers are raw (`_preload_content=False`), not the client's models.
+        self._resource: Any = client.ResourceV1Api(api_client)
+        self._core: Any = client.CoreV1Api(api_client)
+        self.node_name = node_name
+
+    def list_slices(self) -> list[dict[str, Any]]:
+        """This driver's slices on this node."""
+        answer = self._resource.list_resource_slice(
+            field_selector=f"spec.nodeName={self.node_name},spec.driver={names.DRA_DRIVER}",
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT_S,
+        )
+        return list(json.loads(answer.data).get("items") or [])
+
+    def create_slice(self, body: dict[str, Any]) -> None:
+        self._resource.create_resource_slice(
+            body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+        )
+
+    def replace_slice(self, name: str, body: dict[str, Any]) -> None:
+        self._resource.replace_resource_slice(
+            name, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+        )
+
+    def delete_slice(self, name: str) -> None:
+        self._resource.delete_resource_slice(
+            name, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+        )
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The claim (LookupError when it is gone)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            answer = self._resource.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as err:
+            if err.status == 404:
+                raise LookupError("the claim no longer exists") from None
+            raise
+        return dict(json.loads(answer.data))
+
+    def node(self) -> dict[str, Any]:
+        """This node's object."""
+        answer = self._core.read_node(
+            self.node_name, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+        )
+        return dict(json.loads(answer.data))

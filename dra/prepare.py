@@ -1,0 +1,142 @@
+"""NodePrepareResources and NodeUnprepareResources: a claim's CDI spec, its record, its undoing.
+
+`claim_gpus` is pure (a claim object and the inventory in, the GPUs out); `Preparer` reads the
+claim from the API, writes the spec, then the record, and answers from the record on a repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from baton.contract import names
+from baton.contract.draclaim import ClaimShare, claim_shares
+from deviceplugin.devices import Inventory, NodeGpu
+from deviceplugin.state import LiveInventory
+from dra import cdi
+from dra.record import ClaimRecord, PreparedClaim, PreparedDevice
+
+log = logging.getLogger(__name__)
+
+
+class PrepareError(Exception):
+    """A claim cannot be prepared here; the message says why, for the pod's events."""
+
+
+class ClaimReader(Protocol):
+    """Reads one ResourceClaim (the API server's JSON)."""
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+
+def claim_gpus(
+    claim: dict[str, Any], uid: str, node_name: str, inventory: Inventory
+) -> list[tuple[ClaimShare, NodeGpu]]:
+    """The claim's results on this node's pool and their GPUs; PrepareError says what is off."""
+    meta = claim.get("metadata") or {}
+    where = f"claim {meta.get('namespace')}/{meta.get('name')}"
+    if meta.get("uid") != uid:
+        raise PrepareError(f"{where} has UID {meta.get('uid')}, not {uid}: it was replaced")
+    shares = [s for s in claim_shares(claim) if s.pool == node_name]
+    if not shares:
+        raise PrepareError(f"{where} has no device of {names.DRA_DRIVER} on node {node_name}")
+    by_name = {names.dra_device_name(g.index): g for g in inventory.gpus}
+    found = []
+    for share in shares:
+        gpu = by_name.get(share.device)
+        if gpu is None:
+            raise PrepareError(f"{where}: node {node_name} has no device {share.device}")
+        if gpu.uuid in inventory.unhealthy:
+            raise PrepareError(
+                f"{where}: GPU {share.device} ({gpu.uuid}) is unhealthy "
+                f"({inventory.unhealthy[gpu.uuid]})"
+            )
+        found.append((share, gpu))
+    return found
+
+
+class Preparer:
+    """Prepares and unprepares claims on one node."""
+
+    def __init__(
+        self,
+        node_name: str,
+        inventory: LiveInventory,
+        claims: ClaimReader,
+        record: ClaimRecord,
+        spec_dir: Path,
+        vendor_kind: str | None = None,
+        refusal: Callable[[], str | None] = lambda: None,
+    ) -> None:
+        """`refusal()` says why this node cannot apply CDI (checked on every prepare)."""
+        self.node_name = node_name
+        self.inventory = inventory
+        self.claims = claims
+        self.record = record
+        self.spec_dir = spec_dir
+        self.vendor_kind = vendor_kind
+        self.refusal = refusal
+        self._lock = threading.Lock()
+
+    def remove_orphans(self) -> list[Path]:
+        """Remove specs no recorded claim owns (a prepare cut before it recorded)."""
+        orphans = cdi.orphan_specs(self.spec_dir, self.record.uids())
+        for path in orphans:
+            path.unlink(missing_ok=True)
+            log.info("removed CDI spec %s: no prepared claim owns it", path)
+        return orphans
+
+    def prepare(self, namespace: str, uid: str, name: str) -> PreparedClaim:
+        """The claim prepared: its spec written and recorded (once; a repeat answers the same)."""
+        known = self.record.get(uid)
+        if known is not None:
+            if not cdi.spec_path(self.spec_dir, uid).exists():
+                self._write(uid, [d.gpu for d in known.devices])
+            return known
+        why = self.refusal()
+        if why:
+            raise PrepareError(f"node {self.node_name} cannot prepare claims: {why}")
+        try:
+            claim = self.claims.read_claim(namespace, name)
+        except LookupError as err:
+            raise PrepareError(f"claim {namespace}/{name}: {err}") from None
+        found = claim_gpus(claim, uid, self.node_name, self.inventory.snapshot()[1])
+        gpus = sorted({gpu.uuid for _, gpu in found})
+        vendor_ids = self._write(uid, gpus)
+        devices = tuple(
+            PreparedDevice(
+                request_names=(share.request,),
+                pool=share.pool,
+                device=share.device,
+                gpu=gpu.uuid,
+                cdi_ids=(cdi.cdi_id(uid), *[v for v in vendor_ids if v.endswith(gpu.uuid)]),
+                share_id=share.share_id,
+            )
+            for share, gpu in found
+        )
+        prepared = PreparedClaim(uid, namespace, name, devices)
+        with self._lock:
+            self.record.put(prepared)
+        log.info(
+            "prepared claim %s/%s (%s): %s",
+            namespace,
+            name,
+            uid,
+            ", ".join(f"{d.device}={d.gpu} share {d.share_id}" for d in devices),
+        )
+        return prepared
+
+    def _write(self, uid: str, gpus: list[str]) -> tuple[str, ...]:
+        spec, vendor_ids = cdi.claim_spec(uid, gpus, self.vendor_kind)
+        cdi.write_spec(self.spec_dir, uid, spec)
+        return vendor_ids
+
+    def unprepare(self, namespace: str, uid: str, name: str) -> None:
+        """Remove the claim's spec and record (an unknown claim is already unprepared)."""
+        cdi.remove_spec(self.spec_dir, uid)
+        with self._lock:
+            self.record.drop(uid)
+        log.info("unprepared claim %s/%s (%s)", namespace, name, uid)

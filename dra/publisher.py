@@ -1,0 +1,113 @@
+"""Keeps this node's ResourceSlice current: after every kubelet registration (the kubelet
+deletes its node's slices when it starts) and every health change.
+
+Only this driver's slices on this node are touched: one is created or replaced, any other of
+ours there (an older name) is deleted; other drivers' slices are never listed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from baton.contract.kube import Outage
+from deviceplugin.state import LiveInventory
+from dra.slices import resource_slice, same_devices, slice_name
+
+log = logging.getLogger(__name__)
+_MAX_BACKOFF_S = 10.0
+
+
+class SliceApi(Protocol):
+    """The slice calls the publisher needs (`dra.kubeapi.KubeDraApi`, or a test's store)."""
+
+    def list_slices(self) -> list[dict[str, Any]]: ...
+    def create_slice(self, body: dict[str, Any]) -> None: ...
+    def replace_slice(self, name: str, body: dict[str, Any]) -> None: ...
+    def delete_slice(self, name: str) -> None: ...
+
+
+def publish_once(api: SliceApi, node_name: str, inventory: LiveInventory, node_uid: str) -> str:
+    """Make the node's slice match the inventory; what was done, in words."""
+    ours = slice_name(node_name)
+    current = {s["metadata"]["name"]: s for s in api.list_slices()}
+    for name in current:
+        if name != ours:
+            api.delete_slice(name)
+    existing = current.get(ours)
+    _, snapshot = inventory.snapshot()
+    generation = ((existing or {}).get("spec") or {}).get("pool", {}).get("generation", 0)
+    wanted = resource_slice(node_name, snapshot, int(generation) + 1, node_uid)
+    if existing is None:
+        api.create_slice(wanted)
+        return "created"
+    if same_devices(existing, wanted):
+        return "unchanged"
+    wanted["metadata"]["resourceVersion"] = existing["metadata"].get("resourceVersion", "")
+    api.replace_slice(ours, wanted)
+    return "replaced"
+
+
+class SlicePublisher:
+    """A thread that publishes whenever poked, retrying with backoff until it succeeds."""
+
+    def __init__(
+        self,
+        api: SliceApi,
+        node_name: str,
+        inventory: LiveInventory,
+        node_uid: Callable[[], str] = lambda: "",
+    ) -> None:
+        self.api = api
+        self.node_name = node_name
+        self.inventory = inventory
+        self.node_uid = node_uid
+        self.published = threading.Event()
+        self.publications = 0
+        self._pending = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)
+        self._outage = Outage(
+            log,
+            f"publishing node {node_name}'s ResourceSlice",
+            "the scheduler allocates from the old slice, or none",
+        )
+        inventory.subscribe(lambda _inventory: self.poke())
+
+    def poke(self) -> None:
+        """Publish again soon (a registration or a health change)."""
+        self.published.clear()
+        self._pending.set()
+
+    def start(self) -> None:
+        self._pending.set()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._pending.set()
+        self._thread.join(timeout=_MAX_BACKOFF_S + 5)
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stop.is_set():
+            self._pending.wait()
+            if self._stop.is_set():
+                return
+            self._pending.clear()
+            try:
+                done = publish_once(self.api, self.node_name, self.inventory, self.node_uid())
+            except Exception as err:  # any API failure: retry, the slice must get there
+                self._outage.failed(err, backoff)
+                self._pending.set()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                continue
+            self._outage.answered()
+            backoff = 0.5
+            self.publications += 1
+            log.info("ResourceSlice of node %s %s", self.node_name, done)
+            if not self._pending.is_set():
+                self.published.set()

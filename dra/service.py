@@ -1,0 +1,160 @@
+"""The kubelet-facing gRPC services: DRAPlugin v1, DRAResourceHealth v1alpha1, Registration v1.
+
+Each RPC is a few lines over `Preparer`, the live inventory and a registration callback; errors
+go back per claim as the kubelet expects (it shows them in the pod's events).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from baton._pb import (
+    dra_pb2,
+    dra_pb2_grpc,
+    drahealth_pb2,
+    drahealth_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+from baton.contract import names
+from deviceplugin.devices import Inventory
+from deviceplugin.state import LiveInventory
+from dra.prepare import PrepareError, Preparer
+from dra.record import PreparedClaim
+
+log = logging.getLogger(__name__)
+PLUGIN_TYPE = "DRAPlugin"
+VERSIONS = ("v1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+HEALTH_WAIT_S = 1.0
+"""How often a health stream re-checks that its client and the server are still there."""
+
+
+class DraPluginService(dra_pb2_grpc.DRAPluginServicer):
+    """NodePrepareResources / NodeUnprepareResources over a Preparer."""
+
+    def __init__(self, preparer: Preparer) -> None:
+        self.preparer = preparer
+
+    def NodePrepareResources(
+        self, request: dra_pb2.NodePrepareResourcesRequest, context: grpc.ServicerContext
+    ) -> dra_pb2.NodePrepareResourcesResponse:
+        answers = {}
+        for claim in request.claims:
+            try:
+                prepared = self.preparer.prepare(claim.namespace, claim.uid, claim.name)
+            except (PrepareError, OSError) as err:
+                log.error("cannot prepare claim %s/%s: %s", claim.namespace, claim.name, err)
+                answers[claim.uid] = dra_pb2.NodePrepareResourceResponse(
+                    error=f"{names.DRA_DRIVER}: {err}"
+                )
+                continue
+            answers[claim.uid] = dra_pb2.NodePrepareResourceResponse(devices=_devices(prepared))
+        return dra_pb2.NodePrepareResourcesResponse(claims=answers)
+
+    def NodeUnprepareResources(
+        self, request: dra_pb2.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
+    ) -> dra_pb2.NodeUnprepareResourcesResponse:
+        answers = {}
+        for claim in request.claims:
+            try:
+                self.preparer.unprepare(claim.namespace, claim.uid, claim.name)
+                answers[claim.uid] = dra_pb2.NodeUnprepareResourceResponse()
+            except OSError as err:
+                answers[claim.uid] = dra_pb2.NodeUnprepareResourceResponse(
+                    error=f"{names.DRA_DRIVER}: cannot remove claim {claim.uid}'s CDI spec: {err}"
+                )
+        return dra_pb2.NodeUnprepareResourcesResponse(claims=answers)
+
+
+def _devices(prepared: PreparedClaim) -> list[dra_pb2.Device]:
+    return [
+        dra_pb2.Device(
+            request_names=list(d.request_names),
+            pool_name=d.pool,
+            device_name=d.device,
+            cdi_device_ids=list(d.cdi_ids),
+            share_id=d.share_id,
+        )
+        for d in prepared.devices
+    ]
+
+
+def health_report(
+    pool: str, inventory: Inventory, now_s: int
+) -> drahealth_pb2.NodeWatchResourcesResponse:
+    """Every device's health as the kubelet's health stream carries it."""
+    return drahealth_pb2.NodeWatchResourcesResponse(
+        devices=[
+            drahealth_pb2.DeviceHealth(
+                device=drahealth_pb2.DeviceIdentifier(
+                    pool_name=pool, device_name=names.dra_device_name(g.index)
+                ),
+                health=drahealth_pb2.UNHEALTHY
+                if g.uuid in inventory.unhealthy
+                else drahealth_pb2.HEALTHY,
+                last_updated_time=now_s,
+                message=inventory.unhealthy.get(g.uuid, ""),
+            )
+            for g in sorted(inventory.gpus, key=lambda g: g.index)
+        ]
+    )
+
+
+class HealthService(drahealth_pb2_grpc.DRAResourceHealthServicer):
+    """NodeWatchResources: the health of every GPU now, then after every change."""
+
+    def __init__(self, pool: str, inventory: LiveInventory, clock: Callable[[], float] = time.time):
+        self.pool = pool
+        self.inventory = inventory
+        self.clock = clock
+        self.stopping = threading.Event()
+
+    def NodeWatchResources(
+        self, request: drahealth_pb2.NodeWatchResourcesRequest, context: grpc.ServicerContext
+    ) -> Iterator[drahealth_pb2.NodeWatchResourcesResponse]:
+        version, inventory = self.inventory.snapshot()
+        yield health_report(self.pool, inventory, int(self.clock()))
+        done = lambda: self.stopping.is_set() or not context.is_active()  # noqa: E731
+        while not done():
+            newer = self.inventory.wait_newer(version, done, HEALTH_WAIT_S)
+            if newer is not None:
+                version, inventory = newer
+                yield health_report(self.pool, inventory, int(self.clock()))
+
+
+class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):
+    """GetInfo names the driver and its endpoint; a successful registration calls `registered`."""
+
+    def __init__(self, endpoint: str, registered: Callable[[], None]) -> None:
+        self.endpoint = endpoint
+        self.registered = registered
+        self.count = 0
+        self.last_error = ""
+
+    def GetInfo(
+        self, request: pluginregistration_pb2.InfoRequest, context: grpc.ServicerContext
+    ) -> pluginregistration_pb2.PluginInfo:
+        return pluginregistration_pb2.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=names.DRA_DRIVER,
+            endpoint=self.endpoint,
+            supported_versions=list(VERSIONS),
+        )
+
+    def NotifyRegistrationStatus(
+        self, request: pluginregistration_pb2.RegistrationStatus, context: grpc.ServicerContext
+    ) -> pluginregistration_pb2.RegistrationStatusResponse:
+        if request.plugin_registered:
+            self.count += 1
+            self.last_error = ""
+            log.info("registered with the kubelet (registration %d)", self.count)
+            self.registered()
+        else:
+            self.last_error = request.error
+            log.error("the kubelet refused the registration: %s", request.error)
+        return pluginregistration_pb2.RegistrationStatusResponse()

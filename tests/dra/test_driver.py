@@ -1,0 +1,203 @@
+"""The driver against the kubelet stub: registration, slices, prepare/unprepare, record, health."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from baton.contract import names
+from deviceplugin.devices import NodeGpu
+from dra.cdi import spec_path
+from dra.daemon import Driver, Settings
+from dra.runtime import ON
+from dra.slices import slice_name
+from tests.dra.test_slices import Slices
+from tests.harness.drakubelet import DraKubeletStub
+
+GPUS = [NodeGpu("GPU-a", 0, "Fake", 81920), NodeGpu("GPU-b", 1, "Fake", 81920)]
+WAIT_S = 10.0
+
+
+class Claims:
+    """ResourceClaims by namespace/name."""
+
+    def __init__(self) -> None:
+        self.items: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def add(self, namespace: str, name: str, uid: str, *devices: str) -> None:
+        results = [
+            {
+                "request": "gpu",
+                "driver": names.DRA_DRIVER,
+                "pool": "n1",
+                "device": d,
+                "shareID": f"share-{d}",
+                "consumedCapacity": {"memory": "30Gi", "duty": "30", "slots": "1"},
+            }
+            for d in devices
+        ]
+        self.items[(namespace, name)] = {
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+            "status": {"allocation": {"devices": {"results": results}}},
+        }
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return self.items[(namespace, name)]
+        except KeyError:
+            raise LookupError("the claim no longer exists") from None
+
+
+def _settings(tmp: Path, runtime_cdi: str = ON) -> Settings:
+    return Settings(
+        node_name="n1",
+        plugins_dir=tmp / "plugins",
+        registry_dir=tmp / "plugins_registry",
+        cdi_dir=tmp / "cdi",
+        state_dir=tmp / "state",
+        metrics_host="127.0.0.1",
+        metrics_port=0,
+        runtime_cdi=runtime_cdi,
+    )
+
+
+@pytest.fixture
+def tmp(tmp_path: Path) -> Path:
+    # unix socket paths must stay short
+    return tmp_path
+
+
+def _start(tmp: Path, claims: Claims, slices: Slices, runtime_cdi: str = ON) -> Driver:
+    driver = Driver(_settings(tmp, runtime_cdi), GPUS, True, slices=slices, claims=claims)
+    driver.start()
+    return driver
+
+
+@pytest.fixture
+def world(tmp: Path) -> Iterator[tuple[Driver, DraKubeletStub, Claims, Slices]]:
+    claims, slices = Claims(), Slices()
+    driver = _start(tmp, claims, slices)
+    kubelet = DraKubeletStub(tmp / "plugins_registry")
+    yield driver, kubelet, claims, slices
+    kubelet.close()
+    driver.stop()
+
+
+def test_registration_publishes_the_slice_and_opens_health(world: Any) -> None:
+    driver, kubelet, _, slices = world
+    info = kubelet.register()
+    assert info.name == names.DRA_DRIVER and "v1.DRAPlugin" in info.supported_versions
+    assert driver.publisher.published.wait(WAIT_S)
+    assert slice_name("n1") in slices.items
+    assert kubelet.wait_health(1)
+    first = kubelet.health_reports[0]
+    assert [(d.device.device_name, d.health) for d in first.devices] == [("gpu-0", 1), ("gpu-1", 1)]
+
+
+def test_kubelet_restart_deletes_slices_and_registration_publishes_again(world: Any) -> None:
+    driver, kubelet, _, slices = world
+    kubelet.register()
+    assert driver.publisher.published.wait(WAIT_S)
+    slices.items.clear()
+    kubelet.close()
+    kubelet.register()
+    assert driver.publisher.published.wait(WAIT_S)
+    assert slice_name("n1") in slices.items and driver.registration.count == 2
+
+
+def test_prepare_writes_the_claims_spec_and_unprepare_removes_it(world: Any, tmp: Path) -> None:
+    _, kubelet, claims, _ = world
+    kubelet.register()
+    claims.add("ns", "c1", "uid-1", "gpu-1")
+    answer = kubelet.prepare(("ns", "uid-1", "c1")).claims["uid-1"]
+    assert answer.error == ""
+    (device,) = answer.devices
+    assert (device.pool_name, device.device_name, device.share_id) == ("n1", "gpu-1", "share-gpu-1")
+    assert list(device.cdi_device_ids) == [f"{names.CDI_KIND_CLAIM}=uid-1"]
+    spec = json.loads(spec_path(tmp / "cdi", "uid-1").read_text())
+    edits = spec["devices"][0]["containerEdits"]
+    assert f"{names.ENV_GPUS}=GPU-b" in edits["env"]
+    assert f"{names.ENV_AGENT_SOCKET}={names.AGENT_SOCKET}" in edits["env"]
+    assert edits["mounts"][0]["hostPath"] == names.AGENT_SOCKET_DIR
+    assert kubelet.unprepare(("ns", "uid-1", "c1")).claims["uid-1"].error == ""
+    assert not spec_path(tmp / "cdi", "uid-1").exists()
+    assert kubelet.unprepare(("ns", "uid-1", "c1")).claims["uid-1"].error == "", "idempotent"
+
+
+def test_prepared_claims_survive_a_driver_restart(tmp: Path) -> None:
+    claims, slices = Claims(), Slices()
+    claims.add("ns", "c1", "uid-1", "gpu-0")
+    driver = _start(tmp, claims, slices)
+    kubelet = DraKubeletStub(tmp / "plugins_registry")
+    kubelet.register()
+    first = kubelet.prepare(("ns", "uid-1", "c1")).claims["uid-1"]
+    kubelet.close()
+    driver.stop()
+    (tmp / "cdi" / "baton-claim-orphan.json").write_text("{}")
+    del claims.items[("ns", "c1")]  # the answer must now come from the record
+    driver = _start(tmp, claims, slices)
+    try:
+        kubelet.register()
+        assert not (tmp / "cdi" / "baton-claim-orphan.json").exists(), "orphans are removed"
+        again = kubelet.prepare(("ns", "uid-1", "c1")).claims["uid-1"]
+        assert again == first
+        assert spec_path(tmp / "cdi", "uid-1").exists()
+        kubelet.unprepare(("ns", "uid-1", "c1"))
+        assert not spec_path(tmp / "cdi", "uid-1").exists()
+    finally:
+        kubelet.close()
+        driver.stop()
+
+
+def test_prepare_refused_where_the_runtime_cannot_apply_cdi(tmp: Path) -> None:
+    claims, slices = Claims(), Slices()
+    claims.add("ns", "c1", "uid-1", "gpu-0")
+    driver = _start(tmp, claims, slices, runtime_cdi="auto")
+    driver._node = {"status": {"nodeInfo": {"containerRuntimeVersion": "containerd://1.6.20"}}}
+    kubelet = DraKubeletStub(tmp / "plugins_registry")
+    try:
+        kubelet.register()
+        answer = kubelet.prepare(("ns", "uid-1", "c1")).claims["uid-1"]
+        assert "containerd 1.6 cannot apply CDI devices" in answer.error
+        assert not spec_path(tmp / "cdi", "uid-1").exists()
+    finally:
+        kubelet.close()
+        driver.stop()
+
+
+def test_prepare_errors_per_claim(world: Any) -> None:
+    driver, kubelet, claims, _ = world
+    kubelet.register()
+    claims.add("ns", "ok", "uid-ok", "gpu-0")
+    claims.add("ns", "sick", "uid-sick", "gpu-1")
+    claims.add("ns", "stale", "uid-new", "gpu-0")
+    driver.health.on_xid("GPU-b", 79)
+    answer = kubelet.prepare(
+        ("ns", "uid-ok", "ok"),
+        ("ns", "uid-sick", "sick"),
+        ("ns", "uid-old", "stale"),
+        ("ns", "uid-gone", "gone"),
+    ).claims
+    assert answer["uid-ok"].error == ""
+    assert "GPU gpu-1 (GPU-b) is unhealthy (XID 79)" in answer["uid-sick"].error
+    assert "it was replaced" in answer["uid-old"].error
+    assert "no longer exists" in answer["uid-gone"].error
+
+
+def test_health_stream_reports_an_xid_and_the_slice_taints_the_gpu(world: Any) -> None:
+    driver, kubelet, _, slices = world
+    kubelet.register()
+    assert kubelet.wait_health(1) and driver.publisher.published.wait(WAIT_S)
+    driver.health.on_xid("GPU-a", 79)
+    assert kubelet.wait_health(2)
+    report = {
+        d.device.device_name: (d.health, d.message) for d in kubelet.health_reports[-1].devices
+    }
+    assert report["gpu-0"] == (2, "XID 79") and report["gpu-1"][0] == 1
+    assert driver.publisher.published.wait(WAIT_S)
+    devices = slices.items[slice_name("n1")]["spec"]["devices"]
+    assert "taints" in devices[0] and "taints" not in devices[1]

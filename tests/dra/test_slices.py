@@ -1,0 +1,92 @@
+"""The ResourceSlice the driver publishes, and how it is kept current."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from baton.contract import names
+from deviceplugin.devices import Inventory, NodeGpu
+from deviceplugin.state import LiveInventory
+from dra.publisher import publish_once
+from dra.slices import TAINT_UNHEALTHY, resource_slice, slice_name
+
+GPUS = (NodeGpu("GPU-a", 0, "H100", 81920), NodeGpu("GPU-b", 1, "H100", 81920))
+
+
+def test_one_shareable_device_per_gpu_with_capacities() -> None:
+    body = resource_slice("n1", Inventory(GPUS, 4), 3, node_uid="u1")
+    spec = body["spec"]
+    assert spec["driver"] == names.DRA_DRIVER and spec["nodeName"] == "n1"
+    assert spec["pool"] == {"name": "n1", "generation": 3, "resourceSliceCount": 1}
+    assert body["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    first = spec["devices"][0]
+    assert first["name"] == "gpu-0" and first["allowMultipleAllocations"] is True
+    assert first["attributes"]["uuid"] == {"string": "GPU-a"}
+    gib80 = 81920 * names.MIB
+    memory = first["capacity"]["memory"]
+    assert memory["value"] == str(4 * gib80), "memory beyond the GPU's is parked: slots x GPU"
+    assert memory["requestPolicy"]["validRange"]["max"] == str(gib80)
+    assert memory["requestPolicy"]["default"] == str(gib80)
+    duty = first["capacity"]["duty"]
+    assert duty["value"] == "100" and duty["requestPolicy"]["default"] == "25"
+    slots = first["capacity"]["slots"]
+    assert slots["value"] == "4" and slots["requestPolicy"]["validValues"] == ["1"]
+    assert "taints" not in first
+
+
+def test_unhealthy_gpu_is_tainted_not_removed() -> None:
+    inventory = Inventory(GPUS, 2).with_health("GPU-b", False, "XID 79")
+    devices = resource_slice("n1", inventory, 1)["spec"]["devices"]
+    assert [d["name"] for d in devices] == ["gpu-0", "gpu-1"]
+    assert devices[1]["taints"] == [
+        {"key": TAINT_UNHEALTHY, "value": "true", "effect": "NoSchedule"}
+    ]
+
+
+class Slices:
+    """This driver's slices on one node, as the API server keeps them."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, dict[str, Any]] = {}
+        self.calls: list[str] = []
+
+    def list_slices(self) -> list[dict[str, Any]]:
+        return [copy.deepcopy(s) for s in self.items.values()]
+
+    def create_slice(self, body: dict[str, Any]) -> None:
+        self.calls.append("create")
+        self.items[body["metadata"]["name"]] = copy.deepcopy(body)
+
+    def replace_slice(self, name: str, body: dict[str, Any]) -> None:
+        self.calls.append("replace")
+        self.items[name] = copy.deepcopy(body)
+
+    def delete_slice(self, name: str) -> None:
+        self.calls.append(f"delete {name}")
+        del self.items[name]
+
+
+def test_publish_creates_then_bumps_generation_on_health_change() -> None:
+    api, live = Slices(), LiveInventory(Inventory(GPUS, 4))
+    assert publish_once(api, "n1", live, "") == "created"
+    assert publish_once(api, "n1", live, "") == "unchanged"
+    live.set_health("GPU-a", False, "XID 48")
+    assert publish_once(api, "n1", live, "") == "replaced"
+    spec = api.items[slice_name("n1")]["spec"]
+    assert spec["pool"]["generation"] == 2
+    assert "taints" in spec["devices"][0]
+
+
+def test_publish_after_the_kubelet_deleted_the_slice_creates_it_again() -> None:
+    api, live = Slices(), LiveInventory(Inventory(GPUS, 4))
+    publish_once(api, "n1", live, "")
+    api.items.clear()  # the kubelet deletes its node's slices when it starts
+    assert publish_once(api, "n1", live, "") == "created"
+
+
+def test_publish_removes_only_its_own_stale_slices() -> None:
+    api, live = Slices(), LiveInventory(Inventory(GPUS, 4))
+    api.items["n1-old-name"] = {"metadata": {"name": "n1-old-name"}, "spec": {}}
+    publish_once(api, "n1", live, "")
+    assert api.calls == ["delete n1-old-name", "create"]
