@@ -150,9 +150,15 @@ class FakeBackend(Backend):
         """Per GPU residency from which files exist."""
         tdir = self._dir(tenant_id)
         st = TenantState(tenant_id)
-        for gpu in self.gpus:
-            size = self.footprint(tenant_id, gpu)
-            if (tdir / f"{gpu}{HOST_SUFFIX}").exists():
+        meta = tdir / "meta.json"
+        footprint = read_json(meta).get("footprint", {}) if meta.exists() else {}
+        if not isinstance(footprint, dict):
+            footprint = {}
+        names = set(os.listdir(tdir)) if tdir.is_dir() else set()
+        for gpu in self.gpus:  # one read and one listing per tenant: the preparer asks for all
+            size = int(footprint.get(gpu, 0))
+            host = f"{gpu}{HOST_SUFFIX}"
+            if host in names and (tdir / host).exists():
                 st.residency[gpu] = Residency.PARKED
                 st.parked_bytes += size
             elif size:

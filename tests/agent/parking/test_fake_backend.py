@@ -77,6 +77,24 @@ def test_footprint_memory_limit_and_tenants_come_from_the_tenants_allocation(bac
     assert backend.tenants() == []
 
 
+def test_a_tenants_state_reads_its_allocation_once_however_many_gpus(fake_root, monkeypatch):
+    """The preparer reads every tenant's state at each turn: one file read per tenant, not one
+    per GPU of the node (eight reads each on an eight-GPU node slowed every handover)."""
+    gpus = {f"GPU-{i}": 100 * MIB for i in range(8)}
+    b = FakeBackend(fake_root, gpus, scale=SCALE)
+    mem = FakeGpuMemory("t1", b.root)
+    mem.allocate("GPU-3", 32)
+    b.park("t1", "GPU-3")
+    reads: list[Path] = []
+    real = fake.read_json
+    monkeypatch.setattr(fake, "read_json", lambda path: reads.append(path) or real(path))
+    st = b.state("t1")
+    assert st.residency == {"GPU-3": Residency.PARKED} and st.parked_bytes == 32 * MIB
+    assert st.footprint_bytes == {"GPU-3": 32 * MIB}
+    assert len(reads) == 1
+    b.close()
+
+
 def test_the_bandwidth_model_stretches_a_move(fake_root):
     b = FakeBackend(fake_root, {GPU: 100 * MIB}, scale=SCALE, pcie_gbps=1.0)
     tenant(b, mib=64)
