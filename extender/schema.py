@@ -121,7 +121,7 @@ META_VICTIMS: Schema = {
                 },
             }
         ),
-        "NumPDBViolations": {"type": "integer"},
+        "NumPDBViolations": {"type": "integer", "format": "int64"},
     },
 }
 
@@ -129,7 +129,7 @@ VICTIMS: Schema = {
     "type": "object",
     "properties": {
         "Pods": _nullable({"type": "array", "maxItems": 3, "items": POD}),
-        "NumPDBViolations": {"type": "integer"},
+        "NumPDBViolations": {"type": "integer", "format": "int64"},
     },
 }
 
