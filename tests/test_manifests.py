@@ -32,9 +32,10 @@ BUILDS = [
     "overlays/kind-examples",
     "overlays/local",
     "overlays/local-examples",
+    "overlays/dra",
 ]
 REFERENCE_FIELDS = ("resources", "bases", "patchesStrategicMerge", "components")
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass"}
 Obj = dict[str, Any]
 
 
@@ -207,12 +208,12 @@ def test_daemon_env_vars_are_flags_of_their_commands() -> None:
     base = [MANIFESTS / "base" / f"{name}.yaml" for name in ("agent", "deviceplugin")]
     for path in [*base, *_overlay_patches()]:
         for doc in load_all(path):
-            if doc["kind"] not in ("DaemonSet", "Deployment"):
-                continue
+            if doc["kind"] not in ("DaemonSet", "Deployment") or "spec" not in doc:
+                continue  # a `$patch: delete` has no spec
             for name, container in containers(doc).items():
                 if name == "kube-scheduler":  # the local overlay's patch of baton-scheduler
                     continue
-                command = base_commands[name]
+                command = base_commands.get(name) or container["args"][0]
                 read = _options(command)
                 for var in env_names(container):
                     if var.startswith("BATON_") or var == "NODE_NAME":
@@ -346,6 +347,28 @@ def test_monitoring_overlay_has_scrapes_and_the_dashboard() -> None:
     (dashboard,) = by_kind(objects, "ConfigMap").values()
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert yaml.safe_load(dashboard["data"]["baton.json"])["title"]
+
+
+def test_dra_overlay_swaps_the_device_plugin_for_the_driver() -> None:
+    objects = build("overlays/dra")
+    assert set(by_kind(objects, "DaemonSet")) == {"baton-agent", "baton-dra"}
+    driver = by_kind(objects, "DaemonSet")["baton-dra"]
+    assert containers(driver)["dra"]["args"] == ["dra"]
+    assert driver["spec"]["template"]["spec"]["serviceAccountName"] in by_kind(
+        objects, "ServiceAccount"
+    )
+    (device_class,) = by_kind(objects, "DeviceClass").values()
+    assert device_class["metadata"]["name"] == names.DRA_DEVICE_CLASS
+    assert device_class["spec"]["extendedResourceName"] == names.RESOURCE_GPU
+    rules = by_kind(objects, "ClusterRole")["baton-dra"]["rules"]
+    assert {r for rule in rules for r in rule["resources"]} == {
+        "resourceslices",
+        "resourceclaims",
+        "nodes",
+    }
+    configmaps = by_kind(objects, "ConfigMap")
+    (config,) = [c for n, c in configmaps.items() if n.startswith("baton-scheduler-config")]
+    assert "bindVerb" not in config["data"]["config.yaml"], "the scheduler binds on DRA"
 
 
 def test_hack_scripts_pass_shellcheck() -> None:
