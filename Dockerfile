@@ -10,6 +10,7 @@ COPY pyproject.toml README.md ./
 COPY baton ./baton
 COPY agent ./agent
 COPY deviceplugin ./deviceplugin
+COPY dra ./dra
 COPY extender ./extender
 RUN python -m venv /opt/baton \
     && /opt/baton/bin/pip install --no-cache-dir --upgrade pip \

@@ -14,7 +14,12 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = sorted([README, *DOCS.glob("*.md")])
-DAEMON_PAGES = {"agent": "agent.md", "extender": "extender.md", "deviceplugin": "deviceplugin.md"}
+DAEMON_PAGES = {
+    "agent": "agent.md",
+    "extender": "extender.md",
+    "deviceplugin": "deviceplugin.md",
+    "dra": "dra.md",
+}
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 

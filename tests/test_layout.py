@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("agent", "baton", "extender", "deviceplugin")
+PACKAGES = ("agent", "baton", "extender", "deviceplugin", "dra")
 GENERATED = "baton._pb"
 MAX_LINES = 400
 TOOLS = ("baton.cli", "baton.bench", "baton.demo", "baton.status", "baton.localnode")
-DAEMONS = ("agent", "extender", "deviceplugin")
+DAEMONS = ("agent", "extender", "deviceplugin", "dra")
 CORE_MAY_IMPORT = ("agent.core", "baton.contract.names")
 CLIENT_MUST_NOT_IMPORT = ("agent.server", "agent.node", "agent.parking", "agent.core")
 
