@@ -3,6 +3,9 @@
 Feed `event()` with the agent's events (WatchEvents) and `move()` with completed parks and
 restores, in any order; `check()` replays them in time order and returns the violations and
 the figures (turns per tenant, Jain's fairness index, handoffs per second, longest wait).
+With a `WaitBound` (`agent.core.waitbound`, the bound fifo and lrs keep), each waiter is judged
+on its own: no more turns ahead of it than the policy allows, a wait within the bound for the
+turns it actually waited behind, and no contended turn held past the maximum.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+from agent.core.waitbound import WaitBound
 
 PARK = "park"
 RESTORE = "restore"
@@ -44,6 +49,8 @@ class Report:
     parks: int
     restores: int
     revocations: int
+    handovers: list[float] = field(default_factory=list)
+    """Seconds from each turn's end to the next grant on the same GPU."""
 
     @property
     def handoffs_per_s(self) -> float:
@@ -61,8 +68,15 @@ class Report:
             "parks": self.parks,
             "restores": self.restores,
             "revocations": self.revocations,
+            "handover_p99_s": round(_quantile(self.handovers, 0.99), 3),
+            "handover_max_s": round(max(self.handovers, default=0.0), 3),
             "violations": len(self.violations),
         }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else 0.0
 
 
 def jain(values: Iterable[float]) -> float:
@@ -89,23 +103,47 @@ class InvariantChecker:
         """A completed park or restore of one tenant on one GPU."""
         self._records.append(Record(ended, 0, direction, tenant_id, (gpu,), started=started))
 
-    def check(self, max_wait: float) -> Report:
-        """Replay everything in time order; every broken promise becomes a violation."""
-        replay = _Replay(max_wait)
+    def check(self, max_wait: float | None = None, bound: WaitBound | None = None) -> Report:
+        """Replay everything in time order; every broken promise becomes a violation.
+
+        `max_wait` caps every wait alike; `bound` judges each waiter by its queue position."""
+        sharing: dict[str, set[str]] = defaultdict(set)
+        for record in self._records:
+            for gpu in record.gpus if record.kind in ("queued", "granted") else ():
+                sharing[gpu].add(record.tenant_id)
+        replay = _Replay(max_wait, bound, sharing)
         for record in sorted(self._records, key=lambda r: (r.at, r.order)):
             replay.apply(record)
         return replay.report()
 
 
+class _Waiting(NamedTuple):
+    """A waiter as the replay follows it: when and for what it queued, where the turn log
+    stood then, and the tenants holding its GPUs at that moment."""
+
+    at: float
+    gpus: tuple[str, ...]
+    log_at: int
+    holders: frozenset[str]
+
+
 class _Replay:
-    def __init__(self, max_wait: float) -> None:
+    def __init__(
+        self, max_wait: float | None, bound: WaitBound | None, sharing: dict[str, set[str]]
+    ) -> None:
         self.max_wait = max_wait
+        self.bound = bound
+        self.sharing = sharing
+        self.log: list[tuple[str, str, tuple[str, ...]]] = []  # (kind, tenant, gpus)
+        self.granted_at: dict[str, float] = {}  # gpu -> when its holder's turn began
+        self.ended_at: dict[str, float] = {}  # gpu -> when its last turn ended
+        self.handovers: list[float] = []
         self.violations: list[str] = []
         self.holder: dict[str, tuple[str, str]] = {}  # gpu -> (tenant, lease)
         self.token: dict[str, int] = defaultdict(int)
         self.last_tenant: dict[str, str] = {}
         self.parked: set[tuple[str, str]] = set()  # (tenant, gpu)
-        self.queued: dict[str, float] = {}
+        self.queued: dict[str, _Waiting] = {}
         self.turns: dict[str, int] = defaultdict(int)
         self.counts: dict[str, int] = defaultdict(int)
         self.longest = 0.0
@@ -128,7 +166,8 @@ class _Replay:
         self.parked.discard((r.tenant_id, r.gpus[0]))
 
     def on_queued(self, r: Record) -> None:
-        self.queued[r.tenant_id] = r.at
+        holders = frozenset(self.holder[g][0] for g in r.gpus if g in self.holder)
+        self.queued[r.tenant_id] = _Waiting(r.at, r.gpus, len(self.log), holders - {r.tenant_id})
 
     def on_granted(self, r: Record) -> None:
         self.turns[r.tenant_id] += 1
@@ -154,15 +193,42 @@ class _Replay:
                 self.counts["handoffs"] += 1
             self.last_tenant[gpu] = r.tenant_id
             self.holder[gpu] = (r.tenant_id, r.lease_id)
-        since = self.queued.pop(r.tenant_id, None)
-        if since is not None:
-            waited = r.at - since
-            self.longest = max(self.longest, waited)
-            if waited > self.max_wait:
-                self.violations.append(
-                    f"{r.at:.3f}: {r.tenant_id} waited {waited:.2f} s "
-                    f"(policy allows {self.max_wait:.2f} s)"
-                )
+            self.granted_at[gpu] = r.at
+            if gpu in self.ended_at:
+                self.handovers.append(r.at - self.ended_at.pop(gpu))
+        waiting = self.queued.pop(r.tenant_id, None)
+        if waiting is not None:
+            self._judge_wait(r, waiting)
+        self.log.append(("granted", r.tenant_id, r.gpus))
+
+    def _judge_wait(self, r: Record, waiting: _Waiting) -> None:
+        waited = r.at - waiting.at
+        self.longest = max(self.longest, waited)
+        if self.max_wait is not None and waited > self.max_wait:
+            self.violations.append(
+                f"{r.at:.3f}: {r.tenant_id} waited {waited:.2f} s "
+                f"(policy allows {self.max_wait:.2f} s)"
+            )
+        if self.bound is None:
+            return
+        mine = set(waiting.gpus)
+        during = [(k, t) for k, t, gpus in self.log[waiting.log_at :] if mine & set(gpus)]
+        ahead = len(waiting.holders) + sum(k == "granted" for k, _ in during)
+        resumed = sum(k == "revoked" for k, _ in during)
+        sharing = len(set().union(*(self.sharing[g] for g in mine)) - {r.tenant_id})
+        allowed = self.bound.turns_ahead(sharing, resumed)
+        if ahead > allowed:
+            self.violations.append(
+                f"{r.at:.3f}: {r.tenant_id} waited behind {ahead} turns on "
+                f"{', '.join(waiting.gpus)}; the policy allows {allowed} ({sharing} tenants "
+                f"share them, {resumed} revoked holders resumed)"
+            )
+        longest = self.bound.longest_wait(ahead)
+        if waited > longest:
+            self.violations.append(
+                f"{r.at:.3f}: {r.tenant_id} waited {waited:.2f} s behind {ahead} turns "
+                f"(the bound allows {longest:.2f} s)"
+            )
 
     def on_yielded(self, r: Record) -> None:
         self._end(r)
@@ -170,8 +236,12 @@ class _Replay:
     def on_revoked(self, r: Record) -> None:
         self.counts["holder_parks_revoked"] += sum((r.tenant_id, g) in self.parked for g in r.gpus)
         self._end(r)
+        self.log.append(("revoked", r.tenant_id, r.gpus))
 
     def on_expired(self, r: Record) -> None:
+        self.queued.pop(r.tenant_id, None)
+
+    def on_cancelled(self, r: Record) -> None:
         self.queued.pop(r.tenant_id, None)
 
     def on_tenant_gone(self, r: Record) -> None:
@@ -181,11 +251,30 @@ class _Replay:
                 del self.holder[gpu]
 
     def _end(self, r: Record) -> None:
+        if self.bound is not None:
+            self._judge_hold(r)
         for gpu in r.gpus:
+            self.granted_at.pop(gpu, None)
+            self.ended_at[gpu] = r.at
             held = self.holder.pop(gpu, None)
             if held != (r.tenant_id, r.lease_id):
                 self.violations.append(
                     f"{r.at:.3f}: {r.kind} of {gpu} by {r.tenant_id}, holder was {held}"
+                )
+
+    def _judge_hold(self, r: Record) -> None:
+        """A turn others waited for ends by the time its maximum hold allows."""
+        assert self.bound is not None
+        for gpu in r.gpus:
+            began = self.granted_at.get(gpu)
+            waits = [w.at for t, w in self.queued.items() if t != r.tenant_id and gpu in w.gpus]
+            if began is None or not waits:
+                continue
+            deadline = self.bound.turn_ends_by(began, min(waits))
+            if r.at > deadline:
+                self.violations.append(
+                    f"{r.at:.3f}: {r.tenant_id} held {gpu} {r.at - began:.2f} s while others "
+                    f"waited, {r.at - deadline:.2f} s past its maximum hold and a handover"
                 )
 
     def report(self) -> Report:
@@ -205,4 +294,5 @@ class _Replay:
             parks=self.counts[PARK],
             restores=self.counts[RESTORE],
             revocations=self.counts["revoked"],
+            handovers=self.handovers,
         )

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from agent.core.waitbound import WaitBound
 from tests.harness.agent import ROOT
 from tests.harness.lines import JsonLines
 
@@ -107,8 +108,8 @@ def run_agent_load(
         for p in procs:
             p.kill()
         node.stop()
-    per_gpu = -(-tenants // gpus)
-    allowed = (per_gpu - 1) * (max_hold + 1.0) + 1.0
+    bound = WaitBound(max_hold)
+    allowed = bound.longest_wait(bound.turns_ahead(sharing=-(-tenants // gpus) - 1))
     errors = [f"t{i}: {e}" for i, s in enumerate(summaries) for e in s["errors"]]
     verified = sum(int(s["verified"]) for s in summaries)
-    return LoadResult(node.checker.check(max_wait=allowed), errors, verified, allowed)
+    return LoadResult(node.checker.check(bound=bound), errors, verified, allowed)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from agent.core.waitbound import WaitBound
+
 from .checker import InvariantChecker, jain
 
 G = "GPU-0"
@@ -56,3 +58,72 @@ def test_parking_a_holder_is_a_violation_unless_it_is_revoked():
 def test_jain_index():
     assert jain([5, 5, 5, 5]) == 1.0
     assert jain([1, 0, 0, 0]) == 0.25
+
+
+def turn(c: InvariantChecker, tenant: str, start: float, end: float, token: int) -> None:
+    """A whole turn of `tenant` on G (queued 10 ms before its grant), ended by a yield."""
+    granted(c, start, tenant, f"l{token}", token)
+    c.event("yielded", tenant, end, gpus=[G], lease_id=f"l{token}")
+
+
+BOUND = WaitBound(max_hold=1.0, handover=0.5)
+
+
+def test_a_waiter_is_held_to_the_bound_of_the_turns_ahead_of_it():
+    c = InvariantChecker()
+    c.event("queued", "w", 0.0, gpus=[G])
+    turn(c, "a", 0.1, 1.0, 1)
+    turn(c, "b", 1.1, 2.0, 2)
+    c.event("granted", "w", 2.2, gpus=[G], lease_id="l3", tokens={G: 3})
+    assert c.check(bound=BOUND).violations == []
+    c = InvariantChecker()
+    c.event("queued", "w", 0.0, gpus=[G])
+    turn(c, "a", 0.1, 1.0, 1)
+    c.event("granted", "w", 2.2, gpus=[G], lease_id="l2", tokens={G: 2})  # slack: 1 x 1.5 + 0.5
+    assert (
+        "waited 2.20 s behind 1 turns (the bound allows 2.00 s)"
+        in c.check(bound=BOUND).violations[0]
+    )
+
+
+def test_a_skipped_waiter_is_caught_and_a_revoked_holders_resumed_turn_is_not():
+    c = InvariantChecker()
+    c.event("queued", "w", 0.0, gpus=[G])
+    turn(c, "a", 0.1, 0.2, 1)
+    turn(c, "b", 0.3, 0.4, 2)
+    turn(c, "a", 0.5, 0.6, 3)  # a again, while w still waits: w was skipped
+    c.event("granted", "w", 0.7, gpus=[G], lease_id="l4", tokens={G: 4})
+    violations = c.check(bound=BOUND).violations
+    assert violations == [
+        "0.700: w waited behind 3 turns on GPU-0; the policy allows 2 "
+        "(2 tenants share them, 0 revoked holders resumed)"
+    ]
+    c = InvariantChecker()
+    c.event("queued", "w", 0.0, gpus=[G])
+    granted(c, 0.1, "a", "l1", 1)
+    c.move("park", "a", G, 1.15, 1.2)
+    c.event("revoked", "a", 1.2, gpus=[G], lease_id="l1")
+    turn(c, "b", 1.3, 1.4, 2)
+    c.move("restore", "a", G, 1.4, 1.45)
+    c.event("granted", "a", 1.5, gpus=[G], lease_id="l3", tokens={G: 3})  # handed back
+    c.event("yielded", "a", 1.6, gpus=[G], lease_id="l3")
+    c.event("granted", "w", 1.7, gpus=[G], lease_id="l4", tokens={G: 4})
+    assert c.check(bound=BOUND).violations == []
+
+
+def test_a_holder_kept_past_its_maximum_while_others_wait_is_caught():
+    c = InvariantChecker()
+    granted(c, 0.0, "a", "l1", 1)
+    c.event("queued", "w", 0.5, gpus=[G])
+    c.event("yielded", "a", 1.6, gpus=[G], lease_id="l1")  # the maximum ran out at 1.0
+    c.event("granted", "w", 1.7, gpus=[G], lease_id="l2", tokens={G: 2})
+    assert c.check(bound=BOUND).violations == [
+        "1.600: a held GPU-0 1.60 s while others waited, 0.10 s past its maximum hold and a "
+        "handover"
+    ]
+    c = InvariantChecker()
+    granted(c, 0.0, "a", "l1", 1)
+    c.event("queued", "w", 5.0, gpus=[G])  # its maximum ran out unwatched: revoked from here
+    c.event("yielded", "a", 5.4, gpus=[G], lease_id="l1")
+    c.event("granted", "w", 5.5, gpus=[G], lease_id="l2", tokens={G: 2})
+    assert c.check(bound=BOUND).violations == []
