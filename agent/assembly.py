@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from agent.core.fair import FairConfig, FairShare
 from agent.core.leases import LeaseTable
 from agent.core.residency import TurnPreparer
 from agent.node.identity import (
@@ -70,7 +71,9 @@ class AgentConfig:
     debug_tcp_port: int = 0
     """Also serve gRPC on 127.0.0.1:<port> (0 = off). Calls still need a handshake token."""
     queue_policy: str = "fifo"
-    """Who is served next on a GPU: `fifo` or `lrs` (`agent.core.policy`)."""
+    """Who is served next on a GPU: `fifo`, `lrs` (`agent.core.policy`) or `fair`."""
+    fair: FairConfig = field(default_factory=FairConfig)
+    """With `fair`: the lower tiers' minimum share, the credit bound, the tier revoke grace."""
     max_hold: float = 60.0
     reconnect_grace: float = 10.0
     socket_mode: int = 0o660
@@ -118,7 +121,8 @@ def build_agent(
     def make_preparer(host: ParkingHost) -> TurnPreparer:
         return preparer or build_preparer(opts, host, backend)
 
-    table = LeaseTable(clock=time.time, policy=config.queue_policy, max_hold=config.max_hold)
+    order = FairShare(config.fair) if config.queue_policy == "fair" else config.queue_policy
+    table = LeaseTable(clock=time.time, policy=order, max_hold=config.max_hold)
     service = LeaseService(
         table=table,
         preparer=make_preparer,

@@ -45,6 +45,7 @@ class AsyncBaton:
         gpu_memory_mib: int = 0,
         gpu_duty: int = 0,
         memory_limit_bytes: int = 0,
+        priority: int = 0,
         on_park: Callback | None = None,
         on_restore: Callback | None = None,
         connect_timeout: float = 5.0,
@@ -56,7 +57,7 @@ class AsyncBaton:
             raise BatonError(f"unknown transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
         self.transport = transport
         """How the session travels: "direct" (frames on the handshake socket) or "grpc"."""
-        me = Identity.of(socket, gpus, name, gpu_memory_mib, gpu_duty, memory_limit_bytes)
+        me = Identity.of(socket, gpus, name, gpu_memory_mib, gpu_duty, memory_limit_bytes, priority)
         self.socket, self.gpus, self.name = me.socket, me.gpus, me.name
         self._registration = me.registration
         self._callbacks: dict[str, Callback] = {}

@@ -70,13 +70,14 @@ class BlockingSession:
         gpu_memory_mib: int = 0,
         gpu_duty: int = 0,
         memory_limit_bytes: int = 0,
+        priority: int = 0,
         on_park: Callback | None = None,
         on_restore: Callback | None = None,
         connect_timeout: float = 5.0,
         renew_interval: float = 2.0,
         reconnect: bool = True,
     ) -> None:
-        me = Identity.of(socket, gpus, name, gpu_memory_mib, gpu_duty, memory_limit_bytes)
+        me = Identity.of(socket, gpus, name, gpu_memory_mib, gpu_duty, memory_limit_bytes, priority)
         self.socket, self.gpus, self.name = me.socket, me.gpus, me.name
         self._registration = me.registration
         self._callbacks: dict[str, Callback] = {}

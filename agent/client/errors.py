@@ -16,6 +16,12 @@ class AgentUnavailable(BatonError, ConnectionError):
 class AcquireTimeout(BatonError, TimeoutError):
     """No turn within the timeout; the request has left the agent's queue."""
 
+    @property
+    def reason(self) -> str:
+        """Why it waited, as the agent last saw it (queue position, tier and share, or a
+        refusal with its numbers); empty if the agent gave none."""
+        return str(self).partition("it waited because ")[2]
+
 
 class PermissionDenied(BatonError, PermissionError):
     """The agent refused: the lease or GPU is another tenant's."""

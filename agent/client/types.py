@@ -70,6 +70,7 @@ class Identity:
         gpu_memory_mib: int,
         gpu_duty: int,
         memory_limit_bytes: int,
+        priority: int = 0,
     ) -> Identity:
         """From the client's arguments, falling back on the environment."""
         path = socket or os.environ.get(ENV_AGENT_SOCKET) or AGENT_SOCKET
@@ -82,6 +83,7 @@ class Identity:
             gpu_memory_mib=gpu_memory_mib,
             gpu_duty=gpu_duty,
             memory_limit_bytes=memory_limit_bytes,
+            priority=priority,
         )
         return cls(path, wanted, chosen, registration)
 

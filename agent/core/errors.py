@@ -39,6 +39,11 @@ class AcquireTimeout(AgentError):
     """The turn was not granted in time; the waiter has left the queue (DEADLINE_EXCEEDED)."""
 
 
+class WaitRefused(AcquireTimeout):
+    """Timed out while a refusal (the host budget, a quarantine, a failed park) kept the turn
+    from being prepared; the message has the numbers (llm-d's API: RESOURCE_EXHAUSTED)."""
+
+
 class NotRegistered(AgentError):
     """The caller's process belongs to no known tenant (FAILED_PRECONDITION)."""
 

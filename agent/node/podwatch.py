@@ -48,12 +48,19 @@ def pod_tenant(pod: Mapping[str, Any]) -> Tenant | None:
         gpu_memory_mib=request.memory_mib or 0,
         gpu_duty=int(request.duty or 0) or 100,
         memory_limit_bytes=request.memory_limit_bytes or 0,
+        priority=_priority(pod),
         source=POD,
         pod_uid=meta.get("uid", ""),
         labels={k: v for k, v in labels.items() if k.startswith(names.LABEL_PREFIX_LLMD)},
         container_gpus=per_container,
         containers=_container_ids(status or {}),
     )
+
+
+def _priority(pod: Mapping[str, Any]) -> int:
+    """The pod's priority (set from its PriorityClass by the API server); 0 when absent."""
+    value = (pod.get("spec") or {}).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _request(pod: Mapping[str, Any]) -> TenantRequest | None:

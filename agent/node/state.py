@@ -40,6 +40,8 @@ class PersistedState:
     parked: dict[str, Any] = field(default_factory=dict)
     """The parking backend's record: per tenant, which processes are parked with how many bytes
     on which GPU, and why a tenant is quarantined (confirmed with the driver after a restart)."""
+    accounting: dict[str, Any] = field(default_factory=dict)
+    """GPU-seconds and parked byte-seconds per tenant, namespace and tier (`Accounting`)."""
 
 
 class StateStore:
@@ -79,6 +81,7 @@ class StateStore:
             leases=[_lease_from_json(x) for x in data.get("leases", [])],
             tokens={k: int(v) for k, v in data.get("tokens", {}).items()},
             parked=dict(data.get("parked", {})),
+            accounting=dict(data.get("accounting", {})),
         )
 
     def save(self, state: PersistedState) -> None:
@@ -139,6 +142,7 @@ def _to_json(state: PersistedState) -> dict[str, Any]:
         "leases": [_lease_to_json(x) for x in state.leases],
         "tokens": dict(state.tokens),
         "parked": state.parked,
+        "accounting": state.accounting,
     }
 
 

@@ -26,6 +26,8 @@ class Tenant:
     gpu_memory_mib: int = 0
     gpu_duty: int = 100
     memory_limit_bytes: int = 0
+    priority: int = 0
+    """Its tier under the `fair` policy: a pod's PriorityClass value, or a local tenant's own."""
     source: str = LOCAL
     uid: int | None = None
     """The UID that registered a local tenant; only it (or root) may add processes."""
@@ -47,6 +49,7 @@ class Tenant:
             "gpu_memory_mib": self.gpu_memory_mib,
             "gpu_duty": self.gpu_duty,
             "memory_limit_bytes": self.memory_limit_bytes,
+            "priority": self.priority,
             "source": self.source,
             "uid": self.uid,
             "pids": sorted(self.pids),
@@ -116,6 +119,7 @@ class TenantRegistry:
         gpu_memory_mib: int = 0,
         gpu_duty: int = 100,
         memory_limit_bytes: int = 0,
+        priority: int = 0,
     ) -> Tenant:
         """Register the process `pid` as (part of) the local tenant `name`."""
         tenant_id = f"{LOCAL}/{name}"
@@ -130,6 +134,7 @@ class TenantRegistry:
                 gpu_memory_mib=gpu_memory_mib,
                 gpu_duty=gpu_duty,
                 memory_limit_bytes=memory_limit_bytes,
+                priority=priority,
                 uid=uid,
             )
             self.tenants[tenant_id] = tenant

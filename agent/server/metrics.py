@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from agent.server.accounting import Accounting
 from baton.contract.names import METRICS_PREFIX
 
 if TYPE_CHECKING:
@@ -42,7 +43,11 @@ class AgentMetrics:
             registry=self.registry,
         )
         self._busy: dict[str, float] = {}
-        self._turns: dict[str, deque[tuple[float, float]]] = {}
+        self._turns: dict[str, deque[tuple[float, float, str]]] = {}
+        self.accounting = Accounting()
+        """GPU-seconds and parked byte-seconds per tenant, namespace and tier (persisted)."""
+        self.tier_of: Callable[[str], int] = lambda tenant_id: 0
+        """A tenant's tier, for the accounting's labels (the service sets it)."""
 
     def granted(self, lease: Lease, waited: float) -> None:
         """A turn started."""
@@ -57,11 +62,12 @@ class AgentMetrics:
         for gpu in lease.gpus:
             self._busy[gpu] = self._busy.get(gpu, 0.0) + held
             turns = self._turns.setdefault(gpu, deque())
-            turns.append((lease.granted_at, now))
+            turns.append((lease.granted_at, now, lease.tenant_id))
             while turns and turns[0][1] < now - DUTY_WINDOW_S:
                 turns.popleft()
         if revoked:
             self.revocations.inc()
+        self.accounting.held(lease.tenant_id, self.tier_of(lease.tenant_id), len(lease.gpus), held)
         return held
 
     def watch(
@@ -83,12 +89,23 @@ class AgentMetrics:
         """Share of the last `DUTY_WINDOW_S` seconds the GPU was held, 0 to 1."""
         start = now - DUTY_WINDOW_S
         busy = sum(
-            max(0.0, min(end, now) - max(begin, start)) for begin, end in self._turns.get(gpu, ())
+            max(0.0, min(end, now) - max(begin, start))
+            for begin, end, _ in self._turns.get(gpu, ())
         )
         since = table.gpu(gpu).busy_since
         if since is not None:
             busy += max(0.0, now - max(since, start))
         return min(1.0, busy / DUTY_WINDOW_S)
+
+    def share_last_minute(self, gpu: str, tenant_id: str, now: float) -> float:
+        """Share of the last `DUTY_WINDOW_S` seconds of the GPU the tenant's ended turns took."""
+        start = now - DUTY_WINDOW_S
+        held = sum(
+            max(0.0, min(end, now) - max(begin, start))
+            for begin, end, who in self._turns.get(gpu, ())
+            if who == tenant_id
+        )
+        return min(1.0, held / DUTY_WINDOW_S)
 
 
 class _TableCollector(Collector):

@@ -17,6 +17,7 @@ from agent.node.state import StateStore
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.base import TenantRef
 from agent.parking.host import ParkingHost
+from agent.server.accounting import AccountingCollector
 from agent.server.metrics import AgentMetrics
 from agent.server.sessions import SessionRegistry
 from agent.server.turns import Granted, TurnService, lease_to_pb
@@ -71,6 +72,16 @@ class LeaseService(TurnService):
             policy_name=policy_name,
             sessions=sessions,
         )
+        self.metrics.tier_of = lambda t: u.tier if (u := table.usage.get(t)) else 0
+        collector = AccountingCollector(self.metrics.accounting, lambda: self.account())
+        self.metrics.registry.register(collector)
+
+    def account(self) -> None:
+        """Bring the parked byte-seconds up to now (before they are read or saved)."""
+        residency = self.preparer.status().get("tenants") or {}
+        parked = {t: int(e.get("parked_bytes") or 0) for t, e in residency.items()}
+        tiers = {t: u.tier for t, u in self.table.usage.items()}
+        self.metrics.accounting.parked(self._clock(), parked, tiers)
 
     def tenant_refs(self) -> dict[str, TenantRef]:
         """The tenants that count for parking, as the preparer reads them."""
@@ -81,6 +92,7 @@ class LeaseService(TurnService):
         if self._store is None:
             return
         saved = self._store.load()
+        self.metrics.accounting.load(saved.accounting)
         self.tenants.restore(saved.tenants)
         for gpu, token in saved.tokens.items():
             self.table.gpu(gpu).token = token
@@ -119,6 +131,7 @@ class LeaseService(TurnService):
             gpu_memory_mib=request.gpu_memory_mib,
             gpu_duty=request.gpu_duty or 100,
             memory_limit_bytes=request.memory_limit_bytes,
+            priority=request.priority,
         )
         for gpu in tenant.gpus:
             self.table.gpu(gpu)

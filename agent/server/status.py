@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent.server.service import LeaseService
+from agent.server.waits import standing
 
 
 def status_json(service: LeaseService, now: float) -> dict[str, Any]:
@@ -26,6 +27,7 @@ def status_json(service: LeaseService, now: float) -> dict[str, Any]:
                     "waited_s": round(now - w.enqueued_at, 6),
                     "resuming": w.front,
                     "blocked": w.blocked or None,
+                    **standing(table, service.metrics, w, now),
                 }
                 for w in table.queue_of(gpu)
             ],
@@ -35,8 +37,16 @@ def status_json(service: LeaseService, now: float) -> dict[str, Any]:
             "busy_seconds": round(service.metrics.busy_seconds(table, gpu, now), 6),
             "duty_last_minute": round(service.metrics.duty_last_minute(table, gpu, now), 4),
         }
+    service.account()
+    acct = service.metrics.accounting
     tenants = {
-        t.tenant_id: {**t.to_json(), "connected": service.sessions.connected(t.tenant_id)}
+        t.tenant_id: {
+            **t.to_json(),
+            "connected": service.sessions.connected(t.tenant_id),
+            "gpu_seconds": round(
+                sum(v for k, v in acct.gpu_seconds.items() if k[0] == t.tenant_id), 6
+            ),
+        }
         for t in service.tenants.tenants.values()
     }
     return {
@@ -46,4 +56,8 @@ def status_json(service: LeaseService, now: float) -> dict[str, Any]:
         "gpus": gpus,
         "tenants": tenants,
         "residency": service.preparer.status(),
+        "accounting": {
+            "gpu_seconds_by_namespace": {k: round(v, 6) for k, v in acct.by_namespace().items()},
+            **acct.to_json(),
+        },
     }

@@ -18,7 +18,12 @@ from typing import Any
 from agent.core import eager
 from agent.core import events as ev
 from agent.core.ahead import LookAhead
-from agent.core.errors import AcquireTimeout, InvalidGpus, NoLease, Quarantined, UnknownLease
+from agent.core.errors import (
+    InvalidGpus,
+    NoLease,
+    Quarantined,
+    UnknownLease,
+)
 from agent.core.leases import Lease, LeaseTable, Waiter
 from agent.core.residency import NoRoom, TurnPreparer
 from agent.node.state import PersistedState, StateStore
@@ -26,6 +31,7 @@ from agent.node.tenants import Tenant, TenantRegistry
 from agent.server.metrics import AgentMetrics
 from agent.server.revocations import Revocations
 from agent.server.sessions import SessionRegistry
+from agent.server.waits import lease_to_pb, standings, timed_out
 from baton._pb import agent_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -103,7 +109,9 @@ class TurnService:
                 f"tenant {tenant.tenant_id} was given GPUs [{', '.join(tenant.gpus)}]; "
                 f"it cannot acquire [{', '.join(foreign) or 'none'}]"
             )
-        waiter = self.table.enqueue(tenant.tenant_id, wanted, timeout=timeout, duty=tenant.gpu_duty)
+        waiter = self.table.enqueue(
+            tenant.tenant_id, wanted, timeout=timeout, duty=tenant.gpu_duty, tier=tenant.priority
+        )
         future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
         self._pending[waiter.waiter_id] = future
         self._publish(ev.QUEUED, tenant.tenant_id, gpus=waiter.gpus)
@@ -271,9 +279,10 @@ class TurnService:
         due = [w.deadline for w in self.table.waiters.values() if not w.reserved]
         soonest = min((d for d in due if d is not None), default=None)
         overdue = any(
-            lease.hold_until <= now and self.revocations.may_start(lease.lease_id, now)
+            (at := self.table.revoke_at(lease)) is not None
+            and at <= now
+            and self.revocations.may_start(lease.lease_id, now)
             for lease in self.table.leases.values()
-            if self.table.contended(lease)
         )  # a lease can run out before anyone waits; the first waiter makes it overdue at once
         if overdue or (soonest is not None and soonest <= now):
             deadline = now
@@ -284,17 +293,13 @@ class TurnService:
 
     def _on_timer(self) -> None:
         self._timer = None
+        now = self._clock()
+        why = standings(self.table, self.metrics, now, due=now)  # before they leave the queue
         tick = self.table.tick()
         for waiter in tick.expired:
-            self._fail(
-                waiter.waiter_id,
-                AcquireTimeout(
-                    f"no turn on [{', '.join(waiter.gpus)}] within the timeout; "
-                    "the request has left the queue"
-                    + (f"; it waited because {waiter.blocked}" if waiter.blocked else "")
-                ),
-            )
-            self._publish(ev.EXPIRED, waiter.tenant_id, gpus=waiter.gpus)
+            reason = why.get(waiter.waiter_id) or waiter.blocked
+            self._fail(waiter.waiter_id, timed_out(waiter, reason))
+            self._publish(ev.EXPIRED, waiter.tenant_id, gpus=waiter.gpus, detail=reason)
         for lease in tick.overdue:
             if self.revocations.may_start(lease.lease_id, self._clock()):
                 self.revocations.start(lease.lease_id)
@@ -305,9 +310,11 @@ class TurnService:
 
     async def _revoke(self, lease: Lease) -> None:
         waiting = len({w.tenant_id for g in lease.gpus for w in self.table.queue_of(g)})
+        overdue = lease.hold_until <= self._clock()
+        why = "held past maximum" if overdue else "a higher tier waits"
         log.warning(
-            "tenant %s held [%s] past its maximum of %g s while %d others wait; revoking",
-            lease.tenant_id, ", ".join(lease.gpus), self.table.max_hold, waiting,
+            "tenant %s held [%s] (%s, maximum %g s) while %d others wait; revoking",
+            lease.tenant_id, ", ".join(lease.gpus), why, self.table.max_hold, waiting,
         )  # fmt: skip
         try:
             await self.preparer.revoke(lease.tenant_id, lease.gpus)
@@ -327,8 +334,9 @@ class TurnService:
         self._resumes[lease.lease_id] = resume.waiter_id
         self._start_turns(due)
         self.metrics.released(lease, self._clock(), revoked=True)
-        self._publish(ev.REVOKED, lease.tenant_id, lease=lease, detail="held past maximum")
-        revoked = pb.Revoked(lease_id=lease.lease_id, reason="held past the maximum hold time")
+        self._publish(ev.REVOKED, lease.tenant_id, lease=lease, detail=why)
+        reason = "held past the maximum hold time" if overdue else "a higher tier waits"
+        revoked = pb.Revoked(lease_id=lease.lease_id, reason=reason)
         self.sessions.notify(lease.tenant_id, pb.AgentMessage(revoked=revoked))
         self._changed()
 
@@ -384,17 +392,6 @@ class TurnService:
                 leases=list(self.table.leases.values()),
                 tokens={gpu: state.token for gpu, state in self.table.gpus.items()},
                 parked=self.preparer.durable(),
+                accounting=self.metrics.accounting.to_json(),
             )
         )
-
-
-def lease_to_pb(lease: Lease, contended: bool = False) -> pb.Lease:
-    return pb.Lease(
-        lease_id=lease.lease_id,
-        tenant_id=lease.tenant_id,
-        gpus=lease.gpus,
-        fencing_tokens=dict(lease.tokens),
-        granted_at=lease.granted_at,
-        hold_until=lease.hold_until,
-        contended=contended,
-    )

@@ -7,18 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("name", "gpus", "gpu_memory_mib", "gpu_duty", "memory_limit_bytes")
+    __slots__ = ("name", "gpus", "gpu_memory_mib", "gpu_duty", "memory_limit_bytes", "priority")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     GPU_DUTY_FIELD_NUMBER: _ClassVar[int]
     MEMORY_LIMIT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     name: str
     gpus: _containers.RepeatedScalarFieldContainer[str]
     gpu_memory_mib: int
     gpu_duty: int
     memory_limit_bytes: int
-    def __init__(self, name: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., gpu_memory_mib: _Optional[int] = ..., gpu_duty: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ...) -> None: ...
+    priority: int
+    def __init__(self, name: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., gpu_memory_mib: _Optional[int] = ..., gpu_duty: _Optional[int] = ..., memory_limit_bytes: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class Tenant(_message.Message):
     __slots__ = ("tenant_id", "name", "gpus", "gpu_memory_mib", "gpu_duty", "memory_limit_bytes", "source")

@@ -40,9 +40,31 @@ def agent(
         str | None,
         typer.Option(
             envvar="BATON_AGENT_QUEUE_POLICY",
-            help="Who is served next: fifo or lrs (least recently served). Default fifo.",
+            help="Who is served next: fifo, lrs (least recently served) or fair (weighted fair "
+            "turns in priority tiers). Default fifo.",
         ),
     ] = None,
+    fair_min_share: Annotated[
+        float,
+        typer.Option(
+            envvar="BATON_AGENT_FAIR_MIN_SHARE",
+            help="fair: share of a GPU a lower tier keeps while a higher one waits (0-0.5).",
+        ),
+    ] = 0.1,
+    fair_credit: Annotated[
+        float,
+        typer.Option(
+            envvar="BATON_AGENT_FAIR_CREDIT", help="fair: GPU-seconds an idle tenant may bank."
+        ),
+    ] = 10.0,
+    tier_grace: Annotated[
+        float,
+        typer.Option(
+            envvar="BATON_AGENT_TIER_GRACE",
+            help="fair: seconds before a higher tier's waiter revokes a lower tier's holder "
+            "(negative = never; it waits for the holder's yield).",
+        ),
+    ] = -1.0,
     policy: Annotated[
         str | None,
         typer.Option(
@@ -137,7 +159,8 @@ def agent(
     import asyncio
 
     from agent.assembly import AgentConfig, AgentStartError, run_agent
-    from agent.core.policy import POLICIES
+    from agent.core.fair import FairConfig
+    from agent.core.policy import QUEUE_POLICIES
     from agent.node.state import StateDirError
     from agent.parking.backends.base import BackendUnavailable
     from agent.parking.setup import ParkingOptions
@@ -146,8 +169,13 @@ def agent(
 
     setup_logging(log_level)
     order = _queue_policy(queue_policy, policy)
-    if order not in POLICIES:
-        raise typer.BadParameter(f"unknown policy {order!r}; choose one of {', '.join(POLICIES)}")
+    if order not in QUEUE_POLICIES:
+        choices = ", ".join(QUEUE_POLICIES)
+        raise typer.BadParameter(f"unknown policy {order!r}; choose one of {choices}")
+    try:
+        fair = FairConfig(fair_min_share, fair_credit, tier_grace if tier_grace >= 0 else None)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--fair-min-share") from None
     try:
         Groups.from_specs(llmd_group or ())
     except GroupSpecError as exc:
@@ -159,6 +187,7 @@ def agent(
         http_port=http_port,
         debug_tcp_port=debug_tcp_port,
         queue_policy=order,
+        fair=fair,
         max_hold=max_hold,
         reconnect_grace=reconnect_grace,
         socket_mode=int(socket_mode, 8),
@@ -246,8 +275,22 @@ def bench_evacuate(
     echo_figures(result, as_json)
 
 
+def bench_fairness(
+    seconds: Annotated[float, typer.Option(help="GPU time replayed per policy, s.")] = 600.0,
+    handoff_iterations: Annotated[
+        int, typer.Option(help="Handoffs per policy for the cost on a real handoff; 0 = skip.")
+    ] = 500,
+    as_json: AsJson = False,
+) -> None:
+    """Skewed tenants in two tiers on one GPU: the fair policy against FIFO, same run."""
+    from baton.bench.fairness import run_fairness_bench
+
+    echo_figures(run_fairness_bench(seconds, handoff_iterations), as_json)
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
     app.command("agent")(agent)
     bench.command("handoff")(bench_handoff)
     bench.command("evacuate")(bench_evacuate)
+    bench.command("fairness")(bench_fairness)

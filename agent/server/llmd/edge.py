@@ -39,6 +39,7 @@ _CODES: list[tuple[type[errors.AgentError], grpc.StatusCode]] = [
     (UnsupportedBackend, grpc.StatusCode.NOT_FOUND),
     (Transitioning, grpc.StatusCode.ABORTED),
     (BadRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.WaitRefused, grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 
 

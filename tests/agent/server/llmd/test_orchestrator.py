@@ -14,7 +14,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent.core import errors
 from agent.core import events as ev
+from agent.server.llmd.edge import status_code
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
 from tests.harness.agent import AgentRunner
@@ -110,6 +112,10 @@ def test_every_status_code_the_reference_names(clients: tuple[TimeSliceOrchestra
         b.acquire(timeout_sec=0.3)
     assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert time.monotonic() - started < 3
+    with pytest.raises(grpc.RpcError) as explained:
+        b.acquire(timeout_sec=2.0)
+    assert explained.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "behind holder llmd/job-a" in str(explained.value.details()), "answered before it"
     assert a.get_status().group.waiter_queue_depth == 0, "the caller's deadline left no ghost"
 
 
@@ -143,3 +149,11 @@ def test_a_job_killed_while_holding_frees_the_group_within_a_second(
         assert job.stdin is not None and job.stdout is not None
         job.stdin.close()
         job.stdout.close()
+
+
+def test_a_wait_a_refusal_kept_answers_resource_exhausted_with_its_numbers() -> None:
+    refused = errors.WaitRefused("it waited because parking would exceed the host budget by 5 GiB")
+    assert status_code(refused) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (
+        status_code(errors.AcquireTimeout("behind a holder")) == grpc.StatusCode.DEADLINE_EXCEEDED
+    )

@@ -1,0 +1,80 @@
+"""Why a waiter waits: its place in its GPUs' queues, its tier, its share used against its
+entitlement, and a refusal's reason with its numbers; plus the lease's wire form."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from agent.core.errors import AcquireTimeout, WaitRefused
+from agent.core.leases import Lease, LeaseTable, Waiter
+from agent.core.waiters import TenantUsage
+from agent.server.metrics import AgentMetrics
+from baton._pb import agent_pb2 as pb
+
+
+def standing(
+    table: LeaseTable, metrics: AgentMetrics, waiter: Waiter, now: float
+) -> dict[str, Any]:
+    """Where `waiter` stands on each of its GPUs, and one sentence saying why it waits."""
+    usage = table.usage.get(waiter.tenant_id, TenantUsage())
+    where: list[str] = []
+    position = 0
+    used = 0.0
+    for gpu in waiter.gpus:
+        queue = table.queue_of(gpu)
+        ahead = [w.tenant_id for w in queue[: _index(queue, waiter)]]
+        position = max(position, len(ahead) + 1)
+        used = max(used, metrics.share_last_minute(gpu, waiter.tenant_id, now))
+        holder = table.leases.get(table.gpu(gpu).holder or "")
+        behind = ([f"holder {holder.tenant_id}"] if holder else []) + ahead
+        where.append(f"{gpu} behind {', '.join(behind)}" if behind else f"{gpu} free")
+    why = waiter.blocked or (
+        f"position {position} ({'; '.join(where)}); tier {usage.tier}, "
+        f"share used {used:.0%} of entitled {usage.duty / 100:.0%}"
+    )
+    return {
+        "position": position,
+        "tier": usage.tier,
+        "share_used": round(used, 4),
+        "share_entitled": usage.duty / 100,
+        "why": why,
+    }
+
+
+def standings(
+    table: LeaseTable, metrics: AgentMetrics, now: float, due: float | None = None
+) -> Mapping[str, str]:
+    """Why each waiter waits (only those whose deadline is at or before `due`, if given)."""
+    return {
+        w.waiter_id: standing(table, metrics, w, now)["why"]
+        for w in list(table.waiters.values())
+        if due is None or (w.deadline is not None and w.deadline <= due)
+    }
+
+
+def timed_out(waiter: Waiter, reason: str) -> AcquireTimeout:
+    """The error a waiter past its deadline gets: `WaitRefused` when a refusal kept it."""
+    return (WaitRefused if waiter.blocked else AcquireTimeout)(
+        f"no turn on [{', '.join(waiter.gpus)}] within the timeout; "
+        f"the request has left the queue; it waited because {reason}"
+    )
+
+
+def _index(queue: list[Waiter], waiter: Waiter) -> int:
+    for i, w in enumerate(queue):
+        if w.waiter_id == waiter.waiter_id:
+            return i
+    return len(queue)
+
+
+def lease_to_pb(lease: Lease, contended: bool = False) -> pb.Lease:
+    return pb.Lease(
+        lease_id=lease.lease_id,
+        tenant_id=lease.tenant_id,
+        gpus=lease.gpus,
+        fencing_tokens=dict(lease.tokens),
+        granted_at=lease.granted_at,
+        hold_until=lease.hold_until,
+        contended=contended,
+    )

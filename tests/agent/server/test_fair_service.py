@@ -1,0 +1,88 @@
+"""The fair policy in a running agent: tiers order the queue, waits are explained, time is
+accounted per tenant, namespace and tier and survives a restart."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from agent.client import AcquireTimeout, Baton
+from agent.core.fair import FairConfig
+from tests.harness.agent import AgentRunner
+
+
+@pytest.fixture
+def fair_agent(workdir: str) -> Iterator[AgentRunner]:
+    runner = AgentRunner(workdir, queue_policy="fair", fair=FairConfig(min_share=0.0)).start()
+    yield runner
+    runner.stop()
+
+
+def _client(agent: AgentRunner, name: str, priority: int = 0, duty: int = 50) -> Baton:
+    return Baton(agent.config.socket, ["GPU-0"], name=name, gpu_duty=duty, priority=priority)
+
+
+def test_a_higher_tier_waiter_goes_first_and_every_waiter_sees_why(fair_agent: AgentRunner):
+    holder, low, high = (
+        _client(fair_agent, "holder"),
+        _client(fair_agent, "low"),
+        _client(fair_agent, "high", priority=1000),
+    )
+    try:
+        holder.acquire()
+        for each, tenant in ((low, "local/low"), (high, "local/high")):
+            mark = fair_agent.mark()
+            threading.Thread(target=each.acquire, daemon=True).start()
+            fair_agent.wait_event(
+                lambda e, t=tenant: e.kind == "queued" and e.tenant_id == t, since=mark
+            )
+        queue = fair_agent.status()["gpus"]["GPU-0"]["queue"]
+        assert [(w["tenant_id"], w["position"], w["tier"]) for w in queue] == [
+            ("local/high", 1, 1000),
+            ("local/low", 2, 0),
+        ]
+        assert queue[1]["share_entitled"] == 0.5
+        assert "behind holder local/holder, local/high" in queue[1]["why"]
+        mark = fair_agent.mark()
+        holder.yield_()
+        granted = fair_agent.wait_event(lambda e: e.kind == "granted", since=mark)
+        assert granted.tenant_id == "local/high", "the higher tier at the holder's next yield"
+    finally:
+        for each in (holder, low, high):
+            each.close()
+
+
+def test_a_timed_out_acquire_carries_the_last_reason(fair_agent: AgentRunner):
+    a, b = _client(fair_agent, "a"), _client(fair_agent, "b")
+    try:
+        a.acquire()
+        with pytest.raises(AcquireTimeout) as late:
+            b.acquire(timeout=0.3)
+        assert "position 1 (GPU-0 behind holder local/a); tier 0" in late.value.reason
+        assert "of entitled 50%" in late.value.reason
+    finally:
+        a.close()
+        b.close()
+
+
+def test_gpu_seconds_are_accounted_and_survive_a_restart(workdir: str):
+    agent = AgentRunner(workdir, queue_policy="fair").start()
+    a = _client(agent, "a")
+    try:
+        a.acquire()
+        a.yield_()
+        first = agent.status()["accounting"]
+        assert first["gpu_seconds_by_namespace"]["local"] > 0
+        [[tenant, namespace, tier, seconds]] = first["gpu_seconds"]
+        assert (tenant, namespace, tier) == ("local/a", "local", 0)
+        assert "baton_tenant_gpu_seconds_total" in agent.http("/metrics")[1]
+    finally:
+        a.close()
+        agent.stop()
+    again = AgentRunner(workdir, queue_policy="fair").start()
+    try:
+        assert again.status()["accounting"]["gpu_seconds"] == [[tenant, namespace, tier, seconds]]
+    finally:
+        again.stop()
