@@ -48,7 +48,7 @@ CLIENTS = ("blocking", "async")
 
 
 def run_handoff_bench(
-    iterations: int, client: str = "blocking", transport: str = "direct"
+    iterations: int, client: str = "blocking", transport: str = "direct", queue_policy: str = "fifo"
 ) -> dict[str, Any]:
     """Run both measurements against a fresh agent; returns the bench's JSON fields."""
     if client not in CLIENTS:
@@ -57,16 +57,20 @@ def run_handoff_bench(
         raise ValueError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
     if client == "blocking" and transport != "direct":
         raise ValueError("the blocking client speaks direct sessions only; use --client async")
-    return asyncio.run(_bench(iterations, client, transport))
+    return asyncio.run(_bench(iterations, client, transport, queue_policy))
 
 
-async def _bench(iterations: int, client: str, transport: str) -> dict[str, Any]:
+async def _bench(iterations: int, client: str, transport: str, policy: str) -> dict[str, Any]:
     from agent.assembly import AgentConfig, build_agent
 
     workdir = tempfile.mkdtemp(dir="/tmp", prefix="baton-bench-")
     socket = f"{workdir}/agent.sock"
     config = AgentConfig(
-        socket=socket, state_dir=f"{workdir}/state", http_host="127.0.0.1", http_port=0
+        socket=socket,
+        state_dir=f"{workdir}/state",
+        http_host="127.0.0.1",
+        http_port=0,
+        queue_policy=policy,
     )
     agent = build_agent(config)
     await agent.start()
