@@ -1,0 +1,1 @@
+"""TRL jobs (SFT, GRPO) on tiny models built from configs, taking Baton turns."""
