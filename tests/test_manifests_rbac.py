@@ -35,6 +35,9 @@ RAW_CALLS: dict[str, tuple[str, frozenset[str]]] = {
         frozenset({"create"}),
     ),
 }
+# The contract's reflector lists and watches for the daemons: a file that builds a `KubeSource`
+# lists and watches the kinds it names (baton/contract/reflector.py).
+WATCHED_KINDS = {"nodes", "pods"}
 # Which code runs under which ServiceAccount's ClusterRole.
 ROLES = {
     "baton-agent": ("agent",),
@@ -98,7 +101,17 @@ def calls_in(packages: tuple[str, ...]) -> dict[str, tuple[str, frozenset[str]]]
             for pattern, needs in RAW_CALLS.items():
                 if re.search(pattern, text):
                     used[pattern] = needs
+            if "KubeSource(" in text:
+                for kind in WATCHED_KINDS & set(re.findall(r'"(\w+)"', text)):
+                    used[f"KubeSource {kind}"] = (kind, frozenset({"list", "watch"}))
     return used
+
+
+def test_a_reflector_source_counts_as_a_list_and_watch() -> None:
+    """The reflector's calls are found from the kinds a daemon hands it, so a role without the
+    list the daemon's reflector makes fails the test above."""
+    assert calls_in(("agent",))["KubeSource pods"] == ("pods", frozenset({"list", "watch"}))
+    assert {"KubeSource nodes", "KubeSource pods"} <= set(calls_in(("extender",)))
 
 
 @pytest.mark.parametrize("role", sorted(ROLES))
