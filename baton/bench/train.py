@@ -14,16 +14,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from baton.demo.train import (
     Outcome,
-    TenantSpec,
+    Spec,
     TrainMix,
     run_alone,
     run_shared,
     same_training,
 )
+
+if TYPE_CHECKING:
+    from baton.demo.trl import TrlMix
 
 
 def busy(turns: Sequence[Sequence[Any]], t0: float, t1: float) -> float:
@@ -82,7 +85,7 @@ def copy_gbps(nbytes: int, device: str, repeats: int = 5) -> float:
 
 
 def summarize(
-    specs: Sequence[TenantSpec], alone: list[dict[str, Any]], shared: Outcome, copy: float
+    specs: Sequence[Spec], alone: list[dict[str, Any]], shared: Outcome, copy: float
 ) -> dict[str, Any]:
     """The bench's JSON fields, then figures that explain them."""
     reports = shared.reports
@@ -141,7 +144,7 @@ def summarize(
     }
 
 
-async def _run(config: TrainMix) -> dict[str, Any]:
+async def _run(config: TrainMix | TrlMix) -> dict[str, Any]:
     specs = config.specs()
     alone = await run_alone(specs)
     shared = await run_shared(specs, fits=len(specs) - 1)
@@ -149,7 +152,7 @@ async def _run(config: TrainMix) -> dict[str, Any]:
     return summarize(specs, alone, shared, copy_gbps(largest, config.device))
 
 
-def run(config: TrainMix) -> dict[str, Any]:
+def run(config: TrainMix | TrlMix) -> dict[str, Any]:
     """Run the bench; returns its JSON fields."""
     if config.tenants < 2:
         raise ValueError("the bench needs at least two tenants to share a device")

@@ -195,12 +195,18 @@ def bench_train(
     sft_off_s: Annotated[
         float | None, Opt(min=0.0, help="SFT's modelled off-device wait per step, s.")
     ] = None,
+    framework: Annotated[
+        str, Opt(help="torch (our own loops) or trl (TRL's SFTTrainer and GRPOTrainer).")
+    ] = "torch",
     as_json: AsJson = False,
 ) -> None:
     """Real SFT and GRPO tenants alone, then sharing one device: duty, GB/s, bit-exactness.
 
-    Unset sizes take `baton.demo.train.TrainMix`'s defaults.
+    Unset sizes take `baton.demo.train.TrainMix`'s defaults (`baton.demo.trl.TrlMix`'s with
+    `--framework trl`, where --steps, --device and --grpo-off-s apply).
     """
+    if framework not in ("torch", "trl"):
+        raise typer.BadParameter(f"--framework {framework!r}: torch or trl")
     try:
         from baton.bench.train import run
         from baton.demo.train import TrainMix, TrainRunError
@@ -212,9 +218,21 @@ def bench_train(
         "grpo_batch": grpo_batch, "group": group, "grpo_off_s": grpo_off_s,
         "sft_off_s": sft_off_s,
     }  # fmt: skip
-    config = TrainMix(
+    config: Any = TrainMix(
         tenants=tenants, device=device, **{k: v for k, v in given.items() if v is not None}
     )
+    if framework == "trl":
+        import importlib.util
+
+        from baton.demo.trl import TrlMix
+
+        if importlib.util.find_spec("trl") is None:
+            typer.echo("--framework trl needs TRL: pip install 'baton-gpu[trl]'", err=True)
+            raise typer.Exit(1)
+        trl_given = {"steps": steps, "grpo_off_s": grpo_off_s}
+        config = TrlMix(
+            tenants=tenants, device=device, **{k: v for k, v in trl_given.items() if v is not None}
+        )
     try:
         figures = run(config)
     except TrainRunError as e:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agent.examples.train.jobs import JobConfig, estimate_bytes
 from baton.contract.names import MIB
@@ -30,6 +30,17 @@ FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in fields(JobConfig)}
 
 class TrainRunError(Exception):
     """A tenant failed or never answered; the message says which and why."""
+
+
+class Spec(Protocol):
+    """A tenant to run: `TenantSpec` here, `baton.demo.trl.TrlSpec` for TRL jobs."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def config(self) -> Any: ...
+    def argv(self, solo: bool) -> list[str]: ...
+    def footprint_mib(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -91,7 +102,7 @@ class TrainMix:
         return out
 
 
-def shared_gpu_mib(specs: Sequence[TenantSpec], fits: int = 1) -> int:
+def shared_gpu_mib(specs: Sequence[Spec], fits: int = 1) -> int:
     """A GPU that holds any `fits` of the tenants but never `fits + 1`: switches must park."""
     sizes = sorted(s.footprint_mib() for s in specs)
     if not 1 <= fits < len(sizes) or len(sizes) < 2:
@@ -116,7 +127,7 @@ class Outcome:
 
 
 async def run_shared(
-    specs: Sequence[TenantSpec], deadline: float = math.inf, *, fits: int = 1
+    specs: Sequence[Spec], deadline: float = math.inf, *, fits: int = 1
 ) -> Outcome:
     """All tenants on one simulated GPU of an agent with the `app` backend, taking turns; the
     GPU holds `fits` of them at once (`shared_gpu_mib`)."""
@@ -135,7 +146,7 @@ async def run_shared(
         await node.stop()
 
 
-async def run_alone(specs: Sequence[TenantSpec], *, agent: bool = True) -> list[dict[str, Any]]:
+async def run_alone(specs: Sequence[Spec], *, agent: bool = True) -> list[dict[str, Any]]:
     """Each tenant by itself, one after another: through an agent on a GPU it has to itself,
     or (`agent=False`) with no agent at all."""
     if not agent:
@@ -159,7 +170,7 @@ async def run_alone(specs: Sequence[TenantSpec], *, agent: bool = True) -> list[
 
 
 async def run_tenants(
-    specs: Sequence[TenantSpec],
+    specs: Sequence[Spec],
     env: Mapping[str, str] | None,
     deadline: float,
     logdir: Path | None,
