@@ -4,99 +4,37 @@ Grants happen as soon as the state allows (a yield, a departure, a registration)
 polling; a single timer covers waiter deadlines and maximum hold times. When the tenant due next
 on a held GPU changes, the residency layer hears of it (`agent.core.ahead`) so that it can make that
 tenant's room while the holder still runs. `LeaseService` (in `agent.server.service`) adds tenants,
-sessions and restarts on top.
+sessions and restarts on top; `agent.server.turn_state` holds the state and plumbing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 from agent.core import eager
 from agent.core import events as ev
-from agent.core.ahead import LookAhead
 from agent.core.errors import (
     InvalidGpus,
     NoLease,
     Quarantined,
     UnknownLease,
 )
-from agent.core.leases import Lease, LeaseTable, Waiter
-from agent.core.residency import NoRoom, TurnPreparer
-from agent.node.state import PersistedState, StateStore
-from agent.node.tenants import Tenant, TenantRegistry
-from agent.server.metrics import AgentMetrics
-from agent.server.revocations import Revocations
-from agent.server.sessions import SessionRegistry
+from agent.core.leases import Lease, Waiter
+from agent.core.residency import NoRoom
+from agent.node.tenants import Tenant
+from agent.server.turn_state import Granted, TurnState
 from agent.server.waits import lease_to_pb, standings, timed_out
 from baton._pb import agent_pb2 as pb
+
+__all__ = ["Granted", "TurnService", "lease_to_pb"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Granted:
-    """What an acquire returns: the lease and how long the tenant waited."""
-
-    lease: Lease
-    waited: float
-
-
-class TurnService:
+class TurnService(TurnState):
     """Turn-taking on the node's GPUs: acquire, yield, revocation, timeouts."""
-
-    def __init__(
-        self,
-        *,
-        table: LeaseTable,
-        preparer: TurnPreparer,
-        clock: Callable[[], float],
-        store: StateStore | None = None,
-        metrics: AgentMetrics | None = None,
-        reconnect_grace: float = 10.0,
-        policy_name: str = "fifo",
-        sessions: SessionRegistry | None = None,
-    ) -> None:
-        self.table = table
-        self.policy_name = policy_name
-        self.preparer = preparer
-        self.tenants = TenantRegistry()
-        self.sessions = sessions or SessionRegistry()
-        self.events = ev.EventBus()
-        self.metrics = metrics or AgentMetrics()
-        self._clock = clock
-        self._store = store
-        self._grace = reconnect_grace
-        self._pending: dict[str, asyncio.Future[Lease]] = {}
-        self.revocations = Revocations()
-        self._resumes: dict[str, str] = {}
-        """Revoked lease id → the waiter (then lease) that gives its tenant the turn back."""
-        self._changes = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._ahead = LookAhead(preparer, self._spawn)
-        self.stopping = False
-        self._persist_soon = False
-        self._settle_pending = False
-        self._closed = False
-
-    # Lifecycle.
-
-    async def close(self) -> None:
-        """Stop timers and background work; the persisted state stays as it is."""
-        self.stopping = True
-        self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._persist_soon:
-            self._save()
-        if self._store is not None:
-            self._store.flush()
 
     # Turns.
 
@@ -339,59 +277,3 @@ class TurnService:
         revoked = pb.Revoked(lease_id=lease.lease_id, reason=reason)
         self.sessions.notify(lease.tenant_id, pb.AgentMessage(revoked=revoked))
         self._changed()
-
-    # Plumbing.
-
-    def persist(self) -> None:
-        """Save the state soon (e.g. after the residency layer moved memory)."""
-        self._persist()
-
-    def _fail(self, waiter_id: str, error: Exception) -> None:
-        future = self._pending.pop(waiter_id, None)
-        if future is not None and not future.done():
-            future.set_exception(error)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _publish(
-        self,
-        kind: str,
-        tenant_id: str,
-        *,
-        lease: Lease | None = None,
-        gpus: tuple[str, ...] = (),
-        detail: str = "",
-    ) -> None:
-        self.events.publish(
-            ev.Event(
-                kind=kind,
-                tenant_id=tenant_id,
-                at=self._clock(),
-                gpus=lease.gpus if lease else gpus,
-                lease_id=lease.lease_id if lease else "",
-                tokens=dict(lease.tokens) if lease else {},
-                detail=detail,
-            )
-        )
-
-    def _persist(self) -> None:
-        """Save the state once this event-loop step's changes are all made."""
-        if self._store is not None and not self._persist_soon:
-            self._persist_soon = True
-            asyncio.get_running_loop().call_soon(self._save)
-
-    def _save(self) -> None:
-        self._persist_soon = False
-        assert self._store is not None
-        self._store.save_soon(
-            PersistedState(
-                tenants=list(self.tenants.tenants.values()),
-                leases=list(self.table.leases.values()),
-                tokens={gpu: state.token for gpu, state in self.table.gpus.items()},
-                parked=self.preparer.durable(),
-                accounting=self.metrics.accounting.to_json(),
-            )
-        )
