@@ -33,6 +33,7 @@ BUILDS = [
     "overlays/local",
     "overlays/local-examples",
     "overlays/dra",
+    "overlays/local-dra",
 ]
 REFERENCE_FIELDS = ("resources", "bases", "patchesStrategicMerge", "components")
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "DeviceClass"}
@@ -203,6 +204,7 @@ def test_daemon_env_vars_are_flags_of_their_commands() -> None:
         base_object("DaemonSet", "baton-agent"),
         base_object("DaemonSet", "baton-deviceplugin"),
         base_object("Deployment", "baton-extender"),
+        *load_all(MANIFESTS / "overlays" / "dra" / "driver" / "dra.yaml"),
     ]
     base_commands = {name: c["args"][0] for w in workloads for name, c in containers(w).items()}
     base = [MANIFESTS / "base" / f"{name}.yaml" for name in ("agent", "deviceplugin")]
@@ -366,9 +368,35 @@ def test_dra_overlay_swaps_the_device_plugin_for_the_driver() -> None:
         "resourceclaims",
         "nodes",
     }
+    agent_rules = by_kind(objects, "ClusterRole")["baton-agent-dra"]["rules"]
+    assert {(r, v) for rule in agent_rules for r in rule["resources"] for v in rule["verbs"]} == {
+        ("resourceclaims", "get"),
+        ("resourceslices", "list"),
+    }
+    (binding,) = [
+        b
+        for b in by_kind(objects, "ClusterRoleBinding").values()
+        if b["roleRef"]["name"] == "baton-agent-dra"
+    ]
+    assert binding["subjects"][0]["name"] == "baton-agent"
     configmaps = by_kind(objects, "ConfigMap")
     (config,) = [c for n, c in configmaps.items() if n.startswith("baton-scheduler-config")]
     assert "bindVerb" not in config["data"]["config.yaml"], "the scheduler binds on DRA"
+
+
+def test_local_dra_overlay_runs_the_driver_on_the_local_node() -> None:
+    objects = build("overlays/local-dra")
+    daemonsets = by_kind(objects, "DaemonSet")
+    assert set(daemonsets) == {"baton-agent", "baton-dra"}
+    driver = daemonsets["baton-dra"]["spec"]["template"]["spec"]
+    assert driver["hostNetwork"] is True
+    (container,) = driver["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    agent = containers(daemonsets["baton-agent"])["agent"]
+    agent_env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env[names.ENV_FAKE_GPUS] == agent_env[names.ENV_FAKE_GPUS], "the same simulated GPUs"
+    assert container["image"] == "baton:local" and container["imagePullPolicy"] == "Never"
+    assert "baton-agent-dra" in by_kind(objects, "ClusterRole")
 
 
 def test_hack_scripts_pass_shellcheck() -> None:
