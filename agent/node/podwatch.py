@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from agent.node.draview import DraHolding, DraView, KubeClaimsApi
 from agent.node.tenants import POD, Tenant
 from baton.contract import names
 from baton.contract.annotations import pod_assignment
@@ -25,21 +26,28 @@ REQUEST_TIMEOUT_S = 10.0
 """A list's answer, and a connection to the API server, must come within this."""
 
 
-def pod_tenant(pod: Mapping[str, Any]) -> Tenant | None:
+def pod_tenant(pod: Mapping[str, Any], dra: DraHolding | None = None) -> Tenant | None:
     """The tenant a pod (the API server's JSON) is, or None if it has no Baton GPUs assigned
     (or has finished).
 
     Its GPUs are what the kubelet allocated to its containers once the device plugin has
-    recorded that (`baton.dev/container-gpus`), until then the extender's proposal.
+    recorded that (`baton.dev/container-gpus`), until then the extender's proposal; on the
+    DRA path (`dra`), its claims' devices, with the memory and duty its claims consumed.
     """
     meta, status = pod.get("metadata") or {}, pod.get("status")
     assignment = pod_assignment(meta.get("annotations") or {})
     per_container = dict(assignment.container_gpus)
     allocated = {g for each in per_container.values() for g in each}
     gpus = tuple(sorted(allocated or set(assignment.assigned_gpus)))
+    from_claims = not gpus and dra is not None
+    if from_claims and dra is not None:
+        per_container = dict(dra.container_gpus)
+        gpus = tuple(sorted({g for each in per_container.values() for g in each}))
     if not gpus or (status or {}).get("phase") in _DONE_PHASES:
         return None
     request = _request(pod) or TenantRequest(len(gpus))
+    if from_claims and dra is not None:
+        request = TenantRequest(len(gpus), dra.memory_mib, dra.duty, request.memory_limit_bytes)
     labels = meta.get("labels") or {}
     return Tenant(
         tenant_id=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
@@ -103,8 +111,11 @@ class PodWatcher:
         remove: Callable[[str], None],
         known: dict[str, str] | None = None,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
+        dra: DraView | None = None,
     ) -> None:
+        """`dra` reads pods' claims (by default through `api_client`)."""
         self._loop = loop
+        self._dra = dra or DraView(KubeClaimsApi(api_client, node_name), node_name)
         self._upsert = upsert
         self._remove = remove
         self._known = dict(known or {})
@@ -144,7 +155,11 @@ class PodWatcher:
 
     def _apply(self, kind: str, pod: Mapping[str, Any]) -> None:
         uid = (pod.get("metadata") or {}).get("uid", "")
-        tenant = None if kind == "DELETED" else pod_tenant(pod)
+        if kind == "DELETED":
+            self._dra.forget(uid)
+            self._gone(uid)
+            return
+        tenant = pod_tenant(pod, self._dra.holding(pod))
         if tenant is None:
             self._gone(uid)
             return

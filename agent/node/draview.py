@@ -1,0 +1,147 @@
+"""A pod's GPUs and share on the DRA path, from its claims' allocations and the node's slice.
+
+On a DRA node no device plugin or extender annotates the pod: what it holds is in its
+ResourceClaims (device, memory, duty per result), and the GPU behind each device is named by
+the driver's ResourceSlice. `DraView` reads both through the contract (`draclaim`) and keeps
+each pod's answer while the pod lives: an allocated claim does not change under its pods.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from baton.contract import names
+from baton.contract.draclaim import (
+    ClaimRef,
+    ClaimShare,
+    claim_shares,
+    device_uuids,
+    pod_claim_refs,
+    pod_dra_ask,
+)
+
+log = logging.getLogger(__name__)
+REQUEST_TIMEOUT_S = 10.0
+
+
+class ClaimsApi(Protocol):
+    """The two reads the view needs (`KubeClaimsApi`, or a test's store)."""
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def list_slices(self) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True)
+class DraHolding:
+    """What a pod holds through Baton's driver on this node."""
+
+    container_gpus: dict[str, tuple[str, ...]]
+    """Container name → GPU UUIDs, sorted."""
+    memory_mib: int | None
+    duty: float | None
+
+
+class DraView:
+    """Pod → its DRA holding on `node_name` (None when it holds nothing of Baton's)."""
+
+    def __init__(self, api: ClaimsApi, node_name: str) -> None:
+        self.api = api
+        self.node_name = node_name
+        self._uuids: dict[str, str] = {}
+        self._held: dict[str, DraHolding | None] = {}
+        self._lock = threading.Lock()
+
+    def holding(self, pod: Mapping[str, Any]) -> DraHolding | None:
+        """The pod's holding; read once its claims are all allocated, then remembered.
+
+        An API failure is logged and answers None: the pod's next change reads again.
+        """
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        with self._lock:
+            if uid in self._held:
+                return self._held[uid]
+        refs = pod_claim_refs(pod)
+        if not refs:
+            return None
+        try:
+            ready, found = self._read(refs)
+        except Exception as err:  # any API failure: the next event of the pod retries
+            meta = pod.get("metadata") or {}
+            log.warning(
+                "pod %s/%s: cannot read its claims (%s); retried on its next change",
+                meta.get("namespace"),
+                meta.get("name"),
+                err,
+            )
+            return None
+        if ready:
+            with self._lock:
+                self._held[uid] = found
+        return found
+
+    def forget(self, pod_uid: str) -> None:
+        """The pod is gone."""
+        with self._lock:
+            self._held.pop(pod_uid, None)
+
+    def _read(self, refs: Mapping[str, tuple[ClaimRef, ...]]) -> tuple[bool, DraHolding | None]:
+        """Whether every claim is allocated, and then the holding (None: none of Baton's)."""
+        shares: dict[ClaimRef, tuple[ClaimShare, ...]] = {}
+        for ref in {r for each in refs.values() for r in each}:
+            claim = self.api.read_claim(ref.namespace, ref.name)
+            allocated = ((claim or {}).get("status") or {}).get("allocation")
+            if not allocated:
+                return False, None
+            shares[ref] = claim_shares(claim or {})
+        ask = pod_dra_ask(refs, shares, self.node_name)
+        if not ask.container_devices:
+            return True, None
+        wanted = {d for each in ask.container_devices.values() for d in each}
+        if not wanted <= self._uuids.keys():
+            self._uuids = device_uuids(self.api.list_slices())
+        missing = sorted(wanted - self._uuids.keys())
+        if missing:
+            raise LookupError(f"no GPU UUID for {', '.join(missing)} in the node's ResourceSlice")
+        gpus = {
+            container: tuple(sorted(self._uuids[d] for d in devices))
+            for container, devices in ask.container_devices.items()
+        }
+        return True, DraHolding(gpus, ask.memory_mib, ask.duty)
+
+
+class KubeClaimsApi:
+    """ResourceClaims and this node's ResourceSlices of Baton's driver, as raw JSON."""
+
+    def __init__(self, api_client: Any, node_name: str) -> None:
+        from kubernetes import client
+
+        self._resource: Any = client.ResourceV1Api(api_client)
+        self.node_name = node_name
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim, or None when it is gone."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            answer = self._resource.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return dict(json.loads(answer.data))
+
+    def list_slices(self) -> list[dict[str, Any]]:
+        """Baton's driver's slices on this node."""
+        answer = self._resource.list_resource_slice(
+            field_selector=f"spec.nodeName={self.node_name},spec.driver={names.DRA_DRIVER}",
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT_S,
+        )
+        return list(json.loads(answer.data).get("items") or [])
