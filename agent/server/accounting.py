@@ -3,7 +3,7 @@ as Prometheus counters whose totals are kept in the state file (they survive a r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily
@@ -26,12 +26,17 @@ class Accounting:
     def __init__(self) -> None:
         self.gpu_seconds: dict[Key, float] = {}
         self.parked_byte_seconds: dict[Key, float] = {}
+        self.by_gpu: dict[tuple[str, str], float] = {}
+        """(GPU, tenant id) → seconds of turns held on that GPU (for shares of each GPU)."""
         self._last: float | None = None
 
-    def held(self, tenant_id: str, tier: int, gpus: int, seconds: float) -> None:
-        """A turn on `gpus` GPUs held `seconds` ended."""
+    def held(self, tenant_id: str, tier: int, gpus: Sequence[str], seconds: float) -> None:
+        """A turn on `gpus` held `seconds` ended."""
         key = (tenant_id, namespace_of(tenant_id), tier)
-        self.gpu_seconds[key] = self.gpu_seconds.get(key, 0.0) + gpus * max(0.0, seconds)
+        seconds = max(0.0, seconds)
+        self.gpu_seconds[key] = self.gpu_seconds.get(key, 0.0) + len(gpus) * seconds
+        for gpu in gpus:
+            self.by_gpu[(gpu, tenant_id)] = self.by_gpu.get((gpu, tenant_id), 0.0) + seconds
 
     def parked(self, now: float, parked: Mapping[str, int], tiers: Mapping[str, int]) -> None:
         """Add each tenant's parked bytes times the time since the last call."""
@@ -48,6 +53,7 @@ class Accounting:
         return {
             "gpu_seconds": [[*k, v] for k, v in sorted(self.gpu_seconds.items())],
             "parked_byte_seconds": [[*k, v] for k, v in sorted(self.parked_byte_seconds.items())],
+            "gpu_seconds_by_gpu": [[*k, v] for k, v in sorted(self.by_gpu.items())],
         }
 
     def load(self, data: Mapping[str, Any]) -> None:
@@ -56,6 +62,8 @@ class Accounting:
             totals: dict[Key, float] = getattr(self, name)
             for tenant, ns, tier, value in data.get(name, []):
                 totals[(str(tenant), str(ns), int(tier))] = float(value)
+        for gpu, tenant, value in data.get("gpu_seconds_by_gpu", []):
+            self.by_gpu[(str(gpu), str(tenant))] = float(value)
 
     def by_namespace(self) -> dict[str, float]:
         """GPU-seconds per namespace."""

@@ -67,7 +67,7 @@ class AgentMetrics:
                 turns.popleft()
         if revoked:
             self.revocations.inc()
-        self.accounting.held(lease.tenant_id, self.tier_of(lease.tenant_id), len(lease.gpus), held)
+        self.accounting.held(lease.tenant_id, self.tier_of(lease.tenant_id), lease.gpus, held)
         return held
 
     def watch(

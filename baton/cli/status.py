@@ -31,6 +31,14 @@ def status(
         int, typer.Option(envvar="BATON_STATUS_AGENT_PORT", help="Agents' HTTP port on nodes.")
     ] = names.PORT_AGENT,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+    by: Annotated[
+        str,
+        typer.Option(
+            "--by",
+            help="gpu: what each GPU is doing; namespace: each namespace's share of each GPU "
+            "against its entitlement (its tenants' summed duty).",
+        ),
+    ] = "gpu",
 ) -> None:
     """What each GPU is doing: holder, queue, tenants resident/parked, parked bytes, duty."""
     import json
@@ -38,6 +46,9 @@ def status(
 
     from baton.status import cluster as cluster_status
 
+    if by not in ("gpu", "namespace"):
+        typer.echo(f"baton status: --by is gpu or namespace, not {by!r}", err=True)
+        raise typer.Exit(2)
     if extender is None:
         answer = cluster_status.read_agent(url)
         if isinstance(answer, str):
@@ -48,7 +59,7 @@ def status(
             return
         from baton.status.cluster_view import print_agent
 
-        print_agent(answer, url)
+        print_agent(answer, url, by=by)
         return
     try:
         addresses = cluster_status.agent_addresses(kubeconfig) if kubeconfig else {}
@@ -61,7 +72,7 @@ def status(
         return
     from baton.status.cluster_view import print_cluster
 
-    print_cluster(document)
+    print_cluster(document, by=by)
 
 
 def events(

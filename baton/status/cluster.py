@@ -17,6 +17,7 @@ from typing import Any
 
 from agent.parking.backends.base import Residency
 from baton.contract.names import NAMESPACE, NODE_POD_SELECTOR
+from baton.status.shares import namespace_shares
 
 AgentAnswer = dict[str, Any] | str
 """An agent's /v1/status document, or why it could not be read."""
@@ -76,6 +77,7 @@ def node_summary(
         "host_memory_budget_bytes": residency.get("host_memory_budget_bytes"),
         "annotated_budget_mib": budget_mib,
         "gpus": gpus,
+        "namespaces": namespace_shares(status),
     }
 
 

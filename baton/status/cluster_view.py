@@ -10,6 +10,7 @@ from rich.table import Table
 
 from baton.contract.names import MIB
 from baton.status.cluster import single_agent_document
+from baton.status.shares import namespace_table
 from baton.status.view import tenant_table
 
 
@@ -63,16 +64,32 @@ def gpu_rows_table(document: dict[str, Any], show_node: bool = True) -> Table:
     return table
 
 
-def print_cluster(document: dict[str, Any], console: Console | None = None) -> None:
-    """Print the table; say so when the extender's cache is not synced yet."""
+def print_cluster(
+    document: dict[str, Any], console: Console | None = None, by: str = "gpu"
+) -> None:
+    """Print the table (per GPU, or with `by="namespace"` each node's namespaces' shares); say
+    so when the extender's cache is not synced yet."""
     console = console or Console()
     if document.get("synced") is False:
         console.print("[yellow]the extender has not synced with the API server yet[/yellow]")
+    if by == "namespace":
+        for node in document.get("nodes", []):
+            if node.get("error"):
+                console.print(f"[red]{escape(node['name'])}: {escape(node['error'])}[/red]")
+            else:
+                console.print(namespace_table(node.get("namespaces", []), node["name"]))
+        return
     console.print(gpu_rows_table(document))
 
 
-def print_agent(status: dict[str, Any], url: str, console: Console | None = None) -> None:
-    """One agent: its GPUs, then its tenants."""
+def print_agent(
+    status: dict[str, Any], url: str, console: Console | None = None, by: str = "gpu"
+) -> None:
+    """One agent: its GPUs, then its tenants; or, `by="namespace"`, its namespaces' shares."""
     console = console or Console()
+    if by == "namespace":
+        document = single_agent_document(status, url)
+        console.print(namespace_table(document["nodes"][0]["namespaces"]))
+        return
     console.print(gpu_rows_table(single_agent_document(status, url), show_node=False))
     console.print(tenant_table(status))

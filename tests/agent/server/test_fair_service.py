@@ -77,12 +77,15 @@ def test_gpu_seconds_are_accounted_and_survive_a_restart(workdir: str):
         assert first["gpu_seconds_by_namespace"]["local"] > 0
         [[tenant, namespace, tier, seconds]] = first["gpu_seconds"]
         assert (tenant, namespace, tier) == ("local/a", "local", 0)
+        assert first["gpu_seconds_by_gpu"] == [["GPU-0", "local/a", seconds]]
         assert "baton_tenant_gpu_seconds_total" in agent.http("/metrics")[1]
     finally:
         a.close()
         agent.stop()
     again = AgentRunner(workdir, queue_policy="fair").start()
     try:
-        assert again.status()["accounting"]["gpu_seconds"] == [[tenant, namespace, tier, seconds]]
+        kept = again.status()["accounting"]
+        assert kept["gpu_seconds"] == [[tenant, namespace, tier, seconds]]
+        assert kept["gpu_seconds_by_gpu"] == [["GPU-0", "local/a", seconds]]
     finally:
         again.stop()
