@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.core.leases import LeaseTable
 from agent.parking.metrics import Forward, ParkingMetrics
+from agent.server.accounting import AccountingCollector
 from agent.server.metrics import AgentMetrics
 from deviceplugin.metrics import Metrics as DevicePluginMetrics
 from extender.metrics import Metrics as ExtenderMetrics
@@ -45,7 +46,18 @@ OPERATOR_READS_FIRST = {
     "Allocate latency": "baton_deviceplugin_allocate_seconds_bucket",
     "Allocate fallbacks": "baton_deviceplugin_fallback_assignments_total",
     "device health": "baton_deviceplugin_devices",
+    "GPU share by namespace": "baton_tenant_gpu_seconds_total",
+    "parked memory by namespace": "baton_tenant_parked_byte_seconds_total",
+    "acquire wait by tier": "baton_tier_wait_seconds_bucket",
 }
+SPLIT_BY = {
+    "GPU share by namespace": ("baton_tenant_gpu_seconds_total", "namespace"),
+    "GPU time by tier": ("baton_tenant_gpu_seconds_total", "tier"),
+    "Acquire wait p99 by tier": ("baton_tier_wait_seconds_bucket", "tier"),
+    "GPU-seconds by tenant": ("baton_tenant_gpu_seconds_total", "tenant"),
+    "Parked memory by namespace": ("baton_tenant_parked_byte_seconds_total", "namespace"),
+}
+"""Panels over the accounting and the tiers, the metric each reads and the label it splits by."""
 
 
 def dashboard() -> dict[str, Any]:
@@ -65,10 +77,13 @@ def queries(board: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def agent_registry() -> CollectorRegistry:
-    """The agent's registry as the daemon composes it: lease metrics plus parking metrics."""
+    """The agent's registry as the daemon composes it: lease metrics, the accounting (one turn
+    ended, so its counters have labels), parking metrics."""
     metrics = AgentMetrics()
     table = LeaseTable(clock=time.time, policy="fifo", max_hold=60.0)
     metrics.watch(table, lambda: 0, time.time)
+    metrics.accounting.held("ns/a", 0, ("GPU-0",), 1.0)
+    metrics.registry.register(AccountingCollector(metrics.accounting, lambda: None))
     metrics.registry.register(Forward(ParkingMetrics("fake").registry))
     return metrics.registry
 
@@ -106,6 +121,14 @@ def test_the_panels_an_operator_reads_first_are_there() -> None:
     used = {name for _title, expr in queries(dashboard()) for name in METRIC.findall(expr)}
     absent = [topic for topic, metric in OPERATOR_READS_FIRST.items() if metric not in used]
     assert not absent, f"no panel for {absent}"
+
+
+def test_share_wait_and_tier_panels_split_their_metric_by_the_right_label() -> None:
+    by_title = {p["title"]: [t["expr"] for t in p.get("targets", [])] for p in panels(dashboard())}
+    for title, (metric, label) in SPLIT_BY.items():
+        assert title in by_title, f"no panel {title!r}"
+        exprs = [e for e in by_title[title] if metric in e]
+        assert exprs and all(re.search(rf"by \([^)]*\b{label}\b", e) for e in exprs), title
 
 
 def test_panels_are_well_formed_for_grafana() -> None:

@@ -34,6 +34,13 @@ class AgentMetrics:
             buckets=_BUCKETS,
             registry=self.registry,
         )
+        self.tier_waits = Histogram(
+            f"{p}tier_wait_seconds",
+            "Time from request to grant, per priority tier.",
+            ["tier"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
         self.holds = Histogram(
             f"{p}hold_seconds", "Time a turn was held.", buckets=_BUCKETS, registry=self.registry
         )
@@ -52,6 +59,7 @@ class AgentMetrics:
     def granted(self, lease: Lease, waited: float) -> None:
         """A turn started."""
         self.waits.observe(max(0.0, waited))
+        self.tier_waits.labels(tier=str(self.tier_of(lease.tenant_id))).observe(max(0.0, waited))
         for gpu in lease.gpus:
             self.grants.labels(gpu=gpu).inc()
 

@@ -49,6 +49,9 @@ def test_a_higher_tier_waiter_goes_first_and_every_waiter_sees_why(fair_agent: A
         holder.yield_()
         granted = fair_agent.wait_event(lambda e: e.kind == "granted", since=mark)
         assert granted.tenant_id == "local/high", "the higher tier at the holder's next yield"
+        metrics = fair_agent.http("/metrics")[1]
+        assert 'baton_tier_wait_seconds_count{tier="1000"} 1.0' in metrics
+        assert 'baton_tier_wait_seconds_count{tier="0"} 1.0' in metrics  # the first holder
     finally:
         for each in (holder, low, high):
             each.close()
