@@ -229,7 +229,7 @@ def bench_train(
         if importlib.util.find_spec("trl") is None:
             typer.echo("--framework trl needs TRL: pip install 'baton-gpu[trl]'", err=True)
             raise typer.Exit(1)
-        trl_given = {"steps": steps, "grpo_off_s": grpo_off_s}
+        trl_given: dict[str, Any] = {"steps": steps, "grpo_off_s": grpo_off_s}
         config = TrlMix(
             tenants=tenants, device=device, **{k: v for k, v in trl_given.items() if v is not None}
         )
