@@ -280,12 +280,25 @@ def bench_fairness(
     handoff_iterations: Annotated[
         int, typer.Option(help="Handoffs per policy for the cost on a real handoff; 0 = skip.")
     ] = 500,
+    mix: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mix",
+            help="A tenant mix (skewed, long-turns, equal, trainer-batch); repeat it; "
+            "default: all, the first one's figures at the top level.",
+        ),
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
-    """Skewed tenants in two tiers on one GPU: the fair policy against FIFO, same run."""
+    """Tenant mixes on one GPU: the fair policy against FIFO on each, same run."""
     from baton.bench.fairness import run_fairness_bench
 
-    echo_figures(run_fairness_bench(seconds, handoff_iterations), as_json)
+    try:
+        figures = run_fairness_bench(seconds, handoff_iterations, mixes=mix)
+    except ValueError as exc:
+        typer.echo(f"baton bench fairness: {exc}", err=True)
+        raise typer.Exit(2) from None
+    echo_figures(figures, as_json)
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

@@ -1,14 +1,49 @@
-"""`baton bench fairness`: the fields DESIGN.md lists, and the fair policy meeting its targets."""
+"""`baton bench fairness`: the fields DESIGN.md lists, the issue's targets, several mixes."""
 
 from __future__ import annotations
 
-from baton.bench.fairness import run_fairness_bench
+import json
+
+from typer.testing import CliRunner
+
+from baton.bench.fairness import MIXES, run_fairness_bench
+from baton.cli import app
 
 
 def test_the_fair_policy_meets_its_share_and_wait_targets_where_fifo_does_not() -> None:
-    out = run_fairness_bench(seconds=120.0, handoff_iterations=0)
+    out = run_fairness_bench(seconds=120.0, handoff_iterations=0, mixes=["skewed"])
     for key in ("tenants", "max_share_deviation", "jain_index", "starved", "p99_wait_ms"):
         assert key in out and f"reference_{key}" in out
+    for tenant in out["tenants"].values():
+        assert {"entitled_share", "measured_share", "asks_its_share"} <= tenant.keys()
     assert out["max_share_deviation"] <= 0.05 < out["reference_max_share_deviation"]
     assert out["starved"] == []
     assert out["p99_wait_ms"] <= out["lower_tier_turn_ms"]
+    assert out["targets"] == {
+        "share_within_5_points": True,
+        "no_starvation": True,
+        "high_tier_wait_within_turn_plus_grace": True,
+    }
+    assert out["reference_targets"]["high_tier_wait_within_turn_plus_grace"] is False
+
+
+def test_every_mix_is_reported_and_whether_fair_was_better_on_each() -> None:
+    out = run_fairness_bench(seconds=60.0, handoff_iterations=0)
+    assert list(out["mixes"]) == list(MIXES) and out["mix"] == "skewed"
+    assert out["mixes"]["skewed"]["fair_better"] is True
+    # Equal tenants, or two tenants, are served alike by both policies: not better there.
+    assert out["mixes"]["equal"]["fair_better"] is False
+    assert out["mixes"]["trainer-batch"]["fair_better"] is False
+    assert out["fair_better_for_every_mix"] is False, "the default stays fifo (fairness.md)"
+    for figures in out["mixes"].values():
+        assert figures["starved"] == [] and figures["targets"]["no_starvation"]
+
+
+def test_the_cli_takes_mixes_and_refuses_an_unknown_one() -> None:
+    args = ["bench", "fairness", "--seconds", "20", "--handoff-iterations", "0", "--json"]
+    result = CliRunner().invoke(app, [*args, "--mix", "equal", "--mix", "trainer-batch"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output.strip().splitlines()[-1])
+    assert list(out["mixes"]) == ["equal", "trainer-batch"] and out["mix"] == "equal"
+    refused = CliRunner().invoke(app, [*args, "--mix", "nope"])
+    assert refused.exit_code == 2 and "unknown mix nope" in refused.output
