@@ -6,6 +6,7 @@ import hashlib
 import lzma
 import os
 import shutil
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,3 +115,40 @@ def require_binaries() -> KubeBinaries:
             f" {', '.join(KUBE_COMMANDS)} (or the packed kube-*.xz and etcd-*.xz)"
         )
     return found
+
+
+CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr")
+
+
+def find_containerd2() -> Path | None:
+    """A directory with containerd 2.x, its shim and ctr, unpacked from the search directory's
+    `containerd-v2*-linux-amd64.tar.xz` (the shared layout), or None when there is none."""
+    for directory in search_dirs():
+        packed = sorted(directory.glob("containerd-v2.*-linux-amd64.tar.xz"))
+        if directory.is_dir() and packed:
+            return _untar(packed[-1], cache_dir() / "bin")
+    return None
+
+
+def _untar(packed: Path, into: Path) -> Path:
+    """The .tar.xz's executables in a directory keyed by its content hash; reused when there."""
+    digest = hashlib.sha256(packed.read_bytes()).hexdigest()[:16]
+    out = into / f"{packed.name.removesuffix('.tar.xz')}-{digest}"
+    if not out.exists():
+        part = out.with_name(out.name + ".part")
+        shutil.rmtree(part, ignore_errors=True)
+        part.mkdir(parents=True)
+        with tarfile.open(packed, "r:xz") as tar:
+            for member in tar.getmembers():
+                name = Path(member.name).name
+                if member.isfile() and name in CONTAINERD_COMMANDS:
+                    source = tar.extractfile(member)
+                    assert source is not None
+                    with source, (part / name).open("wb") as dst:
+                        shutil.copyfileobj(source, dst, 1 << 20)
+                    (part / name).chmod(0o755)
+        missing = [c for c in CONTAINERD_COMMANDS if not (part / c).exists()]
+        if missing:
+            raise LocalNodeError(f"{packed} lacks {', '.join(missing)}")
+        part.rename(out)
+    return out

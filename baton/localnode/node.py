@@ -14,7 +14,7 @@ from types import FrameType, TracebackType
 from typing import IO
 
 from baton.localnode import images
-from baton.localnode.binaries import KubeBinaries, cache_dir, require_binaries
+from baton.localnode.binaries import KubeBinaries, cache_dir, find_containerd2, require_binaries
 from baton.localnode.controlplane import ControlPlane
 from baton.localnode.kubelet import (
     ROOT_DIR,
@@ -28,6 +28,10 @@ from baton.localnode.runtime import Containerd
 LOCK_FILE = Path("/run/baton-localnode.lock")
 """One local node per machine: the kubelet's directories and ports are the machine's."""
 READY_TIMEOUT = 60.0
+CONTAINERD_SYSTEM = "system"
+"""The system's containerd (Debian's 1.6: no CDI), what the device-plugin path runs on."""
+CONTAINERD_SHARED = "shared"
+"""containerd 2.x from the Kubernetes binaries' directory (CDI on), what the DRA path needs."""
 
 
 def default_node_name() -> str:
@@ -49,12 +53,22 @@ class LocalNode:
         binaries: KubeBinaries | None = None,
         node_name: str | None = None,
         scratch_dirs: tuple[Path, ...] = (),
+        containerd: str = CONTAINERD_SYSTEM,
     ) -> None:
+        """`containerd`: CONTAINERD_SYSTEM or CONTAINERD_SHARED (each keeps its own images)."""
         self.root = root
         self.binaries = binaries or require_binaries()
         self.node_name = node_name or default_node_name()
         self.plane = ControlPlane(root, self.binaries, self.node_name)
-        self.containerd = Containerd(root, cache_dir() / "containerd")
+        if containerd == CONTAINERD_SHARED:
+            bin_dir = find_containerd2()
+            if bin_dir is None:
+                raise LocalNodeError("no containerd-v2.*-linux-amd64.tar.xz beside the binaries")
+            self.containerd = Containerd(root, cache_dir() / "containerd2", bin_dir)
+        elif containerd == CONTAINERD_SYSTEM:
+            self.containerd = Containerd(root, cache_dir() / "containerd")
+        else:
+            raise LocalNodeError(f"containerd must be {CONTAINERD_SYSTEM} or {CONTAINERD_SHARED}")
         self.kubelet: Process | None = None
         self.timings: dict[str, float] = {}
         self._lock: IO[str] | None = None

@@ -32,8 +32,10 @@ def cni_bin_dir() -> Path:
 class Containerd:
     """containerd for the node: images in a persistent root, sockets and state in the run dir."""
 
-    def __init__(self, run_dir: Path, image_root: Path) -> None:
+    def __init__(self, run_dir: Path, image_root: Path, bin_dir: Path | None = None) -> None:
+        """`bin_dir`: containerd 2.x's binaries (CDI on); None runs the system's (Debian's 1.6)."""
         self.run_dir = run_dir
+        self.bin_dir = bin_dir
         self.state = Path("/run/baton-localnode/containerd")
         self.root = image_root
         self.socket = self.state / "containerd.sock"
@@ -41,7 +43,12 @@ class Containerd:
         self.ipam = run_dir / "cni-ipam"
         self.proc: Process | None = None
 
+    def _command(self, name: str) -> str:
+        return str(self.bin_dir / name) if self.bin_dir else name
+
     def _config(self) -> Path:
+        if self.bin_dir is not None:
+            return self._config_v3()
         if shutil.which("containerd") is None or shutil.which("runc") is None:
             raise LocalNodeError("containerd and runc are needed: apt-get install containerd runc")
         text = run(["containerd", "config", "default"])
@@ -60,6 +67,30 @@ class Containerd:
         text = re.sub(
             r'(?m)^(\[grpc\]\n\s*address = )".*"$', rf'\g<1>"{self.socket}"', text, count=1
         )
+        config = self.run_dir / "containerd.toml"
+        config.write_text(text)
+        return config
+
+    def _config_v3(self) -> Path:
+        """containerd 2.x's config (version 3): CDI on, the same CRI settings as for 1.6."""
+        if shutil.which("runc") is None:
+            raise LocalNodeError("runc is needed: apt-get install runc")
+        runtime = "plugins.'io.containerd.cri.v1.runtime'"
+        text = f"""version = 3
+root = "{self.root}"
+state = "{self.state}"
+[grpc]
+  address = "{self.socket}"
+[{runtime}]
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  restrict_oom_score_adj = true
+  [{runtime}.cni]
+    bin_dirs = ["{cni_bin_dir()}"]
+    conf_dir = "{self.cni_conf}"
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "{PAUSE_IMAGE}"
+"""
         config = self.run_dir / "containerd.toml"
         config.write_text(text)
         return config
@@ -92,7 +123,9 @@ class Containerd:
         self.state.mkdir(parents=True, exist_ok=True)
         self._network()
         config = self._config()
-        self.proc = Process("containerd", ["containerd", "--config", str(config)], logs).start()
+        env = {"PATH": f"{self.bin_dir}:{os.environ.get('PATH', '')}"} if self.bin_dir else None
+        argv = [self._command("containerd"), "--config", str(config)]
+        self.proc = Process("containerd", argv, logs, env).start()
         wait_for("containerd to serve", self._answers, 30.0)
 
     def _answers(self) -> bool | None:
@@ -105,7 +138,8 @@ class Containerd:
 
     def ctr(self, *args: str) -> list[str]:
         """A `ctr` command line against this containerd, in the CRI namespace."""
-        return ["ctr", "--address", str(self.socket), "--namespace", NAMESPACE, *args]
+        ctr = self._command("ctr")
+        return [ctr, "--address", str(self.socket), "--namespace", NAMESPACE, *args]
 
     def images(self) -> set[str]:
         """References of the images it holds."""
