@@ -94,6 +94,8 @@ class TorchParker:
         self._host: list[torch.Tensor] = []
         """Host buffers, one per parked storage in order; allocated once, reused after."""
         self._parked: list[tuple[torch.UntypedStorage, int]] = []
+        self._is_parked = False
+        """True between a park and its restore, even one that found nothing to move."""
         self._lock = threading.Lock()
         self.add(*sources)
 
@@ -112,14 +114,14 @@ class TorchParker:
         """Hold parks off while the tenant computes: a park asked meanwhile (a revoked turn)
         waits until the work is done. Raises `ParkError` if the tensors are parked now."""
         with self._lock:
-            if self._parked:
+            if self._is_parked:
                 raise ParkError("the tensors are parked: the agent restores them before a turn")
             yield
 
     @property
     def parked(self) -> bool:
         """True between a park and its restore."""
-        return bool(self._parked)
+        return self._is_parked
 
     def storages(self) -> list[torch.UntypedStorage]:
         """The distinct non-empty storages on the device behind the sources, in a stable order."""
@@ -151,9 +153,13 @@ class TorchParker:
     def park(self, gpu: str = "") -> int:
         """Copy every storage to its host buffer, free the device memory; returns bytes moved."""
         with self._lock:
-            if self._parked:
+            if self._is_parked:
                 raise ParkError("already parked: restore before parking again")
             start = time.perf_counter()
+            with torch.no_grad():  # a numpy view since registration also pins a storage's size
+                self.stats.copied_bytes += _make_resizable(
+                    t for src in self.sources for t in tensors_of(src) if self._on_device(t)
+                )
             storages = self.storages()
             fixed = [s for s in storages if not s.resizable()]
             if fixed:  # refuse before moving anything: a half-done park frees nothing
@@ -167,6 +173,7 @@ class TorchParker:
             for storage, _host in pairs:
                 storage.resize_(0)
             self._parked = [(s, s_host.numel()) for s, s_host in pairs]
+            self._is_parked = True
             _release_cached(storages)
             moved = sum(n for _, n in self._parked)
             self.stats.parks += 1
@@ -177,7 +184,7 @@ class TorchParker:
     def restore(self, gpu: str = "") -> int:
         """Allocate every parked storage again and copy its bytes back; returns bytes moved."""
         with self._lock:
-            if not self._parked:
+            if not self._is_parked:
                 raise ParkError("not parked: nothing to restore")
             start = time.perf_counter()
             for storage, nbytes in self._parked:
@@ -186,6 +193,7 @@ class TorchParker:
             self._copy(pairs)
             moved = sum(n for _, n in self._parked)
             self._parked = []
+            self._is_parked = False
             self.stats.restores += 1
             self.stats.restored_bytes += moved
             self.stats.restore_s += time.perf_counter() - start

@@ -182,5 +182,5 @@ def digest(model: Any) -> str:
     h = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        h.update(tensor.detach().to("cpu", copy=True).contiguous().numpy().tobytes())
     return h.hexdigest()

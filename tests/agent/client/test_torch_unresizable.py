@@ -48,18 +48,25 @@ def test_mapped_weights_are_copied_once_at_registration_and_park(tmp_path: Path)
     assert not torch.equal(before[1], model.bias)
 
 
-def test_a_storage_mapped_after_registration_is_refused_before_anything_moves(
-    tmp_path: Path,
-) -> None:
+def test_a_storage_pinned_after_registration_is_copied_at_the_next_park(tmp_path: Path) -> None:
     import torch
 
-    from agent.client.torch import ParkError, TorchParker
+    from agent.client.torch import TorchParker
 
     model = torch.nn.Linear(4, 4)
     parker = TorchParker(model)
-    late = mapped_linear(tmp_path)
-    with torch.no_grad():  # e.g. weights swapped in from a mapped checkpoint
-        model.weight.set_(late.weight.untyped_storage(), 0, (4, 4), (4, 1))
-    with pytest.raises(ParkError, match=r"1 storages \(80 bytes\) cannot be resized"):
-        parker.park("gpu")
-    assert not parker.parked and model.bias.untyped_storage().nbytes() == 16
+    assert parker.stats.copied_bytes == 0
+    model.weight.detach().numpy()  # a numpy view pins the storage's size, as a digest may
+    assert not model.weight.untyped_storage().resizable()
+    weight = model.weight.detach().clone()
+    assert parker.park("gpu") == 80 and parker.stats.copied_bytes == 64
+    parker.restore("gpu")
+    assert torch.equal(model.weight, weight)
+
+
+def test_a_parker_with_nothing_yet_parks_and_restores_nothing() -> None:
+    from agent.client.torch import TorchParker
+
+    parker = TorchParker()  # e.g. parked before the trainer built its model
+    assert parker.park("gpu") == 0 and parker.parked
+    assert parker.restore("gpu") == 0 and not parker.parked
