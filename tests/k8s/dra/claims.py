@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from baton.contract import names
-from tests.k8s.pods import REPORT
+from tests.k8s.pods import REPORT, tenant_pod
 
 GIB = 1 << 30
 
@@ -61,3 +61,14 @@ def _pod(name: str, namespace: str, script: str, limits: dict[str, str]) -> dict
             "containers": [container],
         },
     }
+
+
+def claim_tenant(name: str, namespace: str, template: str, steps: int = 6) -> dict[str, Any]:
+    """The GRPO tenant of tests/k8s (reports its env, takes turns, verifies its memory) with a
+    claim from `template` instead of Baton limits."""
+    pod = tenant_pod(name, namespace, steps=steps, memory_limit=None)
+    container = pod["spec"]["containers"][0]
+    container["resources"]["limits"] = {}
+    container["resources"]["claims"] = [{"name": "gpu"}]
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    return pod
