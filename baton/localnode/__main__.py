@@ -13,26 +13,27 @@ from pathlib import Path
 
 from baton.localnode import images
 from baton.localnode.binaries import require_binaries
-from baton.localnode.install import HOST_DIRS, install_baton
-from baton.localnode.node import LocalNode
+from baton.localnode.install import HOST_DIRS, install_baton, install_baton_dra
+from baton.localnode.node import CONTAINERD_SHARED, CONTAINERD_SYSTEM, LocalNode
 from baton.localnode.procs import LocalNodeError
 
 
 def _up(args: argparse.Namespace) -> int:
     root = Path(args.dir or tempfile.mkdtemp(prefix="baton-localnode-"))
     try:
-        return _run_node(root, args.install)
+        return _run_node(root, args.install, args.dra)
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _run_node(root: Path, install: bool) -> int:
-    with LocalNode(root, scratch_dirs=HOST_DIRS) as node:
+def _run_node(root: Path, install: bool, dra: bool) -> int:
+    containerd = CONTAINERD_SHARED if dra else CONTAINERD_SYSTEM
+    with LocalNode(root, scratch_dirs=HOST_DIRS, containerd=containerd) as node:
         print(f"node {node.node_name} Ready in {node.timings['ready_s']:.1f} s", flush=True)
         if install:
             began = time.monotonic()
-            install_baton(node)
+            (install_baton_dra if dra else install_baton)(node)
             print(f"Baton installed in {time.monotonic() - began:.1f} s", flush=True)
         print(f"export KUBECONFIG={node.kubeconfig}", flush=True)
         print("Ctrl-C stops the node and removes everything it started.", flush=True)
@@ -63,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--dir", help="run directory (default: a new temporary one)")
     up.add_argument(
         "--install", action="store_true", help="kubectl apply -k manifests/overlays/local"
+    )
+    up.add_argument(
+        "--dra",
+        action="store_true",
+        help="containerd 2.x from the binaries' directory (CDI); --install applies local-dra",
     )
     up.set_defaults(run=_up)
     image = sub.add_parser("image", help="build (or find cached) the node's images")
