@@ -3,12 +3,14 @@ accounted per tenant, namespace and tier and survives a restart."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
-from agent.client import AcquireTimeout, Baton
+from agent.client import AcquireTimeout, AgentUnavailable, Baton
+from agent.core.events import Event
 from agent.core.fair import FairConfig
 from tests.harness.agent import AgentRunner
 
@@ -24,6 +26,16 @@ def _client(agent: AgentRunner, name: str, priority: int = 0, duty: int = 50) ->
     return Baton(agent.config.socket, ["GPU-0"], name=name, gpu_duty=duty, priority=priority)
 
 
+def _queued(tenant: str) -> Callable[[Event], bool]:
+    return lambda e: e.kind == "queued" and e.tenant_id == tenant
+
+
+def _acquire_until_closed(client: Baton) -> None:
+    """A waiter in a thread: its client closed under it at the test's end is not an error."""
+    with contextlib.suppress(AgentUnavailable):
+        client.acquire()
+
+
 def test_a_higher_tier_waiter_goes_first_and_every_waiter_sees_why(fair_agent: AgentRunner):
     holder, low, high = (
         _client(fair_agent, "holder"),
@@ -34,10 +46,8 @@ def test_a_higher_tier_waiter_goes_first_and_every_waiter_sees_why(fair_agent: A
         holder.acquire()
         for each, tenant in ((low, "local/low"), (high, "local/high")):
             mark = fair_agent.mark()
-            threading.Thread(target=each.acquire, daemon=True).start()
-            fair_agent.wait_event(
-                lambda e, t=tenant: e.kind == "queued" and e.tenant_id == t, since=mark
-            )
+            threading.Thread(target=_acquire_until_closed, args=(each,), daemon=True).start()
+            fair_agent.wait_event(_queued(tenant), since=mark)
         queue = fair_agent.status()["gpus"]["GPU-0"]["queue"]
         assert [(w["tenant_id"], w["position"], w["tier"]) for w in queue] == [
             ("local/high", 1, 1000),
