@@ -13,9 +13,11 @@ one per bind in flight; a bind that left its responses unread opened two more ev
 
 
 def assert_held(nodes: int, pods: int, clients: int, seconds: float, p99_ms: float) -> None:
+    """One client first (the same-run reference), then `clients` with `pods` pods pending."""
     load = ExtenderLoad(nodes, pods)
     try:
-        tally = load.run(clients, seconds)
+        single = load.run(1, max(2.0, seconds / 10))
+        tally = load.run(clients, seconds, pending=pods)
         double = load.double_booked()
         connections = load.api.connections_accepted
     finally:
@@ -30,6 +32,8 @@ def assert_held(nodes: int, pods: int, clients: int, seconds: float, p99_ms: flo
         "binds": len(tally.bound) + tally.churn["bound pod deleted"],
         "bind_errors": len(tally.bind_errors),
         **{f"{verb}_p99_ms": round(tally.p99_ms(verb), 1) for verb in tally.latency},
+        **{f"single_client_{v}_p99_ms": round(single.p99_ms(v), 1) for v in single.latency},
+        "single_client_calls": sum(single.statuses.values()),
         "churn_events": sum(tally.churn.values()),
         "non_200": calls - tally.statuses[200],
         "double_booked": len(double),
@@ -38,6 +42,7 @@ def assert_held(nodes: int, pods: int, clients: int, seconds: float, p99_ms: flo
     record("load", f"extender: {clients} clients, {nodes} nodes, {seconds:g} s", figures)
     assert double == []
     assert set(tally.statuses) == {200}, tally.statuses
+    assert set(single.statuses) == {200}, single.statuses
     assert figures["binds"] > 0 and figures["churn_events"] > 0
     # Binds reuse the extender's pooled API connections instead of opening one per call.
     assert connections <= MAX_API_CONNECTIONS, (connections, figures["binds"])
