@@ -55,6 +55,7 @@ class DraView:
         self._uuids: dict[str, str] = {}
         self._held: dict[str, DraHolding | None] = {}
         self._lock = threading.Lock()
+        self._warned = False
 
     def holding(self, pod: Mapping[str, Any]) -> DraHolding | None:
         """The pod's holding; read once its claims are all allocated, then remembered.
@@ -71,6 +72,9 @@ class DraView:
         try:
             ready, found = self._read(refs)
         except Exception as err:  # any API failure: the next event of the pod retries
+            if getattr(err, "status", None) == 403:
+                self._denied(uid, err)
+                return None
             meta = pod.get("metadata") or {}
             log.warning(
                 "pod %s/%s: cannot read its claims (%s); retried on its next change",
@@ -83,6 +87,18 @@ class DraView:
             with self._lock:
                 self._held[uid] = found
         return found
+
+    def _denied(self, uid: str, err: Exception) -> None:
+        """No right to read claims (a device-plugin install): the pod holds nothing of ours."""
+        with self._lock:
+            self._held[uid] = None
+            first, self._warned = not self._warned, True
+        if first:
+            log.warning(
+                "cannot read ResourceClaims (%s): pods with claims are not tenants here; "
+                "the DRA install (manifests/overlays/dra) grants the agent this",
+                str(err).splitlines()[0],
+            )
 
     def forget(self, pod_uid: str) -> None:
         """The pod is gone."""

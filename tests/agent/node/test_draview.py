@@ -165,3 +165,21 @@ def test_the_pod_watch_makes_claim_pods_tenants(tmp_path: Path) -> None:
     assert [(t.tenant_id, t.container_gpus) for t in joined] == [
         ("team/trainer", {"trainer": ("GPU-bbb",)})
     ]
+
+
+class Denied(Exception):
+    status = 403
+
+
+def test_without_the_right_to_read_claims_the_pod_is_no_tenant_and_not_read_again() -> None:
+    claims = Claims(claim("c1", "gpu-0"))
+    view = DraView(claims, NODE)
+
+    def denied(namespace: str, name: str) -> dict[str, Any] | None:
+        claims.reads += 1
+        raise Denied("forbidden")
+
+    claims.read_claim = denied  # type: ignore[method-assign]
+    pod = claim_pod("trainer", "pod-1", "c1")
+    assert view.holding(pod) is None and view.holding(pod) is None
+    assert claims.reads == 1
