@@ -1,0 +1,54 @@
+"""Real TRL jobs (SFTTrainer, GRPOTrainer on tiny Qwen2 models built from configs) taking turns
+through `BatonCallback`: alone, then sharing one simulated GPU too small for both, bit for bit."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+
+import pytest
+
+needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl")
+
+
+def specs() -> list:
+    from agent.examples.trl_train.jobs import TrlConfig
+    from baton.demo.trl import TrlSpec
+
+    # GRPO: a reference model (beta > 0, loaded memory-mapped from disk), gradient accumulation,
+    # two policy updates per generation, a reward wrapped to run off-turn.
+    grpo = TrlConfig(kind="grpo", seed=2, batch=4, group=4, accumulation=2, iterations=2)
+    sft = TrlConfig(kind="sft", seed=1, batch=8)
+    return [TrlSpec("sft", sft, steps=4), TrlSpec("grpo", grpo, steps=4)]
+
+
+@needs_trl
+def test_the_footprint_formula_counts_the_models_parameters() -> None:
+    from transformers import Qwen2ForCausalLM
+
+    from agent.examples.trl_train.jobs import TrlConfig, model_config
+
+    for hidden, layers in ((64, 2), (32, 1)):
+        config = TrlConfig(hidden=hidden, layers=layers)
+        assert Qwen2ForCausalLM(model_config(config)).num_parameters() == config.params()
+
+
+@needs_trl
+@pytest.mark.timeout(240)
+def test_trl_jobs_sharing_a_gpu_train_bit_for_bit_as_they_do_alone() -> None:
+    from baton.demo.train import run_alone, run_shared, same_training
+
+    tenants = specs()
+    alone = asyncio.run(run_alone(tenants, agent=False))
+    shared = asyncio.run(run_shared(tenants))
+    assert all(r["moves"]["parks"] == 0 for r in alone)
+    for spec, a, s in zip(tenants, alone, shared.reports, strict=True):
+        assert s["steps"] == spec.steps == len(s["losses"])
+        assert same_training(a, s) == []
+        # The GPU holds one of them at a time: each was parked and restored between its turns.
+        assert s["moves"]["parks"] >= 2 and s["moves"]["restores"] >= 2
+    grpo = shared.reports[1]
+    assert grpo["rewards"] and len(set(alone[0]["losses"])) > 1  # logged on generating steps
+    # from_pretrained mapped the GRPO weights; TorchParker copied them once to park them.
+    assert grpo["moves"]["copied_bytes"] > 0 and alone[0]["moves"]["copied_bytes"] == 0
+    assert shared.moves["park"]["count"] >= 4
