@@ -33,26 +33,37 @@ OutDir = Annotated[Path, typer.Option(help="Where the timeline PNG and trace JSO
 TenantKind = Annotated[
     str,
     typer.Option(
-        help="synthetic (sleeps and byte patterns) or train (real SFT and GRPO in PyTorch, "
-        "parked by the app backend; --duty, --cycle and the memory flags do not apply)."
+        help="synthetic (sleeps and byte patterns), train (real SFT and GRPO in PyTorch) or trl "
+        "(TRL's SFTTrainer and GRPOTrainer); train and trl are parked by the app backend, and "
+        "--duty, --cycle and the memory flags do not apply to them."
     ),
 ]
 
+TRAINING = {"train": "GRPO and SFT in PyTorch", "trl": "TRL's GRPOTrainer and SFTTrainer"}
+"""The real training tenant kinds, as the demo says what they do."""
 
-def _train(config: DemoConfig) -> DemoConfig:
-    """The demo with real training tenants, on a GPU that holds one of them at a time."""
+
+def _train(config: DemoConfig, kind: str) -> DemoConfig:
+    """The demo with real training tenants (`train` or `trl`), on a GPU that holds all but one."""
+    import importlib.util
     import math
     from dataclasses import replace
 
     try:
-        from baton.demo.train import TrainMix, shared_gpu_mib
+        from baton.demo.train import Spec, TrainMix, shared_gpu_mib
     except ImportError as e:
-        raise typer.BadParameter(f"--tenant-kind train needs torch ({e})") from None
-    specs = TrainMix(tenants=config.tenants, steps=0).specs()
+        raise typer.BadParameter(f"--tenant-kind {kind} needs torch ({e})") from None
+    specs: list[Spec] = list(TrainMix(tenants=config.tenants, steps=0).specs())
+    if kind == "trl":
+        if importlib.util.find_spec("trl") is None:
+            raise typer.BadParameter("--tenant-kind trl needs TRL: pip install 'baton-gpu[trl]'")
+        from baton.demo.trl import TrlMix
+
+        specs = list(TrlMix(tenants=config.tenants, steps=0).specs())
     sizes = tuple(math.ceil(s.footprint_mib()) for s in specs)
     # As with the synthetic tenants: all but one fit, so switches park and restore.
     gpu = shared_gpu_mib(specs, len(specs) - 1) if len(specs) > 1 else sizes[0]
-    return replace(config, tenant_kind="train", gpu_memory_mib=gpu, footprints_mib=sizes)
+    return replace(config, tenant_kind=kind, gpu_memory_mib=gpu, footprints_mib=sizes)
 
 
 def _config(
@@ -109,13 +120,13 @@ def demo(
         jitter, seed,
     )  # fmt: skip
     console = Console()
-    if tenant_kind not in ("synthetic", "train"):
-        raise typer.BadParameter(f"--tenant-kind {tenant_kind!r}: synthetic or train")
+    if tenant_kind != "synthetic" and tenant_kind not in TRAINING:
+        raise typer.BadParameter(f"--tenant-kind {tenant_kind!r}: synthetic, train or trl")
     what = f"each busy on its GPU {duty:.0%} of a {cycle:g} s step"
     sizes = f"{gpu_memory} MiB, footprints {footprints} MiB, {pcie_gbps:g} GB/s modelled"
-    if tenant_kind == "train":
-        config = _train(config)
-        what = "training for real (GRPO and SFT, PyTorch on the CPU)"
+    if tenant_kind in TRAINING:
+        config = _train(config, tenant_kind)
+        what = f"training for real ({TRAINING[tenant_kind]} on the CPU)"
         sizes = f"{config.gpu_memory_mib} MiB GPU, app backend"
     console.print(
         f"{tenants} tenants, {what}; {tenants} GPUs alone, then one GPU shared, each run "

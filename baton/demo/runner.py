@@ -26,6 +26,9 @@ from baton.demo.lines import read_line
 TENANT = [sys.executable, "-m", "baton.demo.tenant"]
 START_TIMEOUT_S = 60.0
 """How long tenants may take to start and connect (imports are slow on a busy machine)."""
+TRAINING_START_TIMEOUT_S = 120.0
+"""The same for real training tenants, which import torch (and TRL) and build their models."""
+TRAINING_KINDS = ("train", "trl")
 Tick = Callable[[str, float, int], None]
 """Progress callback: phase label, seconds since its tenants started, turns granted so far."""
 
@@ -56,8 +59,9 @@ class DemoConfig:
     """Real bytes per simulated byte of device memory."""
     seed: int = 7
     tenant_kind: str = "synthetic"
-    """`synthetic` (sleeps and byte patterns, `fake` backend) or `train` (real SFT and GRPO
-    tenants, `baton.demo.train`, parked by their own `TorchParker` through the `app` backend)."""
+    """`synthetic` (sleeps and byte patterns, `fake` backend), `train` (real SFT and GRPO
+    tenants, `baton.demo.train`, parked by their own `TorchParker` through the `app` backend) or
+    `trl` (TRL's SFTTrainer and GRPOTrainer, `baton.demo.trl`, parked the same way)."""
 
     def footprint(self, i: int) -> int:
         """MiB of device memory tenant `i` uses."""
@@ -70,15 +74,17 @@ class DemoConfig:
     @property
     def backend(self) -> str:
         """The agent's parking backend for these tenants."""
-        return "app" if self.tenant_kind == "train" else "fake"
+        return "app" if self.tenant_kind in TRAINING_KINDS else "fake"
+
+    @property
+    def start_timeout_s(self) -> float:
+        """How long the tenants may take to say they are ready."""
+        return TRAINING_START_TIMEOUT_S if self.tenant_kind in TRAINING_KINDS else START_TIMEOUT_S
 
     def command(self, i: int) -> list[str]:
         """Tenant process `i`'s command line."""
-        if self.tenant_kind == "train":
-            from baton.demo.train import TrainMix
-
-            spec = TrainMix(tenants=self.tenants, steps=0).specs()[i]
-            return replace(spec, name=self.name(i)).argv(solo=False)
+        if self.tenant_kind in TRAINING_KINDS:
+            return training_argv(self.tenant_kind, self.tenants, i, self.name(i))
         return [*TENANT, *self.tenant_args(i)]
 
     def tenant_args(self, i: int) -> list[str]:
@@ -90,6 +96,20 @@ class DemoConfig:
             "--jitter", repr(self.jitter), "--seed", str(self.seed * 1000 + i),
             "--duty", str(round(self.duty * 100)),
         ]  # fmt: skip
+
+
+def training_argv(kind: str, tenants: int, i: int, name: str) -> list[str]:
+    """Tenant `i` of `tenants` real training tenants (`train` or `trl`), training until the
+    deadline the demo sends it."""
+    if kind == "trl":
+        from baton.demo.trl import TrlMix
+
+        trl = TrlMix(tenants=tenants, steps=0).specs()[i]
+        return replace(trl, name=name).argv(solo=False)
+    from baton.demo.train import TrainMix
+
+    spec = TrainMix(tenants=tenants, steps=0).specs()[i]
+    return replace(spec, name=name).argv(solo=False)
 
 
 @dataclass
@@ -204,7 +224,7 @@ async def _drive(
         for i, log_path in enumerate(logs):
             procs.append(await _spawn(node, config, i, shared, log_path))
         for proc, result, log_path in zip(procs, results, logs, strict=True):
-            ready = await read_line(proc, START_TIMEOUT_S)
+            ready = await read_line(proc, config.start_timeout_s)
             if ready.get("event") != "ready":
                 raise DemoError(
                     f"tenant {result.name} did not start: {ready.get('error', ready)}"
@@ -217,7 +237,7 @@ async def _drive(
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write(f"go {t1!r}\n".encode())
-        limit = t1 - start + START_TIMEOUT_S
+        limit = t1 - start + config.start_timeout_s
         reports = [asyncio.create_task(read_line(p, limit)) for p in procs]
         pending: set[asyncio.Task[dict[str, Any]]] = set(reports)
         while pending:

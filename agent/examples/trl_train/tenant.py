@@ -46,12 +46,52 @@ class SoloBaton:
         pass
 
 
-def recorder(report: Report) -> Any:
-    """A callback that records each step's end, loss and reward from the trainer's logs."""
+def checked_callback(baton: Any, report: Report, acquire_timeout: float) -> Any:
+    """A `BatonCallback` that checks, at the start of each turn, that the model's parameters are
+    what the last turn left (a park and restore in between must not change them)."""
+    from agent.client.trl import BatonCallback
+
+    class Checked(BatonCallback):
+        ok = True
+        last: float | None = None
+        model: Any = None
+
+        def watch(self, *sources: Any) -> None:
+            super().watch(*sources)
+            if self.model is None:  # the first source: the trainer, whose model trains
+                self.model = getattr(sources[0], "model", sources[0])
+
+        def begin(self) -> None:
+            fresh = not self.holding
+            super().begin()
+            check = fresh and self.model is not None and self.last is not None
+            if check and fingerprint(self.model) != self.last:
+                self.ok = False
+                report.mismatches.append(f"turn {len(self.turns)}: parameters changed")
+
+        def end(self) -> None:
+            if self.holding and self.model is not None:
+                self.last = fingerprint(self.model)
+            super().end()
+
+    return Checked(baton, acquire_timeout=acquire_timeout)
+
+
+def fingerprint(model: Any) -> float:
+    """A cheap summary of the parameters, to check they survived a park."""
+    return float(sum(p.detach().double().sum().item() for p in model.parameters()))
+
+
+def recorder(report: Report, checked: Any) -> Any:
+    """A callback that records each step's end, loss and reward from the trainer's logs, and
+    counts the steps whose turns all found the parameters as the last turn left them."""
     from transformers import TrainerCallback
 
     class Recorder(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if report.steps > 0 and checked.ok:
+                report.verified += 1
+            checked.ok = True
             report.steps += 1
             report.step_ends.append(time.time())
 
@@ -101,15 +141,14 @@ def main(argv: list[str] | None = None) -> int:
 
     deterministic(args.threads)
     from agent.client import Baton
-    from agent.client.trl import BatonCallback
 
     config = TrlConfig(**{f.name: getattr(args, f.name) for f in fields(TrlConfig)})
     mib = math.ceil(config.footprint_bytes() / MIB)
     baton: Any = (
         SoloBaton() if args.solo else Baton(name=args.name, gpu_memory_mib=mib, gpu_duty=args.duty)
     )
-    callback = BatonCallback(baton, acquire_timeout=args.acquire_timeout)
     report = Report()
+    callback = checked_callback(baton, report, args.acquire_timeout)
     workdir = Path(tempfile.mkdtemp(prefix="baton-trl-"))
     try:
         tenant_id = args.name
@@ -118,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
             tenant_id = baton.tenant.tenant_id
         with callback.turn():  # the trainer places the model on the device: inside a turn
             job = trainer(
-                config, args.steps, workdir, [callback, recorder(report)], callback.off_turn
+                config,
+                args.steps,
+                workdir,
+                [callback, recorder(report, callback)],
+                callback.off_turn,
             )
             callback.watch(job)
         build_turns = len(callback.turns)
