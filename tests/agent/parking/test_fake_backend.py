@@ -87,7 +87,12 @@ def test_a_tenants_state_reads_its_allocation_once_however_many_gpus(fake_root, 
     b.park("t1", "GPU-3")
     reads: list[Path] = []
     real = fake.read_json
-    monkeypatch.setattr(fake, "read_json", lambda path: reads.append(path) or real(path))
+
+    def counted(path: Path) -> dict[str, object]:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(fake, "read_json", counted)
     st = b.state("t1")
     assert st.residency == {"GPU-3": Residency.PARKED} and st.parked_bytes == 32 * MIB
     assert st.footprint_bytes == {"GPU-3": 32 * MIB}
