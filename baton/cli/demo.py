@@ -214,7 +214,7 @@ def bench_train(
     """Real SFT and GRPO tenants alone, then sharing one device: duty, GB/s, bit-exactness.
 
     Unset sizes take `baton.demo.train.TrainMix`'s defaults (`baton.demo.trl.TrlMix`'s with
-    `--framework trl`, where --steps, --device and --grpo-off-s apply).
+    `--framework trl`, where --steps, --device, --grpo-off-s and --sft-off-s apply).
     """
     if framework not in ("torch", "trl"):
         raise typer.BadParameter(f"--framework {framework!r}: torch or trl")
@@ -240,7 +240,9 @@ def bench_train(
         if importlib.util.find_spec("trl") is None:
             typer.echo("--framework trl needs TRL: pip install 'baton-gpu[trl]'", err=True)
             raise typer.Exit(1)
-        trl_given: dict[str, Any] = {"steps": steps, "grpo_off_s": grpo_off_s}
+        trl_given: dict[str, Any] = {
+            "steps": steps, "grpo_off_s": grpo_off_s, "sft_off_s": sft_off_s,
+        }  # fmt: skip
         config = TrlMix(
             tenants=tenants, device=device, **{k: v for k, v in trl_given.items() if v is not None}
         )

@@ -45,6 +45,9 @@ class TrlMix:
     hidden: int = 64
     grpo_off_s: float = 0.3
     """GRPO's modelled verifier wait per step, run off-turn through `BatonCallback.off_turn`."""
+    sft_off_s: float = 0.3
+    """SFT's modelled wait for its next batch per step, off-turn (as `TrainMix.sft_off_s`): with
+    none, an SFT step is over ten times shorter than a GRPO step and ends its run alone."""
 
     def specs(self) -> list[TrlSpec]:
         """The K tenants, each with its own seed; GRPO with a reference model (beta > 0)."""
@@ -53,7 +56,7 @@ class TrlMix:
             kind = ("grpo", "sft")[i % 2]
             config = TrlConfig(
                 kind=kind, seed=100 + i, hidden=self.hidden, device=self.device,
-                off_s=self.grpo_off_s if kind == "grpo" else 0.0,
+                off_s=self.grpo_off_s if kind == "grpo" else self.sft_off_s,
             )  # fmt: skip
             out.append(TrlSpec(f"t{i + 1}-trl-{kind}", config, steps=self.steps))
         return out

@@ -31,3 +31,31 @@ def test_a_change_between_turns_is_a_mismatch_and_an_untouched_model_is_not() ->
     with callback.turn():
         pass
     assert not callback.ok and report.mismatches == ["turn 3: parameters changed"]
+
+
+@pytest.mark.timeout(120)
+def test_sfts_modelled_batch_wait_runs_before_each_step_outside_the_turn(
+    tmp_path, monkeypatch
+) -> None:
+    from agent.client.trl import BatonCallback
+    from agent.examples.trl_train import jobs
+
+    waits: list[bool] = []
+    real_sleep = jobs.time.sleep
+    callback = BatonCallback(SoloBaton())
+
+    def sleep(seconds: float) -> None:
+        if seconds == 0.0123:  # the modelled wait; anything else sleeps as asked
+            waits.append(callback.holding)
+            return
+        real_sleep(seconds)
+
+    monkeypatch.setattr(jobs.time, "sleep", sleep)
+    jobs.deterministic()
+    config = jobs.TrlConfig(kind="sft", seed=3, batch=4, off_s=0.0123)
+    with callback.turn():
+        job = jobs.trainer(config, 3, tmp_path, [callback], callback.off_turn)
+        callback.watch(job)
+    job.train()
+    assert waits == [False, False, False]  # one per step, none while a turn was held
+    assert len(callback.turns) >= 1 + 3 and not callback.holding

@@ -36,7 +36,8 @@ class TrlConfig:
     """GRPO: KL weight; above 0 the trainer builds a reference model (parked too)."""
     lr: float = 1e-3
     off_s: float = 0.0
-    """A modelled wait inside the reward function (a remote verifier), run off-turn."""
+    """A modelled wait per step, run off-turn: GRPO's inside its reward function (a remote
+    verifier), SFT's before each step (fetching the next batch)."""
     device: str = "cpu"
 
     def params(self) -> int:
@@ -137,6 +138,23 @@ def reverse_reward(off_s: float = 0.0) -> Any:
     return reward
 
 
+def data_wait(off_s: float, wrap: Any) -> Any:
+    """A callback that waits `off_s` at each step's start, off-turn (listed before the
+    `BatonCallback`; `wrap` hands back a turn held since the training began): SFT's modelled
+    fetch of the next batch, as the torch SFT job's `off_s`."""
+    from transformers import TrainerCallback
+
+    @wrap
+    def fetch() -> None:
+        time.sleep(off_s)
+
+    class DataWait(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            fetch()
+
+    return DataWait()
+
+
 def trainer(config: TrlConfig, steps: int, workdir: Path, callbacks: list[Any], wrap: Any) -> Any:
     """An `SFTTrainer` or `GRPOTrainer` for `steps` optimizer steps; `wrap` wraps the reward."""
     common: dict[str, Any] = dict(
@@ -152,7 +170,8 @@ def trainer(config: TrlConfig, steps: int, workdir: Path, callbacks: list[Any], 
         sft = SFTConfig(per_device_train_batch_size=config.batch, max_length=32, **common)
         return quiet(SFTTrainer(
             model=model(config, workdir), args=sft, train_dataset=dataset(config, rows),
-            processing_class=tokenizer(), callbacks=callbacks,
+            processing_class=tokenizer(),
+            callbacks=[data_wait(config.off_s, wrap), *callbacks] if config.off_s else callbacks,
         ))  # fmt: skip
     from trl import GRPOConfig, GRPOTrainer
 
