@@ -42,7 +42,7 @@ def test_sfts_modelled_batch_wait_runs_before_each_step_outside_the_turn(
 
     waits: list[bool] = []
     real_sleep = jobs.time.sleep
-    callback = BatonCallback(SoloBaton())
+    callback = BatonCallback(SoloBaton())  # type: ignore[arg-type]
 
     def sleep(seconds: float) -> None:
         if seconds == 0.0123:  # the modelled wait; anything else sleeps as asked
