@@ -14,7 +14,7 @@ from typing import Any
 from agent.node.draview import DraHolding, DraView, KubeClaimsApi
 from agent.node.tenants import POD, Tenant
 from baton.contract import names
-from baton.contract.annotations import pod_assignment
+from baton.contract.annotations import decode_parking, pod_assignment
 from baton.contract.kube import Outage
 from baton.contract.podask import RequestError, TenantRequest, parse_pod_request
 from baton.contract.reflector import KubeSource, Reflector, WatchEvent
@@ -62,6 +62,7 @@ def pod_tenant(pod: Mapping[str, Any], dra: DraHolding | None = None) -> Tenant 
         labels={k: v for k, v in labels.items() if k.startswith(names.LABEL_PREFIX_LLMD)},
         container_gpus=per_container,
         containers=_container_ids(status or {}),
+        parking=decode_parking(meta.get("annotations") or {}),
     )
 
 

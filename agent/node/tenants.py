@@ -39,6 +39,8 @@ class Tenant:
     """A pod tenant's GPUs per container, as the kubelet allocated them (`gpus` is the union)."""
     containers: dict[str, str] = field(default_factory=dict)
     """A pod tenant's container IDs (from its status) → container names."""
+    parking: str = ""
+    """The parking method its pod asks for (`baton.dev/parking`); empty: the node decides."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable form (for the state file and /v1/status)."""
@@ -57,6 +59,7 @@ class Tenant:
             "labels": dict(self.labels),
             "container_gpus": {c: list(g) for c, g in sorted(self.container_gpus.items())},
             "containers": dict(sorted(self.containers.items())),
+            "parking": self.parking,
         }
 
     @classmethod

@@ -18,9 +18,16 @@ MOVE_BUCKETS = (0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 
 
 class ParkingMetrics:
-    """Counters, histograms and gauges for one backend, registered in `registry`."""
+    """Counters, histograms and gauges for one backend, registered in `registry`.
 
-    def __init__(self, backend: str, registry: CollectorRegistry | None = None) -> None:
+    Moves are labelled with the parking method that made them (`methods`, default `backend`)."""
+
+    def __init__(
+        self,
+        backend: str,
+        registry: CollectorRegistry | None = None,
+        methods: tuple[str, ...] = (),
+    ) -> None:
         self.backend = backend
         reg = registry if registry is not None else CollectorRegistry()
         self.registry = reg
@@ -56,11 +63,12 @@ class ParkingMetrics:
             ("reason",),
             registry=reg,
         )
-        for direction in ("park", "restore"):
-            for family in (self.moves, self.move_seconds, self.moved_bytes, self.move_failures):
-                family.labels(backend, direction)
-            for stage in STAGES:
-                self.moved_when.labels(backend, direction, stage)
+        for method in methods or (backend,):
+            for direction in ("park", "restore"):
+                for family in (self.moves, self.move_seconds, self.moved_bytes, self.move_failures):
+                    family.labels(method, direction)
+                for stage in STAGES:
+                    self.moved_when.labels(method, direction, stage)
         for reason in (*Reason, "move_failed", "quarantined"):  # each shows, at 0 until it happens
             self.refused.labels(reason)
         self.quarantined = Gauge(
@@ -75,16 +83,17 @@ class ParkingMetrics:
             f"{p}preemptions", "Holders parked because their lease ran out.", registry=reg
         )
 
-    def moved(self, move: Move, stage: str = "grant") -> None:
-        """Count one finished move, made at `stage` (one of `STAGES`)."""
-        self.moved_when.labels(self.backend, move.direction, stage).inc(move.bytes)
-        self.moves.labels(self.backend, move.direction).inc()
-        self.move_seconds.labels(self.backend, move.direction).observe(move.seconds)
-        self.moved_bytes.labels(self.backend, move.direction).inc(move.bytes)
+    def moved(self, move: Move, stage: str = "grant", method: str = "") -> None:
+        """Count one finished move, made at `stage` (one of `STAGES`) by `method`."""
+        by = method or self.backend
+        self.moved_when.labels(by, move.direction, stage).inc(move.bytes)
+        self.moves.labels(by, move.direction).inc()
+        self.move_seconds.labels(by, move.direction).observe(move.seconds)
+        self.moved_bytes.labels(by, move.direction).inc(move.bytes)
 
-    def failed(self, direction: str) -> None:
-        """Count one failed move."""
-        self.move_failures.labels(self.backend, direction).inc()
+    def failed(self, direction: str, method: str = "") -> None:
+        """Count one failed move by `method`."""
+        self.move_failures.labels(method or self.backend, direction).inc()
 
 
 class Forward(Collector):

@@ -69,7 +69,7 @@ class ParkingPreparer:
         self.gpu_memory = dict(gpu_memory)
         self.host_budget = host_budget
         self.headroom = headroom
-        self.metrics = ParkingMetrics(backend.name, registry)
+        self.metrics = ParkingMetrics(backend.name, registry, backend.methods())
         self.metrics.host_budget.set(host_budget)
         self._clock = clock
         self._wall = wall_clock
@@ -218,14 +218,16 @@ class ParkingPreparer:
     async def _move(self, tenant_id: str, step: Step, when: str) -> Move:
         """One park or restore, retried with backoff; the tenant stays where it was on failure."""
         fn = self.backend.park if step.direction == "park" else self.backend.restore
+        method = self.backend.method_of(step.tenant_id)
         log.info(
-            "%s of %s on %s starts (%d bytes)", step.direction, step.tenant_id, step.gpu, step.bytes
-        )
+            "%s of %s on %s by %s starts (%d bytes)",
+            step.direction, step.tenant_id, step.gpu, method, step.bytes,
+        )  # fmt: skip
         for attempt in range(self._attempts):
             try:
                 move = await asyncio.to_thread(fn, step.tenant_id, step.gpu)
             except (BackendQuarantined, Unparkable) as e:  # retrying cannot help
-                self.metrics.failed(step.direction)
+                self.metrics.failed(step.direction, method)
                 log.error("%s of %s on %s: %s", step.direction, step.tenant_id, step.gpu, e)
                 if isinstance(e, BackendQuarantined):
                     self.quarantines.note(step.tenant_id, str(e))
@@ -234,13 +236,13 @@ class ParkingPreparer:
                 raise self._refuse(
                     tenant_id,
                     "quarantined" if isinstance(e, BackendQuarantined) else Reason.UNPARKABLE,
-                    f"{step.direction} of {step.tenant_id} on {step.gpu} failed: {e}",
+                    f"{step.direction} of {step.tenant_id} on {step.gpu} by {method} failed: {e}",
                 ) from e
             except BackendError as e:
                 if self._gone(step.tenant_id):  # it left meanwhile: forgotten, not moved
                     log.info("%s left during its %s: skipped", step.tenant_id, step.direction)
                     return Move(step.tenant_id, step.gpu, step.direction, 0, 0.0)
-                self.metrics.failed(step.direction)
+                self.metrics.failed(step.direction, method)
                 log.warning(
                     "%s of %s on %s failed (attempt %d of %d): %s",
                     step.direction, step.tenant_id, step.gpu, attempt + 1, self._attempts, e,
@@ -249,12 +251,12 @@ class ParkingPreparer:
                     raise self._refuse(
                         tenant_id,
                         "move_failed",
-                        f"{step.direction} of {step.tenant_id} on {step.gpu} failed "
-                        f"{self._attempts} times; last error: {e}",
+                        f"{step.direction} of {step.tenant_id} on {step.gpu} by {method} "
+                        f"failed {self._attempts} times; last error: {e}",
                     ) from e
                 await asyncio.sleep(self._backoff * 2**attempt)
             else:
-                self.metrics.moved(move, when)
+                self.metrics.moved(move, when, method)
                 log.info(
                     "%s %s on %s: %d bytes in %.3f s",
                     move.direction, move.tenant_id, move.gpu, move.bytes, move.seconds,
@@ -362,6 +364,7 @@ class ParkingPreparer:
                 "gpus": {g: r.value for g, r in sorted(st.residency.items())},
                 "footprint_bytes": sum(st.footprint_bytes.values()),
                 "parked_bytes": st.parked_bytes,
+                "method": st.method or self.backend.method_of(tenant_id),
                 "last_turn": dt.datetime.fromtimestamp(when, dt.UTC).isoformat() if when else None,
             }
             if view.cgroup_blocks_park():
@@ -385,6 +388,7 @@ class ParkingPreparer:
             tenants[tenant_id] = entry
         return {
             "backend": self.backend.name,
+            "methods": list(self.backend.methods()),
             "parked_bytes": sum(st.parked_bytes for st in self._states.values()),
             "host_memory_budget_bytes": self.host_budget,
             "headroom_bytes": self.headroom,

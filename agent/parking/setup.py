@@ -29,6 +29,7 @@ class ParkingOptions:
     """The agent's flags about parking memory."""
 
     backend: str = "none"
+    """The parking method, or several separated by commas (the first is the node's default)."""
     fake_gpus: str = "2x81920"
     """Simulated GPUs: `COUNTxMIB`, or MiB per GPU separated by commas."""
     node_name: str = ""
@@ -63,14 +64,43 @@ def build_backend(
 ) -> tuple[Backend, dict[str, int]]:
     """The backend the flags name and the GPU memory it manages, or `BackendUnavailable`.
 
-    The app backend reaches tenants through `call_tenant` (the agent's sessions) on `loop`."""
-    if opts.backend == "fake":
+    Several methods (`cuda,app`) make a `MultiBackend` over the GPUs of the first that is not
+    `app`. The app backend reaches tenants through `call_tenant` (the agent's sessions) on `loop`.
+    """
+    methods = parking_methods(opts.backend)
+    if len(methods) > 1:
+        from agent.parking.backends.multi import MultiBackend
+
+        built = {m: _one_backend(m, opts, call_tenant, loop) for m in methods}
+        gpus = next((g for m, (_, g) in built.items() if m != "app"), built[methods[0]][1])
+        return MultiBackend({m: b for m, (b, _) in built.items()}), gpus
+    return _one_backend(methods[0], opts, call_tenant, loop)
+
+
+def parking_methods(spec: str) -> tuple[str, ...]:
+    """The methods `--backend` names (`fake`, `cuda,app`), or `BackendUnavailable`."""
+    methods = tuple(dict.fromkeys(m.strip() for m in spec.split(",") if m.strip()))
+    if len(methods) > 1 and "none" in methods:
+        raise BackendUnavailable("--backend none parks nothing: list it alone")
+    for method in methods:
+        if method not in BACKENDS:
+            raise BackendUnavailable(f"unknown backend {method!r}; choose one of {BACKENDS}")
+    return methods or ("none",)
+
+
+def _one_backend(
+    method: str,
+    opts: ParkingOptions,
+    call_tenant: CallTenant | None,
+    loop: asyncio.AbstractEventLoop | None,
+) -> tuple[Backend, dict[str, int]]:
+    if method == "fake":
         from agent.parking.backends.fake import FakeBackend
 
         gpus = parse_fake_gpus(opts.fake_gpus, opts.node_name)
         pcie = opts.pcie_gbps or None
         return FakeBackend(opts.fake_dir, gpus, opts.fake_scale, pcie, opts.lock_timeout_s), gpus
-    if opts.backend == "cuda":
+    if method == "cuda":
         from agent.parking.backends.cuda import CudaBackend
 
         cuda = CudaBackend(
@@ -78,12 +108,12 @@ def build_backend(
             headroom_bytes=default_headroom(opts),
         )
         return cuda, cuda.gpu_memory()
-    if opts.backend == "app":
+    if method == "app":
         from agent.parking.backends.app import AppBackend
 
         gpus = nvml_gpus() or parse_fake_gpus(opts.fake_gpus, opts.node_name)
         return AppBackend(opts.callback_timeout_s, call_tenant, loop), gpus
-    raise BackendUnavailable(f"unknown backend {opts.backend!r}; choose one of {BACKENDS}")
+    raise BackendUnavailable(f"unknown backend {method!r}; choose one of {BACKENDS}")
 
 
 def nvml_gpus() -> dict[str, int]:
@@ -103,7 +133,7 @@ def default_headroom(opts: ParkingOptions) -> int:
     """Bytes kept free on each GPU: the flag's, else the backend's default."""
     if opts.headroom_mib is not None:
         return opts.headroom_mib * MIB
-    if opts.backend == "cuda":
+    if "cuda" in parking_methods(opts.backend):
         from agent.parking.backends.cuda import DEFAULT_HEADROOM
 
         return DEFAULT_HEADROOM
@@ -123,7 +153,9 @@ def build_preparer(
     budget = opts.host_memory_budget_mib * MIB
     if not budget:
         fake_budget = DEFAULT_SLOTS_PER_GPU * sum(gpus.values())
-        budget = fake_budget if opts.backend == "fake" else half_the_ram()
+        methods = parking_methods(opts.backend)
+        simulated = "fake" in methods and "cuda" not in methods
+        budget = fake_budget if simulated else half_the_ram()
     return ParkingPreparer(
         parker, gpus, host_budget=budget, headroom=default_headroom(opts), host=host
     )

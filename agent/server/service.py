@@ -32,8 +32,9 @@ PreparerFactory = Callable[[ParkingHost], TurnPreparer]
 """Builds the service's residency layer, given the service as its `ParkingHost`."""
 
 
-def tenant_ref(tenant: Tenant) -> TenantRef:
-    """What a parking backend needs to know of one of the service's tenants."""
+def tenant_ref(tenant: Tenant, self_parks: bool = False) -> TenantRef:
+    """What a parking backend needs to know of one of the service's tenants (`self_parks`: a
+    session of it offers park/restore callbacks)."""
     return TenantRef(
         tenant.tenant_id,
         tuple(tenant.gpus),
@@ -41,6 +42,8 @@ def tenant_ref(tenant: Tenant) -> TenantRef:
         memory_limit_bytes=tenant.memory_limit_bytes or None,
         pod_uid=tenant.pod_uid,
         declared_bytes=tenant.gpu_memory_mib * MIB or None,
+        parking=tenant.parking,
+        self_parks=self_parks,
     )
 
 
@@ -85,7 +88,11 @@ class LeaseService(TurnService):
 
     def tenant_refs(self) -> dict[str, TenantRef]:
         """The tenants that count for parking, as the preparer reads them."""
-        return {t.tenant_id: tenant_ref(t) for t in list(self.tenants.tenants.values())}
+        parks = self.sessions.parks_itself
+        return {
+            t.tenant_id: tenant_ref(t, parks(t.tenant_id))
+            for t in list(self.tenants.tenants.values())
+        }
 
     def load(self) -> None:
         """Reinstate persisted tenants and leases; holders have `reconnect_grace` to come back."""

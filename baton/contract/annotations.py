@@ -19,6 +19,7 @@ from baton.contract.names import (
     ANNOTATION_CONTAINER_GPUS,
     ANNOTATION_GPUS,
     ANNOTATION_HOST_MEMORY_BUDGET,
+    ANNOTATION_PARKING,
 )
 
 ContainerGpus = Mapping[str, tuple[str, ...]]
@@ -184,6 +185,13 @@ class PodAssignment:
     """The device plugin has recorded the kubelet's allocation."""
     container_gpus: ContainerGpus = field(default_factory=dict)
     """The kubelet's allocation per container (empty until recorded)."""
+
+
+def decode_parking(annotations: Mapping[str, str]) -> str:
+    """The parking method a pod asks for (`baton.dev/parking`), lower-cased; empty if none.
+
+    An unknown method is kept as written: the agent refuses to park the pod and says why."""
+    return (annotations.get(ANNOTATION_PARKING) or "").strip().lower()
 
 
 def pod_assignment(annotations: Mapping[str, str]) -> PodAssignment:

@@ -31,6 +31,9 @@ ANNOTATION_ALLOCATED_AT = "baton.dev/allocated-at"
 ANNOTATION_CONTAINER_GPUS = "baton.dev/container-gpus"
 """JSON object: container name → sorted GPU UUIDs of the slots the kubelet allocated to it
 (from its PodResources API; the device plugin writes it, the agent reads it)."""
+ANNOTATION_PARKING = "baton.dev/parking"
+"""Pod annotation: how its GPU memory is parked (`cuda`, `app` or `fake`); absent: the node
+decides (its own callbacks if its session offers them, else the node's default)."""
 
 # Scheduling.
 SCHEDULER_NAME = "baton-scheduler"

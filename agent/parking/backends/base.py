@@ -36,6 +36,10 @@ class TenantRef:
     """The tenant's pod, if it is one: its GPU processes are found by cgroup."""
     declared_bytes: int | None = None
     """Device memory per GPU the tenant declared (`baton.dev/gpu-memory`), if it did."""
+    parking: str = ""
+    """The parking method its pod asks for (`baton.dev/parking`); empty: the node decides."""
+    self_parks: bool = False
+    """Whether a session of the tenant offers park/restore callbacks (it parks itself)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ class TenantState:
     """Why the tenant cannot be parked (it stays resident); empty if it can be."""
     pids: tuple[int, ...] = ()
     """The processes the backend moves for it, if it moves processes (cuda)."""
+    method: str = ""
+    """The parking method that moves it (`fake`, `cuda`, `app`); empty: the backend's own."""
 
 
 class BackendError(Exception):
@@ -114,6 +120,14 @@ class Backend(abc.ABC):
     def tenants(self) -> list[str]:
         """Tenants this backend holds memory for, including ones found again after a restart."""
         return []
+
+    def methods(self) -> tuple[str, ...]:
+        """The parking methods this backend offers (one, unless it routes between several)."""
+        return (self.name,)
+
+    def method_of(self, tenant_id: str) -> str:
+        """The method that moves the tenant's memory."""
+        return self.name
 
     def memory_limit(self, tenant_id: str) -> int | None:
         """The tenant's memory cgroup limit in bytes, if the backend can tell."""

@@ -1,0 +1,176 @@
+"""Several parking methods on one node: each tenant's moves go to the method that parks it.
+
+A tenant parks by the method its pod asks for (`baton.dev/parking`), else by its own callbacks
+(`app`) when its session offers them, else by the node's default (the first method listed). A
+tenant keeps its method while any of its memory is parked, so a restore always goes to the
+method that parked it. Moves of different methods never overlap: the preparer runs one plan at
+a time per node, and each step waits for the one before it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from agent.parking.backends.base import (
+    Backend,
+    BackendError,
+    Move,
+    Residency,
+    TenantRef,
+    TenantState,
+    Unparkable,
+)
+
+APP = "app"
+
+
+class MultiBackend(Backend):
+    """Routes each tenant to one of `methods` (name → backend); the first is the node's default."""
+
+    name = "multi"
+
+    def __init__(self, methods: Mapping[str, Backend]) -> None:
+        if not methods:
+            raise ValueError("a node needs at least one parking method")
+        self.backends = dict(methods)
+        self.default = next(iter(self.backends))
+        self._refs: dict[str, TenantRef] = {}
+        self._method: dict[str, str] = {}
+        self._pinned: dict[str, str] = {}
+        """Methods asked for through llm-d's BackendConfig, until the tenant is resident again."""
+        self._mutex = threading.Lock()
+
+    def methods(self) -> tuple[str, ...]:
+        """The node's parking methods, its default first."""
+        return tuple(self.backends)
+
+    def refusal(self, ref: TenantRef) -> str:
+        """Why no method here can park the tenant; empty if one can."""
+        if ref.parking and ref.parking not in self.backends:
+            return (
+                f"its pod asks to be parked by {ref.parking!r} (baton.dev/parking), which this "
+                f"node does not offer (it parks with {', '.join(self.backends)})"
+            )
+        return ""
+
+    def choose(self, ref: TenantRef) -> str:
+        """The method for the tenant by its pod's ask, its session and the node's default."""
+        if ref.parking in self.backends:
+            return ref.parking
+        if ref.self_parks and APP in self.backends:
+            return APP
+        return self.default
+
+    def method_of(self, tenant_id: str) -> str:
+        """The method the tenant's memory is (or would be) moved by."""
+        with self._mutex:
+            return self._method.get(tenant_id, self.default)
+
+    def pin(self, tenant_id: str, method: str) -> None:
+        """Move the tenant by `method` until it is resident again (llm-d's BackendConfig)."""
+        if method not in self.backends:
+            raise Unparkable(f"this node does not park with {method!r}")
+        current = self.method_of(tenant_id)
+        if current != method and self._parked(current, tenant_id):
+            raise BackendError(
+                f"{tenant_id} is parked by {current!r}: restore it before moving it by {method!r}"
+            )
+        with self._mutex:
+            self._pinned[tenant_id] = self._method[tenant_id] = method
+
+    def _parked(self, method: str, tenant_id: str) -> bool:
+        st = self.backends[method].state(tenant_id)
+        return st.parked_bytes > 0 or any(r != Residency.RESIDENT for r in st.residency.values())
+
+    def _of(self, tenant_id: str) -> Backend:
+        return self.backends[self.method_of(tenant_id)]
+
+    def attach(self, tenant: TenantRef) -> None:
+        """Every method learns the tenant; its method changes only while nothing is parked."""
+        for backend in self.backends.values():
+            backend.attach(tenant)
+        tid = tenant.tenant_id
+        wanted = self._pinned.get(tid) or self.choose(tenant)
+        with self._mutex:
+            self._refs[tid] = tenant
+            current = self._method.get(tid)
+        if current is None or (current != wanted and not self._parked(current, tid)):
+            with self._mutex:
+                self._method[tid] = wanted
+
+    def detach(self, tenant_id: str) -> None:
+        """Every method drops the tenant."""
+        for backend in self.backends.values():
+            backend.detach(tenant_id)
+        with self._mutex:
+            for table in (self._refs, self._method, self._pinned):
+                table.pop(tenant_id, None)
+
+    def footprint(self, tenant_id: str, gpu: str) -> int:
+        return self._of(tenant_id).footprint(tenant_id, gpu)
+
+    def park(self, tenant_id: str, gpu: str) -> Move:
+        """Park by the tenant's method; `Unparkable` if no method here can."""
+        ref = self._refs.get(tenant_id)
+        why = self.refusal(ref) if ref is not None else ""
+        if why:
+            raise Unparkable(why)
+        return self._of(tenant_id).park(tenant_id, gpu)
+
+    def restore(self, tenant_id: str, gpu: str) -> Move:
+        """Restore by the method that parked it; a tenant resident again may change method."""
+        move = self._of(tenant_id).restore(tenant_id, gpu)
+        method = self.method_of(tenant_id)
+        if not self._parked(method, tenant_id):
+            with self._mutex:
+                self._pinned.pop(tenant_id, None)
+        return move
+
+    def state(self, tenant_id: str) -> TenantState:
+        """The tenant's method's view, with the method named and any refusal given."""
+        method = self.method_of(tenant_id)
+        st = self.backends[method].state(tenant_id)
+        ref = self._refs.get(tenant_id)
+        why = self.refusal(ref) if ref is not None else ""
+        st.unparkable = st.unparkable or why
+        st.method = method
+        return st
+
+    def tenants(self) -> list[str]:
+        """Tenants any method holds memory for."""
+        return sorted({t for b in self.backends.values() for t in b.tenants()})
+
+    def memory_limit(self, tenant_id: str) -> int | None:
+        return self._of(tenant_id).memory_limit(tenant_id)
+
+    def memory_used(self, tenant_id: str) -> int:
+        return self._of(tenant_id).memory_used(tenant_id)
+
+    def rescan(self, tenant_id: str) -> None:
+        for backend in self.backends.values():
+            backend.rescan(tenant_id)
+
+    def durable(self) -> dict[str, Any]:
+        """Each method's record, and which method each tenant was moved by."""
+        with self._mutex:
+            methods = dict(self._method)
+        return {
+            "methods": {name: b.durable() for name, b in self.backends.items()},
+            "tenants": methods,
+        }
+
+    def adopt(self, saved: dict[str, Any]) -> None:
+        """Hand each method its record back; tenants keep the method that parked them."""
+        for name, record in (saved.get("methods") or {}).items():
+            if name in self.backends and record:
+                self.backends[name].adopt(record)
+        with self._mutex:
+            for tid, method in (saved.get("tenants") or {}).items():
+                if method in self.backends:
+                    self._method[tid] = method
+
+    def close(self) -> None:
+        for backend in self.backends.values():
+            backend.close()
