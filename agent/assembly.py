@@ -263,7 +263,7 @@ class Agent:
             Groups.from_specs(cfg.llmd_groups),
             parking.gpu_memory if parking is not None else {},
             cfg.node_name or socket.gethostname(),
-            parking.backend.name if parking is not None else "none",
+            ",".join(parking.backend.methods()) if parking is not None else "none",
             Path(cfg.proc_root),
         )
         await self.llmd.start()

@@ -84,7 +84,10 @@ def agent(
     ] = "0660",
     backend: Annotated[
         str,
-        typer.Option(envvar=names.ENV_AGENT_BACKEND, help="Evacuation: none, fake, cuda or app."),
+        typer.Option(
+            envvar=names.ENV_AGENT_BACKEND,
+            help="Parking: none, fake, cuda, app, or several (cuda,app: the first is the default).",
+        ),
     ] = "none",
     fake_gpus: Annotated[
         str,

@@ -48,6 +48,7 @@ class ChannelSession(Session):
         self._actions: dict[str, str] = {}
         self._snapshotted = False
         self._next: tuple[sa.SuspendMode, list[str]] | None = None
+        self._next_restore: list[str] | None = None
 
     def mode_for(self, requested: sa.SuspendMode) -> sa.SuspendMode:
         """The request's mode, else the registered default, else OFFLOAD; checked as supported."""
@@ -61,6 +62,10 @@ class ChannelSession(Session):
     def next_snapshot(self, mode: sa.SuspendMode, tags: Sequence[str]) -> None:
         """The next snapshot comes from a Snapshot request with this mode and these tags."""
         self._next = (self.mode_for(mode), list(tags))
+
+    def next_restore(self, tags: Sequence[str]) -> None:
+        """The next restore comes from a Restore request with these tags."""
+        self._next_restore = list(tags)
 
     def send(self, message: pb.AgentMessage) -> None:
         """Turn an app-backend callback into a command on the stream; other pushes do not apply."""
@@ -77,7 +82,9 @@ class ChannelSession(Session):
             self._next = None
             command.snapshot.CopyFrom(sa.SnapshotCommand(mode=mode, tags=tags))
         else:
-            command.restore.CopyFrom(sa.RestoreCommand(tags=self.tags))
+            tags = self.tags if self._next_restore is None else self._next_restore
+            self._next_restore = None
+            command.restore.CopyFrom(sa.RestoreCommand(tags=tags))
         self._actions[call.call_id] = call.action
         self.commands.put_nowait(command)
 

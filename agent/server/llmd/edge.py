@@ -24,6 +24,14 @@ class UnsupportedBackend(errors.AgentError):
     """A snapshot backend this agent does not run (NOT_FOUND)."""
 
 
+class NotImplementedHere(errors.AgentError):
+    """A BackendConfig Baton has no method for (UNIMPLEMENTED); the message names what it has."""
+
+
+class MethodMissing(errors.AgentError):
+    """A method this node does not offer, or cannot use for the job (FAILED_PRECONDITION)."""
+
+
 class Transitioning(errors.AgentError):
     """The job's memory is already moving (ABORTED)."""
 
@@ -37,6 +45,8 @@ _CODES: list[tuple[type[errors.AgentError], grpc.StatusCode]] = [
     (UnknownJob, grpc.StatusCode.NOT_FOUND),
     (UnknownOperation, grpc.StatusCode.NOT_FOUND),
     (UnsupportedBackend, grpc.StatusCode.NOT_FOUND),
+    (NotImplementedHere, grpc.StatusCode.UNIMPLEMENTED),
+    (MethodMissing, grpc.StatusCode.FAILED_PRECONDITION),
     (Transitioning, grpc.StatusCode.ABORTED),
     (BadRequest, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.WaitRefused, grpc.StatusCode.RESOURCE_EXHAUSTED),

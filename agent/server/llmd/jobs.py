@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from agent.core.errors import Forbidden, InvalidRegistration
@@ -173,6 +173,19 @@ class Jobs:
         raise Forbidden(
             f"job {self.job_of(tenant.tenant_id)!r} belongs to UID {tenant.uid}, not {caller.uid}"
         )
+
+    def check_pids(self, tenant: Tenant, pids: Iterable[int]) -> None:
+        """`Forbidden` unless every PID is the job's own: a process of its pod, or (a job outside
+        Kubernetes) one of the processes that called for it. llm-d's API carries no credentials."""
+        if tenant.source == POD:
+            foreign = [p for p in pids if pod_uid_of_pid(p, self._proc_root) != tenant.pod_uid]
+        else:
+            foreign = [p for p in pids if p not in tenant.pids]
+        if foreign:
+            raise Forbidden(
+                f"PIDs {', '.join(map(str, sorted(foreign)))} are not processes of job "
+                f"{self.job_of(tenant.tenant_id)!r}; a job may only checkpoint its own"
+            )
 
     def _job_tenant(
         self,

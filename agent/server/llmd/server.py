@@ -29,10 +29,11 @@ SERVICES = (
 
 
 class Health(hp_grpc.HealthServicer):
-    """SERVING for the whole server (""), each llm-d service and the agent's backend name."""
+    """SERVING for the whole server (""), each llm-d service and each of the agent's parking
+    methods (`backend`: their names separated by commas)."""
 
     def __init__(self, backend: str) -> None:
-        self._known = {"", *SERVICES, backend}
+        self._known = {"", *SERVICES, *backend.split(",")}
         self._stopping = asyncio.Event()
 
     def _status(self, service: str) -> hp.HealthCheckResponse.ServingStatus:

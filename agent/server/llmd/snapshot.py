@@ -2,8 +2,10 @@
 
 Both return an operation at once and move the memory in the background; GetOperation reports
 PENDING, COMPLETE (with the bytes the backend really moved and holds) or FAILED, with the time
-taken. The agent's own backend (`--backend`) does the moving; `app_channel` needs the job's
-WorkloadChannel. The last `KEEP` finished operations are kept.
+taken. The BackendConfig picks the parking method (`cuda`: the driver's checkpoint, only of the
+job's own processes; `app_channel`: the job's WorkloadChannel; none: the job's own method); a
+config the node has no method for is refused with what it serves, never run as another.
+The last `KEEP` finished operations are kept.
 """
 
 from __future__ import annotations
@@ -20,15 +22,27 @@ import grpc
 
 from agent.core.errors import AgentError
 from agent.node.tenants import Tenant
+from agent.parking.backends.base import BackendError
+from agent.parking.backends.multi import MultiBackend
 from agent.parking.preparer import ParkingPreparer
 from agent.server.llmd.channel import Channels
-from agent.server.llmd.edge import Transitioning, UnknownOperation, UnsupportedBackend, mapped
+from agent.server.llmd.edge import (
+    MethodMissing,
+    NotImplementedHere,
+    Transitioning,
+    UnknownOperation,
+    mapped,
+)
 from agent.server.llmd.jobs import Jobs
 from agent.server.llmd.residency import bytes_of, job_state, residency
 from baton._pb import snapshot_agent_pb2 as sa
 from baton._pb import snapshot_agent_pb2_grpc as sa_grpc
 
 KEEP = 1024
+NOT_IMPLEMENTED = ("app_endpoint", "direct_memory", "memory_regions")
+"""BackendConfigs Baton has no method for: refused as UNIMPLEMENTED, never run as another."""
+METHOD_KEY = "baton-parking-method"
+"""GetOperation's trailing metadata: the parking method the operation used."""
 
 
 class WrongState(AgentError):
@@ -42,6 +56,8 @@ class Operation:
     op_id: str
     tenant_id: str
     started: float
+    method: str
+    """The parking method that moves the memory (`cuda`, `app`, `fake`)."""
     status: sa.OperationStatus = sa.OPERATION_STATUS_PENDING
     finished: float | None = None
     storage_bytes: int = 0
@@ -85,27 +101,44 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _preparer(self, config: sa.BackendConfig, tenant: Tenant) -> ParkingPreparer:
+    def _method(self, config: sa.BackendConfig, tenant: Tenant) -> tuple[ParkingPreparer, str]:
+        """The preparer and the method that will do what `config` asks, or the refusal why not."""
         preparer = self._jobs.service.preparer
         if not isinstance(preparer, ParkingPreparer):
-            raise UnsupportedBackend(
-                "this agent parks nothing (--backend none); "
-                "start it with --backend cuda, fake or app"
+            raise MethodMissing(
+                "this agent parks nothing (--backend none); start it with --backend cuda, fake "
+                "or app (or several, e.g. cuda,app)"
             )
-        kind = config.WhichOneof("backend") or "cuda"
-        runs = preparer.backend.name
-        if kind in ("app_endpoint", "direct_memory", "memory_regions"):
-            raise UnsupportedBackend(
-                f"backend {kind} is not offered by Baton; use cuda or app_channel"
+        backend, tid = preparer.backend, tenant.tenant_id
+        serves = ", ".join(backend.methods())
+        kind = config.WhichOneof("backend")
+        if kind in NOT_IMPLEMENTED:
+            raise NotImplementedHere(
+                f"BackendConfig {kind} is not implemented by Baton; this node parks with "
+                f"{serves} (ask for cuda or app_channel, or send no config)"
             )
-        if kind == "app_channel" and (runs != "app" or self._channels.of(tenant.tenant_id) is None):
-            raise UnsupportedBackend(
-                f"app_channel needs the agent's app backend (it runs {runs}) and the job's "
-                "WorkloadChannel registered"
-            )
-        if kind == "cuda" and config.cuda.explicit_target.pids:
-            tenant.pids.update(config.cuda.explicit_target.pids)
-        return preparer
+        current = backend.method_of(tid)
+        want = current
+        if kind == "app_channel":
+            want = "app"
+            if self._channels.of(tid) is None:
+                raise MethodMissing(
+                    f"app_channel needs job {self._jobs.job_of(tid)!r}'s WorkloadChannel registered"
+                )
+        elif kind == "cuda":
+            want = "cuda"
+            pids = list(config.cuda.explicit_target.pids)
+            self._jobs.check_pids(tenant, pids)
+            if "cuda" in backend.methods():
+                tenant.pids.update(pids)
+        if want not in backend.methods():
+            raise MethodMissing(f"{kind} needs the {want} method; this node parks with {serves}")
+        if want != current and isinstance(backend, MultiBackend):
+            try:
+                backend.pin(tid, want)
+            except BackendError as exc:
+                raise MethodMissing(str(exc)) from None
+        return preparer, want
 
     async def _job(self, job_id: str, group: str, context: grpc.aio.ServicerContext) -> Tenant:
         tenant = await self._jobs.check(job_id, group, context.peer())
@@ -123,14 +156,14 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
     ) -> sa.SnapshotResponse:
         """Park the job's memory in host DRAM (an operation)."""
         tenant = await self._job(request.job_id, request.group, context)
-        preparer = self._preparer(request.backend_config, tenant)
+        preparer, method = self._method(request.backend_config, tenant)
         if self._state(tenant, preparer) != sa.JOB_STATE_RUNNING:
             raise WrongState(f"job {request.job_id!r} is not RUNNING: there is nothing to snapshot")
         channel = self._channels.of(tenant.tenant_id)
         if channel is not None:
             cfg = request.backend_config.app_channel
             channel.next_snapshot(cfg.mode, cfg.tags or channel.tags)
-        op = self._start(tenant.tenant_id, preparer.park(tenant.tenant_id), restore=False)
+        op = self._start(tenant.tenant_id, preparer.park(tenant.tenant_id), False, method)
         return sa.SnapshotResponse(operation_id=op.op_id)
 
     @mapped
@@ -139,14 +172,19 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
     ) -> sa.RestoreResponse:
         """Bring the job's parked memory back to its GPUs (an operation)."""
         tenant = await self._job(request.job_id, request.group, context)
-        preparer = self._preparer(request.backend_config, tenant)
+        preparer, method = self._method(request.backend_config, tenant)
         if self._state(tenant, preparer) != sa.JOB_STATE_SAVED:
             raise WrongState(f"job {request.job_id!r} is not SAVED: there is nothing to restore")
-        op = self._start(tenant.tenant_id, preparer.unpark(tenant.tenant_id), restore=True)
+        channel = self._channels.of(tenant.tenant_id)
+        if channel is not None and method == "app":
+            channel.next_restore(request.backend_config.app_channel.tags or channel.tags)
+        op = self._start(tenant.tenant_id, preparer.unpark(tenant.tenant_id), True, method)
         return sa.RestoreResponse(operation_id=op.op_id)
 
-    def _start(self, tenant_id: str, move: Coroutine[Any, Any, None], restore: bool) -> Operation:
-        op = Operation(f"op-{next(self._ids)}", tenant_id, self._clock())
+    def _start(
+        self, tenant_id: str, move: Coroutine[Any, Any, None], restore: bool, method: str
+    ) -> Operation:
+        op = Operation(f"op-{next(self._ids)}", tenant_id, self._clock(), method)
         self._ops[op.op_id] = op
         while len(self._ops) > KEEP:
             self._ops.popitem(last=False)
@@ -176,6 +214,7 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
         op = self._ops.get(request.operation_id)
         if op is None:
             raise UnknownOperation(f"no operation {request.operation_id!r} on this agent")
+        context.set_trailing_metadata(((METHOD_KEY, op.method),))
         return op.to_pb(self._clock())
 
     @mapped

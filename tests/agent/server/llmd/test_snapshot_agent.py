@@ -171,7 +171,7 @@ def test_every_status_code_the_reference_names(
         endpoint_cfg = sa.BackendConfig(app_endpoint=sa.AppEndpointConfig(app=sa.APP_VLLM))
         cases = [
             (lambda: client.snapshot("nobody", "g"), grpc.StatusCode.NOT_FOUND),
-            (lambda: client.snapshot("engine", "g", endpoint_cfg), grpc.StatusCode.NOT_FOUND),
+            (lambda: client.snapshot("engine", "g", endpoint_cfg), grpc.StatusCode.UNIMPLEMENTED),
             (lambda: client.get_operation("op-unknown"), grpc.StatusCode.NOT_FOUND),
             (lambda: client.restore("engine", "g"), grpc.StatusCode.FAILED_PRECONDITION),
             (lambda: client.check_health("no.such.Service"), grpc.StatusCode.NOT_FOUND),
