@@ -91,14 +91,19 @@ class MultiBackend(Backend):
         """Every method learns the tenant; its method changes only while nothing is parked."""
         for backend in self.backends.values():
             backend.attach(tenant)
-        tid = tenant.tenant_id
-        wanted = self._pinned.get(tid) or self.choose(tenant)
         with self._mutex:
-            self._refs[tid] = tenant
-            current = self._method.get(tid)
-        if current is None or (current != wanted and not self._parked(current, tid)):
+            self._refs[tenant.tenant_id] = tenant
+        self._settle(tenant.tenant_id)
+
+    def _settle(self, tenant_id: str) -> None:
+        """Give the tenant the method it should have now, unless its memory is parked."""
+        with self._mutex:
+            ref = self._refs.get(tenant_id)
+            current = self._method.get(tenant_id)
+            wanted = self._pinned.get(tenant_id) or (self.choose(ref) if ref else self.default)
+        if current is None or (current != wanted and not self._parked(current, tenant_id)):
             with self._mutex:
-                self._method[tid] = wanted
+                self._method[tenant_id] = wanted
 
     def detach(self, tenant_id: str) -> None:
         """Every method drops the tenant."""
@@ -122,10 +127,10 @@ class MultiBackend(Backend):
     def restore(self, tenant_id: str, gpu: str) -> Move:
         """Restore by the method that parked it; a tenant resident again may change method."""
         move = self._of(tenant_id).restore(tenant_id, gpu)
-        method = self.method_of(tenant_id)
-        if not self._parked(method, tenant_id):
+        if not self._parked(self.method_of(tenant_id), tenant_id):
             with self._mutex:
                 self._pinned.pop(tenant_id, None)
+            self._settle(tenant_id)
         return move
 
     def state(self, tenant_id: str) -> TenantState:

@@ -133,7 +133,7 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
                 tenant.pids.update(pids)
         if want not in backend.methods():
             raise MethodMissing(f"{kind} needs the {want} method; this node parks with {serves}")
-        if want != current and isinstance(backend, MultiBackend):
+        if kind is not None and isinstance(backend, MultiBackend):  # asked for: pinned
             try:
                 backend.pin(tid, want)
             except BackendError as exc:
@@ -202,6 +202,8 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             op.status, op.error = sa.OPERATION_STATUS_FAILED, str(exc) or type(exc).__name__
         else:
             held, device = bytes_of(preparer, op.tenant_id)
+            if not restore and isinstance(preparer, ParkingPreparer):  # the one that parked it
+                op.method = preparer.backend.method_of(op.tenant_id)
             op.status = sa.OPERATION_STATUS_COMPLETE
             op.storage_bytes, op.device_bytes = (held_before if restore else held), device
         op.finished = self._clock()

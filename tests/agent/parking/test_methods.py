@@ -6,6 +6,8 @@ import logging
 
 import pytest
 
+from agent.node.podwatch import pod_tenant
+from agent.node.tenants import Tenant
 from agent.parking.backends.base import (
     Backend,
     BackendError,
@@ -18,6 +20,8 @@ from agent.parking.backends.base import (
 )
 from agent.parking.backends.multi import MultiBackend
 from agent.parking.setup import ParkingOptions, build_backend, parking_methods, parse_fake_gpus
+from agent.server.service import tenant_ref
+from baton.contract import names
 from baton.contract.annotations import decode_parking
 from baton.demo.fakenode import FakeNode, FakeNodeOptions
 
@@ -134,9 +138,22 @@ def test_backend_takes_a_list_and_one_name_as_before():
     assert gpus == parse_fake_gpus("1x100")
 
 
-def test_the_pods_parking_annotation_is_read_through_the_contract():
+def test_the_pods_parking_annotation_reaches_the_backend():
     assert decode_parking({"baton.dev/parking": " CUDA "}) == "cuda"
     assert decode_parking({}) == ""
+    annotations = {names.ANNOTATION_ASSIGNED_GPUS: GPU, names.ANNOTATION_PARKING: "cuda"}
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": annotations},
+        "spec": {"containers": [{"name": "main"}]},
+        "status": {"phase": "Running"},
+    }
+    tenant = pod_tenant(pod)
+    assert tenant is not None and tenant.parking == "cuda"
+    assert Tenant.from_json(tenant.to_json()).parking == "cuda"
+    assert tenant_ref(tenant, self_parks=True).parking == "cuda"
+    multi = node([])
+    multi.attach(tenant_ref(tenant, self_parks=True))
+    assert multi.method_of("ns/p") == "cuda", "the pod's ask wins over its callbacks"
 
 
 class Moves(logging.Handler):
