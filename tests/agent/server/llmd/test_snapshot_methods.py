@@ -32,27 +32,21 @@ def driver(monkeypatch: pytest.MonkeyPatch) -> StandInDriver:
 
 
 @pytest.fixture
-def client(workdir: str, driver: StandInDriver) -> Iterator[SnapshotAgentClient]:
+def endpoint(workdir: str, driver: StandInDriver) -> Iterator[str]:
+    options = ParkingOptions(backend="cuda,app", host_memory_budget_mib=20 * 1024, headroom_mib=0)
     runner = AgentRunner(
-        workdir,
-        parking=ParkingOptions(
-            backend="cuda,app", host_memory_budget_mib=20 * 1024, headroom_mib=0
-        ),
-        llmd_listen="127.0.0.1:0",
-        llmd_groups=(f"g={GPU}",),
+        workdir, parking=options, llmd_listen="127.0.0.1:0", llmd_groups=(f"g={GPU}",)
     ).start()
-    client = SnapshotAgentClient(f"127.0.0.1:{runner.llmd_port}")
-    yield client
-    client.close()
+    yield f"127.0.0.1:{runner.llmd_port}"
     runner.stop()
 
 
 def test_a_cuda_config_checkpoints_the_jobs_processes_and_no_config_uses_its_channel(
-    client: SnapshotAgentClient, driver: StandInDriver
+    endpoint: str, driver: StandInDriver
 ) -> None:
     engine = Engine()
-    channel = client.channel._channel.target().decode()  # type: ignore[attr-defined]
-    handle = register_workload(channel, "engine", "g", engine.on_snapshot, engine.on_restore)
+    handle = register_workload(endpoint, "engine", "g", engine.on_snapshot, engine.on_restore)
+    client = SnapshotAgentClient(endpoint)
     try:
         for _ in range(500):
             if "engine" in {j.job_id for j in client.status().job_statuses}:
@@ -75,4 +69,5 @@ def test_a_cuda_config_checkpoints_the_jobs_processes_and_no_config_uses_its_cha
         assert _method(client, op_id) == "app" and len(engine.snapshots) == 1
         assert driver.states[os.getpid()] == RUNNING, "the driver was left alone"
     finally:
+        client.close()
         handle.close()
