@@ -292,6 +292,8 @@ class ParkingPreparer:
 
     def reinstate(self, saved: dict[str, Any]) -> None:
         """Hand the record saved before a restart back to the backend (it confirms it)."""
+        if "methods" in saved and self.backend.methods() == (self.backend.name,):
+            saved = saved["methods"].get(self.backend.name) or {}  # one method of several before
         if saved:
             self.backend.adopt(saved)
 

@@ -167,7 +167,11 @@ class MultiBackend(Backend):
         }
 
     def adopt(self, saved: dict[str, Any]) -> None:
-        """Hand each method its record back; tenants keep the method that parked them."""
+        """Hand each method its record back; tenants keep the method that parked them.
+
+        A record from an agent with one method (`--backend cuda` before) is the driver's."""
+        if saved and "methods" not in saved:
+            saved = {"methods": {"cuda": saved}, "tenants": dict.fromkeys(saved, "cuda")}
         for name, record in (saved.get("methods") or {}).items():
             if name in self.backends and record:
                 self.backends[name].adopt(record)

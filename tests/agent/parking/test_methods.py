@@ -19,6 +19,7 @@ from agent.parking.backends.base import (
     Unparkable,
 )
 from agent.parking.backends.multi import MultiBackend
+from agent.parking.preparer import ParkingPreparer
 from agent.parking.setup import ParkingOptions, build_backend, parking_methods, parse_fake_gpus
 from agent.server.service import tenant_ref
 from baton.contract import names
@@ -62,10 +63,10 @@ class Recorder(Backend):
         return TenantState(tenant_id, {GPU: where}, {GPU: 10}, 10 * (where == Residency.PARKED))
 
     def durable(self) -> dict[str, object]:
-        return {"parked": sorted(self.parked)} if self.parked else {}
+        return {t: {"pids": {}} for t in sorted(self.parked)}  # the cuda backend's shape
 
     def adopt(self, saved: dict[str, object]) -> None:
-        self.parked = set(saved["parked"])  # type: ignore[call-overload]
+        self.parked = set(saved)
 
 
 def node(calls: list[tuple[str, str, str]]) -> MultiBackend:
@@ -122,6 +123,17 @@ def test_the_method_of_a_parked_tenant_survives_a_restart():
     again.adopt(saved)
     again.attach(TenantRef("t", (GPU,)))  # reconnecting: no callbacks yet
     assert again.method_of("t") == "app" and again.state("t").parked_bytes == 10
+
+
+def test_a_restart_between_one_method_and_several_keeps_what_the_driver_parked():
+    single = Recorder("cuda", [])
+    single.parked.add("t")
+    several = node([])
+    several.adopt(single.durable())  # was --backend cuda, now cuda,app,fake
+    assert several.method_of("t") == "cuda" and several.state("t").parked_bytes == 10
+    alone = ParkingPreparer(Recorder("cuda", []), {GPU: 100}, host_budget=1000)
+    alone.reinstate(several.durable())  # and back to --backend cuda
+    assert alone.backend.state("t").parked_bytes == 10
 
 
 def test_backend_takes_a_list_and_one_name_as_before():
