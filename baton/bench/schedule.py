@@ -19,6 +19,11 @@ Per profile, two measurements:
 - latency: with the scheduler running, pods are created one by one at a steady rate well below
   that throughput; create → bound, as the bench's watch sees it.
 
+With `path="dra"` a third profile takes its turn in every round and in the latency run: the
+DRA overlay's `baton-scheduler` profile (`manifests/overlays/dra`), placing the same pods'
+shares as claims through DRA from each node's ResourceSlice (`drafleet`), beside the extender
+profile's figure and the reference of the same run.
+
 Everything runs on the same machine, so a profile's throughput is bounded by the CPU that
 etcd, kube-apiserver, kube-scheduler (and the extender) share: the ratio, not the absolute
 figure, is what carries over to another machine.
@@ -40,7 +45,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from baton.bench import fleet
+from baton.bench import drafleet, fleet
 from baton.contract.kube import load_api_client
 from baton.contract.names import RESOURCE_GPU_DUTY, RESOURCE_GPU_MEMORY, SCHEDULER_NAME
 from baton.localnode.controlplane import ControlPlane, free_ports
@@ -48,7 +53,11 @@ from baton.localnode.procs import Process, wait_for
 
 NAMESPACE = "baton-bench"
 REFERENCE = "baton-bench-reference"
-CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "scheduler" / "scheduler-config.yaml"
+DRA = "baton-bench-dra"
+PATHS = ("extender", "dra")
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+CONFIG = MANIFESTS / "scheduler" / "scheduler-config.yaml"
+DRA_CONFIG = MANIFESTS / "overlays" / "dra" / "scheduler" / "config.yaml"
 CLIENT_QPS = 5000
 BIND_TIMEOUT_S = 300.0
 MEMORY_SHAPES = (8192, 16384, 24576)
@@ -56,16 +65,22 @@ DUTY_SHAPES = (10, 20, 25)
 
 
 def scheduler_config(kubeconfig: Path, profile: str, extender_url: str | None) -> dict[str, Any]:
-    """The project's `baton-scheduler` configuration, or the reference profile without it."""
-    config: dict[str, Any] = yaml.safe_load(CONFIG.read_text())
+    """The project's `baton-scheduler` configuration, the DRA overlay's (as `profile`), or
+    the reference profile without Baton."""
+    source = DRA_CONFIG if profile == DRA else CONFIG
+    config: dict[str, Any] = yaml.safe_load(source.read_text())
     config["leaderElection"] = {"leaderElect": False}
     config["clientConnection"] = {
         "kubeconfig": str(kubeconfig),
         "qps": CLIENT_QPS,
         "burst": CLIENT_QPS,
     }
+    if profile == DRA:
+        config["profiles"][0]["schedulerName"] = DRA
     if extender_url is not None:
-        config["extenders"][0]["urlPrefix"] = extender_url
+        for extender in config.get("extenders", []):
+            extender["urlPrefix"] = extender_url
+    if profile != REFERENCE:
         return config
     ignored = [RESOURCE_GPU_MEMORY, RESOURCE_GPU_DUTY]
     fit = {"name": "NodeResourcesFit", "args": {"ignoredResources": ignored}}
@@ -75,11 +90,29 @@ def scheduler_config(kubeconfig: Path, profile: str, extender_url: str | None) -
 
 
 def pods(scheduler: str, prefix: str, count: int) -> list[dict[str, Any]]:
-    """`count` tenant pods of mixed memory and duty, the same shapes for either profile."""
+    """`count` tenant pods of mixed memory and duty, the same shapes for every profile (on
+    the DRA profile each names its claim, `claims` makes them)."""
+    if scheduler == DRA:
+        return [
+            drafleet.pod_body(f"{prefix}-{i:05d}", DRA, f"{prefix}-{i:05d}") for i in range(count)
+        ]
     return [
         fleet.pod_body(
             f"{prefix}-{i:05d}",
             scheduler,
+            MEMORY_SHAPES[i % len(MEMORY_SHAPES)],
+            DUTY_SHAPES[i % len(DUTY_SHAPES)],
+        )
+        for i in range(count)
+    ]
+
+
+def claims(prefix: str, count: int) -> list[dict[str, Any]]:
+    """The claims of the DRA profile's `pods(DRA, prefix, count)`, one each, same shapes."""
+    return [
+        drafleet.claim_body(
+            f"{prefix}-{i:05d}",
+            DRA,
             MEMORY_SHAPES[i % len(MEMORY_SHAPES)],
             DUTY_SHAPES[i % len(DUTY_SHAPES)],
         )
@@ -96,9 +129,13 @@ def percentile(values: list[float], q: float) -> float:
 class Bench:
     """The control plane, the extender and one scheduler process at a time."""
 
-    def __init__(self, root: Path, nodes: int) -> None:
+    def __init__(self, root: Path, nodes: int, path: str = "extender") -> None:
+        """With `path="dra"` each node also gets its ResourceSlice (and the DeviceClass)."""
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {', '.join(PATHS)}, not {path!r}")
         self.root = root
         self.nodes = nodes
+        self.path = path
         self.plane = ControlPlane(
             root / "plane", controller_manager=False, scheduler=False, ports="free"
         )
@@ -110,9 +147,14 @@ class Bench:
         """Everything up for the block; everything stopped after it, also on failure."""
         try:
             self.plane.start()
-            self.api = client.CoreV1Api(load_api_client(str(self.plane.admin_kubeconfig)))
+            api_client = load_api_client(str(self.plane.admin_kubeconfig))
+            self.api = client.CoreV1Api(api_client)
+            self.custom = client.CustomObjectsApi(api_client)
             fleet.make_namespace(self.api, NAMESPACE)
-            fleet.make_nodes(self.api, [f"bench-node-{i:04d}" for i in range(self.nodes)])
+            node_names = [f"bench-node-{i:04d}" for i in range(self.nodes)]
+            fleet.make_nodes(self.api, node_names)
+            if self.path == "dra":
+                drafleet.make_slices(self.custom, node_names)
             self._start_extender()
             yield self
         finally:
@@ -154,7 +196,7 @@ class Bench:
     @contextmanager
     def scheduler(self, profile: str) -> Iterator[None]:
         """A kube-scheduler serving `profile` for the block."""
-        url = self.extender_url if profile == SCHEDULER_NAME else None
+        url = self.extender_url if profile != REFERENCE else None
         kubeconfig = self.plane.root / "kube-scheduler.kubeconfig"
         path = self.root / f"{profile}.yaml"
         path.write_text(yaml.safe_dump(scheduler_config(kubeconfig, profile, url)))
@@ -165,6 +207,18 @@ class Bench:
         finally:
             proc.stop()
 
+    def pods(self, profile: str, prefix: str, count: int) -> list[dict[str, Any]]:
+        """`pods(profile, prefix, count)`, with their claims made first on the DRA profile."""
+        if profile == DRA:
+            drafleet.create_claims(self.custom, NAMESPACE, claims(prefix, count))
+        return pods(profile, prefix, count)
+
+    def clear(self, profile: str) -> None:
+        """Remove a profile's pods (and on the DRA profile their claims)."""
+        fleet.delete_pods(self.api, NAMESPACE, profile)
+        if profile == DRA:
+            drafleet.delete_claims(self.custom, NAMESPACE, DRA)
+
     def throughput(self, profile: str, count: int, tag: str) -> tuple[float, float, int]:
         """Pods per second for `count` pods waiting when the scheduler starts: first bind to
         last, and over the middle 90% of binds (steady, without the first and last pods'
@@ -172,7 +226,7 @@ class Bench:
         pods are removed afterwards."""
         watch = fleet.BindWatch(self.api, NAMESPACE).start()
         try:
-            burst = pods(profile, f"{profile}-{tag}", count)
+            burst = self.pods(profile, f"{profile}-{tag}", count)
             fleet.create_pods(self.api, NAMESPACE, burst)
             refused = self.refused_requests()
             with self.scheduler(profile):
@@ -181,7 +235,7 @@ class Bench:
             times = sorted(watch.bound[p["metadata"]["name"]] for p in burst)
         finally:
             watch.stop()
-        fleet.delete_pods(self.api, NAMESPACE, profile)
+        self.clear(profile)
         steady = _rate(times[len(times) // 20 : len(times) - len(times) // 20])
         return _rate(times), steady, refused
 
@@ -202,10 +256,10 @@ class Bench:
         try:
             with self.scheduler(profile):
                 # One pod first, so the pacing starts once the scheduler has synced and serves.
-                (warm,) = pods(profile, f"{profile}-w", 1)
+                (warm,) = self.pods(profile, f"{profile}-w", 1)
                 fleet.create_pods(self.api, NAMESPACE, [warm])
                 watch.wait_bound([warm["metadata"]["name"]], BIND_TIMEOUT_S)
-                paced = pods(profile, f"{profile}-l", count)
+                paced = self.pods(profile, f"{profile}-l", count)
                 start = time.monotonic()
                 gate = threading.Event()
 
@@ -217,7 +271,7 @@ class Bench:
             latencies = [(watch.bound[name] - at) * 1000 for name, at in sent.items()]
         finally:
             watch.stop()
-        fleet.delete_pods(self.api, NAMESPACE, profile)
+        self.clear(profile)
         return {"p50": percentile(latencies, 50), "p99": percentile(latencies, 99)}
 
 
@@ -237,51 +291,66 @@ def _rate(times: list[float]) -> float:
 
 
 def run(
-    nodes: int, pods_count: int, latency_pods: int, rate: float, rounds: int = 3
+    nodes: int,
+    pods_count: int,
+    latency_pods: int,
+    rate: float,
+    rounds: int = 3,
+    path: str = "extender",
 ) -> dict[str, Any]:
-    """Both profiles over the same nodes and pods; one dict of figures."""
+    """Every profile of `path` over the same nodes and pods; one dict of figures (the DRA
+    profile's under `dra_` keys)."""
     if rounds < 1:
         raise ValueError(f"rounds must be 1 or more, not {rounds}")
-    rates: dict[str, list[float]] = {REFERENCE: [], SCHEDULER_NAME: []}
-    steady: dict[str, list[float]] = {REFERENCE: [], SCHEDULER_NAME: []}
-    refused: dict[str, list[int]] = {REFERENCE: [], SCHEDULER_NAME: []}
+    profiles = (REFERENCE, SCHEDULER_NAME) + ((DRA,) if path == "dra" else ())
+    rates: dict[str, list[float]] = {p: [] for p in profiles}
+    steady: dict[str, list[float]] = {p: [] for p in profiles}
+    refused: dict[str, list[int]] = {p: [] for p in profiles}
+    latency: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="baton-bench-schedule-") as tmp:
-        bench = Bench(Path(tmp), nodes)
+        bench = Bench(Path(tmp), nodes, path)
         with bench.running():
             for index in range(rounds):
-                order = (
-                    (REFERENCE, SCHEDULER_NAME) if index % 2 == 0 else (SCHEDULER_NAME, REFERENCE)
-                )
+                # The reference first in odd rounds, last in even ones.
+                order = profiles if index % 2 == 0 else profiles[::-1]
                 for profile in order:
                     whole, middle, turned_away = bench.throughput(profile, pods_count, f"t{index}")
                     rates[profile].append(whole)
                     steady[profile].append(middle)
                     refused[profile].append(turned_away)
-            reference = bench.latency(REFERENCE, latency_pods, rate)
-            baton = bench.latency(SCHEDULER_NAME, latency_pods, rate)
-    baton_rate = statistics.median(rates[SCHEDULER_NAME])
+            for profile in profiles:
+                latency[profile] = bench.latency(profile, latency_pods, rate)
     reference_rate = statistics.median(rates[REFERENCE])
-    baton_steady = statistics.median(steady[SCHEDULER_NAME])
     reference_steady = statistics.median(steady[REFERENCE])
-    return {
+    figures: dict[str, Any] = {
+        "path": path,
         "pods": pods_count,
         "nodes": nodes,
         "gpus_per_node": fleet.GPUS_PER_NODE,
         "rounds": rounds,
-        "pods_per_s": round(baton_rate, 1),
+    }
+    for profile, prefix in ((SCHEDULER_NAME, ""), (DRA, "dra_")):
+        if profile not in profiles:
+            continue
+        baton_rate = statistics.median(rates[profile])
+        baton_steady = statistics.median(steady[profile])
+        figures |= {
+            f"{prefix}pods_per_s": round(baton_rate, 1),
+            f"{prefix}throughput_ratio": round(baton_rate / reference_rate, 3),
+            f"{prefix}pods_per_s_rounds": [round(r, 1) for r in rates[profile]],
+            f"{prefix}steady_pods_per_s": round(baton_steady, 1),
+            f"{prefix}steady_throughput_ratio": round(baton_steady / reference_steady, 3),
+            f"{prefix}refused_requests_rounds": refused[profile],
+            f"{prefix}p50_schedule_ms": round(latency[profile]["p50"], 1),
+            f"{prefix}p99_schedule_ms": round(latency[profile]["p99"], 1),
+        }
+    return figures | {
         "reference_pods_per_s": round(reference_rate, 1),
-        "throughput_ratio": round(baton_rate / reference_rate, 3),
-        "pods_per_s_rounds": [round(r, 1) for r in rates[SCHEDULER_NAME]],
         "reference_pods_per_s_rounds": [round(r, 1) for r in rates[REFERENCE]],
-        "steady_pods_per_s": round(baton_steady, 1),
         "reference_steady_pods_per_s": round(reference_steady, 1),
-        "steady_throughput_ratio": round(baton_steady / reference_steady, 3),
-        "refused_requests_rounds": refused[SCHEDULER_NAME],
         "reference_refused_requests_rounds": refused[REFERENCE],
-        "p50_schedule_ms": round(baton["p50"], 1),
-        "p99_schedule_ms": round(baton["p99"], 1),
-        "reference_p50_schedule_ms": round(reference["p50"], 1),
-        "reference_p99_schedule_ms": round(reference["p99"], 1),
+        "reference_p50_schedule_ms": round(latency[REFERENCE]["p50"], 1),
+        "reference_p99_schedule_ms": round(latency[REFERENCE]["p99"], 1),
         "latency_pods": latency_pods,
         "latency_rate_per_s": rate,
     }

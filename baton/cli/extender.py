@@ -99,13 +99,24 @@ def bench_schedule(
     rounds: Annotated[
         int, typer.Option(min=1, help="Throughput runs per profile, taking turns; medians.")
     ] = 3,
+    path: Annotated[
+        str,
+        typer.Option(
+            help="extender: the extender profile; dra: also the DRA overlay's profile, placing "
+            "the same pods' shares as claims from ResourceSlices.",
+        ),
+    ] = "extender",
     as_json: AsJson = False,
 ) -> None:
-    """Pods through the real kube-scheduler with the extender, against a profile without it."""
-    from baton.bench.schedule import run
+    """Pods through the real kube-scheduler with the extender (and with `--path dra` through
+    DRA), against a profile without Baton."""
+    from baton.bench.schedule import PATHS, run
     from baton.localnode.binaries import find_binaries
     from baton.localnode.procs import LocalNodeError
 
+    if path not in PATHS:
+        typer.echo(f"baton bench schedule: --path must be one of {', '.join(PATHS)}", err=True)
+        raise typer.Exit(2)
     if find_binaries() is None:
         typer.echo(
             "baton bench schedule: needs Kubernetes binaries (kube-apiserver, kube-scheduler, "
@@ -114,7 +125,7 @@ def bench_schedule(
         )
         raise typer.Exit(2)
     try:
-        figures = run(nodes, pods, latency_pods, rate, rounds)
+        figures = run(nodes, pods, latency_pods, rate, rounds, path)
     except (LocalNodeError, TimeoutError, RuntimeError) as exc:
         typer.echo(f"baton bench schedule: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -6,11 +6,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from baton.bench import schedule
 from baton.contract.names import ANNOTATION_ASSIGNED_GPUS
+from baton.contract.podask import parse_quantity
 from baton.localnode.binaries import find_binaries
 
 pytestmark = pytest.mark.timeout(300)
@@ -104,3 +106,64 @@ def test_refused_requests_are_counted_from_the_429_series_only() -> None:
         ]
     )
     assert schedule.refused_in(metrics) == 214
+
+
+def test_the_dra_path_reports_its_profile_beside_the_extender_and_the_reference() -> None:
+    figures = schedule.run(nodes=2, pods_count=12, latency_pods=2, rate=20.0, rounds=1, path="dra")
+    assert figures["path"] == "dra" and figures["pods"] == 12
+    for prefix in ("", "dra_", "reference_"):
+        assert figures[f"{prefix}pods_per_s"] > 0
+        assert len(figures[f"{prefix}pods_per_s_rounds"]) == 1
+        assert 0 < figures[f"{prefix}p50_schedule_ms"] <= figures[f"{prefix}p99_schedule_ms"]
+    ratio = figures["dra_pods_per_s"] / figures["reference_pods_per_s"]
+    assert figures["dra_throughput_ratio"] == pytest.approx(ratio, rel=0.01)
+
+
+def test_the_dra_profile_allocates_each_pods_claim_from_its_nodes_slice(tmp_path: Path) -> None:
+    """Claims get a share of a GPU on their pod's node (no kubelet: the scheduler reads the
+    slices from the API) with the memory and duty asked; the bench removes them afterwards."""
+    bench = schedule.Bench(tmp_path, nodes=2, path="dra")
+    with bench.running():
+        watch = schedule.fleet.BindWatch(bench.api, schedule.NAMESPACE).start()
+        try:
+            pods = bench.pods(schedule.DRA, "dra-x", 6)
+            schedule.fleet.create_pods(bench.api, schedule.NAMESPACE, pods)
+            with bench.scheduler(schedule.DRA):
+                watch.wait_bound((p["metadata"]["name"] for p in pods), 120)
+        finally:
+            watch.stop()
+        nodes = {
+            p.metadata.name: p.spec.node_name
+            for p in bench.api.list_namespaced_pod(schedule.NAMESPACE).items
+            if p.metadata is not None and p.spec is not None
+        }
+        claims = listed_claims(bench)
+        assert len(claims) == 6
+        for index, claim in enumerate(sorted(claims, key=lambda c: c["metadata"]["name"])):
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            assert result["pool"] == nodes[claim["metadata"]["name"]]
+            assert result["device"].startswith("gpu-")
+            consumed = result["consumedCapacity"]
+            mib = schedule.MEMORY_SHAPES[index % 3]
+            assert parse_quantity(consumed["memory"]) == mib * 1024 * 1024
+            assert parse_quantity(consumed["duty"]) == schedule.DUTY_SHAPES[index % 3]
+        bench.clear(schedule.DRA)
+        assert listed_claims(bench) == []
+
+
+def listed_claims(bench: schedule.Bench) -> list[dict[str, Any]]:
+    """The bench namespace's ResourceClaims as the API lists them."""
+    drafleet = schedule.drafleet
+    listed = bench.custom.list_namespaced_custom_object(
+        drafleet.GROUP, drafleet.VERSION, schedule.NAMESPACE, "resourceclaims"
+    )
+    assert isinstance(listed, dict)
+    return list(listed["items"])
+
+
+def test_the_dra_profile_is_the_dra_overlays_and_an_unknown_path_is_refused() -> None:
+    config = schedule.scheduler_config(Path("kubeconfig"), schedule.DRA, "http://x")
+    assert [p["schedulerName"] for p in config["profiles"]] == [schedule.DRA]
+    assert config["leaderElection"] == {"leaderElect": False}
+    with pytest.raises(ValueError, match="path must be one of"):
+        schedule.Bench(Path("unused"), nodes=1, path="kubelet")
