@@ -252,9 +252,13 @@ def _reason(err: BaseException) -> str:
     return api_error_reason(err)
 
 
+KINDS = ("nodes", "pods", "resourceclaims", "resourceslices")
+
+
 class KubeSource:
-    """Nodes or pods through the Kubernetes client, on a client of its own: no retries (the
-    reflector backs off itself) and every connection it opens can be cut by `abort`."""
+    """Nodes, pods, or DRA's ResourceClaims or ResourceSlices (`resource.k8s.io/v1`) through
+    the Kubernetes client, on a client of its own: no retries (the reflector backs off itself)
+    and every connection it opens can be cut by `abort`."""
 
     def __init__(
         self,
@@ -274,6 +278,7 @@ class KubeSource:
         self._live: weakref.WeakSet[Any] = weakref.WeakSet()
         _track_connections(self._api, self._live, self._aborted)
         core = client.CoreV1Api(self._api)
+        dra = client.ResourceV1Api(self._api)
         call: Callable[..., Any]
         if resource == "nodes":
             call = core.list_node
@@ -281,8 +286,14 @@ class KubeSource:
             call = core.list_pod_for_all_namespaces
             if namespace:
                 call = functools.partial(core.list_namespaced_pod, namespace)
+        elif resource == "resourceclaims":
+            call = dra.list_resource_claim_for_all_namespaces
+            if namespace:
+                call = functools.partial(dra.list_namespaced_resource_claim, namespace)
+        elif resource == "resourceslices":
+            call = dra.list_resource_slice
         else:
-            raise ValueError(f"cannot watch {resource!r}: nodes or pods")
+            raise ValueError(f"cannot watch {resource!r}: {', '.join(KINDS)}")
         self._call: Callable[..., Any] = call
         selectors = {"field_selector": field_selector, "label_selector": label_selector}
         self._selectors: dict[str, Any] = {key: value for key, value in selectors.items() if value}

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from baton.bench import schedule
+from baton.contract.kube import Outage
 from baton.contract.names import ANNOTATION_ASSIGNED_GPUS
 from baton.contract.podask import parse_quantity
+from baton.contract.reflector import KubeSource, Reflector, WatchEvent
 from baton.localnode.binaries import find_binaries
 
 pytestmark = pytest.mark.timeout(300)
@@ -167,3 +171,58 @@ def test_the_dra_profile_is_the_dra_overlays_and_an_unknown_path_is_refused() ->
     assert config["leaderElection"] == {"leaderElect": False}
     with pytest.raises(ValueError, match="path must be one of"):
         schedule.Bench(Path("unused"), nodes=1, path="kubelet")
+
+
+class Names:
+    """Object names a reflector holds, with a condition to wait on."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self.changed = threading.Condition()
+
+    def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
+        with self.changed:
+            self.names = {o["metadata"]["name"] for o in objects}
+            self.changed.notify_all()
+
+    def apply(self, event: WatchEvent) -> None:
+        with self.changed:
+            name = event.object["metadata"]["name"]
+            (self.names.discard if event.type == "DELETED" else self.names.add)(name)
+            self.changed.notify_all()
+
+    def wait(self, names: set[str]) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: self.names == names, 30.0), self.names
+
+
+def test_the_reflector_lists_and_watches_resourceslices_and_resourceclaims(
+    tmp_path: Path,
+) -> None:
+    """The contract's reflector on DRA's kinds against the real kube-apiserver (raw JSON)."""
+    bench = schedule.Bench(tmp_path, nodes=2, path="dra")
+    with bench.running():
+        api_client = bench.api.api_client
+        outage = Outage(logging.getLogger("test.dra"), "watch of DRA objects", "nothing")
+        slices, claims = Names(), Names()
+        sources = [
+            Reflector(KubeSource(api_client, "resourceslices"), slices, outage, name="slices"),
+            Reflector(
+                KubeSource(api_client, "resourceclaims", namespace=schedule.NAMESPACE),
+                claims,
+                outage,
+                name="claims",
+            ),
+        ]
+        for reflector in sources:
+            reflector.start()
+        try:
+            slices.wait({f"bench-node-{i:04d}-gpu.baton.dev" for i in range(2)})
+            claims.wait(set())
+            bench.pods(schedule.DRA, "seen", 3)  # makes the claims
+            claims.wait({f"seen-{i:05d}" for i in range(3)})
+            bench.clear(schedule.DRA)
+            claims.wait(set())
+        finally:
+            for reflector in sources:
+                assert reflector.stop()
