@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _ESTABLISHED = "01"
+_LISTEN = "0A"
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,24 @@ def process_of_socket(inode: int, proc_root: Path = Path("/proc")) -> PeerProces
                     return PeerProcess(int(entry.name), entry.stat().st_uid)
             except OSError:  # this descriptor closed meanwhile: the others still count
                 continue
+    return None
+
+
+def listener_process(port: int, proc_root: Path = Path("/proc")) -> PeerProcess | None:
+    """The process listening on TCP `port` in our network namespace, if one is."""
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc_root / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if (
+                len(cols) >= 10
+                and cols[3] == _LISTEN
+                and int(cols[1].rsplit(":", 1)[1], 16) == port
+            ):
+                return process_of_socket(int(cols[9]), proc_root)
     return None
 
 

@@ -21,7 +21,7 @@ from baton.contract.names import (
     fake_gpu_uuid,
 )
 
-BACKENDS = ("none", "fake", "cuda", "app")
+BACKENDS = ("none", "fake", "cuda", "app", "endpoint")
 
 
 @dataclass
@@ -72,7 +72,8 @@ def build_backend(
         from agent.parking.backends.multi import MultiBackend
 
         built = {m: _one_backend(m, opts, call_tenant, loop) for m in methods}
-        gpus = next((g for m, (_, g) in built.items() if m != "app"), built[methods[0]][1])
+        measured = (g for m, (_, g) in built.items() if m not in ("app", "endpoint"))
+        gpus = next(measured, built[methods[0]][1])
         return MultiBackend({m: b for m, (b, _) in built.items()}), gpus
     return _one_backend(methods[0], opts, call_tenant, loop)
 
@@ -113,6 +114,11 @@ def _one_backend(
 
         gpus = nvml_gpus() or parse_fake_gpus(opts.fake_gpus, opts.node_name)
         return AppBackend(opts.callback_timeout_s, call_tenant, loop), gpus
+    if method == "endpoint":
+        from agent.parking.backends.endpoint import EndpointBackend
+
+        gpus = nvml_gpus() or parse_fake_gpus(opts.fake_gpus, opts.node_name)
+        return EndpointBackend(opts.callback_timeout_s), gpus
     raise BackendUnavailable(f"unknown backend {method!r}; choose one of {BACKENDS}")
 
 

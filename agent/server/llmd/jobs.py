@@ -15,10 +15,11 @@ import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from agent.core.errors import Forbidden, InvalidRegistration
 from agent.node.identity import pod_uid_of_pid
-from agent.node.peers import PeerProcess, ProcessWatch, peer_process
+from agent.node.peers import PeerProcess, ProcessWatch, listener_process, peer_process
 from agent.node.tenants import LLMD, POD, Tenant
 from agent.server.llmd.edge import UnknownGroup, UnknownJob
 from agent.server.llmd.groups import Groups, pod_groups, pod_membership, valid_id
@@ -30,6 +31,7 @@ from baton.contract.names import MIB
 log = logging.getLogger(__name__)
 
 PREFIX = f"{LLMD}/"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class ProcessSession(Session):
@@ -186,6 +188,33 @@ class Jobs:
                 f"PIDs {', '.join(map(str, sorted(foreign)))} are not processes of job "
                 f"{self.job_of(tenant.tenant_id)!r}; a job may only checkpoint its own"
             )
+
+    async def check_endpoints(self, tenant: Tenant, urls: Iterable[str]) -> tuple[str, ...]:
+        """The job's engine URLs, each `http://` on this host's loopback and served by a process
+        of the job's own (one that called for it, or of its UID); `Forbidden` otherwise."""
+        checked = []
+        for url in urls:
+            parsed = urlsplit(url if "://" in url else f"http://{url}")
+            if parsed.scheme != "http" or parsed.hostname not in LOOPBACK or not parsed.port:
+                raise Forbidden(
+                    f"endpoint {url!r}: Baton calls only http://HOST:PORT on this host's loopback "
+                    f"({', '.join(LOOPBACK)}), served by the job's own process"
+                )
+            owner = await asyncio.to_thread(listener_process, parsed.port, self._proc_root)
+            mine = (
+                owner is not None
+                and tenant.source != POD
+                and (
+                    owner.pid in tenant.pids or (tenant.uid is not None and owner.uid == tenant.uid)
+                )
+            )
+            if not mine:
+                raise Forbidden(
+                    f"endpoint {url!r}: port {parsed.port} is not served by a process of job "
+                    f"{self.job_of(tenant.tenant_id)!r}"
+                )
+            checked.append(f"http://{parsed.netloc}")
+        return tuple(checked)
 
     def _job_tenant(
         self,

@@ -23,10 +23,12 @@ import grpc
 from agent.core.errors import AgentError
 from agent.node.tenants import Tenant
 from agent.parking.backends.base import BackendError
+from agent.parking.backends.endpoint import SGLANG, VLLM, EndpointBackend, EndpointTarget
 from agent.parking.backends.multi import MultiBackend
 from agent.parking.preparer import ParkingPreparer
 from agent.server.llmd.channel import Channels
 from agent.server.llmd.edge import (
+    BadRequest,
     MethodMissing,
     NotImplementedHere,
     Transitioning,
@@ -39,8 +41,9 @@ from baton._pb import snapshot_agent_pb2 as sa
 from baton._pb import snapshot_agent_pb2_grpc as sa_grpc
 
 KEEP = 1024
-NOT_IMPLEMENTED = ("app_endpoint", "direct_memory", "memory_regions")
+NOT_IMPLEMENTED = ("direct_memory", "memory_regions")
 """BackendConfigs Baton has no method for: refused as UNIMPLEMENTED, never run as another."""
+APPS = {sa.APP_VLLM: VLLM, sa.APP_SGLANG: SGLANG}
 METHOD_KEY = "baton-parking-method"
 """GetOperation's trailing metadata: the parking method the operation used."""
 
@@ -101,7 +104,20 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _method(self, config: sa.BackendConfig, tenant: Tenant) -> tuple[ParkingPreparer, str]:
+    async def _endpoint_target(self, cfg: sa.AppEndpointConfig, tenant: Tenant) -> EndpointTarget:
+        """The engine, its checked endpoints, mode and tags an app_endpoint config names."""
+        app = APPS.get(cfg.app)
+        if app is None:
+            raise BadRequest("app_endpoint needs app APP_VLLM or APP_SGLANG")
+        if not cfg.endpoints:
+            raise BadRequest("app_endpoint needs at least one endpoint")
+        urls = await self._jobs.check_endpoints(tenant, cfg.endpoints)
+        mode = "discard" if cfg.mode == sa.SUSPEND_MODE_DISCARD else "offload"
+        return EndpointTarget(app, urls, mode, tuple(cfg.tags))
+
+    async def _method(
+        self, config: sa.BackendConfig, tenant: Tenant
+    ) -> tuple[ParkingPreparer, str]:
         """The preparer and the method that will do what `config` asks, or the refusal why not."""
         preparer = self._jobs.service.preparer
         if not isinstance(preparer, ParkingPreparer):
@@ -125,6 +141,9 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
                 raise MethodMissing(
                     f"app_channel needs job {self._jobs.job_of(tid)!r}'s WorkloadChannel registered"
                 )
+        elif kind == "app_endpoint":
+            want = "endpoint"
+            target = await self._endpoint_target(config.app_endpoint, tenant)
         elif kind == "cuda":
             want = "cuda"
             pids = list(config.cuda.explicit_target.pids)
@@ -133,6 +152,10 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
                 tenant.pids.update(pids)
         if want not in backend.methods():
             raise MethodMissing(f"{kind} needs the {want} method; this node parks with {serves}")
+        if kind == "app_endpoint":
+            endpoints = getattr(backend, "backends", {}).get("endpoint", backend)
+            assert isinstance(endpoints, EndpointBackend)
+            endpoints.configure(tid, target)
         if kind is not None and isinstance(backend, MultiBackend):  # asked for: pinned
             try:
                 backend.pin(tid, want)
@@ -156,7 +179,7 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
     ) -> sa.SnapshotResponse:
         """Park the job's memory in host DRAM (an operation)."""
         tenant = await self._job(request.job_id, request.group, context)
-        preparer, method = self._method(request.backend_config, tenant)
+        preparer, method = await self._method(request.backend_config, tenant)
         if self._state(tenant, preparer) != sa.JOB_STATE_RUNNING:
             raise WrongState(f"job {request.job_id!r} is not RUNNING: there is nothing to snapshot")
         channel = self._channels.of(tenant.tenant_id)
@@ -172,7 +195,7 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
     ) -> sa.RestoreResponse:
         """Bring the job's parked memory back to its GPUs (an operation)."""
         tenant = await self._job(request.job_id, request.group, context)
-        preparer, method = self._method(request.backend_config, tenant)
+        preparer, method = await self._method(request.backend_config, tenant)
         if self._state(tenant, preparer) != sa.JOB_STATE_SAVED:
             raise WrongState(f"job {request.job_id!r} is not SAVED: there is nothing to restore")
         channel = self._channels.of(tenant.tenant_id)

@@ -168,7 +168,7 @@ def test_every_status_code_the_reference_names(
     client = SnapshotAgentClient(endpoint)
     try:
         _registered(client, "engine")
-        endpoint_cfg = sa.BackendConfig(app_endpoint=sa.AppEndpointConfig(app=sa.APP_VLLM))
+        endpoint_cfg = sa.BackendConfig(direct_memory=sa.DirectMemoryBackendConfig())
         cases = [
             (lambda: client.snapshot("nobody", "g"), grpc.StatusCode.NOT_FOUND),
             (lambda: client.snapshot("engine", "g", endpoint_cfg), grpc.StatusCode.UNIMPLEMENTED),

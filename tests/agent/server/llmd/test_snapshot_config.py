@@ -1,11 +1,13 @@
 """llm-d's Snapshot/Restore do what their BackendConfig asks or refuse with the reason: the
 app channel's mode and tags reach the workload both ways; a cuda checkpoint of explicit PIDs
-needs the node's cuda method and the job's own processes; configs Baton has no method for are
-UNIMPLEMENTED; GetOperation names the method used (trailing metadata `baton-parking-method`)."""
+and an engine endpoint need the node's method (cuda, endpoint) and the job's own processes;
+configs Baton has no method for are UNIMPLEMENTED; GetOperation names the method used
+(trailing metadata `baton-parking-method`)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -107,7 +109,6 @@ def test_configs_the_node_cannot_serve_are_refused_naming_what_it_serves(
     client: SnapshotAgentClient, engine: Engine
 ) -> None:
     cases = {
-        "app_endpoint": sa.BackendConfig(app_endpoint=sa.AppEndpointConfig(app=sa.APP_VLLM)),
         "direct_memory": sa.BackendConfig(direct_memory=sa.DirectMemoryBackendConfig()),
         "memory_regions": sa.BackendConfig(memory_regions=sa.MemoryRegionsBackendConfig()),
     }
@@ -120,6 +121,14 @@ def test_configs_the_node_cannot_serve_are_refused_naming_what_it_serves(
     err = _refused(lambda: client.snapshot("engine", "g", own))
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
     assert "cuda" in err.details() and "app" in err.details(), err.details()
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # the job's own engine's port
+        url = f"127.0.0.1:{listener.getsockname()[1]}"
+        served = sa.AppEndpointConfig(app=sa.APP_VLLM, endpoints=[url])
+        err = _refused(
+            lambda: client.snapshot("engine", "g", sa.BackendConfig(app_endpoint=served))
+        )
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
+    assert "endpoint" in err.details() and "app" in err.details(), err.details()
     assert engine.snapshots == [], "nothing else ran in its place"
     assert sa.JobState.Name(client.status().job_statuses[0].state) == "JOB_STATE_RUNNING"
 

@@ -1,0 +1,150 @@
+"""Parks an inference engine through its own HTTP API: vLLM's sleep / wake_up, SGLang's
+release / resume of memory occupation (llm-d's `app_endpoint`).
+
+vLLM (served with `VLLM_SERVER_DEV_MODE=1`): `POST /sleep?level=1` offloads the weights and
+drops the KV cache, `level=2` drops both; `POST /wake_up` (with a `tags` query parameter per tag)
+brings them back. SGLang: `POST /release_memory_occupation` and `POST /resume_memory_occupation`
+with the JSON body `{"tags": [...]}` (no body: everything). A tenant is parked this way only once
+its target (engine, endpoints, mode, tags) is configured; the engine's memory counts as its
+declared footprint, as the API reports no bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+from agent.parking.backends.base import (
+    Backend,
+    BackendError,
+    Move,
+    Residency,
+    TenantRef,
+    TenantState,
+    Unparkable,
+)
+
+VLLM, SGLANG = "vllm", "sglang"
+
+
+@dataclass(frozen=True)
+class EndpointTarget:
+    """How to park one tenant: its engine kind, base URLs, mode (`offload`/`discard`), tags."""
+
+    app: str
+    endpoints: tuple[str, ...]
+    mode: str = "offload"
+    tags: tuple[str, ...] = ()
+
+
+def requests_for(target: EndpointTarget, action: str) -> list[tuple[str, bytes | None]]:
+    """The POSTs (URL, JSON body) that park (`park`) or restore (`restore`) the target."""
+    out: list[tuple[str, bytes | None]] = []
+    for base in target.endpoints:
+        base = base.rstrip("/")
+        if target.app == VLLM and action == "park":
+            level = 2 if target.mode == "discard" else 1
+            out.append((f"{base}/sleep?{urlencode({'level': level})}", None))
+        elif target.app == VLLM:
+            query = urlencode([("tags", t) for t in target.tags])
+            out.append((f"{base}/wake_up" + (f"?{query}" if query else ""), None))
+        else:
+            path = "release" if action == "park" else "resume"
+            body = {"tags": list(target.tags)} if target.tags else {}
+            out.append((f"{base}/{path}_memory_occupation", json.dumps(body).encode()))
+    return out
+
+
+class EndpointBackend(Backend):
+    """Calls each tenant's engine endpoints over HTTP; `configure` says which and how."""
+
+    name = "endpoint"
+
+    def __init__(self, timeout: float = 60.0) -> None:
+        self.timeout = timeout
+        self._refs: dict[str, TenantRef] = {}
+        self._targets: dict[str, EndpointTarget] = {}
+        self._parked: dict[str, set[str]] = {}
+        self._asleep: set[str] = set()
+        """Tenants whose engines were told to sleep (one call covers all their GPUs)."""
+        self._mutex = threading.Lock()
+
+    def configure(self, tenant_id: str, target: EndpointTarget) -> None:
+        """Park and restore the tenant through `target` from now on."""
+        with self._mutex:
+            self._targets[tenant_id] = target
+
+    def attach(self, tenant: TenantRef) -> None:
+        with self._mutex:
+            self._refs[tenant.tenant_id] = tenant
+
+    def detach(self, tenant_id: str) -> None:
+        with self._mutex:
+            for table in (self._refs, self._targets, self._parked):
+                table.pop(tenant_id, None)
+            self._asleep.discard(tenant_id)
+
+    def tenants(self) -> list[str]:
+        with self._mutex:
+            return list(self._refs)
+
+    def footprint(self, tenant_id: str, gpu: str) -> int:
+        """What it declared (llm-d jobs: the whole GPU)."""
+        ref = self._refs.get(tenant_id)
+        return (ref.declared_bytes or 0) if ref and gpu in ref.gpus else 0
+
+    def state(self, tenant_id: str) -> TenantState:
+        st = TenantState(tenant_id)
+        ref = self._refs.get(tenant_id)
+        with self._mutex:
+            parked = set(self._parked.get(tenant_id, ()))
+            target = self._targets.get(tenant_id)
+        for gpu in ref.gpus if ref else ():
+            st.residency[gpu] = Residency.PARKED if gpu in parked else Residency.RESIDENT
+            st.footprint_bytes[gpu] = self.footprint(tenant_id, gpu)
+        st.parked_bytes = sum(st.footprint_bytes[g] for g in parked if g in st.footprint_bytes)
+        if target is None:
+            st.unparkable = "no engine endpoint configured for it (llm-d's app_endpoint)"
+        return st
+
+    def park(self, tenant_id: str, gpu: str) -> Move:
+        return self._move(tenant_id, gpu, "park")
+
+    def restore(self, tenant_id: str, gpu: str) -> Move:
+        return self._move(tenant_id, gpu, "restore")
+
+    def _move(self, tenant_id: str, gpu: str, direction: str) -> Move:
+        """One call per endpoint for the tenant's first GPU; its other GPUs ride on it."""
+        parking = direction == "park"
+        with self._mutex:
+            target = self._targets.get(tenant_id)
+            parked = self._parked.setdefault(tenant_id, set())
+            done = (gpu in parked) == parking
+            asleep = tenant_id in self._asleep
+        if target is None:
+            raise Unparkable(f"{tenant_id} has no engine endpoint configured")
+        start = time.monotonic()
+        if asleep != parking:
+            for url, body in requests_for(target, direction):
+                self._post(url, body)
+        with self._mutex:
+            (self._asleep.add if parking else self._asleep.discard)(tenant_id)
+            (parked.add if parking else parked.discard)(gpu)
+        moved = 0 if done else self.footprint(tenant_id, gpu)
+        return Move(tenant_id, gpu, direction, moved, time.monotonic() - start)
+
+    def _post(self, url: str, body: bytes | None) -> None:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        request = urllib.request.Request(url, data=body or b"", headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as reply:
+                reply.read()
+        except urllib.error.HTTPError as e:
+            raise BackendError(f"POST {url}: HTTP {e.code} {e.reason}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise BackendError(f"POST {url}: {getattr(e, 'reason', e)}") from None

@@ -1,0 +1,160 @@
+"""llm-d's app_endpoint: Snapshot/Restore park an inference engine through its own HTTP API,
+against a stand-in engine that records what it receives (vLLM: POST /sleep?level=N, POST
+/wake_up?tags=...; SGLang: POST /release_memory_occupation and /resume_memory_occupation with
+{"tags": [...]}), and only an engine on loopback served by the job's own process."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import grpc
+import pytest
+
+from agent.parking.setup import ParkingOptions, parse_fake_gpus
+from baton._pb import snapshot_agent_pb2 as sa
+from tests.agent.server.llmd.llmd_client import SnapshotAgentClient, TimeSliceOrchestratorClient
+from tests.agent.server.llmd.test_snapshot_config import _method
+from tests.harness.agent import AgentRunner
+
+PATHS = ("/sleep", "/wake_up", "/release_memory_occupation", "/resume_memory_occupation")
+
+
+class Engine(ThreadingHTTPServer):
+    """Answers vLLM's and SGLang's memory endpoints with 200 (or `status`), recording each."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.seen: list[tuple[str, Any]] = []
+        self.status = 200
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Engine
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        self.server.seen.append((self.path, body))
+        known = self.path.split("?")[0] in PATHS
+        self.send_response(self.server.status if known else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    server = Engine()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def endpoint(workdir: str) -> Iterator[str]:
+    gpu = next(iter(parse_fake_gpus("1x1024")))
+    runner = AgentRunner(
+        workdir,
+        parking=ParkingOptions(backend="app,endpoint", fake_gpus="1x1024"),
+        llmd_listen="127.0.0.1:0",
+        llmd_groups=(f"g={gpu}",),
+    ).start()
+    address = f"127.0.0.1:{runner.llmd_port}"
+    job = TimeSliceOrchestratorClient(address, "engine", "g")
+    assert job.acquire(timeout_sec=10)[0] and job.release()[0]  # the job exists, this process's
+    job.close()
+    yield address
+    runner.stop()
+
+
+@pytest.fixture
+def client(endpoint: str) -> Iterator[SnapshotAgentClient]:
+    client = SnapshotAgentClient(endpoint)
+    yield client
+    client.close()
+
+
+def config(
+    app: sa.App,
+    url: str,
+    mode: sa.SuspendMode = sa.SUSPEND_MODE_UNSPECIFIED,
+    tags: tuple[str, ...] = (),
+) -> sa.BackendConfig:
+    cfg = sa.AppEndpointConfig(app=app, endpoints=[url], mode=mode, tags=list(tags))
+    return sa.BackendConfig(app_endpoint=cfg)
+
+
+def _done(client: SnapshotAgentClient, op_id: str) -> sa.GetOperationResponse:
+    op = client.wait_for_operation(op_id, 0.01)
+    assert op.status == sa.OPERATION_STATUS_COMPLETE, op.error
+    assert _method(client, op_id) == "endpoint"
+    return op
+
+
+def _state(client: SnapshotAgentClient) -> str:
+    return sa.JobState.Name(client.status().job_statuses[0].state)
+
+
+def test_vllm_sleeps_at_the_modes_level_and_wakes_with_the_tags(
+    client: SnapshotAgentClient, engine: Engine
+) -> None:
+    asleep = config(sa.APP_VLLM, engine.url, sa.SUSPEND_MODE_DISCARD)
+    op = _done(client, client.snapshot("engine", "g", asleep))
+    assert op.storage_bytes == 1024 * 1024 * 1024 and _state(client) == "JOB_STATE_SAVED"
+    awake = config(sa.APP_VLLM, engine.url, tags=("weights", "kv_cache"))
+    _done(client, client.restore("engine", "g", awake))
+    assert engine.seen == [("/sleep?level=2", None), ("/wake_up?tags=weights&tags=kv_cache", None)]
+    _done(client, client.snapshot("engine", "g", config(sa.APP_VLLM, engine.url)))
+    assert engine.seen[-1] == ("/sleep?level=1", None), "OFFLOAD (the default) is level 1"
+    assert _state(client) == "JOB_STATE_SAVED"
+
+
+def test_sglang_releases_and_resumes_the_tagged_memory(
+    client: SnapshotAgentClient, engine: Engine
+) -> None:
+    cfg = config(sa.APP_SGLANG, engine.url, tags=("kv_cache",))
+    _done(client, client.snapshot("engine", "g", cfg))
+    _done(client, client.restore("engine", "g", cfg))
+    assert engine.seen == [
+        ("/release_memory_occupation", {"tags": ["kv_cache"]}),
+        ("/resume_memory_occupation", {"tags": ["kv_cache"]}),
+    ]
+    assert _state(client) == "JOB_STATE_RUNNING"
+
+
+def test_an_engine_that_fails_fails_the_operation(
+    client: SnapshotAgentClient, engine: Engine
+) -> None:
+    engine.status = 500
+    op = client.wait_for_operation(
+        client.snapshot("engine", "g", config(sa.APP_VLLM, engine.url)), 0.01
+    )
+    assert op.status == sa.OPERATION_STATUS_FAILED and "HTTP 500" in op.error
+    assert _state(client) == "JOB_STATE_RUNNING"
+
+
+def test_only_the_jobs_own_engine_on_loopback_is_called(
+    client: SnapshotAgentClient, engine: Engine
+) -> None:
+    unserved = engine.url
+    engine.shutdown()
+    engine.server_close()  # nothing listens there now
+    for url in ("10.1.2.3:8000", "http://169.254.169.254:80", unserved):
+        with pytest.raises(grpc.RpcError) as err:
+            client.snapshot("engine", "g", config(sa.APP_VLLM, url))
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value.details()
+    with pytest.raises(grpc.RpcError) as bad:
+        client.snapshot("engine", "g", config(sa.APP_VLLM, ""))
+    assert bad.value.code() == grpc.StatusCode.PERMISSION_DENIED, bad.value.details()
