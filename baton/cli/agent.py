@@ -86,7 +86,7 @@ def agent(
         str,
         typer.Option(
             envvar=names.ENV_AGENT_BACKEND,
-            help="Parking: none, fake, cuda, app, or several (cuda,app: the first is the default).",
+            help="Parking: none, fake, cuda, app, endpoint or several (cuda,app: first = default).",
         ),
     ] = "none",
     fake_gpus: Annotated[

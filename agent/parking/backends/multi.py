@@ -53,6 +53,8 @@ class MultiBackend(Backend):
                 f"its pod asks to be parked by {ref.parking!r} (baton.dev/parking), which this "
                 f"node does not offer (it parks with {', '.join(self.backends)})"
             )
+        if self.method_of(ref.tenant_id) == APP and not ref.self_parks:
+            return "it is to park itself (app) but no session of it offers park/restore callbacks"
         return ""
 
     def choose(self, ref: TenantRef) -> str:

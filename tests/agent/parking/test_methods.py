@@ -97,6 +97,11 @@ def test_a_tenant_no_method_can_park_is_refused_with_the_reason():
     assert "'cuda'" in why and "baton.dev/parking" in why and "fake" in why
     with pytest.raises(Unparkable, match="does not offer"):
         multi.park("t", GPU)
+    several = node([])
+    several.attach(TenantRef("silent", (GPU,), parking="app"))  # asks to park itself, cannot yet
+    assert "no session of it offers park/restore callbacks" in several.state("silent").unparkable
+    with pytest.raises(Unparkable, match="callbacks"):
+        several.park("silent", GPU)
 
 
 def test_a_parked_tenant_is_restored_by_the_method_that_parked_it():

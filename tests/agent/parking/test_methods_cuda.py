@@ -15,6 +15,7 @@ from agent.parking.backends.cuda import CudaBackend
 from agent.parking.backends.multi import MultiBackend
 from agent.parking.preparer import ParkingPreparer
 from agent.server.service import LeaseService
+from agent.server.sessions import Session
 
 from .standin_cuda import CHECKPOINTED, RUNNING, StandInDriver, StandInNvml
 from .test_cuda_backend import GIB, GPU
@@ -74,6 +75,8 @@ def test_a_driver_parked_pod_and_a_self_offloading_pod_share_one_gpu(tmp_path: P
                 pod_uid=UIDS["self"], parking="app",
             )
         )  # fmt: skip
+        callbacks = frozenset({"park", "restore"})  # its session offers them (the app calls it)
+        service.sessions.open(Session("default/self", PIDS["self"], "", callbacks))
         seen = []
         for name in ("driver", "self", "driver", "self", "driver"):
             tenant = service.tenants.tenants[f"default/{name}"]
