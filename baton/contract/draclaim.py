@@ -135,6 +135,66 @@ def pod_dra_ask(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimAsk:
+    """One request of a claim for Baton's device class, as its spec asks it."""
+
+    request: str
+    count: int
+    memory_bytes: int | None = None
+    """None: the class default (the whole GPU's memory)."""
+    duty: float | None = None
+    """None: the class default (`100 / slots`)."""
+
+
+def claim_asks(
+    claim: Mapping[str, Any], device_class: str = names.DRA_DEVICE_CLASS
+) -> tuple[ClaimAsk, ...]:
+    """The requests of `claim` for `device_class`, from `spec.devices.requests[].exactly`.
+
+    Raises ValueError for a capacity that is not a quantity (filter shows it).
+    """
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    asks = []
+    for entry in requests:
+        exactly = entry.get("exactly") if isinstance(entry, Mapping) else None
+        if not isinstance(exactly, Mapping) or exactly.get("deviceClassName") != device_class:
+            continue
+        wanted = (exactly.get("capacity") or {}).get("requests") or {}
+        asks.append(
+            ClaimAsk(
+                request=str(entry.get("name", "")),
+                count=int(exactly.get("count") or 1),
+                memory_bytes=_whole(wanted.get(names.DRA_CAPACITY_MEMORY)),
+                duty=_number(wanted.get(names.DRA_CAPACITY_DUTY)),
+            )
+        )
+    return tuple(asks)
+
+
+def claim_ref(claim: Mapping[str, Any]) -> ClaimRef:
+    """How pods name `claim`."""
+    meta = claim.get("metadata") or {}
+    return ClaimRef(str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+def reserved_pods(claim: Mapping[str, Any]) -> tuple[str, ...]:
+    """UIDs of the pods `claim` is reserved for (`status.reservedFor`)."""
+    reserved = (claim.get("status") or {}).get("reservedFor") or []
+    return tuple(
+        str(r["uid"])
+        for r in reserved
+        if isinstance(r, Mapping) and r.get("resource") == "pods" and r.get("uid")
+    )
+
+
+def device_index(device: str) -> int | None:
+    """The GPU index of a device named `gpu-<index>`, else None."""
+    prefix = names.DRA_DEVICE_PREFIX
+    digits = device[len(prefix) :] if device.startswith(prefix) else ""
+    return int(digits) if digits.isdigit() else None
+
+
 def device_uuids(
     slices: Iterable[Mapping[str, Any]], driver: str = names.DRA_DRIVER
 ) -> dict[str, str]:
