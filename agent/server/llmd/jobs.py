@@ -213,7 +213,7 @@ class Jobs:
                     f"endpoint {url!r}: port {parsed.port} is not served by a process of job "
                     f"{self.job_of(tenant.tenant_id)!r}"
                 )
-            checked.append(f"http://{parsed.netloc}")
+            checked.append(f"http://{parsed.netloc}{parsed.path}")  # a base path is kept
         return tuple(checked)
 
     def _job_tenant(
