@@ -158,7 +158,7 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             endpoints.configure(tid, target)
         if kind is not None and isinstance(backend, MultiBackend):  # asked for: pinned
             try:
-                backend.pin(tid, want)
+                await asyncio.to_thread(backend.pin, tid, want)  # it reads the state
             except BackendError as exc:
                 raise MethodMissing(str(exc)) from None
         return preparer, want
