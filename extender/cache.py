@@ -19,7 +19,9 @@ from extender.state import ClusterState
 
 log = logging.getLogger(__name__)
 KINDS = ("nodes", "pods")
-SELECTORS = {"nodes": "", "pods": POD_FIELD_SELECTOR}
+DRA_KINDS = (*KINDS, "resourceclaims")
+"""With `--dra`: the claims whose allocations place pods on DRA nodes, too."""
+SELECTORS = {"nodes": "", "pods": POD_FIELD_SELECTOR, "resourceclaims": ""}
 REQUEST_TIMEOUT_S = 30.0
 """A list page of the whole cluster, and a connection to the API server, must come within this."""
 
@@ -27,12 +29,13 @@ REQUEST_TIMEOUT_S = 30.0
 class ClusterCache:
     """The state and its lock; `synced()` once every kind has been listed."""
 
-    def __init__(self, state: ClusterState):
+    def __init__(self, state: ClusterState, kinds: tuple[str, ...] = KINDS):
         self.state = state
+        self.kinds = kinds
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         """Notified, with the lock held, after every change the watches apply."""
-        self._synced = {kind: threading.Event() for kind in KINDS}
+        self._synced = {kind: threading.Event() for kind in kinds}
 
     @classmethod
     def filled(
@@ -72,11 +75,12 @@ class KubeCache(ClusterCache):
         state: ClusterState,
         api_client: Any,
         on_restart: Callable[[str, str], None] = lambda kind, why: None,
+        kinds: tuple[str, ...] = KINDS,
     ):
-        super().__init__(state)
+        super().__init__(state, kinds)
         outage = Outage(
             log,
-            "listing and watching nodes and pods",
+            f"listing and watching {', '.join(kinds)}",
             "/readyz is not ready and filter answers from what was listed before, if anything",
         )
         self._reflectors = [
@@ -88,11 +92,11 @@ class KubeCache(ClusterCache):
                 on_restart=functools.partial(on_restart, kind),
                 request_timeout_s=REQUEST_TIMEOUT_S,
             )
-            for kind in KINDS
+            for kind in kinds
         ]
 
     def start(self) -> KubeCache:
-        """Start both watch loops."""
+        """Start the watch loops."""
         for reflector in self._reflectors:
             reflector.start()
         return self
@@ -109,10 +113,11 @@ class _KindStore:
     def __init__(self, cache: ClusterCache, kind: str) -> None:
         state = cache.state
         self._cache, self._kind = cache, kind
-        nodes = kind == "nodes"
-        self._replace = state.replace_nodes if nodes else state.replace_pods
-        self._upsert = state.upsert_node if nodes else state.upsert_pod
-        self._delete = state.delete_node if nodes else state.delete_pod
+        self._replace, self._upsert, self._delete = {
+            "nodes": (state.replace_nodes, state.upsert_node, state.delete_node),
+            "pods": (state.replace_pods, state.upsert_pod, state.delete_pod),
+            "resourceclaims": (state.replace_claims, state.upsert_claim, state.delete_claim),
+        }[kind]
 
     def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
         with self._cache.changed:

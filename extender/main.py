@@ -55,6 +55,8 @@ class Options:
     tls_key: str | None = None
     shutdown_grace: float = DEFAULT_GRACE_S
     binds_in_flight: int = BINDS_IN_FLIGHT
+    dra: bool = False
+    """Also watch ResourceClaims (the DRA path's placed pods and claim asks)."""
 
 
 def run(options: Options) -> None:
@@ -62,7 +64,7 @@ def run(options: Options) -> None:
     from baton.contract.kube import load_api_client
     from extender.app import create_app
     from extender.bind import Binder
-    from extender.cache import KubeCache
+    from extender.cache import DRA_KINDS, KINDS, KubeCache
     from extender.kubeapi import KubePodApi
     from extender.metrics import Metrics
     from extender.server import Server, bind_socket
@@ -79,9 +81,12 @@ def run(options: Options) -> None:
             "--port (BATON_EXTENDER_PORT)"
         ) from None
     metrics = Metrics()
-    state = ClusterState(options.limits, time.monotonic)
+    state = ClusterState(options.limits, time.monotonic, dra=options.dra)
     cache = KubeCache(
-        state, api_client, on_restart=lambda kind, why: metrics.watch_restarts.labels(kind).inc()
+        state,
+        api_client,
+        on_restart=lambda kind, why: metrics.watch_restarts.labels(kind).inc(),
+        kinds=DRA_KINDS if options.dra else KINDS,
     )
     binder = Binder(cache, KubePodApi(api_client), time.time_ns)
     app = create_app(cache, binder, metrics, options.binds_in_flight)
@@ -91,13 +96,14 @@ def run(options: Options) -> None:
     server.catch_stop_signals()  # from here on a stop signal ends the extender in order
     scheme = "https" if options.tls_cert else "http"
     log.info(
-        "serving on %s://%s:%d, policy %s, max duty %g%%, memory headroom %d MiB",
+        "serving on %s://%s:%d, policy %s, max duty %g%%, memory headroom %d MiB, watching %s",
         scheme,
         options.host,
         sock.getsockname()[1],
         options.limits.policy,
         options.limits.max_duty,
         options.limits.memory_headroom_mib,
+        ", ".join(cache.kinds),
     )
     cache.start()
     try:

@@ -12,12 +12,15 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from baton.contract.draclaim import ClaimAsk, ClaimRef, device_index
 from baton.contract.podask import RequestMemo, TenantRequest
+from extender.claims import ClaimBook
 from extender.inventory import (
     Assignment,
     NodeInventory,
     assignment,
     node_inventory,
+    pod_name,
     pod_uid,
 )
 from extender.snapshot import Limits, NodeState, PlacedPod, node_state
@@ -29,8 +32,12 @@ ASSUME_TTL_S = 120.0
 class ClusterState:
     """Nodes, assignments and assumptions, with a `NodeState` per node kept current."""
 
-    def __init__(self, limits: Limits, clock: Clock, assume_ttl_s: float = ASSUME_TTL_S):
+    def __init__(
+        self, limits: Limits, clock: Clock, assume_ttl_s: float = ASSUME_TTL_S, dra: bool = False
+    ):
         self.limits = limits
+        self.dra = dra
+        """Pods are placed through DRA: filter and prioritize judge them by their claims."""
         self._clock = clock
         self._ttl = assume_ttl_s
         self._nodes: dict[str, NodeInventory] = {}
@@ -41,6 +48,8 @@ class ClusterState:
         self._pending: dict[str, dict[str, Any]] = {}
         """Pods not yet bound, as last seen: a bind reads them here instead of from the API."""
         self._requests = RequestMemo()
+        self._claims = ClaimBook()
+        """Pods placed through DRA, from their claims (the `--dra` extender's claim watch)."""
 
     def request(self, pod: dict[str, Any]) -> TenantRequest | None:
         """The pod's Baton request (`parse_pod_request`, remembered while its resources stay
@@ -94,6 +103,8 @@ class ClusterState:
         self._assigned.clear()
         self._by_node.clear()
         self._pending.clear()
+        pods = list(pods)
+        self._claims.replace_pods({pod_uid(p): pod_name(p) for p in pods})
         for pod in pods:
             self._note_pending(pod)
             found = assignment(pod, self.request)
@@ -121,7 +132,7 @@ class ClusterState:
             touched |= self._drop_assumed(uid)
             if found == before:
                 touched = set()
-        touched |= self._expire()
+        touched |= self._claims.pod_seen(uid, pod) | self._expire()
         self._rebuild_many(touched)
 
     def delete_pod(self, pod: dict[str, Any]) -> None:
@@ -129,7 +140,25 @@ class ClusterState:
         uid = pod_uid(pod)
         self._pending.pop(uid, None)
         self._requests.forget(uid)
-        self._rebuild_many(self._remove(uid) | self._drop_assumed(uid) | self._expire())
+        gone = self._claims.pod_gone(uid)
+        self._rebuild_many(self._remove(uid) | self._drop_assumed(uid) | self._expire() | gone)
+
+    def claim_asks(self, ref: ClaimRef) -> tuple[ClaimAsk, ...] | str | None:
+        """A claim's asks of Baton's class, why they are unreadable, or None when unknown."""
+        return self._claims.asks(ref)
+
+    def replace_claims(self, claims: Iterable[dict[str, Any]]) -> None:
+        """Start over from a full ResourceClaim list."""
+        self._claims.replace_claims(claims)
+        self._rebuild_all()
+
+    def upsert_claim(self, claim: dict[str, Any]) -> None:
+        """A ResourceClaim was added or changed (allocated, reserved, released)."""
+        self._rebuild_many(self._claims.upsert_claim(claim))
+
+    def delete_claim(self, claim: dict[str, Any]) -> None:
+        """A ResourceClaim went away."""
+        self._rebuild_many(self._claims.delete_claim(claim))
 
     def pending_pod(self, uid: str) -> dict[str, Any] | None:
         """The unbound pod with this UID as the watch last showed it, if any."""
@@ -197,6 +226,7 @@ class ClusterState:
                 continue
             for gpu in found.gpus:
                 tenants[gpu].append(found.tenant)
+        self._add_claimed(name, inventory, tenants, exclude)
         before = self._states.get(name)
         return node_state(
             name,
@@ -207,6 +237,26 @@ class ClusterState:
             inventory.problem,
             reuse=before.gpus if before is not None else (),
         )
+
+    def _add_claimed(
+        self,
+        name: str,
+        inventory: NodeInventory,
+        tenants: dict[str, list[PlacedPod]],
+        exclude: set[str] | None,
+    ) -> None:
+        """The node's tenants through DRA claims, on the GPU each allocated device names."""
+        held = self._claims.on_node(name)
+        if not held:
+            return
+        uuids = {g.index: g.uuid for g in inventory.gpus}
+        for found in held:
+            if found.uid in self._assigned or (exclude and found.uid in exclude):
+                continue
+            for device in found.gpus:
+                index = device_index(device)
+                if index is not None and index in uuids:
+                    tenants[uuids[index]].append(found.tenant)
 
     def assignments_on(self, name: str) -> list[Assignment]:
         """Confirmed and assumed assignments on a node."""
@@ -222,7 +272,7 @@ class ClusterState:
     def _describe(self, name: str) -> dict[str, Any]:
         state = self._states[name]
         assumed = {uid for uid, (a, _) in self._assumed.items() if a.node == name}
-        pods = {a.uid: a.pod for a in self.assignments_on(name)}
+        pods = {a.uid: a.pod for a in [*self._claims.on_node(name), *self.assignments_on(name)]}
         return {
             "name": name,
             "hostMemoryBudgetMiB": state.budget_mib,

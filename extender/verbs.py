@@ -6,6 +6,7 @@ from collections import OrderedDict
 from typing import Any
 
 from baton.contract.podask import RequestError, TenantRequest
+from extender.draverbs import filter_claims, prioritize_claims
 from extender.placement import NodeState, Verdict, one_gpu_chooser, place
 from extender.state import ClusterState
 from extender.wire import MIN_PRIORITY, ExtenderArgs, PreemptionArgs
@@ -50,6 +51,8 @@ def filter_nodes(
     """Names that pass, failed node -> reason, unresolvable node -> reason.
 
     With `kept`, the scores of the passing nodes are kept for prioritize (one-GPU pods)."""
+    if state.dra:
+        return filter_claims(state, args)
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
@@ -104,6 +107,8 @@ def prioritize_nodes(
     """A 0-10 score per node; nodes it does not fit and pods without a Baton request get 0.
 
     With `kept`, the scores filter kept for this pod are used where it has them."""
+    if state.dra:
+        return prioritize_claims(state, args)
     known = kept.take(_version(args.pod)) if kept is not None else {}
     if known and known.keys() >= set(args.node_names):
         return [(name, known[name]) for name in args.node_names]

@@ -44,6 +44,13 @@ def extender(
             help="Binds that may wait on the API server at once; the rest queue in order.",
         ),
     ] = BINDS_IN_FLIGHT,
+    dra: Annotated[
+        bool,
+        typer.Option(
+            envvar="BATON_EXTENDER_DRA",
+            help="Also watch ResourceClaims: filter and score pods placed through DRA.",
+        ),
+    ] = False,
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run the kube-scheduler extender: filter, prioritize and bind Baton pods."""
@@ -68,7 +75,7 @@ def extender(
     limits = Limits(Policy(policy), max_duty, memory_headroom)
     try:
         options = Options(
-            kubeconfig, host, port, limits, tls_cert, tls_key, shutdown_grace, binds_in_flight
+            kubeconfig, host, port, limits, tls_cert, tls_key, shutdown_grace, binds_in_flight, dra
         )
         run(options)
     except (KubeConfigError, ExtenderStartError) as err:

@@ -1,0 +1,109 @@
+"""Filter and prioritize on the DRA path (`--dra`): pods whose GPUs come from claims.
+
+kube-scheduler calls the extender after its own filters (DynamicResources included), so every
+node it sends has a device that fits the pod's claims; the extender keeps what DRA cannot do:
+the node's host-DRAM worst case, the policy's score, and reasons a user can read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from baton.contract import names
+from baton.contract.draclaim import ClaimAsk, ClaimRef
+from baton.contract.podask import RequestError, TenantRequest
+from extender.draplace import place_claim
+from extender.placement import NodeState, Verdict
+from extender.state import ClusterState
+from extender.wire import MIN_PRIORITY, ExtenderArgs
+
+UNKNOWN_NODE = "node is not in the extender's cache (its watch has not shown it yet)"
+
+
+def claim_request(state: ClusterState, pod: dict[str, Any]) -> TenantRequest | None:
+    """What the pod asks of Baton: its claims' requests of the class, else its plain
+    `baton.dev/gpu` limit (whose generated claim takes the class defaults); None: nothing.
+
+    Raises RequestError with the reason when a claim is not known or not readable yet.
+    """
+    refs = _claims(pod)
+    asks: list[ClaimAsk] = []
+    for ref in refs:
+        found = state.claim_asks(ref)
+        if found is None:
+            raise RequestError(
+                f"claim {ref.namespace}/{ref.name} is not in the extender's cache yet"
+            )
+        if isinstance(found, str):
+            raise RequestError(found)
+        asks += found
+    if not asks:
+        return state.request(pod)
+    memory = [a.memory_bytes for a in asks]
+    duty = [a.duty for a in asks]
+    return TenantRequest(
+        gpus=sum(a.count for a in asks),
+        memory_mib=None if None in memory else max(m or 0 for m in memory) // names.MIB,
+        duty=None if None in duty else max(d or 0.0 for d in duty),
+    )
+
+
+def _claims(pod: dict[str, Any]) -> list[ClaimRef]:
+    """The claims the pod names; RequestError for one whose template's claim is not made."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    made = {
+        s.get("name"): s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    refs = []
+    for entry in spec.get("resourceClaims") or []:
+        name = entry.get("resourceClaimName") or made.get(entry.get("name"))
+        if not name:
+            raise RequestError(f"the claim for {entry.get('name')!r} is not made yet")
+        refs.append(ClaimRef(str(meta.get("namespace", "")), str(name)))
+    return refs
+
+
+def filter_claims(
+    state: ClusterState, args: ExtenderArgs
+) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """Names that pass, failed node -> reason, unresolvable node -> reason."""
+    try:
+        request = claim_request(state, args.pod)
+    except RequestError as err:
+        return [], dict.fromkeys(args.node_names, str(err)), {}
+    if request is None:
+        return list(args.node_names), {}, {}
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    for name in args.node_names:
+        verdict = _verdict(state, args, request, name)
+        if verdict.fits:
+            passed.append(name)
+        else:
+            failed[name] = verdict.reason
+    return passed, failed, {}
+
+
+def prioritize_claims(state: ClusterState, args: ExtenderArgs) -> list[tuple[str, int]]:
+    """The policy's 0-10 score on the GPUs the scheduler would allocate; 0 where it fails."""
+    try:
+        request = claim_request(state, args.pod)
+    except RequestError:
+        request = None
+    if request is None:
+        return [(name, MIN_PRIORITY) for name in args.node_names]
+    scores = []
+    for name in args.node_names:
+        verdict = _verdict(state, args, request, name)
+        scores.append((name, verdict.score if verdict.fits else MIN_PRIORITY))
+    return scores
+
+
+def _verdict(state: ClusterState, args: ExtenderArgs, request: TenantRequest, name: str) -> Verdict:
+    node: NodeState | None = state.node(name)
+    if node is None and args.nodes is not None:
+        node = state.node_from_object(args.nodes[name])
+    if node is None:
+        return Verdict(False, UNKNOWN_NODE)
+    return place_claim(node, request, state.limits)

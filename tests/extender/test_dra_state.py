@@ -1,0 +1,172 @@
+"""The extender with `--dra`: pods counted from their claims' allocations, claim pods filtered
+and scored on the GPU the scheduler would allocate, with readable reasons."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from baton.contract import names
+from baton.contract.draclaim import ClaimRef
+from baton.contract.reflector import WatchEvent
+from extender.cache import DRA_KINDS, KINDS, ClusterCache, _KindStore
+from extender.placement import Limits, Policy
+from extender.state import ClusterState
+from extender.verbs import filter_nodes, prioritize_nodes
+from extender.wire import ExtenderArgs
+from tests.extender.builders import node, pod
+
+GIB = 1 << 30
+
+
+def claim(
+    name: str,
+    memory: str | None = "30Gi",
+    duty: str | None = "30",
+    node_name: str | None = None,
+    device: str = "gpu-0",
+    pod_uid: str | None = None,
+) -> dict[str, Any]:
+    """A ResourceClaim of Baton's class; allocated on `node_name` and reserved for `pod_uid`."""
+    wanted = {k: v for k, v in (("memory", memory), ("duty", duty)) if v is not None}
+    exactly: dict[str, Any] = {"deviceClassName": names.DRA_DEVICE_CLASS}
+    if wanted:
+        exactly["capacity"] = {"requests": wanted}
+    status: dict[str, Any] = {}
+    if node_name:
+        result = {
+            "request": "gpu",
+            "driver": names.DRA_DRIVER,
+            "pool": node_name,
+            "device": device,
+            "consumedCapacity": {"slots": "1", **wanted},
+        }
+        status["allocation"] = {"devices": {"results": [result]}}
+        status["reservedFor"] = [{"resource": "pods", "name": "p", "uid": pod_uid}]
+    return {
+        "metadata": {"namespace": "default", "name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        "status": status,
+    }
+
+
+def claim_pod(name: str, claim_name: str, node_name: str | None = None) -> dict[str, Any]:
+    """A pod whose container uses the claim made from its template."""
+    p = pod(name, gpus=None, node_name=node_name, uid=f"uid-{name}")
+    p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "baton-30g"}]
+    p["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    p["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": claim_name}]
+    return p
+
+
+def dra_state(policy: Policy = Policy.BINPACK) -> ClusterState:
+    state = ClusterState(Limits(policy), time.monotonic, dra=True)
+    state.replace_nodes([node("n1", gpus=2, budget_mib=70 * 1024), node("n2", gpus=2)])
+    return state
+
+
+def test_a_pod_counts_on_the_gpu_its_claim_names_while_it_lives() -> None:
+    state = dra_state()
+    running = claim_pod("a", "a-gpu", node_name="n1")
+    # The claim may be seen before its pod: nothing counts until the pod is live.
+    state.upsert_claim(claim("a-gpu", node_name="n1", device="gpu-1", pod_uid="uid-a"))
+    assert state.node("n1").gpus[1].tenants == ()  # type: ignore[union-attr]
+    state.replace_pods([running])
+    gpu = state.node("n1").gpus[1]  # type: ignore[union-attr]
+    assert (gpu.tenants, gpu.memory_total, gpu.duty_sum) == (("uid-a",), 30 * 1024, 30.0)
+    assert state.node("n1").gpus[0].tenants == ()  # type: ignore[union-attr]
+    assert [t["pod"] for t in state.inventory()[0]["gpus"][1]["tenants"]] == ["default/a"]
+    state.delete_pod(running)
+    assert state.node("n1").gpus[1].tenants == ()  # type: ignore[union-attr]
+    state.upsert_pod(running)
+    assert state.node("n1").gpus[1].tenants == ("uid-a",)  # type: ignore[union-attr]
+    state.upsert_claim(claim("a-gpu"))  # deallocated
+    assert state.node("n1").gpus[1].tenants == ()  # type: ignore[union-attr]
+
+
+def test_a_generated_claim_without_capacity_counts_the_class_defaults() -> None:
+    state = dra_state()
+    state.replace_pods([pod("b", node_name="n2", uid="uid-b")])
+    state.replace_claims([claim("b-gpu", None, None, node_name="n2", pod_uid="uid-b")])
+    gpu = state.node("n2").gpus[0]  # type: ignore[union-attr]
+    assert (gpu.tenants, gpu.memory_total, gpu.duty_sum) == (("uid-b",), 80 * 1024, 25.0)
+    state.delete_claim(claim("b-gpu"))
+    assert state.node("n2").gpus[0].tenants == ()  # type: ignore[union-attr]
+
+
+def _filled(state: ClusterState) -> ClusterState:
+    """Two 60 GiB tenants on n1's gpu-0 (parked worst case 60 GiB of its 70 GiB budget)."""
+    tenants = [claim_pod(n, f"{n}-gpu", node_name="n1") for n in ("x", "y")]
+    state.replace_pods(tenants)
+    state.replace_claims(
+        [claim(f"{n}-gpu", "60Gi", "30", "n1", "gpu-0", f"uid-{n}") for n in ("x", "y")]
+    )
+    return state
+
+
+def test_filter_refuses_the_node_whose_host_budget_the_first_fit_gpu_would_pass() -> None:
+    state = _filled(dra_state())
+    pending = claim_pod("new", "new-gpu")
+    state.upsert_claim(claim("new-gpu"))
+    passed, failed, unresolvable = filter_nodes(state, ExtenderArgs(pending, ["n1", "n2"], None))
+    assert passed == ["n2"]
+    assert failed == {
+        "n1": "the scheduler would allocate gpu-0 (GPU-n1-0): parked worst case would be"
+        " 120 GiB > host budget 70 GiB (host DRAM)"
+    }
+    assert unresolvable == {}
+
+
+def test_filter_waits_for_a_claim_it_has_not_seen() -> None:
+    state = dra_state()
+    args = ExtenderArgs(claim_pod("new", "new-gpu"), ["n1"], None)
+    reason = "claim default/new-gpu is not in the extender's cache yet"
+    assert filter_nodes(state, args) == ([], {"n1": reason}, {})
+    unmade = claim_pod("new", "new-gpu")
+    del unmade["status"]["resourceClaimStatuses"]
+    assert filter_nodes(state, ExtenderArgs(unmade, ["n1"], None))[1] == {
+        "n1": "the claim for 'gpu' is not made yet"
+    }
+    assert prioritize_nodes(state, args) == [("n1", 0)]
+
+
+def test_a_plain_gpu_pod_is_judged_with_the_class_defaults_on_the_first_fit_gpu() -> None:
+    state = _filled(dra_state())
+    args = ExtenderArgs(pod("plain", uid="uid-plain"), ["n1", "n2"], None)
+    passed, failed, _ = filter_nodes(state, args)
+    assert passed == ["n2"]
+    assert failed["n1"].startswith("the scheduler would allocate gpu-0 (GPU-n1-0): parked")
+
+
+def test_prioritize_scores_duty_complement_on_the_first_fit_gpu() -> None:
+    state = dra_state(Policy.COMPLEMENT)
+    state.replace_pods([claim_pod("x", "x-gpu", node_name="n2")])
+    state.replace_claims([claim("x-gpu", "10Gi", "60", "n2", "gpu-0", "uid-x")])
+    state.upsert_claim(claim("new-gpu", "10Gi", "40"))
+    args = ExtenderArgs(claim_pod("new", "new-gpu"), ["n1", "n2"], None)
+    assert prioritize_nodes(state, args) == [("n1", 4), ("n2", 10)]
+
+
+def test_a_pod_without_baton_asks_passes_everywhere() -> None:
+    state = dra_state()
+    other = pod("cpu", gpus=None)
+    assert filter_nodes(state, ExtenderArgs(other, ["n1", "n2"], None)) == (["n1", "n2"], {}, {})
+
+
+def test_the_claim_watch_feeds_the_state_and_counts_for_sync() -> None:
+    state = dra_state()
+    cache = ClusterCache(state, DRA_KINDS)
+    cache.mark_synced("nodes")
+    cache.mark_synced("pods")
+    assert not cache.synced()
+    store = _KindStore(cache, "resourceclaims")
+    store.replace([claim("c-gpu")], "1")
+    assert cache.synced()
+    assert state.claim_asks(_ref("c-gpu")) is not None
+    store.apply(WatchEvent("DELETED", claim("c-gpu")))
+    assert state.claim_asks(_ref("c-gpu")) is None
+    assert ClusterCache(state).kinds == KINDS
+
+
+def _ref(name: str) -> ClaimRef:
+    return ClaimRef("default", name)
