@@ -382,6 +382,26 @@ def test_dra_overlay_swaps_the_device_plugin_for_the_driver() -> None:
     configmaps = by_kind(objects, "ConfigMap")
     (config,) = [c for n, c in configmaps.items() if n.startswith("baton-scheduler-config")]
     assert "bindVerb" not in config["data"]["config.yaml"], "the scheduler binds on DRA"
+    (extender,) = yaml.safe_load(config["data"]["config.yaml"])["extenders"]
+    # No managedResources: every pod of the profile is sent, claim-only pods too.
+    assert set(extender) == {
+        "urlPrefix",
+        "filterVerb",
+        "prioritizeVerb",
+        "weight",
+        "nodeCacheCapable",
+        "httpTimeout",
+        "ignorable",
+    }
+    assert extender["ignorable"] is False and extender["nodeCacheCapable"] is True
+    env = containers(by_kind(objects, "Deployment")["baton-extender"])["extender"]["env"]
+    assert {"name": "BATON_EXTENDER_DRA", "value": "true"} in env
+    (watch,) = [
+        b
+        for b in by_kind(objects, "ClusterRoleBinding").values()
+        if b["roleRef"]["name"] == "baton-extender-dra"
+    ]
+    assert watch["subjects"][0]["name"] == "baton-extender"
 
 
 def test_local_dra_overlay_runs_the_driver_on_the_local_node() -> None:

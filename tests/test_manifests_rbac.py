@@ -10,6 +10,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "manifests" / "base"
+DRA = ROOT / "manifests" / "overlays" / "dra" / "driver"
+RBAC_FILES = sorted([*BASE.glob("rbac-*.yaml"), *DRA.glob("rbac-*.yaml")])
 
 # Kubernetes client calls our daemons make, and the (resource, verbs) each needs. A list may
 # be followed by a watch, so list calls justify both.
@@ -37,13 +39,15 @@ RAW_CALLS: dict[str, tuple[str, frozenset[str]]] = {
 }
 # The contract's reflector lists and watches for the daemons: a file that builds a `KubeSource`
 # lists and watches the kinds it names (baton/contract/reflector.py).
-WATCHED_KINDS = {"nodes", "pods"}
+WATCHED_KINDS = {"nodes", "pods", "resourceclaims"}
 # Which code runs under which ServiceAccount's ClusterRole.
 ROLES = {
     "baton-agent": ("agent",),
     "baton-deviceplugin": ("deviceplugin",),
     "baton-extender": ("extender",),
 }
+# The DRA overlay's roles for the same code (`--dra`), checked with the base role's.
+DRA_ROLES = {"baton-extender": "baton-extender-dra"}
 # Commands a user runs with their own kubeconfig, never under a daemon's ServiceAccount.
 USER_SIDE = {"baton/status/cluster.py"}
 
@@ -67,7 +71,7 @@ def _rbac_rules(path: Path) -> list[tuple[str, list[str]]]:
     return rules
 
 
-@pytest.mark.parametrize("path", sorted(BASE.glob("rbac-*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", RBAC_FILES, ids=lambda p: p.name)
 def test_every_rbac_verb_says_why(path: Path) -> None:
     for comment, verbs in _rbac_rules(path):
         for verb in verbs:
@@ -75,8 +79,8 @@ def test_every_rbac_verb_says_why(path: Path) -> None:
         assert "*" not in verbs
 
 
-def granted(role: str) -> set[tuple[str, str]]:
-    for path in BASE.glob("rbac-*.yaml"):
+def granted(role: str, paths: list[Path] | None = None) -> set[tuple[str, str]]:
+    for path in paths or RBAC_FILES:
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == role:
                 return {
@@ -86,6 +90,12 @@ def granted(role: str) -> set[tuple[str, str]]:
                     for verb in rule["verbs"]
                 }
     raise AssertionError(f"no ClusterRole {role}")
+
+
+def granted_with_dra(role: str) -> set[tuple[str, str]]:
+    """The base role's grants and, where the DRA overlay adds one for its code, that role's."""
+    extra = DRA_ROLES.get(role)
+    return granted(role) | (granted(extra) if extra else set())
 
 
 def calls_in(packages: tuple[str, ...]) -> dict[str, tuple[str, frozenset[str]]]:
@@ -112,11 +122,23 @@ def test_a_reflector_source_counts_as_a_list_and_watch() -> None:
     list the daemon's reflector makes fails the test above."""
     assert calls_in(("agent",))["KubeSource pods"] == ("pods", frozenset({"list", "watch"}))
     assert {"KubeSource nodes", "KubeSource pods"} <= set(calls_in(("extender",)))
+    assert calls_in(("extender",))["KubeSource resourceclaims"] == (
+        "resourceclaims",
+        frozenset({"list", "watch"}),
+    )
+
+
+def test_the_extender_watches_claims_only_with_the_dra_role() -> None:
+    """The base role (device-plugin clusters, no --dra) grants no claims; the DRA overlay's does."""
+    assert not {r for r, _ in granted("baton-extender")} & {"resourceclaims"}
+    assert {("resourceclaims", "list"), ("resourceclaims", "watch")} <= granted(
+        "baton-extender-dra"
+    )
 
 
 @pytest.mark.parametrize("role", sorted(ROLES))
 def test_roles_grant_exactly_what_the_code_calls(role: str) -> None:
-    grants = granted(role)
+    grants = granted_with_dra(role)
     used = calls_in(ROLES[role])
     assert used, f"no Kubernetes calls found for {role}"
     for call, (resource, verbs) in used.items():
