@@ -21,7 +21,8 @@ Per profile, two measurements:
 
 With `path="dra"` a third profile takes its turn in every round and in the latency run: the
 DRA overlay's `baton-scheduler` profile (`manifests/overlays/dra`), placing the same pods'
-shares as claims through DRA from each node's ResourceSlice (`drafleet`), beside the extender
+shares as claims through DRA from each node's ResourceSlice (`drafleet`), with its own
+extender run as the overlay runs it (`--dra`, filter and prioritize), beside the extender
 profile's figure and the reference of the same run.
 
 Everything runs on the same machine, so a profile's throughput is bounded by the CPU that
@@ -141,6 +142,9 @@ class Bench:
         )
         self.extender: Process | None = None
         self.extender_url = ""
+        self.dra_extender: Process | None = None
+        self.dra_extender_url = ""
+        """With `path="dra"`: the DRA profile's own extender (`--dra`), as the overlay runs it."""
 
     @contextmanager
     def running(self) -> Iterator[Bench]:
@@ -155,16 +159,19 @@ class Bench:
             fleet.make_nodes(self.api, node_names)
             if self.path == "dra":
                 drafleet.make_slices(self.custom, node_names)
-            self._start_extender()
+            self.extender, self.extender_url = self._start_extender()
+            if self.path == "dra":
+                self.dra_extender, self.dra_extender_url = self._start_extender(dra=True)
             yield self
         finally:
-            if self.extender is not None:
-                self.extender.stop()
+            for extender in (self.dra_extender, self.extender):
+                if extender is not None:
+                    extender.stop()
             self.plane.close()
 
-    def _start_extender(self) -> None:
+    def _start_extender(self, dra: bool = False) -> tuple[Process, str]:
         (port,) = free_ports(1)
-        self.extender_url = f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
         argv = [
             sys.executable,
             "-m",
@@ -179,8 +186,10 @@ class Bench:
         # RBAC and the same API Priority and Fairness level (the admin's would be exempt).
         kubeconfig = self.plane.root / "kube-scheduler.kubeconfig"
         argv += ["--kubeconfig", str(kubeconfig), "--log-level", "WARNING"]
-        self.extender = Process("baton-extender", argv, self.root / "extender.log").start()
-        extender = self.extender
+        if dra:  # the DRA overlay's extender
+            argv += ["--dra", "--policy", "complement"]
+        name = "baton-extender-dra" if dra else "baton-extender"
+        extender = Process(name, argv, self.root / f"{name}.log").start()
 
         def ready() -> bool | None:
             extender.check()
@@ -191,12 +200,17 @@ class Bench:
             except OSError:
                 return None
 
-        wait_for("the extender to be ready", ready, 60.0, every=0.1)
+        try:
+            wait_for(f"{name} to be ready", ready, 60.0, every=0.1)
+        except BaseException:
+            extender.stop()
+            raise
+        return extender, url
 
     @contextmanager
     def scheduler(self, profile: str) -> Iterator[None]:
         """A kube-scheduler serving `profile` for the block."""
-        url = self.extender_url if profile != REFERENCE else None
+        url = {REFERENCE: None, DRA: self.dra_extender_url}.get(profile, self.extender_url)
         kubeconfig = self.plane.root / "kube-scheduler.kubeconfig"
         path = self.root / f"{profile}.yaml"
         path.write_text(yaml.safe_dump(scheduler_config(kubeconfig, profile, url)))
