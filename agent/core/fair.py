@@ -66,6 +66,14 @@ class FairShare:
         floor = clock - self.config.credit_s / _weight(duty)
         self.vtime[tenant_id] = max(self.vtime.get(tenant_id, clock), floor)
 
+    def started(self, tenant_id: str, gpus: Iterable[str], waiting: Mapping[str, set[str]]) -> None:
+        """A turn began: each GPU's virtual clock reaches the least virtual time of its holder
+        and waiters, so those who (re)join during the turn are not floored against a stale one."""
+        for gpu in gpus:
+            others = waiting.get(gpu, set()) - {tenant_id}
+            active = [self.vtime.get(t, 0.0) for t in others] + [self.vtime.get(tenant_id, 0.0)]
+            self.vclock[gpu] = max(self.vclock.get(gpu, 0.0), min(active))
+
     def served(
         self,
         tenant_id: str,

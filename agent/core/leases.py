@@ -197,6 +197,8 @@ class LeaseTable:
             hold_until=now + self.max_hold,
         )
         self.leases[lease.lease_id] = lease
+        if self.fair is not None:
+            self.fair.started(lease.tenant_id, lease.gpus, self._waiting(lease.gpus))
         return lease
 
     def block(self, waiter_id: str, reason: str) -> None:
@@ -231,13 +233,17 @@ class LeaseTable:
         usage.last_served = now
         usage.served_seconds += max(0.0, now - lease.granted_at)
         if self.fair is not None:
-            waiting = {
-                g: {w.tenant_id for w in self.waiters.values() if g in w.gpus} for g in lease.gpus
-            }
             self.fair.served(
-                lease.tenant_id, lease.gpus, max(0.0, now - lease.granted_at), self.usage, waiting
+                lease.tenant_id,
+                lease.gpus,
+                max(0.0, now - lease.granted_at),
+                self.usage,
+                self._waiting(lease.gpus),
             )
         return lease
+
+    def _waiting(self, gpus: tuple[str, ...]) -> dict[str, set[str]]:
+        return {g: {w.tenant_id for w in self.waiters.values() if g in w.gpus} for g in gpus}
 
     def revoke(self, lease_id: str) -> tuple[Lease, list[Waiter], Waiter]:
         """End an overdue lease: reserve its GPUs for the waiters now due (returned), then
