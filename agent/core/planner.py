@@ -52,6 +52,8 @@ class TenantView:
     """Bytes its memory cgroup uses already; parked bytes come on top."""
     unparkable: str = ""
     """Why the backend cannot park it (it stays resident); empty if it can."""
+    method: str = ""
+    """How it parks (`cuda`, `app`, `fake`, ...); its steps carry it to the method's backend."""
 
     @property
     def parked_total(self) -> int:
@@ -100,6 +102,8 @@ class Step:
     tenant_id: str
     gpu: str
     bytes: int
+    method: str = ""
+    """The tenant's parking method, as its `TenantView` names it."""
 
 
 @dataclass(frozen=True)
@@ -156,12 +160,12 @@ def plan_turn(snap: NodeView, incoming: str) -> Plan | Refusal:
             victims[0].tenant_id,
         )
     steps = [
-        Step("park", v.tenant_id, g, v.footprint[g])
+        Step("park", v.tenant_id, g, v.footprint[g], v.method)
         for v in victims
         for g in sorted(v.footprint)
         if v.resident_on(g)
     ]
-    steps += [Step("restore", incoming, g, n) for g, n in sorted(me.parked.items())]
+    steps += [Step("restore", incoming, g, n, me.method) for g, n in sorted(me.parked.items())]
     return Plan(tuple(steps))
 
 
@@ -239,7 +243,7 @@ def plan_park(snap: NodeView, tenant_id: str) -> Plan | Refusal:
         )
     return Plan(
         tuple(
-            Step("park", tenant_id, g, n)
+            Step("park", tenant_id, g, n, t.method)
             for g, n in sorted(t.footprint.items())
             if t.resident_on(g)
         )

@@ -218,7 +218,7 @@ class ParkingPreparer:
     async def _move(self, tenant_id: str, step: Step, when: str) -> Move:
         """One park or restore, retried with backoff; the tenant stays where it was on failure."""
         fn = self.backend.park if step.direction == "park" else self.backend.restore
-        method = self.backend.method_of(step.tenant_id)
+        method = step.method or self.backend.method_of(step.tenant_id)
         log.info(
             "%s of %s on %s by %s starts (%d bytes)",
             step.direction, step.tenant_id, step.gpu, method, step.bytes,
@@ -334,6 +334,7 @@ class ParkingPreparer:
             absent=frozenset(absent),
             memory_used=used,
             unparkable=st.quarantined or st.unparkable,
+            method=st.method or self.backend.method_of(tenant_id),
         )
 
     def _snapshot(self, busy: Collection[str] = ()) -> NodeView:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,6 +45,20 @@ def test_restores_the_incoming_tenant_after_making_room():
     plan = plan_turn(snap, "b")
     assert isinstance(plan, Plan)
     assert [(s.direction, s.tenant_id) for s in plan.steps] == [("park", "a"), ("restore", "b")]
+
+
+def test_each_step_names_its_tenants_parking_method():
+    """Tenants of different methods share a GPU: the plan says which method moves each."""
+    a = dataclasses.replace(tv("a", 60, last=1), method="cuda")
+    b = dataclasses.replace(tv("b", 60, parked=True, last=0), method="app")
+    plan = plan_turn(node(a, b), "b")
+    assert isinstance(plan, Plan)
+    assert [(s.direction, s.tenant_id, s.method) for s in plan.steps] == [
+        ("park", "a", "cuda"),
+        ("restore", "b", "app"),
+    ]
+    park = plan_park(node(a, b), "a")
+    assert isinstance(park, Plan) and [s.method for s in park.steps] == ["cuda"]
 
 
 def test_headroom_counts_against_the_gpu():
