@@ -104,7 +104,8 @@ class ClusterState:
         self._by_node.clear()
         self._pending.clear()
         pods = list(pods)
-        self._claims.replace_pods({pod_uid(p): pod_name(p) for p in pods})
+        if self.dra:
+            self._claims.replace_pods({pod_uid(p): pod_name(p) for p in pods})
         for pod in pods:
             self._note_pending(pod)
             found = assignment(pod, self.request)
@@ -132,7 +133,9 @@ class ClusterState:
             touched |= self._drop_assumed(uid)
             if found == before:
                 touched = set()
-        touched |= self._claims.pod_seen(uid, pod) | self._expire()
+        touched |= self._expire()
+        if self.dra:
+            touched |= self._claims.pod_seen(uid, pod)
         self._rebuild_many(touched)
 
     def delete_pod(self, pod: dict[str, Any]) -> None:
@@ -140,7 +143,7 @@ class ClusterState:
         uid = pod_uid(pod)
         self._pending.pop(uid, None)
         self._requests.forget(uid)
-        gone = self._claims.pod_gone(uid)
+        gone = self._claims.pod_gone(uid) if self.dra else set()
         self._rebuild_many(self._remove(uid) | self._drop_assumed(uid) | self._expire() | gone)
 
     def claim_asks(self, ref: ClaimRef) -> tuple[ClaimAsk, ...] | str | None:

@@ -170,3 +170,12 @@ def test_the_claim_watch_feeds_the_state_and_counts_for_sync() -> None:
 
 def _ref(name: str) -> ClaimRef:
     return ClaimRef("default", name)
+
+
+def test_without_dra_claims_count_for_nothing() -> None:
+    """The device-plugin path's extender keeps no claim book: a claim's pod is not counted."""
+    state = ClusterState(Limits(), time.monotonic)
+    state.replace_nodes([node("n1", gpus=2)])
+    state.replace_pods([claim_pod("a", "a-gpu", node_name="n1")])
+    state.upsert_claim(claim("a-gpu", node_name="n1", pod_uid="uid-a"))
+    assert [g.tenants for g in state.node("n1").gpus] == [(), ()]  # type: ignore[union-attr]
