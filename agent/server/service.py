@@ -11,12 +11,13 @@ from collections.abc import Callable
 
 from agent.core import events as ev
 from agent.core.errors import Quarantined, TenantGone
-from agent.core.leases import LeaseTable
+from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import TurnPreparer
 from agent.node.state import StateStore
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.base import TenantRef
 from agent.parking.host import ParkingHost
+from agent.parking.preparer import ParkingPreparer
 from agent.server.accounting import AccountingCollector
 from agent.server.metrics import AgentMetrics
 from agent.server.sessions import SessionRegistry
@@ -27,6 +28,9 @@ from baton.contract.names import MIB
 __all__ = ["Granted", "LeaseService", "PreparerFactory", "lease_to_pb", "tenant_ref"]
 
 log = logging.getLogger(__name__)
+
+_NAMES_METHOD = frozenset({ev.TENANT_JOINED, ev.QUEUED, ev.GRANTED})
+"""Events whose detail also names the tenant's parking method (`parking app`)."""
 
 PreparerFactory = Callable[[ParkingHost], TurnPreparer]
 """Builds the service's residency layer, given the service as its `ParkingHost`."""
@@ -93,6 +97,29 @@ class LeaseService(TurnService):
             t.tenant_id: tenant_ref(t, parks(t.tenant_id))
             for t in list(self.tenants.tenants.values())
         }
+
+    def parking_method(self, tenant_id: str) -> str:
+        """The method that parks the tenant; empty where the node parks nobody."""
+        tenant = self.tenants.tenants.get(tenant_id)
+        if tenant is None or not isinstance(self.preparer, ParkingPreparer):
+            return ""
+        ref = tenant_ref(tenant, self.sessions.parks_itself(tenant_id))
+        return self.preparer.backend.method_for(ref)
+
+    def _publish(
+        self,
+        kind: str,
+        tenant_id: str,
+        *,
+        lease: Lease | None = None,
+        gpus: tuple[str, ...] = (),
+        detail: str = "",
+    ) -> None:
+        """A tenant's joining, queueing and grants also name its method: `pod; parking app`."""
+        method = self.parking_method(tenant_id) if kind in _NAMES_METHOD else ""
+        if method:
+            detail = f"{detail}; parking {method}" if detail else f"parking {method}"
+        super()._publish(kind, tenant_id, lease=lease, gpus=gpus, detail=detail)
 
     def load(self) -> None:
         """Reinstate persisted tenants and leases; holders have `reconnect_grace` to come back."""

@@ -129,6 +129,10 @@ class Backend(abc.ABC):
         """The method that moves the tenant's memory."""
         return self.name
 
+    def method_for(self, ref: TenantRef) -> str:
+        """The method that moves the tenant `ref` describes, attached or not (for events)."""
+        return self.name
+
     def memory_limit(self, tenant_id: str) -> int | None:
         """The tenant's memory cgroup limit in bytes, if the backend can tell."""
         return None

@@ -70,6 +70,11 @@ class MultiBackend(Backend):
         with self._mutex:
             return self._method.get(tenant_id, self.default)
 
+    def method_for(self, ref: TenantRef) -> str:
+        """The tenant's method now if it has one (pinned, or kept while parked), else its choice."""
+        with self._mutex:
+            return self._method.get(ref.tenant_id) or self.choose(ref)
+
     def pin(self, tenant_id: str, method: str) -> None:
         """Move the tenant by `method` until it is resident again (llm-d's BackendConfig)."""
         if method not in self.backends:
