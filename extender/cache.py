@@ -80,7 +80,7 @@ class KubeCache(ClusterCache):
         super().__init__(state, kinds)
         outage = Outage(
             log,
-            f"listing and watching {', '.join(kinds)}",
+            f"listing and watching {_spoken(kinds)}",
             "/readyz is not ready and filter answers from what was listed before, if anything",
         )
         self._reflectors = [
@@ -130,3 +130,8 @@ class _KindStore:
         with self._cache.changed:
             apply(event.object)
             self._cache.changed.notify_all()
+
+
+def _spoken(kinds: tuple[str, ...]) -> str:
+    """`nodes and pods`, `nodes, pods and resourceclaims`: the kinds as a log line says them."""
+    return " and ".join([", ".join(kinds[:-1]), kinds[-1]] if len(kinds) > 1 else list(kinds))
