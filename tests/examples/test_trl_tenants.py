@@ -17,8 +17,11 @@ def specs() -> list:
 
     # GRPO: a reference model (beta > 0, loaded memory-mapped from disk), gradient accumulation,
     # two policy updates per generation, a reward wrapped to run off-turn.
-    grpo = TrlConfig(kind="grpo", seed=2, batch=4, group=4, accumulation=2, iterations=2)
-    sft = TrlConfig(kind="sft", seed=1, batch=8)
+    # Each waits 0.3 s off-turn between steps (as the demo's mix does), so the two jobs' turns
+    # interleave whatever the machine's speed: without it the SFT job can finish its four fast
+    # steps before the GRPO job's first turn, and nobody is parked.
+    grpo = TrlConfig(kind="grpo", seed=2, batch=4, group=4, accumulation=2, iterations=2, off_s=0.3)
+    sft = TrlConfig(kind="sft", seed=1, batch=8, off_s=0.3)
     return [TrlSpec("sft", sft, steps=4), TrlSpec("grpo", grpo, steps=4)]
 
 
