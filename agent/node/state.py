@@ -1,8 +1,17 @@
 """The agent's durable state: tenants, leases, fencing tokens and parked processes, one JSON
-file, atomic writes.
+snapshot with atomic writes, and a journal of the turns granted and ended since it.
 
-Writes happen off the event loop, a newer state replacing an unwritten one, so the file
-trails the live state by at most one write (about a millisecond).
+Snapshots are written off the event loop, a newer state replacing an unwritten one, so the
+snapshot trails the live state by about a millisecond. A grant must not trail it: a tenant
+that was told it holds the GPU keeps computing on it, so an agent killed in that millisecond
+would come back without the lease and hand the GPU to someone else. So every grant and every
+ended turn is first appended to the journal (one small `write`, on the event loop, before the
+answer goes out); the snapshot says up to which journal entry it is complete, and loading
+replays the entries after that. Once the journal passes `JOURNAL_COMPACT_BYTES` the writer cuts
+it back to the entries the last written snapshot lacks.
+
+Writes are not fsynced: they survive the agent's crash (SIGKILL, OOM kill), which is what
+they are for; a node that loses power loses its GPU processes with them.
 """
 
 from __future__ import annotations
@@ -20,6 +29,9 @@ from agent.core.leases import Lease
 from agent.node.tenants import Tenant
 
 STATE_FILE = "agent-state.json"
+JOURNAL_FILE = "agent-journal.jsonl"
+JOURNAL_COMPACT_BYTES = 64 * 1024
+"""The journal is cut back to what the last written snapshot lacks once it is this long."""
 PROBE_BYTES = 64 * 1024
 """Written (then removed) at start: a state directory must hold a state file of this size."""
 log = logging.getLogger(__name__)
@@ -42,6 +54,8 @@ class PersistedState:
     on which GPU, and why a tenant is quarantined (confirmed with the driver after a restart)."""
     accounting: dict[str, Any] = field(default_factory=dict)
     """GPU-seconds and parked byte-seconds per tenant, namespace and tier (`Accounting`)."""
+    replayed: int = 0
+    """How many journal entries loading applied over the snapshot (0 when it was complete)."""
 
 
 class StateStore:
@@ -50,8 +64,17 @@ class StateStore:
     def __init__(self, state_dir: str | Path) -> None:
         self.dir = Path(state_dir)
         self.path = self.dir / STATE_FILE
+        self.journal_path = self.dir / JOURNAL_FILE
         self._cond = threading.Condition()
-        self._latest: bytes | None = None
+        self._latest: tuple[int, bytes] | None = None
+        self._journal_lock = threading.Lock()
+        self._seq = 0
+        """The last journal entry's number."""
+        self._entries: list[tuple[int, bytes]] = []
+        """The journal's entries, as in the file."""
+        self._journal_bytes = 0
+        self._journal_fd: int | None = None
+        self._journal_failed = False
         self._writing = False
         self._thread: threading.Thread | None = None
         try:
@@ -67,36 +90,161 @@ class StateStore:
             ) from exc
 
     def load(self) -> PersistedState:
-        """The last saved state, or an empty one."""
+        """The last saved state with the journal's later grants and ends applied, or an empty
+        state."""
         try:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
-            return PersistedState()
+            data = {}
         except (OSError, ValueError) as exc:
             raise StateDirError(
                 f"cannot read {self.path}: {exc}; move it aside to start afresh"
             ) from exc
-        return PersistedState(
+        state = PersistedState(
             tenants=[Tenant.from_json(t) for t in data.get("tenants", [])],
             leases=[_lease_from_json(x) for x in data.get("leases", [])],
             tokens={k: int(v) for k, v in data.get("tokens", {}).items()},
             parked=dict(data.get("parked", {})),
             accounting=dict(data.get("accounting", {})),
         )
+        covered = int(data.get("journal_seq", 0))
+        self._seq = max(self._seq, covered)
+        self._replay(state, covered)
+        return state
+
+    def _replay(self, state: PersistedState, covered: int) -> None:
+        """Apply the journal's entries after `covered` to `state`."""
+        try:
+            raw = self.journal_path.read_bytes()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StateDirError(
+                f"cannot read {self.journal_path}: {exc.strerror}; move it aside to start afresh"
+            ) from exc
+        leases = {lease.lease_id: lease for lease in state.leases}
+        tenants = {tenant.tenant_id for tenant in state.tenants}
+        lines = raw.split(b"\n")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                seq = int(entry["seq"])
+            except (ValueError, KeyError, TypeError) as exc:
+                if number == len(lines):  # the torn end of a write the crash interrupted
+                    break
+                raise StateDirError(
+                    f"cannot read {self.journal_path} line {number}: {exc}; "
+                    "move it aside to start from the snapshot alone"
+                ) from None
+            self._seq = max(self._seq, seq)
+            self._entries.append((seq, line + b"\n"))
+            self._journal_bytes += len(line) + 1
+            if seq <= covered:
+                continue
+            state.replayed += 1
+            if "grant" in entry:
+                lease = _lease_from_json(entry["grant"])
+                for gpu, token in lease.tokens.items():
+                    state.tokens[gpu] = max(state.tokens.get(gpu, 0), token)
+                if lease.tenant_id in tenants:
+                    leases[lease.lease_id] = lease
+                else:  # registered in the same millisecond: it registers again on reconnecting
+                    log.warning(
+                        "journal: lease %s of tenant %s, whom the snapshot lacks, is dropped",
+                        lease.lease_id,
+                        lease.tenant_id,
+                    )
+            else:
+                leases.pop(str(entry.get("end", "")), None)
+        state.leases = list(leases.values())
+
+    def record_grant(self, lease: Lease) -> None:
+        """Make a grant durable before it is answered: one line appended to the journal."""
+        self._append({"grant": _lease_to_json(lease)})
+
+    def record_end(self, lease_id: str) -> None:
+        """A turn ended (yielded, revoked, its tenant gone)."""
+        self._append({"end": lease_id})
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        with self._journal_lock:
+            self._seq += 1
+            entry["seq"] = self._seq
+            line = json.dumps(entry).encode() + b"\n"
+            self._entries.append((self._seq, line))
+            self._journal_bytes += len(line)
+            try:
+                if self._journal_fd is None:
+                    self._journal_fd = os.open(
+                        self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
+                    )
+                os.write(self._journal_fd, line)
+            except OSError as exc:
+                if not self._journal_failed:  # said once: the snapshot still follows
+                    log.error(
+                        "cannot append to %s (%s): a grant made now is lost if the agent "
+                        "crashes within a millisecond",
+                        self.journal_path,
+                        exc.strerror,
+                    )
+                self._journal_failed = True
+            else:
+                self._journal_failed = False
+
+    def _compact(self, covered: int, at_least: int | None = None) -> None:
+        """The snapshot up to entry `covered` is on disk: if the journal is `at_least` long
+        (`JOURNAL_COMPACT_BYTES`), keep only the entries after it."""
+        limit = JOURNAL_COMPACT_BYTES if at_least is None else at_least
+        if self._journal_bytes < limit:  # most snapshots: the journal is left alone
+            return
+        with self._journal_lock:
+            rest = [(seq, line) for seq, line in self._entries if seq > covered]
+            if len(rest) == len(self._entries):
+                return
+            self._entries = rest
+            self._journal_bytes = sum(len(line) for _, line in rest)
+            if self._journal_fd is None:
+                return
+            if not rest:  # one call, and atomic
+                os.ftruncate(self._journal_fd, 0)
+                return
+            tmp = self.dir / f".{JOURNAL_FILE}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, b"".join(line for _, line in rest))
+                os.replace(tmp, self.journal_path)
+            except OSError:
+                os.close(fd)
+                raise
+            os.close(self._journal_fd)
+            self._journal_fd = fd
+
+    def close(self) -> None:
+        """Close the journal (after the last `flush`)."""
+        with self._journal_lock:
+            if self._journal_fd is not None:
+                os.close(self._journal_fd)
+                self._journal_fd = None
 
     def save(self, state: PersistedState) -> None:
         """Write the state now: a temp file in the same directory, renamed over the old one."""
-        self._write(_encode(state))
+        seq = self._seq
+        self._write(_encode(state, seq))
+        self._compact(seq, at_least=0)
 
     def save_soon(self, state: PersistedState) -> None:
         """Write the state from a background thread; a newer one replaces an unwritten one.
 
         It is encoded here, so the writer holds the GIL only briefly between its system calls
         (a long hold would stall the event loop's next grant for up to a switch interval).
+        Call it on the thread that records grants and ends (the event loop).
         """
-        data = _encode(state)
+        seq = self._seq
+        data = _encode(state, seq)
         with self._cond:
-            self._latest = data
+            self._latest = (seq, data)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._writer, name="state", daemon=True)
                 self._thread.start()
@@ -111,9 +259,11 @@ class StateStore:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._latest is not None)
-                data, self._latest, self._writing = self._latest, None, True
+                latest, self._latest, self._writing = self._latest, None, True
+            assert latest is not None
             try:
-                self._write(data or b"{}")
+                self._write(latest[1])
+                self._compact(latest[0])
             except OSError as exc:
                 log.error("cannot write agent state to %s: %s", self.path, exc)
             with self._cond:
@@ -132,8 +282,8 @@ class StateStore:
         os.replace(tmp, self.path)
 
 
-def _encode(state: PersistedState) -> bytes:
-    return json.dumps(_to_json(state)).encode()
+def _encode(state: PersistedState, journal_seq: int) -> bytes:
+    return json.dumps(_to_json(state) | {"journal_seq": journal_seq}).encode()
 
 
 def _to_json(state: PersistedState) -> dict[str, Any]:

@@ -135,9 +135,11 @@ class LeaseService(TurnService):
         self.preparer.reinstate(saved.parked)
         if saved.tenants:
             log.info(
-                "restored %d tenants and %d leases; holders have %g s to reconnect",
+                "restored %d tenants and %d leases (%d turns granted or ended after the "
+                "snapshot, from the journal); holders have %g s to reconnect",
                 len(saved.tenants),
                 len(saved.leases),
+                saved.replayed,
                 self._grace,
             )
             asyncio.get_running_loop().call_later(self._grace, self._end_grace)
@@ -221,6 +223,7 @@ class LeaseService(TurnService):
         for waiter in waiters:
             self._fail(waiter.waiter_id, TenantGone(f"tenant {tenant_id} left: {why}"))
         for lease in leases:
+            self._journal_end(lease)
             self.metrics.released(lease, self._clock())
         tenant = self.tenants.tenants.get(tenant_id)
         if tenant is not None and tenant.source != POD:

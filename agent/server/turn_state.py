@@ -79,6 +79,7 @@ class TurnState:
             self._save()
         if self._store is not None:
             self._store.flush()
+            self._store.close()
 
     # Plumbing.
 
@@ -116,6 +117,15 @@ class TurnState:
                 detail=detail,
             )
         )
+
+    def _journal_grant(self, lease: Lease) -> None:
+        """The grant is on disk before anyone hears of it (`agent.node.state`)."""
+        if self._store is not None:
+            self._store.record_grant(lease)
+
+    def _journal_end(self, lease: Lease) -> None:
+        if self._store is not None:
+            self._store.record_end(lease.lease_id)
 
     def _persist(self) -> None:
         """Save the state once this event-loop step's changes are all made."""

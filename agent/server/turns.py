@@ -108,6 +108,7 @@ class TurnService(TurnState):
 
     def _end(self, lease: Lease, kind: str, detail: str) -> float:
         self.table.release(lease.lease_id)
+        self._journal_end(lease)
         held = self.metrics.released(lease, self._clock())
         self._publish(kind, lease.tenant_id, lease=lease, detail=detail)
         self._changed()
@@ -165,6 +166,7 @@ class TurnService(TurnState):
             self._dispatch()
             return
         lease = self.table.grant(waiter.waiter_id)
+        self._journal_grant(lease)
         self.metrics.granted(lease, lease.granted_at - waiter.enqueued_at)
         self._publish(ev.GRANTED, lease.tenant_id, lease=lease)
         future = self._pending.pop(waiter.waiter_id, None)

@@ -1,0 +1,121 @@
+"""The agent's state store: a snapshot plus a journal of the grants and ends since it.
+
+Each test reads the state back with a fresh `StateStore`, as an agent restarted after a crash
+does, so what was only in the old store's memory does not count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.core.leases import Lease
+from agent.node import state
+from agent.node.state import JOURNAL_FILE, PersistedState, StateDirError, StateStore
+from agent.node.tenants import Tenant
+
+A = Tenant(tenant_id="local/a", name="a", gpus=("GPU-0",))
+
+
+def lease(lease_id: str, token: int, tenant: str = "local/a") -> Lease:
+    return Lease(lease_id, tenant, ("GPU-0",), {"GPU-0": token}, 1.0, 31.0)
+
+
+def restarted(path: Path) -> PersistedState:
+    return StateStore(path).load()
+
+
+def test_a_grant_recorded_before_any_snapshot_of_it_is_restored_with_its_token(tmp_path):
+    store = StateStore(tmp_path)
+    store.save(PersistedState(tenants=[A], tokens={"GPU-0": 4}))
+    store.record_grant(lease("w1", 5))
+    loaded = restarted(tmp_path)
+    assert [x.lease_id for x in loaded.leases] == ["w1"]
+    assert loaded.tokens == {"GPU-0": 5} and loaded.replayed == 1
+
+
+def test_an_end_recorded_after_the_snapshot_removes_the_lease(tmp_path):
+    store = StateStore(tmp_path)
+    store.record_grant(lease("w1", 1))
+    store.save(PersistedState(tenants=[A], leases=[lease("w1", 1)], tokens={"GPU-0": 1}))
+    store.record_end("w1")
+    store.record_grant(lease("w2", 2))
+    loaded = restarted(tmp_path)
+    assert [x.lease_id for x in loaded.leases] == ["w2"]
+    assert loaded.tokens == {"GPU-0": 2} and loaded.replayed == 2
+
+
+def test_a_written_snapshot_cuts_a_long_journal_back_to_the_entries_after_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(state, "JOURNAL_COMPACT_BYTES", 1)
+    store = StateStore(tmp_path)
+    store.record_grant(lease("w1", 1))
+    store.save(PersistedState(tenants=[A], leases=[lease("w1", 1)], tokens={"GPU-0": 1}))
+    assert (tmp_path / JOURNAL_FILE).read_bytes() == b""
+    store.record_end("w1")
+    covering = PersistedState(tenants=[A], tokens={"GPU-0": 1})
+    store.save_soon(covering)  # encoded now: it covers the end, not the grant below
+    store.record_grant(lease("w2", 2))
+    store.flush()
+    assert b'"w2"' in (tmp_path / JOURNAL_FILE).read_bytes()
+    assert b'"w1"' not in (tmp_path / JOURNAL_FILE).read_bytes()
+    loaded = restarted(tmp_path)
+    assert [x.lease_id for x in loaded.leases] == ["w2"] and loaded.replayed == 1
+
+
+def test_a_short_journal_is_left_alone_by_background_snapshots(tmp_path):
+    store = StateStore(tmp_path)
+    store.record_grant(lease("w1", 1))
+    store.save_soon(PersistedState(tenants=[A], leases=[lease("w1", 1)], tokens={"GPU-0": 1}))
+    store.flush()
+    assert b'"w1"' in (tmp_path / JOURNAL_FILE).read_bytes()
+    loaded = restarted(tmp_path)
+    assert [x.lease_id for x in loaded.leases] == ["w1"] and loaded.replayed == 0
+
+
+def test_entries_the_snapshot_covers_are_not_applied_twice(tmp_path):
+    store = StateStore(tmp_path)
+    store.record_grant(lease("w1", 1))
+    store.record_end("w1")
+    journal = (tmp_path / JOURNAL_FILE).read_bytes()
+    store.save(PersistedState(tenants=[A], tokens={"GPU-0": 1}))
+    (tmp_path / JOURNAL_FILE).write_bytes(journal)  # as if killed before the journal emptied
+    loaded = restarted(tmp_path)
+    assert loaded.leases == [] and loaded.replayed == 0
+
+
+def test_a_torn_last_line_is_the_interrupted_write_and_is_skipped(tmp_path):
+    store = StateStore(tmp_path)
+    store.save(PersistedState(tenants=[A]))
+    store.record_grant(lease("w1", 1))
+    with open(tmp_path / JOURNAL_FILE, "ab") as f:
+        f.write(b'{"grant": {"lease_id": "w2"')
+    assert [x.lease_id for x in restarted(tmp_path).leases] == ["w1"]
+
+
+def test_a_damaged_line_before_the_end_is_refused_with_its_number(tmp_path):
+    store = StateStore(tmp_path)
+    store.record_grant(lease("w1", 1))
+    with open(tmp_path / JOURNAL_FILE, "ab") as f:
+        f.write(b"not json\n")
+    store.record_grant(lease("w2", 2))
+    with pytest.raises(StateDirError, match=r"agent-journal.jsonl line 2: .*move it aside"):
+        restarted(tmp_path)
+
+
+def test_a_lease_of_a_tenant_the_snapshot_lacks_is_dropped_but_its_token_kept(tmp_path):
+    store = StateStore(tmp_path)
+    store.save(PersistedState(tenants=[A]))
+    store.record_grant(lease("w9", 7, tenant="local/new"))
+    loaded = restarted(tmp_path)
+    assert loaded.leases == [] and loaded.tokens == {"GPU-0": 7}
+
+
+def test_numbering_continues_after_a_restart(tmp_path):
+    store = StateStore(tmp_path)
+    store.record_grant(lease("w1", 1))
+    store.save(PersistedState(tenants=[A], leases=[lease("w1", 1)], tokens={"GPU-0": 1}))
+    again = StateStore(tmp_path)
+    again.load()
+    again.record_end("w1")
+    assert restarted(tmp_path).leases == []
