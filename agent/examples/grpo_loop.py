@@ -97,23 +97,32 @@ def memory_limit_mib(path: str = CGROUP_MEMORY_MAX) -> int | None:
 
 
 T = TypeVar("T")
-AGENT_RESTART_RETRIES = 3
-"""Calls retried when the agent restarts under them (the client reconnects on its own)."""
+AGENT_RESTART_WAIT_S = 120.0
+"""How long a call is retried while the agent restarts under it (a DaemonSet's pod is replaced
+in seconds, more when its image must be pulled); the client reconnects on its own."""
 
 
-def across_agent_restarts(call: Callable[[], T]) -> T:
-    """`call()`, made again if the agent went away while it was in flight.
+def across_agent_restarts(
+    call: Callable[[], T],
+    wait_s: float = AGENT_RESTART_WAIT_S,
+    clock: Callable[[], float] = time.monotonic,
+    pause: Callable[[float], None] = time.sleep,
+) -> T:
+    """`call()`, made again while the agent is away, for up to `wait_s` seconds.
 
-    A call in flight when the agent restarts fails with AgentUnavailable; the client reconnects
-    and the tenant keeps its lease, so making the same call again is what a tenant should do.
+    A call in flight when the agent restarts fails with AgentUnavailable, and so does one made
+    while the client is still reconnecting (each waits the client's connect timeout); the tenant
+    keeps its lease, so making the same call again is what a tenant should do. Past `wait_s`
+    the last AgentUnavailable is raised: it says why.
     """
-    for attempt in range(AGENT_RESTART_RETRIES):
+    deadline = clock() + wait_s
+    while True:
         try:
             return call()
         except AgentUnavailable:
-            if attempt == AGENT_RESTART_RETRIES - 1:
+            if clock() >= deadline:
                 raise
-    raise AssertionError("unreachable")
+            pause(0.1)  # a call refused at once (e.g. mid-handshake) is not retried in a spin
 
 
 def gpu_phase(
@@ -168,7 +177,11 @@ def run(
         )
         print(generate.line(tenant), file=out, flush=True)
         pause(phases.score_s)
-        print(f"{tenant} step {step} scoring: {phases.score_s * 1000:.0f} ms off the GPU", file=out)
+        print(
+            f"{tenant} step {step} scoring: {phases.score_s * 1000:.0f} ms off the GPU",
+            file=out,
+            flush=True,
+        )
         train = gpu_phase(
             baton, step, "training", lambda: pause(phases.train_s), clock, acquire_timeout, touch
         )

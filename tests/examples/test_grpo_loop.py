@@ -16,10 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agent.assembly import Agent, AgentConfig, build_agent
 from agent.client import LeaseInfo
 from agent.client.errors import AgentUnavailable
-from agent.examples.grpo_loop import Phases, run
+from agent.examples.grpo_loop import Phases, across_agent_restarts, run
 from agent.parking.setup import ParkingOptions
 from baton.contract import names
 
@@ -70,6 +72,20 @@ def test_calls_lost_to_an_agent_restart_are_made_again() -> None:
     run(RestartingBaton(log), 1, Phases(1.0, 2.0, 3.0), pause=lambda s: None, out=io.StringIO())
     assert log[:4] == ["acquire lost", "acquire", "yield lost", "yield"]
     assert log.count("acquire") == log.count("yield") == 2
+
+
+def test_an_agent_away_longer_than_the_wait_ends_the_retries_with_its_reason() -> None:
+    now = [0.0]
+    attempts: list[float] = []
+
+    def away() -> None:
+        attempts.append(now[0])
+        now[0] += 5.0  # each attempt waits out the client's connect timeout
+        raise AgentUnavailable("not connected to the Baton agent: still reconnecting after 5 s")
+
+    with pytest.raises(AgentUnavailable, match="still reconnecting"):
+        across_agent_restarts(away, wait_s=30.0, clock=lambda: now[0], pause=lambda s: None)
+    assert attempts == [0.0, 5.0, 10.0, 15.0, 20.0, 25.0]
 
 
 def test_gpu_phases_hold_a_turn_and_scoring_does_not() -> None:

@@ -83,10 +83,13 @@ class Cluster:
         def reached() -> Obj | None:
             pod = self.pod(namespace, name)
             phase = pod.get("status", {}).get("phase")
-            if phase in final:
+            if phase in final:  # its own last words first: long reports are cut in the middle
+                said = self.logs(namespace, name).splitlines()
                 raise AssertionError(
-                    f"pod {namespace}/{name} ended {phase}:\n{self.describe(namespace, name)}\n"
-                    + self.logs(namespace, name)
+                    f"pod {namespace}/{name} ended {phase}; the end of its log:\n"
+                    + "\n".join(said[-40:])
+                    + f"\n\n{self.describe(namespace, name)}\nthe agent's log:\n"
+                    + self.agent_log_tail()
                 )
             return pod if phase in phases else None
 
@@ -97,6 +100,18 @@ class Cluster:
         deadline = time.monotonic() + timeout
         for name in pods:
             self.wait_phase(namespace, name, {"Succeeded"}, max(1.0, deadline - time.monotonic()))
+
+    def agent_log_tail(self, lines: int = 60) -> str:
+        """The last lines of the running agent's log ('' when it cannot be read)."""
+        found = self.try_kubectl(
+            "logs",
+            "-n",
+            names.NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=baton-agent",
+            f"--tail={lines}",
+        )
+        return found or ""
 
     def describe(self, namespace: str, name: str) -> str:
         """`kubectl describe pod`, as a user reads it."""
