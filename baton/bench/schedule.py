@@ -19,11 +19,14 @@ Per profile, two measurements:
 - latency: with the scheduler running, pods are created one by one at a steady rate well below
   that throughput; create → bound, as the bench's watch sees it.
 
-With `path="dra"` a third profile takes its turn in every round and in the latency run: the
-DRA overlay's `baton-scheduler` profile (`manifests/overlays/dra`), placing the same pods'
+With `path="dra"` two more profiles take their turns in every round and in the latency run:
+the DRA overlay's `baton-scheduler` profile (`manifests/overlays/dra`), placing the same pods'
 shares as claims through DRA from each node's ResourceSlice (`drafleet`), with its own
-extender run as the overlay runs it (`--dra`, filter and prioritize), beside the extender
-profile's figure and the reference of the same run.
+extender run as the overlay runs it (`--dra`, filter and prioritize); and the same profile
+without the extender (DRA alone: the scheduler's DynamicResources plugin allocating from
+Baton's slices). The DRA profile's figure is given against both: against DRA alone it is what
+Baton's extender costs on the DRA path (`dra_vs_dra_alone_ratio`); DRA alone against the
+plain reference is what DRA itself costs (`dra_alone_throughput_ratio`).
 
 Everything runs on the same machine, so a profile's throughput is bounded by the CPU that
 etcd, kube-apiserver, kube-scheduler (and the extender) share: the ratio, not the absolute
@@ -55,6 +58,8 @@ from baton.localnode.procs import Process, wait_for
 NAMESPACE = "baton-bench"
 REFERENCE = "baton-bench-reference"
 DRA = "baton-bench-dra"
+DRA_ALONE = "baton-bench-dra-alone"
+DRA_PROFILES = (DRA, DRA_ALONE)
 PATHS = ("extender", "dra")
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 CONFIG = MANIFESTS / "scheduler" / "scheduler-config.yaml"
@@ -66,9 +71,9 @@ DUTY_SHAPES = (10, 20, 25)
 
 
 def scheduler_config(kubeconfig: Path, profile: str, extender_url: str | None) -> dict[str, Any]:
-    """The project's `baton-scheduler` configuration, the DRA overlay's (as `profile`), or
-    the reference profile without Baton."""
-    source = DRA_CONFIG if profile == DRA else CONFIG
+    """The project's `baton-scheduler` configuration, the DRA overlay's (as `profile`; without
+    its extender for `DRA_ALONE`), or the reference profile without Baton."""
+    source = DRA_CONFIG if profile in DRA_PROFILES else CONFIG
     config: dict[str, Any] = yaml.safe_load(source.read_text())
     config["leaderElection"] = {"leaderElect": False}
     config["clientConnection"] = {
@@ -76,8 +81,11 @@ def scheduler_config(kubeconfig: Path, profile: str, extender_url: str | None) -
         "qps": CLIENT_QPS,
         "burst": CLIENT_QPS,
     }
-    if profile == DRA:
-        config["profiles"][0]["schedulerName"] = DRA
+    if profile in DRA_PROFILES:
+        config["profiles"][0]["schedulerName"] = profile
+    if profile == DRA_ALONE:
+        config.pop("extenders", None)
+        return config
     if extender_url is not None:
         for extender in config.get("extenders", []):
             extender["urlPrefix"] = extender_url
@@ -92,10 +100,11 @@ def scheduler_config(kubeconfig: Path, profile: str, extender_url: str | None) -
 
 def pods(scheduler: str, prefix: str, count: int) -> list[dict[str, Any]]:
     """`count` tenant pods of mixed memory and duty, the same shapes for every profile (on
-    the DRA profile each names its claim, `claims` makes them)."""
-    if scheduler == DRA:
+    the DRA profiles each names its claim, `claims` makes them)."""
+    if scheduler in DRA_PROFILES:
         return [
-            drafleet.pod_body(f"{prefix}-{i:05d}", DRA, f"{prefix}-{i:05d}") for i in range(count)
+            drafleet.pod_body(f"{prefix}-{i:05d}", scheduler, f"{prefix}-{i:05d}")
+            for i in range(count)
         ]
     return [
         fleet.pod_body(
@@ -108,12 +117,12 @@ def pods(scheduler: str, prefix: str, count: int) -> list[dict[str, Any]]:
     ]
 
 
-def claims(prefix: str, count: int) -> list[dict[str, Any]]:
-    """The claims of the DRA profile's `pods(DRA, prefix, count)`, one each, same shapes."""
+def claims(prefix: str, count: int, profile: str = DRA) -> list[dict[str, Any]]:
+    """The claims of a DRA profile's `pods(profile, prefix, count)`, one each, same shapes."""
     return [
         drafleet.claim_body(
             f"{prefix}-{i:05d}",
-            DRA,
+            profile,
             MEMORY_SHAPES[i % len(MEMORY_SHAPES)],
             DUTY_SHAPES[i % len(DUTY_SHAPES)],
         )
@@ -210,7 +219,9 @@ class Bench:
     @contextmanager
     def scheduler(self, profile: str) -> Iterator[None]:
         """A kube-scheduler serving `profile` for the block."""
-        url = {REFERENCE: None, DRA: self.dra_extender_url}.get(profile, self.extender_url)
+        url = {REFERENCE: None, DRA_ALONE: None, DRA: self.dra_extender_url}.get(
+            profile, self.extender_url
+        )
         kubeconfig = self.plane.root / "kube-scheduler.kubeconfig"
         path = self.root / f"{profile}.yaml"
         path.write_text(yaml.safe_dump(scheduler_config(kubeconfig, profile, url)))
@@ -222,16 +233,16 @@ class Bench:
             proc.stop()
 
     def pods(self, profile: str, prefix: str, count: int) -> list[dict[str, Any]]:
-        """`pods(profile, prefix, count)`, with their claims made first on the DRA profile."""
-        if profile == DRA:
-            drafleet.create_claims(self.custom, NAMESPACE, claims(prefix, count))
+        """`pods(profile, prefix, count)`, with their claims made first on a DRA profile."""
+        if profile in DRA_PROFILES:
+            drafleet.create_claims(self.custom, NAMESPACE, claims(prefix, count, profile))
         return pods(profile, prefix, count)
 
     def clear(self, profile: str) -> None:
-        """Remove a profile's pods (and on the DRA profile their claims)."""
+        """Remove a profile's pods (and on a DRA profile their claims)."""
         fleet.delete_pods(self.api, NAMESPACE, profile)
-        if profile == DRA:
-            drafleet.delete_claims(self.custom, NAMESPACE, DRA)
+        if profile in DRA_PROFILES:
+            drafleet.delete_claims(self.custom, NAMESPACE, profile)
 
     def throughput(self, profile: str, count: int, tag: str) -> tuple[float, float, int]:
         """Pods per second for `count` pods waiting when the scheduler starts: first bind to
@@ -313,10 +324,10 @@ def run(
     path: str = "extender",
 ) -> dict[str, Any]:
     """Every profile of `path` over the same nodes and pods; one dict of figures (the DRA
-    profile's under `dra_` keys)."""
+    profile's under `dra_` keys, DRA alone's under `dra_alone_`)."""
     if rounds < 1:
         raise ValueError(f"rounds must be 1 or more, not {rounds}")
-    profiles = (REFERENCE, SCHEDULER_NAME) + ((DRA,) if path == "dra" else ())
+    profiles = (REFERENCE, SCHEDULER_NAME) + (DRA_PROFILES if path == "dra" else ())
     rates: dict[str, list[float]] = {p: [] for p in profiles}
     steady: dict[str, list[float]] = {p: [] for p in profiles}
     refused: dict[str, list[int]] = {p: [] for p in profiles}
@@ -343,7 +354,7 @@ def run(
         "gpus_per_node": fleet.GPUS_PER_NODE,
         "rounds": rounds,
     }
-    for profile, prefix in ((SCHEDULER_NAME, ""), (DRA, "dra_")):
+    for profile, prefix in ((SCHEDULER_NAME, ""), (DRA, "dra_"), (DRA_ALONE, "dra_alone_")):
         if profile not in profiles:
             continue
         baton_rate = statistics.median(rates[profile])
@@ -358,6 +369,13 @@ def run(
             f"{prefix}p50_schedule_ms": round(latency[profile]["p50"], 1),
             f"{prefix}p99_schedule_ms": round(latency[profile]["p99"], 1),
         }
+    if path == "dra":
+        alone = statistics.median(rates[DRA_ALONE])
+        alone_steady = statistics.median(steady[DRA_ALONE])
+        figures["dra_vs_dra_alone_ratio"] = round(statistics.median(rates[DRA]) / alone, 3)
+        figures["dra_vs_dra_alone_steady_ratio"] = round(
+            statistics.median(steady[DRA]) / alone_steady, 3
+        )
     return figures | {
         "reference_pods_per_s": round(reference_rate, 1),
         "reference_pods_per_s_rounds": [round(r, 1) for r in rates[REFERENCE]],

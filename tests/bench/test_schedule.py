@@ -112,15 +112,28 @@ def test_refused_requests_are_counted_from_the_429_series_only() -> None:
     assert schedule.refused_in(metrics) == 214
 
 
-def test_the_dra_path_reports_its_profile_beside_the_extender_and_the_reference() -> None:
+def test_the_dra_path_reports_its_profile_beside_dra_alone_the_extender_and_the_reference() -> None:
     figures = schedule.run(nodes=2, pods_count=12, latency_pods=2, rate=20.0, rounds=1, path="dra")
     assert figures["path"] == "dra" and figures["pods"] == 12
-    for prefix in ("", "dra_", "reference_"):
+    for prefix in ("", "dra_", "dra_alone_", "reference_"):
         assert figures[f"{prefix}pods_per_s"] > 0
         assert len(figures[f"{prefix}pods_per_s_rounds"]) == 1
         assert 0 < figures[f"{prefix}p50_schedule_ms"] <= figures[f"{prefix}p99_schedule_ms"]
     ratio = figures["dra_pods_per_s"] / figures["reference_pods_per_s"]
     assert figures["dra_throughput_ratio"] == pytest.approx(ratio, rel=0.01)
+    alone = figures["dra_pods_per_s"] / figures["dra_alone_pods_per_s"]
+    assert figures["dra_vs_dra_alone_ratio"] == pytest.approx(alone, rel=0.01)
+
+
+def test_dra_alone_is_the_dra_overlays_profile_without_the_extender(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    alone = schedule.scheduler_config(kubeconfig, schedule.DRA_ALONE, None)
+    with_baton = schedule.scheduler_config(kubeconfig, schedule.DRA, "http://127.0.0.1:1")
+    assert "extenders" not in alone and with_baton["extenders"]
+    assert alone["profiles"][0]["schedulerName"] == schedule.DRA_ALONE
+    assert with_baton["profiles"][0]["schedulerName"] == schedule.DRA
+    del alone["profiles"][0]["schedulerName"], with_baton["profiles"][0]["schedulerName"]
+    assert alone["profiles"] == with_baton["profiles"]
 
 
 def test_the_dra_profile_allocates_each_pods_claim_from_its_nodes_slice(tmp_path: Path) -> None:

@@ -118,6 +118,24 @@ def test_tenants_sharing_a_gpu_train_bit_for_bit_as_they_do_alone() -> None:
     assert counted["count"] >= 4 and counted["bytes"] >= reported > 0
 
 
+@needs_torch
+def test_bench_train_efficiency_counts_steps_not_time_held() -> None:
+    """Both jobs keep their alone pace while sharing, but their turns stretch by half (contended
+    cores): the time held reads 1.3 of the ideal, the training done 1.0."""
+    from baton.bench.train import summarize
+    from baton.demo.train import Outcome
+
+    alone = [_report(n, [[4 * i, 4 * i, 4 * i + 1] for i in range(5)]) for n in ("sft", "grpo")]
+    shared = [
+        _report("sft", [[4 * i, 4 * i, 4 * i + 1.5] for i in range(5)]),
+        _report("grpo", [[4 * i + 2, 4 * i + 2, 4 * i + 3.5] for i in range(5)]),
+    ]
+    moves = {d: {"count": 2.0, "bytes": 2000.0, "seconds": 0.0} for d in ("park", "restore")}
+    figures = summarize(specs(), alone, Outcome(shared, moves, 1), copy=5.0)
+    assert figures["ideal_duty"] == round(2 * 5 / 17, 4)
+    assert figures["efficiency"] == 1.0 and figures["turn_efficiency"] > 1.2
+
+
 def _report(name: str, turns: list[list[float]], sha: str = "x") -> dict:
     moves = {"parks": 1, "restores": 1, "parked_bytes": 1000, "restored_bytes": 1000}
     return {
@@ -149,6 +167,11 @@ def test_bench_train_figures_from_turn_records() -> None:
     assert figures["baseline_duty"] == round(3 / 9, 4)
     assert figures["ideal_duty"] == round(6 / 9, 4)
     assert (figures["timesliced_duty"], figures["idle_while_waited_s"]) == (0.8571, 0.5)
+    assert figures["turn_efficiency"] == round((3 / 3.5) / (6 / 9), 4)
+    # Training done: in the window sft finished one step (no pace), grpo 1 step in 2.5 s where
+    # alone it did 2 in 8 (1.6 x its pace): (1/3 * 0 + 1/3 * 1.6) of an ideal 2/3.
+    assert figures["achieved_duty"] == round(1.6 / 3, 4)
+    assert figures["efficiency"] == 0.8
     assert figures["park_gbps"] == 1.0 and figures["restore_gbps"] == 0.5
     assert figures["copy_gbps"] == 5.0 and figures["tenants"] == 2
     assert figures["identical"] is False
