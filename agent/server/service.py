@@ -16,6 +16,7 @@ from agent.core.residency import TurnPreparer
 from agent.node.state import StateStore
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.base import TenantRef
+from agent.parking.backends.multi import APP
 from agent.parking.host import ParkingHost
 from agent.parking.preparer import ParkingPreparer
 from agent.server.accounting import AccountingCollector
@@ -69,6 +70,9 @@ class LeaseService(TurnService):
         policy_name: str = "fifo",
         sessions: SessionRegistry | None = None,
     ) -> None:
+        self._left_app_pods: set[str] = set()
+        """Pod tenants that parked themselves (`app`) and whose last session ended: their memory
+        lived in their processes, so nothing of theirs counts until a session opens again."""
         super().__init__(
             table=table,
             preparer=preparer(self),
@@ -96,6 +100,7 @@ class LeaseService(TurnService):
         return {
             t.tenant_id: tenant_ref(t, parks(t.tenant_id))
             for t in list(self.tenants.tenants.values())
+            if t.tenant_id not in self._left_app_pods
         }
 
     def parking_method(self, tenant_id: str) -> str:
@@ -177,6 +182,7 @@ class LeaseService(TurnService):
 
     def session_opened(self, tenant_id: str, pid: int) -> None:
         """A tenant process opened its session: its processes are found again before a move."""
+        self._left_app_pods.discard(tenant_id)
         self.preparer.rescan(tenant_id)
         self._publish(ev.CONNECTED, tenant_id, detail=f"pid {pid}")
 
@@ -196,6 +202,12 @@ class LeaseService(TurnService):
         self._publish(ev.DISCONNECTED, tenant_id, detail=f"pid {pid}")
         self.tenants.drop_pid(tenant_id, pid)
         if last:
+            tenant = self.tenants.tenants.get(tenant_id)
+            # A pod outlives its processes; one that parked itself has nothing left to park (the
+            # driver freed its process's memory) and nobody left to ask.
+            pod = tenant is not None and tenant.source == POD
+            if pod and self.parking_method(tenant_id) == APP:
+                self._left_app_pods.add(tenant_id)
             self._drop(tenant_id, "its last session ended")
 
     def upsert_pod(self, tenant: Tenant) -> None:
@@ -217,6 +229,7 @@ class LeaseService(TurnService):
         """The tenant's pod left the node."""
         self._drop(tenant_id, "its pod left the node")
         self.tenants.remove(tenant_id)
+        self._left_app_pods.discard(tenant_id)
 
     def _drop(self, tenant_id: str, why: str) -> None:
         leases, waiters = self.table.drop_tenant(tenant_id)
