@@ -13,11 +13,9 @@ from baton.contract import names
 from baton.contract.draclaim import ClaimAsk, ClaimRef
 from baton.contract.podask import RequestError, TenantRequest
 from extender.draplace import place_claim
-from extender.placement import NodeState, Verdict
-from extender.state import ClusterState
+from extender.placement import Verdict
+from extender.state import UNKNOWN_NODE, ClusterState
 from extender.wire import MIN_PRIORITY, ExtenderArgs
-
-UNKNOWN_NODE = "node is not in the extender's cache (its watch has not shown it yet)"
 
 
 def claim_request(state: ClusterState, pod: dict[str, Any]) -> TenantRequest | None:
@@ -101,9 +99,7 @@ def prioritize_claims(state: ClusterState, args: ExtenderArgs) -> list[tuple[str
 
 
 def _verdict(state: ClusterState, args: ExtenderArgs, request: TenantRequest, name: str) -> Verdict:
-    node: NodeState | None = state.node(name)
-    if node is None and args.nodes is not None:
-        node = state.node_from_object(args.nodes[name])
+    node = state.node_or_sent(name, args.nodes)
     if node is None:
         return Verdict(False, UNKNOWN_NODE)
     return place_claim(node, request, state.limits)

@@ -26,6 +26,7 @@ from extender.inventory import (
 from extender.snapshot import Limits, NodeState, PlacedPod, node_state
 
 Clock = Callable[[], float]
+UNKNOWN_NODE = "node is not in the extender's cache (its watch has not shown it yet)"
 ASSUME_TTL_S = 120.0
 
 
@@ -67,6 +68,17 @@ class ClusterState:
     def node_from_object(self, node: dict[str, Any]) -> NodeState:
         """A node the watch has not shown yet, from the object kube-scheduler sent."""
         return self._build(_name(node), node_inventory(node))
+
+    def node_or_sent(
+        self, name: str, sent: Mapping[str, dict[str, Any]] | None
+    ) -> NodeState | None:
+        """The node's current state; for one the watch has not shown yet, built from the object
+        kube-scheduler sent (`sent`: its node objects by name, when it sends them); else None
+        (`UNKNOWN_NODE` says why)."""
+        node = self._states.get(name)
+        if node is None and sent is not None:
+            node = self.node_from_object(sent[name])
+        return node
 
     def node_without(self, name: str, uids: set[str]) -> NodeState | None:
         """The node as it would be once the given pods are gone (preemption)."""

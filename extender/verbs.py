@@ -7,11 +7,9 @@ from typing import Any
 
 from baton.contract.podask import RequestError, TenantRequest
 from extender.draverbs import filter_claims, prioritize_claims
-from extender.placement import NodeState, Verdict, one_gpu_chooser, place
-from extender.state import ClusterState
+from extender.placement import Verdict, one_gpu_chooser, place
+from extender.state import UNKNOWN_NODE, ClusterState
 from extender.wire import MIN_PRIORITY, ExtenderArgs, PreemptionArgs
-
-UNKNOWN_NODE = "node is not in the extender's cache (its watch has not shown it yet)"
 
 
 class FilterScores:
@@ -136,9 +134,7 @@ def prioritize_nodes(
 def _verdict(
     state: ClusterState, args: ExtenderArgs, request: TenantRequest, name: str, choose: bool
 ) -> Verdict:
-    node: NodeState | None = state.node(name)
-    if node is None and args.nodes is not None:
-        node = state.node_from_object(args.nodes[name])
+    node = state.node_or_sent(name, args.nodes)
     if node is None:
         return Verdict(False, UNKNOWN_NODE)
     return place(node, request, state.limits, choose)
