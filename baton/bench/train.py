@@ -57,12 +57,6 @@ def rate(step_ends: Sequence[float], t0: float, t1: float) -> float:
     return (len(done) - 1) / (done[-1] - done[0])
 
 
-def progress(alone: dict[str, Any], shared: dict[str, Any], t0: float, t1: float) -> float:
-    """A tenant's steps/s while sharing (within [t0, t1]) over its steps/s alone."""
-    pace_alone = rate(alone["step_ends"], 0.0, float("inf"))
-    return rate(shared["step_ends"], t0, t1) / pace_alone if pace_alone else 0.0
-
-
 def device_s_per_turn(report: dict[str, Any]) -> float:
     """Mean seconds a turn was held: grows when tenants contend for the same cores."""
     turns = report["turns"][1:]
@@ -109,8 +103,13 @@ def summarize(
     baseline = [alone_duty(r) for r in alone]
     ideal = min(1.0, sum(baseline))
     timesliced = sum(busy(r["turns"], t0, t1) for r in reports) / window if window > 0 else 0.0
-    paces = [progress(a, s, t0, t1) for a, s in zip(alone, reports, strict=True)]
-    achieved = sum(duty * pace for duty, pace in zip(baseline, paces, strict=True))
+    rates_alone = [rate(a["step_ends"], 0.0, float("inf")) for a in alone]
+    rates_shared = [rate(s["step_ends"], t0, t1) for s in reports]
+    # Each tenant's steps/s while sharing over its steps/s alone, weighted by its duty alone.
+    achieved = sum(
+        duty * (shared_ / alone_ if alone_ else 0.0)
+        for duty, alone_, shared_ in zip(baseline, rates_alone, rates_shared, strict=True)
+    )
     moves = [r["moves"] for r in reports]
     parked = sum(m["parked_bytes"] for m in moves)
     restored = sum(m["restored_bytes"] for m in moves)
@@ -119,14 +118,15 @@ def summarize(
     waits = sorted(idle_waits(reports, t0, t1))
     diffs = [d for a, s in zip(alone, reports, strict=True) for d in same_training(a, s)]
     per_tenant = []
-    for spec, a, s, duty in zip(specs, alone, reports, baseline, strict=True):
+    tenants = zip(specs, alone, reports, baseline, rates_alone, rates_shared, strict=True)
+    for spec, a, s, duty, alone_rate, shared_rate in tenants:
         per_tenant.append(
             {
                 "name": spec.name, "kind": spec.config.kind,
                 "footprint_mib": round(spec.footprint_mib(), 2), "off_s": spec.config.off_s,
                 "steps": s["steps"], "duty_alone": round(duty, 4),
-                "steps_per_s_alone": round(rate(a["step_ends"], 0.0, float("inf")), 3),
-                "steps_per_s_shared": round(rate(s["step_ends"], t0, t1), 3),
+                "steps_per_s_alone": round(alone_rate, 3),
+                "steps_per_s_shared": round(shared_rate, 3),
                 "turn_s_alone": round(device_s_per_turn(a), 4),
                 "turn_s_shared": round(device_s_per_turn(s), 4),
                 "parks": s["moves"]["parks"], "identical": not same_training(a, s),
