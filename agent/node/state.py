@@ -16,6 +16,7 @@ they are for; a node that loses power loses its GPU processes with them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -205,10 +206,12 @@ class StateStore:
                 return
             self._entries = rest
             self._journal_bytes = sum(len(line) for _, line in rest)
-            if self._journal_fd is None:
-                return
             if not rest:  # one call, and atomic
-                os.ftruncate(self._journal_fd, 0)
+                if self._journal_fd is not None:
+                    os.ftruncate(self._journal_fd, 0)
+                else:  # loaded, not appended to since: the file still holds what was loaded
+                    with contextlib.suppress(FileNotFoundError):
+                        os.truncate(self.journal_path, 0)
                 return
             tmp = self.dir / f".{JOURNAL_FILE}.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
@@ -218,7 +221,8 @@ class StateStore:
             except OSError:
                 os.close(fd)
                 raise
-            os.close(self._journal_fd)
+            if self._journal_fd is not None:
+                os.close(self._journal_fd)
             self._journal_fd = fd
 
     def close(self) -> None:

@@ -119,3 +119,14 @@ def test_numbering_continues_after_a_restart(tmp_path):
     again.load()
     again.record_end("w1")
     assert restarted(tmp_path).leases == []
+
+
+def test_a_snapshot_after_a_restart_cuts_back_the_journal_it_loaded(tmp_path):
+    store = StateStore(tmp_path)
+    store.save(PersistedState(tenants=[A]))
+    store.record_grant(lease("w1", 1))
+    again = StateStore(tmp_path)
+    loaded = again.load()
+    again.save(PersistedState(tenants=[A], leases=loaded.leases, tokens=loaded.tokens))
+    assert (tmp_path / JOURNAL_FILE).read_bytes() == b""
+    assert [x.lease_id for x in restarted(tmp_path).leases] == ["w1"]
