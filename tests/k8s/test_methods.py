@@ -15,13 +15,15 @@ MIB_EACH = 45000
 """Each tenant's declared GPU memory: two do not fit on one 81920 MiB fake GPU."""
 APP_TURNS = 12
 APP_SCRIPT = r"""
-import json, os, random, time
+import json, os, random, threading, time
 from agent.client import Baton
 declared = int(os.environ["APP_GPU_MEMORY_MIB"]) << 20
 expected = random.Random(1).randbytes(4 << 20)
 held = {"device": bytearray(expected), "host": None}
+printing = threading.Lock()  # the callbacks run on the client's thread, the turns on this one
 def say(**event):
-    print(json.dumps(event), flush=True)
+    with printing:
+        print(json.dumps(event), flush=True)
 def on_park(gpu):
     held["host"], held["device"] = bytes(held["device"]), None
     say(event="parked", gpu=gpu)
@@ -38,7 +40,8 @@ for i in range(int(os.environ["APP_TURNS"])):
         time.sleep(0.1)
     say(event="turn", i=i)
     time.sleep(0.1)
-print("app memory verified", flush=True)
+with printing:
+    print("app memory verified", flush=True)
 baton.close()
 """
 """Stands in for a framework's offload: 4 MiB really copied, its declared footprint reported."""

@@ -65,13 +65,21 @@ class AppBackend(Backend):
         return ref.memory_limit_bytes if ref and ref.memory_limit_bytes else None
 
     def footprint(self, tenant_id: str, gpu: str) -> int:
-        """What it last reported moving on `gpu`, else what it declared."""
+        """What it holds on `gpu` as far as the agent can know.
+
+        Parked: what it reported moving. Resident: what it declared, or what it last reported if
+        that is more. A report is a lower bound only until its next turn: a tenant parked before
+        it allocated reports 0 bytes, then allocates during its turns, and must not be taken for
+        one that holds nothing (the next tenant would be let in beside it).
+        """
         with self._mutex:
             reported = self._reported.get(tenant_id, {}).get(gpu)
-        if reported is not None:
+            parked = gpu in self._parked.get(tenant_id, {})
+        if parked and reported is not None:
             return reported
         ref = self._refs.get(tenant_id)
-        return (ref.declared_bytes or 0) if ref and gpu in ref.gpus else 0
+        declared = (ref.declared_bytes or 0) if ref and gpu in ref.gpus else 0
+        return max(declared, reported or 0)
 
     def state(self, tenant_id: str) -> TenantState:
         """Residency as the callbacks left it."""

@@ -7,9 +7,12 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from agent.parking.backends.app import AppBackend
 from agent.parking.backends.base import BackendError, Residency, TenantRef
+from agent.parking.preparer import ParkingPreparer
+from baton.contract.names import MIB
 
 GPU = "GPU-0"
 
@@ -61,6 +64,32 @@ def test_park_and_restore_run_the_callbacks_and_count_reported_bytes(loop):
     assert restore.bytes == 5000 and tenant.calls == [("park", GPU), ("restore", GPU)]
     assert backend.state("t").residency == {GPU: Residency.RESIDENT}
     assert backend.footprint("t", GPU) == 5000
+
+
+def test_a_tenant_parked_before_it_allocated_is_parked_again_once_it_has_run(loop):
+    """Its first on_park moved 0 bytes; during the turns since it may have allocated what it
+    declared, so the other tenant's next turn parks it again rather than squeezing in beside it."""
+    tenants = {"a": Tenant(0), "b": Tenant(60 * MIB)}
+
+    async def call(tenant_id: str, action: str, gpu: str, timeout: float) -> int:
+        return await tenants[tenant_id](tenant_id, action, gpu, timeout)
+
+    backend = AppBackend(timeout=1.0, call_tenant=call, loop=loop)
+    prep = ParkingPreparer(
+        backend, {GPU: 100 * MIB}, host_budget=1000 * MIB, registry=CollectorRegistry()
+    )
+
+    async def turns() -> None:
+        for name in "ab":
+            prep.register(TenantRef(name, (GPU,), declared_bytes=60 * MIB))
+        for name in "baba":
+            await prep.prepare(name, [GPU])
+
+    asyncio.run(asyncio.wait_for(turns(), 10))
+    park, restore = ("park", GPU), ("restore", GPU)
+    assert tenants["a"].calls == [park, restore, park, restore]
+    assert tenants["b"].calls == [park, restore, park]
+    assert backend.footprint("a", GPU) == 60 * MIB  # resident, reported 0: what it declared
 
 
 def test_a_failing_or_late_callback_leaves_the_tenant_resident(loop):
