@@ -1,4 +1,5 @@
-# The one image all three daemons (and the example tenants) run from:
+# The one image the daemons run from (the example tenants have their own, slim one:
+# clients/python/Dockerfile):
 #   baton agent | baton deviceplugin | baton extender
 # Build: docker build -t baton:dev .   (BATON_EXTRAS="" leaves out the CUDA/NVML bindings)
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

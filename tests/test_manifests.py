@@ -300,6 +300,20 @@ def test_built_install_is_complete(overlay: str) -> None:
         assert account in by_kind(objects, "ServiceAccount"), f"no ServiceAccount {account}"
 
 
+@pytest.mark.parametrize(
+    ("overlay", "image"),
+    [
+        ("examples", "baton-tenant:0.1.0"),
+        ("overlays/local-examples", "baton-tenant:local"),
+        # kind's example tenants allocate simulated device memory: the daemons' image has it
+        ("overlays/kind-examples", "baton:dev"),
+    ],
+)
+def test_the_example_job_runs_in_the_tenant_image(overlay: str, image: str) -> None:
+    job = by_kind(build(overlay), "Job")["grpo-tenant"]
+    assert containers(job)["trainer"]["image"] == image
+
+
 def _host_pid(workload: Obj) -> bool:
     return bool(workload["spec"]["template"]["spec"].get("hostPID"))
 

@@ -49,6 +49,7 @@ def _image(args: argparse.Namespace) -> int:
     began = time.monotonic()
     built = {
         "baton": str(images.baton_image(work / "baton")),
+        "baton-tenant": str(images.tenant_image(work / "tenant")),
         "pause": str(images.pause_image(work / "pause")),
         "kube-scheduler": str(images.scheduler_image(require_binaries(), work / "sched")),
     }

@@ -12,7 +12,10 @@ from baton.localnode.procs import LocalNodeError
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """PATH of the Debian base image, which the Dockerfile's ENV PATH extends."""
 KNOWN = {"ARG", "FROM", "WORKDIR", "COPY", "RUN", "ENV", "USER", "ENTRYPOINT", "CMD"}
-PROJECT = "baton-gpu"
+PIP_INSTALL = re.compile(r'pip install --no-cache-dir "(\.[^"$]*)')
+"""The project the build stage installs, a directory of the build context ("." or "./sub/dir")."""
+COPY_INTO_PACKAGE = re.compile(r'cp -r (\S+) "\$\([^)]*import (\w+); print\(\2\.__path__\[0\]\)')
+"""`cp -r SRC "$(python -c 'import PKG; print(PKG.__path__[0])')/"`: files added to a package."""
 
 
 @dataclass
@@ -26,9 +29,13 @@ class Dockerfile:
     user: str = ""
     entrypoint: list[str] = field(default_factory=list)
     cmd: list[str] = field(default_factory=list)
-    project: str = PROJECT
+    project_dir: str = ""
+    """The build-context directory pip installs ("." for the root's pyproject.toml)."""
+    into_packages: list[tuple[str, str]] = field(default_factory=list)
+    """`(source, package)`: context directories copied into an installed package's directory."""
     extras: str = ""
-    """No CUDA/NVML bindings: the local node has no GPU (as `--build-arg BATON_EXTRAS=`)."""
+    """No extras: no CUDA/NVML bindings or torch, the local node has no GPU (as
+    `--build-arg BATON_EXTRAS=` or `CLIENT_EXTRAS=`)."""
 
     def image_config(self) -> dict[str, object]:
         """The image config fields (docker's `config`) the Dockerfile sets."""
@@ -61,7 +68,8 @@ def _exec_form(rest: str, what: str) -> list[str]:
 
 
 def parse_dockerfile(text: str) -> Dockerfile:
-    """Read COPY sources, the venv, ENV, USER, ENTRYPOINT and CMD; refuse what it cannot follow."""
+    """Read COPY sources, the venv and what goes into it, ENV, USER, ENTRYPOINT and CMD; refuse
+    what it cannot follow."""
     spec = Dockerfile(text=text)
     stages = 0
     for word, rest in _instructions(text):
@@ -74,6 +82,9 @@ def parse_dockerfile(text: str) -> Dockerfile:
         elif word == "RUN":
             venv = re.search(r"-m venv (\S+)", rest)
             spec.venv = venv.group(1) if venv else spec.venv
+            for project in PIP_INSTALL.findall(rest):
+                spec.project_dir = project.removeprefix("./") or "."
+            spec.into_packages += COPY_INTO_PACKAGE.findall(rest)
         elif word == "ENV":
             for pair in shlex.split(rest):
                 key, _, value = pair.partition("=")
@@ -84,9 +95,14 @@ def parse_dockerfile(text: str) -> Dockerfile:
             spec.entrypoint = _exec_form(rest, word)
         elif word == "CMD":
             spec.cmd = _exec_form(rest, word)
-    if stages != 2 or not spec.venv or not spec.copy_sources or not spec.entrypoint:
+    if (
+        stages != 2
+        or not (spec.venv and spec.copy_sources and spec.project_dir)
+        or not (spec.entrypoint or spec.cmd)
+    ):
         raise LocalNodeError(
             "the Dockerfile no longer has the shape the local build follows (a build stage that"
-            " makes a venv from COPYed sources, a final stage with ENTRYPOINT)"
+            " makes a venv and pip installs a project from COPYed sources, a final stage with"
+            " ENTRYPOINT or CMD)"
         )
     return spec

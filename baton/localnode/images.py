@@ -1,9 +1,12 @@
 """The node's images, built without a container engine and cached by their inputs.
 
-`baton:local` follows the Dockerfile: its COPY sources are installed into a venv at the path the
-Dockerfile names, on a Debian bookworm root filesystem made by mmdebstrap (bookworm's python3 is
-3.11, like the Dockerfile's base), with the Dockerfile's ENV, USER, ENTRYPOINT and CMD. The
-dependencies are wheels pip resolves for the project (pip's cache makes a rerun quick).
+`baton:local` follows the Dockerfile, `baton-tenant:local` (the example tenants' image: the slim
+client, none of the daemons' dependencies) follows clients/python/Dockerfile: the project its
+build stage pip installs from the COPYed sources goes into a venv at the path it names, on a
+Debian bookworm root filesystem made by mmdebstrap (bookworm's python3 is 3.11, like the
+Dockerfiles' base), with what it copies into installed packages and its ENV, USER, ENTRYPOINT
+and CMD. The dependencies are wheels pip resolves for the project (pip's cache makes a rerun
+quick).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import hashlib
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from baton.localnode.archive import layer_from_files, write_archive
@@ -22,6 +26,9 @@ from baton.localnode.procs import LocalNodeError, run
 from baton.localnode.runtime import PAUSE_IMAGE
 
 BATON_IMAGE = "baton:local"
+TENANT_IMAGE = "baton-tenant:local"
+DAEMONS_DOCKERFILE = "Dockerfile"
+TENANT_DOCKERFILE = "clients/python/Dockerfile"
 SCHEDULER_IMAGE = "localhost/kube-scheduler:local"
 SUITE = "bookworm"
 BUILDER_VERSION = "1"
@@ -44,8 +51,9 @@ def _cached(name: str, key: str) -> Path:
 
 
 def _drop_stale(name: str) -> None:
-    """Remove archives of `name` built from other inputs (before writing the current one)."""
-    for stale in images_dir().glob(f"{name}-*.tar"):
+    """Remove archives of `name` built from other inputs (before writing the current one); those
+    of another image whose name starts alike (`baton-tenant` beside `baton`) stay."""
+    for stale in images_dir().glob(f"{name}-" + "[0-9a-f]" * 16 + ".tar"):
         stale.unlink()
 
 
@@ -81,8 +89,10 @@ def scheduler_image(binaries: KubeBinaries, work: Path) -> Path:
     return write_archive(out, SCHEDULER_IMAGE, [layer], config)
 
 
-def _ignore_patterns(root: Path) -> list[str]:
-    path = root / ".dockerignore"
+def _ignore_patterns(root: Path, dockerfile: str) -> list[str]:
+    """Docker's rule: `<Dockerfile>.dockerignore` beside it if there is one, else the context's."""
+    beside = root / f"{dockerfile}.dockerignore"
+    path = beside if beside.exists() else root / ".dockerignore"
     lines = path.read_text().splitlines() if path.exists() else []
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
@@ -99,55 +109,76 @@ def _ignored(rel: str, patterns: list[str]) -> bool:
     return ignored
 
 
-def source_files(spec: Dockerfile, root: Path = CHECKOUT) -> list[Path]:
+def source_files(
+    spec: Dockerfile, root: Path = CHECKOUT, dockerfile: str = DAEMONS_DOCKERFILE
+) -> list[Path]:
     """Every file the Dockerfile's COPY instructions take from the build context."""
-    patterns = _ignore_patterns(root)
+    patterns = _ignore_patterns(root, dockerfile)
     files: list[Path] = []
     for source in spec.copy_sources:
         path = root / source
         if not path.exists():
-            raise LocalNodeError(f"the Dockerfile copies {source}, which {root} does not have")
+            raise LocalNodeError(f"{dockerfile} copies {source}, which {root} does not have")
         found = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         files += [p for p in found if not _ignored(str(p.relative_to(root)), patterns)]
     return files
 
 
-def baton_key(spec: Dockerfile, root: Path = CHECKOUT) -> str:
-    """Hash of everything the Baton image is built from."""
+def image_key(spec: Dockerfile, root: Path = CHECKOUT, dockerfile: str = DAEMONS_DOCKERFILE) -> str:
+    """Hash of everything an image is built from."""
     digest = hashlib.sha256(f"{BUILDER_VERSION}:{SUITE}:{spec.text}".encode())
-    for path in source_files(spec, root):
+    for path in source_files(spec, root, dockerfile):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
 def baton_image(work: Path, root: Path = CHECKOUT) -> Path:
-    """The Baton image archive (cached by its inputs); built with mmdebstrap when missing."""
-    spec = parse_dockerfile((root / "Dockerfile").read_text())
-    out = _cached("baton", baton_key(spec, root))
+    """The daemons' image archive (cached by its inputs); built with mmdebstrap when missing."""
+    return python_image("baton", BATON_IMAGE, DAEMONS_DOCKERFILE, work, root)
+
+
+def tenant_image(work: Path, root: Path = CHECKOUT) -> Path:
+    """The example tenants' image archive (the slim client), built like `baton_image`."""
+    return python_image("baton-tenant", TENANT_IMAGE, TENANT_DOCKERFILE, work, root)
+
+
+def archive_path(name: str, dockerfile: str, root: Path = CHECKOUT) -> Path:
+    """Where the archive of the image built from `dockerfile` as it is now is kept."""
+    spec = parse_dockerfile((root / dockerfile).read_text())
+    return _cached(name, image_key(spec, root, dockerfile))
+
+
+def python_image(name: str, ref: str, dockerfile: str, work: Path, root: Path = CHECKOUT) -> Path:
+    """The image `dockerfile` describes, tagged `ref` (cached by its inputs)."""
+    spec = parse_dockerfile((root / dockerfile).read_text())
+    out = _cached(name, image_key(spec, root, dockerfile))
     if out.exists():
         return out
     if shutil.which("mmdebstrap") is None:
         raise LocalNodeError(
-            "building the Baton image needs mmdebstrap: apt-get install mmdebstrap"
+            f"building the {ref} image needs mmdebstrap: apt-get install mmdebstrap"
         )
     work.mkdir(parents=True, exist_ok=True)
     context = work / "context"
     shutil.rmtree(context, ignore_errors=True)
-    for path in source_files(spec, root):
+    for path in source_files(spec, root, dockerfile):
         target = context / path.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
+    project = context / spec.project_dir
     wheels = work / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
     pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels)]
-    run([*pip, f"{context}{spec.extras}"], timeout=600)
+    run([*pip, f"{project}{spec.extras}"], timeout=600)
     rootfs = work / "rootfs.tar"
     venv = spec.venv
+    installed = f'"$1"{venv}/lib/python3*/site-packages'
     hooks = [
         f'cp -r {wheels} "$1/tmp/wheels"',
         f'chroot "$1" python3 -m venv {venv}',
         f'chroot "$1" {venv}/bin/pip install --quiet --no-index --find-links /tmp/wheels'
-        f' "{spec.project}{spec.extras}"',
+        f' "{_project_name(project)}{spec.extras}"',
+        *(f"cp -r {context / src} {installed}/{pkg}/" for src, pkg in spec.into_packages),
         'rm -rf "$1/tmp/wheels" "$1/var/cache/apt" "$1/var/lib/apt/lists"',
     ]
     argv = ["mmdebstrap", "--variant=minbase", "--mode=root", "--include=python3,python3-venv"]
@@ -158,7 +189,15 @@ def baton_image(work: Path, root: Path = CHECKOUT) -> Path:
     except subprocess.TimeoutExpired as err:
         raise LocalNodeError(f"mmdebstrap did not finish within {err.timeout} s") from err
     out.parent.mkdir(parents=True, exist_ok=True)
-    _drop_stale("baton")
-    archive = write_archive(out, BATON_IMAGE, [rootfs], spec.image_config())
+    _drop_stale(name)
+    archive = write_archive(out, ref, [rootfs], spec.image_config())
     rootfs.unlink()
     return archive
+
+
+def _project_name(project: Path) -> str:
+    """The distribution's name, from its pyproject.toml."""
+    try:
+        return str(tomllib.loads((project / "pyproject.toml").read_text())["project"]["name"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError) as err:
+        raise LocalNodeError(f"{project}/pyproject.toml names no project: {err}") from err

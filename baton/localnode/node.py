@@ -118,7 +118,8 @@ class LocalNode:
         wanted = {
             images.PAUSE_IMAGE: images.pause_image(work),
             images.SCHEDULER_IMAGE: images.scheduler_image(self.binaries, work),
-            images.BATON_IMAGE: images.baton_image(work),
+            images.BATON_IMAGE: images.baton_image(work / "baton"),
+            images.TENANT_IMAGE: images.tenant_image(work / "tenant"),
         }
         stamps = self.containerd.root / "imported"
         stamps.mkdir(parents=True, exist_ok=True)

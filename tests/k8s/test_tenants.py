@@ -50,6 +50,7 @@ def test_tenants_take_turns_with_what_allocate_gave_them(cluster: Cluster, names
 
 
 def test_example_job_runs_to_completion(cluster: Cluster) -> None:
+    from baton.localnode import images
     from baton.localnode.binaries import CHECKOUT
 
     overlay = CHECKOUT / "manifests" / "overlays" / "local-examples"
@@ -61,5 +62,10 @@ def test_example_job_runs_to_completion(cluster: Cluster) -> None:
         )  # fmt: skip
         logs = cluster.kubectl("-n", "baton-demo", "logs", "-l", "job-name=grpo-tenant")
         assert "done:" in logs
+        # ...in the slim tenant image (baton-client, none of the daemons' dependencies)
+        jsonpath = "jsonpath={.items[*].status.containerStatuses[*].image}"
+        ran = cluster.kubectl("-n", "baton-demo", "get", "pods", "-l", "job-name=grpo-tenant",
+                              "-o", jsonpath).split()  # fmt: skip
+        assert len(ran) == 3 and {i.split("/")[-1] for i in ran} == {images.TENANT_IMAGE}, ran
     finally:
         cluster.kubectl("delete", "namespace", "baton-demo", "--wait=true", timeout=90)
