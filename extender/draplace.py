@@ -8,6 +8,8 @@ extender cannot steer that choice, so it predicts it and asks `place` whether Ba
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from baton.contract.names import dra_device_name
 from baton.contract.podask import TenantRequest
 from extender.placement import (
@@ -19,6 +21,7 @@ from extender.placement import (
     gpu_load,
     node_state,
     place,
+    remembered,
 )
 
 DRA_DUTY = 100.0
@@ -41,6 +44,29 @@ def first_fit(node: NodeState, request: TenantRequest) -> tuple[GpuLoad, ...]:
         if len(picked) == request.gpus:
             break
     return tuple(picked)
+
+
+def claim_judge(request: TenantRequest, limits: Limits) -> Callable[[NodeState], Verdict]:
+    """`place_claim` for one request, remembered per node state: filter's answers serve
+    prioritize, and the next pod of the same shape on every node the last bind did not change."""
+    shape = (  # plain values, hashed in C on every lookup
+        "claim",
+        request.gpus,
+        request.memory_mib,
+        request.duty,
+        request.memory_limit_bytes,
+        limits.policy.value,
+        limits.max_duty,
+        limits.memory_headroom_mib,
+    )
+
+    def answer(node: NodeState) -> Verdict:
+        return place_claim(node, request, limits)
+
+    def judge(node: NodeState) -> Verdict:
+        return remembered(node, shape, answer)
+
+    return judge
 
 
 def place_claim(node: NodeState, request: TenantRequest, limits: Limits) -> Verdict:

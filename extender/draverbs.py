@@ -7,13 +7,15 @@ the node's host-DRAM worst case, the policy's score, and reasons a user can read
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from baton.contract import names
 from baton.contract.draclaim import ClaimAsk, ClaimRef
 from baton.contract.podask import RequestError, TenantRequest
-from extender.draplace import place_claim
+from extender.draplace import claim_judge
 from extender.placement import Verdict
+from extender.snapshot import NodeState
 from extender.state import UNKNOWN_NODE, ClusterState
 from extender.wire import MIN_PRIORITY, ExtenderArgs
 
@@ -72,10 +74,11 @@ def filter_claims(
         return [], dict.fromkeys(args.node_names, str(err)), {}
     if request is None:
         return list(args.node_names), {}, {}
+    judge = claim_judge(request, state.limits)
     passed: list[str] = []
     failed: dict[str, str] = {}
     for name in args.node_names:
-        verdict = _verdict(state, args, request, name)
+        verdict = _verdict(state, args, judge, name)
         if verdict.fits:
             passed.append(name)
         else:
@@ -91,15 +94,18 @@ def prioritize_claims(state: ClusterState, args: ExtenderArgs) -> list[tuple[str
         request = None
     if request is None:
         return [(name, MIN_PRIORITY) for name in args.node_names]
+    judge = claim_judge(request, state.limits)
     scores = []
     for name in args.node_names:
-        verdict = _verdict(state, args, request, name)
+        verdict = _verdict(state, args, judge, name)
         scores.append((name, verdict.score if verdict.fits else MIN_PRIORITY))
     return scores
 
 
-def _verdict(state: ClusterState, args: ExtenderArgs, request: TenantRequest, name: str) -> Verdict:
+def _verdict(
+    state: ClusterState, args: ExtenderArgs, judge: Callable[[NodeState], Verdict], name: str
+) -> Verdict:
     node = state.node_or_sent(name, args.nodes)
     if node is None:
         return Verdict(False, UNKNOWN_NODE)
-    return place_claim(node, request, state.limits)
+    return judge(node)

@@ -11,7 +11,7 @@ key picks (and scores) the best; `binpack` fills GPUs with tenants, `spread` pre
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from baton.contract.names import MIB
 from baton.contract.podask import TenantRequest
@@ -217,6 +217,23 @@ def _score(key: float) -> int:
 _UNSEEN = object()
 _SHAPES_KEPT = 64
 """Request shapes a node state keeps answers for; more (a stream of odd sizes) start afresh."""
+T = TypeVar("T")
+
+
+def remembered(node: NodeState, shape: object, answer: Callable[[NodeState], T]) -> T:
+    """`answer(node)` for a request of this `shape`, computed once per node state.
+
+    Pods come in few shapes, and a bind changes one node: most answers are known. A state never
+    changes (a change makes a new one), so an answer holds as long as the state does.
+    """
+    known = node.choices.get(shape, _UNSEEN)
+    if known is not _UNSEEN:
+        return known  # type: ignore[return-value]
+    found = answer(node)
+    if len(node.choices) >= _SHAPES_KEPT:
+        node.choices.clear()
+    node.choices[shape] = found
+    return found
 
 
 def one_gpu_chooser(
@@ -236,15 +253,7 @@ def one_gpu_chooser(
     shape = (wanted_memory, wanted_duty, memory_cap, limits.policy, max_duty)
 
     def choose(node: NodeState) -> tuple[str, int] | None:
-        # Pods come in few shapes, and a bind changes one node: most answers are known.
-        known = node.choices.get(shape, _UNSEEN)
-        if known is not _UNSEEN:
-            return known  # type: ignore[return-value]
-        best = fresh(node)
-        if len(node.choices) >= _SHAPES_KEPT:
-            node.choices.clear()
-        node.choices[shape] = best
-        return best
+        return remembered(node, shape, fresh)
 
     def fresh(node: NodeState) -> tuple[str, int] | None:
         room = node.budget_mib - node.parked_worst_mib

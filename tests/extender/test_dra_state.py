@@ -147,6 +147,35 @@ def test_prioritize_scores_duty_complement_on_the_first_fit_gpu() -> None:
     assert prioritize_nodes(state, args) == [("n1", 4), ("n2", 10)]
 
 
+def test_each_node_state_is_judged_once_per_request_shape(monkeypatch: Any) -> None:
+    from extender import draplace
+
+    judged: list[str] = []
+    real = draplace.place_claim
+
+    def counted(node: Any, request: Any, limits: Any) -> Any:
+        judged.append(node.name)
+        return real(node, request, limits)
+
+    monkeypatch.setattr(draplace, "place_claim", counted)
+    state = _filled(dra_state())
+    for name in ("p1", "p2"):  # two pending pods of one shape
+        state.upsert_claim(claim(f"{name}-gpu"))
+        args = ExtenderArgs(claim_pod(name, f"{name}-gpu"), ["n1", "n2"], None)
+        assert filter_nodes(state, args)[0] == ["n2"]
+        assert prioritize_nodes(state, args)[0] == ("n1", 0)
+    assert judged == ["n1", "n2"]  # filter's answers served prioritize and the second pod
+    # p2 bound on n2: that node is judged afresh, n1 (unchanged) is not.
+    state.upsert_pod(claim_pod("p2", "p2-gpu", node_name="n2"))
+    state.upsert_claim(claim("p2-gpu", node_name="n2", pod_uid="uid-p2"))
+    state.upsert_claim(claim("p3-gpu", "60Gi"))
+    args = ExtenderArgs(claim_pod("p3", "p3-gpu"), ["n1", "n2"], None)
+    filter_nodes(state, args)
+    state.upsert_claim(claim("p4-gpu"))
+    filter_nodes(state, ExtenderArgs(claim_pod("p4", "p4-gpu"), ["n1", "n2"], None))
+    assert judged == ["n1", "n2", "n1", "n2", "n2"]  # p3's new shape, then p4 on changed n2
+
+
 def test_a_pod_without_baton_asks_passes_everywhere() -> None:
     state = dra_state()
     other = pod("cpu", gpus=None)
