@@ -87,9 +87,12 @@ class NodeState:
     fares the same on any of them, so its fast paths look at these only."""
     problem: str = ""
     """Why the node's inventory could not be read, if it could not."""
-    choices: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
-    """Placement answers for this state, by request shape (`one_gpu_chooser`): the state never
-    changes (a change makes a new one), so an answer holds as long as the state does."""
+    choices: dict[object, object] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    """Placement answers for this state, by request shape (`placement.remembered`: the one-GPU
+    fast path, the DRA path's verdicts): the state never changes (a change makes a new one, and
+    never inherits these), so an answer holds as long as the state does."""
 
 
 class Row(NamedTuple):

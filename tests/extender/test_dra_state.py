@@ -157,6 +157,7 @@ def test_each_node_state_is_judged_once_per_request_shape(monkeypatch: Any) -> N
         judged.append(node.name)
         return real(node, request, limits)
 
+    # claim_judge looks `place_claim` up when it answers, so the count sees every placement
     monkeypatch.setattr(draplace, "place_claim", counted)
     state = _filled(dra_state())
     for name in ("p1", "p2"):  # two pending pods of one shape

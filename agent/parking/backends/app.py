@@ -1,7 +1,8 @@
 """Parks tenants by asking them: their own on_park / on_restore callbacks, over their session.
 
 Fits frameworks that know how to free their GPU memory (vLLM sleep / wake_up, moving a model and
-optimizer to pinned host memory). The tenant reports the bytes it moved; that is what is counted.
+optimizer to pinned host memory). The tenant reports the bytes it moved: that is what counts
+while it is parked; resident, it counts what it declared if that is more (see `footprint`).
 """
 
 from __future__ import annotations

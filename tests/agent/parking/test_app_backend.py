@@ -92,6 +92,32 @@ def test_a_tenant_parked_before_it_allocated_is_parked_again_once_it_has_run(loo
     assert backend.footprint("a", GPU) == 60 * MIB  # resident, reported 0: what it declared
 
 
+def test_self_parking_tenants_that_declared_nothing_may_hold_the_whole_gpu(loop):
+    """Undeclared, what they hold is unknown until a park reports it, and may grow in any turn:
+    each switch parks the other one (they used to count as holding nothing, never parked)."""
+    tenants = {"a": Tenant(60 * MIB), "b": Tenant(60 * MIB)}
+
+    async def call(tenant_id: str, action: str, gpu: str, timeout: float) -> int:
+        return await tenants[tenant_id](tenant_id, action, gpu, timeout)
+
+    backend = AppBackend(timeout=1.0, call_tenant=call, loop=loop)
+    prep = ParkingPreparer(
+        backend, {GPU: 100 * MIB}, host_budget=1000 * MIB, registry=CollectorRegistry()
+    )
+
+    async def turns() -> None:
+        for name in "ab":
+            prep.register(TenantRef(name, (GPU,), self_parks=True))
+        for name in "abab":
+            await prep.prepare(name, [GPU])
+
+    asyncio.run(asyncio.wait_for(turns(), 10))
+    park, restore = ("park", GPU), ("restore", GPU)
+    assert tenants["a"].calls == [park, restore, park]
+    assert tenants["b"].calls == [park, restore, park, restore]
+    assert prep.status()["tenants"]["a"]["residency"] == "parked"
+
+
 def test_a_failing_or_late_callback_leaves_the_tenant_resident(loop):
     tenant = Tenant(1)
     backend = AppBackend(timeout=0.05, call_tenant=tenant, loop=loop)
