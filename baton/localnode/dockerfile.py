@@ -12,10 +12,18 @@ from baton.localnode.procs import LocalNodeError
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """PATH of the Debian base image, which the Dockerfile's ENV PATH extends."""
 KNOWN = {"ARG", "FROM", "WORKDIR", "COPY", "RUN", "ENV", "USER", "ENTRYPOINT", "CMD"}
-PIP_INSTALL = re.compile(r'pip install --no-cache-dir "(\.[^"$]*)')
-"""The project the build stage installs, a directory of the build context ("." or "./sub/dir")."""
-COPY_INTO_PACKAGE = re.compile(r'cp -r (\S+) "\$\([^)]*import (\w+); print\(\2\.__path__\[0\]\)')
-"""`cp -r SRC "$(python -c 'import PKG; print(PKG.__path__[0])')/"`: files added to a package."""
+VENV = re.compile(r"python -m venv (\S+)")
+UPGRADE_PIP = re.compile(r"\S+/bin/pip install --no-cache-dir --upgrade pip")
+PIP_INSTALL = re.compile(
+    r'\S+/bin/pip install --no-cache-dir "(\.[^"$\[]*)(\$\{\w+:\+\[\$\{\w+\}\]\})?"'
+)
+"""The project the build stage installs, a directory of the build context ("." or "./sub/dir"),
+with its extras from a build argument only (the local build leaves them out)."""
+COPY_INTO_PACKAGE = re.compile(
+    r'cp -r (\S+) "\$\(\S+ -I -c \'import (\w+); print\(\2\.__path__\[0\]\)\'\)/"'
+)
+"""`cp -r SRC "$(python -I -c 'import PKG; print(PKG.__path__[0])')/"`: files added to a
+package."""
 
 
 @dataclass
@@ -67,6 +75,21 @@ def _exec_form(rest: str, what: str) -> list[str]:
     return [str(v) for v in value]
 
 
+def _run(spec: Dockerfile, command: str) -> None:
+    """Follow a RUN's steps; refuse one the local build would not carry out the same way."""
+    for step in (s.strip() for s in command.split("&&")):
+        if venv := VENV.fullmatch(step):
+            spec.venv = venv.group(1)
+        elif UPGRADE_PIP.fullmatch(step):
+            continue  # the venv's own pip installs the wheels either way
+        elif (project := PIP_INSTALL.fullmatch(step)) and not spec.project_dir:
+            spec.project_dir = project.group(1).removeprefix("./") or "."
+        elif copy := COPY_INTO_PACKAGE.fullmatch(step):
+            spec.into_packages.append((copy.group(1), copy.group(2)))
+        else:
+            raise LocalNodeError(f"the local image build cannot follow this RUN step: {step}")
+
+
 def parse_dockerfile(text: str) -> Dockerfile:
     """Read COPY sources, the venv and what goes into it, ENV, USER, ENTRYPOINT and CMD; refuse
     what it cannot follow."""
@@ -80,11 +103,7 @@ def parse_dockerfile(text: str) -> Dockerfile:
         elif word == "COPY" and "--from=" not in rest:
             spec.copy_sources += shlex.split(rest)[:-1]
         elif word == "RUN":
-            venv = re.search(r"-m venv (\S+)", rest)
-            spec.venv = venv.group(1) if venv else spec.venv
-            for project in PIP_INSTALL.findall(rest):
-                spec.project_dir = project.removeprefix("./") or "."
-            spec.into_packages += COPY_INTO_PACKAGE.findall(rest)
+            _run(spec, rest)
         elif word == "ENV":
             for pair in shlex.split(rest):
                 key, _, value = pair.partition("=")

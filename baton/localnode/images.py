@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -31,7 +32,7 @@ DAEMONS_DOCKERFILE = "Dockerfile"
 TENANT_DOCKERFILE = "clients/python/Dockerfile"
 SCHEDULER_IMAGE = "localhost/kube-scheduler:local"
 SUITE = "bookworm"
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 """Bump when the build steps change, so cached images are rebuilt."""
 PAUSE_C = "#include <signal.h>\n#include <unistd.h>\n#include <sys/wait.h>\n" + (
     "static void reap(int s){(void)s;while(waitpid(-1,0,WNOHANG)>0);}\n"
@@ -172,13 +173,14 @@ def python_image(name: str, ref: str, dockerfile: str, work: Path, root: Path = 
     run([*pip, f"{project}{spec.extras}"], timeout=600)
     rootfs = work / "rootfs.tar"
     venv = spec.venv
-    installed = f'"$1"{venv}/lib/python3*/site-packages'
+    installed = f'"$1"{shlex.quote(venv)}/lib/python3*/site-packages'
+    q = shlex.quote  # host paths may hold spaces; the site-packages glob stays unquoted
     hooks = [
-        f'cp -r {wheels} "$1/tmp/wheels"',
-        f'chroot "$1" python3 -m venv {venv}',
-        f'chroot "$1" {venv}/bin/pip install --quiet --no-index --find-links /tmp/wheels'
-        f' "{_project_name(project)}{spec.extras}"',
-        *(f"cp -r {context / src} {installed}/{pkg}/" for src, pkg in spec.into_packages),
+        f'cp -r {q(str(wheels))} "$1/tmp/wheels"',
+        f'chroot "$1" python3 -m venv {q(venv)}',
+        f'chroot "$1" {q(venv + "/bin/pip")} install --quiet --no-index --find-links /tmp/wheels'
+        f" {q(_project_name(project) + spec.extras)}",
+        *(f"cp -r {q(str(context / s))} {installed}/{q(p)}/" for s, p in spec.into_packages),
         'rm -rf "$1/tmp/wheels" "$1/var/cache/apt" "$1/var/lib/apt/lists"',
     ]
     argv = ["mmdebstrap", "--variant=minbase", "--mode=root", "--include=python3,python3-venv"]

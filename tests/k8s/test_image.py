@@ -12,6 +12,7 @@ import yaml
 from baton.localnode import images
 from baton.localnode.binaries import CHECKOUT, ENV_CACHE_DIR
 from baton.localnode.dockerfile import parse_dockerfile
+from baton.localnode.procs import LocalNodeError
 from tests.k8s.cluster import Cluster
 
 DOCKERFILE = parse_dockerfile((CHECKOUT / "Dockerfile").read_text())
@@ -52,6 +53,23 @@ def test_tenant_dockerfile_is_read_as_docker_builds_it() -> None:
     names = {str(p.relative_to(CHECKOUT)) for p in files}
     assert {"clients/python/pyproject.toml", "agent/examples/grpo_loop.py"} <= names
     assert not [f for f in names if f.startswith(("deviceplugin/", "extender/", "dra/"))]
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        "cp -a agent/examples /opt/baton/lib/",  # a copy it would not make
+        '/opt/baton/bin/pip install --no-cache-dir ".[cuda]"',  # extras it would leave out
+        '/opt/baton/bin/pip install --no-cache-dir "./clients/python"',  # a second project
+        "apt-get install -y curl",
+    ],
+)
+def test_a_run_step_the_local_build_would_not_follow_is_refused(step: str) -> None:
+    text = (CHECKOUT / images.TENANT_DOCKERFILE).read_text()
+    changed = text.replace("-m venv /opt/baton \\\n", f"-m venv /opt/baton \\\n    && {step} \\\n")
+    assert changed != text
+    with pytest.raises(LocalNodeError, match="cannot follow this RUN step"):
+        parse_dockerfile(changed)
 
 
 def test_an_image_rebuilt_drops_its_old_archive_and_no_other(
