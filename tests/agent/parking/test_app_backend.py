@@ -66,10 +66,12 @@ def test_park_and_restore_run_the_callbacks_and_count_reported_bytes(loop):
     assert backend.footprint("t", GPU) == 5000
 
 
-def test_a_tenant_parked_before_it_allocated_is_parked_again_once_it_has_run(loop):
-    """Its first on_park moved 0 bytes; during the turns since it may have allocated what it
-    declared, so the other tenant's next turn parks it again rather than squeezing in beside it."""
-    tenants = {"a": Tenant(0), "b": Tenant(60 * MIB)}
+PARK, RESTORE = ("park", GPU), ("restore", GPU)
+
+
+def take_turns(loop, tenants: dict[str, Tenant], refs: list[TenantRef], order: str):
+    """The real preparer over an app backend on a 100 MiB GPU: `refs` register, then the
+    tenants named in `order` take their turns one after another."""
 
     async def call(tenant_id: str, action: str, gpu: str, timeout: float) -> int:
         return await tenants[tenant_id](tenant_id, action, gpu, timeout)
@@ -80,15 +82,23 @@ def test_a_tenant_parked_before_it_allocated_is_parked_again_once_it_has_run(loo
     )
 
     async def turns() -> None:
-        for name in "ab":
-            prep.register(TenantRef(name, (GPU,), declared_bytes=60 * MIB))
-        for name in "baba":
+        for ref in refs:
+            prep.register(ref)
+        for name in order:
             await prep.prepare(name, [GPU])
 
     asyncio.run(asyncio.wait_for(turns(), 10))
-    park, restore = ("park", GPU), ("restore", GPU)
-    assert tenants["a"].calls == [park, restore, park, restore]
-    assert tenants["b"].calls == [park, restore, park]
+    return backend, prep
+
+
+def test_a_tenant_parked_before_it_allocated_is_parked_again_once_it_has_run(loop):
+    """Its first on_park moved 0 bytes; during the turns since it may have allocated what it
+    declared, so the other tenant's next turn parks it again rather than squeezing in beside it."""
+    tenants = {"a": Tenant(0), "b": Tenant(60 * MIB)}
+    refs = [TenantRef(name, (GPU,), declared_bytes=60 * MIB) for name in "ab"]
+    backend, _ = take_turns(loop, tenants, refs, "baba")
+    assert tenants["a"].calls == [PARK, RESTORE, PARK, RESTORE]
+    assert tenants["b"].calls == [PARK, RESTORE, PARK]
     assert backend.footprint("a", GPU) == 60 * MIB  # resident, reported 0: what it declared
 
 
@@ -96,25 +106,10 @@ def test_self_parking_tenants_that_declared_nothing_may_hold_the_whole_gpu(loop)
     """Undeclared, what they hold is unknown until a park reports it, and may grow in any turn:
     each switch parks the other one (they used to count as holding nothing, never parked)."""
     tenants = {"a": Tenant(60 * MIB), "b": Tenant(60 * MIB)}
-
-    async def call(tenant_id: str, action: str, gpu: str, timeout: float) -> int:
-        return await tenants[tenant_id](tenant_id, action, gpu, timeout)
-
-    backend = AppBackend(timeout=1.0, call_tenant=call, loop=loop)
-    prep = ParkingPreparer(
-        backend, {GPU: 100 * MIB}, host_budget=1000 * MIB, registry=CollectorRegistry()
-    )
-
-    async def turns() -> None:
-        for name in "ab":
-            prep.register(TenantRef(name, (GPU,), self_parks=True))
-        for name in "abab":
-            await prep.prepare(name, [GPU])
-
-    asyncio.run(asyncio.wait_for(turns(), 10))
-    park, restore = ("park", GPU), ("restore", GPU)
-    assert tenants["a"].calls == [park, restore, park]
-    assert tenants["b"].calls == [park, restore, park, restore]
+    refs = [TenantRef(name, (GPU,), self_parks=True) for name in "ab"]
+    _, prep = take_turns(loop, tenants, refs, "abab")
+    assert tenants["a"].calls == [PARK, RESTORE, PARK]
+    assert tenants["b"].calls == [PARK, RESTORE, PARK, RESTORE]
     assert prep.status()["tenants"]["a"]["residency"] == "parked"
 
 
