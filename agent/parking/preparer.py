@@ -41,10 +41,10 @@ from agent.parking.backends.base import (
     TenantState,
     Unparkable,
 )
-from agent.parking.backends.multi import APP
 from agent.parking.host import ParkingHost
 from agent.parking.metrics import ParkingMetrics
 from agent.parking.quarantine import Quarantines
+from agent.parking.view import tenant_view
 
 log = logging.getLogger(__name__)
 
@@ -313,39 +313,14 @@ class ParkingPreparer:
 
     def _view(self, tenant_id: str, st: TenantState, busy: Collection[str] = ()) -> TenantView:
         """The planner's view of one tenant from the backend's state and what we know."""
-        ref = self._refs.get(tenant_id)
-        method = st.method or self.backend.method_of(tenant_id)
-        declared = ref.declared_bytes if ref and ref.declared_bytes else 0
-        gpus = set(st.footprint_bytes) | set(ref.gpus if ref and declared else ())
-        footprint = {g: max(st.footprint_bytes.get(g, 0), declared) for g in gpus}
-        unknown = method == APP and not declared and ref is not None and ref.self_parks
-        if unknown:
-            # What a self-parking tenant holds is known only from what it reports at a park,
-            # and it may allocate during any turn: undeclared, it may hold the whole GPU.
-            footprint = {g: max(b, self.gpu_memory.get(g, 0)) for g, b in footprint.items()}
-        parked = {
-            g: st.footprint_bytes.get(g, 0)
-            for g, r in st.residency.items()
-            if r in (Residency.PARKED, Residency.PARKING, Residency.RESTORING)
-        }
-        absent = (
-            set()
-            if unknown
-            else {g for g in gpus if g not in parked and not st.footprint_bytes.get(g)}
-        )
-        limit = ref.memory_limit_bytes if ref and ref.memory_limit_bytes else None
-        found_limit, used = self._cgroups.get(tenant_id, (None, 0))
-        return TenantView(
-            tenant_id,
-            footprint=footprint,
-            parked=parked,
+        return tenant_view(
+            st,
+            self._refs.get(tenant_id),
+            method=st.method or self.backend.method_of(tenant_id),
+            gpu_memory=self.gpu_memory,
             last_turn=self._last_turn.get(tenant_id, float("-inf")),
-            memory_limit=limit if limit is not None else found_limit,
             busy=tenant_id in self._holding or tenant_id in busy,
-            absent=frozenset(absent),
-            memory_used=used,
-            unparkable=st.quarantined or st.unparkable,
-            method=method,
+            cgroup=self._cgroups.get(tenant_id, (None, 0)),
         )
 
     def _snapshot(self, busy: Collection[str] = ()) -> NodeView:

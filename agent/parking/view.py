@@ -1,0 +1,57 @@
+"""The planner's view of one tenant: what it holds where, from the backend's state and its ask.
+
+Pure: the preparer passes what it knows (the backend's `TenantState`, the tenant's `TenantRef`,
+its method, the GPUs' sizes, when it last had a turn, its memory cgroup) and gets the
+`TenantView` that `agent.core.planner` plans with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from agent.core.planner import TenantView
+from agent.parking.backends.base import Residency, TenantRef, TenantState
+from agent.parking.backends.multi import APP
+
+_AWAY = (Residency.PARKED, Residency.PARKING, Residency.RESTORING)
+
+
+def tenant_view(
+    st: TenantState,
+    ref: TenantRef | None,
+    *,
+    method: str,
+    gpu_memory: Mapping[str, int],
+    last_turn: float,
+    busy: bool,
+    cgroup: tuple[int | None, int],
+) -> TenantView:
+    """The tenant as the planner sees it.
+
+    It holds on each GPU what the backend counts, or what it declared if that is more. A tenant
+    that parks itself (`app`) and declared nothing may hold the whole GPU: what it holds is known
+    only from what it reports at a park, and it may allocate during any turn. A GPU where it
+    holds nothing and is not parked is `absent` (it has not allocated there since it joined),
+    unless what it holds is unknown.
+    """
+    declared = ref.declared_bytes if ref and ref.declared_bytes else 0
+    unknown = method == APP and not declared and ref is not None and ref.self_parks
+    gpus = set(st.footprint_bytes) | set(ref.gpus if ref and declared else ())
+    whole = gpu_memory if unknown else {}
+    footprint = {g: max(st.footprint_bytes.get(g, 0), declared, whole.get(g, 0)) for g in gpus}
+    parked = {g: st.footprint_bytes.get(g, 0) for g, r in st.residency.items() if r in _AWAY}
+    absent = set() if unknown else {g for g in gpus - set(parked) if not st.footprint_bytes.get(g)}
+    limit = ref.memory_limit_bytes if ref and ref.memory_limit_bytes else None
+    found_limit, used = cgroup
+    return TenantView(
+        st.tenant_id,
+        footprint=footprint,
+        parked=parked,
+        last_turn=last_turn,
+        memory_limit=limit if limit is not None else found_limit,
+        busy=busy,
+        absent=frozenset(absent),
+        memory_used=used,
+        unparkable=st.quarantined or st.unparkable,
+        method=method,
+    )
