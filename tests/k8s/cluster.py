@@ -93,7 +93,13 @@ class Cluster:
                 )
             return pod if phase in phases else None
 
-        return wait_for(f"pod {namespace}/{name} to be {'/'.join(phases)}", reached, timeout)
+        try:
+            return wait_for(f"pod {namespace}/{name} to be {'/'.join(phases)}", reached, timeout)
+        except AssertionError as err:
+            if "did not happen within" not in str(err):
+                raise
+            # still pending or running: its events say why
+            raise AssertionError(f"{err}\n{self.describe(namespace, name)}") from None
 
     def wait_succeeded(self, namespace: str, *pods: str, timeout: float = 90.0) -> None:
         """Every pod Succeeded (AssertionError with its description if one fails)."""

@@ -64,7 +64,16 @@ def test_kubelet_restart_while_tenants_run(cluster: Cluster, namespace: str) -> 
     cluster.node.stop_kubelet()
     cluster.node.start_kubelet()
     wait_for("the device plugin to register again", lambda: registrations() > before or None, 60)
-    wait_for("the node's GPU slots back", lambda: cluster.allocatable_gpus() == 8 or None, 60)
+    try:
+        wait_for("the node's GPU slots back", lambda: cluster.allocatable_gpus() == 8 or None, 60)
+    except AssertionError as err:  # say what the node and the plugin show, for the cause
+        status = cluster.get("node", cluster.node_name)["status"]
+        plugin = cluster.daemon_pod("baton-deviceplugin")["metadata"]["name"]
+        raise AssertionError(
+            f"{err}; node capacity {status.get('capacity')}, allocatable"
+            f" {status.get('allocatable')}; device plugin log:\n"
+            + "\n".join(cluster.logs(names.NAMESPACE, plugin).splitlines()[-30:])
+        ) from None
     verified(cluster, namespace, "kr-a", "kr-b")
     admitted_with_gpu(cluster, namespace, "kr-after")
 
