@@ -250,7 +250,7 @@ def one_gpu_chooser(
     max_duty = limits.max_duty
     duty_cap = max_duty + _EPSILON
     binpack, spread = limits.policy is Policy.BINPACK, limits.policy is Policy.SPREAD
-    shape = (wanted_memory, wanted_duty, memory_cap, limits.policy, max_duty)
+    shape = (wanted_memory, wanted_duty, memory_cap, limits.policy.value, max_duty)  # plain values
 
     def choose(node: NodeState) -> tuple[str, int] | None:
         return remembered(node, shape, fresh)

@@ -145,14 +145,18 @@ def tenant_image(work: Path, root: Path = CHECKOUT) -> Path:
 
 def archive_path(name: str, dockerfile: str, root: Path = CHECKOUT) -> Path:
     """Where the archive of the image built from `dockerfile` as it is now is kept."""
+    return _planned(name, dockerfile, root)[1]
+
+
+def _planned(name: str, dockerfile: str, root: Path) -> tuple[Dockerfile, Path]:
+    """The Dockerfile as read, and where the image built from it as it is now is kept."""
     spec = parse_dockerfile((root / dockerfile).read_text())
-    return _cached(name, image_key(spec, root, dockerfile))
+    return spec, _cached(name, image_key(spec, root, dockerfile))
 
 
 def python_image(name: str, ref: str, dockerfile: str, work: Path, root: Path = CHECKOUT) -> Path:
     """The image `dockerfile` describes, tagged `ref` (cached by its inputs)."""
-    spec = parse_dockerfile((root / dockerfile).read_text())
-    out = _cached(name, image_key(spec, root, dockerfile))
+    spec, out = _planned(name, dockerfile, root)
     if out.exists():
         return out
     if shutil.which("mmdebstrap") is None:
@@ -173,8 +177,8 @@ def python_image(name: str, ref: str, dockerfile: str, work: Path, root: Path = 
     run([*pip, f"{project}{spec.extras}"], timeout=600)
     rootfs = work / "rootfs.tar"
     venv = spec.venv
-    installed = f'"$1"{shlex.quote(venv)}/lib/python3*/site-packages'
     q = shlex.quote  # host paths may hold spaces; the site-packages glob stays unquoted
+    installed = f'"$1"{q(venv)}/lib/python3*/site-packages'
     hooks = [
         f'cp -r {q(str(wheels))} "$1/tmp/wheels"',
         f'chroot "$1" python3 -m venv {q(venv)}',
