@@ -13,9 +13,19 @@ from pathlib import Path
 
 import grpc
 
-from baton._pb import dra_pb2_grpc, drahealth_pb2_grpc, pluginregistration_pb2_grpc
+from baton._pb import (
+    dra_pb2_grpc,
+    drahealth_pb2_grpc,
+    drav1beta1_pb2_grpc,
+    pluginregistration_pb2_grpc,
+)
 from baton.contract import names
-from dra.service import DraPluginService, HealthService, RegistrationService
+from dra.service import (
+    DraPluginService,
+    DraPluginV1beta1Service,
+    HealthService,
+    RegistrationService,
+)
 
 READY_TIMEOUT_S = 5.0
 
@@ -74,6 +84,10 @@ class DriverServer:
                 self.endpoint,
                 [
                     (dra_pb2_grpc.add_DRAPluginServicer_to_server, self.plugin),
+                    (
+                        drav1beta1_pb2_grpc.add_DRAPluginServicer_to_server,
+                        DraPluginV1beta1Service(self.plugin),
+                    ),
                     (drahealth_pb2_grpc.add_DRAResourceHealthServicer_to_server, self.health),
                 ],
                 16,

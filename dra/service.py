@@ -1,4 +1,5 @@
-"""The kubelet-facing gRPC services: DRAPlugin v1, DRAResourceHealth v1alpha1, Registration v1.
+"""The kubelet-facing gRPC services: DRAPlugin v1 (and v1beta1, for kubelets before 1.34),
+DRAResourceHealth v1alpha1, Registration v1.
 
 Each RPC is a few lines over `Preparer`, the live inventory and a registration callback; errors
 go back per claim as the kubelet expects (it shows them in the pod's events).
@@ -18,6 +19,8 @@ from baton._pb import (
     dra_pb2_grpc,
     drahealth_pb2,
     drahealth_pb2_grpc,
+    drav1beta1_pb2,
+    drav1beta1_pb2_grpc,
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
@@ -29,7 +32,8 @@ from dra.record import PreparedClaim
 
 log = logging.getLogger(__name__)
 PLUGIN_TYPE = "DRAPlugin"
-VERSIONS = ("v1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+"""What GetInfo offers; a kubelet takes the newest DRAPlugin version it knows."""
 HEALTH_WAIT_S = 1.0
 """How often a health stream re-checks that its client and the server are still there."""
 
@@ -69,6 +73,33 @@ class DraPluginService(dra_pb2_grpc.DRAPluginServicer):
                     error=f"{names.DRA_DRIVER}: cannot remove claim {claim.uid}'s CDI spec: {err}"
                 )
         return dra_pb2.NodeUnprepareResourcesResponse(claims=answers)
+
+
+class DraPluginV1beta1Service(drav1beta1_pb2_grpc.DRAPluginServicer):
+    """The same two RPCs for kubelets that speak v1beta1 (before 1.34).
+
+    v1beta1's messages are v1's without `Device.share_id`, field for field, so each call is
+    read as v1's, answered by `DraPluginService`, and written back without the share."""
+
+    def __init__(self, v1: DraPluginService) -> None:
+        self.v1 = v1
+
+    def NodePrepareResources(
+        self, request: drav1beta1_pb2.NodePrepareResourcesRequest, context: grpc.ServicerContext
+    ) -> drav1beta1_pb2.NodePrepareResourcesResponse:
+        asked = dra_pb2.NodePrepareResourcesRequest.FromString(request.SerializeToString())
+        answer = self.v1.NodePrepareResources(asked, context)
+        for claim in answer.claims.values():
+            for device in claim.devices:
+                device.ClearField("share_id")
+        return drav1beta1_pb2.NodePrepareResourcesResponse.FromString(answer.SerializeToString())
+
+    def NodeUnprepareResources(
+        self, request: drav1beta1_pb2.NodeUnprepareResourcesRequest, context: grpc.ServicerContext
+    ) -> drav1beta1_pb2.NodeUnprepareResourcesResponse:
+        asked = dra_pb2.NodeUnprepareResourcesRequest.FromString(request.SerializeToString())
+        answer = self.v1.NodeUnprepareResources(asked, context)
+        return drav1beta1_pb2.NodeUnprepareResourcesResponse.FromString(answer.SerializeToString())
 
 
 def _devices(prepared: PreparedClaim) -> list[dra_pb2.Device]:

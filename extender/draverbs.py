@@ -66,8 +66,8 @@ def _claims(pod: dict[str, Any]) -> list[ClaimRef]:
 
 def filter_claims(
     state: ClusterState, args: ExtenderArgs
-) -> tuple[list[str], dict[str, str], dict[str, str]]:
-    """Names that pass, failed node -> reason, unresolvable node -> reason."""
+) -> tuple[list[str], dict[str, str], dict[str, int]]:
+    """Names that pass, failed node -> reason, and the passing nodes' scores (for prioritize)."""
     try:
         request = claim_request(state, args.pod)
     except RequestError as err:
@@ -77,17 +77,24 @@ def filter_claims(
     judge = claim_judge(request, state.limits)
     passed: list[str] = []
     failed: dict[str, str] = {}
+    scores: dict[str, int] = {}
+    nodes = state.nodes_by_name()
     for name in args.node_names:
-        verdict = _verdict(state, args, judge, name)
+        node = nodes.get(name)
+        verdict = judge(node) if node is not None else _verdict(state, args, judge, name)
         if verdict.fits:
             passed.append(name)
+            scores[name] = verdict.score
         else:
             failed[name] = verdict.reason
-    return passed, failed, {}
+    return passed, failed, scores
 
 
-def prioritize_claims(state: ClusterState, args: ExtenderArgs) -> list[tuple[str, int]]:
-    """The policy's 0-10 score on the GPUs the scheduler would allocate; 0 where it fails."""
+def prioritize_claims(
+    state: ClusterState, args: ExtenderArgs, known: dict[str, int]
+) -> list[tuple[str, int]]:
+    """The policy's 0-10 score on the GPUs the scheduler would allocate; 0 where it fails.
+    `known`: the scores filter found for this pod, used where it has them."""
     try:
         request = claim_request(state, args.pod)
     except RequestError:
@@ -97,8 +104,11 @@ def prioritize_claims(state: ClusterState, args: ExtenderArgs) -> list[tuple[str
     judge = claim_judge(request, state.limits)
     scores = []
     for name in args.node_names:
-        verdict = _verdict(state, args, judge, name)
-        scores.append((name, verdict.score if verdict.fits else MIN_PRIORITY))
+        score = known.get(name)
+        if score is None:
+            verdict = _verdict(state, args, judge, name)
+            score = verdict.score if verdict.fits else MIN_PRIORITY
+        scores.append((name, score))
     return scores
 
 

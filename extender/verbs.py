@@ -48,20 +48,35 @@ def filter_nodes(
 ) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """Names that pass, failed node -> reason, unresolvable node -> reason.
 
-    With `kept`, the scores of the passing nodes are kept for prioritize (one-GPU pods)."""
+    With `kept`, the scores of the passing nodes are kept for prioritize (claim pods, and
+    one-GPU pods on the plain path)."""
+    unresolvable: dict[str, str] = {}
     if state.dra:
-        return filter_claims(state, args)
+        passed, failed, scores = filter_claims(state, args)
+    else:
+        passed, failed, unresolvable, scores = _filter_plain(state, args)
+    version = _version(args.pod)
+    if kept is not None and scores and version:
+        kept.keep(version, scores)
+    return passed, failed, unresolvable
+
+
+def _filter_plain(
+    state: ClusterState, args: ExtenderArgs
+) -> tuple[list[str], dict[str, str], dict[str, str], dict[str, int]]:
+    """`filter_nodes` for pods asking through the device plugin's resources; also the scores
+    of the nodes the one-GPU fast path judged."""
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
+    scores: dict[str, int] = {}
     try:
         request = state.request(args.pod)
     except RequestError as err:
-        return [], {}, dict.fromkeys(args.node_names, str(err))
+        return [], {}, dict.fromkeys(args.node_names, str(err)), scores
     if request is None:
-        return list(args.node_names), failed, unresolvable
+        return list(args.node_names), failed, unresolvable, scores
     choose = one_gpu_chooser(request, state.limits) if request.gpus == 1 else None
-    scores: dict[str, int] = {}
     nodes = state.nodes_by_name()
     for name in args.node_names:
         node = nodes.get(name)
@@ -77,10 +92,7 @@ def filter_nodes(
             unresolvable[name] = verdict.reason
         else:
             failed[name] = verdict.reason
-    version = _version(args.pod)
-    if kept is not None and scores and version:
-        kept.keep(version, scores)
-    return passed, failed, unresolvable
+    return passed, failed, unresolvable, scores
 
 
 def _version(pod: dict[str, Any]) -> str:
@@ -105,11 +117,11 @@ def prioritize_nodes(
     """A 0-10 score per node; nodes it does not fit and pods without a Baton request get 0.
 
     With `kept`, the scores filter kept for this pod are used where it has them."""
-    if state.dra:
-        return prioritize_claims(state, args)
     known = kept.take(_version(args.pod)) if kept is not None else {}
     if known and known.keys() >= set(args.node_names):
         return [(name, known[name]) for name in args.node_names]
+    if state.dra:
+        return prioritize_claims(state, args, known)
     request = _usable_request(state, args.pod)
     if request is None:
         return [(name, MIN_PRIORITY) for name in args.node_names]

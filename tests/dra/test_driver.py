@@ -128,6 +128,30 @@ def test_prepare_writes_the_claims_spec_and_unprepare_removes_it(world: Any, tmp
     assert kubelet.unprepare(("ns", "uid-1", "c1")).claims["uid-1"].error == "", "idempotent"
 
 
+def test_a_v1beta1_kubelet_prepares_and_unprepares_the_same_way(tmp: Path) -> None:
+    """Kubelets before 1.34 speak DRAPlugin v1beta1: v1 without the share ID."""
+    claims, slices = Claims(), Slices()
+    driver = _start(tmp, claims, slices)
+    kubelet = DraKubeletStub(tmp / "plugins_registry", version="v1beta1")
+    try:
+        assert "v1beta1.DRAPlugin" in kubelet.register().supported_versions
+        claims.add("ns", "c1", "uid-1", "gpu-1")
+        answer = kubelet.prepare(("ns", "uid-1", "c1"))
+        assert answer.claims["uid-1"].error == ""
+        (device,) = answer.claims["uid-1"].devices
+        assert (device.pool_name, device.device_name) == ("n1", "gpu-1")
+        assert list(device.cdi_device_ids) == [f"{names.CDI_KIND_CLAIM}=uid-1"]
+        assert b"share-gpu-1" not in answer.SerializeToString(), "v1beta1 has no share ID"
+        assert spec_path(tmp / "cdi", "uid-1").exists()
+        missing = kubelet.prepare(("ns", "uid-9", "gone")).claims["uid-9"].error
+        assert "no longer exists" in missing, missing
+        assert kubelet.unprepare(("ns", "uid-1", "c1")).claims["uid-1"].error == ""
+        assert not spec_path(tmp / "cdi", "uid-1").exists()
+    finally:
+        kubelet.close()
+        driver.stop()
+
+
 def test_prepared_claims_survive_a_driver_restart(tmp: Path) -> None:
     claims, slices = Claims(), Slices()
     claims.add("ns", "c1", "uid-1", "gpu-0")

@@ -3,13 +3,15 @@
 `DraKubeletStub` does what the kubelet's plugin manager and DRA manager do with a driver: find
 its registration socket, GetInfo, check the plugin type and versions, dial the endpoint,
 NotifyRegistrationStatus, open the health stream at once (every report recorded), and call
-NodePrepareResources / NodeUnprepareResources.
+NodePrepareResources / NodeUnprepareResources in the DRAPlugin version it is made for (v1, as
+kubelets since 1.34 speak it; v1beta1, as older ones do).
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -18,19 +20,27 @@ from baton._pb import (
     dra_pb2_grpc,
     drahealth_pb2,
     drahealth_pb2_grpc,
+    drav1beta1_pb2,
+    drav1beta1_pb2_grpc,
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
 
 DIAL_TIMEOUT_S = 10.0
-WANTED = "v1.DRAPlugin"
+APIS: dict[str, tuple[Any, Any]] = {
+    "v1": (dra_pb2, dra_pb2_grpc),
+    "v1beta1": (drav1beta1_pb2, drav1beta1_pb2_grpc),
+}
+"""The DRAPlugin versions the stub can speak: their messages and stubs."""
 
 
 class DraKubeletStub:
     """The kubelet's side of one DRA driver."""
 
-    def __init__(self, registry_dir: Path) -> None:
+    def __init__(self, registry_dir: Path, version: str = "v1") -> None:
         self.registry_dir = registry_dir
+        self.wanted = f"{version}.DRAPlugin"
+        self._messages, self._stubs = APIS[version]
         self.info: pluginregistration_pb2.PluginInfo | None = None
         self.health_reports: list[drahealth_pb2.NodeWatchResourcesResponse] = []
         self._reported = threading.Condition()
@@ -60,12 +70,11 @@ class DraKubeletStub:
         self._thread.start()
         return info
 
-    @staticmethod
-    def _validate(info: pluginregistration_pb2.PluginInfo) -> str:
+    def _validate(self, info: pluginregistration_pb2.PluginInfo) -> str:
         if info.type != "DRAPlugin":
             return f"plugin type {info.type!r} is not DRAPlugin"
-        if WANTED not in info.supported_versions:
-            return f"none of {list(info.supported_versions)} is {WANTED}"
+        if self.wanted not in info.supported_versions:
+            return f"none of {list(info.supported_versions)} is {self.wanted}"
         if not Path(info.endpoint).is_socket():
             return f"endpoint {info.endpoint} is not a socket"
         return ""
@@ -88,25 +97,24 @@ class DraKubeletStub:
         with self._reported:
             return self._reported.wait_for(lambda: len(self.health_reports) >= count, timeout)
 
-    def prepare(self, *claims: tuple[str, str, str]) -> dra_pb2.NodePrepareResourcesResponse:
-        """NodePrepareResources for (namespace, uid, name) claims."""
+    def prepare(self, *claims: tuple[str, str, str]) -> Any:
+        """NodePrepareResources for (namespace, uid, name) claims, in the stub's version."""
         assert self._channel is not None
-        return dra_pb2_grpc.DRAPluginStub(self._channel).NodePrepareResources(
-            dra_pb2.NodePrepareResourcesRequest(
-                claims=[dra_pb2.Claim(namespace=n, uid=u, name=m) for n, u, m in claims]
-            ),
+        return self._stubs.DRAPluginStub(self._channel).NodePrepareResources(
+            self._messages.NodePrepareResourcesRequest(claims=self._claims(claims)),
             timeout=DIAL_TIMEOUT_S,
         )
 
-    def unprepare(self, *claims: tuple[str, str, str]) -> dra_pb2.NodeUnprepareResourcesResponse:
-        """NodeUnprepareResources for (namespace, uid, name) claims."""
+    def unprepare(self, *claims: tuple[str, str, str]) -> Any:
+        """NodeUnprepareResources for (namespace, uid, name) claims, in the stub's version."""
         assert self._channel is not None
-        return dra_pb2_grpc.DRAPluginStub(self._channel).NodeUnprepareResources(
-            dra_pb2.NodeUnprepareResourcesRequest(
-                claims=[dra_pb2.Claim(namespace=n, uid=u, name=m) for n, u, m in claims]
-            ),
+        return self._stubs.DRAPluginStub(self._channel).NodeUnprepareResources(
+            self._messages.NodeUnprepareResourcesRequest(claims=self._claims(claims)),
             timeout=DIAL_TIMEOUT_S,
         )
+
+    def _claims(self, claims: tuple[tuple[str, str, str], ...]) -> list[Any]:
+        return [self._messages.Claim(namespace=n, uid=u, name=m) for n, u, m in claims]
 
     def close(self) -> None:
         """Drop the connection (a kubelet restart does)."""
