@@ -12,7 +12,7 @@ from baton.contract.reflector import WatchEvent
 from extender.cache import DRA_KINDS, KINDS, ClusterCache, _KindStore
 from extender.placement import Limits, Policy
 from extender.state import ClusterState
-from extender.verbs import filter_nodes, prioritize_nodes
+from extender.verbs import FilterScores, filter_nodes, prioritize_nodes
 from extender.wire import ExtenderArgs
 from tests.extender.builders import node, pod
 
@@ -145,6 +145,22 @@ def test_prioritize_scores_duty_complement_on_the_first_fit_gpu() -> None:
     state.upsert_claim(claim("new-gpu", "10Gi", "40"))
     args = ExtenderArgs(claim_pod("new", "new-gpu"), ["n1", "n2"], None)
     assert prioritize_nodes(state, args) == [("n1", 4), ("n2", 10)]
+
+
+def test_prioritize_scores_a_claim_pod_on_the_state_filter_judged_it_on() -> None:
+    """As on the plain path: a bind landing between a pod's filter and its prioritize does not
+    change the scores, and prioritize reuses filter's instead of judging again."""
+    state, kept = dra_state(Policy.COMPLEMENT), FilterScores()
+    state.upsert_claim(claim("new-gpu", "10Gi", "40"))
+    args = ExtenderArgs(claim_pod("new", "new-gpu"), ["n1", "n2"], None)
+    assert filter_nodes(state, args, kept)[0] == ["n1", "n2"]
+    state.replace_pods([claim_pod("x", "x-gpu", node_name="n2")])
+    state.replace_claims([claim("x-gpu", "10Gi", "60", "n2", "gpu-0", "uid-x")])
+    state.upsert_claim(claim("new-gpu", "10Gi", "40"))
+    fresh = prioritize_nodes(state, args)
+    assert fresh == [("n1", 4), ("n2", 10)]  # the bind did change n2's score
+    assert prioritize_nodes(state, args, kept) == [("n1", 4), ("n2", 4)]
+    assert len(kept) == 0  # used once: the next prioritize of this pod judges afresh
 
 
 def test_each_node_state_is_judged_once_per_request_shape(monkeypatch: Any) -> None:
