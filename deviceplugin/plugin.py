@@ -27,6 +27,10 @@ class DevicePlugin:
         self.metrics = metrics
         self.kubelet_socket = plugin_dir / names.KUBELET_SOCKET_NAME
         self.registered = False
+        self._registered_with: tuple[int, int] | None = None
+        """The kubelet.sock (inode, ctime) the last registration went to."""
+        self._stream_lost = threading.Event()
+        server.service.stream_ended = self._on_stream_end
         self._retry_s = RETRY_FIRST_S
         self._failed_registrations = 0
         """Failed attempts since the last registration: only the first is a warning."""
@@ -125,6 +129,7 @@ class DevicePlugin:
             return
         self._failed_registrations = 0
         self.registered = True
+        self._registered_with = _identity(self.kubelet_socket)
         self._retry_s = RETRY_FIRST_S
         self.metrics.registrations.labels(outcome="ok").inc()
         log.info("registered %s with the kubelet at %s", names.RESOURCE_GPU, self.kubelet_socket)
@@ -158,14 +163,52 @@ class DevicePlugin:
                 log.exception("restarting the plugin server failed; retrying")
                 broken = True
 
+    def _on_stream_end(self) -> None:
+        """A gRPC thread: the kubelet ended a ListAndWatch stream; the watch loop decides."""
+        self._stream_lost.set()
+        if self._watcher is not None:
+            self._watcher.wake()
+
     def _react(self, changes: list[Change], broken: bool) -> bool:
         """Restart or register as the changes require; False once all is well again."""
         if Change.KUBELET_SOCKET_CREATED in changes:
-            self._restart("kubelet.sock was created (kubelet restarted)")
+            if self._serving_this_kubelet():
+                log.info("kubelet.sock was created, and this plugin is already registered there")
+            else:
+                self._restart("kubelet.sock was created (kubelet restarted)")
         elif Change.PLUGIN_SOCKET_DELETED in changes and not self.server.socket_path.exists():
             self._restart(f"{self.server.socket_path} was deleted")
         elif not changes and broken:
             self._restart("retrying after a failed restart")
+        elif self._stream_lost.is_set():
+            self._stream_lost.clear()
+            if self.registered and self.server.service.streams == 0:
+                # The kubelet drops a registration this way when an older one's stream ends
+                # after it (its device manager disconnects the resource's current client).
+                log.warning(
+                    "the kubelet closed this plugin's ListAndWatch stream: registering again "
+                    "in %g s",
+                    self._retry_s,
+                )
+                self.registered = False
         elif not changes and not self.registered and self.kubelet_socket.exists():
             self._register()
         return False
+
+    def _serving_this_kubelet(self) -> bool:
+        """Registered with the kubelet.sock there now, and serving: nothing to restart."""
+        return (
+            self.registered
+            and self.server.socket_path.exists()
+            and self._registered_with is not None
+            and self._registered_with == _identity(self.kubelet_socket)
+        )
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """A file's (inode, ctime in ns): a socket created anew differs; None when absent."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return (found.st_ino, found.st_ctime_ns)

@@ -6,7 +6,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 
@@ -53,6 +53,11 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self.allocator = allocator
         self.metrics = metrics
         self.stopping = threading.Event()
+        self.streams = 0
+        """ListAndWatch streams open now (the kubelet keeps one per registration)."""
+        self.stream_ended: Callable[[], None] = lambda: None
+        """Called when the kubelet ends a stream while the server is not stopping."""
+        self._streams_lock = threading.Lock()
 
     def GetDevicePluginOptions(
         self, request: api_pb2.Empty, context: grpc.ServicerContext
@@ -63,17 +68,25 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.Empty, context: grpc.ServicerContext
     ) -> Iterator[api_pb2.ListAndWatchResponse]:
         context.add_callback(self.inventory.wake)
-        version, inventory = self.inventory.snapshot()
-        yield list_response(inventory)
+        with self._streams_lock:
+            self.streams += 1
+        try:
+            version, inventory = self.inventory.snapshot()
+            yield list_response(inventory)
 
-        def done() -> bool:
-            return self.stopping.is_set() or not context.is_active()
+            def done() -> bool:
+                return self.stopping.is_set() or not context.is_active()
 
-        while not done():
-            update = self.inventory.wait_newer(version, done, _STREAM_RECHECK_S)
-            if update is not None:
-                version, inventory = update
-                yield list_response(inventory)
+            while not done():
+                update = self.inventory.wait_newer(version, done, _STREAM_RECHECK_S)
+                if update is not None:
+                    version, inventory = update
+                    yield list_response(inventory)
+        finally:
+            with self._streams_lock:
+                self.streams -= 1
+            if not self.stopping.is_set():
+                self.stream_ended()
 
     def GetPreferredAllocation(
         self, request: api_pb2.PreferredAllocationRequest, context: grpc.ServicerContext

@@ -11,6 +11,7 @@ import pytest
 
 from baton.contract import names
 from baton.contract.names import fake_gpu_uuid
+from deviceplugin.watcher import Change
 from tests.deviceplugin.conftest import NODE
 
 GPU0, GPU1 = fake_gpu_uuid(0, NODE), fake_gpu_uuid(1, NODE)
@@ -84,6 +85,31 @@ def test_reregisters_when_its_own_socket_is_deleted(kubelet, start_plugin, socke
     (socket_dir / names.DEVICE_PLUGIN_SOCKET_NAME).unlink()
     kubelet.wait_for_registrations(2, timeout=2.0)
     assert (socket_dir / names.DEVICE_PLUGIN_SOCKET_NAME).is_socket()
+
+
+def test_registers_again_when_the_kubelet_drops_its_stream(kubelet, start_plugin):
+    """The real kubelet can drop a plugin's newest registration (an older one's stream ending
+    after it); the plugin sees its stream closed and registers again."""
+    start_plugin()
+    kubelet.wait_for_registrations(1)
+    kubelet.drop(names.RESOURCE_GPU)
+    kubelet.wait_for_registrations(2, timeout=5.0)
+    assert len(kubelet.wait_for_list(names.RESOURCE_GPU, bool)) == 8
+
+
+def test_a_second_notice_of_the_same_kubelet_restarts_nothing(kubelet, start_plugin, socket_dir):
+    """A kubelet's start deletes the plugin's socket and creates kubelet.sock; seen as two
+    changes, the second must not restart the server: a restart ends the stream the kubelet
+    just opened, and the kubelet then drops the registration that replaced it."""
+    daemon = start_plugin()
+    kubelet.wait_for_registrations(1)
+    (socket_dir / names.DEVICE_PLUGIN_SOCKET_NAME).unlink()
+    kubelet.wait_for_registrations(2, timeout=2.0)
+    endpoint = kubelet.endpoint(names.RESOURCE_GPU)
+    daemon.plugin._react([Change.KUBELET_SOCKET_CREATED], False)  # the second notice
+    assert len(kubelet.registrations) == 2 and not endpoint.ended.is_set()
+    kubelet.restart()  # a kubelet.sock of a new kubelet: registered again
+    kubelet.wait_for_registrations(3, timeout=5.0)
 
 
 def test_registers_once_the_kubelet_appears(socket_dir, start_plugin):

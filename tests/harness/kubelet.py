@@ -378,6 +378,14 @@ class KubeletStub:
         """Free devices (their pod ended)."""
         self.allocated.get(resource, set()).difference_update(devices)
 
+    def drop(self, resource: str) -> None:
+        """Disconnect the resource's current plugin, with no new registration: what the real
+        device manager does when an older registration's stream ends after a newer one (its
+        runClient disconnects whichever client is current)."""
+        with self._changed:
+            endpoint = self.endpoints.pop(resource)
+        endpoint.stop()
+
     def restart(self) -> None:
         """Simulate a kubelet restart: drop plugins, delete sockets, serve a new kubelet.sock."""
         self.registration.stop()
