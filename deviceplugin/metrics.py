@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -90,22 +90,27 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found: try /metrics\n", "text/plain")
 
     def do_POST(self) -> None:
-        tracker = self.server.fake_health
-        if tracker is None or self.path not in ("/fake/xid", "/fake/recover"):
-            self._send(404, b"fake health events need --fake-gpus\n", "text/plain")
+        tracker, more = self.server.fake_health, self.server.fake_posts.get(self.path)
+        if more is None and (tracker is None or self.path not in ("/fake/xid", "/fake/recover")):
+            why = f"no fake fault at {self.path}" if tracker else "fake faults need --fake-gpus"
+            self._send(404, f"{why}\n".encode(), "text/plain")
             return
         try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
-            uuid = tracker.resolve(str(body["gpu"]))
-            if self.path == "/fake/xid":
-                changed = tracker.on_xid(uuid, int(body["xid"]))
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or "{}")
+            if more is not None:
+                answer = more(body)
             else:
-                changed = tracker.set_healthy(uuid)
+                assert tracker is not None
+                uuid = tracker.resolve(str(body["gpu"]))
+                if self.path == "/fake/xid":
+                    changed = tracker.on_xid(uuid, int(body["xid"]))
+                else:
+                    changed = tracker.set_healthy(uuid)
+                answer = {"gpu": uuid, "changed": changed}
         except (ValueError, KeyError, TypeError) as err:
             self._send(400, f"bad request: {err}\n".encode(), "text/plain")
             return
-        reply = json.dumps({"gpu": uuid, "changed": changed}).encode()
-        self._send(200, reply, "application/json")
+        self._send(200, json.dumps(answer).encode(), "application/json")
 
     def _send(self, status: int, body: bytes, content_type: str) -> None:
         self.send_response(status)
@@ -120,7 +125,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 class StatusServer(ThreadingHTTPServer):
     """`/metrics`, `/healthz`, `/readyz` (503 with the reason until `not_ready()` is None),
-    and (fake GPUs only) `/fake/xid`, `/fake/recover`."""
+    and (fake GPUs only) `/fake/xid`, `/fake/recover` and the daemon's own `fake_posts`
+    (path -> handler of the JSON body, answering JSON)."""
 
     daemon_threads = True
 
@@ -131,10 +137,12 @@ class StatusServer(ThreadingHTTPServer):
         metrics: Metrics,
         fake_health: HealthTracker | None,
         not_ready: Callable[[], str | None] = lambda: None,
+        fake_posts: Mapping[str, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
     ) -> None:
         super().__init__((host, port), _Handler)
         self.metrics = metrics
         self.fake_health = fake_health
+        self.fake_posts = fake_posts or {}
         self.not_ready = not_ready
         self._thread = threading.Thread(target=self.serve_forever, name="metrics-http", daemon=True)
 

@@ -16,6 +16,7 @@ from deviceplugin.health import HealthTracker, NvmlHealthLoop
 from deviceplugin.metrics import Metrics, StatusServer
 from deviceplugin.state import LiveInventory
 from dra import runtime
+from dra.faults import PrepareHold
 from dra.kubeapi import KubeDraApi
 from dra.prepare import ClaimReader, Preparer
 from dra.publisher import SliceApi, SlicePublisher
@@ -73,6 +74,7 @@ class Driver:
         self.metrics.observe_inventory(self.inventory.snapshot()[1])
         self._node: dict[str, Any] = {}
         self.record = ClaimRecord(settings.state_dir)
+        self.hold = PrepareHold() if fake else None
         self.preparer = Preparer(
             settings.node_name,
             self.inventory,
@@ -81,6 +83,7 @@ class Driver:
             settings.cdi_dir,
             settings.vendor_cdi,
             self.cdi_refusal,
+            self.hold or (lambda uid: None),
         )
         self.publisher = SlicePublisher(
             slices or api,  # type: ignore[arg-type]
@@ -112,6 +115,7 @@ class Driver:
                 self.metrics,
                 self.health if fake else None,
                 self.not_ready,
+                {"/fake/hold-prepare": self.hold.arm} if self.hold else None,
             )
         except OSError as err:
             raise DraStartError(
@@ -164,6 +168,8 @@ class Driver:
 
     def stop(self) -> None:
         """Stop everything started (the record and specs stay for the next start)."""
+        if self.hold is not None:
+            self.hold.stop()
         self.server.stop(self.settings.shutdown_grace)
         self.publisher.stop()
         if self.annotator is not None:

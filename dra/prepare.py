@@ -70,8 +70,11 @@ class Preparer:
         spec_dir: Path,
         vendor_kind: str | None = None,
         refusal: Callable[[], str | None] = lambda: None,
+        between: Callable[[str], None] = lambda uid: None,
     ) -> None:
-        """`refusal()` says why this node cannot apply CDI (checked on every prepare)."""
+        """`refusal()` says why this node cannot apply CDI (checked on every prepare);
+        `between(uid)` runs after a claim's spec is written and before it is recorded (the
+        fake fault `dra.faults.PrepareHold`)."""
         self.node_name = node_name
         self.inventory = inventory
         self.claims = claims
@@ -79,6 +82,7 @@ class Preparer:
         self.spec_dir = spec_dir
         self.vendor_kind = vendor_kind
         self.refusal = refusal
+        self.between = between
         self._lock = threading.Lock()
 
     def remove_orphans(self) -> list[Path]:
@@ -118,6 +122,7 @@ class Preparer:
             for share, gpu in found
         )
         prepared = PreparedClaim(uid, namespace, name, devices)
+        self.between(uid)
         with self._lock:
             self.record.put(prepared)
         log.info(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from baton.contract import names
 from deviceplugin.devices import NodeGpu
 from dra.cdi import spec_path
 from dra.daemon import Driver, Settings
+from dra.record import ClaimRecord
 from dra.runtime import ON
 from dra.slices import slice_name
 from tests.dra.test_slices import Slices
@@ -172,6 +175,46 @@ def test_prepared_claims_survive_a_driver_restart(tmp: Path) -> None:
         assert spec_path(tmp / "cdi", "uid-1").exists()
         kubelet.unprepare(("ns", "uid-1", "c1"))
         assert not spec_path(tmp / "cdi", "uid-1").exists()
+    finally:
+        kubelet.close()
+        driver.stop()
+
+
+def test_a_driver_cut_between_spec_and_record_leaves_nothing_prepared(tmp: Path) -> None:
+    """The fake fault `/fake/hold-prepare` stops a prepare where a kill mid-prepare would: the
+    spec written, the claim not recorded. The next driver removes the spec as an orphan and
+    prepares the kubelet's retry from nothing."""
+    claims, slices = Claims(), Slices()
+    claims.add("ns", "c1", "uid-1", "gpu-0")
+    driver = _start(tmp, claims, slices)
+    kubelet = DraKubeletStub(tmp / "plugins_registry")
+    answers: list[Any] = []
+    try:
+        kubelet.register()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{driver.status.port}/fake/hold-prepare", data=b"{}"
+        )
+        with urllib.request.urlopen(request, timeout=WAIT_S) as response:
+            assert json.loads(response.read()) == {"armed": True}
+        cut = threading.Thread(
+            target=lambda: answers.append(kubelet.prepare(("ns", "uid-1", "c1")))
+        )
+        cut.start()
+        assert driver.hold is not None and driver.hold.holding.wait(WAIT_S)
+        assert spec_path(tmp / "cdi", "uid-1").exists() and driver.record.get("uid-1") is None
+    finally:
+        driver.stop()  # gracefully: the held prepare still does not finish
+        kubelet.close()
+    cut.join(WAIT_S)
+    assert "held (fake fault) and not finished" in answers[0].claims["uid-1"].error
+    assert ClaimRecord(tmp / "state").get("uid-1") is None, "nothing recorded on disk"
+    driver = _start(tmp, claims, slices)
+    kubelet = DraKubeletStub(tmp / "plugins_registry")
+    try:
+        assert not spec_path(tmp / "cdi", "uid-1").exists(), "the orphan spec is removed at start"
+        kubelet.register()
+        assert kubelet.prepare(("ns", "uid-1", "c1")).claims["uid-1"].error == ""
+        assert spec_path(tmp / "cdi", "uid-1").exists() and driver.record.get("uid-1") is not None
     finally:
         kubelet.close()
         driver.stop()
