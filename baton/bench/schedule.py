@@ -19,14 +19,17 @@ Per profile, two measurements:
 - latency: with the scheduler running, pods are created one by one at a steady rate well below
   that throughput; create → bound, as the bench's watch sees it.
 
-With `path="dra"` two more profiles take their turns in every round and in the latency run:
+With `path="dra"` three more profiles take their turns in every round and in the latency run:
 the DRA overlay's `baton-scheduler` profile (`manifests/overlays/dra`), placing the same pods'
 shares as claims through DRA from each node's ResourceSlice (`drafleet`), with its own
-extender run as the overlay runs it (`--dra`, filter and prioritize); and the same profile
+extender run as the overlay runs it (`--dra`, filter and prioritize); the same profile
 without the extender (DRA alone: the scheduler's DynamicResources plugin allocating from
-Baton's slices). The DRA profile's figure is given against both: against DRA alone it is what
-Baton's extender costs on the DRA path (`dra_vs_dra_alone_ratio`); DRA alone against the
-plain reference is what DRA itself costs (`dra_alone_throughput_ratio`).
+Baton's slices); and the same profile calling an extender that decides nothing
+(`nullextender`: what the two round trips per pod cost any extender). The DRA profile's figure
+is given against DRA alone (`dra_vs_dra_alone_ratio`: what Baton's extender costs on the DRA
+path) and against the null extender (`dra_vs_dra_null_ratio`: what Baton's decisions cost
+beyond the round trips); DRA alone against the plain reference is what DRA itself costs
+(`dra_alone_throughput_ratio`).
 
 Everything runs on the same machine, so a profile's throughput is bounded by the CPU that
 etcd, kube-apiserver, kube-scheduler (and the extender) share: the ratio, not the absolute
@@ -50,84 +53,24 @@ import yaml
 from kubernetes import client
 
 from baton.bench import drafleet, fleet
+from baton.bench.schedprofiles import (
+    BIND_TIMEOUT_S,
+    DRA,
+    DRA_ALONE,
+    DRA_NULL,
+    DRA_PROFILES,
+    PATHS,
+    REFERENCE,
+    claims,
+    pods,
+    scheduler_config,
+)
 from baton.contract.kube import load_api_client
-from baton.contract.names import RESOURCE_GPU_DUTY, RESOURCE_GPU_MEMORY, SCHEDULER_NAME
+from baton.contract.names import SCHEDULER_NAME
 from baton.localnode.controlplane import ControlPlane, free_ports
 from baton.localnode.procs import Process, wait_for
 
 NAMESPACE = "baton-bench"
-REFERENCE = "baton-bench-reference"
-DRA = "baton-bench-dra"
-DRA_ALONE = "baton-bench-dra-alone"
-DRA_PROFILES = (DRA, DRA_ALONE)
-PATHS = ("extender", "dra")
-MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
-CONFIG = MANIFESTS / "scheduler" / "scheduler-config.yaml"
-DRA_CONFIG = MANIFESTS / "overlays" / "dra" / "scheduler" / "config.yaml"
-CLIENT_QPS = 5000
-BIND_TIMEOUT_S = 300.0
-MEMORY_SHAPES = (8192, 16384, 24576)
-DUTY_SHAPES = (10, 20, 25)
-
-
-def scheduler_config(kubeconfig: Path, profile: str, extender_url: str | None) -> dict[str, Any]:
-    """The project's `baton-scheduler` configuration, the DRA overlay's (as `profile`; without
-    its extender for `DRA_ALONE`), or the reference profile without Baton."""
-    source = DRA_CONFIG if profile in DRA_PROFILES else CONFIG
-    config: dict[str, Any] = yaml.safe_load(source.read_text())
-    config["leaderElection"] = {"leaderElect": False}
-    config["clientConnection"] = {
-        "kubeconfig": str(kubeconfig),
-        "qps": CLIENT_QPS,
-        "burst": CLIENT_QPS,
-    }
-    if profile in DRA_PROFILES:
-        config["profiles"][0]["schedulerName"] = profile
-    if profile == DRA_ALONE:
-        config.pop("extenders", None)
-        return config
-    if extender_url is not None:
-        for extender in config.get("extenders", []):
-            extender["urlPrefix"] = extender_url
-    if profile != REFERENCE:
-        return config
-    ignored = [RESOURCE_GPU_MEMORY, RESOURCE_GPU_DUTY]
-    fit = {"name": "NodeResourcesFit", "args": {"ignoredResources": ignored}}
-    config.pop("extenders")
-    config["profiles"] = [{"schedulerName": profile, "pluginConfig": [fit]}]
-    return config
-
-
-def pods(scheduler: str, prefix: str, count: int) -> list[dict[str, Any]]:
-    """`count` tenant pods of mixed memory and duty, the same shapes for every profile (on
-    the DRA profiles each names its claim, `claims` makes them)."""
-    if scheduler in DRA_PROFILES:
-        return [
-            drafleet.pod_body(f"{prefix}-{i:05d}", scheduler, f"{prefix}-{i:05d}")
-            for i in range(count)
-        ]
-    return [
-        fleet.pod_body(
-            f"{prefix}-{i:05d}",
-            scheduler,
-            MEMORY_SHAPES[i % len(MEMORY_SHAPES)],
-            DUTY_SHAPES[i % len(DUTY_SHAPES)],
-        )
-        for i in range(count)
-    ]
-
-
-def claims(prefix: str, count: int, profile: str = DRA) -> list[dict[str, Any]]:
-    """The claims of a DRA profile's `pods(profile, prefix, count)`, one each, same shapes."""
-    return [
-        drafleet.claim_body(
-            f"{prefix}-{i:05d}",
-            profile,
-            MEMORY_SHAPES[i % len(MEMORY_SHAPES)],
-            DUTY_SHAPES[i % len(DUTY_SHAPES)],
-        )
-        for i in range(count)
-    ]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -154,6 +97,9 @@ class Bench:
         self.dra_extender: Process | None = None
         self.dra_extender_url = ""
         """With `path="dra"`: the DRA profile's own extender (`--dra`), as the overlay runs it."""
+        self.null_extender: Process | None = None
+        self.null_extender_url = ""
+        """With `path="dra"`: the extender that decides nothing, for `DRA_NULL`."""
 
     @contextmanager
     def running(self) -> Iterator[Bench]:
@@ -171,9 +117,10 @@ class Bench:
             self.extender, self.extender_url = self._start_extender()
             if self.path == "dra":
                 self.dra_extender, self.dra_extender_url = self._start_extender(dra=True)
+                self.null_extender, self.null_extender_url = self._start_null_extender()
             yield self
         finally:
-            for extender in (self.dra_extender, self.extender):
+            for extender in (self.null_extender, self.dra_extender, self.extender):
                 if extender is not None:
                     extender.stop()
             self.plane.close()
@@ -199,29 +146,33 @@ class Bench:
             argv += ["--dra", "--policy", "complement"]
         name = "baton-extender-dra" if dra else "baton-extender"
         extender = Process(name, argv, self.root / f"{name}.log").start()
-
-        def ready() -> bool | None:
-            extender.check()
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
-                    conn.sendall(b"GET /readyz HTTP/1.0\r\n\r\n")
-                    return True if b" 200 " in conn.recv(64) else None
-            except OSError:
-                return None
-
         try:
-            wait_for(f"{name} to be ready", ready, 60.0, every=0.1)
+            wait_for(f"{name} to be ready", lambda: _answers(extender, port), 60.0, every=0.1)
         except BaseException:
             extender.stop()
             raise
         return extender, url
 
+    def _start_null_extender(self) -> tuple[Process, str]:
+        (port,) = free_ports(1)
+        argv = [sys.executable, "-m", "baton.bench.nullextender", str(port)]
+        null = Process("null-extender", argv, self.root / "null-extender.log").start()
+        try:
+            wait_for("the null extender to listen", lambda: _answers(null, port), 60.0, every=0.1)
+        except BaseException:
+            null.stop()
+            raise
+        return null, f"http://127.0.0.1:{port}"
+
     @contextmanager
     def scheduler(self, profile: str) -> Iterator[None]:
         """A kube-scheduler serving `profile` for the block."""
-        url = {REFERENCE: None, DRA_ALONE: None, DRA: self.dra_extender_url}.get(
-            profile, self.extender_url
-        )
+        url = {
+            REFERENCE: None,
+            DRA_ALONE: None,
+            DRA: self.dra_extender_url,
+            DRA_NULL: self.null_extender_url,
+        }.get(profile, self.extender_url)
         kubeconfig = self.plane.root / "kube-scheduler.kubeconfig"
         path = self.root / f"{profile}.yaml"
         path.write_text(yaml.safe_dump(scheduler_config(kubeconfig, profile, url)))
@@ -309,6 +260,17 @@ def refused_in(metrics: str) -> int:
     return int(total)
 
 
+def _answers(process: Process, port: int) -> bool | None:
+    """Whether the process answers HTTP on the port (it must still run)."""
+    process.check()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+            conn.sendall(b"GET /readyz HTTP/1.0\r\n\r\n")
+            return True if b" 200 " in conn.recv(64) else None
+    except OSError:
+        return None
+
+
 def _rate(times: list[float]) -> float:
     """Binds per second from the first of `times` (sorted) to the last."""
     span = times[-1] - times[0] if len(times) > 1 else 0.0
@@ -354,7 +316,13 @@ def run(
         "gpus_per_node": fleet.GPUS_PER_NODE,
         "rounds": rounds,
     }
-    for profile, prefix in ((SCHEDULER_NAME, ""), (DRA, "dra_"), (DRA_ALONE, "dra_alone_")):
+    prefixes = (
+        (SCHEDULER_NAME, ""),
+        (DRA, "dra_"),
+        (DRA_ALONE, "dra_alone_"),
+        (DRA_NULL, "dra_null_"),
+    )
+    for profile, prefix in prefixes:
         if profile not in profiles:
             continue
         baton_rate = statistics.median(rates[profile])
@@ -376,6 +344,9 @@ def run(
         figures["dra_vs_dra_alone_steady_ratio"] = round(
             statistics.median(steady[DRA]) / alone_steady, 3
         )
+        null = statistics.median(rates[DRA_NULL])
+        figures["dra_null_vs_dra_alone_ratio"] = round(null / alone, 3)
+        figures["dra_vs_dra_null_ratio"] = round(statistics.median(rates[DRA]) / null, 3)
     return figures | {
         "reference_pods_per_s": round(reference_rate, 1),
         "reference_pods_per_s_rounds": [round(r, 1) for r in rates[REFERENCE]],

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from baton.bench import schedule
+from baton.bench import nullextender, schedprofiles, schedule
 from baton.contract.kube import Outage
 from baton.contract.names import ANNOTATION_ASSIGNED_GPUS
 from baton.contract.podask import parse_quantity
@@ -115,7 +115,7 @@ def test_refused_requests_are_counted_from_the_429_series_only() -> None:
 def test_the_dra_path_reports_its_profile_beside_dra_alone_the_extender_and_the_reference() -> None:
     figures = schedule.run(nodes=2, pods_count=12, latency_pods=2, rate=20.0, rounds=1, path="dra")
     assert figures["path"] == "dra" and figures["pods"] == 12
-    for prefix in ("", "dra_", "dra_alone_", "reference_"):
+    for prefix in ("", "dra_", "dra_alone_", "dra_null_", "reference_"):
         assert figures[f"{prefix}pods_per_s"] > 0
         assert len(figures[f"{prefix}pods_per_s_rounds"]) == 1
         assert 0 < figures[f"{prefix}p50_schedule_ms"] <= figures[f"{prefix}p99_schedule_ms"]
@@ -123,6 +123,31 @@ def test_the_dra_path_reports_its_profile_beside_dra_alone_the_extender_and_the_
     assert figures["dra_throughput_ratio"] == pytest.approx(ratio, rel=0.01)
     alone = figures["dra_pods_per_s"] / figures["dra_alone_pods_per_s"]
     assert figures["dra_vs_dra_alone_ratio"] == pytest.approx(alone, rel=0.01)
+    null = figures["dra_pods_per_s"] / figures["dra_null_pods_per_s"]
+    assert figures["dra_vs_dra_null_ratio"] == pytest.approx(null, rel=0.01)
+    null_alone = figures["dra_null_pods_per_s"] / figures["dra_alone_pods_per_s"]
+    assert figures["dra_null_vs_dra_alone_ratio"] == pytest.approx(null_alone, rel=0.01)
+
+
+def test_the_null_extender_passes_every_node_and_scores_none() -> None:
+    body = json.dumps({"Pod": {"metadata": {"name": "p"}}, "NodeNames": ["a", "b"]}).encode()
+    assert json.loads(nullextender.answer(b"/filter", body)) == {
+        "NodeNames": ["a", "b"],
+        "FailedNodes": {},
+        "Error": "",
+    }
+    assert json.loads(nullextender.answer(b"/prioritize", body)) == [
+        {"Host": "a", "Score": 0},
+        {"Host": "b", "Score": 0},
+    ]
+
+
+def test_the_dra_null_profile_calls_the_null_extender_for_filter_and_prioritize() -> None:
+    config = schedule.scheduler_config(Path("kubeconfig"), schedule.DRA_NULL, "http://null")
+    (extender,) = config["extenders"]
+    assert extender["urlPrefix"] == "http://null" and "bindVerb" not in extender
+    assert (extender["filterVerb"], extender["prioritizeVerb"]) == ("filter", "prioritize")
+    assert config["profiles"][0]["schedulerName"] == schedule.DRA_NULL
 
 
 def test_dra_alone_is_the_dra_overlays_profile_without_the_extender(tmp_path: Path) -> None:
@@ -161,9 +186,9 @@ def test_the_dra_profile_allocates_each_pods_claim_from_its_nodes_slice(tmp_path
             assert result["pool"] == nodes[claim["metadata"]["name"]]
             assert result["device"].startswith("gpu-")
             consumed = result["consumedCapacity"]
-            mib = schedule.MEMORY_SHAPES[index % 3]
+            mib = schedprofiles.MEMORY_SHAPES[index % 3]
             assert parse_quantity(consumed["memory"]) == mib * 1024 * 1024
-            assert parse_quantity(consumed["duty"]) == schedule.DUTY_SHAPES[index % 3]
+            assert parse_quantity(consumed["duty"]) == schedprofiles.DUTY_SHAPES[index % 3]
         bench.clear(schedule.DRA)
         assert listed_claims(bench) == []
 
