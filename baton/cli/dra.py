@@ -6,17 +6,25 @@ from typing import Annotated
 
 import typer
 
-from baton.cli.options import Kubeconfig, LogLevel, setup_logging
+from baton.cli.options import (
+    IGNORED_XIDS_DEFAULT,
+    FakeGpus,
+    HostMemoryBudget,
+    IgnoredXids,
+    Kubeconfig,
+    LogLevel,
+    NodeName,
+    SlotsPerGpu,
+    node_inputs,
+    setup_logging,
+)
 from baton.contract import names
 from baton.contract.shutdown import DEFAULT_GRACE_S
 from deviceplugin.annotate import DEFAULT_HOST_MEMORY_BUDGET
-from deviceplugin.health import DEFAULT_IGNORED_XIDS
 
 
 def dra(
-    node_name: Annotated[
-        str, typer.Option(envvar=names.ENV_NODE_NAME, help="This node's name (downward API).")
-    ],
+    node_name: NodeName,
     kubeconfig: Kubeconfig = None,
     plugins_dir: Annotated[
         str, typer.Option(envvar="BATON_DRA_PLUGINS_DIR", help="Where the endpoint socket goes.")
@@ -31,22 +39,9 @@ def dra(
     state_dir: Annotated[
         str, typer.Option(envvar="BATON_DRA_STATE_DIR", help="The record of prepared claims.")
     ] = names.DRA_STATE_DIR,
-    slots_per_gpu: Annotated[
-        int, typer.Option(envvar="BATON_SLOTS_PER_GPU", min=1, help="Tenants per GPU.")
-    ] = names.DEFAULT_SLOTS_PER_GPU,
-    fake_gpus: Annotated[
-        str | None,
-        typer.Option(
-            envvar=names.ENV_FAKE_GPUS,
-            help="Simulated GPUs: COUNTxMiB (2x81920), MiB,MiB,... or a JSON/YAML file.",
-        ),
-    ] = None,
-    host_memory_budget: Annotated[
-        str,
-        typer.Option(
-            envvar=names.ENV_HOST_MEMORY_BUDGET, help="Parked-memory budget: MiB or % of MemTotal."
-        ),
-    ] = DEFAULT_HOST_MEMORY_BUDGET,
+    slots_per_gpu: SlotsPerGpu = names.DEFAULT_SLOTS_PER_GPU,
+    fake_gpus: FakeGpus = None,
+    host_memory_budget: HostMemoryBudget = DEFAULT_HOST_MEMORY_BUDGET,
     vendor_cdi: Annotated[
         str,
         typer.Option(
@@ -67,9 +62,7 @@ def dra(
     metrics_port: Annotated[
         int, typer.Option(envvar="BATON_DRA_METRICS_PORT", help="0 = any free port.")
     ] = names.PORT_DRA,
-    ignored_xids: Annotated[
-        str, typer.Option(envvar="BATON_IGNORED_XIDS", help="XIDs that do not fail a GPU.")
-    ] = ",".join(map(str, DEFAULT_IGNORED_XIDS)),
+    ignored_xids: IgnoredXids = IGNORED_XIDS_DEFAULT,
     shutdown_grace: Annotated[
         float,
         typer.Option(envvar="BATON_DRA_SHUTDOWN_GRACE", help="Seconds a prepare gets on SIGTERM."),
@@ -79,26 +72,16 @@ def dra(
     """Run the DRA driver: publish GPUs as shareable devices, prepare claims with CDI."""
     from pathlib import Path
 
-    from baton.contract.kube import KubeConfigError, load_api_client
-    from baton.contract.meminfo import MEMINFO
     from baton.contract.shutdown import StopSignal
-    from deviceplugin.annotate import host_memory_budget_mib
-    from deviceplugin.gpus import DiscoveryError, discover
-    from deviceplugin.health import parse_xid_list
     from dra.daemon import DraStartError, Driver, Settings
     from dra.kubeapi import KubeDraApi
 
     setup_logging(log_level)
     if runtime_cdi not in ("auto", "on", "off"):
         raise typer.BadParameter("--runtime-cdi must be auto, on or off")
-    try:
-        gpus, fake = discover(fake_gpus, node_name)
-        budget = host_memory_budget_mib(host_memory_budget, Path(MEMINFO).read_text())
-        xids = parse_xid_list(ignored_xids)
-        api_client = load_api_client(kubeconfig)
-    except (DiscoveryError, KubeConfigError, ValueError) as err:
-        typer.echo(f"baton dra: {err}", err=True)
-        raise typer.Exit(1) from err
+    found = node_inputs(
+        "baton dra", node_name, fake_gpus, host_memory_budget, ignored_xids, kubeconfig
+    )
     settings = Settings(
         node_name=node_name,
         plugins_dir=Path(plugins_dir),
@@ -106,18 +89,23 @@ def dra(
         cdi_dir=Path(cdi_dir),
         state_dir=Path(state_dir),
         slots_per_gpu=slots_per_gpu,
-        host_memory_budget_mib=budget,
+        host_memory_budget_mib=found.host_memory_budget_mib,
         vendor_cdi=vendor_cdi or None,
         runtime_cdi=runtime_cdi,
         metrics_host=metrics_host,
         metrics_port=metrics_port,
-        ignored_xids=xids,
+        ignored_xids=found.ignored_xids,
         shutdown_grace=shutdown_grace,
     )
     stop = StopSignal().install()
+    api_client = found.api_client
     try:
         driver = Driver(
-            settings, gpus, fake, api=KubeDraApi(api_client, node_name), api_client=api_client
+            settings,
+            found.gpus,
+            found.fake,
+            api=KubeDraApi(api_client, node_name),
+            api_client=api_client,
         )
         driver.run_until(stop.event, lambda: stop.received)
     except (DraStartError, ValueError) as err:

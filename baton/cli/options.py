@@ -5,11 +5,17 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import Annotated
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from baton.contract import names
+from deviceplugin.health import DEFAULT_IGNORED_XIDS
+
+if TYPE_CHECKING:
+    from deviceplugin.devices import NodeGpu
 
 Kubeconfig = Annotated[
     str | None,
@@ -17,6 +23,31 @@ Kubeconfig = Annotated[
 ]
 LogLevel = Annotated[str, typer.Option(envvar=names.ENV_LOG_LEVEL)]
 AsJson = Annotated[bool, typer.Option("--json", help="One JSON object on the last line.")]
+
+# The node daemons' (`baton deviceplugin`, `baton dra`) options about the node and its GPUs.
+NodeName = Annotated[
+    str, typer.Option(envvar=names.ENV_NODE_NAME, help="This node's name (downward API).")
+]
+SlotsPerGpu = Annotated[
+    int, typer.Option(envvar="BATON_SLOTS_PER_GPU", min=1, help="Tenants (slots) per GPU.")
+]
+FakeGpus = Annotated[
+    str | None,
+    typer.Option(
+        envvar=names.ENV_FAKE_GPUS,
+        help="Simulated GPUs: COUNTxMiB (2x81920), MiB,MiB,... or a JSON/YAML file.",
+    ),
+]
+HostMemoryBudget = Annotated[
+    str,
+    typer.Option(
+        envvar=names.ENV_HOST_MEMORY_BUDGET, help="Parked-memory budget: MiB or % of MemTotal."
+    ),
+]
+IgnoredXids = Annotated[
+    str, typer.Option(envvar="BATON_IGNORED_XIDS", help="XIDs that do not fail a GPU.")
+]
+IGNORED_XIDS_DEFAULT = ",".join(map(str, DEFAULT_IGNORED_XIDS))
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
@@ -27,6 +58,44 @@ def setup_logging(level: str) -> None:
     # The Kubernetes client's connection pool warns on every retry of every request; the
     # daemons say once what is unreachable and what they do about it (`baton.contract.kube.Outage`).
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+
+
+@dataclass(frozen=True)
+class NodeInputs:
+    """What a node daemon reads before it starts: its GPUs, its budget, its API client."""
+
+    gpus: list[NodeGpu]
+    fake: bool
+    host_memory_budget_mib: int
+    ignored_xids: frozenset[int]
+    api_client: Any
+
+
+def node_inputs(
+    command: str,
+    node_name: str,
+    fake_gpus: str | None,
+    host_memory_budget: str,
+    ignored_xids: str,
+    kubeconfig: str | None,
+) -> NodeInputs:
+    """Discover the GPUs (or make the fake ones), read the budget, XIDs and kubeconfig; a
+    problem ends the command with one line naming it."""
+    from baton.contract.kube import KubeConfigError, load_api_client
+    from baton.contract.meminfo import MEMINFO
+    from deviceplugin.annotate import host_memory_budget_mib
+    from deviceplugin.gpus import DiscoveryError, discover
+    from deviceplugin.health import parse_xid_list
+
+    try:
+        gpus, fake = discover(fake_gpus, node_name)
+        budget = host_memory_budget_mib(host_memory_budget, Path(MEMINFO).read_text())
+        return NodeInputs(
+            list(gpus), fake, budget, parse_xid_list(ignored_xids), load_api_client(kubeconfig)
+        )
+    except (DiscoveryError, KubeConfigError, ValueError) as err:
+        typer.echo(f"{command}: {err}", err=True)
+        raise typer.Exit(1) from err
 
 
 def echo_figures(figures: Mapping[str, object], as_json: bool) -> None:
