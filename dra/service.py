@@ -36,6 +36,11 @@ VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
 """What GetInfo offers; a kubelet takes the newest DRAPlugin version it knows."""
 HEALTH_WAIT_S = 1.0
 """How often a health stream re-checks that its client and the server are still there."""
+HEALTH_TIMEOUT_S = 30
+"""How long the kubelet trusts a device's report (sent with it): past it, without a newer one,
+the kubelet shows the device's health as Unknown in the pod's status."""
+HEALTH_RESEND_S = 10.0
+"""Every device's health is sent again this often, changed or not, well within the timeout."""
 
 
 class DraPluginService(dra_pb2_grpc.DRAPluginServicer):
@@ -129,6 +134,7 @@ def health_report(
                 if g.uuid in inventory.unhealthy
                 else drahealth_pb2.HEALTHY,
                 last_updated_time=now_s,
+                health_check_timeout_seconds=HEALTH_TIMEOUT_S,
                 message=inventory.unhealthy.get(g.uuid, ""),
             )
             for g in sorted(inventory.gpus, key=lambda g: g.index)
@@ -137,25 +143,40 @@ def health_report(
 
 
 class HealthService(drahealth_pb2_grpc.DRAResourceHealthServicer):
-    """NodeWatchResources: the health of every GPU now, then after every change."""
+    """NodeWatchResources: the health of every GPU now, after every change, and every
+    `resend_s` between (the kubelet forgets a report after HEALTH_TIMEOUT_S)."""
 
-    def __init__(self, pool: str, inventory: LiveInventory, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        pool: str,
+        inventory: LiveInventory,
+        clock: Callable[[], float] = time.time,
+        ticks: Callable[[], float] = time.monotonic,
+        resend_s: float = HEALTH_RESEND_S,
+    ):
+        """`clock` stamps the reports (Unix seconds); `ticks` times the resends."""
         self.pool = pool
         self.inventory = inventory
         self.clock = clock
+        self.ticks = ticks
+        self.resend_s = resend_s
         self.stopping = threading.Event()
 
     def NodeWatchResources(
         self, request: drahealth_pb2.NodeWatchResourcesRequest, context: grpc.ServicerContext
     ) -> Iterator[drahealth_pb2.NodeWatchResourcesResponse]:
         version, inventory = self.inventory.snapshot()
+        sent = self.ticks()
         yield health_report(self.pool, inventory, int(self.clock()))
         done = lambda: self.stopping.is_set() or not context.is_active()  # noqa: E731
         while not done():
             newer = self.inventory.wait_newer(version, done, HEALTH_WAIT_S)
             if newer is not None:
                 version, inventory = newer
-                yield health_report(self.pool, inventory, int(self.clock()))
+            elif done() or self.ticks() - sent < self.resend_s:
+                continue
+            sent = self.ticks()
+            yield health_report(self.pool, inventory, int(self.clock()))
 
 
 class RegistrationService(pluginregistration_pb2_grpc.RegistrationServicer):

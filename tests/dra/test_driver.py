@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from baton._pb import drahealth_pb2
 from baton.contract import names
-from deviceplugin.devices import NodeGpu
+from deviceplugin.devices import Inventory, NodeGpu
+from deviceplugin.state import LiveInventory
+from dra import service
 from dra.cdi import spec_path
 from dra.daemon import Driver, Settings
 from dra.record import ClaimRecord
@@ -268,3 +273,32 @@ def test_health_stream_reports_an_xid_and_the_slice_taints_the_gpu(world: Any) -
     assert driver.publisher.published.wait(WAIT_S)
     devices = slices.items[slice_name("n1")]["spec"]["devices"]
     assert "taints" in devices[0] and "taints" not in devices[1]
+
+
+def test_health_stream_repeats_every_devices_health_before_the_kubelet_forgets_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kubelet shows a device Unknown once its last report is older than the timeout sent
+    with it (seen on v1.36.2): the stream repeats every device's health well within it."""
+    monkeypatch.setattr(service, "HEALTH_WAIT_S", 0.01)
+    ticks, checks = itertools.count(), itertools.count()
+    health = service.HealthService(
+        "n1",
+        LiveInventory(Inventory(tuple(GPUS), 4)),
+        clock=lambda: 1000.0,
+        ticks=lambda: float(next(ticks)),
+        resend_s=10,
+    )
+    context = SimpleNamespace(is_active=lambda: next(checks) < 2000)  # then the kubelet left
+    stream = health.NodeWatchResources(drahealth_pb2.NodeWatchResourcesRequest(), context)
+    reports = list(itertools.islice(stream, 3))
+    assert len(reports) == 3, "no report repeated while nothing changed"
+    for report in reports:
+        assert [(d.device.device_name, d.health) for d in report.devices] == [
+            ("gpu-0", drahealth_pb2.HEALTHY),
+            ("gpu-1", drahealth_pb2.HEALTHY),
+        ]
+        assert {d.health_check_timeout_seconds for d in report.devices} == {
+            service.HEALTH_TIMEOUT_S
+        }
+    assert service.HEALTH_RESEND_S * 2 < service.HEALTH_TIMEOUT_S
