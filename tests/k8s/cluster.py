@@ -27,6 +27,23 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: fl
         raise AssertionError(str(err)) from None
 
 
+def wait_seen(
+    what: str, read: Callable[[], T], done: Callable[[T], bool], timeout: float, every: float = 0.3
+) -> T:
+    """`read()` until `done(value)`; AssertionError naming `what` and the last value read."""
+    seen: list[T] = []
+
+    def probe() -> tuple[T] | None:
+        seen[:] = [read()]
+        return (seen[0],) if done(seen[0]) else None
+
+    try:
+        return wait_for(what, probe, timeout, every)[0]
+    except AssertionError as err:
+        last = repr(seen[0]) if seen else "nothing (never read)"
+        raise AssertionError(f"{err}; last seen: {last}") from None
+
+
 def get_text(url: str) -> str:
     """GET a document from a daemon on loopback."""
     with urllib.request.urlopen(url, timeout=5) as reply:

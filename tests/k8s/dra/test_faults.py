@@ -4,6 +4,7 @@ their memory, the driver's record outlives it, and new claims are prepared after
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 from baton.contract import names
@@ -29,6 +30,11 @@ def published(cluster: Cluster) -> bool | None:
     """Whether the driver's slice of the node exists (the kubelet deletes it when it starts)."""
     found = cluster.get("resourceslices", f"--field-selector=spec.nodeName={cluster.node_name}")
     return True if any(s["spec"]["driver"] == names.DRA_DRIVER for s in found["items"]) else None
+
+
+def recorded() -> str:
+    """The driver's record of prepared claims as it is on the node ("" before the first)."""
+    return RECORD.read_text() if RECORD.exists() else ""
 
 
 def start(cluster: Cluster, ns: str, *pods: str, steps: int = LONG_STEPS) -> None:
@@ -93,6 +99,38 @@ def test_driver_restarted_keeps_its_record_and_prepares_what_came_meanwhile(
         lambda: True if not before.exists() else None,
         90,
     )
+
+
+def test_driver_killed_mid_prepare_prepares_the_claim_again_from_nothing(
+    dra_cluster: Cluster, dra_namespace: str
+) -> None:
+    """The driver holds a prepare between writing the claim's spec and recording it (the fake
+    fault `/fake/hold-prepare`) and is deleted there; the new driver removes the spec as an
+    orphan, the real kubelet prepares again, and the tenant runs with its env and verifies."""
+    ns = dra_namespace
+    driver = dra_cluster.daemon_pod("baton-dra")["metadata"]["name"]
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{names.PORT_DRA}/fake/hold-prepare", data=b"{}"
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert json.loads(response.read()) == {"armed": True}
+    dra_cluster.apply(claim_template("fault-20g", ns, 20, 20))
+    dra_cluster.apply(claim_tenant("mid-a", ns, "fault-20g", steps=2))
+    wait_for(
+        "the driver to hold the prepare",
+        lambda: "holding the prepare of claim" in dra_cluster.logs(names.NAMESPACE, driver) or None,
+        90,
+    )
+    uid = pod_claim(dra_cluster, ns, "mid-a")["metadata"]["uid"]
+    spec = spec_of(dra_cluster, ns, "mid-a")
+    assert spec.exists() and uid not in recorded(), "cut between the spec and the record"
+    wait = replaced(dra_cluster, "baton-dra")
+    wait()
+    verified(dra_cluster, ns, "mid-a")
+    # The claim is unprepared once its pod has finished: what the new driver did is in its log.
+    new = dra_cluster.logs(names.NAMESPACE, dra_cluster.daemon_pod("baton-dra")["metadata"]["name"])
+    assert f"removed CDI spec {spec}" in new, new
+    assert f"prepared claim {ns}/" in new and f"({uid})" in new, new
 
 
 def test_apiserver_restart(dra_cluster: Cluster, dra_namespace: str) -> None:
