@@ -1,17 +1,20 @@
 """CDI specs: one file per prepared claim, which the runtime applies to the claim's containers.
 
-The spec's one device (`baton.dev/claim=<claim UID>`) carries what the device plugin's Allocate
-gives a container (`deviceplugin.devices.container_allocation`): `BATON_GPUS`,
+The spec's claim device (`baton.dev/claim=<claim UID>`) carries what the device plugin's
+Allocate gives a container (`deviceplugin.devices.container_allocation`): `BATON_GPUS`,
 `BATON_AGENT_SOCKET`, the agent socket's directory bind-mounted, and, unless a vendor CDI kind
 is given (`--vendor-cdi nvidia.com/gpu`, whose IDs the kubelet then passes too),
-`NVIDIA_VISIBLE_DEVICES`.
+`NVIDIA_VISIBLE_DEVICES`. Each allocated device has a CDI device of its own too
+(`baton.dev/claim=<claim UID>-gpu-1`, setting `BATON_CLAIM_GPU_1=<uuid>`), the first ID of its
+result: the kubelet names a device by that ID when it shows its health in the pod's status, and
+drops a repeated one, so each GPU of a claim needs its own.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +25,16 @@ CDI_VERSION = "0.6.0"
 _PREFIX = "baton-claim-"
 
 
-def cdi_id(claim_uid: str) -> str:
-    """The qualified CDI ID the kubelet passes to the runtime for a claim's spec."""
-    return f"{names.CDI_KIND_CLAIM}={claim_uid}"
+def cdi_id(claim_uid: str, device: str | None = None) -> str:
+    """The qualified CDI ID the kubelet passes to the runtime: the claim's device, or (with
+    `device`, e.g. `gpu-1`) that allocated device's."""
+    return f"{names.CDI_KIND_CLAIM}={claim_uid if device is None else f'{claim_uid}-{device}'}"
+
+
+def device_env(device: str) -> str:
+    """The variable a device's own CDI device sets to its GPU's UUID (`gpu-1`:
+    `BATON_CLAIM_GPU_1`)."""
+    return "BATON_CLAIM_" + device.upper().replace("-", "_")
 
 
 def spec_path(spec_dir: Path, claim_uid: str) -> Path:
@@ -33,10 +43,11 @@ def spec_path(spec_dir: Path, claim_uid: str) -> Path:
 
 
 def claim_spec(
-    claim_uid: str, gpus: Sequence[str], vendor_kind: str | None
+    claim_uid: str, devices: Mapping[str, str], vendor_kind: str | None
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The spec for a claim's GPUs, and the vendor's CDI IDs to return beside ours."""
-    given = container_allocation(gpus, vendor_kind)
+    """The spec for a claim's allocated devices (device name -> GPU UUID), and the vendor's
+    CDI IDs to return beside ours."""
+    given = container_allocation(sorted(set(devices.values())), vendor_kind)
     edits = {
         "env": [f"{k}={v}" for k, v in sorted(given.envs.items())],
         "mounts": [
@@ -51,7 +62,14 @@ def claim_spec(
     spec = {
         "cdiVersion": CDI_VERSION,
         "kind": names.CDI_KIND_CLAIM,
-        "devices": [{"name": claim_uid, "containerEdits": edits}],
+        "devices": [{"name": claim_uid, "containerEdits": edits}]
+        + [
+            {
+                "name": f"{claim_uid}-{device}",
+                "containerEdits": {"env": [f"{device_env(device)}={gpu}"]},
+            }
+            for device, gpu in sorted(devices.items())
+        ],
     }
     return spec, given.cdi_devices
 

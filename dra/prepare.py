@@ -98,7 +98,7 @@ class Preparer:
         known = self.record.get(uid)
         if known is not None:
             if not cdi.spec_path(self.spec_dir, uid).exists():
-                self._write(uid, [d.gpu for d in known.devices])
+                self._write(uid, {d.device: d.gpu for d in known.devices})
             return known
         why = self.refusal()
         if why:
@@ -108,18 +108,23 @@ class Preparer:
         except LookupError as err:
             raise PrepareError(f"claim {namespace}/{name}: {err}") from None
         found = claim_gpus(claim, uid, self.node_name, self.inventory.snapshot()[1])
-        gpus = sorted({gpu.uuid for _, gpu in found})
-        vendor_ids = self._write(uid, gpus)
+        vendor_ids = self._write(uid, {share.device: gpu.uuid for share, gpu in found})
         devices = tuple(
             PreparedDevice(
                 request_names=(share.request,),
                 pool=share.pool,
                 device=share.device,
                 gpu=gpu.uuid,
-                cdi_ids=(cdi.cdi_id(uid), *[v for v in vendor_ids if v.endswith(gpu.uuid)]),
+                # Its own ID first (the kubelet names the device's health by it); the claim's
+                # env and mount once, with the first result.
+                cdi_ids=(
+                    cdi.cdi_id(uid, share.device),
+                    *([cdi.cdi_id(uid)] if i == 0 else []),
+                    *[v for v in vendor_ids if v.endswith(gpu.uuid)],
+                ),
                 share_id=share.share_id,
             )
-            for share, gpu in found
+            for i, (share, gpu) in enumerate(found)
         )
         prepared = PreparedClaim(uid, namespace, name, devices)
         self.between(uid)
@@ -134,8 +139,8 @@ class Preparer:
         )
         return prepared
 
-    def _write(self, uid: str, gpus: list[str]) -> tuple[str, ...]:
-        spec, vendor_ids = cdi.claim_spec(uid, gpus, self.vendor_kind)
+    def _write(self, uid: str, devices: dict[str, str]) -> tuple[str, ...]:
+        spec, vendor_ids = cdi.claim_spec(uid, devices, self.vendor_kind)
         cdi.write_spec(self.spec_dir, uid, spec)
         return vendor_ids
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import threading
@@ -125,8 +126,11 @@ def test_prepare_writes_the_claims_spec_and_unprepare_removes_it(world: Any, tmp
     assert answer.error == ""
     (device,) = answer.devices
     assert (device.pool_name, device.device_name, device.share_id) == ("n1", "gpu-1", "share-gpu-1")
-    assert list(device.cdi_device_ids) == [f"{names.CDI_KIND_CLAIM}=uid-1"]
+    claim_id, own_id = f"{names.CDI_KIND_CLAIM}=uid-1", f"{names.CDI_KIND_CLAIM}=uid-1-gpu-1"
+    assert list(device.cdi_device_ids) == [own_id, claim_id]  # its own first: health names it
     spec = json.loads(spec_path(tmp / "cdi", "uid-1").read_text())
+    assert [d["name"] for d in spec["devices"]] == ["uid-1", "uid-1-gpu-1"]
+    assert spec["devices"][1]["containerEdits"] == {"env": ["BATON_CLAIM_GPU_1=GPU-b"]}
     edits = spec["devices"][0]["containerEdits"]
     assert f"{names.ENV_GPUS}=GPU-b" in edits["env"]
     assert f"{names.ENV_AGENT_SOCKET}={names.AGENT_SOCKET}" in edits["env"]
@@ -134,6 +138,23 @@ def test_prepare_writes_the_claims_spec_and_unprepare_removes_it(world: Any, tmp
     assert kubelet.unprepare(("ns", "uid-1", "c1")).claims["uid-1"].error == ""
     assert not spec_path(tmp / "cdi", "uid-1").exists()
     assert kubelet.unprepare(("ns", "uid-1", "c1")).claims["uid-1"].error == "", "idempotent"
+
+
+def test_each_gpu_of_a_claim_has_its_own_first_cdi_id(world: Any, tmp: Path) -> None:
+    """The kubelet names a device's health by its result's first CDI ID and drops repeats: a
+    claim of two GPUs returns two distinct first IDs, and the claim's env and mount once."""
+    _, kubelet, claims, _ = world
+    kubelet.register()
+    claims.add("ns", "c2", "uid-2", "gpu-0", "gpu-1")
+    first, second = kubelet.prepare(("ns", "uid-2", "c2")).claims["uid-2"].devices
+    kind = names.CDI_KIND_CLAIM
+    assert list(first.cdi_device_ids) == [f"{kind}=uid-2-gpu-0", f"{kind}=uid-2"]
+    assert list(second.cdi_device_ids) == [f"{kind}=uid-2-gpu-1"]
+    spec = json.loads(spec_path(tmp / "cdi", "uid-2").read_text())
+    by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+    assert f"{names.ENV_GPUS}=GPU-a,GPU-b" in by_name["uid-2"]["env"]
+    assert by_name["uid-2-gpu-0"] == {"env": ["BATON_CLAIM_GPU_0=GPU-a"]}
+    assert by_name["uid-2-gpu-1"] == {"env": ["BATON_CLAIM_GPU_1=GPU-b"]}
 
 
 def test_a_v1beta1_kubelet_prepares_and_unprepares_the_same_way(tmp: Path) -> None:
@@ -148,7 +169,10 @@ def test_a_v1beta1_kubelet_prepares_and_unprepares_the_same_way(tmp: Path) -> No
         assert answer.claims["uid-1"].error == ""
         (device,) = answer.claims["uid-1"].devices
         assert (device.pool_name, device.device_name) == ("n1", "gpu-1")
-        assert list(device.cdi_device_ids) == [f"{names.CDI_KIND_CLAIM}=uid-1"]
+        assert list(device.cdi_device_ids) == [
+            f"{names.CDI_KIND_CLAIM}=uid-1-gpu-1",
+            f"{names.CDI_KIND_CLAIM}=uid-1",
+        ]
         assert b"share-gpu-1" not in answer.SerializeToString(), "v1beta1 has no share ID"
         assert spec_path(tmp / "cdi", "uid-1").exists()
         missing = kubelet.prepare(("ns", "uid-9", "gone")).claims["uid-9"].error
@@ -191,7 +215,10 @@ def test_a_driver_cut_between_spec_and_record_leaves_nothing_prepared(tmp: Path)
     prepares the kubelet's retry from nothing."""
     claims, slices = Claims(), Slices()
     claims.add("ns", "c1", "uid-1", "gpu-0")
-    driver = _start(tmp, claims, slices)
+    # A grace on stop, so the held call is answered rather than cancelled with the server.
+    graceful = dataclasses.replace(_settings(tmp), shutdown_grace=WAIT_S)
+    driver = Driver(graceful, GPUS, True, slices=slices, claims=claims)
+    driver.start()
     kubelet = DraKubeletStub(tmp / "plugins_registry")
     answers: list[Any] = []
     try:

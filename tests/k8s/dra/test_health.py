@@ -69,14 +69,14 @@ def slice_taints(cluster: Cluster) -> dict[str, list[tuple[str, str]]]:
 
 def claim_on(cluster: Cluster, ns: str, pod: str, gpu: int) -> str:
     """A running pod with a 10 GiB claim pinned to GPU `gpu`; the CDI ID the driver returned
-    for the claim's device, which the kubelet shows as its resourceID."""
+    first for the claim's device (its own), which the kubelet shows as its resourceID."""
     cluster.apply(claim_template(f"{pod}-10g", ns, 10, 10, gpu_index=gpu))
     cluster.apply(claim_pod(pod, ns, f"{pod}-10g"))
     cluster.wait_phase(ns, pod, {"Running"}, 120)
     claim = pod_claim(cluster, ns, pod)
     (share,) = claim_shares(claim)
     assert share.device == names.dra_device_name(gpu), share
-    return cdi_id(claim["metadata"]["uid"])
+    return cdi_id(claim["metadata"]["uid"], share.device)
 
 
 def test_an_xid_on_a_claims_gpu_shows_in_its_pod_status_and_taints_only_that_device(
