@@ -112,6 +112,7 @@ class DevicePlugin:
         self.registered = False
 
     def _register(self) -> None:
+        kubelet = _identity(self.kubelet_socket)  # before: a kubelet starting meanwhile differs
         try:
             register(self.kubelet_socket, self.server.socket_path.name, names.RESOURCE_GPU)
         except RegistrationError as err:
@@ -129,7 +130,8 @@ class DevicePlugin:
             return
         self._failed_registrations = 0
         self.registered = True
-        self._registered_with = _identity(self.kubelet_socket)
+        self._registered_with = kubelet
+        self._stream_lost.clear()  # what ended before this registration says nothing of it
         self._retry_s = RETRY_FIRST_S
         self.metrics.registrations.labels(outcome="ok").inc()
         log.info("registered %s with the kubelet at %s", names.RESOURCE_GPU, self.kubelet_socket)
@@ -166,8 +168,9 @@ class DevicePlugin:
     def _on_stream_end(self) -> None:
         """A gRPC thread: the kubelet ended a ListAndWatch stream; the watch loop decides."""
         self._stream_lost.set()
-        if self._watcher is not None:
-            self._watcher.wake()
+        watcher = self._watcher  # read once: the watch thread may replace or close it
+        if watcher is not None:
+            watcher.wake()  # a closed watcher ignores it
 
     def _react(self, changes: list[Change], broken: bool) -> bool:
         """Restart or register as the changes require; False once all is well again."""

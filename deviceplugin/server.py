@@ -54,10 +54,20 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self.metrics = metrics
         self.stopping = threading.Event()
         self.streams = 0
-        """ListAndWatch streams open now (the kubelet keeps one per registration)."""
+        """ListAndWatch streams of this serving open now (the kubelet keeps one per
+        registration)."""
         self.stream_ended: Callable[[], None] = lambda: None
-        """Called when the kubelet ends a stream while the server is not stopping."""
+        """Called when the kubelet ends a stream of this serving while it serves."""
+        self._serving = 0
+        """Which start of the server this is: a stream of an earlier one counts for nothing."""
         self._streams_lock = threading.Lock()
+
+    def serve_anew(self) -> None:
+        """The server starts (again): no stream is open, and earlier ones are forgotten."""
+        with self._streams_lock:
+            self._serving += 1
+            self.streams = 0
+        self.stopping.clear()
 
     def GetDevicePluginOptions(
         self, request: api_pb2.Empty, context: grpc.ServicerContext
@@ -69,6 +79,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     ) -> Iterator[api_pb2.ListAndWatchResponse]:
         context.add_callback(self.inventory.wake)
         with self._streams_lock:
+            serving = self._serving
             self.streams += 1
         try:
             version, inventory = self.inventory.snapshot()
@@ -84,8 +95,10 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                     yield list_response(inventory)
         finally:
             with self._streams_lock:
-                self.streams -= 1
-            if not self.stopping.is_set():
+                current = serving == self._serving
+                if current:
+                    self.streams -= 1
+            if current and not self.stopping.is_set():
                 self.stream_ended()
 
     def GetPreferredAllocation(
@@ -138,7 +151,7 @@ class PluginServer:
     def start(self) -> None:
         """Remove a stale socket, serve, and check that the socket accepts connections."""
         self.socket_path.unlink(missing_ok=True)
-        self.service.stopping.clear()
+        self.service.serve_anew()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dp"))
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
         server.add_insecure_port(f"unix://{self.socket_path}")

@@ -6,12 +6,14 @@ kubelet.sock. Inodes are not compared: a recreated socket often gets the same in
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import enum
 import os
 import select
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,11 +52,15 @@ class SocketWatcher:
             err = ctypes.get_errno()
             os.close(self._fd)
             raise OSError(err, f"cannot watch {directory}: {os.strerror(err)}")
-        self._wake_r, self._wake_w = os.pipe()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._lock = threading.Lock()
+        self._closed = False
 
     def changes(self, timeout: float | None = None) -> Iterator[Change]:
         """Changes seen within one wait of at most `timeout` seconds (None: until one or close)."""
         ready, _, _ = select.select([self._fd, self._wake_r], [], [], timeout)
+        if self._wake_r in ready:
+            self._drain_wakes()
         if self._fd not in ready:
             return
         try:
@@ -77,11 +83,27 @@ class SocketWatcher:
             elif mask & (IN_DELETE | IN_MOVED_FROM) and name == self.plugin_socket:
                 yield Change.PLUGIN_SOCKET_DELETED
 
+    def _drain_wakes(self) -> None:
+        """Read the wake pipe empty, so the next `changes()` waits again."""
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            return
+
     def wake(self) -> None:
-        """Make a blocked `changes()` return at once."""
-        os.write(self._wake_w, b"x")
+        """Make a blocked `changes()` return at once (any thread; nothing after `close`)."""
+        with self._lock:
+            if self._closed:
+                return
+            with contextlib.suppress(BlockingIOError):  # full of wakes already: one is enough
+                os.write(self._wake_w, b"x")
 
     def close(self) -> None:
         """Release the inotify descriptor and the wake pipe."""
-        for fd in (self._fd, self._wake_r, self._wake_w):
-            os.close(fd)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for fd in (self._fd, self._wake_r, self._wake_w):
+                os.close(fd)
