@@ -6,8 +6,8 @@ Allocate gives a container (`deviceplugin.devices.container_allocation`): `BATON
 is given (`--vendor-cdi nvidia.com/gpu`, whose IDs the kubelet then passes too),
 `NVIDIA_VISIBLE_DEVICES`. Each allocated device has a CDI device of its own too
 (`baton.dev/claim=<claim UID>-gpu-1`, setting `BATON_CLAIM_GPU_1=<uuid>`), the first ID of its
-result: the kubelet names a device by that ID when it shows its health in the pod's status, and
-drops a repeated one, so each GPU of a claim needs its own.
+result, before the claim's: the kubelet names a device by that ID when it shows its health in
+the pod's status, and drops a repeated one, so each GPU of a claim needs its own.
 """
 
 from __future__ import annotations

@@ -115,16 +115,17 @@ class Preparer:
                 pool=share.pool,
                 device=share.device,
                 gpu=gpu.uuid,
-                # Its own ID first (the kubelet names the device's health by it); the claim's
-                # env and mount once, with the first result.
+                # Its own ID first: the kubelet names the device's health by it. The claim's
+                # (env and mount) with every result: a container naming one request of the
+                # claim gets that request's results' IDs only.
                 cdi_ids=(
                     cdi.cdi_id(uid, share.device),
-                    *([cdi.cdi_id(uid)] if i == 0 else []),
+                    cdi.cdi_id(uid),
                     *[v for v in vendor_ids if v.endswith(gpu.uuid)],
                 ),
                 share_id=share.share_id,
             )
-            for i, (share, gpu) in enumerate(found)
+            for share, gpu in found
         )
         prepared = PreparedClaim(uid, namespace, name, devices)
         self.between(uid)

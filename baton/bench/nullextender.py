@@ -48,8 +48,9 @@ async def _serve_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n%s" % (len(out), out)
             )
-    except (asyncio.IncompleteReadError, ConnectionError, ValueError, IndexError):
-        writer.close()
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, ValueError, IndexError, AttributeError):
+        writer.close()  # a request it cannot read: the connection ends, the caller learns at once
 
 
 async def serve(port: int) -> None:

@@ -142,14 +142,15 @@ def test_prepare_writes_the_claims_spec_and_unprepare_removes_it(world: Any, tmp
 
 def test_each_gpu_of_a_claim_has_its_own_first_cdi_id(world: Any, tmp: Path) -> None:
     """The kubelet names a device's health by its result's first CDI ID and drops repeats: a
-    claim of two GPUs returns two distinct first IDs, and the claim's env and mount once."""
+    claim of two GPUs returns two distinct first IDs, each followed by the claim's (env and
+    mount), which a container naming only one of the claim's requests needs too."""
     _, kubelet, claims, _ = world
     kubelet.register()
     claims.add("ns", "c2", "uid-2", "gpu-0", "gpu-1")
     first, second = kubelet.prepare(("ns", "uid-2", "c2")).claims["uid-2"].devices
     kind = names.CDI_KIND_CLAIM
     assert list(first.cdi_device_ids) == [f"{kind}=uid-2-gpu-0", f"{kind}=uid-2"]
-    assert list(second.cdi_device_ids) == [f"{kind}=uid-2-gpu-1"]
+    assert list(second.cdi_device_ids) == [f"{kind}=uid-2-gpu-1", f"{kind}=uid-2"]
     spec = json.loads(spec_path(tmp / "cdi", "uid-2").read_text())
     by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
     assert f"{names.ENV_GPUS}=GPU-a,GPU-b" in by_name["uid-2"]["env"]
