@@ -18,7 +18,7 @@ import weakref
 from typing import Any
 from urllib.parse import urlsplit
 
-from extender.errors import ApiConflict, ApiFailure
+from extender.errors import ApiConflict, ApiFailure, ApiUnsure
 
 _STALE = (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError)
 """What a kept-alive connection the API server closed while idle raises on reuse."""
@@ -32,10 +32,14 @@ def refusal(what: str, status: int, body: Any, reason: str = "") -> ApiFailure:
     return kind(f"{what}: API server answered {status}: {message}")
 
 
-def unreachable(what: str, err: BaseException) -> ApiFailure:
-    """`what` got no answer from the API server."""
+def unreachable(what: str, err: BaseException, sent: bool = False) -> ApiFailure:
+    """`what` got no answer from the API server; `sent`: after the request went out, so it may
+    have been carried out (`ApiUnsure`)."""
     detail = str(err) or ("no answer in time" if isinstance(err, TimeoutError) else "no detail")
-    return ApiFailure(f"{what}: API server unreachable: {type(err).__name__}: {detail}")
+    message = f"{what}: API server unreachable: {type(err).__name__}: {detail}"
+    if sent:
+        return ApiUnsure(f"{message} (after the request was sent: it may have taken effect)")
+    return ApiFailure(message)
 
 
 def _status_message(body: Any) -> str:
@@ -141,19 +145,21 @@ class ApiPost:
         for attempt in (1, 2):
             reused = bool(idle)
             conn: _Connection | None = idle.pop() if idle else None
+            sent = False
             try:
                 async with asyncio.timeout(self._timeout_s):
                     if conn is None:
                         conn = _Connection(*await self._open())
+                    sent = True
                     status, reason, data, keep = await conn.exchange(request)
             except _STALE as err:
                 _close(conn)
                 if not reused or attempt == 2:
-                    raise unreachable(what, err) from err
+                    raise unreachable(what, err, sent) from err
                 continue
             except (OSError, TimeoutError, ValueError, asyncio.LimitOverrunError) as err:
                 _close(conn)
-                raise unreachable(what, err) from err
+                raise unreachable(what, err, sent) from err
             except BaseException:
                 _close(conn)  # cancelled mid-exchange: the stream is out of step
                 raise
@@ -187,7 +193,10 @@ class ApiPost:
         try:
             resp = self._pool.request("POST", url, body=body, headers=headers, timeout=timeout)
         except urllib3.exceptions.HTTPError as err:
-            raise unreachable(what, err) from err
+            sent = isinstance(
+                err, urllib3.exceptions.ReadTimeoutError | urllib3.exceptions.ProtocolError
+            )
+            raise unreachable(what, err, sent) from err
         return resp.status, resp.reason or "", bytes(resp.data)
 
 

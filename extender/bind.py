@@ -1,7 +1,9 @@
 """The bind verb: choose GPUs, annotate the pod under a resourceVersion precondition, bind it.
 
 The choice is recorded as an assumption in the cluster state under the cache lock before any
-API call, so a second bind right behind this one sees the slot taken. A failed bind drops it.
+API call, so a second bind right behind this one sees the slot taken. A refused bind drops it;
+one sent with no answer keeps it (the pod may be bound) until the watch shows the pod or the
+assumption expires.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any, Protocol
 from baton.contract.annotations import assignment_annotations
 from baton.contract.podask import RequestError, TenantRequest
 from extender.cache import ClusterCache
-from extender.errors import ApiConflict, ApiFailure
+from extender.errors import ApiConflict, ApiFailure, ApiUnsure
 from extender.inventory import Assignment, pod_uid
 from extender.placement import PlacedPod, place
 from extender.wire import BindingArgs
@@ -111,6 +113,10 @@ class Binder:
             await self._api.bind_pod(
                 args.pod_namespace, args.pod_name, uid, args.node, version, notes
             )
+        except ApiUnsure:
+            # The API server may have bound it: the slot stays assumed until the watch shows
+            # the pod (bound or not) or the assumption expires, so no other pod takes it.
+            raise
         except BaseException:
             with self._cache.changed:
                 self._state.forget(uid)

@@ -9,3 +9,7 @@ class ApiFailure(Exception):
 
 class ApiConflict(ApiFailure):
     """The object changed since we read it (HTTP 409)."""
+
+
+class ApiUnsure(ApiFailure):
+    """The request was sent and no answer came: the API server may have carried it out."""

@@ -185,6 +185,28 @@ def test_two_pods_bound_back_to_back_never_share_a_slot(
     assert "has no free slot (1/1 taken)" in third
 
 
+def test_a_bind_sent_without_an_answer_keeps_its_slot(
+    fake_api: FakeApiServer, api_client: Any
+) -> None:
+    """The Binding went out and its answer was lost (here the API server did bind the pod):
+    until the watch says otherwise the slot stays assumed, and the next pod does not get it."""
+    fake_api.put_object(node("gpu-1", gpus=1, slots=1))
+    first, second = (put_pending(fake_api, f"trainer-{i}", memory=1000, duty=10) for i in (0, 1))
+    stored = fake_api.get_object("Node", "gpu-1", namespace="")
+    assert stored is not None
+    state = ClusterState(Limits(), time.monotonic)
+    cache = ClusterCache.filled(state, [stored], [])  # no watch: only the assumption counts
+    binder = Binder(cache, KubePodApi(api_client), time.time_ns)
+    fake_api.lose_answer_next("create", "pods/binding")
+    error = bind_once(binder, args_for(first, "gpu-1"))
+    assert "API server unreachable" in error and "it may have taken effect" in error, error
+    bound = fake_api.get_object("Pod", "trainer-0")
+    assert bound is not None and bound["spec"]["nodeName"] == "gpu-1"
+    assert list(state.assumed()) == [first["metadata"]["uid"]]
+    refused = bind_once(binder, args_for(second, "gpu-1"))
+    assert "has no free slot (1/1 taken)" in refused, refused
+
+
 def test_uid_mismatch_is_refused(fake_api: FakeApiServer, binder: Binder, gpu_node: str) -> None:
     p = put_pending(fake_api, "trainer")
     stale = BindingArgs("trainer", "default", "not-the-uid", gpu_node)

@@ -37,6 +37,10 @@ class LoggedRequest:
     resource: str
 
 
+LOST = 0
+"""A fault's code for "carried out, answer lost"."""
+
+
 @dataclass
 class _Fault:
     verb: str
@@ -96,13 +100,18 @@ class _Handler(BaseHTTPRequestHandler):
             route.query, route.bookmark_seq = query, api.store.bookmark_seq
             verb = verb_of(method, route)
             api._record(LoggedRequest(method, url.path, query, verb, route.rbac_resource))
-            api._maybe_fail(verb, route.rbac_resource)
+            lose_answer = api._maybe_fail(verb, route.rbac_resource)
             if verb == "watch":
                 fakewatch.serve(self, api.store, route, matcher(route))
                 return
             code, obj = handle(api.store, verb, route, body, self.headers.get("Content-Type"))
         except ApiError as err:
             code, obj = err.code, err.status()
+        else:
+            if lose_answer:  # carried out, and the connection dies before the answer
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
         self.send_json(code, obj)
 
     def send_json(self, code: int, obj: Obj) -> None:
@@ -225,6 +234,12 @@ class FakeApiServer:
         with self._lock:
             self._faults.append(_Fault(verb, resource, status_code, times, text))
 
+    def lose_answer_next(self, verb: str, resource: str, times: int = 1) -> None:
+        """Carry out the next `times` such requests, then close the connection unanswered (an
+        API server whose answer never arrives: the caller cannot tell what happened)."""
+        with self._lock:
+            self._faults.append(_Fault(verb, resource, LOST, times, ""))
+
     def requests(self, verb: str | None = None, resource: str | None = None) -> list[LoggedRequest]:
         """Logged requests, optionally only those with this verb and/or resource."""
         with self._lock:
@@ -276,9 +291,13 @@ class FakeApiServer:
             self._log.append(request)
             self._logged.notify_all()
 
-    def _maybe_fail(self, verb: str, resource: str) -> None:
+    def _maybe_fail(self, verb: str, resource: str) -> bool:
+        """Raise the next injected failure of this request; True: lose its answer."""
         with self._lock:
             for fault in self._faults:
                 if fault.verb == verb and fault.resource == resource and fault.times > 0:
                     fault.times -= 1
+                    if fault.code == LOST:
+                        return True
                     raise ApiError(fault.code, fault.message)
+        return False
