@@ -114,8 +114,11 @@ class Binder:
                 args.pod_namespace, args.pod_name, uid, args.node, version, notes
             )
         except ApiUnsure:
-            # The API server may have bound it: the slot stays assumed until the watch shows
-            # the pod (bound or not) or the assumption expires, so no other pod takes it.
+            # The API server may have bound it: the slot stays assumed, past a retry of this
+            # pod too, until the watch shows the pod bound or gone or the assumption expires.
+            with self._cache.changed:
+                self._state.keep_unsure(uid)
+                self._cache.changed.notify_all()
             raise
         except BaseException:
             with self._cache.changed:

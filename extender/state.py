@@ -44,6 +44,10 @@ class ClusterState:
         self._nodes: dict[str, NodeInventory] = {}
         self._assigned: dict[str, Assignment] = {}
         self._assumed: dict[str, tuple[Assignment, float]] = {}
+        self._unsure: dict[str, tuple[Assignment, float]] = {}
+        """Assumptions whose bind went out with no answer (the pod may be bound there): counted
+        until the watch shows the pod bound or gone, or they expire; a new bind of the same pod
+        leaves them."""
         self._by_node: dict[str, set[str]] = defaultdict(set)
         self._states: dict[str, NodeState] = {}
         self._pending: dict[str, dict[str, Any]] = {}
@@ -125,6 +129,8 @@ class ClusterState:
                 self._add(found)
         for uid in [u for u in self._assumed if u in self._assigned]:
             del self._assumed[uid]
+        for uid in [u for u in self._unsure if u in self._assigned]:
+            del self._unsure[uid]
         self._expire()
         self._rebuild_all()
 
@@ -145,6 +151,7 @@ class ClusterState:
             touched |= self._drop_assumed(uid)
             if found == before:
                 touched = set()
+            touched |= self._drop_unsure(uid)
         touched |= self._expire()
         if self.dra:
             touched |= self._claims.pod_seen(uid, pod)
@@ -156,7 +163,8 @@ class ClusterState:
         self._pending.pop(uid, None)
         self._requests.forget(uid)
         gone = self._claims.pod_gone(uid) if self.dra else set()
-        self._rebuild_many(self._remove(uid) | self._drop_assumed(uid) | self._expire() | gone)
+        dropped = self._drop_assumed(uid) | self._drop_unsure(uid)
+        self._rebuild_many(self._remove(uid) | dropped | self._expire() | gone)
 
     def claim_asks(self, ref: ClaimRef) -> tuple[ClaimAsk, ...] | str | None:
         """A claim's asks of Baton's class, why they are unreadable, or None when unknown."""
@@ -196,6 +204,13 @@ class ClusterState:
         """Drop an assumption (its bind failed)."""
         self._rebuild_many(self._drop_assumed(uid))
 
+    def keep_unsure(self, uid: str) -> None:
+        """The pod's bind went out and no answer came: its assumption stays, past a new bind of
+        the pod too, until the watch shows the pod bound or gone, or it expires."""
+        entry = self._assumed.pop(uid, None)
+        if entry is not None:
+            self._unsure[uid] = entry  # counted the same: no node changes
+
     def _counted(self, uid: str) -> Assignment | None:
         """What the pod counts as on its node now: our assumption over the watch's view."""
         entry = self._assumed.get(uid)
@@ -216,10 +231,17 @@ class ClusterState:
         entry = self._assumed.pop(uid, None)
         return {entry[0].node} if entry else set()
 
+    def _drop_unsure(self, uid: str) -> set[str]:
+        entry = self._unsure.pop(uid, None)
+        return {entry[0].node} if entry else set()
+
     def _expire(self) -> set[str]:
         deadline = self._clock() - self._ttl
         stale = [uid for uid, (_, at) in self._assumed.items() if at < deadline]
-        return set().union(*(self._drop_assumed(uid) for uid in stale))
+        gone = [uid for uid, (_, at) in self._unsure.items() if at < deadline]
+        return set().union(
+            *(self._drop_assumed(uid) for uid in stale), *(self._drop_unsure(uid) for uid in gone)
+        )
 
     def _rebuild_all(self) -> None:
         self._states = {name: self._build(name, inv) for name, inv in self._nodes.items()}
@@ -278,7 +300,8 @@ class ClusterState:
         found = [
             self._assigned[uid] for uid in self._by_node.get(name, ()) if uid not in self._assumed
         ]
-        return found + [a for a, _ in self._assumed.values() if a.node == name]
+        unsure = [a for a, _ in self._unsure.values() if a.node == name]
+        return found + [a for a, _ in self._assumed.values() if a.node == name] + unsure
 
     def inventory(self) -> list[dict[str, Any]]:
         """Every node, GPU and tenant, for `/v1/inventory`."""

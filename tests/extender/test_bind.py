@@ -195,16 +195,21 @@ def test_a_bind_sent_without_an_answer_keeps_its_slot(
     stored = fake_api.get_object("Node", "gpu-1", namespace="")
     assert stored is not None
     state = ClusterState(Limits(), time.monotonic)
-    cache = ClusterCache.filled(state, [stored], [])  # no watch: only the assumption counts
+    # No watch: the pods stay pending in the cache, and only the assumptions count.
+    cache = ClusterCache.filled(state, [stored], [first, second])
     binder = Binder(cache, KubePodApi(api_client), time.time_ns)
     fake_api.lose_answer_next("create", "pods/binding")
     error = bind_once(binder, args_for(first, "gpu-1"))
     assert "API server unreachable" in error and "it may have taken effect" in error, error
     bound = fake_api.get_object("Pod", "trainer-0")
     assert bound is not None and bound["spec"]["nodeName"] == "gpu-1"
-    assert list(state.assumed()) == [first["metadata"]["uid"]]
+    retried = bind_once(binder, args_for(first, "gpu-1"))  # kube-scheduler tries it again
+    assert "has no free slot (1/1 taken)" in retried, retried
     refused = bind_once(binder, args_for(second, "gpu-1"))
     assert "has no free slot (1/1 taken)" in refused, refused
+    state.upsert_pod(bound)  # the watch shows it bound: counted as confirmed, once
+    gpu = state.node("gpu-1").gpus[0]  # type: ignore[union-attr]
+    assert gpu.tenants == (first["metadata"]["uid"],) and state.assumed() == {}
 
 
 def test_uid_mismatch_is_refused(fake_api: FakeApiServer, binder: Binder, gpu_node: str) -> None:
