@@ -228,20 +228,18 @@ class ClusterState:
         return {old.node}
 
     def _drop_assumed(self, uid: str) -> set[str]:
-        entry = self._assumed.pop(uid, None)
-        return {entry[0].node} if entry else set()
+        return _drop(self._assumed, uid)
 
     def _drop_unsure(self, uid: str) -> set[str]:
-        entry = self._unsure.pop(uid, None)
-        return {entry[0].node} if entry else set()
+        return _drop(self._unsure, uid)
 
     def _expire(self) -> set[str]:
         deadline = self._clock() - self._ttl
-        stale = [uid for uid, (_, at) in self._assumed.items() if at < deadline]
-        gone = [uid for uid, (_, at) in self._unsure.items() if at < deadline]
-        return set().union(
-            *(self._drop_assumed(uid) for uid in stale), *(self._drop_unsure(uid) for uid in gone)
-        )
+        touched: set[str] = set()
+        for table in (self._assumed, self._unsure):
+            for uid in [uid for uid, (_, at) in table.items() if at < deadline]:
+                touched |= _drop(table, uid)
+        return touched
 
     def _rebuild_all(self) -> None:
         self._states = {name: self._build(name, inv) for name, inv in self._nodes.items()}
@@ -341,3 +339,9 @@ class ClusterState:
 
 def _name(node: dict[str, Any]) -> str:
     return str((node.get("metadata") or {}).get("name", ""))
+
+
+def _drop(table: dict[str, tuple[Assignment, float]], uid: str) -> set[str]:
+    """Remove the pod's entry from an assumption table; the node it was on, if any."""
+    entry = table.pop(uid, None)
+    return {entry[0].node} if entry else set()
