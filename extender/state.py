@@ -2,8 +2,8 @@
 
 Fed by the cache's watches; each change rebuilds only the `NodeState` of the nodes it touches,
 so placement reads precomputed per-GPU totals. An assumed assignment (recorded at bind, before
-the watch shows it) counts like a real one until the watch confirms it, the pod goes away, or
-it expires.
+the watch shows it) counts like a real one until the watch shows the pod bound or gone; only
+one whose bind went unanswered also expires.
 """
 
 from __future__ import annotations
@@ -27,20 +27,21 @@ from extender.snapshot import Limits, NodeState, PlacedPod, node_state
 
 Clock = Callable[[], float]
 UNKNOWN_NODE = "node is not in the extender's cache (its watch has not shown it yet)"
-ASSUME_TTL_S = 120.0
+UNSURE_TTL_S = 120.0
+"""How long a bind sent with no answer keeps its slot when the watch does not show the pod."""
 
 
 class ClusterState:
     """Nodes, assignments and assumptions, with a `NodeState` per node kept current."""
 
     def __init__(
-        self, limits: Limits, clock: Clock, assume_ttl_s: float = ASSUME_TTL_S, dra: bool = False
+        self, limits: Limits, clock: Clock, unsure_ttl_s: float = UNSURE_TTL_S, dra: bool = False
     ):
         self.limits = limits
         self.dra = dra
         """Pods are placed through DRA: filter and prioritize judge them by their claims."""
         self._clock = clock
-        self._ttl = assume_ttl_s
+        self._ttl = unsure_ttl_s
         self._nodes: dict[str, NodeInventory] = {}
         self._assigned: dict[str, Assignment] = {}
         self._assumed: dict[str, tuple[Assignment, float]] = {}
@@ -115,30 +116,41 @@ class ClusterState:
         self._rebuild_many({_name(node)})
 
     def replace_pods(self, pods: Iterable[dict[str, Any]]) -> None:
-        """Start over from a full pod list; assumptions it confirms are dropped."""
+        """Start over from a full pod list.
+
+        Assumptions about pods it shows bound are settled and dropped; those about pods it shows
+        pending stay (the list may predate the bind; the watch from it shows the bind). A pod it
+        does not show was deleted before the list, or created after the list began: its
+        assumption is kept as unsure, until the watch shows the pod or it expires.
+        """
         self._assigned.clear()
         self._by_node.clear()
         self._pending.clear()
         pods = list(pods)
         if self.dra:
             self._claims.replace_pods({pod_uid(p): pod_name(p) for p in pods})
+        listed: set[str] = set()
         for pod in pods:
             self._note_pending(pod)
+            listed.add(pod_uid(pod))
             found = assignment(pod, self.request)
             if found:
                 self._add(found)
-        for uid in [u for u in self._assumed if u in self._assigned]:
-            del self._assumed[uid]
-        for uid in [u for u in self._unsure if u in self._assigned]:
-            del self._unsure[uid]
+        settled = listed - set(self._pending)
+        for uid in settled:
+            self._assumed.pop(uid, None)
+            self._unsure.pop(uid, None)
+        for uid in [u for u in self._assumed if u not in listed]:
+            self._unsure[uid] = (self._assumed.pop(uid)[0], self._clock())
         self._expire()
         self._rebuild_all()
 
     def upsert_pod(self, pod: dict[str, Any]) -> None:
         """A pod was added or changed.
 
-        When it holds what was counted for it already (the watch confirming our bind as
-        assumed, or a status change of a running tenant), no node changes and none is rebuilt.
+        A pod shown bound settles every assumption about it. When it holds what was counted for
+        it already (the watch confirming our bind as assumed, or a status change of a running
+        tenant), no node changes and none is rebuilt.
         """
         uid = pod_uid(pod)
         self._note_pending(pod)
@@ -148,8 +160,9 @@ class ClusterState:
         if found:
             self._add(found)
             touched.add(found.node)
+        if uid not in self._pending:
             touched |= self._drop_assumed(uid)
-            if found == before:
+            if found is not None and found == before:
                 touched = set()
             touched |= self._drop_unsure(uid)
         touched |= self._expire()
@@ -234,11 +247,14 @@ class ClusterState:
         return _drop(self._unsure, uid)
 
     def _expire(self) -> set[str]:
+        """Drop unsure assumptions past their time. Assumptions of binds answered (or still in
+        flight) never expire: the watch is bound to show their pods, however late; expiring
+        them on a lagging watch would free slots that are taken (kube-scheduler stopped
+        expiring assumed pods for the same reason, kubernetes#106361)."""
         deadline = self._clock() - self._ttl
         touched: set[str] = set()
-        for table in (self._assumed, self._unsure):
-            for uid in [uid for uid, (_, at) in table.items() if at < deadline]:
-                touched |= _drop(table, uid)
+        for uid in [uid for uid, (_, at) in self._unsure.items() if at < deadline]:
+            touched |= _drop(self._unsure, uid)
         return touched
 
     def _rebuild_all(self) -> None:

@@ -28,7 +28,7 @@ def assume(state: ClusterState, uid: str, gpu: str = "GPU-n1-0") -> None:
 
 def setup() -> tuple[ClusterState, Clock]:
     clock = Clock()
-    state = ClusterState(Limits(), clock, assume_ttl_s=60)
+    state = ClusterState(Limits(), clock, unsure_ttl_s=60)
     state.replace_nodes([node("n1", gpus=1)])
     state.replace_pods([])
     return state, clock
@@ -46,25 +46,61 @@ def test_an_assumption_counts_until_the_watch_shows_the_bound_pod() -> None:
     assert tenants(state) == ["u1"]
 
 
-def test_assumptions_expire_and_go_with_their_pod() -> None:
+def test_an_answered_binds_assumption_outlives_any_watch_lag_and_goes_with_its_pod() -> None:
+    """kubernetes#106361: expiring an assumption while the watch lags frees a taken slot."""
     state, clock = setup()
     assume(state, "u1")
     assume(state, "u2")
     state.delete_pod(pod("p", uid="u2"))
     assert tenants(state) == ["u1"]
-    clock.now += 61
+    clock.now += 3600
     state.upsert_pod(pod("other", uid="u3"))
-    assert state.assumed() == {}
+    assert tenants(state) == ["u1"]
+    state.upsert_pod(pod("p", uid="u1", node_name="n1", assigned=["GPU-n1-0"]))
+    assert state.assumed() == {} and tenants(state) == ["u1"]
+
+
+def test_an_unanswered_binds_assumption_expires() -> None:
+    state, clock = setup()
+    assume(state, "u1")
+    state.keep_unsure("u1")
+    clock.now += 59
+    state.upsert_pod(pod("other", uid="u3"))
+    assert tenants(state) == ["u1"]
+    clock.now += 2
+    state.upsert_pod(pod("other", uid="u3"))
     assert tenants(state) == []
 
 
-def test_a_relist_keeps_unconfirmed_assumptions_and_drops_confirmed_ones() -> None:
+def test_a_pod_shown_bound_without_gpus_settles_its_assumptions() -> None:
+    """Bound by someone else, or done: nothing of ours holds the slot any more."""
     state, _ = setup()
     assume(state, "u1")
-    assume(state, "u2")
-    state.replace_pods([pod("p1", uid="u1", node_name="n1", assigned=["GPU-n1-0"])])
-    assert set(state.assumed()) == {"u2"}
-    assert sorted(tenants(state)) == ["u1", "u2"]
+    state.keep_unsure("u1")
+    assume(state, "u1")
+    assert tenants(state) == ["u1", "u1"]
+    state.upsert_pod(pod("p", uid="u1", node_name="n1"))
+    assert state.assumed() == {} and tenants(state) == []
+
+
+def test_a_relist_settles_what_it_shows_bound_and_keeps_the_rest() -> None:
+    """Shown bound: settled. Shown pending: the list may predate the bind. Not shown: deleted
+    before the list or created after it began, so counted until it expires."""
+    state, clock = setup()
+    for uid in ("u1", "u2", "u3", "u4"):
+        assume(state, uid)
+    state.replace_pods(
+        [
+            pod("p1", uid="u1", node_name="n1", assigned=["GPU-n1-0"]),
+            pod("p2", uid="u2", node_name="n1"),
+            pod("p3", uid="u3"),
+        ]
+    )
+    assert set(state.assumed()) == {"u3"}
+    assert sorted(tenants(state)) == ["u1", "u3", "u4"]
+    clock.now += 61
+    state.upsert_pod(pod("other", uid="u5"))
+    assert sorted(tenants(state)) == ["u1", "u3"]
 
 
 def test_forget_frees_the_slot_and_node_without_leaves_out_victims() -> None:

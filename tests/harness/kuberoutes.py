@@ -16,7 +16,7 @@ from tests.harness.kubepatch import (
     parse_json,
 )
 from tests.harness.kubeprotobuf import PROTOBUF, read_binding
-from tests.harness.kubestore import KINDS, NAMESPACED, ApiError, Obj, Store
+from tests.harness.kubestore import KINDS, NAMESPACED, ApiError, Key, Obj, Store
 
 BINDING_SUCCESS: Obj = {
     "kind": "Status",
@@ -136,21 +136,36 @@ def handle(
 
 
 def _list(store: Store, route: Route) -> Obj:
-    items, rv = store.list(route.resource, route.namespace, matcher(route))
-    start = 0
-    if token := route.query.get("continue"):
-        try:
-            start = int(json.loads(base64.b64decode(token))["start"])
-        except (ValueError, KeyError, TypeError) as err:
-            raise ApiError(400, "continue key is not valid") from err
-    limit = int(route.query.get("limit") or 0)
-    end = start + limit if limit > 0 else len(items)
-    meta: Obj = {"resourceVersion": str(rv)}
-    if end < len(items):
-        meta["continue"] = base64.b64encode(json.dumps({"start": end}).encode()).decode()
-        meta["remainingItemCount"] = len(items) - end
-    for item in items:
+    page = store.list_page(
+        route.resource,
+        route.namespace,
+        matcher(route),
+        int(route.query.get("limit") or 0),
+        _continued(route.query.get("continue")),
+    )
+    meta: Obj = {"resourceVersion": str(page.rv)}
+    if page.next_key is not None:
+        ns, name = page.next_key
+        start = f"{ns}/{name}\x00" if ns else f"{name}\x00"
+        token = {"v": "meta.k8s.io/v1", "rv": page.rv, "start": start}
+        meta["continue"] = base64.b64encode(json.dumps(token).encode()).decode()
+        meta["remainingItemCount"] = page.remaining
+    for item in page.items:
         item.pop("kind", None)
         item.pop("apiVersion", None)
     kind = KINDS[route.resource] + "List"
-    return {"kind": kind, "apiVersion": "v1", "metadata": meta, "items": items[start:end]}
+    return {"kind": kind, "apiVersion": "v1", "metadata": meta, "items": page.items}
+
+
+def _continued(token: str | None) -> tuple[int, Key] | None:
+    """The first page's resourceVersion and the last key served, from a continue token shaped
+    like the real server's (`{"v", "rv", "start": "<namespace>/<name>\\0"}`, base64)."""
+    if not token:
+        return None
+    try:
+        fields = json.loads(base64.b64decode(token))
+        rv, start = int(fields["rv"]), str(fields["start"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise ApiError(400, "continue key is not valid") from err
+    ns, _, name = start.rstrip("\x00").rpartition("/")
+    return rv, (ns, name)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
 import copy
 import secrets
 import string
 import threading
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,6 +41,16 @@ CONFLICT_MESSAGE = (
     "the object has been modified; please apply your changes to the latest version and try again"
 )
 SYSTEM_FIELDS = ("creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds")
+SNAPSHOTS_KEPT = 16
+"""Paged lists whose snapshot a continue token can still read; an older token gets 410, as a
+real server's does once etcd compacted its revision."""
+TOO_OLD_CONTINUE = (
+    "The provided continue parameter is too old to display a consistent list result. You can"
+    " start a new list without the continue parameter, or use the continue token in this response"
+    " to retrieve the remainder of the results. Continuing with the provided token results in an"
+    " inconsistent list - objects that were created, modified, or deleted between the time the"
+    " first chunk was returned and now may show up in the list."
+)
 # Pod spec fields an update may change; every other spec change is rejected like the real server.
 MUTABLE_POD_SPEC = frozenset({"activeDeadlineSeconds", "tolerations", "schedulingGates"})
 
@@ -77,6 +88,27 @@ def conflict(resource: str, name: str, why: str = CONFLICT_MESSAGE) -> ApiError:
     return ApiError(409, message, name=name, kind=resource)
 
 
+Key = tuple[str, str]
+"""(namespace, name): the order lists come in; "" for cluster-scoped objects."""
+
+
+@dataclass
+class Page:
+    """One page of a list: its items, the list's resourceVersion, and where the next page
+    starts (None on the last) with how many matching items remain."""
+
+    items: list[Obj]
+    rv: int
+    next_key: Key | None = None
+    remaining: int = 0
+
+
+@dataclass
+class _Snapshot:
+    keys: list[Key]
+    objects: list[Obj]
+
+
 @dataclass(frozen=True)
 class Change:
     """One committed write: the object before (None when created) and after (None when deleted)."""
@@ -102,6 +134,7 @@ class Store:
         self._history: deque[Change] = deque()
         self._history_limit = history_limit
         self._compacted = 0
+        self._snapshots: OrderedDict[tuple[str, int], _Snapshot] = OrderedDict()
         self.bookmark_seq = 0
 
     def request_bookmarks(self) -> None:
@@ -201,13 +234,63 @@ class Store:
 
     def list(self, resource: str, namespace: str | None, match: Matcher) -> tuple[list[Obj], int]:
         """Matching objects in (namespace, name) order and the list's resourceVersion."""
+        page = self.list_page(resource, namespace, match)
+        return page.items, page.rv
+
+    def list_page(
+        self,
+        resource: str,
+        namespace: str | None,
+        match: Matcher,
+        limit: int = 0,
+        after: tuple[int, Key] | None = None,
+    ) -> Page:
+        """At most `limit` (0: all) matching objects in (namespace, name) order.
+
+        A continuation (`after`: the first page's resourceVersion and the last key served)
+        reads the snapshot the first page read, as the real server reads etcd at that revision:
+        the pages of one list never skip or repeat an object, whatever changed between them,
+        and a watch from the list's resourceVersion sees every later change. 410 once that
+        snapshot is gone.
+        """
         with self.cond:
-            items = [
-                copy.deepcopy(obj)
-                for (res, ns, _name), obj in sorted(self._objects.items())
-                if res == resource and (namespace is None or ns == namespace) and match(obj)
-            ]
-            return items, self._rv
+            if after is None:
+                rv, start = self._rv, 0
+                snapshot = self._snapshot(resource)
+            else:
+                rv, last = after
+                found = self._snapshots.get((resource, rv))
+                if found is None:
+                    raise ApiError(410, TOO_OLD_CONTINUE, reason="Expired")
+                self._snapshots.move_to_end((resource, rv))
+                snapshot, start = found, bisect.bisect_right(found.keys, last)
+        page = Page([], rv)
+        for key, obj in zip(snapshot.keys[start:], snapshot.objects[start:], strict=True):
+            if (namespace is not None and key[0] != namespace) or not match(obj):
+                continue
+            if limit and len(page.items) == limit:
+                page.remaining += 1
+                continue
+            page.items.append(copy.deepcopy(obj))
+            page.next_key = key
+        if page.remaining == 0:
+            page.next_key = None
+        elif after is None:
+            self._keep(resource, rv, snapshot)
+        return page
+
+    def _snapshot(self, resource: str) -> _Snapshot:
+        """The resource's objects now, in key order (stored objects are replaced on every
+        change, never edited, so the snapshot holds them without copying)."""
+        found = sorted((k[1:], obj) for k, obj in self._objects.items() if k[0] == resource)
+        return _Snapshot([key for key, _ in found], [obj for _, obj in found])
+
+    def _keep(self, resource: str, rv: int, snapshot: _Snapshot) -> None:
+        with self.cond:
+            self._snapshots[(resource, rv)] = snapshot
+            self._snapshots.move_to_end((resource, rv))
+            while len(self._snapshots) > SNAPSHOTS_KEPT:
+                self._snapshots.popitem(last=False)
 
     def patch(
         self, resource: str, namespace: str, name: str, content_type: str, patch: Any, sub: str = ""

@@ -92,6 +92,45 @@ def test_list_pages_with_limit_and_continue(core: Any) -> None:
     assert [p.metadata.name for p in first.items] == ["p0", "p1"]
     assert [p.metadata.name for p in second.items] == ["p2", "p3", "p4"]
     assert second.metadata._continue is None
+    assert first.metadata.remaining_item_count == 3
+
+
+def test_a_paged_list_is_one_snapshot_whatever_changes_between_pages(core: Any) -> None:
+    """As on a real server: later pages read the first page's revision, so an object deleted
+    meanwhile neither shifts the pages nor hides another, and a watch from the list's version
+    shows what changed on a page already read."""
+    for i in range(6):
+        core.create_namespaced_pod("default", pod(f"p{i}"))
+    first = core.list_namespaced_pod("default", limit=2)
+    core.delete_namespaced_pod("p0", "default")
+    bind(core, "p1", "gpu-1")
+    core.create_namespaced_pod("default", pod("p9"))
+    rest = core.list_namespaced_pod("default", limit=10, _continue=first.metadata._continue)
+    assert [p.metadata.name for p in first.items] == ["p0", "p1"]
+    assert [p.metadata.name for p in rest.items] == ["p2", "p3", "p4", "p5"]
+    version = first.metadata.resource_version
+    assert rest.metadata.resource_version == version
+    stream = watch.Watch().stream(
+        core.list_namespaced_pod, "default", resource_version=version, timeout_seconds=1
+    )
+    seen = [(e["type"], e["object"].metadata.name, e["object"].spec.node_name) for e in stream]
+    assert seen == [("DELETED", "p0", None), ("MODIFIED", "p1", "gpu-1"), ("ADDED", "p9", None)]
+
+
+def test_a_continue_token_outliving_its_snapshot_is_gone(core: Any) -> None:
+    from tests.harness.kubestore import SNAPSHOTS_KEPT
+
+    for i in range(3):
+        core.create_namespaced_pod("default", pod(f"p{i}"))
+    first = core.list_namespaced_pod("default", limit=1)
+    for i in range(SNAPSHOTS_KEPT):
+        core.create_namespaced_pod("default", pod(f"q{i}"))
+        core.list_namespaced_pod("default", limit=1)
+    with pytest.raises(client.ApiException) as err:
+        core.list_namespaced_pod("default", limit=1, _continue=first.metadata._continue)
+    body = status_of(err.value)
+    assert err.value.status == 410 and body["reason"] == "Expired"
+    assert body["message"].startswith("The provided continue parameter is too old")
 
 
 def test_stale_resource_version_conflicts(core: Any) -> None:

@@ -92,11 +92,16 @@ def serve(kubeconfig: str, ports: Any) -> None:
 class ExtenderLoad:
     """The fake API server, the extender serving from it, and the pods created so far."""
 
-    def __init__(self, nodes: int, pods: int, seed: int = 3) -> None:
+    def __init__(
+        self, nodes: int, pods: int, seed: int = 3, compact_every_s: float | None = None
+    ) -> None:
         from tests.extender.builders import node
         from tests.harness.fakeapi import FakeApiServer
 
         self.rng = random.Random(seed)
+        self.compact_every_s = compact_every_s
+        """How often the churn makes the API server forget its watch history (as etcd's
+        compaction does), so that the extender relists while binds go on; None: never."""
         self.api: FakeApiServer = FakeApiServer().start()
         for i in range(nodes):
             self.api.put_object(node(f"node-{i:05d}", gpus=GPUS, slots=SLOTS))
@@ -237,9 +242,16 @@ class ExtenderLoad:
         from tests.extender.builders import node
 
         spare = 0
+        compact_at = time.monotonic() + (self.compact_every_s or 0)
         while not stop.wait(0.02):  # paced so the churn does not starve the API server
             step = self.rng.randrange(4)
-            if step == 0:
+            if self.compact_every_s and time.monotonic() >= compact_at:
+                compact_at += self.compact_every_s
+                with self.api.atomically():  # a change no watch has seen yet, then forgotten
+                    self.add_pending()
+                    self.api.compact_history()
+                self.tally.churn["watch history compacted"] += 1
+            elif step == 0:
                 name = self.rng.choice(self.node_names)
                 gpus = json.loads(
                     node(name, gpus=GPUS, slots=SLOTS)["metadata"]["annotations"][ANNOTATION_GPUS]

@@ -12,10 +12,18 @@ MAX_API_CONNECTIONS = 40
 one per bind in flight; a bind that left its responses unread opened two more every time."""
 
 
-def assert_held(nodes: int, pods: int, clients: int, seconds: float, p99_ms: float) -> None:
+def assert_held(
+    nodes: int,
+    pods: int,
+    clients: int,
+    seconds: float,
+    p99_ms: float,
+    compact_every_s: float | None = None,
+) -> None:
     """One client first (the same-run reference, short so that it fills few slots), then
-    `clients` with `pods` pods pending."""
-    load = ExtenderLoad(nodes, pods)
+    `clients` with `pods` pods pending; with `compact_every_s`, the extender's watches are made
+    to relist that often while binds go on."""
+    load = ExtenderLoad(nodes, pods, compact_every_s=compact_every_s)
     try:
         single = load.run(1, min(10.0, max(2.0, seconds / 10)))
         tally = load.run(clients, seconds, pending=pods)
@@ -55,7 +63,7 @@ def assert_held(nodes: int, pods: int, clients: int, seconds: float, p99_ms: flo
 def test_twenty_clients_on_a_churning_cache_never_double_book():
     """Promised: no slot is ever double-booked, every answer is 200, and filter/prioritize stay
     fast (issue 5 targets p99 < 20 ms; on this shared machine the short run asserts < 500 ms)."""
-    assert_held(nodes=300, pods=400, clients=20, seconds=8, p99_ms=500)
+    assert_held(nodes=300, pods=1200, clients=20, seconds=8, p99_ms=500, compact_every_s=1.0)
 
 
 @pytest.mark.soak
