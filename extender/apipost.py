@@ -24,12 +24,20 @@ _STALE = (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError)
 """What a kept-alive connection the API server closed while idle raises on reuse."""
 
 
+GAVE_UP = 504
+"""kube-apiserver stopped waiting for the request ("Timeout: request did not complete within
+requested timeout"); the write it started may still land."""
+
+
 def refusal(what: str, status: int, body: Any, reason: str = "") -> ApiFailure:
     """The API server's refusal of `what`, with the message of its Status body: `ApiConflict`
-    for a 409, else `ApiFailure`."""
-    message = _status_message(body) or reason or "no message"
-    kind = ApiConflict if status == 409 else ApiFailure
-    return kind(f"{what}: API server answered {status}: {message}")
+    for a 409, `ApiUnsure` for a 504, else `ApiFailure`."""
+    message = (
+        f"{what}: API server answered {status}: {_status_message(body) or reason or 'no message'}"
+    )
+    if status == GAVE_UP:
+        return ApiUnsure(f"{message} (it may still take effect)")
+    return (ApiConflict if status == 409 else ApiFailure)(message)
 
 
 def unreachable(what: str, err: BaseException, sent: bool = False) -> ApiFailure:

@@ -28,7 +28,8 @@ from extender.snapshot import Limits, NodeState, PlacedPod, node_state
 Clock = Callable[[], float]
 UNKNOWN_NODE = "node is not in the extender's cache (its watch has not shown it yet)"
 UNSURE_TTL_S = 120.0
-"""How long a bind sent with no answer keeps its slot when the watch does not show the pod."""
+"""How long a bind sent with no answer, or an assumed pod a relist did not show, keeps its slot
+when the watch does not show the pod."""
 
 
 class ClusterState:
@@ -49,6 +50,9 @@ class ClusterState:
         """Assumptions whose bind went out with no answer (the pod may be bound there): counted
         until the watch shows the pod bound or gone, or they expire; a new bind of the same pod
         leaves them."""
+        self._unlisted: dict[str, float] = {}
+        """Assumed pods the last relist did not show (deleted before it, or created after it
+        began), with when: dropped unless the watch shows the pod within the TTL."""
         self._by_node: dict[str, set[str]] = defaultdict(set)
         self._states: dict[str, NodeState] = {}
         self._pending: dict[str, dict[str, Any]] = {}
@@ -121,7 +125,7 @@ class ClusterState:
         Assumptions about pods it shows bound are settled and dropped; those about pods it shows
         pending stay (the list may predate the bind; the watch from it shows the bind). A pod it
         does not show was deleted before the list, or created after the list began: its
-        assumption is kept as unsure, until the watch shows the pod or it expires.
+        assumption stays, marked, and expires unless the watch shows the pod within the TTL.
         """
         self._assigned.clear()
         self._by_node.clear()
@@ -138,10 +142,13 @@ class ClusterState:
                 self._add(found)
         settled = listed - set(self._pending)
         for uid in settled:
-            self._assumed.pop(uid, None)
-            self._unsure.pop(uid, None)
-        for uid in [u for u in self._assumed if u not in listed]:
-            self._unsure[uid] = (self._assumed.pop(uid)[0], self._clock())
+            self._drop_assumed(uid)
+            self._drop_unsure(uid)
+        for uid in self._assumed:
+            if uid in listed:
+                self._unlisted.pop(uid, None)
+            else:
+                self._unlisted[uid] = self._clock()
         self._expire()
         self._rebuild_all()
 
@@ -154,6 +161,7 @@ class ClusterState:
         """
         uid = pod_uid(pod)
         self._note_pending(pod)
+        self._unlisted.pop(uid, None)
         before = self._counted(uid)
         touched = self._remove(uid)
         found = assignment(pod, self.request)
@@ -210,7 +218,7 @@ class ClusterState:
     def assume(self, found: Assignment) -> None:
         """Count an assignment from our own bind until the watch shows it."""
         touched = self._drop_assumed(found.uid) | self._expire()
-        self._assumed[found.uid] = (found, self._clock())
+        self._assumed[found.uid] = (found, self._clock())  # the bind has just read the pod
         self._rebuild_many(touched | {found.node})
 
     def forget(self, uid: str) -> None:
@@ -220,6 +228,7 @@ class ClusterState:
     def keep_unsure(self, uid: str) -> None:
         """The pod's bind went out and no answer came: its assumption stays, past a new bind of
         the pod too, until the watch shows the pod bound or gone, or it expires."""
+        self._unlisted.pop(uid, None)
         entry = self._assumed.pop(uid, None)
         if entry is not None:
             self._unsure[uid] = entry  # counted the same: no node changes
@@ -241,20 +250,25 @@ class ClusterState:
         return {old.node}
 
     def _drop_assumed(self, uid: str) -> set[str]:
+        self._unlisted.pop(uid, None)
         return _drop(self._assumed, uid)
 
     def _drop_unsure(self, uid: str) -> set[str]:
         return _drop(self._unsure, uid)
 
     def _expire(self) -> set[str]:
-        """Drop unsure assumptions past their time. Assumptions of binds answered (or still in
-        flight) never expire: the watch is bound to show their pods, however late; expiring
-        them on a lagging watch would free slots that are taken (kube-scheduler stopped
-        expiring assumed pods for the same reason, kubernetes#106361)."""
+        """Drop unsure assumptions, and those a relist did not show, past their time.
+
+        An answered (or in-flight) bind's assumption of a pod the watch has shown never
+        expires: the watch is bound to show the pod bound or gone, however late; expiring it on
+        a lagging watch would free a slot that is taken (kube-scheduler stopped expiring
+        assumed pods for the same reason, kubernetes#106361)."""
         deadline = self._clock() - self._ttl
         touched: set[str] = set()
         for uid in [uid for uid, (_, at) in self._unsure.items() if at < deadline]:
-            touched |= _drop(self._unsure, uid)
+            touched |= self._drop_unsure(uid)
+        for uid in [uid for uid, at in self._unlisted.items() if at < deadline]:
+            touched |= self._drop_assumed(uid)
         return touched
 
     def _rebuild_all(self) -> None:

@@ -212,6 +212,24 @@ def test_a_bind_sent_without_an_answer_keeps_its_slot(
     assert gpu.tenants == (first["metadata"]["uid"],) and state.assumed() == {}
 
 
+def test_a_bind_the_api_server_gave_up_on_keeps_its_slot(
+    fake_api: FakeApiServer, api_client: Any
+) -> None:
+    """A 504 is kube-apiserver giving up waiting, not a refusal: the write may still land."""
+    fake_api.put_object(node("gpu-1", gpus=1, slots=1))
+    first, second = (put_pending(fake_api, f"trainer-{i}", memory=1000, duty=10) for i in (0, 1))
+    stored = fake_api.get_object("Node", "gpu-1", namespace="")
+    assert stored is not None
+    cache = ClusterCache.filled(ClusterState(Limits(), time.monotonic), [stored], [first, second])
+    binder = Binder(cache, KubePodApi(api_client), time.time_ns)
+    fake_api.fail_next("create", "pods/binding", 504, message="Timeout: request did not complete")
+    error = bind_once(binder, args_for(first, "gpu-1"))
+    assert "answered 504: Timeout: request did not complete" in error, error
+    assert "it may still take effect" in error, error
+    refused = bind_once(binder, args_for(second, "gpu-1"))
+    assert "has no free slot (1/1 taken)" in refused, refused
+
+
 def test_uid_mismatch_is_refused(fake_api: FakeApiServer, binder: Binder, gpu_node: str) -> None:
     p = put_pending(fake_api, "trainer")
     stale = BindingArgs("trainer", "default", "not-the-uid", gpu_node)

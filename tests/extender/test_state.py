@@ -85,10 +85,12 @@ def test_a_pod_shown_bound_without_gpus_settles_its_assumptions() -> None:
 
 def test_a_relist_settles_what_it_shows_bound_and_keeps_the_rest() -> None:
     """Shown bound: settled. Shown pending: the list may predate the bind. Not shown: deleted
-    before the list or created after it began, so counted until it expires."""
+    before the list or created after it began, so counted until the TTL, from the relist, ends
+    with the watch not showing it."""
     state, clock = setup()
     for uid in ("u1", "u2", "u3", "u4"):
         assume(state, uid)
+    clock.now += 100
     state.replace_pods(
         [
             pod("p1", uid="u1", node_name="n1", assigned=["GPU-n1-0"]),
@@ -96,11 +98,50 @@ def test_a_relist_settles_what_it_shows_bound_and_keeps_the_rest() -> None:
             pod("p3", uid="u3"),
         ]
     )
-    assert set(state.assumed()) == {"u3"}
+    assert set(state.assumed()) == {"u3", "u4"}
     assert sorted(tenants(state)) == ["u1", "u3", "u4"]
-    clock.now += 61
+    clock.now += 59
+    state.upsert_pod(pod("other", uid="u5"))
+    assert sorted(tenants(state)) == ["u1", "u3", "u4"]
+    clock.now += 2
     state.upsert_pod(pod("other", uid="u5"))
     assert sorted(tenants(state)) == ["u1", "u3"]
+
+
+def test_a_pod_the_relist_missed_that_the_watch_then_shows_keeps_its_assumption() -> None:
+    """Created after the list began: the watch from the list shows it, and its answered bind
+    holds the slot however late the watch then shows it bound."""
+    state, clock = setup()
+    assume(state, "u1")
+    state.replace_pods([])
+    state.upsert_pod(pod("p1", uid="u1"))
+    clock.now += 3600
+    state.upsert_pod(pod("other", uid="u5"))
+    assert tenants(state) == ["u1"] and set(state.assumed()) == {"u1"}
+
+
+def test_a_refused_bind_of_a_pod_the_relist_missed_frees_its_slot_at_once() -> None:
+    state, _ = setup()
+    assume(state, "u1")
+    state.replace_pods([])
+    state.forget("u1")
+    assert tenants(state) == []
+
+
+def test_a_relist_missing_a_retried_pod_keeps_its_unanswered_bind() -> None:
+    """The first bind went unanswered (maybe bound, on GPU 1); the retry (GPU 0) is in flight
+    when a relist misses the pod: both stay counted."""
+    state, _ = setup()
+    state.replace_nodes([node("n1", gpus=2)])
+    assume(state, "u1", gpu="GPU-n1-1")
+    state.keep_unsure("u1")
+    assume(state, "u1", gpu="GPU-n1-0")
+    state.replace_pods([])
+    found = state.node("n1")
+    assert found is not None and [g.tenants for g in found.gpus] == [("u1",), ("u1",)]
+    state.forget("u1")  # the retry is refused; the unanswered bind may still hold GPU 1
+    found = state.node("n1")
+    assert found is not None and [g.tenants for g in found.gpus] == [(), ("u1",)]
 
 
 def test_forget_frees_the_slot_and_node_without_leaves_out_victims() -> None:

@@ -1,9 +1,10 @@
 """A fake Kubernetes API server: the core/v1 subset Baton uses, over real HTTP, for the real client.
 
 Serves nodes, pods (with the binding and status subresources), events and configmaps: create, get,
-list (field and label selectors, limit/continue over one snapshot), watch (chunked JSON lines, bookmarks, 410 Gone),
-patch (merge, strategic merge treated as merge, JSON patch), replace and delete. Test controls:
-start/stop on the same port, direct object access, fault injection and a request log.
+list (field and label selectors, limit/continue over one snapshot), watch (chunked JSON lines,
+bookmarks, 410 Gone), patch (merge, strategic merge treated as merge, JSON patch), replace and
+delete. Test controls: start/stop on the same port, direct object access, fault injection and a
+request log.
 """
 
 from __future__ import annotations

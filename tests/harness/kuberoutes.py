@@ -145,11 +145,10 @@ def _list(store: Store, route: Route) -> Obj:
     )
     meta: Obj = {"resourceVersion": str(page.rv)}
     if page.next_key is not None:
-        ns, name = page.next_key
-        start = f"{ns}/{name}\x00" if ns else f"{name}\x00"
-        token = {"v": "meta.k8s.io/v1", "rv": page.rv, "start": start}
+        token = {"v": "meta.k8s.io/v1", "rv": page.rv, "start": page.next_key + "\x00"}
         meta["continue"] = base64.b64encode(json.dumps(token).encode()).decode()
-        meta["remainingItemCount"] = page.remaining
+        if not route.query.get("fieldSelector") and not route.query.get("labelSelector"):
+            meta["remainingItemCount"] = page.remaining  # unknown to a real server otherwise
     for item in page.items:
         item.pop("kind", None)
         item.pop("apiVersion", None)
@@ -158,14 +157,12 @@ def _list(store: Store, route: Route) -> Obj:
 
 
 def _continued(token: str | None) -> tuple[int, Key] | None:
-    """The first page's resourceVersion and the last key served, from a continue token shaped
-    like the real server's (`{"v", "rv", "start": "<namespace>/<name>\\0"}`, base64)."""
+    """The first page's resourceVersion and the key the next page starts from, from a continue
+    token shaped like the real server's (`{"v", "rv", "start": "<last key>\\0"}`, base64)."""
     if not token:
         return None
     try:
         fields = json.loads(base64.b64decode(token))
-        rv, start = int(fields["rv"]), str(fields["start"])
+        return int(fields["rv"]), str(fields["start"])
     except (ValueError, KeyError, TypeError) as err:
         raise ApiError(400, "continue key is not valid") from err
-    ns, _, name = start.rstrip("\x00").rpartition("/")
-    return rv, (ns, name)

@@ -88,14 +88,16 @@ def conflict(resource: str, name: str, why: str = CONFLICT_MESSAGE) -> ApiError:
     return ApiError(409, message, name=name, kind=resource)
 
 
-Key = tuple[str, str]
-"""(namespace, name): the order lists come in; "" for cluster-scoped objects."""
+Key = str
+"""`<namespace>/<name>`, or `<name>` for a cluster-scoped object: an object's etcd key under its
+resource's prefix, the order lists come in."""
 
 
 @dataclass
 class Page:
     """One page of a list: its items, the list's resourceVersion, and where the next page
-    starts (None on the last) with how many matching items remain."""
+    starts after (the last key served; None on the last page) with how many matching items
+    remain."""
 
     items: list[Obj]
     rv: int
@@ -167,9 +169,11 @@ class Store:
         return copy.deepcopy(target)
 
     def compact(self) -> None:
-        """Forget every retained change, so watches from older resourceVersions get 410 Gone."""
+        """Forget every retained change, so watches from older resourceVersions get 410 Gone,
+        and every list snapshot, so continue tokens do too."""
         with self.cond:
             self._history.clear()
+            self._snapshots.clear()
             self._compacted = self._rv
 
     def changes_after(self, rv: int) -> list[Change]:
@@ -233,7 +237,7 @@ class Store:
             return copy.deepcopy(self._current(resource, namespace, name))
 
     def list(self, resource: str, namespace: str | None, match: Matcher) -> tuple[list[Obj], int]:
-        """Matching objects in (namespace, name) order and the list's resourceVersion."""
+        """Matching objects in key order and the list's resourceVersion."""
         page = self.list_page(resource, namespace, match)
         return page.items, page.rv
 
@@ -245,9 +249,9 @@ class Store:
         limit: int = 0,
         after: tuple[int, Key] | None = None,
     ) -> Page:
-        """At most `limit` (0: all) matching objects in (namespace, name) order.
+        """At most `limit` (0: all) matching objects in key order.
 
-        A continuation (`after`: the first page's resourceVersion and the last key served)
+        A continuation (`after`: the first page's resourceVersion and the key to start from)
         reads the snapshot the first page read, as the real server reads etcd at that revision:
         the pages of one list never skip or repeat an object, whatever changed between them,
         and a watch from the list's resourceVersion sees every later change. 410 once that
@@ -258,15 +262,16 @@ class Store:
                 rv, start = self._rv, 0
                 snapshot = self._snapshot(resource)
             else:
-                rv, last = after
+                rv, first = after
                 found = self._snapshots.get((resource, rv))
                 if found is None:
                     raise ApiError(410, TOO_OLD_CONTINUE, reason="Expired")
                 self._snapshots.move_to_end((resource, rv))
-                snapshot, start = found, bisect.bisect_right(found.keys, last)
+                snapshot, start = found, bisect.bisect_left(found.keys, first)
+        prefix = f"{namespace}/" if namespace is not None else ""
         page = Page([], rv)
         for key, obj in zip(snapshot.keys[start:], snapshot.objects[start:], strict=True):
-            if (namespace is not None and key[0] != namespace) or not match(obj):
+            if not key.startswith(prefix) or not match(obj):
                 continue
             if limit and len(page.items) == limit:
                 page.remaining += 1
@@ -282,7 +287,11 @@ class Store:
     def _snapshot(self, resource: str) -> _Snapshot:
         """The resource's objects now, in key order (stored objects are replaced on every
         change, never edited, so the snapshot holds them without copying)."""
-        found = sorted((k[1:], obj) for k, obj in self._objects.items() if k[0] == resource)
+        found = sorted(
+            (f"{ns}/{name}" if ns else name, obj)
+            for (res, ns, name), obj in self._objects.items()
+            if res == resource
+        )
         return _Snapshot([key for key, _ in found], [obj for _, obj in found])
 
     def _keep(self, resource: str, rv: int, snapshot: _Snapshot) -> None:

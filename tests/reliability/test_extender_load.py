@@ -29,8 +29,10 @@ def assert_held(
         tally = load.run(clients, seconds, pending=pods)
         double = load.double_booked()
         connections = load.api.connections_accepted
+        pod_lists = load.api.requests("list", "pods")
     finally:
         load.close()
+    first_pages = [r for r in pod_lists if not r.query.get("continue")]
     calls = sum(tally.statuses.values())
     figures = {
         "nodes": nodes,
@@ -46,6 +48,7 @@ def assert_held(
         "churn_events": sum(tally.churn.values()),
         "non_200": calls - tally.statuses[200],
         "double_booked": len(double),
+        "pod_relists": len(first_pages) - 1,
     }
     print(figures, tally.bind_errors[:5])
     record("load", f"extender: {clients} clients, {nodes} nodes, {seconds:g} s", figures)
@@ -53,6 +56,10 @@ def assert_held(
     assert set(tally.statuses) == {200}, tally.statuses
     assert set(single.statuses) == {200}, single.statuses
     assert figures["binds"] > 0 and figures["churn_events"] > 0
+    if compact_every_s:  # the extender did relist, in pages, while binds went on
+        assert tally.churn["watch history compacted"] > 0, tally.churn
+        assert figures["pod_relists"] > 0, figures
+        assert len(pod_lists) > len(first_pages), "no relist took more than one page"
     # Binds reuse the extender's pooled API connections instead of opening one per call.
     assert connections <= MAX_API_CONNECTIONS, (connections, figures["binds"])
     for verb in ("filter", "prioritize"):
