@@ -8,6 +8,7 @@ overlay's profile with its extender (`DRA`), with an extender that decides nothi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,29 +64,17 @@ def pods(scheduler: str, prefix: str, count: int) -> list[dict[str, Any]]:
     """`count` tenant pods of mixed memory and duty, the same shapes for every profile (on
     the DRA profiles each names its claim, `claims` makes them)."""
     if scheduler in DRA_PROFILES:
-        return [
-            drafleet.pod_body(f"{prefix}-{i:05d}", scheduler, f"{prefix}-{i:05d}")
-            for i in range(count)
-        ]
-    return [
-        fleet.pod_body(
-            f"{prefix}-{i:05d}",
-            scheduler,
-            MEMORY_SHAPES[i % len(MEMORY_SHAPES)],
-            DUTY_SHAPES[i % len(DUTY_SHAPES)],
-        )
-        for i in range(count)
-    ]
+        return [drafleet.pod_body(name, scheduler, name) for name, _, _ in _tenants(prefix, count)]
+    return [fleet.pod_body(name, scheduler, *shape) for name, *shape in _tenants(prefix, count)]
 
 
 def claims(prefix: str, count: int, profile: str = DRA) -> list[dict[str, Any]]:
     """The claims of a DRA profile's `pods(profile, prefix, count)`, one each, same shapes."""
-    return [
-        drafleet.claim_body(
-            f"{prefix}-{i:05d}",
-            profile,
-            MEMORY_SHAPES[i % len(MEMORY_SHAPES)],
-            DUTY_SHAPES[i % len(DUTY_SHAPES)],
-        )
-        for i in range(count)
-    ]
+    return [drafleet.claim_body(name, profile, *shape) for name, *shape in _tenants(prefix, count)]
+
+
+def _tenants(prefix: str, count: int) -> Iterator[tuple[str, int, int]]:
+    """Each tenant's name, memory (MiB) and duty (percent), the same for every profile."""
+    for i in range(count):
+        memory, duty = MEMORY_SHAPES[i % len(MEMORY_SHAPES)], DUTY_SHAPES[i % len(DUTY_SHAPES)]
+        yield f"{prefix}-{i:05d}", memory, duty

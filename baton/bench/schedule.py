@@ -145,24 +145,23 @@ class Bench:
         if dra:  # the DRA overlay's extender
             argv += ["--dra", "--policy", "complement"]
         name = "baton-extender-dra" if dra else "baton-extender"
-        extender = Process(name, argv, self.root / f"{name}.log").start()
-        try:
-            wait_for(f"{name} to be ready", lambda: _answers(extender, port), 60.0, every=0.1)
-        except BaseException:
-            extender.stop()
-            raise
-        return extender, url
+        return self._start_answering(name, argv, port), url
 
     def _start_null_extender(self) -> tuple[Process, str]:
         (port,) = free_ports(1)
         argv = [sys.executable, "-m", "baton.bench.nullextender", str(port)]
-        null = Process("null-extender", argv, self.root / "null-extender.log").start()
+        return self._start_answering("null-extender", argv, port), f"http://127.0.0.1:{port}"
+
+    def _start_answering(self, name: str, argv: list[str], port: int) -> Process:
+        """Start `argv` (logging to `<name>.log`) and wait until it answers HTTP on `port`;
+        stopped again if it does not."""
+        process = Process(name, argv, self.root / f"{name}.log").start()
         try:
-            wait_for("the null extender to listen", lambda: _answers(null, port), 60.0, every=0.1)
+            wait_for(f"{name} to be ready", lambda: _answers(process, port), 60.0, every=0.1)
         except BaseException:
-            null.stop()
+            process.stop()
             raise
-        return null, f"http://127.0.0.1:{port}"
+        return process
 
     @contextmanager
     def scheduler(self, profile: str) -> Iterator[None]:
