@@ -7,6 +7,7 @@ The same server takes fake health events when GPUs are fake:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -74,6 +75,22 @@ class Metrics:
         self.unhealthy_gpus.set(len(inventory.unhealthy))
 
 
+FakePost = Callable[[dict[str, Any]], dict[str, Any]]
+"""A fake fault's handler: the POST's JSON body in, the JSON answer out."""
+
+
+def _fake_xid(tracker: HealthTracker, body: dict[str, Any]) -> dict[str, Any]:
+    """`/fake/xid`: the GPU (`gpu`: index or UUID) reports XID `xid`."""
+    uuid = tracker.resolve(str(body["gpu"]))
+    return {"gpu": uuid, "changed": tracker.on_xid(uuid, int(body["xid"]))}
+
+
+def _fake_recover(tracker: HealthTracker, body: dict[str, Any]) -> dict[str, Any]:
+    """`/fake/recover`: the GPU is healthy again."""
+    uuid = tracker.resolve(str(body["gpu"]))
+    return {"gpu": uuid, "changed": tracker.set_healthy(uuid)}
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: StatusServer
 
@@ -90,23 +107,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found: try /metrics\n", "text/plain")
 
     def do_POST(self) -> None:
-        tracker, more = self.server.fake_health, self.server.fake_posts.get(self.path)
-        if more is None and (tracker is None or self.path not in ("/fake/xid", "/fake/recover")):
-            why = f"no fake fault at {self.path}" if tracker else "fake faults need --fake-gpus"
+        handler = self.server.fake_posts.get(self.path)
+        if handler is None:
+            why = "fake faults need --fake-gpus"
+            if self.server.fake_posts:
+                why = f"no fake fault at {self.path}"
             self._send(404, f"{why}\n".encode(), "text/plain")
             return
         try:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or "{}")
-            if more is not None:
-                answer = more(body)
-            else:
-                assert tracker is not None
-                uuid = tracker.resolve(str(body["gpu"]))
-                if self.path == "/fake/xid":
-                    changed = tracker.on_xid(uuid, int(body["xid"]))
-                else:
-                    changed = tracker.set_healthy(uuid)
-                answer = {"gpu": uuid, "changed": changed}
+            answer = handler(body)
         except (ValueError, KeyError, TypeError) as err:
             self._send(400, f"bad request: {err}\n".encode(), "text/plain")
             return
@@ -137,12 +147,14 @@ class StatusServer(ThreadingHTTPServer):
         metrics: Metrics,
         fake_health: HealthTracker | None,
         not_ready: Callable[[], str | None] = lambda: None,
-        fake_posts: Mapping[str, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
+        fake_posts: Mapping[str, FakePost] | None = None,
     ) -> None:
         super().__init__((host, port), _Handler)
         self.metrics = metrics
-        self.fake_health = fake_health
-        self.fake_posts = fake_posts or {}
+        self.fake_posts: dict[str, FakePost] = dict(fake_posts or {})
+        if fake_health is not None:
+            self.fake_posts["/fake/xid"] = functools.partial(_fake_xid, fake_health)
+            self.fake_posts["/fake/recover"] = functools.partial(_fake_recover, fake_health)
         self.not_ready = not_ready
         self._thread = threading.Thread(target=self.serve_forever, name="metrics-http", daemon=True)
 
