@@ -6,7 +6,6 @@ import dataclasses
 import itertools
 import json
 import threading
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from dra.daemon import Driver, Settings
 from dra.record import ClaimRecord
 from dra.runtime import ON
 from dra.slices import slice_name
+from tests.deviceplugin.test_kubelet_flow import post
 from tests.dra.test_slices import Slices
 from tests.harness.drakubelet import DraKubeletStub
 
@@ -224,11 +224,7 @@ def test_a_driver_cut_between_spec_and_record_leaves_nothing_prepared(tmp: Path)
     answers: list[Any] = []
     try:
         kubelet.register()
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{driver.status.port}/fake/hold-prepare", data=b"{}"
-        )
-        with urllib.request.urlopen(request, timeout=WAIT_S) as response:
-            assert json.loads(response.read()) == {"armed": True}
+        assert post(driver, "/fake/hold-prepare", {}) == {"armed": True}
         cut = threading.Thread(
             target=lambda: answers.append(kubelet.prepare(("ns", "uid-1", "c1")))
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.request
 from pathlib import Path
 
 from baton.contract import names
@@ -13,6 +12,7 @@ from tests.k8s.cluster import Cluster, wait_for
 from tests.k8s.dra.claims import claim_template, claim_tenant
 from tests.k8s.dra.conftest import CDI_DIR
 from tests.k8s.dra.test_claims import pod_claim
+from tests.k8s.dra.test_health import fake
 from tests.k8s.test_faults import replaced
 
 RECORD = Path(names.DRA_STATE_DIR) / "prepared-claims.json"
@@ -110,11 +110,7 @@ def test_driver_killed_mid_prepare_prepares_the_claim_again_from_nothing(
     orphan, the real kubelet prepares again, and the tenant runs with its env and verifies."""
     ns = dra_namespace
     driver = dra_cluster.daemon_pod("baton-dra")["metadata"]["name"]
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{names.PORT_DRA}/fake/hold-prepare", data=b"{}"
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert json.loads(response.read()) == {"armed": True}
+    assert fake("/fake/hold-prepare", {}) == {"armed": True}
     dra_cluster.apply(claim_template("fault-20g", ns, 20, 20))
     dra_cluster.apply(claim_tenant("mid-a", ns, "fault-20g", steps=2))
     wait_for(
