@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from baton.contract import names
+from baton.contract import names, shutdown
 from deviceplugin.allocation import Allocator, PodSource
 from deviceplugin.annotate import NodeAnnotator
 from deviceplugin.devices import Inventory, NodeGpu
@@ -168,15 +168,7 @@ class Daemon:
         self, stop: threading.Event, why: Callable[[], str | None] = lambda: None
     ) -> None:
         """Start, block until `stop` is set, stop; log `why()` it stopped."""
-        try:
-            self.start()
-        except BaseException:
-            self.stop()  # what started before the failure
-            raise
-        try:
-            stop.wait()
-        finally:
-            self.stop()
+        shutdown.run_until(self.start, self.stop, stop)
         log.info(
             "device plugin stopped on %s; the kubelet drops its registration on its own",
             why() or "request",

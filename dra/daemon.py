@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from baton.contract import names
+from baton.contract import names, shutdown
 from deviceplugin.annotate import NodeAnnotator
 from deviceplugin.devices import Inventory, NodeGpu
 from deviceplugin.health import HealthTracker, NvmlHealthLoop
@@ -182,13 +182,5 @@ class Driver:
         self, stop: threading.Event, why: Callable[[], str | None] = lambda: None
     ) -> None:
         """Start, block until `stop` is set, stop; log `why()` it stopped."""
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        try:
-            stop.wait()
-        finally:
-            self.stop()
+        shutdown.run_until(self.start, self.stop, stop)
         log.info("DRA driver stopped on %s", why() or "request")

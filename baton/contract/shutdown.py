@@ -24,6 +24,20 @@ def on_stop_signal_async(loop: asyncio.AbstractEventLoop, stop: Callable[[str], 
         loop.add_signal_handler(sig, stop, sig.name)
 
 
+def run_until(start: Callable[[], None], stop: Callable[[], None], until: threading.Event) -> None:
+    """A threaded daemon's life: `start()`, block until `until` is set, `stop()`; a start that
+    fails part-way stops what it started before the error goes on."""
+    try:
+        start()
+    except BaseException:
+        stop()
+        raise
+    try:
+        until.wait()
+    finally:
+        stop()
+
+
 class StopSignal:
     """A stop signal caught from the main thread; `wait` blocks until one arrives."""
 
