@@ -8,6 +8,8 @@ comma := ,
 STAMP := $(VENV)/.installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
 
 .PHONY: demo test lint soak proto bench clean
+# The property and fuzz tests: fixed examples in `make test`, new ones each `make soak`.
+PROPERTY_TESTS = $(filter-out tests/reliability/%,$(shell grep -rl --include='test_*.py' '^from hypothesis' tests))
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +30,8 @@ test: lint
 
 soak: $(STAMP)
 	mkdir -p build && rm -f build/reliability.jsonl
-	BATON_RELIABILITY_FIGURES=build/reliability.jsonl \
-		$(BIN)/pytest -q -rs -m 'soak or not soak' tests/reliability
+	BATON_RELIABILITY_FIGURES=build/reliability.jsonl BATON_HYPOTHESIS_PROFILE=random \
+		$(BIN)/pytest -q -rs -m 'soak or not soak' tests/reliability $(PROPERTY_TESTS)
 	$(BIN)/python -m tests.reliability.report build/reliability.jsonl --out docs/reliability.md
 
 proto: $(STAMP)

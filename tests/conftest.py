@@ -1,15 +1,25 @@
-"""Fixtures every area shares: the fake API server and a real client talking to it."""
+"""Fixtures every area shares: the fake API server and a real client talking to it; and the
+Hypothesis profile every property and fuzz test runs under."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from baton.contract.kube import load_api_client
 from tests.harness.fakeapi import FakeApiServer
+
+HYPOTHESIS_PROFILE = "BATON_HYPOTHESIS_PROFILE"
+settings.register_profile("deterministic", derandomize=True, database=None, print_blob=True)
+settings.register_profile("random", derandomize=False, database=None, print_blob=True)
+settings.load_profile(os.environ.get(HYPOTHESIS_PROFILE, "deterministic"))
+"""`make test` and CI draw the same examples every run (each test's seed is a hash of the test,
+no example database); `make soak` sets BATON_HYPOTHESIS_PROFILE=random and draws new ones."""
 
 
 @pytest.fixture
