@@ -208,7 +208,10 @@ class LeaseService(TurnService):
             pod = tenant is not None and tenant.source == POD
             if pod and self.parking_method(tenant_id) == APP:
                 self._left_app_pods.add(tenant_id)
-            self._drop(tenant_id, "its last session ended")
+            why = "its last session ended"
+            if pod:  # the pod is still on the node: listed, with no process, until it leaves
+                why += "; its pod stays listed, with no process, until it leaves the node"
+            self._drop(tenant_id, why)
 
     def upsert_pod(self, tenant: Tenant) -> None:
         """A pod on this node with Baton GPUs appeared or changed."""
@@ -242,6 +245,6 @@ class LeaseService(TurnService):
         if tenant is not None and tenant.source != POD:
             self.tenants.remove(tenant_id)
         self._publish(ev.TENANT_GONE, tenant_id, detail=why)
-        log.info("tenant %s gone (%s); released %d leases", tenant_id, why, len(leases))
+        log.info("tenant %s: %s; released %d leases", tenant_id, why, len(leases))
         self._spawn(self.preparer.forget(tenant_id))
         self._changed()

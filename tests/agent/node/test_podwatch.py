@@ -72,6 +72,15 @@ def test_pod_tenant_from_cgroup_and_pod_watch(workdir: str, tmp_path: Path) -> N
             assert set(runner.status()["tenants"]) == {"team/trainer"}
 
             mark = runner.mark()
+            baton.close()  # its last process leaves; the pod stays on the node
+            ended = runner.wait_event(lambda e: e.kind == "tenant_gone", since=mark)
+            assert ended.detail == (
+                "its last session ended; its pod stays listed, with no process, until it leaves"
+                " the node"
+            )
+            assert set(runner.status()["tenants"]) == {"team/trainer"}
+
+            mark = runner.mark()
             api.remove_object("Pod", "trainer", "team")
             gone = runner.wait_event(lambda e: e.kind == "tenant_gone", since=mark)
             assert gone.tenant_id == "team/trainer" and "pod left" in gone.detail
