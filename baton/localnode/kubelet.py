@@ -68,6 +68,7 @@ def kubelet_process(
         f"--root-dir={ROOT_DIR}",
         f"--cert-dir={run_dir / 'kubelet-certs'}",
         f"--node-labels={names.LABEL_GPU_NODE}=true",
+        "--v=2",  # the device manager's and the DRA manager's registrations and connections
     ]
     return Process("kubelet", argv, run_dir / "logs" / "kubelet.log")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from baton.localnode.install import HOST_DIRS, install_baton
 from baton.localnode.node import LocalNode
 from baton.localnode.runtime import CNI_BIN_DIRS
 from tests.k8s.cluster import Cluster, wait_for
+from tests.k8s.nodelogs import node_logs
 from tests.k8s.pods import namespace_obj
 
 PACKAGES = {
@@ -100,3 +101,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/k8s/" in str(item.path):
             item.add_marker(pytest.mark.timeout(600))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed real-node test's report carries the node's logs (kubelet, containerd, daemons)."""
+    report: pytest.TestReport = yield
+    funcargs = getattr(item, "funcargs", {})
+    cluster = funcargs.get("cluster") or funcargs.get("dra_cluster")
+    if report.failed and isinstance(cluster, Cluster):
+        try:
+            report.sections.append(("the node's logs", node_logs(cluster)))
+        except Exception as err:  # the report must not lose the test's own failure
+            report.sections.append(("the node's logs", f"could not be read: {err!r}"))
+    return report
