@@ -112,7 +112,6 @@ class DevicePlugin:
         self.registered = False
 
     def _register(self) -> None:
-        kubelet = _identity(self.kubelet_socket)  # before: a kubelet starting meanwhile differs
         try:
             register(self.kubelet_socket, self.server.socket_path.name, names.RESOURCE_GPU)
         except RegistrationError as err:
@@ -130,7 +129,14 @@ class DevicePlugin:
             return
         self._failed_registrations = 0
         self.registered = True
-        self._registered_with = kubelet
+        # After, not before: a registration reaches whichever kubelet serves kubelet.sock when
+        # it connects, and a new kubelet may have replaced the socket since it was last seen.
+        # Taken before, a socket the new kubelet created meanwhile would look like a later
+        # kubelet's and restart the server, ending the stream that kubelet just opened; the
+        # kubelet then disconnects that client late, marking the registration after it
+        # unhealthy (capacity 8, allocatable 0). Were a third kubelet to replace the socket
+        # during the call, the one registered with dies and its stream's end registers again.
+        self._registered_with = _identity(self.kubelet_socket)
         self._stream_lost.clear()  # what ended before this registration says nothing of it
         self._retry_s = RETRY_FIRST_S
         self.metrics.registrations.labels(outcome="ok").inc()

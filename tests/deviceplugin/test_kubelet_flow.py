@@ -4,15 +4,20 @@ kubelet restarts."""
 from __future__ import annotations
 
 import json
+import logging
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 
 from baton.contract import names
 from baton.contract.names import fake_gpu_uuid
+from deviceplugin import plugin as plugin_module
 from deviceplugin.watcher import Change
 from tests.deviceplugin.conftest import NODE
+from tests.e2e.processes import poll
+from tests.harness.kubelet import RegistrationServer
 
 GPU0, GPU1 = fake_gpu_uuid(0, NODE), fake_gpu_uuid(1, NODE)
 
@@ -127,3 +132,38 @@ def test_registers_once_the_kubelet_appears(socket_dir, start_plugin):
         late.wait_for_registrations(1, timeout=2.0)
     finally:
         late.stop()
+
+
+def test_the_kubelet_registered_with_is_the_one_that_answered(
+    kubelet, start_plugin, socket_dir, monkeypatch, caplog
+):
+    """A new kubelet can create its kubelet.sock between the plugin's look at the socket and its
+    registration, which then reaches the new kubelet. That socket's notice must not restart the
+    server: a restart ends the stream the new kubelet just opened, and the kubelet's late
+    disconnect of that client marks the registration after it unhealthy (capacity 8,
+    allocatable 0: the real-node kubelet-restart flake)."""
+    caplog.set_level(logging.INFO, logger="deviceplugin.plugin")
+    daemon = start_plugin()
+    kubelet.wait_for_registrations(1)
+    real_register = plugin_module.register
+
+    def a_new_kubelet_meanwhile(*args: Any) -> None:
+        monkeypatch.setattr(plugin_module, "register", real_register)
+        kubelet.registration.stop()
+        kubelet.registration.socket_path.unlink(missing_ok=True)
+        kubelet.registration = RegistrationServer(socket_dir, kubelet._on_register)
+        kubelet.registration.start()
+        real_register(*args)
+
+    monkeypatch.setattr(plugin_module, "register", a_new_kubelet_meanwhile)
+    kubelet.drop(names.RESOURCE_GPU)  # the plugin registers again, and meets the new kubelet
+    kubelet.wait_for_registrations(2, timeout=5.0)
+    endpoint = kubelet.endpoint(names.RESOURCE_GPU)
+    poll(
+        "the plugin's notice of the new kubelet.sock",
+        lambda: "already registered there" in caplog.text or "restarting" in caplog.text or None,
+        timeout=5.0,
+    )
+    assert "restarting the plugin server" not in caplog.text
+    assert len(kubelet.registrations) == 2 and not endpoint.ended.is_set()
+    assert daemon.plugin.registered
