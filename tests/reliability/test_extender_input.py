@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from baton.contract.names import RESOURCE_GPU, RESOURCE_GPU_MEMORY
@@ -146,16 +146,15 @@ def test_every_get_operation_of_the_schema_answers_2xx_or_4xx(
     assert response.status_code < 500, response.text
 
 
-@pytest.mark.parametrize("verb", SCHEMA_VERBS)
-def test_bodies_generated_from_the_schema_reach_the_verb_and_get_2xx_or_4xx(
-    client: httpx.Client, verb: str
-) -> None:
-    """Promised: the schema describes each verb's body, so generated bodies are ones the verb
-    reads and answers (200, its verdict); the rest get a 400 naming the field; never a 5xx."""
+def schema_bodies(
+    client: httpx.Client, verb: str, failures: Failures, seed_value: int | None = None
+) -> dict[str, int]:
+    """POST CASES_PER_VERB bodies generated from the verb's request schema; count the bodies
+    tried, answered (200) and refused (4xx). `seed_value` draws another set than the test's
+    own (`python -m tests.reliability.seed_spread` measures the counts over many seeds)."""
     operation = schema[f"/{verb}"]["POST"]
     assert "requestBody" in operation.definition.raw, f"/{verb} has no request body schema"
     seen = {"tried": 0, "answered": 0, "refused": 0}
-    failures = Failures()
 
     @given(case=operation.as_strategy(), data=st.data())
     @settings(FUZZ, max_examples=CASES_PER_VERB)
@@ -166,12 +165,30 @@ def test_bodies_generated_from_the_schema_reach_the_verb_and_get_2xx_or_4xx(
         if not failures.check("POST", f"/{verb}", body, response):
             seen["answered" if response.status_code == 200 else "refused"] += 1
 
-    call()
+    (call if seed_value is None else seed(seed_value)(call))()
+    return seen
+
+
+MIN_ANSWERED = {"filter": 6, "prioritize": 6, "preempt": 3, "bind": 7}
+"""Generated bodies each verb must answer with 200 out of CASES_PER_VERB: the schema describes
+bodies the verb reads. Each bound sits well under the lowest count over 200 seeds (the spread is
+in docs/testing.md, measured by `python -m tests.reliability.seed_spread`); `make test` draws
+one fixed set, `make soak` a new one each run."""
+
+
+@pytest.mark.parametrize("verb", SCHEMA_VERBS)
+def test_bodies_generated_from_the_schema_reach_the_verb_and_get_2xx_or_4xx(
+    client: httpx.Client, verb: str
+) -> None:
+    """Promised: the schema describes each verb's body, so generated bodies are ones the verb
+    reads and answers (200, its verdict); the rest get a 400 naming the field; never a 5xx."""
+    failures = Failures()
+    seen = schema_bodies(client, verb, failures)
     failures.assert_none()
     tried["schemathesis"] += seen["tried"]
     record("bad-input", f"extender /{verb}, bodies from its schema", dict(seen))
-    assert seen["tried"] >= CASES_PER_VERB // 2, seen
-    assert seen["answered"] >= CASES_PER_VERB // 4, f"few generated bodies reached /{verb}: {seen}"
+    assert seen["tried"] == CASES_PER_VERB, seen
+    assert seen["answered"] >= MIN_ANSWERED[verb], f"few generated bodies reached /{verb}: {seen}"
 
 
 json_values = st.recursive(
