@@ -92,7 +92,7 @@ class TurnService(TurnState):
                 return 0.0
             else:
                 raise
-        return self._end(lease, ev.YIELDED, "")
+        return self._end(lease, ev.YIELDED, "", yielded=True)
 
     def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
         """One of the tenant's own leases (renewing it is the same check)."""
@@ -106,8 +106,8 @@ class TurnService(TurnState):
             self._changed()
         return bool(resume)
 
-    def _end(self, lease: Lease, kind: str, detail: str) -> float:
-        self.table.release(lease.lease_id)
+    def _end(self, lease: Lease, kind: str, detail: str, *, yielded: bool = False) -> float:
+        self.table.release(lease.lease_id, yielded=yielded)
         self._journal_end(lease)
         held = self.metrics.released(lease, self._clock())
         self._publish(kind, lease.tenant_id, lease=lease, detail=detail)
@@ -244,7 +244,7 @@ class TurnService(TurnState):
             if self.revocations.may_start(lease.lease_id, self._clock()):
                 self.revocations.start(lease.lease_id)
                 self._spawn(self._revoke(lease))
-        if tick.expired:
+        if tick.expired or tick.unheld:
             self._dispatch()
         self._reschedule()  # now: this timer is spent
 
