@@ -13,6 +13,7 @@ from typing import Any
 
 from agent.core.fair import FairConfig, FairShare
 from agent.core.leases import LeaseTable
+from baton.bench.fairness_procs import run_mix
 from baton.bench.shares import MIXES, RETURN_S, Load, better, figures, targets
 
 
@@ -62,10 +63,12 @@ def run_fairness_bench(
     handoff_iterations: int = 500,
     config: FairConfig | None = None,
     mixes: list[str] | None = None,
+    process_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """The fair policy against FIFO on the same load, for each mix (the first one's figures at
     the top level); handoff p50 of each policy (same run); the targets and, per mix, whether
-    the fair policy was better."""
+    the fair policy was better. With `process_seconds`, each mix also runs that long as tenant
+    processes against a real agent under each policy (`process`, `process_fair_better`)."""
     from baton.bench.handoff import run_handoff_bench
 
     config = config or FairConfig()
@@ -86,6 +89,8 @@ def run_fairness_bench(
             "reference_targets": targets(fifo, config.tier_grace_s),
             "fair_better": better(fair, fifo),
         }
+        if process_seconds > 0:
+            per_mix[name]["process"] = process_run(mix, process_seconds, config)
     out: dict[str, Any] = {
         "mix": names[0],
         **per_mix[names[0]],
@@ -96,6 +101,11 @@ def run_fairness_bench(
         "mixes": per_mix,
         "fair_better_for_every_mix": all(m["fair_better"] for m in per_mix.values()),
     }
+    if process_seconds > 0:
+        out["process_seconds"] = process_seconds
+        out["process_fair_better_for_every_mix"] = all(
+            m["process"]["fair_better"] for m in per_mix.values()
+        )
     if handoff_iterations > 0:
         fair_handoff = run_handoff_bench(handoff_iterations, queue_policy="fair")
         fifo_handoff = run_handoff_bench(handoff_iterations, queue_policy="fifo")
@@ -108,3 +118,23 @@ def run_fairness_bench(
             out["handoff_p50_ms"] <= 1.1 * out["reference_handoff_p50_ms"]
         )
     return out
+
+
+def process_run(mix: dict[str, Load], seconds: float, config: FairConfig) -> dict[str, Any]:
+    """One mix as tenant processes against a real agent, fair then FIFO: figures, targets."""
+    fair = run_mix(mix, seconds, "fair", config)
+    fifo = run_mix(mix, seconds, "fifo", config)
+    greedy = all(load.gap == 0 for load in mix.values())
+    checks = targets(fair, config.tier_grace_s)
+    checks["idle_while_waiting_within_2pct"] = (
+        fair["idle_while_waiting"] <= 0.02 if greedy else None
+    )
+    if fair["handoff_p50_ms"] is not None and fifo["handoff_p50_ms"] is not None:
+        checks["handoff_p50_within_10pct"] = fair["handoff_p50_ms"] <= 1.1 * fifo["handoff_p50_ms"]
+    return {
+        **fair,
+        "targets": checks,
+        **{f"reference_{k}": v for k, v in fifo.items()},
+        "reference_targets": targets(fifo, config.tier_grace_s),
+        "fair_better": better(fair, fifo),
+    }

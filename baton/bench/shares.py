@@ -67,7 +67,8 @@ def figures(
     mix: dict[str, Load], run: dict[str, Any], seconds: float, window_s: float
 ) -> dict[str, Any]:
     """Shares entitled and measured, fairness and waits of one run (`held` and `waits` per
-    tenant) of `seconds`; `window_s` is the agent's anticipation window."""
+    tenant, and `away` where it was measured) of `seconds`; `window_s` is the agent's
+    anticipation window."""
     tenants = {}
     deviations = []
     entitled, capped = _entitled(mix, run, seconds, window_s)
@@ -120,7 +121,10 @@ def _entitled(
             part = {n: left * mix[n].duty / weights for n in open_}
             light = {n for n in open_ if demand_share(mix, n, window_s) < part[n]}
             if not light:
-                out.update({n: p * computes(mix[n], window_s) for n, p in part.items()})
+                away = run.get("away", {})
+                out.update(
+                    {n: p * computes(mix[n], window_s, away.get(n)) for n, p in part.items()}
+                )
                 break
             for name in light:
                 out[name] = demand_share(mix, name, window_s)
@@ -135,10 +139,13 @@ def kept_for(load: Load, window_s: float) -> bool:
     return load.gap + RETURN_S <= window_s
 
 
-def computes(load: Load, window_s: float) -> float:
+def computes(load: Load, window_s: float, away: float | None = None) -> float:
     """The part of the GPU time it is charged for that a tenant computes: the GPU waits out its
-    gaps when it is owed, charged to it (`agent.core.anticipation`)."""
-    return load.turn / (load.turn + load.gap + RETURN_S) if kept_for(load, window_s) else 1.0
+    gaps when it is owed, charged to it (`agent.core.anticipation`). `away`: its time off the
+    GPU per turn as measured (else its gap and `RETURN_S`)."""
+    if not kept_for(load, window_s):
+        return 1.0
+    return load.turn / (load.turn + (load.gap + RETURN_S if away is None else away))
 
 
 def demand_share(mix: dict[str, Load], name: str, window_s: float) -> float:

@@ -41,6 +41,7 @@ def test_every_mix_is_reported_and_whether_fair_was_better_on_each() -> None:
 
 def test_the_cli_takes_mixes_and_refuses_an_unknown_one() -> None:
     args = ["bench", "fairness", "--seconds", "20", "--handoff-iterations", "0", "--json"]
+    args += ["--process-seconds", "0"]
     result = CliRunner().invoke(app, [*args, "--mix", "equal", "--mix", "trainer-batch"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output.strip().splitlines()[-1])
