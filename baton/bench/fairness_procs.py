@@ -102,6 +102,7 @@ def _figures(
     out["idle_while_waiting"] = round(idle_while_waiting(turns, start, stop) / span, 4)
     out["handoff_p50_ms"] = round(percentile(gaps, 0.5) * 1000, 3) if gaps else None
     out["seconds"] = round(span, 3)
+    out["turns"] = turns
     return out
 
 
