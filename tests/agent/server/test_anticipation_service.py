@@ -69,7 +69,9 @@ def owed_yielder(
 def test_a_yielder_that_leaves_frees_the_gpu_at_once(
     owed_yielder: tuple[AgentRunner, Baton, Waiting],
 ) -> None:
-    _, a, b_waits = owed_yielder
+    runner, a, b_waits = owed_yielder
+    [waiter] = runner.status()["gpus"][GPU]["queue"]
+    assert "local/a (owed, kept for it" in waiter["why"], waiter["why"]
     left = time.monotonic()
     a.close()
     assert b_waits.join(10) - left < 5.0  # not the 30 s window
