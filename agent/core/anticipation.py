@@ -6,9 +6,10 @@ little GPU time the yielder has had. After a yield the GPU is therefore kept for
 (as anticipatory disk scheduling and CFQ/BFQ's idling keep a disk for a process that reads
 again), for at most `window_s`, and only while all of these hold: the yielder usually comes
 back within the window (its mean return time, learnt from every yield to its next request),
-the policy would serve it before the waiter it keeps out (it is owed), and it is still a
-tenant. The time a waiter was kept out is charged to the yielder as GPU time, so its gaps come
-out of its own share. Pure: no clock, no I/O.
+the policy would serve it before the waiter it keeps out even after a whole window more of GPU
+time (it is owed more than the hold can cost it), and it is still a tenant. The time a waiter
+was kept out is charged to the yielder as GPU time, so its gaps come out of its own share.
+Pure: no clock, no I/O.
 """
 
 from __future__ import annotations

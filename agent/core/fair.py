@@ -59,12 +59,19 @@ class FairShare:
         return sorted(waiters, key=lambda w: self._key(w, usage, self.vtime.get(w.tenant_id, 0.0)))
 
     def ahead_of(
-        self, tenant_id: str, gpus: Iterable[str], waiter: Waiter, usage: Mapping[str, TenantUsage]
+        self,
+        tenant_id: str,
+        gpus: Iterable[str],
+        waiter: Waiter,
+        usage: Mapping[str, TenantUsage],
+        extra_s: float = 0.0,
     ) -> bool:
-        """Whether `tenant_id`, asking again now for `gpus`, would be served before `waiter`."""
+        """Whether `tenant_id`, asking again now for `gpus`, would be served before `waiter`,
+        even after `extra_s` more seconds of GPU time."""
         duty = usage.get(tenant_id, TenantUsage()).duty
         probe = Waiter("", tenant_id, tuple(gpus), seq=waiter.seq + 1, enqueued_at=0.0)
-        mine = self._key(probe, usage, self._rejoined(tenant_id, probe.gpus, duty))
+        vtime = self._rejoined(tenant_id, probe.gpus, duty) + extra_s / _weight(duty)
+        mine = self._key(probe, usage, vtime)
         return mine < self._key(waiter, usage, self.vtime.get(waiter.tenant_id, 0.0))
 
     def _key(

@@ -192,7 +192,8 @@ class LeaseTable:
             yielder = self.anticipation.held_for(gpu, now)
             if yielder is None or yielder == waiter.tenant_id:
                 continue
-            if self.fair.ahead_of(yielder, (gpu,), waiter, self.usage):
+            window = self.anticipation.window_s  # owed more than the hold can cost it
+            if self.fair.ahead_of(yielder, (gpu,), waiter, self.usage, window):
                 self.anticipation.kept_out(gpu, now)
                 kept = True
         return kept

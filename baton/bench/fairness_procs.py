@@ -30,15 +30,17 @@ Turn = tuple[float, float, float]
 """`(requested, granted, yielded)` of one turn, from `perf_counter`."""
 
 
-def run_mix(mix: dict[str, Load], seconds: float, policy: str, fair: FairConfig) -> dict[str, Any]:
-    """Run the mix's tenants against a fresh agent for `seconds`; the shares' figures, the GPU's
-    idle time while someone waits, the handoffs, and the agent's accounting beside the
-    tenants' clocks."""
-    return asyncio.run(_run(mix, seconds, policy, fair))
+def run_mix(
+    mix: dict[str, Load], seconds: float, policy: str, fair: FairConfig, client: str = "blocking"
+) -> dict[str, Any]:
+    """Run the mix's tenants (`Baton`, or `AsyncBaton` with `client="async"`) against a fresh
+    agent for `seconds`; the shares' figures, the GPU's idle time while someone waits, the
+    handoffs, and the agent's accounting beside the tenants' clocks."""
+    return asyncio.run(_run(mix, seconds, policy, fair, client))
 
 
 async def _run(
-    mix: dict[str, Load], seconds: float, policy: str, fair: FairConfig
+    mix: dict[str, Load], seconds: float, policy: str, fair: FairConfig, client: str
 ) -> dict[str, Any]:
     from agent.assembly import AgentConfig, build_agent
     from agent.parking.setup import ParkingOptions
@@ -57,7 +59,7 @@ async def _run(
     agent = build_agent(config)
     await agent.start()
     try:
-        argvs = [_argv(socket, name, load, seconds) for name, load in mix.items()]
+        argvs = [[*_argv(socket, n, load, seconds), "--client", client] for n, load in mix.items()]
         reports = await _spawn("baton.bench.fairness_procs", argvs)
         accounting = dict(agent.service.metrics.accounting.by_gpu)
     finally:
@@ -164,6 +166,27 @@ def _tenant(args: argparse.Namespace) -> dict[str, Any]:
     return {"start": start, "stop": stop, "turns": turns}
 
 
+async def _async_tenant(args: argparse.Namespace) -> dict[str, Any]:
+    from agent.client import AsyncBaton
+
+    baton = AsyncBaton(args.socket, [GPU], name=args.name, gpu_duty=args.duty, priority=args.tier)
+    await baton.connect()
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    start = time.perf_counter()
+    stop = start + args.seconds
+    turns: list[Turn] = []
+    while (requested := time.perf_counter()) < stop:
+        async with baton.turn():
+            granted = time.perf_counter()
+            await asyncio.sleep(args.turn)  # the step
+            turns.append((requested, granted, time.perf_counter()))
+        if args.gap:
+            await asyncio.sleep(args.gap)
+    await baton.close()
+    return {"start": start, "stop": stop, "turns": turns}
+
+
 def main() -> None:
     """Entry point of a tenant process of the process-level run."""
     parser = argparse.ArgumentParser()
@@ -173,7 +196,10 @@ def main() -> None:
         parser.add_argument(name, type=int, required=True)
     for name in ("--turn", "--gap", "--seconds"):
         parser.add_argument(name, type=float, required=True)
-    print(json.dumps(_tenant(parser.parse_args())), flush=True)
+    parser.add_argument("--client", choices=["blocking", "async"], default="blocking")
+    args = parser.parse_args()
+    run = asyncio.run(_async_tenant(args)) if args.client == "async" else _tenant(args)
+    print(json.dumps(run), flush=True)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ class Waiting:
 def owed_yielder(
     workdir: str, request: pytest.FixtureRequest
 ) -> Iterator[tuple[AgentRunner, Baton, Waiting]]:
-    """ "a" (duty 90) just yielded while owed, the GPU kept for it; "b" (duty 10) waits."""
+    """Tenant "a" (duty 90) just yielded, owed more than the window (the param) is worth, and
+    the GPU is kept for it; "b" (duty 10) waits."""
     window = request.param
     runner = AgentRunner(workdir, queue_policy="fair", fair=FairConfig(anticipate_s=window)).start()
     a = Baton(runner.socket, [GPU], name="a", gpu_duty=90)
@@ -51,7 +52,7 @@ def owed_yielder(
     try:
         b.acquire(timeout=10)
         a_waits = Waiting(runner, a)  # "a" joins level with "b"'s turn
-        time.sleep(0.05)  # "b"'s step: it has had far more than "a" by its duty
+        time.sleep(window / 5)  # "b"'s step: by its duty, it is ahead of "a" by twice the window
         b.yield_()
         a_waits.join(10)
         b_waits = Waiting(runner, b)
@@ -65,7 +66,7 @@ def owed_yielder(
         runner.stop()
 
 
-@pytest.mark.parametrize("owed_yielder", [30.0], indirect=True)
+@pytest.mark.parametrize("owed_yielder", [5.0], indirect=True)
 def test_a_yielder_that_leaves_frees_the_gpu_at_once(
     owed_yielder: tuple[AgentRunner, Baton, Waiting],
 ) -> None:
@@ -74,7 +75,7 @@ def test_a_yielder_that_leaves_frees_the_gpu_at_once(
     assert "local/a (owed, kept for it" in waiter["why"], waiter["why"]
     left = time.monotonic()
     a.close()
-    assert b_waits.join(10) - left < 5.0  # not the 30 s window
+    assert b_waits.join(10) - left < 2.0  # not the 5 s window
 
 
 @pytest.mark.parametrize("owed_yielder", [0.5], indirect=True)

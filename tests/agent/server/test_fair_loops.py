@@ -16,9 +16,12 @@ from baton.bench.shares import MIXES
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.parametrize(("mix", "seconds"), [("duty-above-half", 6.0), ("tenfold", 8.0)])
-def test_looping_tenants_get_their_shares(mix: str, seconds: float) -> None:
-    out = run_mix(MIXES[mix], seconds, "fair", FairConfig())
+@pytest.mark.parametrize(
+    ("mix", "seconds", "client"),
+    [("duty-above-half", 6.0, "blocking"), ("tenfold", 8.0, "blocking"), ("tenfold", 8.0, "async")],
+)
+def test_looping_tenants_get_their_shares(mix: str, seconds: float, client: str) -> None:
+    out = run_mix(MIXES[mix], seconds, "fair", FairConfig(), client)
     assert_one_holder_at_a_time(out["turns"])
     for name, tenant in out["tenants"].items():
         assert tenant["asks_its_share"]
