@@ -68,6 +68,11 @@ class TenantGone(AgentError):
     """The tenant left while the call was in flight (UNAVAILABLE)."""
 
 
+class NeverGranted(AgentError):
+    """The turn can never be granted on this node (e.g. the tenant needs more memory than its
+    GPU holds); refused when asked, not at the timeout (FAILED_PRECONDITION)."""
+
+
 class Quarantined(AgentError):
     """The tenant's memory cannot be moved safely any more; it takes no more turns."""
 

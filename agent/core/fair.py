@@ -30,12 +30,17 @@ class FairConfig:
     tier_grace_s: float | None = None
     """Seconds a higher tier's waiter waits before the lower tier's holder is revoked (None:
     never; it gets the GPU at the holder's next yield)."""
+    anticipate_s: float = 0.01
+    """Seconds a GPU is kept for an owed yielder that usually asks again within them
+    (`agent.core.anticipation`; 0: never)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_share <= 0.5:
             raise ValueError(f"min_share {self.min_share} is outside 0-0.5")
         if self.credit_s < 0 or (self.tier_grace_s is not None and self.tier_grace_s < 0):
             raise ValueError("credit_s and tier_grace_s cannot be negative")
+        if self.anticipate_s < 0:
+            raise ValueError(f"anticipate_s {self.anticipate_s} cannot be negative")
 
 
 @dataclass
@@ -51,20 +56,40 @@ class FairShare:
     def __call__(self, waiters: list[Waiter], usage: Mapping[str, TenantUsage]) -> list[Waiter]:
         """Owed lower tiers first, then by tier (highest first), a revoked holder first within
         its tier, then least virtual time, then arrival."""
+        return sorted(waiters, key=lambda w: self._key(w, usage, self.vtime.get(w.tenant_id, 0.0)))
 
-        def key(w: Waiter) -> tuple[bool, int, bool, float, int]:
-            tier = _tier(usage, w.tenant_id)
-            owed = any(self.balance.get((g, tier), 0.0) > 0 for g in w.gpus)
-            return (not owed, -tier, not w.front, self.vtime.get(w.tenant_id, 0.0), w.seq)
+    def ahead_of(
+        self,
+        tenant_id: str,
+        gpus: Iterable[str],
+        waiter: Waiter,
+        usage: Mapping[str, TenantUsage],
+        extra_s: float = 0.0,
+    ) -> bool:
+        """Whether `tenant_id`, asking again now for `gpus`, would be served before `waiter`,
+        even after `extra_s` more seconds of GPU time."""
+        duty = usage.get(tenant_id, TenantUsage()).duty
+        probe = Waiter("", tenant_id, tuple(gpus), seq=waiter.seq + 1, enqueued_at=0.0)
+        vtime = self._rejoined(tenant_id, probe.gpus, duty) + extra_s / _weight(duty)
+        mine = self._key(probe, usage, vtime)
+        return mine < self._key(waiter, usage, self.vtime.get(waiter.tenant_id, 0.0))
 
-        return sorted(waiters, key=key)
+    def _key(
+        self, w: Waiter, usage: Mapping[str, TenantUsage], vtime: float
+    ) -> tuple[bool, int, bool, float, int]:
+        tier = _tier(usage, w.tenant_id)
+        owed = any(self.balance.get((g, tier), 0.0) > 0 for g in w.gpus)
+        return (not owed, -tier, not w.front, vtime, w.seq)
 
     def joined(self, tenant_id: str, gpus: Iterable[str], duty: int) -> None:
         """A tenant starts waiting: a new one starts at its GPUs' virtual clock, a returning one
         keeps at most `credit_s` of banked time."""
+        self.vtime[tenant_id] = self._rejoined(tenant_id, gpus, duty)
+
+    def _rejoined(self, tenant_id: str, gpus: Iterable[str], duty: int) -> float:
         clock = max((self.vclock.get(g, 0.0) for g in gpus), default=0.0)
         floor = clock - self.config.credit_s / _weight(duty)
-        self.vtime[tenant_id] = max(self.vtime.get(tenant_id, clock), floor)
+        return max(self.vtime.get(tenant_id, clock), floor)
 
     def started(self, tenant_id: str, gpus: Iterable[str], waiting: Mapping[str, set[str]]) -> None:
         """A turn began: each GPU's virtual clock reaches the least virtual time of its holder

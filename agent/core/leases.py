@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from agent.core.anticipation import Anticipation
 from agent.core.errors import AlreadyHolding, NotOwner, UnknownLease
 from agent.core.fair import FairShare
 from agent.core.policy import POLICIES, Policy
@@ -48,6 +49,8 @@ class Tick:
 
     expired: list[Waiter] = field(default_factory=list)
     overdue: list[Lease] = field(default_factory=list)
+    unheld: list[str] = field(default_factory=list)
+    """GPUs no longer kept for a yielder that did not come back in time."""
 
 
 class LeaseTable:
@@ -67,6 +70,8 @@ class LeaseTable:
         self._policy = POLICIES[policy] if isinstance(policy, str) else policy
         self.fair = self._policy if isinstance(self._policy, FairShare) else None
         """The fair policy's state, when that is the policy (it accounts held time and tiers)."""
+        self.anticipation = Anticipation(self.fair.config.anticipate_s if self.fair else 0.0)
+        """GPUs kept briefly for owed yielders (the fair policy's; off under the others)."""
         self.max_hold = max_hold
         self._new_id = new_id or (lambda: uuid.uuid4().hex[:16])
         self._seq = itertools.count()
@@ -135,6 +140,8 @@ class LeaseTable:
         usage = self.usage.setdefault(tenant_id, TenantUsage())
         usage.duty = duty
         usage.tier = usage.tier if tier is None else tier
+        self._unhold(self.anticipation.gpus_of(tenant_id), now)
+        self.anticipation.asked(tenant_id, now)
         if self.fair is not None:
             self.fair.joined(tenant_id, wanted, duty)
         waiter = Waiter(
@@ -167,7 +174,7 @@ class LeaseTable:
             if waiter.blocked or waiter.reserved:
                 continue
             wanted = set(waiter.gpus)
-            free = all(self.gpu(g).holder is None for g in wanted)
+            free = all(self.gpu(g).holder is None for g in wanted) and not self._kept_from(waiter)
             if free and not wanted & claimed:
                 for gpu in wanted:
                     self.gpu(gpu).holder = waiter.waiter_id
@@ -176,11 +183,38 @@ class LeaseTable:
             claimed |= wanted
         return chosen
 
+    def _kept_from(self, waiter: Waiter) -> bool:
+        """Whether one of the waiter's GPUs is kept for a yielder the policy serves first."""
+        if self.fair is None or not self.anticipation.holds:
+            return False
+        now, kept = self._clock(), False
+        for gpu in waiter.gpus:
+            yielder = self.anticipation.held_for(gpu, now)
+            if yielder is None or yielder == waiter.tenant_id:
+                continue
+            window = self.anticipation.window_s  # owed more than the hold can cost it
+            if self.fair.ahead_of(yielder, (gpu,), waiter, self.usage, window):
+                self.anticipation.kept_out(gpu, now)
+                kept = True
+        return kept
+
+    def _unhold(self, gpus: Iterable[str], now: float) -> None:
+        """End the holds on `gpus`; the time they kept waiters out is their yielder's GPU time."""
+        cost: dict[str, tuple[float, list[str]]] = {}
+        for tenant, gpu, seconds in self.anticipation.end(gpus, now):
+            most, held = cost.get(tenant, (0.0, []))
+            cost[tenant] = (max(most, seconds), [*held, gpu])
+        for tenant, (seconds, held) in cost.items():
+            if self.fair is not None and seconds > 0 and tenant in self.usage:
+                on = tuple(held)
+                self.fair.served(tenant, on, seconds, self.usage, self._waiting(on))
+
     def grant(self, waiter_id: str) -> Lease:
         """Turn a reservation into a lease with fresh fencing tokens."""
         waiter = self.waiters.pop(waiter_id)
         assert waiter.reserved, "grant() needs a reservation from pick()"
         now = self._clock()
+        self._unhold(waiter.gpus, now)
         tokens = {}
         for gpu in waiter.gpus:
             state = self.gpu(gpu)
@@ -218,8 +252,9 @@ class LeaseTable:
 
     # Ending turns.
 
-    def release(self, lease_id: str) -> Lease:
-        """End a lease (yield, revocation or departure) and record the tenant as served."""
+    def release(self, lease_id: str, *, yielded: bool = False) -> Lease:
+        """End a lease (yield, revocation or departure) and record the tenant as served; after
+        a yield its GPUs may be kept briefly for it (`agent.core.anticipation`)."""
         lease = self.leases.pop(lease_id, None)
         if lease is None:
             raise UnknownLease(f"no lease {lease_id!r}")
@@ -240,6 +275,8 @@ class LeaseTable:
                 self.usage,
                 self._waiting(lease.gpus),
             )
+        if yielded and self.fair is not None:
+            self.anticipation.yielded(lease.tenant_id, lease.gpus, now)
         return lease
 
     def _waiting(self, gpus: tuple[str, ...]) -> dict[str, set[str]]:
@@ -258,6 +295,8 @@ class LeaseTable:
         mine = [w.waiter_id for w in self.waiters.values() if w.tenant_id == tenant_id]
         removed = [w for w in map(self.cancel, mine) if w is not None]
         leases = [self.release(lease.lease_id) for lease in self.leases_of(tenant_id)]
+        self.anticipation.end(self.anticipation.gpus_of(tenant_id), self._clock())
+        self.anticipation.forget(tenant_id)
         self.usage.pop(tenant_id, None)
         if self.fair is not None:
             self.fair.vtime.pop(tenant_id, None)
@@ -275,6 +314,8 @@ class LeaseTable:
             if waiter.deadline is not None and now >= waiter.deadline and not waiter.reserved:
                 self.cancel(waiter.waiter_id)
                 result.expired.append(waiter)
+        result.unheld = self.anticipation.expired(now)
+        self._unhold(result.unheld, now)
         due = {lease.lease_id: self.revoke_at(lease) for lease in self.leases.values()}
         result.overdue = [
             lease
@@ -300,6 +341,8 @@ class LeaseTable:
         """The earliest time later than `after` at which `tick` could find something to do."""
         times = [w.deadline for w in self.waiters.values() if w.deadline is not None]
         times += [t for t in map(self.revoke_at, self.leases.values()) if t is not None]
+        if (expiry := self.anticipation.next_expiry()) is not None:
+            times.append(expiry)
         return min((t for t in times if t > after), default=None)
 
     # Persistence.

@@ -21,6 +21,10 @@ class NoRoom(Exception):
     """
 
 
+class TooLarge(NoRoom):
+    """The tenant needs more memory on a GPU than the GPU holds: no move can ever make room."""
+
+
 class TurnPreparer(Protocol):
     """Makes a tenant's memory resident on its GPUs before its turn."""
 

@@ -30,7 +30,7 @@ from agent.core.planner import (
     plan_park,
     plan_turn,
 )
-from agent.core.residency import NoRoom
+from agent.core.residency import NoRoom, TooLarge
 from agent.parking.backends.base import (
     Backend,
     BackendError,
@@ -275,7 +275,7 @@ class ParkingPreparer:
         if self._waiting.get(tenant_id) != message:
             log.warning("turn for %s waits: %s", tenant_id, message)
         self._waiting[tenant_id] = message
-        return NoRoom(message)
+        return TooLarge(message) if reason == Reason.TOO_LARGE else NoRoom(message)
 
     def _refuse_quarantined(self, tenant_id: str) -> Quarantined:
         """The error for a turn of a quarantined tenant; counted and shown like a refusal."""

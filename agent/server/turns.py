@@ -17,12 +17,13 @@ from agent.core import eager
 from agent.core import events as ev
 from agent.core.errors import (
     InvalidGpus,
+    NeverGranted,
     NoLease,
     Quarantined,
     UnknownLease,
 )
 from agent.core.leases import Lease, Waiter
-from agent.core.residency import NoRoom
+from agent.core.residency import NoRoom, TooLarge
 from agent.node.tenants import Tenant
 from agent.server.turn_state import Granted, TurnState
 from agent.server.waits import lease_to_pb, standings, timed_out
@@ -92,7 +93,7 @@ class TurnService(TurnState):
                 return 0.0
             else:
                 raise
-        return self._end(lease, ev.YIELDED, "")
+        return self._end(lease, ev.YIELDED, "", yielded=True)
 
     def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
         """One of the tenant's own leases (renewing it is the same check)."""
@@ -106,8 +107,8 @@ class TurnService(TurnState):
             self._changed()
         return bool(resume)
 
-    def _end(self, lease: Lease, kind: str, detail: str) -> float:
-        self.table.release(lease.lease_id)
+    def _end(self, lease: Lease, kind: str, detail: str, *, yielded: bool = False) -> float:
+        self.table.release(lease.lease_id, yielded=yielded)
         self._journal_end(lease)
         held = self.metrics.released(lease, self._clock())
         self._publish(kind, lease.tenant_id, lease=lease, detail=detail)
@@ -150,9 +151,11 @@ class TurnService(TurnState):
 
     def _prepared(self, waiter: Waiter, error: Exception | None, changes: int) -> None:
         """Room was made for `waiter` (or not): grant the turn, or keep it waiting."""
-        if isinstance(error, Quarantined):  # no more turns: the caller hears why
+        if isinstance(error, Quarantined | TooLarge):  # never a turn: the caller hears why now
             self.table.cancel(waiter.waiter_id)
-            self._fail(waiter.waiter_id, error)
+            self._fail(waiter.waiter_id, _never(waiter, error))
+            if isinstance(error, TooLarge):
+                self._publish(ev.CANCELLED, waiter.tenant_id, gpus=waiter.gpus, detail=str(error))
             self._dispatch()
             return
         if isinstance(error, NoRoom):
@@ -244,7 +247,7 @@ class TurnService(TurnState):
             if self.revocations.may_start(lease.lease_id, self._clock()):
                 self.revocations.start(lease.lease_id)
                 self._spawn(self._revoke(lease))
-        if tick.expired:
+        if tick.expired or tick.unheld:
             self._dispatch()
         self._reschedule()  # now: this timer is spent
 
@@ -279,3 +282,10 @@ class TurnService(TurnState):
         revoked = pb.Revoked(lease_id=lease.lease_id, reason=reason)
         self.sessions.notify(lease.tenant_id, pb.AgentMessage(revoked=revoked))
         self._changed()
+
+
+def _never(waiter: Waiter, error: Exception) -> Exception:
+    """The error a waiter whose turn can never be prepared gets at once."""
+    if isinstance(error, TooLarge):
+        return NeverGranted(f"no turn on [{', '.join(waiter.gpus)}] can ever be granted: {error}")
+    return error

@@ -27,7 +27,10 @@ def standing(
         position = max(position, len(ahead) + 1)
         used = max(used, metrics.share_last_minute(gpu, waiter.tenant_id, now))
         holder = table.leases.get(table.gpu(gpu).holder or "")
-        behind = ([f"holder {holder.tenant_id}"] if holder else []) + ahead
+        kept = table.anticipation.held_for(gpu, now)
+        first = [f"holder {holder.tenant_id}"] if holder else []
+        first += [f"{kept} (owed, kept for it as it asks again)"] if kept and not holder else []
+        behind = first + ahead
         where.append(f"{gpu} behind {', '.join(behind)}" if behind else f"{gpu} free")
     why = waiter.blocked or (
         f"position {position} ({'; '.join(where)}); tier {usage.tier}, "

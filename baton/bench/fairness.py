@@ -9,52 +9,19 @@ with each policy in the same run.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from typing import Any
 
 from agent.core.fair import FairConfig, FairShare
 from agent.core.leases import LeaseTable
-from baton.bench.handoff import percentile
-
-
-@dataclass(frozen=True)
-class Load:
-    """One tenant's demand: its duty, tier, turn length and idle time between turns (s)."""
-
-    duty: int
-    turn: float
-    gap: float = 0.0
-    tier: int = 0
-
-
-MIXES: dict[str, dict[str, Load]] = {
-    "skewed": {
-        "greedy": Load(duty=30, turn=0.5),
-        "light-a": Load(duty=20, turn=0.2, gap=0.2),
-        "light-b": Load(duty=20, turn=0.2, gap=0.2),
-        "batch": Load(duty=10, turn=0.5),
-        "trainer": Load(duty=20, turn=0.3, gap=0.3, tier=1000),
-    },
-    "long-turns": {
-        "greedy": Load(duty=50, turn=1.0),
-        "short-a": Load(duty=10, turn=0.1, gap=0.4),
-        "short-b": Load(duty=10, turn=0.1, gap=0.4),
-        "short-c": Load(duty=10, turn=0.1, gap=0.4),
-    },
-    "equal": {name: Load(duty=25, turn=0.3) for name in ("a", "b", "c", "d")},
-    "trainer-batch": {
-        "trainer": Load(duty=50, turn=0.4, gap=0.4, tier=1000),
-        "batch": Load(duty=50, turn=0.5),
-    },
-}
-"""Tenant mixes: skewed (one greedy, two light, a batch tenant, a high-tier trainer), one
-greedy tenant with long turns beside short ones, equal tenants, the RL trainer beside batch."""
-MIX = MIXES["skewed"]
-"""The default mix, whose figures are the bench's top-level fields."""
+from baton.bench.fairness_procs import run_mix
+from baton.bench.shares import MIXES, RETURN_S, Load, better, figures, targets
 
 
 def simulate(mix: dict[str, Load], seconds: float, policy: str | FairShare) -> dict[str, Any]:
-    """Run `mix` on one GPU for `seconds` of injected time: held seconds and waits per tenant."""
+    """Run `mix` on one GPU for `seconds` of injected time: held seconds and waits per tenant.
+
+    Events come in the order a client sees them: a tenant asks again `gap` after its yield was
+    answered, no sooner than `RETURN_S` after the yield."""
     now = [0.0]
     ids = itertools.count()
     table = LeaseTable(
@@ -71,108 +38,24 @@ def simulate(mix: dict[str, Load], seconds: float, policy: str | FairShare) -> d
                 table.enqueue(name, ["gpu"], duty=mix[name].duty, tier=mix[name].tier)
                 since[name] = now[0]
                 del wake[name]
+        table.tick()  # holds for yielders that did not come back in time run out
         if holder is None:
             for waiter in table.pick():
                 lease = table.grant(waiter.waiter_id)
                 waits[lease.tenant_id].append(now[0] - since.pop(lease.tenant_id))
                 holder = (lease.tenant_id, lease.lease_id, now[0] + mix[lease.tenant_id].turn)
-        now[0] = min([*wake.values(), holder[2] if holder else seconds, seconds])
+        due = table.next_deadline(after=now[0])
+        ends = [holder[2] if holder else seconds, seconds, *([due] if due else [])]
+        now[0] = min([*wake.values(), *ends])
         if holder is not None and holder[2] <= now[0]:
             name, lease_id, _ = holder
-            table.release(lease_id)
+            table.release(lease_id, yielded=True)
             held[name] += mix[name].turn
-            wake[name] = now[0] + mix[name].gap
+            wake[name] = now[0] + mix[name].gap + RETURN_S
             holder = None
     for name, start in since.items():
         waits[name].append(seconds - start)
     return {"held": held, "waits": waits}
-
-
-def _figures(mix: dict[str, Load], run: dict[str, Any], seconds: float) -> dict[str, Any]:
-    tenants = {}
-    deviations = []
-    entitled, capped = _entitled(mix, run, seconds)
-    for name, load in mix.items():
-        measured = run["held"][name] / seconds
-        demand = load.turn / (load.turn + load.gap)
-        tenants[name] = {
-            "tier": load.tier,
-            "entitled_share": round(entitled[name], 4),
-            "demand_share": round(demand, 4),
-            "asks_its_share": name not in capped,
-            "measured_share": round(measured, 4),
-            "p99_wait_ms": round(_p99(run["waits"][name]) * 1000, 3),
-        }
-        if name not in capped:  # the target binds tenants that ask for at least their share
-            deviations.append(abs(measured - entitled[name]))
-    shares = [run["held"][n] / seconds / entitled[n] for n in mix if entitled[n] > 0]
-    jain = sum(shares) ** 2 / (len(shares) * sum(s * s for s in shares)) if shares else 1.0
-    top = max(load.tier for load in mix.values())
-    lower = [load.turn for load in mix.values() if load.tier < top]
-    high = [w for n, load in mix.items() if load.tier == top for w in run["waits"][n]]
-    return {
-        "tenants": tenants,
-        "max_share_deviation": round(max(deviations, default=0.0), 4),
-        "jain_index": round(jain, 4),
-        "starved": sorted(n for n in mix if run["held"][n] == 0),
-        "p99_wait_ms": round(_p99(high) * 1000, 3) if lower else None,
-        "lower_tier_turn_ms": max(lower) * 1000 if lower else None,
-    }
-
-
-def _p99(samples: list[float]) -> float:
-    return percentile(samples, 0.99) if samples else 0.0
-
-
-def _entitled(
-    mix: dict[str, Load], run: dict[str, Any], seconds: float
-) -> tuple[dict[str, float], set[str]]:
-    """Each tenant's share of the GPU time the higher tiers left (tiers are strict), split in
-    its tier by duty, max-min fair: a tenant asking less than its part is entitled to what it
-    asks (returned among the capped) and the rest goes to the others by duty."""
-    out: dict[str, float] = {}
-    capped: set[str] = set()
-    for tier in sorted({load.tier for load in mix.values()}, reverse=True):
-        above = sum(run["held"][n] for n, load in mix.items() if load.tier > tier) / seconds
-        left, open_ = 1.0 - above, {n for n, load in mix.items() if load.tier == tier}
-        while open_:
-            weights = sum(mix[n].duty for n in open_)
-            part = {n: left * mix[n].duty / weights for n in open_}
-            light = {n for n in open_ if _demand(mix[n]) < part[n]}
-            if not light:
-                out.update(part)
-                break
-            for name in light:
-                out[name] = _demand(mix[name])
-                left -= out[name]
-            capped |= light
-            open_ -= light
-    return out, capped
-
-
-def _demand(load: Load) -> float:
-    return load.turn / (load.turn + load.gap)
-
-
-def targets(figures: dict[str, Any], grace_s: float | None) -> dict[str, bool | None]:
-    """The issue's targets on one policy's figures (None where a target does not apply)."""
-    high = figures["p99_wait_ms"]
-    bound = None if high is None else figures["lower_tier_turn_ms"] + (grace_s or 0.0) * 1000
-    return {
-        "share_within_5_points": figures["max_share_deviation"] <= 0.05,
-        "no_starvation": not figures["starved"],
-        "high_tier_wait_within_turn_plus_grace": None if bound is None else high <= bound,
-    }
-
-
-def _better(fair: dict[str, Any], fifo: dict[str, Any]) -> bool:
-    """Fair is better on a mix: no worse on any figure and strictly better on one."""
-    pairs = [(fair["max_share_deviation"], fifo["max_share_deviation"])]
-    pairs.append((-fair["jain_index"], -fifo["jain_index"]))
-    pairs.append((len(fair["starved"]), len(fifo["starved"])))
-    if fair["p99_wait_ms"] is not None:
-        pairs.append((fair["p99_wait_ms"], fifo["p99_wait_ms"]))
-    return all(a <= b + 1e-3 for a, b in pairs) and any(a < b - 1e-3 for a, b in pairs)
 
 
 def run_fairness_bench(
@@ -180,10 +63,12 @@ def run_fairness_bench(
     handoff_iterations: int = 500,
     config: FairConfig | None = None,
     mixes: list[str] | None = None,
+    process_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """The fair policy against FIFO on the same load, for each mix (the first one's figures at
     the top level); handoff p50 of each policy (same run); the targets and, per mix, whether
-    the fair policy was better."""
+    the fair policy was better. With `process_seconds`, each mix also runs that long as tenant
+    processes against a real agent under each policy (`process`, `process_fair_better`)."""
     from baton.bench.handoff import run_handoff_bench
 
     config = config or FairConfig()
@@ -194,15 +79,18 @@ def run_fairness_bench(
     per_mix: dict[str, dict[str, Any]] = {}
     for name in names:
         mix = MIXES[name]
-        fair = _figures(mix, simulate(mix, seconds, FairShare(config)), seconds)
-        fifo = _figures(mix, simulate(mix, seconds, "fifo"), seconds)
+        window = config.anticipate_s
+        fair = figures(mix, simulate(mix, seconds, FairShare(config)), seconds, window)
+        fifo = figures(mix, simulate(mix, seconds, "fifo"), seconds, window)
         per_mix[name] = {
             **fair,
             "targets": targets(fair, config.tier_grace_s),
             **{f"reference_{k}": v for k, v in fifo.items()},
             "reference_targets": targets(fifo, config.tier_grace_s),
-            "fair_better": _better(fair, fifo),
+            "fair_better": better(fair, fifo),
         }
+        if process_seconds > 0:
+            per_mix[name]["process"] = process_run(mix, process_seconds, config)
     out: dict[str, Any] = {
         "mix": names[0],
         **per_mix[names[0]],
@@ -213,6 +101,11 @@ def run_fairness_bench(
         "mixes": per_mix,
         "fair_better_for_every_mix": all(m["fair_better"] for m in per_mix.values()),
     }
+    if process_seconds > 0:
+        out["process_seconds"] = process_seconds
+        out["process_fair_better_for_every_mix"] = all(
+            m["process"]["fair_better"] for m in per_mix.values()
+        )
     if handoff_iterations > 0:
         fair_handoff = run_handoff_bench(handoff_iterations, queue_policy="fair")
         fifo_handoff = run_handoff_bench(handoff_iterations, queue_policy="fifo")
@@ -225,3 +118,25 @@ def run_fairness_bench(
             out["handoff_p50_ms"] <= 1.1 * out["reference_handoff_p50_ms"]
         )
     return out
+
+
+def process_run(mix: dict[str, Load], seconds: float, config: FairConfig) -> dict[str, Any]:
+    """One mix as tenant processes against a real agent, fair then FIFO: figures, targets."""
+    fair = run_mix(mix, seconds, "fair", config)
+    fifo = run_mix(mix, seconds, "fifo", config)
+    for run in (fair, fifo):
+        del run["turns"]  # each turn's times: for tests, not for the bench's line
+    greedy = all(load.gap == 0 for load in mix.values())
+    checks = targets(fair, config.tier_grace_s)
+    checks["idle_while_waiting_within_2pct"] = (
+        fair["idle_while_waiting"] <= 0.02 if greedy else None
+    )
+    if fair["handoff_p50_ms"] is not None and fifo["handoff_p50_ms"] is not None:
+        checks["handoff_p50_within_10pct"] = fair["handoff_p50_ms"] <= 1.1 * fifo["handoff_p50_ms"]
+    return {
+        **fair,
+        "targets": checks,
+        **{f"reference_{k}": v for k, v in fifo.items()},
+        "reference_targets": targets(fifo, config.tier_grace_s),
+        "fair_better": better(fair, fifo),
+    }

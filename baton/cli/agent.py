@@ -57,6 +57,15 @@ def agent(
             envvar="BATON_AGENT_FAIR_CREDIT", help="fair: GPU-seconds an idle tenant may bank."
         ),
     ] = 10.0,
+    fair_anticipate: Annotated[
+        float,
+        typer.Option(
+            envvar="BATON_AGENT_FAIR_ANTICIPATE",
+            help="fair: seconds a GPU is kept for an owed tenant that yielded and usually asks "
+            "again within them (idle GPU time, charged to it, against the share of tenants with "
+            "short turns and gaps); 0 = off.",
+        ),
+    ] = 0.01,
     tier_grace: Annotated[
         float,
         typer.Option(
@@ -176,9 +185,11 @@ def agent(
         choices = ", ".join(QUEUE_POLICIES)
         raise typer.BadParameter(f"unknown policy {order!r}; choose one of {choices}")
     try:
-        fair = FairConfig(fair_min_share, fair_credit, tier_grace if tier_grace >= 0 else None)
+        grace = tier_grace if tier_grace >= 0 else None
+        fair = FairConfig(fair_min_share, fair_credit, grace, anticipate_s=fair_anticipate)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--fair-min-share") from None
+        hint = "--fair-anticipate" if "anticipate" in str(exc) else "--fair-min-share"
+        raise typer.BadParameter(str(exc), param_hint=hint) from None
     try:
         Groups.from_specs(llmd_group or ())
     except GroupSpecError as exc:
@@ -287,17 +298,27 @@ def bench_fairness(
         list[str] | None,
         typer.Option(
             "--mix",
-            help="A tenant mix (skewed, long-turns, equal, trainer-batch); repeat it; "
+            help="A tenant mix (skewed, long-turns, equal, trainer-batch, duty-above-half, "
+            "tenfold, tenfold-gaps); repeat it; "
             "default: all, the first one's figures at the top level.",
         ),
     ] = None,
+    process_seconds: Annotated[
+        float,
+        typer.Option(
+            help="Seconds each mix also runs as tenant processes against a real agent, per "
+            "policy; 0 = replay only.",
+        ),
+    ] = 10.0,
     as_json: AsJson = False,
 ) -> None:
     """Tenant mixes on one GPU: the fair policy against FIFO on each, same run."""
     from baton.bench.fairness import run_fairness_bench
 
     try:
-        figures = run_fairness_bench(seconds, handoff_iterations, mixes=mix)
+        figures = run_fairness_bench(
+            seconds, handoff_iterations, mixes=mix, process_seconds=process_seconds
+        )
     except ValueError as exc:
         typer.echo(f"baton bench fairness: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
+from agent.core.fair import FairConfig
 from baton.bench.fairness import MIXES, run_fairness_bench
 from baton.cli import app
 
@@ -41,9 +43,37 @@ def test_every_mix_is_reported_and_whether_fair_was_better_on_each() -> None:
 
 def test_the_cli_takes_mixes_and_refuses_an_unknown_one() -> None:
     args = ["bench", "fairness", "--seconds", "20", "--handoff-iterations", "0", "--json"]
+    args += ["--process-seconds", "0"]
     result = CliRunner().invoke(app, [*args, "--mix", "equal", "--mix", "trainer-batch"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output.strip().splitlines()[-1])
     assert list(out["mixes"]) == ["equal", "trainer-batch"] and out["mix"] == "equal"
     refused = CliRunner().invoke(app, [*args, "--mix", "nope"])
     assert refused.exit_code == 2 and "unknown mix nope" in refused.output
+
+
+def test_the_replay_orders_events_as_a_client_sees_them() -> None:
+    # A yielder asks again only after its yield is answered: without anticipation the next turn
+    # goes to whoever waits, and no share above one half is reachable (the figures).
+    mixes = ["duty-above-half", "tenfold"]
+    blind = run_fairness_bench(60.0, 0, FairConfig(anticipate_s=0.0), mixes)["mixes"]
+    shares = {n: t["measured_share"] for n, t in blind["duty-above-half"]["tenants"].items()}
+    assert shares == pytest.approx({"large": 0.5, "medium": 0.375, "small": 0.125}, abs=0.01)
+    assert blind["tenfold"]["tenants"]["short"]["measured_share"] < 0.1
+    out = run_fairness_bench(60.0, 0, FairConfig(), mixes)["mixes"]
+    for figures in out.values():
+        assert figures["max_share_deviation"] <= 0.05 < figures["reference_max_share_deviation"]
+        assert figures["fair_better"]
+
+
+def test_the_process_level_run_reports_shares_by_both_clocks() -> None:
+    out = run_fairness_bench(10.0, 0, mixes=["tenfold"], process_seconds=2.0)
+    run = out["mixes"]["tenfold"]["process"]
+    for key in ("max_share_deviation", "idle_while_waiting", "handoff_p50_ms", "tenants"):
+        assert key in run and f"reference_{key}" in run
+    assert "turns" not in run
+    for tenant in run["tenants"].values():
+        assert tenant["tenant_gpu_seconds"] > 0 and tenant["agent_gpu_seconds"] > 0
+        assert tenant["away_ms"] > 0
+    assert {"share_within_5_points", "idle_while_waiting_within_2pct"} <= run["targets"].keys()
+    assert out["process_seconds"] == 2.0 and "process_fair_better_for_every_mix" in out

@@ -32,8 +32,13 @@ class Result:
     turns: list[tuple[str, float]]
 
 
+RETURN_S = 0.001
+"""A tenant asks again no sooner than this after its yield (the answer, then its request)."""
+
+
 def simulate(specs: dict[str, Spec], seconds: float, config: FairConfig | None = None) -> Result:
-    """Run tenants on one GPU under the fair policy for `seconds` of injected time."""
+    """Run tenants on one GPU under the fair policy for `seconds` of injected time, in the
+    order a client sees events: a tenant asks again `gap` plus `RETURN_S` after its yield."""
     now = [0.0]
     ids = itertools.count()
     table = LeaseTable(
@@ -52,6 +57,7 @@ def simulate(specs: dict[str, Spec], seconds: float, config: FairConfig | None =
                 table.enqueue(name, ["g"], duty=specs[name].duty, tier=specs[name].tier)
                 since[name] = now[0]
                 del wake[name]
+        table.tick()
         if holder is None:
             for waiter in table.pick():
                 lease = table.grant(waiter.waiter_id)
@@ -60,13 +66,14 @@ def simulate(specs: dict[str, Spec], seconds: float, config: FairConfig | None =
                 holder = (t, lease.lease_id, now[0] + specs[t].turn)
                 result.turns.append((t, now[0]))
         assert len(table.leases) <= 1
-        nxt = min([*wake.values(), holder[2] if holder else float("inf")])
+        due = table.next_deadline(after=now[0])
+        nxt = min([*wake.values(), holder[2] if holder else float("inf"), due or float("inf")])
         now[0] = min(nxt, seconds)
         if holder is not None and holder[2] <= now[0]:
             t, lease_id, _ = holder
-            table.release(lease_id)
+            table.release(lease_id, yielded=True)
             result.held[t] += specs[t].turn
-            wake[t] = now[0] + specs[t].gap
+            wake[t] = now[0] + specs[t].gap + RETURN_S
             holder = None
     for t, start in since.items():  # still waiting at the end
         result.max_wait[t] = max(result.max_wait[t], seconds - start)
@@ -103,15 +110,19 @@ def test_nobody_starves(tenants: list[tuple[int, float, float]], credit: float) 
 
 def longest_wait(specs: dict[str, Spec], name: str, credit: float) -> float:
     """The most one tier's waiter `name` can wait for its turn under the fair policy."""
+    window = FairConfig().anticipate_s
     # While the waiter W waits, its virtual time V is at most the GPU's clock plus its last
     # turn over its weight (the clock reached W's start S at its last grant; V = S + turn/w).
     # Every other tenant j is at or above S less its credit (floored at S or later on joining,
     # or still waiting behind W at S), so j starts turns only while below V: that is credit,
     # plus W's last turn scaled by j's weight over W's, plus the turn that crosses V; add the
-    # turn in progress when W queued (one of j's turns at most).
+    # turn in progress when W queued (one of j's turns at most). A GPU kept for j after its
+    # yield (at most the anticipation window, charged to j) lengthens each of j's turns by that.
     spec = specs[name]
     others = [s for n, s in specs.items() if n != name]
-    return sum(credit + 2 * s.turn + spec.turn * s.duty / spec.duty for s in others)
+    return sum(
+        credit + 2 * (s.turn + window) + (spec.turn + window) * s.duty / spec.duty for s in others
+    )
 
 
 def test_those_who_return_during_a_turn_bank_no_more_than_the_credit() -> None:
@@ -208,7 +219,7 @@ def test_at_most_one_holder_per_gpu(ops: list[tuple[int, int, float]]) -> None:
             for waiter in table.pick():
                 table.grant(waiter.waiter_id)
         elif op == 2 and table.leases_of(name):
-            table.release(table.leases_of(name)[0].lease_id)
+            table.release(table.leases_of(name)[0].lease_id, yielded=dt < 1.0)
         else:
             for lease in table.tick().overdue:
                 _, due, _ = table.revoke(lease.lease_id)
