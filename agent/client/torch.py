@@ -221,10 +221,10 @@ class TorchParker:
         if not cuda:
             return
         device = cuda[0][0].device if cuda[0][0].is_cuda else cuda[0][1].device
-        current = torch.cuda.current_stream(device)
+        # After all the tenant's queued work: a park runs on the agent's callback thread, while
+        # the work was queued by the training thread (on its streams, not this thread's).
+        torch.cuda.synchronize(device)
         streams = [torch.cuda.Stream(device) for _ in range(min(self.streams, len(cuda)))]
-        for stream in streams:
-            stream.wait_stream(current)  # after the tenant's own queued work
         for i, (src, dst) in enumerate(cuda):
             with torch.cuda.stream(streams[i % len(streams)]):
                 dst.copy_(src, non_blocking=True)

@@ -1,7 +1,9 @@
 """The cuda backend's move sequences over all of a tenant's processes: all of them move or none.
 
 Park: lock each, then checkpoint each; a failure returns every touched process to RUNNING (a
-lock that does not return in time, too: the tenant is then refused, as sharing GPU memory).
+lock that does not return in time, too: the tenant is then refused, as sharing GPU memory). A
+process that only called cuInit (its lock answers NOT_INITIALIZED) has nothing on the device
+and is left out.
 Restore: restore each, then unlock each, then check each is RUNNING; a failed restore parks the
 ones already brought back again. The functions raise `BackendQuarantined` (with the reason only)
 when a process is left in a state the agent cannot fix, `Unparkable` when the driver does not
@@ -19,9 +21,11 @@ from agent.parking.backends.cuda_driver import (
     LOCKED,
     NOT_SUPPORTED,
     OUT_OF_MEMORY,
+    POISONED,
     RUNNING,
     CheckpointDriver,
     DriverError,
+    NoContext,
     state_name,
 )
 from agent.parking.backends.deadline import CallStalled
@@ -60,12 +64,15 @@ def _total(sizes: Sizes, pid: int) -> int:
     return sum(sizes.get(pid, {}).values())
 
 
-def park_all(calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes) -> None:
-    """Lock every process, then checkpoint every one; undo all if one fails."""
+def park_all(calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes) -> tuple[int, ...]:
+    """Lock every process, then checkpoint every one; undo all if one fails. Returns the ones
+    parked: all but those without a CUDA context."""
     locked: list[int] = []
     for pid in pids:
         try:
             calls.lock(pid)
+        except NoContext:
+            continue
         except CallStalled as e:  # undone if it can be; the tenant cannot be parked
             roll_back(calls, [pid, *locked], sizes, e)
             raise Unparkable(f"{e}; {STALLED}; {SHARING}") from e
@@ -75,14 +82,15 @@ def park_all(calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes) -> No
                 raise Unparkable(f"{e}: {SHARING}") from e
             raise
         locked.append(pid)
-    for pid in pids:
+    for pid in locked:
         try:
             calls.checkpoint(pid, _total(sizes, pid))
         except DriverError as e:
-            roll_back(calls, list(pids), sizes, e)
+            roll_back(calls, locked, sizes, e)
             if e.code == NOT_SUPPORTED:
                 raise Unparkable(f"{e}: {SHARING}") from e
             raise
+    return tuple(locked)
 
 
 def roll_back(calls: CheckpointDriver, pids: list[int], sizes: Sizes, cause: Exception) -> None:
@@ -116,7 +124,7 @@ def restore_all(calls: CheckpointDriver, sizes: Sizes) -> None:
             calls.restore(pid, _total(sizes, pid))
         except DriverError as e:
             park_again(calls, restored, sizes, e)
-            if e.code == OUT_OF_MEMORY:
+            if e.code in (OUT_OF_MEMORY, POISONED):
                 raise BackendQuarantined(
                     f"{e}: the driver fails every later restore of a process whose restore ran "
                     "out of device memory, so it is not retried"
