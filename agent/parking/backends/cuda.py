@@ -58,8 +58,6 @@ NCCL_SHM = "/dev/shm/nccl-"
 STALLED = "the driver may be wedged for this tenant's processes"
 REDISCOVER_S = 2.0
 """Processes found longer ago than this are looked for again (a context may have appeared)."""
-DEFAULT_CALL_TIMEOUT_S = 10.0
-DEFAULT_COPY_GBPS = 1.0
 
 
 class CudaBackend(Backend):
@@ -75,8 +73,8 @@ class CudaBackend(Backend):
         proc_root: str = "/proc",
         cgroup_root: str = "/sys/fs/cgroup",
         clock: Callable[[], float] = time.monotonic,
-        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
-        copy_gbps: float = DEFAULT_COPY_GBPS,
+        call_timeout_s: float = 10.0,
+        copy_gbps: float = 1.0,
         headroom_bytes: int = DEFAULT_HEADROOM,
         bindings: str | None = None,
     ) -> None:
@@ -107,8 +105,7 @@ class CudaBackend(Backend):
         self.driver_version = check_driver(driver, nvml, self.calls.error_name)
 
     def _nvml(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """An NVML query with a deadline; an NVML error (unknown UUID, lost GPU) as a
-        `BackendError`."""
+        """An NVML query with a deadline; an NVML error (unknown UUID, lost GPU) is ours."""
         try:
             return call_with_deadline(self.call_timeout_s, what, fn, self.nvml, *args)
         except nvml_error(self.nvml) as e:
@@ -379,36 +376,21 @@ class CudaBackend(Backend):
         """Refuse (retryably) a restore without room: a failed one would poison the process."""
         for gpu, n in sorted(parked.per_gpu().items()):
             free = self._nvml(f"NVML memory info of {gpu}", procs.gpu_free, gpu)
-            need = n + self.headroom_bytes
-            if free < need:
-                raise BackendError(
-                    f"restoring {tenant_id} needs {need >> 20} MiB free on {gpu} "
-                    f"({n >> 20} MiB parked + {self.headroom_bytes >> 20} MiB headroom); "
-                    f"NVML reports {free >> 20} MiB free"
-                )
+            cuda_moves.check_room(tenant_id, gpu, n, self.headroom_bytes, free)
 
     # Restarts.
 
     def durable(self) -> dict[str, Any]:
         """Parked processes and their bytes per tenant, and why tenants are quarantined."""
         with self._mutex:
-            out: dict[str, Any] = {
-                t: {"pids": {str(pid): dict(s) for pid, s in p.pids.items()}}
-                for t, p in self._parked.items()
-            }
-            for t, why in self._quarantined.items():
-                out.setdefault(t, {"pids": {}})["quarantined"] = why
-        return out
+            return cuda_moves.durable(self._parked, self._quarantined)
 
     def adopt(self, saved: dict[str, Any]) -> None:
         """Take back parked processes (unconfirmed until the driver is asked) and quarantines."""
+        parked, quarantined = cuda_moves.adopted(saved)
         with self._mutex:
-            for tenant_id, entry in saved.items():
-                pids = {int(p): {g: int(n) for g, n in s.items()} for p, s in entry["pids"].items()}
-                if pids:
-                    self._parked[tenant_id] = ParkedProcs(pids, confirmed=False)
-                if entry.get("quarantined"):
-                    self._quarantined[tenant_id] = str(entry["quarantined"])
+            self._parked.update(parked)
+            self._quarantined.update(quarantined)
 
     def close(self) -> None:
         """Leave parked processes parked (their memory is inside them); release NVML."""

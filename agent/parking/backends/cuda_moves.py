@@ -13,6 +13,7 @@ support checkpointing the processes, and `DriverError` for a failure that left e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from agent.parking.backends.base import BackendError, BackendQuarantined, Unparkable
 from agent.parking.backends.cuda_driver import (
@@ -174,3 +175,36 @@ def confirm(calls: CheckpointDriver, sizes: Sizes) -> Sizes:
         elif state == FAILED:
             raise BackendQuarantined(f"pid {pid} is in the driver's FAILED state")
     return still
+
+
+def check_room(tenant_id: str, gpu: str, parked: int, headroom: int, free: int) -> None:
+    """`BackendError` (retryable) unless `free` holds the parked bytes plus the headroom."""
+    need = parked + headroom
+    if free < need:
+        raise BackendError(
+            f"restoring {tenant_id} needs {need >> 20} MiB free on {gpu} "
+            f"({parked >> 20} MiB parked + {headroom >> 20} MiB headroom); "
+            f"NVML reports {free >> 20} MiB free"
+        )
+
+
+def durable(parked: dict[str, ParkedProcs], quarantined: dict[str, str]) -> dict[str, Any]:
+    """What survives a restart: each tenant's parked processes and bytes, and its quarantine."""
+    out: dict[str, Any] = {
+        t: {"pids": {str(pid): dict(s) for pid, s in p.pids.items()}} for t, p in parked.items()
+    }
+    for t, why in quarantined.items():
+        out.setdefault(t, {"pids": {}})["quarantined"] = why
+    return out
+
+
+def adopted(saved: dict[str, Any]) -> tuple[dict[str, ParkedProcs], dict[str, str]]:
+    """`durable`'s output read back: parked processes (unconfirmed) and quarantines."""
+    parked, quarantined = {}, {}
+    for tenant_id, entry in saved.items():
+        pids = {int(p): {g: int(n) for g, n in s.items()} for p, s in entry["pids"].items()}
+        if pids:
+            parked[tenant_id] = ParkedProcs(pids, confirmed=False)
+        if entry.get("quarantined"):
+            quarantined[tenant_id] = str(entry["quarantined"])
+    return parked, quarantined
