@@ -44,7 +44,7 @@ def prepared(python: str) -> tuple[Path, Path]:
     if not (home / "ready").exists():
         shutil.rmtree(home, ignore_errors=True)
         subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120)
-        pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q"]
         subprocess.run([*pip, "-r", str(LISTS / "image-packages.txt")], check=True, timeout=600)
         subprocess.run([str(LISTS / "fetch-wheels.sh"), str(wheels)], check=True, timeout=300)
         (home / "ready").write_text("")
