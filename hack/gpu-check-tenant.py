@@ -74,6 +74,11 @@ def listed_pids(gpu: str) -> set[int]:
     return {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
 
 
+def used_mib(gpu: str) -> int:
+    """MiB in use on the GPU as NVML reports it."""
+    return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByUUID(gpu)).used) >> 20
+
+
 def alive(pid: int) -> bool:
     """Whether the process still exists."""
     try:
@@ -137,7 +142,10 @@ def main() -> int:
                 peer = peer_parked(work, args.peer, args.gpu, args.name)
                 memory.fill(turn)
                 time.sleep(args.hold)
-                turns.append({"turn": turn, "at": started, "waited_s": waited, "peer": peer})
+                turns.append({
+                    "turn": turn, "at": started, "waited_s": waited, "peer": peer,
+                    "gpu_used_mib": used_mib(args.gpu),
+                })  # fmt: skip
             finally:
                 retried(baton.yield_, "yield")
         print(json.dumps({"tenant": args.name, "turns": turns}), flush=True)

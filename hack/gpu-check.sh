@@ -31,7 +31,7 @@ DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
 PYTHON=${PYTHON:-python3}
 WHEELS=${WHEELS:-$repo/hack/gpu-check/wheels}
-BUDGET_S=${BUDGET_S:-540}
+BUDGET_S=${BUDGET_S:-420}
 GIB=${GIB:-4}
 TURNS=${TURNS:-4}
 HOLD=${HOLD:-1}
@@ -185,11 +185,11 @@ if [ "$DRY" -eq 1 ]; then # what needs CUDA torch: only checked to compile here
 fi
 
 echo "== 3. TorchParker (app backend): real training tenants alone against taking turns"
-timeout 150 "$PYTHON" hack/train-exactness.py --device cuda | tee "$logs/train-exactness.json"
+timeout 120 "$PYTHON" hack/train-exactness.py --device cuda | tee "$logs/train-exactness.json"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail "train-exactness: see above"
 
 echo "== 4. duty efficiency with real kernels; GPU phases sharing against alone"
-timeout 150 "$PYTHON" -m baton bench train --device cuda --tenants 3 --steps 20 --json |
+timeout 120 "$PYTHON" -m baton bench train --device cuda --tenants 3 --steps 12 --json |
     tee "$logs/bench.json"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail "bench train: see above"
 echo "gpu-check: passed"
