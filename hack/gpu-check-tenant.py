@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,9 @@ class CudaMemory:
         self.torch = torch
         self.chunks = [torch.empty(CHUNK, dtype=torch.uint8, device="cuda") for _ in range(gib)]
 
+    def close(self) -> None:
+        self.chunks.clear()
+
     def fill(self, seed: int) -> None:
         gen = self.torch.Generator(device="cuda").manual_seed(seed)
         for chunk in self.chunks:
@@ -53,13 +57,21 @@ class CudaMemory:
 
 class StandInMemory:
     """The dry run's memory: the stand-in driver learns of this process's context and bytes from
-    files (hack/gpu-check/standins); the bytes checked are a small host buffer."""
+    files (hack/gpu-check/standins); the bytes checked are a small host buffer. A helper process
+    beside it only calls cuInit (NVML lists it with 0 bytes; its lock answers "not
+    initialized"), as a data loader worker may."""
 
     def __init__(self, gib: int) -> None:
         state = Path(os.environ["FAKE_GPU_STATE"])
         (state / f"{os.getpid()}.bytes").write_text(str(gib * CHUNK))
         (state / f"{os.getpid()}.state").write_text("0\n")
+        self.helper = subprocess.Popen(["sleep", "600"])
+        (state / f"{self.helper.pid}.cuinit").write_text("")
         self.data = b""
+
+    def close(self) -> None:
+        self.helper.kill()
+        self.helper.wait(10)
 
     def fill(self, seed: int) -> None:
         self.data = seed.to_bytes(8, "little") * 4096
@@ -151,6 +163,8 @@ def main() -> int:
         print(json.dumps({"tenant": args.name, "turns": turns}), flush=True)
         return 0
     finally:
+        if memory is not None:
+            memory.close()
         baton.close()
 
 

@@ -38,31 +38,58 @@ HOLD=${HOLD:-1}
 PORT=${PORT:-19460}
 NODE="gpu-check-node"
 
-# Bounded as a whole, well under the device call's 10 minutes, and on cgroup v2.
-if [ -z "${GPU_CHECK_BOUNDED:-}" ]; then
-    export GPU_CHECK_BOUNDED=1
-    exec timeout --kill-after=10 "$BUDGET_S" "$0" "$@"
-fi
+[ "$(id -u)" -eq 0 ] || {
+    echo "gpu-check: run as root: it creates cgroups and the agent reads every /proc" >&2
+    exit 1
+}
+# On cgroup v2: where it is mounted, else in a private mount namespace with a mount of its own.
 if [ ! -f /sys/fs/cgroup/cgroup.controllers ] && [ -z "${GPU_CHECK_OWN_CGROUP:-}" ]; then
-    export GPU_CHECK_OWN_CGROUP=1 # a private mount namespace with a cgroup2 mount of its own
+    export GPU_CHECK_OWN_CGROUP=1
     exec unshare -m --propagation private "$0" "$@"
 fi
 if [ -n "${GPU_CHECK_OWN_CGROUP:-}" ] && [ ! -f /sys/fs/cgroup/cgroup.controllers ]; then
     mount -t cgroup2 none /sys/fs/cgroup
 fi
 
-OUT=${OUT:-$(mktemp -d /tmp/baton-gpu-check-out.XXXXXX)}
+kill_cgroups() { # every process left in the check's cgroups, then the cgroups, deepest first
+    [ -d "$1" ] || return 0
+    local end=$((SECONDS + 10)) left
+    left=$(find "$1" -name cgroup.procs -exec cat {} +)
+    while [ -n "$left" ] && [ "$SECONDS" -lt "$end" ]; do
+        for pid in $left; do kill -KILL "$pid" 2>/dev/null || true; done
+        sleep 0.2
+        left=$(find "$1" -name cgroup.procs -exec cat {} +)
+    done
+    find "$1" -depth -type d -exec rmdir {} + 2>/dev/null || true
+}
+
+# Bounded as a whole, well under the device call's 10 minutes; what the bound cuts off is
+# cleaned up here, outside it (a shell runs no trap while it waits for a command).
+if [ -z "${GPU_CHECK_WORK:-}" ]; then
+    GPU_CHECK_WORK=$(mktemp -d /tmp/baton-gpu-check.XXXXXX) # short: the agent's socket is here
+    export GPU_CHECK_WORK GPU_CHECK_CGROUPS=/sys/fs/cgroup/baton-gpu-check-$$
+    OUT=${OUT:-$(mktemp -d /tmp/baton-gpu-check-out.XXXXXX)}
+    export OUT
+    mkdir -p "$OUT/gpu-check"
+    status=0
+    timeout --kill-after=10 "$BUDGET_S" "$0" "$@" || status=$?
+    if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
+        echo "gpu-check: FAILED: stopped after $BUDGET_S s" | tee -a "$OUT/gpu-check/check.log" >&2
+    fi
+    kill_cgroups "$GPU_CHECK_CGROUPS"
+    rm -rf "$GPU_CHECK_WORK"
+    exit "$status"
+fi
+
 logs="$OUT/gpu-check"
-mkdir -p "$logs"
 exec > >(tee -a "$logs/check.log") 2>&1
 
 fail() {
     echo "gpu-check: FAILED: $*" >&2
     exit 1
 }
-[ "$(id -u)" -eq 0 ] || fail "run as root: it creates cgroups and the agent reads every /proc"
-work=$(mktemp -d /tmp/baton-gpu-check.XXXXXX) # short paths: the agent's socket lives here
-cgroot=/sys/fs/cgroup/baton-gpu-check-$$
+work=$GPU_CHECK_WORK
+cgroot=$GPU_CHECK_CGROUPS
 children=()
 agent_pid=""
 cleanup() {
@@ -72,10 +99,7 @@ cleanup() {
     for pid in "${children[@]}" ${agent_pid:+"$agent_pid"}; do # not `wait`: tee is a child too
         wait "$pid" 2>/dev/null || true
     done
-    if [ -d "$cgroot" ]; then # the deepest first: a cgroup goes only once it is empty
-        find "$cgroot" -depth -type d -exec rmdir {} + 2>/dev/null || true
-    fi
-    rm -rf "$work"
+    kill_cgroups "$cgroot"
 }
 trap cleanup EXIT
 
@@ -156,7 +180,7 @@ tenant b a &
 b=$!
 children+=("$a" "$b")
 
-parked=$(timeout 120 "$PYTHON" hack/gpu-check-helper.py wait-parked "http://127.0.0.1:$PORT" 100) ||
+parked=$("$PYTHON" hack/gpu-check-helper.py wait-parked "http://127.0.0.1:$PORT" 100) ||
     fail "no tenant was parked; agent log: $(tail -n 30 "$logs/agent1.log")"
 echo "gpu-check: $parked is parked; killing the agent and starting it again"
 kill -KILL "$agent_pid"
@@ -173,7 +197,7 @@ wait "$b" || status=1
 if [ "$DRY" -eq 1 ]; then
     echo '{"h2d_gbps": null, "d2h_gbps": null, "dry_run": true}' >"$work/copy.json"
 else
-    timeout 60 "$PYTHON" hack/gpu-check-helper.py copy-rate "$GIB" >"$work/copy.json"
+    timeout --foreground 60 "$PYTHON" hack/gpu-check-helper.py copy-rate "$GIB" >"$work/copy.json"
 fi
 "$PYTHON" hack/gpu-check-helper.py figures "$work/copy.json" "$logs/agent1.log" "$logs/agent2.log" |
     tee "$logs/cuda.json"
@@ -185,11 +209,11 @@ if [ "$DRY" -eq 1 ]; then # what needs CUDA torch: only checked to compile here
 fi
 
 echo "== 3. TorchParker (app backend): real training tenants alone against taking turns"
-timeout 120 "$PYTHON" hack/train-exactness.py --device cuda | tee "$logs/train-exactness.json"
+timeout --foreground 120 "$PYTHON" hack/train-exactness.py --device cuda | tee "$logs/train-exactness.json"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail "train-exactness: see above"
 
 echo "== 4. duty efficiency with real kernels; GPU phases sharing against alone"
-timeout 120 "$PYTHON" -m baton bench train --device cuda --tenants 3 --steps 12 --json |
+timeout --foreground 120 "$PYTHON" -m baton bench train --device cuda --tenants 3 --steps 12 --json |
     tee "$logs/bench.json"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail "bench train: see above"
 echo "gpu-check: passed"

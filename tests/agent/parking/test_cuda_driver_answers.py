@@ -3,6 +3,8 @@ states 4/5, 304 after an out-of-memory restore, NVML errors, and the versions it
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from agent.parking.backends.base import (
@@ -14,6 +16,7 @@ from agent.parking.backends.base import (
 )
 from agent.parking.backends.cuda import REDISCOVER_S, CudaBackend
 from agent.parking.backends.cuda_driver import check_bindings
+from agent.parking.preparer import ParkingPreparer
 
 from .standin_cuda import (
     CHECKPOINTED,
@@ -169,3 +172,21 @@ def test_a_driver_older_than_575_57_is_refused_naming_its_version():
     with pytest.raises(BackendUnavailable, match=r"575\.57 or newer .*runs 570\.158\.01"):
         CudaBackend(driver, StandInNvml(driver, {}, release="570.158.01"))
     CudaBackend(driver, StandInNvml(driver, {}, release="575.57.08"))
+
+
+def test_the_planner_parks_a_tenant_whose_context_came_after_its_session_opened(tmp_path):
+    driver = StandInDriver(no_context={100, 200})  # both opened their sessions, no context yet
+    nvml = StandInNvml(driver, {GPU: 10 * GIB})
+    backend = CudaBackend(driver, nvml, proc_root=str(tmp_path), headroom_bytes=0)
+    prep = ParkingPreparer(backend, {GPU: 10 * GIB}, host_budget=20 * GIB, backoff=0.0)
+    prep.register(TenantRef("a", (GPU,), pids=(100,), declared_bytes=6 * GIB))
+    prep.register(TenantRef("b", (GPU,), pids=(200,), declared_bytes=6 * GIB))
+
+    async def turns() -> None:
+        await prep.prepare("a", [GPU])
+        driver.make_context(100, GPU, 6 * GIB)  # its first CUDA call, in its turn
+        await prep.prepare("b", [GPU])
+
+    asyncio.run(asyncio.wait_for(turns(), 10))
+    assert driver.states[100] == CHECKPOINTED
+    assert backend.state("a").residency == {GPU: Residency.PARKED}
