@@ -102,3 +102,18 @@ def test_the_cuda_move_deadlines_come_from_the_options(monkeypatch):
     backend, _ = build_backend(opts)
     assert isinstance(backend, cuda_mod.CudaBackend) and backend.bindings == "13.0.3"
     assert backend.calls.call_timeout_s == 42.0 and backend.calls.copy_bytes_per_s == 3e9
+
+
+def test_the_move_deadlines_have_flags_and_env_twins(monkeypatch):
+    from tests.agent.test_assembly import _configs
+
+    flags = ["--driver-call-timeout", "30", "--slowest-copy-gbps", "2.5"]
+    result, seen = _configs(monkeypatch, flags, {})
+    assert result.exit_code == 0, result.output
+    assert (seen[0].parking.driver_call_timeout_s, seen[0].parking.slowest_copy_gbps) == (30, 2.5)
+    env = {"BATON_DRIVER_CALL_TIMEOUT": "7", "BATON_SLOWEST_COPY_GBPS": "4"}
+    result, seen = _configs(monkeypatch, [], env)
+    assert result.exit_code == 0, result.output
+    assert (seen[0].parking.driver_call_timeout_s, seen[0].parking.slowest_copy_gbps) == (7, 4)
+    result, seen = _configs(monkeypatch, ["--slowest-copy-gbps", "0"], {})
+    assert result.exit_code != 0 and not seen and "must be above 0" in result.output
