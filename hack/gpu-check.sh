@@ -119,8 +119,8 @@ if [ "$DRY" -eq 1 ]; then
     export FAKE_GPU_STATE="$work/gpustate" FAKE_CUDA_LOG="$logs/standin-cuda.log"
     env_dry=(--stand-in)
 fi
-"$PYTHON" hack/gpu-check/versions.py "${env_dry[@]}" | tee "$logs/versions.json"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail "versions: see above"
+"$PYTHON" hack/gpu-check/versions.py "${env_dry[@]}" | tee "$logs/versions.json" ||
+    fail "versions: see above"
 
 echo "== 2. cuda backend: two tenants in pod cgroups, parked and restored across an agent restart"
 if [ "$DRY" -eq 1 ]; then
@@ -192,12 +192,13 @@ wait "$a" || status=1
 wait "$b" || status=1
 [ "$status" -eq 0 ] || fail "a tenant failed: $(tail -n 5 "$logs/tenant-a.err" "$logs/tenant-b.err")"
 "$PYTHON" hack/gpu-check-helper.py evidence "$parked" "$logs/tenant-a.json" "$logs/tenant-b.json" \
-    "$logs/agent1.log" "$logs/agent2.log" | tee "$logs/evidence.json"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail "the turns did not park and restore as they had to"
+    "$logs/agent1.log" "$logs/agent2.log" | tee "$logs/evidence.json" ||
+    fail "the turns did not park and restore as they had to"
 if [ "$DRY" -eq 1 ]; then
     echo '{"h2d_gbps": null, "d2h_gbps": null, "dry_run": true}' >"$work/copy.json"
 else
-    timeout --foreground 60 "$PYTHON" hack/gpu-check-helper.py copy-rate "$GIB" >"$work/copy.json"
+    timeout --foreground 60 "$PYTHON" hack/gpu-check-helper.py copy-rate "$GIB" >"$work/copy.json" ||
+        fail "the pinned copy rate could not be measured"
 fi
 "$PYTHON" hack/gpu-check-helper.py figures "$work/copy.json" "$logs/agent1.log" "$logs/agent2.log" |
     tee "$logs/cuda.json"
@@ -209,11 +210,10 @@ if [ "$DRY" -eq 1 ]; then # what needs CUDA torch: only checked to compile here
 fi
 
 echo "== 3. TorchParker (app backend): real training tenants alone against taking turns"
-timeout --foreground 120 "$PYTHON" hack/train-exactness.py --device cuda | tee "$logs/train-exactness.json"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail "train-exactness: see above"
+timeout --foreground 120 "$PYTHON" hack/train-exactness.py --device cuda |
+    tee "$logs/train-exactness.json" || fail "train-exactness: see above"
 
 echo "== 4. duty efficiency with real kernels; GPU phases sharing against alone"
 timeout --foreground 120 "$PYTHON" -m baton bench train --device cuda --tenants 3 --steps 12 --json |
-    tee "$logs/bench.json"
-[ "${PIPESTATUS[0]}" -eq 0 ] || fail "bench train: see above"
+    tee "$logs/bench.json" || fail "bench train: see above"
 echo "gpu-check: passed"
