@@ -6,10 +6,12 @@ pods KUBECONFIG NODE GPU MIB NAME=UID...  serve a fake API server holding the no
 wait-parked URL TIMEOUT                   wait until /v1/status shows a tenant parked; print it
 copy-rate GIB                             host↔device copy GB/s (pinned memory) on GPU 0, as JSON
 figures COPY_JSON LOG...                  park/restore GB/s from agent logs against the copy rate
+evidence PARKED A_JSON B_JSON LOG...      pass only if the moves the turns required happened
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import signal
@@ -43,7 +45,9 @@ def pods(kubeconfig: str, node: str, gpu: str, mib: str, *tenants: str) -> int:
                     "nodeName": node,
                     "containers": [{
                         "name": "trainer", "image": "none",
-                        "resources": {"limits": {"baton.dev/gpu-memory": mib}},
+                        "resources": {
+                            "limits": {"baton.dev/gpu": "1", "baton.dev/gpu-memory": mib}
+                        },
                     }],
                 },
                 "status": {"phase": "Running"},
@@ -97,12 +101,9 @@ def copy_rate(gib: str) -> int:
 def figures(copy_json: str, *logs: str) -> int:
     """Park (out) and restore (in) GB/s from the agents' move log lines, as JSON."""
     copy = json.loads(Path(copy_json).read_text())
-    moved: dict[str, list[tuple[int, float]]] = {"park": [], "restore": []}
-    for log in logs:
-        for match in MOVE.finditer(Path(log).read_text()):
-            nbytes, seconds = int(match.group(4)), float(match.group(5))
-            if nbytes:
-                moved[match.group(1)].append((nbytes, seconds))
+    moved = {
+        direction: [(n, s) for _, n, s in found if n] for direction, found in moves_in(logs).items()
+    }
 
     def gbps(moves: list[tuple[int, float]]) -> float | None:
         seconds = sum(s for _, s in moves)
@@ -112,15 +113,55 @@ def figures(copy_json: str, *logs: str) -> int:
     print(json.dumps({
         "parks": len(moved["park"]), "restores": len(moved["restore"]),
         "out_gbps": out, "in_gbps": into, **copy,
-        "out_vs_d2h": round(out / copy["d2h_gbps"], 2) if out else None,
-        "in_vs_h2d": round(into / copy["h2d_gbps"], 2) if into else None,
+        "out_vs_d2h": round(out / copy["d2h_gbps"], 2) if out and copy.get("d2h_gbps") else None,
+        "in_vs_h2d": round(into / copy["h2d_gbps"], 2) if into and copy.get("h2d_gbps") else None,
     }))  # fmt: skip
     return 0
 
 
+def moves_in(logs: tuple[str, ...]) -> dict[str, list[tuple[str, int, float]]]:
+    """Per direction, (tenant, bytes, seconds) of every move the agents' logs report."""
+    out: dict[str, list[tuple[str, int, float]]] = {"park": [], "restore": []}
+    for log in logs:
+        for match in MOVE.finditer(Path(log).read_text()):
+            out[match.group(1)].append((match.group(2), int(match.group(4)), float(match.group(5))))
+    return out
+
+
+def evidence(parked: str, a_json: str, b_json: str, *logs: str) -> int:
+    """Exit 1 unless every switch between the tenants parked one (they do not fit together),
+    each tenant saw its peer parked, and the restarted agent (the last log) restored `parked`."""
+    turns = []
+    for report in (a_json, b_json):
+        data = json.loads(Path(report).read_text())
+        turns += [(t["at"], data["tenant"], t["peer"]) for t in data["turns"]]
+    order = [name for _, name, _ in sorted(turns)]
+    switches = sum(1 for x, y in itertools.pairwise(order) if x != y)
+    moved = moves_in(logs)
+    parks = [m for m in moved["park"] if m[1] > 0]
+    saw_peer = {name: any(peer for _, n, peer in turns if n == name) for name in set(order)}
+    restored_after_restart = any(t == parked for t, _, _ in moves_in(logs[-1:])["restore"])
+    result = {
+        "turns": len(order), "switches": switches, "parks": len(parks),
+        "restores": len(moved["restore"]), "saw_peer_parked": saw_peer,
+        "restarted_agent_restored": restored_after_restart,
+    }  # fmt: skip
+    print(json.dumps(result))
+    problems = []
+    if switches < 2 or len(parks) < switches:
+        problems.append(f"{len(parks)} parks for {switches} switches between the tenants")
+    problems += [f"{n} never saw its peer parked" for n, saw in saw_peer.items() if not saw]
+    if not restored_after_restart:
+        problems.append(f"the restarted agent never restored {parked}")
+    for problem in problems:
+        print(f"gpu-check: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def main() -> int:
     commands: dict[str, Callable[..., int]] = {
-        "pods": pods, "wait-parked": wait_parked, "copy-rate": copy_rate, "figures": figures
+        "pods": pods, "wait-parked": wait_parked, "copy-rate": copy_rate, "figures": figures,
+        "evidence": evidence,
     }  # fmt: skip
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(__doc__, file=sys.stderr)

@@ -34,6 +34,11 @@ def specs(device: str, small: bool, steps: int) -> list[TenantSpec]:
     return [TenantSpec("sft", sft, steps=steps), TenantSpec("grpo", grpo, steps=steps)]
 
 
+def reserved_mib(moves: dict[str, int]) -> list[int]:
+    """`torch.cuda.memory_reserved` MiB before and after the tenant's last park (0 on a CPU)."""
+    return [moves["reserved_before_park"] >> 20, moves["reserved_after_park"] >> 20]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--device", default="cuda", help="cuda (a GPU), or cpu")
@@ -58,12 +63,18 @@ def main() -> int:
         "parks": parks,
         "park_s": {r["name"]: round(r["moves"]["park_s"], 4) for r in shared.reports},
         "restore_s": {r["name"]: round(r["moves"]["restore_s"], 4) for r in shared.reports},
+        "memory_reserved_mib": {r["name"]: reserved_mib(r["moves"]) for r in shared.reports},
         "identical": not diffs,
         "differences": diffs,
     }
     print(json.dumps(result))
     if not all(parks.values()):
         print("train-exactness: a tenant was never parked", file=sys.stderr)
+        return 1
+    reserved = {r["name"]: reserved_mib(r["moves"]) for r in shared.reports}
+    kept = [name for name, (before, after) in reserved.items() if after >= before]
+    if args.device.startswith("cuda") and kept:
+        print(f"train-exactness: a park freed no reserved memory: {kept}", file=sys.stderr)
         return 1
     return 0 if not diffs else 1
 

@@ -50,6 +50,10 @@ class MoveStats:
     restore_s: float = 0.0
     copied_bytes: int = 0
     """Bytes of storages that could not be resized, copied once when registered."""
+    reserved_before_park: int = 0
+    """`torch.cuda.memory_reserved` on the device before the last park (CUDA only)."""
+    reserved_after_park: int = 0
+    """And after it: what the caching allocator kept (its context and workspaces are not in it)."""
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -161,6 +165,7 @@ class TorchParker:
                     t for src in self.sources for t in tensors_of(src) if self._on_device(t)
                 )
             storages = self.storages()
+            before = _reserved(storages)
             fixed = [s for s in storages if not s.resizable()]
             if fixed:  # refuse before moving anything: a half-done park frees nothing
                 raise ParkError(
@@ -175,6 +180,9 @@ class TorchParker:
             self._parked = [(s, s_host.numel()) for s, s_host in pairs]
             self._is_parked = True
             _release_cached(storages)
+            if before is not None:
+                self.stats.reserved_before_park = before
+                self.stats.reserved_after_park = _reserved(storages) or 0
             moved = sum(n for _, n in self._parked)
             self.stats.parks += 1
             self.stats.parked_bytes += moved
@@ -221,10 +229,10 @@ class TorchParker:
         if not cuda:
             return
         device = cuda[0][0].device if cuda[0][0].is_cuda else cuda[0][1].device
-        current = torch.cuda.current_stream(device)
+        # After all the tenant's queued work: a park runs on the agent's callback thread, while
+        # the work was queued by the training thread (on its streams, not this thread's).
+        torch.cuda.synchronize(device)
         streams = [torch.cuda.Stream(device) for _ in range(min(self.streams, len(cuda)))]
-        for stream in streams:
-            stream.wait_stream(current)  # after the tenant's own queued work
         for i, (src, dst) in enumerate(cuda):
             with torch.cuda.stream(streams[i % len(streams)]):
                 dst.copy_(src, non_blocking=True)
@@ -252,6 +260,12 @@ def _make_resizable(tensors: Iterable[torch.Tensor]) -> int:
 def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
     """A uint8 tensor over the whole storage, to copy it byte for byte."""
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def _reserved(storages: list[torch.UntypedStorage]) -> int | None:
+    """Bytes the caching allocator holds on the storages' CUDA device; None off CUDA."""
+    cuda = [s.device for s in storages if s.device.type == "cuda"]
+    return int(torch.cuda.memory_reserved(cuda[0])) if cuda else None
 
 
 def _release_cached(storages: list[torch.UntypedStorage]) -> None:

@@ -16,6 +16,7 @@ from baton.contract.meminfo import MEMINFO, mem_total_kib
 from baton.contract.names import (
     DEFAULT_FAKE_GPU_DIR,
     DEFAULT_SLOTS_PER_GPU,
+    FAKE_GPU_UUID_PREFIX,
     MIB,
     fake_gpu_sizes,
     fake_gpu_uuid,
@@ -45,6 +46,12 @@ class ParkingOptions:
     """MiB kept free on each GPU; None = the backend's default (cuda: 1024, others: 0)."""
     lock_timeout_s: float = 5.0
     callback_timeout_s: float = 60.0
+    driver_call_timeout_s: float = 10.0
+    """Seconds a cuda driver call may take beyond its lock timeout or copy time."""
+    slowest_copy_gbps: float = 1.0
+    """The slowest copy rate a checkpoint or restore deadline allows for (GB/s)."""
+    simulated_inventory: bool = False
+    """The app and endpoint methods take the simulated GPUs even where NVML sees real ones."""
 
 
 def parse_fake_gpus(spec: str, node_name: str = "") -> dict[str, int]:
@@ -107,19 +114,26 @@ def _one_backend(
         cuda = CudaBackend(
             lock_timeout_ms=int(opts.lock_timeout_s * 1000),
             headroom_bytes=default_headroom(opts),
+            call_timeout_s=opts.driver_call_timeout_s,
+            copy_gbps=opts.slowest_copy_gbps,
         )
         return cuda, cuda.gpu_memory()
     if method == "app":
         from agent.parking.backends.app import AppBackend
 
-        gpus = nvml_gpus() or parse_fake_gpus(opts.fake_gpus, opts.node_name)
+        gpus = _inventory(opts)
         return AppBackend(opts.callback_timeout_s, call_tenant, loop), gpus
     if method == "endpoint":
         from agent.parking.backends.endpoint import EndpointBackend
 
-        gpus = nvml_gpus() or parse_fake_gpus(opts.fake_gpus, opts.node_name)
-        return EndpointBackend(opts.callback_timeout_s), gpus
+        return EndpointBackend(opts.callback_timeout_s), _inventory(opts)
     raise BackendUnavailable(f"unknown backend {method!r}; choose one of {BACKENDS}")
+
+
+def _inventory(opts: ParkingOptions) -> dict[str, int]:
+    """The GPUs a method without its own driver manages: NVML's, else (or when asked) simulated."""
+    real = {} if opts.simulated_inventory else nvml_gpus()
+    return real or parse_fake_gpus(opts.fake_gpus, opts.node_name)
 
 
 def nvml_gpus() -> dict[str, int]:
@@ -135,15 +149,23 @@ def nvml_gpus() -> dict[str, int]:
         return {}
 
 
-def default_headroom(opts: ParkingOptions) -> int:
-    """Bytes kept free on each GPU: the flag's, else the backend's default."""
+def default_headroom(opts: ParkingOptions, gpus: Mapping[str, int] | None = None) -> int:
+    """Bytes kept free on each GPU: the flag's, else the backend's default. On real GPUs (not
+    simulated ones) the app method keeps room for what its parked tenants leave on the device."""
     if opts.headroom_mib is not None:
         return opts.headroom_mib * MIB
-    if "cuda" in parking_methods(opts.backend):
+    methods = parking_methods(opts.backend)
+    out = 0
+    if "cuda" in methods:
         from agent.parking.backends.cuda import DEFAULT_HEADROOM
 
-        return DEFAULT_HEADROOM
-    return 0
+        out = DEFAULT_HEADROOM
+    real = any(not g.startswith(FAKE_GPU_UUID_PREFIX) for g in gpus or {})
+    if "app" in methods and real:
+        from agent.parking.backends.app import PARKED_HEADROOM
+
+        out = max(out, PARKED_HEADROOM)
+    return out
 
 
 def build_preparer(
@@ -163,5 +185,5 @@ def build_preparer(
         simulated = "fake" in methods and "cuda" not in methods
         budget = fake_budget if simulated else half_the_ram()
     return ParkingPreparer(
-        parker, gpus, host_budget=budget, headroom=default_headroom(opts), host=host
+        parker, gpus, host_budget=budget, headroom=default_headroom(opts, gpus), host=host
     )

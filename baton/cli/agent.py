@@ -127,6 +127,20 @@ def agent(
     move_timeout: Annotated[
         float, typer.Option(envvar=names.ENV_MOVE_TIMEOUT, help="Seconds for a lock or callback.")
     ] = 5.0,
+    driver_call_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar=names.ENV_DRIVER_CALL_TIMEOUT,
+            help="cuda: seconds a driver call may take beyond its lock timeout or copy time.",
+        ),
+    ] = 10.0,
+    slowest_copy_gbps: Annotated[
+        float,
+        typer.Option(
+            envvar=names.ENV_SLOWEST_COPY_GBPS,
+            help="cuda: the slowest GB/s a checkpoint or restore deadline allows for.",
+        ),
+    ] = 1.0,
     node_name: Annotated[
         str,
         typer.Option(
@@ -180,6 +194,8 @@ def agent(
     from baton.contract.kube import KubeConfigError
 
     setup_logging(log_level)
+    if driver_call_timeout <= 0 or slowest_copy_gbps <= 0:
+        raise typer.BadParameter("--driver-call-timeout and --slowest-copy-gbps must be above 0")
     order = _queue_policy(queue_policy, policy)
     if order not in QUEUE_POLICIES:
         choices = ", ".join(QUEUE_POLICIES)
@@ -223,6 +239,8 @@ def agent(
             headroom_mib=headroom,
             lock_timeout_s=move_timeout,
             callback_timeout_s=move_timeout,
+            driver_call_timeout_s=driver_call_timeout,
+            slowest_copy_gbps=slowest_copy_gbps,
         ),
     )
     try:

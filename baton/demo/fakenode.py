@@ -78,6 +78,7 @@ class FakeNode:
                 pcie_gbps=o.pcie_gbps,
                 host_memory_budget_mib=o.host_memory_budget_mib,
                 headroom_mib=o.headroom_mib,
+                simulated_inventory=True,
             ),
         )
         self.agent = build_agent(config)

@@ -3,6 +3,10 @@
 Fits frameworks that know how to free their GPU memory (vLLM sleep / wake_up, moving a model and
 optimizer to pinned host memory). The tenant reports the bytes it moved: that is what counts
 while it is parked; resident, it counts what it declared if that is more (see `footprint`).
+
+A parked tenant's process lives on: on a real GPU it keeps its CUDA context (about 0.5 GiB) and
+its libraries' workspaces (cuBLAS) on the device. The node keeps `PARKED_HEADROOM` free on each
+real GPU for them: room for the residue of every tenant but the one whose turn it is.
 """
 
 from __future__ import annotations
@@ -21,6 +25,12 @@ from agent.parking.backends.base import (
     TenantRef,
     TenantState,
 )
+from baton.contract.names import DEFAULT_SLOTS_PER_GPU
+
+PARKED_RESIDUE = 768 * 1024**2
+"""What a parked PyTorch tenant still holds on the device: CUDA context and cuBLAS workspaces."""
+PARKED_HEADROOM = PARKED_RESIDUE * (DEFAULT_SLOTS_PER_GPU - 1)
+"""Room on a real GPU for the residue of the parked tenants beside the one in its turn."""
 
 CallTenant = Callable[[str, str, str, float], Coroutine[Any, Any, int]]
 """`(tenant_id, action, gpu, timeout) -> bytes moved`, run on the agent's event loop."""

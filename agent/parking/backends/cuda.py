@@ -1,7 +1,9 @@
 """Parks tenants with the CUDA driver's checkpoint API, called in-process through cuda-python.
 
 A tenant's processes are its registered PIDs plus, for a pod, every process in the pod's cgroup;
-those with CUDA state count (found again when a session opens and before each park). Park locks
+those with CUDA state count. They are found again before each park, when a session opens, and
+whenever what was found is older than `REDISCOVER_S` or empty: a PyTorch tenant opens its session
+before it makes its CUDA context, so at session open it has none. Park locks
 them all (with a timeout), then checkpoints each: the driver copies its device memory into host
 memory inside that process and releases the GPU. Restore first checks that the GPU has the bytes
 free plus `headroom_bytes`, restores every process, then unlocks them. All of a tenant's
@@ -28,6 +30,7 @@ from agent.parking.backends.base import (
     Backend,
     BackendError,
     BackendQuarantined,
+    BackendUnavailable,
     Move,
     Residency,
     TenantRef,
@@ -39,8 +42,11 @@ from agent.parking.backends.cuda_driver import (
     FAILED,
     LOCKED,
     CheckpointDriver,
+    bindings_version,
+    check_bindings,
     check_driver,
     load_modules,
+    nvml_error,
 )
 from agent.parking.backends.cuda_moves import SHARING, ParkedProcs
 from agent.parking.backends.deadline import CallStalled, call_with_deadline
@@ -50,6 +56,8 @@ DEFAULT_HEADROOM = 1 << 30
 NCCL_SHM = "/dev/shm/nccl-"
 """NCCL's shared-memory segments: a process mapping one shares GPU memory with its peers."""
 STALLED = "the driver may be wedged for this tenant's processes"
+REDISCOVER_S = 2.0
+"""Processes found longer ago than this are looked for again (a context may have appeared)."""
 
 
 class CudaBackend(Backend):
@@ -68,9 +76,13 @@ class CudaBackend(Backend):
         call_timeout_s: float = 10.0,
         copy_gbps: float = 1.0,
         headroom_bytes: int = DEFAULT_HEADROOM,
+        bindings: str | None = None,
     ) -> None:
         if driver is None or nvml is None:
             driver, nvml = load_modules()
+            bindings = bindings_version() if bindings is None else bindings
+        self.bindings = bindings or ""
+        check_bindings(driver, self.bindings)
         self.driver = driver
         self.nvml = nvml
         self.proc_root = proc_root
@@ -82,7 +94,8 @@ class CudaBackend(Backend):
         self._mutex = threading.Lock()
         """Guards the tables below; never held across a driver call."""
         self._refs: dict[str, TenantRef] = {}
-        self._found: dict[str, tuple[int, ...]] = {}
+        self._found: dict[str, tuple[float, tuple[int, ...]]] = {}
+        """Per tenant, when its processes were found and those with CUDA state."""
         self._parked: dict[str, ParkedProcs] = {}
         self._quarantined: dict[str, str] = {}
         self._unparkable: dict[str, str] = {}
@@ -92,11 +105,18 @@ class CudaBackend(Backend):
         self.driver_version = check_driver(driver, nvml, self.calls.error_name)
 
     def _nvml(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        return call_with_deadline(self.call_timeout_s, what, fn, self.nvml, *args)
+        """An NVML query with a deadline; an NVML error (unknown UUID, lost GPU) is ours."""
+        try:
+            return call_with_deadline(self.call_timeout_s, what, fn, self.nvml, *args)
+        except nvml_error(self.nvml) as e:
+            raise BackendError(f"{what} failed: {e}") from e
 
     def gpu_memory(self) -> dict[str, int]:
         """Every GPU's UUID and total memory."""
-        return procs.gpu_memory(self.nvml)
+        try:
+            return procs.gpu_memory(self.nvml)
+        except nvml_error(self.nvml) as e:
+            raise BackendUnavailable(f"NVML cannot list the GPUs: {e}") from e
 
     # Tenants and their processes.
 
@@ -158,17 +178,20 @@ class CudaBackend(Backend):
                 first = min(held)
                 held[first] = {g: ref.declared_bytes or 0 for g in ref.gpus}
                 self._parked[tenant_id] = ParkedProcs(held)
-            self._found[tenant_id] = tuple(with_state)
+            self._found[tenant_id] = (self._clock(), tuple(with_state))
         return tuple(with_state)
 
     def pids(self, tenant_id: str) -> tuple[int, ...]:
-        """The tenant's GPU processes: parked ones, else those found (found now if not yet)."""
+        """The tenant's GPU processes: parked ones, else those found, found again when none
+        were or they were found more than `REDISCOVER_S` ago."""
         with self._mutex:
             parked = self._parked.get(tenant_id)
             found = self._found.get(tenant_id)
         if parked is not None:
             return tuple(sorted(parked.pids))
-        return found if found is not None else self._discover(tenant_id)
+        if found is not None and found[1] and self._clock() - found[0] < REDISCOVER_S:
+            return found[1]
+        return self._discover(tenant_id)
 
     def _bytes(self, gpus: tuple[str, ...], pids: tuple[int, ...]) -> dict[int, dict[str, int]]:
         """Per process, its bytes on each of `gpus` as NVML reports them."""
@@ -233,7 +256,8 @@ class CudaBackend(Backend):
                 unparkable=self._unparkable.get(tenant_id, ""),
             )
             parked = self._parked.get(tenant_id)
-            st.pids = tuple(sorted(parked.pids)) if parked else self._found.get(tenant_id, ())
+            found = self._found.get(tenant_id, (0.0, ()))[1]
+            st.pids = tuple(sorted(parked.pids)) if parked else found
         for gpu in gpus:
             st.residency[gpu] = Residency.PARKED if parked else Residency.RESIDENT
             st.footprint_bytes[gpu] = sizes.get(gpu, 0)
@@ -305,7 +329,7 @@ class CudaBackend(Backend):
                     raise Unparkable(f"pid {pid} maps NCCL shared memory ({NCCL_SHM}*); {SHARING}")
             sizes = self._bytes(ref.gpus, pids)
             start = self._clock()
-            cuda_moves.park_all(self.calls, pids, sizes)
+            moved_pids = cuda_moves.park_all(self.calls, pids, sizes)
         except CallStalled as e:
             raise self._quarantine(tenant_id, f"{e}; {STALLED}") from e
         except BackendQuarantined as e:
@@ -314,6 +338,7 @@ class CudaBackend(Backend):
             with self._mutex:
                 self._unparkable[tenant_id] = str(e)
             raise Unparkable(f"{tenant_id}: {e}") from e
+        sizes = {pid: sizes[pid] for pid in moved_pids}
         with self._mutex:
             self._parked[tenant_id] = ParkedProcs(sizes)
             self._problems.pop(tenant_id, None)
@@ -342,7 +367,7 @@ class CudaBackend(Backend):
             raise self._quarantine(tenant_id, str(e)) from e
         with self._mutex:
             self._parked.pop(tenant_id, None)
-            self._found[tenant_id] = tuple(sorted(parked.pids))
+            self._found[tenant_id] = (self._clock(), tuple(sorted(parked.pids)))
             self._problems.pop(tenant_id, None)
         moved = sum(parked.per_gpu().values())
         return Move(tenant_id, gpu, "restore", moved, self._clock() - start)
@@ -351,36 +376,21 @@ class CudaBackend(Backend):
         """Refuse (retryably) a restore without room: a failed one would poison the process."""
         for gpu, n in sorted(parked.per_gpu().items()):
             free = self._nvml(f"NVML memory info of {gpu}", procs.gpu_free, gpu)
-            need = n + self.headroom_bytes
-            if free < need:
-                raise BackendError(
-                    f"restoring {tenant_id} needs {need >> 20} MiB free on {gpu} "
-                    f"({n >> 20} MiB parked + {self.headroom_bytes >> 20} MiB headroom); "
-                    f"NVML reports {free >> 20} MiB free"
-                )
+            cuda_moves.check_room(tenant_id, gpu, n, self.headroom_bytes, free)
 
     # Restarts.
 
     def durable(self) -> dict[str, Any]:
         """Parked processes and their bytes per tenant, and why tenants are quarantined."""
         with self._mutex:
-            out: dict[str, Any] = {
-                t: {"pids": {str(pid): dict(s) for pid, s in p.pids.items()}}
-                for t, p in self._parked.items()
-            }
-            for t, why in self._quarantined.items():
-                out.setdefault(t, {"pids": {}})["quarantined"] = why
-        return out
+            return cuda_moves.durable(self._parked, self._quarantined)
 
     def adopt(self, saved: dict[str, Any]) -> None:
         """Take back parked processes (unconfirmed until the driver is asked) and quarantines."""
+        parked, quarantined = cuda_moves.adopted(saved)
         with self._mutex:
-            for tenant_id, entry in saved.items():
-                pids = {int(p): {g: int(n) for g, n in s.items()} for p, s in entry["pids"].items()}
-                if pids:
-                    self._parked[tenant_id] = ParkedProcs(pids, confirmed=False)
-                if entry.get("quarantined"):
-                    self._quarantined[tenant_id] = str(entry["quarantined"])
+            self._parked.update(parked)
+            self._quarantined.update(quarantined)
 
     def close(self) -> None:
         """Leave parked processes parked (their memory is inside them); release NVML."""

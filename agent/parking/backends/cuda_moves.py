@@ -1,7 +1,9 @@
 """The cuda backend's move sequences over all of a tenant's processes: all of them move or none.
 
 Park: lock each, then checkpoint each; a failure returns every touched process to RUNNING (a
-lock that does not return in time, too: the tenant is then refused, as sharing GPU memory).
+lock that does not return in time, too: the tenant is then refused, as sharing GPU memory). A
+process that only called cuInit (its lock answers NOT_INITIALIZED) has nothing on the device
+and is left out.
 Restore: restore each, then unlock each, then check each is RUNNING; a failed restore parks the
 ones already brought back again. The functions raise `BackendQuarantined` (with the reason only)
 when a process is left in a state the agent cannot fix, `Unparkable` when the driver does not
@@ -11,6 +13,7 @@ support checkpointing the processes, and `DriverError` for a failure that left e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from agent.parking.backends.base import BackendError, BackendQuarantined, Unparkable
 from agent.parking.backends.cuda_driver import (
@@ -19,9 +22,11 @@ from agent.parking.backends.cuda_driver import (
     LOCKED,
     NOT_SUPPORTED,
     OUT_OF_MEMORY,
+    POISONED,
     RUNNING,
     CheckpointDriver,
     DriverError,
+    NoContext,
     state_name,
 )
 from agent.parking.backends.deadline import CallStalled
@@ -60,12 +65,15 @@ def _total(sizes: Sizes, pid: int) -> int:
     return sum(sizes.get(pid, {}).values())
 
 
-def park_all(calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes) -> None:
-    """Lock every process, then checkpoint every one; undo all if one fails."""
+def park_all(calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes) -> tuple[int, ...]:
+    """Lock every process, then checkpoint every one; undo all if one fails. Returns the ones
+    parked: all but those without a CUDA context."""
     locked: list[int] = []
     for pid in pids:
         try:
             calls.lock(pid)
+        except NoContext:
+            continue
         except CallStalled as e:  # undone if it can be; the tenant cannot be parked
             roll_back(calls, [pid, *locked], sizes, e)
             raise Unparkable(f"{e}; {STALLED}; {SHARING}") from e
@@ -75,14 +83,15 @@ def park_all(calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes) -> No
                 raise Unparkable(f"{e}: {SHARING}") from e
             raise
         locked.append(pid)
-    for pid in pids:
+    for pid in locked:
         try:
             calls.checkpoint(pid, _total(sizes, pid))
         except DriverError as e:
-            roll_back(calls, list(pids), sizes, e)
+            roll_back(calls, locked, sizes, e)
             if e.code == NOT_SUPPORTED:
                 raise Unparkable(f"{e}: {SHARING}") from e
             raise
+    return tuple(locked)
 
 
 def roll_back(calls: CheckpointDriver, pids: list[int], sizes: Sizes, cause: Exception) -> None:
@@ -116,7 +125,7 @@ def restore_all(calls: CheckpointDriver, sizes: Sizes) -> None:
             calls.restore(pid, _total(sizes, pid))
         except DriverError as e:
             park_again(calls, restored, sizes, e)
-            if e.code == OUT_OF_MEMORY:
+            if e.code in (OUT_OF_MEMORY, POISONED):
                 raise BackendQuarantined(
                     f"{e}: the driver fails every later restore of a process whose restore ran "
                     "out of device memory, so it is not retried"
@@ -166,3 +175,36 @@ def confirm(calls: CheckpointDriver, sizes: Sizes) -> Sizes:
         elif state == FAILED:
             raise BackendQuarantined(f"pid {pid} is in the driver's FAILED state")
     return still
+
+
+def check_room(tenant_id: str, gpu: str, parked: int, headroom: int, free: int) -> None:
+    """`BackendError` (retryable) unless `free` holds the parked bytes plus the headroom."""
+    need = parked + headroom
+    if free < need:
+        raise BackendError(
+            f"restoring {tenant_id} needs {need >> 20} MiB free on {gpu} "
+            f"({parked >> 20} MiB parked + {headroom >> 20} MiB headroom); "
+            f"NVML reports {free >> 20} MiB free"
+        )
+
+
+def durable(parked: dict[str, ParkedProcs], quarantined: dict[str, str]) -> dict[str, Any]:
+    """What survives a restart: each tenant's parked processes and bytes, and its quarantine."""
+    out: dict[str, Any] = {
+        t: {"pids": {str(pid): dict(s) for pid, s in p.pids.items()}} for t, p in parked.items()
+    }
+    for t, why in quarantined.items():
+        out.setdefault(t, {"pids": {}})["quarantined"] = why
+    return out
+
+
+def adopted(saved: dict[str, Any]) -> tuple[dict[str, ParkedProcs], dict[str, str]]:
+    """`durable`'s output read back: parked processes (unconfirmed) and quarantines."""
+    parked, quarantined = {}, {}
+    for tenant_id, entry in saved.items():
+        pids = {int(p): {g: int(n) for g, n in s.items()} for p, s in entry["pids"].items()}
+        if pids:
+            parked[tenant_id] = ParkedProcs(pids, confirmed=False)
+        if entry.get("quarantined"):
+            quarantined[tenant_id] = str(entry["quarantined"])
+    return parked, quarantined

@@ -6,13 +6,20 @@ state answers CUDA_ERROR_ILLEGAL_STATE). Modelled from the driver's documentatio
 public NVIDIA/cuda-checkpoint bug reports:
 
 * a process without a CUDA context answers the state query with NOT_INITIALIZED, a PID the
-  driver does not know with INVALID_VALUE;
+  driver does not know with INVALID_VALUE; one gains its context later (`make_context`), as a
+  PyTorch tenant does on its first CUDA call, after it opened its session;
+* a process that only called cuInit (`cuinit_only`) is RUNNING to the state query and listed by
+  NVML with 0 bytes, but its lock answers NOT_INITIALIZED;
+* a process caught mid-move by another caller answers CHECKPOINTING (4) or RESTORING (5) to
+  the state query (`passing`, bindings 13.4+) before its settled state;
 * an injected failure (`fail`) can leave the process FAILED (`leaves`);
-* a restore that does not fit the GPU's free memory answers OUT_OF_MEMORY, and every later
-  restore of that process fails the same way (it is poisoned);
+* a restore that does not fit the GPU's free memory answers OUT_OF_MEMORY; every later restore
+  of that process answers OPERATING_SYSTEM (304) and its unlock ILLEGAL_STATE (401), as driver
+  580.95 does (NVIDIA/cuda-checkpoint#44);
 * processes that share GPU memory (`shared`, e.g. NCCL ranks): a state query or lock of one
   blocks while a peer is locked, until `hang_over` is set (then it answers NOT_READY);
-* a checkpointed process vanishes from NVML's process list and frees its device memory.
+* a checkpointed process vanishes from NVML's process list and frees its device memory;
+* NVML raises `NVMLError` for a UUID it does not know and for every query once `lost` is set.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_INVALID_VALUE = 1
     CUDA_ERROR_OUT_OF_MEMORY = 2
     CUDA_ERROR_NOT_INITIALIZED = 3
+    CUDA_ERROR_OPERATING_SYSTEM = 304
     CUDA_ERROR_INVALID_CONTEXT = 201
     CUDA_ERROR_ILLEGAL_STATE = 401
     CUDA_ERROR_NOT_READY = 600
@@ -36,7 +44,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_UNKNOWN = 999
 
 
-RUNNING, LOCKED, CHECKPOINTED, FAILED = 0, 1, 2, 3
+RUNNING, LOCKED, CHECKPOINTED, FAILED, CHECKPOINTING, RESTORING = 0, 1, 2, 3, 4, 5
 HANG_BOUND_S = 30.0
 """A blocked stand-in call gives up after this long even if `hang_over` is never set."""
 
@@ -52,6 +60,9 @@ class StandInDriver:
     version: int = 12080
     states: dict[int, int] = field(default_factory=dict)
     no_context: set[int] = field(default_factory=set)
+    cuinit_only: set[int] = field(default_factory=set)
+    passing: dict[int, list[int]] = field(default_factory=dict)
+    """Per process, transient states (4, 5) the state query answers before its settled one."""
     fail: dict[tuple[str, int], CUresult] = field(default_factory=dict)
     leaves: dict[tuple[str, int], int] = field(default_factory=dict)
     """The state an injected failure leaves the process in (default: unchanged)."""
@@ -95,12 +106,23 @@ class StandInDriver:
         self.hang_over.wait(HANG_BOUND_S)
         return True
 
+    def make_context(self, pid: int, gpu: str, nbytes: int) -> None:
+        """The process makes its CUDA context and allocates `nbytes` on `gpu`."""
+        self.no_context.discard(pid)
+        self.states[pid] = RUNNING
+        if self.nvml is not None:
+            self.nvml.used[gpu][pid] = nbytes
+
     def cuCheckpointProcessGetState(self, pid):
         self.calls.append(("state", pid))
         if self._hang_if_peer_locked(pid):
             return (CUresult.CUDA_ERROR_NOT_READY, None)
+        if self.passing.get(pid):
+            return (CUresult.CUDA_SUCCESS, self.passing[pid].pop(0))
         if pid in self.no_context:
             return (CUresult.CUDA_ERROR_NOT_INITIALIZED, None)
+        if pid in self.cuinit_only:
+            return (CUresult.CUDA_SUCCESS, RUNNING)
         if pid not in self.states:
             return (CUresult.CUDA_ERROR_INVALID_VALUE, None)
         return (CUresult.CUDA_SUCCESS, self.states[pid])
@@ -118,6 +140,8 @@ class StandInDriver:
             if call == "restore" and err == CUresult.CUDA_ERROR_OUT_OF_MEMORY:
                 self.poisoned.add(pid)
             return (err,)
+        if pid in self.cuinit_only:
+            return (CUresult.CUDA_ERROR_NOT_INITIALIZED,)
         if pid in self.no_context or pid not in self.states:
             return (CUresult.CUDA_ERROR_INVALID_VALUE,)
         if self.states.get(pid) != need:
@@ -136,7 +160,10 @@ class StandInDriver:
         return self._step("checkpoint", pid, LOCKED, CHECKPOINTED)
 
     def cuCheckpointProcessRestore(self, pid, args):
-        if self.states.get(pid) == CHECKPOINTED and (pid in self.poisoned or not self._fits(pid)):
+        if self.states.get(pid) == CHECKPOINTED and pid in self.poisoned:
+            self.calls.append(("restore", pid))
+            return (CUresult.CUDA_ERROR_OPERATING_SYSTEM,)
+        if self.states.get(pid) == CHECKPOINTED and not self._fits(pid):
             self.calls.append(("restore", pid))
             self.poisoned.add(pid)
             return (CUresult.CUDA_ERROR_OUT_OF_MEMORY,)
@@ -151,11 +178,22 @@ class StandInDriver:
         return all(used.get(pid, 0) <= self.nvml.free(gpu) for gpu, used in self.nvml.used.items())
 
 
+class NVMLError(Exception):
+    """What pynvml raises for a failed query."""
+
+
 class StandInNvml:
     """Per GPU processes and their memory; checkpointed processes are neither listed nor count."""
 
-    def __init__(self, driver: StandInDriver, gpus: dict[str, int]) -> None:
+    NVMLError = NVMLError
+
+    def __init__(
+        self, driver: StandInDriver, gpus: dict[str, int], release: str = "580.95.05"
+    ) -> None:
         self.driver = driver
+        self.release = release
+        self.lost = False
+        """Set: the GPU fell off the bus; every device query raises."""
         driver.nvml = self
         self.gpus = gpus
         self.used: dict[str, dict[int, int]] = {g: {} for g in gpus}
@@ -175,6 +213,14 @@ class StandInNvml:
     def nvmlShutdown(self):
         pass
 
+    def nvmlSystemGetDriverVersion(self):
+        return self.release
+
+    def _device(self, handle):
+        if self.lost or handle not in self.gpus:
+            raise NVMLError("Not Found" if handle not in self.gpus else "GPU is lost")
+        return handle
+
     def nvmlDeviceGetCount(self):
         return len(self.gpus)
 
@@ -182,18 +228,18 @@ class StandInNvml:
         return list(self.gpus)[i]
 
     def nvmlDeviceGetHandleByUUID(self, uuid):
-        return uuid
+        return self._device(uuid)
 
     def nvmlDeviceGetUUID(self, handle):
         return handle
 
     def nvmlDeviceGetMemoryInfo(self, handle):
-        free = self.free(handle)
+        free = self.free(self._device(handle))
         return SimpleNamespace(total=self.gpus[handle], free=free, used=self.gpus[handle] - free)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         return [
             SimpleNamespace(pid=pid, usedGpuMemory=n)
-            for pid, n in self.used[handle].items()
+            for pid, n in self.used[self._device(handle)].items()
             if self._listed(pid)
         ]

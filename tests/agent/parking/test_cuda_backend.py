@@ -169,7 +169,7 @@ def test_the_default_headroom_is_not_zero(node):
 
 def test_an_old_driver_is_refused_with_the_version_needed():
     driver = StandInDriver(version=12040)
-    with pytest.raises(BackendUnavailable, match=r"driver 570 or newer.*supports CUDA 12\.4"):
+    with pytest.raises(BackendUnavailable, match=r"driver 575\.57 or newer.*supports CUDA 12\.4"):
         CudaBackend(driver, StandInNvml(driver, {}))
 
 

@@ -110,7 +110,8 @@ def test_an_out_of_memory_restore_poisons_the_process(node):
     driver.fail[("restore", 100)] = CUresult.CUDA_ERROR_OUT_OF_MEMORY
     with pytest.raises(BackendQuarantined):
         backend.restore("a", GPU)
-    assert driver.cuCheckpointProcessRestore(100, None) == (CUresult.CUDA_ERROR_OUT_OF_MEMORY,)
+    assert driver.cuCheckpointProcessRestore(100, None) == (CUresult.CUDA_ERROR_OPERATING_SYSTEM,)
+    assert driver.cuCheckpointProcessUnlock(100, None) == (CUresult.CUDA_ERROR_ILLEGAL_STATE,)
 
 
 def test_a_process_without_a_context_is_not_an_error(node):
