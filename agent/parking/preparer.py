@@ -4,13 +4,13 @@ Plans come from `agent.core.planner` (pure); this module gathers the snapshot, r
 the event loop (`asyncio.to_thread`), retries failed parks with backoff, and keeps metrics and the
 per tenant status that /v1/status shows. One plan runs at a time per node. While a GPU is held,
 `prepare_ahead` readies the tenant due next (`agent.core.planner.plan_ahead`), so that its grant
-finds nothing left to move.
+finds nothing left to move. A turn the agent's own model (`agent.parking.model`) shows needs no
+move is granted from it at once, on the event loop: no snapshot, no thread, no lock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -41,10 +41,12 @@ from agent.parking.backends.base import (
     TenantState,
     Unparkable,
 )
+from agent.parking.backends.multi import APP
 from agent.parking.host import ParkingHost
 from agent.parking.metrics import ParkingMetrics
+from agent.parking.model import Read, ResidencyModel, counted_whole, needs_room
 from agent.parking.quarantine import Quarantines
-from agent.parking.view import tenant_view
+from agent.parking.view import tenant_status, tenant_view
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +83,11 @@ class ParkingPreparer:
         self._last_turn: dict[str, float] = {}
         self._last_turn_wall: dict[str, float] = {}
         self._holding: dict[str, frozenset[str]] = {}
-        self._states: dict[str, TenantState] = {}
+        self._model = ResidencyModel()
+        """Every tenant's state and memory cgroup as last read, and who may have grown since."""
+        self._settling: asyncio.Task[None] | None = None
         self._waiting: dict[str, str] = {}
         self._ahead: dict[str, asyncio.Future[None]] = {}
-        self._cgroups: dict[str, tuple[int | None, int]] = {}
-        """Per tenant, its memory cgroup's limit and usage as the backend last read them."""
         self._host = host
         """The agent: only its tenants count, and it hears of quarantines and moves; None alone."""
         self.quarantines = Quarantines(self.metrics, host)
@@ -97,6 +99,10 @@ class ParkingPreparer:
 
     async def prepare(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """Make `tenant_id` resident on its GPUs; raise `NoRoom` naming the numbers if not now."""
+        if self._moves_nothing(tenant_id, gpus):  # granted from the model, at once
+            self._take_turn(tenant_id, gpus)
+            self._settle_soon()
+            return
         ahead = self._ahead.get(tenant_id)
         if ahead is not None:  # its memory is on the way already: wait for that, move nothing
             await asyncio.wait({ahead})
@@ -106,29 +112,81 @@ class ParkingPreparer:
             for other, held in list(self._holding.items()):
                 if held & set(gpus):
                     del self._holding[other]
-            snap = await asyncio.to_thread(self._snapshot)
-            self.quarantines.note_all(self._states)
+            snap = await self._reread()
             if tenant_id in self.quarantines.why:
                 raise self._refuse_quarantined(tenant_id)
             plan = plan_turn(snap, tenant_id)
             await self._carry_out(tenant_id, plan, "grant")
-            self._waiting.pop(tenant_id, None)
-            self._holding[tenant_id] = frozenset(gpus)
-            self._last_turn[tenant_id] = self._clock()
-            self._last_turn_wall[tenant_id] = self._wall()
+            self._take_turn(tenant_id, gpus)
+
+    def _take_turn(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """Room is made: the tenant holds `gpus` from now on (and may allocate there)."""
+        for other, held in list(self._holding.items()):
+            if held & set(gpus):
+                del self._holding[other]
+        self._waiting.pop(tenant_id, None)
+        self._holding[tenant_id] = frozenset(gpus)
+        self._model.granted(tenant_id)
+        self._last_turn[tenant_id] = self._clock()
+        self._last_turn_wall[tenant_id] = self._wall()
+
+    def _moves_nothing(
+        self, tenant_id: str, gpus: Sequence[str], holders: Collection[str] | None = None
+    ) -> bool:
+        """The model shows the tenant resident with room (beside `holders` if ahead of its
+        turn): its grant moves nothing, and needs no read of the node to know it.
+
+        Not when a plan runs or is on the way for it, when the tenants changed since the last
+        read, or when it needs room beside a tenant whose growth has no bound.
+        """
+        if self._lock.locked() or tenant_id in self._ahead or tenant_id in self.quarantines.why:
+            return False
+        ref = self._refs.get(tenant_id)
+        if ref is None or not set(gpus) <= set(ref.gpus) or not self._model_current():
+            return False
+        snap = counted_whole(self._node(holders or ()), self._model.unsettled)
+        me = snap.tenants.get(tenant_id)
+        if me is None or me.parked:
+            return False
+        held = self._model.states[tenant_id].footprint_bytes
+        if needs_room(me, held) and self._unbounded_beside(tenant_id, me.footprint):
+            return False
+        plan = plan_turn(snap, tenant_id) if holders is None else plan_ahead(snap, tenant_id)
+        return isinstance(plan, Plan) and not plan.steps
+
+    def _model_current(self) -> bool:
+        """Whether the model has read every tenant that counts, as it is registered now."""
+        if self._host is None:
+            return self._refs.keys() <= self._model.states.keys()
+        refs = self._host.tenant_refs()
+        if refs.keys() != self._model.states.keys():
+            return False
+        return all(self._refs.get(t) == ref for t, ref in refs.items())
+
+    def _unbounded_beside(self, tenant_id: str, gpus: Collection[str]) -> bool:
+        """An unsettled tenant on `gpus` may have grown by any amount since it was read."""
+        for other in self._model.unsettled:
+            ref = self._refs.get(other)
+            if other == tenant_id or ref is None or not set(ref.gpus) & set(gpus):
+                continue
+            bounded = bool(ref.declared_bytes) or (
+                ref.self_parks and self.backend.method_of(other) == APP
+            )
+            if not bounded or other in self._model.outgrew:
+                return True
+        return False
 
     async def prepare_ahead(
         self, tenant_id: str, gpus: Sequence[str], holders: Collection[str] = ()
     ) -> None:
         """Make the tenant due next resident while `holders` run; best effort, raises nothing."""
-        if tenant_id in self._ahead:
+        if tenant_id in self._ahead or self._moves_nothing(tenant_id, gpus, holders):
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ahead[tenant_id] = done
         try:
             async with self._lock:
-                snap = await asyncio.to_thread(self._snapshot, holders)
-                self.quarantines.note_all(self._states)
+                snap = await self._reread(holders)
                 if tenant_id in self.quarantines.why:
                     return
                 plan = plan_ahead(snap, tenant_id)
@@ -142,11 +200,22 @@ class ParkingPreparer:
             done.set_result(None)
 
     async def settled(self) -> None:
-        """Return once the moves started before this call (ahead ones included) are done."""
+        """Return once the moves (ahead ones included) and reads started before this call are
+        done."""
         if self._ahead:
             await asyncio.wait(list(self._ahead.values()))
+        if self._settling is not None:
+            await asyncio.wait({self._settling})
         async with self._lock:
             pass
+        self._settle_soon(self._model.unsettled)
+        if self._settling is not None:
+            await asyncio.wait({self._settling})
+
+    async def refresh(self) -> None:
+        """Read every tenant from the backend now (the model is otherwise read when it must be)."""
+        async with self._lock:
+            await self._reread()
 
     async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """Park a holder whose lease ran out while others wait; `NoRoom` (it keeps its turn)
@@ -155,8 +224,7 @@ class ParkingPreparer:
             self.metrics.preemptions.inc()
             held = self._holding.pop(tenant_id, None)
             try:
-                snap = await asyncio.to_thread(self._snapshot)
-                self.quarantines.note_all(self._states)
+                snap = await self._reread()
                 if tenant_id not in snap.tenants:
                     return
                 await self._carry_out(tenant_id, plan_park(snap, tenant_id), "revoke")
@@ -169,21 +237,21 @@ class ParkingPreparer:
         """Park the tenant now, on request (llm-d's Snapshot); `NoRoom` if it cannot be."""
         async with self._lock:
             self._holding.pop(tenant_id, None)
-            snap = await asyncio.to_thread(self._snapshot)
+            snap = await self._reread()
             if tenant_id in snap.tenants:
                 await self._carry_out(tenant_id, plan_park(snap, tenant_id), "request")
 
     async def unpark(self, tenant_id: str) -> None:
         """Restore the tenant now, on request (llm-d's Restore), parking idle others for room."""
         async with self._lock:
-            snap = await asyncio.to_thread(self._snapshot)
+            snap = await self._reread()
             if tenant_id in snap.tenants:
                 await self._carry_out(tenant_id, plan_turn(snap, tenant_id), "request")
 
     def resident_bytes(self) -> dict[str, int]:
         """Device bytes in use on each GPU, as the backend counts them (`TenantState`)."""
         used = dict.fromkeys(self.gpu_memory, 0)
-        for st in self._states.values():
+        for st in self._model.states.values():
             for gpu, where in st.residency.items():
                 if where != Residency.PARKED:
                     used[gpu] = used.get(gpu, 0) + st.footprint_bytes.get(gpu, 0)
@@ -195,9 +263,8 @@ class ParkingPreparer:
             await asyncio.to_thread(self.backend.detach, tenant_id)
             for table in (self._refs, self._last_turn, self._last_turn_wall, self._holding):
                 table.pop(tenant_id, None)
-            self._cgroups.pop(tenant_id, None)
             self.quarantines.forget(tenant_id)
-            self._states.pop(tenant_id, None)
+            self._model.forget(tenant_id)
             self._waiting.pop(tenant_id, None)
             self._publish()
 
@@ -211,8 +278,7 @@ class ParkingPreparer:
             for step in plan.steps:
                 await self._move(tenant_id, step, when)
         finally:
-            await asyncio.to_thread(self._refresh)
-            self.quarantines.note_all(self._states)
+            await self._reread()
             if self._host is not None:
                 self._host.persist()
 
@@ -320,65 +386,92 @@ class ParkingPreparer:
             gpu_memory=self.gpu_memory,
             last_turn=self._last_turn.get(tenant_id, float("-inf")),
             busy=tenant_id in self._holding or tenant_id in busy,
-            cgroup=self._cgroups.get(tenant_id, (None, 0)),
+            cgroup=self._model.cgroups.get(tenant_id, (None, 0)),
         )
 
-    def _snapshot(self, busy: Collection[str] = ()) -> NodeView:
-        """The node as the backend reports it now, `busy` holding turns (in a worker thread)."""
-        self._refresh()
-        views = {t: self._view(t, st, busy) for t, st in self._states.items()}
+    async def _reread(self, busy: Collection[str] = ()) -> NodeView:
+        """Read every tenant from the backend (in a worker thread); the node, `busy` holding
+        turns."""
+        read = await asyncio.to_thread(self._read_all)
+        self._model.replace_all(read, self._holding.keys())
+        self._took_in(read)
+        return self._node(busy)
+
+    def _node(self, busy: Collection[str] = ()) -> NodeView:
+        """The node as the model has it, `busy` holding turns."""
+        views = {t: self._view(t, st, busy) for t, st in self._model.states.items()}
         return NodeView(self.gpu_memory, views, self.headroom, self.host_budget)
 
-    def _refresh(self) -> None:
-        """Re-read every tenant's state and memory cgroup from the backend (in a worker thread)."""
-        ids = self._tenant_ids()
-        self._states = {t: self.backend.state(t) for t in ids}
-        self._cgroups = {
-            t: (self.backend.memory_limit(t), self.backend.memory_used(t)) for t in ids
-        }
+    def _read_all(self) -> Read:
+        """Every tenant that counts, as the backend reports it now (in a worker thread)."""
+        generation = self._model.generation
+        return self._read(self._tenant_ids(), generation)
+
+    def _read(self, ids: Collection[str], generation: int) -> Read:
+        """Tenants' states and memory cgroups from the backend (in a worker thread)."""
+        states = {t: self.backend.state(t) for t in ids}
+        cgroups = {t: (self.backend.memory_limit(t), self.backend.memory_used(t)) for t in ids}
+        return Read(states, cgroups, generation)
+
+    def _took_in(self, read: Read) -> None:
+        """After a read: note quarantines and tenants holding more than they declared."""
+        self.quarantines.note_all(read.states)
+        for tenant_id, st in read.states.items():
+            ref = self._refs.get(tenant_id)
+            declared = ref.declared_bytes if ref else None
+            most = max(st.footprint_bytes.values(), default=0)
+            if declared and most > declared and tenant_id not in self._model.outgrew:
+                log.warning(
+                    "%s holds %d bytes on a GPU, more than the %d it declared; its grants read "
+                    "the node from now on",
+                    tenant_id, most, declared,
+                )  # fmt: skip
+                self._model.note_outgrown(tenant_id)
         self._publish()
 
+    def _settle_soon(self, holders_too: Collection[str] = ()) -> None:
+        """Read the tenants whose turns ended since they were last read, off the grant's path
+        (and those of `holders_too` that hold a turn: read, they stay unsettled)."""
+        if self._settling is not None:
+            return
+        ids = [t for t in self._model.unsettled if t not in self._holding or t in holders_too]
+        if ids:
+            self._settling = asyncio.get_running_loop().create_task(self._settle(ids))
+
+    async def _settle(self, ids: list[str]) -> None:
+        try:
+            read = await asyncio.to_thread(self._read, ids, self._model.generation)
+            if self._lock.locked():  # a plan is moving memory: its own read will be newer
+                return
+            for wrong in self._model.settle(read, self._holding.keys()):
+                log.warning("%s", wrong)
+            self._took_in(read)
+        except Exception as e:  # the next plan reads the node in full
+            log.warning("reading %s after their turns failed: %s", ", ".join(ids), e)
+        finally:
+            self._settling = None
+
     def _publish(self) -> None:
-        self.metrics.parked_bytes.set(sum(st.parked_bytes for st in self._states.values()))
+        self.metrics.parked_bytes.set(sum(st.parked_bytes for st in self._model.states.values()))
 
     def status(self) -> dict[str, Any]:
         """Node and per tenant residency for /v1/status."""
-        tenants = {}
-        for tenant_id, st in sorted(self._states.items()):
-            view = self._view(tenant_id, st)
-            kinds = set(st.residency.values())
-            when = self._last_turn_wall.get(tenant_id)
-            entry: dict[str, Any] = {
-                "residency": kinds.pop().value if len(kinds) == 1 else "mixed" if kinds else "none",
-                "gpus": {g: r.value for g, r in sorted(st.residency.items())},
-                "footprint_bytes": sum(st.footprint_bytes.values()),
-                "parked_bytes": st.parked_bytes,
-                "method": st.method or self.backend.method_of(tenant_id),
-                "last_turn": dt.datetime.fromtimestamp(when, dt.UTC).isoformat() if when else None,
-            }
-            if view.cgroup_blocks_park():
-                entry["not_parkable"] = (
-                    f"memory limit {view.memory_limit} bytes cannot hold its "
-                    f"{sum(view.footprint.values())} bytes of GPU memory on top of the "
-                    f"{view.memory_used} bytes it uses"
-                )
-            if st.unparkable:
-                entry["not_parkable"] = st.unparkable
-            quarantined = st.quarantined or self.quarantines.why.get(tenant_id)
-            if quarantined:  # its memory is wherever the driver left it: not "resident"
-                entry["residency"] = "quarantined"
-                entry["quarantined"] = quarantined
-            if st.pids:
-                entry["pids"] = list(st.pids)
-            if st.detail:
-                entry["detail"] = st.detail
-            if tenant_id in self._waiting:
-                entry["waiting"] = self._waiting[tenant_id]
-            tenants[tenant_id] = entry
+        states = self._model.states
+        tenants = {
+            tenant_id: tenant_status(
+                st,
+                self._view(tenant_id, st),
+                method=st.method or self.backend.method_of(tenant_id),
+                last_turn_wall=self._last_turn_wall.get(tenant_id),
+                quarantined=st.quarantined or self.quarantines.why.get(tenant_id, ""),
+                waiting=self._waiting.get(tenant_id),
+            )
+            for tenant_id, st in sorted(states.items())
+        }
         return {
             "backend": self.backend.name,
             "methods": list(self.backend.methods()),
-            "parked_bytes": sum(st.parked_bytes for st in self._states.values()),
+            "parked_bytes": sum(st.parked_bytes for st in states.values()),
             "host_memory_budget_bytes": self.host_budget,
             "headroom_bytes": self.headroom,
             "tenants": tenants,

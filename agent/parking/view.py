@@ -2,12 +2,14 @@
 
 Pure: the preparer passes what it knows (the backend's `TenantState`, the tenant's `TenantRef`,
 its method, the GPUs' sizes, when it last had a turn, its memory cgroup) and gets the
-`TenantView` that `agent.core.planner` plans with.
+`TenantView` that `agent.core.planner` plans with, or the tenant's entry in /v1/status.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
+from typing import Any
 
 from agent.core.planner import TenantView
 from agent.parking.backends.base import Residency, TenantRef, TenantState
@@ -55,3 +57,43 @@ def tenant_view(
         unparkable=st.quarantined or st.unparkable,
         method=method,
     )
+
+
+def tenant_status(
+    st: TenantState,
+    view: TenantView,
+    *,
+    method: str,
+    last_turn_wall: float | None,
+    quarantined: str,
+    waiting: str | None,
+) -> dict[str, Any]:
+    """One tenant's entry in /v1/status: where its memory is, and why it waits if it does."""
+    kinds = set(st.residency.values())
+    when = last_turn_wall
+    entry: dict[str, Any] = {
+        "residency": kinds.pop().value if len(kinds) == 1 else "mixed" if kinds else "none",
+        "gpus": {g: r.value for g, r in sorted(st.residency.items())},
+        "footprint_bytes": sum(st.footprint_bytes.values()),
+        "parked_bytes": st.parked_bytes,
+        "method": method,
+        "last_turn": dt.datetime.fromtimestamp(when, dt.UTC).isoformat() if when else None,
+    }
+    if view.cgroup_blocks_park():
+        entry["not_parkable"] = (
+            f"memory limit {view.memory_limit} bytes cannot hold its "
+            f"{sum(view.footprint.values())} bytes of GPU memory on top of the "
+            f"{view.memory_used} bytes it uses"
+        )
+    if st.unparkable:
+        entry["not_parkable"] = st.unparkable
+    if quarantined:  # its memory is wherever the driver left it: not "resident"
+        entry["residency"] = "quarantined"
+        entry["quarantined"] = quarantined
+    if st.pids:
+        entry["pids"] = list(st.pids)
+    if st.detail:
+        entry["detail"] = st.detail
+    if waiting is not None:
+        entry["waiting"] = waiting
+    return entry
