@@ -131,7 +131,7 @@ class ParkingPreparer:
         self._last_turn_wall[tenant_id] = self._wall()
 
     def _moves_nothing(
-        self, tenant_id: str, gpus: Sequence[str], holders: Collection[str] | None = None
+        self, tenant_id: str, gpus: Collection[str], holders: Collection[str] | None = None
     ) -> bool:
         """The model shows the tenant resident with room (beside `holders` if ahead of its
         turn): its grant moves nothing, and needs no read of the node to know it.
@@ -446,10 +446,26 @@ class ParkingPreparer:
             for wrong in self._model.settle(read, self._holding.keys()):
                 log.warning("%s", wrong)
             self._took_in(read)
+            short = [t for t in self._holding if not self._moves_nothing(t, self._holding[t])]
         except Exception as e:  # the next plan reads the node in full
             log.warning("reading %s after their turns failed: %s", ", ".join(ids), e)
+            return
         finally:
             self._settling = None
+        for holder in short:  # granted on a view the read proved wrong: make its room now
+            await self._make_room_for_holder(holder)
+
+    async def _make_room_for_holder(self, tenant_id: str) -> None:
+        """Park idle tenants until the holder's memory fits (a tenant beside it outgrew what it
+        declared); the holder keeps its turn either way."""
+        try:
+            async with self._lock:
+                snap = await self._reread()
+                if tenant_id in self._holding and tenant_id in snap.tenants:
+                    log.warning("%s's turn is short of room after a read: making it", tenant_id)
+                    await self._carry_out(tenant_id, plan_turn(snap, tenant_id), "grant")
+        except Exception as e:  # it waits for the room, which its next grant makes
+            log.warning("making room for %s during its turn failed: %s", tenant_id, e)
 
     def _publish(self) -> None:
         self.metrics.parked_bytes.set(sum(st.parked_bytes for st in self._model.states.values()))
