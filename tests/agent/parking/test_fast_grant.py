@@ -39,9 +39,14 @@ class Counting:
 
 
 def preparer(backend, *tenants, declared=True):
-    """A preparer over a counting backend; each tenant allocates `mib` in a first turn of its own."""
+    """A preparer over a counting backend; each tenant allocates its MiB in a first turn."""
     counting = Counting(backend)
-    prep = ParkingPreparer(counting, {GPU: 100 * MIB}, host_budget=1000 * MIB, backoff=0.0)
+    prep = ParkingPreparer(
+        counting,  # type: ignore[arg-type]
+        {GPU: 100 * MIB},
+        host_budget=1000 * MIB,
+        backoff=0.0,
+    )
     mems = {}
 
     async def first_turns():
@@ -91,17 +96,17 @@ def test_a_turn_that_must_move_memory_still_moves_it_first(backend):
 
 
 def test_a_tenant_that_grew_within_its_declaration_is_counted_whole_before_the_next_grant(backend):
-    # a declared 60 but had allocated 10 when last read; during its turn it allocates the rest.
-    # c needs 40 beside it: the model counts a with all it declared, so c's grant parks b first
-    # instead of starting c's turn on memory that is not free.
-    prep, _, mems = preparer(backend, ("a", 10), ("b", 30))
+    # a declared 60 but held nothing when last read; during its turn it allocates it. c needs
+    # 40 beside it: the model counts a with all it declared, so c's grant parks b first instead
+    # of starting c's turn on memory that is not free.
+    prep, _, _ = preparer(backend, ("b", 30))
 
     async def turns():
         prep.register(TenantRef("a", (GPU,), declared_bytes=60 * MIB))
         prep.register(TenantRef("c", (GPU,), declared_bytes=40 * MIB))
         await prep.refresh()
         assert await grant(prep, "a")
-        mems["a"].allocate(GPU, 60)
+        FakeGpuMemory("a", backend.root).allocate(GPU, 60)
         assert not await grant(prep, "c")
 
     run(turns())
