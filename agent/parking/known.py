@@ -22,11 +22,15 @@ from agent.parking.backends.base import Backend, Residency, TenantRef, TenantSta
 from agent.parking.backends.multi import APP
 from agent.parking.host import ParkingHost
 from agent.parking.metrics import ParkingMetrics
-from agent.parking.model import Read, ResidencyModel, counted_whole, needs_room
+from agent.parking.model import Read, ResidencyModel, needs_room
 from agent.parking.quarantine import Quarantines
 from agent.parking.view import tenant_status, tenant_view
 
 log = logging.getLogger(__name__)
+
+SETTLE_AFTER_S = 0.002
+"""How long after a grant made from the model the tenants whose turns ended are read: long
+enough for the grant to have reached its tenant, short beside any turn that allocates."""
 
 
 class KnownNode:
@@ -64,6 +68,7 @@ class KnownNode:
         self._model = ResidencyModel()
         """Every tenant's state and memory cgroup as last read, and who may have grown since."""
         self._settling: asyncio.Task[None] | None = None
+        self._settle_timer: asyncio.TimerHandle | None = None
         self._waiting: dict[str, str] = {}
         self._ahead: dict[str, asyncio.Future[None]] = {}
         self._host = host
@@ -100,7 +105,7 @@ class KnownNode:
         ref = self._refs.get(tenant_id)
         if ref is None or not set(gpus) <= set(ref.gpus) or not self._model_current():
             return False
-        snap = counted_whole(self._node(holders or ()), self._model.unsettled)
+        snap = self._node(holders or (), whole=self._model.unsettled, on=ref.gpus)
         me = snap.tenants.get(tenant_id)
         if me is None or me.parked:
             return False
@@ -169,8 +174,11 @@ class KnownNode:
                 self.register(ref)
         return sorted(refs)
 
-    def _view(self, tenant_id: str, st: TenantState, busy: Collection[str] = ()) -> TenantView:
-        """The planner's view of one tenant from the backend's state and what we know."""
+    def _view(
+        self, tenant_id: str, st: TenantState, busy: Collection[str] = (), whole: bool = False
+    ) -> TenantView:
+        """The planner's view of one tenant from the backend's state and what we know (`whole`:
+        with its whole footprint on every GPU, allocated or not)."""
         return tenant_view(
             st,
             self._refs.get(tenant_id),
@@ -179,6 +187,7 @@ class KnownNode:
             last_turn=self._last_turn.get(tenant_id, float("-inf")),
             busy=tenant_id in self._holding or tenant_id in busy,
             cgroup=self._model.cgroups.get(tenant_id, (None, 0)),
+            all_of_it=whole,
         )
 
     async def _reread(self, busy: Collection[str] = ()) -> NodeView:
@@ -189,10 +198,26 @@ class KnownNode:
         self._took_in(read)
         return self._node(busy)
 
-    def _node(self, busy: Collection[str] = ()) -> NodeView:
-        """The node as the model has it, `busy` holding turns."""
-        views = {t: self._view(t, st, busy) for t, st in self._model.states.items()}
+    def _node(
+        self,
+        busy: Collection[str] = (),
+        whole: Collection[str] = (),
+        on: Collection[str] | None = None,
+    ) -> NodeView:
+        """The node as the model has it, `busy` holding turns, `whole` counted with their whole
+        footprints (`model.ResidencyModel.unsettled`); only the tenants `on` those GPUs if given
+        (enough to tell whether a turn there moves anything)."""
+        views = {
+            t: self._view(t, st, busy, t in whole)
+            for t, st in self._model.states.items()
+            if on is None or self._shares(t, st, on)
+        }
         return NodeView(self.gpu_memory, views, self.headroom, self.host_budget)
+
+    def _shares(self, tenant_id: str, st: TenantState, gpus: Collection[str]) -> bool:
+        """Whether the tenant uses or holds memory on one of `gpus`."""
+        ref = self._refs.get(tenant_id)
+        return any(g in st.residency or (ref is not None and g in ref.gpus) for g in gpus)
 
     def _read_all(self) -> Read:
         """Every tenant that counts, as the backend reports it now (in a worker thread)."""
@@ -221,9 +246,19 @@ class KnownNode:
                 self._model.note_outgrown(tenant_id)
         self._publish()
 
-    def _settle_soon(self, holders_too: Collection[str] = ()) -> None:
-        """Read the tenants whose turns ended since they were last read, off the grant's path
-        (and those of `holders_too` that hold a turn: read, they stay unsettled)."""
+    def _settle_soon(self) -> None:
+        """Read the tenants whose turns ended since they were last read, `SETTLE_AFTER_S` from
+        now: after the grant has gone out, off the handoff's path."""
+        if self._settling is None and self._settle_timer is None:
+            loop = asyncio.get_running_loop()
+            self._settle_timer = loop.call_later(SETTLE_AFTER_S, self._settle_now)
+
+    def _settle_now(self, holders_too: Collection[str] = ()) -> None:
+        """Start reading the tenants whose turns ended (and those of `holders_too` that hold a
+        turn: read, they stay unsettled)."""
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
+            self._settle_timer = None
         if self._settling is not None:
             return
         ids = [t for t in self._model.unsettled if t not in self._holding or t in holders_too]

@@ -15,9 +15,9 @@ read in, and names what the model had wrong.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from agent.core.planner import NodeView, TenantView
+from agent.core.planner import TenantView
 from agent.parking.backends.base import TenantState
 
 Cgroup = tuple[int | None, int]
@@ -72,7 +72,7 @@ class ResidencyModel:
             if tenant_id not in self.states:  # gone meanwhile
                 continue
             before = self.states[tenant_id]
-            if before.residency != st.residency:
+            if _moved(before, st):
                 wrong.append(
                     f"the backend has {tenant_id} {_where(st)}, where the agent had it "
                     f"{_where(before)}; planning from the backend's word"
@@ -95,14 +95,16 @@ class ResidencyModel:
         self.outgrew.discard(tenant_id)
 
 
+def _moved(before: TenantState, now: TenantState) -> bool:
+    """Whether memory went on or off a GPU between two reads (a first allocation, or memory
+    freed, is not a move)."""
+    return any(
+        g in now.residency and now.residency[g] != where for g, where in before.residency.items()
+    )
+
+
 def _where(st: TenantState) -> str:
     return ", ".join(f"{r.value} on {g}" for g, r in sorted(st.residency.items())) or "nowhere"
-
-
-def counted_whole(snap: NodeView, unsettled: Collection[str]) -> NodeView:
-    """The node with each unsettled tenant counted with its whole footprint on every GPU."""
-    grown = {t: replace(v, absent=frozenset()) for t, v in snap.tenants.items() if t in unsettled}
-    return replace(snap, tenants={**snap.tenants, **grown}) if grown else snap
 
 
 def needs_room(me: TenantView, held: Mapping[str, int]) -> bool:

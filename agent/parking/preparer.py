@@ -82,11 +82,11 @@ class ParkingPreparer(KnownNode):
         done."""
         if self._ahead:
             await asyncio.wait(list(self._ahead.values()))
-        if self._settling is not None:
-            await asyncio.wait({self._settling})
         async with self._lock:
             pass
-        self._settle_soon(self._model.unsettled)
+        while self._settling is not None:
+            await asyncio.wait({self._settling})
+        self._settle_now(self._model.unsettled)
         if self._settling is not None:
             await asyncio.wait({self._settling})
 

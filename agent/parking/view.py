@@ -27,6 +27,7 @@ def tenant_view(
     last_turn: float,
     busy: bool,
     cgroup: tuple[int | None, int],
+    all_of_it: bool = False,
 ) -> TenantView:
     """The tenant as the planner sees it.
 
@@ -34,7 +35,7 @@ def tenant_view(
     that parks itself (`app`) and declared nothing may hold the whole GPU: what it holds is known
     only from what it reports at a park, and it may allocate during any turn. A GPU where it
     holds nothing and is not parked is `absent` (it has not allocated there since it joined),
-    unless what it holds is unknown.
+    unless what it holds is unknown, or `all_of_it` counts it (it may have allocated since).
     """
     declared = ref.declared_bytes if ref and ref.declared_bytes else 0
     unknown = method == APP and not declared and ref is not None and ref.self_parks
@@ -42,7 +43,8 @@ def tenant_view(
     whole = gpu_memory if unknown else {}
     footprint = {g: max(st.footprint_bytes.get(g, 0), declared, whole.get(g, 0)) for g in gpus}
     parked = {g: st.footprint_bytes.get(g, 0) for g, r in st.residency.items() if r in _AWAY}
-    absent = set() if unknown else {g for g in gpus - set(parked) if not st.footprint_bytes.get(g)}
+    allocated = {g for g in gpus - set(parked) if st.footprint_bytes.get(g)}
+    absent = set() if unknown or all_of_it else gpus - set(parked) - allocated
     limit = ref.memory_limit_bytes if ref and ref.memory_limit_bytes else None
     found_limit, used = cgroup
     return TenantView(
