@@ -193,7 +193,10 @@ class KnownNode:
     async def _reread(self, busy: Collection[str] = ()) -> NodeView:
         """Read every tenant from the backend (in a worker thread); the node, `busy` holding
         turns."""
-        read = await asyncio.to_thread(self._read_all)
+        if self.backend.reads_block:
+            read = await asyncio.to_thread(self._read_all)
+        else:  # the backend reads its own memory: no thread needed
+            read = self._read_all()
         self._model.replace_all(read, self._holding.keys())
         self._took_in(read)
         return self._node(busy)
@@ -220,12 +223,13 @@ class KnownNode:
         return any(g in st.residency or (ref is not None and g in ref.gpus) for g in gpus)
 
     def _read_all(self) -> Read:
-        """Every tenant that counts, as the backend reports it now (in a worker thread)."""
+        """Every tenant that counts, as the backend reports it now (in a worker thread if the
+        backend's reads block)."""
         generation = self._model.generation
         return self._read(self._tenant_ids(), generation)
 
     def _read(self, ids: Collection[str], generation: int) -> Read:
-        """Tenants' states and memory cgroups from the backend (in a worker thread)."""
+        """Tenants' states and memory cgroups from the backend (as `_read_all`)."""
         states = {t: self.backend.state(t) for t in ids}
         cgroups = {t: (self.backend.memory_limit(t), self.backend.memory_used(t)) for t in ids}
         return Read(states, cgroups, generation)
@@ -267,7 +271,11 @@ class KnownNode:
 
     async def _settle(self, ids: list[str]) -> None:
         try:
-            read = await asyncio.to_thread(self._read, ids, self._model.generation)
+            generation = self._model.generation
+            if self.backend.reads_block:
+                read = await asyncio.to_thread(self._read, ids, generation)
+            else:
+                read = self._read(ids, generation)
             if self._lock.locked():  # a plan is moving memory: its own read will be newer
                 return
             for wrong in self._model.settle(read, self._holding.keys()):

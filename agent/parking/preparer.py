@@ -161,7 +161,10 @@ class ParkingPreparer(KnownNode):
         )  # fmt: skip
         for attempt in range(self._attempts):
             try:
-                move = await asyncio.to_thread(fn, step.tenant_id, step.gpu)
+                if self.backend.moves_on_loop(step.tenant_id):
+                    move = await self.backend.move_on_loop(step.tenant_id, step.gpu, step.direction)
+                else:
+                    move = await asyncio.to_thread(fn, step.tenant_id, step.gpu)
             except (BackendQuarantined, Unparkable) as e:  # retrying cannot help
                 self.metrics.failed(step.direction, method)
                 log.error("%s of %s on %s: %s", step.direction, step.tenant_id, step.gpu, e)
