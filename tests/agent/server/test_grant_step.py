@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from agent.core.leases import LeaseTable
+from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import NullPreparer
 from agent.node.tenants import POD, Tenant
 from agent.server.service import LeaseService
@@ -51,7 +51,7 @@ def test_the_waiting_tenants_grant_is_told_while_the_yield_is_handled() -> None:
     async def handoff() -> None:
         agent = service()
         held = await agent.acquire(tenant("a"), [GPU], timeout=5)
-        told = []
+        told: list[Lease] = []
         waiting = asyncio.create_task(agent.acquire(tenant("b"), [GPU], 5, told.append))
         await asyncio.sleep(0)  # b is queued
         agent.yield_(tenant("a"), held.lease.lease_id)
