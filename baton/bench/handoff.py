@@ -16,7 +16,7 @@ import json
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.client.links import TRANSPORTS
@@ -78,6 +78,8 @@ class Setup:
     """Tenants' memory does not fit together: every handoff parks the leaver, restores the next."""
     gpu: str = GPU
     """The GPU the tenants share: the simulated one, or with `cuda` the first real one."""
+    rounds: int = 3
+    """Each row runs this many times (at least 50 iterations each), the rows taking turns."""
 
     def check(self) -> None:
         """Refuse what cannot run, with the option to change."""
@@ -112,9 +114,11 @@ def run_handoff_bench(
     hold_ms: float = HOLD_S * 1000,
     tenants: int = 2,
     swap: bool = False,
+    rounds: int = 3,
 ) -> dict[str, Any]:
     """Run the bench and its same-run references; returns the bench's JSON fields."""
     setup = Setup(iterations, client, transport, queue_policy, backend, hold_ms, tenants, swap)
+    setup.rounds = rounds
     setup.check()
     if backend == "cuda":
         from agent.parking.setup import nvml_gpus
@@ -125,19 +129,57 @@ def run_handoff_bench(
     return asyncio.run(_bench(setup))
 
 
+@dataclass
+class Row:
+    """One row's turns, pooled over the rounds: handoff gaps, and the time they fall in."""
+
+    gaps: list[float] = field(default_factory=list)
+    span: float = 0.0
+
+    def add(self, turns: list[list[Any]]) -> None:
+        """Take in one round's turn records."""
+        self.gaps += handoffs(turns)
+        if turns:
+            self.span += max(r[4] for r in turns) - min(r[3] for r in turns)
+
+    def figures(self, prefix: str) -> dict[str, Any]:
+        """`<prefix>handoff_p50_ms`, `..._p99_ms` and `<prefix>idle_share`."""
+        gaps = self.gaps or [float("nan")]
+        idle = sum(self.gaps) / self.span if self.span > 0 else 0.0
+        return {
+            f"{prefix}handoff_p50_ms": _ms(percentile(gaps, 0.5)),
+            f"{prefix}handoff_p99_ms": _ms(percentile(gaps, 0.99)),
+            f"{prefix}idle_share": round(idle, 5),
+        }
+
+
 async def _bench(setup: Setup) -> dict[str, Any]:
-    acquire, turns = await _agent_run(setup, measure_acquire=True)
-    gaps = handoffs(turns)
-    if not gaps:
+    """The rows take turns, round after round, so that a load that comes and goes on the
+    machine weighs on each alike."""
+    rounds = max(1, min(setup.rounds, setup.iterations // 50))
+    each = replace(setup, iterations=max(1, setup.iterations // rounds))
+    bare = replace(each, backend="none", swap=False)
+    main, agent, relay = Row(), Row(), Row()
+    acquire: list[float] = []
+    ref_acquire: list[float] = []
+    for _ in range(rounds):
+        solo, turns = await _agent_run(each, measure_acquire=True)
+        acquire += solo
+        main.add(turns)
+        if setup.backend != "none":
+            agent.add((await _agent_run(bare, measure_acquire=False))[1])
+        solo, turns = await _reference(each.iterations, setup.hold_ms, setup.tenants)
+        ref_acquire += solo
+        relay.add(turns)
+    if not main.gaps:
         raise RuntimeError("no handoffs observed; the tenants never waited for each other")
     figures: dict[str, Any] = {
         "acquire_p50_ms": _ms(percentile(acquire, 0.5)),
         "acquire_p99_ms": _ms(percentile(acquire, 0.99)),
-        "handoff_p50_ms": _ms(percentile(gaps, 0.5)),
-        "handoff_p99_ms": _ms(percentile(gaps, 0.99)),
-        "iterations": setup.iterations,
-        "handoff_samples": len(gaps),
-        "idle_share": round(idle_share(turns), 5),
+        **main.figures(""),
+        "iterations": each.iterations * rounds,
+        "handoff_samples": len(main.gaps),
+        "rounds": rounds,
         "client": setup.client,
         "transport": setup.transport,
         "backend": setup.backend,
@@ -146,26 +188,13 @@ async def _bench(setup: Setup) -> dict[str, Any]:
         "swap": setup.swap,
     }
     if setup.backend != "none":
-        bare = replace(setup, backend="none", swap=False)
-        _, bare_turns = await _agent_run(bare, measure_acquire=False)
-        figures |= _row("reference_agent", bare_turns)
-    ref_acquire, ref_turns = await _reference(setup.iterations, setup.hold_ms, setup.tenants)
+        figures |= agent.figures("reference_agent_")
     figures["reference_acquire_p99_ms"] = _ms(percentile(ref_acquire, 0.99))
-    figures |= _row("reference", ref_turns)
-    return figures
+    return figures | relay.figures("reference_")
 
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000, 3)
-
-
-def _row(prefix: str, turns: list[list[Any]]) -> dict[str, Any]:
-    gaps = handoffs(turns) or [float("nan")]
-    return {
-        f"{prefix}_handoff_p50_ms": _ms(percentile(gaps, 0.5)),
-        f"{prefix}_handoff_p99_ms": _ms(percentile(gaps, 0.99)),
-        f"{prefix}_idle_share": round(idle_share(turns), 5),
-    }
 
 
 async def _agent_run(setup: Setup, measure_acquire: bool) -> tuple[list[float], list[list[Any]]]:

@@ -251,6 +251,9 @@ def bench_handoff(
             help="Tenants' memory does not fit together: each handoff parks one, restores one."
         ),
     ] = False,
+    rounds: Annotated[
+        int, typer.Option(help="Rounds in which the rows take turns (each ≥ 50 iterations).")
+    ] = 3,
     as_json: AsJson = False,
 ) -> None:
     """Uncontended acquire and yield→grant handoff between tenant processes, with the bare
@@ -273,6 +276,7 @@ def bench_handoff(
             hold_ms=hold_ms,
             tenants=tenants,
             swap=swap,
+            rounds=rounds,
         )
     except ValueError as e:
         words = ("transport", "backend", "tenants", "hold-ms", "swap", "client")
