@@ -28,9 +28,10 @@ from agent.parking.view import tenant_status, tenant_view
 
 log = logging.getLogger(__name__)
 
-SETTLE_AFTER_S = 0.002
-"""How long after a grant made from the model the tenants whose turns ended are read: long
-enough for the grant to have reached its tenant, short beside any turn that allocates."""
+SETTLE_AFTER_S = (0.0005, 0.05)
+"""How long after a grant made from the model the tenants whose turns ended are read: half the
+last turn (between grants), within these bounds, so that the read falls in the middle of the
+new turn, away from the handoffs at either end."""
 
 
 class KnownNode:
@@ -69,6 +70,9 @@ class KnownNode:
         """Every tenant's state and memory cgroup as last read, and who may have grown since."""
         self._settling: asyncio.Task[None] | None = None
         self._settle_timer: asyncio.TimerHandle | None = None
+        self._granted_at = float("-inf")
+        self._turn_s = 0.0
+        """The time between the last two grants (of any GPU): how long a turn lasts here."""
         self._waiting: dict[str, str] = {}
         self._ahead: dict[str, asyncio.Future[None]] = {}
         self._host = host
@@ -82,6 +86,8 @@ class KnownNode:
 
     def _take_turn(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """Room is made: the tenant holds `gpus` from now on (and may allocate there)."""
+        now = self._clock()
+        self._turn_s, self._granted_at = now - self._granted_at, now
         for other, held in list(self._holding.items()):
             if held & set(gpus):
                 del self._holding[other]
@@ -251,11 +257,12 @@ class KnownNode:
         self._publish()
 
     def _settle_soon(self) -> None:
-        """Read the tenants whose turns ended since they were last read, `SETTLE_AFTER_S` from
-        now: after the grant has gone out, off the handoff's path."""
+        """Read the tenants whose turns ended since they were last read, in the middle of the
+        turn just granted (`SETTLE_AFTER_S`): off the handoffs' path."""
         if self._settling is None and self._settle_timer is None:
-            loop = asyncio.get_running_loop()
-            self._settle_timer = loop.call_later(SETTLE_AFTER_S, self._settle_now)
+            soonest, latest = SETTLE_AFTER_S
+            after = min(latest, max(soonest, self._turn_s / 2))
+            self._settle_timer = asyncio.get_running_loop().call_later(after, self._settle_now)
 
     def _settle_now(self, holders_too: Collection[str] = ()) -> None:
         """Start reading the tenants whose turns ended (and those of `holders_too` that hold a
