@@ -2,12 +2,14 @@
 
 Pure: the preparer passes what it knows (the backend's `TenantState`, the tenant's `TenantRef`,
 its method, the GPUs' sizes, when it last had a turn, its memory cgroup) and gets the
-`TenantView` that `agent.core.planner` plans with.
+`TenantView` that `agent.core.planner` plans with, or the tenant's entry in /v1/status.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
+from typing import Any
 
 from agent.core.planner import TenantView
 from agent.parking.backends.base import Residency, TenantRef, TenantState
@@ -25,6 +27,7 @@ def tenant_view(
     last_turn: float,
     busy: bool,
     cgroup: tuple[int | None, int],
+    all_of_it: bool = False,
 ) -> TenantView:
     """The tenant as the planner sees it.
 
@@ -32,7 +35,7 @@ def tenant_view(
     that parks itself (`app`) and declared nothing may hold the whole GPU: what it holds is known
     only from what it reports at a park, and it may allocate during any turn. A GPU where it
     holds nothing and is not parked is `absent` (it has not allocated there since it joined),
-    unless what it holds is unknown.
+    unless what it holds is unknown, or `all_of_it` counts it (it may have allocated since).
     """
     declared = ref.declared_bytes if ref and ref.declared_bytes else 0
     unknown = method == APP and not declared and ref is not None and ref.self_parks
@@ -40,7 +43,8 @@ def tenant_view(
     whole = gpu_memory if unknown else {}
     footprint = {g: max(st.footprint_bytes.get(g, 0), declared, whole.get(g, 0)) for g in gpus}
     parked = {g: st.footprint_bytes.get(g, 0) for g, r in st.residency.items() if r in _AWAY}
-    absent = set() if unknown else {g for g in gpus - set(parked) if not st.footprint_bytes.get(g)}
+    allocated = {g for g in gpus - set(parked) if st.footprint_bytes.get(g)}
+    absent = set() if unknown or all_of_it else gpus - set(parked) - allocated
     limit = ref.memory_limit_bytes if ref and ref.memory_limit_bytes else None
     found_limit, used = cgroup
     return TenantView(
@@ -55,3 +59,43 @@ def tenant_view(
         unparkable=st.quarantined or st.unparkable,
         method=method,
     )
+
+
+def tenant_status(
+    st: TenantState,
+    view: TenantView,
+    *,
+    method: str,
+    last_turn_wall: float | None,
+    quarantined: str,
+    waiting: str | None,
+) -> dict[str, Any]:
+    """One tenant's entry in /v1/status: where its memory is, and why it waits if it does."""
+    kinds = set(st.residency.values())
+    when = last_turn_wall
+    entry: dict[str, Any] = {
+        "residency": kinds.pop().value if len(kinds) == 1 else "mixed" if kinds else "none",
+        "gpus": {g: r.value for g, r in sorted(st.residency.items())},
+        "footprint_bytes": sum(st.footprint_bytes.values()),
+        "parked_bytes": st.parked_bytes,
+        "method": method,
+        "last_turn": dt.datetime.fromtimestamp(when, dt.UTC).isoformat() if when else None,
+    }
+    if view.cgroup_blocks_park():
+        entry["not_parkable"] = (
+            f"memory limit {view.memory_limit} bytes cannot hold its "
+            f"{sum(view.footprint.values())} bytes of GPU memory on top of the "
+            f"{view.memory_used} bytes it uses"
+        )
+    if st.unparkable:
+        entry["not_parkable"] = st.unparkable
+    if quarantined:  # its memory is wherever the driver left it: not "resident"
+        entry["residency"] = "quarantined"
+        entry["quarantined"] = quarantined
+    if st.pids:
+        entry["pids"] = list(st.pids)
+    if st.detail:
+        entry["detail"] = st.detail
+    if waiting is not None:
+        entry["waiting"] = waiting
+    return entry

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import grpc
 
 from agent.core import errors
+from agent.core.leases import Lease
 from agent.node.tenants import Tenant
 from agent.server.service import LeaseService, lease_to_pb
 from baton._pb import agent_pb2 as pb
@@ -63,10 +64,22 @@ def error_status(exc: errors.AgentError) -> pb.ErrorStatus:
     return pb.ErrorStatus(code=status_code(exc).value[0], message=str(exc))
 
 
-async def acquire(service: LeaseService, tenant: Tenant, request: pb.AcquireRequest) -> pb.Lease:
-    """Wait for the turn."""
+async def acquire(
+    service: LeaseService,
+    tenant: Tenant,
+    request: pb.AcquireRequest,
+    on_grant: Callable[[pb.Lease], None] | None = None,
+) -> pb.Lease:
+    """Wait for the turn; `on_grant` hears of it as it is made (before this returns)."""
     timeout = request.timeout_ms / 1000 if request.timeout_ms > 0 else None
-    granted = await service.acquire(tenant, tuple(request.gpus), timeout)
+
+    def tell(lease: Lease) -> None:
+        if on_grant is not None:
+            on_grant(lease_to_pb(lease, service.table.contended(lease)))
+
+    granted = await service.acquire(
+        tenant, tuple(request.gpus), timeout, tell if on_grant else None
+    )
     return lease_to_pb(granted.lease, service.table.contended(granted.lease))
 
 

@@ -44,6 +44,14 @@ class FramedLink:
         if self._writer.transport.get_write_buffer_size():
             await self._writer.drain()
 
+    def write_now(self, message: pb.AgentMessage) -> bool:
+        """Write a whole frame without waiting (a grant, in the step that made it); False if
+        the socket's buffer is backed up (it is written by `write` instead)."""
+        if self._writer.transport.get_write_buffer_size() or self._writer.is_closing():
+            return False
+        self._writer.write(framing.encode(message))
+        return True
+
 
 async def serve(
     servicer: AgentServicer, peer: Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

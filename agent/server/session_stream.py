@@ -112,12 +112,24 @@ class SessionStream:
 
     async def _acquire(self, request: pb.Request) -> None:
         reply = pb.Reply(request_id=request.request_id)
+        write_now = getattr(self._link, "write_now", None)
+        sent = False
+
+        def granted(lease: pb.Lease) -> None:  # the grant leaves in the step that made it
+            nonlocal sent
+            assert write_now is not None
+            reply.lease.CopyFrom(lease)
+            sent = write_now(pb.AgentMessage(reply=reply))
+
         try:
             tenant = self._current_tenant()
-            reply.lease.CopyFrom(await api_ops.acquire(self._service, tenant, request.acquire))
+            on_grant = granted if write_now is not None else None
+            lease = await api_ops.acquire(self._service, tenant, request.acquire, on_grant)
+            reply.lease.CopyFrom(lease)
         except errors.AgentError as exc:
             reply.error.CopyFrom(api_ops.error_status(exc))
-        await self._write(pb.AgentMessage(reply=reply))
+        if not sent:
+            await self._write(pb.AgentMessage(reply=reply))
 
     async def _write(self, message: pb.AgentMessage) -> None:
         async with self._lock:

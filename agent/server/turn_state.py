@@ -53,6 +53,8 @@ class TurnState:
         self._store = store
         self._grace = reconnect_grace
         self._pending: dict[str, asyncio.Future[Lease]] = {}
+        self._on_grant: dict[str, Callable[[Lease], None]] = {}
+        """Waiter id → who hears of its grant as it is made (`TurnService.acquire`)."""
         self.revocations = Revocations()
         self._resumes: dict[str, str] = {}
         """Revoked lease id → the waiter (then lease) that gives its tenant the turn back."""
@@ -84,10 +86,12 @@ class TurnState:
     # Plumbing.
 
     def persist(self) -> None:
-        """Save the state soon (e.g. after the residency layer moved memory)."""
-        self._persist()
+        """Save the state soon (e.g. after the residency layer moved memory): in the next
+        event-loop step, after a grant those moves made room for has reached its tenant."""
+        asyncio.get_running_loop().call_soon(self._persist)
 
     def _fail(self, waiter_id: str, error: Exception) -> None:
+        self._on_grant.pop(waiter_id, None)
         future = self._pending.pop(waiter_id, None)
         if future is not None and not future.done():
             future.set_exception(error)

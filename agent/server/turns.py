@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from agent.core import eager
 from agent.core import events as ev
@@ -39,8 +39,16 @@ class TurnService(TurnState):
 
     # Turns.
 
-    async def acquire(self, tenant: Tenant, gpus: Sequence[str], timeout: float | None) -> Granted:
-        """Wait for the turn on `gpus` (all of the tenant's GPUs if empty)."""
+    async def acquire(
+        self,
+        tenant: Tenant,
+        gpus: Sequence[str],
+        timeout: float | None,
+        on_grant: Callable[[Lease], None] | None = None,
+    ) -> Granted:
+        """Wait for the turn on `gpus` (all of the tenant's GPUs if empty). `on_grant` hears of
+        the grant the moment it is journaled, before this returns (a direct session writes it
+        then, in the step that freed the GPU)."""
         wanted = tuple(gpus) or tenant.gpus
         foreign = sorted(set(wanted) - set(tenant.gpus))
         if foreign or not wanted:
@@ -53,6 +61,8 @@ class TurnService(TurnState):
         )
         future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
         self._pending[waiter.waiter_id] = future
+        if on_grant is not None:
+            self._on_grant[waiter.waiter_id] = on_grant
         self._publish(ev.QUEUED, tenant.tenant_id, gpus=waiter.gpus)
         self._dispatch()
         try:
@@ -64,6 +74,7 @@ class TurnService(TurnState):
 
     def _abandon(self, waiter_id: str) -> None:
         self._pending.pop(waiter_id, None)
+        self._on_grant.pop(waiter_id, None)
         waiter = self.table.cancel(waiter_id)
         if waiter is not None:
             self._publish(ev.CANCELLED, waiter.tenant_id, gpus=waiter.gpus)
@@ -170,6 +181,9 @@ class TurnService(TurnState):
             return
         lease = self.table.grant(waiter.waiter_id)
         self._journal_grant(lease)
+        tell = self._on_grant.pop(waiter.waiter_id, None)
+        if tell is not None:
+            tell(lease)
         self.metrics.granted(lease, lease.granted_at - waiter.enqueued_at)
         self._publish(ev.GRANTED, lease.tenant_id, lease=lease)
         future = self._pending.pop(waiter.waiter_id, None)

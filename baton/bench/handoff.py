@@ -1,24 +1,35 @@
 """`baton bench handoff`: acquire latency and yield→grant handoff over the real socket.
 
-The agent runs in this process; tenants are separate processes using the real client. Times
-come from `time.perf_counter` (CLOCK_MONOTONIC, shared by all processes on the machine).
+The agent runs in this process with the parking backend asked for (`--backend`); tenants are
+separate processes using the real client (`baton.bench.handoff_tenant`), each holding its turn
+for `--hold-ms` and asking again at once. The same run measures the references: the bare relay
+(`baton.bench.relay`, the machine's floor) and, beside a parking backend, the agent with none.
+A handoff is timed from the tenants' clocks: the yielder's just before it yields → the next
+holder's just after its grant. The idle share is the part of the run the GPU was held by nobody
+while a tenant waited for it.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import shutil
 import sys
 import tempfile
-import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.client.links import TRANSPORTS
-from baton.bench.relay import HOLD_S, WARMUP
+from agent.parking.setup import ParkingOptions
+from baton.bench.handoff_tenant import CLIENTS
+from baton.bench.relay import HOLD_S
+from baton.contract.names import fake_gpu_uuid
 
-GPU = "GPU-bench-0"
+GPU = fake_gpu_uuid(0)
+GPU_MIB = 1024
+"""The simulated GPU the parking backends manage (`fake`, `app`)."""
+BACKENDS = ("none", "fake", "app", "cuda")
+TENANT = "baton.bench.handoff_tenant"
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -30,7 +41,7 @@ def percentile(samples: list[float], q: float) -> float:
 def handoffs(records: list[list[Any]]) -> list[float]:
     """Yield→grant gaps (s) from `[token, tenant, requested, granted, yielded]` records.
 
-    A gap counts only when the turn passed to the other tenant and its request was already
+    A gap counts only when the turn passed to another tenant and its request was already
     queued when the holder yielded.
     """
     by_token = {int(r[0]): r for r in records}
@@ -43,98 +54,222 @@ def handoffs(records: list[list[Any]]) -> list[float]:
     return gaps
 
 
-CLIENTS = ("blocking", "async")
-"""`Baton` (a caller's thread, the client's event loop in another) or `AsyncBaton`."""
+def idle_share(records: list[list[Any]]) -> float:
+    """Of the time from the first measured grant to the last yield, the share in handoff gaps:
+    the GPU held by nobody while a tenant waited."""
+    if not records:
+        return 0.0
+    span = max(r[4] for r in records) - min(r[3] for r in records)
+    return sum(handoffs(records)) / span if span > 0 else 0.0
+
+
+@dataclass
+class Setup:
+    """One bench: the agent's backend, the tenants and their turns."""
+
+    iterations: int
+    client: str = "blocking"
+    transport: str = "direct"
+    queue_policy: str = "fifo"
+    backend: str = "none"
+    hold_ms: float = HOLD_S * 1000
+    tenants: int = 2
+    swap: bool = False
+    """Tenants' memory does not fit together: every handoff parks the leaver, restores the next."""
+    gpu: str = GPU
+    """The GPU the tenants share: the simulated one, or with `cuda` the first real one."""
+    rounds: int = 3
+    """Each row runs this many times (at least 50 iterations each), the rows taking turns."""
+
+    def check(self) -> None:
+        """Refuse what cannot run, with the option to change."""
+        if self.client not in CLIENTS:
+            raise ValueError(f"client {self.client!r} is not one of {', '.join(CLIENTS)}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport {self.transport!r} is not one of {', '.join(TRANSPORTS)}")
+        if self.client == "blocking" and self.transport != "direct":
+            raise ValueError("the blocking client speaks direct sessions only; use --client async")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.tenants < 2:
+            raise ValueError(f"tenants {self.tenants} is too few: a handoff needs 2 or more")
+        if self.hold_ms < 0:
+            raise ValueError(f"hold-ms {self.hold_ms:g} is negative")
+        if self.swap and self.backend not in ("fake", "app"):
+            raise ValueError("swap runs on the simulated GPU: use --backend fake or app")
+
+    @property
+    def mib(self) -> int:
+        """Each tenant's memory: all fit beside each other, or (`swap`) no two do."""
+        return GPU_MIB * 6 // 10 if self.swap else GPU_MIB // (self.tenants + 1)
 
 
 def run_handoff_bench(
-    iterations: int, client: str = "blocking", transport: str = "direct", queue_policy: str = "fifo"
+    iterations: int,
+    client: str = "blocking",
+    transport: str = "direct",
+    queue_policy: str = "fifo",
+    *,
+    backend: str = "none",
+    hold_ms: float = HOLD_S * 1000,
+    tenants: int = 2,
+    swap: bool = False,
+    rounds: int = 3,
 ) -> dict[str, Any]:
-    """Run both measurements against a fresh agent; returns the bench's JSON fields."""
-    if client not in CLIENTS:
-        raise ValueError(f"client {client!r} is not one of {', '.join(CLIENTS)}")
-    if transport not in TRANSPORTS:
-        raise ValueError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
-    if client == "blocking" and transport != "direct":
-        raise ValueError("the blocking client speaks direct sessions only; use --client async")
-    return asyncio.run(_bench(iterations, client, transport, queue_policy))
+    """Run the bench and its same-run references; returns the bench's JSON fields."""
+    setup = Setup(iterations, client, transport, queue_policy, backend, hold_ms, tenants, swap)
+    setup.rounds = rounds
+    setup.check()
+    if backend == "cuda":
+        from agent.parking.setup import nvml_gpus
+
+        setup.gpu = next(iter(nvml_gpus()), "")
+        if not setup.gpu:
+            raise ValueError("backend 'cuda' needs a GPU and nvidia-ml-py; none was found")
+    return asyncio.run(_bench(setup))
 
 
-async def _bench(iterations: int, client: str, transport: str, policy: str) -> dict[str, Any]:
+@dataclass
+class Row:
+    """One row's turns, pooled over the rounds: handoff gaps, and the time they fall in."""
+
+    gaps: list[float] = field(default_factory=list)
+    span: float = 0.0
+
+    def add(self, turns: list[list[Any]]) -> None:
+        """Take in one round's turn records."""
+        self.gaps += handoffs(turns)
+        if turns:
+            self.span += max(r[4] for r in turns) - min(r[3] for r in turns)
+
+    def figures(self, prefix: str) -> dict[str, Any]:
+        """`<prefix>handoff_p50_ms`, `..._p99_ms` and `<prefix>idle_share`."""
+        gaps = self.gaps or [float("nan")]
+        idle = sum(self.gaps) / self.span if self.span > 0 else 0.0
+        return {
+            f"{prefix}handoff_p50_ms": _ms(percentile(gaps, 0.5)),
+            f"{prefix}handoff_p99_ms": _ms(percentile(gaps, 0.99)),
+            f"{prefix}idle_share": round(idle, 5),
+        }
+
+
+async def _bench(setup: Setup) -> dict[str, Any]:
+    """The rows take turns, round after round, so that a load that comes and goes on the
+    machine weighs on each alike."""
+    rounds = max(1, min(setup.rounds, setup.iterations // 50))
+    each = replace(setup, iterations=max(1, setup.iterations // rounds))
+    bare = replace(each, backend="none", swap=False)
+    main, agent, relay = Row(), Row(), Row()
+    acquire: list[float] = []
+    ref_acquire: list[float] = []
+    for _ in range(rounds):
+        solo, turns = await _agent_run(each, measure_acquire=True)
+        acquire += solo
+        main.add(turns)
+        if setup.backend != "none":
+            agent.add((await _agent_run(bare, measure_acquire=False))[1])
+        solo, turns = await _reference(each.iterations, setup.hold_ms, setup.tenants)
+        ref_acquire += solo
+        relay.add(turns)
+    if not main.gaps:
+        raise RuntimeError("no handoffs observed; the tenants never waited for each other")
+    figures: dict[str, Any] = {
+        "acquire_p50_ms": _ms(percentile(acquire, 0.5)),
+        "acquire_p99_ms": _ms(percentile(acquire, 0.99)),
+        **main.figures(""),
+        "iterations": each.iterations * rounds,
+        "handoff_samples": len(main.gaps),
+        "rounds": rounds,
+        "client": setup.client,
+        "transport": setup.transport,
+        "backend": setup.backend,
+        "hold_ms": setup.hold_ms,
+        "tenants": setup.tenants,
+        "swap": setup.swap,
+    }
+    if setup.backend != "none":
+        figures |= agent.figures("reference_agent_")
+    figures["reference_acquire_p99_ms"] = _ms(percentile(ref_acquire, 0.99))
+    return figures | relay.figures("reference_")
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+async def _agent_run(setup: Setup, measure_acquire: bool) -> tuple[list[float], list[list[Any]]]:
+    """A fresh agent with the setup's backend: the uncontended acquire, then the turns."""
     from agent.assembly import AgentConfig, build_agent
 
     workdir = tempfile.mkdtemp(dir="/tmp", prefix="baton-bench-")
-    socket = f"{workdir}/agent.sock"
+    parking = ParkingOptions(
+        backend=setup.backend,
+        fake_gpus=str(GPU_MIB),
+        fake_dir=f"{workdir}/fakegpu",
+        host_memory_budget_mib=GPU_MIB * setup.tenants,
+    )
     config = AgentConfig(
-        socket=socket,
+        socket=f"{workdir}/agent.sock",
         state_dir=f"{workdir}/state",
         http_host="127.0.0.1",
         http_port=0,
-        queue_policy=policy,
+        queue_policy=setup.queue_policy,
+        parking=parking,
     )
     agent = build_agent(config)
     await agent.start()
     try:
-        solo = await _workers(socket, "acquire", iterations, ["solo"], client, transport)
-        acquire = list(solo[0])
-        pair = await _workers(socket, "pingpong", iterations, ["ping", "pong"], client, transport)
-        gaps = handoffs(pair[0] + pair[1])
+        acquire: list[float] = []
+        if measure_acquire:
+            solo = await _tenants(setup, config.socket, parking.fake_dir, "acquire", ["solo"])
+            acquire = list(solo[0])
+        names = [f"tenant-{i}" for i in range(setup.tenants)]
+        runs = await _tenants(setup, config.socket, parking.fake_dir, "pingpong", names)
     finally:
         await agent.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    if not gaps:
-        raise RuntimeError("no handoffs observed; the tenants never waited for each other")
-    ref_acquire, ref_gaps = await _reference(iterations)
-    return {
-        "acquire_p50_ms": round(percentile(acquire, 0.5) * 1000, 3),
-        "acquire_p99_ms": round(percentile(acquire, 0.99) * 1000, 3),
-        "handoff_p50_ms": round(percentile(gaps, 0.5) * 1000, 3),
-        "handoff_p99_ms": round(percentile(gaps, 0.99) * 1000, 3),
-        "iterations": iterations,
-        "handoff_samples": len(gaps),
-        "client": client,
-        "transport": transport,
-        "reference_acquire_p99_ms": round(percentile(ref_acquire, 0.99) * 1000, 3),
-        "reference_handoff_p50_ms": round(percentile(ref_gaps, 0.5) * 1000, 3),
-        "reference_handoff_p99_ms": round(percentile(ref_gaps, 0.99) * 1000, 3),
-    }
+    return acquire, [record for run in runs for record in run]
 
 
-async def _reference(iterations: int) -> tuple[list[float], list[float]]:
-    """The same two measurements against `baton.bench.relay`'s bare relay."""
+async def _tenants(
+    setup: Setup, socket: str, fake_dir: str, mode: str, names: list[str]
+) -> list[Any]:
+    common = [
+        "--socket", socket, "--mode", mode, "--iterations", str(setup.iterations),
+        "--gpu", setup.gpu, "--client", setup.client, "--transport", setup.transport,
+        "--hold-ms", str(setup.hold_ms), "--backend", setup.backend,
+        "--mib", str(setup.mib), "--fake-dir", fake_dir,
+    ]  # fmt: skip
+    return await _spawn(TENANT, [[*common, "--name", name] for name in names])
+
+
+async def _reference(
+    iterations: int, hold_ms: float = HOLD_S * 1000, tenants: int = 2
+) -> tuple[list[float], list[list[Any]]]:
+    """The uncontended acquire and the turns against `baton.bench.relay`'s bare relay."""
     from baton.bench.relay import Relay
 
     workdir = tempfile.mkdtemp(dir="/tmp", prefix="baton-bench-ref-")
     path = f"{workdir}/relay.sock"
     server = await asyncio.start_unix_server(Relay().serve, path=path)
     try:
-        args = ["--socket", path, "--iterations", str(iterations)]
+        args = ["--socket", path, "--iterations", str(iterations), "--hold-ms", str(hold_ms)]
         solo = await _spawn("baton.bench.relay", [[*args, "--mode", "acquire"]])
-        pair = await _spawn("baton.bench.relay", [[*args, "--mode", "pingpong"]] * 2)
+        runs = await _spawn("baton.bench.relay", [[*args, "--mode", "pingpong"]] * tenants)
     finally:
         server.close()
         shutil.rmtree(workdir, ignore_errors=True)
     acquire = [granted - requested for requested, granted, _ in solo[0]]
     turns = sorted(
         (granted, name, requested, yielded)
-        for name, tenant in enumerate(pair)
-        for requested, granted, yielded in tenant
+        for name, run in enumerate(runs)
+        for requested, granted, yielded in run
     )
     records = [
         [token, name, requested, granted, yielded]
         for token, (granted, name, requested, yielded) in enumerate(turns)
     ]
-    return acquire, handoffs(records)
-
-
-async def _workers(
-    socket: str, mode: str, iterations: int, names: list[str], client: str, transport: str
-) -> list[Any]:
-    common = ["--socket", socket, "--mode", mode, "--iterations", str(iterations)]
-    options = ["--client", client, "--transport", transport]
-    return await _spawn(
-        "baton.bench.handoff", [[*common, "--name", name, *options] for name in names]
-    )
+    return acquire, records
 
 
 async def _spawn(module: str, argvs: list[list[str]]) -> list[Any]:
@@ -150,100 +285,25 @@ async def _spawn(module: str, argvs: list[list[str]]) -> list[Any]:
         )
         for argv in argvs
     ]
-    for proc in procs:  # each says "ready" once connected; then all start together
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
-        if line.strip() != b"ready":
-            raise RuntimeError(f"bench tenant failed to start: {line!r}")
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write(b"go\n")
-        await proc.stdin.drain()
-    results = []
-    for proc in procs:
-        out, _ = await asyncio.wait_for(proc.communicate(), 300)
-        if proc.returncode != 0:
-            raise RuntimeError(f"bench tenant exited with {proc.returncode}")
-        results.append(json.loads(out.decode().strip().splitlines()[-1]))
-    return results
-
-
-Turn = tuple[int, float, float, float]
-"""`(fencing token, requested, granted, yielded)` of one turn, times from `perf_counter`."""
-
-
-def _samples(mode: str, name: str, turns: list[Turn]) -> list[Any]:
-    """What a tenant process reports, warm-up dropped: acquire latencies, or handoff records."""
-    measured = turns[WARMUP:]
-    if mode == "acquire":
-        return [granted - requested for _, requested, granted, _ in measured]
-    return [
-        [token, name, requested, granted, yielded]
-        for token, requested, granted, yielded in measured
-    ]
-
-
-def _tenant(socket: str, mode: str, iterations: int, name: str, transport: str) -> list[Any]:
-    from agent.client import Baton
-
-    if transport != "direct":
-        raise SystemExit("the blocking client speaks direct sessions only; use --client async")
-    baton = Baton(socket, [GPU], name=name)
-    baton.connect()
-    print("ready", flush=True)
-    sys.stdin.readline()
-    turns: list[Turn] = []
-    for _ in range(iterations + WARMUP):
-        requested = time.perf_counter()
-        lease = baton.acquire()
-        granted = time.perf_counter()
-        if mode == "pingpong":
-            time.sleep(HOLD_S)
-        turns.append((lease.fencing_tokens[GPU], requested, granted, time.perf_counter()))
-        baton.yield_()
-    baton.close()
-    return _samples(mode, name, turns)
-
-
-async def _async_tenant(
-    socket: str, mode: str, iterations: int, name: str, transport: str
-) -> list[Any]:
-    from agent.client import AsyncBaton
-
-    baton = AsyncBaton(socket, [GPU], name=name, transport=transport)
-    await baton.connect()
-    print("ready", flush=True)
-    await asyncio.to_thread(sys.stdin.readline)
-    turns: list[Turn] = []
-    for _ in range(iterations + WARMUP):
-        requested = time.perf_counter()
-        lease = await baton.acquire()
-        granted = time.perf_counter()
-        if mode == "pingpong":
-            await asyncio.sleep(HOLD_S)
-        turns.append((lease.fencing_tokens[GPU], requested, granted, time.perf_counter()))
-        await baton.yield_()
-    await baton.close()
-    return _samples(mode, name, turns)
-
-
-def main() -> None:
-    """Entry point of a bench tenant process."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--socket", required=True)
-    parser.add_argument("--mode", choices=["acquire", "pingpong"], required=True)
-    parser.add_argument("--iterations", type=int, required=True)
-    parser.add_argument("--name", required=True)
-    parser.add_argument("--client", choices=CLIENTS, default="blocking")
-    parser.add_argument("--transport", choices=TRANSPORTS, default="direct")
-    args = parser.parse_args()
-    tenant_args = (args.socket, args.mode, args.iterations, args.name, args.transport)
-    if args.client == "async":
-        run = asyncio.run(_async_tenant(*tenant_args))
-    else:
-        run = _tenant(*tenant_args)
-    print(json.dumps(run), flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    try:
+        for proc in procs:  # each says "ready" once connected; then all start together
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            if line.strip() != b"ready":
+                raise RuntimeError(f"bench tenant failed to start: {line!r}")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+        results = []
+        for proc in procs:
+            out, _ = await asyncio.wait_for(proc.communicate(), 600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"bench tenant exited with {proc.returncode}")
+            results.append(json.loads(out.decode().strip().splitlines()[-1]))
+        return results
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()

@@ -58,7 +58,8 @@ async def _bench(iterations: int) -> dict[str, Any]:
     gaps = handoffs(_records(pair))
     if not gaps:
         raise RuntimeError("no handoffs observed; the jobs never waited for each other")
-    ref_acquire, ref_gaps = await _reference(iterations)
+    ref_acquire, ref_turns = await _reference(iterations)
+    ref_gaps = handoffs(ref_turns)
     return {
         "api": "llmd",
         "acquire_p50_ms": round(percentile(acquire, 0.5) * 1000, 3),

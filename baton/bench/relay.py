@@ -22,7 +22,8 @@ from agent.wire import framing
 WARMUP = 20
 """Turns left out of every measurement (the handoff bench's and the relay's)."""
 HOLD_S = 0.002
-"""How long each tenant holds its turn in the handoff run, so the other is queued by then."""
+"""How long each tenant holds its turn in the handoff run by default (`--hold-ms`), so the
+others are queued by then."""
 
 ACQUIRE, YIELD, GRANTED, DONE = b"A", b"Y", b"G", b"K"
 
@@ -95,8 +96,10 @@ def main() -> None:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--mode", choices=["acquire", "pingpong"], required=True)
     parser.add_argument("--iterations", type=int, required=True)
+    parser.add_argument("--hold-ms", type=float, default=HOLD_S * 1000)
     args = parser.parse_args()
-    print(json.dumps(tenant_turns(args.socket, args.mode, args.iterations, HOLD_S)), flush=True)
+    turns = tenant_turns(args.socket, args.mode, args.iterations, args.hold_ms / 1000)
+    print(json.dumps(turns), flush=True)
 
 
 if __name__ == "__main__":

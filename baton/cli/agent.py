@@ -269,9 +269,24 @@ def bench_handoff(
     api: Annotated[
         str, typer.Option(help="Through Baton's own API, or llm-d's time-slicing API (llmd).")
     ] = "baton",
+    backend: Annotated[
+        str, typer.Option(help="The agent's parking backend: none, fake, app, or cuda on a GPU.")
+    ] = "none",
+    hold_ms: Annotated[float, typer.Option(help="How long each tenant holds its turn.")] = 2.0,
+    tenants: Annotated[int, typer.Option(help="Tenant processes taking turns.")] = 2,
+    swap: Annotated[
+        bool,
+        typer.Option(
+            help="Tenants' memory does not fit together: each handoff parks one, restores one."
+        ),
+    ] = False,
+    rounds: Annotated[
+        int, typer.Option(help="Rounds in which the rows take turns (each ≥ 50 iterations).")
+    ] = 3,
     as_json: AsJson = False,
 ) -> None:
-    """Uncontended acquire and yield→grant handoff between two tenant processes."""
+    """Uncontended acquire and yield→grant handoff between tenant processes, with the bare
+    relay (and, with a parking backend, the agent without one) measured in the same run."""
     from baton.bench.handoff import run_handoff_bench
 
     if api not in ("baton", "llmd"):
@@ -282,9 +297,19 @@ def bench_handoff(
         echo_figures(run_llmd_handoff_bench(iterations), as_json)
         return
     try:
-        figures = run_handoff_bench(iterations, client, transport)
+        figures = run_handoff_bench(
+            iterations,
+            client,
+            transport,
+            backend=backend,
+            hold_ms=hold_ms,
+            tenants=tenants,
+            swap=swap,
+            rounds=rounds,
+        )
     except ValueError as e:
-        hint = "--transport" if "transport" in str(e) else "--client"
+        words = ("transport", "backend", "tenants", "hold-ms", "swap", "client")
+        hint = next(f"--{w}" for w in words if w in str(e) or w == "client")
         raise typer.BadParameter(str(e), param_hint=hint) from None
     echo_figures(figures, as_json)
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from baton.bench.handoff import handoffs, percentile, run_handoff_bench
+from baton.bench.handoff import handoffs, idle_share, percentile, run_handoff_bench
 
 FIELDS = (
     "acquire_p50_ms",
@@ -32,6 +32,17 @@ def test_a_gap_counts_only_when_the_turn_passes_to_a_queued_tenant() -> None:
     assert handoffs(records) == pytest.approx([0.0015])
 
 
+def test_the_idle_share_is_the_gaps_while_someone_waited_over_the_run() -> None:
+    records = [
+        [1, "ping", 0.0, 0.0, 0.010],
+        [2, "pong", 0.005, 0.011, 0.020],  # waited: 1 ms idle
+        [3, "ping", 0.012, 0.022, 0.030],  # waited: 2 ms idle
+        [4, "pong", 0.035, 0.036, 0.040],  # asked after the GPU was free: not counted
+    ]
+    assert idle_share(records) == pytest.approx(0.003 / 0.040)
+    assert idle_share([]) == 0.0
+
+
 def test_percentile_is_nearest_rank() -> None:
     samples = [float(x) for x in range(1, 101)]
     assert percentile(samples, 0.5) == 51.0
@@ -48,6 +59,31 @@ def test_a_short_run_reports_every_field(client: str, transport: str) -> None:
     assert figures["handoff_p50_ms"] <= figures["handoff_p99_ms"]
     assert figures["handoff_samples"] > 0
     assert (figures["client"], figures["transport"]) == (client, transport)
+
+
+@pytest.mark.parametrize(("backend", "swap"), [("fake", False), ("app", False), ("app", True)])
+def test_a_parking_backend_is_measured_beside_the_agent_without_one(
+    backend: str, swap: bool
+) -> None:
+    figures = run_handoff_bench(20, backend=backend, hold_ms=1.0, tenants=3, swap=swap)
+    assert (figures["backend"], figures["tenants"], figures["swap"]) == (backend, 3, swap)
+    for prefix in ("", "reference_agent_", "reference_"):
+        assert figures[f"{prefix}handoff_p50_ms"] > 0
+        assert 0 < figures[f"{prefix}idle_share"] < 1
+
+
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [
+        ({"backend": "tape"}, "'tape' is not one of none, fake, app, cuda"),
+        ({"tenants": 1}, "a handoff needs 2 or more"),
+        ({"swap": True}, "swap runs on the simulated GPU"),
+        ({"hold_ms": -1.0}, "hold-ms -1 is negative"),
+    ],
+)
+def test_a_setup_that_cannot_run_is_refused_by_name(options: dict, refusal: str) -> None:
+    with pytest.raises(ValueError, match=refusal):
+        run_handoff_bench(5, **options)
 
 
 def test_the_blocking_client_over_grpc_is_refused_with_the_way_out() -> None:
@@ -84,3 +120,22 @@ def test_the_command_prints_the_figures_as_json_on_its_last_line() -> None:
     ).stdout
     figures = json.loads(out.strip().splitlines()[-1])
     assert set(FIELDS) <= set(figures)
+
+
+def test_the_command_refuses_an_unknown_backend_naming_the_option() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from baton.cli import main; main()",
+            "bench",
+            "handoff",
+            "--backend",
+            "tape",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--backend" in done.stderr and "'tape' is not one of" in done.stderr

@@ -40,6 +40,7 @@ class AppBackend(Backend):
     """Drives tenants' callbacks through `call_tenant` (the agent's sessions) on `loop`."""
 
     name = "app"
+    reads_block = False
 
     def __init__(
         self,
@@ -106,24 +107,49 @@ class AppBackend(Backend):
 
     def park(self, tenant_id: str, gpu: str) -> Move:
         """Run the tenant's on_park(gpu) and count the bytes it reports."""
-        with self._mutex:
-            if gpu in self._parked.get(tenant_id, {}):
-                return Move(tenant_id, gpu, "park", 0, 0.0)
-        moved, seconds = self._run(tenant_id, "park", gpu)
-        with self._mutex:
-            self._parked.setdefault(tenant_id, {})[gpu] = moved
-            self._reported.setdefault(tenant_id, {})[gpu] = moved
-        return Move(tenant_id, gpu, "park", moved, seconds)
+        if self._done(tenant_id, gpu, "park"):
+            return Move(tenant_id, gpu, "park", 0, 0.0)
+        return self._moved(tenant_id, gpu, "park", *self._run(tenant_id, "park", gpu))
 
     def restore(self, tenant_id: str, gpu: str) -> Move:
         """Run the tenant's on_restore(gpu)."""
+        if self._done(tenant_id, gpu, "restore"):
+            return Move(tenant_id, gpu, "restore", 0, 0.0)
+        return self._moved(tenant_id, gpu, "restore", *self._run(tenant_id, "restore", gpu))
+
+    def moves_on_loop(self, tenant_id: str) -> bool:
+        """Always: a move is a call into the tenant's process, awaited on the agent's loop."""
+        return True
+
+    async def move_on_loop(self, tenant_id: str, gpu: str, direction: str) -> Move:
+        """`park` or `restore` without a worker thread: the callback is awaited where it runs."""
+        if self._done(tenant_id, gpu, direction):
+            return Move(tenant_id, gpu, direction, 0, 0.0)
+        if self._call is None:
+            raise BackendError("the app backend is not connected to the agent's sessions")
+        start = asyncio.get_running_loop().time()
+        try:
+            moved = await self._call(tenant_id, direction, gpu, self.timeout)
+        except Exception as e:
+            raise BackendError(f"{tenant_id}: on_{direction}({gpu}) failed: {e}") from e
+        seconds = asyncio.get_running_loop().time() - start
+        return self._moved(tenant_id, gpu, direction, int(moved), seconds)
+
+    def _done(self, tenant_id: str, gpu: str, direction: str) -> bool:
+        """Whether the tenant is already where the move would take it."""
         with self._mutex:
-            if gpu not in self._parked.get(tenant_id, {}):
-                return Move(tenant_id, gpu, "restore", 0, 0.0)
-        moved, seconds = self._run(tenant_id, "restore", gpu)
+            parked = gpu in self._parked.get(tenant_id, {})
+        return parked == (direction == "park")
+
+    def _moved(self, tenant_id: str, gpu: str, direction: str, moved: int, seconds: float) -> Move:
+        """Record a finished move: what a park reported, or the tenant back on the GPU."""
         with self._mutex:
-            self._parked.get(tenant_id, {}).pop(gpu, None)
-        return Move(tenant_id, gpu, "restore", moved, seconds)
+            if direction == "park":
+                self._parked.setdefault(tenant_id, {})[gpu] = moved
+                self._reported.setdefault(tenant_id, {})[gpu] = moved
+            else:
+                self._parked.get(tenant_id, {}).pop(gpu, None)
+        return Move(tenant_id, gpu, direction, moved, seconds)
 
     def _run(self, tenant_id: str, action: str, gpu: str) -> tuple[int, float]:
         """Call the tenant from a worker thread; raise `BackendError` if it fails or is late."""

@@ -92,6 +92,9 @@ class Backend(abc.ABC):
     """Parks and restores tenants' GPU memory. Implementations: null, fake, cuda, app."""
 
     name: str = "base"
+    reads_block: bool = True
+    """Whether `state`, `memory_limit` and `memory_used` may block (driver calls, files): the
+    preparer then reads in a worker thread. False: they read the backend's own memory."""
 
     @abc.abstractmethod
     def attach(self, tenant: TenantRef) -> None:
@@ -120,6 +123,15 @@ class Backend(abc.ABC):
     def tenants(self) -> list[str]:
         """Tenants this backend holds memory for, including ones found again after a restart."""
         return []
+
+    def moves_on_loop(self, tenant_id: str) -> bool:
+        """Whether the tenant's moves are calls the agent awaits on its own event loop
+        (`move_on_loop`) rather than blocking work for a worker thread."""
+        return False
+
+    async def move_on_loop(self, tenant_id: str, gpu: str, direction: str) -> Move:
+        """Park (`direction` "park") or restore the tenant on `gpu`, on the event loop."""
+        raise NotImplementedError(f"{self.name} moves in a worker thread")
 
     def methods(self) -> tuple[str, ...]:
         """The parking methods this backend offers (one, unless it routes between several)."""

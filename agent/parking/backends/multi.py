@@ -36,6 +36,7 @@ class MultiBackend(Backend):
             raise ValueError("a node needs at least one parking method")
         self.backends = dict(methods)
         self.default = next(iter(self.backends))
+        self.reads_block = any(b.reads_block for b in self.backends.values())
         self._refs: dict[str, TenantRef] = {}
         self._method: dict[str, str] = {}
         self._pinned: dict[str, str] = {}
@@ -125,20 +126,39 @@ class MultiBackend(Backend):
 
     def park(self, tenant_id: str, gpu: str) -> Move:
         """Park by the tenant's method; `Unparkable` if no method here can."""
-        ref = self._refs.get(tenant_id)
-        why = self.refusal(ref) if ref is not None else ""
-        if why:
-            raise Unparkable(why)
+        self._parkable(tenant_id)
         return self._of(tenant_id).park(tenant_id, gpu)
 
     def restore(self, tenant_id: str, gpu: str) -> Move:
         """Restore by the method that parked it; a tenant resident again may change method."""
         move = self._of(tenant_id).restore(tenant_id, gpu)
+        self._restored(tenant_id)
+        return move
+
+    def moves_on_loop(self, tenant_id: str) -> bool:
+        """As the tenant's method moves it."""
+        return self._of(tenant_id).moves_on_loop(tenant_id)
+
+    async def move_on_loop(self, tenant_id: str, gpu: str, direction: str) -> Move:
+        """`park` or `restore` by a method that moves on the event loop."""
+        if direction == "park":
+            self._parkable(tenant_id)
+        move = await self._of(tenant_id).move_on_loop(tenant_id, gpu, direction)
+        if direction != "park":
+            self._restored(tenant_id)
+        return move
+
+    def _parkable(self, tenant_id: str) -> None:
+        ref = self._refs.get(tenant_id)
+        why = self.refusal(ref) if ref is not None else ""
+        if why:
+            raise Unparkable(why)
+
+    def _restored(self, tenant_id: str) -> None:
         if not self._parked(self.method_of(tenant_id), tenant_id):
             with self._mutex:
                 self._pinned.pop(tenant_id, None)
             self._settle(tenant_id)
-        return move
 
     def state(self, tenant_id: str) -> TenantState:
         """The tenant's method's view, with the method named and any refusal given."""

@@ -131,3 +131,18 @@ def test_unbound_backend_says_so():
     backend.attach(TenantRef("t", (GPU,)))
     with pytest.raises(BackendError, match="not connected"):
         backend.park("t", GPU)
+
+
+def test_app_handovers_run_on_the_event_loop_without_a_worker_thread(loop, monkeypatch):
+    """Reads and callbacks of the app backend are awaited where they run: a handover that
+    parks one tenant and restores the other hops to no thread."""
+
+    def no_thread(*args, **kwargs):
+        raise AssertionError("an app handover went to a worker thread")
+
+    monkeypatch.setattr(asyncio, "to_thread", no_thread)
+    tenants = {"a": Tenant(60 * MIB), "b": Tenant(60 * MIB)}
+    refs = [TenantRef(name, (GPU,), declared_bytes=60 * MIB) for name in "ab"]
+    _, prep = take_turns(loop, tenants, refs, "abab")
+    assert tenants["a"].calls == [PARK, RESTORE, PARK]
+    assert prep.status()["tenants"]["a"]["residency"] == "parked"

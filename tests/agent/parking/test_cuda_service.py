@@ -71,7 +71,7 @@ def test_an_agent_restarted_while_a_tenant_is_parked_restores_it_first(tmp_path)
     async def after() -> dict:
         service = agent(tmp_path / "state", proc, driver, nvml)
         service.load()
-        await asyncio.to_thread(service.preparer._refresh)  # type: ignore[attr-defined]
+        await service.preparer.refresh()  # type: ignore[attr-defined]
         status = service.preparer.status()
         await service.preparer.prepare("default/a", [GPU])
         await service.close()

@@ -50,6 +50,7 @@ def test_small_tenants_take_turns_without_a_single_copy(backend):
     async def turns():
         for name in "abcabc":
             await prep.prepare(name, [GPU])
+        await prep.settled()  # the reads that follow the turns
 
     run(turns())
     assert metric(reg, "baton_moves_total", backend="fake", direction="park") == 0

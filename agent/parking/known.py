@@ -1,0 +1,328 @@
+"""What the preparer knows of the node: its tenants, who holds a turn, the residency model,
+and the reads that keep the model current; from it alone, whether a turn moves nothing.
+
+The model (`agent.parking.model`) is read in full before every plan and after every move, in a
+worker thread; after a turn granted from the model, the tenants whose turns ended are read
+again off the grant's path (`_settle`), and a holder granted on a view that read proves wrong
+gets its room at once (`_make_room_for_holder`, the preparer's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from agent.core.planner import NodeView, Plan, TenantView, plan_ahead, plan_turn
+from agent.parking.backends.base import Backend, Residency, TenantRef, TenantState
+from agent.parking.backends.multi import APP
+from agent.parking.host import ParkingHost
+from agent.parking.metrics import ParkingMetrics
+from agent.parking.model import Read, ResidencyModel, needs_room
+from agent.parking.quarantine import Quarantines
+from agent.parking.view import tenant_status, tenant_view
+
+log = logging.getLogger(__name__)
+
+SETTLE_AFTER_S = (0.0005, 0.05)
+"""How long after a grant made from the model the tenants whose turns ended are read: half the
+last turn (between grants), within these bounds, so that the read falls in the middle of the
+new turn, away from the handoffs at either end."""
+
+
+class KnownNode:
+    """The node as the preparer knows it; `ParkingPreparer` adds the plans and the moves."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        gpu_memory: Mapping[str, int],
+        *,
+        host_budget: int,
+        headroom: int = 0,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        attempts: int = 3,
+        backoff: float = 0.2,
+        host: ParkingHost | None = None,
+    ) -> None:
+        self.backend = backend
+        self.gpu_memory = dict(gpu_memory)
+        self.host_budget = host_budget
+        self.headroom = headroom
+        self.metrics = ParkingMetrics(backend.name, registry, backend.methods())
+        self.metrics.host_budget.set(host_budget)
+        self._clock = clock
+        self._wall = wall_clock
+        self._attempts = attempts
+        self._backoff = backoff
+        self._lock = asyncio.Lock()
+        self._refs: dict[str, TenantRef] = {}
+        self._last_turn: dict[str, float] = {}
+        self._last_turn_wall: dict[str, float] = {}
+        self._holding: dict[str, frozenset[str]] = {}
+        self._model = ResidencyModel()
+        """Every tenant's state and memory cgroup as last read, and who may have grown since."""
+        self._settling: asyncio.Task[None] | None = None
+        self._settle_timer: asyncio.TimerHandle | None = None
+        self._granted_at = float("-inf")
+        self._turn_s = 0.0
+        """The time between the last two grants (of any GPU): how long a turn lasts here."""
+        self._waiting: dict[str, str] = {}
+        self._ahead: dict[str, asyncio.Future[None]] = {}
+        self._host = host
+        """The agent: only its tenants count, and it hears of quarantines and moves; None alone."""
+        self.quarantines = Quarantines(self.metrics, host)
+
+    def register(self, ref: TenantRef) -> None:
+        """Learn a tenant's GPUs, PIDs, memory limit and declared footprint."""
+        self._refs[ref.tenant_id] = ref
+        self.backend.attach(ref)
+
+    def _take_turn(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """Room is made: the tenant holds `gpus` from now on (and may allocate there)."""
+        now = self._clock()
+        self._turn_s, self._granted_at = now - self._granted_at, now
+        for other, held in list(self._holding.items()):
+            if held & set(gpus):
+                del self._holding[other]
+        self._waiting.pop(tenant_id, None)
+        self._holding[tenant_id] = frozenset(gpus)
+        self._model.granted(tenant_id)
+        self._last_turn[tenant_id] = self._clock()
+        self._last_turn_wall[tenant_id] = self._wall()
+
+    def _moves_nothing(
+        self, tenant_id: str, gpus: Collection[str], holders: Collection[str] | None = None
+    ) -> bool:
+        """The model shows the tenant resident with room (beside `holders` if ahead of its
+        turn): its grant moves nothing, and needs no read of the node to know it.
+
+        Not when a plan runs or is on the way for it, when the tenants changed since the last
+        read, or when it needs room beside a tenant whose growth has no bound.
+        """
+        if self._lock.locked() or tenant_id in self._ahead or tenant_id in self.quarantines.why:
+            return False
+        ref = self._refs.get(tenant_id)
+        if ref is None or not set(gpus) <= set(ref.gpus) or not self._model_current():
+            return False
+        snap = self._node(holders or (), whole=self._model.unsettled, on=ref.gpus)
+        me = snap.tenants.get(tenant_id)
+        if me is None or me.parked:
+            return False
+        held = self._model.states[tenant_id].footprint_bytes
+        if needs_room(me, held) and self._unbounded_beside(tenant_id, me.footprint):
+            return False
+        plan = plan_turn(snap, tenant_id) if holders is None else plan_ahead(snap, tenant_id)
+        return isinstance(plan, Plan) and not plan.steps
+
+    def _model_current(self) -> bool:
+        """Whether the model has read every tenant that counts, as it is registered now."""
+        if self._host is None:
+            return self._refs.keys() <= self._model.states.keys()
+        refs = self._host.tenant_refs()
+        if refs.keys() != self._model.states.keys():
+            return False
+        return all(self._refs.get(t) == ref for t, ref in refs.items())
+
+    def _unbounded_beside(self, tenant_id: str, gpus: Collection[str]) -> bool:
+        """An unsettled tenant on `gpus` may have grown by any amount since it was read."""
+        for other in self._model.unsettled:
+            ref = self._refs.get(other)
+            if other == tenant_id or ref is None or not set(ref.gpus) & set(gpus):
+                continue
+            bounded = bool(ref.declared_bytes) or (
+                ref.self_parks and self.backend.method_of(other) == APP
+            )
+            if not bounded or other in self._model.outgrew:
+                return True
+        return False
+
+    def resident_bytes(self) -> dict[str, int]:
+        """Device bytes in use on each GPU, as the backend counts them (`TenantState`)."""
+        used = dict.fromkeys(self.gpu_memory, 0)
+        for st in self._model.states.values():
+            for gpu, where in st.residency.items():
+                if where != Residency.PARKED:
+                    used[gpu] = used.get(gpu, 0) + st.footprint_bytes.get(gpu, 0)
+        return used
+
+    def rescan(self, tenant_id: str) -> None:
+        """A session opened: the backend finds the tenant's processes again on next use."""
+        self.backend.rescan(tenant_id)
+
+    def durable(self) -> dict[str, Any]:
+        """The backend's record of parked processes, for the agent's state file."""
+        return self.backend.durable()
+
+    def reinstate(self, saved: dict[str, Any]) -> None:
+        """Hand the record saved before a restart back to the backend (it confirms it)."""
+        if "methods" in saved and self.backend.methods() == (self.backend.name,):
+            saved = saved["methods"].get(self.backend.name) or {}  # one method of several before
+        if saved:
+            self.backend.adopt(saved)
+
+    def _tenant_ids(self) -> list[str]:
+        """Tenants that count: the host's, else every one registered or in the backend.
+
+        A tenant the host has dropped no longer counts, even before `forget` has run.
+        """
+        if self._host is None:
+            return sorted(set(self._refs) | set(self.backend.tenants()))
+        refs = self._host.tenant_refs()
+        for tenant_id, ref in refs.items():
+            if self._refs.get(tenant_id) != ref:
+                self.register(ref)
+        return sorted(refs)
+
+    def _view(
+        self, tenant_id: str, st: TenantState, busy: Collection[str] = (), whole: bool = False
+    ) -> TenantView:
+        """The planner's view of one tenant from the backend's state and what we know (`whole`:
+        with its whole footprint on every GPU, allocated or not)."""
+        return tenant_view(
+            st,
+            self._refs.get(tenant_id),
+            method=st.method or self.backend.method_of(tenant_id),
+            gpu_memory=self.gpu_memory,
+            last_turn=self._last_turn.get(tenant_id, float("-inf")),
+            busy=tenant_id in self._holding or tenant_id in busy,
+            cgroup=self._model.cgroups.get(tenant_id, (None, 0)),
+            all_of_it=whole,
+        )
+
+    async def _reread(self, busy: Collection[str] = ()) -> NodeView:
+        """Read every tenant from the backend (in a worker thread); the node, `busy` holding
+        turns."""
+        if self.backend.reads_block:
+            read = await asyncio.to_thread(self._read_all)
+        else:  # the backend reads its own memory: no thread needed
+            read = self._read_all()
+        self._model.replace_all(read, self._holding.keys())
+        self._took_in(read)
+        return self._node(busy)
+
+    def _node(
+        self,
+        busy: Collection[str] = (),
+        whole: Collection[str] = (),
+        on: Collection[str] | None = None,
+    ) -> NodeView:
+        """The node as the model has it, `busy` holding turns, `whole` counted with their whole
+        footprints (`model.ResidencyModel.unsettled`); only the tenants `on` those GPUs if given
+        (enough to tell whether a turn there moves anything)."""
+        views = {
+            t: self._view(t, st, busy, t in whole)
+            for t, st in self._model.states.items()
+            if on is None or self._shares(t, st, on)
+        }
+        return NodeView(self.gpu_memory, views, self.headroom, self.host_budget)
+
+    def _shares(self, tenant_id: str, st: TenantState, gpus: Collection[str]) -> bool:
+        """Whether the tenant uses or holds memory on one of `gpus`."""
+        ref = self._refs.get(tenant_id)
+        return any(g in st.residency or (ref is not None and g in ref.gpus) for g in gpus)
+
+    def _read_all(self) -> Read:
+        """Every tenant that counts, as the backend reports it now (in a worker thread if the
+        backend's reads block)."""
+        generation = self._model.generation
+        return self._read(self._tenant_ids(), generation)
+
+    def _read(self, ids: Collection[str], generation: int) -> Read:
+        """Tenants' states and memory cgroups from the backend (as `_read_all`)."""
+        states = {t: self.backend.state(t) for t in ids}
+        cgroups = {t: (self.backend.memory_limit(t), self.backend.memory_used(t)) for t in ids}
+        return Read(states, cgroups, generation)
+
+    def _took_in(self, read: Read) -> None:
+        """After a read: note quarantines and tenants holding more than they declared."""
+        self.quarantines.note_all(read.states)
+        for tenant_id, st in read.states.items():
+            ref = self._refs.get(tenant_id)
+            declared = ref.declared_bytes if ref else None
+            most = max(st.footprint_bytes.values(), default=0)
+            if declared and most > declared and tenant_id not in self._model.outgrew:
+                log.warning(
+                    "%s holds %d bytes on a GPU, more than the %d it declared; its grants read "
+                    "the node from now on",
+                    tenant_id, most, declared,
+                )  # fmt: skip
+                self._model.note_outgrown(tenant_id)
+        self._publish()
+
+    def _settle_soon(self) -> None:
+        """Read the tenants whose turns ended since they were last read, in the middle of the
+        turn just granted (`SETTLE_AFTER_S`): off the handoffs' path."""
+        if self._settling is None and self._settle_timer is None:
+            soonest, latest = SETTLE_AFTER_S
+            after = min(latest, max(soonest, self._turn_s / 2))
+            self._settle_timer = asyncio.get_running_loop().call_later(after, self._settle_now)
+
+    def _settle_now(self, holders_too: Collection[str] = ()) -> None:
+        """Start reading the tenants whose turns ended (and those of `holders_too` that hold a
+        turn: read, they stay unsettled)."""
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
+            self._settle_timer = None
+        if self._settling is not None:
+            return
+        ids = [t for t in self._model.unsettled if t not in self._holding or t in holders_too]
+        if ids:
+            self._settling = asyncio.get_running_loop().create_task(self._settle(ids))
+
+    async def _settle(self, ids: list[str]) -> None:
+        try:
+            generation = self._model.generation
+            if self.backend.reads_block:
+                read = await asyncio.to_thread(self._read, ids, generation)
+            else:
+                read = self._read(ids, generation)
+            if self._lock.locked():  # a plan is moving memory: its own read will be newer
+                return
+            for wrong in self._model.settle(read, self._holding.keys()):
+                log.warning("%s", wrong)
+            self._took_in(read)
+            short = [t for t in self._holding if not self._moves_nothing(t, self._holding[t])]
+        except Exception as e:  # the next plan reads the node in full
+            log.warning("reading %s after their turns failed: %s", ", ".join(ids), e)
+            return
+        finally:
+            self._settling = None
+        for holder in short:  # granted on a view the read proved wrong: make its room now
+            await self._make_room_for_holder(holder)
+
+    def _publish(self) -> None:
+        self.metrics.parked_bytes.set(sum(st.parked_bytes for st in self._model.states.values()))
+
+    def status(self) -> dict[str, Any]:
+        """Node and per tenant residency for /v1/status."""
+        states = self._model.states
+        tenants = {
+            tenant_id: tenant_status(
+                st,
+                self._view(tenant_id, st),
+                method=st.method or self.backend.method_of(tenant_id),
+                last_turn_wall=self._last_turn_wall.get(tenant_id),
+                quarantined=st.quarantined or self.quarantines.why.get(tenant_id, ""),
+                waiting=self._waiting.get(tenant_id),
+            )
+            for tenant_id, st in sorted(states.items())
+        }
+        return {
+            "backend": self.backend.name,
+            "methods": list(self.backend.methods()),
+            "parked_bytes": sum(st.parked_bytes for st in states.values()),
+            "host_memory_budget_bytes": self.host_budget,
+            "headroom_bytes": self.headroom,
+            "tenants": tenants,
+        }
+
+    async def _make_room_for_holder(self, tenant_id: str) -> None:
+        """Make the holder's room during its turn (the preparer's)."""
+        raise NotImplementedError

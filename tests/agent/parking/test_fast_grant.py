@@ -1,0 +1,164 @@
+"""A grant that moves nothing is made from the agent's model at once; a stale model is caught."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from agent.core import eager
+from agent.parking.backends.base import TenantRef
+from agent.parking.fakegpu import FakeGpuMemory
+from agent.parking.preparer import ParkingPreparer
+from baton.contract.names import MIB
+
+from .conftest import GPU
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+class Counting:
+    """Counts the backend's reads (state, memory limit and use) around a fake backend."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.reads = 0
+        for name in ("state", "memory_limit", "memory_used"):
+            setattr(self, name, self._counted(getattr(backend, name)))
+
+    def _counted(self, fn):
+        def read(tenant_id):
+            self.reads += 1
+            return fn(tenant_id)
+
+        return read
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+
+def preparer(backend, *tenants, declared=True):
+    """A preparer over a counting backend; each tenant allocates its MiB in a first turn."""
+    counting = Counting(backend)
+    prep = ParkingPreparer(
+        counting,  # type: ignore[arg-type]
+        {GPU: 100 * MIB},
+        host_budget=1000 * MIB,
+        backoff=0.0,
+    )
+    mems = {}
+
+    async def first_turns():
+        for name, mib in tenants:
+            prep.register(TenantRef(name, (GPU,), declared_bytes=mib * MIB if declared else None))
+            await prep.prepare(name, [GPU])
+            mems[name] = FakeGpuMemory(name, backend.root, timeout=1.0)
+            mems[name].allocate(GPU, mib)
+        await prep.settled()
+
+    run(first_turns())
+    return prep, counting, mems
+
+
+async def grant(prep, tenant_id):
+    """Prepare the tenant's turn; True if that finished without suspending once."""
+    done, _, rest = eager.start(prep.prepare(tenant_id, [GPU]))
+    if rest is not None:
+        await rest
+    return done
+
+
+def residency(prep):
+    return {t: e["residency"] for t, e in prep.status()["tenants"].items()}
+
+
+def test_a_turn_that_moves_nothing_is_granted_at_once_without_reading_the_backend(backend):
+    prep, counting, _ = preparer(backend, ("a", 30), ("b", 30))
+
+    async def pingpong():
+        before = counting.reads
+        for name in "abab":
+            done, _, rest = eager.start(prep.prepare(name, [GPU]))
+            assert done and rest is None, f"{name}'s grant waited"
+            assert counting.reads == before, f"{name}'s grant read the backend"
+        await prep.settled()  # read off the grants' path: the tenants whose turns ended
+        assert counting.reads > before
+
+    run(pingpong())
+    assert residency(prep) == {"a": "resident", "b": "resident"}
+
+
+def test_a_turn_that_must_move_memory_still_moves_it_first(backend):
+    prep, _, _ = preparer(backend, ("a", 60), ("b", 60))
+    assert not run(grant(prep, "a"))  # b is resident: b is parked, a restored, then a's turn
+    assert residency(prep) == {"a": "resident", "b": "parked"}
+
+
+def test_a_tenant_that_grew_within_its_declaration_is_counted_whole_before_the_next_grant(backend):
+    # a declared 60 but held nothing when last read; during its turn it allocates it. c needs
+    # 40 beside it: the model counts a with all it declared, so c's grant parks b first instead
+    # of starting c's turn on memory that is not free.
+    prep, _, _ = preparer(backend, ("b", 30))
+
+    async def turns():
+        prep.register(TenantRef("a", (GPU,), declared_bytes=60 * MIB))
+        prep.register(TenantRef("c", (GPU,), declared_bytes=40 * MIB))
+        await prep.refresh()
+        assert await grant(prep, "a")
+        FakeGpuMemory("a", backend.root).allocate(GPU, 60)
+        assert not await grant(prep, "c")
+
+    run(turns())
+    assert residency(prep)["b"] == "parked"
+
+
+def test_a_tenant_that_declared_nothing_is_read_before_a_grant_that_needs_room_beside_it(backend):
+    prep, counting, mems = preparer(backend, ("a", 30), ("b", 30), declared=False)
+
+    async def turns():
+        prep.register(TenantRef("c", (GPU,), declared_bytes=40 * MIB))
+        await prep.refresh()
+        assert await grant(prep, "a")
+        mems["a"].allocate(GPU, 60)  # a grows during its turn; it declared no bound
+        before = counting.reads
+        assert not await grant(prep, "c")  # c needs 40 beside a: a is read first
+        assert counting.reads > before
+
+    run(turns())
+    assert residency(prep)["b"] == "parked"
+
+
+def test_a_backend_that_disagrees_is_believed_before_the_tenants_next_turn(backend, caplog):
+    prep, _, _ = preparer(backend, ("a", 30), ("b", 30))
+    caplog.set_level(logging.WARNING)
+
+    async def turns():
+        assert await grant(prep, "a")
+        backend.park("a", GPU)  # during a's turn, a's memory leaves the device unknown to us
+        assert await grant(prep, "b")  # b's memory is there: its turn moves nothing
+        await prep.settled()  # the read after a's turn sees a parked
+        assert "the backend has a parked" in caplog.text
+        assert not await grant(prep, "a")  # a is restored before its turn
+
+    run(turns())
+    assert residency(prep)["a"] == "resident"
+
+
+def test_a_tenant_that_outgrew_its_declaration_is_parked_for_the_holder_and_read_from_then_on(
+    backend, caplog
+):
+    prep, _, mems = preparer(backend, ("a", 30), ("b", 30))
+    caplog.set_level(logging.WARNING)
+
+    async def turns():
+        assert await grant(prep, "a")
+        mems["a"].allocate(GPU, 90)  # a declared 30; it takes 90 during its turn
+        assert await grant(prep, "b")  # b holds its memory already: its turn moves nothing
+        await prep.settled()  # the read after a's turn finds a outgrown: b's room is made
+        assert "more than the" in caplog.text
+        assert residency(prep)["a"] == "parked"
+        assert not await grant(prep, "a")  # a comes back (b parked) before its turn
+
+    run(turns())
+    assert residency(prep) == {"a": "resident", "b": "parked"}
