@@ -79,3 +79,44 @@ def test_every_device_phase_of_a_grpo_step_is_inside_a_turn(tmp_path: Path) -> N
     assert baton.events.count("acquire") == baton.events.count("yield") >= 4
     assert callback.parker is not None and callback.parker.stats.copied_bytes > 0
     assert all(t[2] <= t[3] for t in callback.turns)
+
+
+@needs_trl
+@pytest.mark.timeout(120)
+def test_callbacks_before_and_after_batons_and_trls_reference_sync_run_inside_the_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL lists its SyncRefModelCallback after the user's callbacks; on steps that do not log,
+    the turn used to end at BatonCallback's own on_step_end, before them."""
+    from transformers import TrainerCallback
+    from trl.trainer.callbacks import SyncRefModelCallback
+
+    from agent.client.trl import BatonCallback
+    from agent.examples.trl_train.jobs import TrlConfig, deterministic, trainer
+
+    deterministic()
+    callback = BatonCallback(Recorder())  # type: ignore[arg-type]
+    seen: dict[str, list[bool]] = {"early step begin": [], "late step end": [], "sync": []}
+
+    class Early(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            seen["early step begin"].append(callback.holding)
+
+    class Late(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            seen["late step end"].append(callback.holding)
+
+    sync = SyncRefModelCallback.sync_target_model
+
+    def recorded_sync(model: Any, target: Any, alpha: float) -> None:
+        seen["sync"].append(callback.holding)
+        sync(model, target, alpha)
+
+    monkeypatch.setattr(SyncRefModelCallback, "sync_target_model", staticmethod(recorded_sync))
+    config = TrlConfig(kind="grpo", seed=4, batch=4, group=4, sync_ref_steps=1, log_steps=3)
+    with callback.turn():
+        job = trainer(config, 4, tmp_path, [Early(), callback, Late()], callback.off_turn)
+        callback.watch(job)
+    job.train()
+    assert seen == {key: [True] * 4 for key in seen}
+    assert not callback.holding
