@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from agent.client.call_link import CallLink
-from agent.client.callback_worker import CLOSE_WAIT_S, CallbackTiming, CallbackWorker
+from agent.client.callback_runner import CLOSE_WAIT_S, CallbackRunner, CallbackTiming
 from agent.client.connect import CLIENT_VERSION
 from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.session_core import SessionCore
@@ -102,8 +102,9 @@ class BlockingSession:
         """Guards the core, the calls and the socket, shared by the caller and the reader."""
         self._calls: dict[int, BackgroundCall] = {}
         self._reader: threading.Thread | None = None
-        self._worker = CallbackWorker(self._callbacks, self._answer)
-        """Runs park/restore callbacks; closing waits for the one in flight."""
+        self._callbacks_run = CallbackRunner(self._callbacks, self._answer)
+        """Runs park/restore callbacks on the reader thread; closing waits for the one in
+        flight."""
         self.close_wait = CLOSE_WAIT_S
         """How long `close()` waits for a park or restore in flight."""
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
@@ -117,7 +118,7 @@ class BlockingSession:
     @property
     def callback_timings(self) -> list[CallbackTiming]:
         """When the latest park/restore callbacks were read, ran and were answered."""
-        return list(self._worker.timings)
+        return list(self._callbacks_run.timings)
 
     @property
     def resuming(self) -> bool:
@@ -280,7 +281,7 @@ class BlockingSession:
         if kind == "reply":
             self._on_reply(message.reply)
         elif kind == "callback":
-            self._worker.submit(message.callback, time.time())
+            self._callbacks_run.run(message.callback, time.time())
         else:
             with self._state:
                 self._core.pushed(message)
@@ -361,7 +362,7 @@ class BlockingSession:
         """
         self._closed.set()
         atexit.unregister(self._at_exit)
-        self._worker.close(self.close_wait)
+        self._callbacks_run.close(self.close_wait)
         with self._state:
             sock = self._sock
         if sock is not None:

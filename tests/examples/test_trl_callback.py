@@ -59,7 +59,9 @@ def test_every_device_phase_of_a_grpo_step_is_inside_a_turn(tmp_path: Path) -> N
 
         return callback.off_turn(reward)
 
-    config = TrlConfig(kind="grpo", seed=3, batch=4, group=4, accumulation=2, iterations=2)
+    config = TrlConfig(
+        kind="grpo", seed=3, batch=4, group=4, accumulation=2, iterations=2, off_s=0.001
+    )
     with callback.turn():
         job = trainer(config, 3, tmp_path, [Probe(), callback], wrap)
         callback.watch(job)

@@ -150,6 +150,13 @@ def reverse_reward(off_s: float = 0.0) -> Any:
     return reward
 
 
+def reward(config: TrlConfig, wrap: Any) -> Any:
+    """GRPO's reward, wrapped to run off-turn when it models a slow verifier (`off_s`); plain
+    scoring takes microseconds, and handing the turn back around it would cost a switch."""
+    scoring = reverse_reward(config.off_s)
+    return wrap(scoring) if config.off_s else scoring
+
+
 def data_wait(collate: Any, off_s: float, wrap: Any) -> Any:
     """`collate` after a wait of `off_s` per batch, off-turn (`wrap` hands back a turn held
     since the training began): SFT's modelled fetch of its next batch, as the torch SFT job's
@@ -225,7 +232,7 @@ def trainer(config: TrlConfig, steps: int, workdir: Path, callbacks: list[Any], 
         ref_model_sync_steps=config.sync_ref_steps or 512, **common,
     )  # fmt: skip
     return quiet(GRPOTrainer(
-        model=model(config, workdir), reward_funcs=[wrap(reverse_reward(config.off_s))],
+        model=model(config, workdir), reward_funcs=[reward(config, wrap)],
         args=grpo, train_dataset=dataset(config, rows), processing_class=tokenizer(),
         callbacks=callbacks, **evaluation,
     ))  # fmt: skip

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent.client import Baton
-from agent.client.callback_worker import CallbackWorker
+from agent.client.callback_runner import CallbackRunner
 from agent.parking.setup import ParkingOptions
 from baton._pb import agent_pb2 as pb
 from baton.contract.names import MIB, fake_gpu_uuid
@@ -155,27 +155,14 @@ def test_a_callback_that_never_ends_bounds_close_and_says_so(
         staying.close()
 
 
-def test_callbacks_run_in_order_and_are_refused_once_closed() -> None:
+def test_callbacks_are_answered_with_their_timings_and_refused_once_closed() -> None:
     answers: list[pb.CallbackResult] = []
-    ran: list[str] = []
-    done = threading.Event()
-
-    def park(gpu: str) -> int:
-        ran.append(f"park {gpu}")
-        return 1
-
-    def restore(gpu: str) -> int:
-        ran.append(f"restore {gpu}")
-        done.set()
-        return 2
-
-    worker = CallbackWorker({"park": park, "restore": restore}, answers.append)
-    worker.submit(pb.Callback(call_id="1", action="park", gpu="a"))
-    worker.submit(pb.Callback(call_id="2", action="restore", gpu="a"))
-    assert done.wait(WAIT_S)
-    assert worker.close(WAIT_S)
-    worker.submit(pb.Callback(call_id="3", action="park", gpu="a"))
-    assert ran == ["park a", "restore a"]
-    assert [(a.call_id, a.bytes) for a in answers[:2]] == [("1", 1), ("2", 2)]
+    runner = CallbackRunner({"park": lambda gpu: 1, "restore": lambda gpu: 2}, answers.append)
+    runner.run(pb.Callback(call_id="1", action="park", gpu="a"))
+    runner.run(pb.Callback(call_id="2", action="restore", gpu="a"))
+    assert runner.close(WAIT_S)
+    runner.run(pb.Callback(call_id="3", action="park", gpu="a"))
+    assert [(a.call_id, a.bytes, a.error) for a in answers[:2]] == [("1", 1, ""), ("2", 2, "")]
     assert answers[2].call_id == "3" and "closing" in answers[2].error
-    assert [t.action for t in worker.timings] == ["park", "restore"]
+    assert [(t.action, t.moved) for t in runner.timings] == [("park", 1), ("restore", 2)]
+    assert all(t.received <= t.started <= t.finished <= t.answered for t in runner.timings)
