@@ -83,6 +83,7 @@ class BatonCallback(TrainerCallback):
         self._watched: set[int] = set()
         self._wired = False
         """True once a trainer's callback handler takes and ends the turns (`watch`)."""
+        self._dispatching = 0
 
     @property
     def holding(self) -> bool:
@@ -149,8 +150,13 @@ class BatonCallback(TrainerCallback):
         ) -> TrainerControl:  # fmt: skip
             if event in BEGINS_TURN:
                 self.begin()
-            control = dispatch(event, args, state, control, **kw)
-            if event in MAY_END_TURN and not device_work_follows(event, args, control):
+            self._dispatching += 1  # an event raised inside another's callback ends nothing
+            try:
+                control = dispatch(event, args, state, control, **kw)
+            finally:
+                self._dispatching -= 1
+            last = self._dispatching == 0
+            if last and event in MAY_END_TURN and not device_work_follows(event, args, control):
                 self.end()
             return control
 

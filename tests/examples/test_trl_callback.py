@@ -100,9 +100,14 @@ def test_callbacks_before_and_after_batons_and_trls_reference_sync_run_inside_th
     callback = BatonCallback(Recorder())  # type: ignore[arg-type]
     seen: dict[str, list[bool]] = {"early step begin": [], "late step end": [], "sync": []}
 
+    built: list[Any] = []
+
     class Early(TrainerCallback):
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             seen["early step begin"].append(callback.holding)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            built[0].log({"probe": 1.0})  # an event inside an event: on_log must end nothing
 
     class Late(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -119,6 +124,7 @@ def test_callbacks_before_and_after_batons_and_trls_reference_sync_run_inside_th
     with callback.turn():
         job = trainer(config, 4, tmp_path, [Early(), callback, Late()], callback.off_turn)
         callback.watch(job)
+    built.append(job)
     job.train()
     assert seen == {key: [True] * 4 for key in seen}
     assert not callback.holding
