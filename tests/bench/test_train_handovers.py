@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from baton.bench.handovers import handovers, summary
@@ -38,3 +40,22 @@ def test_the_parts_of_a_handover_add_up_to_its_idle_time() -> None:
     # the agent's 4 and 2 ms for the moves less the tenants' 3 and 1.5 ms read to answer
     assert parts["transit"] == pytest.approx(1.0 + 0.5)
     assert parts["agent"] == pytest.approx(10.0 - 3.0 - 1.5 - 1.5)
+
+
+def test_the_short_mix_is_four_short_steppers_on_a_gpu_that_holds_one() -> None:
+    from baton.demo.trl import SHORT_STEPS, trl_mix
+
+    mix = trl_mix("short", steps=5, tenants=None)
+    assert (mix.tenants, mix.steps, mix.fits) == (4, 5, 1) and mix == replace(SHORT_STEPS, steps=5)
+    assert all(s.config.off_s == 0 for s in mix.specs())
+    with pytest.raises(ValueError, match="--mix 'long'"):
+        trl_mix("long")
+
+
+def test_bench_train_takes_a_mix_with_the_trl_framework_only() -> None:
+    from typer.testing import CliRunner
+
+    from baton.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "train", "--mix", "short"])
+    assert result.exit_code != 0 and "--framework trl only" in result.output
