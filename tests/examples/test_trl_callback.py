@@ -128,3 +128,21 @@ def test_callbacks_before_and_after_batons_and_trls_reference_sync_run_inside_th
     job.train()
     assert seen == {key: [True] * 4 for key in seen}
     assert not callback.holding
+
+
+@needs_trl
+def test_a_callback_whose_trainer_was_not_watched_says_so_and_still_takes_turns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from agent.client.trl import BatonCallback
+
+    baton = Recorder()
+    callback = BatonCallback(baton, park=False)  # type: ignore[arg-type]
+    args, state, control = TrainingArguments(output_dir="unused"), TrainerState(), TrainerControl()
+    with caplog.at_level("WARNING", logger="baton.client"):
+        callback.on_train_begin(args, state, control)
+    assert "call watch(trainer)" in caplog.text and callback.holding
+    callback.on_step_end(args, state, control)  # nothing follows: the turn ends here
+    assert not callback.holding and baton.events == ["acquire", "yield"]
