@@ -219,19 +219,21 @@ class TorchParker:
         return self._layout
 
     def _copy(self, sources: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
-        """`target.copy_(source)` for each pair: on the CPU in one call; on CUDA on several
-        streams, one sync at the end."""
-        if not sources:
+        """`target.copy_(source)` for each pair: the CPU ones in one call; the CUDA ones on
+        several streams, one sync at the end."""
+        pairs = list(zip(sources, targets, strict=True))
+        cuda = [p for p in pairs if p[0].is_cuda or p[1].is_cuda]
+        if len(cuda) < len(pairs):
+            cpu = [p for p in pairs if not (p[0].is_cuda or p[1].is_cuda)]
+            torch._foreach_copy_([dst for _, dst in cpu], [src for src, _ in cpu])
+        if not cuda:
             return
-        if not any(t.is_cuda for t in (sources[0], targets[0])):
-            torch._foreach_copy_(targets, sources)
-            return
-        device = sources[0].device if sources[0].is_cuda else targets[0].device
+        device = cuda[0][0].device if cuda[0][0].is_cuda else cuda[0][1].device
         current = torch.cuda.current_stream(device)
-        streams = [torch.cuda.Stream(device) for _ in range(min(self.streams, len(sources)))]
+        streams = [torch.cuda.Stream(device) for _ in range(min(self.streams, len(cuda)))]
         for stream in streams:
             stream.wait_stream(current)  # after the tenant's own queued work
-        for i, (src, dst) in enumerate(zip(sources, targets, strict=True)):
+        for i, (src, dst) in enumerate(cuda):
             with torch.cuda.stream(streams[i % len(streams)]):
                 dst.copy_(src, non_blocking=True)
         torch.cuda.synchronize(device)
