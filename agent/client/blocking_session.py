@@ -8,23 +8,22 @@ turn and reconnects after the agent restarts; what each of those does to the tur
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import logging
 import socket as socketlib
 import threading
+import time
+import weakref
 from collections.abc import Callable, Sequence
 
 from agent.client.call_link import CallLink
+from agent.client.callback_runner import CLOSE_WAIT_S, CallbackRunner, CallbackTiming
 from agent.client.connect import CLIENT_VERSION
 from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.session_core import SessionCore
-from agent.client.types import (
-    Callback,
-    Identity,
-    LeaseInfo,
-    add_callbacks,
-    run_callback_blocking,
-)
+from agent.client.types import Callback, Identity, LeaseInfo, add_callbacks
 from agent.wire import framing
 from agent.wire.handshake import handshake_path, read_token_line
 from baton._pb import agent_pb2 as pb
@@ -103,12 +102,23 @@ class BlockingSession:
         """Guards the core, the calls and the socket, shared by the caller and the reader."""
         self._calls: dict[int, BackgroundCall] = {}
         self._reader: threading.Thread | None = None
+        self._callbacks_run = CallbackRunner(self._callbacks, self._answer)
+        """Runs park/restore callbacks on the reader thread; closing waits for the one in
+        flight."""
+        self.close_wait = CLOSE_WAIT_S
+        """How long `close()` waits for a park or restore in flight."""
+        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
         self.register_callbacks(on_park=on_park, on_restore=on_restore)
 
     @property
     def lease(self) -> LeaseInfo | None:
         """The turn held now, if any."""
         return self._core.lease
+
+    @property
+    def callback_timings(self) -> list[CallbackTiming]:
+        """When the latest park/restore callbacks were read, ran and were answered."""
+        return list(self._callbacks_run.timings)
 
     @property
     def resuming(self) -> bool:
@@ -134,6 +144,7 @@ class BlockingSession:
             if self._reader is not None:
                 return
             reader = self._open()
+            atexit.register(self._at_exit)
             self._reader = threading.Thread(
                 target=self._supervise, args=(reader,), name="baton-client", daemon=True
             )
@@ -270,9 +281,7 @@ class BlockingSession:
         if kind == "reply":
             self._on_reply(message.reply)
         elif kind == "callback":
-            threading.Thread(
-                target=self._run_callback, args=(message.callback,), daemon=True
-            ).start()
+            self._callbacks_run.run(message.callback, time.time())
         else:
             with self._state:
                 self._core.pushed(message)
@@ -288,8 +297,7 @@ class BlockingSession:
             with contextlib.suppress(AgentUnavailable):
                 self._send(pb.ClientMessage(request=release))
 
-    def _run_callback(self, request: pb.Callback) -> None:
-        result = run_callback_blocking(self._callbacks.get(request.action), request)
+    def _answer(self, result: pb.CallbackResult) -> None:
         with contextlib.suppress(AgentUnavailable):
             self._send(pb.ClientMessage(callback_result=result))
 
@@ -347,8 +355,14 @@ class BlockingSession:
         self._background(pb.Request(renew=pb.RenewRequest(lease_id=lease.lease_id)), done)
 
     def close(self) -> None:
-        """End the session; the agent releases this process's turn and queue places."""
+        """End the session; the agent releases this process's turn and queue places.
+
+        A park or restore in flight finishes (and is answered) first, up to `close_wait`
+        seconds; callbacks asked for after this are refused. Runs at interpreter exit too.
+        """
         self._closed.set()
+        atexit.unregister(self._at_exit)
+        self._callbacks_run.close(self.close_wait)
         with self._state:
             sock = self._sock
         if sock is not None:
@@ -356,3 +370,10 @@ class BlockingSession:
         reader = self._reader
         if reader is not None and reader is not threading.current_thread():
             reader.join(timeout=5)
+
+
+def _close_at_exit(session: weakref.ref[BlockingSession]) -> None:
+    """Close a session the program left open, so no callback runs while the interpreter ends."""
+    live = session()
+    if live is not None:
+        live.close()

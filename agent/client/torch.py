@@ -9,11 +9,11 @@
         train_step()
 
 On park every storage behind the registered modules (parameters, gradients, buffers),
-optimizers (their state) and tensors is copied into a host buffer allocated on the first park
-and reused after, and the device storage is freed (resized to 0 bytes); restore allocates it
-again and copies the bytes back. On CUDA the host buffers are pinned, the copies are
-non-blocking and spread over several streams, with one synchronisation at the end, and freed
-blocks go back to the driver. On the CPU the same code moves the bytes the same way.
+optimizers (their state) and tensors is copied into one host buffer allocated on the first park
+and reused while the storages stay the same, and the device storage is freed (resized to 0
+bytes); restore allocates it again and copies the bytes back. On CUDA the host buffer is pinned,
+the copies are non-blocking and spread over several streams, with one synchronisation at the
+end, and freed blocks go back to the driver. On the CPU one call copies every storage.
 Needs torch (`pip install 'baton-gpu[torch]'`).
 """
 
@@ -95,8 +95,8 @@ class TorchParker:
         self.device = torch.device(device) if device is not None else None
         self.streams = max(1, streams)
         self.stats = MoveStats()
-        self._host: list[torch.Tensor] = []
-        """Host buffers, one per parked storage in order; allocated once, reused after."""
+        self._layout: _Layout | None = None
+        """The last park's byte views and host buffers, reused while the storages stay."""
         self._parked: list[tuple[torch.UntypedStorage, int]] = []
         self._is_parked = False
         """True between a park and its restore, even one that found nothing to move."""
@@ -160,30 +160,19 @@ class TorchParker:
             if self._is_parked:
                 raise ParkError("already parked: restore before parking again")
             start = time.perf_counter()
-            with torch.no_grad():  # a numpy view since registration also pins a storage's size
-                self.stats.copied_bytes += _make_resizable(
-                    t for src in self.sources for t in tensors_of(src) if self._on_device(t)
-                )
-            storages = self.storages()
+            storages = self._resizable_storages()
             before = _reserved(storages)
-            fixed = [s for s in storages if not s.resizable()]
-            if fixed:  # refuse before moving anything: a half-done park frees nothing
-                raise ParkError(
-                    f"{len(fixed)} storages ({sum(s.nbytes() for s in fixed)} bytes) cannot be"
-                    " resized, so a park cannot free them (memory-mapped weights, numpy"
-                    " arrays): register them with add(), which copies them once"
-                )
-            pairs = [(s, self._buffer(i, s)) for i, s in enumerate(storages)]
-            self._copy([(_bytes_of(s), host) for s, host in pairs])
-            for storage, _host in pairs:
+            layout = self._layout_for(storages)
+            self._copy(layout.device, layout.host)
+            for storage in storages:
                 storage.resize_(0)
-            self._parked = [(s, s_host.numel()) for s, s_host in pairs]
+            self._parked = [(s, n) for s, n in zip(storages, layout.sizes, strict=True)]
             self._is_parked = True
             _release_cached(storages)
             if before is not None:
                 self.stats.reserved_before_park = before
                 self.stats.reserved_after_park = _reserved(storages) or 0
-            moved = sum(n for _, n in self._parked)
+            moved = sum(layout.sizes)
             self.stats.parks += 1
             self.stats.parked_bytes += moved
             self.stats.park_s += time.perf_counter() - start
@@ -197,8 +186,8 @@ class TorchParker:
             start = time.perf_counter()
             for storage, nbytes in self._parked:
                 storage.resize_(nbytes)
-            pairs = [(self._host[i], _bytes_of(s)) for i, (s, _) in enumerate(self._parked)]
-            self._copy(pairs)
+            assert self._layout is not None
+            self._copy(self._layout.host, self._layout.device)
             moved = sum(n for _, n in self._parked)
             self._parked = []
             self._is_parked = False
@@ -207,25 +196,44 @@ class TorchParker:
             self.stats.restore_s += time.perf_counter() - start
             return moved
 
-    def _buffer(self, i: int, storage: torch.UntypedStorage) -> torch.Tensor:
-        """The host buffer for the i-th storage: the one from the last park if it still fits."""
-        nbytes = storage.nbytes()
-        if i < len(self._host) and self._host[i].numel() == nbytes:
-            return self._host[i]
-        pin = storage.device.type == "cuda"
-        host = torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=pin)
-        if i < len(self._host):
-            self._host[i] = host
-        else:
-            self._host.append(host)
-        return host
+    def _resizable_storages(self) -> list[torch.UntypedStorage]:
+        """`storages()`, after copying any that cannot be resized (a numpy view since
+        registration pins a storage's size too); `ParkError` before moving anything if some
+        still cannot be, since a half-done park frees nothing."""
+        storages = self.storages()
+        if all(s.resizable() for s in storages):
+            return storages
+        with torch.no_grad():
+            self.stats.copied_bytes += _make_resizable(
+                t for src in self.sources for t in tensors_of(src) if self._on_device(t)
+            )
+        storages = self.storages()
+        fixed = [s for s in storages if not s.resizable()]
+        if fixed:
+            raise ParkError(
+                f"{len(fixed)} storages ({sum(s.nbytes() for s in fixed)} bytes) cannot be"
+                " resized, so a park cannot free them (memory-mapped weights, numpy"
+                " arrays): register them with add(), which copies them once"
+            )
+        return storages
 
-    def _copy(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """`dst.copy_(src)` for each pair; on CUDA on several streams, one sync at the end."""
+    def _layout_for(self, storages: list[torch.UntypedStorage]) -> _Layout:
+        """Byte views over `storages` and their host buffers: the last park's if the storages
+        are the same (the usual case), new ones otherwise."""
+        key = [(s._cdata, s.nbytes()) for s in storages]
+        if self._layout is None or self._layout.key != key:
+            self._layout = None  # let the old buffers go before allocating new ones
+            self._layout = _Layout.build(storages, key)
+        return self._layout
+
+    def _copy(self, sources: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
+        """`target.copy_(source)` for each pair: the CPU ones in one call; the CUDA ones on
+        several streams, one sync at the end."""
+        pairs = list(zip(sources, targets, strict=True))
         cuda = [p for p in pairs if p[0].is_cuda or p[1].is_cuda]
-        for src, dst in pairs:
-            if not (src.is_cuda or dst.is_cuda):
-                dst.copy_(src)
+        if len(cuda) < len(pairs):
+            cpu = [p for p in pairs if not (p[0].is_cuda or p[1].is_cuda)]
+            torch._foreach_copy_([dst for _, dst in cpu], [src for src, _ in cpu])
         if not cuda:
             return
         device = cuda[0][0].device if cuda[0][0].is_cuda else cuda[0][1].device
@@ -237,6 +245,29 @@ class TorchParker:
             with torch.cuda.stream(streams[i % len(streams)]):
                 dst.copy_(src, non_blocking=True)
         torch.cuda.synchronize(device)
+
+
+@dataclass
+class _Layout:
+    """One park's storages as byte views, and one host buffer split into a view for each.
+
+    Kept between parks: the views hold the storages (so a storage cannot be freed and another
+    take its place unseen) and the host buffer is reused.
+    """
+
+    key: list[tuple[int, int]]
+    """Each storage's identity and size, as parked."""
+    device: list[torch.Tensor]
+    host: list[torch.Tensor]
+    sizes: list[int]
+
+    @classmethod
+    def build(cls, storages: list[torch.UntypedStorage], key: list[tuple[int, int]]) -> _Layout:
+        sizes = [n for _, n in key]
+        pin = any(s.device.type == "cuda" for s in storages)
+        buffer = torch.empty(sum(sizes), dtype=torch.uint8, device="cpu", pin_memory=pin)
+        host = list(buffer.split(sizes)) if sizes else []
+        return cls(key, [_bytes_of(s) for s in storages], host, sizes)
 
 
 def _make_resizable(tensors: Iterable[torch.Tensor]) -> int:

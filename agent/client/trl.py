@@ -5,21 +5,24 @@
     baton = BatonCallback()                 # Baton() from the environment, parks via TorchParker
     with baton.turn():                      # the trainer places the model inside a turn
         trainer = GRPOTrainer(..., reward_funcs=[baton.off_turn(verify)], callbacks=[baton])
-        baton.watch(trainer)                # park its model and reference model too
+        baton.watch(trainer)                # its callbacks, model and reference model
     trainer.train()                         # one turn per optimizer step
     with baton.turn():
         trainer.save_model(out)
 
-A turn starts at `on_step_begin` (generation, rewards, reference log-probs, forward/backward and
-the optimizer step all fall inside) and ends after the step's device work: at `on_step_end`, or
-after the logging, evaluation and saving the step's control asks for, or at `on_train_end` after
-the last step. Needs transformers (`pip install 'baton-gpu[trl]'`).
+`watch(trainer)` wraps the trainer's callback handler: a step's turn begins before the first
+callback of `on_step_begin` and ends after the last callback of the step's last event
+(`on_step_end`, or the logging, evaluation and saving the step's control asks for, or
+`on_train_end` after the last step), whatever the callbacks' order, so TRL's own callbacks
+(`SyncRefModelCallback`) and the user's run inside it. Needs transformers
+(`pip install 'baton-gpu[trl]'`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -29,7 +32,29 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from agent.client.sync import Baton
 from agent.client.torch import TorchParker
 
+log = logging.getLogger("baton.client")
+
 F = TypeVar("F", bound=Callable[..., Any])
+
+BEGINS_TURN = frozenset({"on_train_begin", "on_step_begin", "on_epoch_end"})
+"""Events whose callbacks all run inside a turn, taken before the first of them."""
+MAY_END_TURN = frozenset(
+    {"on_step_end", "on_log", "on_evaluate", "on_save", "on_epoch_end", "on_train_end"}
+)
+"""Events after whose last callback the turn ends, unless device work follows."""
+
+
+def device_work_follows(event: str, args: TrainingArguments, control: TrainerControl) -> bool:
+    """Whether the trainer touches the device after `event`'s callbacks before the next step:
+    logging (`.item()` on the loss), evaluation, saving, or the end of training (the final loss
+    read, the best model loaded); after an evaluation a `save_strategy="best"` may still save."""
+    if event == "on_train_end":
+        return False
+    if control.should_evaluate or control.should_save or control.should_training_stop:
+        return True
+    if event in ("on_step_end", "on_epoch_end") and control.should_log:
+        return True
+    return event == "on_evaluate" and args.save_strategy == "best"
 
 
 class BatonCallback(TrainerCallback):
@@ -56,6 +81,9 @@ class BatonCallback(TrainerCallback):
         self.turns: list[list[Any]] = []
         self._held: contextlib.ExitStack | None = None
         self._watched: set[int] = set()
+        self._wired = False
+        """True once a trainer's callback handler takes and ends the turns (`watch`)."""
+        self._dispatching = 0
 
     @property
     def holding(self) -> bool:
@@ -95,19 +123,46 @@ class BatonCallback(TrainerCallback):
             self.end()
 
     def watch(self, *sources: Any) -> None:
-        """Park these too: a `Trainer` (its model and any `ref_model`), modules, optimizers."""
-        if self.parker is None:
-            return
+        """Take the turns around a `Trainer`'s callbacks, and park its model and any
+        `ref_model`; park modules and optimizers given too."""
         for source in sources:
-            found = (
-                [source.model, getattr(source, "ref_model", None)]
-                if _is_trainer(source)
-                else [source]
-            )
+            trainer = _is_trainer(source)
+            if trainer:
+                self._wire(source.callback_handler)
+            if self.parker is None:
+                continue
+            found = [source.model, getattr(source, "ref_model", None)] if trainer else [source]
             for item in found:
                 if item is not None and id(item) not in self._watched:
                     self._watched.add(id(item))
                     self.parker.add(item)
+
+    def _wire(self, handler: Any) -> None:
+        """Wrap the handler's dispatch: the turn begins before an event's first callback and
+        ends after its last, so the order of the callbacks does not matter."""
+        if getattr(handler, "_baton_turns", None) is self:
+            return
+        dispatch = handler.call_event
+
+        def call_event(
+            event: str, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+            **kw: Any,
+        ) -> TrainerControl:  # fmt: skip
+            if event in BEGINS_TURN:
+                self.begin()
+            self._dispatching += 1  # an event raised inside another's callback ends nothing
+            try:
+                control = dispatch(event, args, state, control, **kw)
+            finally:
+                self._dispatching -= 1
+            last = self._dispatching == 0
+            if last and event in MAY_END_TURN and not device_work_follows(event, args, control):
+                self.end()
+            return control
+
+        handler.call_event = call_event
+        handler._baton_turns = self
+        self._wired = True
 
     def off_turn(self, fn: F) -> F:
         """Wrap a plain-Python reward function so the GPU goes to another job while it runs."""
@@ -129,56 +184,60 @@ class BatonCallback(TrainerCallback):
         self.end()
         self.baton.close()
 
-    # The trainer's hooks.
+    # The trainer's hooks: with `watch(trainer)` the wrapped handler takes the turns instead.
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self.begin()
+        if not self._wired:
+            log.warning(
+                "BatonCallback: call watch(trainer) before train(); until then callbacks after "
+                "BatonCallback's (TRL's SyncRefModelCallback among them) run outside the turn"
+            )
+            self.begin()
         self.watch(*(kw[k] for k in ("model", "optimizer") if kw.get(k) is not None))
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self.begin()
+        if not self._wired:
+            self.begin()
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self._end_unless(control, log=True)
+        self._end_unless("on_step_end", args, control)
 
     def on_epoch_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        if control.should_log or control.should_evaluate or control.should_save:
+        if not self._wired and device_work_follows("on_epoch_end", args, control):
             self.begin()  # the epoch's logging, evaluation or saving touch the device
-        self._end_unless(control, log=True)
+        self._end_unless("on_epoch_end", args, control)
 
     def on_log(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self._end_unless(control, log=False)
+        self._end_unless("on_log", args, control)
 
     def on_evaluate(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self._end_unless(control, log=False)
+        self._end_unless("on_evaluate", args, control)
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self._end_unless(control, log=False)
+        self._end_unless("on_save", args, control)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self.end()
+        self._end_unless("on_train_end", args, control)
 
-    def _end_unless(self, control: TrainerControl, *, log: bool) -> None:
-        """End the turn unless device work follows: logging (`.item()` on the loss), evaluation,
-        saving, or the end of training (the final loss read, the best model loaded)."""
-        more = control.should_evaluate or control.should_save or control.should_training_stop
-        if not (more or (log and control.should_log)):
+    def _end_unless(self, event: str, args: TrainingArguments, control: TrainerControl) -> None:
+        """Unwired: end the turn at this callback unless device work follows."""
+        if not self._wired and not device_work_follows(event, args, control):
             self.end()
 
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from baton.bench.handovers import summary as handover_summary
 from baton.demo.train import (
     Outcome,
     Spec,
@@ -158,6 +159,7 @@ def summarize(
         "idle_s": round(window * (1 - timesliced), 3),
         "idle_while_waited_s": round(sum(waits), 3),
         "grant_wait_p50_ms": round(waits[len(waits) // 2] * 1000, 2) if waits else 0.0,
+        **handover_summary(reports, shared.moves, t0, t1),
         "per_tenant": per_tenant,
     }
 
@@ -165,7 +167,8 @@ def summarize(
 async def _run(config: TrainMix | TrlMix) -> dict[str, Any]:
     specs = config.specs()
     alone = await run_alone(specs)
-    shared = await run_shared(specs, fits=len(specs) - 1)
+    fits = getattr(config, "fits", 0) or len(specs) - 1
+    shared = await run_shared(specs, fits=fits)
     largest = max(r["footprint_bytes"] for r in shared.reports)
     return summarize(specs, alone, shared, copy_gbps(largest, config.device))
 

@@ -192,7 +192,10 @@ Opt = typer.Option
 
 
 def bench_train(
-    tenants: Annotated[int, Opt(min=2, max=7, help="Tenants, GRPO and SFT in turn.")] = 3,
+    tenants: Annotated[
+        int | None,
+        Opt(min=2, max=7, help="Tenants, GRPO and SFT in turn (default 3; 4 in --mix short)."),
+    ] = None,
     steps: Annotated[int | None, Opt(min=2, help="Training steps of each tenant.")] = None,
     device: Annotated[str, Opt(help="Where tenants train: cpu, or cuda.")] = "cpu",
     d_model: Annotated[int | None, Opt(min=8, help="Model width.")] = None,
@@ -209,6 +212,13 @@ def bench_train(
     framework: Annotated[
         str, Opt(help="torch (our own loops) or trl (TRL's SFTTrainer and GRPOTrainer).")
     ] = "torch",
+    mix: Annotated[
+        str,
+        Opt(
+            help="With --framework trl: default, or short (4 jobs of ~0.1 s steps, nothing "
+            "off-turn, a GPU that holds one: every turn a handover)."
+        ),
+    ] = "default",
     as_json: AsJson = False,
 ) -> None:
     """Real SFT and GRPO tenants alone, then sharing one device: duty, GB/s, bit-exactness.
@@ -230,22 +240,25 @@ def bench_train(
         "sft_off_s": sft_off_s,
     }  # fmt: skip
     config: Any = TrainMix(
-        tenants=tenants, device=device, **{k: v for k, v in given.items() if v is not None}
+        tenants=tenants or 3, device=device, **{k: v for k, v in given.items() if v is not None}
     )
     if framework == "trl":
         import importlib.util
 
-        from baton.demo.trl import TrlMix
+        from baton.demo.trl import trl_mix
 
         if importlib.util.find_spec("trl") is None:
             typer.echo("--framework trl needs TRL: pip install 'baton-gpu[trl]'", err=True)
             raise typer.Exit(1)
-        trl_given: dict[str, Any] = {
-            "steps": steps, "grpo_off_s": grpo_off_s, "sft_off_s": sft_off_s,
-        }  # fmt: skip
-        config = TrlMix(
-            tenants=tenants, device=device, **{k: v for k, v in trl_given.items() if v is not None}
-        )
+        try:
+            config = trl_mix(
+                mix, tenants=tenants, steps=steps, device=device, grpo_off_s=grpo_off_s,
+                sft_off_s=sft_off_s,
+            )  # fmt: skip
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+    elif mix != "default":
+        raise typer.BadParameter("--mix applies to --framework trl only")
     try:
         figures = run(config)
     except TrainRunError as e:

@@ -52,11 +52,12 @@ def test_park_moves_every_storage_out_and_back_through_reused_buffers() -> None:
     assert all(t.untyped_storage().nbytes() == 0 for t in tensors)
     with pytest.raises(ParkError, match="already parked"):
         parker.park("gpu")
-    buffers = [b.data_ptr() for b in parker._host]
+    assert parker._layout is not None
+    buffers = [b.data_ptr() for b in parker._layout.host]
     assert parker.restore("gpu") == footprint
     assert all(torch.equal(a, b) for a, b in zip(before, tensors, strict=True))
     parker.park("gpu")
-    assert [b.data_ptr() for b in parker._host] == buffers  # allocated once, reused
+    assert [b.data_ptr() for b in parker._layout.host] == buffers  # allocated once, reused
     parker.restore("gpu")
     with pytest.raises(ParkError, match="not parked"):
         parker.restore("gpu")
@@ -65,6 +66,28 @@ def test_park_moves_every_storage_out_and_back_through_reused_buffers() -> None:
 
 
 @needs_torch
+def test_a_park_after_the_tensors_changed_moves_the_ones_there_now() -> None:
+    import torch
+
+    from agent.client.torch import TorchParker
+
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    parker = TorchParker(model, optimizer)
+    parker.park("gpu")
+    parker.restore("gpu")
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()  # gradients and momentum buffers appear: new storages
+    assert model.weight.grad is not None and model.bias.grad is not None
+    tensors = [model.weight, model.bias, model.weight.grad, model.bias.grad]
+    tensors += [v for state in optimizer.state.values() for v in state.values()]
+    before = [t.clone() for t in tensors]
+    assert parker.park("gpu") == sum(t.numel() * t.element_size() for t in tensors)
+    assert all(t.untyped_storage().nbytes() == 0 for t in tensors)
+    parker.restore("gpu")
+    assert all(torch.equal(a, b) for a, b in zip(before, tensors, strict=True))
+
+
 def test_a_park_asked_during_a_turn_waits_for_its_work() -> None:
     import torch
 

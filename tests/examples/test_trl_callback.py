@@ -59,7 +59,9 @@ def test_every_device_phase_of_a_grpo_step_is_inside_a_turn(tmp_path: Path) -> N
 
         return callback.off_turn(reward)
 
-    config = TrlConfig(kind="grpo", seed=3, batch=4, group=4, accumulation=2, iterations=2)
+    config = TrlConfig(
+        kind="grpo", seed=3, batch=4, group=4, accumulation=2, iterations=2, off_s=0.001
+    )
     with callback.turn():
         job = trainer(config, 3, tmp_path, [Probe(), callback], wrap)
         callback.watch(job)
@@ -79,3 +81,68 @@ def test_every_device_phase_of_a_grpo_step_is_inside_a_turn(tmp_path: Path) -> N
     assert baton.events.count("acquire") == baton.events.count("yield") >= 4
     assert callback.parker is not None and callback.parker.stats.copied_bytes > 0
     assert all(t[2] <= t[3] for t in callback.turns)
+
+
+@needs_trl
+@pytest.mark.timeout(120)
+def test_callbacks_before_and_after_batons_and_trls_reference_sync_run_inside_the_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL lists its SyncRefModelCallback after the user's callbacks; on steps that do not log,
+    the turn used to end at BatonCallback's own on_step_end, before them."""
+    from transformers import TrainerCallback
+    from trl.trainer.callbacks import SyncRefModelCallback
+
+    from agent.client.trl import BatonCallback
+    from agent.examples.trl_train.jobs import TrlConfig, deterministic, trainer
+
+    deterministic()
+    callback = BatonCallback(Recorder())  # type: ignore[arg-type]
+    seen: dict[str, list[bool]] = {"early step begin": [], "late step end": [], "sync": []}
+
+    built: list[Any] = []
+
+    class Early(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            seen["early step begin"].append(callback.holding)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            built[0].log({"probe": 1.0})  # an event inside an event: on_log must end nothing
+
+    class Late(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            seen["late step end"].append(callback.holding)
+
+    sync = SyncRefModelCallback.sync_target_model
+
+    def recorded_sync(model: Any, target: Any, alpha: float) -> None:
+        seen["sync"].append(callback.holding)
+        sync(model, target, alpha)
+
+    monkeypatch.setattr(SyncRefModelCallback, "sync_target_model", staticmethod(recorded_sync))
+    config = TrlConfig(kind="grpo", seed=4, batch=4, group=4, sync_ref_steps=1, log_steps=3)
+    with callback.turn():
+        job = trainer(config, 4, tmp_path, [Early(), callback, Late()], callback.off_turn)
+        callback.watch(job)
+    built.append(job)
+    job.train()
+    assert seen == {key: [True] * 4 for key in seen}
+    assert not callback.holding
+
+
+@needs_trl
+def test_a_callback_whose_trainer_was_not_watched_says_so_and_still_takes_turns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from agent.client.trl import BatonCallback
+
+    baton = Recorder()
+    callback = BatonCallback(baton, park=False)  # type: ignore[arg-type]
+    args, state, control = TrainingArguments(output_dir="unused"), TrainerState(), TrainerControl()
+    with caplog.at_level("WARNING", logger="baton.client"):
+        callback.on_train_begin(args, state, control)
+    assert "call watch(trainer)" in caplog.text and callback.holding
+    callback.on_step_end(args, state, control)  # nothing follows: the turn ends here
+    assert not callback.holding and baton.events == ["acquire", "yield"]

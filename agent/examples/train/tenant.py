@@ -39,6 +39,9 @@ class Report:
     params_sha256: str = ""
     footprint_bytes: int = 0
     moves: dict[str, float] = field(default_factory=dict)
+    callbacks: list[list[Any]] = field(default_factory=list)
+    """The park/restore callbacks the agent asked for: action, read, started, finished,
+    answered (wall-clock seconds), bytes (`Baton.callback_timings`)."""
     started: float = 0.0
     ended: float = 0.0
 
@@ -190,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         report = train(turns, args.steps, float(command[1]))
         report.params_sha256, report.footprint_bytes = turns.final()
         report.moves = asdict(parker.stats)
+        report.callbacks = [list(t) for t in getattr(baton, "callback_timings", [])]
         say(event="done", tenant_id=tenant_id, name=args.name, kind=args.kind, **asdict(report))
         if not args.go:  # stay connected until every tenant of the run is done
             sys.stdin.readline()

@@ -8,7 +8,7 @@ import hashlib
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,19 @@ class TrlConfig:
     lr: float = 1e-3
     off_s: float = 0.0
     """A modelled wait per step, run off-turn: GRPO's inside its reward function (a remote
-    verifier), SFT's before each step (fetching the next batch)."""
+    verifier), SFT's per batch fetched (before the step's turn)."""
+    sync_ref_steps: int = 0
+    """GRPO: above 0, `sync_ref_model` mixes the policy into the reference model every so many
+    steps (TRL's `SyncRefModelCallback`, which TRL lists after the user's callbacks)."""
+    eval_steps: int = 0
+    """Above 0, evaluate on held-out prompts every so many steps."""
+    save_steps: int = 0
+    """Above 0, write a checkpoint (model, optimizer, RNG) every so many steps."""
+    log_steps: int = 1
+    """Log the loss every so many steps (each logged figure averages the steps since the last)."""
+    user_s: float = 0.0
+    """Above 0, a callback of the user's listed after Baton's: at each step's end it waits this
+    long, then folds the weights into an average it keeps on the device."""
     device: str = "cpu"
 
     def params(self) -> int:
@@ -138,52 +150,91 @@ def reverse_reward(off_s: float = 0.0) -> Any:
     return reward
 
 
-def data_wait(off_s: float, wrap: Any) -> Any:
-    """A callback that waits `off_s` at each step's start, off-turn (listed before the
-    `BatonCallback`; `wrap` hands back a turn held since the training began): SFT's modelled
-    fetch of the next batch, as the torch SFT job's `off_s`."""
-    from transformers import TrainerCallback
+def reward(config: TrlConfig, wrap: Any) -> Any:
+    """GRPO's reward, wrapped to run off-turn when it models a slow verifier (`off_s`); plain
+    scoring takes microseconds, and handing the turn back around it would cost a switch."""
+    scoring = reverse_reward(config.off_s)
+    return wrap(scoring) if config.off_s else scoring
+
+
+def data_wait(collate: Any, off_s: float, wrap: Any) -> Any:
+    """`collate` after a wait of `off_s` per batch, off-turn (`wrap` hands back a turn held
+    since the training began): SFT's modelled fetch of its next batch, as the torch SFT job's
+    `off_s`. The trainer fetches a step's batches before the step's turn begins."""
 
     @wrap
-    def fetch() -> None:
+    def fetch(features: Any) -> Any:
         time.sleep(off_s)
+        return collate(features)
 
-    class DataWait(TrainerCallback):
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            fetch()
+    return fetch
 
-    return DataWait()
+
+def weight_average(wait_s: float) -> Any:
+    """A user's callback: at each step's end, wait `wait_s`, then fold the model's weights into
+    an exponential average kept beside them on the device (reads the weights, writes its own)."""
+    import torch
+    from transformers import TrainerCallback
+
+    class WeightAverage(TrainerCallback):
+        average: list[Any] | None = None
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            time.sleep(wait_s)
+            params = [p.detach() for p in kw["model"].parameters()]
+            with torch.no_grad():
+                if self.average is None:
+                    self.average = [p.clone() for p in params]
+                else:
+                    torch._foreach_lerp_(self.average, params, 0.1)
+
+    return WeightAverage()
+
+
+def options(config: TrlConfig, steps: int, workdir: Path) -> dict[str, Any]:
+    """The `TrainingArguments` every job shares: steps, seeds, logging, evaluation, saving."""
+    return dict(
+        output_dir=str(workdir / "out"), max_steps=steps or 10**6, learning_rate=config.lr,
+        seed=config.seed, data_seed=config.seed, use_cpu=config.device == "cpu",
+        report_to="none", logging_steps=config.log_steps, disable_tqdm=True,
+        gradient_accumulation_steps=config.accumulation, dataloader_num_workers=0,
+        save_strategy="steps" if config.save_steps else "no", save_steps=config.save_steps or 500,
+        eval_strategy="steps" if config.eval_steps else "no", eval_steps=config.eval_steps or None,
+        per_device_eval_batch_size=config.batch,
+    )  # fmt: skip
 
 
 def trainer(config: TrlConfig, steps: int, workdir: Path, callbacks: list[Any], wrap: Any) -> Any:
     """An `SFTTrainer` or `GRPOTrainer` for `steps` optimizer steps; `wrap` wraps the reward."""
-    common: dict[str, Any] = dict(
-        output_dir=str(workdir / "out"), max_steps=steps or 10**6, learning_rate=config.lr,
-        seed=config.seed, data_seed=config.seed, use_cpu=config.device == "cpu",
-        report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
-        gradient_accumulation_steps=config.accumulation, dataloader_num_workers=0,
-    )  # fmt: skip
+    common = options(config, steps, workdir)
+    if config.user_s:
+        callbacks = [*callbacks, weight_average(config.user_s)]
     rows = min(steps or 64, 64) * config.batch * config.accumulation * 2  # epochs repeat
+    held_out = dataset(replace(config, seed=config.seed + 1), config.batch * 2)
+    evaluation = {"eval_dataset": held_out} if config.eval_steps else {}
     if config.kind == "sft":
         from trl import SFTConfig, SFTTrainer
 
         sft = SFTConfig(per_device_train_batch_size=config.batch, max_length=32, **common)
-        return quiet(SFTTrainer(
+        job = quiet(SFTTrainer(
             model=model(config, workdir), args=sft, train_dataset=dataset(config, rows),
-            processing_class=tokenizer(),
-            callbacks=[data_wait(config.off_s, wrap), *callbacks] if config.off_s else callbacks,
+            processing_class=tokenizer(), callbacks=callbacks, **evaluation,
         ))  # fmt: skip
+        if config.off_s:
+            job.data_collator = data_wait(job.data_collator, config.off_s, wrap)
+        return job
     from trl import GRPOConfig, GRPOTrainer
 
     grpo = GRPOConfig(
         per_device_train_batch_size=config.batch, num_generations=config.group,
         max_completion_length=config.digits + 1, beta=config.beta,
-        num_iterations=config.iterations, **common,
+        num_iterations=config.iterations, sync_ref_model=config.sync_ref_steps > 0,
+        ref_model_sync_steps=config.sync_ref_steps or 512, **common,
     )  # fmt: skip
     return quiet(GRPOTrainer(
-        model=model(config, workdir), reward_funcs=[wrap(reverse_reward(config.off_s))],
+        model=model(config, workdir), reward_funcs=[reward(config, wrap)],
         args=grpo, train_dataset=dataset(config, rows), processing_class=tokenizer(),
-        callbacks=callbacks,
+        callbacks=callbacks, **evaluation,
     ))  # fmt: skip
 
 

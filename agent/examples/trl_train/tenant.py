@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -181,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             report.footprint_bytes = callback.parker.footprint_bytes()
         report.turns = callback.turns[build_turns:-1]
         report.moves = asdict(callback.parker.stats)
+        report.callbacks = [list(t) for t in getattr(baton, "callback_timings", [])]
         say(event="done", tenant_id=tenant_id, name=args.name, kind=args.kind, **asdict(report))
         if not args.go:  # stay connected until every tenant of the run is done
             sys.stdin.readline()
@@ -190,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         callback.close()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

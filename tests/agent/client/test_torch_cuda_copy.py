@@ -59,7 +59,8 @@ def test_park_copies_start_after_the_whole_device_is_synchronised(monkeypatch):
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     parker = TorchParker(streams=2)
     pairs = [(FakeCudaTensor(f"w{i}", events), FakeHostTensor(f"h{i}", events)) for i in range(3)]
-    agent_thread = threading.Thread(target=parker._copy, args=(pairs,), name="callback")
+    sources, targets = [src for src, _ in pairs], [dst for _, dst in pairs]
+    agent_thread = threading.Thread(target=parker._copy, args=(sources, targets), name="callback")
     agent_thread.start()
     agent_thread.join(10)
     copies = [i for i, e in enumerate(events) if e.startswith("copy w")]
