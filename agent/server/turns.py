@@ -289,12 +289,14 @@ class TurnService(TurnState):
         live = self.table.waiters.keys() | self.table.leases.keys()
         self._resumes = {k: v for k, v in self._resumes.items() if v in live}
         self._resumes[lease.lease_id] = resume.waiter_id
-        self._start_turns(due)
         self.metrics.released(lease, self._clock(), revoked=True)
         self._publish(ev.REVOKED, lease.tenant_id, lease=lease, detail=why)
         reason = "held past the maximum hold time" if overdue else "a higher tier waits"
         revoked = pb.Revoked(lease_id=lease.lease_id, reason=reason)
         self.sessions.notify(lease.tenant_id, pb.AgentMessage(revoked=revoked))
+        # After the revocation is told: a grant made from the agent's model happens inside
+        # _start_turns, and its event must not come before the end of the turn it follows.
+        self._start_turns(due)
         self._changed()
 
 
