@@ -9,6 +9,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO
@@ -162,16 +163,35 @@ class LocalNode:
         return True if ready and not taints else None
 
     def close(self) -> None:
-        """Stop the kubelet, every container, containerd and the control plane; undo mounts."""
-        self.stop_kubelet()
-        self.containerd.stop()
-        clean_kubelet_dirs(self._created_kubelet_root)
-        remove_pod_cgroups()
+        """Stop the kubelet, every container, containerd and the control plane; undo mounts.
+
+        Every step runs even when one before it failed (a failure must not leave the rest
+        running or mounted); the first failure is raised at the end."""
+        failures: list[Exception] = []
+        steps: list[Callable[[], None]] = [
+            self.stop_kubelet,
+            self.containerd.stop,
+            lambda: clean_kubelet_dirs(self._created_kubelet_root),
+            remove_pod_cgroups,
+            self._remove_scratch,
+            self.plane.close,
+            stop_all,
+            self._restore_signals,
+            self._release_lock,
+        ]
+        for step in steps:
+            try:
+                step()
+            except Exception as err:  # each step must run
+                failures.append(err)
+        if failures:
+            raise failures[0]
+
+    def _remove_scratch(self) -> None:
         for directory in self._new_scratch:
             shutil.rmtree(directory, ignore_errors=True)
-        self.plane.close()
-        stop_all()
-        self._restore_signals()
+
+    def _release_lock(self) -> None:
         if self._lock is not None:
             self._lock.close()
             self._lock = None

@@ -172,7 +172,7 @@ state = "{self.state}"
         kill_shims(self.state)
         unmount_under(self.state, Path("/run/netns"), Path("/var/run/netns"))
         for netns in Path("/run/netns").glob("cni-*"):
-            netns.unlink(missing_ok=True)
+            remove_netns(netns)
         if Path(f"/sys/class/net/{BRIDGE}").exists():
             run(["ip", "link", "delete", BRIDGE], check=False)
         shutil.rmtree(self.state.parent, ignore_errors=True)
@@ -191,6 +191,20 @@ def kill_shims(state: Path) -> None:
         if "containerd-shim" in cmdline and str(state) in cmdline:
             with contextlib.suppress(OSError):
                 os.kill(int(proc.name), 9)
+
+
+def remove_netns(path: Path) -> None:
+    """Remove a pod's network namespace file; one mounted again since the unmount pass (a
+    sandbox the CNI plugin was still setting up) is detached lazily first."""
+    try:
+        path.unlink(missing_ok=True)
+        return
+    except OSError:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as err:
+        raise LocalNodeError(f"cannot remove network namespace {path}: {err.strerror}") from None
 
 
 def mounts_under(*roots: Path) -> list[str]:
