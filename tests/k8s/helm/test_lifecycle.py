@@ -188,5 +188,7 @@ def test_uninstall_leaves_only_what_the_docs_name(release: HelmNode) -> None:
         o["metadata"]["name"] for o in cluster_wide["items"] if "baton" in o["metadata"]["name"]
     ]
     assert baton == [], baton
+    gone = lambda: True if not release.get("resourceslices")["items"] else None  # noqa: E731
+    wait_for("the kubelet to delete the driver's ResourceSlice", gone, 90)
     kube_system = release.get("rolebindings", "-n", "kube-system")["items"]
     assert not [o for o in kube_system if o["metadata"]["name"].startswith("baton-")]
