@@ -92,7 +92,7 @@ def test_upgrade_restarts_the_agent_keeping_turns_and_parked_memory(release: Hel
         (node,) = json.loads(release.plugin("status", "-o", "json").stdout)["nodes"]
         status = agent_status()
         same = all(
-            sorted(g["tenants"]) == sorted(status["gpus"][g["uuid"]]["tenants"])
+            sorted(g["tenants"]) == sorted(status["gpus"].get(g["uuid"], {}).get("tenants", []))
             for g in node["gpus"]
         )
         return node if same else None
