@@ -30,9 +30,9 @@ HOLD = (
 WAIT = "from agent.client import Baton; b = Baton(); print('asking', flush=True); b.acquire()"
 # The agent serves its status on every address (not loopback only, as manifests/overlays/local
 # does): the API server's pod proxy, which `kubectl baton` reads agents through, refuses
-# loopback addresses.
+# loopback addresses. Turns last up to 5 min, so the why test's holder keeps its turn.
 VALUES = ["-f", str(CHART / "ci" / "local-dra-values.yaml"), "--set", "kubeletPlugin=auto",
-          "--set", "hostNetwork.listenHost="]  # fmt: skip
+          "--set", "hostNetwork.listenHost=", "--set", "agent.maxHoldSeconds=300"]  # fmt: skip
 WORKLOADS = ("daemonset/baton-agent", "daemonset/baton-dra", "deployment/baton-extender",
              "deployment/baton-scheduler")  # fmt: skip
 
