@@ -81,7 +81,7 @@ def test_upgrade_restarts_the_agent_keeping_turns_and_parked_memory(release: Hel
     test_claims = lambda: release.get("resourceclaims", "-n", names.NAMESPACE)["items"]  # noqa: E731
     wait_seen("the helm test pod's claim to go", test_claims, lambda left: not left, 60)
     release.apply(claim_template("helm-30g", NS, 30, 30, gpu_index=0))
-    release.apply(*(claim_tenant(p, NS, "helm-30g", steps=150) for p in TENANTS))
+    release.apply(*(claim_tenant(p, NS, "helm-30g", steps=30) for p in TENANTS))
     for pod in TENANTS:
         release.wait_phase(NS, pod, {"Running"}, 90)
     before = wait_seen(
