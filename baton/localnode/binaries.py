@@ -152,3 +152,16 @@ def _untar(packed: Path, into: Path) -> Path:
             raise LocalNodeError(f"{packed} lacks {', '.join(missing)}")
         part.rename(out)
     return out
+
+
+def find_helm() -> Path | None:
+    """Helm: `helm` in the search directory, else its packed `helm-v*-linux-amd64.xz` unpacked
+    into the cache, else None."""
+    for directory in search_dirs():
+        plain = directory / "helm"
+        if os.access(plain, os.X_OK):
+            return plain
+        packed = sorted(directory.glob("helm-v*-linux-amd64.xz"))
+        if packed:
+            return _unpack(packed[-1], cache_dir() / "bin")
+    return None

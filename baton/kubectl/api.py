@@ -1,0 +1,107 @@
+"""The API server as `kubectl baton` reads it: GETs with the user's kubeconfig, and refusals
+turned into one line naming the permission that is missing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from baton.contract.names import NAMESPACE, PORT_AGENT, PORT_EXTENDER
+
+
+class PluginError(RuntimeError):
+    """Something `kubectl baton` cannot do, in one line a user can act on."""
+
+
+class Forbidden(PluginError):
+    """The user's RBAC does not allow a read; the message names the verb and resource."""
+
+
+class NotFound(PluginError):
+    """The object asked for does not exist."""
+
+
+class Api(Protocol):
+    """What the commands need: GET a path of the API server as JSON."""
+
+    def get(self, path: str, **params: str) -> Any: ...
+
+
+def agent_status_path(pod: str, namespace: str = NAMESPACE) -> str:
+    """An agent's /v1/status through the API server's pod proxy."""
+    return f"/api/v1/namespaces/{namespace}/pods/{pod}:{PORT_AGENT}/proxy/v1/status"
+
+
+def inventory_path(namespace: str = NAMESPACE) -> str:
+    """The extender's /v1/inventory through the API server's service proxy."""
+    return (
+        f"/api/v1/namespaces/{namespace}/services/baton-extender:{PORT_EXTENDER}/proxy/v1/inventory"
+    )
+
+
+def refusal(status: int, body: str, path: str) -> PluginError:
+    """The error for an API answer `status` with `body` (a Status object, usually)."""
+    try:
+        message = str(json.loads(body).get("message") or "")
+    except (ValueError, AttributeError):
+        message = body.strip().splitlines()[0] if body.strip() else ""
+    if status == 403:
+        return Forbidden(f"forbidden: {message or f'GET {path}'}")
+    if status == 404:
+        return NotFound(message or f"not found: {path}")
+    return PluginError(f"the API server answered {status} to GET {path}: {message}")
+
+
+class KubeApi:
+    """GETs with the user's kubeconfig (and context), through the kubernetes client."""
+
+    def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        try:
+            config.load_kube_config(
+                config_file=kubeconfig,
+                context=context,
+                client_configuration=configuration,
+                persist_config=False,
+            )
+        except (config.ConfigException, OSError) as err:
+            raise PluginError(f"no usable kubeconfig: {err}") from None
+        self._configuration = configuration
+        self._client = client.ApiClient(configuration)
+        self.server = str(configuration.host)
+
+    def get(self, path: str, **params: str) -> Any:
+        """GET `path` (with query `params`) as JSON; PluginError with one line on failure."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())
+        url = self.server + path + (f"?{query}" if query else "")
+        headers = {"Accept": "application/json"}
+        auths: dict[str, Any] = dict(self._configuration.auth_settings())
+        for auth in auths.values():
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[auth["key"]] = auth["value"]
+        try:
+            reply = self._client.rest_client.request(
+                "GET", url, headers=headers, _request_timeout=10
+            )
+            status = int(reply.status)
+            data = reply.data if reply.data is not None else reply.read()
+        except ApiException as err:
+            status, data = int(err.status or 0), err.body or err.reason
+        except (HTTPError, OSError) as err:
+            raise PluginError(f"cannot reach the API server at {self.server}: {err}") from None
+        text = data.decode(errors="replace") if isinstance(data, bytes) else str(data or "")
+        if not 200 <= status < 300:
+            raise refusal(status, text, path)
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise PluginError(f"GET {path} answered no JSON: {text[:80]!r}") from None
+
+    def close(self) -> None:
+        self._client.close()

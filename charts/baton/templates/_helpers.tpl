@@ -1,0 +1,137 @@
+{{/* Labels of every object: the component's name, Baton's, and Helm's bookkeeping. */}}
+{{- define "baton.labels" -}}
+app.kubernetes.io/name: {{ . }}
+app.kubernetes.io/part-of: baton
+{{- end }}
+
+{{- define "baton.release" -}}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{/* Labels of an object that is no component (RBAC, ConfigMaps). */}}
+{{- define "baton.partOf" -}}
+app.kubernetes.io/part-of: baton
+{{ include "baton.release" . }}
+{{- end }}
+
+{{/* dra or deviceplugin: the kubeletPlugin value, `auto` decided by the API's capabilities. */}}
+{{- define "baton.kubeletPlugin" -}}
+{{- if eq .Values.kubeletPlugin "auto" -}}
+{{- if .Capabilities.APIVersions.Has "resource.k8s.io/v1" }}dra{{ else }}deviceplugin{{ end -}}
+{{- else -}}
+{{- .Values.kubeletPlugin -}}
+{{- end -}}
+{{- end }}
+
+{{- define "baton.image" -}}
+image: {{ printf "%s:%s" .Values.image.repository .Values.image.tag | quote }}
+{{- with .Values.image.pullPolicy }}
+imagePullPolicy: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* Node daemons' pod placement and runtime. */}}
+{{- define "baton.nodePod" -}}
+{{- with .Values.gpu.nvidia.runtimeClassName }}
+{{- if eq $.Values.gpu.backend "nvidia" }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Host networking: the pod's network fields. */}}
+{{- define "baton.hostNetwork" -}}
+{{- if .Values.hostNetwork.enabled }}
+hostNetwork: true
+dnsPolicy: Default
+{{- end }}
+{{- end }}
+
+{{/* Host networking: the API server's address for the in-cluster client, and the listen
+address under the variable `name` (the dict's `env`). */}}
+{{- define "baton.hostNetworkEnv" -}}
+{{- $hn := .root.Values.hostNetwork -}}
+{{- if $hn.enabled }}
+{{- with $hn.apiServer.host }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ . | quote }}
+{{- end }}
+{{- with $hn.apiServer.port }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ . | quote }}
+{{- end }}
+{{- if and $hn.listenHost .env }}
+- name: {{ .env }}
+  value: {{ $hn.listenHost | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* A readiness and liveness probe pair on `port`, on the listen address when there is one. */}}
+{{- define "baton.probes" -}}
+{{- $host := "" -}}
+{{- if .root.Values.hostNetwork.enabled }}{{ $host = .root.Values.hostNetwork.listenHost }}{{ end -}}
+readinessProbe:
+  httpGet:
+    path: {{ .ready | default "/readyz" }}
+    port: {{ .port }}
+    {{- with .scheme }}
+    scheme: {{ . }}
+    {{- end }}
+    {{- with $host }}
+    host: {{ . }}
+    {{- end }}
+  periodSeconds: 5
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: {{ .port }}
+    {{- with .scheme }}
+    scheme: {{ . }}
+    {{- end }}
+    {{- with $host }}
+    host: {{ . }}
+    {{- end }}
+  periodSeconds: 10
+  {{- if not .scheme }}
+  failureThreshold: 6
+  {{- end }}
+{{- end }}
+
+{{/* Simulated GPUs and the host budget: what the device plugin and the DRA driver are told. */}}
+{{- define "baton.inventoryEnv" -}}
+{{- if eq .Values.gpu.backend "simulated" }}
+- name: BATON_FAKE_GPUS
+  value: {{ .Values.gpu.simulated.gpus | quote }}
+{{- end }}
+{{- if .Values.hostMemoryBudgetMiB }}
+- name: BATON_HOST_MEMORY_BUDGET
+  value: {{ .Values.hostMemoryBudgetMiB | int64 | toString | quote }}
+{{- end }}
+{{- end }}
+
+{{/* An optional variable: set only when the value is not "". */}}
+{{- define "baton.optionalEnv" -}}
+{{- if ne (toString .value) "" }}
+- name: {{ .name }}
+  value: {{ toString .value | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The simulated device memory's own host directory (not inside the socket directory). */}}
+{{- define "baton.fakeMemoryVolume" -}}
+{{- $dir := .Values.gpu.simulated.memoryDir -}}
+{{- if and (eq .Values.gpu.backend "simulated") (not (hasPrefix "/run/baton/" $dir)) -}}
+{{ $dir }}
+{{- end -}}
+{{- end }}

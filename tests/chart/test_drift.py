@@ -1,0 +1,43 @@
+"""One source of truth: the chart renders, for each documented values set in charts/baton/ci,
+the same objects as the kustomize build it names (manifests/ is the reference)."""
+
+from __future__ import annotations
+
+import difflib
+
+import pytest
+import yaml
+
+from tests.chart.helm import CHART, comparable, kustomize, render
+
+PAIRS = {
+    "base": (".",),
+    "nvidia": ("overlays/nvidia",),
+    "dra": ("overlays/dra",),
+    "kind": ("overlays/kind",),
+    "local": ("overlays/local",),
+    "local-dra": ("overlays/local-dra",),
+    "monitoring": (".", "overlays/monitoring"),
+}
+
+
+def test_every_values_set_has_its_kustomize_build() -> None:
+    documented = {p.name.removesuffix("-values.yaml") for p in (CHART / "ci").glob("*.yaml")}
+    assert documented == set(PAIRS)
+
+
+@pytest.mark.parametrize("values", sorted(PAIRS))
+def test_chart_renders_what_kustomize_builds(values: str) -> None:
+    chart = comparable(render("--skip-tests", "-f", str(CHART / "ci" / f"{values}-values.yaml")))
+    manifests = comparable(kustomize(*PAIRS[values]))
+    assert sorted(chart) == sorted(manifests), "the two install different objects"
+    for key, obj in manifests.items():
+        if chart[key] != obj:
+            diff = difflib.unified_diff(
+                yaml.safe_dump(obj).splitlines(),
+                yaml.safe_dump(chart[key]).splitlines(),
+                "kustomize",
+                "helm",
+                lineterm="",
+            )
+            raise AssertionError(f"{key} differs:\n" + "\n".join(diff))

@@ -1,0 +1,38 @@
+"""The plugin's API client with a real kubeconfig and HTTP, against the fake API server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from baton.kubectl.api import Forbidden, KubeApi, PluginError
+from tests.harness.fakeapi import FakeApiServer
+
+MESSAGE = (
+    'pods is forbidden: User "bob" cannot list resource "pods" in API group "" in the'
+    ' namespace "baton-system"'
+)
+
+
+def test_reads_with_the_kubeconfig_and_names_a_missing_permission(tmp_path: Path) -> None:
+    with FakeApiServer() as server:
+        server.put_object(
+            {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p", "namespace": "ml"}}
+        )
+        api = KubeApi(str(server.kubeconfig_path(tmp_path)))
+        assert api.get("/api/v1/namespaces/ml/pods/p")["metadata"]["name"] == "p"
+        server.fail_next("list", "pods", 403, message=MESSAGE)
+        with pytest.raises(
+            Forbidden, match=r'^forbidden: pods is forbidden: User "bob" cannot list'
+        ):
+            api.get("/api/v1/namespaces/baton-system/pods", labelSelector="a=b")
+        (asked,) = [r for r in server.requests("list", "pods")]
+        assert asked.query == {"labelSelector": "a=b"}
+        assert server.requests()[0].path == "/api/v1/namespaces/ml/pods/p"
+        api.close()
+
+
+def test_an_unusable_kubeconfig_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(PluginError, match="no usable kubeconfig"):
+        KubeApi(str(tmp_path / "missing"))

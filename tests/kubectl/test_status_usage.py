@@ -1,0 +1,91 @@
+"""`kubectl baton status` and `usage` over a stand-in API server (documents shaped as the
+agent's and the extender's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from baton.kubectl import cli
+from baton.kubectl.agents import read_cluster
+from baton.kubectl.api import agent_status_path, inventory_path
+from baton.kubectl.usage import read_totals, usage_rows, window
+from tests.kubectl.fake import FORBIDDEN_PROXY, GIB, GPU_A, GPU_B, DictApi, cluster_routes
+
+
+@pytest.fixture
+def run(monkeypatch: pytest.MonkeyPatch):
+    """Invoke the plugin's CLI against `routes`."""
+
+    def invoke(routes: dict, *args: str):
+        monkeypatch.setattr(cli.Settings, "make_api", lambda kubeconfig, context: DictApi(routes))
+        return CliRunner().invoke(cli.app, list(args), env={"COLUMNS": "200"})
+
+    return invoke
+
+
+def test_status_joins_agents_and_inventory_through_the_proxy() -> None:
+    api = DictApi(cluster_routes())
+    (node,) = read_cluster(api)["nodes"]
+    gpus = {g["uuid"]: g for g in node["gpus"]}
+    assert gpus[GPU_A]["holder"] == "ml/a" and gpus[GPU_A]["queue"] == ["ml/b"]
+    assert gpus[GPU_A]["resident"] == ["ml/a", "ml/b"] and gpus[GPU_A]["duty_entitled"] == 0.8
+    assert gpus[GPU_B]["parked"] == ["ops/c"] and gpus[GPU_B]["duty_entitled"] == 1.0
+    assert (node["parked_bytes"], node["host_memory_budget_bytes"]) == (2 * GIB, 8 * GIB)
+    paths = [p for p, _ in api.asked]
+    assert agent_status_path("baton-agent-x") in paths and inventory_path() in paths
+    assert all(p.startswith("/api") for p in paths), "everything goes through the API server"
+
+
+def test_status_without_an_extender_still_shows_every_agent() -> None:
+    routes = cluster_routes()
+    del routes[inventory_path()]
+    document = read_cluster(DictApi(routes))
+    assert [g["uuid"] for g in document["nodes"][0]["gpus"]] == [GPU_A, GPU_B]
+    assert document["extender_error"].startswith("extender: not found")
+
+
+def test_status_table_json_and_watch(run) -> None:
+    table = run(cluster_routes(), "status")
+    assert table.exit_code == 0, table.output
+    assert "ml/a" in table.output and "2048 / 8192 MiB (25%)" in table.output
+    assert "40% / 80%" in table.output
+    as_json = run(cluster_routes(), "status", "-o", "json")
+    assert json.loads(as_json.output)["nodes"][0]["name"] == "n1"
+    watched = run(
+        cluster_routes(), "status", "-o", "json", "--watch", "--count", "2", "--interval", "0.1"
+    )
+    assert [json.loads(line)["nodes"][0]["name"] for line in watched.output.splitlines()] == [
+        "n1"
+    ] * 2
+
+
+def test_a_missing_permission_is_one_line_naming_it(run) -> None:
+    routes = cluster_routes()
+    routes[agent_status_path("baton-agent-x")] = FORBIDDEN_PROXY
+    result = run(routes, "status")
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        'kubectl baton: forbidden: pods "baton-agent-x" is forbidden: User "bob" cannot get'
+        ' resource "pods/proxy" in API group "" in the namespace "baton-system"'
+    ]
+
+
+def test_usage_sums_per_namespace_tenant_and_tier(run) -> None:
+    totals, missing = read_totals(DictApi(cluster_routes()))
+    assert missing == []
+    rows = usage_rows(totals, "ops")
+    assert rows == [
+        {"namespace": "ops", "tenant": "ops/c", "tier": 1, "gpu_seconds": 2.0,
+         "parked_byte_seconds": 4.0 * GIB}
+    ]  # fmt: skip
+    result = run(cluster_routes(), "usage", "-o", "json")
+    assert json.loads(result.output)["namespaces"]["ml"]["gpu_seconds"] == 15.0
+
+
+def test_usage_over_a_window_counts_what_accrued() -> None:
+    before = {("ml", "ml/a", 0): [10.0, 0.0]}
+    after = {("ml", "ml/a", 0): [12.5, 3.0], ("ops", "ops/c", 1): [1.0, 0.0]}
+    assert window(before, after) == {("ml", "ml/a", 0): [2.5, 3.0], ("ops", "ops/c", 1): [1.0, 0.0]}

@@ -1,0 +1,116 @@
+"""`kubectl baton why POD`: the scheduler's reason (with DRA's numbers) while Pending, the
+agent's while the pod waits for a turn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from baton.contract import names
+from baton.kubectl.dra import shortfall
+from baton.kubectl.why import why
+from tests.kubectl.fake import GIB, GPU_A, DictApi, cluster_routes
+
+
+def pod(name: str, node: str | None = None, phase: str = "Pending", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {}}], **spec},
+        "status": {"phase": phase},
+    }
+
+
+def event(message: str, at: str) -> dict[str, Any]:
+    return {
+        "reason": "FailedScheduling",
+        "message": message,
+        "lastTimestamp": at,
+        "source": {"component": "baton-scheduler"},
+    }
+
+
+def test_pending_pod_gets_the_latest_scheduler_reason() -> None:
+    routes = {
+        "/api/v1/namespaces/ml/pods/p": pod("p"),
+        "/api/v1/namespaces/ml/events": {
+            "items": [
+                event("0/1 nodes are available: old", "2026-01-01T00:00:00Z"),
+                event("0/1 nodes are available: 1 GPU lacks 8 GiB", "2026-01-01T00:00:09Z"),
+            ]
+        },
+    }
+    api = DictApi(routes)
+    answer = why(api, "ml", "p")
+    assert answer["stage"] == "scheduling"
+    assert answer["reasons"] == ["baton-scheduler: 0/1 nodes are available: 1 GPU lacks 8 GiB"]
+    assert (
+        "/api/v1/namespaces/ml/events",
+        {"fieldSelector": "involvedObject.name=p,involvedObject.uid=uid-p"},
+    ) in api.asked
+
+
+def _device(index: int, memory_gib: int, slots: int = 4) -> dict[str, Any]:
+    memory = memory_gib * GIB
+    return {
+        "name": f"gpu-{index}",
+        "attributes": {"uuid": {"string": f"GPU-{index}"}},
+        "capacity": {
+            "memory": {"value": str(memory * slots), "requestPolicy": {"default": str(memory)}},
+            "duty": {"value": "100", "requestPolicy": {"default": "25"}},
+            "slots": {"value": str(slots), "requestPolicy": {"default": "1"}},
+        },
+    }
+
+
+def _allocated(device: str, memory_gib: int, duty: int) -> dict[str, Any]:
+    result = {
+        "driver": names.DRA_DRIVER,
+        "pool": "n1",
+        "device": device,
+        "consumedCapacity": {"memory": f"{memory_gib}Gi", "duty": str(duty)},
+    }
+    return {"status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+def test_dra_refusal_gets_each_devices_numbers() -> None:
+    slices = [{"spec": {"pool": {"name": "n1"}, "devices": [_device(0, 80), _device(1, 80)]}}]
+    claims = [_allocated("gpu-0", 40, 80), _allocated("gpu-1", 300, 10)]
+    ask = {"memory": 30 * GIB, "duty": 30, "slots": None}
+    lines = shortfall(slices, claims, [ask])  # type: ignore[list-item]
+    assert lines == [
+        "n1/gpu-0 (GPU-0): lacks duty (20% free of 100%, 30% asked)",
+        "n1/gpu-1 (GPU-1): lacks memory (20.0 GiB free of 320.0 GiB, 30.0 GiB asked)",
+    ]
+
+
+def test_dra_refusal_through_why_reads_slices_claims_and_the_pods_claim() -> None:
+    pending = pod("d", resourceClaims=[{"name": "gpu", "resourceClaimName": "d-gpu"}])
+    ask = {"deviceClassName": names.DRA_DEVICE_CLASS, "capacity": {"requests": {"duty": "90"}}}
+    routes = {
+        "/api/v1/namespaces/ml/pods/d": pending,
+        "/api/v1/namespaces/ml/events": {
+            "items": [event("0/1 nodes are available: 1 cannot allocate all claims.", "t")]
+        },
+        "/apis/resource.k8s.io/v1/resourceslices": {
+            "items": [{"spec": {"pool": {"name": "n1"}, "devices": [_device(0, 80)]}}]
+        },
+        "/apis/resource.k8s.io/v1/resourceclaims": {"items": [_allocated("gpu-0", 10, 20)]},
+        "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/d-gpu": {
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": ask}]}}
+        },
+    }
+    answer = why(DictApi(routes), "ml", "d")
+    assert answer["reasons"][1] == "n1/gpu-0 (GPU-0): lacks duty (80% free of 100%, 90% asked)"
+
+
+def test_running_pod_waiting_for_a_turn_gets_the_agents_why() -> None:
+    routes = cluster_routes()
+    routes["/api/v1/namespaces/ml/pods/b"] = pod("b", node="n1", phase="Running")
+    routes["/api/v1/namespaces/ml/pods/a"] = pod("a", node="n1", phase="Running")
+    waiting = why(DictApi(routes), "ml", "b")
+    assert waiting["stage"] == "turn"
+    assert waiting["reasons"] == [f"{GPU_A}: waits 0.7 s: position 1 (behind ml/a)"]
+    holding = why(DictApi(routes), "ml", "a")
+    assert holding["reasons"] == [f"{GPU_A}: holds the turn (1.5 s so far)"]
+    routes["/api/v1/namespaces/ml/pods/z"] = pod("z", node="n1", phase="Running")
+    unknown = why(DictApi(routes), "ml", "z")["reasons"][0]
+    assert unknown.startswith("the agent on n1 does not know ml/z")
