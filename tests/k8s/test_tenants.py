@@ -37,7 +37,7 @@ def test_tenants_take_turns_with_what_allocate_gave_them(cluster: Cluster, names
         assert [d.split("::")[0] for d in devices] == [assigned]
         # A real pod cgroup, and the agent named the tenant after its pod from it.
         assert f"pod{uid}" in logs
-        assert f"tenant {namespace}/{name} gone" in agent_log
+        assert f"tenant {namespace}/{name}: its last session ended" in agent_log
         assert "memory verified" in logs, logs
         # As the image's user, not root: the fake GPU memory files are open to every UID.
         assert env["TENANT_UID"] == "65532", logs
