@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 from baton.contract import names
 from baton.contract.draclaim import ClaimShare, claim_shares
-from deviceplugin.devices import Inventory, NodeGpu
-from deviceplugin.state import LiveInventory
 from dra import cdi
 from dra.record import ClaimRecord, PreparedClaim, PreparedDevice
+from nodegpu.inventory import Inventory, NodeGpu
+from nodegpu.state import LiveInventory
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from baton.contract.kube import Outage
-from deviceplugin.state import LiveInventory
 from dra.slices import resource_slice, same_devices, slice_name
+from nodegpu.state import LiveInventory
 
 log = logging.getLogger(__name__)
 _MAX_BACKOFF_S = 10.0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("agent", "baton", "extender", "deviceplugin", "dra")
+PACKAGES = ("agent", "baton", "extender", "deviceplugin", "dra", "nodegpu")
 GENERATED = "baton._pb"
 MAX_LINES = 400
 TOOLS = ("baton.cli", "baton.bench", "baton.demo", "baton.status", "baton.localnode")

@@ -9,8 +9,8 @@ from typing import Any
 from baton.contract.annotations import node_annotations as annotations_of_node
 from baton.contract.kube import Outage
 from baton.contract.meminfo import mem_total_kib
-from deviceplugin.devices import Inventory
-from deviceplugin.state import LiveInventory
+from nodegpu.inventory import Inventory
+from nodegpu.state import LiveInventory
 
 log = logging.getLogger(__name__)
 DEFAULT_HOST_MEMORY_BUDGET = "50%"
