@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from baton.contract import names, shutdown
+from baton.contract.draapi import DraApi
 from dra import runtime
 from dra.faults import PrepareHold
-from dra.kubeapi import KubeDraApi
 from dra.prepare import ClaimReader, Preparer
 from dra.publisher import SliceApi, SlicePublisher
 from dra.record import ClaimRecord
@@ -51,7 +51,7 @@ class Driver:
         settings: Settings,
         gpus: list[NodeGpu],
         fake: bool,
-        api: KubeDraApi | None = None,
+        api: DraApi | None = None,
         slices: SliceApi | None = None,
         claims: ClaimReader | None = None,
         api_client: Any = None,

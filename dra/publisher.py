@@ -21,7 +21,7 @@ _MAX_BACKOFF_S = 10.0
 
 
 class SliceApi(Protocol):
-    """The slice calls the publisher needs (`dra.kubeapi.KubeDraApi`, or a test's store)."""
+    """The slice calls the publisher needs (`baton.contract.draapi.DraApi`, or a test's store)."""
 
     def list_slices(self) -> list[dict[str, Any]]: ...
     def create_slice(self, body: dict[str, Any]) -> None: ...

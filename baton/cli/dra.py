@@ -73,9 +73,9 @@ def dra(
     """Run the DRA driver: publish GPUs as shareable devices, prepare claims with CDI."""
     from pathlib import Path
 
+    from baton.contract.draapi import DraApi
     from baton.contract.shutdown import StopSignal
     from dra.daemon import DraStartError, Driver, Settings
-    from dra.kubeapi import KubeDraApi
     from nodegpu.node import node_fields
 
     setup_logging(log_level)
@@ -109,7 +109,7 @@ def dra(
             settings,
             found.gpus,
             found.fake,
-            api=KubeDraApi(api_client, node_name),
+            api=DraApi(api_client, node_name),
             api_client=api_client,
         )
         driver.run_until(stop.event, lambda: stop.received)
