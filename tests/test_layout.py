@@ -269,3 +269,40 @@ def test_every_file_a_package_docstring_names_exists(package: str) -> None:
     named = files_named_by(package)
     missing = [f for f in named if not (folder / f).is_file() and not (ROOT / f).is_file()]
     assert not missing, f"{package}'s docstring names files that do not exist: {missing}"
+
+
+NODE_LAYER = "nodegpu"
+"""Below the kubelet-facing daemons (`deviceplugin`, `dra`): the node's GPUs, health, metrics."""
+
+
+def daemon_to_daemon_imports() -> list[tuple[str, str]]:
+    """(module, what it imports) for every import of one daemon package's module by another's."""
+    found = []
+    for module in sorted(m for m in MODULES if _within(m, DAEMONS)):
+        own = module.split(".")[0]
+        for name in sorted(imports_of(module, type_checking=True)):
+            other = name.split(".")[0]
+            if other in DAEMONS and other != own:
+                found.append((module, name))
+    return found
+
+
+def test_no_daemon_package_imports_another() -> None:
+    assert daemon_to_daemon_imports() == []
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _within(m, (NODE_LAYER,))))
+def test_the_node_layer_imports_no_daemon_and_no_tool(module: str) -> None:
+    for name in imports_of(module, type_checking=True):
+        assert not _within(name, DAEMONS + TOOLS), f"{module} imports {name}"
+        assert not _ours(name) or _within(name, (NODE_LAYER, GROUND)), f"{module} imports {name}"
+
+
+def test_the_daemon_check_sees_one_daemon_importing_another(tmp_path: Path) -> None:
+    """The rule above is no formality: `dra` importing `deviceplugin` is counted."""
+    MODULES["dra._layout_probe"] = tmp_path / "probe.py"
+    (tmp_path / "probe.py").write_text("from deviceplugin.devices import PodView\n")
+    try:
+        assert daemon_to_daemon_imports() == [("dra._layout_probe", "deviceplugin.devices")]
+    finally:
+        del MODULES["dra._layout_probe"]
