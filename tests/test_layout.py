@@ -306,3 +306,33 @@ def test_the_daemon_check_sees_one_daemon_importing_another(tmp_path: Path) -> N
         assert daemon_to_daemon_imports() == [("dra._layout_probe", "deviceplugin.devices")]
     finally:
         del MODULES["dra._layout_probe"]
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+GRAPH_START, GRAPH_END = "<!-- package graph: start -->", "<!-- package graph: end -->"
+
+
+def _unit(package: str) -> str:
+    """The part a package belongs to in the drawn graph: a top-level package, or `baton.<x>`."""
+    parts = package.split(".")
+    return ".".join(parts[:2]) if parts[0] == "baton" and len(parts) > 1 else parts[0]
+
+
+def drawn_graph() -> str:
+    """The package graph as docs/architecture.md draws it: each part and what it imports."""
+    arrows: dict[str, set[str]] = {}
+    for source, targets in package_graph().items():
+        mine = arrows.setdefault(_unit(source), set())
+        mine.update(_unit(t) for t in targets if _unit(t) != _unit(source))
+    lines = [
+        f"{part} -> {', '.join(sorted(arrows[part])) or '(nothing)'}" for part in sorted(arrows)
+    ]
+    return "\n".join(["```text", *lines, "```"])
+
+
+def test_the_architecture_page_draws_the_package_graph_of_the_code() -> None:
+    text = ARCHITECTURE.read_text()
+    drawn = text.split(GRAPH_START, 1)[1].split(GRAPH_END, 1)[0].strip()
+    assert drawn == drawn_graph(), (
+        f"docs/architecture.md's graph is stale; it is now:\n{drawn_graph()}"
+    )
