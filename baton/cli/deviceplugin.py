@@ -16,10 +16,10 @@ from baton.cli.options import (
     Kubeconfig,
     LogLevel,
     NodeName,
-    NodeOptions,
     SlotsPerGpu,
     echo_figures,
     node_inputs,
+    node_options,
     setup_logging,
 )
 from baton.contract import names
@@ -78,18 +78,7 @@ def deviceplugin(
     from nodegpu.node import node_fields
 
     setup_logging(log_level)
-    node = NodeOptions(
-        node_name,
-        kubeconfig,
-        slots_per_gpu,
-        fake_gpus,
-        host_memory_budget,
-        ignored_xids,
-        metrics_host,
-        metrics_port,
-        shutdown_grace,
-    )
-    found = node_inputs("baton deviceplugin", node)
+    found = node_inputs("baton deviceplugin", node_options(locals()))
     settings = Settings(
         **node_fields(found.settings),
         plugin_dir=Path(device_plugin_dir),

@@ -15,9 +15,9 @@ from baton.cli.options import (
     Kubeconfig,
     LogLevel,
     NodeName,
-    NodeOptions,
     SlotsPerGpu,
     node_inputs,
+    node_options,
     setup_logging,
 )
 from baton.contract import names
@@ -81,18 +81,7 @@ def dra(
     setup_logging(log_level)
     if runtime_cdi not in ("auto", "on", "off"):
         raise typer.BadParameter("--runtime-cdi must be auto, on or off")
-    node = NodeOptions(
-        node_name,
-        kubeconfig,
-        slots_per_gpu,
-        fake_gpus,
-        host_memory_budget,
-        ignored_xids,
-        metrics_host,
-        metrics_port,
-        shutdown_grace,
-    )
-    found = node_inputs("baton dra", node)
+    found = node_inputs("baton dra", node_options(locals()))
     settings = Settings(
         **node_fields(found.settings),
         plugins_dir=Path(plugins_dir),

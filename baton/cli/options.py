@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
@@ -86,6 +87,11 @@ class NodeInputs:
     gpus: list[NodeGpu]
     fake: bool
     api_client: Any
+
+
+def node_options(arguments: Mapping[str, Any]) -> NodeOptions:
+    """The node options among a node command's arguments (its parameters bear their names)."""
+    return NodeOptions(**{f.name: arguments[f.name] for f in dataclasses.fields(NodeOptions)})
 
 
 def node_inputs(command: str, options: NodeOptions) -> NodeInputs:
