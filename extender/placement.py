@@ -4,9 +4,8 @@ Whether a GPU can take a tenant, and what it costs the node's host DRAM budget, 
 rule (`extender.fit`), with the GPU's usable memory (size minus headroom) as its capacity and
 the extender's duty limit as its cap. A node can take it when enough of its GPUs can and its
 parked-memory worst case (see `extender.snapshot`) stays within its host DRAM budget. Among
-the GPUs that can, the policy's
-key picks (and scores) the best; `binpack` fills GPUs with tenants, `spread` prefers idle ones,
-`complement` brings summed duty closest to the limit.
+the GPUs that can, the policy's key picks (and scores) the best; `binpack` fills GPUs with
+tenants, `spread` prefers idle ones, `complement` brings summed duty closest to the limit.
 """
 
 from __future__ import annotations
