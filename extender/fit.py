@@ -69,8 +69,10 @@ def row_fit(row: Row, ask: Ask) -> Fit | None:
 def takes(ask: Ask, load: GpuLoad, capacity_mib: int) -> bool:
     """The rule on any GPU with another memory capacity (the DRA slice publishes the whole
     GPU's): open, and its memory and duty fit."""
+    if not load.open:
+        return False
     row = Row(capacity_mib, load.duty_sum, load.default_duty, 0, 0, 0, 0, False, 0.0, 0.0, 0, "")
-    return load.open and row_fit(row, ask) is not None
+    return row_fit(row, ask) is not None
 
 
 def room(node: NodeState) -> int:
