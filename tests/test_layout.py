@@ -336,3 +336,15 @@ def test_the_architecture_page_draws_the_package_graph_of_the_code() -> None:
     assert drawn == drawn_graph(), (
         f"docs/architecture.md's graph is stale; it is now:\n{drawn_graph()}"
     )
+
+
+def test_the_daemon_image_holds_every_package() -> None:
+    """The Dockerfile copies each package and `.dockerignore` lets it through (the local node's
+    image builder reads both as Docker does)."""
+    from baton.localnode.dockerfile import parse_dockerfile
+    from baton.localnode.images import source_files
+
+    files = source_files(parse_dockerfile((ROOT / "Dockerfile").read_text()), ROOT)
+    copied = {str(f.relative_to(ROOT)) for f in files}
+    missing = [p for p in PACKAGES if f"{p}/__init__.py" not in copied]
+    assert not missing, f"the daemon image leaves out {missing}"
