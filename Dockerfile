@@ -12,6 +12,7 @@ COPY baton ./baton
 COPY agent ./agent
 COPY deviceplugin ./deviceplugin
 COPY dra ./dra
+COPY nodegpu ./nodegpu
 COPY extender ./extender
 RUN python -m venv /opt/baton \
     && /opt/baton/bin/pip install --no-cache-dir --upgrade pip \

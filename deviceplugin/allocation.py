@@ -17,15 +17,14 @@ from typing import Protocol
 from baton.contract import names
 from deviceplugin.devices import (
     Choice,
-    ContainerAllocation,
     NoHealthyGpuError,
     PodView,
     choose_pod,
-    container_allocation,
     preferred_allocation,
 )
 from deviceplugin.errors import DevicePluginError
-from deviceplugin.state import LiveInventory
+from nodegpu.container import ContainerAllocation, container_allocation
+from nodegpu.state import LiveInventory
 
 log = logging.getLogger(__name__)
 _REMEMBERED_PODS = 4096

@@ -11,17 +11,14 @@ from typing import Any
 
 from baton.contract import names, shutdown
 from deviceplugin.allocation import Allocator, PodSource
-from deviceplugin.annotate import NodeAnnotator
-from deviceplugin.devices import Inventory, NodeGpu
 from deviceplugin.errors import DevicePluginStartError
-from deviceplugin.health import HealthTracker, NvmlHealthLoop
-from deviceplugin.metrics import Metrics, StatusServer
 from deviceplugin.plugin import DevicePlugin
 from deviceplugin.podcache import PodCache
 from deviceplugin.podresources import PodResourcesClient
 from deviceplugin.reconcile import DEFAULT_INTERVAL_S, Reconciler
 from deviceplugin.server import DevicePluginService, PluginServer
-from deviceplugin.state import LiveInventory
+from nodegpu.inventory import NodeGpu
+from nodegpu.node import NodeGpus, NodeSettings, NodeStartError
 
 log = logging.getLogger(__name__)
 CDI_KIND = "nvidia.com/gpu"
@@ -29,27 +26,21 @@ SYNC_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
-class Settings:
-    """Everything `baton deviceplugin` is told on its command line."""
+class Settings(NodeSettings):
+    """Everything `baton deviceplugin` is told on its command line: the node's, then its own."""
 
-    node_name: str
-    plugin_dir: Path = Path(names.KUBELET_DEVICE_PLUGIN_DIR)
-    slots_per_gpu: int = names.DEFAULT_SLOTS_PER_GPU
-    host_memory_budget_mib: int = 0
-    cdi: bool = False
-    metrics_host: str = "0.0.0.0"
     metrics_port: int = names.PORT_DEVICE_PLUGIN
-    ignored_xids: frozenset[int] = frozenset()
+    plugin_dir: Path = Path(names.KUBELET_DEVICE_PLUGIN_DIR)
+    cdi: bool = False
     socket_name: str = names.DEVICE_PLUGIN_SOCKET_NAME
-    shutdown_grace: float | None = None
-    """Seconds an in-flight Allocate gets on stop; None cancels it at once."""
     pod_resources_socket: Path | None = Path(names.KUBELET_POD_RESOURCES_SOCKET)
     """The kubelet's PodResources API; None: no reconciliation (Allocate still answers)."""
     reconcile_interval_s: float = DEFAULT_INTERVAL_S
 
 
 class Daemon:
-    """The running device plugin: gRPC server + registration, health, annotations, metrics."""
+    """The running device plugin: gRPC server + registration and pod reconciliation, over the
+    node layer (inventory, health, annotations, metrics)."""
 
     def __init__(
         self,
@@ -67,11 +58,14 @@ class Daemon:
                 raise ValueError("the device plugin needs an API client or a pod source")
             self.pod_cache = PodCache(api_client, settings.node_name)
             source = self.pod_cache
-        self.metrics = Metrics()
-        self.inventory = LiveInventory(Inventory(tuple(gpus), settings.slots_per_gpu))
-        self.inventory.subscribe(self.metrics.observe_inventory)
-        self.metrics.observe_inventory(self.inventory.snapshot()[1])
-        self.health = HealthTracker(self.inventory, settings.ignored_xids)
+        try:
+            self.node = NodeGpus(settings, gpus, fake, api_client, self.not_ready)
+        except NodeStartError as err:
+            raise DevicePluginStartError(str(err)) from None
+        self.metrics = self.node.metrics
+        self.inventory = self.node.inventory
+        self.health = self.node.health
+        self.status = self.node.status
         self.pod_resources: PodResourcesClient | None = None
         self.reconciler: Reconciler | None = None
         if settings.pod_resources_socket is not None:
@@ -93,27 +87,6 @@ class Daemon:
         service = DevicePluginService(self.inventory, self.allocator, self.metrics)
         server = PluginServer(service, settings.plugin_dir / settings.socket_name)
         self.plugin = DevicePlugin(server, settings.plugin_dir, self.metrics)
-        try:
-            self.status = StatusServer(
-                settings.metrics_host,
-                settings.metrics_port,
-                self.metrics,
-                self.health if fake else None,
-                self.not_ready,
-            )
-        except OSError as err:
-            raise DevicePluginStartError(
-                f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} "
-                f"({err.strerror}); pass another --metrics-port"
-            ) from None
-        self.nvml = None if fake else NvmlHealthLoop(self.health)
-        self.annotator = (
-            NodeAnnotator(
-                api_client, settings.node_name, self.inventory, settings.host_memory_budget_mib
-            )
-            if api_client is not None
-            else None
-        )
 
     def not_ready(self) -> str | None:
         """Why the plugin cannot serve the kubelet yet, or None when it can."""
@@ -124,8 +97,8 @@ class Daemon:
         return None
 
     def start(self) -> None:
-        """Start metrics, health, annotations, then serve and register."""
-        self.status.start()
+        """Start the node layer (metrics, health, annotations), then serve and register."""
+        self.node.start()
         if self.pod_cache is not None:
             self.pod_cache.start()
             if not self.pod_cache.wait_synced(SYNC_TIMEOUT_S):
@@ -134,10 +107,6 @@ class Daemon:
                     self.settings.node_name,
                     SYNC_TIMEOUT_S,
                 )
-        if self.nvml is not None:
-            self.nvml.start()
-        if self.annotator is not None:
-            self.annotator.start()
         if self.reconciler is not None:
             self.reconciler.start()
         self.plugin.start()
@@ -158,11 +127,7 @@ class Daemon:
             self.pod_resources.close()
         if self.pod_cache is not None:
             self.pod_cache.stop()
-        if self.annotator is not None:
-            self.annotator.stop()
-        if self.nvml is not None:
-            self.nvml.stop()
-        self.status.stop()
+        self.node.stop()
 
     def run_until(
         self, stop: threading.Event, why: Callable[[], str | None] = lambda: None

@@ -1,4 +1,4 @@
-"""Pure device logic: slot devices, health, which pod a preferred allocation steers for, env.
+"""Pure device-plugin logic: which pod an Allocate serves, fallback GPUs, the preferred choice.
 
 No sockets, clocks or API calls: callers pass in snapshots and the current time.
 """
@@ -6,79 +6,14 @@ No sockets, clocks or API calls: callers pass in snapshots and the current time.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from baton.contract import names
-from baton.contract.annotations import GpuRecord
+from nodegpu.inventory import Inventory
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 _ACTIVE_PHASES = ("", "Pending")
-
-
-@dataclass(frozen=True)
-class NodeGpu:
-    """One physical GPU of this node, as NVML (or the fake GPUs' spec) describes it."""
-
-    uuid: str
-    index: int
-    model: str
-    memory_mib: int
-
-
-@dataclass(frozen=True)
-class Device:
-    """One slot device as the kubelet sees it."""
-
-    id: str
-    gpu: str
-    healthy: bool
-
-
-@dataclass(frozen=True)
-class Inventory:
-    """The node's GPUs, the slots advertised per GPU, and which GPUs are unhealthy (and why)."""
-
-    gpus: tuple[NodeGpu, ...]
-    slots_per_gpu: int
-    unhealthy: Mapping[str, str] = field(default_factory=dict)
-
-    def devices(self) -> list[Device]:
-        """Every slot device, GPUs in index order, slots in order."""
-        return [
-            Device(names.slot_device_id(gpu.uuid, slot), gpu.uuid, gpu.uuid not in self.unhealthy)
-            for gpu in sorted(self.gpus, key=lambda g: g.index)
-            for slot in range(self.slots_per_gpu)
-        ]
-
-    def healthy_gpus(self) -> list[NodeGpu]:
-        """GPUs not marked unhealthy, in index order."""
-        return [g for g in sorted(self.gpus, key=lambda g: g.index) if g.uuid not in self.unhealthy]
-
-    def with_health(self, uuid: str, healthy: bool, reason: str = "") -> Inventory:
-        """A copy with one GPU's health changed (unknown UUIDs raise KeyError)."""
-        if uuid not in {g.uuid for g in self.gpus}:
-            raise KeyError(f"no GPU with UUID {uuid} on this node")
-        unhealthy = dict(self.unhealthy)
-        if healthy:
-            unhealthy.pop(uuid, None)
-        else:
-            unhealthy[uuid] = reason or "unhealthy"
-        return replace(self, unhealthy=unhealthy)
-
-    def records(self) -> tuple[GpuRecord, ...]:
-        """The GPUs as the `baton.dev/gpus` node annotation lists them, in index order."""
-        return tuple(
-            GpuRecord(
-                g.uuid,
-                g.index,
-                g.model,
-                g.memory_mib,
-                self.slots_per_gpu,
-                g.uuid not in self.unhealthy,
-            )
-            for g in sorted(self.gpus, key=lambda g: g.index)
-        )
 
 
 @dataclass(frozen=True)
@@ -210,27 +145,3 @@ def preferred_allocation(
         while free[gpu] and len(chosen) < size:
             chosen.append(free[gpu].pop(0))
     return chosen
-
-
-@dataclass(frozen=True)
-class ContainerAllocation:
-    """What a container gets from Allocate: env, mounts and CDI device names."""
-
-    envs: dict[str, str]
-    mounts: tuple[tuple[str, str, bool], ...]
-    cdi_devices: tuple[str, ...]
-
-
-def container_allocation(gpus: Sequence[str], cdi_kind: str | None = None) -> ContainerAllocation:
-    """The env, agent-socket mount and (with a CDI kind) CDI names for a container's GPUs."""
-    envs = {
-        names.ENV_GPUS: ",".join(gpus),
-        names.ENV_AGENT_SOCKET: names.AGENT_SOCKET,
-    }
-    cdi: tuple[str, ...] = ()
-    if cdi_kind:
-        cdi = tuple(f"{cdi_kind}={uuid}" for uuid in gpus)
-    else:
-        envs[names.ENV_NVIDIA_VISIBLE_DEVICES] = ",".join(gpus)
-    mounts = ((names.AGENT_SOCKET_DIR, names.AGENT_SOCKET_DIR, True),)
-    return ContainerAllocation(envs=envs, mounts=mounts, cdi_devices=cdi)

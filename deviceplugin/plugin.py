@@ -8,10 +8,10 @@ from pathlib import Path
 
 from baton.contract import names
 from deviceplugin.errors import DevicePluginStartError
-from deviceplugin.metrics import Metrics
 from deviceplugin.registration import RegistrationError, register
 from deviceplugin.server import PluginServer
 from deviceplugin.watcher import Change, SocketWatcher
+from nodegpu.metrics import Metrics
 
 log = logging.getLogger(__name__)
 RETRY_FIRST_S = 0.1

@@ -19,8 +19,8 @@ from baton.contract.annotations import encode_timestamp
 from deviceplugin.allocation import PodSource
 from deviceplugin.devices import PodView
 from deviceplugin.errors import DevicePluginError
-from deviceplugin.metrics import Metrics
 from deviceplugin.truth import Reconciliation, container_gpus, reconcile
+from nodegpu.metrics import Metrics
 
 if TYPE_CHECKING:
     from deviceplugin.podresources import Allocations

@@ -14,9 +14,11 @@ import grpc
 
 from baton._pb import api_pb2, api_pb2_grpc
 from deviceplugin.allocation import Allocator
-from deviceplugin.devices import HEALTHY, UNHEALTHY, ContainerAllocation, Inventory
-from deviceplugin.metrics import Metrics
-from deviceplugin.state import LiveInventory
+from deviceplugin.devices import HEALTHY, UNHEALTHY
+from nodegpu.container import ContainerAllocation
+from nodegpu.inventory import Inventory
+from nodegpu.metrics import Metrics
+from nodegpu.state import LiveInventory
 
 log = logging.getLogger(__name__)
 _STREAM_RECHECK_S = 30.0

@@ -11,9 +11,8 @@ Where each decision lives:
 - `runtime.py`   whether the node's container runtime applies CDI
 - `service.py`   the kubelet's gRPC services: DRAPlugin v1, DRAResourceHealth, Registration
 - `server.py`    their unix sockets (endpoint, plugins_registry)
-- `kubeapi.py`   the API calls (slices, claims, the node) as raw JSON
-- `daemon.py`    wiring; the command line is `baton/cli/dra.py`
+- `daemon.py`    wiring over `nodegpu`; the command line is `baton/cli/dra.py`
 
 GPU discovery and health (NVML XIDs, the fake GPUs' injected faults on the metrics port) are the
-device plugin's (`deviceplugin.gpus`, `deviceplugin.health`), shared, not copied.
+device plugin's (`nodegpu.gpus`, `nodegpu.health`), shared, not copied.
 """

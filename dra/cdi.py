@@ -1,7 +1,7 @@
 """CDI specs: one file per prepared claim, which the runtime applies to the claim's containers.
 
 The spec's claim device (`baton.dev/claim=<claim UID>`) carries what the device plugin's
-Allocate gives a container (`deviceplugin.devices.container_allocation`): `BATON_GPUS`,
+Allocate gives a container (`nodegpu.container.container_allocation`): `BATON_GPUS`,
 `BATON_AGENT_SOCKET`, the agent socket's directory bind-mounted, and, unless a vendor CDI kind
 is given (`--vendor-cdi nvidia.com/gpu`, whose IDs the kubelet then passes too),
 `NVIDIA_VISIBLE_DEVICES`. Each allocated device has a CDI device of its own too
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.contract import names
-from deviceplugin.devices import container_allocation
+from nodegpu.container import container_allocation
 
 CDI_VERSION = "0.6.0"
 _PREFIX = "baton-claim-"

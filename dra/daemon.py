@@ -10,19 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from baton.contract import names, shutdown
-from deviceplugin.annotate import NodeAnnotator
-from deviceplugin.devices import Inventory, NodeGpu
-from deviceplugin.health import HealthTracker, NvmlHealthLoop
-from deviceplugin.metrics import Metrics, StatusServer
-from deviceplugin.state import LiveInventory
+from baton.contract.draapi import DraApi
 from dra import runtime
 from dra.faults import PrepareHold
-from dra.kubeapi import KubeDraApi
 from dra.prepare import ClaimReader, Preparer
 from dra.publisher import SliceApi, SlicePublisher
 from dra.record import ClaimRecord
 from dra.server import DriverServer, endpoint_path, registration_path
 from dra.service import DraPluginService, HealthService, RegistrationService
+from nodegpu.inventory import NodeGpu
+from nodegpu.node import NodeGpus, NodeSettings, NodeStartError
 
 log = logging.getLogger(__name__)
 
@@ -32,34 +29,29 @@ class DraStartError(Exception):
 
 
 @dataclass(frozen=True)
-class Settings:
-    """Everything `baton dra` is told on its command line."""
+class Settings(NodeSettings):
+    """Everything `baton dra` is told on its command line: the node's, then its own."""
 
-    node_name: str
+    metrics_port: int = names.PORT_DRA
     plugins_dir: Path = Path(names.KUBELET_PLUGINS_DIR)
     registry_dir: Path = Path(names.KUBELET_PLUGINS_REGISTRY_DIR)
     cdi_dir: Path = Path(names.CDI_SPEC_DIR)
     state_dir: Path = Path(names.DRA_STATE_DIR)
-    slots_per_gpu: int = names.DEFAULT_SLOTS_PER_GPU
-    host_memory_budget_mib: int = 0
     vendor_cdi: str | None = None
     """A vendor CDI kind (`nvidia.com/gpu`) whose `<kind>=<uuid>` IDs are returned too."""
     runtime_cdi: str = runtime.AUTO
-    metrics_host: str = "0.0.0.0"
-    metrics_port: int = names.PORT_DRA
-    ignored_xids: frozenset[int] = frozenset()
-    shutdown_grace: float | None = None
 
 
 class Driver:
-    """The running DRA driver: kubelet sockets, ResourceSlice, health, node annotations."""
+    """The running DRA driver: kubelet sockets, ResourceSlice, claim preparation, over the node
+    layer (inventory, health, annotations, metrics)."""
 
     def __init__(
         self,
         settings: Settings,
         gpus: list[NodeGpu],
         fake: bool,
-        api: KubeDraApi | None = None,
+        api: DraApi | None = None,
         slices: SliceApi | None = None,
         claims: ClaimReader | None = None,
         api_client: Any = None,
@@ -67,14 +59,23 @@ class Driver:
         """`api` serves slices, claims and the node; tests pass `slices`/`claims` instead."""
         self.settings = settings
         self.api = api
-        self.inventory = LiveInventory(Inventory(tuple(gpus), settings.slots_per_gpu))
-        self.health = HealthTracker(self.inventory, settings.ignored_xids)
-        self.metrics = Metrics()
-        self.inventory.subscribe(self.metrics.observe_inventory)
-        self.metrics.observe_inventory(self.inventory.snapshot()[1])
         self._node: dict[str, Any] = {}
-        self.record = ClaimRecord(settings.state_dir)
         self.hold = PrepareHold() if fake else None
+        try:
+            self.node = NodeGpus(
+                settings,
+                gpus,
+                fake,
+                api_client,
+                self.not_ready,
+                {"/fake/hold-prepare": self.hold.arm} if self.hold else None,
+            )
+        except NodeStartError as err:
+            raise DraStartError(str(err)) from None
+        self.inventory = self.node.inventory
+        self.health = self.node.health
+        self.status = self.node.status
+        self.record = ClaimRecord(settings.state_dir)
         self.preparer = Preparer(
             settings.node_name,
             self.inventory,
@@ -100,28 +101,6 @@ class Driver:
             endpoint,
             registration_path(settings.registry_dir),
         )
-        self.nvml = None if fake else NvmlHealthLoop(self.health)
-        self.annotator = (
-            NodeAnnotator(
-                api_client, settings.node_name, self.inventory, settings.host_memory_budget_mib
-            )
-            if api_client is not None
-            else None
-        )
-        try:
-            self.status = StatusServer(
-                settings.metrics_host,
-                settings.metrics_port,
-                self.metrics,
-                self.health if fake else None,
-                self.not_ready,
-                {"/fake/hold-prepare": self.hold.arm} if self.hold else None,
-            )
-        except OSError as err:
-            raise DraStartError(
-                f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} "
-                f"({err.strerror}); pass another --metrics-port"
-            ) from None
 
     def cdi_refusal(self) -> str | None:
         """Why this node's runtime cannot apply the CDI specs, or None."""
@@ -151,11 +130,7 @@ class Driver:
         if why:
             log.error("claims will not be prepared on this node: %s", why)
         self.preparer.remove_orphans()
-        self.status.start()
-        if self.nvml is not None:
-            self.nvml.start()
-        if self.annotator is not None:
-            self.annotator.start()
+        self.node.start()
         self.publisher.start()
         self.server.start()
         log.info(
@@ -172,11 +147,7 @@ class Driver:
             self.hold.stop()
         self.server.stop(self.settings.shutdown_grace)
         self.publisher.stop()
-        if self.annotator is not None:
-            self.annotator.stop()
-        if self.nvml is not None:
-            self.nvml.stop()
-        self.status.stop()
+        self.node.stop()
 
     def run_until(
         self, stop: threading.Event, why: Callable[[], str | None] = lambda: None

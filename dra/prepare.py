@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 from baton.contract import names
 from baton.contract.draclaim import ClaimShare, claim_shares
-from deviceplugin.devices import Inventory, NodeGpu
-from deviceplugin.state import LiveInventory
 from dra import cdi
 from dra.record import ClaimRecord, PreparedClaim, PreparedDevice
+from nodegpu.inventory import Inventory, NodeGpu
+from nodegpu.state import LiveInventory
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +27,9 @@ class PrepareError(Exception):
 
 
 class ClaimReader(Protocol):
-    """Reads one ResourceClaim (the API server's JSON)."""
+    """Reads one ResourceClaim (the API server's JSON; None when it is gone)."""
 
-    def read_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
 
 def claim_gpus(
@@ -103,10 +103,9 @@ class Preparer:
         why = self.refusal()
         if why:
             raise PrepareError(f"node {self.node_name} cannot prepare claims: {why}")
-        try:
-            claim = self.claims.read_claim(namespace, name)
-        except LookupError as err:
-            raise PrepareError(f"claim {namespace}/{name}: {err}") from None
+        claim = self.claims.read_claim(namespace, name)
+        if claim is None:
+            raise PrepareError(f"claim {namespace}/{name}: the claim no longer exists")
         found = claim_gpus(claim, uid, self.node_name, self.inventory.snapshot()[1])
         vendor_ids = self._write(uid, {share.device: gpu.uuid for share, gpu in found})
         devices = tuple(

@@ -8,20 +8,19 @@ ours there (an older name) is deleted; other drivers' slices are never listed.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from baton.contract.kube import Outage
-from deviceplugin.state import LiveInventory
 from dra.slices import resource_slice, same_devices, slice_name
+from nodegpu.republish import Republisher
+from nodegpu.state import LiveInventory
 
 log = logging.getLogger(__name__)
-_MAX_BACKOFF_S = 10.0
 
 
 class SliceApi(Protocol):
-    """The slice calls the publisher needs (`dra.kubeapi.KubeDraApi`, or a test's store)."""
+    """The slice calls the publisher needs (`baton.contract.draapi.DraApi`, or a test's store)."""
 
     def list_slices(self) -> list[dict[str, Any]]: ...
     def create_slice(self, body: dict[str, Any]) -> None: ...
@@ -51,7 +50,8 @@ def publish_once(api: SliceApi, node_name: str, inventory: LiveInventory, node_u
 
 
 class SlicePublisher:
-    """A thread that publishes whenever poked, retrying with backoff until it succeeds."""
+    """Publishes the node's slice at start, whenever poked and after every inventory change,
+    retrying with backoff until it succeeds (`nodegpu.republish`)."""
 
     def __init__(
         self,
@@ -64,50 +64,28 @@ class SlicePublisher:
         self.node_name = node_name
         self.inventory = inventory
         self.node_uid = node_uid
-        self.published = threading.Event()
         self.publications = 0
-        self._pending = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)
-        self._outage = Outage(
+        outage = Outage(
             log,
             f"publishing node {node_name}'s ResourceSlice",
             "the scheduler allocates from the old slice, or none",
         )
+        self.republisher = Republisher("slice-publisher", self._publish, outage, 0.5)
+        self.published = self.republisher.published
+        """Set once the latest inventory and registration are published."""
         inventory.subscribe(lambda _inventory: self.poke())
 
     def poke(self) -> None:
         """Publish again soon (a registration or a health change)."""
-        self.published.clear()
-        self._pending.set()
+        self.republisher.poke()
 
     def start(self) -> None:
-        self._pending.set()
-        self._thread.start()
+        self.republisher.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._pending.set()
-        self._thread.join(timeout=_MAX_BACKOFF_S + 5)
+        self.republisher.stop()
 
-    def _run(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
-            self._pending.wait()
-            if self._stop.is_set():
-                return
-            self._pending.clear()
-            try:
-                done = publish_once(self.api, self.node_name, self.inventory, self.node_uid())
-            except Exception as err:  # any API failure: retry, the slice must get there
-                self._outage.failed(err, backoff)
-                self._pending.set()
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
-                continue
-            self._outage.answered()
-            backoff = 0.5
-            self.publications += 1
-            log.info("ResourceSlice of node %s %s", self.node_name, done)
-            if not self._pending.is_set():
-                self.published.set()
+    def _publish(self) -> None:
+        done = publish_once(self.api, self.node_name, self.inventory, self.node_uid())
+        self.publications += 1
+        log.info("ResourceSlice of node %s %s", self.node_name, done)

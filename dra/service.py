@@ -25,10 +25,10 @@ from baton._pb import (
     pluginregistration_pb2_grpc,
 )
 from baton.contract import names
-from deviceplugin.devices import Inventory
-from deviceplugin.state import LiveInventory
 from dra.prepare import PrepareError, Preparer
 from dra.record import PreparedClaim
+from nodegpu.inventory import Inventory
+from nodegpu.state import LiveInventory
 
 log = logging.getLogger(__name__)
 PLUGIN_TYPE = "DRAPlugin"

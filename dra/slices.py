@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from baton.contract import names
-from deviceplugin.devices import Inventory, NodeGpu
+from nodegpu.inventory import Inventory, NodeGpu
 
 TAINT_UNHEALTHY = f"{names.DRA_DRIVER}/unhealthy"
 API_VERSION = "resource.k8s.io/v1"

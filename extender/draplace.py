@@ -1,7 +1,8 @@
 """Placement on the DRA path: the GPU the scheduler will take, judged by Baton's rules. Pure.
 
 kube-scheduler allocates a claim the first devices of the node's slice (GPU index order) whose
-capacity fits: healthy, a free slot, summed duty within 100, memory within the GPU's. The
+capacity fits: the one fit rule (`extender.fit`) with the slice's capacities as its ceilings
+(the GPU's whole memory, summed duty within 100, no memory-limit cap). The
 extender cannot steer that choice, so it predicts it and asks `place` whether Baton's rules
 (memory headroom, the duty limit, the node's parked-memory worst case in host DRAM) hold there.
 """
@@ -12,6 +13,7 @@ from collections.abc import Callable
 
 from baton.contract.names import dra_device_name
 from baton.contract.podask import TenantRequest
+from extender.fit import NO_CAP, Ask, takes
 from extender.placement import (
     GpuLoad,
     Limits,
@@ -26,19 +28,14 @@ from extender.placement import (
 
 DRA_DUTY = 100.0
 """The `duty` capacity the driver publishes per GPU."""
-_EPSILON = 1e-9
 
 
 def first_fit(node: NodeState, request: TenantRequest) -> tuple[GpuLoad, ...]:
     """The GPUs the scheduler would allocate: the first, in index order, whose capacity fits."""
+    ask = Ask(request.memory_mib, request.duty, NO_CAP, DRA_DUTY)
     picked: list[GpuLoad] = []
     for load in sorted(node.gpus, key=lambda g: g.gpu.index):
-        gpu = load.gpu
-        memory = gpu.memory_mib if request.memory_mib is None else request.memory_mib
-        duty = load.default_duty if request.duty is None else request.duty
-        if not gpu.healthy or len(load.tenants) >= gpu.slots or memory > gpu.memory_mib:
-            continue
-        if load.duty_sum + duty > DRA_DUTY + _EPSILON:
+        if not takes(ask, load, load.gpu.memory_mib):
             continue
         picked.append(load)
         if len(picked) == request.gpus:

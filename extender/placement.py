@@ -1,11 +1,11 @@
 """Placement: whether, where and how well a tenant fits on a node. Pure: no I/O, no clock.
 
-A GPU can take a tenant when it is healthy, has a free slot, the tenant's `gpu-memory` fits
-the GPU's usable memory (size minus headroom), and the summed `gpu-duty` stays within the limit.
-A node can take it when enough of its GPUs can and its parked-memory worst case (see
-`extender.snapshot`) stays within its host DRAM budget. Among the GPUs that can, the policy's
-key picks (and scores) the best; `binpack` fills GPUs with tenants, `spread` prefers idle ones,
-`complement` brings summed duty closest to the limit.
+Whether a GPU can take a tenant, and what it costs the node's host DRAM budget, is the one fit
+rule (`extender.fit`), with the GPU's usable memory (size minus headroom) as its capacity and
+the extender's duty limit as its cap. A node can take it when enough of its GPUs can and its
+parked-memory worst case (see `extender.snapshot`) stays within its host DRAM budget. Among
+the GPUs that can, the policy's key picks (and scores) the best; `binpack` fills GPUs with
+tenants, `spread` prefers idle ones, `complement` brings summed duty closest to the limit.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import NamedTuple, TypeVar
 
 from baton.contract.names import MIB
 from baton.contract.podask import TenantRequest
+from extender.fit import EPSILON, plain_ask, room, row_fit
 from extender.snapshot import (
     GpuLoad,
     GpuRecord,
@@ -42,8 +43,6 @@ __all__ = [
     "parked_worst_mib",
     "place",
 ]
-
-_EPSILON = 1e-9
 
 
 class Verdict(NamedTuple):
@@ -90,45 +89,30 @@ def place(node: NodeState, request: TenantRequest, limits: Limits, choose: bool 
     return _choose(node, candidates, request.gpus)
 
 
-def _memory_cap(request: TenantRequest) -> float:
-    """The most `gpu-memory` per GPU the pod's memory limit can hold when parked."""
-    limit = request.memory_limit_bytes
-    return float("inf") if limit is None else limit // (MIB * request.gpus)
-
-
 def _candidates(
     node: NodeState, request: TenantRequest, limits: Limits, choose: bool
 ) -> tuple[list[_Candidate], bool]:
     """The GPUs that can take the tenant; without `choose`, stops (True) once enough fit."""
     found: list[_Candidate] = []
-    want, room, spent = request.gpus, _room(node), 0
-    wanted_memory, wanted_duty = request.memory_mib, request.duty
-    limit = request.memory_limit_bytes
+    want, left, spent = request.gpus, room(node), 0
+    ask = plain_ask(request, limits)
     max_duty = limits.max_duty
     policy = limits.policy
     for row in node.rows:
-        usable, duty_sum, default_duty, total, smallest, largest, parked, has_tenants = row[:8]
-        memory = usable if wanted_memory is None else wanted_memory
-        if memory > usable or (limit is not None and memory * want * MIB > limit):
+        fit = row_fit(row, ask)
+        if fit is None:
             continue
-        after = duty_sum + (default_duty if wanted_duty is None else wanted_duty)
-        if after > max_duty + _EPSILON:
-            continue
-        delta = 0
-        total += memory
-        if total > usable:
-            smallest = min(smallest, memory) if has_tenants else memory
-            delta = total - max(smallest, usable - max(largest, memory)) - parked
+        after, delta = fit
         if not choose:
             found.append(_Candidate(0.0, after, 0, delta, row.uuid))
             spent += delta
-            if len(found) == want and spent <= room:
+            if len(found) == want and spent <= left:
                 return found, True
             continue
         if policy is Policy.BINPACK:
             key = row.binpack_key
         elif policy is Policy.SPREAD:
-            key = 1.0 - max(row.taken_share, min(duty_sum / max_duty, 1.0))
+            key = 1.0 - max(row.taken_share, min(row.duty_sum / max_duty, 1.0))
         else:
             key = min(after / max_duty, 1.0)
         found.append(_Candidate(key, after, row.neg_index, delta, row.uuid))
@@ -149,16 +133,12 @@ def _refusal(state: GpuLoad, request: TenantRequest, limits: Limits) -> str:
         return f"{gpu.uuid} needs {memory} MiB parked per GPU, over the container memory limit"
     if len(state.tenants) >= gpu.slots:
         return f"{gpu.uuid} has no free slot ({len(state.tenants)}/{gpu.slots} taken)"
-    if state.duty_sum + duty > limits.max_duty + _EPSILON:
+    if state.duty_sum + duty > limits.max_duty + EPSILON:
         return (
             f"{gpu.uuid} summed duty would be {_pct(state.duty_sum + duty)}"
             f" > {_pct(limits.max_duty)}"
         )
     return ""
-
-
-def _room(node: NodeState) -> int:
-    return node.budget_mib - node.parked_worst_mib
 
 
 def _never_fits(node: NodeState, request: TenantRequest) -> str:
@@ -186,12 +166,12 @@ def _never_fits(node: NodeState, request: TenantRequest) -> str:
 
 def _choose(node: NodeState, candidates: list[_Candidate], count: int) -> Verdict:
     """The best-scoring GPUs whose parked memory fits the budget, else the thriftiest set."""
-    room = _room(node)
+    left = room(node)
     chosen: list[_Candidate] = []
     for candidate in sorted(candidates, reverse=True):
-        if candidate.parked_delta_mib <= room:
+        if candidate.parked_delta_mib <= left:
             chosen.append(candidate)
-            room -= candidate.parked_delta_mib
+            left -= candidate.parked_delta_mib
             if len(chosen) == count:
                 return _chosen(chosen)
     thrifty = sorted(candidates, key=lambda c: (c.parked_delta_mib, -c.key, -c.duty_after))
@@ -245,38 +225,28 @@ def one_gpu_chooser(
     It agrees with `place`: the GPU with the best policy key among those the pod fits and whose
     parked memory stays within the budget.
     """
-    wanted_memory, wanted_duty = request.memory_mib, request.duty
-    memory_cap = _memory_cap(request)
+    ask = plain_ask(request, limits)
     max_duty = limits.max_duty
-    duty_cap = max_duty + _EPSILON
     binpack, spread = limits.policy is Policy.BINPACK, limits.policy is Policy.SPREAD
-    shape = (wanted_memory, wanted_duty, memory_cap, limits.policy.value, max_duty)  # plain values
+    shape = (*ask, limits.policy.value)  # plain values
 
     def choose(node: NodeState) -> tuple[str, int] | None:
         return remembered(node, shape, fresh)
 
     def fresh(node: NodeState) -> tuple[str, int] | None:
-        room = node.budget_mib - node.parked_worst_mib
-        if room < 0:
+        left = room(node)
+        if left < 0:
             return None
         best_key, best_after, best_index, best_uuid = -1.0, 0.0, 0, ""
         for row in node.distinct_rows:
-            usable, duty_sum, default_duty, total, smallest, largest, parked, tenants = row[:8]
-            memory = usable if wanted_memory is None else wanted_memory
-            if memory > usable or memory > memory_cap:
+            fit = row_fit(row, ask)
+            if fit is None or fit[1] > left:
                 continue
-            after = duty_sum + (default_duty if wanted_duty is None else wanted_duty)
-            if after > duty_cap:
-                continue
-            total += memory
-            if total > usable:
-                smallest = min(smallest, memory) if tenants else memory
-                if total - max(smallest, usable - max(largest, memory)) - parked > room:
-                    continue
+            after = fit[0]
             if binpack:
                 key = row.binpack_key
             elif spread:
-                key = 1.0 - max(row.taken_share, min(duty_sum / max_duty, 1.0))
+                key = 1.0 - max(row.taken_share, min(row.duty_sum / max_duty, 1.0))
             else:
                 key = min(after / max_duty, 1.0)
             if key > best_key or (

@@ -16,8 +16,8 @@ from agent.core.leases import LeaseTable
 from agent.parking.metrics import Forward, ParkingMetrics
 from agent.server.accounting import AccountingCollector
 from agent.server.metrics import AgentMetrics
-from deviceplugin.metrics import Metrics as DevicePluginMetrics
 from extender.metrics import Metrics as ExtenderMetrics
+from nodegpu.metrics import Metrics as DevicePluginMetrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "manifests" / "grafana" / "baton.json"

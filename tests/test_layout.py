@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("agent", "baton", "extender", "deviceplugin", "dra")
+PACKAGES = ("agent", "baton", "extender", "deviceplugin", "dra", "nodegpu")
 GENERATED = "baton._pb"
 MAX_LINES = 400
 TOOLS = ("baton.cli", "baton.bench", "baton.demo", "baton.status", "baton.localnode")
@@ -269,3 +269,82 @@ def test_every_file_a_package_docstring_names_exists(package: str) -> None:
     named = files_named_by(package)
     missing = [f for f in named if not (folder / f).is_file() and not (ROOT / f).is_file()]
     assert not missing, f"{package}'s docstring names files that do not exist: {missing}"
+
+
+NODE_LAYER = "nodegpu"
+"""Below the kubelet-facing daemons (`deviceplugin`, `dra`): the node's GPUs, health, metrics."""
+
+
+def daemon_to_daemon_imports() -> list[tuple[str, str]]:
+    """(module, what it imports) for every import of one daemon package's module by another's."""
+    found = []
+    for module in sorted(m for m in MODULES if _within(m, DAEMONS)):
+        own = module.split(".")[0]
+        for name in sorted(imports_of(module, type_checking=True)):
+            other = name.split(".")[0]
+            if other in DAEMONS and other != own:
+                found.append((module, name))
+    return found
+
+
+def test_no_daemon_package_imports_another() -> None:
+    assert daemon_to_daemon_imports() == []
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _within(m, (NODE_LAYER,))))
+def test_the_node_layer_imports_no_daemon_and_no_tool(module: str) -> None:
+    for name in imports_of(module, type_checking=True):
+        assert not _within(name, DAEMONS + TOOLS), f"{module} imports {name}"
+        assert not _ours(name) or _within(name, (NODE_LAYER, GROUND)), f"{module} imports {name}"
+
+
+def test_the_daemon_check_sees_one_daemon_importing_another(tmp_path: Path) -> None:
+    """The rule above is no formality: `dra` importing `deviceplugin` is counted."""
+    MODULES["dra._layout_probe"] = tmp_path / "probe.py"
+    (tmp_path / "probe.py").write_text("from deviceplugin.devices import PodView\n")
+    try:
+        assert daemon_to_daemon_imports() == [("dra._layout_probe", "deviceplugin.devices")]
+    finally:
+        del MODULES["dra._layout_probe"]
+
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+GRAPH_START, GRAPH_END = "<!-- package graph: start -->", "<!-- package graph: end -->"
+
+
+def _unit(package: str) -> str:
+    """The part a package belongs to in the drawn graph: a top-level package, or `baton.<x>`."""
+    parts = package.split(".")
+    return ".".join(parts[:2]) if parts[0] == "baton" and len(parts) > 1 else parts[0]
+
+
+def drawn_graph() -> str:
+    """The package graph as docs/architecture.md draws it: each part and what it imports."""
+    arrows: dict[str, set[str]] = {}
+    for source, targets in package_graph().items():
+        mine = arrows.setdefault(_unit(source), set())
+        mine.update(_unit(t) for t in targets if _unit(t) != _unit(source))
+    lines = [
+        f"{part} -> {', '.join(sorted(arrows[part])) or '(nothing)'}" for part in sorted(arrows)
+    ]
+    return "\n".join(["```text", *lines, "```"])
+
+
+def test_the_architecture_page_draws_the_package_graph_of_the_code() -> None:
+    text = ARCHITECTURE.read_text()
+    drawn = text.split(GRAPH_START, 1)[1].split(GRAPH_END, 1)[0].strip()
+    assert drawn == drawn_graph(), (
+        f"docs/architecture.md's graph is stale; it is now:\n{drawn_graph()}"
+    )
+
+
+def test_the_daemon_image_holds_every_package() -> None:
+    """The Dockerfile copies each package and `.dockerignore` lets it through (the local node's
+    image builder reads both as Docker does)."""
+    from baton.localnode.dockerfile import parse_dockerfile
+    from baton.localnode.images import source_files
+
+    files = source_files(parse_dockerfile((ROOT / "Dockerfile").read_text()), ROOT)
+    copied = {str(f.relative_to(ROOT)) for f in files}
+    missing = [p for p in PACKAGES if f"{p}/__init__.py" not in copied]
+    assert not missing, f"the daemon image leaves out {missing}"

@@ -8,14 +8,12 @@ each pod's answer while the pod lives: an allocated claim does not change under 
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from baton.contract import names
 from baton.contract.draclaim import (
     ClaimRef,
     ClaimShare,
@@ -26,11 +24,10 @@ from baton.contract.draclaim import (
 )
 
 log = logging.getLogger(__name__)
-REQUEST_TIMEOUT_S = 10.0
 
 
 class ClaimsApi(Protocol):
-    """The two reads the view needs (`KubeClaimsApi`, or a test's store)."""
+    """The two reads the view needs (`baton.contract.draapi.DraApi`, or a test's store)."""
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def list_slices(self) -> list[dict[str, Any]]: ...
@@ -128,36 +125,3 @@ class DraView:
             for container, devices in ask.container_devices.items()
         }
         return True, DraHolding(gpus, ask.memory_mib, ask.duty)
-
-
-class KubeClaimsApi:
-    """ResourceClaims and this node's ResourceSlices of Baton's driver, as raw JSON."""
-
-    def __init__(self, api_client: Any, node_name: str) -> None:
-        from kubernetes import client
-
-        self._resource: Any = client.ResourceV1Api(api_client)
-        self.node_name = node_name
-
-    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The claim, or None when it is gone."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            answer = self._resource.read_namespaced_resource_claim(
-                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
-            )
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return dict(json.loads(answer.data))
-
-    def list_slices(self) -> list[dict[str, Any]]:
-        """Baton's driver's slices on this node."""
-        answer = self._resource.list_resource_slice(
-            field_selector=f"spec.nodeName={self.node_name},spec.driver={names.DRA_DRIVER}",
-            _preload_content=False,
-            _request_timeout=REQUEST_TIMEOUT_S,
-        )
-        return list(json.loads(answer.data).get("items") or [])

@@ -11,10 +11,11 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent.node.draview import DraHolding, DraView, KubeClaimsApi
+from agent.node.draview import DraHolding, DraView
 from agent.node.tenants import POD, Tenant
 from baton.contract import names
 from baton.contract.annotations import decode_parking, pod_assignment
+from baton.contract.draapi import DraApi
 from baton.contract.kube import Outage
 from baton.contract.podask import RequestError, TenantRequest, parse_pod_request
 from baton.contract.reflector import KubeSource, Reflector, WatchEvent
@@ -116,7 +117,7 @@ class PodWatcher:
     ) -> None:
         """`dra` reads pods' claims (by default through `api_client`)."""
         self._loop = loop
-        self._dra = dra or DraView(KubeClaimsApi(api_client, node_name), node_name)
+        self._dra = dra or DraView(DraApi(api_client, node_name), node_name)
         self._upsert = upsert
         self._remove = remove
         self._known = dict(known or {})

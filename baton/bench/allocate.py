@@ -22,7 +22,7 @@ from baton.contract import names
 from baton.contract.annotations import assignment_annotations
 from deviceplugin.daemon import Daemon, Settings
 from deviceplugin.devices import PodView
-from deviceplugin.gpus import parse_fake_gpus
+from nodegpu.gpus import parse_fake_gpus
 
 NODE = "bench-node"
 
@@ -95,6 +95,7 @@ def _fake_api(pods: list[PodView], workdir: Path) -> Iterator[Any]:
 def run(iterations: int, idle_pods: int, api: str) -> dict[str, object]:
     """Admit `iterations` assigned pods one by one (among `idle_pods` running ones)."""
     logging.getLogger("deviceplugin").setLevel(logging.ERROR)
+    logging.getLogger("nodegpu").setLevel(logging.ERROR)
     workdir = Path(tempfile.mkdtemp(prefix="dpb-", dir="/tmp"))
     gpus = parse_fake_gpus("8x81920", NODE)
     uuids = [g.uuid for g in gpus]

@@ -17,8 +17,8 @@ import yaml
 
 from baton.bench import fleet
 from baton.contract import names
-from deviceplugin.devices import Inventory, NodeGpu
 from dra.slices import resource_slice
+from nodegpu.inventory import Inventory, NodeGpu
 
 GROUP = "resource.k8s.io"
 VERSION = "v1"

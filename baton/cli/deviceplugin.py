@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from baton.cli.options import (
+    HOST_MEMORY_BUDGET_DEFAULT,
     IGNORED_XIDS_DEFAULT,
     AsJson,
     FakeGpus,
@@ -18,11 +19,11 @@ from baton.cli.options import (
     SlotsPerGpu,
     echo_figures,
     node_inputs,
+    node_options,
     setup_logging,
 )
 from baton.contract import names
 from baton.contract.shutdown import DEFAULT_GRACE_S
-from deviceplugin.annotate import DEFAULT_HOST_MEMORY_BUDGET
 from deviceplugin.reconcile import DEFAULT_INTERVAL_S
 
 
@@ -34,7 +35,7 @@ def deviceplugin(
     ] = names.KUBELET_DEVICE_PLUGIN_DIR,
     slots_per_gpu: SlotsPerGpu = names.DEFAULT_SLOTS_PER_GPU,
     fake_gpus: FakeGpus = None,
-    host_memory_budget: HostMemoryBudget = DEFAULT_HOST_MEMORY_BUDGET,
+    host_memory_budget: HostMemoryBudget = HOST_MEMORY_BUDGET_DEFAULT,
     cdi: Annotated[
         bool, typer.Option(envvar="BATON_CDI", help="Hand out CDI device names, not the env var.")
     ] = False,
@@ -74,21 +75,14 @@ def deviceplugin(
     from baton.contract.shutdown import StopSignal
     from deviceplugin.daemon import Daemon, Settings
     from deviceplugin.errors import DevicePluginStartError
+    from nodegpu.node import node_fields
 
     setup_logging(log_level)
-    found = node_inputs(
-        "baton deviceplugin", node_name, fake_gpus, host_memory_budget, ignored_xids, kubeconfig
-    )
+    found = node_inputs("baton deviceplugin", node_options(locals()))
     settings = Settings(
-        node_name=node_name,
+        **node_fields(found.settings),
         plugin_dir=Path(device_plugin_dir),
-        slots_per_gpu=slots_per_gpu,
-        host_memory_budget_mib=found.host_memory_budget_mib,
         cdi=cdi,
-        metrics_host=metrics_host,
-        metrics_port=metrics_port,
-        ignored_xids=found.ignored_xids,
-        shutdown_grace=shutdown_grace,
         pod_resources_socket=Path(pod_resources_socket) if pod_resources_socket else None,
         reconcile_interval_s=reconcile_interval,
     )

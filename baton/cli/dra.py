@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from baton.cli.options import (
+    HOST_MEMORY_BUDGET_DEFAULT,
     IGNORED_XIDS_DEFAULT,
     FakeGpus,
     HostMemoryBudget,
@@ -16,11 +17,11 @@ from baton.cli.options import (
     NodeName,
     SlotsPerGpu,
     node_inputs,
+    node_options,
     setup_logging,
 )
 from baton.contract import names
 from baton.contract.shutdown import DEFAULT_GRACE_S
-from deviceplugin.annotate import DEFAULT_HOST_MEMORY_BUDGET
 
 
 def dra(
@@ -41,7 +42,7 @@ def dra(
     ] = names.DRA_STATE_DIR,
     slots_per_gpu: SlotsPerGpu = names.DEFAULT_SLOTS_PER_GPU,
     fake_gpus: FakeGpus = None,
-    host_memory_budget: HostMemoryBudget = DEFAULT_HOST_MEMORY_BUDGET,
+    host_memory_budget: HostMemoryBudget = HOST_MEMORY_BUDGET_DEFAULT,
     vendor_cdi: Annotated[
         str,
         typer.Option(
@@ -72,30 +73,23 @@ def dra(
     """Run the DRA driver: publish GPUs as shareable devices, prepare claims with CDI."""
     from pathlib import Path
 
+    from baton.contract.draapi import DraApi
     from baton.contract.shutdown import StopSignal
     from dra.daemon import DraStartError, Driver, Settings
-    from dra.kubeapi import KubeDraApi
+    from nodegpu.node import node_fields
 
     setup_logging(log_level)
     if runtime_cdi not in ("auto", "on", "off"):
         raise typer.BadParameter("--runtime-cdi must be auto, on or off")
-    found = node_inputs(
-        "baton dra", node_name, fake_gpus, host_memory_budget, ignored_xids, kubeconfig
-    )
+    found = node_inputs("baton dra", node_options(locals()))
     settings = Settings(
-        node_name=node_name,
+        **node_fields(found.settings),
         plugins_dir=Path(plugins_dir),
         registry_dir=Path(registry_dir),
         cdi_dir=Path(cdi_dir),
         state_dir=Path(state_dir),
-        slots_per_gpu=slots_per_gpu,
-        host_memory_budget_mib=found.host_memory_budget_mib,
         vendor_cdi=vendor_cdi or None,
         runtime_cdi=runtime_cdi,
-        metrics_host=metrics_host,
-        metrics_port=metrics_port,
-        ignored_xids=found.ignored_xids,
-        shutdown_grace=shutdown_grace,
     )
     stop = StopSignal().install()
     api_client = found.api_client
@@ -104,7 +98,7 @@ def dra(
             settings,
             found.gpus,
             found.fake,
-            api=KubeDraApi(api_client, node_name),
+            api=DraApi(api_client, node_name),
             api_client=api_client,
         )
         driver.run_until(stop.event, lambda: stop.received)

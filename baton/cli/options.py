@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
@@ -12,10 +13,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from baton.contract import names
-from deviceplugin.health import DEFAULT_IGNORED_XIDS
+from nodegpu.annotate import DEFAULT_HOST_MEMORY_BUDGET
+from nodegpu.health import DEFAULT_IGNORED_XIDS
 
 if TYPE_CHECKING:
-    from deviceplugin.devices import NodeGpu
+    from nodegpu.inventory import NodeGpu
+    from nodegpu.node import NodeSettings
 
 Kubeconfig = Annotated[
     str | None,
@@ -48,6 +51,7 @@ IgnoredXids = Annotated[
     str, typer.Option(envvar="BATON_IGNORED_XIDS", help="XIDs that do not fail a GPU.")
 ]
 IGNORED_XIDS_DEFAULT = ",".join(map(str, DEFAULT_IGNORED_XIDS))
+HOST_MEMORY_BUDGET_DEFAULT = DEFAULT_HOST_MEMORY_BUDGET
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
@@ -61,38 +65,59 @@ def setup_logging(level: str) -> None:
 
 
 @dataclass(frozen=True)
-class NodeInputs:
-    """What a node daemon reads before it starts: its GPUs, its budget, its API client."""
+class NodeOptions:
+    """The node options every node daemon takes, as given on its command line."""
 
+    node_name: str
+    kubeconfig: str | None
+    slots_per_gpu: int
+    fake_gpus: str | None
+    host_memory_budget: str
+    ignored_xids: str
+    metrics_host: str
+    metrics_port: int
+    shutdown_grace: float
+
+
+@dataclass(frozen=True)
+class NodeInputs:
+    """What a node daemon reads before it starts: its node settings, GPUs and API client."""
+
+    settings: NodeSettings
     gpus: list[NodeGpu]
     fake: bool
-    host_memory_budget_mib: int
-    ignored_xids: frozenset[int]
     api_client: Any
 
 
-def node_inputs(
-    command: str,
-    node_name: str,
-    fake_gpus: str | None,
-    host_memory_budget: str,
-    ignored_xids: str,
-    kubeconfig: str | None,
-) -> NodeInputs:
+def node_options(arguments: Mapping[str, Any]) -> NodeOptions:
+    """The node options among a node command's arguments (its parameters bear their names)."""
+    return NodeOptions(**{f.name: arguments[f.name] for f in dataclasses.fields(NodeOptions)})
+
+
+def node_inputs(command: str, options: NodeOptions) -> NodeInputs:
     """Discover the GPUs (or make the fake ones), read the budget, XIDs and kubeconfig; a
     problem ends the command with one line naming it."""
     from baton.contract.kube import KubeConfigError, load_api_client
     from baton.contract.meminfo import MEMINFO
-    from deviceplugin.annotate import host_memory_budget_mib
-    from deviceplugin.gpus import DiscoveryError, discover
-    from deviceplugin.health import parse_xid_list
+    from nodegpu.annotate import host_memory_budget_mib
+    from nodegpu.gpus import DiscoveryError, discover
+    from nodegpu.health import parse_xid_list
+    from nodegpu.node import NodeSettings
 
     try:
-        gpus, fake = discover(fake_gpus, node_name)
-        budget = host_memory_budget_mib(host_memory_budget, Path(MEMINFO).read_text())
-        return NodeInputs(
-            list(gpus), fake, budget, parse_xid_list(ignored_xids), load_api_client(kubeconfig)
+        gpus, fake = discover(options.fake_gpus, options.node_name)
+        settings = NodeSettings(
+            node_name=options.node_name,
+            slots_per_gpu=options.slots_per_gpu,
+            host_memory_budget_mib=host_memory_budget_mib(
+                options.host_memory_budget, Path(MEMINFO).read_text()
+            ),
+            metrics_host=options.metrics_host,
+            metrics_port=options.metrics_port,
+            ignored_xids=parse_xid_list(options.ignored_xids),
+            shutdown_grace=options.shutdown_grace,
         )
+        return NodeInputs(settings, list(gpus), fake, load_api_client(options.kubeconfig))
     except (DiscoveryError, KubeConfigError, ValueError) as err:
         typer.echo(f"{command}: {err}", err=True)
         raise typer.Exit(1) from err

@@ -15,8 +15,8 @@ from baton.contract import names
 from baton.contract.kube import format_timestamp_ns
 from deviceplugin.allocation import PodSource
 from deviceplugin.daemon import Daemon, Settings
-from deviceplugin.gpus import parse_fake_gpus
-from deviceplugin.health import DEFAULT_IGNORED_XIDS
+from nodegpu.gpus import parse_fake_gpus
+from nodegpu.health import DEFAULT_IGNORED_XIDS
 from tests.harness.fakeapi import FakeApiServer
 from tests.harness.kubelet import KubeletStub
 from tests.harness.podresources import AdmittedPod, ContainerAsk

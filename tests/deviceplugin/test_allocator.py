@@ -10,12 +10,13 @@ import pytest
 from baton.bench.memory_pods import MemoryPods
 from baton.contract import names
 from deviceplugin.allocation import Allocator
-from deviceplugin.devices import Inventory, NodeGpu, PodView
+from deviceplugin.devices import PodView
 from deviceplugin.errors import ApiUnavailableError
-from deviceplugin.metrics import Metrics
 from deviceplugin.podresources import Allocations, PodResourcesClient, PodResourcesUnavailableError
 from deviceplugin.reconcile import Reconciler
-from deviceplugin.state import LiveInventory
+from nodegpu.inventory import Inventory, NodeGpu
+from nodegpu.metrics import Metrics
+from nodegpu.state import LiveInventory
 from tests.deviceplugin.test_devices import pod
 
 A, B = "GPU-a", "GPU-b"

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from baton.cli import app
 from baton.contract import names
-from deviceplugin.gpus import DiscoveryError, discover_nvml
+from nodegpu.gpus import DiscoveryError, discover_nvml
 from tests.deviceplugin.conftest import NODE, tenant_pod
 from tests.deviceplugin.test_allocate import GPU1
 

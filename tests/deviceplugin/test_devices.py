@@ -9,16 +9,15 @@ import pytest
 from baton.contract import names
 from baton.contract.annotations import decode_container_gpus, encode_container_gpus
 from deviceplugin.devices import (
-    Inventory,
-    NodeGpu,
     NoHealthyGpuError,
     PodView,
     choose_pod,
-    container_allocation,
     least_loaded_gpus,
     preferred_allocation,
 )
 from deviceplugin.truth import container_gpus, reconcile
+from nodegpu.container import container_allocation
+from nodegpu.inventory import Inventory, NodeGpu
 
 A, B, C = "GPU-a", "GPU-b", "GPU-c"
 INV = Inventory((NodeGpu(B, 1, "m", 100), NodeGpu(A, 0, "m", 100), NodeGpu(C, 2, "m", 100)), 2)

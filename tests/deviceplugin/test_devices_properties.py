@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from baton.contract import names
-from deviceplugin.devices import Inventory, NodeGpu, choose_pod, preferred_allocation
+from deviceplugin.devices import choose_pod, preferred_allocation
+from nodegpu.inventory import Inventory, NodeGpu
 from tests.deviceplugin.test_devices import pod
 
 GPUS = [f"GPU-{i}" for i in range(4)]

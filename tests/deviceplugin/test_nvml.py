@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.devices import Inventory, NodeGpu
-from deviceplugin.gpus import discover
-from deviceplugin.health import DEFAULT_IGNORED_XIDS, HealthTracker, NvmlHealthLoop
-from deviceplugin.state import LiveInventory
+from nodegpu.gpus import discover
+from nodegpu.health import DEFAULT_IGNORED_XIDS, HealthTracker, NvmlHealthLoop
+from nodegpu.inventory import Inventory, NodeGpu
+from nodegpu.state import LiveInventory
 
 UUIDS = ["GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000"]
 XID_CRITICAL = 0x8

@@ -6,9 +6,9 @@ import pytest
 
 from agent.parking.setup import parse_fake_gpus as agent_fake_gpus
 from baton.contract.names import fake_gpu_uuid
-from deviceplugin.annotate import host_memory_budget_mib
-from deviceplugin.gpus import DiscoveryError, discover, parse_fake_gpus
-from deviceplugin.health import DEFAULT_IGNORED_XIDS, is_critical_xid, parse_xid_list
+from nodegpu.annotate import host_memory_budget_mib
+from nodegpu.gpus import DiscoveryError, discover, parse_fake_gpus
+from nodegpu.health import DEFAULT_IGNORED_XIDS, is_critical_xid, parse_xid_list
 
 MEMINFO = "MemTotal:       16384000 kB\nMemFree:         1000 kB\n"
 

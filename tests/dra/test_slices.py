@@ -6,10 +6,10 @@ import copy
 from typing import Any
 
 from baton.contract import names
-from deviceplugin.devices import Inventory, NodeGpu
-from deviceplugin.state import LiveInventory
 from dra.publisher import publish_once
 from dra.slices import TAINT_UNHEALTHY, resource_slice, slice_name
+from nodegpu.inventory import Inventory, NodeGpu
+from nodegpu.state import LiveInventory
 
 GPUS = (NodeGpu("GPU-a", 0, "H100", 81920), NodeGpu("GPU-b", 1, "H100", 81920))
 

@@ -26,7 +26,7 @@ def test_dockerfile_is_read_as_docker_builds_it() -> None:
     assert DOCKERFILE.user == "65532:65532"
     assert (DOCKERFILE.entrypoint, DOCKERFILE.cmd) == (["baton"], ["--help"])
     files = {str(p.relative_to(CHECKOUT)) for p in images.source_files(DOCKERFILE)}
-    for package in ("baton", "agent", "deviceplugin", "extender"):
+    for package in ("baton", "agent", "deviceplugin", "dra", "nodegpu", "extender"):
         assert f"{package}/__init__.py" in files
     assert {"pyproject.toml", "README.md"} <= files
     assert not [f for f in files if "__pycache__" in f or f.startswith("baton/localnode/")]

@@ -23,7 +23,7 @@ from agent.client import Baton
 from agent.core.events import Event
 from agent.wire.handshake import handshake_path
 from baton.contract import names
-from deviceplugin.devices import container_allocation
+from nodegpu.container import container_allocation
 from tests.agent.node.test_podwatch import pod
 from tests.harness.agent import ROOT, AgentRunner, TenantProcess
 from tests.harness.fakeapi import FakeApiServer

@@ -69,7 +69,8 @@ class TenantState:
     pids: tuple[int, ...] = ()
     """The processes the backend moves for it, if it moves processes (cuda)."""
     method: str = ""
-    """The parking method that moves it (`fake`, `cuda`, `app`); empty: the backend's own."""
+    """The parking method that moves it (`fake`, `cuda`, `app`, `endpoint`); empty: the backend's
+    own."""
 
 
 class BackendError(Exception):
@@ -89,7 +90,9 @@ class BackendUnavailable(Exception):
 
 
 class Backend(abc.ABC):
-    """Parks and restores tenants' GPU memory. Implementations: null, fake, cuda, app."""
+    """Parks and restores tenants' GPU memory. Implementations: `fake`, `cuda`, `app`,
+    `endpoint` (the methods `agent.parking.setup.BACKENDS` names besides `none`), and `multi`,
+    which routes each tenant to one of several."""
 
     name: str = "base"
     reads_block: bool = True

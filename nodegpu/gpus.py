@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from baton.contract.names import MIB, fake_gpu_sizes, fake_gpu_uuid
-from deviceplugin.devices import NodeGpu
+from nodegpu.inventory import NodeGpu
 
 FAKE_MODEL = "Baton Fake GPU"
 

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 from baton.contract.annotations import node_annotations as annotations_of_node
 from baton.contract.kube import Outage
 from baton.contract.meminfo import mem_total_kib
-from deviceplugin.devices import Inventory
-from deviceplugin.state import LiveInventory
+from nodegpu.inventory import Inventory
+from nodegpu.republish import Republisher
+from nodegpu.state import LiveInventory
 
 log = logging.getLogger(__name__)
 DEFAULT_HOST_MEMORY_BUDGET = "50%"
-_MAX_BACKOFF_S = 10.0
 
 
 def node_annotations(inventory: Inventory, budget_mib: int) -> dict[str, str]:
@@ -48,44 +47,23 @@ class NodeAnnotator:
         self.node_name = node_name
         self.inventory = inventory
         self.budget_mib = budget_mib
-        self.published = threading.Event()
-        self._outage = Outage(
+        outage = Outage(
             log,
             f"annotating node {node_name}",
             "the extender does not see this node's GPUs and host budget, or sees old ones",
         )
-        self._pending = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="node-annotator", daemon=True)
-        inventory.subscribe(lambda _inventory: self._pending.set())
+        self.republisher = Republisher("node-annotator", self._publish, outage, 0.2)
+        inventory.subscribe(lambda _inventory: self.republisher.poke())
 
     def start(self) -> None:
         """Publish now and keep publishing on changes."""
-        self._pending.set()
-        self._thread.start()
+        self.republisher.start()
 
     def stop(self) -> None:
         """Stop publishing."""
-        self._stop.set()
-        self._pending.set()
-        self._thread.join(timeout=10)
+        self.republisher.stop()
 
-    def _run(self) -> None:
-        backoff = 0.2
-        while True:
-            self._pending.wait()
-            if self._stop.is_set():
-                return
-            self._pending.clear()
-            _, inventory = self.inventory.snapshot()
-            body = {"metadata": {"annotations": node_annotations(inventory, self.budget_mib)}}
-            try:
-                self._core.patch_node(self.node_name, body, _request_timeout=5)
-                self.published.set()
-                self._outage.answered()
-                backoff = 0.2
-            except Exception as err:
-                self._outage.failed(err, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
-                self._pending.set()
+    def _publish(self) -> None:
+        _, inventory = self.inventory.snapshot()
+        body = {"metadata": {"annotations": node_annotations(inventory, self.budget_mib)}}
+        self._core.patch_node(self.node_name, body, _request_timeout=5)

@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from baton.contract import names
-from deviceplugin.devices import Inventory
-from deviceplugin.health import HealthTracker
+from nodegpu.health import HealthTracker
+from nodegpu.inventory import Inventory
 
 log = logging.getLogger(__name__)
 _P = names.METRICS_PREFIX + "deviceplugin_"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from deviceplugin.devices import Inventory
+from nodegpu.inventory import Inventory
 
 Listener = Callable[[Inventory], None]
 

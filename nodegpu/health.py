@@ -11,7 +11,7 @@ import logging
 import threading
 from typing import Any
 
-from deviceplugin.state import LiveInventory
+from nodegpu.state import LiveInventory
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,9 @@
-"""The API calls the driver makes, as raw JSON (the client's models lag resource.k8s.io/v1)."""
+"""The one client of the DRA API (resource.k8s.io/v1) on a node, as raw JSON.
+
+Baton's driver's ResourceSlices on one node, ResourceClaims, and the node itself; the DRA driver
+and the agent's DRA view both read through it. A missing claim is None, never an exception.
+Raw JSON because the client's models lag resource.k8s.io/v1.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,8 @@ from baton.contract import names
 REQUEST_TIMEOUT_S = 10.0
 
 
-class KubeDraApi:
-    """ResourceSlices of this driver on one node, ResourceClaims, and the node itself."""
+class DraApi:
+    """ResourceSlices of Baton's driver on one node, ResourceClaims, and the node itself."""
 
     def __init__(self, api_client: Any, node_name: str) -> None:
         from kubernetes import client
@@ -21,8 +26,22 @@ class KubeDraApi:
         self._core: Any = client.CoreV1Api(api_client)
         self.node_name = node_name
 
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim, or None when it is gone."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            answer = self._resource.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return dict(json.loads(answer.data))
+
     def list_slices(self) -> list[dict[str, Any]]:
-        """This driver's slices on this node."""
+        """Baton's driver's slices on this node."""
         answer = self._resource.list_resource_slice(
             field_selector=f"spec.nodeName={self.node_name},spec.driver={names.DRA_DRIVER}",
             _preload_content=False,
@@ -44,20 +63,6 @@ class KubeDraApi:
         self._resource.delete_resource_slice(
             name, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
         )
-
-    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        """The claim (LookupError when it is gone)."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            answer = self._resource.read_namespaced_resource_claim(
-                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
-            )
-        except ApiException as err:
-            if err.status == 404:
-                raise LookupError("the claim no longer exists") from None
-            raise
-        return dict(json.loads(answer.data))
 
     def node(self) -> dict[str, Any]:
         """This node's object."""
