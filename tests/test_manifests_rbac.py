@@ -43,7 +43,7 @@ WATCHED_KINDS = {"nodes", "pods", "resourceclaims"}
 # Which code runs under which ServiceAccount's ClusterRole.
 ROLES = {
     "baton-agent": ("agent",),
-    "baton-deviceplugin": ("deviceplugin",),
+    "baton-deviceplugin": ("deviceplugin", "nodegpu"),
     "baton-extender": ("extender",),
 }
 # The DRA overlay's roles for the same code (`--dra`), checked with the base role's.

@@ -64,6 +64,8 @@ class TurnState:
         self._ahead = LookAhead(preparer, self._spawn)
         self.stopping = False
         self._persist_soon = False
+        self._persist_asked = False
+        """`persist()` was called and its step has not run yet (close saves then too)."""
         self._settle_pending = False
         self._closed = False
 
@@ -77,7 +79,7 @@ class TurnState:
             self._timer.cancel()
         for task in list(self._tasks):
             task.cancel()
-        if self._persist_soon:
+        if self._store is not None and (self._persist_soon or self._persist_asked):
             self._save()
         if self._store is not None:
             self._store.flush()
@@ -88,6 +90,7 @@ class TurnState:
     def persist(self) -> None:
         """Save the state soon (e.g. after the residency layer moved memory): in the next
         event-loop step, after a grant those moves made room for has reached its tenant."""
+        self._persist_asked = True
         asyncio.get_running_loop().call_soon(self._persist)
 
     def _fail(self, waiter_id: str, error: Exception) -> None:
@@ -133,6 +136,7 @@ class TurnState:
 
     def _persist(self) -> None:
         """Save the state once this event-loop step's changes are all made."""
+        self._persist_asked = False
         if self._store is not None and not self._persist_soon:
             self._persist_soon = True
             asyncio.get_running_loop().call_soon(self._save)
