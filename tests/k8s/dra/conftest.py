@@ -23,6 +23,13 @@ from tests.k8s.pods import namespace_obj
 CDI_DIR = Path("/var/run/cdi")
 
 
+def containerd2_node(factory: pytest.TempPathFactory, name: str) -> LocalNode:
+    """A local node (not started) on containerd 2.x, cleaning the CDI specs pods leave."""
+    return LocalNode(
+        factory.mktemp(name), scratch_dirs=(*HOST_DIRS, CDI_DIR), containerd=CONTAINERD_SHARED
+    )
+
+
 @pytest.fixture(scope="package")
 def dra_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A Ready node on containerd 2.x with the DRA driver's ResourceSlice published."""
@@ -30,11 +37,7 @@ def dra_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if find_containerd2() is None:
         where = ", ".join(str(d) for d in search_dirs())
         pytest.skip(f"needs containerd-v2.*-linux-amd64.tar.xz in {where}")
-    node = LocalNode(
-        tmp_path_factory.mktemp("localnode-dra"),
-        scratch_dirs=(*HOST_DIRS, CDI_DIR),
-        containerd=CONTAINERD_SHARED,
-    )
+    node = containerd2_node(tmp_path_factory, "localnode-dra")
     try:
         node.start()
         began = time.monotonic()

@@ -18,13 +18,12 @@ import pytest
 
 from baton.contract import names
 from baton.localnode.binaries import find_containerd2, find_helm, search_dirs
-from baton.localnode.install import HOST_DIRS
-from baton.localnode.node import CONTAINERD_SHARED, LocalNode
+from baton.localnode.node import LocalNode
 from tests.k8s.cluster import Cluster
 from tests.k8s.conftest import _skip_unless_possible
+from tests.k8s.dra.conftest import containerd2_node
 
 CHART = Path(__file__).resolve().parents[3] / "charts" / "baton"
-CDI_DIR = Path("/var/run/cdi")
 
 
 class HelmNode(Cluster):
@@ -73,11 +72,7 @@ def helm_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HelmNode]:
     if helm_binary is None or find_containerd2() is None:
         where = ", ".join(str(d) for d in search_dirs())
         pytest.skip(f"needs containerd-v2 and helm (helm-v*-linux-amd64.xz) in {where}")
-    node = LocalNode(
-        tmp_path_factory.mktemp("localnode-helm"),
-        scratch_dirs=(*HOST_DIRS, CDI_DIR),
-        containerd=CONTAINERD_SHARED,
-    )
+    node = containerd2_node(tmp_path_factory, "localnode-helm")
     try:
         node.start()
         yield HelmNode(node, helm_binary)
