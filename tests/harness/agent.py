@@ -175,12 +175,7 @@ class AgentRunner:
 
     def http(self, path: str) -> tuple[int, str]:
         """GET a path from the agent's HTTP server."""
-        url = f"{self.http_url}{path}"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+        return http_get(f"{self.http_url}{path}")
 
     def status(self) -> dict[str, Any]:
         """The /v1/status document."""
@@ -249,3 +244,12 @@ class TenantProcess:
                 self.proc.wait(10)
             except (OSError, subprocess.TimeoutExpired):
                 self.kill()
+
+
+def http_get(url: str, timeout: float = 10) -> tuple[int, str]:
+    """GET a daemon's HTTP document: its status and body, an error status included."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()

@@ -19,6 +19,7 @@ from baton.contract.kube import Outage
 from nodegpu.gpus import parse_fake_gpus
 from nodegpu.node import NodeGpus, NodeSettings, NodeStartError, node_fields
 from nodegpu.republish import Republisher
+from tests.harness.agent import http_get
 
 WAIT_S = 10.0
 
@@ -28,12 +29,7 @@ def _settings(port: int = 0) -> NodeSettings:
 
 
 def _get(node: NodeGpus, path: str) -> tuple[int, str]:
-    url = f"http://127.0.0.1:{node.status.port}{path}"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
+    return http_get(f"http://127.0.0.1:{node.status.port}{path}", timeout=5)
 
 
 def test_one_object_serves_status_and_fake_faults_and_stops() -> None:
