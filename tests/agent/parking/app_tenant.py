@@ -9,12 +9,17 @@ import argparse
 import json
 import random
 import sys
+import threading
 
 from agent.client import Baton
 
 
+printing = threading.Lock()  # the callbacks run on the client's thread, the turns on this one
+
+
 def say(**event):
-    print(json.dumps(event), flush=True)
+    with printing:
+        print(json.dumps(event), flush=True)
 
 
 class Model:
