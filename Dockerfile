@@ -14,6 +14,7 @@ COPY deviceplugin ./deviceplugin
 COPY dra ./dra
 COPY nodegpu ./nodegpu
 COPY extender ./extender
+COPY commands ./commands
 RUN python -m venv /opt/baton \
     && /opt/baton/bin/pip install --no-cache-dir --upgrade pip \
     && /opt/baton/bin/pip install --no-cache-dir ".${BATON_EXTRAS:+[${BATON_EXTRAS}]}"

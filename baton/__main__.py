@@ -1,5 +1,5 @@
 """`python -m baton`: the `baton` command, for when the console script is not on PATH."""
 
-from baton.cli import main
+from commands.cli import main
 
 main()

@@ -14,5 +14,5 @@ The node's GPUs, their health, the node annotations and the metrics server are t
 - `podresources.py`, `truth.py`, `reconcile.py`  the kubelet's PodResources record of what each
                  container got, and pod annotations written from it
 - `daemon.py`    wiring over `nodegpu.node.NodeGpus`; the command line is
-                 `baton/cli/deviceplugin.py`, the bench `baton/bench/allocate.py`
+                 `commands/cli/deviceplugin.py`, the bench `commands/bench/allocate.py`
 """

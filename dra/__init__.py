@@ -11,7 +11,7 @@ Where each decision lives:
 - `runtime.py`   whether the node's container runtime applies CDI
 - `service.py`   the kubelet's gRPC services: DRAPlugin v1, DRAResourceHealth, Registration
 - `server.py`    their unix sockets (endpoint, plugins_registry)
-- `daemon.py`    wiring over `nodegpu`; the command line is `baton/cli/dra.py`
+- `daemon.py`    wiring over `nodegpu`; the command line is `commands/cli/dra.py`
 
 GPU discovery and health (NVML XIDs, the fake GPUs' injected faults on the metrics port) are the
 device plugin's (`nodegpu.gpus`, `nodegpu.health`), shared, not copied.

@@ -204,7 +204,7 @@ fi
     tee "$logs/cuda.json"
 
 if [ "$DRY" -eq 1 ]; then # what needs CUDA torch: only checked to compile here
-    "$PYTHON" -m py_compile hack/train-exactness.py baton/bench/train.py agent/client/torch.py
+    "$PYTHON" -m py_compile hack/train-exactness.py commands/bench/train.py agent/client/torch.py
     echo "gpu-check: dry run passed (steps 3 and 4 need a GPU and CUDA torch: compiled only)"
     exit 0
 fi

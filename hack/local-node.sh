@@ -11,4 +11,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-.venv/bin/python}"
 [ -x "$python" ] || python=python3
-exec "$python" -m baton.localnode "${@:-up}"
+exec "$python" -m commands.localnode "${@:-up}"

@@ -18,7 +18,7 @@ import sys
 from dataclasses import replace
 
 from agent.examples.train.jobs import JobConfig
-from baton.demo.train import TenantSpec, run_alone, run_shared, same_training
+from commands.demo.train import TenantSpec, run_alone, run_shared, same_training
 
 GPU_SIZES = {"d_model": 512, "layers": 8, "heads": 8, "digits": 16}
 """Real sizes for a GPU: about 25 M parameters, steps of a fraction of a second."""

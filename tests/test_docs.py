@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import typer.main
 
-import baton.cli
+import commands.cli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -54,7 +54,7 @@ def test_figures_carry_no_dates() -> None:
 
 @pytest.mark.parametrize("command", sorted(DAEMON_PAGES))
 def test_every_daemon_flag_is_documented(command: str) -> None:
-    group = typer.main.get_command(baton.cli.app)
+    group = typer.main.get_command(commands.cli.app)
     assert isinstance(group, typer.main.TyperGroup)
     cmd = group.commands[command]
     page = (DOCS / DAEMON_PAGES[command]).read_text()

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("agent", "baton", "extender", "deviceplugin", "dra", "nodegpu")
+PACKAGES = ("agent", "baton", "extender", "deviceplugin", "dra", "nodegpu", "commands")
 GENERATED = "baton._pb"
 MAX_LINES = 400
-TOOLS = ("baton.cli", "baton.bench", "baton.demo", "baton.status", "baton.localnode")
+TOOLS = ("commands",)
+"""The roof: the commands, benches, demo, local node and status, above every daemon."""
 DAEMONS = ("agent", "extender", "deviceplugin", "dra")
 CORE_MAY_IMPORT = ("agent.core", "baton.contract.names")
 CLIENT_MUST_NOT_IMPORT = ("agent.server", "agent.node", "agent.parking", "agent.core")
@@ -188,7 +189,7 @@ def package_graph() -> dict[str, set[str]]:
     """Package → the other packages its modules import, type annotations' imports included.
 
     A package's own sub-packages are separate nodes: `agent.server` importing `agent.core` is an
-    arrow between two packages, and so is `baton` importing `baton.cli`.
+    arrow between two packages, and so is `baton` importing `commands.cli`.
     """
     graph: dict[str, set[str]] = {}
     for module in MODULES:
@@ -313,9 +314,11 @@ GRAPH_START, GRAPH_END = "<!-- package graph: start -->", "<!-- package graph: e
 
 
 def _unit(package: str) -> str:
-    """The part a package belongs to in the drawn graph: a top-level package, or `baton.<x>`."""
+    """The part a package belongs to in the drawn graph: a top-level package, or `baton.<x>` and
+    `commands.<x>` (the ground's and the roof's parts)."""
     parts = package.split(".")
-    return ".".join(parts[:2]) if parts[0] == "baton" and len(parts) > 1 else parts[0]
+    split = parts[0] in ("baton", *TOOLS) and len(parts) > 1
+    return ".".join(parts[:2]) if split else parts[0]
 
 
 def drawn_graph() -> str:
@@ -338,11 +341,46 @@ def test_the_architecture_page_draws_the_package_graph_of_the_code() -> None:
     )
 
 
+LAYERS = ((GROUND, "baton._pb"), (NODE_LAYER,), DAEMONS, TOOLS)
+"""From the ground up. `baton` itself (the package's root) is the entry point."""
+ENTRY_POINT = "baton"
+
+
+def _layer(part: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if _within(part, layer))
+
+
+def upward_arrows() -> list[tuple[str, str]]:
+    """(part, what it imports) for every arrow of the drawn graph from a lower layer to a higher."""
+    found = set()
+    for source, targets in package_graph().items():
+        for target in targets:
+            if source == ENTRY_POINT or _layer(_unit(target)) > _layer(_unit(source)):
+                found.add((_unit(source), _unit(target)))
+    return sorted(found)
+
+
+def test_the_only_arrow_up_is_the_entry_point() -> None:
+    """The ground imports nothing above it, the node layer no daemon, the daemons no command;
+    `python -m baton` entering the commands is the one arrow that points up."""
+    assert upward_arrows() == [(ENTRY_POINT, "commands.cli")]
+
+
+def test_the_arrow_check_sees_the_ground_reaching_up(tmp_path: Path) -> None:
+    """The rule above is no formality: the contract importing the agent is counted."""
+    MODULES["baton.contract._layout_probe"] = tmp_path / "probe.py"
+    (tmp_path / "probe.py").write_text("from agent.core.leases import Lease\n")
+    try:
+        assert ("baton.contract", "agent") in upward_arrows()
+    finally:
+        del MODULES["baton.contract._layout_probe"]
+
+
 def test_the_daemon_image_holds_every_package() -> None:
     """The Dockerfile copies each package and `.dockerignore` lets it through (the local node's
     image builder reads both as Docker does)."""
-    from baton.localnode.dockerfile import parse_dockerfile
-    from baton.localnode.images import source_files
+    from commands.localnode.dockerfile import parse_dockerfile
+    from commands.localnode.images import source_files
 
     files = source_files(parse_dockerfile((ROOT / "Dockerfile").read_text()), ROOT)
     copied = {str(f.relative_to(ROOT)) for f in files}

@@ -19,7 +19,7 @@ import pytest
 import typer.main
 import yaml
 
-import baton.cli
+import commands.cli
 from baton.contract import names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,7 +183,7 @@ def test_example_tenant_asks_for_baton_resources() -> None:
 
 
 def _options(command: str) -> set[str]:
-    group = typer.main.get_command(baton.cli.app)
+    group = typer.main.get_command(commands.cli.app)
     assert isinstance(group, typer.main.TyperGroup)
     cmd = group.commands.get(command)
     assert cmd is not None, f"`baton {command}` is not registered"
@@ -229,7 +229,7 @@ def test_dockerfile_copies_every_package_and_ignores_nothing_it_needs() -> None:
         for line in re.findall(r"^COPY (?!--from)(.+)$", dockerfile, re.M)
         for src in line.split()[:-1]
     }
-    packages = {"baton", "agent", "deviceplugin", "extender"}
+    packages = {"baton", "agent", "deviceplugin", "dra", "nodegpu", "extender", "commands"}
     assert packages | {"pyproject.toml", "README.md"} <= copied
     assert re.search(r'^ENTRYPOINT \["baton"\]$', dockerfile, re.M)
     patterns = [p for p in (ROOT / ".dockerignore").read_text().splitlines() if p and p[0] != "#"]

@@ -49,7 +49,7 @@ ROLES = {
 # The DRA overlay's roles for the same code (`--dra`), checked with the base role's.
 DRA_ROLES = {"baton-extender": "baton-extender-dra"}
 # Commands a user runs with their own kubeconfig, never under a daemon's ServiceAccount.
-USER_SIDE = {"baton/status/cluster.py"}
+USER_SIDE = {"commands/status/cluster.py"}
 
 
 def _rbac_rules(path: Path) -> list[tuple[str, list[str]]]:

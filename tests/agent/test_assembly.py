@@ -15,8 +15,8 @@ from agent.node.tenants import POD, Tenant
 from agent.parking.backends.base import BackendError
 from agent.parking.setup import ParkingOptions, parse_fake_gpus
 from agent.server.service import tenant_ref
-from baton.cli import app
 from baton.contract.names import MIB
+from commands.cli import app
 from tests.harness.agent import AgentRunner
 
 GPUS = parse_fake_gpus("1x100")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from agent.client import Baton
-from baton.cli import app
+from commands.cli import app
 from tests.harness.agent import ROOT, AgentRunner
 
 
@@ -43,7 +43,7 @@ def test_status_says_when_the_agent_is_unreachable(workdir: str) -> None:
 
 
 def test_events_prints_the_agents_event_stream(agent: AgentRunner) -> None:
-    command = [sys.executable, "-c", "from baton.cli import main; main()", "events"]
+    command = [sys.executable, "-c", "from commands.cli import main; main()", "events"]
     where = ["--socket", agent.socket, "--state-dir", agent.config.state_dir]
     watcher = subprocess.Popen(
         [*command, *where, "--count", "5", "--json"],

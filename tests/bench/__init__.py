@@ -1,1 +1,1 @@
-"""Tests of baton/bench."""
+"""Tests of commands/bench."""

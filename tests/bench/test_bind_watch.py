@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from baton.bench.fleet import BindWatch
 from baton.contract.reflector import WatchEvent
+from commands.bench.fleet import BindWatch
 from tests.harness.fakeapi import FakeApiServer
 
 

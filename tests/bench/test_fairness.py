@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from agent.core.fair import FairConfig
-from baton.bench.fairness import MIXES, run_fairness_bench
-from baton.cli import app
+from commands.bench.fairness import MIXES, run_fairness_bench
+from commands.cli import app
 
 
 def test_the_fair_policy_meets_its_share_and_wait_targets_where_fifo_does_not() -> None:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from baton.bench.handoff import handoffs, idle_share, percentile, run_handoff_bench
+from commands.bench.handoff import handoffs, idle_share, percentile, run_handoff_bench
 
 FIELDS = (
     "acquire_p50_ms",
@@ -106,7 +106,7 @@ def test_the_command_prints_the_figures_as_json_on_its_last_line() -> None:
         [
             sys.executable,
             "-c",
-            "from baton.cli import main; main()",
+            "from commands.cli import main; main()",
             "bench",
             "handoff",
             "--iterations",
@@ -127,7 +127,7 @@ def test_the_command_refuses_an_unknown_backend_naming_the_option() -> None:
         [
             sys.executable,
             "-c",
-            "from baton.cli import main; main()",
+            "from commands.cli import main; main()",
             "bench",
             "handoff",
             "--backend",

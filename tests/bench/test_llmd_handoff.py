@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from baton.bench.llmd_handoff import run_llmd_handoff_bench
+from commands.bench.llmd_handoff import run_llmd_handoff_bench
 from tests.bench.test_handoff import FIELDS
 
 
@@ -21,7 +21,7 @@ def test_a_short_run_reports_every_field_with_the_relay_beside_it() -> None:
 
 
 def test_the_command_takes_api_llmd_and_refuses_other_apis() -> None:
-    base = [sys.executable, "-c", "from baton.cli import main; main()", "bench", "handoff"]
+    base = [sys.executable, "-c", "from commands.cli import main; main()", "bench", "handoff"]
     out = subprocess.run(
         [*base, "--api", "llmd", "--iterations", "10", "--json"],
         capture_output=True,

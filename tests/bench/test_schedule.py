@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from baton.bench import nullextender, schedprofiles, schedule
 from baton.contract.kube import Outage
 from baton.contract.names import ANNOTATION_ASSIGNED_GPUS
 from baton.contract.podask import parse_quantity
 from baton.contract.reflector import KubeSource, Reflector, WatchEvent
-from baton.localnode.binaries import find_binaries
+from commands.bench import nullextender, schedprofiles, schedule
+from commands.localnode.binaries import find_binaries
 
 pytestmark = pytest.mark.timeout(300)
 

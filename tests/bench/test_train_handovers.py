@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from baton.bench.handovers import handovers, summary
+from commands.bench.handovers import handovers, summary
 
 
 def report(turns: list[list[float]], callbacks: list[list[object]]) -> dict:
@@ -43,7 +43,7 @@ def test_the_parts_of_a_handover_add_up_to_its_idle_time() -> None:
 
 
 def test_the_short_mix_is_four_short_steppers_on_a_gpu_that_holds_one() -> None:
-    from baton.demo.trl import SHORT_STEPS, trl_mix
+    from commands.demo.trl import SHORT_STEPS, trl_mix
 
     mix = trl_mix("short", steps=5, tenants=None)
     assert (mix.tenants, mix.steps, mix.fits) == (4, 5, 1) and mix == replace(SHORT_STEPS, steps=5)
@@ -55,7 +55,7 @@ def test_the_short_mix_is_four_short_steppers_on_a_gpu_that_holds_one() -> None:
 def test_bench_train_takes_a_mix_with_the_trl_framework_only() -> None:
     from typer.testing import CliRunner
 
-    from baton.cli import app
+    from commands.cli import app
 
     result = CliRunner().invoke(app, ["bench", "train", "--mix", "short"])
     assert result.exit_code != 0 and "--framework trl only" in result.output

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from baton.localnode.binaries import find_helm, search_dirs
+from commands.localnode.binaries import find_helm, search_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "baton"

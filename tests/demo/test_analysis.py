@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent.core import events as ev
-from baton.demo.analysis import (
+from commands.demo.analysis import (
     Hold,
     busy_seconds,
     cycle_duty,

@@ -13,9 +13,9 @@ from rich.console import Console
 
 from agent.core import events as ev
 from baton.contract.names import MIB
-from baton.demo.report import print_report, summarize
-from baton.demo.runner import DemoConfig, PhaseResult, run_comparison
-from baton.demo.timeline import chrome_trace, png_size, write_timeline
+from commands.demo.report import print_report, summarize
+from commands.demo.runner import DemoConfig, PhaseResult, run_comparison
+from commands.demo.timeline import chrome_trace, png_size, write_timeline
 
 # Two 600 MiB tenants on a 1000 MiB GPU: they never fit together, so every switch moves memory.
 CONFIG = DemoConfig(
@@ -108,7 +108,7 @@ def test_timeline_is_a_chrome_trace_and_a_png_of_the_right_size(run, tmp_path):
 
 def test_bench_duty_prints_every_field_on_its_last_line():
     out = subprocess.run(
-        [sys.executable, "-c", "from baton.cli import main; main()", "bench", "duty", "--json",
+        [sys.executable, "-c", "from commands.cli import main; main()", "bench", "duty", "--json",
          "--tenants", "2", "--duration", "1.0", "--warmup", "0.2", "--cycle", "0.3",
          "--gpu-memory", "1000", "--footprints", "600", "--scale", "0.001"],
         capture_output=True, text=True, timeout=90, check=True,

@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 
 from agent.core import events as ev
-from baton.cli.demo import _config, _train
-from baton.demo.report import print_report, summarize
-from baton.demo.runner import DemoConfig, PhaseResult, run_comparison
+from commands.cli.demo import _config, _train
+from commands.demo.report import print_report, summarize
+from commands.demo.runner import DemoConfig, PhaseResult, run_comparison
 
 if importlib.util.find_spec("torch") is None or importlib.util.find_spec("trl") is None:
     pytest.skip("needs trl (pip install 'baton-gpu[trl]')", allow_module_level=True)

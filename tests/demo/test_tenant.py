@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agent.client import LeaseInfo
 from agent.parking.fakegpu import PatternMismatch
-from baton.demo.tenant import Shape, pattern_seed, run_loop
+from commands.demo.tenant import Shape, pattern_seed, run_loop
 
 
 class Clock:

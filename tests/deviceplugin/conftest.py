@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from baton.bench.memory_pods import MemoryPods
 from baton.contract import names
 from baton.contract.kube import format_timestamp_ns
+from commands.bench.memory_pods import MemoryPods
 from deviceplugin.allocation import PodSource
 from deviceplugin.daemon import Daemon, Settings
 from nodegpu.gpus import parse_fake_gpus

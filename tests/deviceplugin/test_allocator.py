@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from baton.bench.memory_pods import MemoryPods
 from baton.contract import names
+from commands.bench.memory_pods import MemoryPods
 from deviceplugin.allocation import Allocator
 from deviceplugin.devices import PodView
 from deviceplugin.errors import ApiUnavailableError

@@ -14,13 +14,13 @@ import urllib.request
 import pytest
 from typer.testing import CliRunner
 
-from baton.cli import app
 from baton.contract import names
+from commands.cli import app
 from nodegpu.gpus import DiscoveryError, discover_nvml
 from tests.deviceplugin.conftest import NODE, tenant_pod
 from tests.deviceplugin.test_allocate import GPU1
 
-BATON = [sys.executable, "-c", "from baton.cli import main; main()"]
+BATON = [sys.executable, "-c", "from commands.cli import main; main()"]
 
 
 def test_without_gpus_or_fake_gpus_it_exits_saying_which_is_missing(socket_dir):

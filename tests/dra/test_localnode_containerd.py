@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from baton.localnode import runtime
-from baton.localnode.binaries import CONTAINERD_COMMANDS, find_containerd2
-from baton.localnode.node import LocalNode
-from baton.localnode.procs import LocalNodeError
+from commands.localnode import runtime
+from commands.localnode.binaries import CONTAINERD_COMMANDS, find_containerd2
+from commands.localnode.node import LocalNode
+from commands.localnode.procs import LocalNodeError
 
 
 def packed(directory: Path, members: tuple[str, ...] = CONTAINERD_COMMANDS) -> Path:

@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from baton.localnode.procs import LocalNodeError, wait_for
+from commands.localnode.procs import LocalNodeError, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-BATON = [sys.executable, "-c", "from baton.cli import main; main()"]
+BATON = [sys.executable, "-c", "from commands.cli import main; main()"]
 T = TypeVar("T")
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from typer.testing import CliRunner
 
-from baton.cli import app
+from commands.cli import app
 from tests.e2e.processes import get_json, poll
 
 if TYPE_CHECKING:

@@ -111,7 +111,7 @@ def test_a_park_asked_during_a_turn_waits_for_its_work() -> None:
 
 def specs() -> list:
     from agent.examples.train.jobs import JobConfig
-    from baton.demo.train import TenantSpec
+    from commands.demo.train import TenantSpec
 
     return [
         TenantSpec("sft", JobConfig(kind="sft", seed=1, batch=16), steps=8),
@@ -122,7 +122,7 @@ def specs() -> list:
 @needs_torch
 @pytest.mark.timeout(180)
 def test_tenants_sharing_a_gpu_train_bit_for_bit_as_they_do_alone() -> None:
-    from baton.demo.train import run_alone, run_shared, same_training
+    from commands.demo.train import run_alone, run_shared, same_training
 
     tenants = specs()
     alone = asyncio.run(run_alone(tenants, agent=False))
@@ -145,8 +145,8 @@ def test_tenants_sharing_a_gpu_train_bit_for_bit_as_they_do_alone() -> None:
 def test_bench_train_efficiency_counts_steps_not_time_held() -> None:
     """Both jobs keep their alone pace while sharing, but their turns stretch by half (contended
     cores): the time held reads 1.3 of the ideal, the training done 1.0."""
-    from baton.bench.train import summarize
-    from baton.demo.train import Outcome
+    from commands.bench.train import summarize
+    from commands.demo.train import Outcome
 
     alone = [_report(n, [[4 * i, 4 * i, 4 * i + 1] for i in range(5)]) for n in ("sft", "grpo")]
     shared = [
@@ -171,8 +171,8 @@ def _report(name: str, turns: list[list[float]], sha: str = "x") -> dict:
 
 @needs_torch
 def test_bench_train_figures_from_turn_records() -> None:
-    from baton.bench.train import summarize
-    from baton.demo.train import Outcome
+    from commands.bench.train import summarize
+    from commands.demo.train import Outcome
 
     tenants = specs()
     # Alone: each holds 1 s of every 4. Shared: both run from 1.5 s (grpo's first grant) to

@@ -13,7 +13,7 @@ needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="
 
 def specs() -> list:
     from agent.examples.trl_train.jobs import TrlConfig
-    from baton.demo.trl import TrlSpec
+    from commands.demo.trl import TrlSpec
 
     # GRPO: a reference model (beta > 0, loaded memory-mapped from disk) that TRL's
     # SyncRefModelCallback updates at every step, gradient accumulation, two policy updates per
@@ -45,7 +45,7 @@ def test_the_footprint_formula_counts_the_models_parameters() -> None:
 @needs_trl
 @pytest.mark.timeout(300)
 def test_trl_jobs_sharing_a_gpu_train_bit_for_bit_as_they_do_alone() -> None:
-    from baton.demo.train import run_alone, run_shared, same_training
+    from commands.demo.train import run_alone, run_shared, same_training
 
     tenants = specs()
     alone = asyncio.run(run_alone(tenants, agent=False))

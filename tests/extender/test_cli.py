@@ -18,7 +18,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-import baton.cli
+import commands.cli
 from baton.contract.names import ANNOTATION_ASSIGNED_GPUS
 from tests.extender.builders import node, pod
 from tests.harness.fakeapi import FakeApiServer
@@ -43,7 +43,7 @@ _LOG_READ = threading.Condition()
 def test_bad_flags_are_refused_with_a_reason(
     args: list[str], env: dict[str, str], message: str
 ) -> None:
-    result = CliRunner().invoke(baton.cli.app, ["extender", *args], env=env)
+    result = CliRunner().invoke(commands.cli.app, ["extender", *args], env=env)
     assert result.exit_code == 2
     assert message in re.sub(r"\s+", " ", result.output.replace("│", " "))
 

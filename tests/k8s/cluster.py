@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from baton.contract import names
-from baton.localnode import LocalNode, procs
-from baton.localnode.procs import LocalNodeError
+from commands.localnode import LocalNode, procs
+from commands.localnode.procs import LocalNodeError
 
 T = TypeVar("T")
 Obj = dict[str, Any]

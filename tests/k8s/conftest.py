@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from baton.localnode.binaries import find_binaries, search_dirs
-from baton.localnode.install import HOST_DIRS, install_baton
-from baton.localnode.node import LocalNode
-from baton.localnode.runtime import CNI_BIN_DIRS
+from commands.localnode.binaries import find_binaries, search_dirs
+from commands.localnode.install import HOST_DIRS, install_baton
+from commands.localnode.node import LocalNode
+from commands.localnode.runtime import CNI_BIN_DIRS
 from tests.k8s.cluster import Cluster, wait_for
 from tests.k8s.nodelogs import node_logs
 from tests.k8s.pods import namespace_obj

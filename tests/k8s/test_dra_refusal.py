@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from baton.contract import names
-from baton.localnode.binaries import CHECKOUT
-from baton.localnode.controlplane import free_ports
-from baton.localnode.kubelet import ROOT_DIR
-from baton.localnode.procs import Process
+from commands.localnode.binaries import CHECKOUT
+from commands.localnode.controlplane import free_ports
+from commands.localnode.kubelet import ROOT_DIR
+from commands.localnode.procs import Process
 from dra.server import endpoint_path, registration_path
 from dra.slices import slice_name
 from tests.k8s.cluster import Cluster, wait_for, wait_seen
@@ -34,7 +34,7 @@ REASON = "FailedPrepareDynamicResources"
 """The kubelet's event when a driver's NodePrepareResources answers an error."""
 NODE_ANNOTATIONS = (names.ANNOTATION_GPUS, names.ANNOTATION_HOST_MEMORY_BUDGET)
 PLUGINS, REGISTRY = ROOT_DIR / "plugins", ROOT_DIR / "plugins_registry"
-"""The node's kubelet's plugin directories (baton.localnode.kubelet: the default root)."""
+"""The node's kubelet's plugin directories (commands.localnode.kubelet: the default root)."""
 WAIT_S = 60.0
 
 

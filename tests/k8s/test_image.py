@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from baton.localnode import images
-from baton.localnode.binaries import CHECKOUT, ENV_CACHE_DIR
-from baton.localnode.dockerfile import parse_dockerfile
-from baton.localnode.procs import LocalNodeError
+from commands.localnode import images
+from commands.localnode.binaries import CHECKOUT, ENV_CACHE_DIR
+from commands.localnode.dockerfile import parse_dockerfile
+from commands.localnode.procs import LocalNodeError
 from tests.k8s.cluster import Cluster
 
 DOCKERFILE = parse_dockerfile((CHECKOUT / "Dockerfile").read_text())
@@ -26,10 +26,10 @@ def test_dockerfile_is_read_as_docker_builds_it() -> None:
     assert DOCKERFILE.user == "65532:65532"
     assert (DOCKERFILE.entrypoint, DOCKERFILE.cmd) == (["baton"], ["--help"])
     files = {str(p.relative_to(CHECKOUT)) for p in images.source_files(DOCKERFILE)}
-    for package in ("baton", "agent", "deviceplugin", "dra", "nodegpu", "extender"):
+    for package in ("baton", "agent", "deviceplugin", "dra", "nodegpu", "extender", "commands"):
         assert f"{package}/__init__.py" in files
     assert {"pyproject.toml", "README.md"} <= files
-    assert not [f for f in files if "__pycache__" in f or f.startswith("baton/localnode/")]
+    assert not [f for f in files if "__pycache__" in f or f.startswith("commands/localnode/")]
 
 
 def test_built_image_has_the_dockerfiles_config(cluster: Cluster) -> None:

@@ -50,8 +50,8 @@ def test_tenants_take_turns_with_what_allocate_gave_them(cluster: Cluster, names
 
 
 def test_example_job_runs_to_completion(cluster: Cluster) -> None:
-    from baton.localnode import images
-    from baton.localnode.binaries import CHECKOUT
+    from commands.localnode import images
+    from commands.localnode.binaries import CHECKOUT
 
     overlay = CHECKOUT / "manifests" / "overlays" / "local-examples"
     cluster.kubectl("apply", "-k", str(overlay))

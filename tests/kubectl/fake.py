@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from baton.kubectl.api import Forbidden, NotFound, PluginError, agent_status_path, inventory_path
+from commands.kubectl.api import Forbidden, NotFound, PluginError, agent_status_path, inventory_path
 
 GPU_A, GPU_B = "GPU-fake-n1-0", "GPU-fake-n1-1"
 GIB = 1 << 30

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.kubectl.api import Forbidden, KubeApi, PluginError
+from commands.kubectl.api import Forbidden, KubeApi, PluginError
 from tests.harness.fakeapi import FakeApiServer
 
 MESSAGE = (

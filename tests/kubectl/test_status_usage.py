@@ -8,10 +8,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from baton.kubectl import cli
-from baton.kubectl.agents import read_cluster
-from baton.kubectl.api import agent_status_path, inventory_path
-from baton.kubectl.usage import read_totals, usage_rows, window
+from commands.kubectl import cli
+from commands.kubectl.agents import read_cluster
+from commands.kubectl.api import agent_status_path, inventory_path
+from commands.kubectl.usage import read_totals, usage_rows, window
 from tests.kubectl.fake import FORBIDDEN_PROXY, GIB, GPU_A, GPU_B, DictApi, cluster_routes
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from baton.contract import names
-from baton.kubectl.dra import shortfall
-from baton.kubectl.why import why
+from commands.kubectl.dra import shortfall
+from commands.kubectl.why import why
 from tests.kubectl.fake import GIB, GPU_A, DictApi, cluster_routes
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from baton.cli import deviceplugin, dra
-from baton.cli.options import NodeOptions, node_options
 from baton.contract.kube import Outage
+from commands.cli import deviceplugin, dra
+from commands.cli.options import NodeOptions, node_options
 from nodegpu.gpus import parse_fake_gpus
 from nodegpu.node import NodeGpus, NodeSettings, NodeStartError, node_fields
 from nodegpu.republish import Republisher

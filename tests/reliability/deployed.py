@@ -45,7 +45,7 @@ def container_env(container: dict[str, Any]) -> dict[str, str]:
 
 def deployed_agent_config(overlay: str, monkeypatch: pytest.MonkeyPatch) -> AgentConfig:
     """The `AgentConfig` `baton agent` builds from the manifest's args and env."""
-    from baton.cli import app
+    from commands.cli import app
 
     container = agent_container(overlay)
     argv = [*container.get("command", [])[1:], *container.get("args", [])]

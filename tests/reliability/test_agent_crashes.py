@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from baton.demo.fakenode import AgentProcess, FakeNodeOptions, tenant_env
+from commands.demo.fakenode import AgentProcess, FakeNodeOptions, tenant_env
 
 from .figures import record, turn_figures
 from .loadrun import LineProc

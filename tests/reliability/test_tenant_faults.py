@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from baton.demo.fakenode import AgentProcess, FakeNodeOptions
+from commands.demo.fakenode import AgentProcess, FakeNodeOptions
 
 from .figures import record, turn_figures
 from .loadrun import LineProc

@@ -1,1 +1,1 @@
-"""Tests of baton/status."""
+"""Tests of commands/status."""

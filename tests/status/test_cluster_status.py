@@ -8,10 +8,10 @@ from typing import Any
 from rich.console import Console
 from typer.testing import CliRunner
 
-from baton.cli import app
 from baton.contract.names import MIB
-from baton.status.cluster import cluster_document, gpu_summary
-from baton.status.cluster_view import gpu_rows_table
+from commands.cli import app
+from commands.status.cluster import cluster_document, gpu_summary
+from commands.status.cluster_view import gpu_rows_table
 from tests.harness.agent import AgentRunner, TenantProcess
 
 GPU = "GPU-0"

@@ -7,10 +7,10 @@ from typing import Any
 from rich.console import Console
 from typer.testing import CliRunner
 
-from baton.cli import app
-from baton.status.cluster import cluster_document
-from baton.status.cluster_view import print_cluster
-from baton.status.shares import namespace_shares
+from commands.cli import app
+from commands.status.cluster import cluster_document
+from commands.status.cluster_view import print_cluster
+from commands.status.shares import namespace_shares
 from tests.harness.agent import AgentRunner, TenantProcess
 
 STATUS: dict[str, Any] = {

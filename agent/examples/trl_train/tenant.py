@@ -4,7 +4,7 @@
 
 It speaks the protocol of `agent.examples.train.tenant` (a "ready" line, `go <deadline>` on
 stdin, one "done" line with every step's loss and reward, its turns, its moves and its final
-parameters' SHA-256), so `baton.demo.train` runs it alone or sharing a GPU. The trainer is built
+parameters' SHA-256), so `commands.demo.train` runs it alone or sharing a GPU. The trainer is built
 and the final model saved inside turns; `--solo` trains without an agent, the same code path.
 """
 

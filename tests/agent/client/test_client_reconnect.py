@@ -8,7 +8,7 @@ import pytest
 
 from agent.client import AgentUnavailable, AsyncBaton, LeaseInfo
 from baton.contract.names import fake_gpu_uuid
-from baton.demo.fakenode import AgentProcess, FakeNodeOptions
+from commands.demo.fakenode import AgentProcess, FakeNodeOptions
 from tests.harness.agent import AgentRunner
 
 pytestmark = pytest.mark.timeout(60)

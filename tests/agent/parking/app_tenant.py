@@ -13,7 +13,6 @@ import threading
 
 from agent.client import Baton
 
-
 printing = threading.Lock()  # the callbacks run on the client's thread, the turns on this one
 
 

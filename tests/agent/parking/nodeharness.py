@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from baton.demo.fakenode import FakeNode, FakeNodeOptions
+from commands.demo.fakenode import FakeNode, FakeNodeOptions
 
 TENANT = [sys.executable, "-m", "tests.agent.parking.tenant_proc"]
 APP_TENANT = [sys.executable, "-m", "tests.agent.parking.app_tenant"]

@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 
-from baton.demo.fakenode import AgentProcess, FakeNodeOptions, tenant_env
+from commands.demo.fakenode import AgentProcess, FakeNodeOptions, tenant_env
 
 from .nodeharness import TenantProc
 

@@ -8,7 +8,7 @@ import logging
 import httpx
 import pytest
 
-from baton.demo.fakenode import FakeNode, FakeNodeOptions
+from commands.demo.fakenode import FakeNode, FakeNodeOptions
 
 from .nodeharness import APP_TENANT, LogWatch, TenantProc, run, with_node
 

@@ -24,7 +24,7 @@ from agent.parking.setup import ParkingOptions, build_backend, parking_methods, 
 from agent.server.service import tenant_ref
 from baton.contract import names
 from baton.contract.annotations import decode_parking
-from baton.demo.fakenode import FakeNode, FakeNodeOptions
+from commands.demo.fakenode import FakeNode, FakeNodeOptions
 
 from .nodeharness import APP_TENANT, TenantProc, run, with_node
 

@@ -13,7 +13,7 @@ from agent.parking.backends.base import Move, TenantRef
 from agent.parking.fakegpu import FakeGpuMemory
 from agent.parking.preparer import ParkingPreparer
 from baton.contract.names import MIB
-from baton.demo.fakenode import FakeNode, FakeNodeOptions
+from commands.demo.fakenode import FakeNode, FakeNodeOptions
 
 from .conftest import GPU
 from .nodeharness import TenantProc, run, with_node

@@ -13,9 +13,9 @@ from agent.parking.backends.base import BackendUnavailable
 from agent.parking.backends.fake import FakeBackend
 from agent.parking.preparer import ParkingPreparer
 from agent.parking.setup import ParkingOptions, build_backend, build_preparer, parse_fake_gpus
-from baton.bench.evacuate import run as run_bench
 from baton.contract.names import ENV_GPUS, MIB, fake_gpu_uuid
-from baton.demo.fakenode import FakeNode, FakeNodeOptions
+from commands.bench.evacuate import run as run_bench
+from commands.demo.fakenode import FakeNode, FakeNodeOptions
 
 from .standin_cuda import StandInDriver, StandInNvml
 

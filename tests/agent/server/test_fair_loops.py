@@ -10,8 +10,8 @@ import itertools
 import pytest
 
 from agent.core.fair import FairConfig
-from baton.bench.fairness_procs import Turn, run_mix
-from baton.bench.shares import MIXES
+from commands.bench.fairness_procs import Turn, run_mix
+from commands.bench.shares import MIXES
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,7 +16,7 @@ import pytest
 from agent.client import AcquireTimeout, Baton
 from agent.parking.setup import ParkingOptions
 from baton.contract.names import fake_gpu_uuid
-from baton.demo.fakenode import tenant_env
+from commands.demo.fakenode import tenant_env
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
 from tests.harness.agent import AgentRunner
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from baton.localnode.binaries import find_containerd2, search_dirs
-from baton.localnode.install import HOST_DIRS, install_baton_dra
-from baton.localnode.node import CONTAINERD_SHARED, LocalNode
+from commands.localnode.binaries import find_containerd2, search_dirs
+from commands.localnode.install import HOST_DIRS, install_baton_dra
+from commands.localnode.node import CONTAINERD_SHARED, LocalNode
 from tests.k8s.cluster import Cluster, wait_for
 from tests.k8s.conftest import _skip_unless_possible, delete_namespace
 from tests.k8s.pods import namespace_obj

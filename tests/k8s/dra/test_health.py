@@ -26,7 +26,7 @@ KUBELET_HEALTH = Path("/var/lib/kubelet/dra_health_state")
 SICK, WELL = 1, 0
 WAIT_S = 60.0
 KUBELET_SYNC_S = 10
-"""How often the local kubelet syncs a pod's status (syncFrequency, baton.localnode.kubelet)."""
+"""How often the local kubelet syncs a pod's status (syncFrequency, commands.localnode.kubelet)."""
 
 Shown = dict[str, list[tuple[str, str, str]]]
 

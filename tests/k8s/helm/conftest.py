@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from baton.contract import names
-from baton.localnode.binaries import find_containerd2, find_helm, search_dirs
-from baton.localnode.node import LocalNode
+from commands.localnode.binaries import find_containerd2, find_helm, search_dirs
+from commands.localnode.node import LocalNode
 from tests.k8s.cluster import Cluster
 from tests.k8s.conftest import _skip_unless_possible
 from tests.k8s.dra.conftest import containerd2_node

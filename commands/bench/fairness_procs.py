@@ -1,0 +1,206 @@
+"""The process-level run of `baton bench fairness`: a real agent and tenant processes.
+
+The agent (fake backend) runs in this process with the policy under test; each tenant of a mix
+is its own process, the plain loop `while ...: with baton.turn(): step()` through the client
+(`step` sleeps the turn's length, then the tenant is away its gap). Shares come from the
+tenants' own clocks (`time.perf_counter`, CLOCK_MONOTONIC, one clock for every process on the
+machine), beside the agent's own accounting of the same turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+from agent.core.fair import FairConfig
+from baton.contract.names import fake_gpu_uuid
+from commands.bench.handoff import _spawn, percentile
+from commands.bench.shares import Load, figures
+
+GPU = fake_gpu_uuid(0)
+
+Turn = tuple[float, float, float]
+"""`(requested, granted, yielded)` of one turn, from `perf_counter`."""
+
+
+def run_mix(
+    mix: dict[str, Load], seconds: float, policy: str, fair: FairConfig, client: str = "blocking"
+) -> dict[str, Any]:
+    """Run the mix's tenants (`Baton`, or `AsyncBaton` with `client="async"`) against a fresh
+    agent for `seconds`; the shares' figures, the GPU's idle time while someone waits, the
+    handoffs, and the agent's accounting beside the tenants' clocks."""
+    return asyncio.run(_run(mix, seconds, policy, fair, client))
+
+
+async def _run(
+    mix: dict[str, Load], seconds: float, policy: str, fair: FairConfig, client: str
+) -> dict[str, Any]:
+    from agent.assembly import AgentConfig, build_agent
+    from agent.parking.setup import ParkingOptions
+
+    workdir = tempfile.mkdtemp(dir="/tmp", prefix="baton-fairness-")
+    socket = f"{workdir}/agent.sock"
+    config = AgentConfig(
+        socket=socket,
+        state_dir=f"{workdir}/state",
+        http_host="127.0.0.1",
+        http_port=0,
+        queue_policy=policy,
+        fair=fair,
+        parking=ParkingOptions(backend="fake", fake_gpus="1x1024", fake_dir=f"{workdir}/gpus"),
+    )
+    agent = build_agent(config)
+    await agent.start()
+    try:
+        argvs = [[*_argv(socket, n, load, seconds), "--client", client] for n, load in mix.items()]
+        reports = await _spawn("commands.bench.fairness_procs", argvs)
+        accounting = dict(agent.service.metrics.accounting.by_gpu)
+    finally:
+        await agent.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    turns = {name: [tuple(t) for t in r["turns"]] for name, r in zip(mix, reports, strict=True)}
+    start = max(r["start"] for r in reports)
+    stop = min(r["stop"] for r in reports)
+    return _figures(mix, turns, start, stop, accounting, fair.anticipate_s)
+
+
+def _argv(socket: str, name: str, load: Load, seconds: float) -> list[str]:
+    return [
+        "--socket", socket, "--name", name, "--duty", str(load.duty), "--tier", str(load.tier),
+        "--turn", str(load.turn), "--gap", str(load.gap), "--seconds", str(seconds),
+    ]  # fmt: skip
+
+
+def _figures(
+    mix: dict[str, Load],
+    turns: dict[str, list[Turn]],
+    start: float,
+    stop: float,
+    accounting: dict[tuple[str, str], float],
+    window_s: float,
+) -> dict[str, Any]:
+    span = stop - start
+    held = {n: sum(_clip(g, y, start, stop) for _, g, y in ts) for n, ts in turns.items()}
+    waits = {n: [g - r for r, g, _ in ts] for n, ts in turns.items()}
+    own = {n: sum(y - g for _, g, y in ts) for n, ts in turns.items()}
+    charged = {n: accounting.get((GPU, f"local/{n}"), 0.0) for n in mix}
+    away = {n: _away(ts, charged[n] - own[n]) for n, ts in turns.items()}
+    out = figures(mix, {"held": held, "waits": waits, "away": away}, span, window_s)
+    errors = []
+    for name, tenant in out["tenants"].items():
+        tenant["tenant_gpu_seconds"] = round(own[name], 4)
+        tenant["agent_gpu_seconds"] = round(charged[name], 4)
+        tenant["away_ms"] = round(away[name] * 1000, 3)
+        errors.append(abs(charged[name] - own[name]) / own[name] if own[name] else 0.0)
+    gaps = handoffs(turns)
+    out["accounting_error"] = round(max(errors, default=0.0), 4)
+    out["idle_while_waiting"] = round(idle_while_waiting(turns, start, stop) / span, 4)
+    out["handoff_p50_ms"] = round(percentile(gaps, 0.5) * 1000, 3) if gaps else None
+    out["seconds"] = round(span, 3)
+    out["turns"] = turns
+    return out
+
+
+def _away(turns: list[Turn], unseen: float) -> float:
+    """A tenant's time off the GPU per turn as it was charged: from its yield to its next
+    request (its gap and the yield's round trip), and the part of each turn the agent counted
+    but the tenant did not see (the grant's and the yield's way between them; `unseen` in all)."""
+    returns = [b[0] - a[2] for a, b in itertools.pairwise(sorted(turns))]
+    mean = sum(returns) / len(returns) if returns else 0.0
+    return mean + max(0.0, unseen) / max(1, len(turns))
+
+
+def _clip(granted: float, yielded: float, start: float, stop: float) -> float:
+    return max(0.0, min(yielded, stop) - max(granted, start))
+
+
+def idle_while_waiting(turns: dict[str, list[Turn]], start: float, stop: float) -> float:
+    """Seconds within [start, stop] when no tenant held the GPU and one was waiting for it."""
+    edges: list[tuple[float, int, int]] = []  # (time, change in holders, change in waiters)
+    for ts in turns.values():
+        for requested, granted, yielded in ts:
+            edges += [(requested, 0, 1), (granted, 1, -1), (yielded, -1, 0)]
+    idle, holders, waiters, last = 0.0, 0, 0, start
+    for at, dh, dw in sorted(edges):
+        if holders == 0 and waiters > 0:
+            idle += _clip(last, at, start, stop)
+        holders, waiters, last = holders + dh, waiters + dw, at
+    return idle
+
+
+def handoffs(turns: dict[str, list[Turn]]) -> list[float]:
+    """Yield→grant gaps where the turn passed to another tenant that was already waiting."""
+    ordered = sorted((g, y, r, n) for n, ts in turns.items() for r, g, y in ts)
+    gaps = []
+    for (_, yielded, _, before), (granted, _, requested, name) in itertools.pairwise(ordered):
+        if name != before and requested < yielded:
+            gaps.append(granted - yielded)
+    return gaps
+
+
+def _tenant(args: argparse.Namespace) -> dict[str, Any]:
+    from agent.client import Baton
+
+    baton = Baton(args.socket, [GPU], name=args.name, gpu_duty=args.duty, priority=args.tier)
+    baton.connect()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    start = time.perf_counter()
+    stop = start + args.seconds
+    turns: list[Turn] = []
+    while (requested := time.perf_counter()) < stop:
+        with baton.turn():
+            granted = time.perf_counter()
+            time.sleep(args.turn)  # the step
+            turns.append((requested, granted, time.perf_counter()))
+        if args.gap:
+            time.sleep(args.gap)  # off the GPU: loading data, logging, scoring
+    baton.close()
+    return {"start": start, "stop": stop, "turns": turns}
+
+
+async def _async_tenant(args: argparse.Namespace) -> dict[str, Any]:
+    from agent.client import AsyncBaton
+
+    baton = AsyncBaton(args.socket, [GPU], name=args.name, gpu_duty=args.duty, priority=args.tier)
+    await baton.connect()
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    start = time.perf_counter()
+    stop = start + args.seconds
+    turns: list[Turn] = []
+    while (requested := time.perf_counter()) < stop:
+        async with baton.turn():
+            granted = time.perf_counter()
+            await asyncio.sleep(args.turn)  # the step
+            turns.append((requested, granted, time.perf_counter()))
+        if args.gap:
+            await asyncio.sleep(args.gap)
+    await baton.close()
+    return {"start": start, "stop": stop, "turns": turns}
+
+
+def main() -> None:
+    """Entry point of a tenant process of the process-level run."""
+    parser = argparse.ArgumentParser()
+    for name in ("--socket", "--name"):
+        parser.add_argument(name, required=True)
+    for name in ("--duty", "--tier"):
+        parser.add_argument(name, type=int, required=True)
+    for name in ("--turn", "--gap", "--seconds"):
+        parser.add_argument(name, type=float, required=True)
+    parser.add_argument("--client", choices=["blocking", "async"], default="blocking")
+    args = parser.parse_args()
+    run = asyncio.run(_async_tenant(args)) if args.client == "async" else _tenant(args)
+    print(json.dumps(run), flush=True)
+
+
+if __name__ == "__main__":
+    main()

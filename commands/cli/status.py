@@ -1,0 +1,126 @@
+"""`baton status` and `baton events`: what the agents are doing, read as a user would."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from baton.contract import names
+
+
+def status(
+    url: Annotated[
+        str, typer.Option(envvar="BATON_STATUS_URL", help="The agent's HTTP address.")
+    ] = f"http://127.0.0.1:{names.PORT_AGENT}",
+    extender: Annotated[
+        str | None,
+        typer.Option(
+            envvar="BATON_STATUS_EXTENDER",
+            help="Every node: the extender's URL (its /v1/inventory lists the nodes).",
+        ),
+    ] = None,
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(
+            envvar=names.ENV_KUBECONFIG,
+            help="With --extender: find agents (node pod IPs) through this cluster's API.",
+        ),
+    ] = None,
+    agent_port: Annotated[
+        int, typer.Option(envvar="BATON_STATUS_AGENT_PORT", help="Agents' HTTP port on nodes.")
+    ] = names.PORT_AGENT,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+    by: Annotated[
+        str,
+        typer.Option(
+            "--by",
+            help="gpu: what each GPU is doing; namespace: each namespace's share of each GPU "
+            "against its entitlement (its tenants' summed duty).",
+        ),
+    ] = "gpu",
+) -> None:
+    """What each GPU is doing: holder, queue, tenants resident/parked, parked bytes, duty."""
+    import json
+    import urllib.error
+
+    from commands.status import cluster as cluster_status
+
+    if by not in ("gpu", "namespace"):
+        typer.echo(f"baton status: --by is gpu or namespace, not {by!r}", err=True)
+        raise typer.Exit(2)
+    if extender is None:
+        answer = cluster_status.read_agent(url)
+        if isinstance(answer, str):
+            typer.echo(f"baton status: {answer}", err=True)
+            raise typer.Exit(1)
+        if as_json:
+            typer.echo(json.dumps(answer, indent=1))
+            return
+        from commands.status.cluster_view import print_agent
+
+        print_agent(answer, url, by=by)
+        return
+    try:
+        addresses = cluster_status.agent_addresses(kubeconfig) if kubeconfig else {}
+        document = cluster_status.read_cluster(extender, addresses, agent_port)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        typer.echo(f"baton status: cannot read the inventory at {extender}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(document, indent=1))
+        return
+    from commands.status.cluster_view import print_cluster
+
+    print_cluster(document, by=by)
+
+
+def events(
+    socket: Annotated[
+        str, typer.Option(envvar=names.ENV_AGENT_SOCKET, help="The agent's gRPC unix socket.")
+    ] = names.AGENT_SOCKET,
+    state_dir: Annotated[
+        str,
+        typer.Option(
+            envvar="BATON_AGENT_STATE_DIR", help="The agent's state directory (its watch token)."
+        ),
+    ] = names.AGENT_STATE_DIR,
+    count: Annotated[int, typer.Option(help="Stop after this many events; 0 = never.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
+) -> None:
+    """Print the agent's events as they happen: grants, yields, revocations, departures."""
+    import grpc
+
+    from agent.wire.handshake import WatchTokenUnreadable, watch_metadata
+    from baton._pb import agent_pb2, agent_pb2_grpc
+    from commands.status.view import format_event
+
+    try:
+        metadata = watch_metadata(socket, state_dir)
+    except WatchTokenUnreadable as exc:
+        typer.echo(f"baton events: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except (OSError, ValueError, KeyError) as exc:
+        typer.echo(f"baton events: cannot reach the agent at {socket}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    with grpc.insecure_channel(f"unix:{socket}") as channel:
+        request = agent_pb2.WatchEventsRequest()
+        stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(request, metadata=metadata)
+        try:
+            for seen, event in enumerate(stream, start=1):
+                typer.echo(format_event(event, as_json))
+                if count and seen >= count:
+                    break
+        except grpc.RpcError as exc:
+            typer.echo(
+                f"baton events: cannot watch the agent at {socket}: {exc.details()}", err=True
+            )
+            raise typer.Exit(1) from None
+        finally:
+            stream.cancel()
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    """Add `baton status` and `baton events`."""
+    app.command("status")(status)
+    app.command("events")(events)

@@ -1,0 +1,74 @@
+"""Every node's agent and the extender's inventory, read through the API server's proxy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from baton.contract.names import NAMESPACE, NODE_POD_SELECTOR
+from commands.kubectl.api import Api, Forbidden, PluginError, agent_status_path, inventory_path
+from commands.status.cluster import AgentAnswer, cluster_document
+
+
+def agent_pods(api: Api, namespace: str = NAMESPACE) -> dict[str, str]:
+    """Node name → the name of its running agent pod."""
+    found = api.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=NODE_POD_SELECTOR)
+    pods: dict[str, str] = {}
+    for pod in found.get("items") or []:
+        node = (pod.get("spec") or {}).get("nodeName")
+        running = (pod.get("status") or {}).get("phase") == "Running"
+        if node and running and not pod["metadata"].get("deletionTimestamp"):
+            pods[node] = pod["metadata"]["name"]
+    return pods
+
+
+def read_agent(api: Api, pod: str, namespace: str = NAMESPACE) -> AgentAnswer:
+    """An agent's /v1/status, or a sentence saying why it could not be read (Forbidden
+    propagates: the user lacks a permission, which no other node would change)."""
+    try:
+        answer = api.get(agent_status_path(pod, namespace))
+    except Forbidden:
+        raise
+    except PluginError as err:
+        return f"cannot read agent {pod}: {err}"
+    return dict(answer) if isinstance(answer, dict) else f"agent {pod} sent no JSON object"
+
+
+def read_inventory(api: Api, pods: Mapping[str, str], namespace: str = NAMESPACE) -> Any:
+    """The extender's inventory; without an extender, the agents' nodes alone."""
+    try:
+        return api.get(inventory_path(namespace))
+    except Forbidden:
+        raise
+    except PluginError as err:
+        nodes = [{"name": node, "gpus": []} for node in sorted(pods)]
+        return {"synced": None, "nodes": nodes, "error": f"extender: {err}"}
+
+
+def read_cluster(api: Api, namespace: str = NAMESPACE) -> dict[str, Any]:
+    """`commands.status.cluster` document for every node, each GPU's entitled duty added."""
+    pods = agent_pods(api, namespace)
+    inventory = read_inventory(api, pods, namespace)
+    names = {n["name"] for n in inventory.get("nodes", [])}
+    for node in sorted(set(pods) - names):
+        inventory["nodes"].append({"name": node, "gpus": []})
+    answers: dict[str, AgentAnswer] = {}
+    for node in (n["name"] for n in inventory["nodes"]):
+        pod = pods.get(node)
+        answers[node] = read_agent(api, pod, namespace) if pod else "no running agent pod"
+    urls = {node: f"pod {namespace}/{pod}" for node, pod in pods.items()}
+    document = cluster_document(inventory, answers, urls)
+    if inventory.get("error"):
+        document["extender_error"] = inventory["error"]
+    for node in document["nodes"]:
+        status = answers.get(node["name"])
+        tenants = status.get("tenants", {}) if isinstance(status, dict) else {}
+        for gpu in node["gpus"]:
+            gpu["duty_entitled"] = entitled(tenants, gpu["uuid"])
+    return document
+
+
+def entitled(tenants: Mapping[str, Any], gpu: str) -> float:
+    """The summed `gpu-duty` of the tenants on `gpu`, as a share (1.0 = the whole GPU)."""
+    duty = sum(int(t.get("gpu_duty") or 0) for t in tenants.values() if gpu in t.get("gpus", []))
+    return round(duty / 100, 4)

@@ -1,0 +1,172 @@
+"""`kubectl-baton`, the kubectl plugin: `kubectl baton status|why|usage`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from baton.contract.names import NAMESPACE
+from commands.kubectl.api import Api, KubeApi, PluginError
+
+app = typer.Typer(
+    name="kubectl baton",
+    help="Baton's GPUs through the API server: who holds them, why a pod waits, who used them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+Output = Annotated[str, typer.Option("--output", "-o", help="table or json.")]
+
+
+class Settings:
+    """The connection options, given before the command."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    baton_namespace: str = NAMESPACE
+    make_api: Callable[[str | None, str | None], Api] = KubeApi
+
+
+@app.callback()
+def connection(
+    kubeconfig: Annotated[
+        str | None, typer.Option(envvar="KUBECONFIG", help="The kubeconfig file to use.")
+    ] = None,
+    context: Annotated[str | None, typer.Option(help="The kubeconfig context to use.")] = None,
+    baton_namespace: Annotated[
+        str, typer.Option(help="The namespace Baton is installed in.")
+    ] = NAMESPACE,
+) -> None:
+    """Connection options, as kubectl's."""
+    Settings.kubeconfig = (kubeconfig or "").split(":")[0] or None
+    Settings.context, Settings.baton_namespace = context, baton_namespace
+
+
+@contextmanager
+def connected() -> Iterator[Api]:
+    """The API client; any PluginError becomes one line on stderr and exit status 1."""
+    try:
+        api = Settings.make_api(Settings.kubeconfig, Settings.context)
+        try:
+            yield api
+        finally:
+            getattr(api, "close", lambda: None)()
+    except PluginError as err:
+        typer.echo(f"kubectl baton: {err}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _check_output(output: str) -> None:
+    if output not in ("table", "json"):
+        typer.echo(f"kubectl baton: --output is table or json, not {output!r}", err=True)
+        raise typer.Exit(2)
+
+
+def _every(interval: float, count: int) -> Iterator[int]:
+    """0, 1, 2, ... one per `interval` seconds; `count` of them (0 = until interrupted)."""
+    pause = threading.Event()
+    seen = 0
+    while not count or seen < count:
+        yield seen
+        seen += 1
+        if not count or seen < count:
+            pause.wait(interval)
+
+
+@app.command()
+def status(
+    output: Output = "table",
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until Ctrl-C.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes.", min=0.1)] = 2.0,
+    count: Annotated[int, typer.Option(help="With --watch: stop after this many.", min=0)] = 0,
+) -> None:
+    """Every node's GPUs: holder, queue, resident and parked tenants, parked bytes against the
+    budget, duty used against entitled."""
+    from commands.kubectl.agents import read_cluster
+    from commands.kubectl.status_view import status_table
+
+    _check_output(output)
+    console = Console()
+    with connected() as api:
+        for _ in _every(interval, count if watch else 1):
+            document = read_cluster(api, Settings.baton_namespace)
+            if output == "json":
+                typer.echo(json.dumps(document, indent=None if watch else 1))
+            else:
+                if watch:
+                    console.clear()
+                console.print(status_table(document))
+                if document.get("extender_error"):
+                    console.print(f"[yellow]{document['extender_error']}[/yellow]")
+
+
+@app.command()
+def why(
+    pod: Annotated[str, typer.Argument(help="The pod (NAME or NAMESPACE/NAME).")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    output: Output = "table",
+) -> None:
+    """Why a pod waits: the scheduler's reason while Pending, the agent's while it waits for a
+    turn."""
+    from commands.kubectl.why import why as explain
+
+    _check_output(output)
+    if "/" in pod:
+        namespace, pod = pod.split("/", 1)
+    with connected() as api:
+        answer = explain(api, namespace, pod, Settings.baton_namespace)
+    if output == "json":
+        typer.echo(json.dumps(answer, indent=1))
+        return
+    where = f" on {answer['node']}" if answer.get("node") else ""
+    typer.echo(f"{answer['pod']} ({answer['phase']}{where}), {answer['stage']}:")
+    for reason in answer["reasons"]:
+        typer.echo(f"  {reason}")
+
+
+@app.command()
+def usage(
+    namespace: Annotated[
+        str | None, typer.Option("--namespace", "-n", help="Only this namespace.")
+    ] = None,
+    window: Annotated[
+        float,
+        typer.Option(help="Seconds to measure over; 0 = the totals since accounting began.", min=0),
+    ] = 0.0,
+    output: Output = "table",
+) -> None:
+    """GPU-seconds and parked byte-seconds per namespace, tenant and tier."""
+    from commands.kubectl import usage as accounting
+
+    _check_output(output)
+    with connected() as api:
+        totals, missing = accounting.read_totals(api, Settings.baton_namespace)
+        if window:
+            threading.Event().wait(window)
+            later, missing = accounting.read_totals(api, Settings.baton_namespace)
+            totals = accounting.window(totals, later)
+    rows = accounting.usage_rows(totals, namespace)
+    document: dict[str, Any] = {
+        "window_s": window or None,
+        "rows": rows,
+        "namespaces": accounting.namespace_sums(rows),
+        "unread": missing,
+    }
+    if output == "json":
+        typer.echo(json.dumps(document, indent=1))
+        return
+    title = f"GPU usage over {window:g} s" if window else "GPU usage since accounting began"
+    Console().print(accounting.usage_table(rows, title))
+    for line in missing:
+        typer.echo(f"not counted: {line}", err=True)
+
+
+def main() -> None:
+    """The `kubectl-baton` console script."""
+    app()

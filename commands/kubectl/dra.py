@@ -1,0 +1,124 @@
+"""The numbers behind DRA's "cannot allocate all claims": for each of Baton's devices, which
+capacity (memory, duty, slots) lacks how much against what the pod's claims ask."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+from baton.contract import names
+from baton.contract.podask import parse_quantity
+from commands.kubectl.api import Api, NotFound
+
+DRA_REFUSAL = "cannot allocate all claims"
+CAPACITIES = (names.DRA_CAPACITY_MEMORY, names.DRA_CAPACITY_DUTY, names.DRA_CAPACITY_SLOTS)
+Device = tuple[str, str]
+"""(pool, device name)."""
+
+
+def dra_shortfall(api: Api, pod: Mapping[str, Any]) -> list[str]:
+    """One sentence per device of Baton's driver saying what it lacks for this pod."""
+    slices = api.get(
+        "/apis/resource.k8s.io/v1/resourceslices", fieldSelector=f"spec.driver={names.DRA_DRIVER}"
+    )
+    claims = api.get("/apis/resource.k8s.io/v1/resourceclaims")
+    asks = pod_asks(api, pod)
+    return shortfall(slices.get("items") or [], claims.get("items") or [], asks)
+
+
+def pod_asks(api: Api, pod: Mapping[str, Any]) -> list[dict[str, Decimal | None]]:
+    """Each device request of the pod's Baton claims (None: the device's default), or one
+    default ask per `baton.dev/gpu` of a plain limit (its claim is made only at binding)."""
+    namespace = pod["metadata"]["namespace"]
+    made = {
+        s["name"]: s.get("resourceClaimName")
+        for s in pod["status"].get("resourceClaimStatuses") or []
+    }
+    asks: list[dict[str, Decimal | None]] = []
+    for entry in pod["spec"].get("resourceClaims") or []:
+        claim_name = entry.get("resourceClaimName") or made.get(entry["name"])
+        if not claim_name:
+            continue
+        try:
+            claim = api.get(
+                f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{claim_name}"
+            )
+        except NotFound:
+            continue
+        for request in (claim.get("spec") or {}).get("devices", {}).get("requests") or []:
+            exactly = request.get("exactly") or {}
+            if exactly.get("deviceClassName") != names.DRA_DEVICE_CLASS:
+                continue
+            wanted = (exactly.get("capacity") or {}).get("requests") or {}
+            ask = {c: parse_quantity(wanted[c]) if c in wanted else None for c in CAPACITIES}
+            asks += [ask] * int(exactly.get("count") or 1)
+    for container in pod["spec"].get("containers") or []:
+        count = int((container.get("resources") or {}).get("limits", {}).get(names.RESOURCE_GPU, 0))
+        asks += [dict.fromkeys(CAPACITIES)] * count
+    return asks
+
+
+def shortfall(
+    slices: Sequence[Mapping[str, Any]],
+    claims: Sequence[Mapping[str, Any]],
+    asks: Sequence[Mapping[str, Decimal | None]],
+) -> list[str]:
+    """Pure: per device, its capacities less what allocated claims consumed, against the
+    largest ask (a device must hold at least one of the pod's requests)."""
+    used = consumed(claims)
+    lines = []
+    for piece in slices:
+        pool = piece["spec"].get("pool", {}).get("name", piece["spec"].get("nodeName", ""))
+        for device in piece["spec"].get("devices") or []:
+            lines.append(device_line(pool, device, used.get((pool, device["name"]), {}), asks))
+    return lines or [f"no ResourceSlice of {names.DRA_DRIVER} publishes any device"]
+
+
+def consumed(claims: Sequence[Mapping[str, Any]]) -> dict[Device, dict[str, Decimal]]:
+    """(pool, device) → capacity consumed by allocated claims (a slot per allocation)."""
+    used: dict[Device, dict[str, Decimal]] = {}
+    for claim in claims:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            if result.get("driver") != names.DRA_DRIVER:
+                continue
+            per = used.setdefault((result.get("pool", ""), result.get("device", "")), {})
+            taken = dict(result.get("consumedCapacity") or {})
+            taken.setdefault(names.DRA_CAPACITY_SLOTS, "1")
+            for capacity, value in taken.items():
+                per[capacity] = per.get(capacity, Decimal(0)) + parse_quantity(value)
+    return used
+
+
+def device_line(
+    pool: str,
+    device: Mapping[str, Any],
+    used: Mapping[str, Decimal],
+    asks: Sequence[Mapping[str, Decimal | None]],
+) -> str:
+    """`pool/device: lacks memory (4 GiB free of 160 GiB, 30 GiB asked); ...` or `fits`."""
+    uuid = (device.get("attributes") or {}).get(names.DRA_ATTRIBUTE_UUID, {}).get("string", "")
+    where = f"{pool}/{device['name']}" + (f" ({uuid})" if uuid else "")
+    if any(t.get("effect") == "NoSchedule" for t in device.get("taints") or []):
+        return f"{where}: tainted {', '.join(t['key'] for t in device['taints'])}"
+    lacks = []
+    for capacity, spec in sorted((device.get("capacity") or {}).items()):
+        total = parse_quantity(spec.get("value", "0"))
+        default = (spec.get("requestPolicy") or {}).get("default")
+        wants = [a.get(capacity) for a in asks] or [None]
+        asked = max(w if w is not None else parse_quantity(default or "0") for w in wants)
+        free = total - used.get(capacity, Decimal(0))
+        if free < asked:
+            lacks.append(
+                f"{capacity} ({_shown(capacity, free)} free of {_shown(capacity, total)}, "
+                f"{_shown(capacity, asked)} asked)"
+            )
+    return f"{where}: lacks {'; '.join(lacks)}" if lacks else f"{where}: has room for the ask"
+
+
+def _shown(capacity: str, value: Decimal) -> str:
+    if capacity == names.DRA_CAPACITY_MEMORY:
+        return f"{value / (1 << 30):.1f} GiB"
+    plain = f"{Decimal(value).normalize():f}"
+    return f"{plain}%" if capacity == names.DRA_CAPACITY_DUTY else plain

@@ -1,0 +1,90 @@
+"""`kubectl baton usage`: GPU-seconds held and parked byte-seconds per namespace, tenant and
+tier, summed over every node's agent accounting (totals kept across agent restarts)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rich.table import Table
+
+from baton.contract.names import MIB, NAMESPACE
+from commands.kubectl.agents import agent_pods, read_agent
+from commands.kubectl.api import Api
+
+Row = tuple[str, str, int]
+"""(namespace, tenant, tier)."""
+
+
+def read_totals(
+    api: Api, baton_namespace: str = NAMESPACE
+) -> tuple[dict[Row, list[float]], list[str]]:
+    """Row → [GPU-seconds, parked byte-seconds] over every agent; and the agents not read."""
+    totals: dict[Row, list[float]] = {}
+    missing = []
+    for node, pod in sorted(agent_pods(api, baton_namespace).items()):
+        status = read_agent(api, pod, baton_namespace)
+        if isinstance(status, str):
+            missing.append(f"{node}: {status}")
+            continue
+        add_accounting(totals, status.get("accounting") or {})
+    return totals, missing
+
+
+def add_accounting(totals: dict[Row, list[float]], accounting: Mapping[str, Any]) -> None:
+    """Add one agent's `accounting` ([tenant, namespace, tier, value] rows) into `totals`."""
+    for column, field in enumerate(("gpu_seconds", "parked_byte_seconds")):
+        for tenant, namespace, tier, value in accounting.get(field) or []:
+            row = totals.setdefault((str(namespace), str(tenant), int(tier)), [0.0, 0.0])
+            row[column] += float(value)
+
+
+def window(
+    before: Mapping[Row, list[float]], after: Mapping[Row, list[float]]
+) -> dict[Row, list[float]]:
+    """What accrued between two readings (a restarted agent's totals never go down)."""
+    out = {}
+    for row, (held, parked) in after.items():
+        was = before.get(row, [0.0, 0.0])
+        out[row] = [max(0.0, held - was[0]), max(0.0, parked - was[1])]
+    return out
+
+
+def usage_rows(totals: Mapping[Row, list[float]], namespace: str | None) -> list[dict[str, Any]]:
+    """Rows sorted by namespace, tenant and tier; only `namespace`'s when given."""
+    return [
+        {
+            "namespace": ns,
+            "tenant": tenant,
+            "tier": tier,
+            "gpu_seconds": round(held, 3),
+            "parked_byte_seconds": round(parked, 1),
+        }
+        for (ns, tenant, tier), (held, parked) in sorted(totals.items())
+        if namespace is None or ns == namespace
+    ]
+
+
+def namespace_sums(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per namespace: its tenants' GPU-seconds and parked byte-seconds summed."""
+    sums: dict[str, dict[str, float]] = {}
+    for row in rows:
+        per = sums.setdefault(row["namespace"], {"gpu_seconds": 0.0, "parked_byte_seconds": 0.0})
+        per["gpu_seconds"] += row["gpu_seconds"]
+        per["parked_byte_seconds"] += row["parked_byte_seconds"]
+    return sums
+
+
+def usage_table(rows: list[dict[str, Any]], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("namespace", "tenant", "tier", "GPU-seconds", "parked MiB·s"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row["namespace"],
+            row["tenant"],
+            str(row["tier"]),
+            f"{row['gpu_seconds']:.1f}",
+            f"{row['parked_byte_seconds'] / MIB:.1f}",
+        )
+    return table

@@ -1,0 +1,148 @@
+"""`baton status` across nodes: the extender's inventory joined with every node's agent.
+
+The extender's `/v1/inventory` names the nodes, their GPUs and the pods placed on each; each
+node's agent (`/v1/status`) says who holds each GPU, who waits, who is resident or parked and
+how busy the GPU was over the last minute. `cluster_document` joins the two (pure); the fetch
+functions are the thin HTTP and Kubernetes shell around it.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from agent.parking.backends.base import Residency
+from baton.contract.names import NAMESPACE, NODE_POD_SELECTOR
+from commands.status.shares import namespace_shares
+
+AgentAnswer = dict[str, Any] | str
+"""An agent's /v1/status document, or why it could not be read."""
+_PARKED = {Residency.PARKED, Residency.PARKING}
+
+
+def gpu_summary(uuid: str, status: Mapping[str, Any]) -> dict[str, Any]:
+    """One GPU as its agent sees it: holder, queue, tenants resident and parked, duty."""
+    info = status.get("gpus", {}).get(uuid)
+    if info is None:
+        return {"holder": None, "queue": [], "tenants": [], "resident": [], "parked": []}
+    where = {
+        tenant: entry.get("gpus", {}).get(uuid, "")
+        for tenant, entry in (status.get("residency") or {}).get("tenants", {}).items()
+    }
+    tenants = list(info.get("tenants", []))
+    return {
+        "holder": info.get("holder"),
+        "fencing_token": info.get("fencing_token"),
+        "queue": [q["tenant_id"] for q in info.get("queue", [])],
+        "tenants": tenants,
+        "resident": [t for t in tenants if where.get(t) == Residency.RESIDENT],
+        "parked": [t for t in tenants if where.get(t) in _PARKED],
+        "duty_last_minute": info.get("duty_last_minute"),
+        "busy_seconds": info.get("busy_seconds"),
+    }
+
+
+def node_summary(
+    name: str, inventory_node: Mapping[str, Any] | None, agent: AgentAnswer | None, url: str
+) -> dict[str, Any]:
+    """One node: the extender's GPUs and pods, each joined with what the agent says."""
+    status = agent if isinstance(agent, dict) else {}
+    residency = status.get("residency") or {}
+    inv_gpus = list((inventory_node or {}).get("gpus", []))
+    uuids = [g["uuid"] for g in inv_gpus]
+    uuids += [u for u in status.get("gpus", {}) if u not in uuids]
+    by_uuid = {g["uuid"]: g for g in inv_gpus}
+    gpus = []
+    for uuid in uuids:
+        inv = by_uuid.get(uuid, {})
+        gpus.append(
+            {
+                "uuid": uuid,
+                "index": inv.get("index"),
+                "healthy": inv.get("healthy"),
+                "pods": [t["pod"] for t in inv.get("tenants", [])],
+                **gpu_summary(uuid, status),
+            }
+        )
+    budget_mib = (inventory_node or {}).get("hostMemoryBudgetMiB")
+    return {
+        "name": name,
+        "agent": url,
+        "error": agent if isinstance(agent, str) else None,
+        "parked_bytes": residency.get("parked_bytes"),
+        "host_memory_budget_bytes": residency.get("host_memory_budget_bytes"),
+        "annotated_budget_mib": budget_mib,
+        "gpus": gpus,
+        "namespaces": namespace_shares(status),
+    }
+
+
+def cluster_document(
+    inventory: Mapping[str, Any], agents: Mapping[str, AgentAnswer], urls: Mapping[str, str]
+) -> dict[str, Any]:
+    """Every node of the inventory with its agent's view (`agents`, `urls` keyed by node)."""
+    nodes = [
+        node_summary(n["name"], n, agents.get(n["name"]), urls.get(n["name"], ""))
+        for n in inventory.get("nodes", [])
+    ]
+    return {"synced": inventory.get("synced"), "nodes": nodes}
+
+
+def single_agent_document(status: Mapping[str, Any], url: str) -> dict[str, Any]:
+    """One agent read directly (no inventory): its GPUs only."""
+    return {"synced": None, "nodes": [node_summary("", None, dict(status), url)]}
+
+
+def read_json(url: str, timeout: float = 5.0) -> Any:
+    """GET `url` as JSON (urllib errors propagate)."""
+    with urllib.request.urlopen(url, timeout=timeout) as reply:
+        return json.load(reply)
+
+
+def read_agent(url: str, timeout: float = 3.0) -> AgentAnswer:
+    """An agent's /v1/status, or a sentence saying why it could not be read."""
+    try:
+        document = read_json(f"{url.rstrip('/')}/v1/status", timeout)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"cannot reach the agent at {url}: {getattr(exc, 'reason', exc)}"
+    return dict(document) if isinstance(document, dict) else f"{url} sent no JSON object"
+
+
+def agent_addresses(kubeconfig: str | None) -> dict[str, str]:
+    """Where each node's agent listens: its node pod's IP, else the node's InternalIP."""
+    from kubernetes import client
+
+    from baton.contract.kube import load_api_client
+
+    with load_api_client(kubeconfig) as api_client:
+        core = client.CoreV1Api(api_client)
+        nodes = core.list_node().items
+        pods = core.list_namespaced_pod(NAMESPACE, label_selector=NODE_POD_SELECTOR).items
+    found: dict[str, str] = {}
+    for node in nodes:
+        addresses = (node.status.addresses if node.status else None) or []
+        internal = [a.address for a in addresses if a.type == "InternalIP"]
+        name = node.metadata.name if node.metadata else None
+        if name and (internal or addresses):
+            found[name] = (internal or [addresses[0].address])[0]
+    for pod in pods:
+        status, spec = pod.status, pod.spec
+        if status and status.phase == "Running" and status.pod_ip and spec and spec.node_name:
+            found[spec.node_name] = status.pod_ip
+    return found
+
+
+def read_cluster(
+    extender_url: str, addresses: Mapping[str, str], agent_port: int
+) -> dict[str, Any]:
+    """The inventory from the extender, then every listed node's agent, in parallel."""
+    inventory = read_json(f"{extender_url.rstrip('/')}/v1/inventory")
+    names = [n["name"] for n in inventory.get("nodes", [])]
+    urls = {n: f"http://{addresses.get(n, n)}:{agent_port}" for n in names}
+    with ThreadPoolExecutor(max_workers=min(32, len(names) or 1)) as pool:
+        answers = dict(zip(names, pool.map(read_agent, [urls[n] for n in names]), strict=True))
+    return cluster_document(inventory, answers, urls)
