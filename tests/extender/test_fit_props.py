@@ -99,3 +99,16 @@ def test_the_rule_refuses_memory_over_capacity_or_cap_and_duty_over_the_cap() ->
     assert takes(fits._replace(duty=None), half, 1000)  # the default: 100 / 4 slots
     full = gpu_load(gpu, [PlacedPod(str(i), 1, 1.0) for i in range(4)], Limits())
     assert not takes(fits._replace(duty=1.0, memory_mib=1), full, 1000)
+
+
+def test_the_dra_first_fit_takes_a_gpu_filled_exactly_to_its_duty_cap_and_not_past_it() -> None:
+    """The boundary the random examples seldom reach: summed duty landing on the cap fits, a
+    hundredth of a point over it moves the claim to the next GPU (an off-by-one in the cap that
+    `first_fit` passes would pass the property above)."""
+    gpus = [GpuRecord("GPU-0", 0, "m", 1000, 4), GpuRecord("GPU-1", 1, "m", 1000, 4)]
+    taken = TenantRequest(gpus=1, memory_mib=10, duty=DRA_DUTY - 40.0)
+    node = _node(gpus, 100 * GIB, [(taken, 0)], Limits())
+    on_the_cap = first_fit(node, TenantRequest(gpus=1, memory_mib=10, duty=40.0))
+    assert [load.gpu.uuid for load in on_the_cap] == ["GPU-0"]
+    over_it = first_fit(node, TenantRequest(gpus=1, memory_mib=10, duty=40.01))
+    assert [load.gpu.uuid for load in over_it] == ["GPU-1"]
