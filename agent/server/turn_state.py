@@ -1,5 +1,5 @@
-"""What the turn service holds (table, tenants, sessions, events, metrics, the state store) and
-how it publishes events, persists the state and runs background work."""
+"""What the lease service holds (table, tenants, sessions, events, metrics, the state store) and
+how it publishes events, persists and restores the state and runs background work."""
 
 from __future__ import annotations
 
@@ -9,14 +9,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core import events as ev
-from agent.core.ahead import LookAhead
 from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import TurnPreparer
 from agent.node.state import PersistedState, StateStore
-from agent.node.tenants import TenantRegistry
+from agent.node.tenants import Tenant, TenantRegistry
+from agent.parking.backends.base import TenantRef
+from agent.parking.preparer import ParkingPreparer
 from agent.server.metrics import AgentMetrics
-from agent.server.revocations import Revocations
 from agent.server.sessions import SessionRegistry
+from baton.contract.names import MIB
+
+_NAMES_METHOD = frozenset({ev.TENANT_JOINED, ev.QUEUED, ev.GRANTED})
+"""Events whose detail also names the tenant's parking method (`parking app`)."""
 
 
 @dataclass
@@ -27,8 +31,25 @@ class Granted:
     waited: float
 
 
+def tenant_ref(tenant: Tenant, self_parks: bool = False) -> TenantRef:
+    """What a parking backend needs to know of one of the service's tenants (`self_parks`: a
+    session of it offers park/restore callbacks)."""
+    return TenantRef(
+        tenant.tenant_id,
+        tuple(tenant.gpus),
+        pids=tuple(sorted(tenant.pids)),
+        memory_limit_bytes=tenant.memory_limit_bytes or None,
+        pod_uid=tenant.pod_uid,
+        declared_bytes=tenant.gpu_memory_mib * MIB or None,
+        parking=tenant.parking,
+        self_parks=self_parks,
+    )
+
+
 class TurnState:
-    """The turn service's state and plumbing; `TurnService` adds the turns themselves."""
+    """The state the turns and the tenants share, its events, its persistence and the
+    background tasks; it grants nothing (`agent.server.turns`) and admits nobody
+    (`agent.server.tenancy`)."""
 
     def __init__(
         self,
@@ -49,34 +70,19 @@ class TurnState:
         self.sessions = sessions or SessionRegistry()
         self.events = ev.EventBus()
         self.metrics = metrics or AgentMetrics()
-        self._clock = clock
-        self._store = store
-        self._grace = reconnect_grace
-        self._pending: dict[str, asyncio.Future[Lease]] = {}
-        self._on_grant: dict[str, Callable[[Lease], None]] = {}
-        """Waiter id → who hears of its grant as it is made (`TurnService.acquire`)."""
-        self.revocations = Revocations()
-        self._resumes: dict[str, str] = {}
-        """Revoked lease id → the waiter (then lease) that gives its tenant the turn back."""
-        self._changes = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._ahead = LookAhead(preparer, self._spawn)
+        self.clock = clock
+        self.grace = reconnect_grace
+        """Seconds a tenant has to open (or reopen) its session."""
         self.stopping = False
+        self._store = store
+        self._tasks: set[asyncio.Task[None]] = set()
         self._persist_soon = False
         self._persist_asked = False
         """`persist()` was called and its step has not run yet (close saves then too)."""
-        self._settle_pending = False
-        self._closed = False
-
-    # Lifecycle.
 
     async def close(self) -> None:
-        """Stop timers and background work; the persisted state stays as it is."""
+        """Cancel background work and save what is due; the persisted state stays as it is."""
         self.stopping = True
-        self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
         for task in list(self._tasks):
             task.cancel()
         if self._store is not None and (self._persist_soon or self._persist_asked):
@@ -85,26 +91,15 @@ class TurnState:
             self._store.flush()
             self._store.close()
 
-    # Plumbing.
+    # Events and background work.
 
-    def persist(self) -> None:
-        """Save the state soon (e.g. after the residency layer moved memory): in the next
-        event-loop step, after a grant those moves made room for has reached its tenant."""
-        self._persist_asked = True
-        asyncio.get_running_loop().call_soon(self._persist)
-
-    def _fail(self, waiter_id: str, error: Exception) -> None:
-        self._on_grant.pop(waiter_id, None)
-        future = self._pending.pop(waiter_id, None)
-        if future is not None and not future.done():
-            future.set_exception(error)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run `coro` in the background until it ends or the service closes."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _publish(
+    def publish(
         self,
         kind: str,
         tenant_id: str,
@@ -113,11 +108,16 @@ class TurnState:
         gpus: tuple[str, ...] = (),
         detail: str = "",
     ) -> None:
+        """Tell the event bus; a tenant's joining, queueing and grants also name its parking
+        method: `pod; parking app`."""
+        method = self.parking_method(tenant_id) if kind in _NAMES_METHOD else ""
+        if method:
+            detail = f"{detail}; parking {method}" if detail else f"parking {method}"
         self.events.publish(
             ev.Event(
                 kind=kind,
                 tenant_id=tenant_id,
-                at=self._clock(),
+                at=self.clock(),
                 gpus=lease.gpus if lease else gpus,
                 lease_id=lease.lease_id if lease else "",
                 tokens=dict(lease.tokens) if lease else {},
@@ -125,21 +125,59 @@ class TurnState:
             )
         )
 
-    def _journal_grant(self, lease: Lease) -> None:
+    def parking_method(self, tenant_id: str) -> str:
+        """The method that parks the tenant; empty where the node parks nobody."""
+        tenant = self.tenants.tenants.get(tenant_id)
+        if tenant is None or not isinstance(self.preparer, ParkingPreparer):
+            return ""
+        ref = tenant_ref(tenant, self.sessions.parks_itself(tenant_id))
+        return self.preparer.backend.method_for(ref)
+
+    def account(self) -> None:
+        """Bring the parked byte-seconds up to now (before they are read or saved)."""
+        residency = self.preparer.status().get("tenants") or {}
+        parked = {t: int(e.get("parked_bytes") or 0) for t, e in residency.items()}
+        tiers = {t: u.tier for t, u in self.table.usage.items()}
+        self.metrics.accounting.parked(self.clock(), parked, tiers)
+
+    # Persistence.
+
+    def journal_grant(self, lease: Lease) -> None:
         """The grant is on disk before anyone hears of it (`agent.node.state`)."""
         if self._store is not None:
             self._store.record_grant(lease)
 
-    def _journal_end(self, lease: Lease) -> None:
+    def journal_end(self, lease: Lease) -> None:
         if self._store is not None:
             self._store.record_end(lease.lease_id)
 
-    def _persist(self) -> None:
+    def persist(self) -> None:
+        """Save the state soon (e.g. after the residency layer moved memory): in the next
+        event-loop step, after a grant those moves made room for has reached its tenant."""
+        self._persist_asked = True
+        asyncio.get_running_loop().call_soon(self.persist_step)
+
+    def persist_step(self) -> None:
         """Save the state once this event-loop step's changes are all made."""
         self._persist_asked = False
         if self._store is not None and not self._persist_soon:
             self._persist_soon = True
             asyncio.get_running_loop().call_soon(self._save)
+
+    def restore(self) -> PersistedState | None:
+        """Reinstate the saved tenants, leases, tokens, parked memory and accounting; what was
+        saved (None without a store)."""
+        if self._store is None:
+            return None
+        saved = self._store.load()
+        self.metrics.accounting.load(saved.accounting)
+        self.tenants.restore(saved.tenants)
+        for gpu, token in saved.tokens.items():
+            self.table.gpu(gpu).token = token
+        for lease in saved.leases:
+            self.table.restore_lease(lease)
+        self.preparer.reinstate(saved.parked)
+        return saved
 
     def _save(self) -> None:
         self._persist_soon = False

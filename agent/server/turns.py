@@ -3,8 +3,8 @@
 Grants happen as soon as the state allows (a yield, a departure, a registration), never by
 polling; a single timer covers waiter deadlines and maximum hold times. When the tenant due next
 on a held GPU changes, the residency layer hears of it (`agent.core.ahead`) so that it can make that
-tenant's room while the holder still runs. `LeaseService` (in `agent.server.service`) adds tenants,
-sessions and restarts on top; `agent.server.turn_state` holds the state and plumbing.
+tenant's room while the holder still runs. The state it drives is `agent.server.turn_state`'s;
+`agent.server.service` wires the two with the tenants (`agent.server.tenancy`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from agent.core import eager
 from agent.core import events as ev
+from agent.core.ahead import LookAhead
 from agent.core.errors import (
     InvalidGpus,
     NeverGranted,
@@ -25,17 +26,51 @@ from agent.core.errors import (
 from agent.core.leases import Lease, Waiter
 from agent.core.residency import NoRoom, TooLarge
 from agent.node.tenants import Tenant
+from agent.server.revocations import Revocations
 from agent.server.turn_state import Granted, TurnState
 from agent.server.waits import lease_to_pb, standings, timed_out
 from baton._pb import agent_pb2 as pb
 
-__all__ = ["Granted", "TurnService", "lease_to_pb"]
+__all__ = ["Granted", "Turns", "lease_to_pb"]
 
 log = logging.getLogger(__name__)
 
 
-class TurnService(TurnState):
-    """Turn-taking on the node's GPUs: acquire, yield, revocation, timeouts."""
+class Turns:
+    """Turn-taking on the node's GPUs: acquire, yield, grants, revocation, timeouts.
+
+    `unwatched` hears, `reconnect_grace` after the grant, of a tenant granted a turn without an
+    open session.
+    """
+
+    def __init__(self, state: TurnState, unwatched: Callable[[str], None]) -> None:
+        self._state = state
+        self._unwatched = unwatched
+        self.table = state.table
+        self.revocations = Revocations()
+        self._pending: dict[str, asyncio.Future[Lease]] = {}
+        self._on_grant: dict[str, Callable[[Lease], None]] = {}
+        """Waiter id → who hears of its grant as it is made (`acquire`)."""
+        self._resumes: dict[str, str] = {}
+        """Revoked lease id → the waiter (then lease) that gives its tenant the turn back."""
+        self._changes = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._ahead = LookAhead(state.preparer, state.spawn)
+        self._settle_pending = False
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop the timer: no more revocations or timeouts."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def fail(self, waiter_id: str, error: Exception) -> None:
+        """The waiter's `acquire` raises `error` (its place in the queue is already gone)."""
+        self._on_grant.pop(waiter_id, None)
+        future = self._pending.pop(waiter_id, None)
+        if future is not None and not future.done():
+            future.set_exception(error)
 
     # Turns.
 
@@ -63,7 +98,7 @@ class TurnService(TurnState):
         self._pending[waiter.waiter_id] = future
         if on_grant is not None:
             self._on_grant[waiter.waiter_id] = on_grant
-        self._publish(ev.QUEUED, tenant.tenant_id, gpus=waiter.gpus)
+        self._state.publish(ev.QUEUED, tenant.tenant_id, gpus=waiter.gpus)
         self._dispatch()
         try:
             lease = await future
@@ -77,7 +112,7 @@ class TurnService(TurnState):
         self._on_grant.pop(waiter_id, None)
         waiter = self.table.cancel(waiter_id)
         if waiter is not None:
-            self._publish(ev.CANCELLED, waiter.tenant_id, gpus=waiter.gpus)
+            self._state.publish(ev.CANCELLED, waiter.tenant_id, gpus=waiter.gpus)
             self._dispatch()
         elif waiter_id in self.table.leases:  # granted just as the caller gave up
             self._end(self.table.leases[waiter_id], ev.YIELDED, "caller gave up")
@@ -115,25 +150,26 @@ class TurnService(TurnState):
         for waiter in resume:
             self.table.cancel(waiter.waiter_id)
         if resume:
-            self._changed()
+            self.changed()
         return bool(resume)
 
     def _end(self, lease: Lease, kind: str, detail: str, *, yielded: bool = False) -> float:
         self.table.release(lease.lease_id, yielded=yielded)
-        self._journal_end(lease)
-        held = self.metrics.released(lease, self._clock())
-        self._publish(kind, lease.tenant_id, lease=lease, detail=detail)
-        self._changed()
+        self._state.journal_end(lease)
+        held = self._state.metrics.released(lease, self._state.clock())
+        self._state.publish(kind, lease.tenant_id, lease=lease, detail=detail)
+        self.changed()
         return held
 
     # Granting.
 
-    def _changed(self) -> None:
+    def changed(self) -> None:
         """The node's state changed: persist it, retry blocked waiters, grant what can be."""
         self._changes += 1
         self.table.unblock_all()
         self._dispatch()
-        self._persist()  # after the grants: their waiters resume before the state is encoded
+        # After the grants: their waiters resume before the state is encoded.
+        self._state.persist_step()
 
     def _dispatch(self) -> None:
         self._start_turns(self.table.pick())
@@ -143,14 +179,16 @@ class TurnService(TurnState):
         for waiter in waiters:
             changes = self._changes
             try:
-                done, _, rest = eager.start(self.preparer.prepare(waiter.tenant_id, waiter.gpus))
+                done, _, rest = eager.start(
+                    self._state.preparer.prepare(waiter.tenant_id, waiter.gpus)
+                )
             except Exception as exc:
                 self._prepared(waiter, exc, changes)
                 continue
             if done or rest is None:
                 self._prepared(waiter, None, changes)
             else:
-                self._spawn(self._finish_preparing(waiter, rest, changes))
+                self._state.spawn(self._finish_preparing(waiter, rest, changes))
 
     async def _finish_preparing(self, waiter: Waiter, rest: eager.Rest[None], changes: int) -> None:
         try:
@@ -164,9 +202,11 @@ class TurnService(TurnState):
         """Room was made for `waiter` (or not): grant the turn, or keep it waiting."""
         if isinstance(error, Quarantined | TooLarge):  # never a turn: the caller hears why now
             self.table.cancel(waiter.waiter_id)
-            self._fail(waiter.waiter_id, _never(waiter, error))
+            self.fail(waiter.waiter_id, _never(waiter, error))
             if isinstance(error, TooLarge):
-                self._publish(ev.CANCELLED, waiter.tenant_id, gpus=waiter.gpus, detail=str(error))
+                self._state.publish(
+                    ev.CANCELLED, waiter.tenant_id, gpus=waiter.gpus, detail=str(error)
+                )
             self._dispatch()
             return
         if isinstance(error, NoRoom):
@@ -180,25 +220,26 @@ class TurnService(TurnState):
             self._dispatch()
             return
         lease = self.table.grant(waiter.waiter_id)
-        self._journal_grant(lease)
+        self._state.journal_grant(lease)
         tell = self._on_grant.pop(waiter.waiter_id, None)
         if tell is not None:
             tell(lease)
-        self.metrics.granted(lease, lease.granted_at - waiter.enqueued_at)
-        self._publish(ev.GRANTED, lease.tenant_id, lease=lease)
+        self._state.metrics.granted(lease, lease.granted_at - waiter.enqueued_at)
+        self._state.publish(ev.GRANTED, lease.tenant_id, lease=lease)
         future = self._pending.pop(waiter.waiter_id, None)
         if future is not None and not future.done():
             future.set_result(lease)
         elif waiter.front:
-            self.sessions.notify(lease.tenant_id, pb.AgentMessage(granted=lease_to_pb(lease)))
-        self._persist()
-        if not self.sessions.connected(lease.tenant_id):  # a bare RPC caller: nothing to watch
+            self._state.sessions.notify(
+                lease.tenant_id, pb.AgentMessage(granted=lease_to_pb(lease))
+            )
+        self._state.persist_step()
+        if not self._state.sessions.connected(
+            lease.tenant_id
+        ):  # a bare RPC caller: nothing to watch
             loop = asyncio.get_running_loop()
-            loop.call_later(self._grace, self._check_session, lease.tenant_id)
+            loop.call_later(self._state.grace, self._unwatched, lease.tenant_id)
         self._settle_soon()
-
-    def _check_session(self, tenant_id: str) -> None:
-        """Hook: a tenant was granted a turn without an open session `reconnect_grace` ago."""
 
     def _blocked(self, waiter: Waiter, reason: str, changes: int) -> None:
         if waiter.waiter_id not in self.table.waiters:
@@ -207,7 +248,7 @@ class TurnService(TurnState):
         self.table.block(waiter.waiter_id, reason)
         log.warning("turn for %s waits: %s", waiter.tenant_id, reason)
         if changes != self._changes:  # the node changed while room was being made
-            self._changed()
+            self.changed()
         else:
             self._dispatch()
 
@@ -231,7 +272,7 @@ class TurnService(TurnState):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        now = self._clock()
+        now = self._state.clock()
         deadline = self.table.next_deadline(after=now)
         due = [w.deadline for w in self.table.waiters.values() if not w.reserved]
         soonest = min((d for d in due if d is not None), default=None)
@@ -250,35 +291,37 @@ class TurnService(TurnState):
 
     def _on_timer(self) -> None:
         self._timer = None
-        now = self._clock()
-        why = standings(self.table, self.metrics, now, due=now)  # before they leave the queue
+        now = self._state.clock()
+        why = standings(
+            self.table, self._state.metrics, now, due=now
+        )  # before they leave the queue
         tick = self.table.tick()
         for waiter in tick.expired:
             reason = why.get(waiter.waiter_id) or waiter.blocked
-            self._fail(waiter.waiter_id, timed_out(waiter, reason))
-            self._publish(ev.EXPIRED, waiter.tenant_id, gpus=waiter.gpus, detail=reason)
+            self.fail(waiter.waiter_id, timed_out(waiter, reason))
+            self._state.publish(ev.EXPIRED, waiter.tenant_id, gpus=waiter.gpus, detail=reason)
         for lease in tick.overdue:
-            if self.revocations.may_start(lease.lease_id, self._clock()):
+            if self.revocations.may_start(lease.lease_id, self._state.clock()):
                 self.revocations.start(lease.lease_id)
-                self._spawn(self._revoke(lease))
+                self._state.spawn(self._revoke(lease))
         if tick.expired or tick.unheld:
             self._dispatch()
         self._reschedule()  # now: this timer is spent
 
     async def _revoke(self, lease: Lease) -> None:
         waiting = len({w.tenant_id for g in lease.gpus for w in self.table.queue_of(g)})
-        overdue = lease.hold_until <= self._clock()
+        overdue = lease.hold_until <= self._state.clock()
         why = "held past maximum" if overdue else "a higher tier waits"
         log.warning(
             "tenant %s held [%s] (%s, maximum %g s) while %d others wait; revoking",
             lease.tenant_id, ", ".join(lease.gpus), why, self.table.max_hold, waiting,
         )  # fmt: skip
         try:
-            await self.preparer.revoke(lease.tenant_id, lease.gpus)
+            await self._state.preparer.revoke(lease.tenant_id, lease.gpus)
         except Exception as exc:  # the holder keeps the GPU until it can be parked
             if lease.lease_id in self.table.leases:
-                why = self.revocations.failed(self.table, lease, exc, self._clock())
-                self._publish(ev.REVOKE_FAILED, lease.tenant_id, lease=lease, detail=why)
+                why = self.revocations.failed(self.table, lease, exc, self._state.clock())
+                self._state.publish(ev.REVOKE_FAILED, lease.tenant_id, lease=lease, detail=why)
                 self._reschedule()
             return
         finally:
@@ -289,15 +332,15 @@ class TurnService(TurnState):
         live = self.table.waiters.keys() | self.table.leases.keys()
         self._resumes = {k: v for k, v in self._resumes.items() if v in live}
         self._resumes[lease.lease_id] = resume.waiter_id
-        self.metrics.released(lease, self._clock(), revoked=True)
-        self._publish(ev.REVOKED, lease.tenant_id, lease=lease, detail=why)
+        self._state.metrics.released(lease, self._state.clock(), revoked=True)
+        self._state.publish(ev.REVOKED, lease.tenant_id, lease=lease, detail=why)
         reason = "held past the maximum hold time" if overdue else "a higher tier waits"
         revoked = pb.Revoked(lease_id=lease.lease_id, reason=reason)
-        self.sessions.notify(lease.tenant_id, pb.AgentMessage(revoked=revoked))
+        self._state.sessions.notify(lease.tenant_id, pb.AgentMessage(revoked=revoked))
         # After the revocation is told: a grant made from the agent's model happens inside
         # _start_turns, and its event must not come before the end of the turn it follows.
         self._start_turns(due)
-        self._changed()
+        self.changed()
 
 
 def _never(waiter: Waiter, error: Exception) -> Exception:

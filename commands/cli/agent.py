@@ -2,257 +2,110 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from baton.contract import names
-from baton.contract.shutdown import DEFAULT_GRACE_S
-from commands.cli.options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
+from commands.cli.agent_settings import AgentSettings, command_options, env_of
+from commands.cli.options import AsJson, echo_figures, setup_logging
+
+if TYPE_CHECKING:
+    from agent.assembly import AgentConfig
 
 
 def _queue_policy(queue_policy: str | None, deprecated: str | None) -> str:
     """`--queue-policy`, else the deprecated `--policy` (saying so once on stderr), else fifo."""
     if deprecated is not None:
         typer.echo(
-            "baton agent: --policy (BATON_AGENT_POLICY) is deprecated; "
-            "use --queue-policy (BATON_AGENT_QUEUE_POLICY)",
+            f"baton agent: --policy ({env_of('policy')}) is deprecated; "
+            f"use --queue-policy ({env_of('queue_policy')})",
             err=True,
         )
     return queue_policy or deprecated or "fifo"
 
 
-def agent(
-    socket: Annotated[
-        str, typer.Option(envvar=names.ENV_AGENT_SOCKET, help="gRPC unix socket.")
-    ] = names.AGENT_SOCKET,
-    state_dir: Annotated[
-        str, typer.Option(envvar="BATON_AGENT_STATE_DIR", help="Durable state directory.")
-    ] = names.AGENT_STATE_DIR,
-    http_host: Annotated[str, typer.Option(envvar="BATON_AGENT_HTTP_HOST")] = "0.0.0.0",
-    http_port: Annotated[
-        int, typer.Option(envvar="BATON_AGENT_HTTP_PORT", help="Status/metrics; 0 = any.")
-    ] = names.PORT_AGENT,
-    debug_tcp_port: Annotated[
-        int, typer.Option(envvar="BATON_AGENT_DEBUG_TCP_PORT", help="Also on 127.0.0.1; 0 = off.")
-    ] = 0,
-    queue_policy: Annotated[
-        str | None,
-        typer.Option(
-            envvar="BATON_AGENT_QUEUE_POLICY",
-            help="Who is served next: fifo, lrs (least recently served) or fair (weighted fair "
-            "turns in priority tiers). Default fifo.",
-        ),
-    ] = None,
-    fair_min_share: Annotated[
-        float,
-        typer.Option(
-            envvar="BATON_AGENT_FAIR_MIN_SHARE",
-            help="fair: share of a GPU a lower tier keeps while a higher one waits (0-0.5).",
-        ),
-    ] = 0.1,
-    fair_credit: Annotated[
-        float,
-        typer.Option(
-            envvar="BATON_AGENT_FAIR_CREDIT", help="fair: GPU-seconds an idle tenant may bank."
-        ),
-    ] = 10.0,
-    fair_anticipate: Annotated[
-        float,
-        typer.Option(
-            envvar="BATON_AGENT_FAIR_ANTICIPATE",
-            help="fair: seconds a GPU is kept for an owed tenant that yielded and usually asks "
-            "again within them (idle GPU time, charged to it, against the share of tenants with "
-            "short turns and gaps); 0 = off.",
-        ),
-    ] = 0.01,
-    tier_grace: Annotated[
-        float,
-        typer.Option(
-            envvar="BATON_AGENT_TIER_GRACE",
-            help="fair: seconds before a higher tier's waiter revokes a lower tier's holder "
-            "(negative = never; it waits for the holder's yield).",
-        ),
-    ] = -1.0,
-    policy: Annotated[
-        str | None,
-        typer.Option(
-            envvar="BATON_AGENT_POLICY",
-            hidden=True,
-            help="Deprecated alias of --queue-policy.",
-        ),
-    ] = None,
-    max_hold: Annotated[
-        float, typer.Option(envvar="BATON_AGENT_MAX_HOLD", help="Seconds before revocation.")
-    ] = 60.0,
-    reconnect_grace: Annotated[
-        float, typer.Option(envvar="BATON_AGENT_RECONNECT_GRACE", help="After a restart.")
-    ] = 10.0,
-    socket_mode: Annotated[
-        str, typer.Option(envvar="BATON_AGENT_SOCKET_MODE", help="Octal mode of the sockets.")
-    ] = "0660",
-    backend: Annotated[
-        str,
-        typer.Option(
-            envvar=names.ENV_AGENT_BACKEND,
-            help="Parking: none, fake, cuda, app, endpoint or several (cuda,app: first = default).",
-        ),
-    ] = "none",
-    fake_gpus: Annotated[
-        str,
-        typer.Option(envvar=names.ENV_FAKE_GPUS, help="Simulated GPUs: COUNTxMiB or MiB,MiB,..."),
-    ] = "2x81920",
-    fake_scale: Annotated[
-        float, typer.Option(envvar=names.ENV_FAKE_SCALE, help="Real bytes per simulated byte.")
-    ] = 1 / 1024,
-    fake_dir: Annotated[
-        str, typer.Option(envvar=names.ENV_FAKE_GPU_DIR, help="Simulated device memory files.")
-    ] = names.DEFAULT_FAKE_GPU_DIR,
-    pcie_gbps: Annotated[
-        float,
-        typer.Option(envvar=names.ENV_PCIE_GBPS, help="Modelled GB/s of a fake move; 0 = off."),
-    ] = 0.0,
-    host_memory_budget: Annotated[
-        int,
-        typer.Option(envvar=names.ENV_HOST_MEMORY_BUDGET, help="MiB for parked memory; 0 = auto."),
-    ] = 0,
-    headroom: Annotated[
-        int | None,
-        typer.Option(
-            envvar=names.ENV_HEADROOM,
-            help="MiB kept free on each GPU (and needed free beyond a restore's bytes); "
-            "default 1024 with --backend cuda, else 0.",
-        ),
-    ] = None,
-    move_timeout: Annotated[
-        float, typer.Option(envvar=names.ENV_MOVE_TIMEOUT, help="Seconds for a lock or callback.")
-    ] = 5.0,
-    driver_call_timeout: Annotated[
-        float,
-        typer.Option(
-            envvar=names.ENV_DRIVER_CALL_TIMEOUT,
-            help="cuda: seconds a driver call may take beyond its lock timeout or copy time.",
-        ),
-    ] = 10.0,
-    slowest_copy_gbps: Annotated[
-        float,
-        typer.Option(
-            envvar=names.ENV_SLOWEST_COPY_GBPS,
-            help="cuda: the slowest GB/s a checkpoint or restore deadline allows for.",
-        ),
-    ] = 1.0,
-    node_name: Annotated[
-        str,
-        typer.Option(
-            envvar=names.ENV_NODE_NAME,
-            help="In Kubernetes: watch this node's pods; also names the fake GPUs.",
-        ),
-    ] = "",
-    allow_local_tenants: Annotated[
-        bool,
-        typer.Option(
-            envvar="BATON_AGENT_ALLOW_LOCAL_TENANTS",
-            help="With --node-name: let processes in no pod register as tenants too.",
-        ),
-    ] = False,
-    kubeconfig: Kubeconfig = None,
-    proc_root: Annotated[
-        str, typer.Option(envvar="BATON_PROC_ROOT", help="The host's /proc (PID → pod).")
-    ] = "/proc",
-    shutdown_grace: Annotated[
-        float,
-        typer.Option(
-            envvar="BATON_AGENT_SHUTDOWN_GRACE", help="Seconds in-flight RPCs get on SIGTERM."
-        ),
-    ] = DEFAULT_GRACE_S,
-    llmd_listen: Annotated[
-        str,
-        typer.Option(
-            envvar=names.ENV_LLMD_LISTEN,
-            help="Also serve llm-d's time-slicing API here (HOST:PORT, plaintext); off if empty.",
-        ),
-    ] = "",
-    llmd_group: Annotated[
-        list[str] | None,
-        typer.Option(
-            envvar=names.ENV_LLMD_GROUPS,
-            help="An llm-d group outside Kubernetes: NAME=GPU[,GPU...] (repeatable).",
-        ),
-    ] = None,
-    log_level: LogLevel = "INFO",
-) -> None:
+@command_options(AgentSettings)
+def agent(**options: Any) -> None:
     """Run the node agent: turn-taking leases on this node's GPUs."""
     import asyncio
 
-    from agent.assembly import AgentConfig, AgentStartError, run_agent
-    from agent.core.fair import FairConfig
-    from agent.core.policy import QUEUE_POLICIES
+    from agent.assembly import AgentStartError, run_agent
     from agent.node.state import StateDirError
     from agent.parking.backends.base import BackendUnavailable
-    from agent.parking.setup import ParkingOptions
-    from agent.server.llmd.groups import Groups, GroupSpecError
     from baton.contract.kube import KubeConfigError
 
-    setup_logging(log_level)
-    if driver_call_timeout <= 0 or slowest_copy_gbps <= 0:
-        raise typer.BadParameter("--driver-call-timeout and --slowest-copy-gbps must be above 0")
-    order = _queue_policy(queue_policy, policy)
-    if order not in QUEUE_POLICIES:
-        choices = ", ".join(QUEUE_POLICIES)
-        raise typer.BadParameter(f"unknown policy {order!r}; choose one of {choices}")
-    try:
-        grace = tier_grace if tier_grace >= 0 else None
-        fair = FairConfig(fair_min_share, fair_credit, grace, anticipate_s=fair_anticipate)
-    except ValueError as exc:
-        hint = "--fair-anticipate" if "anticipate" in str(exc) else "--fair-min-share"
-        raise typer.BadParameter(str(exc), param_hint=hint) from None
-    try:
-        Groups.from_specs(llmd_group or ())
-    except GroupSpecError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--llmd-group") from None
-    config = AgentConfig(
-        socket=socket,
-        state_dir=state_dir,
-        http_host=http_host,
-        http_port=http_port,
-        debug_tcp_port=debug_tcp_port,
-        queue_policy=order,
-        fair=fair,
-        max_hold=max_hold,
-        reconnect_grace=reconnect_grace,
-        socket_mode=int(socket_mode, 8),
-        node_name=node_name,
-        allow_local_tenants=allow_local_tenants,
-        kubeconfig=kubeconfig,
-        proc_root=proc_root,
-        shutdown_grace=shutdown_grace,
-        llmd_listen=llmd_listen,
-        llmd_groups=tuple(llmd_group or ()),
-        parking=ParkingOptions(
-            backend=backend,
-            fake_gpus=fake_gpus,
-            node_name=node_name,
-            fake_scale=fake_scale,
-            fake_dir=fake_dir,
-            pcie_gbps=pcie_gbps,
-            host_memory_budget_mib=host_memory_budget,
-            headroom_mib=headroom,
-            lock_timeout_s=move_timeout,
-            callback_timeout_s=move_timeout,
-            driver_call_timeout_s=driver_call_timeout,
-            slowest_copy_gbps=slowest_copy_gbps,
-        ),
-    )
+    settings = AgentSettings(**options)
+    setup_logging(settings.log_level)
+    config = _agent_config(settings)
     try:
         asyncio.run(run_agent(config))
     except BackendUnavailable as exc:
-        typer.echo(f"baton agent: --backend {backend}: {exc}", err=True)
+        typer.echo(f"baton agent: --backend {settings.backend}: {exc}", err=True)
         raise typer.Exit(2) from None
     except (StateDirError, KubeConfigError, AgentStartError, RuntimeError) as exc:
         typer.echo(f"baton agent: {exc}", err=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         pass
+
+
+def _agent_config(s: AgentSettings) -> AgentConfig:
+    """The agent's config from its settings; a setting it cannot use is a `BadParameter`."""
+    from agent.assembly import AgentConfig
+    from agent.core.fair import FairConfig
+    from agent.core.policy import QUEUE_POLICIES
+    from agent.parking.setup import ParkingOptions
+    from agent.server.llmd.groups import Groups, GroupSpecError
+
+    if s.driver_call_timeout <= 0 or s.slowest_copy_gbps <= 0:
+        raise typer.BadParameter("--driver-call-timeout and --slowest-copy-gbps must be above 0")
+    order = _queue_policy(s.queue_policy, s.policy)
+    if order not in QUEUE_POLICIES:
+        choices = ", ".join(QUEUE_POLICIES)
+        raise typer.BadParameter(f"unknown policy {order!r}; choose one of {choices}")
+    try:
+        grace = s.tier_grace if s.tier_grace >= 0 else None
+        fair = FairConfig(s.fair_min_share, s.fair_credit, grace, anticipate_s=s.fair_anticipate)
+    except ValueError as exc:
+        hint = "--fair-anticipate" if "anticipate" in str(exc) else "--fair-min-share"
+        raise typer.BadParameter(str(exc), param_hint=hint) from None
+    try:
+        Groups.from_specs(s.llmd_group or ())
+    except GroupSpecError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--llmd-group") from None
+    return AgentConfig(
+        socket=s.socket,
+        state_dir=s.state_dir,
+        http_host=s.http_host,
+        http_port=s.http_port,
+        debug_tcp_port=s.debug_tcp_port,
+        queue_policy=order,
+        fair=fair,
+        max_hold=s.max_hold,
+        reconnect_grace=s.reconnect_grace,
+        socket_mode=int(s.socket_mode, 8),
+        node_name=s.node_name,
+        allow_local_tenants=s.allow_local_tenants,
+        kubeconfig=s.kubeconfig,
+        proc_root=s.proc_root,
+        shutdown_grace=s.shutdown_grace,
+        llmd_listen=s.llmd_listen,
+        llmd_groups=tuple(s.llmd_group or ()),
+        parking=ParkingOptions(
+            backend=s.backend,
+            fake_gpus=s.fake_gpus,
+            node_name=s.node_name,
+            fake_scale=s.fake_scale,
+            fake_dir=s.fake_dir,
+            pcie_gbps=s.pcie_gbps,
+            host_memory_budget_mib=s.host_memory_budget,
+            headroom_mib=s.headroom,
+            lock_timeout_s=s.move_timeout,
+            callback_timeout_s=s.move_timeout,
+            driver_call_timeout_s=s.driver_call_timeout,
+            slowest_copy_gbps=s.slowest_copy_gbps,
+        ),
+    )
 
 
 def bench_handoff(

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from baton.contract import names
+from commands.cli.agent_settings import env_of
 
 
 def status(
@@ -82,7 +83,7 @@ def events(
     state_dir: Annotated[
         str,
         typer.Option(
-            envvar="BATON_AGENT_STATE_DIR", help="The agent's state directory (its watch token)."
+            envvar=env_of("state_dir"), help="The agent's state directory (its watch token)."
         ),
     ] = names.AGENT_STATE_DIR,
     count: Annotated[int, typer.Option(help="Stop after this many events; 0 = never.")] = 0,

@@ -1,0 +1,156 @@
+"""The tenants the agent knows: who joins (a registration, a pod, an llm-d job), whose sessions
+open and close, who leaves, who is quarantined, and who comes back after an agent restart."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from agent.core import events as ev
+from agent.core.errors import Quarantined, TenantGone
+from agent.node.tenants import POD, Tenant
+from agent.parking.backends.base import TenantRef
+from agent.parking.backends.multi import APP
+from agent.server.turn_state import TurnState, tenant_ref
+from agent.server.turns import Turns
+from baton._pb import agent_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class Tenancy:
+    """Tenants and their sessions, admitted to and dropped from the turns of `turns`."""
+
+    def __init__(self, state: TurnState, turns: Turns) -> None:
+        self._state = state
+        self._turns = turns
+        self._left_app_pods: set[str] = set()
+        """Pod tenants that parked themselves (`app`) and whose last session ended: their memory
+        lived in their processes, so nothing of theirs counts until a session opens again."""
+
+    def tenant_refs(self) -> dict[str, TenantRef]:
+        """The tenants that count for parking, as the preparer reads them."""
+        parks = self._state.sessions.parks_itself
+        return {
+            t.tenant_id: tenant_ref(t, parks(t.tenant_id))
+            for t in list(self._state.tenants.tenants.values())
+            if t.tenant_id not in self._left_app_pods
+        }
+
+    # Agent restarts.
+
+    def load(self) -> None:
+        """Reinstate persisted tenants and leases; holders have `reconnect_grace` to come back."""
+        saved = self._state.restore()
+        if saved is not None and saved.tenants:
+            log.info(
+                "restored %d tenants and %d leases (%d turns granted or ended after the "
+                "snapshot, from the journal); holders have %g s to reconnect",
+                len(saved.tenants),
+                len(saved.leases),
+                saved.replayed,
+                self._state.grace,
+            )
+            asyncio.get_running_loop().call_later(self._state.grace, self._end_grace)
+
+    def unwatched(self, tenant_id: str) -> None:
+        """A tenant was granted a turn `reconnect_grace` ago; it goes if it never opened a
+        session."""
+        if self._state.table.leases_of(tenant_id) and not self._state.sessions.connected(tenant_id):
+            log.warning("tenant %s holds a turn but never opened a session", tenant_id)
+            self._drop(tenant_id, "it held a turn without an open session")
+
+    def _end_grace(self) -> None:
+        for tenant in list(self._state.tenants.tenants.values()):
+            if not self._state.sessions.connected(tenant.tenant_id):
+                log.info("tenant %s did not reconnect within the grace period", tenant.tenant_id)
+                self._drop(tenant.tenant_id, "did not reconnect after an agent restart")
+
+    # Tenants.
+
+    def register(self, pid: int, uid: int, request: pb.RegisterRequest) -> Tenant:
+        """Register a local tenant's process."""
+        tenant = self._state.tenants.register_local(
+            pid=pid,
+            uid=uid,
+            name=request.name,
+            gpus=request.gpus,
+            gpu_memory_mib=request.gpu_memory_mib,
+            gpu_duty=request.gpu_duty or 100,
+            memory_limit_bytes=request.memory_limit_bytes,
+            priority=request.priority,
+        )
+        for gpu in tenant.gpus:
+            self._state.table.gpu(gpu)
+        self._state.publish(
+            ev.TENANT_JOINED, tenant.tenant_id, gpus=tenant.gpus, detail=f"pid {pid}"
+        )
+        self._turns.changed()
+        return tenant
+
+    def session_opened(self, tenant_id: str, pid: int) -> None:
+        """A tenant process opened its session: its processes are found again before a move."""
+        self._left_app_pods.discard(tenant_id)
+        self._state.preparer.rescan(tenant_id)
+        self._state.publish(ev.CONNECTED, tenant_id, detail=f"pid {pid}")
+
+    def quarantine(self, tenant_id: str, why: str) -> None:
+        """The tenant's memory can no longer be moved safely: it takes no more turns."""
+        self._state.publish(ev.QUARANTINED, tenant_id, detail=why)
+        error = Quarantined(f"{tenant_id} takes no more turns: {why}")
+        table = self._state.table
+        for waiter in [w for w in table.waiters.values() if w.tenant_id == tenant_id]:
+            table.cancel(waiter.waiter_id)
+            self._turns.fail(waiter.waiter_id, error)
+        self._turns.changed()
+
+    def session_closed(self, tenant_id: str, pid: int, last: bool) -> None:
+        """A tenant process's session ended (it exited or died, or the agent is stopping)."""
+        if self._state.stopping:  # keep the tenant and its turn for the next agent
+            return
+        self._state.publish(ev.DISCONNECTED, tenant_id, detail=f"pid {pid}")
+        self._state.tenants.drop_pid(tenant_id, pid)
+        if last:
+            tenant = self._state.tenants.tenants.get(tenant_id)
+            # A pod outlives its processes; one that parked itself has nothing left to park (the
+            # driver freed its process's memory) and nobody left to ask.
+            pod = tenant is not None and tenant.source == POD
+            if pod and self._state.parking_method(tenant_id) == APP:
+                self._left_app_pods.add(tenant_id)
+            why = "its last session ended"
+            if pod:  # the pod is still on the node: listed, with no process, until it leaves
+                why += "; its pod stays listed, with no process, until it leaves the node"
+            self._drop(tenant_id, why)
+
+    def upsert_tenant(self, tenant: Tenant, detail: str) -> None:
+        """A tenant known by other means than a registration (a pod, an llm-d job) changed."""
+        old = self._state.tenants.tenants.get(tenant.tenant_id)
+        self._state.tenants.upsert_pod(tenant)
+        if old is not None and old.to_json() == tenant.to_json():
+            return
+        for gpu in tenant.gpus:
+            self._state.table.gpu(gpu)
+        self._state.publish(ev.TENANT_JOINED, tenant.tenant_id, gpus=tenant.gpus, detail=detail)
+        self._turns.changed()
+
+    def pod_gone(self, tenant_id: str) -> None:
+        """The tenant's pod left the node."""
+        self._drop(tenant_id, "its pod left the node")
+        self._state.tenants.remove(tenant_id)
+        self._left_app_pods.discard(tenant_id)
+
+    def _drop(self, tenant_id: str, why: str) -> None:
+        state = self._state
+        leases, waiters = state.table.drop_tenant(tenant_id)
+        for waiter in waiters:
+            self._turns.fail(waiter.waiter_id, TenantGone(f"tenant {tenant_id} left: {why}"))
+        for lease in leases:
+            state.journal_end(lease)
+            state.metrics.released(lease, state.clock())
+        tenant = state.tenants.tenants.get(tenant_id)
+        if tenant is not None and tenant.source != POD:
+            state.tenants.remove(tenant_id)
+        state.publish(ev.TENANT_GONE, tenant_id, detail=why)
+        log.info("tenant %s: %s; released %d leases", tenant_id, why, len(leases))
+        state.spawn(state.preparer.forget(tenant_id))
+        self._turns.changed()

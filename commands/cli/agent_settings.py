@@ -1,0 +1,190 @@
+"""`baton agent`'s options, described once: each `AgentSettings` field is one flag
+(`--field-name`) with its type, default, environment variable and help; `command_options` turns
+them into the command's parameters, and the command reads them once, into one `AgentSettings`."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypeVar, get_args, get_type_hints
+
+import typer
+
+from baton.contract import names
+from baton.contract.shutdown import DEFAULT_GRACE_S
+from commands.cli.options import Kubeconfig, LogLevel
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one setting is given: its environment variable, help, and whether `--help` lists it."""
+
+    env: str
+    help: str | None = None
+    hidden: bool = False
+
+
+def setting(default: Any, env: str, help: str | None = None, *, hidden: bool = False) -> Any:
+    """A settings field: its default and how it is given (`Flag`)."""
+    return field(default=default, metadata={"flag": Flag(env, help, hidden)})
+
+
+def shared(option: Any, default: Any) -> Any:
+    """An option the daemons share (`commands.cli.options`): its env var and help from there."""
+    info = get_args(option)[1]
+    return setting(default, info.envvar, info.help)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What `baton agent` was given, from its command line or environment."""
+
+    # Where it serves.
+    socket: str = setting(names.AGENT_SOCKET, names.ENV_AGENT_SOCKET, "gRPC unix socket.")
+    state_dir: str = setting(
+        names.AGENT_STATE_DIR, "BATON_AGENT_STATE_DIR", "Durable state directory."
+    )
+    http_host: str = setting("0.0.0.0", "BATON_AGENT_HTTP_HOST")
+    http_port: int = setting(names.PORT_AGENT, "BATON_AGENT_HTTP_PORT", "Status/metrics; 0 = any.")
+    debug_tcp_port: int = setting(0, "BATON_AGENT_DEBUG_TCP_PORT", "Also on 127.0.0.1; 0 = off.")
+
+    # Who takes the next turn, and for how long.
+    queue_policy: str | None = setting(
+        None,
+        "BATON_AGENT_QUEUE_POLICY",
+        "Who is served next: fifo, lrs (least recently served) or fair (weighted fair "
+        "turns in priority tiers). Default fifo.",
+    )
+    fair_min_share: float = setting(
+        0.1,
+        "BATON_AGENT_FAIR_MIN_SHARE",
+        "fair: share of a GPU a lower tier keeps while a higher one waits (0-0.5).",
+    )
+    fair_credit: float = setting(
+        10.0, "BATON_AGENT_FAIR_CREDIT", "fair: GPU-seconds an idle tenant may bank."
+    )
+    fair_anticipate: float = setting(
+        0.01,
+        "BATON_AGENT_FAIR_ANTICIPATE",
+        "fair: seconds a GPU is kept for an owed tenant that yielded and usually asks "
+        "again within them (idle GPU time, charged to it, against the share of tenants with "
+        "short turns and gaps); 0 = off.",
+    )
+    tier_grace: float = setting(
+        -1.0,
+        "BATON_AGENT_TIER_GRACE",
+        "fair: seconds before a higher tier's waiter revokes a lower tier's holder "
+        "(negative = never; it waits for the holder's yield).",
+    )
+    policy: str | None = setting(
+        None, "BATON_AGENT_POLICY", "Deprecated alias of --queue-policy.", hidden=True
+    )
+    max_hold: float = setting(60.0, "BATON_AGENT_MAX_HOLD", "Seconds before revocation.")
+    reconnect_grace: float = setting(10.0, "BATON_AGENT_RECONNECT_GRACE", "After a restart.")
+    socket_mode: str = setting("0660", "BATON_AGENT_SOCKET_MODE", "Octal mode of the sockets.")
+
+    # Parking.
+    backend: str = setting(
+        "none",
+        names.ENV_AGENT_BACKEND,
+        "Parking: none, fake, cuda, app, endpoint or several (cuda,app: first = default).",
+    )
+    fake_gpus: str = setting(
+        "2x81920", names.ENV_FAKE_GPUS, "Simulated GPUs: COUNTxMiB or MiB,MiB,..."
+    )
+    fake_scale: float = setting(1 / 1024, names.ENV_FAKE_SCALE, "Real bytes per simulated byte.")
+    fake_dir: str = setting(
+        names.DEFAULT_FAKE_GPU_DIR, names.ENV_FAKE_GPU_DIR, "Simulated device memory files."
+    )
+    pcie_gbps: float = setting(0.0, names.ENV_PCIE_GBPS, "Modelled GB/s of a fake move; 0 = off.")
+    host_memory_budget: int = setting(
+        0, names.ENV_HOST_MEMORY_BUDGET, "MiB for parked memory; 0 = auto."
+    )
+    headroom: int | None = setting(
+        None,
+        names.ENV_HEADROOM,
+        "MiB kept free on each GPU (and needed free beyond a restore's bytes); "
+        "default 1024 with --backend cuda, else 0.",
+    )
+    move_timeout: float = setting(5.0, names.ENV_MOVE_TIMEOUT, "Seconds for a lock or callback.")
+    driver_call_timeout: float = setting(
+        10.0,
+        names.ENV_DRIVER_CALL_TIMEOUT,
+        "cuda: seconds a driver call may take beyond its lock timeout or copy time.",
+    )
+    slowest_copy_gbps: float = setting(
+        1.0,
+        names.ENV_SLOWEST_COPY_GBPS,
+        "cuda: the slowest GB/s a checkpoint or restore deadline allows for.",
+    )
+
+    # The node and its cluster.
+    node_name: str = setting(
+        "",
+        names.ENV_NODE_NAME,
+        "In Kubernetes: watch this node's pods; also names the fake GPUs.",
+    )
+    allow_local_tenants: bool = setting(
+        False,
+        "BATON_AGENT_ALLOW_LOCAL_TENANTS",
+        "With --node-name: let processes in no pod register as tenants too.",
+    )
+    kubeconfig: str | None = shared(Kubeconfig, None)
+    proc_root: str = setting("/proc", "BATON_PROC_ROOT", "The host's /proc (PID → pod).")
+    shutdown_grace: float = setting(
+        DEFAULT_GRACE_S, "BATON_AGENT_SHUTDOWN_GRACE", "Seconds in-flight RPCs get on SIGTERM."
+    )
+
+    # llm-d's time-slicing API.
+    llmd_listen: str = setting(
+        "",
+        names.ENV_LLMD_LISTEN,
+        "Also serve llm-d's time-slicing API here (HOST:PORT, plaintext); off if empty.",
+    )
+    llmd_group: list[str] | None = setting(  # noqa: RUF009 (`setting` is a `field`)
+        None,
+        names.ENV_LLMD_GROUPS,
+        "An llm-d group outside Kubernetes: NAME=GPU[,GPU...] (repeatable).",
+    )
+
+    log_level: str = shared(LogLevel, "INFO")
+
+
+def flag_of(setting_field: dataclasses.Field[Any]) -> Flag:
+    """How a settings field is given."""
+    flag = setting_field.metadata["flag"]
+    assert isinstance(flag, Flag)
+    return flag
+
+
+def env_of(name: str) -> str:
+    """The environment variable of the `AgentSettings` field `name`."""
+    (found,) = [f for f in dataclasses.fields(AgentSettings) if f.name == name]
+    return flag_of(found).env
+
+
+def command_options(settings: type[Any]) -> Callable[[F], F]:
+    """Give a command (taking `**options`) one option per field of `settings`, in their order."""
+    hints = get_type_hints(settings)
+    parameters = []
+    for each in dataclasses.fields(settings):
+        flag = flag_of(each)
+        option = typer.Option(envvar=flag.env, help=flag.help, hidden=flag.hidden)
+        parameters.append(
+            inspect.Parameter(
+                each.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=each.default,
+                annotation=Annotated[hints[each.name], option],
+            )
+        )
+
+    def decorate(command: F) -> F:
+        command.__signature__ = inspect.Signature(parameters, return_annotation=None)  # type: ignore[attr-defined]
+        return command
+
+    return decorate
