@@ -16,9 +16,8 @@ from agent.core.residency import TurnPreparer
 from agent.node.state import StateStore
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.base import TenantRef
-from agent.parking.backends.multi import APP
-from agent.parking.host import ParkingHost
-from agent.parking.preparer import ParkingPreparer
+from agent.parking.host import Parking, ParkingHost, parking_of
+from agent.parking.methods import parks_itself
 from agent.server.accounting import AccountingCollector
 from agent.server.metrics import AgentMetrics
 from agent.server.sessions import SessionRegistry
@@ -55,7 +54,8 @@ def tenant_ref(tenant: Tenant, self_parks: bool = False) -> TenantRef:
 class LeaseService(TurnService):
     """Turn-taking on the node's GPUs, for the tenants the agent knows.
 
-    It is the `ParkingHost` of its preparer, which `preparer` builds with it at construction.
+    It is the `ParkingHost` of its preparer, which `preparer` builds with it at construction;
+    `parking` is that preparer as a `Parking`, or None where the node parks nothing.
     """
 
     def __init__(
@@ -73,9 +73,11 @@ class LeaseService(TurnService):
         self._left_app_pods: set[str] = set()
         """Pod tenants that parked themselves (`app`) and whose last session ended: their memory
         lived in their processes, so nothing of theirs counts until a session opens again."""
+        built = preparer(self)
+        self.parking: Parking | None = parking_of(built)
         super().__init__(
             table=table,
-            preparer=preparer(self),
+            preparer=built,
             clock=clock,
             store=store,
             metrics=metrics,
@@ -106,10 +108,10 @@ class LeaseService(TurnService):
     def parking_method(self, tenant_id: str) -> str:
         """The method that parks the tenant; empty where the node parks nobody."""
         tenant = self.tenants.tenants.get(tenant_id)
-        if tenant is None or not isinstance(self.preparer, ParkingPreparer):
+        if tenant is None or self.parking is None:
             return ""
         ref = tenant_ref(tenant, self.sessions.parks_itself(tenant_id))
-        return self.preparer.backend.method_for(ref)
+        return self.parking.method_for(ref)
 
     def _publish(
         self,
@@ -206,7 +208,7 @@ class LeaseService(TurnService):
             # A pod outlives its processes; one that parked itself has nothing left to park (the
             # driver freed its process's memory) and nobody left to ask.
             pod = tenant is not None and tenant.source == POD
-            if pod and self.parking_method(tenant_id) == APP:
+            if pod and parks_itself(self.parking_method(tenant_id)):
                 self._left_app_pods.add(tenant_id)
             why = "its last session ended"
             if pod:  # the pod is still on the node: listed, with no process, until it leaves

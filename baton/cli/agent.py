@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from agent.parking.methods import CHOICES, CUDA, NONE, PLAIN, described
 from baton.cli.options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
 from baton.contract import names
 from baton.contract.shutdown import DEFAULT_GRACE_S
@@ -95,9 +96,9 @@ def agent(
         str,
         typer.Option(
             envvar=names.ENV_AGENT_BACKEND,
-            help="Parking: none, fake, cuda, app, endpoint or several (cuda,app: first = default).",
+            help=f"Parking: {described(CHOICES)}, or several (cuda,app: first = default).",
         ),
-    ] = "none",
+    ] = NONE,
     fake_gpus: Annotated[
         str,
         typer.Option(envvar=names.ENV_FAKE_GPUS, help="Simulated GPUs: COUNTxMiB or MiB,MiB,..."),
@@ -270,8 +271,9 @@ def bench_handoff(
         str, typer.Option(help="Through Baton's own API, or llm-d's time-slicing API (llmd).")
     ] = "baton",
     backend: Annotated[
-        str, typer.Option(help="The agent's parking backend: none, fake, app, or cuda on a GPU.")
-    ] = "none",
+        str,
+        typer.Option(help=f"The agent's parking backend: {described(PLAIN)} ({CUDA} on a GPU)."),
+    ] = NONE,
     hold_ms: Annotated[float, typer.Option(help="How long each tenant holds its turn.")] = 2.0,
     tenants: Annotated[int, typer.Option(help="Tenant processes taking turns.")] = 2,
     swap: Annotated[
