@@ -111,3 +111,12 @@ def test_an_unknown_backend_is_refused_in_one_line_naming_the_choices(tmp_path: 
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "--backend tpu: unknown backend 'tpu'" in lines[0]
     assert all(repr(m) in lines[0] for m in CHOICES)
+
+
+def test_every_method_is_described_in_one_line_and_documented() -> None:
+    page = (Path(__file__).resolve().parents[3] / "docs" / "agent.md").read_text()
+    flag_row = next(line for line in page.splitlines() if line.startswith("| `--backend`"))
+    for method in METHODS.values():
+        assert method.description and "\n" not in method.description
+        assert f"- **`{method.name}`**" in page, f"docs/agent.md does not describe {method.name}"
+        assert f"`{method.name}`" in flag_row, f"the --backend row does not name {method.name}"
