@@ -36,9 +36,9 @@ from agent.node.podwatch import PodWatcher
 from agent.node.state import StateStore
 from agent.node.watchtoken import write_watch_token
 from agent.parking.backends.base import Backend, BackendUnavailable
-from agent.parking.host import ParkingHost
+from agent.parking.host import Parking, ParkingHost
+from agent.parking.methods import NONE
 from agent.parking.metrics import Forward
-from agent.parking.preparer import ParkingPreparer
 from agent.parking.setup import ParkingOptions, build_backend, build_preparer
 from agent.server import direct_session
 from agent.server.grpc_server import AgentServicer
@@ -109,7 +109,7 @@ def build_agent(
     loop = asyncio.get_running_loop()
     sessions = SessionRegistry()
     opts = config.parking
-    if preparer is None and backend is None and opts.backend != "none":
+    if preparer is None and backend is None and opts.backend != NONE:
         try:
             backend = build_backend(opts, sessions.call_tenant, loop)
         except ValueError as exc:  # e.g. a malformed --fake-gpus
@@ -132,8 +132,8 @@ def build_agent(
         policy_name=config.queue_policy,
         sessions=sessions,
     )
-    if isinstance(service.preparer, ParkingPreparer):
-        service.metrics.registry.register(Forward(service.preparer.metrics.registry))
+    if service.parking is not None:
+        service.metrics.registry.register(Forward(service.parking.metrics.registry))
     tokens = TokenRegistry(loop.call_later)
     return Agent(config, service, tokens, watch_token, api_client)
 
@@ -183,10 +183,9 @@ class Agent:
         return self.service.preparer
 
     @property
-    def parking(self) -> ParkingPreparer | None:
+    def parking(self) -> Parking | None:
         """The parking preparer, if the agent parks memory."""
-        preparer = self.service.preparer
-        return preparer if isinstance(preparer, ParkingPreparer) else None
+        return self.service.parking
 
     @property
     def sessions(self) -> SessionRegistry:
@@ -263,7 +262,7 @@ class Agent:
             Groups.from_specs(cfg.llmd_groups),
             parking.gpu_memory if parking is not None else {},
             cfg.node_name or socket.gethostname(),
-            ",".join(parking.backend.methods()) if parking is not None else "none",
+            ",".join(parking.methods()) if parking is not None else NONE,
             Path(cfg.proc_root),
         )
         await self.llmd.start()

@@ -1,11 +1,15 @@
-"""What parking needs of the agent that runs it: its tenants, and someone to tell what happened."""
+"""The seam between the agent and its parking, both ways: what parking needs of the agent that
+runs it (`ParkingHost`), and what the agent's server asks of a preparer that parks (`Parking`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from agent.parking.backends.base import TenantRef
+from agent.core.residency import TurnPreparer
+from agent.parking.backends.base import Backend, TenantRef
+from agent.parking.metrics import ParkingMetrics
 
 
 class ParkingHost(Protocol):
@@ -22,3 +26,56 @@ class ParkingHost(Protocol):
     def persist(self) -> None:
         """Memory moved: save the agent's state, the preparer's `durable()` record with it."""
         ...
+
+
+@runtime_checkable
+class Parking(Protocol):
+    """A preparer that parks memory, as the server sees it (`ParkingPreparer` implements it)."""
+
+    @property
+    def gpu_memory(self) -> Mapping[str, int]:
+        """The GPUs it manages and their memory."""
+        ...
+
+    @property
+    def metrics(self) -> ParkingMetrics:
+        """Its moves, refusals and parked bytes, for the agent's /metrics."""
+        ...
+
+    def methods(self) -> tuple[str, ...]:
+        """The node's parking methods (`agent.parking.methods`), its default first."""
+        ...
+
+    def method_of(self, tenant_id: str) -> str:
+        """The method that moves the tenant's memory (or would)."""
+        ...
+
+    def method_for(self, ref: TenantRef) -> str:
+        """The method that moves the tenant `ref` describes, attached or not."""
+        ...
+
+    def backend_for(self, method: str) -> Backend:
+        """The backend that moves tenants by `method`, one of `methods()`."""
+        ...
+
+    def pin(self, tenant_id: str, method: str) -> None:
+        """Move the tenant by `method` until it is resident again (may block: a worker thread's);
+        `BackendError` if it is parked by another."""
+        ...
+
+    def resident_bytes(self) -> dict[str, int]:
+        """Device bytes in use on each GPU."""
+        ...
+
+    async def park(self, tenant_id: str) -> None:
+        """Park the tenant now, on request; `NoRoom` if it cannot be."""
+        ...
+
+    async def unpark(self, tenant_id: str) -> None:
+        """Restore the tenant now, on request, parking idle others for room."""
+        ...
+
+
+def parking_of(preparer: TurnPreparer) -> Parking | None:
+    """The preparer as a `Parking`, or None where it parks nothing (`--backend none`)."""
+    return preparer if isinstance(preparer, Parking) else None

@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry
 
 from agent.core.planner import NodeView, Plan, TenantView, plan_ahead, plan_turn
 from agent.parking.backends.base import Backend, Residency, TenantRef, TenantState
-from agent.parking.backends.multi import APP
 from agent.parking.host import ParkingHost
+from agent.parking.methods import parks_itself
 from agent.parking.metrics import ParkingMetrics
 from agent.parking.model import Read, ResidencyModel, needs_room
 from agent.parking.quarantine import Quarantines
@@ -137,7 +137,7 @@ class KnownNode:
             if other == tenant_id or ref is None or not set(ref.gpus) & set(gpus):
                 continue
             bounded = bool(ref.declared_bytes) or (
-                ref.self_parks and self.backend.method_of(other) == APP
+                ref.self_parks and parks_itself(self.backend.method_of(other))
             )
             if not bounded or other in self._model.outgrew:
                 return True

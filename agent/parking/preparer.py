@@ -18,6 +18,7 @@ from agent.core.errors import Quarantined
 from agent.core.planner import Plan, Reason, Refusal, Step, plan_ahead, plan_park, plan_turn
 from agent.core.residency import NoRoom, TooLarge
 from agent.parking.backends.base import (
+    Backend,
     BackendError,
     BackendQuarantined,
     Move,
@@ -30,7 +31,29 @@ log = logging.getLogger(__name__)
 
 
 class ParkingPreparer(KnownNode):
-    """Makes each incoming tenant resident, parking least-recently-served ones when needed."""
+    """Makes each incoming tenant resident, parking least-recently-served ones when needed; the
+    server sees it as an `agent.parking.host.Parking`."""
+
+    def methods(self) -> tuple[str, ...]:
+        """The node's parking methods, its default first."""
+        return self.backend.methods()
+
+    def method_of(self, tenant_id: str) -> str:
+        """The method that moves the tenant's memory (or would)."""
+        return self.backend.method_of(tenant_id)
+
+    def method_for(self, ref: TenantRef) -> str:
+        """The method that moves the tenant `ref` describes, attached or not (for events)."""
+        return self.backend.method_for(ref)
+
+    def backend_for(self, method: str) -> Backend:
+        """The backend that moves tenants by `method`, one of `methods()`."""
+        return self.backend.backend_for(method)
+
+    def pin(self, tenant_id: str, method: str) -> None:
+        """Move the tenant by `method` until it is resident again (llm-d's BackendConfig); it
+        reads the tenant's state, so call it from a worker thread."""
+        self.backend.pin(tenant_id, method)
 
     async def prepare(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """Make `tenant_id` resident on its GPUs; raise `NoRoom` naming the numbers if not now."""

@@ -1,4 +1,5 @@
-"""Building the agent's `TurnPreparer` and its backend from its flags."""
+"""Building the agent's `TurnPreparer` and its backend from its flags; the methods themselves
+are listed in `agent.parking.methods`."""
 
 from __future__ import annotations
 
@@ -11,26 +12,42 @@ from agent.core.residency import NullPreparer, TurnPreparer
 from agent.parking.backends.app import CallTenant
 from agent.parking.backends.base import Backend, BackendUnavailable
 from agent.parking.host import ParkingHost
+from agent.parking.methods import (
+    METHODS,
+    NONE,
+    BuildInputs,
+    default_headroom,
+    parking_methods,
+)
 from agent.parking.preparer import ParkingPreparer
 from baton.contract.meminfo import MEMINFO, mem_total_kib
 from baton.contract.names import (
     DEFAULT_FAKE_GPU_DIR,
     DEFAULT_SLOTS_PER_GPU,
-    FAKE_GPU_UUID_PREFIX,
     MIB,
     fake_gpu_sizes,
     fake_gpu_uuid,
 )
 
-BACKENDS = ("none", "fake", "cuda", "app", "endpoint")
+__all__ = [
+    "ParkingOptions",
+    "build_backend",
+    "build_preparer",
+    "default_headroom",
+    "half_the_ram",
+    "nvml_gpus",
+    "parking_methods",
+    "parse_fake_gpus",
+]
 
 
 @dataclass
 class ParkingOptions:
     """The agent's flags about parking memory."""
 
-    backend: str = "none"
-    """The parking method, or several separated by commas (the first is the node's default)."""
+    backend: str = NONE
+    """The parking method (`agent.parking.methods`), or several separated by commas (the first
+    is the node's default)."""
     fake_gpus: str = "2x81920"
     """Simulated GPUs: `COUNTxMIB`, or MiB per GPU separated by commas."""
     node_name: str = ""
@@ -43,7 +60,7 @@ class ParkingOptions:
     host_memory_budget_mib: int = 0
     """Host DRAM for parked memory; 0 = room for a full GPU per slot (fake) or half the RAM."""
     headroom_mib: int | None = None
-    """MiB kept free on each GPU; None = the backend's default (cuda: 1024, others: 0)."""
+    """MiB kept free on each GPU; None = the most its methods want (`methods.default_headroom`)."""
     lock_timeout_s: float = 5.0
     callback_timeout_s: float = 60.0
     driver_call_timeout_s: float = 10.0
@@ -71,63 +88,33 @@ def build_backend(
 ) -> tuple[Backend, dict[str, int]]:
     """The backend the flags name and the GPU memory it manages, or `BackendUnavailable`.
 
-    Several methods (`cuda,app`) make a `MultiBackend` over the GPUs of the first that is not
-    `app`. The app backend reaches tenants through `call_tenant` (the agent's sessions) on `loop`.
+    Several methods (`cuda,app`) make a `MultiBackend` over the GPUs of the first that measures
+    its own (`agent.parking.methods`). The app backend reaches tenants through `call_tenant` (the
+    agent's sessions) on `loop`.
     """
     methods = parking_methods(opts.backend)
+    inputs = BuildInputs(
+        opts,
+        call_tenant,
+        loop,
+        inventory=lambda: _inventory(opts),
+        simulated=lambda: parse_fake_gpus(opts.fake_gpus, opts.node_name),
+    )
     if len(methods) > 1:
-        from agent.parking.backends.multi import MultiBackend
+        from agent.parking.multi import MultiBackend
 
-        built = {m: _one_backend(m, opts, call_tenant, loop) for m in methods}
-        measured = (g for m, (_, g) in built.items() if m not in ("app", "endpoint"))
+        built = {m: _one_backend(m, inputs) for m in methods}
+        measured = (g for m, (_, g) in built.items() if METHODS[m].measures_gpus)
         gpus = next(measured, built[methods[0]][1])
         return MultiBackend({m: b for m, (b, _) in built.items()}), gpus
-    return _one_backend(methods[0], opts, call_tenant, loop)
+    return _one_backend(methods[0], inputs)
 
 
-def parking_methods(spec: str) -> tuple[str, ...]:
-    """The methods `--backend` names (`fake`, `cuda,app`), or `BackendUnavailable`."""
-    methods = tuple(dict.fromkeys(m.strip() for m in spec.split(",") if m.strip()))
-    if len(methods) > 1 and "none" in methods:
-        raise BackendUnavailable("--backend none parks nothing: list it alone")
-    for method in methods:
-        if method not in BACKENDS:
-            raise BackendUnavailable(f"unknown backend {method!r}; choose one of {BACKENDS}")
-    return methods or ("none",)
-
-
-def _one_backend(
-    method: str,
-    opts: ParkingOptions,
-    call_tenant: CallTenant | None,
-    loop: asyncio.AbstractEventLoop | None,
-) -> tuple[Backend, dict[str, int]]:
-    if method == "fake":
-        from agent.parking.backends.fake import FakeBackend
-
-        gpus = parse_fake_gpus(opts.fake_gpus, opts.node_name)
-        pcie = opts.pcie_gbps or None
-        return FakeBackend(opts.fake_dir, gpus, opts.fake_scale, pcie, opts.lock_timeout_s), gpus
-    if method == "cuda":
-        from agent.parking.backends.cuda import CudaBackend
-
-        cuda = CudaBackend(
-            lock_timeout_ms=int(opts.lock_timeout_s * 1000),
-            headroom_bytes=default_headroom(opts),
-            call_timeout_s=opts.driver_call_timeout_s,
-            copy_gbps=opts.slowest_copy_gbps,
-        )
-        return cuda, cuda.gpu_memory()
-    if method == "app":
-        from agent.parking.backends.app import AppBackend
-
-        gpus = _inventory(opts)
-        return AppBackend(opts.callback_timeout_s, call_tenant, loop), gpus
-    if method == "endpoint":
-        from agent.parking.backends.endpoint import EndpointBackend
-
-        return EndpointBackend(opts.callback_timeout_s), _inventory(opts)
-    raise BackendUnavailable(f"unknown backend {method!r}; choose one of {BACKENDS}")
+def _one_backend(method: str, inputs: BuildInputs) -> tuple[Backend, dict[str, int]]:
+    build = METHODS[method].build
+    if build is None:
+        raise BackendUnavailable(f"--backend {method} parks nothing: it has no backend")
+    return build(inputs)
 
 
 def _inventory(opts: ParkingOptions) -> dict[str, int]:
@@ -149,25 +136,6 @@ def nvml_gpus() -> dict[str, int]:
         return {}
 
 
-def default_headroom(opts: ParkingOptions, gpus: Mapping[str, int] | None = None) -> int:
-    """Bytes kept free on each GPU: the flag's, else the backend's default. On real GPUs (not
-    simulated ones) the app method keeps room for what its parked tenants leave on the device."""
-    if opts.headroom_mib is not None:
-        return opts.headroom_mib * MIB
-    methods = parking_methods(opts.backend)
-    out = 0
-    if "cuda" in methods:
-        from agent.parking.backends.cuda import DEFAULT_HEADROOM
-
-        out = DEFAULT_HEADROOM
-    real = any(not g.startswith(FAKE_GPU_UUID_PREFIX) for g in gpus or {})
-    if "app" in methods and real:
-        from agent.parking.backends.app import PARKED_HEADROOM
-
-        out = max(out, PARKED_HEADROOM)
-    return out
-
-
 def build_preparer(
     opts: ParkingOptions,
     host: ParkingHost | None = None,
@@ -175,14 +143,14 @@ def build_preparer(
 ) -> TurnPreparer:
     """The preparer for `baton agent`: `NullPreparer` for `none`, else a `ParkingPreparer` over
     `backend` (the backend and its GPU memory; built from the flags if not given) for `host`."""
-    if opts.backend == "none":
+    if opts.backend == NONE:
         return NullPreparer()
     parker, gpus = backend or build_backend(opts)
     budget = opts.host_memory_budget_mib * MIB
-    if not budget:
+    if not budget:  # simulated GPUs only: room for a full GPU per slot
         fake_budget = DEFAULT_SLOTS_PER_GPU * sum(gpus.values())
-        methods = parking_methods(opts.backend)
-        simulated = "fake" in methods and "cuda" not in methods
+        measured = [METHODS[m] for m in parking_methods(opts.backend) if METHODS[m].measures_gpus]
+        simulated = bool(measured) and all(m.simulated for m in measured)
         budget = fake_budget if simulated else half_the_ram()
     return ParkingPreparer(
         parker, gpus, host_budget=budget, headroom=default_headroom(opts, gpus), host=host

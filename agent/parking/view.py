@@ -13,7 +13,7 @@ from typing import Any
 
 from agent.core.planner import TenantView
 from agent.parking.backends.base import Residency, TenantRef, TenantState
-from agent.parking.backends.multi import APP
+from agent.parking.methods import parks_itself
 
 _AWAY = (Residency.PARKED, Residency.PARKING, Residency.RESTORING)
 
@@ -38,7 +38,7 @@ def tenant_view(
     unless what it holds is unknown, or `all_of_it` counts it (it may have allocated since).
     """
     declared = ref.declared_bytes if ref and ref.declared_bytes else 0
-    unknown = method == APP and not declared and ref is not None and ref.self_parks
+    unknown = parks_itself(method) and not declared and ref is not None and ref.self_parks
     gpus = set(st.footprint_bytes) | set(ref.gpus if ref and declared else ())
     whole = gpu_memory if unknown else {}
     footprint = {g: max(st.footprint_bytes.get(g, 0), declared, whole.get(g, 0)) for g in gpus}

@@ -37,7 +37,8 @@ PreparerFactory = Callable[[ParkingHost], TurnPreparer]
 class LeaseService:
     """Turn-taking on the node's GPUs, for the tenants the agent knows.
 
-    It is the `ParkingHost` of its preparer, which `preparer` builds with it at construction.
+    It is the `ParkingHost` of its preparer, which `preparer` builds with it at construction;
+    `parking` is that preparer as a `Parking`, or None where the node parks nothing.
     """
 
     def __init__(
@@ -69,6 +70,7 @@ class LeaseService:
         self.tenancy = Tenancy(self.state, self.turns)
         self.table = table
         self.preparer = self.state.preparer
+        self.parking = self.state.parking
         self.tenants = self.state.tenants
         self.sessions = self.state.sessions
         self.events = self.state.events

@@ -10,7 +10,7 @@ from agent.core import events as ev
 from agent.core.errors import Quarantined, TenantGone
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.base import TenantRef
-from agent.parking.backends.multi import APP
+from agent.parking.methods import parks_itself
 from agent.server.turn_state import TurnState, tenant_ref
 from agent.server.turns import Turns
 from baton._pb import agent_pb2 as pb
@@ -115,7 +115,7 @@ class Tenancy:
             # A pod outlives its processes; one that parked itself has nothing left to park (the
             # driver freed its process's memory) and nobody left to ask.
             pod = tenant is not None and tenant.source == POD
-            if pod and self._state.parking_method(tenant_id) == APP:
+            if pod and parks_itself(self._state.parking_method(tenant_id)):
                 self._left_app_pods.add(tenant_id)
             why = "its last session ended"
             if pod:  # the pod is still on the node: listed, with no process, until it leaves

@@ -14,7 +14,7 @@ from agent.core.residency import TurnPreparer
 from agent.node.state import PersistedState, StateStore
 from agent.node.tenants import Tenant, TenantRegistry
 from agent.parking.backends.base import TenantRef
-from agent.parking.preparer import ParkingPreparer
+from agent.parking.host import Parking, parking_of
 from agent.server.metrics import AgentMetrics
 from agent.server.sessions import SessionRegistry
 from baton.contract.names import MIB
@@ -66,6 +66,8 @@ class TurnState:
         self.table = table
         self.policy_name = policy_name
         self.preparer = preparer
+        self.parking: Parking | None = parking_of(preparer)
+        """The preparer as a `Parking`, or None where the node parks nothing."""
         self.tenants = TenantRegistry()
         self.sessions = sessions or SessionRegistry()
         self.events = ev.EventBus()
@@ -128,10 +130,10 @@ class TurnState:
     def parking_method(self, tenant_id: str) -> str:
         """The method that parks the tenant; empty where the node parks nobody."""
         tenant = self.tenants.tenants.get(tenant_id)
-        if tenant is None or not isinstance(self.preparer, ParkingPreparer):
+        if tenant is None or self.parking is None:
             return ""
         ref = tenant_ref(tenant, self.sessions.parks_itself(tenant_id))
-        return self.preparer.backend.method_for(ref)
+        return self.parking.method_for(ref)
 
     def account(self) -> None:
         """Bring the parked byte-seconds up to now (before they are read or saved)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.client.links import TRANSPORTS
+from agent.parking.methods import APP, CUDA, FAKE, NONE, PLAIN
 from agent.parking.setup import ParkingOptions
 from baton.contract.names import fake_gpu_uuid
 from commands.bench.handoff_tenant import CLIENTS
@@ -28,7 +29,8 @@ from commands.bench.relay import HOLD_S
 GPU = fake_gpu_uuid(0)
 GPU_MIB = 1024
 """The simulated GPU the parking backends manage (`fake`, `app`)."""
-BACKENDS = ("none", "fake", "app", "cuda")
+BACKENDS = PLAIN
+"""The parking methods a bench tenant can be parked by (`agent.parking.methods`)."""
 TENANT = "commands.bench.handoff_tenant"
 
 
@@ -71,7 +73,7 @@ class Setup:
     client: str = "blocking"
     transport: str = "direct"
     queue_policy: str = "fifo"
-    backend: str = "none"
+    backend: str = NONE
     hold_ms: float = HOLD_S * 1000
     tenants: int = 2
     swap: bool = False
@@ -95,8 +97,8 @@ class Setup:
             raise ValueError(f"tenants {self.tenants} is too few: a handoff needs 2 or more")
         if self.hold_ms < 0:
             raise ValueError(f"hold-ms {self.hold_ms:g} is negative")
-        if self.swap and self.backend not in ("fake", "app"):
-            raise ValueError("swap runs on the simulated GPU: use --backend fake or app")
+        if self.swap and self.backend not in (FAKE, APP):
+            raise ValueError(f"swap runs on the simulated GPU: use --backend {FAKE} or {APP}")
 
     @property
     def mib(self) -> int:
@@ -110,7 +112,7 @@ def run_handoff_bench(
     transport: str = "direct",
     queue_policy: str = "fifo",
     *,
-    backend: str = "none",
+    backend: str = NONE,
     hold_ms: float = HOLD_S * 1000,
     tenants: int = 2,
     swap: bool = False,
@@ -120,12 +122,12 @@ def run_handoff_bench(
     setup = Setup(iterations, client, transport, queue_policy, backend, hold_ms, tenants, swap)
     setup.rounds = rounds
     setup.check()
-    if backend == "cuda":
+    if backend == CUDA:
         from agent.parking.setup import nvml_gpus
 
         setup.gpu = next(iter(nvml_gpus()), "")
         if not setup.gpu:
-            raise ValueError("backend 'cuda' needs a GPU and nvidia-ml-py; none was found")
+            raise ValueError(f"backend {CUDA!r} needs a GPU and nvidia-ml-py; none was found")
     return asyncio.run(_bench(setup))
 
 
@@ -158,7 +160,7 @@ async def _bench(setup: Setup) -> dict[str, Any]:
     machine weighs on each alike."""
     rounds = max(1, min(setup.rounds, setup.iterations // 50))
     each = replace(setup, iterations=max(1, setup.iterations // rounds))
-    bare = replace(each, backend="none", swap=False)
+    bare = replace(each, backend=NONE, swap=False)
     main, agent, relay = Row(), Row(), Row()
     acquire: list[float] = []
     ref_acquire: list[float] = []
@@ -166,7 +168,7 @@ async def _bench(setup: Setup) -> dict[str, Any]:
         solo, turns = await _agent_run(each, measure_acquire=True)
         acquire += solo
         main.add(turns)
-        if setup.backend != "none":
+        if setup.backend != NONE:
             agent.add((await _agent_run(bare, measure_acquire=False))[1])
         solo, turns = await _reference(each.iterations, setup.hold_ms, setup.tenants)
         ref_acquire += solo
@@ -187,7 +189,7 @@ async def _bench(setup: Setup) -> dict[str, Any]:
         "tenants": setup.tenants,
         "swap": setup.swap,
     }
-    if setup.backend != "none":
+    if setup.backend != NONE:
         figures |= agent.figures("reference_agent_")
     figures["reference_acquire_p99_ms"] = _ms(percentile(ref_acquire, 0.99))
     return figures | relay.figures("reference_")

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from agent.client.links import TRANSPORTS
+from agent.parking.methods import APP, CUDA, FAKE, NONE
 from baton.contract.names import MIB
 from commands.bench.relay import WARMUP
 
@@ -39,10 +40,10 @@ class Memory:
 
     def options(self) -> dict[str, Any]:
         """The client's registration options: its declared memory and, for `app`, callbacks."""
-        if self.backend == "none":
+        if self.backend == NONE:
             return {}
         options: dict[str, Any] = {"gpu_memory_mib": self.mib}
-        if self.backend == "app":
+        if self.backend == APP:
             options |= {"on_park": self._moved, "on_restore": self._moved}
         return options
 
@@ -53,12 +54,12 @@ class Memory:
         """In its first turn: take its memory on the GPU."""
         if self._held is not None:
             return
-        if self.backend == "fake":
+        if self.backend == FAKE:
             from agent.parking.fakegpu import FakeGpuMemory
 
             self._held = FakeGpuMemory(self.name, self.fake_dir)
             self._held.allocate(self.gpu, self.mib)
-        elif self.backend == "cuda":
+        elif self.backend == CUDA:
             import torch
 
             self._held = torch.empty(self.mib * MIB, dtype=torch.uint8, device="cuda")
@@ -136,7 +137,7 @@ def main() -> None:
     parser.add_argument("--client", choices=CLIENTS, default="blocking")
     parser.add_argument("--transport", choices=TRANSPORTS, default="direct")
     parser.add_argument("--hold-ms", type=float, default=2.0)
-    parser.add_argument("--backend", default="none")
+    parser.add_argument("--backend", default=NONE)
     parser.add_argument("--mib", type=int, default=0)
     parser.add_argument("--fake-dir", default="")
     args = parser.parse_args()

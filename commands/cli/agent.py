@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from agent.parking.methods import CUDA, NONE, PLAIN, described
 from commands.cli.agent_settings import AgentSettings, command_options, env_of
 from commands.cli.options import AsJson, echo_figures, setup_logging
 
@@ -123,8 +124,9 @@ def bench_handoff(
         str, typer.Option(help="Through Baton's own API, or llm-d's time-slicing API (llmd).")
     ] = "baton",
     backend: Annotated[
-        str, typer.Option(help="The agent's parking backend: none, fake, app, or cuda on a GPU.")
-    ] = "none",
+        str,
+        typer.Option(help=f"The agent's parking backend: {described(PLAIN)} ({CUDA} on a GPU)."),
+    ] = NONE,
     hold_ms: Annotated[float, typer.Option(help="How long each tenant holds its turn.")] = 2.0,
     tenants: Annotated[int, typer.Option(help="Tenant processes taking turns.")] = 2,
     swap: Annotated[

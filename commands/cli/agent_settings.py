@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar, get_args, get_type_hints
 
 import typer
 
+from agent.parking.methods import CHOICES, NONE, described
 from baton.contract import names
 from baton.contract.shutdown import DEFAULT_GRACE_S
 from commands.cli.options import Kubeconfig, LogLevel
@@ -89,9 +90,9 @@ class AgentSettings:
 
     # Parking.
     backend: str = setting(
-        "none",
+        NONE,
         names.ENV_AGENT_BACKEND,
-        "Parking: none, fake, cuda, app, endpoint or several (cuda,app: first = default).",
+        f"Parking: {described(CHOICES)}, or several (cuda,app: first = default).",
     )
     fake_gpus: str = setting(
         "2x81920", names.ENV_FAKE_GPUS, "Simulated GPUs: COUNTxMiB or MiB,MiB,..."

@@ -13,6 +13,7 @@ from agent.assembly import AgentConfig
 from agent.core import events as ev
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.base import BackendError
+from agent.parking.preparer import ParkingPreparer
 from agent.parking.setup import ParkingOptions, parse_fake_gpus
 from agent.server.service import tenant_ref
 from baton.contract.names import MIB
@@ -44,7 +45,7 @@ def test_the_preparer_reads_the_services_tenants_and_tells_it_of_quarantines(
     fake_agent: AgentRunner,
 ) -> None:
     parking = fake_agent.agent.parking
-    assert parking is not None and parking.gpu_memory == GPUS
+    assert isinstance(parking, ParkingPreparer) and parking.gpu_memory == GPUS
 
     async def join_and_quarantine() -> tuple[str, ...]:
         fake_agent.service.upsert_pod(Tenant("ns/p", "p", (GPU,), source=POD, pod_uid="u"))
@@ -66,7 +67,7 @@ def test_the_app_backend_reaches_tenants_through_the_agents_sessions(workdir: st
     parking = ParkingOptions(backend="app", fake_gpus="1x100")
     with AgentRunner(workdir, parking=parking) as runner:
         built = runner.agent.parking
-        assert built is not None and built.backend.name == "app"
+        assert isinstance(built, ParkingPreparer) and built.backend.name == "app"
 
         async def park() -> str:
             try:

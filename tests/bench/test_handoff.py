@@ -75,7 +75,7 @@ def test_a_parking_backend_is_measured_beside_the_agent_without_one(
 @pytest.mark.parametrize(
     ("options", "refusal"),
     [
-        ({"backend": "tape"}, "'tape' is not one of none, fake, app, cuda"),
+        ({"backend": "tape"}, "'tape' is not one of none, fake, cuda, app$"),
         ({"tenants": 1}, "a handoff needs 2 or more"),
         ({"swap": True}, "swap runs on the simulated GPU"),
         ({"hold_ms": -1.0}, "hold-ms -1 is negative"),

@@ -82,7 +82,7 @@ class LoadNode(AgentRunner):
     def parking(self) -> ParkingPreparer:
         """The agent's parking preparer (once started)."""
         parking = self.agent.parking
-        assert parking is not None
+        assert isinstance(parking, ParkingPreparer)
         return parking
 
     def start(self) -> LoadNode:

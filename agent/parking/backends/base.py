@@ -69,8 +69,8 @@ class TenantState:
     pids: tuple[int, ...] = ()
     """The processes the backend moves for it, if it moves processes (cuda)."""
     method: str = ""
-    """The parking method that moves it (`fake`, `cuda`, `app`, `endpoint`); empty: the backend's
-    own."""
+    """The parking method that moves it (one of `agent.parking.methods.METHODS`); empty: the
+    backend's own."""
 
 
 class BackendError(Exception):
@@ -90,9 +90,9 @@ class BackendUnavailable(Exception):
 
 
 class Backend(abc.ABC):
-    """Parks and restores tenants' GPU memory. Implementations: `fake`, `cuda`, `app`,
-    `endpoint` (the methods `agent.parking.setup.BACKENDS` names besides `none`), and `multi`,
-    which routes each tenant to one of several."""
+    """Parks and restores tenants' GPU memory. Implementations: one per parking method of
+    `agent.parking.methods.METHODS` but `none`, its `name` the method's, and
+    `agent.parking.multi.MultiBackend`, which routes each tenant to one of several."""
 
     name: str = "base"
     reads_block: bool = True
@@ -147,6 +147,17 @@ class Backend(abc.ABC):
     def method_for(self, ref: TenantRef) -> str:
         """The method that moves the tenant `ref` describes, attached or not (for events)."""
         return self.name
+
+    def pin(self, tenant_id: str, method: str) -> None:  # noqa: B027 - optional hook
+        """Move the tenant by `method` (one of `methods`) until it is resident again (llm-d's
+        BackendConfig); with one method it is moved by that one already."""
+
+    def backend_for(self, method: str) -> Backend:
+        """The backend that moves tenants by `method` (one of `methods`): this one, unless it
+        routes between several."""
+        if method not in self.methods():
+            raise KeyError(method)
+        return self
 
     def memory_limit(self, tenant_id: str) -> int | None:
         """The tenant's memory cgroup limit in bytes, if the backend can tell."""

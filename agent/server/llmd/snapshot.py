@@ -24,8 +24,8 @@ from agent.core.errors import AgentError
 from agent.node.tenants import Tenant
 from agent.parking.backends.base import BackendError
 from agent.parking.backends.endpoint import SGLANG, VLLM, EndpointBackend, EndpointTarget
-from agent.parking.backends.multi import MultiBackend
-from agent.parking.preparer import ParkingPreparer
+from agent.parking.host import Parking
+from agent.parking.methods import APP, CUDA, ENDPOINT
 from agent.server.llmd.channel import Channels
 from agent.server.llmd.edge import (
     BadRequest,
@@ -115,53 +115,51 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
         mode = "discard" if cfg.mode == sa.SUSPEND_MODE_DISCARD else "offload"
         return EndpointTarget(app, urls, mode, tuple(cfg.tags))
 
-    async def _method(
-        self, config: sa.BackendConfig, tenant: Tenant
-    ) -> tuple[ParkingPreparer, str]:
-        """The preparer and the method that will do what `config` asks, or the refusal why not."""
-        preparer = self._jobs.service.preparer
-        if not isinstance(preparer, ParkingPreparer):
+    async def _method(self, config: sa.BackendConfig, tenant: Tenant) -> tuple[Parking, str]:
+        """The parking and the method that will do what `config` asks, or the refusal why not."""
+        parking = self._jobs.service.parking
+        if parking is None:
             raise MethodMissing(
                 "this agent parks nothing (--backend none); start it with --backend cuda, fake "
                 "or app (or several, e.g. cuda,app)"
             )
-        backend, tid = preparer.backend, tenant.tenant_id
-        serves = ", ".join(backend.methods())
+        tid = tenant.tenant_id
+        serves = ", ".join(parking.methods())
         kind = config.WhichOneof("backend")
         if kind in NOT_IMPLEMENTED:
             raise NotImplementedHere(
                 f"BackendConfig {kind} is not implemented by Baton; this node parks with "
                 f"{serves} (ask for cuda or app_channel, or send no config)"
             )
-        current = backend.method_of(tid)
+        current = parking.method_of(tid)
         want = current
         if kind == "app_channel":
-            want = "app"
+            want = APP
             if self._channels.of(tid) is None:
                 raise MethodMissing(
                     f"app_channel needs job {self._jobs.job_of(tid)!r}'s WorkloadChannel registered"
                 )
         elif kind == "app_endpoint":
-            want = "endpoint"
+            want = ENDPOINT
             target = await self._endpoint_target(config.app_endpoint, tenant)
-        elif kind == "cuda":
-            want = "cuda"
+        elif kind == "cuda":  # the BackendConfig field, asking for the cuda method
+            want = CUDA
             pids = list(config.cuda.explicit_target.pids)
             self._jobs.check_pids(tenant, pids)
-            if "cuda" in backend.methods():
+            if CUDA in parking.methods():
                 tenant.pids.update(pids)
-        if want not in backend.methods():
+        if want not in parking.methods():
             raise MethodMissing(f"{kind} needs the {want} method; this node parks with {serves}")
         if kind == "app_endpoint":
-            endpoints = getattr(backend, "backends", {}).get("endpoint", backend)
+            endpoints = parking.backend_for(ENDPOINT)
             assert isinstance(endpoints, EndpointBackend)
             endpoints.configure(tid, target)
-        if kind is not None and isinstance(backend, MultiBackend):  # asked for: pinned
+        if kind is not None:  # asked for: pinned
             try:
-                await asyncio.to_thread(backend.pin, tid, want)  # it reads the state
+                await asyncio.to_thread(parking.pin, tid, want)  # it reads the state
             except BackendError as exc:
                 raise MethodMissing(str(exc)) from None
-        return preparer, want
+        return parking, want
 
     async def _job(self, job_id: str, group: str, context: grpc.aio.ServicerContext) -> Tenant:
         tenant = await self._jobs.check(job_id, group, context.peer())
@@ -169,8 +167,8 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             raise Transitioning(f"job {job_id!r} is being snapshotted or restored; try again")
         return tenant
 
-    def _state(self, tenant: Tenant, preparer: ParkingPreparer) -> sa.JobState:
-        where = residency(preparer).get(tenant.tenant_id, {})
+    def _state(self, tenant: Tenant) -> sa.JobState:
+        where = residency(self._jobs.service.preparer).get(tenant.tenant_id, {})
         return job_state(where, self.moving(tenant.tenant_id), parks=True)
 
     @mapped
@@ -179,14 +177,14 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
     ) -> sa.SnapshotResponse:
         """Park the job's memory in host DRAM (an operation)."""
         tenant = await self._job(request.job_id, request.group, context)
-        preparer, method = await self._method(request.backend_config, tenant)
-        if self._state(tenant, preparer) != sa.JOB_STATE_RUNNING:
+        parking, method = await self._method(request.backend_config, tenant)
+        if self._state(tenant) != sa.JOB_STATE_RUNNING:
             raise WrongState(f"job {request.job_id!r} is not RUNNING: there is nothing to snapshot")
         channel = self._channels.of(tenant.tenant_id)
         if channel is not None:
             cfg = request.backend_config.app_channel
             channel.next_snapshot(cfg.mode, cfg.tags or channel.tags)
-        op = self._start(tenant.tenant_id, preparer.park(tenant.tenant_id), False, method)
+        op = self._start(tenant.tenant_id, parking.park(tenant.tenant_id), False, method)
         return sa.SnapshotResponse(operation_id=op.op_id)
 
     @mapped
@@ -195,13 +193,13 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
     ) -> sa.RestoreResponse:
         """Bring the job's parked memory back to its GPUs (an operation)."""
         tenant = await self._job(request.job_id, request.group, context)
-        preparer, method = await self._method(request.backend_config, tenant)
-        if self._state(tenant, preparer) != sa.JOB_STATE_SAVED:
+        parking, method = await self._method(request.backend_config, tenant)
+        if self._state(tenant) != sa.JOB_STATE_SAVED:
             raise WrongState(f"job {request.job_id!r} is not SAVED: there is nothing to restore")
         channel = self._channels.of(tenant.tenant_id)
-        if channel is not None and method == "app":
+        if channel is not None and method == APP:
             channel.next_restore(request.backend_config.app_channel.tags or channel.tags)
-        op = self._start(tenant.tenant_id, preparer.unpark(tenant.tenant_id), True, method)
+        op = self._start(tenant.tenant_id, parking.unpark(tenant.tenant_id), True, method)
         return sa.RestoreResponse(operation_id=op.op_id)
 
     def _start(
@@ -225,8 +223,9 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             op.status, op.error = sa.OPERATION_STATUS_FAILED, str(exc) or type(exc).__name__
         else:
             held, device = bytes_of(preparer, op.tenant_id)
-            if not restore and isinstance(preparer, ParkingPreparer):  # the one that parked it
-                op.method = preparer.backend.method_of(op.tenant_id)
+            parking = self._jobs.service.parking
+            if not restore and parking is not None:  # the one that parked it
+                op.method = parking.method_of(op.tenant_id)
             op.status = sa.OPERATION_STATUS_COMPLETE
             op.storage_bytes, op.device_bytes = (held_before if restore else held), device
         op.finished = self._clock()
@@ -247,9 +246,9 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
         self, request: sa.StatusRequest, context: grpc.aio.ServicerContext
     ) -> sa.StatusResponse:
         """Every job's state, and each GPU's memory in use."""
-        preparer = self._jobs.service.preparer
-        parks = isinstance(preparer, ParkingPreparer)
-        where = residency(preparer)
+        parking = self._jobs.service.parking
+        parks = parking is not None
+        where = residency(self._jobs.service.preparer)
         jobs = [
             sa.JobStatus(
                 job_id=job_id,
@@ -260,13 +259,13 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             for job_id, tenant in sorted(self._jobs.job_ids().items())
         ]
         gpus = []
-        if isinstance(preparer, ParkingPreparer):
-            used = preparer.resident_bytes()
+        if parking is not None:
+            used = parking.resident_bytes()
             gpus = [
                 sa.AcceleratorStatus(
                     id=gpu, memory_used_bytes=used.get(gpu, 0), memory_total_bytes=total
                 )
-                for gpu, total in sorted(preparer.gpu_memory.items())
+                for gpu, total in sorted(parking.gpu_memory.items())
             ]
         return sa.StatusResponse(job_statuses=jobs, accelerator_statuses=gpus)
 

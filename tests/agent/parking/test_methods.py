@@ -18,7 +18,7 @@ from agent.parking.backends.base import (
     TenantState,
     Unparkable,
 )
-from agent.parking.backends.multi import MultiBackend
+from agent.parking.multi import MultiBackend
 from agent.parking.preparer import ParkingPreparer
 from agent.parking.setup import ParkingOptions, build_backend, parking_methods, parse_fake_gpus
 from agent.server.service import tenant_ref

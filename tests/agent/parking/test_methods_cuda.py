@@ -12,7 +12,7 @@ from agent.core.leases import LeaseTable
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.app import AppBackend
 from agent.parking.backends.cuda import CudaBackend
-from agent.parking.backends.multi import MultiBackend
+from agent.parking.multi import MultiBackend
 from agent.parking.preparer import ParkingPreparer
 from agent.server.service import LeaseService
 from agent.server.sessions import Session

@@ -1,10 +1,11 @@
 """Several parking methods on one node: each tenant's moves go to the method that parks it.
 
 A tenant parks by the method its pod asks for (`baton.dev/parking`), else by its own callbacks
-(`app`) when its session offers them, else by the node's default (the first method listed). A
-tenant keeps its method while any of its memory is parked, so a restore always goes to the
-method that parked it. Moves of different methods never overlap: the preparer runs one plan at
-a time per node, and each step waits for the one before it.
+(`app`: the method `agent.parking.methods` marks `self_parks`) when its session offers them,
+else by the node's default (the first method listed). A tenant keeps its method while any of its
+memory is parked, so a restore always goes to the method that parked it. Moves of different
+methods never overlap: the preparer runs one plan at a time per node, and each step waits for
+the one before it.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from agent.parking.backends.base import (
     TenantState,
     Unparkable,
 )
-
-APP = "app"
+from agent.parking.methods import CUDA, parks_itself
 
 
 class MultiBackend(Backend):
@@ -54,16 +54,21 @@ class MultiBackend(Backend):
                 f"its pod asks to be parked by {ref.parking!r} (baton.dev/parking), which this "
                 f"node does not offer (it parks with {', '.join(self.backends)})"
             )
-        if self.method_of(ref.tenant_id) == APP and not ref.self_parks:
-            return "it is to park itself (app) but no session of it offers park/restore callbacks"
+        method = self.method_of(ref.tenant_id)
+        if parks_itself(method) and not ref.self_parks:
+            return (
+                f"it is to park itself ({method}) but no session of it offers park/restore "
+                "callbacks"
+            )
         return ""
 
     def choose(self, ref: TenantRef) -> str:
         """The method for the tenant by its pod's ask, its session and the node's default."""
         if ref.parking in self.backends:
             return ref.parking
-        if ref.self_parks and APP in self.backends:
-            return APP
+        itself = next((m for m in self.backends if parks_itself(m)), "")
+        if ref.self_parks and itself:
+            return itself
         return self.default
 
     def method_of(self, tenant_id: str) -> str:
@@ -87,6 +92,10 @@ class MultiBackend(Backend):
             )
         with self._mutex:
             self._pinned[tenant_id] = self._method[tenant_id] = method
+
+    def backend_for(self, method: str) -> Backend:
+        """The backend of one of the node's methods."""
+        return self.backends[method]
 
     def _parked(self, method: str, tenant_id: str) -> bool:
         st = self.backends[method].state(tenant_id)
@@ -198,7 +207,7 @@ class MultiBackend(Backend):
 
         A record from an agent with one method (`--backend cuda` before) is the driver's."""
         if saved and "methods" not in saved:
-            saved = {"methods": {"cuda": saved}, "tenants": dict.fromkeys(saved, "cuda")}
+            saved = {"methods": {CUDA: saved}, "tenants": dict.fromkeys(saved, CUDA)}
         for name, record in (saved.get("methods") or {}).items():
             if name in self.backends and record:
                 self.backends[name].adopt(record)
