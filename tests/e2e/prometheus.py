@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import shutil
 import subprocess
@@ -26,7 +27,8 @@ def binary() -> str | None:
     found = shutil.which(BINARY)
     if found:
         return found
-    return "/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None
+    debian = Path("/usr/bin/prometheus")
+    return str(debian) if os.access(debian, os.X_OK) else None
 
 
 class Prometheus:
