@@ -114,7 +114,9 @@ def _endpoint(i: BuildInputs) -> tuple[Backend, dict[str, int]]:
 METHODS: Mapping[str, ParkingMethod] = {
     m.name: m
     for m in (
-        ParkingMethod(NONE, "parks nothing: every tenant stays resident", None),
+        ParkingMethod(
+            NONE, "parks nothing: every tenant stays resident", None, measures_gpus=False
+        ),
         ParkingMethod(FAKE, "simulated GPUs: files copied to host memory", _fake, simulated=True),
         ParkingMethod(
             CUDA,

@@ -61,7 +61,6 @@ class LeaseService:
             store=store,
             metrics=metrics,
             reconnect_grace=reconnect_grace,
-            policy_name=policy_name,
             sessions=sessions,
         )
         self.turns = Turns(
@@ -148,10 +147,6 @@ class LeaseService:
     def pod_gone(self, tenant_id: str) -> None:
         """The tenant's pod left the node."""
         self.tenancy.pod_gone(tenant_id)
-
-    def parking_method(self, tenant_id: str) -> str:
-        """The method that parks the tenant; empty where the node parks nobody."""
-        return self.state.parking_method(tenant_id)
 
     # The preparer's host (`agent.parking.host.ParkingHost`).
 

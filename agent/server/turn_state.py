@@ -60,11 +60,9 @@ class TurnState:
         store: StateStore | None = None,
         metrics: AgentMetrics | None = None,
         reconnect_grace: float = 10.0,
-        policy_name: str = "fifo",
         sessions: SessionRegistry | None = None,
     ) -> None:
         self.table = table
-        self.policy_name = policy_name
         self.preparer = preparer
         self.parking: Parking | None = parking_of(preparer)
         """The preparer as a `Parking`, or None where the node parks nothing."""

@@ -109,7 +109,8 @@ class AgentSettings:
         None,
         names.ENV_HEADROOM,
         "MiB kept free on each GPU (and needed free beyond a restore's bytes); "
-        "default 1024 with --backend cuda, else 0.",
+        "default: the most its methods want (cuda 1024; app on real GPUs room for what its "
+        "parked tenants leave there), else 0.",
     )
     move_timeout: float = setting(5.0, names.ENV_MOVE_TIMEOUT, "Seconds for a lock or callback.")
     driver_call_timeout: float = setting(

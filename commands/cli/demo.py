@@ -1,4 +1,4 @@
-"""`baton demo` and `baton bench duty` (registered by `commands.cli.agent`)."""
+"""`baton demo`, `baton bench duty` and `baton bench train` (registered by `commands.cli`)."""
 
 from __future__ import annotations
 
@@ -228,6 +228,8 @@ def bench_train(
     """
     if framework not in ("torch", "trl"):
         raise typer.BadParameter(f"--framework {framework!r}: torch or trl")
+    if framework == "torch" and mix != "default":
+        raise typer.BadParameter("--mix applies to --framework trl only")
     try:
         from commands.bench.train import run
         from commands.demo.train import TrainMix, TrainRunError
@@ -257,8 +259,6 @@ def bench_train(
             )  # fmt: skip
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
-    elif mix != "default":
-        raise typer.BadParameter("--mix applies to --framework trl only")
     try:
         figures = run(config)
     except TrainRunError as e:

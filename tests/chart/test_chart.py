@@ -97,3 +97,16 @@ def test_helm_test_pod_asks_for_a_turn() -> None:
     (container,) = pod["spec"]["containers"]
     assert container["resources"]["limits"] == {"baton.dev/gpu": 1}
     assert "acquire" in container["command"][-1] and "yield_" in container["command"][-1]
+
+
+def test_the_parking_values_are_the_methods_a_node_parks_any_tenant_with() -> None:
+    """`agent.parking` offers every method of the agent's table that parks a plain tenant
+    (`agent.parking.methods.PLAIN` but `none`, which the empty list stands for): a new method
+    shows up here or this fails."""
+    import json
+
+    from agent.parking.methods import NONE, PLAIN
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    enum = schema["properties"]["agent"]["properties"]["parking"]["items"]["enum"]
+    assert sorted(enum) == sorted(m for m in PLAIN if m != NONE)

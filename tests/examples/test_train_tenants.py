@@ -88,6 +88,7 @@ def test_a_park_after_the_tensors_changed_moves_the_ones_there_now() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, tensors, strict=True))
 
 
+@needs_torch
 def test_a_park_asked_during_a_turn_waits_for_its_work() -> None:
     import torch
 

@@ -25,7 +25,7 @@ from agent.node.tenants import Tenant
 from agent.parking.backends.base import BackendError
 from agent.parking.backends.endpoint import SGLANG, VLLM, EndpointBackend, EndpointTarget
 from agent.parking.host import Parking
-from agent.parking.methods import APP, CUDA, ENDPOINT
+from agent.parking.methods import APP, CUDA, ENDPOINT, NONE, PLAIN, described
 from agent.server.llmd.channel import Channels
 from agent.server.llmd.edge import (
     BadRequest,
@@ -120,8 +120,8 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
         parking = self._jobs.service.parking
         if parking is None:
             raise MethodMissing(
-                "this agent parks nothing (--backend none); start it with --backend cuda, fake "
-                "or app (or several, e.g. cuda,app)"
+                f"this agent parks nothing (--backend {NONE}); start it with --backend "
+                f"{described([m for m in PLAIN if m != NONE])} (or several, e.g. {CUDA},{APP})"
             )
         tid = tenant.tenant_id
         serves = ", ".join(parking.methods())
@@ -154,7 +154,7 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             endpoints = parking.backend_for(ENDPOINT)
             assert isinstance(endpoints, EndpointBackend)
             endpoints.configure(tid, target)
-        if kind is not None:  # asked for: pinned
+        if kind is not None and len(parking.methods()) > 1:  # asked for among several: pinned
             try:
                 await asyncio.to_thread(parking.pin, tid, want)  # it reads the state
             except BackendError as exc:
