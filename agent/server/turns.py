@@ -234,9 +234,8 @@ class Turns:
                 lease.tenant_id, pb.AgentMessage(granted=lease_to_pb(lease))
             )
         self._state.persist_step()
-        if not self._state.sessions.connected(
-            lease.tenant_id
-        ):  # a bare RPC caller: nothing to watch
+        sessions = self._state.sessions
+        if not sessions.connected(lease.tenant_id):  # a bare RPC caller: nothing to watch
             loop = asyncio.get_running_loop()
             loop.call_later(self._state.grace, self._unwatched, lease.tenant_id)
         self._settle_soon()
@@ -292,9 +291,8 @@ class Turns:
     def _on_timer(self) -> None:
         self._timer = None
         now = self._state.clock()
-        why = standings(
-            self.table, self._state.metrics, now, due=now
-        )  # before they leave the queue
+        metrics = self._state.metrics
+        why = standings(self.table, metrics, now, due=now)  # before they leave the queue
         tick = self.table.tick()
         for waiter in tick.expired:
             reason = why.get(waiter.waiter_id) or waiter.blocked
