@@ -89,7 +89,11 @@ def held_at_install(release: HelmNode) -> dict[str, float]:
 def test_helm_test_takes_and_yields_a_turn(release: HelmNode) -> None:
     tenant = f"{names.NAMESPACE}/baton-test-turn"
     before = held_seconds().get(tenant, 0.0)
-    out = release.helm("test", "baton", "--timeout", "120s", timeout=150)
+    try:
+        out = release.helm("test", "baton", "--timeout", "120s", timeout=150)
+    except AssertionError as err:  # a timeout names no cause: the pod's events and state do
+        pod = release.describe(names.NAMESPACE, "baton-test-turn")
+        raise AssertionError(f"{err}\n{pod}") from None
     assert re.search(r"TEST SUITE:\s+baton-test-turn", out) and "Succeeded" in out, out
     # The pod exits 0 only after its yield; the agent accounted the turn it held.
     wait_seen("the agent to account the helm test pod's turn", held_seconds,
