@@ -21,10 +21,6 @@ from tests.k8s.dra.claims import claim_pod, claim_template, claim_tenant
 from tests.k8s.helm.conftest import CHART, HelmNode
 from tests.k8s.pods import namespace_obj
 
-pytestmark = pytest.mark.helm_lifecycle
-"""Not in `make test` yet: the sequence has not passed end to end on the real node (see
-docs/testing.md); `pytest -m helm_lifecycle tests/k8s/helm` runs it."""
-
 NS = "t-helm"
 TENANTS = ("helm-a", "helm-b", "helm-c")
 HOLD = (
