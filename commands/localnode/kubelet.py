@@ -14,6 +14,7 @@ from commands.localnode.runtime import unmount_under
 ROOT_DIR = Path("/var/lib/kubelet")
 """The default root: device plugins and PodResources live under it on every real node too."""
 POD_RESOURCES = ROOT_DIR / "pod-resources"
+DEVICE_CHECKPOINT = ROOT_DIR / "device-plugins" / "kubelet_internal_checkpoint"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -71,6 +72,15 @@ def kubelet_process(
         "--v=2",  # the device manager's and the DRA manager's registrations and connections
     ]
     return Process("kubelet", argv, run_dir / "logs" / "kubelet.log")
+
+
+def forget_earlier_nodes() -> None:
+    """Remove the device manager's record of an earlier node's pods (the kubelet keeps it across
+    its restarts, and it outlives a node): a kubelet that reads another cluster's allocations of
+    `baton.dev/gpu` takes the resource for a device plugin's, and on the DRA path fails each
+    container asking it ("endpoint not found in cache for a registered resource")."""
+    with contextlib.suppress(FileNotFoundError):
+        DEVICE_CHECKPOINT.unlink()
 
 
 def clean_kubelet_dirs(created_root: bool) -> None:

@@ -20,6 +20,7 @@ from commands.localnode.controlplane import ControlPlane
 from commands.localnode.kubelet import (
     ROOT_DIR,
     clean_kubelet_dirs,
+    forget_earlier_nodes,
     kubelet_process,
     remove_pod_cgroups,
 )
@@ -105,6 +106,7 @@ class LocalNode:
             self.containerd.start(self.root / "logs" / "containerd.log")
             self._import_images()
             self.timings["images_s"] = time.monotonic() - began - self.timings["control_plane_s"]
+            forget_earlier_nodes()
             self.start_kubelet()
             wait_for("the node to be Ready", self._node_ready, READY_TIMEOUT, every=0.5)
             self.timings["ready_s"] = time.monotonic() - began

@@ -110,8 +110,9 @@ def pytest_runtest_makereport(
     """A failed real-node test's report carries the node's logs (kubelet, containerd, daemons)."""
     report: pytest.TestReport = yield
     funcargs = getattr(item, "funcargs", {})
-    cluster = funcargs.get("cluster") or funcargs.get("dra_cluster")
-    if report.failed and isinstance(cluster, Cluster):
+    # `cluster`, `dra_cluster`, or tests/k8s/helm's `release` and `helm_node`
+    cluster = next((arg for arg in funcargs.values() if isinstance(arg, Cluster)), None)
+    if report.failed and cluster is not None:
         try:
             report.sections.append(("the node's logs", node_logs(cluster)))
         except Exception as err:  # the report must not lose the test's own failure
