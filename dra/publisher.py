@@ -49,9 +49,16 @@ def publish_once(api: SliceApi, node_name: str, inventory: LiveInventory, node_u
     return "replaced"
 
 
+RESYNC_S = 10.0
+"""Seconds between checks that the slice is still there: the kubelet deletes a driver's slices
+when it loses the driver's registration (it restarts), possibly after the driver registered
+again and found its slice in place."""
+
+
 class SlicePublisher:
-    """Publishes the node's slice at start, whenever poked and after every inventory change,
-    retrying with backoff until it succeeds (`nodegpu.republish`)."""
+    """Publishes the node's slice at start, whenever poked, after every inventory change and
+    every `RESYNC_S` (a slice deleted by someone else comes back), retrying with backoff until
+    it succeeds (`nodegpu.republish`)."""
 
     def __init__(
         self,
@@ -70,7 +77,9 @@ class SlicePublisher:
             f"publishing node {node_name}'s ResourceSlice",
             "the scheduler allocates from the old slice, or none",
         )
-        self.republisher = Republisher("slice-publisher", self._publish, outage, 0.5)
+        self.republisher = Republisher(
+            "slice-publisher", self._publish, outage, 0.5, resync_s=RESYNC_S
+        )
         self.published = self.republisher.published
         """Set once the latest inventory and registration are published."""
         inventory.subscribe(lambda _inventory: self.poke())
@@ -88,4 +97,5 @@ class SlicePublisher:
     def _publish(self) -> None:
         done = publish_once(self.api, self.node_name, self.inventory, self.node_uid())
         self.publications += 1
-        log.info("ResourceSlice of node %s %s", self.node_name, done)
+        level = logging.DEBUG if done == "unchanged" else logging.INFO
+        log.log(level, "ResourceSlice of node %s %s", self.node_name, done)

@@ -18,10 +18,18 @@ class Republisher:
     """A thread that calls `publish` once started and again whenever poked."""
 
     def __init__(
-        self, name: str, publish: Callable[[], None], outage: Outage, first_backoff_s: float
+        self,
+        name: str,
+        publish: Callable[[], None],
+        outage: Outage,
+        first_backoff_s: float,
+        resync_s: float | None = None,
     ) -> None:
         """`outage` says when publishing starts and stops failing; `first_backoff_s` is the
-        wait after a first failure, doubled after each next one up to `MAX_BACKOFF_S`."""
+        wait after a first failure, doubled after each next one up to `MAX_BACKOFF_S`;
+        `resync_s`, if given, publishes again after that long without a change (for an object
+        someone else may delete: `publish` must then find it as it is)."""
+        self._resync_s = resync_s
         self.publish = publish
         self.published = threading.Event()
         """Set once the latest change is published; cleared by a poke."""
@@ -50,7 +58,7 @@ class Republisher:
     def _run(self) -> None:
         backoff = self._first_backoff_s
         while True:
-            self._pending.wait()
+            self._pending.wait(self._resync_s)
             if self._stop.is_set():
                 return
             self._pending.clear()

@@ -110,3 +110,22 @@ def test_stop_ends_a_wait_between_retries_at_once() -> None:
     assert failing.wait(WAIT_S)
     republisher.stop()
     assert not republisher._thread.is_alive()
+
+
+def test_a_resync_publishes_again_without_a_poke_and_only_with_one_asked() -> None:
+    """An object someone else deletes (the kubelet deletes a driver's ResourceSlices when it
+    restarts) comes back within `resync_s`; without `resync_s` nothing publishes unpoked."""
+    calls = {"resync": threading.Semaphore(0), "plain": threading.Semaphore(0)}
+    outage = Outage(logging.getLogger("t"), "t", "t")
+    resyncing = Republisher("r", calls["resync"].release, outage, 0.01, resync_s=0.05)
+    plain = Republisher("p", calls["plain"].release, outage, 0.01)
+    resyncing.start()
+    plain.start()
+    try:
+        assert calls["plain"].acquire(timeout=WAIT_S)  # the first publication
+        for _ in range(3):  # the first, then two with nothing poked
+            assert calls["resync"].acquire(timeout=WAIT_S)
+        assert not calls["plain"].acquire(timeout=0.3)
+    finally:
+        resyncing.stop()
+        plain.stop()
