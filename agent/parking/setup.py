@@ -33,10 +33,8 @@ __all__ = [
     "ParkingOptions",
     "build_backend",
     "build_preparer",
-    "default_headroom",
     "half_the_ram",
     "nvml_gpus",
-    "parking_methods",
     "parse_fake_gpus",
 ]
 
@@ -93,13 +91,17 @@ def build_backend(
     agent's sessions) on `loop`.
     """
     methods = parking_methods(opts.backend)
-    inputs = BuildInputs(
-        opts,
-        call_tenant,
-        loop,
-        inventory=lambda: _inventory(opts),
-        simulated=lambda: parse_fake_gpus(opts.fake_gpus, opts.node_name),
-    )
+
+    def simulated() -> dict[str, int]:
+        return parse_fake_gpus(opts.fake_gpus, opts.node_name)
+
+    def inventory() -> dict[str, int]:
+        """The GPUs a method without its own driver manages: NVML's, else (or when asked)
+        the simulated ones."""
+        real = {} if opts.simulated_inventory else nvml_gpus()
+        return real or simulated()
+
+    inputs = BuildInputs(opts, call_tenant, loop, inventory=inventory, simulated=simulated)
     if len(methods) > 1:
         from agent.parking.multi import MultiBackend
 
@@ -115,12 +117,6 @@ def _one_backend(method: str, inputs: BuildInputs) -> tuple[Backend, dict[str, i
     if build is None:
         raise BackendUnavailable(f"--backend {method} parks nothing: it has no backend")
     return build(inputs)
-
-
-def _inventory(opts: ParkingOptions) -> dict[str, int]:
-    """The GPUs a method without its own driver manages: NVML's, else (or when asked) simulated."""
-    real = {} if opts.simulated_inventory else nvml_gpus()
-    return real or parse_fake_gpus(opts.fake_gpus, opts.node_name)
 
 
 def nvml_gpus() -> dict[str, int]:

@@ -18,9 +18,10 @@ from agent.parking.backends.base import (
     TenantState,
     Unparkable,
 )
+from agent.parking.methods import parking_methods
 from agent.parking.multi import MultiBackend
 from agent.parking.preparer import ParkingPreparer
-from agent.parking.setup import ParkingOptions, build_backend, parking_methods, parse_fake_gpus
+from agent.parking.setup import ParkingOptions, build_backend, parse_fake_gpus
 from agent.server.service import tenant_ref
 from baton.contract import names
 from baton.contract.annotations import decode_parking
