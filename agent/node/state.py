@@ -22,6 +22,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,27 +162,35 @@ class StateStore:
                 leases.pop(str(entry.get("end", "")), None)
         state.leases = list(leases.values())
 
-    def record_grant(self, lease: Lease) -> None:
-        """Make a grant durable before it is answered: one line appended to the journal."""
-        self._append({"grant": _lease_to_json(lease)})
+    def record_grant(self, lease: Lease, ended: Sequence[str] = ()) -> None:
+        """Make a grant durable before it is answered: one line appended to the journal, after
+        the ends of the turns `ended` that made room for it (the same write)."""
+        self._append([*({"end": lease_id} for lease_id in ended), {"grant": _lease_to_json(lease)}])
 
     def record_end(self, lease_id: str) -> None:
         """A turn ended (yielded, revoked, its tenant gone)."""
-        self._append({"end": lease_id})
+        self._append([{"end": lease_id}])
 
-    def _append(self, entry: dict[str, Any]) -> None:
+    def record_ends(self, lease_ids: Sequence[str]) -> None:
+        """Several turns ended, in one write."""
+        self._append([{"end": lease_id} for lease_id in lease_ids])
+
+    def _append(self, entries: list[dict[str, Any]]) -> None:
         with self._journal_lock:
-            self._seq += 1
-            entry["seq"] = self._seq
-            line = json.dumps(entry).encode() + b"\n"
-            self._entries.append((self._seq, line))
-            self._journal_bytes += len(line)
+            lines = []
+            for entry in entries:
+                self._seq += 1
+                entry["seq"] = self._seq
+                line = json.dumps(entry).encode() + b"\n"
+                self._entries.append((self._seq, line))
+                self._journal_bytes += len(line)
+                lines.append(line)
             try:
                 if self._journal_fd is None:
                     self._journal_fd = os.open(
                         self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
                     )
-                os.write(self._journal_fd, line)
+                os.write(self._journal_fd, b"".join(lines))
             except OSError as exc:
                 if not self._journal_failed:  # said once: the snapshot still follows
                     log.error(

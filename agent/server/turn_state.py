@@ -4,7 +4,8 @@ how it publishes events, persists and restores the state and runs background wor
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import contextlib
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,11 @@ class TurnState:
         self._store = store
         self._tasks: set[asyncio.Task[None]] = set()
         self._persist_soon = False
+        self._ended: list[str] = []
+        """Turns ended in this step whose journal lines wait for the grant they make room for
+        (one write for both), or for `journal_flush`."""
+        self._after: list[Callable[[], object]] | None = None
+        """Bookkeeping held back while `grants_first` is open, in the order it was asked for."""
         self._persist_asked = False
         """`persist()` was called and its step has not run yet (close saves then too)."""
 
@@ -85,6 +91,7 @@ class TurnState:
         self.stopping = True
         for task in list(self._tasks):
             task.cancel()
+        self.journal_flush()
         if self._store is not None and (self._persist_soon or self._persist_asked):
             self._save()
         if self._store is not None:
@@ -99,6 +106,29 @@ class TurnState:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    @contextlib.contextmanager
+    def grants_first(self) -> Iterator[None]:
+        """Hold events and metrics back until the block ends, so that a grant it makes reaches
+        its tenant first; they then run in the order they were asked for. Nested: the outermost
+        block runs them."""
+        if self._after is not None:
+            yield
+            return
+        self._after = []
+        try:
+            yield
+        finally:
+            after, self._after = self._after, None
+            for step in after:
+                step()
+
+    def later(self, step: Callable[[], object]) -> None:
+        """Run `step` (bookkeeping) at the end of `grants_first`, or now outside it."""
+        if self._after is None:
+            step()
+        else:
+            self._after.append(step)
+
     def publish(
         self,
         kind: str,
@@ -108,8 +138,20 @@ class TurnState:
         gpus: tuple[str, ...] = (),
         detail: str = "",
     ) -> None:
-        """Tell the event bus; a tenant's joining, queueing and grants also name its parking
-        method: `pod; parking app`."""
+        """Tell the event bus (after the grants, inside `grants_first`); a tenant's joining,
+        queueing and grants also name its parking method: `pod; parking app`."""
+        at = self.clock()
+        self.later(lambda: self._publish(kind, tenant_id, at, lease, gpus, detail))
+
+    def _publish(
+        self,
+        kind: str,
+        tenant_id: str,
+        at: float,
+        lease: Lease | None,
+        gpus: tuple[str, ...],
+        detail: str,
+    ) -> None:
         method = self.parking_method(tenant_id) if kind in _NAMES_METHOD else ""
         if method:
             detail = f"{detail}; parking {method}" if detail else f"parking {method}"
@@ -117,7 +159,7 @@ class TurnState:
             ev.Event(
                 kind=kind,
                 tenant_id=tenant_id,
-                at=self.clock(),
+                at=at,
                 gpus=lease.gpus if lease else gpus,
                 lease_id=lease.lease_id if lease else "",
                 tokens=dict(lease.tokens) if lease else {},
@@ -143,13 +185,22 @@ class TurnState:
     # Persistence.
 
     def journal_grant(self, lease: Lease) -> None:
-        """The grant is on disk before anyone hears of it (`agent.node.state`)."""
+        """The grant is on disk before anyone hears of it (`agent.node.state`), with the ends
+        of the turns before it: one write."""
+        ended, self._ended = self._ended, []
         if self._store is not None:
-            self._store.record_grant(lease)
+            self._store.record_grant(lease, ended)
 
     def journal_end(self, lease: Lease) -> None:
-        if self._store is not None:
-            self._store.record_end(lease.lease_id)
+        """A turn ended: written with the grant that follows in this step, or by
+        `journal_flush`, before anyone hears of either."""
+        self._ended.append(lease.lease_id)
+
+    def journal_flush(self) -> None:
+        """Write the ends no grant took along."""
+        ended, self._ended = self._ended, []
+        if ended and self._store is not None:
+            self._store.record_ends(ended)
 
     def persist(self) -> None:
         """Save the state soon (e.g. after the residency layer moved memory): in the next

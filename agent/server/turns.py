@@ -98,8 +98,9 @@ class Turns:
         self._pending[waiter.waiter_id] = future
         if on_grant is not None:
             self._on_grant[waiter.waiter_id] = on_grant
-        self._state.publish(ev.QUEUED, tenant.tenant_id, gpus=waiter.gpus)
-        self._dispatch()
+        with self._state.grants_first():
+            self._state.publish(ev.QUEUED, tenant.tenant_id, gpus=waiter.gpus)
+            self._dispatch()
         try:
             lease = await future
         except asyncio.CancelledError:
@@ -154,12 +155,16 @@ class Turns:
         return bool(resume)
 
     def _end(self, lease: Lease, kind: str, detail: str, *, yielded: bool = False) -> float:
+        """End the turn and start the next: its grant is written (with this end, in one journal
+        write) and sent before the metrics and events of either are taken."""
         self.table.release(lease.lease_id, yielded=yielded)
         self._state.journal_end(lease)
-        held = self._state.metrics.released(lease, self._state.clock())
-        self._state.publish(kind, lease.tenant_id, lease=lease, detail=detail)
-        self.changed()
-        return held
+        now = self._state.clock()
+        with self._state.grants_first():
+            self._state.later(lambda: self._state.metrics.released(lease, now))
+            self._state.publish(kind, lease.tenant_id, lease=lease, detail=detail)
+            self.changed()
+        return max(0.0, now - lease.granted_at)
 
     # Granting.
 
@@ -168,6 +173,7 @@ class Turns:
         self._changes += 1
         self.table.unblock_all()
         self._dispatch()
+        self._state.journal_flush()  # the ends no grant took along
         # After the grants: their waiters resume before the state is encoded.
         self._state.persist_step()
 
@@ -224,7 +230,8 @@ class Turns:
         tell = self._on_grant.pop(waiter.waiter_id, None)
         if tell is not None:
             tell(lease)
-        self._state.metrics.granted(lease, lease.granted_at - waiter.enqueued_at)
+        waited = lease.granted_at - waiter.enqueued_at
+        self._state.later(lambda: self._state.metrics.granted(lease, waited))
         self._state.publish(ev.GRANTED, lease.tenant_id, lease=lease)
         future = self._pending.pop(waiter.waiter_id, None)
         if future is not None and not future.done():

@@ -8,6 +8,7 @@ import logging
 import httpx
 import pytest
 
+from agent.core import events as ev
 from commands.demo.fakenode import FakeNode, FakeNodeOptions
 
 from .nodeharness import APP_TENANT, LogWatch, TenantProc, run, with_node
@@ -111,9 +112,13 @@ def test_the_app_backend_parks_tenants_through_their_own_callbacks():
         a = await TenantProc.start(env, "a", 60, "--pause-after", "0", argv=APP_TENANT)
         tenants.append(a)
         await a.until("turn")
-        b = await TenantProc.start(env, "b", 60, "--turns", "1", argv=APP_TENANT)
-        tenants.append(b)
-        await b.until("done")
+        async with node.agent.service.events.subscribe() as events:
+            b = await TenantProc.start(env, "b", 60, "--turns", "1", argv=APP_TENANT)
+            tenants.append(b)
+            await b.until("done")
+            assert await b.exit_code() == 0
+            # b's session is over before a asks again: a's restore parks nobody else
+            await asyncio.wait_for(gone(events, "local/b"), 30)
         assert [e["event"] for e in a.events] == ["turn"]
         assert (await a.event())["event"] == "parked"
         a.tell()
@@ -123,3 +128,9 @@ def test_the_app_backend_parks_tenants_through_their_own_callbacks():
         assert moved == 60 * 1024 * 1024
 
     run(with_node(FakeNodeOptions(backend="app", fake_gpus="1x100"), body))
+
+
+async def gone(events: asyncio.Queue[ev.Event], tenant_id: str) -> None:
+    """Return once the agent says `tenant_id` is gone."""
+    while not ((e := await events.get()).kind == ev.TENANT_GONE and e.tenant_id == tenant_id):
+        pass
