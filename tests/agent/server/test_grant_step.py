@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
+from agent.core import events as ev
 from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import NullPreparer
+from agent.node import state
+from agent.node.state import JOURNAL_FILE, StateStore
 from agent.node.tenants import POD, Tenant
 from agent.server.service import LeaseService
 from agent.server.session_stream import SessionStream
@@ -82,3 +86,69 @@ def test_a_direct_session_writes_the_grant_in_that_step_and_only_once() -> None:
         await agent.close()
 
     asyncio.run(asyncio.wait_for(handoff(), 10))
+
+
+def test_the_end_and_the_grant_are_one_journal_write_made_before_the_grant_is_told(
+    tmp_path, monkeypatch
+) -> None:
+    """A restarted agent finds the handoff whole: b's turn and not a's, from one write that
+    went out before b heard; the events and metrics of both follow the tell, in order."""
+    writes: list[bytes] = []
+    real_write = state.os.write
+
+    def write(fd: int, data: bytes) -> int:
+        writes.append(bytes(data))
+        return real_write(fd, data)
+
+    async def handoff() -> None:
+        agent = LeaseService(
+            table=LeaseTable(clock=time.time),
+            preparer=lambda host: NullPreparer(),
+            clock=time.time,
+            store=StateStore(tmp_path),
+        )
+        for name in ("a", "b"):
+            agent.upsert_pod(tenant(name))
+        events = agent.events.attach()
+        held = await agent.acquire(tenant("a"), [GPU], timeout=5)
+        seen_at_tell: list[tuple[int, int]] = []
+
+        def told(lease: Lease) -> None:  # what was on disk and on the bus when b heard
+            seen_at_tell.append((len(writes), events.qsize()))
+
+        waiting = asyncio.create_task(agent.acquire(tenant("b"), [GPU], 5, told))
+        await asyncio.sleep(0)  # b is queued
+        while not events.empty():
+            events.get_nowait()
+        writes.clear()
+        monkeypatch.setattr(state.os, "write", write)
+        agent.yield_(tenant("a"), held.lease.lease_id)
+        monkeypatch.setattr(state.os, "write", real_write)
+        assert seen_at_tell == [(1, 0)]  # one write before the tell, no event yet
+        assert [line.split(b'"')[1] for line in writes[0].splitlines()] == [b"end", b"grant"]
+        loaded = StateStore(tmp_path).load()
+        assert [x.tenant_id for x in loaded.leases] == ["default/b"]
+        kinds = [events.get_nowait().kind for _ in range(events.qsize())]
+        assert kinds == [ev.YIELDED, ev.GRANTED]
+        await waiting
+        await agent.close()
+
+    asyncio.run(asyncio.wait_for(handoff(), 10))
+
+
+def test_an_end_no_grant_follows_is_on_disk_when_the_yield_returns(tmp_path) -> None:
+    async def alone() -> None:
+        agent = LeaseService(
+            table=LeaseTable(clock=time.time),
+            preparer=lambda host: NullPreparer(),
+            clock=time.time,
+            store=StateStore(tmp_path),
+        )
+        agent.upsert_pod(tenant("a"))
+        held = await agent.acquire(tenant("a"), [GPU], timeout=5)
+        agent.yield_(tenant("a"), held.lease.lease_id)
+        last = json.loads((tmp_path / JOURNAL_FILE).read_text().splitlines()[-1])
+        assert last["end"] == held.lease.lease_id
+        await agent.close()
+
+    asyncio.run(asyncio.wait_for(alone(), 10))
