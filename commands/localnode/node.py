@@ -77,8 +77,9 @@ class LocalNode:
         self._created_kubelet_root = False
         self._old_handlers: dict[int, object] = {}
         self.scratch_dirs = scratch_dirs
-        """Host directories pods will create (hostPath volumes): removed on close if new."""
-        self._new_scratch: list[Path] = []
+        """Host directories pods will create (hostPath volumes): each starts absent, and is
+        removed on close (one already there is set aside meanwhile, `ScratchDirs`)."""
+        self._scratch = ScratchDirs(scratch_dirs)
 
     @property
     def kubeconfig(self) -> Path:
@@ -100,7 +101,7 @@ class LocalNode:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             self._created_kubelet_root = not ROOT_DIR.exists()
-            self._new_scratch = [d for d in self.scratch_dirs if not d.exists()]
+            self._scratch.set_aside()
             self.plane.start()
             self.timings["control_plane_s"] = time.monotonic() - began
             self.containerd.start(self.root / "logs" / "containerd.log")
@@ -175,7 +176,7 @@ class LocalNode:
             self.containerd.stop,
             lambda: clean_kubelet_dirs(self._created_kubelet_root),
             remove_pod_cgroups,
-            self._remove_scratch,
+            self._scratch.put_back,
             self.plane.close,
             stop_all,
             self._restore_signals,
@@ -188,10 +189,6 @@ class LocalNode:
                 failures.append(err)
         if failures:
             raise failures[0]
-
-    def _remove_scratch(self) -> None:
-        for directory in self._new_scratch:
-            shutil.rmtree(directory, ignore_errors=True)
 
     def _release_lock(self) -> None:
         if self._lock is not None:
@@ -232,3 +229,50 @@ class LocalNode:
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class ScratchDirs:
+    """Host directories a node's pods fill (the agent's state, the fake GPUs, CDI specs), kept
+    from one node to the next.
+
+    A node must start without them: an agent that loads an earlier node's state brings back its
+    tenants, their parked memory and their accounting. One that is there (left by a node that was
+    killed, or a Baton installed on this host) is renamed aside for the node's life and put back
+    when it closes; what the node made is removed.
+    """
+
+    def __init__(self, dirs: tuple[Path, ...]) -> None:
+        self.dirs = dirs
+        self._aside: list[tuple[Path, Path]] = []
+
+    @staticmethod
+    def aside_of(directory: Path) -> Path:
+        """Where `directory` waits while a node runs."""
+        return directory.with_name(f".{directory.name}.before-localnode")
+
+    def set_aside(self) -> None:
+        """Move every directory that exists aside; `LocalNodeError` if one cannot be."""
+        for directory in self.dirs:
+            aside = self.aside_of(directory)
+            if aside.exists():
+                raise LocalNodeError(
+                    f"{aside} was set aside by a node that never closed: move it back to "
+                    f"{directory} (or remove it) and start again"
+                )
+            if not directory.exists():
+                continue
+            try:
+                directory.rename(aside)
+            except OSError as err:
+                raise LocalNodeError(
+                    f"cannot set {directory} aside for a fresh node: {err.strerror}"
+                ) from None
+            self._aside.append((directory, aside))
+
+    def put_back(self) -> None:
+        """Remove what the node made; return what was set aside to its place."""
+        for directory in self.dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+        while self._aside:
+            directory, aside = self._aside.pop()
+            aside.rename(directory)
