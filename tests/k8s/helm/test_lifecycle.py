@@ -22,9 +22,7 @@ from tests.k8s.helm.conftest import CHART, HelmNode
 from tests.k8s.pods import namespace_obj
 
 pytestmark = pytest.mark.helm_lifecycle
-"""Not in `make test`: it passes alone, but after `tests/k8s/dra`'s node the upgrade's tenants
-were never parked, unexplained, and it would take CI past its 30 minutes (docs/testing.md);
-`pytest -m helm_lifecycle tests/k8s/helm` runs it."""
+"""In `make test`; `pytest -m helm_lifecycle tests/k8s/helm` runs it alone."""
 
 NS = "t-helm"
 TENANTS = ("helm-a", "helm-b", "helm-c")
