@@ -82,6 +82,9 @@ class TurnState:
         """Turns ended in this step whose journal lines wait for the grant they make room for
         (one write for both), or for `journal_flush`."""
         self._after: list[Callable[[], object]] | None = None
+        self.unclaimed: set[str] = set()
+        """Leases restored from the state that no client has named since the restart: their
+        grant may never have reached the tenant (`Turns.acquire` hands one back)."""
         """Bookkeeping held back while `grants_first` is open, in the order it was asked for."""
         self._persist_asked = False
         """`persist()` was called and its step has not run yet (close saves then too)."""
@@ -227,6 +230,7 @@ class TurnState:
             self.table.gpu(gpu).token = token
         for lease in saved.leases:
             self.table.restore_lease(lease)
+        self.unclaimed = {lease.lease_id for lease in saved.leases}
         self.preparer.reinstate(saved.parked)
         return saved
 

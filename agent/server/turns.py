@@ -91,6 +91,9 @@ class Turns:
                 f"tenant {tenant.tenant_id} was given GPUs [{', '.join(tenant.gpus)}]; "
                 f"it cannot acquire [{', '.join(foreign) or 'none'}]"
             )
+        lost = self._lost_grant(tenant.tenant_id, wanted)
+        if lost is not None:
+            return Granted(lost, 0.0)
         waiter = self.table.enqueue(
             tenant.tenant_id, wanted, timeout=timeout, duty=tenant.gpu_duty, tier=tenant.priority
         )
@@ -107,6 +110,21 @@ class Turns:
             self._abandon(waiter.waiter_id)
             raise
         return Granted(lease, lease.granted_at - waiter.enqueued_at)
+
+    def _lost_grant(self, tenant_id: str, wanted: Sequence[str]) -> Lease | None:
+        """The turn on `wanted` the agent before a restart granted the tenant, if its client never
+        named it since: the grant's answer was lost with that agent (the client asks again), so
+        this acquire is answered with it, same lease and fencing tokens."""
+        for lease in self.table.leases_of(tenant_id):
+            if lease.lease_id in self._state.unclaimed and set(lease.gpus) == set(wanted):
+                self._state.unclaimed.discard(lease.lease_id)
+                log.info(
+                    "tenant %s asked for the turn on [%s] granted before the agent restarted "
+                    "(its answer was lost): lease %s is handed back",
+                    tenant_id, ", ".join(lease.gpus), lease.lease_id,
+                )  # fmt: skip
+                return lease
+        return None
 
     def _abandon(self, waiter_id: str) -> None:
         self._pending.pop(waiter_id, None)
@@ -143,8 +161,11 @@ class Turns:
         return self._end(lease, ev.YIELDED, "", yielded=True)
 
     def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
-        """One of the tenant's own leases (renewing it is the same check)."""
-        return self.table.lease(lease_id, tenant.tenant_id)
+        """One of the tenant's own leases (renewing it is the same check: a restored lease the
+        client names is claimed)."""
+        lease = self.table.lease(lease_id, tenant.tenant_id)
+        self._state.unclaimed.discard(lease_id)
+        return lease
 
     def _cancel_resume(self, tenant_id: str) -> bool:
         resume = [w for w in self.table.waiters.values() if w.tenant_id == tenant_id and w.front]

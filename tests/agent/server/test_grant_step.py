@@ -6,7 +6,10 @@ import asyncio
 import json
 import time
 
+import pytest
+
 from agent.core import events as ev
+from agent.core.errors import AlreadyHolding
 from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import NullPreparer
 from agent.node import state
@@ -20,7 +23,7 @@ GPU = "GPU-0"
 
 
 def tenant(name: str) -> Tenant:
-    return Tenant(f"default/{name}", name, (GPU,), source=POD)
+    return Tenant(f"default/{name}", name, (GPU, "GPU-1"), source=POD)
 
 
 def service(store: StateStore | None = None) -> LeaseService:
@@ -143,3 +146,30 @@ def test_an_end_no_grant_follows_is_on_disk_when_the_yield_returns(tmp_path) -> 
         await agent.close()
 
     asyncio.run(asyncio.wait_for(alone(), 10))
+
+
+def test_a_grant_whose_answer_died_with_the_agent_is_the_answer_to_the_next_acquire(
+    tmp_path,
+) -> None:
+    """The agent granted b's acquire and was killed before b read the answer; b's client, back
+    on the next agent, asks again. It gets that turn, same lease and fencing token, not 'already
+    holds'. A lease a client has named since the restart (its reclaim) is not handed out so."""
+
+    async def restart() -> None:
+        before = service(StateStore(tmp_path))
+        held = await before.acquire(tenant("b"), [GPU], timeout=5)  # its answer is lost
+        claimed = await before.acquire(tenant("a"), ["GPU-1"], timeout=5)
+        await before.close()
+        after = service(StateStore(tmp_path))
+        after.load()
+        again = await after.acquire(tenant("b"), [GPU], timeout=5)
+        assert again.lease.lease_id == held.lease.lease_id
+        assert again.lease.tokens == held.lease.tokens == {GPU: 1}
+        assert after.inspect(tenant("a"), claimed.lease.lease_id)  # a's client reclaims it
+        with pytest.raises(AlreadyHolding):
+            await after.acquire(tenant("a"), ["GPU-1"], timeout=5)
+        with pytest.raises(AlreadyHolding):  # b's now holds it, knowingly
+            await after.acquire(tenant("b"), [GPU], timeout=5)
+        await after.close()
+
+    asyncio.run(asyncio.wait_for(restart(), 10))
