@@ -167,12 +167,8 @@ class StateStore:
         the ends of the turns `ended` that made room for it (the same write)."""
         self._append([*({"end": lease_id} for lease_id in ended), {"grant": _lease_to_json(lease)}])
 
-    def record_end(self, lease_id: str) -> None:
-        """A turn ended (yielded, revoked, its tenant gone)."""
-        self._append([{"end": lease_id}])
-
-    def record_ends(self, lease_ids: Sequence[str]) -> None:
-        """Several turns ended, in one write."""
+    def record_end(self, *lease_ids: str) -> None:
+        """Turns ended (yielded, revoked, their tenants gone): one line each, in one write."""
         self._append([{"end": lease_id} for lease_id in lease_ids])
 
     def _append(self, entries: list[dict[str, Any]]) -> None:

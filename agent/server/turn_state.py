@@ -82,10 +82,10 @@ class TurnState:
         """Turns ended in this step whose journal lines wait for the grant they make room for
         (one write for both), or for `journal_flush`."""
         self._after: list[Callable[[], object]] | None = None
+        """Bookkeeping held back while `grants_first` is open, in the order it was asked for."""
         self.unclaimed: set[str] = set()
         """Leases restored from the state that no client has named since the restart: their
         grant may never have reached the tenant (`Turns.acquire` hands one back)."""
-        """Bookkeeping held back while `grants_first` is open, in the order it was asked for."""
         self._persist_asked = False
         """`persist()` was called and its step has not run yet (close saves then too)."""
 
@@ -203,7 +203,7 @@ class TurnState:
         """Write the ends no grant took along."""
         ended, self._ended = self._ended, []
         if ended and self._store is not None:
-            self._store.record_ends(ended)
+            self._store.record_end(*ended)
 
     def persist(self) -> None:
         """Save the state soon (e.g. after the residency layer moved memory): in the next

@@ -115,9 +115,13 @@ class Turns:
         """The turn on `wanted` the agent before a restart granted the tenant, if its client never
         named it since: the grant's answer was lost with that agent (the client asks again), so
         this acquire is answered with it, same lease and fencing tokens."""
-        for lease in self.table.leases_of(tenant_id):
-            if lease.lease_id in self._state.unclaimed and set(lease.gpus) == set(wanted):
-                self._state.unclaimed.discard(lease.lease_id)
+        unclaimed = self._state.unclaimed  # empty but for the first turns after a restart
+        for lease_id in list(unclaimed):
+            lease = self.table.leases.get(lease_id)
+            if lease is None:  # ended meanwhile
+                unclaimed.discard(lease_id)
+            elif lease.tenant_id == tenant_id and set(lease.gpus) == set(wanted):
+                unclaimed.discard(lease_id)
                 log.info(
                     "tenant %s asked for the turn on [%s] granted before the agent restarted "
                     "(its answer was lost): lease %s is handed back",
