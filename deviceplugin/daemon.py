@@ -120,14 +120,17 @@ class Daemon:
 
     def stop(self) -> None:
         """Stop everything started."""
-        self.plugin.stop(self.settings.shutdown_grace)
+        parts: list[tuple[str, Callable[[], object]]] = [
+            ("the plugin server", lambda: self.plugin.stop(self.settings.shutdown_grace))
+        ]
         if self.reconciler is not None:
-            self.reconciler.stop()
+            parts.append(("the reconciler", self.reconciler.stop))
         if self.pod_resources is not None:
-            self.pod_resources.close()
+            parts.append(("the PodResources client", self.pod_resources.close))
         if self.pod_cache is not None:
-            self.pod_cache.stop()
-        self.node.stop()
+            parts.append(("the pod watch", self.pod_cache.stop))
+        parts.append(("the node layer", self.node.stop))
+        shutdown.stop_parts("device plugin", parts)
 
     def run_until(
         self, stop: threading.Event, why: Callable[[], str | None] = lambda: None

@@ -143,11 +143,15 @@ class Driver:
 
     def stop(self) -> None:
         """Stop everything started (the record and specs stay for the next start)."""
+        parts: list[tuple[str, Callable[[], object]]] = []
         if self.hold is not None:
-            self.hold.stop()
-        self.server.stop(self.settings.shutdown_grace)
-        self.publisher.stop()
-        self.node.stop()
+            parts.append(("the fault hold on prepares", self.hold.stop))
+        parts.append(
+            ("the kubelet plugin server", lambda: self.server.stop(self.settings.shutdown_grace))
+        )
+        parts.append(("the ResourceSlice publisher", self.publisher.stop))
+        parts.append(("the node layer", self.node.stop))
+        shutdown.stop_parts("DRA driver", parts)
 
     def run_until(
         self, stop: threading.Event, why: Callable[[], str | None] = lambda: None

@@ -8,8 +8,9 @@ nothing.
 Every answer that is an answer is HTTP 200 (kube-scheduler treats anything else as a transport
 failure); a body that is not what kube-scheduler sends gets a 400 naming the field.
 
-Everything is answered on the event loop: `/filter`, `/prioritize` and `/preempt` at once,
-binds when the API server has answered their one call (`extender.apipost`), at most
+Everything is answered on the event loop: `/filter`, `/prioritize` and `/preempt` at once (a
+filter for a pod whose claim the cache has not seen yet when the claim watch shows it, at most
+`CLAIM_WAIT_S`), binds when the API server has answered their one call (`extender.apipost`), at most
 `binds_in_flight` at a time (see `extender.bind.BINDS_IN_FLIGHT`), the others queued in arrival
 order. Only the inventory, which takes a while for a large cluster, runs in a thread.
 """
@@ -26,12 +27,18 @@ from typing import Any
 from extender import wire
 from extender.bind import BINDS_IN_FLIGHT, Binder
 from extender.cache import ClusterCache
+from extender.draverbs import uncached_claims
 from extender.http import Reply, Request, Route, Routes, text
 from extender.metrics import Metrics
 from extender.schema import openapi_document
 from extender.verbs import FilterScores, filter_nodes, preempt_nodes, prioritize_nodes
 
 log = logging.getLogger(__name__)
+CLAIM_WAIT_S = 2.0
+"""How long a filter waits for the claim watch to show a claim the pod names. kube-scheduler's
+informer may see a claim made from a template a moment before this extender's watch does; a pod
+refused for it waits in the scheduler's queue for a retry (its backoff at least, and for a
+change in the cluster that moves it back)."""
 NOT_SYNCED = "the extender's cluster cache has not synced with the API server yet; retry shortly"
 OK = text(200, "ok")
 
@@ -69,7 +76,7 @@ def create_app(
         return Reply(200, wire.encode({"synced": cache.synced(), "nodes": nodes}))
 
     return {
-        ("POST", "/filter"): verb("filter", lambda body: _filter(cache, metrics, kept, body)),
+        ("POST", "/filter"): Route(lambda request: _filter_route(cache, metrics, kept, request)),
         ("POST", "/prioritize"): verb("prioritize", lambda body: _prioritize(cache, kept, body)),
         ("POST", "/preempt"): verb("preempt", lambda body: _preempt(cache, body)),
         ("POST", "/bind"): Route(lambda request: _bind(binder, binds, metrics, request.body)),
@@ -104,8 +111,33 @@ async def _bind(
     return Reply(200, wire.encode(wire.binding_result(error)))
 
 
-def _filter(cache: ClusterCache, metrics: Metrics, kept: FilterScores, body: bytes) -> Any:
-    args = wire.extender_args(body)
+async def _filter_route(
+    cache: ClusterCache, metrics: Metrics, kept: FilterScores, request: Request
+) -> Reply:
+    """Filter, once the cache has seen the claims the pod names (or `CLAIM_WAIT_S` passed)."""
+    started = time.perf_counter()
+    try:
+        args = wire.extender_args(request.body)
+    except wire.WireError:
+        args = None  # `_answer` says what is wrong with it
+    if args is not None and cache.synced() and cache.state.dra:
+        pod = args.pod
+        if uncached_claims(cache.state, pod):
+            seen = await asyncio.to_thread(
+                cache.wait_for, lambda state: not uncached_claims(state, pod), CLAIM_WAIT_S
+            )
+            metrics.claim_waits.labels("seen" if seen else "timeout").inc()
+    return _answer(
+        metrics,
+        "filter",
+        lambda: _filter(cache, metrics, kept, args or wire.extender_args(request.body)),
+        started,
+    )
+
+
+def _filter(
+    cache: ClusterCache, metrics: Metrics, kept: FilterScores, args: wire.ExtenderArgs
+) -> Any:
     if not cache.synced():
         return wire.filter_result(args, [], {}, {}, NOT_SYNCED)
     passed, failed, unresolvable = filter_nodes(cache.state, args, kept)
@@ -125,8 +157,12 @@ def _preempt(cache: ClusterCache, body: bytes) -> Any:
     return wire.preemption_result(args, preempt_nodes(cache.state, args))
 
 
-def _answer(metrics: Metrics, verb: str, compute: Callable[[], Any]) -> Reply:
-    started = time.perf_counter()
+def _answer(
+    metrics: Metrics, verb: str, compute: Callable[[], Any], started: float | None = None
+) -> Reply:
+    """`compute()`'s answer (a 400 for a bad body, a 500 for a bug), counted and timed from
+    `started` (now if not given)."""
+    started = time.perf_counter() if started is None else started
     try:
         reply = Reply(200, wire.encode(compute()))
     except wire.WireError as err:

@@ -48,6 +48,16 @@ def claim_request(state: ClusterState, pod: dict[str, Any]) -> TenantRequest | N
     )
 
 
+def uncached_claims(state: ClusterState, pod: dict[str, Any]) -> list[ClaimRef]:
+    """The claims the pod names that the cache has not seen yet; none when a claim is not made
+    yet (the pod kube-scheduler sent says so, whatever the cache learns)."""
+    try:
+        refs = _claims(pod)
+    except RequestError:
+        return []
+    return [ref for ref in refs if state.claim_asks(ref) is None]
+
+
 def _claims(pod: dict[str, Any]) -> list[ClaimRef]:
     """The claims the pod names; RequestError for one whose template's claim is not made."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}

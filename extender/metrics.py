@@ -46,6 +46,15 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.claim_waits = Counter(
+            f"{_P}claim_waits",
+            "Filters that waited for the claim watch to show a claim the pod names, by whether "
+            "it came in time.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in ("seen", "timeout"):
+            self.claim_waits.labels(outcome)
         for verb in VERBS:  # every series shows from the start, not only after its first use
             self.latency.labels(verb)
             self.requests.labels(verb, "200")

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DEFAULT_GRACE_S = 5.0
 """Seconds in-flight requests get to finish once a daemon is told to stop."""
+SLOW_STOP_S = 1.0
+"""A part that takes longer than this to stop is named in the log (where a slow exit went)."""
+
+log = logging.getLogger(__name__)
 
 
 def signal_name(sig: int) -> str:
@@ -36,6 +42,22 @@ def run_until(start: Callable[[], None], stop: Callable[[], None], until: thread
         until.wait()
     finally:
         stop()
+
+
+def stop_parts(
+    what: str, parts: Sequence[tuple[str, Callable[[], object]]], slow_s: float = SLOW_STOP_S
+) -> None:
+    """Stop `parts` (name, stop) in order, each even when one before it failed; a part that
+    failed or took longer than `slow_s` is logged by name, so a slow or stuck exit says where."""
+    for name, stop in parts:
+        began = time.monotonic()
+        try:
+            stop()
+        except Exception as err:  # the rest must still stop; the error is said, not raised
+            log.error("%s: stopping %s failed: %s", what, name, err)
+        took = time.monotonic() - began
+        if took > slow_s:
+            log.warning("%s: stopping %s took %.1f s", what, name, took)
 
 
 class StopSignal:

@@ -136,6 +136,33 @@ class Cluster:
         )
         return found or ""
 
+    def timeline(self, namespace: str) -> str:
+        """A line per pod of `namespace`: its phase, when it was scheduled, and when each of its
+        containers started and finished (what overlapped with what, after the fact); then the
+        namespace's events (a scheduling refusal says why)."""
+        lines = []
+        for pod in self.get("pods", "-n", namespace)["items"]:
+            status = pod.get("status", {})
+            scheduled = next(
+                (c.get("lastTransitionTime") for c in status.get("conditions") or []
+                 if c.get("type") == "PodScheduled" and c.get("status") == "True"),
+                None,
+            )  # fmt: skip
+            ran = []
+            for c in status.get("containerStatuses") or []:
+                state = c.get("state", {})
+                for key in ("running", "terminated"):
+                    if key in state:
+                        ran.append(f"{c['name']} started {state[key].get('startedAt')}")
+                if "terminated" in state:
+                    ran.append(f"finished {state['terminated'].get('finishedAt')}")
+            lines.append(
+                f"{pod['metadata']['name']}: {status.get('phase')}, scheduled {scheduled}, "
+                + (", ".join(ran) or "no container started")
+            )
+        events = self.try_kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp")
+        return "\n".join([*lines, events or "(no events)"])
+
     def describe(self, namespace: str, name: str) -> str:
         """`kubectl describe pod`, as a user reads it."""
         return self.try_kubectl("describe", "pod", "-n", namespace, name) or ""

@@ -107,12 +107,18 @@ def test_upgrade_restarts_the_agent_keeping_turns_and_parked_memory(release: Hel
     release.apply(*(claim_tenant(p, NS, "helm-30g", steps=30) for p in TENANTS))
     for pod in TENANTS:
         release.wait_phase(NS, pod, {"Running"}, 90)
-    before = wait_seen(
-        "a tenant parked by the agent",
-        agent_status,
-        lambda s: any(t.get("parked_bytes") for t in s["residency"]["tenants"].values()),
-        120,
-    )
+    try:
+        before = wait_seen(
+            "a tenant parked by the agent",
+            agent_status,
+            lambda s: any(t.get("parked_bytes") for t in s["residency"]["tenants"].values()),
+            120,
+        )
+    except AssertionError as err:  # which tenants overlapped, and what the agent did
+        raise AssertionError(
+            f"{err}\nthe tenants:\n{release.timeline(NS)}\nthe agent's log:\n"
+            + release.agent_log_tail(120)
+        ) from None
     old_agent = release.daemon_pod("baton-agent")["metadata"]["name"]
     # kubectl baton status shows the same tenants and budget as the agent itself.
 
