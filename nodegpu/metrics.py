@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -157,6 +158,17 @@ class StatusServer(ThreadingHTTPServer):
             self.fake_posts["/fake/recover"] = functools.partial(_fake_recover, fake_health)
         self.not_ready = not_ready
         self._thread = threading.Thread(target=self.serve_forever, name="metrics-http", daemon=True)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A request that raised: a client gone mid-request (a scrape or probe that timed out)
+        is one debug line, anything else one error with its traceback in the log; never
+        socketserver's own traceback printed on stderr."""
+        err = sys.exc_info()[1]
+        who = ":".join(str(part) for part in client_address[:2])
+        if isinstance(err, ConnectionError | TimeoutError):
+            log.debug("status client %s went away mid-request (%s)", who, type(err).__name__)
+        else:
+            log.error("status request from %s failed: %s", who, err, exc_info=err)
 
     @property
     def port(self) -> int:

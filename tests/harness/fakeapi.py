@@ -25,6 +25,7 @@ import yaml
 from tests.harness import fakewatch
 from tests.harness.kuberoutes import handle, matcher, parse_route, verb_of
 from tests.harness.kubestore import RESOURCE_OF_KIND, ApiError, Obj, Store
+from tests.harness.quiet import QuietErrors
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class _Fault:
     message: str
 
 
-class _HttpServer(ThreadingHTTPServer):
+class _HttpServer(QuietErrors, ThreadingHTTPServer):
     daemon_threads = True
     api: FakeApiServer
     stopping: bool = False

@@ -19,11 +19,12 @@ from baton._pb import snapshot_agent_pb2 as sa
 from tests.agent.server.llmd.llmd_client import SnapshotAgentClient, TimeSliceOrchestratorClient
 from tests.agent.server.llmd.test_snapshot_config import _method
 from tests.harness.agent import AgentRunner
+from tests.harness.quiet import QuietErrors
 
 PATHS = ("/sleep", "/wake_up", "/release_memory_occupation", "/resume_memory_occupation")
 
 
-class Engine(ThreadingHTTPServer):
+class Engine(QuietErrors, ThreadingHTTPServer):
     """Answers vLLM's and SGLang's memory endpoints with 200 (or `status`), recording each."""
 
     def __init__(self) -> None:
