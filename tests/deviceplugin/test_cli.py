@@ -46,6 +46,7 @@ def test_daemon_serves_kubelet_api_and_metrics(socket_dir, kubelet, fake_api):
         "BATON_DEVICE_PLUGIN_METRICS_HOST": "127.0.0.1",
         "BATON_DEVICE_PLUGIN_METRICS_PORT": "0",
         "BATON_SLOTS_PER_GPU": "2",
+        "PYTHONFAULTHANDLER": "1",
     }
     proc = subprocess.Popen([*BATON, "deviceplugin"], env=env, stderr=subprocess.PIPE, text=True)
     port: list[int] = []
@@ -84,9 +85,13 @@ def test_daemon_serves_kubelet_api_and_metrics(socket_dir, kubelet, fake_api):
         proc.send_signal(signal.SIGTERM)
         try:  # within the grace its pod gets (terminationGracePeriodSeconds: 30)
             code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:  # its log names the part that did not stop
-            proc.kill()
-            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:  # its log names the part that did not stop, and
+            proc.send_signal(signal.SIGABRT)  # faulthandler prints where every thread is
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=15)
             reader.join(timeout=5)
             said = "".join(lines)
             raise AssertionError(f"not stopped 30 s after SIGTERM; its log:\n{said}") from None
