@@ -8,11 +8,12 @@ nothing.
 Every answer that is an answer is HTTP 200 (kube-scheduler treats anything else as a transport
 failure); a body that is not what kube-scheduler sends gets a 400 naming the field.
 
-Everything is answered on the event loop: `/filter`, `/prioritize` and `/preempt` at once (a
-filter for a pod whose claim the cache has not seen yet when the claim watch shows it, at most
-`CLAIM_WAIT_S`), binds when the API server has answered their one call (`extender.apipost`), at most
-`binds_in_flight` at a time (see `extender.bind.BINDS_IN_FLIGHT`), the others queued in arrival
-order. Only the inventory, which takes a while for a large cluster, runs in a thread.
+Everything is answered on the event loop: `/filter`, `/prioritize` and `/preempt` at once, binds
+when the API server has answered their one call (`extender.apipost`), at most `binds_in_flight`
+at a time (see `extender.bind.BINDS_IN_FLIGHT`), the others queued in arrival order. Two things
+wait in a thread of their own: a filter for a pod naming a claim the cache has not seen yet
+waits there for the claim watch (at most `CLAIM_WAIT_S`, only while the watches are up), and the
+inventory, which takes a while for a large cluster, is described there.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from extender import wire
@@ -31,6 +32,7 @@ from extender.draverbs import uncached_claims
 from extender.http import Reply, Request, Route, Routes, text
 from extender.metrics import Metrics
 from extender.schema import openapi_document
+from extender.state import ClusterState
 from extender.verbs import FilterScores, filter_nodes, preempt_nodes, prioritize_nodes
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,8 @@ CLAIM_WAIT_S = 2.0
 """How long a filter waits for the claim watch to show a claim the pod names. kube-scheduler's
 informer may see a claim made from a template a moment before this extender's watch does; a pod
 refused for it waits in the scheduler's queue for a retry (its backoff at least, and for a
-change in the cluster that moves it back)."""
+change in the cluster that moves it back). kube-scheduler filters one pod at a time, so the wait
+holds up its scheduling: it is skipped while a watch is failing (the claim would not come)."""
 NOT_SYNCED = "the extender's cluster cache has not synced with the API server yet; retry shortly"
 OK = text(200, "ok")
 
@@ -55,6 +58,7 @@ def create_app(
         raise ValueError(f"binds in flight must be 1 or more, not {binds_in_flight}")
     binds = asyncio.Semaphore(binds_in_flight)
     describing = ThreadPoolExecutor(1, thread_name_prefix="extender-inventory")
+    claim_waits = ThreadPoolExecutor(1, thread_name_prefix="extender-claim-wait")
     document = wire.encode(openapi_document())
     kept = FilterScores()
 
@@ -76,7 +80,9 @@ def create_app(
         return Reply(200, wire.encode({"synced": cache.synced(), "nodes": nodes}))
 
     return {
-        ("POST", "/filter"): Route(lambda request: _filter_route(cache, metrics, kept, request)),
+        ("POST", "/filter"): Route(
+            lambda request: _filter_route(cache, metrics, kept, claim_waits, request.body)
+        ),
         ("POST", "/prioritize"): verb("prioritize", lambda body: _prioritize(cache, kept, body)),
         ("POST", "/preempt"): verb("preempt", lambda body: _preempt(cache, body)),
         ("POST", "/bind"): Route(lambda request: _bind(binder, binds, metrics, request.body)),
@@ -112,27 +118,38 @@ async def _bind(
 
 
 async def _filter_route(
-    cache: ClusterCache, metrics: Metrics, kept: FilterScores, request: Request
+    cache: ClusterCache, metrics: Metrics, kept: FilterScores, pool: Executor, body: bytes
 ) -> Reply:
     """Filter, once the cache has seen the claims the pod names (or `CLAIM_WAIT_S` passed)."""
     started = time.perf_counter()
     try:
-        args = wire.extender_args(request.body)
-    except wire.WireError:
-        args = None  # `_answer` says what is wrong with it
-    if args is not None and cache.synced() and cache.state.dra:
-        pod = args.pod
-        if uncached_claims(cache.state, pod):
-            seen = await asyncio.to_thread(
-                cache.wait_for, lambda state: not uncached_claims(state, pod), CLAIM_WAIT_S
-            )
-            metrics.claim_waits.labels("seen" if seen else "timeout").inc()
-    return _answer(
-        metrics,
-        "filter",
-        lambda: _filter(cache, metrics, kept, args or wire.extender_args(request.body)),
-        started,
-    )
+        args = wire.extender_args(body)
+    except wire.WireError:  # `_answer` says what is wrong with it
+        return _answer(metrics, "filter", lambda: wire.extender_args(body), started)
+    missing = _claims_missing(cache, args.pod)
+    if missing is not None:
+        seen = await asyncio.get_running_loop().run_in_executor(
+            pool, cache.wait_for, lambda state: not missing(state), CLAIM_WAIT_S
+        )
+        metrics.claim_waits.labels("seen" if seen else "timeout").inc()
+    return _answer(metrics, "filter", lambda: _filter(cache, metrics, kept, args), started)
+
+
+def _claims_missing(
+    cache: ClusterCache, pod: dict[str, Any]
+) -> Callable[[ClusterState], bool] | None:
+    """Whether the pod names claims the cache lacks (a test of the state to wait on), or None
+    when there is nothing to wait for."""
+    if not (cache.state.dra and cache.synced() and cache.watching()):
+        return None
+
+    def missing(state: ClusterState) -> bool:
+        try:
+            return bool(uncached_claims(state, pod))
+        except Exception:  # an odd shape is filter's to report, not the wait's
+            return False
+
+    return missing if missing(cache.state) else None
 
 
 def _filter(

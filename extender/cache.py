@@ -66,6 +66,10 @@ class ClusterCache:
         """Record that a kind has been listed (for caches filled by hand)."""
         self._synced[kind].set()
 
+    def watching(self) -> bool:
+        """Whether the watches are up (a cache filled by hand always is)."""
+        return True
+
 
 class KubeCache(ClusterCache):
     """A cluster cache kept current by a reflector per kind against the API server."""
@@ -83,6 +87,7 @@ class KubeCache(ClusterCache):
             f"listing and watching {_spoken(kinds)}",
             "/readyz is not ready and filter answers from what was listed before, if anything",
         )
+        self._outage = outage
         self._reflectors = [
             Reflector(
                 KubeSource(api_client, kind, field_selector=SELECTORS[kind]),
@@ -100,6 +105,10 @@ class KubeCache(ClusterCache):
         for reflector in self._reflectors:
             reflector.start()
         return self
+
+    def watching(self) -> bool:
+        """Whether no watch is failing now (an outage's failures are counted until one answers)."""
+        return self._outage.failures == 0
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the loops and close their watches."""

@@ -59,19 +59,37 @@ def uncached_claims(state: ClusterState, pod: dict[str, Any]) -> list[ClaimRef]:
 
 
 def _claims(pod: dict[str, Any]) -> list[ClaimRef]:
-    """The claims the pod names; RequestError for one whose template's claim is not made."""
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    """The claims the pod names; RequestError for one whose template's claim is not made, or a
+    field of the wrong shape (named)."""
+    meta, spec, status = (_field(pod, key, dict) for key in ("metadata", "spec", "status"))
     made = {
         s.get("name"): s.get("resourceClaimName")
-        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        for s in _objects(status, "status.resourceClaimStatuses")
     }
     refs = []
-    for entry in spec.get("resourceClaims") or []:
+    for entry in _objects(spec, "spec.resourceClaims"):
         name = entry.get("resourceClaimName") or made.get(entry.get("name"))
         if not name:
             raise RequestError(f"the claim for {entry.get('name')!r} is not made yet")
         refs.append(ClaimRef(str(meta.get("namespace", "")), str(name)))
     return refs
+
+
+def _field(obj: dict[str, Any], path: str, kind: type) -> Any:
+    """The value at `path`'s last part in `obj` (empty when absent); RequestError naming the
+    path when it is not a `kind`."""
+    value = obj.get(path.rpartition(".")[2]) or kind()
+    if not isinstance(value, kind):
+        raise RequestError(f"pod field {path} must be {'an object' if kind is dict else 'a list'}")
+    return value
+
+
+def _objects(obj: dict[str, Any], path: str) -> list[dict[str, Any]]:
+    """The list of objects at `path` (its last part a key of `obj`); RequestError naming it."""
+    items = _field(obj, path, list)
+    if not all(isinstance(item, dict) for item in items):
+        raise RequestError(f"pod field {path} must be a list of objects")
+    return list(items)
 
 
 def filter_claims(

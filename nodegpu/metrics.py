@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from baton.contract import names
+from baton.contract.quiet import QuietErrors
 from nodegpu.health import HealthTracker
 from nodegpu.inventory import Inventory
 
@@ -134,12 +134,13 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http: " + format, *args)
 
 
-class StatusServer(ThreadingHTTPServer):
+class StatusServer(QuietErrors, ThreadingHTTPServer):
     """`/metrics`, `/healthz`, `/readyz` (503 with the reason until `not_ready()` is None),
     and (fake GPUs only) `/fake/xid`, `/fake/recover` and the daemon's own `fake_posts`
     (path -> handler of the JSON body, answering JSON)."""
 
     daemon_threads = True
+    failed_what = "status"
 
     def __init__(
         self,
@@ -158,17 +159,6 @@ class StatusServer(ThreadingHTTPServer):
             self.fake_posts["/fake/recover"] = functools.partial(_fake_recover, fake_health)
         self.not_ready = not_ready
         self._thread = threading.Thread(target=self.serve_forever, name="metrics-http", daemon=True)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A request that raised: a client gone mid-request (a scrape or probe that timed out)
-        is one debug line, anything else one error with its traceback in the log; never
-        socketserver's own traceback printed on stderr."""
-        err = sys.exc_info()[1]
-        who = ":".join(str(part) for part in client_address[:2])
-        if isinstance(err, ConnectionError | TimeoutError):
-            log.debug("status client %s went away mid-request (%s)", who, type(err).__name__)
-        else:
-            log.error("status request from %s failed: %s", who, err, exc_info=err)
 
     @property
     def port(self) -> int:

@@ -19,7 +19,7 @@ SERVERS = {
     "HTTPServer", "ThreadingHTTPServer", "UDPServer", "ThreadingUDPServer",
 }  # fmt: skip
 QUIET = {"QuietErrors"}
-"""Mixins that supply `handle_error` (`tests.harness.quiet`)."""
+"""Mixins that supply `handle_error` (`baton.contract.quiet`)."""
 
 
 def _base_names(node: ast.ClassDef) -> set[str]:

@@ -47,14 +47,16 @@ def run_until(start: Callable[[], None], stop: Callable[[], None], until: thread
 def stop_parts(
     what: str, parts: Sequence[tuple[str, Callable[[], object]]], slow_s: float = SLOW_STOP_S
 ) -> None:
-    """Stop `parts` (name, stop) in order, each even when one before it failed; a part that
-    failed or took longer than `slow_s` is logged by name, so a slow or stuck exit says where."""
+    """Stop `parts` (name, stop) in order, each even when one before it failed. A part that
+    failed (with its traceback) or took longer than `slow_s` is logged by name; each part's
+    start is a debug line, so an exit stuck in one shows where with `--log-level debug`."""
     for name, stop in parts:
+        log.debug("%s: stopping %s", what, name)
         began = time.monotonic()
         try:
             stop()
         except Exception as err:  # the rest must still stop; the error is said, not raised
-            log.error("%s: stopping %s failed: %s", what, name, err)
+            log.error("%s: stopping %s failed: %s", what, name, err, exc_info=err)
         took = time.monotonic() - began
         if took > slow_s:
             log.warning("%s: stopping %s took %.1f s", what, name, took)

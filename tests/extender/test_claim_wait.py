@@ -19,7 +19,7 @@ from extender.server import ServerThread
 from extender.state import ClusterState
 from tests.extender.test_dra_state import claim, claim_pod, dra_state
 
-FILTER = {"Pod": claim_pod("new", "new-gpu"), "Nodes": None, "NodeNames": ["n1"]}
+FILTER: dict[str, Any] = {"Pod": claim_pod("new", "new-gpu"), "Nodes": None, "NodeNames": ["n1"]}
 
 
 class WatchedCache(ClusterCache):
@@ -49,9 +49,10 @@ def post_filter(url: str) -> Any:
 
 
 def test_a_filter_waits_for_the_claim_watch_and_judges_the_pod_on_it(
-    served: tuple[WatchedCache, Metrics, str],
+    served: tuple[WatchedCache, Metrics, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache, metrics, url = served
+    monkeypatch.setattr(app, "CLAIM_WAIT_S", 60)  # the test, not the bound, ends the wait
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(post_filter, url)
         assert cache.waiting.wait(10), "the filter did not wait for the claim"
@@ -84,4 +85,33 @@ def test_a_pod_whose_claims_are_known_does_not_wait(
     with cache.changed:
         cache.state.upsert_claim(claim("new-gpu"))
     assert post_filter(url)["NodeNames"] == ["n1"]
+    assert not cache.waiting.is_set()
+
+
+def test_no_wait_while_a_watch_is_failing(
+    served: tuple[WatchedCache, Metrics, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache, metrics, url = served
+    monkeypatch.setattr(cache, "watching", lambda: False)
+    result = post_filter(url)
+    assert result["FailedNodes"] == {
+        "n1": "claim default/new-gpu is not in the extender's cache yet"
+    }
+    assert not cache.waiting.is_set()
+    assert 'baton_extender_claim_waits_total{outcome="timeout"} 0.0' in metrics.render().decode()
+
+
+def test_a_pod_of_an_odd_shape_is_refused_naming_the_field_and_never_waited_for(
+    served: tuple[WatchedCache, Metrics, str],
+) -> None:
+    cache, _, url = served
+    for key, value, why in [
+        ("status", {"resourceClaimStatuses": "x"}, "status.resourceClaimStatuses must be a list"),
+        ("status", {"resourceClaimStatuses": ["x"]}, "resourceClaimStatuses must be a list of"),
+        ("spec", "x", "pod field spec must be an object"),
+    ]:
+        odd = {**FILTER, "Pod": {**FILTER["Pod"], key: value}}
+        answer = httpx.post(f"{url}/filter", json=odd, timeout=10)
+        assert answer.status_code == 200, answer.text
+        assert why in answer.json()["FailedNodes"]["n1"], answer.text
     assert not cache.waiting.is_set()

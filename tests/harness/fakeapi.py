@@ -22,10 +22,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
+from baton.contract.quiet import QuietErrors
 from tests.harness import fakewatch
 from tests.harness.kuberoutes import handle, matcher, parse_route, verb_of
 from tests.harness.kubestore import RESOURCE_OF_KIND, ApiError, Obj, Store
-from tests.harness.quiet import QuietErrors
 
 
 @dataclass(frozen=True)

@@ -140,8 +140,11 @@ class Cluster:
         """A line per pod of `namespace`: its phase, when it was scheduled, and when each of its
         containers started and finished (what overlapped with what, after the fact); then the
         namespace's events (a scheduling refusal says why)."""
+        listed = self.try_kubectl("get", "pods", "-n", namespace, "-o", "json")
+        if listed is None:  # said beside another failure: it must not replace that one
+            return f"(the pods of {namespace} could not be listed)"
         lines = []
-        for pod in self.get("pods", "-n", namespace)["items"]:
+        for pod in json.loads(listed)["items"]:
             status = pod.get("status", {})
             scheduled = next(
                 (c.get("lastTransitionTime") for c in status.get("conditions") or []

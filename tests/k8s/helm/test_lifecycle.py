@@ -103,19 +103,21 @@ def test_upgrade_restarts_the_agent_keeping_turns_and_parked_memory(release: Hel
     # The helm test pod's claim (a default share: a quarter of the duty) goes with the pod.
     test_claims = lambda: release.get("resourceclaims", "-n", names.NAMESPACE)["items"]  # noqa: E731
     wait_seen("the helm test pod's claim to go", test_claims, lambda left: not left, 60)
-    moved_before = metric(get_text(f"{AGENT_URL}/metrics"), "baton_moved_bytes_total")
+    parked = lambda: metric(  # noqa: E731
+        get_text(f"{AGENT_URL}/metrics"), "baton_moved_bytes_total", direction="park"
+    )
+    parked_before = parked()
     release.apply(claim_template("helm-30g", NS, 30, 30, gpu_index=0))
     release.apply(*(claim_tenant(p, NS, "helm-30g", steps=30) for p in TENANTS))
     for pod in TENANTS:
         release.wait_phase(NS, pod, {"Running"}, 90)
 
-    # A park has happened (the agent's move counter, not a poll that may fall between parks)
-    # while all three tenants are the agent's.
+    # The agent has parked memory since the tenants came (its move counter, not a poll that
+    # may fall between two parks), and all three are its tenants now.
     def parked_one() -> dict[str, Any] | None:
-        moved = metric(get_text(f"{AGENT_URL}/metrics"), "baton_moved_bytes_total")
         status = agent_status()
         ours = {t for t in status["tenants"] if t.startswith(f"{NS}/")}
-        return status if moved > moved_before and len(ours) == len(TENANTS) else None
+        return status if parked() > parked_before and len(ours) == len(TENANTS) else None
 
     try:
         before = wait_for("a tenant parked by the agent beside the others", parked_one, 120)

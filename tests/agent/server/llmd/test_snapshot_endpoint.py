@@ -16,10 +16,10 @@ import pytest
 
 from agent.parking.setup import ParkingOptions, parse_fake_gpus
 from baton._pb import snapshot_agent_pb2 as sa
+from baton.contract.quiet import QuietErrors
 from tests.agent.server.llmd.llmd_client import SnapshotAgentClient, TimeSliceOrchestratorClient
 from tests.agent.server.llmd.test_snapshot_config import _method
 from tests.harness.agent import AgentRunner
-from tests.harness.quiet import QuietErrors
 
 PATHS = ("/sleep", "/wake_up", "/release_memory_occupation", "/resume_memory_occupation")
 
