@@ -50,6 +50,9 @@ def test_a_waiter_retries_through_an_agent_killed_and_restarted(workdir: str) ->
     node.start()
     try:
         asyncio.run(scenario())
+    except Exception as err:  # what the restarted agent did with the turns it restored
+        err.add_note("the restarted agent's log:\n" + "\n".join(node.lines[-80:]))
+        raise
     finally:
         node.stop()
 
