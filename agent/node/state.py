@@ -1,14 +1,16 @@
 """The agent's durable state: tenants, leases, fencing tokens and parked processes, one JSON
-snapshot with atomic writes, and a journal of the turns granted and ended since it.
+snapshot with atomic writes, and a journal of the tenants registered and the turns granted and
+ended since it.
 
 Snapshots are written off the event loop, a newer state replacing an unwritten one, so the
 snapshot trails the live state by about a millisecond. A grant must not trail it: a tenant
 that was told it holds the GPU keeps computing on it, so an agent killed in that millisecond
 would come back without the lease and hand the GPU to someone else. So every grant and every
 ended turn is first appended to the journal (one small `write`, on the event loop, before the
-answer goes out); the snapshot says up to which journal entry it is complete, and loading
-replays the entries after that. Once the journal passes `JOURNAL_COMPACT_BYTES` the writer cuts
-it back to the entries the last written snapshot lacks.
+answer goes out), and so is every tenant registered or changed (a tenant the snapshot lacks
+would take its lease with it); the snapshot says up to which journal entry it is complete, and
+loading replays the entries after that. Once the journal passes `JOURNAL_COMPACT_BYTES` the
+writer cuts it back to the entries the last written snapshot lacks.
 
 Writes are not fsynced: they survive the agent's crash (SIGKILL, OOM kill), which is what
 they are for; a node that loses power loses its GPU processes with them.
@@ -125,7 +127,7 @@ class StateStore:
                 f"cannot read {self.journal_path}: {exc.strerror}; move it aside to start afresh"
             ) from exc
         leases = {lease.lease_id: lease for lease in state.leases}
-        tenants = {tenant.tenant_id for tenant in state.tenants}
+        tenants = {tenant.tenant_id: tenant for tenant in state.tenants}
         lines = raw.split(b"\n")
         for number, line in enumerate(lines, 1):
             if not line.strip():
@@ -146,13 +148,16 @@ class StateStore:
             if seq <= covered:
                 continue
             state.replayed += 1
-            if "grant" in entry:
+            if "tenant" in entry:
+                tenant = Tenant.from_json(entry["tenant"])
+                tenants[tenant.tenant_id] = tenant
+            elif "grant" in entry:
                 lease = _lease_from_json(entry["grant"])
                 for gpu, token in lease.tokens.items():
                     state.tokens[gpu] = max(state.tokens.get(gpu, 0), token)
                 if lease.tenant_id in tenants:
                     leases[lease.lease_id] = lease
-                else:  # registered in the same millisecond: it registers again on reconnecting
+                else:  # a journal from before tenants were journaled
                     log.warning(
                         "journal: lease %s of tenant %s, whom the snapshot lacks, is dropped",
                         lease.lease_id,
@@ -160,7 +165,13 @@ class StateStore:
                     )
             else:
                 leases.pop(str(entry.get("end", "")), None)
+        state.tenants = list(tenants.values())
         state.leases = list(leases.values())
+
+    def record_tenant(self, tenant: Tenant) -> None:
+        """A tenant registered or changed: on disk before it can be granted a turn, so that a
+        grant the journal holds always finds its tenant."""
+        self._append([{"tenant": tenant.to_json()}])
 
     def record_grant(self, lease: Lease, ended: Sequence[str] = ()) -> None:
         """Make a grant durable before it is answered: one line appended to the journal, after

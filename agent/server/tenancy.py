@@ -80,6 +80,7 @@ class Tenancy:
             memory_limit_bytes=request.memory_limit_bytes,
             priority=request.priority,
         )
+        self._state.journal_tenant(tenant)
         for gpu in tenant.gpus:
             self._state.table.gpu(gpu)
         self._state.publish(
@@ -128,6 +129,7 @@ class Tenancy:
         self._state.tenants.upsert_pod(tenant)
         if old is not None and old.to_json() == tenant.to_json():
             return
+        self._state.journal_tenant(tenant)
         for gpu in tenant.gpus:
             self._state.table.gpu(gpu)
         self._state.publish(ev.TENANT_JOINED, tenant.tenant_id, gpus=tenant.gpus, detail=detail)

@@ -187,6 +187,11 @@ class TurnState:
 
     # Persistence.
 
+    def journal_tenant(self, tenant: Tenant) -> None:
+        """A tenant registered or changed: on disk before its first grant (`agent.node.state`)."""
+        if self._store is not None:
+            self._store.record_tenant(tenant)
+
     def journal_grant(self, lease: Lease) -> None:
         """The grant is on disk before anyone hears of it (`agent.node.state`), with the ends
         of the turns before it: one write."""

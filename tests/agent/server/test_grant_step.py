@@ -173,3 +173,35 @@ def test_a_grant_whose_answer_died_with_the_agent_is_the_answer_to_the_next_acqu
         await after.close()
 
     asyncio.run(asyncio.wait_for(restart(), 10))
+
+
+@pytest.mark.parametrize("how", ["registered", "pod"])
+def test_a_turn_of_a_tenant_newer_than_the_snapshot_survives_a_crash_before_the_next_one(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The agent is killed after a new tenant's grant and before any snapshot names the tenant:
+    the restarted agent finds the tenant and its turn in the journal (before, the turn was
+    dropped with the tenant the snapshot lacked, and the GPU went to the next waiter while the
+    holder still computed)."""
+    monkeypatch.setattr(StateStore, "save_soon", lambda self, state: None)  # no snapshot lands
+
+    async def crash() -> Lease:
+        agent = LeaseService(
+            table=LeaseTable(clock=time.time),
+            preparer=lambda host: NullPreparer(),
+            clock=time.time,
+            store=StateStore(tmp_path),
+        )
+        if how == "registered":
+            holder = agent.register(4242, 0, pb.RegisterRequest(name="holder", gpus=[GPU]))
+        else:
+            holder = tenant("holder")
+            agent.upsert_pod(holder)
+        granted = await agent.acquire(holder, [GPU], timeout=5)
+        return granted.lease  # killed here: nothing is closed, flushed or saved
+
+    lease = asyncio.run(asyncio.wait_for(crash(), 10))
+    restarted = StateStore(tmp_path).load()
+    assert [x.lease_id for x in restarted.leases] == [lease.lease_id]
+    assert lease.tenant_id in {t.tenant_id for t in restarted.tenants}
+    assert restarted.tokens == {GPU: lease.tokens[GPU]}
