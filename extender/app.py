@@ -144,10 +144,7 @@ def _claims_missing(
         return None
 
     def missing(state: ClusterState) -> bool:
-        try:
-            return bool(uncached_claims(state, pod))
-        except Exception:  # an odd shape is filter's to report, not the wait's
-            return False
+        return bool(uncached_claims(state, pod))
 
     return missing if missing(cache.state) else None
 

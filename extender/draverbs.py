@@ -63,12 +63,12 @@ def _claims(pod: dict[str, Any]) -> list[ClaimRef]:
     field of the wrong shape (named)."""
     meta, spec, status = (_field(pod, key, dict) for key in ("metadata", "spec", "status"))
     made = {
-        s.get("name"): s.get("resourceClaimName")
+        str(s.get("name")): s.get("resourceClaimName")
         for s in _objects(status, "status.resourceClaimStatuses")
     }
     refs = []
     for entry in _objects(spec, "spec.resourceClaims"):
-        name = entry.get("resourceClaimName") or made.get(entry.get("name"))
+        name = entry.get("resourceClaimName") or made.get(str(entry.get("name")))
         if not name:
             raise RequestError(f"the claim for {entry.get('name')!r} is not made yet")
         refs.append(ClaimRef(str(meta.get("namespace", "")), str(name)))

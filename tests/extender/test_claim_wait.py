@@ -109,6 +109,7 @@ def test_a_pod_of_an_odd_shape_is_refused_naming_the_field_and_never_waited_for(
         ("status", {"resourceClaimStatuses": "x"}, "status.resourceClaimStatuses must be a list"),
         ("status", {"resourceClaimStatuses": ["x"]}, "resourceClaimStatuses must be a list of"),
         ("spec", "x", "pod field spec must be an object"),
+        ("spec", {"resourceClaims": [{"name": ["gpu"]}]}, "the claim for ['gpu'] is not made yet"),
     ]:
         odd = {**FILTER, "Pod": {**FILTER["Pod"], key: value}}
         answer = httpx.post(f"{url}/filter", json=odd, timeout=10)
