@@ -10,10 +10,10 @@ with no story.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SCANNED = ("agent", "baton", "extender", "deviceplugin", "dra", "nodegpu", "commands", "tests")
+from tests.test_layout import PACKAGES, ROOT
+
+SCANNED = (*PACKAGES, "tests")
 SERVERS = {
     "TCPServer", "ThreadingTCPServer", "UnixStreamServer", "ThreadingUnixStreamServer",
     "HTTPServer", "ThreadingHTTPServer", "UDPServer", "ThreadingUDPServer",
