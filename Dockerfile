@@ -14,6 +14,7 @@ COPY deviceplugin ./deviceplugin
 COPY dra ./dra
 COPY nodegpu ./nodegpu
 COPY extender ./extender
+COPY coordinator ./coordinator
 COPY commands ./commands
 RUN python -m venv /opt/baton \
     && /opt/baton/bin/pip install --no-cache-dir --upgrade pip \

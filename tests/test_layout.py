@@ -11,12 +11,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("agent", "baton", "extender", "deviceplugin", "dra", "nodegpu", "commands")
+PACKAGES = (
+    "agent",
+    "baton",
+    "extender",
+    "deviceplugin",
+    "dra",
+    "nodegpu",
+    "coordinator",
+    "commands",
+)
 GENERATED = "baton._pb"
 MAX_LINES = 400
 TOOLS = ("commands",)
 """The roof: the commands, benches, demo, local node and status, above every daemon."""
-DAEMONS = ("agent", "extender", "deviceplugin", "dra")
+DAEMONS = ("agent", "extender", "deviceplugin", "dra", "coordinator")
 CORE_MAY_IMPORT = ("agent.core", "baton.contract.names")
 CLIENT_MUST_NOT_IMPORT = ("agent.server", "agent.node", "agent.parking", "agent.core")
 

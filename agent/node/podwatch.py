@@ -60,11 +60,16 @@ def pod_tenant(pod: Mapping[str, Any], dra: DraHolding | None = None) -> Tenant 
         priority=_priority(pod),
         source=POD,
         pod_uid=meta.get("uid", ""),
-        labels={k: v for k, v in labels.items() if k.startswith(names.LABEL_PREFIX_LLMD)},
+        labels={k: v for k, v in labels.items() if _kept(k)},
         container_gpus=per_container,
         containers=_container_ids(status or {}),
         parking=decode_parking(meta.get("annotations") or {}),
     )
+
+
+def _kept(label: str) -> bool:
+    """The pod labels a tenant keeps: llm-d's `timeslice.io/*` and Baton's job."""
+    return label.startswith(names.LABEL_PREFIX_LLMD) or label == names.LABEL_JOB
 
 
 def _priority(pod: Mapping[str, Any]) -> int:

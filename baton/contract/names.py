@@ -5,7 +5,7 @@ Every component imports these values; none spells them out again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 # Extended resources.
 RESOURCE_GPU = "baton.dev/gpu"
@@ -90,6 +90,26 @@ LABEL_LLMD_JOB = "timeslice.io/job-id"
 LABEL_LLMD_GROUP = "timeslice.io/group"
 ENV_LLMD_LISTEN = "BATON_AGENT_LLMD_LISTEN"
 ENV_LLMD_GROUPS = "BATON_AGENT_LLMD_GROUPS"
+
+# A job's turn across its pods and nodes (`coordinator/`, `agent/server/jobturns.py`).
+LABEL_JOB = "baton.dev/job"
+"""Pod label: the pods of one namespace that share it are one job, which takes one turn."""
+ANNOTATION_AGENT_COORDINATION = "baton.dev/agent-coordination"
+"""Node annotation: HOST:PORT where the node's agent serves the coordinator's job turns."""
+PORT_AGENT_COORDINATION = 9464
+"""The agent's job-turn service for the coordinator (`baton agent --coordination-listen`)."""
+PORT_COORDINATOR = 9465
+"""The coordinator's status and metrics port; it serves llm-d's API on `PORT_LLMD_ORCHESTRATOR`."""
+COORDINATION_TOKEN_METADATA = "authorization"
+"""gRPC metadata carrying `Bearer <token>` from the coordinator to the agents."""
+COORDINATOR_LEASE = "baton-coordinator"
+"""The `coordination.k8s.io` Lease in `NAMESPACE` whose holder leads the coordinators."""
+
+
+def job_of_labels(labels: Mapping[str, str]) -> str:
+    """The job a pod's labels name (`baton.dev/job`, else llm-d's `timeslice.io/job-id`), or ""."""
+    return labels.get(LABEL_JOB) or labels.get(LABEL_LLMD_JOB) or ""
+
 
 # Device plugin defaults.
 DEFAULT_SLOTS_PER_GPU = 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -75,6 +76,9 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
     except GroupSpecError as exc:
         raise typer.BadParameter(str(exc), param_hint="--llmd-group") from None
     return AgentConfig(
+        coordination_listen=s.coordination_listen,
+        coordination_token=_coordination_token(s.coordination_listen, s.coordination_token_file),
+        coordination_advertise=s.coordination_advertise,
         socket=s.socket,
         state_dir=s.state_dir,
         http_host=s.http_host,
@@ -107,6 +111,26 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
             slowest_copy_gbps=s.slowest_copy_gbps,
         ),
     )
+
+
+def _coordination_token(listen: str, path: str) -> str:
+    """The coordination token from its file; required (and only read) with a listen address."""
+    if not listen:
+        return ""
+    if not path:
+        raise typer.BadParameter(
+            "--coordination-listen needs the coordinator's token: pass --coordination-token-file",
+            param_hint="--coordination-token-file",
+        )
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise typer.BadParameter(
+            f"cannot read {path} ({exc.strerror})", param_hint="--coordination-token-file"
+        ) from None
+    if not token:
+        raise typer.BadParameter(f"{path} is empty", param_hint="--coordination-token-file")
+    return token
 
 
 def bench_handoff(

@@ -153,6 +153,23 @@ class AgentSettings:
         "An llm-d group outside Kubernetes: NAME=GPU[,GPU...] (repeatable).",
     )
 
+    # The cluster coordinator's job turns.
+    coordination_listen: str = setting(
+        "",
+        "BATON_AGENT_COORDINATION_LISTEN",
+        "Serve the coordinator's job turns here (HOST:PORT); off if empty.",
+    )
+    coordination_token_file: str = setting(
+        "",
+        "BATON_COORDINATION_TOKEN_FILE",
+        "A file holding the token the coordinator's calls carry (from a Secret).",
+    )
+    coordination_advertise: str = setting(
+        "",
+        "BATON_AGENT_COORDINATION_ADVERTISE",
+        "HOST:PORT the coordinator dials (default: the listen address), put on the node.",
+    )
+
     log_level: str = shared(LogLevel, "INFO")
 
 

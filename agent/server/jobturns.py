@@ -1,0 +1,283 @@
+"""A job's turn on this node, as the cluster coordinator drives it: prepare, commit, release.
+
+A job's member pods on this node take the node's turn together: Prepare asks the lease service
+for each member's turn on its GPUs (the agent makes room and restores it, as for any grant, and
+the node's policy orders it among the node's other tenants), Commit marks it started, Release
+ends it. While the job's turn lives, each member counts as having a session (the coordinator
+watches the job, not the agent), so a pod that only computes keeps its turn.
+
+Every call carries the leader's epoch; the agent refuses one older than the highest it has
+seen (`StaleEpoch`), which it keeps on disk (`agent.node.jobturn_store`), so a deposed leader
+cannot act. The turns themselves are kept there too and taken up again after an agent restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agent.core.errors import AgentError, UnknownLease
+from agent.node.jobturn_store import JobTurnStore
+from agent.node.tenants import POD, Tenant
+from agent.server.service import LeaseService
+from agent.server.sessions import Session
+from baton._pb import agent_pb2 as pb
+from baton.contract.names import job_of_labels
+
+log = logging.getLogger(__name__)
+
+PREPARED = "prepared"
+COMMITTED = "committed"
+
+
+class StaleEpoch(AgentError):
+    """A command from a leader older than one this agent has obeyed (FAILED_PRECONDITION)."""
+
+
+class NoMembers(AgentError):
+    """The job has no pod with GPUs on this node (NOT_FOUND)."""
+
+
+class UnknownTurn(AgentError):
+    """No such job turn on this node (NOT_FOUND)."""
+
+
+class PrepareFailed(AgentError):
+    """A member's turn could not be prepared; the message names the pod and why."""
+
+
+class CoordinatedSession(Session):
+    """A member pod's stand-in session while its job's turn lives: the coordinator watches it."""
+
+    def send(self, message: pb.AgentMessage) -> None:
+        """Pushes go to the pod's own sessions, if it has any; nothing reads this one."""
+
+
+@dataclass
+class NodeTurn:
+    """One job turn on this node."""
+
+    turn_id: str
+    namespace: str
+    job: str
+    epoch: int
+    members: tuple[str, ...]
+    leases: tuple[str, ...]
+    """Each member's lease id, in the order of `members`."""
+    gpus: tuple[str, ...]
+    tokens: tuple[int, ...]
+    """Each member's fencing token (its lowest GPU's), in the order of `members`."""
+    prepared_at: float
+    state: str = PREPARED
+    committed_at: float = 0.0
+    sessions: list[Session] = field(default_factory=list, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("sessions")
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NodeTurn:
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "sessions"}
+        for key in ("members", "leases", "gpus", "tokens"):
+            fields[key] = tuple(fields.get(key, ()))
+        return cls(**fields)
+
+
+class JobTurns:
+    """The job turns of this node, over the lease service."""
+
+    def __init__(
+        self, service: LeaseService, node: str, store: JobTurnStore, clock: Callable[[], float]
+    ) -> None:
+        self._service = service
+        self.node = node
+        self._store = store
+        self._clock = clock
+        self.epoch = 0
+        """The highest epoch seen: commands from an older one are refused."""
+        self.turns: dict[str, NodeTurn] = {}
+        self._preparing: dict[str, asyncio.Task[NodeTurn]] = {}
+
+    def load(self) -> None:
+        """Take up the fence and the turns saved before a restart, whose leases still live."""
+        self.epoch = self._store.load_epoch()
+        for data in self._store.load_turns():
+            try:
+                turn = NodeTurn.from_json(data)
+            except (TypeError, KeyError, ValueError) as exc:
+                log.error("a saved job turn is unusable (%s): dropped", exc)
+                continue
+            if all(lease in self._service.table.leases for lease in turn.leases):
+                self._attach(turn)
+                self.turns[turn.turn_id] = turn
+            else:
+                log.warning(
+                    "job %s/%s: turn %s ended while the agent was down; not taken up",
+                    turn.namespace, turn.job, turn.turn_id,
+                )  # fmt: skip
+                self._end_leases(turn, "its turn ended while the agent was down")
+        self._save()
+
+    # Commands.
+
+    def fence(self, epoch: int) -> None:
+        """Refuse an older epoch; remember (durably) a newer one before answering."""
+        if epoch < self.epoch:
+            raise StaleEpoch(
+                f"epoch {epoch} is older than epoch {self.epoch} this agent already obeys: "
+                "a newer coordinator leads"
+            )
+        if epoch > self.epoch:
+            self._store.save_epoch(epoch)
+            if self.epoch:
+                log.info("coordinator epoch %d follows %d", epoch, self.epoch)
+            self.epoch = epoch
+
+    async def prepare(
+        self, epoch: int, turn_id: str, namespace: str, job: str, timeout: float | None
+    ) -> NodeTurn:
+        """Every member's turn granted (room made, memory restored); idempotent per turn id."""
+        self.fence(epoch)
+        if not turn_id or not namespace or not job:
+            raise PrepareFailed("turn_id, namespace and job are required")
+        if turn_id in self.turns:
+            return self.turns[turn_id]
+        task = self._preparing.get(turn_id)
+        if task is None:
+            members = self.members(namespace, job)
+            if not members:
+                raise NoMembers(f"job {namespace}/{job} has no pod with GPUs on node {self.node}")
+            task = asyncio.create_task(
+                self._prepare(epoch, turn_id, namespace, job, members, timeout)
+            )
+            self._preparing[turn_id] = task
+            task.add_done_callback(lambda _: self._preparing.pop(turn_id, None))
+        return await task  # a caller that gives up (deadline, disconnect) cancels it
+
+    async def _prepare(
+        self,
+        epoch: int,
+        turn_id: str,
+        namespace: str,
+        job: str,
+        members: list[Tenant],
+        timeout: float | None,
+    ) -> NodeTurn:
+        sessions = [self._open(m.tenant_id, turn_id) for m in members]
+        asks = [self._service.acquire(m, m.gpus, timeout) for m in members]
+        try:
+            results = await asyncio.gather(*asks, return_exceptions=True)
+        except BaseException:  # cancelled: each acquire left the queue or gave its grant back
+            for session in sessions:
+                self._service.sessions.close(session)
+            raise
+        failed = [
+            (m, r) for m, r in zip(members, results, strict=True) if isinstance(r, BaseException)
+        ]
+        granted = [
+            (m, r)
+            for m, r in zip(members, results, strict=True)
+            if not isinstance(r, BaseException)
+        ]
+        if failed:
+            for member, got in granted:
+                self._yield(member.tenant_id, got.lease.lease_id)
+            for session in sessions:
+                self._service.sessions.close(session)
+            member, error = failed[0]
+            raise PrepareFailed(f"pod {member.tenant_id} on node {self.node}: {error}")
+        leases = [got.lease for _, got in granted]
+        turn = NodeTurn(
+            turn_id=turn_id,
+            namespace=namespace,
+            job=job,
+            epoch=epoch,
+            members=tuple(m.tenant_id for m in members),
+            leases=tuple(lease.lease_id for lease in leases),
+            gpus=tuple(sorted({g for lease in leases for g in lease.gpus})),
+            tokens=tuple(min(lease.tokens.values()) for lease in leases),
+            prepared_at=max(lease.granted_at for lease in leases),
+            sessions=sessions,
+        )
+        self.turns[turn_id] = turn
+        self._save()
+        return turn
+
+    def commit(self, epoch: int, turn_id: str) -> NodeTurn:
+        """The prepared turn starts; idempotent."""
+        self.fence(epoch)
+        turn = self.turns.get(turn_id)
+        if turn is None:
+            raise UnknownTurn(f"node {self.node} has no prepared turn {turn_id!r} to commit")
+        if turn.state != COMMITTED:
+            turn.state, turn.committed_at = COMMITTED, self._clock()
+            self._save()
+        return turn
+
+    def release(self, epoch: int, turn_id: str, reason: str) -> bool:
+        """End the turn (prepared or committed) or its preparation; False if there was none."""
+        self.fence(epoch)
+        task = self._preparing.get(turn_id)
+        if task is not None:
+            task.cancel()  # its acquires leave the queue, or give back what they were granted
+        turn = self.turns.pop(turn_id, None)
+        if turn is None:
+            return task is not None
+        log.info(
+            "job %s/%s: turn %s released (%s)",
+            turn.namespace, turn.job, turn_id, reason or "no reason given",
+        )  # fmt: skip
+        self._end_leases(turn, reason)
+        for session in turn.sessions:
+            self._service.sessions.close(session)
+        self._save()
+        return True
+
+    def report(self, epoch: int) -> list[NodeTurn]:
+        """The job turns held here (raising the fence to `epoch`)."""
+        self.fence(epoch)
+        return list(self.turns.values())
+
+    # Members.
+
+    def members(self, namespace: str, job: str) -> list[Tenant]:
+        """The job's pods with GPUs on this node, in name order."""
+        return sorted(
+            (
+                t
+                for t in self._service.tenants.tenants.values()
+                if t.source == POD
+                and t.tenant_id.startswith(f"{namespace}/")
+                and job_of_labels(t.labels) == job
+            ),
+            key=lambda t: t.tenant_id,
+        )
+
+    def _open(self, tenant_id: str, turn_id: str) -> Session:
+        session = CoordinatedSession(tenant_id, pid=0, token=f"job-turn:{turn_id}")
+        self._service.sessions.open(session)
+        return session
+
+    def _attach(self, turn: NodeTurn) -> None:
+        turn.sessions = [self._open(member, turn.turn_id) for member in turn.members]
+
+    def _end_leases(self, turn: NodeTurn, reason: str) -> None:
+        for member, lease_id in zip(turn.members, turn.leases, strict=True):
+            self._yield(member, lease_id)
+
+    def _yield(self, member: str, lease_id: str) -> None:
+        tenant = self._service.tenants.tenants.get(member)
+        if tenant is None:
+            return  # its pod left: its turn went with it
+        # It may have ended already (revoked and not given back, or its pod's session ended).
+        with contextlib.suppress(UnknownLease):
+            self._service.yield_(tenant, lease_id)
+
+    def _save(self) -> None:
+        self._store.save_turns([t.to_json() for t in self.turns.values()])

@@ -1,0 +1,85 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PrepareRequest(_message.Message):
+    __slots__ = ("epoch", "turn_id", "namespace", "job", "timeout_s")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    turn_id: str
+    namespace: str
+    job: str
+    timeout_s: float
+    def __init__(self, epoch: _Optional[int] = ..., turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class CommitRequest(_message.Message):
+    __slots__ = ("epoch", "turn_id")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    turn_id: str
+    def __init__(self, epoch: _Optional[int] = ..., turn_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("epoch", "turn_id", "reason")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    turn_id: str
+    reason: str
+    def __init__(self, epoch: _Optional[int] = ..., turn_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
+class NodeTurn(_message.Message):
+    __slots__ = ("turn_id", "namespace", "job", "epoch", "state", "members", "gpus", "fencing_tokens", "prepared_at", "committed_at")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_AT_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    namespace: str
+    job: str
+    epoch: int
+    state: str
+    members: _containers.RepeatedScalarFieldContainer[str]
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    fencing_tokens: _containers.RepeatedScalarFieldContainer[int]
+    prepared_at: float
+    committed_at: float
+    def __init__(self, turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., fencing_tokens: _Optional[_Iterable[int]] = ..., prepared_at: _Optional[float] = ..., committed_at: _Optional[float] = ...) -> None: ...
+
+class ReportResponse(_message.Message):
+    __slots__ = ("node", "epoch", "turns")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    epoch: int
+    turns: _containers.RepeatedCompositeFieldContainer[NodeTurn]
+    def __init__(self, node: _Optional[str] = ..., epoch: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[NodeTurn, _Mapping]]] = ...) -> None: ...

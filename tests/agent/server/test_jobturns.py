@@ -1,0 +1,181 @@
+"""A job's turn on one node, as the coordinator drives it: prepare, commit, release, fencing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.core.leases import LeaseTable
+from agent.core.residency import NullPreparer
+from agent.node.jobturn_store import JobTurnStore
+from agent.node.state import StateStore
+from agent.node.tenants import POD, Tenant
+from agent.server.jobturns import (
+    COMMITTED,
+    JobTurns,
+    NoMembers,
+    PrepareFailed,
+    StaleEpoch,
+    UnknownTurn,
+)
+from agent.server.jobturns_grpc import JobTurnServer
+from agent.server.service import LeaseService
+from baton._pb import jobturns_pb2 as jt
+from baton._pb import jobturns_pb2_grpc as jt_grpc
+from baton.contract.names import LABEL_JOB, LABEL_LLMD_JOB
+
+TOKEN = "s3cret-token"
+
+
+def pod(name: str, gpus: tuple[str, ...], labels: dict[str, str] | None = None) -> Tenant:
+    return Tenant(f"team/{name}", name, gpus, source=POD, labels=labels or {})
+
+
+def node(tmp_path: Path) -> tuple[LeaseService, JobTurns]:
+    service = LeaseService(
+        table=LeaseTable(clock=time.time),
+        preparer=lambda host: NullPreparer(),
+        clock=time.time,
+        store=StateStore(tmp_path),
+    )
+    service.load()
+    for tenant in (
+        pod("trainer", ("GPU-0",), {LABEL_JOB: "rl"}),
+        pod("sampler", ("GPU-1",), {LABEL_LLMD_JOB: "rl"}),  # llm-d's label names the same job
+        pod("other", ("GPU-0", "GPU-1")),
+    ):
+        service.upsert_pod(tenant)
+    turns = JobTurns(service, "n1", JobTurnStore(tmp_path), time.time)
+    turns.load()
+    return service, turns
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(body(), 10))
+
+
+def test_a_prepared_turn_holds_every_member_and_its_release_serves_the_next(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        turn = await turns.prepare(1, "t1", "team", "rl", timeout=5)
+        assert turn.members == ("team/sampler", "team/trainer")
+        assert turn.gpus == ("GPU-0", "GPU-1")
+        assert {lease.tenant_id for lease in service.table.leases.values()} == set(turn.members)
+        assert await turns.prepare(1, "t1", "team", "rl", timeout=5) is turn  # idempotent
+        assert turns.commit(1, "t1").state == COMMITTED
+        other = service.tenants.tenants["team/other"]
+        waiting = asyncio.create_task(service.acquire(other, (), timeout=5))
+        await asyncio.sleep(0)
+        assert not waiting.done()  # the job holds both GPUs
+        assert turns.release(1, "t1", "yielded")
+        granted = await waiting
+        assert granted.lease.tenant_id == "team/other"
+        assert not turns.release(1, "t1", "again")  # gone already: nothing to release
+        await service.close()
+
+    run(body)
+
+
+def test_an_older_epoch_is_refused_also_after_a_restart(tmp_path: Path) -> None:
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        await turns.prepare(3, "t1", "team", "rl", timeout=5)
+        with pytest.raises(StaleEpoch, match="epoch 2 is older than epoch 3"):
+            turns.commit(2, "t1")
+        turns.commit(3, "t1")
+        await service.close()
+        again = JobTurns(service, "n1", JobTurnStore(tmp_path), time.time)
+        again.load()
+        assert again.epoch == 3
+        assert again.turns["t1"].state == COMMITTED  # taken up: its leases live on
+        assert service.sessions.connected("team/trainer")
+        with pytest.raises(StaleEpoch):
+            again.release(1, "t1", "deposed leader")
+        assert again.release(4, "t1", "new leader")
+
+    run(body)
+
+
+def test_a_job_with_no_pod_here_and_an_unknown_turn_are_named(tmp_path: Path) -> None:
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        with pytest.raises(NoMembers, match="job team/nope has no pod with GPUs on node n1"):
+            await turns.prepare(1, "t1", "team", "nope", timeout=5)
+        with pytest.raises(UnknownTurn, match="no prepared turn 't9'"):
+            turns.commit(1, "t9")
+        await service.close()
+
+    run(body)
+
+
+def test_a_release_during_the_preparation_takes_its_members_out_of_the_queue(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        other = service.tenants.tenants["team/other"]
+        held = await service.acquire(other, (), timeout=5)
+        preparing = asyncio.create_task(turns.prepare(1, "t1", "team", "rl", timeout=5))
+        while not service.table.waiters:  # both members queue behind `other`
+            await asyncio.sleep(0)
+        assert turns.release(1, "t1", "rolled back: node n2 failed")
+        with pytest.raises(asyncio.CancelledError):
+            await preparing
+        assert not service.table.waiters
+        assert not service.sessions.connected("team/trainer")
+        service.yield_(other, held.lease.lease_id)
+        assert not service.table.leases  # nothing was granted to the rolled-back job
+        await service.close()
+
+    run(body)
+
+
+def test_a_member_that_cannot_get_its_turn_fails_the_prepare_naming_it(tmp_path: Path) -> None:
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        other = service.tenants.tenants["team/other"]
+        await service.acquire(other, ("GPU-1",), timeout=5)  # the sampler's GPU stays taken
+        with pytest.raises(PrepareFailed, match="pod team/sampler on node n1"):
+            await turns.prepare(1, "t1", "team", "rl", timeout=0.2)
+        assert [lease.tenant_id for lease in service.table.leases.values()] == ["team/other"]
+        await service.close()
+
+    run(body)
+
+
+def test_the_grpc_service_refuses_a_caller_without_the_token(tmp_path: Path) -> None:
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        server = JobTurnServer(turns, "127.0.0.1:0", TOKEN)
+        port = await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = jt_grpc.JobTurnsStub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.Report(jt.ReportRequest(epoch=1), timeout=5)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                auth = (("authorization", f"Bearer {TOKEN}"),)
+                turn = await stub.Prepare(
+                    jt.PrepareRequest(epoch=2, turn_id="t1", namespace="team", job="rl"),
+                    metadata=auth,
+                    timeout=5,
+                )
+                assert list(turn.members) == ["team/sampler", "team/trainer"]
+                report = await stub.Report(jt.ReportRequest(epoch=2), metadata=auth, timeout=5)
+                assert (report.node, report.epoch, len(report.turns)) == ("n1", 2, 1)
+                with pytest.raises(grpc.aio.AioRpcError) as stale:
+                    await stub.Commit(jt.CommitRequest(epoch=1, turn_id="t1"), metadata=auth)
+                assert stale.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert "older than epoch 2" in str(stale.value.details())
+        finally:
+            await server.stop(0)
+            await service.close()
+
+    run(body)
