@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -140,9 +140,16 @@ class JobTurns:
             self.epoch = epoch
 
     async def prepare(
-        self, epoch: int, turn_id: str, namespace: str, job: str, timeout: float | None
+        self,
+        epoch: int,
+        turn_id: str,
+        namespace: str,
+        job: str,
+        timeout: float | None,
+        pods: Sequence[str] = (),
     ) -> NodeTurn:
-        """Every member's turn granted (room made, memory restored); idempotent per turn id."""
+        """Every member's turn granted (room made, memory restored); idempotent per turn id.
+        `pods` names the members whose turn it is (default: every pod of the job here)."""
         self.fence(epoch)
         if not turn_id or not namespace or not job:
             raise PrepareFailed("turn_id, namespace and job are required")
@@ -153,6 +160,14 @@ class JobTurns:
             members = self.members(namespace, job)
             if not members:
                 raise NoMembers(f"job {namespace}/{job} has no pod with GPUs on node {self.node}")
+            if pods:
+                strangers = sorted(set(pods) - {m.tenant_id for m in members})
+                if strangers:
+                    raise NoMembers(
+                        f"{', '.join(strangers)}: no pod of job {namespace}/{job} with GPUs "
+                        f"on node {self.node}"
+                    )
+                members = [m for m in members if m.tenant_id in set(pods)]
             task = asyncio.create_task(
                 self._prepare(epoch, turn_id, namespace, job, members, timeout)
             )

@@ -72,7 +72,7 @@ class JobTurnsServicer(jt_grpc.JobTurnsServicer):
         self._check(context)
         timeout = request.timeout_s or None
         turn = await self._turns.prepare(
-            request.epoch, request.turn_id, request.namespace, request.job, timeout
+            request.epoch, request.turn_id, request.namespace, request.job, timeout, request.pods
         )
         return node_turn_pb(turn)
 

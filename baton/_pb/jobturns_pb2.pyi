@@ -7,18 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PrepareRequest(_message.Message):
-    __slots__ = ("epoch", "turn_id", "namespace", "job", "timeout_s")
+    __slots__ = ("epoch", "turn_id", "namespace", "job", "timeout_s", "pods")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    PODS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     turn_id: str
     namespace: str
     job: str
     timeout_s: float
-    def __init__(self, epoch: _Optional[int] = ..., turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    pods: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, epoch: _Optional[int] = ..., turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., timeout_s: _Optional[float] = ..., pods: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
     __slots__ = ("epoch", "turn_id")

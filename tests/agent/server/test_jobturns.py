@@ -108,6 +108,10 @@ def test_a_job_with_no_pod_here_and_an_unknown_turn_are_named(tmp_path: Path) ->
         service, turns = node(tmp_path)
         with pytest.raises(NoMembers, match="job team/nope has no pod with GPUs on node n1"):
             await turns.prepare(1, "t1", "team", "nope", timeout=5)
+        with pytest.raises(NoMembers, match="team/other: no pod of job team/rl"):
+            await turns.prepare(1, "t1", "team", "rl", 5, pods=["team/trainer", "team/other"])
+        only = await turns.prepare(1, "t2", "team", "rl", timeout=5, pods=["team/trainer"])
+        assert only.members == ("team/trainer",)
         with pytest.raises(UnknownTurn, match="no prepared turn 't9'"):
             turns.commit(1, "t9")
         await service.close()
