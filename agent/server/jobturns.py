@@ -23,6 +23,7 @@ from typing import Any
 from agent.core.errors import AgentError, UnknownLease
 from agent.node.jobturn_store import JobTurnStore
 from agent.node.tenants import POD, Tenant
+from agent.server.llmd.residency import parked_on, residency
 from agent.server.service import LeaseService
 from agent.server.sessions import Session
 from baton._pb import agent_pb2 as pb
@@ -72,6 +73,9 @@ class NodeTurn:
     tokens: tuple[int, ...]
     """Each member's fencing token (its lowest GPU's), in the order of `members`."""
     prepared_at: float
+    group: str = ""
+    restored: bool = False
+    """Whether a member's memory was parked when the preparation began."""
     state: str = PREPARED
     committed_at: float = 0.0
     sessions: list[Session] = field(default_factory=list, repr=False, compare=False)
@@ -147,6 +151,7 @@ class JobTurns:
         job: str,
         timeout: float | None,
         pods: Sequence[str] = (),
+        group: str = "",
     ) -> NodeTurn:
         """Every member's turn granted (room made, memory restored); idempotent per turn id.
         `pods` names the members whose turn it is (default: every pod of the job here)."""
@@ -169,7 +174,7 @@ class JobTurns:
                     )
                 members = [m for m in members if m.tenant_id in set(pods)]
             task = asyncio.create_task(
-                self._prepare(epoch, turn_id, namespace, job, members, timeout)
+                self._prepare(epoch, turn_id, (namespace, job, group), members, timeout)
             )
             self._preparing[turn_id] = task
             task.add_done_callback(lambda _: self._preparing.pop(turn_id, None))
@@ -179,11 +184,13 @@ class JobTurns:
         self,
         epoch: int,
         turn_id: str,
-        namespace: str,
-        job: str,
+        whose: tuple[str, str, str],
         members: list[Tenant],
         timeout: float | None,
     ) -> NodeTurn:
+        namespace, job, group = whose
+        where = residency(self._service.preparer)
+        restored = any(parked_on(where.get(m.tenant_id, {}), m.gpus) for m in members)
         sessions = [self._open(m.tenant_id, turn_id) for m in members]
         asks = [self._service.acquire(m, m.gpus, timeout) for m in members]
         try:
@@ -218,6 +225,8 @@ class JobTurns:
             gpus=tuple(sorted({g for lease in leases for g in lease.gpus})),
             tokens=tuple(min(lease.tokens.values()) for lease in leases),
             prepared_at=max(lease.granted_at for lease in leases),
+            group=group,
+            restored=restored,
             sessions=sessions,
         )
         self.turns[turn_id] = turn

@@ -45,6 +45,8 @@ def node_turn_pb(turn: NodeTurn) -> jt.NodeTurn:
         fencing_tokens=turn.tokens,
         prepared_at=turn.prepared_at,
         committed_at=turn.committed_at,
+        group=turn.group,
+        restored=turn.restored,
     )
 
 
@@ -72,7 +74,13 @@ class JobTurnsServicer(jt_grpc.JobTurnsServicer):
         self._check(context)
         timeout = request.timeout_s or None
         turn = await self._turns.prepare(
-            request.epoch, request.turn_id, request.namespace, request.job, timeout, request.pods
+            request.epoch,
+            request.turn_id,
+            request.namespace,
+            request.job,
+            timeout,
+            request.pods,
+            request.group,
         )
         return node_turn_pb(turn)
 

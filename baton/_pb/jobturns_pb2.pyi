@@ -7,20 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PrepareRequest(_message.Message):
-    __slots__ = ("epoch", "turn_id", "namespace", "job", "timeout_s", "pods")
+    __slots__ = ("epoch", "turn_id", "namespace", "job", "timeout_s", "pods", "group")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     PODS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     turn_id: str
     namespace: str
     job: str
     timeout_s: float
     pods: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, epoch: _Optional[int] = ..., turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., timeout_s: _Optional[float] = ..., pods: _Optional[_Iterable[str]] = ...) -> None: ...
+    group: str
+    def __init__(self, epoch: _Optional[int] = ..., turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., timeout_s: _Optional[float] = ..., pods: _Optional[_Iterable[str]] = ..., group: _Optional[str] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
     __slots__ = ("epoch", "turn_id")
@@ -53,7 +55,7 @@ class ReportRequest(_message.Message):
     def __init__(self, epoch: _Optional[int] = ...) -> None: ...
 
 class NodeTurn(_message.Message):
-    __slots__ = ("turn_id", "namespace", "job", "epoch", "state", "members", "gpus", "fencing_tokens", "prepared_at", "committed_at")
+    __slots__ = ("turn_id", "namespace", "job", "epoch", "state", "members", "gpus", "fencing_tokens", "prepared_at", "committed_at", "group", "restored")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +66,8 @@ class NodeTurn(_message.Message):
     FENCING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREPARED_AT_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     namespace: str
     job: str
@@ -74,7 +78,9 @@ class NodeTurn(_message.Message):
     fencing_tokens: _containers.RepeatedScalarFieldContainer[int]
     prepared_at: float
     committed_at: float
-    def __init__(self, turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., fencing_tokens: _Optional[_Iterable[int]] = ..., prepared_at: _Optional[float] = ..., committed_at: _Optional[float] = ...) -> None: ...
+    group: str
+    restored: bool
+    def __init__(self, turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., fencing_tokens: _Optional[_Iterable[int]] = ..., prepared_at: _Optional[float] = ..., committed_at: _Optional[float] = ..., group: _Optional[str] = ..., restored: _Optional[bool] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ("node", "epoch", "turns")
