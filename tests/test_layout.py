@@ -285,6 +285,10 @@ NODE_LAYER = "nodegpu"
 """Below the kubelet-facing daemons (`deviceplugin`, `dra`): the node's GPUs, health, metrics."""
 
 
+POLICY_CORE = "agent.core"
+"""The turn policy (pure: no I/O): the coordinator arbitrates jobs with the agent's own."""
+
+
 def daemon_to_daemon_imports() -> list[tuple[str, str]]:
     """(module, what it imports) for every import of one daemon package's module by another's."""
     found = []
@@ -292,7 +296,8 @@ def daemon_to_daemon_imports() -> list[tuple[str, str]]:
         own = module.split(".")[0]
         for name in sorted(imports_of(module, type_checking=True)):
             other = name.split(".")[0]
-            if other in DAEMONS and other != own:
+            shared = own == "coordinator" and _within(name, (POLICY_CORE,))
+            if other in DAEMONS and other != own and not shared:
                 found.append((module, name))
     return found
 

@@ -1,0 +1,245 @@
+"""What the coordinator knows of the cluster: jobs, their member pods, and the nodes' agents.
+
+Pure but for a lock: the reflectors (`baton.contract.reflector`) feed `PodStore` and `NodeStore`
+from their threads, and the coordinator reads `ClusterView` on its event loop. A job is the pods
+of one namespace that share `baton.dev/job` (or llm-d's `timeslice.io/job-id`); a member is such
+a pod bound to a node with GPUs: those Baton assigned it, or, where its annotations say none (a
+pod on a DRA node), every GPU of its node. A job's turn on an llm-d group covers the members
+labelled `timeslice.io/group=<group>` or on nodes labelled `group.timeslice.io/<group>`; with no
+group, every member.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from baton.contract.annotations import AnnotationError, decode_gpus, pod_assignment
+from baton.contract.names import (
+    ANNOTATION_AGENT_COORDINATION,
+    ANNOTATION_GPUS,
+    LABEL_LLMD_GROUP,
+    job_of_labels,
+)
+from baton.contract.podask import RequestError, parse_pod_request
+from baton.contract.reflector import WatchEvent
+
+NODE_GROUP_PREFIX = "group.timeslice.io/"
+"""llm-d's node label naming a group whose accelerators the node's GPUs are."""
+_DONE = ("Succeeded", "Failed")
+
+
+class PlanError(Exception):
+    """A job's turn cannot be planned now; the message says what is missing."""
+
+
+class UnknownJob(PlanError):
+    """No pod carries that job (NOT_FOUND)."""
+
+
+class UnknownGroup(PlanError):
+    """No member of the job is in that group (NOT_FOUND)."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One pod of a job, bound to a node."""
+
+    pod: str
+    """namespace/name"""
+    node: str
+    gpus: tuple[str, ...]
+    """Its GPUs on its node; empty when its annotations name none (the node's GPUs then count)."""
+    group: str = ""
+    duty: int = 100
+    tier: int = 0
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node as the coordinator needs it: where its agent listens, its GPUs, its groups."""
+
+    name: str
+    address: str = ""
+    gpus: tuple[str, ...] = ()
+    groups: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One job turn: what each node must prepare, and the GPUs it covers cluster-wide."""
+
+    namespace: str
+    job: str
+    group: str
+    pods: Mapping[str, tuple[str, ...]]
+    """node → its member pods whose turn it is"""
+    resources: tuple[str, ...]
+    """`node/GPU` of every GPU the turn covers, sorted (the arbiter's GPUs)."""
+    addresses: Mapping[str, str]
+    """node → its agent's coordination address"""
+    duty: int = 100
+    tier: int = 0
+
+    @property
+    def key(self) -> str:
+        """The arbiter's tenant: one per job and group."""
+        return f"{self.namespace}/{self.job}" + (f"@{self.group}" if self.group else "")
+
+
+def member_of(pod: Mapping[str, Any]) -> tuple[str, str, Member] | None:
+    """(namespace, job, member) for a pod of a job bound to a node, else None."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    labels = meta.get("labels") or {}
+    job, node = job_of_labels(labels), spec.get("nodeName") or ""
+    if not job or not node or (pod.get("status") or {}).get("phase") in _DONE:
+        return None
+    namespace, name = meta.get("namespace", ""), meta.get("name", "")
+    try:
+        assignment = pod_assignment(meta.get("annotations") or {})
+        gpus = {g for each in assignment.container_gpus.values() for g in each}
+        gpus = gpus or set(assignment.assigned_gpus)
+    except AnnotationError:
+        gpus = set()
+    try:
+        request = parse_pod_request(pod)
+    except RequestError:
+        request = None
+    duty = int(request.duty) if request is not None and request.duty else 100
+    priority = spec.get("priority")
+    tier = priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
+    group = str(labels.get(LABEL_LLMD_GROUP, ""))
+    member = Member(f"{namespace}/{name}", node, tuple(sorted(gpus)), group, duty, tier)
+    return namespace, job, member
+
+
+def node_of(obj: Mapping[str, Any]) -> Node:
+    """A node object, read."""
+    meta = obj.get("metadata") or {}
+    annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+    try:
+        gpus = tuple(sorted(g.uuid for g in decode_gpus(annotations.get(ANNOTATION_GPUS))))
+    except AnnotationError:
+        gpus = ()
+    groups = frozenset(
+        k.removeprefix(NODE_GROUP_PREFIX)
+        for k, v in labels.items()
+        if k.startswith(NODE_GROUP_PREFIX) and v == "true"
+    )
+    address = str(annotations.get(ANNOTATION_AGENT_COORDINATION, ""))
+    return Node(meta.get("name", ""), address, gpus, groups)
+
+
+@dataclass
+class ClusterView:
+    """The jobs and nodes, as the watches last showed them."""
+
+    members: dict[str, tuple[str, str, Member]] = field(default_factory=dict)
+    """pod uid → (namespace, job, member)"""
+    nodes: dict[str, Node] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def plan(self, namespace: str, job: str, group: str = "") -> Plan:
+        """The turn of `job` (on `group`, or on all its members); PlanError saying what is
+        missing."""
+        with self.lock:
+            mine = [m for ns, j, m in self.members.values() if ns == namespace and j == job]
+            nodes = dict(self.nodes)
+        if not mine:
+            raise UnknownJob(f"no pod of namespace {namespace} carries job {job!r}")
+        if group:
+            mine = [
+                m
+                for m in mine
+                if m.group == group or group in nodes.get(m.node, Node(m.node)).groups
+            ]
+            if not mine:
+                raise UnknownGroup(f"job {namespace}/{job} has no pod in group {group!r}")
+        pods: dict[str, list[str]] = {}
+        resources: set[str] = set()
+        for m in sorted(mine, key=lambda m: m.pod):
+            node = nodes.get(m.node)
+            if node is None or not node.address:
+                raise PlanError(
+                    f"node {m.node} (pod {m.pod}) has no Baton agent serving job turns "
+                    "(no baton.dev/agent-coordination annotation)"
+                )
+            gpus = m.gpus or node.gpus
+            if not gpus:
+                raise PlanError(f"pod {m.pod} on node {m.node}: its GPUs are not known yet")
+            pods.setdefault(m.node, []).append(m.pod)
+            resources.update(f"{m.node}/{gpu}" for gpu in gpus)
+        return Plan(
+            namespace=namespace,
+            job=job,
+            group=group,
+            pods={n: tuple(p) for n, p in sorted(pods.items())},
+            resources=tuple(sorted(resources)),
+            addresses={n: nodes[n].address for n in pods},
+            duty=max(m.duty for m in mine),
+            tier=max(m.tier for m in mine),
+        )
+
+    def namespaces_of(self, job: str) -> list[str]:
+        """The namespaces that have a job of this name (llm-d's calls name no namespace)."""
+        with self.lock:
+            return sorted({ns for ns, j, _ in self.members.values() if j == job})
+
+    def groups(self) -> list[str]:
+        """Every llm-d group: named by a member pod's label or a node's."""
+        with self.lock:
+            named = {m.group for _, _, m in self.members.values() if m.group}
+            named |= {g for n in self.nodes.values() for g in n.groups}
+        return sorted(named)
+
+    def addresses(self) -> dict[str, str]:
+        """node → its agent's coordination address, for every node that has one."""
+        with self.lock:
+            return {n.name: n.address for n in self.nodes.values() if n.address}
+
+
+class PodStore:
+    """The reflector's store of job pods (`baton.contract.reflector.Store`)."""
+
+    def __init__(self, view: ClusterView) -> None:
+        self._view = view
+
+    def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
+        found = {}
+        for pod in objects:
+            read = member_of(pod)
+            if read is not None:
+                found[(pod.get("metadata") or {}).get("uid", "")] = read
+        with self._view.lock:
+            self._view.members = found
+
+    def apply(self, event: WatchEvent) -> None:
+        uid = (event.object.get("metadata") or {}).get("uid", "")
+        read = None if event.type == "DELETED" else member_of(event.object)
+        with self._view.lock:
+            if read is None:
+                self._view.members.pop(uid, None)
+            else:
+                self._view.members[uid] = read
+
+
+class NodeStore:
+    """The reflector's store of nodes (`baton.contract.reflector.Store`)."""
+
+    def __init__(self, view: ClusterView) -> None:
+        self._view = view
+
+    def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
+        nodes = {n.name: n for n in map(node_of, objects)}
+        with self._view.lock:
+            self._view.nodes = nodes
+
+    def apply(self, event: WatchEvent) -> None:
+        node = node_of(event.object)
+        with self._view.lock:
+            if event.type == "DELETED":
+                self._view.nodes.pop(node.name, None)
+            else:
+                self._view.nodes[node.name] = node

@@ -1,0 +1,126 @@
+"""What a new leader does before it serves: learn every agent's job turns and settle them.
+
+Nothing of the turns is written to the Kubernetes API per turn: the agents hold them (on disk,
+with the epoch that made each), so a new leader asks every agent (`Report`, which also raises
+the agent's epoch, fencing the old leader off) and rebuilds its table from the answers. A turn
+committed on any node was decided: it is committed on the rest and held. A turn only prepared
+was not: it is rolled back everywhere, and its job's loop asks again (its Acquire to the old
+leader failed with it). A node that does not answer is named; a job turn it still holds keeps
+that node's GPUs until its agent's own maximum hold parks it (a prepare there waits behind it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass, field
+
+from agent.core.leases import Lease, LeaseTable
+from baton._pb import jobturns_pb2 as jt
+from coordinator.agents import AgentLinks, NodeFailed
+from coordinator.cluster import ClusterView, Plan, PlanError
+from coordinator.turns import JobTurn
+
+log = logging.getLogger(__name__)
+COMMITTED = "committed"
+
+
+@dataclass
+class Recovered:
+    """What a new leader found."""
+
+    held: dict[str, JobTurn] = field(default_factory=dict)
+    rolled_back: list[str] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)
+    """node → why it did not answer"""
+
+
+async def recover(view: ClusterView, links: AgentLinks, table: LeaseTable, epoch: int) -> Recovered:
+    """Every reachable agent's job turns, settled into `table` and the returned holders."""
+    addresses = view.addresses()
+    nodes = sorted(addresses)
+    answers = await asyncio.gather(
+        *(links.report(n, addresses[n], epoch) for n in nodes), return_exceptions=True
+    )
+    found = Recovered()
+    parts: dict[str, list[tuple[str, jt.NodeTurn]]] = {}
+    for node, answer in zip(nodes, answers, strict=True):
+        if isinstance(answer, BaseException):
+            found.unreachable[node] = answer.why if isinstance(answer, NodeFailed) else str(answer)
+            continue
+        for turn in answer.turns:
+            parts.setdefault(turn.turn_id, []).append((node, turn))
+    for turn_id, where in sorted(parts.items()):
+        await _settle(view, links, table, epoch, turn_id, where, addresses, found)
+    if found.unreachable:
+        log.warning(
+            "epoch %d: agents not reached yet (their turns are settled when they answer): %s",
+            epoch, "; ".join(f"{n}: {why}" for n, why in sorted(found.unreachable.items())),
+        )  # fmt: skip
+    return found
+
+
+async def _settle(
+    view: ClusterView,
+    links: AgentLinks,
+    table: LeaseTable,
+    epoch: int,
+    turn_id: str,
+    where: list[tuple[str, jt.NodeTurn]],
+    addresses: dict[str, str],
+    found: Recovered,
+) -> None:
+    first = where[0][1]
+    key = Plan(first.namespace, first.job, first.group, {}, (), {}).key
+    nodes = {node: addresses[node] for node, _ in where}
+    decided = any(t.state == COMMITTED for _, t in where)
+    if not decided or key in found.held:
+        why = "it was not committed" if not decided else "its job holds another turn"
+        await _all(
+            links.release(n, a, epoch, turn_id, f"rolled back by epoch {epoch}: {why}")
+            for n, a in nodes.items()
+        )
+        found.rolled_back.append(f"{key} ({turn_id}): {why}")
+        return
+    await _all(
+        links.commit(node, addresses[node], epoch, turn_id)
+        for node, turn in where
+        if turn.state != COMMITTED
+    )
+    try:  # the job's other nodes, if a node that had it did not answer: its release reaches them
+        plan = view.plan(first.namespace, first.job, first.group)
+        nodes = {**dict(plan.addresses), **nodes}
+    except PlanError:
+        pass
+    resources = tuple(sorted({f"{node}/{gpu}" for node, t in where for gpu in t.gpus}))
+    lease = Lease(
+        lease_id=uuid.uuid4().hex[:16],
+        tenant_id=key,
+        gpus=resources,
+        tokens={},
+        granted_at=min(t.prepared_at for _, t in where),
+        hold_until=math.inf,
+    )
+    table.restore_lease(lease)
+    found.held[key] = JobTurn(
+        key=key,
+        turn_id=turn_id,
+        lease_id=lease.lease_id,
+        namespace=first.namespace,
+        job=first.job,
+        group=first.group,
+        nodes=nodes,
+        granted_at=lease.granted_at,
+        restored=any(t.restored for _, t in where),
+        resources=resources,
+    )
+
+
+async def _all(calls: Iterable[Awaitable[object]]) -> None:
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            log.warning("settling a job turn: %s", result)

@@ -1,0 +1,300 @@
+"""Whose turn it is, cluster-wide: the agent's own lease table (`agent.core.leases`) over every
+node's GPUs, each job (and llm-d group) one tenant of it, each grant carried out in two phases.
+
+A job's waiter is reserved by the table's policy (fifo or fair, tiers and accounting, as on a
+node) when all its GPUs are free of other jobs; then every member node prepares (makes room and
+restores), and only when all have does every node commit. A failed prepare rolls the others back
+and the waiter hears which node failed and why. The table never gives two jobs a GPU at once,
+and each agent holds its node to one turn per GPU, so a job's pods never compute beside another
+job's on one GPU even while a release is still on its way to a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from agent.core.leases import Lease, LeaseTable
+from agent.core.waiters import Waiter
+from coordinator.agents import AgentLinks, NodeFailed
+from coordinator.cluster import ClusterView, Plan
+
+log = logging.getLogger(__name__)
+
+PREPARE_TIMEOUT_S = 60.0
+"""How long a node may take to make room for a job (its holder's turn ending included)."""
+
+
+class NotLeading(Exception):
+    """This replica does not lead (UNAVAILABLE): the caller asks the Service again."""
+
+
+class NotHolder(Exception):
+    """The job does not hold that turn (PERMISSION_DENIED)."""
+
+
+class TurnFailed(Exception):
+    """The job's turn could not be prepared on every node; the message names the node and why."""
+
+
+@dataclass
+class JobTurn:
+    """A job's turn, held across its nodes."""
+
+    key: str
+    turn_id: str
+    """The same on every node of the turn (the agents' name for it)."""
+    lease_id: str
+    """The coordinator's lease on the turn's GPUs (its table's name for it)."""
+    namespace: str
+    job: str
+    group: str
+    nodes: dict[str, str]
+    """node → its agent's address"""
+    granted_at: float
+    waited: float = 0.0
+    restored: bool = False
+    resources: tuple[str, ...] = ()
+
+
+@dataclass
+class _Wait:
+    plan: Plan
+    future: asyncio.Future[JobTurn]
+    abandoned: bool = False
+    moving: bool = False
+
+
+@dataclass
+class Arbiter:
+    """Queues and grants job turns while this replica leads (`epoch` > 0)."""
+
+    view: ClusterView
+    links: AgentLinks
+    new_table: Callable[[], LeaseTable]
+    """A fresh table (the policy's), made each time this replica starts to lead."""
+    clock: Callable[[], float]
+    prepare_timeout_s: float = PREPARE_TIMEOUT_S
+    epoch: int = 0
+    held: dict[str, JobTurn] = field(default_factory=dict)
+    table: LeaseTable = field(init=False)
+    _waits: dict[str, _Wait] = field(default_factory=dict)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _timer: asyncio.TimerHandle | None = None
+
+    def __post_init__(self) -> None:
+        self.table = self.new_table()
+
+    # Asking.
+
+    async def acquire(self, namespace: str, job: str, group: str, timeout: float | None) -> JobTurn:
+        """Wait for the job's turn on `group` (all its pods if ""); at once if it holds it."""
+        self._leading()
+        plan = self.view.plan(namespace, job, group)
+        if plan.key in self.held:
+            return self.held[plan.key]
+        waiter = self.table.enqueue(plan.key, plan.resources, duty=plan.duty, tier=plan.tier)
+        wait = _Wait(plan, asyncio.get_running_loop().create_future())
+        self._waits[waiter.waiter_id] = wait
+        self._dispatch()
+        try:
+            turn = await asyncio.wait_for(asyncio.shield(wait.future), timeout)
+        except (TimeoutError, asyncio.CancelledError):
+            self._abandon(waiter.waiter_id)
+            raise
+        turn.waited = turn.granted_at - waiter.enqueued_at
+        return turn
+
+    async def yield_(self, namespace: str, job: str, group: str) -> int:
+        """End the job's turn on every node; returns how many other jobs wait for its GPUs."""
+        self._leading()
+        key = Plan(namespace, job, group, {}, (), {}).key
+        turn = self.held.pop(key, None)
+        if turn is None:
+            holder = self.holder_of(self.view.plan(namespace, job, group).resources)
+            raise NotHolder(
+                f"job {namespace}/{job} does not hold the turn"
+                + (f" on group {group!r}" if group else "")
+                + f" (held by {holder.key if holder else 'nobody'})"
+            )
+        self.table.release(turn.lease_id, yielded=True)
+        waiting = {
+            w.tenant_id for w in self.table.waiters.values() if set(w.gpus) & set(turn.resources)
+        }
+        self._dispatch()  # the next job's prepare queues on each node behind this release
+        await self._release(turn.nodes, self.epoch, turn.turn_id, "yielded")
+        return len(waiting)
+
+    def holder_of(self, resources: Iterable[str]) -> JobTurn | None:
+        """The job turn holding any of `resources`, if one does."""
+        wanted = set(resources)
+        return next((t for t in self.held.values() if wanted & set(t.resources)), None)
+
+    def switching(self, resources: Iterable[str]) -> str:
+        """The job whose turn on `resources` is being prepared now, or ""."""
+        wanted = set(resources)
+        for waiter_id, wait in self._waits.items():
+            waiter = self.table.waiters.get(waiter_id)
+            if wait.moving and waiter is not None and wanted & set(waiter.gpus):
+                return waiter.tenant_id
+        return ""
+
+    def waiting(self, resources: Iterable[str]) -> int:
+        """How many job turns wait for any of `resources` (those being prepared not counted)."""
+        wanted = set(resources)
+        return sum(
+            1 for w in self.table.waiters.values() if not w.reserved and wanted & set(w.gpus)
+        )
+
+    # Leading.
+
+    def lead(self, epoch: int, table: LeaseTable, held: dict[str, JobTurn]) -> None:
+        """This replica leads from now, with `epoch`, holding what `coordinator.recovery` found."""
+        self.table, self.held, self.epoch = table, held, epoch
+
+    def step_down(self, reason: str) -> None:
+        """This replica no longer leads: every waiter hears why; the next leader takes over."""
+        self.epoch = 0
+        for wait in self._waits.values():
+            if not wait.future.done():
+                wait.future.set_exception(NotLeading(f"the coordinator stepped down: {reason}"))
+        for task in self._tasks:
+            task.cancel()
+        self._waits.clear()
+        self.held.clear()
+        self.table = self.new_table()
+
+    def _leading(self) -> None:
+        if not self.epoch:
+            raise NotLeading("this coordinator replica is not the leader; ask the Service again")
+
+    # Granting.
+
+    def _dispatch(self) -> None:
+        for waiter in self.table.pick():
+            wait = self._waits.get(waiter.waiter_id)
+            if wait is None:  # a reservation nobody waits for any more
+                self.table.cancel(waiter.waiter_id)
+                continue
+            wait.moving = True
+            task = asyncio.create_task(self._handover(waiter, wait))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        """Wake when time alone can change whom the table picks (a fair hold running out)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        now = self.clock()
+        due = self.table.next_deadline(after=now)
+        if due is not None:
+            self._timer = asyncio.get_running_loop().call_later(due - now, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.table.tick()
+        self._dispatch()
+
+    async def _handover(self, waiter: Waiter, wait: _Wait) -> None:
+        plan, epoch = wait.plan, self.epoch
+        turn_id = uuid.uuid4().hex[:16]
+        whose = (turn_id, plan.namespace, plan.job, plan.group)
+        nodes = list(plan.pods)
+        results = await asyncio.gather(
+            *(
+                self.links.prepare(
+                    n, plan.addresses[n], epoch, whose, plan.pods[n], self.prepare_timeout_s
+                )
+                for n in nodes
+            ),
+            return_exceptions=True,
+        )
+        prepared = {
+            n: r for n, r in zip(nodes, results, strict=True) if not isinstance(r, BaseException)
+        }
+        failed = [
+            (n, r) for n, r in zip(nodes, results, strict=True) if isinstance(r, BaseException)
+        ]
+        if failed or wait.abandoned or epoch != self.epoch:
+            addresses = {n: plan.addresses[n] for n in prepared}
+            why = _failure(failed) if failed else "the caller gave up"
+            await self._release(addresses, epoch, turn_id, f"rolled back: {why}")
+            self._end_wait(waiter.waiter_id, TurnFailed(f"{why}; rolled back on every node"))
+            return
+        commits = await asyncio.gather(
+            *(self.links.commit(n, plan.addresses[n], epoch, turn_id) for n in nodes),
+            return_exceptions=True,
+        )
+        for node, result in zip(nodes, commits, strict=True):
+            if isinstance(result, BaseException):  # prepared: it holds the node's turn anyway
+                log.warning("job %s: commit on node %s failed: %s", plan.key, node, result)
+        if wait.abandoned or epoch != self.epoch:
+            await self._release(dict(plan.addresses), epoch, turn_id, "the caller gave up")
+            self._end_wait(waiter.waiter_id, TurnFailed("the caller gave up"))
+            return
+        lease = self.table.grant(waiter.waiter_id)
+        self._waits.pop(waiter.waiter_id, None)
+        turn = self._turn_of(plan, lease, turn_id)
+        turn.restored = any(t.restored for t in prepared.values())
+        self.held[plan.key] = turn
+        if not wait.future.done():
+            wait.future.set_result(turn)
+        self._reschedule()
+
+    def _turn_of(self, plan: Plan, lease: Lease, turn_id: str) -> JobTurn:
+        return JobTurn(
+            key=plan.key,
+            turn_id=turn_id,
+            lease_id=lease.lease_id,
+            namespace=plan.namespace,
+            job=plan.job,
+            group=plan.group,
+            nodes=dict(plan.addresses),
+            granted_at=lease.granted_at,
+            resources=lease.gpus,
+        )
+
+    def _end_wait(self, waiter_id: str, error: Exception) -> None:
+        wait = self._waits.pop(waiter_id, None)
+        self.table.cancel(waiter_id)
+        if wait is not None and not wait.future.done():
+            wait.future.set_exception(error)
+        self._dispatch()
+
+    def _abandon(self, waiter_id: str) -> None:
+        wait = self._waits.get(waiter_id)
+        if wait is not None and wait.moving:
+            wait.abandoned = True  # the handover rolls back and ends the wait
+            return
+        self._waits.pop(waiter_id, None)
+        if self.table.cancel(waiter_id) is not None:
+            self._dispatch()
+
+    async def _release(self, nodes: dict[str, str], epoch: int, turn_id: str, reason: str) -> None:
+        results = await asyncio.gather(
+            *(self.links.release(n, a, epoch, turn_id, reason) for n, a in nodes.items()),
+            return_exceptions=True,
+        )
+        for node, result in zip(nodes, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("turn %s: release on node %s failed: %s", turn_id, node, result)
+
+    async def close(self) -> None:
+        """Stop the timer and every handover in flight."""
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _failure(failed: list[tuple[str, BaseException]]) -> str:
+    node, error = failed[0]
+    text = str(error) if isinstance(error, NodeFailed) else f"node {node}: {error}"
+    more = f" (and {len(failed) - 1} more node(s))" if len(failed) > 1 else ""
+    return text + more

@@ -1,0 +1,85 @@
+"""Node agents on loopback for the coordinator's tests: each a real lease service with its job
+turns served over gRPC on 127.0.0.1, and the cluster view the coordinator's watches would build.
+
+The agents here run in the test's event loop (no parking backend); `tests/coordinator/
+test_cluster.py` runs whole agent processes against a real API server instead.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from agent.core.leases import LeaseTable
+from agent.core.residency import NullPreparer
+from agent.node.jobturn_store import JobTurnStore
+from agent.node.state import StateStore
+from agent.node.tenants import POD, Tenant
+from agent.server.jobturns import JobTurns
+from agent.server.jobturns_grpc import JobTurnServer
+from agent.server.service import LeaseService
+from baton.contract.names import LABEL_JOB, LABEL_LLMD_GROUP
+from coordinator.cluster import ClusterView, Member, Node
+
+TOKEN = "loopback-token"
+
+
+class LoopbackNode:
+    """One node's agent: its lease service, job turns and gRPC listener."""
+
+    def __init__(self, name: str, state_dir: Path, gpus: tuple[str, ...]) -> None:
+        self.name = name
+        self.gpus = gpus
+        self.state_dir = state_dir
+        self.service = LeaseService(
+            table=LeaseTable(clock=time.time),
+            preparer=lambda host: NullPreparer(),
+            clock=time.time,
+            store=StateStore(state_dir),
+        )
+        self.service.load()
+        self.turns = JobTurns(self.service, name, JobTurnStore(state_dir), time.time)
+        self.turns.load()
+        self.server = JobTurnServer(self.turns, "127.0.0.1:0", TOKEN)
+        self.address = ""
+
+    async def start(self) -> LoopbackNode:
+        port = await self.server.start()
+        self.address = f"127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        await self.server.stop(0)
+        await self.service.close()
+
+    def add_pod(self, pod: str, gpus: tuple[str, ...], job: str = "", group: str = "") -> Tenant:
+        labels = {LABEL_JOB: job} if job else {}
+        if group:
+            labels[LABEL_LLMD_GROUP] = group
+        tenant = Tenant(pod, pod.split("/")[1], gpus, source=POD, labels=labels)
+        self.service.upsert_pod(tenant)
+        return tenant
+
+    def holders(self) -> dict[str, str]:
+        """GPU → the tenant holding it now."""
+        return {
+            gpu: lease.tenant_id
+            for lease in self.service.table.leases.values()
+            for gpu in lease.gpus
+        }
+
+
+def view_of(nodes: list[LoopbackNode], jobs: dict[str, list[tuple[str, str, str]]]) -> ClusterView:
+    """The view of `nodes` with `jobs`: job → [(pod, node, group)], every pod on its node's GPUs
+    as the node's `add_pod` gave them."""
+    view = ClusterView()
+    by_name = {n.name: n for n in nodes}
+    for node in nodes:
+        view.nodes[node.name] = Node(node.name, node.address, node.gpus)
+    for job, pods in jobs.items():
+        for pod, node_name, group in pods:
+            node = by_name[node_name]
+            tenant = node.add_pod(pod, node.gpus, job, group)
+            namespace = pod.split("/")[0]
+            view.members[pod] = (namespace, job, Member(pod, node_name, tenant.gpus, group))
+    return view

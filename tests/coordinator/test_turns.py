@@ -1,0 +1,188 @@
+"""One turn for a whole job across its nodes: granted together, crossed without deadlock, rolled
+back when a node fails, and taken over by a new leader (agents on loopback, real gRPC)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from agent.core.leases import LeaseTable
+from coordinator.agents import AgentLinks, NodeFailed
+from coordinator.cluster import ClusterView
+from coordinator.recovery import recover
+from coordinator.turns import Arbiter, NotHolder, NotLeading, TurnFailed
+from tests.coordinator.loopback import TOKEN, LoopbackNode, view_of
+
+JOBS = {
+    "rl": [("team/rl-trainer", "n1", ""), ("team/rl-sampler", "n2", "")],
+    "sft": [("team/sft-a", "n1", ""), ("team/sft-b", "n2", "")],
+}
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+@asynccontextmanager
+async def cluster(tmp_path: Path) -> AsyncIterator[tuple[list[LoopbackNode], ClusterView]]:
+    nodes = [
+        await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start() for name in ("n1", "n2")
+    ]
+    try:
+        yield nodes, view_of(nodes, JOBS)
+    finally:
+        for node in nodes:
+            await node.stop()
+
+
+async def leading(view: ClusterView, epoch: int = 1) -> Arbiter:
+    arbiter = Arbiter(view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time)
+    table = arbiter.new_table()
+    found = await recover(view, arbiter.links, table, epoch)
+    arbiter.lead(epoch, table, found.held)
+    return arbiter
+
+
+async def close(arbiter: Arbiter) -> None:
+    await arbiter.close()
+    await arbiter.links.close()
+
+
+def check_no_overlap(nodes: list[LoopbackNode], holder: str) -> None:
+    """Every GPU of the cluster is held by a pod of `holder`'s job, or by nobody."""
+    for node in nodes:
+        for gpu, tenant in node.holders().items():
+            assert tenant.startswith(f"team/{holder}-"), f"{gpu} on {node.name} held by {tenant}"
+
+
+def test_a_job_gets_one_turn_on_every_node_and_the_next_job_follows_its_yield(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            arbiter = await leading(view)
+            turn = await arbiter.acquire("team", "rl", "", timeout=5)
+            assert sorted(turn.nodes) == ["n1", "n2"]
+            assert nodes[0].holders() == {"GPU-n1": "team/rl-trainer"}
+            assert nodes[1].holders() == {"GPU-n2": "team/rl-sampler"}
+            assert (await arbiter.acquire("team", "rl", "", timeout=5)) is turn  # held: at once
+            waiting = asyncio.create_task(arbiter.acquire("team", "sft", "", timeout=5))
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            check_no_overlap(nodes, "rl")
+            assert await arbiter.yield_("team", "rl", "") == 1
+            await waiting
+            check_no_overlap(nodes, "sft")
+            assert set(nodes[0].holders().values()) == {"team/sft-a"}
+            with pytest.raises(NotHolder, match=r"does not hold the turn \(held by team/sft\)"):
+                await arbiter.yield_("team", "rl", "")
+            await close(arbiter)
+
+    run(body)
+
+
+def test_two_jobs_crossing_on_two_nodes_alternate_without_deadlock(tmp_path: Path) -> None:
+    rounds = 50
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            arbiter = await leading(view)
+            turns: list[str] = []
+
+            async def loop(job: str) -> None:
+                for _ in range(rounds):
+                    await arbiter.acquire("team", job, "", timeout=10)
+                    check_no_overlap(nodes, job)
+                    turns.append(job)
+                    await asyncio.sleep(0)  # compute
+                    await arbiter.yield_("team", job, "")
+
+            await asyncio.gather(loop("rl"), loop("sft"))
+            assert sorted(turns) == ["rl"] * rounds + ["sft"] * rounds
+            assert not any(node.holders() for node in nodes)
+            await close(arbiter)
+
+    run(body)
+
+
+def test_a_node_that_cannot_prepare_rolls_the_others_back_and_is_named(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            arbiter = await leading(view)
+            blocker = nodes[1].add_pod("team/local", ("GPU-n2",))
+            await nodes[1].service.acquire(blocker, (), timeout=5)  # n2's GPU stays taken
+            arbiter.prepare_timeout_s = 0.2
+            with pytest.raises(TurnFailed, match="node n2: pod team/rl-sampler on node n2"):
+                await arbiter.acquire("team", "rl", "", timeout=5)
+            assert nodes[0].holders() == {}  # n1 was rolled back
+            assert not arbiter.held
+            await close(arbiter)
+
+    run(body)
+
+
+def test_an_unreachable_node_fails_the_turn_naming_it(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            arbiter = await leading(view)
+            await nodes[1].server.stop(0)
+            with pytest.raises(TurnFailed, match="node n2: its agent is unreachable"):
+                await arbiter.acquire("team", "rl", "", timeout=5)
+            assert nodes[0].holders() == {}
+            await close(arbiter)
+
+    run(body)
+
+
+def test_a_new_leader_keeps_a_committed_turn_rolls_back_a_prepared_one_and_fences_the_old(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            old = await leading(view, epoch=1)
+            held = await old.acquire("team", "rl", "", timeout=5)
+            # The old leader also prepared sft on n1 only, then died before committing.
+            links = AgentLinks(TOKEN)
+            await links.release("n1", nodes[0].address, 1, held.turn_id, "test: free n1")
+            await links.prepare("n1", nodes[0].address, 1, ("t-sft", "team", "sft", ""), (), 5)
+            assert nodes[0].holders() == {"GPU-n1": "team/sft-a"}
+            new = await leading(view, epoch=2)
+            assert list(new.held) == ["team/rl"]  # committed on n2: decided, so kept
+            assert nodes[0].holders() == {}  # the prepared sft turn was rolled back
+            with pytest.raises(NodeFailed, match="epoch 1 is older than epoch 2"):
+                await links.release("n2", nodes[1].address, 1, held.turn_id, "deposed")
+            assert await new.yield_("team", "rl", "") == 0
+            assert not any(node.holders() for node in nodes)
+            await links.close()
+            await close(old)
+            await close(new)
+
+    run(body)
+
+
+def test_a_replica_that_does_not_lead_refuses_and_a_stepped_down_one_tells_its_waiters(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (_nodes, view):
+            standby = Arbiter(
+                view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time
+            )
+            with pytest.raises(NotLeading, match="not the leader"):
+                await standby.acquire("team", "rl", "", timeout=1)
+            arbiter = await leading(view)
+            await arbiter.acquire("team", "rl", "", timeout=5)
+            waiting = asyncio.create_task(arbiter.acquire("team", "sft", "", timeout=5))
+            await asyncio.sleep(0.05)
+            arbiter.step_down("lost the Lease")
+            with pytest.raises(NotLeading, match="stepped down: lost the Lease"):
+                await waiting
+            await close(arbiter)
+            await close(standby)
+
+    run(body)
