@@ -137,7 +137,7 @@ class ClusterView:
     """The jobs and nodes, as the watches last showed them."""
 
     members: dict[str, tuple[str, str, Member]] = field(default_factory=dict)
-    """pod uid → (namespace, job, member)"""
+    """pod key (its watch's name and uid) → (namespace, job, member)"""
     nodes: dict[str, Node] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -145,8 +145,9 @@ class ClusterView:
         """The turn of `job` (on `group`, or on all its members); PlanError saying what is
         missing."""
         with self.lock:
-            mine = [m for ns, j, m in self.members.values() if ns == namespace and j == job]
+            found = {m.pod: m for ns, j, m in self.members.values() if ns == namespace and j == job}
             nodes = dict(self.nodes)
+        mine = list(found.values())  # a pod with both job labels is watched twice: once here
         if not mine:
             raise UnknownJob(f"no pod of namespace {namespace} carries job {job!r}")
         if group:
@@ -194,6 +195,17 @@ class ClusterView:
             named |= {g for n in self.nodes.values() for g in n.groups}
         return sorted(named)
 
+    def group_resources(self, group: str) -> tuple[str, ...]:
+        """`node/GPU` of every GPU in `group`: its labelled nodes' and its member pods'."""
+        with self.lock:
+            nodes = dict(self.nodes)
+            members = [m for _, _, m in self.members.values() if m.group == group]
+        found = {f"{n.name}/{g}" for n in nodes.values() if group in n.groups for g in n.gpus}
+        for m in members:
+            gpus = m.gpus or nodes.get(m.node, Node(m.node)).gpus
+            found.update(f"{m.node}/{g}" for g in gpus)
+        return tuple(sorted(found))
+
     def addresses(self) -> dict[str, str]:
         """node → its agent's coordination address, for every node that has one."""
         with self.lock:
@@ -201,28 +213,34 @@ class ClusterView:
 
 
 class PodStore:
-    """The reflector's store of job pods (`baton.contract.reflector.Store`)."""
+    """A reflector's store of job pods (`baton.contract.reflector.Store`); `source` names its
+    watch (one per job label), whose pods it alone replaces."""
 
-    def __init__(self, view: ClusterView) -> None:
+    def __init__(self, view: ClusterView, source: str) -> None:
         self._view = view
+        self._prefix = f"{source}:"
+
+    def _key(self, pod: dict[str, Any]) -> str:
+        return self._prefix + str((pod.get("metadata") or {}).get("uid", ""))
 
     def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
         found = {}
         for pod in objects:
             read = member_of(pod)
             if read is not None:
-                found[(pod.get("metadata") or {}).get("uid", "")] = read
+                found[self._key(pod)] = read
         with self._view.lock:
-            self._view.members = found
+            kept = {k: v for k, v in self._view.members.items() if not k.startswith(self._prefix)}
+            self._view.members = {**kept, **found}
 
     def apply(self, event: WatchEvent) -> None:
-        uid = (event.object.get("metadata") or {}).get("uid", "")
+        key = self._key(event.object)
         read = None if event.type == "DELETED" else member_of(event.object)
         with self._view.lock:
             if read is None:
-                self._view.members.pop(uid, None)
+                self._view.members.pop(key, None)
             else:
-                self._view.members[uid] = read
+                self._view.members[key] = read
 
 
 class NodeStore:

@@ -81,6 +81,8 @@ class Arbiter:
     epoch: int = 0
     held: dict[str, JobTurn] = field(default_factory=dict)
     table: LeaseTable = field(init=False)
+    changed_at: dict[str, float] = field(default_factory=dict)
+    """GPU (`node/GPU`) → when its turn last started, began moving or ended."""
     _waits: dict[str, _Wait] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _timer: asyncio.TimerHandle | None = None
@@ -121,6 +123,7 @@ class Arbiter:
                 + f" (held by {holder.key if holder else 'nobody'})"
             )
         self.table.release(turn.lease_id, yielded=True)
+        self._changed(turn.resources)
         waiting = {
             w.tenant_id for w in self.table.waiters.values() if set(w.gpus) & set(turn.resources)
         }
@@ -180,6 +183,7 @@ class Arbiter:
                 self.table.cancel(waiter.waiter_id)
                 continue
             wait.moving = True
+            self._changed(waiter.gpus)
             task = asyncio.create_task(self._handover(waiter, wait))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -242,6 +246,7 @@ class Arbiter:
         turn = self._turn_of(plan, lease, turn_id)
         turn.restored = any(t.restored for t in prepared.values())
         self.held[plan.key] = turn
+        self._changed(turn.resources)
         if not wait.future.done():
             wait.future.set_result(turn)
         self._reschedule()
@@ -258,6 +263,11 @@ class Arbiter:
             granted_at=lease.granted_at,
             resources=lease.gpus,
         )
+
+    def _changed(self, resources: Iterable[str]) -> None:
+        now = self.clock()
+        for resource in resources:
+            self.changed_at[resource] = now
 
     def _end_wait(self, waiter_id: str, error: Exception) -> None:
         wait = self._waits.pop(waiter_id, None)

@@ -262,8 +262,10 @@ class JobTurns:
         return True
 
     def report(self, epoch: int) -> list[NodeTurn]:
-        """The job turns held here (raising the fence to `epoch`)."""
-        self.fence(epoch)
+        """The job turns held here, raising the fence to `epoch` if it is newer. An older epoch
+        only reads (it changes nothing): a new leader learns the agents' epochs so."""
+        if epoch > self.epoch:
+            self.fence(epoch)
         return list(self.turns.values())
 
     # Members.

@@ -83,7 +83,8 @@ class JobTurnsServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Report(self, request, context):
-        """Every job turn this agent holds, with the epoch that made it; raises the agent's epoch too.
+        """Every job turn this agent holds, with the epoch that made it. A newer epoch raises the
+        agent's; an older one only reads (the answer says the agent's epoch).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -104,6 +104,8 @@ COORDINATION_TOKEN_METADATA = "authorization"
 """gRPC metadata carrying `Bearer <token>` from the coordinator to the agents."""
 COORDINATOR_LEASE = "baton-coordinator"
 """The `coordination.k8s.io` Lease in `NAMESPACE` whose holder leads the coordinators."""
+LABEL_COORDINATOR_LEADER = "baton.dev/coordinator-leader"
+"""Pod label the leading coordinator puts on its own pod; the coordinator's Service selects it."""
 
 
 def job_of_labels(labels: Mapping[str, str]) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from commands.cli import agent, demo, deviceplugin, dra, extender, status
+from commands.cli import agent, coordinator, demo, deviceplugin, dra, extender, status
 
 app = typer.Typer(
     name="baton",
@@ -18,7 +18,7 @@ bench_app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 
-for component in (agent, deviceplugin, dra, extender, status, demo):
+for component in (agent, deviceplugin, dra, extender, coordinator, status, demo):
     component.register(app, bench_app)
 
 

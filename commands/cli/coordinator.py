@@ -1,0 +1,121 @@
+"""`baton coordinator` (registered by `commands.cli`)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from baton.contract import names
+from commands.cli.options import Kubeconfig, LogLevel, setup_logging
+
+POLICIES = ("fifo", "fair")
+
+
+def coordinator(
+    token_file: Annotated[
+        str,
+        typer.Option(
+            envvar="BATON_COORDINATION_TOKEN_FILE",
+            help="A file holding the token the agents expect (from a Secret).",
+        ),
+    ] = "",
+    kubeconfig: Kubeconfig = None,
+    namespace: Annotated[
+        str, typer.Option(envvar="BATON_COORDINATOR_NAMESPACE", help="Where the Lease lives.")
+    ] = names.NAMESPACE,
+    lease: Annotated[
+        str, typer.Option(envvar="BATON_COORDINATOR_LEASE", help="The Lease's name.")
+    ] = names.COORDINATOR_LEASE,
+    identity: Annotated[
+        str,
+        typer.Option(envvar="POD_NAME", help="This replica's name in the Lease (the host name)."),
+    ] = "",
+    pod_namespace: Annotated[
+        str,
+        typer.Option(envvar="POD_NAMESPACE", help="This replica's pod's namespace (to label it)."),
+    ] = "",
+    llmd_listen: Annotated[
+        str,
+        typer.Option(envvar="BATON_COORDINATOR_LLMD_LISTEN", help="llm-d's orchestrator API."),
+    ] = f"0.0.0.0:{names.PORT_LLMD_ORCHESTRATOR}",
+    queue_policy: Annotated[
+        str, typer.Option(envvar="BATON_COORDINATOR_QUEUE_POLICY", help="fifo or fair.")
+    ] = "fifo",
+    lease_duration: Annotated[
+        int, typer.Option(envvar="BATON_COORDINATOR_LEASE_DURATION", help="Seconds.")
+    ] = 15,
+    renew_deadline: Annotated[
+        float, typer.Option(envvar="BATON_COORDINATOR_RENEW_DEADLINE", help="Seconds.")
+    ] = 10.0,
+    retry_period: Annotated[
+        float, typer.Option(envvar="BATON_COORDINATOR_RETRY_PERIOD", help="Seconds.")
+    ] = 2.0,
+    prepare_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar="BATON_COORDINATOR_PREPARE_TIMEOUT",
+            help="Seconds a node may take to make room for a job's turn.",
+        ),
+    ] = 60.0,
+    allow_unidentified: Annotated[
+        bool,
+        typer.Option(
+            envvar="BATON_COORDINATOR_ALLOW_UNIDENTIFIED",
+            help="Let callers that are no identifiable pod drive the one namespace with their job.",
+        ),
+    ] = False,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Run the cluster coordinator: one turn for a whole job across its pods and nodes."""
+    from baton.contract.kube import KubeConfigError
+    from coordinator.daemon import CoordinatorConfig, CoordinatorStartError, run_coordinator
+    from coordinator.leader import check_timing
+
+    if queue_policy not in POLICIES:
+        raise typer.BadParameter(
+            f"{queue_policy!r}; choose one of {', '.join(POLICIES)}", param_hint="--queue-policy"
+        )
+    try:
+        check_timing(lease_duration, renew_deadline, retry_period)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--lease-duration") from None
+    if prepare_timeout <= 0:
+        raise typer.BadParameter("must be above 0 seconds", param_hint="--prepare-timeout")
+    if not token_file:
+        raise typer.BadParameter("the agents' token is required", param_hint="--token-file")
+    try:
+        token = Path(token_file).read_text().strip()
+    except OSError as err:
+        raise typer.BadParameter(f"cannot read {token_file} ({err.strerror})") from None
+    if not token:
+        raise typer.BadParameter(f"{token_file} is empty", param_hint="--token-file")
+    setup_logging(log_level)
+    config = CoordinatorConfig(
+        token=token,
+        kubeconfig=kubeconfig,
+        namespace=namespace,
+        lease_name=lease,
+        identity=identity,
+        llmd_listen=llmd_listen,
+        queue_policy=queue_policy,
+        lease_duration_s=lease_duration,
+        renew_deadline_s=renew_deadline,
+        retry_period_s=retry_period,
+        prepare_timeout_s=prepare_timeout,
+        allow_unidentified=allow_unidentified,
+        pod_name=identity if pod_namespace else "",
+        pod_namespace=pod_namespace,
+    )
+    try:
+        asyncio.run(run_coordinator(config))
+    except (KubeConfigError, CoordinatorStartError) as err:
+        typer.echo(f"baton coordinator: {err}", err=True)
+        raise typer.Exit(2) from None
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
+    app.command("coordinator")(coordinator)

@@ -1,0 +1,256 @@
+"""`baton coordinator`: the one place the coordinator's parts are built and started.
+
+Watches (job pods under either job label, nodes) feed the cluster view; the leader elector
+campaigns for the Lease; when this replica leads it recovers the agents' turns (with its new
+epoch) before it serves, and when it stops leading every waiter hears why. llm-d's orchestrator
+API and the gRPC health service are served by every replica; only the leader grants (a standby
+answers UNAVAILABLE, and where it runs in a pod the leader labels its own pod so that the
+Service sends calls to it alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from agent.core.fair import FairShare
+from agent.core.leases import LeaseTable
+from baton._pb import health_pb2 as hp
+from baton._pb import health_pb2_grpc as hp_grpc
+from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
+from baton.contract import names
+from baton.contract.kube import Outage
+from baton.contract.reflector import KubeSource, Reflector
+from baton.contract.shutdown import on_stop_signal_async
+from coordinator.agents import AgentLinks
+from coordinator.callers import PodCallers
+from coordinator.cluster import ClusterView, NodeStore, PodStore
+from coordinator.leader import LeaderElector
+from coordinator.llmd import LlmdOrchestrator
+from coordinator.recovery import recover
+from coordinator.turns import Arbiter
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorStartError(Exception):
+    """Something the coordinator needs at start is missing; the message says what to pass."""
+
+
+@dataclass
+class CoordinatorConfig:
+    """Everything `baton coordinator` can be told."""
+
+    token: str
+    """The coordination token the agents expect (from the Secret both mount)."""
+    kubeconfig: str | None = None
+    namespace: str = names.NAMESPACE
+    """Where the Lease lives."""
+    lease_name: str = names.COORDINATOR_LEASE
+    identity: str = ""
+    """This replica's name in the Lease (default: the host name)."""
+    llmd_listen: str = f"0.0.0.0:{names.PORT_LLMD_ORCHESTRATOR}"
+    queue_policy: str = "fifo"
+    lease_duration_s: int = 15
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+    prepare_timeout_s: float = 60.0
+    allow_unidentified: bool = False
+    """Let callers that are no identifiable pod drive the one namespace that has their job."""
+    pod_name: str = ""
+    pod_namespace: str = ""
+    """This replica's own pod, labelled while it leads (empty outside a pod)."""
+
+
+class Coordinator:
+    """Build with a config and an API client; `start`, then `stop`."""
+
+    def __init__(self, config: CoordinatorConfig, api_client: Any) -> None:
+        self.config = config
+        self._api = api_client
+        self.view = ClusterView()
+        self.links = AgentLinks(config.token)
+        self.arbiter = Arbiter(self.view, self.links, self._new_table, time.time)
+        self.arbiter.prepare_timeout_s = config.prepare_timeout_s
+        self._reflectors: list[Reflector] = []
+        self._elector: LeaderElector | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health = _Health()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._term: asyncio.Task[None] | None = None
+        self.port = 0
+        self.identity = config.identity or socket.gethostname()
+
+    def _new_table(self) -> LeaseTable:
+        policy = FairShare() if self.config.queue_policy == "fair" else self.config.queue_policy
+        return LeaseTable(clock=time.time, policy=policy, max_hold=float("inf"))
+
+    async def start(self) -> None:
+        """Watch, serve, campaign. Raises `CoordinatorStartError` before serving if it cannot."""
+        self._loop = asyncio.get_running_loop()
+        self._watch()
+        self._server = grpc.aio.server()
+        try:
+            self.port = self._server.add_insecure_port(self.config.llmd_listen)
+        except RuntimeError:
+            self.port = 0
+        if not self.port:
+            raise CoordinatorStartError(
+                f"cannot listen on {self.config.llmd_listen}; check --llmd-listen"
+            )
+        callers = PodCallers(self._api)
+        orchestrator = LlmdOrchestrator(
+            self.arbiter, self.view, callers.namespace, self.config.allow_unidentified
+        )
+        ts_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(orchestrator, self._server)
+        hp_grpc.add_HealthServicer_to_server(self._health, self._server)
+        await self._server.start()
+        cfg = self.config
+        self._elector = LeaderElector(
+            self._api,
+            cfg.namespace,
+            cfg.lease_name,
+            self.identity,
+            cfg.lease_duration_s,
+            cfg.renew_deadline_s,
+            cfg.retry_period_s,
+            on_started_leading=self._started_leading,
+            on_stopped_leading=self._stopped_leading,
+        )
+        self._elector.start()
+        log.info(
+            "coordinator %s: llm-d API on %s, policy %s, campaigning for Lease %s/%s",
+            self.identity, cfg.llmd_listen, cfg.queue_policy, cfg.namespace, cfg.lease_name,
+        )  # fmt: skip
+
+    def _watch(self) -> None:
+        for label in (names.LABEL_JOB, names.LABEL_LLMD_JOB):
+            store = PodStore(self.view, label)
+            source = KubeSource(self._api, "pods", label_selector=label)
+            outage = Outage(log, f"watch of pods labelled {label}", "job membership is not updated")
+            self._reflectors.append(Reflector(source, store, outage, name=f"pods-{label}"))
+        outage = Outage(log, "watch of nodes", "agents' addresses and groups are not updated")
+        nodes = Reflector(
+            KubeSource(self._api, "nodes"), NodeStore(self.view), outage, name="nodes"
+        )
+        self._reflectors.append(nodes)
+        for reflector in self._reflectors:
+            reflector.start()
+
+    # Leading (the elector's callbacks run on its thread).
+
+    def _started_leading(self, epoch: int) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._begin_term, epoch)
+
+    def _stopped_leading(self, reason: str) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._end_term, reason)
+
+    def _begin_term(self, epoch: int) -> None:
+        self._term = asyncio.create_task(self._take_over(epoch))
+
+    async def _take_over(self, epoch: int) -> None:
+        table = self._new_table()
+        found = await recover(self.view, self.links, table, epoch)
+        if self._elector is None or self._elector.epoch != epoch or not self._elector.is_leader():
+            return  # lost the Lease while recovering
+        self.arbiter.lead(epoch, table, found.held)
+        self._health.serving(True)
+        await asyncio.to_thread(self._label_own_pod, True)
+        log.info(
+            "leading with epoch %d: %d job turn(s) held, %d rolled back%s",
+            epoch, len(found.held), len(found.rolled_back),
+            f", agents not reached: {', '.join(sorted(found.unreachable))}"
+            if found.unreachable else "",
+        )  # fmt: skip
+
+    def _end_term(self, reason: str) -> None:
+        if self._term is not None:
+            self._term.cancel()
+        self.arbiter.step_down(reason)
+        self._health.serving(False)
+        log.warning("no longer leading: %s", reason)
+        self._loop_spawn(asyncio.to_thread(self._label_own_pod, False))
+
+    def _loop_spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def _label_own_pod(self, leading: bool) -> None:
+        cfg = self.config
+        if not cfg.pod_name or not cfg.pod_namespace:
+            return
+        from kubernetes import client
+
+        value = "true" if leading else None
+        body = {"metadata": {"labels": {names.LABEL_COORDINATOR_LEADER: value}}}
+        try:
+            client.CoreV1Api(self._api).patch_namespaced_pod(
+                cfg.pod_name, cfg.pod_namespace, body, _request_timeout=5
+            )
+        except Exception as err:  # the Service then finds no leader until the next term
+            log.warning(
+                "cannot label pod %s/%s as leader: %s", cfg.pod_namespace, cfg.pod_name, err
+            )
+
+    # Stopping.
+
+    async def stop(self) -> None:
+        """Step down (releasing the Lease at once), stop serving and watching."""
+        if self._elector is not None:
+            await asyncio.to_thread(self._elector.stop)
+        if self._term is not None:
+            self._term.cancel()
+        self.arbiter.step_down("the coordinator is stopping")
+        if self._server is not None:
+            await self._server.stop(0.5)
+        await self.arbiter.close()
+        await self.links.close()
+        for reflector in self._reflectors:
+            await asyncio.to_thread(reflector.stop, 5)
+
+
+class _Health(hp_grpc.HealthServicer):
+    """grpc.health.v1: SERVING while this replica leads, NOT_SERVING otherwise."""
+
+    def __init__(self) -> None:
+        self._serving = False
+
+    def serving(self, value: bool) -> None:
+        self._serving = value
+
+    async def Check(
+        self, request: hp.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> hp.HealthCheckResponse:
+        status = (
+            hp.HealthCheckResponse.SERVING if self._serving else hp.HealthCheckResponse.NOT_SERVING
+        )
+        return hp.HealthCheckResponse(status=status)
+
+
+async def run_coordinator(config: CoordinatorConfig) -> None:
+    """Build and run a coordinator until SIGTERM or SIGINT; then step down and stop cleanly."""
+    from baton.contract.kube import load_api_client
+
+    stop = asyncio.Event()
+    why: list[str] = []
+
+    def request_stop(reason: str) -> None:
+        why.append(reason)
+        stop.set()
+
+    on_stop_signal_async(asyncio.get_running_loop(), request_stop)
+    coordinator = Coordinator(config, load_api_client(config.kubeconfig))
+    try:
+        await coordinator.start()
+        await stop.wait()
+    finally:
+        await coordinator.stop()
+    log.info("coordinator stopped on %s", why[0] if why else "cancellation")

@@ -1,0 +1,383 @@
+"""Leader election with a `coordination.k8s.io/v1` Lease whose `leaseTransitions` is the epoch.
+
+`decide` is the pure core: from the Lease as read, who we are and the time, renew, take over or
+wait. `LeaderElector` is the shell: a thread that reads and writes the Lease with optimistic
+concurrency, and steps down `renew_deadline_s` after its last renewal, before the Lease expires.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from baton.contract.kube import Outage, api_error_reason, parse_timestamp_ns
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """A Lease's spec as read or to be written; times in seconds since the Unix epoch."""
+
+    holder: str = ""
+    """The holder's identity; empty when free (never held, or released)."""
+    duration_s: int = 0
+    renew_time: float | None = None
+    acquire_time: float | None = None
+    transitions: int = 0
+    """How many times leadership changed hands: the epoch of the current term."""
+    resource_version: str = ""
+    """Empty for a Lease not yet created."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Who asks: identity, the Lease duration it writes, the epoch it leads with now (None when
+    not leading), and the highest epoch it has seen (so a deleted Lease cannot reuse one)."""
+
+    identity: str
+    lease_duration_s: int
+    term: int | None = None
+    highest_epoch: int = 0
+
+
+class Action(enum.Enum):
+    RENEW = "renew"
+    TAKE = "take over"
+    WAIT = "wait"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do, and the Lease to write (RENEW, TAKE) or the one that was read (WAIT)."""
+
+    action: Action
+    lease: LeaseRecord
+
+
+def expires_at(lease: LeaseRecord, seen_at: float | None, default_duration_s: int) -> float:
+    """When the holder's claim lapses: a duration after its renewTime and after we first saw
+    that renewal by our own clock (so a holder whose clock lags ours is not cut short)."""
+    times = [t for t in (lease.renew_time, seen_at) if t is not None]
+    if not times:
+        return float("-inf")
+    return max(times) + (lease.duration_s or default_duration_s)
+
+
+def decide(
+    lease: LeaseRecord | None, me: Candidate, now: float, seen_at: float | None = None
+) -> Decision:
+    """Renew our own term, take over a free, expired or stale-term Lease, else wait."""
+    if lease is None:
+        return Decision(Action.TAKE, _taken(LeaseRecord(), me, now))
+    ours = lease.holder == me.identity
+    if ours and me.term is not None and lease.transitions == me.term:
+        renewed = replace(lease, duration_s=me.lease_duration_s, renew_time=now)
+        return Decision(Action.RENEW, renewed)
+    free = not lease.holder or expires_at(lease, seen_at, me.lease_duration_s) < now
+    if ours or free:
+        return Decision(Action.TAKE, _taken(lease, me, now))
+    return Decision(Action.WAIT, lease)
+
+
+def _taken(lease: LeaseRecord, me: Candidate, now: float) -> LeaseRecord:
+    """The Lease as we take it over: held by us from now, in a new, higher epoch."""
+    epoch = max(lease.transitions, me.highest_epoch) + 1
+    taken = replace(lease, holder=me.identity, duration_s=me.lease_duration_s, transitions=epoch)
+    return replace(taken, renew_time=now, acquire_time=now)
+
+
+def check_timing(lease_duration_s: int, renew_deadline_s: float, retry_period_s: float) -> None:
+    """Raise ValueError unless 0 < retry_period_s < renew_deadline_s < lease_duration_s."""
+    if not isinstance(lease_duration_s, int) or lease_duration_s < 1:
+        raise ValueError(f"lease_duration_s must be a whole number >= 1, not {lease_duration_s!r}")
+    for arg, value, bound, limit in (
+        ("renew_deadline_s", renew_deadline_s, "lease_duration_s", lease_duration_s),
+        ("retry_period_s", retry_period_s, "renew_deadline_s", renew_deadline_s),
+    ):
+        if not 0 < value < limit:
+            raise ValueError(f"{arg} must be > 0 and < {bound} ({limit:g}), not {value!r}")
+
+
+def lease_record(obj: dict[str, Any]) -> LeaseRecord:
+    """A Lease object (the API server's JSON) as a record."""
+    spec = obj.get("spec") or {}
+    return LeaseRecord(
+        holder=spec.get("holderIdentity") or "",
+        duration_s=int(spec.get("leaseDurationSeconds") or 0),
+        renew_time=_seconds(spec.get("renewTime")),
+        acquire_time=_seconds(spec.get("acquireTime")),
+        transitions=int(spec.get("leaseTransitions") or 0),
+        resource_version=str((obj.get("metadata") or {}).get("resourceVersion") or ""),
+    )
+
+
+def lease_object(lease: LeaseRecord, base: dict[str, Any]) -> dict[str, Any]:
+    """`base` (the Lease as read, or a bare one) with the record's spec and resourceVersion."""
+    metadata = {**(base.get("metadata") or {}), "resourceVersion": lease.resource_version or None}
+    spec = {
+        **(base.get("spec") or {}),
+        "holderIdentity": lease.holder or None,
+        "leaseDurationSeconds": lease.duration_s or None,
+        "renewTime": _micro_time(lease.renew_time),
+        "acquireTime": _micro_time(lease.acquire_time),
+        "leaseTransitions": lease.transitions,
+    }
+    return {**base, "metadata": metadata, "spec": spec}
+
+
+def _seconds(text: str | None) -> float | None:
+    if not text:
+        return None
+    whole, ns = divmod(parse_timestamp_ns(text), 1_000_000_000)
+    return whole + ns / 1e9
+
+
+def _micro_time(seconds: float | None) -> str | None:
+    # MicroTime wants exactly six fraction digits; datetime.isoformat drops them at .000000.
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    """Campaigns for one Lease on its own thread; leads until stopped or until it cannot renew
+    for `renew_deadline_s`. Callbacks run on that thread and must return quickly.
+
+    It calls the API server on a client of its own, made from `api_client`'s configuration
+    without urllib3's retries, so that every call ends by the leader's deadline.
+    """
+
+    def __init__(
+        self,
+        api_client: Any,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration_s: int = 15,
+        renew_deadline_s: float = 10,
+        retry_period_s: float = 2,
+        clock: Callable[[], float] = time.time,
+        on_started_leading: Callable[[int], object] | None = None,
+        on_stopped_leading: Callable[[str], object] | None = None,
+    ) -> None:
+        for arg, value in (("namespace", namespace), ("name", name), ("identity", identity)):
+            if not value or not isinstance(value, str):
+                raise ValueError(f"{arg} must be a non-empty string, not {value!r}")
+        check_timing(lease_duration_s, renew_deadline_s, retry_period_s)
+        from kubernetes import client
+
+        configuration = copy.copy(api_client.configuration)
+        configuration.retries = False
+        self._client = client.ApiClient(configuration)
+        self._api: Any = client.CoordinationV1Api(self._client)
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.lease_duration_s = lease_duration_s
+        self.renew_deadline_s = renew_deadline_s
+        self.retry_period_s = retry_period_s
+        self._clock = clock
+        self._on_started = on_started_leading
+        self._on_stopped = on_stopped_leading
+        self._where = f"Lease {namespace}/{name}"
+        self._outage = Outage(
+            log,
+            f"leader election for {self._where} as {identity}",
+            f"a leader steps down {renew_deadline_s:g} s after its last renewal",
+        )
+        self._lock = threading.Lock()
+        self._term: int | None = None
+        self._valid_until = float("-inf")
+        self._epoch = 0
+        self._highest_epoch = 0
+        self._written: dict[str, Any] | None = None
+        """The Lease as our last write left it (the release starts from it)."""
+        self._seen: tuple[str, float] = ("", 0.0)
+        self._last_error = "no answer yet"
+        self._leading = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start campaigning in the background (once)."""
+        if self._thread is not None:
+            raise RuntimeError(f"the elector for {self._where} was already started")
+        self._thread = threading.Thread(
+            target=self._run, name=f"leader-election-{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop leading (releasing the Lease so a standby takes over at once) and end the thread;
+        waits at most `timeout` s (default: long enough for three bounded API calls)."""
+        self._stopping.set()
+        thread = self._thread
+        if thread is None:
+            self._client.close()
+        if thread is None or thread is threading.current_thread():
+            return
+        thread.join(3 * self.renew_deadline_s + 1 if timeout is None else timeout)
+        if thread.is_alive():
+            log.warning("%s: the elector's thread is stuck in an API call", self._where)
+
+    def is_leader(self) -> bool:
+        """Whether we lead now: a term began and its last renewal is under renew_deadline_s old."""
+        with self._lock:
+            return self._term is not None and self._clock() < self._valid_until
+
+    @property
+    def epoch(self) -> int:
+        """The current term's epoch while leading (after stepping down: the last one; 0 before)."""
+        with self._lock:
+            return self._epoch
+
+    def wait_leading(self, timeout: float) -> bool:
+        """Whether we lead within `timeout` seconds."""
+        return self._leading.wait(timeout) and self.is_leader()
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                if self._attempt() == "conflict" and not self._stopping.is_set():
+                    self._attempt()  # someone else wrote the Lease: re-read it at once
+                self._step_down_if_late()
+                self._stopping.wait(self._pause())
+        finally:
+            if self._term is not None:
+                self._step_down("the elector stopped", logging.INFO)
+                self._release()
+            self._client.close()
+
+    def _attempt(self) -> str:
+        """Read the Lease, decide, and write it; "ok", "conflict" or "failed"."""
+        now = self._clock()
+        try:
+            obj = self._read(self._request_timeout(now))
+        except Exception as err:
+            return self._failed(err)
+        lease = lease_record(obj) if obj is not None else None
+        me = Candidate(self.identity, self.lease_duration_s, self._term, self._highest_epoch)
+        decision = decide(lease, me, now, self._seen_at(lease, now))
+        if lease is not None:
+            self._highest_epoch = max(self._highest_epoch, lease.transitions)
+        if decision.action is Action.WAIT:
+            if self._term is not None:
+                self._step_down(f"{self._where} is now held by {decision.lease.holder}")
+            self._outage.answered()
+            return "ok"
+        if decision.action is Action.TAKE and self._term is not None:
+            self._step_down(f"{self._where} no longer records our epoch {self._term}")
+        base = obj or {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {}}
+        try:
+            body = lease_object(decision.lease, base)
+            written = self._write(body, self._request_timeout(self._clock()))
+        except Exception as err:
+            if getattr(err, "status", None) == 409:
+                self._outage.answered()
+                return "conflict"
+            return self._failed(err)
+        self._outage.answered()
+        self._written = written
+        epoch = lease_record(written).transitions
+        self._highest_epoch = max(self._highest_epoch, epoch)
+        if decision.action is Action.TAKE:
+            self._begin(epoch, now)
+        else:
+            with self._lock:
+                self._valid_until = now + self.renew_deadline_s
+        return "ok"
+
+    def _failed(self, err: BaseException) -> str:
+        self._last_error = api_error_reason(err)
+        self._outage.failed(err, self.retry_period_s)
+        return "failed"
+
+    def _seen_at(self, lease: LeaseRecord | None, now: float) -> float | None:
+        """When we first saw this version of the Lease, by our clock."""
+        if lease is None:
+            return None
+        if lease.resource_version != self._seen[0]:
+            self._seen = (lease.resource_version, now)
+        return self._seen[1]
+
+    def _request_timeout(self, now: float) -> float:
+        """A leader's call ends by its deadline; a standby's within renew_deadline_s."""
+        if self._term is None:
+            return self.renew_deadline_s
+        return max(min(self._valid_until - now, self.renew_deadline_s), 0.001)
+
+    def _pause(self) -> float:
+        """Until the next attempt: a retry period, but never past a leader's deadline."""
+        if self._term is None:
+            return self.retry_period_s
+        return max(min(self.retry_period_s, self._valid_until - self._clock()), 0.0)
+
+    def _begin(self, epoch: int, renewed_at: float) -> None:
+        with self._lock:
+            self._term, self._epoch = epoch, epoch
+            self._valid_until = renewed_at + self.renew_deadline_s
+        log.info("%s: %s leads in epoch %d", self._where, self.identity, epoch)
+        self._leading.set()
+        self._call(self._on_started, epoch)
+
+    def _step_down_if_late(self) -> None:
+        if self._term is not None and self._clock() >= self._valid_until:
+            why = f"could not renew {self._where} for {self.renew_deadline_s:g} s"
+            self._step_down(f"{why} ({self._last_error})")
+
+    def _step_down(self, reason: str, level: int = logging.WARNING) -> None:
+        with self._lock:
+            epoch, self._term = self._term, None
+        self._leading.clear()
+        log.log(
+            level, "%s: %s leads no more (epoch %s): %s", self._where, self.identity, epoch, reason
+        )
+        self._call(self._on_stopped, reason)
+
+    def _call(self, callback: Callable[[Any], object] | None, arg: Any) -> None:
+        try:
+            if callback is not None:
+                callback(arg)
+        except Exception as err:
+            log.error("%s: a callback raised %s: %s", self._where, type(err).__name__, err)
+
+    def _release(self) -> None:
+        """Clear holderIdentity (if the Lease is as we left it): a standby need not wait."""
+        if self._written is None:
+            return
+        released = replace(lease_record(self._written), holder="", renew_time=self._clock())
+        try:
+            self._write(lease_object(released, self._written), self.renew_deadline_s)
+        except Exception as err:
+            level = logging.INFO if getattr(err, "status", None) == 409 else logging.WARNING
+            log.log(level, "%s: not released: %s", self._where, api_error_reason(err))
+            return
+        log.info("%s: released by %s in epoch %d", self._where, self.identity, released.transitions)
+
+    def _read(self, timeout: float) -> dict[str, Any] | None:
+        try:
+            answer = self._api.read_namespaced_lease(
+                self.name, self.namespace, _preload_content=False, _request_timeout=timeout
+            )
+        except Exception as err:
+            if getattr(err, "status", None) == 404:
+                return None
+            raise
+        return dict(json.loads(answer.data))
+
+    def _write(self, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Create the Lease (no resourceVersion) or replace it (409 when it changed meanwhile)."""
+        body["metadata"].update(name=self.name, namespace=self.namespace)
+        kwargs = {"_preload_content": False, "_request_timeout": timeout}
+        if body["metadata"].get("resourceVersion"):
+            answer = self._api.replace_namespaced_lease(self.name, self.namespace, body, **kwargs)
+        else:
+            answer = self._api.create_namespaced_lease(self.namespace, body, **kwargs)
+        return dict(json.loads(answer.data))

@@ -1,0 +1,141 @@
+"""The coordinator as deployed, against a real kube-apiserver: `baton coordinator` processes
+elected by a Lease, `baton agent` processes standing for two nodes, job pods bound to them
+through the API, and llm-d's orchestrator client (`tests/agent/server/llmd/llmd_client.py`)
+acquiring and yielding a job's turn through one address."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from baton._pb import health_pb2 as hp
+from baton._pb import health_pb2_grpc as hp_grpc
+from commands.localnode.controlplane import ControlPlane, free_ports
+from commands.localnode.procs import Process, wait_for
+from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
+from tests.coordinator.nodes import AgentNode, agent_nodes, job_pod
+
+LEASE_NS = "baton-system"
+TEAM = "team"
+
+
+@pytest.fixture(scope="module")
+def core(control_plane: ControlPlane) -> Iterator[Any]:
+    from kubernetes import client
+
+    from baton.contract.kube import load_api_client
+
+    api = client.CoreV1Api(load_api_client(str(control_plane.admin_kubeconfig)))
+    for name in (LEASE_NS, TEAM):
+        api.create_namespace({"metadata": {"name": name}})
+    # No controller manager here: the pods' service account is made by hand.
+    api.create_namespaced_service_account(TEAM, {"metadata": {"name": "default"}})
+    yield api
+    for name in (LEASE_NS, TEAM):
+        api.delete_namespace(name)
+
+
+class CoordinatorProcess:
+    """`baton coordinator` with a short Lease, serving llm-d's API on a loopback port."""
+
+    def __init__(self, plane: ControlPlane, root: Path, name: str, lease: str) -> None:
+        (self.port,) = free_ports(1)
+        self.address = f"127.0.0.1:{self.port}"
+        self.process = Process(
+            name,
+            [
+                sys.executable, "-m", "baton", "coordinator",
+                "--kubeconfig", str(plane.admin_kubeconfig),
+                "--token-file", str(root / "token"),
+                "--namespace", LEASE_NS,
+                "--lease", lease,
+                "--identity", name,
+                "--llmd-listen", self.address,
+                "--lease-duration", "3",
+                "--renew-deadline", "2",
+                "--retry-period", "0.2",
+                "--allow-unidentified",
+            ],
+            root / f"{name}.log",
+        )  # fmt: skip
+
+    def serving(self) -> bool:
+        """Whether it leads (its health service says SERVING)."""
+        self.process.check()
+        try:
+            with grpc.insecure_channel(self.address) as channel:
+                answer = hp_grpc.HealthStub(channel).Check(hp.HealthCheckRequest(), timeout=2)
+        except grpc.RpcError:
+            return False
+        return bool(answer.status == hp.HealthCheckResponse.SERVING)
+
+
+def turns_on(nodes: list[AgentNode]) -> dict[str, list[tuple[str, str, tuple[str, ...]]]]:
+    """node → its job turns as (job, state, members): what the agents hold, read from them."""
+    return {n.name: [(t.job, t.state, tuple(t.members)) for t in n.report().turns] for n in nodes}
+
+
+def members_known(nodes: list[AgentNode], pods: dict[str, set[str]]) -> None:
+    for node in nodes:
+        wait_for(
+            f"agent of {node.name} seeing pods {sorted(pods[node.name])}",
+            lambda node=node: True if pods[node.name] <= node.tenants() else None,
+            30,
+        )
+
+
+def test_an_llmd_client_drives_a_two_node_job_through_the_coordinator(
+    control_plane: ControlPlane, core: Any, tmp_path: Path
+) -> None:
+    with agent_nodes(control_plane, tmp_path, ["n1", "n2"]) as nodes:
+        n1, n2 = nodes
+        for pod, node, job in (
+            ("rl-trainer", n1, "rl"),
+            ("rl-sampler", n2, "rl"),
+            ("sft-a", n1, "sft"),
+            ("sft-b", n2, "sft"),
+        ):
+            job_pod(core, TEAM, pod, node, job)
+        members_known(
+            nodes,
+            {"n1": {"team/rl-trainer", "team/sft-a"}, "n2": {"team/rl-sampler", "team/sft-b"}},
+        )
+        leader = CoordinatorProcess(control_plane, tmp_path, "coordinator-a", "one-job")
+        leader.process.start()
+        try:
+            wait_for("the coordinator leading", lambda: True if leader.serving() else None, 30)
+            llmd = TimeSliceOrchestratorClient(leader.address)
+            success, _, _ = llmd.acquire("rl", "", timeout_sec=20)
+            assert success
+            assert turns_on(nodes) == {
+                "n1": [("rl", "committed", ("team/rl-trainer",))],
+                "n2": [("rl", "committed", ("team/rl-sampler",))],
+            }
+            assert llmd.acquire("rl", "", timeout_sec=5)[0]  # the holder: at once
+            got: list[tuple[bool, int, bool]] = []
+            other = threading.Thread(target=lambda: got.append(llmd.acquire("sft", "", 20)))
+            other.start()
+            assert not got  # rl holds both nodes
+            status = llmd.release("rl", "")
+            other.join(30)
+            assert got and got[0][0], "sft's acquire did not return"
+            assert status[0]
+            assert turns_on(nodes) == {
+                "n1": [("sft", "committed", ("team/sft-a",))],
+                "n2": [("sft", "committed", ("team/sft-b",))],
+            }
+            with pytest.raises(grpc.RpcError) as denied:
+                llmd.release("rl", "")
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "held by team/sft" in str(denied.value.details())
+            llmd.release("sft", "")
+            assert turns_on(nodes) == {"n1": [], "n2": []}
+            llmd.close()
+        finally:
+            leader.process.stop()
