@@ -31,7 +31,7 @@ def core(control_plane: ControlPlane) -> Iterator[Any]:
 
     from baton.contract.kube import load_api_client
 
-    api = client.CoreV1Api(load_api_client(str(control_plane.admin_kubeconfig)))
+    api: Any = client.CoreV1Api(load_api_client(str(control_plane.admin_kubeconfig)))
     for name in (LEASE_NS, TEAM):
         api.create_namespace({"metadata": {"name": name}})
     # No controller manager here: the pods' service account is made by hand.
@@ -83,11 +83,12 @@ def turns_on(nodes: list[AgentNode]) -> dict[str, list[tuple[str, str, tuple[str
 
 def members_known(nodes: list[AgentNode], pods: dict[str, set[str]]) -> None:
     for node in nodes:
-        wait_for(
-            f"agent of {node.name} seeing pods {sorted(pods[node.name])}",
-            lambda node=node: True if pods[node.name] <= node.tenants() else None,
-            30,
-        )
+        wanted = pods[node.name]
+
+        def seen(node: AgentNode = node, wanted: set[str] = wanted) -> bool | None:
+            return True if wanted <= node.tenants() else None
+
+        wait_for(f"agent of {node.name} seeing pods {sorted(wanted)}", seen, 30)
 
 
 def test_an_llmd_client_drives_a_two_node_job_through_the_coordinator(
