@@ -12,7 +12,6 @@ network), identifies nobody. Baton's own client is identified by its node agent 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import time
 from collections.abc import Callable
@@ -58,8 +57,6 @@ class PodCallers:
         return found
 
     def _lookup(self, ip: str) -> str | None:
-        if ipaddress.ip_address(ip).is_loopback:
-            return None
         try:
             pods = self._core.list_pod_for_all_namespaces(
                 field_selector=f"status.podIP={ip}", _request_timeout=5

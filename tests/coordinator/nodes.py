@@ -101,16 +101,27 @@ class AgentNode:
 
     def report(self, epoch: int = 0) -> jt.ReportResponse:
         """The agent's job turns (`epoch` 0 only reads: it raises no fence)."""
+        answer: jt.ReportResponse = self._call("Report", jt.ReportRequest(epoch=epoch))
+        return answer
+
+    def hold(self, epoch: int, turn_id: str, namespace: str, job: str) -> None:
+        """Prepare and commit a job turn on this node alone, as a leader of `epoch` would."""
+        request = jt.PrepareRequest(epoch=epoch, turn_id=turn_id, namespace=namespace, job=job)
+        self._call("Prepare", request)
+        self._call("Commit", jt.CommitRequest(epoch=epoch, turn_id=turn_id))
+
+    def release(self, epoch: int, turn_id: str) -> bool:
+        """Release a job turn as a leader of `epoch` would (grpc.RpcError if refused)."""
+        request = jt.ReleaseRequest(epoch=epoch, turn_id=turn_id, reason="test")
+        return bool(self._call("Release", request).released)
+
+    def _call(self, method: str, request: Any) -> Any:
         import grpc
 
         with grpc.insecure_channel(self.address) as channel:
             stub = jt_grpc.JobTurnsStub(channel)
-            answer: jt.ReportResponse = stub.Report(
-                jt.ReportRequest(epoch=epoch),
-                metadata=(("authorization", f"Bearer {TOKEN}"),),
-                timeout=10,
-            )
-        return answer
+            metadata = (("authorization", f"Bearer {TOKEN}"),)
+            return getattr(stub, method)(request, metadata=metadata, timeout=10)
 
 
 def job_pod(

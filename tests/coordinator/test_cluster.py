@@ -5,6 +5,8 @@ acquiring and yielding a job's turn through one address."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -140,3 +142,91 @@ def test_an_llmd_client_drives_a_two_node_job_through_the_coordinator(
             llmd.close()
         finally:
             leader.process.stop()
+
+
+def start_pair(plane: ControlPlane, root: Path, lease: str) -> list[CoordinatorProcess]:
+    pair = [CoordinatorProcess(plane, root, f"{lease}-{x}", lease) for x in "ab"]
+    for each in pair:
+        each.process.start()
+    return pair
+
+
+def leader_of(pair: list[CoordinatorProcess]) -> CoordinatorProcess:
+    def one() -> CoordinatorProcess | None:
+        serving = [c for c in pair if c.process.running() and c.serving()]
+        return serving[0] if len(serving) == 1 else None
+
+    return wait_for("one coordinator leading", one, 30)
+
+
+def test_a_leader_killed_during_a_handover_is_replaced_rolling_back_its_half_and_fenced(
+    control_plane: ControlPlane, core: Any, tmp_path: Path
+) -> None:
+    with agent_nodes(control_plane, tmp_path, ["f1", "f2"]) as nodes:
+        f1, f2 = nodes
+        for pod, node, job in (("blk-a", f2, "blk"), ("bg-a", f1, "bg"), ("bg-b", f2, "bg")):
+            job_pod(core, TEAM, pod, node, job)
+        members_known(nodes, {"f1": {"team/bg-a"}, "f2": {"team/blk-a", "team/bg-b"}})
+        pair = start_pair(control_plane, tmp_path, "failover")
+        try:
+            first = leader_of(pair)
+            epoch = f2.report().epoch
+            # blk holds f2 (a turn the leader did not grant, like a node-local tenant's), so bg's
+            # handover stops half-way: prepared on f1, waiting on f2, when the leader is killed.
+            f2.hold(epoch, "t-blk", TEAM, "blk")
+            llmd = TimeSliceOrchestratorClient(first.address)
+            failed: list[grpc.RpcError] = []
+
+            def ask() -> None:
+                try:
+                    llmd.acquire("bg", "", timeout_sec=20)
+                except grpc.RpcError as err:
+                    failed.append(err)
+
+            asker = threading.Thread(target=ask)
+            asker.start()
+            wait_for(
+                "bg prepared on f1 and waiting on f2",
+                lambda: True if queued([f2], {"team/bg-b"}) and holders_of(f1) else None,
+                10,
+            )
+            os.kill(first.process.pid, signal.SIGKILL)
+            asker.join(30)
+            assert failed and failed[0].code() == grpc.StatusCode.UNAVAILABLE
+            second = leader_of(pair)
+            assert second is not first
+            assert {n.report().epoch for n in nodes} == {epoch + 1}  # recovery raised both
+            assert turns_on(nodes) == {"f1": [], "f2": [("blk", "committed", ("team/blk-a",))]}
+            assert not queued([f2], {"team/bg-b"})  # the dead leader's prepare left the queue
+            assert holders_of(f1) == {}  # and its half on f1 was rolled back
+            with pytest.raises(grpc.RpcError) as stale:
+                f2.release(epoch, "t-blk")  # the dead leader's epoch
+            assert f"epoch {epoch} is older than epoch {epoch + 1}" in str(stale.value.details())
+            again = TimeSliceOrchestratorClient(second.address)
+            again.release("blk", "")  # the new leader holds what the agents reported
+            assert again.acquire("bg", "", timeout_sec=20)[0]
+            assert turns_on(nodes) == {
+                "f1": [("bg", "committed", ("team/bg-a",))],
+                "f2": [("bg", "committed", ("team/bg-b",))],
+            }
+            again.release("bg", "")
+            again.close()
+            llmd.close()
+        finally:
+            for each in pair:
+                each.process.stop()
+
+
+def holders_of(node: AgentNode) -> dict[str, str]:
+    return {g: v["holder"] for g, v in node.status()["gpus"].items() if v["holder"]}
+
+
+def queued(nodes: list[AgentNode], pods: set[str]) -> bool:
+    """Whether every one of `pods` waits in its agent's queue (its job's prepare is there)."""
+    waiting = {
+        w["tenant_id"]
+        for node in nodes
+        for gpu in node.status()["gpus"].values()
+        for w in gpu["queue"]
+    }
+    return pods <= waiting
