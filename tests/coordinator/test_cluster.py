@@ -7,90 +7,27 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from baton._pb import health_pb2 as hp
-from baton._pb import health_pb2_grpc as hp_grpc
-from commands.localnode.controlplane import ControlPlane, free_ports
-from commands.localnode.procs import Process, wait_for
+from commands.localnode.controlplane import ControlPlane
+from commands.localnode.procs import wait_for
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
-from tests.coordinator.nodes import AgentNode, agent_nodes, job_pod
-
-LEASE_NS = "baton-system"
-TEAM = "team"
-
-
-@pytest.fixture(scope="module")
-def core(control_plane: ControlPlane) -> Iterator[Any]:
-    from kubernetes import client
-
-    from baton.contract.kube import load_api_client
-
-    api: Any = client.CoreV1Api(load_api_client(str(control_plane.admin_kubeconfig)))
-    for name in (LEASE_NS, TEAM):
-        api.create_namespace({"metadata": {"name": name}})
-    # No controller manager here: the pods' service account is made by hand.
-    api.create_namespaced_service_account(TEAM, {"metadata": {"name": "default"}})
-    yield api
-    for name in (LEASE_NS, TEAM):
-        api.delete_namespace(name)
-
-
-class CoordinatorProcess:
-    """`baton coordinator` with a short Lease, serving llm-d's API on a loopback port."""
-
-    def __init__(self, plane: ControlPlane, root: Path, name: str, lease: str) -> None:
-        (self.port,) = free_ports(1)
-        self.address = f"127.0.0.1:{self.port}"
-        self.process = Process(
-            name,
-            [
-                sys.executable, "-m", "baton", "coordinator",
-                "--kubeconfig", str(plane.admin_kubeconfig),
-                "--token-file", str(root / "token"),
-                "--namespace", LEASE_NS,
-                "--lease", lease,
-                "--identity", name,
-                "--llmd-listen", self.address,
-                "--lease-duration", "3",
-                "--renew-deadline", "2",
-                "--retry-period", "0.2",
-                "--allow-unidentified",
-            ],
-            root / f"{name}.log",
-        )  # fmt: skip
-
-    def serving(self) -> bool:
-        """Whether it leads (its health service says SERVING)."""
-        self.process.check()
-        try:
-            with grpc.insecure_channel(self.address) as channel:
-                answer = hp_grpc.HealthStub(channel).Check(hp.HealthCheckRequest(), timeout=2)
-        except grpc.RpcError:
-            return False
-        return bool(answer.status == hp.HealthCheckResponse.SERVING)
-
-
-def turns_on(nodes: list[AgentNode]) -> dict[str, list[tuple[str, str, tuple[str, ...]]]]:
-    """node → its job turns as (job, state, members): what the agents hold, read from them."""
-    return {n.name: [(t.job, t.state, tuple(t.members)) for t in n.report().turns] for n in nodes}
-
-
-def members_known(nodes: list[AgentNode], pods: dict[str, set[str]]) -> None:
-    for node in nodes:
-        wanted = pods[node.name]
-
-        def seen(node: AgentNode = node, wanted: set[str] = wanted) -> bool | None:
-            return True if wanted <= node.tenants() else None
-
-        wait_for(f"agent of {node.name} seeing pods {sorted(wanted)}", seen, 30)
+from tests.coordinator.deployed import (
+    TEAM,
+    CoordinatorProcess,
+    holders_of,
+    leader_of,
+    members_known,
+    queued,
+    start_pair,
+    turns_on,
+)
+from tests.coordinator.nodes import agent_nodes, job_pod
 
 
 def test_an_llmd_client_drives_a_two_node_job_through_the_coordinator(
@@ -142,21 +79,6 @@ def test_an_llmd_client_drives_a_two_node_job_through_the_coordinator(
             llmd.close()
         finally:
             leader.process.stop()
-
-
-def start_pair(plane: ControlPlane, root: Path, lease: str) -> list[CoordinatorProcess]:
-    pair = [CoordinatorProcess(plane, root, f"{lease}-{x}", lease) for x in "ab"]
-    for each in pair:
-        each.process.start()
-    return pair
-
-
-def leader_of(pair: list[CoordinatorProcess]) -> CoordinatorProcess:
-    def one() -> CoordinatorProcess | None:
-        serving = [c for c in pair if c.process.running() and c.serving()]
-        return serving[0] if len(serving) == 1 else None
-
-    return wait_for("one coordinator leading", one, 30)
 
 
 def test_a_leader_killed_during_a_handover_is_replaced_rolling_back_its_half_and_fenced(
@@ -215,18 +137,3 @@ def test_a_leader_killed_during_a_handover_is_replaced_rolling_back_its_half_and
         finally:
             for each in pair:
                 each.process.stop()
-
-
-def holders_of(node: AgentNode) -> dict[str, str]:
-    return {g: v["holder"] for g, v in node.status()["gpus"].items() if v["holder"]}
-
-
-def queued(nodes: list[AgentNode], pods: set[str]) -> bool:
-    """Whether every one of `pods` waits in its agent's queue (its job's prepare is there)."""
-    waiting = {
-        w["tenant_id"]
-        for node in nodes
-        for gpu in node.status()["gpus"].values()
-        for w in gpu["queue"]
-    }
-    return pods <= waiting
