@@ -1,0 +1,118 @@
+"""llm-d's orchestrator API on the coordinator, over gRPC, with agents on loopback: who may
+drive a job, and what GetGroupStatus and ListGroups say of groups across nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.core.leases import LeaseTable
+from baton._pb import timeslice_orchestrator_pb2 as ts
+from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
+from coordinator.agents import AgentLinks
+from coordinator.llmd import LlmdOrchestrator
+from coordinator.recovery import recover
+from coordinator.turns import Arbiter
+from tests.coordinator.loopback import TOKEN, LoopbackNode, view_of
+
+JOBS = {
+    "rl": [("team/rl-trainer", "n1", "train"), ("team/rl-sampler", "n2", "sample")],
+    "eval": [("other/eval-a", "n1", "train")],
+}
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+async def serve(
+    tmp_path: Path, caller: str | None, allow_unidentified: bool = False
+) -> tuple[list[LoopbackNode], Arbiter, grpc.aio.Server, ts_grpc.TimeSliceOrchestratorServiceStub]:
+    nodes = [
+        await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start() for name in ("n1", "n2")
+    ]
+    view = view_of(nodes, JOBS)
+    arbiter = Arbiter(view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time)
+    table = arbiter.new_table()
+    arbiter.lead(1, table, (await recover(view, arbiter.links, table, 1)).held)
+
+    async def namespace_of(peer: str) -> str | None:
+        return caller
+
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    servicer = LlmdOrchestrator(arbiter, view, namespace_of, allow_unidentified)
+    ts_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(servicer, server)
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    return nodes, arbiter, server, ts_grpc.TimeSliceOrchestratorServiceStub(channel)
+
+
+async def shut(nodes: list[LoopbackNode], arbiter: Arbiter, server: grpc.aio.Server) -> None:
+    await server.stop(0)
+    await arbiter.close()
+    await arbiter.links.close()
+    for node in nodes:
+        await node.stop()
+
+
+def test_a_caller_from_another_namespace_is_refused_and_its_own_is_served(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        nodes, arbiter, server, stub = await serve(tmp_path, caller="other")
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await stub.Acquire(ts.AcquireRequest(job_id="rl", group_id="train"), timeout=5)
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "namespace other may drive only its own namespace's jobs" in str(
+            denied.value.details()
+        )
+        assert not any(node.holders() for node in nodes)
+        answer = await stub.Acquire(ts.AcquireRequest(job_id="eval", group_id="train"), timeout=5)
+        assert answer.success
+        await shut(nodes, arbiter, server)
+
+    run(body)
+
+
+def test_an_unidentified_caller_is_refused_unless_the_operator_allows_it(tmp_path: Path) -> None:
+    async def body() -> None:
+        nodes, arbiter, server, stub = await serve(tmp_path, caller=None)
+        with pytest.raises(grpc.aio.AioRpcError) as denied:
+            await stub.Acquire(ts.AcquireRequest(job_id="rl"), timeout=5)
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "no pod this coordinator can identify" in str(denied.value.details())
+        await shut(nodes, arbiter, server)
+
+    run(body)
+
+
+def test_groups_across_nodes_are_listed_and_their_state_follows_the_turns(tmp_path: Path) -> None:
+    async def body() -> None:
+        nodes, arbiter, server, stub = await serve(tmp_path, caller="team")
+        groups = await stub.ListGroups(ts.ListGroupsRequest(), timeout=5)
+        assert list(groups.group_ids) == ["sample", "train"]
+        status = await stub.GetGroupStatus(ts.GetGroupStatusRequest(group_id="train"), timeout=5)
+        assert status.group.group_state == ts.GroupStatus.STATE_IDLE
+        await stub.Acquire(ts.AcquireRequest(job_id="rl", group_id="train"), timeout=5)
+        assert nodes[0].holders() == {"GPU-n1": "team/rl-trainer"}
+        assert nodes[1].holders() == {}  # the sampler group is not part of the trainer's turn
+        status = await stub.GetGroupStatus(ts.GetGroupStatusRequest(group_id="train"), timeout=5)
+        assert status.group.group_state == ts.GroupStatus.STATE_LOCKED
+        assert (status.group.locking_job, status.group.loaded_job) == ("rl", "rl")
+        assert [(s.agent, s.job_id) for s in status.agent_job_states] == [("n1", "rl")]
+        answer = await stub.Yield(ts.YieldRequest(job_id="rl", group_id="train"), timeout=5)
+        assert (answer.success, answer.pending_waiters, answer.snapshot_deferred) == (True, 0, True)
+        status = await stub.GetGroupStatus(ts.GetGroupStatusRequest(group_id="train"), timeout=5)
+        assert status.group.group_state == ts.GroupStatus.STATE_IDLE_YIELDED
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await stub.GetGroupStatus(ts.GetGroupStatusRequest(group_id="nope"), timeout=5)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        await shut(nodes, arbiter, server)
+
+    run(body)
