@@ -25,7 +25,6 @@ import grpc
 from agent.core.fair import FairConfig, FairShare
 from agent.core.leases import LeaseTable
 from agent.core.residency import TurnPreparer
-from agent.node.coordination import CoordinationAddress
 from agent.node.identity import (
     HandshakeServer,
     TokenRegistry,
@@ -33,7 +32,6 @@ from agent.node.identity import (
     pod_uid_of_pid,
     serve_handshake,
 )
-from agent.node.jobturn_store import JobTurnStore
 from agent.node.podwatch import PodWatcher
 from agent.node.state import StateStore
 from agent.node.watchtoken import write_watch_token
@@ -43,10 +41,9 @@ from agent.parking.methods import NONE
 from agent.parking.metrics import Forward
 from agent.parking.setup import ParkingOptions, build_backend, build_preparer
 from agent.server import direct_session
+from agent.server.coordination import Coordination
 from agent.server.grpc_server import AgentServicer
 from agent.server.http import StatusServer
-from agent.server.jobturns import JobTurns
-from agent.server.jobturns_grpc import JobTurnServer
 from agent.server.llmd.groups import Groups
 from agent.server.llmd.server import LlmdServer
 from agent.server.service import LeaseService
@@ -102,6 +99,8 @@ class AgentConfig:
     """The token the coordinator's calls carry (from the Secret both mount)."""
     coordination_advertise: str = ""
     """HOST:PORT the coordinator dials, written to the node's annotation (needs `node_name`)."""
+    coordinator: str = ""
+    """HOST:PORT of the coordinator (its Service): job members' own acquires go there."""
 
 
 def build_agent(
@@ -184,8 +183,7 @@ class Agent:
         self._http: StatusServer | None = None
         self._pods: PodWatcher | None = None
         self.llmd: LlmdServer | None = None
-        self.job_turns: JobTurnServer | None = None
-        self._address: CoordinationAddress | None = None
+        self.coordination: Coordination | None = None
         self._stop_requested = asyncio.Event()
         self.stop_reason = ""
 
@@ -241,6 +239,11 @@ class Agent:
 
         if cfg.llmd_listen:
             await self._start_llmd(service)
+        if cfg.coordinator and not cfg.coordination_listen:
+            raise AgentStartError(
+                "--coordinator needs --coordination-listen: the coordinator grants a job's turn "
+                "through this agent's job turns"
+            )
         if cfg.coordination_listen:
             await self._start_job_turns(service)
         if self._api_client is not None:
@@ -284,18 +287,20 @@ class Agent:
     async def _start_job_turns(self, service: LeaseService) -> None:
         cfg = self.config
         node = cfg.node_name or socket.gethostname()
-        turns = JobTurns(service, node, JobTurnStore(cfg.state_dir), time.time)
-        turns.load()
+        self.coordination = Coordination(
+            service,
+            node,
+            cfg.state_dir,
+            cfg.coordination_listen,
+            cfg.coordination_token,
+            cfg.coordinator,
+        )
         try:
-            self.job_turns = JobTurnServer(turns, cfg.coordination_listen, cfg.coordination_token)
-            port = await self.job_turns.start()
+            await self.coordination.start(
+                self._api_client, cfg.node_name, cfg.coordination_advertise
+            )
         except (ValueError, RuntimeError) as exc:
             raise AgentStartError(f"{exc}; check --coordination-listen and its token") from None
-        if self._api_client is not None:
-            host = cfg.coordination_listen.rpartition(":")[0]
-            address = cfg.coordination_advertise or f"{host}:{port}"
-            self._address = CoordinationAddress(self._api_client, cfg.node_name, address)
-            self._address.start()
 
     def _pod_uid_of(self, pid: int) -> str | None:
         return pod_uid_of_pid(pid, Path(self.config.proc_root))
@@ -358,10 +363,8 @@ class Agent:
             self._handshake.close()
         if self.llmd is not None:
             await self.llmd.stop(self.config.shutdown_grace)
-        if self._address is not None:
-            await asyncio.to_thread(self._address.stop)
-        if self.job_turns is not None:
-            await self.job_turns.stop(self.config.shutdown_grace)
+        if self.coordination is not None:
+            await self.coordination.stop(self.config.shutdown_grace)
         if self._grpc is not None:
             await self._grpc.stop(grace=self.config.shutdown_grace)
         await self.service.close()

@@ -23,6 +23,7 @@ from agent.core.fair import FairShare
 from agent.core.leases import LeaseTable
 from baton._pb import health_pb2 as hp
 from baton._pb import health_pb2_grpc as hp_grpc
+from baton._pb import jobturns_pb2_grpc as jt_grpc
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
 from baton.contract import names
 from baton.contract.kube import Outage
@@ -31,6 +32,7 @@ from baton.contract.shutdown import on_stop_signal_async
 from coordinator.agents import AgentLinks
 from coordinator.callers import PodCallers
 from coordinator.cluster import ClusterView, NodeStore, PodStore
+from coordinator.jobs_api import JobsServicer
 from coordinator.leader import LeaderElector
 from coordinator.llmd import LlmdOrchestrator
 from coordinator.recovery import recover
@@ -109,6 +111,9 @@ class Coordinator:
             self.arbiter, self.view, callers.namespace, self.config.allow_unidentified
         )
         ts_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(orchestrator, self._server)
+        jt_grpc.add_JobsServicer_to_server(
+            JobsServicer(self.arbiter, self.config.token), self._server
+        )
         hp_grpc.add_HealthServicer_to_server(self._health, self._server)
         await self._server.start()
         cfg = self.config

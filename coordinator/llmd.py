@@ -48,7 +48,7 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
 
-def _mapped(
+def mapped(
     handler: Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]],
 ) -> Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]:
     @functools.wraps(handler)
@@ -112,7 +112,7 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
             )
         return have[0]
 
-    @_mapped
+    @mapped
     async def Acquire(
         self, request: ts.AcquireRequest, context: grpc.aio.ServicerContext
     ) -> ts.AcquireResponse:
@@ -124,7 +124,7 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
             success=True, waited_ms=int(turn.waited * 1000), context_restored=turn.restored
         )
 
-    @_mapped
+    @mapped
     async def Yield(
         self, request: ts.YieldRequest, context: grpc.aio.ServicerContext
     ) -> ts.YieldResponse:
@@ -135,14 +135,14 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
             success=True, pending_waiters=waiting, snapshot_deferred=not waiting
         )
 
-    @_mapped
+    @mapped
     async def ListGroups(
         self, request: ts.ListGroupsRequest, context: grpc.aio.ServicerContext
     ) -> ts.ListGroupsResponse:
         """Every group a pod or a node names."""
         return ts.ListGroupsResponse(group_ids=self._view.groups())
 
-    @_mapped
+    @mapped
     async def GetGroupStatus(
         self, request: ts.GetGroupStatusRequest, context: grpc.aio.ServicerContext
     ) -> ts.GetGroupStatusResponse:

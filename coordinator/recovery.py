@@ -116,6 +116,7 @@ async def _settle(
         granted_at=lease.granted_at,
         restored=any(t.restored for _, t in where),
         resources=resources,
+        joined={pod for _, t in where for pod in t.joined},
     )
 
 

@@ -58,6 +58,8 @@ class JobTurn:
     waited: float = 0.0
     restored: bool = False
     resources: tuple[str, ...] = ()
+    joined: set[str] = field(default_factory=set)
+    """Member pods that joined the turn themselves (`join`) and have not left."""
 
 
 @dataclass
@@ -130,6 +132,26 @@ class Arbiter:
         self._dispatch()  # the next job's prepare queues on each node behind this release
         await self._release(turn.nodes, self.epoch, turn.turn_id, "yielded")
         return len(waiting)
+
+    async def join(
+        self, namespace: str, job: str, group: str, pod: str, timeout: float | None
+    ) -> JobTurn:
+        """A member pod asks for its job's turn itself; the turn ends when all who joined left."""
+        turn = await self.acquire(namespace, job, group, timeout)
+        turn.joined.add(pod)
+        return turn
+
+    async def leave(self, namespace: str, job: str, group: str, pod: str) -> bool:
+        """A member pod leaves its job's turn; True if that ended the turn (it was the last)."""
+        self._leading()
+        turn = self.held.get(Plan(namespace, job, group, {}, (), {}).key)
+        if turn is None or pod not in turn.joined:
+            return False
+        turn.joined.discard(pod)
+        if turn.joined:
+            return False
+        await self.yield_(namespace, job, group)
+        return True
 
     def holder_of(self, resources: Iterable[str]) -> JobTurn | None:
         """The job turn holding any of `resources`, if one does."""

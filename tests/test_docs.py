@@ -19,6 +19,7 @@ DAEMON_PAGES = {
     "extender": "extender.md",
     "deviceplugin": "deviceplugin.md",
     "dra": "dra.md",
+    "coordinator": "coordinator.md",
 }
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 

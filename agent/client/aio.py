@@ -51,6 +51,7 @@ class AsyncBaton:
         connect_timeout: float = 5.0,
         renew_interval: float = 2.0,
         reconnect: bool = True,
+        job: str = "",
         transport: str = "direct",
     ) -> None:
         if transport not in TRANSPORTS:
@@ -59,6 +60,8 @@ class AsyncBaton:
         """How the session travels: "direct" (frames on the handshake socket) or "grpc"."""
         me = Identity.of(socket, gpus, name, gpu_memory_mib, gpu_duty, memory_limit_bytes, priority)
         self.socket, self.gpus, self.name = me.socket, me.gpus, me.name
+        self.job = job
+        """The job whose turn `acquire` takes across its nodes ("": the pod's own, if any)."""
         self._registration = me.registration
         self._callbacks: dict[str, Callback] = {}
         self._link: SessionLink | None = None
@@ -272,7 +275,7 @@ class AsyncBaton:
         """Wait for the turn on all the tenant's GPUs (or `gpus`); `AcquireTimeout` if too long."""
         if self.lease is not None:
             return self.lease
-        reply = await self._request(acquire_request(timeout, gpus), timeout, slack=5)
+        reply = await self._request(acquire_request(timeout, gpus, self.job), timeout, slack=5)
         lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
         self._rearm()
         return lease

@@ -75,9 +75,12 @@ class BlockingSession:
         connect_timeout: float = 5.0,
         renew_interval: float = 2.0,
         reconnect: bool = True,
+        job: str = "",
     ) -> None:
         me = Identity.of(socket, gpus, name, gpu_memory_mib, gpu_duty, memory_limit_bytes, priority)
         self.socket, self.gpus, self.name = me.socket, me.gpus, me.name
+        self.job = job
+        """The job whose turn `acquire` takes across its nodes ("": the pod's own, if any)."""
         self._registration = me.registration
         self._callbacks: dict[str, Callback] = {}
         self._connect_timeout = connect_timeout

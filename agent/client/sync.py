@@ -79,7 +79,7 @@ class Baton(BlockingSession):
         """Block until this tenant's turn; `AcquireTimeout` after `timeout` seconds."""
         if self.lease is not None:
             return self.lease
-        reply = self._request(acquire_request(timeout, gpus), timeout, slack=5)
+        reply = self._request(acquire_request(timeout, gpus, self.job), timeout, slack=5)
         with self._state:
             return self._core.granted(LeaseInfo.from_pb(reply.lease))
 

@@ -79,3 +79,7 @@ class Quarantined(AgentError):
 
 class CallbackFailed(AgentError):
     """A tenant's park/restore callback failed or is not registered."""
+
+
+class NoCoordinator(AgentError):
+    """A job's turn was asked of an agent that has no coordinator (FAILED_PRECONDITION)."""

@@ -72,6 +72,17 @@ async def acquire(
 ) -> pb.Lease:
     """Wait for the turn; `on_grant` hears of it as it is made (before this returns)."""
     timeout = request.timeout_ms / 1000 if request.timeout_ms > 0 else None
+    job = service.jobs.job_of(tenant, request.job) if service.jobs else ""
+    if request.job and service.jobs is None:
+        raise errors.NoCoordinator(
+            f"job {request.job!r}: this node's agent has no coordinator (--coordinator), so it "
+            "takes no job's turn"
+        )
+    if job and service.jobs is not None:
+        joined = lease_to_pb(await service.jobs.join(tenant, job, timeout))
+        if on_grant is not None:
+            on_grant(joined)
+        return joined
 
     def tell(lease: Lease) -> None:
         if on_grant is not None:
@@ -84,7 +95,9 @@ async def acquire(
 
 
 def release(service: LeaseService, tenant: Tenant, request: pb.YieldRequest) -> pb.YieldResponse:
-    """End the turn."""
+    """End the turn (for a member of a job's turn: leave it)."""
+    if service.jobs is not None and service.jobs.holds(tenant, request.lease_id):
+        return pb.YieldResponse(held_seconds=service.jobs.leave(tenant, request.lease_id))
     return pb.YieldResponse(held_seconds=service.yield_(tenant, request.lease_id))
 
 

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent.core.errors import AgentError, UnknownLease
+from agent.core.leases import Lease
 from agent.node.jobturn_store import JobTurnStore
 from agent.node.tenants import POD, Tenant
 from agent.server.service import LeaseService
@@ -77,6 +78,8 @@ class NodeTurn:
     """Whether a member's memory was parked when the preparation began."""
     state: str = PREPARED
     committed_at: float = 0.0
+    joined: list[str] = field(default_factory=list)
+    """Members that joined the turn themselves (`agent.server.coordinated`) and have not left."""
     sessions: list[Session] = field(default_factory=list, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -89,6 +92,7 @@ class NodeTurn:
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "sessions"}
         for key in ("members", "leases", "gpus", "tokens"):
             fields[key] = tuple(fields.get(key, ()))
+        fields["joined"] = list(fields.get("joined", []))
         return cls(**fields)
 
 
@@ -267,6 +271,38 @@ class JobTurns:
         if epoch > self.epoch:
             self.fence(epoch)
         return list(self.turns.values())
+
+    # Members that ask themselves (`agent.server.coordinated`).
+
+    def lease_of(self, tenant_id: str) -> tuple[NodeTurn, str] | None:
+        """The committed turn that covers the member, and the member's lease id in it."""
+        for turn in self.turns.values():
+            if turn.state == COMMITTED and tenant_id in turn.members:
+                lease_id = turn.leases[turn.members.index(tenant_id)]
+                if lease_id in self._service.table.leases:
+                    return turn, lease_id
+        return None
+
+    def turn_of_lease(self, tenant_id: str, lease_id: str) -> NodeTurn | None:
+        """The turn in which `lease_id` is the member's lease."""
+        for turn in self.turns.values():
+            if tenant_id in turn.members and turn.leases[turn.members.index(tenant_id)] == lease_id:
+                return turn
+        return None
+
+    def lease(self, lease_id: str) -> Lease:
+        """A member's lease, as the lease table holds it."""
+        return self._service.table.leases[lease_id]
+
+    def mark_joined(self, turn: NodeTurn, tenant_id: str, joined: bool) -> None:
+        """Record that the member joined (or left) the turn itself; kept for a new leader."""
+        if joined and tenant_id not in turn.joined:
+            turn.joined.append(tenant_id)
+        elif not joined and tenant_id in turn.joined:
+            turn.joined.remove(tenant_id)
+        else:
+            return
+        self._save()
 
     # Members.
 

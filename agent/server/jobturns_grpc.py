@@ -47,6 +47,7 @@ def node_turn_pb(turn: NodeTurn) -> jt.NodeTurn:
         committed_at=turn.committed_at,
         group=turn.group,
         restored=turn.restored,
+        joined=turn.joined,
     )
 
 

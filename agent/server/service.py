@@ -13,6 +13,7 @@ No sockets here: `agent.server.grpc_server` turns RPCs into calls on `LeaseServi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import TurnPreparer
@@ -29,6 +30,19 @@ from agent.server.turns import Turns, lease_to_pb
 from baton._pb import agent_pb2 as pb
 
 __all__ = ["Granted", "LeaseService", "PreparerFactory", "lease_to_pb", "tenant_ref"]
+
+
+class JobGate(Protocol):
+    """Where a job's member pod's own acquire and yield go (`agent.server.coordinated`)."""
+
+    def job_of(self, tenant: Tenant, asked: str) -> str: ...
+
+    async def join(self, tenant: Tenant, job: str, timeout: float | None) -> Lease: ...
+
+    def holds(self, tenant: Tenant, lease_id: str) -> bool: ...
+
+    def leave(self, tenant: Tenant, lease_id: str) -> float: ...
+
 
 PreparerFactory = Callable[[ParkingHost], TurnPreparer]
 """Builds the service's residency layer, given the service as its `ParkingHost`."""
@@ -76,6 +90,8 @@ class LeaseService:
         self.metrics = self.state.metrics
         self.policy_name = policy_name
         self.revocations = self.turns.revocations
+        self.jobs: JobGate | None = None
+        """With a coordinator: member pods' acquires take their job's cluster-wide turn."""
         self.metrics.tier_of = lambda t: u.tier if (u := table.usage.get(t)) else 0
         collector = AccountingCollector(self.metrics.accounting, self.state.account)
         self.metrics.registry.register(collector)

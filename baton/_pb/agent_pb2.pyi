@@ -47,12 +47,14 @@ class RegisterResponse(_message.Message):
     def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("gpus", "timeout_ms")
+    __slots__ = ("gpus", "timeout_ms", "job")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     gpus: _containers.RepeatedScalarFieldContainer[str]
     timeout_ms: int
-    def __init__(self, gpus: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    job: str
+    def __init__(self, gpus: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ..., job: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "tenant_id", "gpus", "fencing_tokens", "granted_at", "hold_until", "contended")

@@ -6,6 +6,46 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class JoinRequest(_message.Message):
+    __slots__ = ("namespace", "job", "group", "pod", "timeout_s")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    job: str
+    group: str
+    pod: str
+    timeout_s: float
+    def __init__(self, namespace: _Optional[str] = ..., job: _Optional[str] = ..., group: _Optional[str] = ..., pod: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("turn_id", "waited_ms")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    WAITED_MS_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    waited_ms: int
+    def __init__(self, turn_id: _Optional[str] = ..., waited_ms: _Optional[int] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("namespace", "job", "group", "pod")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    job: str
+    group: str
+    pod: str
+    def __init__(self, namespace: _Optional[str] = ..., job: _Optional[str] = ..., group: _Optional[str] = ..., pod: _Optional[str] = ...) -> None: ...
+
+class LeaveResponse(_message.Message):
+    __slots__ = ("ended",)
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    ended: bool
+    def __init__(self, ended: _Optional[bool] = ...) -> None: ...
+
 class PrepareRequest(_message.Message):
     __slots__ = ("epoch", "turn_id", "namespace", "job", "timeout_s", "pods", "group")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -55,7 +95,7 @@ class ReportRequest(_message.Message):
     def __init__(self, epoch: _Optional[int] = ...) -> None: ...
 
 class NodeTurn(_message.Message):
-    __slots__ = ("turn_id", "namespace", "job", "epoch", "state", "members", "gpus", "fencing_tokens", "prepared_at", "committed_at", "group", "restored")
+    __slots__ = ("turn_id", "namespace", "job", "epoch", "state", "members", "gpus", "fencing_tokens", "prepared_at", "committed_at", "group", "restored", "joined")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +108,7 @@ class NodeTurn(_message.Message):
     COMMITTED_AT_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FIELD_NUMBER: _ClassVar[int]
+    JOINED_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     namespace: str
     job: str
@@ -80,7 +121,8 @@ class NodeTurn(_message.Message):
     committed_at: float
     group: str
     restored: bool
-    def __init__(self, turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., fencing_tokens: _Optional[_Iterable[int]] = ..., prepared_at: _Optional[float] = ..., committed_at: _Optional[float] = ..., group: _Optional[str] = ..., restored: _Optional[bool] = ...) -> None: ...
+    joined: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., fencing_tokens: _Optional[_Iterable[int]] = ..., prepared_at: _Optional[float] = ..., committed_at: _Optional[float] = ..., group: _Optional[str] = ..., restored: _Optional[bool] = ..., joined: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ("node", "epoch", "turns")

@@ -231,3 +231,127 @@ class JobTurns:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class JobsStub:
+    """A member pod asking for its job's turn through its node's agent (which vouches for the pod,
+    found by SO_PEERCRED, with the coordination token). Served by the leading coordinator.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Join = channel.unary_unary(
+                '/baton.coordinator.v1.Jobs/Join',
+                request_serializer=baton_dot_coordinator_dot_v1_dot_jobturns__pb2.JoinRequest.SerializeToString,
+                response_deserializer=baton_dot_coordinator_dot_v1_dot_jobturns__pb2.JoinResponse.FromString,
+                _registered_method=True)
+        self.Leave = channel.unary_unary(
+                '/baton.coordinator.v1.Jobs/Leave',
+                request_serializer=baton_dot_coordinator_dot_v1_dot_jobturns__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=baton_dot_coordinator_dot_v1_dot_jobturns__pb2.LeaveResponse.FromString,
+                _registered_method=True)
+
+
+class JobsServicer:
+    """A member pod asking for its job's turn through its node's agent (which vouches for the pod,
+    found by SO_PEERCRED, with the coordination token). Served by the leading coordinator.
+    """
+
+    def Join(self, request, context):
+        """The pod joins its job's turn: at once if the job holds it, else once it is granted on
+        every member node. The turn ends when every pod that joined it has left.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Leave(self, request, context):
+        """The pod leaves its job's turn.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_JobsServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=baton_dot_coordinator_dot_v1_dot_jobturns__pb2.JoinRequest.FromString,
+                    response_serializer=baton_dot_coordinator_dot_v1_dot_jobturns__pb2.JoinResponse.SerializeToString,
+            ),
+            'Leave': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leave,
+                    request_deserializer=baton_dot_coordinator_dot_v1_dot_jobturns__pb2.LeaveRequest.FromString,
+                    response_serializer=baton_dot_coordinator_dot_v1_dot_jobturns__pb2.LeaveResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'baton.coordinator.v1.Jobs', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('baton.coordinator.v1.Jobs', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Jobs:
+    """A member pod asking for its job's turn through its node's agent (which vouches for the pod,
+    found by SO_PEERCRED, with the coordination token). Served by the leading coordinator.
+    """
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.coordinator.v1.Jobs/Join',
+            baton_dot_coordinator_dot_v1_dot_jobturns__pb2.JoinRequest.SerializeToString,
+            baton_dot_coordinator_dot_v1_dot_jobturns__pb2.JoinResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/baton.coordinator.v1.Jobs/Leave',
+            baton_dot_coordinator_dot_v1_dot_jobturns__pb2.LeaveRequest.SerializeToString,
+            baton_dot_coordinator_dot_v1_dot_jobturns__pb2.LeaveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

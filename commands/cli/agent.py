@@ -79,6 +79,7 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
         coordination_listen=s.coordination_listen,
         coordination_token=_coordination_token(s.coordination_listen, s.coordination_token_file),
         coordination_advertise=s.coordination_advertise,
+        coordinator=s.coordinator,
         socket=s.socket,
         state_dir=s.state_dir,
         http_host=s.http_host,

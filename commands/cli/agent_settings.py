@@ -164,6 +164,11 @@ class AgentSettings:
         "BATON_COORDINATION_TOKEN_FILE",
         "A file holding the token the coordinator's calls carry (from a Secret).",
     )
+    coordinator: str = setting(
+        "",
+        "BATON_COORDINATOR",
+        "HOST:PORT of the coordinator: job members' own acquires take their job's turn there.",
+    )
     coordination_advertise: str = setting(
         "",
         "BATON_AGENT_COORDINATION_ADVERTISE",

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from baton.contract import names
-from commands.cli.options import Kubeconfig, LogLevel, setup_logging
+from commands.cli.options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
 
 POLICIES = ("fifo", "fair")
 
@@ -116,6 +116,49 @@ def coordinator(
         raise typer.Exit(2) from None
 
 
+def bench_gang(
+    nodes: Annotated[int, typer.Option(help="Nodes every job spans (2 to 8).")] = 4,
+    jobs: Annotated[int, typer.Option(help="Jobs taking turns on those nodes.")] = 2,
+    turns: Annotated[
+        int, typer.Option(help="Turns of each measured phase, all jobs together.")
+    ] = 200,
+    hold_ms: Annotated[
+        float, typer.Option(help="Each job's hold in the efficiency phase (parks forced).")
+    ] = 50.0,
+    crossed: Annotated[
+        int, typer.Option(help="Turns two jobs crossing on two nodes take, each acquire bounded.")
+    ] = 1000,
+    as_json: AsJson = False,
+) -> None:
+    """Jobs spanning several nodes through the coordinator, against agent processes and a real
+    kube-apiserver: handoff (with the node-local one as the same run's reference), skew between
+    nodes, efficiency with parks forced, and deadlocks over crossed turns."""
+    from commands.bench.gang import GangSetup, run_gang_bench
+    from commands.localnode.binaries import find_binaries
+    from commands.localnode.procs import LocalNodeError
+
+    if find_binaries() is None:
+        typer.echo(
+            "baton bench gang: needs Kubernetes binaries (kube-apiserver, etcd): "
+            "set BATON_KUBE_BIN_DIR",
+            err=True,
+        )
+        raise typer.Exit(2)
+    setup = GangSetup(nodes=nodes, jobs=jobs, turns=turns, hold_ms=hold_ms, crossed=crossed)
+    try:
+        setup.check()
+    except ValueError as err:
+        hint = next(w for w in ("nodes", "jobs", "turns", "hold-ms", "crossed") if w in str(err))
+        raise typer.BadParameter(str(err), param_hint=f"--{hint}") from None
+    try:
+        figures = run_gang_bench(setup)
+    except (LocalNodeError, TimeoutError, RuntimeError) as err:
+        typer.echo(f"baton bench gang: {err}", err=True)
+        raise typer.Exit(1) from None
+    echo_figures(figures, as_json)
+
+
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
     app.command("coordinator")(coordinator)
+    bench.command("gang")(bench_gang)

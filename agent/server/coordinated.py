@@ -1,0 +1,125 @@
+"""A job's member pod asking for its turn itself: its acquire joins its job's cluster-wide turn
+through the coordinator (`baton.coordinator.v1.Jobs`), its yield leaves it.
+
+The agent vouches for the pod (found by SO_PEERCRED, like every caller) with the coordination
+token. The job's turn starts when the first member asks (every member node makes room and
+grants it, `agent.server.jobturns`) and ends when every member that joined it has yielded;
+meanwhile a member that asks again joins at once. A coordinator that is away (a new leader
+being elected) is asked again until the acquire's own timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from agent.core.errors import AcquireTimeout, AgentError, Forbidden
+from agent.core.leases import Lease
+from agent.node.tenants import POD, Tenant
+from agent.server.jobturns import JobTurns
+from baton._pb import jobturns_pb2 as jt
+from baton._pb import jobturns_pb2_grpc as jt_grpc
+from baton.contract.names import COORDINATION_TOKEN_METADATA, job_of_labels
+
+log = logging.getLogger(__name__)
+
+RETRY_FIRST_S = 0.2
+RETRY_MAX_S = 2.0
+LEAVE_TIMEOUT_S = 10.0
+
+
+class JobTurnRefused(AgentError):
+    """The coordinator did not grant the job's turn; the message says why (FAILED_PRECONDITION)."""
+
+
+class CoordinatedTurns:
+    """Member pods' own acquires and yields, forwarded to the coordinator at `address`."""
+
+    def __init__(self, turns: JobTurns, address: str, token: str) -> None:
+        self._turns = turns
+        self._address = address
+        self._metadata = ((COORDINATION_TOKEN_METADATA, f"Bearer {token}"),)
+        self._channel: grpc.aio.Channel | None = None
+        self._leaving: set[asyncio.Task[None]] = set()
+
+    def _stub(self) -> jt_grpc.JobsStub:
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self._address)
+        return jt_grpc.JobsStub(self._channel)
+
+    def job_of(self, tenant: Tenant, asked: str) -> str:
+        """The job whose turn this acquire takes ("": a node-local turn); Forbidden if the pod
+        asks for a job it is not a pod of."""
+        job = job_of_labels(tenant.labels) if tenant.source == POD else ""
+        if asked and asked != job:
+            mine = f" (its job is {job!r})" if job else " (it carries no job label)"
+            raise Forbidden(f"pod {tenant.tenant_id} is not a pod of job {asked!r}{mine}")
+        return job
+
+    async def join(self, tenant: Tenant, job: str, timeout: float | None) -> Lease:
+        """The member's lease in its job's turn, once the coordinator has granted it."""
+        namespace = tenant.tenant_id.split("/", 1)[0]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = RETRY_FIRST_S
+        request = jt.JoinRequest(namespace=namespace, job=job, pod=tenant.tenant_id)
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            request.timeout_s = left or 0.0
+            try:
+                await self._stub().Join(request, metadata=self._metadata, timeout=left)
+            except grpc.aio.AioRpcError as err:
+                why = f"job {namespace}/{job}: {err.details() or err.code().name}"
+                if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise AcquireTimeout(why) from None
+                retry = err.code() == grpc.StatusCode.UNAVAILABLE and "node " not in why
+                if not retry or (deadline is not None and time.monotonic() + wait > deadline):
+                    raise JobTurnRefused(f"the coordinator at {self._address}: {why}") from None
+                log.info("%s; asking the coordinator again in %.1f s", why, wait)
+                await asyncio.sleep(wait)  # a new leader is being elected: back off
+                wait = min(wait * 2, RETRY_MAX_S)
+                continue
+            found = self._turns.lease_of(tenant.tenant_id)
+            if found is not None:
+                turn, lease_id = found
+                self._turns.mark_joined(turn, tenant.tenant_id, True)
+                return self._turns.lease(lease_id)
+            # The turn ended between the coordinator's answer and now: ask again.
+
+    def holds(self, tenant: Tenant, lease_id: str) -> bool:
+        """Whether `lease_id` is the member's lease in a job turn it joined."""
+        turn = self._turns.turn_of_lease(tenant.tenant_id, lease_id)
+        return turn is not None and tenant.tenant_id in turn.joined
+
+    def leave(self, tenant: Tenant, lease_id: str) -> float:
+        """The member yields: it leaves its job's turn (the coordinator ends the turn when the
+        last one leaves). Returns how long the member held it."""
+        turn = self._turns.turn_of_lease(tenant.tenant_id, lease_id)
+        if turn is None:
+            return 0.0
+        self._turns.mark_joined(turn, tenant.tenant_id, False)
+        request = jt.LeaveRequest(
+            namespace=turn.namespace, job=turn.job, group=turn.group, pod=tenant.tenant_id
+        )
+        task = asyncio.get_running_loop().create_task(self._leave(request))
+        self._leaving.add(task)
+        task.add_done_callback(self._leaving.discard)
+        lease = self._turns.lease(lease_id)
+        return max(0.0, time.time() - lease.granted_at)
+
+    async def _leave(self, request: jt.LeaveRequest) -> None:
+        try:
+            await self._stub().Leave(request, metadata=self._metadata, timeout=LEAVE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:  # its turn ends with its agent's maximum hold
+            log.warning(
+                "pod %s left job %s/%s's turn, but the coordinator did not hear it: %s",
+                request.pod, request.namespace, request.job, err.details() or err.code().name,
+            )  # fmt: skip
+
+    async def close(self) -> None:
+        """Let the leaves in flight finish (each bounded), then close the channel."""
+        await asyncio.gather(*self._leaving, return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.close()

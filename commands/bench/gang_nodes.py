@@ -1,0 +1,219 @@
+"""The cluster of `baton bench gang`: a real kube-apiserver (and etcd), one `baton agent`
+process per node on loopback with the fake backend and a simulated GPU of its own, job pods
+bound to the nodes through the API, and the coordinator's own watches feeding its cluster view.
+
+No kubelet: the pods stay Pending, which is all an agent needs to take them for tenants (their
+GPUs come from Baton's annotations). Every process is stopped when the block ends, also on
+failure; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from baton.contract.annotations import GpuRecord, encode_gpus
+from baton.contract.kube import Outage, load_api_client
+from baton.contract.names import (
+    ANNOTATION_AGENT_COORDINATION,
+    ANNOTATION_ASSIGNED_GPUS,
+    ANNOTATION_GPUS,
+    LABEL_JOB,
+    fake_gpu_uuid,
+)
+from baton.contract.reflector import KubeSource, Reflector
+from commands.bench.fleet import make_namespace
+from commands.localnode.controlplane import ControlPlane, free_ports
+from commands.localnode.procs import Process, wait_for
+from coordinator.cluster import ClusterView, NodeStore, PlanError, PodStore
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "baton-bench-gang"
+TOKEN = "baton-bench-gang-token"
+GPU_MIB = 1024
+"""Each node's one simulated GPU."""
+START_S = 90.0
+"""How long the agents may take to start and to see their pods (2 vCPUs, 8 agents)."""
+
+
+class GangNode:
+    """One node: its Node object, its agent process and that agent's simulated GPU."""
+
+    def __init__(self, root: Path, kubeconfig: Path, name: str, ports: tuple[int, int]) -> None:
+        self.name = name
+        self.gpu = fake_gpu_uuid(0, name)
+        self.dir = root / name
+        self.fake_dir = self.dir / "fakegpu"
+        self.socket = str(self.dir / "agent.sock")
+        self.port, self.http_port = ports
+        self.address = f"127.0.0.1:{self.port}"
+        self.process = Process(
+            f"agent-{name}",
+            [
+                sys.executable, "-m", "baton", "agent",
+                "--node-name", name,
+                "--kubeconfig", str(kubeconfig),
+                "--socket", self.socket,
+                "--state-dir", str(self.dir / "state"),
+                "--http-host", "127.0.0.1",
+                "--http-port", str(self.http_port),
+                "--coordination-listen", self.address,
+                "--coordination-token-file", str(root / "token"),
+                "--backend", "fake",
+                "--fake-gpus", str(GPU_MIB),
+                "--fake-dir", str(self.fake_dir),
+                "--allow-local-tenants",
+                "--log-level", "WARNING",
+            ],
+            self.dir / "agent.log",
+        )  # fmt: skip
+
+    def body(self) -> dict[str, Any]:
+        """The Node object, its simulated GPU annotated as the device plugin would."""
+        record = GpuRecord(self.gpu, 0, "fake", GPU_MIB, 4)
+        annotations = {ANNOTATION_GPUS: encode_gpus([record])}
+        return {"metadata": {"name": self.name, "annotations": annotations}}
+
+    def _get(self, path: str) -> bytes:
+        url = f"http://127.0.0.1:{self.http_port}{path}"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            data: bytes = answer.read()
+        return data
+
+    def tenants(self) -> set[str]:
+        """The agent's tenants (none while its status server is not up yet)."""
+        self.process.check()
+        try:
+            return set(json.loads(self._get("/v1/status")).get("tenants", {}))
+        except OSError:  # connection refused: it is still starting
+            return set()
+
+    def moves(self) -> dict[str, float]:
+        """Parks and restores the agent has made: direction → count (`baton_moves_total`)."""
+        found: dict[str, float] = {}
+        for line in self._get("/metrics").decode().splitlines():
+            if not line.startswith("baton_moves_total{"):
+                continue
+            labels, _, value = line.rpartition(" ")
+            for direction in ("park", "restore"):
+                if f'direction="{direction}"' in labels:
+                    found[direction] = found.get(direction, 0.0) + float(value)
+        return found
+
+
+class GangCluster:
+    """The control plane, the nodes' agents, the job pods and the coordinator's view."""
+
+    def __init__(self, root: Path, nodes: int) -> None:
+        self.root = root
+        self.plane = ControlPlane(
+            root / "plane", controller_manager=False, scheduler=False, ports="free"
+        )
+        ports = free_ports(2 * nodes)
+        self.nodes = [
+            GangNode(
+                root, self.plane.admin_kubeconfig, f"gang-{i}", (ports[2 * i], ports[2 * i + 1])
+            )
+            for i in range(nodes)
+        ]
+        self.view = ClusterView()
+        self.core: Any = None
+        self._reflectors: list[Reflector] = []
+
+    @contextmanager
+    def running(self) -> Iterator[GangCluster]:
+        """Everything up for the block; everything stopped after it, also on failure."""
+        from kubernetes import client
+
+        (self.root / "token").write_text(TOKEN)
+        try:
+            self.plane.start()
+            api = load_api_client(str(self.plane.admin_kubeconfig))
+            self.core = client.CoreV1Api(api)
+            make_namespace(self.core, NAMESPACE)
+            for node in self.nodes:
+                self.core.create_node(node.body())
+                node.process.start()
+            for node in self.nodes:
+                wait_for(
+                    f"agent of {node.name} annotating its node", self._annotated(node), START_S
+                )
+            self._watch(api)
+            yield self
+        finally:
+            for reflector in self._reflectors:
+                reflector.stop(5)
+            for node in self.nodes:
+                node.process.stop()
+            self.plane.close()
+
+    def _annotated(self, node: GangNode) -> Any:
+        def probe() -> bool | None:
+            node.process.check()
+            found = self.core.read_node(node.name).metadata.annotations or {}
+            return True if found.get(ANNOTATION_AGENT_COORDINATION) == node.address else None
+
+        return probe
+
+    def _watch(self, api: Any) -> None:
+        pods = Reflector(
+            KubeSource(api, "pods", label_selector=LABEL_JOB),
+            PodStore(self.view, LABEL_JOB),
+            Outage(log, "watch of job pods", "job membership is not updated"),
+            name="gang-pods",
+        )
+        nodes = Reflector(
+            KubeSource(api, "nodes"),
+            NodeStore(self.view),
+            Outage(log, "watch of nodes", "agents' addresses are not updated"),
+            name="gang-nodes",
+        )
+        self._reflectors += [pods.start(), nodes.start()]
+
+    def add_job(self, job: str, nodes: list[GangNode]) -> dict[str, str]:
+        """One pod of `job` on each of `nodes`, on its GPU; node name → the pod's tenant id."""
+        pods = {}
+        for node in nodes:
+            name = f"{job}-{node.name}"
+            body = {
+                "metadata": {
+                    "name": name,
+                    "labels": {LABEL_JOB: job},
+                    "annotations": {ANNOTATION_ASSIGNED_GPUS: node.gpu},
+                },
+                "spec": {
+                    "nodeName": node.name,
+                    "containers": [{"name": "main", "image": "registry.invalid/trainer:1"}],
+                },
+            }
+            self.core.create_namespaced_pod(NAMESPACE, body)
+            pods[node.name] = f"{NAMESPACE}/{name}"
+        return pods
+
+    def wait_known(self, jobs: dict[str, dict[str, str]]) -> None:
+        """Until every agent has its pods for tenants and the view plans every job whole."""
+        by_name = {n.name: n for n in self.nodes}
+        for node_name in sorted({n for pods in jobs.values() for n in pods}):
+            node = by_name[node_name]
+            wanted = {pods[node_name] for pods in jobs.values() if node_name in pods}
+
+            def seen(node: GangNode = node, wanted: set[str] = wanted) -> bool | None:
+                return True if wanted <= node.tenants() else None
+
+            wait_for(f"agent of {node_name} seeing pods {sorted(wanted)}", seen, START_S)
+        for job, pods in jobs.items():
+
+            def planned(job: str = job, pods: dict[str, str] = pods) -> bool | None:
+                with suppress(PlanError):
+                    if set(self.view.plan(NAMESPACE, job).pods) == set(pods):
+                        return True
+                return None
+
+            wait_for(f"the coordinator's view of job {job}", planned, START_S)

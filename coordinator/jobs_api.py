@@ -1,0 +1,63 @@
+"""Baton's own job-turn API (`baton.coordinator.v1.Jobs`), for the node agents: a member pod's
+acquire and yield, forwarded by its node's agent, which vouches for the pod with the
+coordination token (`authorization: Bearer <token>`)."""
+
+from __future__ import annotations
+
+import hmac
+
+import grpc
+
+from baton._pb import jobturns_pb2 as jt
+from baton._pb import jobturns_pb2_grpc as jt_grpc
+from baton.contract.names import COORDINATION_TOKEN_METADATA
+from coordinator.llmd import Refused, mapped
+from coordinator.turns import Arbiter
+
+
+class JobsServicer(jt_grpc.JobsServicer):
+    """Join and Leave, for agents only."""
+
+    def __init__(self, arbiter: Arbiter, token: str) -> None:
+        self._arbiter = arbiter
+        self._expected = f"Bearer {token}".encode()
+
+    def _check(
+        self, context: grpc.aio.ServicerContext, request: jt.JoinRequest | jt.LeaveRequest
+    ) -> None:
+        metadata = dict(context.invocation_metadata() or ())
+        given = str(metadata.get(COORDINATION_TOKEN_METADATA, "")).encode()
+        if not hmac.compare_digest(given, self._expected):
+            raise Refused(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "Jobs calls come from node agents, with the coordination token",
+            )
+        if not request.pod.startswith(f"{request.namespace}/") or not request.job:
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"pod {request.pod!r} is not in namespace {request.namespace!r}, or no job named",
+            )
+
+    @mapped
+    async def Join(
+        self, request: jt.JoinRequest, context: grpc.aio.ServicerContext
+    ) -> jt.JoinResponse:
+        self._check(context, request)
+        timeout = request.timeout_s or None
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout = min(timeout or remaining, remaining)
+        turn = await self._arbiter.join(
+            request.namespace, request.job, request.group, request.pod, timeout
+        )
+        return jt.JoinResponse(turn_id=turn.turn_id, waited_ms=int(turn.waited * 1000))
+
+    @mapped
+    async def Leave(
+        self, request: jt.LeaveRequest, context: grpc.aio.ServicerContext
+    ) -> jt.LeaveResponse:
+        self._check(context, request)
+        ended = await self._arbiter.leave(
+            request.namespace, request.job, request.group, request.pod
+        )
+        return jt.LeaveResponse(ended=ended)

@@ -1,0 +1,47 @@
+"""`baton bench gang` run small: two nodes' agent processes, a real kube-apiserver, the
+coordinator's arbiter in the bench."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from commands.bench.gang import GangSetup
+from commands.localnode.binaries import find_binaries, search_dirs
+
+
+def test_a_setup_the_bench_cannot_run_names_its_option() -> None:
+    for setup, option in (
+        (GangSetup(nodes=9), "nodes"),
+        (GangSetup(jobs=1), "jobs"),
+        (GangSetup(turns=3), "turns"),
+        (GangSetup(hold_ms=0), "hold-ms"),
+        (GangSetup(crossed=1), "crossed"),
+    ):
+        with pytest.raises(ValueError, match=option):
+            setup.check()
+
+
+@pytest.mark.timeout(180)
+def test_the_bench_reports_every_figure_with_sane_values() -> None:
+    if find_binaries() is None:
+        where = ", ".join(str(d) for d in search_dirs())
+        pytest.skip(f"needs Kubernetes binaries (BATON_KUBE_BIN_DIR, or in {where})")
+    argv = [sys.executable, "-m", "baton", "bench", "gang", "--json"]
+    argv += ["--nodes", "2", "--turns", "12", "--hold-ms", "5", "--crossed", "20"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=170, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["jobs"] == 2 and figures["nodes"] == 2
+    assert figures["deadlocks"] == 0 and figures["crossed_turns"] == 20
+    assert 0 < figures["handoff_p50_ms"] <= figures["handoff_p99_ms"]
+    assert 0 < figures["reference_handoff_p50_ms"] <= figures["reference_handoff_p99_ms"]
+    assert 0 <= figures["skew_p50_ms"] <= figures["skew_p99_ms"]
+    assert figures["skew_samples"] > 0
+    assert 0 < figures["efficiency"] <= 1
+    assert figures["parks"] > 0 and figures["restores"] > 0  # the parks were forced
+    for target in ("handoff", "skew", "efficiency", "deadlock"):
+        assert isinstance(figures[f"meets_{target}_target"], bool)

@@ -1,0 +1,117 @@
+"""Member pods asking for their job's turn themselves: each pod's acquire, through its node's
+agent, joins the job's cluster-wide turn; the turn ends when every pod that joined has yielded.
+Agents on loopback with their `CoordinatedTurns`, the coordinator's Jobs API over real gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.core.errors import Forbidden, NoCoordinator
+from agent.core.leases import LeaseTable
+from agent.node.tenants import Tenant
+from agent.server import api_ops
+from agent.server.coordinated import CoordinatedTurns
+from agent.server.service import LeaseService
+from baton._pb import agent_pb2 as pb
+from baton._pb import jobturns_pb2_grpc as jt_grpc
+from coordinator.agents import AgentLinks
+from coordinator.jobs_api import JobsServicer
+from coordinator.recovery import recover
+from coordinator.turns import Arbiter
+from tests.coordinator.loopback import TOKEN, LoopbackNode, view_of
+
+JOBS = {
+    "rl": [("team/rl-trainer", "n1", ""), ("team/rl-sampler", "n2", "")],
+    "sft": [("team/sft-a", "n1", "")],
+}
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+@asynccontextmanager
+async def cluster(tmp_path: Path) -> AsyncIterator[tuple[LoopbackNode, LoopbackNode, Arbiter]]:
+    nodes = [
+        await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start() for name in ("n1", "n2")
+    ]
+    view = view_of(nodes, JOBS)
+    arbiter = Arbiter(view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time)
+    table = arbiter.new_table()
+    arbiter.lead(1, table, (await recover(view, arbiter.links, table, 1)).held)
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    jt_grpc.add_JobsServicer_to_server(JobsServicer(arbiter, TOKEN), server)
+    await server.start()
+    gates = [CoordinatedTurns(n.turns, f"127.0.0.1:{port}", TOKEN) for n in nodes]
+    for node, gate in zip(nodes, gates, strict=True):
+        node.service.jobs = gate
+    try:
+        yield nodes[0], nodes[1], arbiter
+    finally:
+        for gate in gates:
+            await gate.close()
+        await server.stop(0)
+        await arbiter.close()
+        await arbiter.links.close()
+        for node in nodes:
+            await node.stop()
+
+
+def pod(node: LoopbackNode, name: str) -> Tenant:
+    return node.service.tenants.tenants[f"team/{name}"]
+
+
+async def acquire(service: LeaseService, tenant: Tenant, job: str = "") -> pb.Lease:
+    return await api_ops.acquire(service, tenant, pb.AcquireRequest(timeout_ms=10_000, job=job))
+
+
+def release(service: LeaseService, tenant: Tenant, lease: pb.Lease) -> None:
+    api_ops.release(service, tenant, pb.YieldRequest(lease_id=lease.lease_id))
+
+
+def test_the_jobs_turn_starts_with_its_first_member_and_ends_with_its_last(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, n2, arbiter):
+            trainer, sampler = pod(n1, "rl-trainer"), pod(n2, "rl-sampler")
+            mine = await acquire(n1.service, trainer)
+            assert n1.holders() == {"GPU-n1": "team/rl-trainer"}
+            assert n2.holders() == {"GPU-n2": "team/rl-sampler"}  # the whole job, on both nodes
+            theirs = await acquire(n2.service, sampler)  # joins the held turn at once
+            assert theirs.lease_id == n2.service.table.leases_of("team/rl-sampler")[0].lease_id
+            other = asyncio.create_task(acquire(n1.service, pod(n1, "sft-a")))
+            release(n1.service, trainer, mine)
+            await asyncio.sleep(0.05)
+            assert not other.done()  # the sampler still computes in the job's turn
+            assert n1.holders() == {"GPU-n1": "team/rl-trainer"}
+            release(n2.service, sampler, theirs)  # the last member leaves: the turn ends
+            granted = await other
+            assert granted.tenant_id == "team/sft-a"
+            assert n2.holders() == {}
+            assert list(arbiter.held) == ["team/sft"]
+
+    run(body)
+
+
+def test_a_pod_asking_for_a_job_not_its_own_or_an_agent_with_no_coordinator_is_refused(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, _n2, arbiter):
+            with pytest.raises(Forbidden, match="not a pod of job 'sft' \\(its job is 'rl'\\)"):
+                await acquire(n1.service, pod(n1, "rl-trainer"), job="sft")
+            n1.service.jobs = None
+            with pytest.raises(NoCoordinator, match="has no coordinator"):
+                await acquire(n1.service, pod(n1, "rl-trainer"), job="rl")
+            assert not arbiter.held
+
+    run(body)
