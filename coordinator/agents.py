@@ -56,8 +56,10 @@ class AgentLinks:
         turn: tuple[str, str, str, str],
         pods: Sequence[str],
         timeout_s: float,
+        nodes: Sequence[str] = (),
     ) -> jt.NodeTurn:
-        """Make room for the members `pods` on `node`; `turn` is (id, namespace, job, group)."""
+        """Make room for the members `pods` on `node`; `turn` is (id, namespace, job, group),
+        `nodes` every node of the turn."""
         turn_id, namespace, job, group = turn
         request = jt.PrepareRequest(
             epoch=epoch,
@@ -67,6 +69,7 @@ class AgentLinks:
             group=group,
             pods=pods,
             timeout_s=timeout_s,
+            nodes=nodes,
         )
         try:
             stub = self._stub(address)

@@ -76,9 +76,10 @@ async def _settle(
     first = where[0][1]
     key = Plan(first.namespace, first.job, first.group, {}, (), {}).key
     nodes = {node: addresses[node] for node, _ in where}
-    decided = any(t.state == COMMITTED for _, t in where)
-    if not decided or key in found.held:
-        why = "it was not committed" if not decided else "its job holds another turn"
+    why = _undecided(where, found.unreachable)
+    if not why and key in found.held:
+        why = "its job holds another turn"
+    if why:
         await _all(
             links.release(n, a, epoch, turn_id, f"rolled back by epoch {epoch}: {why}")
             for n, a in nodes.items()
@@ -118,6 +119,24 @@ async def _settle(
         resources=resources,
         joined={pod for _, t in where for pod in t.joined},
     )
+
+
+def _undecided(where: list[tuple[str, jt.NodeTurn]], unreachable: dict[str, str]) -> str:
+    """Why the turn was not decided, or "" if it was: every node it names reports it (or, for
+    one that names none, a node reports it committed). A node that did not answer counts as
+    having it: rolling back a turn its job was told it holds would let another job compute on
+    its GPUs while it still does; holding one it was not told of only costs idle time."""
+    named = set(where[0][1].nodes)
+    if not named:
+        return "" if any(t.state == COMMITTED for _, t in where) else "it was not committed"
+    reported = {node for node, _ in where}
+    lacking = sorted(named - reported - set(unreachable))
+    if lacking:
+        return (
+            f"node {', '.join(lacking)} no longer has it (a yield or a roll-back was cut short, "
+            "or it was never prepared there)"
+        )
+    return ""
 
 
 async def _all(calls: Iterable[Awaitable[object]]) -> None:

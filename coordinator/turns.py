@@ -3,8 +3,9 @@ node's GPUs, each job (and llm-d group) one tenant of it, each grant carried out
 
 A job's waiter is reserved by the table's policy (fifo or fair, tiers and accounting, as on a
 node) when all its GPUs are free of other jobs; then every member node prepares (makes room and
-restores), and only when all have does every node commit. A failed prepare rolls the others back
-and the waiter hears which node failed and why. The table never gives two jobs a GPU at once,
+restores). Once all have, the turn is decided: the waiter hears it, and every node is told to
+commit (which records the decision). A failed prepare rolls the others back and the waiter hears
+which node failed and why. The table never gives two jobs a GPU at once,
 and each agent holds its node to one turn per GPU, so a job's pods never compute beside another
 job's on one GPU even while a release is still on its way to a node.
 """
@@ -234,7 +235,7 @@ class Arbiter:
         results = await asyncio.gather(
             *(
                 self.links.prepare(
-                    n, plan.addresses[n], epoch, whose, plan.pods[n], self.prepare_timeout_s
+                    n, plan.addresses[n], epoch, whose, plan.pods[n], self.prepare_timeout_s, nodes
                 )
                 for n in nodes
             ),
@@ -252,17 +253,8 @@ class Arbiter:
             await self._release(addresses, epoch, turn_id, f"rolled back: {why}")
             self._end_wait(waiter.waiter_id, TurnFailed(f"{why}; rolled back on every node"))
             return
-        commits = await asyncio.gather(
-            *(self.links.commit(n, plan.addresses[n], epoch, turn_id) for n in nodes),
-            return_exceptions=True,
-        )
-        for node, result in zip(nodes, commits, strict=True):
-            if isinstance(result, BaseException):  # prepared: it holds the node's turn anyway
-                log.warning("job %s: commit on node %s failed: %s", plan.key, node, result)
-        if wait.abandoned or epoch != self.epoch:
-            await self._release(dict(plan.addresses), epoch, turn_id, "the caller gave up")
-            self._end_wait(waiter.waiter_id, TurnFailed("the caller gave up"))
-            return
+        # Prepared on every node: decided (a new leader would hold it too). The waiter hears it
+        # now; the commits that record it go out behind.
         lease = self.table.grant(waiter.waiter_id)
         self._waits.pop(waiter.waiter_id, None)
         turn = self._turn_of(plan, lease, turn_id)
@@ -272,6 +264,13 @@ class Arbiter:
         if not wait.future.done():
             wait.future.set_result(turn)
         self._reschedule()
+        commits = await asyncio.gather(
+            *(self.links.commit(n, plan.addresses[n], epoch, turn_id) for n in nodes),
+            return_exceptions=True,
+        )
+        for node, result in zip(nodes, commits, strict=True):
+            if isinstance(result, BaseException):  # prepared: it holds the node's turn anyway
+                log.warning("job %s: commit on node %s failed: %s", plan.key, node, result)
 
     def _turn_of(self, plan: Plan, lease: Lease, turn_id: str) -> JobTurn:
         return JobTurn(

@@ -78,6 +78,8 @@ class NodeTurn:
     """Whether a member's memory was parked when the preparation began."""
     state: str = PREPARED
     committed_at: float = 0.0
+    nodes: tuple[str, ...] = ()
+    """Every node of the turn, as the coordinator named them (for a new leader's judgement)."""
     joined: list[str] = field(default_factory=list)
     """Members that joined the turn themselves (`agent.server.coordinated`) and have not left."""
     sessions: list[Session] = field(default_factory=list, repr=False, compare=False)
@@ -90,7 +92,7 @@ class NodeTurn:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NodeTurn:
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "sessions"}
-        for key in ("members", "leases", "gpus", "tokens"):
+        for key in ("members", "leases", "gpus", "tokens", "nodes"):
             fields[key] = tuple(fields.get(key, ()))
         fields["joined"] = list(fields.get("joined", []))
         return cls(**fields)
@@ -155,6 +157,7 @@ class JobTurns:
         timeout: float | None,
         pods: Sequence[str] = (),
         group: str = "",
+        nodes: Sequence[str] = (),
     ) -> NodeTurn:
         """Every member's turn granted (room made, memory restored); idempotent per turn id.
         `pods` names the members whose turn it is (default: every pod of the job here)."""
@@ -177,7 +180,7 @@ class JobTurns:
                     )
                 members = [m for m in members if m.tenant_id in set(pods)]
             task = asyncio.create_task(
-                self._prepare(epoch, turn_id, (namespace, job, group), members, timeout)
+                self._prepare(epoch, turn_id, (namespace, job, group), members, timeout, nodes)
             )
             self._preparing[turn_id] = task
             task.add_done_callback(lambda _: self._preparing.pop(turn_id, None))
@@ -190,6 +193,7 @@ class JobTurns:
         whose: tuple[str, str, str],
         members: list[Tenant],
         timeout: float | None,
+        nodes: Sequence[str],
     ) -> NodeTurn:
         namespace, job, group = whose
         restored = any(self._parked(m) for m in members)
@@ -209,11 +213,13 @@ class JobTurns:
             for m, r in zip(members, results, strict=True)
             if not isinstance(r, BaseException)
         ]
-        if failed:
+        if failed or epoch < self.epoch:  # a newer leader took over while room was made
             for member, got in granted:
                 self._yield(member.tenant_id, got.lease.lease_id)
             for session in sessions:
                 self._service.sessions.close(session)
+            if not failed:
+                self.fence(epoch)  # raises StaleEpoch, naming both epochs
             member, error = failed[0]
             raise PrepareFailed(f"pod {member.tenant_id} on node {self.node}: {error}")
         leases = [got.lease for _, got in granted]
@@ -229,6 +235,7 @@ class JobTurns:
             prepared_at=max(lease.granted_at for lease in leases),
             group=group,
             restored=restored,
+            nodes=tuple(nodes),
             sessions=sessions,
         )
         self.turns[turn_id] = turn

@@ -48,6 +48,7 @@ def node_turn_pb(turn: NodeTurn) -> jt.NodeTurn:
         group=turn.group,
         restored=turn.restored,
         joined=turn.joined,
+        nodes=turn.nodes,
     )
 
 
@@ -82,6 +83,7 @@ class JobTurnsServicer(jt_grpc.JobTurnsServicer):
             timeout,
             request.pods,
             request.group,
+            request.nodes,
         )
         return node_turn_pb(turn)
 

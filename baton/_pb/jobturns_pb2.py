@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#baton/coordinator/v1/jobturns.proto\x12\x14\x62\x61ton.coordinator.v1\"\\\n\x0bJoinRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0b\n\x03pod\x18\x04 \x01(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"2\n\x0cJoinResponse\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x11\n\twaited_ms\x18\x02 \x01(\x03\"J\n\x0cLeaveRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0b\n\x03pod\x18\x04 \x01(\t\"\x1e\n\rLeaveResponse\x12\r\n\x05\x65nded\x18\x01 \x01(\x08\"\x80\x01\n\x0ePrepareRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03job\x18\x04 \x01(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\x12\x0c\n\x04pods\x18\x06 \x03(\t\x12\r\n\x05group\x18\x07 \x01(\t\"/\n\rCommitRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\"@\n\x0eReleaseRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x1e\n\rReportRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\xec\x01\n\x08NodeTurn\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0b\n\x03job\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\r\n\x05state\x18\x05 \x01(\t\x12\x0f\n\x07members\x18\x06 \x03(\t\x12\x0c\n\x04gpus\x18\x07 \x03(\t\x12\x16\n\x0e\x66\x65ncing_tokens\x18\x08 \x03(\x04\x12\x13\n\x0bprepared_at\x18\t \x01(\x01\x12\x14\n\x0c\x63ommitted_at\x18\n \x01(\x01\x12\r\n\x05group\x18\x0b \x01(\t\x12\x10\n\x08restored\x18\x0c \x01(\x08\x12\x0e\n\x06joined\x18\r \x03(\t\"\\\n\x0eReportResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12-\n\x05turns\x18\x03 \x03(\x0b\x32\x1e.baton.coordinator.v1.NodeTurn2\xd7\x02\n\x08JobTurns\x12O\n\x07Prepare\x12$.baton.coordinator.v1.PrepareRequest\x1a\x1e.baton.coordinator.v1.NodeTurn\x12M\n\x06\x43ommit\x12#.baton.coordinator.v1.CommitRequest\x1a\x1e.baton.coordinator.v1.NodeTurn\x12V\n\x07Release\x12$.baton.coordinator.v1.ReleaseRequest\x1a%.baton.coordinator.v1.ReleaseResponse\x12S\n\x06Report\x12#.baton.coordinator.v1.ReportRequest\x1a$.baton.coordinator.v1.ReportResponse2\xa7\x01\n\x04Jobs\x12M\n\x04Join\x12!.baton.coordinator.v1.JoinRequest\x1a\".baton.coordinator.v1.JoinResponse\x12P\n\x05Leave\x12\".baton.coordinator.v1.LeaveRequest\x1a#.baton.coordinator.v1.LeaveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#baton/coordinator/v1/jobturns.proto\x12\x14\x62\x61ton.coordinator.v1\"\\\n\x0bJoinRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0b\n\x03pod\x18\x04 \x01(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"2\n\x0cJoinResponse\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x11\n\twaited_ms\x18\x02 \x01(\x03\"J\n\x0cLeaveRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03job\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0b\n\x03pod\x18\x04 \x01(\t\"\x1e\n\rLeaveResponse\x12\r\n\x05\x65nded\x18\x01 \x01(\x08\"\x8f\x01\n\x0ePrepareRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x0b\n\x03job\x18\x04 \x01(\t\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\x12\x0c\n\x04pods\x18\x06 \x03(\t\x12\r\n\x05group\x18\x07 \x01(\t\x12\r\n\x05nodes\x18\x08 \x03(\t\"/\n\rCommitRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\"@\n\x0eReleaseRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0f\n\x07turn_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x1e\n\rReportRequest\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\xfb\x01\n\x08NodeTurn\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12\x0b\n\x03job\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\r\n\x05state\x18\x05 \x01(\t\x12\x0f\n\x07members\x18\x06 \x03(\t\x12\x0c\n\x04gpus\x18\x07 \x03(\t\x12\x16\n\x0e\x66\x65ncing_tokens\x18\x08 \x03(\x04\x12\x13\n\x0bprepared_at\x18\t \x01(\x01\x12\x14\n\x0c\x63ommitted_at\x18\n \x01(\x01\x12\r\n\x05group\x18\x0b \x01(\t\x12\x10\n\x08restored\x18\x0c \x01(\x08\x12\x0e\n\x06joined\x18\r \x03(\t\x12\r\n\x05nodes\x18\x0e \x03(\t\"\\\n\x0eReportResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12-\n\x05turns\x18\x03 \x03(\x0b\x32\x1e.baton.coordinator.v1.NodeTurn2\xd7\x02\n\x08JobTurns\x12O\n\x07Prepare\x12$.baton.coordinator.v1.PrepareRequest\x1a\x1e.baton.coordinator.v1.NodeTurn\x12M\n\x06\x43ommit\x12#.baton.coordinator.v1.CommitRequest\x1a\x1e.baton.coordinator.v1.NodeTurn\x12V\n\x07Release\x12$.baton.coordinator.v1.ReleaseRequest\x1a%.baton.coordinator.v1.ReleaseResponse\x12S\n\x06Report\x12#.baton.coordinator.v1.ReportRequest\x1a$.baton.coordinator.v1.ReportResponse2\xa7\x01\n\x04Jobs\x12M\n\x04Join\x12!.baton.coordinator.v1.JoinRequest\x1a\".baton.coordinator.v1.JoinResponse\x12P\n\x05Leave\x12\".baton.coordinator.v1.LeaveRequest\x1a#.baton.coordinator.v1.LeaveResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,21 +40,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEAVERESPONSE']._serialized_start=283
   _globals['_LEAVERESPONSE']._serialized_end=313
   _globals['_PREPAREREQUEST']._serialized_start=316
-  _globals['_PREPAREREQUEST']._serialized_end=444
-  _globals['_COMMITREQUEST']._serialized_start=446
-  _globals['_COMMITREQUEST']._serialized_end=493
-  _globals['_RELEASEREQUEST']._serialized_start=495
-  _globals['_RELEASEREQUEST']._serialized_end=559
-  _globals['_RELEASERESPONSE']._serialized_start=561
-  _globals['_RELEASERESPONSE']._serialized_end=596
-  _globals['_REPORTREQUEST']._serialized_start=598
-  _globals['_REPORTREQUEST']._serialized_end=628
-  _globals['_NODETURN']._serialized_start=631
-  _globals['_NODETURN']._serialized_end=867
-  _globals['_REPORTRESPONSE']._serialized_start=869
-  _globals['_REPORTRESPONSE']._serialized_end=961
-  _globals['_JOBTURNS']._serialized_start=964
-  _globals['_JOBTURNS']._serialized_end=1307
-  _globals['_JOBS']._serialized_start=1310
-  _globals['_JOBS']._serialized_end=1477
+  _globals['_PREPAREREQUEST']._serialized_end=459
+  _globals['_COMMITREQUEST']._serialized_start=461
+  _globals['_COMMITREQUEST']._serialized_end=508
+  _globals['_RELEASEREQUEST']._serialized_start=510
+  _globals['_RELEASEREQUEST']._serialized_end=574
+  _globals['_RELEASERESPONSE']._serialized_start=576
+  _globals['_RELEASERESPONSE']._serialized_end=611
+  _globals['_REPORTREQUEST']._serialized_start=613
+  _globals['_REPORTREQUEST']._serialized_end=643
+  _globals['_NODETURN']._serialized_start=646
+  _globals['_NODETURN']._serialized_end=897
+  _globals['_REPORTRESPONSE']._serialized_start=899
+  _globals['_REPORTRESPONSE']._serialized_end=991
+  _globals['_JOBTURNS']._serialized_start=994
+  _globals['_JOBTURNS']._serialized_end=1337
+  _globals['_JOBS']._serialized_start=1340
+  _globals['_JOBS']._serialized_end=1507
 # @@protoc_insertion_point(module_scope)

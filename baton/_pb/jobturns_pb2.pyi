@@ -47,7 +47,7 @@ class LeaveResponse(_message.Message):
     def __init__(self, ended: _Optional[bool] = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
-    __slots__ = ("epoch", "turn_id", "namespace", "job", "timeout_s", "pods", "group")
+    __slots__ = ("epoch", "turn_id", "namespace", "job", "timeout_s", "pods", "group", "nodes")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class PrepareRequest(_message.Message):
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     PODS_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     turn_id: str
     namespace: str
@@ -62,7 +63,8 @@ class PrepareRequest(_message.Message):
     timeout_s: float
     pods: _containers.RepeatedScalarFieldContainer[str]
     group: str
-    def __init__(self, epoch: _Optional[int] = ..., turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., timeout_s: _Optional[float] = ..., pods: _Optional[_Iterable[str]] = ..., group: _Optional[str] = ...) -> None: ...
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, epoch: _Optional[int] = ..., turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., timeout_s: _Optional[float] = ..., pods: _Optional[_Iterable[str]] = ..., group: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
     __slots__ = ("epoch", "turn_id")
@@ -95,7 +97,7 @@ class ReportRequest(_message.Message):
     def __init__(self, epoch: _Optional[int] = ...) -> None: ...
 
 class NodeTurn(_message.Message):
-    __slots__ = ("turn_id", "namespace", "job", "epoch", "state", "members", "gpus", "fencing_tokens", "prepared_at", "committed_at", "group", "restored", "joined")
+    __slots__ = ("turn_id", "namespace", "job", "epoch", "state", "members", "gpus", "fencing_tokens", "prepared_at", "committed_at", "group", "restored", "joined", "nodes")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +111,7 @@ class NodeTurn(_message.Message):
     GROUP_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FIELD_NUMBER: _ClassVar[int]
     JOINED_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     namespace: str
     job: str
@@ -122,7 +125,8 @@ class NodeTurn(_message.Message):
     group: str
     restored: bool
     joined: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., fencing_tokens: _Optional[_Iterable[int]] = ..., prepared_at: _Optional[float] = ..., committed_at: _Optional[float] = ..., group: _Optional[str] = ..., restored: _Optional[bool] = ..., joined: _Optional[_Iterable[str]] = ...) -> None: ...
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., fencing_tokens: _Optional[_Iterable[int]] = ..., prepared_at: _Optional[float] = ..., committed_at: _Optional[float] = ..., group: _Optional[str] = ..., restored: _Optional[bool] = ..., joined: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
     __slots__ = ("node", "epoch", "turns")

@@ -96,3 +96,20 @@ def queued(nodes: list[AgentNode], pods: set[str]) -> bool:
         for w in gpu["queue"]
     }
     return pods <= waiting
+
+
+def settle(
+    nodes: list[AgentNode], expected: dict[str, list[tuple[str, str, tuple[str, ...]]]]
+) -> None:
+    """Wait (bounded) until the agents hold exactly `expected` (commits go out after the waiter
+    is told, so a node may still say "prepared" for a moment)."""
+    seen: list[object] = []
+
+    def now() -> bool | None:
+        seen[:] = [turns_on(nodes)]
+        return True if seen[0] == expected else None
+
+    try:
+        wait_for("the agents' job turns settling", now, 10)
+    except Exception as err:
+        raise AssertionError(f"the agents hold {seen[0]}, not {expected}") from err

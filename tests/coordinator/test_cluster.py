@@ -24,8 +24,8 @@ from tests.coordinator.deployed import (
     leader_of,
     members_known,
     queued,
+    settle,
     start_pair,
-    turns_on,
 )
 from tests.coordinator.nodes import agent_nodes, job_pod
 
@@ -53,10 +53,13 @@ def test_an_llmd_client_drives_a_two_node_job_through_the_coordinator(
             llmd = TimeSliceOrchestratorClient(leader.address)
             success, _, _ = llmd.acquire("rl", "", timeout_sec=20)
             assert success
-            assert turns_on(nodes) == {
-                "n1": [("rl", "committed", ("team/rl-trainer",))],
-                "n2": [("rl", "committed", ("team/rl-sampler",))],
-            }
+            settle(
+                nodes,
+                {
+                    "n1": [("rl", "committed", ("team/rl-trainer",))],
+                    "n2": [("rl", "committed", ("team/rl-sampler",))],
+                },
+            )
             assert llmd.acquire("rl", "", timeout_sec=5)[0]  # the holder: at once
             got: list[tuple[bool, int, bool]] = []
             other = threading.Thread(target=lambda: got.append(llmd.acquire("sft", "", 20)))
@@ -66,16 +69,19 @@ def test_an_llmd_client_drives_a_two_node_job_through_the_coordinator(
             other.join(30)
             assert got and got[0][0], "sft's acquire did not return"
             assert status[0]
-            assert turns_on(nodes) == {
-                "n1": [("sft", "committed", ("team/sft-a",))],
-                "n2": [("sft", "committed", ("team/sft-b",))],
-            }
+            settle(
+                nodes,
+                {
+                    "n1": [("sft", "committed", ("team/sft-a",))],
+                    "n2": [("sft", "committed", ("team/sft-b",))],
+                },
+            )
             with pytest.raises(grpc.RpcError) as denied:
                 llmd.release("rl", "")
             assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
             assert "held by team/sft" in str(denied.value.details())
             llmd.release("sft", "")
-            assert turns_on(nodes) == {"n1": [], "n2": []}
+            settle(nodes, {"n1": [], "n2": []})
             llmd.close()
         finally:
             leader.process.stop()
@@ -118,7 +124,7 @@ def test_a_leader_killed_during_a_handover_is_replaced_rolling_back_its_half_and
             second = leader_of(pair)
             assert second is not first
             assert {n.report().epoch for n in nodes} == {epoch + 1}  # recovery raised both
-            assert turns_on(nodes) == {"f1": [], "f2": [("blk", "committed", ("team/blk-a",))]}
+            settle(nodes, {"f1": [], "f2": [("blk", "committed", ("team/blk-a",))]})
             assert not queued([f2], {"team/bg-b"})  # the dead leader's prepare left the queue
             assert holders_of(f1) == {}  # and its half on f1 was rolled back
             with pytest.raises(grpc.RpcError) as stale:
@@ -127,10 +133,13 @@ def test_a_leader_killed_during_a_handover_is_replaced_rolling_back_its_half_and
             again = TimeSliceOrchestratorClient(second.address)
             again.release("blk", "")  # the new leader holds what the agents reported
             assert again.acquire("bg", "", timeout_sec=20)[0]
-            assert turns_on(nodes) == {
-                "f1": [("bg", "committed", ("team/bg-a",))],
-                "f2": [("bg", "committed", ("team/bg-b",))],
-            }
+            settle(
+                nodes,
+                {
+                    "f1": [("bg", "committed", ("team/bg-a",))],
+                    "f2": [("bg", "committed", ("team/bg-b",))],
+                },
+            )
             again.release("bg", "")
             again.close()
             llmd.close()

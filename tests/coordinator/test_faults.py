@@ -22,7 +22,7 @@ from tests.coordinator.deployed import (
     holders_of,
     leader_of,
     members_known,
-    turns_on,
+    settle,
 )
 from tests.coordinator.nodes import agent_nodes, job_pod
 
@@ -48,7 +48,7 @@ def test_a_member_pod_deleted_during_its_turn_frees_its_node_and_the_job_goes_on
             assert llmd.acquire("ot", "", timeout_sec=20)[0]
             llmd.release("ot", "")
             assert llmd.acquire("dl", "", timeout_sec=20)[0]  # the members that are left
-            assert turns_on(nodes) == {"d1": [("dl", "committed", ("team/dl-a",))], "d2": []}
+            settle(nodes, {"d1": [("dl", "committed", ("team/dl-a",))], "d2": []})
             llmd.release("dl", "")
             llmd.close()
         finally:

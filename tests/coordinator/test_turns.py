@@ -139,24 +139,27 @@ def test_an_unreachable_node_fails_the_turn_naming_it(tmp_path: Path) -> None:
     run(body)
 
 
-def test_a_new_leader_keeps_a_committed_turn_rolls_back_a_prepared_one_and_fences_the_old(
-    tmp_path: Path,
-) -> None:
+def test_a_new_leader_keeps_a_committed_turn_and_fences_the_old(tmp_path: Path) -> None:
     async def body() -> None:
         async with cluster(tmp_path) as (nodes, view):
             old = await leading(view, epoch=1)
             held = await old.acquire("team", "rl", "", timeout=5)
-            # The old leader also prepared sft on n1 only, then died before committing.
+            # The old leader's prepare of another job, waiting on n1 behind rl when it is deposed.
             links = AgentLinks(TOKEN)
-            await links.release("n1", nodes[0].address, 1, held.turn_id, "test: free n1")
-            await links.prepare("n1", nodes[0].address, 1, ("t-sft", "team", "sft", ""), (), 5)
-            assert nodes[0].holders() == {"GPU-n1": "team/sft-a"}
+            extra = nodes[0].add_pod("team/solo", ("GPU-n1",), "solo")
+            late = asyncio.create_task(
+                links.prepare("n1", nodes[0].address, 1, ("t-solo", "team", "solo", ""), (), 5)
+            )
+            queue = nodes[0].service.table.waiters
+            while extra.tenant_id not in {w.tenant_id for w in queue.values()}:
+                await asyncio.sleep(0)
             new = await leading(view, epoch=2)
-            assert list(new.held) == ["team/rl"]  # committed on n2: decided, so kept
-            assert nodes[0].holders() == {}  # the prepared sft turn was rolled back
+            assert list(new.held) == ["team/rl"]  # committed on both nodes: decided, so kept
             with pytest.raises(NodeFailed, match="epoch 1 is older than epoch 2"):
                 await links.release("n2", nodes[1].address, 1, held.turn_id, "deposed")
             assert await new.yield_("team", "rl", "") == 0
+            with pytest.raises(NodeFailed, match="epoch 1 is older than epoch 2"):
+                await late  # granted only after the fence rose: given back, never a turn
             assert not any(node.holders() for node in nodes)
             await links.close()
             await close(old)
@@ -184,5 +187,39 @@ def test_a_replica_that_does_not_lead_refuses_and_a_stepped_down_one_tells_its_w
                 await waiting
             await close(arbiter)
             await close(standby)
+
+    run(body)
+
+
+def test_a_turn_prepared_on_every_node_is_held_by_a_new_leader_and_one_cut_short_is_not(
+    tmp_path: Path,
+) -> None:
+    """Prepared on all its nodes, a turn was decided (its waiter may have been told) even
+    with no commit yet; one that a node lacks (a yield cut short) is ended everywhere."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            links = AgentLinks(TOKEN)
+            both = ["n1", "n2"]
+            for node, pod in zip(nodes, ("team/rl-trainer", "team/rl-sampler"), strict=True):
+                turn = ("t-rl", "team", "rl", "")
+                await links.prepare(node.name, node.address, 1, turn, (pod,), 5, both)
+            new = await leading(view, epoch=2)
+            assert list(new.held) == ["team/rl"]
+            assert [t.state for t in (await links.report("n1", nodes[0].address, 2)).turns] == [
+                "committed"
+            ]
+            await new.yield_("team", "rl", "")
+            # sft's turn on both nodes, then its release reached n1 only before the leader died.
+            for node, pod in zip(nodes, ("team/sft-a", "team/sft-b"), strict=True):
+                turn = ("t-sft", "team", "sft", "")
+                await links.prepare(node.name, node.address, 2, turn, (pod,), 5, both)
+            await links.release("n1", nodes[0].address, 2, "t-sft", "yielded")
+            newer = await leading(view, epoch=3)
+            assert not newer.held
+            assert not any(node.holders() for node in nodes)  # ended on n2 too
+            await links.close()
+            await close(new)
+            await close(newer)
 
     run(body)
