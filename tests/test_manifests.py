@@ -138,14 +138,16 @@ def test_node_daemonsets_mounts_and_ports_match_names() -> None:
         names.KUBELET_DEVICE_PLUGIN_DIR,
         names.KUBELET_POD_RESOURCES_DIR,
     ]
-    for workload, container, port in (
-        (agent, "agent", names.PORT_AGENT),
-        (plugin, "deviceplugin", names.PORT_DEVICE_PLUGIN),
+    for workload, container, ports in (
+        (agent, "agent", [names.PORT_AGENT, names.PORT_AGENT_COORDINATION]),
+        (plugin, "deviceplugin", [names.PORT_DEVICE_PLUGIN]),
     ):
         part = containers(workload)[container]
-        assert [p["containerPort"] for p in part["ports"]] == [port]
+        assert [p["containerPort"] for p in part["ports"]] == ports
         volumes = host_paths(workload)
         for mount in part["volumeMounts"]:
+            if mount["name"] not in volumes:
+                continue  # the coordination token's Secret (test_coordinator_wiring)
             assert mount["mountPath"] == volumes[mount["name"]], "host and container paths differ"
             if workload is plugin and mount["mountPath"] == names.AGENT_SOCKET_DIR:
                 assert mount["readOnly"] is True, "the device plugin only hands the socket out"
@@ -204,10 +206,13 @@ def test_daemon_env_vars_are_flags_of_their_commands() -> None:
         base_object("DaemonSet", "baton-agent"),
         base_object("DaemonSet", "baton-deviceplugin"),
         base_object("Deployment", "baton-extender"),
+        base_object("Deployment", "baton-coordinator"),
         *load_all(MANIFESTS / "overlays" / "dra" / "driver" / "dra.yaml"),
     ]
     base_commands = {name: c["args"][0] for w in workloads for name, c in containers(w).items()}
-    base = [MANIFESTS / "base" / f"{name}.yaml" for name in ("agent", "deviceplugin")]
+    base = [
+        MANIFESTS / "base" / f"{name}.yaml" for name in ("agent", "deviceplugin", "coordinator")
+    ]
     for path in [*base, *_overlay_patches()]:
         for doc in load_all(path):
             if doc["kind"] not in ("DaemonSet", "Deployment") or "spec" not in doc:
@@ -281,7 +286,11 @@ def test_kustomize_builds(overlay: str) -> None:
 @pytest.mark.parametrize("overlay", [".", "overlays/kind", "overlays/nvidia"])
 def test_built_install_is_complete(overlay: str) -> None:
     objects = build(overlay)
-    assert set(by_kind(objects, "Deployment")) == {"baton-extender", "baton-scheduler"}
+    assert set(by_kind(objects, "Deployment")) == {
+        "baton-extender",
+        "baton-scheduler",
+        "baton-coordinator",
+    }
     assert set(by_kind(objects, "DaemonSet")) == {"baton-agent", "baton-deviceplugin"}
     assert [n for n, d in by_kind(objects, "DaemonSet").items() if _host_pid(d)] == ["baton-agent"]
     configmaps = by_kind(objects, "ConfigMap")
@@ -358,6 +367,7 @@ def test_monitoring_overlay_has_scrapes_and_the_dashboard() -> None:
             monitor["spec"]["selector"]["matchLabels"].items() <= pods["metadata"]["labels"].items()
         )
         ports = {p["name"] for c in pods["spec"]["containers"] for p in c["ports"]}
+        ports.discard("coordination")  # the agent's job turns for the coordinator: gRPC
         assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == ports
     assert set(by_kind(objects, "ServiceMonitor")) == {"baton-extender"}
     (dashboard,) = by_kind(objects, "ConfigMap").values()

@@ -28,6 +28,9 @@ CALLS: dict[str, tuple[str, frozenset[str]]] = {
     "create_namespaced_binding": ("bindings", frozenset({"create"})),
     "create_namespaced_event": ("events", frozenset({"create"})),
     "patch_namespaced_event": ("events", frozenset({"patch"})),
+    "read_namespaced_lease": ("leases", frozenset({"get"})),
+    "create_namespaced_lease": ("leases", frozenset({"create"})),
+    "replace_namespaced_lease": ("leases", frozenset({"update"})),
 }
 # API paths our daemons call without the client (a raw POST), and the (resource, verbs) each
 # needs: the extender posts its Bindings itself (extender/apipost.py).
@@ -40,11 +43,13 @@ RAW_CALLS: dict[str, tuple[str, frozenset[str]]] = {
 # The contract's reflector lists and watches for the daemons: a file that builds a `KubeSource`
 # lists and watches the kinds it names (baton/contract/reflector.py).
 WATCHED_KINDS = {"nodes", "pods", "resourceclaims"}
-# Which code runs under which ServiceAccount's ClusterRole.
+# Which code runs under which ServiceAccount's roles (its ClusterRole, and the Role of the same
+# name in its namespace where it has one).
 ROLES = {
     "baton-agent": ("agent",),
     "baton-deviceplugin": ("deviceplugin", "nodegpu"),
     "baton-extender": ("extender",),
+    "baton-coordinator": ("coordinator",),
 }
 # The DRA overlay's roles for the same code (`--dra`), checked with the base role's.
 DRA_ROLES = {"baton-extender": "baton-extender-dra"}
@@ -80,16 +85,22 @@ def test_every_rbac_verb_says_why(path: Path) -> None:
 
 
 def granted(role: str, paths: list[Path] | None = None) -> set[tuple[str, str]]:
+    """What the ClusterRole `role` and the Role of that name (if any) grant together."""
+    grants: set[tuple[str, str]] = set()
+    kinds = []
     for path in paths or RBAC_FILES:
         for doc in yaml.safe_load_all(path.read_text()):
-            if doc and doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == role:
-                return {
+            if doc and doc["kind"] in ("ClusterRole", "Role") and doc["metadata"]["name"] == role:
+                kinds.append(doc["kind"])
+                grants |= {
                     (resource, verb)
                     for rule in doc["rules"]
                     for resource in rule["resources"]
                     for verb in rule["verbs"]
                 }
-    raise AssertionError(f"no ClusterRole {role}")
+    if "ClusterRole" not in kinds:
+        raise AssertionError(f"no ClusterRole {role}")
+    return grants
 
 
 def granted_with_dra(role: str) -> set[tuple[str, str]]:
@@ -115,6 +126,31 @@ def calls_in(packages: tuple[str, ...]) -> dict[str, tuple[str, frozenset[str]]]
                 for kind in WATCHED_KINDS & set(re.findall(r'"(\w+)"', text)):
                     used[f"KubeSource {kind}"] = (kind, frozenset({"list", "watch"}))
     return used
+
+
+def test_the_coordinator_holds_only_its_own_lease_and_labels_pods_of_its_namespace() -> None:
+    """Lease writes and pod patches come from the namespaced Role (get and update named to the
+    Lease), never from the ClusterRole; the ClusterRole only reads."""
+    from baton.contract import names
+
+    (role,) = [
+        doc
+        for doc in yaml.safe_load_all((BASE / "rbac-coordinator.yaml").read_text())
+        if doc["kind"] == "Role"
+    ]
+    assert role["metadata"]["namespace"] == names.NAMESPACE
+    named = [rule for rule in role["rules"] if rule.get("resourceNames")]
+    assert [(r["resources"], r["resourceNames"], r["verbs"]) for r in named] == [
+        (["leases"], [names.COORDINATOR_LEASE], ["get", "update"])
+    ]
+    cluster = {
+        verb
+        for doc in yaml.safe_load_all((BASE / "rbac-coordinator.yaml").read_text())
+        if doc["kind"] == "ClusterRole"
+        for rule in doc["rules"]
+        for verb in rule["verbs"]
+    }
+    assert cluster == {"list", "watch"}
 
 
 def test_a_reflector_source_counts_as_a_list_and_watch() -> None:

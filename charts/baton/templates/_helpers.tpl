@@ -135,3 +135,38 @@ livenessProbe:
 {{ $dir }}
 {{- end -}}
 {{- end }}
+
+{{/* The Secret holding the coordination token: the operator's, or the chart's own. */}}
+{{- define "baton.coordinationSecret" -}}
+{{- .Values.coordinator.token.existingSecret | default "baton-coordination" -}}
+{{- end }}
+
+{{/* Pod annotation that restarts the agents and the coordinator when coordinator.token.value
+changes (both read the token once, at start); none while the chart keeps the token itself. */}}
+{{- define "baton.coordinationChecksum" -}}
+{{- with .Values.coordinator.token.value }}
+annotations:
+  checksum/coordination-token: {{ . | sha256sum | trunc 16 }}
+{{- end }}
+{{- end }}
+
+{{/* Where the agent serves the coordinator's job turns (port 9464), also published on its Node
+as the address the coordinator dials: the pod's IP, or with host networking the listen address
+when there is one. */}}
+{{- define "baton.coordinationAddress" -}}
+{{- if and .Values.hostNetwork.enabled .Values.hostNetwork.listenHost -}}
+{{ .Values.hostNetwork.listenHost }}:9464
+{{- else -}}
+$(POD_IP):9464
+{{- end -}}
+{{- end }}
+
+{{/* Where agents reach the leading coordinator: its Service, or with host networking (no
+cluster DNS) its listen address when there is one. */}}
+{{- define "baton.coordinatorAddress" -}}
+{{- if and .Values.hostNetwork.enabled .Values.hostNetwork.listenHost -}}
+{{ .Values.hostNetwork.listenHost }}:50051
+{{- else -}}
+baton-coordinator.{{ .Release.Namespace }}.svc:50051
+{{- end -}}
+{{- end }}
