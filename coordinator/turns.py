@@ -269,7 +269,11 @@ class Arbiter:
             return_exceptions=True,
         )
         for node, result in zip(nodes, commits, strict=True):
-            if isinstance(result, BaseException):  # prepared: it holds the node's turn anyway
+            if not isinstance(result, BaseException):
+                continue
+            if self.held.get(plan.key) is not turn:  # it ended before its commit arrived
+                log.debug("job %s: turn %s ended before its commit on %s", plan.key, turn_id, node)
+            else:  # prepared, it holds the node's turn anyway
                 log.warning("job %s: commit on node %s failed: %s", plan.key, node, result)
 
     def _turn_of(self, plan: Plan, lease: Lease, turn_id: str) -> JobTurn:
