@@ -43,7 +43,6 @@ from agent.parking.setup import ParkingOptions, build_backend, build_preparer
 from agent.server import direct_session
 from agent.server.coordination import Coordination
 from agent.server.grpc_server import AgentServicer
-from agent.server.http import StatusServer
 from agent.server.llmd.groups import Groups
 from agent.server.llmd.server import LlmdServer
 from agent.server.service import LeaseService
@@ -53,6 +52,7 @@ from agent.wire.handshake import handshake_path
 from baton._pb import agent_pb2_grpc
 from baton.contract import names
 from baton.contract.shutdown import on_stop_signal_async
+from baton.contract.statushttp import StatusServer
 
 log = logging.getLogger(__name__)
 

@@ -29,6 +29,7 @@ from baton.contract import names
 from baton.contract.kube import Outage
 from baton.contract.reflector import KubeSource, Reflector
 from baton.contract.shutdown import on_stop_signal_async
+from baton.contract.statushttp import StatusServer
 from coordinator.agents import AgentLinks
 from coordinator.callers import PodCallers
 from coordinator.cluster import ClusterView, NodeStore, PodStore
@@ -36,6 +37,7 @@ from coordinator.jobs_api import JobsServicer
 from coordinator.leader import LeaderElector
 from coordinator.llmd import LlmdOrchestrator
 from coordinator.recovery import recover
+from coordinator.status import CoordinatorMetrics, status_json, watch
 from coordinator.turns import Arbiter
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,8 @@ class CoordinatorConfig:
     identity: str = ""
     """This replica's name in the Lease (default: the host name)."""
     llmd_listen: str = f"0.0.0.0:{names.PORT_LLMD_ORCHESTRATOR}"
+    http_listen: str = f"0.0.0.0:{names.PORT_COORDINATOR}"
+    """/healthz, /readyz (200 while leading), /metrics and /v1/status."""
     queue_policy: str = "fifo"
     lease_duration_s: int = 15
     renew_deadline_s: float = 10.0
@@ -80,6 +84,10 @@ class Coordinator:
         self.links = AgentLinks(config.token)
         self.arbiter = Arbiter(self.view, self.links, self._new_table, time.time)
         self.arbiter.prepare_timeout_s = config.prepare_timeout_s
+        self.metrics = CoordinatorMetrics()
+        watch(self.metrics, self.arbiter)
+        self._http: StatusServer | None = None
+        self.http_port = 0
         self._reflectors: list[Reflector] = []
         self._elector: LeaderElector | None = None
         self._server: grpc.aio.Server | None = None
@@ -117,6 +125,18 @@ class Coordinator:
         hp_grpc.add_HealthServicer_to_server(self._health, self._server)
         await self._server.start()
         cfg = self.config
+        self._http = StatusServer(
+            self.metrics.registry,
+            lambda: status_json(self.arbiter, self.identity, bool(self.arbiter.epoch), time.time()),
+            lambda: bool(self.arbiter.epoch),
+        )
+        host, _, port = cfg.http_listen.rpartition(":")
+        try:
+            self.http_port = await self._http.start(host or "0.0.0.0", int(port))
+        except (OSError, ValueError) as exc:
+            raise CoordinatorStartError(
+                f"cannot serve status on {cfg.http_listen} ({exc}); check --http-listen"
+            ) from None
         self._elector = LeaderElector(
             self._api,
             cfg.namespace,
@@ -216,6 +236,8 @@ class Coordinator:
         self.arbiter.step_down("the coordinator is stopping")
         if self._server is not None:
             await self._server.stop(0.5)
+        if self._http is not None:
+            await self._http.stop()
         await self.arbiter.close()
         await self.links.close()
         for reflector in self._reflectors:

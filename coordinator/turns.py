@@ -84,6 +84,10 @@ class Arbiter:
     epoch: int = 0
     held: dict[str, JobTurn] = field(default_factory=dict)
     table: LeaseTable = field(init=False)
+    on_granted: Callable[[float], None] = lambda seconds: None
+    """Hears each grant, with how long its handover took (`coordinator.status`)."""
+    on_failed: Callable[[str], None] = lambda node: None
+    """Hears each turn rolled back, with the node that failed first."""
     changed_at: dict[str, float] = field(default_factory=dict)
     """GPU (`node/GPU`) → when its turn last started, began moving or ended."""
     _waits: dict[str, _Wait] = field(default_factory=dict)
@@ -228,7 +232,7 @@ class Arbiter:
         self._dispatch()
 
     async def _handover(self, waiter: Waiter, wait: _Wait) -> None:
-        plan, epoch = wait.plan, self.epoch
+        plan, epoch, began = wait.plan, self.epoch, self.clock()
         turn_id = uuid.uuid4().hex[:16]
         whose = (turn_id, plan.namespace, plan.job, plan.group)
         nodes = list(plan.pods)
@@ -250,6 +254,8 @@ class Arbiter:
         if failed or wait.abandoned or epoch != self.epoch:
             addresses = {n: plan.addresses[n] for n in prepared}
             why = _failure(failed) if failed else "the caller gave up"
+            if failed:
+                self.on_failed(failed[0][0])
             await self._release(addresses, epoch, turn_id, f"rolled back: {why}")
             self._end_wait(waiter.waiter_id, TurnFailed(f"{why}; rolled back on every node"))
             return
@@ -261,6 +267,7 @@ class Arbiter:
         turn.restored = any(t.restored for t in prepared.values())
         self.held[plan.key] = turn
         self._changed(turn.resources)
+        self.on_granted(self.clock() - began)
         if not wait.future.done():
             wait.future.set_result(turn)
         self._reschedule()

@@ -41,6 +41,13 @@ def coordinator(
         str,
         typer.Option(envvar="BATON_COORDINATOR_LLMD_LISTEN", help="llm-d's orchestrator API."),
     ] = f"0.0.0.0:{names.PORT_LLMD_ORCHESTRATOR}",
+    http_listen: Annotated[
+        str,
+        typer.Option(
+            envvar="BATON_COORDINATOR_HTTP_LISTEN",
+            help="/healthz, /readyz (200 while leading), /metrics and /v1/status.",
+        ),
+    ] = f"0.0.0.0:{names.PORT_COORDINATOR}",
     queue_policy: Annotated[
         str, typer.Option(envvar="BATON_COORDINATOR_QUEUE_POLICY", help="fifo or fair.")
     ] = "fifo",
@@ -100,6 +107,7 @@ def coordinator(
         lease_name=lease,
         identity=identity,
         llmd_listen=llmd_listen,
+        http_listen=http_listen,
         queue_policy=queue_policy,
         lease_duration_s=lease_duration,
         renew_deadline_s=renew_deadline,

@@ -3,8 +3,11 @@ processes with a short Lease, and what the tests read from the agents."""
 
 from __future__ import annotations
 
+import json
 import sys
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -22,7 +25,7 @@ class CoordinatorProcess:
     """`baton coordinator` with a short Lease, serving llm-d's API on a loopback port."""
 
     def __init__(self, plane: ControlPlane, root: Path, name: str, lease: str) -> None:
-        (self.port,) = free_ports(1)
+        self.port, self.http_port = free_ports(2)
         self.address = f"127.0.0.1:{self.port}"
         self.process = Process(
             name,
@@ -34,6 +37,7 @@ class CoordinatorProcess:
                 "--lease", lease,
                 "--identity", name,
                 "--llmd-listen", self.address,
+                "--http-listen", f"127.0.0.1:{self.http_port}",
                 "--lease-duration", "3",
                 "--renew-deadline", "2",
                 "--retry-period", "0.2",
@@ -41,6 +45,17 @@ class CoordinatorProcess:
             ],
             root / f"{name}.log",
         )  # fmt: skip
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.http_port}/v1/status", timeout=10
+        ) as r:
+            data: dict[str, Any] = json.loads(r.read())
+        return data
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics", timeout=10) as r:
+            return str(r.read().decode())
 
     def serving(self) -> bool:
         """Whether it leads (its health service says SERVING)."""

@@ -61,6 +61,10 @@ def test_an_llmd_client_drives_a_two_node_job_through_the_coordinator(
                 },
             )
             assert llmd.acquire("rl", "", timeout_sec=5)[0]  # the holder: at once
+            seen = leader.status()
+            assert (seen["leading"], sorted(seen["held"])) == (True, ["team/rl"])
+            assert seen["held"]["team/rl"]["nodes"] == ["n1", "n2"]
+            assert "baton_coordinator_job_turns_granted_total 1.0" in leader.metrics()
             got: list[tuple[bool, int, bool]] = []
             other = threading.Thread(target=lambda: got.append(llmd.acquire("sft", "", 20)))
             other.start()

@@ -1,4 +1,4 @@
-"""The agent's small HTTP server: /healthz, /readyz, /metrics, /v1/status."""
+"""A small HTTP server for a daemon's probes and status: /healthz, /readyz, /metrics, /v1/status."""
 
 from __future__ import annotations
 

@@ -1,0 +1,90 @@
+"""What the coordinator tells operators: Prometheus metrics and its /v1/status document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from coordinator.turns import Arbiter
+
+HANDOVER_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class CoordinatorMetrics:
+    """`baton_coordinator_*`; the arbiter reports grants and failures through it."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.leading = Gauge("baton_coordinator_leading", "1 while this replica leads", registry=r)
+        self.epoch = Gauge(
+            "baton_coordinator_epoch", "The epoch this replica leads with", registry=r
+        )
+        self.granted = Counter(
+            "baton_coordinator_job_turns_granted_total",
+            "Job turns granted on every node",
+            registry=r,
+        )
+        self.failed = Counter(
+            "baton_coordinator_job_turn_failures_total",
+            "Job turns rolled back because a node could not prepare",
+            ["node"],
+            registry=r,
+        )
+        self.handover = Histogram(
+            "baton_coordinator_handover_seconds",
+            "From a job's GPUs becoming free to its turn prepared on every node",
+            buckets=HANDOVER_BUCKETS,
+            registry=r,
+        )
+        self.held = Gauge("baton_coordinator_job_turns_held", "Job turns held now", registry=r)
+        self.waiting = Gauge(
+            "baton_coordinator_job_turns_waiting", "Job turns asked for", registry=r
+        )
+
+
+def status_json(arbiter: Arbiter, identity: str, leading: bool, now: float) -> dict[str, Any]:
+    """Who leads, which job turns are held where, who waits, and the agents known."""
+    table = arbiter.table
+    return {
+        "time": now,
+        "identity": identity,
+        "leading": leading,
+        "epoch": arbiter.epoch,
+        "held": {
+            key: {
+                "turn_id": turn.turn_id,
+                "nodes": sorted(turn.nodes),
+                "gpus": list(turn.resources),
+                "held_s": round(now - turn.granted_at, 6),
+                "joined": sorted(turn.joined),
+            }
+            for key, turn in sorted(arbiter.held.items())
+        },
+        "waiting": [
+            {
+                "job": w.tenant_id,
+                "gpus": list(w.gpus),
+                "waited_s": round(now - w.enqueued_at, 6),
+                "preparing": w.reserved,
+            }
+            for w in table.queue()
+        ],
+        "agents": arbiter.view.addresses(),
+    }
+
+
+def watch(metrics: CoordinatorMetrics, arbiter: Arbiter) -> None:
+    """Gauges read at each scrape; the arbiter's grants and failures counted as they happen."""
+    metrics.leading.set_function(lambda: 1 if arbiter.epoch else 0)
+    metrics.epoch.set_function(lambda: arbiter.epoch)
+    metrics.held.set_function(lambda: len(arbiter.held))
+    metrics.waiting.set_function(lambda: len(arbiter.table.waiters))
+
+    def granted(seconds: float) -> None:
+        metrics.granted.inc()
+        metrics.handover.observe(seconds)
+
+    arbiter.on_granted = granted
+    arbiter.on_failed = lambda node: metrics.failed.labels(node=node).inc()
