@@ -42,11 +42,16 @@ for node in $(kubectl get nodes -o name -l '!node-role.kubernetes.io/control-pla
 done
 
 echo "kind-up: installing Baton (manifests/overlays/kind)"
+kubectl get namespace "$namespace" >/dev/null 2>&1 || kubectl create namespace "$namespace"
+kubectl -n "$namespace" get secret baton-coordination >/dev/null 2>&1 ||
+    kubectl -n "$namespace" create secret generic baton-coordination \
+        --from-literal=token="$(openssl rand -hex 32)"
 kubectl apply -k manifests/overlays/kind
 kubectl -n "$namespace" rollout status daemonset/baton-deviceplugin --timeout=180s
 kubectl -n "$namespace" rollout status daemonset/baton-agent --timeout=180s
 kubectl -n "$namespace" rollout status deployment/baton-extender --timeout=180s
 kubectl -n "$namespace" rollout status deployment/baton-scheduler --timeout=180s
+kubectl -n "$namespace" rollout status deployment/baton-coordinator --timeout=180s
 
 if [ -z "${BATON_KIND_KEEP_JOB-}" ]; then
     kubectl -n "$demo_namespace" delete job grpo-tenant --ignore-not-found --wait=true
