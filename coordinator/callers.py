@@ -52,21 +52,22 @@ class PodCallers:
         cached = self._known.get(ip)
         if cached is not None and self._clock() - cached[0] < TTL_S:
             return cached[1]
-        found = await asyncio.to_thread(self._lookup, ip)
-        self._known[ip] = (self._clock(), found)
+        found, known = await asyncio.to_thread(self._lookup, ip)
+        if known:  # an API server that failed is asked again on the next call
+            self._known[ip] = (self._clock(), found)
         return found
 
-    def _lookup(self, ip: str) -> str | None:
+    def _lookup(self, ip: str) -> tuple[str | None, bool]:
         try:
             pods = self._core.list_pod_for_all_namespaces(
                 field_selector=f"status.podIP={ip}", _request_timeout=5
             ).items
         except Exception as err:  # the API server is down: nobody is identified meanwhile
             log.warning("cannot tell who calls from %s: %s", ip, api_error_reason(err))
-            return None
+            return None, False
         live = [p for p in pods if not (p.spec and p.spec.host_network)]
         if len(live) != 1:
             log.info("a call from %s matches %d pods: its caller is not identified", ip, len(live))
-            return None
+            return None, True
         meta = live[0].metadata
-        return str(meta.namespace) if meta is not None else None
+        return (str(meta.namespace) if meta is not None else None), True

@@ -12,7 +12,7 @@ group, every member.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +140,20 @@ class ClusterView:
     """pod key (its watch's name and uid) → (namespace, job, member)"""
     nodes: dict[str, Node] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    on_pods_changed: Callable[[], None] = lambda: None
+    """Called (from a watch's thread) after job pods changed: members may have left."""
+    listed: dict[str, threading.Event] = field(default_factory=dict, repr=False)
+    """watch name → set once its first list is in (a new leader waits for all of them)."""
+
+    def listed_once(self, source: str) -> threading.Event:
+        """The event a watch sets once its first list is in."""
+        with self.lock:
+            return self.listed.setdefault(source, threading.Event())
+
+    def complete(self) -> bool:
+        """Whether every watch has listed once."""
+        with self.lock:
+            return all(event.is_set() for event in self.listed.values())
 
     def plan(self, namespace: str, job: str, group: str = "") -> Plan:
         """The turn of `job` (on `group`, or on all its members); PlanError saying what is
@@ -206,6 +220,11 @@ class ClusterView:
             found.update(f"{m.node}/{g}" for g in gpus)
         return tuple(sorted(found))
 
+    def pods(self) -> set[str]:
+        """Every job pod bound to a node (namespace/name)."""
+        with self.lock:
+            return {m.pod for _, _, m in self.members.values()}
+
     def addresses(self) -> dict[str, str]:
         """node → its agent's coordination address, for every node that has one."""
         with self.lock:
@@ -219,6 +238,7 @@ class PodStore:
     def __init__(self, view: ClusterView, source: str) -> None:
         self._view = view
         self._prefix = f"{source}:"
+        self._listed = view.listed_once(f"pods {source}")
 
     def _key(self, pod: dict[str, Any]) -> str:
         return self._prefix + str((pod.get("metadata") or {}).get("uid", ""))
@@ -232,6 +252,8 @@ class PodStore:
         with self._view.lock:
             kept = {k: v for k, v in self._view.members.items() if not k.startswith(self._prefix)}
             self._view.members = {**kept, **found}
+        self._listed.set()
+        self._view.on_pods_changed()
 
     def apply(self, event: WatchEvent) -> None:
         key = self._key(event.object)
@@ -241,6 +263,8 @@ class PodStore:
                 self._view.members.pop(key, None)
             else:
                 self._view.members[key] = read
+        if read is None:
+            self._view.on_pods_changed()
 
 
 class NodeStore:
@@ -248,11 +272,13 @@ class NodeStore:
 
     def __init__(self, view: ClusterView) -> None:
         self._view = view
+        self._listed = view.listed_once("nodes")
 
     def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
         nodes = {n.name: n for n in map(node_of, objects)}
         with self._view.lock:
             self._view.nodes = nodes
+        self._listed.set()
 
     def apply(self, event: WatchEvent) -> None:
         node = node_of(event.object)

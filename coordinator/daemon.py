@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from baton._pb import health_pb2_grpc as hp_grpc
 from baton._pb import jobturns_pb2_grpc as jt_grpc
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
 from baton.contract import names
-from baton.contract.kube import Outage
+from baton.contract.kube import Outage, api_error_reason
 from baton.contract.reflector import KubeSource, Reflector
 from baton.contract.shutdown import on_stop_signal_async
 from baton.contract.statushttp import StatusServer
@@ -41,6 +42,13 @@ from coordinator.status import CoordinatorMetrics, status_json, watch
 from coordinator.turns import Arbiter
 
 log = logging.getLogger(__name__)
+
+
+LABEL_ATTEMPTS = 6
+"""Tries at (un)labelling this replica's pod as the leader, a few seconds apart."""
+LIST_WAIT_S = 30.0
+"""How long a new leader waits for its watches' first lists before it recovers the agents'
+turns (it knows only the nodes and job pods they list)."""
 
 
 class CoordinatorStartError(Exception):
@@ -103,7 +111,12 @@ class Coordinator:
 
     async def start(self) -> None:
         """Watch, serve, campaign. Raises `CoordinatorStartError` before serving if it cannot."""
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
+
+        def pods_changed() -> None:
+            loop.call_soon_threadsafe(self.arbiter.prune_joined)
+
+        self.view.on_pods_changed = pods_changed
         self._watch()
         self._server = grpc.aio.server()
         try:
@@ -182,6 +195,15 @@ class Coordinator:
         self._term = asyncio.create_task(self._take_over(epoch))
 
     async def _take_over(self, epoch: int) -> None:
+        waited = 0.0
+        while not self.view.complete() and waited < LIST_WAIT_S:  # a partial view loses turns
+            await asyncio.sleep(0.05)
+            waited += 0.05
+        if not self.view.complete():
+            log.warning(
+                "leading with epoch %d before every watch listed once (after %g s): turns on "
+                "nodes not seen yet are settled when their agents are", epoch, LIST_WAIT_S,
+            )  # fmt: skip
         table = self._new_table()
         found = await recover(self.view, self.links, table, epoch)
         if self._elector is None or self._elector.epoch != epoch or not self._elector.is_leader():
@@ -216,14 +238,20 @@ class Coordinator:
 
         value = "true" if leading else None
         body = {"metadata": {"labels": {names.LABEL_COORDINATOR_LEADER: value}}}
-        try:
-            client.CoreV1Api(self._api).patch_namespaced_pod(
-                cfg.pod_name, cfg.pod_namespace, body, _request_timeout=5
-            )
-        except Exception as err:  # the Service then finds no leader until the next term
-            log.warning(
-                "cannot label pod %s/%s as leader: %s", cfg.pod_namespace, cfg.pod_name, err
-            )
+        wait = threading.Event()
+        for attempt in range(LABEL_ATTEMPTS):
+            try:
+                client.CoreV1Api(self._api).patch_namespaced_pod(
+                    cfg.pod_name, cfg.pod_namespace, body, _request_timeout=5
+                )
+                return
+            except Exception as err:  # the Service reaches the wrong replica meanwhile
+                log.warning(
+                    "cannot %s pod %s/%s (attempt %d of %d): %s",
+                    "label" if leading else "unlabel", cfg.pod_namespace, cfg.pod_name,
+                    attempt + 1, LABEL_ATTEMPTS, api_error_reason(err),
+                )  # fmt: skip
+                wait.wait(min(2.0**attempt, 10.0))
 
     # Stopping.
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from agent.core.errors import AlreadyHolding
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
 from coordinator.cluster import ClusterView, PlanError, UnknownGroup, UnknownJob
@@ -42,6 +43,7 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (NotLeading, grpc.StatusCode.UNAVAILABLE),
     (TurnFailed, grpc.StatusCode.UNAVAILABLE),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (AlreadyHolding, grpc.StatusCode.FAILED_PRECONDITION),
 ]
 
 Req = TypeVar("Req")
@@ -140,6 +142,7 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         self, request: ts.ListGroupsRequest, context: grpc.aio.ServicerContext
     ) -> ts.ListGroupsResponse:
         """Every group a pod or a node names."""
+        self._arbiter.check_leading()
         return ts.ListGroupsResponse(group_ids=self._view.groups())
 
     @mapped
@@ -147,6 +150,7 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         self, request: ts.GetGroupStatusRequest, context: grpc.aio.ServicerContext
     ) -> ts.GetGroupStatusResponse:
         """The group's state from the arbiter: who holds it, who is being switched in, who waits."""
+        self._arbiter.check_leading()  # a standby's table is empty: it would say IDLE
         group = request.group_id
         resources = self._view.group_resources(group)
         if not resources:

@@ -76,7 +76,7 @@ async def _settle(
     first = where[0][1]
     key = Plan(first.namespace, first.job, first.group, {}, (), {}).key
     nodes = {node: addresses[node] for node, _ in where}
-    why = _undecided(where, found.unreachable)
+    why = _undecided(where, found.unreachable, addresses)
     if not why and key in found.held:
         why = "its job holds another turn"
     if why:
@@ -121,16 +121,19 @@ async def _settle(
     )
 
 
-def _undecided(where: list[tuple[str, jt.NodeTurn]], unreachable: dict[str, str]) -> str:
+def _undecided(
+    where: list[tuple[str, jt.NodeTurn]], unreachable: dict[str, str], addresses: dict[str, str]
+) -> str:
     """Why the turn was not decided, or "" if it was: every node it names reports it (or, for
-    one that names none, a node reports it committed). A node that did not answer counts as
-    having it: rolling back a turn its job was told it holds would let another job compute on
-    its GPUs while it still does; holding one it was not told of only costs idle time."""
+    one that names none, a node reports it committed). A node that did not answer, or that the
+    view has no agent address for, counts as having it: rolling back a turn its job was told it
+    holds would let another job compute on its GPUs while it still does; holding one it was not
+    told of only costs idle time."""
     named = set(where[0][1].nodes)
     if not named:
         return "" if any(t.state == COMMITTED for _, t in where) else "it was not committed"
     reported = {node for node, _ in where}
-    lacking = sorted(named - reported - set(unreachable))
+    lacking = sorted(named & set(addresses) - reported - set(unreachable))  # the rest: unknown
     if lacking:
         return (
             f"node {', '.join(lacking)} no longer has it (a yield or a roll-back was cut short, "

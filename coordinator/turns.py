@@ -17,16 +17,20 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent.core.leases import Lease, LeaseTable
 from agent.core.waiters import Waiter
 from coordinator.agents import AgentLinks, NodeFailed
 from coordinator.cluster import ClusterView, Plan
+from coordinator.releases import Releases
 
 log = logging.getLogger(__name__)
 
 PREPARE_TIMEOUT_S = 60.0
 """How long a node may take to make room for a job (its holder's turn ending included)."""
+RELEASE_WAIT_S = 5.0
+"""How long a yield waits for its nodes' releases (the ones that are late go on behind)."""
 
 
 class NotLeading(Exception):
@@ -69,6 +73,8 @@ class _Wait:
     future: asyncio.Future[JobTurn]
     abandoned: bool = False
     moving: bool = False
+    callers: int = 1
+    """Calls waiting on it: the job's members and retries ask for one turn together."""
 
 
 @dataclass
@@ -81,6 +87,7 @@ class Arbiter:
     """A fresh table (the policy's), made each time this replica starts to lead."""
     clock: Callable[[], float]
     prepare_timeout_s: float = PREPARE_TIMEOUT_S
+    release_wait_s: float = RELEASE_WAIT_S
     epoch: int = 0
     held: dict[str, JobTurn] = field(default_factory=dict)
     table: LeaseTable = field(init=False)
@@ -91,11 +98,17 @@ class Arbiter:
     changed_at: dict[str, float] = field(default_factory=dict)
     """GPU (`node/GPU`) → when its turn last started, began moving or ended."""
     _waits: dict[str, _Wait] = field(default_factory=dict)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _by_key: dict[str, str] = field(default_factory=dict)
+    """job key → the waiter id of its turn being asked for"""
+    releases: Releases = field(init=False)
+    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     _timer: asyncio.TimerHandle | None = None
 
     def __post_init__(self) -> None:
         self.table = self.new_table()
+        self.releases = Releases(
+            self.links, lambda: self.epoch, lambda node: node in self.view.addresses()
+        )
 
     # Asking.
 
@@ -105,16 +118,24 @@ class Arbiter:
         plan = self.view.plan(namespace, job, group)
         if plan.key in self.held:
             return self.held[plan.key]
-        waiter = self.table.enqueue(plan.key, plan.resources, duty=plan.duty, tier=plan.tier)
-        wait = _Wait(plan, asyncio.get_running_loop().create_future())
-        self._waits[waiter.waiter_id] = wait
-        self._dispatch()
+        waiter_id = self._by_key.get(plan.key, "")
+        wait = self._waits.get(waiter_id)
+        if wait is not None:  # asked for already: wait for the same turn
+            wait.callers += 1
+        else:
+            waiter = self.table.enqueue(plan.key, plan.resources, duty=plan.duty, tier=plan.tier)
+            waiter_id = waiter.waiter_id
+            wait = _Wait(plan, asyncio.get_running_loop().create_future())
+            self._waits[waiter_id] = wait
+            self._by_key[plan.key] = waiter_id
+            self._dispatch()
+        asked = self.clock()
         try:
             turn = await asyncio.wait_for(asyncio.shield(wait.future), timeout)
         except (TimeoutError, asyncio.CancelledError):
-            self._abandon(waiter.waiter_id)
+            self._abandon(waiter_id)
             raise
-        turn.waited = turn.granted_at - waiter.enqueued_at
+        turn.waited = max(0.0, turn.granted_at - asked)
         return turn
 
     async def yield_(self, namespace: str, job: str, group: str) -> int:
@@ -137,6 +158,24 @@ class Arbiter:
         self._dispatch()  # the next job's prepare queues on each node behind this release
         await self._release(turn.nodes, self.epoch, turn.turn_id, "yielded")
         return len(waiting)
+
+    def prune_joined(self) -> None:
+        """Pods that joined a turn and have left the cluster leave it (the last one ends it)."""
+        if not self.epoch:
+            return
+        pods = self.view.pods()
+        for turn in list(self.held.values()):
+            gone = {pod for pod in turn.joined if pod not in pods}
+            if not gone:
+                continue
+            turn.joined -= gone
+            log.info("job %s: pods %s left the cluster, and its turn", turn.key, sorted(gone))
+            if not turn.joined:
+                task = asyncio.get_running_loop().create_task(
+                    self.yield_(turn.namespace, turn.job, turn.group)
+                )
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
     async def join(
         self, namespace: str, job: str, group: str, pod: str, timeout: float | None
@@ -194,8 +233,13 @@ class Arbiter:
         for task in self._tasks:
             task.cancel()
         self._waits.clear()
+        self._by_key.clear()
         self.held.clear()
         self.table = self.new_table()
+
+    def check_leading(self) -> None:
+        """NotLeading unless this replica leads."""
+        self._leading()
 
     def _leading(self) -> None:
         if not self.epoch:
@@ -236,33 +280,40 @@ class Arbiter:
         turn_id = uuid.uuid4().hex[:16]
         whose = (turn_id, plan.namespace, plan.job, plan.group)
         nodes = list(plan.pods)
-        results = await asyncio.gather(
-            *(
+        calls = {
+            n: asyncio.ensure_future(
                 self.links.prepare(
                     n, plan.addresses[n], epoch, whose, plan.pods[n], self.prepare_timeout_s, nodes
                 )
-                for n in nodes
-            ),
-            return_exceptions=True,
-        )
-        prepared = {
-            n: r for n, r in zip(nodes, results, strict=True) if not isinstance(r, BaseException)
+            )
+            for n in nodes
         }
+        try:  # the first node to fail fails the turn: the others are not waited for
+            await asyncio.wait(calls.values(), return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for call in calls.values():
+                call.cancel()  # a preparation still making room is given up on its node
+        await asyncio.gather(*calls.values(), return_exceptions=True)
         failed = [
-            (n, r) for n, r in zip(nodes, results, strict=True) if isinstance(r, BaseException)
+            (n, e)
+            for n, c in calls.items()
+            if not c.cancelled() and (e := c.exception()) is not None
         ]
-        if failed or wait.abandoned or epoch != self.epoch:
-            addresses = {n: plan.addresses[n] for n in prepared}
+        done = all(c.done() and not c.cancelled() and not c.exception() for c in calls.values())
+        if not done or wait.abandoned or epoch != self.epoch:
             why = _failure(failed) if failed else "the caller gave up"
             if failed:
                 self.on_failed(failed[0][0])
-            await self._release(addresses, epoch, turn_id, f"rolled back: {why}")
             self._end_wait(waiter.waiter_id, TurnFailed(f"{why}; rolled back on every node"))
+            # Every node of the plan: one whose answer was lost may have prepared all the same.
+            await self._release(dict(plan.addresses), epoch, turn_id, f"rolled back: {why}")
             return
+        prepared = {n: c.result() for n, c in calls.items()}
         # Prepared on every node: decided (a new leader would hold it too). The waiter hears it
         # now; the commits that record it go out behind.
         lease = self.table.grant(waiter.waiter_id)
         self._waits.pop(waiter.waiter_id, None)
+        self._by_key.pop(plan.key, None)
         turn = self._turn_of(plan, lease, turn_id)
         turn.restored = any(t.restored for t in prepared.values())
         self.held[plan.key] = turn
@@ -303,6 +354,8 @@ class Arbiter:
 
     def _end_wait(self, waiter_id: str, error: Exception) -> None:
         wait = self._waits.pop(waiter_id, None)
+        if wait is not None and self._by_key.get(wait.plan.key) == waiter_id:
+            del self._by_key[wait.plan.key]
         self.table.cancel(waiter_id)
         if wait is not None and not wait.future.done():
             wait.future.set_exception(error)
@@ -310,26 +363,30 @@ class Arbiter:
 
     def _abandon(self, waiter_id: str) -> None:
         wait = self._waits.get(waiter_id)
-        if wait is not None and wait.moving:
+        if wait is None:
+            return
+        wait.callers -= 1
+        if wait.callers > 0:  # another call still waits for this turn
+            return
+        if wait.moving:
             wait.abandoned = True  # the handover rolls back and ends the wait
             return
         self._waits.pop(waiter_id, None)
+        if self._by_key.get(wait.plan.key) == waiter_id:
+            del self._by_key[wait.plan.key]
         if self.table.cancel(waiter_id) is not None:
             self._dispatch()
 
     async def _release(self, nodes: dict[str, str], epoch: int, turn_id: str, reason: str) -> None:
-        results = await asyncio.gather(
-            *(self.links.release(n, a, epoch, turn_id, reason) for n, a in nodes.items()),
-            return_exceptions=True,
-        )
-        for node, result in zip(nodes, results, strict=True):
-            if isinstance(result, BaseException):
-                log.warning("turn %s: release on node %s failed: %s", turn_id, node, result)
+        late = await self.releases.release(nodes, epoch, turn_id, reason, self.release_wait_s)
+        if late:
+            log.warning("turn %s: nodes %s have not answered its release yet", turn_id, late)
 
     async def close(self) -> None:
-        """Stop the timer and every handover in flight."""
+        """Stop the timer, every handover and every release in flight."""
         if self._timer is not None:
             self._timer.cancel()
+        await self.releases.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -69,7 +69,7 @@ class CoordinatedTurns:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             request.timeout_s = left or 0.0
             try:
-                await self._stub().Join(request, metadata=self._metadata, timeout=left)
+                answer = await self._stub().Join(request, metadata=self._metadata, timeout=left)
             except grpc.aio.AioRpcError as err:
                 why = f"job {namespace}/{job}: {err.details() or err.code().name}"
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -81,12 +81,19 @@ class CoordinatedTurns:
                 await asyncio.sleep(wait)  # a new leader is being elected: back off
                 wait = min(wait * 2, RETRY_MAX_S)
                 continue
-            found = self._turns.lease_of(tenant.tenant_id)
-            if found is not None:
-                turn, lease_id = found
-                self._turns.mark_joined(turn, tenant.tenant_id, True)
-                return self._turns.lease(lease_id)
-            # The turn ended between the coordinator's answer and now: ask again.
+            # The turn was prepared on every node before the coordinator answered: it is here.
+            found = self._turns.lease_of(tenant.tenant_id, answer.turn_id)
+            lease = self._turns.lease(found[1]) if found is not None else None
+            if found is not None and lease is not None:
+                self._turns.mark_joined(found[0], tenant.tenant_id, True)
+                return lease
+            if deadline is not None and time.monotonic() + wait > deadline:
+                raise JobTurnRefused(
+                    f"job {namespace}/{job}: its turn {answer.turn_id} ended on node "
+                    f"{self._turns.node} before pod {tenant.tenant_id} could compute in it"
+                )
+            await asyncio.sleep(wait)  # it ended meanwhile (or this pod joined the job late)
+            wait = min(wait * 2, RETRY_MAX_S)
 
     def holds(self, tenant: Tenant, lease_id: str) -> bool:
         """Whether `lease_id` is the member's lease in a job turn it joined."""
@@ -107,7 +114,19 @@ class CoordinatedTurns:
         self._leaving.add(task)
         task.add_done_callback(self._leaving.discard)
         lease = self._turns.lease(lease_id)
-        return max(0.0, time.time() - lease.granted_at)
+        return max(0.0, time.time() - lease.granted_at) if lease is not None else 0.0
+
+    def session_ended(self, tenant_id: str) -> None:
+        """A member's process went away: with no session of its own left, it leaves any turn it
+        had joined (the stand-in session the agent keeps for the turn does not count)."""
+        if self._turns.has_own_session(tenant_id):
+            return
+        for turn in list(self._turns.turns.values()):
+            if tenant_id in turn.joined:
+                lease_id = turn.leases[turn.members.index(tenant_id)]
+                tenant = self._turns.tenant(tenant_id)
+                if tenant is not None:
+                    self.leave(tenant, lease_id)
 
     async def _leave(self, request: jt.LeaveRequest) -> None:
         try:

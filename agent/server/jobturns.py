@@ -122,8 +122,8 @@ class JobTurns:
             except (TypeError, KeyError, ValueError) as exc:
                 log.error("a saved job turn is unusable (%s): dropped", exc)
                 continue
-            if all(lease in self._service.table.leases for lease in turn.leases):
-                self._attach(turn)
+            if any(lease in self._service.table.leases for lease in turn.leases):
+                self._attach(turn)  # a member whose pod left meanwhile is simply gone from it
                 self.turns[turn.turn_id] = turn
             else:
                 log.warning(
@@ -198,21 +198,21 @@ class JobTurns:
         namespace, job, group = whose
         restored = any(self._parked(m) for m in members)
         sessions = [self._open(m.tenant_id, turn_id) for m in members]
-        asks = [self._service.acquire(m, m.gpus, timeout) for m in members]
+        asks = [asyncio.ensure_future(self._service.acquire(m, m.gpus, timeout)) for m in members]
         try:
-            results = await asyncio.gather(*asks, return_exceptions=True)
-        except BaseException:  # cancelled: each acquire left the queue or gave its grant back
+            await asyncio.wait(asks)
+        except BaseException:  # cancelled: nothing of this turn stays behind
+            for ask in asks:
+                ask.cancel()  # a waiting member leaves the queue
+            await asyncio.gather(*asks, return_exceptions=True)
+            for member, ask in zip(members, asks, strict=True):
+                if not ask.cancelled() and ask.exception() is None:  # granted: given back
+                    self._yield(member.tenant_id, ask.result().lease.lease_id)
             for session in sessions:
                 self._service.sessions.close(session)
             raise
-        failed = [
-            (m, r) for m, r in zip(members, results, strict=True) if isinstance(r, BaseException)
-        ]
-        granted = [
-            (m, r)
-            for m, r in zip(members, results, strict=True)
-            if not isinstance(r, BaseException)
-        ]
+        failed = [(m, e) for m, a in zip(members, asks, strict=True) if (e := a.exception())]
+        granted = [(m, a.result()) for m, a in zip(members, asks, strict=True) if not a.exception()]
         if failed or epoch < self.epoch:  # a newer leader took over while room was made
             for member, got in granted:
                 self._yield(member.tenant_id, got.lease.lease_id)
@@ -281,10 +281,12 @@ class JobTurns:
 
     # Members that ask themselves (`agent.server.coordinated`).
 
-    def lease_of(self, tenant_id: str) -> tuple[NodeTurn, str] | None:
-        """The committed turn that covers the member, and the member's lease id in it."""
+    def lease_of(self, tenant_id: str, turn_id: str = "") -> tuple[NodeTurn, str] | None:
+        """The turn (`turn_id`'s, else a committed one) that covers the member, and the
+        member's lease id in it."""
         for turn in self.turns.values():
-            if turn.state == COMMITTED and tenant_id in turn.members:
+            chosen = turn.turn_id == turn_id if turn_id else turn.state == COMMITTED
+            if chosen and tenant_id in turn.members:
                 lease_id = turn.leases[turn.members.index(tenant_id)]
                 if lease_id in self._service.table.leases:
                     return turn, lease_id
@@ -297,9 +299,16 @@ class JobTurns:
                 return turn
         return None
 
-    def lease(self, lease_id: str) -> Lease:
-        """A member's lease, as the lease table holds it."""
-        return self._service.table.leases[lease_id]
+    def lease(self, lease_id: str) -> Lease | None:
+        """A member's lease, as the lease table holds it (None once it ended)."""
+        return self._service.table.leases.get(lease_id)
+
+    def has_own_session(self, tenant_id: str) -> bool:
+        """Whether the member has a session of its own (not only the turn's stand-in)."""
+        return self._service.sessions.connected_besides(tenant_id, CoordinatedSession)
+
+    def tenant(self, tenant_id: str) -> Tenant | None:
+        return self._service.tenants.tenants.get(tenant_id)
 
     def mark_joined(self, turn: NodeTurn, tenant_id: str, joined: bool) -> None:
         """Record that the member joined (or left) the turn itself; kept for a new leader."""

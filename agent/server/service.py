@@ -43,6 +43,8 @@ class JobGate(Protocol):
 
     def leave(self, tenant: Tenant, lease_id: str) -> float: ...
 
+    def session_ended(self, tenant_id: str) -> None: ...
+
 
 PreparerFactory = Callable[[ParkingHost], TurnPreparer]
 """Builds the service's residency layer, given the service as its `ParkingHost`."""
@@ -151,6 +153,8 @@ class LeaseService:
     def session_closed(self, tenant_id: str, pid: int, last: bool) -> None:
         """A tenant process's session ended (it exited or died, or the agent is stopping)."""
         self.tenancy.session_closed(tenant_id, pid, last)
+        if self.jobs is not None and not self.stopping:
+            self.jobs.session_ended(tenant_id)
 
     def upsert_pod(self, tenant: Tenant) -> None:
         """A pod on this node with Baton GPUs appeared or changed."""

@@ -70,6 +70,10 @@ class SessionRegistry:
         """Whether the tenant has an open session."""
         return bool(self._by_tenant.get(tenant_id))
 
+    def connected_besides(self, tenant_id: str, kind: type[Session]) -> bool:
+        """Whether the tenant has an open session that is not a `kind`."""
+        return any(not isinstance(s, kind) for s in self._by_tenant.get(tenant_id, []))
+
     def parks_itself(self, tenant_id: str) -> bool:
         """Whether an open session of the tenant offers both park and restore callbacks."""
         return any({"park", "restore"} <= s.callbacks for s in self._by_tenant.get(tenant_id, []))

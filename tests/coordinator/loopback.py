@@ -52,6 +52,11 @@ class LoopbackNode:
         await self.server.stop(0)
         await self.service.close()
 
+    async def restart_server(self) -> None:
+        """Serve the job turns again on the same address (an agent back after a restart)."""
+        self.server = JobTurnServer(self.turns, self.address, TOKEN)
+        await self.server.start()
+
     def add_pod(self, pod: str, gpus: tuple[str, ...], job: str = "", group: str = "") -> Tenant:
         labels = {LABEL_JOB: job} if job else {}
         if group:

@@ -115,3 +115,23 @@ def test_a_pod_asking_for_a_job_not_its_own_or_an_agent_with_no_coordinator_is_r
             assert not arbiter.held
 
     run(body)
+
+
+def test_members_asking_together_share_one_turn_and_a_member_gone_from_the_cluster_leaves_it(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, n2, arbiter):
+            trainer, sampler = pod(n1, "rl-trainer"), pod(n2, "rl-sampler")
+            both = await asyncio.gather(acquire(n1.service, trainer), acquire(n2.service, sampler))
+            assert [lease.tenant_id for lease in both] == ["team/rl-trainer", "team/rl-sampler"]
+            assert arbiter.held["team/rl"].joined == {"team/rl-trainer", "team/rl-sampler"}
+            release(n1.service, trainer, both[0])
+            del arbiter.view.members["team/rl-sampler"]  # the sampler's pod was deleted
+            arbiter.prune_joined()
+            while arbiter.held:  # its turn ends with the last pod in it
+                await asyncio.sleep(0.01)
+            while n1.holders() or n2.holders():
+                await asyncio.sleep(0.01)
+
+    run(body)

@@ -53,6 +53,12 @@ async def close(arbiter: Arbiter) -> None:
     await arbiter.links.close()
 
 
+async def free(node: LoopbackNode) -> None:
+    """Wait (within the test's deadline) until nobody holds a GPU of `node`."""
+    while node.holders():
+        await asyncio.sleep(0.01)
+
+
 def check_no_overlap(nodes: list[LoopbackNode], holder: str) -> None:
     """Every GPU of the cluster is held by a pod of `holder`'s job, or by nobody."""
     for node in nodes:
@@ -119,7 +125,7 @@ def test_a_node_that_cannot_prepare_rolls_the_others_back_and_is_named(tmp_path:
             arbiter.prepare_timeout_s = 0.2
             with pytest.raises(TurnFailed, match="node n2: pod team/rl-sampler on node n2"):
                 await arbiter.acquire("team", "rl", "", timeout=5)
-            assert nodes[0].holders() == {}  # n1 was rolled back
+            await free(nodes[0])  # n1 is rolled back (the waiter is told first)
             assert not arbiter.held
             await close(arbiter)
 
@@ -133,7 +139,7 @@ def test_an_unreachable_node_fails_the_turn_naming_it(tmp_path: Path) -> None:
             await nodes[1].server.stop(0)
             with pytest.raises(TurnFailed, match="node n2: its agent is unreachable"):
                 await arbiter.acquire("team", "rl", "", timeout=5)
-            assert nodes[0].holders() == {}
+            await free(nodes[0])
             await close(arbiter)
 
     run(body)
@@ -221,5 +227,43 @@ def test_a_turn_prepared_on_every_node_is_held_by_a_new_leader_and_one_cut_short
             await links.close()
             await close(new)
             await close(newer)
+
+    run(body)
+
+
+def test_a_release_a_node_missed_is_sent_again_until_it_is_heard(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            arbiter = await leading(view)
+            arbiter.release_wait_s = 0.2
+            await arbiter.acquire("team", "rl", "", timeout=5)
+            await nodes[1].server.stop(0)  # n2's agent is away when rl yields
+            await arbiter.yield_("team", "rl", "")
+            assert nodes[1].holders() == {"GPU-n2": "team/rl-sampler"}
+            await nodes[1].restart_server()
+            while nodes[1].holders():  # bounded by the test's deadline
+                await asyncio.sleep(0.05)
+            await close(arbiter)
+
+    run(body)
+
+
+def test_a_node_that_fails_fails_the_turn_at_once_while_another_still_makes_room(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            arbiter = await leading(view)
+            blocker = nodes[0].add_pod("team/local", ("GPU-n1",))
+            await nodes[0].service.acquire(blocker, (), timeout=5)  # n1 would take long
+            await nodes[1].server.stop(0)  # and n2 cannot answer
+            began = time.monotonic()
+            with pytest.raises(TurnFailed, match="node n2: its agent is unreachable"):
+                await arbiter.acquire("team", "rl", "", timeout=20)
+            assert time.monotonic() - began < 5  # not n1's prepare timeout (60 s)
+            queue = nodes[0].service.table.waiters.values()
+            while "team/rl-trainer" in {w.tenant_id for w in queue}:  # its prepare goes
+                await asyncio.sleep(0.01)
+            await close(arbiter)
 
     run(body)

@@ -183,3 +183,22 @@ def test_the_grpc_service_refuses_a_caller_without_the_token(tmp_path: Path) -> 
             await service.close()
 
     run(body)
+
+
+def test_a_preparation_cancelled_half_way_gives_back_what_it_was_granted(tmp_path: Path) -> None:
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        other = service.tenants.tenants["team/other"]
+        await service.acquire(other, ("GPU-1",), timeout=5)  # the sampler must wait
+        preparing = asyncio.create_task(turns.prepare(1, "t1", "team", "rl", timeout=5))
+        while "team/trainer" not in {lease.tenant_id for lease in service.table.leases.values()}:
+            await asyncio.sleep(0)  # the trainer's turn is granted, the sampler's waits
+        preparing.cancel()  # the coordinator's call went away
+        with pytest.raises(asyncio.CancelledError):
+            await preparing
+        assert [lease.tenant_id for lease in service.table.leases.values()] == ["team/other"]
+        assert not service.table.waiters
+        assert not service.sessions.connected("team/trainer")
+        await service.close()
+
+    run(body)
