@@ -3,10 +3,10 @@
 Nothing of the turns is written to the Kubernetes API per turn: the agents hold them (on disk,
 with the epoch that made each), so a new leader asks every agent (`Report`, which also raises
 the agent's epoch, fencing the old leader off) and rebuilds its table from the answers. A turn
-committed on any node was decided: it is committed on the rest and held. A turn only prepared
-was not: it is rolled back everywhere, and its job's loop asks again (its Acquire to the old
-leader failed with it). A node that does not answer is named; a job turn it still holds keeps
-that node's GPUs until its agent's own maximum hold parks it (a prepare there waits behind it).
+that every node it names reports was decided (its waiter may have been told): it is committed
+where it was not yet, and held. A turn that a named node lacks was not decided, or was being
+ended: it is released everywhere, and a job whose Acquire failed with the old leader asks again.
+A node that does not answer is named in the log and counts as holding what it held.
 """
 
 from __future__ import annotations

@@ -69,6 +69,12 @@ class JobTurnStore:
                     out.flush()
                     os.fsync(out.fileno())
             os.replace(tmp, self._dir / name)
+            if fsync:  # the rename itself, too
+                directory = os.open(self._dir, os.O_RDONLY)
+                try:
+                    os.fsync(directory)
+                finally:
+                    os.close(directory)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
