@@ -208,6 +208,13 @@ class Coordinator:
         found = await recover(self.view, self.links, table, epoch)
         if self._elector is None or self._elector.epoch != epoch or not self._elector.is_leader():
             return  # lost the Lease while recovering
+        if found.outranked:
+            log.warning(
+                "epoch %d is below epoch %d that agents obey (the Lease was recreated?): "
+                "taking the Lease again above it", epoch, found.outranked,
+            )  # fmt: skip
+            self._elector.outrank(found.outranked)
+            return
         self.arbiter.lead(epoch, table, found.held)
         self._health.serving(True)
         await asyncio.to_thread(self._label_own_pod, True)

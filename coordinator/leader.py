@@ -197,6 +197,7 @@ class LeaderElector:
         self._valid_until = float("-inf")
         self._epoch = 0
         self._highest_epoch = 0
+        self._outranked = 0
         self._written: dict[str, Any] | None = None
         """The Lease as our last write left it (the release starts from it)."""
         self._seen: tuple[str, float] = ("", 0.0)
@@ -255,8 +256,20 @@ class LeaderElector:
                 self._release()
             self._client.close()
 
+    def outrank(self, epoch: int) -> None:
+        """Others obey `epoch` (the Lease was recreated and counts from 1 again): step down and
+        take the Lease again above it at the next attempt."""
+        with self._lock:
+            self._outranked = max(self._outranked, epoch)
+
     def _attempt(self) -> str:
         """Read the Lease, decide, and write it; "ok", "conflict" or "failed"."""
+        with self._lock:
+            above, self._outranked = self._outranked, 0
+        if above:
+            self._highest_epoch = max(self._highest_epoch, above)
+            if self._term is not None and self._term <= above:
+                self._step_down(f"agents obey epoch {above}: taking {self._where} again above it")
         now = self._clock()
         try:
             obj = self._read(self._request_timeout(now))

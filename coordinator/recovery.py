@@ -36,6 +36,8 @@ class Recovered:
     rolled_back: list[str] = field(default_factory=list)
     unreachable: dict[str, str] = field(default_factory=dict)
     """node → why it did not answer"""
+    outranked: int = 0
+    """The highest epoch an agent obeys, when above this leader's (nothing was settled then)."""
 
 
 async def recover(view: ClusterView, links: AgentLinks, table: LeaseTable, epoch: int) -> Recovered:
@@ -51,8 +53,12 @@ async def recover(view: ClusterView, links: AgentLinks, table: LeaseTable, epoch
         if isinstance(answer, BaseException):
             found.unreachable[node] = answer.why if isinstance(answer, NodeFailed) else str(answer)
             continue
+        if answer.epoch > epoch:  # the Lease counts from below what the agents obey
+            found.outranked = max(found.outranked, answer.epoch)
         for turn in answer.turns:
             parts.setdefault(turn.turn_id, []).append((node, turn))
+    if found.outranked:
+        return found
     for turn_id, where in sorted(parts.items()):
         await _settle(view, links, table, epoch, turn_id, where, addresses, found)
     if found.unreachable:

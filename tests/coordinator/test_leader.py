@@ -333,3 +333,18 @@ def test_a_cut_off_leader_steps_down_before_the_other_takes_over(
     b.it.stop(timeout=WAIT_S)
     assert a.it.wait_leading(WAIT_S)
     assert a.epochs == [1, 3] and read_lease(control_plane, lease_name).transitions == 3
+
+
+def test_a_leader_outranked_by_the_agents_takes_the_lease_again_above_them(
+    campaign: Campaign, control_plane: ControlPlane, lease_name: str
+) -> None:
+    """A Lease recreated by hand counts from epoch 1 again; the agents' epoch is higher."""
+    a = campaign("a")
+    assert a.it.wait_leading(WAIT_S) and a.epochs == [1]
+    a.it.outrank(7)
+    assert a.stopped.wait(WAIT_S), "the outranked leader did not step down"
+    deadline = time.monotonic() + WAIT_S
+    while len(a.epochs) < 2 and time.monotonic() < deadline:
+        threading.Event().wait(0.05)  # polls the callbacks' record, bounded
+    assert a.epochs == [1, 8]
+    assert read_lease(control_plane, lease_name).transitions == 8

@@ -267,3 +267,16 @@ def test_a_node_that_fails_fails_the_turn_at_once_while_another_still_makes_room
             await close(arbiter)
 
     run(body)
+
+
+def test_a_leader_whose_epoch_the_agents_have_passed_settles_nothing(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            links = AgentLinks(TOKEN)
+            await links.report("n1", nodes[0].address, 5)  # n1 obeys epoch 5
+            table = LeaseTable(clock=time.time)
+            found = await recover(view, links, table, 2)
+            assert found.outranked == 5 and not found.held
+            await links.close()
+
+    run(body)
