@@ -31,6 +31,7 @@ from baton.contract.kube import Outage, api_error_reason
 from baton.contract.reflector import KubeSource, Reflector
 from baton.contract.shutdown import on_stop_signal_async
 from baton.contract.statushttp import StatusServer
+from coordinator import fairstate
 from coordinator.agents import AgentLinks
 from coordinator.callers import PodCallers
 from coordinator.cluster import ClusterView, NodeStore, PodStore
@@ -160,6 +161,7 @@ class Coordinator:
             cfg.retry_period_s,
             on_started_leading=self._started_leading,
             on_stopped_leading=self._stopped_leading,
+            annotate=self._fair_clocks,
         )
         self._elector.start()
         log.info(
@@ -183,6 +185,19 @@ class Coordinator:
 
     # Leading (the elector's callbacks run on its thread).
 
+    def _fair_clocks(self) -> dict[str, str]:
+        """The fair clocks for the Lease (asked of the event loop; none if it is too busy)."""
+        assert self._loop is not None
+
+        async def dump() -> str:
+            return fairstate.dump(self.arbiter.table) if self.arbiter.epoch else ""
+
+        try:
+            text = asyncio.run_coroutine_threadsafe(dump(), self._loop).result(timeout=1.0)
+        except Exception:  # a busy or stopping loop: the Lease keeps the last clocks
+            return {}
+        return {names.ANNOTATION_FAIR_CLOCKS: text} if text else {}
+
     def _started_leading(self, epoch: int) -> None:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._begin_term, epoch)
@@ -205,6 +220,10 @@ class Coordinator:
                 "nodes not seen yet are settled when their agents are", epoch, LIST_WAIT_S,
             )  # fmt: skip
         table = self._new_table()
+        if self._elector is not None:
+            inherited = self._elector.inherited.get(names.ANNOTATION_FAIR_CLOCKS, "")
+            if fairstate.load(table, inherited):
+                log.info("the fair policy's clocks taken up from the Lease")
         found = await recover(self.view, self.links, table, epoch)
         if self._elector is None or self._elector.epoch != epoch or not self._elector.is_leader():
             return  # lost the Lease while recovering

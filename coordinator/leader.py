@@ -1,151 +1,44 @@
 """Leader election with a `coordination.k8s.io/v1` Lease whose `leaseTransitions` is the epoch.
 
-`decide` is the pure core: from the Lease as read, who we are and the time, renew, take over or
-wait. `LeaderElector` is the shell: a thread that reads and writes the Lease with optimistic
-concurrency, and steps down `renew_deadline_s` after its last renewal, before the Lease expires.
+`coordinator.lease` is the pure core (renew, take over or wait). `LeaderElector` is the shell: a
+thread that reads and writes the Lease with optimistic concurrency, and steps down
+`renew_deadline_s` after its last renewal, before the Lease expires.
 """
 
 from __future__ import annotations
 
 import copy
-import enum
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from dataclasses import replace
 from typing import Any
 
-from baton.contract.kube import Outage, api_error_reason, parse_timestamp_ns
+from baton.contract.kube import Outage, api_error_reason
+from coordinator.lease import (
+    Action,
+    Candidate,
+    LeaseRecord,
+    check_timing,
+    decide,
+    lease_object,
+    lease_record,
+)
+
+__all__ = [
+    "Action",
+    "Candidate",
+    "LeaderElector",
+    "LeaseRecord",
+    "check_timing",
+    "decide",
+    "lease_object",
+    "lease_record",
+]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class LeaseRecord:
-    """A Lease's spec as read or to be written; times in seconds since the Unix epoch."""
-
-    holder: str = ""
-    """The holder's identity; empty when free (never held, or released)."""
-    duration_s: int = 0
-    renew_time: float | None = None
-    acquire_time: float | None = None
-    transitions: int = 0
-    """How many times leadership changed hands: the epoch of the current term."""
-    resource_version: str = ""
-    """Empty for a Lease not yet created."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """Who asks: identity, the Lease duration it writes, the epoch it leads with now (None when
-    not leading), and the highest epoch it has seen (so a deleted Lease cannot reuse one)."""
-
-    identity: str
-    lease_duration_s: int
-    term: int | None = None
-    highest_epoch: int = 0
-
-
-class Action(enum.Enum):
-    RENEW = "renew"
-    TAKE = "take over"
-    WAIT = "wait"
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What to do, and the Lease to write (RENEW, TAKE) or the one that was read (WAIT)."""
-
-    action: Action
-    lease: LeaseRecord
-
-
-def expires_at(lease: LeaseRecord, seen_at: float | None, default_duration_s: int) -> float:
-    """When the holder's claim lapses: a duration after its renewTime and after we first saw
-    that renewal by our own clock (so a holder whose clock lags ours is not cut short)."""
-    times = [t for t in (lease.renew_time, seen_at) if t is not None]
-    if not times:
-        return float("-inf")
-    return max(times) + (lease.duration_s or default_duration_s)
-
-
-def decide(
-    lease: LeaseRecord | None, me: Candidate, now: float, seen_at: float | None = None
-) -> Decision:
-    """Renew our own term, take over a free, expired or stale-term Lease, else wait."""
-    if lease is None:
-        return Decision(Action.TAKE, _taken(LeaseRecord(), me, now))
-    ours = lease.holder == me.identity
-    if ours and me.term is not None and lease.transitions == me.term:
-        renewed = replace(lease, duration_s=me.lease_duration_s, renew_time=now)
-        return Decision(Action.RENEW, renewed)
-    free = not lease.holder or expires_at(lease, seen_at, me.lease_duration_s) < now
-    if ours or free:
-        return Decision(Action.TAKE, _taken(lease, me, now))
-    return Decision(Action.WAIT, lease)
-
-
-def _taken(lease: LeaseRecord, me: Candidate, now: float) -> LeaseRecord:
-    """The Lease as we take it over: held by us from now, in a new, higher epoch."""
-    epoch = max(lease.transitions, me.highest_epoch) + 1
-    taken = replace(lease, holder=me.identity, duration_s=me.lease_duration_s, transitions=epoch)
-    return replace(taken, renew_time=now, acquire_time=now)
-
-
-def check_timing(lease_duration_s: int, renew_deadline_s: float, retry_period_s: float) -> None:
-    """Raise ValueError unless 0 < retry_period_s < renew_deadline_s < lease_duration_s."""
-    if not isinstance(lease_duration_s, int) or lease_duration_s < 1:
-        raise ValueError(f"lease_duration_s must be a whole number >= 1, not {lease_duration_s!r}")
-    for arg, value, bound, limit in (
-        ("renew_deadline_s", renew_deadline_s, "lease_duration_s", lease_duration_s),
-        ("retry_period_s", retry_period_s, "renew_deadline_s", renew_deadline_s),
-    ):
-        if not 0 < value < limit:
-            raise ValueError(f"{arg} must be > 0 and < {bound} ({limit:g}), not {value!r}")
-
-
-def lease_record(obj: dict[str, Any]) -> LeaseRecord:
-    """A Lease object (the API server's JSON) as a record."""
-    spec = obj.get("spec") or {}
-    return LeaseRecord(
-        holder=spec.get("holderIdentity") or "",
-        duration_s=int(spec.get("leaseDurationSeconds") or 0),
-        renew_time=_seconds(spec.get("renewTime")),
-        acquire_time=_seconds(spec.get("acquireTime")),
-        transitions=int(spec.get("leaseTransitions") or 0),
-        resource_version=str((obj.get("metadata") or {}).get("resourceVersion") or ""),
-    )
-
-
-def lease_object(lease: LeaseRecord, base: dict[str, Any]) -> dict[str, Any]:
-    """`base` (the Lease as read, or a bare one) with the record's spec and resourceVersion."""
-    metadata = {**(base.get("metadata") or {}), "resourceVersion": lease.resource_version or None}
-    spec = {
-        **(base.get("spec") or {}),
-        "holderIdentity": lease.holder or None,
-        "leaseDurationSeconds": lease.duration_s or None,
-        "renewTime": _micro_time(lease.renew_time),
-        "acquireTime": _micro_time(lease.acquire_time),
-        "leaseTransitions": lease.transitions,
-    }
-    return {**base, "metadata": metadata, "spec": spec}
-
-
-def _seconds(text: str | None) -> float | None:
-    if not text:
-        return None
-    whole, ns = divmod(parse_timestamp_ns(text), 1_000_000_000)
-    return whole + ns / 1e9
-
-
-def _micro_time(seconds: float | None) -> str | None:
-    # MicroTime wants exactly six fraction digits; datetime.isoformat drops them at .000000.
-    if seconds is None:
-        return None
-    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -168,7 +61,10 @@ class LeaderElector:
         clock: Callable[[], float] = time.time,
         on_started_leading: Callable[[int], object] | None = None,
         on_stopped_leading: Callable[[str], object] | None = None,
+        annotate: Callable[[], dict[str, str]] | None = None,
     ) -> None:
+        """`annotate()`, called on this thread at each renewal, gives annotations the Lease
+        carries for the next leader (`inherited` holds those found when a term began)."""
         for arg, value in (("namespace", namespace), ("name", name), ("identity", identity)):
             if not value or not isinstance(value, str):
                 raise ValueError(f"{arg} must be a non-empty string, not {value!r}")
@@ -198,6 +94,9 @@ class LeaderElector:
         self._epoch = 0
         self._highest_epoch = 0
         self._outranked = 0
+        self._annotate = annotate
+        self.inherited: dict[str, str] = {}
+        """The Lease's annotations as this replica found them when its term began."""
         self._written: dict[str, Any] | None = None
         """The Lease as our last write left it (the release starts from it)."""
         self._seen: tuple[str, float] = ("", 0.0)
@@ -290,6 +189,7 @@ class LeaderElector:
         base = obj or {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {}}
         try:
             body = lease_object(decision.lease, base)
+            self._carry(body, decision.action, base)
             written = self._write(body, self._request_timeout(self._clock()))
         except Exception as err:
             if getattr(err, "status", None) == 409:
@@ -306,6 +206,14 @@ class LeaderElector:
             with self._lock:
                 self._valid_until = now + self.renew_deadline_s
         return "ok"
+
+    def _carry(self, body: dict[str, Any], action: Action, base: dict[str, Any]) -> None:
+        """On a takeover keep what the Lease carries (and note it); on a renewal, update it."""
+        found = dict((base.get("metadata") or {}).get("annotations") or {})
+        if action is Action.TAKE:
+            self.inherited = found
+        elif self._annotate is not None:
+            body["metadata"]["annotations"] = {**found, **self._annotate()}
 
     def _failed(self, err: BaseException) -> str:
         self._last_error = api_error_reason(err)

@@ -104,6 +104,8 @@ COORDINATION_TOKEN_METADATA = "authorization"
 """gRPC metadata carrying `Bearer <token>` from the coordinator to the agents."""
 COORDINATOR_LEASE = "baton-coordinator"
 """The `coordination.k8s.io` Lease in `NAMESPACE` whose holder leads the coordinators."""
+ANNOTATION_FAIR_CLOCKS = "baton.dev/fair-clocks"
+"""Lease annotation: the leading coordinator's fair-policy clocks, for the next leader."""
 LABEL_COORDINATOR_LEADER = "baton.dev/coordinator-leader"
 """Pod label the leading coordinator puts on its own pod; the coordinator's Service selects it."""
 

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 from baton.contract.kube import load_api_client
 from commands.localnode.controlplane import ControlPlane
-from coordinator.leader import (
+from coordinator.leader import LeaderElector
+from coordinator.lease import (
     Action,
     Candidate,
-    LeaderElector,
     LeaseRecord,
     decide,
     expires_at,
@@ -348,3 +348,37 @@ def test_a_leader_outranked_by_the_agents_takes_the_lease_again_above_them(
         threading.Event().wait(0.05)  # polls the callbacks' record, bounded
     assert a.epochs == [1, 8]
     assert read_lease(control_plane, lease_name).transitions == 8
+
+
+def test_the_lease_carries_what_the_leader_annotates_to_the_next_one(
+    campaign: Campaign, control_plane: ControlPlane, lease_name: str
+) -> None:
+    carried = {"baton.dev/fair-clocks": '{"vtime":{"team/rl":1.5}}'}
+    a = campaign("a", annotate=lambda: carried, **FAST)
+    assert a.it.wait_leading(WAIT_S)
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:  # the first renewal writes it, bounded
+        lease = read_lease_object(control_plane, lease_name)
+        if lease["metadata"].get("annotations", {}) == carried:
+            break
+        threading.Event().wait(0.05)
+    assert lease["metadata"].get("annotations", {}) == carried
+    b = campaign("b", **FAST)
+    a.it.stop(timeout=WAIT_S)
+    assert b.it.wait_leading(WAIT_S)
+    assert b.it.inherited == carried
+
+
+def read_lease_object(control_plane: ControlPlane, name: str) -> dict[str, Any]:
+    from kubernetes import client
+
+    api_client = load_api_client(str(control_plane.admin_kubeconfig))
+    try:
+        api: Any = client.CoordinationV1Api(api_client)
+        answer = api.read_namespaced_lease(
+            name, "default", _preload_content=False, _request_timeout=5
+        )
+        found: dict[str, Any] = json.loads(answer.data)
+        return found
+    finally:
+        api_client.close()
