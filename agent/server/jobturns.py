@@ -51,6 +51,20 @@ class PrepareFailed(AgentError):
     """A member's turn could not be prepared; the message names the pod and why."""
 
 
+def _own_gpus(members: list[Tenant], namespace: str, job: str, node: str) -> None:
+    """PrepareFailed if two members share a GPU: a turn is one lease per GPU, so the second
+    would wait for the first's forever."""
+    seen: dict[str, str] = {}
+    for member in members:
+        for gpu in member.gpus:
+            other = seen.setdefault(gpu, member.tenant_id)
+            if other != member.tenant_id:
+                raise PrepareFailed(
+                    f"pods {other} and {member.tenant_id} of job {namespace}/{job} share GPU "
+                    f"{gpu} on node {node}: a job's turn needs each of its pods on GPUs of its own"
+                )
+
+
 class CoordinatedSession(Session):
     """A member pod's stand-in session while its job's turn lives: the coordinator watches it."""
 
@@ -179,6 +193,7 @@ class JobTurns:
                         f"on node {self.node}"
                     )
                 members = [m for m in members if m.tenant_id in set(pods)]
+            _own_gpus(members, namespace, job, self.node)
             task = asyncio.create_task(
                 self._prepare(epoch, turn_id, (namespace, job, group), members, timeout, nodes)
             )

@@ -202,3 +202,15 @@ def test_a_preparation_cancelled_half_way_gives_back_what_it_was_granted(tmp_pat
         await service.close()
 
     run(body)
+
+
+def test_two_members_on_one_gpu_are_refused_at_once_naming_both(tmp_path: Path) -> None:
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        service.upsert_pod(pod("eval", ("GPU-0",), {LABEL_JOB: "rl"}))
+        with pytest.raises(PrepareFailed, match="pods team/eval and team/trainer of job team/rl"):
+            await turns.prepare(1, "t1", "team", "rl", timeout=5)
+        assert not service.table.leases and not service.table.waiters
+        await service.close()
+
+    run(body)
