@@ -19,12 +19,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from agent.core.errors import AlreadyHolding
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
+from baton.contract.deadline import answer_before
 from coordinator.cluster import ClusterView, PlanError, UnknownGroup, UnknownJob
 from coordinator.turns import Arbiter, NotHolder, NotLeading, TurnFailed
-
-ANSWER_MARGIN_S = 0.25
-"""An Acquire with a deadline gives up this much before it (at most a tenth of its time), so
-its caller hears why it waited instead of its own bare timeout."""
 
 
 class Refused(Exception):
@@ -66,10 +63,6 @@ def mapped(
         raise AssertionError("abort() raises")
 
     return wrapper
-
-
-def _before(remaining: float | None) -> float | None:
-    return None if remaining is None else max(0.0, remaining - min(ANSWER_MARGIN_S, remaining / 10))
 
 
 class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
@@ -120,7 +113,7 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
     ) -> ts.AcquireResponse:
         """Wait for the job's turn on the group, on every node; at once for the holder."""
         namespace = await self._namespace(request.job_id, context)
-        timeout = _before(context.time_remaining())
+        timeout = answer_before(context.time_remaining())
         turn = await self._arbiter.acquire(namespace, request.job_id, request.group_id, timeout)
         return ts.AcquireResponse(
             success=True, waited_ms=int(turn.waited * 1000), context_restored=turn.restored

@@ -19,7 +19,10 @@ from agent.server.jobturns import JobTurns
 from agent.server.jobturns_grpc import JobTurnServer
 from agent.server.service import LeaseService
 from baton.contract.names import LABEL_JOB, LABEL_LLMD_GROUP
+from coordinator.agents import AgentLinks
 from coordinator.cluster import ClusterView, Member, Node
+from coordinator.recovery import recover
+from coordinator.turns import Arbiter
 
 TOKEN = "loopback-token"
 
@@ -88,3 +91,12 @@ def view_of(nodes: list[LoopbackNode], jobs: dict[str, list[tuple[str, str, str]
             namespace = pod.split("/")[0]
             view.members[pod] = (namespace, job, Member(pod, node_name, tenant.gpus, group))
     return view
+
+
+async def leading(view: ClusterView, epoch: int = 1) -> Arbiter:
+    """An arbiter over `view` that leads with `epoch`, having recovered the agents' turns."""
+    arbiter = Arbiter(view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time)
+    table = arbiter.new_table()
+    found = await recover(view, arbiter.links, table, epoch)
+    arbiter.lead(epoch, table, found.held)
+    return arbiter

@@ -4,21 +4,17 @@ drive a job, and what GetGroupStatus and ListGroups say of groups across nodes."
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 import pytest
 
-from agent.core.leases import LeaseTable
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
-from coordinator.agents import AgentLinks
 from coordinator.llmd import LlmdOrchestrator
-from coordinator.recovery import recover
 from coordinator.turns import Arbiter
-from tests.coordinator.loopback import TOKEN, LoopbackNode, view_of
+from tests.coordinator.loopback import LoopbackNode, leading, view_of
 
 JOBS = {
     "rl": [("team/rl-trainer", "n1", "train"), ("team/rl-sampler", "n2", "sample")],
@@ -37,9 +33,7 @@ async def serve(
         await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start() for name in ("n1", "n2")
     ]
     view = view_of(nodes, JOBS)
-    arbiter = Arbiter(view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time)
-    table = arbiter.new_table()
-    arbiter.lead(1, table, (await recover(view, arbiter.links, table, 1)).held)
+    arbiter = await leading(view)
 
     async def namespace_of(peer: str) -> str | None:
         return caller

@@ -5,7 +5,6 @@ Agents on loopback with their `CoordinatedTurns`, the coordinator's Jobs API ove
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,18 +13,15 @@ import grpc
 import pytest
 
 from agent.core.errors import Forbidden, NoCoordinator
-from agent.core.leases import LeaseTable
 from agent.node.tenants import Tenant
 from agent.server import api_ops
 from agent.server.coordinated import CoordinatedTurns
 from agent.server.service import LeaseService
 from baton._pb import agent_pb2 as pb
 from baton._pb import jobturns_pb2_grpc as jt_grpc
-from coordinator.agents import AgentLinks
 from coordinator.jobs_api import JobsServicer
-from coordinator.recovery import recover
 from coordinator.turns import Arbiter
-from tests.coordinator.loopback import TOKEN, LoopbackNode, view_of
+from tests.coordinator.loopback import TOKEN, LoopbackNode, leading, view_of
 
 JOBS = {
     "rl": [("team/rl-trainer", "n1", ""), ("team/rl-sampler", "n2", "")],
@@ -43,9 +39,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[LoopbackNode, LoopbackN
         await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start() for name in ("n1", "n2")
     ]
     view = view_of(nodes, JOBS)
-    arbiter = Arbiter(view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time)
-    table = arbiter.new_table()
-    arbiter.lead(1, table, (await recover(view, arbiter.links, table, 1)).held)
+    arbiter = await leading(view)
     server = grpc.aio.server()
     port = server.add_insecure_port("127.0.0.1:0")
     jt_grpc.add_JobsServicer_to_server(JobsServicer(arbiter, TOKEN), server)

@@ -16,7 +16,7 @@ from coordinator.agents import AgentLinks, NodeFailed
 from coordinator.cluster import ClusterView
 from coordinator.recovery import recover
 from coordinator.turns import Arbiter, NotHolder, NotLeading, TurnFailed
-from tests.coordinator.loopback import TOKEN, LoopbackNode, view_of
+from tests.coordinator.loopback import TOKEN, LoopbackNode, leading, view_of
 
 JOBS = {
     "rl": [("team/rl-trainer", "n1", ""), ("team/rl-sampler", "n2", "")],
@@ -38,14 +38,6 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[list[LoopbackNode], Clu
     finally:
         for node in nodes:
             await node.stop()
-
-
-async def leading(view: ClusterView, epoch: int = 1) -> Arbiter:
-    arbiter = Arbiter(view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time)
-    table = arbiter.new_table()
-    found = await recover(view, arbiter.links, table, epoch)
-    arbiter.lead(epoch, table, found.held)
-    return arbiter
 
 
 async def close(arbiter: Arbiter) -> None:

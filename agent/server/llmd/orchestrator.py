@@ -23,6 +23,7 @@ from agent.server.llmd.residency import job_state, parked_on, residency
 from baton._pb import snapshot_agent_pb2 as sa
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
+from baton.contract.deadline import answer_before
 
 _STATES = {
     g.IDLE: ts.GroupStatus.STATE_IDLE,
@@ -30,15 +31,6 @@ _STATES = {
     g.LOCKED: ts.GroupStatus.STATE_LOCKED,
     g.SWITCHING: ts.GroupStatus.STATE_SWITCHING,
 }
-
-
-ANSWER_MARGIN_S = 0.25
-"""An Acquire with a deadline gives up this much before it (at most a tenth of its time), so
-its caller hears why it waited (a refusal's reason) instead of its own bare timeout."""
-
-
-def _before(remaining: float | None) -> float | None:
-    return None if remaining is None else max(0.0, remaining - min(ANSWER_MARGIN_S, remaining / 10))
 
 
 class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
@@ -93,7 +85,7 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         if self._lease(tenant.tenant_id, gpus) is not None:
             return ts.AcquireResponse(success=True, waited_ms=0, context_restored=False)
         was_parked = parked_on(residency(self._service.preparer).get(tenant.tenant_id, {}), gpus)
-        granted = await self._service.acquire(tenant, gpus, _before(context.time_remaining()))
+        granted = await self._service.acquire(tenant, gpus, answer_before(context.time_remaining()))
         return ts.AcquireResponse(
             success=True, waited_ms=int(granted.waited * 1000), context_restored=was_parked
         )
