@@ -8,6 +8,7 @@ security tests run the agent exactly as a node would.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,20 +32,33 @@ def agent_container(overlay: str) -> dict[str, Any]:
     return dict(container)
 
 
+POD_IP = "127.0.0.1"
+"""The pod's address as the downward API gives it, here."""
+
+
 def container_env(container: dict[str, Any]) -> dict[str, str]:
-    """The container's environment, with the downward API's node name filled in."""
+    """The container's environment as the kubelet gives it: the downward API's node name and
+    pod IP filled in, and `$(VAR)` references to earlier variables expanded."""
     env: dict[str, str] = {}
     for var in container.get("env", []):
         field = var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
         if field == "spec.nodeName":
             env[var["name"]] = NODE_NAME
+        elif field == "status.podIP":
+            env[var["name"]] = POD_IP
         elif "value" in var:
-            env[var["name"]] = str(var["value"])
+            value = str(var["value"])
+            for name, known in env.items():
+                value = value.replace(f"$({name})", known)
+            env[var["name"]] = value
     return env
 
 
-def deployed_agent_config(overlay: str, monkeypatch: pytest.MonkeyPatch) -> AgentConfig:
-    """The `AgentConfig` `baton agent` builds from the manifest's args and env."""
+def deployed_agent_config(
+    overlay: str, monkeypatch: pytest.MonkeyPatch, scratch: Path
+) -> AgentConfig:
+    """The `AgentConfig` `baton agent` builds from the manifest's args and env (files the pod
+    would mount, such as the coordination token, are made under `scratch`)."""
     from commands.cli import app
 
     container = agent_container(overlay)
@@ -59,6 +73,13 @@ def deployed_agent_config(overlay: str, monkeypatch: pytest.MonkeyPatch) -> Agen
     unset: dict[str, str | None] = {
         n: None for n in os.environ if n.startswith("BATON_") or n == "NODE_NAME"
     }  # while the command runs, only the manifest's environment counts
-    result = CliRunner().invoke(app, argv, env={**unset, **container_env(container)})
+    env = container_env(container)
+    if env.get("BATON_COORDINATION_TOKEN_FILE"):  # the Secret's mount: a file of our own here
+        token = scratch / "coordination-token"
+        token.write_text("a-test-token")
+        env["BATON_COORDINATION_TOKEN_FILE"] = str(token)
+    if env.get("BATON_AGENT_COORDINATION_LISTEN"):  # its port, free here
+        env["BATON_AGENT_COORDINATION_LISTEN"] = f"{POD_IP}:0"
+    result = CliRunner().invoke(app, argv, env={**unset, **env})
     assert result.exit_code == 0 and len(seen) == 1, result.output
     return seen[0]

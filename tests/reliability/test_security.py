@@ -185,7 +185,7 @@ def deployed(
 ) -> Iterator[tuple[AgentRunner, str, str]]:
     """An agent run with a built manifest's settings, serving two pods (victim, intruder) of a
     fake API server; the test process is the victim pod's container, holding its GPU."""
-    config = deployed_agent_config(request.param, monkeypatch)
+    config = deployed_agent_config(request.param, monkeypatch, tmp_path)
     assert config.node_name, f"{request.param}: the deployed agent does not serve pods"
     proc = tmp_path / "proc"
     place_in_pod(proc, os.getpid(), VICTIM_POD)
