@@ -137,7 +137,10 @@ class Turns:
         if waiter is not None:
             self._state.publish(ev.CANCELLED, waiter.tenant_id, gpus=waiter.gpus)
             self._dispatch()
-        elif waiter_id in self.table.leases:  # granted just as the caller gave up
+        elif waiter_id in self.table.leases and not self._state.stopping:
+            # Granted just as the caller gave up. Not when the agent is stopping: then the call
+            # is cancelled by the shutdown, the grant may already have reached its tenant (a
+            # direct session writes it as it is made), and the turn is the next agent's to keep.
             self._end(self.table.leases[waiter_id], ev.YIELDED, "caller gave up")
 
     def yield_(self, tenant: Tenant, lease_id: str) -> float:

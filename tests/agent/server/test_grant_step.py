@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -205,3 +206,34 @@ def test_a_turn_of_a_tenant_newer_than_the_snapshot_survives_a_crash_before_the_
     assert [x.lease_id for x in restarted.leases] == [lease.lease_id]
     assert lease.tenant_id in {t.tenant_id for t in restarted.tenants}
     assert restarted.tokens == {GPU: lease.tokens[GPU]}
+
+
+def test_a_grant_cancelled_by_the_agents_shutdown_stays_for_the_next_agent(tmp_path: Path) -> None:
+    """The shutdown cancels the acquire whose grant a direct session already wrote to its
+    tenant: the turn is kept (in the state the next agent loads), not ended as given up."""
+
+    async def shutdown() -> None:
+        agent = service(StateStore(tmp_path))
+        held = await agent.acquire(tenant("a"), [GPU], timeout=5)
+        told: list[Lease] = []
+        waiting: asyncio.Task[object] | None = None
+
+        def tell(lease: Lease) -> None:  # the grant reaches b; then the agent stops
+            told.append(lease)
+            agent.stopping = True
+            assert waiting is not None
+            waiting.cancel()
+
+        waiting = asyncio.create_task(agent.acquire(tenant("b"), [GPU], 5, tell))
+        await asyncio.sleep(0)  # b is queued
+        agent.yield_(tenant("a"), held.lease.lease_id)
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert [lease.tenant_id for lease in agent.table.leases.values()] == ["default/b"]
+        await agent.close()
+        again = service(StateStore(tmp_path))
+        again.load()
+        assert told[0].lease_id in again.table.leases
+        await again.close()
+
+    asyncio.run(asyncio.wait_for(shutdown(), 10))
