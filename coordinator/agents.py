@@ -13,7 +13,7 @@ import grpc
 
 from baton._pb import jobturns_pb2 as jt
 from baton._pb import jobturns_pb2_grpc as jt_grpc
-from baton.contract.names import COORDINATION_TOKEN_METADATA
+from baton.contract.coordination import token_metadata
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class AgentLinks:
     def __init__(self, token: str, call_timeout_s: float = CALL_TIMEOUT_S) -> None:
         if not token:
             raise ValueError("the coordination token is empty")
-        self._metadata = ((COORDINATION_TOKEN_METADATA, f"Bearer {token}"),)
+        self._metadata = token_metadata(token)
         self._timeout = call_timeout_s
         self._channels: dict[str, grpc.aio.Channel] = {}
 

@@ -4,13 +4,11 @@ coordination token (`authorization: Bearer <token>`)."""
 
 from __future__ import annotations
 
-import hmac
-
 import grpc
 
 from baton._pb import jobturns_pb2 as jt
 from baton._pb import jobturns_pb2_grpc as jt_grpc
-from baton.contract.names import COORDINATION_TOKEN_METADATA
+from baton.contract.coordination import carries_token
 from coordinator.llmd import Refused, mapped
 from coordinator.turns import Arbiter
 
@@ -20,14 +18,12 @@ class JobsServicer(jt_grpc.JobsServicer):
 
     def __init__(self, arbiter: Arbiter, token: str) -> None:
         self._arbiter = arbiter
-        self._expected = f"Bearer {token}".encode()
+        self._token = token
 
     def _check(
         self, context: grpc.aio.ServicerContext, request: jt.JoinRequest | jt.LeaveRequest
     ) -> None:
-        metadata = dict(context.invocation_metadata() or ())
-        given = str(metadata.get(COORDINATION_TOKEN_METADATA, "")).encode()
-        if not hmac.compare_digest(given, self._expected):
+        if not carries_token(context.invocation_metadata(), self._token):
             raise Refused(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "Jobs calls come from node agents, with the coordination token",

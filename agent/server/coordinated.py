@@ -22,7 +22,8 @@ from agent.node.tenants import POD, Tenant
 from agent.server.jobturns import JobTurns
 from baton._pb import jobturns_pb2 as jt
 from baton._pb import jobturns_pb2_grpc as jt_grpc
-from baton.contract.names import COORDINATION_TOKEN_METADATA, job_of_labels
+from baton.contract.coordination import token_metadata
+from baton.contract.names import job_of_labels
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class CoordinatedTurns:
     def __init__(self, turns: JobTurns, address: str, token: str) -> None:
         self._turns = turns
         self._address = address
-        self._metadata = ((COORDINATION_TOKEN_METADATA, f"Bearer {token}"),)
+        self._metadata = token_metadata(token)
         self._channel: grpc.aio.Channel | None = None
         self._leaving: set[asyncio.Task[None]] = set()
 

@@ -6,7 +6,6 @@ read from one Secret); anything else is refused UNAUTHENTICATED before it reache
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 import grpc
@@ -16,7 +15,7 @@ from agent.server import api_ops
 from agent.server.jobturns import JobTurns, NodeTurn, NoMembers, PrepareFailed, UnknownTurn
 from baton._pb import jobturns_pb2 as jt
 from baton._pb import jobturns_pb2_grpc as jt_grpc
-from baton.contract.names import COORDINATION_TOKEN_METADATA
+from baton.contract.coordination import carries_token
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +58,10 @@ class JobTurnsServicer(jt_grpc.JobTurnsServicer):
         if not token:
             raise ValueError("the coordination token is empty")
         self._turns = turns
-        self._expected = f"Bearer {token}".encode()
+        self._token = token
 
     def _check(self, context: grpc.aio.ServicerContext) -> None:
-        metadata = dict(context.invocation_metadata() or ())
-        given = str(metadata.get(COORDINATION_TOKEN_METADATA, "")).encode()
-        if not hmac.compare_digest(given, self._expected):
+        if not carries_token(context.invocation_metadata(), self._token):
             raise errors.Unauthenticated(
                 "job-turn calls need the coordination token (authorization: Bearer <token>)"
             )
