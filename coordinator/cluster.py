@@ -86,7 +86,12 @@ class Plan:
     @property
     def key(self) -> str:
         """The arbiter's tenant: one per job and group."""
-        return f"{self.namespace}/{self.job}" + (f"@{self.group}" if self.group else "")
+        return turn_key(self.namespace, self.job, self.group)
+
+
+def turn_key(namespace: str, job: str, group: str) -> str:
+    """The arbiter's tenant for a job's turn on a group: `namespace/job[@group]`."""
+    return f"{namespace}/{job}" + (f"@{group}" if group else "")
 
 
 def member_of(pod: Mapping[str, Any]) -> tuple[str, str, Member] | None:

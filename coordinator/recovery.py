@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from agent.core.leases import Lease, LeaseTable
 from baton._pb import jobturns_pb2 as jt
 from coordinator.agents import AgentLinks, NodeFailed
-from coordinator.cluster import ClusterView, Plan, PlanError
+from coordinator.cluster import ClusterView, PlanError, turn_key
 from coordinator.turns import JobTurn
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ async def _settle(
     found: Recovered,
 ) -> None:
     first = where[0][1]
-    key = Plan(first.namespace, first.job, first.group, {}, (), {}).key
+    key = turn_key(first.namespace, first.job, first.group)
     nodes = {node: addresses[node] for node, _ in where}
     why = _undecided(where, found.unreachable, addresses)
     if not why and key in found.held:

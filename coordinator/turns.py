@@ -22,7 +22,7 @@ from typing import Any
 from agent.core.leases import Lease, LeaseTable
 from agent.core.waiters import Waiter
 from coordinator.agents import AgentLinks, NodeFailed
-from coordinator.cluster import ClusterView, Plan
+from coordinator.cluster import ClusterView, Plan, turn_key
 from coordinator.releases import Releases
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class Arbiter:
 
     async def acquire(self, namespace: str, job: str, group: str, timeout: float | None) -> JobTurn:
         """Wait for the job's turn on `group` (all its pods if ""); at once if it holds it."""
-        self._leading()
+        self.check_leading()
         plan = self.view.plan(namespace, job, group)
         if plan.key in self.held:
             return self.held[plan.key]
@@ -140,8 +140,8 @@ class Arbiter:
 
     async def yield_(self, namespace: str, job: str, group: str) -> int:
         """End the job's turn on every node; returns how many other jobs wait for its GPUs."""
-        self._leading()
-        key = Plan(namespace, job, group, {}, (), {}).key
+        self.check_leading()
+        key = turn_key(namespace, job, group)
         turn = self.held.pop(key, None)
         if turn is None:
             holder = self.holder_of(self.view.plan(namespace, job, group).resources)
@@ -187,8 +187,8 @@ class Arbiter:
 
     async def leave(self, namespace: str, job: str, group: str, pod: str) -> bool:
         """A member pod leaves its job's turn; True if that ended the turn (it was the last)."""
-        self._leading()
-        turn = self.held.get(Plan(namespace, job, group, {}, (), {}).key)
+        self.check_leading()
+        turn = self.held.get(turn_key(namespace, job, group))
         if turn is None or pod not in turn.joined:
             return False
         turn.joined.discard(pod)
@@ -239,9 +239,6 @@ class Arbiter:
 
     def check_leading(self) -> None:
         """NotLeading unless this replica leads."""
-        self._leading()
-
-    def _leading(self) -> None:
         if not self.epoch:
             raise NotLeading("this coordinator replica is not the leader; ask the Service again")
 
