@@ -12,6 +12,7 @@ group, every member.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,10 +156,12 @@ class ClusterView:
         with self.lock:
             return self.listed.setdefault(source, threading.Event())
 
-    def complete(self) -> bool:
-        """Whether every watch has listed once."""
+    def wait_listed(self, timeout: float) -> bool:
+        """Block until every watch has listed once (True), or `timeout` passes (False)."""
         with self.lock:
-            return all(event.is_set() for event in self.listed.values())
+            events = list(self.listed.values())
+        deadline = time.monotonic() + timeout
+        return all(event.wait(max(0.0, deadline - time.monotonic())) for event in events)
 
     def plan(self, namespace: str, job: str, group: str = "") -> Plan:
         """The turn of `job` (on `group`, or on all its members); PlanError saying what is

@@ -210,11 +210,8 @@ class Coordinator:
         self._term = asyncio.create_task(self._take_over(epoch))
 
     async def _take_over(self, epoch: int) -> None:
-        waited = 0.0
-        while not self.view.complete() and waited < LIST_WAIT_S:  # a partial view loses turns
-            await asyncio.sleep(0.05)
-            waited += 0.05
-        if not self.view.complete():
+        # A partial view loses turns: wait (bounded) for every watch's first list.
+        if not await asyncio.to_thread(self.view.wait_listed, LIST_WAIT_S):
             log.warning(
                 "leading with epoch %d before every watch listed once (after %g s): turns on "
                 "nodes not seen yet are settled when their agents are", epoch, LIST_WAIT_S,
