@@ -97,3 +97,14 @@ class NullPreparer:
 
     def reinstate(self, saved: dict[str, Any]) -> None:
         """Nothing to take back."""
+
+
+def residency(preparer: TurnPreparer) -> dict[str, dict[str, str]]:
+    """Tenant id → GPU → `resident`/`parked`/`parking`/`restoring`, for tenants with memory."""
+    tenants: dict[str, Any] = preparer.status().get("tenants", {})
+    return {tid: dict(entry.get("gpus", {})) for tid, entry in tenants.items()}
+
+
+def parked_on(gpus: dict[str, str], wanted: Collection[str]) -> bool:
+    """Whether any of `wanted` holds the tenant's memory parked."""
+    return any(gpus.get(g) == "parked" for g in wanted)

@@ -22,6 +22,7 @@ from typing import Any
 
 from agent.core.errors import AgentError, UnknownLease
 from agent.core.leases import Lease
+from agent.core.residency import parked_on, residency
 from agent.node.jobturn_store import JobTurnStore
 from agent.node.tenants import POD, Tenant
 from agent.server.service import LeaseService
@@ -211,7 +212,8 @@ class JobTurns:
         nodes: Sequence[str],
     ) -> NodeTurn:
         namespace, job, group = whose
-        restored = any(self._parked(m) for m in members)
+        where = residency(self._service.preparer)
+        restored = any(parked_on(where.get(m.tenant_id, {}), m.gpus) for m in members)
         sessions = [self._open(m.tenant_id, turn_id) for m in members]
         asks = [asyncio.ensure_future(self._service.acquire(m, m.gpus, timeout)) for m in members]
         try:
@@ -349,11 +351,6 @@ class JobTurns:
             ),
             key=lambda t: t.tenant_id,
         )
-
-    def _parked(self, tenant: Tenant) -> bool:
-        """Whether the residency layer holds some of the tenant's memory parked now."""
-        entry = self._service.preparer.status().get("tenants", {}).get(tenant.tenant_id, {})
-        return any(entry.get("gpus", {}).get(gpu) == "parked" for gpu in tenant.gpus)
 
     def _open(self, tenant_id: str, turn_id: str) -> Session:
         session = CoordinatedSession(tenant_id, pid=0, token=f"job-turn:{turn_id}")

@@ -16,10 +16,11 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from agent.core.errors import AgentError, Forbidden
 from agent.core.leases import Lease, Waiter
+from agent.core.residency import parked_on, residency
 from agent.server.llmd import groups as g
 from agent.server.llmd.edge import BadRequest, mapped
 from agent.server.llmd.jobs import Jobs
-from agent.server.llmd.residency import job_state, parked_on, residency
+from agent.server.llmd.residency import job_state
 from baton._pb import snapshot_agent_pb2 as sa
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc

@@ -1,18 +1,9 @@
-"""Where llm-d jobs' memory is, read from Baton's residency layer, in llm-d's job states."""
+"""llm-d jobs' memory in llm-d's terms (where it is: `agent.core.residency`)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
-
 from agent.core.residency import TurnPreparer
 from baton._pb import snapshot_agent_pb2 as sa
-
-
-def residency(preparer: TurnPreparer) -> dict[str, dict[str, str]]:
-    """Tenant id → GPU → `resident`/`parked`/`parking`/`restoring`, for tenants with memory."""
-    tenants: dict[str, Any] = preparer.status().get("tenants", {})
-    return {tid: dict(entry.get("gpus", {})) for tid, entry in tenants.items()}
 
 
 def bytes_of(preparer: TurnPreparer, tenant_id: str) -> tuple[int, int]:
@@ -31,8 +22,3 @@ def job_state(gpus: dict[str, str], moving: bool, parks: bool) -> sa.JobState:
     if parks and gpus and all(r == "parked" for r in gpus.values()):
         return sa.JOB_STATE_SAVED
     return sa.JOB_STATE_RUNNING
-
-
-def parked_on(gpus: dict[str, str], wanted: Collection[str]) -> bool:
-    """Whether any of `wanted` holds the tenant's memory parked."""
-    return any(gpus.get(g) == "parked" for g in wanted)

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 
 from agent.core.errors import AgentError
+from agent.core.residency import residency
 from agent.node.tenants import Tenant
 from agent.parking.backends.base import BackendError
 from agent.parking.backends.endpoint import SGLANG, VLLM, EndpointBackend, EndpointTarget
@@ -36,7 +37,7 @@ from agent.server.llmd.edge import (
     mapped,
 )
 from agent.server.llmd.jobs import Jobs
-from agent.server.llmd.residency import bytes_of, job_state, residency
+from agent.server.llmd.residency import bytes_of, job_state
 from baton._pb import snapshot_agent_pb2 as sa
 from baton._pb import snapshot_agent_pb2_grpc as sa_grpc
 
