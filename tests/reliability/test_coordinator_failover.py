@@ -13,22 +13,22 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from commands.localnode.binaries import find_binaries
 from commands.localnode.controlplane import ControlPlane
 from commands.localnode.procs import wait_for
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
+from tests.coordinator.conftest import TEAM, control_plane, core
 from tests.coordinator.deployed import CoordinatorProcess, leader_of, members_known
 from tests.coordinator.nodes import AgentNode, agent_nodes, job_pod
 from tests.reliability import figures
 
-TEAM = "team"
+__all__ = ["control_plane", "core"]  # the fixtures this module uses, from tests/coordinator
+
 JOBS = ("ja", "jb")
 ACQUIRE_S = 30.0
 COMPUTE_S = 0.01
@@ -36,23 +36,6 @@ RUNS = [
     pytest.param(20.0, 12.0, id="one-kill"),
     pytest.param(600.0, 30.0, id="soak", marks=[pytest.mark.soak, pytest.mark.timeout(900)]),
 ]
-
-
-@pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ControlPlane, Any]]:
-    if find_binaries() is None:
-        pytest.skip("needs Kubernetes binaries (BATON_KUBE_BIN_DIR)")
-    from kubernetes import client
-
-    from baton.contract.kube import load_api_client
-
-    root = tmp_path_factory.mktemp("failover-plane")
-    with ControlPlane(root, controller_manager=False, scheduler=False, ports="free") as cp:
-        core: Any = client.CoreV1Api(load_api_client(str(cp.admin_kubeconfig)))
-        for name in ("baton-system", TEAM):
-            core.create_namespace({"metadata": {"name": name}})
-        core.create_namespaced_service_account(TEAM, {"metadata": {"name": "default"}})
-        yield cp, core
 
 
 class Service:
@@ -142,9 +125,9 @@ def one_turn_per_node(nodes: list[AgentNode], record: Record, seen: list[str]) -
 
 @pytest.mark.parametrize(("seconds", "kill_every"), RUNS)
 def test_crossed_jobs_never_overlap_while_the_leader_is_killed(
-    plane: tuple[ControlPlane, Any], tmp_path: Path, seconds: float, kill_every: float
+    control_plane: ControlPlane, core: Any, tmp_path: Path, seconds: float, kill_every: float
 ) -> None:
-    cp, core = plane
+    cp = control_plane
     suffix = "soak" if seconds > 60 else "once"
     names = [f"x1-{suffix}", f"x2-{suffix}"]
     with agent_nodes(cp, tmp_path, names) as nodes:
