@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import grpc
 
@@ -38,18 +38,26 @@ class Releases:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def release(
-        self, nodes: dict[str, str], epoch: int, turn_id: str, reason: str, wait_s: float
+        self,
+        nodes: dict[str, str],
+        epoch: int,
+        turn_id: str,
+        reason: str,
+        wait_s: float,
+        wait_for: Collection[str] | None = None,
     ) -> list[str]:
-        """Release `turn_id` on `nodes`; wait up to `wait_s` for them. Returns the nodes that had
-        not answered by then (their release goes on)."""
+        """Release `turn_id` on `nodes`; wait up to `wait_s` for those of `wait_for` (all if
+        None). Returns the nodes waited for that had not answered by then; every release goes on
+        until its node answers."""
         tasks = {
             node: self._spawn(node, address, epoch, turn_id, reason)
             for node, address in nodes.items()
         }
-        if not tasks:
+        waited = {n: t for n, t in tasks.items() if wait_for is None or n in wait_for}
+        if not waited:
             return []
-        await asyncio.wait(tasks.values(), timeout=wait_s)
-        return sorted(node for node, task in tasks.items() if not task.done())
+        await asyncio.wait(waited.values(), timeout=wait_s)
+        return sorted(node for node, task in waited.items() if not task.done())
 
     def _spawn(
         self, node: str, address: str, epoch: int, turn_id: str, reason: str

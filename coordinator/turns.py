@@ -301,9 +301,19 @@ class Arbiter:
             why = _failure(failed) if failed else "the caller gave up"
             if failed:
                 self.on_failed(failed[0][0])
-            self._end_wait(waiter.waiter_id, TurnFailed(f"{why}; rolled back on every node"))
             # Every node of the plan: one whose answer was lost may have prepared all the same.
-            await self._release(dict(plan.addresses), epoch, turn_id, f"rolled back: {why}")
+            # The waiter hears the failure once the nodes that answered are rolled back (a job
+            # that asks again, or looks, finds its pods holding nothing there); the failed ones
+            # are not waited for, and their release is retried until they answer.
+            broken = {n for n, _ in failed}
+            late = await self.releases.release(
+                dict(plan.addresses), epoch, turn_id, f"rolled back: {why}", self.release_wait_s,
+                wait_for=[n for n in plan.addresses if n not in broken],
+            )  # fmt: skip
+            behind = sorted(broken & set(plan.addresses) | set(late))
+            if late:
+                log.warning("turn %s: nodes %s have not answered its release yet", turn_id, late)
+            self._end_wait(waiter.waiter_id, TurnFailed(f"{why}; {_rolled_back(behind)}"))
             return
         prepared = {n: c.result() for n, c in calls.items()}
         # Prepared on every node: decided (a new leader would hold it too). The waiter hears it
@@ -387,6 +397,13 @@ class Arbiter:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _rolled_back(behind: list[str]) -> str:
+    """What a failed turn's caller hears of its roll-back, `behind` the nodes not heard yet."""
+    if not behind:
+        return "rolled back on every node"
+    return f"rolled back on every node; on {', '.join(behind)} until its agent answers"
 
 
 def _failure(failed: list[tuple[str, BaseException]]) -> str:

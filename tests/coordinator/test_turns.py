@@ -115,9 +115,10 @@ def test_a_node_that_cannot_prepare_rolls_the_others_back_and_is_named(tmp_path:
             blocker = nodes[1].add_pod("team/local", ("GPU-n2",))
             await nodes[1].service.acquire(blocker, (), timeout=5)  # n2's GPU stays taken
             arbiter.prepare_timeout_s = 0.2
-            with pytest.raises(TurnFailed, match="node n2: pod team/rl-sampler on node n2"):
+            with pytest.raises(TurnFailed, match="node n2: pod team/rl-sampler on node n2") as e:
                 await arbiter.acquire("team", "rl", "", timeout=5)
-            await free(nodes[0])  # n1 is rolled back (the waiter is told first)
+            assert "rolled back on every node; on n2 until its agent answers" in str(e.value)
+            assert not nodes[0].holders()  # n1 was rolled back before the waiter was told
             assert not arbiter.held
             await close(arbiter)
 
@@ -131,7 +132,7 @@ def test_an_unreachable_node_fails_the_turn_naming_it(tmp_path: Path) -> None:
             await nodes[1].server.stop(0)
             with pytest.raises(TurnFailed, match="node n2: its agent is unreachable"):
                 await arbiter.acquire("team", "rl", "", timeout=5)
-            await free(nodes[0])
+            assert not nodes[0].holders()  # rolled back on n1 before the waiter was told
             await close(arbiter)
 
     run(body)
