@@ -130,3 +130,11 @@ def _failed(node: str, err: grpc.aio.AioRpcError) -> NodeFailed:
     else:
         why = str(err.details() or code.name)
     return NodeFailed(node, why, code)
+
+
+def failure_text(failed: list[tuple[str, BaseException]]) -> str:
+    """Why a job's turn failed: the first node's error (`NodeFailed` names its node)."""
+    node, error = failed[0]
+    text = str(error) if isinstance(error, NodeFailed) else f"node {node}: {error}"
+    more = f" (and {len(failed) - 1} more node(s))" if len(failed) > 1 else ""
+    return text + more

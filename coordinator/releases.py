@@ -101,3 +101,10 @@ class Releases:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def rolled_back(behind: list[str]) -> str:
+    """What a failed turn's caller hears of its roll-back, `behind` the nodes not heard yet."""
+    if not behind:
+        return "rolled back on every node"
+    return f"rolled back on every node; on {', '.join(behind)} until its agent answers"

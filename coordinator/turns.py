@@ -21,9 +21,9 @@ from typing import Any
 
 from agent.core.leases import Lease, LeaseTable
 from agent.core.waiters import Waiter
-from coordinator.agents import AgentLinks, NodeFailed
+from coordinator.agents import AgentLinks, failure_text
 from coordinator.cluster import ClusterView, Plan, turn_key
-from coordinator.releases import Releases
+from coordinator.releases import Releases, rolled_back
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ class Arbiter:
         ]
         done = all(c.done() and not c.cancelled() and not c.exception() for c in calls.values())
         if not done or wait.abandoned or epoch != self.epoch:
-            why = _failure(failed) if failed else "the caller gave up"
+            why = failure_text(failed) if failed else "the caller gave up"
             if failed:
                 self.on_failed(failed[0][0])
             # Every node of the plan: one whose answer was lost may have prepared all the same.
@@ -313,7 +313,7 @@ class Arbiter:
             behind = sorted(broken & set(plan.addresses) | set(late))
             if late:
                 log.warning("turn %s: nodes %s have not answered its release yet", turn_id, late)
-            self._end_wait(waiter.waiter_id, TurnFailed(f"{why}; {_rolled_back(behind)}"))
+            self._end_wait(waiter.waiter_id, TurnFailed(f"{why}; {rolled_back(behind)}"))
             return
         prepared = {n: c.result() for n, c in calls.items()}
         # Prepared on every node: decided (a new leader would hold it too). The waiter hears it
@@ -397,17 +397,3 @@ class Arbiter:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def _rolled_back(behind: list[str]) -> str:
-    """What a failed turn's caller hears of its roll-back, `behind` the nodes not heard yet."""
-    if not behind:
-        return "rolled back on every node"
-    return f"rolled back on every node; on {', '.join(behind)} until its agent answers"
-
-
-def _failure(failed: list[tuple[str, BaseException]]) -> str:
-    node, error = failed[0]
-    text = str(error) if isinstance(error, NodeFailed) else f"node {node}: {error}"
-    more = f" (and {len(failed) - 1} more node(s))" if len(failed) > 1 else ""
-    return text + more
