@@ -57,7 +57,10 @@ class Releases:
         if not waited:
             return []
         await asyncio.wait(waited.values(), timeout=wait_s)
-        return sorted(node for node, task in waited.items() if not task.done())
+        late = sorted(node for node, task in waited.items() if not task.done())
+        if late:
+            log.warning("turn %s: nodes %s have not answered its release yet", turn_id, late)
+        return late
 
     def _spawn(
         self, node: str, address: str, epoch: int, turn_id: str, reason: str

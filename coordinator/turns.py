@@ -156,7 +156,9 @@ class Arbiter:
             w.tenant_id for w in self.table.waiters.values() if set(w.gpus) & set(turn.resources)
         }
         self._dispatch()  # the next job's prepare queues on each node behind this release
-        await self._release(turn.nodes, self.epoch, turn.turn_id, "yielded")
+        await self.releases.release(
+            turn.nodes, self.epoch, turn.turn_id, "yielded", self.release_wait_s
+        )
         return len(waiting)
 
     def prune_joined(self) -> None:
@@ -310,9 +312,7 @@ class Arbiter:
                 dict(plan.addresses), epoch, turn_id, f"rolled back: {why}", self.release_wait_s,
                 wait_for=[n for n in plan.addresses if n not in broken],
             )  # fmt: skip
-            behind = sorted(broken & set(plan.addresses) | set(late))
-            if late:
-                log.warning("turn %s: nodes %s have not answered its release yet", turn_id, late)
+            behind = sorted(broken | set(late))
             self._end_wait(waiter.waiter_id, TurnFailed(f"{why}; {rolled_back(behind)}"))
             return
         prepared = {n: c.result() for n, c in calls.items()}
@@ -383,11 +383,6 @@ class Arbiter:
             del self._by_key[wait.plan.key]
         if self.table.cancel(waiter_id) is not None:
             self._dispatch()
-
-    async def _release(self, nodes: dict[str, str], epoch: int, turn_id: str, reason: str) -> None:
-        late = await self.releases.release(nodes, epoch, turn_id, reason, self.release_wait_s)
-        if late:
-            log.warning("turn %s: nodes %s have not answered its release yet", turn_id, late)
 
     async def close(self) -> None:
         """Stop the timer, every handover and every release in flight."""

@@ -45,12 +45,6 @@ async def close(arbiter: Arbiter) -> None:
     await arbiter.links.close()
 
 
-async def free(node: LoopbackNode) -> None:
-    """Wait (within the test's deadline) until nobody holds a GPU of `node`."""
-    while node.holders():
-        await asyncio.sleep(0.01)
-
-
 def check_no_overlap(nodes: list[LoopbackNode], holder: str) -> None:
     """Every GPU of the cluster is held by a pod of `holder`'s job, or by nobody."""
     for node in nodes:
