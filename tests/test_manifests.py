@@ -367,7 +367,7 @@ def test_monitoring_overlay_has_scrapes_and_the_dashboard() -> None:
             monitor["spec"]["selector"]["matchLabels"].items() <= pods["metadata"]["labels"].items()
         )
         ports = {p["name"] for c in pods["spec"]["containers"] for p in c["ports"]}
-        ports.discard("coordination")  # the agent's job turns for the coordinator: gRPC
+        ports.discard("coordination")  # the agent's job turns for the coordinator: frames on TCP
         assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == ports
     assert set(by_kind(objects, "ServiceMonitor")) == {"baton-extender"}
     (dashboard,) = by_kind(objects, "ConfigMap").values()

@@ -24,9 +24,9 @@ from agent.client.connect import CLIENT_VERSION
 from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.session_core import SessionCore
 from agent.client.types import Callback, Identity, LeaseInfo, add_callbacks
-from agent.wire import framing
 from agent.wire.handshake import handshake_path, read_token_line
 from baton._pb import agent_pb2 as pb
+from baton.contract import framing
 from baton.contract.names import ENV_AGENT_SOCKET
 
 log = logging.getLogger("baton.client")

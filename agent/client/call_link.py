@@ -15,9 +15,9 @@ from agent.client.connect import CLIENT_VERSION
 from agent.client.errors import AgentUnavailable, from_status
 from agent.client.session_core import SessionCore
 from agent.client.types import REPLY_TIMEOUT_S
-from agent.wire import framing
 from agent.wire.handshake import handshake_path, read_token_line
 from baton._pb import agent_pb2 as pb
+from baton.contract import framing
 
 
 class NotSent(Exception):

@@ -1,7 +1,7 @@
 """The two ways a client's session reaches the agent, behind one small interface.
 
-- `DirectLink` (the default): frames on the handshake connection (`agent.wire.framing`), read and
-  written by the client's event loop; no gRPC in the turn path.
+- `DirectLink` (the default): frames on the handshake connection (`baton.contract.framing`),
+  read and written by the client's event loop; no gRPC in the turn path.
 - `GrpcLink`: the `Session` RPC on the agent's gRPC socket, for comparison and for agents that
   predate direct sessions.
 """
@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import grpc
 
 from agent.client.errors import AgentUnavailable
-from agent.wire import framing
 from baton._pb import agent_pb2 as pb
+from baton.contract import framing
 
 TRANSPORTS = ("direct", "grpc")
 

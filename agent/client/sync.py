@@ -17,8 +17,8 @@ from agent.client.call_link import CallLink, NotSent
 from agent.client.errors import AgentUnavailable
 from agent.client.session_core import acquire_request
 from agent.client.types import LeaseInfo, reply_wait
-from agent.wire import framing
 from baton._pb import agent_pb2 as pb
+from baton.contract import framing
 
 LINK_GRACE_S = 2.0
 """How long a call link that cannot reach the agent waits to see the session break too."""

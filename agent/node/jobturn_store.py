@@ -3,8 +3,14 @@ has seen (the fence) and the job turns it holds, in two small files of its state
 
 The fence is fsynced before the call that raised it is answered: an agent that forgot it after a
 power loss could take orders from a deposed leader. It rises once per leader change. The turns
-file is written atomically on every change and not fsynced, like the agent's own state
-(`agent.node.state`): it survives the agent's crash, which is what it is for.
+are recorded on every change (a prepare, a commit, a release: before each is answered) and not
+fsynced, like the agent's own state (`agent.node.state`): they survive the agent's crash, which
+is what they are for. Each change is one line appended to the turns file (the whole list), not a
+file renamed over the last: on ext4 a rename over a file starts writing its data out, which
+cost 0.1-0.2 ms per change on the prepare's path. Loading takes the last line that parses (a
+crash can cut the last one short); the file is rewritten with that line alone at start (the
+agent saves what it took up), after a write that failed or fell short, and whenever it passes
+`TURNS_COMPACT_BYTES`.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from typing import Any
 
 EPOCH_FILE = "coordination-epoch"
 TURNS_FILE = "job-turns.json"
+TURNS_COMPACT_BYTES = 64 * 1024
+"""The turns file is cut back to its last line once it is this long."""
 log = logging.getLogger(__name__)
 
 
@@ -26,6 +34,9 @@ class JobTurnStore:
 
     def __init__(self, state_dir: str | Path) -> None:
         self._dir = Path(state_dir)
+        self._turns_fd: int | None = None
+        """The turns file, open for appending since the first save."""
+        self._turns_bytes = 0
 
     def load_epoch(self) -> int:
         """The highest epoch seen before (0 if none, or the file is unreadable: said once)."""
@@ -43,21 +54,58 @@ class JobTurnStore:
         self._write(EPOCH_FILE, f"{epoch}\n", fsync=True)
 
     def load_turns(self) -> list[dict[str, Any]]:
-        """The job turns saved before (none if the file is missing or unreadable: said once)."""
+        """The job turns saved last (none if the file is missing or unreadable: said once)."""
         path = self._dir / TURNS_FILE
         try:
-            data = json.loads(path.read_text())
+            lines = path.read_text().splitlines()
         except FileNotFoundError:
             return []
         except (OSError, ValueError) as exc:
             log.error("job turns file %s is unreadable (%s); no job turn restored", path, exc)
             return []
-        turns = data.get("turns") if isinstance(data, dict) else None
-        return [t for t in turns if isinstance(t, dict)] if isinstance(turns, list) else []
+        for line in reversed(lines):
+            try:
+                data = json.loads(line)
+            except ValueError:
+                continue  # cut short by a crash: the line before is the last whole one
+            turns = data.get("turns") if isinstance(data, dict) else None
+            if isinstance(turns, list):
+                return [t for t in turns if isinstance(t, dict)]
+        if any(line.strip() for line in lines):
+            log.error("job turns file %s holds no whole record; no job turn restored", path)
+        return []
 
     def save_turns(self, turns: list[dict[str, Any]]) -> None:
-        """Replace the saved job turns (atomically)."""
-        self._write(TURNS_FILE, json.dumps({"turns": turns}, sort_keys=True), fsync=False)
+        """Record the job turns held now: one line appended (see the module's docstring)."""
+        line = (json.dumps({"turns": turns}, sort_keys=True) + "\n").encode()
+        if self._turns_fd is None or self._turns_bytes + len(line) > TURNS_COMPACT_BYTES:
+            self._rewrite_turns(line)
+            return
+        try:
+            written = os.write(self._turns_fd, line)
+        except OSError:
+            self.close()  # the next save rewrites the file whole
+            raise
+        if written < len(line):  # a full disk part-way: nothing may be appended to that half
+            self.close()
+            raise OSError(
+                f"job turns file {self._dir / TURNS_FILE}: only {written} of "
+                f"{len(line)} bytes written"
+            )
+        self._turns_bytes += len(line)
+
+    def _rewrite_turns(self, line: bytes) -> None:
+        """The turns file with `line` alone (written atomically), then kept open to append."""
+        self._write(TURNS_FILE, line.decode(), fsync=False)
+        self.close()
+        self._turns_fd = os.open(self._dir / TURNS_FILE, os.O_WRONLY | os.O_APPEND)
+        self._turns_bytes = len(line)
+
+    def close(self) -> None:
+        """Close the turns file (a later save opens it again)."""
+        if self._turns_fd is not None:
+            os.close(self._turns_fd)
+            self._turns_fd = None
 
     def _write(self, name: str, text: str, fsync: bool) -> None:
         self._dir.mkdir(parents=True, exist_ok=True)

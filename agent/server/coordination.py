@@ -1,5 +1,5 @@
 """The agent's part in a job's cluster-wide turn, started and stopped as one: its job turns
-served to the coordinator (`agent.server.jobturns_grpc`), its address on its node's annotation
+served to the coordinator (`agent.server.jobturns_link`), its address on its node's annotation
 (`agent.node.coordination`), and, with a coordinator address, member pods' own acquires
 forwarded there (`agent.server.coordinated`)."""
 
@@ -14,7 +14,7 @@ from agent.node.coordination import CoordinationAddress
 from agent.node.jobturn_store import JobTurnStore
 from agent.server.coordinated import CoordinatedTurns
 from agent.server.jobturns import JobTurns
-from agent.server.jobturns_grpc import JobTurnServer
+from agent.server.jobturns_link import JobTurnServer
 from agent.server.service import LeaseService
 
 
@@ -60,5 +60,6 @@ class Coordination:
             await asyncio.to_thread(self._address.stop)
         if self.server is not None:
             await self.server.stop(grace)
+        self.turns.close()
         if self._jobs is not None:
             await self._jobs.close()

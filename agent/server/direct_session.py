@@ -1,9 +1,9 @@
 """Direct sessions: the session stream carried on the handshake connection, without gRPC.
 
 The handshake already proved who the client is (SO_PEERCRED); if the client then sends frames
-(`agent.wire.framing`), the first is a Hello with its registration and the rest are the messages of
-the `Session` RPC. A turn handoff over this link is one small write on each side, which is what
-keeps it well under a millisecond.
+(`baton.contract.framing`), the first is a Hello with its registration and the rest are the
+messages of the `Session` RPC. A turn handoff over this link is one small write on each side,
+which is what keeps it well under a millisecond.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from agent.core import errors
 from agent.node.identity import UNUSED_TOKEN_TTL, Peer
 from agent.server import api_ops
 from agent.server.grpc_server import AgentServicer
-from agent.wire import framing
 from baton._pb import agent_pb2 as pb
+from baton.contract import framing
 
 log = logging.getLogger(__name__)
 

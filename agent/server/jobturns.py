@@ -148,6 +148,10 @@ class JobTurns:
                 self._end_leases(turn, "its turn ended while the agent was down")
         self._save()
 
+    def close(self) -> None:
+        """Close the turns' file (the turns stay on disk for the next agent)."""
+        self._store.close()
+
     # Commands.
 
     def fence(self, epoch: int) -> None:

@@ -1,1 +1,1 @@
-"""What travels between tenants and the agent: the handshake and the session's frames."""
+"""What travels between tenants and the agent: the handshake line before a direct session."""

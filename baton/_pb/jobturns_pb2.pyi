@@ -137,3 +137,63 @@ class ReportResponse(_message.Message):
     epoch: int
     turns: _containers.RepeatedCompositeFieldContainer[NodeTurn]
     def __init__(self, node: _Optional[str] = ..., epoch: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[NodeTurn, _Mapping]]] = ...) -> None: ...
+
+class JobTurnsCall(_message.Message):
+    __slots__ = ("id", "hello", "prepare", "commit", "release", "report", "cancel")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    hello: Hello
+    prepare: PrepareRequest
+    commit: CommitRequest
+    release: ReleaseRequest
+    report: ReportRequest
+    cancel: Cancel
+    def __init__(self, id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., prepare: _Optional[_Union[PrepareRequest, _Mapping]] = ..., commit: _Optional[_Union[CommitRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., report: _Optional[_Union[ReportRequest, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    def __init__(self, token: _Optional[str] = ...) -> None: ...
+
+class Cancel(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class JobTurnsAnswer(_message.Message):
+    __slots__ = ("id", "hello", "turn", "released", "report", "refused")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    hello: HelloAnswer
+    turn: NodeTurn
+    released: ReleaseResponse
+    report: ReportResponse
+    refused: Refusal
+    def __init__(self, id: _Optional[int] = ..., hello: _Optional[_Union[HelloAnswer, _Mapping]] = ..., turn: _Optional[_Union[NodeTurn, _Mapping]] = ..., released: _Optional[_Union[ReleaseResponse, _Mapping]] = ..., report: _Optional[_Union[ReportResponse, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
+
+class HelloAnswer(_message.Message):
+    __slots__ = ("node", "epoch")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    epoch: int
+    def __init__(self, node: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class Refusal(_message.Message):
+    __slots__ = ("code", "details")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    details: str
+    def __init__(self, code: _Optional[str] = ..., details: _Optional[str] = ...) -> None: ...

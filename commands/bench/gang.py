@@ -17,7 +17,9 @@ are this process's `perf_counter`, but the skew, which the agents' own clock giv
 - efficiency: each member pod takes `MEMBER_MIB` of its GPU in its job's first turn, so no two
   jobs fit and every handoff parks the leaver and restores the next on every node; the jobs
   hold `hold_ms` in turn: held time / wall time, the ideal 1.0. The agents' move counters show
-  that the parks happened (`parks`, `restores`).
+  that the parks happened (`parks`, `restores`). Its reference (`reference_efficiency`,
+  `reference_parked_handoff_*`): two node-local tenants of the first node's agent, each with
+  the same memory and hold, so each of their handoffs parks and restores on one node.
 - crossed: two more jobs on the first two nodes ask again the moment they yield, every acquire
   bounded by `ACQUIRE_TIMEOUT_S`; a deadlock is an acquire that timed out while no job held the
   turn. `crossed_turns` counts the turns completed.
@@ -118,6 +120,9 @@ class Figures:
     prepare_skews: list[float] = field(default_factory=list)
     parked_handoffs: list[float] = field(default_factory=list)
     efficiency: float = 0.0
+    reference_efficiency: float = 0.0
+    """The node-local turns of the efficiency phase: the same parks and holds on one agent."""
+    reference_parked_handoffs: list[float] = field(default_factory=list)
     moves: dict[str, float] = field(default_factory=dict)
     crossed_turns: int = 0
     deadlocks: int = 0
@@ -154,7 +159,7 @@ async def _phases(
             turns = await _take_turns(arbiter, list(jobs), each, HANDOFF_HOLD_MS)
             found.handoffs += handoffs(_records(turns))
             _skews(turns, links, found)
-            found.reference += await _reference(cluster.nodes[0], each)
+            found.reference += handoffs(await _reference(cluster.nodes[0], each))
         await _efficiency(setup, cluster, arbiter, jobs, links, found)
         await _crossed(setup, arbiter, cross, found)
     finally:
@@ -216,11 +221,17 @@ def _skews(turns: list[Turn], links: RecordingLinks, found: Figures) -> None:
         found.prepare_skews.append(max(prepared) - min(prepared))
 
 
-async def _reference(node: GangNode, each: int) -> list[float]:
-    """Node-local handoffs on `node`'s agent: two local tenants of its GPU taking turns."""
+async def _reference(
+    node: GangNode, each: int, hold_ms: float = HANDOFF_HOLD_MS, mib: int = 0
+) -> list[list[Any]]:
+    """Node-local turns on `node`'s agent: two local tenants of its GPU taking turns, as
+    `bench handoff` records them. With `mib`, each takes that much of the GPU in its first turn
+    (so every handoff parks one and restores the other)."""
     from agent.client import AsyncBaton
+    from agent.parking.fakegpu import FakeGpuMemory
 
-    tenants = [AsyncBaton(node.socket, [node.gpu], name=f"bench-local-{c}") for c in "ab"]
+    names = [f"bench-local-{c}{'-parked' if mib else ''}" for c in "ab"]
+    tenants = [AsyncBaton(node.socket, [node.gpu], name=n, gpu_memory_mib=mib) for n in names]
     records: list[list[Any]] = []
 
     async def loop(baton: AsyncBaton) -> None:
@@ -228,7 +239,10 @@ async def _reference(node: GangNode, each: int) -> list[float]:
             requested = time.perf_counter()
             lease = await asyncio.wait_for(baton.acquire(), ACQUIRE_TIMEOUT_S)
             granted = time.perf_counter()
-            await asyncio.sleep(HANDOFF_HOLD_MS / 1000)  # the tenant computes
+            if i == 0 and mib:
+                memory = FakeGpuMemory(str(baton.name), node.fake_dir)
+                await asyncio.to_thread(memory.allocate, node.gpu, mib)
+            await asyncio.sleep(hold_ms / 1000)  # the tenant computes
             yielded = time.perf_counter()
             if i > 0:
                 token = lease.fencing_tokens[node.gpu]
@@ -242,7 +256,14 @@ async def _reference(node: GangNode, each: int) -> list[float]:
     finally:
         for baton in tenants:
             await baton.close()
-    return handoffs(records)
+    return records
+
+
+def _busy_share(records: list[list[Any]]) -> float:
+    """Time held over the wall time of turn records (`bench handoff`'s): 1.0 is no idle."""
+    busy = sum(yielded - granted for *_, granted, yielded in records)
+    wall = max(r[4] for r in records) - min(r[3] for r in records)
+    return busy / wall if wall > 0 else 0.0
 
 
 async def _efficiency(
@@ -276,11 +297,14 @@ async def _efficiency(
     found.moves = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("park", "restore")}
     if not found.moves["park"]:
         raise RuntimeError("the efficiency phase parked nothing: parks were not forced")
-    busy = sum(t.yielded - t.granted for t in turns)
-    wall = max(t.yielded for t in turns) - min(t.granted for t in turns)
-    found.efficiency = busy / wall if wall > 0 else 0.0
-    found.parked_handoffs = handoffs(_records(turns))
+    records = _records(turns)
+    found.efficiency = _busy_share(records)
+    found.parked_handoffs = handoffs(records)
     _skews(turns, links, found)
+    # The same parks and holds between two node-local tenants of one of those agents.
+    local = await _reference(cluster.nodes[0], each, setup.hold_ms, MEMBER_MIB)
+    found.reference_efficiency = _busy_share(local)
+    found.reference_parked_handoffs = handoffs(local)
 
 
 def _moves(nodes: list[GangNode]) -> dict[str, float]:
@@ -347,8 +371,11 @@ def _report(setup: GangSetup, found: Figures, load: float) -> dict[str, Any]:
         "skew_samples": len(found.skews),
         "efficiency": round(found.efficiency, 4),
         "ideal_efficiency": 1.0,
+        "reference_efficiency": round(found.reference_efficiency, 4),
         "parked_handoff_p50_ms": ms(found.parked_handoffs, 0.5),
         "parked_handoff_p99_ms": ms(found.parked_handoffs, 0.99),
+        "reference_parked_handoff_p50_ms": ms(found.reference_parked_handoffs, 0.5),
+        "reference_parked_handoff_p99_ms": ms(found.reference_parked_handoffs, 0.99),
         "parks": int(found.moves.get("park", 0)),
         "restores": int(found.moves.get("restore", 0)),
         "crossed": setup.crossed,

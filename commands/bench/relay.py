@@ -17,7 +17,7 @@ import time
 from collections import deque
 from typing import Any
 
-from agent.wire import framing
+from baton.contract import framing
 
 WARMUP = 20
 """Turns left out of every measurement (the handoff bench's and the relay's)."""

@@ -42,6 +42,8 @@ def test_the_bench_reports_every_figure_with_sane_values() -> None:
     assert 0 <= figures["skew_p50_ms"] <= figures["skew_p99_ms"]
     assert figures["skew_samples"] > 0
     assert 0 < figures["efficiency"] <= 1
+    assert 0 < figures["reference_efficiency"] <= 1  # the same parks on one node's agent
+    assert figures["reference_parked_handoff_p50_ms"] > 0
     assert figures["parks"] > 0 and figures["restores"] > 0  # the parks were forced
     for target in ("handoff", "skew", "efficiency", "deadlock"):
         assert isinstance(figures[f"meets_{target}_target"], bool)

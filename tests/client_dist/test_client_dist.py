@@ -39,7 +39,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_holds_the_client_and_what_it_imports_only(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "agent/client/sync.py" in names and "agent/wire/framing.py" in names
+    assert "agent/client/sync.py" in names and "baton/contract/framing.py" in names
     assert "baton/_pb/agent_pb2.py" in names and "baton/contract/names.py" in names
     daemons = ("agent/server/", "agent/core/", "commands/cli/", "extender/", "baton/contract/kube")
     assert not [n for n in names if n.startswith(daemons)]

@@ -16,7 +16,7 @@ from agent.node.jobturn_store import JobTurnStore
 from agent.node.state import StateStore
 from agent.node.tenants import POD, Tenant
 from agent.server.jobturns import JobTurns
-from agent.server.jobturns_grpc import JobTurnServer
+from agent.server.jobturns_link import JobTurnServer
 from agent.server.service import LeaseService
 from baton.contract.names import LABEL_JOB, LABEL_LLMD_GROUP
 from coordinator.agents import AgentLinks
@@ -28,7 +28,7 @@ TOKEN = "loopback-token"
 
 
 class LoopbackNode:
-    """One node's agent: its lease service, job turns and gRPC listener."""
+    """One node's agent: its lease service, job turns and their listener."""
 
     def __init__(self, name: str, state_dir: Path, gpus: tuple[str, ...]) -> None:
         self.name = name

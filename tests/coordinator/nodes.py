@@ -6,17 +6,17 @@ to take them for tenants (their GPUs come from Baton's annotations).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from baton._pb import jobturns_pb2 as jt
-from baton._pb import jobturns_pb2_grpc as jt_grpc
 from baton.contract.annotations import GpuRecord, encode_gpus
 from baton.contract.names import (
     ANNOTATION_AGENT_COORDINATION,
@@ -27,6 +27,7 @@ from baton.contract.names import (
 )
 from commands.localnode.controlplane import ControlPlane, free_ports
 from commands.localnode.procs import Process, wait_for
+from coordinator.agents import AgentLinks
 
 TOKEN = "cluster-test-token"
 START_S = 30.0
@@ -101,27 +102,35 @@ class AgentNode:
 
     def report(self, epoch: int = 0) -> jt.ReportResponse:
         """The agent's job turns (`epoch` 0 only reads: it raises no fence)."""
-        answer: jt.ReportResponse = self._call("Report", jt.ReportRequest(epoch=epoch))
+        answer: jt.ReportResponse = self._call(
+            lambda links: links.report(self.name, self.address, epoch)
+        )
         return answer
 
     def hold(self, epoch: int, turn_id: str, namespace: str, job: str) -> None:
         """Prepare and commit a job turn on this node alone, as a leader of `epoch` would."""
-        request = jt.PrepareRequest(epoch=epoch, turn_id=turn_id, namespace=namespace, job=job)
-        self._call("Prepare", request)
-        self._call("Commit", jt.CommitRequest(epoch=epoch, turn_id=turn_id))
+        turn = (turn_id, namespace, job, "")
+        self._call(lambda links: links.prepare(self.name, self.address, epoch, turn, (), 10))
+        self._call(lambda links: links.commit(self.name, self.address, epoch, turn_id))
 
     def release(self, epoch: int, turn_id: str) -> bool:
-        """Release a job turn as a leader of `epoch` would (grpc.RpcError if refused)."""
-        request = jt.ReleaseRequest(epoch=epoch, turn_id=turn_id, reason="test")
-        return bool(self._call("Release", request).released)
+        """Release a job turn as a leader of `epoch` would (`NodeFailed` if refused)."""
+        released: bool = self._call(
+            lambda links: links.release(self.name, self.address, epoch, turn_id, "test")
+        )
+        return released
 
-    def _call(self, method: str, request: Any) -> Any:
-        import grpc
+    def _call(self, call: Callable[[AgentLinks], Awaitable[Any]]) -> Any:
+        """One call on a connection of its own, as the coordinator makes them."""
 
-        with grpc.insecure_channel(self.address) as channel:
-            stub = jt_grpc.JobTurnsStub(channel)
-            metadata = (("authorization", f"Bearer {TOKEN}"),)
-            return getattr(stub, method)(request, metadata=metadata, timeout=10)
+        async def once() -> Any:
+            links = AgentLinks(TOKEN)
+            try:
+                return await call(links)
+            finally:
+                await links.close()
+
+        return asyncio.run(once())
 
 
 def job_pod(

@@ -16,6 +16,7 @@ import pytest
 
 from commands.localnode.controlplane import ControlPlane
 from commands.localnode.procs import wait_for
+from coordinator.agents import NodeFailed
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
 from tests.coordinator.deployed import (
     TEAM,
@@ -131,9 +132,9 @@ def test_a_leader_killed_during_a_handover_is_replaced_rolling_back_its_half_and
             settle(nodes, {"f1": [], "f2": [("blk", "committed", ("team/blk-a",))]})
             assert not queued([f2], {"team/bg-b"})  # the dead leader's prepare left the queue
             assert holders_of(f1) == {}  # and its half on f1 was rolled back
-            with pytest.raises(grpc.RpcError) as stale:
+            with pytest.raises(NodeFailed) as stale:
                 f2.release(epoch, "t-blk")  # the dead leader's epoch
-            assert f"epoch {epoch} is older than epoch {epoch + 1}" in str(stale.value.details())
+            assert f"epoch {epoch} is older than epoch {epoch + 1}" in stale.value.why
             again = TimeSliceOrchestratorClient(second.address)
             again.release("blk", "")  # the new leader holds what the agents reported
             assert again.acquire("bg", "", timeout_sec=20)[0]

@@ -21,6 +21,7 @@ import pytest
 
 from commands.localnode.controlplane import ControlPlane
 from commands.localnode.procs import wait_for
+from coordinator.agents import NodeFailed
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
 from tests.coordinator.conftest import TEAM, control_plane, core
 from tests.coordinator.deployed import CoordinatorProcess, leader_of, members_known
@@ -117,7 +118,7 @@ def one_turn_per_node(nodes: list[AgentNode], record: Record, seen: list[str]) -
         for node in nodes:
             try:
                 turns = node.report().turns
-            except grpc.RpcError:
+            except NodeFailed:  # that agent is busy or restarting: read it on the next round
                 continue
             if len({t.job for t in turns}) > 1:
                 seen.append(f"{node.name}: " + ", ".join(f"{t.job}@{t.epoch}" for t in turns))

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from agent.client import AgentUnavailable, AsyncBaton, Baton
-from agent.wire import framing
 from agent.wire.handshake import handshake_path
 from baton._pb import agent_pb2 as pb
+from baton.contract import framing
 
 REPLY_TIMEOUT_S = 0.3
 

@@ -9,9 +9,9 @@ import struct
 import pytest
 
 from agent.client import Baton
-from agent.wire import framing
 from agent.wire.handshake import handshake_path
 from baton._pb import agent_pb2 as pb
+from baton.contract import framing
 from tests.harness.agent import AgentRunner
 
 GPU = "GPU-0"

@@ -7,7 +7,6 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import grpc
 import pytest
 
 from agent.core.leases import LeaseTable
@@ -23,10 +22,7 @@ from agent.server.jobturns import (
     StaleEpoch,
     UnknownTurn,
 )
-from agent.server.jobturns_grpc import JobTurnServer
 from agent.server.service import LeaseService
-from baton._pb import jobturns_pb2 as jt
-from baton._pb import jobturns_pb2_grpc as jt_grpc
 from baton.contract.names import LABEL_JOB, LABEL_LLMD_JOB
 
 TOKEN = "s3cret-token"
@@ -150,37 +146,6 @@ def test_a_member_that_cannot_get_its_turn_fails_the_prepare_naming_it(tmp_path:
             await turns.prepare(1, "t1", "team", "rl", timeout=0.2)
         assert [lease.tenant_id for lease in service.table.leases.values()] == ["team/other"]
         await service.close()
-
-    run(body)
-
-
-def test_the_grpc_service_refuses_a_caller_without_the_token(tmp_path: Path) -> None:
-    async def body() -> None:
-        service, turns = node(tmp_path)
-        server = JobTurnServer(turns, "127.0.0.1:0", TOKEN)
-        port = await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                stub = jt_grpc.JobTurnsStub(channel)
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await stub.Report(jt.ReportRequest(epoch=1), timeout=5)
-                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-                auth = (("authorization", f"Bearer {TOKEN}"),)
-                turn = await stub.Prepare(
-                    jt.PrepareRequest(epoch=2, turn_id="t1", namespace="team", job="rl"),
-                    metadata=auth,
-                    timeout=5,
-                )
-                assert list(turn.members) == ["team/sampler", "team/trainer"]
-                report = await stub.Report(jt.ReportRequest(epoch=2), metadata=auth, timeout=5)
-                assert (report.node, report.epoch, len(report.turns)) == ("n1", 2, 1)
-                with pytest.raises(grpc.aio.AioRpcError) as stale:
-                    await stub.Commit(jt.CommitRequest(epoch=1, turn_id="t1"), metadata=auth)
-                assert stale.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-                assert "older than epoch 2" in str(stale.value.details())
-        finally:
-            await server.stop(0)
-            await service.close()
 
     run(body)
 

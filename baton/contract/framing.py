@@ -1,7 +1,8 @@
-"""Frames of the direct session: a 4-byte big-endian length, then one serialized message.
+"""Frames: a 4-byte big-endian length, then one serialized message.
 
-Both ends of the handshake socket use this once the token line is written (see the comment at
-the top of `proto/baton/agent/v1/agent.proto`).
+The direct session between a tenant and its agent (both ends of the handshake socket, once the
+token line is written: the top of `proto/baton/agent/v1/agent.proto`) and the coordinator's
+connection to each agent's job turns (the top of `proto/baton/coordinator/v1/jobturns.proto`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from google.protobuf.message import DecodeError, Message
 HEADER = struct.Struct("!I")
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 """Larger frames are refused: no message of the protocol comes near this."""
+
+GRPC_PREFACE = b"PRI "
+"""How an HTTP/2 (gRPC) client's first bytes begin: named as such rather than as a huge frame."""
 
 M = TypeVar("M", bound=Message)
 
@@ -61,6 +65,8 @@ async def read_body(reader: asyncio.StreamReader) -> bytes | None:
         if exc.partial:
             raise FrameError("the connection ended inside a frame header") from None
         return None
+    if header == GRPC_PREFACE:
+        raise FrameError("the peer speaks gRPC (HTTP/2), not frames")
     (size,) = HEADER.unpack(header)
     if size > MAX_FRAME_BYTES:
         raise FrameError(f"a frame of {size} bytes is over the limit of {MAX_FRAME_BYTES}")
@@ -107,3 +113,49 @@ class BlockingReader:
                 return False
             self._buffer += chunk
         return True
+
+
+class Corked:
+    """Frames written in one turn of the event loop leave together, in one `write` at its end:
+    one system call and one wake-up of the reader for a release and the prepare behind it."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        """Queue `data` (whole frames) for the end of this turn of the loop."""
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(data)
+
+    def _flush(self) -> None:
+        data, self._pending = b"".join(self._pending), []
+        if not self._writer.is_closing():
+            self._writer.write(data)
+
+
+KEEPALIVE_IDLE_S = 10
+"""A quiet connection is probed after this long, then every `KEEPALIVE_INTERVAL_S`; Linux
+ends it once a probe or a frame has gone unacknowledged for `UNACKED_TIMEOUT_S` (a peer's
+machine gone, not only its process), so within about 25 s of its peer vanishing."""
+KEEPALIVE_INTERVAL_S = 5
+UNACKED_TIMEOUT_S = 20
+
+
+def keep_alive(writer: asyncio.StreamWriter) -> None:
+    """Make a TCP connection notice a peer that vanished without closing it (its node powered
+    off, a network cut), so the calls on it fail and the next one connects again."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+        ("TCP_KEEPCNT", 3),
+        ("TCP_USER_TIMEOUT", UNACKED_TIMEOUT_S * 1000),
+    ):
+        option = getattr(socket, name, None)
+        if option is not None:  # Linux has them all
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
