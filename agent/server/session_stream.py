@@ -106,8 +106,11 @@ class SessionStream:
                 raise errors.AgentError(f"unknown request {kind!r}; upgrade the agent")
         except errors.AgentError as exc:
             reply.error.CopyFrom(api_ops.error_status(exc))
-        if kind == "release":  # the grant this yield made goes out first; then its answer
-            await asyncio.sleep(0)
+        # A yield's answer leaves in the step that ended the turn, behind the grant it made if
+        # the grantee's session is direct (written as it is made); a grantee on gRPC hears one
+        # step later. Were it held back a step, everything else due then (timers, the name of
+        # who is due next) would go first, and the yielder, which usually asks straight again,
+        # would wait for it.
         await self._write(pb.AgentMessage(reply=reply))
 
     async def _acquire(self, request: pb.Request) -> None:

@@ -20,6 +20,14 @@ from agent.server.metrics import AgentMetrics
 from agent.server.sessions import SessionRegistry
 from baton.contract.names import MIB
 
+SAVE_DELAY_S = 0.005
+"""How long after a turn was taken or ended the whole state is saved, with every change made
+meanwhile: at most one save per 5 ms, and not in the step of the handoff (its encoding and the
+writer thread's wake-up then delayed the yielder's answer and the next holder's start). Each
+grant and end is on disk at once, a journal line written before anyone hears of it; the
+snapshot adds the accounting (a crash loses at most this much of it) and lets the journal be
+compacted. Moves are saved at once (`persist`): no journal line records them."""
+
 _NAMES_METHOD = frozenset({ev.TENANT_JOINED, ev.QUEUED, ev.GRANTED})
 """Events whose detail also names the tenant's parking method (`parking app`)."""
 
@@ -78,6 +86,7 @@ class TurnState:
         self._store = store
         self._tasks: set[asyncio.Task[None]] = set()
         self._persist_soon = False
+        self._save_timer: asyncio.TimerHandle | None = None
         self._ended: list[str] = []
         """Turns ended in this step whose journal lines wait for the grant they make room for
         (one write for both), or for `journal_flush`."""
@@ -95,6 +104,8 @@ class TurnState:
         for task in list(self._tasks):
             task.cancel()
         self.journal_flush()
+        if self._save_timer is not None:
+            self._save_timer.cancel()
         if self._store is not None and (self._persist_soon or self._persist_asked):
             self._save()
         if self._store is not None:
@@ -211,17 +222,30 @@ class TurnState:
             self._store.record_end(*ended)
 
     def persist(self) -> None:
-        """Save the state soon (e.g. after the residency layer moved memory): in the next
-        event-loop step, after a grant those moves made room for has reached its tenant."""
+        """Save the state soon (e.g. after the residency layer moved memory, which no journal
+        line records): in the next event-loop step, after a grant those moves made room for has
+        reached its tenant."""
         self._persist_asked = True
-        asyncio.get_running_loop().call_soon(self.persist_step)
+        asyncio.get_running_loop().call_soon(self._persist_now)
 
-    def persist_step(self) -> None:
-        """Save the state once this event-loop step's changes are all made."""
+    def _persist_now(self) -> None:
+        if self._save_timer is not None:  # a save waits for its turn: it is due now
+            self._save_timer.cancel()
+            self._save_timer, self._persist_soon = None, False
+        self.persist_step(at_once=True)
+
+    def persist_step(self, at_once: bool = False) -> None:
+        """Save the state `SAVE_DELAY_S` from now (or, `at_once`, once this event-loop step's
+        changes are all made), with every change made until then."""
         self._persist_asked = False
-        if self._store is not None and not self._persist_soon:
-            self._persist_soon = True
-            asyncio.get_running_loop().call_soon(self._save)
+        if self._store is None or self._persist_soon:
+            return
+        self._persist_soon = True
+        loop = asyncio.get_running_loop()
+        if at_once:
+            loop.call_soon(self._save)
+        else:
+            self._save_timer = loop.call_later(SAVE_DELAY_S, self._save)
 
     def restore(self) -> PersistedState | None:
         """Reinstate the saved tenants, leases, tokens, parked memory and accounting; what was
@@ -240,7 +264,7 @@ class TurnState:
         return saved
 
     def _save(self) -> None:
-        self._persist_soon = False
+        self._persist_soon, self._save_timer = False, None
         assert self._store is not None
         self._store.save_soon(
             PersistedState(

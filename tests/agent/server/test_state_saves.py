@@ -1,0 +1,163 @@
+"""The whole state is saved after a handoff, not in its step: once per `SAVE_DELAY_S` with every
+change made meanwhile; at once after moves (no journal line records them); on close whatever
+is due. A yield is answered in the step that ended the turn."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.core.leases import LeaseTable
+from agent.core.residency import NullPreparer
+from agent.node.state import PersistedState, StateStore
+from agent.node.tenants import POD, Tenant
+from agent.server import turn_state
+from agent.server.service import LeaseService
+from agent.server.session_stream import SessionStream
+from baton._pb import agent_pb2 as pb
+
+GPU = "GPU-0"
+
+
+def tenant(name: str) -> Tenant:
+    return Tenant(f"default/{name}", name, (GPU,), source=POD)
+
+
+class CountingStore(StateStore):
+    """A state store that remembers what it was handed to save, and when."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.saved: list[tuple[float, PersistedState]] = []
+        self.changed = asyncio.Event()
+
+    def save_soon(self, state: PersistedState) -> None:
+        self.saved.append((time.monotonic(), state))
+        self.changed.set()
+        super().save_soon(state)
+
+
+@pytest.fixture(autouse=True)
+def slow_saves(monkeypatch: pytest.MonkeyPatch) -> float:
+    """A delay no step of these tests comes near, however loaded the machine."""
+    monkeypatch.setattr(turn_state, "SAVE_DELAY_S", 0.5)
+    return 0.5
+
+
+def service(store: StateStore | None) -> LeaseService:
+    agent = LeaseService(
+        table=LeaseTable(clock=time.time),
+        preparer=lambda host: NullPreparer(),
+        clock=time.time,
+        store=store,
+    )
+    for name in ("a", "b"):
+        agent.upsert_pod(tenant(name))
+    return agent
+
+
+async def next_save(store: CountingStore) -> tuple[float, PersistedState]:
+    store.changed.clear()
+    await asyncio.wait_for(store.changed.wait(), 5)
+    return store.saved[-1]
+
+
+def test_turns_taken_within_the_delay_are_saved_once_after_it_with_all_of_them(
+    tmp_path: Path,
+) -> None:
+    async def turns() -> None:
+        store = CountingStore(tmp_path)
+        agent = service(store)
+        store.saved.clear()
+        started = time.monotonic()
+        for _ in range(5):  # five turns, all within one event-loop step
+            held = await agent.acquire(tenant("a"), [GPU], timeout=5)
+            agent.yield_(tenant("a"), held.lease.lease_id)
+        last = await agent.acquire(tenant("b"), [GPU], timeout=5)
+        assert store.saved == []  # not in the steps of the handoffs
+        at, saved = await next_save(store)
+        assert at - started >= turn_state.SAVE_DELAY_S
+        assert [x.lease_id for x in saved.leases] == [last.lease.lease_id]
+        assert saved.accounting  # the turns' GPU time is in it
+        await agent.close()  # saves what is due: nothing, all six changes are in that one
+        assert len(store.saved) == 1
+
+    asyncio.run(asyncio.wait_for(turns(), 10))
+
+
+def test_moves_are_saved_at_once_even_while_a_turns_save_waits(tmp_path: Path) -> None:
+    async def moved() -> None:
+        store = CountingStore(tmp_path)
+        agent = service(store)
+        held = await agent.acquire(tenant("a"), [GPU], timeout=5)
+        store.saved.clear()
+        agent.yield_(tenant("a"), held.lease.lease_id)  # a save is now due in SAVE_DELAY_S
+        asked = time.monotonic()
+        agent.state.persist()  # what the residency layer calls after a park or a restore
+        at, _ = await next_save(store)
+        assert at - asked < turn_state.SAVE_DELAY_S
+        await agent.close()  # the save that waited was that one: nothing is due any more
+        assert len(store.saved) == 1
+
+    asyncio.run(asyncio.wait_for(moved(), 10))
+
+
+def test_a_save_still_due_is_written_on_close(tmp_path: Path) -> None:
+    async def closing() -> LeaseService:
+        agent = service(StateStore(tmp_path))
+        held = await agent.acquire(tenant("a"), [GPU], timeout=5)
+        agent.yield_(tenant("a"), held.lease.lease_id)
+        await agent.acquire(tenant("b"), [GPU], timeout=5)
+        await agent.close()  # within SAVE_DELAY_S of the last change
+        return agent
+
+    agent = asyncio.run(asyncio.wait_for(closing(), 10))
+    saved = StateStore(tmp_path)
+    data = saved.path.read_text()
+    assert "default/b" in data and "journal_seq" in data  # the snapshot itself, not the journal
+    assert agent.metrics.accounting.to_json() == saved.load().accounting
+
+
+@pytest.mark.parametrize("waiting", [False, True])
+def test_a_yield_is_answered_in_the_step_that_ended_the_turn(waiting: bool) -> None:
+    """Nothing due in the next step (a timer, a save) goes before the yielder's answer; a
+    direct grantee's grant goes before it."""
+
+    class Link:
+        def __init__(self) -> None:
+            self.incoming: asyncio.Queue[pb.ClientMessage | None] = asyncio.Queue()
+            self.written: list[pb.AgentMessage] = []
+
+        async def read(self) -> pb.ClientMessage | None:
+            return await self.incoming.get()
+
+        async def write(self, message: pb.AgentMessage) -> None:
+            self.written.append(message)
+
+        def write_now(self, message: pb.AgentMessage) -> bool:
+            self.written.append(message)
+            return True
+
+    async def yielding() -> None:
+        agent = service(None)
+        held = await agent.acquire(tenant("a"), [GPU], timeout=5)
+        grantee = asyncio.create_task(agent.acquire(tenant("b"), [GPU], 5))
+        if not waiting:
+            grantee.cancel()
+        link = Link()
+        stream = SessionStream(agent, None, link, lambda: tenant("a"))
+        release = pb.Request(request_id=3, release=pb.YieldRequest(lease_id=held.lease.lease_id))
+        next_step: list[str] = []
+        asyncio.get_running_loop().call_soon(next_step.append, "next step")
+        await stream._handle(release)
+        assert next_step == []  # answered within the step
+        assert [m.reply.request_id for m in link.written] == [3]
+        assert link.written[0].reply.HasField("released")
+        if waiting:
+            assert (await grantee).lease.tenant_id == "default/b"
+        await agent.close()
+
+    asyncio.run(asyncio.wait_for(yielding(), 10))
