@@ -94,11 +94,23 @@ async def acquire(
     return lease_to_pb(granted.lease, service.table.contended(granted.lease))
 
 
-def release(service: LeaseService, tenant: Tenant, request: pb.YieldRequest) -> pb.YieldResponse:
-    """End the turn (for a member of a job's turn: leave it)."""
+def release(
+    service: LeaseService,
+    tenant: Tenant,
+    request: pb.YieldRequest,
+    on_ended: Callable[[pb.YieldResponse], None] | None = None,
+) -> pb.YieldResponse:
+    """End the turn (for a member of a job's turn: leave it); `on_ended` may hear the answer
+    before this returns (`Turns.yield_`)."""
     if service.jobs is not None and service.jobs.holds(tenant, request.lease_id):
         return pb.YieldResponse(held_seconds=service.jobs.leave(tenant, request.lease_id))
-    return pb.YieldResponse(held_seconds=service.yield_(tenant, request.lease_id))
+
+    def answer(held: float) -> None:
+        if on_ended is not None:
+            on_ended(pb.YieldResponse(held_seconds=held))
+
+    held = service.yield_(tenant, request.lease_id, answer if on_ended else None)
+    return pb.YieldResponse(held_seconds=held)
 
 
 def renew(service: LeaseService, tenant: Tenant, lease_id: str) -> pb.Lease:

@@ -132,9 +132,11 @@ class LeaseService:
         """Wait for the turn on `gpus` (all of the tenant's GPUs if empty); see `Turns.acquire`."""
         return await self.turns.acquire(tenant, gpus, timeout, on_grant)
 
-    def yield_(self, tenant: Tenant, lease_id: str) -> float:
-        """End the tenant's turn; returns how long it held it."""
-        return self.turns.yield_(tenant, lease_id)
+    def yield_(
+        self, tenant: Tenant, lease_id: str, answer: Callable[[float], None] | None = None
+    ) -> float:
+        """End the tenant's turn; returns how long it held it; see `Turns.yield_`."""
+        return self.turns.yield_(tenant, lease_id, answer)
 
     def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
         """One of the tenant's own leases (renewing it is the same check)."""

@@ -95,23 +95,45 @@ class SessionStream:
                 self._requests[request.request_id] = task
                 task.add_done_callback(lambda _: self._requests.pop(request.request_id, None))
             return
+        if kind == "release":
+            await self._release(request)
+            return
         reply = pb.Reply(request_id=request.request_id)
         try:
             tenant = self._current_tenant()
-            if kind == "release":
-                reply.released.CopyFrom(api_ops.release(self._service, tenant, request.release))
-            elif kind == "renew":
+            if kind == "renew":
                 reply.lease.CopyFrom(api_ops.renew(self._service, tenant, request.renew.lease_id))
             else:
                 raise errors.AgentError(f"unknown request {kind!r}; upgrade the agent")
         except errors.AgentError as exc:
             reply.error.CopyFrom(api_ops.error_status(exc))
-        # A yield's answer leaves in the step that ended the turn, behind the grant it made if
-        # the grantee's session is direct (written as it is made); a grantee on gRPC hears one
-        # step later. Were it held back a step, everything else due then (timers, the name of
-        # who is due next) would go first, and the yielder, which usually asks straight again,
-        # would wait for it.
         await self._write(pb.AgentMessage(reply=reply))
+
+    async def _release(self, request: pb.Request) -> None:
+        """A yield. Its answer leaves in the step that ended the turn: where the yield started
+        no turn, as soon as the end is on disk (the yielder usually asks again at once; the GPU
+        may be kept for it); else behind the grant (a direct session's is written as it is
+        made; a grantee on gRPC hears one step later). Held back a step, it would wait for
+        everything else due then (timers, the save, the name of who is due next)."""
+        reply = pb.Reply(request_id=request.request_id)
+        write_now = getattr(self._link, "write_now", None)
+        sent = False
+
+        def ended(response: pb.YieldResponse) -> None:
+            nonlocal sent
+            assert write_now is not None
+            reply.released.CopyFrom(response)
+            sent = write_now(pb.AgentMessage(reply=reply))
+
+        try:
+            tenant = self._current_tenant()
+            on_ended = ended if write_now is not None else None
+            released = api_ops.release(self._service, tenant, request.release, on_ended)
+            reply.released.CopyFrom(released)
+        except errors.AgentError as exc:
+            reply.error.CopyFrom(api_ops.error_status(exc))
+        if not sent:
+            await self._write(pb.AgentMessage(reply=reply))
 
     async def _acquire(self, request: pb.Request) -> None:
         reply = pb.Reply(request_id=request.request_id)

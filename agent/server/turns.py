@@ -35,6 +35,9 @@ __all__ = ["Granted", "Turns", "lease_to_pb"]
 
 log = logging.getLogger(__name__)
 
+Answer = Callable[[float], None] | None
+"""Tells a yielder its yield is done (the seconds it held the turn), or None."""
+
 
 class Turns:
     """Turn-taking on the node's GPUs: acquire, yield, grants, revocation, timeouts.
@@ -143,8 +146,10 @@ class Turns:
             # direct session writes it as it is made), and the turn is the next agent's to keep.
             self._end(self.table.leases[waiter_id], ev.YIELDED, "caller gave up")
 
-    def yield_(self, tenant: Tenant, lease_id: str) -> float:
-        """End the tenant's turn; returns how long it held it."""
+    def yield_(self, tenant: Tenant, lease_id: str, answer: Answer = None) -> float:
+        """End the tenant's turn; returns how long it held it. Where that starts no turn,
+        `answer` hears so once the end is on disk, before the rest (the yielder usually asks
+        again at once); where it does, the grant goes first and `answer` is not called."""
         if not lease_id:
             mine = self.table.leases_of(tenant.tenant_id)
             if not mine and self._cancel_resume(tenant.tenant_id):
@@ -165,7 +170,7 @@ class Turns:
                 return 0.0
             else:
                 raise
-        return self._end(lease, ev.YIELDED, "", yielded=True)
+        return self._end(lease, ev.YIELDED, "", yielded=True, answer=answer)
 
     def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
         """One of the tenant's own leases (renewing it is the same check: a restored lease the
@@ -182,31 +187,43 @@ class Turns:
             self.changed()
         return bool(resume)
 
-    def _end(self, lease: Lease, kind: str, detail: str, *, yielded: bool = False) -> float:
+    def _end(
+        self, lease: Lease, kind: str, detail: str, *, yielded: bool = False, answer: Answer = None
+    ) -> float:
         """End the turn and start the next: its grant is written (with this end, in one journal
-        write) and sent before the metrics and events of either are taken."""
+        write) and sent before the metrics and events of either are taken (`answer`: `yield_`)."""
         self.table.release(lease.lease_id, yielded=yielded)
         self._state.journal_end(lease)
         now = self._state.clock()
+        held = max(0.0, now - lease.granted_at)
+
+        def first(chosen: list[Waiter]) -> None:
+            if answer is not None and not chosen:
+                self._state.journal_flush()
+                answer(held)
+
         with self._state.grants_first():
             self._state.later(lambda: self._state.metrics.released(lease, now))
             self._state.publish(kind, lease.tenant_id, lease=lease, detail=detail)
-            self.changed()
-        return max(0.0, now - lease.granted_at)
+            self.changed(first)
+        return held
 
     # Granting.
 
-    def changed(self) -> None:
-        """The node's state changed: persist it, retry blocked waiters, grant what can be."""
+    def changed(self, picked: Callable[[list[Waiter]], None] | None = None) -> None:
+        """The node changed: persist it, retry blocked waiters, grant what can be (`picked`)."""
         self._changes += 1
         self.table.unblock_all()
-        self._dispatch()
+        self._dispatch(picked)
         self._state.journal_flush()  # the ends no grant took along
         # After the grants: their waiters resume before the state is encoded.
         self._state.persist_step()
 
-    def _dispatch(self) -> None:
-        self._start_turns(self.table.pick())
+    def _dispatch(self, picked: Callable[[list[Waiter]], None] | None = None) -> None:
+        chosen = self.table.pick()
+        if picked is not None:
+            picked(chosen)
+        self._start_turns(chosen)
         self._settle_soon()
 
     def _start_turns(self, waiters: list[Waiter]) -> None:

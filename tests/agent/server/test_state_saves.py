@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.core import events as ev
 from agent.core.leases import LeaseTable
 from agent.core.residency import NullPreparer
-from agent.node.state import PersistedState, StateStore
+from agent.node.state import JOURNAL_FILE, PersistedState, StateStore
 from agent.node.tenants import POD, Tenant
 from agent.server import turn_state
 from agent.server.service import LeaseService
@@ -158,6 +159,61 @@ def test_a_yield_is_answered_in_the_step_that_ended_the_turn(waiting: bool) -> N
         assert link.written[0].reply.HasField("released")
         if waiting:
             assert (await grantee).lease.tenant_id == "default/b"
+        await agent.close()
+
+    asyncio.run(asyncio.wait_for(yielding(), 10))
+
+
+def test_a_yield_that_starts_no_turn_is_answered_once_its_end_is_on_disk_before_the_rest(
+    tmp_path: Path,
+) -> None:
+    """Nobody waits: the yielder hears as soon as the journal has the end, before the yield's
+    event is published; with a waiter, the grant is written first and the answer after."""
+
+    class Link:
+        def __init__(self, events: asyncio.Queue[ev.Event], journal: Path) -> None:
+            self.events, self.journal = events, journal
+            self.seen: list[tuple[int, int, bool]] = []
+
+        async def read(self) -> pb.ClientMessage | None:
+            return None
+
+        async def write(self, message: pb.AgentMessage) -> None:
+            self.write_now(message)
+
+        def write_now(self, message: pb.AgentMessage) -> bool:
+            ended = '"end"' in self.journal.read_text().splitlines()[-1]
+            self.seen.append((message.reply.request_id, self.events.qsize(), ended))
+            return True
+
+    async def yielding() -> None:
+        agent = service(StateStore(tmp_path))
+        events = agent.events.attach()
+        journal = tmp_path / JOURNAL_FILE
+        grants: list[str] = []
+        for request_id, waiter in ((1, None), (2, "b")):
+            held = await agent.acquire(tenant("a"), [GPU], timeout=5)
+            if waiter is not None:
+                waiting = asyncio.create_task(
+                    agent.acquire(tenant(waiter), [GPU], 5, lambda x: grants.append(x.tenant_id))
+                )
+                await asyncio.sleep(0)  # b is queued
+            while not events.empty():
+                events.get_nowait()
+            link = Link(events, journal)
+            stream = SessionStream(agent, None, link, lambda: tenant("a"))
+            lease_id = held.lease.lease_id
+            release = pb.Request(request_id=request_id, release=pb.YieldRequest(lease_id=lease_id))
+            await stream._handle(release)
+            assert [r for r, _, _ in link.seen] == [request_id]
+            _, events_before, end_on_disk = link.seen[0]
+            if waiter is None:
+                assert end_on_disk and events_before == 0  # first, once on disk
+            else:
+                assert grants == ["default/b"]  # the grant went first
+                assert events_before > 0
+                granted = await waiting
+                agent.yield_(tenant(waiter), granted.lease.lease_id)
         await agent.close()
 
     asyncio.run(asyncio.wait_for(yielding(), 10))
