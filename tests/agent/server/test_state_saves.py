@@ -19,6 +19,7 @@ from agent.server import turn_state
 from agent.server.service import LeaseService
 from agent.server.session_stream import SessionStream
 from baton._pb import agent_pb2 as pb
+from tests.agent.server.test_grant_step import Link
 
 GPU = "GPU-0"
 
@@ -127,21 +128,6 @@ def test_a_yield_is_answered_in_the_step_that_ended_the_turn(waiting: bool) -> N
     """Nothing due in the next step (a timer, a save) goes before the yielder's answer; a
     direct grantee's grant goes before it."""
 
-    class Link:
-        def __init__(self) -> None:
-            self.incoming: asyncio.Queue[pb.ClientMessage | None] = asyncio.Queue()
-            self.written: list[pb.AgentMessage] = []
-
-        async def read(self) -> pb.ClientMessage | None:
-            return await self.incoming.get()
-
-        async def write(self, message: pb.AgentMessage) -> None:
-            self.written.append(message)
-
-        def write_now(self, message: pb.AgentMessage) -> bool:
-            self.written.append(message)
-            return True
-
     async def yielding() -> None:
         agent = service(None)
         held = await agent.acquire(tenant("a"), [GPU], timeout=5)
@@ -155,8 +141,9 @@ def test_a_yield_is_answered_in_the_step_that_ended_the_turn(waiting: bool) -> N
         asyncio.get_running_loop().call_soon(next_step.append, "next step")
         await stream._handle(release)
         assert next_step == []  # answered within the step
-        assert [m.reply.request_id for m in link.written] == [3]
-        assert link.written[0].reply.HasField("released")
+        written = link.now + link.later
+        assert [m.reply.request_id for m in written] == [3]
+        assert written[0].reply.HasField("released")
         if waiting:
             assert (await grantee).lease.tenant_id == "default/b"
         await agent.close()
