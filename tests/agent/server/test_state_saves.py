@@ -11,21 +11,12 @@ from pathlib import Path
 import pytest
 
 from agent.core import events as ev
-from agent.core.leases import LeaseTable
-from agent.core.residency import NullPreparer
 from agent.node.state import JOURNAL_FILE, PersistedState, StateStore
-from agent.node.tenants import POD, Tenant
 from agent.server import turn_state
 from agent.server.service import LeaseService
 from agent.server.session_stream import SessionStream
 from baton._pb import agent_pb2 as pb
-from tests.agent.server.test_grant_step import Link
-
-GPU = "GPU-0"
-
-
-def tenant(name: str) -> Tenant:
-    return Tenant(f"default/{name}", name, (GPU,), source=POD)
+from tests.agent.server.test_grant_step import GPU, Link, service, tenant
 
 
 class CountingStore(StateStore):
@@ -47,18 +38,6 @@ def slow_saves(monkeypatch: pytest.MonkeyPatch) -> float:
     """A delay no step of these tests comes near, however loaded the machine."""
     monkeypatch.setattr(turn_state, "SAVE_DELAY_S", 0.5)
     return 0.5
-
-
-def service(store: StateStore | None) -> LeaseService:
-    agent = LeaseService(
-        table=LeaseTable(clock=time.time),
-        preparer=lambda host: NullPreparer(),
-        clock=time.time,
-        store=store,
-    )
-    for name in ("a", "b"):
-        agent.upsert_pod(tenant(name))
-    return agent
 
 
 async def next_save(store: CountingStore) -> tuple[float, PersistedState]:
