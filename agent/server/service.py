@@ -26,7 +26,7 @@ from agent.server.metrics import AgentMetrics
 from agent.server.sessions import SessionRegistry
 from agent.server.tenancy import Tenancy
 from agent.server.turn_state import Granted, TurnState, tenant_ref
-from agent.server.turns import Turns, lease_to_pb
+from agent.server.turns import Answer, Turns, lease_to_pb
 from baton._pb import agent_pb2 as pb
 
 __all__ = ["Granted", "LeaseService", "PreparerFactory", "lease_to_pb", "tenant_ref"]
@@ -132,9 +132,7 @@ class LeaseService:
         """Wait for the turn on `gpus` (all of the tenant's GPUs if empty); see `Turns.acquire`."""
         return await self.turns.acquire(tenant, gpus, timeout, on_grant)
 
-    def yield_(
-        self, tenant: Tenant, lease_id: str, answer: Callable[[float], None] | None = None
-    ) -> float:
+    def yield_(self, tenant: Tenant, lease_id: str, answer: Answer = None) -> float:
         """End the tenant's turn; returns how long it held it; see `Turns.yield_`."""
         return self.turns.yield_(tenant, lease_id, answer)
 

@@ -115,46 +115,30 @@ class SessionStream:
         may be kept for it); else behind the grant (a direct session's is written as it is
         made; a grantee on gRPC hears one step later). Held back a step, it would wait for
         everything else due then (timers, the save, the name of who is due next)."""
-        reply = pb.Reply(request_id=request.request_id)
-        write_now = getattr(self._link, "write_now", None)
-        sent = False
-
-        def ended(response: pb.YieldResponse) -> None:
-            nonlocal sent
-            assert write_now is not None
-            reply.released.CopyFrom(response)
-            sent = write_now(pb.AgentMessage(reply=reply))
-
+        answer = _EarlyReply(request, self._link)
         try:
             tenant = self._current_tenant()
-            on_ended = ended if write_now is not None else None
-            released = api_ops.release(self._service, tenant, request.release, on_ended)
-            reply.released.CopyFrom(released)
+            released = api_ops.release(
+                self._service, tenant, request.release, answer.early("released")
+            )
+            answer.reply.released.CopyFrom(released)
         except errors.AgentError as exc:
-            reply.error.CopyFrom(api_ops.error_status(exc))
-        if not sent:
-            await self._write(pb.AgentMessage(reply=reply))
+            answer.reply.error.CopyFrom(api_ops.error_status(exc))
+        if not answer.sent:
+            await self._write(pb.AgentMessage(reply=answer.reply))
 
     async def _acquire(self, request: pb.Request) -> None:
-        reply = pb.Reply(request_id=request.request_id)
-        write_now = getattr(self._link, "write_now", None)
-        sent = False
-
-        def granted(lease: pb.Lease) -> None:  # the grant leaves in the step that made it
-            nonlocal sent
-            assert write_now is not None
-            reply.lease.CopyFrom(lease)
-            sent = write_now(pb.AgentMessage(reply=reply))
-
+        answer = _EarlyReply(request, self._link)  # the grant leaves in the step that made it
         try:
             tenant = self._current_tenant()
-            on_grant = granted if write_now is not None else None
-            lease = await api_ops.acquire(self._service, tenant, request.acquire, on_grant)
-            reply.lease.CopyFrom(lease)
+            lease = await api_ops.acquire(
+                self._service, tenant, request.acquire, answer.early("lease")
+            )
+            answer.reply.lease.CopyFrom(lease)
         except errors.AgentError as exc:
-            reply.error.CopyFrom(api_ops.error_status(exc))
-        if not sent:
-            await self._write(pb.AgentMessage(reply=reply))
+            answer.reply.error.CopyFrom(api_ops.error_status(exc))
+        if not answer.sent:
+            await self._write(pb.AgentMessage(reply=answer.reply))
 
     async def _write(self, message: pb.AgentMessage) -> None:
         async with self._lock:
@@ -165,6 +149,30 @@ class SessionStream:
         if tenant is None:
             raise errors.TenantGone("this session's tenant is no longer known to the agent")
         return tenant
+
+
+class _EarlyReply:
+    """A request's reply, which a direct session may write in the step that made its content
+    (`write_now`), before the request's handling returns; else it is written after."""
+
+    def __init__(self, request: pb.Request, link: Link) -> None:
+        self.reply = pb.Reply(request_id=request.request_id)
+        self._write_now: Callable[[pb.AgentMessage], bool] | None = getattr(link, "write_now", None)
+        self.sent = False
+        """Written already (by the callback `early` made)."""
+
+    def early(self, field: str) -> Callable[[Any], None] | None:
+        """A callback that puts its message in the reply's `field` and writes the reply at once;
+        None where the link cannot write in the middle of a step."""
+        write_now = self._write_now
+        if write_now is None:
+            return None
+
+        def now(message: Any) -> None:
+            getattr(self.reply, field).CopyFrom(message)
+            self.sent = write_now(pb.AgentMessage(reply=self.reply))
+
+        return now
 
 
 async def _finish(rest: eager.Rest[None]) -> None:
