@@ -7,6 +7,12 @@ Closing fences the runner: callbacks asked for after that are answered with an e
 running, and the one in flight is waited for (bounded), so a process never leaves in the middle
 of moving its memory. A client the program never closed is closed at interpreter exit the same
 way.
+
+The runner knows which GPUs this process has parked and not restored. A client that restores
+with its grant (`restores_with_grant`) restores them on the thread that asked for the turn, as
+the grant arrives (`restore_parked`): the agent then need not ask for that restore and wait for
+its answer before it grants. A park asked of a GPU still parked (a grant the agent left the
+restore to never reached this process) is answered at once with what that park moved.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+from agent.client.errors import BatonError
 from agent.client.types import Callback, run_callback_blocking
 from baton._pb import agent_pb2 as pb
 
@@ -52,31 +59,74 @@ class CallbackRunner:
         self._runner: threading.Thread | None = None
         self._fenced = False
         self._cond = threading.Condition()
+        self._moving = threading.Lock()
+        """One callback at a time, whichever thread runs it (the reader, or a caller's)."""
+        self.parked: dict[str, int] = {}
+        """GPU → bytes its park moved, for each GPU parked and not restored since."""
         self.timings: deque[CallbackTiming] = deque(maxlen=TIMINGS_KEPT)
+
+    @property
+    def restores(self) -> bool:
+        """Whether this client can restore itself (it has an on_restore callback)."""
+        return "restore" in self._callbacks
 
     def run(self, request: pb.Callback, received: float | None = None) -> None:
         """Run `request` and answer it; refused at once once the runner is fenced."""
         received = time.time() if received is None else received
-        with self._cond:
-            fenced = self._fenced
-            if not fenced:
-                self._running, self._runner = request, threading.current_thread()
-        if fenced:
+        timing = self._run(request, received, self._answer)
+        if timing is None:
             self._refuse(request)
-            return
-        try:
-            started = time.time()
-            result = run_callback_blocking(self._callbacks.get(request.action), request)
-            finished = time.time()
-            self._answer(result)
-            timing = CallbackTiming(
-                request.action, received, started, finished, time.time(), int(result.bytes)
-            )
+        else:
             self.timings.append(timing)
-        finally:
+
+    def restore_parked(self) -> None:
+        """Restore every GPU this process parked, here and now (a grant that left the restore
+        to it arrived); `BatonError` naming the GPU if a restore fails or the client closes."""
+        errors: list[str] = []
+        for gpu in sorted(self.parked):
+            request = pb.Callback(action="restore", gpu=gpu)
+            timing = self._run(request, None, lambda result: errors.append(result.error))
+            if timing is None:
+                raise BatonError(f"this Baton client is closing: on_restore({gpu}) not run")
+            if errors[-1]:
+                raise BatonError(f"on_restore({gpu}) failed: {errors[-1]}")
+            self.timings.append(timing)
+
+    def _run(
+        self,
+        request: pb.Callback,
+        received: float | None,
+        answer: Callable[[pb.CallbackResult], None],
+    ) -> CallbackTiming | None:
+        """Run one callback and `answer` it before a close may end the session; None if fenced.
+        Keeps `parked` up to date. `received` None: no message asked for it (a grant did)."""
+        with self._moving:
             with self._cond:
-                self._running = None
-                self._cond.notify_all()
+                if self._fenced:
+                    return None
+                self._running, self._runner = request, threading.current_thread()
+            try:
+                started = time.time()
+                if request.action == "park" and request.gpu in self.parked:
+                    # Parked still (a grant left the restore to this process, which has not
+                    # taken it up): the last park's bytes stand.
+                    result = pb.CallbackResult(bytes=self.parked[request.gpu])
+                else:
+                    result = run_callback_blocking(self._callbacks.get(request.action), request)
+                result.call_id = request.call_id
+                finished = time.time()
+                if not result.error and request.action == "park":
+                    self.parked[request.gpu] = int(result.bytes)
+                elif not result.error and request.action == "restore":
+                    self.parked.pop(request.gpu, None)
+                answer(result)
+                answered = time.time() if received is not None else finished
+            finally:
+                with self._cond:
+                    self._running = None
+                    self._cond.notify_all()
+        read = started if received is None else received
+        return CallbackTiming(request.action, read, started, finished, answered, result.bytes)
 
     def close(self, timeout: float = CLOSE_WAIT_S) -> bool:
         """Fence, and wait up to `timeout` for the callback in flight.

@@ -20,11 +20,17 @@ from baton._pb import agent_pb2 as pb
 log = logging.getLogger("baton.client")
 
 
-def acquire_request(timeout: float | None, gpus: Sequence[str] | None, job: str = "") -> pb.Request:
+def acquire_request(
+    timeout: float | None, gpus: Sequence[str] | None, job: str = "", restores: bool = False
+) -> pb.Request:
     """The acquire to send: the agent withdraws it after `timeout` (0 on the wire: no limit);
-    with `job`, the turn of that whole job across its nodes."""
+    with `job`, the turn of that whole job across its nodes; `restores`: the caller restores
+    what it parked as the grant arrives (`restores_with_grant`)."""
     timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
-    return pb.Request(acquire=pb.AcquireRequest(gpus=gpus or (), timeout_ms=timeout_ms, job=job))
+    acquire = pb.AcquireRequest(
+        gpus=gpus or (), timeout_ms=timeout_ms, job=job, restores_with_grant=restores
+    )
+    return pb.Request(acquire=acquire)
 
 
 class Turn(NamedTuple):

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 from agent.client.blocking_session import BlockingSession
 from agent.client.call_link import CallLink, NotSent
-from agent.client.errors import AgentUnavailable
+from agent.client.errors import AgentUnavailable, BatonError
 from agent.client.session_core import acquire_request
 from agent.client.types import LeaseInfo, reply_wait
 from baton._pb import agent_pb2 as pb
@@ -76,12 +76,30 @@ class Baton(BlockingSession):
     # The two calls.
 
     def acquire(self, timeout: float | None = None, gpus: Sequence[str] | None = None) -> LeaseInfo:
-        """Block until this tenant's turn; `AcquireTimeout` after `timeout` seconds."""
+        """Block until this tenant's turn; `AcquireTimeout` after `timeout` seconds.
+
+        With an on_restore callback, whatever this process parked is restored here, as the
+        grant arrives, before this returns (the agent may leave that restore to it); a restore
+        that fails gives the turn back and raises `BatonError` naming the GPU.
+        """
         if self.lease is not None:
             return self.lease
-        reply = self._request(acquire_request(timeout, gpus, self.job), timeout, slack=5)
+        restores = self._callbacks_run.restores
+        request = acquire_request(timeout, gpus, self.job, restores)
+        reply = self._request(request, timeout, slack=5)
         with self._state:
-            return self._core.granted(LeaseInfo.from_pb(reply.lease))
+            lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
+        if restores and self._callbacks_run.parked:
+            self._restore_with_grant()
+        return lease
+
+    def _restore_with_grant(self) -> None:
+        try:
+            self._callbacks_run.restore_parked()
+        except BatonError as exc:
+            with contextlib.suppress(BatonError):
+                self.yield_()
+            raise BatonError(f"{exc}; the turn was given back") from None
 
     def yield_(self) -> None:
         """End the turn. Parking is lazy: memory moves only if the next tenant needs the room."""

@@ -28,8 +28,12 @@ class TooLarge(NoRoom):
 class TurnPreparer(Protocol):
     """Makes a tenant's memory resident on its GPUs before its turn."""
 
-    async def prepare(self, tenant_id: str, gpus: Sequence[str]) -> None:
-        """Make room and restore the tenant on `gpus`; raise `NoRoom` if that cannot happen now."""
+    async def prepare(self, tenant_id: str, gpus: Sequence[str], handed: bool = False) -> None:
+        """Make room and restore the tenant on `gpus`; raise `NoRoom` if that cannot happen now.
+
+        `handed`: the tenant restores itself as its grant reaches it (its client asked to,
+        `restores_with_grant`), so its own restores may be left to it.
+        """
         ...
 
     async def prepare_ahead(
@@ -70,7 +74,7 @@ class TurnPreparer(Protocol):
 class NullPreparer:
     """Moves nothing: every tenant is always resident. Used when no backend is configured."""
 
-    async def prepare(self, tenant_id: str, gpus: Sequence[str]) -> None:
+    async def prepare(self, tenant_id: str, gpus: Sequence[str], handed: bool = False) -> None:
         """Nothing to make room for."""
 
     async def prepare_ahead(

@@ -20,6 +20,9 @@ class Waiter:
     reserved: bool = False
     blocked: str = ""
     """Why the last attempt to make room failed; empty when eligible."""
+    handed: bool = False
+    """Its client restores what it parked as the grant reaches it (`restores_with_grant`), so
+    its own restores may be left to it."""
 
 
 @dataclass

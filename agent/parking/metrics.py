@@ -12,8 +12,9 @@ from agent.core.planner import Reason
 from agent.parking.backends.base import Move
 from baton.contract.names import METRICS_PREFIX
 
-STAGES = ("grant", "ahead", "revoke", "request")
-"""When a move is made: while a grant waits, ahead of a turn, for a revocation, or on request."""
+STAGES = ("grant", "ahead", "revoke", "request", "handed")
+"""When a move is made: while a grant waits, ahead of a turn, for a revocation, on request, or
+by the tenant itself as its grant arrives (a restore the agent handed to it)."""
 MOVE_BUCKETS = (0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -90,6 +91,12 @@ class ParkingMetrics:
         self.moves.labels(by, move.direction).inc()
         self.move_seconds.labels(by, move.direction).observe(move.seconds)
         self.moved_bytes.labels(by, move.direction).inc(move.bytes)
+
+    def handed(self, move: Move, method: str) -> None:
+        """Count a restore left to the tenant's grant: a move, but not one the agent timed."""
+        self.moved_when.labels(method, move.direction, "handed").inc(move.bytes)
+        self.moves.labels(method, move.direction).inc()
+        self.moved_bytes.labels(method, move.direction).inc(move.bytes)
 
     def failed(self, direction: str, method: str = "") -> None:
         """Count one failed move by `method`."""

@@ -157,6 +157,13 @@ class MultiBackend(Backend):
             self._restored(tenant_id)
         return move
 
+    def hand_restore(self, tenant_id: str, gpu: str) -> Move | None:
+        """As the tenant's method does."""
+        move = self._of(tenant_id).hand_restore(tenant_id, gpu)
+        if move is not None:
+            self._restored(tenant_id)
+        return move
+
     def _parkable(self, tenant_id: str) -> None:
         ref = self._refs.get(tenant_id)
         why = self.refusal(ref) if ref is not None else ""

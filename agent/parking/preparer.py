@@ -55,8 +55,9 @@ class ParkingPreparer(KnownNode):
         reads the tenant's state, so call it from a worker thread."""
         self.backend.pin(tenant_id, method)
 
-    async def prepare(self, tenant_id: str, gpus: Sequence[str]) -> None:
-        """Make `tenant_id` resident on its GPUs; raise `NoRoom` naming the numbers if not now."""
+    async def prepare(self, tenant_id: str, gpus: Sequence[str], handed: bool = False) -> None:
+        """Make `tenant_id` resident on its GPUs; raise `NoRoom` naming the numbers if not now.
+        `handed`: its own restores are left to it where its method allows (`hand_restore`)."""
         if self._moves_nothing(tenant_id, gpus):  # granted from the model, at once
             self._take_turn(tenant_id, gpus)
             self._settle_soon()
@@ -74,7 +75,7 @@ class ParkingPreparer(KnownNode):
             if tenant_id in self.quarantines.why:
                 raise self._refuse_quarantined(tenant_id)
             plan = plan_turn(snap, tenant_id)
-            await self._carry_out(tenant_id, plan, "grant")
+            await self._carry_out(tenant_id, plan, "grant", handed)
             self._take_turn(tenant_id, gpus)
 
     async def prepare_ahead(
@@ -160,19 +161,34 @@ class ParkingPreparer(KnownNode):
             self._waiting.pop(tenant_id, None)
             self._publish()
 
-    async def _carry_out(self, tenant_id: str, plan: Plan | Refusal, when: str) -> None:
-        """Run the plan's moves in order, or record and raise the refusal."""
+    async def _carry_out(
+        self, tenant_id: str, plan: Plan | Refusal, when: str, handed: bool = False
+    ) -> None:
+        """Run the plan's moves in order, or record and raise the refusal; `handed`: leave the
+        tenant's own restores to it where its method allows."""
         if isinstance(plan, Refusal):
             raise self._refuse(tenant_id, plan.reason, plan.message)
         if not plan.steps:  # the snapshot the plan came from is current: nothing to re-read
             return
         try:
             for step in plan.steps:
+                if self._handed(handed, tenant_id, step):
+                    log.info("restore of %s on %s is left to its grant", tenant_id, step.gpu)
+                    continue
                 await self._move(tenant_id, step, when)
         finally:
             await self._reread()
             if self._host is not None:
                 self._host.persist()
+
+    def _handed(self, handed: bool, tenant_id: str, step: Step) -> bool:
+        """Whether the step is the granted tenant's own restore, left to it (`hand_restore`)."""
+        if not (handed and step.tenant_id == tenant_id and step.direction == "restore"):
+            return False
+        move = self.backend.hand_restore(tenant_id, step.gpu)
+        if move is not None:
+            self.metrics.handed(move, step.method or self.backend.method_of(tenant_id))
+        return move is not None
 
     async def _move(self, tenant_id: str, step: Step, when: str) -> Move:
         """One park or restore, retried with backoff; the tenant stays where it was on failure."""

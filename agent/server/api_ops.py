@@ -89,7 +89,11 @@ async def acquire(
             on_grant(lease_to_pb(lease, service.table.contended(lease)))
 
     granted = await service.acquire(
-        tenant, tuple(request.gpus), timeout, tell if on_grant else None
+        tenant,
+        tuple(request.gpus),
+        timeout,
+        tell if on_grant else None,
+        handed=request.restores_with_grant,
     )
     return lease_to_pb(granted.lease, service.table.contended(granted.lease))
 

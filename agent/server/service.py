@@ -128,9 +128,10 @@ class LeaseService:
         gpus: Sequence[str],
         timeout: float | None,
         on_grant: Callable[[Lease], None] | None = None,
+        handed: bool = False,
     ) -> Granted:
         """Wait for the turn on `gpus` (all of the tenant's GPUs if empty); see `Turns.acquire`."""
-        return await self.turns.acquire(tenant, gpus, timeout, on_grant)
+        return await self.turns.acquire(tenant, gpus, timeout, on_grant, handed)
 
     def yield_(self, tenant: Tenant, lease_id: str, answer: Answer = None) -> float:
         """End the tenant's turn; returns how long it held it; see `Turns.yield_`."""

@@ -78,6 +78,12 @@ class SessionRegistry:
         """Whether an open session of the tenant offers both park and restore callbacks."""
         return any({"park", "restore"} <= s.callbacks for s in self._by_tenant.get(tenant_id, []))
 
+    def parks_alone(self, tenant_id: str) -> bool:
+        """Whether exactly one open session of the tenant offers park and restore callbacks (its
+        process alone moves the tenant's memory)."""
+        sessions = self._by_tenant.get(tenant_id, [])
+        return sum({"park", "restore"} <= s.callbacks for s in sessions) == 1
+
     def tenants(self) -> list[str]:
         """Tenants with open sessions."""
         return list(self._by_tenant)

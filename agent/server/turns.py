@@ -41,10 +41,8 @@ Answer = Callable[[float], None] | None
 
 class Turns:
     """Turn-taking on the node's GPUs: acquire, yield, grants, revocation, timeouts.
-
     `unwatched` hears, `reconnect_grace` after the grant, of a tenant granted a turn without an
-    open session.
-    """
+    open session."""
 
     def __init__(self, state: TurnState, unwatched: Callable[[str], None]) -> None:
         self._state = state
@@ -83,10 +81,11 @@ class Turns:
         gpus: Sequence[str],
         timeout: float | None,
         on_grant: Callable[[Lease], None] | None = None,
+        handed: bool = False,
     ) -> Granted:
         """Wait for the turn on `gpus` (all of the tenant's GPUs if empty). `on_grant` hears of
-        the grant the moment it is journaled, before this returns (a direct session writes it
-        then, in the step that freed the GPU)."""
+        the grant as it is journaled, before this returns (a direct session writes it then, in
+        the step that freed the GPU). `handed`: see `Waiter.handed` (one parker only)."""
         wanted = tuple(gpus) or tenant.gpus
         foreign = sorted(set(wanted) - set(tenant.gpus))
         if foreign or not wanted:
@@ -100,6 +99,7 @@ class Turns:
         waiter = self.table.enqueue(
             tenant.tenant_id, wanted, timeout=timeout, duty=tenant.gpu_duty, tier=tenant.priority
         )
+        waiter.handed = handed and self._state.sessions.parks_alone(tenant.tenant_id)
         future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
         self._pending[waiter.waiter_id] = future
         if on_grant is not None:
@@ -231,7 +231,7 @@ class Turns:
             changes = self._changes
             try:
                 done, _, rest = eager.start(
-                    self._state.preparer.prepare(waiter.tenant_id, waiter.gpus)
+                    self._state.preparer.prepare(waiter.tenant_id, waiter.gpus, waiter.handed)
                 )
             except Exception as exc:
                 self._prepared(waiter, exc, changes)

@@ -53,7 +53,7 @@ def parts(
     if not switches:
         return {}
     agent_s = {
-        d: m["seconds"] / m["count"] if m.get("count") else 0.0 for d, m in agent_moves.items()
+        d: m["seconds"] / m["timed"] if m.get("timed") else 0.0 for d, m in agent_moves.items()
     }
     calls = sorted(c for r in reports for c in r.get("callbacks", []))
     # (action, received, started, finished, answered, moved), by when they were read

@@ -238,13 +238,15 @@ def _why(report: Mapping[str, Any], log: Path | None) -> str:
 
 
 def agent_moves(node: Any) -> dict[str, dict[str, float]]:
-    """Parks and restores the agent counted for the app backend, from its metrics."""
+    """Parks and restores the agent counted for the app backend, from its metrics (`timed`:
+    those it ran and timed, not the restores it left to a tenant's grant)."""
     registry = node.preparer.metrics.registry
     out = {}
     for direction in ("park", "restore"):
         labels = {"backend": "app", "direction": direction}
         out[direction] = {
             "count": registry.get_sample_value("baton_moves_total", labels) or 0.0,
+            "timed": registry.get_sample_value("baton_move_seconds_count", labels) or 0.0,
             "bytes": registry.get_sample_value("baton_moved_bytes_total", labels) or 0.0,
             "seconds": registry.get_sample_value("baton_move_seconds_sum", labels) or 0.0,
         }

@@ -28,8 +28,8 @@ def test_the_parts_of_a_handover_add_up_to_its_idle_time() -> None:
     a = report([[0.0, 0.0, 1.0]], [["park", 1.002, 1.0025, 1.0045, 1.005, 100]])
     b = report([[0.5, 1.010, 2.0]], [["restore", 1.007, 1.0072, 1.0082, 1.0085, 100]])
     agent_moves = {
-        "park": {"count": 1.0, "seconds": 0.004, "bytes": 100.0},
-        "restore": {"count": 1.0, "seconds": 0.002, "bytes": 100.0},
+        "park": {"count": 1.0, "timed": 1.0, "seconds": 0.004, "bytes": 100.0},
+        "restore": {"count": 1.0, "timed": 1.0, "seconds": 0.002, "bytes": 100.0},
     }
     figures = summary([a, b], agent_moves, 0.0, 10.0)
     assert figures["handovers"] == 1 and figures["idle_per_handover_p50_ms"] == 10.0
@@ -40,6 +40,23 @@ def test_the_parts_of_a_handover_add_up_to_its_idle_time() -> None:
     # the agent's 4 and 2 ms for the moves less the tenants' 3 and 1.5 ms read to answer
     assert parts["transit"] == pytest.approx(1.0 + 0.5)
     assert parts["agent"] == pytest.approx(10.0 - 3.0 - 1.5 - 1.5)
+
+
+def test_a_restore_made_with_the_grant_is_a_move_with_no_transit() -> None:
+    # a yields at 1.000; the agent parks a (as above) and grants b, which restores itself as the
+    # grant arrives (1.0060-1.0070, no message of its own) and returns from acquire at 1.0072.
+    a = report([[0.0, 0.0, 1.0]], [["park", 1.002, 1.0025, 1.0045, 1.005, 100]])
+    b = report([[0.5, 1.0072, 2.0]], [["restore", 1.006, 1.006, 1.007, 1.007, 100]])
+    agent_moves = {
+        "park": {"count": 1.0, "timed": 1.0, "seconds": 0.004, "bytes": 100.0},
+        "restore": {"count": 1.0, "timed": 0.0, "seconds": 0.0, "bytes": 100.0},
+    }
+    parts = summary([a, b], agent_moves, 0.0, 10.0)["idle_per_handover_ms"]
+    assert parts["idle"] == pytest.approx(7.2)
+    assert parts["moves"] == pytest.approx(2.0 + 1.0)
+    assert parts["client"] == pytest.approx(0.5 + 0.5)  # the park's only
+    assert parts["transit"] == pytest.approx(1.0)  # the park's only
+    assert parts["agent"] == pytest.approx(7.2 - 3.0 - 1.0 - 1.0)
 
 
 def test_the_short_mix_is_four_short_steppers_on_a_gpu_that_holds_one() -> None:

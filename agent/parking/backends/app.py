@@ -135,6 +135,16 @@ class AppBackend(Backend):
         seconds = asyncio.get_running_loop().time() - start
         return self._moved(tenant_id, gpu, direction, int(moved), seconds)
 
+    def hand_restore(self, tenant_id: str, gpu: str) -> Move | None:
+        """Resident from now: its client restores what it parked before it uses the grant (and
+        answers a park asked before it did with what that park moved, so nothing is lost if
+        the grant never reaches it)."""
+        if self._done(tenant_id, gpu, "restore"):
+            return Move(tenant_id, gpu, "restore", 0, 0.0)
+        with self._mutex:
+            moved = self._parked.get(tenant_id, {}).get(gpu, 0)
+        return self._moved(tenant_id, gpu, "restore", moved, 0.0)
+
     def _done(self, tenant_id: str, gpu: str, direction: str) -> bool:
         """Whether the tenant is already where the move would take it."""
         with self._mutex:

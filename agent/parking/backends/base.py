@@ -136,6 +136,12 @@ class Backend(abc.ABC):
         """Park (`direction` "park") or restore the tenant on `gpu`, on the event loop."""
         raise NotImplementedError(f"{self.name} moves in a worker thread")
 
+    def hand_restore(self, tenant_id: str, gpu: str) -> Move | None:
+        """Leave the tenant's restore on `gpu` to the tenant itself, which runs it as its grant
+        arrives, before it uses the GPU (a client that asked to, `restores_with_grant`): count
+        it resident from now. None where this backend restores its tenants itself."""
+        return None
+
     def methods(self) -> tuple[str, ...]:
         """The parking methods this backend offers (one, unless it routes between several)."""
         return (self.name,)

@@ -29,7 +29,7 @@ class RecordingPreparer:
         self.refused = threading.Event()
         self.forgotten = threading.Event()
 
-    async def prepare(self, tenant_id: str, gpus: Sequence[str]) -> None:
+    async def prepare(self, tenant_id: str, gpus: Sequence[str], handed: bool = False) -> None:
         self.calls.append(("prepare", tenant_id))
         if tenant_id in self.no_room:
             self.refused.set()

@@ -1,0 +1,158 @@
+"""A self-parking tenant restores itself as its grant arrives: the agent leaves that restore to
+the acquiring thread instead of asking for it by callback ahead of the grant, nothing is lost
+if the grant never takes it up, and a restore that fails gives the turn back."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from agent.client import Baton
+from agent.client.callback_runner import CallbackRunner
+from agent.client.errors import BatonError
+from agent.core.events import QUEUED
+from baton._pb import agent_pb2 as pb
+from baton.contract.names import MIB
+from tests.agent.client.test_client_close import GPU, WAIT_S, app_agent
+from tests.harness.agent import AgentRunner
+
+pytestmark = pytest.mark.timeout(60)
+__all__ = ["app_agent"]  # the fixture, used by name
+
+
+class Recorded:
+    """on_park/on_restore that record which thread ran them; a restore may be made to fail."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.fail_restores = 0
+
+    def park(self, gpu: str) -> int:
+        self.calls.append(("park", threading.current_thread().name))
+        return 60 * MIB
+
+    def restore(self, gpu: str) -> int:
+        self.calls.append(("restore", threading.current_thread().name))
+        if self.fail_restores:
+            self.fail_restores -= 1
+            raise RuntimeError("out of device memory")
+        return 60 * MIB
+
+
+Pair = tuple[AgentRunner, dict[str, Recorded], dict[str, Baton]]
+
+
+@pytest.fixture
+def pair(app_agent: AgentRunner) -> Iterator[Pair]:
+    """Two 60 MiB tenants of an app-method agent whose 100 MiB GPU holds one: every switch
+    parks one and restores the other."""
+    recorded = {name: Recorded() for name in ("a", "b")}
+    clients = {
+        name: Baton(
+            app_agent.socket,
+            [GPU],
+            name=name,
+            gpu_memory_mib=60,
+            on_park=r.park,
+            on_restore=r.restore,
+        )
+        for name, r in recorded.items()
+    }
+    try:
+        yield app_agent, recorded, clients
+    finally:
+        for client in clients.values():
+            client.close()
+
+
+def sample(agent: AgentRunner, name: str, **labels: str) -> float:
+    registry = agent.agent.parking.metrics.registry  # type: ignore[union-attr]
+    return registry.get_sample_value(name, {"backend": "app", **labels}) or 0.0
+
+
+def switch(agent: AgentRunner, clients: dict[str, Baton], leaving: str, coming: str) -> None:
+    """`leaving` holds the turn and `coming` queues for it; `leaving` yields; `coming` holds."""
+    holder = clients[leaving]
+    holder.acquire(WAIT_S)
+    taker = taking(agent, clients[coming], lambda: clients[coming].acquire(WAIT_S))
+    holder.yield_()
+    taker.join(WAIT_S)
+    assert not taker.is_alive(), f"{coming} was never granted"
+
+
+def taking(agent: AgentRunner, client: Baton, acquire: Callable[[], object]) -> threading.Thread:
+    """`acquire` on a thread named `taker`, returned once the agent has the client queued."""
+    client.connect()
+    since = agent.mark()
+    taker = threading.Thread(target=acquire, name="taker")
+    taker.start()
+    assert client.tenant is not None
+    tenant_id = client.tenant.tenant_id
+    agent.wait_event(lambda e: e.kind == QUEUED and e.tenant_id == tenant_id, WAIT_S, since)
+    return taker
+
+
+def test_the_incoming_tenant_restores_itself_on_its_acquiring_thread(pair: Pair) -> None:
+    agent, recorded, clients = pair
+    switch(agent, clients, "a", "b")  # b fits only once a is parked; b was never parked
+    switch(agent, clients, "b", "a")  # a was parked: its restore comes with its grant
+    assert recorded["a"].calls == [("park", "baton-client"), ("restore", "taker")]
+    assert recorded["b"].calls == [("park", "baton-client")]
+    assert clients["a"].lease is not None
+    handed = sample(agent, "baton_moved_bytes_by_stage_total", direction="restore", stage="handed")
+    assert handed == 60 * MIB
+    assert sample(agent, "baton_moves_total", direction="restore") == 1
+    assert sample(agent, "baton_move_seconds_count", direction="restore") == 0  # not the agent's
+    timings = clients["a"].callback_timings
+    assert [t.action for t in timings] == ["park", "restore"]
+    restore = timings[1]
+    assert restore.received == restore.started <= restore.finished == restore.answered
+
+
+def test_a_restore_that_fails_gives_the_turn_back_and_runs_again_next_grant(pair: Pair) -> None:
+    agent, recorded, clients = pair
+    switch(agent, clients, "a", "b")  # b holds the turn; a is parked
+    recorded["a"].fail_restores = 1
+    failed: list[BaseException] = []
+
+    def take() -> None:
+        try:
+            clients["a"].acquire(WAIT_S)
+        except BatonError as exc:
+            failed.append(exc)
+
+    taker = taking(agent, clients["a"], take)
+    clients["b"].yield_()
+    taker.join(WAIT_S)
+    assert len(failed) == 1 and f"on_restore({GPU}) failed" in str(failed[0])
+    assert "out of device memory" in str(failed[0]) and "given back" in str(failed[0])
+    assert clients["a"].lease is None
+    # The turn is free again (b takes it at once), and a's next grant restores it after all.
+    switch(agent, clients, "b", "a")
+    assert [c for c, _ in recorded["a"].calls] == ["park", "restore", "restore"]
+    assert clients["a"].lease is not None
+
+
+def test_a_park_asked_of_a_gpu_still_parked_is_answered_with_what_that_park_moved() -> None:
+    """A grant that left the restore to this process may never have reached it (its acquire
+    gave up just then): the agent counts it resident and may ask it to park again."""
+    answers: list[pb.CallbackResult] = []
+    parks: list[str] = []
+
+    def park(gpu: str) -> int:
+        parks.append(gpu)
+        return 7
+
+    runner = CallbackRunner({"park": park, "restore": lambda gpu: 7}, answers.append)
+    runner.run(pb.Callback(call_id="1", action="park", gpu="g"))
+    runner.run(pb.Callback(call_id="2", action="park", gpu="g"))
+    assert parks == ["g"] and runner.parked == {"g": 7}
+    assert [(a.call_id, a.bytes, a.error) for a in answers] == [("1", 7, ""), ("2", 7, "")]
+    runner.restore_parked()
+    assert runner.parked == {} and [t.action for t in runner.timings][-1] == "restore"
+    assert runner.close(WAIT_S)
+    runner.parked["g"] = 7
+    with pytest.raises(BatonError, match="closing"):
+        runner.restore_parked()
