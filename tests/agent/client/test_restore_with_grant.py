@@ -156,3 +156,25 @@ def test_a_park_asked_of_a_gpu_still_parked_is_answered_with_what_that_park_move
     runner.parked["g"] = 7
     with pytest.raises(BatonError, match="closing"):
         runner.restore_parked()
+
+
+def test_a_tenant_with_two_parking_sessions_is_restored_by_callback(pair: Pair) -> None:
+    """Which of its processes parked is then not the one that asks: the agent restores it."""
+    agent, recorded, clients = pair
+    second = Recorded()
+    twin = Baton(
+        agent.socket, [GPU], name="a", gpu_memory_mib=60,
+        on_park=second.park, on_restore=second.restore,
+    )  # fmt: skip
+    try:
+        twin.connect()
+        assert twin.tenant is not None and clients["a"].tenant is None
+        switch(agent, clients, "a", "b")
+        assert clients["a"].tenant is not None
+        assert clients["a"].tenant.tenant_id == twin.tenant.tenant_id
+        switch(agent, clients, "b", "a")
+        restores = [c for c in recorded["a"].calls + second.calls if c[0] == "restore"]
+        assert restores == [("restore", "baton-client")]
+        assert sample(agent, "baton_move_seconds_count", direction="restore") == 1
+    finally:
+        twin.close()
