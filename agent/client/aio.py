@@ -79,6 +79,10 @@ class AsyncBaton:
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._replies: dict[int, asyncio.Future[pb.Reply]] = {}
+        self._moving = asyncio.Lock()
+        """One park or restore at a time (a callback, or the restore `acquire` makes)."""
+        self.parked: dict[str, int] = {}
+        """GPU → bytes its park moved, for each GPU parked and not restored since."""
 
     @property
     def lease(self) -> LeaseInfo | None:
@@ -168,9 +172,34 @@ class AsyncBaton:
             self._spawn(self._send(pb.ClientMessage(request=release)))
 
     async def _run_callback(self, request: pb.Callback) -> None:
-        result = await run_callback(self._callbacks.get(request.action), request)
+        result = await self._move(request)
         with contextlib.suppress(AgentUnavailable):
             await self._send(pb.ClientMessage(callback_result=result))
+
+    async def _move(self, request: pb.Callback) -> pb.CallbackResult:
+        """Run a park or restore, keeping `parked` up to date; a park of a GPU parked still (a
+        grant that left its restore to `acquire` never reached it) stands on the last one."""
+        async with self._moving:
+            if request.action == "park" and request.gpu in self.parked:
+                return pb.CallbackResult(call_id=request.call_id, bytes=self.parked[request.gpu])
+            result = await run_callback(self._callbacks.get(request.action), request)
+            if not result.error and request.action == "park":
+                self.parked[request.gpu] = int(result.bytes)
+            elif not result.error and request.action == "restore":
+                self.parked.pop(request.gpu, None)
+            return result
+
+    async def _restore_with_grant(self) -> None:
+        """Restore what this process parked (the agent left that to the grant); a failure gives
+        the turn back and raises `BatonError` naming the GPU."""
+        for gpu in sorted(self.parked):
+            result = await self._move(pb.Callback(action="restore", gpu=gpu))
+            if result.error:
+                with contextlib.suppress(BatonError):
+                    await self.yield_()
+                raise BatonError(
+                    f"on_restore({gpu}) failed: {result.error}; the turn was given back"
+                )
 
     async def _send(self, message: pb.ClientMessage) -> None:
         assert self._write_lock is not None and self._link is not None
@@ -272,12 +301,18 @@ class AsyncBaton:
     async def acquire(
         self, timeout: float | None = None, gpus: Sequence[str] | None = None
     ) -> LeaseInfo:
-        """Wait for the turn on all the tenant's GPUs (or `gpus`); `AcquireTimeout` if too long."""
+        """Wait for the turn on all the tenant's GPUs (or `gpus`); `AcquireTimeout` if too long.
+        With an on_restore callback, whatever this process parked is restored before this
+        returns (as `Baton.acquire` does)."""
         if self.lease is not None:
             return self.lease
-        reply = await self._request(acquire_request(timeout, gpus, self.job), timeout, slack=5)
+        restores = "restore" in self._callbacks
+        request = acquire_request(timeout, gpus, self.job, restores)
+        reply = await self._request(request, timeout, slack=5)
         lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
         self._rearm()
+        if restores and self.parked:
+            await self._restore_with_grant()
         return lease
 
     async def yield_(self) -> None:

@@ -4,6 +4,8 @@ if the grant never takes it up, and a restore that fails gives the turn back."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import threading
 from collections.abc import Callable, Iterator
 
@@ -178,3 +180,43 @@ def test_a_tenant_with_two_parking_sessions_is_restored_by_callback(pair: Pair) 
         assert sample(agent, "baton_move_seconds_count", direction="restore") == 1
     finally:
         twin.close()
+
+
+def test_the_async_client_restores_itself_with_its_grant(app_agent: AgentRunner) -> None:
+    from agent.client import AsyncBaton
+
+    recorded = {name: Recorded() for name in ("x", "y")}
+
+    def client(name: str) -> AsyncBaton:
+        r = recorded[name]
+        return AsyncBaton(
+            app_agent.socket, [GPU], name=name, gpu_memory_mib=60,
+            on_park=r.park, on_restore=r.restore,
+        )  # fmt: skip
+
+    async def handover(holder: AsyncBaton, waiter: AsyncBaton) -> None:
+        await holder.acquire(WAIT_S)
+        since = await asyncio.to_thread(app_agent.mark)
+        taking = asyncio.create_task(waiter.acquire(WAIT_S))
+        assert waiter.tenant is not None
+        tenant_id = waiter.tenant.tenant_id
+        queued = functools.partial(
+            app_agent.wait_event, lambda e: e.kind == QUEUED and e.tenant_id == tenant_id
+        )
+        await asyncio.to_thread(queued, WAIT_S, since)
+        await holder.yield_()
+        await asyncio.wait_for(taking, WAIT_S)
+
+    async def scenario() -> None:
+        async with client("x") as x, client("y") as y:
+            await handover(x, y)  # x parked by callback
+            await handover(y, x)  # x restores itself with its grant
+            assert x.lease is not None and x.parked == {}
+
+    asyncio.run(scenario())
+    # Both connected first, so x's first turn parked y; each later grant left a restore to it.
+    assert [c for c, _ in recorded["x"].calls] == ["park", "restore"]
+    assert [c for c, _ in recorded["y"].calls] == ["park", "restore", "park"]
+    stage = {"direction": "restore", "stage": "handed"}
+    assert sample(app_agent, "baton_moved_bytes_by_stage_total", **stage) == 2 * 60 * MIB
+    assert sample(app_agent, "baton_move_seconds_count", direction="restore") == 0
