@@ -15,6 +15,7 @@ from typing import Any
 from agent.client.connect import open_session, reconnect
 from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.links import TRANSPORTS, SessionLink
+from agent.client.parked import Parked
 from agent.client.session_core import SessionCore, acquire_request
 from agent.client.types import (
     Callback,
@@ -81,8 +82,7 @@ class AsyncBaton:
         self._replies: dict[int, asyncio.Future[pb.Reply]] = {}
         self._moving = asyncio.Lock()
         """One park or restore at a time (a callback, or the restore `acquire` makes)."""
-        self.parked: dict[str, int] = {}
-        """GPU → bytes its park moved, for each GPU parked and not restored since."""
+        self.parked = Parked()
 
     @property
     def lease(self) -> LeaseInfo | None:
@@ -177,29 +177,22 @@ class AsyncBaton:
             await self._send(pb.ClientMessage(callback_result=result))
 
     async def _move(self, request: pb.Callback) -> pb.CallbackResult:
-        """Run a park or restore, keeping `parked` up to date; a park of a GPU parked still (a
-        grant that left its restore to `acquire` never reached it) stands on the last one."""
+        """Run a park or restore, one at a time, keeping `parked` up to date."""
         async with self._moving:
-            if request.action == "park" and request.gpu in self.parked:
-                return pb.CallbackResult(call_id=request.call_id, bytes=self.parked[request.gpu])
-            result = await run_callback(self._callbacks.get(request.action), request)
-            if not result.error and request.action == "park":
-                self.parked[request.gpu] = int(result.bytes)
-            elif not result.error and request.action == "restore":
-                self.parked.pop(request.gpu, None)
+            result = self.parked.instead(request)
+            if result is None:
+                result = await run_callback(self._callbacks.get(request.action), request)
+                self.parked.ran(request, result)
             return result
 
     async def _restore_with_grant(self) -> None:
         """Restore what this process parked (the agent left that to the grant); a failure gives
         the turn back and raises `BatonError` naming the GPU."""
-        for gpu in sorted(self.parked):
+        for gpu in self.parked.gpus():
             result = await self._move(pb.Callback(action="restore", gpu=gpu))
             if result.error:
-                with contextlib.suppress(BatonError):
-                    await self.yield_()
-                raise BatonError(
-                    f"on_restore({gpu}) failed: {result.error}; the turn was given back"
-                )
+                await self.yield_()
+                raise BatonError(f"on_restore({gpu}) failed: {result.error}; turn given back")
 
     async def _send(self, message: pb.ClientMessage) -> None:
         assert self._write_lock is not None and self._link is not None
@@ -304,15 +297,16 @@ class AsyncBaton:
         """Wait for the turn on all the tenant's GPUs (or `gpus`); `AcquireTimeout` if too long.
         With an on_restore callback, whatever this process parked is restored before this
         returns (as `Baton.acquire` does)."""
-        if self.lease is not None:
-            return self.lease
-        restores = "restore" in self._callbacks
-        request = acquire_request(timeout, gpus, self.job, restores)
-        reply = await self._request(request, timeout, slack=5)
-        lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
-        self._rearm()
-        if restores and self.parked:
-            await self._restore_with_grant()
+        restores = {"park", "restore"} <= self._callbacks.keys()
+        with self.parked.acquiring():
+            lease = self.lease
+            if lease is None:
+                request = acquire_request(timeout, gpus, self.job, restores)
+                reply = await self._request(request, timeout, slack=5)
+                lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
+                self._rearm()
+            if restores and self.parked:
+                await self._restore_with_grant()
         return lease
 
     async def yield_(self) -> None:

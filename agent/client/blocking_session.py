@@ -106,8 +106,8 @@ class BlockingSession:
         self._calls: dict[int, BackgroundCall] = {}
         self._reader: threading.Thread | None = None
         self._callbacks_run = CallbackRunner(self._callbacks, self._answer)
-        """Runs park/restore callbacks on the reader thread; closing waits for the one in
-        flight."""
+        """Runs park/restore callbacks (on the reader thread; a restore a grant owes on the
+        acquiring thread); closing waits for the one in flight."""
         self.close_wait = CLOSE_WAIT_S
         """How long `close()` waits for a park or restore in flight."""
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))

@@ -2,17 +2,17 @@
 
 The reader thread runs each callback as it reads it, in order (the agent asks one tenant for
 one move at a time, and the reader has nothing else to do meanwhile that cannot wait: turns are
-taken and given back on the call link). No hand-off to another thread sits in a handover.
+taken and given back on the call link); a restore left to a grant runs on the thread that
+asked for the turn. One callback runs at a time. No hand-off to another thread sits in a
+handover.
+
 Closing fences the runner: callbacks asked for after that are answered with an error without
 running, and the one in flight is waited for (bounded), so a process never leaves in the middle
 of moving its memory. A client the program never closed is closed at interpreter exit the same
 way.
 
-The runner knows which GPUs this process has parked and not restored. A client that restores
-with its grant (`restores_with_grant`) restores them on the thread that asked for the turn, as
-the grant arrives (`restore_parked`): the agent then need not ask for that restore and wait for
-its answer before it grants. A park asked of a GPU still parked (a grant the agent left the
-restore to never reached this process) is answered at once with what that park moved.
+The runner keeps what this process parked (`agent.client.parked`): a client that restores with
+its grant restores it on the thread that asked for the turn (`restore_parked`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from agent.client.errors import BatonError
+from agent.client.parked import Parked
 from agent.client.types import Callback, run_callback_blocking
 from baton._pb import agent_pb2 as pb
 
@@ -61,14 +62,13 @@ class CallbackRunner:
         self._cond = threading.Condition()
         self._moving = threading.Lock()
         """One callback at a time, whichever thread runs it (the reader, or a caller's)."""
-        self.parked: dict[str, int] = {}
-        """GPU → bytes its park moved, for each GPU parked and not restored since."""
+        self.parked = Parked()
         self.timings: deque[CallbackTiming] = deque(maxlen=TIMINGS_KEPT)
 
     @property
     def restores(self) -> bool:
-        """Whether this client can restore itself (it has an on_restore callback)."""
-        return "restore" in self._callbacks
+        """Whether this client parks and restores itself (it has both callbacks)."""
+        return {"park", "restore"} <= self._callbacks.keys()
 
     def run(self, request: pb.Callback, received: float | None = None) -> None:
         """Run `request` and answer it; refused at once once the runner is fenced."""
@@ -83,7 +83,7 @@ class CallbackRunner:
         """Restore every GPU this process parked, here and now (a grant that left the restore
         to it arrived); `BatonError` naming the GPU if a restore fails or the client closes."""
         errors: list[str] = []
-        for gpu in sorted(self.parked):
+        for gpu in self.parked.gpus():
             request = pb.Callback(action="restore", gpu=gpu)
             timing = self._run(request, None, lambda result: errors.append(result.error))
             if timing is None:
@@ -107,18 +107,12 @@ class CallbackRunner:
                 self._running, self._runner = request, threading.current_thread()
             try:
                 started = time.time()
-                if request.action == "park" and request.gpu in self.parked:
-                    # Parked still (a grant left the restore to this process, which has not
-                    # taken it up): the last park's bytes stand.
-                    result = pb.CallbackResult(bytes=self.parked[request.gpu])
-                else:
-                    result = run_callback_blocking(self._callbacks.get(request.action), request)
+                result = self.parked.instead(request)
+                if result is None:
+                    result = self._call(request)
                 result.call_id = request.call_id
                 finished = time.time()
-                if not result.error and request.action == "park":
-                    self.parked[request.gpu] = int(result.bytes)
-                elif not result.error and request.action == "restore":
-                    self.parked.pop(request.gpu, None)
+                self.parked.ran(request, result)
                 answer(result)
                 answered = time.time() if received is not None else finished
             finally:
@@ -127,6 +121,9 @@ class CallbackRunner:
                     self._cond.notify_all()
         read = started if received is None else received
         return CallbackTiming(request.action, read, started, finished, answered, result.bytes)
+
+    def _call(self, request: pb.Callback) -> pb.CallbackResult:
+        return run_callback_blocking(self._callbacks.get(request.action), request)
 
     def close(self, timeout: float = CLOSE_WAIT_S) -> bool:
         """Fence, and wait up to `timeout` for the callback in flight.

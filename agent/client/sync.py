@@ -82,24 +82,29 @@ class Baton(BlockingSession):
         grant arrives, before this returns (the agent may leave that restore to it); a restore
         that fails gives the turn back and raises `BatonError` naming the GPU.
         """
-        if self.lease is not None:
-            return self.lease
         restores = self._callbacks_run.restores
-        request = acquire_request(timeout, gpus, self.job, restores)
-        reply = self._request(request, timeout, slack=5)
-        with self._state:
-            lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
-        if restores and self._callbacks_run.parked:
-            self._restore_with_grant()
+        with self._callbacks_run.parked.acquiring():
+            lease = self.lease
+            if lease is None:
+                request = acquire_request(timeout, gpus, self.job, restores)
+                reply = self._request(request, timeout, slack=5)
+                with self._state:
+                    lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
+            if restores and self._callbacks_run.parked:  # also a turn another thread took
+                self._restore_with_grant()
         return lease
 
     def _restore_with_grant(self) -> None:
         try:
             self._callbacks_run.restore_parked()
-        except BatonError as exc:
-            with contextlib.suppress(BatonError):
+        except BaseException as exc:  # interrupted too: the turn is not used unrestored
+            try:
                 self.yield_()
-            raise BatonError(f"{exc}; the turn was given back") from None
+            except BatonError as failed:
+                raise BatonError(f"{exc}; giving the turn back failed too: {failed}") from exc
+            if isinstance(exc, BatonError):
+                raise BatonError(f"{exc}; the turn was given back") from None
+            raise
 
     def yield_(self) -> None:
         """End the turn. Parking is lazy: memory moves only if the next tenant needs the room."""

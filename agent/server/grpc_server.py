@@ -136,6 +136,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     async def Acquire(
         self, request: pb.AcquireRequest, context: grpc.aio.ServicerContext
     ) -> pb.Lease:
+        request.restores_with_grant = False  # only a session's own requests may ask it
         return await api_ops.acquire(self._service, self._tenant(context)[1], request)
 
     @_mapped

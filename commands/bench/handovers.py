@@ -6,7 +6,9 @@ agent's move metrics: `moves` (the tenants' callbacks moving tensors), `client` 
 message read → its run started, and its end → its answer written, in the tenant), `transit`
 (the agent's time for a move beyond the tenant's read → answer: the socket both ways and the
 agent's hand-offs around the call) and `agent` (the rest: the yield and the grant on the wire,
-the agent's planning and bookkeeping).
+the agent's planning and bookkeeping). A restore a tenant made in `acquire`, as its grant
+arrived, has no message: its record reads it when it started and answers it when it finished,
+and it adds its moves only.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def parts(
         for action, received, started, finished, answered, _ in calls:
             if switch.start <= received and answered <= switch.end:
                 sums["moves"] += finished - started
+                if received == started and answered == finished:  # made in acquire
+                    continue
                 sums["client"] += (started - received) + (answered - finished)
                 sums["transit"] += max(0.0, agent_s.get(action, 0.0) - (answered - received))
     n = len(switches)

@@ -49,8 +49,8 @@ def test_a_restore_made_with_the_grant_is_a_move_with_no_transit() -> None:
     b = report([[0.5, 1.0072, 2.0]], [["restore", 1.006, 1.006, 1.007, 1.007, 100]])
     agent_moves = {
         "park": {"count": 1.0, "timed": 1.0, "seconds": 0.004, "bytes": 100.0},
-        "restore": {"count": 1.0, "timed": 0.0, "seconds": 0.0, "bytes": 100.0},
-    }
+        "restore": {"count": 2.0, "timed": 1.0, "seconds": 0.002, "bytes": 200.0},
+    }  # another restore, asked by callback, took the agent 2 ms: none of it is transit here
     parts = summary([a, b], agent_moves, 0.0, 10.0)["idle_per_handover_ms"]
     assert parts["idle"] == pytest.approx(7.2)
     assert parts["moves"] == pytest.approx(2.0 + 1.0)

@@ -150,12 +150,19 @@ def test_a_park_asked_of_a_gpu_still_parked_is_answered_with_what_that_park_move
     runner = CallbackRunner({"park": park, "restore": lambda gpu: 7}, answers.append)
     runner.run(pb.Callback(call_id="1", action="park", gpu="g"))
     runner.run(pb.Callback(call_id="2", action="park", gpu="g"))
-    assert parks == ["g"] and runner.parked == {"g": 7}
+    assert parks == ["g"] and runner.parked.bytes == {"g": 7}
     assert [(a.call_id, a.bytes, a.error) for a in answers] == [("1", 7, ""), ("2", 7, "")]
-    runner.restore_parked()
-    assert runner.parked == {} and [t.action for t in runner.timings][-1] == "restore"
+    # While an acquire is in flight, a park of it is a revocation that overtook the restore
+    # that acquire's grant owes: refused, so that the agent asks again once it is restored.
+    with runner.parked.acquiring():
+        runner.run(pb.Callback(call_id="3", action="park", gpu="g"))
+        runner.restore_parked()
+    assert answers[2].call_id == "3" and "on_park(g) not run: still parked" in answers[2].error
+    assert parks == ["g"] and runner.parked.bytes == {}
+    assert [t.action for t in runner.timings][-1] == "restore"
+    runner.run(pb.Callback(call_id="4", action="park", gpu="g"))
+    assert parks == ["g", "g"] and (answers[3].bytes, answers[3].error) == (7, "")
     assert runner.close(WAIT_S)
-    runner.parked["g"] = 7
     with pytest.raises(BatonError, match="closing"):
         runner.restore_parked()
 
@@ -211,7 +218,7 @@ def test_the_async_client_restores_itself_with_its_grant(app_agent: AgentRunner)
         async with client("x") as x, client("y") as y:
             await handover(x, y)  # x parked by callback
             await handover(y, x)  # x restores itself with its grant
-            assert x.lease is not None and x.parked == {}
+            assert x.lease is not None and x.parked.bytes == {}
 
     asyncio.run(scenario())
     # Both connected first, so x's first turn parked y; each later grant left a restore to it.

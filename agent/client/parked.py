@@ -1,0 +1,69 @@
+"""What this process has parked itself, for the clients that restore with their grants.
+
+A client that asks for its turn with `restores_with_grant` restores, before `acquire` returns,
+every GPU it parked and has not restored: the agent may leave that restore to it. A park asked
+of a GPU still parked is refused while an acquire of this process is in flight (a revocation
+that overtook the restore its grant owes: the agent asks again and finds the memory restored);
+with none in flight (a grant that left the restore to this process never reached it, or the
+restore failed and the turn was given back) it is answered at once with what that park moved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from baton._pb import agent_pb2 as pb
+
+
+class Parked:
+    """GPU → bytes its park moved, for each GPU this process parked and has not restored."""
+
+    def __init__(self) -> None:
+        self.bytes: dict[str, int] = {}
+        self._acquiring = 0
+        self._lock = threading.Lock()
+
+    def __bool__(self) -> bool:
+        return bool(self.bytes)
+
+    def gpus(self) -> list[str]:
+        return sorted(self.bytes)
+
+    @contextlib.contextmanager
+    def acquiring(self) -> Iterator[None]:
+        """Around an acquire and the restore its grant owes."""
+        with self._lock:
+            self._acquiring += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._acquiring -= 1
+
+    def instead(self, request: pb.Callback) -> pb.CallbackResult | None:
+        """The answer to give without running the callback (see the module docstring); None:
+        run it. A restore without a call id is one a grant owes."""
+        gpu = request.gpu
+        if request.action == "park" and gpu in self.bytes:
+            with self._lock:
+                acquiring = self._acquiring
+            if acquiring:
+                why = "still parked, its restore comes with a grant in flight"
+                return pb.CallbackResult(
+                    call_id=request.call_id, error=f"on_park({gpu}) not run: {why}"
+                )
+            return pb.CallbackResult(call_id=request.call_id, bytes=self.bytes[gpu])
+        if request.action == "restore" and not request.call_id and gpu not in self.bytes:
+            return pb.CallbackResult()  # restored by a callback meanwhile
+        return None
+
+    def ran(self, request: pb.Callback, result: pb.CallbackResult) -> None:
+        """A callback ran: note what it parked or restored."""
+        if result.error:
+            return
+        if request.action == "park":
+            self.bytes[request.gpu] = int(result.bytes)
+        elif request.action == "restore":
+            self.bytes.pop(request.gpu, None)
