@@ -297,14 +297,14 @@ class AsyncBaton:
         """Wait for the turn on all the tenant's GPUs (or `gpus`); `AcquireTimeout` if too long.
         With an on_restore callback, whatever this process parked is restored before this
         returns (as `Baton.acquire` does)."""
+        if self.lease is not None:  # (a park meanwhile was a revocation's: not undone here)
+            return self.lease
         restores = {"park", "restore"} <= self._callbacks.keys()
         with self.parked.acquiring():
-            lease = self.lease
-            if lease is None:
-                request = acquire_request(timeout, gpus, self.job, restores)
-                reply = await self._request(request, timeout, slack=5)
-                lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
-                self._rearm()
+            request = acquire_request(timeout, gpus, self.job, restores)
+            reply = await self._request(request, timeout, slack=5)
+            lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
+            self._rearm()
             if restores and self.parked:
                 await self._restore_with_grant()
         return lease

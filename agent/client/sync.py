@@ -82,15 +82,15 @@ class Baton(BlockingSession):
         grant arrives, before this returns (the agent may leave that restore to it); a restore
         that fails gives the turn back and raises `BatonError` naming the GPU.
         """
+        if self.lease is not None:  # (a park meanwhile was a revocation's: not undone here)
+            return self.lease
         restores = self._callbacks_run.restores
         with self._callbacks_run.parked.acquiring():
-            lease = self.lease
-            if lease is None:
-                request = acquire_request(timeout, gpus, self.job, restores)
-                reply = self._request(request, timeout, slack=5)
-                with self._state:
-                    lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
-            if restores and self._callbacks_run.parked:  # also a turn another thread took
+            request = acquire_request(timeout, gpus, self.job, restores)
+            reply = self._request(request, timeout, slack=5)
+            with self._state:
+                lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
+            if restores and self._callbacks_run.parked:
                 self._restore_with_grant()
         return lease
 
