@@ -15,7 +15,7 @@ from typing import Any
 from agent.client.connect import open_session, reconnect
 from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.links import TRANSPORTS, SessionLink
-from agent.client.parked import Parked
+from agent.client.parked import Parked, restores_itself
 from agent.client.session_core import SessionCore, acquire_request
 from agent.client.types import (
     Callback,
@@ -299,7 +299,7 @@ class AsyncBaton:
         returns (as `Baton.acquire` does)."""
         if self.lease is not None:  # (a park meanwhile was a revocation's: not undone here)
             return self.lease
-        restores = {"park", "restore"} <= self._callbacks.keys()
+        restores = restores_itself(self._callbacks)
         with self.parked.acquiring():
             request = acquire_request(timeout, gpus, self.job, restores)
             reply = await self._request(request, timeout, slack=5)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from agent.client.errors import BatonError
-from agent.client.parked import Parked
+from agent.client.parked import Parked, restores_itself
 from agent.client.types import Callback, run_callback_blocking
 from baton._pb import agent_pb2 as pb
 
@@ -68,7 +68,7 @@ class CallbackRunner:
     @property
     def restores(self) -> bool:
         """Whether this client parks and restores itself (it has both callbacks)."""
-        return {"park", "restore"} <= self._callbacks.keys()
+        return restores_itself(self._callbacks)
 
     def run(self, request: pb.Callback, received: float | None = None) -> None:
         """Run `request` and answer it; refused at once once the runner is fenced."""

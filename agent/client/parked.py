@@ -12,9 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from baton._pb import agent_pb2 as pb
+
+
+def restores_itself(callbacks: Mapping[str, Any]) -> bool:
+    """Whether a client with these callbacks parks and restores itself (has both), and so may
+    ask to restore with its grants."""
+    return {"park", "restore"} <= callbacks.keys()
 
 
 class Parked:

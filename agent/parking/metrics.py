@@ -84,19 +84,15 @@ class ParkingMetrics:
             f"{p}preemptions", "Holders parked because their lease ran out.", registry=reg
         )
 
-    def moved(self, move: Move, stage: str = "grant", method: str = "") -> None:
-        """Count one finished move, made at `stage` (one of `STAGES`) by `method`."""
+    def moved(self, move: Move, stage: str = "grant", method: str = "", timed: bool = True) -> None:
+        """Count one finished move, made at `stage` (one of `STAGES`) by `method`; `timed`
+        False: not one the agent timed (a restore left to the tenant's grant)."""
         by = method or self.backend
         self.moved_when.labels(by, move.direction, stage).inc(move.bytes)
         self.moves.labels(by, move.direction).inc()
-        self.move_seconds.labels(by, move.direction).observe(move.seconds)
+        if timed:
+            self.move_seconds.labels(by, move.direction).observe(move.seconds)
         self.moved_bytes.labels(by, move.direction).inc(move.bytes)
-
-    def handed(self, move: Move, method: str) -> None:
-        """Count a restore left to the tenant's grant: a move, but not one the agent timed."""
-        self.moved_when.labels(method, move.direction, "handed").inc(move.bytes)
-        self.moves.labels(method, move.direction).inc()
-        self.moved_bytes.labels(method, move.direction).inc(move.bytes)
 
     def failed(self, direction: str, method: str = "") -> None:
         """Count one failed move by `method`."""

@@ -172,7 +172,7 @@ class ParkingPreparer(KnownNode):
             return
         try:
             for step in plan.steps:
-                if self._handed(handed, tenant_id, step):
+                if handed and self._hand_over(tenant_id, step):
                     log.info("restore of %s on %s is left to its grant", tenant_id, step.gpu)
                     continue
                 await self._move(tenant_id, step, when)
@@ -181,14 +181,17 @@ class ParkingPreparer(KnownNode):
             if self._host is not None:
                 self._host.persist()
 
-    def _handed(self, handed: bool, tenant_id: str, step: Step) -> bool:
-        """Whether the step is the granted tenant's own restore, left to it (`hand_restore`)."""
-        if not (handed and step.tenant_id == tenant_id and step.direction == "restore"):
+    def _hand_over(self, tenant_id: str, step: Step) -> bool:
+        """Leave the step to the granted tenant if it is its own restore and its method allows
+        (`hand_restore`); whether it was."""
+        if step.tenant_id != tenant_id or step.direction != "restore":
             return False
         move = self.backend.hand_restore(tenant_id, step.gpu)
-        if move is not None:
-            self.metrics.handed(move, step.method or self.backend.method_of(tenant_id))
-        return move is not None
+        if move is None:
+            return False
+        method = step.method or self.backend.method_of(tenant_id)
+        self.metrics.moved(move, "handed", method, timed=False)
+        return True
 
     async def _move(self, tenant_id: str, step: Step, when: str) -> Move:
         """One park or restore, retried with backoff; the tenant stays where it was on failure."""

@@ -76,13 +76,15 @@ class SessionRegistry:
 
     def parks_itself(self, tenant_id: str) -> bool:
         """Whether an open session of the tenant offers both park and restore callbacks."""
-        return any({"park", "restore"} <= s.callbacks for s in self._by_tenant.get(tenant_id, []))
+        return bool(self._parkers(tenant_id))
 
     def parks_alone(self, tenant_id: str) -> bool:
         """Whether exactly one open session of the tenant offers park and restore callbacks (its
         process alone moves the tenant's memory)."""
-        sessions = self._by_tenant.get(tenant_id, [])
-        return sum({"park", "restore"} <= s.callbacks for s in sessions) == 1
+        return len(self._parkers(tenant_id)) == 1
+
+    def _parkers(self, tenant_id: str) -> list[Session]:
+        return [s for s in self._by_tenant.get(tenant_id, []) if {"park", "restore"} <= s.callbacks]
 
     def tenants(self) -> list[str]:
         """Tenants with open sessions."""
