@@ -111,6 +111,9 @@ class TenantRegistry:
     def __init__(self) -> None:
         self.tenants: dict[str, Tenant] = {}
         self._by_pod_uid: dict[str, str] = {}
+        self.revision = 0
+        """Counts changes to the tenants and their processes: change them through these
+        methods only (the agent's parking layer keeps what it reads of them until this moves)."""
 
     def register_local(
         self,
@@ -125,6 +128,7 @@ class TenantRegistry:
         priority: int = 0,
     ) -> Tenant:
         """Register the process `pid` as (part of) the local tenant `name`."""
+        self.revision += 1
         tenant_id = f"{LOCAL}/{name}"
         wanted = tuple(sorted(set(gpus)))
         check_registration(name, wanted, gpu_memory_mib, gpu_duty, memory_limit_bytes)
@@ -155,6 +159,7 @@ class TenantRegistry:
 
     def upsert_pod(self, tenant: Tenant) -> None:
         """A pod on this node with Baton GPUs (or another kept tenant), added or changed."""
+        self.revision += 1
         old = self.tenants.get(tenant.tenant_id)
         if old is not None:
             tenant.pids = old.pids
@@ -164,6 +169,7 @@ class TenantRegistry:
 
     def remove(self, tenant_id: str) -> Tenant | None:
         """Forget a tenant."""
+        self.revision += 1
         tenant = self.tenants.pop(tenant_id, None)
         if tenant is not None:
             self._by_pod_uid.pop(tenant.pod_uid, None)
@@ -171,9 +177,15 @@ class TenantRegistry:
 
     def drop_pid(self, tenant_id: str, pid: int) -> None:
         """A process of the tenant ended."""
+        self.revision += 1
         tenant = self.tenants.get(tenant_id)
         if tenant is not None:
             tenant.pids.discard(pid)
+
+    def add_pids(self, tenant: Tenant, pids: Iterable[int]) -> None:
+        """Processes of the tenant found by other means than a registration (llm-d's calls)."""
+        self.revision += 1
+        tenant.pids.update(pids)
 
     def find(self, pid: int, pod_uid: str | None) -> Tenant | None:
         """The tenant a process belongs to: its pod if it runs in one, else its registration."""
@@ -195,6 +207,7 @@ class TenantRegistry:
 
     def restore(self, tenants: Iterable[Tenant]) -> None:
         """Reinstate tenants loaded from the state file."""
+        self.revision += 1
         for tenant in tenants:
             self.tenants[tenant.tenant_id] = tenant
             if tenant.pod_uid:

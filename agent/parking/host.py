@@ -16,7 +16,9 @@ class ParkingHost(Protocol):
     """The agent as the preparer sees it; the lease service implements it."""
 
     def tenant_refs(self) -> Mapping[str, TenantRef]:
-        """The tenants that count now (GPUs, PIDs, limits); a tenant not here is gone."""
+        """The tenants that count now (GPUs, PIDs, limits); a tenant not here is gone. The same
+        mapping, unchanged, until they change (the preparer keeps what it found current in it
+        while it is the same object)."""
         ...
 
     def quarantine(self, tenant_id: str, why: str) -> None:

@@ -28,6 +28,9 @@ from agent.parking.view import tenant_status, tenant_view
 
 log = logging.getLogger(__name__)
 
+MAX_VERDICTS = 64
+"""`_moves_nothing`'s verdicts kept at once (a few per tenant); more, and they start afresh."""
+
 SETTLE_AFTER_S = (0.0005, 0.05)
 """How long after a grant made from the model the tenants whose turns ended are read: half the
 last turn (between grants), within these bounds, so that the read falls in the middle of the
@@ -68,6 +71,14 @@ class KnownNode:
         self._holding: dict[str, frozenset[str]] = {}
         self._model = ResidencyModel()
         """Every tenant's state and memory cgroup as last read, and who may have grown since."""
+        self._revision = 0
+        """Counts changes to the tenants registered here and their methods (`_verdicts`)."""
+        self._verdicts: dict[tuple[Any, ...], bool] = {}
+        """`_moves_nothing`'s plans, by what they were drawn from besides the model and the
+        tenants; kept while those (`_verdicts_at`) stay as they were."""
+        self._verdicts_at = (-1, -1)
+        self._current_for: tuple[Mapping[str, TenantRef], tuple[int, int]] | None = None
+        """The host's tenants (the same dict until they change) last found current, and when."""
         self._settling: asyncio.Task[None] | None = None
         self._settle_timer: asyncio.TimerHandle | None = None
         self._granted_at = float("-inf")
@@ -81,6 +92,7 @@ class KnownNode:
 
     def register(self, ref: TenantRef) -> None:
         """Learn a tenant's GPUs, PIDs, memory limit and declared footprint."""
+        self._revision += 1
         self._refs[ref.tenant_id] = ref
         self.backend.attach(ref)
 
@@ -111,6 +123,28 @@ class KnownNode:
         ref = self._refs.get(tenant_id)
         if ref is None or not set(gpus) <= set(ref.gpus) or not self._model_current():
             return False
+        at = (self._model.revision, self._revision)
+        if at != self._verdicts_at or len(self._verdicts) > MAX_VERDICTS:
+            self._verdicts.clear()
+            self._verdicts_at = at
+        key = (
+            tenant_id,
+            frozenset(gpus),
+            None if holders is None else frozenset(holders),
+            frozenset(self._holding),
+            frozenset(self._model.unsettled),
+        )
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = self._verdicts[key] = self._plans_nothing(tenant_id, ref, holders)
+        return verdict
+
+    def _plans_nothing(
+        self, tenant_id: str, ref: TenantRef, holders: Collection[str] | None
+    ) -> bool:
+        """`_moves_nothing`'s plan over the model, drawn only from the model's reads and
+        unsettled tenants, the tenants registered here and their methods, who holds a turn, and
+        `holders`: `_moves_nothing` keeps its verdict while none of those changes."""
         snap = self._node(holders or (), whole=self._model.unsettled, on=ref.gpus)
         me = snap.tenants.get(tenant_id)
         if me is None or me.parked:
@@ -126,9 +160,15 @@ class KnownNode:
         if self._host is None:
             return self._refs.keys() <= self._model.states.keys()
         refs = self._host.tenant_refs()
+        now = (self._model.revision, self._revision)
+        if self._current_for == (refs, now):
+            return True  # the same tenants (the same dict, while unchanged) and the same reads
         if refs.keys() != self._model.states.keys():
             return False
-        return all(self._refs.get(t) == ref for t, ref in refs.items())
+        if not all(self._refs.get(t) == ref for t, ref in refs.items()):
+            return False
+        self._current_for = (refs, now)
+        return True
 
     def _unbounded_beside(self, tenant_id: str, gpus: Collection[str]) -> bool:
         """An unsettled tenant on `gpus` may have grown by any amount since it was read."""

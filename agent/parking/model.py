@@ -46,11 +46,15 @@ class ResidencyModel:
     """Tenants found holding more than they declared: their declaration bounds nothing."""
     generation: int = 0
     """Counts full reads; a read begun before one is stale."""
+    revision: int = 0
+    """Counts changes to what was read (states, cgroups, outgrew): a verdict drawn from the
+    model holds while it and `unsettled` are as they were."""
 
     def replace_all(self, read: Read, holding: Collection[str]) -> None:
         """A full read (after moves, or before a plan): only tenants holding a turn stay
         unsettled."""
         self.generation += 1
+        self.revision += 1
         self.states = read.states
         self.cgroups = read.cgroups
         self.unsettled = {t for t in self.unsettled if t in holding and t in self.states}
@@ -72,6 +76,8 @@ class ResidencyModel:
             if tenant_id not in self.states:  # gone meanwhile
                 continue
             before = self.states[tenant_id]
+            if st != before or read.cgroups[tenant_id] != self.cgroups.get(tenant_id):
+                self.revision += 1
             if _moved(before, st):
                 wrong.append(
                     f"the backend has {tenant_id} {_where(st)}, where the agent had it "
@@ -86,9 +92,11 @@ class ResidencyModel:
     def note_outgrown(self, tenant_id: str) -> None:
         """The tenant holds more than it declared: count it as unbounded from now on."""
         self.outgrew.add(tenant_id)
+        self.revision += 1
 
     def forget(self, tenant_id: str) -> None:
         """The tenant is gone."""
+        self.revision += 1
         self.states.pop(tenant_id, None)
         self.cgroups.pop(tenant_id, None)
         self.unsettled.discard(tenant_id)

@@ -54,6 +54,7 @@ class ParkingPreparer(KnownNode):
         """Move the tenant by `method` until it is resident again (llm-d's BackendConfig); it
         reads the tenant's state, so call it from a worker thread."""
         self.backend.pin(tenant_id, method)
+        self._revision += 1
 
     async def prepare(self, tenant_id: str, gpus: Sequence[str], handed: bool = False) -> None:
         """Make `tenant_id` resident on its GPUs; raise `NoRoom` naming the numbers if not now.
@@ -156,6 +157,7 @@ class ParkingPreparer(KnownNode):
             await asyncio.to_thread(self.backend.detach, tenant_id)
             for table in (self._refs, self._last_turn, self._last_turn_wall, self._holding):
                 table.pop(tenant_id, None)
+            self._revision += 1
             self.quarantines.forget(tenant_id)
             self._model.forget(tenant_id)
             self._waiting.pop(tenant_id, None)

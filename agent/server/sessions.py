@@ -50,13 +50,17 @@ class SessionRegistry:
     def __init__(self) -> None:
         self._by_tenant: dict[str, list[Session]] = {}
         self._ids = itertools.count(1)
+        self.revision = 0
+        """Counts sessions opened and closed."""
 
     def open(self, session: Session) -> None:
         """Track a new session."""
+        self.revision += 1
         self._by_tenant.setdefault(session.tenant_id, []).append(session)
 
     def close(self, session: Session) -> bool:
         """Stop tracking a session; True if it was the tenant's last."""
+        self.revision += 1
         sessions = self._by_tenant.get(session.tenant_id, [])
         if session in sessions:
             sessions.remove(session)

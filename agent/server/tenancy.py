@@ -27,9 +27,23 @@ class Tenancy:
         self._left_app_pods: set[str] = set()
         """Pod tenants that parked themselves (`app`) and whose last session ended: their memory
         lived in their processes, so nothing of theirs counts until a session opens again."""
+        self._refs: tuple[tuple[int, int, frozenset[str]], dict[str, TenantRef]] | None = None
 
     def tenant_refs(self) -> dict[str, TenantRef]:
-        """The tenants that count for parking, as the preparer reads them."""
+        """The tenants that count for parking, as the preparer reads them: the same dict until
+        the tenants, their processes or their sessions change (the preparer asks at every
+        grant; do not change it)."""
+        state = self._state
+        drawn_from = (
+            state.tenants.revision,
+            state.sessions.revision,
+            frozenset(self._left_app_pods),
+        )
+        if self._refs is None or self._refs[0] != drawn_from:
+            self._refs = (drawn_from, self._draw_refs())
+        return self._refs[1]
+
+    def _draw_refs(self) -> dict[str, TenantRef]:
         parks = self._state.sessions.parks_itself
         return {
             t.tenant_id: tenant_ref(t, parks(t.tenant_id))

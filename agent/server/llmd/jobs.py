@@ -146,7 +146,7 @@ class Jobs:
             tenant = self._job_tenant(job_id, gpus, tenant, caller)
             self.service.upsert_tenant(tenant, "llm-d job")
         if caller is not None:
-            tenant.pids.add(caller.pid)
+            self.service.tenants.add_pids(tenant, [caller.pid])
         self._anchor(tenant.tenant_id, caller.pid if caller else 0)
         return tenant
 

@@ -148,7 +148,7 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             pids = list(config.cuda.explicit_target.pids)
             self._jobs.check_pids(tenant, pids)
             if CUDA in parking.methods():
-                tenant.pids.update(pids)
+                self._jobs.service.tenants.add_pids(tenant, pids)
         if want not in parking.methods():
             raise MethodMissing(f"{kind} needs the {want} method; this node parks with {serves}")
         if kind == "app_endpoint":

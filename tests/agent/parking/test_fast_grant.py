@@ -162,3 +162,41 @@ def test_a_tenant_that_outgrew_its_declaration_is_parked_for_the_holder_and_read
 
     run(turns())
     assert residency(prep) == {"a": "resident", "b": "parked"}
+
+
+def test_turns_that_repeat_over_an_unchanged_model_plan_once_each(backend, monkeypatch):
+    prep, _, _ = preparer(backend, ("a", 30), ("b", 30))
+    plans = []
+    draw = prep._plans_nothing
+    monkeypatch.setattr(prep, "_plans_nothing", lambda *a: plans.append(a[0]) or draw(*a))
+
+    async def rounds(n):
+        for name in "ab" * n:
+            assert await grant(prep, name)
+            await prep.settled()  # the reads between turns find nothing changed
+
+    run(rounds(2))
+    drawn = len(plans)
+    run(rounds(20))
+    assert 0 < drawn and len(plans) == drawn, f"planned {len(plans) - drawn} times more"
+
+
+def test_a_verdict_kept_from_earlier_turns_gives_way_to_a_read_that_changes_the_model(
+    backend, caplog
+):
+    prep, _, _ = preparer(backend, ("a", 30), ("b", 30))
+    caplog.set_level(logging.WARNING)
+
+    async def turns():
+        for name in "abab":  # a's and b's verdicts are kept for the turns to come
+            assert await grant(prep, name)
+            await prep.settled()
+        assert await grant(prep, "a")
+        backend.park("a", GPU)  # during a's turn, a's memory leaves the device unknown to us
+        assert await grant(prep, "b")
+        await prep.settled()  # the read after a's turn sees a parked
+        assert "the backend has a parked" in caplog.text
+        assert not await grant(prep, "a")  # not the verdict kept from before: a is restored
+
+    run(turns())
+    assert residency(prep)["a"] == "resident"
