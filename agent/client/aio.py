@@ -15,7 +15,7 @@ from typing import Any
 from agent.client.connect import open_session, reconnect
 from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.links import TRANSPORTS, SessionLink
-from agent.client.parked import Parked, restores_itself
+from agent.client.parked import Parked, restore_with_grant, restores_itself
 from agent.client.session_core import SessionCore, acquire_request
 from agent.client.types import (
     Callback,
@@ -185,15 +185,6 @@ class AsyncBaton:
                 self.parked.ran(request, result)
             return result
 
-    async def _restore_with_grant(self) -> None:
-        """Restore what this process parked (the agent left that to the grant); a failure gives
-        the turn back and raises `BatonError` naming the GPU."""
-        for gpu in self.parked.gpus():
-            result = await self._move(pb.Callback(action="restore", gpu=gpu))
-            if result.error:
-                await self.yield_()
-                raise BatonError(f"on_restore({gpu}) failed: {result.error}; turn given back")
-
     async def _send(self, message: pb.ClientMessage) -> None:
         assert self._write_lock is not None and self._link is not None
         link = self._link
@@ -306,7 +297,7 @@ class AsyncBaton:
             lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
             self._rearm()
             if restores and self.parked:
-                await self._restore_with_grant()
+                await restore_with_grant(self.parked, self._move, self.yield_)
         return lease
 
     async def yield_(self) -> None:

@@ -10,12 +10,54 @@ restore failed and the turn was given back) it is answered at once with what tha
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
+from agent.client.errors import BatonError
 from baton._pb import agent_pb2 as pb
+
+
+def given_back(exc: BaseException, failed: BatonError | None) -> BaseException:
+    """What `acquire` raises when its restore stopped with `exc` and it gave the turn back (or
+    giving it back `failed`): a `BatonError` that says so, or the interruption itself."""
+    if failed is not None:
+        return BatonError(f"{exc}; giving the turn back failed too: {failed}")
+    if isinstance(exc, BatonError):
+        return BatonError(f"{exc}; the turn was given back")
+    return exc
+
+
+async def restore_with_grant(
+    parked: Parked,
+    move: Callable[[pb.Callback], Awaitable[pb.CallbackResult]],
+    give_back: Callable[[], Awaitable[None]],
+) -> None:
+    """`AsyncBaton.acquire`'s restore of what its process parked (the agent left it to the
+    grant). A failure gives the turn back and raises `BatonError` naming the GPU; a cancellation
+    lets the restore in flight finish (its memory lands inside the turn), gives the turn back
+    and goes on."""
+
+    async def restore() -> None:
+        for gpu in parked.gpus():
+            result = await move(pb.Callback(action="restore", gpu=gpu))
+            if result.error:
+                raise BatonError(f"on_restore({gpu}) failed: {result.error}")
+
+    restoring = asyncio.ensure_future(restore())
+    try:
+        await asyncio.shield(restoring)
+    except BaseException as exc:  # interrupted too: the turn is not used unrestored
+        with contextlib.suppress(Exception):
+            await restoring
+        failed = None
+        try:
+            await give_back()
+        except BatonError as e:
+            failed = e
+        raise given_back(exc, failed) from (exc if failed else None)
 
 
 def restores_itself(callbacks: Mapping[str, Any]) -> bool:

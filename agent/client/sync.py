@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from agent.client.blocking_session import BlockingSession
 from agent.client.call_link import CallLink, NotSent
 from agent.client.errors import AgentUnavailable, BatonError
+from agent.client.parked import given_back
 from agent.client.session_core import acquire_request
 from agent.client.types import LeaseInfo, reply_wait
 from baton._pb import agent_pb2 as pb
@@ -98,13 +99,12 @@ class Baton(BlockingSession):
         try:
             self._callbacks_run.restore_parked()
         except BaseException as exc:  # interrupted too: the turn is not used unrestored
+            failed = None
             try:
                 self.yield_()
-            except BatonError as failed:
-                raise BatonError(f"{exc}; giving the turn back failed too: {failed}") from exc
-            if isinstance(exc, BatonError):
-                raise BatonError(f"{exc}; the turn was given back") from None
-            raise
+            except BatonError as e:
+                failed = e
+            raise given_back(exc, failed) from (exc if failed else None)
 
     def yield_(self) -> None:
         """End the turn. Parking is lazy: memory moves only if the next tenant needs the room."""

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agent.client import Baton
+from agent.client import AsyncBaton, Baton, LeaseInfo
 from agent.client.callback_runner import CallbackRunner
 from agent.client.errors import BatonError
 from agent.core.events import QUEUED
@@ -189,33 +189,39 @@ def test_a_tenant_with_two_parking_sessions_is_restored_by_callback(pair: Pair) 
         twin.close()
 
 
-def test_the_async_client_restores_itself_with_its_grant(app_agent: AgentRunner) -> None:
-    from agent.client import AsyncBaton
+def async_client(agent: AgentRunner, name: str, r: Recorded) -> AsyncBaton:
+    return AsyncBaton(
+        agent.socket, [GPU], name=name, gpu_memory_mib=60, on_park=r.park, on_restore=r.restore
+    )
 
+
+async def queued_behind(
+    agent: AgentRunner, holder: AsyncBaton, waiter: AsyncBaton
+) -> asyncio.Task[LeaseInfo]:
+    """`holder` takes the turn and `waiter` queues for it; the waiter's acquire, once queued."""
+    await holder.acquire(WAIT_S)
+    since = await asyncio.to_thread(agent.mark)
+    taking = asyncio.create_task(waiter.acquire(WAIT_S))
+    assert waiter.tenant is not None
+    tenant_id = waiter.tenant.tenant_id
+    queued = functools.partial(
+        agent.wait_event, lambda e: e.kind == QUEUED and e.tenant_id == tenant_id
+    )
+    await asyncio.to_thread(queued, WAIT_S, since)
+    return taking
+
+
+def test_the_async_client_restores_itself_with_its_grant(app_agent: AgentRunner) -> None:
     recorded = {name: Recorded() for name in ("x", "y")}
 
-    def client(name: str) -> AsyncBaton:
-        r = recorded[name]
-        return AsyncBaton(
-            app_agent.socket, [GPU], name=name, gpu_memory_mib=60,
-            on_park=r.park, on_restore=r.restore,
-        )  # fmt: skip
-
     async def handover(holder: AsyncBaton, waiter: AsyncBaton) -> None:
-        await holder.acquire(WAIT_S)
-        since = await asyncio.to_thread(app_agent.mark)
-        taking = asyncio.create_task(waiter.acquire(WAIT_S))
-        assert waiter.tenant is not None
-        tenant_id = waiter.tenant.tenant_id
-        queued = functools.partial(
-            app_agent.wait_event, lambda e: e.kind == QUEUED and e.tenant_id == tenant_id
-        )
-        await asyncio.to_thread(queued, WAIT_S, since)
+        taking = await queued_behind(app_agent, holder, waiter)
         await holder.yield_()
         await asyncio.wait_for(taking, WAIT_S)
 
     async def scenario() -> None:
-        async with client("x") as x, client("y") as y:
+        x = async_client(app_agent, "x", recorded["x"])
+        async with x, async_client(app_agent, "y", recorded["y"]) as y:
             await handover(x, y)  # x parked by callback
             await handover(y, x)  # x restores itself with its grant
             assert x.lease is not None and x.parked.bytes == {}
@@ -227,3 +233,39 @@ def test_the_async_client_restores_itself_with_its_grant(app_agent: AgentRunner)
     stage = {"direction": "restore", "stage": "handed"}
     assert sample(app_agent, "baton_moved_bytes_by_stage_total", **stage) == 2 * 60 * MIB
     assert sample(app_agent, "baton_move_seconds_count", direction="restore") == 0
+
+
+def test_an_async_acquire_cancelled_in_its_restore_finishes_it_and_gives_the_turn_back(
+    app_agent: AgentRunner,
+) -> None:
+    recorded = {name: Recorded() for name in ("x", "y")}
+    started, gate = threading.Event(), threading.Event()
+    restore = recorded["x"].restore
+
+    def gated_restore(gpu: str) -> int:
+        started.set()
+        gate.wait(WAIT_S)
+        return restore(gpu)
+
+    recorded["x"].restore = gated_restore  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        x = async_client(app_agent, "x", recorded["x"])
+        async with x, async_client(app_agent, "y", recorded["y"]) as y:
+            taking = await queued_behind(app_agent, x, y)
+            await x.yield_()
+            await asyncio.wait_for(taking, WAIT_S)  # y holds; x is parked
+            taking = await queued_behind(app_agent, y, x)
+            await y.yield_()
+            assert await asyncio.to_thread(started.wait, WAIT_S), "x's restore never ran"
+            taking.cancel()
+            gate.set()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(taking, WAIT_S)
+            # The restore ran to its end (nothing parked twice), and the turn is free: y takes
+            # it at once, parking x again.
+            assert x.lease is None and x.parked.bytes == {}
+            await y.acquire(WAIT_S)
+
+    asyncio.run(scenario())
+    assert [c for c, _ in recorded["x"].calls] == ["park", "restore", "park"]
