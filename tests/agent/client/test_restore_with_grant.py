@@ -8,13 +8,15 @@ import asyncio
 import functools
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from agent.client import AsyncBaton, Baton, LeaseInfo
 from agent.client.callback_runner import CallbackRunner
 from agent.client.errors import BatonError
-from agent.core.events import QUEUED
+from agent.core.events import GRANTED, QUEUED
+from agent.parking.setup import ParkingOptions
 from baton._pb import agent_pb2 as pb
 from baton.contract.names import MIB
 from tests.agent.client.test_client_close import GPU, WAIT_S, app_agent
@@ -269,3 +271,68 @@ def test_an_async_acquire_cancelled_in_its_restore_finishes_it_and_gives_the_tur
 
     asyncio.run(scenario())
     assert [c for c, _ in recorded["x"].calls] == ["park", "restore", "park"]
+
+
+def test_a_revocation_during_the_restore_a_grant_owes_parks_only_once_it_is_done(
+    workdir: str,
+) -> None:
+    # a's grant leaves its restore to it; the restore is slow, a's turn runs past --max-hold
+    # while b waits, and the revocation's park reaches a's process during that restore. It
+    # waits for the restore, then parks what was restored: b is granted only after.
+    options = ParkingOptions(backend="app", fake_gpus="1x100")
+    with AgentRunner(workdir, parking=options, max_hold=0.5) as agent:
+        order: list[str] = []
+        recorded = {name: Recorded() for name in ("a", "b")}
+        gate, restoring, park_asked = threading.Event(), threading.Event(), threading.Event()
+
+        def logged(name: str, action: str, fn: Callable[[str], int]) -> Callable[[str], int]:
+            def call(gpu: str) -> int:
+                if name == "a" and action == "restore" and order.count("a park") == 1:
+                    restoring.set()
+                    assert gate.wait(WAIT_S), "the test never let a's restore finish"
+                moved = fn(gpu)
+                order.append(f"{name} {action}")
+                return moved
+
+            return call
+
+        def client(name: str, r: Recorded) -> Baton:
+            park, restore = logged(name, "park", r.park), logged(name, "restore", r.restore)
+            return Baton(
+                agent.socket, [GPU], name=name, gpu_memory_mib=60, on_park=park, on_restore=restore
+            )
+
+        clients = {name: client(name, r) for name, r in recorded.items()}
+        runner = clients["a"]._callbacks_run
+        run = runner._run
+
+        def arriving(request: pb.Callback, *rest: Any) -> Any:
+            if request.action == "park" and restoring.is_set():
+                park_asked.set()
+            return run(request, *rest)
+
+        runner._run = arriving  # type: ignore[method-assign,assignment]
+        try:
+            switch(agent, clients, "a", "b")  # b holds; a is parked
+            taker = taking(agent, clients["a"], lambda: clients["a"].acquire(WAIT_S))
+            clients["b"].yield_()  # a is granted; its restore is left to it, and waits
+            assert restoring.wait(WAIT_S), "a's grant did not leave its restore to it"
+            since = agent.mark()
+            b_takes = taking(agent, clients["b"], lambda: clients["b"].acquire(WAIT_S))
+            assert park_asked.wait(WAIT_S), "a was never revoked during its restore"
+            gate.set()
+            for thread in (taker, b_takes):
+                thread.join(WAIT_S)
+                assert not thread.is_alive()
+            granted = agent.wait_event(lambda e: e.kind == GRANTED, WAIT_S, since)
+            assert granted.tenant_id == clients["b"].tenant.tenant_id  # type: ignore[union-attr]
+        finally:
+            gate.set()
+            for each in clients.values():
+                each.close()
+    # a's restore finished before the revocation's park ran, and b's memory came back after.
+    assert order == [
+        "a park",  # b's first grant parked a (b had allocated nothing: no restore)
+        "b park", "a restore",  # a's grant parked b and left a's restore to a
+        "a park", "b restore",  # the revocation's park, after it; then b's grant
+    ]  # fmt: skip

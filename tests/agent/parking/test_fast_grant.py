@@ -166,9 +166,14 @@ def test_a_tenant_that_outgrew_its_declaration_is_parked_for_the_holder_and_read
 
 def test_turns_that_repeat_over_an_unchanged_model_plan_once_each(backend, monkeypatch):
     prep, _, _ = preparer(backend, ("a", 30), ("b", 30))
-    plans = []
+    plans: list[str] = []
     draw = prep._plans_nothing
-    monkeypatch.setattr(prep, "_plans_nothing", lambda *a: plans.append(a[0]) or draw(*a))
+
+    def counted(tenant_id, *rest):
+        plans.append(tenant_id)
+        return draw(tenant_id, *rest)
+
+    monkeypatch.setattr(prep, "_plans_nothing", counted)
 
     async def rounds(n):
         for name in "ab" * n:
@@ -178,7 +183,7 @@ def test_turns_that_repeat_over_an_unchanged_model_plan_once_each(backend, monke
     run(rounds(2))
     drawn = len(plans)
     run(rounds(20))
-    assert 0 < drawn and len(plans) == drawn, f"planned {len(plans) - drawn} times more"
+    assert drawn > 0 and len(plans) == drawn, f"planned {len(plans) - drawn} times more"
 
 
 def test_a_verdict_kept_from_earlier_turns_gives_way_to_a_read_that_changes_the_model(
