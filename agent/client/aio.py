@@ -83,6 +83,7 @@ class AsyncBaton:
         self._moving = asyncio.Lock()
         """One park or restore at a time (a callback, or the restore `acquire` makes)."""
         self.parked = Parked()
+        self._core.parked = self.parked.copy
 
     @property
     def lease(self) -> LeaseInfo | None:
@@ -305,7 +306,7 @@ class AsyncBaton:
         ended = self._core.begin_yield()
         self._rearm()
         try:
-            await self._request(pb.Request(release=pb.YieldRequest(lease_id=ended.lease_id)))
+            await self._request(pb.Request(release=self._core.release(ended.lease_id)))
         except AgentUnavailable:  # the turn may outlive the agent's restart: yield can be retried
             self._core.yield_failed(ended)
             self._rearm()

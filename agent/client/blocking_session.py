@@ -106,6 +106,7 @@ class BlockingSession:
         self._calls: dict[int, BackgroundCall] = {}
         self._reader: threading.Thread | None = None
         self._callbacks_run = CallbackRunner(self._callbacks, self._answer)
+        self._core.parked = self._callbacks_run.parked.copy
         """Runs park/restore callbacks (on the reader thread; a restore a grant owes on the
         acquiring thread); closing waits for the one in flight."""
         self.close_wait = CLOSE_WAIT_S

@@ -80,6 +80,10 @@ class Parked:
     def gpus(self) -> list[str]:
         return sorted(self.bytes)
 
+    def copy(self) -> dict[str, int]:
+        """GPU → bytes, as now (a copy: a callback on another thread may change it)."""
+        return dict(self.bytes)
+
     @contextlib.contextmanager
     def acquiring(self) -> Iterator[None]:
         """Around an acquire and the restore its grant owes."""

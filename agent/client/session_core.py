@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from agent.client.errors import BatonError, LeaseLost, NotHolding
@@ -62,6 +62,10 @@ class SessionCore:
         """When the held lease is next renewed; None while a renewal is on its way."""
         self.ids = itertools.count(1)
         """Request ids, shared by every connection of the session."""
+        self.parked: Callable[[], Mapping[str, int]] = dict
+        """What this process holds parked (GPU → bytes its park moved; `agent.client.parked`):
+        every end of a turn tells the agent, so that memory a grant's restore never brought back
+        is counted in host memory, not on the GPU."""
 
     def holding(self) -> bool:
         """A turn to end: a lease held, or one the agent will give back."""
@@ -120,12 +124,14 @@ class SessionCore:
         elif kind == "granted":
             self.resumed(LeaseInfo.from_pb(message.granted))
 
+    def release(self, lease_id: str) -> pb.YieldRequest:
+        """The end of the turn `lease_id`, with the memory this process still holds parked."""
+        return pb.YieldRequest(lease_id=lease_id, still_parked=self.parked())
+
     def unclaimed(self, reply: pb.Reply) -> pb.Request | None:
         """An answer no caller waits for (it gave up): a turn it grants is handed back."""
         if reply.HasField("lease"):
-            release = pb.Request(request_id=next(self.ids))
-            release.release.lease_id = reply.lease.lease_id
-            return release
+            return pb.Request(request_id=next(self.ids), release=self.release(reply.lease.lease_id))
         if reply.HasField("error"):
             log.debug("late answer %d: %s", reply.request_id, reply.error.message)
         else:

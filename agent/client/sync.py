@@ -111,7 +111,7 @@ class Baton(BlockingSession):
         with self._state:
             ended = self._core.begin_yield()
         try:
-            self._request(pb.Request(release=pb.YieldRequest(lease_id=ended.lease_id)))
+            self._request(pb.Request(release=self._core.release(ended.lease_id)))
         except AgentUnavailable:  # the turn may outlive the agent's restart: yield can be retried
             with self._state:
                 self._core.yield_failed(ended)

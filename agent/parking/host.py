@@ -69,6 +69,11 @@ class Parking(Protocol):
         """Device bytes in use on each GPU."""
         ...
 
+    def not_restored(self, tenant_id: str, parked: Mapping[str, int]) -> None:
+        """The tenant's process ends its turn still holding this memory parked (GPU → bytes its
+        park moved): a grant that left the restore to it went unused, or the restore failed."""
+        ...
+
     async def park(self, tenant_id: str) -> None:
         """Park the tenant now, on request; `NoRoom` if it cannot be."""
         ...

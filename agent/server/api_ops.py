@@ -113,6 +113,9 @@ def release(
         if on_ended is not None:
             on_ended(pb.YieldResponse(held_seconds=held))
 
+    if request.still_parked:  # before the yield: the next grant plans with it
+        service.not_restored(tenant, request.still_parked)
+
     held = service.yield_(tenant, request.lease_id, answer if on_ended else None)
     return pb.YieldResponse(held_seconds=held)
 

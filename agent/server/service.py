@@ -12,7 +12,7 @@ No sockets here: `agent.server.grpc_server` turns RPCs into calls on `LeaseServi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from agent.core.leases import Lease, LeaseTable
@@ -136,6 +136,12 @@ class LeaseService:
     def yield_(self, tenant: Tenant, lease_id: str, answer: Answer = None) -> float:
         """End the tenant's turn; returns how long it held it; see `Turns.yield_`."""
         return self.turns.yield_(tenant, lease_id, answer)
+
+    def not_restored(self, tenant: Tenant, parked: Mapping[str, int]) -> None:
+        """The tenant ends a turn with this memory still parked in its process (GPU → bytes):
+        its parking method counts it parked again (its own word, on its own memory only)."""
+        if parked and self.state.parking is not None:
+            self.state.parking.not_restored(tenant.tenant_id, parked)
 
     def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
         """One of the tenant's own leases (renewing it is the same check)."""

@@ -84,10 +84,19 @@ class Lease(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., fencing_tokens: _Optional[_Mapping[str, int]] = ..., granted_at: _Optional[float] = ..., hold_until: _Optional[float] = ..., contended: _Optional[bool] = ...) -> None: ...
 
 class YieldRequest(_message.Message):
-    __slots__ = ("lease_id",)
+    __slots__ = ("lease_id", "still_parked")
+    class StillParkedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    STILL_PARKED_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
-    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
+    still_parked: _containers.ScalarMap[str, int]
+    def __init__(self, lease_id: _Optional[str] = ..., still_parked: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class YieldResponse(_message.Message):
     __slots__ = ("held_seconds",)

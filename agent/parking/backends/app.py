@@ -145,6 +145,10 @@ class AppBackend(Backend):
             moved = self._parked.get(tenant_id, {}).get(gpu, 0)
         return self._moved(tenant_id, gpu, "restore", moved, 0.0)
 
+    def not_restored(self, tenant_id: str, gpu: str, moved: int) -> None:
+        """Parked again, with what its last park moved (its client said so at its yield)."""
+        self._moved(tenant_id, gpu, "park", moved, 0.0)
+
     def _done(self, tenant_id: str, gpu: str, direction: str) -> bool:
         """Whether the tenant is already where the move would take it."""
         with self._mutex:

@@ -142,6 +142,12 @@ class Backend(abc.ABC):
         it resident from now. None where this backend restores its tenants itself."""
         return None
 
+    def not_restored(self, tenant_id: str, gpu: str, moved: int) -> None:
+        """A restore left to the tenant (`hand_restore`) did not happen: it holds the `moved`
+        bytes of its last park on `gpu` in host memory still; count them parked again. Nothing
+        to do where this backend restores its tenants itself (it never hands a restore)."""
+        return None
+
     def methods(self) -> tuple[str, ...]:
         """The parking methods this backend offers (one, unless it routes between several)."""
         return (self.name,)

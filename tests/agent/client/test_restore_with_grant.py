@@ -133,6 +133,14 @@ def test_a_restore_that_fails_gives_the_turn_back_and_runs_again_next_grant(pair
     assert len(failed) == 1 and f"on_restore({GPU}) failed" in str(failed[0])
     assert "out of device memory" in str(failed[0]) and "given back" in str(failed[0])
     assert clients["a"].lease is None
+    # Its yield said a's memory is still parked: the agent counts it in host memory again, beside
+    # b's (parked for a's turn).
+    residency = agent.status()["residency"]
+    for name in ("a", "b"):
+        tenant = clients[name].tenant
+        assert tenant is not None
+        assert residency["tenants"][tenant.tenant_id]["residency"] == "parked", name
+    assert residency["parked_bytes"] == 2 * 60 * MIB
     # The turn is free again (b takes it at once), and a's next grant restores it after all.
     switch(agent, clients, "b", "a")
     assert [c for c, _ in recorded["a"].calls] == ["park", "restore", "restore"]

@@ -77,6 +77,15 @@ def test_a_late_grant_is_always_handed_back_and_changes_nothing(state: str, leas
     assert (session.lease, session.resuming, session.renew_at) == before
 
 
+def test_every_end_of_a_turn_says_what_the_process_still_holds_parked() -> None:
+    session = SessionCore(INTERVAL)
+    assert dict(session.release("a").still_parked) == {}
+    session.parked = lambda: {"GPU-0": 60 << 20}  # a grant's restore that never ran
+    assert dict(session.release("a").still_parked) == {"GPU-0": 60 << 20}
+    late = session.unclaimed(pb.Reply(request_id=9, lease=pb.Lease(lease_id="b")))
+    assert late is not None and dict(late.release.still_parked) == {"GPU-0": 60 << 20}
+
+
 def test_a_late_error_or_empty_answer_is_dropped() -> None:
     session = in_state("idle")
     late = pb.Reply(request_id=3, error=pb.ErrorStatus(code=4, message="deadline"))
