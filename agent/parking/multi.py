@@ -164,9 +164,9 @@ class MultiBackend(Backend):
             self._restored(tenant_id)
         return move
 
-    def not_restored(self, tenant_id: str, gpu: str, moved: int) -> None:
+    def not_restored(self, tenant_id: str, gpu: str) -> None:
         """As the tenant's method does."""
-        self._of(tenant_id).not_restored(tenant_id, gpu, moved)
+        self._of(tenant_id).not_restored(tenant_id, gpu)
 
     def _parkable(self, tenant_id: str) -> None:
         ref = self._refs.get(tenant_id)

@@ -103,17 +103,18 @@ class ParkingPreparer(KnownNode):
             done.set_result(None)
 
     def not_restored(self, tenant_id: str, parked: Mapping[str, int]) -> None:
-        """The tenant's process ends its turn with this memory still parked (GPU → bytes): the
-        backend counts it parked again, and the model reads the tenant now (the backend keeps
-        that record in memory: no wait)."""
+        """The tenant's process ends its turn with this memory still parked (GPU → bytes, as
+        its client counts them): the backend counts it parked again, as its last park left it,
+        and the model reads the tenant now (the backend keeps that record in memory: no wait)."""
         gpus = [g for g in parked if tenant_id in self._refs and g in self._refs[tenant_id].gpus]
         for gpu in gpus:
-            self.backend.not_restored(tenant_id, gpu, parked[gpu])
+            self.backend.not_restored(tenant_id, gpu)
         if gpus and tenant_id in self._model.states:
             read = self._read([tenant_id], self._model.generation)
             self._model.settle(read, self._holding.keys())  # the tenant said so: no warning
             self._took_in(read)
-            log.info("%s still holds %s parked after its turn", tenant_id, ", ".join(gpus))
+            held = ", ".join(f"{parked[g]} bytes on {g}" for g in gpus)
+            log.info("%s still holds %s parked after its turn", tenant_id, held)
 
     async def settled(self) -> None:
         """Return once the moves (ahead ones included) and reads started before this call are

@@ -145,9 +145,13 @@ class AppBackend(Backend):
             moved = self._parked.get(tenant_id, {}).get(gpu, 0)
         return self._moved(tenant_id, gpu, "restore", moved, 0.0)
 
-    def not_restored(self, tenant_id: str, gpu: str, moved: int) -> None:
-        """Parked again, with what its last park moved (its client said so at its yield)."""
-        self._moved(tenant_id, gpu, "park", moved, 0.0)
+    def not_restored(self, tenant_id: str, gpu: str) -> None:
+        """Parked again, as its last park left it: with what that park reported (the agent's
+        own record, not the client's word); nothing if no park of it there was seen."""
+        with self._mutex:
+            reported = self._reported.get(tenant_id, {}).get(gpu)
+        if reported is not None:
+            self._moved(tenant_id, gpu, "park", reported, 0.0)
 
     def _done(self, tenant_id: str, gpu: str, direction: str) -> bool:
         """Whether the tenant is already where the move would take it."""

@@ -142,10 +142,10 @@ class Backend(abc.ABC):
         it resident from now. None where this backend restores its tenants itself."""
         return None
 
-    def not_restored(self, tenant_id: str, gpu: str, moved: int) -> None:
-        """A restore left to the tenant (`hand_restore`) did not happen: it holds the `moved`
-        bytes of its last park on `gpu` in host memory still; count them parked again. Nothing
-        to do where this backend restores its tenants itself (it never hands a restore)."""
+    def not_restored(self, tenant_id: str, gpu: str) -> None:
+        """A restore left to the tenant (`hand_restore`) did not happen: what its last park on
+        `gpu` moved is in host memory still; count it parked again. Nothing to do where this
+        backend restores its tenants itself (it never hands a restore)."""
         return None
 
     def methods(self) -> tuple[str, ...]:
