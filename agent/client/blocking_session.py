@@ -106,9 +106,9 @@ class BlockingSession:
         self._calls: dict[int, BackgroundCall] = {}
         self._reader: threading.Thread | None = None
         self._callbacks_run = CallbackRunner(self._callbacks, self._answer)
-        self._core.parked = self._callbacks_run.parked.copy
         """Runs park/restore callbacks (on the reader thread; a restore a grant owes on the
         acquiring thread); closing waits for the one in flight."""
+        self._core.parked = self._callbacks_run.parked.copy
         self.close_wait = CLOSE_WAIT_S
         """How long `close()` waits for a park or restore in flight."""
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))

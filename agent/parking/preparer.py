@@ -106,7 +106,8 @@ class ParkingPreparer(KnownNode):
         """The tenant's process ends its turn with this memory still parked (GPU → bytes, as
         its client counts them): the backend counts it parked again, as its last park left it,
         and the model reads the tenant now (the backend keeps that record in memory: no wait)."""
-        gpus = [g for g in parked if tenant_id in self._refs and g in self._refs[tenant_id].gpus]
+        ref = self._refs.get(tenant_id)
+        gpus = [g for g in parked if ref is not None and g in ref.gpus]
         for gpu in gpus:
             self.backend.not_restored(tenant_id, gpu)
         if gpus and tenant_id in self._model.states:
