@@ -53,6 +53,7 @@ class AsyncBaton:
         renew_interval: float = 2.0,
         reconnect: bool = True,
         job: str = "",
+        park_at_yield: bool = True,
         transport: str = "direct",
     ) -> None:
         if transport not in TRANSPORTS:
@@ -73,6 +74,7 @@ class AsyncBaton:
         self.tenant: pb.Tenant | None = None
         """This tenant as the agent knows it (after connecting)."""
         self._core = SessionCore(renew_interval)
+        self._core.park_at_yield = park_at_yield
         self._write_lock: asyncio.Lock | None = None
         self._connected: asyncio.Event | None = None
         self._supervisor: asyncio.Task[None] | None = None
@@ -303,10 +305,15 @@ class AsyncBaton:
 
     async def yield_(self) -> None:
         """End the turn. Parking is lazy: memory moves only if the next tenant needs the room."""
+        parked = {}  # what the tenant due next needs gone, parked before the turn ends
+        for gpu in self._core.parks_at_yield():
+            result = await self._move(pb.Callback(action="park", gpu=gpu))
+            if not result.error:
+                parked[gpu] = int(result.bytes)
         ended = self._core.begin_yield()
         self._rearm()
         try:
-            await self._request(pb.Request(release=self._core.release(ended.lease_id)))
+            await self._request(pb.Request(release=self._core.release(ended.lease_id, parked)))
         except AgentUnavailable:  # the turn may outlive the agent's restart: yield can be retried
             self._core.yield_failed(ended)
             self._rearm()

@@ -76,6 +76,7 @@ class BlockingSession:
         renew_interval: float = 2.0,
         reconnect: bool = True,
         job: str = "",
+        park_at_yield: bool = True,
     ) -> None:
         me = Identity.of(socket, gpus, name, gpu_memory_mib, gpu_duty, memory_limit_bytes, priority)
         self.socket, self.gpus, self.name = me.socket, me.gpus, me.name
@@ -89,6 +90,7 @@ class BlockingSession:
         self.tenant: pb.Tenant | None = None
         """This tenant as the agent knows it (after connecting)."""
         self._core = SessionCore(renew_interval)
+        self._core.park_at_yield = park_at_yield
         """The turn held and its renewal; changed only under `_state`."""
         self._token = ""
         self._sock: socketlib.socket | None = None

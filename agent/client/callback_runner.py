@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from agent.client.errors import BatonError
@@ -91,6 +91,23 @@ class CallbackRunner:
             if errors[-1]:
                 raise BatonError(f"on_restore({gpu}) failed: {errors[-1]}")
             self.timings.append(timing)
+
+    def park_for_yield(self, gpus: Sequence[str]) -> dict[str, int]:
+        """Park `gpus` here and now, as the turn ends (the agent said the tenant due next needs
+        the room); GPU → bytes moved, for the parks that ran. One that fails is left to the
+        agent (it parks by callback, as it would have)."""
+        parked: dict[str, int] = {}
+        for gpu in gpus:
+            results: list[pb.CallbackResult] = []
+            timing = self._run(pb.Callback(action="park", gpu=gpu), None, results.append)
+            if timing is None:  # closing
+                break
+            if results[-1].error:
+                log.warning("on_park(%s) as the turn ended failed: %s", gpu, results[-1].error)
+                continue
+            self.timings.append(timing)
+            parked[gpu] = int(results[-1].bytes)
+        return parked
 
     def _run(
         self,

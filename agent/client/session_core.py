@@ -66,6 +66,12 @@ class SessionCore:
         """What this process holds parked (GPU → bytes its park moved; `agent.client.parked`):
         every end of a turn tells the agent, so that memory a grant's restore never brought back
         is counted in host memory, not on the GPU."""
+        self.park_at_yield = True
+        """Whether a park the agent asks for at a yield (`ParkAtYield`) runs on the yielding
+        thread before the yield leaves (False: every park waits for the agent's callback)."""
+        self.yield_parks: tuple[str, tuple[str, ...]] = ("", ())
+        """The lease whose end should park these GPUs first, as the agent last said
+        (`ParkAtYield`: the tenant due next needs the room)."""
 
     def holding(self) -> bool:
         """A turn to end: a lease held, or one the agent will give back."""
@@ -123,10 +129,21 @@ class SessionCore:
             self.revoked(message.revoked.lease_id, message.revoked.reason)
         elif kind == "granted":
             self.resumed(LeaseInfo.from_pb(message.granted))
+        elif kind == "park_at_yield":
+            hint = message.park_at_yield
+            self.yield_parks = (hint.lease_id, tuple(hint.gpus))
 
-    def release(self, lease_id: str) -> pb.YieldRequest:
-        """The end of the turn `lease_id`, with the memory this process still holds parked."""
-        return pb.YieldRequest(lease_id=lease_id, still_parked=self.parked())
+    def parks_at_yield(self) -> tuple[str, ...]:
+        """The GPUs to park before the held turn's yield leaves (the agent's latest word)."""
+        lease_id, gpus = self.yield_parks
+        held = self.lease is not None and self.lease.lease_id == lease_id
+        return gpus if held and self.park_at_yield else ()
+
+    def release(self, lease_id: str, parked: Mapping[str, int] | None = None) -> pb.YieldRequest:
+        """The end of the turn `lease_id`, with the memory this process still holds parked
+        (and what it `parked` as it yielded, GPU → bytes)."""
+        still = {g: n for g, n in self.parked().items() if not parked or g not in parked}
+        return pb.YieldRequest(lease_id=lease_id, still_parked=still, parked=parked or {})
 
     def unclaimed(self, reply: pb.Reply) -> pb.Request | None:
         """An answer no caller waits for (it gave up): a turn it grants is handed back."""

@@ -109,9 +109,12 @@ class Baton(BlockingSession):
     def yield_(self) -> None:
         """End the turn. Parking is lazy: memory moves only if the next tenant needs the room."""
         with self._state:
+            gpus = self._core.parks_at_yield()
+        parked = self._callbacks_run.park_for_yield(gpus) if gpus else {}
+        with self._state:
             ended = self._core.begin_yield()
         try:
-            self._request(pb.Request(release=self._core.release(ended.lease_id)))
+            self._request(pb.Request(release=self._core.release(ended.lease_id, parked)))
         except AgentUnavailable:  # the turn may outlive the agent's restart: yield can be retried
             with self._state:
                 self._core.yield_failed(ended)

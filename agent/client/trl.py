@@ -107,8 +107,8 @@ class BatonCallback(TrainerCallback):
         """Hand the turn back, if one is held."""
         held, self._held = self._held, None
         if held is not None:
+            self.turns[-1][3] = time.time()  # the device work ended: the yield is the handover's
             held.close()
-            self.turns[-1][3] = time.time()
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:

@@ -4,7 +4,7 @@ runs it (`ParkingHost`), and what the agent's server asks of a preparer that par
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Protocol, runtime_checkable
 
 from agent.core.residency import TurnPreparer
@@ -72,6 +72,15 @@ class Parking(Protocol):
     def not_restored(self, tenant_id: str, parked: Mapping[str, int]) -> None:
         """The tenant's process ends its turn still holding this memory parked (GPU → bytes its
         park moved): a grant that left the restore to it went unused, or the restore failed."""
+        ...
+
+    def parks_at_yield(self, holder: str, incoming: str, gpus: Collection[str]) -> tuple[str, ...]:
+        """The GPUs where `incoming`'s turn after `holder`'s would park `holder`, which parks
+        itself (its own process moves its memory); () when none or unknown."""
+        ...
+
+    def parked_at_yield(self, tenant_id: str, parked: Mapping[str, int]) -> None:
+        """The tenant's process parked this memory itself as its turn ended (GPU → bytes)."""
         ...
 
     async def park(self, tenant_id: str) -> None:

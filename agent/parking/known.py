@@ -221,17 +221,23 @@ class KnownNode:
         return sorted(refs)
 
     def _view(
-        self, tenant_id: str, st: TenantState, busy: Collection[str] = (), whole: bool = False
+        self,
+        tenant_id: str,
+        st: TenantState,
+        busy: Collection[str] = (),
+        whole: bool = False,
+        yielding: str = "",
     ) -> TenantView:
         """The planner's view of one tenant from the backend's state and what we know (`whole`:
-        with its whole footprint on every GPU, allocated or not)."""
+        with its whole footprint on every GPU, allocated or not; `yielding`: a holder taken as
+        if its turn had ended)."""
         return tenant_view(
             st,
             self._refs.get(tenant_id),
             method=st.method or self.backend.method_of(tenant_id),
             gpu_memory=self.gpu_memory,
             last_turn=self._last_turn.get(tenant_id, float("-inf")),
-            busy=tenant_id in self._holding or tenant_id in busy,
+            busy=(tenant_id in self._holding and tenant_id != yielding) or tenant_id in busy,
             cgroup=self._model.cgroups.get(tenant_id, (None, 0)),
             all_of_it=whole,
         )
@@ -252,12 +258,13 @@ class KnownNode:
         busy: Collection[str] = (),
         whole: Collection[str] = (),
         on: Collection[str] | None = None,
+        yielding: str = "",
     ) -> NodeView:
         """The node as the model has it, `busy` holding turns, `whole` counted with their whole
         footprints (`model.ResidencyModel.unsettled`); only the tenants `on` those GPUs if given
-        (enough to tell whether a turn there moves anything)."""
+        (enough to tell whether a turn there moves anything); `yielding` as if it had yielded."""
         views = {
-            t: self._view(t, st, busy, t in whole)
+            t: self._view(t, st, busy, t in whole, yielding)
             for t, st in self._model.states.items()
             if on is None or self._shares(t, st, on)
         }

@@ -12,9 +12,10 @@ from agent.core.planner import Reason
 from agent.parking.backends.base import Move
 from baton.contract.names import METRICS_PREFIX
 
-STAGES = ("grant", "ahead", "revoke", "request", "handed")
-"""When a move is made: while a grant waits, ahead of a turn, for a revocation, on request, or
-by the tenant itself as its grant arrives (a restore the agent handed to it)."""
+STAGES = ("grant", "ahead", "revoke", "request", "handed", "yielded")
+"""When a move is made: while a grant waits, ahead of a turn, for a revocation, on request, by
+the tenant itself as its grant arrives (a restore the agent handed to it), or by the tenant
+itself as it yields (a park the agent asked of it, `ParkAtYield`)."""
 MOVE_BUCKETS = (0.001, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 

@@ -168,6 +168,14 @@ class MultiBackend(Backend):
         """As the tenant's method does."""
         self._of(tenant_id).not_restored(tenant_id, gpu)
 
+    def parks_itself(self, tenant_id: str) -> bool:
+        """As the tenant's method does."""
+        return self._of(tenant_id).parks_itself(tenant_id)
+
+    def self_parked(self, tenant_id: str, gpu: str, moved: int) -> Move | None:
+        """As the tenant's method does."""
+        return self._of(tenant_id).self_parked(tenant_id, gpu, moved)
+
     def _parkable(self, tenant_id: str) -> None:
         ref = self._refs.get(tenant_id)
         why = self.refusal(ref) if ref is not None else ""

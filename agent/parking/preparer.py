@@ -110,12 +110,52 @@ class ParkingPreparer(KnownNode):
         gpus = [g for g in parked if ref is not None and g in ref.gpus]
         for gpu in gpus:
             self.backend.not_restored(tenant_id, gpu)
-        if gpus and tenant_id in self._model.states:
+        if gpus:
+            self._read_now(tenant_id)
+            held = ", ".join(f"{parked[g]} bytes on {g}" for g in gpus)
+            log.info("%s still holds %s parked after its turn", tenant_id, held)
+
+    def parks_at_yield(self, holder: str, incoming: str, gpus: Collection[str]) -> tuple[str, ...]:
+        """The GPUs on which `incoming`'s turn, granted once `holder` yields, would park `holder`
+        (the model's plan, no I/O), where `holder`'s own process moves its memory; () when not,
+        or when the model cannot say."""
+        if self._lock.locked() or not self.backend.parks_itself(holder):
+            return ()
+        if incoming not in self._refs or holder not in self._model.states:
+            return ()
+        if not self._model_current():
+            return ()
+        snap = self._node((), whole=self._model.unsettled, on=gpus, yielding=holder)
+        if incoming not in snap.tenants:
+            return ()
+        plan = plan_turn(snap, incoming)
+        if not isinstance(plan, Plan):
+            return ()
+        return tuple(sorted({s.gpu for s in plan.parks if s.tenant_id == holder}))
+
+    def parked_at_yield(self, tenant_id: str, parked: Mapping[str, int]) -> None:
+        """The tenant's process parked this memory itself as its turn ended (GPU → bytes its
+        park moved; `parks_at_yield`): counted parked now, so that the next grant moves none."""
+        ref = self._refs.get(tenant_id)
+        moved = False
+        for gpu, size in sorted(parked.items()):
+            if ref is None or gpu not in ref.gpus or size < 0:
+                continue
+            move = self.backend.self_parked(tenant_id, gpu, size)
+            if move is not None:
+                self.metrics.moved(move, "yielded", self.backend.method_of(tenant_id), timed=False)
+                moved = True
+        if moved:
+            self._read_now(tenant_id)
+            if self._host is not None:
+                self._host.persist()
+
+    def _read_now(self, tenant_id: str) -> None:
+        """Read one tenant into the model now (a backend whose record is in memory)."""
+        if tenant_id in self._model.states:
             read = self._read([tenant_id], self._model.generation)
             self._model.settle(read, self._holding.keys())  # the tenant said so: no warning
             self._took_in(read)
-            held = ", ".join(f"{parked[g]} bytes on {g}" for g in gpus)
-            log.info("%s still holds %s parked after its turn", tenant_id, held)
 
     async def settled(self) -> None:
         """Return once the moves (ahead ones included) and reads started before this call are

@@ -106,6 +106,8 @@ def release(
 ) -> pb.YieldResponse:
     """End the turn (for a member of a job's turn: leave it); `on_ended` may hear the answer
     before this returns (`Turns.yield_`)."""
+    if request.parked:  # what it parked itself as it yields: before the next grant plans
+        service.parked_at_yield(tenant, request.parked)
     if service.jobs is not None and service.jobs.holds(tenant, request.lease_id):
         return pb.YieldResponse(held_seconds=service.jobs.leave(tenant, request.lease_id))
 

@@ -143,6 +143,12 @@ class LeaseService:
         if parked and self.state.parking is not None:
             self.state.parking.not_restored(tenant.tenant_id, parked)
 
+    def parked_at_yield(self, tenant: Tenant, parked: Mapping[str, int]) -> None:
+        """The tenant's process parked this memory itself as its turn ended (GPU → bytes), as
+        the agent asked (`agent.server.yield_parks`): counted parked before the next grant."""
+        if parked and self.state.parking is not None:
+            self.state.parking.parked_at_yield(tenant.tenant_id, parked)
+
     def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
         """One of the tenant's own leases (renewing it is the same check)."""
         return self.turns.inspect(tenant, lease_id)

@@ -16,19 +16,14 @@ from collections.abc import Callable, Sequence
 from agent.core import eager
 from agent.core import events as ev
 from agent.core.ahead import LookAhead
-from agent.core.errors import (
-    InvalidGpus,
-    NeverGranted,
-    NoLease,
-    Quarantined,
-    UnknownLease,
-)
+from agent.core.errors import InvalidGpus, NoLease, Quarantined, UnknownLease
 from agent.core.leases import Lease, Waiter
 from agent.core.residency import NoRoom, TooLarge
 from agent.node.tenants import Tenant
 from agent.server.revocations import Revocations
 from agent.server.turn_state import Granted, TurnState
-from agent.server.waits import lease_to_pb, standings, timed_out
+from agent.server.waits import lease_to_pb, never_granted, standings, timed_out
+from agent.server.yield_parks import YieldParks
 from baton._pb import agent_pb2 as pb
 
 __all__ = ["Granted", "Turns", "lease_to_pb"]
@@ -57,6 +52,7 @@ class Turns:
         self._changes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._ahead = LookAhead(state.preparer, state.spawn)
+        self._yield_parks = YieldParks(state.parking, state.sessions)
         self._settle_pending = False
         self._closed = False
 
@@ -253,7 +249,7 @@ class Turns:
         """Room was made for `waiter` (or not): grant the turn, or keep it waiting."""
         if isinstance(error, Quarantined | TooLarge):  # never a turn: the caller hears why now
             self.table.cancel(waiter.waiter_id)
-            self.fail(waiter.waiter_id, _never(waiter, error))
+            self.fail(waiter.waiter_id, never_granted(waiter, error))
             if isinstance(error, TooLarge):
                 self._state.publish(
                     ev.CANCELLED, waiter.tenant_id, gpus=waiter.gpus, detail=str(error)
@@ -318,6 +314,7 @@ class Turns:
             return
         self._reschedule()
         self._ahead.look(self.table)
+        self._yield_parks.look(self.table)
 
     def _reschedule(self) -> None:
         if self._timer is not None:
@@ -391,10 +388,3 @@ class Turns:
         # _start_turns, and its event must not come before the end of the turn it follows.
         self._start_turns(due)
         self.changed()
-
-
-def _never(waiter: Waiter, error: Exception) -> Exception:
-    """The error a waiter whose turn can never be prepared gets at once."""
-    if isinstance(error, TooLarge):
-        return NeverGranted(f"no turn on [{', '.join(waiter.gpus)}] can ever be granted: {error}")
-    return error

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agent.core.errors import AcquireTimeout, WaitRefused
+from agent.core.errors import AcquireTimeout, NeverGranted, WaitRefused
 from agent.core.leases import Lease, LeaseTable, Waiter
+from agent.core.residency import TooLarge
 from agent.core.waiters import TenantUsage
 from agent.server.metrics import AgentMetrics
 from baton._pb import agent_pb2 as pb
@@ -62,6 +63,13 @@ def timed_out(waiter: Waiter, reason: str) -> AcquireTimeout:
         f"no turn on [{', '.join(waiter.gpus)}] within the timeout; "
         f"the request has left the queue; it waited because {reason}"
     )
+
+
+def never_granted(waiter: Waiter, error: Exception) -> Exception:
+    """The error a waiter whose turn can never be prepared gets at once."""
+    if isinstance(error, TooLarge):
+        return NeverGranted(f"no turn on [{', '.join(waiter.gpus)}] can ever be granted: {error}")
+    return error
 
 
 def _index(queue: list[Waiter], waiter: Waiter) -> int:

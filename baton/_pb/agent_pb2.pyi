@@ -84,8 +84,15 @@ class Lease(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., fencing_tokens: _Optional[_Mapping[str, int]] = ..., granted_at: _Optional[float] = ..., hold_until: _Optional[float] = ..., contended: _Optional[bool] = ...) -> None: ...
 
 class YieldRequest(_message.Message):
-    __slots__ = ("lease_id", "still_parked")
+    __slots__ = ("lease_id", "still_parked", "parked")
     class StillParkedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ParkedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -94,9 +101,11 @@ class YieldRequest(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     STILL_PARKED_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     still_parked: _containers.ScalarMap[str, int]
-    def __init__(self, lease_id: _Optional[str] = ..., still_parked: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    parked: _containers.ScalarMap[str, int]
+    def __init__(self, lease_id: _Optional[str] = ..., still_parked: _Optional[_Mapping[str, int]] = ..., parked: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class YieldResponse(_message.Message):
     __slots__ = ("held_seconds",)
@@ -187,20 +196,30 @@ class CallbackResult(_message.Message):
     def __init__(self, call_id: _Optional[str] = ..., bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("welcome", "callback", "granted", "revoked", "reply", "refused")
+    __slots__ = ("welcome", "callback", "granted", "revoked", "reply", "refused", "park_at_yield")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     CALLBACK_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
     REPLY_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    PARK_AT_YIELD_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     callback: Callback
     granted: Lease
     revoked: Revoked
     reply: Reply
     refused: ErrorStatus
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., callback: _Optional[_Union[Callback, _Mapping]] = ..., granted: _Optional[_Union[Lease, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ..., reply: _Optional[_Union[Reply, _Mapping]] = ..., refused: _Optional[_Union[ErrorStatus, _Mapping]] = ...) -> None: ...
+    park_at_yield: ParkAtYield
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., callback: _Optional[_Union[Callback, _Mapping]] = ..., granted: _Optional[_Union[Lease, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ..., reply: _Optional[_Union[Reply, _Mapping]] = ..., refused: _Optional[_Union[ErrorStatus, _Mapping]] = ..., park_at_yield: _Optional[_Union[ParkAtYield, _Mapping]] = ...) -> None: ...
+
+class ParkAtYield(_message.Message):
+    __slots__ = ("lease_id", "gpus")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lease_id: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("tenant",)

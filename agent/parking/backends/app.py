@@ -153,6 +153,14 @@ class AppBackend(Backend):
         if reported is not None:
             self._moved(tenant_id, gpu, "park", reported, 0.0)
 
+    def parks_itself(self, tenant_id: str) -> bool:
+        """Always: its callbacks are its own process's."""
+        return True
+
+    def self_parked(self, tenant_id: str, gpu: str, moved: int) -> Move | None:
+        """Parked from now, with what its park reported (as a park callback's answer)."""
+        return self._moved(tenant_id, gpu, "park", moved, 0.0)
+
     def _done(self, tenant_id: str, gpu: str, direction: str) -> bool:
         """Whether the tenant is already where the move would take it."""
         with self._mutex:

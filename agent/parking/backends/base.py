@@ -148,6 +148,17 @@ class Backend(abc.ABC):
         backend restores its tenants itself (it never hands a restore)."""
         return None
 
+    def parks_itself(self, tenant_id: str) -> bool:
+        """Whether the tenant's own process moves its memory (its callbacks), so that it can
+        park itself as it yields (`self_parked`)."""
+        return False
+
+    def self_parked(self, tenant_id: str, gpu: str, moved: int) -> Move | None:
+        """The tenant's process parked its memory on `gpu` itself as its turn ended (`moved`
+        bytes, its word, as a park callback's answer is): count it parked. None where this
+        backend moves its tenants itself."""
+        return None
+
     def methods(self) -> tuple[str, ...]:
         """The parking methods this backend offers (one, unless it routes between several)."""
         return (self.name,)

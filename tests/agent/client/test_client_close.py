@@ -57,7 +57,7 @@ def tenant(agent: AgentRunner, name: str, held: HeldCallbacks | None = None) -> 
     callbacks = held or quick
     return Baton(
         agent.socket, [GPU], name=name, gpu_memory_mib=60,
-        on_park=callbacks.park, on_restore=callbacks.restore,
+        on_park=callbacks.park, on_restore=callbacks.restore, park_at_yield=False,
     )  # fmt: skip
 
 

@@ -61,6 +61,7 @@ def pair(app_agent: AgentRunner) -> Iterator[Pair]:
             gpu_memory_mib=60,
             on_park=r.park,
             on_restore=r.restore,
+            park_at_yield=False,  # each park by callback (test_park_at_yield: the other way)
         )
         for name, r in recorded.items()
     }
@@ -201,8 +202,9 @@ def test_a_tenant_with_two_parking_sessions_is_restored_by_callback(pair: Pair) 
 
 def async_client(agent: AgentRunner, name: str, r: Recorded) -> AsyncBaton:
     return AsyncBaton(
-        agent.socket, [GPU], name=name, gpu_memory_mib=60, on_park=r.park, on_restore=r.restore
-    )
+        agent.socket, [GPU], name=name, gpu_memory_mib=60,
+        on_park=r.park, on_restore=r.restore, park_at_yield=False,
+    )  # fmt: skip
 
 
 async def queued_behind(
@@ -307,8 +309,9 @@ def test_a_revocation_during_the_restore_a_grant_owes_parks_only_once_it_is_done
         def client(name: str, r: Recorded) -> Baton:
             park, restore = logged(name, "park", r.park), logged(name, "restore", r.restore)
             return Baton(
-                agent.socket, [GPU], name=name, gpu_memory_mib=60, on_park=park, on_restore=restore
-            )
+                agent.socket, [GPU], name=name, gpu_memory_mib=60,
+                on_park=park, on_restore=restore, park_at_yield=False,
+            )  # fmt: skip
 
         clients = {name: client(name, r) for name, r in recorded.items()}
         runner = clients["a"]._callbacks_run

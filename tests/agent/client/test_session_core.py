@@ -86,6 +86,35 @@ def test_every_end_of_a_turn_says_what_the_process_still_holds_parked() -> None:
     assert late is not None and dict(late.release.still_parked) == {"GPU-0": 60 << 20}
 
 
+def hint(lease_id: str, *gpus: str) -> pb.AgentMessage:
+    return pb.AgentMessage(park_at_yield=pb.ParkAtYield(lease_id=lease_id, gpus=gpus))
+
+
+def test_a_park_at_yield_is_the_latest_word_on_the_turn_held() -> None:
+    session, _ = core()
+    session.pushed(hint("a", "GPU-0"))  # before the grant it names reached the caller
+    session.granted(lease("a"))
+    assert session.parks_at_yield() == ("GPU-0",)
+    session.pushed(hint("a"))  # withdrawn: nobody due next needs the room any more
+    assert session.parks_at_yield() == ()
+    session.pushed(hint("old", "GPU-0"))  # a turn that ended
+    assert session.parks_at_yield() == ()
+    session.pushed(hint("a", "GPU-0"))
+    session.park_at_yield = False  # the client leaves every park to the agent's callbacks
+    assert session.parks_at_yield() == ()
+    session.park_at_yield = True
+    session.begin_yield()
+    assert session.parks_at_yield() == ()  # no turn held
+
+
+def test_the_end_of_a_turn_names_what_it_parked_apart_from_what_stayed_parked() -> None:
+    session, _ = core()
+    session.parked = lambda: {"GPU-0": 7, "GPU-1": 9}  # both parked in this process now
+    request = session.release("a", parked={"GPU-1": 9})  # GPU-1 parked as this turn ended
+    assert dict(request.parked) == {"GPU-1": 9} and dict(request.still_parked) == {"GPU-0": 7}
+    assert not session.release("a").parked
+
+
 def test_a_late_error_or_empty_answer_is_dropped() -> None:
     session = in_state("idle")
     late = pb.Reply(request_id=3, error=pb.ErrorStatus(code=4, message="deadline"))

@@ -1,0 +1,57 @@
+"""Park-at-yield: a holder that moves its own memory parks it as it yields, when the tenant due
+next needs the room.
+
+With the `app` method a park is a callback into the tenant's process. Asked for once the holder
+has yielded, it costs a round trip between the agent and that process inside the handover: the
+GPU idles while the message travels both ways. But who is due next, and whether its turn will
+need the holder parked, is known while the holder still runs. So the agent says so then
+(`ParkAtYield` on the holder's session: its lease, the GPUs), and again whenever that changes;
+the holder's client runs its own park on the thread that yields, before the yield leaves, and
+names what it parked in the yield (`YieldRequest.parked`). The next grant then finds the room
+made. A hint that turns out wrong costs a park and a restore, never a turn; a client that does
+not act on it is parked by callback, as before.
+"""
+
+from __future__ import annotations
+
+from agent.core.leases import LeaseTable, Waiter
+from agent.parking.host import Parking
+from agent.server.sessions import SessionRegistry
+from baton._pb import agent_pb2 as pb
+
+
+class YieldParks:
+    """What each holder was last told to park as it yields (lease id → GPUs)."""
+
+    def __init__(self, parking: Parking | None, sessions: SessionRegistry) -> None:
+        self._parking = parking
+        self._sessions = sessions
+        self._told: dict[str, tuple[str, ...]] = {}
+
+    def look(self, table: LeaseTable) -> None:
+        """Tell each holder whose hint changed (after a step that changed the turns)."""
+        parking = self._parking
+        if parking is None:
+            return
+        self._told = {k: v for k, v in self._told.items() if k in table.leases}
+        if not table.leases:
+            return
+        heads: dict[str, Waiter] = {}
+        for waiter in table.queue():
+            if not waiter.reserved:
+                for gpu in waiter.gpus:
+                    heads.setdefault(gpu, waiter)
+        for lease in list(table.leases.values()):
+            holder = lease.tenant_id
+            gpus: tuple[str, ...] = ()
+            nexts = {heads[g].waiter_id: heads[g] for g in lease.gpus if g in heads}
+            if nexts and self._sessions.parks_alone(holder):
+                found = set()
+                for head in nexts.values():
+                    if head.tenant_id != holder:
+                        found |= set(parking.parks_at_yield(holder, head.tenant_id, head.gpus))
+                gpus = tuple(sorted(found & set(lease.gpus)))
+            if gpus != self._told.get(lease.lease_id, ()):
+                self._told[lease.lease_id] = gpus
+                hint = pb.ParkAtYield(lease_id=lease.lease_id, gpus=gpus)
+                self._sessions.notify(holder, pb.AgentMessage(park_at_yield=hint))

@@ -1,0 +1,184 @@
+"""A holder whose own process moves its memory parks it as it yields, on the yielding thread,
+when the agent says the tenant due next needs the room (`ParkAtYield`): the yield names what it
+parked, and the next grant asks for no park. A hint withdrawn is not acted on; a park at the
+yield that fails is left to the agent's callback."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from agent.client import AsyncBaton, Baton
+from agent.client.errors import AcquireTimeout
+from baton._pb import agent_pb2 as pb
+from baton.contract.names import MIB
+from tests.agent.client.test_client_close import GPU, WAIT_S, app_agent
+from tests.agent.client.test_restore_with_grant import Recorded, sample, taking
+from tests.harness.agent import AgentRunner
+
+pytestmark = pytest.mark.timeout(60)
+__all__ = ["app_agent"]  # the fixture, used by name
+
+
+class Hints:
+    """The `ParkAtYield` messages a client's session core takes in, as they arrive."""
+
+    def __init__(self, client: Baton | AsyncBaton) -> None:
+        self.seen: list[tuple[str, ...]] = []
+        self._changed = threading.Condition()
+        core = client._core
+        pushed = core.pushed
+
+        def watch(message: pb.AgentMessage) -> None:
+            pushed(message)
+            if message.WhichOneof("kind") == "park_at_yield":
+                with self._changed:
+                    self.seen.append(tuple(message.park_at_yield.gpus))
+                    self._changed.notify_all()
+
+        core.pushed = watch  # type: ignore[method-assign]
+
+    def wait(self, gpus: tuple[str, ...], latest: bool = False) -> None:
+        """Return once a hint named `gpus` (with `latest`: the latest one; () is withdrawn)."""
+
+        def seen() -> bool:
+            return bool(self.seen) and self.seen[-1] == gpus if latest else gpus in self.seen
+
+        with self._changed:
+            ok = self._changed.wait_for(seen, WAIT_S)
+        assert ok, f"no hint {gpus} within {WAIT_S} s; hints seen: {self.seen}"
+
+
+Pair = tuple[AgentRunner, dict[str, Recorded], dict[str, Baton]]
+
+
+@pytest.fixture
+def pair(app_agent: AgentRunner) -> Iterator[Pair]:
+    """Two 60 MiB tenants of an app-method agent whose 100 MiB GPU holds one."""
+    recorded = {name: Recorded() for name in ("a", "b")}
+    clients = {
+        name: Baton(
+            app_agent.socket,
+            [GPU],
+            name=name,
+            gpu_memory_mib=60,
+            on_park=r.park,
+            on_restore=r.restore,
+        )
+        for name, r in recorded.items()
+    }
+    try:
+        yield app_agent, recorded, clients
+    finally:
+        for client in clients.values():
+            client.close()
+
+
+def handover(agent: AgentRunner, clients: dict[str, Baton], leaving: str, coming: str) -> None:
+    """`leaving` holds, `coming` queues, `leaving` is told to park as it yields, and yields."""
+    holder, hints = clients[leaving], Hints(clients[leaving])
+    holder.acquire(WAIT_S)
+    taker = taking(agent, clients[coming], lambda: clients[coming].acquire(WAIT_S))
+    hints.wait((GPU,))
+    holder.yield_()
+    taker.join(WAIT_S)
+    assert not taker.is_alive(), f"{coming} was never granted"
+
+
+def parked(agent: AgentRunner, client: Baton | AsyncBaton) -> int:
+    assert client.tenant is not None
+    entry = agent.status()["residency"]["tenants"][client.tenant.tenant_id]
+    return int(entry["parked_bytes"]) if entry["residency"] == "parked" else 0
+
+
+def test_the_holder_parks_itself_on_its_yielding_thread_and_the_grant_asks_no_park(
+    pair: Pair,
+) -> None:
+    agent, recorded, clients = pair
+    handover(agent, clients, "a", "b")
+    assert recorded["a"].calls == [("park", "MainThread")]  # before its yield left
+    assert parked(agent, clients["a"]) == 60 * MIB
+    assert sample(agent, "baton_moved_bytes_by_stage_total", direction="park", stage="yielded") == (
+        60 * MIB
+    )
+    assert sample(agent, "baton_move_seconds_count", direction="park") == 0  # no callback park
+    handover(agent, clients, "b", "a")  # b parks itself; a restores itself with its grant
+    assert recorded["b"].calls == [("park", "MainThread")]
+    assert recorded["a"].calls == [("park", "MainThread"), ("restore", "taker")]
+    assert clients["a"].lease is not None and parked(agent, clients["b"]) == 60 * MIB
+    assert sample(agent, "baton_moves_total", direction="park") == 2
+    assert [t.action for t in clients["a"].callback_timings] == ["park", "restore"]
+
+
+def test_a_hint_withdrawn_before_the_yield_parks_nothing(pair: Pair) -> None:
+    agent, recorded, clients = pair
+    holder, hints = clients["a"], Hints(clients["a"])
+    holder.acquire(WAIT_S)
+    waiter = clients["b"]
+    timed_out: list[AcquireTimeout] = []
+
+    def give_up() -> None:
+        try:
+            waiter.acquire(0.5)
+        except AcquireTimeout as exc:
+            timed_out.append(exc)
+
+    gave_up = taking(agent, waiter, give_up)
+    hints.wait((GPU,))
+    gave_up.join(WAIT_S)  # b's acquire timed out: nobody is due next any more
+    assert timed_out
+    hints.wait((), latest=True)
+    holder.yield_()
+    assert recorded["a"].calls == [] and parked(agent, holder) == 0
+
+
+def test_a_park_at_the_yield_that_fails_is_left_to_the_agents_callback(pair: Pair) -> None:
+    agent, recorded, clients = pair
+    attempts: list[str] = []
+    park = recorded["a"].park
+
+    def fails_once(gpu: str) -> int:
+        attempts.append(threading.current_thread().name)
+        if len(attempts) == 1:
+            raise RuntimeError("offload failed")
+        return park(gpu)
+
+    clients["a"]._callbacks["park"] = fails_once
+    handover(agent, clients, "a", "b")
+    assert attempts == ["MainThread", "baton-client"]  # the yield's, then the agent's callback
+    assert parked(agent, clients["a"]) == 60 * MIB
+    assert sample(agent, "baton_move_seconds_count", direction="park") == 1
+
+
+def test_the_async_client_parks_itself_as_it_yields(app_agent: AgentRunner) -> None:
+    recorded = {name: Recorded() for name in ("x", "y")}
+
+    def client(name: str) -> AsyncBaton:
+        r = recorded[name]
+        return AsyncBaton(
+            app_agent.socket, [GPU], name=name, gpu_memory_mib=60,
+            on_park=r.park, on_restore=r.restore,
+        )  # fmt: skip
+
+    async def scenario() -> None:
+        async with client("x") as x, client("y") as y:
+            await y.acquire(WAIT_S)  # parks x by callback (nobody held a turn to park at)
+            await y.yield_()
+            hints = Hints(x)
+            await x.acquire(WAIT_S)  # x restores itself with its grant
+            queued = asyncio.create_task(y.acquire(WAIT_S))
+            await asyncio.to_thread(hints.wait, (GPU,))
+            await x.yield_()
+            await asyncio.wait_for(queued, WAIT_S)
+            assert y.lease is not None
+            assert parked(app_agent, x) == 60 * MIB and x.parked.bytes == {GPU: 60 * MIB}
+
+    asyncio.run(scenario())
+    assert [c for c, _ in recorded["x"].calls] == ["park", "restore", "park"]
+    # By callback: x for y's first grant, y for x's (nobody waited as y yielded); not x's last.
+    assert sample(app_agent, "baton_move_seconds_count", direction="park") == 2
+    stage = {"direction": "park", "stage": "yielded"}
+    assert sample(app_agent, "baton_moved_bytes_by_stage_total", **stage) == 60 * MIB
