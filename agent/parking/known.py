@@ -155,6 +155,28 @@ class KnownNode:
         plan = plan_turn(snap, tenant_id) if holders is None else plan_ahead(snap, tenant_id)
         return isinstance(plan, Plan) and not plan.steps
 
+    def _own_restores(self, tenant_id: str, gpus: Collection[str]) -> Plan | None:
+        """The model's plan for the tenant's turn when it is nothing but restores of its own
+        memory by its own process (which a grant may leave to it, `hand_restore`); None when it
+        is anything else, or when the model cannot say (as for `_moves_nothing`)."""
+        if self._lock.locked() or tenant_id in self._ahead or tenant_id in self.quarantines.why:
+            return None
+        ref = self._refs.get(tenant_id)
+        if ref is None or not set(gpus) <= set(ref.gpus) or not self._model_current():
+            return None
+        if not self.backend.parks_itself(tenant_id):
+            return None
+        ended = [t for t, held in self._holding.items() if held & set(gpus)]  # granted over them
+        snap = self._node((), whole=self._model.unsettled, on=ref.gpus, ended=ended)
+        me = snap.tenants.get(tenant_id)
+        if me is None or not me.parked or self._unbounded_beside(tenant_id, me.footprint):
+            return None
+        plan = plan_turn(snap, tenant_id)
+        if not isinstance(plan, Plan) or not plan.steps:
+            return None
+        mine = all(s.tenant_id == tenant_id and s.direction == "restore" for s in plan.steps)
+        return plan if mine else None
+
     def _model_current(self) -> bool:
         """Whether the model has read every tenant that counts, as it is registered now."""
         if self._host is None:
@@ -226,18 +248,18 @@ class KnownNode:
         st: TenantState,
         busy: Collection[str] = (),
         whole: bool = False,
-        yielding: str = "",
+        ended: Collection[str] = (),
     ) -> TenantView:
         """The planner's view of one tenant from the backend's state and what we know (`whole`:
-        with its whole footprint on every GPU, allocated or not; `yielding`: a holder taken as
-        if its turn had ended)."""
+        with its whole footprint on every GPU, allocated or not; `ended`: holders taken as if
+        their turns had ended)."""
         return tenant_view(
             st,
             self._refs.get(tenant_id),
             method=st.method or self.backend.method_of(tenant_id),
             gpu_memory=self.gpu_memory,
             last_turn=self._last_turn.get(tenant_id, float("-inf")),
-            busy=(tenant_id in self._holding and tenant_id != yielding) or tenant_id in busy,
+            busy=(tenant_id in self._holding and tenant_id not in ended) or tenant_id in busy,
             cgroup=self._model.cgroups.get(tenant_id, (None, 0)),
             all_of_it=whole,
         )
@@ -258,13 +280,13 @@ class KnownNode:
         busy: Collection[str] = (),
         whole: Collection[str] = (),
         on: Collection[str] | None = None,
-        yielding: str = "",
+        ended: Collection[str] = (),
     ) -> NodeView:
         """The node as the model has it, `busy` holding turns, `whole` counted with their whole
         footprints (`model.ResidencyModel.unsettled`); only the tenants `on` those GPUs if given
-        (enough to tell whether a turn there moves anything); `yielding` as if it had yielded."""
+        (enough to tell whether a turn there moves anything); `ended` as if they had yielded."""
         views = {
-            t: self._view(t, st, busy, t in whole, yielding)
+            t: self._view(t, st, busy, t in whole, ended)
             for t, st in self._model.states.items()
             if on is None or self._shares(t, st, on)
         }

@@ -63,6 +63,8 @@ class ParkingPreparer(KnownNode):
             self._take_turn(tenant_id, gpus)
             self._settle_soon()
             return
+        if handed and self._hand_from_model(tenant_id, gpus):  # its restores left to it, at once
+            return
         ahead = self._ahead.get(tenant_id)
         if ahead is not None:  # its memory is on the way already: wait for that, move nothing
             await asyncio.wait({ahead})
@@ -78,6 +80,24 @@ class ParkingPreparer(KnownNode):
             plan = plan_turn(snap, tenant_id)
             await self._carry_out(tenant_id, plan, "grant", handed)
             self._take_turn(tenant_id, gpus)
+
+    def _hand_from_model(self, tenant_id: str, gpus: Sequence[str]) -> bool:
+        """Grant from the model when the turn needs nothing but the tenant's own restores, and
+        leave them to it (`hand_restore`): no snapshot, no lock (as a grant that moves
+        nothing). Whether it was granted so."""
+        plan = self._own_restores(tenant_id, gpus)
+        if plan is None:
+            return False
+        for step in plan.steps:
+            if not self._hand_over(tenant_id, step):
+                return False  # the method restores it itself after all: the full path does
+            log.info("restore of %s on %s is left to its grant", tenant_id, step.gpu)
+        self._read_now(tenant_id)
+        if self._host is not None:
+            self._host.persist()
+        self._take_turn(tenant_id, gpus)
+        self._settle_soon()
+        return True
 
     async def prepare_ahead(
         self, tenant_id: str, gpus: Sequence[str], holders: Collection[str] = ()
@@ -125,7 +145,7 @@ class ParkingPreparer(KnownNode):
             return ()
         if not self._model_current():
             return ()
-        snap = self._node((), whole=self._model.unsettled, on=gpus, yielding=holder)
+        snap = self._node((), whole=self._model.unsettled, on=gpus, ended=(holder,))
         if incoming not in snap.tenants:
             return ()
         plan = plan_turn(snap, incoming)
@@ -146,6 +166,7 @@ class ParkingPreparer(KnownNode):
                 self.metrics.moved(move, "yielded", self.backend.method_of(tenant_id), timed=False)
                 moved = True
         if moved:
+            self._holding.pop(tenant_id, None)  # its turn is ending: nothing to make room for
             self._read_now(tenant_id)
             if self._host is not None:
                 self._host.persist()

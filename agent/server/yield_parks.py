@@ -34,8 +34,11 @@ class YieldParks:
         if parking is None:
             return
         self._told = {k: v for k, v in self._told.items() if k in table.leases}
-        if not table.leases:
-            return
+        parkers = [
+            lease for lease in table.leases.values() if self._sessions.parks_alone(lease.tenant_id)
+        ]
+        if not parkers and not any(self._told.values()):
+            return  # nobody to tell (the common case off the `app` method): no queue to sort
         heads: dict[str, Waiter] = {}
         for waiter in table.queue():
             if not waiter.reserved:

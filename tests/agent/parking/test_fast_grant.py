@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from agent.core import eager
+from agent.parking.backends.app import AppBackend
 from agent.parking.backends.base import TenantRef
 from agent.parking.fakegpu import FakeGpuMemory
 from agent.parking.preparer import ParkingPreparer
@@ -205,3 +206,43 @@ def test_a_verdict_kept_from_earlier_turns_gives_way_to_a_read_that_changes_the_
 
     run(turns())
     assert residency(prep)["a"] == "resident"
+
+
+def test_a_turn_that_needs_only_its_own_restores_leaves_them_to_it_at_once() -> None:
+    # App method: b parks itself as it yields (the agent asked it to); a's grant then needs
+    # nothing but a's own restore, which a's client makes as the grant arrives. Granted from
+    # the model: no read of the node (a's own record only), no callback, no suspension.
+    calls: list[tuple[str, str]] = []
+
+    async def call_tenant(tenant_id: str, action: str, gpu: str, timeout: float) -> int:
+        calls.append((tenant_id, action))
+        return 60 * MIB
+
+    counting = Counting(AppBackend(call_tenant=call_tenant))
+    prep = ParkingPreparer(
+        counting,  # type: ignore[arg-type]
+        {GPU: 100 * MIB},
+        host_budget=1000 * MIB,
+        backoff=0.0,
+    )
+
+    async def turns() -> None:
+        for name in "ab":
+            prep.register(TenantRef(name, (GPU,), declared_bytes=60 * MIB))
+        await prep.prepare("a", [GPU])  # both counted resident as declared: b is parked
+        await prep.prepare("b", [GPU])  # a parked, b restored, by callback
+        assert calls == [("b", "park"), ("a", "park"), ("b", "restore")]
+        prep.parked_at_yield("b", {GPU: 60 * MIB})  # b's turn ends, b parked itself
+        await prep.settled()
+        reads = counting.reads
+        done, _, rest = eager.start(prep.prepare("a", [GPU], handed=True))
+        assert done and rest is None, "a's grant waited"
+        assert counting.reads - reads == 3, "read more than a's own record"
+        assert len(calls) == 3  # no callback
+        assert residency(prep) == {"a": "resident", "b": "parked"}
+        # Without the hand-over (a client that restores by callback) the agent restores it.
+        prep.parked_at_yield("a", {GPU: 60 * MIB})
+        await prep.prepare("b", [GPU])
+        assert calls[-1] == ("b", "restore")
+
+    run(turns())
