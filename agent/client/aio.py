@@ -317,6 +317,8 @@ class AsyncBaton:
         except AgentUnavailable:  # the turn may outlive the agent's restart: yield can be retried
             self._core.yield_failed(ended)
             self._rearm()
+            for gpu in parked:  # held again: what this yield parked comes back first
+                await self._move(pb.Callback(action="restore", gpu=gpu))
             raise
 
     async def _renew(self, lease_id: str) -> LeaseInfo:

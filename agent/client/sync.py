@@ -118,6 +118,9 @@ class Baton(BlockingSession):
         except AgentUnavailable:  # the turn may outlive the agent's restart: yield can be retried
             with self._state:
                 self._core.yield_failed(ended)
+            if parked:  # held again: what this yield parked comes back before anything else
+                with contextlib.suppress(BatonError):
+                    self._callbacks_run.restore_parked()
             raise
 
     @contextlib.contextmanager

@@ -198,6 +198,19 @@ class LeaseTable:
                 kept = True
         return kept
 
+    def may_keep(self, tenant_id: str, waiter: Waiter) -> bool:
+        """Whether the GPUs `tenant_id` holds might be kept for it at its yield, against
+        `waiter` (as `_kept_from` decides then: an owed yielder that usually comes back), judged
+        from the GPU time counted so far (a turn's own is counted at its end: this errs towards
+        keeping)."""
+        anticipation = self.anticipation
+        if self.fair is None or anticipation.window_s <= 0:
+            return False
+        if anticipation.return_s.get(tenant_id, 0.0) > anticipation.window_s:
+            return False
+        gpus, window = waiter.gpus, anticipation.window_s
+        return self.fair.ahead_of(tenant_id, gpus, waiter, self.usage, window)
+
     def _unhold(self, gpus: Iterable[str], now: float) -> None:
         """End the holds on `gpus`; the time they kept waiters out is their yielder's GPU time."""
         cost: dict[str, tuple[float, list[str]]] = {}

@@ -74,9 +74,12 @@ class Parking(Protocol):
         park moved): a grant that left the restore to it went unused, or the restore failed."""
         ...
 
-    def parks_at_yield(self, holder: str, incoming: str, gpus: Collection[str]) -> tuple[str, ...]:
-        """The GPUs where `incoming`'s turn after `holder`'s would park `holder`, which parks
-        itself (its own process moves its memory); () when none or unknown."""
+    def parks_at_yield(
+        self, holder: str, incoming: str, gpus: Collection[str], reserved: int = 0
+    ) -> dict[str, int]:
+        """GPU → bytes `incoming`'s turn after `holder`'s would park of `holder`, which parks
+        itself (its own process moves its memory), within the host budget beside `reserved`;
+        empty when none or unknown."""
         ...
 
     def parked_at_yield(self, tenant_id: str, parked: Mapping[str, int]) -> None:

@@ -135,23 +135,28 @@ class ParkingPreparer(KnownNode):
             held = ", ".join(f"{parked[g]} bytes on {g}" for g in gpus)
             log.info("%s still holds %s parked after its turn", tenant_id, held)
 
-    def parks_at_yield(self, holder: str, incoming: str, gpus: Collection[str]) -> tuple[str, ...]:
-        """The GPUs on which `incoming`'s turn, granted once `holder` yields, would park `holder`
-        (the model's plan, no I/O), where `holder`'s own process moves its memory; () when not,
-        or when the model cannot say."""
+    def parks_at_yield(
+        self, holder: str, incoming: str, gpus: Collection[str], reserved: int = 0
+    ) -> dict[str, int]:
+        """GPU → bytes: what `incoming`'s turn, granted once `holder` yields, would park of
+        `holder` (the model's plan over the whole node, no I/O), where `holder`'s own process
+        moves its memory and the host budget holds it beside what is parked and `reserved` (other
+        holders told to park); empty when not, or when the model cannot say."""
         if self._lock.locked() or not self.backend.parks_itself(holder):
-            return ()
+            return {}
         if incoming not in self._refs or holder not in self._model.states:
-            return ()
+            return {}
         if not self._model_current():
-            return ()
-        snap = self._node((), whole=self._model.unsettled, on=gpus, ended=(holder,))
+            return {}
+        snap = self._node((), whole=self._model.unsettled, ended=(holder,))
         if incoming not in snap.tenants:
-            return ()
+            return {}
         plan = plan_turn(snap, incoming)
         if not isinstance(plan, Plan):
-            return ()
-        return tuple(sorted({s.gpu for s in plan.parks if s.tenant_id == holder}))
+            return {}
+        if snap.parked_bytes + reserved + sum(s.bytes for s in plan.parks) > self.host_budget:
+            return {}
+        return {s.gpu: s.bytes for s in plan.parks if s.tenant_id == holder}
 
     def parked_at_yield(self, tenant_id: str, parked: Mapping[str, int]) -> None:
         """The tenant's process parked this memory itself as its turn ended (GPU → bytes its
@@ -170,6 +175,9 @@ class ParkingPreparer(KnownNode):
             self._read_now(tenant_id)
             if self._host is not None:
                 self._host.persist()
+            over = self._node().parked_bytes - self.host_budget
+            if over > 0:  # its own memory, moved already: counted as it is, and said
+                log.warning("%s parked itself %d bytes past the host budget", tenant_id, over)
 
     def _read_now(self, tenant_id: str) -> None:
         """Read one tenant into the model now (a backend whose record is in memory)."""

@@ -106,8 +106,6 @@ def release(
 ) -> pb.YieldResponse:
     """End the turn (for a member of a job's turn: leave it); `on_ended` may hear the answer
     before this returns (`Turns.yield_`)."""
-    if request.parked:  # what it parked itself as it yields: before the next grant plans
-        service.parked_at_yield(tenant, request.parked)
     if service.jobs is not None and service.jobs.holds(tenant, request.lease_id):
         return pb.YieldResponse(held_seconds=service.jobs.leave(tenant, request.lease_id))
 
@@ -117,6 +115,8 @@ def release(
 
     if request.still_parked:  # before the yield: the next grant plans with it
         service.not_restored(tenant, request.still_parked)
+    if request.parked:  # what it parked itself as it yields: before the next grant plans
+        service.parked_at_yield(tenant, request.lease_id, request.parked)
 
     held = service.yield_(tenant, request.lease_id, answer if on_ended else None)
     return pb.YieldResponse(held_seconds=held)

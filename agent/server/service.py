@@ -143,11 +143,16 @@ class LeaseService:
         if parked and self.state.parking is not None:
             self.state.parking.not_restored(tenant.tenant_id, parked)
 
-    def parked_at_yield(self, tenant: Tenant, parked: Mapping[str, int]) -> None:
-        """The tenant's process parked this memory itself as its turn ended (GPU → bytes), as
-        the agent asked (`agent.server.yield_parks`): counted parked before the next grant."""
-        if parked and self.state.parking is not None:
-            self.state.parking.parked_at_yield(tenant.tenant_id, parked)
+    def parked_at_yield(self, tenant: Tenant, lease_id: str, parked: Mapping[str, int]) -> None:
+        """The tenant's process parked this memory itself as its turn `lease_id` ended (GPU →
+        bytes), as the agent asked (`agent.server.yield_parks`): counted parked before the next
+        grant; only on the GPUs of that turn, while it is the tenant's."""
+        lease = self.table.leases.get(lease_id)
+        if lease is None or lease.tenant_id != tenant.tenant_id or self.state.parking is None:
+            return  # the yield fails, or ends nothing: the next grant reads the node
+        mine = {gpu: size for gpu, size in parked.items() if gpu in lease.gpus}
+        if mine:
+            self.state.parking.parked_at_yield(tenant.tenant_id, mine)
 
     def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
         """One of the tenant's own leases (renewing it is the same check)."""

@@ -8,8 +8,9 @@ need the holder parked, is known while the holder still runs. So the agent says 
 (`ParkAtYield` on the holder's session: its lease, the GPUs), and again whenever that changes;
 the holder's client runs its own park on the thread that yields, before the yield leaves, and
 names what it parked in the yield (`YieldRequest.parked`). The next grant then finds the room
-made. A hint that turns out wrong costs a park and a restore, never a turn; a client that does
-not act on it is parked by callback, as before.
+made. No hint where the fair policy may keep the GPU for the holder at its yield
+(`LeaseTable.may_keep`), nor past the host budget. A hint that turns out wrong costs a park and
+a restore, never a turn; a client that does not act on it is parked by callback, as before.
 """
 
 from __future__ import annotations
@@ -44,16 +45,19 @@ class YieldParks:
             if not waiter.reserved:
                 for gpu in waiter.gpus:
                     heads.setdefault(gpu, waiter)
+        reserved = 0  # host memory the holders told so far will park
         for lease in list(table.leases.values()):
             holder = lease.tenant_id
-            gpus: tuple[str, ...] = ()
             nexts = {heads[g].waiter_id: heads[g] for g in lease.gpus if g in heads}
+            found: dict[str, int] = {}
             if nexts and self._sessions.parks_alone(holder):
-                found = set()
                 for head in nexts.values():
-                    if head.tenant_id != holder:
-                        found |= set(parking.parks_at_yield(holder, head.tenant_id, head.gpus))
-                gpus = tuple(sorted(found & set(lease.gpus)))
+                    if head.tenant_id == holder or table.may_keep(holder, head):
+                        found = {}  # the GPU may stay its own at the yield: park nothing
+                        break
+                    found |= parking.parks_at_yield(holder, head.tenant_id, head.gpus, reserved)
+            gpus = tuple(sorted(set(found) & set(lease.gpus)))
+            reserved += sum(found[g] for g in gpus)
             if gpus != self._told.get(lease.lease_id, ()):
                 self._told[lease.lease_id] = gpus
                 hint = pb.ParkAtYield(lease_id=lease.lease_id, gpus=gpus)

@@ -158,7 +158,10 @@ class AppBackend(Backend):
         return True
 
     def self_parked(self, tenant_id: str, gpu: str, moved: int) -> Move | None:
-        """Parked from now, with what its park reported (as a park callback's answer)."""
+        """Parked from now, with what its park reported (as a park callback's answer); one
+        parked already keeps the record of the park that parked it."""
+        if self._done(tenant_id, gpu, "park"):
+            return Move(tenant_id, gpu, "park", 0, 0.0)
         return self._moved(tenant_id, gpu, "park", moved, 0.0)
 
     def _done(self, tenant_id: str, gpu: str, direction: str) -> bool:

@@ -12,11 +12,17 @@ from collections.abc import Iterator
 import pytest
 
 from agent.client import AsyncBaton, Baton
-from agent.client.errors import AcquireTimeout
+from agent.client.errors import AcquireTimeout, BatonError
 from baton._pb import agent_pb2 as pb
 from baton.contract.names import MIB
 from tests.agent.client.test_client_close import GPU, WAIT_S, app_agent
-from tests.agent.client.test_restore_with_grant import Recorded, sample, taking
+from tests.agent.client.test_restore_with_grant import (
+    Pair,
+    Recorded,
+    sample,
+    taking,
+    two_tenants,
+)
 from tests.harness.agent import AgentRunner
 
 pytestmark = pytest.mark.timeout(60)
@@ -52,29 +58,10 @@ class Hints:
         assert ok, f"no hint {gpus} within {WAIT_S} s; hints seen: {self.seen}"
 
 
-Pair = tuple[AgentRunner, dict[str, Recorded], dict[str, Baton]]
-
-
 @pytest.fixture
 def pair(app_agent: AgentRunner) -> Iterator[Pair]:
-    """Two 60 MiB tenants of an app-method agent whose 100 MiB GPU holds one."""
-    recorded = {name: Recorded() for name in ("a", "b")}
-    clients = {
-        name: Baton(
-            app_agent.socket,
-            [GPU],
-            name=name,
-            gpu_memory_mib=60,
-            on_park=r.park,
-            on_restore=r.restore,
-        )
-        for name, r in recorded.items()
-    }
-    try:
-        yield app_agent, recorded, clients
-    finally:
-        for client in clients.values():
-            client.close()
+    """`two_tenants`, parking as they yield when told to."""
+    yield from two_tenants(app_agent, park_at_yield=True)
 
 
 def handover(agent: AgentRunner, clients: dict[str, Baton], leaving: str, coming: str) -> None:
@@ -182,3 +169,18 @@ def test_the_async_client_parks_itself_as_it_yields(app_agent: AgentRunner) -> N
     assert sample(app_agent, "baton_move_seconds_count", direction="park") == 2
     stage = {"direction": "park", "stage": "yielded"}
     assert sample(app_agent, "baton_moved_bytes_by_stage_total", **stage) == 60 * MIB
+
+
+def test_parked_memory_named_with_a_turn_the_tenant_does_not_hold_is_not_counted(
+    pair: Pair,
+) -> None:
+    agent, _, clients = pair
+    holder = clients["a"]
+    lease = holder.acquire(WAIT_S)
+    stale = pb.YieldRequest(lease_id="not-a-lease", parked={GPU: 60 * MIB})
+    with pytest.raises(BatonError, match="not-a-lease"):
+        holder._request(pb.Request(release=stale))
+    assert parked(agent, holder) == 0 and holder.lease == lease
+    other = pb.YieldRequest(lease_id=lease.lease_id, parked={"GPU-not-its-own": 60 * MIB})
+    holder._request(pb.Request(release=other))  # ends the turn; the foreign GPU is ignored
+    assert parked(agent, holder) == 0

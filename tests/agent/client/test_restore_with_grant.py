@@ -48,28 +48,33 @@ class Recorded:
 Pair = tuple[AgentRunner, dict[str, Recorded], dict[str, Baton]]
 
 
-@pytest.fixture
-def pair(app_agent: AgentRunner) -> Iterator[Pair]:
+def two_tenants(agent: AgentRunner, park_at_yield: bool) -> Iterator[Pair]:
     """Two 60 MiB tenants of an app-method agent whose 100 MiB GPU holds one: every switch
     parks one and restores the other."""
     recorded = {name: Recorded() for name in ("a", "b")}
     clients = {
         name: Baton(
-            app_agent.socket,
+            agent.socket,
             [GPU],
             name=name,
             gpu_memory_mib=60,
             on_park=r.park,
             on_restore=r.restore,
-            park_at_yield=False,  # each park by callback (test_park_at_yield: the other way)
+            park_at_yield=park_at_yield,
         )
         for name, r in recorded.items()
     }
     try:
-        yield app_agent, recorded, clients
+        yield agent, recorded, clients
     finally:
         for client in clients.values():
             client.close()
+
+
+@pytest.fixture
+def pair(app_agent: AgentRunner) -> Iterator[Pair]:
+    """`two_tenants`, each park by callback (test_park_at_yield: the other way)."""
+    yield from two_tenants(app_agent, park_at_yield=False)
 
 
 def sample(agent: AgentRunner, name: str, **labels: str) -> float:

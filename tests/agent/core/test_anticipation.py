@@ -117,3 +117,24 @@ def test_return_times_are_learnt_as_a_running_mean() -> None:
     assert ant.return_s["t"] == pytest.approx(0.004 + 0.25 * (0.02 - 0.004))
     with pytest.raises(ValueError):
         Anticipation(window_s=-1.0)
+
+
+def test_may_keep_says_before_the_yield_what_the_hold_would_decide_at_it() -> None:
+    # The park-at-yield hint (agent.server.yield_parks) is not given to a holder the GPU may be
+    # kept for at its yield: it would park itself for nothing.
+    node = Node()
+    node.table.enqueue("small", ["g"], duty=10)
+    node.table.enqueue("large", ["g"], duty=90)
+    [small] = node.granted()
+    node.now += 0.05
+    node.table.release(node.table.leases_of(small)[0].lease_id, yielded=True)
+    assert node.granted() == ["large"]
+    waiter = node.table.enqueue("small", ["g"], duty=10)
+    assert node.table.may_keep("large", waiter)  # owed: its yield would keep the GPU for it
+    node.table.anticipation.return_s["large"] = 0.5  # one that does not come straight back
+    assert not node.table.may_keep("large", waiter)
+    fifo = LeaseTable(clock=lambda: 0.0, policy="fifo")  # no holds under FIFO
+    assert not fifo.may_keep("large", fifo.enqueue("small", ["g"]))
+    unowed = Node()
+    unowed.turn("a", 0.05)
+    assert not unowed.table.may_keep("a", unowed.table.enqueue("b", ["g"], duty=50))

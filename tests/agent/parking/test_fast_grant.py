@@ -14,6 +14,8 @@ from baton.contract.names import MIB
 
 from .conftest import GPU
 
+OTHER = "GPU-fake-0001"
+
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 10))
@@ -246,3 +248,38 @@ def test_a_turn_that_needs_only_its_own_restores_leaves_them_to_it_at_once() -> 
         assert calls[-1] == ("b", "restore")
 
     run(turns())
+
+
+def test_a_park_at_yield_is_hinted_only_within_the_host_budget_of_the_whole_node() -> None:
+    # h holds GPU-0 and i waits for it; x is parked from GPU-1. i's turn would park h: the hint
+    # counts x's parked bytes too (the host budget is the node's), and what other holders were
+    # told to park.
+    async def call_tenant(tenant_id: str, action: str, gpu: str, timeout: float) -> int:
+        return 60 * MIB
+
+    def node(budget_mib: int) -> ParkingPreparer:
+        prep = ParkingPreparer(
+            AppBackend(call_tenant=call_tenant),
+            {GPU: 100 * MIB, OTHER: 100 * MIB},
+            host_budget=budget_mib * MIB,
+            backoff=0.0,
+        )
+
+        async def turns() -> None:
+            prep.register(TenantRef("x", (OTHER,), declared_bytes=60 * MIB))
+            for name in "hi":
+                prep.register(TenantRef(name, (GPU,), declared_bytes=60 * MIB))
+            await prep.prepare("x", [OTHER])
+            prep.parked_at_yield("x", {OTHER: 60 * MIB})
+            await prep.prepare("h", [GPU])  # parks i by callback
+            await prep.settled()
+
+        run(turns())
+        return prep
+
+    roomy = node(300)
+    assert roomy.parks_at_yield("h", "i", [GPU]) == {GPU: 60 * MIB}
+    assert roomy.parks_at_yield("h", "i", [GPU], reserved=200 * MIB) == {}
+    # x's 60 MiB and i's 60 MiB parked: parking h too would pass 150 MiB (the planner counts
+    # what is parked before the restore that follows).
+    assert node(150).parks_at_yield("h", "i", [GPU]) == {}
