@@ -118,10 +118,8 @@ class KnownNode:
         Not when a plan runs or is on the way for it, when the tenants changed since the last
         read, or when it needs room beside a tenant whose growth has no bound.
         """
-        if self._lock.locked() or tenant_id in self._ahead or tenant_id in self.quarantines.why:
-            return False
-        ref = self._refs.get(tenant_id)
-        if ref is None or not set(gpus) <= set(ref.gpus) or not self._model_current():
+        ref = self._model_ref(tenant_id, gpus)
+        if ref is None:
             return False
         at = (self._model.revision, self._revision)
         if at != self._verdicts_at or len(self._verdicts) > MAX_VERDICTS:
@@ -155,27 +153,16 @@ class KnownNode:
         plan = plan_turn(snap, tenant_id) if holders is None else plan_ahead(snap, tenant_id)
         return isinstance(plan, Plan) and not plan.steps
 
-    def _own_restores(self, tenant_id: str, gpus: Collection[str]) -> Plan | None:
-        """The model's plan for the tenant's turn when it is nothing but restores of its own
-        memory by its own process (which a grant may leave to it, `hand_restore`); None when it
-        is anything else, or when the model cannot say (as for `_moves_nothing`)."""
+    def _model_ref(self, tenant_id: str, gpus: Collection[str]) -> TenantRef | None:
+        """The tenant as registered, where the model can plan its turn on `gpus` alone: no plan
+        runs or is on the way for it, it is not quarantined, and the model has read every
+        tenant as registered now; None otherwise."""
         if self._lock.locked() or tenant_id in self._ahead or tenant_id in self.quarantines.why:
             return None
         ref = self._refs.get(tenant_id)
         if ref is None or not set(gpus) <= set(ref.gpus) or not self._model_current():
             return None
-        if not self.backend.parks_itself(tenant_id):
-            return None
-        ended = [t for t, held in self._holding.items() if held & set(gpus)]  # granted over them
-        snap = self._node((), whole=self._model.unsettled, on=ref.gpus, ended=ended)
-        me = snap.tenants.get(tenant_id)
-        if me is None or not me.parked or self._unbounded_beside(tenant_id, me.footprint):
-            return None
-        plan = plan_turn(snap, tenant_id)
-        if not isinstance(plan, Plan) or not plan.steps:
-            return None
-        mine = all(s.tenant_id == tenant_id and s.direction == "restore" for s in plan.steps)
-        return plan if mine else None
+        return ref
 
     def _model_current(self) -> bool:
         """Whether the model has read every tenant that counts, as it is registered now."""
@@ -367,7 +354,11 @@ class KnownNode:
             await self._make_room_for_holder(holder)
 
     def _publish(self) -> None:
-        self.metrics.parked_bytes.set(sum(st.parked_bytes for st in self._model.states.values()))
+        self.metrics.parked_bytes.set(self._parked_bytes())
+
+    def _parked_bytes(self) -> int:
+        """Bytes parked in host DRAM across the node, as the model has them."""
+        return sum(st.parked_bytes for st in self._model.states.values())
 
     def status(self) -> dict[str, Any]:
         """Node and per tenant residency for /v1/status."""
@@ -386,7 +377,7 @@ class KnownNode:
         return {
             "backend": self.backend.name,
             "methods": list(self.backend.methods()),
-            "parked_bytes": sum(st.parked_bytes for st in states.values()),
+            "parked_bytes": self._parked_bytes(),
             "host_memory_budget_bytes": self.host_budget,
             "headroom_bytes": self.headroom,
             "tenants": tenants,

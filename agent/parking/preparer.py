@@ -81,6 +81,24 @@ class ParkingPreparer(KnownNode):
             await self._carry_out(tenant_id, plan, "grant", handed)
             self._take_turn(tenant_id, gpus)
 
+    def _own_restores(self, tenant_id: str, gpus: Collection[str]) -> Plan | None:
+        """The model's plan for the tenant's turn when it is nothing but restores of its own
+        memory by its own process (which a grant may leave to it, `hand_restore`); None when it
+        is anything else, or when the model cannot say (as for `_moves_nothing`)."""
+        ref = self._model_ref(tenant_id, gpus)
+        if ref is None or not self.backend.parks_itself(tenant_id):
+            return None
+        ended = [t for t, held in self._holding.items() if held & set(gpus)]  # granted over them
+        snap = self._node((), whole=self._model.unsettled, on=ref.gpus, ended=ended)
+        me = snap.tenants.get(tenant_id)
+        if me is None or not me.parked or self._unbounded_beside(tenant_id, me.footprint):
+            return None
+        plan = plan_turn(snap, tenant_id)
+        if not isinstance(plan, Plan) or not plan.steps:
+            return None
+        mine = all(s.tenant_id == tenant_id and s.direction == "restore" for s in plan.steps)
+        return plan if mine else None
+
     def _hand_from_model(self, tenant_id: str, gpus: Sequence[str]) -> bool:
         """Grant from the model when the turn needs nothing but the tenant's own restores, and
         leave them to it (`hand_restore`): no snapshot, no lock (as a grant that moves
@@ -175,7 +193,7 @@ class ParkingPreparer(KnownNode):
             self._read_now(tenant_id)
             if self._host is not None:
                 self._host.persist()
-            over = self._node().parked_bytes - self.host_budget
+            over = self._parked_bytes() - self.host_budget
             if over > 0:  # its own memory, moved already: counted as it is, and said
                 log.warning("%s parked itself %d bytes past the host budget", tenant_id, over)
 
