@@ -12,8 +12,9 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from agent.client.connect import open_session, reconnect
+from agent.client.connect import connected, open_session, reconnect
 from agent.client.errors import AgentUnavailable, BatonError, from_status
+from agent.client.keeper import LoopTimer
 from agent.client.links import TRANSPORTS, SessionLink
 from agent.client.parked import Parked, restore_with_grant, restores_itself
 from agent.client.session_core import SessionCore, acquire_request
@@ -54,6 +55,7 @@ class AsyncBaton:
         reconnect: bool = True,
         job: str = "",
         park_at_yield: bool = True,
+        keep_turns: bool = True,
         transport: str = "direct",
     ) -> None:
         if transport not in TRANSPORTS:
@@ -75,10 +77,13 @@ class AsyncBaton:
         """This tenant as the agent knows it (after connecting)."""
         self._core = SessionCore(renew_interval)
         self._core.park_at_yield = park_at_yield
+        self._keeps_turns = keep_turns
+        """Whether a yield may keep the lease when the agent says it may (`KeepTurn`)."""
         self._write_lock: asyncio.Lock | None = None
         self._connected: asyncio.Event | None = None
         self._supervisor: asyncio.Task[None] | None = None
-        self._renewer: asyncio.TimerHandle | None = None
+        self._renewer = LoopTimer(self._renew_due, self._core.clock)
+        self._keeper = LoopTimer(self._give_back_due, self._core.clock)
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._replies: dict[int, asyncio.Future[pb.Reply]] = {}
@@ -124,6 +129,7 @@ class AsyncBaton:
             list(self._callbacks),
             self._connect_timeout,
             self.transport,
+            self._keeps_turns and not self.job,
         )
         if self._link is not None:
             await self._link.close()
@@ -162,7 +168,7 @@ class AsyncBaton:
         elif kind == "callback":
             self._spawn(self._run_callback(message.callback))
         else:
-            self._core.pushed(message)
+            self._yield_kept(self._core.pushed(message))
             self._rearm()
 
     def _on_reply(self, reply: pb.Reply) -> None:
@@ -259,6 +265,7 @@ class AsyncBaton:
     async def _reclaim(self) -> None:
         """After a reconnect: tell the new agent that the turn held is still in use."""
         lease = self._core.reclaim()
+        self._yield_kept(self._core.give_back())
         self._rearm()
         if lease is not None:
             await self._renew_once(lease, reclaiming=True)
@@ -268,20 +275,8 @@ class AsyncBaton:
         if self._supervisor is None:
             await self.connect()
         assert self._connected is not None and self._supervisor is not None
-        if self._connected.is_set():
-            return
-        if not self._reconnect or self._supervisor.done():
-            raise AgentUnavailable(
-                f"lost the Baton agent at {self.socket} and this client does not reconnect "
-                "(reconnect=False); create a new client"
-            )
-        try:
-            await asyncio.wait_for(self._connected.wait(), max(0.0, wait))
-        except TimeoutError:
-            raise AgentUnavailable(
-                f"not connected to the Baton agent at {self.socket}: still reconnecting "
-                f"after {max(0.0, wait):.3g} s"
-            ) from None
+        reconnecting = self._reconnect and not self._supervisor.done()
+        await connected(self._connected, reconnecting, wait, self.socket)
 
     # The two calls.
 
@@ -293,6 +288,11 @@ class AsyncBaton:
         returns (as `Baton.acquire` does)."""
         if self.lease is not None:  # (a park meanwhile was a revocation's: not undone here)
             return self.lease
+        if (kept := self._core.take_kept(gpus)) is not None:
+            return kept
+        if (given_back := self._core.give_back()) is not None:  # not taken back: yield it first
+            with contextlib.suppress(BatonError):
+                await self._request(given_back)
         restores = restores_itself(self._callbacks)
         with self.parked.acquiring():
             request = acquire_request(timeout, gpus, self.job, restores)
@@ -310,8 +310,11 @@ class AsyncBaton:
             result = await self._move(pb.Callback(action="park", gpu=gpu))
             if not result.error:
                 parked[gpu] = int(result.bytes)
-        ended = self._core.begin_yield()
+        ended = self._core.begin_yield(may_keep=not parked)
         self._rearm()
+        if ended.kept:  # nothing to send: the timer yields it if no acquire takes it back
+            self._keeper.set(self._core.kept_deadline())
+            return
         try:
             await self._request(pb.Request(release=self._core.release(ended.lease_id, parked)))
         except AgentUnavailable:  # the turn may outlive the agent's restart: yield can be retried
@@ -339,19 +342,9 @@ class AsyncBaton:
 
     def _rearm(self) -> None:
         """Set the renewal timer to the core's deadline (or stop it, when none is due)."""
-        self._stop_renewer()
-        due = self._core.renew_at
-        if due is not None:
-            delay = max(0.0, due - self._core.clock())
-            self._renewer = asyncio.get_running_loop().call_later(delay, self._renew_due)
-
-    def _stop_renewer(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-        self._renewer = None
+        self._renewer.set(self._core.renew_at)
 
     def _renew_due(self) -> None:
-        self._renewer = None
         lease = self._core.renewal_due()
         if lease is not None:
             self._spawn(self._renew_once(lease))
@@ -367,12 +360,23 @@ class AsyncBaton:
         self._core.renewed(lease, outcome, reclaiming)
         self._rearm()
 
+    # Kept turns (`agent.server.kept_turns`).
+
+    def _give_back_due(self) -> None:
+        self._yield_kept(self._core.kept_due())
+
+    def _yield_kept(self, release: pb.Request | None) -> None:
+        """Yield a kept lease to the agent (its answer is only logged: `_on_reply`)."""
+        if release is not None:
+            self._spawn(self._send(pb.ClientMessage(request=release)))
+
     # Lifecycle.
 
     async def close(self) -> None:
         """End the session; the agent releases this process's turn and queue places."""
         self._closing = True
-        self._stop_renewer()
+        self._renewer.set(None)
+        self._keeper.set(None)
         if self._link is not None:
             self._link.cancel()
         if self._supervisor is not None:

@@ -18,10 +18,12 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 
+from agent.client.background import BackgroundCall
 from agent.client.call_link import CallLink
 from agent.client.callback_runner import CLOSE_WAIT_S, CallbackRunner, CallbackTiming
 from agent.client.connect import CLIENT_VERSION
 from agent.client.errors import AgentUnavailable, BatonError, from_status
+from agent.client.keeper import Keeper
 from agent.client.session_core import SessionCore
 from agent.client.types import Callback, Identity, LeaseInfo, add_callbacks
 from agent.wire.handshake import handshake_path, read_token_line
@@ -33,28 +35,6 @@ log = logging.getLogger("baton.client")
 
 RECONNECT_BACKOFF_S = (0.05, 2.0)
 """First and longest pause between reconnect attempts."""
-
-
-class BackgroundCall:
-    """A request on the session whose answer `on_done` handles on the reader thread."""
-
-    def __init__(self, on_done: Callable[[BackgroundCall], None]) -> None:
-        self.reply: pb.Reply | None = None
-        self.error: BatonError | None = None
-        self.on_done = on_done
-
-    def finish(self, reply: pb.Reply | None, error: BatonError | None = None) -> None:
-        self.reply, self.error = reply, error
-        self.on_done(self)
-
-    def result(self, socket: str) -> pb.Reply:
-        """The reply, or the error it carries."""
-        if self.error is not None:
-            raise self.error
-        assert self.reply is not None
-        if self.reply.HasField("error"):
-            raise from_status(self.reply.error.code, self.reply.error.message, socket)
-        return self.reply
 
 
 class BlockingSession:
@@ -77,6 +57,7 @@ class BlockingSession:
         reconnect: bool = True,
         job: str = "",
         park_at_yield: bool = True,
+        keep_turns: bool = True,
     ) -> None:
         me = Identity.of(socket, gpus, name, gpu_memory_mib, gpu_duty, memory_limit_bytes, priority)
         self.socket, self.gpus, self.name = me.socket, me.gpus, me.name
@@ -92,6 +73,9 @@ class BlockingSession:
         self._core = SessionCore(renew_interval)
         self._core.park_at_yield = park_at_yield
         """The turn held and its renewal; changed only under `_state`."""
+        self._keeps_turns = keep_turns
+        """Whether a yield may keep the lease when the agent says it may (`KeepTurn`)."""
+        self._keeper = Keeper(self._kept_deadline, self._give_back_due, self._core.clock)
         self._token = ""
         self._sock: socketlib.socket | None = None
         self._connected = threading.Event()
@@ -167,6 +151,7 @@ class BlockingSession:
                 client_version=CLIENT_VERSION,
                 callbacks=sorted(self._callbacks),
                 register=self._registration,
+                keeps_turns=self._keeps_turns and not self.job,  # a job's turn is cluster-wide
             )
             sock.sendall(framing.encode(pb.ClientMessage(hello=hello)))
             reader = framing.BlockingReader(sock, rest)
@@ -290,7 +275,8 @@ class BlockingSession:
             self._callbacks_run.run(message.callback, time.time())
         else:
             with self._state:
-                self._core.pushed(message)
+                kept = self._core.pushed(message)
+            self._yield_kept(kept)
 
     def _on_reply(self, reply: pb.Reply) -> None:
         with self._state:
@@ -344,9 +330,27 @@ class BlockingSession:
     def _reclaim(self) -> None:
         """After a reconnect: tell the new agent that the turn held is still in use."""
         with self._state:
-            lease = self._core.reclaim()
+            lease, kept = self._core.reclaim(), self._core.give_back()
         if lease is not None:
             self._renew(lease, reclaiming=True)
+        self._yield_kept(kept)
+
+    # Kept turns (`agent.server.kept_turns`).
+
+    def _kept_deadline(self) -> float | None:
+        with self._state:
+            return self._core.kept_deadline()
+
+    def _give_back_due(self) -> None:
+        with self._state:
+            kept = self._core.kept_due()
+        self._yield_kept(kept)
+
+    def _yield_kept(self, release: pb.Request | None) -> None:
+        """Yield a kept lease to the agent, on the session (its answer is only logged)."""
+        if release is not None:
+            with contextlib.suppress(AgentUnavailable):
+                self._send(pb.ClientMessage(request=release))
 
     def _renew(self, lease: LeaseInfo, reclaiming: bool) -> None:
         def done(call: BackgroundCall) -> None:
@@ -368,6 +372,7 @@ class BlockingSession:
         """
         self._closed.set()
         atexit.unregister(self._at_exit)
+        self._keeper.close()
         self._callbacks_run.close(self.close_wait)
         with self._state:
             sock = self._sock

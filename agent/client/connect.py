@@ -70,9 +70,12 @@ async def open_session(
     callbacks: Sequence[str],
     timeout: float,
     transport: str = "direct",
+    keeps_turns: bool = False,
 ) -> Opened:
     """Register and open the session; `AgentUnavailable` (or the refusal) if not."""
-    hello = pb.Hello(client_version=CLIENT_VERSION, callbacks=sorted(callbacks))
+    hello = pb.Hello(
+        client_version=CLIENT_VERSION, callbacks=sorted(callbacks), keeps_turns=keeps_turns
+    )
     if transport == "direct":
         return await _open_direct(socket, registration, hello, timeout)
     if transport == "grpc":
@@ -130,6 +133,25 @@ async def _open_grpc(
             f"the Baton agent at {socket} did not open the session: {exc}"
         ) from None
     return Opened(GrpcLink(channel, call, socket), reply.tenant, token)
+
+
+async def connected(is_open: asyncio.Event, reconnecting: bool, wait: float, socket: str) -> None:
+    """Return once `is_open` is set; `AgentUnavailable` if not within `wait` seconds or if the
+    session is broken and no reconnect is under way."""
+    if is_open.is_set():
+        return
+    if not reconnecting:
+        raise AgentUnavailable(
+            f"lost the Baton agent at {socket} and this client does not reconnect "
+            "(reconnect=False); create a new client"
+        )
+    try:
+        await asyncio.wait_for(is_open.wait(), max(0.0, wait))
+    except TimeoutError:
+        raise AgentUnavailable(
+            f"not connected to the Baton agent at {socket}: still reconnecting "
+            f"after {max(0.0, wait):.3g} s"
+        ) from None
 
 
 async def reconnect(

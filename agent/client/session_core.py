@@ -34,21 +34,31 @@ def acquire_request(
 
 
 class Turn(NamedTuple):
-    """What a yield ends: the lease held (None while resuming) and whether a resume was due."""
+    """What a yield ends: the lease held (None while resuming), whether a resume was due, and
+    whether the lease is kept (`KeepTurn`: nothing to send)."""
 
     lease: LeaseInfo | None
     resuming: bool
+    kept: bool = False
 
     @property
     def lease_id(self) -> str:
         return self.lease.lease_id if self.lease is not None else ""
 
 
+class Kept(NamedTuple):
+    """A lease kept across a yield: the turn ended, the lease not yet given back."""
+
+    lease: LeaseInfo
+    since: float
+    renew_at: float | None
+
+
 class SessionCore:
     """The turn a tenant holds, its renewal deadline, and the rules that change them.
 
-    Invariants: at most one lease is held; never a lease and a pending resume at once; a
-    renewal is due only while a lease is held.
+    Invariants: at most one lease is held or kept; never a lease and a pending resume at once;
+    a renewal is due only while a lease is held.
     """
 
     def __init__(self, renew_interval: float, clock: Callable[[], float] = time.monotonic):
@@ -72,6 +82,13 @@ class SessionCore:
         self.yield_parks: tuple[str, tuple[str, ...]] = ("", ())
         """The lease whose end should park these GPUs first, as the agent last said
         (`ParkAtYield`: the tenant due next needs the room)."""
+        self.keep = pb.KeepTurn()
+        """How long the held lease may be kept across yields, as the agent last said."""
+        self.granted_clock = 0.0
+        """When the held lease was granted, by `clock`."""
+        self.kept: Kept | None = None
+        """The lease kept at the last yield, until an acquire takes it back or it is given back
+        (`agent.server.kept_turns`)."""
 
     def holding(self) -> bool:
         """A turn to end: a lease held, or one the agent will give back."""
@@ -82,16 +99,62 @@ class SessionCore:
     def granted(self, lease: LeaseInfo) -> LeaseInfo:
         """An acquire was answered: the turn is held, its renewal due after the interval."""
         self.lease, self.resuming = lease, False
-        self.renew_at = self.clock() + self.renew_interval
+        self.granted_clock = now = self.clock()
+        self.renew_at = now + self.renew_interval
         return lease
 
-    def begin_yield(self) -> Turn:
-        """The caller yields: the turn ends now; the shell sends the release for `Turn`."""
+    def begin_yield(self, may_keep: bool = True) -> Turn:
+        """The caller yields: the turn ends now; the shell sends the release for `Turn`, unless
+        the lease is kept (the agent said it may be, and `may_keep`: nothing was parked)."""
         if self.lease is None and not self.resuming:
             raise NotHolding("yield_() without a turn: call acquire() first")
+        lease, now = self.lease, self.clock()
+        if lease is not None and may_keep and self._keepable(lease, now):
+            self.kept = Kept(lease, now, self.renew_at)
+            self.lease, self.renew_at = None, None
+            return Turn(lease, False, kept=True)
         turn = Turn(self.lease, self.resuming)
         self.lease, self.resuming, self.renew_at = None, False, None
         return turn
+
+    def _keepable(self, lease: LeaseInfo, now: float) -> bool:
+        keep = self.keep
+        return keep.lease_id == lease.lease_id and now - self.granted_clock < keep.until_s
+
+    def take_kept(self, gpus: Sequence[str] | None) -> LeaseInfo | None:
+        """An acquire: the lease kept at the last yield, held again if it may be taken back now
+        (the same GPUs asked for, within the window and what the agent allows)."""
+        kept, now = self.kept, self.clock()
+        if kept is None or (gpus and set(gpus) != set(kept.lease.gpus)):
+            return None
+        if now - kept.since > self.keep.window_s or not self._keepable(kept.lease, now):
+            return None
+        self.kept, self.lease, self.renew_at = None, kept.lease, kept.renew_at
+        return kept.lease
+
+    def give_back(self) -> pb.Request | None:
+        """The yield of the kept lease, to send now (None: none is kept); its answer is nobody's
+        (`unclaimed`)."""
+        kept, self.kept = self.kept, None
+        if kept is None:
+            return None
+        return pb.Request(request_id=next(self.ids), release=self.release(kept.lease.lease_id))
+
+    def kept_due(self) -> pb.Request | None:
+        """The yield of the kept lease, if no acquire may take it back any more."""
+        kept, now = self.kept, self.clock()
+        if kept is None:
+            return None
+        if now - kept.since < self.keep.window_s and self._keepable(kept.lease, now):
+            return None
+        return self.give_back()
+
+    def kept_deadline(self) -> float | None:
+        """When the kept lease is due to be given back, if one is kept."""
+        kept = self.kept
+        if kept is None:
+            return None
+        return min(kept.since + self.keep.window_s, self.granted_clock + self.keep.until_s)
 
     def yield_failed(self, turn: Turn) -> None:
         """The release never reached the agent: the turn is held again, so yield can be retried.
@@ -122,16 +185,24 @@ class SessionCore:
         self.granted(lease)
         log.info("turn given back after a revocation: %s", lease.lease_id)
 
-    def pushed(self, message: pb.AgentMessage) -> None:
-        """A revocation or a resume pushed on the session (anything else is the shell's)."""
+    def pushed(self, message: pb.AgentMessage) -> pb.Request | None:
+        """A revocation, a resume or a hint pushed on the session (anything else is the
+        shell's); returns the yield of a kept lease to send now, if one is due."""
         kind = message.WhichOneof("kind")
         if kind == "revoked":
+            kept = self.kept
+            if kept is not None and kept.lease.lease_id == message.revoked.lease_id:
+                return self.give_back()  # the yield cancels the resume the revocation queued
             self.revoked(message.revoked.lease_id, message.revoked.reason)
         elif kind == "granted":
             self.resumed(LeaseInfo.from_pb(message.granted))
         elif kind == "park_at_yield":
             hint = message.park_at_yield
             self.yield_parks = (hint.lease_id, tuple(hint.gpus))
+        elif kind == "keep_turn":
+            self.keep.CopyFrom(message.keep_turn)
+            return self.kept_due()
+        return None
 
     def parks_at_yield(self) -> tuple[str, ...]:
         """The GPUs to park before the held turn's yield leaves (the agent's latest word)."""
@@ -165,7 +236,9 @@ class SessionCore:
         return self.lease
 
     def reclaim(self) -> LeaseInfo | None:
-        """After a reconnect: the lease to renew now, telling the new agent it is still in use."""
+        """After a reconnect: the lease to renew now, telling the new agent it is still in use
+        (a kept one is yielded: `give_back`; the new agent says again what may be kept)."""
+        self.keep = pb.KeepTurn()
         if self.lease is not None:
             self.renew_at = None
         return self.lease

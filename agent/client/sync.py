@@ -85,6 +85,14 @@ class Baton(BlockingSession):
         """
         if self.lease is not None:  # (a park meanwhile was a revocation's: not undone here)
             return self.lease
+        with self._state:
+            kept = self._core.take_kept(gpus)
+            given_back = None if kept is not None else self._core.give_back()
+        if kept is not None:
+            return kept
+        if given_back is not None:  # not taken back: it goes to the agent before the new ask
+            with contextlib.suppress(BatonError):
+                self._request(given_back)
         restores = self._callbacks_run.restores
         with self._callbacks_run.parked.acquiring():
             request = acquire_request(timeout, gpus, self.job, restores)
@@ -112,7 +120,10 @@ class Baton(BlockingSession):
             gpus = self._core.parks_at_yield()
         parked = self._callbacks_run.park_for_yield(gpus) if gpus else {}
         with self._state:
-            ended = self._core.begin_yield()
+            ended = self._core.begin_yield(may_keep=not parked)
+        if ended.kept:  # nothing to send: the keeper yields it if no acquire takes it back
+            self._keeper.poke()
+            return
         try:
             self._request(pb.Request(release=self._core.release(ended.lease_id, parked)))
         except AgentUnavailable:  # the turn may outlive the agent's restart: yield can be retried

@@ -74,6 +74,20 @@ class FairShare:
         mine = self._key(probe, usage, vtime)
         return mine < self._key(waiter, usage, self.vtime.get(waiter.tenant_id, 0.0))
 
+    def keep_s(
+        self, tenant_id: str, gpus: Iterable[str], waiter: Waiter, usage: Mapping[str, TenantUsage]
+    ) -> float:
+        """Seconds of GPU time after which `tenant_id` (holding `gpus`, its turn not counted yet)
+        would no longer be served before `waiter` if it yielded and asked again: `ahead_of` holds
+        for every `extra_s` below it. 0 unless both are served by virtual time alone (same tier,
+        nobody owed a minimum share, `waiter` no revoked holder)."""
+        duty = usage.get(tenant_id, TenantUsage()).duty
+        probe = Waiter("", tenant_id, tuple(gpus), seq=waiter.seq + 1, enqueued_at=0.0)
+        theirs = self._key(waiter, usage, self.vtime.get(waiter.tenant_id, 0.0))
+        if self._key(probe, usage, 0.0)[:3] != theirs[:3] or not theirs[0]:
+            return 0.0
+        return max(0.0, (theirs[3] - self._rejoined(tenant_id, probe.gpus, duty)) * _weight(duty))
+
     def _key(
         self, w: Waiter, usage: Mapping[str, TenantUsage], vtime: float
     ) -> tuple[bool, int, bool, float, int]:

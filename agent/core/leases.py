@@ -211,6 +211,28 @@ class LeaseTable:
         gpus, window = waiter.gpus, anticipation.window_s
         return self.fair.ahead_of(tenant_id, gpus, waiter, self.usage, window)
 
+    def keep_for(self, lease: Lease) -> float:
+        """Seconds from the lease's grant within which its tenant may start another turn on it
+        without asking (`KeepTurn`): as long as it would be granted straight back at a yield,
+        a whole window more of GPU time included, before everyone waiting for its GPUs; 0 where
+        nobody waits (a yield then hands nothing over), where the policy is FIFO, where the
+        tenant does not usually come back within the window, or where tiers or owed minimum
+        shares order the waiters (their balances move only as turns end)."""
+        anticipation = self.anticipation
+        window = anticipation.window_s
+        if self.fair is None or window <= 0:
+            return 0.0
+        if anticipation.return_s.get(lease.tenant_id, 0.0) > window:
+            return 0.0
+        waiting = [
+            w for w in self.waiters.values()
+            if w.tenant_id != lease.tenant_id and set(w.gpus) & set(lease.gpus)
+        ]  # fmt: skip
+        if not waiting:
+            return 0.0
+        owed = min(self.fair.keep_s(lease.tenant_id, lease.gpus, w, self.usage) for w in waiting)
+        return max(0.0, min(owed - window, lease.hold_until - lease.granted_at))
+
     def _unhold(self, gpus: Iterable[str], now: float) -> None:
         """End the holds on `gpus`; the time they kept waiters out is their yielder's GPU time."""
         cost: dict[str, tuple[float, list[str]]] = {}

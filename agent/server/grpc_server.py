@@ -169,7 +169,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
     async def run_session(self, peer: Peer, tenant: Tenant, hello: pb.Hello, link: Link) -> None:
         """Open the tenant's session, serve it over `link` until it ends, then close it."""
-        session = TenantSession(tenant.tenant_id, peer.pid, peer.token, frozenset(hello.callbacks))
+        session = TenantSession(
+            tenant.tenant_id, peer.pid, peer.token, frozenset(hello.callbacks), hello.keeps_turns
+        )
         self._tokens.attach(peer.token)
         self._service.sessions.open(session)
         self._service.session_opened(tenant.tenant_id, peer.pid)

@@ -18,6 +18,8 @@ class Session:
     pid: int
     token: str
     callbacks: frozenset[str] = frozenset()
+    keeps_turns: bool = False
+    """Its client keeps a turn across its yield when told it may (`KeepTurn`)."""
     outbox: asyncio.Queue[pb.AgentMessage | None] = field(default_factory=asyncio.Queue)
     """Messages to push; `None` ends the stream."""
     pending: dict[str, asyncio.Future[int]] = field(default_factory=dict)
@@ -89,6 +91,12 @@ class SessionRegistry:
 
     def _parkers(self, tenant_id: str) -> list[Session]:
         return [s for s in self._by_tenant.get(tenant_id, []) if {"park", "restore"} <= s.callbacks]
+
+    def keeps_turns(self, tenant_id: str) -> bool:
+        """Whether the tenant's one open session keeps turns across its yields (with several,
+        none is told: a lease is the tenant's, the yield that ends it any of theirs)."""
+        sessions = self._by_tenant.get(tenant_id, [])
+        return len(sessions) == 1 and sessions[0].keeps_turns
 
     def tenants(self) -> list[str]:
         """Tenants with open sessions."""

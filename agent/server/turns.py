@@ -20,6 +20,7 @@ from agent.core.errors import InvalidGpus, NoLease, Quarantined, UnknownLease
 from agent.core.leases import Lease, Waiter
 from agent.core.residency import NoRoom, TooLarge
 from agent.node.tenants import Tenant
+from agent.server.kept_turns import KeptTurns
 from agent.server.revocations import Revocations
 from agent.server.turn_state import Granted, TurnState
 from agent.server.waits import lease_to_pb, never_granted, standings, timed_out
@@ -53,6 +54,7 @@ class Turns:
         self._timer: asyncio.TimerHandle | None = None
         self._ahead = LookAhead(state.preparer, state.spawn)
         self._yield_parks = YieldParks(state.parking, state.sessions)
+        self._kept = KeptTurns(state.sessions)
         self._settle_pending = False
         self._closed = False
 
@@ -315,6 +317,7 @@ class Turns:
         self._reschedule()
         self._ahead.look(self.table)
         self._yield_parks.look(self.table)
+        self._kept.look(self.table)
 
     def _reschedule(self) -> None:
         if self._timer is not None:

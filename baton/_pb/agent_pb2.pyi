@@ -174,16 +174,18 @@ class ErrorStatus(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("client_version", "callbacks", "register", "session_token")
+    __slots__ = ("client_version", "callbacks", "register", "session_token", "keeps_turns")
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     CALLBACKS_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KEEPS_TURNS_FIELD_NUMBER: _ClassVar[int]
     client_version: str
     callbacks: _containers.RepeatedScalarFieldContainer[str]
     register: RegisterRequest
     session_token: str
-    def __init__(self, client_version: _Optional[str] = ..., callbacks: _Optional[_Iterable[str]] = ..., register: _Optional[_Union[RegisterRequest, _Mapping]] = ..., session_token: _Optional[str] = ...) -> None: ...
+    keeps_turns: bool
+    def __init__(self, client_version: _Optional[str] = ..., callbacks: _Optional[_Iterable[str]] = ..., register: _Optional[_Union[RegisterRequest, _Mapping]] = ..., session_token: _Optional[str] = ..., keeps_turns: _Optional[bool] = ...) -> None: ...
 
 class CallbackResult(_message.Message):
     __slots__ = ("call_id", "bytes", "error")
@@ -196,7 +198,7 @@ class CallbackResult(_message.Message):
     def __init__(self, call_id: _Optional[str] = ..., bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("welcome", "callback", "granted", "revoked", "reply", "refused", "park_at_yield")
+    __slots__ = ("welcome", "callback", "granted", "revoked", "reply", "refused", "park_at_yield", "keep_turn")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     CALLBACK_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +206,7 @@ class AgentMessage(_message.Message):
     REPLY_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     PARK_AT_YIELD_FIELD_NUMBER: _ClassVar[int]
+    KEEP_TURN_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     callback: Callback
     granted: Lease
@@ -211,7 +214,8 @@ class AgentMessage(_message.Message):
     reply: Reply
     refused: ErrorStatus
     park_at_yield: ParkAtYield
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., callback: _Optional[_Union[Callback, _Mapping]] = ..., granted: _Optional[_Union[Lease, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ..., reply: _Optional[_Union[Reply, _Mapping]] = ..., refused: _Optional[_Union[ErrorStatus, _Mapping]] = ..., park_at_yield: _Optional[_Union[ParkAtYield, _Mapping]] = ...) -> None: ...
+    keep_turn: KeepTurn
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., callback: _Optional[_Union[Callback, _Mapping]] = ..., granted: _Optional[_Union[Lease, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ..., reply: _Optional[_Union[Reply, _Mapping]] = ..., refused: _Optional[_Union[ErrorStatus, _Mapping]] = ..., park_at_yield: _Optional[_Union[ParkAtYield, _Mapping]] = ..., keep_turn: _Optional[_Union[KeepTurn, _Mapping]] = ...) -> None: ...
 
 class ParkAtYield(_message.Message):
     __slots__ = ("lease_id", "gpus")
@@ -220,6 +224,16 @@ class ParkAtYield(_message.Message):
     lease_id: str
     gpus: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, lease_id: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class KeepTurn(_message.Message):
+    __slots__ = ("lease_id", "until_s", "window_s")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_S_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    until_s: float
+    window_s: float
+    def __init__(self, lease_id: _Optional[str] = ..., until_s: _Optional[float] = ..., window_s: _Optional[float] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("tenant",)

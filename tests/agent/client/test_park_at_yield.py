@@ -24,38 +24,15 @@ from tests.agent.client.test_restore_with_grant import (
     two_tenants,
 )
 from tests.harness.agent import AgentRunner
+from tests.harness.pushes import Pushes
 
 pytestmark = pytest.mark.timeout(60)
 __all__ = ["app_agent"]  # the fixture, used by name
 
 
-class Hints:
-    """The `ParkAtYield` messages a client's session core takes in, as they arrive."""
-
-    def __init__(self, client: Baton | AsyncBaton) -> None:
-        self.seen: list[tuple[str, ...]] = []
-        self._changed = threading.Condition()
-        core = client._core
-        pushed = core.pushed
-
-        def watch(message: pb.AgentMessage) -> None:
-            pushed(message)
-            if message.WhichOneof("kind") == "park_at_yield":
-                with self._changed:
-                    self.seen.append(tuple(message.park_at_yield.gpus))
-                    self._changed.notify_all()
-
-        core.pushed = watch  # type: ignore[method-assign]
-
-    def wait(self, gpus: tuple[str, ...], latest: bool = False) -> None:
-        """Return once a hint named `gpus` (with `latest`: the latest one; () is withdrawn)."""
-
-        def seen() -> bool:
-            return bool(self.seen) and self.seen[-1] == gpus if latest else gpus in self.seen
-
-        with self._changed:
-            ok = self._changed.wait_for(seen, WAIT_S)
-        assert ok, f"no hint {gpus} within {WAIT_S} s; hints seen: {self.seen}"
+def hints_of(client: Baton | AsyncBaton) -> Pushes[tuple[str, ...]]:
+    """The GPUs of each `ParkAtYield` a client's session core takes in, as they arrive."""
+    return Pushes(client, "park_at_yield", lambda m: tuple(m.park_at_yield.gpus))
 
 
 @pytest.fixture
@@ -66,7 +43,7 @@ def pair(app_agent: AgentRunner) -> Iterator[Pair]:
 
 def handover(agent: AgentRunner, clients: dict[str, Baton], leaving: str, coming: str) -> None:
     """`leaving` holds, `coming` queues, `leaving` is told to park as it yields, and yields."""
-    holder, hints = clients[leaving], Hints(clients[leaving])
+    holder, hints = clients[leaving], hints_of(clients[leaving])
     holder.acquire(WAIT_S)
     taker = taking(agent, clients[coming], lambda: clients[coming].acquire(WAIT_S))
     hints.wait((GPU,))
@@ -102,7 +79,7 @@ def test_the_holder_parks_itself_on_its_yielding_thread_and_the_grant_asks_no_pa
 
 def test_a_hint_withdrawn_before_the_yield_parks_nothing(pair: Pair) -> None:
     agent, recorded, clients = pair
-    holder, hints = clients["a"], Hints(clients["a"])
+    holder, hints = clients["a"], hints_of(clients["a"])
     holder.acquire(WAIT_S)
     waiter = clients["b"]
     timed_out: list[AcquireTimeout] = []
@@ -154,7 +131,7 @@ def test_the_async_client_parks_itself_as_it_yields(app_agent: AgentRunner) -> N
         async with client("x") as x, client("y") as y:
             await y.acquire(WAIT_S)  # parks x by callback (nobody held a turn to park at)
             await y.yield_()
-            hints = Hints(x)
+            hints = hints_of(x)
             await x.acquire(WAIT_S)  # x restores itself with its grant
             queued = asyncio.create_task(y.acquire(WAIT_S))
             await asyncio.to_thread(hints.wait, (GPU,))

@@ -47,7 +47,7 @@ def owed_yielder(
     the GPU is kept for it; "b" (duty 10) waits."""
     window = request.param
     runner = AgentRunner(workdir, queue_policy="fair", fair=FairConfig(anticipate_s=window)).start()
-    a = Baton(runner.socket, [GPU], name="a", gpu_duty=90)
+    a = Baton(runner.socket, [GPU], name="a", gpu_duty=90, keep_turns=False)  # the agent's hold
     b = Baton(runner.socket, [GPU], name="b", gpu_duty=10)
     try:
         b.acquire(timeout=10)

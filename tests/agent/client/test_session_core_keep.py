@@ -1,0 +1,109 @@
+"""Kept turns in the client's state machine: a yield keeps the lease when the agent says it may,
+the next acquire takes it back within the window, and anything else yields it to the agent."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.client.session_core import SessionCore
+from baton._pb import agent_pb2 as pb
+from tests.agent.client.test_session_core import Clock, core, lease, revoked
+
+WINDOW = 0.01
+
+
+def keep(lease_id: str, until: float) -> pb.AgentMessage:
+    return pb.AgentMessage(keep_turn=pb.KeepTurn(lease_id=lease_id, until_s=until, window_s=WINDOW))
+
+
+def kept_session(until: float = 1.0) -> tuple[SessionCore, Clock]:
+    """A core holding "held" that the agent lets keep it `until` s after its grant."""
+    session, clock = core()
+    session.granted(lease("held"))
+    assert session.pushed(keep("held", until)) is None
+    return session, clock
+
+
+def test_a_yield_keeps_the_lease_and_the_next_acquire_takes_it_back() -> None:
+    session, clock = kept_session()
+    renew_at = session.renew_at
+    turn = session.begin_yield()
+    assert turn.kept and session.lease is None and not session.holding()
+    clock.now += WINDOW / 2
+    again = session.take_kept(None)
+    assert again is not None and again.lease_id == "held"
+    assert session.lease is again and session.renew_at == renew_at  # the same renewal
+    assert session.kept is None
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["past the window", "past what the agent allows", "other GPUs", "nothing parked at yield"],
+)
+def test_a_kept_lease_not_taken_back_is_yielded_to_the_agent(case: str) -> None:
+    session, clock = kept_session(until=0.5)
+    turn = session.begin_yield(may_keep=case != "nothing parked at yield")
+    if case == "nothing parked at yield":  # it parked as it yielded: the yield goes out
+        assert not turn.kept and session.kept is None
+        return
+    gpus = ["GPU-1"] if case == "other GPUs" else None
+    clock.now += 2 * WINDOW if case == "past the window" else 0.0
+    if case == "past what the agent allows":
+        clock.now += 0.5 - 0.001  # within the window, past 0.5 s
+    assert session.take_kept(gpus) is None
+    release = session.give_back()
+    assert release is not None and release.release.lease_id == "held"
+    assert session.give_back() is None  # once
+
+
+def test_the_keepers_deadline_and_its_verdict() -> None:
+    session, clock = kept_session(until=1.0)
+    assert session.kept_deadline() is None and session.kept_due() is None
+    session.begin_yield()
+    assert session.kept_deadline() == pytest.approx(clock.now + WINDOW)
+    assert session.kept_due() is None  # the caller may still come back
+    clock.now += WINDOW
+    release = session.kept_due()
+    assert release is not None and release.release.lease_id == "held"
+    assert session.kept is None and session.take_kept(None) is None
+
+
+def test_the_agent_withdrawing_the_keep_yields_a_kept_lease_at_once() -> None:
+    session, _ = kept_session()
+    session.begin_yield()
+    assert session.pushed(keep("other", 5.0)) is not None  # says nothing more of this lease
+    session, _ = kept_session()
+    session.begin_yield()
+    release = session.pushed(keep("held", 0.0))
+    assert release is not None and release.release.lease_id == "held"
+
+
+def test_a_revocation_of_a_kept_lease_yields_it_and_waits_for_no_resume() -> None:
+    session, _ = kept_session()
+    session.begin_yield()
+    release = session.pushed(revoked("held"))
+    assert release is not None and release.release.lease_id == "held"
+    assert not session.resuming  # the yield cancels the resume the agent queued
+
+
+def test_without_the_agents_word_or_for_another_lease_a_yield_goes_out() -> None:
+    session, _ = core()
+    session.granted(lease("held"))
+    assert not session.begin_yield().kept  # nothing said
+    session, _ = kept_session()
+    session.begin_yield()
+    session.take_kept(None)
+    session.pushed(keep("held", 0.0))
+    assert not session.begin_yield().kept  # withdrawn while held
+    session, _ = kept_session()
+    session.granted(lease("new"))  # a new lease: what was said of the old one does not carry
+    assert not session.begin_yield().kept
+
+
+def test_a_reconnect_forgets_what_may_be_kept() -> None:
+    session, _ = kept_session()
+    session.begin_yield()
+    assert session.reclaim() is None
+    assert session.give_back() is not None
+    session.granted(lease("held"))
+    assert not session.begin_yield().kept

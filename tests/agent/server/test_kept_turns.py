@@ -1,0 +1,132 @@
+"""Kept turns on a real agent through the real clients: an owed tenant's loop starts its next
+turn with no round trip to the agent, and a kept lease goes back to the agent when the caller
+stays away (by the window), leaves (at once) or stops being owed (at once)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from agent.client import AsyncBaton, Baton
+from agent.core import events as ev
+from agent.core.fair import FairConfig
+from tests.agent.server.test_anticipation_service import GPU, Waiting
+from tests.harness.agent import AgentRunner
+from tests.harness.pushes import Pushes
+
+pytestmark = pytest.mark.timeout(60)
+
+Owed = tuple[AgentRunner, Baton, Pushes[float], Waiting]
+
+
+def owed_holder(workdir: str, window: float, holder: Baton) -> Iterator[Owed]:
+    """`holder` ("a", duty 90) holds its turn, owed the GPU over "b" (duty 10), which waits;
+    the agent has told a's client how long it may keep the lease (`KeepTurn`)."""
+    runner = AgentRunner(workdir, queue_policy="fair", fair=FairConfig(anticipate_s=window))
+    runner.start()
+    holder.socket = runner.socket
+    b = Baton(runner.socket, [GPU], name="b", gpu_duty=10)
+    keeps = Pushes(holder, "keep_turn", lambda m: m.keep_turn.until_s)
+    try:
+        b.acquire(timeout=10)
+        a_waits = Waiting(runner, holder)  # "a" joins level with "b"'s turn
+        time.sleep(window / 5)  # "b"'s step: by its duty, "a" may hold 1.8 windows before "b"
+        b.yield_()
+        a_waits.join(10)
+        b_waits = Waiting(runner, b)
+        keeps.wait_for(lambda until: until > 0)
+        yield runner, holder, keeps, b_waits
+    finally:
+        holder.close()
+        b.close()
+        runner.stop()
+
+
+@pytest.fixture
+def owed(workdir: str, request: pytest.FixtureRequest) -> Iterator[Owed]:
+    yield from owed_holder(workdir, request.param, Baton("", [GPU], name="a", gpu_duty=90))
+
+
+@pytest.mark.parametrize("owed", [0.5], indirect=True)
+def test_an_owed_loop_takes_its_next_turn_without_asking(owed: Owed) -> None:
+    runner, a, _, b_waits = owed
+    held = a.lease
+    assert held is not None
+    mark = runner.mark()
+    for _ in range(5):  # five turns on the same lease: the agent hears of none of them
+        a.yield_()
+        again = a.acquire(timeout=10)
+        assert again.lease_id == held.lease_id
+    assert runner.inspect(lambda s: set(s.table.leases)) == {held.lease_id}
+    a.yield_()  # and away: the lease goes back within the window, "b" is granted
+    yielded = time.monotonic()
+    assert b_waits.join(10) - yielded < 0.5 + 2.0
+    runner.wait_event(lambda e: e.kind == ev.YIELDED and e.tenant_id == "local/a", since=mark)
+
+
+@pytest.mark.parametrize("owed", [5.0], indirect=True)
+def test_a_kept_lease_goes_back_the_moment_its_tenant_leaves(owed: Owed) -> None:
+    _, a, _, b_waits = owed
+    a.yield_()
+    assert a._core.kept is not None
+    left = time.monotonic()
+    a.close()
+    assert b_waits.join(10) - left < 2.0  # not the 5 s window
+
+
+@pytest.mark.parametrize("owed", [5.0], indirect=True)
+def test_a_kept_lease_goes_back_at_once_when_a_newcomer_comes_first(owed: Owed) -> None:
+    runner, a, keeps, _ = owed
+    held = a.lease
+    assert held is not None
+    a.yield_()
+    assert a._core.kept is not None
+    c = Baton(runner.socket, [GPU], name="c", gpu_duty=10, priority=1)  # a higher tier
+    try:
+        asked = time.monotonic()
+        c.acquire(timeout=10)
+        assert time.monotonic() - asked < 2.0  # not the 5 s window
+        assert keeps.seen[-1] == 0.0  # the agent withdrew the keep, and a's client yielded
+        assert a._core.kept is None
+        assert held.lease_id not in runner.inspect(lambda s: set(s.table.leases))
+    finally:
+        c.close()
+
+
+def test_the_asyncio_client_keeps_a_turn_and_gives_it_back(workdir: str) -> None:
+    window = 0.5
+    runner = AgentRunner(workdir, queue_policy="fair", fair=FairConfig(anticipate_s=window))
+    runner.start()
+    a = AsyncBaton(runner.socket, [GPU], name="a", gpu_duty=90)
+    b = Baton(runner.socket, [GPU], name="b", gpu_duty=10)
+    keeps = Pushes(a, "keep_turn", lambda m: m.keep_turn.until_s)
+
+    async def owed_loop() -> float:
+        b.acquire(timeout=10)
+        mark = runner.mark()
+        first = asyncio.create_task(a.acquire(timeout=10))
+        queued = lambda e: e.kind == ev.QUEUED and e.tenant_id == "local/a"  # noqa: E731
+        await asyncio.to_thread(runner.wait_event, queued, 10, mark)
+        time.sleep(window / 5)  # "b"'s step
+        b.yield_()
+        held = await first
+        b_waits = await asyncio.to_thread(Waiting, runner, b)
+        await asyncio.to_thread(keeps.wait_for, lambda until: until > 0)
+        for _ in range(3):
+            await a.yield_()
+            assert a._core.kept is not None
+            assert (await a.acquire(timeout=10)).lease_id == held.lease_id
+        await a.yield_()
+        yielded = time.monotonic()
+        granted = await asyncio.to_thread(b_waits.join, 10)
+        await a.close()
+        return granted - yielded
+
+    try:
+        assert asyncio.run(owed_loop()) < window + 2.0  # given back by the loop's timer
+    finally:
+        b.close()
+        runner.stop()
