@@ -77,13 +77,13 @@ class AsyncBaton:
         """This tenant as the agent knows it (after connecting)."""
         self._core = SessionCore(renew_interval)
         self._core.park_at_yield = park_at_yield
-        self._keeps_turns = keep_turns
-        """Whether a yield may keep the lease when the agent says it may (`KeepTurn`)."""
+        self._core.keeps_turns = keep_turns
         self._write_lock: asyncio.Lock | None = None
         self._connected: asyncio.Event | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._renewer = LoopTimer(self._renew_due, self._core.clock)
         self._keeper = LoopTimer(self._give_back_due, self._core.clock)
+        self._kept_yield: asyncio.Task[None] | None = None
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._replies: dict[int, asyncio.Future[pb.Reply]] = {}
@@ -129,7 +129,7 @@ class AsyncBaton:
             list(self._callbacks),
             self._connect_timeout,
             self.transport,
-            self._keeps_turns and not self.job,
+            self._core.keeps_turns and not self.job,
         )
         if self._link is not None:
             await self._link.close()
@@ -210,10 +210,11 @@ class AsyncBaton:
             self._connected.clear()
             link.cancel()  # so that the read side ends too, and the supervisor reconnects
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _request(
         self, request: pb.Request, timeout: float | None = None, slack: float = 0.0
@@ -290,9 +291,9 @@ class AsyncBaton:
             return self.lease
         if (kept := self._core.take_kept(gpus)) is not None:
             return kept
-        if (given_back := self._core.give_back()) is not None:  # not taken back: yield it first
-            with contextlib.suppress(BatonError):
-                await self._request(given_back)
+        self._yield_kept(self._core.give_back())  # not taken back: its yield is written first
+        if self._kept_yield is not None:
+            await asyncio.wait([self._kept_yield])
         restores = restores_itself(self._callbacks)
         with self.parked.acquiring():
             request = acquire_request(timeout, gpus, self.job, restores)
@@ -366,9 +367,10 @@ class AsyncBaton:
         self._yield_kept(self._core.kept_due())
 
     def _yield_kept(self, release: pb.Request | None) -> None:
-        """Yield a kept lease to the agent (its answer is only logged: `_on_reply`)."""
+        """Yield a kept lease to the agent (its answer is only logged: `_on_reply`); an
+        `acquire` waits for the write (`_kept_yield`), so the agent reads the yield first."""
         if release is not None:
-            self._spawn(self._send(pb.ClientMessage(request=release)))
+            self._kept_yield = self._spawn(self._send(pb.ClientMessage(request=release)))
 
     # Lifecycle.
 

@@ -73,9 +73,11 @@ class BlockingSession:
         self._core = SessionCore(renew_interval)
         self._core.park_at_yield = park_at_yield
         """The turn held and its renewal; changed only under `_state`."""
-        self._keeps_turns = keep_turns
-        """Whether a yield may keep the lease when the agent says it may (`KeepTurn`)."""
+        self._core.keeps_turns = keep_turns
         self._keeper = Keeper(self._kept_deadline, self._give_back_due, self._core.clock)
+        self._kept_yielded = threading.Event()
+        """Clear while the yield of a kept lease travels on the session (`_yield_kept`)."""
+        self._kept_yielded.set()
         self._token = ""
         self._sock: socketlib.socket | None = None
         self._connected = threading.Event()
@@ -151,7 +153,7 @@ class BlockingSession:
                 client_version=CLIENT_VERSION,
                 callbacks=sorted(self._callbacks),
                 register=self._registration,
-                keeps_turns=self._keeps_turns and not self.job,  # a job's turn is cluster-wide
+                keeps_turns=self._core.keeps_turns and not self.job,  # a job's turn is cluster-wide
             )
             sock.sendall(framing.encode(pb.ClientMessage(hello=hello)))
             reader = framing.BlockingReader(sock, rest)
@@ -275,8 +277,7 @@ class BlockingSession:
             self._callbacks_run.run(message.callback, time.time())
         else:
             with self._state:
-                kept = self._core.pushed(message)
-            self._yield_kept(kept)
+                self._yield_kept(self._core.pushed(message))
 
     def _on_reply(self, reply: pb.Reply) -> None:
         with self._state:
@@ -330,10 +331,10 @@ class BlockingSession:
     def _reclaim(self) -> None:
         """After a reconnect: tell the new agent that the turn held is still in use."""
         with self._state:
-            lease, kept = self._core.reclaim(), self._core.give_back()
+            lease = self._core.reclaim()
+            self._yield_kept(self._core.give_back())
         if lease is not None:
             self._renew(lease, reclaiming=True)
-        self._yield_kept(kept)
 
     # Kept turns (`agent.server.kept_turns`).
 
@@ -343,14 +344,15 @@ class BlockingSession:
 
     def _give_back_due(self) -> None:
         with self._state:
-            kept = self._core.kept_due()
-        self._yield_kept(kept)
+            self._yield_kept(self._core.kept_due())
 
     def _yield_kept(self, release: pb.Request | None) -> None:
-        """Yield a kept lease to the agent, on the session (its answer is only logged)."""
+        """Yield a kept lease to the agent on the session, under `_state` (as the core gave it
+        up): an `acquire` that finds nothing kept waits for its answer before it asks on the
+        call link, another connection, which the agent might read first."""
         if release is not None:
-            with contextlib.suppress(AgentUnavailable):
-                self._send(pb.ClientMessage(request=release))
+            self._kept_yielded.clear()
+            self._background(release, lambda _: self._kept_yielded.set())
 
     def _renew(self, lease: LeaseInfo, reclaiming: bool) -> None:
         def done(call: BackgroundCall) -> None:

@@ -82,6 +82,9 @@ class SessionCore:
         self.yield_parks: tuple[str, tuple[str, ...]] = ("", ())
         """The lease whose end should park these GPUs first, as the agent last said
         (`ParkAtYield`: the tenant due next needs the room)."""
+        self.keeps_turns = True
+        """Whether a yield keeps the lease when the agent says it may (`KeepTurn`); the shell
+        says so in its Hello."""
         self.keep = pb.KeepTurn()
         """How long the held lease may be kept across yields, as the agent last said."""
         self.granted_clock = 0.0
@@ -109,7 +112,7 @@ class SessionCore:
         if self.lease is None and not self.resuming:
             raise NotHolding("yield_() without a turn: call acquire() first")
         lease, now = self.lease, self.clock()
-        if lease is not None and may_keep and self._keepable(lease, now):
+        if lease is not None and may_keep and self.keeps_turns and self._keepable(lease, now):
             self.kept = Kept(lease, now, self.renew_at)
             self.lease, self.renew_at = None, None
             return Turn(lease, False, kept=True)

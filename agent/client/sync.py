@@ -17,7 +17,7 @@ from agent.client.call_link import CallLink, NotSent
 from agent.client.errors import AgentUnavailable, BatonError
 from agent.client.parked import given_back
 from agent.client.session_core import acquire_request
-from agent.client.types import LeaseInfo, reply_wait
+from agent.client.types import REPLY_TIMEOUT_S, LeaseInfo, reply_wait
 from baton._pb import agent_pb2 as pb
 from baton.contract import framing
 
@@ -86,13 +86,11 @@ class Baton(BlockingSession):
         if self.lease is not None:  # (a park meanwhile was a revocation's: not undone here)
             return self.lease
         with self._state:
-            kept = self._core.take_kept(gpus)
-            given_back = None if kept is not None else self._core.give_back()
+            if (kept := self._core.take_kept(gpus)) is None:  # not taken back: yielded first
+                self._yield_kept(self._core.give_back())
         if kept is not None:
             return kept
-        if given_back is not None:  # not taken back: it goes to the agent before the new ask
-            with contextlib.suppress(BatonError):
-                self._request(given_back)
+        self._kept_yielded.wait(REPLY_TIMEOUT_S)
         restores = self._callbacks_run.restores
         with self._callbacks_run.parked.acquiring():
             request = acquire_request(timeout, gpus, self.job, restores)

@@ -66,9 +66,10 @@ async def _run(
         await agent.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     turns = {name: [tuple(t) for t in r["turns"]] for name, r in zip(mix, reports, strict=True)}
+    kept = {name: r["kept"] for name, r in zip(mix, reports, strict=True)}
     start = max(r["start"] for r in reports)
     stop = min(r["stop"] for r in reports)
-    return _figures(mix, turns, start, stop, accounting, fair.anticipate_s)
+    return _figures(mix, turns, kept, start, stop, accounting, fair.anticipate_s)
 
 
 def _argv(socket: str, name: str, load: Load, seconds: float) -> list[str]:
@@ -81,6 +82,7 @@ def _argv(socket: str, name: str, load: Load, seconds: float) -> list[str]:
 def _figures(
     mix: dict[str, Load],
     turns: dict[str, list[Turn]],
+    kept: dict[str, float],
     start: float,
     stop: float,
     accounting: dict[tuple[str, str], float],
@@ -90,15 +92,17 @@ def _figures(
     held = {n: sum(_clip(g, y, start, stop) for _, g, y in ts) for n, ts in turns.items()}
     waits = {n: [g - r for r, g, _ in ts] for n, ts in turns.items()}
     own = {n: sum(y - g for _, g, y in ts) for n, ts in turns.items()}
+    leased = {n: own[n] + kept[n] for n in mix}  # its gaps within a kept lease are its too
     charged = {n: accounting.get((GPU, f"local/{n}"), 0.0) for n in mix}
-    away = {n: _away(ts, charged[n] - own[n]) for n, ts in turns.items()}
+    away = {n: _away(ts, charged[n] - leased[n]) for n, ts in turns.items()}
     out = figures(mix, {"held": held, "waits": waits, "away": away}, span, window_s)
     errors = []
     for name, tenant in out["tenants"].items():
         tenant["tenant_gpu_seconds"] = round(own[name], 4)
         tenant["agent_gpu_seconds"] = round(charged[name], 4)
+        tenant["kept_gap_seconds"] = round(kept[name], 4)
         tenant["away_ms"] = round(away[name] * 1000, 3)
-        errors.append(abs(charged[name] - own[name]) / own[name] if own[name] else 0.0)
+        errors.append(abs(charged[name] - leased[name]) / leased[name] if leased[name] else 0.0)
     gaps = handoffs(turns)
     out["accounting_error"] = round(max(errors, default=0.0), 4)
     out["idle_while_waiting"] = round(idle_while_waiting(turns, start, stop) / span, 4)
@@ -145,6 +149,22 @@ def handoffs(turns: dict[str, list[Turn]]) -> list[float]:
     return gaps
 
 
+class Kept:
+    """A tenant's time off the GPU while it kept its lease (`KeepTurn`): from a turn's end to
+    the start of the next on the same lease, which the agent counts as the tenant's."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._last: tuple[str, float] = ("", 0.0)
+
+    def turn(self, lease_id: str, granted: float, yielded: float) -> None:
+        """A turn on `lease_id` from `granted` to `yielded`."""
+        last_id, ended = self._last
+        if lease_id == last_id:
+            self.seconds += granted - ended
+        self._last = (lease_id, yielded)
+
+
 def _tenant(args: argparse.Namespace) -> dict[str, Any]:
     from agent.client import Baton
 
@@ -155,15 +175,17 @@ def _tenant(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     stop = start + args.seconds
     turns: list[Turn] = []
+    kept = Kept()
     while (requested := time.perf_counter()) < stop:
-        with baton.turn():
+        with baton.turn() as lease:
             granted = time.perf_counter()
             time.sleep(args.turn)  # the step
             turns.append((requested, granted, time.perf_counter()))
+            kept.turn(lease.lease_id, *turns[-1][1:])
         if args.gap:
             time.sleep(args.gap)  # off the GPU: loading data, logging, scoring
     baton.close()
-    return {"start": start, "stop": stop, "turns": turns}
+    return {"start": start, "stop": stop, "turns": turns, "kept": kept.seconds}
 
 
 async def _async_tenant(args: argparse.Namespace) -> dict[str, Any]:
@@ -176,15 +198,17 @@ async def _async_tenant(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     stop = start + args.seconds
     turns: list[Turn] = []
+    kept = Kept()
     while (requested := time.perf_counter()) < stop:
-        async with baton.turn():
+        async with baton.turn() as lease:
             granted = time.perf_counter()
             await asyncio.sleep(args.turn)  # the step
             turns.append((requested, granted, time.perf_counter()))
+            kept.turn(lease.lease_id, *turns[-1][1:])
         if args.gap:
             await asyncio.sleep(args.gap)
     await baton.close()
-    return {"start": start, "stop": stop, "turns": turns}
+    return {"start": start, "stop": stop, "turns": turns, "kept": kept.seconds}
 
 
 def main() -> None:

@@ -9,6 +9,8 @@ from typer.testing import CliRunner
 
 from agent.core.fair import FairConfig
 from commands.bench.fairness import MIXES, run_fairness_bench
+from commands.bench.fairness_procs import GPU, Kept, _figures
+from commands.bench.shares import Load
 from commands.cli import app
 
 
@@ -75,5 +77,22 @@ def test_the_process_level_run_reports_shares_by_both_clocks() -> None:
     for tenant in run["tenants"].values():
         assert tenant["tenant_gpu_seconds"] > 0 and tenant["agent_gpu_seconds"] > 0
         assert tenant["away_ms"] > 0
+    # The short-turn tenant is owed the GPU over the long one: it keeps its lease across turns.
+    assert run["tenants"]["short"]["kept_gap_seconds"] > 0
+    assert run["reference_tenants"]["short"]["kept_gap_seconds"] == 0  # FIFO: never kept
     assert {"share_within_5_points", "idle_while_waiting_within_2pct"} <= run["targets"].keys()
     assert out["process_seconds"] == 2.0 and "process_fair_better_for_every_mix" in out
+
+
+def test_a_kept_leases_gaps_count_as_its_tenants_and_once() -> None:
+    kept = Kept()
+    for lease, granted, yielded in [("l1", 0.0, 1.0), ("l1", 1.5, 2.0), ("l2", 3.0, 4.0)]:
+        kept.turn(lease, granted, yielded)
+    assert kept.seconds == 0.5  # l1's gap, not the handover to l2
+    turns = {"a": [(0.0, 0.0, 1.0), (1.5, 1.5, 2.0)], "b": [(0.5, 2.01, 3.0)]}
+    accounting = {(GPU, "local/a"): 2.0, (GPU, "local/b"): 1.0}  # a's lease: 0 to 2 s
+    mix = {"a": Load(duty=50, turn=0.5), "b": Load(duty=50, turn=1.0)}
+    out = _figures(mix, turns, {"a": 0.5, "b": 0.0}, 0.0, 3.0, accounting, 0.01)
+    assert out["tenants"]["a"]["kept_gap_seconds"] == 0.5
+    assert out["accounting_error"] == pytest.approx(0.01, abs=1e-3)  # b's 10 ms, not a's gap
+    assert out["tenants"]["a"]["away_ms"] == pytest.approx(500.0)  # the gap once, not twice
