@@ -14,17 +14,16 @@ from typing import Any
 
 from agent.client.connect import connected, open_session, reconnect
 from agent.client.errors import AgentUnavailable, BatonError, from_status
-from agent.client.keeper import LoopTimer
 from agent.client.links import TRANSPORTS, SessionLink
-from agent.client.parked import Parked, restore_with_grant, restores_itself
+from agent.client.parked import Moves, restore_with_grant, restores_itself
 from agent.client.session_core import SessionCore, acquire_request
+from agent.client.timers import LoopTimer
 from agent.client.types import (
     Callback,
     Identity,
     LeaseInfo,
     add_callbacks,
     reply_wait,
-    run_callback,
 )
 from baton._pb import agent_pb2 as pb
 
@@ -77,7 +76,7 @@ class AsyncBaton:
         """This tenant as the agent knows it (after connecting)."""
         self._core = SessionCore(renew_interval)
         self._core.park_at_yield = park_at_yield
-        self._core.keeps_turns = keep_turns
+        self._core.keeps_turns = keep_turns and not job  # a job's turn is the coordinator's
         self._write_lock: asyncio.Lock | None = None
         self._connected: asyncio.Event | None = None
         self._supervisor: asyncio.Task[None] | None = None
@@ -87,9 +86,8 @@ class AsyncBaton:
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._replies: dict[int, asyncio.Future[pb.Reply]] = {}
-        self._moving = asyncio.Lock()
-        """One park or restore at a time (a callback, or the restore `acquire` makes)."""
-        self.parked = Parked()
+        self._moves = Moves(self._callbacks)
+        self.parked = self._moves.parked
         self._core.parked = self.parked.copy
 
     @property
@@ -129,7 +127,7 @@ class AsyncBaton:
             list(self._callbacks),
             self._connect_timeout,
             self.transport,
-            self._core.keeps_turns and not self.job,
+            self._core.keeps_turns,
         )
         if self._link is not None:
             await self._link.close()
@@ -181,18 +179,9 @@ class AsyncBaton:
             self._spawn(self._send(pb.ClientMessage(request=release)))
 
     async def _run_callback(self, request: pb.Callback) -> None:
-        result = await self._move(request)
+        result = await self._moves.move(request)
         with contextlib.suppress(AgentUnavailable):
             await self._send(pb.ClientMessage(callback_result=result))
-
-    async def _move(self, request: pb.Callback) -> pb.CallbackResult:
-        """Run a park or restore, one at a time, keeping `parked` up to date."""
-        async with self._moving:
-            result = self.parked.instead(request)
-            if result is None:
-                result = await run_callback(self._callbacks.get(request.action), request)
-                self.parked.ran(request, result)
-            return result
 
     async def _send(self, message: pb.ClientMessage) -> None:
         assert self._write_lock is not None and self._link is not None
@@ -290,6 +279,7 @@ class AsyncBaton:
         if self.lease is not None:  # (a park meanwhile was a revocation's: not undone here)
             return self.lease
         if (kept := self._core.take_kept(gpus)) is not None:
+            self._rearm()
             return kept
         self._yield_kept(self._core.give_back())  # not taken back: its yield is written first
         if self._kept_yield is not None:
@@ -298,23 +288,22 @@ class AsyncBaton:
         with self.parked.acquiring():
             request = acquire_request(timeout, gpus, self.job, restores)
             reply = await self._request(request, timeout, slack=5)
-            lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
+            lease = self._core.granted(LeaseInfo.from_pb(reply.lease), gpus)
             self._rearm()
             if restores and self.parked:
-                await restore_with_grant(self.parked, self._move, self.yield_)
+                await restore_with_grant(self.parked, self._moves.move, self.yield_)
         return lease
 
     async def yield_(self) -> None:
         """End the turn. Parking is lazy: memory moves only if the next tenant needs the room."""
         parked = {}  # what the tenant due next needs gone, parked before the turn ends
         for gpu in self._core.parks_at_yield():
-            result = await self._move(pb.Callback(action="park", gpu=gpu))
+            result = await self._moves.move(pb.Callback(action="park", gpu=gpu))
             if not result.error:
                 parked[gpu] = int(result.bytes)
         ended = self._core.begin_yield(may_keep=not parked)
         self._rearm()
         if ended.kept:  # nothing to send: the timer yields it if no acquire takes it back
-            self._keeper.set(self._core.kept_deadline())
             return
         try:
             await self._request(pb.Request(release=self._core.release(ended.lease_id, parked)))
@@ -322,7 +311,7 @@ class AsyncBaton:
             self._core.yield_failed(ended)
             self._rearm()
             for gpu in parked:  # held again: what this yield parked comes back first
-                await self._move(pb.Callback(action="restore", gpu=gpu))
+                await self._moves.move(pb.Callback(action="restore", gpu=gpu))
             raise
 
     async def _renew(self, lease_id: str) -> LeaseInfo:
@@ -342,8 +331,9 @@ class AsyncBaton:
     # Renewal.
 
     def _rearm(self) -> None:
-        """Set the renewal timer to the core's deadline (or stop it, when none is due)."""
+        """Set the renewal and kept-turn timers to the core's deadlines (or stop them)."""
         self._renewer.set(self._core.renew_at)
+        self._keeper.set(self._core.kept_deadline())
 
     def _renew_due(self) -> None:
         lease = self._core.renewal_due()
@@ -365,12 +355,19 @@ class AsyncBaton:
 
     def _give_back_due(self) -> None:
         self._yield_kept(self._core.kept_due())
+        self._rearm()
 
     def _yield_kept(self, release: pb.Request | None) -> None:
         """Yield a kept lease to the agent (its answer is only logged: `_on_reply`); an
         `acquire` waits for the write (`_kept_yield`), so the agent reads the yield first."""
         if release is not None:
-            self._kept_yield = self._spawn(self._send(pb.ClientMessage(request=release)))
+            self._kept_yield = self._spawn(self._send_kept(release))
+
+    async def _send_kept(self, release: pb.Request) -> None:
+        try:
+            await self._send(pb.ClientMessage(request=release))
+        except AgentUnavailable:  # the session is down: sent again after it is up (`_reclaim`)
+            self._core.undelivered = release
 
     # Lifecycle.
 

@@ -23,8 +23,8 @@ from agent.client.call_link import CallLink
 from agent.client.callback_runner import CLOSE_WAIT_S, CallbackRunner, CallbackTiming
 from agent.client.connect import CLIENT_VERSION
 from agent.client.errors import AgentUnavailable, BatonError, from_status
-from agent.client.keeper import Keeper
 from agent.client.session_core import SessionCore
+from agent.client.timers import Keeper
 from agent.client.types import Callback, Identity, LeaseInfo, add_callbacks
 from agent.wire.handshake import handshake_path, read_token_line
 from baton._pb import agent_pb2 as pb
@@ -73,11 +73,11 @@ class BlockingSession:
         self._core = SessionCore(renew_interval)
         self._core.park_at_yield = park_at_yield
         """The turn held and its renewal; changed only under `_state`."""
-        self._core.keeps_turns = keep_turns
+        self._core.keeps_turns = keep_turns and not job  # a job's turn is the coordinator's
         self._keeper = Keeper(self._kept_deadline, self._give_back_due, self._core.clock)
-        self._kept_yielded = threading.Event()
+        self._kept_released = threading.Event()
         """Clear while the yield of a kept lease travels on the session (`_yield_kept`)."""
-        self._kept_yielded.set()
+        self._kept_released.set()
         self._token = ""
         self._sock: socketlib.socket | None = None
         self._connected = threading.Event()
@@ -153,7 +153,7 @@ class BlockingSession:
                 client_version=CLIENT_VERSION,
                 callbacks=sorted(self._callbacks),
                 register=self._registration,
-                keeps_turns=self._core.keeps_turns and not self.job,  # a job's turn is cluster-wide
+                keeps_turns=self._core.keeps_turns,
             )
             sock.sendall(framing.encode(pb.ClientMessage(hello=hello)))
             reader = framing.BlockingReader(sock, rest)
@@ -350,9 +350,17 @@ class BlockingSession:
         """Yield a kept lease to the agent on the session, under `_state` (as the core gave it
         up): an `acquire` that finds nothing kept waits for its answer before it asks on the
         call link, another connection, which the agent might read first."""
-        if release is not None:
-            self._kept_yielded.clear()
-            self._background(release, lambda _: self._kept_yielded.set())
+        if release is None:
+            return
+
+        def done(call: BackgroundCall) -> None:
+            if isinstance(call.error, AgentUnavailable):  # the session is down: after it is up
+                with self._state:
+                    self._core.undelivered = release
+            self._kept_released.set()
+
+        self._kept_released.clear()
+        self._background(release, done)
 
     def _renew(self, lease: LeaseInfo, reclaiming: bool) -> None:
         def done(call: BackgroundCall) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from agent.client.errors import BatonError
+from agent.client.types import Callback, run_callback
 from baton._pb import agent_pb2 as pb
 
 
@@ -120,3 +121,22 @@ class Parked:
             self.bytes[request.gpu] = int(result.bytes)
         elif request.action == "restore":
             self.bytes.pop(request.gpu, None)
+
+
+class Moves:
+    """`AsyncBaton`'s parks and restores (a callback, or the restore `acquire` makes): one at a
+    time, keeping `parked` up to date."""
+
+    def __init__(self, callbacks: Mapping[str, Callback]) -> None:
+        self.parked = Parked()
+        self._callbacks = callbacks
+        self._one_at_a_time = asyncio.Lock()
+
+    async def move(self, request: pb.Callback) -> pb.CallbackResult:
+        """Run a park or restore."""
+        async with self._one_at_a_time:
+            result = self.parked.instead(request)
+            if result is None:
+                result = await run_callback(self._callbacks.get(request.action), request)
+                self.parked.ran(request, result)
+            return result

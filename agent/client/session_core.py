@@ -33,6 +33,10 @@ def acquire_request(
     return pb.Request(acquire=acquire)
 
 
+def _ask(gpus: Sequence[str] | None) -> tuple[str, ...] | None:
+    return tuple(sorted(gpus)) if gpus else None
+
+
 class Turn(NamedTuple):
     """What a yield ends: the lease held (None while resuming), whether a resume was due, and
     whether the lease is kept (`KeepTurn`: nothing to send)."""
@@ -46,10 +50,12 @@ class Turn(NamedTuple):
         return self.lease.lease_id if self.lease is not None else ""
 
 
-class Kept(NamedTuple):
+class KeptLease(NamedTuple):
     """A lease kept across a yield: the turn ended, the lease not yet given back."""
 
     lease: LeaseInfo
+    asked: tuple[str, ...] | None
+    """The GPUs its acquire named (None: all the tenant's); only the same ask takes it back."""
     since: float
     renew_at: float | None
 
@@ -85,13 +91,18 @@ class SessionCore:
         self.keeps_turns = True
         """Whether a yield keeps the lease when the agent says it may (`KeepTurn`); the shell
         says so in its Hello."""
-        self.keep = pb.KeepTurn()
+        self.allowance = pb.KeepTurn()
         """How long the held lease may be kept across yields, as the agent last said."""
         self.granted_clock = 0.0
         """When the held lease was granted, by `clock`."""
-        self.kept: Kept | None = None
+        self.asked: tuple[str, ...] | None = None
+        """The GPUs the held lease's acquire named (None: all the tenant's)."""
+        self.kept: KeptLease | None = None
         """The lease kept at the last yield, until an acquire takes it back or it is given back
         (`agent.server.kept_turns`)."""
+        self.undelivered: pb.Request | None = None
+        """A kept lease's yield that could not be sent (the session was down): sent again by
+        the next `give_back`, after the reconnect."""
 
     def holding(self) -> bool:
         """A turn to end: a lease held, or one the agent will give back."""
@@ -99,9 +110,11 @@ class SessionCore:
 
     # The caller's calls.
 
-    def granted(self, lease: LeaseInfo) -> LeaseInfo:
-        """An acquire was answered: the turn is held, its renewal due after the interval."""
+    def granted(self, lease: LeaseInfo, asked: Sequence[str] | None = None) -> LeaseInfo:
+        """An acquire (for `asked`, or all the tenant's GPUs) was answered: the turn is held,
+        its renewal due after the interval."""
         self.lease, self.resuming = lease, False
+        self.asked = _ask(asked)
         self.granted_clock = now = self.clock()
         self.renew_at = now + self.renew_interval
         return lease
@@ -113,7 +126,7 @@ class SessionCore:
             raise NotHolding("yield_() without a turn: call acquire() first")
         lease, now = self.lease, self.clock()
         if lease is not None and may_keep and self.keeps_turns and self._keepable(lease, now):
-            self.kept = Kept(lease, now, self.renew_at)
+            self.kept = KeptLease(lease, self.asked, now, self.renew_at)
             self.lease, self.renew_at = None, None
             return Turn(lease, False, kept=True)
         turn = Turn(self.lease, self.resuming)
@@ -121,43 +134,46 @@ class SessionCore:
         return turn
 
     def _keepable(self, lease: LeaseInfo, now: float) -> bool:
-        keep = self.keep
-        return keep.lease_id == lease.lease_id and now - self.granted_clock < keep.until_s
+        allowed = self.allowance
+        return allowed.lease_id == lease.lease_id and now - self.granted_clock < allowed.until_s
 
     def take_kept(self, gpus: Sequence[str] | None) -> LeaseInfo | None:
-        """An acquire: the lease kept at the last yield, held again if it may be taken back now
-        (the same GPUs asked for, within the window and what the agent allows)."""
+        """An acquire: the lease kept at the last yield, held again (the same `LeaseInfo`) if
+        it may be taken back now: the same ask, within the window and what the agent allows."""
         kept, now = self.kept, self.clock()
-        if kept is None or (gpus and set(gpus) != set(kept.lease.gpus)):
+        if kept is None or _ask(gpus) != kept.asked:
             return None
-        if now - kept.since > self.keep.window_s or not self._keepable(kept.lease, now):
+        if now - kept.since > self.allowance.window_s or not self._keepable(kept.lease, now):
             return None
         self.kept, self.lease, self.renew_at = None, kept.lease, kept.renew_at
         return kept.lease
 
     def give_back(self) -> pb.Request | None:
-        """The yield of the kept lease, to send now (None: none is kept); its answer is nobody's
-        (`unclaimed`)."""
+        """The yield of the kept lease (or one not delivered before), to send now (None: none);
+        its answer is nobody's (`unclaimed`)."""
         kept, self.kept = self.kept, None
         if kept is None:
-            return None
-        return pb.Request(request_id=next(self.ids), release=self.release(kept.lease.lease_id))
+            undelivered, self.undelivered = self.undelivered, None
+            return undelivered
+        release = self.release(kept.lease.lease_id)
+        release.kept_s = max(0.0, self.clock() - kept.since)
+        return pb.Request(request_id=next(self.ids), release=release)
 
     def kept_due(self) -> pb.Request | None:
         """The yield of the kept lease, if no acquire may take it back any more."""
         kept, now = self.kept, self.clock()
         if kept is None:
             return None
-        if now - kept.since < self.keep.window_s and self._keepable(kept.lease, now):
+        if now - kept.since < self.allowance.window_s and self._keepable(kept.lease, now):
             return None
         return self.give_back()
 
     def kept_deadline(self) -> float | None:
         """When the kept lease is due to be given back, if one is kept."""
-        kept = self.kept
+        kept, allowed = self.kept, self.allowance
         if kept is None:
             return None
-        return min(kept.since + self.keep.window_s, self.granted_clock + self.keep.until_s)
+        return min(kept.since + allowed.window_s, self.granted_clock + allowed.until_s)
 
     def yield_failed(self, turn: Turn) -> None:
         """The release never reached the agent: the turn is held again, so yield can be retried.
@@ -185,7 +201,7 @@ class SessionCore:
         if not self.resuming:
             log.info("turn %s given back after this tenant yielded; not taken", lease.lease_id)
             return
-        self.granted(lease)
+        self.granted(lease, self.asked)
         log.info("turn given back after a revocation: %s", lease.lease_id)
 
     def pushed(self, message: pb.AgentMessage) -> pb.Request | None:
@@ -203,7 +219,7 @@ class SessionCore:
             hint = message.park_at_yield
             self.yield_parks = (hint.lease_id, tuple(hint.gpus))
         elif kind == "keep_turn":
-            self.keep.CopyFrom(message.keep_turn)
+            self.allowance.CopyFrom(message.keep_turn)
             return self.kept_due()
         return None
 
@@ -241,7 +257,7 @@ class SessionCore:
     def reclaim(self) -> LeaseInfo | None:
         """After a reconnect: the lease to renew now, telling the new agent it is still in use
         (a kept one is yielded: `give_back`; the new agent says again what may be kept)."""
-        self.keep = pb.KeepTurn()
+        self.allowance = pb.KeepTurn()
         if self.lease is not None:
             self.renew_at = None
         return self.lease

@@ -90,13 +90,17 @@ class Baton(BlockingSession):
                 self._yield_kept(self._core.give_back())
         if kept is not None:
             return kept
-        self._kept_yielded.wait(REPLY_TIMEOUT_S)
+        if not self._kept_released.wait(REPLY_TIMEOUT_S):  # so the agent reads it first
+            raise AgentUnavailable(
+                f"the Baton agent at {self.socket} did not answer the yield of a kept turn "
+                f"within {REPLY_TIMEOUT_S:.3g} s"
+            )
         restores = self._callbacks_run.restores
         with self._callbacks_run.parked.acquiring():
             request = acquire_request(timeout, gpus, self.job, restores)
             reply = self._request(request, timeout, slack=5)
             with self._state:
-                lease = self._core.granted(LeaseInfo.from_pb(reply.lease))
+                lease = self._core.granted(LeaseInfo.from_pb(reply.lease), gpus)
             if restores and self._callbacks_run.parked:
                 self._restore_with_grant()
         return lease

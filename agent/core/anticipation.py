@@ -43,14 +43,16 @@ class Anticipation:
         """Each tenant's mean time from a yield to its next request."""
         self._yielded_at: dict[str, float] = {}
 
-    def yielded(self, tenant_id: str, gpus: Iterable[str], now: float) -> None:
-        """The tenant yielded `gpus`: keep them for it if it usually comes back in time."""
+    def yielded(self, tenant_id: str, gpus: Iterable[str], now: float, ago: float = 0.0) -> None:
+        """The tenant yielded `gpus` (its caller did `ago` seconds before: a kept turn given
+        back only now): keep them for it, until a window after that, if it usually comes back
+        in time."""
         if self.window_s <= 0:
             return
-        self._yielded_at[tenant_id] = now
-        if self.return_s.get(tenant_id, 0.0) <= self.window_s:
+        self._yielded_at[tenant_id] = now - ago
+        if self.return_s.get(tenant_id, 0.0) <= self.window_s and ago < self.window_s:
             for gpu in gpus:
-                self.holds[gpu] = Hold(tenant_id, now + self.window_s)
+                self.holds[gpu] = Hold(tenant_id, now - ago + self.window_s)
 
     def asked(self, tenant_id: str, now: float) -> None:
         """The tenant asks for a turn again: learn how long it was away."""

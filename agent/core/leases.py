@@ -287,9 +287,10 @@ class LeaseTable:
 
     # Ending turns.
 
-    def release(self, lease_id: str, *, yielded: bool = False) -> Lease:
+    def release(self, lease_id: str, *, yielded: bool = False, kept_s: float = 0.0) -> Lease:
         """End a lease (yield, revocation or departure) and record the tenant as served; after
-        a yield its GPUs may be kept briefly for it (`agent.core.anticipation`)."""
+        a yield (its caller's `kept_s` before, for a kept turn) its GPUs may be kept briefly for
+        it (`agent.core.anticipation`)."""
         lease = self.leases.pop(lease_id, None)
         if lease is None:
             raise UnknownLease(f"no lease {lease_id!r}")
@@ -311,7 +312,8 @@ class LeaseTable:
                 self._waiting(lease.gpus),
             )
         if yielded and self.fair is not None:
-            self.anticipation.yielded(lease.tenant_id, lease.gpus, now)
+            ago = min(max(0.0, kept_s), now - lease.granted_at)
+            self.anticipation.yielded(lease.tenant_id, lease.gpus, now, ago)
         return lease
 
     def _waiting(self, gpus: tuple[str, ...]) -> dict[str, set[str]]:

@@ -118,7 +118,7 @@ def release(
     if request.parked:  # what it parked itself as it yields: before the next grant plans
         service.parked_at_yield(tenant, request.lease_id, request.parked)
 
-    held = service.yield_(tenant, request.lease_id, answer if on_ended else None)
+    held = service.yield_(tenant, request.lease_id, answer if on_ended else None, request.kept_s)
     return pb.YieldResponse(held_seconds=held)
 
 

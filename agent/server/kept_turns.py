@@ -37,9 +37,8 @@ class KeptTurns:
             return
         self._told = {k: v for k, v in self._told.items() if k in table.leases}
         for lease in table.leases.values():
-            if not self._sessions.keeps_turns(lease.tenant_id):
-                continue
-            until = table.keep_for(lease)
+            keeps = self._sessions.keeps_turns(lease.tenant_id)  # (a session opened since: 0)
+            until = table.keep_for(lease) if keeps else 0.0
             told = self._told.get(lease.lease_id, 0.0)
             if abs(until - told) < CHANGE_S and (until > 0) == (told > 0):
                 continue

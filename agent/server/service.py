@@ -133,9 +133,10 @@ class LeaseService:
         """Wait for the turn on `gpus` (all of the tenant's GPUs if empty); see `Turns.acquire`."""
         return await self.turns.acquire(tenant, gpus, timeout, on_grant, handed)
 
-    def yield_(self, tenant: Tenant, lease_id: str, answer: Answer = None) -> float:
-        """End the tenant's turn; returns how long it held it; see `Turns.yield_`."""
-        return self.turns.yield_(tenant, lease_id, answer)
+    def yield_(self, tenant: Tenant, lease_id: str, answer: Answer = None, ago: float = 0) -> float:
+        """End the tenant's turn (its caller's `ago` seconds ago: a kept turn's); returns how
+        long it held it; see `Turns.yield_`."""
+        return self.turns.yield_(tenant, lease_id, answer, ago)
 
     def not_restored(self, tenant: Tenant, parked: Mapping[str, int]) -> None:
         """The tenant ends a turn with this memory still parked in its process (GPU → bytes):
@@ -165,8 +166,10 @@ class LeaseService:
         return self.tenancy.register(pid, uid, request)
 
     def session_opened(self, tenant_id: str, pid: int) -> None:
-        """A tenant process opened its session: its processes are found again before a move."""
+        """A tenant process opened its session: its processes are found again before a move,
+        and what its holders may keep is told again (`agent.server.kept_turns`)."""
         self.tenancy.session_opened(tenant_id, pid)
+        self.turns.retell()
 
     def session_closed(self, tenant_id: str, pid: int, last: bool) -> None:
         """A tenant process's session ended (it exited or died, or the agent is stopping)."""

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 Answer = Callable[[float], None] | None
 """Tells a yielder its yield is done (the seconds it held the turn), or None."""
+Ago = float | None
+"""A yield's: the seconds since its caller yielded (more than 0 for a kept turn); None: no yield."""
 
 
 class Turns:
@@ -144,7 +146,7 @@ class Turns:
             # direct session writes it as it is made), and the turn is the next agent's to keep.
             self._end(self.table.leases[waiter_id], ev.YIELDED, "caller gave up")
 
-    def yield_(self, tenant: Tenant, lease_id: str, answer: Answer = None) -> float:
+    def yield_(self, tenant: Tenant, lease_id: str, answer: Answer = None, ago: float = 0) -> float:
         """End the tenant's turn; returns how long it held it. Where that starts no turn,
         `answer` hears so once the end is on disk, before the rest (the yielder usually asks
         again at once); where it does, the grant goes first and `answer` is not called."""
@@ -168,7 +170,7 @@ class Turns:
                 return 0.0
             else:
                 raise
-        return self._end(lease, ev.YIELDED, "", yielded=True, answer=answer)
+        return self._end(lease, ev.YIELDED, "", yielded=ago, answer=answer)
 
     def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
         """One of the tenant's own leases (renewing it is the same check: a restored lease the
@@ -186,11 +188,11 @@ class Turns:
         return bool(resume)
 
     def _end(
-        self, lease: Lease, kind: str, detail: str, *, yielded: bool = False, answer: Answer = None
+        self, lease: Lease, kind: str, detail: str, *, yielded: Ago = None, answer: Answer = None
     ) -> float:
         """End the turn and start the next: its grant is written (with this end, in one journal
         write) and sent before the metrics and events of either are taken (`answer`: `yield_`)."""
-        self.table.release(lease.lease_id, yielded=yielded)
+        self.table.release(lease.lease_id, yielded=yielded is not None, kept_s=yielded or 0.0)
         self._state.journal_end(lease)
         now = self._state.clock()
         held = max(0.0, now - lease.granted_at)
@@ -302,6 +304,10 @@ class Turns:
             self._dispatch()
 
     # Time.
+
+    def retell(self) -> None:
+        """Tell the holders again what they may do (a tenant's sessions changed)."""
+        self._settle_soon()
 
     def _settle_soon(self) -> None:
         """After this burst of changes (one event-loop step): set the next timer and name who

@@ -84,7 +84,7 @@ class Lease(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., tenant_id: _Optional[str] = ..., gpus: _Optional[_Iterable[str]] = ..., fencing_tokens: _Optional[_Mapping[str, int]] = ..., granted_at: _Optional[float] = ..., hold_until: _Optional[float] = ..., contended: _Optional[bool] = ...) -> None: ...
 
 class YieldRequest(_message.Message):
-    __slots__ = ("lease_id", "still_parked", "parked")
+    __slots__ = ("lease_id", "still_parked", "parked", "kept_s")
     class StillParkedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -102,10 +102,12 @@ class YieldRequest(_message.Message):
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     STILL_PARKED_FIELD_NUMBER: _ClassVar[int]
     PARKED_FIELD_NUMBER: _ClassVar[int]
+    KEPT_S_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     still_parked: _containers.ScalarMap[str, int]
     parked: _containers.ScalarMap[str, int]
-    def __init__(self, lease_id: _Optional[str] = ..., still_parked: _Optional[_Mapping[str, int]] = ..., parked: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    kept_s: float
+    def __init__(self, lease_id: _Optional[str] = ..., still_parked: _Optional[_Mapping[str, int]] = ..., parked: _Optional[_Mapping[str, int]] = ..., kept_s: _Optional[float] = ...) -> None: ...
 
 class YieldResponse(_message.Message):
     __slots__ = ("held_seconds",)

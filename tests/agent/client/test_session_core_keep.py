@@ -10,6 +10,8 @@ from baton._pb import agent_pb2 as pb
 from tests.agent.client.test_session_core import Clock, core, lease, revoked
 
 WINDOW = 0.01
+AWAY = {"past the window": 2 * WINDOW, "past what the agent allows": 0.007}
+"""How long after its yield the caller asks again, by case."""
 
 
 def keep(lease_id: str, until: float) -> pb.AgentMessage:
@@ -37,23 +39,43 @@ def test_a_yield_keeps_the_lease_and_the_next_acquire_takes_it_back() -> None:
 
 
 @pytest.mark.parametrize(
-    "case",
-    ["past the window", "past what the agent allows", "other GPUs", "nothing parked at yield"],
+    "case", ["past the window", "past what the agent allows", "another ask", "parked at its yield"]
 )
 def test_a_kept_lease_not_taken_back_is_yielded_to_the_agent(case: str) -> None:
     session, clock = kept_session(until=0.5)
-    turn = session.begin_yield(may_keep=case != "nothing parked at yield")
-    if case == "nothing parked at yield":  # it parked as it yielded: the yield goes out
+    if case == "past what the agent allows":
+        clock.now += 0.495  # it yields 5 ms before the allowance ends...
+    turn = session.begin_yield(may_keep=case != "parked at its yield")
+    if case == "parked at its yield":  # it parked as it yielded: the yield goes out
         assert not turn.kept and session.kept is None
         return
-    gpus = ["GPU-1"] if case == "other GPUs" else None
-    clock.now += 2 * WINDOW if case == "past the window" else 0.0
-    if case == "past what the agent allows":
-        clock.now += 0.5 - 0.001  # within the window, past 0.5 s
-    assert session.take_kept(gpus) is None
+    assert turn.kept
+    clock.now += AWAY.get(case, 0.0)
+    gpus = ["GPU-0"] if case == "another ask" else None  # the lease was asked for all
+    assert session.take_kept(gpus) is None  # ...and asks again 7 ms later, within the window
     release = session.give_back()
     assert release is not None and release.release.lease_id == "held"
+    assert release.release.kept_s == pytest.approx(AWAY.get(case, 0.0))  # since the yield
     assert session.give_back() is None  # once
+
+
+def test_only_the_same_ask_takes_a_kept_lease_back() -> None:
+    session, _ = core()
+    session.granted(lease("held"), ["GPU-0"])
+    session.pushed(keep("held", 1.0))
+    session.begin_yield()
+    assert session.take_kept(None) is None  # all the tenant's GPUs: maybe more than GPU-0
+    assert session.take_kept(["GPU-0"]) is not None
+
+
+def test_a_yield_that_could_not_be_sent_goes_out_with_the_next_give_back() -> None:
+    session, _ = kept_session()
+    session.begin_yield()
+    release = session.give_back()
+    assert release is not None
+    session.undelivered = release  # the session was down: the shell keeps it
+    assert session.give_back() is release  # after the reconnect
+    assert session.give_back() is None
 
 
 def test_the_keepers_deadline_and_its_verdict() -> None:
@@ -61,6 +83,9 @@ def test_the_keepers_deadline_and_its_verdict() -> None:
     assert session.kept_deadline() is None and session.kept_due() is None
     session.begin_yield()
     assert session.kept_deadline() == pytest.approx(clock.now + WINDOW)
+    session.pushed(keep("held", 0.005))  # the allowance now ends before the window
+    assert session.kept_deadline() == pytest.approx(clock.now + 0.005)
+    session.pushed(keep("held", 1.0))
     assert session.kept_due() is None  # the caller may still come back
     clock.now += WINDOW
     release = session.kept_due()

@@ -22,18 +22,18 @@ pytestmark = pytest.mark.timeout(60)
 Owed = tuple[AgentRunner, Baton, Pushes[float], Waiting]
 
 
-def owed_holder(workdir: str, window: float, holder: Baton) -> Iterator[Owed]:
-    """`holder` ("a", duty 90) holds its turn, owed the GPU over "b" (duty 10), which waits;
-    the agent has told a's client how long it may keep the lease (`KeepTurn`)."""
+def owed_holder(workdir: str, window: float, gpus: list[str]) -> Iterator[Owed]:
+    """ "a" (duty 90) holds its turn on `gpus`, owed them over "b" (duty 10), which waits; the
+    agent has told a's client how long it may keep the lease (`KeepTurn`)."""
     runner = AgentRunner(workdir, queue_policy="fair", fair=FairConfig(anticipate_s=window))
     runner.start()
-    holder.socket = runner.socket
-    b = Baton(runner.socket, [GPU], name="b", gpu_duty=10)
+    holder = Baton(runner.socket, gpus, name="a", gpu_duty=90)
+    b = Baton(runner.socket, gpus, name="b", gpu_duty=10)
     keeps = Pushes(holder, "keep_turn", lambda m: m.keep_turn.until_s)
     try:
         b.acquire(timeout=10)
         a_waits = Waiting(runner, holder)  # "a" joins level with "b"'s turn
-        time.sleep(window / 5)  # "b"'s step: by its duty, "a" may hold 1.8 windows before "b"
+        time.sleep(window / 5)  # "b"'s step: "a" may hold 0.8 windows more before "b" is due
         b.yield_()
         a_waits.join(10)
         b_waits = Waiting(runner, b)
@@ -47,10 +47,10 @@ def owed_holder(workdir: str, window: float, holder: Baton) -> Iterator[Owed]:
 
 @pytest.fixture
 def owed(workdir: str, request: pytest.FixtureRequest) -> Iterator[Owed]:
-    yield from owed_holder(workdir, request.param, Baton("", [GPU], name="a", gpu_duty=90))
+    yield from owed_holder(workdir, request.param, [GPU])
 
 
-@pytest.mark.parametrize("owed", [0.5], indirect=True)
+@pytest.mark.parametrize("owed", [1.0], indirect=True)
 def test_an_owed_loop_takes_its_next_turn_without_asking(owed: Owed) -> None:
     runner, a, _, b_waits = owed
     held = a.lease
@@ -61,10 +61,30 @@ def test_an_owed_loop_takes_its_next_turn_without_asking(owed: Owed) -> None:
         again = a.acquire(timeout=10)
         assert again.lease_id == held.lease_id
     assert runner.inspect(lambda s: set(s.table.leases)) == {held.lease_id}
-    a.yield_()  # and away: the lease goes back within the window, "b" is granted
+    a.yield_()  # and away: the lease goes back after the window, "b" is granted
     yielded = time.monotonic()
-    assert b_waits.join(10) - yielded < 0.5 + 2.0
+    # Once: the agent does not hold the GPU for "a" another window after the keeper's yield.
+    assert b_waits.join(10) - yielded < 1.0 * 1.5
     runner.wait_event(lambda e: e.kind == ev.YIELDED and e.tenant_id == "local/a", since=mark)
+
+
+@pytest.fixture
+def owed_two(workdir: str) -> Iterator[Owed]:
+    yield from owed_holder(workdir, 1.0, [GPU, "GPU-1"])
+
+
+def test_an_ask_for_other_gpus_yields_the_kept_lease_before_it_asks(owed_two: Owed) -> None:
+    # The kept lease is yielded first: on the session, while the new ask goes on the call link
+    # (another connection), so the ask waits for the yield's answer. Were the ask read first,
+    # the agent would refuse it (already holding); this run does not force that order.
+    runner, a, _, _ = owed_two
+    held = a.lease
+    assert held is not None
+    a.yield_()
+    assert a._core.kept is not None
+    again = a.acquire(timeout=10, gpus=[GPU])
+    assert again.lease_id != held.lease_id and again.gpus == (GPU,)
+    assert held.lease_id not in runner.inspect(lambda s: set(s.table.leases))
 
 
 @pytest.mark.parametrize("owed", [5.0], indirect=True)
@@ -97,7 +117,7 @@ def test_a_kept_lease_goes_back_at_once_when_a_newcomer_comes_first(owed: Owed) 
 
 
 def test_the_asyncio_client_keeps_a_turn_and_gives_it_back(workdir: str) -> None:
-    window = 0.5
+    window = 1.0
     runner = AgentRunner(workdir, queue_policy="fair", fair=FairConfig(anticipate_s=window))
     runner.start()
     a = AsyncBaton(runner.socket, [GPU], name="a", gpu_duty=90)
@@ -110,7 +130,7 @@ def test_the_asyncio_client_keeps_a_turn_and_gives_it_back(workdir: str) -> None
         first = asyncio.create_task(a.acquire(timeout=10))
         queued = lambda e: e.kind == ev.QUEUED and e.tenant_id == "local/a"  # noqa: E731
         await asyncio.to_thread(runner.wait_event, queued, 10, mark)
-        time.sleep(window / 5)  # "b"'s step
+        await asyncio.sleep(window / 5)  # "b"'s step
         b.yield_()
         held = await first
         b_waits = await asyncio.to_thread(Waiting, runner, b)
@@ -126,7 +146,7 @@ def test_the_asyncio_client_keeps_a_turn_and_gives_it_back(workdir: str) -> None
         return granted - yielded
 
     try:
-        assert asyncio.run(owed_loop()) < window + 2.0  # given back by the loop's timer
+        assert asyncio.run(owed_loop()) < window * 1.5  # given back by the loop's timer, once
     finally:
         b.close()
         runner.stop()
