@@ -88,3 +88,21 @@ def test_nothing_is_kept_where_nobody_waits_under_fifo_or_for_one_that_does_not_
     fifo_lease = fifo.grant(fifo.pick()[0].waiter_id)
     fifo.enqueue("b", ["g"])
     assert fifo.keep_for(fifo_lease) == 0.0
+
+
+def test_a_kept_lease_given_back_late_is_held_and_learnt_from_its_callers_yield() -> None:
+    node = Node(window=0.01)
+    node.large_owed()  # "large" holds nothing now; make it hold again, then give it back late
+    node.table.enqueue("large", ["g"], duty=90)
+    [lease] = [node.table.grant(w.waiter_id) for w in node.table.pick()]
+    node.now += 0.05
+    node.table.release(lease.lease_id, yielded=True, kept_s=0.012)  # its caller: 12 ms ago
+    assert node.table.anticipation.held_for("g", node.now) is None  # its window has passed
+    node.now += 0.001
+    node.table.enqueue("large", ["g"], duty=90)
+    assert node.table.anticipation.return_s["large"] == pytest.approx(0.25 * 0.013)
+    again = node.table.grant(node.table.pick()[0].waiter_id)
+    node.now += 0.05
+    node.table.release(again.lease_id, yielded=True, kept_s=0.004)
+    hold = node.table.anticipation.holds["g"]
+    assert hold.until == pytest.approx(node.now - 0.004 + 0.01)  # a window from its caller's
