@@ -71,7 +71,7 @@ class AgentConfig:
     http_port: int = names.PORT_AGENT
     debug_tcp_port: int = 0
     """Also serve gRPC on 127.0.0.1:<port> (0 = off). Calls still need a handshake token."""
-    queue_policy: str = "fifo"
+    queue_policy: str = "fair"
     """Who is served next on a GPU: `fifo`, `lrs` (`agent.core.policy`) or `fair`."""
     fair: FairConfig = field(default_factory=FairConfig)
     """With `fair`: the lower tiers' minimum share, the credit bound, the tier revoke grace."""

@@ -16,14 +16,14 @@ if TYPE_CHECKING:
 
 
 def _queue_policy(queue_policy: str | None, deprecated: str | None) -> str:
-    """`--queue-policy`, else the deprecated `--policy` (saying so once on stderr), else fifo."""
+    """`--queue-policy`, else the deprecated `--policy` (saying so once on stderr), else fair."""
     if deprecated is not None:
         typer.echo(
             f"baton agent: --policy ({env_of('policy')}) is deprecated; "
             f"use --queue-policy ({env_of('queue_policy')})",
             err=True,
         )
-    return queue_policy or deprecated or "fifo"
+    return queue_policy or deprecated or "fair"
 
 
 @command_options(AgentSettings)

@@ -58,7 +58,7 @@ class AgentSettings:
         None,
         "BATON_AGENT_QUEUE_POLICY",
         "Who is served next: fifo, lrs (least recently served) or fair (weighted fair "
-        "turns in priority tiers). Default fifo.",
+        "turns in priority tiers). Default fair.",
     )
     fair_min_share: float = setting(
         0.1,

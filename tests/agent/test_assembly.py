@@ -99,7 +99,7 @@ def test_queue_policy_has_a_flag_and_env_of_its_own(monkeypatch: pytest.MonkeyPa
     result, seen = _configs(monkeypatch, [], {"BATON_AGENT_QUEUE_POLICY": "lrs"})
     assert result.exit_code == 0 and seen[0].queue_policy == "lrs"
     result, seen = _configs(monkeypatch, [], {})
-    assert result.exit_code == 0 and seen[0].queue_policy == "fifo"
+    assert result.exit_code == 0 and seen[0].queue_policy == "fair"
 
 
 def test_the_old_policy_flag_still_works_and_says_it_is_deprecated(
