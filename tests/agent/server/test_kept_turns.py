@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.client import AsyncBaton, Baton
+from agent.client import AsyncBaton, Baton, LeaseInfo
 from agent.core import events as ev
 from agent.core.fair import FairConfig
 from tests.agent.server.test_anticipation_service import GPU, Waiting
@@ -43,6 +43,15 @@ def owed_holder(workdir: str, window: float, gpus: list[str]) -> Iterator[Owed]:
         holder.close()
         b.close()
         runner.stop()
+
+
+def yield_kept(a: Baton) -> LeaseInfo:
+    """`a` yields the turn it holds, and its client keeps the lease: returned."""
+    held = a.lease
+    assert held is not None
+    a.yield_()
+    assert a._core.kept is not None and a._core.kept.lease == held
+    return held
 
 
 @pytest.fixture
@@ -78,10 +87,7 @@ def test_an_ask_for_other_gpus_yields_the_kept_lease_before_it_asks(owed_two: Ow
     # (another connection), so the ask waits for the yield's answer. Were the ask read first,
     # the agent would refuse it (already holding); this run does not force that order.
     runner, a, _, _ = owed_two
-    held = a.lease
-    assert held is not None
-    a.yield_()
-    assert a._core.kept is not None
+    held = yield_kept(a)
     again = a.acquire(timeout=10, gpus=[GPU])
     assert again.lease_id != held.lease_id and again.gpus == (GPU,)
     assert held.lease_id not in runner.inspect(lambda s: set(s.table.leases))
@@ -90,8 +96,7 @@ def test_an_ask_for_other_gpus_yields_the_kept_lease_before_it_asks(owed_two: Ow
 @pytest.mark.parametrize("owed", [5.0], indirect=True)
 def test_a_kept_lease_goes_back_the_moment_its_tenant_leaves(owed: Owed) -> None:
     _, a, _, b_waits = owed
-    a.yield_()
-    assert a._core.kept is not None
+    yield_kept(a)
     left = time.monotonic()
     a.close()
     assert b_waits.join(10) - left < 2.0  # not the 5 s window
@@ -100,10 +105,7 @@ def test_a_kept_lease_goes_back_the_moment_its_tenant_leaves(owed: Owed) -> None
 @pytest.mark.parametrize("owed", [5.0], indirect=True)
 def test_a_kept_lease_goes_back_at_once_when_a_newcomer_comes_first(owed: Owed) -> None:
     runner, a, keeps, _ = owed
-    held = a.lease
-    assert held is not None
-    a.yield_()
-    assert a._core.kept is not None
+    held = yield_kept(a)
     c = Baton(runner.socket, [GPU], name="c", gpu_duty=10, priority=1)  # a higher tier
     try:
         asked = time.monotonic()
