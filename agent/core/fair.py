@@ -15,8 +15,26 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from agent.core.waiters import TenantUsage, Waiter
+
+
+class Order(NamedTuple):
+    """A waiter's place in the fair order: the least goes first."""
+
+    not_owed: bool
+    """A tier owed its minimum share goes first."""
+    minus_tier: int
+    not_front: bool
+    """A revoked holder goes first within its tier."""
+    vtime: float
+    seq: int
+
+    @property
+    def before_vtime(self) -> tuple[bool, int, bool]:
+        """What orders waiters before their virtual times do."""
+        return (self.not_owed, self.minus_tier, self.not_front)
 
 
 @dataclass(frozen=True)
@@ -84,16 +102,15 @@ class FairShare:
         duty = usage.get(tenant_id, TenantUsage()).duty
         probe = Waiter("", tenant_id, tuple(gpus), seq=waiter.seq + 1, enqueued_at=0.0)
         theirs = self._key(waiter, usage, self.vtime.get(waiter.tenant_id, 0.0))
-        if self._key(probe, usage, 0.0)[:3] != theirs[:3] or not theirs[0]:
-            return 0.0
-        return max(0.0, (theirs[3] - self._rejoined(tenant_id, probe.gpus, duty)) * _weight(duty))
+        if self._key(probe, usage, 0.0).before_vtime != theirs.before_vtime or not theirs.not_owed:
+            return 0.0  # ordered by tier, by a minimum share owed, or a revoked holder first
+        mine = self._rejoined(tenant_id, probe.gpus, duty)
+        return max(0.0, (theirs.vtime - mine) * _weight(duty))
 
-    def _key(
-        self, w: Waiter, usage: Mapping[str, TenantUsage], vtime: float
-    ) -> tuple[bool, int, bool, float, int]:
+    def _key(self, w: Waiter, usage: Mapping[str, TenantUsage], vtime: float) -> Order:
         tier = _tier(usage, w.tenant_id)
         owed = any(self.balance.get((g, tier), 0.0) > 0 for g in w.gpus)
-        return (not owed, -tier, not w.front, vtime, w.seq)
+        return Order(not owed, -tier, not w.front, vtime, w.seq)
 
     def joined(self, tenant_id: str, gpus: Iterable[str], duty: int) -> None:
         """A tenant starts waiting: a new one starts at its GPUs' virtual clock, a returning one
