@@ -24,6 +24,7 @@ import grpc
 
 from agent.core.fair import FairConfig, FairShare
 from agent.core.leases import LeaseTable
+from agent.core.policy import DEFAULT_QUEUE_POLICY
 from agent.core.residency import TurnPreparer
 from agent.node.identity import (
     HandshakeServer,
@@ -71,7 +72,7 @@ class AgentConfig:
     http_port: int = names.PORT_AGENT
     debug_tcp_port: int = 0
     """Also serve gRPC on 127.0.0.1:<port> (0 = off). Calls still need a handshake token."""
-    queue_policy: str = "fair"
+    queue_policy: str = DEFAULT_QUEUE_POLICY
     """Who is served next on a GPU: `fifo`, `lrs` (`agent.core.policy`) or `fair`."""
     fair: FairConfig = field(default_factory=FairConfig)
     """With `fair`: the lower tiers' minimum share, the credit bound, the tier revoke grace."""

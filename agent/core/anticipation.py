@@ -50,9 +50,14 @@ class Anticipation:
         if self.window_s <= 0:
             return
         self._yielded_at[tenant_id] = now - ago
-        if self.return_s.get(tenant_id, 0.0) <= self.window_s and ago < self.window_s:
+        if self.comes_back(tenant_id) and ago < self.window_s:
             for gpu in gpus:
                 self.holds[gpu] = Hold(tenant_id, now - ago + self.window_s)
+
+    def comes_back(self, tenant_id: str) -> bool:
+        """Whether GPUs are kept for the tenant after its yields at all: there is a window, and
+        the tenant usually asks again within it."""
+        return self.window_s > 0 and self.return_s.get(tenant_id, 0.0) <= self.window_s
 
     def asked(self, tenant_id: str, now: float) -> None:
         """The tenant asks for a turn again: learn how long it was away."""

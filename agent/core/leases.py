@@ -203,13 +203,10 @@ class LeaseTable:
         `waiter` (as `_kept_from` decides then: an owed yielder that usually comes back), judged
         from the GPU time counted so far (a turn's own is counted at its end: this errs towards
         keeping)."""
-        anticipation = self.anticipation
-        if self.fair is None or anticipation.window_s <= 0:
+        if self.fair is None or not self.anticipation.comes_back(tenant_id):
             return False
-        if anticipation.return_s.get(tenant_id, 0.0) > anticipation.window_s:
-            return False
-        gpus, window = waiter.gpus, anticipation.window_s
-        return self.fair.ahead_of(tenant_id, gpus, waiter, self.usage, window)
+        window = self.anticipation.window_s
+        return self.fair.ahead_of(tenant_id, waiter.gpus, waiter, self.usage, window)
 
     def keep_for(self, lease: Lease) -> float:
         """Seconds from the lease's grant within which its tenant may start another turn on it
@@ -218,11 +215,7 @@ class LeaseTable:
         nobody waits (a yield then hands nothing over), where the policy is FIFO, where the
         tenant does not usually come back within the window, or where tiers or owed minimum
         shares order the waiters (their balances move only as turns end)."""
-        anticipation = self.anticipation
-        window = anticipation.window_s
-        if self.fair is None or window <= 0:
-            return 0.0
-        if anticipation.return_s.get(lease.tenant_id, 0.0) > window:
+        if self.fair is None or not self.anticipation.comes_back(lease.tenant_id):
             return 0.0
         waiting = [
             w for w in self.waiters.values()
@@ -231,7 +224,8 @@ class LeaseTable:
         if not waiting:
             return 0.0
         owed = min(self.fair.keep_s(lease.tenant_id, lease.gpus, w, self.usage) for w in waiting)
-        return max(0.0, min(owed - window, lease.hold_until - lease.granted_at))
+        owed -= self.anticipation.window_s  # a whole window more included, as at a yield
+        return max(0.0, min(owed, lease.hold_until - lease.granted_at))
 
     def _unhold(self, gpus: Iterable[str], now: float) -> None:
         """End the holds on `gpus`; the time they kept waiters out is their yielder's GPU time."""

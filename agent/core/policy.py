@@ -37,3 +37,5 @@ def least_recently_served(waiters: list[Waiter], usage: Mapping[str, TenantUsage
 POLICIES: dict[str, Policy] = {"fifo": fifo, "lrs": least_recently_served}
 QUEUE_POLICIES = (*POLICIES, "fair")
 """Every `--queue-policy`: the stateless ones, and `fair` (`agent.core.fair`, one per table)."""
+DEFAULT_QUEUE_POLICY = "fair"
+"""The agent's `--queue-policy` when none is set (docs/fairness.md says why)."""

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from agent.core.policy import DEFAULT_QUEUE_POLICY
 from agent.parking.methods import CUDA, NONE, PLAIN, described
 from commands.cli.agent_settings import AgentSettings, command_options, env_of
 from commands.cli.options import AsJson, echo_figures, setup_logging
@@ -23,7 +24,7 @@ def _queue_policy(queue_policy: str | None, deprecated: str | None) -> str:
             f"use --queue-policy ({env_of('queue_policy')})",
             err=True,
         )
-    return queue_policy or deprecated or "fair"
+    return queue_policy or deprecated or DEFAULT_QUEUE_POLICY
 
 
 @command_options(AgentSettings)

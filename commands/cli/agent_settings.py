@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar, get_args, get_type_hints
 
 import typer
 
+from agent.core.policy import DEFAULT_QUEUE_POLICY
 from agent.parking.methods import CHOICES, NONE, described
 from baton.contract import names
 from baton.contract.shutdown import DEFAULT_GRACE_S
@@ -58,7 +59,7 @@ class AgentSettings:
         None,
         "BATON_AGENT_QUEUE_POLICY",
         "Who is served next: fifo, lrs (least recently served) or fair (weighted fair "
-        "turns in priority tiers). Default fair.",
+        f"turns in priority tiers). Default {DEFAULT_QUEUE_POLICY}.",
     )
     fair_min_share: float = setting(
         0.1,
