@@ -3,8 +3,11 @@
 Each tenant trains a fixed number of steps, first by itself (one after another, each through an
 agent on a GPU of its own), then all at once on one simulated GPU that holds all but one of them
 (two of three, as in `duty`): switches park a tenant through its `TorchParker` (`app` backend),
-and the agent restores the tenant due next while another trains. `identical`: each tenant's
-per-step losses, rewards and final parameters equal those of its run alone.
+and the agent restores the tenant due next while another trains, then by itself again. The
+reference for each tenant is the mean of its two runs alone, one before and one after the
+shared run, so a machine whose speed drifts over the run (other work on its host) moves the
+reference as it moves the shared run. `identical`: each tenant's per-step losses, rewards and
+final parameters equal those of both its runs alone.
 
 Duty alone is time inside turns over wall time, from a tenant's own turn records; the ideal is
 their sum (at most 1). The shared window runs from the last tenant's first grant to the first
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from commands.bench.handovers import summary as handover_summary
@@ -93,18 +96,33 @@ def copy_gbps(nbytes: int, device: str, repeats: int = 5) -> float:
     return nbytes / best / 1e9
 
 
+def mean_alone(runs: Sequence[dict[str, Any]], figure: Callable[[dict[str, Any]], float]) -> float:
+    """A tenant's figure alone, averaged over its runs alone (before and after the shared run)."""
+    return sum(figure(r) for r in runs) / len(runs)
+
+
 def summarize(
-    specs: Sequence[Spec], alone: list[dict[str, Any]], shared: Outcome, copy: float
+    specs: Sequence[Spec],
+    alone: list[dict[str, Any]],
+    shared: Outcome,
+    copy: float,
+    alone_after: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The bench's JSON fields, then figures that explain them."""
+    """The bench's JSON fields, then figures that explain them. Each tenant's reference is the
+    mean of its runs alone: `alone` (before the shared run) and `alone_after` where given."""
     reports = shared.reports
     t0 = max(r["turns"][0][2] for r in reports)
     t1 = min(r["turns"][-1][3] for r in reports)
     window = t1 - t0
-    baseline = [alone_duty(r) for r in alone]
+    runs_alone = [[a] for a in alone] if alone_after is None else [
+        [a, b] for a, b in zip(alone, alone_after, strict=True)
+    ]  # fmt: skip
+    baseline = [mean_alone(runs, alone_duty) for runs in runs_alone]
     ideal = min(1.0, sum(baseline))
     timesliced = sum(busy(r["turns"], t0, t1) for r in reports) / window if window > 0 else 0.0
-    rates_alone = [rate(a["step_ends"], 0.0, float("inf")) for a in alone]
+    rates_alone = [
+        mean_alone(runs, lambda r: rate(r["step_ends"], 0.0, float("inf"))) for runs in runs_alone
+    ]
     rates_shared = [rate(s["step_ends"], t0, t1) for s in reports]
     # Each tenant's steps/s while sharing over its steps/s alone, weighted by its duty alone.
     achieved = sum(
@@ -117,20 +135,27 @@ def summarize(
     park_s = sum(m["park_s"] for m in moves)
     restore_s = sum(m["restore_s"] for m in moves)
     waits = sorted(idle_waits(reports, t0, t1))
-    diffs = [d for a, s in zip(alone, reports, strict=True) for d in same_training(a, s)]
+    diffs = [
+        d for runs, s in zip(runs_alone, reports, strict=True) for a in runs
+        for d in same_training(a, s)
+    ]  # fmt: skip
     per_tenant = []
-    tenants = zip(specs, alone, reports, baseline, rates_alone, rates_shared, strict=True)
-    for spec, a, s, duty, alone_rate, shared_rate in tenants:
+    tenants = zip(specs, runs_alone, reports, baseline, rates_alone, rates_shared, strict=True)
+    for spec, runs, s, duty, alone_rate, shared_rate in tenants:
         per_tenant.append(
             {
                 "name": spec.name, "kind": spec.config.kind,
                 "footprint_mib": round(spec.footprint_mib(), 2), "off_s": spec.config.off_s,
                 "steps": s["steps"], "duty_alone": round(duty, 4),
                 "steps_per_s_alone": round(alone_rate, 3),
+                "steps_per_s_alone_runs": [
+                    round(rate(r["step_ends"], 0.0, float("inf")), 3) for r in runs
+                ],
                 "steps_per_s_shared": round(shared_rate, 3),
-                "turn_s_alone": round(device_s_per_turn(a), 4),
+                "turn_s_alone": round(mean_alone(runs, device_s_per_turn), 4),
                 "turn_s_shared": round(device_s_per_turn(s), 4),
-                "parks": s["moves"]["parks"], "identical": not same_training(a, s),
+                "parks": s["moves"]["parks"],
+                "identical": not any(same_training(a, s) for a in runs),
             }
         )  # fmt: skip
     return {
@@ -169,8 +194,9 @@ async def _run(config: TrainMix | TrlMix) -> dict[str, Any]:
     alone = await run_alone(specs)
     fits = getattr(config, "fits", 0) or len(specs) - 1
     shared = await run_shared(specs, fits=fits)
+    after = await run_alone(specs)
     largest = max(r["footprint_bytes"] for r in shared.reports)
-    return summarize(specs, alone, shared, copy_gbps(largest, config.device))
+    return summarize(specs, alone, shared, copy_gbps(largest, config.device), alone_after=after)
 
 
 def run(config: TrainMix | TrlMix) -> dict[str, Any]:

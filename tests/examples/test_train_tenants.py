@@ -203,3 +203,35 @@ def test_bench_train_figures_from_turn_records() -> None:
         f"grpo: {k} differ" for k in ("steps", "losses", "params_sha256")
     ]
     assert set(figures["steps_per_s"]) == {"sft", "grpo"}
+
+
+@needs_torch
+def test_bench_train_reference_is_the_mean_of_the_runs_alone_around_the_shared_one() -> None:
+    """The machine slowed between the runs alone (a step every 4 s before, every 6 s after):
+    each job's reference pace is the mean of the two, and a run alone that trained otherwise
+    than the shared one is a difference too."""
+    from commands.bench.train import summarize
+    from commands.demo.train import Outcome
+
+    before = [_report(n, [[4 * i, 4 * i, 4 * i + 1] for i in range(5)]) for n in ("sft", "grpo")]
+    after = [
+        _report("sft", [[6 * i, 6 * i, 6 * i + 1] for i in range(5)]),
+        _report("grpo", [[6 * i, 6 * i, 6 * i + 1] for i in range(5)], sha="z"),
+    ]
+    # Shared: each a step every 5 s, the mean of its two paces alone (1/4 and 1/6 step/s).
+    shared = [
+        _report("sft", [[5 * i, 5 * i, 5 * i + 1] for i in range(5)]),
+        _report("grpo", [[5 * i + 1, 5 * i + 1, 5 * i + 2] for i in range(5)]),
+    ]
+    moves = {d: {"count": 2.0, "bytes": 2000.0, "seconds": 0.0} for d in ("park", "restore")}
+    figures = summarize(specs(), before, Outcome(shared, moves, 1), copy=5.0, alone_after=after)
+    sft = figures["per_tenant"][0]
+    assert sft["steps_per_s_alone_runs"] == [0.25, round(1 / 6, 3)]
+    assert sft["steps_per_s_alone"] == round((0.25 + 1 / 6) / 2, 3)
+    # Duty alone: 5 of 17 s before, 5 of 25 s after; the ideal is their means' sum.
+    assert figures["ideal_duty"] == round(5 / 17 + 5 / 25, 4)
+    assert figures["baseline_duty"] == round((5 / 17 + 5 / 25) / 2, 4)
+    # 0.2 step/s shared against a reference of 5/24: 0.96 of the pace, for both jobs.
+    assert figures["efficiency"] == round(0.2 / (5 / 24), 4)
+    assert figures["differences"] == ["grpo: params_sha256 differ"]
+    assert [t["identical"] for t in figures["per_tenant"]] == [True, False]
