@@ -16,7 +16,8 @@ each tenant's steps/s in the window over its steps/s alone, weighted by its duty
 the device time its progress is worth at its own pace (`achieved_duty`); over the ideal, that is
 the share of the possible sharing that became training. Time held (`timesliced_duty`,
 `turn_efficiency`) is reported beside it but is not the measure: on the CPU turns stretch when
-the cores are contended, which counts as busy without training more, and a job's phases are
+the cores are contended (`turn_stretch`: a turn's length shared over alone, weighted by duty
+alone), which counts as busy without training more, and a job's phases are
 not the same all through its run, so a window's busy share moves with which phases it caught.
 """
 
@@ -76,6 +77,18 @@ def idle_waits(reports: Sequence[dict[str, Any]], t0: float, t1: float) -> list[
             waits.append(max(0.0, granted - max(free_since, requested)))
         free_since = max(free_since, yielded)
     return waits
+
+
+def turn_stretch(per_tenant: Sequence[dict[str, Any]]) -> float:
+    """How much longer the tenants' turns ran shared than alone, weighted by their duty alone
+    (as `achieved_duty` weighs their paces): what the efficiency lost beside the idle device."""
+    pairs = [
+        (t["duty_alone"], t["turn_s_shared"] / t["turn_s_alone"])
+        for t in per_tenant
+        if t["turn_s_alone"] > 0
+    ]
+    weight = sum(w for w, _ in pairs)
+    return round(sum(w * r for w, r in pairs) / weight, 4) if weight else 0.0
 
 
 def copy_gbps(nbytes: int, device: str, repeats: int = 5) -> float:
@@ -166,6 +179,7 @@ def summarize(
         "efficiency": round(achieved / ideal, 4) if ideal else 0.0,
         "timesliced_duty": round(timesliced, 4),
         "turn_efficiency": round(timesliced / ideal, 4) if ideal else 0.0,
+        "turn_stretch": turn_stretch(per_tenant),
         "steps_per_s": {
             t["name"]: {"alone": t["steps_per_s_alone"], "shared": t["steps_per_s_shared"]}
             for t in per_tenant

@@ -158,6 +158,7 @@ def test_bench_train_efficiency_counts_steps_not_time_held() -> None:
     figures = summarize(specs(), alone, Outcome(shared, moves, 1), copy=5.0)
     assert figures["ideal_duty"] == round(2 * 5 / 17, 4)
     assert figures["efficiency"] == 1.0 and figures["turn_efficiency"] > 1.2
+    assert figures["turn_stretch"] == 1.5
 
 
 def _report(name: str, turns: list[list[float]], sha: str = "x") -> dict:
@@ -233,5 +234,6 @@ def test_bench_train_reference_is_the_mean_of_the_runs_alone_around_the_shared_o
     assert figures["baseline_duty"] == round((5 / 17 + 5 / 25) / 2, 4)
     # 0.2 step/s shared against a reference of 5/24: 0.96 of the pace, for both jobs.
     assert figures["efficiency"] == round(0.2 / (5 / 24), 4)
+    assert figures["turn_stretch"] == 1.0  # every turn 1 s, alone and shared
     assert figures["differences"] == ["grpo: params_sha256 differ"]
     assert [t["identical"] for t in figures["per_tenant"]] == [True, False]
