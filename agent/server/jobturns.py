@@ -274,6 +274,11 @@ class JobTurns:
             self._save()
         return turn
 
+    def preparation(self, turn_id: str) -> asyncio.Task[NodeTurn] | None:
+        """The preparation of `turn_id` still running, if any (a release cancels it; it gives
+        back what its members were granted as it ends)."""
+        return self._preparing.get(turn_id)
+
     def release(self, epoch: int, turn_id: str, reason: str) -> bool:
         """End the turn (prepared or committed) or its preparation; False if there was none."""
         self.fence(epoch)

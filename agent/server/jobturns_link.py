@@ -6,7 +6,9 @@ connection must open with the coordination token (the Secret both read); anythin
 refused UNAUTHENTICATED and closed before it reaches a turn. A commit, release or report is
 carried out as its frame is read; a prepare, which may wait for room, runs as a task of its own,
 so a release arriving behind it is not held up, and is cancelled by `cancel` or by the
-connection's end (as a gRPC call's cancellation would).
+connection's end (as a gRPC call's cancellation would). A release that ends a preparation still
+running is answered once that preparation has given back what it was granted: "released" means
+the node holds nothing of the turn.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class _Connection:
             self.running[call.id] = task
             task.add_done_callback(lambda _: self.running.pop(call.id, None))
             return
+        ending = self._turns.preparation(call.release.turn_id) if kind == "release" else None
         try:
             answer = self._at_once(call, kind)
         except errors.AgentError as exc:
@@ -92,6 +95,20 @@ class _Connection:
         except Exception as exc:  # a defect: the call fails, the connection and agent go on
             log.exception("job-turn %s call failed", kind)
             answer = refusal(call.id, "INTERNAL", f"{type(exc).__name__}: {exc}")
+        if ending is not None and not ending.done():
+            # A release that cancelled a preparation is answered once it has ended: its members
+            # granted already have given their turns back and the others left the queue, so the
+            # coordinator (and the job it tells of the roll-back) finds nothing of it held here.
+            task = asyncio.get_running_loop().create_task(self._answer_after(ending, answer))
+            self.running[call.id] = task
+            task.add_done_callback(lambda _: self.running.pop(call.id, None))
+            return
+        self._send(answer)
+
+    async def _answer_after(
+        self, ending: asyncio.Task[NodeTurn], answer: jt.JobTurnsAnswer
+    ) -> None:
+        await asyncio.wait({ending})  # prompt: a cancelled acquire leaves at once
         self._send(answer)
 
     def _at_once(self, call: jt.JobTurnsCall, kind: str | None) -> jt.JobTurnsAnswer:

@@ -311,3 +311,49 @@ def test_a_grpc_client_is_told_it_speaks_the_wrong_protocol(
     with caplog.at_level(logging.WARNING):
         run(body)
     assert "speaks gRPC" in caplog.text and "upgrade it and the agents together" in caplog.text
+
+
+def test_a_release_that_ends_a_preparation_is_answered_once_nothing_of_it_is_held(
+    tmp_path: Path,
+) -> None:
+    """The coordinator hears "released" only when the node holds nothing of the turn: the
+    preparation it cancelled has given the member granted already its turn back and taken the
+    waiting one out of the queue, so a job told of the roll-back finds nothing held here. What
+    the node holds is read as each answer is written."""
+
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        written: list[tuple[jt.JobTurnsAnswer, set[str], int]] = []
+
+        class Writer:
+            def write(self, data: bytes) -> None:
+                while data:
+                    (size,) = framing.HEADER.unpack_from(data)
+                    body = data[framing.HEADER.size : framing.HEADER.size + size]
+                    data = data[framing.HEADER.size + size :]
+                    answer = framing.decode(jt.JobTurnsAnswer, body)
+                    written.append((answer, holders(service), len(service.table.waiters)))
+
+            def is_closing(self) -> bool:
+                return False
+
+        try:
+            other = service.tenants.tenants["team/other"]
+            await service.acquire(other, ("GPU-1",), timeout=5)  # the sampler must wait
+            link = jobturns_link._Connection(turns, Writer())  # type: ignore[arg-type]
+            prepare = jt.PrepareRequest(epoch=1, turn_id="t1", namespace="team", job="rl")
+            link.handle(jt.JobTurnsCall(id=1, prepare=prepare))
+            await until(lambda: "team/trainer" in holders(service) and bool(service.table.waiters))
+            release = jt.ReleaseRequest(epoch=1, turn_id="t1", reason="rolled back")
+            link.handle(jt.JobTurnsCall(id=2, release=release))
+            await until(lambda: any(answer.id == 2 for answer, _, _ in written))
+            answers = {answer.id: (answer, held, waiting) for answer, held, waiting in written}
+            answer, held, waiting = answers[2]
+            assert answer.released.released
+            assert (held, waiting) == ({"team/other"}, 0)
+            assert "was released while being prepared" in answers[1][0].refused.details
+            await link.close()
+        finally:
+            await service.close()
+
+    run(body)
