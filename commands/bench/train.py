@@ -148,10 +148,12 @@ def summarize(
     park_s = sum(m["park_s"] for m in moves)
     restore_s = sum(m["restore_s"] for m in moves)
     waits = sorted(idle_waits(reports, t0, t1))
-    diffs = [
-        d for runs, s in zip(runs_alone, reports, strict=True) for a in runs
-        for d in same_training(a, s)
-    ]  # fmt: skip
+    diffs = list(
+        dict.fromkeys(  # a difference from both runs alone is one difference
+            d for runs, s in zip(runs_alone, reports, strict=True) for a in runs
+            for d in same_training(a, s)
+        )
+    )  # fmt: skip
     per_tenant = []
     tenants = zip(specs, runs_alone, reports, baseline, rates_alone, rates_shared, strict=True)
     for spec, runs, s, duty, alone_rate, shared_rate in tenants:

@@ -236,4 +236,7 @@ def test_bench_train_reference_is_the_mean_of_the_runs_alone_around_the_shared_o
     assert figures["efficiency"] == round(0.2 / (5 / 24), 4)
     assert figures["turn_stretch"] == 1.0  # every turn 1 s, alone and shared
     assert figures["differences"] == ["grpo: params_sha256 differ"]
+    shared[0]["losses"] = [2.0] * 5  # sft trained otherwise than both its runs alone: said once
+    again = summarize(specs(), before, Outcome(shared, moves, 1), copy=5.0, alone_after=after)
+    assert again["differences"] == ["sft: losses differ", "grpo: params_sha256 differ"]
     assert [t["identical"] for t in figures["per_tenant"]] == [True, False]
