@@ -95,7 +95,7 @@ class _Connection:
         except Exception as exc:  # a defect: the call fails, the connection and agent go on
             log.exception("job-turn %s call failed", kind)
             answer = refusal(call.id, "INTERNAL", f"{type(exc).__name__}: {exc}")
-        if ending is not None and not ending.done():
+        if ending is not None and not ending.done() and answer.HasField("released"):
             # A release that cancelled a preparation is answered once it has ended: its members
             # granted already have given their turns back and the others left the queue, so the
             # coordinator (and the job it tells of the roll-back) finds nothing of it held here.

@@ -344,6 +344,12 @@ def test_a_release_that_ends_a_preparation_is_answered_once_nothing_of_it_is_hel
             prepare = jt.PrepareRequest(epoch=1, turn_id="t1", namespace="team", job="rl")
             link.handle(jt.JobTurnsCall(id=1, prepare=prepare))
             await until(lambda: "team/trainer" in holders(service) and bool(service.table.waiters))
+            # A release from an older leader is refused at once; the preparation goes on.
+            stale = jt.ReleaseRequest(epoch=0, turn_id="t1", reason="rolled back")
+            link.handle(jt.JobTurnsCall(id=3, release=stale))
+            await until(lambda: any(answer.id == 3 for answer, _, _ in written))
+            assert "older than epoch 1" in written[-1][0].refused.details
+            assert written[-1][1:] == ({"team/other", "team/trainer"}, 1)
             release = jt.ReleaseRequest(epoch=1, turn_id="t1", reason="rolled back")
             link.handle(jt.JobTurnsCall(id=2, release=release))
             await until(lambda: any(answer.id == 2 for answer, _, _ in written))
