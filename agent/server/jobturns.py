@@ -225,7 +225,11 @@ class JobTurns:
         except BaseException:  # cancelled: nothing of this turn stays behind
             for ask in asks:
                 ask.cancel()  # a waiting member leaves the queue
-            await asyncio.gather(*asks, return_exceptions=True)
+            while not all(ask.done() for ask in asks):
+                # A second cancel (the call's, then its release's) must not cut this short:
+                # the members granted already would keep their GPUs.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait(asks)
             for member, ask in zip(members, asks, strict=True):
                 if not ask.cancelled() and ask.exception() is None:  # granted: given back
                     self._yield(member.tenant_id, ask.result().lease.lease_id)

@@ -313,13 +313,16 @@ def test_a_grpc_client_is_told_it_speaks_the_wrong_protocol(
     assert "speaks gRPC" in caplog.text and "upgrade it and the agents together" in caplog.text
 
 
+@pytest.mark.parametrize("cancelled_first", [False, True])
 def test_a_release_that_ends_a_preparation_is_answered_once_nothing_of_it_is_held(
-    tmp_path: Path,
+    tmp_path: Path, cancelled_first: bool
 ) -> None:
     """The coordinator hears "released" only when the node holds nothing of the turn: the
     preparation it cancelled has given the member granted already its turn back and taken the
     waiting one out of the queue, so a job told of the roll-back finds nothing held here. What
-    the node holds is read as each answer is written."""
+    the node holds is read as each answer is written. `cancelled_first`: the coordinator's own
+    order when another node fails, the prepare call cancelled and the release a step later, in
+    the middle of the preparation's clean-up (which a second cancel must not cut short)."""
 
     async def body() -> None:
         service, turns = node(tmp_path)
@@ -346,18 +349,26 @@ def test_a_release_that_ends_a_preparation_is_answered_once_nothing_of_it_is_hel
             await until(lambda: "team/trainer" in holders(service) and bool(service.table.waiters))
             # A release from an older leader is refused at once; the preparation goes on.
             stale = jt.ReleaseRequest(epoch=0, turn_id="t1", reason="rolled back")
-            link.handle(jt.JobTurnsCall(id=3, release=stale))
-            await until(lambda: any(answer.id == 3 for answer, _, _ in written))
+            link.handle(jt.JobTurnsCall(id=2, release=stale))
+            await until(lambda: any(answer.id == 2 for answer, _, _ in written))
             assert "older than epoch 1" in written[-1][0].refused.details
             assert written[-1][1:] == ({"team/other", "team/trainer"}, 1)
+            if cancelled_first:
+                link.handle(jt.JobTurnsCall(id=1, cancel=jt.Cancel()))
+                await asyncio.sleep(0)  # one step: the preparation is in its clean-up
+                assert not turns.preparation("t1").done()  # type: ignore[union-attr]
             release = jt.ReleaseRequest(epoch=1, turn_id="t1", reason="rolled back")
-            link.handle(jt.JobTurnsCall(id=2, release=release))
-            await until(lambda: any(answer.id == 2 for answer, _, _ in written))
+            link.handle(jt.JobTurnsCall(id=3, release=release))
+            await until(lambda: any(answer.id == 3 for answer, _, _ in written))
             answers = {answer.id: (answer, held, waiting) for answer, held, waiting in written}
-            answer, held, waiting = answers[2]
+            answer, held, waiting = answers[3]
             assert answer.released.released
             assert (held, waiting) == ({"team/other"}, 0)
-            assert "was released while being prepared" in answers[1][0].refused.details
+            if cancelled_first:  # the cancelled call is not answered
+                assert 1 not in answers
+            else:
+                assert "was released while being prepared" in answers[1][0].refused.details
+            assert holders(service) == {"team/other"} and not service.table.waiters
             await link.close()
         finally:
             await service.close()
