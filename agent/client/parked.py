@@ -51,14 +51,23 @@ async def restore_with_grant(
     try:
         await asyncio.shield(restoring)
     except BaseException as exc:  # interrupted too: the turn is not used unrestored
-        with contextlib.suppress(Exception):
-            await restoring
-        failed = None
-        try:
-            await give_back()
-        except BatonError as e:
-            failed = e
+        await to_the_end(restoring)
+        if not restoring.cancelled():
+            restoring.exception()  # its failure is `exc`, or is superseded by it
+        giving = asyncio.ensure_future(give_back())
+        await to_the_end(giving)
+        failed = None if giving.cancelled() else giving.exception()
+        if failed is not None and not isinstance(failed, BatonError):
+            raise failed from exc
         raise given_back(exc, failed) from (exc if failed else None)
+
+
+async def to_the_end(task: asyncio.Future[Any]) -> None:
+    """Wait for `task` to end, whatever cancels this wait: a caller cancelled twice (a timeout,
+    then its shutdown) still finishes the restore in flight and gives the turn back."""
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({task})
 
 
 def restores_itself(callbacks: Mapping[str, Any]) -> bool:

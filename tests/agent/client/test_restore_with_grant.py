@@ -252,9 +252,12 @@ def test_the_async_client_restores_itself_with_its_grant(app_agent: AgentRunner)
     assert sample(app_agent, "baton_move_seconds_count", direction="restore") == 0
 
 
+@pytest.mark.parametrize("cancels", [1, 2])
 def test_an_async_acquire_cancelled_in_its_restore_finishes_it_and_gives_the_turn_back(
-    app_agent: AgentRunner,
+    app_agent: AgentRunner, cancels: int
 ) -> None:
+    """Cancelled twice too (a timeout, then a shutdown): the second cancel lands while the
+    first waits for the restore, and cuts neither it nor the give-back short."""
     recorded = {name: Recorded() for name in ("x", "y")}
     started, gate = threading.Event(), threading.Event()
     restore = recorded["x"].restore
@@ -276,6 +279,9 @@ def test_an_async_acquire_cancelled_in_its_restore_finishes_it_and_gives_the_tur
             await y.yield_()
             assert await asyncio.to_thread(started.wait, WAIT_S), "x's restore never ran"
             taking.cancel()
+            if cancels == 2:
+                await asyncio.sleep(0)  # one step: the acquire waits for its restore
+                taking.cancel()
             gate.set()
             with pytest.raises(asyncio.CancelledError):
                 await asyncio.wait_for(taking, WAIT_S)
