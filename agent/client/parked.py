@@ -19,6 +19,7 @@ from typing import Any
 from agent.client.errors import BatonError
 from agent.client.types import Callback, run_callback
 from baton._pb import agent_pb2 as pb
+from baton.contract.tasks import to_the_end
 
 
 def given_back(exc: BaseException, failed: BatonError | None) -> BaseException:
@@ -51,6 +52,7 @@ async def restore_with_grant(
     try:
         await asyncio.shield(restoring)
     except BaseException as exc:  # interrupted too: the turn is not used unrestored
+        # A second cancel (a timeout, then a shutdown) cuts neither the restore nor the give-back.
         await to_the_end(restoring)
         if not restoring.cancelled():
             restoring.exception()  # its failure is `exc`, or is superseded by it
@@ -60,14 +62,6 @@ async def restore_with_grant(
         if failed is not None and not isinstance(failed, BatonError):
             raise failed from exc
         raise given_back(exc, failed) from (exc if failed else None)
-
-
-async def to_the_end(task: asyncio.Future[Any]) -> None:
-    """Wait for `task` to end, whatever cancels this wait: a caller cancelled twice (a timeout,
-    then its shutdown) still finishes the restore in flight and gives the turn back."""
-    while not task.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait({task})
 
 
 def restores_itself(callbacks: Mapping[str, Any]) -> bool:

@@ -29,6 +29,7 @@ from agent.server.service import LeaseService
 from agent.server.sessions import Session
 from baton._pb import agent_pb2 as pb
 from baton.contract.names import job_of_labels
+from baton.contract.tasks import to_the_end
 
 log = logging.getLogger(__name__)
 
@@ -225,11 +226,9 @@ class JobTurns:
         except BaseException:  # cancelled: nothing of this turn stays behind
             for ask in asks:
                 ask.cancel()  # a waiting member leaves the queue
-            while not all(ask.done() for ask in asks):
-                # A second cancel (the call's, then its release's) must not cut this short:
-                # the members granted already would keep their GPUs.
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait(asks)
+            # A second cancel (the call's, then its release's) must not cut this short: the
+            # members granted already would keep their GPUs.
+            await to_the_end(*asks)
             for member, ask in zip(members, asks, strict=True):
                 if not ask.cancelled() and ask.exception() is None:  # granted: given back
                     self._yield(member.tenant_id, ask.result().lease.lease_id)

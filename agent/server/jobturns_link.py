@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 import hmac
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
 from agent.core import errors
 from agent.server import api_ops
@@ -83,9 +85,7 @@ class _Connection:
             if call.id in self.running:
                 self._send(refusal(call.id, "INVALID_ARGUMENT", f"call id {call.id} is in use"))
                 return
-            task = asyncio.get_running_loop().create_task(self._prepare(call.id, call.prepare))
-            self.running[call.id] = task
-            task.add_done_callback(lambda _: self.running.pop(call.id, None))
+            self._run(call.id, self._prepare(call.id, call.prepare))
             return
         ending = self._turns.preparation(call.release.turn_id) if kind == "release" else None
         try:
@@ -99,11 +99,16 @@ class _Connection:
             # A release that cancelled a preparation is answered once it has ended: its members
             # granted already have given their turns back and the others left the queue, so the
             # coordinator (and the job it tells of the roll-back) finds nothing of it held here.
-            task = asyncio.get_running_loop().create_task(self._answer_after(ending, answer))
-            self.running[call.id] = task
-            task.add_done_callback(lambda _: self.running.pop(call.id, None))
+            self._run(call.id, self._answer_after(ending, answer))
             return
         self._send(answer)
+
+    def _run(self, call_id: int, work: Coroutine[Any, Any, None]) -> None:
+        """Carry out a call on a task of its own, which its `cancel` or the connection's end
+        gives up."""
+        task = asyncio.get_running_loop().create_task(work)
+        self.running[call_id] = task
+        task.add_done_callback(lambda _: self.running.pop(call_id, None))
 
     async def _answer_after(
         self, ending: asyncio.Task[NodeTurn], answer: jt.JobTurnsAnswer
