@@ -133,9 +133,8 @@ def summarize(
     baseline = [mean_alone(runs, alone_duty) for runs in runs_alone]
     ideal = min(1.0, sum(baseline))
     timesliced = sum(busy(r["turns"], t0, t1) for r in reports) / window if window > 0 else 0.0
-    rates_alone = [
-        mean_alone(runs, lambda r: rate(r["step_ends"], 0.0, float("inf"))) for runs in runs_alone
-    ]
+    paces_alone = [[rate(r["step_ends"], 0.0, float("inf")) for r in runs] for runs in runs_alone]
+    rates_alone = [sum(paces) / len(paces) for paces in paces_alone]
     rates_shared = [rate(s["step_ends"], t0, t1) for s in reports]
     # Each tenant's steps/s while sharing over its steps/s alone, weighted by its duty alone.
     achieved = sum(
@@ -148,29 +147,28 @@ def summarize(
     park_s = sum(m["park_s"] for m in moves)
     restore_s = sum(m["restore_s"] for m in moves)
     waits = sorted(idle_waits(reports, t0, t1))
-    diffs = list(
-        dict.fromkeys(  # a difference from both runs alone is one difference
-            d for runs, s in zip(runs_alone, reports, strict=True) for a in runs
-            for d in same_training(a, s)
-        )
-    )  # fmt: skip
+    differing = [  # a difference from both runs alone is one difference
+        list(dict.fromkeys(d for a in runs for d in same_training(a, s)))
+        for runs, s in zip(runs_alone, reports, strict=True)
+    ]
     per_tenant = []
-    tenants = zip(specs, runs_alone, reports, baseline, rates_alone, rates_shared, strict=True)
-    for spec, runs, s, duty, alone_rate, shared_rate in tenants:
+    tenants = zip(
+        specs, runs_alone, reports, baseline, paces_alone, rates_alone, rates_shared, differing,
+        strict=True,
+    )  # fmt: skip
+    for spec, runs, s, duty, paces, alone_rate, shared_rate, differs in tenants:
         per_tenant.append(
             {
                 "name": spec.name, "kind": spec.config.kind,
                 "footprint_mib": round(spec.footprint_mib(), 2), "off_s": spec.config.off_s,
                 "steps": s["steps"], "duty_alone": round(duty, 4),
                 "steps_per_s_alone": round(alone_rate, 3),
-                "steps_per_s_alone_runs": [
-                    round(rate(r["step_ends"], 0.0, float("inf")), 3) for r in runs
-                ],
+                "steps_per_s_alone_runs": [round(pace, 3) for pace in paces],
                 "steps_per_s_shared": round(shared_rate, 3),
                 "turn_s_alone": round(mean_alone(runs, device_s_per_turn), 4),
                 "turn_s_shared": round(device_s_per_turn(s), 4),
                 "parks": s["moves"]["parks"],
-                "identical": not any(same_training(a, s) for a in runs),
+                "identical": not differs,
             }
         )  # fmt: skip
     return {
@@ -189,8 +187,8 @@ def summarize(
         "park_gbps": round(parked / park_s / 1e9, 3) if park_s else 0.0,
         "restore_gbps": round(restored / restore_s / 1e9, 3) if restore_s else 0.0,
         "copy_gbps": round(copy, 3),
-        "identical": not diffs,
-        "differences": diffs,
+        "identical": not any(differing),
+        "differences": [d for differs in differing for d in differs],
         "device": specs[0].config.device,
         "shared_window_s": round(window, 3),
         "shared_gpu_mib": shared.gpu_mib,
