@@ -15,7 +15,7 @@ MODULES = {
     "agent": {"__init__"},
     "baton": {"__init__"},
     "baton._pb": {"__init__", "agent_pb2", "agent_pb2_grpc"},
-    "baton.contract": {"__init__", "names", "framing"},
+    "baton.contract": {"__init__", "names", "framing", "tasks"},
 }
 
 
