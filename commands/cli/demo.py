@@ -224,12 +224,15 @@ def bench_train(
     """Real SFT and GRPO tenants alone, then sharing one device: duty, GB/s, bit-exactness.
 
     Unset sizes take `commands.demo.train.TrainMix`'s defaults (`commands.demo.trl.TrlMix`'s with
-    `--framework trl`, where --steps, --device, --grpo-off-s and --sft-off-s apply).
+    `--framework trl`, where all but --layers and --group apply, --d-model as the models' hidden
+    size).
     """
     if framework not in ("torch", "trl"):
         raise typer.BadParameter(f"--framework {framework!r}: torch or trl")
     if framework == "torch" and mix != "default":
         raise typer.BadParameter("--mix applies to --framework trl only")
+    if framework == "trl" and (layers is not None or group is not None):
+        raise typer.BadParameter("--layers and --group apply to --framework torch only")
     try:
         from commands.bench.train import run
         from commands.demo.train import TrainMix, TrainRunError
@@ -255,7 +258,7 @@ def bench_train(
         try:
             config = trl_mix(
                 mix, tenants=tenants, steps=steps, device=device, grpo_off_s=grpo_off_s,
-                sft_off_s=sft_off_s,
+                sft_off_s=sft_off_s, sft_batch=sft_batch, grpo_batch=grpo_batch, hidden=d_model,
             )  # fmt: skip
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None

@@ -76,3 +76,32 @@ def test_bench_train_takes_a_mix_with_the_trl_framework_only() -> None:
 
     result = CliRunner().invoke(app, ["bench", "train", "--mix", "short"])
     assert result.exit_code != 0 and "--framework trl only" in result.output
+
+
+def test_bench_train_gives_the_trl_mix_the_sizes_asked_and_refuses_those_it_has_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("trl", reason="needs trl")
+    from typer.testing import CliRunner
+
+    import commands.bench.train
+    from commands.cli import app
+    from commands.demo.trl import SHORT_STEPS
+
+    ran: list[object] = []
+
+    def run(config: object) -> dict:
+        ran.append(config)
+        return {}
+
+    monkeypatch.setattr(commands.bench.train, "run", run)
+    sizes = ["--sft-batch", "96", "--grpo-batch", "12", "--d-model", "80"]
+    result = CliRunner().invoke(
+        app, ["bench", "train", "--framework", "trl", "--mix", "short", *sizes]
+    )
+    assert result.exit_code == 0, result.output
+    assert ran == [replace(SHORT_STEPS, sft_batch=96, grpo_batch=12, hidden=80)]
+    for torch_only in (["--layers", "3"], ["--group", "2"]):
+        result = CliRunner().invoke(app, ["bench", "train", "--framework", "trl", *torch_only])
+        assert result.exit_code != 0 and "--framework torch only" in result.output
+    assert len(ran) == 1
