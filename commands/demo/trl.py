@@ -70,11 +70,12 @@ class TrlMix:
 
 
 SHORT_STEPS = TrlMix(
-    tenants=4, steps=30, grpo_off_s=0.0, sft_off_s=0.0, sft_batch=64, grpo_batch=8, fits=1
+    tenants=4, steps=30, grpo_off_s=0.0, sft_off_s=0.0, sft_batch=128, grpo_batch=64, fits=1
 )
-"""Four jobs of short steps (0.03 to 0.1 s on a CPU core, by the machine) with nothing
-off-turn, on a GPU that holds one of them: every turn is a handover (park the leaving job,
-restore the next), so what a handover costs is what the efficiency loses."""
+"""Four jobs of short steps (about 0.1 s on a core of the 2-vCPU development machines; smaller
+batches, `--sft-batch` and `--grpo-batch`, make them shorter) with nothing off-turn, on a GPU
+that holds one of them: every turn is a handover (park the leaving job, restore the next), so
+what a handover costs is what the efficiency loses."""
 MIXES = {"default": TrlMix(tenants=3), "short": SHORT_STEPS}
 """`baton bench train --framework trl --mix NAME`."""
 
