@@ -201,7 +201,10 @@ def bench_train(
     d_model: Annotated[int | None, Opt(min=8, help="Model width.")] = None,
     layers: Annotated[int | None, Opt(min=1, help="Transformer blocks.")] = None,
     sft_batch: Annotated[int | None, Opt(min=1, help="SFT pairs per step.")] = None,
-    grpo_batch: Annotated[int | None, Opt(min=1, help="GRPO prompts per step.")] = None,
+    grpo_batch: Annotated[
+        int | None,
+        Opt(min=1, help="GRPO prompts per step (completions, 4 a prompt, with --framework trl)."),
+    ] = None,
     group: Annotated[int | None, Opt(min=2, help="GRPO completions per prompt.")] = None,
     grpo_off_s: Annotated[
         float | None, Opt(min=0.0, help="GRPO's modelled off-device wait per step, s.")

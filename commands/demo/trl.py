@@ -51,6 +51,7 @@ class TrlMix:
     none, an SFT step is over ten times shorter than a GRPO step and ends its run alone."""
     sft_batch: int = 8
     grpo_batch: int = 8
+    """GRPO completions a step (TRL's `per_device_train_batch_size`), `TrlConfig.group` a prompt."""
     fits: int = 0
     """Tenants the shared GPU holds at once; 0: all but one."""
 
@@ -72,10 +73,10 @@ class TrlMix:
 SHORT_STEPS = TrlMix(
     tenants=4, steps=30, grpo_off_s=0.0, sft_off_s=0.0, sft_batch=128, grpo_batch=64, fits=1
 )
-"""Four jobs of short steps (about 0.1 s on a core of the 2-vCPU development machines; smaller
-batches, `--sft-batch` and `--grpo-batch`, make them shorter) with nothing off-turn, on a GPU
-that holds one of them: every turn is a handover (park the leaving job, restore the next), so
-what a handover costs is what the efficiency loses."""
+"""Four jobs of short steps (about 0.1 s on a core of the 2-vCPU development machines: 128 SFT
+pairs, or 64 GRPO completions of 16 prompts; smaller batches make them shorter) with nothing
+off-turn, on a GPU that holds one of them: every turn is a handover (park the leaving job,
+restore the next), so what a handover costs is what the efficiency loses."""
 MIXES = {"default": TrlMix(tenants=3), "short": SHORT_STEPS}
 """`baton bench train --framework trl --mix NAME`."""
 
@@ -84,4 +85,13 @@ def trl_mix(name: str, **given: Any) -> TrlMix:
     """The named mix with the given fields changed (those given as None left alone)."""
     if name not in MIXES:
         raise ValueError(f"--mix {name!r}: one of {', '.join(MIXES)}")
-    return replace(MIXES[name], **{k: v for k, v in given.items() if v is not None})
+    mix = replace(MIXES[name], **{k: v for k, v in given.items() if v is not None})
+    group = TrlConfig().group
+    if mix.grpo_batch % group:
+        raise ValueError(
+            f"--grpo-batch {mix.grpo_batch}: GRPO completions a step, a multiple of the "
+            f"{group} each prompt gets"
+        )
+    if mix.hidden % 4:
+        raise ValueError(f"--d-model {mix.hidden}: a multiple of 4 (two heads of even width)")
+    return mix

@@ -67,6 +67,10 @@ def test_the_short_mix_is_four_short_steppers_on_a_gpu_that_holds_one() -> None:
     assert all(s.config.off_s == 0 for s in mix.specs())
     with pytest.raises(ValueError, match="--mix 'long'"):
         trl_mix("long")
+    with pytest.raises(ValueError, match=r"--grpo-batch 6: .* multiple of the 4"):
+        trl_mix("short", grpo_batch=6)
+    with pytest.raises(ValueError, match="--d-model 10: a multiple of 4"):
+        trl_mix("default", hidden=10)
 
 
 def test_bench_train_takes_a_mix_with_the_trl_framework_only() -> None:
