@@ -25,6 +25,7 @@ import json
 import os
 import random
 import stat
+import tempfile
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -84,8 +85,18 @@ def share(fd: int) -> int:
 
 
 def shared_dir(path: Path, mode: int = 0o777) -> None:
-    """Make the directory (its parent exists) and open it to every UID if this process owns it."""
-    path.mkdir(exist_ok=True)
+    """Make the directory (its parent exists) and open it to every UID if this process owns it.
+    A directory this makes appears with `mode` already: made under a private name, opened,
+    then renamed into place, so a tenant never finds it made and not yet open to it (the agent
+    makes a tenant's directory as it learns of the pod, while the pod's process may be making
+    its first region there)."""
+    if not os.path.lexists(path):
+        made = tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)
+        os.chmod(made, mode)
+        try:
+            os.rename(made, path)  # onto an empty directory made meanwhile: replaces it
+        except OSError:  # one made meanwhile holds files, or is another UID's (sticky parent)
+            os.rmdir(made)
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise NotADirectoryError(f"{path} is not a directory (a symbolic link?)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import agent.parking.backends.fake as fake
 from agent.parking.backends.base import BackendError, Residency, TenantRef
 from agent.parking.backends.fake import FakeBackend
+from agent.parking.backends.fakegpu import shared_dir
 from agent.parking.fakegpu import FakeGpuMemory, NotResident, PatternMismatch
 from baton.contract.names import MIB
 
@@ -258,3 +260,38 @@ def test_the_agent_follows_no_symbolic_link_a_tenant_plants(planted):
         assert secret.read_text() == "the agent's token"
     finally:
         shutil.rmtree(root)
+
+
+def test_a_shared_directory_appears_open_never_before(tmp_path, monkeypatch):
+    """The agent makes a tenant's directory as it learns of the pod, while the pod's process
+    may be making its first region there: the directory must never be seen not yet open."""
+    seen = []
+    rename = os.rename
+
+    def watched(src, dst):
+        seen.append((stat.S_IMODE(os.lstat(src).st_mode), os.path.lexists(dst)))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", watched)
+    shared_dir(tmp_path / "tenants", 0o1777)
+    assert seen == [(0o1777, False)]  # open before it has its name
+    assert stat.S_IMODE((tmp_path / "tenants").stat().st_mode) == 0o1777
+    assert [p.name for p in tmp_path.iterdir()] == ["tenants"]
+
+
+def test_a_shared_directory_made_meanwhile_is_kept_and_nothing_is_left_behind(
+    tmp_path, monkeypatch
+):
+    target = tmp_path / "t1"
+    rename = os.rename
+
+    def made_meanwhile(src, dst):  # the tenant made it, and a region in it, first
+        target.mkdir()
+        (target / "GPU-0.dev").write_bytes(b"x")
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", made_meanwhile)
+    shared_dir(target)
+    assert (target / "GPU-0.dev").read_bytes() == b"x"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o777  # ours: opened as before
+    assert [p.name for p in tmp_path.iterdir()] == ["t1"]
