@@ -97,6 +97,8 @@ def shared_dir(path: Path, mode: int = 0o777) -> None:
             os.rename(made, path)  # onto an empty directory made meanwhile: replaces it
         except OSError:  # one made meanwhile holds files, or is another UID's (sticky parent)
             os.rmdir(made)
+            if not os.path.lexists(path):  # none was: the rename's own failure is the error
+                raise
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise NotADirectoryError(f"{path} is not a directory (a symbolic link?)")

@@ -295,3 +295,13 @@ def test_a_shared_directory_made_meanwhile_is_kept_and_nothing_is_left_behind(
     assert (target / "GPU-0.dev").read_bytes() == b"x"
     assert stat.S_IMODE(target.stat().st_mode) == 0o777  # ours: opened as before
     assert [p.name for p in tmp_path.iterdir()] == ["t1"]
+
+
+def test_a_shared_directory_that_cannot_be_put_in_place_says_why(tmp_path, monkeypatch):
+    def refused(src, dst):
+        raise PermissionError(13, "refused", str(dst))
+
+    monkeypatch.setattr(os, "rename", refused)
+    with pytest.raises(PermissionError, match="refused"):
+        shared_dir(tmp_path / "t1")
+    assert list(tmp_path.iterdir()) == []  # the private directory is gone too
