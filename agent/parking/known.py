@@ -1,10 +1,10 @@
 """What the preparer knows of the node: its tenants, who holds a turn, the residency model,
 and the reads that keep the model current; from it alone, whether a turn moves nothing.
 
-The model (`agent.parking.model`) is read in full before every plan and after every move, in a
-worker thread; after a turn granted from the model, the tenants whose turns ended are read
-again off the grant's path (`_settle`), and a holder granted on a view that read proves wrong
-gets its room at once (`_make_room_for_holder`, the preparer's).
+The model (`agent.parking.model`) is read in full before every plan, and the tenants a plan
+moved after its moves, in a worker thread; after a turn granted from the model, the tenants
+whose turns ended are read again off the grant's path (`_settle`), and a holder granted on a
+view that read proves wrong gets its room at once (`_make_room_for_holder`, the preparer's).
 """
 
 from __future__ import annotations
@@ -261,6 +261,20 @@ class KnownNode:
         self._model.replace_all(read, self._holding.keys())
         self._took_in(read)
         return self._node(busy)
+
+    async def _read_moved(self, tenant_ids: Collection[str]) -> None:
+        """Read the tenants a plan moved (in a worker thread if the backend's reads block). Every
+        plan is drawn from a full read under the lock it still holds, so only their memory
+        changed since (`model.ResidencyModel.moved`)."""
+        counted = set(self._tenant_ids())  # one that left meanwhile leaves the model too
+        ids = sorted(t for t in set(tenant_ids) if t in counted)
+        generation = self._model.generation
+        if self.backend.reads_block:
+            read = await asyncio.to_thread(self._read, ids, generation)
+        else:
+            read = self._read(ids, generation)
+        self._model.moved(read, self._holding.keys(), counted)
+        self._took_in(read)
 
     def _node(
         self,

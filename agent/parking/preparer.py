@@ -123,6 +123,8 @@ class ParkingPreparer(KnownNode):
         """Make the tenant due next resident while `holders` run; best effort, raises nothing."""
         if tenant_id in self._ahead or self._moves_nothing(tenant_id, gpus, holders):
             return
+        if self._no_room_ahead(tenant_id, gpus, holders):
+            return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ahead[tenant_id] = done
         try:
@@ -139,6 +141,16 @@ class ParkingPreparer(KnownNode):
         finally:
             del self._ahead[tenant_id]
             done.set_result(None)
+
+    def _no_room_ahead(self, tenant_id: str, gpus: Sequence[str], holders: Collection[str]) -> bool:
+        """The model shows that no room can be made for the tenant while `holders` run (their
+        memory stands in the way, counted whole): no read is worth taking then. A model that is
+        wrong costs only this preparation, which the grant then makes itself."""
+        ref = self._model_ref(tenant_id, gpus)
+        if ref is None:
+            return False
+        snap = self._node(holders, whole=self._model.unsettled, on=ref.gpus)
+        return isinstance(plan_ahead(snap, tenant_id), Refusal)
 
     def not_restored(self, tenant_id: str, parked: Mapping[str, int]) -> None:
         """The tenant's process ends its turn with this memory still parked (GPU → bytes, as
@@ -280,8 +292,8 @@ class ParkingPreparer(KnownNode):
                     log.info("restore of %s on %s is left to its grant", tenant_id, step.gpu)
                     continue
                 await self._move(tenant_id, step, when)
-        finally:
-            await self._reread()
+        finally:  # what the moves changed (the plan was drawn from a full read just before)
+            await self._read_moved({step.tenant_id for step in plan.steps})
             if self._host is not None:
                 self._host.persist()
 
