@@ -106,4 +106,3 @@ def test_a_tenant_that_grew_unseen_is_found_by_the_read_before_the_next_plan(bac
     )
     assert resident <= 100 * MIB
     assert states["b"].residency[GPU] == Residency.RESIDENT
-
