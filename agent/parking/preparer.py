@@ -5,7 +5,9 @@ the event loop (`asyncio.to_thread`), retries failed parks with backoff, and kee
 per tenant status that /v1/status shows. One plan runs at a time per node. While a GPU is held,
 `prepare_ahead` readies the tenant due next (`agent.core.planner.plan_ahead`), so that its grant
 finds nothing left to move. A turn the agent's own model (`agent.parking.known`) shows needs no
-move is granted from it at once, on the event loop: no snapshot, no thread, no lock.
+move is granted from it at once, on the event loop: no snapshot, no thread, no lock. One that
+needs moves is planned from the same model where it can say, so the grant waits for the moves
+alone; the backend is read first where it cannot, and where the model finds no room.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from agent.parking.backends.base import (
     Unparkable,
 )
 from agent.parking.known import KnownNode
+from agent.parking.model import needs_room
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +77,35 @@ class ParkingPreparer(KnownNode):
             for other, held in list(self._holding.items()):
                 if held & set(gpus):
                     del self._holding[other]
-            snap = await self._reread()
-            if tenant_id in self.quarantines.why:
-                raise self._refuse_quarantined(tenant_id)
-            plan = plan_turn(snap, tenant_id)
-            await self._carry_out(tenant_id, plan, "grant", handed)
+            planned = self._moves_from_model(tenant_id, gpus)
+            if planned is None:  # the model cannot say, or says no: the backend's word decides
+                snap = await self._reread()
+                if tenant_id in self.quarantines.why:
+                    raise self._refuse_quarantined(tenant_id)
+            await self._carry_out(tenant_id, planned or plan_turn(snap, tenant_id), "grant", handed)
             self._take_turn(tenant_id, gpus)
+            self._settle_soon()  # the tenants whose turns ended, read in the new turn
+
+    def _moves_from_model(self, tenant_id: str, gpus: Collection[str]) -> Plan | None:
+        """Under the lock: the plan for the tenant's turn drawn from the model, where the model
+        can say (as for a grant that moves nothing: it has read every tenant as registered now,
+        and no tenant whose growth has no bound stands beside one that needs room) and the plan
+        makes the room; None otherwise (a refusal is the backend's to confirm)."""
+        ref = self._refs.get(tenant_id)
+        if tenant_id in self.quarantines.why or ref is None or not set(gpus) <= set(ref.gpus):
+            return None
+        if not self._model_current():
+            return None
+        snap = self._node((), whole=self._model.unsettled)
+        me = snap.tenants.get(tenant_id)
+        if me is None:
+            return None
+        held = self._model.states[tenant_id].footprint_bytes
+        room = bool(me.parked) or needs_room(me, held)  # a restore needs room too
+        if room and self._unbounded_beside(tenant_id, me.footprint):
+            return None
+        plan = plan_turn(snap, tenant_id)
+        return plan if isinstance(plan, Plan) else None
 
     def _own_restores(self, tenant_id: str, gpus: Collection[str]) -> Plan | None:
         """The model's plan for the tenant's turn when it is nothing but restores of its own

@@ -14,9 +14,10 @@ are this process's `perf_counter`, but the skew, which the agents' own clock giv
 - skew: per job turn (handoff and efficiency phases), the spread of the nodes' `committed_at`
   (the turn starting on each node; `prepare_skew_*` the spread of `prepared_at`, the member's
   grant on the node), from the agents' Commit answers.
-- efficiency: each member pod takes `MEMBER_MIB` of its GPU in its job's first turn, so no two
-  jobs fit and every handoff parks the leaver and restores the next on every node; the jobs
-  hold `hold_ms` in turn: held time / wall time, the ideal 1.0. The agents' move counters show
+- efficiency: jobs of their own, whose pods ask for `MEMBER_MIB` of their GPU
+  (`baton.dev/gpu-memory`) and take it in their job's first turn, so no two jobs fit and every
+  handoff parks the leaver and restores the next on every node; the jobs hold `hold_ms` in
+  turn: held time / wall time, the ideal 1.0. The agents' move counters show
   that the parks happened (`parks`, `restores`). Its reference (`reference_efficiency`,
   `reference_parked_handoff_*`): two node-local tenants of the first node's agent, each with
   the same memory and hold, so each of their handoffs parks and restores on one node.
@@ -140,15 +141,23 @@ def run_gang_bench(setup: GangSetup) -> dict[str, Any]:
             jobs = {
                 f"job-{i}": cluster.add_job(f"job-{i}", cluster.nodes) for i in range(setup.jobs)
             }
+            parking = {
+                f"parked-{i}": cluster.add_job(f"parked-{i}", cluster.nodes, MEMBER_MIB)
+                for i in range(setup.jobs)
+            }
             crossing = cluster.nodes[:CROSS_NODES]
             cross = {f"cross-{c}": cluster.add_job(f"cross-{c}", crossing) for c in "ab"}
-            cluster.wait_known({**jobs, **cross})
-            found = asyncio.run(_phases(setup, cluster, jobs, list(cross)))
+            cluster.wait_known({**jobs, **parking, **cross})
+            found = asyncio.run(_phases(setup, cluster, jobs, parking, list(cross)))
     return _report(setup, found, load)
 
 
 async def _phases(
-    setup: GangSetup, cluster: GangCluster, jobs: dict[str, dict[str, str]], cross: list[str]
+    setup: GangSetup,
+    cluster: GangCluster,
+    jobs: dict[str, dict[str, str]],
+    parking: dict[str, dict[str, str]],
+    cross: list[str],
 ) -> Figures:
     links = RecordingLinks(TOKEN)
     arbiter = await _leading(cluster.view, links)
@@ -160,7 +169,7 @@ async def _phases(
             found.handoffs += handoffs(_records(turns))
             _skews(turns, links, found)
             found.reference += handoffs(await _reference(cluster.nodes[0], each))
-        await _efficiency(setup, cluster, arbiter, jobs, links, found)
+        await _efficiency(setup, cluster, arbiter, parking, links, found)
         await _crossed(setup, arbiter, cross, found)
     finally:
         await arbiter.close()

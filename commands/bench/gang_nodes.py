@@ -25,6 +25,8 @@ from baton.contract.names import (
     ANNOTATION_ASSIGNED_GPUS,
     ANNOTATION_GPUS,
     LABEL_JOB,
+    RESOURCE_GPU,
+    RESOURCE_GPU_MEMORY,
     fake_gpu_uuid,
 )
 from baton.contract.reflector import KubeSource, Reflector
@@ -177,9 +179,16 @@ class GangCluster:
         )
         self._reflectors += [pods.start(), nodes.start()]
 
-    def add_job(self, job: str, nodes: list[GangNode]) -> dict[str, str]:
-        """One pod of `job` on each of `nodes`, on its GPU; node name → the pod's tenant id."""
+    def add_job(
+        self, job: str, nodes: list[GangNode], memory_mib: int | None = None
+    ) -> dict[str, str]:
+        """One pod of `job` on each of `nodes`, on its GPU (asking `memory_mib` of it, as a pod
+        the extender placed by its memory does); node name → the pod's tenant id."""
         pods = {}
+        container: dict[str, Any] = {"name": "main", "image": "registry.invalid/trainer:1"}
+        if memory_mib is not None:
+            limits = {RESOURCE_GPU: "1", RESOURCE_GPU_MEMORY: str(memory_mib)}
+            container["resources"] = {"limits": limits}
         for node in nodes:
             name = f"{job}-{node.name}"
             body = {
@@ -188,10 +197,7 @@ class GangCluster:
                     "labels": {LABEL_JOB: job},
                     "annotations": {ANNOTATION_ASSIGNED_GPUS: node.gpu},
                 },
-                "spec": {
-                    "nodeName": node.name,
-                    "containers": [{"name": "main", "image": "registry.invalid/trainer:1"}],
-                },
+                "spec": {"nodeName": node.name, "containers": [container]},
             }
             self.core.create_namespaced_pod(NAMESPACE, body)
             pods[node.name] = f"{NAMESPACE}/{name}"

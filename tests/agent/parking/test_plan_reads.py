@@ -1,11 +1,13 @@
-"""What a moving grant and a preparation ahead read of the node: every tenant before a plan, only
-the tenants it moved after its moves, and nothing where the model shows that no room can be made
-ahead. The real TurnPreparer over the fake backend."""
+"""What a moving grant and a preparation ahead read of the node: only the tenants it moved, after
+its moves, where the agent's model can plan it; every tenant first where it cannot, or where it
+finds no room; nothing ahead where the model shows that no room can be made. The real
+TurnPreparer over the fake backend."""
 
 from __future__ import annotations
 
 from agent.parking.backends.base import Residency, TenantRef
 from agent.parking.fakegpu import FakeGpuMemory
+from agent.parking.preparer import ParkingPreparer
 from baton.contract.names import MIB
 
 from .conftest import GPU
@@ -25,33 +27,70 @@ def count_reads(backend) -> list[str]:
     return asked
 
 
-def four_tenants(backend):
+def four_tenants(backend, declared=True):
     """a 60, b 20, c 10, d 60 MiB of a 100 MiB GPU; d's first turn parked a, then b and c took
-    turns: d is the least recently served resident, so a's turn parks d alone."""
+    turns: d is the least recently served resident, so a's turn parks d alone. With `declared`
+    False, c declared nothing: its growth since its turn has no bound."""
     prep, reg, mems = setup(backend, ("a", 60), ("b", 20), ("c", 10), ("d", 60))
+    if not declared:
+        prep.register(TenantRef("c", (GPU,)))
 
     async def b_and_c():
         await prep.prepare("b", [GPU])
-        await prep.prepare("c", [GPU])
         await prep.settled()
+        await prep.prepare("c", [GPU])  # c holds its turn: unsettled, as the loop leaves it
 
     run(b_and_c())
     assert prep.status()["tenants"]["a"]["residency"] == "parked"
     return prep, reg, mems
 
 
-def test_a_moving_grant_reads_every_tenant_before_its_plan_and_only_those_it_moved_after(backend):
+def test_a_moving_grant_planned_from_the_model_reads_only_the_tenants_it_moved(backend):
     prep, _, mems = four_tenants(backend)
     asked = count_reads(backend)
     run(prep.prepare("a", [GPU]))
-    assert asked == ["a", "b", "c", "d", "a", "d"]
+    assert asked == ["a", "d"]  # after the moves; the plan came from the model
     mems["a"].verify_pattern(GPU, 0)
     # The model the next grants plan on is what the backend says, not only for those it read.
-    for name in "abcd":
+    for name in "abd":
         assert prep._model.states[name] == backend.state(name), name
     residency = {t: s["residency"] for t, s in prep.status()["tenants"].items()}
     assert residency == {"a": "resident", "b": "resident", "c": "resident", "d": "parked"}
     assert prep.status()["parked_bytes"] == 60 * MIB
+
+
+def test_a_moving_grant_beside_a_tenant_of_unbounded_growth_reads_the_node_first(backend):
+    prep, _, mems = four_tenants(backend, declared=False)
+    asked = count_reads(backend)
+    run(prep.prepare("a", [GPU]))
+    assert asked == ["a", "b", "c", "d", "a", "d"]
+    mems["a"].verify_pattern(GPU, 0)
+    for name in "abcd":
+        assert prep._model.states[name] == backend.state(name), name
+
+
+def test_room_the_model_cannot_find_is_looked_for_in_the_backend(backend):
+    """t (60 MiB, read after its turn) frees its memory unseen; y (50) asks: the model must park
+    t, which would pass the 55 MiB host budget, and finds no room; the backend shows that y fits
+    beside what t holds now."""
+    prep = ParkingPreparer(backend, {GPU: 100 * MIB}, host_budget=55 * MIB, backoff=0.0)
+    t = FakeGpuMemory("t", backend.root, timeout=1.0)
+
+    async def turns():
+        prep.register(TenantRef("t", (GPU,)))
+        await prep.prepare("t", [GPU])
+        t.allocate(GPU, 60)
+        prep.register(TenantRef("z", (GPU,), declared_bytes=MIB))
+        await prep.prepare("z", [GPU])  # reads the node (t's growth had no bound): t settled
+        t.allocate(GPU, 0)  # t frees its memory; the model still has its 60 MiB
+        prep.register(TenantRef("y", (GPU,), declared_bytes=50 * MIB))
+        asked = count_reads(backend)
+        await prep.prepare("y", [GPU])
+        return asked
+
+    asked = run(turns())
+    assert sorted(asked) == ["t", "y", "z"]  # the read the plan started from; nothing moved
+    assert {s["residency"] for s in prep.status()["tenants"].values()} <= {"resident", "none"}
 
 
 def test_a_grant_after_a_moving_grant_is_made_from_the_model_reading_nothing(backend):
