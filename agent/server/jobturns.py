@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from agent.core.errors import AgentError, UnknownLease
@@ -101,9 +101,9 @@ class NodeTurn:
     sessions: list[Session] = field(default_factory=list, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("sessions")
-        return data
+        """Every field but the sessions, for the turns file (`dataclasses.asdict` would deep-copy
+        the sessions, their streams with them, only to drop them)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sessions"}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NodeTurn:

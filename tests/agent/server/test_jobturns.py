@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from agent.node.tenants import POD, Tenant
 from agent.server.jobturns import (
     COMMITTED,
     JobTurns,
+    NodeTurn,
     NoMembers,
     PrepareFailed,
     StaleEpoch,
@@ -179,3 +181,20 @@ def test_two_members_on_one_gpu_are_refused_at_once_naming_both(tmp_path: Path) 
         await service.close()
 
     run(body)
+
+
+def test_a_turn_is_saved_without_its_sessions_and_read_back_whole():
+    class Unsaved:
+        """A session: never copied nor written."""
+
+        def __deepcopy__(self, memo):
+            raise AssertionError("a session was copied to save a turn")
+
+    turn = NodeTurn(
+        turn_id="t1", namespace="team", job="j", epoch=3, members=("team/a",), leases=("l1",),
+        gpus=("GPU-0",), tokens=(7,), prepared_at=1.5, nodes=("n1", "n2"), joined=["team/a"],
+        sessions=[Unsaved()],  # type: ignore[list-item]
+    )  # fmt: skip
+    saved = json.loads(json.dumps(turn.to_json()))
+    assert "sessions" not in saved
+    assert NodeTurn.from_json(saved) == turn  # sessions do not compare
