@@ -1,10 +1,11 @@
 """What the preparer knows of the node: its tenants, who holds a turn, the residency model,
 and the reads that keep the model current; from it alone, whether a turn moves nothing.
 
-The model (`agent.parking.model`) is read in full before every plan, and the tenants a plan
-moved after its moves, in a worker thread; after a turn granted from the model, the tenants
-whose turns ended are read again off the grant's path (`_settle`), and a holder granted on a
-view that read proves wrong gets its room at once (`_make_room_for_holder`, the preparer's).
+The model (`agent.parking.model`) is read in full where it cannot plan a turn (the preparer's
+`_moves_from_model`), and the tenants a plan moved are read after its moves, in a worker thread;
+after a turn granted on the model's word, the tenants whose turns ended are read again off the
+grant's path (`_settle`), and a holder granted on a view that read proves wrong gets its room at
+once (`_make_room_for_holder`, the preparer's).
 """
 
 from __future__ import annotations
@@ -263,10 +264,12 @@ class KnownNode:
         return self._node(busy)
 
     async def _read_moved(self, tenant_ids: Collection[str]) -> None:
-        """Read the tenants a plan moved (in a worker thread if the backend's reads block). Every
-        plan is drawn from a full read under the lock it still holds, so only their memory
-        changed since (`model.ResidencyModel.moved`)."""
-        counted = set(self._tenant_ids())  # one that left meanwhile leaves the model too
+        """Read the tenants a plan moved (in a worker thread if the backend's reads block). One
+        plan runs at a time, so only their memory moved since the plan was drawn; the others stay
+        as the model had them then (`model.ResidencyModel.moved`). A tenant that joined or whose
+        registration changed meanwhile is not taken in here: the model is then not current
+        (`_model_current`), and the next plan reads the node in full."""
+        counted = self._counted()
         ids = sorted(t for t in set(tenant_ids) if t in counted)
         generation = self._model.generation
         if self.backend.reads_block:
@@ -275,6 +278,12 @@ class KnownNode:
             read = self._read(ids, generation)
         self._model.moved(read, self._holding.keys(), counted)
         self._took_in(read)
+
+    def _counted(self) -> set[str]:
+        """The tenants that count now (`_tenant_ids`' without registering any)."""
+        if self._host is None:
+            return set(self._refs) | set(self._model.states)
+        return set(self._host.tenant_refs())
 
     def _node(
         self,
@@ -347,13 +356,15 @@ class KnownNode:
             self._settling = asyncio.get_running_loop().create_task(self._settle(ids))
 
     async def _settle(self, ids: list[str]) -> None:
+        dropped = False
         try:
             generation = self._model.generation
             if self.backend.reads_block:
                 read = await asyncio.to_thread(self._read, ids, generation)
             else:
                 read = self._read(ids, generation)
-            if self._lock.locked():  # a plan is moving memory: its own read will be newer
+            if self._lock.locked() or read.generation != self._model.generation:
+                dropped = True  # memory moved meanwhile: read them again, later in the turn
                 return
             for wrong in self._model.settle(read, self._holding.keys()):
                 log.warning("%s", wrong)
@@ -364,6 +375,8 @@ class KnownNode:
             return
         finally:
             self._settling = None
+            if dropped:
+                self._settle_soon()
         for holder in short:  # granted on a view the read proved wrong: make its room now
             await self._make_room_for_holder(holder)
 

@@ -1,8 +1,8 @@
 """What the agent knows of each tenant's memory: the truth a grant that moves nothing plans on.
 
-Memory moves only through the preparer, which reads every tenant before it plans and the
-tenants it moved after its moves, so where each tenant's memory is (resident or parked) is known
-without asking the backend. What
+Memory moves only through the preparer, one plan at a time, which reads the tenants it moved
+after its moves, so where each tenant's memory is (resident or parked) is known without asking
+the backend. What
 changes without the agent is how much a tenant holds: it allocates while it runs, in its turns.
 So a tenant that held a turn since the model last read it is *unsettled*, and plans count it
 with its whole footprint (what it declared, or what was last read), allocated or not. How much
@@ -63,10 +63,10 @@ class ResidencyModel:
 
     def moved(self, read: Read, holding: Collection[str], counted: Collection[str]) -> None:
         """A read of the tenants a plan just moved, taken after its moves (under the
-        preparer's lock, which a full read began): their states replace the model's, tenants no
-        longer `counted` leave it, and every other tenant stays as that full read found it,
-        since nothing but those moves ran meanwhile. It counts as a full read: reads begun
-        before it are dropped."""
+        preparer's lock, held since the plan was drawn): their states replace the model's,
+        tenants no longer `counted` leave it, and every other tenant stays as the model had it
+        when the plan was drawn, since nothing but those moves ran meanwhile. Reads begun before
+        it are dropped (`settle`), as after a full read."""
         self.generation += 1
         self.revision += 1
         for tenant_id in [t for t in self.states if t not in counted]:

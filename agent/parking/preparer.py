@@ -78,19 +78,31 @@ class ParkingPreparer(KnownNode):
                 if held & set(gpus):
                     del self._holding[other]
             planned = self._moves_from_model(tenant_id, gpus)
-            if planned is None:  # the model cannot say, or says no: the backend's word decides
+            failed: NoRoom | None = None
+            if planned is not None:
+                try:
+                    await self._carry_out(tenant_id, planned, "grant", handed)
+                except NoRoom as e:  # moves on the model's word failed: the backend decides
+                    failed = e
+            if planned is None or failed is not None:  # the model cannot say, says no, or erred
                 snap = await self._reread()
                 if tenant_id in self.quarantines.why:
                     raise self._refuse_quarantined(tenant_id)
-            await self._carry_out(tenant_id, planned or plan_turn(snap, tenant_id), "grant", handed)
+                plan = plan_turn(snap, tenant_id)
+                if failed is not None and planned is not None:
+                    if isinstance(plan, Plan) and _moves(plan) <= _moves(planned):
+                        raise failed  # the node as read asks for the same moves: they fail
+                    log.warning("%s; planning %s's turn from the node as read", failed, tenant_id)
+                await self._carry_out(tenant_id, plan, "grant", handed)
             self._take_turn(tenant_id, gpus)
             self._settle_soon()  # the tenants whose turns ended, read in the new turn
 
     def _moves_from_model(self, tenant_id: str, gpus: Collection[str]) -> Plan | None:
         """Under the lock: the plan for the tenant's turn drawn from the model, where the model
         can say (as for a grant that moves nothing: it has read every tenant as registered now,
-        and no tenant whose growth has no bound stands beside one that needs room) and the plan
-        makes the room; None otherwise (a refusal is the backend's to confirm)."""
+        and no tenant whose growth has no bound stands beside one that needs room), the plan
+        makes the room, and it parks nobody into a memory cgroup (whose use the model has only
+        as last read); None otherwise (a refusal is the backend's to confirm)."""
         ref = self._refs.get(tenant_id)
         if tenant_id in self.quarantines.why or ref is None or not set(gpus) <= set(ref.gpus):
             return None
@@ -105,7 +117,12 @@ class ParkingPreparer(KnownNode):
         if room and self._unbounded_beside(tenant_id, me.footprint):
             return None
         plan = plan_turn(snap, tenant_id)
-        return plan if isinstance(plan, Plan) else None
+        if not isinstance(plan, Plan):
+            return None
+        for step in plan.parks:  # parked bytes are charged to a memory cgroup as it is now
+            if self._model.cgroups.get(step.tenant_id, (None, 0))[0] is not None:
+                return None
+        return plan
 
     def _own_restores(self, tenant_id: str, gpus: Collection[str]) -> Plan | None:
         """The model's plan for the tenant's turn when it is nothing but restores of its own
@@ -416,3 +433,8 @@ class ParkingPreparer(KnownNode):
                     await self._carry_out(tenant_id, plan_turn(snap, tenant_id), "grant")
         except Exception as e:  # it waits for the room, which its next grant makes
             log.warning("making room for %s during its turn failed: %s", tenant_id, e)
+
+
+def _moves(plan: Plan) -> set[tuple[str, str, str]]:
+    """What a plan moves, and where: (direction, tenant, GPU) of each step."""
+    return {(step.direction, step.tenant_id, step.gpu) for step in plan.steps}

@@ -5,8 +5,12 @@ TurnPreparer over the fake backend."""
 
 from __future__ import annotations
 
-from agent.parking.backends.base import Residency, TenantRef
+import asyncio
+import threading
+
+from agent.parking.backends.base import BackendError, Residency, TenantRef
 from agent.parking.fakegpu import FakeGpuMemory
+from agent.parking.model import Read
 from agent.parking.preparer import ParkingPreparer
 from baton.contract.names import MIB
 
@@ -129,19 +133,110 @@ def test_room_that_can_be_made_ahead_is_read_for_and_made(backend):
     mems["a"].verify_pattern(GPU, 0)
 
 
-def test_a_tenant_that_grew_unseen_is_found_by_the_read_before_the_next_plan(backend):
-    """The read after the moves is of the moved tenants only; one beside them that holds more
-    than the model has is seen by the full read every plan starts from."""
-    prep, _, _ = setup(backend, ("a", 60), ("b", 20), ("c", 10), ("d", 60))
-    run(prep.prepare("a", [GPU]))  # a 60, b 20, c 10 resident; d parked
-    FakeGpuMemory("c", backend.root, timeout=1.0).allocate(GPU, 30)  # c grows, unseen: 110 > 100
-    prep.register(TenantRef("c", (GPU,)))  # and is no longer bounded by a declaration
-    run(prep.prepare("b", [GPU]))  # reads the node first: c holds 30, so b's turn parks a or c
+def test_a_park_into_a_memory_cgroup_is_planned_from_the_node_as_read(backend):
+    """Parked bytes are charged to the tenant's memory cgroup, whose use the model has only as
+    last read: a turn that parks a tenant with a limit reads the node first."""
+    prep, _, _ = setup(backend, ("a", 60), ("b", 60), limit=1000)  # a has a limit; b parked it
+    run(prep.prepare("a", [GPU]))  # parks b (no limit): planned from the model
+    asked = count_reads(backend)
+    run(prep.prepare("b", [GPU]))  # parks a (a limit): read first
+    assert asked == ["a", "b", "a", "b"]
+    assert prep.status()["tenants"]["a"]["residency"] == "parked"
+
+
+def test_moves_planned_from_a_wrong_model_are_planned_again_from_the_node_as_read(backend, caplog):
+    """c declared 10 MiB but took 40 in its turn: the model, holding it to its declaration,
+    parks d alone for a, and a restore that checks the room (as the driver's allocation does)
+    fails; the grant reads the node, parks c or b as well, and restores a."""
+    prep, _, mems = four_tenants(backend)  # c holds its turn
+    mems["c"].allocate(GPU, 40)  # past its declaration, unseen
+    restore = backend.restore
+
+    def restore_with_room(tenant_id, gpu):
+        states = [backend.state(t) for t in "abcd" if t != tenant_id]
+        resident = sum(
+            st.footprint_bytes.get(gpu, 0)
+            for st in states
+            if st.residency.get(gpu) == Residency.RESIDENT
+        )
+        if resident + backend.footprint(tenant_id, gpu) > 100 * MIB:
+            raise BackendError(f"restore of {tenant_id}: CUDA_ERROR_OUT_OF_MEMORY")
+        return restore(tenant_id, gpu)
+
+    backend.restore = restore_with_room
+    run(prep.prepare("a", [GPU]))
+    mems["a"].verify_pattern(GPU, 0)
+    assert "; planning a's turn from the node as read" in caplog.text
     states = {t: backend.state(t) for t in "abcd"}
-    resident = sum(
-        st.footprint_bytes[GPU]
-        for st in states.values()
-        if st.residency.get(GPU) == Residency.RESIDENT
-    )
-    assert resident <= 100 * MIB
-    assert states["b"].residency[GPU] == Residency.RESIDENT
+    resident = [t for t, st in states.items() if st.residency.get(GPU) == Residency.RESIDENT]
+    assert "a" in resident and sum(states[t].footprint_bytes[GPU] for t in resident) <= 100 * MIB
+
+
+class Host:
+    """A `ParkingHost` whose tenants' registrations the test changes."""
+
+    def __init__(self, **mib: int) -> None:
+        self.refs = {n: TenantRef(n, (GPU,), declared_bytes=m * MIB) for n, m in mib.items()}
+
+    def tenant_refs(self):
+        return self.refs
+
+    def quarantine(self, tenant_id, why):
+        raise AssertionError(f"{tenant_id} quarantined: {why}")
+
+    def persist(self):
+        pass
+
+
+def test_a_registration_changed_during_the_moves_has_the_next_turn_read_the_node(backend):
+    host = Host(a=40, b=40, c=40)
+    prep = ParkingPreparer(backend, {GPU: 100 * MIB}, host_budget=1000 * MIB, host=host)
+
+    async def first_turns():
+        for name in "abc":  # c's turn parks a, the least recently served
+            await prep.prepare(name, [GPU])
+            FakeGpuMemory(name, backend.root, timeout=1.0).allocate(GPU, 40)
+
+    run(first_turns())
+    park = backend.park
+
+    def park_as_c_changes(tenant_id, gpu):  # c's pod declares more meanwhile
+        host.refs = {**host.refs, "c": TenantRef("c", (GPU,), declared_bytes=50 * MIB)}
+        return park(tenant_id, gpu)
+
+    backend.park = park_as_c_changes
+    asked = count_reads(backend)
+    run(prep.prepare("a", [GPU]))  # from the model: parks b, restores a; reads those two
+    assert asked == ["a", "b"]
+    backend.park = park
+    del asked[:]
+    run(prep.prepare("c", [GPU]))  # c's new registration is not in the model: read in full
+    assert asked[:3] == ["a", "b", "c"]
+
+
+def test_a_read_of_ended_turns_that_memory_moves_overtake_is_made_again(backend):
+    """The read of the tenants whose turns ended runs in a worker thread; when a plan moved
+    memory meanwhile, that read is dropped and another is due later in the turn."""
+    prep, _, _ = setup(backend, ("a", 30), ("b", 30))  # b holds its turn
+    started, release = threading.Event(), threading.Event()
+    state = backend.state
+
+    def slow_state(tenant_id):
+        started.set()
+        assert release.wait(5)
+        return state(tenant_id)
+
+    async def overtaken():
+        await prep.prepare("a", [GPU])  # from the model: b's turn ended, b is unsettled
+        backend.state = slow_state
+        prep._settle_now()
+        assert await asyncio.to_thread(started.wait, 5)
+        prep._model.moved(Read({}, {}, prep._model.generation), (), {"a", "b"})  # memory moved
+        release.set()
+        await prep._settling
+        assert "b" in prep._model.unsettled and prep._settle_timer is not None
+        backend.state = state
+        await prep.settled()
+        return set(prep._model.unsettled)
+
+    assert run(overtaken()) == {"a"}
