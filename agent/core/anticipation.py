@@ -7,7 +7,8 @@ little GPU time the yielder has had. After a yield the GPU is therefore kept for
 again), for at most `window_s`, and only while all of these hold: the yielder usually comes
 back within the window (its mean return time, learnt from every yield to its next request),
 the policy would serve it before the waiter it keeps out even after a whole window more of GPU
-time (it is owed more than the hold can cost it), and it is still a tenant. The time a waiter
+time (it is owed more than the hold can cost it), and it is still a tenant whose next turn this
+node decides (a job's member's is the cluster coordinator's to decide). The time a waiter
 was kept out is charged to the yielder as GPU time, so its gaps come out of its own share.
 Pure: no clock, no I/O.
 """
@@ -42,17 +43,25 @@ class Anticipation:
         self.return_s: dict[str, float] = {}
         """Each tenant's mean time from a yield to its next request."""
         self._yielded_at: dict[str, float] = {}
+        self._elsewhere: set[str] = set()
 
     def yielded(self, tenant_id: str, gpus: Iterable[str], now: float, ago: float = 0.0) -> None:
         """The tenant yielded `gpus` (its caller did `ago` seconds before: a kept turn given
         back only now): keep them for it, until a window after that, if it usually comes back
         in time."""
-        if self.window_s <= 0:
+        if self.window_s <= 0 or tenant_id in self._elsewhere:
             return
         self._yielded_at[tenant_id] = now - ago
         if self.comes_back(tenant_id) and ago < self.window_s:
             for gpu in gpus:
                 self.holds[gpu] = Hold(tenant_id, now - ago + self.window_s)
+
+    def decided_elsewhere(self, tenant_id: str) -> None:
+        """Another arbiter decides when the tenant's next turn comes (a job's, the cluster
+        coordinator): its yields keep no GPU for it, whose return they cannot foresee."""
+        self._elsewhere.add(tenant_id)
+        self._yielded_at.pop(tenant_id, None)
+        self.return_s.pop(tenant_id, None)
 
     def comes_back(self, tenant_id: str) -> bool:
         """Whether GPUs are kept for the tenant after its yields at all: there is a window, and
@@ -106,3 +115,4 @@ class Anticipation:
         """The tenant is gone: what was learnt of it goes too (its holds end by `end`)."""
         self.return_s.pop(tenant_id, None)
         self._yielded_at.pop(tenant_id, None)
+        self._elsewhere.discard(tenant_id)

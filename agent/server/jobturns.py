@@ -367,6 +367,8 @@ class JobTurns:
     def _open(self, tenant_id: str, turn_id: str) -> Session:
         session = CoordinatedSession(tenant_id, pid=0, token=f"job-turn:{turn_id}")
         self._service.sessions.open(session)
+        # The coordinator decides the member's next turn: the node's policy keeps no GPU for it.
+        self._service.table.anticipation.decided_elsewhere(tenant_id)
         return session
 
     def _attach(self, turn: NodeTurn) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.fair import FairConfig, FairShare
 from agent.core.leases import LeaseTable
 from agent.core.residency import NullPreparer
 from agent.node.jobturn_store import JobTurnStore
@@ -198,3 +199,43 @@ def test_a_turn_is_saved_without_its_sessions_and_read_back_whole():
     saved = json.loads(json.dumps(turn.to_json()))
     assert "sessions" not in saved
     assert NodeTurn.from_json(saved) == turn  # sessions do not compare
+
+
+def test_the_fair_policy_keeps_no_gpu_for_a_member_whose_job_turn_ends(tmp_path: Path) -> None:
+    """Under the fair policy a yielder that is owed and usually comes straight back has its GPU
+    kept for it (anticipation). A job's member does not choose its next turn: the coordinator
+    does, after the other job's. So the member's release serves the waiter at once, however
+    little GPU time the member has had and however soon its job asked again before."""
+    fair = FairShare(FairConfig(anticipate_s=2.0))  # a hold would outlast the wait's bound
+
+    async def body() -> None:
+        service = LeaseService(
+            table=LeaseTable(clock=time.time, policy=fair),
+            preparer=lambda host: NullPreparer(),
+            clock=time.time,
+            store=StateStore(tmp_path),
+        )
+        service.load()
+        trainer = pod("trainer", ("GPU-0",), {LABEL_JOB: "rl"})
+        other = Tenant("team/other", "other", ("GPU-0",), source=POD, gpu_duty=1)  # slow clock
+        for tenant in (trainer, other):
+            service.upsert_pod(tenant)
+        turns = JobTurns(service, "n1", JobTurnStore(tmp_path), time.time)
+        turns.load()
+        for i in range(3):  # the job comes back at once, twice: a return time is learnt
+            await turns.prepare(1, f"t{i}", "team", "rl", timeout=5)
+            turns.release(1, f"t{i}", "yielded")
+        granted = await service.acquire(other, (), timeout=5)  # then other runs: the job is owed
+        await asyncio.sleep(0.05)  # at 1% duty: 5 s of its time, past the 2 s window
+        service.yield_(other, granted.lease.lease_id)
+        await turns.prepare(1, "t3", "team", "rl", timeout=5)
+        waiting = asyncio.create_task(service.acquire(other, (), timeout=5))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        turns.release(1, "t3", "yielded")  # owed, and back within the window: yet not kept
+        lease = (await asyncio.wait_for(waiting, 1)).lease
+        assert lease.tenant_id == "team/other"
+        assert not service.table.anticipation.holds
+        await service.close()
+
+    run(body)
