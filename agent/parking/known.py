@@ -263,28 +263,6 @@ class KnownNode:
         self._took_in(read)
         return self._node(busy)
 
-    async def _read_moved(self, tenant_ids: Collection[str]) -> None:
-        """Read the tenants a plan moved (in a worker thread if the backend's reads block). One
-        plan runs at a time, so only their memory moved since the plan was drawn; the others stay
-        as the model had them then (`model.ResidencyModel.moved`). A tenant that joined or whose
-        registration changed meanwhile is not taken in here: the model is then not current
-        (`_model_current`), and the next plan reads the node in full."""
-        counted = self._counted()
-        ids = sorted(t for t in set(tenant_ids) if t in counted)
-        generation = self._model.generation
-        if self.backend.reads_block:
-            read = await asyncio.to_thread(self._read, ids, generation)
-        else:
-            read = self._read(ids, generation)
-        self._model.moved(read, self._holding.keys(), counted)
-        self._took_in(read)
-
-    def _counted(self) -> set[str]:
-        """The tenants that count now (`_tenant_ids`' without registering any)."""
-        if self._host is None:
-            return set(self._refs) | set(self._model.states)
-        return set(self._host.tenant_refs())
-
     def _node(
         self,
         busy: Collection[str] = (),

@@ -27,13 +27,12 @@ from agent.parking.backends.base import (
     TenantRef,
     Unparkable,
 )
-from agent.parking.known import KnownNode
-from agent.parking.model import needs_room
+from agent.parking.from_model import ModelPlans, moved_steps
 
 log = logging.getLogger(__name__)
 
 
-class ParkingPreparer(KnownNode):
+class ParkingPreparer(ModelPlans):
     """Makes each incoming tenant resident, parking least-recently-served ones when needed; the
     server sees it as an `agent.parking.host.Parking`."""
 
@@ -90,57 +89,12 @@ class ParkingPreparer(KnownNode):
                     raise self._refuse_quarantined(tenant_id)
                 plan = plan_turn(snap, tenant_id)
                 if failed is not None and planned is not None:
-                    if isinstance(plan, Plan) and _moves(plan) <= _moves(planned):
+                    if isinstance(plan, Plan) and moved_steps(plan) <= moved_steps(planned):
                         raise failed  # the node as read asks for the same moves: they fail
                     log.warning("%s; planning %s's turn from the node as read", failed, tenant_id)
                 await self._carry_out(tenant_id, plan, "grant", handed)
             self._take_turn(tenant_id, gpus)
             self._settle_soon()  # the tenants whose turns ended, read in the new turn
-
-    def _moves_from_model(self, tenant_id: str, gpus: Collection[str]) -> Plan | None:
-        """Under the lock: the plan for the tenant's turn drawn from the model, where the model
-        can say (as for a grant that moves nothing: it has read every tenant as registered now,
-        and no tenant whose growth has no bound stands beside one that needs room), the plan
-        makes the room, and it parks nobody into a memory cgroup (whose use the model has only
-        as last read); None otherwise (a refusal is the backend's to confirm)."""
-        ref = self._refs.get(tenant_id)
-        if tenant_id in self.quarantines.why or ref is None or not set(gpus) <= set(ref.gpus):
-            return None
-        if not self._model_current():
-            return None
-        snap = self._node((), whole=self._model.unsettled)
-        me = snap.tenants.get(tenant_id)
-        if me is None:
-            return None
-        held = self._model.states[tenant_id].footprint_bytes
-        room = bool(me.parked) or needs_room(me, held)  # a restore needs room too
-        if room and self._unbounded_beside(tenant_id, me.footprint):
-            return None
-        plan = plan_turn(snap, tenant_id)
-        if not isinstance(plan, Plan):
-            return None
-        for step in plan.parks:  # parked bytes are charged to a memory cgroup as it is now
-            if self._model.cgroups.get(step.tenant_id, (None, 0))[0] is not None:
-                return None
-        return plan
-
-    def _own_restores(self, tenant_id: str, gpus: Collection[str]) -> Plan | None:
-        """The model's plan for the tenant's turn when it is nothing but restores of its own
-        memory by its own process (which a grant may leave to it, `hand_restore`); None when it
-        is anything else, or when the model cannot say (as for `_moves_nothing`)."""
-        ref = self._model_ref(tenant_id, gpus)
-        if ref is None or not self.backend.parks_itself(tenant_id):
-            return None
-        ended = [t for t, held in self._holding.items() if held & set(gpus)]  # granted over them
-        snap = self._node((), whole=self._model.unsettled, on=ref.gpus, ended=ended)
-        me = snap.tenants.get(tenant_id)
-        if me is None or not me.parked or self._unbounded_beside(tenant_id, me.footprint):
-            return None
-        plan = plan_turn(snap, tenant_id)
-        if not isinstance(plan, Plan) or not plan.steps:
-            return None
-        mine = all(s.tenant_id == tenant_id and s.direction == "restore" for s in plan.steps)
-        return plan if mine else None
 
     def _hand_from_model(self, tenant_id: str, gpus: Sequence[str]) -> bool:
         """Grant from the model when the turn needs nothing but the tenant's own restores, and
@@ -184,16 +138,6 @@ class ParkingPreparer(KnownNode):
         finally:
             del self._ahead[tenant_id]
             done.set_result(None)
-
-    def _no_room_ahead(self, tenant_id: str, gpus: Sequence[str], holders: Collection[str]) -> bool:
-        """The model shows that no room can be made for the tenant while `holders` run (their
-        memory stands in the way, counted whole): no read is worth taking then. A model that is
-        wrong costs only this preparation, which the grant then makes itself."""
-        ref = self._model_ref(tenant_id, gpus)
-        if ref is None:
-            return False
-        snap = self._node(holders, whole=self._model.unsettled, on=ref.gpus)
-        return isinstance(plan_ahead(snap, tenant_id), Refusal)
 
     def not_restored(self, tenant_id: str, parked: Mapping[str, int]) -> None:
         """The tenant's process ends its turn with this memory still parked (GPU → bytes, as
@@ -433,8 +377,3 @@ class ParkingPreparer(KnownNode):
                     await self._carry_out(tenant_id, plan_turn(snap, tenant_id), "grant")
         except Exception as e:  # it waits for the room, which its next grant makes
             log.warning("making room for %s during its turn failed: %s", tenant_id, e)
-
-
-def _moves(plan: Plan) -> set[tuple[str, str, str]]:
-    """What a plan moves, and where: (direction, tenant, GPU) of each step."""
-    return {(step.direction, step.tenant_id, step.gpu) for step in plan.steps}

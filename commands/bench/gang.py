@@ -14,10 +14,9 @@ are this process's `perf_counter`, but the skew, which the agents' own clock giv
 - skew: per job turn (handoff and efficiency phases), the spread of the nodes' `committed_at`
   (the turn starting on each node; `prepare_skew_*` the spread of `prepared_at`, the member's
   grant on the node), from the agents' Commit answers.
-- efficiency: jobs of their own, whose pods ask for `MEMBER_MIB` of their GPU
-  (`baton.dev/gpu-memory`) and take it in their job's first turn, so no two jobs fit and every
-  handoff parks the leaver and restores the next on every node; the jobs hold `hold_ms` in
-  turn: held time / wall time, the ideal 1.0. The agents' move counters show
+- efficiency: jobs whose pods ask for `MEMBER_MIB` of their GPU (`baton.dev/gpu-memory`) and
+  take it in their first turn, so no two jobs fit and every handoff parks the leaver and
+  restores the next on every node; the jobs hold `hold_ms` in turn: held / wall time, ideal 1.0. The agents' move counters show
   that the parks happened (`parks`, `restores`). Its reference (`reference_efficiency`,
   `reference_parked_handoff_*`): two node-local tenants of the first node's agent, each with
   the same memory and hold, so each of their handoffs parks and restores on one node.

@@ -1,0 +1,103 @@
+"""What the preparer plans from its model of the node, without reading every tenant first.
+
+A grant that must move memory is planned from the residency model (`agent.parking.model`) where
+the model can say, as a grant that moves nothing is decided from it (`agent.parking.known`), so
+it waits for the moves alone; after any plan's moves only the tenants it moved are read again.
+A preparation ahead whose plan over the model is a refusal reads nothing. Where the model cannot
+say, the preparer reads the node in full first (`agent.parking.preparer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Sequence
+
+from agent.core.planner import Plan, Refusal, plan_ahead, plan_turn
+from agent.parking.known import KnownNode
+from agent.parking.model import needs_room
+
+
+class ModelPlans(KnownNode):
+    """The plans and reads drawn from the model; `ParkingPreparer` carries them out."""
+
+    def _moves_from_model(self, tenant_id: str, gpus: Collection[str]) -> Plan | None:
+        """Under the lock: the plan for the tenant's turn drawn from the model, where the model
+        can say (as for a grant that moves nothing: it has read every tenant as registered now,
+        and no tenant whose growth has no bound stands beside one that needs room), the plan
+        makes the room, and it parks nobody into a memory cgroup (whose use the model has only
+        as last read); None otherwise (a refusal is the backend's to confirm)."""
+        ref = self._refs.get(tenant_id)
+        if tenant_id in self.quarantines.why or ref is None or not set(gpus) <= set(ref.gpus):
+            return None
+        if not self._model_current():
+            return None
+        snap = self._node((), whole=self._model.unsettled)
+        me = snap.tenants.get(tenant_id)
+        if me is None:
+            return None
+        held = self._model.states[tenant_id].footprint_bytes
+        room = bool(me.parked) or needs_room(me, held)  # a restore needs room too
+        if room and self._unbounded_beside(tenant_id, me.footprint):
+            return None
+        plan = plan_turn(snap, tenant_id)
+        if not isinstance(plan, Plan):
+            return None
+        for step in plan.parks:  # parked bytes are charged to a memory cgroup as it is now
+            if self._model.cgroups.get(step.tenant_id, (None, 0))[0] is not None:
+                return None
+        return plan
+
+    def _own_restores(self, tenant_id: str, gpus: Collection[str]) -> Plan | None:
+        """The model's plan for the tenant's turn when it is nothing but restores of its own
+        memory by its own process (which a grant may leave to it, `hand_restore`); None when it
+        is anything else, or when the model cannot say (as for `_moves_nothing`)."""
+        ref = self._model_ref(tenant_id, gpus)
+        if ref is None or not self.backend.parks_itself(tenant_id):
+            return None
+        ended = [t for t, held in self._holding.items() if held & set(gpus)]  # granted over them
+        snap = self._node((), whole=self._model.unsettled, on=ref.gpus, ended=ended)
+        me = snap.tenants.get(tenant_id)
+        if me is None or not me.parked or self._unbounded_beside(tenant_id, me.footprint):
+            return None
+        plan = plan_turn(snap, tenant_id)
+        if not isinstance(plan, Plan) or not plan.steps:
+            return None
+        mine = all(s.tenant_id == tenant_id and s.direction == "restore" for s in plan.steps)
+        return plan if mine else None
+
+    def _no_room_ahead(self, tenant_id: str, gpus: Sequence[str], holders: Collection[str]) -> bool:
+        """The model shows that no room can be made for the tenant while `holders` run (their
+        memory stands in the way, counted whole): no read is worth taking then. A model that is
+        wrong costs only this preparation, which the grant then makes itself."""
+        ref = self._model_ref(tenant_id, gpus)
+        if ref is None:
+            return False
+        snap = self._node(holders, whole=self._model.unsettled, on=ref.gpus)
+        return isinstance(plan_ahead(snap, tenant_id), Refusal)
+
+    async def _read_moved(self, tenant_ids: Collection[str]) -> None:
+        """Read the tenants a plan moved (in a worker thread if the backend's reads block). One
+        plan runs at a time, so only their memory moved since the plan was drawn; the others stay
+        as the model had them then (`model.ResidencyModel.moved`). A tenant that joined or whose
+        registration changed meanwhile is not taken in here: the model is then not current
+        (`_model_current`), and the next plan reads the node in full."""
+        counted = self._counted()
+        ids = sorted(t for t in set(tenant_ids) if t in counted)
+        generation = self._model.generation
+        if self.backend.reads_block:
+            read = await asyncio.to_thread(self._read, ids, generation)
+        else:
+            read = self._read(ids, generation)
+        self._model.moved(read, self._holding.keys(), counted)
+        self._took_in(read)
+
+    def _counted(self) -> set[str]:
+        """The tenants that count now (`_tenant_ids`' without registering any)."""
+        if self._host is None:
+            return set(self._refs) | set(self._model.states)
+        return set(self._host.tenant_refs())
+
+
+def moved_steps(plan: Plan) -> set[tuple[str, str, str]]:
+    """What a plan moves, and where: (direction, tenant, GPU) of each step."""
+    return {(step.direction, step.tenant_id, step.gpu) for step in plan.steps}
