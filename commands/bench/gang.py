@@ -16,10 +16,10 @@ are this process's `perf_counter`, but the skew, which the agents' own clock giv
   grant on the node), from the agents' Commit answers.
 - efficiency: jobs whose pods ask for `MEMBER_MIB` of their GPU (`baton.dev/gpu-memory`) and
   take it in their first turn, so no two jobs fit and every handoff parks the leaver and
-  restores the next on every node; the jobs hold `hold_ms` in turn: held / wall time, ideal 1.0. The agents' move counters show
-  that the parks happened (`parks`, `restores`). Its reference (`reference_efficiency`,
-  `reference_parked_handoff_*`): two node-local tenants of the first node's agent, each with
-  the same memory and hold, so each of their handoffs parks and restores on one node.
+  restores the next on every node; they hold `hold_ms` in turn: held / wall time, ideal 1.0;
+  the agents' move counters show the parks (`parks`, `restores`). The reference
+  (`reference_efficiency`, `reference_parked_handoff_*`): two node-local tenants of the first
+  node's agent with the same memory and hold, so each of their handoffs parks on one node.
 - crossed: two more jobs on the first two nodes ask again the moment they yield, every acquire
   bounded by `ACQUIRE_TIMEOUT_S`; a deadlock is an acquire that timed out while no job held the
   turn. `crossed_turns` counts the turns completed.
