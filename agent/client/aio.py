@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from agent.client.connect import connected, open_session, reconnect
-from agent.client.errors import AgentUnavailable, BatonError, from_status
+from agent.client.errors import AgentUnavailable, BatonError, LeaseLost, from_status
 from agent.client.links import TRANSPORTS, SessionLink
 from agent.client.parked import Moves, restore_with_grant, restores_itself
 from agent.client.session_core import SessionCore, acquire_request
@@ -303,10 +303,13 @@ class AsyncBaton:
                 parked[gpu] = int(result.bytes)
         ended = self._core.begin_yield(may_keep=not parked)
         self._rearm()
-        if ended.kept:  # nothing to send: the timer yields it if no acquire takes it back
-            return
+        if ended.kept or ended.gone:  # nothing to send (kept: the timer yields it if no
+            return  # acquire takes it back; gone: its earlier yield reached the agent)
         try:
             await self._request(pb.Request(release=self._core.release(ended.lease_id, parked)))
+        except LeaseLost:
+            if not self._core.ended_unheard(ended):
+                raise
         except AgentUnavailable:  # the turn may outlive the agent's restart: yield can be retried
             self._core.yield_failed(ended)
             self._rearm()

@@ -44,6 +44,8 @@ class Turn(NamedTuple):
     lease: LeaseInfo | None
     resuming: bool
     kept: bool = False
+    gone: bool = False
+    """The turn had ended already: its yield, cut off by an agent restart, reached the agent."""
 
     @property
     def lease_id(self) -> str:
@@ -98,6 +100,11 @@ class SessionCore:
         self.asked: tuple[str, ...] | None = None
         """The GPUs the held lease's acquire named (None: all the tenant's)."""
         self.kept: KeptLease | None = None
+        self.unsure = ""
+        """The lease of a yield cut off in flight (`yield_failed`): it may have reached the
+        agent, so the agent's "no such lease" to the yield made again means it did."""
+        self.gone = False
+        """That lease was found gone after the agent restarted: the yield made again ends it."""
         """The lease kept at the last yield, until an acquire takes it back or it is given back
         (`agent.server.kept_turns`)."""
         self.undelivered: pb.Request | None = None
@@ -114,6 +121,7 @@ class SessionCore:
         """An acquire (for `asked`, or all the tenant's GPUs) was answered: the turn is held,
         its renewal due after the interval."""
         self.lease, self.resuming = lease, False
+        self.unsure, self.gone = "", False
         self.asked = _ask(asked)
         self.granted_clock = now = self.clock()
         self.renew_at = now + self.renew_interval
@@ -123,6 +131,9 @@ class SessionCore:
         """The caller yields: the turn ends now; the shell sends the release for `Turn`, unless
         the lease is kept (the agent said it may be, and `may_keep`: nothing was parked)."""
         if self.lease is None and not self.resuming:
+            if self.gone:  # its yield reached the agent before the restart: nothing to end
+                self.gone = False
+                return Turn(None, False, gone=True)
             raise NotHolding("yield_() without a turn: call acquire() first")
         lease, now = self.lease, self.clock()
         if lease is not None and may_keep and self.keeps_turns and self._keepable(lease, now):
@@ -185,6 +196,12 @@ class SessionCore:
         self.lease, self.resuming = turn.lease, turn.resuming
         if turn.lease is not None:
             self.renew_at = self.clock() + self.renew_interval
+            self.unsure = turn.lease.lease_id
+
+    def ended_unheard(self, turn: Turn) -> bool:
+        """The agent says the lease `turn` ends does not exist, and an earlier yield of it was cut
+        off in flight: that yield ended it (its answer lost in the agent's restart)."""
+        return bool(turn.lease_id) and turn.lease_id == self.unsure
 
     # What the agent sends unasked.
 
@@ -269,7 +286,10 @@ class SessionCore:
         if isinstance(outcome, LeaseLost):
             if self.lease is lease:
                 self.lease, self.renew_at = None, None
-                if reclaiming:
+                if reclaiming and lease.lease_id == self.unsure:  # the yield had ended it
+                    log.info("turn %s ended before the agent restarted", lease.lease_id)
+                    self.gone = True
+                elif reclaiming:
                     log.warning("the turn %s was lost while the agent restarted", lease.lease_id)
                 else:
                     log.warning("lease %s lost: %s", lease.lease_id, outcome)

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 from agent.client.blocking_session import BlockingSession
 from agent.client.call_link import CallLink, NotSent
-from agent.client.errors import AgentUnavailable, BatonError
+from agent.client.errors import AgentUnavailable, BatonError, LeaseLost
 from agent.client.parked import given_back
 from agent.client.session_core import acquire_request
 from agent.client.types import REPLY_TIMEOUT_S, LeaseInfo, reply_wait
@@ -126,8 +126,13 @@ class Baton(BlockingSession):
         if ended.kept:  # nothing to send: the keeper yields it if no acquire takes it back
             self._keeper.poke()
             return
+        if ended.gone:
+            return
         try:
             self._request(pb.Request(release=self._core.release(ended.lease_id, parked)))
+        except LeaseLost:
+            if not self._core.ended_unheard(ended):
+                raise
         except AgentUnavailable:  # the turn may outlive the agent's restart: yield can be retried
             with self._state:
                 self._core.yield_failed(ended)

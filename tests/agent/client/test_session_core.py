@@ -250,3 +250,39 @@ def test_the_acquire_sent_for_a_timeout(
 ) -> None:
     request = acquire_request(timeout, gpus)
     assert request.acquire.timeout_ms == timeout_ms and list(request.acquire.gpus) == asked
+
+
+@pytest.mark.parametrize("order", ["reclaimed-first", "yielded-first"])
+def test_a_yield_cut_off_by_a_restart_that_reached_the_agent_ends_the_turn_quietly(
+    order: str,
+) -> None:
+    """The yield reached the old agent (the turn ended there), its answer was lost as the agent
+    restarted; the tenant makes the yield again, as it should after AgentUnavailable."""
+    session, _ = core()
+    held = session.granted(lease("a"))
+    ended = session.begin_yield()
+    session.yield_failed(ended)  # the client cannot tell: it holds the turn again
+    assert session.lease is held
+    if order == "reclaimed-first":  # the new agent has no such lease
+        assert session.reclaim() is held
+        session.renewed(held, LeaseLost("no lease a"), reclaiming=True)
+        again = session.begin_yield()
+        assert again.gone and again.lease is None  # nothing to send, nothing raised
+        with pytest.raises(NotHolding):  # once: the next yield is the caller's mistake again
+            session.begin_yield()
+    else:  # the yield made again reaches the new agent before the reclaim's answer
+        again = session.begin_yield()
+        assert not again.gone and again.lease_id == "a"
+        assert session.ended_unheard(again)  # its "no such lease" means the turn had ended
+
+
+def test_a_lease_lost_without_a_yield_cut_off_is_still_said() -> None:
+    session, _ = core()
+    held = session.granted(lease("a"))
+    session.reclaim()
+    session.renewed(held, LeaseLost("dropped in the restart"), reclaiming=True)
+    with pytest.raises(NotHolding):
+        session.begin_yield()
+    other = session.granted(lease("b"))
+    assert not session.ended_unheard(session.begin_yield())  # never cut off: a real loss
+    assert other.lease_id == "b"
