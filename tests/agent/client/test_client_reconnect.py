@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from agent.client import AgentUnavailable, AsyncBaton, LeaseInfo
+from agent.client import AgentUnavailable, AsyncBaton, Baton, LeaseInfo
+from baton._pb import agent_pb2 as pb
 from baton.contract.names import fake_gpu_uuid
 from commands.demo.fakenode import AgentProcess, FakeNodeOptions
 from tests.harness.agent import AgentRunner
@@ -116,3 +118,53 @@ def test_a_yield_while_the_turn_is_reclaimed_is_not_undone(workdir: str) -> None
     finally:
         first.stop()
         second.stop()
+
+
+def _answer_lost_once(baton: Baton | AsyncBaton) -> None:
+    """The next yield reaches the agent and is carried out, but its answer is lost as if the
+    agent had gone away then (the caller sees AgentUnavailable); later calls go through."""
+    real: Any = baton._request
+    lost: list[str] = []
+
+    def cut(request: pb.Request, *args: Any, **kwargs: Any) -> Any:
+        if request.HasField("release") and not lost:
+            lost.append(request.release.lease_id)
+            if isinstance(baton, AsyncBaton):
+
+                async def sent() -> None:
+                    await real(request, *args, **kwargs)
+                    raise AgentUnavailable("the agent went away before it answered")
+
+                return sent()
+            real(request, *args, **kwargs)
+            raise AgentUnavailable("the agent went away before it answered")
+        return real(request, *args, **kwargs)
+
+    baton._request = cut  # type: ignore[method-assign]
+
+
+def test_a_yield_whose_answer_was_lost_ends_the_turn_quietly_when_made_again() -> None:
+    """The agent ended the turn (and granted the next); the tenant, told AgentUnavailable, holds
+    the turn again as far as it knows and makes the yield again, as it should: the agent has no
+    such lease any more, and the yield ends nothing and raises nothing. A lease that was never
+    cut off still raises LeaseLost."""
+    with AgentRunner() as agent:
+        with Baton(agent.socket, ["GPU-0"], name="sync") as baton:
+            lease = baton.acquire()
+            _answer_lost_once(baton)
+            with pytest.raises(AgentUnavailable):
+                baton.yield_()
+            assert baton.lease is lease  # held again: the yield may not have arrived
+            baton.yield_()  # "no such lease": the first yield had ended it
+            assert baton.lease is None and agent.status()["gpus"]["GPU-0"]["holder"] is None
+
+        async def scenario() -> None:
+            async with AsyncBaton(agent.socket, ["GPU-0"], name="async") as baton:
+                await baton.acquire()
+                _answer_lost_once(baton)
+                with pytest.raises(AgentUnavailable):
+                    await baton.yield_()
+                await baton.yield_()
+                assert baton.lease is None
+
+        asyncio.run(scenario())
