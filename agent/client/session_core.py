@@ -100,13 +100,13 @@ class SessionCore:
         self.asked: tuple[str, ...] | None = None
         """The GPUs the held lease's acquire named (None: all the tenant's)."""
         self.kept: KeptLease | None = None
+        """The lease kept at the last yield, until an acquire takes it back or it is given back
+        (`agent.server.kept_turns`)."""
         self.unsure = ""
         """The lease of a yield cut off in flight (`yield_failed`): it may have reached the
         agent, so the agent's "no such lease" to the yield made again means it did."""
         self.gone = False
         """That lease was found gone after the agent restarted: the yield made again ends it."""
-        """The lease kept at the last yield, until an acquire takes it back or it is given back
-        (`agent.server.kept_turns`)."""
         self.undelivered: pb.Request | None = None
         """A kept lease's yield that could not be sent (the session was down): sent again by
         the next `give_back`, after the reconnect."""

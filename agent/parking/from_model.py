@@ -9,7 +9,6 @@ say, the preparer reads the node in full first (`agent.parking.preparer`).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Collection, Sequence
 
 from agent.core.planner import Plan, Refusal, plan_ahead, plan_turn
@@ -26,10 +25,7 @@ class ModelPlans(KnownNode):
         and no tenant whose growth has no bound stands beside one that needs room), the plan
         makes the room, and it parks nobody into a memory cgroup (whose use the model has only
         as last read); None otherwise (a refusal is the backend's to confirm)."""
-        ref = self._refs.get(tenant_id)
-        if tenant_id in self.quarantines.why or ref is None or not set(gpus) <= set(ref.gpus):
-            return None
-        if not self._model_current():
+        if self._current_ref(tenant_id, gpus) is None:
             return None
         snap = self._node((), whole=self._model.unsettled)
         me = snap.tenants.get(tenant_id)
@@ -82,12 +78,7 @@ class ModelPlans(KnownNode):
         registration changed meanwhile is not taken in here: the model is then not current
         (`_model_current`), and the next plan reads the node in full."""
         counted = self._counted()
-        ids = sorted(t for t in set(tenant_ids) if t in counted)
-        generation = self._model.generation
-        if self.backend.reads_block:
-            read = await asyncio.to_thread(self._read, ids, generation)
-        else:
-            read = self._read(ids, generation)
+        read = await self._read_aside(sorted(t for t in set(tenant_ids) if t in counted))
         self._model.moved(read, self._holding.keys(), counted)
         self._took_in(read)
 

@@ -155,15 +155,19 @@ class KnownNode:
         return isinstance(plan, Plan) and not plan.steps
 
     def _model_ref(self, tenant_id: str, gpus: Collection[str]) -> TenantRef | None:
-        """The tenant as registered, where the model can plan its turn on `gpus` alone: no plan
-        runs or is on the way for it, it is not quarantined, and the model has read every
-        tenant as registered now; None otherwise."""
-        if self._lock.locked() or tenant_id in self._ahead or tenant_id in self.quarantines.why:
+        """`_current_ref`, where no plan runs or is on the way for the tenant: the model can
+        plan its turn on `gpus` alone; None otherwise."""
+        if self._lock.locked() or tenant_id in self._ahead:
             return None
+        return self._current_ref(tenant_id, gpus)
+
+    def _current_ref(self, tenant_id: str, gpus: Collection[str]) -> TenantRef | None:
+        """The tenant as registered, if it is not quarantined, `gpus` are its own and the model
+        has read every tenant as registered now (also under the preparer's lock); else None."""
         ref = self._refs.get(tenant_id)
-        if ref is None or not set(gpus) <= set(ref.gpus) or not self._model_current():
+        if tenant_id in self.quarantines.why or ref is None or not set(gpus) <= set(ref.gpus):
             return None
-        return ref
+        return ref if self._model_current() else None
 
     def _model_current(self) -> bool:
         """Whether the model has read every tenant that counts, as it is registered now."""
@@ -297,6 +301,13 @@ class KnownNode:
         cgroups = {t: (self.backend.memory_limit(t), self.backend.memory_used(t)) for t in ids}
         return Read(states, cgroups, generation)
 
+    async def _read_aside(self, ids: Collection[str]) -> Read:
+        """Some tenants from the backend, in a worker thread if its reads block (`_read`)."""
+        generation = self._model.generation
+        if self.backend.reads_block:
+            return await asyncio.to_thread(self._read, ids, generation)
+        return self._read(ids, generation)
+
     def _took_in(self, read: Read) -> None:
         """After a read: note quarantines and tenants holding more than they declared."""
         self.quarantines.note_all(read.states)
@@ -336,11 +347,7 @@ class KnownNode:
     async def _settle(self, ids: list[str]) -> None:
         dropped = False
         try:
-            generation = self._model.generation
-            if self.backend.reads_block:
-                read = await asyncio.to_thread(self._read, ids, generation)
-            else:
-                read = self._read(ids, generation)
+            read = await self._read_aside(ids)
             if self._lock.locked() or read.generation != self._model.generation:
                 dropped = True  # memory moved meanwhile: read them again, later in the turn
                 return

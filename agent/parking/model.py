@@ -2,15 +2,14 @@
 
 Memory moves only through the preparer, one plan at a time, which reads the tenants it moved
 after its moves, so where each tenant's memory is (resident or parked) is known without asking
-the backend. What
-changes without the agent is how much a tenant holds: it allocates while it runs, in its turns.
-So a tenant that held a turn since the model last read it is *unsettled*, and plans count it
-with its whole footprint (what it declared, or what was last read), allocated or not. How much
-it may have grown has a bound only if it declared its memory; one that declared nothing, or has
-been found holding more than it declared, is *unbounded*, and a grant that needs room beside it
-reads the node first. After a grant that moved nothing, the unsettled tenants that no longer
-hold a turn are read again off the grant's path (`ParkingPreparer` runs it); `settle` takes that
-read in, and names what the model had wrong.
+the backend. What changes without the agent is how much a tenant holds: it allocates while it
+runs, in its turns. So a tenant that held a turn since the model last read it is *unsettled*,
+and plans count it with its whole footprint (what it declared, or what was last read),
+allocated or not. How much it may have grown has a bound only if it declared its memory; one
+that declared nothing, or has been found holding more than it declared, is *unbounded*, and a
+grant that needs room beside it reads the node first. After a grant made on the model's word,
+the unsettled tenants that no longer hold a turn are read again off the grant's path
+(`ParkingPreparer` runs it); `settle` takes that read in, and names what the model had wrong.
 """
 
 from __future__ import annotations

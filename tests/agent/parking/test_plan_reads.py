@@ -15,7 +15,7 @@ from agent.parking.preparer import ParkingPreparer
 from baton.contract.names import MIB
 
 from .conftest import GPU
-from .test_preparer import run, setup
+from .test_preparer import Host, run, setup
 
 
 def count_reads(backend) -> list[str]:
@@ -172,24 +172,8 @@ def test_moves_planned_from_a_wrong_model_are_planned_again_from_the_node_as_rea
     assert "a" in resident and sum(states[t].footprint_bytes[GPU] for t in resident) <= 100 * MIB
 
 
-class Host:
-    """A `ParkingHost` whose tenants' registrations the test changes."""
-
-    def __init__(self, **mib: int) -> None:
-        self.refs = {n: TenantRef(n, (GPU,), declared_bytes=m * MIB) for n, m in mib.items()}
-
-    def tenant_refs(self):
-        return self.refs
-
-    def quarantine(self, tenant_id, why):
-        raise AssertionError(f"{tenant_id} quarantined: {why}")
-
-    def persist(self):
-        pass
-
-
 def test_a_registration_changed_during_the_moves_has_the_next_turn_read_the_node(backend):
-    host = Host(a=40, b=40, c=40)
+    host = Host("a", "b", "c", mib=40)
     prep = ParkingPreparer(backend, {GPU: 100 * MIB}, host_budget=1000 * MIB, host=host)
 
     async def first_turns():

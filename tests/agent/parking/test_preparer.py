@@ -150,10 +150,10 @@ def test_declared_footprint_and_registered_limit_count(backend):
 
 
 class Host:
-    """A `ParkingHost` whose tenants the test removes, as a session's end does."""
+    """A `ParkingHost` whose tenants the test removes (as a session's end does) or changes."""
 
-    def __init__(self, *names: str) -> None:
-        self.refs = {n: TenantRef(n, (GPU,), declared_bytes=60 * MIB) for n in names}
+    def __init__(self, *names: str, mib: int = 60) -> None:
+        self.refs = {n: TenantRef(n, (GPU,), declared_bytes=mib * MIB) for n in names}
 
     def tenant_refs(self):
         return dict(self.refs)
