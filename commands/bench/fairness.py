@@ -13,7 +13,7 @@ from typing import Any
 
 from agent.core.fair import FairConfig, FairShare
 from agent.core.leases import LeaseTable
-from commands.bench.fairness_procs import run_mix
+from commands.bench.fairness_procs import Run, measure, run_figures
 from commands.bench.shares import MIXES, RETURN_S, Load, better, figures, targets
 
 
@@ -64,11 +64,13 @@ def run_fairness_bench(
     config: FairConfig | None = None,
     mixes: list[str] | None = None,
     process_seconds: float = 0.0,
+    process_rounds: int = 3,
 ) -> dict[str, Any]:
     """The fair policy against FIFO on the same load, for each mix (the first one's figures at
     the top level); handoff p50 of each policy (same run); the targets and, per mix, whether
     the fair policy was better. With `process_seconds`, each mix also runs that long as tenant
-    processes against a real agent under each policy (`process`, `process_fair_better`)."""
+    processes against a real agent under each policy (`process`, `process_fair_better`), in
+    `process_rounds` runs of each that take turns."""
     from commands.bench.handoff import run_handoff_bench
 
     config = config or FairConfig()
@@ -90,7 +92,7 @@ def run_fairness_bench(
             "fair_better": better(fair, fifo),
         }
         if process_seconds > 0:
-            per_mix[name]["process"] = process_run(mix, process_seconds, config)
+            per_mix[name]["process"] = process_run(mix, process_seconds, config, process_rounds)
     out: dict[str, Any] = {
         "mix": names[0],
         **per_mix[names[0]],
@@ -103,6 +105,7 @@ def run_fairness_bench(
     }
     if process_seconds > 0:
         out["process_seconds"] = process_seconds
+        out["process_rounds"] = process_rounds
         out["process_fair_better_for_every_mix"] = all(
             m["process"]["fair_better"] for m in per_mix.values()
         )
@@ -120,10 +123,21 @@ def run_fairness_bench(
     return out
 
 
-def process_run(mix: dict[str, Load], seconds: float, config: FairConfig) -> dict[str, Any]:
-    """One mix as tenant processes against a real agent, fair then FIFO: figures, targets."""
-    fair = run_mix(mix, seconds, "fair", config)
-    fifo = run_mix(mix, seconds, "fifo", config)
+def process_run(
+    mix: dict[str, Load], seconds: float, config: FairConfig, rounds: int = 3
+) -> dict[str, Any]:
+    """One mix as tenant processes against a real agent for `seconds` under each policy, in
+    `rounds` runs of each, the policies taking turns (fair, FIFO, then FIFO, fair, ...: a drift
+    of the machine's speed weighs on both alike); figures of each policy's runs together, and
+    the targets."""
+    if rounds < 1:
+        raise ValueError(f"process rounds {rounds} must be at least 1")
+    runs: dict[str, list[Run]] = {"fair": [], "fifo": []}
+    for i in range(rounds):
+        for policy in ("fair", "fifo") if i % 2 == 0 else ("fifo", "fair"):
+            runs[policy].append(measure(mix, seconds / rounds, policy, config))
+    fair = run_figures(mix, runs["fair"], config.anticipate_s)
+    fifo = run_figures(mix, runs["fifo"], config.anticipate_s)
     for run in (fair, fifo):
         del run["turns"]  # each turn's times: for tests, not for the bench's line
     greedy = all(load.gap == 0 for load in mix.values())

@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.core.fair import FairConfig
 from baton.contract.names import fake_gpu_uuid
@@ -30,18 +30,36 @@ Turn = tuple[float, float, float]
 """`(requested, granted, yielded)` of one turn, from `perf_counter`."""
 
 
+class Run(NamedTuple):
+    """What one run of a mix under one policy saw: each tenant's turns and time kept, the
+    span every tenant ran through (`start` to `stop`), and the agent's accounting."""
+
+    turns: dict[str, list[Turn]]
+    kept: dict[str, float]
+    start: float
+    stop: float
+    accounting: dict[tuple[str, str], float]
+
+
 def run_mix(
     mix: dict[str, Load], seconds: float, policy: str, fair: FairConfig, client: str = "blocking"
 ) -> dict[str, Any]:
     """Run the mix's tenants (`Baton`, or `AsyncBaton` with `client="async"`) against a fresh
     agent for `seconds`; the shares' figures, the GPU's idle time while someone waits, the
     handoffs, and the agent's accounting beside the tenants' clocks."""
+    return run_figures(mix, [measure(mix, seconds, policy, fair, client)], fair.anticipate_s)
+
+
+def measure(
+    mix: dict[str, Load], seconds: float, policy: str, fair: FairConfig, client: str = "blocking"
+) -> Run:
+    """One run of the mix's tenant processes against a fresh agent, as it was seen."""
     return asyncio.run(_run(mix, seconds, policy, fair, client))
 
 
 async def _run(
     mix: dict[str, Load], seconds: float, policy: str, fair: FairConfig, client: str
-) -> dict[str, Any]:
+) -> Run:
     from agent.assembly import AgentConfig, build_agent
     from agent.parking.setup import ParkingOptions
 
@@ -69,7 +87,7 @@ async def _run(
     kept = {name: r["kept"] for name, r in zip(mix, reports, strict=True)}
     start = max(r["start"] for r in reports)
     stop = min(r["stop"] for r in reports)
-    return _figures(mix, turns, kept, start, stop, accounting, fair.anticipate_s)
+    return Run(turns, kept, start, stop, accounting)
 
 
 def _argv(socket: str, name: str, load: Load, seconds: float) -> list[str]:
@@ -79,22 +97,19 @@ def _argv(socket: str, name: str, load: Load, seconds: float) -> list[str]:
     ]  # fmt: skip
 
 
-def _figures(
-    mix: dict[str, Load],
-    turns: dict[str, list[Turn]],
-    kept: dict[str, float],
-    start: float,
-    stop: float,
-    accounting: dict[tuple[str, str], float],
-    window_s: float,
-) -> dict[str, Any]:
-    span = stop - start
-    held = {n: sum(_clip(g, y, start, stop) for _, g, y in ts) for n, ts in turns.items()}
-    waits = {n: [g - r for r, g, _ in ts] for n, ts in turns.items()}
-    own = {n: sum(y - g for _, g, y in ts) for n, ts in turns.items()}
+def run_figures(mix: dict[str, Load], runs: list[Run], window_s: float) -> dict[str, Any]:
+    """The figures of one or more runs of the same mix and policy, taken together: shares of
+    their spans added up, waits and handoffs of all of them."""
+    span = sum(run.stop - run.start for run in runs)
+    held = {
+        n: sum(_clip(g, y, r.start, r.stop) for r in runs for _, g, y in r.turns[n]) for n in mix
+    }
+    waits = {n: [g - q for r in runs for q, g, _ in r.turns[n]] for n in mix}
+    own = {n: sum(y - g for r in runs for _, g, y in r.turns[n]) for n in mix}
+    kept = {n: sum(r.kept[n] for r in runs) for n in mix}
     leased = {n: own[n] + kept[n] for n in mix}  # its gaps within a kept lease are its too
-    charged = {n: accounting.get((GPU, f"local/{n}"), 0.0) for n in mix}
-    away = {n: _away(ts, charged[n] - leased[n]) for n, ts in turns.items()}
+    charged = {n: sum(r.accounting.get((GPU, f"local/{n}"), 0.0) for r in runs) for n in mix}
+    away = {n: _away([r.turns[n] for r in runs], charged[n] - leased[n]) for n in mix}
     out = figures(mix, {"held": held, "waits": waits, "away": away}, span, window_s)
     errors = []
     for name, tenant in out["tenants"].items():
@@ -103,22 +118,25 @@ def _figures(
         tenant["kept_gap_seconds"] = round(kept[name], 4)
         tenant["away_ms"] = round(away[name] * 1000, 3)
         errors.append(abs(charged[name] - leased[name]) / leased[name] if leased[name] else 0.0)
-    gaps = handoffs(turns)
+    gaps = [gap for run in runs for gap in handoffs(run.turns)]
+    idle = sum(idle_while_waiting(run.turns, run.start, run.stop) for run in runs)
     out["accounting_error"] = round(max(errors, default=0.0), 4)
-    out["idle_while_waiting"] = round(idle_while_waiting(turns, start, stop) / span, 4)
+    out["idle_while_waiting"] = round(idle / span, 4)
     out["handoff_p50_ms"] = round(percentile(gaps, 0.5) * 1000, 3) if gaps else None
+    out["handoffs"] = len(gaps)
     out["seconds"] = round(span, 3)
-    out["turns"] = turns
+    out["turns"] = {n: [t for run in runs for t in run.turns[n]] for n in mix}
     return out
 
 
-def _away(turns: list[Turn], unseen: float) -> float:
+def _away(runs: list[list[Turn]], unseen: float) -> float:
     """A tenant's time off the GPU per turn as it was charged: from its yield to its next
     request (its gap and the yield's round trip), and the part of each turn the agent counted
-    but the tenant did not see (the grant's and the yield's way between them; `unseen` in all)."""
-    returns = [b[0] - a[2] for a, b in itertools.pairwise(sorted(turns))]
+    but the tenant did not see (the grant's and the yield's way between them; `unseen` in all,
+    over the turns of every run in `runs`)."""
+    returns = [b[0] - a[2] for turns in runs for a, b in itertools.pairwise(sorted(turns))]
     mean = sum(returns) / len(returns) if returns else 0.0
-    return mean + max(0.0, unseen) / max(1, len(turns))
+    return mean + max(0.0, unseen) / max(1, sum(map(len, runs)))
 
 
 def _clip(granted: float, yielded: float, start: float, stop: float) -> float:

@@ -234,6 +234,13 @@ def bench_fairness(
             "policy; 0 = replay only.",
         ),
     ] = 10.0,
+    process_rounds: Annotated[
+        int,
+        typer.Option(
+            help="Runs of each policy the process-level seconds are split into, the policies "
+            "taking turns (so a drift of the machine's speed weighs on both alike).",
+        ),
+    ] = 3,
     as_json: AsJson = False,
 ) -> None:
     """Tenant mixes on one GPU: the fair policy against FIFO on each, same run."""
@@ -241,7 +248,11 @@ def bench_fairness(
 
     try:
         figures = run_fairness_bench(
-            seconds, handoff_iterations, mixes=mix, process_seconds=process_seconds
+            seconds,
+            handoff_iterations,
+            mixes=mix,
+            process_seconds=process_seconds,
+            process_rounds=process_rounds,
         )
     except ValueError as exc:
         typer.echo(f"baton bench fairness: {exc}", err=True)

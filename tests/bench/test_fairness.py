@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from agent.core.fair import FairConfig
 from commands.bench.fairness import MIXES, run_fairness_bench
-from commands.bench.fairness_procs import GPU, Kept, _figures
+from commands.bench.fairness_procs import GPU, Kept, Run, run_figures
 from commands.bench.shares import Load
 from commands.cli import app
 
@@ -92,7 +92,29 @@ def test_a_kept_leases_gaps_count_as_its_tenants_and_once() -> None:
     turns = {"a": [(0.0, 0.0, 1.0), (1.5, 1.5, 2.0)], "b": [(0.5, 2.01, 3.0)]}
     accounting = {(GPU, "local/a"): 2.0, (GPU, "local/b"): 1.0}  # a's lease: 0 to 2 s
     mix = {"a": Load(duty=50, turn=0.5), "b": Load(duty=50, turn=1.0)}
-    out = _figures(mix, turns, {"a": 0.5, "b": 0.0}, 0.0, 3.0, accounting, 0.01)
+    out = run_figures(mix, [Run(turns, {"a": 0.5, "b": 0.0}, 0.0, 3.0, accounting)], 0.01)
     assert out["tenants"]["a"]["kept_gap_seconds"] == 0.5
     assert out["accounting_error"] == pytest.approx(0.01, abs=1e-3)  # b's 10 ms, not a's gap
     assert out["tenants"]["a"]["away_ms"] == pytest.approx(500.0)  # the gap once, not twice
+
+
+def test_runs_taken_together_add_up_their_spans_and_pool_their_handoffs() -> None:
+    mix = {"a": Load(duty=50, turn=0.1), "b": Load(duty=50, turn=0.3)}
+    first = {"a": [(0.0, 0.0, 0.1), (0.1, 0.4, 0.5)], "b": [(0.05, 0.101, 0.4)]}
+    later = {n: [(r + 10, g + 10, y + 10) for r, g, y in ts] for n, ts in first.items()}
+    later["b"].append((10.6, 10.6, 10.9))  # asked after the others stopped: no handoff
+    accounting = {(GPU, "local/a"): 0.2, (GPU, "local/b"): 0.3}
+    one = run_figures(mix, [Run(first, {"a": 0.0, "b": 0.0}, 0.0, 0.5, accounting)], 0.01)
+    runs = [
+        Run(first, {"a": 0.0, "b": 0.0}, 0.0, 0.5, accounting),
+        Run(later, {"a": 0.0, "b": 0.0}, 10.0, 11.0, accounting | {(GPU, "local/b"): 0.6}),
+    ]
+    both = run_figures(mix, runs, 0.01)
+    assert one["handoffs"] == 2 and both["handoffs"] == 4  # not the step from one run to the next
+    assert both["handoff_p50_ms"] == pytest.approx(one["handoff_p50_ms"])
+    assert both["seconds"] == pytest.approx(1.5)
+    shares = {n: t["measured_share"] for n, t in both["tenants"].items()}
+    assert shares == pytest.approx({"a": 0.4 / 1.5, "b": 0.898 / 1.5}, abs=1e-3)
+    assert both["tenants"]["b"]["agent_gpu_seconds"] == pytest.approx(0.9)
+    assert both["idle_while_waiting"] == pytest.approx(0.002 / 1.5, abs=1e-4)
+    assert len(both["turns"]["b"]) == 3
