@@ -74,6 +74,8 @@ class FairShare:
     def __call__(self, waiters: list[Waiter], usage: Mapping[str, TenantUsage]) -> list[Waiter]:
         """Owed lower tiers first, then by tier (highest first), a revoked holder first within
         its tier, then least virtual time, then arrival."""
+        if len(waiters) < 2:  # (the usual handover: nobody else to order it against)
+            return waiters
         return sorted(waiters, key=lambda w: self._key(w, usage, self.vtime.get(w.tenant_id, 0.0)))
 
     def ahead_of(
@@ -86,10 +88,10 @@ class FairShare:
     ) -> bool:
         """Whether `tenant_id`, asking again now for `gpus`, would be served before `waiter`,
         even after `extra_s` more seconds of GPU time."""
+        gpus = tuple(gpus)
         duty = usage.get(tenant_id, TenantUsage()).duty
-        probe = Waiter("", tenant_id, tuple(gpus), seq=waiter.seq + 1, enqueued_at=0.0)
-        vtime = self._rejoined(tenant_id, probe.gpus, duty) + extra_s / _weight(duty)
-        mine = self._key(probe, usage, vtime)
+        vtime = self._rejoined(tenant_id, gpus, duty) + extra_s / _weight(duty)
+        mine = self._order(tenant_id, gpus, False, waiter.seq + 1, usage, vtime)
         return mine < self._key(waiter, usage, self.vtime.get(waiter.tenant_id, 0.0))
 
     def keep_s(
@@ -99,18 +101,30 @@ class FairShare:
         would no longer be served before `waiter` if it yielded and asked again: `ahead_of` holds
         for every `extra_s` below it. 0 unless both are served by virtual time alone (same tier,
         nobody owed a minimum share, `waiter` no revoked holder)."""
+        gpus = tuple(gpus)
         duty = usage.get(tenant_id, TenantUsage()).duty
-        probe = Waiter("", tenant_id, tuple(gpus), seq=waiter.seq + 1, enqueued_at=0.0)
         theirs = self._key(waiter, usage, self.vtime.get(waiter.tenant_id, 0.0))
-        if self._key(probe, usage, 0.0).before_vtime != theirs.before_vtime or not theirs.not_owed:
+        mine_before = self._order(tenant_id, gpus, False, waiter.seq + 1, usage, 0.0).before_vtime
+        if mine_before != theirs.before_vtime or not theirs.not_owed:
             return 0.0  # ordered by tier, by a minimum share owed, or a revoked holder first
-        mine = self._rejoined(tenant_id, probe.gpus, duty)
+        mine = self._rejoined(tenant_id, gpus, duty)
         return max(0.0, (theirs.vtime - mine) * _weight(duty))
 
     def _key(self, w: Waiter, usage: Mapping[str, TenantUsage], vtime: float) -> Order:
-        tier = _tier(usage, w.tenant_id)
-        owed = any(self.balance.get((g, tier), 0.0) > 0 for g in w.gpus)
-        return Order(not owed, -tier, not w.front, vtime, w.seq)
+        return self._order(w.tenant_id, w.gpus, w.front, w.seq, usage, vtime)
+
+    def _order(
+        self,
+        tenant_id: str,
+        gpus: Iterable[str],
+        front: bool,
+        seq: int,
+        usage: Mapping[str, TenantUsage],
+        vtime: float,
+    ) -> Order:
+        tier = _tier(usage, tenant_id)
+        owed = bool(self.balance) and any(self.balance.get((g, tier), 0.0) > 0 for g in gpus)
+        return Order(not owed, -tier, not front, vtime, seq)
 
     def joined(self, tenant_id: str, gpus: Iterable[str], duty: int) -> None:
         """A tenant starts waiting: a new one starts at its GPUs' virtual clock, a returning one
