@@ -111,14 +111,17 @@ def run_figures(mix: dict[str, Load], runs: list[Run], window_s: float) -> dict[
     charged = {n: sum(r.accounting.get((GPU, f"local/{n}"), 0.0) for r in runs) for n in mix}
     away = {n: _away([r.turns[n] for r in runs], charged[n] - leased[n]) for n in mix}
     out = figures(mix, {"held": held, "waits": waits, "away": away}, span, window_s)
+    passed = [handed for run in runs for handed in handoffs_to(run.turns)]
     errors = []
     for name, tenant in out["tenants"].items():
         tenant["tenant_gpu_seconds"] = round(own[name], 4)
         tenant["agent_gpu_seconds"] = round(charged[name], 4)
         tenant["kept_gap_seconds"] = round(kept[name], 4)
         tenant["away_ms"] = round(away[name] * 1000, 3)
+        mine = [gap for to, gap in passed if to == name]
+        tenant["handoff_p50_ms"] = round(percentile(mine, 0.5) * 1000, 3) if mine else None
         errors.append(abs(charged[name] - leased[name]) / leased[name] if leased[name] else 0.0)
-    gaps = [gap for run in runs for gap in handoffs(run.turns)]
+    gaps = [gap for _, gap in passed]
     idle = sum(idle_while_waiting(run.turns, run.start, run.stop) for run in runs)
     out["accounting_error"] = round(max(errors, default=0.0), 4)
     out["idle_while_waiting"] = round(idle / span, 4)
@@ -159,11 +162,16 @@ def idle_while_waiting(turns: dict[str, list[Turn]], start: float, stop: float) 
 
 def handoffs(turns: dict[str, list[Turn]]) -> list[float]:
     """Yield→grant gaps where the turn passed to another tenant that was already waiting."""
+    return [gap for _, gap in handoffs_to(turns)]
+
+
+def handoffs_to(turns: dict[str, list[Turn]]) -> list[tuple[str, float]]:
+    """`handoffs`, each with the tenant the turn passed to."""
     ordered = sorted((g, y, r, n) for n, ts in turns.items() for r, g, y in ts)
     gaps = []
     for (_, yielded, _, before), (granted, _, requested, name) in itertools.pairwise(ordered):
         if name != before and requested < yielded:
-            gaps.append(granted - yielded)
+            gaps.append((name, granted - yielded))
     return gaps
 
 

@@ -118,3 +118,6 @@ def test_runs_taken_together_add_up_their_spans_and_pool_their_handoffs() -> Non
     assert both["tenants"]["b"]["agent_gpu_seconds"] == pytest.approx(0.9)
     assert both["idle_while_waiting"] == pytest.approx(0.002 / 1.5, abs=1e-4)
     assert len(both["turns"]["b"]) == 3
+    # Each tenant's handoffs: those that passed the turn to it.
+    assert both["tenants"]["b"]["handoff_p50_ms"] == pytest.approx(1.0)
+    assert both["tenants"]["a"]["handoff_p50_ms"] == pytest.approx(0.0)
