@@ -89,7 +89,7 @@ class FairShare:
         """Whether `tenant_id`, asking again now for `gpus`, would be served before `waiter`,
         even after `extra_s` more seconds of GPU time."""
         gpus = tuple(gpus)
-        duty = usage.get(tenant_id, TenantUsage()).duty
+        duty = (usage.get(tenant_id) or _NOBODY).duty
         vtime = self._rejoined(tenant_id, gpus, duty) + extra_s / _weight(duty)
         mine = self._order(tenant_id, gpus, False, waiter.seq + 1, usage, vtime)
         return mine < self._key(waiter, usage, self.vtime.get(waiter.tenant_id, 0.0))
@@ -102,7 +102,7 @@ class FairShare:
         for every `extra_s` below it. 0 unless both are served by virtual time alone (same tier,
         nobody owed a minimum share, `waiter` no revoked holder)."""
         gpus = tuple(gpus)
-        duty = usage.get(tenant_id, TenantUsage()).duty
+        duty = (usage.get(tenant_id) or _NOBODY).duty
         theirs = self._key(waiter, usage, self.vtime.get(waiter.tenant_id, 0.0))
         mine_before = self._order(tenant_id, gpus, False, waiter.seq + 1, usage, 0.0).before_vtime
         if mine_before != theirs.before_vtime or not theirs.not_owed:
@@ -153,17 +153,23 @@ class FairShare:
         waiting: Mapping[str, set[str]],
     ) -> None:
         """A turn of `held` seconds ended; `waiting` names the tenants still waiting per GPU."""
-        me = usage.get(tenant_id, TenantUsage())
-        self.vtime[tenant_id] = self.vtime.get(tenant_id, 0.0) + held / _weight(me.duty)
+        me = usage.get(tenant_id) or _NOBODY
+        mine = self.vtime[tenant_id] = self.vtime.get(tenant_id, 0.0) + held / _weight(me.duty)
         m, credit = self.config.min_share, self.config.credit_s
         for gpu in gpus:
-            others = waiting.get(gpu, set()) - {tenant_id}
-            active = [self.vtime.get(t, 0.0) for t in others] + [self.vtime[tenant_id]]
-            self.vclock[gpu] = max(self.vclock.get(gpu, 0.0), min(active))
-            tiers = {_tier(usage, t) for t in others}
-            for lower in (t for t in tiers if t < me.tier):
-                self._add(gpu, lower, m * held, credit)
-            if any(t > me.tier for t in tiers):
+            least, lower, higher = mine, set(), False
+            for other in waiting.get(gpu, ()):
+                if other == tenant_id:
+                    continue
+                least = min(least, self.vtime.get(other, 0.0))
+                tier = _tier(usage, other)
+                if tier < me.tier:
+                    lower.add(tier)
+                higher = higher or tier > me.tier
+            self.vclock[gpu] = max(self.vclock.get(gpu, 0.0), least)
+            for tier in lower:
+                self._add(gpu, tier, m * held, credit)
+            if higher:
                 self._add(gpu, me.tier, -(1 - m) * held, credit)
 
     def owed(self, gpu: str, tier: int) -> float:
@@ -185,6 +191,10 @@ class FairShare:
     def _add(self, gpu: str, tier: int, amount: float, credit: float) -> None:
         value = self.balance.get((gpu, tier), 0.0) + amount
         self.balance[(gpu, tier)] = min(credit, max(-credit, value))
+
+
+_NOBODY = TenantUsage()
+"""What the policy knows of a tenant it has no usage for (read only)."""
 
 
 def _weight(duty: int) -> float:
