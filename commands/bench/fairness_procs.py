@@ -127,6 +127,14 @@ def run_figures(mix: dict[str, Load], runs: list[Run], window_s: float) -> dict[
     out["idle_while_waiting"] = round(idle / span, 4)
     out["handoff_p50_ms"] = round(percentile(gaps, 0.5) * 1000, 3) if gaps else None
     out["handoffs"] = len(gaps)
+    if out["lower_tier_turn_ms"] is not None:
+        # A high tier waits out a lower turn as it was held, and a handover as the others' were
+        # (its own left out: a slow one is not its own excuse).
+        top = max(load.tier for load in mix.values())
+        lower = [y - g for n in mix if mix[n].tier < top for r in runs for _, g, y in r.turns[n]]
+        others = [gap for to, gap in passed if mix[to].tier < top]
+        out["lower_tier_turn_ms"] = round(max(lower, default=0.0) * 1000, 3)
+        out["handover_allowance_ms"] = round(percentile(others, 0.99) * 1000, 3) if others else 0.0
     out["seconds"] = round(span, 3)
     out["turns"] = {n: [t for run in runs for t in run.turns[n]] for n in mix}
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -10,7 +11,7 @@ from typer.testing import CliRunner
 from agent.core.fair import FairConfig
 from commands.bench.fairness import MIXES, run_fairness_bench
 from commands.bench.fairness_procs import GPU, Kept, Run, run_figures
-from commands.bench.shares import Load
+from commands.bench.shares import Load, targets
 from commands.cli import app
 
 
@@ -121,3 +122,25 @@ def test_runs_taken_together_add_up_their_spans_and_pool_their_handoffs() -> Non
     # Each tenant's handoffs: those that passed the turn to it.
     assert both["tenants"]["b"]["handoff_p50_ms"] == pytest.approx(1.0)
     assert both["tenants"]["a"]["handoff_p50_ms"] == pytest.approx(0.0)
+
+
+def test_the_high_tiers_wait_is_judged_against_a_lower_turn_as_held_and_one_handover() -> None:
+    mix = {"trainer": Load(duty=50, turn=0.1, gap=0.4, tier=1000), "batch": Load(duty=50, turn=0.5)}
+    accounting = {(GPU, "local/trainer"): 0.1, (GPU, "local/batch"): 1.002}
+
+    def judged(granted: float) -> dict[str, Any]:
+        """The trainer asks as the batch turn starts and is granted at `granted`; the batch
+        tenant, waiting meanwhile, 1.5 ms after the trainer's turn."""
+        batch = [(0.0, 0.0, 0.502), (0.51, granted + 0.1015, granted + 0.6015)]
+        turns = {"trainer": [(0.0005, granted, granted + 0.1)], "batch": batch}
+        run = Run(turns, {"trainer": 0.0, "batch": 0.0}, 0.0, 1.2, accounting)
+        return run_figures(mix, [run], 0.01)
+
+    out = judged(0.5035)  # its wait: the batch turn as held (502 ms) and a handover (1.5 ms)
+    assert out["lower_tier_turn_ms"] == pytest.approx(502.0)
+    assert out["handover_allowance_ms"] == pytest.approx(1.5)
+    assert out["p99_wait_ms"] == pytest.approx(503.0)
+    assert targets(out, None)["high_tier_wait_within_turn_plus_grace"]
+    slow = judged(0.56)  # a 58 ms handover to the trainer excuses nothing
+    assert slow["handover_allowance_ms"] == pytest.approx(1.5)
+    assert not targets(slow, None)["high_tier_wait_within_turn_plus_grace"]
