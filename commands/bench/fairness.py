@@ -78,6 +78,8 @@ def run_fairness_bench(
     unknown = [n for n in names if n not in MIXES]
     if unknown:
         raise ValueError(f"unknown mix {', '.join(unknown)}; the mixes are {', '.join(MIXES)}")
+    if process_rounds < 1:
+        raise ValueError(f"--process-rounds {process_rounds} must be at least 1")
     per_mix: dict[str, dict[str, Any]] = {}
     for name in names:
         mix = MIXES[name]
@@ -130,8 +132,6 @@ def process_run(
     `rounds` runs of each, the policies taking turns (fair, FIFO, then FIFO, fair, ...: a drift
     of the machine's speed weighs on both alike); figures of each policy's runs together, and
     the targets."""
-    if rounds < 1:
-        raise ValueError(f"process rounds {rounds} must be at least 1")
     runs: dict[str, list[Run]] = {"fair": [], "fifo": []}
     for i in range(rounds):
         for policy in ("fair", "fifo") if i % 2 == 0 else ("fifo", "fair"):

@@ -53,6 +53,8 @@ def test_the_cli_takes_mixes_and_refuses_an_unknown_one() -> None:
     assert list(out["mixes"]) == ["equal", "trainer-batch"] and out["mix"] == "equal"
     refused = CliRunner().invoke(app, [*args, "--mix", "nope"])
     assert refused.exit_code == 2 and "unknown mix nope" in refused.output
+    refused = CliRunner().invoke(app, [*args, "--process-rounds", "0"])
+    assert refused.exit_code == 2 and "--process-rounds 0 must be at least 1" in refused.output
 
 
 def test_the_replay_orders_events_as_a_client_sees_them() -> None:
