@@ -231,9 +231,9 @@ def bench_fairness(
         float,
         typer.Option(
             help="Seconds each mix also runs as tenant processes against a real agent, per "
-            "policy; 0 = replay only.",
+            "policy, split into --process-rounds runs; 0 = replay only.",
         ),
-    ] = 10.0,
+    ] = 30.0,
     process_rounds: Annotated[
         int,
         typer.Option(
