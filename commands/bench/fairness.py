@@ -126,7 +126,7 @@ def run_fairness_bench(
 
 
 def process_run(
-    mix: dict[str, Load], seconds: float, config: FairConfig, rounds: int = 3
+    mix: dict[str, Load], seconds: float, config: FairConfig, rounds: int
 ) -> dict[str, Any]:
     """One mix as tenant processes against a real agent for `seconds` under each policy, in
     `rounds` runs of each, the policies taking turns (fair, FIFO, then FIFO, fair, ...: a drift

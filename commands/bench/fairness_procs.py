@@ -169,13 +169,9 @@ def idle_while_waiting(turns: dict[str, list[Turn]], start: float, stop: float) 
     return idle
 
 
-def handoffs(turns: dict[str, list[Turn]]) -> list[float]:
-    """Yield→grant gaps where the turn passed to another tenant that was already waiting."""
-    return [gap for _, gap in handoffs_to(turns)]
-
-
 def handoffs_to(turns: dict[str, list[Turn]]) -> list[tuple[str, float]]:
-    """`handoffs`, each with the tenant the turn passed to."""
+    """Yield→grant gaps where the turn passed to another tenant that was already waiting, each
+    with the tenant it passed to."""
     ordered = sorted((g, y, r, n) for n, ts in turns.items() for r, g, y in ts)
     gaps = []
     for (_, yielded, _, before), (granted, _, requested, name) in itertools.pairwise(ordered):
