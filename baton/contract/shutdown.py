@@ -15,6 +15,9 @@ DEFAULT_GRACE_S = 5.0
 """Seconds in-flight requests get to finish once a daemon is told to stop."""
 SLOW_STOP_S = 1.0
 """A part that takes longer than this to stop is named in the log (where a slow exit went)."""
+SIGNAL_CHECK_S = 0.5
+"""How often a threaded daemon's main thread wakes to run a stop signal's handler that another
+thread took (`run_until`)."""
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +35,19 @@ def on_stop_signal_async(loop: asyncio.AbstractEventLoop, stop: Callable[[str], 
 
 def run_until(start: Callable[[], None], stop: Callable[[], None], until: threading.Event) -> None:
     """A threaded daemon's life: `start()`, block until `until` is set, `stop()`; a start that
-    fails part-way stops what it started before the error goes on."""
+    fails part-way stops what it started before the error goes on.
+
+    The kernel hands a stop signal to any of the process's threads, and Python runs its handler
+    on the main thread only when that thread next runs: a wait with no timeout would never
+    return. So the wait wakes every `SIGNAL_CHECK_S`."""
     try:
         start()
     except BaseException:
         stop()
         raise
     try:
-        until.wait()
+        while not until.wait(SIGNAL_CHECK_S):
+            pass
     finally:
         stop()
 

@@ -4,6 +4,8 @@ and a slow one is named in the log."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import pytest
 
@@ -34,3 +36,34 @@ def test_a_part_slower_than_the_bound_is_named(caplog: pytest.LogCaptureFixture)
     said = [r.getMessage() for r in caplog.records]
     assert said[0].startswith("test daemon: stopping quick took ") and said[0].endswith(" s")
     assert said[1].startswith("test daemon: stopping slow took ")
+
+
+STOPPED_BY_A_SIGNAL_ANOTHER_THREAD_TOOK = """
+import signal, threading
+from baton.contract import shutdown
+
+stop = shutdown.StopSignal().install()
+ready = threading.Event()
+
+def worker() -> None:
+    ready.wait()
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # as the kernel may deliver it
+    threading.Event().wait(60)  # a daemon's worker goes on with its own work
+
+threading.Thread(target=worker, daemon=True).start()
+shutdown.run_until(ready.set, lambda: print("stopped on", stop.received), stop.event)
+"""
+
+
+def test_a_stop_signal_taken_by_another_thread_still_stops_the_daemon() -> None:
+    # The kernel hands a process's SIGTERM to any of its threads. Python runs the handler on
+    # the main thread, but only once that thread runs again: blocked in a wait with no
+    # timeout, it never would, and the daemon outlived its pod's grace.
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPED_BY_A_SIGNAL_ANOTHER_THREAD_TOOK],
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "stopped on SIGTERM"
