@@ -224,9 +224,14 @@ def test_the_extender_waits_for_the_api_server_and_is_not_ready_meanwhile(
     """Promised: with the API server down at start, the extender serves, says once that it is
     unreachable, answers /readyz 503, and is ready once the API server answers."""
     api, kubeconfig = down_api
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    api_port = int(api.url.rsplit(":", 1)[1])
+    for _ in range(10):  # the down API server's port is free too: the kernel may offer it
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port != api_port:
+            break
+    assert port != api_port, "no free port for the extender other than the API server's"
     args = ["extender", "--kubeconfig", str(kubeconfig), "--port", str(port)]
     extender = Daemon("extender", [*args, "--host", "127.0.0.1"], {})
     try:
