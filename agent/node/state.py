@@ -1,16 +1,16 @@
 """The agent's durable state: tenants, leases, fencing tokens and parked processes, one JSON
-snapshot with atomic writes, and a journal of the tenants registered and the turns granted and
-ended since it.
+snapshot with atomic writes, and a journal of what changed since it.
 
-Snapshots are written off the event loop, a newer state replacing an unwritten one, so the
-snapshot trails the live state by about a millisecond. A grant must not trail it: a tenant
-that was told it holds the GPU keeps computing on it, so an agent killed in that millisecond
-would come back without the lease and hand the GPU to someone else. So every grant and every
-ended turn is first appended to the journal (one small `write`, on the event loop, before the
-answer goes out), and so is every tenant registered or changed (a tenant the snapshot lacks
-would take its lease with it); the snapshot says up to which journal entry it is complete, and
-loading replays the entries after that. Once the journal passes `JOURNAL_COMPACT_BYTES` the
-writer cuts it back to the entries the last written snapshot lacks.
+The journal is the record; the snapshot is its checkpoint. Every grant and every ended turn,
+every tenant registered, changed or gone, and every change to the parking backend's record of
+parked processes is appended to the journal (one small `write`, on the event loop) before anyone
+hears of it: a tenant that was told it holds the GPU keeps computing on it, so an agent killed
+a moment later must come back with the lease, and memory parked a moment before must be found
+parked. The snapshot is written off the event loop, a newer state replacing an unwritten one,
+at most once per `agent.server.turn_state.SAVE_DELAY_S`; it says up to which journal entry it
+is complete, and loading replays the entries after that. What only the snapshot holds is the
+accounting, so a crash loses at most that delay of it. Once the journal passes
+`JOURNAL_COMPACT_BYTES` the writer cuts it back to the entries the last written snapshot lacks.
 
 Writes are not fsynced: they survive the agent's crash (SIGKILL, OOM kill), which is what
 they are for; a node that loses power loses its GPU processes with them.
@@ -163,6 +163,12 @@ class StateStore:
                         lease.lease_id,
                         lease.tenant_id,
                     )
+            elif "gone" in entry:
+                gone = str(entry["gone"])
+                tenants.pop(gone, None)
+                leases = {k: x for k, x in leases.items() if x.tenant_id != gone}
+            elif "parked" in entry:
+                state.parked = dict(entry["parked"])
             else:
                 leases.pop(str(entry.get("end", "")), None)
         state.tenants = list(tenants.values())
@@ -172,6 +178,14 @@ class StateStore:
         """A tenant registered or changed: on disk before it can be granted a turn, so that a
         grant the journal holds always finds its tenant."""
         self._append([{"tenant": tenant.to_json()}])
+
+    def record_gone(self, tenant_id: str) -> None:
+        """A tenant left: a restart does not bring it back (nor any lease of its)."""
+        self._append([{"gone": tenant_id}])
+
+    def record_parked(self, parked: dict[str, Any]) -> None:
+        """The parking backend's record after memory moved: a restart finds parked what is."""
+        self._append([{"parked": parked}])
 
     def record_grant(self, lease: Lease, ended: Sequence[str] = ()) -> None:
         """Make a grant durable before it is answered: one line appended to the journal, after

@@ -182,10 +182,14 @@ class TenantRegistry:
         if tenant is not None:
             tenant.pids.discard(pid)
 
-    def add_pids(self, tenant: Tenant, pids: Iterable[int]) -> None:
-        """Processes of the tenant found by other means than a registration (llm-d's calls)."""
-        self.revision += 1
-        tenant.pids.update(pids)
+    def add_pids(self, tenant: Tenant, pids: Iterable[int]) -> bool:
+        """Processes of the tenant found by other means than a registration (llm-d's calls);
+        whether any was new (the tenant is then journaled again)."""
+        new = set(pids) - tenant.pids
+        if new:
+            self.revision += 1
+            tenant.pids.update(new)
+        return bool(new)
 
     def find(self, pid: int, pod_uid: str | None) -> Tenant | None:
         """The tenant a process belongs to: its pod if it runs in one, else its registration."""

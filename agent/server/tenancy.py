@@ -125,6 +125,8 @@ class Tenancy:
             return
         self._state.publish(ev.DISCONNECTED, tenant_id, detail=f"pid {pid}")
         self._state.tenants.drop_pid(tenant_id, pid)
+        if (left := self._state.tenants.tenants.get(tenant_id)) is not None:
+            self._state.journal_tenant(left)  # a restart does not count that process in
         if last:
             tenant = self._state.tenants.tenants.get(tenant_id)
             # A pod outlives its processes; one that parked itself has nothing left to park (the
@@ -152,7 +154,8 @@ class Tenancy:
     def pod_gone(self, tenant_id: str) -> None:
         """The tenant's pod left the node."""
         self._drop(tenant_id, "its pod left the node")
-        self._state.tenants.remove(tenant_id)
+        if self._state.tenants.remove(tenant_id) is not None:
+            self._state.journal_gone(tenant_id)
         self._left_app_pods.discard(tenant_id)
 
     def _drop(self, tenant_id: str, why: str) -> None:
@@ -166,6 +169,7 @@ class Tenancy:
         tenant = state.tenants.tenants.get(tenant_id)
         if tenant is not None and tenant.source != POD:
             state.tenants.remove(tenant_id)
+            state.journal_gone(tenant_id)
         state.publish(ev.TENANT_GONE, tenant_id, detail=why)
         log.info("tenant %s: %s; released %d leases", tenant_id, why, len(leases))
         state.spawn(state.preparer.forget(tenant_id))

@@ -20,13 +20,13 @@ from agent.server.metrics import AgentMetrics
 from agent.server.sessions import SessionRegistry
 from baton.contract.names import MIB
 
-SAVE_DELAY_S = 0.005
-"""How long after a turn was taken or ended the whole state is saved, with every change made
-meanwhile: at most one save per 5 ms, and not in the step of the handoff (its encoding and the
-writer thread's wake-up then delayed the yielder's answer and the next holder's start). Each
-grant and end is on disk at once, a journal line written before anyone hears of it; the
-snapshot adds the accounting (a crash loses at most this much of it) and lets the journal be
-compacted. Moves are saved at once (`persist`): no journal line records them."""
+SAVE_DELAY_S = 1.0
+"""How long after a change the whole state is saved, with every change made meanwhile: at most
+one snapshot a second, never in the step of a handoff. Everything a restart needs is in the
+journal at once (`agent.node.state`: grants, ends, tenants joined, changed and gone, parked
+memory), so the snapshot only checkpoints it and adds the accounting, of which a crash loses at
+most this much. Written after every turn, a snapshot's encoding, temporary file and rename were
+a third of an agent's CPU in short turns, competing with the tenants for the node's cores."""
 
 _NAMES_METHOD = frozenset({ev.TENANT_JOINED, ev.QUEUED, ev.GRANTED})
 """Events whose detail also names the tenant's parking method (`parking app`)."""
@@ -96,7 +96,8 @@ class TurnState:
         """Leases restored from the state that no client has named since the restart: their
         grant may never have reached the tenant (`Turns.acquire` hands one back)."""
         self._persist_asked = False
-        """`persist()` was called and its step has not run yet (close saves then too)."""
+        """`persist()` was called and its step has not journaled the parked record yet (close
+        saves it then)."""
 
     async def close(self) -> None:
         """Cancel background work and save what is due; the persisted state stays as it is."""
@@ -107,7 +108,8 @@ class TurnState:
         if self._save_timer is not None:
             self._save_timer.cancel()
         if self._store is not None and (self._persist_soon or self._persist_asked):
-            self._save()
+            self._save()  # the parked record too
+        self._persist_asked = False
         if self._store is not None:
             self._store.flush()
             self._store.close()
@@ -221,31 +223,32 @@ class TurnState:
         if ended and self._store is not None:
             self._store.record_end(*ended)
 
+    def journal_gone(self, tenant_id: str) -> None:
+        """A tenant left: on disk at once (`agent.node.state`)."""
+        if self._store is not None:
+            self._store.record_gone(tenant_id)
+
     def persist(self) -> None:
-        """Save the state soon (e.g. after the residency layer moved memory, which no journal
-        line records): in the next event-loop step, after a grant those moves made room for has
-        reached its tenant."""
+        """The residency layer moved memory: its record of what is parked goes to the journal
+        in the next event-loop step (after a grant those moves made room for has reached its
+        tenant), and the snapshot follows within `SAVE_DELAY_S`."""
         self._persist_asked = True
         asyncio.get_running_loop().call_soon(self._persist_now)
 
     def _persist_now(self) -> None:
-        if self._save_timer is not None:  # a save waits for its turn: it is due now
-            self._save_timer.cancel()
-            self._save_timer, self._persist_soon = None, False
-        self.persist_step(at_once=True)
-
-    def persist_step(self, at_once: bool = False) -> None:
-        """Save the state `SAVE_DELAY_S` from now (or, `at_once`, once this event-loop step's
-        changes are all made), with every change made until then."""
+        if not self._persist_asked:  # closed meanwhile: its snapshot took the record along
+            return
         self._persist_asked = False
+        if self._store is not None:
+            self._store.record_parked(self.preparer.durable())
+        self.persist_step()
+
+    def persist_step(self) -> None:
+        """Save the state `SAVE_DELAY_S` from now, with every change made until then."""
         if self._store is None or self._persist_soon:
             return
         self._persist_soon = True
-        loop = asyncio.get_running_loop()
-        if at_once:
-            loop.call_soon(self._save)
-        else:
-            self._save_timer = loop.call_later(SAVE_DELAY_S, self._save)
+        self._save_timer = asyncio.get_running_loop().call_later(SAVE_DELAY_S, self._save)
 
     def restore(self) -> PersistedState | None:
         """Reinstate the saved tenants, leases, tokens, parked memory and accounting; what was

@@ -145,8 +145,8 @@ class Jobs:
         if tenant is None or (tenant.source == LLMD and not set(gpus) <= set(tenant.gpus)):
             tenant = self._job_tenant(job_id, gpus, tenant, caller)
             self.service.upsert_tenant(tenant, "llm-d job")
-        if caller is not None:
-            self.service.tenants.add_pids(tenant, [caller.pid])
+        if caller is not None and self.service.tenants.add_pids(tenant, [caller.pid]):
+            self.service.state.journal_tenant(tenant)
         self._anchor(tenant.tenant_id, caller.pid if caller else 0)
         return tenant
 

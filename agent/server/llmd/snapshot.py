@@ -147,8 +147,8 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             want = CUDA
             pids = list(config.cuda.explicit_target.pids)
             self._jobs.check_pids(tenant, pids)
-            if CUDA in parking.methods():
-                self._jobs.service.tenants.add_pids(tenant, pids)
+            if CUDA in parking.methods() and self._jobs.service.tenants.add_pids(tenant, pids):
+                self._jobs.service.state.journal_tenant(tenant)
         if want not in parking.methods():
             raise MethodMissing(f"{kind} needs the {want} method; this node parks with {serves}")
         if kind == "app_endpoint":

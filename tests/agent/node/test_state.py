@@ -1,4 +1,5 @@
-"""The agent's state store: a snapshot plus a journal of the grants and ends since it.
+"""The agent's state store: a snapshot plus a journal of what changed since it (grants, ends,
+tenants joined, changed and gone, parked memory).
 
 Each test reads the state back with a fresh `StateStore`, as an agent restarted after a crash
 does, so what was only in the old store's memory does not count.
@@ -44,6 +45,28 @@ def test_an_end_recorded_after_the_snapshot_removes_the_lease(tmp_path):
     loaded = restarted(tmp_path)
     assert [x.lease_id for x in loaded.leases] == ["w2"]
     assert loaded.tokens == {"GPU-0": 2} and loaded.replayed == 2
+
+
+def test_a_tenant_gone_after_the_snapshot_stays_gone_with_its_leases(tmp_path):
+    b = Tenant(tenant_id="local/b", name="b", gpus=("GPU-0",))
+    store = StateStore(tmp_path)
+    store.save(PersistedState(tenants=[A, b], leases=[lease("w1", 1)], tokens={"GPU-0": 1}))
+    store.record_grant(lease("w2", 2, "local/b"))
+    store.record_gone("local/a")  # its lease w1 went with it (its end line may not have)
+    loaded = restarted(tmp_path)
+    assert [t.tenant_id for t in loaded.tenants] == ["local/b"]
+    assert [x.lease_id for x in loaded.leases] == ["w2"]
+    assert loaded.tokens == {"GPU-0": 2}
+
+
+def test_the_last_parked_record_in_the_journal_replaces_the_snapshots(tmp_path):
+    store = StateStore(tmp_path)
+    store.save(PersistedState(tenants=[A], parked={"local/a": {"GPU-0": 1}}))
+    store.record_parked({"local/a": {"GPU-0": 2}})
+    store.record_parked({})  # restored since: nothing parked
+    assert restarted(tmp_path).parked == {}
+    store.record_parked({"local/a": {"GPU-0": 3}})
+    assert restarted(tmp_path).parked == {"local/a": {"GPU-0": 3}}
 
 
 def test_a_written_snapshot_cuts_a_long_journal_back_to_the_entries_after_it(tmp_path, monkeypatch):

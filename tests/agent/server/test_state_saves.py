@@ -1,10 +1,11 @@
 """The whole state is saved after a handoff, not in its step: once per `SAVE_DELAY_S` with every
-change made meanwhile; at once after moves (no journal line records them); on close whatever
-is due. A yield is answered in the step that ended the turn."""
+change made meanwhile; on close whatever is due. Moves are journaled in the next step, the
+snapshot waiting as before. A yield is answered in the step that ended the turn."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -69,21 +70,44 @@ def test_turns_taken_within_the_delay_are_saved_once_after_it_with_all_of_them(
     asyncio.run(asyncio.wait_for(turns(), 10))
 
 
-def test_moves_are_saved_at_once_even_while_a_turns_save_waits(tmp_path: Path) -> None:
+def test_moves_are_journaled_in_the_next_step_while_the_snapshot_waits(tmp_path: Path) -> None:
+    parked = {"default/a": {"GPU-x": 1024}}
+
     async def moved() -> None:
         store = CountingStore(tmp_path)
         agent = service(store)
+        agent.state.preparer.durable = lambda: parked  # type: ignore[method-assign]
         held = await agent.acquire(tenant("a"), [GPU], timeout=5)
         store.saved.clear()
         agent.yield_(tenant("a"), held.lease.lease_id)  # a save is now due in SAVE_DELAY_S
-        asked = time.monotonic()
         agent.state.persist()  # what the residency layer calls after a park or a restore
-        at, _ = await next_save(store)
-        assert at - asked < turn_state.SAVE_DELAY_S
-        await agent.close()  # the save that waited was that one: nothing is due any more
-        assert len(store.saved) == 1
+        journal = tmp_path / JOURNAL_FILE
+        assert '"parked"' not in journal.read_text()  # not in the step that moved
+        await asyncio.sleep(0)  # one event-loop step
+        assert json.loads(journal.read_text().splitlines()[-1])["parked"] == parked
+        assert store.saved == []  # the snapshot still waits
+        assert StateStore(tmp_path).load().parked == parked  # a crash now loses nothing
+        await agent.close()  # the save that waited: one, with the record in it
+        assert [s.parked for _, s in store.saved] == [parked]
 
     asyncio.run(asyncio.wait_for(moved(), 10))
+
+
+def test_a_tenant_gone_is_journaled_at_once_while_the_snapshot_waits(tmp_path: Path) -> None:
+    async def leaving() -> None:
+        store = CountingStore(tmp_path)
+        agent = service(store)
+        await agent.acquire(tenant("a"), [GPU], timeout=5)
+        await asyncio.sleep(0)
+        store.saved.clear()
+        agent.pod_gone("default/a")
+        restarted = StateStore(tmp_path).load()  # a crash now
+        assert {t.tenant_id for t in restarted.tenants} == {"default/b"}
+        assert restarted.leases == []
+        assert store.saved == []  # the snapshot still waits
+        await agent.close()
+
+    asyncio.run(asyncio.wait_for(leaving(), 10))
 
 
 def test_a_save_still_due_is_written_on_close(tmp_path: Path) -> None:
