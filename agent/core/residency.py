@@ -58,6 +58,11 @@ class TurnPreparer(Protocol):
         """Per tenant residency for /v1/status (JSON-serialisable)."""
         ...
 
+    def residency_of(self, tenant_id: str) -> dict[str, str]:
+        """GPU → `resident`/`parked`/`parking`/`restoring` of one tenant (its `status` entry's
+        `gpus`), without building every tenant's status; empty for a tenant with no memory."""
+        ...
+
     def rescan(self, tenant_id: str) -> None:
         """The tenant opened a session: its processes may have changed."""
         ...
@@ -89,6 +94,10 @@ class NullPreparer:
         """Nothing to release."""
 
     def status(self) -> dict[str, Any]:
+        """No residency information."""
+        return {}
+
+    def residency_of(self, tenant_id: str) -> dict[str, str]:
         """No residency information."""
         return {}
 

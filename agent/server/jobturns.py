@@ -22,7 +22,7 @@ from typing import Any
 
 from agent.core.errors import AgentError, UnknownLease
 from agent.core.leases import Lease
-from agent.core.residency import parked_on, residency
+from agent.core.residency import parked_on
 from agent.node.jobturn_store import JobTurnStore
 from agent.node.tenants import POD, Tenant
 from agent.server.service import LeaseService
@@ -217,8 +217,8 @@ class JobTurns:
         nodes: Sequence[str],
     ) -> NodeTurn:
         namespace, job, group = whose
-        where = residency(self._service.preparer)
-        restored = any(parked_on(where.get(m.tenant_id, {}), m.gpus) for m in members)
+        preparer = self._service.preparer
+        restored = any(parked_on(preparer.residency_of(m.tenant_id), m.gpus) for m in members)
         sessions = [self._open(m.tenant_id, turn_id) for m in members]
         asks = [asyncio.ensure_future(self._service.acquire(m, m.gpus, timeout)) for m in members]
         try:

@@ -85,7 +85,7 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         gpus = self._jobs.turn_gpus(tenant, request.group_id)
         if self._lease(tenant.tenant_id, gpus) is not None:
             return ts.AcquireResponse(success=True, waited_ms=0, context_restored=False)
-        was_parked = parked_on(residency(self._service.preparer).get(tenant.tenant_id, {}), gpus)
+        was_parked = parked_on(self._service.preparer.residency_of(tenant.tenant_id), gpus)
         granted = await self._service.acquire(tenant, gpus, answer_before(context.time_remaining()))
         return ts.AcquireResponse(
             success=True, waited_ms=int(granted.waited * 1000), context_restored=was_parked

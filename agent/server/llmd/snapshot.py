@@ -169,7 +169,7 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
         return tenant
 
     def _state(self, tenant: Tenant) -> sa.JobState:
-        where = residency(self._jobs.service.preparer).get(tenant.tenant_id, {})
+        where = self._jobs.service.preparer.residency_of(tenant.tenant_id)
         return job_state(where, self.moving(tenant.tenant_id), parks=True)
 
     @mapped

@@ -111,6 +111,9 @@ def test_self_parking_tenants_that_declared_nothing_may_hold_the_whole_gpu(loop)
     assert tenants["a"].calls == [PARK, RESTORE, PARK]
     assert tenants["b"].calls == [PARK, RESTORE, PARK, RESTORE]
     assert prep.status()["tenants"]["a"]["residency"] == "parked"
+    for name in "ab":  # one tenant's residency, as the whole status says it
+        assert prep.residency_of(name) == prep.status()["tenants"][name]["gpus"]
+    assert prep.residency_of("a") == {GPU: "parked"} and prep.residency_of("c") == {}
 
 
 def test_a_failing_or_late_callback_leaves_the_tenant_resident(loop):

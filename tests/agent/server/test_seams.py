@@ -52,6 +52,9 @@ class RecordingPreparer:
     def status(self) -> dict[str, Any]:
         return {"calls": len(self.calls)}
 
+    def residency_of(self, tenant_id: str) -> dict[str, str]:
+        return {}
+
     def rescan(self, tenant_id: str) -> None:
         pass
 
