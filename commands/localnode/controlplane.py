@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
 import shutil
 import socket
 import ssl
@@ -24,16 +26,32 @@ SERVICE_RANGE = "10.96.0.0/24"
 START_TIMEOUT = 60.0
 
 
+LISTEN_PORTS = (20000, 32768)
+"""Where `free_ports` looks: below the kernel's ephemeral range (32768 up by default)."""
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
 def free_ports(count: int) -> tuple[int, ...]:
-    """`count` loopback TCP ports nobody listens on now."""
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return tuple(int(sock.getsockname()[1]) for sock in socks)
-    finally:
-        for sock in socks:
-            sock.close()
+    """`count` loopback TCP ports nobody listens on now, for daemons to listen on.
+
+    They are drawn below the kernel's ephemeral range, from which every outgoing connection
+    takes its local port: a port the kernel hands out for listening (bind to port 0) is one of
+    those, and a connection made before the daemon binds it could take it first.
+    """
+    low, high = LISTEN_PORTS
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        high = min(high, int(Path(EPHEMERAL_RANGE).read_text().split()[0]))
+    found: list[int] = []
+    for port in random.sample(range(low, high), max(0, min(high - low, 64 * count))):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return tuple(found)
+    raise LocalNodeError(f"found {len(found)} of {count} free loopback ports in {low}-{high - 1}")
 
 
 class ControlPlane:
