@@ -187,10 +187,16 @@ class StateStore:
         """The parking backend's record after memory moved: a restart finds parked what is."""
         self._append([{"parked": parked}])
 
-    def record_grant(self, lease: Lease, ended: Sequence[str] = ()) -> None:
+    def record_grant(
+        self, lease: Lease, ended: Sequence[str] = (), parked: dict[str, Any] | None = None
+    ) -> None:
         """Make a grant durable before it is answered: one line appended to the journal, after
-        the ends of the turns `ended` that made room for it (the same write)."""
-        self._append([*({"end": lease_id} for lease_id in ended), {"grant": _lease_to_json(lease)}])
+        the ends of the turns `ended` and the parking record `parked` (if memory moved for it)
+        that made room for it, all in the same write."""
+        entries: list[dict[str, Any]] = [{"end": lease_id} for lease_id in ended]
+        if parked is not None:
+            entries.append({"parked": parked})
+        self._append([*entries, {"grant": _lease_to_json(lease)}])
 
     def record_end(self, *lease_ids: str) -> None:
         """Turns ended (yielded, revoked, their tenants gone): one line each, in one write."""
@@ -215,8 +221,8 @@ class StateStore:
             except OSError as exc:
                 if not self._journal_failed:  # said once: the snapshot still follows
                     log.error(
-                        "cannot append to %s (%s): a grant made now is lost if the agent "
-                        "crashes within a millisecond",
+                        "cannot append to %s (%s): what changed now (a grant, a tenant, parked "
+                        "memory) is lost if the agent crashes before the next snapshot",
                         self.journal_path,
                         exc.strerror,
                     )

@@ -263,6 +263,8 @@ class ParkingPreparer(ModelPlans):
             self._model.forget(tenant_id)
             self._waiting.pop(tenant_id, None)
             self._publish()
+            if self._host is not None:
+                self._host.persist()  # its parked record goes
 
     async def _carry_out(
         self, tenant_id: str, plan: Plan | Refusal, when: str, handed: bool = False

@@ -200,5 +200,5 @@ class LeaseService:
         self.tenancy.quarantine(tenant_id, why)
 
     def persist(self) -> None:
-        """Save the state soon (e.g. after the residency layer moved memory)."""
+        """The residency layer moved memory or forgot a tenant: journal its parking record."""
         self.state.persist()

@@ -20,6 +20,8 @@ from agent.server.metrics import AgentMetrics
 from agent.server.sessions import SessionRegistry
 from baton.contract.names import MIB
 
+CLOSE_WAIT_S = 5.0
+"""How long closing waits for the background work it cancelled to end."""
 SAVE_DELAY_S = 1.0
 """How long after a change the whole state is saved, with every change made meanwhile: at most
 one snapshot a second, never in the step of a handoff. Everything a restart needs is in the
@@ -95,6 +97,7 @@ class TurnState:
         self.unclaimed: set[str] = set()
         """Leases restored from the state that no client has named since the restart: their
         grant may never have reached the tenant (`Turns.acquire` hands one back)."""
+        self._closed = False
         self._persist_asked = False
         """`persist()` was called and its step has not journaled the parked record yet (close
         saves it then)."""
@@ -102,14 +105,18 @@ class TurnState:
     async def close(self) -> None:
         """Cancel background work and save what is due; the persisted state stays as it is."""
         self.stopping = True
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        if tasks:  # what they moved before the cancel reached them is saved below
+            await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
         self.journal_flush()
         if self._save_timer is not None:
             self._save_timer.cancel()
         if self._store is not None and (self._persist_soon or self._persist_asked):
             self._save()  # the parked record too
         self._persist_asked = False
+        self._closed = True
         if self._store is not None:
             self._store.flush()
             self._store.close()
@@ -207,10 +214,13 @@ class TurnState:
 
     def journal_grant(self, lease: Lease) -> None:
         """The grant is on disk before anyone hears of it (`agent.node.state`), with the ends
-        of the turns before it: one write."""
+        of the turns before it and, if memory moved for it (`persist`), the parking record:
+        one write."""
         ended, self._ended = self._ended, []
+        parked = self.preparer.durable() if self._persist_asked else None
+        self._persist_asked = False
         if self._store is not None:
-            self._store.record_grant(lease, ended)
+            self._store.record_grant(lease, ended, parked)
 
     def journal_end(self, lease: Lease) -> None:
         """A turn ended: written with the grant that follows in this step, or by
@@ -229,9 +239,11 @@ class TurnState:
             self._store.record_gone(tenant_id)
 
     def persist(self) -> None:
-        """The residency layer moved memory: its record of what is parked goes to the journal
-        in the next event-loop step (after a grant those moves made room for has reached its
-        tenant), and the snapshot follows within `SAVE_DELAY_S`."""
+        """The residency layer moved memory (or forgot a tenant): its record of what is parked
+        goes to the journal with the grant the moves made room for, or else in the next
+        event-loop step, and the snapshot follows within `SAVE_DELAY_S`."""
+        if self._closed:  # the last snapshot is written, the store shut
+            return
         self._persist_asked = True
         asyncio.get_running_loop().call_soon(self._persist_now)
 

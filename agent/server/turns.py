@@ -385,6 +385,7 @@ class Turns:
         if lease.lease_id not in self.table.leases:  # yielded meanwhile
             return
         _, due, resume = self.table.revoke(lease.lease_id)
+        self._state.journal_end(lease)  # written with the grant it makes room for
         live = self.table.waiters.keys() | self.table.leases.keys()
         self._resumes = {k: v for k, v in self._resumes.items() if v in live}
         self._resumes[lease.lease_id] = resume.waiter_id

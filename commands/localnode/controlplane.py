@@ -34,15 +34,22 @@ EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 def free_ports(count: int) -> tuple[int, ...]:
     """`count` loopback TCP ports nobody listens on now, for daemons to listen on.
 
-    They are drawn below the kernel's ephemeral range, from which every outgoing connection
-    takes its local port: a port the kernel hands out for listening (bind to port 0) is one of
-    those, and a connection made before the daemon binds it could take it first.
+    They are drawn outside the kernel's ephemeral range (below it, else above it), from which
+    every outgoing connection takes its local port: a port the kernel hands out for listening
+    (bind to port 0) is one of those, and a connection made before the daemon binds it could
+    take it first. A host whose ephemeral range leaves no room either side gets those.
     """
     low, high = LISTEN_PORTS
+    ephemeral = (high, 60999)
     with contextlib.suppress(OSError, ValueError, IndexError):
-        high = min(high, int(Path(EPHEMERAL_RANGE).read_text().split()[0]))
+        first, last = Path(EPHEMERAL_RANGE).read_text().split()[:2]
+        ephemeral = (int(first), int(last))
+    spans = [(low, min(high, ephemeral[0])), (ephemeral[1] + 1, 65536)]
+    span = max(spans, key=lambda s: s[1] - s[0])
+    if span[1] - span[0] < 64 * count:
+        return _kernel_ports(count)
     found: list[int] = []
-    for port in random.sample(range(low, high), max(0, min(high - low, 64 * count))):
+    for port in random.sample(range(*span), 64 * count):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
@@ -51,7 +58,20 @@ def free_ports(count: int) -> tuple[int, ...]:
         found.append(port)
         if len(found) == count:
             return tuple(found)
-    raise LocalNodeError(f"found {len(found)} of {count} free loopback ports in {low}-{high - 1}")
+    raise LocalNodeError(
+        f"found {len(found)} of {count} free loopback ports in {span[0]}-{span[1] - 1}"
+    )
+
+
+def _kernel_ports(count: int) -> tuple[int, ...]:
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return tuple(int(sock.getsockname()[1]) for sock in socks)
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 class ControlPlane:

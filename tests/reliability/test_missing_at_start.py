@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from commands.localnode.controlplane import free_ports
 from tests.e2e.processes import Daemon, poll
 from tests.harness.fakeapi import FakeApiServer
 from tests.harness.kubelet import KubeletStub
@@ -224,14 +225,8 @@ def test_the_extender_waits_for_the_api_server_and_is_not_ready_meanwhile(
     """Promised: with the API server down at start, the extender serves, says once that it is
     unreachable, answers /readyz 503, and is ready once the API server answers."""
     api, kubeconfig = down_api
-    api_port = int(api.url.rsplit(":", 1)[1])
-    for _ in range(10):  # the down API server's port is free too: the kernel may offer it
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port != api_port:
-            break
-    assert port != api_port, "no free port for the extender other than the API server's"
+    # Not one the kernel hands out: the down API server's port is free too, and was one.
+    (port,) = free_ports(1)
     args = ["extender", "--kubeconfig", str(kubeconfig), "--port", str(port)]
     extender = Daemon("extender", [*args, "--host", "127.0.0.1"], {})
     try:

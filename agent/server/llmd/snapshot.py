@@ -160,6 +160,7 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
                 await asyncio.to_thread(parking.pin, tid, want)  # it reads the state
             except BackendError as exc:
                 raise MethodMissing(str(exc)) from None
+            self._jobs.service.persist()  # the method is in the parking record
         return parking, want
 
     async def _job(self, job_id: str, group: str, context: grpc.aio.ServicerContext) -> Tenant:

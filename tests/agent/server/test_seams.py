@@ -12,6 +12,8 @@ import pytest
 from agent.client import AcquireTimeout, Baton
 from agent.core.errors import CallbackFailed
 from agent.core.residency import NoRoom
+from agent.node.state import StateStore
+from agent.server import turn_state
 from agent.wire.handshake import watch_metadata
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
@@ -93,8 +95,17 @@ def clients(seam_agent: AgentRunner) -> Iterator[dict[str, Baton]]:
         client.close()
 
 
+@pytest.fixture
+def no_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No snapshot within a test: what a restart finds is the journal's."""
+    monkeypatch.setattr(turn_state, "SAVE_DELAY_S", 60.0)
+
+
 def test_overdue_holder_is_revoked_then_resumed_first(
-    seam_agent: AgentRunner, preparer: RecordingPreparer, clients: dict[str, Baton]
+    no_snapshot: None,
+    seam_agent: AgentRunner,
+    preparer: RecordingPreparer,
+    clients: dict[str, Baton],
 ) -> None:
     a, b = clients["a"], clients["b"]
     first = a.acquire()
@@ -104,6 +115,9 @@ def test_overdue_holder_is_revoked_then_resumed_first(
     assert revoked.tenant_id == "local/a" and revoked.lease_id == first.lease_id
     waiting.join(5)
     assert b.lease is not None
+    # An agent killed now comes back with b's turn alone: the revoked one's end is journaled.
+    restarted = StateStore(seam_agent.config.state_dir).load()
+    assert [x.lease_id for x in restarted.leases] == [b.lease.lease_id]
     assert ("revoke", "local/a") in preparer.calls
     assert preparer.calls.index(("revoke", "local/a")) < preparer.calls.index(
         ("prepare", "local/b")

@@ -93,6 +93,25 @@ def test_moves_are_journaled_in_the_next_step_while_the_snapshot_waits(tmp_path:
     asyncio.run(asyncio.wait_for(moved(), 10))
 
 
+def test_moves_made_for_a_grant_are_journaled_in_the_grants_own_write(tmp_path: Path) -> None:
+    parked = {"default/b": {"GPU-x": 1024}}
+
+    async def granted() -> None:
+        agent = service(StateStore(tmp_path))
+        agent.state.preparer.durable = lambda: parked  # type: ignore[method-assign]
+        journal = tmp_path / JOURNAL_FILE
+        agent.state.persist()  # the residency layer made room for the grant below
+        await agent.acquire(tenant("a"), [GPU], timeout=5)
+        entries = [json.loads(line) for line in journal.read_text().splitlines()]
+        assert [k for e in entries[-2:] for k in e if k != "seq"] == ["parked", "grant"]
+        assert entries[-2]["parked"] == parked
+        await asyncio.sleep(0)  # the step `persist` asked for: nothing left to write
+        assert len(journal.read_text().splitlines()) == len(entries)
+        await agent.close()
+
+    asyncio.run(asyncio.wait_for(granted(), 10))
+
+
 def test_a_tenant_gone_is_journaled_at_once_while_the_snapshot_waits(tmp_path: Path) -> None:
     async def leaving() -> None:
         store = CountingStore(tmp_path)
