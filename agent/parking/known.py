@@ -395,11 +395,6 @@ class KnownNode:
             "tenants": tenants,
         }
 
-    def residency_of(self, tenant_id: str) -> dict[str, str]:
-        """One tenant's `status()["tenants"][id]["gpus"]`, from the model alone."""
-        st = self._model.states.get(tenant_id)
-        return {} if st is None else {g: r.value for g, r in sorted(st.residency.items())}
-
     async def _make_room_for_holder(self, tenant_id: str) -> None:
         """Make the holder's room during its turn (the preparer's)."""
         raise NotImplementedError

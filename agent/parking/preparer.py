@@ -48,6 +48,11 @@ class ParkingPreparer(ModelPlans):
         """The method that moves the tenant `ref` describes, attached or not (for events)."""
         return self.backend.method_for(ref)
 
+    def residency_of(self, tenant_id: str) -> dict[str, str]:
+        """One tenant's `status()["tenants"][id]["gpus"]`, from the model alone."""
+        st = self._model.states.get(tenant_id)
+        return {} if st is None else {g: r.value for g, r in sorted(st.residency.items())}
+
     def backend_for(self, method: str) -> Backend:
         """The backend that moves tenants by `method`, one of `methods()`."""
         return self.backend.backend_for(method)
