@@ -129,6 +129,20 @@ def test_a_tenant_gone_is_journaled_at_once_while_the_snapshot_waits(tmp_path: P
     asyncio.run(asyncio.wait_for(leaving(), 10))
 
 
+def test_a_tenants_process_that_ended_is_journaled_at_once(tmp_path: Path) -> None:
+    async def ended() -> None:
+        agent = service(StateStore(tmp_path))
+        pod = agent.tenants.tenants["default/a"]
+        assert agent.tenants.add_pids(pod, [4001, 4002])
+        assert not agent.tenants.add_pids(pod, [4001])  # nothing new: nothing to journal
+        agent.tenancy.session_closed("default/a", 4001, last=False)
+        restarted = StateStore(tmp_path).load()  # a crash now, before any snapshot
+        assert {t.tenant_id: sorted(t.pids) for t in restarted.tenants}["default/a"] == [4002]
+        await agent.close()
+
+    asyncio.run(asyncio.wait_for(ended(), 10))
+
+
 def test_a_save_still_due_is_written_on_close(tmp_path: Path) -> None:
     async def closing() -> LeaseService:
         agent = service(StateStore(tmp_path))
