@@ -32,7 +32,7 @@ from baton.contract.names import (
 from baton.contract.reflector import KubeSource, Reflector
 from commands.bench.fleet import make_namespace
 from commands.localnode.controlplane import ControlPlane, free_ports
-from commands.localnode.procs import Process, wait_for
+from commands.localnode.procs import LocalNodeError, Process, wait_for
 from coordinator.cluster import ClusterView, NodeStore, PlanError, PodStore
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,8 @@ NAMESPACE = "baton-bench-gang"
 TOKEN = "baton-bench-gang-token"
 GPU_MIB = 1024
 """Each node's one simulated GPU."""
+PORT_ATTEMPTS = 3
+"""How many port pairs an agent is started on before its start fails."""
 START_S = 90.0
 """How long the agents may take to start and to see their pods (2 vCPUs, 8 agents)."""
 
@@ -51,9 +53,15 @@ class GangNode:
     def __init__(self, root: Path, kubeconfig: Path, name: str, ports: tuple[int, int]) -> None:
         self.name = name
         self.gpu = fake_gpu_uuid(0, name)
+        self.root, self.kubeconfig = root, kubeconfig
         self.dir = root / name
         self.fake_dir = self.dir / "fakegpu"
         self.socket = str(self.dir / "agent.sock")
+        self.listen_on(ports)
+
+    def listen_on(self, ports: tuple[int, int]) -> None:
+        """The job-turn and HTTP ports its agent (started after this) listens on."""
+        root, kubeconfig, name = self.root, self.kubeconfig, self.name
         self.port, self.http_port = ports
         self.address = f"127.0.0.1:{self.port}"
         self.process = Process(
@@ -144,9 +152,7 @@ class GangCluster:
                 self.core.create_node(node.body())
                 node.process.start()
             for node in self.nodes:
-                wait_for(
-                    f"agent of {node.name} annotating its node", self._annotated(node), START_S
-                )
+                self._started(node)
             self._watch(api)
             yield self
         finally:
@@ -155,6 +161,23 @@ class GangCluster:
             for node in self.nodes:
                 node.process.stop()
             self.plane.close()
+
+    def _started(self, node: GangNode) -> None:
+        """Wait for the node's agent; on other ports if one of its own was taken meanwhile (they
+        were free when drawn, and something bound one before the agent did)."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                wait_for(
+                    f"agent of {node.name} annotating its node", self._annotated(node), START_S
+                )
+                return
+            except LocalNodeError as exc:
+                if "address already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
+                    raise
+            log.warning("agent of %s found a port of its taken; on other ports", node.name)
+            port, http_port = free_ports(2)
+            node.listen_on((port, http_port))
+            node.process.start()
 
     def _annotated(self, node: GangNode) -> Any:
         def probe() -> bool | None:

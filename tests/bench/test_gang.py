@@ -4,12 +4,14 @@ coordinator's arbiter in the bench."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 
 import pytest
 
 from commands.bench.gang import GangSetup
+from commands.bench.gang_nodes import GangCluster
 from commands.localnode.binaries import find_binaries, search_dirs
 
 
@@ -47,3 +49,19 @@ def test_the_bench_reports_every_figure_with_sane_values() -> None:
     assert figures["parks"] > 0 and figures["restores"] > 0  # the parks were forced
     for target in ("handoff", "skew", "efficiency", "deadlock"):
         assert isinstance(figures[f"meets_{target}_target"], bool)
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_whose_port_was_taken_before_it_bound_starts_on_other_ports(tmp_path) -> None:
+    if find_binaries() is None:
+        pytest.skip("needs Kubernetes binaries (BATON_KUBE_BIN_DIR)")
+    cluster = GangCluster(tmp_path, 2)
+    first = cluster.nodes[0]
+    drawn = first.port
+    with socket.socket() as squatter:  # binds it between the draw and the agent's start
+        squatter.bind(("127.0.0.1", drawn))
+        squatter.listen()
+        with cluster.running():
+            assert first.port != drawn
+            assert first.tenants() == set()  # its agent answers on the ports it got
+    assert "address already in use" in (tmp_path / first.name / "agent.log").read_text()
