@@ -28,6 +28,7 @@ from agent.parking.backends.base import (
     Unparkable,
 )
 from agent.parking.from_model import ModelPlans, moved_steps
+from agent.parking.view import gpu_residency
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class ParkingPreparer(ModelPlans):
     def residency_of(self, tenant_id: str) -> dict[str, str]:
         """One tenant's `status()["tenants"][id]["gpus"]`, from the model alone."""
         st = self._model.states.get(tenant_id)
-        return {} if st is None else {g: r.value for g, r in sorted(st.residency.items())}
+        return {} if st is None else gpu_residency(st)
 
     def backend_for(self, method: str) -> Backend:
         """The backend that moves tenants by `method`, one of `methods()`."""

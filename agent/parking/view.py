@@ -61,6 +61,11 @@ def tenant_view(
     )
 
 
+def gpu_residency(st: TenantState) -> dict[str, str]:
+    """GPU → where the tenant's memory is there (its status entry's `gpus`)."""
+    return {g: r.value for g, r in sorted(st.residency.items())}
+
+
 def tenant_status(
     st: TenantState,
     view: TenantView,
@@ -75,7 +80,7 @@ def tenant_status(
     when = last_turn_wall
     entry: dict[str, Any] = {
         "residency": kinds.pop().value if len(kinds) == 1 else "mixed" if kinds else "none",
-        "gpus": {g: r.value for g, r in sorted(st.residency.items())},
+        "gpus": gpu_residency(st),
         "footprint_bytes": sum(st.footprint_bytes.values()),
         "parked_bytes": st.parked_bytes,
         "method": method,

@@ -125,7 +125,8 @@ class Tenancy:
             return
         self._state.publish(ev.DISCONNECTED, tenant_id, detail=f"pid {pid}")
         self._state.tenants.drop_pid(tenant_id, pid)
-        if (left := self._state.tenants.tenants.get(tenant_id)) is not None:
+        left = self._state.tenants.tenants.get(tenant_id)
+        if left is not None and (not last or left.source == POD):  # else `_drop` journals it gone
             self._state.journal_tenant(left)  # a restart does not count that process in
         if last:
             tenant = self._state.tenants.tenants.get(tenant_id)

@@ -248,7 +248,7 @@ class TurnState:
         asyncio.get_running_loop().call_soon(self._persist_now)
 
     def _persist_now(self) -> None:
-        if not self._persist_asked:  # closed meanwhile: its snapshot took the record along
+        if not self._persist_asked:  # a grant's write or the closing snapshot took it along
             return
         self._persist_asked = False
         if self._store is not None:

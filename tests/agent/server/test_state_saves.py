@@ -1,6 +1,7 @@
 """The whole state is saved after a handoff, not in its step: once per `SAVE_DELAY_S` with every
-change made meanwhile; on close whatever is due. Moves are journaled in the next step, the
-snapshot waiting as before. A yield is answered in the step that ended the turn."""
+change made meanwhile; on close whatever is due. Moves are journaled with the grant they made
+room for, else in the next step, the snapshot waiting as before. A yield is answered in the step
+that ended the turn."""
 
 from __future__ import annotations
 
