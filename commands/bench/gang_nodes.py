@@ -61,21 +61,20 @@ class GangNode:
 
     def listen_on(self, ports: tuple[int, int]) -> None:
         """The job-turn and HTTP ports its agent (started after this) listens on."""
-        root, kubeconfig, name = self.root, self.kubeconfig, self.name
         self.port, self.http_port = ports
         self.address = f"127.0.0.1:{self.port}"
         self.process = Process(
-            f"agent-{name}",
+            f"agent-{self.name}",
             [
                 sys.executable, "-m", "baton", "agent",
-                "--node-name", name,
-                "--kubeconfig", str(kubeconfig),
+                "--node-name", self.name,
+                "--kubeconfig", str(self.kubeconfig),
                 "--socket", self.socket,
                 "--state-dir", str(self.dir / "state"),
                 "--http-host", "127.0.0.1",
                 "--http-port", str(self.http_port),
                 "--coordination-listen", self.address,
-                "--coordination-token-file", str(root / "token"),
+                "--coordination-token-file", str(self.root / "token"),
                 "--backend", "fake",
                 "--fake-gpus", str(GPU_MIB),
                 "--fake-dir", str(self.fake_dir),

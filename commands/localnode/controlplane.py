@@ -26,9 +26,11 @@ SERVICE_RANGE = "10.96.0.0/24"
 START_TIMEOUT = 60.0
 
 
-LISTEN_PORTS = (20000, 32768)
-"""Where `free_ports` looks: below the kernel's ephemeral range (32768 up by default)."""
+LISTEN_FLOOR = 20000
+"""The lowest port `free_ports` draws."""
 EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+EPHEMERAL_DEFAULT = (32768, 60999)
+"""Linux's ephemeral range, where `EPHEMERAL_RANGE` cannot be read."""
 
 
 def free_ports(count: int) -> tuple[int, ...]:
@@ -39,12 +41,10 @@ def free_ports(count: int) -> tuple[int, ...]:
     (bind to port 0) is one of those, and a connection made before the daemon binds it could
     take it first. A host whose ephemeral range leaves no room either side gets those.
     """
-    low, high = LISTEN_PORTS
-    ephemeral = (high, 60999)
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        first, last = Path(EPHEMERAL_RANGE).read_text().split()[:2]
-        ephemeral = (int(first), int(last))
-    spans = [(low, min(high, ephemeral[0])), (ephemeral[1] + 1, 65536)]
+    first, last = EPHEMERAL_DEFAULT
+    with contextlib.suppress(OSError, ValueError):
+        first, last = map(int, Path(EPHEMERAL_RANGE).read_text().split()[:2])
+    spans = [(LISTEN_FLOOR, first), (last + 1, 65536)]
     span = max(spans, key=lambda s: s[1] - s[0])
     if span[1] - span[0] < 64 * count:
         return _kernel_ports(count)

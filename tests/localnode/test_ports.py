@@ -27,7 +27,7 @@ def test_a_port_someone_listens_on_is_never_handed_out(monkeypatch, tmp_path: Pa
         ephemeral = tmp_path / "ip_local_port_range"
         ephemeral.write_text(f"{port + 64}\t65535\n")
         monkeypatch.setattr(controlplane, "EPHEMERAL_RANGE", str(ephemeral))
-        monkeypatch.setattr(controlplane, "LISTEN_PORTS", (port, port + 64))
+        monkeypatch.setattr(controlplane, "LISTEN_FLOOR", port)
         monkeypatch.setattr(  # the taken port is the first candidate
             controlplane.random, "sample", lambda ports, k: sorted(ports)[:k]
         )
