@@ -175,12 +175,15 @@ class TenantRegistry:
             self._by_pod_uid.pop(tenant.pod_uid, None)
         return tenant
 
-    def drop_pid(self, tenant_id: str, pid: int) -> None:
-        """A process of the tenant ended."""
-        self.revision += 1
+    def drop_pid(self, tenant_id: str, pid: int) -> bool:
+        """A process of the tenant ended; whether it was one of the tenant's (the tenant is
+        then journaled again)."""
         tenant = self.tenants.get(tenant_id)
-        if tenant is not None:
-            tenant.pids.discard(pid)
+        if tenant is None or pid not in tenant.pids:
+            return False
+        self.revision += 1
+        tenant.pids.discard(pid)
+        return True
 
     def add_pids(self, tenant: Tenant, pids: Iterable[int]) -> bool:
         """Processes of the tenant found by other means than a registration (llm-d's calls);

@@ -124,10 +124,11 @@ class Tenancy:
         if self._state.stopping:  # keep the tenant and its turn for the next agent
             return
         self._state.publish(ev.DISCONNECTED, tenant_id, detail=f"pid {pid}")
-        self._state.tenants.drop_pid(tenant_id, pid)
+        dropped = self._state.tenants.drop_pid(tenant_id, pid)
         left = self._state.tenants.tenants.get(tenant_id)
-        if left is not None and (not last or left.source == POD):  # else `_drop` journals it gone
-            self._state.journal_tenant(left)  # a restart does not count that process in
+        # A restart does not count that process in; a non-pod's last one: `_drop` journals it gone.
+        if dropped and left is not None and (not last or left.source == POD):
+            self._state.journal_tenant(left)
         if last:
             tenant = self._state.tenants.tenants.get(tenant_id)
             # A pod outlives its processes; one that parked itself has nothing left to park (the

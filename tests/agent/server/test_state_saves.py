@@ -139,6 +139,10 @@ def test_a_tenants_process_that_ended_is_journaled_at_once(tmp_path: Path) -> No
         agent.tenancy.session_closed("default/a", 4001, last=False)
         restarted = StateStore(tmp_path).load()  # a crash now, before any snapshot
         assert {t.tenant_id: sorted(t.pids) for t in restarted.tenants}["default/a"] == [4002]
+        revision, lines = agent.tenants.revision, journal_lines(tmp_path)
+        assert not agent.tenants.drop_pid("default/a", 4001)  # already gone: nothing changed
+        agent.tenancy.session_closed("default/a", 4001, last=False)  # a second close of it
+        assert (agent.tenants.revision, journal_lines(tmp_path)) == (revision, lines)
         await agent.close()
 
     asyncio.run(asyncio.wait_for(ended(), 10))
@@ -241,3 +245,8 @@ def test_a_yield_that_starts_no_turn_is_answered_once_its_end_is_on_disk_before_
         await agent.close()
 
     asyncio.run(asyncio.wait_for(yielding(), 10))
+
+
+def journal_lines(state_dir: Path) -> int:
+    journal = state_dir / JOURNAL_FILE
+    return len(journal.read_text().splitlines()) if journal.exists() else 0
