@@ -12,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from agent.client.connect import connected, open_session, reconnect
+from agent.client.connect import connected, open_session, reconnect, usable
 from agent.client.errors import AgentUnavailable, BatonError, LeaseLost, from_status
 from agent.client.links import TRANSPORTS, SessionLink
 from agent.client.parked import Moves, restore_with_grant, restores_itself
@@ -113,6 +113,7 @@ class AsyncBaton:
 
     async def connect(self) -> None:
         """Open the session (done by the first `acquire` if not called)."""
+        usable(self._closing, self._supervisor)
         if self._supervisor is not None:
             return
         self._connected = asyncio.Event()
@@ -262,8 +263,7 @@ class AsyncBaton:
 
     async def _ready(self, wait: float) -> None:
         """Return once the session is open; `AgentUnavailable` if not within `wait` seconds."""
-        if self._supervisor is None:
-            await self.connect()
+        await self.connect()
         assert self._connected is not None and self._supervisor is not None
         reconnecting = self._reconnect and not self._supervisor.done()
         await connected(self._connected, reconnecting, wait, self.socket)

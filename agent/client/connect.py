@@ -135,6 +135,18 @@ async def _open_grpc(
     return Opened(GrpcLink(channel, call, socket), reply.tenant, token)
 
 
+def usable(closed: bool, session: asyncio.Task[None] | None) -> None:
+    """`BatonError` if an `AsyncBaton` cannot serve a call here: it was closed, or its session
+    runs on another event loop (an earlier `asyncio.run`)."""
+    if closed:
+        raise BatonError("this AsyncBaton client is closed; create a new one")
+    if session is not None and session.get_loop() is not asyncio.get_running_loop():
+        raise BatonError(
+            "this AsyncBaton client was connected on another event loop (each asyncio.run() "
+            "starts a new one); create a client per event loop"
+        )
+
+
 async def connected(is_open: asyncio.Event, reconnecting: bool, wait: float, socket: str) -> None:
     """Return once `is_open` is set; `AgentUnavailable` if not within `wait` seconds or if the
     session is broken and no reconnect is under way."""

@@ -1,0 +1,46 @@
+"""A tenant's first-day mistakes: a client used after close, on another event loop, in a forked
+child. Each gets a one-line error that names it, and none costs another tenant its turn."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent.client import AsyncBaton, BatonError
+from tests.harness.agent import AgentRunner
+
+pytestmark = pytest.mark.timeout(60)
+WAIT_S = 10.0
+"""Bound on every wait in these tests."""
+
+
+def test_async_client_used_after_close_says_so_and_holds_nothing(agent: AgentRunner) -> None:
+    async def scenario() -> None:
+        never = AsyncBaton(agent.socket, ["GPU-0"], name="never")
+        await never.close()
+        used = AsyncBaton(agent.socket, ["GPU-0"], name="used")
+        await used.acquire(timeout=WAIT_S)
+        await used.yield_()
+        await used.close()
+        for closed in (never, used):
+            with pytest.raises(BatonError, match="closed; create a new one"):
+                await asyncio.wait_for(closed.acquire(timeout=1), WAIT_S)
+        async with AsyncBaton(agent.socket, ["GPU-0"], name="next") as other:
+            await other.acquire(timeout=WAIT_S)  # nobody holds GPU-0 for a closed client
+            await other.yield_()
+
+    asyncio.run(scenario())
+    assert "local/never" not in agent.status()["tenants"]
+
+
+def test_async_client_on_a_second_event_loop_says_so(agent: AgentRunner) -> None:
+    baton = AsyncBaton(agent.socket, ["GPU-0"], name="loops", keep_turns=False)
+
+    async def step() -> None:
+        async with baton.turn(timeout=WAIT_S):
+            pass
+
+    asyncio.run(step())
+    with pytest.raises(BatonError, match="another event loop"):
+        asyncio.run(asyncio.wait_for(step(), WAIT_S))
