@@ -23,6 +23,7 @@ from agent.client.call_link import CallLink
 from agent.client.callback_runner import CLOSE_WAIT_S, CallbackRunner, CallbackTiming
 from agent.client.connect import CLIENT_VERSION
 from agent.client.errors import AgentUnavailable, BatonError, from_status
+from agent.client.owner import SessionOwner
 from agent.client.session_core import SessionCore
 from agent.client.timers import Keeper
 from agent.client.types import Callback, Identity, LeaseInfo, add_callbacks
@@ -84,6 +85,7 @@ class BlockingSession:
         self._disconnected = threading.Event()
         """Set while the session is broken (the opposite of `_connected`, to wait on)."""
         self._closed = threading.Event()
+        self._owner = SessionOwner()
         self._connect_lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._call_lock = threading.Lock()
@@ -136,6 +138,7 @@ class BlockingSession:
             if self._reader is not None:
                 return
             reader = self._open()
+            self._owner.opened()
             atexit.register(self._at_exit)
             self._reader = threading.Thread(
                 target=self._supervise, args=(reader,), name="baton-client", daemon=True
@@ -169,16 +172,12 @@ class BlockingSession:
             if first is not None and first.HasField("refused"):
                 raise from_status(first.refused.code, first.refused.message, self.socket)
             raise AgentUnavailable(f"the Baton agent at {self.socket} closed the session")
-        sock.settimeout(self._tick())
+        sock.settimeout(max(0.01, min(1.0, self._renew_interval / 2)))  # looks up to renew
         with self._state:
             self._sock, self._token, self.tenant = sock, token, first.welcome.tenant
             self._disconnected.clear()
         self._connected.set()
         return reader
-
-    def _tick(self) -> float:
-        """How often the reader thread looks up from the socket to renew the turn."""
-        return max(0.01, min(1.0, self._renew_interval / 2))
 
     def _supervise(self, reader: framing.BlockingReader) -> None:
         """The reader thread: serve the session; after it breaks, reconnect and serve again."""
@@ -382,6 +381,8 @@ class BlockingSession:
         """
         self._closed.set()
         atexit.unregister(self._at_exit)
+        if self._owner.forked():  # a forked child's copy: the parent's session goes on
+            return
         self._keeper.close()
         self._callbacks_run.close(self.close_wait)
         with self._state:
@@ -395,6 +396,5 @@ class BlockingSession:
 
 def _close_at_exit(session: weakref.ref[BlockingSession]) -> None:
     """Close a session the program left open, so no callback runs while the interpreter ends."""
-    live = session()
-    if live is not None:
+    if (live := session()) is not None:
         live.close()

@@ -83,6 +83,7 @@ class Baton(BlockingSession):
         grant arrives, before this returns (the agent may leave that restore to it); a restore
         that fails gives the turn back and raises `BatonError` naming the GPU.
         """
+        self._owner.check()
         if self.lease is not None:  # (a park meanwhile was a revocation's: not undone here)
             return self.lease
         with self._state:
@@ -118,6 +119,7 @@ class Baton(BlockingSession):
 
     def yield_(self) -> None:
         """End the turn. Parking is lazy: memory moves only if the next tenant needs the room."""
+        self._owner.check()
         with self._state:
             gpus = self._core.parks_at_yield()
         parked = self._callbacks_run.park_for_yield(gpus) if gpus else {}

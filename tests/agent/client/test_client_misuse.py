@@ -4,10 +4,16 @@ child. Each gets a one-line error that names it, and none costs another tenant i
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from agent.client import AsyncBaton, BatonError
+from baton.contract.names import ENV_AGENT_SOCKET, ENV_GPUS
 from tests.harness.agent import AgentRunner
 
 pytestmark = pytest.mark.timeout(60)
@@ -44,3 +50,30 @@ def test_async_client_on_a_second_event_loop_says_so(agent: AgentRunner) -> None
     asyncio.run(step())
     with pytest.raises(BatonError, match="another event loop"):
         asyncio.run(asyncio.wait_for(step(), WAIT_S))
+
+
+def test_a_forked_child_neither_uses_nor_ends_the_parents_session(agent: AgentRunner) -> None:
+    script = Path(__file__).with_name("fork_tenant.py")
+    env = {**os.environ, ENV_AGENT_SOCKET: agent.socket, ENV_GPUS: "GPU-0"}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "forker"],
+        env=env,
+        text=True,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        out, _ = proc.communicate(timeout=45)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(WAIT_S)
+    lines = out.splitlines()
+    for call in ("acquire", "yield"):
+        assert (
+            f"child {call} raised BatonError: this Baton client's session belongs to "
+            f"process {proc.pid}, which forked" in out
+        ), out
+    assert "child exited 0" in lines and "parent yielded" in lines, out
+    assert "lost" not in out, out
