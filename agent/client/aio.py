@@ -276,8 +276,8 @@ class AsyncBaton:
         """Wait for the turn on all the tenant's GPUs (or `gpus`); `AcquireTimeout` if too long.
         With an on_restore callback, whatever this process parked is restored before this
         returns (as `Baton.acquire` does)."""
-        if self.lease is not None:  # (a park meanwhile was a revocation's: not undone here)
-            return self.lease
+        if (held := self._core.held(gpus)) is not None:  # (a park meanwhile: a revocation's)
+            return held
         if (kept := self._core.take_kept(gpus)) is not None:
             self._rearm()
             return kept

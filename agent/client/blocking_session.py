@@ -66,8 +66,7 @@ class BlockingSession:
         """The job whose turn `acquire` takes across its nodes ("": the pod's own, if any)."""
         self._registration = me.registration
         self._callbacks: dict[str, Callback] = {}
-        self._connect_timeout = connect_timeout
-        self._renew_interval = renew_interval
+        self._connect_timeout, self._renew_interval = connect_timeout, renew_interval
         self._reconnect = reconnect
         self.tenant: pb.Tenant | None = None
         """This tenant as the agent knows it (after connecting)."""
@@ -86,10 +85,11 @@ class BlockingSession:
         """Set while the session is broken (the opposite of `_connected`, to wait on)."""
         self._closed = threading.Event()
         self._owner = SessionOwner()
-        self._connect_lock = threading.Lock()
-        self._send_lock = threading.Lock()
+        self._connect_lock, self._send_lock = threading.Lock(), threading.Lock()
         self._call_lock = threading.Lock()
         """One request at a time on the call link; calls from several threads queue here."""
+        self._acquiring = threading.Lock()
+        """One acquire at a time: one made while another thread's waits takes the same grant."""
         self._link: CallLink | None = None
         self._state = threading.RLock()
         """Guards the core, the calls and the socket, shared by the caller and the reader."""

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
-from agent.client.errors import BatonError, LeaseLost, NotHolding
+from agent.client.errors import BatonError, LeaseLost, NotHolding, Refused
 from agent.client.types import LeaseInfo
 from baton._pb import agent_pb2 as pb
 
@@ -116,6 +116,17 @@ class SessionCore:
         return self.lease is not None or self.resuming
 
     # The caller's calls.
+
+    def held(self, gpus: Sequence[str] | None) -> LeaseInfo | None:
+        """The turn held now, which an acquire returns at once; `Refused` if the acquire names
+        other GPUs than it covers."""
+        lease = self.lease
+        if lease is not None and gpus and set(gpus) != set(lease.gpus):
+            raise Refused(
+                f"acquire(gpus={sorted(gpus)}) while this client holds a turn on "
+                f"{list(lease.gpus)}: yield_() it first"
+            )
+        return lease
 
     def granted(self, lease: LeaseInfo, asked: Sequence[str] | None = None) -> LeaseInfo:
         """An acquire (for `asked`, or all the tenant's GPUs) was answered: the turn is held,

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 from agent.client.blocking_session import BlockingSession
 from agent.client.call_link import CallLink, NotSent
-from agent.client.errors import AgentUnavailable, BatonError, LeaseLost
+from agent.client.errors import AcquireTimeout, AgentUnavailable, BatonError, LeaseLost
 from agent.client.parked import given_back
 from agent.client.session_core import acquire_request
 from agent.client.types import REPLY_TIMEOUT_S, LeaseInfo, reply_wait
@@ -84,8 +84,23 @@ class Baton(BlockingSession):
         that fails gives the turn back and raises `BatonError` naming the GPU.
         """
         self._owner.check()
-        if self.lease is not None:  # (a park meanwhile was a revocation's: not undone here)
-            return self.lease
+        if (held := self._core.held(gpus)) is not None:  # (a park meanwhile: a revocation's)
+            return held
+        start = time.monotonic()
+        if not self._acquiring.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            raise AcquireTimeout(
+                "no turn within the timeout; it waited because another thread's acquire on "
+                "this client was still waiting"
+            )
+        try:
+            if (held := self._core.held(gpus)) is not None:  # that thread's turn: shared
+                return held
+            left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+            return self._acquire(left, gpus)
+        finally:
+            self._acquiring.release()
+
+    def _acquire(self, timeout: float | None, gpus: Sequence[str] | None) -> LeaseInfo:
         with self._state:
             if (kept := self._core.take_kept(gpus)) is None:  # not taken back: yielded first
                 self._yield_kept(self._core.give_back())

@@ -8,11 +8,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from agent.client import AsyncBaton, BatonError
+from agent.client import AcquireTimeout, AsyncBaton, Baton, BatonError, Refused
 from baton.contract.names import ENV_AGENT_SOCKET, ENV_GPUS
 from tests.harness.agent import AgentRunner
 
@@ -77,3 +79,42 @@ def test_a_forked_child_neither_uses_nor_ends_the_parents_session(agent: AgentRu
         ), out
     assert "child exited 0" in lines and "parent yielded" in lines, out
     assert "lost" not in out, out
+
+
+def test_acquire_while_holding_other_gpus_is_refused(agent: AgentRunner) -> None:
+    with Baton(agent.socket, "GPU-0,GPU-1", name="two") as baton:
+        lease = baton.acquire(timeout=WAIT_S, gpus=["GPU-0"])
+        assert baton.acquire(timeout=WAIT_S, gpus=["GPU-0"]) == lease  # the same ask: held
+        with pytest.raises(Refused, match=r"holds a turn on \['GPU-0'\]: yield_\(\) it first"):
+            baton.acquire(timeout=WAIT_S, gpus=["GPU-1"])
+        baton.yield_()
+
+    async def scenario() -> None:
+        async with AsyncBaton(agent.socket, "GPU-0,GPU-1", name="two-async") as baton:
+            await baton.acquire(timeout=WAIT_S, gpus=["GPU-1"])
+            with pytest.raises(Refused, match=r"holds a turn on \['GPU-1'\]"):
+                await baton.acquire(timeout=WAIT_S, gpus=["GPU-0"])
+            await baton.yield_()
+
+    asyncio.run(scenario())
+
+
+def test_threads_of_one_client_share_the_turn_one_waits_for(agent: AgentRunner) -> None:
+    with (
+        Baton(agent.socket, ["GPU-0"], name="holder") as holder,
+        Baton(agent.socket, ["GPU-0"], name="shared") as shared,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        holder.acquire(timeout=WAIT_S)
+        mark = agent.mark()
+        first = pool.submit(shared.acquire, WAIT_S)
+        agent.wait_event(lambda e: e.kind == "queued" and e.tenant_id == "local/shared", 5, mark)
+        started = time.monotonic()
+        with pytest.raises(AcquireTimeout) as late:  # bounded by its own timeout, not the other's
+            shared.acquire(timeout=0.2)
+        assert time.monotonic() - started < 5
+        assert late.value.reason == "another thread's acquire on this client was still waiting"
+        second = pool.submit(shared.acquire, WAIT_S)
+        holder.yield_()
+        assert first.result(WAIT_S) == second.result(WAIT_S) == shared.lease
+        shared.yield_()
