@@ -14,7 +14,8 @@
 callback of `on_step_begin` and ends after the last callback of the step's last event
 (`on_step_end`, or the logging, evaluation and saving the step's control asks for, or
 `on_train_end` after the last step), whatever the callbacks' order, so TRL's own callbacks
-(`SyncRefModelCallback`) and the user's run inside it. Needs transformers
+(`SyncRefModelCallback`) and the user's run inside it; a step that raises gives its turn back as
+the exception leaves `trainer.train()`. Needs transformers
 (`pip install 'baton-gpu[trl]'`).
 """
 
@@ -29,6 +30,7 @@ from typing import Any, TypeVar
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from agent.client.errors import BatonError
 from agent.client.sync import Baton
 from agent.client.torch import TorchParker
 
@@ -129,6 +131,7 @@ class BatonCallback(TrainerCallback):
             trainer = _is_trainer(source)
             if trainer:
                 self._wire(source.callback_handler)
+                self._guard(source)
             if self.parker is None:
                 continue
             found = [source.model, getattr(source, "ref_model", None)] if trainer else [source]
@@ -163,6 +166,25 @@ class BatonCallback(TrainerCallback):
         handler.call_event = call_event
         handler._baton_turns = self
         self._wired = True
+
+    def _guard(self, trainer: Any) -> None:
+        """Wrap the trainer's `train`: a step that raises (an error, a KeyboardInterrupt) fires
+        no later event, so its turn is given back as the exception leaves `train`."""
+        train = trainer.train
+        if getattr(train, "_baton_turns", None) is self:
+            return
+
+        @functools.wraps(train)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return train(*args, **kwargs)
+            except BaseException:
+                with contextlib.suppress(BatonError):  # the step's own error is the one to see
+                    self.end()
+                raise
+
+        guarded._baton_turns = self  # type: ignore[attr-defined]
+        trainer.train = guarded
 
     def off_turn(self, fn: F) -> F:
         """Wrap a plain-Python reward function so the GPU goes to another job while it runs."""

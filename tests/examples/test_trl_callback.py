@@ -146,3 +146,32 @@ def test_a_callback_whose_trainer_was_not_watched_says_so_and_still_takes_turns(
     assert "call watch(trainer)" in caplog.text and callback.holding
     callback.on_step_end(args, state, control)  # nothing follows: the turn ends here
     assert not callback.holding and baton.events == ["acquire", "yield"]
+
+
+@needs_trl
+@pytest.mark.timeout(120)
+def test_a_step_that_raises_gives_its_turn_back_as_train_raises(tmp_path: Path) -> None:
+    from agent.client.trl import BatonCallback
+    from agent.examples.trl_train.jobs import TrlConfig, deterministic, trainer
+
+    deterministic()
+    baton = Recorder()
+    callback = BatonCallback(baton)  # type: ignore[arg-type]
+    config = TrlConfig(kind="grpo", seed=3, batch=4, group=4, accumulation=1, iterations=1)
+    with callback.turn():
+        job = trainer(config, 3, tmp_path, [callback], None)
+        callback.watch(job)
+        callback.watch(job)  # twice: still one guard
+    forwards: list[bool] = []
+
+    def fail_in_the_second_step(module: Any, args: Any) -> None:
+        forwards.append(callback.holding)
+        if len(baton.events) > 4:  # the first step's acquire and yield were made
+            raise RuntimeError("the loss went wrong")
+
+    job.model.register_forward_pre_hook(fail_in_the_second_step)
+    with pytest.raises(RuntimeError, match="the loss went wrong"):
+        job.train()
+    assert all(forwards) and not callback.holding
+    assert baton.events[-2:] == ["acquire", "yield"]  # the failed step's turn, given back
+    assert baton.events.count("acquire") == baton.events.count("yield")
