@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 from agent.core import events as ev
-from agent.core.errors import Quarantined, TenantGone
+from agent.core.errors import InvalidRegistration, Quarantined, TenantGone
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.base import TenantRef
 from agent.parking.methods import parks_itself
@@ -84,6 +85,7 @@ class Tenancy:
 
     def register(self, pid: int, uid: int, request: pb.RegisterRequest) -> Tenant:
         """Register a local tenant's process."""
+        self._check_gpus(request.gpus)
         tenant = self._state.tenants.register_local(
             pid=pid,
             uid=uid,
@@ -102,6 +104,17 @@ class Tenancy:
         )
         self._turns.changed()
         return tenant
+
+    def _check_gpus(self, gpus: Sequence[str]) -> None:
+        """`InvalidRegistration` for GPUs the node does not have, where the agent knows its GPUs
+        (a parking backend; `--backend none` takes any name)."""
+        known = self._state.parking.gpu_memory if self._state.parking is not None else {}
+        unknown = [gpu for gpu in gpus if known and gpu not in known]
+        if unknown:
+            raise InvalidRegistration(
+                f"{', '.join(unknown)}: not a GPU of this node "
+                f"(it has {', '.join(sorted(known))}); check BATON_GPUS"
+            )
 
     def session_opened(self, tenant_id: str, pid: int) -> None:
         """A tenant process opened its session: its processes are found again before a move."""

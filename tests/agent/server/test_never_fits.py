@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from agent.client import Baton, Refused
+from agent.client import Baton, InvalidRequest, Refused
 from agent.parking.setup import ParkingOptions
 from baton.contract.names import fake_gpu_uuid
 from tests.harness.agent import AgentRunner
@@ -35,4 +35,19 @@ def test_a_tenant_larger_than_its_gpu_is_refused_at_once(workdir: str) -> None:
     finally:
         big.close()
         small.close()
+        agent.stop()
+
+
+def test_a_tenant_naming_a_gpu_the_node_lacks_is_refused_when_it_registers(workdir: str) -> None:
+    parking = ParkingOptions(backend="fake", fake_gpus="2x100", fake_dir=f"{workdir}/gpus")
+    agent = AgentRunner(workdir, parking=parking).start()
+    lost = Baton(agent.config.socket, [GPU, "GPU-0"], name="lost", gpu_memory_mib=10)
+    try:
+        with pytest.raises(InvalidRequest) as refused:
+            lost.acquire(timeout=10.0)
+        said = f"GPU-0: not a GPU of this node (it has {GPU}, {fake_gpu_uuid(1)}); check BATON_GPUS"
+        assert str(refused.value).splitlines() == [said], refused.value
+        assert "local/lost" not in agent.status()["tenants"]
+    finally:
+        lost.close()
         agent.stop()
