@@ -32,18 +32,37 @@ class Recorder:
         pass
 
 
+def recorded() -> tuple[Recorder, Any]:
+    """A `BatonCallback` over a `Recorder`, the example job's randomness fixed."""
+    from agent.client.trl import BatonCallback
+    from agent.examples.trl_train.jobs import deterministic
+
+    deterministic()
+    baton = Recorder()
+    return baton, BatonCallback(baton)  # type: ignore[arg-type]
+
+
+def watched(
+    callback: Any, config: Any, steps: int, workdir: Path, callbacks: list[Any], wrap: Any
+) -> Any:
+    """The example job's trainer, built inside a turn (it places the model) and watched."""
+    from agent.examples.trl_train.jobs import trainer
+
+    with callback.turn():
+        job = trainer(config, steps, workdir, callbacks, wrap)
+        callback.watch(job)
+    return job
+
+
 @needs_trl
 @pytest.mark.timeout(120)
 def test_every_device_phase_of_a_grpo_step_is_inside_a_turn(tmp_path: Path) -> None:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from transformers import TrainerCallback
 
-    from agent.client.trl import BatonCallback
-    from agent.examples.trl_train.jobs import TrlConfig, deterministic, trainer
+    from agent.examples.trl_train.jobs import TrlConfig
 
-    deterministic()
-    baton = Recorder()
-    callback = BatonCallback(baton)  # type: ignore[arg-type]
+    baton, callback = recorded()
     outside: list[str] = []
     rewards: list[bool] = []
 
@@ -62,9 +81,7 @@ def test_every_device_phase_of_a_grpo_step_is_inside_a_turn(tmp_path: Path) -> N
     config = TrlConfig(
         kind="grpo", seed=3, batch=4, group=4, accumulation=2, iterations=2, off_s=0.001
     )
-    with callback.turn():
-        job = trainer(config, 3, tmp_path, [Probe(), callback], wrap)
-        callback.watch(job)
+    job = watched(callback, config, 3, tmp_path, [Probe(), callback], wrap)
     for module in (job.model, job.ref_model):
         module.register_forward_pre_hook(
             lambda m, a: None if callback.holding else outside.append("forward")
@@ -94,7 +111,7 @@ def test_callbacks_before_and_after_batons_and_trls_reference_sync_run_inside_th
     from trl.trainer.callbacks import SyncRefModelCallback
 
     from agent.client.trl import BatonCallback
-    from agent.examples.trl_train.jobs import TrlConfig, deterministic, trainer
+    from agent.examples.trl_train.jobs import TrlConfig, deterministic
 
     deterministic()
     callback = BatonCallback(Recorder())  # type: ignore[arg-type]
@@ -121,9 +138,7 @@ def test_callbacks_before_and_after_batons_and_trls_reference_sync_run_inside_th
 
     monkeypatch.setattr(SyncRefModelCallback, "sync_target_model", staticmethod(recorded_sync))
     config = TrlConfig(kind="grpo", seed=4, batch=4, group=4, sync_ref_steps=1, log_steps=3)
-    with callback.turn():
-        job = trainer(config, 4, tmp_path, [Early(), callback, Late()], callback.off_turn)
-        callback.watch(job)
+    job = watched(callback, config, 4, tmp_path, [Early(), callback, Late()], callback.off_turn)
     built.append(job)
     job.train()
     assert seen == {key: [True] * 4 for key in seen}
@@ -151,17 +166,12 @@ def test_a_callback_whose_trainer_was_not_watched_says_so_and_still_takes_turns(
 @needs_trl
 @pytest.mark.timeout(120)
 def test_a_step_that_raises_gives_its_turn_back_as_train_raises(tmp_path: Path) -> None:
-    from agent.client.trl import BatonCallback
-    from agent.examples.trl_train.jobs import TrlConfig, deterministic, trainer
+    from agent.examples.trl_train.jobs import TrlConfig
 
-    deterministic()
-    baton = Recorder()
-    callback = BatonCallback(baton)  # type: ignore[arg-type]
+    baton, callback = recorded()
     config = TrlConfig(kind="grpo", seed=3, batch=4, group=4, accumulation=1, iterations=1)
-    with callback.turn():
-        job = trainer(config, 3, tmp_path, [callback], None)
-        callback.watch(job)
-        callback.watch(job)  # twice: still one guard
+    job = watched(callback, config, 3, tmp_path, [callback], None)
+    callback.watch(job)  # twice: still one guard
     forwards: list[bool] = []
 
     def fail_in_the_second_step(module: Any, args: Any) -> None:
