@@ -70,7 +70,13 @@ def _fake(i: BuildInputs) -> tuple[Backend, dict[str, int]]:
     from agent.parking.backends.fake import FakeBackend
 
     gpus, o = i.simulated(), i.opts
-    return FakeBackend(o.fake_dir, gpus, o.fake_scale, o.pcie_gbps or None, o.lock_timeout_s), gpus
+    try:
+        backend = FakeBackend(o.fake_dir, gpus, o.fake_scale, o.pcie_gbps or None, o.lock_timeout_s)
+    except OSError as exc:
+        raise BackendUnavailable(
+            f"--fake-dir {o.fake_dir}: cannot keep simulated device memory there ({exc.strerror})"
+        ) from None
+    return backend, gpus
 
 
 def _cuda(i: BuildInputs) -> tuple[Backend, dict[str, int]]:

@@ -10,10 +10,16 @@ import typer
 from agent.core.policy import DEFAULT_QUEUE_POLICY
 from agent.parking.methods import CUDA, NONE, PLAIN, described
 from commands.cli.agent_settings import AgentSettings, command_options, env_of
-from commands.cli.options import AsJson, echo_figures, setup_logging
+from commands.cli.options import AsJson, check_address, echo_figures, setup_logging
 
 if TYPE_CHECKING:
     from agent.assembly import AgentConfig
+
+
+ABOVE_ZERO = ("max_hold", "move_timeout", "driver_call_timeout", "slowest_copy_gbps", "fake_scale")
+"""The settings that mean nothing at zero or below (seconds, rates, a scale)."""
+ADDRESSES = ("llmd_listen", "coordination_listen", "coordination_advertise", "coordinator")
+"""The settings that are HOST:PORT (or empty: off)."""
 
 
 def _queue_policy(queue_policy: str | None, deprecated: str | None) -> str:
@@ -60,8 +66,13 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
     from agent.parking.setup import ParkingOptions
     from agent.server.llmd.groups import Groups, GroupSpecError
 
-    if s.driver_call_timeout <= 0 or s.slowest_copy_gbps <= 0:
-        raise typer.BadParameter("--driver-call-timeout and --slowest-copy-gbps must be above 0")
+    for name in ABOVE_ZERO:
+        if getattr(s, name) <= 0:
+            raise typer.BadParameter(
+                f"{getattr(s, name)} is not above 0", param_hint=f"--{name.replace('_', '-')}"
+            )
+    for name in ADDRESSES:
+        check_address(getattr(s, name), f"--{name.replace('_', '-')}")
     order = _queue_policy(s.queue_policy, s.policy)
     if order not in QUEUE_POLICIES:
         choices = ", ".join(QUEUE_POLICIES)
@@ -90,7 +101,7 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
         fair=fair,
         max_hold=s.max_hold,
         reconnect_grace=s.reconnect_grace,
-        socket_mode=int(s.socket_mode, 8),
+        socket_mode=_socket_mode(s.socket_mode),
         node_name=s.node_name,
         allow_local_tenants=s.allow_local_tenants,
         kubeconfig=s.kubeconfig,
@@ -113,6 +124,19 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
             slowest_copy_gbps=s.slowest_copy_gbps,
         ),
     )
+
+
+def _socket_mode(mode: str) -> int:
+    """`--socket-mode` as a number: octal permission bits, e.g. 0660."""
+    try:
+        bits = int(mode, 8)
+    except ValueError:
+        bits = -1
+    if not 0 <= bits <= 0o777:
+        raise typer.BadParameter(
+            f"{mode!r} is no octal file mode (e.g. 0660)", param_hint="--socket-mode"
+        )
+    return bits
 
 
 def _coordination_token(listen: str, path: str) -> str:

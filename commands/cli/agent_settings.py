@@ -16,23 +16,34 @@ from agent.core.policy import DEFAULT_QUEUE_POLICY
 from agent.parking.methods import CHOICES, NONE, described
 from baton.contract import names
 from baton.contract.shutdown import DEFAULT_GRACE_S
-from commands.cli.options import Kubeconfig, LogLevel
+from commands.cli.options import PORT_MAX, Kubeconfig, LogLevel
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
 class Flag:
-    """How one setting is given: its environment variable, help, and whether `--help` lists it."""
+    """How one setting is given: its environment variable, help, whether `--help` lists it, and
+    the lowest and highest values it takes (None: no bound)."""
 
     env: str
     help: str | None = None
     hidden: bool = False
+    min: float | None = None
+    max: float | None = None
 
 
-def setting(default: Any, env: str, help: str | None = None, *, hidden: bool = False) -> Any:
+def setting(
+    default: Any,
+    env: str,
+    help: str | None = None,
+    *,
+    hidden: bool = False,
+    min: float | None = None,
+    max: float | None = None,
+) -> Any:
     """A settings field: its default and how it is given (`Flag`)."""
-    return field(default=default, metadata={"flag": Flag(env, help, hidden)})
+    return field(default=default, metadata={"flag": Flag(env, help, hidden, min, max)})
 
 
 def shared(option: Any, default: Any) -> Any:
@@ -51,8 +62,12 @@ class AgentSettings:
         names.AGENT_STATE_DIR, "BATON_AGENT_STATE_DIR", "Durable state directory."
     )
     http_host: str = setting("0.0.0.0", "BATON_AGENT_HTTP_HOST")
-    http_port: int = setting(names.PORT_AGENT, "BATON_AGENT_HTTP_PORT", "Status/metrics; 0 = any.")
-    debug_tcp_port: int = setting(0, "BATON_AGENT_DEBUG_TCP_PORT", "Also on 127.0.0.1; 0 = off.")
+    http_port: int = setting(
+        names.PORT_AGENT, "BATON_AGENT_HTTP_PORT", "Status/metrics; 0 = any.", min=0, max=PORT_MAX
+    )
+    debug_tcp_port: int = setting(
+        0, "BATON_AGENT_DEBUG_TCP_PORT", "Also on 127.0.0.1; 0 = off.", min=0, max=PORT_MAX
+    )
 
     # Who takes the next turn, and for how long.
     queue_policy: str | None = setting(
@@ -86,7 +101,7 @@ class AgentSettings:
         None, "BATON_AGENT_POLICY", "Deprecated alias of --queue-policy.", hidden=True
     )
     max_hold: float = setting(60.0, "BATON_AGENT_MAX_HOLD", "Seconds before revocation.")
-    reconnect_grace: float = setting(10.0, "BATON_AGENT_RECONNECT_GRACE", "After a restart.")
+    reconnect_grace: float = setting(10.0, "BATON_AGENT_RECONNECT_GRACE", "After a restart.", min=0)
     socket_mode: str = setting("0660", "BATON_AGENT_SOCKET_MODE", "Octal mode of the sockets.")
 
     # Parking.
@@ -102,9 +117,11 @@ class AgentSettings:
     fake_dir: str = setting(
         names.DEFAULT_FAKE_GPU_DIR, names.ENV_FAKE_GPU_DIR, "Simulated device memory files."
     )
-    pcie_gbps: float = setting(0.0, names.ENV_PCIE_GBPS, "Modelled GB/s of a fake move; 0 = off.")
+    pcie_gbps: float = setting(
+        0.0, names.ENV_PCIE_GBPS, "Modelled GB/s of a fake move; 0 = off.", min=0
+    )
     host_memory_budget: int = setting(
-        0, names.ENV_HOST_MEMORY_BUDGET, "MiB for parked memory; 0 = auto."
+        0, names.ENV_HOST_MEMORY_BUDGET, "MiB for parked memory; 0 = auto.", min=0
     )
     headroom: int | None = setting(
         None,
@@ -112,6 +129,7 @@ class AgentSettings:
         "MiB kept free on each GPU (and needed free beyond a restore's bytes); "
         "default: the most its methods want (cuda 1024; app on real GPUs room for what its "
         "parked tenants leave there), else 0.",
+        min=0,
     )
     move_timeout: float = setting(5.0, names.ENV_MOVE_TIMEOUT, "Seconds for a lock or callback.")
     driver_call_timeout: float = setting(
@@ -139,7 +157,10 @@ class AgentSettings:
     kubeconfig: str | None = shared(Kubeconfig, None)
     proc_root: str = setting("/proc", "BATON_PROC_ROOT", "The host's /proc (PID → pod).")
     shutdown_grace: float = setting(
-        DEFAULT_GRACE_S, "BATON_AGENT_SHUTDOWN_GRACE", "Seconds in-flight RPCs get on SIGTERM."
+        DEFAULT_GRACE_S,
+        "BATON_AGENT_SHUTDOWN_GRACE",
+        "Seconds in-flight RPCs get on SIGTERM.",
+        min=0,
     )
 
     # llm-d's time-slicing API.
@@ -198,7 +219,9 @@ def command_options(settings: type[Any]) -> Callable[[F], F]:
     parameters = []
     for each in dataclasses.fields(settings):
         flag = flag_of(each)
-        option = typer.Option(envvar=flag.env, help=flag.help, hidden=flag.hidden)
+        option = typer.Option(
+            envvar=flag.env, help=flag.help, hidden=flag.hidden, min=flag.min, max=flag.max
+        )
         parameters.append(
             inspect.Parameter(
                 each.name,

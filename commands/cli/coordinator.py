@@ -9,7 +9,14 @@ from typing import Annotated
 import typer
 
 from baton.contract import names
-from commands.cli.options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
+from commands.cli.options import (
+    AsJson,
+    Kubeconfig,
+    LogLevel,
+    check_address,
+    echo_figures,
+    setup_logging,
+)
 
 POLICIES = ("fifo", "fair")
 
@@ -89,6 +96,8 @@ def coordinator(
         check_timing(lease_duration, renew_deadline, retry_period)
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--lease-duration") from None
+    check_address(llmd_listen, "--llmd-listen")
+    check_address(http_listen, "--http-listen")
     if prepare_timeout <= 0:
         raise typer.BadParameter("must be above 0 seconds", param_hint="--prepare-timeout")
     if not token_file:
@@ -96,7 +105,9 @@ def coordinator(
     try:
         token = Path(token_file).read_text().strip()
     except OSError as err:
-        raise typer.BadParameter(f"cannot read {token_file} ({err.strerror})") from None
+        raise typer.BadParameter(
+            f"cannot read {token_file} ({err.strerror})", param_hint="--token-file"
+        ) from None
     if not token:
         raise typer.BadParameter(f"{token_file} is empty", param_hint="--token-file")
     setup_logging(log_level)

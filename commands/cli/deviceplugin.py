@@ -11,6 +11,7 @@ from baton.contract.shutdown import DEFAULT_GRACE_S
 from commands.cli.options import (
     HOST_MEMORY_BUDGET_DEFAULT,
     IGNORED_XIDS_DEFAULT,
+    PORT_MAX,
     AsJson,
     FakeGpus,
     HostMemoryBudget,
@@ -43,7 +44,13 @@ def deviceplugin(
         str, typer.Option(envvar="BATON_DEVICE_PLUGIN_METRICS_HOST")
     ] = "0.0.0.0",
     metrics_port: Annotated[
-        int, typer.Option(envvar="BATON_DEVICE_PLUGIN_METRICS_PORT", help="0 = any free port.")
+        int,
+        typer.Option(
+            envvar="BATON_DEVICE_PLUGIN_METRICS_PORT",
+            min=0,
+            max=PORT_MAX,
+            help="0 = any free port.",
+        ),
     ] = names.PORT_DEVICE_PLUGIN,
     ignored_xids: IgnoredXids = IGNORED_XIDS_DEFAULT,
     pod_resources_socket: Annotated[

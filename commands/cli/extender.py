@@ -8,14 +8,23 @@ import typer
 
 from baton.contract import names
 from baton.contract.shutdown import DEFAULT_GRACE_S
-from commands.cli.options import AsJson, Kubeconfig, LogLevel, echo_figures, setup_logging
+from commands.cli.options import (
+    PORT_MAX,
+    AsJson,
+    Kubeconfig,
+    LogLevel,
+    echo_figures,
+    setup_logging,
+)
 from extender.bind import BINDS_IN_FLIGHT
 
 
 def extender(
     kubeconfig: Kubeconfig = None,
     host: Annotated[str, typer.Option(envvar="BATON_EXTENDER_HOST")] = "0.0.0.0",
-    port: Annotated[int, typer.Option(envvar="BATON_EXTENDER_PORT")] = names.PORT_EXTENDER,
+    port: Annotated[
+        int, typer.Option(envvar="BATON_EXTENDER_PORT", min=0, max=PORT_MAX)
+    ] = names.PORT_EXTENDER,
     policy: Annotated[
         str, typer.Option(envvar="BATON_EXTENDER_POLICY", help="binpack, spread or complement.")
     ] = "binpack",

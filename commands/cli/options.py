@@ -54,10 +54,26 @@ IGNORED_XIDS_DEFAULT = ",".join(map(str, DEFAULT_IGNORED_XIDS))
 HOST_MEMORY_BUDGET_DEFAULT = DEFAULT_HOST_MEMORY_BUDGET
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+PORT_MAX = 65535
+"""The highest TCP port a port option takes (its lowest is 0: any free port)."""
+
+
+def check_address(value: str, option: str) -> None:
+    """A HOST:PORT option's value (empty: off), or a `BadParameter` naming the option."""
+    _, colon, port = value.rpartition(":")
+    if value and not (colon and port.isdigit() and int(port) <= PORT_MAX):
+        raise typer.BadParameter(
+            f"{value!r} is not HOST:PORT (port 0-{PORT_MAX})", param_hint=option
+        )
 
 
 def setup_logging(level: str) -> None:
     """Log to stderr at `level` (DEBUG, INFO, ...) in the daemons' one format."""
+    if level.upper() not in logging.getLevelNamesMapping():
+        raise typer.BadParameter(
+            f"{level!r}; choose one of DEBUG, INFO, WARNING, ERROR",
+            param_hint=f"--log-level ({names.ENV_LOG_LEVEL})",
+        )
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
     # The Kubernetes client's connection pool warns on every retry of every request; the
     # daemons say once what is unreachable and what they do about it (`baton.contract.kube.Outage`).

@@ -8,6 +8,7 @@ import typer
 
 from baton.contract import names
 from commands.cli.agent_settings import env_of
+from commands.cli.options import PORT_MAX
 
 
 def status(
@@ -29,7 +30,13 @@ def status(
         ),
     ] = None,
     agent_port: Annotated[
-        int, typer.Option(envvar="BATON_STATUS_AGENT_PORT", help="Agents' HTTP port on nodes.")
+        int,
+        typer.Option(
+            envvar="BATON_STATUS_AGENT_PORT",
+            min=1,
+            max=PORT_MAX,
+            help="Agents' HTTP port on nodes.",
+        ),
     ] = names.PORT_AGENT,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
     by: Annotated[

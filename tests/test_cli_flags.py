@@ -1,0 +1,97 @@
+"""Every daemon refuses a flag value it cannot use before it starts anything: exit status 2 and
+a line naming the flag and the problem, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from commands.cli import app
+
+AGENT = ["agent", "--http-port", "0"]
+COORDINATOR = ["coordinator", "--token-file"]  # the token file's path comes next
+
+REFUSED = [
+    (["--log-level", "chatty"], "--log-level", "choose one of DEBUG"),
+    (["--socket-mode", "999"], "--socket-mode", "no octal file mode"),
+    (["--socket-mode", "rw"], "--socket-mode", "no octal file mode"),
+    (["--http-port", "99999"], "--http-port", "65535"),
+    (["--debug-tcp-port", "70000"], "--debug-tcp-port", "65535"),
+    (["--max-hold", "-5"], "--max-hold", "not above 0"),
+    (["--move-timeout", "0"], "--move-timeout", "not above 0"),
+    (["--fake-scale", "0"], "--fake-scale", "not above 0"),
+    (["--headroom", "-1"], "--headroom", "greater than or equal to 0"),
+    (["--reconnect-grace", "-1"], "--reconnect-grace", "greater than or equal to 0"),
+    (["--llmd-listen", "foo"], "--llmd-listen", "not HOST:PORT"),
+    (["--coordination-listen", "127.0.0.1:99999"], "--coordination-listen", "not HOST:PORT"),
+]
+
+
+def _refusal(args: list[str], env: dict[str, str] | None = None) -> str:
+    """The command's one complaint, its box and line breaks undone; it must exit with 2."""
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # no traceback
+    return " ".join(result.output.replace("│", " ").split())
+
+
+@pytest.mark.parametrize(("flags", "flag", "problem"), REFUSED, ids=lambda v: str(v))
+def test_the_agent_refuses_a_bad_value_naming_its_flag(
+    flags: list[str], flag: str, problem: str, tmp_path: Path
+) -> None:
+    where = ["--socket", str(tmp_path / "a.sock"), "--state-dir", str(tmp_path / "state")]
+    said = _refusal([*AGENT, *where, *flags])
+    assert flag in said and problem in said
+
+
+def test_the_agent_refuses_a_fake_dir_it_cannot_use(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    where = ["--socket", str(tmp_path / "a.sock"), "--state-dir", str(tmp_path / "state")]
+    said = _refusal([*AGENT, *where, "--backend", "fake", "--fake-dir", str(blocker / "gpus")])
+    assert f"--fake-dir {blocker / 'gpus'}" in said and "Not a directory" in said
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["extender", "--port", "99999"],
+        ["deviceplugin", "--node-name", "n", "--metrics-port", "70000"],
+        ["dra", "--node-name", "n", "--metrics-port", "-1"],
+    ],
+    ids=lambda v: v[0],
+)
+def test_the_other_daemons_refuse_a_port_out_of_range(args: list[str]) -> None:
+    said = _refusal(args)
+    assert args[-2] in said and "Invalid value" in said
+
+
+@pytest.mark.parametrize("command", ["extender", "deviceplugin", "dra", "coordinator"])
+def test_every_daemon_refuses_an_unknown_log_level(command: str, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    args = {"coordinator": [*COORDINATOR, str(token)]}.get(command, [command])
+    env = {"BATON_LOG_LEVEL": "chatty", "NODE_NAME": "n", "BATON_FAKE_GPUS": "1x1024"}
+    said = _refusal(args, env)
+    assert "--log-level (BATON_LOG_LEVEL)" in said and "'chatty'" in said
+
+
+@pytest.mark.parametrize(
+    ("flags", "flag"),
+    [
+        (["--http-listen", "127.0.0.1:99999"], "--http-listen"),
+        (["--llmd-listen", "nowhere"], "--llmd-listen"),
+    ],
+)
+def test_the_coordinator_refuses_a_bad_address(flags: list[str], flag: str, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    said = _refusal([*COORDINATOR, str(token), *flags])
+    assert f"Invalid value for {flag}" in said and "not HOST:PORT" in said
+
+
+def test_the_coordinator_names_the_token_file_it_cannot_read(tmp_path: Path) -> None:
+    said = _refusal([*COORDINATOR, str(tmp_path / "missing")])
+    assert "Invalid value for --token-file: cannot read" in said
