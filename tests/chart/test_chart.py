@@ -34,6 +34,11 @@ def test_lint_strict(values: Path | None) -> None:
         ("kubeletPlugin=cdi", "/kubeletPlugin"),
         ("agent.parking={cuda,swap}", "/agent/parking/1"),
         ("agent.fairness.minShare=lots", "/agent/fairness/minShare"),
+        # --set gives a decimal as a string: the range holds for it too
+        ("agent.fairness.minShare=0.9", "/agent/fairness/minShare"),
+        ("agent.fairness.creditSeconds=-0.5", "/agent/fairness/creditSeconds"),
+        ("agent.maxHoldSeconds=-0.5", "/agent/maxHoldSeconds"),
+        ("agent.maxHoldSeconds=0", "/agent/maxHoldSeconds"),
         ("hostMemoryBudgetMiB=-1", "/hostMemoryBudgetMiB"),
         ("extender.policy=random", "/extender/policy"),
         ("gpu.simulated.gpus=two", "/gpu/simulated/gpus"),
