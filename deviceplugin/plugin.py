@@ -41,6 +41,11 @@ class DevicePlugin:
     def start(self) -> None:
         """Serve, register (retried in the background if the kubelet is not there yet), watch;
         all in the background while the kubelet's directory does not exist yet."""
+        if self.plugin_dir.exists() and not self.plugin_dir.is_dir():
+            raise DevicePluginStartError(
+                f"{self.plugin_dir} is not a directory: pass the kubelet's device-plugin "
+                "directory as --device-plugin-dir (BATON_DEVICE_PLUGIN_DIR)"
+            )
         if self.plugin_dir.is_dir():
             try:
                 self._open()

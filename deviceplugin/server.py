@@ -177,4 +177,5 @@ class PluginServer:
         if self._server is not None:
             self._server.stop(grace=grace).wait((grace or 0) + READY_TIMEOUT_S)
             self._server = None
-        self.socket_path.unlink(missing_ok=True)
+        if self.socket_path.parent.is_dir():  # else there is no socket to remove
+            self.socket_path.unlink(missing_ok=True)
