@@ -55,8 +55,9 @@ def test_schema_refuses_a_bad_value_naming_it(setting: str, named: str) -> None:
 def test_schema_takes_the_documented_settings() -> None:
     settings = [
         "agent.queuePolicy=fair",
-        "agent.fairness.minShare=0.2",
+        "agent.fairness.minShare=0.5",
         "agent.fairness.tierGraceSeconds=5",
+        "agent.maxHoldSeconds=30.0",
         "agent.parking={cuda,app}",
         "hostMemoryBudgetMiB=262144",
         "agent.llmd.listen=0.0.0.0:50051",
@@ -70,7 +71,8 @@ def test_schema_takes_the_documented_settings() -> None:
         e["name"]: e.get("value") for e in agent["spec"]["template"]["spec"]["containers"][0]["env"]
     }
     assert env["BATON_AGENT_QUEUE_POLICY"] == "fair"
-    assert env["BATON_AGENT_FAIR_MIN_SHARE"] == "0.2"
+    assert env["BATON_AGENT_FAIR_MIN_SHARE"] == "0.5"  # the range's ends are in it
+    assert env["BATON_AGENT_MAX_HOLD"] == "30.0"
     assert env["BATON_AGENT_TIER_GRACE"] == "5"
     assert env["BATON_AGENT_BACKEND"] == "cuda,app"
     assert env["BATON_HOST_MEMORY_BUDGET"] == "262144"
