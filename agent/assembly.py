@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -254,10 +255,11 @@ class Agent:
         )
         try:
             self.http_port = await self._http.start(cfg.http_host, cfg.http_port)
-        except OSError as exc:
+        except OSError as exc:  # the port taken or forbidden, else the host is not this node's
+            flag = "port" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else "host"
             raise AgentStartError(
                 f"cannot serve status and metrics on {cfg.http_host}:{cfg.http_port} "
-                f"({exc.strerror}); pass another --http-port (BATON_AGENT_HTTP_PORT)"
+                f"({exc.strerror}); pass another --http-{flag} (BATON_AGENT_HTTP_{flag.upper()})"
             ) from None
         log.info(
             "agent ready: socket %s, http :%d, policy %s, max hold %g s, state %s, "

@@ -101,6 +101,11 @@ EXIT_CASES: dict[str, tuple[Case, int, str]] = {
         2,
         "pass another --http-port",
     ),
+    "agent: status host not this node's": (
+        lambda t, _: agent_args(t, "--http-host", "192.0.2.1", "--http-port", "0"),
+        2,
+        "pass another --http-host",
+    ),
     "deviceplugin: kubeconfig missing": (
         lambda t, _: plugin_args(t, f"{t}/none"),
         1,
