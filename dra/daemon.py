@@ -132,7 +132,13 @@ class Driver:
         self.preparer.remove_orphans()
         self.node.start()
         self.publisher.start()
-        self.server.start()
+        try:
+            self.server.start()
+        except OSError as err:  # a directory that is a file, or one it may not write
+            raise DraStartError(
+                f"cannot serve the kubelet plugin sockets ({err}); check --plugins-dir "
+                "(BATON_DRA_PLUGINS_DIR) and --registry-dir (BATON_DRA_REGISTRY_DIR)"
+            ) from None
         log.info(
             "DRA driver %s serving %d GPUs on %s; metrics on :%d",
             names.DRA_DRIVER,

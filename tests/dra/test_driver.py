@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from baton._pb import drahealth_pb2
-from baton.contract import names
+from baton.contract import names, shutdown
 from dra import service
 from dra.cdi import spec_path
-from dra.daemon import Driver, Settings
+from dra.daemon import DraStartError, Driver, Settings
 from dra.record import ClaimRecord
 from dra.runtime import ON
 from dra.slices import slice_name
@@ -323,3 +323,17 @@ def test_health_stream_repeats_every_devices_health_before_the_kubelet_forgets_i
             service.HEALTH_TIMEOUT_S
         }
     assert service.HEALTH_RESEND_S * 2 < service.HEALTH_TIMEOUT_S
+
+
+@pytest.mark.parametrize("flag", ["plugins_dir", "registry_dir"])
+def test_a_socket_directory_that_is_a_file_is_refused_naming_the_flags(
+    tmp: Path, flag: str
+) -> None:
+    blocker = tmp / "a-file"
+    blocker.write_text("not a directory")
+    changed: dict[str, Any] = {flag: blocker}
+    settings = dataclasses.replace(_settings(tmp), **changed)
+    driver = Driver(settings, GPUS, True, slices=Slices(), claims=Claims())
+    with pytest.raises(DraStartError, match=r"--plugins-dir .* --registry-dir") as refused:
+        shutdown.run_until(driver.start, driver.stop, threading.Event())
+    assert str(blocker) in str(refused.value)
