@@ -4,6 +4,7 @@ turned into one line naming the permission that is missing."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -68,7 +69,11 @@ class KubeApi:
                 persist_config=False,
             )
         except (config.ConfigException, OSError) as err:
-            raise PluginError(f"no usable kubeconfig: {err}") from None
+            where = kubeconfig or "~/.kube/config (KUBECONFIG unset)"
+            missing = kubeconfig and ":" not in kubeconfig and not os.path.exists(kubeconfig)
+            raise PluginError(
+                f"no usable kubeconfig {where}: {'no such file' if missing else err}"
+            ) from None
         self._configuration = configuration
         self._client = client.ApiClient(configuration)
         self.server = str(configuration.host)

@@ -33,6 +33,11 @@ def test_reads_with_the_kubeconfig_and_names_a_missing_permission(tmp_path: Path
         api.close()
 
 
-def test_an_unusable_kubeconfig_is_one_line(tmp_path: Path) -> None:
-    with pytest.raises(PluginError, match="no usable kubeconfig"):
-        KubeApi(str(tmp_path / "missing"))
+def test_an_unusable_kubeconfig_is_one_line_naming_it(tmp_path: Path) -> None:
+    missing, empty = tmp_path / "missing", tmp_path / "empty"
+    with pytest.raises(PluginError) as refused:
+        KubeApi(str(missing))
+    assert str(refused.value) == f"no usable kubeconfig {missing}: no such file"
+    empty.write_text("")
+    with pytest.raises(PluginError, match=f"^no usable kubeconfig {empty}: .+"):
+        KubeApi(str(empty))
