@@ -36,16 +36,21 @@ def test_without_gpus_or_fake_gpus_it_exits_saying_which_is_missing(socket_dir):
     assert "no NVIDIA GPU found" in result.output and "--fake-gpus" in result.output
 
 
-def test_a_device_plugin_dir_that_is_a_file_is_refused_at_once(socket_dir, fake_api):
-    blocker = socket_dir / "a-file"
-    blocker.write_text("not a directory")
-    env = os.environ | {
+def daemon_env(fake_api, socket_dir, plugin_dir, gpus):
+    """`baton deviceplugin`'s environment: simulated `gpus`, the fake API server, any port."""
+    return os.environ | {
         "NODE_NAME": NODE,
-        "BATON_FAKE_GPUS": "1x1024",
-        "BATON_DEVICE_PLUGIN_DIR": str(blocker),
+        "BATON_FAKE_GPUS": gpus,
+        "BATON_DEVICE_PLUGIN_DIR": str(plugin_dir),
         "BATON_KUBECONFIG": str(fake_api.kubeconfig_path(socket_dir)),
         "BATON_DEVICE_PLUGIN_METRICS_PORT": "0",
     }
+
+
+def test_a_device_plugin_dir_that_is_a_file_is_refused_at_once(socket_dir, fake_api):
+    blocker = socket_dir / "a-file"
+    blocker.write_text("not a directory")
+    env = daemon_env(fake_api, socket_dir, blocker, "1x1024")
     done = subprocess.run(
         [*BATON, "deviceplugin"], env=env, capture_output=True, text=True, timeout=60
     )
@@ -56,13 +61,8 @@ def test_a_device_plugin_dir_that_is_a_file_is_refused_at_once(socket_dir, fake_
 
 def test_daemon_serves_kubelet_api_and_metrics(socket_dir, kubelet, fake_api):
     fake_api.put_object(tenant_pod("tenant", (GPU1,), assigned_at_ns=1))
-    env = os.environ | {
-        "NODE_NAME": NODE,
-        "BATON_FAKE_GPUS": "2x1024",
-        "BATON_DEVICE_PLUGIN_DIR": str(socket_dir),
-        "BATON_KUBECONFIG": str(fake_api.kubeconfig_path(socket_dir)),
+    env = daemon_env(fake_api, socket_dir, socket_dir, "2x1024") | {
         "BATON_DEVICE_PLUGIN_METRICS_HOST": "127.0.0.1",
-        "BATON_DEVICE_PLUGIN_METRICS_PORT": "0",
         "BATON_SLOTS_PER_GPU": "2",
         "PYTHONFAULTHANDLER": "1",
     }
