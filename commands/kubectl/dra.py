@@ -105,16 +105,43 @@ def device_line(
     lacks = []
     for capacity, spec in sorted((device.get("capacity") or {}).items()):
         total = parse_quantity(spec.get("value", "0"))
-        default = (spec.get("requestPolicy") or {}).get("default")
+        policy = spec.get("requestPolicy") or {}
+        default = policy.get("default")
         wants = [a.get(capacity) for a in asks] or [None]
         asked = max(w if w is not None else parse_quantity(default or "0") for w in wants)
+        most = _share_most(policy)
         free = total - used.get(capacity, Decimal(0))
-        if free < asked:
+        if most is not None and asked > most:
             lacks.append(
-                f"{capacity} ({_shown(capacity, free)} free of {_shown(capacity, total)}, "
+                f"{capacity} (at most {_shown(capacity, most)} per share, "
                 f"{_shown(capacity, asked)} asked)"
             )
+        elif free < (needs := _consumes(policy, asked)):
+            lacks.append(
+                f"{capacity} ({_shown(capacity, free)} free of {_shown(capacity, total)}, "
+                f"{_shown(capacity, needs)} asked)"
+            )
     return f"{where}: lacks {'; '.join(lacks)}" if lacks else f"{where}: has room for the ask"
+
+
+def _share_most(policy: Mapping[str, Any]) -> Decimal | None:
+    """The most one share may consume under the capacity's request policy (None: no limit);
+    the scheduler refuses the device to a request above it, whatever is free."""
+    most = (policy.get("validRange") or {}).get("max")
+    if most is not None:
+        return parse_quantity(most)
+    valid = policy.get("validValues") or []
+    return max(parse_quantity(v) for v in valid) if valid else None
+
+
+def _consumes(policy: Mapping[str, Any], asked: Decimal) -> Decimal:
+    """What a share asking `asked` consumes: rounded up to the range's minimum or to the next
+    valid value, as the scheduler rounds it."""
+    least = (policy.get("validRange") or {}).get("min")
+    if least is not None:
+        asked = max(asked, parse_quantity(least))
+    above = [v for v in map(parse_quantity, policy.get("validValues") or []) if v >= asked]
+    return min(above) if above else asked
 
 
 def _shown(capacity: str, value: Decimal) -> str:

@@ -3,11 +3,14 @@ agent's while the pod waits for a turn."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from baton.contract import names
 from commands.kubectl.dra import shortfall
 from commands.kubectl.why import why
+from dra.slices import device
+from nodegpu.inventory import NodeGpu
 from tests.kubectl.fake import GIB, GPU_A, DictApi, cluster_routes
 
 
@@ -79,6 +82,34 @@ def test_dra_refusal_gets_each_devices_numbers() -> None:
     assert lines == [
         "n1/gpu-0 (GPU-0): lacks duty (20% free of 100%, 30% asked)",
         "n1/gpu-1 (GPU-1): lacks memory (20.0 GiB free of 320.0 GiB, 30.0 GiB asked)",
+    ]
+
+
+def test_an_ask_above_what_one_share_may_take_is_named_not_said_to_fit() -> None:
+    """The slice caps one share's memory at the GPU's and duty at 100: the scheduler refuses
+    a 90 GiB claim on an 80 GiB GPU however much memory capacity is free, so `why` must say so
+    (it said "has room for the ask"). An ask under the range's minimum consumes the minimum."""
+    published = [
+        {
+            "spec": {
+                "pool": {"name": "n1"},
+                "devices": [device(NodeGpu("G", 0, "m", 81920), 4, None)],
+            }
+        }
+    ]
+    cases = [
+        (
+            {"memory": 90 * GIB},
+            "n1/gpu-0 (G): lacks memory (at most 80.0 GiB per share, 90.0 GiB asked)",
+        ),
+        ({"duty": Decimal(150)}, "n1/gpu-0 (G): lacks duty (at most 100% per share, 150% asked)"),
+        ({"slots": Decimal(2)}, "n1/gpu-0 (G): lacks slots (at most 1 per share, 2 asked)"),
+        ({"memory": 80 * GIB}, "n1/gpu-0 (G): has room for the ask"),
+    ]
+    for ask, line in cases:
+        assert shortfall(published, [], [ask]) == [line]  # type: ignore[list-item]
+    assert shortfall(published, [_allocated("gpu-0", 10, 100)], [{"duty": Decimal(0)}]) == [
+        "n1/gpu-0 (G): lacks duty (0% free of 100%, 1% asked)"
     ]
 
 
