@@ -22,7 +22,7 @@ import re
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from enum import StrEnum
 from typing import Any
 
@@ -123,6 +123,8 @@ class ContainerAsk:
     """Its memory limit; `None` when it has none."""
     values: tuple[Decimal | None, ...] = field(default=(), compare=False, repr=False)
     """slots, memory, duty as read, for summing exactly."""
+    memory_written: str = field(default="", compare=False, repr=False)
+    """`baton.dev/gpu-memory` as written (`24Gi`), for the reason when it is unusable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +185,7 @@ def pod_request(ask: PodAsk) -> TenantRequest | None:
         raise RequestError(f"{' and '.join(named)} is set but {RESOURCE_GPU} is not")
     return TenantRequest(
         gpus=_check_gpus(gpus),
-        memory_mib=None if memory is None else _check_memory(memory),
+        memory_mib=None if memory is None else _check_memory(memory, ask.containers),
         duty=None if duty is None else _check_duty(duty),
         memory_limit_bytes=ask.memory_limit_bytes(),
     )
@@ -285,9 +287,10 @@ def _container_ask(container: dict[str, Any], kind: ContainerKind) -> ContainerA
             values.append(None)
             continue
         try:
-            values.append(parse_quantity(raw))
+            value = parse_quantity(raw)
         except ValueError:
             raise RequestError(f"{name} {shown(raw)} is not a number") from None
+        values.append(value)
     slots, memory, duty = values
     return ContainerAsk(
         name=_name(container.get("name", "")),
@@ -297,6 +300,7 @@ def _container_ask(container: dict[str, Any], kind: ContainerKind) -> ContainerA
         duty=None if duty is None else float(duty),
         memory_limit_bytes=_memory_limit(limits.get("memory")),
         values=tuple(values),
+        memory_written=str(limits.get(RESOURCE_GPU_MEMORY, requests.get(RESOURCE_GPU_MEMORY, ""))),
     )
 
 
@@ -339,16 +343,30 @@ def _check_gpus(value: Decimal) -> int:
     return count
 
 
-def _check_memory(value: Decimal) -> int:
+def _check_memory(value: Decimal, containers: tuple[ContainerAsk, ...]) -> int:
     mib = _whole(RESOURCE_GPU_MEMORY, value)
     if mib <= 0:
         raise RequestError(f"{RESOURCE_GPU_MEMORY} {mib} must be a positive number of MiB")
     if mib > MAX_GPU_MEMORY_MIB:
+        for container in containers:
+            _check_memory_unit(container.memory_written, container.values[1])
         raise RequestError(
             f"{RESOURCE_GPU_MEMORY} {mib} MiB is more than any GPU has"
             f" (it counts MiB: write 40960 for 40 GiB)"
         )
     return mib
+
+
+def _check_memory_unit(written: str, value: Decimal | None) -> None:
+    """A byte suffix (`24Gi`) on a count of MiB: name what was written and what it means."""
+    written = written.strip()
+    if value is None or value <= MAX_GPU_MEMORY_MIB or not written[-1:].isalpha():
+        return
+    meant = (value / (1 << 20)).to_integral_value(ROUND_CEILING)  # the bytes written, in MiB
+    raise RequestError(
+        f"{RESOURCE_GPU_MEMORY} {shown(written)} is {int(value)} MiB, more than any GPU has"
+        f" (it counts MiB: write {int(meant)} for {written})"
+    )
 
 
 def _check_duty(value: Decimal) -> float:

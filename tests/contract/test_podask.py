@@ -59,6 +59,17 @@ def test_requests_read(kwargs: dict, expected: TenantRequest) -> None:
         ({"memory": 0}, "baton.dev/gpu-memory 0 must be a positive number of MiB"),
         ({"memory": -5}, "baton.dev/gpu-memory -5 must be a positive"),
         ({"memory": "80Gi"}, "more than any GPU has (it counts MiB"),
+        (
+            {"memory": "24Gi"},
+            "baton.dev/gpu-memory '24Gi' is 25769803776 MiB, more than any GPU has"
+            " (it counts MiB: write 24576 for 24Gi",
+        ),
+        (
+            {"memory": "24G"},
+            "'24G' is 24000000000 MiB, more than any GPU has (it counts MiB: write 22889 for 24G",
+        ),
+        ({"memory": "40960Mi"}, "(it counts MiB: write 40960 for 40960Mi"),
+        ({"memory": 81920000}, "81920000 MiB is more than any GPU has (it counts MiB"),
         ({"duty": 0}, "baton.dev/gpu-duty 0 is not above 0 and at most 100"),
         ({"duty": 150}, "baton.dev/gpu-duty 150 is not above 0 and at most 100"),
         ({"gpus": None, "memory": 1000}, "baton.dev/gpu-memory is set but baton.dev/gpu is not"),
