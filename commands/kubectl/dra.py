@@ -51,7 +51,7 @@ def pod_asks(api: Api, pod: Mapping[str, Any]) -> list[dict[str, Decimal | None]
             if exactly.get("deviceClassName") != names.DRA_DEVICE_CLASS:
                 continue
             wanted = (exactly.get("capacity") or {}).get("requests") or {}
-            ask = {c: parse_quantity(wanted[c]) if c in wanted else None for c in CAPACITIES}
+            ask = {**dict.fromkeys(CAPACITIES), **{c: parse_quantity(v) for c, v in wanted.items()}}
             asks += [ask] * int(exactly.get("count") or 1)
     for container in pod["spec"].get("containers") or []:
         count = int((container.get("resources") or {}).get("limits", {}).get(names.RESOURCE_GPU, 0))
@@ -102,8 +102,13 @@ def device_line(
     where = f"{pool}/{device['name']}" + (f" ({uuid})" if uuid else "")
     if any(t.get("effect") == "NoSchedule" for t in device.get("taints") or []):
         return f"{where}: tainted {', '.join(t['key'] for t in device['taints'])}"
+    capacities = device.get("capacity") or {}
+    unknown = sorted({c for a in asks for c, v in a.items() if v is not None} - set(capacities))
+    if unknown:
+        has = ", ".join(sorted(capacities))
+        return f"{where}: has no capacity {', '.join(unknown)} (it has {has})"
     lacks = []
-    for capacity, spec in sorted((device.get("capacity") or {}).items()):
+    for capacity, spec in sorted(capacities.items()):
         total = parse_quantity(spec.get("value", "0"))
         policy = spec.get("requestPolicy") or {}
         default = policy.get("default")

@@ -85,10 +85,11 @@ def test_dra_refusal_gets_each_devices_numbers() -> None:
     ]
 
 
-def test_an_ask_above_what_one_share_may_take_is_named_not_said_to_fit() -> None:
+def test_an_ask_the_slice_cannot_take_is_named_not_said_to_fit() -> None:
     """The slice caps one share's memory at the GPU's and duty at 100: the scheduler refuses
-    a 90 GiB claim on an 80 GiB GPU however much memory capacity is free, so `why` must say so
-    (it said "has room for the ask"). An ask under the range's minimum consumes the minimum."""
+    a 90 GiB claim on an 80 GiB GPU however much memory capacity is free, and a device to a
+    claim naming a capacity it lacks (`vram`), so `why` must say so (it said "has room for the
+    ask"). An ask under the range's minimum consumes the minimum."""
     published = [
         {
             "spec": {
@@ -105,6 +106,10 @@ def test_an_ask_above_what_one_share_may_take_is_named_not_said_to_fit() -> None
         ({"duty": Decimal(150)}, "n1/gpu-0 (G): lacks duty (at most 100% per share, 150% asked)"),
         ({"slots": Decimal(2)}, "n1/gpu-0 (G): lacks slots (at most 1 per share, 2 asked)"),
         ({"memory": 80 * GIB}, "n1/gpu-0 (G): has room for the ask"),
+        (
+            {"vram": 30 * GIB, "memory": None},
+            "n1/gpu-0 (G): has no capacity vram (it has duty, memory, slots)",
+        ),
     ]
     for ask, line in cases:
         assert shortfall(published, [], [ask]) == [line]  # type: ignore[list-item]
@@ -145,3 +150,25 @@ def test_running_pod_waiting_for_a_turn_gets_the_agents_why() -> None:
     routes["/api/v1/namespaces/ml/pods/z"] = pod("z", node="n1", phase="Running")
     unknown = why(DictApi(routes), "ml", "z")["reasons"][0]
     assert unknown.startswith("the agent on n1 does not know ml/z")
+
+
+def test_a_claim_naming_a_capacity_no_device_has_is_said_so_through_why() -> None:
+    pending = pod("v", resourceClaims=[{"name": "gpu", "resourceClaimName": "v-gpu"}])
+    ask = {"deviceClassName": names.DRA_DEVICE_CLASS, "capacity": {"requests": {"vram": "30Gi"}}}
+    routes = {
+        "/api/v1/namespaces/ml/pods/v": pending,
+        "/api/v1/namespaces/ml/events": {
+            "items": [event("0/1 nodes are available: 1 cannot allocate all claims.", "t")]
+        },
+        "/apis/resource.k8s.io/v1/resourceslices": {
+            "items": [{"spec": {"pool": {"name": "n1"}, "devices": [_device(0, 80)]}}]
+        },
+        "/apis/resource.k8s.io/v1/resourceclaims": {"items": []},
+        "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/v-gpu": {
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": ask}]}}
+        },
+    }
+    answer = why(DictApi(routes), "ml", "v")
+    assert answer["reasons"][1] == (
+        "n1/gpu-0 (GPU-0): has no capacity vram (it has duty, memory, slots)"
+    )
