@@ -50,9 +50,18 @@ def annotations_of(obj: dict[str, Any]) -> dict[str, str]:
     return (obj.get("metadata") or {}).get("annotations") or {}
 
 
+NOT_ANNOTATED = (
+    f"node has no {ANNOTATION_GPUS} annotation: Baton's device plugin or DRA driver on the node"
+    " writes it (is one running there?)"
+)
+
+
 def node_inventory(node: dict[str, Any]) -> NodeInventory:
-    """A node's GPUs and budget; an unreadable annotation becomes `problem`, not an exception."""
+    """A node's GPUs and budget; an unreadable or absent GPU annotation becomes `problem`, not
+    an exception."""
     notes = annotations_of(node)
+    if ANNOTATION_GPUS not in notes:
+        return NodeInventory((), 0, NOT_ANNOTATED)
     try:
         gpus = decode_gpus(notes.get(ANNOTATION_GPUS))
         budget = decode_budget(notes.get(ANNOTATION_HOST_MEMORY_BUDGET))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from baton.contract.names import ANNOTATION_GPUS
 from extender.inventory import Assignment
 from extender.placement import Limits, PlacedPod
 from extender.state import ClusterState
@@ -85,3 +86,19 @@ def test_multi_gpu_and_unusable_requests_keep_no_scores() -> None:
     _, _, unresolvable = filter_nodes(state, args(pod(memory="lots")), kept)
     assert set(unresolvable) == set(NAMES)
     assert len(kept) == 0  # nothing kept for either
+
+
+def test_a_node_without_the_gpu_annotation_is_refused_naming_it() -> None:
+    """Such a node may well advertise `baton.dev/gpu` (a device plugin that cannot write its
+    node's annotations): "advertises no Baton GPUs" pointed the user at the wrong thing."""
+    bare = node("node-a", gpus=2)
+    del bare["metadata"]["annotations"][ANNOTATION_GPUS]
+    state = ClusterState(Limits(), time.monotonic)
+    state.replace_nodes([bare, node("node-b", gpus=[])])
+    state.replace_pods([])
+    _, failed, _ = filter_nodes(state, args(pod(), ["node-a", "node-b"]))
+    assert failed == {
+        "node-a": "node has no baton.dev/gpus annotation: Baton's device plugin or DRA driver on"
+        " the node writes it (is one running there?)",
+        "node-b": "node advertises no Baton GPUs",
+    }
