@@ -186,7 +186,7 @@ def pod_request(ask: PodAsk) -> TenantRequest | None:
     return TenantRequest(
         gpus=_check_gpus(gpus),
         memory_mib=None if memory is None else _check_memory(memory, ask.containers),
-        duty=None if duty is None else _check_duty(duty),
+        duty=None if duty is None else _check_duty(duty, ask.containers),
         memory_limit_bytes=ask.memory_limit_bytes(),
     )
 
@@ -369,9 +369,15 @@ def _check_memory_unit(written: str, value: Decimal | None) -> None:
     )
 
 
-def _check_duty(value: Decimal) -> float:
+def _check_duty(value: Decimal, containers: tuple[ContainerAsk, ...]) -> float:
     if not 0 < value <= 100:
-        raise RequestError(f"{RESOURCE_GPU_DUTY} {value} is not above 0 and at most 100 (percent)")
+        together = [c for c in containers if c.kind is not ContainerKind.INIT]
+        each = [f"{c.values[2]}" for c in together if c.values[2] is not None]
+        summed = f": the pod's containers ask {' + '.join(each)}, and those running together add up"
+        raise RequestError(
+            f"{RESOURCE_GPU_DUTY} {value} is not above 0 and at most 100 (percent)"
+            + (summed if len(each) > 1 else "")
+        )
     return float(value)
 
 

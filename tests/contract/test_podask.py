@@ -81,6 +81,25 @@ def test_bad_requests_name_the_field(kwargs: dict, message: str) -> None:
         parse_pod_request(pod(**kwargs))
 
 
+def test_a_summed_duty_above_100_names_each_containers_ask() -> None:
+    """Two containers of 60 each read "gpu-duty 120 is not above 0 and at most 100": a number
+    the user never wrote."""
+    two = pod(gpus=1, duty=60)
+    two["spec"]["containers"].append({**two["spec"]["containers"][0], "name": "second"})
+    two["spec"]["initContainers"] = [
+        {
+            "name": "warmup",
+            "resources": {"limits": {"baton.dev/gpu": "1", "baton.dev/gpu-duty": "90"}},
+        }
+    ]
+    with pytest.raises(RequestError) as refused:
+        parse_pod_request(two)
+    assert str(refused.value) == (
+        "baton.dev/gpu-duty 120 is not above 0 and at most 100 (percent): the pod's containers"
+        " ask 60 + 60, and those running together add up"
+    )
+
+
 def test_pod_without_baton_resources_is_not_a_tenant() -> None:
     assert parse_pod_request(pod(gpus=None)) is None
 
