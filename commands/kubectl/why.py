@@ -9,7 +9,7 @@ from typing import Any
 
 from baton.contract.names import NAMESPACE
 from commands.kubectl.agents import agent_pods, read_agent
-from commands.kubectl.api import Api, PluginError
+from commands.kubectl.api import Api, NotFound, PluginError
 from commands.kubectl.dra import DRA_REFUSAL, dra_shortfall
 
 
@@ -23,8 +23,10 @@ def why(api: Api, namespace: str, name: str, baton_namespace: str = NAMESPACE) -
         "node": spec.get("nodeName"),
     }
     if not spec.get("nodeName"):
-        reason = scheduler_reason(api, pod)
-        reasons = [reason] if reason else ["not scheduled yet: the scheduler has said nothing"]
+        events = pod_events(api, pod)
+        reason = scheduler_reason(pod, events)
+        reasons = [reason] if reason else missing_claims(api, pod, events)
+        reasons = reasons or ["not scheduled yet: the scheduler has said nothing"]
         if reason and DRA_REFUSAL in reason:
             reasons += dra_shortfall(api, pod)
         return {**answer, "stage": "scheduling", "reasons": reasons}
@@ -33,16 +35,22 @@ def why(api: Api, namespace: str, name: str, baton_namespace: str = NAMESPACE) -
     return {**answer, "stage": "turn", "reasons": agent_reasons(api, pod, baton_namespace)}
 
 
-def scheduler_reason(api: Api, pod: Mapping[str, Any]) -> str | None:
-    """The latest FailedScheduling event's message, else the PodScheduled condition's."""
+def pod_events(api: Api, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pod's events, oldest first (none when they cannot be read)."""
     meta = pod["metadata"]
     selector = f"involvedObject.name={meta['name']},involvedObject.uid={meta.get('uid', '')}"
     try:
         events = api.get(f"/api/v1/namespaces/{meta['namespace']}/events", fieldSelector=selector)
     except PluginError:
         events = {}
-    failed = [e for e in events.get("items") or [] if e.get("reason") == "FailedScheduling"]
-    failed.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    found = list(events.get("items") or [])
+    found.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return found
+
+
+def scheduler_reason(pod: Mapping[str, Any], events: list[dict[str, Any]]) -> str | None:
+    """The latest FailedScheduling event's message, else the PodScheduled condition's."""
+    failed = [e for e in events if e.get("reason") == "FailedScheduling"]
     if failed:
         latest = failed[-1]
         return f"{latest.get('source', {}).get('component') or 'scheduler'}: {latest['message']}"
@@ -50,6 +58,34 @@ def scheduler_reason(api: Api, pod: Mapping[str, Any]) -> str | None:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             return f"scheduler: {condition.get('message') or condition.get('reason')}"
     return None
+
+
+def missing_claims(api: Api, pod: Mapping[str, Any], events: list[dict[str, Any]]) -> list[str]:
+    """The claims a pod names that do not exist: kube-scheduler holds such a pod back before it
+    tries it, and says nothing."""
+    namespace = pod["metadata"]["namespace"]
+    made = {
+        s.get("name"): s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    refused = [e["message"] for e in events if e.get("reason") == "FailedResourceClaimCreation"]
+    reasons = []
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
+        name, template = entry.get("resourceClaimName"), entry.get("resourceClaimTemplateName")
+        if template and entry.get("name") not in made:
+            why = refused[-1] if refused else "the resource claim controller has not made it"
+            reasons.append(f"waits for the claim from template {namespace}/{template}: {why}")
+            continue
+        name = name or made.get(entry.get("name"))
+        if not name:
+            continue  # the controller found no claim needed
+        try:
+            api.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}")
+        except NotFound:
+            reasons.append(f"waits for claim {namespace}/{name}, which does not exist")
+        except PluginError:
+            continue
+    return reasons
 
 
 def agent_reasons(api: Api, pod: Mapping[str, Any], baton_namespace: str) -> list[str]:

@@ -172,3 +172,35 @@ def test_a_claim_naming_a_capacity_no_device_has_is_said_so_through_why() -> Non
     assert answer["reasons"][1] == (
         "n1/gpu-0 (GPU-0): has no capacity vram (it has duty, memory, slots)"
     )
+
+
+def test_a_pod_held_back_for_a_claim_that_does_not_exist_says_which() -> None:
+    """kube-scheduler does not try a pod whose claim is missing and records nothing; `why` said
+    only "the scheduler has said nothing"."""
+    pending = pod(
+        "m",
+        resourceClaims=[
+            {"name": "gpu", "resourceClaimName": "typo"},
+            {"name": "more", "resourceClaimTemplateName": "baton-gpu-3g"},
+            {"name": "made", "resourceClaimName": "there"},
+        ],
+    )
+    refused = {
+        "reason": "FailedResourceClaimCreation",
+        "message": 'PodResourceClaim more: resource claim template "baton-gpu-3g": not found',
+        "lastTimestamp": "t",
+    }
+    routes = {
+        "/api/v1/namespaces/ml/pods/m": pending,
+        "/api/v1/namespaces/ml/events": {"items": [refused]},
+        "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/there": {"spec": {}},
+    }
+    assert why(DictApi(routes), "ml", "m")["reasons"] == [
+        "waits for claim ml/typo, which does not exist",
+        "waits for the claim from template ml/baton-gpu-3g: PodResourceClaim more: resource"
+        ' claim template "baton-gpu-3g": not found',
+    ]
+    routes["/api/v1/namespaces/ml/pods/m"] = pod("m")
+    assert why(DictApi(routes), "ml", "m")["reasons"] == [
+        "not scheduled yet: the scheduler has said nothing"
+    ]
