@@ -22,7 +22,7 @@ from agent.core.leases import Lease, LeaseTable
 from baton._pb import jobturns_pb2 as jt
 from coordinator.agents import AgentLinks, NodeFailed
 from coordinator.cluster import ClusterView, PlanError, turn_key
-from coordinator.turns import JobTurn
+from coordinator.jobturn import JobTurn
 
 log = logging.getLogger(__name__)
 COMMITTED = "committed"
@@ -124,6 +124,7 @@ async def _settle(
         restored=any(t.restored for _, t in where),
         resources=resources,
         joined={pod for _, t in where for pod in t.joined},
+        pods=frozenset(pod for _, t in where for pod in t.members),
     )
 
 

@@ -23,6 +23,7 @@ from agent.core.leases import Lease, LeaseTable
 from agent.core.waiters import Waiter
 from coordinator.agents import AgentLinks, failure_text
 from coordinator.cluster import ClusterView, Plan, turn_key
+from coordinator.jobturn import JobTurn, NotHolder, NotLeading, TurnFailed
 from coordinator.releases import Releases, rolled_back
 
 log = logging.getLogger(__name__)
@@ -31,40 +32,6 @@ PREPARE_TIMEOUT_S = 60.0
 """How long a node may take to make room for a job (its holder's turn ending included)."""
 RELEASE_WAIT_S = 5.0
 """How long a yield waits for its nodes' releases (the ones that are late go on behind)."""
-
-
-class NotLeading(Exception):
-    """This replica does not lead (UNAVAILABLE): the caller asks the Service again."""
-
-
-class NotHolder(Exception):
-    """The job does not hold that turn (PERMISSION_DENIED)."""
-
-
-class TurnFailed(Exception):
-    """The job's turn could not be prepared on every node; the message names the node and why."""
-
-
-@dataclass
-class JobTurn:
-    """A job's turn, held across its nodes."""
-
-    key: str
-    turn_id: str
-    """The same on every node of the turn (the agents' name for it)."""
-    lease_id: str
-    """The coordinator's lease on the turn's GPUs (its table's name for it)."""
-    namespace: str
-    job: str
-    group: str
-    nodes: dict[str, str]
-    """node → its agent's address"""
-    granted_at: float
-    waited: float = 0.0
-    restored: bool = False
-    resources: tuple[str, ...] = ()
-    joined: set[str] = field(default_factory=set)
-    """Member pods that joined the turn themselves (`join`) and have not left."""
 
 
 @dataclass
@@ -150,6 +117,7 @@ class Arbiter:
                 + (f" on group {group!r}" if group else "")
                 + f" (held by {holder.key if holder else 'nobody'})"
             )
+        turn.ended.set()
         self.table.release(turn.lease_id, yielded=True)
         self._changed(turn.resources)
         waiting = {
@@ -182,10 +150,22 @@ class Arbiter:
     async def join(
         self, namespace: str, job: str, group: str, pod: str, timeout: float | None
     ) -> JobTurn:
-        """A member pod asks for its job's turn itself; the turn ends when all who joined left."""
-        turn = await self.acquire(namespace, job, group, timeout)
-        turn.joined.add(pod)
-        return turn
+        """A member pod asks for its job's turn itself; the turn ends when all who joined left.
+        A pod that became a member after the held turn was prepared joins the next one."""
+        deadline = None if timeout is None else self.clock() + timeout
+        while True:
+            turn = await self.acquire(namespace, job, group, _left(deadline, self.clock()))
+            if pod in turn.pods:
+                turn.joined.add(pod)
+                return turn
+            try:  # the pods in this turn end it; the next one is prepared for this pod too
+                await asyncio.wait_for(turn.ended.wait(), _left(deadline, self.clock()))
+            except TimeoutError:
+                raise TimeoutError(
+                    f"job {turn.key}: pod {pod} became its member after its turn began, so it "
+                    "joins the next one, and the pods in this one had not all yielded by the "
+                    "deadline"
+                ) from None
 
     async def leave(self, namespace: str, job: str, group: str, pod: str) -> bool:
         """A member pod leaves its job's turn; True if that ended the turn (it was the last)."""
@@ -229,6 +209,8 @@ class Arbiter:
     def step_down(self, reason: str) -> None:
         """This replica no longer leads: every waiter hears why; the next leader takes over."""
         self.epoch = 0
+        for turn in self.held.values():
+            turn.ended.set()
         for wait in self._waits.values():
             if not wait.future.done():
                 wait.future.set_exception(NotLeading(f"the coordinator stepped down: {reason}"))
@@ -352,6 +334,7 @@ class Arbiter:
             nodes=dict(plan.addresses),
             granted_at=lease.granted_at,
             resources=lease.gpus,
+            pods=frozenset(pod for pods in plan.pods.values() for pod in pods),
         )
 
     def _changed(self, resources: Iterable[str]) -> None:
@@ -392,3 +375,7 @@ class Arbiter:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _left(deadline: float | None, now: float) -> float | None:
+    return None if deadline is None else max(0.0, deadline - now)

@@ -20,6 +20,7 @@ from agent.server.service import LeaseService
 from baton._pb import agent_pb2 as pb
 from baton._pb import jobturns_pb2_grpc as jt_grpc
 from coordinator.jobs_api import JobsServicer
+from coordinator.jobturn import JobTurn
 from coordinator.turns import Arbiter
 from tests.coordinator.loopback import TOKEN, LoopbackNode, leading, view_of
 
@@ -127,5 +128,37 @@ def test_members_asking_together_share_one_turn_and_a_member_gone_from_the_clust
                 await asyncio.sleep(0.01)
             while n1.holders() or n2.holders():
                 await asyncio.sleep(0.01)
+
+    run(body)
+
+
+def test_a_pod_that_became_a_member_after_its_jobs_turn_began_takes_part_from_the_next_one(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, n2, arbiter):
+            sampler_member = arbiter.view.members.pop("team/rl-sampler")  # not scheduled yet
+            trainer, sampler = pod(n1, "rl-trainer"), pod(n2, "rl-sampler")
+            mine = await acquire(n1.service, trainer)  # a turn on n1 alone
+            arbiter.view.members["team/rl-sampler"] = sampler_member  # scheduled now
+            asked = asyncio.Event()
+            join = arbiter.join
+
+            async def joining(ns: str, job: str, group: str, pod: str, t: float | None) -> JobTurn:
+                asked.set()
+                return await join(ns, job, group, pod, t)
+
+            arbiter.join = joining  # type: ignore[method-assign,assignment]
+            theirs = asyncio.create_task(acquire(n2.service, sampler))
+            await asyncio.wait_for(asked.wait(), 5)  # the coordinator has the sampler's ask
+            release(n1.service, trainer, mine)  # the turn it could not take part in ends
+            lease = await theirs  # the next turn covers the whole job
+            assert lease.tenant_id == "team/rl-sampler"
+            assert n1.holders() == {"GPU-n1": "team/rl-trainer"}
+            assert n2.holders() == {"GPU-n2": "team/rl-sampler"}
+            assert arbiter.held["team/rl"].joined == {"team/rl-sampler"}
+            release(n2.service, sampler, lease)  # its only pod leaves: the turn ends
+            granted = await acquire(n1.service, pod(n1, "sft-a"))  # and other jobs go on
+            assert granted.tenant_id == "team/sft-a"
 
     run(body)
