@@ -9,6 +9,7 @@ import grpc
 from baton._pb import jobturns_pb2 as jt
 from baton._pb import jobturns_pb2_grpc as jt_grpc
 from baton.contract.coordination import carries_token
+from baton.contract.deadline import answer_before
 from coordinator.llmd import Refused, mapped
 from coordinator.turns import Arbiter
 
@@ -40,7 +41,7 @@ class JobsServicer(jt_grpc.JobsServicer):
     ) -> jt.JoinResponse:
         self._check(context, request)
         timeout = request.timeout_s or None
-        remaining = context.time_remaining()
+        remaining = answer_before(context.time_remaining())  # so the agent hears why it waited
         if remaining is not None:
             timeout = min(timeout or remaining, remaining)
         turn = await self._arbiter.join(

@@ -1,9 +1,13 @@
-"""A job's turn as the arbiter (`coordinator.turns`) holds it, and the errors its callers get."""
+"""A job's turn as the arbiter (`coordinator.turns`) holds it, the errors its callers get, and
+why a job waits."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from agent.core.waiters import Waiter
 
 
 class NotLeading(Exception):
@@ -42,3 +46,25 @@ class JobTurn:
     """The member pods (namespace/name) the turn was prepared for on its nodes."""
     ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
     """Set once the turn is over (yielded, or this replica stepped down)."""
+
+
+def why_late(
+    key: str,
+    resources: Iterable[str],
+    held: Iterable[JobTurn],
+    waiters: Iterable[Waiter],
+    moving: bool,
+) -> str:
+    """Why the job `key` had no turn on `resources` by its deadline, in one sentence."""
+    if moving:
+        return f"job {key}: its turn was still being prepared on its nodes at the deadline"
+    wanted = set(resources)
+    holders = sorted({t.key for t in held if wanted & set(t.resources)})
+    others = [w for w in waiters if w.tenant_id != key and wanted & set(w.gpus)]
+    parts = [f"held by job {', '.join(holders)}"] if holders else []
+    if preparing := sorted({w.tenant_id for w in others if w.reserved}):
+        parts.append(f"being prepared for job {', '.join(preparing)}")
+    elif queued := sorted({w.tenant_id for w in others}):
+        parts.append(f"asked for by job {', '.join(queued)} too")
+    why = f"; its GPUs were {' and '.join(parts)}" if parts else ""
+    return f"job {key}: no turn before the deadline{why}"

@@ -23,7 +23,7 @@ from agent.core.leases import Lease, LeaseTable
 from agent.core.waiters import Waiter
 from coordinator.agents import AgentLinks, failure_text
 from coordinator.cluster import ClusterView, Plan, turn_key
-from coordinator.jobturn import JobTurn, NotHolder, NotLeading, TurnFailed
+from coordinator.jobturn import JobTurn, NotHolder, NotLeading, TurnFailed, why_late
 from coordinator.releases import Releases, rolled_back
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,12 @@ class Arbiter:
         asked = self.clock()
         try:
             turn = await asyncio.wait_for(asyncio.shield(wait.future), timeout)
-        except (TimeoutError, asyncio.CancelledError):
+        except TimeoutError:
+            held, waiters = self.held.values(), self.table.waiters.values()
+            why = why_late(plan.key, plan.resources, held, waiters, wait.moving)
+            self._abandon(waiter_id)
+            raise TimeoutError(why) from None
+        except asyncio.CancelledError:
             self._abandon(waiter_id)
             raise
         turn.waited = max(0.0, turn.granted_at - asked)

@@ -72,7 +72,9 @@ class CoordinatedTurns:
             try:
                 answer = await self._stub().Join(request, metadata=self._metadata, timeout=left)
             except grpc.aio.AioRpcError as err:
-                why = f"job {namespace}/{job}: {err.details() or err.code().name}"
+                why = err.details() or err.code().name
+                if not why.startswith(f"job {namespace}/{job}"):  # the coordinator named it
+                    why = f"job {namespace}/{job}: {why}"
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise AcquireTimeout(why) from None
                 retry = err.code() == grpc.StatusCode.UNAVAILABLE and "node " not in why

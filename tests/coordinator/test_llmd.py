@@ -110,3 +110,19 @@ def test_groups_across_nodes_are_listed_and_their_state_follows_the_turns(tmp_pa
         await shut(nodes, arbiter, server)
 
     run(body)
+
+
+def test_an_acquire_whose_deadline_passes_hears_which_job_holds_the_group(tmp_path: Path) -> None:
+    async def body() -> None:
+        nodes, arbiter, server, stub = await serve(tmp_path, caller="team")
+        await arbiter.acquire("other", "eval", "train", timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            await stub.Acquire(ts.AcquireRequest(job_id="rl", group_id="train"), timeout=1)
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert late.value.details() == (
+            "job team/rl@train: no turn before the deadline; its GPUs were held by job "
+            "other/eval@train"
+        )
+        await shut(nodes, arbiter, server)
+
+    run(body)

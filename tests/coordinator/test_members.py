@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.core.errors import Forbidden, NoCoordinator
+from agent.core.errors import AcquireTimeout, Forbidden, NoCoordinator
 from agent.node.tenants import Tenant
 from agent.server import api_ops
 from agent.server.coordinated import CoordinatedTurns
@@ -160,5 +160,19 @@ def test_a_pod_that_became_a_member_after_its_jobs_turn_began_takes_part_from_th
             release(n2.service, sampler, lease)  # its only pod leaves: the turn ends
             granted = await acquire(n1.service, pod(n1, "sft-a"))  # and other jobs go on
             assert granted.tenant_id == "team/sft-a"
+
+    run(body)
+
+
+def test_a_member_whose_deadline_passes_hears_which_job_holds_its_gpus(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, n2, _arbiter):
+            await acquire(n1.service, pod(n1, "sft-a"))
+            request = pb.AcquireRequest(timeout_ms=1000)
+            with pytest.raises(AcquireTimeout) as late:
+                await api_ops.acquire(n2.service, pod(n2, "rl-sampler"), request)
+            assert str(late.value) == (
+                "job team/rl: no turn before the deadline; its GPUs were held by job team/sft"
+            )
 
     run(body)
