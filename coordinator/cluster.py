@@ -46,7 +46,7 @@ class UnknownGroup(PlanError):
 
 @dataclass(frozen=True)
 class Member:
-    """One pod of a job, bound to a node."""
+    """One pod of a job, bound to a node (or not yet: `node` is "" until it is scheduled)."""
 
     pod: str
     """namespace/name"""
@@ -96,11 +96,12 @@ def turn_key(namespace: str, job: str, group: str) -> str:
 
 
 def member_of(pod: Mapping[str, Any]) -> tuple[str, str, Member] | None:
-    """(namespace, job, member) for a pod of a job bound to a node, else None."""
+    """(namespace, job, member) for a live pod of a job (its `node` "" until it is scheduled),
+    else None."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     labels = meta.get("labels") or {}
     job, node = job_of_labels(labels), spec.get("nodeName") or ""
-    if not job or not node or (pod.get("status") or {}).get("phase") in _DONE:
+    if not job or (pod.get("status") or {}).get("phase") in _DONE:
         return None
     namespace, name = meta.get("namespace", ""), meta.get("name", "")
     try:
@@ -169,9 +170,14 @@ class ClusterView:
         with self.lock:
             found = {m.pod: m for ns, j, m in self.members.values() if ns == namespace and j == job}
             nodes = dict(self.nodes)
-        mine = list(found.values())  # a pod with both job labels is watched twice: once here
-        if not mine:
+        mine = [m for m in found.values() if m.node]  # a pod with both job labels: once here
+        if not found:
             raise UnknownJob(f"no pod of namespace {namespace} carries job {job!r}")
+        if not mine:
+            raise PlanError(
+                f"job {namespace}/{job}: none of its pods is scheduled on a node yet "
+                f"({', '.join(sorted(found))})"
+            )
         if group:
             mine = [
                 m
@@ -213,7 +219,7 @@ class ClusterView:
     def groups(self) -> list[str]:
         """Every llm-d group: named by a member pod's label or a node's."""
         with self.lock:
-            named = {m.group for _, _, m in self.members.values() if m.group}
+            named = {m.group for _, _, m in self.members.values() if m.group and m.node}
             named |= {g for n in self.nodes.values() for g in n.groups}
         return sorted(named)
 
@@ -221,7 +227,7 @@ class ClusterView:
         """`node/GPU` of every GPU in `group`: its labelled nodes' and its member pods'."""
         with self.lock:
             nodes = dict(self.nodes)
-            members = [m for _, _, m in self.members.values() if m.group == group]
+            members = [m for _, _, m in self.members.values() if m.group == group and m.node]
         found = {f"{n.name}/{g}" for n in nodes.values() if group in n.groups for g in n.gpus}
         for m in members:
             gpus = m.gpus or nodes.get(m.node, Node(m.node)).gpus
@@ -231,7 +237,7 @@ class ClusterView:
     def pods(self) -> set[str]:
         """Every job pod bound to a node (namespace/name)."""
         with self.lock:
-            return {m.pod for _, _, m in self.members.values()}
+            return {m.pod for _, _, m in self.members.values() if m.node}
 
     def addresses(self) -> dict[str, str]:
         """node → its agent's coordination address, for every node that has one."""

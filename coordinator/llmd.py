@@ -86,11 +86,13 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         have = self._view.namespaces_of(job)
         caller = await self._namespace_of(context.peer())
         if caller is not None:
+            if not have:
+                raise Refused(grpc.StatusCode.NOT_FOUND, f"no pod carries job {job!r}")
             if caller not in have:
                 raise Refused(
                     grpc.StatusCode.PERMISSION_DENIED,
-                    f"a caller from namespace {caller} may drive only its own namespace's jobs, "
-                    f"and {caller} has no job {job!r}",
+                    f"job {job!r} is in namespace {', '.join(have)}: a caller from namespace "
+                    f"{caller} may drive only its own namespace's jobs",
                 )
             return caller
         if not self._allow_unidentified:

@@ -12,6 +12,8 @@ import pytest
 
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
+from baton.contract.names import LABEL_JOB
+from coordinator.cluster import member_of
 from coordinator.llmd import LlmdOrchestrator
 from coordinator.turns import Arbiter
 from tests.coordinator.loopback import LoopbackNode, leading, view_of
@@ -66,6 +68,7 @@ def test_a_caller_from_another_namespace_is_refused_and_its_own_is_served(
         assert "namespace other may drive only its own namespace's jobs" in str(
             denied.value.details()
         )
+        assert "job 'rl' is in namespace team" in str(denied.value.details())
         assert not any(node.holders() for node in nodes)
         answer = await stub.Acquire(ts.AcquireRequest(job_id="eval", group_id="train"), timeout=5)
         assert answer.success
@@ -123,6 +126,37 @@ def test_an_acquire_whose_deadline_passes_hears_which_job_holds_the_group(tmp_pa
             "job team/rl@train: no turn before the deadline; its GPUs were held by job "
             "other/eval@train"
         )
+        await shut(nodes, arbiter, server)
+
+    run(body)
+
+
+def test_a_job_that_does_not_exist_or_is_not_scheduled_yet_is_named_as_such(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        nodes, arbiter, server, stub = await serve(tmp_path, caller="team")
+        labels = {LABEL_JOB: "later"}
+        meta = {"name": "later-a", "namespace": "team", "labels": labels}
+        read = member_of({"metadata": meta, "spec": {}})  # created, not bound to a node yet
+        assert read is not None
+        arbiter.view.members["team/later-a"] = read
+        answers = {}
+        for job in ("nope", "later"):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Acquire(ts.AcquireRequest(job_id=job), timeout=5)
+            answers[job] = (refused.value.code(), refused.value.details())
+        assert answers == {
+            "nope": (grpc.StatusCode.NOT_FOUND, "no pod carries job 'nope'"),
+            "later": (
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "job team/later: none of its pods is scheduled on a node yet (team/later-a)",
+            ),
+        }
+        assert list((await stub.ListGroups(ts.ListGroupsRequest(), timeout=5)).group_ids) == [
+            "sample",
+            "train",
+        ]
         await shut(nodes, arbiter, server)
 
     run(body)
