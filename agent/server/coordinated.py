@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 RETRY_FIRST_S = 0.2
 RETRY_MAX_S = 2.0
 LEAVE_TIMEOUT_S = 10.0
+UNAVAILABLE_S = 30.0
+"""How long a coordinator may go on answering UNAVAILABLE (or not at all) before an acquire
+with no deadline gives up: an election takes the Lease's duration plus a retry period."""
 
 
 class JobTurnRefused(AgentError):
@@ -64,7 +67,7 @@ class CoordinatedTurns:
         """The member's lease in its job's turn, once the coordinator has granted it."""
         namespace = tenant.tenant_id.split("/", 1)[0]
         deadline = None if timeout is None else time.monotonic() + timeout
-        wait = RETRY_FIRST_S
+        wait, away_since = RETRY_FIRST_S, time.monotonic()
         request = jt.JoinRequest(namespace=namespace, job=job, pod=tenant.tenant_id)
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -77,13 +80,19 @@ class CoordinatedTurns:
                     why = f"job {namespace}/{job}: {why}"
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise AcquireTimeout(why) from None
-                retry = err.code() == grpc.StatusCode.UNAVAILABLE and "node " not in why
-                if not retry or (deadline is not None and time.monotonic() + wait > deadline):
-                    raise JobTurnRefused(f"the coordinator at {self._address}: {why}") from None
+                where = f"the coordinator at {self._address}"
+                if err.code() != grpc.StatusCode.UNAVAILABLE or "node " in why:
+                    raise JobTurnRefused(f"{where}: {why}") from None
+                if deadline is not None and time.monotonic() + wait > deadline:
+                    raise AcquireTimeout(f"{where}: {why}") from None
+                if time.monotonic() + wait - away_since > UNAVAILABLE_S:
+                    away = f"unavailable for over {UNAVAILABLE_S:.3g} s"
+                    raise JobTurnRefused(f"{where} has been {away}: {why}") from None
                 log.info("%s; asking the coordinator again in %.1f s", why, wait)
                 await asyncio.sleep(wait)  # a new leader is being elected: back off
                 wait = min(wait * 2, RETRY_MAX_S)
                 continue
+            away_since = time.monotonic()
             # The turn was prepared on every node before the coordinator answered: it is here.
             found = self._turns.lease_of(tenant.tenant_id, answer.turn_id)
             lease = self._turns.lease(found[1]) if found is not None else None

@@ -5,6 +5,7 @@ Agents on loopback with their `CoordinatedTurns`, the coordinator's Jobs API ove
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,8 +15,8 @@ import pytest
 
 from agent.core.errors import AcquireTimeout, Forbidden, NoCoordinator
 from agent.node.tenants import Tenant
-from agent.server import api_ops
-from agent.server.coordinated import CoordinatedTurns
+from agent.server import api_ops, coordinated
+from agent.server.coordinated import CoordinatedTurns, JobTurnRefused
 from agent.server.service import LeaseService
 from baton._pb import agent_pb2 as pb
 from baton._pb import jobturns_pb2_grpc as jt_grpc
@@ -174,5 +175,30 @@ def test_a_member_whose_deadline_passes_hears_which_job_holds_its_gpus(tmp_path:
             assert str(late.value) == (
                 "job team/rl: no turn before the deadline; its GPUs were held by job team/sft"
             )
+
+    run(body)
+
+
+def test_a_coordinator_that_never_answers_ends_a_members_acquire_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(coordinated, "UNAVAILABLE_S", 0.5)
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, _n2, _arbiter):
+            with socket.socket() as closed:  # a port nobody listens on
+                closed.bind(("127.0.0.1", 0))
+                address = f"127.0.0.1:{closed.getsockname()[1]}"
+            gate = CoordinatedTurns(n1.turns, address, TOKEN)
+            n1.service.jobs = gate
+            trainer = pod(n1, "rl-trainer")
+            try:
+                forever = pb.AcquireRequest(job="rl")  # no timeout of its own
+                with pytest.raises(JobTurnRefused, match=f"coordinator at {address} has been "):
+                    await asyncio.wait_for(api_ops.acquire(n1.service, trainer, forever), 10)
+                with pytest.raises(AcquireTimeout, match=f"the coordinator at {address}: "):
+                    await api_ops.acquire(n1.service, trainer, pb.AcquireRequest(timeout_ms=300))
+            finally:
+                await gate.close()
 
     run(body)
