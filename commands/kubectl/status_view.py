@@ -8,6 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from baton.contract.names import MIB
+from commands.status.cluster import troubles
 
 
 def _names(items: list[str]) -> str:
@@ -39,8 +40,10 @@ def status_table(document: dict[str, Any]) -> Table:
         table.add_column(column)
     for node in document.get("nodes", []):
         first = True
-        if node.get("error"):
-            table.add_row(node["name"], "-", f"[red]{escape(node['error'])}[/red]", *[""] * 5)
+        for said in troubles(node):
+            table.add_row(
+                node["name"] if first else "", "-", f"[red]{escape(said)}[/red]", *[""] * 5
+            )
             first = False
         for gpu in node.get("gpus", []):
             healthy = gpu.get("healthy") in (None, True)

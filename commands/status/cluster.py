@@ -73,12 +73,20 @@ def node_summary(
         "name": name,
         "agent": url,
         "error": agent if isinstance(agent, str) else None,
+        "problem": (inventory_node or {}).get("problem"),
         "parked_bytes": residency.get("parked_bytes"),
         "host_memory_budget_bytes": residency.get("host_memory_budget_bytes"),
         "annotated_budget_mib": budget_mib,
         "gpus": gpus,
         "namespaces": namespace_shares(status),
     }
+
+
+def troubles(node: Mapping[str, Any]) -> list[str]:
+    """What keeps a node of the document from being shown whole: its agent unread, and the
+    extender's complaint about its annotations."""
+    found = [node["error"]] if node.get("error") else []
+    return found + ([f"extender: {node['problem']}"] if node.get("problem") else [])
 
 
 def cluster_document(

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from baton.contract.names import MIB
-from commands.status.cluster import single_agent_document
+from commands.status.cluster import single_agent_document, troubles
 from commands.status.shares import namespace_table
 from commands.status.view import tenant_table
 
@@ -40,9 +40,9 @@ def gpu_rows_table(document: dict[str, Any], show_node: bool = True) -> Table:
         table.add_column(column)
     for node in document.get("nodes", []):
         first = True
-        if node.get("error"):
-            cells = [node["name"]] if show_node else []
-            cells += ["-", f"[red]{escape(node['error'])}[/red]", "", "", "", "", ""]
+        for said in troubles(node):
+            cells = [node["name"] if first else ""] if show_node else []
+            cells += ["-", f"[red]{escape(said)}[/red]", "", "", "", "", ""]
             table.add_row(*cells, *([""] if show_node else []))
             first = False
         for gpu in node.get("gpus", []):
@@ -74,9 +74,9 @@ def print_cluster(
         console.print("[yellow]the extender has not synced with the API server yet[/yellow]")
     if by == "namespace":
         for node in document.get("nodes", []):
-            if node.get("error"):
-                console.print(f"[red]{escape(node['name'])}: {escape(node['error'])}[/red]")
-            else:
+            for said in troubles(node):
+                console.print(f"[red]{escape(node['name'])}: {escape(said)}[/red]")
+            if not node.get("error"):
                 console.print(namespace_table(node.get("namespaces", []), node["name"]))
         return
     console.print(gpu_rows_table(document))

@@ -62,6 +62,16 @@ def test_status_table_json_and_watch(run) -> None:
     ] * 2
 
 
+def test_status_shows_what_the_extender_says_is_wrong_with_a_node(run) -> None:
+    routes = cluster_routes()
+    problem = "node annotation baton.dev/gpus is not JSON"
+    routes[inventory_path()]["nodes"][0].update(problem=problem, gpus=[])
+    table = run(routes, "status")
+    assert table.exit_code == 0, table.output
+    assert f"extender: {problem}" in table.output
+    assert json.loads(run(routes, "status", "-o", "json").output)["nodes"][0]["problem"] == problem
+
+
 def test_a_missing_permission_is_one_line_naming_it(run) -> None:
     routes = cluster_routes()
     routes[agent_status_path("baton-agent-x")] = FORBIDDEN_PROXY

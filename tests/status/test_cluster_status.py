@@ -76,6 +76,19 @@ def test_every_inventory_node_is_joined_with_its_agent_or_the_reason_it_is_missi
     assert text.count("n2") == 1 and "cannot reach the agent" in text
 
 
+def test_a_node_the_extender_cannot_read_shows_its_complaint() -> None:
+    problem = "node has no baton.dev/gpus annotation: Baton's device plugin or DRA driver..."
+    inventory = {"nodes": [{"name": "n3", "problem": problem, "gpus": []}]}
+    doc = cluster_document(inventory, {"n3": "cannot reach the agent"}, {})
+    (n3,) = doc["nodes"]
+    assert n3["problem"] == problem
+    console = Console(record=True, width=300)
+    console.print(gpu_rows_table(doc))
+    text = console.export_text()
+    assert f"extender: {problem}" in text and "cannot reach the agent" in text
+    assert text.count("n3") == 1
+
+
 def test_status_of_one_agent_shows_its_gpus_and_tenants() -> None:
     with AgentRunner() as agent:
         tenant = TenantProcess(agent.socket, "trainer", [GPU])
