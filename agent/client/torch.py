@@ -100,6 +100,8 @@ class TorchParker:
         self._parked: list[tuple[torch.UntypedStorage, int]] = []
         self._is_parked = False
         """True between a park and its restore, even one that found nothing to move."""
+        self._parked_gpus: set[str] = set()
+        """The GPUs parks were asked for and no restore since: one park moves every GPU's."""
         self._lock = threading.Lock()
         self.add(*sources)
 
@@ -155,10 +157,15 @@ class TorchParker:
         return sum(s.nbytes() for s in self.storages())
 
     def park(self, gpu: str = "") -> int:
-        """Copy every storage to its host buffer, free the device memory; returns bytes moved."""
+        """Copy every storage to its host buffer, free the device memory; returns bytes moved.
+        A tenant of several GPUs is asked once per GPU: the first park moves every storage and
+        the others move nothing (0 bytes)."""
         with self._lock:
+            if gpu in self._parked_gpus:
+                raise ParkError(f"already parked{f' on {gpu}' if gpu else ''}: restore first")
             if self._is_parked:
-                raise ParkError("already parked: restore before parking again")
+                self._parked_gpus.add(gpu)
+                return 0
             start = time.perf_counter()
             storages = self._resizable_storages()
             before = _reserved(storages)
@@ -168,6 +175,7 @@ class TorchParker:
                 storage.resize_(0)
             self._parked = [(s, n) for s, n in zip(storages, layout.sizes, strict=True)]
             self._is_parked = True
+            self._parked_gpus.add(gpu)
             _release_cached(storages)
             if before is not None:
                 self.stats.reserved_before_park = before
@@ -179,10 +187,15 @@ class TorchParker:
             return moved
 
     def restore(self, gpu: str = "") -> int:
-        """Allocate every parked storage again and copy its bytes back; returns bytes moved."""
+        """Allocate every parked storage again and copy its bytes back; returns bytes moved.
+        The first restore of a tenant of several GPUs brings every storage back; the restores
+        of its other GPUs then move nothing (0 bytes)."""
         with self._lock:
+            if gpu not in self._parked_gpus:
+                raise ParkError(f"not parked{f' on {gpu}' if gpu else ''}: nothing to restore")
             if not self._is_parked:
-                raise ParkError("not parked: nothing to restore")
+                self._parked_gpus.discard(gpu)
+                return 0
             start = time.perf_counter()
             for storage, nbytes in self._parked:
                 storage.resize_(nbytes)
@@ -191,6 +204,7 @@ class TorchParker:
             moved = sum(n for _, n in self._parked)
             self._parked = []
             self._is_parked = False
+            self._parked_gpus.discard(gpu)
             self.stats.restores += 1
             self.stats.restored_bytes += moved
             self.stats.restore_s += time.perf_counter() - start

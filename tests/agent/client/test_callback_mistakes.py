@@ -1,0 +1,94 @@
+"""A tenant's first park/restore callbacks, mistakes included, against a real agent (`app`
+method): a two-GPU tenant parked by `TorchParker`."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from agent.client import AcquireTimeout, Baton
+from agent.client.types import Callback
+from agent.core.events import QUEUED
+from agent.parking.setup import ParkingOptions
+from baton.contract.names import MIB
+from tests.harness.agent import AgentRunner
+
+pytestmark = pytest.mark.timeout(60)
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+GPUS = ["GPU-fake-0000", "GPU-fake-0001"]
+WAIT_S = 20.0
+
+
+@pytest.fixture
+def two_gpus(workdir: str) -> Iterator[AgentRunner]:
+    """An agent whose two 100 MiB GPUs each hold one 60 MiB tenant: every switch parks."""
+    options = ParkingOptions(backend="app", fake_gpus="2x100")
+    with AgentRunner(workdir, parking=options) as runner:
+        yield runner
+
+
+def client(
+    agent: AgentRunner, name: str, on_park: Callback, on_restore: Callback | None = None
+) -> Baton:
+    return Baton(
+        agent.socket, GPUS, name=name, gpu_memory_mib=60, on_park=on_park, on_restore=on_restore
+    )
+
+
+def moves(gpu: str) -> int:
+    return 60 * MIB
+
+
+def queued_behind(agent: AgentRunner, holder: Baton, taker: Baton, timeout: float) -> dict:
+    """`holder` holds both GPUs, `taker` queues for them and `holder` yields: what the taker's
+    `acquire(timeout)` returned ("lease") or raised ("error")."""
+    out: dict = {}
+    holder.acquire(WAIT_S)
+    taker.connect()
+    since = agent.mark()
+
+    def take() -> None:
+        try:
+            out["lease"] = taker.acquire(timeout)
+        except AcquireTimeout as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    assert taker.tenant is not None
+    tenant_id = taker.tenant.tenant_id
+    agent.wait_event(lambda e: e.kind == QUEUED and e.tenant_id == tenant_id, WAIT_S, since)
+    holder.yield_()
+    thread.join(timeout + WAIT_S)
+    assert not thread.is_alive(), "the taker's acquire never returned"
+    return out
+
+
+@needs_torch
+def test_a_torch_parker_parks_a_tenant_of_two_gpus(two_gpus: AgentRunner) -> None:
+    """The agent asks for a park on each GPU; the parker moved everything on the first and used
+    to refuse the second ("already parked"), so the other tenant never got its turn."""
+    import torch
+
+    from agent.client.torch import TorchParker
+
+    model = torch.nn.Linear(64, 64)
+    before = [p.detach().clone() for p in model.parameters()]
+    parker = TorchParker(model)
+    a = client(two_gpus, "a", on_park=parker.park, on_restore=parker.restore)
+    b = client(two_gpus, "b", on_park=moves, on_restore=moves)
+    try:
+        out = queued_behind(two_gpus, a, b, WAIT_S)
+        assert "lease" in out, out.get("error")
+        assert parker.parked
+        b.yield_()
+        a.acquire(WAIT_S)
+        assert not parker.parked
+        assert all(torch.equal(x, y) for x, y in zip(before, model.parameters(), strict=True))
+        assert (parker.stats.parks, parker.stats.restores) == (1, 1)
+    finally:
+        a.close()
+        b.close()
