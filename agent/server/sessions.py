@@ -109,9 +109,16 @@ class SessionRegistry:
 
     async def call_tenant(self, tenant_id: str, action: str, gpu: str, timeout: float) -> int:
         """Ask the tenant to run its `on_<action>(gpu)` callback; returns the bytes it moved."""
-        session = next(
-            (s for s in self._by_tenant.get(tenant_id, []) if action in s.callbacks), None
-        )
+        # A park only where the same session can restore: memory parked by a process that
+        # cannot bring it back would be stranded.
+        wanted = {"park", "restore"} if action == "park" else {action}
+        sessions = self._by_tenant.get(tenant_id, [])
+        session = next((s for s in sessions if wanted <= s.callbacks), None)
+        if session is None and action == "park" and any("park" in s.callbacks for s in sessions):
+            raise CallbackFailed(
+                f"tenant {tenant_id} offers no on_park with an on_restore beside it: parking it "
+                "would strand its memory (register both callbacks)"
+            )
         if session is None:
             raise CallbackFailed(f"tenant {tenant_id} has no session with an on_{action} callback")
         call_id = str(next(self._ids))
@@ -119,10 +126,16 @@ class SessionRegistry:
         session.pending[call_id] = future
         session.send(pb.AgentMessage(callback=pb.Callback(call_id=call_id, action=action, gpu=gpu)))
         try:
-            return await asyncio.wait_for(future, timeout)
+            moved = await asyncio.wait_for(future, timeout)
         except TimeoutError:
             raise CallbackFailed(
                 f"tenant {tenant_id} did not finish on_{action}({gpu}) within {timeout:g} s"
             ) from None
         finally:
             session.pending.pop(call_id, None)
+        if moved < 0:
+            raise CallbackFailed(
+                f"tenant {tenant_id}: on_{action}({gpu}) returned {moved} bytes moved; a callback "
+                "returns the bytes it moved (0 or more) or None"
+            )
+        return moved

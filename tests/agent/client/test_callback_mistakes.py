@@ -1,5 +1,6 @@
 """A tenant's first park/restore callbacks, mistakes included, against a real agent (`app`
-method): a two-GPU tenant parked by `TorchParker`."""
+method): a two-GPU tenant parked by `TorchParker`, a park that answers a negative byte count,
+and a tenant that registered `on_park` alone."""
 
 from __future__ import annotations
 
@@ -89,6 +90,49 @@ def test_a_torch_parker_parks_a_tenant_of_two_gpus(two_gpus: AgentRunner) -> Non
         assert not parker.parked
         assert all(torch.equal(x, y) for x, y in zip(before, model.parameters(), strict=True))
         assert (parker.stats.parks, parker.stats.restores) == (1, 1)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_park_that_answers_negative_bytes_is_a_failed_park_that_says_so(
+    two_gpus: AgentRunner,
+) -> None:
+    """It used to count -5 bytes parked and fail inside the metrics ("Counters can only be
+    incremented by non-negative amounts"), with the parked bytes negative in /v1/status."""
+    a = client(two_gpus, "a", on_park=lambda gpu: -5, on_restore=moves)
+    b = client(two_gpus, "b", on_park=moves, on_restore=moves)
+    try:
+        out = queued_behind(two_gpus, a, b, 2.0)
+        assert "returned -5 bytes moved" in out["error"].reason
+        residency = two_gpus.status()["residency"]
+        assert residency["parked_bytes"] >= 0
+        assert residency["tenants"]["local/a"]["parked_bytes"] >= 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_tenant_with_on_park_alone_is_not_parked_where_it_cannot_come_back(
+    two_gpus: AgentRunner,
+) -> None:
+    """Parked by its on_park, it had no on_restore to come back with: its every later turn
+    failed ("has no session with an on_restore callback"). Now it stays resident, and the
+    tenant kept waiting is told why."""
+    parks: list[str] = []
+
+    def park(gpu: str) -> int:
+        parks.append(gpu)
+        return 60 * MIB
+
+    a = client(two_gpus, "a", on_park=park)
+    b = client(two_gpus, "b", on_park=moves, on_restore=moves)
+    try:
+        out = queued_behind(two_gpus, a, b, 2.0)
+        assert "no on_park with an on_restore" in out["error"].reason
+        assert parks == []
+        a.acquire(WAIT_S)  # its memory never left
+        a.yield_()
     finally:
         a.close()
         b.close()
