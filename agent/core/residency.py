@@ -25,6 +25,11 @@ class TooLarge(NoRoom):
     """The tenant needs more memory on a GPU than the GPU holds: no move can ever make room."""
 
 
+class MoveFailed(NoRoom):
+    """A park or restore the turn needs failed each time it was tried (a callback that raised or
+    was late): the lease service tries the turn again a while later, as nothing else may change."""
+
+
 class TurnPreparer(Protocol):
     """Makes a tenant's memory resident on its GPUs before its turn."""
 

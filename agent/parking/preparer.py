@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from agent.core.errors import Quarantined
 from agent.core.planner import Plan, Reason, Refusal, Step, plan_ahead, plan_park, plan_turn
-from agent.core.residency import NoRoom, TooLarge
+from agent.core.residency import MoveFailed, NoRoom, TooLarge
 from agent.parking.backends.base import (
     Backend,
     BackendError,
@@ -366,6 +366,8 @@ class ParkingPreparer(ModelPlans):
         if self._waiting.get(tenant_id) != message:
             log.warning("turn for %s waits: %s", tenant_id, message)
         self._waiting[tenant_id] = message
+        if reason == "move_failed":
+            return MoveFailed(message)
         return TooLarge(message) if reason == Reason.TOO_LARGE else NoRoom(message)
 
     def _refuse_quarantined(self, tenant_id: str) -> Quarantined:

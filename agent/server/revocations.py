@@ -1,5 +1,6 @@
 """Revocations in flight and ones to try again: a holder past its maximum hold that could not be
-parked keeps its GPU, and parking it is tried again `retry_s` later."""
+parked keeps its GPU, and parking it is tried again `retry_s` later. So are the waiters whose
+grant's moves failed (`moves_failed`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 from collections.abc import Collection
 
 from agent.core.leases import Lease, LeaseTable
+from agent.core.residency import MoveFailed
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +23,8 @@ class Revocations:
         self.retry_s = retry_s
         self.running: set[str] = set()
         self.retry_at: dict[str, float] = {}
+        self.moves_retry_at: float | None = None
+        """When the waiters blocked by a failed move are tried again."""
 
     def may_start(self, lease_id: str, now: float) -> bool:
         """Not being revoked now, and not waiting to be tried again after a failed park."""
@@ -50,10 +54,27 @@ class Revocations:
                     waiter.blocked = why
         return why
 
+    def moves_failed(self, error: Exception | None, now: float) -> None:
+        """If `error` is a grant's failed move (`MoveFailed`, which nothing else that changes
+        may cure), the blocked waiters are tried again `retry_s` from `now`."""
+        if isinstance(error, MoveFailed) and self.moves_retry_at is None:
+            self.moves_retry_at = now + self.retry_s
+
+    def moves_due(self, now: float, table: LeaseTable) -> bool:
+        """Whether the blocked waiters are tried again now (once per `moves_failed`): if so,
+        they are unblocked in `table`, to be dispatched."""
+        due = self.moves_retry_at is not None and self.moves_retry_at <= now
+        if due:
+            self.moves_retry_at = None
+            table.unblock_all()
+        return due
+
     def sooner(self, deadline: float | None, now: float, live: Collection[str]) -> float | None:
-        """`deadline`, or sooner if a failed revocation of a `live` lease is due before it."""
+        """`deadline`, or sooner if a failed revocation of a `live` lease, or the retry of a
+        failed move, is due before it."""
         self.retry_at = {k: t for k, t in self.retry_at.items() if k in live}
-        retry = min(self.retry_at.values(), default=None)
+        retries = [*self.retry_at.values(), self.moves_retry_at]
+        retry = min((t for t in retries if t is not None), default=None)
         if retry is not None and (deadline is None or retry < deadline):
             return max(retry, now)
         return deadline

@@ -260,6 +260,7 @@ class Turns:
                 )
             self._dispatch()
             return
+        self.revocations.moves_failed(error, self._state.clock())
         if isinstance(error, NoRoom):
             self._blocked(waiter, str(error), changes)
             return
@@ -286,8 +287,7 @@ class Turns:
                 lease.tenant_id, pb.AgentMessage(granted=lease_to_pb(lease))
             )
         self._state.persist_step()
-        sessions = self._state.sessions
-        if not sessions.connected(lease.tenant_id):  # a bare RPC caller: nothing to watch
+        if not self._state.sessions.connected(lease.tenant_id):  # a bare RPC caller: no watch
             loop = asyncio.get_running_loop()
             loop.call_later(self._state.grace, self._unwatched, lease.tenant_id)
         self._settle_soon()
@@ -360,7 +360,7 @@ class Turns:
             if self.revocations.may_start(lease.lease_id, self._state.clock()):
                 self.revocations.start(lease.lease_id)
                 self._state.spawn(self._revoke(lease))
-        if tick.expired or tick.unheld:
+        if self.revocations.moves_due(now, self.table) or tick.expired or tick.unheld:
             self._dispatch()
         self._reschedule()  # now: this timer is spent
 

@@ -136,3 +136,28 @@ def test_a_tenant_with_on_park_alone_is_not_parked_where_it_cannot_come_back(
     finally:
         a.close()
         b.close()
+
+
+def test_a_turn_whose_park_failed_is_tried_again_without_another_change(
+    two_gpus: AgentRunner,
+) -> None:
+    """The holder's on_park failed each time the grant tried it (a transient error, or a
+    callback past --move-timeout that finished later): the waiter used to stay blocked until
+    some other tenant acquired or yielded, for ever with no timeout. Now it is tried again."""
+    # Its parks at the yield (one per GPU) and the grant's three attempts on the first GPU fail.
+    failures = [RuntimeError("device busy")] * 5
+
+    def park(gpu: str) -> int:
+        if failures:
+            raise failures.pop()
+        return 60 * MIB
+
+    a = client(two_gpus, "a", on_park=park, on_restore=moves)
+    b = client(two_gpus, "b", on_park=moves, on_restore=moves)
+    try:
+        out = queued_behind(two_gpus, a, b, WAIT_S)
+        assert "lease" in out, out.get("error")
+        assert failures == []
+    finally:
+        a.close()
+        b.close()
