@@ -69,7 +69,7 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
     for name in ABOVE_ZERO:
         if getattr(s, name) <= 0:
             raise typer.BadParameter(
-                f"{getattr(s, name)} is not above 0", param_hint=f"--{name.replace('_', '-')}"
+                f"{getattr(s, name)}: must be above 0", param_hint=f"--{name.replace('_', '-')}"
             )
     for name in ADDRESSES:
         check_address(getattr(s, name), f"--{name.replace('_', '-')}")
