@@ -151,11 +151,14 @@ class Jobs:
         return tenant
 
     async def check(self, job_id: str, group: str, peer: str) -> Tenant:
-        """The job's tenant for a call that needs it to exist, checked against the caller."""
-        self.group_gpus(group)
+        """The job's tenant for a call that needs it to exist, checked against the caller. The
+        group may be empty: a job id is unique on a node (llm-d's client sends `group=""`)."""
+        if group:
+            self.group_gpus(group)
         tenant = self.find(job_id, group)
         if tenant is None:
-            raise UnknownJob(f"no job {job_id!r} in group {group!r} on this node")
+            where = f" in group {group!r}" if group else ""
+            raise UnknownJob(f"no job {job_id!r}{where} on this node")
         self.check_caller(tenant, await self.caller(peer))
         return tenant
 

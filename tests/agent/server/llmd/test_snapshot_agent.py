@@ -200,6 +200,28 @@ def test_every_status_code_the_reference_names(
         client.close()
 
 
+def test_snapshot_and_restore_without_a_group_as_llm_ds_client_sends_them(
+    endpoint: str, workload: tuple[Workload, WorkloadHandle]
+) -> None:
+    engine, _ = workload
+    original = engine.device
+    client = SnapshotAgentClient(endpoint)  # their snapshot(job_id, group="", ...)
+    try:
+        _registered(client, "engine")
+        op = client.wait_for_operation(client.snapshot("engine"), 0.01)
+        assert op.status == sa.OPERATION_STATUS_COMPLETE, op.error
+        assert engine.device is None and engine.host == original
+        op = client.wait_for_operation(client.restore("engine"), 0.01)
+        assert op.status == sa.OPERATION_STATUS_COMPLETE, op.error
+        assert engine.device == original
+        with pytest.raises(grpc.RpcError) as unknown:
+            client.snapshot("nobody")
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        assert unknown.value.details() == "no job 'nobody' on this node"
+    finally:
+        client.close()
+
+
 def test_a_channel_must_open_with_one_registration(endpoint: str) -> None:
     channel = grpc.insecure_channel(endpoint)
     stub = sa_grpc.SnapshotAgentServiceStub(channel)
