@@ -56,6 +56,12 @@ def agent_args(tmp: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+LLMD_GROUP_OF_ANOTHER_GPU = (
+    "--backend", "fake", "--fake-gpus", "1x64",
+    "--llmd-listen", "127.0.0.1:0", "--llmd-group", "trainers=GPU-0",
+)  # fmt: skip
+
+
 def plugin_args(tmp: Path, *extra: str) -> list[str]:
     return ["deviceplugin", "--node-name", NODE, "--fake-gpus", "1x100", "--kubeconfig", *extra]
 
@@ -105,6 +111,11 @@ EXIT_CASES: dict[str, tuple[Case, int, str]] = {
         lambda t, _: agent_args(t, "--http-host", "192.0.2.1", "--http-port", "0"),
         2,
         "pass another --http-host",
+    ),
+    "agent: llm-d group names a GPU the node lacks": (
+        lambda t, _: agent_args(t, *LLMD_GROUP_OF_ANOTHER_GPU, "--fake-dir", f"{t}/fake"),
+        2,
+        "--llmd-group trainers=GPU-0: GPU-0: not a GPU of this node",
     ),
     "deviceplugin: kubeconfig missing": (
         lambda t, _: plugin_args(t, f"{t}/none"),

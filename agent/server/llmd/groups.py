@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from baton.contract.names import LABEL_LLMD_GROUP, LABEL_LLMD_JOB
@@ -49,6 +49,16 @@ class Groups:
                 raise GroupSpecError(f"group {name!r} is given twice")
             groups.static[name] = gpus
         return groups
+
+    def check_gpus(self, known: Collection[str]) -> None:
+        """`GroupSpecError` for a group naming a GPU not in `known` (empty: any name goes)."""
+        for name, gpus in sorted(self.static.items()):
+            unknown = [gpu for gpu in gpus if known and gpu not in known]
+            if unknown:
+                raise GroupSpecError(
+                    f"{name}={','.join(gpus)}: {', '.join(unknown)}: not a GPU of this node "
+                    f"(it has {', '.join(sorted(known))})"
+                )
 
     def names(self) -> list[str]:
         """Every group id, sorted."""

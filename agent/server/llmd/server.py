@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 
 from agent.server.llmd.channel import Channels
-from agent.server.llmd.groups import Groups
+from agent.server.llmd.groups import Groups, GroupSpecError
 from agent.server.llmd.jobs import Jobs
 from agent.server.llmd.orchestrator import Orchestrator
 from agent.server.llmd.snapshot import SnapshotAgent
@@ -90,7 +90,12 @@ class LlmdServer:
         self.port = 0
 
     async def start(self) -> int:
-        """Bind and serve; returns the port (for `:0`). `OSError`-like RuntimeError if it cannot."""
+        """Bind and serve; returns the port (for `:0`). RuntimeError, saying which flag is wrong,
+        if it cannot listen or a group names a GPU this node does not have."""
+        try:
+            self._groups.check_gpus(self._gpu_memory)
+        except GroupSpecError as exc:
+            raise RuntimeError(f"--llmd-group {exc}") from None
         self._server = grpc.aio.server()
         self.port = self._server.add_insecure_port(self._listen)
         if not self.port:

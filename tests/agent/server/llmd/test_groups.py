@@ -19,6 +19,17 @@ def test_group_specs_parse_and_bad_ones_say_how_to_write_them() -> None:
         g.Groups.from_specs(["a=GPU-0", "a=GPU-1"])
 
 
+def test_a_group_naming_a_gpu_the_node_lacks_is_refused_where_the_node_knows_its_gpus() -> None:
+    groups = g.Groups.from_specs(["trainers=GPU-0,GPU-a"])
+    groups.check_gpus({})  # --backend none: any name goes
+    groups.check_gpus({"GPU-0", "GPU-a"})
+    with pytest.raises(g.GroupSpecError) as err:
+        groups.check_gpus({"GPU-a", "GPU-b"})
+    assert str(err.value) == (
+        "trainers=GPU-0,GPU-a: GPU-0: not a GPU of this node (it has GPU-a, GPU-b)"
+    )
+
+
 @pytest.mark.parametrize(
     ("facts", "state"),
     [
