@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -97,6 +98,8 @@ class Setup:
             raise ValueError(f"tenants {self.tenants} is too few: a handoff needs 2 or more")
         if self.hold_ms < 0:
             raise ValueError(f"hold-ms {self.hold_ms:g} is negative")
+        if not math.isfinite(self.hold_ms):
+            raise ValueError(f"hold-ms {self.hold_ms:g} is not a number of milliseconds")
         if self.swap and self.backend not in (FAKE, APP):
             raise ValueError(f"swap runs on the simulated GPU: use --backend {FAKE} or {APP}")
 

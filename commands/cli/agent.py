@@ -160,7 +160,7 @@ def _coordination_token(listen: str, path: str) -> str:
 
 
 def bench_handoff(
-    iterations: Annotated[int, typer.Option(help="Samples per measurement.")] = 500,
+    iterations: Annotated[int, typer.Option(min=1, help="Samples per measurement.")] = 500,
     client: Annotated[
         str, typer.Option(help="Tenants use the blocking `Baton` or the asyncio `AsyncBaton`.")
     ] = "blocking",
@@ -186,7 +186,8 @@ def bench_handoff(
         ),
     ] = False,
     rounds: Annotated[
-        int, typer.Option(help="Rounds in which the rows take turns (each ≥ 50 iterations).")
+        int,
+        typer.Option(min=1, help="Rounds in which the rows take turns (each ≥ 50 iterations)."),
     ] = 3,
     as_json: AsJson = False,
 ) -> None:
@@ -199,6 +200,13 @@ def bench_handoff(
     if api == "llmd":
         from commands.bench.llmd_handoff import run_llmd_handoff_bench
 
+        baton_only = {
+            "--client": client != "blocking", "--transport": transport != "direct",
+            "--backend": backend != NONE, "--hold-ms": hold_ms != 2.0, "--tenants": tenants != 2,
+            "--swap": swap, "--rounds": rounds != 3,
+        }  # fmt: skip
+        if wrong := next((flag for flag, given in baton_only.items() if given), None):
+            raise typer.BadParameter("applies to --api baton only, not llmd", param_hint=wrong)
         echo_figures(run_llmd_handoff_bench(iterations), as_json)
         return
     try:

@@ -7,8 +7,10 @@ import subprocess
 import sys
 
 import pytest
+from typer.testing import CliRunner
 
 from commands.bench.handoff import handoffs, idle_share, percentile, run_handoff_bench
+from commands.cli import app
 
 FIELDS = (
     "acquire_p50_ms",
@@ -79,11 +81,31 @@ def test_a_parking_backend_is_measured_beside_the_agent_without_one(
         ({"tenants": 1}, "a handoff needs 2 or more"),
         ({"swap": True}, "swap runs on the simulated GPU"),
         ({"hold_ms": -1.0}, "hold-ms -1 is negative"),
+        ({"hold_ms": float("nan")}, "hold-ms nan is not a number of milliseconds"),
+        ({"hold_ms": float("inf")}, "hold-ms inf is not a number of milliseconds"),
     ],
 )
 def test_a_setup_that_cannot_run_is_refused_by_name(options: dict, refusal: str) -> None:
     with pytest.raises(ValueError, match=refusal):
         run_handoff_bench(5, **options)
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "says"),
+    [
+        (["--iterations", "0"], "'--iterations'", "greater than or equal to 1"),
+        (["--rounds", "0"], "'--rounds'", "greater than or equal to 1"),
+        (["--hold-ms", "nan"], "--hold-ms", "not a number of milliseconds"),
+        (["--api", "llmd", "--backend", "fake"], "--backend", "applies to --api baton only"),
+        (["--api", "llmd", "--swap"], "--swap", "applies to --api baton only"),
+    ],
+)
+def test_the_command_refuses_an_option_it_cannot_use_before_any_run(
+    args: list[str], flag: str, says: str
+) -> None:
+    result = CliRunner().invoke(app, ["bench", "handoff", *args], terminal_width=200)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for {flag}" in result.output and says in result.output
 
 
 def test_the_blocking_client_over_grpc_is_refused_with_the_way_out() -> None:
