@@ -95,3 +95,22 @@ def test_the_coordinator_refuses_a_bad_address(flags: list[str], flag: str, tmp_
 def test_the_coordinator_names_the_token_file_it_cannot_read(tmp_path: Path) -> None:
     said = _refusal([*COORDINATOR, str(tmp_path / "missing")])
     assert "Invalid value for --token-file: cannot read" in said
+
+
+DEMO_REFUSED = [
+    (["--footprints", "100,200", "--tenants", "3"], "--footprints '100,200'", "one per tenant (3)"),
+    (["--pcie-gbps", "-1"], "--pcie-gbps -1", "give GB/s"),
+    (["--scale", "0"], "--scale 0", "above 0"),
+    (["--duration", "inf"], "--duration inf", "finite number of seconds"),
+    (["--warmup", "inf"], "--warmup inf", "finite number of seconds"),
+]
+
+
+@pytest.mark.timeout(30)  # refused: nothing runs (accepted, a run would go on, or forever)
+@pytest.mark.parametrize("command", [["demo"], ["bench", "duty"]], ids=" ".join)
+@pytest.mark.parametrize(("flags", "flag", "problem"), DEMO_REFUSED, ids=lambda v: str(v))
+def test_the_demo_and_bench_duty_refuse_a_bad_value_before_any_run(
+    command: list[str], flags: list[str], flag: str, problem: str
+) -> None:
+    said = _refusal([*command, *flags])
+    assert flag in said and problem in said

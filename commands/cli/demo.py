@@ -71,6 +71,8 @@ def _config(
     footprints: str, pcie_gbps: float, scale: float, jitter: float, seed: int,
 ) -> DemoConfig:  # fmt: skip
     """The run's settings from the flags; `footprints` is `MIB` or `MIB,MIB,...`."""
+    import math
+
     from commands.demo.runner import DemoConfig
 
     try:
@@ -79,6 +81,17 @@ def _config(
         sizes = ()
     if not sizes or min(sizes) <= 0:
         raise typer.BadParameter(f"--footprints {footprints!r}: give MiB, e.g. 6144 or 6144,4096")
+    if len(sizes) not in (1, tenants):
+        raise typer.BadParameter(
+            f"--footprints {footprints!r}: give one value, or one per tenant ({tenants})"
+        )
+    for flag, value in (("--cycle", cycle), ("--duration", duration), ("--warmup", warmup)):
+        if not math.isfinite(value):
+            raise typer.BadParameter(f"{flag} {value:g}: give a finite number of seconds")
+    if not 0 <= pcie_gbps < math.inf:
+        raise typer.BadParameter(f"--pcie-gbps {pcie_gbps:g}: give GB/s, or 0 for unmodelled")
+    if not 0 < scale < math.inf:
+        raise typer.BadParameter(f"--scale {scale:g}: give real bytes per simulated byte, above 0")
     if max(sizes) > gpu_memory:
         raise typer.BadParameter(
             f"a footprint of {max(sizes)} MiB exceeds --gpu-memory {gpu_memory}"
