@@ -9,6 +9,7 @@ with each policy in the same run.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 from agent.core.fair import FairConfig, FairShare
@@ -80,6 +81,12 @@ def run_fairness_bench(
         raise ValueError(f"unknown mix {', '.join(unknown)}; the mixes are {', '.join(MIXES)}")
     if process_rounds < 1:
         raise ValueError(f"--process-rounds {process_rounds} must be at least 1")
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"--seconds {seconds:g} must be a finite number above 0")
+    if not 0 <= process_seconds < math.inf:
+        raise ValueError(f"--process-seconds {process_seconds:g} must be 0 (replay only) or finite")
+    if handoff_iterations < 0:
+        raise ValueError(f"--handoff-iterations {handoff_iterations} must be 0 (skip) or more")
     per_mix: dict[str, dict[str, Any]] = {}
     for name in names:
         mix = MIXES[name]

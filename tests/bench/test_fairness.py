@@ -57,6 +57,21 @@ def test_the_cli_takes_mixes_and_refuses_an_unknown_one() -> None:
     assert refused.exit_code == 2 and "--process-rounds 0 must be at least 1" in refused.output
 
 
+@pytest.mark.timeout(30)  # refused before any run (accepted, a run would go on, or forever)
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--seconds", "-1"], "--seconds -1 must be a finite number above 0"),
+        (["--seconds", "inf"], "--seconds inf must be a finite number above 0"),
+        (["--process-seconds", "-1"], "--process-seconds -1 must be 0 (replay only) or finite"),
+        (["--handoff-iterations", "-1"], "--handoff-iterations -1 must be 0 (skip) or more"),
+    ],
+)
+def test_the_cli_refuses_a_bad_number_before_any_run(flags: list[str], says: str) -> None:
+    refused = CliRunner().invoke(app, ["bench", "fairness", *flags])
+    assert refused.exit_code == 2 and says in refused.output, refused.output
+
+
 def test_the_replay_orders_events_as_a_client_sees_them() -> None:
     # A yielder asks again only after its yield is answered: without anticipation the next turn
     # goes to whoever waits, and no share above one half is reachable (the figures).
