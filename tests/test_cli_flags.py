@@ -114,3 +114,8 @@ def test_the_demo_and_bench_duty_refuse_a_bad_value_before_any_run(
 ) -> None:
     said = _refusal([*command, *flags])
     assert flag in said and problem in said
+
+
+def test_bench_train_refuses_a_device_it_cannot_train_on() -> None:
+    said = _refusal(["bench", "train", "--device", "tpu"])
+    assert "--device" in said and "'tpu': cpu, or cuda" in said

@@ -245,6 +245,8 @@ def bench_train(
     """
     if framework not in ("torch", "trl"):
         raise typer.BadParameter(f"--framework {framework!r}: torch or trl")
+    if device != "cpu" and device.partition(":")[0] != "cuda":
+        raise typer.BadParameter(f"{device!r}: cpu, or cuda (cuda:N)", param_hint="--device")
     if framework == "torch" and mix != "default":
         raise typer.BadParameter("--mix applies to --framework trl only")
     if framework == "trl" and (layers is not None or group is not None):
