@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import os
 import socket as socketlib
 from collections.abc import Awaitable, Callable, Sequence
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from agent.client.errors import BatonError
 from baton._pb import agent_pb2 as pb
 from baton.contract.names import AGENT_SOCKET, ENV_AGENT_SOCKET, ENV_GPUS, ENV_TENANT_NAME
+
+log = logging.getLogger("baton.client")
 
 Callback = Callable[[str], "int | Awaitable[int | None] | None"]
 
@@ -108,6 +111,20 @@ def gpus_from(value: Sequence[str] | str | None) -> tuple[str, ...]:
     return tuple(g.strip() for g in items if g.strip())
 
 
+def moved_bytes(request: pb.Callback, moved: object) -> int:
+    """The bytes a callback that ran says it moved (None: 0). A value that is no number is
+    logged and counted as 0: the callback ran, so its move stands; a park answered as failed
+    would be forgotten here and never restored."""
+    try:
+        return int(moved or 0)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        log.warning(
+            "on_%s(%s) returned %r, not the bytes it moved (an int, or None); counted as 0",
+            request.action, request.gpu, moved,
+        )  # fmt: skip
+        return 0
+
+
 async def run_callback(fn: Callback | None, request: pb.Callback) -> pb.CallbackResult:
     """Run a tenant's callback for the agent: sync ones in a thread; errors become the answer."""
     result = pb.CallbackResult(call_id=request.call_id)
@@ -118,7 +135,7 @@ async def run_callback(fn: Callback | None, request: pb.Callback) -> pb.Callback
             moved = await fn(request.gpu)
         else:
             moved = await asyncio.to_thread(fn, request.gpu)
-        result.bytes = int(moved or 0)
+        result.bytes = moved_bytes(request, moved)
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     return result
@@ -133,7 +150,7 @@ def run_callback_blocking(fn: Callback | None, request: pb.Callback) -> pb.Callb
         moved = fn(request.gpu)
         if inspect.isawaitable(moved):
             moved = asyncio.run(_awaited(moved))
-        result.bytes = int(moved or 0)
+        result.bytes = moved_bytes(request, moved)
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     return result

@@ -161,3 +161,30 @@ def test_a_turn_whose_park_failed_is_tried_again_without_another_change(
     finally:
         a.close()
         b.close()
+
+
+def test_a_park_that_answers_no_number_still_comes_back(
+    two_gpus: AgentRunner, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its answer ("lots") used to fail the park after the callback had moved the memory: the
+    client did not count it parked, so its next turn began without a restore."""
+    restored: list[str] = []
+
+    def restore(gpu: str) -> int:
+        restored.append(gpu)
+        return 60 * MIB
+
+    a = client(two_gpus, "a", on_park=lambda gpu: "lots", on_restore=restore)  # type: ignore[arg-type, return-value]
+    b = client(two_gpus, "b", on_park=moves, on_restore=moves)
+    try:
+        with caplog.at_level("WARNING", logger="baton.client"):
+            out = queued_behind(two_gpus, a, b, WAIT_S)
+        assert "lease" in out, out.get("error")
+        assert "returned 'lots', not the bytes it moved" in caplog.text
+        b.yield_()
+        a.acquire(WAIT_S)
+        assert sorted(restored) == GPUS  # what its on_park moved came back before its turn
+        a.yield_()
+    finally:
+        a.close()
+        b.close()
