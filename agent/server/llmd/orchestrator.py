@@ -107,9 +107,12 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         )
         if tenant is None or lease is None:
             holder = self._holder(gpus)
+            held_by = self._jobs.job_of(holder.tenant_id) if holder else "nobody"
+            if held_by == request.job_id:  # its turn on another group covers these GPUs
+                held_by += ", on another group: yield with that group_id"
             raise Forbidden(
                 f"job {request.job_id!r} does not hold group {request.group_id!r}'s turn "
-                f"(held by {self._jobs.job_of(holder.tenant_id) if holder else 'nobody'})"
+                f"(held by {held_by})"
             )
         self._jobs.check_caller(tenant, await self._jobs.caller(context.peer()))
         waiting = {

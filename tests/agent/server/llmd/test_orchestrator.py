@@ -94,6 +94,23 @@ def test_a_job_cannot_yield_another_jobs_turn(clients: tuple[TimeSliceOrchestrat
     assert never.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
+def test_a_yield_naming_another_group_than_the_jobs_turn_says_so(workdir: str) -> None:
+    groups = ("both=GPU-0,GPU-1", f"{GROUP}=GPU-0")
+    with AgentRunner(workdir, llmd_listen="127.0.0.1:0", llmd_groups=groups) as agent:
+        job = TimeSliceOrchestratorClient(f"127.0.0.1:{agent.llmd_port}", "job-a", "both")
+        try:
+            assert job.acquire()[0] is True
+            with pytest.raises(grpc.RpcError) as denied:
+                job.release(group_id=GROUP)
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "(held by job-a, on another group: yield with that group_id)" in str(
+                denied.value.details()
+            )
+            assert job.release() == (True, 0, True)  # its own group's yield ends it
+        finally:
+            job.close()
+
+
 def test_every_status_code_the_reference_names(clients: tuple[TimeSliceOrchestratorClient, ...]):
     a, b = clients
     cases = [
