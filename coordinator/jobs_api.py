@@ -11,7 +11,7 @@ from baton._pb import jobturns_pb2_grpc as jt_grpc
 from baton.contract.coordination import carries_token
 from baton.contract.deadline import answer_before
 from coordinator.llmd import Refused, mapped
-from coordinator.turns import Arbiter
+from coordinator.turns import Arbiter, TurnFailed
 
 
 class JobsServicer(jt_grpc.JobsServicer):
@@ -44,9 +44,12 @@ class JobsServicer(jt_grpc.JobsServicer):
         remaining = answer_before(context.time_remaining())  # so the agent hears why it waited
         if remaining is not None:
             timeout = min(timeout or remaining, remaining)
-        turn = await self._arbiter.join(
-            request.namespace, request.job, request.group, request.pod, timeout
-        )
+        try:
+            turn = await self._arbiter.join(
+                request.namespace, request.job, request.group, request.pod, timeout
+            )
+        except TurnFailed as exc:  # a node failed the turn: not an election to wait out
+            raise Refused(grpc.StatusCode.ABORTED, str(exc)) from None
         return jt.JoinResponse(turn_id=turn.turn_id, waited_ms=int(turn.waited * 1000))
 
     @mapped

@@ -81,7 +81,7 @@ class CoordinatedTurns:
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise AcquireTimeout(why) from None
                 where = f"the coordinator at {self._address}"
-                if err.code() != grpc.StatusCode.UNAVAILABLE or "node " in why:
+                if err.code() != grpc.StatusCode.UNAVAILABLE:  # only an election is waited out
                     raise JobTurnRefused(f"{where}: {why}") from None
                 if deadline is not None and time.monotonic() + wait > deadline:
                     raise AcquireTimeout(f"{where}: {why}") from None

@@ -113,6 +113,21 @@ def test_a_pod_asking_for_a_job_not_its_own_or_an_agent_with_no_coordinator_is_r
     run(body)
 
 
+def test_a_member_whose_job_a_node_fails_is_refused_at_once_naming_the_node(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, n2, arbiter):
+            await n2.server.stop(0)  # the sampler's node cannot prepare: no election to wait out
+            asked = asyncio.get_running_loop().time()
+            with pytest.raises(JobTurnRefused, match="node n2: its agent is unreachable"):
+                await acquire(n1.service, pod(n1, "rl-trainer"))
+            assert asyncio.get_running_loop().time() - asked < coordinated.RETRY_FIRST_S * 10
+            assert not n1.holders() and not arbiter.held
+
+    run(body)
+
+
 def test_members_asking_together_share_one_turn_and_a_member_gone_from_the_cluster_leaves_it(
     tmp_path: Path,
 ) -> None:
