@@ -40,6 +40,15 @@ def test_readme_names_every_system_package_ci_installs() -> None:
     assert not missing, f"README.md does not name {missing}, which .ci/run installs"
 
 
+def test_readme_and_testing_name_the_extras_ci_tests_with() -> None:
+    """`.ci/run` runs `make test EXTRAS=...`; the pages that say what CI runs must agree."""
+    ran = re.search(r"\bmake\b.*\btest EXTRAS=(\S+)", (ROOT / ".ci" / "run").read_text())
+    assert ran, ".ci/run no longer runs make test with EXTRAS=..."
+    for page in (README, DOCS / "testing.md"):
+        text = " ".join(page.read_text().split())
+        assert f"make test EXTRAS={ran.group(1)}`" in text, f"{page.name} names other EXTRAS"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_relative_links_point_at_files(page: Path) -> None:
     targets = [t for t in _LINK.findall(page.read_text()) if "://" not in t]
