@@ -56,6 +56,21 @@ def test_relative_links_point_at_files(page: Path) -> None:
     assert not missing, f"{page.name} links to files that do not exist: {missing}"
 
 
+_REPO_PATH = re.compile(r"`([\w.-]+/[\w./-]*)`")
+MADE_AT_RUN_TIME = {"hack/gpu-check/wheels"}
+"""Paths the pages name that a fresh checkout lacks (fetched or built before use)."""
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_named_repository_paths_exist(page: Path) -> None:
+    """A path in backticks under one of the checkout's top folders (`agent/parking/methods.py`)
+    names a file or folder that is there."""
+    named = {m.rstrip("/") for m in _REPO_PATH.findall(page.read_text())}
+    ours = {n for n in named if (ROOT / n.split("/")[0]).exists()} - MADE_AT_RUN_TIME
+    missing = sorted(n for n in ours if not (ROOT / n).exists())
+    assert not missing, f"{page.name} names paths that do not exist: {missing}"
+
+
 def test_figures_carry_no_dates() -> None:
     """docs/figures.md gives the current figures, not the history of runs."""
     text = (DOCS / "figures.md").read_text()
