@@ -87,3 +87,48 @@ def test_every_daemon_flag_is_documented(command: str) -> None:
     assert flags
     missing = [f for f in flags if f"`{f}`" not in page]
     assert not missing, f"docs/{DAEMON_PAGES[command]} does not document {missing}"
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+
+
+def _as_documented(cell: str) -> str | None:
+    """A default cell's value as it can be compared: a number or a literal in backticks (a
+    trailing note in brackets dropped); None for words (`in-cluster`, `the host name`)."""
+    cell = re.sub(r"\s*\(.*\)$", "", cell.strip())
+    literal = re.fullmatch(r"`([^`]*)`", cell)
+    if literal:
+        return "" if literal.group(1) == "''" else literal.group(1)
+    return cell if _NUMBER.fullmatch(cell) else None
+
+
+def _same(documented: str, actual: object) -> bool:
+    if _NUMBER.fullmatch(documented) and isinstance(actual, int | float):
+        return float(documented) == float(actual)
+    return documented == str(actual)
+
+
+@pytest.mark.parametrize("command", sorted(DAEMON_PAGES))
+def test_flag_tables_give_each_flag_its_env_twin_and_default(command: str) -> None:
+    """A row `| --flag | ENV | default | what |` (or `| --flag | default | what |`) says what the
+    command does: the flag's env twin, and its default where that is a number or a literal."""
+    group = typer.main.get_command(commands.cli.app)
+    assert isinstance(group, typer.main.TyperGroup)
+    params = {o: p for p in group.commands[command].params for o in p.opts}
+    wrong = []
+    for row in (DOCS / DAEMON_PAGES[command]).read_text().splitlines():
+        if not row.startswith("| `--"):
+            continue
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        flags = [f for f in re.findall(r"`(--[a-z-]+)`", cells[0]) if f in params]
+        envs, defaults = (cells[1], cells[2]) if len(cells) >= 4 else ("", cells[1])
+        for flag in flags:
+            env = params[flag].envvar
+            if envs and f"`{env}`" not in envs:
+                wrong.append(f"{flag}: env {envs}, but the command reads {env}")
+        values = defaults.split(", ")
+        for flag, value in zip(flags, values if len(values) == len(flags) else [], strict=False):
+            documented, actual = _as_documented(value), params[flag].default
+            if documented is not None and actual is not None and not _same(documented, actual):
+                wrong.append(f"{flag}: default {value}, but the command's is {actual!r}")
+    assert not wrong, f"docs/{DAEMON_PAGES[command]}: {wrong}"
