@@ -25,12 +25,21 @@ import os
 import tempfile
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent.core.leases import Lease
+from agent.node.state_json import (
+    STATE_FORMAT,
+    PersistedState,
+    apply_entry,
+    decode,
+    encode,
+    lease_to_json,
+)
 from agent.node.tenants import Tenant
+
+__all__ = ["JOURNAL_FILE", "STATE_FILE", "PersistedState", "StateDirError", "StateStore"]
 
 STATE_FILE = "agent-state.json"
 JOURNAL_FILE = "agent-journal.jsonl"
@@ -43,23 +52,6 @@ log = logging.getLogger(__name__)
 
 class StateDirError(Exception):
     """The state directory cannot be used."""
-
-
-@dataclass
-class PersistedState:
-    """Everything that must survive an agent restart."""
-
-    tenants: list[Tenant] = field(default_factory=list)
-    leases: list[Lease] = field(default_factory=list)
-    tokens: dict[str, int] = field(default_factory=dict)
-    """Last fencing token per GPU (so tokens never repeat after a restart)."""
-    parked: dict[str, Any] = field(default_factory=dict)
-    """The parking backend's record: per tenant, which processes are parked with how many bytes
-    on which GPU, and why a tenant is quarantined (confirmed with the driver after a restart)."""
-    accounting: dict[str, Any] = field(default_factory=dict)
-    """GPU-seconds and parked byte-seconds per tenant, namespace and tier (`Accounting`)."""
-    replayed: int = 0
-    """How many journal entries loading applied over the snapshot (0 when it was complete)."""
 
 
 class StateStore:
@@ -95,7 +87,7 @@ class StateStore:
 
     def load(self) -> PersistedState:
         """The last saved state with the journal's later grants and ends applied, or an empty
-        state."""
+        state; `StateDirError` (one line naming the file) for one this agent cannot read."""
         try:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
@@ -104,14 +96,20 @@ class StateStore:
             raise StateDirError(
                 f"cannot read {self.path}: {exc}; move it aside to start afresh"
             ) from exc
-        state = PersistedState(
-            tenants=[Tenant.from_json(t) for t in data.get("tenants", [])],
-            leases=[_lease_from_json(x) for x in data.get("leases", [])],
-            tokens={k: int(v) for k, v in data.get("tokens", {}).items()},
-            parked=dict(data.get("parked", {})),
-            accounting=dict(data.get("accounting", {})),
-        )
-        covered = int(data.get("journal_seq", 0))
+        written = data.get("format", STATE_FORMAT) if isinstance(data, dict) else STATE_FORMAT
+        if not isinstance(written, int) or written > STATE_FORMAT:
+            raise StateDirError(
+                f"{self.path} is in state format {written!r}, newer than this agent's "
+                f"({STATE_FORMAT}): run the agent that wrote it, or move the file aside to start "
+                "afresh (forgetting what it holds parked)"
+            )
+        try:
+            state, covered = decode(data)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise StateDirError(
+                f"cannot read {self.path}: not a state this agent wrote "
+                f"({type(exc).__name__}: {exc}); move it aside to start afresh"
+            ) from None
         self._seq = max(self._seq, covered)
         self._replay(state, covered)
         return state
@@ -129,6 +127,7 @@ class StateStore:
         leases = {lease.lease_id: lease for lease in state.leases}
         tenants = {tenant.tenant_id: tenant for tenant in state.tenants}
         lines = raw.split(b"\n")
+        torn = 0
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -137,6 +136,7 @@ class StateStore:
                 seq = int(entry["seq"])
             except (ValueError, KeyError, TypeError) as exc:
                 if number == len(lines):  # the torn end of a write the crash interrupted
+                    torn = len(line)
                     break
                 raise StateDirError(
                     f"cannot read {self.journal_path} line {number}: {exc}; "
@@ -148,31 +148,35 @@ class StateStore:
             if seq <= covered:
                 continue
             state.replayed += 1
-            if "tenant" in entry:
-                tenant = Tenant.from_json(entry["tenant"])
-                tenants[tenant.tenant_id] = tenant
-            elif "grant" in entry:
-                lease = _lease_from_json(entry["grant"])
-                for gpu, token in lease.tokens.items():
-                    state.tokens[gpu] = max(state.tokens.get(gpu, 0), token)
-                if lease.tenant_id in tenants:
-                    leases[lease.lease_id] = lease
-                else:  # a journal from before tenants were journaled
-                    log.warning(
-                        "journal: lease %s of tenant %s, whom the snapshot lacks, is dropped",
-                        lease.lease_id,
-                        lease.tenant_id,
-                    )
-            elif "gone" in entry:
-                gone = str(entry["gone"])
-                tenants.pop(gone, None)
-                leases = {k: x for k, x in leases.items() if x.tenant_id != gone}
-            elif "parked" in entry:
-                state.parked = dict(entry["parked"])
-            else:
-                leases.pop(str(entry.get("end", "")), None)
+            try:
+                leases = apply_entry(entry, state, tenants, leases)
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise StateDirError(
+                    f"cannot read {self.journal_path} line {number}: not an entry this agent "
+                    f"wrote ({type(exc).__name__}: {exc}); move it aside to start from the "
+                    "snapshot alone"
+                ) from None
+        if raw and not raw.endswith(b"\n"):
+            self._mend_end(len(raw), torn)
         state.tenants = list(tenants.values())
         state.leases = list(leases.values())
+
+    def _mend_end(self, size: int, torn: int) -> None:
+        """The journal (`size` bytes) does not end its last line, as a crash cut a write short:
+        drop the `torn` bytes of a line that cannot be read, or end a whole one, so that the
+        next entry starts a line of its own (after them, it could not be read, and the restart
+        after would be refused)."""
+        try:
+            if torn:
+                log.warning("%s: dropped a torn last line (%d bytes)", self.journal_path, torn)
+                os.truncate(self.journal_path, size - torn)
+            else:
+                with open(self.journal_path, "ab") as f:
+                    f.write(b"\n")
+        except OSError as exc:
+            raise StateDirError(
+                f"cannot mend the last line of {self.journal_path}: {exc.strerror}"
+            ) from exc
 
     def record_tenant(self, tenant: Tenant) -> None:
         """A tenant registered or changed: on disk before it can be granted a turn, so that a
@@ -196,7 +200,7 @@ class StateStore:
         entries: list[dict[str, Any]] = [{"end": lease_id} for lease_id in ended]
         if parked is not None:
             entries.append({"parked": parked})
-        self._append([*entries, {"grant": _lease_to_json(lease)}])
+        self._append([*entries, {"grant": lease_to_json(lease)}])
 
     def record_end(self, *lease_ids: str) -> None:
         """Turns ended (yielded, revoked, their tenants gone): one line each, in one write."""
@@ -271,7 +275,7 @@ class StateStore:
     def save(self, state: PersistedState) -> None:
         """Write the state now: a temp file in the same directory, renamed over the old one."""
         seq = self._seq
-        self._write(_encode(state, seq))
+        self._write(encode(state, seq))
         self._compact(seq, at_least=0)
 
     def save_soon(self, state: PersistedState) -> None:
@@ -282,7 +286,7 @@ class StateStore:
         Call it on the thread that records grants and ends (the event loop).
         """
         seq = self._seq
-        data = _encode(state, seq)
+        data = encode(state, seq)
         with self._cond:
             self._latest = (seq, data)
             if self._thread is None:
@@ -320,39 +324,3 @@ class StateStore:
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
-
-
-def _encode(state: PersistedState, journal_seq: int) -> bytes:
-    return json.dumps(_to_json(state) | {"journal_seq": journal_seq}).encode()
-
-
-def _to_json(state: PersistedState) -> dict[str, Any]:
-    return {
-        "tenants": [t.to_json() for t in state.tenants],
-        "leases": [_lease_to_json(x) for x in state.leases],
-        "tokens": dict(state.tokens),
-        "parked": state.parked,
-        "accounting": state.accounting,
-    }
-
-
-def _lease_to_json(lease: Lease) -> dict[str, Any]:
-    return {
-        "lease_id": lease.lease_id,
-        "tenant_id": lease.tenant_id,
-        "gpus": list(lease.gpus),
-        "tokens": dict(lease.tokens),
-        "granted_at": lease.granted_at,
-        "hold_until": lease.hold_until,
-    }
-
-
-def _lease_from_json(data: dict[str, Any]) -> Lease:
-    return Lease(
-        lease_id=data["lease_id"],
-        tenant_id=data["tenant_id"],
-        gpus=tuple(data["gpus"]),
-        tokens={k: int(v) for k, v in data["tokens"].items()},
-        granted_at=float(data["granted_at"]),
-        hold_until=float(data["hold_until"]),
-    )

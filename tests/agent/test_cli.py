@@ -71,3 +71,12 @@ def test_agent_refuses_a_malformed_llmd_group(workdir: str) -> None:
     )
     assert result.exit_code == 2
     assert "NAME=GPU" in result.output and "--llmd-group" in result.output
+
+
+def test_agent_refuses_a_damaged_state_file_in_one_line(workdir: str, tmp_path: Path) -> None:
+    (tmp_path / "agent-state.json").write_text('{"tenants": [{"tenant_id": "local/a"}]}')
+    where = ["--socket", f"{workdir}/a.sock", "--state-dir", str(tmp_path), "--http-port", "0"]
+    result = CliRunner().invoke(app, ["agent", *where])
+    assert result.exit_code == 2
+    assert "agent-state.json: not a state this agent wrote" in result.output
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output

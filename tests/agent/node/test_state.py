@@ -7,6 +7,7 @@ does, so what was only in the old store's memory does not count.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,66 @@ def test_a_snapshot_after_a_restart_cuts_back_the_journal_it_loaded(tmp_path):
     again.save(PersistedState(tenants=[A], leases=loaded.leases, tokens=loaded.tokens))
     assert (tmp_path / JOURNAL_FILE).read_bytes() == b""
     assert [x.lease_id for x in restarted(tmp_path).leases] == ["w1"]
+
+
+def test_a_torn_last_line_is_cut_off_so_the_next_restart_reads_what_followed(tmp_path):
+    """The agent restarted after a crash mid-write appends its next entries: they start a line
+    of their own, instead of joining the torn bytes into a line no restart can read."""
+    store = StateStore(tmp_path)
+    store.save(PersistedState(tenants=[A]))
+    store.record_grant(lease("w1", 1))
+    with open(tmp_path / JOURNAL_FILE, "ab") as f:
+        f.write(b'{"end": "w1", "se')
+    again = StateStore(tmp_path)
+    assert [x.lease_id for x in again.load().leases] == ["w1"]
+    again.record_end("w1")
+    again.record_grant(lease("w2", 2))
+    loaded = restarted(tmp_path)
+    assert [x.lease_id for x in loaded.leases] == ["w2"] and loaded.tokens == {"GPU-0": 2}
+
+
+def test_a_whole_last_line_without_its_newline_is_ended_before_the_next_entry(tmp_path):
+    store = StateStore(tmp_path)
+    store.record_grant(lease("w1", 1))
+    journal = tmp_path / JOURNAL_FILE
+    journal.write_bytes(journal.read_bytes().rstrip(b"\n"))
+    again = StateStore(tmp_path)
+    again.load()
+    again.record_end("w1")
+    assert restarted(tmp_path).leases == []
+
+
+@pytest.mark.parametrize(
+    "snapshot",
+    [
+        "[]",
+        '{"tokens": null}',
+        '{"tenants": [{"tenant_id": "local/a"}]}',
+        '{"leases": [{"lease_id": "w1"}]}',
+        '{"tenants": [{"tenant_id": "local/a", "name": "a", "gpus": [], "weight": 3}]}',
+    ],
+)
+def test_a_snapshot_of_another_shape_is_refused_in_one_line_naming_it(tmp_path, snapshot):
+    (tmp_path / state.STATE_FILE).write_text(snapshot)
+    with pytest.raises(StateDirError, match=r"agent-state.json: not a state this agent wrote"):
+        restarted(tmp_path)
+
+
+def test_a_snapshot_from_a_newer_agent_is_refused_not_half_read(tmp_path):
+    StateStore(tmp_path).save(PersistedState(tenants=[A]))
+    data = json.loads((tmp_path / state.STATE_FILE).read_text())
+    (tmp_path / state.STATE_FILE).write_text(json.dumps(data | {"format": 2}))
+    with pytest.raises(StateDirError, match=r"agent-state.json is in state format 2, newer"):
+        restarted(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "entry", ['{"grant": {"lease_id": "w2"}, "seq": 2}', '{"quota": {"local/a": 1}, "seq": 2}']
+)
+def test_a_journal_entry_of_another_shape_is_refused_with_its_line(tmp_path, entry):
+    store = StateStore(tmp_path)
+    store.record_grant(lease("w1", 1))
+    with open(tmp_path / JOURNAL_FILE, "ab") as f:
+        f.write(entry.encode() + b"\n")
+    with pytest.raises(StateDirError, match=r"agent-journal.jsonl line 2: not an entry"):
+        restarted(tmp_path)
