@@ -227,8 +227,8 @@ class MultiBackend(Backend):
         A record from an agent with one method (`--backend cuda` before) is the driver's."""
         if saved and "methods" not in saved:
             saved = {"methods": {CUDA: saved}, "tenants": dict.fromkeys(saved, CUDA)}
-        for name, record in (saved.get("methods") or {}).items():
-            if name in self.backends and record:
+        for name, record in records_by_method(saved).items():
+            if name in self.backends:
                 self.backends[name].adopt(record)
         with self._mutex:
             for tid, method in (saved.get("tenants") or {}).items():
@@ -238,3 +238,13 @@ class MultiBackend(Backend):
     def close(self) -> None:
         for backend in self.backends.values():
             backend.close()
+
+
+def records_by_method(saved: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The methods with something in a saved parking record (`durable`'s), and theirs: what a
+    restarted agent must hand back to them. A record from an agent with one method is the
+    driver's (`cuda`: the only method whose record is not empty; the others' memory is found
+    where it lies)."""
+    if saved and "methods" not in saved:
+        return {CUDA: dict(saved)}
+    return {name: record for name, record in (saved.get("methods") or {}).items() if record}

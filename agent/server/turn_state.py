@@ -12,10 +12,11 @@ from typing import Any
 from agent.core import events as ev
 from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import TurnPreparer
-from agent.node.state import PersistedState, StateStore
+from agent.node.state import PersistedState, StateDirError, StateStore
 from agent.node.tenants import Tenant, TenantRegistry
 from agent.parking.backends.base import TenantRef
 from agent.parking.host import Parking, parking_of
+from agent.parking.multi import records_by_method
 from agent.server.metrics import AgentMetrics
 from agent.server.sessions import SessionRegistry
 from baton.contract.names import MIB
@@ -268,6 +269,7 @@ class TurnState:
         if self._store is None:
             return None
         saved = self._store.load()
+        self._refuse_unrestorable(saved.parked)
         self.metrics.accounting.load(saved.accounting)
         self.tenants.restore(saved.tenants)
         for gpu, token in saved.tokens.items():
@@ -277,6 +279,22 @@ class TurnState:
         self.unclaimed = {lease.lease_id for lease in saved.leases}
         self.preparer.reinstate(saved.parked)
         return saved
+
+    def _refuse_unrestorable(self, parked: dict[str, Any]) -> None:
+        """`StateDirError` if the state holds memory parked by a method this agent lacks (a
+        restart with another `--backend`): started, it would give those tenants turns on memory
+        still parked and forget it at its next snapshot."""
+        assert self._store is not None
+        offered = self.parking.methods() if self.parking is not None else ()
+        lost = {m: sorted(r) for m, r in records_by_method(parked).items() if m not in offered}
+        if lost:
+            held = "; ".join(f"by {m}: {', '.join(tenants)}" for m, tenants in lost.items())
+            raise StateDirError(
+                f"{self._store.path} holds memory parked {held}, which this agent cannot "
+                f"restore (it parks with {', '.join(offered) or 'nothing'}); restart it with "
+                f"{', '.join(lost)} among --backend, or move it and {self._store.journal_path.name}"
+                " aside to forget that memory"
+            )
 
     def _save(self) -> None:
         self._persist_soon, self._save_timer = False, None

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from agent.client import Baton
+from agent.node.state import PersistedState, StateStore
+from agent.node.tenants import Tenant
 from commands.cli import app
 from tests.harness.agent import ROOT, AgentRunner
 
@@ -80,3 +83,22 @@ def test_agent_refuses_a_damaged_state_file_in_one_line(workdir: str, tmp_path: 
     assert result.exit_code == 2
     assert "agent-state.json: not a state this agent wrote" in result.output
     assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("backend", ["none", "fake", "fake,app"])
+def test_agent_refuses_memory_parked_by_a_method_it_was_restarted_without(
+    workdir: str, tmp_path: Path, backend: str
+) -> None:
+    """An agent restarted with another --backend neither gives the tenants parked by the cuda
+    method turns on memory still parked nor forgets it at its next snapshot."""
+    parked = {"local/a": {"pids": {"4242": {"GPU-fake-0000": 1 << 20}}}}  # the cuda method's
+    tenant = Tenant(tenant_id="local/a", name="a", gpus=("GPU-fake-0000",))
+    StateStore(tmp_path).save(PersistedState(tenants=[tenant], parked=parked))
+    where = ["--socket", f"{workdir}/a.sock", "--state-dir", str(tmp_path), "--http-port", "0"]
+    fake = ["--fake-dir", f"{workdir}/gpus", "--fake-gpus", "1x100"]
+    argv = [sys.executable, "-m", "baton", "agent", *where, *fake, "--backend", backend]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 2, result.stderr
+    assert "holds memory parked by cuda: local/a" in result.stderr
+    assert "cuda among --backend" in result.stderr and "Traceback" not in result.stderr
+    assert StateStore(tmp_path).load().parked == parked
