@@ -13,6 +13,9 @@ from typer.testing import CliRunner
 from agent.client import Baton
 from agent.node.state import PersistedState, StateStore
 from agent.node.tenants import Tenant
+from agent.parking.backends.fake import FakeBackend
+from agent.parking.fakegpu import FakeGpuMemory
+from baton.contract.names import MIB, fake_gpu_uuid
 from commands.cli import app
 from tests.harness.agent import ROOT, AgentRunner
 
@@ -102,3 +105,18 @@ def test_agent_refuses_memory_parked_by_a_method_it_was_restarted_without(
     assert "holds memory parked by cuda: local/a" in result.stderr
     assert "cuda among --backend" in result.stderr and "Traceback" not in result.stderr
     assert StateStore(tmp_path).load().parked == parked
+
+
+def test_agent_refuses_memory_parked_on_a_fake_gpu_it_was_restarted_without(workdir: str) -> None:
+    gpus = {fake_gpu_uuid(0): 100 * MIB, fake_gpu_uuid(1): 100 * MIB}
+    backend = FakeBackend(f"{workdir}/gpus", gpus)
+    FakeGpuMemory("local/a", backend.root).allocate(fake_gpu_uuid(1), 8)
+    backend.park("local/a", fake_gpu_uuid(1))  # as an agent with two GPUs left it
+    backend.close()
+    where = ["--socket", f"{workdir}/a.sock", "--state-dir", f"{workdir}/state", "--http-port", "0"]
+    fake = ["--backend", "fake", "--fake-dir", f"{workdir}/gpus", "--fake-gpus", "1x100"]
+    argv = [sys.executable, "-m", "baton", "agent", *where, *fake]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 2, result.stderr
+    assert f"parked on {fake_gpu_uuid(1)}, which --fake-gpus no longer" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -18,6 +18,7 @@ from pathlib import Path
 from agent.parking.backends.base import (
     Backend,
     BackendError,
+    BackendUnavailable,
     Move,
     Residency,
     TenantRef,
@@ -78,6 +79,7 @@ class FakeBackend(Backend):
         self._mutex = threading.Lock()
         self.root.mkdir(parents=True, exist_ok=True)
         shared_dir(self.root / "tenants", 0o1777)  # each tenant may make its own directory
+        self._refuse_gpus_gone()
         write_json(self.root / "gpus.json", {"scale": scale, "gpus": self.gpus})
         for line in self.reconcile():
             log.warning("reconciled an interrupted move: %s", line)
@@ -98,6 +100,19 @@ class FakeBackend(Backend):
             if tenant_id and any(tdir.glob(f"*{HOST_SUFFIX}")):
                 self._hold(tenant_id)
         return done
+
+    def _refuse_gpus_gone(self) -> None:
+        """`BackendUnavailable` if memory is parked for a GPU these flags no longer simulate (a
+        restart with fewer `--fake-gpus`): its tenant could never have it back, and its
+        parked copy would go with the tenant."""
+        for tdir in self._tenant_dirs():
+            gone = sorted({host.stem for host in tdir.glob(f"*{HOST_SUFFIX}")} - set(self.gpus))
+            if gone:
+                raise BackendUnavailable(
+                    f"{tdir} holds memory parked on {', '.join(gone)}, which --fake-gpus no "
+                    f"longer simulates (it has {', '.join(self.gpus) or 'none'}): restart with "
+                    "the GPUs it had, or remove that directory to forget the memory"
+                )
 
     def _tenant_dirs(self) -> list[Path]:
         """The tenants' directories; anything else in `tenants/` (a symbolic link) is passed by."""

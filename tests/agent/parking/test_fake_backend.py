@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import agent.parking.backends.fake as fake
-from agent.parking.backends.base import BackendError, Residency, TenantRef
+from agent.parking.backends.base import BackendError, BackendUnavailable, Residency, TenantRef
 from agent.parking.backends.fake import FakeBackend
 from agent.parking.backends.fakegpu import shared_dir
 from agent.parking.fakegpu import FakeGpuMemory, NotResident, PatternMismatch
@@ -305,3 +305,16 @@ def test_a_shared_directory_that_cannot_be_put_in_place_says_why(tmp_path, monke
     with pytest.raises(PermissionError, match="refused"):
         shared_dir(tmp_path / "t1")
     assert list(tmp_path.iterdir()) == []  # the private directory is gone too
+
+
+def test_memory_parked_on_a_gpu_the_flags_no_longer_simulate_stops_the_backend(backend):
+    """Restarted with fewer --fake-gpus, the agent would grant its tenant turns without that
+    memory and delete the parked copy with the tenant: it refuses to start, naming both."""
+    mem = FakeGpuMemory("t1", backend.root, timeout=0.2)
+    mem.allocate(GPU1, 32)
+    backend.park("t1", GPU1)
+    backend.close()
+    with pytest.raises(BackendUnavailable, match=rf"parked on {GPU1}, which --fake-gpus no"):
+        FakeBackend(backend.root, {GPU: 100 * MIB}, scale=SCALE)
+    assert (mem.dir / f"{GPU1}.host").exists()
+    FakeBackend(backend.root, {GPU: 100 * MIB, GPU1: 100 * MIB}, scale=SCALE).close()
