@@ -117,6 +117,9 @@ class DevicePlugin:
         self.registered = False
 
     def _register(self) -> None:
+        # Streams that ended before this registration say nothing of it; one that ends from
+        # here on may be its own, ended by the kubelet before the call below returns.
+        self._stream_lost.clear()
         try:
             register(self.kubelet_socket, self.server.socket_path.name, names.RESOURCE_GPU)
         except RegistrationError as err:
@@ -142,7 +145,6 @@ class DevicePlugin:
         # unhealthy (capacity 8, allocatable 0). Were a third kubelet to replace the socket
         # during the call, the one registered with dies and its stream's end registers again.
         self._registered_with = _identity(self.kubelet_socket)
-        self._stream_lost.clear()  # what ended before this registration says nothing of it
         self._retry_s = RETRY_FIRST_S
         self.metrics.registrations.labels(outcome="ok").inc()
         log.info("registered %s with the kubelet at %s", names.RESOURCE_GPU, self.kubelet_socket)

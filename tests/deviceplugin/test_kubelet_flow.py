@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import urllib.error
 import urllib.request
 from typing import Any
@@ -167,3 +168,32 @@ def test_the_kubelet_registered_with_is_the_one_that_answered(
     assert "restarting the plugin server" not in caplog.text
     assert len(kubelet.registrations) == 2 and not endpoint.ended.is_set()
     assert daemon.plugin.registered
+
+
+def test_a_stream_the_kubelet_ends_while_the_plugin_registers_registers_it_again(
+    kubelet, start_plugin, monkeypatch
+):
+    """The kubelet may end the new registration's stream before the registering thread goes on
+    (a kubelet restarting, a loaded node). That end must not be forgotten: the plugin would stay
+    listed as registered with no stream, and the node would advertise no GPUs."""
+    told = threading.Event()
+    on_stream_end = plugin_module.DevicePlugin._on_stream_end
+
+    def stream_ended(plugin: Any) -> None:
+        on_stream_end(plugin)
+        told.set()
+
+    real_register = plugin_module.register
+
+    def dropped_at_once(*args: Any) -> None:
+        monkeypatch.setattr(plugin_module, "register", real_register)
+        real_register(*args)
+        kubelet.endpoint(names.RESOURCE_GPU).wait_for_list(lambda devs: bool(devs))
+        kubelet.drop(names.RESOURCE_GPU)  # before the plugin's thread returns from registering
+        assert told.wait(5.0), "the plugin never heard its stream end"
+
+    monkeypatch.setattr(plugin_module.DevicePlugin, "_on_stream_end", stream_ended)
+    monkeypatch.setattr(plugin_module, "register", dropped_at_once)
+    daemon = start_plugin()
+    kubelet.wait_for_registrations(2, timeout=5.0)
+    poll("registered again", lambda: daemon.plugin.registered or None, timeout=5.0)
