@@ -233,5 +233,8 @@ def test_a_driver_parked_and_a_self_offloading_tenant_share_one_gpu_in_order():
         assert " starts (" in start and " bytes in " in end, moves.lines
         direction, _, tenant = start.split(" ")[:3]
         assert end.startswith(f"{direction} {tenant} "), (start, end)
-    methods = {line.split(" by ")[1].split(" ")[0] for line in moves.lines[::2]}
-    assert methods == {"fake", "app"}
+    # Each move the node made is by its tenant's method. The app tenant's parks may all be its
+    # own at its yields (the metrics above count them), as when the driver waits at each one.
+    made = {(line.split(" ")[2], line.split(" by ")[1].split(" ")[0]) for line in moves.lines[::2]}
+    assert ("local/driver", "fake") in made
+    assert made <= {("local/driver", "fake"), ("local/selfish", "app")}, made
