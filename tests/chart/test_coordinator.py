@@ -137,6 +137,24 @@ def test_bad_coordinator_settings_are_refused_by_name(setting: str, named: str) 
     assert named in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("coordinator.lease.durationSeconds=0", "/coordinator/lease/durationSeconds"),
+        ("coordinator.lease.renewDeadlineSeconds=0.0", "/coordinator/lease/renewDeadlineSeconds"),
+        ("coordinator.lease.retryPeriodSeconds=.0", "/coordinator/lease/retryPeriodSeconds"),
+        ("coordinator.prepareTimeoutSeconds=0", "/coordinator/prepareTimeoutSeconds"),
+        ("hostNetwork.apiServer.port=0", "/hostNetwork/apiServer/port"),
+        ("hostNetwork.apiServer.port=70000", "/hostNetwork/apiServer/port"),
+    ],
+)
+def test_a_number_given_as_a_string_keeps_its_range(setting: str, named: str) -> None:
+    # as a values file's quoted "0" is, and --set's "0.0"
+    done = helm("template", "baton", str(CHART), "--set-string", setting, check=False)
+    assert done.returncode != 0, f"--set-string {setting} was accepted"
+    assert named in done.stderr, done.stderr
+
+
 def test_on_the_hosts_network_it_listens_and_is_probed_on_the_listen_address() -> None:
     objs = render(
         "--set", "hostNetwork.enabled=true",
