@@ -67,7 +67,8 @@ class CoordinatedTurns:
         """The member's lease in its job's turn, once the coordinator has granted it."""
         namespace = tenant.tenant_id.split("/", 1)[0]
         deadline = None if timeout is None else time.monotonic() + timeout
-        wait, away_since = RETRY_FIRST_S, time.monotonic()
+        wait = RETRY_FIRST_S
+        away_since: float | None = None
         request = jt.JoinRequest(namespace=namespace, job=job, pod=tenant.tenant_id)
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -85,6 +86,9 @@ class CoordinatedTurns:
                     raise JobTurnRefused(f"{where}: {why}") from None
                 if deadline is not None and time.monotonic() + wait > deadline:
                     raise AcquireTimeout(f"{where}: {why}") from None
+                # The coordinator is away from its first UNAVAILABLE on (a call that waited
+                # in the queue before it failed was served meanwhile).
+                away_since = time.monotonic() if away_since is None else away_since
                 if time.monotonic() + wait - away_since > UNAVAILABLE_S:
                     away = f"unavailable for over {UNAVAILABLE_S:.3g} s"
                     raise JobTurnRefused(f"{where} has been {away}: {why}") from None
@@ -92,7 +96,7 @@ class CoordinatedTurns:
                 await asyncio.sleep(wait)  # a new leader is being elected: back off
                 wait = min(wait * 2, RETRY_MAX_S)
                 continue
-            away_since = time.monotonic()
+            away_since = None
             # The turn was prepared on every node before the coordinator answered: it is here.
             found = self._turns.lease_of(tenant.tenant_id, answer.turn_id)
             lease = self._turns.lease(found[1]) if found is not None else None

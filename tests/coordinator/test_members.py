@@ -22,6 +22,7 @@ from baton._pb import agent_pb2 as pb
 from baton._pb import jobturns_pb2_grpc as jt_grpc
 from coordinator.jobs_api import JobsServicer
 from coordinator.jobturn import JobTurn
+from coordinator.recovery import recover
 from coordinator.turns import Arbiter
 from tests.coordinator.loopback import TOKEN, LoopbackNode, leading, view_of
 
@@ -215,5 +216,45 @@ def test_a_coordinator_that_never_answers_ends_a_members_acquire_saying_so(
                     await api_ops.acquire(n1.service, trainer, pb.AcquireRequest(timeout_ms=300))
             finally:
                 await gate.close()
+
+    run(body)
+
+
+def test_a_member_that_waited_long_for_its_turn_waits_out_an_election_all_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bound on a coordinator that does not serve counts from its first UNAVAILABLE, not
+    from the acquire: time spent in the queue is not time the coordinator was away."""
+    monkeypatch.setattr(coordinated, "UNAVAILABLE_S", 1.0)
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, _n2, arbiter):
+            await acquire(n1.service, pod(n1, "sft-a"))  # holds GPU-n1: the rl job waits
+            joins = asyncio.Queue[None]()
+            join = arbiter.join
+
+            async def joining(ns: str, job: str, group: str, pod: str, t: float | None) -> JobTurn:
+                joins.put_nowait(None)
+                return await join(ns, job, group, pod, t)
+
+            arbiter.join = joining  # type: ignore[method-assign,assignment]
+            theirs = asyncio.create_task(acquire(n1.service, pod(n1, "rl-trainer")))
+            await asyncio.wait_for(joins.get(), 5)
+            asked = asyncio.get_running_loop().time()
+            while asyncio.get_running_loop().time() - asked < 1.5 * coordinated.UNAVAILABLE_S:
+                await asyncio.sleep(0.05)  # the rl job waits in the queue longer than the bound
+            assert not theirs.done()
+            arbiter.step_down("the Lease was lost")  # the waiter hears UNAVAILABLE
+            table = arbiter.new_table()  # and leads again at once, as a new leader would
+            found = await recover(arbiter.view, arbiter.links, table, 2)
+            arbiter.lead(2, table, found.held)
+            again = asyncio.ensure_future(joins.get())  # the agent asks the new leader again
+            await asyncio.wait({again, theirs}, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+            if not again.done():
+                again.cancel()
+                raise AssertionError(theirs.exception() if theirs.done() else "not asked again")
+            await arbiter.yield_("team", "sft", "")
+            lease = await theirs
+            assert lease.tenant_id == "team/rl-trainer"
 
     run(body)
