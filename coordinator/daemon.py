@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +26,7 @@ from baton._pb import health_pb2_grpc as hp_grpc
 from baton._pb import jobturns_pb2_grpc as jt_grpc
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
 from baton.contract import names
-from baton.contract.kube import Outage, api_error_reason
+from baton.contract.kube import Outage
 from baton.contract.reflector import KubeSource, Reflector
 from baton.contract.shutdown import on_stop_signal_async
 from baton.contract.statushttp import StatusServer
@@ -38,6 +37,7 @@ from coordinator.cluster import ClusterView, NodeStore, PodStore
 from coordinator.jobs_api import JobsServicer
 from coordinator.leader import LeaderElector
 from coordinator.llmd import LlmdOrchestrator
+from coordinator.podlabel import LeaderLabel
 from coordinator.recovery import recover
 from coordinator.status import CoordinatorMetrics, status_json, watch
 from coordinator.turns import Arbiter
@@ -45,8 +45,6 @@ from coordinator.turns import Arbiter
 log = logging.getLogger(__name__)
 
 
-LABEL_ATTEMPTS = 6
-"""Tries at (un)labelling this replica's pod as the leader, a few seconds apart."""
 LIST_WAIT_S = 30.0
 """How long a new leader waits for its watches' first lists before it recovers the agents'
 turns (it knows only the nodes and job pods they list)."""
@@ -103,6 +101,9 @@ class Coordinator:
         self._health = _Health()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._term: asyncio.Task[None] | None = None
+        self._label: LeaderLabel | None = None
+        if config.pod_name and config.pod_namespace:
+            self._label = LeaderLabel.on_pod(api_client, config.pod_namespace, config.pod_name)
         self.port = 0
         self.identity = config.identity or socket.gethostname()
 
@@ -118,6 +119,8 @@ class Coordinator:
             loop.call_soon_threadsafe(self.arbiter.prune_joined)
 
         self.view.on_pods_changed = pods_changed
+        if self._label is not None:
+            self._label.start()  # not leading (yet): a mark a crashed leader left here goes
         self._watch()
         self._server = grpc.aio.server()
         try:
@@ -233,7 +236,8 @@ class Coordinator:
             return
         self.arbiter.lead(epoch, table, found.held)
         self._health.serving(True)
-        await asyncio.to_thread(self._label_own_pod, True)
+        if self._label is not None:
+            self._label.want(True)
         log.info(
             "leading with epoch %d: %d job turn(s) held, %d rolled back%s",
             epoch, len(found.held), len(found.rolled_back),
@@ -247,34 +251,8 @@ class Coordinator:
         self.arbiter.step_down(reason)
         self._health.serving(False)
         log.warning("no longer leading: %s", reason)
-        self._loop_spawn(asyncio.to_thread(self._label_own_pod, False))
-
-    def _loop_spawn(self, work: Any) -> None:
-        task = asyncio.ensure_future(work)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-
-    def _label_own_pod(self, leading: bool) -> None:
-        cfg = self.config
-        if not cfg.pod_name or not cfg.pod_namespace:
-            return
-        from kubernetes import client
-
-        value = "true" if leading else None
-        body = {"metadata": {"labels": {names.LABEL_COORDINATOR_LEADER: value}}}
-        wait = threading.Event()
-        for attempt in range(LABEL_ATTEMPTS):
-            try:
-                client.CoreV1Api(self._api).patch_namespaced_pod(
-                    cfg.pod_name, cfg.pod_namespace, body, _request_timeout=5
-                )
-                return
-            except Exception as err:  # the Service reaches the wrong replica meanwhile
-                log.warning(
-                    "cannot %s pod %s/%s (attempt %d of %d): %s",
-                    "label" if leading else "unlabel", cfg.pod_namespace, cfg.pod_name,
-                    attempt + 1, LABEL_ATTEMPTS, api_error_reason(err),
-                )  # fmt: skip
-                wait.wait(min(2.0**attempt, 10.0))
+        if self._label is not None:
+            self._label.want(False)
 
     # Stopping.
 
@@ -287,6 +265,9 @@ class Coordinator:
         self.arbiter.step_down("the coordinator is stopping")
         if self._server is not None:
             await self._server.stop(0.5)
+        if self._label is not None:
+            self._label.want(False)
+            await asyncio.to_thread(self._label.stop)
         if self._http is not None:
             await self._http.stop()
         await self.arbiter.close()
