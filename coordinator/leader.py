@@ -2,7 +2,8 @@
 
 `coordinator.lease` is the pure core (renew, take over or wait). `LeaderElector` is the shell: a
 thread that reads and writes the Lease with optimistic concurrency, and steps down
-`renew_deadline_s` after its last renewal, before the Lease expires.
+`renew_deadline_s` after its last renewal, before the Lease expires. Its deadlines are kept on
+the monotonic clock: the wall clock (what the Lease's times say) may be set back or forward.
 """
 
 from __future__ import annotations
@@ -59,12 +60,14 @@ class LeaderElector:
         renew_deadline_s: float = 10,
         retry_period_s: float = 2,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         on_started_leading: Callable[[int], object] | None = None,
         on_stopped_leading: Callable[[str], object] | None = None,
         annotate: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         """`annotate()`, called on this thread at each renewal, gives annotations the Lease
-        carries for the next leader (`inherited` holds those found when a term began)."""
+        carries for the next leader (`inherited` holds those found when a term began). `clock`
+        gives the times written in the Lease; `monotonic` measures every deadline."""
         for arg, value in (("namespace", namespace), ("name", name), ("identity", identity)):
             if not value or not isinstance(value, str):
                 raise ValueError(f"{arg} must be a non-empty string, not {value!r}")
@@ -80,6 +83,7 @@ class LeaderElector:
         self.renew_deadline_s = renew_deadline_s
         self.retry_period_s = retry_period_s
         self._clock = clock
+        self._monotonic = monotonic
         self._on_started = on_started_leading
         self._on_stopped = on_stopped_leading
         self._where = f"Lease {namespace}/{name}"
@@ -130,7 +134,7 @@ class LeaderElector:
     def is_leader(self) -> bool:
         """Whether we lead now: a term began and its last renewal is under renew_deadline_s old."""
         with self._lock:
-            return self._term is not None and self._clock() < self._valid_until
+            return self._term is not None and self._monotonic() < self._valid_until
 
     @property
     def epoch(self) -> int:
@@ -169,14 +173,14 @@ class LeaderElector:
             self._highest_epoch = max(self._highest_epoch, above)
             if self._term is not None and self._term <= above:
                 self._step_down(f"agents obey epoch {above}: taking {self._where} again above it")
-        now = self._clock()
+        now, began = self._clock(), self._monotonic()
         try:
-            obj = self._read(self._request_timeout(now))
+            obj = self._read(self._request_timeout(began))
         except Exception as err:
             return self._failed(err)
         lease = lease_record(obj) if obj is not None else None
         me = Candidate(self.identity, self.lease_duration_s, self._term, self._highest_epoch)
-        decision = decide(lease, me, now, self._seen_at(lease, now))
+        decision = decide(lease, me, now, self._seen_at(lease, now, began))
         if lease is not None:
             self._highest_epoch = max(self._highest_epoch, lease.transitions)
         if decision.action is Action.WAIT:
@@ -190,7 +194,7 @@ class LeaderElector:
         try:
             body = lease_object(decision.lease, base)
             self._carry(body, decision.action, base)
-            written = self._write(body, self._request_timeout(self._clock()))
+            written = self._write(body, self._request_timeout(self._monotonic()))
         except Exception as err:
             if getattr(err, "status", None) == 409:
                 self._outage.answered()
@@ -201,10 +205,10 @@ class LeaderElector:
         epoch = lease_record(written).transitions
         self._highest_epoch = max(self._highest_epoch, epoch)
         if decision.action is Action.TAKE:
-            self._begin(epoch, now)
+            self._begin(epoch, began)
         else:
             with self._lock:
-                self._valid_until = now + self.renew_deadline_s
+                self._valid_until = began + self.renew_deadline_s
         return "ok"
 
     def _carry(self, body: dict[str, Any], action: Action, base: dict[str, Any]) -> None:
@@ -220,13 +224,14 @@ class LeaderElector:
         self._outage.failed(err, self.retry_period_s)
         return "failed"
 
-    def _seen_at(self, lease: LeaseRecord | None, now: float) -> float | None:
-        """When we first saw this version of the Lease, by our clock."""
+    def _seen_at(self, lease: LeaseRecord | None, now: float, began: float) -> float | None:
+        """When we first saw this version of the Lease (once its read returned), measured on the
+        monotonic clock and told on the wall clock as an offset from `now`, read at `began`."""
         if lease is None:
             return None
         if lease.resource_version != self._seen[0]:
-            self._seen = (lease.resource_version, now)
-        return self._seen[1]
+            self._seen = (lease.resource_version, self._monotonic())
+        return now + (self._seen[1] - began)
 
     def _request_timeout(self, now: float) -> float:
         """A leader's call ends by its deadline; a standby's within renew_deadline_s."""
@@ -238,7 +243,7 @@ class LeaderElector:
         """Until the next attempt: a retry period, but never past a leader's deadline."""
         if self._term is None:
             return self.retry_period_s
-        return max(min(self.retry_period_s, self._valid_until - self._clock()), 0.0)
+        return max(min(self.retry_period_s, self._valid_until - self._monotonic()), 0.0)
 
     def _begin(self, epoch: int, renewed_at: float) -> None:
         with self._lock:
@@ -249,7 +254,7 @@ class LeaderElector:
         self._call(self._on_started, epoch)
 
     def _step_down_if_late(self) -> None:
-        if self._term is not None and self._clock() >= self._valid_until:
+        if self._term is not None and self._monotonic() >= self._valid_until:
             why = f"could not renew {self._where} for {self.renew_deadline_s:g} s"
             self._step_down(f"{why} ({self._last_error})")
 

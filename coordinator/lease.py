@@ -53,12 +53,13 @@ class Decision:
 
 
 def expires_at(lease: LeaseRecord, seen_at: float | None, default_duration_s: int) -> float:
-    """When the holder's claim lapses: a duration after its renewTime and after we first saw
-    that renewal by our own clock (so a holder whose clock lags ours is not cut short)."""
-    times = [t for t in (lease.renew_time, seen_at) if t is not None]
-    if not times:
+    """When the holder's claim lapses: a duration after we first saw that renewal by our own
+    clock. The holder's renewTime (by its clock) counts only when we have not seen it: clocks
+    that disagree between machines neither cut a holder short nor keep a dead one in office."""
+    start = seen_at if seen_at is not None else lease.renew_time
+    if start is None:
         return float("-inf")
-    return max(times) + (lease.duration_s or default_duration_s)
+    return start + (lease.duration_s or default_duration_s)
 
 
 def decide(

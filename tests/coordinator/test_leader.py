@@ -46,6 +46,7 @@ CASES: dict[str, tuple[LeaseRecord | None, Candidate, float, float | None, Actio
     "expired: take over, transitions + 1": (held(), ME, 115.5, None, TAKE, 4),
     "its own longer duration not over: wait": (held(duration=30), ME, 120.0, None, WAIT, 3),
     "renewTime old, but we saw it change late: wait": (held(), ME, 116.0, 110.0, WAIT, 3),
+    "renewTime ahead of our clock, seen long ago: take": (held(renewed=900), ME, 116, 100, TAKE, 4),
     "holder without renewTime: take over": (held(renewed=None), ME, 1.0, None, TAKE, 4),
     "released (no holder): take over at once": (held(by=""), ME, 101.0, None, TAKE, 4),
     "absent: create in epoch 1": (None, ME, 1.0, None, TAKE, 1),
@@ -310,9 +311,11 @@ def test_a_cut_off_leader_steps_down_before_the_other_takes_over(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="coordinator.leader")
-    a = campaign("a", via=blackhole.url)
+    set_back = [0.0]
+    a = campaign("a", via=blackhole.url, clock=lambda: time.time() - set_back[0], **FAST)
     assert a.it.wait_leading(WAIT_S)
     b = campaign("b")
+    set_back[0] = 3600.0  # a's wall clock is set back an hour: its term ends all the same
     blackhole.cut.set()  # a's calls now hang; b still reaches the API server
 
     assert a.stopped.wait(WAIT_S), "the cut-off leader never stepped down"
