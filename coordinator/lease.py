@@ -85,16 +85,32 @@ def _taken(lease: LeaseRecord, me: Candidate, now: float) -> LeaseRecord:
     return replace(taken, renew_time=now, acquire_time=now)
 
 
-def check_timing(lease_duration_s: int, renew_deadline_s: float, retry_period_s: float) -> None:
-    """Raise ValueError unless 0 < retry_period_s < renew_deadline_s < lease_duration_s."""
+class TimingError(ValueError):
+    """Lease timings that cannot work; `name` is the argument at fault, `problem` says why."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(f"{name} {problem}")
+        self.name = name
+        self.problem = problem
+
+
+def check_timing(
+    lease_duration_s: int,
+    renew_deadline_s: float,
+    retry_period_s: float,
+    names: tuple[str, str, str] = ("lease_duration_s", "renew_deadline_s", "retry_period_s"),
+) -> None:
+    """TimingError unless 0 < retry_period_s < renew_deadline_s < lease_duration_s; `names`
+    are the three as the caller's user knows them (its flags)."""
+    duration, deadline, retry = names
     if not isinstance(lease_duration_s, int) or lease_duration_s < 1:
-        raise ValueError(f"lease_duration_s must be a whole number >= 1, not {lease_duration_s!r}")
+        raise TimingError(duration, f"must be a whole number >= 1, not {lease_duration_s!r}")
     for arg, value, bound, limit in (
-        ("renew_deadline_s", renew_deadline_s, "lease_duration_s", lease_duration_s),
-        ("retry_period_s", retry_period_s, "renew_deadline_s", renew_deadline_s),
+        (deadline, renew_deadline_s, duration, lease_duration_s),
+        (retry, retry_period_s, deadline, renew_deadline_s),
     ):
         if not 0 < value < limit:
-            raise ValueError(f"{arg} must be > 0 and < {bound} ({limit:g}), not {value!r}")
+            raise TimingError(arg, f"must be > 0 and < {bound} ({limit:g}), not {value!r}")
 
 
 def lease_record(obj: dict[str, Any]) -> LeaseRecord:

@@ -92,6 +92,24 @@ def test_the_coordinator_refuses_a_bad_address(flags: list[str], flag: str, tmp_
     assert f"Invalid value for {flag}" in said and "not HOST:PORT" in said
 
 
+@pytest.mark.parametrize(
+    ("flags", "flag", "problem"),
+    [
+        (["--retry-period", "0"], "--retry-period", "must be > 0 and < --renew-deadline (10)"),
+        (["--retry-period", "10"], "--retry-period", "must be > 0 and < --renew-deadline (10)"),
+        (["--renew-deadline", "20"], "--renew-deadline", "must be > 0 and < --lease-duration (15)"),
+        (["--lease-duration", "0"], "--lease-duration", "must be a whole number >= 1, not 0"),
+    ],
+)
+def test_the_coordinator_names_the_lease_timing_at_fault(
+    flags: list[str], flag: str, problem: str, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    said = _refusal([*COORDINATOR, str(token), *flags])
+    assert f"Invalid value for {flag}: {problem}" in said
+
+
 def test_the_coordinator_names_the_token_file_it_cannot_read(tmp_path: Path) -> None:
     said = _refusal([*COORDINATOR, str(tmp_path / "missing")])
     assert "Invalid value for --token-file: cannot read" in said

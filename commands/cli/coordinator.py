@@ -86,16 +86,17 @@ def coordinator(
     """Run the cluster coordinator: one turn for a whole job across its pods and nodes."""
     from baton.contract.kube import KubeConfigError
     from coordinator.daemon import CoordinatorConfig, CoordinatorStartError, run_coordinator
-    from coordinator.leader import check_timing
+    from coordinator.lease import TimingError, check_timing
 
     if queue_policy not in POLICIES:
         raise typer.BadParameter(
             f"{queue_policy!r}; choose one of {', '.join(POLICIES)}", param_hint="--queue-policy"
         )
     try:
-        check_timing(lease_duration, renew_deadline, retry_period)
-    except ValueError as err:
-        raise typer.BadParameter(str(err), param_hint="--lease-duration") from None
+        flags = ("--lease-duration", "--renew-deadline", "--retry-period")
+        check_timing(lease_duration, renew_deadline, retry_period, flags)
+    except TimingError as err:
+        raise typer.BadParameter(err.problem, param_hint=err.name) from None
     check_address(llmd_listen, "--llmd-listen")
     check_address(http_listen, "--http-listen")
     if prepare_timeout <= 0:
