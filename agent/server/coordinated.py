@@ -30,9 +30,11 @@ log = logging.getLogger(__name__)
 RETRY_FIRST_S = 0.2
 RETRY_MAX_S = 2.0
 LEAVE_TIMEOUT_S = 10.0
-UNAVAILABLE_S = 30.0
+UNAVAILABLE_S = 60.0
 """How long a coordinator may go on answering UNAVAILABLE (or not at all) before an acquire
-with no deadline gives up: an election takes the Lease's duration plus a retry period."""
+with no deadline gives up: a failover takes the Lease's duration (15 s by default) and a retry
+period, then the new leader's recovery (its watches' first lists, each agent's report of its
+turns), so this leaves room for all of them twice over."""
 
 
 class JobTurnRefused(AgentError):
