@@ -38,15 +38,18 @@ class Accounting:
         for gpu in gpus:
             self.by_gpu[(gpu, tenant_id)] = self.by_gpu.get((gpu, tenant_id), 0.0) + seconds
 
-    def parked(self, now: float, parked: Mapping[str, int], tiers: Mapping[str, int]) -> None:
-        """Add each tenant's parked bytes times the time since the last call."""
+    def parked(self, now: float, parked: Mapping[str, int], tiers: Mapping[str, int]) -> bool:
+        """Add each tenant's parked bytes times the time since the last call; whether any was."""
+        added = False
         if self._last is not None and now > self._last:
             for tenant_id, nbytes in parked.items():
                 if nbytes > 0:
                     key = (tenant_id, namespace_of(tenant_id), tiers.get(tenant_id, 0))
                     add = nbytes * (now - self._last)
                     self.parked_byte_seconds[key] = self.parked_byte_seconds.get(key, 0.0) + add
+                    added = True
         self._last = now
+        return added
 
     def to_json(self) -> dict[str, Any]:
         """For the state file."""

@@ -111,6 +111,7 @@ class TurnState:
             task.cancel()
         if tasks:  # what they moved before the cancel reached them is saved below
             await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
+        self.account()  # the parked byte-seconds since the last save are due too
         self.journal_flush()
         if self._save_timer is not None:
             self._save_timer.cancel()
@@ -200,11 +201,14 @@ class TurnState:
         return self.parking.method_for(ref)
 
     def account(self) -> None:
-        """Bring the parked byte-seconds up to now (before they are read or saved)."""
+        """Bring the parked byte-seconds up to now (before they are read or saved). What this
+        adds is saved within `SAVE_DELAY_S`: a restart takes back no more of what a scrape
+        showed than a crash in that delay loses (a counter that goes down reads as a reset)."""
         residency = self.preparer.status().get("tenants") or {}
         parked = {t: int(e.get("parked_bytes") or 0) for t, e in residency.items()}
         tiers = {t: u.tier for t, u in self.table.usage.items()}
-        self.metrics.accounting.parked(self.clock(), parked, tiers)
+        if self.metrics.accounting.parked(self.clock(), parked, tiers) and not self._closed:
+            self.persist_step()
 
     # Persistence.
 

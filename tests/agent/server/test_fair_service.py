@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from agent.client import AcquireTimeout, AgentUnavailable, Baton
 from agent.core.events import Event
 from agent.core.fair import FairConfig
+from agent.core.residency import NullPreparer
 from tests.harness.agent import AgentRunner
 
 
@@ -100,5 +102,37 @@ def test_gpu_seconds_are_accounted_and_survive_a_restart(workdir: str):
         kept = again.status()["accounting"]
         assert kept["gpu_seconds"] == [[tenant, namespace, tier, seconds]]
         assert kept["gpu_seconds_by_gpu"] == [["GPU-0", "local/a", seconds]]
+    finally:
+        again.stop()
+
+
+class _ParkedA(NullPreparer):
+    """Tenant local/a's GiB is parked on GPU-0, and nothing on the node changes."""
+
+    def status(self) -> dict[str, Any]:
+        return {"tenants": {"local/a": {"gpus": {"GPU-0": "parked"}, "parked_bytes": 1 << 30}}}
+
+
+def _parked_byte_seconds(agent: AgentRunner) -> float:
+    for line in agent.http("/metrics")[1].splitlines():
+        name, _, rest = line.partition("{")
+        if name == "baton_tenant_parked_byte_seconds_total" and 'tenant="local/a"' in rest:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_parked_byte_seconds_a_scrape_showed_do_not_go_back_across_a_restart(workdir: str):
+    """A counter that went down after a restart reads to Prometheus as a reset: `increase()`
+    would count the whole total again."""
+    agent = AgentRunner(workdir, preparer=_ParkedA()).start()
+    try:
+        first = _parked_byte_seconds(agent)
+        shown = _parked_byte_seconds(agent)  # the integral since the first scrape
+        assert shown > first
+    finally:
+        agent.stop()
+    again = AgentRunner(workdir, preparer=NullPreparer()).start()
+    try:
+        assert _parked_byte_seconds(again) >= shown
     finally:
         again.stop()
