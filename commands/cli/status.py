@@ -71,6 +71,10 @@ def status(
         return
     try:
         addresses = cluster_status.agent_addresses(kubeconfig) if kubeconfig else {}
+    except cluster_status.ClusterUnreadable as exc:
+        typer.echo(f"baton status: cannot find the agents through {kubeconfig}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    try:
         document = cluster_status.read_cluster(extender, addresses, agent_port)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         typer.echo(f"baton status: cannot read the inventory at {extender}: {exc}", err=True)

@@ -120,16 +120,46 @@ def read_agent(url: str, timeout: float = 3.0) -> AgentAnswer:
     return dict(document) if isinstance(document, dict) else f"{url} sent no JSON object"
 
 
-def agent_addresses(kubeconfig: str | None) -> dict[str, str]:
+class ClusterUnreadable(RuntimeError):
+    """The cluster's API could not be read, in one line: no kubeconfig, no permission, no
+    answer."""
+
+
+def _api_message(body: str) -> str:
+    """The message of a Status the API server answered, if it is one."""
+    try:
+        return str(json.loads(body).get("message") or "")
+    except (ValueError, AttributeError):
+        return ""
+
+
+def agent_addresses(kubeconfig: str | None, timeout: float = 10.0) -> dict[str, str]:
     """Where each node's agent listens: its node pod's IP, else the node's InternalIP."""
     from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
 
-    from baton.contract.kube import load_api_client
+    from baton.contract.kube import KubeConfigError, load_api_client
 
-    with load_api_client(kubeconfig) as api_client:
-        core = client.CoreV1Api(api_client)
-        nodes = core.list_node().items
-        pods = core.list_namespaced_pod(NAMESPACE, label_selector=NODE_POD_SELECTOR).items
+    try:
+        with load_api_client(kubeconfig) as api_client:
+            host = api_client.configuration.host
+            core = client.CoreV1Api(api_client)
+            try:
+                nodes = core.list_node(_request_timeout=timeout).items
+                pods = core.list_namespaced_pod(
+                    NAMESPACE, label_selector=NODE_POD_SELECTOR, _request_timeout=timeout
+                ).items
+            except ApiException as err:
+                said = _api_message(str(err.body or "")) or err.reason
+                raise ClusterUnreadable(
+                    f"the API server at {host} answered {err.status}: {said}"
+                ) from None
+            except (HTTPError, OSError) as err:
+                why = getattr(err, "reason", None) or err
+                raise ClusterUnreadable(f"cannot reach the API server at {host}: {why}") from None
+    except KubeConfigError as err:
+        raise ClusterUnreadable(str(err)) from None
     found: dict[str, str] = {}
     for node in nodes:
         addresses = (node.status.addresses if node.status else None) or []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -13,8 +14,10 @@ from commands.cli import app
 from commands.status.cluster import cluster_document, gpu_summary
 from commands.status.cluster_view import gpu_rows_table
 from tests.harness.agent import AgentRunner, TenantProcess
+from tests.harness.fakeapi import FakeApiServer
 
 GPU = "GPU-0"
+FORBIDDEN = 'nodes is forbidden: User "bob" cannot list resource "nodes" in API group ""'
 INVENTORY = {
     "synced": True,
     "nodes": [
@@ -110,3 +113,26 @@ def test_status_says_which_agent_it_cannot_reach() -> None:
     result = CliRunner().invoke(app, ["status", "--url", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "cannot reach the agent at http://127.0.0.1:9" in result.output
+
+
+def test_status_through_a_cluster_it_cannot_read_says_why_in_one_line(tmp_path: Path) -> None:
+    def status(kubeconfig: Path) -> list[str]:
+        args = ["status", "--extender", "http://127.0.0.1:9", "--kubeconfig", str(kubeconfig)]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 1, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+        return result.output.splitlines()
+
+    missing = tmp_path / "missing"
+    assert status(missing) == [
+        f"baton status: cannot find the agents through {missing}: "
+        f"kubeconfig file '{missing}' does not exist"
+    ]
+    with FakeApiServer() as server:
+        kubeconfig = server.kubeconfig_path(tmp_path)
+        server.fail_next("list", "nodes", 403, message=FORBIDDEN)
+        [line] = status(kubeconfig)
+        assert line.endswith(f"answered 403: {FORBIDDEN}"), line
+        server.stop()
+        [line] = status(kubeconfig)
+    assert "cannot reach the API server at http" in line and "refused" in line, line
