@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from baton.contract.names import NAMESPACE
-from commands.kubectl.api import Api, KubeApi, PluginError
+from commands.kubectl.api import Api, KubeApi, PluginError, name_problem
 
 app = typer.Typer(
     name="kubectl baton",
@@ -44,6 +44,7 @@ def connection(
     ] = NAMESPACE,
 ) -> None:
     """Connection options, as kubectl's."""
+    _check_name("--baton-namespace", baton_namespace)
     Settings.kubeconfig = (kubeconfig or "").split(":")[0] or None
     Settings.context, Settings.baton_namespace = context, baton_namespace
 
@@ -65,6 +66,13 @@ def connected() -> Iterator[Api]:
 def _check_output(output: str) -> None:
     if output not in ("table", "json"):
         typer.echo(f"kubectl baton: --output is table or json, not {output!r}", err=True)
+        raise typer.Exit(2)
+
+
+def _check_name(what: str, name: str, dotted: bool = False) -> None:
+    problem = name_problem(what, name, dotted)
+    if problem:
+        typer.echo(f"kubectl baton: {problem}", err=True)
         raise typer.Exit(2)
 
 
@@ -119,6 +127,8 @@ def why(
     _check_output(output)
     if "/" in pod:
         namespace, pod = pod.split("/", 1)
+    _check_name("namespace", namespace)
+    _check_name("pod", pod, dotted=True)
     with connected() as api:
         answer = explain(api, namespace, pod, Settings.baton_namespace)
     if output == "json":

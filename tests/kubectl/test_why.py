@@ -6,7 +6,11 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+import pytest
+from typer.testing import CliRunner
+
 from baton.contract import names
+from commands.kubectl import cli
 from commands.kubectl.dra import shortfall
 from commands.kubectl.why import why
 from dra.slices import device
@@ -204,3 +208,23 @@ def test_a_pod_held_back_for_a_claim_that_does_not_exist_says_which() -> None:
     assert why(DictApi(routes), "ml", "m")["reasons"] == [
         "not scheduled yet: the scheduler has said nothing"
     ]
+
+
+def test_a_name_no_pod_or_namespace_can_have_is_refused_before_asking(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = DictApi(cluster_routes())
+    monkeypatch.setattr(cli.Settings, "make_api", lambda kubeconfig, context: api)
+    for args, said in (
+        (["why", "ml/"], "pod '' is not a Kubernetes name (lower-case letters, digits, '-', '.';"),
+        (["why", ""], "pod '' is not"),
+        (["why", "p?watch=1"], "pod 'p?watch=1' is not"),
+        (["why", "ml/p/log"], "pod 'p/log' is not"),
+        (["why", "p", "-n", "ML"], "namespace 'ML' is not a Kubernetes name (lower-case letters"),
+        (["--baton-namespace", "a/b", "status"], "--baton-namespace 'a/b' is not"),
+    ):
+        result = CliRunner().invoke(cli.app, args)
+        assert result.exit_code == 2, (args, result.output)
+        [line] = result.output.splitlines()
+        assert line.startswith(f"kubectl baton: {said}"), line
+    assert api.asked == []
