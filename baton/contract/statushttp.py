@@ -12,7 +12,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 log = logging.getLogger(__name__)
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
+HEAD_LIMIT = 64 * 1024
+"""The most bytes a request's line and headers may take (asyncio's stream limit)."""
+HEAD_TIMEOUT_S = 10.0
+"""How long a client has to send its request line and headers."""
 
 
 class StatusServer:
@@ -31,7 +42,7 @@ class StatusServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port (useful with port 0)."""
-        self._server = await asyncio.start_server(self._handle, host, port)
+        self._server = await asyncio.start_server(self._handle, host, port, limit=HEAD_LIMIT)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
@@ -57,18 +68,42 @@ class StatusServer:
             return 200, "application/json", body
         return 404, "text/plain", b"not found: try /healthz, /readyz, /metrics, /v1/status\n"
 
+    def answer(self, head: bytes) -> tuple[str, int, str, bytes]:
+        """(method, status, content type, body) for a request's line and headers; a request
+        line that is not `METHOD /path HTTP/1.x` is a 400 saying so."""
+        words = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+        method, path, version = [*words, "", ""][:3] if len(words) <= 3 else ("", "", "")
+        if not (method.isalpha() and path.startswith("/") and version.startswith("HTTP/1.")):
+            return "", 400, "text/plain", b"bad request line: expected METHOD /path HTTP/1.1\n"
+        return method, *self.route(method, path)
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            method, path, *_ = request.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
-            code, ctype, body = self.route(method, path)
-            head = (
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+            except asyncio.LimitOverrunError:
+                method, code, ctype = "", 431, "text/plain"
+                body = f"request line and headers over {HEAD_LIMIT} bytes; not read\n".encode()
+            else:
+                method, code, ctype, body = self.answer(head)
+            start = (
                 f"HTTP/1.1 {code} {_REASONS.get(code, 'Error')}\r\nContent-Type: {ctype}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
             )
-            writer.write(head.encode() + (b"" if method == "HEAD" else body))
+            writer.write(start.encode() + (b"" if method == "HEAD" else body))
             await writer.drain()
-        except (TimeoutError, ValueError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            if code == 431:  # closed on unread bytes, the socket would reset the answer away:
+                writer.write_eof()  # the answer is whole; read on until the client is done
+                await asyncio.wait_for(_discard(reader, 16 * HEAD_LIMIT), HEAD_TIMEOUT_S)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
             log.debug("bad HTTP request: %s", exc)
+        except asyncio.CancelledError:  # the loop is ending: asyncio would log it as an error
+            log.debug("HTTP request cut short: the server is stopping")
         finally:
             writer.close()
+
+
+async def _discard(reader: asyncio.StreamReader, most: int) -> None:
+    """Read and drop what the client still sends, until it stops or `most` bytes."""
+    while most > 0 and (chunk := await reader.read(min(most, HEAD_LIMIT))):
+        most -= len(chunk)

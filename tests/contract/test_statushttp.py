@@ -1,0 +1,65 @@
+"""The agent's and the coordinator's status server as an odd client meets it: each request gets
+an HTTP answer that says what is wrong, and the daemon's log holds no traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from baton.contract.statushttp import HEAD_LIMIT, StatusServer
+
+
+async def _ask(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+
+
+def _answers(*requests: bytes) -> list[bytes]:
+    async def run() -> list[bytes]:
+        server = StatusServer(CollectorRegistry(), lambda: {"gpus": {}}, lambda: True)
+        port = await server.start("127.0.0.1", 0)
+        try:
+            return [await _ask(port, request) for request in requests]
+        finally:
+            await server.stop()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("request_head", "status", "said"),
+    [
+        (b"GET\r\n\r\n", b"400 Bad Request", b"bad request line: expected METHOD /path HTTP/1.1"),
+        (b"\r\n\r\n", b"400 Bad Request", b"bad request line"),
+        (b"GET /v1/status HTTP/1.1 extra\r\n\r\n", b"400 Bad Request", b"bad request line"),
+        (b"GET nowhere HTTP/1.1\r\n\r\n", b"400 Bad Request", b"bad request line"),
+        (
+            b"GET /v1/status HTTP/1.1\r\nX-Big: " + b"a" * (2 * HEAD_LIMIT) + b"\r\n\r\n",
+            b"431 Request Header Fields Too Large",
+            b"request line and headers over 65536 bytes; not read",
+        ),
+        (
+            b"GET /" + b"a" * (2 * HEAD_LIMIT) + b" HTTP/1.1\r\n\r\n",
+            b"431 Request Header Fields Too Large",
+            b"over 65536 bytes",
+        ),
+        (b"DELETE /metrics HTTP/1.1\r\n\r\n", b"405 Method Not Allowed", b"only GET"),
+        (b"GET /v1/status?verbose=1 HTTP/1.1\r\n\r\n", b"200 OK", b'"gpus"'),
+    ],
+)
+def test_an_odd_request_gets_a_clear_answer_and_no_traceback(
+    request_head: bytes, status: bytes, said: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    [answer] = _answers(request_head)
+    assert answer.startswith(b"HTTP/1.1 " + status + b"\r\n"), answer[:200]
+    assert said in answer.partition(b"\r\n\r\n")[2], answer[:200]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
