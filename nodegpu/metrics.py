@@ -92,43 +92,72 @@ def _fake_recover(tracker: HealthTracker, body: dict[str, Any]) -> dict[str, Any
     return {"gpu": uuid, "changed": tracker.set_healthy(uuid)}
 
 
+_GETS = ("/metrics", "/healthz", "/readyz")
+MAX_POST = 64 * 1024
+"""The largest fake fault's JSON body read."""
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: StatusServer
 
+    @property
+    def _path(self) -> str:
+        """The path without its query (a scrape's `params`)."""
+        return self.path.split("?", 1)[0]
+
     def do_GET(self) -> None:
-        if self.path == "/metrics":
+        if self._path == "/metrics":
             self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
-        elif self.path == "/healthz":
+        elif self._path == "/healthz":
             self._send(200, b"ok\n", "text/plain")
-        elif self.path == "/readyz":
+        elif self._path == "/readyz":
             problem = self.server.not_ready()
             body = f"not ready: {problem}\n" if problem else "ok\n"
             self._send(503 if problem else 200, body.encode(), "text/plain")
+        elif self._path in self.server.fake_posts:
+            self._not_allowed()
         else:
-            self._send(404, b"not found: try /metrics\n", "text/plain")
+            self._send(404, f"not found: try {', '.join(_GETS)}\n".encode(), "text/plain")
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
 
     def do_POST(self) -> None:
-        handler = self.server.fake_posts.get(self.path)
+        handler = self.server.fake_posts.get(self._path)
         if handler is None:
+            if self._path in _GETS:
+                self._not_allowed()
+                return
             why = "fake faults need --fake-gpus"
             if self.server.fake_posts:
-                why = f"no fake fault at {self.path}"
+                why = f"no fake fault at {self._path}"
             self._send(404, f"{why}\n".encode(), "text/plain")
             return
         try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or "{}")
-            answer = handler(body)
+            length = int(self.headers.get("Content-Length", "0"))
+            if not 0 <= length <= MAX_POST:
+                raise ValueError(f"Content-Length {length} is not 0 to {MAX_POST}")
+            answer = handler(json.loads(self.rfile.read(length) or "{}"))
         except (ValueError, KeyError, TypeError) as err:
             self._send(400, f"bad request: {err}\n".encode(), "text/plain")
             return
         self._send(200, json.dumps(answer).encode(), "application/json")
 
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
+    def _not_allowed(self) -> None:
+        allowed = "POST" if self._path in self.server.fake_posts else "GET, HEAD"
+        self._send(405, f"{self._path} answers {allowed}\n".encode(), "text/plain", allowed)
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+
+    def _send(self, status: int, body: bytes, content_type: str, allow: str = "") -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        if allow:
+            self.send_header("Allow", allow)
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http: " + format, *args)

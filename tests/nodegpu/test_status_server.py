@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import logging
 import socket
 import struct
@@ -51,3 +52,48 @@ def test_a_client_gone_mid_request_is_one_debug_line_not_a_traceback_on_stderr(
     assert said[0].endswith("went away mid-request (ConnectionResetError)"), said
     assert all(r.levelno == logging.DEBUG for r in seen.records)
     assert capfd.readouterr().err == ""
+
+
+def test_a_scrape_with_a_query_head_and_other_methods_get_what_they_ask_or_a_4xx() -> None:
+    server = StatusServer("127.0.0.1", 0, Metrics(), None)
+    server.start()
+
+    def ask(method: str, path: str) -> tuple[int, str, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            conn.request(method, path, body=b"" if method in ("POST", "PUT") else None)
+            answer = conn.getresponse()
+            return answer.status, answer.getheader("Allow") or "", answer.read().decode()
+        finally:
+            conn.close()
+
+    try:
+        status, _, body = ask("GET", "/metrics?format=prometheus")  # a scrape config's params
+        assert status == 200 and "baton_deviceplugin_allocations_total" in body
+        assert ask("HEAD", "/healthz") == (200, "", "")
+        assert ask("GET", "/readyz?verbose") == (200, "", "ok\n")
+        for method in ("POST", "PUT", "DELETE"):
+            assert ask(method, "/metrics") == (405, "GET, HEAD", "/metrics answers GET, HEAD\n")
+        assert ask("GET", "/nowhere") == (404, "", "not found: try /metrics, /healthz, /readyz\n")
+    finally:
+        server.stop()
+
+
+def test_a_fake_fault_post_with_a_length_it_cannot_read_is_refused_not_waited_on() -> None:
+    server = StatusServer("127.0.0.1", 0, Metrics(), None, fake_posts={"/fake/x": dict})
+    server.start()
+    try:
+        for length in ("-1", str(1 << 40)):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as client:
+                client.sendall(
+                    f"POST /fake/x HTTP/1.1\r\nContent-Length: {length}\r\n\r\n".encode()
+                )
+                answer = client.makefile("rb").read().decode()
+            assert answer.startswith("HTTP/1.0 400 "), answer
+            assert f"bad request: Content-Length {length} is not 0 to 65536\n" in answer
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("GET", "/fake/x")
+        assert conn.getresponse().read() == b"/fake/x answers POST\n"
+        conn.close()
+    finally:
+        server.stop()
