@@ -22,6 +22,14 @@ def agent_pods(api: Api, namespace: str = NAMESPACE) -> dict[str, str]:
     return pods
 
 
+def no_agents(namespace: str) -> str:
+    """What `status` and `usage` say when the namespace has no running agent pod."""
+    return (
+        f"no running Baton agent pod ({NODE_POD_SELECTOR}) in namespace {namespace}: "
+        "is Baton installed there (--baton-namespace)?"
+    )
+
+
 def read_agent(api: Api, pod: str, namespace: str = NAMESPACE) -> AgentAnswer:
     """An agent's /v1/status, or a sentence saying why it could not be read (Forbidden
     propagates: the user lacks a permission, which no other node would change)."""
@@ -60,6 +68,8 @@ def read_cluster(api: Api, namespace: str = NAMESPACE) -> dict[str, Any]:
     document = cluster_document(inventory, answers, urls)
     if inventory.get("error"):
         document["extender_error"] = inventory["error"]
+    if not pods:
+        document["agents_error"] = no_agents(namespace)
     for node in document["nodes"]:
         status = answers.get(node["name"])
         tenants = status.get("tenants", {}) if isinstance(status, dict) else {}

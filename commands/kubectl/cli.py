@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from baton.contract.names import NAMESPACE
 from commands.kubectl.api import Api, KubeApi, PluginError, name_problem
@@ -110,8 +111,9 @@ def status(
                 if watch:
                     console.clear()
                 console.print(status_table(document))
-                if document.get("extender_error"):
-                    console.print(f"[yellow]{document['extender_error']}[/yellow]")
+                for said in ("agents_error", "extender_error"):
+                    if document.get(said):
+                        console.print(f"[yellow]{escape(document[said])}[/yellow]")
 
 
 @app.command()

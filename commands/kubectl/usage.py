@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from baton.contract.names import MIB, NAMESPACE
-from commands.kubectl.agents import agent_pods, read_agent
+from commands.kubectl.agents import agent_pods, no_agents, read_agent
 from commands.kubectl.api import Api
 
 Row = tuple[str, str, int]
@@ -21,8 +21,9 @@ def read_totals(
 ) -> tuple[dict[Row, list[float]], list[str]]:
     """Row → [GPU-seconds, parked byte-seconds] over every agent; and the agents not read."""
     totals: dict[Row, list[float]] = {}
-    missing = []
-    for node, pod in sorted(agent_pods(api, baton_namespace).items()):
+    pods = agent_pods(api, baton_namespace)
+    missing = [] if pods else [no_agents(baton_namespace)]
+    for node, pod in sorted(pods.items()):
         status = read_agent(api, pod, baton_namespace)
         if isinstance(status, str):
             missing.append(f"{node}: {status}")

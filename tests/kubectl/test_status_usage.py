@@ -4,6 +4,7 @@ agent's and the extender's)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -99,3 +100,19 @@ def test_usage_over_a_window_counts_what_accrued() -> None:
     before = {("ml", "ml/a", 0): [10.0, 0.0]}
     after = {("ml", "ml/a", 0): [12.5, 3.0], ("ops", "ops/c", 1): [1.0, 0.0]}
     assert window(before, after) == {("ml", "ml/a", 0): [2.5, 3.0], ("ops", "ops/c", 1): [1.0, 0.0]}
+
+
+def test_a_namespace_with_no_agent_pod_is_said_not_shown_as_an_empty_table(run) -> None:
+    routes: dict[str, Any] = {"/api/v1/namespaces/nons/pods": {"items": []}}
+    said = (
+        "no running Baton agent pod (app.kubernetes.io/name=baton-agent) in namespace nons: "
+        "is Baton installed there (--baton-namespace)?"
+    )
+    status = run(routes, "--baton-namespace", "nons", "status")
+    assert status.exit_code == 0, status.output
+    assert said in status.output
+    as_json = json.loads(run(routes, "--baton-namespace", "nons", "status", "-o", "json").output)
+    assert as_json["agents_error"] == said and as_json["nodes"] == []
+    usage = run(routes, "--baton-namespace", "nons", "usage")
+    assert f"not counted: {said}" in usage.output
+    assert "agents_error" not in read_cluster(DictApi(cluster_routes()))
