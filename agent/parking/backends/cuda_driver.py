@@ -4,7 +4,10 @@ Each call runs through `deadline.call_with_deadline`: lock gets its own timeout 
 timeout; checkpoint and restore get the call timeout plus the time to copy their bytes at the
 slowest copy rate assumed. A state query that answers "not initialized" or "invalid value" means
 the process has no CUDA state (no context yet, or it is gone), not an error. A process caught
-mid-checkpoint or mid-restore (states 4 and 5, bindings 13.4+) is asked again until it settles.
+mid-checkpoint or mid-restore (states 4 and 5) is asked again until it settles; bindings older
+than 13.4 cannot name those states and raise ValueError ("4 is not a valid CUprocessState"),
+read here as the state it names. Any other answer the bindings cannot read (a state or result
+code newer than them: ValueError or KeyError) is an `UnreadableAnswer` naming the call.
 
 What is checked at start: every checkpoint call is in the bindings (cuda-bindings 13.0.0 and
 13.0.1 lack `cuCheckpointProcessRestore`), the bindings release the GIL inside the calls
@@ -55,6 +58,8 @@ OUT_OF_MEMORY = "CUDA_ERROR_OUT_OF_MEMORY"
 POISONED = "CUDA_ERROR_OPERATING_SYSTEM"
 """A restore's answer for a process whose earlier restore ran out of device memory."""
 NOT_SUPPORTED = "CUDA_ERROR_NOT_SUPPORTED"
+UNREADABLE = "UNREADABLE_ANSWER"
+"""The code of an answer the bindings could not read."""
 
 
 def state_name(state: int | None) -> str:
@@ -162,6 +167,21 @@ class NoContext(DriverError):
     """The process called cuInit but made no CUDA context: it holds nothing to move."""
 
 
+class UnreadableAnswer(DriverError):
+    """The bindings raised reading the driver's answer (a state or result code newer than
+    them); `state` is the process state it named, if it was one."""
+
+    def __init__(self, what: str, error: Exception) -> None:
+        super().__init__(
+            f"{what} answered what these CUDA bindings cannot read ({error}); "
+            "install cuda-bindings as new as the driver",
+            UNREADABLE,
+        )
+        head = str(error).split(" ", 1)[0]
+        named_state = "CUprocessState" in str(error) and head.isdigit()
+        self.state = int(head) if named_state else None
+
+
 class CheckpointDriver:
     """`cuCheckpointProcess*` on one PID at a time, each bounded by a deadline."""
 
@@ -184,7 +204,10 @@ class CheckpointDriver:
     def _call(self, seconds: float, call: str, pid: int, *args: Any) -> tuple[Any, ...]:
         fn = getattr(self.driver, call)
         what = f"{call} on pid {pid}"
-        result: tuple[Any, ...] = call_with_deadline(seconds, what, fn, pid, *args)
+        try:
+            result: tuple[Any, ...] = call_with_deadline(seconds, what, fn, pid, *args)
+        except (ValueError, KeyError) as e:  # the bindings' enums do not know the answer
+            raise UnreadableAnswer(what, e) from e
         return result
 
     def _check(self, err: Any, call: str, pid: int) -> None:
@@ -212,7 +235,12 @@ class CheckpointDriver:
             time.sleep(SETTLE_POLL_S)
 
     def _state_once(self, pid: int) -> int | None:
-        err, state = self._call(self.call_timeout_s, "cuCheckpointProcessGetState", pid)
+        try:
+            err, state = self._call(self.call_timeout_s, "cuCheckpointProcessGetState", pid)
+        except UnreadableAnswer as e:
+            if e.state in SETTLING:  # bindings before 13.4 cannot name states 4 and 5
+                return e.state
+            raise
         if err != self.driver.CUresult.CUDA_SUCCESS and self.error_name(err) in NO_CUDA_STATE:
             return None
         self._check(err, "cuCheckpointProcessGetState", pid)

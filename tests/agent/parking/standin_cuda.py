@@ -11,7 +11,10 @@ public NVIDIA/cuda-checkpoint bug reports:
 * a process that only called cuInit (`cuinit_only`) is RUNNING to the state query and listed by
   NVML with 0 bytes, but its lock answers NOT_INITIALIZED;
 * a process caught mid-move by another caller answers CHECKPOINTING (4) or RESTORING (5) to
-  the state query (`passing`, bindings 13.4+) before its settled state;
+  the state query (`passing`) before its settled state; bindings older than 13.4 cannot name
+  those states and raise ValueError ("4 is not a valid CUprocessState") as cuda-bindings 13.0.3
+  does (`known_states` 4), and they raise KeyError for a result code they do not know
+  (`unknown_code`);
 * an injected failure (`fail`) can leave the process FAILED (`leaves`);
 * a restore that does not fit the GPU's free memory answers OUT_OF_MEMORY; every later restore
   of that process answers OPERATING_SYSTEM (304) and its unlock ILLEGAL_STATE (401), as driver
@@ -70,6 +73,10 @@ class StandInDriver:
     poisoned: set[int] = field(default_factory=set)
     hang: set[tuple[str, int]] = field(default_factory=set)
     """Calls that do not return until `hang_over` is set (then answer NOT_READY)."""
+    known_states: int = 6
+    """States the bindings can name; a larger one raises ValueError, as their enum does."""
+    unknown_code: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Calls whose answer is a result code the bindings do not know (they raise KeyError)."""
     calls: list[tuple[str, int]] = field(default_factory=list)
     lock_timeouts: list[int] = field(default_factory=list)
     hang_over: threading.Event = field(default_factory=threading.Event)
@@ -115,10 +122,15 @@ class StandInDriver:
 
     def cuCheckpointProcessGetState(self, pid):
         self.calls.append(("state", pid))
+        if ("state", pid) in self.unknown_code:
+            raise KeyError(self.unknown_code[("state", pid)])
         if self._hang_if_peer_locked(pid):
             return (CUresult.CUDA_ERROR_NOT_READY, None)
         if self.passing.get(pid):
-            return (CUresult.CUDA_SUCCESS, self.passing[pid].pop(0))
+            state = self.passing[pid].pop(0)
+            if state >= self.known_states:
+                raise ValueError(f"{state} is not a valid CUprocessState")
+            return (CUresult.CUDA_SUCCESS, state)
         if pid in self.no_context:
             return (CUresult.CUDA_ERROR_NOT_INITIALIZED, None)
         if pid in self.cuinit_only:
@@ -129,6 +141,8 @@ class StandInDriver:
 
     def _step(self, call, pid, need, to):
         self.calls.append((call, pid))
+        if (call, pid) in self.unknown_code:
+            raise KeyError(self.unknown_code[(call, pid)])
         if (call, pid) in self.hang:
             self.blocked.set()
             self.hang_over.wait(HANG_BOUND_S)

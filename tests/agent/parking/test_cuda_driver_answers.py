@@ -106,6 +106,36 @@ def test_a_process_caught_restoring_or_checkpointing_is_asked_again_until_it_set
     assert st.quarantined == "" and st.residency == {GPU: Residency.RESIDENT}
 
 
+def test_bindings_older_than_13_4_read_a_process_caught_mid_move_as_settling(node):
+    driver, _, backend, _ = node
+    driver.known_states = 4  # cuda-bindings 13.0.3 raise ValueError for states 4 and 5
+    backend.attach(TenantRef("a", (GPU,), pids=(100, 101)))
+    driver.passing[100] = [CHECKPOINTING]
+    assert backend.park("a", GPU).bytes == 4 * GIB
+    driver.passing[101] = [RESTORING, RESTORING]
+    assert backend.restore("a", GPU).bytes == 4 * GIB
+    st = backend.state("a")
+    assert st.quarantined == "" and st.residency == {GPU: Residency.RESIDENT}
+
+
+def test_an_answer_the_bindings_cannot_read_is_a_named_error_not_a_traceback(node):
+    driver, _, backend, _ = node
+    backend.attach(TenantRef("a", (GPU,), pids=(100, 101)))
+    driver.unknown_code[("state", 101)] = 12345  # a result code newer than the bindings
+    with pytest.raises(BackendError, match=r"GetState on pid 101 .* cannot read \(12345\)"):
+        backend.park("a", GPU)
+    assert "cannot read (12345)" in backend.state("a").detail
+    del driver.unknown_code[("state", 101)]
+    driver.unknown_code[("checkpoint", 101)] = 12345
+    with pytest.raises(BackendError, match=r"Checkpoint on pid 101 .* cannot read \(12345\)"):
+        backend.park("a", GPU)
+    assert driver.states[100] == driver.states[101] == RUNNING  # the park was undone
+    driver.known_states = 4
+    driver.passing[100] = [7]  # a state no bindings name
+    with pytest.raises(BackendError, match=r"GetState on pid 100 .*7 is not a valid"):
+        backend.park("a", GPU)
+
+
 def test_a_process_that_never_settles_quarantines_the_tenant(node):
     driver, _, backend, _ = node
     backend.attach(TenantRef("a", (GPU,), pids=(100, 101)))
