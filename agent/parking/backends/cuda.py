@@ -360,16 +360,16 @@ class CudaBackend(Backend):
                     return Move(tenant_id, gpu, "restore", 0, 0.0)
             self._check_room(tenant_id, parked)
             start = self._clock()
-            cuda_moves.restore_all(self.calls, parked.pids)
+            back = cuda_moves.restore_all(self.calls, parked.pids)
         except CallStalled as e:
             raise self._quarantine(tenant_id, f"{e}; {STALLED}") from e
         except BackendQuarantined as e:
             raise self._quarantine(tenant_id, str(e)) from e
         with self._mutex:
             self._parked.pop(tenant_id, None)
-            self._found[tenant_id] = (self._clock(), tuple(sorted(parked.pids)))
+            self._found[tenant_id] = (self._clock(), back)
             self._problems.pop(tenant_id, None)
-        moved = sum(parked.per_gpu().values())
+        moved = sum(sum(parked.pids[pid].values()) for pid in back)
         return Move(tenant_id, gpu, "restore", moved, self._clock() - start)
 
     def _check_room(self, tenant_id: str, parked: ParkedProcs) -> None:

@@ -5,9 +5,11 @@ lock that does not return in time, too: the tenant is then refused, as sharing G
 process that only called cuInit (its lock answers NOT_INITIALIZED) has nothing on the device
 and is left out.
 Restore: restore each, then unlock each, then check each is RUNNING; a failed restore parks the
-ones already brought back again. The functions raise `BackendQuarantined` (with the reason only)
-when a process is left in a state the agent cannot fix, `Unparkable` when the driver does not
-support checkpointing the processes, and `DriverError` for a failure that left everything as it was.
+ones already brought back again. A process that exited while parked is left out (its memory
+went with it) and the others are brought back. The functions raise `BackendQuarantined` (with
+the reason only) when a process is left in a state the agent cannot fix, `Unparkable` when the
+driver does not support checkpointing the processes, and `DriverError` for a failure that left
+everything as it was.
 """
 
 from __future__ import annotations
@@ -116,14 +118,17 @@ def roll_back(calls: CheckpointDriver, pids: list[int], sizes: Sizes, cause: Exc
         )
 
 
-def restore_all(calls: CheckpointDriver, sizes: Sizes) -> None:
-    """Restore every process, then unlock every one; each must end RUNNING."""
-    pids = sorted(sizes)
+def restore_all(calls: CheckpointDriver, sizes: Sizes) -> tuple[int, ...]:
+    """Restore every process, then unlock every one; each must end RUNNING. One that exited
+    meanwhile (the driver knows it no more) is left out: its memory went with it. Returns the
+    processes brought back."""
     restored: list[int] = []
-    for pid in pids:
+    for pid in sorted(sizes):
         try:
             calls.restore(pid, _total(sizes, pid))
         except DriverError as e:
+            if _exited(calls, pid, e):
+                continue
             park_again(calls, restored, sizes, e)
             if e.code in (OUT_OF_MEMORY, POISONED):
                 raise BackendQuarantined(
@@ -135,17 +140,33 @@ def restore_all(calls: CheckpointDriver, sizes: Sizes) -> None:
                 raise BackendQuarantined(f"{e}; pid {pid} is {state_name(state)}") from e
             raise
         restored.append(pid)
-    for pid in pids:
+    for pid in list(restored):
         try:
             calls.unlock(pid)
         except DriverError as e:
-            raise BackendQuarantined(f"{e}; pid {pid} is {state_name(calls.state(pid))}") from e
-    for pid in pids:
+            state = calls.state(pid)
+            if state is not None:
+                raise BackendQuarantined(f"{e}; pid {pid} is {state_name(state)}") from e
+            restored.remove(pid)
+    for pid in list(restored):
         state = calls.state(pid)
-        if state != RUNNING:
+        if state is None:
+            restored.remove(pid)
+        elif state != RUNNING:
             raise BackendQuarantined(
                 f"after its restore pid {pid} is {state_name(state)}, not running"
             )
+    return tuple(restored)
+
+
+def _exited(calls: CheckpointDriver, pid: int, failed: DriverError) -> bool:
+    """Whether the process a call failed on has exited (an out-of-memory restore has not)."""
+    if failed.code in (OUT_OF_MEMORY, POISONED):
+        return False
+    try:
+        return calls.state(pid) is None
+    except DriverError:
+        return False
 
 
 def park_again(

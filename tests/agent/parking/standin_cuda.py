@@ -21,6 +21,8 @@ public NVIDIA/cuda-checkpoint bug reports:
   580.95 does (NVIDIA/cuda-checkpoint#44);
 * processes that share GPU memory (`shared`, e.g. NCCL ranks): a state query or lock of one
   blocks while a peer is locked, until `hang_over` is set (then it answers NOT_READY);
+* a process may exit just before a call reaches it (`exit_before`): then the driver knows it no
+  more (INVALID_VALUE) and NVML no longer lists it;
 * a checkpointed process vanishes from NVML's process list and frees its device memory;
 * NVML raises `NVMLError` for a UUID it does not know and for every query once `lost` is set.
 """
@@ -77,6 +79,8 @@ class StandInDriver:
     """States the bindings can name; a larger one raises ValueError, as their enum does."""
     unknown_code: dict[tuple[str, int], int] = field(default_factory=dict)
     """Calls whose answer is a result code the bindings do not know (they raise KeyError)."""
+    exit_before: set[tuple[str, int]] = field(default_factory=set)
+    """Calls just before which their process exits."""
     calls: list[tuple[str, int]] = field(default_factory=list)
     lock_timeouts: list[int] = field(default_factory=list)
     hang_over: threading.Event = field(default_factory=threading.Event)
@@ -120,8 +124,18 @@ class StandInDriver:
         if self.nvml is not None:
             self.nvml.used[gpu][pid] = nbytes
 
+    def exit(self, pid: int) -> None:
+        """The process ends: its CUDA state and its device memory go with it."""
+        self.states.pop(pid, None)
+        if self.nvml is not None:
+            for used in self.nvml.used.values():
+                used.pop(pid, None)
+
     def cuCheckpointProcessGetState(self, pid):
         self.calls.append(("state", pid))
+        if ("state", pid) in self.exit_before:
+            self.exit_before.discard(("state", pid))
+            self.exit(pid)
         if ("state", pid) in self.unknown_code:
             raise KeyError(self.unknown_code[("state", pid)])
         if self._hang_if_peer_locked(pid):
@@ -141,6 +155,9 @@ class StandInDriver:
 
     def _step(self, call, pid, need, to):
         self.calls.append((call, pid))
+        if (call, pid) in self.exit_before:
+            self.exit_before.discard((call, pid))
+            self.exit(pid)
         if (call, pid) in self.unknown_code:
             raise KeyError(self.unknown_code[(call, pid)])
         if (call, pid) in self.hang:

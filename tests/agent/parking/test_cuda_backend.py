@@ -110,6 +110,20 @@ def test_a_failed_restore_parks_the_restored_ones_again_and_can_be_retried(node)
     assert driver.states[100] == driver.states[101] == RUNNING
 
 
+@pytest.mark.parametrize("when", ["restore", "unlock"])
+def test_a_process_that_exits_while_parked_leaves_the_others_restored(node, when):
+    driver, _, backend = node
+    backend.park("a", GPU)
+    driver.exit_before.add((when, 101))  # its memory went with it: nothing to bring back
+    move = backend.restore("a", GPU)
+    assert driver.states == {100: RUNNING, 200: RUNNING}
+    assert move.bytes == 3 * GIB
+    st = backend.state("a")
+    assert st.quarantined == "" and st.residency == {GPU: Residency.RESIDENT}
+    assert st.pids == (100,) and st.footprint_bytes == {GPU: 3 * GIB}
+    assert backend.park("a", GPU).bytes == 3 * GIB
+
+
 def test_a_process_left_failed_by_a_checkpoint_quarantines_the_tenant(node):
     driver, _, backend = node
     driver.fail[("checkpoint", 101)] = CUresult.CUDA_ERROR_UNKNOWN
