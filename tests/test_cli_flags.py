@@ -22,6 +22,7 @@ REFUSED = [
     (["--max-hold", "-5"], "--max-hold", "must be above 0"),
     (["--move-timeout", "0"], "--move-timeout", "must be above 0"),
     (["--fake-scale", "0"], "--fake-scale", "must be above 0"),
+    (["--backend", "cuda", "--move-timeout", "inf"], "--move-timeout", "at most 4294967 s"),
     (["--headroom", "-1"], "--headroom", "greater than or equal to 0"),
     (["--reconnect-grace", "-1"], "--reconnect-grace", "greater than or equal to 0"),
     (["--llmd-listen", "foo"], "--llmd-listen", "not HOST:PORT"),

@@ -81,9 +81,10 @@ def _fake(i: BuildInputs) -> tuple[Backend, dict[str, int]]:
 
 def _cuda(i: BuildInputs) -> tuple[Backend, dict[str, int]]:
     from agent.parking.backends.cuda import CudaBackend
+    from agent.parking.backends.cuda_driver import lock_timeout_ms
 
     cuda = CudaBackend(
-        lock_timeout_ms=int(i.opts.lock_timeout_s * 1000),
+        lock_timeout_ms=lock_timeout_ms(i.opts.lock_timeout_s),
         headroom_bytes=default_headroom(i.opts),
         call_timeout_s=i.opts.driver_call_timeout_s,
         copy_gbps=i.opts.slowest_copy_gbps,

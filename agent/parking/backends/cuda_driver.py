@@ -17,6 +17,7 @@ driver is 575.57 or newer (PyTorch processes fail to checkpoint on 570.x).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from importlib import metadata
@@ -28,6 +29,8 @@ from agent.parking.backends.deadline import CallStalled, call_with_deadline
 INSTALL_HINT = "the cuda backend needs cuda-python and nvidia-ml-py: pip install 'baton-gpu[cuda]'"
 MIN_DRIVER_API = 12080
 """cuCheckpointProcess* with a lock timeout: CUDA 12.8 driver API."""
+LOCK_TIMEOUT_MAX_MS = 2**32 - 1
+"""The most `CUcheckpointLockArgs.timeoutMs` (an unsigned int) holds; 0 there is no timeout."""
 MIN_DRIVER = (575, 57)
 """NVIDIA driver 575.57: PyTorch processes fail to checkpoint on 570.x (cuda-checkpoint#34)."""
 MIN_BINDINGS = (12, 9, 1)
@@ -65,6 +68,17 @@ UNREADABLE = "UNREADABLE_ANSWER"
 def state_name(state: int | None) -> str:
     """A process state as a word ("gone" for a process without CUDA state)."""
     return "gone" if state is None else STATE_NAMES.get(state, f"state {state}")
+
+
+def lock_timeout_ms(seconds: float) -> int:
+    """`--move-timeout` as the lock's whole milliseconds, rounded up: one under a millisecond
+    must not become 0, the driver's "no timeout"; `BackendUnavailable` past what it holds."""
+    if not 0 < seconds * 1000 <= LOCK_TIMEOUT_MAX_MS:
+        raise BackendUnavailable(
+            f"--move-timeout {seconds:g}: the driver's checkpoint lock waits at most "
+            f"{LOCK_TIMEOUT_MAX_MS // 1000} s (its timeout is 32-bit milliseconds)"
+        )
+    return max(1, math.ceil(round(seconds * 1000, 6)))
 
 
 def load_modules() -> tuple[Any, Any]:

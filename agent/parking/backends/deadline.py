@@ -2,6 +2,8 @@
 
 A driver call cannot be cancelled. One that does not return in time is left running in its
 (daemon) thread and reported as `CallStalled`; the backend quarantines the tenant it was for.
+A deadline past what a thread can wait (`threading.TIMEOUT_MAX`, about 292 years: an infinite
+`--driver-call-timeout`) waits that long.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def call_with_deadline(seconds: float, what: str, fn: Callable[..., T], *args: A
             done.set()
 
     threading.Thread(target=run, name=f"driver-call {what}", daemon=True).start()
-    if not done.wait(seconds):
+    if not done.wait(min(seconds, threading.TIMEOUT_MAX)):
         raise CallStalled(f"{what} did not return within {seconds:g} s")
     if "error" in box:
         raise box["error"]
