@@ -151,7 +151,7 @@ class CudaBackend(Backend):
             return sorted(set(self._refs) | set(self._parked))
 
     def _candidates(self, ref: TenantRef) -> set[int]:
-        found = set(ref.pids)
+        found = {procs.process_of(pid, self.proc_root) for pid in ref.pids}
         if ref.pod_uid:
             found |= set(procs.pod_pids(ref.pod_uid, self.proc_root))
         return found

@@ -58,6 +58,20 @@ def in_pod(pid: int, pod_uid: str, proc_root: str = "/proc") -> bool:
     return any(names_pod(path, pod_uid) for _, path in cgroup_lines(pid, proc_root))
 
 
+def process_of(pid: int, proc_root: str = "/proc") -> int:
+    """The process a PID belongs to: itself, or for a thread's ID its thread group (`Tgid` in
+    `/proc/<id>/status`; the driver takes a thread's ID for its process); itself if unknown."""
+    try:
+        text = Path(proc_root, str(pid), "status").read_text()
+    except OSError:
+        return pid
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "Tgid" and value.strip().isdigit():
+            return int(value.strip())
+    return pid
+
+
 def pod_pids(pod_uid: str, proc_root: str = "/proc") -> tuple[int, ...]:
     """Every process of every container of the pod, found by scanning `/proc/*/cgroup`."""
     try:

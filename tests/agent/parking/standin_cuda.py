@@ -21,6 +21,8 @@ public NVIDIA/cuda-checkpoint bug reports:
   580.95 does (NVIDIA/cuda-checkpoint#44);
 * processes that share GPU memory (`shared`, e.g. NCCL ranks): a state query or lock of one
   blocks while a peer is locked, until `hang_over` is set (then it answers NOT_READY);
+* a thread's ID stands for its process (`threads`): the driver finds the process through
+  /proc, where a thread's ID resolves too (NVIDIA/cuda-checkpoint#41);
 * a process may exit just before a call reaches it (`exit_before`): then the driver knows it no
   more (INVALID_VALUE) and NVML no longer lists it;
 * a checkpointed process vanishes from NVML's process list and frees its device memory;
@@ -79,6 +81,8 @@ class StandInDriver:
     """States the bindings can name; a larger one raises ValueError, as their enum does."""
     unknown_code: dict[tuple[str, int], int] = field(default_factory=dict)
     """Calls whose answer is a result code the bindings do not know (they raise KeyError)."""
+    threads: dict[int, int] = field(default_factory=dict)
+    """Thread IDs and the process each belongs to: a call on one acts on its process."""
     exit_before: set[tuple[str, int]] = field(default_factory=set)
     """Calls just before which their process exits."""
     calls: list[tuple[str, int]] = field(default_factory=list)
@@ -133,6 +137,7 @@ class StandInDriver:
 
     def cuCheckpointProcessGetState(self, pid):
         self.calls.append(("state", pid))
+        pid = self.threads.get(pid, pid)
         if ("state", pid) in self.exit_before:
             self.exit_before.discard(("state", pid))
             self.exit(pid)
@@ -155,6 +160,7 @@ class StandInDriver:
 
     def _step(self, call, pid, need, to):
         self.calls.append((call, pid))
+        pid = self.threads.get(pid, pid)
         if (call, pid) in self.exit_before:
             self.exit_before.discard((call, pid))
             self.exit(pid)

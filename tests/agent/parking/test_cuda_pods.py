@@ -121,6 +121,23 @@ def test_the_cgroup_check_counts_what_the_cgroup_uses_already():
     assert "on top of the 6144 MiB it uses" in tight.cgroup_message()
 
 
+def test_a_thread_named_as_a_process_of_the_pod_is_moved_as_its_process(proc):
+    """llm-d's Snapshot may name a thread of the pod's process; the driver takes a thread's ID
+    for its process, so it must be locked once, not twice."""
+    spawn(proc, 11, v2(SYSTEMD, UID, "engine"))
+    (proc / "15").mkdir()  # a thread of 11: not listed in /proc, but /proc/15 resolves
+    for pid in (11, 15):
+        (proc / str(pid) / "status").write_text(f"Name:\tpython\nTgid:\t11\nPid:\t{pid}\n")
+    driver = StandInDriver(states={11: RUNNING}, threads={15: 11})
+    backend = backend_for(proc, driver)
+    backend.attach(TenantRef("pod", (GPU,), pids=(15,), pod_uid=UID))
+    assert backend.park("pod", GPU).bytes == GIB
+    assert moves(driver) == [("lock", 11), ("checkpoint", 11)]
+    assert backend.state("pod").pids == (11,)
+    backend.restore("pod", GPU)
+    assert driver.states[11] == RUNNING
+
+
 def test_processes_the_driver_reports_parked_or_locked_are_taken_back_without_a_record(proc):
     spawn(proc, 11, v2(SYSTEMD, UID, "trainer"))
     spawn(proc, 12, v2(SYSTEMD, UID, "trainer"))
