@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from baton.contract import names
 from baton.contract.draclaim import ClaimShare, claim_shares
+from baton.contract.kube import api_error_reason
 from dra import cdi
 from dra.record import ClaimRecord, PreparedClaim, PreparedDevice
 from nodegpu.inventory import Inventory, NodeGpu
@@ -103,7 +104,12 @@ class Preparer:
         why = self.refusal()
         if why:
             raise PrepareError(f"node {self.node_name} cannot prepare claims: {why}")
-        claim = self.claims.read_claim(namespace, name)
+        try:
+            claim = self.claims.read_claim(namespace, name)
+        except Exception as err:  # any API failure: this claim's error, the kubelet retries
+            raise PrepareError(
+                f"claim {namespace}/{name}: cannot read it ({api_error_reason(err)})"
+            ) from err
         if claim is None:
             raise PrepareError(f"claim {namespace}/{name}: the claim no longer exists")
         found = claim_gpus(claim, uid, self.node_name, self.inventory.snapshot()[1])
