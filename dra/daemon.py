@@ -11,6 +11,7 @@ from typing import Any
 
 from baton.contract import names, shutdown
 from baton.contract.draapi import DraApi
+from baton.contract.kube import api_error_reason
 from dra import runtime
 from dra.faults import PrepareHold
 from dra.prepare import ClaimReader, Preparer
@@ -60,6 +61,8 @@ class Driver:
         self.settings = settings
         self.api = api
         self._node: dict[str, Any] = {}
+        self._node_error = ""
+        self._node_lock = threading.Lock()
         self.hold = PrepareHold() if fake else None
         try:
             self.node = NodeGpus(
@@ -90,7 +93,7 @@ class Driver:
             slices or api,  # type: ignore[arg-type]
             settings.node_name,
             self.inventory,
-            lambda: str((self._node.get("metadata") or {}).get("uid", "")),
+            lambda: str((self.node_object().get("metadata") or {}).get("uid", "")),
         )
         endpoint = endpoint_path(settings.plugins_dir)
         self.registration = RegistrationService(str(endpoint), self.publisher.poke)
@@ -102,13 +105,42 @@ class Driver:
             registration_path(settings.registry_dir),
         )
 
+    def node_object(self) -> dict[str, Any]:
+        """This node's object, read from the API until it names its container runtime: a node
+        the API server did not answer for at start is read again when a claim or the slice
+        needs it."""
+        with self._node_lock:
+            if _runtime_version(self._node) or self.api is None:
+                return self._node
+            try:
+                self._node = self.api.node()
+            except Exception as err:  # any API failure: the next prepare reads it again
+                why = f"it could not be read ({api_error_reason(err)})"
+            else:
+                if _runtime_version(self._node):
+                    if self._node_error:
+                        log.info("read node %s", self.settings.node_name)
+                    return self._node
+                why = "it names no container runtime yet"
+            if why != self._node_error:
+                log.warning(
+                    "node %s: %s; read again when a claim or the slice needs it",
+                    self.settings.node_name,
+                    why,
+                )
+            self._node_error = why
+            return self._node
+
     def cdi_refusal(self) -> str | None:
         """Why this node's runtime cannot apply the CDI specs, or None."""
-        version = ((self._node.get("status") or {}).get("nodeInfo") or {}).get(
-            "containerRuntimeVersion", ""
-        )
-        if not version and self.settings.runtime_cdi == runtime.AUTO:
-            return "the node's container runtime is not known yet (node not read)"
+        if self.settings.runtime_cdi != runtime.AUTO:
+            return runtime.cdi_refusal("", self.settings.runtime_cdi)
+        version = _runtime_version(self.node_object())
+        if not version:
+            return (
+                f"the node's container runtime is not known yet: node {self.settings.node_name}: "
+                f"{self._node_error or 'not read'}; it is read again at the next prepare"
+            )
         return runtime.cdi_refusal(version, self.settings.runtime_cdi)
 
     def not_ready(self) -> str | None:
@@ -121,11 +153,6 @@ class Driver:
 
     def start(self) -> None:
         """Read the node, clean orphaned specs, then serve and register."""
-        if self.api is not None:
-            try:
-                self._node = self.api.node()
-            except Exception as err:  # the runtime check then refuses with this reason
-                log.error("cannot read node %s (%s)", self.settings.node_name, err)
         why = self.cdi_refusal()
         if why:
             log.error("claims will not be prepared on this node: %s", why)
@@ -165,3 +192,10 @@ class Driver:
         """Start, block until `stop` is set, stop; log `why()` it stopped."""
         shutdown.run_until(self.start, self.stop, stop)
         log.info("DRA driver stopped on %s", why() or "request")
+
+
+def _runtime_version(node: dict[str, Any]) -> str:
+    """The node's `status.nodeInfo.containerRuntimeVersion`, or ''."""
+    return str(
+        ((node.get("status") or {}).get("nodeInfo") or {}).get("containerRuntimeVersion", "")
+    )

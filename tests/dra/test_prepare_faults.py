@@ -12,7 +12,8 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError, NewConnectionError
 
 from dra.cdi import spec_path
-from tests.dra.test_driver import Claims, _start
+from dra.daemon import Driver
+from tests.dra.test_driver import GPUS, Claims, _settings, _start
 from tests.dra.test_slices import Slices
 from tests.harness.drakubelet import DraKubeletStub
 
@@ -60,5 +61,49 @@ def test_a_claim_the_api_server_fails_to_read_is_one_claims_error_in_one_line(
         assert "claim ns/cut: cannot read it" in cut and "unreachable" in cut, cut
         assert "\n" not in denied + cut
         assert not spec_path(tmp_path / "cdi", "uid-d").exists()
+    finally:
+        driver.stop()
+
+
+class NodeApi:
+    """The node as the API server answers it: failing until `answers` is set."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, Any] | None = None
+        self.reads = 0
+
+    def node(self) -> dict[str, Any]:
+        self.reads += 1
+        if self.answers is None:
+            raise ApiException(status=503, reason="Service Unavailable")
+        return self.answers
+
+
+def test_a_node_the_api_server_did_not_answer_for_at_start_is_read_at_the_next_prepare(
+    tmp_path: Path, kubelet: DraKubeletStub
+) -> None:
+    """The runtime check needs the node's runtime version: a driver that started during an
+    API outage refuses claims saying why, and prepares them once the node can be read."""
+    claims, node = Claims(), NodeApi()
+    claims.add("ns", "c1", "uid-1", "gpu-0")
+    claims.add("ns", "c2", "uid-2", "gpu-1")
+    settings = _settings(tmp_path, runtime_cdi="auto")
+    api: Any = node
+    driver = Driver(settings, GPUS, True, api=api, slices=Slices(), claims=claims)
+    driver.start()
+    try:
+        kubelet.register()
+        refused = kubelet.prepare(("ns", "uid-1", "c1")).claims["uid-1"].error
+        assert "container runtime is not known yet" in refused, refused
+        assert "503 Service Unavailable" in refused, refused
+        node.answers = {"metadata": {"uid": "node-uid"}, "status": {"nodeInfo": {}}}
+        refused = kubelet.prepare(("ns", "uid-1", "c1")).claims["uid-1"].error
+        assert "names no container runtime yet" in refused, refused
+        node.answers["status"]["nodeInfo"]["containerRuntimeVersion"] = "containerd://2.3.4"
+        assert kubelet.prepare(("ns", "uid-1", "c1")).claims["uid-1"].error == ""
+        assert spec_path(tmp_path / "cdi", "uid-1").exists()
+        reads = node.reads
+        assert kubelet.prepare(("ns", "uid-2", "c2")).claims["uid-2"].error == ""
+        assert node.reads == reads, "a node read once is not read again"
     finally:
         driver.stop()
