@@ -79,11 +79,15 @@ def write_spec(spec_dir: Path, claim_uid: str, spec: dict[str, Any]) -> Path:
     spec_dir.mkdir(parents=True, exist_ok=True)
     path = spec_path(spec_dir, claim_uid)
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as out:
-        json.dump(spec, out, indent=1)
-        out.flush()
-        os.fsync(out.fileno())
-    tmp.replace(path)
+    try:
+        with open(tmp, "w") as out:
+            json.dump(spec, out, indent=1)
+            out.flush()
+            os.fsync(out.fileno())
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

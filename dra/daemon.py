@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +61,15 @@ class Driver:
         """`api` serves slices, claims and the node; tests pass `slices`/`claims` instead."""
         self.settings = settings
         self.api = api
+        _writable_dir(settings.state_dir, "--state-dir (BATON_DRA_STATE_DIR)")
+        _writable_dir(settings.cdi_dir, "--cdi-dir (BATON_CDI_DIR)")
+        try:
+            self.record = ClaimRecord(settings.state_dir)
+        except OSError as err:
+            raise DraStartError(
+                f"cannot read the record of prepared claims ({err}); check --state-dir "
+                "(BATON_DRA_STATE_DIR)"
+            ) from None
         self._node: dict[str, Any] = {}
         self._node_error = ""
         self._node_lock = threading.Lock()
@@ -78,7 +88,6 @@ class Driver:
         self.inventory = self.node.inventory
         self.health = self.node.health
         self.status = self.node.status
-        self.record = ClaimRecord(settings.state_dir)
         self.preparer = Preparer(
             settings.node_name,
             self.inventory,
@@ -199,3 +208,14 @@ def _runtime_version(node: dict[str, Any]) -> str:
     return str(
         ((node.get("status") or {}).get("nodeInfo") or {}).get("containerRuntimeVersion", "")
     )
+
+
+def _writable_dir(path: Path, flag: str) -> None:
+    """Make `path` if needed; DraStartError naming `flag` when the driver cannot write there
+    (every prepare would fail after the slice is published)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DraStartError(f"cannot use {path} ({err.strerror}); check {flag}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise DraStartError(f"cannot write in {path}; check {flag}")

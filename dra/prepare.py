@@ -99,7 +99,8 @@ class Preparer:
         known = self.record.get(uid)
         if known is not None:
             if not cdi.spec_path(self.spec_dir, uid).exists():
-                self._write(uid, {d.device: d.gpu for d in known.devices})
+                where = f"claim {namespace}/{name}"
+                self._write(uid, {d.device: d.gpu for d in known.devices}, where)
             return known
         why = self.refusal()
         if why:
@@ -113,7 +114,8 @@ class Preparer:
         if claim is None:
             raise PrepareError(f"claim {namespace}/{name}: the claim no longer exists")
         found = claim_gpus(claim, uid, self.node_name, self.inventory.snapshot()[1])
-        vendor_ids = self._write(uid, {share.device: gpu.uuid for share, gpu in found})
+        where = f"claim {namespace}/{name}"
+        vendor_ids = self._write(uid, {share.device: gpu.uuid for share, gpu in found}, where)
         devices = tuple(
             PreparedDevice(
                 request_names=(share.request,),
@@ -134,8 +136,14 @@ class Preparer:
         )
         prepared = PreparedClaim(uid, namespace, name, devices)
         self.between(uid)
-        with self._lock:
-            self.record.put(prepared)
+        try:
+            with self._lock:
+                self.record.put(prepared)
+        except OSError as err:  # not recorded: nothing must stay prepared
+            cdi.remove_spec(self.spec_dir, uid)
+            raise PrepareError(
+                f"{where}: cannot record it in {self.record.path} ({err.strerror or err})"
+            ) from err
         log.info(
             "prepared claim %s/%s (%s): %s",
             namespace,
@@ -145,14 +153,31 @@ class Preparer:
         )
         return prepared
 
-    def _write(self, uid: str, devices: dict[str, str]) -> tuple[str, ...]:
+    def _write(self, uid: str, devices: dict[str, str], where: str) -> tuple[str, ...]:
         spec, vendor_ids = cdi.claim_spec(uid, devices, self.vendor_kind)
-        cdi.write_spec(self.spec_dir, uid, spec)
+        try:
+            cdi.write_spec(self.spec_dir, uid, spec)
+        except OSError as err:
+            raise PrepareError(
+                f"{where}: cannot write its CDI spec in {self.spec_dir} ({err.strerror or err})"
+            ) from err
         return vendor_ids
 
     def unprepare(self, namespace: str, uid: str, name: str) -> None:
         """Remove the claim's spec and record (an unknown claim is already unprepared)."""
-        cdi.remove_spec(self.spec_dir, uid)
-        with self._lock:
-            self.record.drop(uid)
+        where = f"claim {namespace}/{name}"
+        try:
+            cdi.remove_spec(self.spec_dir, uid)
+        except OSError as err:
+            raise PrepareError(
+                f"{where}: cannot remove its CDI spec {cdi.spec_path(self.spec_dir, uid)} "
+                f"({err.strerror or err})"
+            ) from err
+        try:
+            with self._lock:
+                self.record.drop(uid)
+        except OSError as err:
+            raise PrepareError(
+                f"{where}: cannot drop it from {self.record.path} ({err.strerror or err})"
+            ) from err
         log.info("unprepared claim %s/%s (%s)", namespace, name, uid)

@@ -73,9 +73,10 @@ class DraPluginService(dra_pb2_grpc.DRAPluginServicer):
             try:
                 self.preparer.unprepare(claim.namespace, claim.uid, claim.name)
                 answers[claim.uid] = dra_pb2.NodeUnprepareResourceResponse()
-            except OSError as err:
+            except PrepareError as err:
+                log.error("cannot unprepare claim %s/%s: %s", claim.namespace, claim.name, err)
                 answers[claim.uid] = dra_pb2.NodeUnprepareResourceResponse(
-                    error=f"{names.DRA_DRIVER}: cannot remove claim {claim.uid}'s CDI spec: {err}"
+                    error=f"{names.DRA_DRIVER}: {err}"
                 )
         return dra_pb2.NodeUnprepareResourcesResponse(claims=answers)
 

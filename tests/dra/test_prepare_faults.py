@@ -3,6 +3,9 @@ directories the driver cannot write."""
 
 from __future__ import annotations
 
+import dataclasses
+import errno
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import MaxRetryError, NewConnectionError
 
 from dra.cdi import spec_path
-from dra.daemon import Driver
+from dra.daemon import DraStartError, Driver
 from tests.dra.test_driver import GPUS, Claims, _settings, _start
 from tests.dra.test_slices import Slices
 from tests.harness.drakubelet import DraKubeletStub
@@ -107,3 +110,59 @@ def test_a_node_the_api_server_did_not_answer_for_at_start_is_read_at_the_next_p
         assert node.reads == reads, "a node read once is not read again"
     finally:
         driver.stop()
+
+
+@pytest.mark.parametrize(
+    ("field", "flag"), [("state_dir", "--state-dir"), ("cdi_dir", "--cdi-dir")]
+)
+def test_a_directory_the_driver_cannot_write_stops_it_at_start_naming_the_flag(
+    tmp_path: Path, field: str, flag: str
+) -> None:
+    """Started, it would publish its slice and then fail every claim the scheduler gives it."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    changed: dict[str, Any] = {field: blocker / "dir"}
+    settings = dataclasses.replace(_settings(tmp_path), **changed)
+    with pytest.raises(DraStartError, match=flag) as refused:
+        Driver(settings, GPUS, True, slices=Slices(), claims=Claims())
+    assert str(blocker / "dir") in str(refused.value)
+
+
+def test_a_claim_that_cannot_be_recorded_leaves_no_spec_and_says_where(
+    tmp_path: Path, kubelet: DraKubeletStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spec whose claim is not recorded would never be unprepared: it goes with the error."""
+    claims = Claims()
+    claims.add("ns", "c1", "uid-1", "gpu-0")
+    driver = _start(tmp_path, claims, Slices())
+    try:
+        kubelet.register()
+
+        def full_disk() -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(driver.record, "_save", full_disk)
+        error = kubelet.prepare(("ns", "uid-1", "c1")).claims["uid-1"].error
+        assert f"claim ns/c1: cannot record it in {driver.record.path}" in error, error
+        assert "No space left on device" in error, error
+        assert list((tmp_path / "cdi").iterdir()) == [], "no spec (nor its temporary) is left"
+        monkeypatch.undo()
+        assert kubelet.prepare(("ns", "uid-1", "c1")).claims["uid-1"].error == ""
+        assert spec_path(tmp_path / "cdi", "uid-1").exists()
+        monkeypatch.setattr(driver.record, "_save", full_disk)
+        error = kubelet.unprepare(("ns", "uid-1", "c1")).claims["uid-1"].error
+        assert f"claim ns/c1: cannot drop it from {driver.record.path}" in error, error
+        monkeypatch.undo()
+        assert kubelet.unprepare(("ns", "uid-1", "c1")).claims["uid-1"].error == ""
+        assert driver.record.get("uid-1") is None
+    finally:
+        driver.stop()
+
+
+def test_a_record_the_driver_cannot_read_stops_it_at_start_naming_the_flag(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "state" / "prepared-claims.json").mkdir(parents=True)
+    with pytest.raises(DraStartError, match="--state-dir") as refused:
+        Driver(_settings(tmp_path), GPUS, True, slices=Slices(), claims=Claims())
+    assert "prepared-claims.json" in str(refused.value)
