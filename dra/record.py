@@ -50,8 +50,10 @@ class ClaimRecord:
             return {}
         try:
             raw = json.loads(self.path.read_text())
-            return {uid: _claim(entry) for uid, entry in raw.items()}
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            if not isinstance(raw, dict):
+                raise ValueError(f"a JSON {type(raw).__name__}, not an object of claims by UID")
+            return {uid: _claim(uid, entry) for uid, entry in raw.items()}
+        except ValueError as err:
             raise ValueError(
                 f"the record of prepared claims {self.path} is unreadable ({err}); move it "
                 "aside to start afresh (its claims' CDI specs are then removed as orphans)"
@@ -89,22 +91,55 @@ class ClaimRecord:
         tmp.replace(self.path)
 
 
-def _claim(entry: dict[str, object]) -> PreparedClaim:
-    devices = entry["devices"]
-    assert isinstance(devices, list)
+def _claim(uid: str, entry: object) -> PreparedClaim:
+    """One recorded claim, every field of the type the driver writes (ValueError otherwise)."""
+    fields = _fields(entry, f"claim {uid}", ("uid", "namespace", "name", "devices"))
+    if fields["uid"] != uid:
+        raise ValueError(f"claim {uid} is recorded under UID {fields['uid']!r}")
+    devices = fields["devices"]
+    if not isinstance(devices, list):
+        raise ValueError(f"claim {uid}: devices is not a list")
     return PreparedClaim(
-        uid=str(entry["uid"]),
-        namespace=str(entry["namespace"]),
-        name=str(entry["name"]),
-        devices=tuple(
-            PreparedDevice(
-                request_names=tuple(d["request_names"]),
-                pool=d["pool"],
-                device=d["device"],
-                gpu=d["gpu"],
-                cdi_ids=tuple(d["cdi_ids"]),
-                share_id=d.get("share_id"),
-            )
-            for d in devices
-        ),
+        uid=uid,
+        namespace=_text(fields, "namespace", f"claim {uid}"),
+        name=_text(fields, "name", f"claim {uid}"),
+        devices=tuple(_device(d, f"claim {uid} device {i}") for i, d in enumerate(devices)),
     )
+
+
+def _device(entry: object, where: str) -> PreparedDevice:
+    fields = _fields(entry, where, ("request_names", "pool", "device", "gpu", "cdi_ids"))
+    share = fields.get("share_id")
+    if share is not None and not isinstance(share, str):
+        raise ValueError(f"{where}: share_id is not a string")
+    return PreparedDevice(
+        request_names=_texts(fields, "request_names", where),
+        pool=_text(fields, "pool", where),
+        device=_text(fields, "device", where),
+        gpu=_text(fields, "gpu", where),
+        cdi_ids=_texts(fields, "cdi_ids", where),
+        share_id=share,
+    )
+
+
+def _fields(entry: object, where: str, needed: tuple[str, ...]) -> dict[str, object]:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} is not an object")
+    missing = [key for key in needed if key not in entry]
+    if missing:
+        raise ValueError(f"{where} has no {', '.join(missing)}")
+    return entry
+
+
+def _text(fields: dict[str, object], key: str, where: str) -> str:
+    value = fields[key]
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {key} is not a string")
+    return value
+
+
+def _texts(fields: dict[str, object], key: str, where: str) -> tuple[str, ...]:
+    value = fields[key]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where}: {key} is not a list of strings")
+    return tuple(value)
