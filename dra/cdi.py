@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,29 @@ from nodegpu.container import container_allocation
 
 CDI_VERSION = "0.6.0"
 _PREFIX = "baton-claim-"
+
+
+_VENDOR = re.compile(r"^[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9_-]*[A-Za-z0-9])?$")
+
+
+def kind_problem(kind: str) -> str | None:
+    """What makes `kind` no CDI kind (`vendor/class`, e.g. `nvidia.com/gpu`), or None: the
+    runtime refuses a device ID of such a kind, so every container of a claim would fail."""
+    vendor, slash, klass = kind.partition("/")
+    if not slash:
+        return f"{kind!r} is not a CDI kind vendor/class (e.g. nvidia.com/gpu)"
+    if not _VENDOR.match(vendor):
+        return (
+            f"{kind!r}: vendor {vendor!r} must start with a letter, end with a letter or digit "
+            "and hold only letters, digits, '.', '-' and '_'"
+        )
+    if not _CLASS.match(klass):
+        return (
+            f"{kind!r}: class {klass!r} must start with a letter, end with a letter or digit "
+            "and hold only letters, digits, '-' and '_'"
+        )
+    return None
 
 
 def cdi_id(claim_uid: str, device: str | None = None) -> str:

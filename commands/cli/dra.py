@@ -79,12 +79,16 @@ def dra(
 
     from baton.contract.draapi import DraApi
     from baton.contract.shutdown import StopSignal
+    from dra.cdi import kind_problem
     from dra.daemon import DraStartError, Driver, Settings
     from nodegpu.node import node_fields
 
     setup_logging(log_level)
     if runtime_cdi not in ("auto", "on", "off"):
         raise typer.BadParameter("--runtime-cdi must be auto, on or off")
+    problem = kind_problem(vendor_cdi) if vendor_cdi else None
+    if problem:
+        raise typer.BadParameter(problem, param_hint="--vendor-cdi (BATON_VENDOR_CDI)")
     found = node_inputs("baton dra", node_options(locals()))
     settings = Settings(
         **node_fields(found.settings),
