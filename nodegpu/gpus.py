@@ -45,12 +45,22 @@ def _gpus_from_file(path: Path, node_name: str) -> list[NodeGpu]:
         raise DiscoveryError(f"fake GPU file {path} is not valid JSON/YAML: {err}") from err
     if not isinstance(entries, list) or not entries:
         raise DiscoveryError(f"fake GPU file {path} must hold a non-empty list of GPUs")
-    gpus = []
+    gpus: list[NodeGpu] = []
     for index, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not isinstance(entry.get("memoryMiB"), int):
-            raise DiscoveryError(f"fake GPU file {path}: entry {index} needs an integer memoryMiB")
+        if not isinstance(entry, dict):
+            entry = {}
+        mib = entry.get("memoryMiB")
+        if not isinstance(mib, int) or isinstance(mib, bool) or mib <= 0:
+            raise DiscoveryError(
+                f"fake GPU file {path}: entry {index} needs a memoryMiB that is an integer above 0"
+            )
         uuid = str(entry.get("uuid") or fake_gpu_uuid(index, node_name))
-        gpus.append(NodeGpu(uuid, index, str(entry.get("model", FAKE_MODEL)), entry["memoryMiB"]))
+        twin = next((g.index for g in gpus if g.uuid == uuid), None)
+        if twin is not None:
+            raise DiscoveryError(
+                f"fake GPU file {path}: entries {twin} and {index} have the same uuid {uuid}"
+            )
+        gpus.append(NodeGpu(uuid, index, str(entry.get("model", FAKE_MODEL)), mib))
     return gpus
 
 
