@@ -121,12 +121,13 @@ def remove_spec(spec_dir: Path, claim_uid: str) -> None:
 
 
 def orphan_specs(spec_dir: Path, kept: Iterable[str]) -> list[Path]:
-    """Our spec files whose claim is not in `kept` (written by a prepare that never answered)."""
+    """Our spec files whose claim is not in `kept` (written by a prepare that never answered),
+    and every half-written temporary one (a driver killed while writing it)."""
     keep = set(kept)
     if not spec_dir.is_dir():
         return []
     return [
         p
-        for p in spec_dir.glob(f"{_PREFIX}*.json")
-        if p.name[len(_PREFIX) : -len(".json")] not in keep
+        for p in spec_dir.glob(f"{_PREFIX}*")
+        if p.suffix == ".tmp" or (p.suffix == ".json" and p.name[len(_PREFIX) : -5] not in keep)
     ]

@@ -192,11 +192,13 @@ def test_prepared_claims_survive_a_driver_restart(tmp: Path) -> None:
     kubelet.close()
     driver.stop()
     (tmp / "cdi" / "baton-claim-orphan.json").write_text("{}")
+    (tmp / "cdi" / "baton-claim-uid-1.tmp").write_text('{"cdiVer')  # killed mid-write
     del claims.items[("ns", "c1")]  # the answer must now come from the record
     driver = _start(tmp, claims, slices)
     try:
         kubelet.register()
         assert not (tmp / "cdi" / "baton-claim-orphan.json").exists(), "orphans are removed"
+        assert not (tmp / "cdi" / "baton-claim-uid-1.tmp").exists(), "so are torn temporaries"
         again = kubelet.prepare(("ns", "uid-1", "c1")).claims["uid-1"]
         assert again == first
         assert spec_path(tmp / "cdi", "uid-1").exists()
