@@ -29,6 +29,14 @@ def status(
             help="With --extender: find agents (node pod IPs) through this cluster's API.",
         ),
     ] = None,
+    baton_namespace: Annotated[
+        str,
+        typer.Option(
+            "--baton-namespace",
+            envvar="BATON_STATUS_NAMESPACE",
+            help="With --kubeconfig: the namespace Baton is installed in (its agent pods).",
+        ),
+    ] = names.NAMESPACE,
     agent_port: Annotated[
         int,
         typer.Option(
@@ -70,7 +78,9 @@ def status(
         print_agent(answer, url, by=by)
         return
     try:
-        addresses = cluster_status.agent_addresses(kubeconfig) if kubeconfig else {}
+        addresses = (
+            cluster_status.agent_addresses(kubeconfig, baton_namespace) if kubeconfig else {}
+        )
     except cluster_status.ClusterUnreadable as exc:
         typer.echo(f"baton status: cannot find the agents through {kubeconfig}: {exc}", err=True)
         raise typer.Exit(1) from None

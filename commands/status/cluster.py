@@ -133,8 +133,11 @@ def _api_message(body: str) -> str:
         return ""
 
 
-def agent_addresses(kubeconfig: str | None, timeout: float = 10.0) -> dict[str, str]:
-    """Where each node's agent listens: its node pod's IP, else the node's InternalIP."""
+def agent_addresses(
+    kubeconfig: str | None, namespace: str = NAMESPACE, timeout: float = 10.0
+) -> dict[str, str]:
+    """Where each node's agent listens: its node pod's IP (the agent pods in `namespace`, where
+    Baton is installed), else the node's InternalIP."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
@@ -148,7 +151,7 @@ def agent_addresses(kubeconfig: str | None, timeout: float = 10.0) -> dict[str, 
             try:
                 nodes = core.list_node(_request_timeout=timeout).items
                 pods = core.list_namespaced_pod(
-                    NAMESPACE, label_selector=NODE_POD_SELECTOR, _request_timeout=timeout
+                    namespace, label_selector=NODE_POD_SELECTOR, _request_timeout=timeout
                 ).items
             except ApiException as err:
                 said = _api_message(str(err.body or "")) or err.reason

@@ -136,3 +136,29 @@ def test_status_through_a_cluster_it_cannot_read_says_why_in_one_line(tmp_path: 
         server.stop()
         [line] = status(kubeconfig)
     assert "cannot reach the API server at http" in line and "refused" in line, line
+
+
+def test_agents_are_found_in_the_namespace_baton_was_installed_in(tmp_path: Path) -> None:
+    from commands.status.cluster import agent_addresses
+
+    def agent_pod(namespace: str, ip: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "baton-agent-x", "namespace": namespace,
+                "labels": {"app.kubernetes.io/name": "baton-agent"},
+            },
+            "spec": {"nodeName": "n1", "containers": [{"name": "agent", "image": "baton"}]},
+            "status": {"phase": "Running", "podIP": ip},
+        }  # fmt: skip
+
+    node = {
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+        "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]},
+    }  # fmt: skip
+    with FakeApiServer() as server:
+        kubeconfig = str(server.kubeconfig_path(tmp_path))
+        for obj in (node, agent_pod("gpu-sharing", "10.1.0.7"), agent_pod("other", "10.9.9.9")):
+            server.put_object(obj)
+        assert agent_addresses(kubeconfig) == {"n1": "10.0.0.1"}  # none in baton-system
+        assert agent_addresses(kubeconfig, "gpu-sharing") == {"n1": "10.1.0.7"}
