@@ -53,6 +53,13 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
+def refused(*args: str) -> str:
+    """What `helm template` of the chart with `args` says on stderr; it must refuse them."""
+    done = helm("template", "baton", str(CHART), *args, check=False)
+    assert done.returncode != 0, f"{' '.join(args)} was accepted"
+    return done.stderr
+
+
 def render(*args: str) -> list[Obj]:
     """`helm template baton charts/baton -n baton-system ARGS...`, decoded."""
     out = helm("template", "baton", str(CHART), "-n", NAMESPACE, *args).stdout
