@@ -6,7 +6,8 @@ faces the kubelet; neither imports the other. Where each decision lives:
 - `inventory.py` pure: the node's GPUs, their slot devices, health, the annotation records
 - `state.py`     the live inventory that health changes replace, with its subscribers
 - `gpus.py`      discovery: NVML, or `--fake-gpus 2x81920` / a JSON or YAML file
-- `health.py`    XID handling: the NVML event loop; ignored XIDs via `--ignored-xids`
+- `health.py`    XID handling: the NVML event loop (retried with backoff when NVML fails, the
+                 GPUs it cannot watch Unhealthy meanwhile); ignored XIDs via `--ignored-xids`
 - `annotate.py`  node annotations `baton.dev/gpus` and `baton.dev/host-memory-budget`
 - `republish.py` publish at start and after each change, retrying with backoff (the annotator
                  here, the DRA driver's ResourceSlice publisher)

@@ -2,13 +2,17 @@
 
 The NVML event loop feeds real XIDs; the fake backend is told of XIDs over HTTP
 (`POST /fake/xid` on the metrics port, see `metrics.py`). Both go through `HealthTracker`.
+A GPU whose events NVML does not deliver is Unhealthy ("health unknown") until it does again.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import threading
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from nodegpu.state import LiveInventory
@@ -19,6 +23,10 @@ DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 """Application-caused XIDs that do not mean the GPU is broken (as NVIDIA's plugin ignores)."""
 
 _NVML_WAIT_MS = 5000
+FIRST_RETRY_S = 1.0
+MAX_RETRY_S = 30.0
+UNKNOWN = "health unknown"
+"""How an Unhealthy GPU's reason starts when NVML does not report its events."""
 
 
 def parse_xid_list(text: str) -> frozenset[int]:
@@ -65,10 +73,31 @@ class HealthTracker:
 
 
 class NvmlHealthLoop:
-    """Waits on NVML XidCriticalError events for every GPU and feeds them to the tracker."""
+    """Waits on NVML XidCriticalError events for every GPU and feeds them to the tracker.
 
-    def __init__(self, tracker: HealthTracker) -> None:
+    A GPU whose events NVML does not deliver (NVML failed, or the GPU's events cannot be
+    registered) has unknown health: the loop marks it Unhealthy, says why once, and tries again
+    with backoff; once NVML answers for it again, a GPU the loop marked is Healthy again (one an
+    XID failed stays Unhealthy).
+    """
+
+    def __init__(
+        self,
+        tracker: HealthTracker,
+        failed: Callable[[], None] = lambda: None,
+        first_retry_s: float | None = None,
+    ) -> None:
+        """`failed` is called on every failed attempt (a metric); retries wait `first_retry_s`
+        (default `FIRST_RETRY_S`), doubled after each failure up to `MAX_RETRY_S`."""
         self.tracker = tracker
+        self._failed = failed
+        self._first_retry_s = FIRST_RETRY_S if first_retry_s is None else first_retry_s
+        self._lock = threading.Lock()
+        self._unwatched: dict[str, str] = {}
+        """GPU UUID -> why NVML does not report its events now."""
+        self._marked: set[str] = set()
+        """The GPUs this loop made Unhealthy because their health is unknown."""
+        self._answered = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="nvml-health", daemon=True)
 
@@ -77,47 +106,151 @@ class NvmlHealthLoop:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop after the current wait (at most 5 s)."""
+        """Stop after the current wait (at most 5 s); a wait between retries ends at once."""
         self._stop.set()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the stopped loop to end; True when it has."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def unwatched(self) -> int:
+        """How many GPUs' health NVML does not report now."""
+        with self._lock:
+            return len(self._unwatched)
+
+    def problem(self) -> str | None:
+        """Why some GPU's health is not watched (for `/readyz`), or None."""
+        with self._lock:
+            unwatched = sorted(self._unwatched.items())
+        if not unwatched:
+            return None
+        return f"health of {len(unwatched)} GPU(s) not watched: {unwatched[0][1]}; retrying"
 
     def _run(self) -> None:
         import pynvml
 
-        pynvml.nvmlInit()
-        events = pynvml.nvmlEventSetCreate()
-        try:
-            by_handle = self._register(pynvml, events)
-            while not self._stop.is_set():
-                try:
-                    data = pynvml.nvmlEventSetWait(events, _NVML_WAIT_MS)
-                except pynvml.NVMLError_Timeout:
-                    continue
-                except pynvml.NVMLError as err:
-                    log.error("NVML event wait failed (%s): marking every GPU unhealthy", err)
-                    for uuid in by_handle.values():
-                        self.tracker.inventory.set_health(uuid, False, f"NVML error: {err}")
-                    return
-                if data.eventType == pynvml.nvmlEventTypeXidCriticalError:
-                    failed = by_handle.get(_handle_key(data.device))
-                    if failed:
-                        self.tracker.on_xid(failed, int(data.eventData))
-        finally:
-            pynvml.nvmlEventSetFree(events)
-            pynvml.nvmlShutdown()
-
-    def _register(self, nv: Any, events: Any) -> dict[int | None, str]:
-        by_handle: dict[int | None, str] = {}
-        for index in range(nv.nvmlDeviceGetCount()):
-            handle = nv.nvmlDeviceGetHandleByIndex(index)
-            uuid = nv.nvmlDeviceGetUUID(handle)
-            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        delay = self._first_retry_s
+        while not self._stop.is_set():
+            self._answered = False
             try:
+                self._watch(pynvml)
+                return
+            except Exception as err:  # NVML's errors and any other: said, retried, never fatal
+                why = str(err) if isinstance(err, _NvmlFailed) else f"{type(err).__name__}: {err}"
+                log.debug("NVML health watch failed", exc_info=True)
+            if self._answered:  # the watch worked before it failed: start the backoff over
+                delay = self._first_retry_s
+            gpus = [g.uuid for g in self.tracker.inventory.snapshot()[1].gpus]
+            self._unwatch(gpus, why, delay)
+            if self._stop.wait(delay):
+                return
+            delay = min(delay * 2, MAX_RETRY_S)
+
+    def _watch(self, nv: Any) -> None:
+        """Watch until stopped; _NvmlFailed (or a bug's exception) when NVML fails."""
+        _call(nv, "nvmlInit")
+        try:
+            events = _call(nv, "nvmlEventSetCreate")
+            try:
+                self._wait_events(nv, events)
+            finally:
+                _quietly(nv, "nvmlEventSetFree", events)
+        finally:
+            _quietly(nv, "nvmlShutdown")
+
+    def _wait_events(self, nv: Any, events: Any) -> None:
+        by_handle: dict[int | None, str] = {}
+        pending = [g.uuid for g in self.tracker.inventory.snapshot()[1].gpus]
+        delay, retry_at = self._first_retry_s, 0.0
+        while not self._stop.is_set():
+            wait_ms = _NVML_WAIT_MS
+            if pending:
+                if time.monotonic() >= retry_at:
+                    pending = self._register(nv, events, pending, by_handle, delay)
+                    retry_at = time.monotonic() + delay
+                    delay = min(delay * 2, MAX_RETRY_S)
+                wait_ms = max(1, min(wait_ms, math.ceil((retry_at - time.monotonic()) * 1000)))
+            try:
+                data = nv.nvmlEventSetWait(events, wait_ms)
+            except nv.NVMLError_Timeout:
+                data = None
+            except nv.NVMLError as err:
+                raise _NvmlFailed(f"nvmlEventSetWait failed: {err}") from None
+            self._answered = True
+            self._watching(by_handle.values())
+            if data is not None and data.eventType == nv.nvmlEventTypeXidCriticalError:
+                failed = by_handle.get(_handle_key(data.device))
+                if failed:
+                    self.tracker.on_xid(failed, int(data.eventData))
+
+    def _register(
+        self,
+        nv: Any,
+        events: Any,
+        uuids: list[str],
+        by_handle: dict[int | None, str],
+        retry_s: float,
+    ) -> list[str]:
+        """Register each GPU's XID events; the GPUs that failed (Unhealthy, retried)."""
+        pending: list[str] = []
+        for uuid in uuids:
+            try:
+                handle = nv.nvmlDeviceGetHandleByUUID(uuid)
                 nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, events)
             except nv.NVMLError as err:
-                log.warning("GPU %s cannot report XID events (%s): health not watched", uuid, err)
+                self._unwatch([uuid], f"its XID events cannot be registered ({err})", retry_s)
+                pending.append(uuid)
                 continue
             by_handle[_handle_key(handle)] = uuid
-        return by_handle
+        return pending
+
+    def _unwatch(self, uuids: list[str], why: str, retry_s: float) -> None:
+        """These GPUs' health is unknown: Unhealthy, said once, retried in `retry_s`."""
+        with self._lock:
+            news = any(self._unwatched.get(uuid) != why for uuid in uuids)
+            self._unwatched.update(dict.fromkeys(uuids, why))
+        self._failed()
+        for uuid in uuids:
+            if self.tracker.inventory.set_health(uuid, False, f"{UNKNOWN}: {why}"):
+                self._marked.add(uuid)
+        which = f"GPU {uuids[0]} is" if len(uuids) == 1 else f"all {len(uuids)} GPUs are"
+        (log.warning if news else log.debug)(
+            "GPU health watch: %s; %s Unhealthy (health unknown) until NVML reports on them "
+            "again; retrying in %.1f s",
+            why,
+            which,
+            retry_s,
+        )
+
+    def _watching(self, uuids: Iterable[str]) -> None:
+        """NVML answered for these GPUs: those this loop marked are Healthy again."""
+        with self._lock:
+            back = [uuid for uuid in uuids if self._unwatched.pop(uuid, None) is not None]
+        for uuid in back:
+            if uuid in self._marked:
+                self._marked.discard(uuid)
+                self.tracker.inventory.set_health(uuid, True)
+            log.info("GPU health watch: NVML reports GPU %s again; it is Healthy", uuid)
+
+
+class _NvmlFailed(Exception):
+    """An NVML call the whole watch needs failed; the message names the call."""
+
+
+def _call(nv: Any, name: str, *args: Any) -> Any:
+    try:
+        return getattr(nv, name)(*args)
+    except nv.NVMLError as err:
+        raise _NvmlFailed(f"{name} failed: {err}") from None
+
+
+def _quietly(nv: Any, name: str, *args: Any) -> None:
+    """A clean-up call whose failure changes nothing (the next attempt starts afresh)."""
+    try:
+        getattr(nv, name)(*args)
+    except nv.NVMLError as err:
+        log.debug("GPU health watch: %s failed: %s", name, err)
 
 
 def _handle_key(handle: Any) -> int | None:

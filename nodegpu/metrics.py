@@ -65,6 +65,16 @@ class Metrics:
             registry=r,
         )
         self.unhealthy_gpus = Gauge(_P + "unhealthy_gpus", "GPUs marked unhealthy.", registry=r)
+        self.unwatched_gpus = Gauge(
+            _P + "unwatched_gpus",
+            "GPUs whose health NVML does not report now (Unhealthy until it does).",
+            registry=r,
+        )
+        self.health_watch_failures = Counter(
+            _P + "health_watch_failures",
+            "Failed attempts to watch GPU health through NVML (each retried with backoff).",
+            registry=r,
+        )
         self.allocations.labels(outcome="ok")  # shown from the start, not after the first call
 
     def observe_inventory(self, inventory: Inventory) -> None:

@@ -58,21 +58,26 @@ class NodeGpus:
         not_ready: Callable[[], str | None],
         fake_posts: Mapping[str, FakePost] | None = None,
     ) -> None:
-        """Annotations need `api_client` (None: none written); `not_ready` answers `/readyz`;
-        `fake_posts` are the daemon's own fault routes, served with fake GPUs only."""
+        """Annotations need `api_client` (None: none written); `not_ready` answers `/readyz`
+        (then the GPU health watch's problem); `fake_posts` are the daemon's own fault routes,
+        served with fake GPUs only."""
         self.settings = settings
         self.metrics = Metrics()
         self.inventory = LiveInventory(Inventory(tuple(gpus), settings.slots_per_gpu))
         self.inventory.subscribe(self.metrics.observe_inventory)
         self.metrics.observe_inventory(self.inventory.snapshot()[1])
         self.health = HealthTracker(self.inventory, settings.ignored_xids)
+        self.nvml = None
+        if not fake:
+            self.nvml = NvmlHealthLoop(self.health, self.metrics.health_watch_failures.inc)
+            self.metrics.unwatched_gpus.set_function(self.nvml.unwatched)
         try:
             self.status = StatusServer(
                 settings.metrics_host,
                 settings.metrics_port,
                 self.metrics,
                 self.health if fake else None,
-                not_ready,
+                lambda: not_ready() or self.health_problem(),
                 fake_posts if fake else None,
             )
         except OSError as err:
@@ -80,7 +85,6 @@ class NodeGpus:
                 f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} "
                 f"({err.strerror}); pass another --metrics-port"
             ) from None
-        self.nvml = None if fake else NvmlHealthLoop(self.health)
         self.annotator = (
             NodeAnnotator(
                 api_client, settings.node_name, self.inventory, settings.host_memory_budget_mib
@@ -88,6 +92,10 @@ class NodeGpus:
             if api_client is not None
             else None
         )
+
+    def health_problem(self) -> str | None:
+        """Why some GPU's health is not watched now (`/readyz` says it), or None."""
+        return self.nvml.problem() if self.nvml is not None else None
 
     def start(self) -> None:
         """Serve the status, watch health, write the annotations."""
