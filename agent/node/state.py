@@ -110,6 +110,7 @@ class StateStore:
                 f"cannot read {self.path}: not a state this agent wrote "
                 f"({type(exc).__name__}: {exc}); move it aside to start afresh"
             ) from None
+        state.parked_from = str(self.path)
         self._seq = max(self._seq, covered)
         self._replay(state, covered)
         return state
@@ -156,6 +157,8 @@ class StateStore:
                     f"wrote ({type(exc).__name__}: {exc}); move it aside to start from the "
                     "snapshot alone"
                 ) from None
+            if "parked" in entry:
+                state.parked_from = f"{self.journal_path} line {number}"
         if raw and not raw.endswith(b"\n"):
             self._mend_end(len(raw), torn)
         state.tenants = list(tenants.values())

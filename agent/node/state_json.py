@@ -27,6 +27,8 @@ class PersistedState:
     parked: dict[str, Any] = field(default_factory=dict)
     """The parking backend's record: per tenant, which processes are parked with how many bytes
     on which GPU, and why a tenant is quarantined (confirmed with the driver after a restart)."""
+    parked_from: str = ""
+    """Where loading read `parked` (the snapshot's path, or the journal's and its line)."""
     accounting: dict[str, Any] = field(default_factory=dict)
     """GPU-seconds and parked byte-seconds per tenant, namespace and tier (`Accounting`)."""
     replayed: int = 0

@@ -18,6 +18,7 @@ from agent.parking.backends.base import (
     Backend,
     BackendError,
     Move,
+    RecordError,
     Residency,
     TenantRef,
     TenantState,
@@ -230,8 +231,11 @@ class MultiBackend(Backend):
         for name, record in records_by_method(saved).items():
             if name in self.backends:
                 self.backends[name].adopt(record)
+        tenants = saved.get("tenants") or {}
+        if not isinstance(tenants, Mapping):
+            raise RecordError(f"'tenants' is a JSON {type(tenants).__name__}, not an object")
         with self._mutex:
-            for tid, method in (saved.get("tenants") or {}).items():
+            for tid, method in tenants.items():
                 if method in self.backends:
                     self._method[tid] = method
 
@@ -247,4 +251,7 @@ def records_by_method(saved: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     where it lies)."""
     if saved and "methods" not in saved:
         return {CUDA: dict(saved)}
-    return {name: record for name, record in (saved.get("methods") or {}).items() if record}
+    methods = saved.get("methods") or {}
+    if not isinstance(methods, Mapping):
+        raise RecordError(f"'methods' is a JSON {type(methods).__name__}, not an object")
+    return {name: record for name, record in methods.items() if record}

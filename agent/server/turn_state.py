@@ -14,7 +14,7 @@ from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import TurnPreparer
 from agent.node.state import PersistedState, StateDirError, StateStore
 from agent.node.tenants import Tenant, TenantRegistry
-from agent.parking.backends.base import TenantRef
+from agent.parking.backends.base import RecordError, TenantRef
 from agent.parking.host import Parking, parking_of
 from agent.parking.multi import records_by_method
 from agent.server.metrics import AgentMetrics
@@ -273,7 +273,10 @@ class TurnState:
         if self._store is None:
             return None
         saved = self._store.load()
-        self._refuse_unrestorable(saved.parked)
+        try:
+            self._refuse_unrestorable(saved.parked)
+        except RecordError as err:
+            raise _unreadable(saved, err) from None
         self.metrics.accounting.load(saved.accounting)
         self.tenants.restore(saved.tenants)
         for gpu, token in saved.tokens.items():
@@ -281,7 +284,10 @@ class TurnState:
         for lease in saved.leases:
             self.table.restore_lease(lease)
         self.unclaimed = {lease.lease_id for lease in saved.leases}
-        self.preparer.reinstate(saved.parked)
+        try:
+            self.preparer.reinstate(saved.parked)
+        except RecordError as err:
+            raise _unreadable(saved, err) from None
         return saved
 
     def _refuse_unrestorable(self, parked: dict[str, Any]) -> None:
@@ -312,3 +318,11 @@ class TurnState:
                 accounting=self.metrics.accounting.to_json(),
             )
         )
+
+
+def _unreadable(saved: PersistedState, err: RecordError) -> StateDirError:
+    """The saved record of parked memory is of another shape: one line naming where it is."""
+    return StateDirError(
+        f"cannot read {saved.parked_from}: its record of parked memory is not one this agent "
+        f"wrote ({err}); move it aside to start afresh, forgetting what it holds parked"
+    )

@@ -88,6 +88,18 @@ def test_agent_refuses_a_damaged_state_file_in_one_line(workdir: str, tmp_path: 
     assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
 
 
+def test_agent_refuses_a_damaged_record_of_parked_memory_in_one_line(
+    workdir: str, tmp_path: Path
+) -> None:
+    (tmp_path / "agent-state.json").write_text('{"parked": {"methods": ["cuda"]}}')
+    where = ["--socket", f"{workdir}/a.sock", "--state-dir", str(tmp_path), "--http-port", "0"]
+    result = CliRunner().invoke(app, ["agent", *where])
+    assert result.exit_code == 2
+    assert "agent-state.json: its record of parked memory is not one" in result.output
+    assert "'methods' is a JSON list, not an object" in result.output
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
+
+
 @pytest.mark.parametrize("backend", ["none", "fake", "fake,app"])
 def test_agent_refuses_memory_parked_by_a_method_it_was_restarted_without(
     workdir: str, tmp_path: Path, backend: str

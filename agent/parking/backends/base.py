@@ -85,6 +85,11 @@ class Unparkable(BackendError):
     """The driver cannot park this tenant (the message says why); it stays resident."""
 
 
+class RecordError(ValueError):
+    """A saved parking record (`durable`'s, read back at start) of another shape; the message
+    names the field."""
+
+
 class BackendUnavailable(Exception):
     """The backend cannot run here (missing package or driver); the message says what to do."""
 

@@ -17,7 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent.parking.backends.base import BackendError, BackendQuarantined, Unparkable
+from agent.parking.backends.base import (
+    BackendError,
+    BackendQuarantined,
+    RecordError,
+    Unparkable,
+)
 from agent.parking.backends.cuda_driver import (
     CHECKPOINTED,
     FAILED,
@@ -219,13 +224,38 @@ def durable(parked: dict[str, ParkedProcs], quarantined: dict[str, str]) -> dict
     return out
 
 
-def adopted(saved: dict[str, Any]) -> tuple[dict[str, ParkedProcs], dict[str, str]]:
-    """`durable`'s output read back: parked processes (unconfirmed) and quarantines."""
+def adopted(saved: Any) -> tuple[dict[str, ParkedProcs], dict[str, str]]:
+    """`durable`'s output read back: parked processes (unconfirmed) and quarantines;
+    `RecordError` naming the field for a record of another shape."""
+    if not isinstance(saved, dict):
+        raise RecordError(f"the cuda record is a JSON {type(saved).__name__}, not an object")
     parked, quarantined = {}, {}
     for tenant_id, entry in saved.items():
-        pids = {int(p): {g: int(n) for g, n in s.items()} for p, s in entry["pids"].items()}
+        where = f"tenant {tenant_id!r}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("pids"), dict):
+            raise RecordError(f"{where}: not an object with a 'pids' object")
+        pids = {_pid(where, p): _sizes(f"{where} pid {p}", s) for p, s in entry["pids"].items()}
         if pids:
             parked[tenant_id] = ParkedProcs(pids, confirmed=False)
-        if entry.get("quarantined"):
-            quarantined[tenant_id] = str(entry["quarantined"])
+        why = entry.get("quarantined", "")
+        if not isinstance(why, str):
+            raise RecordError(f"{where}: 'quarantined' is {why!r}, not a reason")
+        if why:
+            quarantined[tenant_id] = why
     return parked, quarantined
+
+
+def _pid(where: str, text: str) -> int:
+    if not (text.isascii() and text.isdigit()) or int(text) <= 0:
+        raise RecordError(f"{where}: pid {text!r} is not a process ID")
+    return int(text)
+
+
+def _sizes(where: str, sizes: Any) -> dict[str, int]:
+    """A parked process's bytes per GPU."""
+    if not isinstance(sizes, dict):
+        raise RecordError(f"{where}: not an object of bytes per GPU")
+    for gpu, n in sizes.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise RecordError(f"{where}: bytes on {gpu} are {n!r}, not a count of bytes")
+    return dict(sizes)

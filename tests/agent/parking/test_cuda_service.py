@@ -14,7 +14,7 @@ import pytest
 from agent.core import events as ev
 from agent.core.errors import Quarantined
 from agent.core.leases import LeaseTable
-from agent.node.state import StateStore
+from agent.node.state import StateDirError, StateStore
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.cuda import CudaBackend
 from agent.parking.preparer import ParkingPreparer
@@ -116,3 +116,41 @@ def test_a_quarantined_tenant_is_refused_its_turn_with_the_reason_and_an_event(t
     quarantined = [e for e in seen if e.kind == ev.QUARANTINED]
     assert len(quarantined) == 1 and quarantined[0].tenant_id == "default/a"
     assert "out of device memory" in quarantined[0].detail
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [
+        ({"default/a": []}, "tenant 'default/a': not an object with a 'pids' object"),
+        ({"default/a": {}}, "tenant 'default/a': not an object with a 'pids' object"),
+        ({"default/a": {"pids": {"eleven": {GPU: GIB}}}}, "pid 'eleven' is not a process ID"),
+        ({"default/a": {"pids": {"-11": {GPU: GIB}}}}, "pid '-11' is not a process ID"),
+        ({"default/a": {"pids": {"11": [GIB]}}}, "pid 11: not an object of bytes per GPU"),
+        ({"default/a": {"pids": {"11": {GPU: "5G"}}}}, f"bytes on {GPU} are '5G', not a count"),
+        ({"default/a": {"pids": {"11": {GPU: True}}}}, f"bytes on {GPU} are True, not a count"),
+        ({"default/a": {"pids": {}, "quarantined": 1}}, "'quarantined' is 1, not a reason"),
+        ({"methods": {"cuda": ["default/a"]}}, "the cuda record is a JSON list, not an object"),
+    ],
+)
+@pytest.mark.parametrize("where", ["snapshot", "journal"])
+def test_a_parked_record_of_another_shape_stops_the_agent_in_one_line_naming_it(
+    tmp_path, record, why, where
+):
+    """The record of parked processes read back at start: a damaged one names its file (and
+    journal line) and the field, instead of a traceback out of the backend."""
+    store = StateStore(tmp_path / "state")
+    if where == "snapshot":
+        (tmp_path / "state" / "agent-state.json").write_text(json.dumps({"parked": record}))
+        named = "agent-state.json"
+    else:
+        store.record_parked({"default/b": {"pids": {"21": {GPU: GIB}}}})
+        store.record_parked(record)
+        named = "agent-journal.jsonl line 2"
+    driver = StandInDriver(states={21: CHECKPOINTED})
+    service = agent(tmp_path / "state", tmp_path / "proc", driver, StandInNvml(driver, {}))
+    with pytest.raises(StateDirError) as raised:
+        service.load()
+    message = str(raised.value)
+    assert f"{named}: its record of parked memory is not one this agent wrote" in message
+    assert why in message and "\n" not in message
+    assert "move it aside to start afresh, forgetting what it holds parked" in message
