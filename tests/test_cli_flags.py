@@ -25,6 +25,8 @@ REFUSED = [
     (["--backend", "cuda", "--move-timeout", "inf"], "--move-timeout", "at most 4294967 s"),
     (["--headroom", "-1"], "--headroom", "greater than or equal to 0"),
     (["--reconnect-grace", "-1"], "--reconnect-grace", "greater than or equal to 0"),
+    (["--shutdown-grace", "inf"], "--shutdown-grace", "must be a finite number of seconds"),
+    (["--shutdown-grace", "nan"], "--shutdown-grace", "greater than or equal to 0"),
     (["--llmd-listen", "foo"], "--llmd-listen", "not HOST:PORT"),
     (["--coordination-listen", "127.0.0.1:99999"], "--coordination-listen", "not HOST:PORT"),
 ]
@@ -67,6 +69,19 @@ def test_the_agent_refuses_a_fake_dir_it_cannot_use(tmp_path: Path) -> None:
 def test_the_other_daemons_refuse_a_port_out_of_range(args: list[str]) -> None:
     said = _refusal(args)
     assert args[-2] in said and "Invalid value" in said
+
+
+@pytest.mark.parametrize("grace", ["-1", "nan", "inf", "-inf"])
+@pytest.mark.parametrize(
+    "command", [["extender"], ["deviceplugin", "--node-name", "n"], ["dra", "--node-name", "n"]]
+)
+def test_the_other_daemons_refuse_a_shutdown_grace_of_no_seconds(
+    command: list[str], grace: str
+) -> None:
+    """A negative, NaN or infinite grace is refused before anything starts (a stop would wait
+    for ever, or for nothing)."""
+    said = _refusal([*command, "--shutdown-grace", grace])
+    assert f"Invalid value for --shutdown-grace: {float(grace)}: must be a finite" in said
 
 
 @pytest.mark.parametrize("command", ["extender", "deviceplugin", "dra", "coordinator"])

@@ -10,7 +10,7 @@ import typer
 from agent.core.policy import DEFAULT_QUEUE_POLICY
 from agent.parking.methods import CUDA, NONE, PLAIN, described
 from commands.cli.agent_settings import AgentSettings, command_options, env_of
-from commands.cli.options import AsJson, check_address, echo_figures, setup_logging
+from commands.cli.options import AsJson, check_address, check_grace, echo_figures, setup_logging
 
 if TYPE_CHECKING:
     from agent.assembly import AgentConfig
@@ -73,6 +73,7 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
             )
     for name in ADDRESSES:
         check_address(getattr(s, name), f"--{name.replace('_', '-')}")
+    check_grace(s.shutdown_grace)
     order = _queue_policy(s.queue_policy, s.policy)
     if order not in QUEUE_POLICIES:
         choices = ", ".join(QUEUE_POLICIES)

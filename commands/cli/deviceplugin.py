@@ -20,6 +20,7 @@ from commands.cli.options import (
     LogLevel,
     NodeName,
     SlotsPerGpu,
+    check_grace,
     echo_figures,
     node_inputs,
     node_options,
@@ -84,6 +85,7 @@ def deviceplugin(
     from deviceplugin.errors import DevicePluginStartError
     from nodegpu.node import node_fields
 
+    check_grace(shutdown_grace)
     setup_logging(log_level)
     found = node_inputs("baton deviceplugin", node_options(locals()))
     settings = Settings(

@@ -19,6 +19,7 @@ from commands.cli.options import (
     LogLevel,
     NodeName,
     SlotsPerGpu,
+    check_grace,
     node_inputs,
     node_options,
     setup_logging,
@@ -83,6 +84,7 @@ def dra(
     from dra.daemon import DraStartError, Driver, Settings
     from nodegpu.node import node_fields
 
+    check_grace(shutdown_grace)
     setup_logging(log_level)
     if runtime_cdi not in ("auto", "on", "off"):
         raise typer.BadParameter("--runtime-cdi must be auto, on or off")

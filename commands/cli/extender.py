@@ -13,6 +13,7 @@ from commands.cli.options import (
     AsJson,
     Kubeconfig,
     LogLevel,
+    check_grace,
     echo_figures,
     setup_logging,
 )
@@ -78,6 +79,7 @@ def extender(
         raise typer.BadParameter("must be 0 or more MiB", param_hint="--memory-headroom")
     if binds_in_flight < 1:
         raise typer.BadParameter("must be 1 or more", param_hint="--binds-in-flight")
+    check_grace(shutdown_grace)
     if bool(tls_cert) != bool(tls_key):
         raise typer.BadParameter("give both --tls-cert and --tls-key, or neither")
     setup_logging(log_level)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,15 @@ def check_address(value: str, option: str) -> None:
     if value and not (colon and port.isdigit() and int(port) <= PORT_MAX):
         raise typer.BadParameter(
             f"{value!r} is not HOST:PORT (port 0-{PORT_MAX})", param_hint=option
+        )
+
+
+def check_grace(value: float, option: str = "--shutdown-grace") -> None:
+    """A daemon's shutdown grace (seconds in-flight calls get on a stop), or a `BadParameter`
+    naming the option: a negative, NaN or infinite grace has no stop to wait for."""
+    if not (math.isfinite(value) and value >= 0):
+        raise typer.BadParameter(
+            f"{value}: must be a finite number of seconds, 0 or more", param_hint=option
         )
 
 
