@@ -2,7 +2,8 @@
 
 The NVML event loop feeds real XIDs; the fake backend is told of XIDs over HTTP
 (`POST /fake/xid` on the metrics port, see `metrics.py`). Both go through `HealthTracker`.
-A GPU whose events NVML does not deliver is Unhealthy ("health unknown") until it does again.
+A GPU whose events NVML does not deliver is Unhealthy ("health unknown") until it does again;
+one whose NVML answers that it does not support XID events at all stays Healthy, unwatched.
 """
 
 from __future__ import annotations
@@ -198,6 +199,9 @@ class NvmlHealthLoop:
             try:
                 handle = nv.nvmlDeviceGetHandleByUUID(uuid)
                 nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, events)
+            except _not_supported(nv) as err:  # no retry will change it: Healthy, unwatched
+                log.warning("GPU %s cannot report XID events (%s): health not watched", uuid, err)
+                continue
             except nv.NVMLError as err:
                 self._unwatch([uuid], f"its XID events cannot be registered ({err})", retry_s)
                 pending.append(uuid)
@@ -232,6 +236,13 @@ class NvmlHealthLoop:
                 self._marked.discard(uuid)
                 self.tracker.inventory.set_health(uuid, True)
             log.info("GPU health watch: NVML reports GPU %s again; it is Healthy", uuid)
+
+
+def _not_supported(nv: Any) -> type[Exception] | tuple[()]:
+    """NVML's "not supported" error (a GPU too old or virtualised for XID events), if the
+    bindings name it."""
+    found = getattr(nv, "NVMLError_NotSupported", None)
+    return found if isinstance(found, type) and issubclass(found, Exception) else ()
 
 
 class _NvmlFailed(Exception):

@@ -42,6 +42,10 @@ class NVMLError_Timeout(NVMLError):
     pass
 
 
+class NVMLError_NotSupported(NVMLError):
+    pass
+
+
 @dataclass
 class EventData:
     device: object
@@ -67,6 +71,8 @@ def stand_in_pynvml() -> tuple[types.ModuleType, queue.Queue]:
                 nv.called.notify_all()
             gpu = f"{name}:{UUIDS[args[0].contents.value]}" if name.endswith("Events") else ""
             why = nv.broken.get(name) or nv.broken.get(gpu)
+            if isinstance(why, Exception):
+                raise why
             if why:
                 raise NVMLError(why)
             return answer(*args)
@@ -75,6 +81,7 @@ def stand_in_pynvml() -> tuple[types.ModuleType, queue.Queue]:
 
     nv.NVMLError = NVMLError
     nv.NVMLError_Timeout = NVMLError_Timeout
+    nv.NVMLError_NotSupported = NVMLError_NotSupported
     nv.nvmlEventTypeXidCriticalError = XID_CRITICAL
     nv.nvmlInit = call("nvmlInit", lambda: None)
     nv.nvmlShutdown = call("nvmlShutdown", lambda: None)
@@ -232,6 +239,23 @@ def test_a_gpu_whose_events_cannot_be_registered_is_unhealthy_until_they_can(nvm
         nv.broken.clear()
         _wait_for(live, lambda bad: bad == {UUIDS[1]: "XID 79"})
         assert nv.calls["nvmlInit"] == 1  # one GPU's retries leave the others' watch alone
+    finally:
+        loop.stop()
+        assert loop.join(WAIT_S)
+
+
+def test_a_gpu_that_cannot_report_xid_events_at_all_stays_healthy_and_unwatched(nvml):
+    # "not supported" (a GPU too old or virtualised for them) is no failure a retry mends
+    nv, events = nvml
+    nv.broken[f"nvmlDeviceRegisterEvents:{UUIDS[0]}"] = NVMLError_NotSupported("Not Supported")
+    live = LiveInventory(Inventory(_gpus(), 4))
+    loop = NvmlHealthLoop(HealthTracker(live, frozenset(DEFAULT_IGNORED_XIDS)), first_retry_s=0.01)
+    loop.start()
+    try:
+        events.put(EventData(nv.handles[1], XID_CRITICAL, 79))  # the other GPU is watched
+        _wait_for(live, lambda bad: bad == {UUIDS[1]: "XID 79"})
+        assert nv.calls["nvmlDeviceRegisterEvents"] == 2  # once each: GPU 0 is not retried
+        assert loop.problem() is None and loop.unwatched() == 0
     finally:
         loop.stop()
         assert loop.join(WAIT_S)
