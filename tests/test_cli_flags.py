@@ -20,6 +20,8 @@ REFUSED = [
     (["--http-port", "99999"], "--http-port", "65535"),
     (["--debug-tcp-port", "70000"], "--debug-tcp-port", "65535"),
     (["--max-hold", "-5"], "--max-hold", "must be above 0"),
+    (["--max-hold", "nan"], "--max-hold", "nan: must be above 0"),
+    (["--slowest-copy-gbps", "nan"], "--slowest-copy-gbps", "nan: must be above 0"),
     (["--move-timeout", "0"], "--move-timeout", "must be above 0"),
     (["--fake-scale", "0"], "--fake-scale", "must be above 0"),
     (["--backend", "cuda", "--move-timeout", "inf"], "--move-timeout", "at most 4294967 s"),

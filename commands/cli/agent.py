@@ -67,7 +67,7 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
     from agent.server.llmd.groups import Groups, GroupSpecError
 
     for name in ABOVE_ZERO:
-        if getattr(s, name) <= 0:
+        if not getattr(s, name) > 0:  # (NaN too)
             raise typer.BadParameter(
                 f"{getattr(s, name)}: must be above 0", param_hint=f"--{name.replace('_', '-')}"
             )
