@@ -2,10 +2,10 @@
 
 Watches (job pods under either job label, nodes) feed the cluster view; the leader elector
 campaigns for the Lease; when this replica leads it recovers the agents' turns (with its new
-epoch) before it serves, and when it stops leading every waiter hears why. llm-d's orchestrator
-API and the gRPC health service are served by every replica; only the leader grants (a standby
-answers UNAVAILABLE, and where it runs in a pod the leader labels its own pod so that the
-Service sends calls to it alone).
+epoch) before it serves, then asks the agents it did not reach again until they answer; when it
+stops leading every waiter hears why. llm-d's orchestrator API and the gRPC health service are
+served by every replica; only the leader grants (a standby answers UNAVAILABLE, and where it
+runs in a pod the leader labels its own pod so that the Service sends calls to it alone).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from coordinator.jobs_api import JobsServicer
 from coordinator.leader import LeaderElector
 from coordinator.llmd import LlmdOrchestrator
 from coordinator.podlabel import LeaderLabel
-from coordinator.recovery import recover
+from coordinator.recovery import chase, recover
 from coordinator.status import CoordinatorMetrics, status_json, watch
 from coordinator.turns import Arbiter
 
@@ -234,16 +234,17 @@ class Coordinator:
             )  # fmt: skip
             self._elector.outrank(found.outranked)
             return
-        self.arbiter.lead(epoch, table, found.held)
+        self.arbiter.lead(epoch, table, found.held, found.unreachable)
         self._health.serving(True)
         if self._label is not None:
             self._label.want(True)
         log.info(
             "leading with epoch %d: %d job turn(s) held, %d rolled back%s",
             epoch, len(found.held), len(found.rolled_back),
-            f", agents not reached: {', '.join(sorted(found.unreachable))}"
-            if found.unreachable else "",
+            f", agents not reached (asked again until they answer): "
+            f"{', '.join(sorted(found.unreachable))}" if found.unreachable else "",
         )  # fmt: skip
+        await chase(self.arbiter, found, epoch)  # cancelled with the term
 
     def _end_term(self, reason: str) -> None:
         if self._term is not None:

@@ -6,7 +6,10 @@ the agent's epoch, fencing the old leader off) and rebuilds its table from the a
 that every node it names reports was decided (its waiter may have been told): it is committed
 where it was not yet, and held. A turn that a named node lacks was not decided, or was being
 ended: it is released everywhere, and a job whose Acquire failed with the old leader asks again.
-A node that does not answer is named in the log and counts as holding what it held.
+A node that does not answer counts as holding what it held; while this replica leads it is
+asked again (`chase`, with backoff) until it answers, and what it reports is settled by the
+same rules: its part of a turn held is added to it, a turn this leader ended or rolled back
+is released there, and a turn only such nodes held is judged as recovery would have.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agent.core.leases import Lease, LeaseTable
 from baton._pb import jobturns_pb2 as jt
 from coordinator.agents import AgentLinks, NodeFailed
 from coordinator.cluster import ClusterView, PlanError, turn_key
 from coordinator.jobturn import JobTurn
+from coordinator.releases import FIRST_BACKOFF_S, MAX_BACKOFF_S
+from coordinator.turns import Arbiter
 
 log = logging.getLogger(__name__)
 COMMITTED = "committed"
@@ -30,14 +35,19 @@ COMMITTED = "committed"
 
 @dataclass
 class Recovered:
-    """What a new leader found."""
+    """What a new leader found (and, while it chases the agents it missed, finds)."""
 
     held: dict[str, JobTurn] = field(default_factory=dict)
+    """The job turns held: once the replica leads, the arbiter's own."""
     rolled_back: list[str] = field(default_factory=list)
     unreachable: dict[str, str] = field(default_factory=dict)
     """node → why it did not answer"""
     outranked: int = 0
     """The highest epoch an agent obeys, when above this leader's (nothing was settled then)."""
+    answered: set[str] = field(default_factory=set)
+    """The nodes that reported to this leader (a turn they did not report, they lack)."""
+    judged: set[str] = field(default_factory=set)
+    """The older leaders' turns this leader held or rolled back (by turn id)."""
 
 
 async def recover(view: ClusterView, links: AgentLinks, table: LeaseTable, epoch: int) -> Recovered:
@@ -53,20 +63,91 @@ async def recover(view: ClusterView, links: AgentLinks, table: LeaseTable, epoch
         if isinstance(answer, BaseException):
             found.unreachable[node] = answer.why if isinstance(answer, NodeFailed) else str(answer)
             continue
+        found.answered.add(node)
         if answer.epoch > epoch:  # the Lease counts from below what the agents obey
             found.outranked = max(found.outranked, answer.epoch)
         for turn in answer.turns:
             parts.setdefault(turn.turn_id, []).append((node, turn))
     if found.outranked:
         return found
-    for turn_id, where in sorted(parts.items()):
-        await _settle(view, links, table, epoch, turn_id, where, addresses, found)
+    for _, where in sorted(parts.items()):
+        await _settle(view, links, table, epoch, where, addresses, found)
     if found.unreachable:
         log.warning(
-            "epoch %d: agents not reached yet (their turns are settled when they answer): %s",
+            "epoch %d: agents not reached yet (asked again until they answer; their turns are "
+            "settled then): %s",
             epoch, "; ".join(f"{n}: {why}" for n, why in sorted(found.unreachable.items())),
         )  # fmt: skip
     return found
+
+
+async def chase(arbiter: Arbiter, found: Recovered, epoch: int) -> None:
+    """Ask each agent that recovery did not reach again, with backoff, until it answers (what it
+    reports is then settled as recovery would have), leaves the cluster or obeys a newer epoch;
+    `arbiter.unsettled` names those still waited for. Cancelled when this replica stops
+    leading."""
+    one_at_a_time = asyncio.Lock()  # two nodes of one turn may answer together
+    async with asyncio.TaskGroup() as chasing:
+        for node in sorted(found.unreachable):
+            chasing.create_task(_chase(arbiter, found, epoch, node, one_at_a_time))
+
+
+async def _chase(
+    arbiter: Arbiter, found: Recovered, epoch: int, node: str, one_at_a_time: asyncio.Lock
+) -> None:
+    backoff, tries = FIRST_BACKOFF_S, 0
+    while (address := arbiter.view.addresses().get(node)) is not None:
+        await asyncio.sleep(backoff)  # it did not answer just now: give it time to come back
+        backoff, tries = min(backoff * 2, MAX_BACKOFF_S), tries + 1
+        try:
+            answer = await arbiter.links.report(node, address, epoch)
+        except NodeFailed as err:
+            arbiter.unsettled[node] = err.why
+            log.log(
+                logging.WARNING if tries % 20 == 0 else logging.DEBUG,
+                "epoch %d: node %s has not answered yet (%s): its job turns are unsettled",
+                epoch, node, err.why,
+            )  # fmt: skip
+            continue
+        if answer.epoch > epoch:
+            log.warning(
+                "node %s obeys epoch %d, above this leader's %d: its turns are left to that leader",
+                node, answer.epoch, epoch,
+            )  # fmt: skip
+            break
+        async with one_at_a_time:
+            settled, outcomes = await _settle_report(arbiter, found, epoch, node, address, answer)
+        if settled:
+            log.info(
+                "epoch %d: node %s answered (after %d tries): %s", epoch, node, tries,
+                "; ".join(outcomes) or "no job turn of an older leader",
+            )  # fmt: skip
+            break
+        arbiter.unsettled[node] = "it answered, but settling its job turns failed: asked again"
+    else:  # the node left the cluster
+        log.info("node %s left the cluster before it answered epoch %d", node, epoch)
+    arbiter.unsettled.pop(node, None)
+
+
+async def _settle_report(
+    arbiter: Arbiter,
+    found: Recovered,
+    epoch: int,
+    node: str,
+    address: str,
+    answer: jt.ReportResponse,
+) -> tuple[bool, list[str]]:
+    """Settle what a node reported late; whether every call it needed was answered."""
+    found.answered.add(node)
+    settled, outcomes = True, list[str]()
+    for turn in answer.turns:
+        if turn.epoch >= epoch:  # this leader's own
+            continue
+        where, view, links = [(node, turn)], arbiter.view, arbiter.links
+        done, what = await _settle(view, links, arbiter.table, epoch, where, {node: address}, found)
+        settled = settled and done
+        outcomes.append(what)
+    return settled, outcomes
 
 
 async def _settle(
@@ -74,35 +155,59 @@ async def _settle(
     links: AgentLinks,
     table: LeaseTable,
     epoch: int,
-    turn_id: str,
     where: list[tuple[str, jt.NodeTurn]],
     addresses: dict[str, str],
     found: Recovered,
-) -> None:
+) -> tuple[bool, str]:
+    """Settle one turn as the nodes of `where` report it; whether every call was answered, and
+    what became of it."""
     first = where[0][1]
-    key = turn_key(first.namespace, first.job, first.group)
+    turn_id, key = first.turn_id, turn_key(first.namespace, first.job, first.group)
     nodes = {node: addresses[node] for node, _ in where}
-    why = _undecided(where, found.unreachable, addresses)
-    if not why and key in found.held:
-        why = "its job holds another turn"
+    resources = tuple(sorted({f"{node}/{gpu}" for node, t in where for gpu in t.gpus}))
+    holding = next((t for t in found.held.values() if t.turn_id == turn_id), None)
+    if holding is not None:  # a node's part of a held turn, reported late
+        why = _taken(table, resources, holding.lease_id)
+    elif turn_id in found.judged:
+        why = "this leader ended it"
+    else:
+        why = _undecided(where, found.answered) or _claimed(table, key, resources, found)
+    found.judged.add(turn_id)
+    what = f"turn {turn_id} of job {key}"
     if why:
-        await _all(
+        found.rolled_back.append(f"{key} ({turn_id}): {why}")
+        answered = await _all(
             links.release(n, a, epoch, turn_id, f"rolled back by epoch {epoch}: {why}")
             for n, a in nodes.items()
         )
-        found.rolled_back.append(f"{key} ({turn_id}): {why}")
-        return
-    await _all(
+        return answered, f"{what} rolled back ({why})"
+    if holding is not None:
+        _add(table, holding, where, nodes, resources)
+    else:
+        _hold(view, table, key, where, nodes, resources, found)
+    answered = await _all(
         links.commit(node, addresses[node], epoch, turn_id)
         for node, turn in where
         if turn.state != COMMITTED
     )
+    return answered, f"{what} held" + (f" on {', '.join(sorted(nodes))} too" if holding else "")
+
+
+def _hold(
+    view: ClusterView,
+    table: LeaseTable,
+    key: str,
+    where: list[tuple[str, jt.NodeTurn]],
+    nodes: dict[str, str],
+    resources: tuple[str, ...],
+    found: Recovered,
+) -> None:
+    first = where[0][1]
     try:  # the job's other nodes, if a node that had it did not answer: its release reaches them
         plan = view.plan(first.namespace, first.job, first.group)
         nodes = {**dict(plan.addresses), **nodes}
     except PlanError:
         pass
-    resources = tuple(sorted({f"{node}/{gpu}" for node, t in where for gpu in t.gpus}))
     lease = Lease(
         lease_id=uuid.uuid4().hex[:16],
         tenant_id=key,
@@ -114,7 +219,7 @@ async def _settle(
     table.restore_lease(lease)
     found.held[key] = JobTurn(
         key=key,
-        turn_id=turn_id,
+        turn_id=first.turn_id,
         lease_id=lease.lease_id,
         namespace=first.namespace,
         job=first.job,
@@ -128,19 +233,33 @@ async def _settle(
     )
 
 
-def _undecided(
-    where: list[tuple[str, jt.NodeTurn]], unreachable: dict[str, str], addresses: dict[str, str]
-) -> str:
+def _add(
+    table: LeaseTable,
+    turn: JobTurn,
+    where: list[tuple[str, jt.NodeTurn]],
+    nodes: dict[str, str],
+    resources: tuple[str, ...],
+) -> None:
+    """A node's part, reported late, added to the held turn (its GPUs to the turn's lease)."""
+    turn.resources = tuple(sorted({*turn.resources, *resources}))
+    table.restore_lease(replace(table.leases[turn.lease_id], gpus=turn.resources))
+    turn.nodes.update(nodes)
+    turn.restored = turn.restored or any(t.restored for _, t in where)
+    turn.joined |= {pod for _, t in where for pod in t.joined}
+    turn.pods = turn.pods | {pod for _, t in where for pod in t.members}
+
+
+def _undecided(where: list[tuple[str, jt.NodeTurn]], answered: set[str]) -> str:
     """Why the turn was not decided, or "" if it was: every node it names reports it (or, for
-    one that names none, a node reports it committed). A node that did not answer, or that the
-    view has no agent address for, counts as having it: rolling back a turn its job was told it
-    holds would let another job compute on its GPUs while it still does; holding one it was not
-    told of only costs idle time."""
+    one that names none, a node reports it committed). A node that has not answered this
+    leader (or that the view has no agent address for) counts as having it: rolling back a turn
+    its job was told it holds would let another job compute on its GPUs while it still does;
+    holding one it was not told of only costs idle time."""
     named = set(where[0][1].nodes)
     if not named:
         return "" if any(t.state == COMMITTED for _, t in where) else "it was not committed"
     reported = {node for node, _ in where}
-    lacking = sorted(named & set(addresses) - reported - set(unreachable))  # the rest: unknown
+    lacking = sorted(named & answered - reported)  # the rest: unknown
     if lacking:
         return (
             f"node {', '.join(lacking)} no longer has it (a yield or a roll-back was cut short, "
@@ -149,8 +268,32 @@ def _undecided(
     return ""
 
 
-async def _all(calls: Iterable[Awaitable[object]]) -> None:
+def _claimed(table: LeaseTable, key: str, resources: tuple[str, ...], found: Recovered) -> str:
+    """Why a decided turn cannot be held now, or "": its job holds or asks for another turn, or
+    the table gives its GPUs to another job (while its node did not answer)."""
+    if key in found.held:
+        return "its job holds another turn"
+    if any(w.tenant_id == key for w in table.waiters.values()):
+        return "its job asks for a new turn"
+    return _taken(table, resources, "")
+
+
+def _taken(table: LeaseTable, resources: tuple[str, ...], own: str) -> str:
+    """Which of `resources` the table gives to another lease or reservation than `own`, or ""."""
+    for resource in resources:
+        state = table.gpus.get(resource)
+        if state is None or state.holder is None or state.holder == own:
+            continue
+        other = table.leases.get(state.holder) or table.waiters.get(state.holder)
+        whose = f"job {other.tenant_id}" if other is not None else "another job"
+        return f"its GPU {resource} is {whose}'s now"
+    return ""
+
+
+async def _all(calls: Iterable[Awaitable[object]]) -> bool:
+    """Whether every call was answered (the failures logged)."""
     results = await asyncio.gather(*calls, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             log.warning("settling a job turn: %s", result)
+    return not any(isinstance(r, BaseException) for r in results)

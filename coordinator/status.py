@@ -42,10 +42,16 @@ class CoordinatorMetrics:
         self.waiting = Gauge(
             "baton_coordinator_job_turns_waiting", "Job turns asked for", registry=r
         )
+        self.unsettled = Gauge(
+            "baton_coordinator_agents_unsettled",
+            "Agents this leader has not heard yet (their job turns not settled)",
+            registry=r,
+        )
 
 
 def status_json(arbiter: Arbiter, identity: str, leading: bool, now: float) -> dict[str, Any]:
-    """Who leads, which job turns are held where, who waits, and the agents known."""
+    """Who leads, which job turns are held where, who waits, the agents known, and those not
+    heard yet (their job turns unsettled)."""
     table = arbiter.table
     return {
         "time": now,
@@ -72,6 +78,7 @@ def status_json(arbiter: Arbiter, identity: str, leading: bool, now: float) -> d
             for w in table.queue()
         ],
         "agents": arbiter.view.addresses(),
+        "unsettled": dict(sorted(arbiter.unsettled.items())),
     }
 
 
@@ -81,6 +88,7 @@ def watch(metrics: CoordinatorMetrics, arbiter: Arbiter) -> None:
     metrics.epoch.set_function(lambda: arbiter.epoch)
     metrics.held.set_function(lambda: len(arbiter.held))
     metrics.waiting.set_function(lambda: len(arbiter.table.waiters))
+    metrics.unsettled.set_function(lambda: len(arbiter.unsettled))
 
     def granted(seconds: float) -> None:
         metrics.granted.inc()

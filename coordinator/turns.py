@@ -64,6 +64,8 @@ class Arbiter:
     """Hears each turn rolled back, with the node that failed first."""
     changed_at: dict[str, float] = field(default_factory=dict)
     """GPU (`node/GPU`) → when its turn last started, began moving or ended."""
+    unsettled: dict[str, str] = field(default_factory=dict)
+    """node → why its agent has not answered this leader yet (`coordinator.recovery.chase`)."""
     _waits: dict[str, _Wait] = field(default_factory=dict)
     _by_key: dict[str, str] = field(default_factory=dict)
     """job key → the waiter id of its turn being asked for"""
@@ -207,9 +209,13 @@ class Arbiter:
 
     # Leading.
 
-    def lead(self, epoch: int, table: LeaseTable, held: dict[str, JobTurn]) -> None:
-        """This replica leads from now, with `epoch`, holding what `coordinator.recovery` found."""
+    def lead(
+        self, epoch: int, table: LeaseTable, held: dict[str, JobTurn], unsettled: dict[str, str]
+    ) -> None:
+        """This replica leads from now, with `epoch`, holding what `coordinator.recovery` found
+        (`unsettled`: the agents it did not reach, and why)."""
         self.table, self.held, self.epoch = table, held, epoch
+        self.unsettled = dict(unsettled)
 
     def step_down(self, reason: str) -> None:
         """This replica no longer leads: every waiter hears why; the next leader takes over."""
@@ -224,6 +230,7 @@ class Arbiter:
         self._waits.clear()
         self._by_key.clear()
         self.held.clear()
+        self.unsettled.clear()
         self.table = self.new_table()
 
     def check_leading(self) -> None:

@@ -11,7 +11,7 @@ import contextlib
 import json
 import sys
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -107,10 +107,19 @@ class AgentNode:
         )
         return answer
 
-    def hold(self, epoch: int, turn_id: str, namespace: str, job: str) -> None:
-        """Prepare and commit a job turn on this node alone, as a leader of `epoch` would."""
+    def prepare(
+        self, epoch: int, turn_id: str, namespace: str, job: str, nodes: Sequence[str] = ()
+    ) -> None:
+        """Prepare a job turn on this node as a leader of `epoch` would (`nodes`: every node of
+        the turn, as its Prepare names them)."""
         turn = (turn_id, namespace, job, "")
-        self._call(lambda links: links.prepare(self.name, self.address, epoch, turn, (), 10))
+        self._call(lambda links: links.prepare(self.name, self.address, epoch, turn, (), 10, nodes))
+
+    def hold(
+        self, epoch: int, turn_id: str, namespace: str, job: str, nodes: Sequence[str] = ()
+    ) -> None:
+        """Prepare and commit a job turn on this node, as a leader of `epoch` would."""
+        self.prepare(epoch, turn_id, namespace, job, nodes)
         self._call(lambda links: links.commit(self.name, self.address, epoch, turn_id))
 
     def release(self, epoch: int, turn_id: str) -> bool:
@@ -134,15 +143,21 @@ class AgentNode:
 
 
 def job_pod(
-    core: Any, namespace: str, name: str, node: AgentNode, job: str, group: str = ""
+    core: Any,
+    namespace: str,
+    name: str,
+    node: AgentNode,
+    job: str,
+    group: str = "",
+    gpus: Sequence[str] = (),
 ) -> None:
-    """A pod of `job` bound to `node`, on all its GPUs."""
+    """A pod of `job` bound to `node`, on `gpus` (default: all the node's GPUs)."""
     labels = {LABEL_JOB: job, **({LABEL_LLMD_GROUP: group} if group else {})}
     body = {
         "metadata": {
             "name": name,
             "labels": labels,
-            "annotations": {ANNOTATION_ASSIGNED_GPUS: ",".join(node.gpus)},
+            "annotations": {ANNOTATION_ASSIGNED_GPUS: ",".join(gpus or node.gpus)},
         },
         "spec": {
             "nodeName": node.name,
@@ -153,14 +168,17 @@ def job_pod(
 
 
 @contextmanager
-def agent_nodes(plane: ControlPlane, root: Path, names: list[str]) -> Iterator[list[AgentNode]]:
-    """Nodes with running agents; every agent stopped and every node deleted after."""
+def agent_nodes(
+    plane: ControlPlane, root: Path, names: list[str], gpus: int = 1
+) -> Iterator[list[AgentNode]]:
+    """Nodes with running agents (`gpus` each); every agent stopped and every node deleted
+    after."""
     from kubernetes import client
 
     from baton.contract.kube import load_api_client
 
     core = client.CoreV1Api(load_api_client(str(plane.admin_kubeconfig)))
-    nodes = [AgentNode(plane, root, name) for name in names]
+    nodes = [AgentNode(plane, root, name, gpus) for name in names]
     try:
         for node in nodes:
             node.create(core).start(core)

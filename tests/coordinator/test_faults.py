@@ -1,6 +1,7 @@
 """What a job's turn does when a part of it goes away, against a real API server with agent
-and coordinator processes: a member pod deleted during its turn, a member node's agent gone;
-and how the coordinator tells who calls (a pod's address, looked up in the API)."""
+and coordinator processes: a member pod deleted during its turn, a member node's agent gone,
+an agent a new leader cannot reach; and how the coordinator tells who calls (a pod's address,
+looked up in the API)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from typing import Any
 
 import grpc
 import pytest
+from kubernetes.client import CoordinationV1Api
 
 from commands.localnode.controlplane import ControlPlane
 from commands.localnode.procs import wait_for
 from coordinator.callers import PodCallers
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
 from tests.coordinator.deployed import (
+    LEASE_NS,
     TEAM,
     CoordinatorProcess,
     holders_of,
@@ -81,6 +84,84 @@ def test_a_member_nodes_agent_gone_fails_the_job_naming_the_node_and_others_go_o
             llmd.close()
         finally:
             coordinator.process.stop()
+
+
+def test_an_agent_a_new_leader_could_not_reach_is_settled_once_it_answers(
+    control_plane: ControlPlane, core: Any, tmp_path: Path
+) -> None:
+    with agent_nodes(control_plane, tmp_path, ["u1", "u2"], gpus=3) as nodes:
+        u1, u2 = nodes
+        for pod, node, job, gpu in (
+            ("late-a", u1, "late", 0),
+            ("late-b", u2, "late", 0),
+            ("lone-a", u2, "lone", 1),
+            ("half-a", u1, "half", 2),
+            ("half-b", u2, "half", 2),
+        ):
+            job_pod(core, TEAM, pod, node, job, gpus=(node.gpus[gpu],))
+        members_known(
+            nodes,
+            {
+                "u1": {"team/late-a", "team/half-a"},
+                "u2": {"team/late-b", "team/lone-a", "team/half-b"},
+            },
+        )
+        # What a leader of epoch 1 left: late decided on both nodes, lone on u2 alone, and half
+        # prepared on u2 only (its handover cut short); then u2's agent goes away.
+        both = ["u1", "u2"]
+        for node in nodes:
+            node.hold(1, "t-late", TEAM, "late", both)
+        u2.hold(1, "t-lone", TEAM, "lone")
+        u2.prepare(1, "t-half", TEAM, "half", both)
+        u2.stop()
+        leases: Any = CoordinationV1Api(core.api_client)  # released by a leader of epoch 1
+        leases.create_namespaced_lease(
+            LEASE_NS, {"metadata": {"name": "unsettled"}, "spec": {"leaseTransitions": 1}}
+        )
+        coordinator = CoordinatorProcess(control_plane, tmp_path, "unsettled", "unsettled")
+        coordinator.process.start()
+        try:
+            leader_of([coordinator])
+            seen = coordinator.status()
+            assert seen["epoch"] == 2
+            assert list(seen.get("unsettled", {})) == ["u2"], seen
+            assert "its agent is unreachable" in seen["unsettled"]["u2"]
+            assert gpus_held(seen) == {"team/late": [f"u1/{u1.gpus[0]}"]}
+            assert "baton_coordinator_agents_unsettled 1.0" in coordinator.metrics()
+            u2.start(core)
+            wait_for(
+                "u2 answering the leader",
+                lambda: True if not coordinator.status().get("unsettled", True) else None,
+                30,
+            )
+            assert gpus_held(coordinator.status()) == {
+                "team/late": [f"u1/{u1.gpus[0]}", f"u2/{u2.gpus[0]}"],
+                "team/lone": [f"u2/{u2.gpus[1]}"],
+            }
+            settle(  # half rolled back on u2: u1 never had it
+                nodes,
+                {
+                    "u1": [("late", "committed", ("team/late-a",))],
+                    "u2": [
+                        ("late", "committed", ("team/late-b",)),
+                        ("lone", "committed", ("team/lone-a",)),
+                    ],
+                },
+            )
+            log = coordinator.process.log.read_text()
+            assert "agents not reached (asked again until they answer): u2" in log
+            assert "node u2 answered" in log and "turn t-half of job team/half rolled back" in log
+            llmd = TimeSliceOrchestratorClient(coordinator.address)
+            llmd.release("lone", "")  # the leader holds what u2 reported late
+            llmd.release("late", "")  # on both nodes
+            settle(nodes, {"u1": [], "u2": []})
+            llmd.close()
+        finally:
+            coordinator.process.stop()
+
+
+def gpus_held(status: dict[str, Any]) -> dict[str, list[str]]:
+    return {key: turn["gpus"] for key, turn in status["held"].items()}
 
 
 def test_a_caller_is_the_namespace_of_the_pod_at_its_address(

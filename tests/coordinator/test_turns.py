@@ -14,7 +14,7 @@ import pytest
 from agent.core.leases import LeaseTable
 from coordinator.agents import AgentLinks, NodeFailed
 from coordinator.cluster import ClusterView
-from coordinator.recovery import recover
+from coordinator.recovery import chase, recover
 from coordinator.turns import Arbiter, NotHolder, NotLeading, TurnFailed
 from tests.coordinator.loopback import TOKEN, LoopbackNode, leading, view_of
 
@@ -265,5 +265,42 @@ def test_a_leader_whose_epoch_the_agents_have_passed_settles_nothing(tmp_path: P
             found = await recover(view, links, table, 2)
             assert found.outranked == 5 and not found.held
             await links.close()
+
+    run(body)
+
+
+def test_a_turn_an_agent_reports_late_whose_gpus_went_to_another_job_is_rolled_back(
+    tmp_path: Path,
+) -> None:
+    """n2 did not answer the new leader, which then gave n2's GPU to sft: once n2 answers, the
+    turn it still holds from the old leader is ended there, and sft's prepare goes on."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            n2 = nodes[1]
+            n2.add_pod("team/solo", ("GPU-n2",), "solo")
+            links = AgentLinks(TOKEN)
+            await links.prepare("n2", n2.address, 1, ("t-solo", "team", "solo", ""), (), 5)
+            await links.commit("n2", n2.address, 1, "t-solo")
+            await n2.server.stop(0)
+            arbiter = Arbiter(view, links, lambda: LeaseTable(clock=time.time), time.time)
+            table = arbiter.new_table()
+            found = await recover(view, links, table, 2)
+            arbiter.lead(2, table, found.held, found.unreachable)
+            assert not found.held and list(arbiter.unsettled) == ["n2"]
+            await n2.restart_server()
+            sft = asyncio.create_task(arbiter.acquire("team", "sft", "", timeout=10))
+            queue = n2.service.table.waiters.values()
+            while "team/sft-b" not in {w.tenant_id for w in queue}:  # behind solo on n2
+                await asyncio.sleep(0.01)
+            await chase(arbiter, found, 2)
+            assert not arbiter.unsettled
+            assert found.rolled_back == [
+                "team/solo (t-solo): its GPU n2/GPU-n2 is job team/sft's now"
+            ]
+            assert sorted((await sft).nodes) == ["n1", "n2"]
+            assert n2.holders() == {"GPU-n2": "team/sft-b"}
+            assert [t.job for t in (await links.report("n2", n2.address, 2)).turns] == ["sft"]
+            await close(arbiter)
 
     run(body)
