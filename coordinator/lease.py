@@ -94,23 +94,35 @@ class TimingError(ValueError):
         self.problem = problem
 
 
+JITTER_FACTOR = 1.2
+"""client-go's leader election refuses a renew deadline of at most this many retry periods: a
+leader renews once a retry period and must finish each renewal before its deadline."""
+
+
 def check_timing(
     lease_duration_s: int,
     renew_deadline_s: float,
     retry_period_s: float,
     names: tuple[str, str, str] = ("lease_duration_s", "renew_deadline_s", "retry_period_s"),
 ) -> None:
-    """TimingError unless 0 < retry_period_s < renew_deadline_s < lease_duration_s; `names`
-    are the three as the caller's user knows them (its flags)."""
+    """TimingError unless 0 < JITTER_FACTOR * retry_period_s < renew_deadline_s <
+    lease_duration_s (client-go's rule); `names` are the three as the caller's user knows them
+    (its flags)."""
     duration, deadline, retry = names
     if not isinstance(lease_duration_s, int) or lease_duration_s < 1:
         raise TimingError(duration, f"must be a whole number >= 1, not {lease_duration_s!r}")
-    for arg, value, bound, limit in (
-        (deadline, renew_deadline_s, duration, lease_duration_s),
-        (retry, retry_period_s, deadline, renew_deadline_s),
-    ):
-        if not 0 < value < limit:
-            raise TimingError(arg, f"must be > 0 and < {bound} ({limit:g}), not {value!r}")
+    if not 0 < renew_deadline_s < lease_duration_s:
+        raise TimingError(
+            deadline,
+            f"must be > 0 and < {duration} ({lease_duration_s:g}), not {renew_deadline_s!r}",
+        )
+    if not 0 < JITTER_FACTOR * retry_period_s < renew_deadline_s:
+        raise TimingError(
+            retry,
+            f"must be > 0 and < {deadline} / {JITTER_FACTOR:g} "
+            f"({renew_deadline_s / JITTER_FACTOR:.4g}), not {retry_period_s!r} (a leader renews "
+            "once a retry period and must finish each renewal before its renew deadline)",
+        )
 
 
 def lease_record(obj: dict[str, Any]) -> LeaseRecord:

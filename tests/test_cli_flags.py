@@ -113,8 +113,13 @@ def test_the_coordinator_refuses_a_bad_address(flags: list[str], flag: str, tmp_
 @pytest.mark.parametrize(
     ("flags", "flag", "problem"),
     [
-        (["--retry-period", "0"], "--retry-period", "must be > 0 and < --renew-deadline (10)"),
-        (["--retry-period", "10"], "--retry-period", "must be > 0 and < --renew-deadline (10)"),
+        (["--retry-period", "0"], "--retry-period", "must be > 0 and < --renew-deadline / 1.2"),
+        (["--retry-period", "10"], "--retry-period", "must be > 0 and < --renew-deadline / 1.2"),
+        (
+            ["--retry-period", "9.9", "--renew-deadline", "10"],
+            "--retry-period",
+            "must be > 0 and < --renew-deadline / 1.2 (8.333), not 9.9",
+        ),
         (["--renew-deadline", "20"], "--renew-deadline", "must be > 0 and < --lease-duration (15)"),
         (["--lease-duration", "0"], "--lease-duration", "must be a whole number >= 1, not 0"),
     ],

@@ -137,6 +137,11 @@ def test_settings_reach_the_coordinator() -> None:
         ("--set-string", "coordinator.prepareTimeoutSeconds=0", "/prepareTimeoutSeconds"),
         ("--set-string", "hostNetwork.apiServer.port=0", "/hostNetwork/apiServer/port"),
         ("--set-string", "hostNetwork.apiServer.port=70000", "/hostNetwork/apiServer/port"),
+        (
+            "--set",
+            "coordinator.lease.retryPeriodSeconds=9.9",
+            "1.2 * retryPeriodSeconds (9.9) < renewDeadlineSeconds (10)",
+        ),
     ],
 )
 def test_bad_coordinator_settings_are_refused_by_name(flag: str, setting: str, named: str) -> None:

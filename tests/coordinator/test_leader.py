@@ -113,6 +113,7 @@ BAD_ARGUMENTS: dict[str, tuple[dict[str, Any], str]] = {
     "renew deadline = lease": ({"lease_duration_s": 3, "renew_deadline_s": 3}, "renew_deadline_s"),
     "renew deadline > lease": ({"renew_deadline_s": 20}, "renew_deadline_s"),
     "retry >= deadline": ({"renew_deadline_s": 2, "retry_period_s": 2}, "retry_period_s"),
+    "deadline <= 1.2 retries": ({"renew_deadline_s": 2.4, "retry_period_s": 2}, "retry_period_s"),
     "zero retry": ({"retry_period_s": 0}, "retry_period_s"),
     "fractional lease": ({"lease_duration_s": 2.5, "renew_deadline_s": 2}, "lease_duration_s"),
     "empty identity": ({"identity": ""}, "identity"),
