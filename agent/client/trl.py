@@ -86,6 +86,8 @@ class BatonCallback(TrainerCallback):
         self._wired = False
         """True once a trainer's callback handler takes and ends the turns (`watch`)."""
         self._dispatching = 0
+        self._pinned = 0
+        """Open `turn()` blocks that took their turn: the trainer's events end none of it."""
 
     @property
     def holding(self) -> bool:
@@ -114,14 +116,18 @@ class BatonCallback(TrainerCallback):
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
-        """A turn for device work outside the training loop (building the trainer, saving)."""
+        """A turn for device work outside the training loop (building the trainer, evaluating,
+        saving), held until the block ends: the events of a trainer called inside it (the
+        `on_log` and `on_evaluate` of an `evaluate()`) do not end it."""
         if self._held is not None:
             yield
             return
         self.begin()
+        self._pinned += 1
         try:
             yield
         finally:
+            self._pinned -= 1
             self.end()
 
     def watch(self, *sources: Any) -> None:
@@ -158,7 +164,7 @@ class BatonCallback(TrainerCallback):
                 control = dispatch(event, args, state, control, **kw)
             finally:
                 self._dispatching -= 1
-            last = self._dispatching == 0
+            last = self._dispatching == 0 and not self._pinned
             if last and event in MAY_END_TURN and not device_work_follows(event, args, control):
                 self.end()
             return control
@@ -259,7 +265,7 @@ class BatonCallback(TrainerCallback):
 
     def _end_unless(self, event: str, args: TrainingArguments, control: TrainerControl) -> None:
         """Unwired: end the turn at this callback unless device work follows."""
-        if not self._wired and not device_work_follows(event, args, control):
+        if not (self._wired or self._pinned or device_work_follows(event, args, control)):
             self.end()
 
 

@@ -185,3 +185,24 @@ def test_a_step_that_raises_gives_its_turn_back_as_train_raises(tmp_path: Path) 
     assert all(forwards) and not callback.holding
     assert baton.events[-2:] == ["acquire", "yield"]  # the failed step's turn, given back
     assert baton.events.count("acquire") == baton.events.count("yield")
+
+
+@needs_trl
+@pytest.mark.timeout(120)
+def test_a_turn_block_is_held_to_its_end_through_the_trainers_events(tmp_path: Path) -> None:
+    """`evaluate()` and `log()` fire `on_log` and `on_evaluate`: inside a `turn()` block they
+    must not end the block's turn, or the block's device work after them runs outside one."""
+    from agent.examples.trl_train.jobs import TrlConfig
+
+    baton, callback = recorded()
+    config = TrlConfig(kind="sft", seed=5, batch=4, eval_steps=2)
+    job = watched(callback, config, 2, tmp_path, [callback], None)
+    held: list[bool] = []
+    with callback.turn():  # a baseline evaluation before training, then a save
+        job.evaluate()
+        held.append(callback.holding)
+        job.log({"baseline": 1.0})
+        held.append(callback.holding)
+    assert held == [True, True] and not callback.holding
+    assert baton.events[-2:] == ["acquire", "yield"]  # one turn for the block
+    assert baton.events.count("acquire") == baton.events.count("yield") == 2
