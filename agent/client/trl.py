@@ -15,7 +15,9 @@ callback of `on_step_begin` and ends after the last callback of the step's last 
 (`on_step_end`, or the logging, evaluation and saving the step's control asks for, or
 `on_train_end` after the last step), whatever the callbacks' order, so TRL's own callbacks
 (`SyncRefModelCallback`) and the user's run inside it; a step that raises gives its turn back as
-the exception leaves `trainer.train()`. Needs transformers
+the exception leaves `trainer.train()`. `train()` takes its turn as it starts (it loads a
+checkpoint it resumes from before any event), and `evaluate()`, `predict()` and `save_model()`
+called outside a turn take one. Needs transformers
 (`pip install 'baton-gpu[trl]'`).
 """
 
@@ -44,6 +46,8 @@ MAY_END_TURN = frozenset(
     {"on_step_end", "on_log", "on_evaluate", "on_save", "on_epoch_end", "on_train_end"}
 )
 """Events after whose last callback the turn ends, unless device work follows."""
+OUTSIDE_STEPS = ("evaluate", "predict", "save_model")
+"""A watched trainer's methods that run in a turn when called outside one."""
 
 
 def device_work_follows(event: str, args: TrainingArguments, control: TrainerControl) -> bool:
@@ -174,8 +178,11 @@ class BatonCallback(TrainerCallback):
         self._wired = True
 
     def _guard(self, trainer: Any) -> None:
-        """Wrap the trainer's `train`: a step that raises (an error, a KeyboardInterrupt) fires
-        no later event, so its turn is given back as the exception leaves `train`."""
+        """Wrap the trainer's device work outside its steps' events in turns: `train` takes
+        its turn on entry (a checkpoint it resumes from is loaded, the model prepared, before
+        `on_train_begin`) and gives back a turn still held as an exception leaves it (a step
+        that raises fires no later event); `evaluate`, `predict` and `save_model` called
+        outside a turn take one for their whole call."""
         train = trainer.train
         if getattr(train, "_baton_turns", None) is self:
             return
@@ -183,6 +190,7 @@ class BatonCallback(TrainerCallback):
         @functools.wraps(train)
         def guarded(*args: Any, **kwargs: Any) -> Any:
             try:
+                self.begin()
                 return train(*args, **kwargs)
             except BaseException:
                 with contextlib.suppress(BatonError):  # the step's own error is the one to see
@@ -191,6 +199,18 @@ class BatonCallback(TrainerCallback):
 
         guarded._baton_turns = self  # type: ignore[attr-defined]
         trainer.train = guarded
+        for name in OUTSIDE_STEPS:
+            setattr(trainer, name, self._in_turn(getattr(trainer, name)))
+
+    def _in_turn(self, method: F) -> F:
+        """`method` run inside a turn: the one held, or one taken for its call."""
+
+        @functools.wraps(method)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with self.turn():
+                return method(*args, **kwargs)
+
+        return wrapped  # type: ignore[return-value]
 
     def off_turn(self, fn: F) -> F:
         """Wrap a plain-Python reward function so the GPU goes to another job while it runs."""
