@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -86,6 +87,8 @@ class BatonCallback(TrainerCallback):
         self.acquire_timeout = acquire_timeout
         self.turns: list[list[Any]] = []
         self._held: contextlib.ExitStack | None = None
+        self._held_by = 0
+        """The process that took the turn held (a forked DataLoader worker has a copy of it)."""
         self._watched: set[int] = set()
         self._wired = False
         """True once a trainer's callback handler takes and ends the turns (`watch`)."""
@@ -109,7 +112,7 @@ class BatonCallback(TrainerCallback):
         if self.parker is not None:
             stack.enter_context(self.parker.in_use())
         self.turns.append([lease.lease_id, requested, time.time(), 0.0])
-        self._held = stack
+        self._held, self._held_by = stack, os.getpid()
 
     def end(self) -> None:
         """Hand the turn back, if one is held."""
@@ -213,11 +216,12 @@ class BatonCallback(TrainerCallback):
         return wrapped  # type: ignore[return-value]
 
     def off_turn(self, fn: F) -> F:
-        """Wrap a plain-Python reward function so the GPU goes to another job while it runs."""
+        """Wrap a plain-Python reward function (or a data collator) so the GPU goes to another
+        job while it runs. In a forked DataLoader worker it just runs: the turn is the parent's."""
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if self._held is None:
+            if self._held is None or self._held_by != os.getpid():
                 return fn(*args, **kwargs)
             self.end()
             try:

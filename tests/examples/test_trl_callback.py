@@ -206,3 +206,33 @@ def test_a_turn_block_is_held_to_its_end_through_the_trainers_events(tmp_path: P
     assert held == [True, True] and not callback.holding
     assert baton.events[-2:] == ["acquire", "yield"]  # one turn for the block
     assert baton.events.count("acquire") == baton.events.count("yield") == 2
+
+
+@needs_trl
+@pytest.mark.timeout(60)
+def test_a_collator_run_off_turn_in_forked_dataloader_workers_runs_there(workdir: str) -> None:
+    """The workers fork while a turn is held (the first epoch's iterator is made inside the
+    training's first turn): their copy of the turn is the parent's, not theirs to give back."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from agent.client import Baton
+    from agent.client.trl import BatonCallback
+    from baton.contract.names import fake_gpu_uuid
+    from tests.harness.agent import AgentRunner
+
+    with AgentRunner(workdir) as agent:
+        callback = BatonCallback(Baton(agent.socket, [fake_gpu_uuid(0)], name="job"))
+        try:
+            items: Any = list(range(8))  # a list serves as a map-style dataset
+            loader: DataLoader[int] = DataLoader(
+                items, batch_size=2, num_workers=2, multiprocessing_context="fork",
+                collate_fn=callback.off_turn(torch.tensor),
+            )  # fmt: skip
+            with callback.turn():
+                batches = [batch.tolist() for batch in loader]
+                assert callback.holding
+            assert batches == [[0, 1], [2, 3], [4, 5], [6, 7]]
+            assert len(callback.turns) == 1  # the workers neither gave it back nor took one
+        finally:
+            callback.close()
