@@ -12,6 +12,7 @@ import pytest
 from hypothesis import settings
 
 from baton.contract.kube import load_api_client
+from tests.harness.agent import remove_short_tmpdirs
 from tests.harness.fakeapi import FakeApiServer
 
 HYPOTHESIS_PROFILE = "BATON_HYPOTHESIS_PROFILE"
@@ -20,6 +21,11 @@ settings.register_profile("random", derandomize=False, database=None, print_blob
 settings.load_profile(os.environ.get(HYPOTHESIS_PROFILE, "deterministic"))
 """`make test` and CI draw the same examples every run (each test's seed is a hash of the test,
 no example database); `make soak` sets BATON_HYPOTHESIS_PROFILE=random and draws new ones."""
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Agents' directories under /tmp go with the session, whatever its tests' outcome."""
+    remove_short_tmpdirs()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,9 +37,22 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+_MADE: list[str] = []
+"""The directories `short_tmpdir` made in this process, for `remove_short_tmpdirs`."""
+
+
 def short_tmpdir() -> str:
-    """A directory under /tmp short enough for unix socket paths."""
-    return tempfile.mkdtemp(dir="/tmp", prefix="baton-")
+    """A directory under /tmp short enough for unix socket paths, removed at the end of the
+    test session at the latest (`remove_short_tmpdirs`)."""
+    path = tempfile.mkdtemp(dir="/tmp", prefix="baton-")
+    _MADE.append(path)
+    return path
+
+
+def remove_short_tmpdirs() -> None:
+    """Remove every directory `short_tmpdir` made (tests/conftest.py, as the session ends)."""
+    while _MADE:
+        shutil.rmtree(_MADE.pop(), ignore_errors=True)
 
 
 class AgentRunner:

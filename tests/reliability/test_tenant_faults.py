@@ -124,7 +124,6 @@ def agent_refuses(state_dir: str) -> tuple[str, dict[str, object]]:
     its exit status and how long it took to refuse."""
     work = tempfile.mkdtemp(prefix="baton-state-", dir="/tmp")
     argv = AgentProcess(work, FakeNodeOptions()).argv()
-    shutil.rmtree(work)
     argv[argv.index("--state-dir") + 1] = state_dir
     began = time.monotonic()
     try:
@@ -132,6 +131,8 @@ def agent_refuses(state_dir: str) -> tuple[str, dict[str, object]]:
     except subprocess.TimeoutExpired as exc:
         said = exc.stderr.decode() if isinstance(exc.stderr, bytes) else str(exc.stderr)
         pytest.fail(f"the agent ran on {state_dir} instead of refusing: {said[-1000:]}")
+    finally:  # (its simulated GPUs' directory is made there before the state is read)
+        shutil.rmtree(work, ignore_errors=True)
     assert done.returncode != 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     refused: dict[str, object] = {
