@@ -21,6 +21,7 @@ from extender.placement import (
     PlacedPod,
     Verdict,
     gpu_load,
+    host_budget,
     node_state,
     place,
     remembered,
@@ -96,8 +97,7 @@ def place_claim(node: NodeState, request: TenantRequest, limits: Limits) -> Verd
     )
     if worst > node.budget_mib:
         why = (
-            f"parked worst case would be {_gib(worst)} > host budget {_gib(node.budget_mib)}"
-            " (host DRAM)"
+            f"parked worst case would be {_gib(worst)} > {host_budget(node.budget_mib)} (host DRAM)"
         )
     else:
         why = verdict.reason

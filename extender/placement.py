@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple, TypeVar
 
-from baton.contract.names import MIB
+from baton.contract.names import ANNOTATION_HOST_MEMORY_BUDGET, MIB
 from baton.contract.podask import TenantRequest
 from extender.fit import EPSILON, plain_ask, room, row_fit
 from extender.snapshot import (
@@ -178,9 +178,7 @@ def _choose(node: NodeState, candidates: list[_Candidate], count: int) -> Verdic
     chosen = thrifty[:count]
     worst = node.parked_worst_mib + sum(c.parked_delta_mib for c in chosen)
     if worst > node.budget_mib:
-        return Verdict(
-            False, f"parked worst case {_gib(worst)} > host budget {_gib(node.budget_mib)}"
-        )
+        return Verdict(False, f"parked worst case {_gib(worst)} > {host_budget(node.budget_mib)}")
     return _chosen(chosen)
 
 
@@ -283,3 +281,10 @@ def _pct(value: float) -> str:
 
 def _gib(mib: int) -> str:
     return f"{round(mib / 1024, 1):g} GiB"
+
+
+def host_budget(mib: int) -> str:
+    """The node's host DRAM budget as a refusal names it; a zero one says where it comes from."""
+    if mib > 0:
+        return f"host budget {_gib(mib)}"
+    return f"host budget 0 GiB (the node's {ANNOTATION_HOST_MEMORY_BUDGET} is 0 or missing)"
