@@ -96,10 +96,10 @@ class Preparer:
 
     def prepare(self, namespace: str, uid: str, name: str) -> PreparedClaim:
         """The claim prepared: its spec written and recorded (once; a repeat answers the same)."""
+        where = f"claim {namespace}/{name}"
         known = self.record.get(uid)
         if known is not None:
             if not cdi.spec_path(self.spec_dir, uid).exists():
-                where = f"claim {namespace}/{name}"
                 self._write(uid, {d.device: d.gpu for d in known.devices}, where)
             return known
         why = self.refusal()
@@ -108,13 +108,10 @@ class Preparer:
         try:
             claim = self.claims.read_claim(namespace, name)
         except Exception as err:  # any API failure: this claim's error, the kubelet retries
-            raise PrepareError(
-                f"claim {namespace}/{name}: cannot read it ({api_error_reason(err)})"
-            ) from err
+            raise PrepareError(f"{where}: cannot read it ({api_error_reason(err)})") from err
         if claim is None:
-            raise PrepareError(f"claim {namespace}/{name}: the claim no longer exists")
+            raise PrepareError(f"{where}: the claim no longer exists")
         found = claim_gpus(claim, uid, self.node_name, self.inventory.snapshot()[1])
-        where = f"claim {namespace}/{name}"
         vendor_ids = self._write(uid, {share.device: gpu.uuid for share, gpu in found}, where)
         devices = tuple(
             PreparedDevice(
