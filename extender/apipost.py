@@ -12,12 +12,12 @@ in-cluster extender) the call goes by the API client's own pool, in a thread.
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import weakref
 from typing import Any
 from urllib.parse import urlsplit
 
+from baton.contract.kube import status_message
 from extender.errors import ApiConflict, ApiFailure, ApiUnsure
 
 _STALE = (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError)
@@ -33,7 +33,7 @@ def refusal(what: str, status: int, body: Any, reason: str = "") -> ApiFailure:
     """The API server's refusal of `what`, with the message of its Status body: `ApiConflict`
     for a 409, `ApiUnsure` for a 504, else `ApiFailure`."""
     message = (
-        f"{what}: API server answered {status}: {_status_message(body) or reason or 'no message'}"
+        f"{what}: API server answered {status}: {status_message(body) or reason or 'no message'}"
     )
     if status == GAVE_UP:
         return ApiUnsure(f"{message} (it may still take effect)")
@@ -48,13 +48,6 @@ def unreachable(what: str, err: BaseException, sent: bool = False) -> ApiFailure
     if sent:
         return ApiUnsure(f"{message} (after the request was sent: it may have taken effect)")
     return ApiFailure(message)
-
-
-def _status_message(body: Any) -> str:
-    try:
-        return str(json.loads(body).get("message", ""))
-    except (TypeError, ValueError, AttributeError):
-        return ""
 
 
 class _Connection:

@@ -99,6 +99,15 @@ class Outage:
             )
 
 
+def status_message(body: Any) -> str:
+    """The `message` of the Status object a refused API call answered with (its body), or ""
+    when the body is none."""
+    try:
+        return str(orjson.loads(body).get("message") or "")
+    except (TypeError, ValueError, AttributeError):
+        return ""
+
+
 def api_error_reason(err: BaseException) -> str:
     """A one-line reason for a failed API call: the HTTP status, or the connection's root cause."""
     status, reason = getattr(err, "status", None), getattr(err, "reason", None)

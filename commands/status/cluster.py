@@ -125,14 +125,6 @@ class ClusterUnreadable(RuntimeError):
     answer."""
 
 
-def _api_message(body: str) -> str:
-    """The message of a Status the API server answered, if it is one."""
-    try:
-        return str(json.loads(body).get("message") or "")
-    except (ValueError, AttributeError):
-        return ""
-
-
 def agent_addresses(
     kubeconfig: str | None, namespace: str = NAMESPACE, timeout: float = 10.0
 ) -> dict[str, str]:
@@ -142,7 +134,7 @@ def agent_addresses(
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
-    from baton.contract.kube import KubeConfigError, load_api_client
+    from baton.contract.kube import KubeConfigError, load_api_client, status_message
 
     try:
         with load_api_client(kubeconfig) as api_client:
@@ -154,7 +146,7 @@ def agent_addresses(
                     namespace, label_selector=NODE_POD_SELECTOR, _request_timeout=timeout
                 ).items
             except ApiException as err:
-                said = _api_message(str(err.body or "")) or err.reason
+                said = status_message(err.body) or err.reason
                 raise ClusterUnreadable(
                     f"the API server at {host} answered {err.status}: {said}"
                 ) from None
