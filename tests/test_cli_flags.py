@@ -122,9 +122,12 @@ def test_the_coordinator_refuses_a_bad_address(flags: list[str], flag: str, tmp_
         ),
         (["--renew-deadline", "20"], "--renew-deadline", "must be > 0 and < --lease-duration (15)"),
         (["--lease-duration", "0"], "--lease-duration", "must be a whole number >= 1, not 0"),
+        (["--prepare-timeout", "0"], "--prepare-timeout", "0.0: must be a finite number"),
+        (["--prepare-timeout", "nan"], "--prepare-timeout", "nan: must be a finite number"),
+        (["--prepare-timeout", "inf"], "--prepare-timeout", "inf: must be a finite number"),
     ],
 )
-def test_the_coordinator_names_the_lease_timing_at_fault(
+def test_the_coordinator_names_the_timing_at_fault(
     flags: list[str], flag: str, problem: str, tmp_path: Path
 ) -> None:
     token = tmp_path / "token"

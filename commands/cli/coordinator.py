@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -99,8 +100,11 @@ def coordinator(
         raise typer.BadParameter(err.problem, param_hint=err.name) from None
     check_address(llmd_listen, "--llmd-listen")
     check_address(http_listen, "--http-listen")
-    if prepare_timeout <= 0:
-        raise typer.BadParameter("must be above 0 seconds", param_hint="--prepare-timeout")
+    if not 0 < prepare_timeout < math.inf:  # (NaN too; an endless prepare holds a job for good)
+        raise typer.BadParameter(
+            f"{prepare_timeout}: must be a finite number of seconds above 0",
+            param_hint="--prepare-timeout",
+        )
     if not token_file:
         raise typer.BadParameter("the agents' token is required", param_hint="--token-file")
     try:
