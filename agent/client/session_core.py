@@ -233,8 +233,9 @@ class SessionCore:
         log.info("turn given back after a revocation: %s", lease.lease_id)
 
     def pushed(self, message: pb.AgentMessage) -> pb.Request | None:
-        """A revocation, a resume or a hint pushed on the session (anything else is the
-        shell's); returns the yield of a kept lease to send now, if one is due."""
+        """A revocation, a resume, a hint or why an acquire waits, pushed on the session
+        (anything else is the shell's); returns the yield of a kept lease to send now, if one
+        is due."""
         kind = message.WhichOneof("kind")
         if kind == "revoked":
             kept = self.kept
@@ -249,6 +250,9 @@ class SessionCore:
         elif kind == "keep_turn":
             self.allowance.CopyFrom(message.keep_turn)
             return self.kept_due()
+        elif kind == "waiting":  # an acquire with no timeout learns why it waits
+            waiting = message.waiting
+            log.warning("the turn on [%s] waits: %s", ", ".join(waiting.gpus), waiting.reason)
         return None
 
     def parks_at_yield(self) -> tuple[str, ...]:

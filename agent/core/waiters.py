@@ -20,6 +20,8 @@ class Waiter:
     reserved: bool = False
     blocked: str = ""
     """Why the last attempt to make room failed; empty when eligible."""
+    told: str = ""
+    """The last such reason its tenant's sessions were told (`pb.Waiting`)."""
     handed: bool = False
     """Its client restores what it parked as the grant reaches it (`restores_with_grant`), so
     its own restores may be left to it."""

@@ -297,7 +297,11 @@ class Turns:
             self._dispatch()
             return
         self.table.block(waiter.waiter_id, reason)
-        log.warning("turn for %s waits: %s", waiter.tenant_id, reason)
+        if reason != waiter.told:  # the waiter hears why, not only the agent's log
+            waiter.told = reason
+            log.warning("turn for %s waits: %s", waiter.tenant_id, reason)
+            waiting = pb.Waiting(gpus=waiter.gpus, reason=reason)
+            self._state.sessions.notify(waiter.tenant_id, pb.AgentMessage(waiting=waiting))
         if changes != self._changes:  # the node changed while room was being made
             self.changed()
         else:

@@ -200,7 +200,7 @@ class CallbackResult(_message.Message):
     def __init__(self, call_id: _Optional[str] = ..., bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("welcome", "callback", "granted", "revoked", "reply", "refused", "park_at_yield", "keep_turn")
+    __slots__ = ("welcome", "callback", "granted", "revoked", "reply", "refused", "park_at_yield", "keep_turn", "waiting")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     CALLBACK_FIELD_NUMBER: _ClassVar[int]
     GRANTED_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,7 @@ class AgentMessage(_message.Message):
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     PARK_AT_YIELD_FIELD_NUMBER: _ClassVar[int]
     KEEP_TURN_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     callback: Callback
     granted: Lease
@@ -217,7 +218,16 @@ class AgentMessage(_message.Message):
     refused: ErrorStatus
     park_at_yield: ParkAtYield
     keep_turn: KeepTurn
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., callback: _Optional[_Union[Callback, _Mapping]] = ..., granted: _Optional[_Union[Lease, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ..., reply: _Optional[_Union[Reply, _Mapping]] = ..., refused: _Optional[_Union[ErrorStatus, _Mapping]] = ..., park_at_yield: _Optional[_Union[ParkAtYield, _Mapping]] = ..., keep_turn: _Optional[_Union[KeepTurn, _Mapping]] = ...) -> None: ...
+    waiting: Waiting
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., callback: _Optional[_Union[Callback, _Mapping]] = ..., granted: _Optional[_Union[Lease, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ..., reply: _Optional[_Union[Reply, _Mapping]] = ..., refused: _Optional[_Union[ErrorStatus, _Mapping]] = ..., park_at_yield: _Optional[_Union[ParkAtYield, _Mapping]] = ..., keep_turn: _Optional[_Union[KeepTurn, _Mapping]] = ..., waiting: _Optional[_Union[Waiting, _Mapping]] = ...) -> None: ...
+
+class Waiting(_message.Message):
+    __slots__ = ("gpus", "reason")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    def __init__(self, gpus: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ParkAtYield(_message.Message):
     __slots__ = ("lease_id", "gpus")

@@ -1,10 +1,11 @@
 """A tenant's first park/restore callbacks, mistakes included, against a real agent (`app`
 method): a two-GPU tenant parked by `TorchParker`, a park that answers a negative byte count,
-and a tenant that registered `on_park` alone."""
+and a tenant that registered `on_park` alone (and the tenant that waits behind it)."""
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -136,6 +137,44 @@ def test_a_tenant_with_on_park_alone_is_not_parked_where_it_cannot_come_back(
     finally:
         a.close()
         b.close()
+
+
+class _Heard(logging.Handler):
+    """Sets `event` when the client logs a line holding each of `words`."""
+
+    def __init__(self, *words: str) -> None:
+        super().__init__(logging.WARNING)
+        self.words, self.event = words, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if all(w in record.getMessage() for w in self.words):
+            self.event.set()
+
+
+def test_a_waiter_with_no_timeout_hears_why_no_room_is_made(two_gpus: AgentRunner) -> None:
+    """A resident tenant that cannot be parked keeps the tenant that needs its room waiting
+    until it leaves; an acquire with no timeout heard nothing of why (the agent's log alone
+    said it). Now its client logs the reason as it waits, once."""
+    a = client(two_gpus, "a", on_park=moves)  # on_park alone: it cannot be parked
+    b = client(two_gpus, "b", on_park=moves, on_restore=moves)
+    heard = _Heard(f"the turn on [{', '.join(GPUS)}] waits:", "local/a offers no on_park")
+    logger = logging.getLogger("baton.client")
+    logger.addHandler(heard)
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.update(lease=b.acquire()))
+    try:
+        a.acquire(WAIT_S)
+        a.yield_()  # resident on both GPUs
+        thread.start()
+        assert heard.event.wait(WAIT_S), "the waiter's client never said why it waits"
+        a.close()  # it leaves, and its memory with it
+        thread.join(WAIT_S)
+        assert not thread.is_alive() and "lease" in out
+    finally:
+        logger.removeHandler(heard)
+        a.close()
+        b.close()
+        thread.join(WAIT_S)
 
 
 def test_a_turn_whose_park_failed_is_tried_again_without_another_change(
