@@ -102,7 +102,8 @@ def _app(i: BuildInputs) -> tuple[Backend, dict[str, int]]:
     from agent.parking.backends.app import AppBackend
 
     gpus = i.inventory()
-    return AppBackend(i.opts.callback_timeout_s, i.call_tenant, i.loop), gpus
+    app = AppBackend(i.opts.callback_timeout_s, i.call_tenant, i.loop, i.opts.slowest_copy_gbps)
+    return app, gpus
 
 
 def _app_headroom(real: bool) -> int:
@@ -115,7 +116,7 @@ def _app_headroom(real: bool) -> int:
 def _endpoint(i: BuildInputs) -> tuple[Backend, dict[str, int]]:
     from agent.parking.backends.endpoint import EndpointBackend
 
-    return EndpointBackend(i.opts.callback_timeout_s), i.inventory()
+    return EndpointBackend(i.opts.callback_timeout_s, i.opts.slowest_copy_gbps), i.inventory()
 
 
 METHODS: Mapping[str, ParkingMethod] = {

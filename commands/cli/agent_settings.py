@@ -131,7 +131,9 @@ class AgentSettings:
         "parked tenants leave there), else 0.",
         min=0,
     )
-    move_timeout: float = setting(5.0, names.ENV_MOVE_TIMEOUT, "Seconds for a lock or callback.")
+    move_timeout: float = setting(
+        5.0, names.ENV_MOVE_TIMEOUT, "Seconds for a lock, or a callback beyond its bytes' copy."
+    )
     driver_call_timeout: float = setting(
         10.0,
         names.ENV_DRIVER_CALL_TIMEOUT,
@@ -140,7 +142,7 @@ class AgentSettings:
     slowest_copy_gbps: float = setting(
         1.0,
         names.ENV_SLOWEST_COPY_GBPS,
-        "cuda: the slowest GB/s a checkpoint or restore deadline allows for.",
+        "The slowest GB/s a park's or restore's deadline allows for (cuda, app, endpoint).",
     )
 
     # The node and its cluster.

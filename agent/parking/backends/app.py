@@ -24,6 +24,7 @@ from agent.parking.backends.base import (
     Residency,
     TenantRef,
     TenantState,
+    move_deadline,
 )
 from baton.contract.names import DEFAULT_SLOTS_PER_GPU
 
@@ -47,8 +48,12 @@ class AppBackend(Backend):
         timeout: float = 60.0,
         call_tenant: CallTenant | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        copy_gbps: float = 1.0,
     ) -> None:
         self.timeout = timeout
+        """Seconds a callback gets beyond the time its bytes take at `copy_gbps`."""
+        self.copy_gbps = copy_gbps
+        """The slowest rate a callback's deadline allows for moving the tenant's memory."""
         self._call = call_tenant
         self._loop = loop
         self._refs: dict[str, TenantRef] = {}
@@ -93,6 +98,11 @@ class AppBackend(Backend):
         declared = (ref.declared_bytes or 0) if ref and gpu in ref.gpus else 0
         return max(declared, reported or 0)
 
+    def deadline(self, tenant_id: str, gpu: str) -> float:
+        """Seconds a park or restore of the tenant on `gpu` may take: the callback timeout
+        and its bytes (`footprint`) at the slowest copy rate (70 GB at 1 GB/s: 70 s more)."""
+        return move_deadline(self.timeout, self.footprint(tenant_id, gpu), self.copy_gbps)
+
     def state(self, tenant_id: str) -> TenantState:
         """Residency as the callbacks left it."""
         ref = self._refs.get(tenant_id)
@@ -129,7 +139,7 @@ class AppBackend(Backend):
             raise BackendError("the app backend is not connected to the agent's sessions")
         start = asyncio.get_running_loop().time()
         try:
-            moved = await self._call(tenant_id, direction, gpu, self.timeout)
+            moved = await self._call(tenant_id, direction, gpu, self.deadline(tenant_id, gpu))
         except Exception as e:
             raise BackendError(f"{tenant_id}: on_{direction}({gpu}) failed: {e}") from e
         seconds = asyncio.get_running_loop().time() - start
@@ -186,15 +196,16 @@ class AppBackend(Backend):
             raise BackendError("the app backend is not connected to the agent's sessions")
         loop = self._loop
         start = loop.time()
+        deadline = self.deadline(tenant_id, gpu)
         future = asyncio.run_coroutine_threadsafe(
-            self._call(tenant_id, action, gpu, self.timeout), loop
+            self._call(tenant_id, action, gpu, deadline), loop
         )
         try:
-            moved = future.result(self.timeout + 5.0)
+            moved = future.result(deadline + 5.0)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise BackendError(
-                f"{tenant_id} did not finish on_{action}({gpu}) within {self.timeout:g} s"
+                f"{tenant_id} did not finish on_{action}({gpu}) within {deadline:g} s"
             ) from None
         except Exception as e:
             raise BackendError(f"{tenant_id}: on_{action}({gpu}) failed: {e}") from e

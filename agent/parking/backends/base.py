@@ -94,6 +94,12 @@ class BackendUnavailable(Exception):
     """The backend cannot run here (missing package or driver); the message says what to do."""
 
 
+def move_deadline(base_s: float, nbytes: int, copy_gbps: float) -> float:
+    """Seconds a move of `nbytes` may take: `base_s`, and the bytes at the slowest copy rate
+    allowed for (`--slowest-copy-gbps`), so that a large tenant's park is not cut short."""
+    return base_s + nbytes / (copy_gbps * 1e9)
+
+
 class Backend(abc.ABC):
     """Parks and restores tenants' GPU memory. Implementations: one per parking method of
     `agent.parking.methods.METHODS` but `none`, its `name` the method's, and

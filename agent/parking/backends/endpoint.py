@@ -27,6 +27,7 @@ from agent.parking.backends.base import (
     TenantRef,
     TenantState,
     Unparkable,
+    move_deadline,
 )
 
 VLLM, SGLANG = "vllm", "sglang"
@@ -65,8 +66,10 @@ class EndpointBackend(Backend):
 
     name = "endpoint"
 
-    def __init__(self, timeout: float = 60.0) -> None:
+    def __init__(self, timeout: float = 60.0, copy_gbps: float = 1.0) -> None:
         self.timeout = timeout
+        """Seconds a call gets beyond the time the engine's bytes take at `copy_gbps`."""
+        self.copy_gbps = copy_gbps
         self._refs: dict[str, TenantRef] = {}
         self._targets: dict[str, EndpointTarget] = {}
         self._parked: dict[str, set[str]] = {}
@@ -130,19 +133,22 @@ class EndpointBackend(Backend):
             raise Unparkable(f"{tenant_id} has no engine endpoint configured")
         start = time.monotonic()
         if asleep != parking:
+            ref = self._refs.get(tenant_id)
+            engine = sum(self.footprint(tenant_id, g) for g in ref.gpus) if ref else 0
+            timeout = move_deadline(self.timeout, engine, self.copy_gbps)
             for url, body in requests_for(target, direction):
-                self._post(url, body)
+                self._post(url, body, timeout)
         with self._mutex:
             (self._asleep.add if parking else self._asleep.discard)(tenant_id)
             (parked.add if parking else parked.discard)(gpu)
         moved = 0 if done else self.footprint(tenant_id, gpu)
         return Move(tenant_id, gpu, direction, moved, time.monotonic() - start)
 
-    def _post(self, url: str, body: bytes | None) -> None:
+    def _post(self, url: str, body: bytes | None, timeout: float) -> None:
         headers = {"Content-Type": "application/json"} if body is not None else {}
         request = urllib.request.Request(url, data=body or b"", headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as reply:
+            with urllib.request.urlopen(request, timeout=timeout) as reply:
                 reply.read()
         except urllib.error.HTTPError as e:
             raise BackendError(f"POST {url}: HTTP {e.code} {e.reason}") from None

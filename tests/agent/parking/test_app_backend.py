@@ -25,9 +25,16 @@ class Tenant:
         self.calls: list[tuple[str, str]] = []
         self.fail = ""
         self.hang = False
+        self.takes = 0.0
+        """Seconds each callback takes."""
+        self.given: list[float] = []
+        """The timeout each callback was given."""
 
     async def __call__(self, tenant_id: str, action: str, gpu: str, timeout: float) -> int:
         self.calls.append((action, gpu))
+        self.given.append(timeout)
+        if self.takes:
+            await asyncio.sleep(self.takes)  # the callback's own work: it moves memory
         if self.hang:
             await asyncio.wait_for(asyncio.Event().wait(), timeout)
         if self.fail:
@@ -127,6 +134,21 @@ def test_a_failing_or_late_callback_leaves_the_tenant_resident(loop):
     with pytest.raises(BackendError, match="on_park"):
         drive(backend, tenant, ["park"])
     assert backend.state("t").residency == {GPU: Residency.RESIDENT}
+
+
+def test_a_large_tenant_gets_the_time_its_bytes_take(loop):
+    """A fixed --move-timeout (5 s) cut short the park of a model of tens of GB moved at a few
+    GB/s; the callback is given the timeout and its bytes at the slowest copy rate."""
+    tenant = Tenant(int(0.5e9))
+    backend = AppBackend(timeout=0.05, call_tenant=tenant, loop=loop, copy_gbps=2.0)
+    backend.attach(TenantRef("t", (GPU,), declared_bytes=int(1e9)))
+    tenant.takes = 0.3  # past the timeout alone, within the 0.5 s its declared 1 GB takes
+    park, restore = drive(backend, tenant, ["park", "restore"])
+    assert (park.bytes, restore.direction) == (int(0.5e9), "restore")
+    assert tenant.given == [pytest.approx(0.55), pytest.approx(0.3)]  # restore: what it parked
+    tenant.takes, tenant.hang = 0.0, True
+    with pytest.raises(BackendError, match=r"did not finish on_park\(GPU-0\) within 0.55 s"):
+        drive(backend, tenant, ["park"])
 
 
 def test_unbound_backend_says_so():
