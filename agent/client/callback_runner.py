@@ -32,7 +32,7 @@ from baton._pb import agent_pb2 as pb
 log = logging.getLogger("baton.client")
 
 CLOSE_WAIT_S = 60.0
-"""How long closing waits for a park or restore in flight (the agent's own callback timeout)."""
+"""How long closing waits for a park or restore in flight."""
 TIMINGS_KEPT = 4096
 """Callbacks whose timings are kept (the latest)."""
 
