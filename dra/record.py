@@ -1,7 +1,10 @@
 """The driver's record of prepared claims: a JSON file that survives the driver's restarts.
 
 NodeUnprepareResources names only the claim; what was prepared for it is read from here.
-Every change is written to a temporary file, synced and renamed over the record.
+Every change is written to a temporary file, synced and renamed over the record:
+`{"format": 1, "claims": {UID: claim}}`. A record without a format number (the claims by UID
+alone) is read as format 1; one of a higher format, which a newer driver wrote, is refused
+rather than misread.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 RECORD_FILE = "prepared-claims.json"
+FORMAT = 1
+"""The record's format number; a change to what a claim records raises it."""
 
 
 @dataclass(frozen=True)
@@ -49,9 +54,7 @@ class ClaimRecord:
         if not self.path.exists():
             return {}
         try:
-            raw = json.loads(self.path.read_text())
-            if not isinstance(raw, dict):
-                raise ValueError(f"a JSON {type(raw).__name__}, not an object of claims by UID")
+            raw = _claims_by_uid(json.loads(self.path.read_text()))
             return {uid: _claim(uid, entry) for uid, entry in raw.items()}
         except ValueError as err:
             raise ValueError(
@@ -85,10 +88,30 @@ class ClaimRecord:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as out:
-            json.dump({uid: asdict(c) for uid, c in self._claims.items()}, out)
+            claims = {uid: asdict(c) for uid, c in self._claims.items()}
+            json.dump({"format": FORMAT, "claims": claims}, out)
             out.flush()
             os.fsync(out.fileno())
         tmp.replace(self.path)
+
+
+def _claims_by_uid(raw: object) -> dict[str, object]:
+    """The claims of a record of this driver's format (or of none: the claims alone)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"a JSON {type(raw).__name__}, not an object of claims by UID")
+    if "format" not in raw:
+        return raw
+    number = raw["format"]
+    if type(number) is not int or number < 1:
+        raise ValueError(f"format {number!r} is not a format number")
+    if number > FORMAT:
+        raise ValueError(
+            f"format {number} was written by a newer driver; this one reads format {FORMAT}"
+        )
+    claims = raw.get("claims")
+    if not isinstance(claims, dict):
+        raise ValueError("claims is not an object of claims by UID")
+    return claims
 
 
 def _claim(uid: str, entry: object) -> PreparedClaim:

@@ -41,7 +41,19 @@ def _claim(**changed: object) -> dict[str, object]:
 def test_a_recorded_claim_reads_back_the_same(tmp_path: Path) -> None:
     ClaimRecord(tmp_path).put(CLAIM)
     assert ClaimRecord(tmp_path).get("uid-1") == CLAIM
-    assert json.loads((tmp_path / RECORD_FILE).read_text())["uid-1"]["uid"] == "uid-1"
+    written = json.loads((tmp_path / RECORD_FILE).read_text())
+    assert written["format"] == 1 and written["claims"]["uid-1"]["uid"] == "uid-1"
+
+
+def test_a_record_without_a_format_number_reads_as_the_first(tmp_path: Path) -> None:
+    """The claims by UID alone, as drivers wrote the record before it had a number."""
+    (tmp_path / RECORD_FILE).write_text(
+        json.dumps({"uid-1": _claim(devices=[_device(share_id="s1")])})
+    )
+    record = ClaimRecord(tmp_path)
+    assert record.get("uid-1") == CLAIM
+    record.drop("uid-1")
+    assert json.loads((tmp_path / RECORD_FILE).read_text()) == {"format": 1, "claims": {}}
 
 
 @pytest.mark.parametrize(
@@ -68,6 +80,13 @@ def test_a_recorded_claim_reads_back_the_same(tmp_path: Path) -> None:
             "claim uid-1 device 0: share_id is not a string",
         ),
         ({"uid-1": _claim(devices=["gpu-0"])}, "claim uid-1 device 0 is not an object"),
+        (
+            {"format": 2, "claims": {}},
+            "format 2 was written by a newer driver; this one reads format 1",
+        ),
+        ({"format": "1", "claims": {}}, "format '1' is not a format number"),
+        ({"format": 1, "claims": []}, "claims is not an object of claims by UID"),
+        ({"format": 1, "claims": {"uid-1": _claim(name=7)}}, "claim uid-1: name is not a string"),
     ],
 )
 def test_a_record_of_another_shape_is_refused_in_one_line_naming_the_file(
