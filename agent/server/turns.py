@@ -23,7 +23,7 @@ from agent.node.tenants import Tenant
 from agent.server.kept_turns import KeptTurns
 from agent.server.revocations import Revocations
 from agent.server.turn_state import Granted, TurnState
-from agent.server.waits import lease_to_pb, never_granted, standings, timed_out
+from agent.server.waits import lease_to_pb, never_granted, standings, tell_blocked, timed_out
 from agent.server.yield_parks import YieldParks
 from baton._pb import agent_pb2 as pb
 
@@ -297,11 +297,7 @@ class Turns:
             self._dispatch()
             return
         self.table.block(waiter.waiter_id, reason)
-        if reason != waiter.told:  # the waiter hears why, not only the agent's log
-            waiter.told = reason
-            log.warning("turn for %s waits: %s", waiter.tenant_id, reason)
-            waiting = pb.Waiting(gpus=waiter.gpus, reason=reason)
-            self._state.sessions.notify(waiter.tenant_id, pb.AgentMessage(waiting=waiting))
+        tell_blocked(self._state.sessions, waiter, reason)
         if changes != self._changes:  # the node changed while room was being made
             self.changed()
         else:

@@ -1,8 +1,10 @@
 """Why a waiter waits: its place in its GPUs' queues, its tier, its share used against its
-entitlement, and a refusal's reason with its numbers; plus the lease's wire form."""
+entitlement, and a refusal's reason with its numbers (told to the waiter too); plus the lease's
+wire form."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +13,10 @@ from agent.core.leases import Lease, LeaseTable, Waiter
 from agent.core.residency import TooLarge
 from agent.core.waiters import TenantUsage
 from agent.server.metrics import AgentMetrics
+from agent.server.sessions import SessionRegistry
 from baton._pb import agent_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 
 def standing(
@@ -55,6 +60,17 @@ def standings(
         for w in list(table.waiters.values())
         if due is None or (w.deadline is not None and w.deadline <= due)
     }
+
+
+def tell_blocked(sessions: SessionRegistry, waiter: Waiter, reason: str) -> None:
+    """A waiter a refusal keeps waiting hears why (`pb.Waiting`, once per reason), as the
+    agent's log says it: an acquire with no timeout would hear nothing else."""
+    if reason == waiter.told:
+        return
+    waiter.told = reason
+    log.warning("turn for %s waits: %s", waiter.tenant_id, reason)
+    waiting = pb.Waiting(gpus=waiter.gpus, reason=reason)
+    sessions.notify(waiter.tenant_id, pb.AgentMessage(waiting=waiting))
 
 
 def timed_out(waiter: Waiter, reason: str) -> AcquireTimeout:
