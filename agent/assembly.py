@@ -47,6 +47,7 @@ from agent.server.coordination import Coordination
 from agent.server.grpc_server import AgentServicer
 from agent.server.llmd.groups import Groups
 from agent.server.llmd.server import LlmdServer
+from agent.server.readiness import Readiness
 from agent.server.service import LeaseService
 from agent.server.sessions import SessionRegistry
 from agent.server.status import status_json
@@ -187,7 +188,7 @@ class Agent:
         self.llmd: LlmdServer | None = None
         self.coordination: Coordination | None = None
         self._stop_requested = asyncio.Event()
-        self.stop_reason = ""
+        self.readiness = Readiness(config.node_name)
 
     @property
     def preparer(self) -> TurnPreparer:
@@ -238,6 +239,7 @@ class Agent:
             cfg.socket_mode,
             functools.partial(direct_session.serve, servicer),
         )
+        self.readiness.listening(cfg.socket, handshake_path(cfg.socket))
 
         if cfg.llmd_listen:
             await self._start_llmd(service)
@@ -251,7 +253,9 @@ class Agent:
         if self._api_client is not None:
             self._start_pod_watch(service, self._api_client)
         self._http = StatusServer(
-            service.metrics.registry, lambda: status_json(service, time.time()), lambda: True
+            service.metrics.registry,
+            lambda: status_json(service, time.time()),
+            self.readiness.not_ready,
         )
         try:
             self.http_port = await self._http.start(cfg.http_host, cfg.http_port)
@@ -264,14 +268,9 @@ class Agent:
         log.info(
             "agent ready: socket %s, http :%d, policy %s, max hold %g s, state %s, "
             "socket mode %04o, local tenants %s",
-            cfg.socket,
-            self.http_port,
-            cfg.queue_policy,
-            cfg.max_hold,
-            cfg.state_dir,
-            cfg.socket_mode,
-            "allowed" if local_tenants else "refused (serving pods)",
-        )
+            cfg.socket, self.http_port, cfg.queue_policy, cfg.max_hold, cfg.state_dir,
+            cfg.socket_mode, "allowed" if local_tenants else "refused (serving pods)",
+        )  # fmt: skip
 
     async def _start_llmd(self, service: LeaseService) -> None:
         cfg = self.config
@@ -333,7 +332,7 @@ class Agent:
             raise AgentStartError(f"cannot listen on {address}; check {option}")
 
     def _start_pod_watch(self, service: LeaseService, api_client: Any) -> None:
-        self._pods = PodWatcher(
+        self._pods = pods = PodWatcher(
             api_client,
             self.config.node_name,
             asyncio.get_running_loop(),
@@ -342,10 +341,11 @@ class Agent:
             {t.pod_uid: t.tenant_id for t in service.tenants.tenants.values() if t.pod_uid},
         )
         self._pods.start()
+        self.readiness.pods_listed = lambda: pods.listed
 
     def request_stop(self, reason: str) -> None:
         """Wake `wait`: the agent should stop, for `reason` (e.g. `SIGTERM`)."""
-        self.stop_reason = self.stop_reason or reason
+        self.readiness.stop(reason)
         self._stop_requested.set()
 
     async def wait(self) -> None:
@@ -355,13 +355,13 @@ class Agent:
     async def stop(self) -> None:
         """Refuse new RPCs, let in-flight ones finish within the grace, flush state, close.
 
-        Tenants, leases and parked memory stay as they are for the next agent.
+        Tenants, leases and parked memory stay as they are for the next agent; `/readyz`
+        answers 503 (stopping) meanwhile.
         """
         self.service.stopping = True
+        self.readiness.stop("")
         if self._pods is not None:
             await asyncio.to_thread(self._pods.stop)  # waits for its thread
-        if self._http is not None:
-            await self._http.stop()
         if self._handshake is not None:
             self._handshake.close()
         if self.llmd is not None:
@@ -370,6 +370,8 @@ class Agent:
             await self.coordination.stop(self.config.shutdown_grace)
         if self._grpc is not None:
             await self._grpc.stop(grace=self.config.shutdown_grace)
+        if self._http is not None:
+            await self._http.stop()
         await self.service.close()
         for path in (self.config.socket, handshake_path(self.config.socket)):
             with contextlib.suppress(OSError):  # e.g. a socket directory that never was
@@ -392,6 +394,6 @@ async def run_agent(config: AgentConfig) -> None:
         await agent.stop()
     log.info(
         "agent stopped on %s; tenants, leases and parked memory kept in %s",
-        agent.stop_reason or "cancellation",
+        agent.readiness.stopping or "cancellation",
         config.state_dir,
     )

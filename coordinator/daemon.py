@@ -145,7 +145,7 @@ class Coordinator:
         self._http = StatusServer(
             self.metrics.registry,
             lambda: status_json(self.arbiter, self.identity, bool(self.arbiter.epoch), time.time()),
-            lambda: bool(self.arbiter.epoch),
+            self._not_ready,
         )
         host, _, port = cfg.http_listen.rpartition(":")
         try:
@@ -171,6 +171,15 @@ class Coordinator:
             "coordinator %s: llm-d API on %s, policy %s, campaigning for Lease %s/%s",
             self.identity, cfg.llmd_listen, cfg.queue_policy, cfg.namespace, cfg.lease_name,
         )  # fmt: skip
+
+    def _not_ready(self) -> str | None:
+        """Why this replica grants no job turns now (`/readyz`), or None while it leads."""
+        if self.arbiter.epoch:
+            return None
+        lease = f"Lease {self.config.namespace}/{self.config.lease_name}"
+        if self._elector is not None and self._elector.is_leader():
+            return f"taking over as leader ({lease}): settling the turns the agents hold"
+        return f"not leading: this replica stands by to take over when {lease} is free"
 
     def _watch(self) -> None:
         for label in (names.LABEL_JOB, names.LABEL_LLMD_JOB):

@@ -127,6 +127,8 @@ class PodWatcher:
         self._remove = remove
         self._known = dict(known or {})
         """Pod UID → tenant id of the pod tenants the agent has (restored ones included)."""
+        self.listed = False
+        """The node's pods were listed once and handed to the loop (read it on the loop)."""
         outage = Outage(
             log,
             f"watch of node {node_name}'s pods",
@@ -155,6 +157,10 @@ class PodWatcher:
             self._apply("MODIFIED", pod)
         for uid in set(self._known) - seen:
             self._gone(uid)
+        self._loop.call_soon_threadsafe(self._mark_listed)  # after the changes it queued
+
+    def _mark_listed(self) -> None:
+        self.listed = True
 
     def apply(self, event: WatchEvent) -> None:
         """One change the watch saw."""

@@ -27,17 +27,20 @@ HEAD_TIMEOUT_S = 10.0
 
 
 class StatusServer:
-    """HTTP/1.1, one request per connection; enough for probes, Prometheus and `baton status`."""
+    """HTTP/1.1, one request per connection; enough for probes, Prometheus and `baton status`.
+
+    `/readyz` answers 200 while `not_ready()` is None, else 503 with the one line it returns.
+    """
 
     def __init__(
         self,
         registry: CollectorRegistry,
         status: Callable[[], dict[str, Any]],
-        ready: Callable[[], bool],
+        not_ready: Callable[[], str | None],
     ) -> None:
         self._registry = registry
         self._status = status
-        self._ready = ready
+        self._not_ready = not_ready
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -59,8 +62,10 @@ class StatusServer:
         if path == "/healthz":
             return 200, "text/plain", b"ok\n"
         if path == "/readyz":
-            ok = self._ready()
-            return (200 if ok else 503), "text/plain", b"ready\n" if ok else b"starting\n"
+            problem = self._not_ready()
+            if problem is None:
+                return 200, "text/plain", b"ready\n"
+            return 503, "text/plain", f"not ready: {problem}\n".encode()
         if path == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)
         if path == "/v1/status":

@@ -22,9 +22,9 @@ async def _ask(port: int, request: bytes) -> bytes:
         writer.close()
 
 
-def _answers(*requests: bytes) -> list[bytes]:
+def _answers(*requests: bytes, not_ready: str | None = None) -> list[bytes]:
     async def run() -> list[bytes]:
-        server = StatusServer(CollectorRegistry(), lambda: {"gpus": {}}, lambda: True)
+        server = StatusServer(CollectorRegistry(), lambda: {"gpus": {}}, lambda: not_ready)
         port = await server.start("127.0.0.1", 0)
         try:
             return [await _ask(port, request) for request in requests]
@@ -63,3 +63,13 @@ def test_an_odd_request_gets_a_clear_answer_and_no_traceback(
     assert answer.startswith(b"HTTP/1.1 " + status + b"\r\n"), answer[:200]
     assert said in answer.partition(b"\r\n\r\n")[2], answer[:200]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_readyz_answers_the_reason_it_is_not_ready_in_one_line() -> None:
+    request = b"GET /readyz HTTP/1.1\r\n\r\n"
+    [ready] = _answers(request)
+    assert ready.startswith(b"HTTP/1.1 200 OK\r\n") and ready.endswith(b"\r\n\r\nready\n")
+    [waiting, healthy] = _answers(request, b"GET /healthz HTTP/1.1\r\n\r\n", not_ready="why")
+    assert waiting.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+    assert waiting.endswith(b"\r\n\r\nnot ready: why\n")
+    assert healthy.startswith(b"HTTP/1.1 200 OK\r\n")

@@ -20,6 +20,7 @@ from coordinator.daemon import Coordinator, CoordinatorConfig
 from coordinator.lease import LeaseRecord, lease_object
 from coordinator.podlabel import LeaderLabel
 from tests.coordinator.conftest import LEASE_NS, TEAM
+from tests.harness.agent import http_get
 
 WAIT_S = 10.0
 
@@ -67,6 +68,12 @@ def test_a_replica_restarted_in_a_pod_its_crashed_leader_labelled_removes_the_la
                 WAIT_S,
             )
             assert unlabelled and not coordinator.arbiter.epoch
+            ready = f"http://127.0.0.1:{coordinator.http_port}/readyz"
+            assert await asyncio.to_thread(http_get, ready) == (
+                503,
+                f"not ready: not leading: this replica stands by to take over when Lease "
+                f"{LEASE_NS}/{lease} is free\n",
+            )
         finally:
             await coordinator.stop()
 
