@@ -149,6 +149,8 @@ class ClusterView:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     on_pods_changed: Callable[[], None] = lambda: None
     """Called (from a watch's thread) after job pods changed: members may have left."""
+    on_agents_changed: Callable[[], None] = lambda: None
+    """Called (from a watch's thread) after a node's agent address appeared or changed."""
     listed: dict[str, threading.Event] = field(default_factory=dict, repr=False)
     """watch name → set once its first list is in (a new leader waits for all of them)."""
 
@@ -291,13 +293,23 @@ class NodeStore:
     def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
         nodes = {n.name: n for n in map(node_of, objects)}
         with self._view.lock:
-            self._view.nodes = nodes
+            before, self._view.nodes = self._view.nodes, nodes
         self._listed.set()
+        if any(_new_address(before.get(n.name), n) for n in nodes.values()):
+            self._view.on_agents_changed()
 
     def apply(self, event: WatchEvent) -> None:
         node = node_of(event.object)
         with self._view.lock:
             if event.type == "DELETED":
                 self._view.nodes.pop(node.name, None)
-            else:
-                self._view.nodes[node.name] = node
+                return
+            before = self._view.nodes.get(node.name)
+            self._view.nodes[node.name] = node
+        if _new_address(before, node):
+            self._view.on_agents_changed()
+
+
+def _new_address(before: Node | None, now: Node) -> bool:
+    """Whether `now` names an agent address that `before` (the node as last seen) did not."""
+    return bool(now.address) and (before is None or before.address != now.address)

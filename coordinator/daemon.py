@@ -2,10 +2,11 @@
 
 Watches (job pods under either job label, nodes) feed the cluster view; the leader elector
 campaigns for the Lease; when this replica leads it recovers the agents' turns (with its new
-epoch) before it serves, then asks the agents it did not reach again until they answer; when it
-stops leading every waiter hears why. llm-d's orchestrator API and the gRPC health service are
-served by every replica; only the leader grants (a standby answers UNAVAILABLE, and where it
-runs in a pod the leader labels its own pod so that the Service sends calls to it alone).
+epoch) before it serves, then asks the agents it did not reach again until they answer, and
+those the view lists later as they appear; when it stops leading every waiter hears why.
+llm-d's orchestrator API and the gRPC health service are served by every replica; only the
+leader grants (a standby answers UNAVAILABLE, and where it runs in a pod the leader labels its
+own pod so that the Service sends calls to it alone).
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class Coordinator:
         self._health = _Health()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._term: asyncio.Task[None] | None = None
+        self._agents_appeared = asyncio.Event()
+        """Set when an agent's address appears in the view (the leader asks that agent)."""
         self._label: LeaderLabel | None = None
         if config.pod_name and config.pod_namespace:
             self._label = LeaderLabel.on_pod(api_client, config.pod_namespace, config.pod_name)
@@ -118,7 +121,11 @@ class Coordinator:
         def pods_changed() -> None:
             loop.call_soon_threadsafe(self.arbiter.prune_joined)
 
+        def agents_changed() -> None:
+            loop.call_soon_threadsafe(self._agents_appeared.set)
+
         self.view.on_pods_changed = pods_changed
+        self.view.on_agents_changed = agents_changed
         if self._label is not None:
             self._label.start()  # not leading (yet): a mark a crashed leader left here goes
         self._watch()
@@ -225,8 +232,9 @@ class Coordinator:
         # A partial view loses turns: wait (bounded) for every watch's first list.
         if not await asyncio.to_thread(self.view.wait_listed, LIST_WAIT_S):
             log.warning(
-                "leading with epoch %d before every watch listed once (after %g s): turns on "
-                "nodes not seen yet are settled when their agents are", epoch, LIST_WAIT_S,
+                "leading with epoch %d before every watch listed once (after %g s): the agent "
+                "of each node listed later is asked for its job turns as it appears, and they "
+                "are settled then", epoch, LIST_WAIT_S,
             )  # fmt: skip
         table = self._new_table()
         if self._elector is not None:
@@ -253,7 +261,7 @@ class Coordinator:
             f", agents not reached (asked again until they answer): "
             f"{', '.join(sorted(found.unreachable))}" if found.unreachable else "",
         )  # fmt: skip
-        await chase(self.arbiter, found, epoch)  # cancelled with the term
+        await chase(self.arbiter, found, epoch, self._agents_appeared)  # ends with the term
 
     def _end_term(self, reason: str) -> None:
         if self._term is not None:

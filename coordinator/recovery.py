@@ -7,9 +7,11 @@ that every node it names reports was decided (its waiter may have been told): it
 where it was not yet, and held. A turn that a named node lacks was not decided, or was being
 ended: it is released everywhere, and a job whose Acquire failed with the old leader asks again.
 A node that does not answer counts as holding what it held; while this replica leads it is
-asked again (`chase`, with backoff) until it answers, and what it reports is settled by the
-same rules: its part of a turn held is added to it, a turn this leader ended or rolled back
-is released there, and a turn only such nodes held is judged as recovery would have.
+asked again (`chase`, with backoff) until it answers, as is, at once, each node whose agent
+the view lists only after recovery (its watch listed late, or its address appeared later).
+What such a node reports is settled by the same rules: its part of a turn held is added to it,
+a turn this leader ended or rolled back is released there, and a turn only such nodes held is
+judged as recovery would have.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from coordinator.turns import Arbiter
 
 log = logging.getLogger(__name__)
 COMMITTED = "committed"
+LATE = "its agent was listed after this leader took over: its job turns are not asked for yet"
+"""Why a node is unsettled before this leader first asks it."""
 
 
 @dataclass
@@ -81,24 +85,48 @@ async def recover(view: ClusterView, links: AgentLinks, table: LeaseTable, epoch
     return found
 
 
-async def chase(arbiter: Arbiter, found: Recovered, epoch: int) -> None:
+async def chase(
+    arbiter: Arbiter, found: Recovered, epoch: int, appeared: asyncio.Event | None = None
+) -> None:
     """Ask each agent that recovery did not reach again, with backoff, until it answers (what it
     reports is then settled as recovery would have), leaves the cluster or obeys a newer epoch;
-    `arbiter.unsettled` names those still waited for. Cancelled when this replica stops
-    leading."""
+    `arbiter.unsettled` names those still waited for. With `appeared` (set when an agent's
+    address appears in the view), each node listed later that this leader has neither heard
+    nor is asking is asked too, at once, and chased the same way: then it runs until cancelled
+    (when this replica stops leading)."""
     one_at_a_time = asyncio.Lock()  # two nodes of one turn may answer together
+    asking: set[str] = set()
     async with asyncio.TaskGroup() as chasing:
+
+        def ask(node: str, first_wait: float) -> None:
+            asking.add(node)
+            task = chasing.create_task(
+                _chase(arbiter, found, epoch, node, one_at_a_time, first_wait)
+            )
+            task.add_done_callback(lambda _: asking.discard(node))
+
         for node in sorted(found.unreachable):
-            chasing.create_task(_chase(arbiter, found, epoch, node, one_at_a_time))
+            ask(node, FIRST_BACKOFF_S)  # it did not answer just now: give it time to come back
+        while appeared is not None:
+            appeared.clear()
+            for node in sorted(arbiter.view.addresses().keys() - found.answered - asking):
+                arbiter.unsettled[node] = LATE
+                ask(node, 0.0)
+            await appeared.wait()
 
 
 async def _chase(
-    arbiter: Arbiter, found: Recovered, epoch: int, node: str, one_at_a_time: asyncio.Lock
+    arbiter: Arbiter,
+    found: Recovered,
+    epoch: int,
+    node: str,
+    one_at_a_time: asyncio.Lock,
+    first_wait: float,
 ) -> None:
-    backoff, tries = FIRST_BACKOFF_S, 0
+    wait, tries = first_wait, 0
     while (address := arbiter.view.addresses().get(node)) is not None:
-        await asyncio.sleep(backoff)  # it did not answer just now: give it time to come back
-        backoff, tries = min(backoff * 2, MAX_BACKOFF_S), tries + 1
+        await asyncio.sleep(wait)
+        wait, tries = min(max(wait * 2, FIRST_BACKOFF_S), MAX_BACKOFF_S), tries + 1
         try:
             answer = await arbiter.links.report(node, address, epoch)
         except NodeFailed as err:

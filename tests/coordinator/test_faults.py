@@ -1,7 +1,7 @@
 """What a job's turn does when a part of it goes away, against a real API server with agent
 and coordinator processes: a member pod deleted during its turn, a member node's agent gone,
-an agent a new leader cannot reach; and how the coordinator tells who calls (a pod's address,
-looked up in the API)."""
+an agent a new leader cannot reach or learns of only later; and how the coordinator tells who
+calls (a pod's address, looked up in the API)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import grpc
 import pytest
 from kubernetes.client import CoordinationV1Api
 
+from baton.contract.names import ANNOTATION_AGENT_COORDINATION
 from commands.localnode.controlplane import ControlPlane
 from commands.localnode.procs import wait_for
 from coordinator.callers import PodCallers
@@ -158,6 +159,82 @@ def test_an_agent_a_new_leader_could_not_reach_is_settled_once_it_answers(
             llmd.close()
         finally:
             coordinator.process.stop()
+
+
+def test_an_agent_the_view_lists_only_after_a_new_leaders_recovery_is_settled(
+    control_plane: ControlPlane, core: Any, tmp_path: Path
+) -> None:
+    """w2's address annotation appears only once the new leader has recovered (as when the
+    nodes' watch lists late, or the agent annotates its node later): the leader asks w2 then,
+    names it unsettled until it answers, and settles the older leader's turns it holds."""
+    with agent_nodes(control_plane, tmp_path, ["w1", "w2"], gpus=2) as nodes:
+        w1, w2 = nodes
+        for pod, node, job, gpu in (
+            ("wide-a", w1, "wide", 0),
+            ("wide-b", w2, "wide", 0),
+            ("only-a", w2, "only", 1),
+        ):
+            job_pod(core, TEAM, pod, node, job, gpus=(node.gpus[gpu],))
+        members_known(nodes, {"w1": {"team/wide-a"}, "w2": {"team/wide-b", "team/only-a"}})
+        # A leader of epoch 1 left wide held on both nodes and only on w2 alone; then w2's agent
+        # goes away and its node loses its address.
+        for node in nodes:
+            node.hold(1, "t-wide", TEAM, "wide", ["w1", "w2"])
+        w2.hold(1, "t-only", TEAM, "only")
+        w2.stop()
+        core.patch_node("w2", agent_address(None))
+        leases: Any = CoordinationV1Api(core.api_client)
+        leases.create_namespaced_lease(
+            LEASE_NS, {"metadata": {"name": "late"}, "spec": {"leaseTransitions": 1}}
+        )
+        coordinator = CoordinatorProcess(control_plane, tmp_path, "late", "late")
+        coordinator.process.start()
+        try:
+            leader_of([coordinator])  # serving: its recovery asked w1 alone
+            seen = coordinator.status()
+            assert seen["epoch"] == 2 and not seen["unsettled"], seen
+            assert gpus_held(seen) == {"team/wide": [f"w1/{w1.gpus[0]}"]}
+            core.patch_node("w2", agent_address(w2.address))  # listed now, its agent not up yet
+
+            def unsettled() -> str | None:
+                return coordinator.status()["unsettled"].get("w2") or None
+
+            why = wait_for("the leader naming w2 unsettled", unsettled, 20)
+            assert "its agent is unreachable" in why or "not asked for yet" in why, why
+            w2.start(core)
+            wait_for(
+                "w2 answering the leader",
+                lambda: True if not coordinator.status()["unsettled"] else None,
+                30,
+            )
+            assert gpus_held(coordinator.status()) == {
+                "team/wide": [f"w1/{w1.gpus[0]}", f"w2/{w2.gpus[0]}"],
+                "team/only": [f"w2/{w2.gpus[1]}"],
+            }
+            assert w2.report().epoch == 2  # fenced: the old leader can no longer act there
+            settle(
+                nodes,
+                {
+                    "w1": [("wide", "committed", ("team/wide-a",))],
+                    "w2": [
+                        ("wide", "committed", ("team/wide-b",)),
+                        ("only", "committed", ("team/only-a",)),
+                    ],
+                },
+            )
+            assert "node w2 answered" in coordinator.process.log.read_text()
+            llmd = TimeSliceOrchestratorClient(coordinator.address)
+            llmd.release("only", "")  # the leader holds what w2 reported
+            llmd.release("wide", "")  # on both nodes
+            settle(nodes, {"w1": [], "w2": []})
+            llmd.close()
+        finally:
+            coordinator.process.stop()
+
+
+def agent_address(address: str | None) -> dict[str, Any]:
+    """A patch of a node's agent address annotation (None removes it)."""
+    return {"metadata": {"annotations": {ANNOTATION_AGENT_COORDINATION: address}}}
 
 
 def gpus_held(status: dict[str, Any]) -> dict[str, list[str]]:

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from agent.core.leases import LeaseTable
+from baton.contract.annotations import GpuRecord, encode_gpus
+from baton.contract.names import ANNOTATION_AGENT_COORDINATION, ANNOTATION_GPUS
 from coordinator.agents import AgentLinks, NodeFailed
-from coordinator.cluster import ClusterView
+from coordinator.cluster import ClusterView, Node, NodeStore
 from coordinator.recovery import chase, recover
 from coordinator.turns import Arbiter, NotHolder, NotLeading, TurnFailed
 from tests.coordinator.loopback import TOKEN, LoopbackNode, leading, view_of
@@ -304,3 +306,51 @@ def test_a_turn_an_agent_reports_late_whose_gpus_went_to_another_job_is_rolled_b
             await close(arbiter)
 
     run(body)
+
+
+def test_a_node_the_nodes_watch_lists_after_recovery_is_asked_and_its_part_joins_the_turn(
+    tmp_path: Path,
+) -> None:
+    """rl's turn of epoch 1 is on n1 and n2, and the nodes' watch lists n2 only after the new
+    leader recovered: the leader asks n2 then (named unsettled while n2 cannot answer), and
+    n2's GPU joins the turn it holds."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            links = AgentLinks(TOKEN)
+            for node in nodes:
+                turn = ("t-rl", "team", "rl", "")
+                await links.prepare(node.name, node.address, 1, turn, (), 5, ["n1", "n2"])
+                await links.commit(node.name, node.address, 1, "t-rl")
+            listed = [node_object(view.nodes[n.name]) for n in nodes]
+            del view.nodes["n2"]  # not listed yet
+            arbiter = Arbiter(view, links, lambda: LeaseTable(clock=time.time), time.time)
+            table = arbiter.new_table()
+            found = await recover(view, links, table, 2)
+            arbiter.lead(2, table, found.held, found.unreachable)
+            assert arbiter.held["team/rl"].resources == ("n1/GPU-n1",)
+            assert not arbiter.unsettled
+            appeared = asyncio.Event()
+            view.on_agents_changed = appeared.set
+            chasing = asyncio.create_task(chase(arbiter, found, 2, appeared))
+            await nodes[1].server.stop(0)  # and its agent cannot answer yet
+            NodeStore(view).replace(listed, "1")
+            while "n2" not in arbiter.unsettled:
+                await asyncio.sleep(0.01)
+            await nodes[1].restart_server()
+            while arbiter.unsettled:
+                await asyncio.sleep(0.01)
+            assert arbiter.held["team/rl"].resources == ("n1/GPU-n1", "n2/GPU-n2")
+            assert (await links.report("n2", nodes[1].address, 0)).epoch == 2
+            assert not chasing.done()  # it listens for nodes listed later while leading
+            chasing.cancel()
+            await close(arbiter)
+
+    run(body)
+
+
+def node_object(node: Node) -> dict[str, object]:
+    """The Node object the nodes' watch would list for `node`."""
+    gpus = [GpuRecord(uuid, i, "fake", 81920, 4) for i, uuid in enumerate(node.gpus)]
+    annotations = {ANNOTATION_GPUS: encode_gpus(gpus), ANNOTATION_AGENT_COORDINATION: node.address}
+    return {"metadata": {"name": node.name, "annotations": annotations}}
