@@ -35,7 +35,7 @@ from agent.node.state_json import (
     apply_entry,
     decode,
     encode,
-    lease_to_json,
+    journal_line,
 )
 from agent.node.tenants import Tenant
 
@@ -203,7 +203,7 @@ class StateStore:
         entries: list[dict[str, Any]] = [{"end": lease_id} for lease_id in ended]
         if parked is not None:
             entries.append({"parked": parked})
-        self._append([*entries, {"grant": lease_to_json(lease)}])
+        self._append([*entries, {"grant": lease}])
 
     def record_end(self, *lease_ids: str) -> None:
         """Turns ended (yielded, revoked, their tenants gone): one line each, in one write."""
@@ -214,8 +214,7 @@ class StateStore:
             lines = []
             for entry in entries:
                 self._seq += 1
-                entry["seq"] = self._seq
-                line = json.dumps(entry).encode() + b"\n"
+                line = journal_line(entry, self._seq)
                 self._entries.append((self._seq, line))
                 self._journal_bytes += len(line)
                 lines.append(line)

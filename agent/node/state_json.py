@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _text
 from typing import Any
 
 from agent.core.leases import Lease
@@ -109,6 +111,36 @@ def lease_to_json(lease: Lease) -> dict[str, Any]:
         "granted_at": lease.granted_at,
         "hold_until": lease.hold_until,
     }
+
+
+def journal_line(entry: dict[str, Any], seq: int) -> bytes:
+    """One journal line: `entry` with its `seq`, as `json.dumps` writes it. A grant (`{"grant":
+    Lease}`) and an end, the entries of every handover, are written without the encoder, which
+    runs slowly on a CPU that was idle through the turn: the grant waits for this line."""
+    if len(entry) == 1:
+        ((kind, value),) = entry.items()
+        if kind == "end" and isinstance(value, str):
+            return f'{{"end": {_text(value)}, "seq": {seq}}}\n'.encode()
+        if kind == "grant" and isinstance(value, Lease) and _finite(value):
+            return _grant_line(value, seq)
+        if isinstance(value, Lease):
+            entry = {kind: lease_to_json(value)}
+    return json.dumps({**entry, "seq": seq}).encode() + b"\n"
+
+
+def _finite(lease: Lease) -> bool:
+    return math.isfinite(lease.granted_at) and math.isfinite(lease.hold_until)
+
+
+def _grant_line(lease: Lease, seq: int) -> bytes:
+    gpus = ", ".join(map(_text, lease.gpus))
+    tokens = ", ".join(f"{_text(gpu)}: {int(token)}" for gpu, token in lease.tokens.items())
+    return (
+        f'{{"grant": {{"lease_id": {_text(lease.lease_id)}, "tenant_id": '
+        f'{_text(lease.tenant_id)}, "gpus": [{gpus}], "tokens": {{{tokens}}}, "granted_at": '
+        f'{float(lease.granted_at)!r}, "hold_until": {float(lease.hold_until)!r}}}, '
+        f'"seq": {seq}}}\n'
+    ).encode()
 
 
 def lease_from_json(data: dict[str, Any]) -> Lease:

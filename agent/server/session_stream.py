@@ -125,7 +125,7 @@ class SessionStream:
         except errors.AgentError as exc:
             answer.reply.error.CopyFrom(api_ops.error_status(exc))
         if not answer.sent:
-            await self._write(pb.AgentMessage(reply=answer.reply))
+            await self._write(answer.message)
 
     async def _acquire(self, request: pb.Request) -> None:
         answer = _EarlyReply(request, self._link)  # the grant leaves in the step that made it
@@ -138,7 +138,7 @@ class SessionStream:
         except errors.AgentError as exc:
             answer.reply.error.CopyFrom(api_ops.error_status(exc))
         if not answer.sent:
-            await self._write(pb.AgentMessage(reply=answer.reply))
+            await self._write(answer.message)
 
     async def _write(self, message: pb.AgentMessage) -> None:
         async with self._lock:
@@ -156,7 +156,10 @@ class _EarlyReply:
     (`write_now`), before the request's handling returns; else it is written after."""
 
     def __init__(self, request: pb.Request, link: Link) -> None:
-        self.reply = pb.Reply(request_id=request.request_id)
+        self.message = pb.AgentMessage()
+        self.reply = self.message.reply
+        """The reply, inside the message that carries it (built in place: no copy to send)."""
+        self.reply.request_id = request.request_id
         self._write_now: Callable[[pb.AgentMessage], bool] | None = getattr(link, "write_now", None)
         self.sent = False
         """Written already (by the callback `early` made)."""
@@ -170,7 +173,7 @@ class _EarlyReply:
 
         def now(message: Any) -> None:
             getattr(self.reply, field).CopyFrom(message)
-            self.sent = write_now(pb.AgentMessage(reply=self.reply))
+            self.sent = write_now(self.message)
 
         return now
 
