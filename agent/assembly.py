@@ -47,7 +47,7 @@ from agent.server.coordination import Coordination
 from agent.server.grpc_server import AgentServicer
 from agent.server.llmd.groups import Groups
 from agent.server.llmd.server import LlmdServer
-from agent.server.readiness import Readiness
+from agent.server.readiness import Readiness, SocketTaken, claim_sockets
 from agent.server.service import LeaseService
 from agent.server.sessions import SessionRegistry
 from agent.server.status import status_json
@@ -311,11 +311,12 @@ class Agent:
         return container_id_of_pid(pid, Path(self.config.proc_root))
 
     def _prepare_socket_dir(self) -> None:
-        """The socket's directory exists and holds no stale socket."""
-        path = Path(self.config.socket)
+        """The socket's directory exists and holds no stale socket, nor one another serves."""
+        path = self.config.socket
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.unlink(missing_ok=True)
+            claim_sockets(path, handshake_path(path))
+        except SocketTaken as exc:
+            raise AgentStartError(f"{exc}: stop it, or pass another --socket") from None
         except OSError as exc:
             raise AgentStartError(
                 f"cannot create the socket {path} ({exc.strerror}: {exc.filename}); "
@@ -373,8 +374,8 @@ class Agent:
         if self._http is not None:
             await self._http.stop()
         await self.service.close()
-        for path in (self.config.socket, handshake_path(self.config.socket)):
-            with contextlib.suppress(OSError):  # e.g. a socket directory that never was
+        for path in self.readiness.own_sockets():  # not a live agent's, after a refused start
+            with contextlib.suppress(OSError):
                 Path(path).unlink(missing_ok=True)
         self._stop_requested.set()
 

@@ -1,9 +1,41 @@
-"""Whether the agent can serve tenants now: what its `/readyz` answers (503 with the reason)."""
+"""Whether the agent can serve tenants now: what its `/readyz` answers (503 with the reason);
+and the unix sockets it serves tenants on, claimed at start (never from a live agent) and
+removed at stop only while they are its own."""
 
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
+from pathlib import Path
+
+PROBE_TIMEOUT_S = 1.0
+"""How long a connect to a socket found at start may take to tell a live one from a stale one."""
+
+
+class SocketTaken(Exception):
+    """Another process accepts connections on a socket the agent would serve on."""
+
+
+def claim_sockets(*paths: str) -> None:
+    """Make each socket's directory and remove a stale socket there (one nobody accepts on, left
+    by an agent that crashed); `SocketTaken` naming one another process serves (a second agent
+    on this node), `OSError` when a directory cannot be made or a file removed."""
+    for path in paths:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if _accepting(path):
+            raise SocketTaken(f"another process serves the socket {path} (a second agent?)")
+        Path(path).unlink(missing_ok=True)
+
+
+def _accepting(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(PROBE_TIMEOUT_S)
+        try:
+            probe.connect(path)
+        except OSError:  # none there, a stale socket (refused), or no socket at all
+            return False
+    return True
 
 
 class Readiness:
@@ -12,7 +44,7 @@ class Readiness:
 
     def __init__(self, node_name: str) -> None:
         self._node_name = node_name
-        self._sockets: dict[str, tuple[int, int]] = {}
+        self._sockets: dict[str, tuple[int, int, int]] = {}
         self.stopping: str | None = None
         """Why the agent stops (e.g. `SIGTERM`; "" for a plain stop), or None while it serves."""
         self.pods_listed: Callable[[], bool] | None = None
@@ -27,7 +59,12 @@ class Readiness:
         """The agent listens on the unix sockets at `paths` (the files it made there)."""
         for path in paths:
             info = os.stat(path)
-            self._sockets[path] = (info.st_dev, info.st_ino)
+            self._sockets[path] = _identity(info)
+
+    def own_sockets(self) -> list[str]:
+        """The sockets it made that are still there and still its own: a start refused for
+        another agent's socket made none. (gRPC removes the path it bound as it stops.)"""
+        return [p for p, made in self._sockets.items() if not _socket_problem(p, made)]
 
     def not_ready(self) -> str | None:
         """Why the agent cannot serve tenants now (one line), or None when it can."""
@@ -52,7 +89,13 @@ class Readiness:
         return None
 
 
-def _socket_problem(path: str, made: tuple[int, int]) -> str:
+def _identity(info: os.stat_result) -> tuple[int, int, int]:
+    """A file's identity: its inode, and when it was made (a deleted socket's inode number is
+    soon reused by the next file made in its place)."""
+    return info.st_dev, info.st_ino, info.st_ctime_ns
+
+
+def _socket_problem(path: str, made: tuple[int, int, int]) -> str:
     """What is wrong with the socket the agent made at `path`, or ""."""
     try:
         info = os.stat(path)
@@ -60,6 +103,6 @@ def _socket_problem(path: str, made: tuple[int, int]) -> str:
         return "is gone from the filesystem (was it or its directory deleted on the host?)"
     except OSError as exc:
         return f"cannot be checked ({exc.strerror})"
-    if (info.st_dev, info.st_ino) != made:
+    if _identity(info) != made:
         return "is no longer the one this agent listens on (another file replaced it)"
     return ""

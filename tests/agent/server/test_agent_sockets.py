@@ -1,0 +1,79 @@
+"""The agent's unix sockets on the host: a second agent given a live agent's socket is refused at
+start and takes nothing from it, its failed start's stop included; a stale socket a crashed agent
+left is taken over."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from agent.assembly import AgentStartError
+from agent.client import Baton
+from agent.wire.handshake import handshake_path
+from tests.harness.agent import AgentRunner, short_tmpdir
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def second_workdir() -> Iterator[str]:
+    import shutil
+
+    path = short_tmpdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def on_socket(workdir: str, path: str) -> AgentRunner:
+    """An agent of its own state directory, serving on `path`."""
+    runner = AgentRunner(workdir)
+    runner.config = dataclasses.replace(runner.config, socket=path)
+    return runner
+
+
+def inodes(path: str) -> tuple[int, int]:
+    return os.stat(path).st_ino, os.stat(handshake_path(path)).st_ino
+
+
+def serves(path: str) -> bool:
+    with Baton(path, ["GPU-0"], name="probe") as tenant:
+        tenant.acquire(10)
+        tenant.yield_()
+    return True
+
+
+def test_a_second_agent_on_a_live_agents_socket_is_refused_and_takes_nothing(
+    agent: AgentRunner, second_workdir: str
+) -> None:
+    """It unlinked the live agent's sockets and bound its own in their place (the first agent's
+    tenants could no longer connect); a failed start's stop then removed them too."""
+    before = inodes(agent.socket)
+    second = on_socket(second_workdir, agent.socket)
+    try:
+        with pytest.raises(AgentStartError) as refused:
+            second.start()
+    finally:
+        second.stop()
+    assert str(refused.value) == (
+        f"another process serves the socket {agent.socket} (a second agent?): stop it, or pass "
+        "another --socket"
+    )
+    assert inodes(agent.socket) == before
+    assert agent.http("/readyz") == (200, "ready\n") and serves(agent.socket)
+
+
+def test_a_stale_socket_left_by_a_crashed_agent_is_taken_over(workdir: str) -> None:
+    runner = AgentRunner(workdir)
+    for path in (runner.socket, handshake_path(runner.socket)):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as left:
+            left.bind(path)  # bound, never accepting: what a killed agent leaves
+    runner.start()
+    try:
+        assert serves(runner.socket)
+    finally:
+        runner.stop()
+    assert not os.path.exists(runner.socket) and not os.path.exists(handshake_path(runner.socket))
