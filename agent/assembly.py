@@ -80,6 +80,8 @@ class AgentConfig:
     """With `fair`: the lower tiers' minimum share, the credit bound, the tier revoke grace."""
     max_hold: float = 60.0
     reconnect_grace: float = 10.0
+    forget_departed_after: float = 3600.0
+    """Seconds before a departed tenant's totals fold into `<namespace>/(departed)`; 0 = never."""
     socket_mode: int = 0o660
     node_name: str = ""
     """In Kubernetes: this node's name; tenants are then learned from a watch of its pods."""
@@ -141,6 +143,7 @@ def build_agent(
         clock=time.time,
         store=store,
         reconnect_grace=config.reconnect_grace,
+        forget_departed_after=config.forget_departed_after,
         policy_name=config.queue_policy,
         sessions=sessions,
     )
@@ -354,11 +357,8 @@ class Agent:
         await self._stop_requested.wait()
 
     async def stop(self) -> None:
-        """Refuse new RPCs, let in-flight ones finish within the grace, flush state, close.
-
-        Tenants, leases and parked memory stay as they are for the next agent; `/readyz`
-        answers 503 (stopping) meanwhile.
-        """
+        """Refuse new RPCs, let in-flight ones finish within the grace, flush state, close;
+        tenants, leases and parked memory stay for the next agent (`/readyz` answers 503)."""
         self.service.stopping = True
         self.readiness.stop("")
         if self._pods is not None:

@@ -29,6 +29,8 @@ REFUSED = [
     (["--reconnect-grace", "-1"], "--reconnect-grace", "greater than or equal to 0"),
     (["--shutdown-grace", "inf"], "--shutdown-grace", "must be a finite number of seconds"),
     (["--shutdown-grace", "nan"], "--shutdown-grace", "greater than or equal to 0"),
+    (["--forget-departed-after", "-1"], "--forget-departed-after", "greater than or equal to 0"),
+    (["--forget-departed-after", "inf"], "--forget-departed-after", "must be a finite number"),
     (["--llmd-listen", "foo"], "--llmd-listen", "not HOST:PORT"),
     (["--coordination-listen", "127.0.0.1:99999"], "--coordination-listen", "not HOST:PORT"),
 ]

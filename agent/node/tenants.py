@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent.core.errors import Forbidden, InvalidRegistration, RegistrationConflict
+from baton.contract.names import DEPARTED
 
 LOCAL = "local"
 POD = "pod"
@@ -95,6 +96,10 @@ def check_registration(
     """Raise `InvalidRegistration` naming the first field out of range."""
     if not name.isprintable() or not 0 < len(name) <= MAX_NAME:
         raise InvalidRegistration(f"a tenant name is 1-{MAX_NAME} printable characters")
+    if name == DEPARTED:
+        raise InvalidRegistration(
+            f"{DEPARTED} names the accounting's departed tenants; choose another name"
+        )
     if not 0 < len(gpus) <= MAX_GPUS or not all(
         g.isprintable() and 0 < len(g) <= MAX_NAME for g in gpus
     ):

@@ -68,6 +68,7 @@ class LeaseService:
         reconnect_grace: float = 10.0,
         policy_name: str = "fifo",
         sessions: SessionRegistry | None = None,
+        forget_departed_after: float = 3600.0,
     ) -> None:
         # The preparer keeps this service as its host and asks it nothing until it runs.
         self.state = TurnState(
@@ -78,6 +79,7 @@ class LeaseService:
             metrics=metrics,
             reconnect_grace=reconnect_grace,
             sessions=sessions,
+            forget_departed_after=forget_departed_after,
         )
         self.turns = Turns(
             self.state, unwatched=lambda tenant_id: self.tenancy.unwatched(tenant_id)

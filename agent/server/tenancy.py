@@ -97,6 +97,7 @@ class Tenancy:
             priority=request.priority,
         )
         self._state.journal_tenant(tenant)
+        self._state.tenant_back(tenant.tenant_id)
         for gpu in tenant.gpus:
             self._state.table.gpu(gpu)
         self._state.publish(
@@ -158,6 +159,7 @@ class Tenancy:
         """A tenant known by other means than a registration (a pod, an llm-d job) changed."""
         old = self._state.tenants.tenants.get(tenant.tenant_id)
         self._state.tenants.upsert_pod(tenant)
+        self._state.tenant_back(tenant.tenant_id)
         if old is not None and old.to_json() == tenant.to_json():
             return
         self._state.journal_tenant(tenant)
@@ -171,6 +173,7 @@ class Tenancy:
         self._drop(tenant_id, "its pod left the node")
         if self._state.tenants.remove(tenant_id) is not None:
             self._state.journal_gone(tenant_id)
+        self._state.tenant_left(tenant_id)
         self._left_app_pods.discard(tenant_id)
 
     def _drop(self, tenant_id: str, why: str) -> None:
@@ -185,6 +188,7 @@ class Tenancy:
         if tenant is not None and tenant.source != POD:
             state.tenants.remove(tenant_id)
             state.journal_gone(tenant_id)
+            state.tenant_left(tenant_id)
         state.publish(ev.TENANT_GONE, tenant_id, detail=why)
         log.info("tenant %s: %s; released %d leases", tenant_id, why, len(leases))
         state.spawn(state.preparer.forget(tenant_id))

@@ -73,6 +73,7 @@ class TurnState:
         metrics: AgentMetrics | None = None,
         reconnect_grace: float = 10.0,
         sessions: SessionRegistry | None = None,
+        forget_departed_after: float = 3600.0,
     ) -> None:
         self.table = table
         self.preparer = preparer
@@ -85,6 +86,9 @@ class TurnState:
         self.clock = clock
         self.grace = reconnect_grace
         """Seconds a tenant has to open (or reopen) its session."""
+        self.forget_departed_after = forget_departed_after
+        """Seconds after which a departed tenant's totals fold into its namespace's
+        `<namespace>/(departed)` (`agent.server.accounting`); 0 = never."""
         self.stopping = False
         self._store = store
         self._tasks: set[asyncio.Task[None]] = set()
@@ -207,7 +211,23 @@ class TurnState:
         residency = self.preparer.status().get("tenants") or {}
         parked = {t: int(e.get("parked_bytes") or 0) for t, e in residency.items()}
         tiers = {t: u.tier for t, u in self.table.usage.items()}
-        if self.metrics.accounting.parked(self.clock(), parked, tiers) and not self._closed:
+        acct, now = self.metrics.accounting, self.clock()
+        added = acct.parked(now, parked, tiers)
+        folded = acct.fold(now, self.forget_departed_after)
+        if (added or folded) and not self._closed:
+            self.persist_step()
+
+    def tenant_left(self, tenant_id: str) -> None:
+        """The tenant left the node: its totals fold after `forget_departed_after`; when it
+        left is saved with them."""
+        if self.forget_departed_after > 0:
+            self.metrics.accounting.left(tenant_id, self.clock())
+            self.persist_step()
+
+    def tenant_back(self, tenant_id: str) -> None:
+        """A tenant joined under an id that had left (a pod recreated under its name, a local
+        tenant registering again): its totals are its own again, not to be folded."""
+        if self.metrics.accounting.returned(tenant_id):
             self.persist_step()
 
     # Persistence.
@@ -279,6 +299,8 @@ class TurnState:
             raise _unreadable(saved, err) from None
         self.metrics.accounting.load(saved.accounting)
         self.tenants.restore(saved.tenants)
+        if self.forget_departed_after > 0:
+            self.metrics.accounting.mark_unknown_departed(set(self.tenants.tenants), self.clock())
         for gpu, token in saved.tokens.items():
             self.table.gpu(gpu).token = token
         for lease in saved.leases:
@@ -309,6 +331,7 @@ class TurnState:
     def _save(self) -> None:
         self._persist_soon, self._save_timer = False, None
         assert self._store is not None
+        self.metrics.accounting.fold(self.clock(), self.forget_departed_after)
         self._store.save_soon(
             PersistedState(
                 tenants=list(self.tenants.tenants.values()),

@@ -115,6 +115,22 @@ def job_of_labels(labels: Mapping[str, str]) -> str:
     return labels.get(LABEL_JOB) or labels.get(LABEL_LLMD_JOB) or ""
 
 
+# The agent's accounting of GPU time (`agent/server/accounting.py`, `kubectl baton usage`).
+DEPARTED = "(departed)"
+"""A tenant gone from the node for longer than the agent's `--forget-departed-after` has its
+totals folded into the pseudo-tenant `<namespace>/(departed)`; no tenant takes this name."""
+
+
+def departed_tenant(namespace: str) -> str:
+    """The pseudo-tenant holding the totals of `namespace`'s departed tenants."""
+    return f"{namespace}/{DEPARTED}"
+
+
+def is_departed_tenant(tenant_id: str) -> bool:
+    """Whether `tenant_id` is a namespace's pseudo-tenant of departed tenants."""
+    return tenant_id.endswith(f"/{DEPARTED}")
+
+
 # Device plugin defaults.
 DEFAULT_SLOTS_PER_GPU = 4
 SLOT_SEPARATOR = "::"

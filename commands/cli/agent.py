@@ -74,6 +74,7 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
     for name in ADDRESSES:
         check_address(getattr(s, name), f"--{name.replace('_', '-')}")
     check_grace(s.shutdown_grace)
+    check_grace(s.forget_departed_after, "--forget-departed-after")
     order = _queue_policy(s.queue_policy, s.policy)
     if order not in QUEUE_POLICIES:
         choices = ", ".join(QUEUE_POLICIES)
@@ -102,6 +103,7 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
         fair=fair,
         max_hold=s.max_hold,
         reconnect_grace=s.reconnect_grace,
+        forget_departed_after=s.forget_departed_after,
         socket_mode=_socket_mode(s.socket_mode),
         node_name=s.node_name,
         allow_local_tenants=s.allow_local_tenants,

@@ -102,6 +102,13 @@ class AgentSettings:
     )
     max_hold: float = setting(60.0, "BATON_AGENT_MAX_HOLD", "Seconds before revocation.")
     reconnect_grace: float = setting(10.0, "BATON_AGENT_RECONNECT_GRACE", "After a restart.", min=0)
+    forget_departed_after: float = setting(
+        3600.0,
+        "BATON_AGENT_FORGET_DEPARTED_AFTER",
+        "Seconds after a tenant leaves the node before its accounting is folded into "
+        "<namespace>/(departed) (off /metrics, kept in /v1/status); 0 = never.",
+        min=0,
+    )
     socket_mode: str = setting("0660", "BATON_AGENT_SOCKET_MODE", "Octal mode of the sockets.")
 
     # Parking.

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from baton.contract.names import MIB, NAMESPACE
+from baton.contract.names import MIB, NAMESPACE, departed_tenant, is_departed_tenant
 from commands.kubectl.agents import agent_pods, no_agents, read_agent
 from commands.kubectl.api import Api
 
@@ -43,11 +43,18 @@ def add_accounting(totals: dict[Row, list[float]], accounting: Mapping[str, Any]
 def window(
     before: Mapping[Row, list[float]], after: Mapping[Row, list[float]]
 ) -> dict[Row, list[float]]:
-    """What accrued between two readings (a restarted agent's totals never go down)."""
+    """What accrued between two readings (a restarted agent's totals never go down). A tenant
+    in the first and not in the second was folded into its namespace's `<ns>/(departed)` in
+    between: what it had before is not counted as that row's use in the window."""
+    was = {row: list(values) for row, values in before.items()}
+    for (ns, tenant, tier), values in before.items():
+        if (ns, tenant, tier) not in after and not is_departed_tenant(tenant):
+            into = was.setdefault((ns, departed_tenant(ns), tier), [0.0, 0.0])
+            into[0], into[1] = into[0] + values[0], into[1] + values[1]
     out = {}
     for row, (held, parked) in after.items():
-        was = before.get(row, [0.0, 0.0])
-        out[row] = [max(0.0, held - was[0]), max(0.0, parked - was[1])]
+        then = was.get(row, [0.0, 0.0])
+        out[row] = [max(0.0, held - then[0]), max(0.0, parked - then[1])]
     return out
 
 

@@ -39,6 +39,8 @@ def test_lint_strict(values: Path | None) -> None:
         ("agent.fairness.creditSeconds=-0.5", "/agent/fairness/creditSeconds"),
         ("agent.maxHoldSeconds=-0.5", "/agent/maxHoldSeconds"),
         ("agent.maxHoldSeconds=0", "/agent/maxHoldSeconds"),
+        ("agent.forgetDepartedAfterSeconds=-1", "/agent/forgetDepartedAfterSeconds"),
+        ("agent.forgetDepartedAfterSeconds=never", "/agent/forgetDepartedAfterSeconds"),
         ("hostMemoryBudgetMiB=-1", "/hostMemoryBudgetMiB"),
         ("extender.policy=random", "/extender/policy"),
         ("gpu.simulated.gpus=two", "/gpu/simulated/gpus"),
@@ -57,6 +59,7 @@ def test_schema_takes_the_documented_settings() -> None:
         "agent.fairness.minShare=0.5",
         "agent.fairness.tierGraceSeconds=5",
         "agent.maxHoldSeconds=30.0",
+        "agent.forgetDepartedAfterSeconds=0",
         "agent.parking={cuda,app}",
         "hostMemoryBudgetMiB=262144",
         "agent.llmd.listen=0.0.0.0:50051",
@@ -72,6 +75,7 @@ def test_schema_takes_the_documented_settings() -> None:
     assert env["BATON_AGENT_QUEUE_POLICY"] == "fair"
     assert env["BATON_AGENT_FAIR_MIN_SHARE"] == "0.5"  # the range's ends are in it
     assert env["BATON_AGENT_MAX_HOLD"] == "30.0"
+    assert env["BATON_AGENT_FORGET_DEPARTED_AFTER"] == "0"  # 0 is a choice: never fold
     assert env["BATON_AGENT_TIER_GRACE"] == "5"
     assert env["BATON_AGENT_BACKEND"] == "cuda,app"
     assert env["BATON_HOST_MEMORY_BUDGET"] == "262144"

@@ -102,6 +102,27 @@ def test_usage_over_a_window_counts_what_accrued() -> None:
     assert window(before, after) == {("ml", "ml/a", 0): [2.5, 3.0], ("ops", "ops/c", 1): [1.0, 0.0]}
 
 
+def test_usage_over_a_window_counts_only_what_a_tenant_folded_inside_it_used() -> None:
+    """ml/a used 2.5 s more, then its agent folded it into ml/(departed) (the row gone, its
+    12.5 s added there); ops/c was folded having used nothing in the window."""
+    before = {
+        ("ml", "ml/a", 0): [10.0, 4.0],
+        ("ml", "ml/(departed)", 0): [100.0, 1.0],
+        ("ml", "ml/b", 1): [1.0, 0.0],
+        ("ops", "ops/c", 0): [3.0, 0.0],
+    }
+    after = {
+        ("ml", "ml/(departed)", 0): [112.5, 5.0],
+        ("ml", "ml/b", 1): [2.0, 0.0],
+        ("ops", "ops/(departed)", 0): [3.0, 0.0],
+    }
+    assert window(before, after) == {
+        ("ml", "ml/(departed)", 0): [2.5, 0.0],
+        ("ml", "ml/b", 1): [1.0, 0.0],
+        ("ops", "ops/(departed)", 0): [0.0, 0.0],
+    }
+
+
 def test_a_namespace_with_no_agent_pod_is_said_not_shown_as_an_empty_table(run) -> None:
     routes: dict[str, Any] = {"/api/v1/namespaces/nons/pods": {"items": []}}
     said = (

@@ -26,7 +26,7 @@ from agent.server.llmd.groups import Groups, pod_groups, pod_membership, valid_i
 from agent.server.service import LeaseService
 from agent.server.sessions import Session
 from baton._pb import agent_pb2 as pb
-from baton.contract.names import MIB
+from baton.contract.names import DEPARTED, MIB
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,8 @@ class Jobs:
         """The job's tenant, on `group`'s GPUs; the calling process becomes one of its sessions."""
         if not valid_id(job_id):
             raise InvalidRegistration("job_id must be 1-253 printable characters without spaces")
+        if job_id == DEPARTED:
+            raise InvalidRegistration(f"job_id {DEPARTED} names the accounting's departed tenants")
         gpus = self.group_gpus(group)
         caller = await self.caller(peer)
         tenant = self.find(job_id, group)
