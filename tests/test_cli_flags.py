@@ -27,6 +27,7 @@ REFUSED = [
     (["--backend", "cuda", "--move-timeout", "inf"], "--move-timeout", "at most 4294967 s"),
     (["--headroom", "-1"], "--headroom", "greater than or equal to 0"),
     (["--reconnect-grace", "-1"], "--reconnect-grace", "greater than or equal to 0"),
+    (["--reconnect-grace", "inf"], "--reconnect-grace", "inf: must be a finite number"),
     (["--shutdown-grace", "inf"], "--shutdown-grace", "must be a finite number of seconds"),
     (["--shutdown-grace", "nan"], "--shutdown-grace", "greater than or equal to 0"),
     (["--forget-departed-after", "-1"], "--forget-departed-after", "greater than or equal to 0"),

@@ -75,6 +75,7 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
         check_address(getattr(s, name), f"--{name.replace('_', '-')}")
     check_grace(s.shutdown_grace)
     check_grace(s.forget_departed_after, "--forget-departed-after")
+    check_grace(s.reconnect_grace, "--reconnect-grace")  # inf: a lost holder kept its turn
     order = _queue_policy(s.queue_policy, s.policy)
     if order not in QUEUE_POLICIES:
         choices = ", ".join(QUEUE_POLICIES)
