@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 
 import typer
 
@@ -18,6 +19,9 @@ if TYPE_CHECKING:
 
 ABOVE_ZERO = ("max_hold", "move_timeout", "driver_call_timeout", "slowest_copy_gbps", "fake_scale")
 """The settings that mean nothing at zero or below (seconds, rates, a scale)."""
+FINITE = tuple(name for name, kind in get_type_hints(AgentSettings).items() if kind is float)
+"""Every number of seconds, rate or scale: none means anything at infinity (a timeout that
+never passes hangs; "never" has a spelling of its own where it is a choice, e.g. -1 or 0)."""
 ADDRESSES = ("llmd_listen", "coordination_listen", "coordination_advertise", "coordinator")
 """The settings that are HOST:PORT (or empty: off)."""
 
@@ -70,6 +74,12 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
         if not getattr(s, name) > 0:  # (NaN too)
             raise typer.BadParameter(
                 f"{getattr(s, name)}: must be above 0", param_hint=f"--{name.replace('_', '-')}"
+            )
+    for name in FINITE:
+        if not math.isfinite(getattr(s, name)):
+            raise typer.BadParameter(
+                f"{getattr(s, name)}: must be a finite number",
+                param_hint=f"--{name.replace('_', '-')}",
             )
     for name in ADDRESSES:
         check_address(getattr(s, name), f"--{name.replace('_', '-')}")
