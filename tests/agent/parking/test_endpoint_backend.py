@@ -3,51 +3,21 @@ a stand-in vLLM whose /sleep takes longer than the move timeout alone."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from agent.parking.backends.base import BackendError, TenantRef
 from agent.parking.backends.endpoint import VLLM, EndpointBackend, EndpointTarget
-from baton.contract.quiet import QuietErrors
+from tests.agent.server.llmd.test_snapshot_endpoint import Engine
 
 GPU = "GPU-0"
 
 
-class SlowEngine(QuietErrors, ThreadingHTTPServer):
-    """Answers every POST with 200 after `takes` seconds (a model's weights moving)."""
-
-    def __init__(self, takes: float) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.takes = takes
-        self.done = threading.Event()  # set when the test ends: no answer waits past it
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: SlowEngine
-
-    def do_POST(self) -> None:
-        self.server.done.wait(self.server.takes)
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def engine() -> Iterator[SlowEngine]:
-    server = SlowEngine(takes=0.3)
+def engine() -> Iterator[Engine]:
+    server = Engine(takes=0.3)
     yield server
     server.done.set()
     server.shutdown()
@@ -55,14 +25,14 @@ def engine() -> Iterator[SlowEngine]:
     server.thread.join(10)
 
 
-def backend_for(engine: SlowEngine, declared: int) -> EndpointBackend:
+def backend_for(engine: Engine, declared: int) -> EndpointBackend:
     backend = EndpointBackend(timeout=0.05, copy_gbps=2.0)
     backend.attach(TenantRef("t", (GPU,), declared_bytes=declared))
-    backend.configure("t", EndpointTarget(VLLM, (engine.url,)))
+    backend.configure("t", EndpointTarget(VLLM, (f"http://{engine.url}",)))
     return backend
 
 
-def test_an_engine_moving_a_large_model_is_not_cut_short(engine: SlowEngine) -> None:
+def test_an_engine_moving_a_large_model_is_not_cut_short(engine: Engine) -> None:
     """0.3 s for 1 GB: past the 0.05 s timeout alone, within the 0.55 s its bytes allow."""
     backend = backend_for(engine, declared=int(1e9))
     start = time.monotonic()
@@ -71,7 +41,7 @@ def test_an_engine_moving_a_large_model_is_not_cut_short(engine: SlowEngine) -> 
     assert backend.restore("t", GPU).direction == "restore"
 
 
-def test_an_engine_slower_than_its_bytes_allow_fails_the_move(engine: SlowEngine) -> None:
+def test_an_engine_slower_than_its_bytes_allow_fails_the_move(engine: Engine) -> None:
     backend = backend_for(engine, declared=int(0.1e9))  # 0.1 s allowed
     with pytest.raises(BackendError, match=r"POST http://127\.0\.0\.1:\d+/sleep\?level=1"):
         backend.park("t", GPU)

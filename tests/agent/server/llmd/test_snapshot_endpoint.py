@@ -25,12 +25,15 @@ PATHS = ("/sleep", "/wake_up", "/release_memory_occupation", "/resume_memory_occ
 
 
 class Engine(QuietErrors, ThreadingHTTPServer):
-    """Answers vLLM's and SGLang's memory endpoints with 200 (or `status`), recording each."""
+    """Answers vLLM's and SGLang's memory endpoints with 200 (or `status`), recording each,
+    after `takes` seconds (its memory moving; `done` cuts the wait short)."""
 
-    def __init__(self) -> None:
+    def __init__(self, takes: float = 0.0) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.seen: list[tuple[str, Any]] = []
         self.status = 200
+        self.takes = takes
+        self.done = threading.Event()
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
         self.thread.start()
 
@@ -46,6 +49,8 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
         self.server.seen.append((self.path, body))
+        if self.server.takes:
+            self.server.done.wait(self.server.takes)
         known = self.path.split("?")[0].endswith(PATHS)
         self.send_response(self.server.status if known else 404)
         self.send_header("Content-Length", "0")
