@@ -83,6 +83,11 @@ def test_the_other_daemons_refuse_a_port_out_of_range(args: list[str]) -> None:
     assert args[-2] in said and "Invalid value" in said
 
 
+def test_the_device_plugin_refuses_a_reconcile_interval_that_never_passes() -> None:
+    said = _refusal(["deviceplugin", "--node-name", "n", "--reconcile-interval", "inf"])
+    assert "Invalid value for --reconcile-interval: inf: must be a finite number" in said
+
+
 @pytest.mark.parametrize("grace", ["-1", "nan", "inf", "-inf"])
 @pytest.mark.parametrize(
     "command", [["extender"], ["deviceplugin", "--node-name", "n"], ["dra", "--node-name", "n"]]

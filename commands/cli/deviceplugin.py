@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import typer
@@ -86,6 +87,11 @@ def deviceplugin(
     from nodegpu.node import node_fields
 
     check_grace(shutdown_grace)
+    if not math.isfinite(reconcile_interval):  # the periodic reconciliation would never come
+        raise typer.BadParameter(
+            f"{reconcile_interval}: must be a finite number of seconds",
+            param_hint="--reconcile-interval",
+        )
     setup_logging(log_level)
     found = node_inputs("baton deviceplugin", node_options(locals()))
     settings = Settings(
