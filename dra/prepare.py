@@ -2,13 +2,16 @@
 
 `claim_gpus` is pure (a claim object and the inventory in, the GPUs out); `Preparer` reads the
 claim from the API, writes the spec, then the record, and answers from the record on a repeat.
+The prepares and unprepares of one claim run one at a time (the kubelet may send a pod's
+unprepare while another pod sharing the claim is being prepared); different claims' run at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,6 +28,31 @@ log = logging.getLogger(__name__)
 
 class PrepareError(Exception):
     """A claim cannot be prepared here; the message says why, for the pod's events."""
+
+
+class ClaimLocks:
+    """A lock per claim UID, kept while a prepare or unprepare of that claim runs or waits."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._locks: dict[str, tuple[threading.Lock, int]] = {}
+
+    @contextlib.contextmanager
+    def held(self, uid: str) -> Iterator[None]:
+        """Hold the claim's lock (waiting for the call on it before)."""
+        with self._mutex:
+            lock, users = self._locks.get(uid, (threading.Lock(), 0))
+            self._locks[uid] = (lock, users + 1)
+        try:
+            with lock:
+                yield
+        finally:
+            with self._mutex:
+                lock, users = self._locks[uid]
+                if users == 1:
+                    del self._locks[uid]
+                else:
+                    self._locks[uid] = (lock, users - 1)
 
 
 class ClaimReader(Protocol):
@@ -85,6 +113,7 @@ class Preparer:
         self.refusal = refusal
         self.between = between
         self._lock = threading.Lock()
+        self._claims_busy = ClaimLocks()
 
     def remove_orphans(self) -> list[Path]:
         """Remove specs no recorded claim owns (a prepare cut before it recorded)."""
@@ -96,6 +125,10 @@ class Preparer:
 
     def prepare(self, namespace: str, uid: str, name: str) -> PreparedClaim:
         """The claim prepared: its spec written and recorded (once; a repeat answers the same)."""
+        with self._claims_busy.held(uid):
+            return self._prepare(namespace, uid, name)
+
+    def _prepare(self, namespace: str, uid: str, name: str) -> PreparedClaim:
         where = f"claim {namespace}/{name}"
         known = self.record.get(uid)
         if known is not None:
@@ -162,6 +195,10 @@ class Preparer:
 
     def unprepare(self, namespace: str, uid: str, name: str) -> None:
         """Remove the claim's spec and record (an unknown claim is already unprepared)."""
+        with self._claims_busy.held(uid):
+            self._unprepare(namespace, uid, name)
+
+    def _unprepare(self, namespace: str, uid: str, name: str) -> None:
         where = f"claim {namespace}/{name}"
         try:
             cdi.remove_spec(self.spec_dir, uid)

@@ -1,11 +1,12 @@
 """What a prepare meets besides a good claim: an API server that fails, a node not read yet,
-directories the driver cannot write."""
+directories the driver cannot write, an unprepare of the same claim at the same time."""
 
 from __future__ import annotations
 
 import dataclasses
 import errno
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError
 
 from dra.cdi import spec_path
 from dra.daemon import DraStartError, Driver
-from tests.dra.test_driver import GPUS, Claims, _settings, _start
+from tests.dra.test_driver import GPUS, WAIT_S, Claims, _settings, _start
 from tests.dra.test_slices import Slices
 from tests.harness.drakubelet import DraKubeletStub
 
@@ -166,3 +167,38 @@ def test_a_record_the_driver_cannot_read_stops_it_at_start_naming_the_flag(
     with pytest.raises(DraStartError, match="--state-dir") as refused:
         Driver(_settings(tmp_path), GPUS, True, slices=Slices(), claims=Claims())
     assert "prepared-claims.json" in str(refused.value)
+
+
+def test_an_unprepare_that_comes_during_the_claims_prepare_waits_for_it(
+    tmp_path: Path, kubelet: DraKubeletStub
+) -> None:
+    """A pod's unprepare arriving while another pod's prepare of the same claim is between its
+    spec and its record removed the spec and an empty record, then the prepare recorded the
+    claim: prepared on the node for good though the kubelet heard it unprepared."""
+    claims = Claims()
+    claims.add("ns", "c1", "uid-1", "gpu-0")
+    driver = _start(tmp_path, claims, Slices())
+    held, unprepared = threading.Event(), threading.Event()
+
+    def hold(uid: str) -> None:  # between the spec and the record, until the unprepare is done
+        held.set()
+        unprepared.wait(2.0)  # it is not, while this prepare runs: the bound lets it go on
+
+    driver.preparer.between = hold
+    answers: dict[str, Any] = {}
+    try:
+        kubelet.register()
+        preparing = threading.Thread(
+            target=lambda: answers.update(prepared=kubelet.prepare(("ns", "uid-1", "c1")))
+        )
+        preparing.start()
+        assert held.wait(WAIT_S)
+        answers["unprepared"] = kubelet.unprepare(("ns", "uid-1", "c1"))
+        unprepared.set()
+        preparing.join(WAIT_S)
+        assert answers["prepared"].claims["uid-1"].error == ""
+        assert answers["unprepared"].claims["uid-1"].error == ""
+        assert driver.record.get("uid-1") is None, "the claim stayed prepared"
+        assert not spec_path(tmp_path / "cdi", "uid-1").exists()
+    finally:
+        driver.stop()
