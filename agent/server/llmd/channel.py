@@ -143,7 +143,10 @@ class Channels:
         if first is None or first.WhichOneof("message") != "register":
             raise BadRequest("the first message on a WorkloadChannel must be a RegisterWorkload")
         reg = first.register
-        tenant = await self._jobs.join(reg.job_id, reg.group, context.peer())
+        if reg.group:
+            tenant = await self._jobs.join(reg.job_id, reg.group, context.peer())
+        else:  # llm-d's register_workload names no group by default
+            tenant = await self._jobs.join_known(reg.job_id, context.peer())
         caller = await self._jobs.caller(context.peer())
         session = ChannelSession(
             tenant.tenant_id,
@@ -160,7 +163,7 @@ class Channels:
         service.session_opened(tenant.tenant_id, session.pid)
         if old is not None:
             old.end()
-        log.info("llm-d workload %s registered on group %s", reg.job_id, reg.group)
+        log.info("llm-d workload %s registered (group %r)", reg.job_id, reg.group)
         return session
 
     async def _read(

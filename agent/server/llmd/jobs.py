@@ -147,10 +147,28 @@ class Jobs:
         if tenant is None or (tenant.source == LLMD and not set(gpus) <= set(tenant.gpus)):
             tenant = self._job_tenant(job_id, gpus, tenant, caller)
             self.service.upsert_tenant(tenant, "llm-d job")
+        self._attach(tenant, caller)
+        return tenant
+
+    async def join_known(self, job_id: str, peer: str) -> Tenant:
+        """The job's tenant for a caller that names no group (llm-d's `register_workload` sends
+        none): the job must be known already; the calling process becomes one of its sessions."""
+        tenant = self.find(job_id)
+        if tenant is None:
+            known = ", ".join(self.group_names()) or "none"
+            raise UnknownJob(
+                f"no job {job_id!r} on this node: name its group (groups: {known}), "
+                "or register after the job has acquired one"
+            )
+        caller = await self.caller(peer)
+        self.check_caller(tenant, caller)
+        self._attach(tenant, caller)
+        return tenant
+
+    def _attach(self, tenant: Tenant, caller: PeerProcess | None) -> None:
         if caller is not None and self.service.tenants.add_pids(tenant, [caller.pid]):
             self.service.state.journal_tenant(tenant)
         self._anchor(tenant.tenant_id, caller.pid if caller else 0)
-        return tenant
 
     async def check(self, job_id: str, group: str, peer: str) -> Tenant:
         """The job's tenant for a call that needs it to exist, checked against the caller. The

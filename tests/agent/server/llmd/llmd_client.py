@@ -145,6 +145,11 @@ class WorkloadHandle:
         except grpc.RpcError as e:
             self.error = e
 
+    def ended(self, timeout: float) -> bool:
+        """Whether the stream has ended (the agent refused or closed it) within `timeout`."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     def close(self, timeout: float = 5.0) -> None:
         self._outbox.put(None)
         self.channel.close()

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from agent.core import events as ev
 from agent.parking.setup import ParkingOptions, parse_fake_gpus
 from baton._pb import snapshot_agent_pb2 as sa
 from baton._pb import snapshot_agent_pb2_grpc as sa_grpc
@@ -239,3 +240,39 @@ def test_a_channel_must_open_with_one_registration(endpoint: str) -> None:
         assert twice.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         channel.close()
+
+
+def test_a_workload_registering_without_a_group_as_llm_ds_client_does_joins_its_known_job(
+    agent: AgentRunner, endpoint: str
+) -> None:
+    engine = Workload()
+    early = register_workload(endpoint, "engine")  # their register_workload(agent, job_id)
+    orchestrator = TimeSliceOrchestratorClient(endpoint, "engine", "g")
+    client = SnapshotAgentClient(endpoint)
+    handle: WorkloadHandle | None = None
+    try:
+        assert early.ended(5), "the refused registration's stream never ended"
+        assert early.error is not None and early.error.code() == grpc.StatusCode.NOT_FOUND
+        assert early.error.details() == (
+            "no job 'engine' on this node: name its group (groups: g), "
+            "or register after the job has acquired one"
+        )
+        assert orchestrator.acquire()[0] is True
+        mark = agent.mark()
+        handle = register_workload(endpoint, "engine", "", engine.on_snapshot, engine.on_restore)
+        agent.wait_event(
+            lambda e: (e.kind, e.tenant_id) == (ev.CONNECTED, "llmd/engine"), since=mark
+        )
+        assert orchestrator.release()[0] is True
+        config = sa.BackendConfig(app_channel=sa.AppChannelConfig())
+        op = client.wait_for_operation(client.snapshot("engine", "", config), 0.01)
+        assert op.status == sa.OPERATION_STATUS_COMPLETE, op.error
+        assert engine.device is None and [c.WhichOneof("command") for c in handle.commands] == [
+            "snapshot"
+        ]
+    finally:
+        for opened in (early, handle):
+            if opened is not None:
+                opened.close()
+        orchestrator.close()
+        client.close()
