@@ -143,6 +143,8 @@ class Channels:
         if first is None or first.WhichOneof("message") != "register":
             raise BadRequest("the first message on a WorkloadChannel must be a RegisterWorkload")
         reg = first.register
+        if reg.capabilities.default_mode and reg.capabilities.default_mode not in _MODES:
+            raise BadRequest("default_mode must be SUSPEND_MODE_OFFLOAD or SUSPEND_MODE_DISCARD")
         if reg.group:
             tenant = await self._jobs.join(reg.job_id, reg.group, context.peer())
         else:  # llm-d's register_workload names no group by default
@@ -154,8 +156,6 @@ class Channels:
             reg.capabilities,
             tenant.gpu_memory_mib * MIB,
         )
-        if reg.capabilities.default_mode and reg.capabilities.default_mode not in _MODES:
-            raise BadRequest("default_mode must be SUSPEND_MODE_OFFLOAD or SUSPEND_MODE_DISCARD")
         service = self._jobs.service
         old = self._by_tenant.get(tenant.tenant_id)
         self._by_tenant[tenant.tenant_id] = session

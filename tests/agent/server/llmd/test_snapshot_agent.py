@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import cast
 
 import grpc
 import pytest
@@ -276,3 +277,22 @@ def test_a_workload_registering_without_a_group_as_llm_ds_client_does_joins_its_
                 opened.close()
         orchestrator.close()
         client.close()
+
+
+def test_a_registration_refused_for_its_default_mode_leaves_no_job_behind(
+    agent: AgentRunner, endpoint: str
+) -> None:
+    """It was refused after the job had been joined: the refused registration left the
+    `llmd/engine` tenant on the node, its caller counted as one of its processes."""
+    no_such_mode = cast(sa.SuspendMode, 7)
+    refused = register_workload(endpoint, "engine", "g", default_mode=no_such_mode)
+    try:
+        assert refused.ended(5), "the refused registration's stream never ended"
+        assert refused.error is not None
+        assert refused.error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "default_mode must be SUSPEND_MODE_OFFLOAD or SUSPEND_MODE_DISCARD" in (
+            refused.error.details() or ""
+        )
+        assert "llmd/engine" not in agent.status()["tenants"]
+    finally:
+        refused.close()
