@@ -22,6 +22,7 @@ from agent.client.types import (
     Callback,
     Identity,
     LeaseInfo,
+    acquire_args,
     add_callbacks,
     reply_wait,
 )
@@ -70,8 +71,7 @@ class AsyncBaton:
         self._link: SessionLink | None = None
         self._token = ""
         self.register_callbacks(on_park=on_park, on_restore=on_restore)
-        self._connect_timeout = connect_timeout
-        self._reconnect = reconnect
+        self._connect_timeout, self._reconnect = connect_timeout, reconnect
         self.tenant: pb.Tenant | None = None
         """This tenant as the agent knows it (after connecting)."""
         self._core = SessionCore(renew_interval)
@@ -175,8 +175,7 @@ class AsyncBaton:
         if future is not None and not future.done():
             future.set_result(reply)
             return
-        release = self._core.unclaimed(reply)
-        if release is not None:
+        if (release := self._core.unclaimed(reply)) is not None:
             self._spawn(self._send(pb.ClientMessage(request=release)))
 
     async def _run_callback(self, request: pb.Callback) -> None:
@@ -276,6 +275,7 @@ class AsyncBaton:
         """Wait for the turn on all the tenant's GPUs (or `gpus`); `AcquireTimeout` if too long.
         With an on_restore callback, whatever this process parked is restored before this
         returns (as `Baton.acquire` does)."""
+        timeout, gpus = acquire_args(timeout, gpus)
         if (held := self._core.held(gpus)) is not None:  # (a park meanwhile: a revocation's)
             return held
         if (kept := self._core.take_kept(gpus)) is not None:

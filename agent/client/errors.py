@@ -40,7 +40,7 @@ class LeaseLost(BatonError):
 
 
 class InvalidRequest(BatonError, ValueError):
-    """The agent rejected the request's arguments (e.g. GPUs the tenant was not given)."""
+    """The request's arguments are wrong (a negative timeout, GPUs the tenant was not given)."""
 
 
 _KINDS: dict[grpc.StatusCode, type[BatonError]] = {

@@ -17,7 +17,12 @@ from agent.client.call_link import CallLink, NotSent
 from agent.client.errors import AcquireTimeout, AgentUnavailable, BatonError, LeaseLost
 from agent.client.parked import given_back
 from agent.client.session_core import acquire_request
-from agent.client.types import REPLY_TIMEOUT_S, LeaseInfo, reply_wait
+from agent.client.types import (
+    REPLY_TIMEOUT_S,
+    LeaseInfo,
+    acquire_args,
+    reply_wait,
+)
 from baton._pb import agent_pb2 as pb
 from baton.contract import framing
 
@@ -77,13 +82,15 @@ class Baton(BlockingSession):
     # The two calls.
 
     def acquire(self, timeout: float | None = None, gpus: Sequence[str] | None = None) -> LeaseInfo:
-        """Block until this tenant's turn; `AcquireTimeout` after `timeout` seconds.
+        """Block until this tenant's turn; `AcquireTimeout` after `timeout` seconds (None or
+        inf: no limit; a negative or NaN one raises `InvalidRequest`).
 
         With an on_restore callback, whatever this process parked is restored here, as the
         grant arrives, before this returns (the agent may leave that restore to it); a restore
         that fails gives the turn back and raises `BatonError` naming the GPU.
         """
         self._owner.check()
+        timeout, gpus = acquire_args(timeout, gpus)
         if (held := self._core.held(gpus)) is not None:  # (a park meanwhile: a revocation's)
             return held
         start = time.monotonic()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import os
 import socket as socketlib
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from agent.client.errors import BatonError
+from agent.client.errors import BatonError, InvalidRequest
 from baton._pb import agent_pb2 as pb
 from baton.contract.names import AGENT_SOCKET, ENV_AGENT_SOCKET, ENV_GPUS, ENV_TENANT_NAME
 
@@ -41,6 +43,28 @@ class LeaseInfo:
             lease.hold_until,
             lease.contended,
         )
+
+
+def acquire_timeout(timeout: object) -> float | None:
+    """An acquire's `timeout` in seconds, checked: None, inf or one past what a wait can count
+    waits without end; anything but a number of seconds, 0 or more, is refused in one line."""
+    if timeout is None:
+        return None
+    seconds = float(timeout) if isinstance(timeout, int | float) else math.nan
+    if isinstance(timeout, bool) or not seconds >= 0:  # NaN too
+        raise InvalidRequest(
+            f"acquire timeout={timeout!r}: give seconds, 0 or more, or None to wait for the "
+            "turn without end"
+        )
+    return None if seconds >= threading.TIMEOUT_MAX else seconds
+
+
+def acquire_args(
+    timeout: object, gpus: Sequence[str] | None
+) -> tuple[float | None, Sequence[str] | None]:
+    """An acquire's timeout, checked (`acquire_timeout`), and the GPUs it names (None: all the
+    tenant's)."""
+    return acquire_timeout(timeout), gpus
 
 
 REPLY_TIMEOUT_S = 10.0

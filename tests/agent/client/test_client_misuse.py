@@ -4,6 +4,7 @@ child. Each gets a one-line error that names it, and none costs another tenant i
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import subprocess
@@ -11,10 +12,11 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agent.client import AcquireTimeout, AsyncBaton, Baton, BatonError, Refused
+from agent.client import AcquireTimeout, AsyncBaton, Baton, BatonError, InvalidRequest, Refused
 from baton.contract.names import ENV_AGENT_SOCKET, ENV_GPUS
 from tests.harness.agent import AgentRunner
 
@@ -118,3 +120,47 @@ def test_threads_of_one_client_share_the_turn_one_waits_for(agent: AgentRunner) 
         holder.yield_()
         assert first.result(WAIT_S) == second.result(WAIT_S) == shared.lease
         shared.yield_()
+
+
+@pytest.mark.parametrize("timeout", [-1, float("nan"), "30", True])
+def test_an_acquire_timeout_that_is_no_seconds_is_refused_in_one_line(
+    agent: AgentRunner, timeout: Any
+) -> None:
+    said = rf"acquire timeout={timeout!r}: give seconds, 0 or more, or None"
+    with Baton(agent.socket, ["GPU-0"], name="sync") as baton:
+        with pytest.raises(InvalidRequest, match=said):
+            baton.acquire(timeout=timeout)
+        with pytest.raises(InvalidRequest, match=said), baton.turn(timeout=timeout):
+            pass
+        assert baton.lease is None
+
+    async def scenario() -> None:
+        async with AsyncBaton(agent.socket, ["GPU-0"], name="async") as baton:
+            with pytest.raises(InvalidRequest, match=said):
+                await baton.acquire(timeout=timeout)
+            assert baton.lease is None
+
+    asyncio.run(scenario())
+    assert agent.status()["gpus"]["GPU-0"]["holder"] is None
+
+
+def test_an_infinite_acquire_timeout_waits_for_the_turn_without_end(agent: AgentRunner) -> None:
+    with (
+        Baton(agent.socket, ["GPU-0"], name="holder", keep_turns=False) as holder,
+        Baton(agent.socket, ["GPU-0"], name="waiter") as waiter,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        holder.acquire(timeout=WAIT_S)
+        mark = agent.mark()
+        waiting = pool.submit(waiter.acquire, math.inf)
+        agent.wait_event(lambda e: e.kind == "queued" and e.tenant_id == "local/waiter", 5, mark)
+        holder.yield_()
+        assert waiting.result(WAIT_S) == waiter.lease
+        waiter.yield_()
+
+    async def scenario() -> None:
+        async with AsyncBaton(agent.socket, ["GPU-0"], name="async") as baton:
+            await asyncio.wait_for(baton.acquire(timeout=math.inf), WAIT_S)
+            await baton.yield_()
+
+    asyncio.run(scenario())
