@@ -270,7 +270,7 @@ class AsyncBaton:
     # The two calls.
 
     async def acquire(
-        self, timeout: float | None = None, gpus: Sequence[str] | None = None
+        self, timeout: float | None = None, gpus: Sequence[str] | str | None = None
     ) -> LeaseInfo:
         """Wait for the turn on all the tenant's GPUs (or `gpus`); `AcquireTimeout` if too long.
         With an on_restore callback, whatever this process parked is restored before this

@@ -81,7 +81,9 @@ class Baton(BlockingSession):
 
     # The two calls.
 
-    def acquire(self, timeout: float | None = None, gpus: Sequence[str] | None = None) -> LeaseInfo:
+    def acquire(
+        self, timeout: float | None = None, gpus: Sequence[str] | str | None = None
+    ) -> LeaseInfo:
         """Block until this tenant's turn; `AcquireTimeout` after `timeout` seconds (None or
         inf: no limit; a negative or NaN one raises `InvalidRequest`).
 

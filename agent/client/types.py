@@ -60,11 +60,11 @@ def acquire_timeout(timeout: object) -> float | None:
 
 
 def acquire_args(
-    timeout: object, gpus: Sequence[str] | None
-) -> tuple[float | None, Sequence[str] | None]:
+    timeout: object, gpus: Sequence[str] | str | None
+) -> tuple[float | None, tuple[str, ...] | None]:
     """An acquire's timeout, checked (`acquire_timeout`), and the GPUs it names (None: all the
-    tenant's)."""
-    return acquire_timeout(timeout), gpus
+    tenant's); a string is a comma-separated list, as in the constructor, never its letters."""
+    return acquire_timeout(timeout), None if gpus is None else gpus_from(gpus)
 
 
 REPLY_TIMEOUT_S = 10.0

@@ -83,16 +83,23 @@ def test_a_forked_child_neither_uses_nor_ends_the_parents_session(agent: AgentRu
     assert "lost" not in out, out
 
 
-def test_acquire_while_holding_other_gpus_is_refused(agent: AgentRunner) -> None:
+def test_acquire_names_gpus_as_the_constructor_does_and_refuses_others_while_holding(
+    agent: AgentRunner,
+) -> None:
     with Baton(agent.socket, "GPU-0,GPU-1", name="two") as baton:
         lease = baton.acquire(timeout=WAIT_S, gpus=["GPU-0"])
         assert baton.acquire(timeout=WAIT_S, gpus=["GPU-0"]) == lease  # the same ask: held
         with pytest.raises(Refused, match=r"holds a turn on \['GPU-0'\]: yield_\(\) it first"):
             baton.acquire(timeout=WAIT_S, gpus=["GPU-1"])
         baton.yield_()
+        assert baton.acquire(timeout=WAIT_S, gpus="GPU-1, GPU-0").gpus == ("GPU-0", "GPU-1")
+        assert baton.acquire(timeout=WAIT_S, gpus=["GPU-1", "GPU-0"]) == baton.lease  # held
+        baton.yield_()
 
     async def scenario() -> None:
         async with AsyncBaton(agent.socket, "GPU-0,GPU-1", name="two-async") as baton:
+            assert (await baton.acquire(timeout=WAIT_S, gpus="GPU-0")).gpus == ("GPU-0",)
+            await baton.yield_()
             await baton.acquire(timeout=WAIT_S, gpus=["GPU-1"])
             with pytest.raises(Refused, match=r"holds a turn on \['GPU-1'\]"):
                 await baton.acquire(timeout=WAIT_S, gpus=["GPU-0"])
