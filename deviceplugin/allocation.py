@@ -110,6 +110,14 @@ class Allocator:
         gpus = names.gpus_of_device_ids(device_ids)
         if not gpus:
             raise ValueError("Allocate named no devices")
+        _, inventory = self.inventory.snapshot()
+        advertised = {d.id for d in inventory.devices()}
+        unknown = [d for d in device_ids if d not in advertised]
+        if unknown:  # a container would be handed a GPU this node does not have
+            raise ValueError(
+                f"devices {', '.join(unknown)} are not advertised on node {self.node_name} "
+                f"({len(inventory.gpus)} GPUs, slots 0 to {inventory.slots_per_gpu - 1} each)"
+            )
         self.on_allocate()
         log.info("allocated GPUs %s (devices %s)", ",".join(gpus), ",".join(device_ids))
         return container_allocation(gpus, self.cdi_kind)

@@ -124,3 +124,15 @@ def test_allocate_of_device_ids_not_of_ours_is_a_clear_refusal(plugin, kubelet):
     assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "<GPU-UUID>::<slot>" in failure.value.details()
     assert sample(plugin, "allocations_total", outcome="bad-request") == 1
+
+
+def test_allocate_of_a_gpu_this_node_lacks_is_refused_naming_the_device(plugin, kubelet):
+    foreign = names.slot_device_id(fake_gpu_uuid(0, "node-b"), 0)
+    request = api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[foreign])]
+    )
+    with pytest.raises(grpc.RpcError) as failure:
+        kubelet.endpoint(GPU).stub.Allocate(request, timeout=5)
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"devices {foreign} are not advertised on node {NODE}" in failure.value.details()
+    assert sample(plugin, "allocations_total", outcome="bad-request") == 1

@@ -67,6 +67,14 @@ def test_allocate_answers_from_the_device_ids_whichever_pod_they_are_for():
         served.allocate(["no-slot"])
 
 
+def test_allocate_refuses_devices_it_does_not_advertise_naming_them():
+    served = allocator(MemoryPods())
+    with pytest.raises(ValueError, match="devices GPU-gone::0 are not advertised on node node-a"):
+        served.allocate([A0, "GPU-gone::0"])
+    with pytest.raises(ValueError, match=f"{A}::2 are not .* slots 0 to 1 each"):
+        served.allocate([f"{A}::2"])
+
+
 def test_preferred_steers_each_container_of_the_oldest_pod_then_moves_on():
     pods = [
         pod("second", gpus=[A], at=2),
