@@ -103,7 +103,7 @@ class DevicePlugin:
                 try:
                     self._open()
                 except OSError as err:  # gone again before the watch was set up
-                    log.warning("%s: cannot watch it (%s)", self.plugin_dir, err.strerror)
+                    log.warning("%s: cannot serve in it (%s)", self.plugin_dir, err.strerror or err)
                     self._close_watcher()
                     continue
             self._watch()

@@ -156,7 +156,12 @@ class PluginServer:
         self.service.serve_anew()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dp"))
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
-        server.add_insecure_port(f"unix://{self.socket_path}")
+        try:
+            server.add_insecure_port(f"unix://{self.socket_path}")
+        except RuntimeError:  # gRPC says only that it failed: a plain bind says why
+            raise OSError(
+                f"cannot bind plugin socket {self.socket_path}: {_bind_error(self.socket_path)}"
+            ) from None
         server.start()
         self._server = server
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
@@ -179,3 +184,14 @@ class PluginServer:
             self._server = None
         if self.socket_path.parent.is_dir():  # else there is no socket to remove
             self.socket_path.unlink(missing_ok=True)
+
+
+def _bind_error(path: Path) -> str:
+    """Why a unix socket cannot be bound at `path` (gRPC does not say)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(str(path))
+        except OSError as err:
+            return err.strerror or str(err)
+    path.unlink(missing_ok=True)
+    return "gRPC could not bind it"

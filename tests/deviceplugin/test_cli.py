@@ -59,6 +59,19 @@ def test_a_device_plugin_dir_that_is_a_file_is_refused_at_once(socket_dir, fake_
     assert "Traceback" not in done.stderr
 
 
+def test_a_plugin_socket_that_cannot_be_bound_is_refused_at_once_saying_why(socket_dir, fake_api):
+    deep = socket_dir / ("d" * 110)  # the socket's path is longer than a unix socket's can be
+    deep.mkdir()
+    env = daemon_env(fake_api, socket_dir, deep, "1x1024") | {"BATON_POD_RESOURCES_SOCKET": ""}
+    done = subprocess.run(
+        [*BATON, "deviceplugin"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"cannot bind plugin socket {deep / names.DEVICE_PLUGIN_SOCKET_NAME}: " in done.stderr
+    assert "path too long" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_daemon_serves_kubelet_api_and_metrics(socket_dir, kubelet, fake_api):
     fake_api.put_object(tenant_pod("tenant", (GPU1,), assigned_at_ns=1))
     env = daemon_env(fake_api, socket_dir, socket_dir, "2x1024") | {
