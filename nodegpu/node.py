@@ -7,7 +7,9 @@ the kubelet; a new cluster-facing path plugs into it the same way.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
+import socket
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -81,9 +83,11 @@ class NodeGpus:
                 fake_posts if fake else None,
             )
         except OSError as err:
+            host_wrong = isinstance(err, socket.gaierror) or err.errno == errno.EADDRNOTAVAIL
             raise NodeStartError(
                 f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} "
-                f"({err.strerror}); pass another --metrics-port"
+                f"({err.strerror}); pass "
+                + ("a --metrics-host of this machine" if host_wrong else "another --metrics-port")
             ) from None
         self.annotator = (
             NodeAnnotator(

@@ -9,6 +9,7 @@ import logging
 import socket
 import threading
 import urllib.request
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -59,6 +60,13 @@ def test_a_taken_metrics_port_is_one_sentence() -> None:
         taken.listen()
         with pytest.raises(NodeStartError, match="pass another --metrics-port"):
             NodeGpus(_settings(taken.getsockname()[1]), [], True, None, lambda: None)
+
+
+@pytest.mark.parametrize("host", ["no-such-host.invalid", "192.0.2.1"])
+def test_a_metrics_host_this_machine_cannot_serve_on_is_named_as_the_problem(host) -> None:
+    settings = replace(_settings(0), metrics_host=host)
+    with pytest.raises(NodeStartError, match=f"on {host}:0 .*pass a --metrics-host of this"):
+        NodeGpus(settings, [], True, None, lambda: None)
 
 
 def test_a_daemons_settings_start_from_the_node_settings() -> None:
