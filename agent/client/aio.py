@@ -1,8 +1,7 @@
 """`AsyncBaton`: the asyncio client of the node agent.
 
 The session's reads, writes and timers run on the caller's event loop; what they do to the turn
-is decided in `agent.client.session_core`, as for the blocking client.
-"""
+is decided in `agent.client.session_core`, as for the blocking client."""
 
 from __future__ import annotations
 
@@ -25,6 +24,7 @@ from agent.client.types import (
     acquire_args,
     add_callbacks,
     reply_wait,
+    timings_of,
 )
 from baton._pb import agent_pb2 as pb
 
@@ -71,10 +71,10 @@ class AsyncBaton:
         self._link: SessionLink | None = None
         self._token = ""
         self.register_callbacks(on_park=on_park, on_restore=on_restore)
-        self._connect_timeout, self._reconnect = connect_timeout, reconnect
+        self._connect_timeout, renew = timings_of(connect_timeout, renew_interval)
         self.tenant: pb.Tenant | None = None
         """This tenant as the agent knows it (after connecting)."""
-        self._core = SessionCore(renew_interval)
+        self._core, self._reconnect = SessionCore(renew), reconnect
         self._core.park_at_yield = park_at_yield
         self._core.keeps_turns = keep_turns and not job  # a job's turn is the coordinator's
         self._write_lock: asyncio.Lock | None = None

@@ -26,7 +26,7 @@ from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.owner import SessionOwner
 from agent.client.session_core import SessionCore
 from agent.client.timers import Keeper
-from agent.client.types import Callback, Identity, LeaseInfo, add_callbacks
+from agent.client.types import Callback, Identity, LeaseInfo, add_callbacks, timings_of
 from agent.wire.handshake import handshake_path, read_token_line
 from baton._pb import agent_pb2 as pb
 from baton.contract import framing
@@ -66,11 +66,11 @@ class BlockingSession:
         """The job whose turn `acquire` takes across its nodes ("": the pod's own, if any)."""
         self._registration = me.registration
         self._callbacks: dict[str, Callback] = {}
-        self._connect_timeout, self._renew_interval = connect_timeout, renew_interval
+        self._connect_timeout, self._renew_interval = timings_of(connect_timeout, renew_interval)
         self._reconnect = reconnect
         self.tenant: pb.Tenant | None = None
         """This tenant as the agent knows it (after connecting)."""
-        self._core = SessionCore(renew_interval)
+        self._core = SessionCore(self._renew_interval)
         self._core.park_at_yield = park_at_yield
         """The turn held and its renewal; changed only under `_state`."""
         self._core.keeps_turns = keep_turns and not job  # a job's turn is the coordinator's

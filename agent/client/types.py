@@ -59,6 +59,18 @@ def acquire_timeout(timeout: object) -> float | None:
     return None if seconds >= threading.TIMEOUT_MAX else seconds
 
 
+def timings_of(connect_timeout: object, renew_interval: object) -> tuple[float, float]:
+    """A client's `connect_timeout` and `renew_interval`, checked: finite numbers of seconds
+    above 0, or `InvalidRequest` naming the one that is not (a socket's own error would not)."""
+    checked = []
+    for name, value in (("connect_timeout", connect_timeout), ("renew_interval", renew_interval)):
+        seconds = float(value) if isinstance(value, int | float) else math.nan
+        if isinstance(value, bool) or not 0 < seconds < math.inf:
+            raise InvalidRequest(f"{name}={value!r}: give a finite number of seconds above 0")
+        checked.append(seconds)
+    return checked[0], checked[1]
+
+
 def acquire_args(
     timeout: object, gpus: Sequence[str] | str | None
 ) -> tuple[float | None, tuple[str, ...] | None]:

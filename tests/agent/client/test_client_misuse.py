@@ -151,6 +151,21 @@ def test_an_acquire_timeout_that_is_no_seconds_is_refused_in_one_line(
     assert agent.status()["gpus"]["GPU-0"]["holder"] is None
 
 
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("connect_timeout", -1.0), ("connect_timeout", float("nan")), ("renew_interval", 0.0)],
+)
+@pytest.mark.parametrize("client", [Baton, AsyncBaton])
+def test_a_client_refuses_timings_that_are_no_seconds_naming_them(
+    agent: AgentRunner, client: Any, argument: str, value: float
+) -> None:
+    """A negative or NaN connect_timeout failed at the first acquire with the socket's own
+    "Timeout value out of range"; a renew_interval of 0 was taken."""
+    with pytest.raises(InvalidRequest) as refused:
+        client(agent.socket, ["GPU-0"], name="t", **{argument: value})
+    assert str(refused.value) == f"{argument}={value!r}: give a finite number of seconds above 0"
+
+
 def test_an_infinite_acquire_timeout_waits_for_the_turn_without_end(agent: AgentRunner) -> None:
     with (
         Baton(agent.socket, ["GPU-0"], name="holder", keep_turns=False) as holder,
