@@ -75,17 +75,18 @@ class DevicePlugin:
         self.server.start()
         self._register()
 
-    def _wait_for_directory(self, why: str) -> bool:
-        """Wait (with backoff, until stopped) for the kubelet to create its directory."""
-        log.warning(
-            "%s: %s; waiting for the kubelet to create it (checking every %g to %g s), then "
-            "serving and registering",
-            self.plugin_dir,
-            why,
-            RETRY_FIRST_S,
-            RETRY_MAX_S,
-        )
-        delay = RETRY_FIRST_S
+    def _wait_for_directory(self, why: str, delay: float = RETRY_FIRST_S) -> bool:
+        """Wait (with backoff from `delay`, until stopped) for the kubelet to create its
+        directory; said at the first wait only (`delay` is longer after a failed open)."""
+        if delay == RETRY_FIRST_S:
+            log.warning(
+                "%s: %s; waiting for the kubelet to create it (checking every %g to %g s), "
+                "then serving and registering",
+                self.plugin_dir,
+                why,
+                RETRY_FIRST_S,
+                RETRY_MAX_S,
+            )
         while not self._stop.wait(delay):
             if self.plugin_dir.is_dir():
                 log.info("%s exists now", self.plugin_dir)
@@ -96,16 +97,26 @@ class DevicePlugin:
     def _run(self) -> None:
         """Watch the directory; wait for it while it is missing, before and after a start."""
         why = "the device-plugin directory does not exist (yet)"
+        failed = 0  # opens that failed in a row: retried with backoff, said once
         while not self._stop.is_set():
             if self._watcher is None:
-                if not self._wait_for_directory(why):
+                delay = min(RETRY_FIRST_S * 2 ** min(failed, 16), RETRY_MAX_S)
+                if not self._wait_for_directory(why, delay):
                     return
                 try:
                     self._open()
-                except OSError as err:  # gone again before the watch was set up
-                    log.warning("%s: cannot serve in it (%s)", self.plugin_dir, err.strerror or err)
+                except OSError as err:  # gone again before the watch was set up, or unbindable
+                    failed += 1
+                    log.log(
+                        logging.WARNING if failed == 1 else logging.DEBUG,
+                        "%s: cannot serve in it (%s); trying again up to %g s apart",
+                        self.plugin_dir,
+                        err.strerror or err,
+                        RETRY_MAX_S,
+                    )
                     self._close_watcher()
                     continue
+                failed = 0
             self._watch()
             why = "the directory disappeared, so the kubelet cannot reach this plugin"
 
