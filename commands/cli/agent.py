@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 ABOVE_ZERO = ("max_hold", "move_timeout", "driver_call_timeout", "slowest_copy_gbps", "fake_scale")
-"""The settings that mean nothing at zero or below (seconds, rates, a scale)."""
+"""The settings that mean nothing at zero or below (seconds, rates, a scale; each in FINITE)."""
 FINITE = tuple(name for name, kind in get_type_hints(AgentSettings).items() if kind is float)
 """Every number of seconds, rate or scale: none means anything at infinity (a timeout that
 never passes hangs; "never" has a spelling of its own where it is a choice, e.g. -1 or 0)."""
@@ -70,22 +70,15 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
     from agent.parking.setup import ParkingOptions
     from agent.server.llmd.groups import Groups, GroupSpecError
 
-    for name in ABOVE_ZERO:
-        if not getattr(s, name) > 0:  # (NaN too)
-            raise typer.BadParameter(
-                f"{getattr(s, name)}: must be above 0", param_hint=f"--{name.replace('_', '-')}"
-            )
     for name in FINITE:
-        if not math.isfinite(getattr(s, name)):
-            raise typer.BadParameter(
-                f"{getattr(s, name)}: must be a finite number",
-                param_hint=f"--{name.replace('_', '-')}",
-            )
+        value, flag = getattr(s, name), f"--{name.replace('_', '-')}"
+        if name in ABOVE_ZERO and not value > 0:  # (NaN too)
+            raise typer.BadParameter(f"{value}: must be above 0", param_hint=flag)
+        if not math.isfinite(value):
+            raise typer.BadParameter(f"{value}: must be a finite number", param_hint=flag)
     for name in ADDRESSES:
         check_address(getattr(s, name), f"--{name.replace('_', '-')}")
     check_grace(s.shutdown_grace)
-    check_grace(s.forget_departed_after, "--forget-departed-after")
-    check_grace(s.reconnect_grace, "--reconnect-grace")  # inf: a lost holder kept its turn
     order = _queue_policy(s.queue_policy, s.policy)
     if order not in QUEUE_POLICIES:
         choices = ", ".join(QUEUE_POLICIES)

@@ -69,9 +69,8 @@ def check_address(value: str, option: str) -> None:
 
 
 def check_grace(value: float, option: str = "--shutdown-grace") -> None:
-    """A daemon's shutdown grace (seconds in-flight calls get on a stop) or another span of
-    seconds where 0 is a choice, or a `BadParameter` naming the option: a negative, NaN or
-    infinite one has no moment to wait for."""
+    """A daemon's shutdown grace (seconds in-flight calls get on a stop), or a `BadParameter`
+    naming the option: a negative, NaN or infinite grace has no stop to wait for."""
     if not (math.isfinite(value) and value >= 0):
         raise typer.BadParameter(
             f"{value}: must be a finite number of seconds, 0 or more", param_hint=option
