@@ -264,8 +264,13 @@ class SessionCore:
     def release(self, lease_id: str, parked: Mapping[str, int] | None = None) -> pb.YieldRequest:
         """The end of the turn `lease_id`, with the memory this process still holds parked
         (and what it `parked` as it yielded, GPU → bytes)."""
-        still = {g: n for g, n in self.parked().items() if not parked or g not in parked}
-        return pb.YieldRequest(lease_id=lease_id, still_parked=still, parked=parked or {})
+        request = pb.YieldRequest(lease_id=lease_id)  # maps filled only when not empty:
+        for gpu, moved in self.parked().items():  # their constructor argument is slow
+            if not parked or gpu not in parked:
+                request.still_parked[gpu] = moved
+        if parked:
+            request.parked.update(parked)
+        return request
 
     def unclaimed(self, reply: pb.Reply) -> pb.Request | None:
         """An answer no caller waits for (it gave up): a turn it grants is handed back."""

@@ -84,7 +84,14 @@ class LeaseTable:
 
     def gpu(self, name: str) -> GpuState:
         """The state of a GPU, created on first mention."""
-        return self.gpus.setdefault(name, GpuState())
+        if (state := self.gpus.get(name)) is None:
+            state = self.gpus[name] = GpuState()
+        return state
+
+    def _usage_of(self, tenant_id: str) -> TenantUsage:
+        if (usage := self.usage.get(tenant_id)) is None:
+            usage = self.usage[tenant_id] = TenantUsage()
+        return usage
 
     def queue(self) -> list[Waiter]:
         """All waiters in the order the policy serves them."""
@@ -137,7 +144,7 @@ class LeaseTable:
             if w.tenant_id == tenant_id and set(w.gpus) & set(wanted):
                 raise AlreadyHolding(f"tenant {tenant_id!r} already waits for {', '.join(w.gpus)}")
         now = self._clock()
-        usage = self.usage.setdefault(tenant_id, TenantUsage())
+        usage = self._usage_of(tenant_id)
         usage.duty = duty
         usage.tier = usage.tier if tier is None else tier
         self._unhold(self.anticipation.gpus_of(tenant_id), now)
@@ -294,7 +301,7 @@ class LeaseTable:
             state.holder = None
             state.busy_since = None
             state.served[lease.tenant_id] = now
-        usage = self.usage.setdefault(lease.tenant_id, TenantUsage())
+        usage = self._usage_of(lease.tenant_id)
         usage.last_served = now
         usage.served_seconds += max(0.0, now - lease.granted_at)
         if self.fair is not None:

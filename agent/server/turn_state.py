@@ -4,8 +4,7 @@ how it publishes events, persists and restores the state and runs background wor
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +98,7 @@ class TurnState:
         (one write for both), or for `journal_flush`."""
         self._after: list[Callable[[], object]] | None = None
         """Bookkeeping held back while `grants_first` is open, in the order it was asked for."""
+        self._grants_first = _GrantsFirst(self)
         self.unclaimed: set[str] = set()
         """Leases restored from the state that no client has named since the restart: their
         grant may never have reached the tenant (`Turns.acquire` hands one back)."""
@@ -135,21 +135,11 @@ class TurnState:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    @contextlib.contextmanager
-    def grants_first(self) -> Iterator[None]:
+    def grants_first(self) -> _GrantsFirst:
         """Hold events and metrics back until the block ends, so that a grant it makes reaches
         its tenant first; they then run in the order they were asked for. Nested: the outermost
         block runs them."""
-        if self._after is not None:
-            yield
-            return
-        self._after = []
-        try:
-            yield
-        finally:
-            after, self._after = self._after, None
-            for step in after:
-                step()
+        return self._grants_first
 
     def later(self, step: Callable[[], object]) -> None:
         """Run `step` (bookkeeping) at the end of `grants_first`, or now outside it."""
@@ -349,3 +339,23 @@ def _unreadable(saved: PersistedState, err: RecordError) -> StateDirError:
         f"cannot read {saved.parked_from}: its record of parked memory is not one this agent "
         f"wrote ({err}); move it aside to start afresh, forgetting what it holds parked"
     )
+
+
+class _GrantsFirst:
+    """`TurnState.grants_first`'s block (a class, not a generator: it is on every handoff)."""
+
+    def __init__(self, state: TurnState) -> None:
+        self._state = state
+        self._depth = 0
+
+    def __enter__(self) -> None:
+        if self._depth == 0:
+            self._state._after = []
+        self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            after, self._state._after = self._state._after or [], None
+            for step in after:
+                step()

@@ -96,12 +96,15 @@ def _index(queue: list[Waiter], waiter: Waiter) -> int:
 
 
 def lease_to_pb(lease: Lease, contended: bool = False) -> pb.Lease:
-    return pb.Lease(
+    message = pb.Lease(
         lease_id=lease.lease_id,
         tenant_id=lease.tenant_id,
         gpus=lease.gpus,
-        fencing_tokens=dict(lease.tokens),
         granted_at=lease.granted_at,
         hold_until=lease.hold_until,
         contended=contended,
     )
+    tokens = message.fencing_tokens  # set one by one: a dict given to the constructor goes
+    for gpu, token in lease.tokens.items():  # through the Python-level MutableMapping.update
+        tokens[gpu] = token
+    return message
