@@ -35,10 +35,11 @@ class LeaseInfo:
     @classmethod
     def from_pb(cls, lease: pb.Lease) -> LeaseInfo:
         """From the wire form."""
+        tokens = lease.fencing_tokens  # not dict(tokens): that runs the Python-level Mapping
         return cls(
             lease.lease_id,
             tuple(lease.gpus),
-            dict(lease.fencing_tokens),
+            {gpu: tokens[gpu] for gpu in tokens},
             lease.granted_at,
             lease.hold_until,
             lease.contended,
