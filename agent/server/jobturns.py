@@ -262,9 +262,18 @@ class JobTurns:
             nodes=tuple(nodes),
             sessions=sessions,
         )
+        self._end_overtaken(turn)
         self.turns[turn_id] = turn
         self._save()
         return turn
+
+    def _end_overtaken(self, turn: NodeTurn) -> None:
+        """End each turn here that names a GPU `turn` was granted: the coordinator gave it to
+        `turn`, so that one's release went unheard (its member was revoked at the maximum hold)."""
+        for old in [t for t in self.turns.values() if set(t.gpus) & set(turn.gpus)]:
+            why = f"its GPUs went to job {turn.namespace}/{turn.job}'s turn {turn.turn_id}"
+            log.warning("job %s/%s: turn %s ended: %s", old.namespace, old.job, old.turn_id, why)
+            self.release(self.epoch, old.turn_id, f"{why}; its release was not heard")
 
     def commit(self, epoch: int, turn_id: str) -> NodeTurn:
         """The prepared turn starts; idempotent."""

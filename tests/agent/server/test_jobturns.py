@@ -102,6 +102,42 @@ def test_an_older_epoch_is_refused_also_after_a_restart(tmp_path: Path) -> None:
     run(body)
 
 
+def test_a_turn_whose_member_the_maximum_hold_revoked_for_another_jobs_turn_ends_here(
+    tmp_path: Path,
+) -> None:
+    """The coordinator released turn t1 (not heard: the agent was restarting) and prepared
+    job sft's t2 on its GPU; t2 waited behind t1's member until the maximum hold revoked it.
+    t1 is over here then: the report names one turn on the GPU, and t1's member is not queued
+    to take the GPU back from t2."""
+
+    async def body() -> None:
+        service = LeaseService(
+            table=LeaseTable(clock=time.time, max_hold=0.1),
+            preparer=lambda host: NullPreparer(),
+            clock=time.time,
+            store=StateStore(tmp_path),
+        )
+        service.load()
+        service.upsert_pod(pod("trainer", ("GPU-0",), {LABEL_JOB: "rl"}))
+        service.upsert_pod(pod("tuner", ("GPU-0",), {LABEL_JOB: "sft"}))
+        turns = JobTurns(service, "n1", JobTurnStore(tmp_path), time.time)
+        turns.load()
+        await turns.prepare(1, "t1", "team", "rl", timeout=5)
+        turns.commit(1, "t1")
+        await turns.prepare(1, "t2", "team", "sft", timeout=5)  # in once t1's is revoked
+        assert [(t.turn_id, t.gpus) for t in turns.report(1)] == [("t2", ("GPU-0",))]
+        assert [lease.tenant_id for lease in service.table.leases.values()] == ["team/tuner"]
+        assert not service.table.waiters  # the trainer's resume went with its turn
+        assert not service.sessions.connected("team/trainer")
+        assert not turns.release(1, "t1", "yielded")  # heard at last: nothing left of it
+        again = JobTurns(service, "n1", JobTurnStore(tmp_path), time.time)
+        again.load()
+        assert list(again.turns) == ["t2"]  # and so on disk
+        await service.close()
+
+    run(body)
+
+
 def test_a_job_with_no_pod_here_and_an_unknown_turn_are_named(tmp_path: Path) -> None:
     async def body() -> None:
         service, turns = node(tmp_path)
