@@ -251,7 +251,7 @@ class Coordinator:
             )  # fmt: skip
             self._elector.outrank(found.outranked)
             return
-        self.arbiter.lead(epoch, table, found.held, found.unreachable)
+        self.arbiter.lead(epoch, table, found)
         self._health.serving(True)
         if self._label is not None:
             self._label.want(True)

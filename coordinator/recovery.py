@@ -29,12 +29,11 @@ from coordinator.agents import AgentLinks, NodeFailed
 from coordinator.cluster import ClusterView, PlanError, turn_key
 from coordinator.jobturn import JobTurn
 from coordinator.releases import FIRST_BACKOFF_S, MAX_BACKOFF_S
+from coordinator.settling import LATE
 from coordinator.turns import Arbiter
 
 log = logging.getLogger(__name__)
 COMMITTED = "committed"
-LATE = "its agent was listed after this leader took over: its job turns are not asked for yet"
-"""Why a node is unsettled before this leader first asks it."""
 
 
 @dataclass
@@ -90,7 +89,7 @@ async def chase(
 ) -> None:
     """Ask each agent that recovery did not reach again, with backoff, until it answers (what it
     reports is then settled as recovery would have), leaves the cluster or obeys a newer epoch;
-    `arbiter.unsettled` names those still waited for. With `appeared` (set when an agent's
+    `arbiter.settling.unsettled` names those still waited for. With `appeared` (set when an agent's
     address appears in the view), each node listed later that this leader has neither heard
     nor is asking is asked too, at once, and chased the same way: then it runs until cancelled
     (when this replica stops leading)."""
@@ -110,7 +109,7 @@ async def chase(
         while appeared is not None:
             appeared.clear()
             for node in sorted(arbiter.view.addresses().keys() - found.answered - asking):
-                arbiter.unsettled[node] = LATE
+                arbiter.settling.unsettled[node] = LATE
                 ask(node, 0.0)
             await appeared.wait()
 
@@ -130,7 +129,7 @@ async def _chase(
         try:
             answer = await arbiter.links.report(node, address, epoch)
         except NodeFailed as err:
-            arbiter.unsettled[node] = err.why
+            arbiter.settling.unsettled[node] = err.why
             log.log(
                 logging.WARNING if tries % 20 == 0 else logging.DEBUG,
                 "epoch %d: node %s has not answered yet (%s): its job turns are unsettled",
@@ -150,11 +149,13 @@ async def _chase(
                 "epoch %d: node %s answered (after %d tries): %s", epoch, node, tries,
                 "; ".join(outcomes) or "no job turn of an older leader",
             )  # fmt: skip
-            break
-        arbiter.unsettled[node] = "it answered, but settling its job turns failed: asked again"
+            arbiter.settling.settled(node)
+            return
+        why = "it answered, but settling its job turns failed: asked again"
+        arbiter.settling.unsettled[node] = why
     else:  # the node left the cluster
         log.info("node %s left the cluster before it answered epoch %d", node, epoch)
-    arbiter.unsettled.pop(node, None)
+    arbiter.settling.settled(node, heard=False)
 
 
 async def _settle_report(

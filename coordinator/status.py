@@ -78,7 +78,7 @@ def status_json(arbiter: Arbiter, identity: str, leading: bool, now: float) -> d
             for w in table.queue()
         ],
         "agents": arbiter.view.addresses(),
-        "unsettled": dict(sorted(arbiter.unsettled.items())),
+        "unsettled": dict(sorted(arbiter.settling.unsettled.items())),
     }
 
 
@@ -88,7 +88,7 @@ def watch(metrics: CoordinatorMetrics, arbiter: Arbiter) -> None:
     metrics.epoch.set_function(lambda: arbiter.epoch)
     metrics.held.set_function(lambda: len(arbiter.held))
     metrics.waiting.set_function(lambda: len(arbiter.table.waiters))
-    metrics.unsettled.set_function(lambda: len(arbiter.unsettled))
+    metrics.unsettled.set_function(lambda: len(arbiter.settling.unsettled))
 
     def granted(seconds: float) -> None:
         metrics.granted.inc()

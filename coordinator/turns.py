@@ -17,7 +17,8 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from agent.core.leases import Lease, LeaseTable
 from agent.core.waiters import Waiter
@@ -25,6 +26,10 @@ from coordinator.agents import AgentLinks, failure_text
 from coordinator.cluster import ClusterView, Plan, turn_key
 from coordinator.jobturn import JobTurn, NotHolder, NotLeading, TurnFailed, why_late
 from coordinator.releases import Releases, rolled_back
+from coordinator.settling import Settling
+
+if TYPE_CHECKING:
+    from coordinator.recovery import Recovered
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +69,8 @@ class Arbiter:
     """Hears each turn rolled back, with the node that failed first."""
     changed_at: dict[str, float] = field(default_factory=dict)
     """GPU (`node/GPU`) → when its turn last started, began moving or ended."""
-    unsettled: dict[str, str] = field(default_factory=dict)
-    """node → why its agent has not answered this leader yet (`coordinator.recovery.chase`)."""
+    settling: Settling = field(default_factory=Settling)
+    """The nodes heard since this replica leads: only those are planned onto."""
     _waits: dict[str, _Wait] = field(default_factory=dict)
     _by_key: dict[str, str] = field(default_factory=dict)
     """job key → the waiter id of its turn being asked for"""
@@ -84,7 +89,10 @@ class Arbiter:
     async def acquire(self, namespace: str, job: str, group: str, timeout: float | None) -> JobTurn:
         """Wait for the job's turn on `group` (all its pods if ""); at once if it holds it."""
         self.check_leading()
-        plan = self.view.plan(namespace, job, group)
+        replan = partial(self.view.plan, namespace, job, group)
+        plan = replan()
+        if plan.key not in self.held:  # an unheard node may hold an older leader's turn
+            plan, timeout = await self.settling.wait(plan, timeout, replan)
         if plan.key in self.held:
             return self.held[plan.key]
         waiter_id = self._by_key.get(plan.key, "")
@@ -209,13 +217,11 @@ class Arbiter:
 
     # Leading.
 
-    def lead(
-        self, epoch: int, table: LeaseTable, held: dict[str, JobTurn], unsettled: dict[str, str]
-    ) -> None:
+    def lead(self, epoch: int, table: LeaseTable, found: Recovered) -> None:
         """This replica leads from now, with `epoch`, holding what `coordinator.recovery` found
-        (`unsettled`: the agents it did not reach, and why)."""
-        self.table, self.held, self.epoch = table, held, epoch
-        self.unsettled = dict(unsettled)
+        (the agents that answered it are planned onto; the others once they answer)."""
+        self.table, self.held, self.epoch = table, found.held, epoch
+        self.settling.lead(found.answered, found.unreachable)
 
     def step_down(self, reason: str) -> None:
         """This replica no longer leads: every waiter hears why; the next leader takes over."""
@@ -230,7 +236,7 @@ class Arbiter:
         self._waits.clear()
         self._by_key.clear()
         self.held.clear()
-        self.unsettled.clear()
+        self.settling.clear()
         self.table = self.new_table()
 
     def check_leading(self) -> None:

@@ -185,7 +185,7 @@ async def _leading(view: ClusterView, links: AgentLinks) -> Arbiter:
     arbiter = Arbiter(view, links, new_table, time.time)
     table = arbiter.new_table()
     held = await recover(view, links, table, EPOCH)
-    arbiter.lead(EPOCH, table, held.held, held.unreachable)
+    arbiter.lead(EPOCH, table, held)
     return arbiter
 
 

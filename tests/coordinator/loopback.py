@@ -98,5 +98,5 @@ async def leading(view: ClusterView, epoch: int = 1) -> Arbiter:
     arbiter = Arbiter(view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time)
     table = arbiter.new_table()
     found = await recover(view, arbiter.links, table, epoch)
-    arbiter.lead(epoch, table, found.held, found.unreachable)
+    arbiter.lead(epoch, table, found)
     return arbiter

@@ -247,7 +247,7 @@ def test_a_member_that_waited_long_for_its_turn_waits_out_an_election_all_the_sa
             arbiter.step_down("the Lease was lost")  # the waiter hears UNAVAILABLE
             table = arbiter.new_table()  # and leads again at once, as a new leader would
             found = await recover(arbiter.view, arbiter.links, table, 2)
-            arbiter.lead(2, table, found.held, found.unreachable)
+            arbiter.lead(2, table, found)
             again = asyncio.ensure_future(joins.get())  # the agent asks the new leader again
             await asyncio.wait({again, theirs}, timeout=5, return_when=asyncio.FIRST_COMPLETED)
             if not again.done():

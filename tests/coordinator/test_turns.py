@@ -15,7 +15,7 @@ from agent.core.leases import LeaseTable
 from baton.contract.annotations import GpuRecord, encode_gpus
 from baton.contract.names import ANNOTATION_AGENT_COORDINATION, ANNOTATION_GPUS
 from coordinator.agents import AgentLinks, NodeFailed
-from coordinator.cluster import ClusterView, Node, NodeStore
+from coordinator.cluster import ClusterView, Member, Node, NodeStore
 from coordinator.recovery import chase, recover
 from coordinator.turns import Arbiter, NotHolder, NotLeading, TurnFailed
 from tests.coordinator.loopback import TOKEN, LoopbackNode, leading, view_of
@@ -271,16 +271,18 @@ def test_a_leader_whose_epoch_the_agents_have_passed_settles_nothing(tmp_path: P
     run(body)
 
 
-def test_a_turn_an_agent_reports_late_whose_gpus_went_to_another_job_is_rolled_back(
+def test_a_node_that_has_not_answered_the_new_leader_gets_no_turn_planned_until_it_has(
     tmp_path: Path,
 ) -> None:
-    """n2 did not answer the new leader, which then gave n2's GPU to sft: once n2 answers, the
-    turn it still holds from the old leader is ended there, and sft's prepare goes on."""
+    """n2 did not answer the new leader, and still holds solo's turn of the old one: sft, whose
+    member is on n2, is not planned there (it waits, and its deadline names n2 and why). Once
+    n2 answers, solo's turn is held, and sft follows solo's yield."""
 
     async def body() -> None:
         async with cluster(tmp_path) as (nodes, view):
             n2 = nodes[1]
             n2.add_pod("team/solo", ("GPU-n2",), "solo")
+            view.members["team/solo"] = ("team", "solo", Member("team/solo", "n2", ("GPU-n2",)))
             links = AgentLinks(TOKEN)
             await links.prepare("n2", n2.address, 1, ("t-solo", "team", "solo", ""), (), 5)
             await links.commit("n2", n2.address, 1, "t-solo")
@@ -288,18 +290,19 @@ def test_a_turn_an_agent_reports_late_whose_gpus_went_to_another_job_is_rolled_b
             arbiter = Arbiter(view, links, lambda: LeaseTable(clock=time.time), time.time)
             table = arbiter.new_table()
             found = await recover(view, links, table, 2)
-            arbiter.lead(2, table, found.held, found.unreachable)
-            assert not found.held and list(arbiter.unsettled) == ["n2"]
+            arbiter.lead(2, table, found)
+            assert not found.held and list(arbiter.settling.unsettled) == ["n2"]
             await n2.restart_server()
+            with pytest.raises(TimeoutError, match="node n2 has not reported its job turns"):
+                await arbiter.acquire("team", "sft", "", timeout=0.3)
+            assert not n2.service.table.waiters  # nothing was prepared on n2
+            assert not nodes[0].holders()  # nor on n1
             sft = asyncio.create_task(arbiter.acquire("team", "sft", "", timeout=10))
-            queue = n2.service.table.waiters.values()
-            while "team/sft-b" not in {w.tenant_id for w in queue}:  # behind solo on n2
-                await asyncio.sleep(0.01)
             await chase(arbiter, found, 2)
-            assert not arbiter.unsettled
-            assert found.rolled_back == [
-                "team/solo (t-solo): its GPU n2/GPU-n2 is job team/sft's now"
-            ]
+            assert not arbiter.settling.unsettled and not found.rolled_back
+            assert list(arbiter.held) == ["team/solo"]  # the older turn n2 held is kept
+            assert not sft.done()
+            await arbiter.yield_("team", "solo", "")
             assert sorted((await sft).nodes) == ["n1", "n2"]
             assert n2.holders() == {"GPU-n2": "team/sft-b"}
             assert [t.job for t in (await links.report("n2", n2.address, 2)).turns] == ["sft"]
@@ -327,18 +330,20 @@ def test_a_node_the_nodes_watch_lists_after_recovery_is_asked_and_its_part_joins
             arbiter = Arbiter(view, links, lambda: LeaseTable(clock=time.time), time.time)
             table = arbiter.new_table()
             found = await recover(view, links, table, 2)
-            arbiter.lead(2, table, found.held, found.unreachable)
+            arbiter.lead(2, table, found)
             assert arbiter.held["team/rl"].resources == ("n1/GPU-n1",)
-            assert not arbiter.unsettled
+            assert not arbiter.settling.unsettled
             appeared = asyncio.Event()
             view.on_agents_changed = appeared.set
             chasing = asyncio.create_task(chase(arbiter, found, 2, appeared))
             await nodes[1].server.stop(0)  # and its agent cannot answer yet
             NodeStore(view).replace(listed, "1")
-            while "n2" not in arbiter.unsettled:
+            while "n2" not in arbiter.settling.unsettled:
                 await asyncio.sleep(0.01)
+            with pytest.raises(TimeoutError, match="node n2 has not reported its job turns"):
+                await arbiter.acquire("team", "sft", "", timeout=0.2)  # not planned onto n2
             await nodes[1].restart_server()
-            while arbiter.unsettled:
+            while arbiter.settling.unsettled:
                 await asyncio.sleep(0.01)
             assert arbiter.held["team/rl"].resources == ("n1/GPU-n1", "n2/GPU-n2")
             assert (await links.report("n2", nodes[1].address, 0)).epoch == 2
