@@ -18,7 +18,7 @@ from deviceplugin import plugin as plugin_module
 from deviceplugin.watcher import Change
 from tests.deviceplugin.conftest import NODE
 from tests.e2e.processes import poll
-from tests.harness.kubelet import RegistrationServer
+from tests.harness.kubeletplugin import RegistrationServer
 
 GPU0, GPU1 = fake_gpu_uuid(0, NODE), fake_gpu_uuid(1, NODE)
 

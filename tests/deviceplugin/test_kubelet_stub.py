@@ -7,7 +7,7 @@ import pytest
 
 from baton._pb import api_pb2, api_pb2_grpc
 from baton.contract import names
-from tests.harness.kubelet import is_extended_resource_name
+from tests.harness.kubeletplugin import is_extended_resource_name
 
 
 @pytest.mark.parametrize(
