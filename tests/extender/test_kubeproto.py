@@ -6,7 +6,7 @@ import pytest
 
 from extender import kubeproto
 from tests.harness.kubeprotobuf import read_binding
-from tests.harness.kubestore import ApiError
+from tests.harness.kuberules import ApiError
 
 
 def test_a_binding_reads_back_as_its_json_form() -> None:

@@ -25,7 +25,8 @@ import yaml
 from baton.contract.quiet import QuietErrors
 from tests.harness import fakewatch
 from tests.harness.kuberoutes import handle, matcher, parse_route, verb_of
-from tests.harness.kubestore import RESOURCE_OF_KIND, ApiError, Obj, Store
+from tests.harness.kuberules import RESOURCE_OF_KIND, ApiError, Obj
+from tests.harness.kubestore import Store
 
 
 @dataclass(frozen=True)

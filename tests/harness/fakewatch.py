@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tests.harness.kubestore import KINDS, ApiError, Change, Obj, Store
+from tests.harness.kuberules import KINDS, ApiError, Obj
+from tests.harness.kubestore import Change, Store
 
 if TYPE_CHECKING:
     from tests.harness.kuberoutes import Route

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.harness.kubestore import ApiError
+from tests.harness.kuberules import ApiError
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 _MAGIC = b"k8s\x00"

@@ -16,7 +16,8 @@ from tests.harness.kubepatch import (
     parse_json,
 )
 from tests.harness.kubeprotobuf import PROTOBUF, read_binding
-from tests.harness.kubestore import KINDS, NAMESPACED, ApiError, Key, Obj, Store
+from tests.harness.kuberules import KINDS, NAMESPACED, ApiError, Obj
+from tests.harness.kubestore import Key, Store
 
 BINDING_SUCCESS: Obj = {
     "kind": "Status",

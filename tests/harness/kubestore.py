@@ -15,32 +15,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tests.harness.kubepatch import PatchError, apply_patch
+from tests.harness.kuberules import (
+    KINDS,
+    NAMESPACED,
+    RESOURCE_OF_KIND,
+    ApiError,
+    Obj,
+    binding_target,
+    check_binding,
+    check_update,
+    not_found,
+)
 
-Obj = dict[str, Any]
 Matcher = Callable[[Obj], bool]
 
-KINDS = {"pods": "Pod", "nodes": "Node", "events": "Event", "configmaps": "ConfigMap"}
-NAMESPACED = frozenset({"pods", "events", "configmaps"})
-RESOURCE_OF_KIND = {kind: resource for resource, kind in KINDS.items()}
-REASONS = {
-    400: "BadRequest",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "NotFound",
-    405: "MethodNotAllowed",
-    409: "Conflict",
-    410: "Expired",
-    415: "UnsupportedMediaType",
-    422: "Invalid",
-    429: "TooManyRequests",
-    500: "InternalError",
-    503: "ServiceUnavailable",
-    504: "Timeout",
-}
-CONFLICT_MESSAGE = (
-    "the object has been modified; please apply your changes to the latest version and try again"
-)
-SYSTEM_FIELDS = ("creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds")
+
 SNAPSHOTS_KEPT = 16
 """Paged lists whose snapshot a continue token can still read; an older token gets 410, as a
 real server's does once etcd compacted its revision."""
@@ -51,41 +40,6 @@ TOO_OLD_CONTINUE = (
     " inconsistent list - objects that were created, modified, or deleted between the time the"
     " first chunk was returned and now may show up in the list."
 )
-# Pod spec fields an update may change; every other spec change is rejected like the real server.
-MUTABLE_POD_SPEC = frozenset({"activeDeadlineSeconds", "tolerations", "schedulingGates"})
-
-
-class ApiError(Exception):
-    """An error the API server answers with a `Status` body."""
-
-    def __init__(self, code: int, message: str, reason: str | None = None, **details: str):
-        super().__init__(message)
-        self.code, self.message, self.details = code, message, details
-        self.reason = reason or REASONS.get(code, "Unknown")
-
-    def status(self) -> Obj:
-        """The `Status` object the real server sends for this error."""
-        body: Obj = {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code,
-        }
-        if self.details:
-            body["details"] = dict(self.details)
-        return body
-
-
-def not_found(resource: str, name: str) -> ApiError:
-    return ApiError(404, f'{resource} "{name}" not found', name=name, kind=resource)
-
-
-def conflict(resource: str, name: str, why: str = CONFLICT_MESSAGE) -> ApiError:
-    message = f'Operation cannot be fulfilled on {resource} "{name}": {why}'
-    return ApiError(409, message, name=name, kind=resource)
 
 
 Key = str
@@ -315,7 +269,7 @@ class Store:
                 raise ApiError(400, str(err)) from err
             if sub == "status":
                 new = {**copy.deepcopy(current), "status": new.get("status", {})}
-            self._validate_update(resource, current, new)
+            check_update(resource, current, new)
             if current == new:
                 return copy.deepcopy(current)
             return self._commit(resource, "MODIFIED", current, new)
@@ -330,38 +284,8 @@ class Store:
                 raise ApiError(400, "the name of the object does not match the name on the URL")
             if sub == "status":
                 new = {**copy.deepcopy(current), "status": new.get("status", {})}
-            self._validate_update(resource, current, new)
+            check_update(resource, current, new)
             return self._commit(resource, "MODIFIED", current, new)
-
-    def _validate_update(self, resource: str, old: Obj, new: Obj) -> None:
-        name = old["metadata"]["name"]
-        rv = new.get("metadata", {}).get("resourceVersion")
-        if rv is not None and rv != old["metadata"]["resourceVersion"]:
-            raise conflict(resource, name)
-        meta = new.setdefault("metadata", {})
-        meta["resourceVersion"] = old["metadata"]["resourceVersion"]
-        # System fields keep their stored values, as the real server's update strategy does.
-        for field in SYSTEM_FIELDS:
-            meta.pop(field, None)
-            if field in old["metadata"]:
-                meta[field] = old["metadata"][field]
-        for field in ("name", "namespace", "uid"):
-            if new["metadata"].get(field) != old["metadata"].get(field):
-                raise ApiError(
-                    422,
-                    f'{KINDS[resource]} "{name}" is invalid: metadata.{field}:'
-                    " Invalid value: field is immutable",
-                )
-        if resource == "pods":
-            before = {k: v for k, v in old.get("spec", {}).items() if k not in MUTABLE_POD_SPEC}
-            after = {k: v for k, v in new.get("spec", {}).items() if k not in MUTABLE_POD_SPEC}
-            if before != after:
-                raise ApiError(
-                    422,
-                    f'Pod "{name}" is invalid: spec: Forbidden: pod updates may'
-                    " not change fields other than `spec.containers[*].image`,"
-                    "`spec.activeDeadlineSeconds`,`spec.tolerations`",
-                )
 
     def delete(self, resource: str, namespace: str, name: str, grace: int | None) -> Obj:
         """Delete; a bound pod with a grace period is only marked terminating, as kubelet would."""
@@ -379,43 +303,11 @@ class Store:
 
     def bind(self, namespace: str, name: str, binding: Any) -> None:
         """The pods/binding subresource: set spec.nodeName once."""
-        if not isinstance(binding, dict):
-            raise ApiError(400, "the body of the request is not a Binding object")
+        node = binding_target(name, binding)
         meta = binding.get("metadata") or {}
-        if meta.get("name", name) != name:
-            raise ApiError(400, "name in URL does not match name in Binding object")
-        node = (binding.get("target") or {}).get("name")
-        if not node:
-            raise ApiError(400, "target.name: Required value: a binding needs a target node")
         with self.cond:
             current = self._current("pods", namespace, name)
-            uid = meta.get("uid")
-            if uid and uid != current["metadata"]["uid"]:
-                raise conflict(
-                    "pods/binding",
-                    name,
-                    f"Precondition failed: UID in precondition: "
-                    f"{uid}, UID in object meta: {current['metadata']['uid']}",
-                )
-            version = meta.get("resourceVersion")
-            if version and version != current["metadata"]["resourceVersion"]:
-                raise conflict(
-                    "pods/binding",
-                    name,
-                    f"Precondition failed: ResourceVersion in precondition: {version}, "
-                    f"ResourceVersion in object meta: {current['metadata']['resourceVersion']}",
-                )
-            if current["metadata"].get("deletionTimestamp"):
-                raise conflict(
-                    "pods/binding",
-                    name,
-                    f"pod {name} is being deleted, cannot be assigned to a host",
-                )
-            if current.get("spec", {}).get("nodeName"):
-                assigned = current["spec"]["nodeName"]
-                raise conflict(
-                    "pods/binding", name, f'pod {name} is already assigned to node "{assigned}"'
-                )
+            check_binding(name, binding, current)
             new = copy.deepcopy(current)
             new.setdefault("spec", {})["nodeName"] = node
             annotations = meta.get("annotations") or {}
