@@ -17,6 +17,7 @@ import json
 import multiprocessing
 import queue
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -100,7 +101,8 @@ class ExtenderLoad:
         self.pending: queue.Queue[str] = queue.Queue()
         for _ in range(pods):
             self.add_pending()
-        kubeconfig = str(self.api.kubeconfig_path(tempfile.mkdtemp(dir="/tmp")))
+        self._workdir = tempfile.mkdtemp(dir="/tmp", prefix="baton-extender-load-")
+        kubeconfig = str(self.api.kubeconfig_path(self._workdir))
         spawn = multiprocessing.get_context("spawn")
         ports: Any = spawn.Queue()
         self.server = spawn.Process(target=serve, args=(kubeconfig, ports), daemon=True)
@@ -122,6 +124,7 @@ class ExtenderLoad:
         self.server.terminate()
         self.server.join(10)
         self.api.stop()
+        shutil.rmtree(self._workdir, ignore_errors=True)
 
     def run(self, clients: int, seconds: float, pending: int = 0) -> Tally:
         """`clients` scheduler processes for `seconds` (timed from when all are connected), with
