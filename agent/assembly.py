@@ -9,11 +9,9 @@ its `ParkingHost` (`agent.parking.host`), so parking never reaches up into the s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import functools
 import logging
-import os
 import socket
 import time
 from collections.abc import Mapping
@@ -56,6 +54,7 @@ from baton._pb import agent_pb2_grpc
 from baton.contract import names
 from baton.contract.shutdown import on_stop_signal_async
 from baton.contract.statushttp import StatusServer
+from baton.contract.unixsocket import ServedSocket
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +184,7 @@ class Agent:
         self._api_client = api_client
         self.http_port = 0
         self._grpc: grpc.aio.Server | None = None
+        self._socket = ServedSocket(config.socket)
         self._handshake: HandshakeServer | None = None
         self._http: StatusServer | None = None
         self._pods: PodWatcher | None = None
@@ -231,11 +231,11 @@ class Agent:
             self._container_id_of,
         )
         agent_pb2_grpc.add_AgentServicer_to_server(servicer, self._grpc)
-        self._listen_grpc(f"unix:{cfg.socket}", "--socket (BATON_AGENT_SOCKET)")
+        self._listen_grpc(f"unix:{cfg.socket}", "--socket (BATON_AGENT_SOCKET)", self._socket)
         if cfg.debug_tcp_port:
             self._listen_grpc(f"127.0.0.1:{cfg.debug_tcp_port}", "--debug-tcp-port")
         await self._grpc.start()
-        os.chmod(cfg.socket, cfg.socket_mode)
+        self._socket.publish(cfg.socket_mode)  # bound privately: see ServedSocket
         self._handshake = await serve_handshake(
             handshake_path(cfg.socket),
             self._tokens,
@@ -326,12 +326,13 @@ class Agent:
                 "pass --socket (BATON_AGENT_SOCKET) in a writable directory"
             ) from None
 
-    def _listen_grpc(self, address: str, option: str) -> None:
+    def _listen_grpc(self, address: str, option: str, served: ServedSocket | None = None) -> None:
         assert self._grpc is not None
         try:
-            bound = self._grpc.add_insecure_port(address)
+            bound = self._grpc.add_insecure_port(served.address if served else address)
         except RuntimeError as exc:
-            raise AgentStartError(f"cannot listen on {address} ({exc}); check {option}") from None
+            why = served.bind_error() if served else exc
+            raise AgentStartError(f"cannot listen on {address} ({why}); check {option}") from None
         if not bound and not address.startswith("unix:"):
             raise AgentStartError(f"cannot listen on {address}; check {option}")
 
@@ -374,9 +375,8 @@ class Agent:
         if self._http is not None:
             await self._http.stop()
         await self.service.close()
-        for path in self.readiness.own_sockets():  # not a live agent's, after a refused start
-            with contextlib.suppress(OSError):
-                Path(path).unlink(missing_ok=True)
+        self._socket.remove()  # only while its own: not a live agent's, nor a newer one's
+        self.readiness.remove_own_sockets()
         self._stop_requested.set()
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 
 from baton._pb import api_pb2, api_pb2_grpc
+from baton.contract.unixsocket import ServedSocket
 from deviceplugin.allocation import Allocator
 from deviceplugin.devices import HEALTHY, UNHEALTHY
 from nodegpu.container import ContainerAllocation
@@ -149,21 +150,30 @@ class PluginServer:
         self.service = service
         self.socket_path = socket_path
         self._server: grpc.Server | None = None
+        self._socket = ServedSocket(socket_path)
 
     def start(self) -> None:
-        """Remove a stale socket, serve, and check that the socket accepts connections."""
-        self.socket_path.unlink(missing_ok=True)
+        """Serve, put the socket in place of any there (a stale one), and check that it accepts
+        connections."""
         self.service.serve_anew()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="dp"))
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        self._socket = served = ServedSocket(self.socket_path)
         try:
-            server.add_insecure_port(f"unix://{self.socket_path}")
+            server.add_insecure_port(served.address)
         except RuntimeError:  # gRPC says only that it failed: a plain bind says why
             raise OSError(
-                f"cannot bind plugin socket {self.socket_path}: {_bind_error(self.socket_path)}"
+                f"cannot bind plugin socket {self.socket_path}: {served.bind_error()}"
             ) from None
         server.start()
         self._server = server
+        try:
+            served.publish()
+        except OSError as err:
+            self.stop()
+            raise OSError(
+                f"cannot serve plugin socket {self.socket_path}: {err.strerror or err}"
+            ) from None
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
             probe.settimeout(READY_TIMEOUT_S)
             try:
@@ -173,7 +183,8 @@ class PluginServer:
                 raise OSError(f"plugin socket {self.socket_path} does not answer: {err}") from err
 
     def stop(self, grace: float | None = None) -> None:
-        """End every stream, stop serving, and remove the socket.
+        """End every stream, stop serving, and remove the socket while it is still its own (not
+        one another plugin put in its place).
 
         Calls in flight (Allocate) get `grace` seconds to finish; None cancels them at once.
         """
@@ -182,16 +193,4 @@ class PluginServer:
         if self._server is not None:
             self._server.stop(grace=grace).wait((grace or 0) + READY_TIMEOUT_S)
             self._server = None
-        if self.socket_path.parent.is_dir():  # else there is no socket to remove
-            self.socket_path.unlink(missing_ok=True)
-
-
-def _bind_error(path: Path) -> str:
-    """Why a unix socket cannot be bound at `path` (gRPC does not say)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(str(path))
-        except OSError as err:
-            return err.strerror or str(err)
-    path.unlink(missing_ok=True)
-    return "gRPC could not bind it"
+        self._socket.remove()

@@ -20,6 +20,7 @@ from baton._pb import (
     pluginregistration_pb2_grpc,
 )
 from baton.contract import names
+from baton.contract.unixsocket import ServedSocket
 from dra.service import (
     DraPluginService,
     DraPluginV1beta1Service,
@@ -40,22 +41,31 @@ def registration_path(registry_dir: Path) -> Path:
     return registry_dir / f"{names.DRA_DRIVER}-reg.sock"
 
 
-def _serve(path: Path, add: list[tuple[object, object]], workers: int) -> grpc.Server:
+def _serve(
+    path: Path, add: list[tuple[object, object]], workers: int
+) -> tuple[grpc.Server, ServedSocket]:
+    """Serve on `path`, in place of any socket there (a stale one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dra"))
     for adder, servicer in add:
         adder(servicer, server)  # type: ignore[operator]
-    server.add_insecure_port(f"unix://{path}")
+    served = ServedSocket(path)
+    server.add_insecure_port(served.address)
     server.start()
+    try:
+        served.publish()
+    except OSError as err:  # e.g. a directory in its place
+        server.stop(None)
+        raise OSError(f"cannot serve socket {path}: {err.strerror or err}") from None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(READY_TIMEOUT_S)
         try:
             probe.connect(str(path))
         except OSError as err:
             server.stop(None)
+            served.remove()
             raise OSError(f"socket {path} does not answer: {err}") from err
-    return server
+    return server, served
 
 
 class DriverServer:
@@ -74,7 +84,7 @@ class DriverServer:
         self.registration = registration
         self.endpoint = endpoint
         self.registration_socket = registration_socket
-        self._servers: list[grpc.Server] = []
+        self._servers: list[tuple[grpc.Server, ServedSocket]] = []
 
     def start(self) -> None:
         """Serve both sockets."""
@@ -107,11 +117,11 @@ class DriverServer:
         )
 
     def stop(self, grace: float | None = None) -> None:
-        """Deregister (registration socket first), end health streams, stop, remove sockets."""
+        """Deregister (registration socket first), end health streams, stop, and remove the
+        sockets while they are still its own (not those of a driver started since)."""
         self.health.stopping.set()
         self.health.inventory.wake()
-        for server in reversed(self._servers):
+        for server, served in reversed(self._servers):
             server.stop(grace).wait((grace or 0) + READY_TIMEOUT_S)
+            served.remove()
         self._servers.clear()
-        self.registration_socket.unlink(missing_ok=True)
-        self.endpoint.unlink(missing_ok=True)

@@ -4,10 +4,13 @@ removed at stop only while they are its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
+
+from baton.contract.unixsocket import identity
 
 PROBE_TIMEOUT_S = 1.0
 """How long a connect to a socket found at start may take to tell a live one from a stale one."""
@@ -58,13 +61,15 @@ class Readiness:
     def listening(self, *paths: str) -> None:
         """The agent listens on the unix sockets at `paths` (the files it made there)."""
         for path in paths:
-            info = os.stat(path)
-            self._sockets[path] = _identity(info)
+            self._sockets[path] = identity(path)
 
-    def own_sockets(self) -> list[str]:
-        """The sockets it made that are still there and still its own: a start refused for
-        another agent's socket made none. (gRPC removes the path it bound as it stops.)"""
-        return [p for p, made in self._sockets.items() if not _socket_problem(p, made)]
+    def remove_own_sockets(self) -> None:
+        """Remove the sockets it made that are still there and still its own: a start refused
+        for another agent's socket made none, and a newer agent's stay."""
+        for path, made in self._sockets.items():
+            if not _socket_problem(path, made):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
 
     def not_ready(self) -> str | None:
         """Why the agent cannot serve tenants now (one line), or None when it can."""
@@ -89,20 +94,14 @@ class Readiness:
         return None
 
 
-def _identity(info: os.stat_result) -> tuple[int, int, int]:
-    """A file's identity: its inode, and when it was made (a deleted socket's inode number is
-    soon reused by the next file made in its place)."""
-    return info.st_dev, info.st_ino, info.st_ctime_ns
-
-
 def _socket_problem(path: str, made: tuple[int, int, int]) -> str:
     """What is wrong with the socket the agent made at `path`, or ""."""
     try:
-        info = os.stat(path)
+        found = identity(path)
     except FileNotFoundError:
         return "is gone from the filesystem (was it or its directory deleted on the host?)"
     except OSError as exc:
         return f"cannot be checked ({exc.strerror})"
-    if _identity(info) != made:
+    if found != made:
         return "is no longer the one this agent listens on (another file replaced it)"
     return ""

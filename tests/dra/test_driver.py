@@ -15,6 +15,7 @@ import pytest
 
 from baton._pb import drahealth_pb2
 from baton.contract import names, shutdown
+from baton.contract.unixsocket import identity
 from dra import service
 from dra.cdi import spec_path
 from dra.daemon import DraStartError, Driver, Settings
@@ -339,3 +340,34 @@ def test_a_socket_directory_that_is_a_file_is_refused_naming_the_flags(
     with pytest.raises(DraStartError, match=r"--plugins-dir .* --registry-dir") as refused:
         shutdown.run_until(driver.start, driver.stop, threading.Event())
     assert str(blocker) in str(refused.value)
+
+
+def test_a_driver_stopping_after_a_new_driver_took_its_sockets_leaves_the_new_ones(
+    tmp: Path,
+) -> None:
+    """The kubelet wiped its plugin directories and a new driver pod started while the old one
+    was still stopping: the old one's stop removed the new driver's sockets (gRPC removes the
+    path it bound), and the kubelet deregistered the driver that serves."""
+    claims, slices = Claims(), Slices()
+    settings = dataclasses.replace(_settings(tmp), state_dir=tmp / "new", cdi_dir=tmp / "new-cdi")
+    old = _start(tmp, claims, slices)
+    new = Driver(settings, GPUS, True, slices=slices, claims=claims)
+    kubelet = DraKubeletStub(tmp / "plugins_registry")
+    sockets = (old.server.endpoint, old.server.registration_socket)
+    try:
+        for path in sockets:
+            path.unlink()
+        new.start()
+        made = [identity(p) for p in sockets]
+        old.stop()
+        assert [identity(p) for p in sockets] == made
+        kubelet.register()
+        claims.add("ns", "c1", "uid-1", "gpu-0")
+        assert kubelet.prepare(("ns", "uid-1", "c1")).claims["uid-1"].error == ""
+    finally:
+        kubelet.close()
+        new.stop()
+        old.stop()  # again, when the test failed before
+    assert [p.name for d in (tmp / "plugins", tmp / "plugins_registry") for p in d.rglob("*")] == [
+        names.DRA_DRIVER
+    ], "no socket left, a private one included"

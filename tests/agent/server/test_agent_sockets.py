@@ -77,3 +77,24 @@ def test_a_stale_socket_left_by_a_crashed_agent_is_taken_over(workdir: str) -> N
     finally:
         runner.stop()
     assert not os.path.exists(runner.socket) and not os.path.exists(handshake_path(runner.socket))
+
+
+def test_an_agent_stopping_after_a_new_agent_replaced_its_sockets_leaves_the_new_ones(
+    agent: AgentRunner, second_workdir: str
+) -> None:
+    """A rolling restart whose old agent's sockets were deleted on the host: the new agent binds
+    the same paths; the old one stopping removed the new agent's --socket (gRPC removes the path
+    it bound), and the new agent's tenants could no longer connect."""
+    for path in (agent.socket, handshake_path(agent.socket)):
+        os.unlink(path)
+    second = on_socket(second_workdir, agent.socket).start()
+    try:
+        made = inodes(agent.socket)
+        agent.stop()
+        assert inodes(agent.socket) == made
+        assert second.http("/readyz") == (200, "ready\n") and serves(agent.socket)
+    finally:
+        second.stop()
+    assert not os.path.exists(agent.socket) and not os.path.exists(handshake_path(agent.socket))
+    left = [n for n in os.listdir(os.path.dirname(agent.socket)) if n.startswith(".")]
+    assert left == [], "no private socket left"
