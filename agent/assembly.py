@@ -45,7 +45,7 @@ from agent.server.coordination import Coordination
 from agent.server.grpc_server import AgentServicer
 from agent.server.llmd.groups import Groups
 from agent.server.llmd.server import LlmdServer
-from agent.server.readiness import Readiness, SocketTaken, claim_sockets
+from agent.server.readiness import Readiness, SocketUnusable, claim_sockets
 from agent.server.service import LeaseService
 from agent.server.sessions import SessionRegistry
 from agent.server.status import status_json
@@ -318,8 +318,8 @@ class Agent:
         path = self.config.socket
         try:
             claim_sockets(path, handshake_path(path))
-        except SocketTaken as exc:
-            raise AgentStartError(f"{exc}: stop it, or pass another --socket") from None
+        except SocketUnusable as exc:
+            raise AgentStartError(str(exc)) from None
         except OSError as exc:
             raise AgentStartError(
                 f"cannot create the socket {path} ({exc.strerror}: {exc.filename}); "

@@ -14,20 +14,32 @@ from baton.contract.unixsocket import identity
 
 PROBE_TIMEOUT_S = 1.0
 """How long a connect to a socket found at start may take to tell a live one from a stale one."""
+UNIX_PATH_MAX = 107
+"""The bytes a unix socket's path can have (`sun_path`, less its closing NUL)."""
 
 
-class SocketTaken(Exception):
-    """Another process accepts connections on a socket the agent would serve on."""
+class SocketUnusable(Exception):
+    """The agent cannot serve on a socket it is given; the message says why and what to pass."""
 
 
 def claim_sockets(*paths: str) -> None:
     """Make each socket's directory and remove a stale socket there (one nobody accepts on, left
-    by an agent that crashed); `SocketTaken` naming one another process serves (a second agent
-    on this node), `OSError` when a directory cannot be made or a file removed."""
+    by an agent that crashed); `SocketUnusable` naming one too long for a unix socket or one
+    another process serves (a second agent on this node), `OSError` when a directory cannot be
+    made or a file removed."""
+    for path in paths:
+        if len(os.fsencode(path)) > UNIX_PATH_MAX:
+            raise SocketUnusable(
+                f"the socket {path} is {len(os.fsencode(path))} bytes, over the {UNIX_PATH_MAX} "
+                "a unix socket's path can have: pass a shorter --socket (BATON_AGENT_SOCKET)"
+            )
     for path in paths:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         if _accepting(path):
-            raise SocketTaken(f"another process serves the socket {path} (a second agent?)")
+            raise SocketUnusable(
+                f"another process serves the socket {path} (a second agent?): stop it, or pass "
+                "another --socket"
+            )
         Path(path).unlink(missing_ok=True)
 
 

@@ -98,3 +98,24 @@ def test_an_agent_stopping_after_a_new_agent_replaced_its_sockets_leaves_the_new
     assert not os.path.exists(agent.socket) and not os.path.exists(handshake_path(agent.socket))
     left = [n for n in os.listdir(os.path.dirname(agent.socket)) if n.startswith(".")]
     assert left == [], "no private socket left"
+
+
+def test_a_socket_whose_handshake_socket_cannot_fit_a_unix_path_is_refused_naming_it(
+    second_workdir: str,
+) -> None:
+    """A --socket of 103 to 107 bytes: gRPC bound it, then the handshake socket beside it (5
+    bytes more) ended the start with an OSError traceback, 'AF_UNIX path too long'."""
+    directory = os.path.join(second_workdir, "d" * (93 - len(second_workdir)))
+    path = os.path.join(directory, "agent.sock")
+    assert len(path) == 105
+    runner = on_socket(second_workdir, path)
+    try:
+        with pytest.raises(AgentStartError) as refused:
+            runner.start()
+    finally:
+        runner.stop()
+    assert str(refused.value) == (
+        f"the socket {path}.auth is 110 bytes, over the 107 a unix socket's path can have: "
+        "pass a shorter --socket (BATON_AGENT_SOCKET)"
+    )
+    assert not os.path.exists(path) and not os.path.exists(f"{path}.auth")
