@@ -50,7 +50,10 @@ def _serve(
     for adder, servicer in add:
         adder(servicer, server)  # type: ignore[operator]
     served = ServedSocket(path)
-    server.add_insecure_port(served.address)
+    try:
+        server.add_insecure_port(served.address)
+    except RuntimeError:  # gRPC says only that it failed: a plain bind says why
+        raise OSError(f"cannot bind socket {path}: {served.bind_error()}") from None
     server.start()
     try:
         served.publish()

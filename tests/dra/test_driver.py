@@ -342,6 +342,20 @@ def test_a_socket_directory_that_is_a_file_is_refused_naming_the_flags(
     assert str(blocker) in str(refused.value)
 
 
+@pytest.mark.parametrize("flag", ["plugins_dir", "registry_dir"])
+def test_a_socket_path_too_long_for_a_unix_socket_is_refused_saying_why(
+    tmp: Path, flag: str
+) -> None:
+    """gRPC's bind failed with a RuntimeError the driver did not catch: a traceback."""
+    changed: dict[str, Any] = {flag: tmp / ("d" * 110)}
+    settings = dataclasses.replace(_settings(tmp), **changed)
+    driver = Driver(settings, GPUS, True, slices=Slices(), claims=Claims())
+    with pytest.raises(DraStartError, match=r"--plugins-dir .* --registry-dir") as refused:
+        shutdown.run_until(driver.start, driver.stop, threading.Event())
+    assert "cannot bind socket" in str(refused.value)
+    assert "path too long" in str(refused.value)
+
+
 def test_a_driver_stopping_after_a_new_driver_took_its_sockets_leaves_the_new_ones(
     tmp: Path,
 ) -> None:
