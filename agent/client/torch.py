@@ -28,14 +28,14 @@ from typing import Any, TypeAlias
 
 import torch
 
+from agent.client.parked_tensors import ParkError, guard, tensors_in, unguard
+
+__all__ = ["MoveStats", "ParkError", "Source", "TorchParker", "tensors_of"]
+
 Source: TypeAlias = (
     torch.nn.Module | torch.optim.Optimizer | torch.Tensor | Callable[[], Iterable[Any]]
 )
 """What can be parked: a module, an optimizer, a tensor, or a function listing tensors."""
-
-
-class ParkError(RuntimeError):
-    """Parking or restoring could not run as asked (parked twice, restored without a park)."""
 
 
 @dataclass
@@ -56,18 +56,6 @@ class MoveStats:
     """And after it: what the caching allocator kept (its context and workspaces are not in it)."""
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    """Tensors inside `value` (nested lists, tuples and dicts, as optimizer state holds them)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from _tensors(item)
-
-
 def tensors_of(source: Source) -> Iterator[torch.Tensor]:
     """Every tensor a source owns: a module's parameters, their gradients and its buffers."""
     if isinstance(source, torch.nn.Module):
@@ -78,11 +66,11 @@ def tensors_of(source: Source) -> Iterator[torch.Tensor]:
         yield from source.buffers()
     elif isinstance(source, torch.optim.Optimizer):
         for state in source.state.values():
-            yield from _tensors(state)
+            yield from tensors_in(state)
     elif isinstance(source, torch.Tensor):
         yield source
     else:
-        yield from _tensors(list(source()))
+        yield from tensors_in(list(source()))
 
 
 class TorchParker:
@@ -98,6 +86,8 @@ class TorchParker:
         self._layout: _Layout | None = None
         """The last park's byte views and host buffers, reused while the storages stay."""
         self._parked: list[tuple[torch.UntypedStorage, int]] = []
+        self._guarded: list[tuple[torch.Tensor, type]] = []
+        """The parked tensors, each with its own class: they have a guarded one meanwhile."""
         self._is_parked = False
         """True between a park and its restore, even one that found nothing to move."""
         self._parked_gpus: set[str] = set()
@@ -133,15 +123,24 @@ class TorchParker:
         """The distinct non-empty storages on the device behind the sources, in a stable order."""
         seen: set[int] = set()
         out = []
-        for source in self.sources:
-            for tensor in tensors_of(source):
-                if not self._on_device(tensor):
-                    continue
-                storage = tensor.untyped_storage()
-                if storage.nbytes() == 0 or storage.data_ptr() in seen:
-                    continue
+        for tensor in self._tensors():
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in seen:
                 seen.add(storage.data_ptr())
                 out.append(storage)
+        return out
+
+    def _tensors(self) -> list[torch.Tensor]:
+        """The distinct tensors on the device behind the sources whose storage is not empty."""
+        seen: set[int] = set()
+        out = []
+        for source in self.sources:
+            for tensor in tensors_of(source):
+                if id(tensor) in seen or not self._on_device(tensor):
+                    continue
+                seen.add(id(tensor))
+                if tensor.untyped_storage().nbytes():
+                    out.append(tensor)
         return out
 
     def _on_device(self, tensor: torch.Tensor) -> bool:
@@ -168,12 +167,14 @@ class TorchParker:
                 return 0
             start = time.perf_counter()
             storages = self._resizable_storages()
+            tensors = self._tensors()
             before = _reserved(storages)
             layout = self._layout_for(storages)
             self._copy(layout.device, layout.host)
             for storage in storages:
                 storage.resize_(0)
             self._parked = [(s, n) for s, n in zip(storages, layout.sizes, strict=True)]
+            self._guarded = guard(tensors)
             self._is_parked = True
             self._parked_gpus.add(gpu)
             _release_cached(storages)
@@ -202,7 +203,8 @@ class TorchParker:
             assert self._layout is not None
             self._copy(self._layout.host, self._layout.device)
             moved = sum(n for _, n in self._parked)
-            self._parked = []
+            unguard(self._guarded)
+            self._parked, self._guarded = [], []
             self._is_parked = False
             self._parked_gpus.discard(gpu)
             self.stats.restores += 1
