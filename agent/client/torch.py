@@ -93,6 +93,8 @@ class TorchParker:
         self._parked_gpus: set[str] = set()
         """The GPUs parks were asked for and no restore since: one park moves every GPU's."""
         self._lock = threading.Lock()
+        self._user: int | None = None
+        """The thread inside `in_use()`, holding `_lock`."""
         self.add(*sources)
 
     def add(self, *sources: Source) -> None:
@@ -108,11 +110,28 @@ class TorchParker:
     @contextlib.contextmanager
     def in_use(self) -> Iterator[None]:
         """Hold parks off while the tenant computes: a park asked meanwhile (a revoked turn)
-        waits until the work is done. Raises `ParkError` if the tensors are parked now."""
+        waits until the work is done. Raises `ParkError` if the tensors are parked now. Nested
+        on one thread, the inner block holds nothing more."""
+        if self._user == threading.get_ident():
+            yield
+            return
         with self._lock:
             if self._is_parked:
                 raise ParkError("the tensors are parked: the agent restores them before a turn")
-            yield
+            self._user = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._user = None
+
+    def _not_in_use_here(self, action: str) -> None:
+        """`ParkError` for a park or restore asked on the thread inside `in_use()` (a turn
+        taken inside it parks as it yields): waiting for the block to end would wait forever."""
+        if self._user == threading.get_ident():
+            raise ParkError(
+                f"{action} asked inside parker.in_use() on the same thread: take the turn"
+                " outside it (with baton.turn(), parker.in_use():)"
+            )
 
     @property
     def parked(self) -> bool:
@@ -159,6 +178,7 @@ class TorchParker:
         """Copy every storage to its host buffer, free the device memory; returns bytes moved.
         A tenant of several GPUs is asked once per GPU: the first park moves every storage and
         the others move nothing (0 bytes)."""
+        self._not_in_use_here("park")
         with self._lock:
             if gpu in self._parked_gpus:
                 raise ParkError(f"already parked{f' on {gpu}' if gpu else ''}: restore first")
@@ -191,6 +211,7 @@ class TorchParker:
         """Allocate every parked storage again and copy its bytes back; returns bytes moved.
         The first restore of a tenant of several GPUs brings every storage back; the restores
         of its other GPUs then move nothing (0 bytes)."""
+        self._not_in_use_here("restore")
         with self._lock:
             if gpu not in self._parked_gpus:
                 raise ParkError(f"not parked{f' on {gpu}' if gpu else ''}: nothing to restore")
