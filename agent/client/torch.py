@@ -33,9 +33,18 @@ from agent.client.parked_tensors import ParkError, guard, tensors_in, unguard
 __all__ = ["MoveStats", "ParkError", "Source", "TorchParker", "tensors_of"]
 
 Source: TypeAlias = (
-    torch.nn.Module | torch.optim.Optimizer | torch.Tensor | Callable[[], Iterable[Any]]
+    torch.nn.Module
+    | torch.optim.Optimizer
+    | torch.Tensor
+    | list[Any]
+    | tuple[Any, ...]
+    | dict[Any, Any]
+    | Callable[[], Iterable[Any]]
 )
-"""What can be parked: a module, an optimizer, a tensor, or a function listing tensors."""
+"""What can be parked: a module, an optimizer, a tensor, a list, tuple or dict of tensors (read
+again at each park), or a function listing tensors."""
+_CONTAINERS = (torch.Tensor, list, tuple, dict)
+"""The sources that are no module or optimizer and not called: their tensors are inside."""
 
 
 @dataclass
@@ -67,8 +76,8 @@ def tensors_of(source: Source) -> Iterator[torch.Tensor]:
     elif isinstance(source, torch.optim.Optimizer):
         for state in source.state.values():
             yield from tensors_in(state)
-    elif isinstance(source, torch.Tensor):
-        yield source
+    elif isinstance(source, _CONTAINERS):
+        yield from tensors_in(source)
     else:
         yield from tensors_in(list(source()))
 
@@ -100,7 +109,15 @@ class TorchParker:
     def add(self, *sources: Source) -> None:
         """Park these too from the next park on. A storage that cannot be resized (weights
         memory-mapped by `from_pretrained` on the CPU, numpy arrays) is copied once into one
-        that can, since a park frees storage by resizing it."""
+        that can, since a park frees storage by resizing it. `TypeError` for anything that is
+        no `Source`."""
+        for i, source in enumerate(sources):
+            if not (isinstance(source, (torch.optim.Optimizer, *_CONTAINERS)) or callable(source)):
+                raise TypeError(
+                    f"TorchParker cannot park a {type(source).__name__} (source {i + 1}): pass"
+                    " modules, optimizers, tensors, lists or dicts of tensors, or a function"
+                    " returning tensors"
+                )
         with torch.no_grad():
             self.stats.copied_bytes += _make_resizable(
                 t for src in sources for t in tensors_of(src) if self._on_device(t)

@@ -1,0 +1,47 @@
+"""What TorchParker takes to park: a cache held as a list or dict of tensors (as the module's
+example passes `sampler.cache`) is parked as it is at each park; anything else is refused as it
+is registered, naming it (a list or a `None` reference model failed with "object is not
+callable")."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+
+
+def test_a_list_or_dict_of_tensors_is_parked_as_it_is_at_each_park() -> None:
+    import torch
+
+    from agent.client.torch import TorchParker
+
+    cache: dict[str, Any] = {"keys": [torch.ones(4)], "values": torch.arange(4.0)}
+    history = [torch.full((2,), 7.0)]
+    parker = TorchParker(cache, history)
+    cache["later"] = torch.zeros(8)  # filled in after registration, in place
+    assert parker.park("gpu") == (4 + 4 + 2 + 8) * 4
+    assert all(t.untyped_storage().nbytes() == 0 for t in (cache["later"], history[0]))
+    assert parker.restore("gpu") == 72
+    assert torch.equal(cache["values"], torch.arange(4.0)) and history[0].tolist() == [7.0, 7.0]
+
+
+@pytest.mark.parametrize("source", [None, "model", 3])
+def test_what_is_no_source_is_refused_as_it_is_registered_naming_it(source: object) -> None:
+    import torch
+
+    from agent.client.torch import TorchParker
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(TypeError) as raised:
+        TorchParker(model, source)  # type: ignore[arg-type]
+    assert str(raised.value) == (
+        f"TorchParker cannot park a {type(source).__name__} (source 2): pass modules,"
+        " optimizers, tensors, lists or dicts of tensors, or a function returning tensors"
+    )
+    parker = TorchParker(model)
+    with pytest.raises(TypeError, match="cannot park a NoneType"):
+        parker.add(None)  # type: ignore[arg-type]
+    assert parker.sources == [model]
