@@ -131,7 +131,7 @@ class CoordinatedTurns:
         task = asyncio.get_running_loop().create_task(self._leave(request))
         self._leaving.add(task)
         task.add_done_callback(self._leaving.discard)
-        lease = self._turns.lease(lease_id)
+        lease = self._turns.lease(turn.lease_of(tenant.tenant_id))
         return max(0.0, time.time() - lease.granted_at) if lease is not None else 0.0
 
     def session_ended(self, tenant_id: str) -> None:
@@ -141,10 +141,9 @@ class CoordinatedTurns:
             return
         for turn in list(self._turns.turns.values()):
             if tenant_id in turn.joined:
-                lease_id = turn.leases[turn.members.index(tenant_id)]
                 tenant = self._turns.tenant(tenant_id)
                 if tenant is not None:
-                    self.leave(tenant, lease_id)
+                    self.leave(tenant, turn.lease_of(tenant_id))
 
     async def _leave(self, request: jt.LeaveRequest) -> None:
         try:

@@ -17,14 +17,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any
 
 from agent.core.errors import AgentError, UnknownLease
 from agent.core.leases import Lease
 from agent.core.residency import parked_on
 from agent.node.jobturn_store import JobTurnStore
 from agent.node.tenants import POD, Tenant
+from agent.server.node_turn import COMMITTED, NodeTurn
 from agent.server.service import LeaseService
 from agent.server.sessions import Session
 from baton._pb import agent_pb2 as pb
@@ -32,9 +31,6 @@ from baton.contract.names import job_of_labels
 from baton.contract.tasks import to_the_end
 
 log = logging.getLogger(__name__)
-
-PREPARED = "prepared"
-COMMITTED = "committed"
 
 
 class StaleEpoch(AgentError):
@@ -74,46 +70,6 @@ class CoordinatedSession(Session):
         """Pushes go to the pod's own sessions, if it has any; nothing reads this one."""
 
 
-@dataclass
-class NodeTurn:
-    """One job turn on this node."""
-
-    turn_id: str
-    namespace: str
-    job: str
-    epoch: int
-    members: tuple[str, ...]
-    leases: tuple[str, ...]
-    """Each member's lease id, in the order of `members`."""
-    gpus: tuple[str, ...]
-    tokens: tuple[int, ...]
-    """Each member's fencing token (its lowest GPU's), in the order of `members`."""
-    prepared_at: float
-    group: str = ""
-    restored: bool = False
-    """Whether a member's memory was parked when the preparation began."""
-    state: str = PREPARED
-    committed_at: float = 0.0
-    nodes: tuple[str, ...] = ()
-    """Every node of the turn, as the coordinator named them (for a new leader's judgement)."""
-    joined: list[str] = field(default_factory=list)
-    """Members that joined the turn themselves (`agent.server.coordinated`) and have not left."""
-    sessions: list[Session] = field(default_factory=list, repr=False, compare=False)
-
-    def to_json(self) -> dict[str, Any]:
-        """Every field but the sessions, for the turns file (`dataclasses.asdict` would deep-copy
-        the sessions, their streams with them, only to drop them)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sessions"}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> NodeTurn:
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "sessions"}
-        for key in ("members", "leases", "gpus", "tokens", "nodes"):
-            fields[key] = tuple(fields.get(key, ()))
-        fields["joined"] = list(fields.get("joined", []))
-        return cls(**fields)
-
-
 class JobTurns:
     """The job turns of this node, over the lease service."""
 
@@ -128,6 +84,7 @@ class JobTurns:
         """The highest epoch seen: commands from an older one are refused."""
         self.turns: dict[str, NodeTurn] = {}
         self._preparing: dict[str, asyncio.Task[NodeTurn]] = {}
+        service.turns.resumes.follow = self._resumed
 
     def load(self) -> None:
         """Take up the fence and the turns saved before a restart, whose leases still live."""
@@ -325,15 +282,16 @@ class JobTurns:
         for turn in self.turns.values():
             chosen = turn.turn_id == turn_id if turn_id else turn.state == COMMITTED
             if chosen and tenant_id in turn.members:
-                lease_id = turn.leases[turn.members.index(tenant_id)]
+                lease_id = turn.lease_of(tenant_id)
                 if lease_id in self._service.table.leases:
                     return turn, lease_id
         return None
 
     def turn_of_lease(self, tenant_id: str, lease_id: str) -> NodeTurn | None:
-        """The turn in which `lease_id` is the member's lease."""
+        """The turn in which `lease_id` is the member's lease (or was, until the node revoked it:
+        the turn it was given back in is the member's in the job's turn all the same)."""
         for turn in self.turns.values():
-            if tenant_id in turn.members and turn.leases[turn.members.index(tenant_id)] == lease_id:
+            if turn.names(tenant_id, lease_id):
                 return turn
         return None
 
@@ -357,6 +315,18 @@ class JobTurns:
         else:
             return
         self._save()
+
+    def _resumed(self, tenant_id: str, revoked: str, resume: str) -> None:
+        """The node revoked a member's lease (its maximum hold, a higher tier): the turn that
+        gives it back is the member's in its job's turn, here and on disk."""
+        for turn in self.turns.values():
+            if turn.follow(tenant_id, revoked, resume):
+                log.info(
+                    "job %s/%s: turn %s: pod %s's lease %s was revoked; %s gives it back",
+                    turn.namespace, turn.job, turn.turn_id, tenant_id, revoked, resume,
+                )  # fmt: skip
+                self._save()
+                return
 
     # Members.
 

@@ -21,6 +21,7 @@ from agent.core.leases import Lease, Waiter
 from agent.core.residency import NoRoom, TooLarge
 from agent.node.tenants import Tenant
 from agent.server.kept_turns import KeptTurns
+from agent.server.resumes import Resumes
 from agent.server.revocations import Revocations
 from agent.server.turn_state import Granted, TurnState
 from agent.server.waits import lease_to_pb, never_granted, standings, tell_blocked, timed_out
@@ -50,8 +51,7 @@ class Turns:
         self._pending: dict[str, asyncio.Future[Lease]] = {}
         self._on_grant: dict[str, Callable[[Lease], None]] = {}
         """Waiter id → who hears of its grant as it is made (`acquire`)."""
-        self._resumes: dict[str, str] = {}
-        """Revoked lease id → the waiter (then lease) that gives its tenant the turn back."""
+        self.resumes = Resumes()
         self._changes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._ahead = LookAhead(state.preparer, state.spawn)
@@ -163,7 +163,7 @@ class Turns:
         try:
             lease = self.table.lease(lease_id, tenant.tenant_id)
         except UnknownLease:
-            successor = self._resumes.pop(lease_id, "")
+            successor = self.resumes.take(lease_id)
             if successor in self.table.leases:  # revoked, then given back: that turn ends too
                 lease = self.table.lease(successor, tenant.tenant_id)
             elif self._cancel_resume(tenant.tenant_id):
@@ -386,9 +386,7 @@ class Turns:
             return
         _, due, resume = self.table.revoke(lease.lease_id)
         self._state.journal_end(lease)  # written with the grant it makes room for
-        live = self.table.waiters.keys() | self.table.leases.keys()
-        self._resumes = {k: v for k, v in self._resumes.items() if v in live}
-        self._resumes[lease.lease_id] = resume.waiter_id
+        self.resumes.revoked(lease, resume.waiter_id, self.table)
         self._state.metrics.released(lease, self._state.clock(), revoked=True)
         self._state.publish(ev.REVOKED, lease.tenant_id, lease=lease, detail=why)
         reason = "held past the maximum hold time" if overdue else "a higher tier waits"

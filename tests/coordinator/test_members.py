@@ -258,3 +258,33 @@ def test_a_member_that_waited_long_for_its_turn_waits_out_an_election_all_the_sa
             assert lease.tenant_id == "team/rl-trainer"
 
     run(body)
+
+
+def test_a_member_the_maximum_hold_revoked_and_gave_back_yields_its_jobs_turn(
+    tmp_path: Path,
+) -> None:
+    """A node-local pod waits on the trainer's GPU: the maximum hold revokes the trainer's turn
+    and gives it back later under a new lease. The job's turn follows it there: the trainer asks
+    again and joins at once, and its yield of the new lease leaves the job's turn."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, n2, arbiter):
+            trainer = pod(n1, "rl-trainer")
+            solo = n1.add_pod("team/solo", ("GPU-n1",))  # no job: a node-local tenant
+            n1.service.table.max_hold = 0.2
+            first = await acquire(n1.service, trainer)
+            n1.service.table.max_hold = 60.0  # the trainer's turn alone runs out
+            local = await acquire(n1.service, solo)  # once the trainer's turn is revoked
+            release(n1.service, solo, local)  # the trainer's turn is given back
+            held = n1.service.table.leases_of(trainer.tenant_id)
+            assert [lease.lease_id != first.lease_id for lease in held] == [True]
+            again = await api_ops.acquire(
+                n1.service, trainer, pb.AcquireRequest(timeout_ms=1000)
+            )  # it computes in its job's turn: joined at once
+            assert again.lease_id == held[0].lease_id
+            release(n1.service, trainer, again)
+            while arbiter.held or n2.holders():  # the coordinator heard it leave
+                await asyncio.sleep(0.01)
+            assert n1.holders() == {}
+
+    run(body)

@@ -138,6 +138,47 @@ def test_a_turn_whose_member_the_maximum_hold_revoked_for_another_jobs_turn_ends
     run(body)
 
 
+def test_a_turn_names_the_lease_that_gives_a_revoked_member_its_gpu_back_also_on_disk(
+    tmp_path: Path,
+) -> None:
+    """The maximum hold revokes the trainer's turn for a node-local pod and gives it back under
+    a new lease: the job's turn names that lease, and an agent started again takes it up."""
+
+    def started() -> tuple[LeaseService, JobTurns]:
+        service = LeaseService(
+            table=LeaseTable(clock=time.time, max_hold=0.2),
+            preparer=lambda host: NullPreparer(),
+            clock=time.time,
+            store=StateStore(tmp_path),
+        )
+        service.load()
+        service.upsert_pod(pod("trainer", ("GPU-0",), {LABEL_JOB: "rl"}))
+        service.upsert_pod(pod("solo", ("GPU-0",)))
+        turns = JobTurns(service, "n1", JobTurnStore(tmp_path), time.time)
+        turns.load()
+        return service, turns
+
+    async def body() -> None:
+        service, turns = started()
+        first = (await turns.prepare(1, "t1", "team", "rl", timeout=5)).leases[0]
+        service.table.max_hold = 60.0  # the trainer's turn alone runs out
+        solo = service.tenants.tenants["team/solo"]
+        local = await service.acquire(solo, (), timeout=5)  # once the trainer's is revoked
+        service.yield_(solo, local.lease.lease_id)  # the trainer's turn is given back
+        [resumed] = service.table.leases_of("team/trainer")
+        assert turns.turns["t1"].leases == (resumed.lease_id,)
+        assert turns.turn_of_lease("team/trainer", first) is turns.turns["t1"]
+        await service.close()
+        service, again = started()  # the agent restarts
+        assert list(again.turns) == ["t1"]
+        assert again.lease_of("team/trainer", "t1") == (again.turns["t1"], resumed.lease_id)
+        assert again.release(1, "t1", "yielded")
+        assert not service.table.leases
+        await service.close()
+
+    run(body)
+
+
 def test_a_job_with_no_pod_here_and_an_unknown_turn_are_named(tmp_path: Path) -> None:
     async def body() -> None:
         service, turns = node(tmp_path)
