@@ -289,9 +289,11 @@ class JobTurns:
 
     def turn_of_lease(self, tenant_id: str, lease_id: str) -> NodeTurn | None:
         """The turn in which `lease_id` is the member's lease (or was, until the node revoked it:
-        the turn it was given back in is the member's in the job's turn all the same)."""
+        the turn it was given back in is the member's in the job's turn all the same). No
+        `lease_id`: the turn the member joined (a client names none while its revoked turn
+        waits to be given back)."""
         for turn in self.turns.values():
-            if turn.names(tenant_id, lease_id):
+            if turn.names(tenant_id, lease_id) if lease_id else tenant_id in turn.joined:
                 return turn
         return None
 

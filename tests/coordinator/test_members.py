@@ -74,6 +74,14 @@ def release(service: LeaseService, tenant: Tenant, lease: pb.Lease) -> None:
     api_ops.release(service, tenant, pb.YieldRequest(lease_id=lease.lease_id))
 
 
+async def until(check: Callable[[], bool], what: str) -> None:
+    """Wait (5 s at most) for `check`; `what` names it if it never comes."""
+    deadline = asyncio.get_running_loop().time() + 5
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, f"not within 5 s: {what}"
+        await asyncio.sleep(0.01)
+
+
 def test_the_jobs_turn_starts_with_its_first_member_and_ends_with_its_last(
     tmp_path: Path,
 ) -> None:
@@ -283,8 +291,30 @@ def test_a_member_the_maximum_hold_revoked_and_gave_back_yields_its_jobs_turn(
             )  # it computes in its job's turn: joined at once
             assert again.lease_id == held[0].lease_id
             release(n1.service, trainer, again)
-            while arbiter.held or n2.holders():  # the coordinator heard it leave
-                await asyncio.sleep(0.01)
+            await until(lambda: not arbiter.held and not n2.holders(), "the job's turn ends")
+            assert n1.holders() == {}
+
+    run(body)
+
+
+def test_a_member_yielding_while_its_revoked_turn_waits_to_be_given_back_leaves_its_jobs_turn(
+    tmp_path: Path,
+) -> None:
+    """The client knows no lease while its revoked turn waits to come back: its yield names
+    none. That yield leaves the job's turn all the same, and the turn's resume goes with it."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, n2, arbiter):
+            trainer = pod(n1, "rl-trainer")
+            solo = n1.add_pod("team/solo", ("GPU-n1",))  # no job: a node-local tenant
+            n1.service.table.max_hold = 0.2
+            await acquire(n1.service, trainer)
+            n1.service.table.max_hold = 60.0  # the trainer's turn alone runs out
+            local = await acquire(n1.service, solo)  # once the trainer's turn is revoked
+            api_ops.release(n1.service, trainer, pb.YieldRequest())  # while it waits to resume
+            await until(lambda: not arbiter.held and not n2.holders(), "the job's turn ends")
+            assert not n1.service.table.waiters  # the trainer's resume went with its turn
+            release(n1.service, solo, local)
             assert n1.holders() == {}
 
     run(body)
