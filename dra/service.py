@@ -27,6 +27,7 @@ from baton._pb import (
 from baton.contract import names
 from dra.prepare import PrepareError, Preparer
 from dra.record import PreparedClaim
+from nodegpu.health import UNKNOWN
 from nodegpu.inventory import Inventory
 from nodegpu.state import LiveInventory
 
@@ -131,9 +132,7 @@ def health_report(
                 device=drahealth_pb2.DeviceIdentifier(
                     pool_name=pool, device_name=names.dra_device_name(g.index)
                 ),
-                health=drahealth_pb2.UNHEALTHY
-                if g.uuid in inventory.unhealthy
-                else drahealth_pb2.HEALTHY,
+                health=_health(inventory.unhealthy.get(g.uuid)),
                 last_updated_time=now_s,
                 health_check_timeout_seconds=HEALTH_TIMEOUT_S,
                 message=inventory.unhealthy.get(g.uuid, ""),
@@ -141,6 +140,14 @@ def health_report(
             for g in sorted(inventory.gpus, key=lambda g: g.index)
         ]
     )
+
+
+def _health(unhealthy: str | None) -> drahealth_pb2.HealthStatus:
+    """A GPU that is not unhealthy is HEALTHY; one whose health NVML does not report (marked
+    unhealthy with `nodegpu.health.UNKNOWN`, tainted all the same) is UNKNOWN, as DRA has it."""
+    if unhealthy is None:
+        return drahealth_pb2.HEALTHY
+    return drahealth_pb2.UNKNOWN if unhealthy.startswith(UNKNOWN) else drahealth_pb2.UNHEALTHY
 
 
 class HealthService(drahealth_pb2_grpc.DRAResourceHealthServicer):
