@@ -158,11 +158,14 @@ def usage(
 
     _check_output(output)
     with connected() as api:
-        totals, missing = accounting.read_totals(api, Settings.baton_namespace)
-        if window:
+        if window:  # each node's agent windowed on its own; a node read once is not counted
+            first, unread = accounting.read_node_totals(api, Settings.baton_namespace)
             threading.Event().wait(window)
-            later, missing = accounting.read_totals(api, Settings.baton_namespace)
-            totals = accounting.window(totals, later)
+            later, missing = accounting.read_node_totals(api, Settings.baton_namespace)
+            totals, skipped = accounting.node_windows(first, later)
+            missing = [*dict.fromkeys([*unread, *missing]), *skipped]
+        else:
+            totals, missing = accounting.read_totals(api, Settings.baton_namespace)
     rows = accounting.usage_rows(totals, namespace)
     document: dict[str, Any] = {
         "window_s": window or None,

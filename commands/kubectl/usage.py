@@ -20,7 +20,18 @@ def read_totals(
     api: Api, baton_namespace: str = NAMESPACE
 ) -> tuple[dict[Row, list[float]], list[str]]:
     """Row → [GPU-seconds, parked byte-seconds] over every agent; and the agents not read."""
+    by_node, missing = read_node_totals(api, baton_namespace)
     totals: dict[Row, list[float]] = {}
+    for node_totals in by_node.values():
+        add_totals(totals, node_totals)
+    return totals, missing
+
+
+def read_node_totals(
+    api: Api, baton_namespace: str = NAMESPACE
+) -> tuple[dict[str, dict[Row, list[float]]], list[str]]:
+    """Each node's agent's totals by row; and the agents not read (why)."""
+    by_node: dict[str, dict[Row, list[float]]] = {}
     pods = agent_pods(api, baton_namespace)
     missing = [] if pods else [no_agents(baton_namespace)]
     for node, pod in sorted(pods.items()):
@@ -28,8 +39,34 @@ def read_totals(
         if isinstance(status, str):
             missing.append(f"{node}: {status}")
             continue
-        add_accounting(totals, status.get("accounting") or {})
-    return totals, missing
+        add_accounting(by_node.setdefault(node, {}), status.get("accounting") or {})
+    return by_node, missing
+
+
+def add_totals(totals: dict[Row, list[float]], more: Mapping[Row, list[float]]) -> None:
+    """Add `more`'s rows into `totals`."""
+    for key, (held, parked) in more.items():
+        row = totals.setdefault(key, [0.0, 0.0])
+        row[0] += held
+        row[1] += parked
+
+
+def node_windows(
+    before: Mapping[str, Mapping[Row, list[float]]],
+    after: Mapping[str, Mapping[Row, list[float]]],
+) -> tuple[dict[Row, list[float]], list[str]]:
+    """What accrued between two readings, each node's agent windowed on its own (`window`: a
+    tenant folded on one node is not one on another) and summed; and the nodes not counted
+    because one of the readings lacks them."""
+    totals: dict[Row, list[float]] = {}
+    for node in sorted(before.keys() & after.keys()):
+        add_totals(totals, window(before[node], after[node]))
+    skipped = [
+        f"{node}: its agent was not read {'at the end' if node in before else 'at the start'}"
+        " of the window"
+        for node in sorted(before.keys() ^ after.keys())
+    ]
+    return totals, skipped
 
 
 def add_accounting(totals: dict[Row, list[float]], accounting: Mapping[str, Any]) -> None:

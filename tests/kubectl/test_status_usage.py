@@ -11,9 +11,17 @@ from typer.testing import CliRunner
 
 from commands.kubectl import cli
 from commands.kubectl.agents import read_cluster
-from commands.kubectl.api import agent_status_path, inventory_path
+from commands.kubectl.api import PluginError, agent_status_path, inventory_path
 from commands.kubectl.usage import read_totals, usage_rows, window
-from tests.kubectl.fake import FORBIDDEN_PROXY, GIB, GPU_A, GPU_B, DictApi, cluster_routes
+from tests.kubectl.fake import (
+    FORBIDDEN_PROXY,
+    GIB,
+    GPU_A,
+    GPU_B,
+    DictApi,
+    agent_pod,
+    cluster_routes,
+)
 
 
 @pytest.fixture
@@ -137,3 +145,50 @@ def test_a_namespace_with_no_agent_pod_is_said_not_shown_as_an_empty_table(run) 
     usage = run(routes, "--baton-namespace", "nons", "usage")
     assert f"not counted: {said}" in usage.output
     assert "agents_error" not in read_cluster(DictApi(cluster_routes()))
+
+
+class Readings(DictApi):
+    """Routes whose answer is a list are answered in turn (the last one from then on)."""
+
+    def get(self, path: str, **params: str) -> Any:
+        answer = self.routes.get(path)
+        if isinstance(answer, list):
+            asked = sum(p == path for p, _ in self.asked)
+            self.asked.append((path, params))
+            step = answer[min(asked, len(answer) - 1)]
+            if isinstance(step, PluginError):
+                raise step
+            return step
+        return super().get(path, **params)
+
+
+def test_usage_over_a_window_counts_each_agent_over_its_own_readings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """n1's ml/a used 2.5 s and was folded; n2's agent answered only the second reading (its
+    totals since accounting began are not the window's); n3's only the first (its tenants are
+    not folded ones): each agent is windowed on its own, and the two are named, not counted."""
+
+    def agent(*rows: list[Any]) -> dict[str, Any]:
+        return {"accounting": {"gpu_seconds": list(rows), "parked_byte_seconds": []}}
+
+    busy = PluginError("the agent did not answer")
+    routes: dict[str, Any] = {
+        "/api/v1/namespaces/baton-system/pods": {
+            "items": [agent_pod(n, f"baton-agent-{n}") for n in ("n1", "n2", "n3")]
+        },
+        agent_status_path("baton-agent-n1"): [
+            agent(["ml/a", "ml", 0, 10.0]),
+            agent(["ml/(departed)", "ml", 0, 12.5]),
+        ],
+        agent_status_path("baton-agent-n2"): [busy, agent(["ml/b", "ml", 0, 100.0])],
+        agent_status_path("baton-agent-n3"): [agent(["ml/z", "ml", 0, 50.0]), busy],
+    }
+    monkeypatch.setattr(cli.Settings, "make_api", lambda kubeconfig, context: Readings(routes))
+    result = CliRunner().invoke(cli.app, ["usage", "--window", "0.01", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert [(r["tenant"], r["gpu_seconds"]) for r in document["rows"]] == [("ml/(departed)", 2.5)]
+    unread = document["unread"]
+    assert "n2: its agent was not read at the start of the window" in unread
+    assert "n3: its agent was not read at the end of the window" in unread
