@@ -100,18 +100,41 @@ class CoordinatedTurns:
                 continue
             away_since = None
             # The turn was prepared on every node before the coordinator answered: it is here.
-            found = self._turns.lease_of(tenant.tenant_id, answer.turn_id)
-            lease = self._turns.lease(found[1]) if found is not None else None
-            if found is not None and lease is not None:
-                self._turns.mark_joined(found[0], tenant.tenant_id, True)
+            lease = self._lease_in(tenant, answer.turn_id)
+            if lease is not None:
                 return lease
+            # It ended meanwhile (or this pod joined the job late), or the node revoked the pod's
+            # lease in it (its maximum hold, a higher tier) and has not given it back yet.
+            back = self._turns.giving_back(tenant.tenant_id, answer.turn_id)
+            if back and deadline is not None and time.monotonic() + wait > deadline:
+                await asyncio.sleep(max(0.0, deadline - time.monotonic()))  # a last look
+                if (lease := self._lease_in(tenant, answer.turn_id)) is not None:
+                    return lease
+                back = self._turns.giving_back(tenant.tenant_id, answer.turn_id)
             if deadline is not None and time.monotonic() + wait > deadline:
-                raise JobTurnRefused(
-                    f"job {namespace}/{job}: its turn {answer.turn_id} ended on node "
-                    f"{self._turns.node} before pod {tenant.tenant_id} could compute in it"
-                )
-            await asyncio.sleep(wait)  # it ended meanwhile (or this pod joined the job late)
+                raise self._not_joined(tenant, f"job {namespace}/{job}", answer.turn_id, back)
+            await asyncio.sleep(wait)
             wait = min(wait * 2, RETRY_MAX_S)
+
+    def _lease_in(self, tenant: Tenant, turn_id: str) -> Lease | None:
+        """The member's live lease in the turn here (it joins it so), or None."""
+        found = self._turns.lease_of(tenant.tenant_id, turn_id)
+        lease = self._turns.lease(found[1]) if found is not None else None
+        if found is not None and lease is not None:
+            self._turns.mark_joined(found[0], tenant.tenant_id, True)
+        return lease
+
+    def _not_joined(self, tenant: Tenant, job: str, turn_id: str, back: str) -> AgentError:
+        """Why the member is not in its job's turn `turn_id` on this node by its deadline."""
+        node, pod = self._turns.node, tenant.tenant_id
+        if back:
+            return AcquireTimeout(
+                f"{job}: its turn {turn_id} holds, but node {node} revoked pod {pod}'s lease in "
+                f"it and had not given its GPUs back by the deadline: {back}"
+            )
+        return JobTurnRefused(
+            f"{job}: its turn {turn_id} ended on node {node} before pod {pod} could compute in it"
+        )
 
     def holds(self, tenant: Tenant, lease_id: str) -> bool:
         """Whether `lease_id` is the member's lease in a job turn it joined."""

@@ -26,6 +26,7 @@ from agent.node.tenants import POD, Tenant
 from agent.server.node_turn import COMMITTED, NodeTurn
 from agent.server.service import LeaseService
 from agent.server.sessions import Session
+from agent.server.waits import standing
 from baton._pb import agent_pb2 as pb
 from baton.contract.names import job_of_labels
 from baton.contract.tasks import to_the_end
@@ -296,6 +297,18 @@ class JobTurns:
             if turn.names(tenant_id, lease_id) if lease_id else tenant_id in turn.joined:
                 return turn
         return None
+
+    def giving_back(self, tenant_id: str, turn_id: str) -> str:
+        """Why the node has not given the member its GPUs back in `turn_id` yet (it revoked the
+        member's lease there, and the turn that gives it back waits), or "" if it has not."""
+        turn = self.turns.get(turn_id)
+        if turn is None or tenant_id not in turn.members:
+            return ""
+        table = self._service.table
+        waiter = table.waiters.get(turn.lease_of(tenant_id))
+        if waiter is None:
+            return ""
+        return str(standing(table, self._service.metrics, waiter, self._clock())["why"])
 
     def lease(self, lease_id: str) -> Lease | None:
         """A member's lease, as the lease table holds it (None once it ended)."""

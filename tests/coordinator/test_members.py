@@ -318,3 +318,33 @@ def test_a_member_yielding_while_its_revoked_turn_waits_to_be_given_back_leaves_
             assert n1.holders() == {}
 
     run(body)
+
+
+def test_a_member_asking_while_its_revoked_turn_waits_to_be_given_back_hears_so(
+    tmp_path: Path,
+) -> None:
+    """The job's turn still holds; only the node has not given the trainer its GPU back yet:
+    its acquire's deadline says so (and who holds the GPU), not that the turn ended."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, _n2, arbiter):
+            trainer = pod(n1, "rl-trainer")
+            solo = n1.add_pod("team/solo", ("GPU-n1",))  # no job: a node-local tenant
+            n1.service.table.max_hold = 0.2
+            await acquire(n1.service, trainer)
+            n1.service.table.max_hold = 60.0  # the trainer's turn alone runs out
+            local = await acquire(n1.service, solo)  # once the trainer's turn is revoked
+            with pytest.raises(AcquireTimeout) as late:
+                await api_ops.acquire(n1.service, trainer, pb.AcquireRequest(timeout_ms=500))
+            turn = arbiter.held["team/rl"].turn_id
+            assert str(late.value).startswith(
+                f"job team/rl: its turn {turn} holds, but node n1 revoked pod team/rl-trainer's "
+                "lease in it and had not given its GPUs back by the deadline: position 1 "
+                "(GPU-n1 behind holder team/solo)"
+            )
+            theirs = asyncio.create_task(acquire(n1.service, trainer))
+            release(n1.service, solo, local)  # the trainer's turn is given back: it joins it
+            lease = await theirs
+            assert lease.lease_id == n1.service.table.leases_of(trainer.tenant_id)[0].lease_id
+
+    run(body)
