@@ -26,7 +26,8 @@ class NodeTurn:
     turn that gives it back (`agent.server.resumes`)."""
     gpus: tuple[str, ...]
     tokens: tuple[int, ...]
-    """Each member's fencing token (its lowest GPU's), in the order of `members`."""
+    """Each member's fencing token (its lowest GPU's) as the turn was prepared, in the order of
+    `members` (`JobTurns.tokens` gives the live ones)."""
     prepared_at: float
     group: str = ""
     restored: bool = False

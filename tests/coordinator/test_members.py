@@ -348,3 +348,26 @@ def test_a_member_asking_while_its_revoked_turn_waits_to_be_given_back_hears_so(
             assert lease.lease_id == n1.service.table.leases_of(trainer.tenant_id)[0].lease_id
 
     run(body)
+
+
+def test_a_nodes_report_carries_the_token_of_the_lease_that_gave_a_revoked_member_its_turn_back(
+    tmp_path: Path,
+) -> None:
+    """The maximum hold revokes the trainer's turn for a node-local pod and gives it back under
+    a new lease, with a newer fencing token: the node's report of the job's turn carries that
+    one, the token the trainer computes under, not the one it was prepared with."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, _n2, arbiter):
+            trainer = pod(n1, "rl-trainer")
+            solo = n1.add_pod("team/solo", ("GPU-n1",))  # no job: a node-local tenant
+            n1.service.table.max_hold = 0.2
+            first = await acquire(n1.service, trainer)
+            n1.service.table.max_hold = 60.0  # the trainer's turn alone runs out
+            release(n1.service, solo, await acquire(n1.service, solo))  # revoked, given back
+            [resumed] = n1.service.table.leases_of(trainer.tenant_id)
+            assert resumed.tokens["GPU-n1"] > first.fencing_tokens["GPU-n1"]
+            [turn] = (await arbiter.links.report("n1", n1.address, 1)).turns
+            assert list(turn.fencing_tokens) == [resumed.tokens["GPU-n1"]]
+
+    run(body)
