@@ -6,9 +6,10 @@ the agent's epoch, fencing the old leader off) and rebuilds its table from the a
 that every node it names reports was decided (its waiter may have been told): it is committed
 where it was not yet, and held. A turn that a named node lacks was not decided, or was being
 ended: it is released everywhere, and a job whose Acquire failed with the old leader asks again.
-A node that does not answer counts as holding what it held; while this replica leads it is
-asked again (`chase`, with backoff) until it answers, as is, at once, each node whose agent
-the view lists only after recovery (its watch listed late, or its address appeared later).
+A node that does not answer (or misses a call that settles what it reported) counts as holding
+what it held; while this replica leads it is asked again (`chase`, with backoff) until it
+answers, as is, at once, each node whose agent the view lists only after recovery (its watch
+listed late, or its address appeared later).
 What such a node reports is settled by the same rules: its part of a turn held is added to it,
 a turn this leader ended or rolled back is released there, and a turn only such nodes held is
 judged as recovery would have.
@@ -20,7 +21,7 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 
 from agent.core.leases import Lease, LeaseTable
@@ -74,7 +75,10 @@ async def recover(view: ClusterView, links: AgentLinks, table: LeaseTable, epoch
     if found.outranked:
         return found
     for _, where in sorted(parts.items()):
-        await _settle(view, links, table, epoch, where, addresses, found)
+        missed, what = await _settle(view, links, table, epoch, where, addresses, found)
+        for node in missed:  # it may hold what was settled otherwise: asked again (`chase`)
+            found.answered.discard(node)
+            found.unreachable[node] = f"it answered, but settling its job turns failed ({what})"
     if found.unreachable:
         log.warning(
             "epoch %d: agents not reached yet (asked again until they answer; their turns are "
@@ -173,8 +177,10 @@ async def _settle_report(
         if turn.epoch >= epoch:  # this leader's own
             continue
         where, view, links = [(node, turn)], arbiter.view, arbiter.links
-        done, what = await _settle(view, links, arbiter.table, epoch, where, {node: address}, found)
-        settled = settled and done
+        missed, what = await _settle(
+            view, links, arbiter.table, epoch, where, {node: address}, found
+        )
+        settled = settled and not missed
         outcomes.append(what)
     return settled, outcomes
 
@@ -187,9 +193,9 @@ async def _settle(
     where: list[tuple[str, jt.NodeTurn]],
     addresses: dict[str, str],
     found: Recovered,
-) -> tuple[bool, str]:
-    """Settle one turn as the nodes of `where` report it; whether every call was answered, and
-    what became of it."""
+) -> tuple[list[str], str]:
+    """Settle one turn as the nodes of `where` report it; the nodes that did not answer a call
+    it needed, and what became of it."""
     first = where[0][1]
     turn_id, key = first.turn_id, turn_key(first.namespace, first.job, first.group)
     nodes = {node: addresses[node] for node, _ in where}
@@ -205,21 +211,25 @@ async def _settle(
     what = f"turn {turn_id} of job {key}"
     if why:
         found.rolled_back.append(f"{key} ({turn_id}): {why}")
-        answered = await _all(
-            links.release(n, a, epoch, turn_id, f"rolled back by epoch {epoch}: {why}")
-            for n, a in nodes.items()
+        missed = await _missed(
+            {
+                n: links.release(n, a, epoch, turn_id, f"rolled back by epoch {epoch}: {why}")
+                for n, a in nodes.items()
+            }
         )
-        return answered, f"{what} rolled back ({why})"
+        return missed, f"{what} rolled back ({why})"
     if holding is not None:
         _add(table, holding, where, nodes, resources)
     else:
         _hold(view, table, key, where, nodes, resources, found)
-    answered = await _all(
-        links.commit(node, addresses[node], epoch, turn_id)
-        for node, turn in where
-        if turn.state != COMMITTED
+    missed = await _missed(
+        {
+            node: links.commit(node, addresses[node], epoch, turn_id)
+            for node, turn in where
+            if turn.state != COMMITTED
+        }
     )
-    return answered, f"{what} held" + (f" on {', '.join(sorted(nodes))} too" if holding else "")
+    return missed, f"{what} held" + (f" on {', '.join(sorted(nodes))} too" if holding else "")
 
 
 def _hold(
@@ -319,10 +329,12 @@ def _taken(table: LeaseTable, resources: tuple[str, ...], own: str) -> str:
     return ""
 
 
-async def _all(calls: Iterable[Awaitable[object]]) -> bool:
-    """Whether every call was answered (the failures logged)."""
-    results = await asyncio.gather(*calls, return_exceptions=True)
-    for result in results:
+async def _missed(calls: dict[str, Awaitable[object]]) -> list[str]:
+    """The nodes whose call was not answered (each failure logged)."""
+    results = await asyncio.gather(*calls.values(), return_exceptions=True)
+    missed = []
+    for node, result in zip(calls, results, strict=True):
         if isinstance(result, BaseException):
-            log.warning("settling a job turn: %s", result)
-    return not any(isinstance(r, BaseException) for r in results)
+            log.warning("settling a job turn on node %s: %s", node, result)
+            missed.append(node)
+    return missed

@@ -354,6 +354,42 @@ def test_a_node_the_nodes_watch_lists_after_recovery_is_asked_and_its_part_joins
     run(body)
 
 
+def test_a_node_that_reported_but_missed_its_roll_back_is_asked_again_and_planned_onto_after(
+    tmp_path: Path,
+) -> None:
+    """sft's turn of epoch 1 was cut short on n1; n2 reports it to the new leader, then goes
+    away before the roll-back reaches it: n2 stays unsettled (rl is not planned onto it) and
+    is asked again, and settled, once it answers."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            n2, links = nodes[1], AgentLinks(TOKEN)
+            for node, pod in zip(nodes, ("team/sft-a", "team/sft-b"), strict=True):
+                turn = ("t-sft", "team", "sft", "")
+                await links.prepare(node.name, node.address, 1, turn, (pod,), 5, ["n1", "n2"])
+            await links.release("n1", nodes[0].address, 1, "t-sft", "yielded")
+            release = links.release
+
+            async def away(node: str, address: str, epoch: int, turn_id: str, reason: str) -> bool:
+                await n2.server.stop(0)  # gone once it has reported
+                return await release(node, address, epoch, turn_id, reason)
+
+            links.release = away  # type: ignore[method-assign]
+            arbiter = Arbiter(view, links, lambda: LeaseTable(clock=time.time), time.time)
+            found = await recover(view, links, table := arbiter.new_table(), 2)
+            links.release = release  # type: ignore[method-assign]
+            arbiter.lead(2, table, found)
+            with pytest.raises(TimeoutError, match="node n2 has not reported its job turns"):
+                await arbiter.acquire("team", "rl", "", timeout=0.2)
+            await n2.restart_server()
+            await chase(arbiter, found, 2)
+            assert not arbiter.settling.unsettled and not n2.holders()
+            assert len((await arbiter.acquire("team", "rl", "", timeout=5)).nodes) == 2
+            await close(arbiter)
+
+    run(body)
+
+
 def node_object(node: Node) -> dict[str, object]:
     """The Node object the nodes' watch would list for `node`."""
     gpus = [GpuRecord(uuid, i, "fake", 81920, 4) for i, uuid in enumerate(node.gpus)]
