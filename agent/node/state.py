@@ -2,13 +2,15 @@
 snapshot with atomic writes, and a journal of what changed since it.
 
 The journal is the record; the snapshot is its checkpoint. Every grant and every ended turn,
-every tenant registered, changed or gone, and every change to the parking backend's record of
-parked processes is appended to the journal (one small `write`, on the event loop) before anyone
-hears of it: a tenant that was told it holds the GPU keeps computing on it, so an agent killed
-a moment later must come back with the lease, and memory parked a moment before must be found
-parked. The snapshot is written off the event loop, a newer state replacing an unwritten one,
-at most once per `agent.server.turn_state.SAVE_DELAY_S`; it says up to which journal entry it
-is complete, and loading replays the entries after that. What only the snapshot holds is the
+every revoked tenant queued first for the turn after (and such a queue place that ends
+ungranted), every tenant registered, changed or gone, and every change to the parking backend's
+record of parked processes is appended to the journal (one small `write`, on the event loop)
+before anyone hears of it: a tenant that was told it holds the GPU keeps computing on it, so an
+agent killed a moment later must come back with the lease (or the revoked tenant with its place
+first in the queue), and memory parked a moment before must be found parked. The snapshot is
+written off the event loop, a newer state replacing an unwritten one, at most once per
+`agent.server.turn_state.SAVE_DELAY_S`; it says up to which journal entry it is complete, and
+loading replays the entries after that. What only the snapshot holds is the
 accounting, so a crash loses at most that delay of it. Once the journal passes
 `JOURNAL_COMPACT_BYTES` the writer cuts it back to the entries the last written snapshot lacks.
 
@@ -32,6 +34,7 @@ from agent.core.leases import Lease
 from agent.node.state_json import (
     STATE_FORMAT,
     PersistedState,
+    SavedResume,
     apply_entry,
     decode,
     encode,
@@ -195,19 +198,29 @@ class StateStore:
         self._append([{"parked": parked}])
 
     def record_grant(
-        self, lease: Lease, ended: Sequence[str] = (), parked: dict[str, Any] | None = None
+        self,
+        lease: Lease,
+        ended: Sequence[str] = (),
+        parked: dict[str, Any] | None = None,
+        resumes: Sequence[SavedResume] = (),
     ) -> None:
         """Make a grant durable before it is answered: one line appended to the journal, after
-        the ends of the turns `ended` and the parking record `parked` (if memory moved for it)
-        that made room for it, all in the same write."""
-        entries: list[dict[str, Any]] = [{"end": lease_id} for lease_id in ended]
+        the revoked tenants' `resumes`, the ends of the turns `ended` and the parking record
+        `parked` (if memory moved for it) that made room for it, all in the same write."""
+        entries = self._ends(ended, resumes)
         if parked is not None:
             entries.append({"parked": parked})
         self._append([*entries, {"grant": lease}])
 
-    def record_end(self, *lease_ids: str) -> None:
-        """Turns ended (yielded, revoked, their tenants gone): one line each, in one write."""
-        self._append([{"end": lease_id} for lease_id in lease_ids])
+    def record_end(self, *lease_ids: str, resumes: Sequence[SavedResume] = ()) -> None:
+        """Turns ended (yielded, revoked, their tenants gone) or resumes that left the queue
+        ungranted, after the `resumes` their revocations queued: one line each, in one write."""
+        self._append(self._ends(lease_ids, resumes))
+
+    @staticmethod
+    def _ends(ended: Sequence[str], resumes: Sequence[SavedResume]) -> list[dict[str, Any]]:
+        entries: list[dict[str, Any]] = [{"resume": resume} for resume in resumes]
+        return entries + [{"end": lease_id} for lease_id in ended]
 
     def _append(self, entries: list[dict[str, Any]]) -> None:
         with self._journal_lock:

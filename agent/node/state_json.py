@@ -18,12 +18,25 @@ STATE_FORMAT = 1
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class SavedResume:
+    """A revoked tenant queued first for the turn after (`agent.server.resumes`): its waiter's
+    id (the id of the lease it becomes), and the revoked lease ids it gives back."""
+
+    waiter_id: str
+    tenant_id: str
+    gpus: tuple[str, ...]
+    revoked: tuple[str, ...] = ()
+
+
 @dataclass
 class PersistedState:
     """Everything that must survive an agent restart."""
 
     tenants: list[Tenant] = field(default_factory=list)
     leases: list[Lease] = field(default_factory=list)
+    resumes: dict[str, SavedResume] = field(default_factory=dict)
+    """The revoked tenants waiting to be given their turn back, by waiter id."""
     tokens: dict[str, int] = field(default_factory=dict)
     """Last fencing token per GPU (so tokens never repeat after a restart)."""
     parked: dict[str, Any] = field(default_factory=dict)
@@ -50,6 +63,7 @@ def decode(data: Any) -> tuple[PersistedState, int]:
     state = PersistedState(
         tenants=[Tenant.from_json(t) for t in data.get("tenants", [])],
         leases=[lease_from_json(x) for x in data.get("leases", [])],
+        resumes={r.waiter_id: r for r in map(resume_from_json, data.get("resumes", []))},
         tokens={k: int(v) for k, v in data.get("tokens", {}).items()},
         parked=dict(data.get("parked", {})),
         accounting=dict(data.get("accounting", {})),
@@ -64,6 +78,7 @@ def apply_entry(
     leases: dict[str, Lease],
 ) -> dict[str, Lease]:
     """One journal entry applied to `state`, `tenants` and `leases` (returned)."""
+    resumes = state.resumes
     if "tenant" in entry:
         tenant = Tenant.from_json(entry["tenant"])
         tenants[tenant.tenant_id] = tenant
@@ -71,6 +86,7 @@ def apply_entry(
         lease = lease_from_json(entry["grant"])
         for gpu, token in lease.tokens.items():
             state.tokens[gpu] = max(state.tokens.get(gpu, 0), token)
+        resumes.pop(lease.lease_id, None)  # a resume granted
         if lease.tenant_id in tenants:
             leases[lease.lease_id] = lease
         else:  # a journal from before tenants were journaled
@@ -83,12 +99,17 @@ def apply_entry(
         gone = str(entry["gone"])
         tenants.pop(gone, None)
         leases = {k: x for k, x in leases.items() if x.tenant_id != gone}
+        state.resumes = {k: r for k, r in resumes.items() if r.tenant_id != gone}
     elif "parked" in entry:
         state.parked = dict(entry["parked"])
-    elif "end" in entry:
+    elif "resume" in entry:
+        resume = resume_from_json(entry["resume"])
+        resumes[resume.waiter_id] = resume
+    elif "end" in entry:  # a turn, or a resume that left the queue
         leases.pop(str(entry["end"]), None)
+        resumes.pop(str(entry["end"]), None)
     else:
-        raise KeyError(f"none of tenant, grant, gone, parked, end in {sorted(entry)}")
+        raise KeyError(f"none of tenant, grant, gone, parked, resume, end in {sorted(entry)}")
     return leases
 
 
@@ -96,6 +117,7 @@ def _to_json(state: PersistedState) -> dict[str, Any]:
     return {
         "tenants": [t.to_json() for t in state.tenants],
         "leases": [lease_to_json(x) for x in state.leases],
+        "resumes": [resume_to_json(r) for r in state.resumes.values()],
         "tokens": dict(state.tokens),
         "parked": state.parked,
         "accounting": state.accounting,
@@ -113,6 +135,24 @@ def lease_to_json(lease: Lease) -> dict[str, Any]:
     }
 
 
+def resume_to_json(resume: SavedResume) -> dict[str, Any]:
+    return {
+        "waiter_id": resume.waiter_id,
+        "tenant_id": resume.tenant_id,
+        "gpus": list(resume.gpus),
+        "revoked": list(resume.revoked),
+    }
+
+
+def resume_from_json(data: dict[str, Any]) -> SavedResume:
+    return SavedResume(
+        waiter_id=str(data["waiter_id"]),
+        tenant_id=str(data["tenant_id"]),
+        gpus=tuple(map(str, data["gpus"])),
+        revoked=tuple(map(str, data.get("revoked", ()))),
+    )
+
+
 def journal_line(entry: dict[str, Any], seq: int) -> bytes:
     """One journal line: `entry` with its `seq`, as `json.dumps` writes it. A grant (`{"grant":
     Lease}`) and an end, the entries of every handover, are written without the encoder, which
@@ -125,6 +165,8 @@ def journal_line(entry: dict[str, Any], seq: int) -> bytes:
             return _grant_line(value, seq)
         if isinstance(value, Lease):
             entry = {kind: lease_to_json(value)}
+        elif isinstance(value, SavedResume):
+            entry = {kind: resume_to_json(value)}
     return json.dumps({**entry, "seq": seq}).encode() + b"\n"
 
 

@@ -96,7 +96,8 @@ class JobTurns:
             except (TypeError, KeyError, ValueError) as exc:
                 log.error("a saved job turn is unusable (%s): dropped", exc)
                 continue
-            if any(lease in self._service.table.leases for lease in turn.leases):
+            table = self._service.table
+            if any(x in table.leases or x in table.waiters for x in turn.leases):  # or a resume
                 self._attach(turn)  # a member whose pod left meanwhile is simply gone from it
                 self.turns[turn.turn_id] = turn
             else:

@@ -4,16 +4,30 @@ A lease revoked at the maximum hold (or for a higher tier) queues its tenant fir
 after: that waiter, granted, is a new lease. A yield that names the revoked lease ends the one
 that followed it, however many revocations ago; a job's turn (`agent.server.jobturns`) hears of
 each revocation so that its record names the member's lease that follows.
+
+A resume survives an agent restart: the journal holds it from the write of its revocation's
+end until its grant or an end naming it (it left the queue ungranted), and the restarted agent
+queues it first again, under the same id. A grant of it that found no session of its tenant is
+told to the tenant's next session (`unheard`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable, Mapping
 
+from agent.core.errors import AlreadyHolding
 from agent.core.leases import Lease, LeaseTable
+from agent.core.waiters import Waiter
+from agent.node.state_json import SavedResume
+from agent.node.tenants import Tenant
+from agent.server.sessions import SessionRegistry
+from agent.server.waits import lease_to_pb
+from baton._pb import agent_pb2 as pb
 
 Follow = Callable[[str, str, str], None]
 """Hears (tenant id, revoked lease id, id of the waiter that resumes it, then its lease)."""
+log = logging.getLogger(__name__)
 
 
 class Resumes:
@@ -23,21 +37,105 @@ class Resumes:
         self._next: dict[str, str] = {}
         self.follow: Follow | None = None
         """Who hears of each resume as its revocation queues it (the node's job turns)."""
+        self._new: list[SavedResume] = []
+        """Resumes queued in this step, for the journal's next write."""
+        self._journaled: set[str] = set()
+        """The resumes the journal holds as waiting."""
+        self.unheard: dict[str, str] = {}
+        """Tenant id → the lease that gave it its turn back while none of its sessions was open."""
 
-    def revoked(self, lease: Lease, resume_id: str, table: LeaseTable) -> None:
-        """`lease` was revoked and `resume_id` queued to give it back. A resumed lease revoked
+    def revoked(self, lease: Lease, resume: Waiter, table: LeaseTable) -> None:
+        """`lease` was revoked and `resume` queued to give it back. A resumed lease revoked
         again passes its resume on: each id that led to it leads to the new one."""
         live = table.waiters.keys() | table.leases.keys()
-        revoked = lease.lease_id
+        revoked, resume_id = lease.lease_id, resume.waiter_id
         self._next = {
             k: resume_id if v == revoked else v
             for k, v in self._next.items()
             if v in live or v == revoked
         }
         self._next[revoked] = resume_id
+        self._new.append(self._saved(resume))
         if self.follow is not None:
             self.follow(lease.tenant_id, revoked, resume_id)
 
     def take(self, lease_id: str) -> str:
         """The turn that followed the revoked `lease_id` ("" if none), forgotten here."""
         return self._next.pop(lease_id, "")
+
+    def given(self, lease: Lease, sessions: SessionRegistry) -> None:
+        """A resume was granted as `lease`: its tenant's sessions hear of it, or its next one."""
+        if sessions.connected(lease.tenant_id):
+            sessions.notify(lease.tenant_id, pb.AgentMessage(granted=lease_to_pb(lease)))
+        else:
+            self.unheard[lease.tenant_id] = lease.lease_id
+
+    def reconnected(self, tenant_id: str, table: LeaseTable, sessions: SessionRegistry) -> bool:
+        """A session of the tenant opened: it hears of the turn given back to it while none was
+        open, if it still holds it. Whether a resume of the tenant waits (to be tried now)."""
+        lease = table.leases.get(self.unheard.pop(tenant_id, ""))
+        if lease is not None and lease.tenant_id == tenant_id:
+            log.info(
+                "tenant %s reconnected: it hears of its turn %s given back",
+                tenant_id,
+                lease.lease_id,
+            )
+            sessions.notify(tenant_id, pb.AgentMessage(granted=lease_to_pb(lease)))
+        return any(w.front and w.tenant_id == tenant_id for w in table.waiters.values())
+
+    def _saved(self, waiter: Waiter) -> SavedResume:
+        led = tuple(k for k, v in self._next.items() if v == waiter.waiter_id)
+        return SavedResume(waiter.waiter_id, waiter.tenant_id, waiter.gpus, led)
+
+    # Persistence.
+
+    def to_journal(
+        self, table: LeaseTable, granted: str = ""
+    ) -> tuple[list[SavedResume], list[str]]:
+        """What the journal's next write (with the grant of `granted`, if any) says of resumes:
+        those queued since the last, and the ids of those that left the queue ungranted."""
+        if not self._new and not self._journaled:  # most writes: no resume at all
+            return [], []
+        new, self._new = self._new, []
+        self._journaled.discard(granted)
+        self._journaled.update(r.waiter_id for r in new)
+        left = [r for r in self._journaled if r not in table.waiters]
+        self._journaled.difference_update(left)
+        return new, left
+
+    def pending(self, table: LeaseTable) -> bool:
+        """Whether the journal's record of the resumes is behind the queue."""
+        return bool(self._new) or any(r not in table.waiters for r in self._journaled)
+
+    def snapshot(self, table: LeaseTable) -> dict[str, SavedResume]:
+        """The resumes waiting now, for the snapshot."""
+        front = (w for w in table.waiters.values() if w.front)
+        return {w.waiter_id: self._saved(w) for w in front}
+
+    def restore(
+        self, table: LeaseTable, saved: Iterable[SavedResume], tenants: Mapping[str, Tenant]
+    ) -> list[SavedResume]:
+        """Queue the saved resumes first again, each under its own id; those queued."""
+        restored = []
+        for resume in saved:
+            tenant = tenants.get(resume.tenant_id)
+            if tenant is None:
+                continue  # its tenant left: the resume went with it
+            try:
+                waiter = table.enqueue(
+                    tenant.tenant_id,
+                    resume.gpus,
+                    front=True,
+                    duty=tenant.gpu_duty,
+                    tier=tenant.priority,
+                )
+            except AlreadyHolding as exc:
+                log.warning("the saved resume %s is dropped: %s", resume.waiter_id, exc)
+                continue
+            del table.waiters[waiter.waiter_id]
+            waiter.waiter_id = resume.waiter_id  # the id its job turn names, and its lease's
+            table.waiters[waiter.waiter_id] = waiter
+            self._journaled.add(waiter.waiter_id)
+            self._next.update(dict.fromkeys(resume.revoked, waiter.waiter_id))
+            restored.append(resume)
+        return restored

@@ -169,9 +169,13 @@ class LeaseService:
 
     def session_opened(self, tenant_id: str, pid: int) -> None:
         """A tenant process opened its session: its processes are found again before a move,
-        and what its holders may keep is told again (`agent.server.kept_turns`)."""
+        what its holders may keep is told again (`agent.server.kept_turns`), and a turn given
+        back to it while it had no session is told, or its resume tried (after a restart)."""
         self.tenancy.session_opened(tenant_id, pid)
-        self.turns.retell()
+        if self.turns.resumes.reconnected(tenant_id, self.table, self.sessions):
+            self.turns.changed()
+        else:
+            self.turns.retell()
 
     def session_closed(self, tenant_id: str, pid: int, last: bool) -> None:
         """A tenant process's session ended (it exited or died, or the agent is stopping)."""

@@ -59,10 +59,11 @@ class Tenancy:
         saved = self._state.restore()
         if saved is not None and saved.tenants:
             log.info(
-                "restored %d tenants and %d leases (%d turns granted or ended after the "
-                "snapshot, from the journal); holders have %g s to reconnect",
+                "restored %d tenants, %d leases and %d revoked turns to give back (%d entries "
+                "after the snapshot, from the journal); their tenants have %g s to reconnect",
                 len(saved.tenants),
                 len(saved.leases),
+                len(saved.resumes),
                 saved.replayed,
                 self._state.grace,
             )

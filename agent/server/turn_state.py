@@ -17,6 +17,7 @@ from agent.parking.backends.base import RecordError, TenantRef
 from agent.parking.host import Parking, parking_of
 from agent.parking.multi import records_by_method
 from agent.server.metrics import AgentMetrics
+from agent.server.resumes import Resumes
 from agent.server.sessions import SessionRegistry
 from baton.contract.names import MIB
 
@@ -99,6 +100,8 @@ class TurnState:
         self._after: list[Callable[[], object]] | None = None
         """Bookkeeping held back while `grants_first` is open, in the order it was asked for."""
         self._grants_first = _GrantsFirst(self)
+        self.resumes = Resumes()
+        """The revoked tenants queued to get their turns back (`agent.server.turns`)."""
         self.unclaimed: set[str] = set()
         """Leases restored from the state that no client has named since the restart: their
         grant may never have reached the tenant (`Turns.acquire` hands one back)."""
@@ -234,8 +237,9 @@ class TurnState:
         ended, self._ended = self._ended, []
         parked = self.preparer.durable() if self._persist_asked else None
         self._persist_asked = False
+        resumed, left = self.resumes.to_journal(self.table, lease.lease_id)
         if self._store is not None:
-            self._store.record_grant(lease, ended, parked)
+            self._store.record_grant(lease, ended + left, parked, resumed)
 
     def journal_end(self, lease: Lease) -> None:
         """A turn ended: written with the grant that follows in this step, or by
@@ -243,10 +247,17 @@ class TurnState:
         self._ended.append(lease.lease_id)
 
     def journal_flush(self) -> None:
-        """Write the ends no grant took along."""
+        """Write the ends no grant took along, and the resumes queued or gone since the last
+        write (`agent.server.resumes`)."""
         ended, self._ended = self._ended, []
-        if ended and self._store is not None:
-            self._store.record_end(*ended)
+        resumed, left = self.resumes.to_journal(self.table)
+        if (ended or resumed or left) and self._store is not None:
+            self._store.record_end(*ended, *left, resumes=resumed)
+
+    def journal_resumes(self) -> None:
+        """Write the resumes queued or gone since the last write, if any."""
+        if self.resumes.pending(self.table):
+            self.journal_flush()
 
     def journal_gone(self, tenant_id: str) -> None:
         """A tenant left: on disk at once (`agent.node.state`)."""
@@ -278,8 +289,8 @@ class TurnState:
         self._save_timer = asyncio.get_running_loop().call_later(SAVE_DELAY_S, self._save)
 
     def restore(self) -> PersistedState | None:
-        """Reinstate the saved tenants, leases, tokens, parked memory and accounting; what was
-        saved (None without a store)."""
+        """Reinstate the saved tenants, leases, resumes, tokens, parked memory and accounting;
+        what was saved (None without a store)."""
         if self._store is None:
             return None
         saved = self._store.load()
@@ -295,6 +306,8 @@ class TurnState:
             self.table.gpu(gpu).token = token
         for lease in saved.leases:
             self.table.restore_lease(lease)
+        queued = self.resumes.restore(self.table, saved.resumes.values(), self.tenants.tenants)
+        saved.resumes = {r.waiter_id: r for r in queued}
         self.unclaimed = {lease.lease_id for lease in saved.leases}
         try:
             self.preparer.reinstate(saved.parked)
@@ -326,6 +339,7 @@ class TurnState:
             PersistedState(
                 tenants=list(self.tenants.tenants.values()),
                 leases=list(self.table.leases.values()),
+                resumes=self.resumes.snapshot(self.table),
                 tokens={gpu: state.token for gpu, state in self.table.gpus.items()},
                 parked=self.preparer.durable(),
                 accounting=self.metrics.accounting.to_json(),

@@ -51,7 +51,7 @@ class Turns:
         self._pending: dict[str, asyncio.Future[Lease]] = {}
         self._on_grant: dict[str, Callable[[Lease], None]] = {}
         """Waiter id → who hears of its grant as it is made (`acquire`)."""
-        self.resumes = Resumes()
+        self.resumes: Resumes = state.resumes
         self._changes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._ahead = LookAhead(state.preparer, state.spawn)
@@ -283,9 +283,7 @@ class Turns:
         if future is not None and not future.done():
             future.set_result(lease)
         elif waiter.front:
-            self._state.sessions.notify(
-                lease.tenant_id, pb.AgentMessage(granted=lease_to_pb(lease))
-            )
+            self.resumes.given(lease, self._state.sessions)
         self._state.persist_step()
         if not self._state.sessions.connected(lease.tenant_id):  # a bare RPC caller: no watch
             loop = asyncio.get_running_loop()
@@ -321,6 +319,7 @@ class Turns:
         if self._closed:
             return
         self._reschedule()
+        self._state.journal_resumes()  # one that left the queue (quarantined, too large)
         self._ahead.look(self.table)
         self._yield_parks.look(self.table)
         self._kept.look(self.table)
@@ -386,7 +385,7 @@ class Turns:
             return
         _, due, resume = self.table.revoke(lease.lease_id)
         self._state.journal_end(lease)  # written with the grant it makes room for
-        self.resumes.revoked(lease, resume.waiter_id, self.table)
+        self.resumes.revoked(lease, resume, self.table)
         self._state.metrics.released(lease, self._state.clock(), revoked=True)
         self._state.publish(ev.REVOKED, lease.tenant_id, lease=lease, detail=why)
         reason = "held past the maximum hold time" if overdue else "a higher tier waits"

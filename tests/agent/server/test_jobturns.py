@@ -316,3 +316,44 @@ def test_the_fair_policy_keeps_no_gpu_for_a_member_whose_job_turn_ends(tmp_path:
         await service.close()
 
     run(body)
+
+
+def test_a_member_whose_revoked_turn_waits_to_be_given_back_keeps_its_jobs_turn_on_restart(
+    tmp_path: Path,
+) -> None:
+    """The agent restarts while the trainer's revoked turn waits for the node-local pod's to
+    end: the job's turn is taken up, and the lease it names is the one the trainer gets."""
+
+    def started() -> tuple[LeaseService, JobTurns]:
+        service = LeaseService(
+            table=LeaseTable(clock=time.time, max_hold=0.2),
+            preparer=lambda host: NullPreparer(),
+            clock=time.time,
+            store=StateStore(tmp_path),
+        )
+        service.load()
+        service.upsert_pod(pod("trainer", ("GPU-0",), {LABEL_JOB: "rl"}))
+        service.upsert_pod(pod("solo", ("GPU-0",)))
+        turns = JobTurns(service, "n1", JobTurnStore(tmp_path), time.time)
+        turns.load()
+        return service, turns
+
+    async def body() -> None:
+        service, turns = started()
+        await turns.prepare(1, "t1", "team", "rl", timeout=5)
+        service.table.max_hold = 60.0  # the trainer's turn alone runs out
+        solo = service.tenants.tenants["team/solo"]
+        local = await service.acquire(solo, (), timeout=5)  # once the trainer's is revoked
+        [resume] = turns.turns["t1"].leases
+        await service.close()
+        service, again = started()  # the agent restarts with the trainer's turn to give back
+        assert list(again.turns) == ["t1"]
+        assert [w.waiter_id for w in service.table.waiters.values() if w.front] == [resume]
+        service.yield_(service.tenants.tenants["team/solo"], local.lease.lease_id)
+        assert [x.lease_id for x in service.table.leases_of("team/trainer")] == [resume]
+        assert again.lease_of("team/trainer", "t1") == (again.turns["t1"], resume)
+        assert again.release(1, "t1", "yielded")
+        assert not service.table.leases and not service.table.waiters
+        await service.close()
+
+    run(body)

@@ -6,10 +6,13 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
 from agent.core.leases import LeaseTable
 from agent.core.residency import NullPreparer
 from agent.node.state import StateStore
 from agent.node.tenants import POD, Tenant
+from agent.server import turn_state
 from agent.server.service import LeaseService
 
 
@@ -38,6 +41,46 @@ def test_a_yield_of_a_lease_revoked_twice_ends_the_turn_that_gave_it_back_last(
         assert len(set(held)) == 3  # revoked, given back, revoked, given back
         service.yield_(a, held[0])
         assert not table.leases
+        await service.close()
+
+    asyncio.run(asyncio.wait_for(body(), 10))
+
+
+def test_the_journal_holds_a_resume_from_its_revocation_until_it_is_granted_or_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an agent killed at each step (no snapshot since) comes back with."""
+    monkeypatch.setattr(turn_state, "SAVE_DELAY_S", 60.0)
+
+    def found() -> tuple[list[str], list[str]]:
+        saved = StateStore(tmp_path).load()
+        return [x.tenant_id for x in saved.leases], [r.tenant_id for r in saved.resumes.values()]
+
+    async def body() -> None:
+        table = LeaseTable(clock=time.time, max_hold=0.2)
+        service = LeaseService(
+            table=table,
+            preparer=lambda host: NullPreparer(),
+            clock=time.time,
+            store=StateStore(tmp_path),
+        )
+        service.load()
+        a, b = (Tenant(f"team/{n}", n, ("GPU-0",), source=POD) for n in ("a", "b"))
+        service.upsert_pod(a)
+        service.upsert_pod(b)
+        await service.acquire(a, (), timeout=5)
+        table.max_hold = 60.0
+        theirs = await service.acquire(b, (), timeout=5)  # once a's turn is revoked
+        assert found() == (["team/b"], ["team/a"])  # the revocation's write holds the resume
+        service.yield_(a, "")  # a gives up the turn it was to get back
+        assert found() == (["team/b"], [])
+        service.yield_(b, theirs.lease.lease_id)
+        table.max_hold = 0.2
+        await service.acquire(a, (), timeout=5)
+        table.max_hold = 60.0
+        theirs = await service.acquire(b, (), timeout=5)  # a's turn is revoked again
+        service.yield_(b, theirs.lease.lease_id)  # and given back
+        assert found() == (["team/a"], [])
         await service.close()
 
     asyncio.run(asyncio.wait_for(body(), 10))

@@ -1,0 +1,128 @@
+"""A turn the agent revoked and had yet to give back, across an agent restart: the restarted
+agent keeps the revoked tenant first in the queue and gives the turn back to its client."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agent.client import AgentUnavailable, AsyncBaton, Baton
+from tests.harness.agent import AgentRunner
+
+pytestmark = pytest.mark.timeout(60)
+
+Client = Baton | AsyncBaton
+
+
+def client(kind: str, socket: str, name: str) -> Client:
+    if kind == "blocking":
+        return Baton(socket, ["GPU-0"], name=name, connect_timeout=5)
+    return AsyncBaton(socket, ["GPU-0"], name=name, connect_timeout=5)
+
+
+async def call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a client's method from the test's loop (a blocking one on a thread)."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    return await asyncio.to_thread(fn, *args)
+
+
+async def until(check: Callable[[], bool], what: str, within: float = 10) -> None:
+    """Wait (`within` seconds at most) for `check`; `what` names it if it never comes."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {within} s: {what}"
+        await asyncio.sleep(0.01)
+
+
+def gate_reconnects(tenant: Client) -> threading.Event:
+    """The client's reconnects fail (as if the agent were not there yet) until the returned
+    event is set."""
+    gate = threading.Event()
+
+    def shut() -> None:
+        if not gate.is_set():
+            raise AgentUnavailable("held back by the test")
+
+    if isinstance(tenant, AsyncBaton):
+        opens = tenant._open
+
+        async def gated_async() -> None:
+            shut()
+            await opens()
+
+        tenant._open = gated_async  # type: ignore[method-assign]
+    else:
+        open_ = tenant._open
+
+        def gated() -> Any:
+            shut()
+            return open_()
+
+        tenant._open = gated  # type: ignore[method-assign]
+    return gate
+
+
+def queue(agent: AgentRunner) -> list[tuple[str, bool]]:
+    waiting = agent.status()["gpus"]["GPU-0"]["queue"]
+    return [(w["tenant_id"], w["resuming"]) for w in waiting]
+
+
+def holder(agent: AgentRunner) -> str | None:
+    return agent.status()["gpus"]["GPU-0"]["holder"]
+
+
+async def revoked(x: Client, y: AsyncBaton) -> int:
+    """x holds the GPU past the maximum hold while y waits: y gets it, x waits to be given it
+    back. Returns y's fencing token."""
+    await call(x.acquire)
+    theirs = await asyncio.wait_for(y.acquire(), 5)
+    await until(lambda: x.resuming, "x hears of its revocation")
+    return theirs.fencing_tokens["GPU-0"]
+
+
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+@pytest.mark.parametrize("reconnects", ["before", "after"])
+def test_a_turn_revoked_before_an_agent_restart_is_given_back_after_it(
+    workdir: str, kind: str, reconnects: str
+) -> None:
+    """`reconnects`: whether x's session is back before or after y's yield gives x the turn."""
+    first = AgentRunner(workdir, max_hold=0.3, reconnect_grace=30).start()
+    second = AgentRunner(workdir, max_hold=0.3, reconnect_grace=30)
+
+    async def scenario() -> None:
+        x = client(kind, first.socket, "x")
+        y = AsyncBaton(first.socket, ["GPU-0"], name="y", connect_timeout=5)
+        try:
+            token = await revoked(x, y)
+            gate = gate_reconnects(x)
+            if reconnects == "before":
+                gate.set()
+            await asyncio.to_thread(first.stop)
+            await asyncio.to_thread(second.start)
+            assert queue(second) == [("local/x", True)]  # still first for the turn after
+            await asyncio.wait_for(y.yield_(), 10)  # once y is back
+            granted = await asyncio.to_thread(
+                second.wait_event, lambda e: e.kind == "granted" and e.tenant_id == "local/x"
+            )
+            gate.set()
+            await until(lambda: x.lease is not None, "x is given its turn back")
+            assert x.lease is not None and not x.resuming
+            assert x.lease.lease_id == granted.lease_id
+            assert x.lease.fencing_tokens["GPU-0"] == token + 1
+            await call(x.yield_)
+            assert holder(second) is None and not queue(second)
+        finally:
+            await call(x.close)
+            await y.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 45))
+    finally:
+        first.stop()
+        second.stop()
