@@ -76,6 +76,8 @@ class SessionCore:
         """The turn held now, if any."""
         self.resuming = False
         """True after a revocation, until the agent hands the turn back."""
+        self.revoked_id = ""
+        """The lease whose revocation made it resume (the agent names it if it withdraws it)."""
         self.renew_at: float | None = None
         """When the held lease is next renewed; None while a renewal is on its way."""
         self.ids = itertools.count(1)
@@ -217,12 +219,18 @@ class SessionCore:
     # What the agent sends unasked.
 
     def revoked(self, lease_id: str, reason: str = "") -> None:
-        """The agent took the turn back (held too long while others wait); it will return it."""
+        """The agent took the turn back (held too long while others wait); it will return it.
+        Named again while the turn waits to be given back: it never will be (`reason`)."""
+        if self.resuming and self.lease is None and lease_id == self.revoked_id:
+            log.warning("%s; the next acquire() queues for a new turn", reason)
+            self.resuming, self.gone = False, True  # a yield_() now ends nothing, quietly
+            return
         if self.lease is None or self.lease.lease_id != lease_id:
             log.info("turn %s revoked after this tenant yielded it", lease_id)
             return
         log.warning("turn revoked (%s); queued first for the next", reason)
         self.lease, self.resuming, self.renew_at = None, True, None
+        self.revoked_id = lease_id
 
     def resumed(self, lease: LeaseInfo) -> None:
         """The agent gave a revoked turn back; not taken if the tenant yielded since."""

@@ -43,6 +43,8 @@ class Resumes:
         """The resumes the journal holds as waiting."""
         self.unheard: dict[str, str] = {}
         """Tenant id → the lease that gave it its turn back while none of its sessions was open."""
+        self.withdrawn: dict[str, list[pb.Revoked]] = {}
+        """Tenant id → what its next session hears of the resume it lost, not reconnecting."""
 
     def revoked(self, lease: Lease, resume: Waiter, table: LeaseTable) -> None:
         """`lease` was revoked and `resume` queued to give it back. A resumed lease revoked
@@ -70,9 +72,24 @@ class Resumes:
         else:
             self.unheard[lease.tenant_id] = lease.lease_id
 
+    def withdraw(self, tenant_id: str, table: LeaseTable, why: str) -> None:
+        """The tenant is dropped as no session of it came back: the turn it was to be given back
+        (waiting, or granted unheard) goes too, and its next session hears why, as revocations
+        of the leases it gave back (the one its client last held among them)."""
+        resumes = [
+            w.waiter_id for w in table.waiters.values() if w.front and w.tenant_id == tenant_id
+        ]
+        resumes.append(self.unheard.pop(tenant_id, ""))
+        led = [k for k, v in self._next.items() if v in resumes]
+        if led:
+            self.withdrawn[tenant_id] = [pb.Revoked(lease_id=k, reason=why) for k in led]
+
     def reconnected(self, tenant_id: str, table: LeaseTable, sessions: SessionRegistry) -> bool:
         """A session of the tenant opened: it hears of the turn given back to it while none was
-        open, if it still holds it. Whether a resume of the tenant waits (to be tried now)."""
+        open, if it still holds it, or of its withdrawal. Whether a resume of the tenant waits
+        (to be tried now)."""
+        for withdrawn in self.withdrawn.pop(tenant_id, ()):
+            sessions.notify(tenant_id, pb.AgentMessage(revoked=withdrawn))
         lease = table.leases.get(self.unheard.pop(tenant_id, ""))
         if lease is not None and lease.tenant_id == tenant_id:
             log.info(

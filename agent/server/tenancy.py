@@ -74,13 +74,24 @@ class Tenancy:
         session."""
         if self._state.table.leases_of(tenant_id) and not self._state.sessions.connected(tenant_id):
             log.warning("tenant %s holds a turn but never opened a session", tenant_id)
+            self._withdraw(tenant_id, "the turn given back after its revocation is withdrawn")
             self._drop(tenant_id, "it held a turn without an open session")
 
     def _end_grace(self) -> None:
         for tenant in list(self._state.tenants.tenants.values()):
             if not self._state.sessions.connected(tenant.tenant_id):
                 log.info("tenant %s did not reconnect within the grace period", tenant.tenant_id)
+                self._withdraw(
+                    tenant.tenant_id,
+                    "the turn revoked before the agent restarted is not given back",
+                )
                 self._drop(tenant.tenant_id, "did not reconnect after an agent restart")
+
+    def _withdraw(self, tenant_id: str, what: str) -> None:
+        """Tell the tenant's next session `what` became of the turn it was to be given back."""
+        grace = self._state.grace
+        why = f"{what}: no session of {tenant_id} was open within --reconnect-grace ({grace:g} s)"
+        self._turns.resumes.withdraw(tenant_id, self._state.table, why)
 
     # Tenants.
 

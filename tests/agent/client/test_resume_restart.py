@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -117,6 +118,48 @@ def test_a_turn_revoked_before_an_agent_restart_is_given_back_after_it(
             assert x.lease.fencing_tokens["GPU-0"] == token + 1
             await call(x.yield_)
             assert holder(second) is None and not queue(second)
+        finally:
+            await call(x.close)
+            await y.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 45))
+    finally:
+        first.stop()
+        second.stop()
+
+
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+@pytest.mark.parametrize("given", [False, True])
+def test_a_client_back_after_the_reconnect_grace_hears_its_turn_is_not_given_back(
+    workdir: str, kind: str, given: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`given`: whether y's yield gave x its turn back (unheard) before the grace ran out."""
+    first = AgentRunner(workdir, max_hold=0.3, reconnect_grace=30).start()
+    second = AgentRunner(workdir, max_hold=0.3, reconnect_grace=2)
+
+    async def scenario() -> None:
+        x = client(kind, first.socket, "x")
+        y = AsyncBaton(first.socket, ["GPU-0"], name="y", connect_timeout=5)
+        try:
+            await revoked(x, y)
+            gate = gate_reconnects(x)
+            await asyncio.to_thread(first.stop)
+            await asyncio.to_thread(second.start)
+            if given:
+                await asyncio.wait_for(y.yield_(), 10)
+            await asyncio.to_thread(
+                second.wait_event, lambda e: e.kind == "tenant_gone" and e.tenant_id == "local/x"
+            )
+            with caplog.at_level(logging.WARNING, logger="baton.client"):
+                gate.set()
+                await until(lambda: not x.resuming, "x hears its turn is not given back")
+            assert "no session of local/x was open within --reconnect-grace (2 s)" in caplog.text
+            await call(x.yield_)  # ends nothing, quietly
+            assert x.lease is None and not x.resuming
+            again = await call(x.acquire, 10)  # a new turn, at the back of the queue
+            assert x.lease == again
+            await call(x.yield_)
         finally:
             await call(x.close)
             await y.close()
