@@ -93,6 +93,8 @@ class BatonCallback(TrainerCallback):
         self._wired = False
         """True once a trainer's callback handler takes and ends the turns (`watch`)."""
         self._dispatching = 0
+        self._fetching = False
+        """True while a trainer without parking fetches a step's batches inside its turn."""
         self._pinned = 0
         """Open `turn()` blocks that took their turn: the trainer's events end none of it."""
 
@@ -185,7 +187,8 @@ class BatonCallback(TrainerCallback):
         its turn on entry (a checkpoint it resumes from is loaded, the model prepared, before
         `on_train_begin`) and gives back a turn still held as an exception leaves it (a step
         that raises fires no later event); `evaluate`, `predict` and `save_model` called
-        outside a turn take one for their whole call."""
+        outside a turn take one for their whole call. Without parking, a step's turn begins
+        as its batches are fetched (they reach the device before `on_step_begin`)."""
         train = trainer.train
         if getattr(train, "_baton_turns", None) is self:
             return
@@ -204,6 +207,23 @@ class BatonCallback(TrainerCallback):
         trainer.train = guarded
         for name in OUTSIDE_STEPS:
             setattr(trainer, name, self._in_turn(getattr(trainer, name)))
+        if self.parker is None:  # the driver's checkpoint: every device call needs the turn
+            trainer.get_batch_samples = self._begins(trainer.get_batch_samples)
+
+    def _begins(self, method: F) -> F:
+        """`method` run after the turn begins, left held for the step that follows: the
+        trainer fetches a step's batches, moving them to the device, before `on_step_begin`."""
+
+        @functools.wraps(method)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            self.begin()
+            self._fetching = True  # each batch reaches the device right after its collation
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self._fetching = False
+
+        return wrapped  # type: ignore[return-value]
 
     def _in_turn(self, method: F) -> F:
         """`method` run inside a turn: the one held, or one taken for its call."""
@@ -217,11 +237,12 @@ class BatonCallback(TrainerCallback):
 
     def off_turn(self, fn: F) -> F:
         """Wrap a plain-Python reward function (or a data collator) so the GPU goes to another
-        job while it runs. In a forked DataLoader worker it just runs: the turn is the parent's."""
+        job while it runs. In a forked DataLoader worker it just runs: the turn is the parent's;
+        so does a collator without parking (`park=False`), inside the turn of the batch fetch."""
 
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if self._held is None or self._held_by != os.getpid():
+            if self._held is None or self._held_by != os.getpid() or self._fetching:
                 return fn(*args, **kwargs)
             self.end()
             try:

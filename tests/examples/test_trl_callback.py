@@ -189,6 +189,41 @@ def test_a_step_that_raises_gives_its_turn_back_as_train_raises(tmp_path: Path) 
 
 @needs_trl
 @pytest.mark.timeout(120)
+def test_without_parking_every_batch_reaches_the_device_inside_a_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `park=False` the driver's checkpoint parks the process, and a device call outside a
+    turn blocks until the next restore, which only this process's own acquire brings: the
+    trainer's fetch of a step's batches (moved to the device before `on_step_begin`) must be
+    inside the turn, or the second step hangs; a collator wrapped off-turn runs in that turn
+    rather than handing it back before each batch's move."""
+    import accelerate.data_loader
+
+    from agent.client.trl import BatonCallback
+    from agent.examples.trl_train.jobs import TrlConfig, deterministic
+
+    deterministic()
+    baton = Recorder()
+    callback = BatonCallback(baton, park=False)  # type: ignore[arg-type]
+    moved: list[bool] = []
+    send = accelerate.data_loader.send_to_device
+
+    def recorded_send(*args: Any, **kwargs: Any) -> Any:
+        moved.append(callback.holding)
+        return send(*args, **kwargs)
+
+    monkeypatch.setattr(accelerate.data_loader, "send_to_device", recorded_send)
+    config = TrlConfig(kind="sft", seed=5, batch=4, accumulation=2, off_s=0.001)
+    job = watched(callback, config, 3, tmp_path, [callback], callback.off_turn)
+    job.train()
+    assert len(moved) >= 6 and all(moved)  # two batches a step, three steps
+    assert len(callback.turns) == 1 + 3  # the build's, then one a step: the collator ran in it
+    assert not callback.holding
+    assert baton.events.count("acquire") == baton.events.count("yield")
+
+
+@needs_trl
+@pytest.mark.timeout(120)
 def test_a_turn_block_is_held_to_its_end_through_the_trainers_events(tmp_path: Path) -> None:
     """`evaluate()` and `log()` fire `on_log` and `on_evaluate`: inside a `turn()` block they
     must not end the block's turn, or the block's device work after them runs outside one."""
