@@ -51,17 +51,41 @@ OUTSIDE_STEPS = ("evaluate", "predict", "save_model")
 """A watched trainer's methods that run in a turn when called outside one."""
 
 
-def device_work_follows(event: str, args: TrainingArguments, control: TrainerControl) -> bool:
+def device_work_follows(
+    event: str,
+    args: TrainingArguments,
+    control: TrainerControl,
+    state: TrainerState | None = None,
+    metrics: dict[str, float] | None = None,
+) -> bool:
     """Whether the trainer touches the device after `event`'s callbacks before the next step:
     logging (`.item()` on the loss), evaluation, saving, or the end of training (the final loss
-    read, the best model loaded); after an evaluation a `save_strategy="best"` may still save."""
+    read, the best model loaded); after an evaluation a `save_strategy="best"` saves if its
+    `metrics` are a new best."""
     if event == "on_train_end":
         return False
     if control.should_evaluate or control.should_save or control.should_training_stop:
         return True
     if event in ("on_step_end", "on_epoch_end") and control.should_log:
         return True
-    return event == "on_evaluate" and args.save_strategy == "best"
+    saves_best = event == "on_evaluate" and args.save_strategy == "best"
+    return saves_best and new_best(args, state, metrics)
+
+
+def new_best(
+    args: TrainingArguments, state: TrainerState | None, metrics: dict[str, float] | None
+) -> bool:
+    """Whether the trainer finds `metrics` a new best (`metric_for_best_model` better than the
+    state's best metric), as it decides after `on_evaluate` whether a `"best"` strategy saves;
+    True when it cannot tell (the trainer raises naming a metric that is missing)."""
+    if args.metric_for_best_model is None:
+        return False
+    name = args.metric_for_best_model
+    value = (metrics or {}).get(name if name.startswith("eval_") else f"eval_{name}")
+    best = state.best_metric if state is not None else None
+    if value is None or best is None:
+        return True
+    return bool(value > best if args.greater_is_better else value < best)
 
 
 class BatonCallback(TrainerCallback):
@@ -174,7 +198,8 @@ class BatonCallback(TrainerCallback):
             finally:
                 self._dispatching -= 1
             last = self._dispatching == 0 and not self._pinned
-            if last and event in MAY_END_TURN and not device_work_follows(event, args, control):
+            follows = device_work_follows(event, args, control, state, kw.get("metrics"))
+            if last and event in MAY_END_TURN and not follows:
                 self.end()
             return control
 
@@ -296,7 +321,7 @@ class BatonCallback(TrainerCallback):
     def on_evaluate(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self._end_unless("on_evaluate", args, control)
+        self._end_unless("on_evaluate", args, control, state, kw.get("metrics"))
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -308,9 +333,17 @@ class BatonCallback(TrainerCallback):
     ) -> None:
         self._end_unless("on_train_end", args, control)
 
-    def _end_unless(self, event: str, args: TrainingArguments, control: TrainerControl) -> None:
+    def _end_unless(
+        self,
+        event: str,
+        args: TrainingArguments,
+        control: TrainerControl,
+        state: TrainerState | None = None,
+        metrics: dict[str, float] | None = None,
+    ) -> None:
         """Unwired: end the turn at this callback unless device work follows."""
-        if not (self._wired or self._pinned or device_work_follows(event, args, control)):
+        follows = device_work_follows(event, args, control, state, metrics)
+        if not (self._wired or self._pinned or follows):
             self.end()
 
 

@@ -224,6 +224,40 @@ def test_without_parking_every_batch_reaches_the_device_inside_a_turn(
 
 @needs_trl
 @pytest.mark.timeout(120)
+def test_an_evaluation_that_is_no_new_best_ends_its_steps_turn(tmp_path: Path) -> None:
+    """With `save_strategy="best"` the trainer saves after an evaluation only if it is a new
+    best: one that is not must not keep the turn into the next step (or every step while the
+    metric stops improving)."""
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import SaveStrategy
+
+    from agent.examples.trl_train.jobs import TrlConfig
+
+    baton, callback = recorded()
+    scores = iter([1.0, 0.5, 0.2, 2.0])  # new bests at the first and the fourth evaluation
+    acquires: list[int] = []
+    saves: list[int] = []
+
+    class Probe(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            acquires.append(baton.events.count("acquire"))
+
+        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            saves.append(state.global_step)
+
+    config = TrlConfig(kind="sft", seed=5, batch=4, eval_steps=1)
+    job = watched(callback, config, 4, tmp_path, [Probe(), callback], None)
+    job.compute_metrics = lambda prediction: {"score": next(scores)}
+    job.args.save_strategy = SaveStrategy.BEST
+    job.args.metric_for_best_model, job.args.greater_is_better = "score", True
+    job.train()
+    assert saves == [1, 4]
+    assert len(set(acquires)) == 4  # each step in a turn of its own
+    assert baton.events.count("acquire") == baton.events.count("yield") and not callback.holding
+
+
+@needs_trl
+@pytest.mark.timeout(120)
 def test_a_turn_block_is_held_to_its_end_through_the_trainers_events(tmp_path: Path) -> None:
     """`evaluate()` and `log()` fire `on_log` and `on_evaluate`: inside a `turn()` block they
     must not end the block's turn, or the block's device work after them runs outside one."""
