@@ -28,14 +28,16 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from agent.client.errors import BatonError
 from agent.client.sync import Baton
-from agent.client.torch import TorchParker
+from agent.client.torch import TorchParker, tensors_of
 
 log = logging.getLogger("baton.client")
 
@@ -47,6 +49,8 @@ MAY_END_TURN = frozenset(
     {"on_step_end", "on_log", "on_evaluate", "on_save", "on_epoch_end", "on_train_end"}
 )
 """Events after whose last callback the turn ends, unless device work follows."""
+WEAKLY_PARKED = (torch.nn.Module, torch.optim.Optimizer, torch.Tensor)
+"""What `watch` parks only while the program keeps it."""
 OUTSIDE_STEPS = ("evaluate", "predict", "save_model")
 """A watched trainer's methods that run in a turn when called outside one."""
 
@@ -113,7 +117,10 @@ class BatonCallback(TrainerCallback):
         self._held: contextlib.ExitStack | None = None
         self._held_by = 0
         """The process that took the turn held (a forked DataLoader worker has a copy of it)."""
-        self._watched: set[int] = set()
+        self._watched: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        """The modules, optimizers and tensors `watch` registered, by id, while they live."""
+        self._kept: set[int] = set()
+        """The other sources it registered (lists, dicts, functions), which the parker keeps."""
         self._wired = False
         """True once a trainer's callback handler takes and ends the turns (`watch`)."""
         self._dispatching = 0
@@ -165,7 +172,9 @@ class BatonCallback(TrainerCallback):
 
     def watch(self, *sources: Any) -> None:
         """Take the turns around a `Trainer`'s callbacks, and park its model and any
-        `ref_model`; park modules and optimizers given too."""
+        `ref_model`; park modules and optimizers given too. Each is parked while the program
+        keeps it: a trainer dropped after its training (an SFT stage before GRPO) takes its
+        optimizer and models out of the parks."""
         for source in sources:
             trainer = _is_trainer(source)
             if trainer:
@@ -175,9 +184,19 @@ class BatonCallback(TrainerCallback):
                 continue
             found = [source.model, getattr(source, "ref_model", None)] if trainer else [source]
             for item in found:
-                if item is not None and id(item) not in self._watched:
-                    self._watched.add(id(item))
-                    self.parker.add(item)
+                if item is not None:
+                    self._park_while_kept(self.parker, item)
+
+    def _park_while_kept(self, parker: TorchParker, item: Any) -> None:
+        """Register `item` with the parker once, through a weak reference where it has one."""
+        if self._watched.get(id(item)) is item or id(item) in self._kept:
+            return
+        if not isinstance(item, WEAKLY_PARKED):
+            parker.add(item)
+            self._kept.add(id(item))
+            return
+        parker.add(functools.partial(_tensors_while_kept, weakref.ref(item)))
+        self._watched[id(item)] = item
 
     def _wire(self, handler: Any) -> None:
         """Wrap the handler's dispatch: the turn begins before an event's first callback and
@@ -345,6 +364,12 @@ class BatonCallback(TrainerCallback):
         follows = device_work_follows(event, args, control, state, metrics)
         if not (self._wired or self._pinned or follows):
             self.end()
+
+
+def _tensors_while_kept(ref: weakref.ref[Any]) -> Iterable[Any]:
+    """The tensors of what `ref` refers to, none once the program dropped it."""
+    item = ref()
+    return () if item is None else tensors_of(item)
 
 
 def _is_trainer(source: Any) -> bool:

@@ -258,6 +258,35 @@ def test_an_evaluation_that_is_no_new_best_ends_its_steps_turn(tmp_path: Path) -
 
 @needs_trl
 @pytest.mark.timeout(120)
+def test_a_trainer_dropped_after_its_training_is_parked_no_more(tmp_path: Path) -> None:
+    """An SFT stage, then a GRPO stage with the same callback: once the program drops the SFT
+    trainer, its model and optimizer state leave every park (and memory) with it."""
+    import gc
+    import weakref
+
+    from agent.client.torch import TorchParker
+    from agent.examples.trl_train.jobs import TrlConfig
+
+    baton, callback = recorded()
+    sft = watched(
+        callback, TrlConfig(kind="sft", seed=5, batch=4), 2, tmp_path / "sft", [callback], None
+    )
+    sft.train()
+    dropped = weakref.ref(sft.optimizer)
+    config = TrlConfig(kind="grpo", seed=5, batch=4, group=4, beta=0.0)
+    grpo = watched(callback, config, 2, tmp_path / "grpo", [callback], None)
+    del sft
+    gc.collect()
+    grpo.train()
+    assert dropped() is None
+    assert callback.parker is not None
+    alone = TorchParker(grpo.model, grpo.optimizer).footprint_bytes()
+    assert alone > 0 and callback.parker.footprint_bytes() == alone
+    assert baton.events.count("acquire") == baton.events.count("yield")
+
+
+@needs_trl
+@pytest.mark.timeout(120)
 def test_a_turn_block_is_held_to_its_end_through_the_trainers_events(tmp_path: Path) -> None:
     """`evaluate()` and `log()` fire `on_log` and `on_evaluate`: inside a `turn()` block they
     must not end the block's turn, or the block's device work after them runs outside one."""
