@@ -5,7 +5,7 @@
     baton = BatonCallback()                 # Baton() from the environment, parks via TorchParker
     with baton.turn():                      # the trainer places the model inside a turn
         trainer = GRPOTrainer(..., reward_funcs=[baton.off_turn(verify)], callbacks=[baton])
-        baton.watch(trainer)                # its callbacks, model and reference model
+        baton.watch(trainer)                # its callbacks and models (policy, ref, reward)
     trainer.train()                         # one turn per optimizer step
     with baton.turn():
         trainer.save_model(out)
@@ -171,10 +171,10 @@ class BatonCallback(TrainerCallback):
             self.end()
 
     def watch(self, *sources: Any) -> None:
-        """Take the turns around a `Trainer`'s callbacks, and park its model and any
-        `ref_model`; park modules and optimizers given too. Each is parked while the program
-        keeps it: a trainer dropped after its training (an SFT stage before GRPO) takes its
-        optimizer and models out of the parks."""
+        """Take the turns around a `Trainer`'s callbacks, and park its model, any reference
+        or teacher model and its reward models; park modules and optimizers given too. Each is
+        parked while the program keeps it: a trainer dropped after its training (an SFT stage
+        before GRPO) takes its optimizer and models out of the parks."""
         for source in sources:
             trainer = _is_trainer(source)
             if trainer:
@@ -182,10 +182,8 @@ class BatonCallback(TrainerCallback):
                 self._guard(source)
             if self.parker is None:
                 continue
-            found = [source.model, getattr(source, "ref_model", None)] if trainer else [source]
-            for item in found:
-                if item is not None:
-                    self._park_while_kept(self.parker, item)
+            for item in _trainer_models(source) if trainer else [source]:
+                self._park_while_kept(self.parker, item)
 
     def _park_while_kept(self, parker: TorchParker, item: Any) -> None:
         """Register `item` with the parker once, through a weak reference where it has one."""
@@ -364,6 +362,14 @@ class BatonCallback(TrainerCallback):
         follows = device_work_follows(event, args, control, state, metrics)
         if not (self._wired or self._pinned or follows):
             self.end()
+
+
+def _trainer_models(trainer: Any) -> list[torch.nn.Module]:
+    """The models a trainer keeps on the device: the policy, a reference or teacher model, and
+    the reward models among GRPO's and RLOO's `reward_funcs`."""
+    found = [getattr(trainer, name, None) for name in ("model", "ref_model", "teacher_model")]
+    found += list(getattr(trainer, "reward_funcs", None) or [])
+    return [item for item in found if isinstance(item, torch.nn.Module)]
 
 
 def _tensors_while_kept(ref: weakref.ref[Any]) -> Iterable[Any]:
