@@ -58,12 +58,13 @@ class Tenancy:
         """Reinstate persisted tenants and leases; holders have `reconnect_grace` to come back."""
         saved = self._state.restore()
         if saved is not None and saved.tenants:
+            resumes = len(saved.resumes)
             log.info(
-                "restored %d tenants, %d leases and %d revoked turns to give back (%d entries "
-                "after the snapshot, from the journal); their tenants have %g s to reconnect",
+                "restored %d tenants and %d leases%s (%d entries after the snapshot, from the "
+                "journal); their tenants have %g s to reconnect",
                 len(saved.tenants),
                 len(saved.leases),
-                len(saved.resumes),
+                f", and {resumes} revoked turns to give back" if resumes else "",
                 saved.replayed,
                 self._state.grace,
             )
