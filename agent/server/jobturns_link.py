@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Any
 
 from agent.core import errors
@@ -40,8 +40,8 @@ def _code(exc: errors.AgentError) -> str:
     return api_ops.status_code(exc).name
 
 
-def node_turn_pb(turn: NodeTurn, tokens: Sequence[int]) -> jt.NodeTurn:
-    """A node turn as the wire carries it, with its members' `tokens` (`JobTurns.tokens`)."""
+def node_turn_pb(turns: JobTurns, turn: NodeTurn) -> jt.NodeTurn:
+    """A node turn as the wire carries it, with its members' live tokens (`JobTurns.tokens`)."""
     return jt.NodeTurn(
         turn_id=turn.turn_id,
         namespace=turn.namespace,
@@ -50,7 +50,7 @@ def node_turn_pb(turn: NodeTurn, tokens: Sequence[int]) -> jt.NodeTurn:
         state=turn.state,
         members=turn.members,
         gpus=turn.gpus,
-        fencing_tokens=tokens,
+        fencing_tokens=turns.tokens(turn),
         prepared_at=turn.prepared_at,
         committed_at=turn.committed_at,
         group=turn.group,
@@ -120,7 +120,7 @@ class _Connection:
         turns = self._turns
         if kind == "commit":
             turn = turns.commit(call.commit.epoch, call.commit.turn_id)
-            return jt.JobTurnsAnswer(id=call.id, turn=node_turn_pb(turn, turns.tokens(turn)))
+            return jt.JobTurnsAnswer(id=call.id, turn=node_turn_pb(turns, turn))
         if kind == "release":
             request = call.release
             released = turns.release(request.epoch, request.turn_id, request.reason)
@@ -128,9 +128,7 @@ class _Connection:
         if kind == "report":
             held = turns.report(call.report.epoch)
             report = jt.ReportResponse(
-                node=turns.node,
-                epoch=turns.epoch,
-                turns=[node_turn_pb(t, turns.tokens(t)) for t in held],
+                node=turns.node, epoch=turns.epoch, turns=[node_turn_pb(turns, t) for t in held]
             )
             return jt.JobTurnsAnswer(id=call.id, report=report)
         return refusal(call.id, "INVALID_ARGUMENT", f"a call of kind {kind or 'none'} is unknown")
@@ -162,8 +160,7 @@ class _Connection:
             log.exception("job-turn prepare failed")
             self._send(refusal(call_id, "INTERNAL", f"{type(exc).__name__}: {exc}"))
             return
-        tokens = self._turns.tokens(turn)
-        self._send(jt.JobTurnsAnswer(id=call_id, turn=node_turn_pb(turn, tokens)))
+        self._send(jt.JobTurnsAnswer(id=call_id, turn=node_turn_pb(self._turns, turn)))
 
     def _send(self, answer: jt.JobTurnsAnswer) -> None:
         self._out.write(encode(answer))
