@@ -157,14 +157,7 @@ class TorchParker:
 
     def storages(self) -> list[torch.UntypedStorage]:
         """The distinct non-empty storages on the device behind the sources, in a stable order."""
-        seen: set[int] = set()
-        out = []
-        for tensor in self._tensors():
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                out.append(storage)
-        return out
+        return _storages_of(self._tensors())
 
     def _tensors(self) -> list[torch.Tensor]:
         """The distinct tensors on the device behind the sources whose storage is not empty."""
@@ -203,8 +196,8 @@ class TorchParker:
                 self._parked_gpus.add(gpu)
                 return 0
             start = time.perf_counter()
-            storages = self._resizable_storages()
             tensors = self._tensors()
+            storages = self._resizable_storages(tensors)
             before = _reserved(storages)
             layout = self._layout_for(storages)
             self._copy(layout.device, layout.host)
@@ -250,18 +243,16 @@ class TorchParker:
             self.stats.restore_s += time.perf_counter() - start
             return moved
 
-    def _resizable_storages(self) -> list[torch.UntypedStorage]:
-        """`storages()`, after copying any that cannot be resized (a numpy view since
-        registration pins a storage's size too); `ParkError` before moving anything if some
-        still cannot be, since a half-done park frees nothing."""
-        storages = self.storages()
+    def _resizable_storages(self, tensors: list[torch.Tensor]) -> list[torch.UntypedStorage]:
+        """The storages of `tensors` (`_tensors()`), after copying any that cannot be resized (a
+        numpy view since registration pins a storage's size too); `ParkError` before moving
+        anything if some still cannot be, since a half-done park frees nothing."""
+        storages = _storages_of(tensors)
         if all(s.resizable() for s in storages):
             return storages
         with torch.no_grad():
-            self.stats.copied_bytes += _make_resizable(
-                t for src in self.sources for t in tensors_of(src) if self._on_device(t)
-            )
-        storages = self.storages()
+            self.stats.copied_bytes += _make_resizable(tensors)
+        storages = _storages_of(tensors)
         fixed = [s for s in storages if not s.resizable()]
         if fixed:
             raise ParkError(
@@ -322,6 +313,18 @@ class _Layout:
         buffer = torch.empty(sum(sizes), dtype=torch.uint8, device="cpu", pin_memory=pin)
         host = list(buffer.split(sizes)) if sizes else []
         return cls(key, [_bytes_of(s) for s in storages], host, sizes)
+
+
+def _storages_of(tensors: Iterable[torch.Tensor]) -> list[torch.UntypedStorage]:
+    """The distinct storages behind `tensors`, in their order."""
+    seen: set[int] = set()
+    out = []
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            out.append(storage)
+    return out
 
 
 def _make_resizable(tensors: Iterable[torch.Tensor]) -> int:
