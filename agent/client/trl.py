@@ -215,8 +215,12 @@ class BatonCallback(TrainerCallback):
             finally:
                 self._dispatching -= 1
             last = self._dispatching == 0 and not self._pinned
-            follows = device_work_follows(event, args, control, state, kw.get("metrics"))
-            if last and event in MAY_END_TURN and not follows:
+            metrics = kw.get("metrics")
+            if (
+                last
+                and event in MAY_END_TURN
+                and not device_work_follows(event, args, control, state, metrics)
+            ):
                 self.end()
             return control
 
@@ -359,8 +363,9 @@ class BatonCallback(TrainerCallback):
         metrics: dict[str, float] | None = None,
     ) -> None:
         """Unwired: end the turn at this callback unless device work follows."""
-        follows = device_work_follows(event, args, control, state, metrics)
-        if not (self._wired or self._pinned or follows):
+        if self._wired or self._pinned:
+            return
+        if not device_work_follows(event, args, control, state, metrics):
             self.end()
 
 
