@@ -20,11 +20,11 @@ there (`open_file`), so a tenant cannot make the agent read or write a file of t
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import random
-import stat
 import tempfile
 import threading
 import urllib.parse
@@ -89,7 +89,8 @@ def shared_dir(path: Path, mode: int = 0o777) -> None:
     A directory this makes appears with `mode` already: made under a private name, opened,
     then renamed into place, so a tenant never finds it made and not yet open to it (the agent
     makes a tenant's directory as it learns of the pod, while the pod's process may be making
-    its first region there)."""
+    its first region there). The agent may also replace an empty one the tenant has just made:
+    the tenant opens its own through a descriptor, never by a name that may have changed hands."""
     if not os.path.lexists(path):
         made = tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)
         os.chmod(made, mode)
@@ -99,11 +100,17 @@ def shared_dir(path: Path, mode: int = 0o777) -> None:
             os.rmdir(made)
             if not os.path.lexists(path):  # none was: the rename's own failure is the error
                 raise
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise NotADirectoryError(f"{path} is not a directory (a symbolic link?)")
-    if st.st_uid == os.geteuid():
-        path.chmod(mode)
+    try:  # through a descriptor: the agent may replace an empty one of ours meanwhile
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno in (errno.ENOTDIR, errno.ELOOP):
+            raise NotADirectoryError(f"{path} is not a directory (a symbolic link?)") from None
+        raise
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

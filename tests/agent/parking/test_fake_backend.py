@@ -156,17 +156,21 @@ def test_a_crash_mid_move_is_reconciled_without_loss_or_duplicate(
     again.close()
 
 
-def as_uid(uid: int, work: Callable[[], object]) -> None:
+def as_uid(uid: int, work: Callable[[], object], keep_root: bool = False) -> None:
     """Run `work` in a forked child that has dropped to `uid` (that GID, no other groups);
-    raise what it raised, as text."""
+    raise what it raised, as text. With `keep_root` only the effective UID drops, so `work`
+    may take root back."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: only its exit status and the pipe leave it
         os.close(read_end)
         try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
+            if keep_root:
+                os.seteuid(uid)
+            else:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
             work()
             os._exit(0)
         except BaseException as err:
@@ -295,6 +299,52 @@ def test_a_shared_directory_made_meanwhile_is_kept_and_nothing_is_left_behind(
     assert (target / "GPU-0.dev").read_bytes() == b"x"
     assert stat.S_IMODE(target.stat().st_mode) == 0o777  # ours: opened as before
     assert [p.name for p in tmp_path.iterdir()] == ["t1"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching between UIDs takes root")
+def test_a_tenants_directory_the_agent_replaces_as_the_tenant_opens_it_is_no_error():
+    """The tenant (another UID) makes its directory; the agent (root), which looked before it
+    was there, renames its own onto the empty one just after the tenant looked at it. The
+    tenant must not then chmod a directory that is no longer its own (CI: a DRA real-node
+    tenant died with PermissionError)."""
+    root = Path(tempfile.mkdtemp())
+    try:
+        os.chmod(root, 0o1777)
+        target = root / "t1"
+        tenant_uid = 65532
+        agent_made = []
+
+        def agent_replaces() -> None:  # root again for a moment, as the agent
+            os.seteuid(0)
+            try:
+                made = tempfile.mkdtemp(prefix=".t1.", dir=root)
+                os.chmod(made, 0o777)
+                os.rename(made, target)
+                agent_made.append(os.lstat(target).st_uid)
+            finally:
+                os.seteuid(tenant_uid)
+
+        def tenant() -> None:
+            for name in ("lstat", "fstat"):  # whichever the tenant looks with
+                looked = getattr(os, name)
+
+                def look(*args, _looked=looked, **kwargs):
+                    found = _looked(*args, **kwargs)
+                    if not agent_made and found.st_uid == tenant_uid:
+                        agent_replaces()
+                    return found
+
+                setattr(os, name, look)
+            shared_dir(target)
+            assert agent_made == [0], "the agent's replacement did not happen"
+            (target / "GPU-0.dev").write_bytes(b"x")  # its first region, in the agent's
+
+        as_uid(tenant_uid, tenant, keep_root=True)
+        assert target.stat().st_uid == 0
+        assert stat.S_IMODE(target.stat().st_mode) == 0o777
+        assert (target / "GPU-0.dev").read_bytes() == b"x"
+    finally:
+        shutil.rmtree(root)
 
 
 def test_a_shared_directory_that_cannot_be_put_in_place_says_why(tmp_path, monkeypatch):
