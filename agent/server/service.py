@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from agent.core import events as ev
+from agent.core.errors import AcquireTimeout
 from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import TurnPreparer
 from agent.node.state import StateStore
@@ -134,6 +136,16 @@ class LeaseService:
     ) -> Granted:
         """Wait for the turn on `gpus` (all of the tenant's GPUs if empty); see `Turns.acquire`."""
         return await self.turns.acquire(tenant, gpus, timeout, on_grant, handed)
+
+    def expire(self, waiter_id: str, error: AcquireTimeout, why: str) -> None:
+        """A waiter whose deadline its caller keeps (`agent.server.llmd.asking`) leaves the
+        queue as one past its deadline does: its acquire raises `error`, `expired` says `why`."""
+        waiter = self.table.cancel(waiter_id)
+        if waiter is None:
+            return
+        self.turns.fail(waiter_id, error)
+        self.state.publish(ev.EXPIRED, waiter.tenant_id, gpus=waiter.gpus, detail=why)
+        self.turns.changed()
 
     def yield_(self, tenant: Tenant, lease_id: str, answer: Answer = None, ago: float = 0) -> float:
         """End the tenant's turn (its caller's `ago` seconds ago: a kept turn's); returns how

@@ -1,7 +1,8 @@
 """llm-d's TimeSliceOrchestratorService over Baton's turns: a group's turn is a lease on its GPUs.
 
 Acquire waits for Baton's grant, which comes once the job's memory is resident (no polling);
-a caller that goes away while waiting leaves the queue. Yield ends the turn at once: the
+a job's calls that ask again while one waits wait for the same turn (`asking`), and the job
+leaves the queue when the last of them goes away. Yield ends the turn at once: the
 job's memory is parked only when another job's turn needs the room.
 """
 
@@ -18,6 +19,7 @@ from agent.core.errors import AgentError, Forbidden
 from agent.core.leases import Lease, Waiter
 from agent.core.residency import parked_on, residency
 from agent.server.llmd import groups as g
+from agent.server.llmd.asking import Asking
 from agent.server.llmd.edge import BadRequest, mapped
 from agent.server.llmd.jobs import Jobs
 from agent.server.llmd.residency import job_state
@@ -51,6 +53,7 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         self._clock = clock
         self._since = g.StateClock()
         self._follower: asyncio.Task[None] | None = None
+        self._asking = Asking(jobs.service)
 
     def start(self) -> None:
         """Follow the agent's events, so that each group's state timestamp is when it changed."""
@@ -86,9 +89,12 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         if self._lease(tenant.tenant_id, gpus) is not None:
             return ts.AcquireResponse(success=True, waited_ms=0, context_restored=False)
         was_parked = parked_on(self._service.preparer.residency_of(tenant.tenant_id), gpus)
-        granted = await self._service.acquire(tenant, gpus, answer_before(context.time_remaining()))
+        asked = self._service.state.clock()
+        timeout = answer_before(context.time_remaining())
+        granted = await self._asking.acquire(tenant, gpus, timeout, request.job_id)
+        waited = max(0.0, granted.lease.granted_at - asked)
         return ts.AcquireResponse(
-            success=True, waited_ms=int(granted.waited * 1000), context_restored=was_parked
+            success=True, waited_ms=int(waited * 1000), context_restored=was_parked
         )
 
     @mapped

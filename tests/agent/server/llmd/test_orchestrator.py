@@ -3,11 +3,12 @@ their documented behaviour: two jobs alternate, a killed holder frees the group,
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -81,6 +82,51 @@ def test_two_jobs_alternate(agent: AgentRunner, clients: tuple[TimeSliceOrchestr
     assert group.state_timestamp.ToSeconds() > 0
 
 
+def until(check: Callable[[], bool], what: str, within: float = 10) -> None:
+    """Wait (`within` seconds at most) for `check`; `what` names it if it never comes."""
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"not within {within} s: {what}"
+        time.sleep(0.01)
+
+
+def test_a_job_asking_again_while_its_acquire_waits_waits_for_the_same_turn(
+    agent: AgentRunner,
+    clients: tuple[TimeSliceOrchestratorClient, ...],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A retry after the client's own timeout (or a second thread): both calls wait, the first
+    one's deadline leaves the job's place in the queue to the other, and one turn answers."""
+    caplog.set_level(logging.INFO, logger="agent.server.llmd.asking")
+    a, b = clients
+    a.acquire()
+    mark = agent.mark()
+    request = ts.AcquireRequest(job_id="job-b", group_id=GROUP)
+    first = b.stub.Acquire.future(request, timeout=3)
+    _wait_queued(agent, mark, "llmd/job-b")
+    again = b.stub.Acquire.future(request, timeout=30)
+    joined = "again while 1 earlier Acquire waits: they wait for the same turn"
+    until(
+        lambda: again.done() or any(joined in r.getMessage() for r in caplog.records),
+        "the second Acquire waiting beside the first",
+    )
+    assert not again.done(), f"the second Acquire was answered: {again.exception()}"
+    with pytest.raises(grpc.RpcError) as late:
+        first.result()
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "1 other Acquire of the job still waits for it, keeping its place" in str(
+        late.value.details()
+    )
+    assert a.get_status().group.waiter_queue_depth == 1
+    assert a.release() == (True, 1, False)
+    assert again.result(10).success is True
+    assert a.get_status().group.locking_job == "job-b"
+    assert b.release() == (True, 0, True), "one turn, ended by one yield"
+    agent.mark()  # takes in every event published so far
+    kinds = [e.kind for e in agent.seen[mark:] if e.tenant_id == "llmd/job-b"]
+    assert kinds.count(ev.QUEUED) == 1 and ev.CANCELLED not in kinds, kinds
+
+
 def test_a_job_cannot_yield_another_jobs_turn(clients: tuple[TimeSliceOrchestratorClient, ...]):
     a, b = clients
     a.acquire()
@@ -111,7 +157,9 @@ def test_a_yield_naming_another_group_than_the_jobs_turn_says_so(workdir: str) -
             job.close()
 
 
-def test_every_status_code_the_reference_names(clients: tuple[TimeSliceOrchestratorClient, ...]):
+def test_every_status_code_the_reference_names(
+    agent: AgentRunner, clients: tuple[TimeSliceOrchestratorClient, ...]
+):
     a, b = clients
     cases = [
         (lambda: a.acquire(group_id="no-such-group"), grpc.StatusCode.NOT_FOUND),
@@ -134,6 +182,8 @@ def test_every_status_code_the_reference_names(clients: tuple[TimeSliceOrchestra
     assert explained.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "behind holder llmd/job-a" in str(explained.value.details()), "answered before it"
     assert a.get_status().group.waiter_queue_depth == 0, "the caller's deadline left no ghost"
+    expired = agent.wait_event(lambda e: e.kind == ev.EXPIRED and e.tenant_id == "llmd/job-b")
+    assert "behind holder llmd/job-a" in expired.detail
 
 
 def test_a_job_killed_while_holding_frees_the_group_within_a_second(
