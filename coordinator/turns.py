@@ -99,6 +99,7 @@ class Arbiter:
         wait = self._waits.get(waiter_id)
         if wait is not None:  # asked for already: wait for the same turn
             wait.callers += 1
+            wait.abandoned = False  # a turn being prepared for a call gone (a retry) goes on
         else:
             waiter = self.table.enqueue(plan.key, plan.resources, duty=plan.duty, tier=plan.tier)
             waiter_id = waiter.waiter_id

@@ -29,8 +29,13 @@ def run(body: Callable[[], Awaitable[None]]) -> None:
 
 
 async def serve(
-    tmp_path: Path, caller: str | None, allow_unidentified: bool = False
+    tmp_path: Path,
+    caller: str | None,
+    allow_unidentified: bool = False,
+    heard: asyncio.Queue[str] | None = None,
 ) -> tuple[list[LoopbackNode], Arbiter, grpc.aio.Server, ts_grpc.TimeSliceOrchestratorServiceStub]:
+    """The coordinator's llm-d service over two loopback nodes; each call's peer goes to `heard`
+    as the call is identified (it then reaches the arbiter without waiting on anything)."""
     nodes = [
         await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start() for name in ("n1", "n2")
     ]
@@ -38,6 +43,8 @@ async def serve(
     arbiter = await leading(view)
 
     async def namespace_of(peer: str) -> str | None:
+        if heard is not None:
+            heard.put_nowait(peer)
         return caller
 
     server = grpc.aio.server()
@@ -127,6 +134,35 @@ def test_an_acquire_whose_deadline_passes_hears_which_job_holds_the_group(tmp_pa
             "other/eval@train"
         )
         await shut(nodes, arbiter, server)
+
+    run(body)
+
+
+def test_an_acquire_asked_again_after_its_deadline_passed_gets_the_turn_that_was_prepared(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        heard: asyncio.Queue[str] = asyncio.Queue()
+        nodes, arbiter, server, stub = await serve(tmp_path, caller="team", heard=heard)
+        try:
+            blocker = nodes[0].add_pod("team/local", ("GPU-n1",))
+            held = await nodes[0].service.acquire(blocker, (), timeout=5)  # n1 waits for it
+            request = ts.AcquireRequest(job_id="rl", group_id="train")
+            with pytest.raises(grpc.aio.AioRpcError) as late:
+                await stub.Acquire(request, timeout=1)
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "being prepared" in str(late.value.details())
+            await heard.get()
+            retry = asyncio.ensure_future(stub.Acquire(request, timeout=10))
+            await heard.get()  # the retry waits beside the turn being prepared
+            nodes[0].service.yield_(blocker, held.lease.lease_id)
+            answer = await retry
+            assert answer.success is True
+            assert nodes[0].holders() == {"GPU-n1": "team/rl-trainer"}
+            yielded = await stub.Yield(ts.YieldRequest(job_id="rl", group_id="train"), timeout=5)
+            assert yielded.success is True
+        finally:
+            await shut(nodes, arbiter, server)
 
     run(body)
 
