@@ -13,8 +13,12 @@ from typing import Any
 from agent.core.leases import Lease
 from agent.node.tenants import Tenant
 
-STATE_FORMAT = 1
-"""The snapshot's format: an agent refuses a state written in a later one (a downgrade)."""
+STATE_FORMAT = 2
+"""The newest snapshot format this agent reads: it refuses a state written in a later one (a
+downgrade). A snapshot is written in the oldest format that holds it (`snapshot_format`)."""
+RESUMES_FORMAT = 2
+"""The format of a snapshot that keeps revoked tenants' places in the queue (`resumes`): an agent
+older than them would drop them unread, so it refuses the file, naming the format, instead."""
 log = logging.getLogger(__name__)
 
 
@@ -52,8 +56,14 @@ class PersistedState:
 
 def encode(state: PersistedState, journal_seq: int) -> bytes:
     """The snapshot's bytes, complete up to journal entry `journal_seq`."""
-    extra = {"format": STATE_FORMAT, "journal_seq": journal_seq}
+    extra = {"format": snapshot_format(state), "journal_seq": journal_seq}
     return json.dumps(_to_json(state) | extra).encode()
+
+
+def snapshot_format(state: PersistedState) -> int:
+    """The oldest format that holds `state`: 1 (which an agent one version older reads, losing
+    nothing) unless it keeps a revoked tenant's place in the queue."""
+    return RESUMES_FORMAT if state.resumes else 1
 
 
 def decode(data: Any) -> tuple[PersistedState, int]:
@@ -114,10 +124,11 @@ def apply_entry(
 
 
 def _to_json(state: PersistedState) -> dict[str, Any]:
+    resumes = [resume_to_json(r) for r in state.resumes.values()]
     return {
         "tenants": [t.to_json() for t in state.tenants],
         "leases": [lease_to_json(x) for x in state.leases],
-        "resumes": [resume_to_json(r) for r in state.resumes.values()],
+        **({"resumes": resumes} if resumes else {}),  # format 1 has none
         "tokens": dict(state.tokens),
         "parked": state.parked,
         "accounting": state.accounting,

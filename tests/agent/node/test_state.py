@@ -15,6 +15,7 @@ import pytest
 from agent.core.leases import Lease
 from agent.node import state
 from agent.node.state import JOURNAL_FILE, PersistedState, StateDirError, StateStore
+from agent.node.state_json import SavedResume
 from agent.node.tenants import Tenant
 
 A = Tenant(tenant_id="local/a", name="a", gpus=("GPU-0",))
@@ -202,9 +203,27 @@ def test_a_snapshot_of_another_shape_is_refused_in_one_line_naming_it(tmp_path, 
 def test_a_snapshot_from_a_newer_agent_is_refused_not_half_read(tmp_path):
     StateStore(tmp_path).save(PersistedState(tenants=[A]))
     data = json.loads((tmp_path / state.STATE_FILE).read_text())
-    (tmp_path / state.STATE_FILE).write_text(json.dumps(data | {"format": 2}))
-    with pytest.raises(StateDirError, match=r"agent-state.json is in state format 2, newer"):
+    newer = state.STATE_FORMAT + 1
+    (tmp_path / state.STATE_FILE).write_text(json.dumps(data | {"format": newer}))
+    with pytest.raises(StateDirError, match=rf"agent-state.json is in state format {newer}, newer"):
         restarted(tmp_path)
+
+
+def test_an_agent_rolled_back_takes_a_snapshot_it_loses_nothing_of_and_refuses_one_with_resumes(
+    tmp_path, monkeypatch
+):
+    """An agent older than the resumes reads format 1 and would drop a `resumes` key unread."""
+    resume = SavedResume("w2", "local/a", ("GPU-0",), revoked=("w1",))
+    plain = tmp_path / "plain"
+    StateStore(plain).save(PersistedState(tenants=[A], leases=[lease("w1", 1)]))
+    kept = tmp_path / "kept"
+    StateStore(kept).save(PersistedState(tenants=[A], resumes={"w2": resume}))
+    assert restarted(kept).resumes == {"w2": resume}, "this agent reads back what it wrote"
+    monkeypatch.setattr(state, "STATE_FORMAT", 1)  # the format check of the agent before
+    assert json.loads((plain / state.STATE_FILE).read_text())["format"] == 1
+    assert [x.lease_id for x in restarted(plain).leases] == ["w1"]
+    with pytest.raises(StateDirError, match=r"agent-state.json is in state format 2, newer than"):
+        restarted(kept)
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from agent.core.leases import LeaseTable
 from agent.core.residency import NullPreparer
-from agent.node.state import StateStore
+from agent.node.state import STATE_FILE, StateStore
 from agent.node.tenants import POD, Tenant
 from agent.server import turn_state
 from agent.server.service import LeaseService
@@ -82,5 +83,43 @@ def test_the_journal_holds_a_resume_from_its_revocation_until_it_is_granted_or_g
         service.yield_(b, theirs.lease.lease_id)  # and given back
         assert found() == (["team/a"], [])
         await service.close()
+
+    asyncio.run(asyncio.wait_for(body(), 10))
+
+
+def test_the_snapshot_is_in_a_format_the_agent_before_refuses_only_while_it_keeps_a_resume(
+    tmp_path: Path,
+) -> None:
+    """Rolled back one version, an agent takes back a state it loses nothing of (format 1) and
+    refuses, naming the format, one keeping a revoked tenant's place, which it would drop."""
+
+    def written_format() -> int:
+        return int(json.loads((tmp_path / STATE_FILE).read_text())["format"])
+
+    def started(table: LeaseTable) -> LeaseService:
+        service = LeaseService(
+            table=table,
+            preparer=lambda host: NullPreparer(),
+            clock=time.time,
+            store=StateStore(tmp_path),
+        )
+        service.load()
+        return service
+
+    async def body() -> None:
+        table = LeaseTable(clock=time.time, max_hold=0.2)
+        service = started(table)
+        a, b = (Tenant(f"team/{n}", n, ("GPU-0",), source=POD) for n in ("a", "b"))
+        service.upsert_pod(a)
+        service.upsert_pod(b)
+        await service.acquire(a, (), timeout=5)
+        table.max_hold = 60.0
+        await service.acquire(b, (), timeout=5)  # a's turn is revoked, kept to give back
+        await service.close()
+        assert written_format() == 2
+        service = started(LeaseTable(clock=time.time, max_hold=60.0))
+        service.yield_(a, "")  # a gives up the turn it was to get back
+        await service.close()
+        assert written_format() == 1
 
     asyncio.run(asyncio.wait_for(body(), 10))
