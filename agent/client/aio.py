@@ -286,7 +286,7 @@ class AsyncBaton:
             await asyncio.wait([self._kept_yield])
         restores = restores_itself(self._callbacks)
         with self.parked.acquiring():
-            request = acquire_request(timeout, gpus, self.job, restores)
+            request = acquire_request(timeout, gpus, self.job, restores, self._core.owed())
             reply = await self._request(request, timeout, slack=5)
             lease = self._core.granted(LeaseInfo.from_pb(reply.lease), gpus)
             self._rearm()

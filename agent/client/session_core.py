@@ -21,14 +21,23 @@ log = logging.getLogger("baton.client")
 
 
 def acquire_request(
-    timeout: float | None, gpus: Sequence[str] | None, job: str = "", restores: bool = False
+    timeout: float | None,
+    gpus: Sequence[str] | None,
+    job: str = "",
+    restores: bool = False,
+    revoked: str = "",
 ) -> pb.Request:
     """The acquire to send: the agent withdraws it after `timeout` (0 on the wire: no limit);
     with `job`, the turn of that whole job across its nodes; `restores`: the caller restores
-    what it parked as the grant arrives (`restores_with_grant`)."""
+    what it parked as the grant arrives (`restores_with_grant`); `revoked`: the lease whose
+    turn the agent is to give back, which the acquire waits for (`SessionCore.owed`)."""
     timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
     acquire = pb.AcquireRequest(
-        gpus=gpus or (), timeout_ms=timeout_ms, job=job, restores_with_grant=restores
+        gpus=gpus or (),
+        timeout_ms=timeout_ms,
+        job=job,
+        restores_with_grant=restores,
+        revoked_lease_id=revoked,
     )
     return pb.Request(acquire=acquire)
 
@@ -112,6 +121,11 @@ class SessionCore:
         self.undelivered: pb.Request | None = None
         """A kept lease's yield that could not be sent (the session was down): sent again by
         the next `give_back`, after the reconnect."""
+
+    def owed(self) -> str:
+        """The revoked lease whose turn the agent is to give back ("": none); an acquire names
+        it, so that it waits for that turn and holds it."""
+        return self.revoked_id if self.resuming and self.lease is None else ""
 
     def holding(self) -> bool:
         """A turn to end: a lease held, or one the agent will give back."""

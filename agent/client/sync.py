@@ -122,7 +122,9 @@ class Baton(BlockingSession):
             )
         restores = self._callbacks_run.restores
         with self._callbacks_run.parked.acquiring():
-            request = acquire_request(timeout, gpus, self.job, restores)
+            with self._state:  # a revoked turn the agent gives back: this acquire's
+                owed = self._core.owed()
+            request = acquire_request(timeout, gpus, self.job, restores, owed)
             reply = self._request(request, timeout, slack=5)
             with self._state:
                 lease = self._core.granted(LeaseInfo.from_pb(reply.lease), gpus)

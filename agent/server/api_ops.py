@@ -94,6 +94,7 @@ async def acquire(
         timeout,
         tell if on_grant else None,
         handed=request.restores_with_grant,
+        revoked=request.revoked_lease_id,
     )
     return lease_to_pb(granted.lease, service.table.contended(granted.lease))
 

@@ -9,14 +9,19 @@ A resume survives an agent restart: the journal holds it from the write of its r
 end until its grant or an end naming it (it left the queue ungranted), and the restarted agent
 queues it first again, under the same id. A grant of it that found no session of its tenant is
 told to the tenant's next session (`unheard`).
+
+An acquire of the tenant's while its resume waits joins it (`owed`, `join`): the resume's grant
+answers that acquire instead of a push, and the acquire's deadline leaves the resume queued.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
-from agent.core.errors import AlreadyHolding
+from agent.core.errors import AcquireTimeout, AgentError, AlreadyHolding
 from agent.core.leases import Lease, LeaseTable
 from agent.core.waiters import Waiter
 from agent.node.state_json import SavedResume
@@ -28,6 +33,13 @@ from baton._pb import agent_pb2 as pb
 Follow = Callable[[str, str, str], None]
 """Hears (tenant id, revoked lease id, id of the waiter that resumes it, then its lease)."""
 log = logging.getLogger(__name__)
+
+
+class _Joined(NamedTuple):
+    """An acquire waiting for a resume: its answer, and who hears of the grant as it is made."""
+
+    future: asyncio.Future[Lease]
+    tell: Callable[[Lease], None] | None
 
 
 class Resumes:
@@ -45,6 +57,8 @@ class Resumes:
         """Tenant id → the lease that gave it its turn back while none of its sessions was open."""
         self.withdrawn: dict[str, list[pb.Revoked]] = {}
         """Tenant id → what its next session hears of the resume it lost, not reconnecting."""
+        self.joined: dict[str, _Joined] = {}
+        """Resume (waiter id) → the acquire of its tenant that waits for it (`join`)."""
 
     def revoked(self, lease: Lease, resume: Waiter, table: LeaseTable) -> None:
         """`lease` was revoked and `resume` queued to give it back. A resumed lease revoked
@@ -66,11 +80,93 @@ class Resumes:
         return self._next.pop(lease_id, "")
 
     def given(self, lease: Lease, sessions: SessionRegistry) -> None:
-        """A resume was granted as `lease`: its tenant's sessions hear of it, or its next one."""
-        if sessions.connected(lease.tenant_id):
+        """A resume was granted as `lease`: the acquire that joined it is answered with it, or
+        its tenant's sessions hear of it, or its next one."""
+        joined = self.joined.pop(lease.lease_id, None)
+        if joined is not None and not joined.future.done():
+            if joined.tell is not None:
+                joined.tell(lease)
+            joined.future.set_result(lease)
+        elif sessions.connected(lease.tenant_id):
             sessions.notify(lease.tenant_id, pb.AgentMessage(granted=lease_to_pb(lease)))
         else:
             self.unheard[lease.tenant_id] = lease.lease_id
+
+    def owed(
+        self, tenant_id: str, wanted: Sequence[str], revoked: str, table: LeaseTable, alone: bool
+    ) -> Lease | Waiter | None:
+        """The turn an acquire of the tenant's on `wanted` takes instead of queueing: the one
+        that gives its revoked lease `revoked` back (named by its client), granted already (its
+        push crossed the acquire) or still queued; with none named, its queued resume on
+        `wanted` if no session of it hears of grants (`alone`: an llm-d job, a bare caller)."""
+        found: Lease | Waiter | None = None
+        if revoked:
+            resume = self._next.get(revoked, "")
+            found = table.leases.get(resume) or table.waiters.get(resume)
+        elif alone:
+            front = (w for w in table.waiters.values() if w.front and w.tenant_id == tenant_id)
+            found = next(front, None)
+        if found is None or found.tenant_id != tenant_id or set(found.gpus) != set(wanted):
+            return None
+        return found
+
+    async def join(
+        self,
+        resume: Waiter,
+        timeout: float | None,
+        tell: Callable[[Lease], None] | None,
+        why: Callable[[], str],
+        sessions: SessionRegistry,
+    ) -> Lease:
+        """Wait for `resume`'s grant (`tell` hears of it as it is made); `AcquireTimeout` after
+        `timeout` seconds (`why`: where the resume stands), the resume staying queued."""
+        waiter_id, gpus = resume.waiter_id, ", ".join(resume.gpus)
+        if waiter_id in self.joined:
+            raise AlreadyHolding(
+                f"tenant {resume.tenant_id!r} already waits for {gpus}: another acquire of it "
+                "waits for its revoked turn to be given back"
+            )
+        loop = asyncio.get_running_loop()
+        joined = self.joined[waiter_id] = _Joined(loop.create_future(), tell)
+
+        def expire() -> None:
+            if self.joined.get(waiter_id) is joined:
+                del self.joined[waiter_id]
+                joined.future.set_exception(
+                    AcquireTimeout(
+                        f"no turn on [{gpus}] within the timeout; it waited for its revoked turn "
+                        "to be given back, which stays first in the queue for it (the agent "
+                        f"gives it back as the GPUs free); it waited because {why()}"
+                    )
+                )
+
+        timer = None if timeout is None else loop.call_later(timeout, expire)
+        try:
+            return await joined.future
+        except asyncio.CancelledError:  # its caller left: a grant made meanwhile is pushed
+            done = joined.future.done() and not joined.future.cancelled()
+            if done and joined.future.exception() is None:
+                self.given(joined.future.result(), sessions)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if self.joined.get(waiter_id) is joined:
+                del self.joined[waiter_id]
+
+    def settle(self, table: LeaseTable) -> None:
+        """Acquires joined to a resume that left the queue ungranted (a yield gave it up, its
+        tenant left) hear so."""
+        for waiter_id in [k for k in self.joined if k not in table.waiters]:
+            joined = self.joined.pop(waiter_id)
+            if not joined.future.done():
+                joined.future.set_exception(
+                    AgentError(
+                        "the revoked turn this acquire waited to be given back was given up "
+                        "before it came back (a yield ended it, or the tenant left); acquire "
+                        "again for a new turn"
+                    )
+                )
 
     def withdraw(self, tenant_id: str, table: LeaseTable, why: str) -> None:
         """The tenant is dropped as no session of it came back: the turn it was to be given back

@@ -133,9 +133,10 @@ class LeaseService:
         timeout: float | None,
         on_grant: Callable[[Lease], None] | None = None,
         handed: bool = False,
+        revoked: str = "",
     ) -> Granted:
         """Wait for the turn on `gpus` (all of the tenant's GPUs if empty); see `Turns.acquire`."""
-        return await self.turns.acquire(tenant, gpus, timeout, on_grant, handed)
+        return await self.turns.acquire(tenant, gpus, timeout, on_grant, handed, revoked)
 
     def expire(self, waiter_id: str, error: AcquireTimeout, why: str) -> None:
         """A waiter whose deadline its caller keeps (`agent.server.llmd.asking`) leaves the

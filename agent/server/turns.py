@@ -21,6 +21,7 @@ from agent.core.leases import Lease, Waiter
 from agent.core.residency import NoRoom, TooLarge
 from agent.node.tenants import Tenant
 from agent.server.kept_turns import KeptTurns
+from agent.server.owed import join, owed_turn
 from agent.server.resumes import Resumes
 from agent.server.revocations import Revocations
 from agent.server.turn_state import Granted, TurnState
@@ -82,10 +83,12 @@ class Turns:
         timeout: float | None,
         on_grant: Callable[[Lease], None] | None = None,
         handed: bool = False,
+        revoked: str = "",
     ) -> Granted:
         """Wait for the turn on `gpus` (all of the tenant's GPUs if empty). `on_grant` hears of
         the grant as it is journaled, before this returns (a direct session writes it then, in
-        the step that freed the GPU). `handed`: see `Waiter.handed` (one parker only)."""
+        the step that freed the GPU). `handed`: see `Waiter.handed` (one parker only). A turn
+        owed to the tenant (`agent.server.owed`; `revoked`: the lease it gives back) is taken."""
         wanted = tuple(gpus) or tenant.gpus
         foreign = sorted(set(wanted) - set(tenant.gpus))
         if foreign or not wanted:
@@ -93,9 +96,11 @@ class Turns:
                 f"tenant {tenant.tenant_id} was given GPUs [{', '.join(tenant.gpus)}]; "
                 f"it cannot acquire [{', '.join(foreign) or 'none'}]"
             )
-        lost = self._lost_grant(tenant.tenant_id, wanted)
-        if lost is not None:
-            return Granted(lost, 0.0)
+        owed = owed_turn(self._state, tenant.tenant_id, wanted, revoked)
+        if isinstance(owed, Lease):
+            return Granted(owed, 0.0)
+        if owed is not None:
+            return await join(self._state, owed, timeout, on_grant)
         waiter = self.table.enqueue(
             tenant.tenant_id, wanted, timeout=timeout, duty=tenant.gpu_duty, tier=tenant.priority
         )
@@ -113,25 +118,6 @@ class Turns:
             self._abandon(waiter.waiter_id)
             raise
         return Granted(lease, lease.granted_at - waiter.enqueued_at)
-
-    def _lost_grant(self, tenant_id: str, wanted: Sequence[str]) -> Lease | None:
-        """The turn on `wanted` the agent before a restart granted the tenant, if its client never
-        named it since: the grant's answer was lost with that agent (the client asks again), so
-        this acquire is answered with it, same lease and fencing tokens."""
-        unclaimed = self._state.unclaimed  # empty but for the first turns after a restart
-        for lease_id in list(unclaimed):
-            lease = self.table.leases.get(lease_id)
-            if lease is None:  # ended meanwhile
-                unclaimed.discard(lease_id)
-            elif lease.tenant_id == tenant_id and set(lease.gpus) == set(wanted):
-                unclaimed.discard(lease_id)
-                log.info(
-                    "tenant %s asked for the turn on [%s] granted before the agent restarted "
-                    "(its answer was lost): lease %s is handed back",
-                    tenant_id, ", ".join(lease.gpus), lease.lease_id,
-                )  # fmt: skip
-                return lease
-        return None
 
     def _abandon(self, waiter_id: str) -> None:
         self._pending.pop(waiter_id, None)
@@ -319,6 +305,7 @@ class Turns:
         if self._closed:
             return
         self._reschedule()
+        self.resumes.settle(self.table)
         self._state.journal_resumes()  # one that left the queue (quarantined, too large)
         self._ahead.look(self.table)
         self._yield_parks.look(self.table)

@@ -47,16 +47,18 @@ class RegisterResponse(_message.Message):
     def __init__(self, tenant: _Optional[_Union[Tenant, _Mapping]] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("gpus", "timeout_ms", "job", "restores_with_grant")
+    __slots__ = ("gpus", "timeout_ms", "job", "restores_with_grant", "revoked_lease_id")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     RESTORES_WITH_GRANT_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     gpus: _containers.RepeatedScalarFieldContainer[str]
     timeout_ms: int
     job: str
     restores_with_grant: bool
-    def __init__(self, gpus: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ..., job: _Optional[str] = ..., restores_with_grant: _Optional[bool] = ...) -> None: ...
+    revoked_lease_id: str
+    def __init__(self, gpus: _Optional[_Iterable[str]] = ..., timeout_ms: _Optional[int] = ..., job: _Optional[str] = ..., restores_with_grant: _Optional[bool] = ..., revoked_lease_id: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "tenant_id", "gpus", "fencing_tokens", "granted_at", "hold_until", "contended")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.errors import AgentError
 from agent.core.leases import LeaseTable
 from agent.core.residency import NullPreparer
 from agent.node.state import STATE_FILE, StateStore
@@ -82,6 +83,79 @@ def test_the_journal_holds_a_resume_from_its_revocation_until_it_is_granted_or_g
         theirs = await service.acquire(b, (), timeout=5)  # a's turn is revoked again
         service.yield_(b, theirs.lease.lease_id)  # and given back
         assert found() == (["team/a"], [])
+        await service.close()
+
+    asyncio.run(asyncio.wait_for(body(), 10))
+
+
+def test_an_acquire_naming_a_revoked_lease_takes_the_turn_that_gives_it_back(
+    tmp_path: Path,
+) -> None:
+    """Queued (it waits for it), granted already (the push crossed the acquire), or given up (it
+    queues anew); a tenant with no session (an llm-d job) joins its resume without naming it."""
+
+    async def body() -> None:
+        table = LeaseTable(clock=time.time, max_hold=0.2)
+        service = LeaseService(
+            table=table,
+            preparer=lambda host: NullPreparer(),
+            clock=time.time,
+            store=StateStore(tmp_path),
+        )
+        service.load()
+        a, b = (Tenant(f"team/{n}", n, ("GPU-0",), source=POD) for n in ("a", "b"))
+        service.upsert_pod(a)
+        service.upsert_pod(b)
+        first = (await service.acquire(a, (), timeout=5)).lease.lease_id
+        table.max_hold = 60.0
+        theirs = await service.acquire(b, (), timeout=5)  # once a's turn is revoked
+        [resume] = table.waiters
+        mine = asyncio.create_task(service.acquire(a, (), timeout=5, revoked=first))
+        await asyncio.sleep(0)  # it waits for the resume (no new waiter, no error)
+        assert list(table.waiters) == [resume] and not mine.done()
+        service.yield_(b, theirs.lease.lease_id)
+        assert (await mine).lease.lease_id == resume  # the grant answered the acquire
+        again = await service.acquire(a, (), timeout=5, revoked=first)  # after the grant
+        assert again.lease.lease_id == resume
+        service.yield_(a, resume)
+        table.max_hold = 0.2
+        late = await service.acquire(a, (), timeout=5, revoked=first)  # given up: a new turn
+        assert late.lease.lease_id != resume
+        table.max_hold = 60.0
+        theirs = await service.acquire(b, (), timeout=5)  # once a's turn is revoked again
+        alone = asyncio.create_task(service.acquire(a, (), timeout=5))  # no session: joins
+        await asyncio.sleep(0)
+        assert not alone.done() and all(w.front for w in table.waiters.values())
+        service.yield_(b, theirs.lease.lease_id)
+        [held] = table.leases_of("team/a")
+        assert (await alone).lease == held
+        await service.close()
+
+    asyncio.run(asyncio.wait_for(body(), 10))
+
+
+def test_an_acquire_waiting_for_a_resume_the_tenant_gives_up_hears_so(tmp_path: Path) -> None:
+    async def body() -> None:
+        table = LeaseTable(clock=time.time, max_hold=0.2)
+        service = LeaseService(
+            table=table,
+            preparer=lambda host: NullPreparer(),
+            clock=time.time,
+            store=StateStore(tmp_path),
+        )
+        service.load()
+        a, b = (Tenant(f"team/{n}", n, ("GPU-0",), source=POD) for n in ("a", "b"))
+        service.upsert_pod(a)
+        service.upsert_pod(b)
+        first = (await service.acquire(a, (), timeout=5)).lease.lease_id
+        table.max_hold = 60.0
+        await service.acquire(b, (), timeout=5)  # once a's turn is revoked
+        mine = asyncio.create_task(service.acquire(a, (), timeout=5, revoked=first))
+        await asyncio.sleep(0)
+        service.yield_(a, "")  # another thread of a's gives the turn up
+        with pytest.raises(AgentError, match="was given up before it came back"):
+            await mine
+        assert not table.waiters
         await service.close()
 
     asyncio.run(asyncio.wait_for(body(), 10))
