@@ -39,6 +39,11 @@ class LeaseLost(BatonError):
     """The lease is gone (revoked, or dropped while the agent restarted)."""
 
 
+class TurnRevoked(LeaseLost):
+    """The lease was revoked while the client could not hear it; its turn is being given back
+    (the client resumes it, as after a revocation it heard)."""
+
+
 class InvalidRequest(BatonError, ValueError):
     """The request's arguments are wrong (a negative timeout, GPUs the tenant was not given)."""
 
@@ -48,6 +53,7 @@ _KINDS: dict[grpc.StatusCode, type[BatonError]] = {
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.FAILED_PRECONDITION: Refused,
     grpc.StatusCode.NOT_FOUND: LeaseLost,
+    grpc.StatusCode.ABORTED: TurnRevoked,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
 }
 _BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}

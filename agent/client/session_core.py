@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
-from agent.client.errors import BatonError, LeaseLost, NotHolding, Refused
+from agent.client.errors import BatonError, LeaseLost, NotHolding, Refused, TurnRevoked
 from agent.client.types import LeaseInfo
 from baton._pb import agent_pb2 as pb
 
@@ -325,6 +325,9 @@ class SessionCore:
         self, lease: LeaseInfo, outcome: LeaseInfo | BatonError, reclaiming: bool = False
     ) -> None:
         """A renewal of `lease` was answered (`outcome`: the renewed lease, or the error)."""
+        if isinstance(outcome, TurnRevoked) and self.lease is lease:
+            self.revoked(lease.lease_id, str(outcome))  # unheard: resumed all the same
+            return
         if isinstance(outcome, LeaseLost):
             if self.lease is lease:
                 self.lease, self.renew_at = None, None

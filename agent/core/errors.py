@@ -19,6 +19,11 @@ class NotOwner(AgentError):
         self.owner = owner
 
 
+class TurnRevoked(AgentError):
+    """The lease was revoked and its turn is being given back to its tenant: a renewal from a
+    client that never heard of the revocation (ABORTED)."""
+
+
 class AlreadyHolding(AgentError):
     """The tenant already holds or waits for one of these GPUs (FAILED_PRECONDITION)."""
 

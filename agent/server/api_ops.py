@@ -24,6 +24,7 @@ _CODES: list[tuple[type[errors.AgentError], grpc.StatusCode]] = [
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (errors.TenantGone, grpc.StatusCode.UNAVAILABLE),
     (errors.Cancelled, grpc.StatusCode.CANCELLED),
+    (errors.TurnRevoked, grpc.StatusCode.ABORTED),
 ]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from agent.core.errors import TurnRevoked, UnknownLease
 from agent.core.leases import Lease, Waiter
 from agent.server.turn_state import Granted, TurnState
 from agent.server.waits import standing
@@ -40,6 +41,25 @@ async def join(
 
     lease = await state.resumes.join(resume, timeout, on_grant, why, state.sessions)
     return Granted(lease, lease.granted_at - resume.enqueued_at)
+
+
+def renewed(state: TurnState, tenant_id: str, lease_id: str, gone: UnknownLease) -> Lease:
+    """A renewal of `lease_id`, which the agent does not hold (`gone`): a lease revoked before
+    a restart, whose client never heard so, is answered with the turn that gave it back, or
+    `TurnRevoked` while that turn waits (the client resumes it); else `gone` is raised."""
+    found = state.resumes.renewing(tenant_id, lease_id, state.table)
+    if isinstance(found, Lease):
+        log.info("tenant %s renewed its revoked lease %s: given back as %s", tenant_id, lease_id,
+                 found.lease_id)  # fmt: skip
+        return found
+    if found is None:
+        raise gone
+    why = standing(state.table, state.metrics, found, state.clock())["why"]
+    raise TurnRevoked(
+        f"lease {lease_id} was revoked before the agent restarted (held past the maximum hold "
+        f"time, or a higher tier waited); its turn is given back to {tenant_id} as the GPUs "
+        f"free: {why}"
+    )
 
 
 def _lost_grant(state: TurnState, tenant_id: str, wanted: Sequence[str]) -> Lease | None:

@@ -57,6 +57,9 @@ class Resumes:
         """Tenant id → the lease that gave it its turn back while none of its sessions was open."""
         self.withdrawn: dict[str, list[pb.Revoked]] = {}
         """Tenant id → what its next session hears of the resume it lost, not reconnecting."""
+        self.restored: set[str] = set()
+        """Revoked lease ids whose resume a restart kept: their clients may never have heard of
+        the revocation (its push lost as the agent stopped), and renew them (`renewing`)."""
         self.joined: dict[str, _Joined] = {}
         """Resume (waiter id) → the acquire of its tenant that waits for it (`join`)."""
 
@@ -91,6 +94,16 @@ class Resumes:
             sessions.notify(lease.tenant_id, pb.AgentMessage(granted=lease_to_pb(lease)))
         else:
             self.unheard[lease.tenant_id] = lease.lease_id
+
+    def renewing(self, tenant_id: str, lease_id: str, table: LeaseTable) -> Lease | Waiter | None:
+        """What the tenant's renewal of `lease_id`, a lease revoked before the agent restarted,
+        finds (once): the turn that gave it back, or the resume that will."""
+        if lease_id not in self.restored:
+            return None
+        self.restored.discard(lease_id)
+        resume = self._next.get(lease_id, "")
+        found = table.leases.get(resume) or table.waiters.get(resume)
+        return found if found is not None and found.tenant_id == tenant_id else None
 
     def owed(
         self, tenant_id: str, wanted: Sequence[str], revoked: str, table: LeaseTable, alone: bool
@@ -250,5 +263,6 @@ class Resumes:
             table.waiters[waiter.waiter_id] = waiter
             self._journaled.add(waiter.waiter_id)
             self._next.update(dict.fromkeys(resume.revoked, waiter.waiter_id))
+            self.restored.update(resume.revoked)
             restored.append(resume)
         return restored

@@ -21,7 +21,7 @@ from agent.core.leases import Lease, Waiter
 from agent.core.residency import NoRoom, TooLarge
 from agent.node.tenants import Tenant
 from agent.server.kept_turns import KeptTurns
-from agent.server.owed import join, owed_turn
+from agent.server.owed import join, owed_turn, renewed
 from agent.server.resumes import Resumes
 from agent.server.revocations import Revocations
 from agent.server.turn_state import Granted, TurnState
@@ -161,7 +161,10 @@ class Turns:
     def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
         """One of the tenant's own leases (renewing it is the same check: a restored lease the
         client names is claimed)."""
-        lease = self.table.lease(lease_id, tenant.tenant_id)
+        try:
+            lease = self.table.lease(lease_id, tenant.tenant_id)
+        except UnknownLease as gone:  # revoked before a restart, maybe unheard
+            return renewed(self._state, tenant.tenant_id, lease_id, gone)
         self._state.unclaimed.discard(lease_id)
         return lease
 

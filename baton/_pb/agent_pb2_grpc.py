@@ -105,7 +105,9 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Renew(self, request, context):
-        """Reports that the holder is alive; re-attaches a lease after an agent restart.
+        """Reports that the holder is alive; re-attaches a lease after an agent restart. A lease
+        revoked before a restart whose turn is kept for its tenant is answered with the turn that
+        gave it back, or ABORTED while that turn waits (the caller resumes it, as after `Revoked`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -169,3 +169,63 @@ def test_a_client_back_after_the_reconnect_grace_hears_its_turn_is_not_given_bac
     finally:
         first.stop()
         second.stop()
+
+
+def lose_revocations(tenant: Client) -> None:
+    """The client never hears a revocation (as if the push were lost as the agent stopped)."""
+    pushed = tenant._core.pushed
+
+    def deaf(message: Any) -> Any:
+        return None if message.WhichOneof("kind") == "revoked" else pushed(message)
+
+    tenant._core.pushed = deaf  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+@pytest.mark.parametrize("reconnects", ["before", "after"])
+def test_a_client_that_missed_its_revocation_takes_up_the_turn_given_back_after_a_restart(
+    workdir: str, kind: str, reconnects: str
+) -> None:
+    """x's client still believes it holds its turn as it reconnects: its renewal hears that the
+    turn was revoked and is being given back (`reconnects` before y's yield gives it back), or
+    is answered with the turn given back (after)."""
+    first = AgentRunner(workdir, max_hold=0.3, reconnect_grace=30).start()
+    second = AgentRunner(workdir, max_hold=60, reconnect_grace=30)
+
+    async def scenario() -> None:
+        x = client(kind, first.socket, "x")
+        y = AsyncBaton(first.socket, ["GPU-0"], name="y", connect_timeout=5)
+        try:
+            await call(x.acquire)
+            lose_revocations(x)
+            first.inspect(lambda service: setattr(service.table, "max_hold", 60.0))  # not y's
+            await asyncio.wait_for(y.acquire(), 5)  # once x's turn is revoked
+            assert x.lease is not None and not x.resuming  # it never heard
+            gate = gate_reconnects(x)
+            await asyncio.to_thread(first.stop)
+            await asyncio.to_thread(second.start)
+            if reconnects == "before":
+                gate.set()
+                await until(lambda: x.resuming, "x hears its turn is being given back")
+                assert x.lease is None
+            await asyncio.wait_for(y.yield_(), 10)
+            granted = await asyncio.to_thread(
+                second.wait_event, lambda e: e.kind == "granted" and e.tenant_id == "local/x"
+            )
+            gate.set()
+            await until(
+                lambda: x.lease is not None and x.lease.lease_id == granted.lease_id,
+                "x holds the turn given back",
+            )
+            assert not x.resuming
+            await call(x.yield_)
+            assert holder(second) is None and not queue(second)
+        finally:
+            await call(x.close)
+            await y.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 45))
+    finally:
+        first.stop()
+        second.stop()
