@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 import grpc
@@ -104,14 +105,17 @@ class CoordinatedTurns:
             if lease is not None:
                 return lease
             # It ended meanwhile (or this pod joined the job late), or the node revoked the pod's
-            # lease in it (its maximum hold, a higher tier) and has not given it back yet.
-            back = self._turns.giving_back(tenant.tenant_id, answer.turn_id)
-            if back and deadline is not None and time.monotonic() + wait > deadline:
-                await asyncio.sleep(max(0.0, deadline - time.monotonic()))  # a last look
-                if (lease := self._lease_in(tenant, answer.turn_id)) is not None:
-                    return lease
-                back = self._turns.giving_back(tenant.tenant_id, answer.turn_id)
-            if deadline is not None and time.monotonic() + wait > deadline:
+            # lease in it (its maximum hold, a higher tier) and has not given it back yet: that
+            # is waited for here, woken as it is given back (or given up), the turn asked about
+            # again at the latest after RETRY_MAX_S.
+            left = math.inf if deadline is None else deadline - time.monotonic()
+            within = min(left, RETRY_MAX_S)
+            back = await self._turns.given_back(tenant.tenant_id, answer.turn_id, within)
+            if (lease := self._lease_in(tenant, answer.turn_id)) is not None:
+                return lease
+            if back and within < left:  # not given back yet: is the turn still held?
+                continue
+            if back or (deadline is not None and time.monotonic() + wait > deadline):
                 raise self._not_joined(tenant, f"job {namespace}/{job}", answer.turn_id, back)
             await asyncio.sleep(wait)
             wait = min(wait * 2, RETRY_MAX_S)

@@ -299,14 +299,17 @@ class JobTurns:
                 return turn
         return None
 
-    def giving_back(self, tenant_id: str, turn_id: str) -> str:
-        """Why the node has not given the member its GPUs back in `turn_id` yet (it revoked the
-        member's lease there, and the turn that gives it back waits), or "" if it has not."""
+    async def given_back(self, tenant_id: str, turn_id: str, within: float) -> str:
+        """Why the node has not given the member its GPUs back in `turn_id` (it revoked the
+        member's lease there, and the turn that gives it back waits), or "" if it has not; such
+        a turn is waited for first, until it leaves the queue or `within` seconds pass."""
         turn = self.turns.get(turn_id)
         if turn is None or tenant_id not in turn.members:
             return ""
         table = self._service.table
-        waiter = table.waiters.get(turn.lease_of(tenant_id))
+        if (waiter := table.waiters.get(turn.lease_of(tenant_id))) is not None and within > 0:
+            await self._service.turns.resumes.left(waiter.waiter_id, within)
+            waiter = table.waiters.get(waiter.waiter_id)
         if waiter is None:
             return ""
         return str(standing(table, self._service.metrics, waiter, self._clock())["why"])

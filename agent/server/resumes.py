@@ -17,6 +17,7 @@ answers that acquire instead of a push, and the acquire's deadline leaves the re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
@@ -60,6 +61,8 @@ class Resumes:
         self.restored: set[str] = set()
         """Revoked lease ids whose resume a restart kept: their clients may never have heard of
         the revocation (its push lost as the agent stopped), and renew them (`renewing`)."""
+        self._left: dict[str, asyncio.Event] = {}
+        """Resume (waiter id) → set as it leaves the queue (`left`)."""
         self.joined: dict[str, _Joined] = {}
         """Resume (waiter id) → the acquire of its tenant that waits for it (`join`)."""
 
@@ -167,9 +170,19 @@ class Resumes:
             if self.joined.get(waiter_id) is joined:
                 del self.joined[waiter_id]
 
+    async def left(self, waiter_id: str, within: float) -> None:
+        """Return once the resume `waiter_id` has left the queue (granted, or given up), as the
+        step that took it out settles, or after `within` seconds."""
+        event = self._left.setdefault(waiter_id, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), within)
+
     def settle(self, table: LeaseTable) -> None:
-        """Acquires joined to a resume that left the queue ungranted (a yield gave it up, its
-        tenant left) hear so."""
+        """After a step: those waiting for a resume that left the queue (`left`) wake, and
+        acquires joined to one that left it ungranted (a yield gave it up, its tenant left)
+        hear so."""
+        for waiter_id in [k for k in self._left if k not in table.waiters]:
+            self._left.pop(waiter_id).set()
         for waiter_id in [k for k in self.joined if k not in table.waiters]:
             joined = self.joined.pop(waiter_id)
             if not joined.future.done():
