@@ -181,6 +181,8 @@ class Resumes:
         """After a step: those waiting for a resume that left the queue (`left`) wake, and
         acquires joined to one that left it ungranted (a yield gave it up, its tenant left)
         hear so."""
+        if not (self._left or self.joined):  # every step of every handoff comes here
+            return
         for waiter_id in [k for k in self._left if k not in table.waiters]:
             self._left.pop(waiter_id).set()
         for waiter_id in [k for k in self.joined if k not in table.waiters]:
