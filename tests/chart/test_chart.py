@@ -120,3 +120,30 @@ def test_the_parking_values_are_the_methods_a_node_parks_any_tenant_with() -> No
     schema = json.loads((CHART / "values.schema.json").read_text())
     enum = schema["properties"]["agent"]["properties"]["parking"]["items"]["enum"]
     assert sorted(enum) == sorted(m for m in PLAIN if m != NONE)
+
+
+def scheduler_image(objs: list[dict]) -> str:
+    (deployment,) = [o for o in objs if o["metadata"]["name"] == "baton-scheduler" and "spec" in o]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return str(container["image"])
+
+
+def test_the_dra_path_runs_a_kube_scheduler_that_allocates_its_claims() -> None:
+    """On the DRA path kube-scheduler allocates the claims (consumable capacity, baton.dev/gpu
+    mapped by the DeviceClass): that takes 1.36; the device plugin's path keeps 1.32."""
+    dra = scheduler_image(render("--set", "kubeletPlugin=dra"))
+    assert dra == "registry.k8s.io/kube-scheduler:v1.36.2"
+    assert scheduler_image(render("--api-versions", "resource.k8s.io/v1")) == dra
+    plugin = scheduler_image(render("--set", "kubeletPlugin=deviceplugin"))
+    assert plugin == "registry.k8s.io/kube-scheduler:v1.32.2"
+    mine = ["--set", "schedulerImage.repository=mirror/ks", "--set", "schedulerImage.tag=local"]
+    assert scheduler_image(render("--set", "kubeletPlugin=dra", *mine)) == "mirror/ks:local"
+
+
+@pytest.mark.parametrize("tag", ["v1.32.2", "1.35.4", "v1.35.0-gke.1"])
+def test_an_older_kube_scheduler_on_the_dra_path_is_refused_naming_the_tag(tag: str) -> None:
+    said = refused("--set", "kubeletPlugin=dra", "--set", f"schedulerImage.tag={tag}")
+    assert f"schedulerImage.tag {tag}: the DRA path (kubeletPlugin dra) needs" in said, said
+    assert "1.36 or later" in said
+    older = render("--set", "kubeletPlugin=deviceplugin", "--set", f"schedulerImage.tag={tag}")
+    assert scheduler_image(older).endswith(f":{tag}")

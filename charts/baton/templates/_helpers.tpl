@@ -32,6 +32,25 @@ imagePullPolicy: {{ . }}
 {{- end }}
 {{- end }}
 
+{{/* The second kube-scheduler's image: the tag given, else the kubelet path's own. The DRA
+path needs kube-scheduler 1.36 or later (it allocates the claims with consumable capacity and
+maps baton.dev/gpu onto them, both on by default from 1.36): a version tag below it is refused,
+since that scheduler would leave every GPU pod Pending. */}}
+{{- define "baton.schedulerImage" -}}
+{{- $dra := eq (include "baton.kubeletPlugin" .) "dra" -}}
+{{- $tag := .Values.schedulerImage.tag | default (ternary "v1.36.2" "v1.32.2" $dra) -}}
+{{- if and $dra (regexMatch "^v?[0-9]+\\.[0-9]+(\\.[0-9]+)?([-+].*)?$" $tag) }}
+{{- if semverCompare "<1.36.0-0" $tag }}
+{{- $path := ternary "auto, on a cluster serving resource.k8s.io/v1" .Values.kubeletPlugin (eq .Values.kubeletPlugin "auto") }}
+{{- fail (printf "schedulerImage.tag %s: the DRA path (kubeletPlugin %s) needs kube-scheduler 1.36 or later, which allocates claims with consumable capacity and maps baton.dev/gpu onto them; leave the tag \"\" for v1.36.2, or set kubeletPlugin=deviceplugin" $tag $path) }}
+{{- end }}
+{{- end -}}
+image: {{ printf "%s:%s" .Values.schedulerImage.repository $tag | quote }}
+{{- with .Values.schedulerImage.pullPolicy }}
+imagePullPolicy: {{ . }}
+{{- end }}
+{{- end }}
+
 {{/* Node daemons' pod placement and runtime. */}}
 {{- define "baton.nodePod" -}}
 {{- with .Values.gpu.nvidia.runtimeClassName }}
