@@ -147,3 +147,23 @@ def test_an_older_kube_scheduler_on_the_dra_path_is_refused_naming_the_tag(tag: 
     assert "1.36 or later" in said
     older = render("--set", "kubeletPlugin=deviceplugin", "--set", f"schedulerImage.tag={tag}")
     assert scheduler_image(older).endswith(f":{tag}")
+
+
+def node_env(objs: list[dict], name: str) -> dict[str, str]:
+    (daemonset,) = [o for o in objs if o["kind"] == "DaemonSet" and o["metadata"]["name"] == name]
+    return {
+        e["name"]: e.get("value")
+        for e in daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+
+
+@pytest.mark.parametrize("runtime_class", ["", "nvidia"])
+def test_cdi_names_the_gpus_on_either_path_with_or_without_a_runtime_class(
+    runtime_class: str,
+) -> None:
+    cdi = ["--set", "gpu.nvidia.cdi=true", "--set", f"gpu.nvidia.runtimeClassName={runtime_class}"]
+    plugin = node_env(render("--set", "kubeletPlugin=deviceplugin", *cdi), "baton-deviceplugin")
+    assert plugin["BATON_CDI"] == "true"
+    driver = node_env(render("--set", "kubeletPlugin=dra", *cdi), "baton-dra")
+    assert driver["BATON_VENDOR_CDI"] == "nvidia.com/gpu"
+    assert "BATON_VENDOR_CDI" not in node_env(render("--set", "kubeletPlugin=dra"), "baton-dra")
