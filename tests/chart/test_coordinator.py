@@ -158,6 +158,7 @@ def test_on_the_hosts_network_it_listens_and_is_probed_on_the_listen_address() -
     )  # fmt: skip
     coordinator = container(objs, "Deployment", "baton-coordinator")
     assert env(coordinator)["BATON_COORDINATOR_LLMD_LISTEN"] == "127.0.0.1:50051"
+    assert env(coordinator)["BATON_COORDINATOR_HTTP_LISTEN"] == "127.0.0.1:9465"
     assert env(coordinator)["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
     assert coordinator["livenessProbe"]["tcpSocket"]["host"] == "127.0.0.1"
     deployment = find(objs, "Deployment", "baton-coordinator")
