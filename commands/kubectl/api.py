@@ -9,6 +9,8 @@ import re
 from typing import Any, Protocol
 from urllib.parse import quote
 
+import yaml
+
 from baton.contract.names import NAMESPACE, PORT_AGENT, PORT_EXTENDER
 
 _LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -73,26 +75,41 @@ def refusal(status: int, body: str, path: str) -> PluginError:
     return PluginError(f"the API server answered {status} to GET {path}: {message}")
 
 
+def first_current_context(kubeconfig: str) -> str | None:
+    """The current context of a KUBECONFIG list as kubectl takes it: from the first of its files
+    that sets one (the kubernetes client takes the last's)."""
+    for path in kubeconfig.split(os.pathsep):
+        try:
+            with open(os.path.expanduser(path), encoding="utf-8") as file:
+                found = yaml.safe_load(file)
+        except (OSError, ValueError, yaml.YAMLError):
+            continue  # kubectl skips a file it cannot read; the loader names a broken one
+        if isinstance(found, dict) and found.get("current-context"):
+            return str(found["current-context"])
+    return None
+
+
 class KubeApi:
-    """GETs with the user's kubeconfig (and context), through the kubernetes client."""
+    """GETs with the user's kubeconfig (and context), through the kubernetes client. A KUBECONFIG
+    list of files is merged as kubectl merges it."""
 
     def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
         from kubernetes import client, config
 
         configuration = client.Configuration()
+        files = [p for p in (kubeconfig or "").split(os.pathsep) if p]
         try:
             config.load_kube_config(
                 config_file=kubeconfig,
-                context=context,
+                context=context or (first_current_context(kubeconfig) if kubeconfig else None),
                 client_configuration=configuration,
                 persist_config=False,
             )
         except (config.ConfigException, OSError) as err:
             where = kubeconfig or "~/.kube/config (KUBECONFIG unset)"
-            missing = kubeconfig and ":" not in kubeconfig and not os.path.exists(kubeconfig)
-            raise PluginError(
-                f"no usable kubeconfig {where}: {'no such file' if missing else err}"
-            ) from None
+            missing = files and not any(os.path.exists(os.path.expanduser(p)) for p in files)
+            said = "no such file" if len(files) == 1 else "none of its files exists"
+            raise PluginError(f"no usable kubeconfig {where}: {said if missing else err}") from None
         self._configuration = configuration
         self._client = client.ApiClient(configuration)
         self.server = str(configuration.host)

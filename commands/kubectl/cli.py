@@ -37,7 +37,10 @@ class Settings:
 @app.callback()
 def connection(
     kubeconfig: Annotated[
-        str | None, typer.Option(envvar="KUBECONFIG", help="The kubeconfig file to use.")
+        str | None,
+        typer.Option(
+            envvar="KUBECONFIG", help="The kubeconfig file to use (KUBECONFIG: files merged)."
+        ),
     ] = None,
     context: Annotated[str | None, typer.Option(help="The kubeconfig context to use.")] = None,
     baton_namespace: Annotated[
@@ -46,7 +49,7 @@ def connection(
 ) -> None:
     """Connection options, as kubectl's."""
     _check_name("--baton-namespace", baton_namespace)
-    Settings.kubeconfig = (kubeconfig or "").split(":")[0] or None
+    Settings.kubeconfig = kubeconfig or None
     Settings.context, Settings.baton_namespace = context, baton_namespace
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import yaml
+from typer.testing import CliRunner
 
+from commands.kubectl import cli
 from commands.kubectl.api import Forbidden, KubeApi, PluginError
 from tests.harness.fakeapi import FakeApiServer
 
@@ -41,3 +45,34 @@ def test_an_unusable_kubeconfig_is_one_line_naming_it(tmp_path: Path) -> None:
     empty.write_text("")
     with pytest.raises(PluginError, match=f"^no usable kubeconfig {empty}: .+"):
         KubeApi(str(empty))
+
+
+def test_a_kubeconfig_list_is_merged_as_kubectl_merges_it(tmp_path: Path) -> None:
+    """KUBECONFIG=a:b: contexts from every file; the current one from the first that sets it."""
+    other = tmp_path / "other.yaml"
+    other.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "o", "cluster": {"server": "https://192.0.2.9:6443"}}],
+                "users": [{"name": "o", "user": {"token": "o"}}],
+                "contexts": [{"name": "o", "context": {"cluster": "o", "user": "o"}}],
+                "current-context": "o",
+            }
+        )
+    )
+    with FakeApiServer() as server:
+        server.put_object(
+            {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p", "namespace": "ml"}}
+        )
+        both = os.pathsep.join([str(other), str(server.kubeconfig_path(tmp_path))])
+        assert KubeApi(both).server == "https://192.0.2.9:6443"  # the first file's context
+        said = CliRunner().invoke(
+            cli.app, ["--context", "fake", "why", "ml/p"], env={"KUBECONFIG": both}
+        )
+        assert said.exit_code == 0, said.output
+        assert said.output.startswith("ml/p (None), scheduling:")
+        (asked, *_) = server.requests()
+        assert asked.path == "/api/v1/namespaces/ml/pods/p"
+        assert KubeApi(os.pathsep.join(["/nonexistent", both])).server == "https://192.0.2.9:6443"
