@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import ssl
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -75,6 +77,35 @@ def refusal(status: int, body: str, path: str) -> PluginError:
     return PluginError(f"the API server answered {status} to GET {path}: {message}")
 
 
+REQUEST_TIMEOUT_S = 10.0
+"""How long one GET waits for the API server (tried once: kubectl does not retry either)."""
+
+
+def unreachable(server: str, err: Exception) -> PluginError:
+    """One line for a GET that got no HTTP answer: the cause urllib3 wraps, not its wrapping."""
+    from urllib3.exceptions import NewConnectionError
+    from urllib3.exceptions import TimeoutError as Timeout
+
+    cause: BaseException = err
+    for _ in range(8):  # urllib3 wraps the socket's or TLS's error a level or two deep
+        context = cause.__context__ if isinstance(cause.__context__, OSError) else None
+        inner = cause.__cause__ or context
+        if inner is None:
+            break
+        cause = inner
+    if isinstance(err, Timeout) and not isinstance(err, NewConnectionError):
+        why = f"no answer within {REQUEST_TIMEOUT_S:g} s"
+    elif isinstance(cause, ssl.SSLCertVerificationError):
+        why = f"its TLS certificate does not verify: {cause.verify_message}"
+    elif isinstance(cause, socket.gaierror):
+        why = f"cannot resolve its host name ({cause.strerror})"
+    elif isinstance(cause, OSError) and cause.strerror:
+        why = cause.strerror[:1].lower() + cause.strerror[1:]
+    else:
+        why = (str(cause) or type(cause).__name__).strip().splitlines()[0]
+    return PluginError(f"cannot reach the API server at {server}: {why}")
+
+
 def first_current_context(kubeconfig: str) -> str | None:
     """The current context of a KUBECONFIG list as kubectl takes it: from the first of its files
     that sets one (the kubernetes client takes the last's)."""
@@ -110,6 +141,7 @@ class KubeApi:
             missing = files and not any(os.path.exists(os.path.expanduser(p)) for p in files)
             said = "no such file" if len(files) == 1 else "none of its files exists"
             raise PluginError(f"no usable kubeconfig {where}: {said if missing else err}") from None
+        configuration.retries = False
         self._configuration = configuration
         self._client = client.ApiClient(configuration)
         self.server = str(configuration.host)
@@ -128,14 +160,16 @@ class KubeApi:
                 headers[auth["key"]] = auth["value"]
         try:
             reply = self._client.rest_client.request(
-                "GET", url, headers=headers, _request_timeout=10
+                "GET", url, headers=headers, _request_timeout=REQUEST_TIMEOUT_S
             )
             status = int(reply.status)
             data = reply.data if reply.data is not None else reply.read()
         except ApiException as err:
-            status, data = int(err.status or 0), err.body or err.reason
+            if not err.status and isinstance(err.__context__, Exception):  # TLS failed
+                raise unreachable(self.server, err.__context__) from None
+            status, data = int(err.status), err.body or err.reason
         except (HTTPError, OSError) as err:
-            raise PluginError(f"cannot reach the API server at {self.server}: {err}") from None
+            raise unreachable(self.server, err) from None
         text = data.decode(errors="replace") if isinstance(data, bytes) else str(data or "")
         if not 200 <= status < 300:
             raise refusal(status, text, path)

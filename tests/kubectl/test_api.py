@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
+from commands.kubectl import api as api_module
 from commands.kubectl import cli
 from commands.kubectl.api import Forbidden, KubeApi, PluginError
 from tests.harness.fakeapi import FakeApiServer
@@ -76,3 +79,65 @@ def test_a_kubeconfig_list_is_merged_as_kubectl_merges_it(tmp_path: Path) -> Non
         (asked, *_) = server.requests()
         assert asked.path == "/api/v1/namespaces/ml/pods/p"
         assert KubeApi(os.pathsep.join(["/nonexistent", both])).server == "https://192.0.2.9:6443"
+
+
+def kubeconfig_for(tmp_path: Path, server: str) -> str:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return str(path)
+
+
+def test_a_silent_api_server_is_asked_once_and_named_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that takes the connection and never answers costs one request timeout, not one
+    per urllib3 retry, and the line says so without urllib3's wrapping."""
+    monkeypatch.setattr(api_module, "REQUEST_TIMEOUT_S", 0.3)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(0.05)
+
+        def take() -> None:
+            while not stop.is_set():
+                try:
+                    held.append(listener.accept()[0])
+                except TimeoutError:
+                    continue
+
+        taker = threading.Thread(target=take, daemon=True)
+        taker.start()
+        server = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        api = KubeApi(kubeconfig_for(tmp_path, server))
+        try:
+            with pytest.raises(PluginError) as silent:
+                api.get("/api/v1/namespaces/baton-system/pods")
+        finally:
+            stop.set()
+            taker.join(timeout=5)
+            api.close()
+            for connection in held:
+                connection.close()
+    assert str(silent.value) == f"cannot reach the API server at {server}: no answer within 0.3 s"
+    assert len(held) == 1, "asked again after the timeout"
+
+
+def test_a_refused_connection_is_named_in_one_line(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        server = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    api = KubeApi(kubeconfig_for(tmp_path, server))
+    with pytest.raises(PluginError) as refused:
+        api.get("/api/v1/namespaces/ml/pods/p")
+    api.close()
+    assert str(refused.value) == f"cannot reach the API server at {server}: connection refused"
