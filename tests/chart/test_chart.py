@@ -82,11 +82,19 @@ def test_schema_takes_the_documented_settings() -> None:
     assert env["BATON_AGENT_LLMD_LISTEN"] == "0.0.0.0:50051"
 
 
-def test_auto_takes_the_dra_path_where_the_api_serves_it() -> None:
-    """Helm's offline capabilities include resource.k8s.io/v1 (its client speaks 1.35)."""
-    found = kinds(render("--api-versions", "resource.k8s.io/v1"))
+DRA_CLUSTER = ("--api-versions", "resource.k8s.io/v1", "--kube-version", "1.36.2")
+"""A cluster `auto` takes the DRA path on (Helm's offline default speaks 1.35)."""
+
+
+def test_auto_takes_the_dra_path_where_the_api_serves_it_with_consumable_capacity() -> None:
+    """DRA's API is served from 1.34, but kube-scheduler allocates Baton's claims (consumable
+    capacity, baton.dev/gpu mapped) by default only from 1.36: before, the device plugin."""
+    found = kinds(render(*DRA_CLUSTER))
     assert "baton-dra" in found["DaemonSet"] and "baton-deviceplugin" not in found["DaemonSet"]
     assert found["DeviceClass"] == {"gpu.baton.dev"}
+    for older in ("1.34.0", "1.35.3"):
+        served = kinds(render("--api-versions", "resource.k8s.io/v1", "--kube-version", older))
+        assert "baton-deviceplugin" in served["DaemonSet"] and "DeviceClass" not in served
     pinned = kinds(render("--set", "kubeletPlugin=deviceplugin"))
     assert "baton-deviceplugin" in pinned["DaemonSet"] and "DeviceClass" not in pinned
 
@@ -95,6 +103,8 @@ def test_monitors_only_where_the_operator_crds_are_served() -> None:
     assert "ServiceMonitor" not in kinds(render())
     found = kinds(render("--api-versions", "monitoring.coreos.com/v1"))
     assert found["ServiceMonitor"] == {"baton-extender"}
+    assert found["PodMonitor"] == {"baton-agent", "baton-deviceplugin"}
+    found = kinds(render("--api-versions", "monitoring.coreos.com/v1", *DRA_CLUSTER))
     assert found["PodMonitor"] == {"baton-agent", "baton-dra"}
     dashboard = [o for o in render() if o["metadata"]["name"] == "baton-grafana-dashboard"]
     assert dashboard[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -133,7 +143,7 @@ def test_the_dra_path_runs_a_kube_scheduler_that_allocates_its_claims() -> None:
     mapped by the DeviceClass): that takes 1.36; the device plugin's path keeps 1.32."""
     dra = scheduler_image(render("--set", "kubeletPlugin=dra"))
     assert dra == "registry.k8s.io/kube-scheduler:v1.36.2"
-    assert scheduler_image(render("--api-versions", "resource.k8s.io/v1")) == dra
+    assert scheduler_image(render(*DRA_CLUSTER)) == dra
     plugin = scheduler_image(render("--set", "kubeletPlugin=deviceplugin"))
     assert plugin == "registry.k8s.io/kube-scheduler:v1.32.2"
     mine = ["--set", "schedulerImage.repository=mirror/ks", "--set", "schedulerImage.tag=local"]

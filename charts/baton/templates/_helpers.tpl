@@ -19,7 +19,8 @@ app.kubernetes.io/part-of: baton
 {{/* dra or deviceplugin: the kubeletPlugin value, `auto` decided by the API's capabilities. */}}
 {{- define "baton.kubeletPlugin" -}}
 {{- if eq .Values.kubeletPlugin "auto" -}}
-{{- if .Capabilities.APIVersions.Has "resource.k8s.io/v1" }}dra{{ else }}deviceplugin{{ end -}}
+{{- $v1 := .Capabilities.APIVersions.Has "resource.k8s.io/v1" -}}
+{{- if and $v1 (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) }}dra{{ else }}deviceplugin{{ end -}}
 {{- else -}}
 {{- .Values.kubeletPlugin -}}
 {{- end -}}
@@ -41,7 +42,7 @@ since that scheduler would leave every GPU pod Pending. */}}
 {{- $tag := .Values.schedulerImage.tag | default (ternary "v1.36.2" "v1.32.2" $dra) -}}
 {{- if and $dra (regexMatch "^v?[0-9]+\\.[0-9]+(\\.[0-9]+)?([-+].*)?$" $tag) }}
 {{- if semverCompare "<1.36.0-0" $tag }}
-{{- $path := ternary "auto, on a cluster serving resource.k8s.io/v1" .Values.kubeletPlugin (eq .Values.kubeletPlugin "auto") }}
+{{- $path := ternary "auto, on a cluster of 1.36 or later serving resource.k8s.io/v1" .Values.kubeletPlugin (eq .Values.kubeletPlugin "auto") }}
 {{- fail (printf "schedulerImage.tag %s: the DRA path (kubeletPlugin %s) needs kube-scheduler 1.36 or later, which allocates claims with consumable capacity and maps baton.dev/gpu onto them; leave the tag \"\" for v1.36.2, or set kubeletPlugin=deviceplugin" $tag $path) }}
 {{- end }}
 {{- end -}}
