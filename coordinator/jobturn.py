@@ -1,5 +1,5 @@
-"""A job's turn as the arbiter (`coordinator.turns`) holds it, the errors its callers get, and
-why a job waits."""
+"""A job's turn as the arbiter (`coordinator.turns`) holds it or is asked for it, the errors its
+callers get, and why a job waits."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from agent.core.waiters import Waiter
+from coordinator.cluster import Plan
 
 
 class NotLeading(Exception):
@@ -46,6 +47,18 @@ class JobTurn:
     """The member pods (namespace/name) the turn was prepared for on its nodes."""
     ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
     """Set once the turn is over (yielded, or this replica stepped down)."""
+
+
+@dataclass
+class Asked:
+    """A job's turn being asked for: its plan, and what its callers wait on."""
+
+    plan: Plan
+    future: asyncio.Future[JobTurn]
+    abandoned: bool = False
+    moving: bool = False
+    callers: int = 1
+    """Calls waiting on it: the job's members and retries ask for one turn together."""
 
 
 def why_late(

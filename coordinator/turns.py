@@ -24,7 +24,8 @@ from agent.core.leases import Lease, LeaseTable
 from agent.core.waiters import Waiter
 from coordinator.agents import AgentLinks, failure_text
 from coordinator.cluster import ClusterView, Plan, turn_key
-from coordinator.jobturn import JobTurn, NotHolder, NotLeading, TurnFailed, why_late
+from coordinator.jobturn import Asked, JobTurn, NotHolder, NotLeading, TurnFailed, why_late
+from coordinator.overlap import holding
 from coordinator.releases import Releases, rolled_back
 from coordinator.settling import Settling
 
@@ -37,16 +38,6 @@ PREPARE_TIMEOUT_S = 60.0
 """How long a node may take to make room for a job (its holder's turn ending included)."""
 RELEASE_WAIT_S = 5.0
 """How long a yield waits for its nodes' releases (the ones that are late go on behind)."""
-
-
-@dataclass
-class _Wait:
-    plan: Plan
-    future: asyncio.Future[JobTurn]
-    abandoned: bool = False
-    moving: bool = False
-    callers: int = 1
-    """Calls waiting on it: the job's members and retries ask for one turn together."""
 
 
 @dataclass
@@ -71,7 +62,7 @@ class Arbiter:
     """GPU (`node/GPU`) → when its turn last started, began moving or ended."""
     settling: Settling = field(default_factory=Settling)
     """The nodes heard since this replica leads: only those are planned onto."""
-    _waits: dict[str, _Wait] = field(default_factory=dict)
+    _waits: dict[str, Asked] = field(default_factory=dict)
     _by_key: dict[str, str] = field(default_factory=dict)
     """job key → the waiter id of its turn being asked for"""
     releases: Releases = field(init=False)
@@ -86,15 +77,19 @@ class Arbiter:
 
     # Asking.
 
-    async def acquire(self, namespace: str, job: str, group: str, timeout: float | None) -> JobTurn:
-        """Wait for the job's turn on `group` (all its pods if ""); at once if it holds it."""
+    async def acquire(
+        self, namespace: str, job: str, group: str, timeout: float | None, share: bool = True
+    ) -> JobTurn:
+        """Wait for the job's turn on `group` (all its pods if ""); at once if it holds it, or
+        (where `share`) its turn on another group covers it (`coordinator.overlap`)."""
         self.check_leading()
         replan = partial(self.view.plan, namespace, job, group)
         plan = replan()
         if plan.key not in self.held:  # an unheard node may hold an older leader's turn
             plan, timeout = await self.settling.wait(plan, timeout, replan)
-        if plan.key in self.held:
-            return self.held[plan.key]
+        if turn := holding(plan, self.held, (w.plan for w in self._waits.values()), share):
+            self.held[plan.key] = turn
+            return turn
         waiter_id = self._by_key.get(plan.key, "")
         wait = self._waits.get(waiter_id)
         if wait is not None:  # asked for already: wait for the same turn
@@ -103,7 +98,7 @@ class Arbiter:
         else:
             waiter = self.table.enqueue(plan.key, plan.resources, duty=plan.duty, tier=plan.tier)
             waiter_id = waiter.waiter_id
-            wait = _Wait(plan, asyncio.get_running_loop().create_future())
+            wait = Asked(plan, asyncio.get_running_loop().create_future())
             self._waits[waiter_id] = wait
             self._by_key[plan.key] = waiter_id
             self._dispatch()
@@ -133,12 +128,14 @@ class Arbiter:
                 + (f" on group {group!r}" if group else "")
                 + f" (held by {holder.key if holder else 'nobody'})"
             )
-        turn.ended.set()
-        self.table.release(turn.lease_id, yielded=True)
-        self._changed(turn.resources)
         waiting = {
             w.tenant_id for w in self.table.waiters.values() if set(w.gpus) & set(turn.resources)
         }
+        if any(other is turn for other in self.held.values()):  # held for another group too
+            return len(waiting)
+        turn.ended.set()
+        self.table.release(turn.lease_id, yielded=True)
+        self._changed(turn.resources)
         self._dispatch()  # the next job's prepare queues on each node behind this release
         await self.releases.release(
             turn.nodes, self.epoch, turn.turn_id, "yielded", self.release_wait_s
@@ -170,7 +167,9 @@ class Arbiter:
         A pod that became a member after the held turn was prepared joins the next one."""
         deadline = None if timeout is None else self.clock() + timeout
         while True:
-            turn = await self.acquire(namespace, job, group, _left(deadline, self.clock()))
+            # Not on another group's turn: the pods that joined end theirs by its own key.
+            left = _left(deadline, self.clock())
+            turn = await self.acquire(namespace, job, group, left, share=False)
             if pod in turn.pods:
                 turn.joined.add(pod)
                 return turn
@@ -184,7 +183,7 @@ class Arbiter:
                 ) from None
 
     async def leave(self, namespace: str, job: str, group: str, pod: str) -> bool:
-        """A member pod leaves its job's turn; True if that ended the turn (it was the last)."""
+        """A member pod leaves its job's turn; True if it ended (the last pod, no group held)."""
         self.check_leading()
         turn = self.held.get(turn_key(namespace, job, group))
         if turn is None or pod not in turn.joined:
@@ -193,7 +192,7 @@ class Arbiter:
         if turn.joined:
             return False
         await self.yield_(namespace, job, group)
-        return True
+        return not any(other is turn for other in self.held.values())
 
     def holder_of(self, resources: Iterable[str]) -> JobTurn | None:
         """The job turn holding any of `resources`, if one does."""
@@ -275,7 +274,7 @@ class Arbiter:
         self.table.tick()
         self._dispatch()
 
-    async def _handover(self, waiter: Waiter, wait: _Wait) -> None:
+    async def _handover(self, waiter: Waiter, wait: Asked) -> None:
         plan, epoch, began = wait.plan, self.epoch, self.clock()
         turn_id = uuid.uuid4().hex[:16]
         whose = (turn_id, plan.namespace, plan.job, plan.group)
