@@ -135,3 +135,14 @@ def test_the_local_node_has_no_coordinator_nor_the_agents_half(overlay: str) -> 
     assert not [v for v in volumes if "secret" in v]
     rules = by_kind(objects, "ClusterRole")["baton-agent"]["rules"]
     assert {r for rule in rules for r in rule["resources"]} == {"pods"}
+
+
+def test_the_monitoring_overlay_scrapes_every_replica_on_its_metrics_port() -> None:
+    monitor = by_kind(build("overlays/monitoring"), "PodMonitor")["baton-coordinator"]
+    deployment = base_object("Deployment", "baton-coordinator")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert names.LABEL_COORDINATOR_LEADER not in monitor["spec"]["selector"]["matchLabels"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    ports = {p["name"]: p["containerPort"] for p in containers(deployment)["coordinator"]["ports"]}
+    assert (endpoint["path"], ports.get(endpoint["port"])) == ("/metrics", names.PORT_COORDINATOR)

@@ -57,15 +57,17 @@ def test_nvidia_overlay_uses_the_nvidia_runtime() -> None:
 def test_monitoring_overlay_has_scrapes_and_the_dashboard() -> None:
     objects = build("overlays/monitoring")
     monitors = by_kind(objects, "PodMonitor")
-    assert set(monitors) == {"baton-agent", "baton-deviceplugin"}
+    assert set(monitors) == {"baton-agent", "baton-deviceplugin", "baton-coordinator"}
     base = build(".")
+    workloads = {**by_kind(base, "DaemonSet"), **by_kind(base, "Deployment")}
     for name, monitor in monitors.items():
-        pods = by_kind(base, "DaemonSet")[name]["spec"]["template"]
+        pods = workloads[name]["spec"]["template"]
         assert (
             monitor["spec"]["selector"]["matchLabels"].items() <= pods["metadata"]["labels"].items()
         )
         ports = {p["name"] for c in pods["spec"]["containers"] for p in c["ports"]}
         ports.discard("coordination")  # the agent's job turns for the coordinator: frames on TCP
+        ports.discard("llmd")  # the coordinator's llm-d orchestrator API: gRPC
         assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} == ports
     assert set(by_kind(objects, "ServiceMonitor")) == {"baton-extender"}
     (dashboard,) = by_kind(objects, "ConfigMap").values()

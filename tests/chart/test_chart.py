@@ -103,9 +103,9 @@ def test_monitors_only_where_the_operator_crds_are_served() -> None:
     assert "ServiceMonitor" not in kinds(render())
     found = kinds(render("--api-versions", "monitoring.coreos.com/v1"))
     assert found["ServiceMonitor"] == {"baton-extender"}
-    assert found["PodMonitor"] == {"baton-agent", "baton-deviceplugin"}
+    assert found["PodMonitor"] == {"baton-agent", "baton-deviceplugin", "baton-coordinator"}
     found = kinds(render("--api-versions", "monitoring.coreos.com/v1", *DRA_CLUSTER))
-    assert found["PodMonitor"] == {"baton-agent", "baton-dra"}
+    assert found["PodMonitor"] == {"baton-agent", "baton-dra", "baton-coordinator"}
     dashboard = [o for o in render() if o["metadata"]["name"] == "baton-grafana-dashboard"]
     assert dashboard[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
 

@@ -169,6 +169,29 @@ def test_on_the_hosts_network_it_listens_and_is_probed_on_the_listen_address() -
     assert agent["BATON_COORDINATOR"] == "127.0.0.1:50051"
 
 
+@pytest.mark.parametrize(
+    "where",
+    [(), ("--set", "hostNetwork.enabled=true", "--set", "hostNetwork.listenHost=10.0.0.7")],
+    ids=["pod network", "host network"],
+)
+def test_every_replicas_metrics_port_is_named_and_scraped(where: tuple[str, ...]) -> None:
+    objs = render("--api-versions", "monitoring.coreos.com/v1", *where)
+    monitor = find(objs, "PodMonitor", "baton-coordinator")
+    deployment = find(objs, "Deployment", "baton-coordinator")
+    assert monitor is not None and deployment is not None
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["path"] == "/metrics"
+    coordinator = container(objs, "Deployment", "baton-coordinator")
+    ports = {p["name"]: p["containerPort"] for p in coordinator["ports"]}
+    assert ports[endpoint["port"]] == names.PORT_COORDINATOR
+    listen = env(coordinator).get("BATON_COORDINATOR_HTTP_LISTEN")
+    assert listen in (None, f"10.0.0.7:{names.PORT_COORDINATOR}"), listen
+    off = render("--api-versions", "monitoring.coreos.com/v1", "--set", "coordinator.enabled=false")
+    assert find(off, "PodMonitor", "baton-coordinator") is None
+
+
 # Against a real API server: `lookup` sees the Secret only there.
 
 
