@@ -35,6 +35,31 @@ def test_missing_kubeconfig_file_is_named(tmp_path: Path) -> None:
         load_api_client(str(missing))
 
 
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"clusters: [\n", "not YAML: expected the node content, but found '<stream end>'"),
+        (b"just a word\n", "not shaped as a kubeconfig's (TypeError"),
+        (b"- a\n- list\n", "not shaped as a kubeconfig's (TypeError"),
+        (b"\x7fELF\xd0\x02", "not YAML: 'utf-8' codec can't decode"),
+    ],
+)
+def test_a_file_that_is_no_kubeconfig_is_named_with_why(
+    tmp_path: Path, content: bytes, says: str
+) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(content)
+    with pytest.raises(KubeConfigError) as caught:
+        load_api_client(str(path))
+    assert str(caught.value).startswith(f"kubeconfig file '{path}' is not a kubeconfig: ")
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_kubeconfig_path_that_is_a_directory_is_named_so(tmp_path: Path) -> None:
+    with pytest.raises(KubeConfigError, match=f"kubeconfig file '{tmp_path}' is not a file"):
+        load_api_client(str(tmp_path))
+
+
 def test_no_configuration_says_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBECONFIG", raising=False)

@@ -35,19 +35,25 @@ def load_api_client(kubeconfig: str | None) -> ApiClient:
 
     Order: the given kubeconfig path, then the pod's service account, then `$KUBECONFIG`.
     """
+    import yaml
     from kubernetes import client, config
 
     configuration = client.Configuration()
     path = kubeconfig or (None if in_pod() else os.environ.get("KUBECONFIG"))
     if path:
         if not Path(path).is_file():
-            raise KubeConfigError(f"kubeconfig file {path!r} does not exist")
+            what = "is not a file" if Path(path).exists() else "does not exist"
+            raise KubeConfigError(f"kubeconfig file {path!r} {what}")
         try:
             config.load_kube_config(
                 config_file=path, client_configuration=configuration, persist_config=False
             )
         except config.ConfigException as err:
             raise KubeConfigError(f"kubeconfig file {path!r} is not usable: {err}") from err
+        except (yaml.YAMLError, ValueError, TypeError, AttributeError, KeyError) as err:
+            raise KubeConfigError(
+                f"kubeconfig file {path!r} is not a kubeconfig: {_unreadable(err)}"
+            ) from None
     elif in_pod():
         config.load_incluster_config(client_configuration=configuration)
     else:
@@ -56,6 +62,19 @@ def load_api_client(kubeconfig: str | None) -> ApiClient:
             f" (KUBERNETES_SERVICE_HOST unset or {SERVICE_ACCOUNT_TOKEN} missing)"
         )
     return client.ApiClient(configuration)
+
+
+def _unreadable(err: Exception) -> str:
+    """Why a kubeconfig file did not read as one, in one line: where its YAML breaks, or the
+    Kubernetes client's complaint about its shape."""
+    import yaml
+
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+        mark = err.problem_mark
+        return f"not YAML: {err.problem} at line {mark.line + 1}, column {mark.column + 1}"
+    if isinstance(err, yaml.YAMLError | UnicodeDecodeError):
+        return f"not YAML: {' '.join(str(err).split())}"
+    return f"its fields are not shaped as a kubeconfig's ({type(err).__name__}: {err})"
 
 
 class Outage:

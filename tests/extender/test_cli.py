@@ -48,6 +48,19 @@ def test_bad_flags_are_refused_with_a_reason(
     assert message in re.sub(r"\s+", " ", result.output.replace("│", " "))
 
 
+def test_a_kubeconfig_that_is_not_yaml_is_refused_in_one_line(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nclusters: [\n")
+    result = CliRunner().invoke(
+        commands.cli.app, ["extender", "--kubeconfig", str(kubeconfig), "--port", "0"]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"baton extender: kubeconfig file '{kubeconfig}' is not a kubeconfig: not YAML: "
+        "expected the node content, but found '<stream end>' at line 3, column 1\n"
+    )
+
+
 @contextlib.contextmanager
 def running_extender(
     fake_api: FakeApiServer, tmp_path: Path, lines: list[str] | None = None
