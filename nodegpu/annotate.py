@@ -24,14 +24,19 @@ def node_annotations(inventory: Inventory, budget_mib: int) -> dict[str, str]:
 def host_memory_budget_mib(spec: str, meminfo: str) -> int:
     """MiB from `65536` (MiB) or `50%` (of MemTotal in /proc/meminfo's text)."""
     spec = spec.strip()
+    unreadable = f"--host-memory-budget {spec!r}: give MiB (65536) or a share (50%)"
     if not spec.endswith("%"):
         try:
-            return int(spec)
-        except ValueError as err:
-            raise ValueError(
-                f"--host-memory-budget {spec!r}: give MiB (65536) or a share (50%)"
-            ) from err
-    share = float(spec[:-1])
+            mib = int(spec)
+        except ValueError:
+            raise ValueError(unreadable) from None
+        if mib < 0:
+            raise ValueError(f"--host-memory-budget {spec!r}: MiB must be 0 or more")
+        return mib
+    try:
+        share = float(spec[:-1])
+    except ValueError:
+        raise ValueError(unreadable) from None
     if not 0 < share <= 100:
         raise ValueError(f"--host-memory-budget {spec!r}: the share must be within (0, 100]%")
     return int(mem_total_kib(meminfo) / 1024 * share / 100)

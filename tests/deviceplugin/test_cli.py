@@ -36,6 +36,21 @@ def test_without_gpus_or_fake_gpus_it_exits_saying_which_is_missing(socket_dir):
     assert "no NVIDIA GPU found" in result.output and "--fake-gpus" in result.output
 
 
+def test_a_negative_host_memory_budget_is_refused_at_start(socket_dir):
+    """The budget is published for the extender, which would refuse the node for it instead."""
+    env = {
+        "NODE_NAME": NODE,
+        "BATON_FAKE_GPUS": "1x1024",
+        "BATON_DEVICE_PLUGIN_DIR": str(socket_dir),
+        "BATON_HOST_MEMORY_BUDGET": "-5",
+    }
+    result = CliRunner().invoke(app, ["deviceplugin"], env=env)
+    assert result.exit_code == 1
+    assert result.output == (
+        "baton deviceplugin: --host-memory-budget '-5': MiB must be 0 or more\n"
+    )
+
+
 def daemon_env(fake_api, socket_dir, plugin_dir, gpus):
     """`baton deviceplugin`'s environment: simulated `gpus`, the fake API server, any port."""
     return os.environ | {

@@ -61,10 +61,21 @@ def test_host_memory_budget(spec, mib):
     assert host_memory_budget_mib(spec, MEMINFO) == mib
 
 
-@pytest.mark.parametrize("spec", ["lots", "0%", "150%"])
-def test_bad_host_memory_budget(spec):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("lots", "give MiB (65536) or a share (50%)"),
+        ("0%", "the share must be within (0, 100]%"),
+        ("150%", "the share must be within (0, 100]%"),
+        ("-5", "MiB must be 0 or more"),
+        ("half%", "give MiB (65536) or a share (50%)"),
+        ("%", "give MiB (65536) or a share (50%)"),
+    ],
+)
+def test_bad_host_memory_budget_is_refused_naming_the_flag(spec, says):
+    with pytest.raises(ValueError) as caught:
         host_memory_budget_mib(spec, MEMINFO)
+    assert str(caught.value) == f"--host-memory-budget {spec!r}: {says}"
 
 
 def test_ignored_xids():
