@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from dataclasses import dataclass
@@ -74,11 +75,12 @@ def run(options: Options) -> None:
     api_client = load_api_client(options.kubeconfig)
     try:
         sock = bind_socket(options.host, options.port)
-    except OSError as exc:
+    except OSError as exc:  # the port taken or forbidden, else the host is not this machine's
         api_client.close()
+        flag = "port" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else "host"
         raise ExtenderStartError(
             f"cannot listen on {options.host}:{options.port} ({exc.strerror}); pass another "
-            "--port (BATON_EXTENDER_PORT)"
+            f"--{flag} (BATON_EXTENDER_{flag.upper()})"
         ) from None
     metrics = Metrics()
     state = ClusterState(options.limits, time.monotonic, dra=options.dra)

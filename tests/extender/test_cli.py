@@ -61,6 +61,18 @@ def test_a_kubeconfig_that_is_not_yaml_is_refused_in_one_line(tmp_path: Path) ->
     )
 
 
+def test_a_host_that_is_not_this_machines_is_named_as_the_flag_to_change(tmp_path: Path) -> None:
+    host = "192.0.2.1"  # TEST-NET-1: no machine's own address
+    kubeconfig = FakeApiServer().kubeconfig_path(tmp_path)  # read, never reached
+    result = CliRunner().invoke(
+        commands.cli.app,
+        ["extender", "--kubeconfig", str(kubeconfig), "--host", host, "--port", "0"],
+    )
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"baton extender: cannot listen on {host}:0 (")
+    assert result.output.endswith("); pass another --host (BATON_EXTENDER_HOST)\n")
+
+
 @contextlib.contextmanager
 def running_extender(
     fake_api: FakeApiServer, tmp_path: Path, lines: list[str] | None = None
