@@ -19,6 +19,9 @@ from commands.cli.options import (
 )
 from extender.bind import BINDS_IN_FLIGHT
 
+MAX_DUTY_LIMIT = 1000
+"""The highest --max-duty, percent: summed duty of up to ten times one GPU's time."""
+
 
 def extender(
     kubeconfig: Kubeconfig = None,
@@ -73,8 +76,11 @@ def extender(
         raise typer.BadParameter(
             f"{policy!r}; choose one of {', '.join(policies)}", param_hint="--policy"
         )
-    if not 0 < max_duty <= 1000:
-        raise typer.BadParameter(f"{max_duty} is not a percentage above 0", param_hint="--max-duty")
+    if not 0 < max_duty <= MAX_DUTY_LIMIT:
+        raise typer.BadParameter(
+            f"{max_duty:g}: must be above 0 and at most {MAX_DUTY_LIMIT} (percent)",
+            param_hint="--max-duty",
+        )
     if memory_headroom < 0:
         raise typer.BadParameter("must be 0 or more MiB", param_hint="--memory-headroom")
     if binds_in_flight < 1:

@@ -33,7 +33,9 @@ _LOG_READ = threading.Condition()
     [
         (["--policy", "random"], {}, "'random'; choose one of binpack, spread, complement"),
         ([], {"BATON_EXTENDER_POLICY": "random"}, "choose one of binpack"),
-        (["--max-duty", "0"], {}, "0.0 is not a percentage above 0"),
+        (["--max-duty", "0"], {}, "0: must be above 0 and at most 1000 (percent)"),
+        (["--max-duty", "1500"], {}, "1500: must be above 0 and at most 1000 (percent)"),
+        ([], {"BATON_EXTENDER_MAX_DUTY": "nan"}, "nan: must be above 0 and at most 1000"),
         (["--memory-headroom", "-1"], {}, "must be 0 or more MiB"),
         ([], {"BATON_EXTENDER_BINDS_IN_FLIGHT": "0"}, "must be 1 or more"),
         (["--tls-cert", "/x.crt"], {}, "give both --tls-cert and --tls-key"),
