@@ -253,6 +253,7 @@ def _reason(err: BaseException) -> str:
 
 
 KINDS = ("nodes", "pods", "resourceclaims", "resourceslices")
+_DRA_API = "Kubernetes serves it from 1.34 on, unless its API group is turned off"
 
 
 class KubeSource:
@@ -295,18 +296,30 @@ class KubeSource:
         else:
             raise ValueError(f"cannot watch {resource!r}: {', '.join(KINDS)}")
         self._call: Callable[..., Any] = call
+        self._not_served = (
+            f"it serves no v1 {resource}"
+            if resource in ("nodes", "pods")
+            else f"it serves no resource.k8s.io/v1 {resource} ({_DRA_API})"
+        )
         selectors = {"field_selector": field_selector, "label_selector": label_selector}
         self._selectors: dict[str, Any] = {key: value for key, value in selectors.items() if value}
 
     def list(self, limit: int, continue_token: str, timeout_s: float) -> Any:
+        """A page of the list; `ApiError` 404 naming the API when the server does not serve
+        it (a cluster without DRA's v1 API answers a bare `404 page not found`)."""
         extra = {"_continue": continue_token} if continue_token else {}
-        return self._call(
-            limit=limit,
-            _preload_content=False,
-            _request_timeout=timeout_s,
-            **self._selectors,
-            **extra,
-        )
+        try:
+            return self._call(
+                limit=limit,
+                _preload_content=False,
+                _request_timeout=timeout_s,
+                **self._selectors,
+                **extra,
+            )
+        except Exception as err:
+            if _status_of(err) == 404:
+                raise ApiError(404, self._not_served) from err
+            raise
 
     def watch(self, resource_version: str, timeout_s: int, request_timeout_s: float) -> Any:
         return self._call(

@@ -77,7 +77,10 @@ def test_a_host_that_is_not_this_machines_is_named_as_the_flag_to_change(tmp_pat
 
 @contextlib.contextmanager
 def running_extender(
-    fake_api: FakeApiServer, tmp_path: Path, lines: list[str] | None = None
+    fake_api: FakeApiServer,
+    tmp_path: Path,
+    lines: list[str] | None = None,
+    args: tuple[str, ...] = (),
 ) -> Iterator[int]:
     """`baton extender` on an ephemeral port, configured through env twins; yields the port.
 
@@ -90,7 +93,13 @@ def running_extender(
         "BATON_EXTENDER_PORT": "0",
         "BATON_EXTENDER_SHUTDOWN_GRACE": "2",
     }
-    command = [str(Path(sys.executable).parent / "baton"), "extender", "--host", "127.0.0.1"]
+    command = [
+        str(Path(sys.executable).parent / "baton"),
+        "extender",
+        "--host",
+        "127.0.0.1",
+        *args,
+    ]
     proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     log = [] if lines is None else lines
@@ -158,6 +167,30 @@ def test_extender_serves_and_binds_against_the_api_server(
         assert bound is not None and bound["spec"]["nodeName"] == "gpu-1"
         assert bound["metadata"]["annotations"][ANNOTATION_ASSIGNED_GPUS] == "GPU-gpu-1-0"
         assert "baton_extender_binds_total" in httpx.get(f"{url}/metrics", timeout=10).text
+
+
+def test_dra_on_a_cluster_without_resource_claims_says_the_api_is_not_served(
+    fake_api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The fake API server, as a cluster before Kubernetes 1.34, serves no resource.k8s.io/v1."""
+    fake_api.put_object(node("gpu-1", gpus=1))
+    lines: list[str] = []
+    with running_extender(fake_api, tmp_path, lines, ("--dra",)) as port:
+        with _LOG_READ:
+            _LOG_READ.wait_for(
+                lambda: (
+                    any("resourceclaims: API server answered" in line for line in lines)
+                    or "" in lines
+                ),
+                START_TIMEOUT_S,
+            )
+        (said,) = [line for line in lines if "resourceclaims: API server answered" in line]
+        assert (
+            "listing and watching nodes, pods and resourceclaims: API server answered 404: it"
+            " serves no resource.k8s.io/v1 resourceclaims (Kubernetes serves it from 1.34 on,"
+            " unless its API group is turned off); retrying"
+        ) in said
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).status_code == 503
 
 
 def test_sigterm_stops_serving_and_logs_why(fake_api: FakeApiServer, tmp_path: Path) -> None:
