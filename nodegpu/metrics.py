@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import reprlib
 import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -92,14 +93,35 @@ FakePost = Callable[[dict[str, Any]], dict[str, Any]]
 
 def _fake_xid(tracker: HealthTracker, body: dict[str, Any]) -> dict[str, Any]:
     """`/fake/xid`: the GPU (`gpu`: index or UUID) reports XID `xid`."""
-    uuid = tracker.resolve(str(body["gpu"]))
-    return {"gpu": uuid, "changed": tracker.on_xid(uuid, int(body["xid"]))}
+    uuid = _fake_gpu(tracker, body)
+    xid = body.get("xid")
+    if type(xid) is not int or xid < 1:
+        raise ValueError(f"field xid must be an XID, a whole number above 0, not {_shown(xid)}")
+    return {"gpu": uuid, "changed": tracker.on_xid(uuid, xid)}
 
 
 def _fake_recover(tracker: HealthTracker, body: dict[str, Any]) -> dict[str, Any]:
     """`/fake/recover`: the GPU is healthy again."""
-    uuid = tracker.resolve(str(body["gpu"]))
+    uuid = _fake_gpu(tracker, body)
     return {"gpu": uuid, "changed": tracker.set_healthy(uuid)}
+
+
+def _fake_gpu(tracker: HealthTracker, body: object) -> str:
+    """The UUID of the GPU a fake fault's body names (`gpu`: its index or UUID)."""
+    if not isinstance(body, dict):
+        raise ValueError(f'the body must be a JSON object, e.g. {{"gpu": "0"}}, not {_shown(body)}')
+    ref = body.get("gpu")
+    if type(ref) not in (str, int):
+        raise ValueError(f"field gpu must name a GPU by its index or UUID, not {_shown(ref)}")
+    try:
+        return tracker.resolve(str(ref))
+    except KeyError as err:
+        raise ValueError(err.args[0]) from None
+
+
+def _shown(value: object) -> str:
+    """A JSON value as a refusal quotes it, cut short."""
+    return reprlib.repr(value) if value is not None else "null or missing"
 
 
 _GETS = ("/metrics", "/healthz", "/readyz")

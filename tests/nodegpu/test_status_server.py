@@ -10,7 +10,10 @@ import threading
 
 import pytest
 
+from nodegpu.health import DEFAULT_IGNORED_XIDS, HealthTracker
+from nodegpu.inventory import Inventory, NodeGpu
 from nodegpu.metrics import Metrics, StatusServer
+from nodegpu.state import LiveInventory
 
 
 class Seen(logging.Handler):
@@ -96,4 +99,54 @@ def test_a_fake_fault_post_with_a_length_it_cannot_read_is_refused_not_waited_on
         assert conn.getresponse().read() == b"/fake/x answers POST\n"
         conn.close()
     finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [
+        (
+            "/fake/xid",
+            b'{"gpu": "0", "xid": 1e400}',
+            "field xid must be an XID, a whole number above 0, not inf",
+        ),
+        (
+            "/fake/xid",
+            b'{"gpu": "0", "xid": -5}',
+            "field xid must be an XID, a whole number above 0, not -5",
+        ),
+        (
+            "/fake/xid",
+            b'{"gpu": "0", "xid": true}',
+            "field xid must be an XID, a whole number above 0, not True",
+        ),
+        (
+            "/fake/xid",
+            b'{"gpu": "0"}',
+            "field xid must be an XID, a whole number above 0, not null or missing",
+        ),
+        (
+            "/fake/xid",
+            b'{"gpu": true, "xid": 79}',
+            "field gpu must name a GPU by its index or UUID, not True",
+        ),
+        ("/fake/recover", b"[]", 'the body must be a JSON object, e.g. {"gpu": "0"}, not []'),
+        ("/fake/recover", b'{"gpu": "9"}', "no GPU '9' on this node"),
+    ],
+)
+def test_a_fake_fault_that_names_no_gpu_or_xid_is_refused_saying_which_field(
+    path: str, body: bytes, says: str
+) -> None:
+    live = LiveInventory(Inventory((NodeGpu("GPU-a", 0, "m", 1024),), 4))
+    tracker = HealthTracker(live, frozenset(DEFAULT_IGNORED_XIDS))
+    server = StatusServer("127.0.0.1", 0, Metrics(), tracker)
+    server.start()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request("POST", path, body=body)
+        answer = conn.getresponse()
+        assert (answer.status, answer.read().decode()) == (400, f"bad request: {says}\n")
+        assert live.snapshot()[1].unhealthy == {}
+    finally:
+        conn.close()
         server.stop()
