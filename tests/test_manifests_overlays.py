@@ -57,9 +57,10 @@ def test_nvidia_overlay_uses_the_nvidia_runtime() -> None:
 def test_monitoring_overlay_has_scrapes_and_the_dashboard() -> None:
     objects = build("overlays/monitoring")
     monitors = by_kind(objects, "PodMonitor")
-    assert set(monitors) == {"baton-agent", "baton-deviceplugin", "baton-coordinator"}
-    base = build(".")
+    assert set(monitors) == {"baton-agent", "baton-deviceplugin", "baton-dra", "baton-coordinator"}
+    base, dra = build("."), build("overlays/dra")  # the driver's pods come with the DRA overlay
     workloads = {**by_kind(base, "DaemonSet"), **by_kind(base, "Deployment")}
+    workloads["baton-dra"] = by_kind(dra, "DaemonSet")["baton-dra"]
     for name, monitor in monitors.items():
         pods = workloads[name]["spec"]["template"]
         assert (
