@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,24 @@ def node_options(arguments: Mapping[str, Any]) -> NodeOptions:
     return NodeOptions(**{f.name: arguments[f.name] for f in dataclasses.fields(NodeOptions)})
 
 
+_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def check_node_name(name: str) -> None:
+    """ValueError unless `name` can be a Kubernetes node's (a DNS subdomain): an empty one
+    would watch every unscheduled pod (`spec.nodeName=`) and annotate no node."""
+    if not name:
+        raise ValueError(
+            f"--node-name ({names.ENV_NODE_NAME}) is empty: give this node's name (in a pod, "
+            "the downward API's spec.nodeName)"
+        )
+    if len(name) > 253 or not _NODE_NAME.fullmatch(name):
+        raise ValueError(
+            f"--node-name {name!r}: not a Kubernetes node name (lower-case letters, digits, '-' "
+            "and '.', at most 253 characters)"
+        )
+
+
 def node_inputs(command: str, options: NodeOptions) -> NodeInputs:
     """Discover the GPUs (or make the fake ones), read the budget, XIDs and kubeconfig; a
     problem ends the command with one line naming it."""
@@ -131,6 +150,7 @@ def node_inputs(command: str, options: NodeOptions) -> NodeInputs:
     from nodegpu.node import NodeSettings
 
     try:
+        check_node_name(options.node_name)
         gpus, fake = discover(options.fake_gpus, options.node_name)
         settings = NodeSettings(
             node_name=options.node_name,

@@ -51,6 +51,22 @@ def test_a_negative_host_memory_budget_is_refused_at_start(socket_dir):
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("", "--node-name (NODE_NAME) is empty: give this node's name"),
+        ("Node_1", "--node-name 'Node_1': not a Kubernetes node name"),
+    ],
+)
+def test_a_node_name_no_node_can_have_is_refused_at_start(socket_dir, name, said):
+    """An empty name would watch every unscheduled pod (`spec.nodeName=`) and annotate none."""
+    env = {"BATON_FAKE_GPUS": "1x1024", "BATON_DEVICE_PLUGIN_DIR": str(socket_dir)}
+    result = CliRunner().invoke(app, ["deviceplugin", "--node-name", name], env=env)
+    assert result.exit_code == 1
+    assert result.output.startswith(f"baton deviceplugin: {said}")
+    assert len(result.output.splitlines()) == 1
+
+
 def daemon_env(fake_api, socket_dir, plugin_dir, gpus):
     """`baton deviceplugin`'s environment: simulated `gpus`, the fake API server, any port."""
     return os.environ | {
