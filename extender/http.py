@@ -20,7 +20,7 @@ import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from typing import cast
 
@@ -357,10 +357,14 @@ class HttpServer:
             return route, None
         allowed = self._allowed.get(request.path)
         if allowed is None:
-            return None, text(404, f"no such path: {request.path}")
-        methods = ", ".join(sorted(allowed))
-        message = f"{request.method} is not served on {request.path}; use {methods}"
-        return None, Reply(405, (message + "\n").encode(), TEXT, (("Allow", methods),))
+            refusal = text(404, f"no such path: {request.path}")
+        else:
+            methods = ", ".join(sorted(allowed))
+            message = f"{request.method} is not served on {request.path}; use {methods}"
+            refusal = Reply(405, (message + "\n").encode(), TEXT, (("Allow", methods),))
+        if request.method == "HEAD":  # no body: the client would read it as the next answer
+            refusal = replace(refusal, body=b"")
+        return None, refusal
 
     def connection_gone(self) -> None:
         if self._gone is not None and not self.connections:

@@ -266,6 +266,18 @@ def test_unknown_path_is_404_and_wrong_method_is_405_with_allow(connect: Connect
     assert wire.answer().status == 200
 
 
+def test_an_answer_to_head_has_no_body_and_the_connection_goes_on(connect: Connect) -> None:
+    """A client reads only the head of an answer to HEAD: a body sent after it would be read
+    as the start of the next answer on the connection."""
+    wire = connect()
+    for path, status in ((b"/fast", b" 405 "), (b"/nope", b" 404 ")):
+        wire.send(b"HEAD " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status in wire.head().split(b"\r\n")[0]  # as a client reads it: no body
+        wire.send(GET_FAST)
+        after = wire.answer()
+        assert (after.status, after.body) == (200, b"fast\n")
+
+
 @pytest.mark.parametrize(
     "request_bytes",
     [
