@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from baton.contract.kube import (
     KubeConfigError,
+    api_error_reason,
     format_timestamp_ns,
     load_api_client,
     parse_timestamp_ns,
@@ -91,3 +93,14 @@ def test_timestamps_round_trip_and_sort(ns: int) -> None:
     text = format_timestamp_ns(ns)
     assert parse_timestamp_ns(text) == ns
     assert (format_timestamp_ns(ns + 1) > text) is True
+
+
+def test_a_404_names_what_the_api_server_did_not_find() -> None:
+    """A node daemon started with a wrong --node-name: the retried patch's warning says which
+    node the API server does not have, not only its status."""
+    missing = ApiException(status=404, reason="Not Found")
+    missing.body = '{"kind":"Status","status":"Failure","message":"nodes \\"n9\\" not found"}'
+    assert api_error_reason(missing) == 'API server answered 404 Not Found: nodes "n9" not found'
+    gone = ApiException(status=410, reason="Gone")
+    gone.body = '{"kind":"Status","message":"too old resource version"}'
+    assert api_error_reason(gone) == "API server answered 410 Gone"

@@ -131,7 +131,8 @@ def api_error_reason(err: BaseException) -> str:
     """A one-line reason for a failed API call: the HTTP status, or the connection's root cause."""
     status, reason = getattr(err, "status", None), getattr(err, "reason", None)
     if isinstance(status, int) and isinstance(reason, str):
-        return f"API server answered {status} {reason}"
+        missing = status_message(getattr(err, "body", None)) if status == 404 else ""
+        return f"API server answered {status} {reason}" + (f": {missing}" if missing else "")
     root: BaseException = err
     for _ in range(10):
         inner = getattr(root, "reason", None) or root.__cause__
