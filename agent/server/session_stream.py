@@ -107,6 +107,9 @@ class SessionStream:
                 raise errors.AgentError(f"unknown request {kind!r}; upgrade the agent")
         except errors.AgentError as exc:
             reply.error.CopyFrom(api_ops.error_status(exc))
+        if self._session is not None:  # behind what was pushed before: a revocation it found
+            self._session.send(pb.AgentMessage(reply=reply))
+            return
         await self._write(pb.AgentMessage(reply=reply))
 
     async def _release(self, request: pb.Request) -> None:

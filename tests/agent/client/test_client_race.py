@@ -7,12 +7,14 @@ would) until the tenant has yielded, so each crossing happens every run, not by 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
-from agent.client import AsyncBaton
+from agent.client import AsyncBaton, Baton
+from agent.server.session_stream import SessionStream
 from baton._pb import agent_pb2 as pb
+from tests.agent.client.test_resume_restart import call, until
 from tests.harness.agent import AgentRunner
 
 
@@ -103,5 +105,72 @@ def test_a_yield_that_crosses_its_revocation_also_ends_the_turn_given_back(
             assert x.lease is None and not x.resuming
             await asyncio.wait_for(x.acquire(), 5)
             await x.yield_()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def cross_next_renewal(agent: AgentRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent handles the next renewal it reads right after its next revocation, in the
+    step before the session writes the revocation's push (a renewal read in the same loop step
+    as the revocation meets it so by chance; here it does every run)."""
+    handle = SessionStream._handle
+    arrived = asyncio.Event()
+    go: list[asyncio.Future[None]] = []
+
+    async def held_renewal(stream: SessionStream, request: pb.Request) -> None:
+        if request.WhichOneof("kind") == "renew" and not arrived.is_set():
+            go.append(asyncio.get_running_loop().create_future())
+            arrived.set()
+            await go[0]
+        await handle(stream, request)
+
+    preparer = agent.service.state.preparer
+    revoke = preparer.revoke
+
+    async def revoke_then_let_it_in(tenant_id: str, gpus: Sequence[str]) -> None:
+        await revoke(tenant_id, gpus)
+        await arrived.wait()
+        if not go[0].done():
+            go[0].set_result(None)  # the renewal's turn comes before the push's write
+
+    monkeypatch.setattr(SessionStream, "_handle", held_renewal)
+    monkeypatch.setattr(preparer, "revoke", revoke_then_let_it_in)
+
+
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+def test_a_renewal_that_crosses_its_revocation_leaves_the_holder_resuming(
+    agent: AgentRunner, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """x's renewal reaches the agent just as its turn is revoked: x hears the revocation before
+    the renewal's answer, resumes, and takes its turn back after y's."""
+    cross_next_renewal(agent, monkeypatch)
+
+    async def scenario() -> None:
+        x: Baton | AsyncBaton
+        if kind == "blocking":
+            x = Baton(agent.socket, ["GPU-0"], name="x", renew_interval=0.1)
+        else:
+            x = AsyncBaton(agent.socket, ["GPU-0"], name="x", renew_interval=0.1)
+        y = AsyncBaton(agent.socket, ["GPU-0"], name="y", renew_interval=60)
+        try:
+            await call(x.acquire)
+            agent.inspect(lambda service: setattr(service.table, "max_hold", 60.0))  # not y's
+            lease = await asyncio.wait_for(y.acquire(), 5)  # once x's turn is revoked
+            await until(lambda: x.resuming, "x resumes its revoked turn")
+            since = agent.mark()
+            await y.yield_()
+            granted = await asyncio.to_thread(
+                agent.wait_event,
+                lambda e: e.kind == "granted" and e.tenant_id == "local/x",
+                5,
+                since,
+            )
+            await until(lambda: x.lease is not None, "x takes its turn back")
+            assert x.lease is not None and x.lease.lease_id == granted.lease_id != lease.lease_id
+            await call(x.yield_)
+            assert holder(agent) is None
+        finally:
+            await call(x.close)
+            await y.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
