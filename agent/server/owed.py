@@ -44,8 +44,8 @@ async def join(
 
 
 def renewed(state: TurnState, tenant_id: str, lease_id: str, gone: UnknownLease) -> Lease:
-    """A renewal of `lease_id`, which the agent does not hold (`gone`): a lease revoked before
-    a restart, whose client never heard so, is answered with the turn that gave it back, or
+    """A renewal of `lease_id`, which the agent does not hold (`gone`): a revoked lease, whose
+    client may never have heard so, is answered with the turn that gave it back, or
     `TurnRevoked` while that turn waits (the client resumes it); else `gone` is raised."""
     found = state.resumes.renewing(tenant_id, lease_id, state.table)
     if isinstance(found, Lease):
@@ -56,9 +56,9 @@ def renewed(state: TurnState, tenant_id: str, lease_id: str, gone: UnknownLease)
         raise gone
     why = standing(state.table, state.metrics, found, state.clock())["why"]
     raise TurnRevoked(
-        f"lease {lease_id} was revoked before the agent restarted (held past the maximum hold "
-        f"time, or a higher tier waited); its turn is given back to {tenant_id} as the GPUs "
-        f"free: {why}"
+        f"lease {lease_id} was revoked (held past the maximum hold time, or a higher tier "
+        "waited) while this client could not hear it (its session was down, or the agent "
+        f"restarted); its turn is given back to {tenant_id} as the GPUs free: {why}"
     )
 
 

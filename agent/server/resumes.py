@@ -8,7 +8,9 @@ each revocation so that its record names the member's lease that follows.
 A resume survives an agent restart: the journal holds it from the write of its revocation's
 end until its grant or an end naming it (it left the queue ungranted), and the restarted agent
 queues it first again, under the same id. A grant of it that found no session of its tenant is
-told to the tenant's next session (`unheard`).
+told to the tenant's next session (`unheard`). A renewal of the revoked lease, from a client
+that never heard of the revocation (its session was down, or the agent restarted), is answered
+with the resume (`renewing`).
 
 An acquire of the tenant's while its resume waits joins it (`owed`, `join`): the resume's grant
 answers that acquire instead of a push, and the acquire's deadline leaves the resume queued.
@@ -58,9 +60,6 @@ class Resumes:
         """Tenant id → the lease that gave it its turn back while none of its sessions was open."""
         self.withdrawn: dict[str, list[pb.Revoked]] = {}
         """Tenant id → what its next session hears of the resume it lost, not reconnecting."""
-        self.restored: set[str] = set()
-        """Revoked lease ids whose resume a restart kept: their clients may never have heard of
-        the revocation (its push lost as the agent stopped), and renew them (`renewing`)."""
         self._left: dict[str, asyncio.Event] = {}
         """Resume (waiter id) → set as it leaves the queue (`left`)."""
         self.joined: dict[str, _Joined] = {}
@@ -99,11 +98,11 @@ class Resumes:
             self.unheard[lease.tenant_id] = lease.lease_id
 
     def renewing(self, tenant_id: str, lease_id: str, table: LeaseTable) -> Lease | Waiter | None:
-        """What the tenant's renewal of `lease_id`, a lease revoked before the agent restarted,
-        finds (once): the turn that gave it back, or the resume that will."""
-        if lease_id not in self.restored:
-            return None
-        self.restored.discard(lease_id)
+        """What the tenant's renewal of `lease_id`, a revoked lease, finds: the turn that gave
+        it back, or the resume that will (None: neither is the tenant's any more). Its client
+        may never have heard of the revocation: the push went to no session of its process (it
+        was down, or the agent restarted); a client that did hear it heard it first (the
+        renewal's answer follows the push on the session) and ignores the answer."""
         resume = self._next.get(lease_id, "")
         found = table.leases.get(resume) or table.waiters.get(resume)
         return found if found is not None and found.tenant_id == tenant_id else None
@@ -278,6 +277,5 @@ class Resumes:
             table.waiters[waiter.waiter_id] = waiter
             self._journaled.add(waiter.waiter_id)
             self._next.update(dict.fromkeys(resume.revoked, waiter.waiter_id))
-            self.restored.update(resume.revoked)
             restored.append(resume)
         return restored

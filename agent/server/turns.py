@@ -163,7 +163,7 @@ class Turns:
         client names is claimed)."""
         try:
             lease = self.table.lease(lease_id, tenant.tenant_id)
-        except UnknownLease as gone:  # revoked before a restart, maybe unheard
+        except UnknownLease as gone:  # revoked, maybe unheard: its resume answers
             return renewed(self._state, tenant.tenant_id, lease_id, gone)
         self._state.unclaimed.discard(lease_id)
         return lease

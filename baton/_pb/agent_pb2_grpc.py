@@ -105,9 +105,10 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Renew(self, request, context):
-        """Reports that the holder is alive; re-attaches a lease after an agent restart. A lease
-        revoked before a restart whose turn is kept for its tenant is answered with the turn that
-        gave it back, or ABORTED while that turn waits (the caller resumes it, as after `Revoked`).
+        """Reports that the holder is alive; re-attaches a lease after an agent restart. A revoked
+        lease whose turn is kept for its tenant (its client may not have heard the revocation:
+        its session was down, or the agent restarted) is answered with the turn that gave it
+        back, or ABORTED while that turn waits (the caller resumes it, as after `Revoked`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,92 @@
+"""A turn revoked while its holder's session was down and the agent stayed up: another process
+of the tenant kept a session open (so the tenant stayed), the holder's client never heard the
+revocation, and it takes the turn given back up as it reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent.client import AsyncBaton
+from tests.agent.client.test_resume_restart import (
+    Client,
+    call,
+    client,
+    gate_reconnects,
+    holder,
+    queue,
+    until,
+)
+from tests.harness.agent import AgentRunner, TenantProcess
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def drop_session(tenant: Client) -> None:
+    """Break the client's session from its side (it reconnects, as after a network blip)."""
+    if isinstance(tenant, AsyncBaton):
+        assert tenant._link is not None
+        tenant._lost(tenant._link)
+    else:
+        assert tenant._sock is not None
+        tenant._lost(tenant._sock)
+
+
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+@pytest.mark.parametrize("reconnects", ["before", "after"])
+def test_a_holder_whose_session_was_down_at_its_revocation_takes_up_the_turn_given_back(
+    workdir: str, kind: str, reconnects: str
+) -> None:
+    """x's client still believes it holds its turn as it reconnects: its renewal hears that the
+    turn was revoked and is being given back (`reconnects` before y's yield gives it back), or
+    is answered with the turn given back (after)."""
+    agent = AgentRunner(workdir, max_hold=0.3).start()
+    other = TenantProcess(agent.socket, "x", ["GPU-0"])  # x's other process: its session stays
+
+    async def scenario() -> None:
+        x = client(kind, agent.socket, "x")
+        y = AsyncBaton(agent.socket, ["GPU-0"], name="y", connect_timeout=5)
+        try:
+            revoked = await call(x.acquire)
+            agent.inspect(lambda service: setattr(service.table, "max_hold", 60.0))  # not y's
+            gate = gate_reconnects(x)
+            since = agent.mark()
+            drop_session(x)
+            await asyncio.to_thread(
+                agent.wait_event,
+                lambda e: e.kind == "disconnected" and e.tenant_id == "local/x",
+                10,
+                since,
+            )
+            await asyncio.wait_for(y.acquire(), 5)  # once x's turn is revoked, unheard by x
+            assert x.lease == revoked and not x.resuming
+            if reconnects == "before":
+                gate.set()
+                await until(lambda: x.resuming, "x hears its turn is being given back")
+                assert x.lease is None
+            since = agent.mark()
+            await asyncio.wait_for(y.yield_(), 10)
+            granted = await asyncio.to_thread(
+                agent.wait_event,
+                lambda e: e.kind == "granted" and e.tenant_id == "local/x",
+                10,
+                since,
+            )
+            gate.set()
+            await until(
+                lambda: x.lease is not None and x.lease.lease_id == granted.lease_id,
+                "x holds the turn given back",
+            )
+            assert not x.resuming
+            await call(x.yield_)
+            assert holder(agent) is None and not queue(agent)
+        finally:
+            await call(x.close)
+            await y.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 45))
+    finally:
+        other.close()
+        agent.stop()
