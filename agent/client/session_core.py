@@ -232,12 +232,16 @@ class SessionCore:
 
     # What the agent sends unasked.
 
-    def revoked(self, lease_id: str, reason: str = "") -> None:
+    def revoked(self, lease_id: str, reason: str = "", withdrawn: bool = False) -> None:
         """The agent took the turn back (held too long while others wait); it will return it.
-        Named again while the turn waits to be given back: it never will be (`reason`)."""
-        if self.resuming and self.lease is None and lease_id == self.revoked_id:
+        `withdrawn`, or named again while the turn waits to be given back: it never will be
+        (`reason`), whether this client heard of the revocation or not."""
+        resumed = self.resuming and self.lease is None and lease_id == self.revoked_id
+        held = self.lease is not None and self.lease.lease_id == lease_id
+        if resumed or (withdrawn and held):
             log.warning("%s; the next acquire() queues for a new turn", reason)
-            self.resuming, self.gone = False, True  # a yield_() now ends nothing, quietly
+            self.lease, self.resuming, self.renew_at = None, False, None
+            self.gone = True  # a yield_() now ends nothing, quietly
             return
         if self.lease is None or self.lease.lease_id != lease_id:
             log.info("turn %s revoked after this tenant yielded it", lease_id)
@@ -263,7 +267,8 @@ class SessionCore:
             kept = self.kept
             if kept is not None and kept.lease.lease_id == message.revoked.lease_id:
                 return self.give_back()  # the yield cancels the resume the revocation queued
-            self.revoked(message.revoked.lease_id, message.revoked.reason)
+            revoked = message.revoked
+            self.revoked(revoked.lease_id, revoked.reason, revoked.withdrawn)
         elif kind == "granted":
             self.resumed(LeaseInfo.from_pb(message.granted))
         elif kind == "park_at_yield":

@@ -205,7 +205,9 @@ class Resumes:
         resumes.append(self.unheard.pop(tenant_id, ""))
         led = [k for k, v in self._next.items() if v in resumes]
         if led:
-            self.withdrawn[tenant_id] = [pb.Revoked(lease_id=k, reason=why) for k in led]
+            self.withdrawn[tenant_id] = [
+                pb.Revoked(lease_id=k, reason=why, withdrawn=True) for k in led
+            ]
 
     def reconnected(self, tenant_id: str, table: LeaseTable, sessions: SessionRegistry) -> bool:
         """A session of the tenant opened: it hears of the turn given back to it while none was

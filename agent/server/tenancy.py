@@ -166,6 +166,12 @@ class Tenancy:
             why = "its last session ended"
             if pod:  # the pod is still on the node: listed, with no process, until it leaves
                 why += "; its pod stays listed, with no process, until it leaves the node"
+            self._turns.resumes.withdraw(  # heard by its client if it was a blip: it reconnects
+                tenant_id,
+                self._state.table,
+                f"the revoked turn is not given back: the last session of {tenant_id} ended "
+                "while it waited (a tenant with no session leaves the queue)",
+            )
             self._drop(tenant_id, why)
 
     def upsert_tenant(self, tenant: Tenant, detail: str) -> None:
@@ -184,6 +190,7 @@ class Tenancy:
     def pod_gone(self, tenant_id: str) -> None:
         """The tenant's pod left the node."""
         self._drop(tenant_id, "its pod left the node")
+        self._turns.resumes.withdrawn.pop(tenant_id, None)  # nobody of it comes back to hear it
         if self._state.tenants.remove(tenant_id) is not None:
             self._state.journal_gone(tenant_id)
         self._state.tenant_left(tenant_id)

@@ -266,12 +266,14 @@ class Callback(_message.Message):
     def __init__(self, call_id: _Optional[str] = ..., action: _Optional[str] = ..., gpu: _Optional[str] = ...) -> None: ...
 
 class Revoked(_message.Message):
-    __slots__ = ("lease_id", "reason")
+    __slots__ = ("lease_id", "reason", "withdrawn")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAWN_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     reason: str
-    def __init__(self, lease_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    withdrawn: bool
+    def __init__(self, lease_id: _Optional[str] = ..., reason: _Optional[str] = ..., withdrawn: _Optional[bool] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ()

@@ -5,6 +5,8 @@ revocation, and it takes the turn given back up as it reconnects."""
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Any
 
 import pytest
 
@@ -89,4 +91,77 @@ def test_a_holder_whose_session_was_down_at_its_revocation_takes_up_the_turn_giv
         asyncio.run(asyncio.wait_for(scenario(), 45))
     finally:
         other.close()
+        agent.stop()
+
+
+def lose_next_revocation(tenant: Client) -> list[Any]:
+    """The client does not hear the next revocation pushed to it (as if its session were down);
+    the list returned holds it once it arrived."""
+    pushed: Any = tenant._core.pushed
+    lost: list[Any] = []
+
+    def deaf(message: Any) -> Any:
+        if message.WhichOneof("kind") == "revoked" and not lost:
+            lost.append(message)
+            return None
+        return pushed(message)
+
+    tenant._core.pushed = deaf  # type: ignore[method-assign]
+    return lost
+
+
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+@pytest.mark.parametrize("heard", [True, False])
+def test_a_client_whose_only_session_broke_while_it_was_revoked_hears_the_turn_is_not_given_back(
+    workdir: str, kind: str, heard: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """x's last session ends while its revoked turn waits to be given back: the agent drops the
+    tenant's turns and places (it cannot tell a blip from an exit). x's client, reconnected,
+    hears that the turn is not given back, whether it heard of the revocation or not: its yield
+    ends nothing, its next acquire queues."""
+    agent = AgentRunner(workdir, max_hold=0.3)
+    agent.start()
+
+    async def scenario() -> None:
+        x = client(kind, agent.socket, "x")
+        y = AsyncBaton(agent.socket, ["GPU-0"], name="y", connect_timeout=5)
+        try:
+            await call(x.acquire)
+            lost = [] if heard else lose_next_revocation(x)
+            agent.inspect(lambda service: setattr(service.table, "max_hold", 60.0))  # not y's
+            await asyncio.wait_for(y.acquire(), 5)
+            if heard:
+                await until(lambda: x.resuming, "x hears of its revocation")
+            else:
+                await until(lambda: bool(lost), "the revocation reaches x's client, unheard")
+                assert x.lease is not None and not x.resuming
+            gate = gate_reconnects(x)
+            since = agent.mark()
+            drop_session(x)
+            await asyncio.to_thread(
+                agent.wait_event,
+                lambda e: e.kind == "tenant_gone" and e.tenant_id == "local/x",
+                10,
+                since,
+            )
+            assert queue(agent) == []
+            with caplog.at_level(logging.WARNING, logger="baton.client"):
+                gate.set()
+                await until(
+                    lambda: "the last session of local/x ended" in caplog.text,
+                    "x hears its turn is not given back",
+                )
+            assert x.lease is None and not x.resuming
+            await call(x.yield_)  # ends nothing, quietly
+            await y.yield_()
+            again = await call(x.acquire, 5)  # a new turn
+            assert x.lease == again and holder(agent) == "local/x"
+            await call(x.yield_)
+        finally:
+            await call(x.close)
+            await y.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 45))
+    finally:
         agent.stop()
