@@ -5,39 +5,14 @@ turn, still queued first, comes back to the client later all the same."""
 from __future__ import annotations
 
 import asyncio
-import inspect
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 
-from agent.client import AcquireTimeout, AsyncBaton, Baton
+from agent.client import AcquireTimeout, AsyncBaton
+from tests.agent.client.resume_clients import Client, call, client, until
 from tests.harness.agent import AgentRunner
 
 pytestmark = pytest.mark.timeout(60)
-
-Client = Baton | AsyncBaton
-
-
-def client(kind: str, socket: str, name: str) -> Client:
-    if kind == "blocking":
-        return Baton(socket, ["GPU-0"], name=name, connect_timeout=5)
-    return AsyncBaton(socket, ["GPU-0"], name=name, connect_timeout=5)
-
-
-async def call(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a client's method from the test's loop (a blocking one on a thread)."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
-    return await asyncio.to_thread(fn, *args)
-
-
-async def until(check: Callable[[], bool], what: str, within: float = 10) -> None:
-    """Wait (`within` seconds at most) for `check`; `what` names it if it never comes."""
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, f"not within {within} s: {what}"
-        await asyncio.sleep(0.01)
 
 
 def hold(agent: AgentRunner, seconds: float) -> None:

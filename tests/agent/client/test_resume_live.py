@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agent.client import AsyncBaton
-from tests.agent.client.test_resume_restart import (
+from tests.agent.client.resume_clients import (
     Client,
     call,
     client,

@@ -18,21 +18,28 @@ from agent.server import turn_state
 from agent.server.service import LeaseService
 
 
+def started(tmp_path: Path, table: LeaseTable) -> tuple[LeaseService, Tenant, Tenant]:
+    """A service of `table` keeping its state in `tmp_path` (loaded), and its pods team/a and
+    team/b, both on GPU-0."""
+    service = LeaseService(
+        table=table,
+        preparer=lambda host: NullPreparer(),
+        clock=time.time,
+        store=StateStore(tmp_path),
+    )
+    service.load()
+    a, b = (Tenant(f"team/{n}", n, ("GPU-0",), source=POD) for n in ("a", "b"))
+    service.upsert_pod(a)
+    service.upsert_pod(b)
+    return service, a, b
+
+
 def test_a_yield_of_a_lease_revoked_twice_ends_the_turn_that_gave_it_back_last(
     tmp_path: Path,
 ) -> None:
     async def body() -> None:
         table = LeaseTable(clock=time.time, max_hold=0.2)
-        service = LeaseService(
-            table=table,
-            preparer=lambda host: NullPreparer(),
-            clock=time.time,
-            store=StateStore(tmp_path),
-        )
-        service.load()
-        a, b = (Tenant(f"team/{n}", n, ("GPU-0",), source=POD) for n in ("a", "b"))
-        service.upsert_pod(a)
-        service.upsert_pod(b)
+        service, a, b = started(tmp_path, table)
         held = [(await service.acquire(a, (), timeout=5)).lease.lease_id]
         for _ in range(2):  # a's turn runs out while b waits, twice
             table.max_hold = 60.0  # b's turn does not
@@ -60,16 +67,7 @@ def test_the_journal_holds_a_resume_from_its_revocation_until_it_is_granted_or_g
 
     async def body() -> None:
         table = LeaseTable(clock=time.time, max_hold=0.2)
-        service = LeaseService(
-            table=table,
-            preparer=lambda host: NullPreparer(),
-            clock=time.time,
-            store=StateStore(tmp_path),
-        )
-        service.load()
-        a, b = (Tenant(f"team/{n}", n, ("GPU-0",), source=POD) for n in ("a", "b"))
-        service.upsert_pod(a)
-        service.upsert_pod(b)
+        service, a, b = started(tmp_path, table)
         await service.acquire(a, (), timeout=5)
         table.max_hold = 60.0
         theirs = await service.acquire(b, (), timeout=5)  # once a's turn is revoked
@@ -96,16 +94,7 @@ def test_an_acquire_naming_a_revoked_lease_takes_the_turn_that_gives_it_back(
 
     async def body() -> None:
         table = LeaseTable(clock=time.time, max_hold=0.2)
-        service = LeaseService(
-            table=table,
-            preparer=lambda host: NullPreparer(),
-            clock=time.time,
-            store=StateStore(tmp_path),
-        )
-        service.load()
-        a, b = (Tenant(f"team/{n}", n, ("GPU-0",), source=POD) for n in ("a", "b"))
-        service.upsert_pod(a)
-        service.upsert_pod(b)
+        service, a, b = started(tmp_path, table)
         first = (await service.acquire(a, (), timeout=5)).lease.lease_id
         table.max_hold = 60.0
         theirs = await service.acquire(b, (), timeout=5)  # once a's turn is revoked
@@ -137,16 +126,7 @@ def test_an_acquire_naming_a_revoked_lease_takes_the_turn_that_gives_it_back(
 def test_an_acquire_waiting_for_a_resume_the_tenant_gives_up_hears_so(tmp_path: Path) -> None:
     async def body() -> None:
         table = LeaseTable(clock=time.time, max_hold=0.2)
-        service = LeaseService(
-            table=table,
-            preparer=lambda host: NullPreparer(),
-            clock=time.time,
-            store=StateStore(tmp_path),
-        )
-        service.load()
-        a, b = (Tenant(f"team/{n}", n, ("GPU-0",), source=POD) for n in ("a", "b"))
-        service.upsert_pod(a)
-        service.upsert_pod(b)
+        service, a, b = started(tmp_path, table)
         first = (await service.acquire(a, (), timeout=5)).lease.lease_id
         table.max_hold = 60.0
         await service.acquire(b, (), timeout=5)  # once a's turn is revoked
@@ -170,28 +150,15 @@ def test_the_snapshot_is_in_a_format_the_agent_before_refuses_only_while_it_keep
     def written_format() -> int:
         return int(json.loads((tmp_path / STATE_FILE).read_text())["format"])
 
-    def started(table: LeaseTable) -> LeaseService:
-        service = LeaseService(
-            table=table,
-            preparer=lambda host: NullPreparer(),
-            clock=time.time,
-            store=StateStore(tmp_path),
-        )
-        service.load()
-        return service
-
     async def body() -> None:
         table = LeaseTable(clock=time.time, max_hold=0.2)
-        service = started(table)
-        a, b = (Tenant(f"team/{n}", n, ("GPU-0",), source=POD) for n in ("a", "b"))
-        service.upsert_pod(a)
-        service.upsert_pod(b)
+        service, a, b = started(tmp_path, table)
         await service.acquire(a, (), timeout=5)
         table.max_hold = 60.0
         await service.acquire(b, (), timeout=5)  # a's turn is revoked, kept to give back
         await service.close()
         assert written_format() == 2
-        service = started(LeaseTable(clock=time.time, max_hold=60.0))
+        service, a, b = started(tmp_path, LeaseTable(clock=time.time, max_hold=60.0))
         service.yield_(a, "")  # a gives up the turn it was to get back
         await service.close()
         assert written_format() == 1
