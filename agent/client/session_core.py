@@ -340,7 +340,9 @@ class SessionCore:
                     log.info("turn %s ended before the agent restarted", lease.lease_id)
                     self.gone = True
                 elif reclaiming:
-                    log.warning("the turn %s was lost while the agent restarted", lease.lease_id)
+                    log.warning(  # a restart, or its last session closing, ended the turn
+                        "the turn %s did not outlive the reconnect: %s", lease.lease_id, outcome
+                    )
                 else:
                     log.warning("lease %s lost: %s", lease.lease_id, outcome)
             return
@@ -353,5 +355,5 @@ class SessionCore:
         if isinstance(outcome, LeaseInfo):
             self.lease = outcome
             if reclaiming:
-                log.warning("kept the turn %s across the agent restart", outcome.lease_id)
+                log.warning("kept the turn %s across the reconnect", outcome.lease_id)
         self.renew_at = self.clock() + self.renew_interval
