@@ -23,7 +23,7 @@ def owed_turn(
     lost = _lost_grant(state, tenant_id, wanted)
     if lost is not None:
         return lost
-    alone = not state.sessions.connected(tenant_id)
+    alone = not state.sessions.names_revoked(tenant_id)  # (no session, or llm-d's caller)
     return state.resumes.owed(tenant_id, wanted, revoked, state.table, alone)
 
 

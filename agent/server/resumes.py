@@ -38,6 +38,16 @@ Follow = Callable[[str, str, str], None]
 log = logging.getLogger(__name__)
 
 
+def late(resume: Waiter, why: str) -> AcquireTimeout:
+    """The error of an acquire whose deadline came while it waited for `resume`, which stays
+    queued (`why`: where it stands)."""
+    return AcquireTimeout(
+        f"no turn on [{', '.join(resume.gpus)}] within the timeout; it waited for its revoked "
+        "turn to be given back, which stays first in the queue for it (the agent gives it back "
+        f"as the GPUs free); it waited because {why}"
+    )
+
+
 class _Joined(NamedTuple):
     """An acquire waiting for a resume: its answer, and who hears of the grant as it is made."""
 
@@ -113,7 +123,8 @@ class Resumes:
         """The turn an acquire of the tenant's on `wanted` takes instead of queueing: the one
         that gives its revoked lease `revoked` back (named by its client), granted already (its
         push crossed the acquire) or still queued; with none named, its queued resume on
-        `wanted` if no session of it hears of grants (`alone`: an llm-d job, a bare caller)."""
+        `wanted` if no session of it names revoked leases (`alone`: an llm-d job, a bare
+        caller)."""
         found: Lease | Waiter | None = None
         if revoked:
             resume = self._next.get(revoked, "")
@@ -147,13 +158,7 @@ class Resumes:
         def expire() -> None:
             if self.joined.get(waiter_id) is joined:
                 del self.joined[waiter_id]
-                joined.future.set_exception(
-                    AcquireTimeout(
-                        f"no turn on [{gpus}] within the timeout; it waited for its revoked turn "
-                        "to be given back, which stays first in the queue for it (the agent "
-                        f"gives it back as the GPUs free); it waited because {why()}"
-                    )
-                )
+                joined.future.set_exception(late(resume, why()))
 
         timer = None if timeout is None else loop.call_later(timeout, expire)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from agent.core.errors import CallbackFailed, TenantGone
 from baton._pb import agent_pb2 as pb
@@ -23,6 +24,9 @@ class Session:
     outbox: asyncio.Queue[pb.AgentMessage | None] = field(default_factory=asyncio.Queue)
     """Messages to push; `None` ends the stream."""
     pending: dict[str, asyncio.Future[int]] = field(default_factory=dict)
+    names_revoked: ClassVar[bool] = True
+    """Its tenant's acquires name the revoked lease whose turn they wait for (a client does,
+    having heard the revocation); a stand-in for llm-d's caller, which hears nothing, cannot."""
 
     def send(self, message: pb.AgentMessage) -> None:
         """Queue a message for the tenant."""
@@ -75,6 +79,11 @@ class SessionRegistry:
     def connected(self, tenant_id: str) -> bool:
         """Whether the tenant has an open session."""
         return bool(self._by_tenant.get(tenant_id))
+
+    def names_revoked(self, tenant_id: str) -> bool:
+        """Whether an open session of the tenant is one whose acquires name a revoked lease
+        (`Session.names_revoked`)."""
+        return any(s.names_revoked for s in self._by_tenant.get(tenant_id, []))
 
     def connected_besides(self, tenant_id: str, kind: type[Session]) -> bool:
         """Whether the tenant has an open session that is not a `kind`."""

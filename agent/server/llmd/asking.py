@@ -3,7 +3,8 @@
 llm-d's client may ask again while its first Acquire still waits (a retry after its own timeout,
 a second thread): every call waits for the same turn, each until its own deadline, and the job
 keeps its place in the queue while any of them waits. The coordinator does the same
-(`coordinator.turns`).
+(`coordinator.turns`). A job whose turn the node revoked keeps its place first in the queue
+for the turn given back whatever becomes of its calls (`agent.server.resumes`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from agent.core.errors import AcquireTimeout, WaitRefused
 from agent.node.tenants import Tenant
+from agent.server.resumes import late
 from agent.server.service import LeaseService
 from agent.server.turn_state import Granted
 from agent.server.waits import standing, timed_out
@@ -79,6 +81,8 @@ class Asking:
             why = "its turn was being prepared (its memory being made resident)"
         else:
             why = standing(table, self._service.metrics, waiter, self._service.state.clock())["why"]
+        if waiter.front:  # its revoked turn, given back as the GPUs free: it stays queued
+            return late(waiter, why)
         if others:
             return (WaitRefused if waiter.blocked else AcquireTimeout)(
                 f"no turn on [{wanted}] within the timeout; {others} other Acquire of the job "

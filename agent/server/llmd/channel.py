@@ -31,6 +31,8 @@ _MODES = (sa.SUSPEND_MODE_OFFLOAD, sa.SUSPEND_MODE_DISCARD)
 class ChannelSession(Session):
     """A workload's open WorkloadChannel, standing in for a session with park/restore callbacks."""
 
+    names_revoked = False  # llm-d's API has no revoked lease to name
+
     def __init__(
         self,
         tenant_id: str,

@@ -37,6 +37,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 class ProcessSession(Session):
     """A job's process standing in for a session: it lives as long as the process does."""
 
+    names_revoked = False  # llm-d's API has no revoked lease to name
+
     def send(self, message: pb.AgentMessage) -> None:
         """Nothing reads pushes here; llm-d's API has no way to deliver them."""
 

@@ -127,6 +127,42 @@ def test_a_job_asking_again_while_its_acquire_waits_waits_for_the_same_turn(
     assert kinds.count(ev.QUEUED) == 1 and ev.CANCELLED not in kinds, kinds
 
 
+def test_a_job_asking_while_its_revoked_turn_waits_to_be_given_back_waits_for_it(
+    agent: AgentRunner, clients: tuple[TimeSliceOrchestratorClient, ...]
+) -> None:
+    """job-a's turn is revoked at the maximum hold for job-b (llm-d's API cannot tell job-a so):
+    its Acquire meanwhile waits for the turn the node gives back, its deadline leaving that turn
+    queued first for it, and is answered with it as job-b yields."""
+    a, b = clients
+    agent.inspect(lambda service: setattr(service.table, "max_hold", 0.2))
+    a.acquire()
+    agent.inspect(lambda service: setattr(service.table, "max_hold", 60.0))  # not job-b's
+    assert b.acquire(timeout_sec=10)[0] is True  # once job-a's turn is revoked
+
+    def resumes() -> list[str]:
+        return agent.inspect(lambda s: [w.tenant_id for w in s.table.waiters.values() if w.front])
+
+    assert resumes() == ["llmd/job-a"]
+    with pytest.raises(grpc.RpcError) as late:
+        a.acquire(timeout_sec=1)
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, late.value.details()
+    assert "revoked turn to be given back, which stays first in the queue" in str(
+        late.value.details()
+    )
+    assert resumes() == ["llmd/job-a"], "its deadline left the turn queued for job-a"
+    request = ts.AcquireRequest(job_id="job-a", group_id=GROUP)
+    again = a.stub.Acquire.future(request, timeout=30)
+    until(
+        lambda: again.done() or agent.inspect(lambda s: bool(s.turns.resumes.joined)),
+        "job-a's Acquire waiting for its revoked turn",
+    )
+    assert not again.done(), f"the Acquire was answered: {again.exception()}"
+    assert b.release() == (True, 1, False)
+    assert again.result(10).success is True
+    assert a.get_status().group.locking_job == "job-a"
+    assert a.release() == (True, 0, True)
+
+
 def test_a_job_cannot_yield_another_jobs_turn(clients: tuple[TimeSliceOrchestratorClient, ...]):
     a, b = clients
     a.acquire()
