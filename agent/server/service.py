@@ -170,6 +170,11 @@ class LeaseService:
         if mine:
             self.state.parking.parked_at_yield(tenant.tenant_id, mine)
 
+    def give_up_resume(self, tenant: Tenant, gpus: Sequence[str]) -> bool:
+        """The tenant yields the turn on `gpus` the node revoked and has yet to give back: it is
+        not given back (`Turns.cancel_resume`); whether one waited."""
+        return self.turns.cancel_resume(tenant.tenant_id, gpus)
+
     def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
         """One of the tenant's own leases (renewing it is the same check)."""
         return self.turns.inspect(tenant, lease_id)

@@ -138,7 +138,7 @@ class Turns:
         again at once); where it does, the grant goes first and `answer` is not called."""
         if not lease_id:
             mine = self.table.leases_of(tenant.tenant_id)
-            if not mine and self._cancel_resume(tenant.tenant_id):
+            if not mine and self.cancel_resume(tenant.tenant_id):
                 return 0.0
             if len(mine) != 1:
                 raise NoLease(
@@ -152,7 +152,7 @@ class Turns:
             successor = self.resumes.take(lease_id)
             if successor in self.table.leases:  # revoked, then given back: that turn ends too
                 lease = self.table.lease(successor, tenant.tenant_id)
-            elif self._cancel_resume(tenant.tenant_id):
+            elif self.cancel_resume(tenant.tenant_id):
                 return 0.0
             else:
                 raise
@@ -168,8 +168,14 @@ class Turns:
         self._state.unclaimed.discard(lease_id)
         return lease
 
-    def _cancel_resume(self, tenant_id: str) -> bool:
-        resume = [w for w in self.table.waiters.values() if w.tenant_id == tenant_id and w.front]
+    def cancel_resume(self, tenant_id: str, gpus: Sequence[str] = ()) -> bool:
+        """Give up the turns the node revoked from the tenant and has yet to give back (only
+        the one on `gpus`, if named); whether there was one."""
+        resume = [
+            w
+            for w in self.table.waiters.values()
+            if w.tenant_id == tenant_id and w.front and (not gpus or set(w.gpus) == set(gpus))
+        ]
         for waiter in resume:
             self.table.cancel(waiter.waiter_id)
         if resume:

@@ -101,17 +101,16 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
     async def Yield(
         self, request: ts.YieldRequest, context: grpc.aio.ServicerContext
     ) -> ts.YieldResponse:
-        """End the job's turn; PERMISSION_DENIED if it does not hold the group's turn."""
+        """End the job's turn (one the node revoked and has yet to give back too: it is not
+        given back); PERMISSION_DENIED if it does not hold the group's turn."""
         gpus = self._jobs.group_gpus(request.group_id)
         if not request.job_id:
             raise BadRequest("job_id is required")
         tenant = self._jobs.find(request.job_id, request.group_id)
-        lease = (
-            self._lease(tenant.tenant_id, self._jobs.turn_gpus(tenant, request.group_id))
-            if tenant
-            else None
-        )
-        if tenant is None or lease is None:
+        turn = self._jobs.turn_gpus(tenant, request.group_id) if tenant else ()
+        lease = self._lease(tenant.tenant_id, turn) if tenant else None
+        revoked = lease is None and tenant is not None and self._resumes(tenant.tenant_id, turn)
+        if tenant is None or (lease is None and not revoked):
             holder = self._holder(gpus)
             held_by = self._jobs.job_of(holder.tenant_id) if holder else "nobody"
             if held_by == request.job_id:  # its turn on another group covers these GPUs
@@ -126,7 +125,12 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
             for w in self._service.table.waiters.values()
             if set(w.gpus) & set(gpus) and w.tenant_id != tenant.tenant_id
         }
-        self._service.yield_(tenant, lease.lease_id)
+        if lease is None:  # revoked (its --max-hold, a higher tier): given back meanwhile?
+            lease = self._lease(tenant.tenant_id, turn)
+        if lease is None:  # not given back now
+            self._service.give_up_resume(tenant, turn)
+        else:
+            self._service.yield_(tenant, lease.lease_id)
         return ts.YieldResponse(
             success=True, pending_waiters=len(waiting), snapshot_deferred=not waiting
         )
@@ -236,6 +240,13 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         return next(
             (lease for lease in self._service.table.leases.values() if set(lease.gpus) & set(gpus)),
             None,
+        )
+
+    def _resumes(self, tenant_id: str, gpus: tuple[str, ...]) -> bool:
+        """Whether the node revoked the job's turn on `gpus` and has yet to give it back."""
+        waiters = self._service.table.waiters.values()
+        return any(
+            w.front and w.tenant_id == tenant_id and set(w.gpus) == set(gpus) for w in waiters
         )
 
     def _lease(self, tenant_id: str, gpus: tuple[str, ...]) -> Lease | None:

@@ -163,6 +163,25 @@ def test_a_job_asking_while_its_revoked_turn_waits_to_be_given_back_waits_for_it
     assert a.release() == (True, 0, True)
 
 
+def test_a_job_yielding_while_its_revoked_turn_waits_to_be_given_back_ends_it(
+    agent: AgentRunner, clients: tuple[TimeSliceOrchestratorClient, ...]
+) -> None:
+    """job-a's turn is revoked at the maximum hold for job-b as job-a's step ends: its Yield
+    ends the turn the node was to give back, which job-a is not granted later."""
+    a, b = clients
+    agent.inspect(lambda service: setattr(service.table, "max_hold", 0.2))
+    a.acquire()
+    agent.inspect(lambda service: setattr(service.table, "max_hold", 60.0))  # not job-b's
+    assert b.acquire(timeout_sec=10)[0] is True  # once job-a's turn is revoked
+    assert a.release() == (True, 0, True), "nobody else waits for the group"
+    assert not agent.inspect(lambda service: list(service.table.waiters))
+    assert b.release() == (True, 0, True)
+    assert a.get_status().group.group_state == ts.GroupStatus.STATE_IDLE_YIELDED
+    with pytest.raises(grpc.RpcError) as again:
+        a.release()
+    assert again.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
 def test_a_job_cannot_yield_another_jobs_turn(clients: tuple[TimeSliceOrchestratorClient, ...]):
     a, b = clients
     a.acquire()
