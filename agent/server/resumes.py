@@ -130,11 +130,21 @@ class Resumes:
             resume = self._next.get(revoked, "")
             found = table.leases.get(resume) or table.waiters.get(resume)
         elif alone:
-            front = (w for w in table.waiters.values() if w.front and w.tenant_id == tenant_id)
-            found = next(front, None)
+            found = self.queued(tenant_id, wanted, table)
         if found is None or found.tenant_id != tenant_id or set(found.gpus) != set(wanted):
             return None
         return found
+
+    @staticmethod
+    def queued(tenant_id: str, gpus: Sequence[str], table: LeaseTable) -> Waiter | None:
+        """The tenant's resume on `gpus` still waiting in the queue, if there is one."""
+        wanted = set(gpus)
+        front = (
+            w
+            for w in table.waiters.values()
+            if w.front and w.tenant_id == tenant_id and set(w.gpus) == wanted
+        )
+        return next(front, None)
 
     async def join(
         self,

@@ -23,6 +23,7 @@ from agent.server.llmd.asking import Asking
 from agent.server.llmd.edge import BadRequest, mapped
 from agent.server.llmd.jobs import Jobs
 from agent.server.llmd.residency import job_state
+from agent.server.resumes import Resumes
 from baton._pb import snapshot_agent_pb2 as sa
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
@@ -109,7 +110,11 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         tenant = self._jobs.find(request.job_id, request.group_id)
         turn = self._jobs.turn_gpus(tenant, request.group_id) if tenant else ()
         lease = self._lease(tenant.tenant_id, turn) if tenant else None
-        revoked = lease is None and tenant is not None and self._resumes(tenant.tenant_id, turn)
+        revoked = (  # the node revoked the job's turn and has yet to give it back
+            lease is None
+            and tenant is not None
+            and Resumes.queued(tenant.tenant_id, turn, self._service.table) is not None
+        )
         if tenant is None or (lease is None and not revoked):
             holder = self._holder(gpus)
             held_by = self._jobs.job_of(holder.tenant_id) if holder else "nobody"
@@ -240,13 +245,6 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         return next(
             (lease for lease in self._service.table.leases.values() if set(lease.gpus) & set(gpus)),
             None,
-        )
-
-    def _resumes(self, tenant_id: str, gpus: tuple[str, ...]) -> bool:
-        """Whether the node revoked the job's turn on `gpus` and has yet to give it back."""
-        waiters = self._service.table.waiters.values()
-        return any(
-            w.front and w.tenant_id == tenant_id and set(w.gpus) == set(gpus) for w in waiters
         )
 
     def _lease(self, tenant_id: str, gpus: tuple[str, ...]) -> Lease | None:
