@@ -23,6 +23,9 @@
 #    their TorchParker, app backend, with memory_reserved before and after), bit for bit.
 # 4. bench.json: `baton bench train --device cuda`: duty efficiency with real kernels, and
 #    each tenant's GPU phase (turn_s) while sharing against alone.
+# 5. handoff-2.json, handoff-40.json: `baton bench handoff --backend cuda` (three tenants that
+#    fit, each holding real GPU memory, so nothing moves) with 2 ms and 40 ms turns, the agent
+#    with no backend and the bare relay measured in the same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -204,8 +207,9 @@ fi
     tee "$logs/cuda.json"
 
 if [ "$DRY" -eq 1 ]; then # what needs CUDA torch: only checked to compile here
-    "$PYTHON" -m py_compile hack/train-exactness.py commands/bench/train.py agent/client/torch.py
-    echo "gpu-check: dry run passed (steps 3 and 4 need a GPU and CUDA torch: compiled only)"
+    "$PYTHON" -m py_compile hack/train-exactness.py commands/bench/train.py agent/client/torch.py \
+        commands/bench/handoff_tenant.py
+    echo "gpu-check: dry run passed (steps 3 to 5 need a GPU and CUDA torch: compiled only)"
     exit 0
 fi
 
@@ -216,4 +220,11 @@ timeout --foreground 120 "$PYTHON" hack/train-exactness.py --device cuda |
 echo "== 4. duty efficiency with real kernels; GPU phases sharing against alone"
 timeout --foreground 120 "$PYTHON" -m baton bench train --device cuda --tenants 3 --steps 12 --json |
     tee "$logs/bench.json" || fail "bench train: see above"
+
+echo "== 5. handoff on the cuda backend, nothing to move, against no backend and the bare relay"
+for hold in 2 40; do
+    timeout --foreground 150 "$PYTHON" -m baton bench handoff --backend cuda --tenants 3 \
+        --hold-ms "$hold" --iterations $((hold == 2 ? 600 : 150)) --json |
+        tee "$logs/handoff-$hold.json" || fail "bench handoff --backend cuda --hold-ms $hold: see above"
+done
 echo "gpu-check: passed"
