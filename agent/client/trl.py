@@ -38,58 +38,16 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from agent.client.errors import BatonError
 from agent.client.sync import Baton
 from agent.client.torch import TorchParker, tensors_of
+from agent.client.trl_events import BEGINS_TURN, MAY_END_TURN, device_work_follows
 
 log = logging.getLogger("baton.client")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-BEGINS_TURN = frozenset({"on_train_begin", "on_step_begin", "on_epoch_end"})
-"""Events whose callbacks all run inside a turn, taken before the first of them."""
-MAY_END_TURN = frozenset(
-    {"on_step_end", "on_log", "on_evaluate", "on_save", "on_epoch_end", "on_train_end"}
-)
-"""Events after whose last callback the turn ends, unless device work follows."""
 WEAKLY_PARKED = (torch.nn.Module, torch.optim.Optimizer, torch.Tensor)
 """What `watch` parks only while the program keeps it."""
 OUTSIDE_STEPS = ("evaluate", "predict", "save_model")
 """A watched trainer's methods that run in a turn when called outside one."""
-
-
-def device_work_follows(
-    event: str,
-    args: TrainingArguments,
-    control: TrainerControl,
-    state: TrainerState | None = None,
-    metrics: dict[str, float] | None = None,
-) -> bool:
-    """Whether the trainer touches the device after `event`'s callbacks before the next step:
-    logging (`.item()` on the loss), evaluation, saving, or the end of training (the final loss
-    read, the best model loaded); after an evaluation a `save_strategy="best"` saves if its
-    `metrics` are a new best."""
-    if event == "on_train_end":
-        return False
-    if control.should_evaluate or control.should_save or control.should_training_stop:
-        return True
-    if event in ("on_step_end", "on_epoch_end") and control.should_log:
-        return True
-    saves_best = event == "on_evaluate" and args.save_strategy == "best"
-    return saves_best and new_best(args, state, metrics)
-
-
-def new_best(
-    args: TrainingArguments, state: TrainerState | None, metrics: dict[str, float] | None
-) -> bool:
-    """Whether the trainer finds `metrics` a new best (`metric_for_best_model` better than the
-    state's best metric), as it decides after `on_evaluate` whether a `"best"` strategy saves;
-    True when it cannot tell (the trainer raises naming a metric that is missing)."""
-    if args.metric_for_best_model is None:
-        return False
-    name = args.metric_for_best_model
-    value = (metrics or {}).get(name if name.startswith("eval_") else f"eval_{name}")
-    best = state.best_metric if state is not None else None
-    if value is None or best is None:
-        return True
-    return bool(value > best if args.greater_is_better else value < best)
 
 
 class BatonCallback(TrainerCallback):
@@ -128,6 +86,8 @@ class BatonCallback(TrainerCallback):
         """True while a trainer without parking fetches a step's batches inside its turn."""
         self._pinned = 0
         """Open `turn()` blocks that took their turn: the trainer's events end none of it."""
+        self._closed = False
+        """True after `close()`: the process shares the GPU no more, and takes no turns."""
 
     @property
     def holding(self) -> bool:
@@ -135,13 +95,13 @@ class BatonCallback(TrainerCallback):
         return self._held is not None
 
     def begin(self) -> None:
-        """Acquire a turn unless one is held (and hold parks off while it is)."""
-        if self._held is not None:
+        """Acquire a turn unless one is held or the callback is closed (and hold parks off while
+        it is)."""
+        if self._held is not None or self._closed:
             return
         stack = contextlib.ExitStack()
         requested = time.time()
         lease = self.baton.acquire(self.acquire_timeout)
-        stack.callback(self.baton.yield_)
         if self.parker is not None:
             stack.enter_context(self.parker.in_use())
         self.turns.append([lease.lease_id, requested, time.time(), 0.0])
@@ -149,17 +109,25 @@ class BatonCallback(TrainerCallback):
 
     def end(self) -> None:
         """Hand the turn back, if one is held."""
+        if self._stop_holding():
+            self.baton.yield_()
+
+    def _stop_holding(self) -> bool:
+        """End the device work of the turn held, if one is, without yielding it; True if one
+        was."""
         held, self._held = self._held, None
-        if held is not None:
-            self.turns[-1][3] = time.time()  # the device work ended: the yield is the handover's
-            held.close()
+        if held is None:
+            return False
+        self.turns[-1][3] = time.time()  # the device work ended: the yield is the handover's
+        held.close()
+        return True
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
         """A turn for device work outside the training loop (building the trainer, evaluating,
         saving), held until the block ends: the events of a trainer called inside it (the
         `on_log` and `on_evaluate` of an `evaluate()`) do not end it."""
-        if self._held is not None:
+        if self._held is not None or self._closed:
             yield
             return
         self.begin()
@@ -299,9 +267,20 @@ class BatonCallback(TrainerCallback):
         return wrapped  # type: ignore[return-value]
 
     def close(self) -> None:
-        """End any turn and the session with the agent."""
-        self.end()
-        self.baton.close()
+        """Leave the agent: what the parker holds parked comes back first, in one last turn
+        (the one held, or one taken for it), and the session ends inside that turn, so nothing
+        is parked again and the models are whole on the device after it. From then on the
+        callback takes no turns: the watched trainer's methods and events run as plain calls.
+        An acquire that fails (its timeout, the agent gone) raises after the session ended,
+        the memory still parked."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self._stop_holding() and self.parker is not None and self.parker.parked:
+                self.baton.acquire(self.acquire_timeout)  # its grant restores the parker
+        finally:
+            self.baton.close()
 
     # The trainer's hooks: with `watch(trainer)` the wrapped handler takes the turns instead.
 

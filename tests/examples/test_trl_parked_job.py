@@ -1,12 +1,14 @@
 """A TRL job that another job parked between its turns, on a real agent (`app` backend): what
 the watched trainer does on the device outside its steps (`evaluate()`, `save_model()`, and
 `train()`'s set-up, which loads a checkpoint it resumes from before `on_train_begin`) takes a
-turn, so it runs on memory restored, not on storages a park freed."""
+turn, so it runs on memory restored, not on storages a park freed; and `close()` brings the
+parked job back whole before it leaves the agent."""
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,17 +19,39 @@ needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="
 T = TypeVar("T")
 
 
-@needs_trl
-@pytest.mark.timeout(180)
-def test_a_parked_job_evaluates_saves_and_resumes_from_its_checkpoint(
-    tmp_path: Path, workdir: str
-) -> None:
+@dataclass
+class Jobs:
+    """A TRL job's callback and another job that parks it, on one agent."""
+
+    agent: Any
+    callback: Any
+    other: Any
+    workdir: Path
+
+    def built(self, steps: int) -> Any:
+        """A watched SFT trainer of `steps` steps, built inside a turn."""
+        from agent.examples.trl_train.jobs import TrlConfig, trainer
+
+        config = TrlConfig(kind="sft", seed=6, batch=4, save_steps=2, eval_steps=2)
+        with self.callback.turn():
+            job = trainer(config, steps, self.workdir, [self.callback], self.callback.off_turn)
+            self.callback.watch(job)
+        return job
+
+    def parked_by_the_other_job(self) -> None:
+        with self.other.turn(timeout=30):
+            pass
+        assert self.callback.parker is not None and self.callback.parker.parked
+
+
+@pytest.fixture
+def jobs(tmp_path: Path, workdir: str) -> Iterator[Jobs]:
     import torch
 
     from agent.client import Baton
     from agent.client.torch import TorchParker
     from agent.client.trl import BatonCallback
-    from agent.examples.trl_train.jobs import TrlConfig, deterministic, trainer
+    from agent.examples.trl_train.jobs import deterministic
     from agent.parking.setup import ParkingOptions
     from baton.contract.names import fake_gpu_uuid
     from tests.harness.agent import AgentRunner
@@ -43,39 +67,72 @@ def test_a_parked_job_evaluates_saves_and_resumes_from_its_checkpoint(
             agent.socket, [gpu], name="other", gpu_memory_mib=60,
             on_park=weights.park, on_restore=weights.restore,
         )  # fmt: skip
-        assert callback.parker is not None
-        config = TrlConfig(kind="sft", seed=6, batch=4, save_steps=2, eval_steps=2)
-
-        def built(steps: int) -> Any:
-            with callback.turn():
-                job = trainer(config, steps, tmp_path, [callback], callback.off_turn)
-                callback.watch(job)
-            return job
-
-        def parked_by_the_other_job() -> None:
-            with other.turn(timeout=30):
-                pass
-            assert callback.parker is not None and callback.parker.parked
-
-        def on_the_device(call: Callable[[], T]) -> T:
-            """`call()`; a failure on freed storages fails the test with its message alone (a
-            traceback's repr of a parked parameter would crash the interpreter)."""
-            try:
-                return call()
-            except RuntimeError as exc:
-                pytest.fail(f"ran on the memory a park freed: {exc}", pytrace=False)
-
         try:
-            built(2).train()  # writes checkpoint-2
-            job = built(4)
-            parked_by_the_other_job()
-            assert "eval_loss" in on_the_device(job.evaluate)
-            parked_by_the_other_job()
-            on_the_device(lambda: job.save_model(str(tmp_path / "saved")))
-            parked_by_the_other_job()
-            on_the_device(lambda: job.train(resume_from_checkpoint=True))  # loads checkpoint-2
-            assert job.state.global_step == 4 and not callback.holding
-            assert callback.parker.stats.restores >= 3
+            yield Jobs(agent, callback, other, tmp_path)
         finally:
             callback.close()
             other.close()
+
+
+def on_the_device(call: Callable[[], T]) -> T:
+    """`call()`; a failure on freed storages fails the test with its message alone (a
+    traceback's repr of a parked parameter would crash the interpreter)."""
+    try:
+        return call()
+    except RuntimeError as exc:
+        pytest.fail(f"ran on the memory a park freed: {exc}", pytrace=False)
+
+
+@needs_trl
+@pytest.mark.timeout(180)
+def test_a_parked_job_evaluates_saves_and_resumes_from_its_checkpoint(jobs: Jobs) -> None:
+    jobs.built(2).train()  # writes checkpoint-2
+    job = jobs.built(4)
+    jobs.parked_by_the_other_job()
+    assert "eval_loss" in on_the_device(job.evaluate)
+    jobs.parked_by_the_other_job()
+    on_the_device(lambda: job.save_model(str(jobs.workdir / "saved")))
+    jobs.parked_by_the_other_job()
+    on_the_device(lambda: job.train(resume_from_checkpoint=True))  # loads checkpoint-2
+    assert job.state.global_step == 4 and not jobs.callback.holding
+    assert jobs.callback.parker.stats.restores >= 3
+
+
+@needs_trl
+@pytest.mark.timeout(180)
+def test_a_job_closed_while_parked_leaves_the_agent_with_its_model_whole(jobs: Jobs) -> None:
+    job = jobs.built(2)
+    job.train()
+    with jobs.callback.turn():
+        trained = {k: v.clone() for k, v in job.model.state_dict().items()}
+    jobs.parked_by_the_other_job()
+
+    jobs.callback.close()
+
+    assert not jobs.callback.parker.parked
+    assert set(jobs.agent.status()["tenants"]) == {"local/other"}
+    kept = job.model.state_dict()
+    assert set(kept) == set(trained)
+    assert all(kept[k].equal(v) for k, v in trained.items())
+    turns = len(jobs.callback.turns)
+    assert "eval_loss" in on_the_device(job.evaluate)  # plain calls now: no turn, no error
+    on_the_device(lambda: job.save_model(str(jobs.workdir / "saved")))
+    assert len(jobs.callback.turns) == turns
+    with jobs.other.turn(timeout=30):  # the agent no longer counts the job that left
+        pass
+
+
+@needs_trl
+@pytest.mark.timeout(180)
+def test_a_job_closed_in_its_turn_leaves_with_its_model_on_the_device(jobs: Jobs) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    job = jobs.built(2)
+    jobs.callback.begin()
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(jobs.other.acquire, 30)  # needs the job's memory parked or gone
+        jobs.callback.close()  # the session ends inside the turn: no park before it leaves
+        assert waiting.result(timeout=30).lease_id
+        jobs.other.yield_()
+    assert not jobs.callback.parker.parked and jobs.callback.parker.stats.parks == 0
+    assert "eval_loss" in on_the_device(job.evaluate)
