@@ -26,6 +26,9 @@
 # 5. handoff-2.json, handoff-40.json: `baton bench handoff --backend cuda` (three tenants that
 #    fit, each holding real GPU memory, so nothing moves) with 2 ms and 40 ms turns, the agent
 #    with no backend and the bare relay measured in the same run.
+#
+# With PACK=1 the logs and figures end as one archive, $OUT/gpu-check.tar.gz (for a machine that
+# hands back only a few files), written also when a step fails or the time bound cuts it off.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -81,6 +84,9 @@ if [ -z "${GPU_CHECK_WORK:-}" ]; then
     fi
     kill_cgroups "$GPU_CHECK_CGROUPS"
     rm -rf "$GPU_CHECK_WORK"
+    if [ -n "${PACK:-}" ]; then # one archive in place of the folder's many files
+        tar -czf "$OUT/gpu-check.tar.gz" -C "$OUT" gpu-check && rm -rf "$OUT/gpu-check"
+    fi
     exit "$status"
 fi
 
