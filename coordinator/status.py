@@ -38,7 +38,11 @@ class CoordinatorMetrics:
             buckets=HANDOVER_BUCKETS,
             registry=r,
         )
-        self.held = Gauge("baton_coordinator_job_turns_held", "Job turns held now", registry=r)
+        self.held = Gauge(
+            "baton_coordinator_job_turns_held",
+            "Job turns held now, one per turn: a turn held for several llm-d groups counts once",
+            registry=r,
+        )
         self.waiting = Gauge(
             "baton_coordinator_job_turns_waiting", "Job turns asked for", registry=r
         )
@@ -82,11 +86,16 @@ def status_json(arbiter: Arbiter, identity: str, leading: bool, now: float) -> d
     }
 
 
+def turns_held(arbiter: Arbiter) -> int:
+    """The turns held: one that covers several of its job's groups is held for each of them."""
+    return len({id(turn) for turn in list(arbiter.held.values())})
+
+
 def watch(metrics: CoordinatorMetrics, arbiter: Arbiter) -> None:
     """Gauges read at each scrape; the arbiter's grants and failures counted as they happen."""
     metrics.leading.set_function(lambda: 1 if arbiter.epoch else 0)
     metrics.epoch.set_function(lambda: arbiter.epoch)
-    metrics.held.set_function(lambda: len(arbiter.held))
+    metrics.held.set_function(lambda: turns_held(arbiter))
     metrics.waiting.set_function(lambda: len(arbiter.table.waiters))
     metrics.unsettled.set_function(lambda: len(arbiter.settling.unsettled))
 

@@ -17,6 +17,7 @@ import pytest
 from commands.localnode.controlplane import ControlPlane
 from commands.localnode.procs import wait_for
 from coordinator.agents import NodeFailed
+from coordinator.cluster import NODE_GROUP_PREFIX
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
 from tests.coordinator.deployed import (
     TEAM,
@@ -151,3 +152,40 @@ def test_a_leader_killed_during_a_handover_is_replaced_rolling_back_its_half_and
         finally:
             for each in pair:
                 each.process.stop()
+
+
+def test_a_turn_held_for_two_groups_is_one_turn_held_in_the_metrics(
+    control_plane: ControlPlane, core: Any, tmp_path: Path
+) -> None:
+    with agent_nodes(control_plane, tmp_path, ["g1", "g2"]) as nodes:
+        g1, g2 = nodes
+        # g1's GPUs are group "sample"'s too, so the sample turn covers the trainer's group.
+        core.patch_node("g1", {"metadata": {"labels": {f"{NODE_GROUP_PREFIX}sample": "true"}}})
+        job_pod(core, TEAM, "gr-trainer", g1, "gr", group="train")
+        job_pod(core, TEAM, "gr-sampler", g2, "gr", group="sample")
+        members_known(nodes, {"g1": {"team/gr-trainer"}, "g2": {"team/gr-sampler"}})
+        leader = CoordinatorProcess(control_plane, tmp_path, "coordinator-g", "two-groups")
+        llmd = TimeSliceOrchestratorClient(leader.address)
+        leader.process.start()
+        try:
+            wait_for("the coordinator leading", lambda: True if leader.serving() else None, 30)
+            assert llmd.acquire("gr", "sample", timeout_sec=20)[0]
+            assert llmd.acquire("gr", "train", timeout_sec=5)[0]  # the sample turn covers it
+            seen = leader.status()["held"]
+            assert sorted(seen) == ["team/gr@sample", "team/gr@train"]
+            assert len({each["turn_id"] for each in seen.values()}) == 1, "one turn, two groups"
+            held = [
+                line for line in leader.metrics().splitlines()
+                if "baton_coordinator_job_turns_held " in line and "# TYPE" not in line
+            ]  # fmt: skip
+            assert held == [
+                "# HELP baton_coordinator_job_turns_held Job turns held now, one per turn: a turn "
+                "held for several llm-d groups counts once",
+                "baton_coordinator_job_turns_held 1.0",
+            ]
+            llmd.release("gr", "sample")
+            llmd.release("gr", "train")
+            settle(nodes, {"g1": [], "g2": []})
+        finally:
+            llmd.close()
+            leader.process.stop()
