@@ -162,11 +162,10 @@ def usage(
     _check_output(output)
     with connected() as api:
         if window:  # each node's agent windowed on its own; a node read once is not counted
-            first, unread = accounting.read_node_totals(api, Settings.baton_namespace)
+            first = accounting.read_node_totals(api, Settings.baton_namespace)
             threading.Event().wait(window)
-            later, missing = accounting.read_node_totals(api, Settings.baton_namespace)
-            totals, skipped = accounting.node_windows(first, later)
-            missing = [*dict.fromkeys([*unread, *missing]), *skipped]
+            later = accounting.read_node_totals(api, Settings.baton_namespace)
+            totals, missing = accounting.node_windows(first, later)
         else:
             totals, missing = accounting.read_totals(api, Settings.baton_namespace)
     rows = accounting.usage_rows(totals, namespace)

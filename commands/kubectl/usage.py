@@ -16,31 +16,37 @@ Row = tuple[str, str, int]
 """(namespace, tenant, tier)."""
 
 
+NodeTotals = dict[str, dict[Row, list[float]]]
+"""Node → its agent's totals by row."""
+
+Reading = tuple[NodeTotals, dict[str, str]]
+"""One reading of every agent: its totals by node, and why each agent was not read (node → why;
+under "" when the namespace has no running agent pod)."""
+
+
 def read_totals(
     api: Api, baton_namespace: str = NAMESPACE
 ) -> tuple[dict[Row, list[float]], list[str]]:
     """Row → [GPU-seconds, parked byte-seconds] over every agent; and the agents not read."""
-    by_node, missing = read_node_totals(api, baton_namespace)
+    by_node, unread = read_node_totals(api, baton_namespace)
     totals: dict[Row, list[float]] = {}
     for node_totals in by_node.values():
         add_totals(totals, node_totals)
-    return totals, missing
+    return totals, [f"{node}: {why}" if node else why for node, why in unread.items()]
 
 
-def read_node_totals(
-    api: Api, baton_namespace: str = NAMESPACE
-) -> tuple[dict[str, dict[Row, list[float]]], list[str]]:
-    """Each node's agent's totals by row; and the agents not read (why)."""
-    by_node: dict[str, dict[Row, list[float]]] = {}
+def read_node_totals(api: Api, baton_namespace: str = NAMESPACE) -> Reading:
+    """Each node's agent's totals by row; and why each agent was not read."""
+    by_node: NodeTotals = {}
     pods = agent_pods(api, baton_namespace)
-    missing = [] if pods else [no_agents(baton_namespace)]
+    unread = {} if pods else {"": no_agents(baton_namespace)}
     for node, pod in sorted(pods.items()):
         status = read_agent(api, pod, baton_namespace)
         if isinstance(status, str):
-            missing.append(f"{node}: {status}")
+            unread[node] = status
             continue
         add_accounting(by_node.setdefault(node, {}), status.get("accounting") or {})
-    return by_node, missing
+    return by_node, unread
 
 
 def add_totals(totals: dict[Row, list[float]], more: Mapping[Row, list[float]]) -> None:
@@ -51,21 +57,24 @@ def add_totals(totals: dict[Row, list[float]], more: Mapping[Row, list[float]]) 
         row[1] += parked
 
 
-def node_windows(
-    before: Mapping[str, Mapping[Row, list[float]]],
-    after: Mapping[str, Mapping[Row, list[float]]],
-) -> tuple[dict[Row, list[float]], list[str]]:
+def node_windows(before: Reading, after: Reading) -> tuple[dict[Row, list[float]], list[str]]:
     """What accrued between two readings, each node's agent windowed on its own (`window`: a
-    tenant folded on one node is not one on another) and summed; and the nodes not counted
-    because one of the readings lacks them."""
+    tenant folded on one node is not one on another) and summed; and one line for each node not
+    counted (read at one end of the window only, or at neither), with why."""
+    (first, unread_first), (last, unread_last) = before, after
     totals: dict[Row, list[float]] = {}
-    for node in sorted(before.keys() & after.keys()):
-        add_totals(totals, window(before[node], after[node]))
-    skipped = [
-        f"{node}: its agent was not read {'at the end' if node in before else 'at the start'}"
-        " of the window"
-        for node in sorted(before.keys() ^ after.keys())
-    ]
+    for node in sorted(first.keys() & last.keys()):
+        add_totals(totals, window(first[node], last[node]))
+    skipped = list(dict.fromkeys(u[""] for u in (unread_first, unread_last) if "" in u))
+    nodes = (first.keys() ^ last.keys()) | unread_first.keys() | unread_last.keys()
+    for node in sorted(nodes - {""}):
+        at = "the end" if node in first else "the start" if node in last else "either end"
+        whys = dict.fromkeys(
+            u.get(node, "no running agent pod")
+            for u, read in ((unread_first, first), (unread_last, last))
+            if node not in read
+        )
+        skipped.append(f"{node}: its agent was not read at {at} of the window ({'; '.join(whys)})")
     return totals, skipped
 
 

@@ -162,33 +162,44 @@ class Readings(DictApi):
         return super().get(path, **params)
 
 
+@pytest.mark.parametrize("output", ["json", "table"])
 def test_usage_over_a_window_counts_each_agent_over_its_own_readings(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, output: str
 ) -> None:
     """n1's ml/a used 2.5 s and was folded; n2's agent answered only the second reading (its
     totals since accounting began are not the window's); n3's only the first (its tenants are
-    not folded ones): each agent is windowed on its own, and the two are named, not counted."""
+    not folded ones); n4's neither; n5's agent pod ran only at the end: each agent is windowed
+    on its own, and each node not counted is named once, with why."""
 
     def agent(*rows: list[Any]) -> dict[str, Any]:
         return {"accounting": {"gpu_seconds": list(rows), "parked_byte_seconds": []}}
 
     busy = PluginError("the agent did not answer")
+    pods = [agent_pod(n, f"baton-agent-{n}") for n in ("n1", "n2", "n3", "n4", "n5")]
     routes: dict[str, Any] = {
-        "/api/v1/namespaces/baton-system/pods": {
-            "items": [agent_pod(n, f"baton-agent-{n}") for n in ("n1", "n2", "n3")]
-        },
+        "/api/v1/namespaces/baton-system/pods": [{"items": pods[:4]}, {"items": pods}],
         agent_status_path("baton-agent-n1"): [
             agent(["ml/a", "ml", 0, 10.0]),
             agent(["ml/(departed)", "ml", 0, 12.5]),
         ],
         agent_status_path("baton-agent-n2"): [busy, agent(["ml/b", "ml", 0, 100.0])],
         agent_status_path("baton-agent-n3"): [agent(["ml/z", "ml", 0, 50.0]), busy],
+        agent_status_path("baton-agent-n4"): [busy],
+        agent_status_path("baton-agent-n5"): [agent(["ml/y", "ml", 0, 7.0])],
     }
     monkeypatch.setattr(cli.Settings, "make_api", lambda kubeconfig, context: Readings(routes))
-    result = CliRunner().invoke(cli.app, ["usage", "--window", "0.01", "-o", "json"])
+    result = CliRunner().invoke(cli.app, ["usage", "--window", "0.01", "-o", output])
     assert result.exit_code == 0, result.output
+    why = "cannot read agent baton-agent-{}: the agent did not answer"
+    unread = [
+        f"n2: its agent was not read at the start of the window ({why.format('n2')})",
+        f"n3: its agent was not read at the end of the window ({why.format('n3')})",
+        f"n4: its agent was not read at either end of the window ({why.format('n4')})",
+        "n5: its agent was not read at the start of the window (no running agent pod)",
+    ]
+    if output == "table":
+        assert result.stderr.splitlines() == [f"not counted: {line}" for line in unread]
+        return
     document = json.loads(result.stdout)
     assert [(r["tenant"], r["gpu_seconds"]) for r in document["rows"]] == [("ml/(departed)", 2.5)]
-    unread = document["unread"]
-    assert "n2: its agent was not read at the start of the window" in unread
-    assert "n3: its agent was not read at the end of the window" in unread
+    assert document["unread"] == unread
