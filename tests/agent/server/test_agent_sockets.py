@@ -1,6 +1,6 @@
 """The agent's unix sockets on the host: a second agent given a live agent's socket is refused at
 start and takes nothing from it, its failed start's stop included; a stale socket a crashed agent
-left is taken over."""
+left is taken over; a socket path too long to bind is refused at start."""
 
 from __future__ import annotations
 
@@ -100,14 +100,38 @@ def test_an_agent_stopping_after_a_new_agent_replaced_its_sockets_leaves_the_new
     assert left == [], "no private socket left"
 
 
-def test_a_socket_whose_handshake_socket_cannot_fit_a_unix_path_is_refused_naming_it(
-    second_workdir: str,
+def socket_of_length(workdir: str, name: str, length: int) -> str:
+    """A path of `length` bytes in a directory of its own under `workdir`, ending in `name`."""
+    path = os.path.join(workdir, "d" * (length - len(workdir) - len(name) - 2), name)
+    assert len(path) == length
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "most", "why"),
+    [
+        ("s", 100, "it first under a private name, 7 bytes longer"),
+        ("ab", 101, "it first under a private name, 6 bytes longer"),
+        ("agent.sock", 102, "its handshake socket {path}.auth, 5 bytes longer"),
+    ],
+    ids=["one-byte-name", "two-byte-name", "agent.sock"],
+)
+def test_every_socket_the_length_check_takes_binds_and_one_byte_more_is_refused_naming_it(
+    second_workdir: str, name: str, most: int, why: str
 ) -> None:
-    """A --socket of 103 to 107 bytes: gRPC bound it, then the handshake socket beside it (5
-    bytes more) ended the start with an OSError traceback, 'AF_UNIX path too long'."""
-    directory = os.path.join(second_workdir, "d" * (93 - len(second_workdir)))
-    path = os.path.join(directory, "agent.sock")
-    assert len(path) == 105
+    """The agent binds a socket under a private name as long as its name but of at least 8
+    bytes (renamed into place), and its handshake socket 5 bytes longer: a --socket with a
+    one-byte name of 101 bytes passed the check, then failed to bind ('cannot listen on ...
+    (AF_UNIX path too long)'), naming neither its length nor the most it may have."""
+    fits = socket_of_length(second_workdir, name, most)
+    runner = on_socket(second_workdir, fits)
+    try:
+        runner.start()
+        assert serves(fits)
+    finally:
+        runner.stop()
+    assert os.listdir(os.path.dirname(fits)) == [], "no socket left, private or not"
+    path = socket_of_length(second_workdir, name, most + 1)
     runner = on_socket(second_workdir, path)
     try:
         with pytest.raises(AgentStartError) as refused:
@@ -115,7 +139,8 @@ def test_a_socket_whose_handshake_socket_cannot_fit_a_unix_path_is_refused_namin
     finally:
         runner.stop()
     assert str(refused.value) == (
-        f"the socket {path}.auth is 110 bytes, over the 107 a unix socket's path can have: "
-        "pass a shorter --socket (BATON_AGENT_SOCKET)"
+        f"the socket {path} is {most + 1} bytes, over the {most} it may have: the agent binds "
+        f"{why.format(path=path)}, and a unix socket's path has at most 107 bytes: pass a "
+        "shorter --socket (BATON_AGENT_SOCKET)"
     )
-    assert not os.path.exists(path) and not os.path.exists(f"{path}.auth")
+    assert not os.path.exists(os.path.dirname(path)), "nothing made"
