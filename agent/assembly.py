@@ -1,110 +1,42 @@
 """The node agent's one composition root: `build_agent(config)` makes every part from one config.
 
-State, lease service, preparer and backend, gRPC and direct sessions, HTTP status and metrics,
-llm-d's services and the pod watch are built here and nowhere else; `baton agent`, the demo and
-the test harnesses all go through `build_agent`. The preparer is built with the lease service as
-its `ParkingHost` (`agent.parking.host`), so parking never reaches up into the server.
+State, lease service, preparer and backend are built here and nowhere else, into an `Agent`
+(`agent.daemon`) that opens the gRPC and direct sessions, HTTP status and metrics, llm-d's
+services and the pod watch as it starts; `baton agent` (`run_agent`), the demo and the test
+harnesses all go through `build_agent`. What it can be told is `AgentConfig` (`agent.config`).
+The preparer is built with the lease service as its `ParkingHost` (`agent.parking.host`), so
+parking never reaches up into the server.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import functools
 import logging
-import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from agent.core.fair import FairConfig, FairShare
+from agent.config import AgentConfig, AgentStartError
+from agent.core.fair import FairShare
 from agent.core.leases import LeaseTable
-from agent.core.policy import DEFAULT_QUEUE_POLICY
 from agent.core.residency import TurnPreparer
-from agent.node.identity import (
-    HandshakeServer,
-    TokenRegistry,
-    container_id_of_pid,
-    pod_uid_of_pid,
-    serve_handshake,
-)
-from agent.node.podwatch import PodWatcher
+from agent.daemon import Agent
+from agent.node.identity import TokenRegistry
 from agent.node.state import StateStore
 from agent.node.watchtoken import write_watch_token
 from agent.parking.backends.base import Backend, BackendUnavailable
-from agent.parking.host import Parking, ParkingHost
+from agent.parking.host import ParkingHost
 from agent.parking.methods import NONE
 from agent.parking.metrics import Forward
-from agent.parking.setup import ParkingOptions, build_backend, build_preparer
-from agent.server import direct_session
-from agent.server.coordination import Coordination
-from agent.server.grpc_server import AgentServicer
-from agent.server.llmd.groups import Groups
-from agent.server.llmd.server import LlmdServer
-from agent.server.readiness import Readiness, SocketUnusable, claim_sockets
+from agent.parking.setup import build_backend, build_preparer
 from agent.server.service import LeaseService
 from agent.server.sessions import SessionRegistry
-from agent.server.status import status_json
-from agent.wire.handshake import handshake_path
-from baton._pb import agent_pb2_grpc
-from baton.contract import names
 from baton.contract.shutdown import on_stop_signal_async
-from baton.contract.statushttp import StatusServer
-from baton.contract.unixsocket import ServedSocket
+
+__all__ = ["Agent", "AgentConfig", "AgentStartError", "build_agent", "run_agent"]
 
 log = logging.getLogger(__name__)
-
-
-class AgentStartError(Exception):
-    """Something the agent needs at start is missing or unusable; the message says what."""
-
-
-@dataclass
-class AgentConfig:
-    """Everything `baton agent` can be told."""
-
-    socket: str = names.AGENT_SOCKET
-    state_dir: str = names.AGENT_STATE_DIR
-    http_host: str = "0.0.0.0"
-    http_port: int = names.PORT_AGENT
-    debug_tcp_port: int = 0
-    """Also serve gRPC on 127.0.0.1:<port> (0 = off). Calls still need a handshake token."""
-    queue_policy: str = DEFAULT_QUEUE_POLICY
-    """Who is served next on a GPU: `fifo`, `lrs` (`agent.core.policy`) or `fair`."""
-    fair: FairConfig = field(default_factory=FairConfig)
-    """With `fair`: the lower tiers' minimum share, the credit bound, the tier revoke grace."""
-    max_hold: float = 60.0
-    reconnect_grace: float = 10.0
-    forget_departed_after: float = 3600.0
-    """Seconds before a departed tenant's totals fold into `<namespace>/(departed)`; 0 = never."""
-    socket_mode: int = 0o660
-    node_name: str = ""
-    """In Kubernetes: this node's name; tenants are then learned from a watch of its pods."""
-    allow_local_tenants: bool = False
-    """With `node_name`: let processes in no pod register too (always allowed without one)."""
-    kubeconfig: str | None = None
-    proc_root: str = "/proc"
-    """Where the host's /proc is (PID → cgroup → pod); the agent runs with hostPID."""
-    shutdown_grace: float = 0.2
-    """Seconds in-flight RPCs get to finish on `stop` before they are cancelled."""
-    llmd_listen: str = ""
-    """Also serve llm-d's time-slicing API on HOST:PORT, plaintext ("" = off)."""
-    llmd_groups: tuple[str, ...] = ()
-    """llm-d groups outside Kubernetes: `NAME=GPU[,GPU...]` each."""
-    parking: ParkingOptions = field(default_factory=ParkingOptions)
-    """The backend that parks memory (`none` by default) and its settings."""
-    coordination_listen: str = ""
-    """Serve the coordinator's job turns on HOST:PORT ("" = off; needs the token)."""
-    coordination_token: str = ""
-    """The token the coordinator's calls carry (from the Secret both mount)."""
-    coordination_advertise: str = ""
-    """HOST:PORT the coordinator dials, written to the node's annotation (needs `node_name`)."""
-    coordinator: str = ""
-    """HOST:PORT of the coordinator (its Service): job members' own acquires go there."""
 
 
 def build_agent(
@@ -164,220 +96,6 @@ def _pods_api_client(config: AgentConfig) -> Any:
     from baton.contract.kube import load_api_client
 
     return load_api_client(config.kubeconfig)
-
-
-class Agent:
-    """A node agent built by `build_agent`: `start`, then `stop`."""
-
-    def __init__(
-        self,
-        config: AgentConfig,
-        service: LeaseService,
-        tokens: TokenRegistry,
-        watch_token: str,
-        api_client: Any,
-    ) -> None:
-        self.config = config
-        self.service = service
-        self._tokens = tokens
-        self._watch_token = watch_token
-        self._api_client = api_client
-        self.http_port = 0
-        self._grpc: grpc.aio.Server | None = None
-        self._socket = ServedSocket(config.socket)
-        self._handshake: HandshakeServer | None = None
-        self._http: StatusServer | None = None
-        self._pods: PodWatcher | None = None
-        self.llmd: LlmdServer | None = None
-        self.coordination: Coordination | None = None
-        self._stop_requested = asyncio.Event()
-        self.readiness = Readiness(config.node_name)
-
-    @property
-    def preparer(self) -> TurnPreparer:
-        """The residency layer (a `NullPreparer` with `--backend none`)."""
-        return self.service.preparer
-
-    @property
-    def parking(self) -> Parking | None:
-        """The parking preparer, if the agent parks memory."""
-        return self.service.parking
-
-    @property
-    def sessions(self) -> SessionRegistry:
-        return self.service.sessions
-
-    async def start(self) -> None:
-        """Reinstate the saved state, open the sockets; raises `AgentStartError` (what to pass)
-        before anything is served."""
-        cfg = self.config
-        service = self.service
-        service.load()
-        service.metrics.watch(
-            service.table,
-            lambda: len(service.sessions.tenants()),
-            time.time,
-            service.tenants.per_gpu,
-        )
-        self._prepare_socket_dir()
-        self._grpc = grpc.aio.server()
-        local_tenants = cfg.allow_local_tenants or not cfg.node_name
-        servicer = AgentServicer(
-            service,
-            self._tokens,
-            self._pod_uid_of,
-            self._watch_token,
-            local_tenants,
-            self._container_id_of,
-        )
-        agent_pb2_grpc.add_AgentServicer_to_server(servicer, self._grpc)
-        self._listen_grpc(f"unix:{cfg.socket}", "--socket (BATON_AGENT_SOCKET)", self._socket)
-        if cfg.debug_tcp_port:
-            self._listen_grpc(f"127.0.0.1:{cfg.debug_tcp_port}", "--debug-tcp-port")
-        await self._grpc.start()
-        self._socket.publish(cfg.socket_mode)  # bound privately: see ServedSocket
-        self._handshake = await serve_handshake(
-            handshake_path(cfg.socket),
-            self._tokens,
-            cfg.socket_mode,
-            functools.partial(direct_session.serve, servicer),
-        )
-        self.readiness.listening(cfg.socket, handshake_path(cfg.socket))
-
-        if cfg.llmd_listen:
-            await self._start_llmd(service)
-        if cfg.coordinator and not cfg.coordination_listen:
-            raise AgentStartError(
-                "--coordinator needs --coordination-listen: the coordinator grants a job's turn "
-                "through this agent's job turns"
-            )
-        if cfg.coordination_listen:
-            await self._start_job_turns(service)
-        if self._api_client is not None:
-            self._start_pod_watch(service, self._api_client)
-        self._http = StatusServer(
-            service.metrics.registry,
-            lambda: status_json(service, time.time()),
-            self.readiness.not_ready,
-        )
-        try:
-            self.http_port = await self._http.start(cfg.http_host, cfg.http_port)
-        except OSError as exc:  # the port taken or forbidden, else the host is not this node's
-            flag = "port" if exc.errno in (errno.EADDRINUSE, errno.EACCES) else "host"
-            raise AgentStartError(
-                f"cannot serve status and metrics on {cfg.http_host}:{cfg.http_port} "
-                f"({exc.strerror}); pass another --http-{flag} (BATON_AGENT_HTTP_{flag.upper()})"
-            ) from None
-        log.info(
-            "agent ready: socket %s, http :%d, policy %s, max hold %g s, state %s, "
-            "socket mode %04o, local tenants %s",
-            cfg.socket, self.http_port, cfg.queue_policy, cfg.max_hold, cfg.state_dir,
-            cfg.socket_mode, "allowed" if local_tenants else "refused (serving pods)",
-        )  # fmt: skip
-
-    async def _start_llmd(self, service: LeaseService) -> None:
-        cfg = self.config
-        parking = self.parking
-        self.llmd = LlmdServer(
-            service,
-            cfg.llmd_listen,
-            Groups.from_specs(cfg.llmd_groups),
-            parking.gpu_memory if parking is not None else {},
-            cfg.node_name or socket.gethostname(),
-            ",".join(parking.methods()) if parking is not None else NONE,
-            Path(cfg.proc_root),
-        )
-        await self.llmd.start()
-
-    async def _start_job_turns(self, service: LeaseService) -> None:
-        cfg = self.config
-        node = cfg.node_name or socket.gethostname()
-        self.coordination = Coordination(
-            service,
-            node,
-            cfg.state_dir,
-            cfg.coordination_listen,
-            cfg.coordination_token,
-            cfg.coordinator,
-        )
-        try:
-            await self.coordination.start(
-                self._api_client, cfg.node_name, cfg.coordination_advertise
-            )
-        except (ValueError, RuntimeError) as exc:
-            raise AgentStartError(f"{exc}; check --coordination-listen and its token") from None
-
-    def _pod_uid_of(self, pid: int) -> str | None:
-        return pod_uid_of_pid(pid, Path(self.config.proc_root))
-
-    def _container_id_of(self, pid: int) -> str | None:
-        return container_id_of_pid(pid, Path(self.config.proc_root))
-
-    def _prepare_socket_dir(self) -> None:
-        """The socket's directory exists and holds no stale socket, nor one another serves."""
-        path = self.config.socket
-        try:
-            claim_sockets(path, handshake_path(path), str(self._socket.private))
-        except SocketUnusable as exc:
-            raise AgentStartError(str(exc)) from None
-        except OSError as exc:
-            raise AgentStartError(
-                f"cannot create the socket {path} ({exc.strerror}: {exc.filename}); "
-                "pass --socket (BATON_AGENT_SOCKET) in a writable directory"
-            ) from None
-
-    def _listen_grpc(self, address: str, option: str, served: ServedSocket | None = None) -> None:
-        assert self._grpc is not None
-        try:
-            bound = self._grpc.add_insecure_port(served.address if served else address)
-        except RuntimeError as exc:
-            why = served.bind_error() if served else exc
-            raise AgentStartError(f"cannot listen on {address} ({why}); check {option}") from None
-        if not bound and not address.startswith("unix:"):
-            raise AgentStartError(f"cannot listen on {address}; check {option}")
-
-    def _start_pod_watch(self, service: LeaseService, api_client: Any) -> None:
-        self._pods = pods = PodWatcher(
-            api_client,
-            self.config.node_name,
-            asyncio.get_running_loop(),
-            service.upsert_pod,
-            service.pod_gone,
-            {t.pod_uid: t.tenant_id for t in service.tenants.tenants.values() if t.pod_uid},
-        )
-        self._pods.start()
-        self.readiness.pods_listed = lambda: pods.listed
-
-    def request_stop(self, reason: str) -> None:
-        """Wake `wait`: the agent should stop, for `reason` (e.g. `SIGTERM`)."""
-        self.readiness.stop(reason)
-        self._stop_requested.set()
-
-    async def wait(self) -> None:
-        """Block until a stop is requested (or `stop` is called)."""
-        await self._stop_requested.wait()
-
-    async def stop(self) -> None:
-        """Refuse new RPCs, let in-flight ones finish within the grace, flush state, close;
-        tenants, leases and parked memory stay for the next agent (`/readyz` answers 503)."""
-        self.service.stopping = True
-        self.readiness.stop("")
-        if self._pods is not None:
-            await asyncio.to_thread(self._pods.stop)  # waits for its thread
-        if self._handshake is not None:
-            self._handshake.close()
-        if self.llmd is not None:
-            await self.llmd.stop(self.config.shutdown_grace)
-        if self.coordination is not None:
-            await self.coordination.stop(self.config.shutdown_grace)
-        if self._grpc is not None:
-            await self._grpc.stop(grace=self.config.shutdown_grace)
-        if self._http is not None:
-            await self._http.stop()
-        await self.service.close()
-        self._socket.remove()  # only while its own: not a live agent's, nor a newer one's
-        self.readiness.remove_own_sockets()
-        self._stop_requested.set()
 
 
 async def run_agent(config: AgentConfig) -> None:
