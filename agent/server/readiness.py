@@ -10,12 +10,10 @@ import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from baton.contract.unixsocket import identity
+from baton.contract.unixsocket import UNIX_PATH_MAX, identity
 
 PROBE_TIMEOUT_S = 1.0
 """How long a connect to a socket found at start may take to tell a live one from a stale one."""
-UNIX_PATH_MAX = 107
-"""The bytes a unix socket's path can have (`sun_path`, less its closing NUL)."""
 
 
 class SocketUnusable(Exception):

@@ -15,6 +15,8 @@ import secrets
 import socket
 from pathlib import Path
 
+UNIX_PATH_MAX = 107
+"""The bytes a unix socket's path can have (`sun_path`, less its closing NUL)."""
 PRIVATE_NAME_MIN = 8
 """A private name is as long as the socket's name (a path that fits fits privately too), and
 at least this long: a dot and seven random hex digits."""
@@ -57,7 +59,16 @@ class ServedSocket:
         self.made = identity(self.path)
 
     def bind_error(self) -> str:
-        """Why the server could not bind the socket (gRPC does not say): a plain bind's error."""
+        """Why the server could not bind the socket (gRPC does not say): its path's length
+        against the limit where that is why, else a plain bind's error."""
+        size, private = len(os.fsencode(self.path)), len(os.fsencode(self.private))
+        if private > UNIX_PATH_MAX:
+            longer = private - size
+            first = f", bound first under a private name {longer} bytes longer" if longer else ""
+            return (
+                f"AF_UNIX path too long: it is {size} bytes{first}, and a unix socket's path has"
+                f" at most {UNIX_PATH_MAX}"
+            )
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
             try:
                 probe.bind(str(self.private))
