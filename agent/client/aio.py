@@ -58,7 +58,7 @@ class AsyncBaton(AsyncSession):
         if ended.kept or ended.gone:  # nothing to send (kept: the timer yields it if no
             return  # acquire takes it back; gone: its earlier yield reached the agent)
         try:
-            await self._request(pb.Request(release=self._core.release(ended.lease_id, parked)))
+            await self._request(pb.Request(release=self._core.release(ended.named, parked)))
         except LeaseLost:
             if not self._core.ended_unheard(ended):
                 raise

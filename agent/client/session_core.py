@@ -55,10 +55,18 @@ class Turn(NamedTuple):
     kept: bool = False
     gone: bool = False
     """The turn had ended already: its yield, cut off by an agent restart, reached the agent."""
+    revoked: str = ""
+    """While resuming: the revoked lease whose turn, not given back yet, the yield gives up."""
 
     @property
     def lease_id(self) -> str:
         return self.lease.lease_id if self.lease is not None else ""
+
+    @property
+    def named(self) -> str:
+        """The lease the yield names: the one held, or the revoked one (only that turn ends,
+        not those of the tenant's other processes)."""
+        return self.lease_id or self.revoked
 
 
 class KeptLease(NamedTuple):
@@ -167,7 +175,8 @@ class SessionCore:
             self.kept = KeptLease(lease, self.asked, now, self.renew_at)
             self.lease, self.renew_at = None, None
             return Turn(lease, False, kept=True)
-        turn = Turn(self.lease, self.resuming)
+        revoked = self.revoked_id if lease is None else ""
+        turn = Turn(lease, self.resuming, revoked=revoked)
         self.lease, self.resuming, self.renew_at = None, False, None
         return turn
 

@@ -157,7 +157,7 @@ class Baton(BlockingSession):
         if ended.gone:
             return
         try:
-            self._request(pb.Request(release=self._core.release(ended.lease_id, parked)))
+            self._request(pb.Request(release=self._core.release(ended.named, parked)))
         except LeaseLost:
             if not self._core.ended_unheard(ended):
                 raise

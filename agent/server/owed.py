@@ -47,7 +47,7 @@ def renewed(state: TurnState, tenant_id: str, lease_id: str, gone: UnknownLease)
     """A renewal of `lease_id`, which the agent does not hold (`gone`): a revoked lease, whose
     client may never have heard so, is answered with the turn that gave it back, or
     `TurnRevoked` while that turn waits (the client resumes it); else `gone` is raised."""
-    found = state.resumes.renewing(tenant_id, lease_id, state.table)
+    found = state.resumes.following(tenant_id, lease_id, state.table)
     if isinstance(found, Lease):
         log.info("tenant %s renewed its revoked lease %s: given back as %s", tenant_id, lease_id,
                  found.lease_id)  # fmt: skip

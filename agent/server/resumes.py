@@ -10,7 +10,7 @@ end until its grant or an end naming it (it left the queue ungranted), and the r
 queues it first again, under the same id. A grant of it that found no session of its tenant is
 told to the tenant's next session (`unheard`). A renewal of the revoked lease, from a client
 that never heard of the revocation (its session was down, or the agent restarted), is answered
-with the resume (`renewing`).
+with the resume (`following`); a yield naming it ends that resume only.
 
 An acquire of the tenant's while its resume waits joins it (`owed`, `join`): the resume's grant
 answers that acquire instead of a push, and the acquire's deadline leaves the resume queued.
@@ -107,15 +107,29 @@ class Resumes:
         else:
             self.unheard[lease.tenant_id] = lease.lease_id
 
-    def renewing(self, tenant_id: str, lease_id: str, table: LeaseTable) -> Lease | Waiter | None:
-        """What the tenant's renewal of `lease_id`, a revoked lease, finds: the turn that gave
-        it back, or the resume that will (None: neither is the tenant's any more). Its client
-        may never have heard of the revocation: the push went to no session of its process (it
-        was down, or the agent restarted); a client that did hear it heard it first (the
-        renewal's answer follows the push on the session) and ignores the answer."""
+    def following(self, tenant_id: str, lease_id: str, table: LeaseTable) -> Lease | Waiter | None:
+        """What follows `lease_id`, a revoked lease of the tenant's: the turn that gave it back,
+        or the resume that will (None: neither is the tenant's any more). A yield naming it
+        ends that turn; a renewal of it is answered with it (its client may never have heard of
+        the revocation: the push went to no session of its process, it was down or the agent
+        restarted; a client that did hear it heard it first, the renewal's answer following
+        the push on the session, and ignores the answer)."""
         resume = self._next.get(lease_id, "")
         found = table.leases.get(resume) or table.waiters.get(resume)
         return found if found is not None and found.tenant_id == tenant_id else None
+
+    def ending(self, tenant_id: str, lease_id: str, table: LeaseTable) -> Lease | Waiter | None:
+        """The turn a yield of the tenant's naming `lease_id`, no lease it holds, ends: the one
+        following it, a revoked lease (`following`), or the resume of that id itself (a job's
+        turn names the resume that gives its member the GPUs back: its lease, once granted).
+        None: no turn of the tenant's."""
+        found = self.following(tenant_id, lease_id, table)
+        if found is not None:
+            return found
+        resume = table.waiters.get(lease_id)
+        if resume is None or not resume.front or resume.tenant_id != tenant_id:
+            return None
+        return resume
 
     def owed(
         self, tenant_id: str, wanted: Sequence[str], revoked: str, table: LeaseTable, alone: bool

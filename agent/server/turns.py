@@ -148,14 +148,16 @@ class Turns:
             lease_id = mine[0].lease_id
         try:
             lease = self.table.lease(lease_id, tenant.tenant_id)
-        except UnknownLease:
-            successor = self.resumes.take(lease_id)
-            if successor in self.table.leases:  # revoked, then given back: that turn ends too
-                lease = self.table.lease(successor, tenant.tenant_id)
-            elif self.cancel_resume(tenant.tenant_id):
-                return 0.0
-            else:
+        except UnknownLease:  # revoked: the turn following it ends, no other of the tenant's
+            resume = self.resumes.ending(tenant.tenant_id, lease_id, self.table)
+            if resume is None:
                 raise
+            self.resumes.take(lease_id)
+            if isinstance(resume, Waiter):  # not given back yet: it never is
+                self.table.cancel(resume.waiter_id)
+                self.changed()
+                return 0.0
+            lease = resume
         return self._end(lease, ev.YIELDED, "", yielded=ago, answer=answer)
 
     def inspect(self, tenant: Tenant, lease_id: str) -> Lease:
