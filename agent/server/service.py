@@ -114,6 +114,7 @@ class LeaseService:
     async def close(self) -> None:
         """Stop timers and background work; the persisted state stays as it is."""
         self.turns.close()
+        self.tenancy.close()
         await self.state.close()
 
     def load(self) -> None:

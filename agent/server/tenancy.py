@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from agent.core import events as ev
 from agent.core.errors import InvalidRegistration, Quarantined, TenantGone
+from agent.node.peers import ProcessWatch
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.base import TenantRef
 from agent.parking.methods import parks_itself
@@ -29,6 +30,15 @@ class Tenancy:
         """Pod tenants that parked themselves (`app`) and whose last session ended: their memory
         lived in their processes, so nothing of theirs counts until a session opens again."""
         self._refs: tuple[tuple[int, int, frozenset[str]], dict[str, TenantRef]] | None = None
+        self._hearers: dict[str, set[int]] = {}
+        """Tenant (not a pod) → its processes alive as its resume was withdrawn: only they can
+        come back to hear so (`Resumes.withdrawn`), which is forgotten once they have exited."""
+        self._watch: ProcessWatch | None = None
+
+    def close(self) -> None:
+        """Stop watching the processes of tenants whose resume was withdrawn."""
+        if self._watch is not None:
+            self._watch.close()
 
     def tenant_refs(self) -> dict[str, TenantRef]:
         """The tenants that count for parking, as the preparer reads them: the same dict until
@@ -92,7 +102,36 @@ class Tenancy:
         """Tell the tenant's next session `what` became of the turn it was to be given back."""
         grace = self._state.grace
         why = f"{what}: no session of {tenant_id} was open within --reconnect-grace ({grace:g} s)"
-        self._turns.resumes.withdraw(tenant_id, self._state.table, why)
+        self._withdraw_resume(tenant_id, why)
+
+    def _withdraw_resume(self, tenant_id: str, why: str, pids: Iterable[int] = ()) -> None:
+        """The tenant's next session hears `why` its resume is withdrawn, if one comes: a pod's
+        until its pod leaves; another tenant's until its processes (and `pids`) have exited."""
+        resumes, tenant = self._turns.resumes, self._state.tenants.tenants.get(tenant_id)
+        resumes.withdraw(tenant_id, self._state.table, why)
+        if tenant is None or tenant.source == POD or tenant_id not in resumes.withdrawn:
+            return
+        if self._watch is None:
+            self._watch = ProcessWatch(asyncio.get_running_loop())
+        watch = self._watch.watch
+        alive = {p for p in {*tenant.pids, *pids} if p > 0 and watch(p, self._exited)}
+        if alive:
+            self._hearers[tenant_id] = alive
+        else:
+            self._unheard(tenant_id)
+
+    def _exited(self, pid: int) -> None:
+        for tenant_id, pids in list(self._hearers.items()):
+            pids.discard(pid)
+            if not pids:
+                self._unheard(tenant_id)
+
+    def _unheard(self, tenant_id: str) -> None:
+        """No process of the tenant lives to hear its resume withdrawn: that is forgotten."""
+        self._hearers.pop(tenant_id, None)
+        if self._turns.resumes.withdrawn.pop(tenant_id, None) is not None:
+            log.info("tenant %s: its withdrawn resume is forgotten (no process of it lives)",
+                     tenant_id)  # fmt: skip
 
     # Tenants.
 
@@ -166,11 +205,11 @@ class Tenancy:
             why = "its last session ended"
             if pod:  # the pod is still on the node: listed, with no process, until it leaves
                 why += "; its pod stays listed, with no process, until it leaves the node"
-            self._turns.resumes.withdraw(  # heard by its client if it was a blip: it reconnects
+            self._withdraw_resume(  # heard by its client if it was a blip: it reconnects
                 tenant_id,
-                self._state.table,
                 f"the revoked turn is not given back: the last session of {tenant_id} ended "
                 "while it waited (a tenant with no session leaves the queue)",
+                [pid],
             )
             self._drop(tenant_id, why)
 

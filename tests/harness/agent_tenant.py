@@ -3,7 +3,8 @@
     python -m tests.harness.agent_tenant SOCKET NAME GPU[,GPU...]
 
 Commands (one JSON object per line): acquire {timeout, gpus}, yield, rpc {method, lease_id,
-gpus} (a raw unary call with this tenant's session token), exit. Each gets one JSON answer.
+gpus} (a raw unary call with this tenant's session token), close (the client's session ends;
+the process lives on), exit. Each gets one JSON answer.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ def main() -> None:
                 answer(ok=True)
             elif op == "rpc":
                 run_rpc(baton, command)
+            elif op == "close":
+                baton.close()
+                answer(ok=True)
             elif op == "exit":
                 baton.close()
                 return

@@ -165,3 +165,51 @@ def test_a_client_whose_only_session_broke_while_it_was_revoked_hears_the_turn_i
         asyncio.run(asyncio.wait_for(scenario(), 45))
     finally:
         agent.stop()
+
+
+@pytest.mark.parametrize("ends", ["killed", "closed"])
+def test_a_withdrawn_turn_is_kept_for_the_tenants_next_session_only_while_its_process_lives(
+    workdir: str, ends: str
+) -> None:
+    """x's only process's session ends while its revoked turn waits to be given back: x is
+    dropped, its resume withdrawn for its next session to hear. That word is kept while x's
+    process lives (it `closed` its client: it may open another) and forgotten once it has
+    exited (at once if it was `killed`): nobody of x is left to come back."""
+    agent = AgentRunner(workdir, max_hold=0.3).start()
+    x = TenantProcess(agent.socket, "x", ["GPU-0"])
+
+    def withdrawn() -> list[str]:
+        return agent.inspect(lambda service: list(service.turns.resumes.withdrawn))
+
+    async def scenario() -> None:
+        y = AsyncBaton(agent.socket, ["GPU-0"], name="y", connect_timeout=5)
+        try:
+            took = await asyncio.to_thread(x.request, "acquire")
+            assert took["ok"], took
+            agent.inspect(lambda service: setattr(service.table, "max_hold", 60.0))  # not y's
+            await asyncio.wait_for(y.acquire(), 5)
+            assert queue(agent) == [("local/x", True)]
+            since = agent.mark()
+            if ends == "killed":
+                await asyncio.to_thread(x.kill)
+            else:
+                assert await asyncio.to_thread(x.request, "close") == {"ok": True}
+            await asyncio.to_thread(
+                agent.wait_event,
+                lambda e: e.kind == "tenant_gone" and e.tenant_id == "local/x",
+                10,
+                since,
+            )
+            assert queue(agent) == []
+            if ends == "closed":
+                assert withdrawn() == ["local/x"]  # its process may open a session again
+                await asyncio.to_thread(x.close)
+            await until(lambda: not withdrawn(), "the withdrawal nobody can hear is forgotten")
+        finally:
+            await y.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 45))
+    finally:
+        x.close()
+        agent.stop()
