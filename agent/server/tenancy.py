@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from agent.core import events as ev
 from agent.core.errors import InvalidRegistration, Quarantined, TenantGone
 from agent.node.peers import ProcessWatch
+from agent.node.state_json import PersistedState
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.base import TenantRef
 from agent.parking.methods import parks_itself
@@ -68,16 +69,7 @@ class Tenancy:
         """Reinstate persisted tenants and leases; holders have `reconnect_grace` to come back."""
         saved = self._state.restore()
         if saved is not None and saved.tenants:
-            resumes = len(saved.resumes)
-            log.info(
-                "restored %d tenants and %d leases%s (%d entries after the snapshot, from the "
-                "journal); their tenants have %g s to reconnect",
-                len(saved.tenants),
-                len(saved.leases),
-                f", and {resumes} revoked turns to give back" if resumes else "",
-                saved.replayed,
-                self._state.grace,
-            )
+            log.info("%s", restored_line(saved, self._state.grace))
             asyncio.get_running_loop().call_later(self._state.grace, self._end_grace)
 
     def unwatched(self, tenant_id: str) -> None:
@@ -252,3 +244,19 @@ class Tenancy:
         log.info("tenant %s: %s; released %d leases", tenant_id, why, len(leases))
         state.spawn(state.preparer.forget(tenant_id))
         self._turns.changed()
+
+
+def restored_line(saved: PersistedState, grace: float) -> str:
+    """What an agent that restored `saved` logs (its tenants have `grace` seconds)."""
+    resumes = len(saved.resumes)
+    given = f", and {_count(resumes, 'revoked turn')} to give back" if resumes else ""
+    tenants, leases = _count(len(saved.tenants), "tenant"), _count(len(saved.leases), "lease")
+    replayed = _count(saved.replayed, "entry", "entries")
+    return (
+        f"restored {tenants} and {leases}{given} ({replayed} after the snapshot, from the "
+        f"journal); each tenant has {grace:g} s to reconnect"
+    )
+
+
+def _count(n: int, one: str, many: str = "") -> str:
+    return f"{n} {one}" if n == 1 else f"{n} {many or one + 's'}"

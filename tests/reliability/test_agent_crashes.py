@@ -114,7 +114,7 @@ def test_an_agent_killed_while_a_lease_is_held_keeps_the_holders_turn(workdir):
         killed = time.monotonic()
         node.kill()
         node.start()
-        node.wait_for("restored 1 tenants and 1 leases", 10)
+        node.wait_for(r"restored 1 tenant and 1 lease \(", 10)
         recovered_s = time.monotonic() - killed
         assert set(holders(node).values()) == {"local/a"}
         b = tenant(node, "b", "--mib", "60", "--turns", "2")

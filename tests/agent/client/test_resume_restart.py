@@ -36,9 +36,10 @@ async def revoked(x: Client, y: AsyncBaton) -> int:
 @pytest.mark.parametrize("kind", ["blocking", "asyncio"])
 @pytest.mark.parametrize("reconnects", ["before", "after"])
 def test_a_turn_revoked_before_an_agent_restart_is_given_back_after_it(
-    workdir: str, kind: str, reconnects: str
+    workdir: str, kind: str, reconnects: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """`reconnects`: whether x's session is back before or after y's yield gives x the turn."""
+    caplog.set_level(logging.INFO, logger="agent.server.tenancy")
     first = AgentRunner(workdir, max_hold=0.3, reconnect_grace=30).start()
     second = AgentRunner(workdir, max_hold=0.3, reconnect_grace=30)
 
@@ -52,6 +53,7 @@ def test_a_turn_revoked_before_an_agent_restart_is_given_back_after_it(
                 gate.set()
             await asyncio.to_thread(first.stop)
             await asyncio.to_thread(second.start)
+            assert "restored 2 tenants and 1 lease, and 1 revoked turn to give back" in caplog.text
             assert queue(second) == [("local/x", True)]  # still first for the turn after
             await asyncio.wait_for(y.yield_(), 10)  # once y is back
             granted = await asyncio.to_thread(
