@@ -160,6 +160,20 @@ class Resumes:
         )
         return next(front, None)
 
+    @staticmethod
+    def cancel(tenant_id: str, gpus: Sequence[str], table: LeaseTable) -> bool:
+        """Take the tenant's resumes (only the one on `gpus`, if named) out of the queue: the
+        turns they were to give back are not; whether there was one."""
+        wanted = set(gpus)
+        resumes = [
+            w.waiter_id
+            for w in table.waiters.values()
+            if w.front and w.tenant_id == tenant_id and (not gpus or set(w.gpus) == wanted)
+        ]
+        for waiter_id in resumes:
+            table.cancel(waiter_id)
+        return bool(resumes)
+
     async def join(
         self,
         resume: Waiter,

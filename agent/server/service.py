@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from agent.core import events as ev
 from agent.core.errors import AcquireTimeout
 from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import TurnPreparer
@@ -143,11 +142,9 @@ class LeaseService:
         """A waiter whose deadline its caller keeps (`agent.server.llmd.asking`) leaves the
         queue as one past its deadline does: its acquire raises `error`, `expired` says `why`."""
         waiter = self.table.cancel(waiter_id)
-        if waiter is None:
-            return
-        self.turns.fail(waiter_id, error)
-        self.state.publish(ev.EXPIRED, waiter.tenant_id, gpus=waiter.gpus, detail=why)
-        self.turns.changed()
+        if waiter is not None:
+            self.turns.expire(waiter, error, why)
+            self.turns.changed()
 
     def yield_(self, tenant: Tenant, lease_id: str, answer: Answer = None, ago: float = 0) -> float:
         """End the tenant's turn (its caller's `ago` seconds ago: a kept turn's); returns how

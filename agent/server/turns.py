@@ -173,16 +173,16 @@ class Turns:
     def cancel_resume(self, tenant_id: str, gpus: Sequence[str] = ()) -> bool:
         """Give up the turns the node revoked from the tenant and has yet to give back (only
         the one on `gpus`, if named); whether there was one."""
-        resume = [
-            w
-            for w in self.table.waiters.values()
-            if w.tenant_id == tenant_id and w.front and (not gpus or set(w.gpus) == set(gpus))
-        ]
-        for waiter in resume:
-            self.table.cancel(waiter.waiter_id)
-        if resume:
-            self.changed()
-        return bool(resume)
+        if not self.resumes.cancel(tenant_id, gpus, self.table):
+            return False
+        self.changed()
+        return True
+
+    def expire(self, waiter: Waiter, error: Exception, why: str) -> None:
+        """`waiter` left the queue past its deadline: its acquire raises `error`, and the
+        `expired` event says `why` (`_on_timer`, or `LeaseService.expire`)."""
+        self.fail(waiter.waiter_id, error)
+        self._state.publish(ev.EXPIRED, waiter.tenant_id, gpus=waiter.gpus, detail=why)
 
     def _end(
         self, lease: Lease, kind: str, detail: str, *, yielded: Ago = None, answer: Answer = None
@@ -351,8 +351,7 @@ class Turns:
         tick = self.table.tick()
         for waiter in tick.expired:
             reason = why.get(waiter.waiter_id) or waiter.blocked
-            self.fail(waiter.waiter_id, timed_out(waiter, reason))
-            self._state.publish(ev.EXPIRED, waiter.tenant_id, gpus=waiter.gpus, detail=reason)
+            self.expire(waiter, timed_out(waiter, reason), reason)
         for lease in tick.overdue:
             if self.revocations.may_start(lease.lease_id, self._state.clock()):
                 self.revocations.start(lease.lease_id)
