@@ -1,9 +1,10 @@
-"""The blocking client's session: its reader thread, reconnects, callbacks and renewals.
+"""The blocking client's session: its lifecycle, the agent's messages, callbacks and renewals.
 
-One background thread per client reads what the agent sends on the session (answers to
-background requests, turns given back, revocations, park/restore callbacks), renews the held
-turn and reconnects after the agent restarts; what each of those does to the turn is decided in
-`agent.client.session_core`. `agent.client.sync.Baton` adds the two calls.
+The session's socket and the background thread that reads it and reconnects after the agent
+restarts are `agent.client.blocking_connection`'s; here are what the agent's messages (answers to
+background requests, turns given back, revocations, park/restore callbacks) do, the held turn's
+renewals and kept turns, decided in `agent.client.session_core`, and connecting and closing.
+`agent.client.sync.Baton` adds the two calls.
 """
 
 from __future__ import annotations
@@ -11,34 +12,24 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import logging
-import socket as socketlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from agent.client.background import BackgroundCall
-from agent.client.call_link import CallLink
+from agent.client.blocking_connection import BlockingConnection
 from agent.client.callback_runner import CLOSE_WAIT_S, CallbackRunner, CallbackTiming
 from agent.client.connect import CLIENT_VERSION
-from agent.client.errors import AgentUnavailable, BatonError, from_status
+from agent.client.errors import AgentUnavailable, BatonError
 from agent.client.owner import SessionOwner
 from agent.client.session_core import SessionCore
 from agent.client.timers import Keeper
 from agent.client.types import Callback, Identity, LeaseInfo, add_callbacks, timings_of
-from agent.wire.handshake import handshake_path, read_token_line
 from baton._pb import agent_pb2 as pb
-from baton.contract import framing
-from baton.contract.names import ENV_AGENT_SOCKET
-
-log = logging.getLogger("baton.client")
-
-RECONNECT_BACKOFF_S = (0.05, 2.0)
-"""First and longest pause between reconnect attempts."""
 
 
-class BlockingSession:
+class BlockingSession(BlockingConnection):
     """A tenant's session with the node agent, served by a background thread."""
 
     def __init__(
@@ -61,39 +52,26 @@ class BlockingSession:
         keep_turns: bool = True,
     ) -> None:
         me = Identity.of(socket, gpus, name, gpu_memory_mib, gpu_duty, memory_limit_bytes, priority)
-        self.socket, self.gpus, self.name = me.socket, me.gpus, me.name
+        connect_timeout, renew_interval = timings_of(connect_timeout, renew_interval)
+        core = SessionCore(renew_interval)
+        super().__init__(me.socket, connect_timeout, renew_interval, reconnect, core.ids)
+        self.gpus, self.name = me.gpus, me.name
         self.job = job
         """The job whose turn `acquire` takes across its nodes ("": the pod's own, if any)."""
         self._registration = me.registration
         self._callbacks: dict[str, Callback] = {}
-        self._connect_timeout, self._renew_interval = timings_of(connect_timeout, renew_interval)
-        self._reconnect = reconnect
-        self.tenant: pb.Tenant | None = None
-        """This tenant as the agent knows it (after connecting)."""
-        self._core = SessionCore(self._renew_interval)
-        self._core.park_at_yield = park_at_yield
+        self._core = core
         """The turn held and its renewal; changed only under `_state`."""
+        self._core.park_at_yield = park_at_yield
         self._core.keeps_turns = keep_turns and not job  # a job's turn is the coordinator's
         self._keeper = Keeper(self._kept_deadline, self._give_back_due, self._core.clock)
         self._kept_released = threading.Event()
         """Clear while the yield of a kept lease travels on the session (`_yield_kept`)."""
         self._kept_released.set()
-        self._token = ""
-        self._sock: socketlib.socket | None = None
-        self._connected = threading.Event()
-        self._disconnected = threading.Event()
-        """Set while the session is broken (the opposite of `_connected`, to wait on)."""
-        self._closed = threading.Event()
         self._owner = SessionOwner()
-        self._connect_lock, self._send_lock = threading.Lock(), threading.Lock()
-        self._call_lock = threading.Lock()
-        """One request at a time on the call link; calls from several threads queue here."""
+        self._connect_lock = threading.Lock()
         self._acquiring = threading.Lock()
         """One acquire at a time: one made while another thread's waits takes the same grant."""
-        self._link: CallLink | None = None
-        self._state = threading.RLock()
-        """Guards the core, the calls and the socket, shared by the caller and the reader."""
-        self._calls: dict[int, BackgroundCall] = {}
         self._reader: threading.Thread | None = None
         self._callbacks_run = CallbackRunner(self._callbacks, self._answer)
         """Runs park/restore callbacks (on the reader thread; a restore a grant owes on the
@@ -145,106 +123,14 @@ class BlockingSession:
             )
             self._reader.start()
 
-    def _open(self) -> framing.BlockingReader:
-        """Handshake, Hello, Welcome: a new session is current; `AgentUnavailable` if not."""
-        sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
-        sock.settimeout(self._connect_timeout)
-        try:
-            sock.connect(handshake_path(self.socket))
-            token, rest = read_token_line(sock)
-            hello = pb.Hello(
-                client_version=CLIENT_VERSION,
-                callbacks=sorted(self._callbacks),
-                register=self._registration,
-                keeps_turns=self._core.keeps_turns,
-            )
-            sock.sendall(framing.encode(pb.ClientMessage(hello=hello)))
-            reader = framing.BlockingReader(sock, rest)
-            first = reader.read(pb.AgentMessage)
-        except (OSError, ValueError, KeyError, framing.FrameError) as exc:
-            sock.close()
-            raise AgentUnavailable(
-                f"cannot reach the Baton agent at {self.socket} ({exc}); is `baton agent` "
-                f"running, and is {ENV_AGENT_SOCKET} right?"
-            ) from None
-        if first is None or not first.HasField("welcome"):
-            sock.close()
-            if first is not None and first.HasField("refused"):
-                raise from_status(first.refused.code, first.refused.message, self.socket)
-            raise AgentUnavailable(f"the Baton agent at {self.socket} closed the session")
-        sock.settimeout(max(0.01, min(1.0, self._renew_interval / 2)))  # looks up to renew
-        with self._state:
-            self._sock, self._token, self.tenant = sock, token, first.welcome.tenant
-            self._disconnected.clear()
-        self._connected.set()
-        return reader
-
-    def _supervise(self, reader: framing.BlockingReader) -> None:
-        """The reader thread: serve the session; after it breaks, reconnect and serve again."""
-        while True:
-            self._serve(reader)
-            if self._closed.is_set() or not self._reconnect:
-                return
-            log.warning("lost the Baton agent at %s; reconnecting", self.socket)
-            opened = self._reopen()
-            if opened is None:
-                return
-            reader = opened
-            log.warning("reconnected to the Baton agent at %s", self.socket)
-            self._reclaim()
-
-    def _reopen(self) -> framing.BlockingReader | None:
-        delay, longest = RECONNECT_BACKOFF_S
-        while not self._closed.is_set():
-            try:
-                return self._open()
-            except BatonError as exc:
-                log.warning("reconnect failed (%s); retrying in %.2f s", exc, delay)
-                if self._closed.wait(delay):
-                    return None
-                delay = min(longest, delay * 2)
-        return None
-
-    def _serve(self, reader: framing.BlockingReader) -> None:
-        sock = self._sock
-        try:
-            while True:
-                try:
-                    message = reader.read(pb.AgentMessage)
-                except TimeoutError:
-                    self._renew_if_due()
-                    continue
-                if message is None:
-                    return
-                self._on_message(message)
-                self._renew_if_due()
-        except (OSError, framing.FrameError) as exc:
-            if not self._closed.is_set():
-                log.info("session with the Baton agent at %s ended: %s", self.socket, exc)
-        finally:
-            if sock is not None:
-                self._lost(sock)
-
-    def _lost(self, sock: socketlib.socket) -> None:
-        """The session on `sock` is broken: calls wait for the reconnect from now on."""
-        with self._state:
-            if sock is not self._sock:
-                return
-            self._connected.clear()
-            self._disconnected.set()
-            self._sock = None
-            calls, self._calls = self._calls, {}
-            link, self._link = self._link, None
-        if link is not None:
-            link.close()  # a caller waiting on it hears of the loss at once
-        with contextlib.suppress(OSError):
-            sock.shutdown(socketlib.SHUT_RDWR)
-        sock.close()
-        lost = AgentUnavailable(
-            f"lost the Baton agent at {self.socket}; reconnecting, retry the call"
+    def _hello(self) -> pb.Hello:
+        """This tenant's registration, the callbacks it serves and whether it keeps turns."""
+        return pb.Hello(
+            client_version=CLIENT_VERSION,
+            callbacks=sorted(self._callbacks),
+            register=self._registration,
+            keeps_turns=self._core.keeps_turns,
         )
-        for call in calls.values():
-            call.finish(None, lost)
 
     def _ready(self, wait: float) -> None:
         """Return once the session is open; `AgentUnavailable` if not within `wait` seconds."""
@@ -292,32 +178,6 @@ class BlockingSession:
     def _answer(self, result: pb.CallbackResult) -> None:
         with contextlib.suppress(AgentUnavailable):
             self._send(pb.ClientMessage(callback_result=result))
-
-    def _send(self, message: pb.ClientMessage) -> None:
-        frame = framing.encode(message)
-        with self._state:
-            sock = self._sock
-        if sock is None:
-            raise AgentUnavailable(f"not connected to the Baton agent at {self.socket}")
-        try:
-            with self._send_lock:
-                sock.sendall(frame)
-        except OSError as exc:
-            self._lost(sock)
-            raise AgentUnavailable(f"lost the Baton agent at {self.socket}: {exc}") from None
-
-    def _background(self, request: pb.Request, on_done: Callable[[BackgroundCall], None]) -> None:
-        """Send a request whose answer `on_done` handles on the reader thread."""
-        call = BackgroundCall(on_done)
-        request.request_id = next(self._core.ids)
-        with self._state:
-            self._calls[request.request_id] = call
-        try:
-            self._send(pb.ClientMessage(request=request))
-        except AgentUnavailable as exc:
-            with self._state:
-                self._calls.pop(request.request_id, None)
-            call.finish(None, exc)
 
     # Renewal (on the reader thread).
 

@@ -2,8 +2,9 @@
 
 The caller's thread writes its requests straight to the socket and waits for the answer
 (`agent.client.call_link`); one background thread per client serves the session
-(`agent.client.blocking_session`); `agent.client.session_core` keeps the turn's state. No event
-loop sits between the caller and the socket, so a turn costs two small writes and one wake-up.
+(`agent.client.blocking_session`, on the socket of `agent.client.blocking_connection`);
+`agent.client.session_core` keeps the turn's state. No event loop sits between the caller and
+the socket, so a turn costs two small writes and one wake-up.
 """
 
 from __future__ import annotations
