@@ -1,8 +1,10 @@
-"""What the preparer plans from its model of the node, without reading every tenant first.
+"""What the preparer decides from its model of the node, without reading every tenant first.
 
-A grant that must move memory is planned from the residency model (`agent.parking.model`) where
-the model can say, as a grant that moves nothing is decided from it (`agent.parking.known`), so
-it waits for the moves alone; after any plan's moves only the tenants it moved are read again.
+Whether a grant moves nothing is decided from the residency model (`agent.parking.model`) alone,
+where the model can say (it has read every tenant as registered now, and no tenant whose growth
+has no bound stands beside one that needs room); a grant that must move memory is planned from
+it where it can say too, so it waits for the moves alone; after any plan's moves only the
+tenants it moved are read again (what the model holds and how it is read: `agent.parking.known`).
 A preparation ahead whose plan over the model is a refusal reads nothing. Where the model cannot
 say, the preparer reads the node in full first (`agent.parking.preparer`).
 """
@@ -12,12 +14,104 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from agent.core.planner import Plan, Refusal, plan_ahead, plan_turn
+from agent.parking.backends.base import TenantRef
 from agent.parking.known import KnownNode
+from agent.parking.methods import parks_itself
 from agent.parking.model import needs_room
+
+MAX_VERDICTS = 64
+"""`_moves_nothing`'s verdicts kept at once (a few per tenant); more, and they start afresh."""
 
 
 class ModelPlans(KnownNode):
-    """The plans and reads drawn from the model; `ParkingPreparer` carries them out."""
+    """The verdicts, plans and reads drawn from the model; `ParkingPreparer` carries them out."""
+
+    def _moves_nothing(
+        self, tenant_id: str, gpus: Collection[str], holders: Collection[str] | None = None
+    ) -> bool:
+        """The model shows the tenant resident with room (beside `holders` if ahead of its
+        turn): its grant moves nothing, and needs no read of the node to know it.
+
+        Not when a plan runs or is on the way for it, when the tenants changed since the last
+        read, or when it needs room beside a tenant whose growth has no bound.
+        """
+        ref = self._model_ref(tenant_id, gpus)
+        if ref is None:
+            return False
+        at = (self._model.revision, self._revision)
+        if at != self._verdicts_at or len(self._verdicts) > MAX_VERDICTS:
+            self._verdicts.clear()
+            self._verdicts_at = at
+        key = (
+            tenant_id,
+            frozenset(gpus),
+            None if holders is None else frozenset(holders),
+            frozenset(self._holding),
+            frozenset(self._model.unsettled),
+        )
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = self._verdicts[key] = self._plans_nothing(tenant_id, ref, holders)
+        return verdict
+
+    def _plans_nothing(
+        self, tenant_id: str, ref: TenantRef, holders: Collection[str] | None
+    ) -> bool:
+        """`_moves_nothing`'s plan over the model, drawn only from the model's reads and
+        unsettled tenants, the tenants registered here and their methods, who holds a turn, and
+        `holders`: `_moves_nothing` keeps its verdict while none of those changes."""
+        snap = self._node(holders or (), whole=self._model.unsettled, on=ref.gpus)
+        me = snap.tenants.get(tenant_id)
+        if me is None or me.parked:
+            return False
+        held = self._model.states[tenant_id].footprint_bytes
+        if needs_room(me, held) and self._unbounded_beside(tenant_id, me.footprint):
+            return False
+        plan = plan_turn(snap, tenant_id) if holders is None else plan_ahead(snap, tenant_id)
+        return isinstance(plan, Plan) and not plan.steps
+
+    def _model_ref(self, tenant_id: str, gpus: Collection[str]) -> TenantRef | None:
+        """`_current_ref`, where no plan runs or is on the way for the tenant: the model can
+        plan its turn on `gpus` alone; None otherwise."""
+        if self._lock.locked() or tenant_id in self._ahead:
+            return None
+        return self._current_ref(tenant_id, gpus)
+
+    def _current_ref(self, tenant_id: str, gpus: Collection[str]) -> TenantRef | None:
+        """The tenant as registered, if it is not quarantined, `gpus` are its own and the model
+        has read every tenant as registered now (also under the preparer's lock); else None."""
+        ref = self._refs.get(tenant_id)
+        if tenant_id in self.quarantines.why or ref is None or not set(gpus) <= set(ref.gpus):
+            return None
+        return ref if self._model_current() else None
+
+    def _model_current(self) -> bool:
+        """Whether the model has read every tenant that counts, as it is registered now."""
+        if self._host is None:
+            return self._refs.keys() <= self._model.states.keys()
+        refs = self._host.tenant_refs()
+        now = (self._model.revision, self._revision)
+        if self._current_for == (refs, now):
+            return True  # the same tenants (the same dict, while unchanged) and the same reads
+        if refs.keys() != self._model.states.keys():
+            return False
+        if not all(self._refs.get(t) == ref for t, ref in refs.items()):
+            return False
+        self._current_for = (refs, now)
+        return True
+
+    def _unbounded_beside(self, tenant_id: str, gpus: Collection[str]) -> bool:
+        """An unsettled tenant on `gpus` may have grown by any amount since it was read."""
+        for other in self._model.unsettled:
+            ref = self._refs.get(other)
+            if other == tenant_id or ref is None or not set(ref.gpus) & set(gpus):
+                continue
+            bounded = bool(ref.declared_bytes) or (
+                ref.self_parks and parks_itself(self.backend.method_of(other))
+            )
+            if not bounded or other in self._model.outgrew:
+                return True
+        return False
 
     def _moves_from_model(self, tenant_id: str, gpus: Collection[str]) -> Plan | None:
         """Under the lock: the plan for the tenant's turn drawn from the model, where the model

@@ -1,5 +1,6 @@
 """What the preparer knows of the node: its tenants, who holds a turn, the residency model,
-and the reads that keep the model current; from it alone, whether a turn moves nothing.
+and the reads that keep the model current. What the model alone decides (whether a turn moves
+nothing, the plans drawn from it) is `agent.parking.from_model`'s.
 
 The model (`agent.parking.model`) is read in full where it cannot plan a turn (the preparer's
 `_moves_from_model`), and the tenants a plan moved are read after its moves, in a worker thread;
@@ -18,19 +19,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from agent.core.planner import NodeView, Plan, TenantView, plan_ahead, plan_turn
+from agent.core.planner import NodeView, TenantView
 from agent.parking.backends.base import Backend, Residency, TenantRef, TenantState
 from agent.parking.host import ParkingHost
-from agent.parking.methods import parks_itself
 from agent.parking.metrics import ParkingMetrics
-from agent.parking.model import Read, ResidencyModel, needs_room
+from agent.parking.model import Read, ResidencyModel
 from agent.parking.quarantine import Quarantines
 from agent.parking.view import tenant_status, tenant_view
 
 log = logging.getLogger(__name__)
-
-MAX_VERDICTS = 64
-"""`_moves_nothing`'s verdicts kept at once (a few per tenant); more, and they start afresh."""
 
 SETTLE_AFTER_S = (0.0005, 0.05)
 """How long after a grant made from the model the tenants whose turns ended are read: half the
@@ -39,7 +36,8 @@ new turn, away from the handoffs at either end."""
 
 
 class KnownNode:
-    """The node as the preparer knows it; `ParkingPreparer` adds the plans and the moves."""
+    """The node as the preparer knows it; `ModelPlans` adds what the model alone decides,
+    `ParkingPreparer` the plans read from the node and the moves."""
 
     def __init__(
         self,
@@ -109,93 +107,6 @@ class KnownNode:
         self._model.granted(tenant_id)
         self._last_turn[tenant_id] = self._clock()
         self._last_turn_wall[tenant_id] = self._wall()
-
-    def _moves_nothing(
-        self, tenant_id: str, gpus: Collection[str], holders: Collection[str] | None = None
-    ) -> bool:
-        """The model shows the tenant resident with room (beside `holders` if ahead of its
-        turn): its grant moves nothing, and needs no read of the node to know it.
-
-        Not when a plan runs or is on the way for it, when the tenants changed since the last
-        read, or when it needs room beside a tenant whose growth has no bound.
-        """
-        ref = self._model_ref(tenant_id, gpus)
-        if ref is None:
-            return False
-        at = (self._model.revision, self._revision)
-        if at != self._verdicts_at or len(self._verdicts) > MAX_VERDICTS:
-            self._verdicts.clear()
-            self._verdicts_at = at
-        key = (
-            tenant_id,
-            frozenset(gpus),
-            None if holders is None else frozenset(holders),
-            frozenset(self._holding),
-            frozenset(self._model.unsettled),
-        )
-        verdict = self._verdicts.get(key)
-        if verdict is None:
-            verdict = self._verdicts[key] = self._plans_nothing(tenant_id, ref, holders)
-        return verdict
-
-    def _plans_nothing(
-        self, tenant_id: str, ref: TenantRef, holders: Collection[str] | None
-    ) -> bool:
-        """`_moves_nothing`'s plan over the model, drawn only from the model's reads and
-        unsettled tenants, the tenants registered here and their methods, who holds a turn, and
-        `holders`: `_moves_nothing` keeps its verdict while none of those changes."""
-        snap = self._node(holders or (), whole=self._model.unsettled, on=ref.gpus)
-        me = snap.tenants.get(tenant_id)
-        if me is None or me.parked:
-            return False
-        held = self._model.states[tenant_id].footprint_bytes
-        if needs_room(me, held) and self._unbounded_beside(tenant_id, me.footprint):
-            return False
-        plan = plan_turn(snap, tenant_id) if holders is None else plan_ahead(snap, tenant_id)
-        return isinstance(plan, Plan) and not plan.steps
-
-    def _model_ref(self, tenant_id: str, gpus: Collection[str]) -> TenantRef | None:
-        """`_current_ref`, where no plan runs or is on the way for the tenant: the model can
-        plan its turn on `gpus` alone; None otherwise."""
-        if self._lock.locked() or tenant_id in self._ahead:
-            return None
-        return self._current_ref(tenant_id, gpus)
-
-    def _current_ref(self, tenant_id: str, gpus: Collection[str]) -> TenantRef | None:
-        """The tenant as registered, if it is not quarantined, `gpus` are its own and the model
-        has read every tenant as registered now (also under the preparer's lock); else None."""
-        ref = self._refs.get(tenant_id)
-        if tenant_id in self.quarantines.why or ref is None or not set(gpus) <= set(ref.gpus):
-            return None
-        return ref if self._model_current() else None
-
-    def _model_current(self) -> bool:
-        """Whether the model has read every tenant that counts, as it is registered now."""
-        if self._host is None:
-            return self._refs.keys() <= self._model.states.keys()
-        refs = self._host.tenant_refs()
-        now = (self._model.revision, self._revision)
-        if self._current_for == (refs, now):
-            return True  # the same tenants (the same dict, while unchanged) and the same reads
-        if refs.keys() != self._model.states.keys():
-            return False
-        if not all(self._refs.get(t) == ref for t, ref in refs.items()):
-            return False
-        self._current_for = (refs, now)
-        return True
-
-    def _unbounded_beside(self, tenant_id: str, gpus: Collection[str]) -> bool:
-        """An unsettled tenant on `gpus` may have grown by any amount since it was read."""
-        for other in self._model.unsettled:
-            ref = self._refs.get(other)
-            if other == tenant_id or ref is None or not set(ref.gpus) & set(gpus):
-                continue
-            bounded = bool(ref.declared_bytes) or (
-                ref.self_parks and parks_itself(self.backend.method_of(other))
-            )
-            if not bounded or other in self._model.outgrew:
-                return True
-        return False
 
     def resident_bytes(self) -> dict[str, int]:
         """Device bytes in use on each GPU, as the backend counts them (`TenantState`)."""
@@ -394,6 +305,12 @@ class KnownNode:
             "headroom_bytes": self.headroom,
             "tenants": tenants,
         }
+
+    def _moves_nothing(
+        self, tenant_id: str, gpus: Collection[str], holders: Collection[str] | None = None
+    ) -> bool:
+        """Whether the model shows that the tenant's grant moves nothing (`ModelPlans`')."""
+        raise NotImplementedError
 
     async def _make_room_for_holder(self, tenant_id: str) -> None:
         """Make the holder's room during its turn (the preparer's)."""

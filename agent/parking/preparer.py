@@ -4,8 +4,8 @@ Plans come from `agent.core.planner` (pure); this module gathers the snapshot, r
 the event loop (`asyncio.to_thread`), retries failed parks with backoff, and keeps metrics and the
 per tenant status that /v1/status shows. One plan runs at a time per node. While a GPU is held,
 `prepare_ahead` readies the tenant due next (`agent.core.planner.plan_ahead`), so that its grant
-finds nothing left to move. A turn the agent's own model (`agent.parking.known`) shows needs no
-move is granted from it at once, on the event loop: no snapshot, no thread, no lock. One that
+finds nothing left to move. A turn the agent's own model (`agent.parking.from_model`) shows needs
+no move is granted from it at once, on the event loop: no snapshot, no thread, no lock. One that
 needs moves is planned from the same model where it can say, so the grant waits for the moves
 alone; the backend is read first where it cannot, and where the model finds no room.
 """
