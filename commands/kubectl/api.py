@@ -47,7 +47,11 @@ class NotFound(PluginError):
 
 
 class Api(Protocol):
-    """What the commands need: GET a path of the API server as JSON."""
+    """What the commands need: GET a path of the API server as JSON, and the namespace a name
+    given without one is in."""
+
+    namespace: str
+    """The kubeconfig context's namespace, as kubectl takes it ("default" where it sets none)."""
 
     def get(self, path: str, **params: str) -> Any: ...
 
@@ -129,19 +133,24 @@ class KubeApi:
 
         configuration = client.Configuration()
         files = [p for p in (kubeconfig or "").split(os.pathsep) if p]
+        context = context or (first_current_context(kubeconfig) if kubeconfig else None)
         try:
             config.load_kube_config(
                 config_file=kubeconfig,
-                context=context or (first_current_context(kubeconfig) if kubeconfig else None),
+                context=context,
                 client_configuration=configuration,
                 persist_config=False,
             )
+            contexts, current = config.list_kube_config_contexts(kubeconfig)
         except (config.ConfigException, OSError) as err:
             where = kubeconfig or "~/.kube/config (KUBECONFIG unset)"
             missing = files and not any(os.path.exists(os.path.expanduser(p)) for p in files)
             said = "no such file" if len(files) == 1 else "none of its files exists"
             raise PluginError(f"no usable kubeconfig {where}: {said if missing else err}") from None
         configuration.retries = False
+        chosen = context or current.get("name")
+        found = [c.get("context") or {} for c in contexts if c.get("name") == chosen]
+        self.namespace = str((found[0] if found else {}).get("namespace") or "default")
         self._configuration = configuration
         self._client = client.ApiClient(configuration)
         self.server = str(configuration.host)

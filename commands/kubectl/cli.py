@@ -122,7 +122,12 @@ def status(
 @app.command()
 def why(
     pod: Annotated[str, typer.Argument(help="The pod (NAME or NAMESPACE/NAME).")],
-    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace", "-n", help="The pod's namespace; default: the kubeconfig context's."
+        ),
+    ] = None,
     output: Output = "table",
 ) -> None:
     """Why a pod waits: the scheduler's reason while Pending, the agent's while it waits for a
@@ -132,9 +137,13 @@ def why(
     _check_output(output)
     if "/" in pod:
         namespace, pod = pod.split("/", 1)
-    _check_name("namespace", namespace)
+    if namespace is not None:
+        _check_name("namespace", namespace)
     _check_name("pod", pod, dotted=True)
     with connected() as api:
+        if namespace is None:  # as kubectl: the context's namespace, else default
+            namespace = api.namespace
+            _check_name("the kubeconfig context's namespace", namespace)
         answer = explain(api, namespace, pod, Settings.baton_namespace)
     if output == "json":
         typer.echo(json.dumps(answer, indent=1))

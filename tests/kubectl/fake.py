@@ -14,6 +14,8 @@ GIB = 1 << 30
 class DictApi:
     """GET answers from `routes` (path → document, or a PluginError to raise)."""
 
+    namespace = "default"
+
     def __init__(self, routes: dict[str, Any]) -> None:
         self.routes = routes
         self.asked: list[tuple[str, dict[str, str]]] = []

@@ -81,6 +81,44 @@ def test_a_kubeconfig_list_is_merged_as_kubectl_merges_it(tmp_path: Path) -> Non
         assert KubeApi(os.pathsep.join(["/nonexistent", both])).server == "https://192.0.2.9:6443"
 
 
+def test_why_without_a_namespace_looks_in_the_kubeconfig_contexts_as_kubectl_does(
+    tmp_path: Path,
+) -> None:
+    """`why p` reads the pod in the namespace of the context in use (the current one, or
+    --context's), "default" in a context that sets none; -n and NS/POD still name their own."""
+    with FakeApiServer() as server:
+        for namespace in ("ml", "ops", "default"):
+            server.put_object(
+                {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "metadata": {"name": "p", "namespace": namespace},
+                }
+            )
+        found = yaml.safe_load(server.kubeconfig_path(tmp_path).read_text())
+        fake = found["contexts"][0]
+        found["contexts"] = [
+            {"name": "ml", "context": {**fake["context"], "namespace": "ml"}},
+            {"name": "ops", "context": {**fake["context"], "namespace": "ops"}},
+            fake,
+        ]
+        found["current-context"] = "ml"
+        kubeconfig = tmp_path / "contexts.yaml"
+        kubeconfig.write_text(yaml.safe_dump(found))
+        for args, asked in (
+            (["why", "p"], "ml"),
+            (["--context", "ops", "why", "p"], "ops"),
+            (["--context", "fake", "why", "p"], "default"),
+            (["why", "p", "-n", "ops"], "ops"),
+            (["why", "default/p"], "default"),
+        ):
+            before = len(server.requests())
+            said = CliRunner().invoke(cli.app, args, env={"KUBECONFIG": str(kubeconfig)})
+            assert said.exit_code == 0, (args, said.output)
+            assert said.output.startswith(f"{asked}/p (None), scheduling:"), (args, said.output)
+            assert server.requests()[before].path == f"/api/v1/namespaces/{asked}/pods/p", args
+
+
 def kubeconfig_for(tmp_path: Path, server: str) -> str:
     path = tmp_path / "kubeconfig"
     path.write_text(
