@@ -44,6 +44,9 @@ def test_lint_strict(values: Path | None) -> None:
         ("hostMemoryBudgetMiB=-1", "/hostMemoryBudgetMiB"),
         ("extender.policy=random", "/extender/policy"),
         ("gpu.simulated.gpus=two", "/gpu/simulated/gpus"),
+        # the agent refuses a scale of 0 at start (real bytes per simulated byte, above 0)
+        ("gpu.simulated.scale=0", "/gpu/simulated/scale"),
+        ("gpu.simulated.scale=0.000", "/gpu/simulated/scale"),
         ("agent.llmd.listen=50051", "/agent/llmd/listen"),
         ("agent.queuepolicy=fair", "queuepolicy"),
     ],
