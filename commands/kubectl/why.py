@@ -28,11 +28,20 @@ def why(api: Api, namespace: str, name: str, baton_namespace: str = NAMESPACE) -
         reasons = [reason] if reason else missing_claims(api, pod, events)
         reasons = reasons or ["not scheduled yet: the scheduler has said nothing"]
         if reason and DRA_REFUSAL in reason:
-            reasons += dra_shortfall(api, pod)
+            reasons += dra_numbers(api, pod)
         return {**answer, "stage": "scheduling", "reasons": reasons}
     if status.get("phase") in ("Succeeded", "Failed"):
         return {**answer, "stage": "done", "reasons": [f"the pod has ended ({status['phase']})"]}
     return {**answer, "stage": "turn", "reasons": agent_reasons(api, pod, baton_namespace)}
+
+
+def dra_numbers(api: Api, pod: Mapping[str, Any]) -> list[str]:
+    """DRA's numbers behind its refusal, or why they are not shown (a user who may read the pod
+    but not every namespace's claims still gets the scheduler's reason)."""
+    try:
+        return dra_shortfall(api, pod)
+    except PluginError as err:
+        return [f"DRA's numbers per device are not shown: {err}"]
 
 
 def pod_events(api: Api, pod: Mapping[str, Any]) -> list[dict[str, Any]]:

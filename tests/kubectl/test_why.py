@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from baton.contract import names
 from commands.kubectl import cli
+from commands.kubectl.api import Forbidden
 from commands.kubectl.dra import shortfall
 from commands.kubectl.why import why
 from dra.slices import device
@@ -140,6 +141,32 @@ def test_dra_refusal_through_why_reads_slices_claims_and_the_pods_claim() -> Non
     }
     answer = why(DictApi(routes), "ml", "d")
     assert answer["reasons"][1] == "n1/gpu-0 (GPU-0): lacks duty (80% free of 100%, 90% asked)"
+
+
+def test_dra_numbers_the_user_may_not_read_leave_the_schedulers_reason_and_name_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A user who may read the pod and its events, but not every namespace's claims or the
+    driver's slices, gets the scheduler's reason and one line naming the permission missing."""
+    refused = Forbidden(
+        'forbidden: resourceslices.resource.k8s.io is forbidden: User "bob" cannot list '
+        'resource "resourceslices" in API group "resource.k8s.io" at the cluster scope'
+    )
+    routes: dict[str, Any] = {
+        "/api/v1/namespaces/ml/pods/d": pod("d"),
+        "/api/v1/namespaces/ml/events": {
+            "items": [event("0/1 nodes are available: 1 cannot allocate all claims.", "t")]
+        },
+        "/apis/resource.k8s.io/v1/resourceslices": refused,
+    }
+    monkeypatch.setattr(cli.Settings, "make_api", lambda kubeconfig, context: DictApi(routes))
+    result = CliRunner().invoke(cli.app, ["why", "ml/d"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        "ml/d (Pending), scheduling:",
+        "  baton-scheduler: 0/1 nodes are available: 1 cannot allocate all claims.",
+        f"  DRA's numbers per device are not shown: {refused}",
+    ]
 
 
 def test_running_pod_waiting_for_a_turn_gets_the_agents_why() -> None:
