@@ -31,6 +31,9 @@ REFUSED = [
     (["--shutdown-grace", "inf"], "--shutdown-grace", "must be a finite number"),
     (["--shutdown-grace", "nan"], "--shutdown-grace", "greater than or equal to 0"),
     (["--forget-departed-after", "-1"], "--forget-departed-after", "greater than or equal to 0"),
+    (["--fair-credit", "-1"], "Invalid value for --fair-credit: -1.0 cannot be", "negative"),
+    (["--fair-min-share", "0.7"], "for --fair-min-share: 0.7 is outside", "0-0.5"),
+    (["--fair-anticipate", "-1"], "for --fair-anticipate: -1.0 cannot be", "negative"),
     (["--llmd-listen", "foo"], "--llmd-listen", "not HOST:PORT"),
     (["--coordination-listen", "127.0.0.1:99999"], "--coordination-listen", "not HOST:PORT"),
 ]

@@ -55,8 +55,10 @@ class FairConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_share <= 0.5:
             raise ValueError(f"min_share {self.min_share} is outside 0-0.5")
-        if self.credit_s < 0 or (self.tier_grace_s is not None and self.tier_grace_s < 0):
-            raise ValueError("credit_s and tier_grace_s cannot be negative")
+        if self.credit_s < 0:
+            raise ValueError(f"credit_s {self.credit_s} cannot be negative")
+        if self.tier_grace_s is not None and self.tier_grace_s < 0:
+            raise ValueError(f"tier_grace_s {self.tier_grace_s} cannot be negative")
         if self.anticipate_s < 0:
             raise ValueError(f"anticipate_s {self.anticipate_s} cannot be negative")
 

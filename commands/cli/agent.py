@@ -22,6 +22,11 @@ ABOVE_ZERO = ("max_hold", "move_timeout", "driver_call_timeout", "slowest_copy_g
 FINITE = tuple(name for name, kind in get_type_hints(AgentSettings).items() if kind is float)
 """Every number of seconds, rate or scale: none means anything at infinity (a timeout that
 never passes hangs; "never" has a spelling of its own where it is a choice, e.g. -1 or 0)."""
+FAIR_FLAGS = {
+    "min_share": "--fair-min-share", "credit_s": "--fair-credit",
+    "tier_grace_s": "--tier-grace", "anticipate_s": "--fair-anticipate",
+}  # fmt: skip
+"""The fair policy's settings (`FairConfig`'s fields) and the flags that set them."""
 ADDRESSES = ("llmd_listen", "coordination_listen", "coordination_advertise", "coordinator")
 """The settings that are HOST:PORT (or empty: off)."""
 
@@ -86,9 +91,9 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
     try:
         grace = s.tier_grace if s.tier_grace >= 0 else None
         fair = FairConfig(s.fair_min_share, s.fair_credit, grace, anticipate_s=s.fair_anticipate)
-    except ValueError as exc:
-        hint = "--fair-anticipate" if "anticipate" in str(exc) else "--fair-min-share"
-        raise typer.BadParameter(str(exc), param_hint=hint) from None
+    except ValueError as exc:  # "FIELD VALUE ...": FairConfig names its field first
+        field, said = str(exc).split(" ", 1)
+        raise typer.BadParameter(said, param_hint=FAIR_FLAGS[field]) from None
     try:
         Groups.from_specs(s.llmd_group or ())
     except GroupSpecError as exc:
