@@ -43,6 +43,7 @@ from agent.server.status import status_json
 from agent.wire.handshake import handshake_path
 from baton._pb import agent_pb2_grpc
 from baton.contract.statushttp import StatusServer
+from baton.contract.tcpbind import bind_error
 from baton.contract.unixsocket import ServedSocket
 
 log = logging.getLogger("agent.assembly")  # the start and stop lines share run_agent's logger
@@ -212,11 +213,11 @@ class Agent:
         assert self._grpc is not None
         try:
             bound = self._grpc.add_insecure_port(served.address if served else address)
-        except RuntimeError as exc:
-            why = served.bind_error() if served else exc
+            if not bound and not address.startswith("unix:"):  # gRPC's no, for a TCP port
+                raise RuntimeError(address)
+        except RuntimeError:
+            why = served.bind_error() if served else bind_error(address)
             raise AgentStartError(f"cannot listen on {address} ({why}); check {option}") from None
-        if not bound and not address.startswith("unix:"):
-            raise AgentStartError(f"cannot listen on {address}; check {option}")
 
     def _start_pod_watch(self, service: LeaseService, api_client: Any) -> None:
         self._pods = pods = PodWatcher(

@@ -31,6 +31,7 @@ from baton.contract.kube import Outage
 from baton.contract.reflector import KubeSource, Reflector
 from baton.contract.shutdown import on_stop_signal_async
 from baton.contract.statushttp import StatusServer
+from baton.contract.tcpbind import bind_error
 from coordinator import fairstate
 from coordinator.agents import AgentLinks
 from coordinator.callers import PodCallers
@@ -135,8 +136,9 @@ class Coordinator:
         except RuntimeError:
             self.port = 0
         if not self.port:
+            why = bind_error(self.config.llmd_listen)
             raise CoordinatorStartError(
-                f"cannot listen on {self.config.llmd_listen}; check --llmd-listen"
+                f"cannot listen on {self.config.llmd_listen} ({why}); check --llmd-listen"
             )
         callers = PodCallers(self._api)
         orchestrator = LlmdOrchestrator(

@@ -19,6 +19,7 @@ from baton._pb import health_pb2 as hp
 from baton._pb import health_pb2_grpc as hp_grpc
 from baton._pb import snapshot_agent_pb2_grpc as sa_grpc
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
+from baton.contract.tcpbind import bind_error
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +98,13 @@ class LlmdServer:
         except GroupSpecError as exc:
             raise RuntimeError(f"--llmd-group {exc}") from None
         self._server = grpc.aio.server()
-        self.port = self._server.add_insecure_port(self._listen)
+        try:
+            self.port = self._server.add_insecure_port(self._listen)
+        except RuntimeError:
+            self.port = 0
         if not self.port:
-            raise RuntimeError(f"--llmd-listen {self._listen}: cannot listen there")
+            why = bind_error(self._listen)
+            raise RuntimeError(f"--llmd-listen {self._listen}: cannot listen there ({why})")
         self.jobs = Jobs(self._service, self._groups, self._gpu_memory, self.port, self._proc_root)
         channels = Channels(self.jobs)
         self._snapshots = SnapshotAgent(self.jobs, channels)

@@ -8,6 +8,7 @@ import dataclasses
 import os
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -144,3 +145,35 @@ def test_every_socket_the_length_check_takes_binds_and_one_byte_more_is_refused_
         "shorter --socket (BATON_AGENT_SOCKET)"
     )
     assert not os.path.exists(os.path.dirname(path)), "nothing made"
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A TCP port another socket listens on (not shared: no SO_REUSEPORT)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("option", "setting"),
+    [("--debug-tcp-port", "debug_tcp_port"), ("--llmd-listen", "llmd_listen")],
+)
+def test_a_tcp_port_in_use_is_refused_at_start_saying_why(
+    workdir: str, busy_port: int, option: str, setting: str
+) -> None:
+    """gRPC says only that it failed ('cannot listen on 127.0.0.1:N; check --debug-tcp-port'),
+    its reason in a log line of its own."""
+    runner = AgentRunner(workdir)
+    value = busy_port if setting == "debug_tcp_port" else f"127.0.0.1:{busy_port}"
+    changes: dict[str, Any] = {setting: value}
+    runner.config = dataclasses.replace(runner.config, **changes)
+    try:
+        with pytest.raises(Exception) as refused:
+            runner.start()
+    finally:
+        runner.stop()
+    said = str(refused.value)
+    assert f"127.0.0.1:{busy_port}" in said and option in said
+    assert "(Address already in use)" in said
