@@ -15,7 +15,7 @@ import functools
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from agent.client.background import BackgroundCall
 from agent.client.blocking_connection import BlockingConnection
@@ -252,6 +252,16 @@ class BlockingSession(BlockingConnection):
         reader = self._reader
         if reader is not None and reader is not threading.current_thread():
             reader.join(timeout=5)
+
+    def close_unless(self, keep: Callable[[], bool]) -> bool:
+        """`close()`, unless `keep()` says otherwise (it is asked once no park or restore runs:
+        one in flight finishes first, up to `close_wait` seconds, and none starts before the
+        close); returns what `keep()` said. `BatonCallback.close()` leaves a process whose
+        memory is parked open for a last turn that brings it back."""
+        if self._owner.forked() or not self._callbacks_run.fence_unless(keep, self.close_wait):
+            self.close()
+            return False
+        return True
 
 
 def _close_at_exit(session: weakref.ref[BlockingSession]) -> None:

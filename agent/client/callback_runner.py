@@ -161,6 +161,23 @@ class CallbackRunner:
             )  # fmt: skip
         return ended
 
+    def fence_unless(self, keep: Callable[[], bool], timeout: float = CLOSE_WAIT_S) -> bool:
+        """Fence as `close` does unless `keep()`, asked once no callback runs (the one in
+        flight, waited for up to `timeout`, ends first), so nothing moves between its answer
+        and the fence; returns that answer (False, fenced, if the one in flight runs on)."""
+        with self._cond:
+            inside = self._running is not None and self._runner is threading.current_thread()
+        quiet = not inside and self._moving.acquire(timeout=timeout)
+        try:
+            if (quiet or inside) and keep():
+                return True
+            with self._cond:
+                self._fenced = True
+            return False
+        finally:
+            if quiet:
+                self._moving.release()
+
     def _refuse(self, request: pb.Callback) -> None:
         error = f"the tenant is closing its Baton client: on_{request.action} not run"
         self._answer(pb.CallbackResult(call_id=request.call_id, error=error))

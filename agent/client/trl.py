@@ -271,13 +271,16 @@ class BatonCallback(TrainerCallback):
         (the one held, or one taken for it), and the session ends inside that turn, so nothing
         is parked again and the models are whole on the device after it. From then on the
         callback takes no turns: the watched trainer's methods and events run as plain calls.
-        An acquire that fails (its timeout, the agent gone) raises after the session ended,
-        the memory still parked."""
+        A park the agent asked for meanwhile (another job's turn needs the room) finishes
+        first, and what it parked comes back in that last turn too. An acquire that fails (its
+        timeout, the agent gone) raises after the session ended, the memory still parked."""
         if self._closed:
             return
         self._closed = True
+        parker = self.parker
         try:
-            if not self._stop_holding() and self.parker is not None and self.parker.parked:
+            self._stop_holding()
+            if parker is not None and self.baton.close_unless(lambda: parker.parked):
                 self.baton.acquire(self.acquire_timeout)  # its grant restores the parker
         finally:
             self.baton.close()

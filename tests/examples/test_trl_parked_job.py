@@ -136,3 +136,44 @@ def test_a_job_closed_in_its_turn_leaves_with_its_model_on_the_device(jobs: Jobs
         jobs.other.yield_()
     assert not jobs.callback.parker.parked and jobs.callback.parker.stats.parks == 0
     assert "eval_loss" in on_the_device(job.evaluate)
+
+
+@needs_trl
+@pytest.mark.timeout(180)
+def test_a_job_closed_as_the_agent_parks_it_leaves_with_its_model_whole(jobs: Jobs) -> None:
+    """The other job's acquire has the agent park the job just as it closes (its training
+    over, its turn given back): close() waits for that park and brings the models back in a
+    last turn, instead of reading them resident as the park begins and leaving them parked."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    parker = jobs.callback.parker
+    assert parker is not None
+    parking, closing = threading.Event(), threading.Event()
+
+    def park_as_the_job_closes(gpu: str) -> int:
+        parking.set()
+        assert closing.wait(30), "the job never closed"
+        return parker.park(gpu)
+
+    jobs.callback.baton.register_callbacks(on_park=park_as_the_job_closes)
+    job = jobs.built(2)
+    with jobs.callback.turn():
+        trained = {k: v.clone() for k, v in job.model.state_dict().items()}
+
+    def other_turn() -> None:
+        with jobs.other.turn(timeout=30):
+            pass
+
+    with ThreadPoolExecutor(1) as pool:
+        other = pool.submit(other_turn)  # its room: the job's memory, parked by callback
+        assert parking.wait(30), "the agent never asked the job to park"
+        closing.set()
+        jobs.callback.close()
+        other.result(timeout=30)
+
+    assert not parker.parked and parker.stats.parks == parker.stats.restores == 1
+    assert set(jobs.agent.status()["tenants"]) == {"local/other"}
+    kept = job.model.state_dict()
+    assert all(kept[k].equal(v) for k, v in trained.items())
+    assert "eval_loss" in on_the_device(job.evaluate)
