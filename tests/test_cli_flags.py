@@ -35,6 +35,7 @@ REFUSED = [
     (["--fair-min-share", "0.7"], "for --fair-min-share: 0.7 is outside", "0-0.5"),
     (["--fair-anticipate", "-1"], "for --fair-anticipate: -1.0 cannot be", "negative"),
     (["--llmd-listen", "foo"], "--llmd-listen", "not HOST:PORT"),
+    (["--llmd-listen", ":50051"], "--llmd-listen", "':50051' names no host: pass 0.0.0.0:50051"),
     (["--coordination-listen", "127.0.0.1:99999"], "--coordination-listen", "not HOST:PORT"),
 ]
 
@@ -115,17 +116,22 @@ def test_every_daemon_refuses_an_unknown_log_level(command: str, tmp_path: Path)
 
 
 @pytest.mark.parametrize(
-    ("flags", "flag"),
+    ("flags", "flag", "problem"),
     [
-        (["--http-listen", "127.0.0.1:99999"], "--http-listen"),
-        (["--llmd-listen", "nowhere"], "--llmd-listen"),
+        (["--http-listen", "127.0.0.1:99999"], "--http-listen", "not HOST:PORT"),
+        (["--llmd-listen", "nowhere"], "--llmd-listen", "not HOST:PORT"),
+        (["--llmd-listen", ":50051"], "--llmd-listen", "names no host: pass 0.0.0.0:50051"),
     ],
 )
-def test_the_coordinator_refuses_a_bad_address(flags: list[str], flag: str, tmp_path: Path) -> None:
+def test_the_coordinator_refuses_a_bad_address(
+    flags: list[str], flag: str, problem: str, tmp_path: Path
+) -> None:
+    """An address gRPC cannot listen on (`:50051`, no host) is refused before the start, which
+    would fail naming no reason ('cannot listen on :50051 (gRPC could not bind it)')."""
     token = tmp_path / "token"
     token.write_text("t" * 32)
     said = _refusal([*COORDINATOR, str(token), *flags])
-    assert f"Invalid value for {flag}" in said and "not HOST:PORT" in said
+    assert f"Invalid value for {flag}" in said and problem in said
 
 
 @pytest.mark.parametrize(

@@ -82,7 +82,7 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
         if not math.isfinite(value):
             raise typer.BadParameter(f"{value}: must be a finite number", param_hint=flag)
     for name in ADDRESSES:
-        check_address(getattr(s, name), f"--{name.replace('_', '-')}")
+        check_address(getattr(s, name), f"--{name.replace('_', '-')}", name == "llmd_listen")
     check_grace(s.shutdown_grace)
     order = _queue_policy(s.queue_policy, s.policy)
     if order not in QUEUE_POLICIES:

@@ -98,7 +98,7 @@ def coordinator(
         check_timing(lease_duration, renew_deadline, retry_period, flags)
     except TimingError as err:
         raise typer.BadParameter(err.problem, param_hint=err.name) from None
-    check_address(llmd_listen, "--llmd-listen")
+    check_address(llmd_listen, "--llmd-listen", grpc=True)
     check_address(http_listen, "--http-listen")
     if not 0 < prepare_timeout < math.inf:  # (NaN too; an endless prepare holds a job for good)
         raise typer.BadParameter(

@@ -60,12 +60,19 @@ PORT_MAX = 65535
 """The highest TCP port a port option takes (its lowest is 0: any free port)."""
 
 
-def check_address(value: str, option: str) -> None:
-    """A HOST:PORT option's value (empty: off), or a `BadParameter` naming the option."""
-    _, colon, port = value.rpartition(":")
+def check_address(value: str, option: str, grpc: bool = False) -> None:
+    """A HOST:PORT option's value (empty: off), or a `BadParameter` naming the option; one a
+    `grpc` server listens on names its host (gRPC binds no address for an empty one)."""
+    host, colon, port = value.rpartition(":")
     if value and not (colon and port.isdigit() and int(port) <= PORT_MAX):
         raise typer.BadParameter(
             f"{value!r} is not HOST:PORT (port 0-{PORT_MAX})", param_hint=option
+        )
+    if value and grpc and not host:
+        raise typer.BadParameter(
+            f"{value!r} names no host: pass 0.0.0.0:{port}, or [::]:{port}, to listen on every "
+            "interface",
+            param_hint=option,
         )
 
 
