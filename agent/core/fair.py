@@ -54,13 +54,19 @@ class FairConfig:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_share <= 0.5:
-            raise ValueError(f"min_share {self.min_share} is outside 0-0.5")
-        if self.credit_s < 0:
-            raise ValueError(f"credit_s {self.credit_s} cannot be negative")
-        if self.tier_grace_s is not None and self.tier_grace_s < 0:
-            raise ValueError(f"tier_grace_s {self.tier_grace_s} cannot be negative")
-        if self.anticipate_s < 0:
-            raise ValueError(f"anticipate_s {self.anticipate_s} cannot be negative")
+            raise BadFairConfig("min_share", f"{self.min_share} is outside 0-0.5")
+        for name in ("credit_s", "tier_grace_s", "anticipate_s"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise BadFairConfig(name, f"{value} cannot be negative")
+
+
+class BadFairConfig(ValueError):
+    """A `FairConfig` setting out of its range: `field` names it, the message says why."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"{field} {why}")
+        self.field, self.why = field, why
 
 
 @dataclass

@@ -70,7 +70,7 @@ def agent(**options: Any) -> None:
 def _agent_config(s: AgentSettings) -> AgentConfig:
     """The agent's config from its settings; a setting it cannot use is a `BadParameter`."""
     from agent.assembly import AgentConfig
-    from agent.core.fair import FairConfig
+    from agent.core.fair import BadFairConfig, FairConfig
     from agent.core.policy import QUEUE_POLICIES
     from agent.parking.setup import ParkingOptions
     from agent.server.llmd.groups import Groups, GroupSpecError
@@ -91,9 +91,8 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
     try:
         grace = s.tier_grace if s.tier_grace >= 0 else None
         fair = FairConfig(s.fair_min_share, s.fair_credit, grace, anticipate_s=s.fair_anticipate)
-    except ValueError as exc:  # "FIELD VALUE ...": FairConfig names its field first
-        field, said = str(exc).split(" ", 1)
-        raise typer.BadParameter(said, param_hint=FAIR_FLAGS[field]) from None
+    except BadFairConfig as exc:
+        raise typer.BadParameter(exc.why, param_hint=FAIR_FLAGS[exc.field]) from None
     try:
         Groups.from_specs(s.llmd_group or ())
     except GroupSpecError as exc:
