@@ -67,6 +67,7 @@ class Agent:
         self._api_client = api_client
         self.http_port = 0
         self._grpc: grpc.aio.Server | None = None
+        self._servicer: AgentServicer | None = None
         self._socket = ServedSocket(config.socket)
         self._handshake: HandshakeServer | None = None
         self._http: StatusServer | None = None
@@ -105,7 +106,7 @@ class Agent:
         self._prepare_socket_dir()
         self._grpc = grpc.aio.server()
         local_tenants = cfg.allow_local_tenants or not cfg.node_name
-        servicer = AgentServicer(
+        servicer = self._servicer = AgentServicer(
             service,
             self._tokens,
             self._pod_uid_of,
@@ -253,6 +254,9 @@ class Agent:
             await self.llmd.stop(self.config.shutdown_grace)
         if self.coordination is not None:
             await self.coordination.stop(self.config.shutdown_grace)
+        if self._servicer is not None:
+            on = f" on {self.readiness.stopping}" if self.readiness.stopping else ""
+            self._servicer.end_watches(f"the agent is stopping{on}; watch again once it is back")
         if self._grpc is not None:
             await self._grpc.stop(grace=self.config.shutdown_grace)
         if self._http is not None:

@@ -53,6 +53,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self._local_tenants = local_tenants
         """Whether processes outside any pod may register (refused by default when serving pods)."""
         self._container_id_of = container_id_of
+        self._watches_end = asyncio.Event()
+        self._watches_end_why = ""
 
     def _as_seen_by(self, tenant: Tenant | None, pid: int) -> Tenant | None:
         """A pod tenant as the process `pid` sees it: its own container's GPUs."""
@@ -234,8 +236,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             return
         async with self._service.events.subscribe() as queue:
             yield pb.Event(kind=ev.WATCHING, at=time.time())
-            while True:
-                event = await queue.get()
+            while (event := await self._next_event(queue)) is not None:
                 yield pb.Event(
                     kind=event.kind,
                     tenant_id=event.tenant_id,
@@ -245,3 +246,23 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                     at=event.at,
                     detail=event.detail,
                 )
+        await context.abort(grpc.StatusCode.UNAVAILABLE, self._watches_end_why)
+
+    def end_watches(self, why: str) -> None:
+        """End every WatchEvents stream, now and from now on, saying `why` (the agent stops):
+        an open watch would otherwise hold the agent's stop for its whole grace."""
+        self._watches_end_why = why
+        self._watches_end.set()
+
+    async def _next_event(self, queue: asyncio.Queue[ev.Event]) -> ev.Event | None:
+        """The next event, or None once the watches end."""
+        if self._watches_end.is_set():
+            return None
+        got = asyncio.ensure_future(queue.get())
+        ended = asyncio.ensure_future(self._watches_end.wait())
+        try:
+            await asyncio.wait((got, ended), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            got.cancel()
+            ended.cancel()
+        return got.result() if got.done() and not got.cancelled() else None

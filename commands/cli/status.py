@@ -128,15 +128,17 @@ def events(
     with grpc.insecure_channel(f"unix:{socket}") as channel:
         request = agent_pb2.WatchEventsRequest()
         stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(request, metadata=metadata)
+        watching = False
         try:
             for seen, event in enumerate(stream, start=1):
+                watching = True
                 typer.echo(format_event(event, as_json))
                 if count and seen >= count:
                     break
         except grpc.RpcError as exc:
-            typer.echo(
-                f"baton events: cannot watch the agent at {socket}: {exc.details()}", err=True
-            )
+            agent = f"the agent at {socket}"
+            what = f"the watch of {agent} ended" if watching else f"cannot watch {agent}"
+            typer.echo(f"baton events: {what}: {exc.details()}", err=True)
             raise typer.Exit(1) from None
         finally:
             stream.cancel()

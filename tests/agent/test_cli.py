@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,34 @@ def test_agent_refuses_memory_parked_on_a_fake_gpu_it_was_restarted_without(work
     assert result.returncode == 2, result.stderr
     assert f"parked on {fake_gpu_uuid(1)}, which --fake-gpus no longer" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_events_ends_saying_the_agent_stops_and_holds_no_stop_for_its_grace(
+    workdir: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    agent = AgentRunner(workdir, shutdown_grace=20).start()
+    command = [sys.executable, "-m", "baton", "events", "--socket", agent.socket]
+    watcher = subprocess.Popen(
+        [*command, "--state-dir", agent.config.state_dir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert watcher.stdout is not None
+        assert "watching" in watcher.stdout.readline()
+        began = time.monotonic()
+        agent.stop()
+        stopped_in = time.monotonic() - began
+        _, err = watcher.communicate(timeout=30)
+    finally:
+        agent.stop()
+        watcher.kill()
+    assert stopped_in < 10, f"the agent took {stopped_in:.1f} s to stop (its grace is 20 s)"
+    assert watcher.returncode == 1
+    assert err == (
+        f"baton events: the watch of the agent at {agent.socket} ended: the agent is stopping; "
+        "watch again once it is back\n"
+    )
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
