@@ -57,6 +57,7 @@ def status(
     ] = "gpu",
 ) -> None:
     """What each GPU is doing: holder, queue, tenants resident/parked, parked bytes, duty."""
+    import http.client
     import json
     import urllib.error
 
@@ -88,6 +89,13 @@ def status(
         document = cluster_status.read_cluster(extender, addresses, agent_port)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         typer.echo(f"baton status: cannot read the inventory at {extender}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except http.client.HTTPException as exc:
+        typer.echo(
+            f"baton status: cannot read the inventory at {extender}: no whole HTTP answer "
+            f"({exc!r})",
+            err=True,
+        )
         raise typer.Exit(1) from None
     if as_json:
         typer.echo(json.dumps(document, indent=1))

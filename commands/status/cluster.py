@@ -8,6 +8,7 @@ functions are the thin HTTP and Kubernetes shell around it.
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -113,8 +114,18 @@ def read_json(url: str, timeout: float = 5.0) -> Any:
 
 def read_agent(url: str, timeout: float = 3.0) -> AgentAnswer:
     """An agent's /v1/status, or a sentence saying why it could not be read."""
+    status_url = f"{url.rstrip('/')}/v1/status"
     try:
-        document = read_json(f"{url.rstrip('/')}/v1/status", timeout)
+        document = read_json(status_url, timeout)
+    except urllib.error.HTTPError as exc:
+        return f"{status_url} answered HTTP {exc.code} {exc.reason}: is {url} an agent's address?"
+    except http.client.BadStatusLine as exc:
+        began = str(exc.args[0] if exc.args else "")[:24]
+        return f"{url} did not answer in HTTP (it began {began!r}): is it an agent's HTTP port?"
+    except http.client.HTTPException as exc:
+        return f"the agent at {url} gave no whole HTTP answer ({exc!r})"
+    except json.JSONDecodeError as exc:
+        return f"{status_url} answered no JSON: is {url} an agent's address? ({exc})"
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return f"cannot reach the agent at {url}: {getattr(exc, 'reason', exc)}"
     return dict(document) if isinstance(document, dict) else f"{url} sent no JSON object"

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +166,41 @@ def test_agents_are_found_in_the_namespace_baton_was_installed_in(tmp_path: Path
             server.put_object(obj)
         assert agent_addresses(kubeconfig) == {"n1": "10.0.0.1"}  # none in baton-system
         assert agent_addresses(kubeconfig, "gpu-sharing") == {"n1": "10.1.0.7"}
+
+
+@contextlib.contextmanager
+def _answering(raw: bytes) -> Iterator[str]:
+    """The URL of a server that answers one request with `raw` and closes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError), listener.accept()[0] as conn:
+            conn.recv(65536)
+            conn.sendall(raw)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+        thread.join(timeout=10)
+
+
+def test_status_says_what_an_address_that_is_no_agents_http_answered(free_tcp_port: int) -> None:
+    grpc_port = free_tcp_port
+    with AgentRunner(debug_tcp_port=grpc_port) as agent:
+        answers = {
+            f"http://127.0.0.1:{grpc_port}": "did not answer in HTTP (it began '\\x00",
+            f"{agent.http_url}/v1/status": f"{agent.http_url}/v1/status/v1/status answered "
+            f"HTTP 404 Not Found: is {agent.http_url}/v1/status an agent's address?",
+        }
+        said = {url: CliRunner().invoke(app, ["status", "--url", url]) for url in answers}
+    cut = b'HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{"gpus"'
+    with _answering(cut) as url:
+        answers[url] = f"the agent at {url} gave no whole HTTP answer (IncompleteRead("
+        said[url] = CliRunner().invoke(app, ["status", "--url", url])
+    for url, expected in answers.items():
+        assert said[url].exit_code == 1, said[url].output
+        assert said[url].output.startswith("baton status: ") and expected in said[url].output
+        assert said[url].output.count("\n") == 1, said[url].output
