@@ -115,7 +115,12 @@ def events(
             envvar=env_of("state_dir"), help="The agent's state directory (its watch token)."
         ),
     ] = names.AGENT_STATE_DIR,
-    count: Annotated[int, typer.Option(help="Stop after this many events; 0 = never.")] = 0,
+    count: Annotated[
+        int,
+        typer.Option(
+            min=0, help="Stop after this many events (after the first line, watching); 0 = never."
+        ),
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per event.")] = False,
 ) -> None:
     """Print the agent's events as they happen: grants, yields, revocations, departures."""
@@ -138,7 +143,7 @@ def events(
         stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(request, metadata=metadata)
         watching = False
         try:
-            for seen, event in enumerate(stream, start=1):
+            for seen, event in enumerate(stream):  # the first is the watch's own: `watching`
                 watching = True
                 typer.echo(format_event(event, as_json))
                 if count and seen >= count:

@@ -54,7 +54,7 @@ def test_events_prints_the_agents_event_stream(agent: AgentRunner) -> None:
     command = [sys.executable, "-c", "from commands.cli import main; main()", "events"]
     where = ["--socket", agent.socket, "--state-dir", agent.config.state_dir]
     watcher = subprocess.Popen(
-        [*command, *where, "--count", "5", "--json"],
+        [*command, *where, "--count", "4", "--json"],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -71,6 +71,15 @@ def test_events_prints_the_agents_event_stream(agent: AgentRunner) -> None:
     assert [e["kind"] for e in events] == ["tenant_joined", "connected", "queued", "granted"]
     assert events[-1]["fencing_tokens"] == {"GPU-0": 1}
     assert watcher.returncode == 0
+
+
+def test_events_refuses_a_negative_count(workdir: str) -> None:
+    where = ["--socket", f"{workdir}/a.sock"]
+    result = CliRunner().invoke(app, ["events", *where, "--count", "-1"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert "Invalid value for '--count': Input should be greater than or equal to 0" in (
+        result.output
+    )
 
 
 def test_agent_refuses_a_malformed_llmd_group(workdir: str) -> None:
