@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from agent.core.leases import GpuState
 from agent.server.service import LeaseService
 from agent.server.waits import standing
 
 
 def status_json(service: LeaseService, now: float) -> dict[str, Any]:
-    """A JSON-serialisable picture of the node right now."""
+    """A JSON-serialisable picture of the node right now: every GPU it knows (its parking
+    backend's, and any a tenant named), a GPU no tenant has named yet as idle."""
     table = service.table
+    known = service.parking.gpu_memory if service.parking is not None else {}
     gpus: dict[str, Any] = {}
-    for gpu in sorted(table.gpus):
-        state = table.gpus[gpu]
+    for gpu in sorted(table.gpus.keys() | known.keys()):
+        named = gpu in table.gpus  # the metrics' reads would add it to the table
+        state = table.gpus[gpu] if named else GpuState()
         lease = table.leases.get(state.holder or "")
         gpus[gpu] = {
             "holder": lease.tenant_id if lease else None,
@@ -34,8 +38,10 @@ def status_json(service: LeaseService, now: float) -> dict[str, Any]:
             "tenants": sorted(
                 t.tenant_id for t in service.tenants.tenants.values() if gpu in t.gpus
             ),
-            "busy_seconds": round(service.metrics.busy_seconds(table, gpu, now), 6),
-            "duty_last_minute": round(service.metrics.duty_last_minute(table, gpu, now), 4),
+            "busy_seconds": round(service.metrics.busy_seconds(table, gpu, now), 6) if named else 0,
+            "duty_last_minute": (
+                round(service.metrics.duty_last_minute(table, gpu, now), 4) if named else 0
+            ),
         }
     service.account()
     acct = service.metrics.accounting

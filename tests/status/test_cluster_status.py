@@ -13,11 +13,13 @@ from typing import Any
 from rich.console import Console
 from typer.testing import CliRunner
 
-from baton.contract.names import MIB
+from agent.client import Baton
+from agent.parking.setup import ParkingOptions
+from baton.contract.names import MIB, fake_gpu_uuid
 from commands.cli import app
 from commands.status.cluster import cluster_document, gpu_summary
 from commands.status.cluster_view import gpu_rows_table
-from tests.harness.agent import AgentRunner, TenantProcess
+from tests.harness.agent import AgentRunner, TenantProcess, short_tmpdir
 from tests.harness.fakeapi import FakeApiServer
 
 GPU = "GPU-0"
@@ -111,6 +113,26 @@ def test_status_of_one_agent_shows_its_gpus_and_tenants() -> None:
     assert GPU in result.output and "local/trainer" in result.output
     document: dict[str, Any] = json.loads(raw.output)
     assert document["gpus"][GPU]["holder"] == "local/trainer"
+
+
+def test_status_of_one_agent_lists_every_gpu_it_has_before_any_tenant_names_one() -> None:
+    workdir = short_tmpdir()
+    parking = ParkingOptions(backend="fake", fake_gpus="2x100", fake_dir=f"{workdir}/gpus")
+    with (
+        AgentRunner(workdir, parking=parking) as agent,
+        Baton(agent.socket, [fake_gpu_uuid(1)], name="trainer") as baton,
+    ):
+        baton.acquire()
+        document = agent.status()
+        result = CliRunner().invoke(
+            app, ["status", "--url", agent.http_url], env={"COLUMNS": "200"}
+        )
+    idle, held = document["gpus"][fake_gpu_uuid(0)], document["gpus"][fake_gpu_uuid(1)]
+    assert idle["holder"] is None and idle["queue"] == [] and idle["duty_last_minute"] == 0
+    assert held["holder"] == "local/trainer" and held["fencing_token"] == 1
+    rows = [line for line in result.output.splitlines() if "GPU-fake-" in line]
+    assert [fake_gpu_uuid(0) in rows[0], fake_gpu_uuid(1) in rows[1]] == [True, True], rows
+    assert "local/trainer" not in rows[0] and "local/trainer" in rows[1]
 
 
 def test_status_says_which_agent_it_cannot_reach() -> None:
