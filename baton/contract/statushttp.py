@@ -58,7 +58,7 @@ class StatusServer:
         """(status, content type, body) for a request."""
         path = path.split("?", 1)[0]
         if method not in ("GET", "HEAD"):
-            return 405, "text/plain", b"only GET\n"
+            return 405, "text/plain", b"only GET and HEAD\n"
         if path == "/healthz":
             return 200, "text/plain", b"ok\n"
         if path == "/readyz":
@@ -91,9 +91,10 @@ class StatusServer:
                 body = f"request line and headers over {HEAD_LIMIT} bytes; not read\n".encode()
             else:
                 method, code, ctype, body = self.answer(head)
+            allow = "Allow: GET, HEAD\r\n" if code == 405 else ""
             start = (
                 f"HTTP/1.1 {code} {_REASONS.get(code, 'Error')}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                f"Content-Length: {len(body)}\r\n{allow}Connection: close\r\n\r\n"
             )
             writer.write(start.encode() + (b"" if method == "HEAD" else body))
             await writer.drain()

@@ -51,7 +51,7 @@ def _answers(*requests: bytes, not_ready: str | None = None) -> list[bytes]:
             b"431 Request Header Fields Too Large",
             b"over 65536 bytes",
         ),
-        (b"DELETE /metrics HTTP/1.1\r\n\r\n", b"405 Method Not Allowed", b"only GET"),
+        (b"DELETE /metrics HTTP/1.1\r\n\r\n", b"405 Method Not Allowed", b"only GET and HEAD"),
         (b"GET /v1/status?verbose=1 HTTP/1.1\r\n\r\n", b"200 OK", b'"gpus"'),
     ],
 )
@@ -63,6 +63,16 @@ def test_an_odd_request_gets_a_clear_answer_and_no_traceback(
     assert answer.startswith(b"HTTP/1.1 " + status + b"\r\n"), answer[:200]
     assert said in answer.partition(b"\r\n\r\n")[2], answer[:200]
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_a_method_it_does_not_serve_is_answered_with_those_it_does() -> None:
+    [post, head] = _answers(
+        b"POST /v1/status HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"HEAD /healthz HTTP/1.1\r\n\r\n"
+    )
+    headers, _, body = post.partition(b"\r\n\r\n")
+    assert headers.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n")
+    assert b"\r\nAllow: GET, HEAD" in headers and body == b"only GET and HEAD\n"
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
 
 
 def test_readyz_answers_the_reason_it_is_not_ready_in_one_line() -> None:
