@@ -61,7 +61,7 @@ class AgentSettings:
     state_dir: str = setting(
         names.AGENT_STATE_DIR, "BATON_AGENT_STATE_DIR", "Durable state directory."
     )
-    http_host: str = setting("0.0.0.0", "BATON_AGENT_HTTP_HOST")
+    http_host: str = setting("0.0.0.0", "BATON_AGENT_HTTP_HOST", "Status/metrics address.")
     http_port: int = setting(
         names.PORT_AGENT, "BATON_AGENT_HTTP_PORT", "Status/metrics; 0 = any.", min=0, max=PORT_MAX
     )

@@ -26,7 +26,9 @@ Kubeconfig = Annotated[
     str | None,
     typer.Option(envvar=names.ENV_KUBECONFIG, help="Kubeconfig file; default: in-cluster."),
 ]
-LogLevel = Annotated[str, typer.Option(envvar=names.ENV_LOG_LEVEL)]
+LogLevel = Annotated[
+    str, typer.Option(envvar=names.ENV_LOG_LEVEL, help="DEBUG, INFO, WARNING or ERROR.")
+]
 AsJson = Annotated[bool, typer.Option("--json", help="One JSON object on the last line.")]
 
 # The node daemons' (`baton deviceplugin`, `baton dra`) options about the node and its GPUs.

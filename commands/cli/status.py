@@ -66,6 +66,10 @@ def status(
     if by not in ("gpu", "namespace"):
         typer.echo(f"baton status: --by is gpu or namespace, not {by!r}", err=True)
         raise typer.Exit(2)
+    for flag, given in (("--url", url), ("--extender", extender)):
+        if given is not None and (wrong := _not_http_url(given)):
+            typer.echo(f"baton status: {flag} {given!r} {wrong}", err=True)
+            raise typer.Exit(2)
     if extender is None:
         answer = cluster_status.read_agent(url)
         if isinstance(answer, str):
@@ -161,3 +165,22 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add `baton status` and `baton events`."""
     app.command("status")(status)
     app.command("events")(events)
+
+
+def _not_http_url(url: str) -> str:
+    """What is wrong with `url` as an HTTP address ("" if nothing): no http(s):// scheme, no
+    host, or a port out of range."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return f"is no http:// URL: pass e.g. http://{url.split('://')[-1]}"
+    try:
+        port = parts.port  # ValueError out of 0-65535 or not a number
+    except ValueError:
+        return f"has a port that is not 1-{PORT_MAX}"
+    if not parts.hostname:
+        return "names no host"
+    if port == 0:
+        return f"has a port that is not 1-{PORT_MAX}"
+    return ""

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -139,6 +140,26 @@ def test_status_says_which_agent_it_cannot_reach() -> None:
     result = CliRunner().invoke(app, ["status", "--url", "http://127.0.0.1:9"])
     assert result.exit_code == 1
     assert "cannot reach the agent at http://127.0.0.1:9" in result.output
+
+
+@pytest.mark.parametrize(
+    ("flag", "given", "problem"),
+    [
+        ("--url", "127.0.0.1:9460", "is no http:// URL: pass e.g. http://127.0.0.1:9460"),
+        ("--url", "http://127.0.0.1:99999", "has a port that is not 1-65535"),
+        ("--url", "http://127.0.0.1:0", "has a port that is not 1-65535"),
+        ("--url", "http://", "names no host"),
+        ("--extender", "extender:8888", "is no http:// URL: pass e.g. http://extender:8888"),
+    ],
+)
+def test_status_refuses_an_address_that_is_no_http_url_naming_it(
+    flag: str, given: str, problem: str
+) -> None:
+    """A URL without its scheme failed with 'unknown url type: 127.0.0.1'; a port over 65535
+    was read modulo 65536 (99999 connected to 34463) and reported that port refused."""
+    result = CliRunner().invoke(app, ["status", flag, given])
+    assert result.exit_code == 2, result.output
+    assert result.output == f"baton status: {flag} {given!r} {problem}\n"
 
 
 def test_status_through_a_cluster_it_cannot_read_says_why_in_one_line(tmp_path: Path) -> None:
