@@ -79,8 +79,8 @@ class GangSetup:
             raise ValueError(f"jobs {self.jobs}: a handoff needs 2 or more")
         if self.turns < 2 * self.jobs:
             raise ValueError(f"turns {self.turns}: at least 2 per job")
-        if self.hold_ms <= 0:
-            raise ValueError(f"hold-ms {self.hold_ms:g} must be above 0")
+        if not 0 < self.hold_ms < math.inf:
+            raise ValueError(f"hold-ms {self.hold_ms:g} must be a number of milliseconds above 0")
         if self.crossed < 2:
             raise ValueError(f"crossed {self.crossed}: at least 2 (one turn per crossing job)")
 

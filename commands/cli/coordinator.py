@@ -161,6 +161,12 @@ def bench_gang(
     from commands.localnode.binaries import find_binaries
     from commands.localnode.procs import LocalNodeError
 
+    setup = GangSetup(nodes=nodes, jobs=jobs, turns=turns, hold_ms=hold_ms, crossed=crossed)
+    try:
+        setup.check()
+    except ValueError as err:
+        hint = next(w for w in ("nodes", "jobs", "turns", "hold-ms", "crossed") if w in str(err))
+        raise typer.BadParameter(str(err), param_hint=f"--{hint}") from None
     if find_binaries() is None:
         typer.echo(
             "baton bench gang: needs Kubernetes binaries (kube-apiserver, etcd): "
@@ -168,12 +174,6 @@ def bench_gang(
             err=True,
         )
         raise typer.Exit(2)
-    setup = GangSetup(nodes=nodes, jobs=jobs, turns=turns, hold_ms=hold_ms, crossed=crossed)
-    try:
-        setup.check()
-    except ValueError as err:
-        hint = next(w for w in ("nodes", "jobs", "turns", "hold-ms", "crossed") if w in str(err))
-        raise typer.BadParameter(str(err), param_hint=f"--{hint}") from None
     try:
         figures = run_gang_bench(setup)
     except (LocalNodeError, TimeoutError, RuntimeError) as err:

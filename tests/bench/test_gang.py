@@ -4,14 +4,17 @@ coordinator's arbiter in the bench."""
 from __future__ import annotations
 
 import json
+import math
 import socket
 import subprocess
 import sys
 
 import pytest
+from typer.testing import CliRunner
 
 from commands.bench.gang import GangSetup
 from commands.bench.gang_nodes import GangCluster
+from commands.cli import app
 from commands.localnode.binaries import find_binaries, search_dirs
 
 
@@ -21,10 +24,22 @@ def test_a_setup_the_bench_cannot_run_names_its_option() -> None:
         (GangSetup(jobs=1), "jobs"),
         (GangSetup(turns=3), "turns"),
         (GangSetup(hold_ms=0), "hold-ms"),
+        (GangSetup(hold_ms=math.nan), "hold-ms"),
+        (GangSetup(hold_ms=math.inf), "hold-ms"),
         (GangSetup(crossed=1), "crossed"),
     ):
         with pytest.raises(ValueError, match=option):
             setup.check()
+
+
+@pytest.mark.parametrize("hold", ["nan", "inf", "-1"])
+def test_the_command_refuses_a_hold_of_no_milliseconds_before_anything_starts(hold: str) -> None:
+    argv = ["bench", "gang", "--hold-ms", hold, "--turns", "4"]
+    done = CliRunner().invoke(app, argv, terminal_width=200)
+    assert done.exit_code == 2, done.output
+    assert f"Invalid value for --hold-ms: hold-ms {hold} must be a number of milliseconds" in (
+        done.output
+    )
 
 
 @pytest.mark.timeout(180)
