@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.parking.backends.base import Backend, TenantRef
+from baton.contract.meminfo import MEMINFO, mem_available_kib
 from baton.contract.names import MIB, fake_gpu_uuid
 
 FILL = bytes(range(256)) * (4 * MIB // 256)
@@ -31,7 +32,7 @@ def gbps(nbytes: int, seconds: float) -> float:
 def memcpy_seconds(nbytes: int, fresh: bool = True) -> float:
     """Time of one plain copy of `nbytes`: into newly mapped memory (as a park's destination
     is), or into memory already touched."""
-    src = FILL * (nbytes // len(FILL)) + FILL[: nbytes % len(FILL)]
+    src = memoryview(FILL * -(-nbytes // len(FILL)))[:nbytes]  # one copy of the bytes in memory
     dst = mmap.mmap(-1, nbytes)
     if not fresh:
         memoryview(dst)[:] = src
@@ -77,8 +78,7 @@ def bench_fake(size_mib: int, runs: int = 3) -> dict[str, Any]:
     from agent.parking.backends.fake import FakeBackend
     from agent.parking.fakegpu import FakeGpuMemory
 
-    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
-    root = tempfile.mkdtemp(prefix="baton-evacuate-", dir=shm)
+    root = tempfile.mkdtemp(prefix="baton-evacuate-", dir=fake_dir())
     gpu = fake_gpu_uuid(0)
     try:
         backend = FakeBackend(root, {gpu: size_mib * MIB}, scale=1.0)
@@ -148,10 +148,40 @@ BENCHES: dict[str, Callable[[int, int], dict[str, Any]]] = {
 }
 
 
+def fake_dir() -> str:
+    """Where the fake GPU's regions and their parked copies go: /dev/shm when present."""
+    return "/dev/shm" if Path("/dev/shm").is_dir() else tempfile.gettempdir()
+
+
+def check_room(backend: str, size_mib: int) -> None:
+    """`ValueError` naming --size-mib where the bench's bytes would not fit. A fake park holds
+    the region twice in `fake_dir()` (the device file and its host copy) and the plain copies
+    hold it twice in memory; past either the machine runs out (tmpfs pages are memory too) and
+    the kernel kills the bench mid-copy, its files left behind."""
+    need = 2 * size_mib * MIB
+    if backend == "fake":
+        where = fake_dir()
+        free = shutil.disk_usage(where).free
+        if need > free:
+            raise ValueError(
+                f"--size-mib {size_mib}: a park holds the region twice ({need // MIB} MiB) and "
+                f"{where} has {free // MIB} MiB free"
+            )
+    available = mem_available_kib(Path(MEMINFO).read_text()) * 1024
+    if need > available:
+        raise ValueError(
+            f"--size-mib {size_mib}: the plain copies hold the region twice ({need // MIB} MiB) "
+            f"and the machine has {available // MIB} MiB of memory available"
+        )
+
+
 def run(backend: str, size_mib: int, runs: int) -> dict[str, Any]:
-    """Run the bench for `backend`."""
+    """Run the bench for `backend`, once its flags are checked and its bytes found room."""
     if backend not in BENCHES:
         raise ValueError(f"evacuate bench backends: {', '.join(BENCHES)} (not {backend!r})")
-    if size_mib <= 0 or runs <= 0:
-        raise ValueError("size and runs must be positive")
+    if size_mib < 1:
+        raise ValueError(f"--size-mib {size_mib}: give 1 MiB or more")
+    if runs < 1:
+        raise ValueError(f"--runs {runs}: give 1 run or more")
+    check_room(backend, size_mib)
     return BENCHES[backend](size_mib, runs)
