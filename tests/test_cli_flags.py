@@ -184,6 +184,23 @@ def test_the_demo_and_bench_duty_refuse_a_bad_value_before_any_run(
     assert flag in said and problem in said
 
 
+@pytest.mark.timeout(30)  # refused: nothing runs (accepted, the demo runs, then fails)
+@pytest.mark.parametrize(
+    ("under", "why"),
+    [("", "not a directory"), ("sub", "Not a directory")],
+    ids=["file", "under-file"],
+)
+def test_the_demo_refuses_an_out_dir_it_cannot_write_before_any_run(
+    tmp_path: Path, under: str, why: str
+) -> None:
+    (tmp_path / "file").write_text("")
+    out_dir = tmp_path / "file" / under if under else tmp_path / "file"
+    flags = ["--out-dir", str(out_dir), "--tenants", "1", "--duration", "1", "--warmup", "0"]
+    said = _refusal(["demo", *flags])
+    assert f"Invalid value for --out-dir: {out_dir}: the timeline cannot be written there" in said
+    assert f"({why})" in said
+
+
 def test_bench_train_refuses_a_device_it_cannot_train_on() -> None:
     said = _refusal(["bench", "train", "--device", "tpu"])
     assert "--device" in said and "'tpu': cpu, or cuda" in said

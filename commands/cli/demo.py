@@ -135,6 +135,7 @@ def demo(
     console = Console()
     if tenant_kind != "synthetic" and tenant_kind not in TRAINING:
         raise typer.BadParameter(f"--tenant-kind {tenant_kind!r}: synthetic, train or trl")
+    _check_out_dir(out_dir)
     what = f"each busy on its GPU {duty:.0%} of a {cycle:g} s step"
     sizes = f"{gpu_memory} MiB, footprints {footprints} MiB, {pcie_gbps:g} GB/s modelled"
     if tenant_kind in TRAINING:
@@ -165,8 +166,28 @@ def demo(
             console.print(f"[red]baton demo: {e}[/]")
             raise typer.Exit(1) from None
     print_report(console, config, alone, shared)
-    png, trace = write_timeline(out_dir, [alone, shared], "Who held the GPU when")
+    try:
+        png, trace = write_timeline(out_dir, [alone, shared], "Who held the GPU when")
+    except OSError as e:
+        console.print(f"[red]baton demo: cannot write the timeline under {out_dir}: {e}[/]")
+        raise typer.Exit(1) from None
     console.print(f"Timeline: {png} (picture), {trace} (open in https://ui.perfetto.dev)")
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """Make `out_dir` and write a file in it, or a `BadParameter` naming --out-dir: before the
+    run, so that its result is not lost to a directory the timeline cannot go to."""
+    import tempfile
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as e:
+        why = "not a directory" if isinstance(e, FileExistsError) else e.strerror
+        raise typer.BadParameter(
+            f"{out_dir}: the timeline cannot be written there ({why})", param_hint="--out-dir"
+        ) from None
 
 
 def bench_duty(
