@@ -278,7 +278,8 @@ async def _reference(
 
 
 async def _spawn(module: str, argvs: list[list[str]]) -> list[Any]:
-    """Run one tenant process per argv; start them together; their last lines, parsed."""
+    """Run one tenant process per argv; start them together; their last lines, parsed. Each
+    runs in a session of its own, so that Ctrl-C reaches the bench alone, which stops them."""
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
@@ -287,6 +288,7 @@ async def _spawn(module: str, argvs: list[list[str]]) -> list[Any]:
             *argv,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
         )
         for argv in argvs
     ]

@@ -11,7 +11,14 @@ import typer
 from agent.core.policy import DEFAULT_QUEUE_POLICY
 from agent.parking.methods import CUDA, NONE, PLAIN, described
 from commands.cli.agent_settings import AgentSettings, command_options, env_of
-from commands.cli.options import AsJson, check_address, check_grace, echo_figures, setup_logging
+from commands.cli.options import (
+    AsJson,
+    check_address,
+    check_grace,
+    echo_figures,
+    interruptible,
+    setup_logging,
+)
 
 if TYPE_CHECKING:
     from agent.assembly import AgentConfig
@@ -306,6 +313,6 @@ def bench_fairness(
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
     app.command("agent")(agent)
-    bench.command("handoff")(bench_handoff)
-    bench.command("evacuate")(bench_evacuate)
-    bench.command("fairness")(bench_fairness)
+    bench.command("handoff")(interruptible("baton bench handoff", bench_handoff))
+    bench.command("evacuate")(interruptible("baton bench evacuate", bench_evacuate))
+    bench.command("fairness")(interruptible("baton bench fairness", bench_fairness))

@@ -16,6 +16,7 @@ from commands.cli.options import (
     LogLevel,
     check_address,
     echo_figures,
+    interruptible,
     setup_logging,
 )
 
@@ -185,4 +186,4 @@ def bench_gang(
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
     app.command("coordinator")(coordinator)
-    bench.command("gang")(bench_gang)
+    bench.command("gang")(interruptible("baton bench gang", bench_gang))

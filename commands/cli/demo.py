@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from commands.cli.options import AsJson, echo_figures
+from commands.cli.options import AsJson, echo_figures, interruptible
 
 if TYPE_CHECKING:
     from commands.demo.runner import DemoConfig
@@ -311,6 +311,6 @@ def bench_train(
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add `baton demo`, `baton bench duty` and `baton bench train`."""
-    app.command("demo")(demo)
-    bench.command("duty")(bench_duty)
-    bench.command("train")(bench_train)
+    app.command("demo")(interruptible("baton demo", demo))
+    bench.command("duty")(interruptible("baton bench duty", bench_duty))
+    bench.command("train")(interruptible("baton bench train", bench_train))

@@ -23,6 +23,7 @@ from commands.cli.options import (
     SlotsPerGpu,
     check_grace,
     echo_figures,
+    interruptible,
     node_inputs,
     node_options,
     setup_logging,
@@ -129,4 +130,4 @@ def bench_allocate(
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
     app.command("deviceplugin")(deviceplugin)
-    bench.command("allocate")(bench_allocate)
+    bench.command("allocate")(interruptible("baton bench allocate", bench_allocate))

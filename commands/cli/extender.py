@@ -15,6 +15,7 @@ from commands.cli.options import (
     LogLevel,
     check_grace,
     echo_figures,
+    interruptible,
     setup_logging,
 )
 from extender.bind import BINDS_IN_FLIGHT
@@ -159,5 +160,5 @@ def bench_schedule(
 def register(app: typer.Typer, bench: typer.Typer) -> None:
     """Add this component's commands to `baton` and its benchmarks to `baton bench`."""
     app.command("extender")(extender)
-    bench.command("extender")(bench_extender)
-    bench.command("schedule")(bench_schedule)
+    bench.command("extender")(interruptible("baton bench extender", bench_extender))
+    bench.command("schedule")(interruptible("baton bench schedule", bench_schedule))

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
 import re
-from collections.abc import Mapping
+import signal
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec
 
 import typer
 
@@ -56,6 +60,8 @@ IgnoredXids = Annotated[
 ]
 IGNORED_XIDS_DEFAULT = ",".join(map(str, DEFAULT_IGNORED_XIDS))
 HOST_MEMORY_BUDGET_DEFAULT = DEFAULT_HOST_MEMORY_BUDGET
+
+P = ParamSpec("P")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 PORT_MAX = 65535
@@ -185,3 +191,45 @@ def echo_figures(figures: Mapping[str, object], as_json: bool) -> None:
         for key, value in figures.items():
             typer.echo(f"{key:>{width}}: {value}")
     typer.echo(json.dumps(figures))
+
+
+def interruptible(command: str, run: Callable[P, None]) -> Callable[P, None]:
+    """`run` (a bench's or the demo's command) stopped by Ctrl-C (SIGINT) or SIGTERM as one: it
+    unwinds, stopping what it started and removing its files on the way out, then says it was
+    interrupted in one line (exit status 130). A file it cannot make or write (a /tmp it cannot
+    write to) ends it in one line naming the file and why (exit status 1)."""
+
+    @functools.wraps(run)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> None:
+        terminated = []
+
+        def as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+            terminated.append(signum)
+            if not callable(signal.getsignal(signal.SIGINT)):  # ignored: no Ctrl-C to stand for
+                raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)  # its handler (asyncio's cancels the main task)
+
+        main = threading.current_thread() is threading.main_thread()  # signals go to it only
+        previous = signal.signal(signal.SIGTERM, as_ctrl_c) if main else None
+        try:
+            run(*args, **kwargs)
+        except KeyboardInterrupt:
+            how = "SIGTERM" if terminated else "Ctrl-C (SIGINT)"
+            typer.echo(f"{command}: interrupted by {how}", err=True)
+            raise typer.Exit(130) from None
+        except OSError as err:
+            if err.filename is None:
+                raise
+            top = next((d for d in TEMP_DIRS if str(err.filename).startswith(f"{d}/")), "")
+            why = f"; it keeps its sockets and work files under {top}" if top else ""
+            typer.echo(f"{command}: {err.filename}: {err.strerror}{why}", err=True)
+            raise typer.Exit(1) from None
+        finally:
+            if main:
+                signal.signal(signal.SIGTERM, previous)
+
+    return guarded
+
+
+TEMP_DIRS = ("/tmp", "/dev/shm")
+"""Where the benches and the demo make their work directories (short paths, for the sockets)."""
