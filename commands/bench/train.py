@@ -36,6 +36,7 @@ from commands.demo.train import (
     run_alone,
     run_shared,
     same_training,
+    shared_gpu_mib,
 )
 
 if TYPE_CHECKING:
@@ -205,8 +206,9 @@ def summarize(
 
 async def _run(config: TrainMix | TrlMix) -> dict[str, Any]:
     specs = config.specs()
-    alone = await run_alone(specs)
     fits = getattr(config, "fits", 0) or len(specs) - 1
+    shared_gpu_mib(specs, fits)  # sizes the shared run cannot take are refused before any run
+    alone = await run_alone(specs)
     shared = await run_shared(specs, fits=fits)
     after = await run_alone(specs)
     largest = max(r["footprint_bytes"] for r in shared.reports)

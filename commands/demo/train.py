@@ -112,7 +112,7 @@ def shared_gpu_mib(specs: Sequence[Spec], fits: int = 1) -> int:
         raise TrainRunError(
             f"{fits + 1} tenants of {', '.join(f'{x:.2f}' for x in sizes[: fits + 1])} MiB fit"
             f" together on a {gpu} MiB GPU, so fewer would be parked; make them larger"
-            " (--d-model, --batch) or more alike"
+            " (--d-model, --sft-batch, --grpo-batch) or more alike"
         )
     return gpu
 

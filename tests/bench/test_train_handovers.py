@@ -109,3 +109,26 @@ def test_bench_train_gives_the_trl_mix_the_sizes_asked_and_refuses_those_it_has_
         result = CliRunner().invoke(app, ["bench", "train", "--framework", "trl", *torch_only])
         assert result.exit_code != 0 and "--framework torch only" in result.output
     assert len(ran) == 1
+
+
+def test_bench_train_refuses_tenants_that_all_fit_together_before_any_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("torch", reason="needs torch")
+    from typer.testing import CliRunner
+
+    import commands.bench.train
+    from commands.cli import app
+
+    async def run_alone(specs: object) -> list[dict]:
+        raise AssertionError("the tenants ran alone before their sizes were refused")
+
+    monkeypatch.setattr(commands.bench.train, "run_alone", run_alone)
+    sizes = ["--d-model", "8", "--layers", "1", "--sft-batch", "1", "--grpo-batch", "1"]
+    result = CliRunner().invoke(app, ["bench", "train", "--tenants", "2", "--steps", "2", *sizes])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("baton bench train: 2 tenants of ")
+    assert result.output.endswith(
+        "so fewer would be parked; make them larger (--d-model, --sft-batch, --grpo-batch) or "
+        "more alike\n"
+    )
