@@ -177,7 +177,7 @@ async def _bench(setup: Setup) -> dict[str, Any]:
         ref_acquire += solo
         relay.add(turns)
     if not main.gaps:
-        raise RuntimeError("no handoffs observed; the tenants never waited for each other")
+        raise RuntimeError(too_short(each.iterations * rounds, "tenants"))
     figures: dict[str, Any] = {
         "acquire_p50_ms": _ms(percentile(acquire, 0.5)),
         "acquire_p99_ms": _ms(percentile(acquire, 0.99)),
@@ -196,6 +196,15 @@ async def _bench(setup: Setup) -> dict[str, Any]:
         figures |= agent.figures("reference_agent_")
     figures["reference_acquire_p99_ms"] = _ms(percentile(ref_acquire, 0.99))
     return figures | relay.figures("reference_")
+
+
+def too_short(iterations: int, who: str) -> str:
+    """Why a run saw no handoff, and what to change."""
+    turns = "1 turn" if iterations == 1 else f"{iterations} turns"
+    return (
+        f"no handoff seen in {turns} of each of the {who}: none asked while another held the "
+        "turn; give more --iterations"
+    )
 
 
 def _ms(seconds: float) -> float:

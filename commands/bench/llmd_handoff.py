@@ -17,7 +17,7 @@ import tempfile
 import time
 from typing import Any
 
-from commands.bench.handoff import _reference, _spawn, handoffs, percentile
+from commands.bench.handoff import _reference, _spawn, handoffs, percentile, too_short
 from commands.bench.relay import HOLD_S, WARMUP
 
 GPU = "GPU-bench-0"
@@ -57,7 +57,7 @@ async def _bench(iterations: int) -> dict[str, Any]:
     acquire = [granted - requested for requested, granted, _ in solo[0]]
     gaps = handoffs(_records(pair))
     if not gaps:
-        raise RuntimeError("no handoffs observed; the jobs never waited for each other")
+        raise RuntimeError(too_short(iterations, "jobs"))
     ref_acquire, ref_turns = await _reference(iterations)
     ref_gaps = handoffs(ref_turns)
     return {

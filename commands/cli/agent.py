@@ -225,23 +225,27 @@ def bench_handoff(
         }  # fmt: skip
         if wrong := next((flag for flag, given in baton_only.items() if given), None):
             raise typer.BadParameter("applies to --api baton only, not llmd", param_hint=wrong)
-        echo_figures(run_llmd_handoff_bench(iterations), as_json)
-        return
     try:
-        figures = run_handoff_bench(
-            iterations,
-            client,
-            transport,
-            backend=backend,
-            hold_ms=hold_ms,
-            tenants=tenants,
-            swap=swap,
-            rounds=rounds,
-        )
+        if api == "llmd":
+            figures = run_llmd_handoff_bench(iterations)
+        else:
+            figures = run_handoff_bench(
+                iterations,
+                client,
+                transport,
+                backend=backend,
+                hold_ms=hold_ms,
+                tenants=tenants,
+                swap=swap,
+                rounds=rounds,
+            )
     except ValueError as e:
         words = ("transport", "backend", "tenants", "hold-ms", "swap", "client")
         hint = next(f"--{w}" for w in words if w in str(e) or w == "client")
         raise typer.BadParameter(str(e), param_hint=hint) from None
+    except RuntimeError as e:  # a tenant that failed, or a run too short to see a handoff
+        typer.echo(f"baton bench handoff: {e}", err=True)
+        raise typer.Exit(1) from None
     echo_figures(figures, as_json)
 
 
@@ -260,6 +264,9 @@ def bench_evacuate(
     except (BackendUnavailable, ValueError) as exc:
         typer.echo(f"baton bench evacuate: {exc}", err=True)
         raise typer.Exit(2) from None
+    except RuntimeError as exc:  # the CUDA child process that could not allocate
+        typer.echo(f"baton bench evacuate: {exc}", err=True)
+        raise typer.Exit(1) from None
     echo_figures(result, as_json)
 
 
@@ -307,6 +314,9 @@ def bench_fairness(
     except ValueError as exc:
         typer.echo(f"baton bench fairness: {exc}", err=True)
         raise typer.Exit(2) from None
+    except RuntimeError as exc:  # a tenant process that failed
+        typer.echo(f"baton bench fairness: {exc}", err=True)
+        raise typer.Exit(1) from None
     echo_figures(figures, as_json)
 
 

@@ -161,3 +161,22 @@ def test_the_command_refuses_an_unknown_backend_naming_the_option() -> None:
     )
     assert done.returncode == 2
     assert "--backend" in done.stderr and "'tape' is not one of" in done.stderr
+
+
+@pytest.mark.parametrize(("api", "who"), [("baton", "tenants"), ("llmd", "jobs")])
+def test_a_run_too_short_to_see_a_handoff_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, api: str, who: str
+) -> None:
+    """A turn each: the tenants may well never ask while another holds the turn (here they are
+    made to: no gap counts as a handoff)."""
+    import commands.bench.handoff
+    import commands.bench.llmd_handoff
+
+    for module in (commands.bench.handoff, commands.bench.llmd_handoff):
+        monkeypatch.setattr(module, "handoffs", lambda records: [])
+    result = CliRunner().invoke(app, ["bench", "handoff", "--api", api, "--iterations", "1"])
+    assert result.exit_code == 1, result.output
+    assert result.output == (
+        f"baton bench handoff: no handoff seen in 1 turn of each of the {who}: none asked while "
+        "another held the turn; give more --iterations\n"
+    )
