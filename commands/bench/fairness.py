@@ -87,6 +87,12 @@ def run_fairness_bench(
         raise ValueError(f"--process-seconds {process_seconds:g} must be 0 (replay only) or finite")
     if handoff_iterations < 0:
         raise ValueError(f"--handoff-iterations {handoff_iterations} must be 0 (skip) or more")
+    turn, longest = max((load.turn, n) for n in names for load in MIXES[n].values())
+    if seconds < turn:
+        raise ValueError(
+            f"--seconds {seconds:g} is shorter than the longest turn of mix {longest} "
+            f"({turn:g} s): no turn might end in the replay; give {turn:g} or more"
+        )
     per_mix: dict[str, dict[str, Any]] = {}
     for name in names:
         mix = MIXES[name]

@@ -65,11 +65,27 @@ def test_the_cli_takes_mixes_and_refuses_an_unknown_one() -> None:
         (["--seconds", "inf"], "--seconds inf must be a finite number above 0"),
         (["--process-seconds", "-1"], "--process-seconds -1 must be 0 (replay only) or finite"),
         (["--handoff-iterations", "-1"], "--handoff-iterations -1 must be 0 (skip) or more"),
+        (
+            ["--seconds", "0.001"],
+            "--seconds 0.001 is shorter than the longest turn of mix long-turns (1 s): no turn "
+            "might end in the replay; give 1 or more",
+        ),
+        (
+            ["--seconds", "0.1", "--mix", "equal", "--mix", "tenfold"],
+            "--seconds 0.1 is shorter than the longest turn of mix equal (0.3 s)",
+        ),
     ],
 )
 def test_the_cli_refuses_a_bad_number_before_any_run(flags: list[str], says: str) -> None:
-    refused = CliRunner().invoke(app, ["bench", "fairness", *flags])
+    refused = CliRunner().invoke(app, ["bench", "fairness", *flags], terminal_width=200)
     assert refused.exit_code == 2 and says in refused.output, refused.output
+
+
+def test_a_replay_as_long_as_the_longest_turn_is_measured() -> None:
+    for name, mix in MIXES.items():
+        turn = max(load.turn for load in mix.values())
+        figures = run_fairness_bench(turn, 0, mixes=[name], process_seconds=0)
+        assert figures["mix"] == name and figures["seconds"] == turn
 
 
 def test_the_replay_orders_events_as_a_client_sees_them() -> None:
