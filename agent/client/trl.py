@@ -86,6 +86,9 @@ class BatonCallback(TrainerCallback):
         """True while a trainer without parking fetches a step's batches inside its turn."""
         self._pinned = 0
         """Open `turn()` blocks that took their turn: the trainer's events end none of it."""
+        self._in_step = False
+        """True from a step's `on_step_begin` to its `on_step_end`: a `trainer.log()` from the
+        step's loss or reward (its `on_log`) ends nothing."""
         self._closed = False
         """True after `close()`: the process shares the GPU no more, and takes no turns."""
 
@@ -182,7 +185,8 @@ class BatonCallback(TrainerCallback):
                 control = dispatch(event, args, state, control, **kw)
             finally:
                 self._dispatching -= 1
-            last = self._dispatching == 0 and not self._pinned
+            self._step_event(event)
+            last = self._dispatching == 0 and not self._pinned and not self._in_step
             metrics = kw.get("metrics")
             if (
                 last
@@ -209,6 +213,7 @@ class BatonCallback(TrainerCallback):
 
         @functools.wraps(train)
         def guarded(*args: Any, **kwargs: Any) -> Any:
+            self._in_step = False  # a step that raised never reached its on_step_end
             try:
                 self.begin()
                 return train(*args, **kwargs)
@@ -223,6 +228,13 @@ class BatonCallback(TrainerCallback):
             setattr(trainer, name, self._in_turn(getattr(trainer, name)))
         if self.parker is None:  # the driver's checkpoint: every device call needs the turn
             trainer.get_batch_samples = self._begins(trainer.get_batch_samples)
+
+    def _step_event(self, event: str) -> None:
+        """Note a step's begin and end: between them no event ends the step's turn."""
+        if event == "on_step_begin":
+            self._in_step = True
+        elif event == "on_step_end":
+            self._in_step = False
 
     def _begins(self, method: F) -> F:
         """`method` run after the turn begins, left held for the step that follows: the
@@ -303,10 +315,13 @@ class BatonCallback(TrainerCallback):
     ) -> None:
         if not self._wired:
             self.begin()
+            self._step_event("on_step_begin")
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
+        if not self._wired:
+            self._step_event("on_step_end")
         self._end_unless("on_step_end", args, control)
 
     def on_epoch_end(
@@ -345,7 +360,7 @@ class BatonCallback(TrainerCallback):
         metrics: dict[str, float] | None = None,
     ) -> None:
         """Unwired: end the turn at this callback unless device work follows."""
-        if self._wired or self._pinned:
+        if self._wired or self._pinned or self._in_step:
             return
         if not device_work_follows(event, args, control, state, metrics):
             self.end()

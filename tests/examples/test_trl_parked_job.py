@@ -177,3 +177,39 @@ def test_a_job_closed_as_the_agent_parks_it_leaves_with_its_model_whole(jobs: Jo
     kept = job.model.state_dict()
     assert all(kept[k].equal(v) for k, v in trained.items())
     assert "eval_loss" in on_the_device(job.evaluate)
+
+
+@needs_trl
+@pytest.mark.timeout(180)
+def test_a_log_from_inside_a_step_keeps_the_steps_turn(jobs: Jobs) -> None:
+    """A `compute_loss` that logs an extra figure (`self.log`, as users write it) fires
+    `on_log` inside the step, while the other job waits for the GPU: the step keeps its turn
+    for its backward and optimizer step, instead of being parked under them."""
+    import threading
+
+    job = jobs.built(2)
+    loss_of = job.compute_loss
+    held: list[bool] = []
+    waiting: list[threading.Thread] = []
+
+    def compute_loss(*args: Any, **kwargs: Any) -> Any:
+        loss = loss_of(*args, **kwargs)
+        if not job.model.training:  # the evaluation's
+            return loss
+        mark = jobs.agent.mark()
+        waiting.append(threading.Thread(target=jobs.parked_by_the_other_job))
+        waiting[-1].start()
+        jobs.agent.wait_event(lambda e: e.kind == "queued" and "other" in e.tenant_id, 30, mark)
+        job.log({"aux_loss": float(loss.detach())})
+        held.append(jobs.callback.holding)
+        return loss
+
+    job.compute_loss = compute_loss
+    try:
+        on_the_device(job.train)
+    finally:
+        for thread in waiting:
+            thread.join(timeout=30)
+    assert held == [True, True] and job.state.global_step == 2
+    assert jobs.callback.parker.stats.parks == 2  # the other job's turns came between steps
+    assert [h["aux_loss"] for h in job.state.log_history if "aux_loss" in h]
