@@ -36,6 +36,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from agent.client.errors import BatonError
+from agent.client.off_turn import OffTurn
 from agent.client.sync import Baton
 from agent.client.torch import TorchParker, tensors_of
 from agent.client.trl_events import BEGINS_TURN, MAY_END_TURN, device_work_follows
@@ -91,6 +92,7 @@ class BatonCallback(TrainerCallback):
         step's loss or reward (its `on_log`) ends nothing."""
         self._closed = False
         """True after `close()`: the process shares the GPU no more, and takes no turns."""
+        self._off_turn = OffTurn(self._hand_back, self.begin)
 
     @property
     def holding(self) -> bool:
@@ -262,21 +264,19 @@ class BatonCallback(TrainerCallback):
         return wrapped  # type: ignore[return-value]
 
     def off_turn(self, fn: F) -> F:
-        """Wrap a plain-Python reward function (or a data collator) so the GPU goes to another
-        job while it runs. In a forked DataLoader worker it just runs: the turn is the parent's;
-        so does a collator without parking (`park=False`), inside the turn of the batch fetch."""
+        """Wrap a plain-Python reward function, `async` or not (or a data collator), so the GPU
+        goes to another job while it runs; overlapping calls hand the turn back once. In a
+        forked DataLoader worker it just runs: the turn is the parent's; so does a collator
+        without parking (`park=False`), inside the turn of the batch fetch."""
+        return self._off_turn.wrap(fn)
 
-        @functools.wraps(fn)
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if self._held is None or self._held_by != os.getpid() or self._fetching:
-                return fn(*args, **kwargs)
-            self.end()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.begin()
-
-        return wrapped  # type: ignore[return-value]
+    def _hand_back(self) -> bool:
+        """End the turn held for an off-turn call; False if there is none this process may
+        hand back (a worker's copy, or the batch fetch's turn without parking)."""
+        if self._held is None or self._held_by != os.getpid() or self._fetching:
+            return False
+        self.end()
+        return True
 
     def close(self) -> None:
         """Leave the agent: what the parker holds parked comes back first, in one last turn

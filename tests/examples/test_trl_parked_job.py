@@ -1,7 +1,8 @@
 """A TRL job that another job parked between its turns, on a real agent (`app` backend): what
 the watched trainer does on the device outside its steps (`evaluate()`, `save_model()`, and
 `train()`'s set-up, which loads a checkpoint it resumes from before `on_train_begin`) takes a
-turn, so it runs on memory restored, not on storages a park freed; and `close()` brings the
+turn, so it runs on memory restored, not on storages a park freed; a step keeps its turn for
+its device work, while rewards run off-turn hand it to the other job; and `close()` brings the
 parked job back whole before it leaves the agent."""
 
 from __future__ import annotations
@@ -35,6 +36,27 @@ class Jobs:
         config = TrlConfig(kind="sft", seed=6, batch=4, save_steps=2, eval_steps=2)
         with self.callback.turn():
             job = trainer(config, steps, self.workdir, [self.callback], self.callback.off_turn)
+            self.callback.watch(job)
+        return job
+
+    def grpo(self, rewards: list[Any], steps: int = 2) -> Any:
+        """A watched GRPO trainer of `steps` steps scoring with `rewards`, built in a turn."""
+        from trl import GRPOConfig, GRPOTrainer
+
+        from agent.examples.trl_train.jobs import TrlConfig, dataset, model, tokenizer
+
+        config = TrlConfig(kind="grpo", seed=7, batch=4, group=4, beta=0.0)
+        args = GRPOConfig(
+            output_dir=str(self.workdir / "out"), max_steps=steps, per_device_train_batch_size=4,
+            num_generations=4, max_completion_length=5, beta=0.0, use_cpu=True,
+            report_to="none", save_strategy="no", disable_tqdm=True, logging_steps=1,
+        )  # fmt: skip
+        with self.callback.turn():
+            job = GRPOTrainer(
+                model=model(config, self.workdir), reward_funcs=rewards, args=args,
+                train_dataset=dataset(config, 16), processing_class=tokenizer(),
+                callbacks=[self.callback],
+            )  # fmt: skip
             self.callback.watch(job)
         return job
 
@@ -213,3 +235,39 @@ def test_a_log_from_inside_a_step_keeps_the_steps_turn(jobs: Jobs) -> None:
     assert held == [True, True] and job.state.global_step == 2
     assert jobs.callback.parker.stats.parks == 2  # the other job's turns came between steps
     assert [h["aux_loss"] for h in job.state.log_history if "aux_loss" in h]
+
+
+@needs_trl
+@pytest.mark.timeout(180)
+def test_async_rewards_run_off_turn_are_awaited_with_the_turn_handed_back_once(
+    jobs: Jobs,
+) -> None:
+    """TRL awaits an async reward (gathering several at once): wrapped with `off_turn` it stays
+    one, runs with the turn handed back (the other job takes its turn meanwhile), and the
+    turn comes back once the last of them ends, instead of TRL calling a plain wrapper and
+    failing on the coroutine it returned ('coroutine' object is not iterable)."""
+    import asyncio
+
+    from agent.examples.trl_train.jobs import reverse_reward
+
+    held: list[bool] = []
+    score = reverse_reward()
+
+    async def brevity(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+        held.append(jobs.callback.holding)
+        await asyncio.sleep(0)  # ends first, while verify still runs
+        return [-len(c) / 10 for c in completions]
+
+    async def verify(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+        held.append(jobs.callback.holding)
+        await asyncio.to_thread(jobs.parked_by_the_other_job)  # the GPU is the other's now
+        held.append(jobs.callback.holding)  # still off-turn though brevity ended
+        return score(prompts, completions)
+
+    job = jobs.grpo([jobs.callback.off_turn(brevity), jobs.callback.off_turn(verify)])
+    on_the_device(job.train)
+    assert job.state.global_step == 2 and held == [False] * 6
+    parker = jobs.callback.parker
+    assert parker is not None and parker.stats.parks == parker.stats.restores == 2
+    assert len(jobs.callback.turns) == 1 + 2 * 2  # the build's; two a step, one around both
+    assert "rewards/verify/mean" in job.state.log_history[0]

@@ -1,0 +1,89 @@
+"""Functions run with the turn handed back (`BatonCallback.off_turn`): a reward that calls a
+remote verifier, a slow collator. Plain and `async` functions alike; calls that overlap (an
+`async` reward gathered beside another, a reward checking completions on several threads) hand
+the turn back once, and the last of them to finish takes it again."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class OffTurn:
+    """Wraps functions to run off-turn: `hand_back()` ends the turn held (False if there is
+    none this process may hand back) and `take_again()` waits for the next one."""
+
+    def __init__(self, hand_back: Callable[[], bool], take_again: Callable[[], None]) -> None:
+        self._hand_back = hand_back
+        self._take_again = take_again
+        self._lock = threading.Lock()
+        self._away = 0
+        """Off-turn calls running on a turn handed back."""
+
+    def wrap(self, fn: F) -> F:
+        """`fn` run with the turn handed back; an `async` function stays one (TRL awaits it)."""
+        if is_async(fn):
+
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                if not self._leave():
+                    return await fn(*args, **kwargs)
+                try:
+                    result = await fn(*args, **kwargs)
+                except BaseException:
+                    self._come_back()
+                    raise
+                self._come_back()
+                return result
+
+            return _named(run_async, fn)  # type: ignore[return-value]
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if not self._leave():
+                return fn(*args, **kwargs)
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                self._come_back()
+                raise
+            self._come_back()
+            return result
+
+        return _named(run, fn)  # type: ignore[return-value]
+
+    def _leave(self) -> bool:
+        """Hand the turn back for a call, unless an overlapping call did; False if there was
+        no turn to hand back (the call just runs)."""
+        with self._lock:
+            if self._away:
+                self._away += 1
+                return True
+            if not self._hand_back():
+                return False
+            self._away = 1
+            return True
+
+    def _come_back(self) -> None:
+        """A call ended: the last of the overlapping calls takes the turn again."""
+        with self._lock:
+            self._away -= 1
+            if not self._away:
+                self._take_again()
+
+
+def is_async(fn: Any) -> bool:
+    """Whether calling `fn` returns a coroutine: an `async def`, a partial of one, or an
+    instance whose `__call__` is one (as TRL tells an async reward function)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    call = getattr(fn, "__call__", None)  # noqa: B004 (the method itself is inspected)
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _named(wrapper: Callable[..., Any], fn: Any) -> Callable[..., Any]:
+    """`wrapper` with `fn`'s name, module and docs (`functools.wraps`)."""
+    return functools.wraps(fn)(wrapper)
