@@ -84,6 +84,16 @@ def is_async(fn: Any) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
 
 
+def name_of(fn: Any) -> str:
+    """The name TRL logs a reward function's figures under: a partial's function's, a callable
+    instance's class's."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return str(getattr(fn, "__name__", type(fn).__name__))
+
+
 def _named(wrapper: Callable[..., Any], fn: Any) -> Callable[..., Any]:
-    """`wrapper` with `fn`'s name, module and docs (`functools.wraps`)."""
-    return functools.wraps(fn)(wrapper)
+    """`wrapper` with `fn`'s module and docs (`functools.wraps`) and the name TRL gives `fn`."""
+    named = functools.wraps(fn)(wrapper)
+    named.__name__ = named.__qualname__ = name_of(fn)
+    return named

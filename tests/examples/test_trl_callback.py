@@ -334,3 +334,45 @@ def test_a_collator_run_off_turn_in_forked_dataloader_workers_runs_there(workdir
             assert len(callback.turns) == 1  # the workers neither gave it back nor took one
         finally:
             callback.close()
+
+
+@needs_trl
+@pytest.mark.timeout(120)
+def test_rewards_run_off_turn_keep_the_names_trl_logs_them_under(tmp_path: Path) -> None:
+    """TRL names a callable instance's figures after its class and a partial's after its
+    function: wrapped with `off_turn` they keep those names, instead of all being 'wrapped',
+    so that two such rewards logged their means under one key, the second hiding the first."""
+    import functools
+
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agent.examples.trl_train.jobs import TrlConfig, dataset, model, tokenizer
+
+    baton, callback = recorded()
+
+    class Brevity:
+        def __call__(self, prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+            return [-len(c) / 10 for c in completions]
+
+    def digits(prompts: list[str], completions: list[str], weight: float, **_: Any) -> list[float]:
+        return [weight * sum(ch.isdigit() for ch in c) for c in completions]
+
+    config = TrlConfig(kind="grpo", seed=7, batch=4, group=4, beta=0.0)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4,
+        num_generations=4, max_completion_length=5, beta=0.0, use_cpu=True, report_to="none",
+        save_strategy="no", disable_tqdm=True, logging_steps=1,
+    )  # fmt: skip
+    rewards = [Brevity(), functools.partial(digits, weight=0.5)]
+    with callback.turn():
+        job = GRPOTrainer(
+            model=model(config, tmp_path), args=args, train_dataset=dataset(config, 8),
+            reward_funcs=[callback.off_turn(r) for r in rewards], processing_class=tokenizer(),
+            callbacks=[callback],
+        )  # fmt: skip
+        callback.watch(job)
+    job.train()
+    assert job.reward_func_names == ["Brevity", "digits"]
+    logged = job.state.log_history[0]
+    assert {"rewards/Brevity/mean", "rewards/digits/mean"} <= set(logged)
+    assert baton.events.count("acquire") == baton.events.count("yield")
