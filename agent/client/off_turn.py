@@ -1,7 +1,8 @@
 """Functions run with the turn handed back (`BatonCallback.off_turn`): a reward that calls a
 remote verifier, a slow collator. Plain and `async` functions alike; calls that overlap (an
 `async` reward gathered beside another, a reward checking completions on several threads) hand
-the turn back once, and the last of them to finish takes it again."""
+the turn back once, and the last of them to finish takes it again; an interrupt (Ctrl-C) leaves
+without waiting for the turn."""
 
 from __future__ import annotations
 
@@ -34,8 +35,11 @@ class OffTurn:
                     return await fn(*args, **kwargs)
                 try:
                     result = await fn(*args, **kwargs)
-                except BaseException:
+                except Exception:
                     self._come_back()
+                    raise
+                except BaseException:
+                    self._come_back(stopping=True)
                     raise
                 self._come_back()
                 return result
@@ -47,8 +51,11 @@ class OffTurn:
                 return fn(*args, **kwargs)
             try:
                 result = fn(*args, **kwargs)
-            except BaseException:
+            except Exception:  # the caller may catch it and go on: in a turn
                 self._come_back()
+                raise
+            except BaseException:  # Ctrl-C, exit: the job stops
+                self._come_back(stopping=True)
                 raise
             self._come_back()
             return result
@@ -67,11 +74,13 @@ class OffTurn:
             self._away = 1
             return True
 
-    def _come_back(self) -> None:
-        """A call ended: the last of the overlapping calls takes the turn again."""
+    def _come_back(self, stopping: bool = False) -> None:
+        """A call ended: the last of the overlapping calls takes the turn again, unless it is
+        `stopping` (a KeyboardInterrupt or SystemExit left it): the job does not wait for a
+        turn only to give it back."""
         with self._lock:
             self._away -= 1
-            if not self._away:
+            if not self._away and not stopping:
                 self._take_again()
 
 

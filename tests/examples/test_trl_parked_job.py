@@ -271,3 +271,40 @@ def test_async_rewards_run_off_turn_are_awaited_with_the_turn_handed_back_once(
     assert parker is not None and parker.stats.parks == parker.stats.restores == 2
     assert len(jobs.callback.turns) == 1 + 2 * 2  # the build's; two a step, one around both
     assert "rewards/verify/mean" in job.state.log_history[0]
+
+
+@needs_trl
+@pytest.mark.timeout(180)
+def test_ctrl_c_in_a_reward_run_off_turn_stops_without_waiting_for_the_gpu(jobs: Jobs) -> None:
+    """A KeyboardInterrupt raised in a reward run off-turn while the other job holds the GPU
+    leaves `train()` at once, holding no turn, instead of waiting for the other job's turn to
+    end (up to the agent's --max-hold) to take one only to give it back; the save made on the
+    interrupt, as users write it, takes its turn then."""
+    import threading
+
+    taken, release, held_to_the_end = threading.Event(), threading.Event(), threading.Event()
+
+    def other_holds() -> None:
+        with jobs.other.turn(timeout=30):
+            taken.set()
+            if not release.wait(20):
+                held_to_the_end.set()
+
+    other = threading.Thread(target=other_holds)
+
+    def interrupted(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+        other.start()
+        assert taken.wait(30), "the other job got no turn"
+        raise KeyboardInterrupt
+
+    job = jobs.grpo([jobs.callback.off_turn(interrupted)])
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            job.train()
+        assert not held_to_the_end.is_set()  # train() left while the other job held on
+        assert not jobs.callback.holding
+    finally:
+        release.set()
+        other.join(timeout=30)
+    on_the_device(lambda: job.save_model(str(jobs.workdir / "interrupted")))
+    assert jobs.callback.parker.stats.restores == 1
