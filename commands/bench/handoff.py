@@ -289,19 +289,19 @@ async def _reference(
 async def _spawn(module: str, argvs: list[list[str]]) -> list[Any]:
     """Run one tenant process per argv; start them together; their last lines, parsed. Each
     runs in a session of its own, so that Ctrl-C reaches the bench alone, which stops them."""
-    procs = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            module,
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-        for argv in argvs
-    ]
-    try:
+    procs: list[asyncio.subprocess.Process] = []
+    try:  # each one started is stopped, also when the run is interrupted while starting them
+        for argv in argvs:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                module,
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+            procs.append(proc)
         for proc in procs:  # each says "ready" once connected; then all start together
             assert proc.stdout is not None
             line = await asyncio.wait_for(proc.stdout.readline(), 60)
