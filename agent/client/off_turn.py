@@ -6,10 +6,11 @@ without waiting for the turn."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -31,36 +32,33 @@ class OffTurn:
         if is_async(fn):
 
             async def run_async(*args: Any, **kwargs: Any) -> Any:
-                if not self._leave():
+                with self._away_from_turn():
                     return await fn(*args, **kwargs)
-                try:
-                    result = await fn(*args, **kwargs)
-                except Exception:
-                    self._come_back()
-                    raise
-                except BaseException:
-                    self._come_back(stopping=True)
-                    raise
-                self._come_back()
-                return result
 
             return _named(run_async, fn)  # type: ignore[return-value]
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            if not self._leave():
+            with self._away_from_turn():
                 return fn(*args, **kwargs)
-            try:
-                result = fn(*args, **kwargs)
-            except Exception:  # the caller may catch it and go on: in a turn
-                self._come_back()
-                raise
-            except BaseException:  # Ctrl-C, exit: the job stops
-                self._come_back(stopping=True)
-                raise
-            self._come_back()
-            return result
 
         return _named(run, fn)  # type: ignore[return-value]
+
+    @contextlib.contextmanager
+    def _away_from_turn(self) -> Iterator[None]:
+        """One call's time off the turn: handed back as it starts (unless there is none to
+        hand back: it just runs), taken again as the last overlapping call ends."""
+        if not self._leave():
+            yield
+            return
+        try:
+            yield
+        except Exception:  # the caller may catch it and go on: in a turn
+            self._come_back()
+            raise
+        except BaseException:  # Ctrl-C, exit: the job stops
+            self._come_back(stopping=True)
+            raise
+        self._come_back()
 
     def _leave(self) -> bool:
         """Hand the turn back for a call, unless an overlapping call did; False if there was
