@@ -17,7 +17,7 @@ from agent.core.planner import Plan, Refusal, plan_ahead, plan_turn
 from agent.parking.backends.base import TenantRef
 from agent.parking.known import KnownNode
 from agent.parking.methods import parks_itself
-from agent.parking.model import needs_room
+from agent.parking.model import Read, needs_room
 
 MAX_VERDICTS = 64
 """`_moves_nothing`'s verdicts kept at once (a few per tenant); more, and they start afresh."""
@@ -165,14 +165,16 @@ class ModelPlans(KnownNode):
         snap = self._node(holders, whole=self._model.unsettled, on=ref.gpus)
         return isinstance(plan_ahead(snap, tenant_id), Refusal)
 
-    async def _read_moved(self, tenant_ids: Collection[str]) -> None:
-        """Read the tenants a plan moved (in a worker thread if the backend's reads block). One
-        plan runs at a time, so only their memory moved since the plan was drawn; the others stay
-        as the model had them then (`model.ResidencyModel.moved`). A tenant that joined or whose
-        registration changed meanwhile is not taken in here: the model is then not current
-        (`_model_current`), and the next plan reads the node in full."""
+    async def _read_moved(self, tenant_ids: Collection[str], read: Read | None = None) -> None:
+        """Read the tenants a plan moved (in a worker thread if the backend's reads block), or
+        take in their `read` made after the moves. One plan runs at a time, so only their
+        memory moved since the plan was drawn; the others stay as the model had them then
+        (`model.ResidencyModel.moved`). A tenant that joined or whose registration changed
+        meanwhile is not taken in here: the model is then not current (`_model_current`), and
+        the next plan reads the node in full."""
         counted = self._counted()
-        read = await self._read_aside(sorted(t for t in set(tenant_ids) if t in counted))
+        if read is None:
+            read = await self._read_aside(sorted(t for t in set(tenant_ids) if t in counted))
         self._model.moved(read, self._holding.keys(), counted)
         self._took_in(read)
 

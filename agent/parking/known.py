@@ -37,7 +37,7 @@ new turn, away from the handoffs at either end."""
 
 class KnownNode:
     """The node as the preparer knows it; `ModelPlans` adds what the model alone decides,
-    `ParkingPreparer` the plans read from the node and the moves."""
+    `PlanMoves` the moves, `ParkingPreparer` the plans read from the node."""
 
     def __init__(
         self,

@@ -1,13 +1,14 @@
 """The real `TurnPreparer`: plans room for each turn and runs the moves through a backend.
 
-Plans come from `agent.core.planner` (pure); this module gathers the snapshot, runs the moves off
-the event loop (`asyncio.to_thread`), retries failed parks with backoff, and keeps metrics and the
-per tenant status that /v1/status shows. One plan runs at a time per node. While a GPU is held,
-`prepare_ahead` readies the tenant due next (`agent.core.planner.plan_ahead`), so that its grant
-finds nothing left to move. A turn the agent's own model (`agent.parking.from_model`) shows needs
-no move is granted from it at once, on the event loop: no snapshot, no thread, no lock. One that
-needs moves is planned from the same model where it can say, so the grant waits for the moves
-alone; the backend is read first where it cannot, and where the model finds no room.
+Plans come from `agent.core.planner` (pure); this module gathers the snapshot and has the plans
+carried out (`agent.parking.moving`: off the event loop, failed moves retried with backoff), and
+keeps the per tenant status that /v1/status shows. One plan runs at a time per node. While a GPU
+is held, `prepare_ahead` readies the tenant due next (`agent.core.planner.plan_ahead`), so that
+its grant finds nothing left to move. A turn the agent's own model (`agent.parking.from_model`)
+shows needs no move is granted from it at once, on the event loop: no snapshot, no thread, no
+lock. One that needs moves is planned from the same model where it can say, so the grant waits
+for the moves alone; the backend is read first where it cannot, and where the model finds no
+room.
 """
 
 from __future__ import annotations
@@ -16,24 +17,17 @@ import asyncio
 import logging
 from collections.abc import Collection, Mapping, Sequence
 
-from agent.core.errors import Quarantined
-from agent.core.planner import Plan, Reason, Refusal, Step, plan_ahead, plan_park, plan_turn
-from agent.core.residency import MoveFailed, NoRoom, TooLarge
-from agent.parking.backends.base import (
-    Backend,
-    BackendError,
-    BackendQuarantined,
-    Move,
-    TenantRef,
-    Unparkable,
-)
-from agent.parking.from_model import ModelPlans, moved_steps
+from agent.core.planner import Plan, plan_ahead, plan_park, plan_turn
+from agent.core.residency import NoRoom
+from agent.parking.backends.base import Backend, TenantRef
+from agent.parking.from_model import moved_steps
+from agent.parking.moving import PlanMoves
 from agent.parking.view import gpu_residency
 
 log = logging.getLogger(__name__)
 
 
-class ParkingPreparer(ModelPlans):
+class ParkingPreparer(PlanMoves):
     """Makes each incoming tenant resident, parking least-recently-served ones when needed; the
     server sees it as an `agent.parking.host.Parking`."""
 
@@ -271,110 +265,6 @@ class ParkingPreparer(ModelPlans):
             self._publish()
             if self._host is not None:
                 self._host.persist()  # its parked record goes
-
-    async def _carry_out(
-        self, tenant_id: str, plan: Plan | Refusal, when: str, handed: bool = False
-    ) -> None:
-        """Run the plan's moves in order, or record and raise the refusal; `handed`: leave the
-        tenant's own restores to it where its method allows."""
-        if isinstance(plan, Refusal):
-            raise self._refuse(tenant_id, plan.reason, plan.message)
-        if not plan.steps:  # the snapshot the plan came from is current: nothing to re-read
-            return
-        try:
-            for step in plan.steps:
-                if handed and self._hand_over(tenant_id, step):
-                    log.info("restore of %s on %s is left to its grant", tenant_id, step.gpu)
-                    continue
-                await self._move(tenant_id, step, when)
-        finally:  # what the moves changed (the plan was drawn from a full read just before)
-            await self._read_moved({step.tenant_id for step in plan.steps})
-            if self._host is not None:
-                self._host.persist()
-
-    def _hand_over(self, tenant_id: str, step: Step) -> bool:
-        """Leave the step to the granted tenant if it is its own restore and its method allows
-        (`hand_restore`); whether it was."""
-        if step.tenant_id != tenant_id or step.direction != "restore":
-            return False
-        move = self.backend.hand_restore(tenant_id, step.gpu)
-        if move is None:
-            return False
-        method = step.method or self.backend.method_of(tenant_id)
-        self.metrics.moved(move, "handed", method, timed=False)
-        return True
-
-    async def _move(self, tenant_id: str, step: Step, when: str) -> Move:
-        """One park or restore, retried with backoff; the tenant stays where it was on failure."""
-        fn = self.backend.park if step.direction == "park" else self.backend.restore
-        method = step.method or self.backend.method_of(step.tenant_id)
-        log.info(
-            "%s of %s on %s by %s starts (%d bytes)",
-            step.direction, step.tenant_id, step.gpu, method, step.bytes,
-        )  # fmt: skip
-        for attempt in range(self._attempts):
-            try:
-                if self.backend.moves_on_loop(step.tenant_id):
-                    move = await self.backend.move_on_loop(step.tenant_id, step.gpu, step.direction)
-                else:
-                    move = await asyncio.to_thread(fn, step.tenant_id, step.gpu)
-            except (BackendQuarantined, Unparkable) as e:  # retrying cannot help
-                self.metrics.failed(step.direction, method)
-                log.error("%s of %s on %s: %s", step.direction, step.tenant_id, step.gpu, e)
-                if isinstance(e, BackendQuarantined):
-                    self.quarantines.note(step.tenant_id, str(e))
-                if step.tenant_id == tenant_id and isinstance(e, BackendQuarantined):
-                    raise self._refuse_quarantined(tenant_id) from e
-                raise self._refuse(
-                    tenant_id,
-                    "quarantined" if isinstance(e, BackendQuarantined) else Reason.UNPARKABLE,
-                    f"{step.direction} of {step.tenant_id} on {step.gpu} by {method} failed: {e}",
-                ) from e
-            except BackendError as e:
-                if self._gone(step.tenant_id):  # it left meanwhile: forgotten, not moved
-                    log.info("%s left during its %s: skipped", step.tenant_id, step.direction)
-                    return Move(step.tenant_id, step.gpu, step.direction, 0, 0.0)
-                self.metrics.failed(step.direction, method)
-                log.warning(
-                    "%s of %s on %s failed (attempt %d of %d): %s",
-                    step.direction, step.tenant_id, step.gpu, attempt + 1, self._attempts, e,
-                )  # fmt: skip
-                if attempt + 1 == self._attempts:
-                    raise self._refuse(
-                        tenant_id,
-                        "move_failed",
-                        f"{step.direction} of {step.tenant_id} on {step.gpu} by {method} "
-                        f"failed {self._attempts} times; last error: {e}",
-                    ) from e
-                await asyncio.sleep(self._backoff * 2**attempt)
-            else:
-                self.metrics.moved(move, when, method)
-                log.info(
-                    "%s %s on %s: %d bytes in %.3f s",
-                    move.direction, move.tenant_id, move.gpu, move.bytes, move.seconds,
-                )  # fmt: skip
-                return move
-        raise AssertionError("unreachable")
-
-    def _gone(self, tenant_id: str) -> bool:
-        """True when the host no longer counts the tenant (its last session ended)."""
-        return self._host is not None and tenant_id not in self._host.tenant_refs()
-
-    def _refuse(self, tenant_id: str, reason: str, message: str) -> NoRoom:
-        """Count, log (once per new message) and show why `tenant_id` waits; the error to raise."""
-        self.metrics.refused.labels(reason).inc()
-        if self._waiting.get(tenant_id) != message:
-            log.warning("turn for %s waits: %s", tenant_id, message)
-        self._waiting[tenant_id] = message
-        if reason == "move_failed":
-            return MoveFailed(message)
-        return TooLarge(message) if reason == Reason.TOO_LARGE else NoRoom(message)
-
-    def _refuse_quarantined(self, tenant_id: str) -> Quarantined:
-        """The error for a turn of a quarantined tenant; counted and shown like a refusal."""
-        why = self.quarantines.why[tenant_id]
-        self._refuse(tenant_id, "quarantined", f"{tenant_id} takes no more turns: {why}")
-        return Quarantined(f"{tenant_id} takes no more turns: {why}")
 
     async def _make_room_for_holder(self, tenant_id: str) -> None:
         """Park idle tenants until the holder's memory fits (a tenant beside it outgrew what it

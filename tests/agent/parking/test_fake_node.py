@@ -70,7 +70,7 @@ def test_a_preempted_holder_is_parked_and_resumes_without_noticing():
 
 async def refused(node, tenants, first_flags, needle):
     watch = LogWatch("waits:")
-    logging.getLogger("agent.parking.preparer").addHandler(watch)
+    logging.getLogger("agent.parking").addHandler(watch)
     try:
         env = node.tenant_env()
         a = await TenantProc.start(env, "a", 60, "--turns", "1", "--linger", *first_flags)
@@ -85,7 +85,7 @@ async def refused(node, tenants, first_flags, needle):
         a.tell()
         await b.until("done")
     finally:
-        logging.getLogger("agent.parking.preparer").removeHandler(watch)
+        logging.getLogger("agent.parking").removeHandler(watch)
 
 
 def test_a_park_over_the_host_budget_is_refused_with_its_numbers():

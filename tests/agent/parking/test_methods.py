@@ -193,7 +193,7 @@ def test_a_driver_parked_and_a_self_offloading_tenant_share_one_gpu_in_order():
     each is parked by its own method, data verified every turn, and no move starts before the
     one before it has finished (a restore waits for the park that makes its room)."""
     moves = Moves()
-    logger = logging.getLogger("agent.parking.preparer")
+    logger = logging.getLogger("agent.parking")
     logger.addHandler(moves)
     logger.setLevel(logging.INFO)
 

@@ -1,0 +1,118 @@
+"""A plan's blocking moves and the read after them cross to a worker thread once."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from agent.parking.backends.base import BackendError
+
+from .conftest import GPU
+from .test_fast_grant import grant, preparer, residency
+
+WAIT_S = 10.0
+
+
+class CountingPool(ThreadPoolExecutor):
+    """The event loop's default executor, counting the calls handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=2)
+        self.calls = 0
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.calls += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+class Moving:
+    """A fake backend whose parks may fail once or wait for the test; counts the moves."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.fail_parks = 0
+        self.hold_park: threading.Event | None = None
+        self.parking = threading.Event()
+        self.made: list[tuple[str, str]] = []
+
+    def park(self, tenant_id: str, gpu: str):
+        self.parking.set()
+        if self.hold_park is not None:
+            assert self.hold_park.wait(WAIT_S)
+        if self.fail_parks:
+            self.fail_parks -= 1
+            raise BackendError(f"{tenant_id}: the copy failed")
+        self.made.append(("park", tenant_id))
+        return self.backend.park(tenant_id, gpu)
+
+    def restore(self, tenant_id: str, gpu: str):
+        self.made.append(("restore", tenant_id))
+        return self.backend.restore(tenant_id, gpu)
+
+    def __getattr__(self, name: str):
+        return getattr(self.backend, name)
+
+
+def handover(backend, body):
+    """Tenants a and b of 60 MiB on a 100 MiB GPU, b resident (a parked for it); `body(prep,
+    moving, pool)` runs with every worker-thread call counted from then on."""
+    moving = Moving(backend)
+    prep, counting, _ = preparer(moving, ("a", 60), ("b", 60))
+    assert residency(prep) == {"a": "parked", "b": "resident"}
+
+    async def main() -> None:
+        pool = CountingPool()
+        asyncio.get_running_loop().set_default_executor(pool)
+        try:
+            await body(prep, moving, pool)
+        finally:
+            pool.shutdown(wait=True)
+
+    asyncio.run(asyncio.wait_for(main(), WAIT_S))
+    return prep, moving, counting
+
+
+def test_a_handover_parks_restores_and_reads_the_moved_in_one_worker_thread_call(backend):
+    async def body(prep, moving, pool):
+        await grant(prep, "a")  # b parked, a restored, both read again: one call
+        assert pool.calls == 1
+
+    prep, moving, _ = handover(backend, body)
+    assert moving.made[-2:] == [("park", "b"), ("restore", "a")]
+    assert residency(prep) == {"a": "resident", "b": "parked"}
+    assert not a_full_read_corrects(prep)  # the model took the moved tenants' read in
+
+
+def a_full_read_corrects(prep) -> bool:
+    """Whether a full read of the node now finds the model wrong anywhere."""
+    before = residency(prep)
+    asyncio.run(asyncio.wait_for(prep.refresh(), WAIT_S))
+    return residency(prep) != before
+
+
+def test_a_move_that_fails_in_the_worker_thread_is_retried_and_the_rest_made(backend):
+    async def body(prep, moving, pool):
+        moving.fail_parks = 1
+        await grant(prep, "a")
+
+    prep, moving, _ = handover(backend, body)
+    assert moving.made[-2:] == [("park", "b"), ("restore", "a")]
+    assert residency(prep) == {"a": "resident", "b": "parked"}
+    failures = prep.metrics.move_failures.labels("fake", "park")._value.get()
+    assert failures == 1
+
+
+def test_a_cancelled_handover_makes_no_move_after_the_one_under_way(backend):
+    async def body(prep, moving, pool):
+        moving.hold_park = threading.Event()
+        moving.parking.clear()
+        task = asyncio.ensure_future(prep.prepare("a", [GPU]))
+        assert await asyncio.to_thread(moving.parking.wait, WAIT_S)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        moving.hold_park.set()  # the park under way ends; the thread makes no restore after it
+
+    _, moving, _ = handover(backend, body)  # (the pool is shut down, its thread done, first)
+    assert moving.made[-1] == ("park", "b")
+    assert ("restore", "a") not in moving.made[-2:]
