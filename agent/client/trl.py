@@ -101,16 +101,24 @@ class BatonCallback(TrainerCallback):
 
     def begin(self) -> None:
         """Acquire a turn unless one is held or the callback is closed (and hold parks off while
-        it is)."""
+        it is). Interrupted (Ctrl-C) or failing once the grant came, before the turn is
+        recorded, it gives the turn back, which no later `end()` would."""
         if self._held is not None or self._closed:
             return
         stack = contextlib.ExitStack()
-        requested = time.time()
-        lease = self.baton.acquire(self.acquire_timeout)
-        if self.parker is not None:
-            stack.enter_context(self.parker.in_use())
-        self.turns.append([lease.lease_id, requested, time.time(), 0.0])
-        self._held, self._held_by = stack, os.getpid()
+        requested, pid = time.time(), os.getpid()
+        try:
+            lease = self.baton.acquire(self.acquire_timeout)
+            if self.parker is not None:
+                stack.enter_context(self.parker.in_use())
+            self.turns.append([lease.lease_id, requested, time.time(), 0.0])
+            self._held, self._held_by = stack, pid
+        except BaseException:
+            stack.close()
+            if self.baton.lease is not None:
+                with contextlib.suppress(BatonError):  # the interrupt is the one to see
+                    self.baton.yield_()
+            raise
 
     def end(self) -> None:
         """Hand the turn back, if one is held."""

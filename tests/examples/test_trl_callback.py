@@ -15,6 +15,8 @@ needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="
 class Recorder:
     """Stands in for `Baton`: records acquires and yields."""
 
+    lease = None
+
     def __init__(self) -> None:
         self.events: list[str] = []
 

@@ -308,3 +308,31 @@ def test_ctrl_c_in_a_reward_run_off_turn_stops_without_waiting_for_the_gpu(jobs:
         other.join(timeout=30)
     on_the_device(lambda: job.save_model(str(jobs.workdir / "interrupted")))
     assert jobs.callback.parker.stats.restores == 1
+
+
+@needs_trl
+@pytest.mark.timeout(60)
+def test_ctrl_c_as_a_turn_is_granted_gives_the_turn_back(jobs: Jobs) -> None:
+    """A Ctrl-C that lands as the agent's grant returns, before the callback records the turn,
+    gives the turn back: the other job gets the GPU at once, instead of the turn staying held,
+    by nobody, until the agent's --max-hold (60 s) preempts it."""
+    import _thread
+
+    baton = jobs.callback.baton
+    acquire = baton.acquire
+
+    def granted_then_interrupted(timeout: float | None = None) -> Any:
+        lease = acquire(timeout)
+        _thread.interrupt_main()  # as a SIGINT arriving with the grant
+        return lease
+
+    baton.acquire = granted_then_interrupted
+    with pytest.raises(KeyboardInterrupt):
+        jobs.callback.begin()
+    baton.acquire = acquire
+    assert not jobs.callback.holding and baton.lease is None
+    with jobs.other.turn(timeout=10):  # the agent granted the job nothing it still holds
+        pass
+    jobs.callback.begin()  # and the job's next turn is an ordinary one
+    assert jobs.callback.holding
+    jobs.callback.end()

@@ -29,6 +29,9 @@ from baton.contract.names import MIB
 class SoloBaton:
     """Stands in for `Baton` with no agent: every acquire is granted at once."""
 
+    lease = None
+    """No turn to give back: the agent's turns are `Baton`'s."""
+
     def __init__(self) -> None:
         self.count = 0
         self.tenant = None
