@@ -1,8 +1,8 @@
 """Functions run with the turn handed back (`BatonCallback.off_turn`): a reward that calls a
 remote verifier, a slow collator. Plain and `async` functions alike; calls that overlap (an
 `async` reward gathered beside another, a reward checking completions on several threads) hand
-the turn back once, and the last of them to finish takes it again; an interrupt (Ctrl-C) leaves
-without waiting for the turn."""
+the turn back once, and the last of them to finish takes it again, unless one of them raised: an
+error or an interrupt (Ctrl-C) leaves at once, without waiting for the turn."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ class OffTurn:
         self._lock = threading.Lock()
         self._away = 0
         """Off-turn calls running on a turn handed back."""
+        self._raised = False
+        """True once one of them raised: the last to end takes no turn again."""
 
     def wrap(self, fn: F) -> F:
         """`fn` run with the turn handed back; an `async` function stays one (TRL awaits it)."""
@@ -46,17 +48,16 @@ class OffTurn:
     @contextlib.contextmanager
     def _away_from_turn(self) -> Iterator[None]:
         """One call's time off the turn: handed back as it starts (unless there is none to
-        hand back: it just runs), taken again as the last overlapping call ends."""
+        hand back: it just runs), taken again as the last overlapping call ends, unless one
+        raised: its error leaves `train()` (TRL catches none), and waiting for the turn, up to
+        another job's whole turn, would only delay it."""
         if not self._leave():
             yield
             return
         try:
             yield
-        except Exception:  # the caller may catch it and go on: in a turn
-            self._come_back()
-            raise
-        except BaseException:  # Ctrl-C, exit: the job stops
-            self._come_back(stopping=True)
+        except BaseException:
+            self._come_back(raised=True)
             raise
         self._come_back()
 
@@ -72,13 +73,17 @@ class OffTurn:
             self._away = 1
             return True
 
-    def _come_back(self, stopping: bool = False) -> None:
-        """A call ended: the last of the overlapping calls takes the turn again, unless it is
-        `stopping` (a KeyboardInterrupt or SystemExit left it): the job does not wait for a
-        turn only to give it back."""
+    def _come_back(self, raised: bool = False) -> None:
+        """A call ended: the last of the overlapping calls takes the turn again, unless one of
+        them `raised` (an error, a KeyboardInterrupt): the job does not wait for a turn only
+        to give it back."""
         with self._lock:
             self._away -= 1
-            if not self._away and not stopping:
+            self._raised = self._raised or raised
+            if self._away:
+                return
+            raised, self._raised = self._raised, False
+            if not raised:
                 self._take_again()
 
 
