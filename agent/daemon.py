@@ -201,7 +201,7 @@ class Agent:
         """The socket's directory exists and holds no stale socket, nor one another serves."""
         path = self.config.socket
         try:
-            claim_sockets(path, handshake_path(path), str(self._socket.private))
+            claim_sockets(path, handshake_path(path))
         except SocketUnusable as exc:
             raise AgentStartError(str(exc)) from None
         except OSError as exc:

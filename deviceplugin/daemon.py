@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from baton.contract import names, shutdown
+from baton.contract.unixsocket import length_problem
 from deviceplugin.allocation import Allocator, PodSource
 from deviceplugin.errors import DevicePluginStartError
 from deviceplugin.plugin import DevicePlugin
@@ -50,7 +51,14 @@ class Daemon:
         api_client: Any = None,
         source: PodSource | None = None,
     ) -> None:
-        """Pods come from `source` when given, else from a watch through `api_client`."""
+        """Pods come from `source` when given, else from a watch through `api_client`;
+        `DevicePluginStartError` before anything is made where the plugin's socket path is too
+        long to bind."""
+        too_long = length_problem(settings.plugin_dir / settings.socket_name)
+        if too_long:
+            raise DevicePluginStartError(
+                f"{too_long}: pass a shorter --device-plugin-dir (BATON_DEVICE_PLUGIN_DIR)"
+            )
         self.settings = settings
         self.pod_cache: PodCache | None = None
         if source is None:

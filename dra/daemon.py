@@ -13,6 +13,7 @@ from typing import Any
 from baton.contract import names, shutdown
 from baton.contract.draapi import DraApi
 from baton.contract.kube import api_error_reason
+from baton.contract.unixsocket import length_problem
 from dra import runtime
 from dra.faults import PrepareHold
 from dra.prepare import ClaimReader, Preparer
@@ -58,7 +59,13 @@ class Driver:
         claims: ClaimReader | None = None,
         api_client: Any = None,
     ) -> None:
-        """`api` serves slices, claims and the node; tests pass `slices`/`claims` instead."""
+        """`api` serves slices, claims and the node; tests pass `slices`/`claims` instead;
+        `DraStartError` before anything is made where a socket path is too long to bind."""
+        endpoint = endpoint_path(settings.plugins_dir)
+        _short_enough(endpoint, "--plugins-dir (BATON_DRA_PLUGINS_DIR)")
+        _short_enough(
+            registration_path(settings.registry_dir), "--registry-dir (BATON_DRA_REGISTRY_DIR)"
+        )
         self.settings = settings
         self.api = api
         _writable_dir(settings.state_dir, "--state-dir (BATON_DRA_STATE_DIR)")
@@ -104,7 +111,6 @@ class Driver:
             self.inventory,
             lambda: str((self.node_object().get("metadata") or {}).get("uid", "")),
         )
-        endpoint = endpoint_path(settings.plugins_dir)
         self.registration = RegistrationService(str(endpoint), self.publisher.poke)
         self.server = DriverServer(
             DraPluginService(self.preparer),
@@ -208,6 +214,13 @@ def _runtime_version(node: dict[str, Any]) -> str:
     return str(
         ((node.get("status") or {}).get("nodeInfo") or {}).get("containerRuntimeVersion", "")
     )
+
+
+def _short_enough(socket: Path, flag: str) -> None:
+    """DraStartError naming `flag` where the driver's `socket` is too long to bind."""
+    too_long = length_problem(socket)
+    if too_long:
+        raise DraStartError(f"{too_long}: pass a shorter {flag}")
 
 
 def _writable_dir(path: Path, flag: str) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
-from baton.contract.unixsocket import UNIX_PATH_MAX, identity
+from baton.contract.unixsocket import identity, length_problem
 
 PROBE_TIMEOUT_S = 1.0
 """How long a connect to a socket found at start may take to tell a live one from a stale one."""
@@ -20,16 +20,15 @@ class SocketUnusable(Exception):
     """The agent cannot serve on a socket it is given; the message says why and what to pass."""
 
 
-def claim_sockets(path: str, handshake: str, private: str) -> None:
+def claim_sockets(path: str, handshake: str) -> None:
     """Make the directory of the agent's socket `path` and of its `handshake` socket, and remove
     a stale socket there (one nobody accepts on, left by an agent that crashed);
-    `SocketUnusable` where `path` is too long to bind (`private`: the name it is bound under
-    first) or another process serves a socket (a second agent on this node), `OSError` when a
-    directory cannot be made or a file removed."""
-    _check_length(
-        path,
-        {handshake: f"its handshake socket {handshake}", private: "it first under a private name"},
-    )
+    `SocketUnusable` where `path` is too long to bind (with the names bound for it) or another
+    process serves a socket (a second agent on this node), `OSError` when a directory cannot be
+    made or a file removed."""
+    too_long = length_problem(path, {handshake: f"its handshake socket {handshake}"})
+    if too_long:
+        raise SocketUnusable(f"{too_long}: pass a shorter --socket (BATON_AGENT_SOCKET)")
     for each in (path, handshake):
         Path(each).parent.mkdir(parents=True, exist_ok=True)
         if _accepting(each):
@@ -38,24 +37,6 @@ def claim_sockets(path: str, handshake: str, private: str) -> None:
                 "another --socket"
             )
         Path(each).unlink(missing_ok=True)
-
-
-def _check_length(path: str, bound: Mapping[str, str]) -> None:
-    """`SocketUnusable` where the socket `path`, or a path the agent binds for it (`bound`: each
-    one and what it is), is longer than a unix socket's path can be; the message names `path`,
-    its length and the most it may have."""
-    size = len(os.fsencode(path))
-    more, what = 0, ""
-    for other, described in bound.items():
-        longer = len(os.fsencode(other)) - size
-        if longer > more:
-            more, what = longer, f": the agent binds {described}, {longer} bytes longer"
-    if size + more > UNIX_PATH_MAX:
-        raise SocketUnusable(
-            f"the socket {path} is {size} bytes, over the {UNIX_PATH_MAX - more} it may have"
-            f"{what}, and a unix socket's path has at most {UNIX_PATH_MAX} bytes: pass a shorter "
-            "--socket (BATON_AGENT_SOCKET)"
-        )
 
 
 def _accepting(path: str) -> bool:

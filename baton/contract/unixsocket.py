@@ -13,13 +13,47 @@ import contextlib
 import os
 import secrets
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
 UNIX_PATH_MAX = 107
 """The bytes a unix socket's path can have (`sun_path`, less its closing NUL)."""
 PRIVATE_NAME_MIN = 8
-"""A private name is as long as the socket's name (a path that fits fits privately too), and
-at least this long: a dot and seven random hex digits."""
+"""The fewest bytes of a private name: a dot and seven random hex digits."""
+
+
+def length_problem(path: str | Path, also: Mapping[str, str] | None = None) -> str | None:
+    """Why a socket served at `path` cannot be bound, in one line naming its length and the most
+    it may have: it, the private name `ServedSocket` binds it under first, or a path bound beside
+    it (`also`: each one and what it is) is longer than a unix socket's path can be; None if all
+    fit. Every daemon asks this before it serves, so that none starts only to fail at a bind."""
+    path = Path(path)
+    size = len(os.fsencode(path))
+    bound = {str(_private_path(path)): "the private name it is bound under first", **(also or {})}
+    more, what = 0, ""
+    for other, described in bound.items():
+        longer = len(os.fsencode(other)) - size
+        if longer > more:
+            more, what = longer, described
+    if size + more <= UNIX_PATH_MAX:
+        return None
+    if not more:
+        return (
+            f"the socket {path} is {size} bytes, over the {UNIX_PATH_MAX} a unix socket's path "
+            "may have"
+        )
+    return (
+        f"the socket {path} is {size} bytes, over the {UNIX_PATH_MAX - more} it may have: "
+        f"{what} is {more} bytes longer, and a unix socket's path has at most {UNIX_PATH_MAX} "
+        "bytes"
+    )
+
+
+def _private_path(path: Path) -> Path:
+    """A private name for the socket at `path`, in its directory: random, as long as its name
+    (a path that fits fits privately too) and of at least `PRIVATE_NAME_MIN` bytes."""
+    length = max(len(path.name), PRIVATE_NAME_MIN)
+    return path.with_name(f".{secrets.token_hex(length)}"[:length])
 
 
 def identity(path: str | Path) -> tuple[int, int, int]:
@@ -35,8 +69,7 @@ class ServedSocket:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        length = max(len(self.path.name), PRIVATE_NAME_MIN)
-        self.private = self.path.with_name(f".{secrets.token_hex(length)}"[:length])
+        self.private = _private_path(self.path)
         """Where the server binds, until `publish` renames it to `path`."""
         self.made: tuple[int, int, int] | None = None
         """The identity of the socket `publish` put at `path`."""
@@ -60,15 +93,10 @@ class ServedSocket:
 
     def bind_error(self) -> str:
         """Why the server could not bind the socket (gRPC does not say): its path's length
-        against the limit where that is why, else a plain bind's error."""
-        size, private = len(os.fsencode(self.path)), len(os.fsencode(self.private))
-        if private > UNIX_PATH_MAX:
-            longer = private - size
-            first = f", bound first under a private name {longer} bytes longer" if longer else ""
-            return (
-                f"AF_UNIX path too long: it is {size} bytes{first}, and a unix socket's path has"
-                f" at most {UNIX_PATH_MAX}"
-            )
+        against the limit where that is why (`length_problem`), else a plain bind's error."""
+        too_long = length_problem(self.path)
+        if too_long:
+            return too_long
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
             try:
                 probe.bind(str(self.private))

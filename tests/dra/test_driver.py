@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from dra.cdi import spec_path
 from dra.daemon import DraStartError, Driver, Settings
 from dra.record import ClaimRecord
 from dra.runtime import ON
+from dra.server import endpoint_path, registration_path
 from dra.slices import slice_name
 from nodegpu.inventory import NodeGpu
 from tests.deviceplugin.test_kubelet_flow import post
@@ -294,18 +294,47 @@ def test_a_socket_directory_that_is_a_file_is_refused_naming_the_flags(
     assert str(blocker) in str(refused.value)
 
 
-@pytest.mark.parametrize("flag", ["plugins_dir", "registry_dir"])
-def test_a_socket_path_too_long_for_a_unix_socket_is_refused_saying_why(
-    tmp: Path, flag: str
+def _dir_of_length(tmp: Path, socket: Callable[[Path], Path], length: int) -> Path:
+    """A directory under `tmp` in which `socket` (the driver's socket in it) is `length` bytes."""
+    short = tmp / "d"
+    made = tmp / ("d" * (length - len(bytes(socket(short))) + 1))
+    assert len(bytes(socket(made))) == length
+    return made
+
+
+@pytest.mark.parametrize(
+    ("flag", "socket", "option"),
+    [
+        ("plugins_dir", endpoint_path, "--plugins-dir (BATON_DRA_PLUGINS_DIR)"),
+        ("registry_dir", registration_path, "--registry-dir (BATON_DRA_REGISTRY_DIR)"),
+    ],
+    ids=["plugins-dir", "registry-dir"],
+)
+def test_a_socket_path_too_long_for_a_unix_socket_is_refused_before_anything_starts(
+    tmp: Path, flag: str, socket: Callable[[Path], Path], option: str
 ) -> None:
-    """gRPC's bind failed with a RuntimeError the driver did not catch: a traceback."""
-    changed: dict[str, Any] = {flag: tmp / ("d" * 110)}
-    settings = dataclasses.replace(_settings(tmp), **changed)
-    driver = Driver(settings, GPUS, True, slices=Slices(), claims=Claims())
-    with pytest.raises(DraStartError, match=r"--plugins-dir .* --registry-dir") as refused:
-        shutdown.run_until(driver.start, driver.stop, threading.Event())
-    assert "cannot bind socket" in str(refused.value)
-    assert re.search(r"path too long: it is \d+ bytes.* has at most 107", str(refused.value))
+    """A socket of the most bytes a unix socket's path has is served; one byte more is refused
+    naming its flag, before the driver makes its directories or starts its node layer (it
+    was refused only at the bind, after both, naming both flags)."""
+    fits: dict[str, Any] = {flag: _dir_of_length(tmp, socket, 107)}
+    driver = Driver(
+        dataclasses.replace(_settings(tmp), **fits), GPUS, True, slices=Slices(), claims=Claims()
+    )
+    try:
+        driver.start()
+        assert socket(fits[flag]).is_socket()
+    finally:
+        driver.stop()
+    deep = _dir_of_length(tmp / "new", socket, 108)
+    too_long: dict[str, Any] = {flag: deep}
+    settings = dataclasses.replace(_settings(tmp / "new"), **too_long)
+    with pytest.raises(DraStartError) as refused:
+        Driver(settings, GPUS, True, slices=Slices(), claims=Claims())
+    assert str(refused.value) == (
+        f"the socket {socket(deep)} is 108 bytes, over the 107 a unix socket's path may have: "
+        f"pass a shorter {option}"
+    )
+    assert not (tmp / "new").exists(), "nothing made"
 
 
 def test_a_driver_stopping_after_a_new_driver_took_its_sockets_leaves_the_new_ones(

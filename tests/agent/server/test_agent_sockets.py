@@ -111,9 +111,9 @@ def socket_of_length(workdir: str, name: str, length: int) -> str:
 @pytest.mark.parametrize(
     ("name", "most", "why"),
     [
-        ("s", 100, "it first under a private name, 7 bytes longer"),
-        ("ab", 101, "it first under a private name, 6 bytes longer"),
-        ("agent.sock", 102, "its handshake socket {path}.auth, 5 bytes longer"),
+        ("s", 100, "the private name it is bound under first is 7 bytes longer"),
+        ("ab", 101, "the private name it is bound under first is 6 bytes longer"),
+        ("agent.sock", 102, "its handshake socket {path}.auth is 5 bytes longer"),
     ],
     ids=["one-byte-name", "two-byte-name", "agent.sock"],
 )
@@ -140,7 +140,7 @@ def test_every_socket_the_length_check_takes_binds_and_one_byte_more_is_refused_
     finally:
         runner.stop()
     assert str(refused.value) == (
-        f"the socket {path} is {most + 1} bytes, over the {most} it may have: the agent binds "
+        f"the socket {path} is {most + 1} bytes, over the {most} it may have: "
         f"{why.format(path=path)}, and a unix socket's path has at most 107 bytes: pass a "
         "shorter --socket (BATON_AGENT_SOCKET)"
     )
