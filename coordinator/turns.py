@@ -3,11 +3,12 @@ node's GPUs, each job (and llm-d group) one tenant of it, each grant carried out
 
 A job's waiter is reserved by the table's policy (fifo or fair, tiers and accounting, as on a
 node) when all its GPUs are free of other jobs; then every member node prepares (makes room and
-restores). Once all have, the turn is decided: the waiter hears it, and every node is told to
-commit (which records the decision). A failed prepare rolls the others back and the waiter hears
-which node failed and why. The table never gives two jobs a GPU at once,
-and each agent holds its node to one turn per GPU, so a job's pods never compute beside another
-job's on one GPU even while a release is still on its way to a node.
+restores: the two phases on the nodes are `coordinator.handover`'s). Once all have, the turn is
+decided: the waiter hears it, and every node is told to commit (which records the decision). A
+failed prepare rolls the others back and the waiter hears which node failed and why. The table
+never gives two jobs a GPU at once, and each agent holds its node to one turn per GPU, so a
+job's pods never compute beside another job's on one GPU even while a release is still on its
+way to a node.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from agent.core.leases import Lease, LeaseTable
 from agent.core.waiters import Waiter
-from coordinator.agents import AgentLinks, failure_text
+from coordinator import handover
+from coordinator.agents import AgentLinks
 from coordinator.cluster import ClusterView, Plan, turn_key
 from coordinator.jobturn import Asked, JobTurn, NotHolder, NotLeading, TurnFailed, why_late
 from coordinator.overlap import holding
-from coordinator.releases import Releases, rolled_back
+from coordinator.releases import Releases
 from coordinator.settling import Settling
 
 if TYPE_CHECKING:
@@ -277,45 +279,19 @@ class Arbiter:
     async def _handover(self, waiter: Waiter, wait: Asked) -> None:
         plan, epoch, began = wait.plan, self.epoch, self.clock()
         turn_id = uuid.uuid4().hex[:16]
-        whose = (turn_id, plan.namespace, plan.job, plan.group)
-        nodes = list(plan.pods)
-        calls = {
-            n: asyncio.ensure_future(
-                self.links.prepare(
-                    n, plan.addresses[n], epoch, whose, plan.pods[n], self.prepare_timeout_s, nodes
-                )
-            )
-            for n in nodes
-        }
-        try:  # the first node to fail fails the turn: the others are not waited for
-            await asyncio.wait(calls.values(), return_when=asyncio.FIRST_EXCEPTION)
-        finally:
-            for call in calls.values():
-                call.cancel()  # a preparation still making room is given up on its node
-        await asyncio.gather(*calls.values(), return_exceptions=True)
-        failed = [
-            (n, e)
-            for n, c in calls.items()
-            if not c.cancelled() and (e := c.exception()) is not None
-        ]
-        done = all(c.done() and not c.cancelled() and not c.exception() for c in calls.values())
-        if not done or wait.abandoned or epoch != self.epoch:
-            why = failure_text(failed) if failed else "the caller gave up"
+        prepared, failed = await handover.prepare(
+            self.links, plan, epoch, turn_id, self.prepare_timeout_s
+        )
+        if prepared is None or wait.abandoned or epoch != self.epoch:
             if failed:
                 self.on_failed(failed[0][0])
-            # Every node of the plan: one whose answer was lost may have prepared all the same.
             # The waiter hears the failure once the nodes that answered are rolled back (a job
-            # that asks again, or looks, finds its pods holding nothing there); the failed ones
-            # are not waited for, and their release is retried until they answer.
-            broken = {n for n, _ in failed}
-            late = await self.releases.release(
-                dict(plan.addresses), epoch, turn_id, f"rolled back: {why}", self.release_wait_s,
-                wait_for=[n for n in plan.addresses if n not in broken],
-            )  # fmt: skip
-            behind = sorted(broken | set(late))
-            self._end_wait(waiter.waiter_id, TurnFailed(f"{why}; {rolled_back(behind)}"))
+            # that asks again, or looks, finds its pods holding nothing there).
+            why = await handover.roll_back(
+                self.releases, plan, epoch, turn_id, failed, self.release_wait_s
+            )
+            self._end_wait(waiter.waiter_id, TurnFailed(why))
             return
-        prepared = {n: c.result() for n, c in calls.items()}
         # Prepared on every node: decided (a new leader would hold it too). The waiter hears it
         # now; the commits that record it go out behind.
         lease = self.table.grant(waiter.waiter_id)
@@ -329,17 +305,9 @@ class Arbiter:
         if not wait.future.done():
             wait.future.set_result(turn)
         self._reschedule()
-        commits = await asyncio.gather(
-            *(self.links.commit(n, plan.addresses[n], epoch, turn_id) for n in nodes),
-            return_exceptions=True,
+        await handover.commit(
+            self.links, plan, epoch, turn_id, lambda: self.held.get(plan.key) is turn
         )
-        for node, result in zip(nodes, commits, strict=True):
-            if not isinstance(result, BaseException):
-                continue
-            if self.held.get(plan.key) is not turn:  # it ended before its commit arrived
-                log.debug("job %s: turn %s ended before its commit on %s", plan.key, turn_id, node)
-            else:  # prepared, it holds the node's turn anyway
-                log.warning("job %s: commit on node %s failed: %s", plan.key, node, result)
 
     def _turn_of(self, plan: Plan, lease: Lease, turn_id: str) -> JobTurn:
         return JobTurn(
