@@ -4,6 +4,7 @@ Grants are two-phase so that the service can make room before a turn starts: `pi
 the GPUs of the waiters that may go now, then `grant` turns a reservation into a lease (or
 `block` puts the waiter back, skipped until `unblock_all`). A multi-GPU waiter takes all its
 GPUs at once or none, and the queue order is one global order, so waiters cannot deadlock.
+Under the fair policy a GPU may be kept briefly for a yielder it owes (`agent.core.keeping`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from dataclasses import dataclass, field, replace
 from agent.core.anticipation import Anticipation
 from agent.core.errors import AlreadyHolding, NotOwner, UnknownLease
 from agent.core.fair import FairShare
+from agent.core.keeping import Keeping
 from agent.core.policy import POLICIES, Policy
-from agent.core.waiters import TenantUsage, Waiter
+from agent.core.waiters import TenantUsage, Waiter, waiting_on
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class LeaseTable:
         self.leases: dict[str, Lease] = {}
         self.waiters: dict[str, Waiter] = {}
         self.usage: dict[str, TenantUsage] = {}
+        self.keeping = Keeping(self.fair, self.anticipation, self.waiters, self.usage, clock)
+        """Whether a GPU is kept for a yielder, and how long a holder may keep its turn."""
 
     # Queries.
 
@@ -147,7 +151,7 @@ class LeaseTable:
         usage = self._usage_of(tenant_id)
         usage.duty = duty
         usage.tier = usage.tier if tier is None else tier
-        self._unhold(self.anticipation.gpus_of(tenant_id), now)
+        self.keeping.unhold(self.anticipation.gpus_of(tenant_id), now)
         self.anticipation.asked(tenant_id, now)
         if self.fair is not None:
             self.fair.joined(tenant_id, wanted, duty)
@@ -181,8 +185,8 @@ class LeaseTable:
             if waiter.blocked or waiter.reserved:
                 continue
             wanted = set(waiter.gpus)
-            free = all(self.gpu(g).holder is None for g in wanted) and not self._kept_from(waiter)
-            if free and not wanted & claimed:
+            free = all(self.gpu(g).holder is None for g in wanted)
+            if free and not self.keeping.keeps_out(waiter) and not wanted & claimed:
                 for gpu in wanted:
                     self.gpu(gpu).holder = waiter.waiter_id
                 waiter.reserved = True
@@ -190,67 +194,12 @@ class LeaseTable:
             claimed |= wanted
         return chosen
 
-    def _kept_from(self, waiter: Waiter) -> bool:
-        """Whether one of the waiter's GPUs is kept for a yielder the policy serves first."""
-        if self.fair is None or not self.anticipation.holds:
-            return False
-        now, kept = self._clock(), False
-        for gpu in waiter.gpus:
-            yielder = self.anticipation.held_for(gpu, now)
-            if yielder is None or yielder == waiter.tenant_id:
-                continue
-            window = self.anticipation.window_s  # owed more than the hold can cost it
-            if self.fair.ahead_of(yielder, (gpu,), waiter, self.usage, window):
-                self.anticipation.kept_out(gpu, now)
-                kept = True
-        return kept
-
-    def may_keep(self, tenant_id: str, waiter: Waiter) -> bool:
-        """Whether the GPUs `tenant_id` holds might be kept for it at its yield, against
-        `waiter` (as `_kept_from` decides then: an owed yielder that usually comes back), judged
-        from the GPU time counted so far (a turn's own is counted at its end: this errs towards
-        keeping)."""
-        if self.fair is None or not self.anticipation.comes_back(tenant_id):
-            return False
-        window = self.anticipation.window_s
-        return self.fair.ahead_of(tenant_id, waiter.gpus, waiter, self.usage, window)
-
-    def keep_for(self, lease: Lease) -> float:
-        """Seconds from the lease's grant within which its tenant may start another turn on it
-        without asking (`KeepTurn`): as long as it would be granted straight back at a yield,
-        a whole window more of GPU time included, before everyone waiting for its GPUs; 0 where
-        nobody waits (a yield then hands nothing over), where the policy is FIFO, where the
-        tenant does not usually come back within the window, or where tiers or owed minimum
-        shares order the waiters (their balances move only as turns end)."""
-        if self.fair is None or not self.anticipation.comes_back(lease.tenant_id):
-            return 0.0
-        waiting = [
-            w for w in self.waiters.values()
-            if w.tenant_id != lease.tenant_id and set(w.gpus) & set(lease.gpus)
-        ]  # fmt: skip
-        if not waiting:
-            return 0.0
-        owed = min(self.fair.keep_s(lease.tenant_id, lease.gpus, w, self.usage) for w in waiting)
-        owed -= self.anticipation.window_s  # a whole window more included, as at a yield
-        return max(0.0, min(owed, lease.hold_until - lease.granted_at))
-
-    def _unhold(self, gpus: Iterable[str], now: float) -> None:
-        """End the holds on `gpus`; the time they kept waiters out is their yielder's GPU time."""
-        cost: dict[str, tuple[float, list[str]]] = {}
-        for tenant, gpu, seconds in self.anticipation.end(gpus, now):
-            most, held = cost.get(tenant, (0.0, []))
-            cost[tenant] = (max(most, seconds), [*held, gpu])
-        for tenant, (seconds, held) in cost.items():
-            if self.fair is not None and seconds > 0 and tenant in self.usage:
-                on = tuple(held)
-                self.fair.served(tenant, on, seconds, self.usage, self._waiting(on))
-
     def grant(self, waiter_id: str) -> Lease:
         """Turn a reservation into a lease with fresh fencing tokens."""
         waiter = self.waiters.pop(waiter_id)
         assert waiter.reserved, "grant() needs a reservation from pick()"
         now = self._clock()
-        self._unhold(waiter.gpus, now)
+        self.keeping.unhold(waiter.gpus, now)
         tokens = {}
         for gpu in waiter.gpus:
             state = self.gpu(gpu)
@@ -318,7 +267,7 @@ class LeaseTable:
         return lease
 
     def _waiting(self, gpus: tuple[str, ...]) -> dict[str, set[str]]:
-        return {g: {w.tenant_id for w in self.waiters.values() if g in w.gpus} for g in gpus}
+        return waiting_on(self.waiters.values(), gpus)
 
     def revoke(self, lease_id: str) -> tuple[Lease, list[Waiter], Waiter]:
         """End an overdue lease: reserve its GPUs for the waiters now due (returned), then
@@ -353,7 +302,7 @@ class LeaseTable:
                 self.cancel(waiter.waiter_id)
                 result.expired.append(waiter)
         result.unheld = self.anticipation.expired(now)
-        self._unhold(result.unheld, now)
+        self.keeping.unhold(result.unheld, now)
         due = {lease.lease_id: self.revoke_at(lease) for lease in self.leases.values()}
         result.overdue = [
             lease

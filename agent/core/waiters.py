@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 
@@ -36,3 +37,8 @@ class TenantUsage:
     duty: int = 100
     tier: int = 0
     """Its priority tier (the pod's priority); only the `fair` policy reads it."""
+
+
+def waiting_on(waiters: Collection[Waiter], gpus: tuple[str, ...]) -> dict[str, set[str]]:
+    """Each of `gpus` → the tenants among `waiters` that wait for it."""
+    return {g: {w.tenant_id for w in waiters if g in w.gpus} for g in gpus}

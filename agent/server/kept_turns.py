@@ -6,7 +6,7 @@ often owed the GPU over whoever waits, and the agent then keeps the GPU for it a
 to the agent, the answer back, then the next acquire and its grant; on a 2-vCPU machine the
 agent, idle through the turn, takes most of a millisecond to wake for it. So while the holder
 runs the agent tells its client for how long the policy would keep granting it straight back
-(`KeepTurn`: seconds from the lease's grant, `LeaseTable.keep_for`), and again whenever that
+(`KeepTurn`: seconds from the lease's grant, `Keeping.keep_for`), and again whenever that
 changes (a waiter comes or goes). Within that, the client's yield keeps the lease and its next
 acquire, if it comes within the anticipation window, takes it back at once; otherwise it yields
 the lease to the agent as any turn. The agent sees one long lease and counts it all as the
@@ -38,7 +38,7 @@ class KeptTurns:
         self._told = {k: v for k, v in self._told.items() if k in table.leases}
         for lease in table.leases.values():
             keeps = self._sessions.keeps_turns(lease.tenant_id)  # (a session opened since: 0)
-            until = table.keep_for(lease) if keeps else 0.0
+            until = table.keeping.keep_for(lease) if keeps else 0.0
             told = self._told.get(lease.lease_id, 0.0)
             if abs(until - told) < CHANGE_S and (until > 0) == (told > 0):
                 continue

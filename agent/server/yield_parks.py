@@ -9,7 +9,7 @@ need the holder parked, is known while the holder still runs. So the agent says 
 the holder's client runs its own park on the thread that yields, before the yield leaves, and
 names what it parked in the yield (`YieldRequest.parked`). The next grant then finds the room
 made. No hint where the fair policy may keep the GPU for the holder at its yield
-(`LeaseTable.may_keep`), nor past the host budget. A hint that turns out wrong costs a park and
+(`Keeping.may_keep`), nor past the host budget. A hint that turns out wrong costs a park and
 a restore, never a turn; a client that does not act on it is parked by callback, as before.
 """
 
@@ -52,7 +52,7 @@ class YieldParks:
             found: dict[str, int] = {}
             if nexts and self._sessions.parks_alone(holder):
                 for head in nexts.values():
-                    if head.tenant_id == holder or table.may_keep(holder, head):
+                    if head.tenant_id == holder or table.keeping.may_keep(holder, head):
                         found = {}  # the GPU may stay its own at the yield: park nothing
                         break
                     found |= parking.parks_at_yield(holder, head.tenant_id, head.gpus, reserved)

@@ -130,11 +130,11 @@ def test_may_keep_says_before_the_yield_what_the_hold_would_decide_at_it() -> No
     node.table.release(node.table.leases_of(small)[0].lease_id, yielded=True)
     assert node.granted() == ["large"]
     waiter = node.table.enqueue("small", ["g"], duty=10)
-    assert node.table.may_keep("large", waiter)  # owed: its yield would keep the GPU for it
+    assert node.table.keeping.may_keep("large", waiter)  # owed: its yield would keep the GPU for it
     node.table.anticipation.return_s["large"] = 0.5  # one that does not come straight back
-    assert not node.table.may_keep("large", waiter)
+    assert not node.table.keeping.may_keep("large", waiter)
     fifo = LeaseTable(clock=lambda: 0.0, policy="fifo")  # no holds under FIFO
-    assert not fifo.may_keep("large", fifo.enqueue("small", ["g"]))
+    assert not fifo.keeping.may_keep("large", fifo.enqueue("small", ["g"]))
     unowed = Node()
     unowed.turn("a", 0.05)
-    assert not unowed.table.may_keep("a", unowed.table.enqueue("b", ["g"], duty=50))
+    assert not unowed.table.keeping.may_keep("a", unowed.table.enqueue("b", ["g"], duty=50))

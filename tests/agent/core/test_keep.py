@@ -61,9 +61,9 @@ def test_keep_for_counts_the_window_and_the_nearest_waiter() -> None:
     # "small" is at 0.05 / 0.1 = 0.5 of virtual time, "large" at 0.05 / 0.9: it may hold
     # (0.5 - 0.0556) * 0.9 = 0.4 s in all before "small" comes first, less the window.
     expected = (0.05 / 0.1 - 0.05 / 0.9) * 0.9 - 0.01
-    assert node.table.keep_for(lease) == pytest.approx(expected)
+    assert node.table.keeping.keep_for(lease) == pytest.approx(expected)
     node.table.enqueue("mid", ["g"], duty=90)  # a newcomer at the GPU's clock: nearer
-    assert node.table.keep_for(lease) < expected
+    assert node.table.keeping.keep_for(lease) < expected
 
 
 def test_nothing_is_kept_where_nobody_waits_under_fifo_or_for_one_that_does_not_come_back() -> None:
@@ -71,23 +71,23 @@ def test_nothing_is_kept_where_nobody_waits_under_fifo_or_for_one_that_does_not_
     node.table.enqueue("a", ["g"], duty=50)
     [_] = node.granted()
     lease = node.table.leases_of("a")[0]
-    assert node.table.keep_for(lease) == 0.0  # nobody waits: a yield hands nothing over
+    assert node.table.keeping.keep_for(lease) == 0.0  # nobody waits: a yield hands nothing over
     node.now += 0.05
     node.table.enqueue("b", ["g"], duty=50)
-    assert node.table.keep_for(lease) == 0.0  # "b" has had nothing: "a" is not owed
+    assert node.table.keeping.keep_for(lease) == 0.0  # "b" has had nothing: "a" is not owed
     owed = Node()
     owed.large_owed()
     owed.table.enqueue("large", ["g"], duty=90)
     owed.granted()
     [kept] = owed.table.leases_of("large")
-    assert owed.table.keep_for(kept) > 0
+    assert owed.table.keeping.keep_for(kept) > 0
     owed.table.anticipation.return_s["large"] = 0.5  # one that does not come straight back
-    assert owed.table.keep_for(kept) == 0.0
+    assert owed.table.keeping.keep_for(kept) == 0.0
     fifo = LeaseTable(clock=lambda: 0.0, policy="fifo")
     fifo.enqueue("a", ["g"])
     fifo_lease = fifo.grant(fifo.pick()[0].waiter_id)
     fifo.enqueue("b", ["g"])
-    assert fifo.keep_for(fifo_lease) == 0.0
+    assert fifo.keeping.keep_for(fifo_lease) == 0.0
 
 
 def test_a_kept_lease_given_back_late_is_held_and_learnt_from_its_callers_yield() -> None:
