@@ -7,6 +7,11 @@ once instead of three times, and each crossing is a wake-up that costs more than
 where the node's CPUs are busy. A move that fails there is retried on its own, as any move is;
 the moves after it in that call are not made. Moves through a tenant's own callbacks
 (`moves_on_loop`) run on the event loop, one at a time.
+
+A plan cancelled (the agent stopping) makes no further move, but the move under way in a worker
+thread cannot be stopped: the plan waits for it to end before it reads the tenants it moved and
+gives up the node, so that the model, the saved parked record and the next plan see where that
+move left the tenant.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
 
 from agent.core.errors import Quarantined
 from agent.core.planner import Plan, Reason, Refusal, Step
@@ -22,8 +28,11 @@ from agent.core.residency import MoveFailed, NoRoom, TooLarge
 from agent.parking.backends.base import BackendError, BackendQuarantined, Move, Unparkable
 from agent.parking.from_model import ModelPlans
 from agent.parking.model import Read
+from baton.contract.tasks import to_the_end
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 Made = tuple[list[Move], Exception | None, Read | None]
 """A worker thread's share of a plan: the moves made in order (each counted and logged as it
@@ -88,13 +97,9 @@ class PlanMoves(ModelPlans):
             ids = sorted(t for t in then_read if t in counted)
         stop = threading.Event()  # a cancelled caller: the thread makes no further move
         generation = self._model.generation
-        try:
-            made, error, read = await asyncio.to_thread(
-                self._make, steps, when, stop, ids, generation
-            )
-        except asyncio.CancelledError:
-            stop.set()
-            raise
+        made, error, read = await in_thread(
+            asyncio.to_thread(self._make, steps, when, stop, ids, generation), stop
+        )
         if error is None:
             return read
         rest = steps[len(made) :]
@@ -156,7 +161,7 @@ class PlanMoves(ModelPlans):
                 if self.backend.moves_on_loop(step.tenant_id):
                     move = await self.backend.move_on_loop(step.tenant_id, step.gpu, step.direction)
                 else:
-                    move = await asyncio.to_thread(fn, step.tenant_id, step.gpu)
+                    move = await in_thread(asyncio.to_thread(fn, step.tenant_id, step.gpu))
             except (BackendQuarantined, Unparkable) as e:  # retrying cannot help
                 self.metrics.failed(step.direction, method)
                 log.error("%s of %s on %s: %s", step.direction, step.tenant_id, step.gpu, e)
@@ -224,3 +229,19 @@ class PlanMoves(ModelPlans):
         why = self.quarantines.why[tenant_id]
         self._refuse(tenant_id, "quarantined", f"{tenant_id} takes no more turns: {why}")
         return Quarantined(f"{tenant_id} takes no more turns: {why}")
+
+
+async def in_thread(call: Coroutine[Any, Any, T], stop: threading.Event | None = None) -> T:
+    """Await a worker-thread `call` that moves memory. Cancelled, it sets `stop` (no further
+    move) and waits for the thread to end first: the move under way cannot be stopped, and the
+    node is not given up until it has ended."""
+    thread = asyncio.ensure_future(call)
+    try:
+        return await asyncio.shield(thread)
+    except asyncio.CancelledError:
+        if stop is not None:
+            stop.set()
+        await to_the_end(thread)
+        if not thread.cancelled():
+            thread.exception()  # retrieved: the move's own outcome is for the read after it
+        raise

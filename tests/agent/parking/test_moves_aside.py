@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
 
 from agent.parking.backends.base import BackendError
 
@@ -20,10 +22,12 @@ class CountingPool(ThreadPoolExecutor):
     def __init__(self) -> None:
         super().__init__(max_workers=2)
         self.calls = 0
+        self.futures: list[Future] = []
 
     def submit(self, fn, /, *args, **kwargs):
         self.calls += 1
-        return super().submit(fn, *args, **kwargs)
+        self.futures.append(super().submit(fn, *args, **kwargs))
+        return self.futures[-1]
 
 
 class Moving:
@@ -37,12 +41,12 @@ class Moving:
         self.made: list[tuple[str, str]] = []
 
     def park(self, tenant_id: str, gpu: str):
-        self.parking.set()
-        if self.hold_park is not None:
-            assert self.hold_park.wait(WAIT_S)
         if self.fail_parks:
             self.fail_parks -= 1
             raise BackendError(f"{tenant_id}: the copy failed")
+        self.parking.set()
+        if self.hold_park is not None:
+            assert self.hold_park.wait(WAIT_S)
         self.made.append(("park", tenant_id))
         return self.backend.park(tenant_id, gpu)
 
@@ -103,16 +107,32 @@ def test_a_move_that_fails_in_the_worker_thread_is_retried_and_the_rest_made(bac
     assert failures == 1
 
 
-def test_a_cancelled_handover_makes_no_move_after_the_one_under_way(backend):
+@pytest.mark.parametrize("retried", [False, True], ids=["first-try", "retried"])
+def test_a_cancelled_handover_ends_with_the_move_under_way_and_reads_where_it_left_the_tenant(
+    backend, retried
+):
+    """Cancelled (the agent stopping) while b's park runs in a worker thread (in the plan's
+    call, or retried on its own): a's restore is not made, and the preparation gives up the node
+    only once b's park has ended, its read (the model, the parked record saved) finding b
+    parked, as the backend has it."""
+
     async def body(prep, moving, pool):
+        moving.fail_parks = int(retried)
         moving.hold_park = threading.Event()
         moving.parking.clear()
         task = asyncio.ensure_future(prep.prepare("a", [GPU]))
         assert await asyncio.to_thread(moving.parking.wait, WAIT_S)
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        since = len(pool.futures)
+        await asyncio.to_thread(lambda: None)  # the task takes its cancel meanwhile
+        for handed in pool.futures[since:]:  # what it handed to a thread then (a read) ends
+            await asyncio.wrap_future(handed)
         moving.hold_park.set()  # the park under way ends; the thread makes no restore after it
+        await asyncio.gather(task, return_exceptions=True)
+        assert task.cancelled()
 
-    _, moving, _ = handover(backend, body)  # (the pool is shut down, its thread done, first)
+    prep, moving, _ = handover(backend, body)
     assert moving.made[-1] == ("park", "b")
     assert ("restore", "a") not in moving.made[-2:]
+    assert residency(prep) == {"a": "parked", "b": "parked"}
+    assert not a_full_read_corrects(prep)
