@@ -17,9 +17,11 @@ move left the tenant.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from agent.core.errors import Quarantined
@@ -98,7 +100,7 @@ class PlanMoves(ModelPlans):
         stop = threading.Event()  # a cancelled caller: the thread makes no further move
         generation = self._model.generation
         made, error, read = await in_thread(
-            asyncio.to_thread(self._make, steps, when, stop, ids, generation), stop
+            self._make, steps, when, stop, ids, generation, stop=stop
         )
         if error is None:
             return read
@@ -161,7 +163,7 @@ class PlanMoves(ModelPlans):
                 if self.backend.moves_on_loop(step.tenant_id):
                     move = await self.backend.move_on_loop(step.tenant_id, step.gpu, step.direction)
                 else:
-                    move = await in_thread(asyncio.to_thread(fn, step.tenant_id, step.gpu))
+                    move = await in_thread(fn, step.tenant_id, step.gpu)
             except (BackendQuarantined, Unparkable) as e:  # retrying cannot help
                 self.metrics.failed(step.direction, method)
                 log.error("%s of %s on %s: %s", step.direction, step.tenant_id, step.gpu, e)
@@ -231,17 +233,18 @@ class PlanMoves(ModelPlans):
         return Quarantined(f"{tenant_id} takes no more turns: {why}")
 
 
-async def in_thread(call: Coroutine[Any, Any, T], stop: threading.Event | None = None) -> T:
-    """Await a worker-thread `call` that moves memory. Cancelled, it sets `stop` (no further
-    move) and waits for the thread to end first: the move under way cannot be stopped, and the
-    node is not given up until it has ended."""
-    thread = asyncio.ensure_future(call)
+async def in_thread(fn: Callable[..., T], *args: Any, stop: threading.Event | None = None) -> T:
+    """`fn(*args)` in a worker thread (as `asyncio.to_thread`), for a call that moves memory.
+    Cancelled, it sets `stop` (no further move) and waits for the thread to end first: the move
+    under way cannot be stopped, and the node is not given up until it has ended."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    future = asyncio.get_running_loop().run_in_executor(None, call)
     try:
-        return await asyncio.shield(thread)
+        return await asyncio.shield(future)  # (the future itself: no task between)
     except asyncio.CancelledError:
         if stop is not None:
             stop.set()
-        await to_the_end(thread)
-        if not thread.cancelled():
-            thread.exception()  # retrieved: the move's own outcome is for the read after it
+        await to_the_end(future)
+        if not future.cancelled():
+            future.exception()  # retrieved: the move's own outcome is for the read after it
         raise
