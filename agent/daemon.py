@@ -102,6 +102,7 @@ class Agent:
             lambda: len(service.sessions.tenants()),
             time.time,
             service.tenants.per_gpu,
+            service.parking.gpu_memory if service.parking is not None else (),
         )
         self._prepare_socket_dir()
         self._grpc = grpc.aio.server()

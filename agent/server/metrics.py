@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -84,9 +84,13 @@ class AgentMetrics:
         tenants: Callable[[], int],
         clock: Callable[[], float],
         gpu_tenants: Callable[[], Mapping[str, int]] = dict,
+        gpus: Collection[str] = (),
     ) -> None:
-        """Export queue depth, busy seconds, holders and tenants read live from the service."""
-        self.registry.register(_TableCollector(self, table, tenants, clock, gpu_tenants))
+        """Export queue depth, busy seconds, holders and tenants read live from the service;
+        every one of `gpus` (the node's) has its series from the start, at 0 until it is used."""
+        for gpu in gpus:
+            self.grants.labels(gpu=gpu)
+        self.registry.register(_TableCollector(self, table, tenants, clock, gpu_tenants, gpus))
 
     def busy_seconds(self, table: LeaseTable, gpu: str, now: float) -> float:
         """Seconds the GPU has been held, the current turn included."""
@@ -124,9 +128,10 @@ class _TableCollector(Collector):
         tenants: Callable[[], int],
         clock: Callable[[], float],
         gpu_tenants: Callable[[], Mapping[str, int]],
+        gpus: Collection[str],
     ) -> None:
         self._metrics, self._table, self._tenants, self._clock = metrics, table, tenants, clock
-        self._gpu_tenants = gpu_tenants
+        self._gpu_tenants, self._gpus = gpu_tenants, frozenset(gpus)
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         p = METRICS_PREFIX
@@ -142,11 +147,13 @@ class _TableCollector(Collector):
         )
         now = self._clock()
         counts = self._gpu_tenants()
-        for gpu in sorted(self._table.gpus):
+        for gpu in sorted(self._table.gpus.keys() | self._gpus):
+            state = self._table.gpus.get(gpu)  # None: no tenant named it yet (idle, all 0)
             depth.add_metric([gpu], len(self._table.queue_of(gpu)))
-            busy.add_metric([gpu], self._metrics.busy_seconds(self._table, gpu, now))
+            seconds = 0.0 if state is None else self._metrics.busy_seconds(self._table, gpu, now)
+            busy.add_metric([gpu], seconds)
             registered.add_metric([gpu], counts.get(gpu, 0))
-            lease = self._table.leases.get(self._table.gpus[gpu].holder or "")
+            lease = self._table.leases.get((state and state.holder) or "")
             if lease is not None:
                 holder.add_metric([gpu, lease.tenant_id], 1)
         yield from (depth, busy, holder, registered)

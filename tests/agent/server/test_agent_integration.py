@@ -169,3 +169,24 @@ def test_holder_that_does_not_come_back_loses_its_turn_after_the_grace(workdir: 
     finally:
         b.close()
         second.stop()
+
+
+def test_metrics_have_every_gpus_series_before_any_tenant_names_it(workdir: str) -> None:
+    from agent.client import Baton
+    from agent.parking.setup import ParkingOptions
+    from baton.contract.names import fake_gpu_uuid
+
+    parking = ParkingOptions(backend="fake", fake_gpus="2x100", fake_dir=f"{workdir}/gpus")
+    with AgentRunner(workdir, parking=parking) as agent:
+        idle, named = fake_gpu_uuid(0), fake_gpu_uuid(1)
+        fresh = agent.http("/metrics")[1]
+        with Baton(agent.socket, [named], name="trainer") as baton:
+            baton.acquire()
+            baton.yield_()
+            later = agent.http("/metrics")[1]
+    per_gpu = ("baton_grants_total", "baton_queue_depth", "baton_gpu_tenants")
+    for name in (*per_gpu, "baton_gpu_busy_seconds_total"):
+        assert [_metric(fresh, name, gpu) for gpu in (idle, named)] == [0, 0], name
+        assert _metric(later, name, idle) == 0, name
+    assert [_metric(later, name, named) for name in per_gpu] == [1, 0, 1]
+    assert _metric(later, "baton_gpu_busy_seconds_total", named) > 0
