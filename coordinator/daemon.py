@@ -177,8 +177,10 @@ class Coordinator:
         )
         self._elector.start()
         log.info(
-            "coordinator %s: llm-d API on %s, policy %s, campaigning for Lease %s/%s",
-            self.identity, cfg.llmd_listen, cfg.queue_policy, cfg.namespace, cfg.lease_name,
+            "coordinator %s: llm-d API on %s:%d, status on %s:%d, policy %s, "
+            "campaigning for Lease %s/%s",
+            self.identity, cfg.llmd_listen.rpartition(":")[0], self.port, host or "0.0.0.0",
+            self.http_port, cfg.queue_policy, cfg.namespace, cfg.lease_name,
         )  # fmt: skip
 
     def _not_ready(self) -> str | None:

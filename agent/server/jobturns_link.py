@@ -199,7 +199,9 @@ class JobTurnServer:
                 f"--coordination-listen {self._listen}: cannot listen there ({exc})"
             ) from None
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("job turns for the coordinator on %s (epoch %d)", self._listen, self.turns.epoch)
+        log.info(
+            "job turns for the coordinator on %s:%d (epoch %d)", host, self.port, self.turns.epoch
+        )
         return self.port
 
     async def stop(self, grace: float) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from commands.localnode.controlplane import ControlPlane
+from commands.localnode.procs import Process, wait_for
 from tests.coordinator.deployed import LEASE_NS
 
 
@@ -34,3 +36,39 @@ def test_an_llmd_port_in_use_is_refused_at_start_saying_why(
     assert done.returncode == 2, done.stderr
     said = f"cannot listen on {address} (Address already in use); check --llmd-listen"
     assert said in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_start_line_names_the_ports_it_bound_for_port_0(
+    control_plane: ControlPlane, core: object, tmp_path: Path
+) -> None:
+    """`--llmd-listen 127.0.0.1:0` logs the port the kernel gave, one a client can reach."""
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    log = tmp_path / "coordinator.log"
+    started = re.compile(r"llm-d API on 127\.0\.0\.1:(\d+), status on 127\.0\.0\.1:(\d+),")
+    coordinator = Process(
+        "coordinator",
+        [
+            sys.executable, "-m", "baton", "coordinator",
+            "--kubeconfig", str(control_plane.admin_kubeconfig),
+            "--token-file", str(token), "--namespace", LEASE_NS, "--lease", "port-zero",
+            "--llmd-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+        ],
+        log,
+    ).start()  # fmt: skip
+    try:
+
+        def start_line() -> str | None:
+            coordinator.check()
+            lines = log.read_text(errors="replace").splitlines()
+            return next((line for line in lines if "campaigning for Lease" in line), None)
+
+        line = wait_for("the start line", start_line, 60)
+        found = started.search(line)
+        assert found, line
+        ports = [int(port) for port in found.groups()]
+        assert 0 not in ports, line
+        for port in ports:
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+    finally:
+        coordinator.stop()

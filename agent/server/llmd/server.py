@@ -115,7 +115,10 @@ class LlmdServer:
         hp_grpc.add_HealthServicer_to_server(self._health, self._server)
         await self._server.start()
         self._orchestrator.start()
-        log.info("llm-d API on %s (groups: %s)", self._listen, ", ".join(self._groups.names()))
+        host = self._listen.rpartition(":")[0]
+        log.info(
+            "llm-d API on %s:%d (groups: %s)", host, self.port, ", ".join(self._groups.names())
+        )
         return self.port
 
     async def stop(self, grace: float) -> None:

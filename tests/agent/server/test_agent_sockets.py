@@ -5,6 +5,7 @@ left is taken over; a socket path too long to bind is refused at start."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -177,3 +178,24 @@ def test_a_tcp_port_in_use_is_refused_at_start_saying_why(
     said = str(refused.value)
     assert f"127.0.0.1:{busy_port}" in said and option in said
     assert "(Address already in use)" in said
+
+
+def test_the_start_lines_name_the_ports_bound_for_port_0(
+    workdir: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--llmd-listen 127.0.0.1:0` and `--coordination-listen 127.0.0.1:0` log the ports the
+    kernel gave, those a client reaches, not :0."""
+    runner = AgentRunner(
+        workdir,
+        llmd_listen="127.0.0.1:0",
+        llmd_groups=("jobs=GPU-0",),
+        coordination_listen="127.0.0.1:0",
+        coordination_token="t" * 32,
+    )
+    with caplog.at_level(logging.INFO), runner:
+        assert runner.agent.coordination is not None
+        ports = (runner.llmd_port, runner.agent.coordination.port)
+    assert 0 not in ports
+    said = caplog.text
+    assert f"llm-d API on 127.0.0.1:{ports[0]} " in said, said
+    assert f"job turns for the coordinator on 127.0.0.1:{ports[1]} " in said, said
