@@ -48,6 +48,8 @@ def test_lint_strict(values: Path | None) -> None:
         ("gpu.simulated.scale=0", "/gpu/simulated/scale"),
         ("gpu.simulated.scale=0.000", "/gpu/simulated/scale"),
         ("agent.llmd.listen=50051", "/agent/llmd/listen"),
+        ("agent.llmd.listen=0.0.0.0:70000", "agent.llmd.listen 0.0.0.0:70000: the port must be 1-"),
+        ("agent.llmd.listen=0.0.0.0:0", "agent.llmd.listen 0.0.0.0:0: the port must be 1-65535"),
         ("agent.queuepolicy=fair", "queuepolicy"),
     ],
 )
