@@ -74,7 +74,14 @@ def run(nodes: int, pods: int, iterations: int, binds: int, seed: int = 1) -> di
         child.join(10)
         sock.close()
     per_call = nodes_to_score(nodes)
-    return {"nodes": nodes, "pods": placed, "node_names_per_call": per_call, **figures}
+    return {
+        "nodes": nodes,
+        "pods": placed,
+        "pods_asked": pods,
+        "pods_unplaced": pods - placed,
+        "node_names_per_call": per_call,
+        **figures,
+    }
 
 
 def _drive(
@@ -273,6 +280,7 @@ class MemoryPodApi:
 
 
 def _place_tenants(state: ClusterState, rng: random.Random, nodes: int, pods: int) -> int:
+    """Each pod on a random node where it fits there; how many were placed."""
     placed = 0
     for i in range(pods):
         pod = _pod(f"tenant-{i}", rng)

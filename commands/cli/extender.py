@@ -111,7 +111,15 @@ def bench_extender(
     """Filter, prioritize and bind latency and filter throughput over real HTTP."""
     from commands.bench.extender import run
 
-    echo_figures(run(nodes, pods, iterations, binds), as_json)
+    figures = run(nodes, pods, iterations, binds)
+    if figures["pods_unplaced"]:
+        typer.echo(
+            f"baton bench extender: only {figures['pods']} of the {pods} pods asked (--pods) "
+            f"fit on the {nodes} nodes; the figures are for a cluster of that many: give more "
+            "--nodes or fewer --pods",
+            err=True,
+        )
+    echo_figures(figures, as_json)
 
 
 def bench_schedule(

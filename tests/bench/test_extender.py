@@ -1,0 +1,48 @@
+"""`baton bench extender`: what it reports of the tenant pods it was asked to place."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    small = ("--iterations", "10", "--binds", "1")
+    return subprocess.run(
+        [sys.executable, "-m", "baton", "bench", "extender", *small, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_run_that_placed_fewer_pods_than_asked_says_so(as_json: bool) -> None:
+    """10 nodes of 8 GPUs take most of the 200 pods asked, not all of them (some land on a
+    node with no room left)."""
+    done = _bench("--nodes", "10", "--pods", "200", *(["--json"] if as_json else []))
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.splitlines()[-1])
+    placed = figures["pods"]
+    assert 0 < placed < 200
+    assert (figures["pods_asked"], figures["pods_unplaced"]) == (200, 200 - placed)
+    said = (
+        f"baton bench extender: only {placed} of the 200 pods asked (--pods) fit on the 10 "
+        "nodes; the figures are for a cluster of that many: give more --nodes or fewer --pods"
+    )
+    assert done.stderr.splitlines() == [said]
+    if not as_json:
+        assert f"pods_unplaced: {200 - placed}" in [
+            line.strip() for line in done.stdout.splitlines()
+        ]
+
+
+def test_a_run_that_placed_every_pod_asked_says_nothing_more() -> None:
+    done = _bench("--nodes", "10", "--pods", "20", "--json")
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.splitlines()[-1])
+    assert (figures["pods"], figures["pods_asked"], figures["pods_unplaced"]) == (20, 20, 0)
+    assert done.stderr == ""
