@@ -231,7 +231,10 @@ def _timed(conn: http.client.HTTPConnection, path: str, body: bytes) -> tuple[fl
     return (time.perf_counter() - started) * 1000, data
 
 
-def _pct(values: list[float], pct: int) -> float:
+def _pct(values: list[float], pct: int) -> float | None:
+    """The `pct` percentile of `values`; None for no values (no call of that verb was made)."""
+    if not values:
+        return None
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(pct / 100 * len(ordered) + 0.5) - 1))
     return round(ordered[index], 3)

@@ -119,6 +119,12 @@ def bench_extender(
             "--nodes or fewer --pods",
             err=True,
         )
+    if figures["bind_p99_ms"] is None:
+        typer.echo(
+            f"baton bench extender: none of the {binds} pods to bind (--binds) passed filter on "
+            "any node, so no bind was timed: give more --nodes or fewer --pods",
+            err=True,
+        )
     echo_figures(figures, as_json)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
-    small = ("--iterations", "10", "--binds", "1")
+    small = ("--iterations", "10")
     return subprocess.run(
         [sys.executable, "-m", "baton", "bench", "extender", *small, *args],
         capture_output=True,
@@ -23,7 +23,9 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
 def test_a_run_that_placed_fewer_pods_than_asked_says_so(as_json: bool) -> None:
     """10 nodes of 8 GPUs take most of the 200 pods asked, not all of them (some land on a
     node with no room left)."""
-    done = _bench("--nodes", "10", "--pods", "200", *(["--json"] if as_json else []))
+    done = _bench(
+        "--nodes", "10", "--pods", "200", "--binds", "1", *(["--json"] if as_json else [])
+    )
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout.splitlines()[-1])
     placed = figures["pods"]
@@ -41,8 +43,24 @@ def test_a_run_that_placed_fewer_pods_than_asked_says_so(as_json: bool) -> None:
 
 
 def test_a_run_that_placed_every_pod_asked_says_nothing_more() -> None:
-    done = _bench("--nodes", "10", "--pods", "20", "--json")
+    done = _bench("--nodes", "10", "--pods", "20", "--binds", "1", "--json")
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout.splitlines()[-1])
     assert (figures["pods"], figures["pods_asked"], figures["pods_unplaced"]) == (20, 20, 0)
     assert done.stderr == ""
+
+
+def test_a_cluster_too_full_for_any_bind_gives_no_bind_figures_and_says_why() -> None:
+    """Every pending pod's filter passes no node of a full cluster: no bind is timed."""
+    done = _bench("--nodes", "10", "--pods", "1000", "--binds", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.splitlines()[-1])
+    assert (figures["bind_p50_ms"], figures["bind_p99_ms"], figures["bind_errors"]) == (
+        None,
+        None,
+        2,
+    )
+    assert done.stderr.splitlines()[1:] == [
+        "baton bench extender: none of the 2 pods to bind (--binds) passed filter on any node, "
+        "so no bind was timed: give more --nodes or fewer --pods"
+    ]
