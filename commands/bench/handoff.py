@@ -33,6 +33,9 @@ GPU_MIB = 1024
 BACKENDS = PLAIN
 """The parking methods a bench tenant can be parked by (`agent.parking.methods`)."""
 TENANT = "commands.bench.handoff_tenant"
+MAX_TENANTS = 64
+"""The most tenants a run takes: each is a process of its own, and past a few dozen on a
+machine's cores the handoff measured is its process scheduler's more than the agent's."""
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -96,6 +99,11 @@ class Setup:
             raise ValueError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.tenants < 2:
             raise ValueError(f"tenants {self.tenants} is too few: a handoff needs 2 or more")
+        if self.tenants > MAX_TENANTS:
+            raise ValueError(
+                f"tenants {self.tenants} is too many: at most {MAX_TENANTS}, each a process of "
+                "its own taking turns on one GPU"
+            )
         if self.hold_ms < 0:
             raise ValueError(f"hold-ms {self.hold_ms:g} is negative")
         if not math.isfinite(self.hold_ms):

@@ -196,7 +196,14 @@ def bench_handoff(
         typer.Option(help=f"The agent's parking backend: {described(PLAIN)} ({CUDA} on a GPU)."),
     ] = NONE,
     hold_ms: Annotated[float, typer.Option(help="How long each tenant holds its turn.")] = 2.0,
-    tenants: Annotated[int, typer.Option(help="Tenant processes taking turns.")] = 2,
+    tenants: Annotated[
+        int,
+        typer.Option(
+            help="Tenant processes taking turns, 2 to 64: each is a process of its own, and past "
+            "a few dozen the handoff measured is the machine's process scheduler's more than the "
+            "agent's."
+        ),
+    ] = 2,
     swap: Annotated[
         bool,
         typer.Option(

@@ -79,6 +79,7 @@ def test_a_parking_backend_is_measured_beside_the_agent_without_one(
     [
         ({"backend": "tape"}, "'tape' is not one of none, fake, cuda, app$"),
         ({"tenants": 1}, "a handoff needs 2 or more"),
+        ({"tenants": 65}, "tenants 65 is too many: at most 64"),
         ({"swap": True}, "swap runs on the simulated GPU"),
         ({"hold_ms": -1.0}, "hold-ms -1 is negative"),
         ({"hold_ms": float("nan")}, "hold-ms nan is not a number of milliseconds"),
@@ -98,6 +99,8 @@ def test_a_setup_that_cannot_run_is_refused_by_name(options: dict, refusal: str)
         (["--hold-ms", "nan"], "--hold-ms", "not a number of milliseconds"),
         (["--api", "llmd", "--backend", "fake"], "--backend", "applies to --api baton only"),
         (["--api", "llmd", "--swap"], "--swap", "applies to --api baton only"),
+        (["--tenants", "65", "--iterations", "1", "--rounds", "1"], "--tenants", "at most 64"),
+        (["--tenants", "100000"], "--tenants", "tenants 100000 is too many: at most 64"),
     ],
 )
 def test_the_command_refuses_an_option_it_cannot_use_before_any_run(
