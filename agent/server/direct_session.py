@@ -33,8 +33,13 @@ class FramedLink:
         self._writer = writer
 
     async def read(self) -> pb.ClientMessage | None:
+        """The next message; None once the session ended: the peer closed or went away (a
+        tenant stopped or killed, its grant unread), or sent what is no frame (a warning)."""
         try:
             return await framing.read_frame(self._reader, pb.ClientMessage)
+        except (framing.FrameCut, ConnectionError) as exc:
+            log.debug("direct session ended as the peer went away: %s", exc)
+            return None
         except (framing.FrameError, OSError) as exc:
             log.warning("direct session ended on a bad read: %s", exc)
             return None

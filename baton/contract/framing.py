@@ -28,6 +28,10 @@ class FrameError(Exception):
     """The peer sent something that is not a frame of this protocol."""
 
 
+class FrameCut(FrameError):
+    """The connection ended inside a frame: the peer went away as it wrote, nothing malformed."""
+
+
 def encode(message: Message) -> bytes:
     """One frame holding `message`."""
     body = message.SerializeToString()
@@ -58,12 +62,13 @@ async def read_frame(reader: asyncio.StreamReader, kind: type[M]) -> M | None:
 
 
 async def read_body(reader: asyncio.StreamReader) -> bytes | None:
-    """The next frame's body, undecoded; None when the peer closed between frames."""
+    """The next frame's body, undecoded; None when the peer closed between frames; `FrameCut`
+    when it closed inside one, `FrameError` for what is no frame."""
     try:
         header = await reader.readexactly(HEADER.size)
     except asyncio.IncompleteReadError as exc:
         if exc.partial:
-            raise FrameError("the connection ended inside a frame header") from None
+            raise FrameCut("the connection ended inside a frame header") from None
         return None
     if header == GRPC_PREFACE:
         raise FrameError("the peer speaks gRPC (HTTP/2), not frames")
@@ -73,7 +78,7 @@ async def read_body(reader: asyncio.StreamReader) -> bytes | None:
     try:
         return await reader.readexactly(size)
     except asyncio.IncompleteReadError:
-        raise FrameError(f"the connection ended inside a frame of {size} bytes") from None
+        raise FrameCut(f"the connection ended inside a frame of {size} bytes") from None
 
 
 class BlockingReader:
@@ -84,7 +89,8 @@ class BlockingReader:
         self._buffer = bytearray(buffered)
 
     def read(self, kind: type[M]) -> M | None:
-        """The next message; None when the peer closed between frames; `FrameError` otherwise.
+        """The next message; None when the peer closed between frames; `FrameCut` inside one,
+        `FrameError` for what is no frame.
 
         `TimeoutError` when the socket's timeout passes first; no bytes are lost then.
         """
@@ -99,7 +105,7 @@ class BlockingReader:
         if size > MAX_FRAME_BYTES:
             raise FrameError(f"a frame of {size} bytes is over the limit of {MAX_FRAME_BYTES}")
         if not self._fill(HEADER.size + size):
-            raise FrameError(f"the connection ended inside a frame of {size} bytes")
+            raise FrameCut(f"the connection ended inside a frame of {size} bytes")
         body = bytes(self._buffer[HEADER.size : HEADER.size + size])
         del self._buffer[: HEADER.size + size]
         return body
@@ -109,7 +115,7 @@ class BlockingReader:
             chunk = self._sock.recv(max(65536, n - len(self._buffer)))
             if not chunk:
                 if self._buffer:
-                    raise FrameError("the connection ended inside a frame")
+                    raise FrameCut("the connection ended inside a frame")
                 return False
             self._buffer += chunk
         return True

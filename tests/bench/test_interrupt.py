@@ -89,7 +89,7 @@ def test_a_run_stopped_midway_stops_what_it_started_and_says_so(
         _, err = proc.communicate(timeout=15)
         assert proc.returncode == 130, err
         assert err.strip().splitlines()[-1] == says
-        assert "Traceback" not in err
+        assert "Traceback" not in err and "bad read" not in err  # its tenants simply went
         assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()]
         assert not workdir.exists()
     finally:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import select
 import socket
 import struct
 
@@ -125,13 +127,21 @@ def test_a_call_link_needs_a_live_session_of_the_same_process(agent: AgentRunner
         raw.close()
 
 
-def test_an_oversized_frame_ends_the_connection_not_the_agent(agent: AgentRunner) -> None:
+def _bad_reads(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_an_oversized_frame_ends_the_connection_not_the_agent(
+    agent: AgentRunner, caplog: pytest.LogCaptureFixture
+) -> None:
     raw = Raw(agent)
     try:
         raw.sock.sendall(struct.pack("!I", framing.MAX_FRAME_BYTES + 1))
         assert raw.read() is None
     finally:
         raw.close()
+    over = f"a frame of {framing.MAX_FRAME_BYTES + 1} bytes is over the limit"
+    assert _bad_reads(caplog) == [f"direct session ended on a bad read: {over} of 4194304"]
     with Baton(agent.socket, [GPU], name="after") as baton:  # the agent still serves
         baton.acquire(timeout=5)
         baton.yield_()
@@ -163,3 +173,29 @@ def test_a_withdrawn_acquire_is_answered_cancelled_and_leaves_the_queue(
 def test_framing_refuses_what_it_cannot_carry() -> None:
     with pytest.raises(framing.FrameError, match="is not a AgentMessage"):
         framing.decode(pb.AgentMessage, b"\xff\xff\xff")
+
+
+@pytest.mark.parametrize("how", ["reset", "cut mid-frame"])
+def test_a_peer_gone_mid_session_is_no_bad_read(
+    agent: AgentRunner, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """A tenant that ends with the agent's grant unread (the kernel resets the connection), or
+    amid a frame it writes, as a stopped bench's tenants do: the session ends, with no warning."""
+    caplog.set_level(logging.DEBUG, logger="agent.server.direct_session")
+    raw = session(agent, "stopped")
+    mark = agent.mark()
+    try:
+        if how == "reset":
+            raw.request(1, acquire=pb.AcquireRequest())
+            assert select.select([raw.sock], [], [], 10)[0], "no grant came"
+        else:
+            raw.sock.sendall(struct.pack("!I", 100) + b"\x08")
+    finally:
+        raw.close()
+    agent.wait_event(
+        lambda e: e.kind == "tenant_gone" and e.tenant_id == "local/stopped", since=mark
+    )
+    assert _bad_reads(caplog) == []
+    said = [r.getMessage() for r in caplog.records if r.name == "agent.server.direct_session"]
+    why = "Connection reset by peer" if how == "reset" else "ended inside a frame of 100 bytes"
+    assert [line for line in said if why in line], said
