@@ -204,3 +204,36 @@ def test_the_demo_refuses_an_out_dir_it_cannot_write_before_any_run(
 def test_bench_train_refuses_a_device_it_cannot_train_on() -> None:
     said = _refusal(["bench", "train", "--device", "tpu"])
     assert "--device" in said and "'tpu': cpu, or cuda" in said
+
+
+@pytest.mark.timeout(30)  # refused: nothing runs (accepted, the run fills /tmp)
+@pytest.mark.parametrize("command", [["demo"], ["bench", "duty"]], ids=" ".join)
+def test_the_demo_and_bench_duty_refuse_a_scale_whose_bytes_do_not_fit_before_any_run(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two tenants of 64 MiB at --scale 1: 128 MiB of simulated memory in files, and 64 more
+    while one is parked, where /tmp has 100 MiB free."""
+    import shutil
+
+    usage = shutil.disk_usage("/tmp")
+    seen: list[str] = []
+
+    def little(path: str) -> object:
+        seen.append(str(path))
+        return usage._replace(free=100 * 1024 * 1024)
+
+    monkeypatch.setattr(shutil, "disk_usage", little)
+    before = {p.name for p in Path("/tmp").glob("baton-node-*")}
+    flags = ["--tenants", "2", "--footprints", "64", "--gpu-memory", "128", "--scale", "1"]
+    short = ["--duration", "1", "--warmup", "0"]
+    out = ["--out-dir", str(tmp_path)] if command == ["demo"] else []
+    result = CliRunner().invoke(app, [*command, *flags, *short, *out])
+    assert result.exit_code == 2, result.output
+    name = " ".join(["baton", *command])
+    assert result.output == (
+        f"{name}: --scale 1: the simulated GPUs' memory takes up to 192 MiB under /tmp (every "
+        "tenant's footprint at that scale, and the largest once more as it moves) and /tmp has "
+        "100 MiB free; give a smaller --scale\n"
+    )
+    assert seen == ["/tmp"]
+    assert {p.name for p in Path("/tmp").glob("baton-node-*")} == before

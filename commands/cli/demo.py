@@ -142,6 +142,7 @@ def demo(
         config = _train(config, tenant_kind)
         what = f"training for real ({TRAINING[tenant_kind]} on the CPU)"
         sizes = f"{config.gpu_memory_mib} MiB GPU, app backend"
+    _check_room("baton demo", config)
     console.print(
         f"{tenants} tenants, {what}; {tenants} GPUs alone, then one GPU shared, each run "
         f"measured for {duration:g} s after {warmup:g} s of warm-up ({sizes})."
@@ -190,6 +191,17 @@ def _check_out_dir(out_dir: Path) -> None:
         ) from None
 
 
+def _check_room(command: str, config: DemoConfig) -> None:
+    """End the command in one line (exit status 2) where the run's bytes would not fit."""
+    from commands.demo.runner import check_room
+
+    try:
+        check_room(config)
+    except ValueError as e:
+        typer.echo(f"{command}: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
 def bench_duty(
     tenants: Tenants = 3,
     duty: Duty = 0.3,
@@ -214,6 +226,7 @@ def bench_duty(
         tenants, duty, cycle, duration, warmup, gpu_memory, footprints, pcie_gbps, scale,
         jitter, seed,
     )  # fmt: skip
+    _check_room("baton bench duty", config)
     try:
         alone, shared = asyncio.run(run_comparison(config))
     except DemoError as e:

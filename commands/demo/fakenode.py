@@ -23,6 +23,9 @@ from agent.parking.preparer import ParkingPreparer
 from agent.parking.setup import ParkingOptions
 from baton.contract.names import ENV_AGENT_SOCKET, ENV_FAKE_GPU_DIR, ENV_GPUS, fake_gpu_uuid
 
+WORK_ROOT = "/tmp"
+"""Where a fake node makes its directory: its sockets, state and simulated GPU memory."""
+
 
 @dataclass
 class FakeNodeOptions:
@@ -42,11 +45,11 @@ class FakeNodeOptions:
 
 
 class FakeNode:
-    """An in-process agent (fake backend by default) under a fresh directory in /tmp."""
+    """An in-process agent (fake backend by default) under a fresh directory in `WORK_ROOT`."""
 
     def __init__(self, options: FakeNodeOptions | None = None, workdir: str | None = None) -> None:
         self.options = options or FakeNodeOptions()
-        self.workdir = workdir or tempfile.mkdtemp(prefix="baton-node-", dir="/tmp")
+        self.workdir = workdir or tempfile.mkdtemp(prefix="baton-node-", dir=WORK_ROOT)
         self._own_workdir = workdir is None
         self.socket = f"{self.workdir}/agent.sock"
         self.fake_dir = f"{self.workdir}/gpus"

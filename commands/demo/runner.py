@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -19,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.core import events as ev
-from baton.contract.names import fake_gpu_uuid
+from baton.contract.names import MIB, fake_gpu_uuid
 from commands.demo.analysis import Hold, busy_seconds, cycle_duty, holds, on_gpu
-from commands.demo.fakenode import FakeNode, FakeNodeOptions
+from commands.demo.fakenode import WORK_ROOT, FakeNode, FakeNodeOptions
 from commands.demo.lines import read_line
 
 TENANT = [sys.executable, "-m", "commands.demo.tenant"]
@@ -164,6 +166,23 @@ class PhaseResult:
     def cycle_duty(self, gpu: str) -> float:
         """Busy share of `gpu` over the whole cycles in the window (see `cycle_duty`)."""
         return cycle_duty(on_gpu(self.holds, gpu), self.t0, self.t1)
+
+
+def check_room(config: DemoConfig) -> None:
+    """`ValueError` naming --scale where the simulated GPUs' files would not fit in `WORK_ROOT`:
+    every tenant's footprint at that scale, and the largest once more while a move copies it
+    (a park writes the host copy whole before it drops the device one)."""
+    if config.backend != "fake":
+        return
+    sizes = [config.footprint(i) for i in range(config.tenants)]
+    need = math.ceil((sum(sizes) + max(sizes)) * config.scale)
+    free = shutil.disk_usage(WORK_ROOT).free // MIB
+    if need > free:
+        raise ValueError(
+            f"--scale {config.scale:g}: the simulated GPUs' memory takes up to {need} MiB under "
+            f"{WORK_ROOT} (every tenant's footprint at that scale, and the largest once more as "
+            f"it moves) and {WORK_ROOT} has {free} MiB free; give a smaller --scale"
+        )
 
 
 async def run_phase(config: DemoConfig, shared: bool, tick: Tick | None = None) -> PhaseResult:
