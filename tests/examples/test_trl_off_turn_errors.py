@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.examples.trl_jobs import Jobs, on_the_device
+from tests.examples.trl_jobs import Jobs, OtherHolds, on_the_device
 
 needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl")
 
@@ -22,32 +22,20 @@ def test_an_error_in_a_reward_run_off_turn_leaves_train_without_waiting_for_the_
     """A reward run off-turn raises while the other job holds the GPU: `train()` raises at
     once, holding no turn, instead of waiting for the other job's turn to end (up to the
     agent's --max-hold) and restoring the model only to give the turn back."""
-    import threading
-
-    taken, release, held_to_the_end = threading.Event(), threading.Event(), threading.Event()
-
-    def other_holds() -> None:
-        with jobs.other.turn(timeout=30):
-            taken.set()
-            if not release.wait(20):
-                held_to_the_end.set()
-
-    other = threading.Thread(target=other_holds)
+    other = OtherHolds(jobs)
 
     def verify(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
         other.start()
-        assert taken.wait(30), "the other job got no turn"
         raise ValueError("the verifier is down")
 
     job = jobs.grpo([jobs.callback.off_turn(verify)])
     try:
         with pytest.raises(ValueError, match="the verifier is down"):
             job.train()
-        assert not held_to_the_end.is_set()  # train() raised while the other job held on
+        assert not other.held_to_the_end.is_set()  # train() raised while the other job held on
         assert not jobs.callback.holding and jobs.callback.baton.lease is None
     finally:
-        release.set()
-        other.join(timeout=30)
+        other.release()
     on_the_device(lambda: job.save_model(str(jobs.workdir / "failed")))  # takes its turn
     assert jobs.callback.parker is not None and jobs.callback.parker.stats.restores == 1
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.examples.trl_jobs import Jobs, on_the_device
+from tests.examples.trl_jobs import Jobs, OtherHolds, on_the_device
 
 needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl")
 
@@ -192,32 +192,20 @@ def test_ctrl_c_in_a_reward_run_off_turn_stops_without_waiting_for_the_gpu(jobs:
     leaves `train()` at once, holding no turn, instead of waiting for the other job's turn to
     end (up to the agent's --max-hold) to take one only to give it back; the save made on the
     interrupt, as users write it, takes its turn then."""
-    import threading
-
-    taken, release, held_to_the_end = threading.Event(), threading.Event(), threading.Event()
-
-    def other_holds() -> None:
-        with jobs.other.turn(timeout=30):
-            taken.set()
-            if not release.wait(20):
-                held_to_the_end.set()
-
-    other = threading.Thread(target=other_holds)
+    other = OtherHolds(jobs)
 
     def interrupted(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
         other.start()
-        assert taken.wait(30), "the other job got no turn"
         raise KeyboardInterrupt
 
     job = jobs.grpo([jobs.callback.off_turn(interrupted)])
     try:
         with pytest.raises(KeyboardInterrupt):
             job.train()
-        assert not held_to_the_end.is_set()  # train() left while the other job held on
+        assert not other.held_to_the_end.is_set()  # train() left while the other job held on
         assert not jobs.callback.holding
     finally:
-        release.set()
-        other.join(timeout=30)
+        other.release()
     on_the_device(lambda: job.save_model(str(jobs.workdir / "interrupted")))
     assert jobs.callback.parker.stats.restores == 1
 

@@ -4,6 +4,7 @@ fixture (tests/examples/conftest.py) of the tests of a parked TRL job."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,3 +99,29 @@ def on_the_device(call: Callable[[], T]) -> T:
         return call()
     except RuntimeError as exc:
         pytest.fail(f"ran on the memory a park freed: {exc}", pytrace=False)
+
+
+class OtherHolds:
+    """The other job takes the GPU from a thread (`start`, in a reward run off-turn) and holds
+    it until `release`; `held_to_the_end` says it held for the whole 20 s (no one left early)."""
+
+    def __init__(self, jobs: Jobs) -> None:
+        self.taken, self.released = threading.Event(), threading.Event()
+        self.held_to_the_end = threading.Event()
+        self._thread = threading.Thread(target=self._hold, args=(jobs,))
+
+    def _hold(self, jobs: Jobs) -> None:
+        with jobs.other.turn(timeout=30):
+            self.taken.set()
+            if not self.released.wait(20):
+                self.held_to_the_end.set()
+
+    def start(self) -> None:
+        """Take the GPU now; returns once the other job holds it."""
+        self._thread.start()
+        assert self.taken.wait(30), "the other job got no turn"
+
+    def release(self) -> None:
+        """Let the other job yield, and wait for it to."""
+        self.released.set()
+        self._thread.join(timeout=30)
