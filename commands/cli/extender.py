@@ -115,8 +115,9 @@ def bench_extender(
     if figures["pods_unplaced"]:
         typer.echo(
             f"baton bench extender: only {figures['pods']} of the {pods} pods asked (--pods) "
-            f"fit on the {nodes} nodes; the figures are for a cluster of that many: give more "
-            "--nodes or fewer --pods",
+            f"were placed, each on one random node of the {nodes} where it fits there, not "
+            "tried elsewhere; the figures are for a cluster of that many: give more --nodes or "
+            "fewer --pods",
             err=True,
         )
     if figures["bind_p99_ms"] is None:
