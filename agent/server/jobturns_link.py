@@ -24,7 +24,7 @@ from agent.core import errors
 from agent.server import api_ops
 from agent.server.jobturns import JobTurns, NodeTurn, NoMembers, PrepareFailed, UnknownTurn
 from baton._pb import jobturns_pb2 as jt
-from baton.contract.framing import Corked, FrameError, encode, keep_alive, read_frame
+from baton.contract.framing import Corked, FrameCut, FrameError, encode, keep_alive, read_frame
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +231,8 @@ class JobTurnServer:
             if await self._hello(reader, writer, peer):
                 while (call := await read_frame(reader, jt.JobTurnsCall)) is not None:
                     connection.handle(call)
+        except FrameCut as exc:  # it went away as it wrote: no sign of another version
+            log.warning("coordinator connection from %s: %s; closed", peer, exc)
         except FrameError as exc:
             hint = " (a coordinator of another Baton version? upgrade it and the agents together)"
             log.warning("coordinator connection from %s: %s; closed%s", peer, exc, hint)

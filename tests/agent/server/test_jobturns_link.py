@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -311,6 +312,28 @@ def test_a_grpc_client_is_told_it_speaks_the_wrong_protocol(
     with caplog.at_level(logging.WARNING):
         run(body)
     assert "speaks gRPC" in caplog.text and "upgrade it and the agents together" in caplog.text
+
+
+def test_a_coordinator_gone_inside_a_frame_is_not_taken_for_another_version(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A coordinator stopped as it wrote a call: no hint of another Baton version."""
+
+    async def body() -> None:
+        async with serving(tmp_path) as (_, _, address):
+            host, _, port = address.rpartition(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(encode(jt.JobTurnsCall(id=0, hello=jt.Hello(token=TOKEN))))
+            assert await read_frame(reader, jt.JobTurnsAnswer) is not None
+            writer.write(struct.pack("!I", 100) + b"\x08")  # 1 byte of a 100-byte call
+            writer.write_eof()
+            assert await read_frame(reader, jt.JobTurnsAnswer) is None  # the agent closed it
+            writer.close()
+
+    with caplog.at_level(logging.WARNING, logger="agent.server.jobturns_link"):
+        run(body)
+    [said] = [r.getMessage() for r in caplog.records if r.name == "agent.server.jobturns_link"]
+    assert said.endswith(": the connection ended inside a frame of 100 bytes; closed"), said
 
 
 @pytest.mark.parametrize("cancelled_first", [False, True])
