@@ -115,8 +115,8 @@ def bench_extender(
     if figures["pods_unplaced"]:
         typer.echo(
             f"baton bench extender: only {figures['pods']} of the {pods} pods asked (--pods) "
-            f"were placed, each on one random node of the {nodes} where it fits there, not "
-            "tried elsewhere; the figures are for a cluster of that many: give more --nodes or "
+            f"were placed (each goes to one random node of the {nodes} and is left out if that "
+            "node has no room); the figures are for a cluster of that many: give more --nodes or "
             "fewer --pods",
             err=True,
         )

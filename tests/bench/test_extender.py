@@ -33,9 +33,9 @@ def test_a_run_that_placed_fewer_pods_than_asked_says_so(as_json: bool) -> None:
     assert 0 < placed < 200
     assert (figures["pods_asked"], figures["pods_unplaced"]) == (200, 200 - placed)
     said = (
-        f"baton bench extender: only {placed} of the 200 pods asked (--pods) were placed, each "
-        "on one random node of the 10 where it fits there, not tried elsewhere; the figures are "
-        "for a cluster of that many: give more --nodes or fewer --pods"
+        f"baton bench extender: only {placed} of the 200 pods asked (--pods) were placed (each "
+        "goes to one random node of the 10 and is left out if that node has no room); the "
+        "figures are for a cluster of that many: give more --nodes or fewer --pods"
     )
     assert done.stderr.splitlines() == [said]
     if not as_json:
