@@ -107,6 +107,7 @@ class BatonCallback(TrainerCallback):
             return
         stack = contextlib.ExitStack()
         requested, pid = time.time(), os.getpid()
+        already = self.baton.lease  # held before (the user's own acquire): not this call's
         try:
             lease = self.baton.acquire(self.acquire_timeout)
             if self.parker is not None:
@@ -115,7 +116,7 @@ class BatonCallback(TrainerCallback):
             self._held, self._held_by = stack, pid
         except BaseException:
             stack.close()
-            if self.baton.lease is not None:
+            if already is None and self.baton.lease is not None:
                 with contextlib.suppress(BatonError):  # the interrupt is the one to see
                     self.baton.yield_()
             raise

@@ -236,3 +236,30 @@ def test_ctrl_c_as_a_turn_is_granted_gives_the_turn_back(jobs: Jobs) -> None:
     jobs.callback.begin()  # and the job's next turn is an ordinary one
     assert jobs.callback.holding
     jobs.callback.end()
+
+
+@needs_trl
+@pytest.mark.timeout(60)
+def test_ctrl_c_in_begin_leaves_a_turn_the_user_held_before_it(jobs: Jobs) -> None:
+    """A turn the user took with the callback's client before `begin()` (acquire returns it as
+    held) is the user's: an interrupt inside `begin()` leaves it held, not given back."""
+    import _thread
+
+    baton = jobs.callback.baton
+    acquire = baton.acquire
+    mine = baton.acquire(10)
+
+    def held_then_interrupted(timeout: float | None = None) -> Any:
+        lease = acquire(timeout)
+        _thread.interrupt_main()
+        return lease
+
+    baton.acquire = held_then_interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            jobs.callback.begin()
+    finally:
+        baton.acquire = acquire
+    assert not jobs.callback.holding
+    assert baton.lease is not None and baton.lease.lease_id == mine.lease_id
+    baton.yield_()
