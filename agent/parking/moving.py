@@ -132,7 +132,9 @@ class PlanMoves(ModelPlans):
                 return made, exc, None
             self._made(move, when, step.method or self.backend.method_of(step.tenant_id))
             made.append(move)
-        return made, None, None if ids is None else self._read(ids, generation)
+        if ids is None or stop.is_set():  # a cancelled plan reads where it ends, on the loop
+            return made, None, None
+        return made, None, self._read(ids, generation)
 
     def _hand_over(self, tenant_id: str, step: Step) -> bool:
         """Leave the step to the granted tenant if it is its own restore and its method allows
