@@ -85,8 +85,12 @@ class CallLink:
             self.sock.shutdown(socketlib.SHUT_RDWR)
         self.sock.close()
 
-    def call(self, request: pb.Request, timeout: float | None) -> pb.Reply:
-        """Send `request`, wait up to `timeout` for the answer; withdraw an unanswered acquire."""
+    def call(
+        self, request: pb.Request, timeout: float | None, answered: list[pb.Reply] | None = None
+    ) -> pb.Reply:
+        """Send `request`, wait up to `timeout` for the answer; withdraw an unanswered acquire.
+        The answer is put in `answered` as it is read, for a caller interrupted before it
+        takes the answer (a turn it grants is then the caller's to give back)."""
         request.request_id = next(self._core.ids)
         kind = request.WhichOneof("kind")
         try:
@@ -96,7 +100,7 @@ class CallLink:
             raise NotSent from None
         reply = None
         try:
-            reply = self._answer(request.request_id, timeout)
+            reply = self._answer(request.request_id, timeout, answered)
         finally:
             if reply is None and kind == "acquire":  # timed out, or interrupted: leave the queue
                 self._withdraw(request.request_id)
@@ -109,8 +113,11 @@ class CallLink:
             raise from_status(reply.error.code, reply.error.message, self.agent_socket)
         return reply
 
-    def _answer(self, request_id: int, timeout: float | None) -> pb.Reply | None:
-        """The reply to `request_id` read from `link`; None if `timeout` passes first."""
+    def _answer(
+        self, request_id: int, timeout: float | None, answered: list[pb.Reply] | None = None
+    ) -> pb.Reply | None:
+        """The reply to `request_id` read from `link` (also put in `answered`); None if
+        `timeout` passes first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             wait = None if deadline is None else deadline - time.monotonic()
@@ -132,6 +139,8 @@ class CallLink:
                     f"lost the Baton agent at {self.agent_socket}; reconnecting, retry the call"
                 )
             if reply.request_id == request_id:
+                if answered is not None:
+                    answered.append(reply)
                 return reply
             self._stray(reply)
 

@@ -10,6 +10,7 @@ the socket, so a turn costs two small writes and one wake-up.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Sequence
 
@@ -27,6 +28,8 @@ from agent.client.types import (
 from baton._pb import agent_pb2 as pb
 from baton.contract import framing
 
+log = logging.getLogger("baton.client")
+
 LINK_GRACE_S = 2.0
 """How long a call link that cannot reach the agent waits to see the session break too."""
 
@@ -38,13 +41,18 @@ class Baton(BlockingSession):
     """
 
     def _request(
-        self, request: pb.Request, timeout: float | None = None, slack: float = 0.0
+        self,
+        request: pb.Request,
+        timeout: float | None = None,
+        slack: float = 0.0,
+        answered: list[pb.Reply] | None = None,
     ) -> pb.Reply:
         """Send a request on the call link and wait up to `timeout` + `slack` for its answer.
 
         While the session is broken the request waits for the reconnect, up to `timeout` (or
         the connect timeout); a link that breaks after the request left fails it. Only an
-        acquire without a timeout waits for its answer without end (it is queued).
+        acquire without a timeout waits for its answer without end (it is queued). The
+        answer is put in `answered` as soon as it is read (`CallLink.call`).
         """
         deadline = time.monotonic() + (self._connect_timeout if timeout is None else timeout)
         reply_timeout = reply_wait(request, timeout, slack)
@@ -53,7 +61,7 @@ class Baton(BlockingSession):
             with self._call_lock:
                 try:
                     link = self._call_link()
-                    return link.call(request, reply_timeout)
+                    return link.call(request, reply_timeout, answered)
                 except NotSent as exc:
                     # The agent went away (the reader thread hears of it on the session and
                     # reconnects; then this request goes out again) or it refuses call links.
@@ -126,12 +134,35 @@ class Baton(BlockingSession):
             with self._state:  # a revoked turn the agent gives back: this acquire's
                 owed = self._core.owed()
             request = acquire_request(timeout, gpus, self.job, restores, owed)
-            reply = self._request(request, timeout, slack=5)
-            with self._state:
-                lease = self._core.granted(LeaseInfo.from_pb(reply.lease), gpus)
+            answered: list[pb.Reply] = []
+            try:
+                reply = self._request(request, timeout, slack=5, answered=answered)
+                with self._state:
+                    lease = self._core.granted(LeaseInfo.from_pb(reply.lease), gpus)
+            except BaseException:  # Ctrl-C as the grant arrived, too: no turn held unknown
+                self._give_back_grant(answered)
+                raise
             if restores and self._callbacks_run.parked:
                 self._restore_with_grant()
         return lease
+
+    def _give_back_grant(self, answered: list[pb.Reply]) -> None:
+        """An acquire that ends in an error once its grant was read (an interruption before or
+        as it was recorded) gives the turn back, so that it is neither held by nobody until
+        the agent's maximum hold nor held by a caller who was told it failed."""
+        grant = next((reply.lease for reply in answered if reply.HasField("lease")), None)
+        if grant is None:
+            return
+        with self._state:
+            held = self._core.lease
+        recorded = held is not None and held.lease_id == grant.lease_id
+        try:
+            if recorded:
+                self.yield_()
+            else:
+                self._request(pb.Request(release=self._core.release(grant.lease_id)))
+        except BatonError as exc:  # (the session's end gives it back too)
+            log.warning("could not give back turn %s: %s", grant.lease_id, exc)
 
     def _restore_with_grant(self) -> None:
         try:

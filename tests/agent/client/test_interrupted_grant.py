@@ -1,0 +1,52 @@
+"""An acquire interrupted as its grant arrives (Ctrl-C, a signal handler raising, a cancelled
+task or a timeout around it) gives the turn back, or holds it and says so: the turn is never
+left held by nobody until the agent's maximum hold takes it back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from agent.client import Baton, LeaseInfo
+from tests.harness.agent import AgentRunner
+
+pytestmark = pytest.mark.timeout(60)
+GPU = "GPU-0"
+PROMPT_S = 5.0
+"""How soon the other tenant must get the GPU: well inside the agent's maximum hold."""
+
+
+@pytest.fixture
+def agent(workdir: str) -> Iterator[AgentRunner]:
+    runner = AgentRunner(workdir, max_hold=60.0).start()
+    yield runner
+    runner.stop()
+
+
+def holder(agent: AgentRunner) -> str | None:
+    return agent.status()["gpus"][GPU]["holder"]
+
+
+@pytest.mark.parametrize("when", ["before it is recorded", "as it is recorded"])
+def test_ctrl_c_as_the_grant_is_recorded_gives_the_turn_back(
+    agent: AgentRunner, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    with Baton(agent.socket, [GPU], name="a") as a, Baton(agent.socket, [GPU], name="b") as b:
+        record = a._core.granted
+
+        def interrupted(lease: LeaseInfo, asked: object = None) -> LeaseInfo:
+            monkeypatch.setattr(a._core, "granted", record)
+            if when == "as it is recorded":
+                record(lease, asked)  # type: ignore[arg-type]
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(a._core, "granted", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            a.acquire()
+        assert a.lease is None and not a._core.holding()
+        b.acquire(timeout=PROMPT_S)
+        assert holder(agent) == "local/b"
+        b.yield_()
+        assert a.acquire(timeout=PROMPT_S).gpus == (GPU,)  # the client goes on as before
+        a.yield_()
