@@ -234,8 +234,7 @@ class AsyncSession:
         except (asyncio.CancelledError, TimeoutError) as exc:
             kind = request.WhichOneof("kind")
             if kind == "acquire":
-                cancel = pb.Request(request_id=request.request_id, cancel=pb.CancelRequest())
-                self._spawn(self._send(pb.ClientMessage(request=cancel)))
+                self._withdraw(request.request_id, future)
             if isinstance(exc, TimeoutError):
                 raise AgentUnavailable(
                     f"the Baton agent at {self.socket} did not answer a {kind} request "
@@ -247,6 +246,16 @@ class AsyncSession:
         if reply.HasField("error"):
             raise from_status(reply.error.code, reply.error.message, self.socket)
         return reply
+
+    def _withdraw(self, request_id: int, answer: asyncio.Future[pb.Reply]) -> None:
+        """An acquire given up on (cancelled, timed out) leaves the queue; a turn granted as it
+        was given up (the answer arrived, not yet taken) is handed back."""
+        if answer.done() and not answer.cancelled() and answer.exception() is None:
+            withdrawal = self._core.unclaimed(answer.result())
+        else:
+            withdrawal = pb.Request(request_id=request_id, cancel=pb.CancelRequest())
+        if withdrawal is not None:
+            self._spawn(self._send(pb.ClientMessage(request=withdrawal)))
 
     async def _reclaim(self) -> None:
         """After a reconnect: tell the new agent that the turn held is still in use."""

@@ -4,11 +4,13 @@ left held by nobody until the agent's maximum hold takes it back."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
 
-from agent.client import Baton, LeaseInfo
+from agent.client import AsyncBaton, Baton, LeaseInfo
+from baton._pb import agent_pb2 as pb
 from tests.harness.agent import AgentRunner
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,3 +52,37 @@ def test_ctrl_c_as_the_grant_is_recorded_gives_the_turn_back(
         b.yield_()
         assert a.acquire(timeout=PROMPT_S).gpus == (GPU,)  # the client goes on as before
         a.yield_()
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_an_acquire_cancelled_as_its_grant_arrives_gives_the_turn_back_or_holds_it(
+    agent: AgentRunner, timeout: float | None
+) -> None:
+    async def scenario() -> None:
+        async with (
+            AsyncBaton(agent.socket, [GPU], name="a") as a,
+            AsyncBaton(agent.socket, [GPU], name="b") as b,
+        ):
+            deliver = a._on_reply
+            acquiring: asyncio.Task[LeaseInfo] | None = None
+
+            def cancel_on_grant(reply: pb.Reply) -> None:
+                deliver(reply)  # matched to the waiting acquire, which is then cancelled
+                if reply.HasField("lease") and acquiring is not None:
+                    acquiring.cancel()
+
+            a._on_reply = cancel_on_grant  # type: ignore[method-assign]
+            acquiring = asyncio.create_task(a.acquire(timeout))
+            try:
+                lease = await acquiring
+            except asyncio.CancelledError:
+                assert a.lease is None and not a._core.holding()
+            else:  # the cancellation came too late to stop it (wait_for on Python 3.11)
+                assert a.lease == lease and holder(agent) == "local/a"
+                await a.yield_()
+            a._on_reply = deliver  # type: ignore[method-assign]
+            await asyncio.wait_for(b.acquire(), PROMPT_S)
+            assert holder(agent) == "local/b"
+            assert a.lease is None
+
+    asyncio.run(scenario())
