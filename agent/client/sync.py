@@ -188,8 +188,9 @@ class Baton(BlockingSession):
             return
         if ended.gone:
             return
+        release = self._core.release(ended.named, parked)
         try:
-            self._request(pb.Request(release=self._core.release(ended.named, parked)))
+            self._request(pb.Request(release=release))
         except LeaseLost:
             if not self._core.ended_unheard(ended):
                 raise
@@ -199,6 +200,11 @@ class Baton(BlockingSession):
             if parked:  # held again: what this yield parked comes back before anything else
                 with contextlib.suppress(BatonError):
                     self._callbacks_run.restore_parked()
+            raise
+        except BaseException as exc:  # a second Ctrl-C, say, perhaps before the yield left:
+            if not isinstance(exc, BatonError):  # it goes again on the session (the next
+                with self._state:  # acquire waits for its answer; a second one is refused)
+                    self._yield_kept(pb.Request(release=release))
             raise
 
     @contextlib.contextmanager

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from agent.client import AsyncBaton, Baton, LeaseInfo
+from agent.client.call_link import CallLink
 from baton._pb import agent_pb2 as pb
 from tests.harness.agent import AgentRunner
 
@@ -86,3 +87,30 @@ def test_an_acquire_cancelled_as_its_grant_arrives_gives_the_turn_back_or_holds_
             assert a.lease is None
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("when", ["before the yield leaves", "as the yield leaves"])
+def test_a_second_ctrl_c_in_the_yield_of_an_interrupted_turn_still_ends_the_turn(
+    agent: AgentRunner, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    with Baton(agent.socket, [GPU], name="a", keep_turns=False) as a:
+        send = CallLink.send
+
+        def second_ctrl_c(link: CallLink, message: pb.ClientMessage) -> None:
+            if message.request.WhichOneof("kind") != "release":
+                return send(link, message)
+            monkeypatch.setattr(CallLink, "send", send)
+            if when == "as the yield leaves":
+                send(link, message)
+            raise KeyboardInterrupt("the second")
+
+        with pytest.raises(KeyboardInterrupt, match="the second"), a.turn():
+            monkeypatch.setattr(CallLink, "send", second_ctrl_c)
+            raise KeyboardInterrupt("the first")
+        assert a.lease is None and not a._core.holding()
+        with Baton(agent.socket, [GPU], name="b") as b:
+            b.acquire(timeout=PROMPT_S)
+            assert holder(agent) == "local/b"
+            b.yield_()
+        assert a.acquire(timeout=PROMPT_S).gpus == (GPU,)  # not "already holds"
+        a.yield_()
