@@ -57,8 +57,9 @@ class AsyncBaton(AsyncSession):
         self._rearm()
         if ended.kept or ended.gone:  # nothing to send (kept: the timer yields it if no
             return  # acquire takes it back; gone: its earlier yield reached the agent)
+        release = self._core.release(ended.named, parked)
         try:
-            await self._request(pb.Request(release=self._core.release(ended.named, parked)))
+            await self._request(pb.Request(release=release))
         except LeaseLost:
             if not self._core.ended_unheard(ended):
                 raise
@@ -67,6 +68,10 @@ class AsyncBaton(AsyncSession):
             self._rearm()
             for gpu in parked:  # held again: what this yield parked comes back first
                 await self._moves.move(pb.Callback(action="restore", gpu=gpu))
+            raise
+        except asyncio.CancelledError:  # perhaps before the yield was written: it goes again
+            again = pb.Request(request_id=next(self._core.ids), release=release)
+            self._yield_kept(again)  # (the next acquire waits for it; a second one is refused)
             raise
 
     @contextlib.asynccontextmanager

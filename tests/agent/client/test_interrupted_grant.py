@@ -114,3 +114,43 @@ def test_a_second_ctrl_c_in_the_yield_of_an_interrupted_turn_still_ends_the_turn
             b.yield_()
         assert a.acquire(timeout=PROMPT_S).gpus == (GPU,)  # not "already holds"
         a.yield_()
+
+
+def test_a_second_cancel_in_the_yield_of_a_cancelled_turn_still_ends_the_turn(
+    agent: AgentRunner,
+) -> None:
+    async def scenario() -> None:
+        async with (
+            AsyncBaton(agent.socket, [GPU], name="a", keep_turns=False) as a,
+            AsyncBaton(agent.socket, [GPU], name="b") as b,
+        ):
+            entered, held = asyncio.Event(), asyncio.Event()
+            send = a._send
+
+            async def first_yield_held(message: pb.ClientMessage) -> None:
+                if message.request.HasField("release") and not held.is_set():
+                    held.set()  # as if another write held the lock: not written until then
+                    await asyncio.Event().wait()
+                await send(message)
+
+            async def job() -> None:
+                async with a.turn():
+                    entered.set()
+                    await asyncio.Event().wait()  # until cancelled
+
+            a._send = first_yield_held  # type: ignore[method-assign]
+            task = asyncio.create_task(job())
+            await asyncio.wait_for(entered.wait(), PROMPT_S)
+            task.cancel()  # the first cancel ends the body; the turn's exit yields
+            await asyncio.wait_for(held.wait(), PROMPT_S)
+            task.cancel()  # the second lands as the yield waits to be written
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert a.lease is None and not a._core.holding()
+            await asyncio.wait_for(b.acquire(), PROMPT_S)
+            assert holder(agent) == "local/b"
+            await b.yield_()
+            await asyncio.wait_for(a.acquire(), PROMPT_S)  # not "already holds"
+            await a.yield_()
+
+    asyncio.run(scenario())
