@@ -62,3 +62,32 @@ def test_trl_jobs_sharing_a_gpu_train_bit_for_bit_as_they_do_alone() -> None:
     # from_pretrained mapped the GRPO weights; TorchParker copied them once to park them.
     assert grpo["moves"]["copied_bytes"] > 0 and alone[0]["moves"]["copied_bytes"] == 0
     assert shared.moves["park"]["count"] >= 4
+
+
+@needs_trl
+@pytest.mark.timeout(120)
+def test_a_tenant_alone_exits_cleanly_and_leaves_no_work_directory(tmp_path) -> None:
+    """A TRL tenant run with no agent (`--solo`, the bench's and the demo's "alone" runs) ends
+    with exit status 0 and removes its work directory."""
+    import json
+    import os
+    import subprocess
+
+    from agent.examples.trl_train.jobs import TrlConfig
+    from commands.demo.trl import TrlSpec
+
+    spec = TrlSpec("sft", TrlConfig(kind="sft", seed=1, batch=8), steps=1)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    with subprocess.Popen(
+        spec.argv(solo=True),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    ) as proc:
+        out, err = proc.communicate("go inf\nexit\n", timeout=100)
+    events = [json.loads(line)["event"] for line in out.splitlines() if line.startswith("{")]
+    assert events[-1] == "done", err[-2000:]
+    assert proc.returncode == 0, err[-2000:]
+    assert not list(tmp_path.glob("baton-trl-*"))

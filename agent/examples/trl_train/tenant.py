@@ -49,6 +49,11 @@ class SoloBaton:
     def close(self) -> None:
         pass
 
+    def close_unless(self, keep: Any) -> bool:
+        """`close()`: with no agent nothing is ever parked, so no last turn is kept open."""
+        self.close()
+        return False
+
 
 def checked_callback(baton: Any, report: Report, acquire_timeout: float) -> Any:
     """A `BatonCallback` that checks, at the start of each turn, that the model's parameters are
@@ -194,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         say(event="error", error=f"{type(e).__name__}: {e}")
         return 1
     finally:
-        callback.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        try:
+            callback.close()
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
