@@ -59,18 +59,16 @@ class PlanMoves(ModelPlans):
         try:
             steps = list(plan.steps)
             while steps:
-                step = steps[0]
-                own = handed and step.tenant_id == tenant_id and step.direction == "restore"
-                if own and self._hand_over(tenant_id, step):
-                    log.info("restore of %s on %s is left to its grant", tenant_id, step.gpu)
-                    steps.pop(0)
-                    continue
-                if own or self.backend.moves_on_loop(step.tenant_id):
-                    await self._move(tenant_id, steps.pop(0), when)
-                    continue
                 batch = self._off_loop(steps, tenant_id, handed)
-                del steps[: len(batch)]
-                read = await self._moves_aside(tenant_id, batch, when, moved if not steps else ())
+                if batch:
+                    del steps[: len(batch)]
+                    read = await self._moves_aside(tenant_id, batch, when, () if steps else moved)
+                    continue
+                step = steps.pop(0)
+                if handed and self._hand_over(tenant_id, step):
+                    log.info("restore of %s on %s is left to its grant", tenant_id, step.gpu)
+                    continue
+                await self._move(tenant_id, step, when)
         finally:  # what the moves changed (the plan was drawn from a full read just before)
             await self._read_moved(moved, read)
             if self._host is not None:
@@ -125,9 +123,8 @@ class PlanMoves(ModelPlans):
             if stop.is_set():
                 return made, None, None
             self._starts(step)
-            fn = self.backend.park if step.direction == "park" else self.backend.restore
             try:
-                move = fn(step.tenant_id, step.gpu)
+                move = self._mover(step)(step.tenant_id, step.gpu)
             except Exception as exc:  # retried, or raised, on the event loop (`_move`)
                 return made, exc, None
             self._made(move, when, step.method or self.backend.method_of(step.tenant_id))
@@ -153,7 +150,7 @@ class PlanMoves(ModelPlans):
     ) -> Move:
         """One park or restore, retried with backoff; the tenant stays where it was on failure.
         `failed`: its first attempt was made already (in a worker thread) and raised this."""
-        fn = self.backend.park if step.direction == "park" else self.backend.restore
+        fn = self._mover(step)
         method = step.method or self.backend.method_of(step.tenant_id)
         if failed is None:
             self._starts(step)
@@ -199,6 +196,10 @@ class PlanMoves(ModelPlans):
                 self._made(move, when, method)
                 return move
         raise AssertionError("unreachable")
+
+    def _mover(self, step: Step) -> Callable[[str, str], Move]:
+        """The backend's blocking call that makes `step`: its park or its restore."""
+        return self.backend.park if step.direction == "park" else self.backend.restore
 
     def _starts(self, step: Step) -> None:
         log.info(
