@@ -150,17 +150,16 @@ class Baton(BlockingSession):
         """An acquire that ends in an error once its grant was read (an interruption before or
         as it was recorded) gives the turn back, so that it is neither held by nobody until
         the agent's maximum hold nor held by a caller who was told it failed."""
-        grant = next((reply.lease for reply in answered if reply.HasField("lease")), None)
-        if grant is None:
+        if not answered or not answered[-1].HasField("lease"):
             return
+        grant = answered[-1].lease
         with self._state:
             held = self._core.lease
-        recorded = held is not None and held.lease_id == grant.lease_id
         try:
-            if recorded:
+            if held is not None and held.lease_id == grant.lease_id:  # recorded: yielded
                 self.yield_()
-            else:
-                self._request(pb.Request(release=self._core.release(grant.lease_id)))
+            elif (release := self._core.unclaimed(answered[-1])) is not None:
+                self._request(release)  # as an answer nobody waits for is handed back
         except BatonError as exc:  # (the session's end gives it back too)
             log.warning("could not give back turn %s: %s", grant.lease_id, exc)
 
