@@ -31,7 +31,7 @@ from baton.contract.kube import Outage
 from baton.contract.reflector import KubeSource, Reflector
 from baton.contract.shutdown import on_stop_signal_async
 from baton.contract.statushttp import StatusServer
-from baton.contract.tcpbind import bind_error
+from baton.contract.tcpbind import bind_error, served_at
 from coordinator import fairstate
 from coordinator.agents import AgentLinks
 from coordinator.callers import PodCallers
@@ -177,10 +177,11 @@ class Coordinator:
         )
         self._elector.start()
         log.info(
-            "coordinator %s: llm-d API on %s:%d, status on %s:%d, policy %s, "
+            "coordinator %s: llm-d API on %s, status on %s, policy %s, "
             "campaigning for Lease %s/%s",
-            self.identity, cfg.llmd_listen.rpartition(":")[0], self.port, host or "0.0.0.0",
-            self.http_port, cfg.queue_policy, cfg.namespace, cfg.lease_name,
+            self.identity, served_at(cfg.llmd_listen, self.port),
+            served_at(cfg.http_listen, self.http_port), cfg.queue_policy, cfg.namespace,
+            cfg.lease_name,
         )  # fmt: skip
 
     def _not_ready(self) -> str | None:

@@ -25,6 +25,7 @@ from agent.server import api_ops
 from agent.server.jobturns import JobTurns, NodeTurn, NoMembers, PrepareFailed, UnknownTurn
 from baton._pb import jobturns_pb2 as jt
 from baton.contract.framing import Corked, FrameCut, FrameError, encode, keep_alive, read_frame
+from baton.contract.tcpbind import served_at
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +201,9 @@ class JobTurnServer:
             ) from None
         self.port = self._server.sockets[0].getsockname()[1]
         log.info(
-            "job turns for the coordinator on %s:%d (epoch %d)", host, self.port, self.turns.epoch
-        )
+            "job turns for the coordinator on %s (epoch %d)",
+            served_at(self._listen, self.port), self.turns.epoch,
+        )  # fmt: skip
         return self.port
 
     async def stop(self, grace: float) -> None:

@@ -6,6 +6,12 @@ from __future__ import annotations
 import socket
 
 
+def served_at(address: str, port: int) -> str:
+    """HOST:PORT as `address` is served: its host (0.0.0.0 where it names none) and `port`, the
+    one bound (what the kernel chose for a port 0), for a start line."""
+    return f"{address.rpartition(':')[0] or '0.0.0.0'}:{port}"
+
+
 def bind_error(address: str) -> str:
     """What binding `address` (HOST:PORT, a host in [] for IPv6) fails with, as the kernel or
     the resolver says it: "Address already in use", "Cannot assign requested address"..."""

@@ -19,7 +19,7 @@ from baton._pb import health_pb2 as hp
 from baton._pb import health_pb2_grpc as hp_grpc
 from baton._pb import snapshot_agent_pb2_grpc as sa_grpc
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
-from baton.contract.tcpbind import bind_error
+from baton.contract.tcpbind import bind_error, served_at
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +115,10 @@ class LlmdServer:
         hp_grpc.add_HealthServicer_to_server(self._health, self._server)
         await self._server.start()
         self._orchestrator.start()
-        host = self._listen.rpartition(":")[0]
         log.info(
-            "llm-d API on %s:%d (groups: %s)", host, self.port, ", ".join(self._groups.names())
-        )
+            "llm-d API on %s (groups: %s)",
+            served_at(self._listen, self.port), ", ".join(self._groups.names()),
+        )  # fmt: skip
         return self.port
 
     async def stop(self, grace: float) -> None:
