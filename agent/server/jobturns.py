@@ -20,16 +20,14 @@ from collections.abc import Callable, Sequence
 
 from agent.core.errors import AgentError, UnknownLease
 from agent.core.leases import Lease
-from agent.core.residency import parked_on
 from agent.node.jobturn_store import JobTurnStore
 from agent.node.tenants import POD, Tenant
+from agent.server.jobturn_prepare import CoordinatedSession, Preparation, PrepareFailed, own_gpus
 from agent.server.node_turn import COMMITTED, NodeTurn
 from agent.server.service import LeaseService
 from agent.server.sessions import Session
 from agent.server.waits import standing
-from baton._pb import agent_pb2 as pb
 from baton.contract.names import job_of_labels
-from baton.contract.tasks import to_the_end
 
 log = logging.getLogger(__name__)
 
@@ -46,45 +44,20 @@ class UnknownTurn(AgentError):
     """No such job turn on this node (NOT_FOUND)."""
 
 
-class PrepareFailed(AgentError):
-    """A member's turn could not be prepared; the message names the pod and why."""
-
-
-def _own_gpus(members: list[Tenant], namespace: str, job: str, node: str) -> None:
-    """PrepareFailed if two members share a GPU: a turn is one lease per GPU, so the second
-    would wait for the first's forever."""
-    seen: dict[str, str] = {}
-    for member in members:
-        for gpu in member.gpus:
-            other = seen.setdefault(gpu, member.tenant_id)
-            if other != member.tenant_id:
-                raise PrepareFailed(
-                    f"pods {other} and {member.tenant_id} of job {namespace}/{job} share GPU "
-                    f"{gpu} on node {node}: a job's turn needs each of its pods on GPUs of its own"
-                )
-
-
-class CoordinatedSession(Session):
-    """A member pod's stand-in session while its job's turn lives: the coordinator watches it."""
-
-    def send(self, message: pb.AgentMessage) -> None:
-        """Pushes go to the pod's own sessions, if it has any; nothing reads this one."""
-
-
 class JobTurns:
     """The job turns of this node, over the lease service."""
 
     def __init__(
         self, service: LeaseService, node: str, store: JobTurnStore, clock: Callable[[], float]
     ) -> None:
-        self._service = service
+        self.service = service
         self.node = node
         self._store = store
         self._clock = clock
         self.epoch = 0
         """The highest epoch seen: commands from an older one are refused."""
         self.turns: dict[str, NodeTurn] = {}
-        self._preparing: dict[str, asyncio.Task[NodeTurn]] = {}
+        self._preparing: dict[str, Preparation] = {}
         service.turns.resumes.follow = self._resumed
 
     def load(self) -> None:
@@ -96,7 +69,7 @@ class JobTurns:
             except (TypeError, KeyError, ValueError) as exc:
                 log.error("a saved job turn is unusable (%s): dropped", exc)
                 continue
-            table = self._service.table
+            table = self.service.table
             if any(x in table.leases or x in table.waiters for x in turn.leases):  # or a resume
                 self._attach(turn)  # a member whose pod left meanwhile is simply gone from it
                 self.turns[turn.turn_id] = turn
@@ -137,16 +110,19 @@ class JobTurns:
         pods: Sequence[str] = (),
         group: str = "",
         nodes: Sequence[str] = (),
+        on_prepared: Callable[[NodeTurn], None] | None = None,
     ) -> NodeTurn:
         """Every member's turn granted (room made, memory restored); idempotent per turn id.
-        `pods` names the members whose turn it is (default: every pod of the job here)."""
+        `pods` names the members whose turn it is (default: every pod of the job here).
+        `on_prepared` hears of the turn as it is made, in the step of the last member's grant
+        (`agent.server.jobturn_prepare`), which can be before this returns."""
         self.fence(epoch)
         if not turn_id or not namespace or not job:
             raise PrepareFailed("turn_id, namespace and job are required")
         if turn_id in self.turns:
             return self.turns[turn_id]
-        task = self._preparing.get(turn_id)
-        if task is None:
+        preparation = self._preparing.get(turn_id)
+        if preparation is None:
             members = self.members(namespace, job)
             if not members:
                 raise NoMembers(f"job {namespace}/{job} has no pod with GPUs on node {self.node}")
@@ -158,73 +134,26 @@ class JobTurns:
                         f"on node {self.node}"
                     )
                 members = [m for m in members if m.tenant_id in set(pods)]
-            _own_gpus(members, namespace, job, self.node)
-            task = asyncio.create_task(
-                self._prepare(epoch, turn_id, (namespace, job, group), members, timeout, nodes)
-            )
-            self._preparing[turn_id] = task
-            task.add_done_callback(lambda _: self._preparing.pop(turn_id, None))
-        return await task  # a caller that gives up (deadline, disconnect) cancels it
+            own_gpus(members, namespace, job, self.node)
+            preparation = Preparation(self, epoch, turn_id, (namespace, job, group), members, nodes)
+            preparation.task = asyncio.create_task(preparation.run(timeout))
+            self._preparing[turn_id] = preparation
+            preparation.task.add_done_callback(lambda _: self._preparing.pop(turn_id, None))
+        if on_prepared is not None:
+            preparation.listeners.append(on_prepared)
+        assert preparation.task is not None
+        return await preparation.task  # a caller that gives up (deadline, disconnect) cancels it
 
-    async def _prepare(
-        self,
-        epoch: int,
-        turn_id: str,
-        whose: tuple[str, str, str],
-        members: list[Tenant],
-        timeout: float | None,
-        nodes: Sequence[str],
-    ) -> NodeTurn:
-        namespace, job, group = whose
-        preparer = self._service.preparer
-        restored = any(parked_on(preparer.residency_of(m.tenant_id), m.gpus) for m in members)
-        sessions = [self._open(m.tenant_id, turn_id) for m in members]
-        asks = [asyncio.ensure_future(self._service.acquire(m, m.gpus, timeout)) for m in members]
-        try:
-            await asyncio.wait(asks)
-        except BaseException:  # cancelled: nothing of this turn stays behind
-            for ask in asks:
-                ask.cancel()  # a waiting member leaves the queue
-            # A second cancel (the call's, then its release's) must not cut this short: the
-            # members granted already would keep their GPUs.
-            await to_the_end(*asks)
-            for member, ask in zip(members, asks, strict=True):
-                if not ask.cancelled() and ask.exception() is None:  # granted: given back
-                    self._yield(member.tenant_id, ask.result().lease.lease_id)
-            for session in sessions:
-                self._service.sessions.close(session)
-            raise
-        failed = [(m, e) for m, a in zip(members, asks, strict=True) if (e := a.exception())]
-        granted = [(m, a.result()) for m, a in zip(members, asks, strict=True) if not a.exception()]
-        if failed or epoch < self.epoch:  # a newer leader took over while room was made
-            for member, got in granted:
-                self._yield(member.tenant_id, got.lease.lease_id)
-            for session in sessions:
-                self._service.sessions.close(session)
-            if not failed:
-                self.fence(epoch)  # raises StaleEpoch, naming both epochs
-            member, error = failed[0]
-            raise PrepareFailed(f"pod {member.tenant_id} on node {self.node}: {error}")
-        leases = [got.lease for _, got in granted]
-        turn = NodeTurn(
-            turn_id=turn_id,
-            namespace=namespace,
-            job=job,
-            epoch=epoch,
-            members=tuple(m.tenant_id for m in members),
-            leases=tuple(lease.lease_id for lease in leases),
-            gpus=tuple(sorted({g for lease in leases for g in lease.gpus})),
-            tokens=tuple(min(lease.tokens.values()) for lease in leases),
-            prepared_at=max(lease.granted_at for lease in leases),
-            group=group,
-            restored=restored,
-            nodes=tuple(nodes),
-            sessions=sessions,
-        )
+    def add(self, turn: NodeTurn) -> None:
+        """Record a prepared turn (on disk before anyone hears of it); the turns here that
+        held its GPUs end."""
         self._end_overtaken(turn)
-        self.turns[turn_id] = turn
-        self._save()
-        return turn
+        self.turns[turn.turn_id] = turn
+        try:
+            self._save()
+        except OSError:
+            del self.turns[turn.turn_id]
+            raise
 
     def _end_overtaken(self, turn: NodeTurn) -> None:
         """End each turn here that names a GPU `turn` was granted: the coordinator gave it to
@@ -248,12 +177,13 @@ class JobTurns:
     def preparation(self, turn_id: str) -> asyncio.Task[NodeTurn] | None:
         """The preparation of `turn_id` still running, if any (a release cancels it; it gives
         back what its members were granted as it ends)."""
-        return self._preparing.get(turn_id)
+        preparation = self._preparing.get(turn_id)
+        return preparation.task if preparation is not None else None
 
     def release(self, epoch: int, turn_id: str, reason: str) -> bool:
         """End the turn (prepared or committed) or its preparation; False if there was none."""
         self.fence(epoch)
-        task = self._preparing.get(turn_id)
+        task = self.preparation(turn_id)
         if task is not None:
             task.cancel()  # its acquires leave the queue, or give back what they were granted
         turn = self.turns.pop(turn_id, None)
@@ -265,7 +195,7 @@ class JobTurns:
         )  # fmt: skip
         self._end_leases(turn, reason)
         for session in turn.sessions:
-            self._service.sessions.close(session)
+            self.service.sessions.close(session)
         self._save()
         return True
 
@@ -285,7 +215,7 @@ class JobTurns:
             chosen = turn.turn_id == turn_id if turn_id else turn.state == COMMITTED
             if chosen and tenant_id in turn.members:
                 lease_id = turn.lease_of(tenant_id)
-                if lease_id in self._service.table.leases:
+                if lease_id in self.service.table.leases:
                     return turn, lease_id
         return None
 
@@ -306,13 +236,13 @@ class JobTurns:
         turn = self.turns.get(turn_id)
         if turn is None or tenant_id not in turn.members:
             return ""
-        table = self._service.table
+        table = self.service.table
         if (waiter := table.waiters.get(turn.lease_of(tenant_id))) is not None and within > 0:
-            await self._service.turns.resumes.left(waiter.waiter_id, within)
+            await self.service.turns.resumes.left(waiter.waiter_id, within)
             waiter = table.waiters.get(waiter.waiter_id)
         if waiter is None:
             return ""
-        return str(standing(table, self._service.metrics, waiter, self._clock())["why"])
+        return str(standing(table, self.service.metrics, waiter, self._clock())["why"])
 
     def tokens(self, turn: NodeTurn) -> tuple[int, ...]:
         """Each member's fencing token (its lowest GPU's) as it computes now: its live lease's,
@@ -325,14 +255,14 @@ class JobTurns:
 
     def lease(self, lease_id: str) -> Lease | None:
         """A member's lease, as the lease table holds it (None once it ended)."""
-        return self._service.table.leases.get(lease_id)
+        return self.service.table.leases.get(lease_id)
 
     def has_own_session(self, tenant_id: str) -> bool:
         """Whether the member has a session of its own (not only the turn's stand-in)."""
-        return self._service.sessions.connected_besides(tenant_id, CoordinatedSession)
+        return self.service.sessions.connected_besides(tenant_id, CoordinatedSession)
 
     def tenant(self, tenant_id: str) -> Tenant | None:
-        return self._service.tenants.tenants.get(tenant_id)
+        return self.service.tenants.tenants.get(tenant_id)
 
     def mark_joined(self, turn: NodeTurn, tenant_id: str, joined: bool) -> None:
         """Record that the member joined (or left) the turn itself; kept for a new leader."""
@@ -363,7 +293,7 @@ class JobTurns:
         return sorted(
             (
                 t
-                for t in self._service.tenants.tenants.values()
+                for t in self.service.tenants.tenants.values()
                 if t.source == POD
                 and t.tenant_id.startswith(f"{namespace}/")
                 and job_of_labels(t.labels) == job
@@ -371,27 +301,29 @@ class JobTurns:
             key=lambda t: t.tenant_id,
         )
 
-    def _open(self, tenant_id: str, turn_id: str) -> Session:
+    def open_session(self, tenant_id: str, turn_id: str) -> Session:
+        """The member's stand-in session for the turn `turn_id`."""
         session = CoordinatedSession(tenant_id, pid=0, token=f"job-turn:{turn_id}")
-        self._service.sessions.open(session)
+        self.service.sessions.open(session)
         # The coordinator decides the member's next turn: the node's policy keeps no GPU for it.
-        self._service.table.anticipation.decided_elsewhere(tenant_id)
+        self.service.table.anticipation.decided_elsewhere(tenant_id)
         return session
 
     def _attach(self, turn: NodeTurn) -> None:
-        turn.sessions = [self._open(member, turn.turn_id) for member in turn.members]
+        turn.sessions = [self.open_session(member, turn.turn_id) for member in turn.members]
 
     def _end_leases(self, turn: NodeTurn, reason: str) -> None:
         for member, lease_id in zip(turn.members, turn.leases, strict=True):
-            self._yield(member, lease_id)
+            self.yield_member(member, lease_id)
 
-    def _yield(self, member: str, lease_id: str) -> None:
-        tenant = self._service.tenants.tenants.get(member)
+    def yield_member(self, member: str, lease_id: str) -> None:
+        """The member's turn `lease_id` ends, if it still lives."""
+        tenant = self.service.tenants.tenants.get(member)
         if tenant is None:
             return  # its pod left: its turn went with it
         # It may have ended already (revoked and not given back, or its pod's session ended).
         with contextlib.suppress(UnknownLease):
-            self._service.yield_(tenant, lease_id)
+            self.service.yield_(tenant, lease_id)
 
     def _save(self) -> None:
         self._store.save_turns([t.to_json() for t in self.turns.values()])

@@ -135,6 +135,14 @@ class _Connection:
         return refusal(call.id, "INVALID_ARGUMENT", f"a call of kind {kind or 'none'} is unknown")
 
     async def _prepare(self, call_id: int, request: jt.PrepareRequest) -> None:
+        answered = False
+
+        def prepared(turn: NodeTurn) -> None:  # in the step of the last member's grant
+            nonlocal answered
+            answered = True
+            answer = jt.JobTurnsAnswer(id=call_id, turn=node_turn_pb(self._turns, turn))
+            self._out.write_now(encode(answer))
+
         try:
             turn = await self._turns.prepare(
                 request.epoch,
@@ -145,6 +153,7 @@ class _Connection:
                 request.pods,
                 request.group,
                 request.nodes,
+                on_prepared=prepared,
             )
         except errors.AgentError as exc:
             self._send(refusal(call_id, _code(exc), str(exc)))
@@ -153,6 +162,8 @@ class _Connection:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # its own cancel, or the connection's end: no answer
+            if answered:  # prepared, then released: the release's answer tells the rest
+                return
             node, turn_id = self._turns.node, request.turn_id
             why = f"node {node}: turn {turn_id} was released while being prepared"
             self._send(refusal(call_id, "ABORTED", why))  # a release ended the preparation
@@ -161,7 +172,8 @@ class _Connection:
             log.exception("job-turn prepare failed")
             self._send(refusal(call_id, "INTERNAL", f"{type(exc).__name__}: {exc}"))
             return
-        self._send(jt.JobTurnsAnswer(id=call_id, turn=node_turn_pb(self._turns, turn)))
+        if not answered:  # a turn prepared already, or one a member's owed turn completed
+            self._send(jt.JobTurnsAnswer(id=call_id, turn=node_turn_pb(self._turns, turn)))
 
     def _send(self, answer: jt.JobTurnsAnswer) -> None:
         self._out.write(encode(answer))

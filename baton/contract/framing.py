@@ -135,7 +135,14 @@ class Corked:
             asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append(data)
 
+    def write_now(self, data: bytes) -> None:
+        """Write `data` at once, behind what this turn of the loop queued before it."""
+        self._pending.append(data)
+        self._flush()
+
     def _flush(self) -> None:
+        if not self._pending:  # written at once meanwhile
+            return
         data, self._pending = b"".join(self._pending), []
         if not self._writer.is_closing():
             self._writer.write(data)
