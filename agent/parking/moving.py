@@ -6,7 +6,8 @@ a handover that parks one tenant and restores another hands the work to another 
 once instead of three times, and each crossing is a wake-up that costs more than a small move
 where the node's CPUs are busy. A move that fails there is retried on its own, as any move is;
 the moves after it in that call are not made. Moves through a tenant's own callbacks
-(`moves_on_loop`) run on the event loop, one at a time.
+(`moves_on_loop`) run on the event loop, one at a time; only such a restore may be left to the
+tenant as its grant arrives (`hand_restore`).
 
 A plan cancelled (the agent stopping) makes no further move, but the move under way in a worker
 thread cannot be stopped: the plan waits for it to end before it reads the tenants it moved and
@@ -59,7 +60,7 @@ class PlanMoves(ModelPlans):
         try:
             steps = list(plan.steps)
             while steps:
-                batch = self._off_loop(steps, tenant_id, handed)
+                batch = self._off_loop(steps)
                 if batch:
                     del steps[: len(batch)]
                     read = await self._moves_aside(tenant_id, batch, when, () if steps else moved)
@@ -74,13 +75,12 @@ class PlanMoves(ModelPlans):
             if self._host is not None:
                 self._host.persist()
 
-    def _off_loop(self, steps: Sequence[Step], tenant_id: str, handed: bool) -> list[Step]:
-        """The steps from the first that run in a worker thread, one after another: up to a move
-        on the event loop, or the tenant's own restore that may be left to it."""
+    def _off_loop(self, steps: Sequence[Step]) -> list[Step]:
+        """The steps from the first that run in a worker thread, one after another, up to a move
+        on the event loop (a restore that may be left to its tenant is one: `hand_restore`)."""
         batch = []
         for step in steps:
-            own = handed and step.tenant_id == tenant_id and step.direction == "restore"
-            if own or self.backend.moves_on_loop(step.tenant_id):
+            if self.backend.moves_on_loop(step.tenant_id):
                 break
             batch.append(step)
         return batch

@@ -150,7 +150,8 @@ class Backend(abc.ABC):
     def hand_restore(self, tenant_id: str, gpu: str) -> Move | None:
         """Leave the tenant's restore on `gpu` to the tenant itself, which runs it as its grant
         arrives, before it uses the GPU (a client that asked to, `restores_with_grant`): count
-        it resident from now. None where this backend restores its tenants itself."""
+        it resident from now. None where this backend restores its tenants itself, as one whose
+        moves run in a worker thread does (a plan makes those with the moves beside them)."""
         return None
 
     def not_restored(self, tenant_id: str, gpu: str) -> None:

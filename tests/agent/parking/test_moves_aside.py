@@ -136,3 +136,18 @@ def test_a_cancelled_handover_ends_with_the_move_under_way_and_reads_where_it_le
     assert ("restore", "a") not in moving.made[-2:]
     assert residency(prep) == {"a": "parked", "b": "parked"}
     assert not a_full_read_corrects(prep)
+
+
+def test_a_handed_grant_whose_method_restores_the_tenant_itself_still_crosses_once(backend):
+    """The tenant's client restores with its grant (`restores_with_grant`), but its method
+    restores it itself (`hand_restore` refuses): its restore is made with b's park and the
+    read in one worker-thread call, not in three (the park, the restore, the read)."""
+
+    async def body(prep, moving, pool):
+        await prep.prepare("a", [GPU], handed=True)
+        assert pool.calls == 1
+
+    prep, moving, _ = handover(backend, body)
+    assert moving.made[-2:] == [("park", "b"), ("restore", "a")]
+    assert residency(prep) == {"a": "resident", "b": "parked"}
+    assert not a_full_read_corrects(prep)
