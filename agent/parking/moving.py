@@ -97,8 +97,15 @@ class PlanMoves(ModelPlans):
             ids = sorted(t for t in then_read if t in counted)
         stop = threading.Event()  # a cancelled caller: the thread makes no further move
         generation = self._model.generation
+
+        def ended(done: asyncio.Future[Made]) -> None:  # in a cancelled plan
+            if done.exception() is None:
+                made, error, _ = done.result()
+                if error is not None:
+                    self._failed_cancelled(steps[len(made)], error)
+
         made, error, read = await in_thread(
-            self._make, steps, when, stop, ids, generation, stop=stop
+            self._make, steps, when, stop, ids, generation, stop=stop, ended=ended
         )
         if error is None:
             return read
@@ -162,7 +169,12 @@ class PlanMoves(ModelPlans):
                 if self.backend.moves_on_loop(step.tenant_id):
                     move = await self.backend.move_on_loop(step.tenant_id, step.gpu, step.direction)
                 else:
-                    move = await in_thread(fn, step.tenant_id, step.gpu)
+                    move = await in_thread(
+                        fn,
+                        step.tenant_id,
+                        step.gpu,
+                        ended=lambda done: self._failed_cancelled(step, done.exception()),
+                    )
             except (BackendQuarantined, Unparkable) as e:  # retrying cannot help
                 self.metrics.failed(step.direction, method)
                 log.error("%s of %s on %s: %s", step.direction, step.tenant_id, step.gpu, e)
@@ -196,6 +208,19 @@ class PlanMoves(ModelPlans):
                 self._made(move, when, method)
                 return move
         raise AssertionError("unreachable")
+
+    def _failed_cancelled(self, step: Step, error: BaseException | None) -> None:
+        """A move that failed in a worker thread as its plan was cancelled (`error`, if any):
+        counted and logged as a failed move is, its quarantine noted; not tried again."""
+        if error is None:
+            return
+        self.metrics.failed(step.direction, step.method or self.backend.method_of(step.tenant_id))
+        log.warning(
+            "%s of %s on %s failed as its plan was cancelled (not tried again): %s",
+            step.direction, step.tenant_id, step.gpu, error,
+        )  # fmt: skip
+        if isinstance(error, BackendQuarantined):
+            self.quarantines.note(step.tenant_id, str(error))
 
     def _mover(self, step: Step) -> Callable[[str, str], Move]:
         """The backend's blocking call that makes `step`: its park or its restore."""
@@ -236,10 +261,16 @@ class PlanMoves(ModelPlans):
         return Quarantined(f"{tenant_id} takes no more turns: {why}")
 
 
-async def in_thread(fn: Callable[..., T], *args: Any, stop: threading.Event | None = None) -> T:
+async def in_thread(
+    fn: Callable[..., T],
+    *args: Any,
+    stop: threading.Event | None = None,
+    ended: Callable[[asyncio.Future[T]], None] | None = None,
+) -> T:
     """`fn(*args)` in a worker thread (as `asyncio.to_thread`), for a call that moves memory.
     Cancelled, it sets `stop` (no further move) and waits for the thread to end first: the move
-    under way cannot be stopped, and the node is not given up until it has ended."""
+    under way cannot be stopped, and the node is not given up until it has ended; `ended` is
+    then given the call's outcome (a failed move is still counted and logged)."""
     call = functools.partial(contextvars.copy_context().run, fn, *args)
     future = asyncio.get_running_loop().run_in_executor(None, call)
     try:
@@ -249,5 +280,7 @@ async def in_thread(fn: Callable[..., T], *args: Any, stop: threading.Event | No
             stop.set()
         await to_the_end(future)
         if not future.cancelled():
-            future.exception()  # retrieved: the move's own outcome is for the read after it
+            future.exception()  # retrieved: where the move left the tenant is for the read
+            if ended is not None:
+                ended(future)
         raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -37,6 +38,8 @@ class Moving:
         self.backend = backend
         self.fail_parks = 0
         self.hold_park: threading.Event | None = None
+        self.fail_held = False
+        """Whether a park held (`hold_park`) fails once let go."""
         self.parking = threading.Event()
         self.made: list[tuple[str, str]] = []
 
@@ -47,6 +50,8 @@ class Moving:
         self.parking.set()
         if self.hold_park is not None:
             assert self.hold_park.wait(WAIT_S)
+            if self.fail_held:
+                raise BackendError(f"{tenant_id}: the copy failed as it ended")
         self.made.append(("park", tenant_id))
         return self.backend.park(tenant_id, gpu)
 
@@ -118,23 +123,52 @@ def test_a_cancelled_handover_ends_with_the_move_under_way_and_reads_where_it_le
 
     async def body(prep, moving, pool):
         moving.fail_parks = int(retried)
-        moving.hold_park = threading.Event()
-        moving.parking.clear()
-        task = asyncio.ensure_future(prep.prepare("a", [GPU]))
-        assert await asyncio.to_thread(moving.parking.wait, WAIT_S)
-        task.cancel()
-        since = len(pool.futures)
-        await asyncio.to_thread(lambda: None)  # the task takes its cancel meanwhile
-        for handed in pool.futures[since:]:  # what it handed to a thread then (a read) ends
-            await asyncio.wrap_future(handed)
-        moving.hold_park.set()  # the park under way ends; the thread makes no restore after it
-        await asyncio.gather(task, return_exceptions=True)
-        assert task.cancelled()
+        await cancel_during_a_park(prep, moving, pool)
 
     prep, moving, _ = handover(backend, body)
     assert moving.made[-1] == ("park", "b")
     assert ("restore", "a") not in moving.made[-2:]
     assert residency(prep) == {"a": "parked", "b": "parked"}
+    assert not a_full_read_corrects(prep)
+
+
+async def cancel_during_a_park(prep, moving, pool) -> None:
+    """Grant a, cancel the grant while b's park runs in a worker thread, then let that park
+    end; the grant is cancelled."""
+    moving.hold_park = threading.Event()
+    moving.parking.clear()
+    task = asyncio.ensure_future(prep.prepare("a", [GPU]))
+    assert await asyncio.to_thread(moving.parking.wait, WAIT_S)
+    task.cancel()
+    since = len(pool.futures)
+    await asyncio.to_thread(lambda: None)  # the task takes its cancel meanwhile
+    for handed in pool.futures[since:]:  # what it handed to a thread then (a read) ends
+        await asyncio.wrap_future(handed)
+    moving.hold_park.set()  # the park under way ends; the thread makes no restore after it
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled()
+
+
+@pytest.mark.parametrize("retried", [False, True], ids=["first-try", "retried"])
+def test_a_move_failing_as_its_plan_is_cancelled_is_counted_and_logged(backend, caplog, retried):
+    """b's park, under way in a worker thread (in the plan's call, or retried on its own) as
+    the agent stops, fails as it ends: counted in baton_move_failures and logged naming b, its
+    GPU and the error, as any failed move is (it was neither), and b read where it stayed."""
+
+    async def body(prep, moving, pool):
+        moving.fail_parks = int(retried)
+        moving.fail_held = True
+        await cancel_during_a_park(prep, moving, pool)
+
+    caplog.set_level(logging.WARNING)
+    prep, _, _ = handover(backend, body)
+    failures = prep.metrics.move_failures.labels("fake", "park")._value.get()
+    assert failures == 1 + int(retried)
+    assert (
+        f"park of b on {GPU} failed as its plan was cancelled (not tried again): b: the copy "
+        "failed as it ended"
+    ) in caplog.messages
+    assert residency(prep) == {"a": "parked", "b": "resident"}
     assert not a_full_read_corrects(prep)
 
 
