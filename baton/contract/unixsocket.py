@@ -28,8 +28,15 @@ def length_problem(path: str | Path, also: Mapping[str, str] | None = None) -> s
     it (`also`: each one and what it is) is longer than a unix socket's path can be; None if all
     fit. Every daemon asks this before it serves, so that none starts only to fail at a bind."""
     path = Path(path)
+    too_long = _too_long(path, also or {})
+    return f"the socket {path} {too_long}" if too_long else None
+
+
+def _too_long(path: Path, also: Mapping[str, str]) -> str | None:
+    """`length_problem`'s line after the path's name: "is N bytes, over the …"; None if all
+    fit."""
     size = len(os.fsencode(path))
-    bound = {str(_private_path(path)): "the private name it is bound under first", **(also or {})}
+    bound = {str(_private_path(path)): "the private name it is bound under first", **also}
     more, what = 0, ""
     for other, described in bound.items():
         longer = len(os.fsencode(other)) - size
@@ -38,14 +45,10 @@ def length_problem(path: str | Path, also: Mapping[str, str] | None = None) -> s
     if size + more <= UNIX_PATH_MAX:
         return None
     if not more:
-        return (
-            f"the socket {path} is {size} bytes, over the {UNIX_PATH_MAX} a unix socket's path "
-            "may have"
-        )
+        return f"is {size} bytes, over the {UNIX_PATH_MAX} a unix socket's path may have"
     return (
-        f"the socket {path} is {size} bytes, over the {UNIX_PATH_MAX - more} it may have: "
-        f"{what} is {more} bytes longer, and a unix socket's path has at most {UNIX_PATH_MAX} "
-        "bytes"
+        f"is {size} bytes, over the {UNIX_PATH_MAX - more} it may have: {what} is {more} bytes "
+        f"longer, and a unix socket's path has at most {UNIX_PATH_MAX} bytes"
     )
 
 
@@ -92,11 +95,12 @@ class ServedSocket:
         self.made = identity(self.path)
 
     def bind_error(self) -> str:
-        """Why the server could not bind the socket (gRPC does not say): its path's length
-        against the limit where that is why (`length_problem`), else a plain bind's error."""
-        too_long = length_problem(self.path)
+        """Why the server could not bind the socket (gRPC does not say), for a line that names
+        its path already: its length against the limit where that is why ("it is N bytes, over
+        the …", as `length_problem` says it), else a plain bind's error."""
+        too_long = _too_long(self.path, {})
         if too_long:
-            return too_long
+            return f"it {too_long}"
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
             try:
                 probe.bind(str(self.private))

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from baton.contract import names
 from baton.contract.unixsocket import identity
+from deviceplugin.server import PluginServer
 from tests.deviceplugin.conftest import StartPlugin
 from tests.harness.kubelet import PluginEndpoint
 
@@ -30,3 +33,19 @@ def test_a_plugin_stopping_after_a_new_plugin_took_its_socket_leaves_the_new_one
         kubelet.stop()
     new.stop()
     assert list(socket_dir.iterdir()) == [], "no socket left, a private one included"
+
+
+def test_a_plugin_socket_too_long_to_bind_is_named_once_with_its_length(
+    socket_dir: Path, start_plugin: StartPlugin
+) -> None:
+    """Past the daemon's own start-up check (a server given its path directly), the bind's
+    error names the path once, then its length against the limit (it named it twice)."""
+    plugin = start_plugin()
+    deep = socket_dir / ("d" * 110) / names.DEVICE_PLUGIN_SOCKET_NAME
+    server = PluginServer(plugin.plugin.server.service, deep)
+    with pytest.raises(OSError) as refused:
+        server.start()
+    assert str(refused.value) == (
+        f"cannot bind plugin socket {deep}: it is {len(bytes(deep))} bytes, over the 107 a unix "
+        "socket's path may have"
+    )

@@ -17,7 +17,7 @@ from dra.cdi import spec_path
 from dra.daemon import DraStartError, Driver, Settings
 from dra.record import ClaimRecord
 from dra.runtime import ON
-from dra.server import endpoint_path, registration_path
+from dra.server import DriverServer, endpoint_path, registration_path
 from dra.slices import slice_name
 from nodegpu.inventory import NodeGpu
 from tests.deviceplugin.test_kubelet_flow import post
@@ -335,6 +335,24 @@ def test_a_socket_path_too_long_for_a_unix_socket_is_refused_before_anything_sta
         f"pass a shorter {option}"
     )
     assert not (tmp / "new").exists(), "nothing made"
+
+
+def test_a_socket_too_long_to_bind_is_named_once_with_its_length(tmp: Path) -> None:
+    """Past the driver's own start-up check (a server given its path directly), the bind's
+    error names the path once, then its length against the limit (it named it twice)."""
+    driver = _start(tmp, Claims(), Slices())
+    deep = endpoint_path(tmp / ("d" * 110))
+    parts = driver.server
+    server = DriverServer(parts.plugin, parts.health, parts.registration, deep, deep)
+    try:
+        with pytest.raises(OSError) as refused:
+            server.start()
+    finally:
+        driver.stop()
+    assert str(refused.value) == (
+        f"cannot bind socket {deep}: it is {len(bytes(deep))} bytes, over the 107 a unix "
+        "socket's path may have"
+    )
 
 
 def test_a_driver_stopping_after_a_new_driver_took_its_sockets_leaves_the_new_ones(
