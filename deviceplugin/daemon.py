@@ -53,11 +53,16 @@ class Daemon:
     ) -> None:
         """Pods come from `source` when given, else from a watch through `api_client`;
         `DevicePluginStartError` before anything is made where the plugin's socket path is too
-        long to bind."""
-        too_long = length_problem(settings.plugin_dir / settings.socket_name)
-        if too_long:
-            raise DevicePluginStartError(
-                f"{too_long}: pass a shorter --device-plugin-dir (BATON_DEVICE_PLUGIN_DIR)"
+        long to bind, or the kubelet's PodResources socket too long to connect to."""
+        _short_enough(
+            settings.plugin_dir / settings.socket_name,
+            "--device-plugin-dir (BATON_DEVICE_PLUGIN_DIR)",
+        )
+        if settings.pod_resources_socket is not None:
+            _short_enough(
+                settings.pod_resources_socket,
+                "--pod-resources-socket (BATON_POD_RESOURCES_SOCKET)",
+                served=False,
             )
         self.settings = settings
         self.pod_cache: PodCache | None = None
@@ -149,3 +154,11 @@ class Daemon:
             "device plugin stopped on %s; the kubelet drops its registration on its own",
             why() or "request",
         )
+
+
+def _short_enough(socket: Path, flag: str, served: bool = True) -> None:
+    """`DevicePluginStartError` naming `flag` where `socket` is too long to bind (`served`) or
+    to connect to."""
+    too_long = length_problem(socket, served=served)
+    if too_long:
+        raise DevicePluginStartError(f"{too_long}: pass a shorter {flag}")

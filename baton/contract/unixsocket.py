@@ -22,21 +22,25 @@ PRIVATE_NAME_MIN = 8
 """The fewest bytes of a private name: a dot and seven random hex digits."""
 
 
-def length_problem(path: str | Path, also: Mapping[str, str] | None = None) -> str | None:
+def length_problem(
+    path: str | Path, also: Mapping[str, str] | None = None, served: bool = True
+) -> str | None:
     """Why a socket served at `path` cannot be bound, in one line naming its length and the most
     it may have: it, the private name `ServedSocket` binds it under first, or a path bound beside
     it (`also`: each one and what it is) is longer than a unix socket's path can be; None if all
-    fit. Every daemon asks this before it serves, so that none starts only to fail at a bind."""
+    fit. Every daemon asks this before it serves, so that none starts only to fail at a bind;
+    `served=False`: a socket it only connects to, no private name bound for it."""
     path = Path(path)
-    too_long = _too_long(path, also or {})
+    too_long = _too_long(path, also or {}, served)
     return f"the socket {path} {too_long}" if too_long else None
 
 
-def _too_long(path: Path, also: Mapping[str, str]) -> str | None:
+def _too_long(path: Path, also: Mapping[str, str], served: bool = True) -> str | None:
     """`length_problem`'s line after the path's name: "is N bytes, over the …"; None if all
     fit."""
     size = len(os.fsencode(path))
-    bound = {str(_private_path(path)): "the private name it is bound under first", **also}
+    private = {str(_private_path(path)): "the private name it is bound under first"}
+    bound = {**(private if served else {}), **also}
     more, what = 0, ""
     for other, described in bound.items():
         longer = len(os.fsencode(other)) - size

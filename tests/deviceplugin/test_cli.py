@@ -113,6 +113,26 @@ def test_a_plugin_socket_path_too_long_to_bind_is_refused_at_once_saying_why(
     assert deep.exists() == exists, "nothing made"
 
 
+def test_a_pod_resources_socket_too_long_to_connect_to_is_refused_at_once(socket_dir, fake_api):
+    """It was taken, and every reconciliation then failed with gRPC's 'the target uri is not
+    valid' and a hint to mount the kubelet's directory. A socket only connected to may have
+    all 107 bytes, whatever its name's length (no private name is bound for it)."""
+    far = socket_dir / ("d" * (107 - len(bytes(socket_dir / "k.sock")))) / "k.sock"
+    assert len(bytes(far)) == 108
+    env = daemon_env(fake_api, socket_dir, socket_dir, "1x1024")
+    env["BATON_POD_RESOURCES_SOCKET"] = str(far)
+    done = subprocess.run(
+        [*BATON, "deviceplugin"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"baton deviceplugin: the socket {far} is 108 bytes, over the 107 a unix socket's path "
+        "may have: pass a shorter --pod-resources-socket (BATON_POD_RESOURCES_SOCKET)"
+    )
+    assert "Traceback" not in done.stderr
+    assert not (socket_dir / names.DEVICE_PLUGIN_SOCKET_NAME).exists(), "nothing served"
+
+
 def test_daemon_serves_kubelet_api_and_metrics(socket_dir, kubelet, fake_api):
     fake_api.put_object(tenant_pod("tenant", (GPU1,), assigned_at_ns=1))
     env = daemon_env(fake_api, socket_dir, socket_dir, "2x1024") | {
