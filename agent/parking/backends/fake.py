@@ -41,17 +41,19 @@ TMP_SUFFIX = ".moving"
 log = logging.getLogger(__name__)
 
 
-def copy_file(src: Path, dst: Path) -> None:
-    """Copy `src` to `dst` inside the kernel (copy_file_range), without fsync."""
-    # No symbolic link is followed: the tenant could point one at a file of the agent's.
-    with open(open_file(src, os.O_RDONLY), "rb") as fin, open(new_file(dst), "wb") as fout:
-        size = os.fstat(fin.fileno()).st_size
-        left = size
+def copy_file(fin: int, src: Path, dst: Path) -> None:
+    """Copy the open file `fin` (`src`) to a new file `dst` inside the kernel
+    (copy_file_range), without fsync."""
+    fout = new_file(dst)
+    try:
+        left = os.fstat(fin).st_size
         while left:
-            n = os.copy_file_range(fin.fileno(), fout.fileno(), left)
+            n = os.copy_file_range(fin, fout, left)
             if n == 0:
                 raise BackendError(f"{src} shrank while being copied")
             left -= n
+    finally:
+        os.close(fout)
 
 
 class FakeBackend(Backend):
@@ -97,8 +99,8 @@ class FakeBackend(Backend):
                     host.unlink()
                     done.append(f"kept device copy {dev}, dropped its duplicate {host.name}")
             tenant_id = self._tenant_id(tdir)
-            if tenant_id and any(tdir.glob(f"*{HOST_SUFFIX}")):
-                self._hold(tenant_id)
+            if tenant_id and self._parks_any(tdir):
+                self._hold(tenant_id, self._dir(tenant_id))
         return done
 
     def _refuse_gpus_gone(self) -> None:
@@ -120,8 +122,8 @@ class FakeBackend(Backend):
         return sorted(d for d in found if d.is_dir() and not d.is_symlink())
 
     def _tenant_id(self, tdir: Path) -> str | None:
-        meta = tdir / "meta.json"
-        return str(read_json(meta)["tenant_id"]) if meta.exists() else None
+        meta = self._read_meta(tdir)
+        return str(meta["tenant_id"]) if meta else None
 
     def _dir(self, tenant_id: str) -> Path:
         path = tenant_dir(self.root, tenant_id)
@@ -129,9 +131,16 @@ class FakeBackend(Backend):
             raise BackendError(f"{path} is a symbolic link, not {tenant_id}'s directory")
         return path
 
-    def _meta(self, tenant_id: str) -> dict[str, object]:
-        path = self._dir(tenant_id) / "meta.json"
-        return read_json(path) if path.exists() else {}
+    def _read_meta(self, tdir: Path) -> dict[str, object]:
+        """What the tenant wrote of its allocation; nothing before its first region."""
+        try:
+            return read_json(tdir / "meta.json")
+        except FileNotFoundError:
+            return {}
+
+    def _footprint(self, tdir: Path, gpu: str) -> int:
+        fp = self._read_meta(tdir).get("footprint", {})
+        return int(fp.get(gpu, 0)) if isinstance(fp, dict) else 0
 
     def attach(self, tenant: TenantRef) -> None:
         """Make the tenant's directory; the tenant allocates its regions itself."""
@@ -153,20 +162,18 @@ class FakeBackend(Backend):
 
     def footprint(self, tenant_id: str, gpu: str) -> int:
         """Simulated bytes the tenant allocated on `gpu`."""
-        fp = self._meta(tenant_id).get("footprint", {})
-        return int(fp.get(gpu, 0)) if isinstance(fp, dict) else 0
+        return self._footprint(self._dir(tenant_id), gpu)
 
     def memory_limit(self, tenant_id: str) -> int | None:
         """The limit the tenant declared in place of a memory cgroup."""
-        limit = self._meta(tenant_id).get("memory_limit")
+        limit = self._read_meta(self._dir(tenant_id)).get("memory_limit")
         return int(limit) if isinstance(limit, int) else None
 
     def state(self, tenant_id: str) -> TenantState:
         """Per GPU residency from which files exist."""
         tdir = self._dir(tenant_id)
         st = TenantState(tenant_id)
-        meta = tdir / "meta.json"
-        footprint = read_json(meta).get("footprint", {}) if meta.exists() else {}
+        footprint = self._read_meta(tdir).get("footprint", {})
         if not isinstance(footprint, dict):
             footprint = {}
         names = set(os.listdir(tdir)) if tdir.is_dir() else set()
@@ -184,32 +191,42 @@ class FakeBackend(Backend):
 
     def park(self, tenant_id: str, gpu: str) -> Move:
         """Copy the device region to host, commit it, then free the device region."""
-        self._hold(tenant_id)
+        tdir = self._dir(tenant_id)
+        self._hold(tenant_id, tdir)
         try:
-            return self._move(tenant_id, gpu, DEVICE_SUFFIX, HOST_SUFFIX, "park")
+            return self._move(tenant_id, tdir, gpu, DEVICE_SUFFIX, HOST_SUFFIX, "park")
         except BaseException:
-            if not self._parked_gpus(tenant_id):
+            if not self._parks_any(tdir):
                 self._release(tenant_id)
             raise
 
     def restore(self, tenant_id: str, gpu: str) -> Move:
         """Copy the parked region back to the device, commit it, then free the host copy."""
-        move = self._move(tenant_id, gpu, HOST_SUFFIX, DEVICE_SUFFIX, "restore")
-        if not self._parked_gpus(tenant_id):
+        tdir = self._dir(tenant_id)
+        move = self._move(tenant_id, tdir, gpu, HOST_SUFFIX, DEVICE_SUFFIX, "restore")
+        if not self._parks_any(tdir):
             self._release(tenant_id)
         return move
 
-    def _move(self, tenant_id: str, gpu: str, src_sfx: str, dst_sfx: str, direction: str) -> Move:
-        tdir = self._dir(tenant_id)
+    def _move(
+        self, tenant_id: str, tdir: Path, gpu: str, src_sfx: str, dst_sfx: str, direction: str
+    ) -> Move:
         src, dst = tdir / f"{gpu}{src_sfx}", tdir / f"{gpu}{dst_sfx}"
-        size = self.footprint(tenant_id, gpu)
-        if not src.exists():
+        size = self._footprint(tdir, gpu)
+        try:  # no symbolic link is followed: the tenant could point one at a file of the agent's
+            fin = open_file(src, os.O_RDONLY)
+        except FileNotFoundError:
             if dst.exists() or not size:
                 return Move(tenant_id, gpu, direction, 0, 0.0)
-            raise BackendError(f"{tenant_id} has neither {src.name} nor {dst.name} on {gpu}")
+            raise BackendError(
+                f"{tenant_id} has neither {src.name} nor {dst.name} on {gpu}"
+            ) from None
         start = self._clock()
         tmp = dst.with_name(dst.name + TMP_SUFFIX)
-        copy_file(src, tmp)
+        try:
+            copy_file(fin, src, tmp)
+        finally:
+            os.close(fin)
         self._model_bandwidth(tmp, size, start)
         os.replace(tmp, dst)
         src.unlink()
@@ -223,16 +240,20 @@ class FakeBackend(Backend):
                 log.info("copied %s; committing in %.3f s (modelled transfer)", tmp, remaining)
                 self._closing.wait(remaining)
 
-    def _parked_gpus(self, tenant_id: str) -> list[Path]:
-        return list(self._dir(tenant_id).glob(f"*{HOST_SUFFIX}"))
+    def _parks_any(self, tdir: Path) -> bool:
+        """Whether the tenant has a region parked on any GPU."""
+        try:
+            return any(name.endswith(HOST_SUFFIX) for name in os.listdir(tdir))
+        except FileNotFoundError:
+            return False
 
-    def _hold(self, tenant_id: str) -> None:
+    def _hold(self, tenant_id: str, tdir: Path) -> None:
         """Take the tenant's lock exclusively (its accesses wait) unless already held."""
         with self._mutex:
             if tenant_id in self._locks:
                 return
         try:
-            fd = timed_flock(self._dir(tenant_id) / "lock", True, self.lock_timeout)
+            fd = timed_flock(tdir / "lock", True, self.lock_timeout)
         except TimeoutError as e:
             raise BackendError(f"{tenant_id} kept its device memory busy: {e}") from e
         with self._mutex:

@@ -25,6 +25,7 @@ import fcntl
 import json
 import os
 import random
+import stat
 import tempfile
 import threading
 import urllib.parse
@@ -59,8 +60,8 @@ def tenant_dir(root: Path, tenant_id: str) -> Path:
 
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from `path`."""
-    with open(open_file(path, os.O_RDONLY)) as f:
-        data = json.loads(f.read())
+    with open(open_file(path, os.O_RDONLY), "rb", buffering=0) as f:
+        data = json.loads(f.readall())
     if not isinstance(data, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     return data
@@ -73,13 +74,19 @@ def open_file(path: Path, flags: int, mode: int = 0o666) -> int:
 
 def new_file(path: Path) -> int:
     """A new, empty file at `path` (whatever was there is removed first) open to every UID."""
-    path.unlink(missing_ok=True)
-    return share(open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        fd = open_file(path, flags)
+    except FileExistsError:  # a leftover, or a tenant's link: removed, never followed
+        path.unlink(missing_ok=True)
+        fd = open_file(path, flags)
+    return share(fd)
 
 
 def share(fd: int) -> int:
     """Open the file to every UID (read and write) if this process owns it; returns `fd`."""
-    if os.fstat(fd).st_uid == os.geteuid():
+    st = os.fstat(fd)
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != 0o666:
         os.fchmod(fd, 0o666)
     return fd
 

@@ -113,8 +113,8 @@ def test_the_bandwidth_model_stretches_a_move(fake_root):
 def crash_during_copy(monkeypatch):
     real = fake.copy_file
 
-    def half_copy(src, dst):
-        real(src, dst)
+    def half_copy(fin, src, dst):
+        real(fin, src, dst)
         with dst.open("r+b") as f:
             f.truncate(f.seek(0, 2) // 2)
         raise Crash
