@@ -27,6 +27,7 @@ from agent.parking.backends.base import (
 from agent.parking.backends.fakegpu import (
     DEVICE_SUFFIX,
     HOST_SUFFIX,
+    StrPath,
     new_file,
     open_file,
     read_json,
@@ -41,7 +42,7 @@ TMP_SUFFIX = ".moving"
 log = logging.getLogger(__name__)
 
 
-def copy_file(fin: int, src: Path, dst: Path) -> None:
+def copy_file(fin: int, src: str, dst: str) -> None:
     """Copy the open file `fin` (`src`) to a new file `dst` inside the kernel
     (copy_file_range), without fsync."""
     fout = new_file(dst)
@@ -78,6 +79,7 @@ class FakeBackend(Backend):
         self._clock = clock
         self._closing = threading.Event()
         self._locks: dict[str, int] = {}
+        self._dirs: dict[str, str] = {}  # tenant id: its directory's name (escaped once)
         self._mutex = threading.Lock()
         self.root.mkdir(parents=True, exist_ok=True)
         shared_dir(self.root / "tenants", 0o1777)  # each tenant may make its own directory
@@ -121,39 +123,44 @@ class FakeBackend(Backend):
         found = (self.root / "tenants").iterdir()
         return sorted(d for d in found if d.is_dir() and not d.is_symlink())
 
-    def _tenant_id(self, tdir: Path) -> str | None:
+    def _tenant_id(self, tdir: StrPath) -> str | None:
         meta = self._read_meta(tdir)
         return str(meta["tenant_id"]) if meta else None
 
-    def _dir(self, tenant_id: str) -> Path:
-        path = tenant_dir(self.root, tenant_id)
-        if path.is_symlink():
+    def _dir(self, tenant_id: str) -> str:
+        """The tenant's directory; refused if it is a symbolic link. A string, not a `Path`:
+        every park and restore joins names to it, and a string costs the least CPU."""
+        path = self._dirs.get(tenant_id)
+        if path is None:
+            path = self._dirs[tenant_id] = os.fspath(tenant_dir(self.root, tenant_id))
+        if os.path.islink(path):
             raise BackendError(f"{path} is a symbolic link, not {tenant_id}'s directory")
         return path
 
-    def _read_meta(self, tdir: Path) -> dict[str, object]:
+    def _read_meta(self, tdir: StrPath) -> dict[str, object]:
         """What the tenant wrote of its allocation; nothing before its first region."""
         try:
-            return read_json(tdir / "meta.json")
+            return read_json(f"{tdir}/meta.json")
         except FileNotFoundError:
             return {}
 
-    def _footprint(self, tdir: Path, gpu: str) -> int:
+    def _footprint(self, tdir: str, gpu: str) -> int:
         fp = self._read_meta(tdir).get("footprint", {})
         return int(fp.get(gpu, 0)) if isinstance(fp, dict) else 0
 
     def attach(self, tenant: TenantRef) -> None:
         """Make the tenant's directory; the tenant allocates its regions itself."""
-        shared_dir(self._dir(tenant.tenant_id))
+        shared_dir(Path(self._dir(tenant.tenant_id)))
 
     def detach(self, tenant_id: str) -> None:
         """Drop every region of the tenant, parked copies included."""
         self._release(tenant_id)
         tdir = self._dir(tenant_id)
-        if tdir.exists():
-            for f in tdir.iterdir():
-                f.unlink()
-            tdir.rmdir()
+        if os.path.exists(tdir):
+            for name in os.listdir(tdir):
+                os.unlink(f"{tdir}/{name}")
+            os.rmdir(tdir)
+        self._dirs.pop(tenant_id, None)
 
     def tenants(self) -> list[str]:
         """Tenants with regions under the root."""
@@ -176,11 +183,11 @@ class FakeBackend(Backend):
         footprint = self._read_meta(tdir).get("footprint", {})
         if not isinstance(footprint, dict):
             footprint = {}
-        names = set(os.listdir(tdir)) if tdir.is_dir() else set()
+        names = set(os.listdir(tdir)) if os.path.isdir(tdir) else set()
         for gpu in self.gpus:  # one read and one listing per tenant: the preparer asks for all
             size = int(footprint.get(gpu, 0))
             host = f"{gpu}{HOST_SUFFIX}"
-            if host in names and (tdir / host).exists():
+            if host in names and os.path.exists(f"{tdir}/{host}"):
                 st.residency[gpu] = Residency.PARKED
                 st.parked_bytes += size
             elif size:
@@ -209,30 +216,30 @@ class FakeBackend(Backend):
         return move
 
     def _move(
-        self, tenant_id: str, tdir: Path, gpu: str, src_sfx: str, dst_sfx: str, direction: str
+        self, tenant_id: str, tdir: str, gpu: str, src_sfx: str, dst_sfx: str, direction: str
     ) -> Move:
-        src, dst = tdir / f"{gpu}{src_sfx}", tdir / f"{gpu}{dst_sfx}"
+        src, dst = f"{tdir}/{gpu}{src_sfx}", f"{tdir}/{gpu}{dst_sfx}"
         size = self._footprint(tdir, gpu)
         try:  # no symbolic link is followed: the tenant could point one at a file of the agent's
             fin = open_file(src, os.O_RDONLY)
         except FileNotFoundError:
-            if dst.exists() or not size:
+            if os.path.exists(dst) or not size:
                 return Move(tenant_id, gpu, direction, 0, 0.0)
             raise BackendError(
-                f"{tenant_id} has neither {src.name} nor {dst.name} on {gpu}"
+                f"{tenant_id} has neither {gpu}{src_sfx} nor {gpu}{dst_sfx} on {gpu}"
             ) from None
         start = self._clock()
-        tmp = dst.with_name(dst.name + TMP_SUFFIX)
+        tmp = f"{dst}{TMP_SUFFIX}"
         try:
             copy_file(fin, src, tmp)
         finally:
             os.close(fin)
         self._model_bandwidth(tmp, size, start)
         os.replace(tmp, dst)
-        src.unlink()
+        os.unlink(src)
         return Move(tenant_id, gpu, direction, size, self._clock() - start)
 
-    def _model_bandwidth(self, tmp: Path, size: int, start: float) -> None:
+    def _model_bandwidth(self, tmp: str, size: int, start: float) -> None:
         """Stretch a move of `size` simulated bytes to size / bandwidth seconds."""
         if self.pcie_gbps:
             remaining = size / (self.pcie_gbps * 1e9) - (self._clock() - start)
@@ -240,20 +247,20 @@ class FakeBackend(Backend):
                 log.info("copied %s; committing in %.3f s (modelled transfer)", tmp, remaining)
                 self._closing.wait(remaining)
 
-    def _parks_any(self, tdir: Path) -> bool:
+    def _parks_any(self, tdir: StrPath) -> bool:
         """Whether the tenant has a region parked on any GPU."""
         try:
             return any(name.endswith(HOST_SUFFIX) for name in os.listdir(tdir))
         except FileNotFoundError:
             return False
 
-    def _hold(self, tenant_id: str, tdir: Path) -> None:
+    def _hold(self, tenant_id: str, tdir: str) -> None:
         """Take the tenant's lock exclusively (its accesses wait) unless already held."""
         with self._mutex:
             if tenant_id in self._locks:
                 return
         try:
-            fd = timed_flock(tdir / "lock", True, self.lock_timeout)
+            fd = timed_flock(f"{tdir}/lock", True, self.lock_timeout)
         except TimeoutError as e:
             raise BackendError(f"{tenant_id} kept its device memory busy: {e}") from e
         with self._mutex:

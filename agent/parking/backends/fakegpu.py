@@ -38,6 +38,7 @@ from baton.contract.names import DEFAULT_FAKE_GPU_DIR, ENV_FAKE_GPU_DIR, MIB
 DEVICE_SUFFIX = ".dev"
 HOST_SUFFIX = ".host"
 CHUNK = 8 * MIB
+StrPath = str | os.PathLike[str]
 
 
 class NotResident(Exception):
@@ -58,7 +59,7 @@ def tenant_dir(root: Path, tenant_id: str) -> Path:
     return root / "tenants" / urllib.parse.quote(tenant_id, safe="")
 
 
-def read_json(path: Path) -> dict[str, Any]:
+def read_json(path: StrPath) -> dict[str, Any]:
     """A JSON object from `path`."""
     with open(open_file(path, os.O_RDONLY), "rb", buffering=0) as f:
         data = json.loads(f.readall())
@@ -67,18 +68,19 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def open_file(path: Path, flags: int, mode: int = 0o666) -> int:
+def open_file(path: StrPath, flags: int, mode: int = 0o666) -> int:
     """`os.open` that refuses a symbolic link (ELOOP) instead of following it."""
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
 
 
-def new_file(path: Path) -> int:
+def new_file(path: StrPath) -> int:
     """A new, empty file at `path` (whatever was there is removed first) open to every UID."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
         fd = open_file(path, flags)
     except FileExistsError:  # a leftover, or a tenant's link: removed, never followed
-        path.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
         fd = open_file(path, flags)
     return share(fd)
 
@@ -128,7 +130,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def timed_flock(path: Path, exclusive: bool, timeout: float) -> int:
+def timed_flock(path: StrPath, exclusive: bool, timeout: float) -> int:
     """Open `path` and lock it, waiting at most `timeout` seconds; returns the locked fd."""
     fd = share(open_file(path, os.O_RDWR | os.O_CREAT))
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
@@ -149,7 +151,7 @@ def timed_flock(path: Path, exclusive: bool, timeout: float) -> int:
             else:
                 taken.set()
 
-    threading.Thread(target=take, name=f"flock {path.name}", daemon=True).start()
+    threading.Thread(target=take, name=f"flock {os.path.basename(path)}", daemon=True).start()
     if taken.wait(timeout):
         return fd
     with guard:
