@@ -1,10 +1,10 @@
 """Turns: the lease table driven by requests, time and the residency layer.
 
 Grants happen as soon as the state allows (a yield, a departure, a registration), never by
-polling; a single timer covers waiter deadlines and maximum hold times. When the tenant due next
-on a held GPU changes, the residency layer hears of it (`agent.core.ahead`) so that it can make that
-tenant's room while the holder still runs. The state it drives is `agent.server.turn_state`'s;
-`agent.server.service` wires the two with the tenants (`agent.server.tenancy`).
+polling; a single timer covers waiter deadlines and maximum hold times (`agent.server.turn_clock`,
+which also lets the residency layer make room for the tenant due next while the holder still
+runs). The state it drives is `agent.server.turn_state`'s; `agent.server.service` wires the two
+with the tenants (`agent.server.tenancy`).
 """
 
 from __future__ import annotations
@@ -15,19 +15,16 @@ from collections.abc import Callable, Sequence
 
 from agent.core import eager
 from agent.core import events as ev
-from agent.core.ahead import LookAhead
 from agent.core.errors import InvalidGpus, NoLease, Quarantined, UnknownLease
 from agent.core.leases import Lease, Waiter
 from agent.core.residency import NoRoom, TooLarge
 from agent.node.tenants import Tenant
-from agent.server.kept_turns import KeptTurns
 from agent.server.owed import join, owed_turn, renewed
 from agent.server.resumes import Resumes
 from agent.server.revocations import Revocations
+from agent.server.turn_clock import TurnClock
 from agent.server.turn_state import Granted, TurnState
-from agent.server.waits import lease_to_pb, never_granted, standings, tell_blocked, timed_out
-from agent.server.yield_parks import YieldParks
-from baton._pb import agent_pb2 as pb
+from agent.server.waits import lease_to_pb, never_granted, tell_blocked
 
 __all__ = ["Granted", "Turns", "lease_to_pb"]
 
@@ -54,18 +51,15 @@ class Turns:
         """Waiter id → who hears of its grant as it is made (`acquire`)."""
         self.resumes: Resumes = state.resumes
         self._changes = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._ahead = LookAhead(state.preparer, state.spawn)
-        self._yield_parks = YieldParks(state.parking, state.sessions)
-        self._kept = KeptTurns(state.sessions)
-        self._settle_pending = False
-        self._closed = False
+        self._clock = TurnClock(state, self.revocations, self)
 
     def close(self) -> None:
         """Stop the timer: no more revocations or timeouts."""
-        self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
+        self._clock.close()
+
+    def retell(self) -> None:
+        """Tell the holders again what they may do (a tenant's sessions changed)."""
+        self._clock.settle_soon()
 
     def fail(self, waiter_id: str, error: Exception) -> None:
         """The waiter's `acquire` raises `error` (its place in the queue is already gone)."""
@@ -111,7 +105,7 @@ class Turns:
             self._on_grant[waiter.waiter_id] = on_grant
         with self._state.grants_first():
             self._state.publish(ev.QUEUED, tenant.tenant_id, gpus=waiter.gpus)
-            self._dispatch()
+            self.dispatch()
         try:
             lease = await future
         except asyncio.CancelledError:
@@ -125,7 +119,7 @@ class Turns:
         waiter = self.table.cancel(waiter_id)
         if waiter is not None:
             self._state.publish(ev.CANCELLED, waiter.tenant_id, gpus=waiter.gpus)
-            self._dispatch()
+            self.dispatch()
         elif waiter_id in self.table.leases and not self._state.stopping:
             # Granted just as the caller gave up. Not when the agent is stopping: then the call
             # is cancelled by the shutdown, the grant may already have reached its tenant (a
@@ -180,7 +174,7 @@ class Turns:
 
     def expire(self, waiter: Waiter, error: Exception, why: str) -> None:
         """`waiter` left the queue past its deadline: its acquire raises `error`, and the
-        `expired` event says `why` (`_on_timer`, or `LeaseService.expire`)."""
+        `expired` event says `why` (`TurnClock`, or `LeaseService.expire`)."""
         self.fail(waiter.waiter_id, error)
         self._state.publish(ev.EXPIRED, waiter.tenant_id, gpus=waiter.gpus, detail=why)
 
@@ -211,19 +205,21 @@ class Turns:
         """The node changed: persist it, retry blocked waiters, grant what can be (`picked`)."""
         self._changes += 1
         self.table.unblock_all()
-        self._dispatch(picked)
+        self.dispatch(picked)
         self._state.journal_flush()  # the ends no grant took along
         # After the grants: their waiters resume before the state is encoded.
         self._state.persist_step()
 
-    def _dispatch(self, picked: Callable[[list[Waiter]], None] | None = None) -> None:
+    def dispatch(self, picked: Callable[[list[Waiter]], None] | None = None) -> None:
+        """Start the turns the table picks now (`picked` hears which first)."""
         chosen = self.table.pick()
         if picked is not None:
             picked(chosen)
-        self._start_turns(chosen)
-        self._settle_soon()
+        self.start_turns(chosen)
+        self._clock.settle_soon()
 
-    def _start_turns(self, waiters: list[Waiter]) -> None:
+    def start_turns(self, waiters: list[Waiter]) -> None:
+        """Make room for each waiter, then grant its turn (`_prepared`)."""
         for waiter in waiters:
             changes = self._changes
             try:
@@ -255,7 +251,7 @@ class Turns:
                 self._state.publish(
                     ev.CANCELLED, waiter.tenant_id, gpus=waiter.gpus, detail=str(error)
                 )
-            self._dispatch()
+            self.dispatch()
             return
         self.revocations.moves_failed(error, self._state.clock())
         if isinstance(error, NoRoom):
@@ -266,7 +262,7 @@ class Turns:
             self._blocked(waiter, f"making room failed: {error}", changes)
             return
         if waiter.waiter_id not in self.table.waiters:  # gave up while room was made
-            self._dispatch()
+            self.dispatch()
             return
         lease = self.table.grant(waiter.waiter_id)
         self._state.journal_grant(lease)
@@ -285,110 +281,15 @@ class Turns:
         if not self._state.sessions.connected(lease.tenant_id):  # a bare RPC caller: no watch
             loop = asyncio.get_running_loop()
             loop.call_later(self._state.grace, self._unwatched, lease.tenant_id)
-        self._settle_soon()
+        self._clock.settle_soon()
 
     def _blocked(self, waiter: Waiter, reason: str, changes: int) -> None:
         if waiter.waiter_id not in self.table.waiters:
-            self._dispatch()
+            self.dispatch()
             return
         self.table.block(waiter.waiter_id, reason)
         tell_blocked(self._state.sessions, waiter, reason)
         if changes != self._changes:  # the node changed while room was being made
             self.changed()
         else:
-            self._dispatch()
-
-    # Time.
-
-    def retell(self) -> None:
-        """Tell the holders again what they may do (a tenant's sessions changed)."""
-        self._settle_soon()
-
-    def _settle_soon(self) -> None:
-        """After this burst of changes (one event-loop step): set the next timer and name who
-        is due next. Once per step, however many grants and yields the step made."""
-        if not self._settle_pending and not self._closed:
-            self._settle_pending = True
-            asyncio.get_running_loop().call_soon(self._settle)
-
-    def _settle(self) -> None:
-        self._settle_pending = False
-        if self._closed:
-            return
-        self._reschedule()
-        self.resumes.settle(self.table)
-        self._state.journal_resumes()  # one that left the queue (quarantined, too large)
-        self._ahead.look(self.table)
-        self._yield_parks.look(self.table)
-        self._kept.look(self.table)
-
-    def _reschedule(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        now = self._state.clock()
-        deadline = self.table.next_deadline(after=now)
-        due = [w.deadline for w in self.table.waiters.values() if not w.reserved]
-        soonest = min((d for d in due if d is not None), default=None)
-        overdue = any(
-            (at := self.table.revoke_at(lease)) is not None
-            and at <= now
-            and self.revocations.may_start(lease.lease_id, now)
-            for lease in self.table.leases.values()
-        )  # a lease can run out before anyone waits; the first waiter makes it overdue at once
-        if overdue or (soonest is not None and soonest <= now):
-            deadline = now
-        deadline = self.revocations.sooner(deadline, now, self.table.leases.keys())
-        if deadline is not None:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(max(0.0, deadline - now), self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        now = self._state.clock()
-        metrics = self._state.metrics
-        why = standings(self.table, metrics, now, due=now)  # before they leave the queue
-        tick = self.table.tick()
-        for waiter in tick.expired:
-            reason = why.get(waiter.waiter_id) or waiter.blocked
-            self.expire(waiter, timed_out(waiter, reason), reason)
-        for lease in tick.overdue:
-            if self.revocations.may_start(lease.lease_id, self._state.clock()):
-                self.revocations.start(lease.lease_id)
-                self._state.spawn(self._revoke(lease))
-        if self.revocations.moves_due(now, self.table) or tick.expired or tick.unheld:
-            self._dispatch()
-        self._reschedule()  # now: this timer is spent
-
-    async def _revoke(self, lease: Lease) -> None:
-        waiting = len({w.tenant_id for g in lease.gpus for w in self.table.queue_of(g)})
-        overdue = lease.hold_until <= self._state.clock()
-        why = "held past maximum" if overdue else "a higher tier waits"
-        log.warning(
-            "tenant %s held [%s] (%s, maximum %g s) while %d others wait; revoking",
-            lease.tenant_id, ", ".join(lease.gpus), why, self.table.max_hold, waiting,
-        )  # fmt: skip
-        try:
-            await self._state.preparer.revoke(lease.tenant_id, lease.gpus)
-        except Exception as exc:  # the holder keeps the GPU until it can be parked
-            if lease.lease_id in self.table.leases:
-                why = self.revocations.failed(self.table, lease, exc, self._state.clock())
-                self._state.publish(ev.REVOKE_FAILED, lease.tenant_id, lease=lease, detail=why)
-                self._reschedule()
-            return
-        finally:
-            self.revocations.finished(lease.lease_id)
-        if lease.lease_id not in self.table.leases:  # yielded meanwhile
-            return
-        _, due, resume = self.table.revoke(lease.lease_id)
-        self._state.journal_end(lease)  # written with the grant it makes room for
-        self.resumes.revoked(lease, resume, self.table)
-        self._state.metrics.released(lease, self._state.clock(), revoked=True)
-        self._state.publish(ev.REVOKED, lease.tenant_id, lease=lease, detail=why)
-        reason = "held past the maximum hold time" if overdue else "a higher tier waits"
-        revoked = pb.Revoked(lease_id=lease.lease_id, reason=reason)
-        self._state.sessions.notify(lease.tenant_id, pb.AgentMessage(revoked=revoked))
-        # After the revocation is told: a grant made from the agent's model happens inside
-        # _start_turns, and its event must not come before the end of the turn it follows.
-        self._start_turns(due)
-        self.changed()
+            self.dispatch()
