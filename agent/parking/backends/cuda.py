@@ -13,16 +13,15 @@ Every driver call has a deadline and runs outside the backend's lock. A tenant w
 end up anywhere but RUNNING after a resume (FAILED included), whose restore ran out of device
 memory, or one of whose calls did not return in time is quarantined: it takes no more turns and
 `state()` says why. A tenant the driver cannot checkpoint (NCCL, CUDA IPC, managed memory) is
-refused: it stays resident, and `state()` says why.
+refused: it stays resident, and `state()` says why. Which processes are a tenant's and which
+tenants are parked, refused or quarantined is kept by `agent.parking.backends.cuda_tenants`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from agent.parking.backends import cuda_moves, procs
@@ -32,15 +31,9 @@ from agent.parking.backends.base import (
     BackendQuarantined,
     BackendUnavailable,
     Move,
-    Residency,
-    TenantRef,
-    TenantState,
     Unparkable,
 )
 from agent.parking.backends.cuda_driver import (
-    CHECKPOINTED,
-    FAILED,
-    LOCKED,
     CheckpointDriver,
     bindings_version,
     check_bindings,
@@ -49,18 +42,18 @@ from agent.parking.backends.cuda_driver import (
     nvml_error,
 )
 from agent.parking.backends.cuda_moves import SHARING, ParkedProcs
-from agent.parking.backends.deadline import CallStalled, call_with_deadline
+from agent.parking.backends.cuda_tenants import REDISCOVER_S, STALLED, CudaTenants
+from agent.parking.backends.deadline import CallStalled
+
+__all__ = ["DEFAULT_HEADROOM", "REDISCOVER_S", "CudaBackend"]
 
 DEFAULT_HEADROOM = 1 << 30
 """Bytes a restore needs free beyond what it brings back (CUDA contexts, allocator slack)."""
 NCCL_SHM = "/dev/shm/nccl-"
 """NCCL's shared-memory segments: a process mapping one shares GPU memory with its peers."""
-STALLED = "the driver may be wedged for this tenant's processes"
-REDISCOVER_S = 2.0
-"""Processes found longer ago than this are looked for again (a context may have appeared)."""
 
 
-class CudaBackend(Backend):
+class CudaBackend(CudaTenants, Backend):
     """Checkpoints and restores each tenant's GPU processes."""
 
     name = "cuda"
@@ -83,33 +76,11 @@ class CudaBackend(Backend):
             bindings = bindings_version() if bindings is None else bindings
         self.bindings = bindings or ""
         check_bindings(driver, self.bindings)
+        calls = CheckpointDriver(driver, lock_timeout_ms, call_timeout_s, copy_gbps * 1e9)
+        super().__init__(calls, nvml, proc_root, cgroup_root, clock, call_timeout_s)
         self.driver = driver
-        self.nvml = nvml
-        self.proc_root = proc_root
-        self.cgroup_root = cgroup_root
         self.headroom_bytes = headroom_bytes
-        self.call_timeout_s = call_timeout_s
-        self.calls = CheckpointDriver(driver, lock_timeout_ms, call_timeout_s, copy_gbps * 1e9)
-        self._clock = clock
-        self._mutex = threading.Lock()
-        """Guards the tables below; never held across a driver call."""
-        self._refs: dict[str, TenantRef] = {}
-        self._found: dict[str, tuple[float, tuple[int, ...]]] = {}
-        """Per tenant, when its processes were found and those with CUDA state."""
-        self._parked: dict[str, ParkedProcs] = {}
-        self._quarantined: dict[str, str] = {}
-        self._unparkable: dict[str, str] = {}
-        self._problems: dict[str, str] = {}
-        self._moving: set[str] = set()
-        """Tenants a park or restore is under way for (their processes may be locked)."""
         self.driver_version = check_driver(driver, nvml, self.calls.error_name)
-
-    def _nvml(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """An NVML query with a deadline; an NVML error (unknown UUID, lost GPU) is ours."""
-        try:
-            return call_with_deadline(self.call_timeout_s, what, fn, self.nvml, *args)
-        except nvml_error(self.nvml) as e:
-            raise BackendError(f"{what} failed: {e}") from e
 
     def gpu_memory(self) -> dict[str, int]:
         """Every GPU's UUID and total memory."""
@@ -117,175 +88,6 @@ class CudaBackend(Backend):
             return procs.gpu_memory(self.nvml)
         except nvml_error(self.nvml) as e:
             raise BackendUnavailable(f"NVML cannot list the GPUs: {e}") from e
-
-    # Tenants and their processes.
-
-    def attach(self, tenant: TenantRef) -> None:
-        """Remember how to find the tenant's processes (found on first use, off the event loop)."""
-        with self._mutex:
-            old = self._refs.get(tenant.tenant_id)
-            self._refs[tenant.tenant_id] = tenant
-            if old is None or (old.pids, old.pod_uid) != (tenant.pids, tenant.pod_uid):
-                self._found.pop(tenant.tenant_id, None)
-
-    def detach(self, tenant_id: str) -> None:
-        """Forget the tenant; if its parked processes still live, keep them for its return."""
-        with self._mutex:
-            parked = self._parked.pop(tenant_id, None)
-            if parked and any(Path(self.proc_root, str(p)).exists() for p in parked.pids):
-                self._parked[tenant_id] = parked  # still in their memory: restore when back
-            for table in (self._refs, self._found, self._quarantined):
-                table.pop(tenant_id, None)
-            self._unparkable.pop(tenant_id, None)
-            self._problems.pop(tenant_id, None)
-
-    def rescan(self, tenant_id: str) -> None:
-        """Find the tenant's processes again on next use; a refusal may no longer hold."""
-        with self._mutex:
-            self._found.pop(tenant_id, None)
-            self._unparkable.pop(tenant_id, None)
-
-    def tenants(self) -> list[str]:
-        """Attached tenants and ones still parked from before a restart."""
-        with self._mutex:
-            return sorted(set(self._refs) | set(self._parked))
-
-    def _candidates(self, ref: TenantRef) -> set[int]:
-        found = {procs.process_of(pid, self.proc_root) for pid in ref.pids}
-        if ref.pod_uid:
-            found |= set(procs.pod_pids(ref.pod_uid, self.proc_root))
-        return found
-
-    def _discover(self, tenant_id: str) -> tuple[int, ...]:
-        """The tenant's processes with CUDA state, asking the driver about each candidate."""
-        with self._mutex:
-            ref = self._refs.get(tenant_id)
-        if ref is None:
-            return ()
-        with_state, held = [], {}
-        for pid in sorted(self._candidates(ref)):
-            state = self.calls.state(pid)
-            if state == FAILED:
-                self._quarantine(tenant_id, f"pid {pid} is in the driver's FAILED state")
-            elif state == LOCKED and tenant_id not in self._moving:
-                self.calls.unlock(pid)  # a move cut off by a restart: its memory is on the GPU
-            elif state == CHECKPOINTED:  # parked by an agent that could not save it
-                held[pid] = {g: 0 for g in ref.gpus}
-            if state is not None:
-                with_state.append(pid)
-        with self._mutex:
-            if held and tenant_id not in self._parked:
-                first = min(held)
-                held[first] = {g: ref.declared_bytes or 0 for g in ref.gpus}
-                self._parked[tenant_id] = ParkedProcs(held)
-            self._found[tenant_id] = (self._clock(), tuple(with_state))
-        return tuple(with_state)
-
-    def pids(self, tenant_id: str) -> tuple[int, ...]:
-        """The tenant's GPU processes: parked ones, else those found, found again when none
-        were or they were found more than `REDISCOVER_S` ago."""
-        with self._mutex:
-            parked = self._parked.get(tenant_id)
-            found = self._found.get(tenant_id)
-        if parked is not None:
-            return tuple(sorted(parked.pids))
-        if found is not None and found[1] and self._clock() - found[0] < REDISCOVER_S:
-            return found[1]
-        return self._discover(tenant_id)
-
-    def _bytes(self, gpus: tuple[str, ...], pids: tuple[int, ...]) -> dict[int, dict[str, int]]:
-        """Per process, its bytes on each of `gpus` as NVML reports them."""
-        out: dict[int, dict[str, int]] = {pid: {} for pid in pids}
-        for gpu in gpus:
-            used = self._nvml(f"NVML process list of {gpu}", procs.gpu_processes, gpu)
-            for pid in pids:
-                out[pid][gpu] = used.get(pid, 0)
-        return out
-
-    def footprint(self, tenant_id: str, gpu: str) -> int:
-        """Bytes its processes use on `gpu` (as NVML reports), or had when parked."""
-        with self._mutex:
-            parked = self._parked.get(tenant_id)
-        if parked is not None:
-            return parked.per_gpu().get(gpu, 0)
-        return sum(b.get(gpu, 0) for b in self._bytes((gpu,), self.pids(tenant_id)).values())
-
-    def _cgroup(self, tenant_id: str) -> procs.CgroupMemory | None:
-        root, cgroups = self.proc_root, self.cgroup_root
-        found = [procs.memory_cgroup(p, root, cgroups) for p in self.pids(tenant_id)]
-        known = [c for c in found if c is not None]
-        return min(known, key=lambda c: c.limit - c.used) if known else None
-
-    def memory_limit(self, tenant_id: str) -> int | None:
-        """The limit of the memory cgroup with the least room among its processes."""
-        found = self._cgroup(tenant_id)
-        return None if found is None else found.limit
-
-    def memory_used(self, tenant_id: str) -> int:
-        """What that cgroup uses already (the parked bytes would come on top)."""
-        found = self._cgroup(tenant_id)
-        return 0 if found is None else found.used
-
-    def state(self, tenant_id: str) -> TenantState:
-        """Residency, with what the driver said; confirms state adopted after a restart."""
-        with self._mutex:
-            ref = self._refs.get(tenant_id)
-            parked = self._parked.get(tenant_id)
-        sizes: dict[str, int] = {}
-        try:
-            if parked is not None and not parked.confirmed:
-                self._confirm(tenant_id, parked)
-            with self._mutex:
-                parked = self._parked.get(tenant_id)
-            sizes = parked.per_gpu() if parked else {}
-            if parked is None and ref is not None:
-                per_pid = self._bytes(ref.gpus, self.pids(tenant_id))
-                for gpu in ref.gpus:
-                    sizes[gpu] = sum(b.get(gpu, 0) for b in per_pid.values())
-        except CallStalled as e:
-            self._quarantine(tenant_id, f"{e}; {STALLED}")
-        except BackendError as e:
-            with self._mutex:
-                self._problems[tenant_id] = str(e)
-        gpus = ref.gpus if ref else tuple(sizes)
-        with self._mutex:
-            st = TenantState(
-                tenant_id,
-                detail=self._problems.get(tenant_id, ""),
-                quarantined=self._quarantined.get(tenant_id, ""),
-                unparkable=self._unparkable.get(tenant_id, ""),
-            )
-            parked = self._parked.get(tenant_id)
-            found = self._found.get(tenant_id, (0.0, ()))[1]
-            st.pids = tuple(sorted(parked.pids)) if parked else found
-        for gpu in gpus:
-            st.residency[gpu] = Residency.PARKED if parked else Residency.RESIDENT
-            st.footprint_bytes[gpu] = sizes.get(gpu, 0)
-        st.parked_bytes = sum(parked.per_gpu().values()) if parked else 0
-        return st
-
-    def _confirm(self, tenant_id: str, parked: ParkedProcs) -> None:
-        """Ask the driver about each process recorded as parked before a restart."""
-        try:
-            still = cuda_moves.confirm(self.calls, parked.pids)
-        except BackendQuarantined as e:
-            raise self._quarantine(tenant_id, str(e)) from e
-        with self._mutex:
-            if still:
-                self._parked[tenant_id] = ParkedProcs(still)
-            else:
-                self._parked.pop(tenant_id, None)
-
-    def _quarantine(self, tenant_id: str, why: str) -> BackendQuarantined:
-        """Record why the tenant takes no more turns; the error to raise."""
-        with self._mutex:
-            self._quarantined.setdefault(tenant_id, why)
-            return BackendQuarantined(f"{tenant_id} is quarantined: {self._quarantined[tenant_id]}")
-
-    def _stopped(self, tenant_id: str) -> None:
-        """Raise if the tenant is quarantined (call with the mutex held)."""
-        if tenant_id in self._quarantined:
-            raise BackendQuarantined(f"{tenant_id} is quarantined: {self._quarantined[tenant_id]}")
 
     # Moves.
 
