@@ -8,10 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from agent.node.jobturn_store import JobTurnStore
+from agent.server import jobturns_link
 from agent.server.jobturns import JobTurns, NodeTurn, PrepareFailed
 from agent.server.service import LeaseService
 from agent.server.turn_state import Granted
+from baton._pb import jobturns_pb2 as jt
+from baton.contract import framing
 from tests.agent.server.test_jobturns import node, run
+from tests.agent.server.test_jobturns_link import holders, until
 
 
 async def queued_behind(service: LeaseService, turns: JobTurns) -> tuple[Granted, Task, list]:
@@ -101,5 +106,130 @@ def test_a_turn_that_cannot_be_recorded_fails_its_prepare_and_gives_its_turns_ba
         assert not service.table.leases
         assert not service.sessions.connected("team/sampler")
         await service.close()
+
+    run(body)
+
+
+# The coordinator's link answers in the grant's step; the call's task ends steps later.
+
+MEMBERS = {"team/sampler", "team/trainer"}
+
+
+class Answers:
+    """The coordinator's end of a link: the answers written to it, in order."""
+
+    def __init__(self) -> None:
+        self.got: list[jt.JobTurnsAnswer] = []
+
+    def write(self, data: bytes) -> None:
+        while data:
+            (size,) = framing.HEADER.unpack_from(data)
+            body = data[framing.HEADER.size : framing.HEADER.size + size]
+            data = data[framing.HEADER.size + size :]
+            self.got.append(framing.decode(jt.JobTurnsAnswer, body))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def kinds(self) -> list[tuple[int, str | None]]:
+        return [(answer.id, answer.WhichOneof("answer")) for answer in self.got]
+
+
+async def linked(
+    service: LeaseService, turns: JobTurns
+) -> tuple[Granted, Answers, jobturns_link._Connection]:
+    """As `queued_behind`, t1 asked for by the coordinator's call 1 on a link."""
+    other = service.tenants.tenants["team/other"]
+    held = await service.acquire(other, (), timeout=5)
+    out = Answers()
+    link = jobturns_link._Connection(turns, out)  # type: ignore[arg-type]
+    prepare = jt.PrepareRequest(epoch=1, turn_id="t1", namespace="team", job="rl")
+    link.handle(jt.JobTurnsCall(id=1, prepare=prepare))
+    await until(lambda: len(service.table.waiters) == 2)
+    return held, out, link
+
+
+@pytest.mark.parametrize("ending", ["cancel", "disconnect"])
+def test_a_turn_answered_at_its_last_grant_stands_when_its_call_ends_before_its_task(
+    tmp_path: Path, ending: str
+) -> None:
+    """The coordinator heard "prepared": its cancel crossing that answer, or the connection's
+    end, leaves the turn held and recorded (the coordinator's roll-back releases it), rather
+    than giving back the members' turns of a turn the node reports."""
+
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        try:
+            held, out, link = await linked(service, turns)
+            service.yield_(service.tenants.tenants["team/other"], held.lease.lease_id)
+            assert out.kinds() == [(1, "turn")]  # in the grant's step
+            if ending == "cancel":
+                link.handle(jt.JobTurnsCall(id=1, cancel=jt.Cancel()))
+            else:
+                await link.close()
+            await until(lambda: turns.preparation("t1") is None and not link.running)
+            assert out.kinds() == [(1, "turn")]
+            assert [t.turn_id for t in turns.report(1)] == ["t1"]
+            assert holders(service) == MEMBERS
+            assert service.sessions.connected("team/trainer")  # its stand-in session stays
+            await link.close()
+        finally:
+            await service.close()
+
+    run(body)
+
+
+def test_a_turn_released_as_soon_as_it_is_answered_is_answered_once(tmp_path: Path) -> None:
+    """Prepared, then released before the preparation's task ended: the prepare's answer is
+    the turn, and the release's says it ended; no refusal follows the turn."""
+
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        try:
+            held, out, link = await linked(service, turns)
+            service.yield_(service.tenants.tenants["team/other"], held.lease.lease_id)
+            release = jt.ReleaseRequest(epoch=1, turn_id="t1", reason="rolled back")
+            link.handle(jt.JobTurnsCall(id=2, release=release))
+            await until(lambda: turns.preparation("t1") is None and not link.running)
+            assert out.kinds() == [(1, "turn"), (2, "released")]
+            assert out.got[1].released.released
+            assert not holders(service) and not service.table.waiters and not turns.turns
+            await link.close()
+        finally:
+            await service.close()
+
+    run(body)
+
+
+def test_a_turn_its_last_grant_could_not_record_is_recorded_and_answered_once_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The turns file refuses the write in the last grant's step and takes it as the
+    members' acquires end: the coordinator hears of the turn once, then."""
+
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        save = turns._store.save_turns
+        refusals = [OSError(28, "No space left on device")]
+
+        def once_full(data: list[dict[str, object]]) -> None:
+            if refusals:
+                raise refusals.pop()
+            save(data)
+
+        monkeypatch.setattr(turns._store, "save_turns", once_full)
+        try:
+            held, out, link = await linked(service, turns)
+            service.yield_(service.tenants.tenants["team/other"], held.lease.lease_id)
+            assert not refusals and not out.got and not turns.turns  # not recorded, not told
+            await until(lambda: turns.preparation("t1") is None and not link.running)
+            assert out.kinds() == [(1, "turn")]
+            assert list(turns.turns) == ["t1"] and holders(service) == MEMBERS
+            on_disk = JobTurnStore(tmp_path)
+            assert [t["turn_id"] for t in on_disk.load_turns()] == ["t1"]
+            on_disk.close()
+            await link.close()
+        finally:
+            await service.close()
 
     run(body)
