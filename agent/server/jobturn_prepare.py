@@ -21,7 +21,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from agent.core.errors import AgentError
-from agent.core.leases import Lease
+from agent.core.leases import Lease, Waiter
 from agent.core.residency import parked_on
 from agent.node.tenants import Tenant
 from agent.server.node_turn import NodeTurn
@@ -159,11 +159,29 @@ class Preparation:
             nodes=self.nodes,
             sessions=self._sessions,
         )
+        self._follow_revoked(turn)
         self._turns.add(turn)
         self.turn = turn
         for tell in self.listeners:
             tell(turn)
         return turn
+
+    def _follow_revoked(self, turn: NodeTurn) -> None:
+        """A member the node revoked since its grant (its maximum hold, a higher tier, while the
+        others waited) is in the turn under the turn that gives it its GPUs back, as a member
+        revoked once the turn is made is (`JobTurns._resumed`)."""
+        table, resumes = self._turns.service.table, self._turns.service.turns.resumes
+        for member, lease_id in zip(turn.members, turn.leases, strict=True):
+            back = None if lease_id in table.leases else resumes.following(member, lease_id, table)
+            if back is None:
+                continue
+            resume = back.waiter_id if isinstance(back, Waiter) else back.lease_id
+            turn.follow(member, lease_id, resume)
+            log.info(
+                "job %s/%s: turn %s: pod %s's lease %s was revoked before the turn was made; "
+                "%s gives it back",
+                turn.namespace, turn.job, turn.turn_id, member, lease_id, resume,
+            )  # fmt: skip
 
     async def _give_up(self, asks: Sequence[asyncio.Future[Granted]]) -> None:
         for ask in asks:

@@ -15,7 +15,7 @@ from agent.server.service import LeaseService
 from agent.server.turn_state import Granted
 from baton._pb import jobturns_pb2 as jt
 from baton.contract import framing
-from tests.agent.server.test_jobturns import node, run
+from tests.agent.server.test_jobturns import node, pod, run
 from tests.agent.server.test_jobturns_link import holders, until
 
 
@@ -105,6 +105,40 @@ def test_a_turn_that_cannot_be_recorded_fails_its_prepare_and_gives_its_turns_ba
         assert not turns.turns
         assert not service.table.leases
         assert not service.sessions.connected("team/sampler")
+        await service.close()
+
+    run(body)
+
+
+def test_a_member_revoked_before_the_last_grant_is_in_the_turn_under_the_lease_giving_it_back(
+    tmp_path: Path,
+) -> None:
+    """The trainer, granted first, holds past the maximum hold while the sampler still waits
+    and a node-local pod waits for its GPU: it is parked, and the job's turn names the turn
+    that gives it its GPU back, as for a member revoked once the turn is made."""
+
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        service.upsert_pod(pod("solo", ("GPU-0",)))
+        other = service.tenants.tenants["team/other"]
+        held = await service.acquire(other, ("GPU-1",), timeout=5)  # the sampler waits
+        service.table.max_hold = 0.1  # the trainer's turn runs out
+        preparing = asyncio.create_task(turns.prepare(1, "t1", "team", "rl", timeout=5))
+        await until(lambda: bool(service.table.leases_of("team/trainer")))
+        [first] = service.table.leases_of("team/trainer")
+        service.table.max_hold = 60.0
+        solo = service.tenants.tenants["team/solo"]
+        local = await service.acquire(solo, (), timeout=5)  # once the trainer's is revoked
+        service.yield_(other, held.lease.lease_id)  # the sampler's grant makes the turn
+        turn = await preparing
+        [resume] = [w.waiter_id for w in service.table.waiters.values() if w.front]
+        assert turn.lease_of("team/trainer") == resume  # no lease the node holds: its resume
+        assert turns.turn_of_lease("team/trainer", first.lease_id) is turn
+        service.yield_(solo, local.lease.lease_id)  # the trainer's turn is given back
+        assert turns.lease_of("team/trainer", "t1") == (turn, resume)
+        assert [t["leases"] for t in JobTurnStore(tmp_path).load_turns()] == [list(turn.leases)]
+        assert turns.release(1, "t1", "yielded")
+        assert not service.table.leases and not service.table.waiters
         await service.close()
 
     run(body)
