@@ -67,7 +67,7 @@ class NodeTurn:
     def to_json(self) -> dict[str, Any]:
         """Every field but the sessions, for the turns file (`dataclasses.asdict` would deep-copy
         the sessions, their streams with them, only to drop them)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sessions"}
+        return {name: getattr(self, name) for name in _SAVED}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NodeTurn:
@@ -77,3 +77,7 @@ class NodeTurn:
         fields["joined"] = list(fields.get("joined", []))
         fields["revoked"] = {str(k): str(v) for k, v in dict(fields.get("revoked", {})).items()}
         return cls(**fields)
+
+
+_SAVED = tuple(f.name for f in fields(NodeTurn) if f.name != "sessions")
+"""The fields `NodeTurn.to_json` writes (each save of the turns file writes every turn)."""
