@@ -20,7 +20,8 @@ from agent.parking.methods import parks_itself
 from agent.parking.model import Read, needs_room
 
 MAX_VERDICTS = 64
-"""`_moves_nothing`'s verdicts kept at once (a few per tenant); more, and they start afresh."""
+"""Plans over the model (`_model_plan`) kept at once (a few per tenant); more, and they start
+afresh."""
 
 
 class ModelPlans(KnownNode):
@@ -30,14 +31,27 @@ class ModelPlans(KnownNode):
         self, tenant_id: str, gpus: Collection[str], holders: Collection[str] | None = None
     ) -> bool:
         """The model shows the tenant resident with room (beside `holders` if ahead of its
-        turn): its grant moves nothing, and needs no read of the node to know it.
+        turn): its grant moves nothing, and needs no read of the node to know it."""
+        planned = self._model_plan(tenant_id, gpus, holders)
+        return isinstance(planned, Plan) and not planned.steps
 
-        Not when a plan runs or is on the way for it, when the tenants changed since the last
-        read, or when it needs room beside a tenant whose growth has no bound.
-        """
+    def _no_room_ahead(self, tenant_id: str, gpus: Sequence[str], holders: Collection[str]) -> bool:
+        """The model shows that no room can be made for the tenant while `holders` run (their
+        memory stands in the way, counted whole): no read is worth taking then. A model that is
+        wrong costs only this preparation, which the grant then makes itself."""
+        return isinstance(self._model_plan(tenant_id, gpus, holders), Refusal)
+
+    def _model_plan(
+        self, tenant_id: str, gpus: Collection[str], holders: Collection[str] | None = None
+    ) -> Plan | Refusal | None:
+        """The plan over the model for the tenant's turn (ahead of it while `holders` run),
+        kept while nothing it is drawn from changes: `_moves_nothing` and `_no_room_ahead` ask
+        for the same one. None where the model cannot say: a plan runs or is on the way for
+        it, the tenants changed since the last read, it needs room beside a tenant whose growth
+        has no bound; or where a grant must restore it (planned under the lock instead)."""
         ref = self._model_ref(tenant_id, gpus)
         if ref is None:
-            return False
+            return None
         at = (self._model.revision, self._revision)
         if at != self._verdicts_at or len(self._verdicts) > MAX_VERDICTS:
             self._verdicts.clear()
@@ -49,26 +63,24 @@ class ModelPlans(KnownNode):
             frozenset(self._holding),
             frozenset(self._model.unsettled),
         )
-        verdict = self._verdicts.get(key)
-        if verdict is None:
-            verdict = self._verdicts[key] = self._plans_nothing(tenant_id, ref, holders)
-        return verdict
+        if key not in self._verdicts:
+            self._verdicts[key] = self._plan_over_model(tenant_id, ref, holders)
+        return self._verdicts[key]
 
-    def _plans_nothing(
+    def _plan_over_model(
         self, tenant_id: str, ref: TenantRef, holders: Collection[str] | None
-    ) -> bool:
-        """`_moves_nothing`'s plan over the model, drawn only from the model's reads and
-        unsettled tenants, the tenants registered here and their methods, who holds a turn, and
-        `holders`: `_moves_nothing` keeps its verdict while none of those changes."""
+    ) -> Plan | Refusal | None:
+        """`_model_plan`'s plan, drawn only from the model's reads and unsettled tenants, the
+        tenants registered here and their methods, who holds a turn, and `holders`:
+        `_model_plan` keeps it while none of those changes."""
         snap = self._node(holders or (), whole=self._model.unsettled, on=ref.gpus)
         me = snap.tenants.get(tenant_id)
-        if me is None or me.parked:
-            return False
+        if me is None or (me.parked and holders is None):
+            return None
         held = self._model.states[tenant_id].footprint_bytes
         if needs_room(me, held) and self._unbounded_beside(tenant_id, me.footprint):
-            return False
-        plan = plan_turn(snap, tenant_id) if holders is None else plan_ahead(snap, tenant_id)
-        return isinstance(plan, Plan) and not plan.steps
+            return None
+        return plan_turn(snap, tenant_id) if holders is None else plan_ahead(snap, tenant_id)
 
     def _model_ref(self, tenant_id: str, gpus: Collection[str]) -> TenantRef | None:
         """`_current_ref`, where no plan runs or is on the way for the tenant: the model can
@@ -154,16 +166,6 @@ class ModelPlans(KnownNode):
             return None
         mine = all(s.tenant_id == tenant_id and s.direction == "restore" for s in plan.steps)
         return plan if mine else None
-
-    def _no_room_ahead(self, tenant_id: str, gpus: Sequence[str], holders: Collection[str]) -> bool:
-        """The model shows that no room can be made for the tenant while `holders` run (their
-        memory stands in the way, counted whole): no read is worth taking then. A model that is
-        wrong costs only this preparation, which the grant then makes itself."""
-        ref = self._model_ref(tenant_id, gpus)
-        if ref is None:
-            return False
-        snap = self._node(holders, whole=self._model.unsettled, on=ref.gpus)
-        return isinstance(plan_ahead(snap, tenant_id), Refusal)
 
     async def _read_moved(self, tenant_ids: Collection[str], read: Read | None = None) -> None:
         """Read the tenants a plan moved (in a worker thread if the backend's reads block), or

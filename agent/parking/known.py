@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from agent.core.planner import NodeView, TenantView
+from agent.core.planner import NodeView, Plan, Refusal, TenantView
 from agent.parking.backends.base import Backend, Residency, TenantRef, TenantState
 from agent.parking.host import ParkingHost
 from agent.parking.metrics import ParkingMetrics
@@ -72,9 +72,9 @@ class KnownNode:
         """Every tenant's state and memory cgroup as last read, and who may have grown since."""
         self._revision = 0
         """Counts changes to the tenants registered here and their methods (`_verdicts`)."""
-        self._verdicts: dict[tuple[Any, ...], bool] = {}
-        """`_moves_nothing`'s plans, by what they were drawn from besides the model and the
-        tenants; kept while those (`_verdicts_at`) stay as they were."""
+        self._verdicts: dict[tuple[Any, ...], Plan | Refusal | None] = {}
+        """The plans over the model (`_model_plan`), by what they were drawn from besides the
+        model and the tenants; kept while those (`_verdicts_at`) stay as they were."""
         self._verdicts_at = (-1, -1)
         self._current_for: tuple[Mapping[str, TenantRef], tuple[int, int]] | None = None
         """The host's tenants (the same dict until they change) last found current, and when."""

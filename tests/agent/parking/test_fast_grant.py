@@ -170,13 +170,13 @@ def test_a_tenant_that_outgrew_its_declaration_is_parked_for_the_holder_and_read
 def test_turns_that_repeat_over_an_unchanged_model_plan_once_each(backend, monkeypatch):
     prep, _, _ = preparer(backend, ("a", 30), ("b", 30))
     plans: list[str] = []
-    draw = prep._plans_nothing
+    draw = prep._plan_over_model
 
     def counted(tenant_id, *rest):
         plans.append(tenant_id)
         return draw(tenant_id, *rest)
 
-    monkeypatch.setattr(prep, "_plans_nothing", counted)
+    monkeypatch.setattr(prep, "_plan_over_model", counted)
 
     async def rounds(n):
         for name in "ab" * n:

@@ -118,6 +118,22 @@ def test_nothing_is_read_ahead_where_the_model_shows_no_room_beside_the_holder(b
     assert prep.status()["tenants"]["a"]["residency"] == "parked"
 
 
+def test_a_preparation_ahead_draws_the_node_from_the_model_once(backend, monkeypatch):
+    """Whether the tenant due next moves nothing and whether room can be made for it are
+    answered by one plan over the model: the node is drawn once, not once for each."""
+    prep, _, _ = setup(backend, ("a", 60), ("b", 60))  # b's first turn parked a
+    drawn = []
+    draw = prep._node
+
+    def counted(*args, **kwargs):
+        drawn.append(args)
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(prep, "_node", counted)
+    run(prep.prepare_ahead("a", [GPU], holders={"b"}))  # no room beside b: nothing to do
+    assert len(drawn) == 1
+
+
 def test_room_that_can_be_made_ahead_is_read_for_and_made(backend):
     prep, _, mems = setup(backend, ("a", 40), ("b", 40), ("c", 40))  # c's turn parked a
     asked = count_reads(backend)
