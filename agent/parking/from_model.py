@@ -18,6 +18,7 @@ from agent.parking.backends.base import TenantRef
 from agent.parking.known import KnownNode
 from agent.parking.methods import parks_itself
 from agent.parking.model import Read, needs_room
+from agent.parking.view import away
 
 MAX_VERDICTS = 64
 """Plans over the model (`_model_plan`) kept at once (a few per tenant); more, and they start
@@ -73,9 +74,11 @@ class ModelPlans(KnownNode):
         """`_model_plan`'s plan, drawn only from the model's reads and unsettled tenants, the
         tenants registered here and their methods, who holds a turn, and `holders`:
         `_model_plan` keeps it while none of those changes."""
+        if holders is None and away(self._model.states[tenant_id]):  # no need to draw the node
+            return None
         snap = self._node(holders or (), whole=self._model.unsettled, on=ref.gpus)
         me = snap.tenants.get(tenant_id)
-        if me is None or (me.parked and holders is None):
+        if me is None:
             return None
         held = self._model.states[tenant_id].footprint_bytes
         if needs_room(me, held) and self._unbounded_beside(tenant_id, me.footprint):

@@ -61,6 +61,12 @@ def tenant_view(
     )
 
 
+def away(st: TenantState) -> bool:
+    """Whether any of the tenant's memory is parked, or on its way out or back (its view's
+    `parked` is not empty)."""
+    return any(r in _AWAY for r in st.residency.values())
+
+
 def gpu_residency(st: TenantState) -> dict[str, str]:
     """GPU → where the tenant's memory is there (its status entry's `gpus`)."""
     return {g: r.value for g, r in sorted(st.residency.items())}

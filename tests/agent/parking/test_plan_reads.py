@@ -134,6 +134,27 @@ def test_a_preparation_ahead_draws_the_node_from_the_model_once(backend, monkeyp
     assert len(drawn) == 1
 
 
+def test_a_grant_that_restores_the_tenant_draws_the_node_from_the_model_once(backend, monkeypatch):
+    """A parked tenant's grant moves memory: the model's plan for it is drawn once, under the
+    preparer's lock, not first to find that it moves something."""
+    prep, _, _ = setup(backend, ("a", 60), ("b", 60))  # b's first turn parked a
+    drawn = []
+    draw = prep._node
+
+    def counted(*args, **kwargs):
+        drawn.append(args)
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(prep, "_node", counted)
+
+    async def grant_a():
+        await prep.prepare("a", [GPU])  # parks b, restores a
+        return len(drawn)
+
+    assert run(grant_a()) == 1
+    assert prep.status()["tenants"]["a"]["residency"] == "resident"
+
+
 def test_room_that_can_be_made_ahead_is_read_for_and_made(backend):
     prep, _, mems = setup(backend, ("a", 40), ("b", 40), ("c", 40))  # c's turn parked a
     asked = count_reads(backend)
