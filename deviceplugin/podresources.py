@@ -9,6 +9,7 @@ import grpc
 
 from baton._pb import podresources_pb2, podresources_pb2_grpc
 from baton.contract import names
+from baton.contract.unixsocket import unix_target
 from deviceplugin.errors import DevicePluginError
 
 CALL_TIMEOUT_S = 5.0
@@ -48,7 +49,7 @@ class PodResourcesClient:
         self.socket_path = socket_path
         self.resource = resource
         self._channel = grpc.insecure_channel(
-            f"unix://{socket_path}", options=[("grpc.default_authority", "localhost")]
+            unix_target(socket_path), options=[("grpc.default_authority", "localhost")]
         )
         self._stub = podresources_pb2_grpc.PodResourcesListerStub(self._channel)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import grpc
 
 from baton._pb import api_pb2, api_pb2_grpc
+from baton.contract.unixsocket import unix_target
 
 API_VERSION = "v1beta1"
 REGISTER_TIMEOUT_S = 5.0
@@ -24,7 +25,7 @@ def register(kubelet_socket: Path, endpoint: str, resource_name: str) -> None:
         resource_name=resource_name,
         options=api_pb2.DevicePluginOptions(get_preferred_allocation_available=True),
     )
-    target = f"unix://{kubelet_socket}"
+    target = unix_target(kubelet_socket)
     try:
         with grpc.insecure_channel(target) as channel:
             # Not wait_for_ready: a stale kubelet.sock (kubelet restarting) fails at once.

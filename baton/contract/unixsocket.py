@@ -56,6 +56,12 @@ def _too_long(path: Path, also: Mapping[str, str], served: bool = True) -> str |
     )
 
 
+def unix_target(path: str | Path) -> str:
+    """The gRPC target of the socket at `path`, absolute or relative to the working directory
+    (gRPC's `unix://` form takes an absolute path only: a relative one is not a valid target)."""
+    return f"unix:{path}"
+
+
 def _private_path(path: Path) -> Path:
     """A private name for the socket at `path`, in its directory: random, as long as its name
     (a path that fits fits privately too) and of at least `PRIVATE_NAME_MIN` bytes."""

@@ -52,17 +52,20 @@ def start_plugin(socket_dir: Path) -> Iterator[StartPlugin]:
         api_client: object = None,
         cdi: bool = False,
         reconcile_interval_s: float = 10.0,
+        plugin_dir: Path | None = None,
+        pod_resources_socket: Path | None = None,
     ) -> Daemon:
         settings = Settings(
             node_name=NODE,
-            plugin_dir=socket_dir,
+            plugin_dir=plugin_dir or socket_dir,
             slots_per_gpu=slots,
             host_memory_budget_mib=4096,
             cdi=cdi,
             metrics_host="127.0.0.1",
             metrics_port=0,
             ignored_xids=frozenset(DEFAULT_IGNORED_XIDS),
-            pod_resources_socket=socket_dir / "pod-resources" / "kubelet.sock",
+            pod_resources_socket=pod_resources_socket
+            or socket_dir / "pod-resources" / "kubelet.sock",
             reconcile_interval_s=reconcile_interval_s,
         )
         daemon = Daemon(

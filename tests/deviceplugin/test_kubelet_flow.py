@@ -8,6 +8,7 @@ import logging
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from deviceplugin.watcher import Change
 from tests.deviceplugin.conftest import NODE
 from tests.e2e.processes import poll
 from tests.harness.kubeletplugin import RegistrationServer
+from tests.harness.podresources import ContainerAsk
 
 GPU0, GPU1 = fake_gpu_uuid(0, NODE), fake_gpu_uuid(1, NODE)
 
@@ -197,3 +199,23 @@ def test_a_stream_the_kubelet_ends_while_the_plugin_registers_registers_it_again
     daemon = start_plugin()
     kubelet.wait_for_registrations(2, timeout=5.0)
     poll("registered again", lambda: daemon.plugin.registered or None, timeout=5.0)
+
+
+def test_relative_socket_paths_are_taken_from_the_working_directory(
+    kubelet, start_plugin, socket_dir, monkeypatch
+):
+    """`--device-plugin-dir .` and `--pod-resources-socket pod-resources/kubelet.sock`, run
+    from the kubelet's directory: the plugin registers and reads the pod resources there, as a
+    unix socket's relative path is found, rather than gRPC refusing both targets ('the target
+    uri is not valid') at every registration and reconciliation."""
+    monkeypatch.chdir(socket_dir)
+    daemon = start_plugin(
+        plugin_dir=Path("."), pod_resources_socket=Path("pod-resources/kubelet.sock")
+    )
+    kubelet.wait_for_registrations(1, timeout=10)
+    kubelet.wait_for_list(names.RESOURCE_GPU, bool)
+    pod = kubelet.admit_pod("default", "tenant", [ContainerAsk("main", 1)], [])
+    assert daemon.pod_resources is not None
+    assert daemon.pod_resources.list() == {
+        ("default", "tenant"): {"main": tuple(pod.devices["main"])}
+    }
