@@ -211,8 +211,15 @@ class PlanMoves(ModelPlans):
 
     def _failed_cancelled(self, step: Step, error: BaseException | None) -> None:
         """A move that failed in a worker thread as its plan was cancelled (`error`, if any):
-        counted and logged as a failed move is, its quarantine noted; not tried again."""
+        counted and logged as a failed move is, its quarantine noted; not tried again. A tenant
+        that left meanwhile is skipped, as `_move` skips it."""
         if error is None:
+            return
+        retried = isinstance(error, BackendError) and not isinstance(
+            error, BackendQuarantined | Unparkable
+        )
+        if retried and self._gone(step.tenant_id):  # as `_move` skips it: it left meanwhile
+            log.info("%s left during its %s: skipped", step.tenant_id, step.direction)
             return
         self.metrics.failed(step.direction, step.method or self.backend.method_of(step.tenant_id))
         log.warning(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -180,6 +182,43 @@ def test_a_tenant_whose_session_ends_during_its_park_is_forgotten_not_retried(ba
     backend.park = session_ends
     run(prep.prepare("b", [GPU]))  # granted at once: no backoff, no refusal
     assert tries == ["a"] and "a" not in prep.status()["tenants"]
+    assert (
+        metric(prep.metrics.registry, "baton_move_failures_total", backend="fake", direction="park")
+        == 0
+    )
+
+
+def test_a_tenant_whose_session_ends_during_its_park_as_the_plan_is_cancelled_is_not_a_failure(
+    backend, caplog
+):
+    """The agent stops while a's park runs in a worker thread, and a's session ends meanwhile:
+    its park fails as a departed tenant's does, skipped, not counted as a failed move."""
+    host = Host("a", "b")
+    prep = ParkingPreparer(backend, {GPU: 100 * MIB}, host_budget=1000 * MIB, host=host)
+    run(prep.prepare("a", [GPU]))
+    FakeGpuMemory("a", backend.root, timeout=1.0).allocate(GPU, 60)
+    parking, let_go = threading.Event(), threading.Event()
+
+    def session_ends(tenant_id, gpu):  # a's park meets its closed session as it ends
+        parking.set()
+        assert let_go.wait(10)
+        del host.refs[tenant_id]
+        raise BackendError(f"{tenant_id}: on_park({gpu}) failed: tenant {tenant_id} disconnected")
+
+    backend.park = session_ends
+
+    async def stop_during_the_park():
+        task = asyncio.ensure_future(prep.prepare("b", [GPU]))
+        assert await asyncio.to_thread(parking.wait, 10)
+        task.cancel()  # the agent stops
+        await asyncio.sleep(0)
+        let_go.set()
+        await asyncio.gather(task, return_exceptions=True)
+        assert task.cancelled()
+
+    caplog.set_level(logging.INFO)
+    run(stop_during_the_park())
+    assert "a left during its park: skipped" in caplog.messages
     assert (
         metric(prep.metrics.registry, "baton_move_failures_total", backend="fake", direction="park")
         == 0
