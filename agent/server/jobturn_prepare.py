@@ -163,7 +163,10 @@ class Preparation:
         self._turns.add(turn)
         self.turn = turn
         for tell in self.listeners:
-            tell(turn)
+            try:
+                tell(turn)
+            except Exception:  # a listener's defect: not the grant's, which made the turn
+                log.exception("job turn %s: telling of it failed", self.turn_id)
         return turn
 
     def _follow_revoked(self, turn: NodeTurn) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from asyncio import Task
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,14 +20,17 @@ from tests.agent.server.test_jobturns import node, pod, run
 from tests.agent.server.test_jobturns_link import holders, until
 
 
-async def queued_behind(service: LeaseService, turns: JobTurns) -> tuple[Granted, Task, list]:
+async def queued_behind(
+    service: LeaseService, turns: JobTurns, tell: Callable[[NodeTurn], None] | None = None
+) -> tuple[Granted, Task, list]:
     """`team/other` holds both GPUs; the job's turn t1 is being prepared, both of its members
-    queued behind it. Returns other's grant, the preparation and the turns it tells of."""
+    queued behind it. Returns other's grant, the preparation and the turns it tells of (to
+    `tell` instead, if given)."""
     other = service.tenants.tenants["team/other"]
     held = await service.acquire(other, (), timeout=5)
     told: list[NodeTurn] = []
     preparing = asyncio.create_task(
-        turns.prepare(1, "t1", "team", "rl", timeout=5, on_prepared=told.append)
+        turns.prepare(1, "t1", "team", "rl", timeout=5, on_prepared=tell or told.append)
     )
     while len(service.table.waiters) < 2:
         await asyncio.sleep(0)
@@ -267,3 +271,24 @@ def test_a_turn_its_last_grant_could_not_record_is_recorded_and_answered_once_af
             await service.close()
 
     run(body)
+
+
+def test_a_listener_that_fails_does_not_fail_the_grant_that_made_the_turn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        other = service.tenants.tenants["team/other"]
+
+        def broken(turn: NodeTurn) -> None:
+            raise RuntimeError("the listener's own defect")
+
+        held, preparing, _ = await queued_behind(service, turns, broken)
+        service.yield_(other, held.lease.lease_id)  # the other's yield is not the one to fail
+        turn = await preparing
+        assert turns.turns["t1"] is turn
+        assert {lease.tenant_id for lease in service.table.leases.values()} == set(turn.members)
+        await service.close()
+
+    run(body)
+    assert "job turn t1: telling of it failed" in caplog.messages
