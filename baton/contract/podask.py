@@ -14,50 +14,52 @@ The rules (the extender places by them, the device plugin steers by them, the ag
   without Baton GPUs do not count.
 - Omitted values stay `None` (the placement core fills in the defaults per GPU: the whole GPU,
   100 / slots). An unusable ask is a `RequestError`, one line naming the field and the value.
+
+Each container's ask is read in `baton.contract.containerask`, its quantities in
+`baton.contract.quantity`; this module adds them up for the pod, checks the pod's figures and
+remembers them per pod (`RequestMemo`).
 """
 
 from __future__ import annotations
 
-import re
-import reprlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
-from enum import StrEnum
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
+from baton.contract.containerask import (
+    BATON_RESOURCES,
+    ContainerAsk,
+    ContainerKind,
+    RequestError,
+    as_mapping,
+    as_objects,
+    container_ask,
+    init_kind,
+    whole,
+)
 from baton.contract.names import RESOURCE_GPU, RESOURCE_GPU_DUTY, RESOURCE_GPU_MEMORY
+from baton.contract.quantity import parse_quantity, shown
+
+__all__ = [
+    "MAX_GPUS_PER_POD",
+    "MAX_GPU_MEMORY_MIB",
+    "ContainerAsk",
+    "ContainerKind",
+    "PodAsk",
+    "RequestError",
+    "RequestMemo",
+    "TenantRequest",
+    "parse_pod_request",
+    "parse_quantity",
+    "pod_request",
+    "read_pod_ask",
+    "shown",
+]
 
 MAX_GPUS_PER_POD = 64
 MAX_GPU_MEMORY_MIB = 1 << 20
 """1 TiB per GPU: anything larger is a unit mistake, not a GPU."""
-
-_BATON = (RESOURCE_GPU, RESOURCE_GPU_MEMORY, RESOURCE_GPU_DUTY)
-_QUANTITY = re.compile(
-    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
-)
-_LARGEST = Decimal(2**63)
-_SUFFIX = {
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": Decimal(10**3),
-    "M": Decimal(10**6),
-    "G": Decimal(10**9),
-    "T": Decimal(10**12),
-    "P": Decimal(10**15),
-    "E": Decimal(10**18),
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
-}
-
-
-class RequestError(ValueError):
-    """A pod's Baton request is not usable; the message names the field and the value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,60 +73,6 @@ class TenantRequest:
     """Percent of each GPU's time; `None` means 100 / slots."""
     memory_limit_bytes: int | None = None
     """Summed memory limit of the containers that use Baton GPUs; `None` when any is unlimited."""
-
-
-def parse_quantity(text: object) -> Decimal:
-    """A Kubernetes resource quantity (`"40960"`, `"64Gi"`, `"1e9"`, `"500m"`) as a number."""
-    if not isinstance(text, str | int | float | Decimal) or isinstance(text, bool):
-        raise ValueError(f"{shown(text)} is not a Kubernetes quantity")
-    match = _QUANTITY.match(str(text).strip())
-    if not match:
-        raise ValueError(f"{shown(text)} is not a Kubernetes quantity")
-    number, exponent, suffix = match.groups()
-    try:
-        value = Decimal(number)
-    except InvalidOperation as err:  # pragma: no cover - the pattern admits only decimals
-        raise ValueError(f"{text!r} is not a Kubernetes quantity") from err
-    if exponent:
-        value = value.scaleb(int(exponent[1:]))
-    if suffix:
-        value *= _SUFFIX[suffix]
-    if abs(value) >= _LARGEST:  # past int64, and turning it into an int could take minutes
-        raise ValueError(f"{shown(text)} is out of range (a quantity is below 2^63)")
-    return value
-
-
-def shown(value: object) -> str:
-    """A value as an error message quotes it: its repr, cut short (no recursion, any size)."""
-    return reprlib.repr(value)
-
-
-class ContainerKind(StrEnum):
-    """How a container runs within its pod."""
-
-    APP = "app"
-    INIT = "init"
-    """Runs to completion, alone, before the app containers start."""
-    SIDECAR = "sidecar"
-    """An init container with `restartPolicy: Always`: it runs beside the app containers."""
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerAsk:
-    """What one container asks of Baton (`None`: it does not name the value)."""
-
-    name: str
-    kind: ContainerKind
-    slots: int | None = None
-    memory_mib: int | None = None
-    """Per GPU."""
-    duty: float | None = None
-    memory_limit_bytes: int | None = None
-    """Its memory limit; `None` when it has none."""
-    values: tuple[Decimal | None, ...] = field(default=(), compare=False, repr=False)
-    """slots, memory, duty as read, for summing exactly."""
-    memory_written: str = field(default="", compare=False, repr=False)
-    """`baton.dev/gpu-memory` as written (`24Gi`), for the reason when it is unusable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +106,13 @@ class PodAsk:
 
 def read_pod_ask(pod: Mapping[str, Any]) -> PodAsk:
     """Every container's ask (a `RequestError` for one that cannot be read)."""
-    spec = _mapping(pod.get("spec"), "spec")
-    app = _objects(spec.get("containers"), "spec.containers")
-    init = _objects(spec.get("initContainers"), "spec.initContainers")
+    spec = as_mapping(pod.get("spec"), "spec")
+    app = as_objects(spec.get("containers"), "spec.containers")
+    init = as_objects(spec.get("initContainers"), "spec.initContainers")
     return PodAsk(
         (
-            *(_container_ask(c, _init_kind(c)) for c in init),
-            *(_container_ask(c, ContainerKind.APP) for c in app),
+            *(container_ask(c, init_kind(c)) for c in init),
+            *(container_ask(c, ContainerKind.APP) for c in app),
         )
     )
 
@@ -181,7 +129,7 @@ def pod_request(ask: PodAsk) -> TenantRequest | None:
     totals = [_effective(i, ask.containers) for i in range(3)]
     gpus, memory, duty = totals
     if gpus is None:
-        named = [n for n, v in zip(_BATON[1:], totals[1:], strict=True) if v is not None]
+        named = [n for n, v in zip(BATON_RESOURCES[1:], totals[1:], strict=True) if v is not None]
         raise RequestError(f"{' and '.join(named)} is set but {RESOURCE_GPU} is not")
     return TenantRequest(
         gpus=_check_gpus(gpus),
@@ -255,59 +203,6 @@ def _resources_key(pod: dict[str, Any]) -> tuple[object, ...] | None:
         return None
 
 
-def _mapping(value: Any, where: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise RequestError(f"pod {where} is not an object")
-    return value
-
-
-def _objects(value: Any, where: str) -> list[dict[str, Any]]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise RequestError(f"pod {where} is not a list of objects")
-    return value
-
-
-def _init_kind(container: dict[str, Any]) -> ContainerKind:
-    always = container.get("restartPolicy") == "Always"
-    return ContainerKind.SIDECAR if always else ContainerKind.INIT
-
-
-def _container_ask(container: dict[str, Any], kind: ContainerKind) -> ContainerAsk:
-    resources = _mapping(container.get("resources"), "container resources")
-    limits = _mapping(resources.get("limits"), "container resources.limits")
-    requests = _mapping(resources.get("requests"), "container resources.requests")
-    values: list[Decimal | None] = []
-    for name in _BATON:
-        raw = limits.get(name, requests.get(name))
-        if raw is None:
-            values.append(None)
-            continue
-        try:
-            value = parse_quantity(raw)
-        except ValueError:
-            raise RequestError(f"{name} {shown(raw)} is not a number") from None
-        values.append(value)
-    slots, memory, duty = values
-    return ContainerAsk(
-        name=_name(container.get("name", "")),
-        kind=kind,
-        slots=None if slots is None else _whole(RESOURCE_GPU, slots),
-        memory_mib=None if memory is None else _whole(RESOURCE_GPU_MEMORY, memory),
-        duty=None if duty is None else float(duty),
-        memory_limit_bytes=_memory_limit(limits.get("memory")),
-        values=tuple(values),
-        memory_written=str(limits.get(RESOURCE_GPU_MEMORY, requests.get(RESOURCE_GPU_MEMORY, ""))),
-    )
-
-
-def _name(name: object) -> str:
-    return name if isinstance(name, str) else shown(name)
-
-
 def _effective(i: int, containers: tuple[ContainerAsk, ...]) -> Decimal | None:
     """Value `i` for the pod, counted as kube-scheduler counts it (`None`: nobody names it)."""
     if all(c.values[i] is None for c in containers):
@@ -328,14 +223,8 @@ def _effective(i: int, containers: tuple[ContainerAsk, ...]) -> Decimal | None:
     return running if peak is None else max(running, peak)
 
 
-def _whole(name: str, value: Decimal) -> int:
-    if value != value.to_integral_value():
-        raise RequestError(f"{name} {value} is not a whole number")
-    return int(value)
-
-
 def _check_gpus(value: Decimal) -> int:
-    count = _whole(RESOURCE_GPU, value)
+    count = whole(RESOURCE_GPU, value)
     if count <= 0:
         raise RequestError(f"{RESOURCE_GPU} {count}: ask for at least 1 GPU")
     if count > MAX_GPUS_PER_POD:
@@ -344,7 +233,7 @@ def _check_gpus(value: Decimal) -> int:
 
 
 def _check_memory(value: Decimal, containers: tuple[ContainerAsk, ...]) -> int:
-    mib = _whole(RESOURCE_GPU_MEMORY, value)
+    mib = whole(RESOURCE_GPU_MEMORY, value)
     if mib <= 0:
         raise RequestError(f"{RESOURCE_GPU_MEMORY} {mib} must be a positive number of MiB")
     if mib > MAX_GPU_MEMORY_MIB:
@@ -379,12 +268,3 @@ def _check_duty(value: Decimal, containers: tuple[ContainerAsk, ...]) -> float:
             + (summed if len(each) > 1 else "")
         )
     return float(value)
-
-
-def _memory_limit(limit: object) -> int | None:
-    if limit is None:
-        return None
-    try:
-        return int(parse_quantity(limit))
-    except ValueError:
-        raise RequestError(f"memory limit {shown(limit)} is not a quantity") from None
