@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from baton.contract import names
-from baton.contract.podask import parse_quantity
+from baton.contract.quantity import parse_quantity
 
 
 @dataclass(frozen=True, slots=True)

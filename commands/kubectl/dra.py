@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 from baton.contract import names
-from baton.contract.podask import parse_quantity
+from baton.contract.quantity import parse_quantity
 from commands.kubectl.api import Api, NotFound
 
 DRA_REFUSAL = "cannot allocate all claims"

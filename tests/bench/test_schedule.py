@@ -14,7 +14,7 @@ import pytest
 
 from baton.contract.kube import Outage
 from baton.contract.names import ANNOTATION_ASSIGNED_GPUS
-from baton.contract.podask import parse_quantity
+from baton.contract.quantity import parse_quantity
 from baton.contract.reflector import KubeSource, Reflector, WatchEvent
 from commands.bench import nullextender, schedprofiles, schedule
 from commands.localnode.binaries import find_binaries
