@@ -118,10 +118,8 @@ def test_nothing_is_read_ahead_where_the_model_shows_no_room_beside_the_holder(b
     assert prep.status()["tenants"]["a"]["residency"] == "parked"
 
 
-def test_a_preparation_ahead_draws_the_node_from_the_model_once(backend, monkeypatch):
-    """Whether the tenant due next moves nothing and whether room can be made for it are
-    answered by one plan over the model: the node is drawn once, not once for each."""
-    prep, _, _ = setup(backend, ("a", 60), ("b", 60))  # b's first turn parked a
+def count_draws(prep, monkeypatch) -> list:
+    """The preparer's draws of the node from its model (`_node`), recorded from now on."""
     drawn = []
     draw = prep._node
 
@@ -130,6 +128,14 @@ def test_a_preparation_ahead_draws_the_node_from_the_model_once(backend, monkeyp
         return draw(*args, **kwargs)
 
     monkeypatch.setattr(prep, "_node", counted)
+    return drawn
+
+
+def test_a_preparation_ahead_draws_the_node_from_the_model_once(backend, monkeypatch):
+    """Whether the tenant due next moves nothing and whether room can be made for it are
+    answered by one plan over the model: the node is drawn once, not once for each."""
+    prep, _, _ = setup(backend, ("a", 60), ("b", 60))  # b's first turn parked a
+    drawn = count_draws(prep, monkeypatch)
     run(prep.prepare_ahead("a", [GPU], holders={"b"}))  # no room beside b: nothing to do
     assert len(drawn) == 1
 
@@ -138,14 +144,7 @@ def test_a_grant_that_restores_the_tenant_draws_the_node_from_the_model_once(bac
     """A parked tenant's grant moves memory: the model's plan for it is drawn once, under the
     preparer's lock, not first to find that it moves something."""
     prep, _, _ = setup(backend, ("a", 60), ("b", 60))  # b's first turn parked a
-    drawn = []
-    draw = prep._node
-
-    def counted(*args, **kwargs):
-        drawn.append(args)
-        return draw(*args, **kwargs)
-
-    monkeypatch.setattr(prep, "_node", counted)
+    drawn = count_draws(prep, monkeypatch)
 
     async def grant_a():
         await prep.prepare("a", [GPU])  # parks b, restores a
