@@ -188,8 +188,7 @@ class PlanMoves(ModelPlans):
                     f"{step.direction} of {step.tenant_id} on {step.gpu} by {method} failed: {e}",
                 ) from e
             except BackendError as e:
-                if self._gone(step.tenant_id):  # it left meanwhile: forgotten, not moved
-                    log.info("%s left during its %s: skipped", step.tenant_id, step.direction)
+                if self._left(step):  # forgotten, not moved
                     return Move(step.tenant_id, step.gpu, step.direction, 0, 0.0)
                 self.metrics.failed(step.direction, method)
                 log.warning(
@@ -218,8 +217,7 @@ class PlanMoves(ModelPlans):
         retried = isinstance(error, BackendError) and not isinstance(
             error, BackendQuarantined | Unparkable
         )
-        if retried and self._gone(step.tenant_id):  # as `_move` skips it: it left meanwhile
-            log.info("%s left during its %s: skipped", step.tenant_id, step.direction)
+        if retried and self._left(step):  # as `_move` skips it
             return
         self.metrics.failed(step.direction, step.method or self.backend.method_of(step.tenant_id))
         log.warning(
@@ -247,9 +245,13 @@ class PlanMoves(ModelPlans):
             move.direction, move.tenant_id, move.gpu, move.bytes, move.seconds,
         )  # fmt: skip
 
-    def _gone(self, tenant_id: str) -> bool:
-        """True when the host no longer counts the tenant (its last session ended)."""
-        return self._host is not None and tenant_id not in self._host.tenant_refs()
+    def _left(self, step: Step) -> bool:
+        """Whether the step's tenant left while its move failed: the host no longer counts it
+        (its last session ended). Logged: the move is skipped."""
+        if self._host is None or step.tenant_id in self._host.tenant_refs():
+            return False
+        log.info("%s left during its %s: skipped", step.tenant_id, step.direction)
+        return True
 
     def _refuse(self, tenant_id: str, reason: str, message: str) -> NoRoom:
         """Count, log (once per new message) and show why `tenant_id` waits; the error to raise."""

@@ -62,7 +62,7 @@ class CoordinatedSession(Session):
 
 
 class Preparation:
-    """One job turn being prepared here (`JobTurns.prepare` runs `run` as a task, `task`)."""
+    """One job turn being prepared here, on a task of its own (`task`) from its making."""
 
     def __init__(
         self,
@@ -72,6 +72,7 @@ class Preparation:
         whose: tuple[str, str, str],
         members: list[Tenant],
         nodes: Sequence[str],
+        timeout: float | None,
     ) -> None:
         self._turns = turns
         self.epoch, self.turn_id = epoch, turn_id
@@ -83,9 +84,9 @@ class Preparation:
         """The turn, once made."""
         self.listeners: list[Callable[[NodeTurn], None]] = []
         """Told of the turn as it is made."""
-        self.task: asyncio.Task[NodeTurn] | None = None
         self._sessions: list[Session] = []
         self._restored = False
+        self.task: asyncio.Task[NodeTurn] = asyncio.create_task(self.run(timeout))
 
     async def run(self, timeout: float | None) -> NodeTurn:
         """Every member's turn granted (room made, memory restored); the turn, made."""
@@ -133,7 +134,6 @@ class Preparation:
             self.turn is not None
             or len(self.granted) < len(self.members)
             or self.epoch < self._turns.epoch  # left to `run`, which refuses it
-            or self.task is None
             or self.task.cancelling()  # being given up: not made now
         ):
             return

@@ -135,13 +135,12 @@ class JobTurns:
                     )
                 members = [m for m in members if m.tenant_id in set(pods)]
             own_gpus(members, namespace, job, self.node)
-            preparation = Preparation(self, epoch, turn_id, (namespace, job, group), members, nodes)
-            preparation.task = asyncio.create_task(preparation.run(timeout))
+            whose = (namespace, job, group)
+            preparation = Preparation(self, epoch, turn_id, whose, members, nodes, timeout)
             self._preparing[turn_id] = preparation
             preparation.task.add_done_callback(lambda _: self._preparing.pop(turn_id, None))
         if on_prepared is not None:
             preparation.listeners.append(on_prepared)
-        assert preparation.task is not None
         return await preparation.task  # a caller that gives up (deadline, disconnect) cancels it
 
     def add(self, turn: NodeTurn) -> None:
