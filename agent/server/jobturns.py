@@ -44,6 +44,11 @@ class UnknownTurn(AgentError):
     """No such job turn on this node (NOT_FOUND)."""
 
 
+class NotRecorded(AgentError):
+    """The node could not write what it must keep before answering (a full disk): UNAVAILABLE,
+    and the same call sent again is answered once it can."""
+
+
 class JobTurns:
     """The job turns of this node, over the lease service."""
 
@@ -58,6 +63,10 @@ class JobTurns:
         """The highest epoch seen: commands from an older one are refused."""
         self.turns: dict[str, NodeTurn] = {}
         self._preparing: dict[str, Preparation] = {}
+        self._dirty = False
+        """The turns here changed since they were last written."""
+        self._unsaved = ""
+        """Why the last write of the turns failed (a full disk), until one succeeds."""
         service.turns.resumes.follow = self._resumed
 
     def load(self) -> None:
@@ -95,7 +104,12 @@ class JobTurns:
                 "a newer coordinator leads"
             )
         if epoch > self.epoch:
-            self._store.save_epoch(epoch)
+            try:
+                self._store.save_epoch(epoch)
+            except OSError as exc:  # obeyed only once it would survive a restart
+                why = f"node {self.node} could not record coordinator epoch {epoch} ({exc})"
+                log.error("%s; it obeys epoch %d until it can", why, self.epoch)
+                raise NotRecorded(f"{why}: its commands are refused until it can") from None
             if self.epoch:
                 log.info("coordinator epoch %d follows %d", epoch, self.epoch)
             self.epoch = epoch
@@ -149,7 +163,7 @@ class JobTurns:
         self._end_overtaken(turn)
         self.turns[turn.turn_id] = turn
         try:
-            self._save()
+            self._save(strict=True)
         except OSError:
             del self.turns[turn.turn_id]
             raise
@@ -160,7 +174,7 @@ class JobTurns:
         for old in [t for t in self.turns.values() if set(t.gpus) & set(turn.gpus)]:
             why = f"its GPUs went to job {turn.namespace}/{turn.job}'s turn {turn.turn_id}"
             log.warning("job %s/%s: turn %s ended: %s", old.namespace, old.job, old.turn_id, why)
-            self.release(self.epoch, old.turn_id, f"{why}; its release was not heard")
+            self._end(old.turn_id, f"{why}; its release was not heard")
 
     def commit(self, epoch: int, turn_id: str) -> NodeTurn:
         """The prepared turn starts; idempotent."""
@@ -170,7 +184,8 @@ class JobTurns:
             raise UnknownTurn(f"node {self.node} has no prepared turn {turn_id!r} to commit")
         if turn.state != COMMITTED:
             turn.state, turn.committed_at = COMMITTED, self._clock()
-            self._save()
+            self._dirty = True
+        self._recorded(f"turn {turn_id} started here")
         return turn
 
     def preparation(self, turn_id: str) -> asyncio.Task[NodeTurn] | None:
@@ -180,8 +195,16 @@ class JobTurns:
         return preparation.task if preparation is not None else None
 
     def release(self, epoch: int, turn_id: str, reason: str) -> bool:
-        """End the turn (prepared or committed) or its preparation; False if there was none."""
+        """End the turn (prepared or committed) or its preparation; False if there was none.
+        `NotRecorded` if its end cannot be written: it has ended here all the same, and the
+        release sent again is answered once it is written."""
         self.fence(epoch)
+        released = self._end(turn_id, reason)
+        self._recorded(f"turn {turn_id} ended here")
+        return released
+
+    def _end(self, turn_id: str, reason: str) -> bool:
+        """End the turn or its preparation here (not yet on disk); False if there was none."""
         task = self.preparation(turn_id)
         if task is not None:
             task.cancel()  # its acquires leave the queue, or give back what they were granted
@@ -195,7 +218,7 @@ class JobTurns:
         self._end_leases(turn, reason)
         for session in turn.sessions:
             self.service.sessions.close(session)
-        self._save()
+        self._dirty = True
         return True
 
     def report(self, epoch: int) -> list[NodeTurn]:
@@ -324,5 +347,29 @@ class JobTurns:
         with contextlib.suppress(UnknownLease):
             self.service.yield_(tenant, lease_id)
 
-    def _save(self) -> None:
-        self._store.save_turns([t.to_json() for t in self.turns.values()])
+    def _recorded(self, done: str) -> None:
+        """The turns on disk as they are here, before a command that changed them is answered;
+        `NotRecorded` (saying what was `done` here all the same) if they cannot be written."""
+        if self._dirty and not self._save():
+            raise NotRecorded(
+                f"node {self.node}: {done} but could not record it ({self._unsaved}); "
+                "the same call is answered once it can"
+            )
+
+    def _save(self, strict: bool = False) -> bool:
+        """Write the turns held here; whether they were. A failure (a full disk) is logged once
+        while it lasts, and raised if `strict`; the next change that can be written catches up."""
+        try:
+            self._store.save_turns([t.to_json() for t in self.turns.values()])
+        except OSError as exc:
+            if str(exc) != self._unsaved:
+                log.error("node %s could not record its job turns: %s", self.node, exc)
+            self._dirty, self._unsaved = True, str(exc)
+            if strict:
+                raise
+            return False
+        self._dirty = False
+        if self._unsaved:
+            log.info("node %s recorded its job turns again", self.node)
+            self._unsaved = ""
+        return True

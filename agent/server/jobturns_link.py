@@ -22,7 +22,14 @@ from typing import Any
 
 from agent.core import errors
 from agent.server import api_ops
-from agent.server.jobturns import JobTurns, NodeTurn, NoMembers, PrepareFailed, UnknownTurn
+from agent.server.jobturns import (
+    JobTurns,
+    NodeTurn,
+    NoMembers,
+    NotRecorded,
+    PrepareFailed,
+    UnknownTurn,
+)
 from baton._pb import jobturns_pb2 as jt
 from baton.contract.framing import Corked, FrameCut, FrameError, encode, keep_alive, read_frame
 from baton.contract.tcpbind import served_at
@@ -38,6 +45,8 @@ def _code(exc: errors.AgentError) -> str:
         return "NOT_FOUND"
     if isinstance(exc, PrepareFailed):
         return "ABORTED"
+    if isinstance(exc, NotRecorded):
+        return "UNAVAILABLE"
     return api_ops.status_code(exc).name
 
 

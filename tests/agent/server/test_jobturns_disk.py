@@ -1,0 +1,144 @@
+"""A node whose disk refuses the job-turn records (full): every command that must be recorded
+before it is answered is refused UNAVAILABLE with one line naming the node and the error, and
+the same command sent again is answered once the disk takes it (`agent.server.jobturns`, over
+the coordinator's own connection)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agent.node.jobturn_store import JobTurnStore
+from agent.server.jobturns import COMMITTED, NotRecorded
+from coordinator.agents import AgentLinks, NodeFailed
+from tests.agent.server.test_jobturns import TOKEN, node, run
+from tests.agent.server.test_jobturns_link import holders, serving
+
+FULL = OSError(28, "No space left on device")
+
+
+class Disk:
+    """Stands between the store and its files: full while `full` is set."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, store: JobTurnStore) -> None:
+        self.full = False
+        self.refused = 0
+        for name in ("save_epoch", "save_turns"):
+            monkeypatch.setattr(store, name, self._guard(getattr(store, name)))
+
+    def _guard(self, write: Callable[..., None]) -> Callable[..., None]:
+        def guarded(*args: object) -> None:
+            if self.full:
+                self.refused += 1
+                raise FULL
+            write(*args)
+
+        return guarded
+
+
+def no_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+def test_a_new_epoch_the_disk_refuses_is_not_obeyed_and_the_call_is_refused_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body() -> None:
+        async with serving(tmp_path) as (service, turns, address):
+            disk = Disk(monkeypatch, turns._store)
+            links = AgentLinks(TOKEN)
+            await links.report("n1", address, 1)
+            disk.full = True
+            with pytest.raises(NodeFailed) as refused:
+                await links.prepare("n1", address, 2, ("t1", "team", "rl", ""), (), 5)
+            assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+            assert "node n1 could not record coordinator epoch 2" in refused.value.why
+            assert "No space left on device" in refused.value.why
+            assert turns.epoch == 1 and not holders(service)  # not obeyed, nothing granted
+            # An older leader's command is still refused as stale, not for the disk.
+            with pytest.raises(NodeFailed) as stale:
+                await links.commit("n1", address, 0, "t1")
+            assert stale.value.code == grpc.StatusCode.FAILED_PRECONDITION
+            disk.full = False  # room again: the same prepare goes through
+            turn = await links.prepare("n1", address, 2, ("t1", "team", "rl", ""), (), 5)
+            assert list(turn.members) == ["team/sampler", "team/trainer"]
+            assert JobTurnStore(tmp_path).load_epoch() == 2
+            await links.close()
+
+    with caplog.at_level(logging.INFO):
+        run(body)
+    no_traceback(caplog)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        "node n1 could not record coordinator epoch 2 ([Errno 28] No space left on device); "
+        "it obeys epoch 1 until it can"
+    ]
+
+
+def test_a_release_the_disk_refuses_ends_the_turn_and_is_answered_once_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body() -> None:
+        async with serving(tmp_path) as (service, turns, address):
+            disk = Disk(monkeypatch, turns._store)
+            links = AgentLinks(TOKEN)
+            await links.prepare("n1", address, 1, ("t1", "team", "rl", ""), (), 5)
+            disk.full = True
+            with pytest.raises(NodeFailed) as refused:  # a commit must be recorded too
+                await links.commit("n1", address, 1, "t1")
+            assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+            assert "turn t1 started here but could not record it" in refused.value.why
+            for _ in range(2):  # the coordinator sends a release again until it is heard
+                with pytest.raises(NodeFailed) as refused:
+                    await links.release("n1", address, 1, "t1", "yielded")
+                assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+                assert "turn t1 ended here but could not record it" in refused.value.why
+                assert not holders(service) and not turns.turns  # ended here all the same
+            # The next job's turn cannot be recorded either: refused, nothing of it held.
+            with pytest.raises(NodeFailed) as refused:
+                await links.prepare("n1", address, 1, ("t2", "team", "rl", ""), (), 5)
+            assert "could not record the turn" in refused.value.why
+            assert not holders(service)
+            assert [t["turn_id"] for t in JobTurnStore(tmp_path).load_turns()] == ["t1"]
+            disk.full = False
+            await links.release("n1", address, 1, "t1", "yielded")  # answered: recorded now
+            assert JobTurnStore(tmp_path).load_turns() == []
+            await links.close()
+            assert disk.refused >= 4
+
+    with caplog.at_level(logging.INFO):
+        run(body)
+    no_traceback(caplog)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == ["node n1 could not record its job turns: [Errno 28] No space left on device"]
+    assert "node n1 recorded its job turns again" in caplog.text
+
+
+def test_a_member_joining_while_the_disk_is_full_is_kept_and_written_with_the_next_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A change no command waits on (a member joining its turn itself, a revoked member's
+    resume) is not refused for the disk: it stands, logged, and the next record writes it."""
+
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        disk = Disk(monkeypatch, turns._store)
+        turn = await turns.prepare(1, "t1", "team", "rl", timeout=5)
+        disk.full = True
+        turns.mark_joined(turn, "team/trainer", True)  # raises nothing
+        assert turn.joined == ["team/trainer"]
+        with pytest.raises(NotRecorded, match="turn t1 started here but could not record it"):
+            turns.commit(1, "t1")
+        disk.full = False
+        assert turns.commit(1, "t1").state == COMMITTED
+        (saved,) = JobTurnStore(tmp_path).load_turns()
+        assert (saved["joined"], saved["state"]) == (["team/trainer"], COMMITTED)
+        await service.close()
+
+    with caplog.at_level(logging.INFO):
+        run(body)
+    no_traceback(caplog)
