@@ -54,11 +54,36 @@ class Asked:
     """A job's turn being asked for: its plan, and what its callers wait on."""
 
     plan: Plan
-    future: asyncio.Future[JobTurn]
     abandoned: bool = False
     moving: bool = False
-    callers: int = 1
-    """Calls waiting on it: the job's members and retries ask for one turn together."""
+    callers: list[asyncio.Future[JobTurn]] = field(default_factory=list)
+    """One future per call waiting on it (the job's members and retries ask for one turn
+    together): each caller's own, so one that gives up cancels only its own, and a caller
+    wakes in the step its turn is decided (no task or shield between)."""
+
+    def ask(self) -> asyncio.Future[JobTurn]:
+        """A future for one more caller."""
+        future = asyncio.get_running_loop().create_future()
+        self.callers.append(future)
+        return future
+
+    def leave(self, future: asyncio.Future[JobTurn]) -> bool:
+        """A caller gives up; whether another still waits."""
+        if future in self.callers:
+            self.callers.remove(future)
+        return bool(self.callers)
+
+    def grant(self, turn: JobTurn) -> None:
+        """Every caller still waiting has the turn."""
+        for future in self.callers:
+            if not future.done():
+                future.set_result(turn)
+
+    def fail(self, error: Exception) -> None:
+        """Every caller still waiting hears why there is no turn."""
+        for future in self.callers:
+            if not future.done():
+                future.set_exception(error)
 
 
 def why_late(

@@ -95,25 +95,30 @@ class Arbiter:
         waiter_id = self._by_key.get(plan.key, "")
         wait = self._waits.get(waiter_id)
         if wait is not None:  # asked for already: wait for the same turn
-            wait.callers += 1
+            future = wait.ask()
             wait.abandoned = False  # a turn being prepared for a call gone (a retry) goes on
         else:
             waiter = self.table.enqueue(plan.key, plan.resources, duty=plan.duty, tier=plan.tier)
             waiter_id = waiter.waiter_id
-            wait = Asked(plan, asyncio.get_running_loop().create_future())
+            wait = Asked(plan)
+            future = wait.ask()
             self._waits[waiter_id] = wait
             self._by_key[plan.key] = waiter_id
             self._dispatch()
         asked = self.clock()
         try:
-            turn = await asyncio.wait_for(asyncio.shield(wait.future), timeout)
+            async with asyncio.timeout(timeout):
+                turn = await future
         except TimeoutError:
-            held, waiters = self.held.values(), self.table.waiters.values()
-            why = why_late(plan.key, plan.resources, held, waiters, wait.moving)
-            self._abandon(waiter_id)
-            raise TimeoutError(why) from None
+            if future.done() and not future.cancelled() and future.exception() is None:
+                turn = future.result()  # decided as the deadline came: the caller has it
+            else:
+                held, waiters = self.held.values(), self.table.waiters.values()
+                why = why_late(plan.key, plan.resources, held, waiters, wait.moving)
+                self._abandon(waiter_id, future)
+                raise TimeoutError(why) from None
         except asyncio.CancelledError:
-            self._abandon(waiter_id)
+            self._abandon(waiter_id, future)
             raise
         turn.waited = max(0.0, turn.granted_at - asked)
         return turn
@@ -231,8 +236,7 @@ class Arbiter:
         for turn in self.held.values():
             turn.ended.set()
         for wait in self._waits.values():
-            if not wait.future.done():
-                wait.future.set_exception(NotLeading(f"the coordinator stepped down: {reason}"))
+            wait.fail(NotLeading(f"the coordinator stepped down: {reason}"))
         for task in self._tasks:
             task.cancel()
         self._waits.clear()
@@ -302,8 +306,7 @@ class Arbiter:
         self.held[plan.key] = turn
         self._changed(turn.resources)
         self.on_granted(self.clock() - began)
-        if not wait.future.done():
-            wait.future.set_result(turn)
+        wait.grant(turn)
         self._reschedule()
         await handover.commit(
             self.links, plan, epoch, turn_id, lambda: self.held.get(plan.key) is turn
@@ -333,16 +336,15 @@ class Arbiter:
         if wait is not None and self._by_key.get(wait.plan.key) == waiter_id:
             del self._by_key[wait.plan.key]
         self.table.cancel(waiter_id)
-        if wait is not None and not wait.future.done():
-            wait.future.set_exception(error)
+        if wait is not None:
+            wait.fail(error)
         self._dispatch()
 
-    def _abandon(self, waiter_id: str) -> None:
+    def _abandon(self, waiter_id: str, future: asyncio.Future[JobTurn]) -> None:
         wait = self._waits.get(waiter_id)
         if wait is None:
             return
-        wait.callers -= 1
-        if wait.callers > 0:  # another call still waits for this turn
+        if wait.leave(future):  # another call still waits for this turn
             return
         if wait.moving:
             wait.abandoned = True  # the handover rolls back and ends the wait
