@@ -37,6 +37,8 @@ class JobTurnStore:
         self._turns_fd: int | None = None
         """The turns file, open for appending since the first save."""
         self._turns_bytes = 0
+        self.failing = ""
+        """Why the last write of the turns failed (a full disk), until one succeeds."""
 
     def load_epoch(self) -> int:
         """The highest epoch seen before (0 if none, or the file is unreadable: said once)."""
@@ -93,6 +95,23 @@ class JobTurnStore:
                 f"{len(line)} bytes written"
             )
         self._turns_bytes += len(line)
+
+    def record(self, turns: list[dict[str, Any]], strict: bool = False) -> bool:
+        """`save_turns`; whether the turns were written. A failure (a full disk) is logged once
+        while it lasts (`failing` says why) and raised only if `strict`."""
+        try:
+            self.save_turns(turns)
+        except OSError as exc:
+            if str(exc) != self.failing:
+                log.error("job turns file %s could not be written: %s", self._dir / TURNS_FILE, exc)
+            self.failing = str(exc)
+            if strict:
+                raise
+            return False
+        if self.failing:
+            log.info("job turns file %s is written again", self._dir / TURNS_FILE)
+            self.failing = ""
+        return True
 
     def _rewrite_turns(self, line: bytes) -> None:
         """The turns file with `line` alone (written atomically), then kept open to append."""

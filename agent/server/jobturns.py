@@ -65,8 +65,6 @@ class JobTurns:
         self._preparing: dict[str, Preparation] = {}
         self._dirty = False
         """The turns here changed since they were last written."""
-        self._unsaved = ""
-        """Why the last write of the turns failed (a full disk), until one succeeds."""
         service.turns.resumes.follow = self._resumed
 
     def load(self) -> None:
@@ -137,6 +135,7 @@ class JobTurns:
             return self.turns[turn_id]
         preparation = self._preparing.get(turn_id)
         if preparation is None:
+            self._end_older(turn_id, namespace, job, group)
             members = self.members(namespace, job)
             if not members:
                 raise NoMembers(f"job {namespace}/{job} has no pod with GPUs on node {self.node}")
@@ -168,13 +167,28 @@ class JobTurns:
             del self.turns[turn.turn_id]
             raise
 
+    def _end_older(self, turn_id: str, namespace: str, job: str, group: str) -> None:
+        """End the job's turn on the same group still held here: the coordinator prepares the
+        job's next turn only once that one is over, so its release went unheard (the agent
+        restarting, a leader change). Its members would otherwise still hold, or wait to be
+        given back, the GPUs the new turn asks for, and the prepare would fail on them."""
+        older = [
+            t
+            for t in self.turns.values()
+            if (t.namespace, t.job, t.group) == (namespace, job, group)
+        ]
+        for old in older:
+            why = f"the job's turn {turn_id} is being prepared; its release was not heard"
+            self._end(old.turn_id, why, unheard=True)
+        if older:
+            self._save()  # (a full disk: written with the new turn, or the next change)
+
     def _end_overtaken(self, turn: NodeTurn) -> None:
         """End each turn here that names a GPU `turn` was granted: the coordinator gave it to
         `turn`, so that one's release went unheard (its member was revoked at the maximum hold)."""
         for old in [t for t in self.turns.values() if set(t.gpus) & set(turn.gpus)]:
             why = f"its GPUs went to job {turn.namespace}/{turn.job}'s turn {turn.turn_id}"
-            log.warning("job %s/%s: turn %s ended: %s", old.namespace, old.job, old.turn_id, why)
-            self._end(old.turn_id, f"{why}; its release was not heard")
+            self._end(old.turn_id, f"{why}; its release was not heard", unheard=True)
 
     def commit(self, epoch: int, turn_id: str) -> NodeTurn:
         """The prepared turn starts; idempotent."""
@@ -203,15 +217,17 @@ class JobTurns:
         self._recorded(f"turn {turn_id} ended here")
         return released
 
-    def _end(self, turn_id: str, reason: str) -> bool:
-        """End the turn or its preparation here (not yet on disk); False if there was none."""
+    def _end(self, turn_id: str, reason: str, unheard: bool = False) -> bool:
+        """End the turn or its preparation here (not yet on disk); False if there was none.
+        `unheard`: ended for a release the node never heard (logged as a warning)."""
         task = self.preparation(turn_id)
         if task is not None:
             task.cancel()  # its acquires leave the queue, or give back what they were granted
         turn = self.turns.pop(turn_id, None)
         if turn is None:
             return task is not None
-        log.info(
+        log.log(
+            logging.WARNING if unheard else logging.INFO,
             "job %s/%s: turn %s released (%s)",
             turn.namespace, turn.job, turn_id, reason or "no reason given",
         )  # fmt: skip
@@ -352,24 +368,13 @@ class JobTurns:
         `NotRecorded` (saying what was `done` here all the same) if they cannot be written."""
         if self._dirty and not self._save():
             raise NotRecorded(
-                f"node {self.node}: {done} but could not record it ({self._unsaved}); "
+                f"node {self.node}: {done} but could not record it ({self._store.failing}); "
                 "the same call is answered once it can"
             )
 
     def _save(self, strict: bool = False) -> bool:
-        """Write the turns held here; whether they were. A failure (a full disk) is logged once
-        while it lasts, and raised if `strict`; the next change that can be written catches up."""
-        try:
-            self._store.save_turns([t.to_json() for t in self.turns.values()])
-        except OSError as exc:
-            if str(exc) != self._unsaved:
-                log.error("node %s could not record its job turns: %s", self.node, exc)
-            self._dirty, self._unsaved = True, str(exc)
-            if strict:
-                raise
-            return False
-        self._dirty = False
-        if self._unsaved:
-            log.info("node %s recorded its job turns again", self.node)
-            self._unsaved = ""
-        return True
+        """Write the turns held here; whether they were (`JobTurnStore.record`): the next change
+        that can be written catches up."""
+        self._dirty = True
+        self._dirty = not self._store.record([t.to_json() for t in self.turns.values()], strict)
+        return not self._dirty

@@ -114,8 +114,11 @@ def test_a_release_the_disk_refuses_ends_the_turn_and_is_answered_once_recorded(
         run(body)
     no_traceback(caplog)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert errors == ["node n1 could not record its job turns: [Errno 28] No space left on device"]
-    assert "node n1 recorded its job turns again" in caplog.text
+    path = tmp_path / "job-turns.json"
+    assert errors == [
+        f"job turns file {path} could not be written: [Errno 28] No space left on device"
+    ]
+    assert f"job turns file {path} is written again" in caplog.text
 
 
 def test_a_member_joining_while_the_disk_is_full_is_kept_and_written_with_the_next_record(
