@@ -54,6 +54,23 @@ def node(tmp_path: Path) -> tuple[LeaseService, JobTurns]:
     return service, turns
 
 
+def revoking_node(tmp_path: Path) -> tuple[LeaseService, JobTurns]:
+    """A node of a job's trainer and a node-local pod on GPU-0 whose maximum hold (0.2 s, until
+    a test raises it) revokes the trainer's turn once the local pod asks."""
+    service = LeaseService(
+        table=LeaseTable(clock=time.time, max_hold=0.2),
+        preparer=lambda host: NullPreparer(),
+        clock=time.time,
+        store=StateStore(tmp_path),
+    )
+    service.load()
+    service.upsert_pod(pod("trainer", ("GPU-0",), {LABEL_JOB: "rl"}))
+    service.upsert_pod(pod("solo", ("GPU-0",)))
+    turns = JobTurns(service, "n1", JobTurnStore(tmp_path), time.time)
+    turns.load()
+    return service, turns
+
+
 def run(body: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(body(), 10))
 
@@ -144,22 +161,8 @@ def test_a_turn_names_the_lease_that_gives_a_revoked_member_its_gpu_back_also_on
     """The maximum hold revokes the trainer's turn for a node-local pod and gives it back under
     a new lease: the job's turn names that lease, and an agent started again takes it up."""
 
-    def started() -> tuple[LeaseService, JobTurns]:
-        service = LeaseService(
-            table=LeaseTable(clock=time.time, max_hold=0.2),
-            preparer=lambda host: NullPreparer(),
-            clock=time.time,
-            store=StateStore(tmp_path),
-        )
-        service.load()
-        service.upsert_pod(pod("trainer", ("GPU-0",), {LABEL_JOB: "rl"}))
-        service.upsert_pod(pod("solo", ("GPU-0",)))
-        turns = JobTurns(service, "n1", JobTurnStore(tmp_path), time.time)
-        turns.load()
-        return service, turns
-
     async def body() -> None:
-        service, turns = started()
+        service, turns = revoking_node(tmp_path)
         first = (await turns.prepare(1, "t1", "team", "rl", timeout=5)).leases[0]
         service.table.max_hold = 60.0  # the trainer's turn alone runs out
         solo = service.tenants.tenants["team/solo"]
@@ -169,7 +172,7 @@ def test_a_turn_names_the_lease_that_gives_a_revoked_member_its_gpu_back_also_on
         assert turns.turns["t1"].leases == (resumed.lease_id,)
         assert turns.turn_of_lease("team/trainer", first) is turns.turns["t1"]
         await service.close()
-        service, again = started()  # the agent restarts
+        service, again = revoking_node(tmp_path)  # the agent restarts
         assert list(again.turns) == ["t1"]
         assert again.lease_of("team/trainer", "t1") == (again.turns["t1"], resumed.lease_id)
         assert again.release(1, "t1", "yielded")
@@ -324,29 +327,16 @@ def test_a_member_whose_revoked_turn_waits_to_be_given_back_keeps_its_jobs_turn_
     """The agent restarts while the trainer's revoked turn waits for the node-local pod's to
     end: the job's turn is taken up, and the lease it names is the one the trainer gets."""
 
-    def started() -> tuple[LeaseService, JobTurns]:
-        service = LeaseService(
-            table=LeaseTable(clock=time.time, max_hold=0.2),
-            preparer=lambda host: NullPreparer(),
-            clock=time.time,
-            store=StateStore(tmp_path),
-        )
-        service.load()
-        service.upsert_pod(pod("trainer", ("GPU-0",), {LABEL_JOB: "rl"}))
-        service.upsert_pod(pod("solo", ("GPU-0",)))
-        turns = JobTurns(service, "n1", JobTurnStore(tmp_path), time.time)
-        turns.load()
-        return service, turns
-
     async def body() -> None:
-        service, turns = started()
+        service, turns = revoking_node(tmp_path)
         await turns.prepare(1, "t1", "team", "rl", timeout=5)
         service.table.max_hold = 60.0  # the trainer's turn alone runs out
         solo = service.tenants.tenants["team/solo"]
         local = await service.acquire(solo, (), timeout=5)  # once the trainer's is revoked
         [resume] = turns.turns["t1"].leases
         await service.close()
-        service, again = started()  # the agent restarts with the trainer's turn to give back
+        # The agent restarts with the trainer's turn to give back.
+        service, again = revoking_node(tmp_path)
         assert list(again.turns) == ["t1"]
         assert [w.waiter_id for w in service.table.waiters.values() if w.front] == [resume]
         service.yield_(service.tenants.tenants["team/solo"], local.lease.lease_id)

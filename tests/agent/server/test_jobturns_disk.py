@@ -6,14 +6,17 @@ the coordinator's own connection)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from agent.node.jobturn_store import JobTurnStore
-from agent.server.jobturns import COMMITTED, NotRecorded
+from agent.server.jobturns import COMMITTED, JobTurns, NotRecorded
+from agent.server.service import LeaseService
 from coordinator.agents import AgentLinks, NodeFailed
 from tests.agent.server.test_jobturns import TOKEN, node, run
 from tests.agent.server.test_jobturns_link import holders, serving
@@ -40,6 +43,24 @@ class Disk:
         return guarded
 
 
+@asynccontextmanager
+async def node_and_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[LeaseService, JobTurns, Disk, Callable[..., Any]]]:
+    """A node's job turns served on loopback, its disk, and the coordinator's calls to it by
+    name (`call("prepare", epoch, ...)`, the node and address filled in)."""
+    async with serving(tmp_path) as (service, turns, address):
+        links = AgentLinks(TOKEN)
+
+        def call(kind: str, *args: Any) -> Any:
+            return getattr(links, kind)("n1", address, *args)
+
+        try:
+            yield service, turns, Disk(monkeypatch, turns._store), call
+        finally:
+            await links.close()
+
+
 def no_traceback(caplog: pytest.LogCaptureFixture) -> None:
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
@@ -48,26 +69,23 @@ def test_a_new_epoch_the_disk_refuses_is_not_obeyed_and_the_call_is_refused_unav
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def body() -> None:
-        async with serving(tmp_path) as (service, turns, address):
-            disk = Disk(monkeypatch, turns._store)
-            links = AgentLinks(TOKEN)
-            await links.report("n1", address, 1)
+        async with node_and_disk(tmp_path, monkeypatch) as (service, turns, disk, call):
+            await call("report", 1)
             disk.full = True
             with pytest.raises(NodeFailed) as refused:
-                await links.prepare("n1", address, 2, ("t1", "team", "rl", ""), (), 5)
+                await call("prepare", 2, ("t1", "team", "rl", ""), (), 5)
             assert refused.value.code == grpc.StatusCode.UNAVAILABLE
             assert "node n1 could not record coordinator epoch 2" in refused.value.why
             assert "No space left on device" in refused.value.why
             assert turns.epoch == 1 and not holders(service)  # not obeyed, nothing granted
             # An older leader's command is still refused as stale, not for the disk.
             with pytest.raises(NodeFailed) as stale:
-                await links.commit("n1", address, 0, "t1")
+                await call("commit", 0, "t1")
             assert stale.value.code == grpc.StatusCode.FAILED_PRECONDITION
             disk.full = False  # room again: the same prepare goes through
-            turn = await links.prepare("n1", address, 2, ("t1", "team", "rl", ""), (), 5)
+            turn = await call("prepare", 2, ("t1", "team", "rl", ""), (), 5)
             assert list(turn.members) == ["team/sampler", "team/trainer"]
             assert JobTurnStore(tmp_path).load_epoch() == 2
-            await links.close()
 
     with caplog.at_level(logging.INFO):
         run(body)
@@ -83,31 +101,28 @@ def test_a_release_the_disk_refuses_ends_the_turn_and_is_answered_once_recorded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def body() -> None:
-        async with serving(tmp_path) as (service, turns, address):
-            disk = Disk(monkeypatch, turns._store)
-            links = AgentLinks(TOKEN)
-            await links.prepare("n1", address, 1, ("t1", "team", "rl", ""), (), 5)
+        async with node_and_disk(tmp_path, monkeypatch) as (service, turns, disk, call):
+            await call("prepare", 1, ("t1", "team", "rl", ""), (), 5)
             disk.full = True
             with pytest.raises(NodeFailed) as refused:  # a commit must be recorded too
-                await links.commit("n1", address, 1, "t1")
+                await call("commit", 1, "t1")
             assert refused.value.code == grpc.StatusCode.UNAVAILABLE
             assert "turn t1 started here but could not record it" in refused.value.why
             for _ in range(2):  # the coordinator sends a release again until it is heard
                 with pytest.raises(NodeFailed) as refused:
-                    await links.release("n1", address, 1, "t1", "yielded")
+                    await call("release", 1, "t1", "yielded")
                 assert refused.value.code == grpc.StatusCode.UNAVAILABLE
                 assert "turn t1 ended here but could not record it" in refused.value.why
                 assert not holders(service) and not turns.turns  # ended here all the same
             # The next job's turn cannot be recorded either: refused, nothing of it held.
             with pytest.raises(NodeFailed) as refused:
-                await links.prepare("n1", address, 1, ("t2", "team", "rl", ""), (), 5)
+                await call("prepare", 1, ("t2", "team", "rl", ""), (), 5)
             assert "could not record the turn" in refused.value.why
             assert not holders(service)
             assert [t["turn_id"] for t in JobTurnStore(tmp_path).load_turns()] == ["t1"]
             disk.full = False
-            await links.release("n1", address, 1, "t1", "yielded")  # answered: recorded now
+            await call("release", 1, "t1", "yielded")  # answered: recorded now
             assert JobTurnStore(tmp_path).load_turns() == []
-            await links.close()
             assert disk.refused >= 4
 
     with caplog.at_level(logging.INFO):

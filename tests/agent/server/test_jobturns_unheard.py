@@ -7,19 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from pathlib import Path
 
 import pytest
 
-from agent.core.leases import LeaseTable
-from agent.core.residency import NullPreparer
 from agent.node.jobturn_store import JobTurnStore
-from agent.node.state import StateStore
-from agent.server.jobturns import JobTurns
-from agent.server.service import LeaseService
-from baton.contract.names import LABEL_JOB
-from tests.agent.server.test_jobturns import node, pod, run
+from tests.agent.server.test_jobturns import node, revoking_node, run
 from tests.agent.server.test_jobturns_link import until
 
 UNHEARD = "turn t1 released (the job's turn t2 is being prepared; its release was not heard)"
@@ -45,21 +38,12 @@ def test_a_jobs_next_turn_ends_the_one_whose_release_was_not_heard(
 
 def test_a_member_waiting_for_its_revoked_turn_joins_the_jobs_next_turn(tmp_path: Path) -> None:
     """The maximum hold revoked the trainer's turn for a node-local pod; the job's next turn
-    (t1's release unheard) waits for the GPU and is made once the local pod yields. Before, its
-    prepare failed: "tenant 'team/trainer' already waits for GPU-0"."""
+    (t1's release unheard) waits for the GPU and is made once the local pod yields, where its
+    member's revoked turn, still waiting to be given back, would have refused it ("already
+    waits for GPU-0")."""
 
     async def body() -> None:
-        service = LeaseService(
-            table=LeaseTable(clock=time.time, max_hold=0.2),
-            preparer=lambda host: NullPreparer(),
-            clock=time.time,
-            store=StateStore(tmp_path),
-        )
-        service.load()
-        service.upsert_pod(pod("trainer", ("GPU-0",), {LABEL_JOB: "rl"}))
-        service.upsert_pod(pod("solo", ("GPU-0",)))
-        turns = JobTurns(service, "n1", JobTurnStore(tmp_path), time.time)
-        turns.load()
+        service, turns = revoking_node(tmp_path)
         await turns.prepare(1, "t1", "team", "rl", timeout=5)
         service.table.max_hold = 60.0
         solo = service.tenants.tenants["team/solo"]
