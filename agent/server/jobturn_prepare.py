@@ -115,7 +115,7 @@ class Preparation:
             if not a.exception()
         }
         if failed or self.epoch < turns.epoch:  # a newer leader took over while room was made
-            self._give_back(got)
+            self._give_back({tenant_id: granted.lease for tenant_id, granted in got.items()})
             if not failed:
                 turns.fence(self.epoch)  # raises StaleEpoch, naming both epochs
             member, error = failed[0]
@@ -124,7 +124,7 @@ class Preparation:
         try:
             return self._make()
         except OSError as exc:  # the turns file: the members' turns go back
-            self._give_back(got)
+            self._give_back(self.granted)
             raise PrepareFailed(f"node {turns.node} could not record the turn: {exc}") from exc
 
     def _granted(self, tenant_id: str, lease: Lease) -> None:
@@ -192,17 +192,20 @@ class Preparation:
         # A second cancel (the call's, then its release's) must not cut this short: the
         # members granted already would keep their GPUs.
         await to_the_end(*asks)
+        # A member granted as its acquire was cancelled (the agent stopping in that step) keeps
+        # its lease there: `granted` has it. No turn was made or answered, so nobody else does.
         self._give_back(
             {
-                m.tenant_id: ask.result()
+                m.tenant_id: ask.result().lease
                 for m, ask in zip(self.members, asks, strict=True)
                 if not ask.cancelled() and ask.exception() is None
             }
+            | self.granted
         )
 
-    def _give_back(self, granted: dict[str, Granted]) -> None:
+    def _give_back(self, granted: dict[str, Lease]) -> None:
         """The members' turns granted go back, and the turn's stand-in sessions close."""
-        for tenant_id, got in granted.items():
-            self._turns.yield_member(tenant_id, got.lease.lease_id)
+        for tenant_id, lease in granted.items():
+            self._turns.yield_member(tenant_id, lease.lease_id)
         for session in self._sessions:
             self._turns.service.sessions.close(session)

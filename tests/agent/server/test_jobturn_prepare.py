@@ -292,3 +292,30 @@ def test_a_listener_that_fails_does_not_fail_the_grant_that_made_the_turn(
 
     run(body)
     assert "job turn t1: telling of it failed" in caplog.messages
+
+
+def test_a_member_granted_as_the_stopping_agent_gives_the_preparation_up_is_given_back(
+    tmp_path: Path,
+) -> None:
+    """The agent stops (its job-turn connections cancel their preparations) in the step that
+    grants one member: no turn was made or answered, so nobody outside knows of that grant, and
+    the member's turn goes back rather than staying held for the next agent's grace."""
+
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        other = service.tenants.tenants["team/other"]
+        on_0 = await service.acquire(other, ("GPU-0",), timeout=5)
+        await service.acquire(other, ("GPU-1",), timeout=5)
+        preparing = asyncio.create_task(turns.prepare(1, "t1", "team", "rl", timeout=5))
+        await until(lambda: len(service.table.waiters) == 2)
+        service.stopping = True  # the agent stops: its connection's end cancels the preparation
+        turns._preparing["t1"].task.cancel()
+        service.yield_(other, on_0.lease.lease_id)  # and in this step the trainer is granted
+        assert "team/trainer" in holders(service)
+        with pytest.raises(asyncio.CancelledError):
+            await preparing
+        assert holders(service) == {"team/other"}
+        assert not service.table.waiters and not turns.turns
+        await service.close()
+
+    run(body)
