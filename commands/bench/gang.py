@@ -70,6 +70,8 @@ class GangSetup:
     crossed: int = 1000
     rounds: int = 3
     """The handoff phase and its reference take turns for this many rounds."""
+    pin: bool = True
+    """Each node's agent on one CPU of this machine (`GangCluster`)."""
 
     def check(self) -> None:
         """Refuse what cannot run, naming the option."""
@@ -90,7 +92,7 @@ def run_gang_bench(setup: GangSetup) -> dict[str, Any]:
     setup.check()
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="baton-gang-") as workdir:
-        cluster = GangCluster(Path(workdir), setup.nodes)
+        cluster = GangCluster(Path(workdir), setup.nodes, setup.pin)
         with cluster.running():
             jobs = {
                 f"job-{i}": cluster.add_job(f"job-{i}", cluster.nodes) for i in range(setup.jobs)
@@ -103,6 +105,7 @@ def run_gang_bench(setup: GangSetup) -> dict[str, Any]:
             cross = {f"cross-{c}": cluster.add_job(f"cross-{c}", crossing) for c in "ab"}
             cluster.wait_known({**jobs, **parking, **cross})
             found = asyncio.run(_phases(setup, cluster, jobs, parking, list(cross)))
+            found.agent_cpus = [node.cpu for node in cluster.nodes]
     return _report(setup, found, load)
 
 
@@ -174,6 +177,7 @@ def _report(setup: GangSetup, found: Figures, load: float) -> dict[str, Any]:
         "crossed_timeouts": found.crossed_timeouts,
         "crossed_failures": found.crossed_failures,
         "rounds": setup.rounds,
+        "agent_cpus": found.agent_cpus,
         "load_1m": round(load, 2),
         "meets_handoff_target": handoff_p99 <= reference_p99 + TARGETS["handoff_over_reference_ms"],
         "meets_skew_target": skew_p99 <= TARGETS["skew_ms"],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -50,8 +51,17 @@ START_S = 90.0
 class GangNode:
     """One node: its Node object, its agent process and that agent's simulated GPU."""
 
-    def __init__(self, root: Path, kubeconfig: Path, name: str, ports: tuple[int, int]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        kubeconfig: Path,
+        name: str,
+        ports: tuple[int, int],
+        cpu: int | None = None,
+    ) -> None:
         self.name = name
+        self.cpu = cpu
+        """The CPU of this machine the node's agent runs on (None: any)."""
         self.gpu = fake_gpu_uuid(0, name)
         self.root, self.kubeconfig = root, kubeconfig
         self.dir = root / name
@@ -83,6 +93,18 @@ class GangNode:
             ],
             self.dir / "agent.log",
         )  # fmt: skip
+
+    def start(self) -> None:
+        """Start the node's agent, on its CPU: a node's agent has that node's CPUs, and its
+        event loop and its worker thread wake each other there, not across this machine's."""
+        self.process.start()
+        if self.cpu is None:
+            return
+        try:
+            os.sched_setaffinity(self.process.pid, {self.cpu})
+        except OSError as exc:
+            log.warning("the agent of %s runs on any CPU (CPU %d: %s)", self.name, self.cpu, exc)
+            self.cpu = None
 
     def body(self) -> dict[str, Any]:
         """The Node object, its simulated GPU annotated as the device plugin would."""
@@ -120,15 +142,22 @@ class GangNode:
 class GangCluster:
     """The control plane, the nodes' agents, the job pods and the coordinator's view."""
 
-    def __init__(self, root: Path, nodes: int) -> None:
+    def __init__(self, root: Path, nodes: int, pin: bool = True) -> None:
+        """`pin`: node i's agent on CPU i (modulo the CPUs this process may use), the rest of
+        the cluster (the API server, the coordinator) on any."""
         self.root = root
         self.plane = ControlPlane(
             root / "plane", controller_manager=False, scheduler=False, ports="free"
         )
         ports = free_ports(2 * nodes)
+        cpus = sorted(os.sched_getaffinity(0))
         self.nodes = [
             GangNode(
-                root, self.plane.admin_kubeconfig, f"gang-{i}", (ports[2 * i], ports[2 * i + 1])
+                root,
+                self.plane.admin_kubeconfig,
+                f"gang-{i}",
+                (ports[2 * i], ports[2 * i + 1]),
+                cpus[i % len(cpus)] if pin else None,
             )
             for i in range(nodes)
         ]
@@ -149,7 +178,7 @@ class GangCluster:
             make_namespace(self.core, NAMESPACE)
             for node in self.nodes:
                 self.core.create_node(node.body())
-                node.process.start()
+                node.start()
             for node in self.nodes:
                 self._started(node)
             self._watch(api)
@@ -176,7 +205,7 @@ class GangCluster:
             log.warning("agent of %s found a port of its taken; on other ports", node.name)
             port, http_port = free_ports(2)
             node.listen_on((port, http_port))
-            node.process.start()
+            node.start()
 
     def _annotated(self, node: GangNode) -> Any:
         def probe() -> bool | None:

@@ -153,6 +153,14 @@ def bench_gang(
     crossed: Annotated[
         int, typer.Option(help="Turns two jobs crossing on two nodes take, each acquire bounded.")
     ] = 1000,
+    pin_agents: Annotated[
+        bool,
+        typer.Option(
+            "--pin-agents/--float-agents",
+            help="Node i's agent on CPU i of this machine (modulo its CPUs), as a node's agent "
+            "has its node's CPUs; or every agent on any CPU.",
+        ),
+    ] = True,
     as_json: AsJson = False,
 ) -> None:
     """Jobs spanning several nodes through the coordinator, against agent processes and a real
@@ -162,7 +170,9 @@ def bench_gang(
     from commands.localnode.binaries import find_binaries
     from commands.localnode.procs import LocalNodeError
 
-    setup = GangSetup(nodes=nodes, jobs=jobs, turns=turns, hold_ms=hold_ms, crossed=crossed)
+    setup = GangSetup(
+        nodes=nodes, jobs=jobs, turns=turns, hold_ms=hold_ms, crossed=crossed, pin=pin_agents
+    )
     try:
         setup.check()
     except ValueError as err:

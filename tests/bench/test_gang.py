@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -16,6 +18,11 @@ from commands.bench.gang import GangSetup
 from commands.bench.gang_nodes import GangCluster
 from commands.cli import app
 from commands.localnode.binaries import find_binaries, search_dirs
+
+
+def cpus_of(task: Path) -> frozenset[int]:
+    """The CPUs a thread of a process may run on."""
+    return frozenset(os.sched_getaffinity(int(task.name)))
 
 
 def test_a_setup_the_bench_cannot_run_names_its_option() -> None:
@@ -64,6 +71,8 @@ def test_the_bench_reports_every_figure_with_sane_values() -> None:
     assert figures["parks"] > 0 and figures["restores"] > 0  # the parks were forced
     for target in ("handoff", "skew", "efficiency", "deadlock"):
         assert isinstance(figures[f"meets_{target}_target"], bool)
+    cpus = sorted(os.sched_getaffinity(0))
+    assert figures["agent_cpus"] == [cpus[0], cpus[1 % len(cpus)]]  # node i's on CPU i
 
 
 @pytest.mark.timeout(120)
@@ -79,4 +88,8 @@ def test_an_agent_whose_port_was_taken_before_it_bound_starts_on_other_ports(tmp
         with cluster.running():
             assert first.port != drawn
             assert first.tenants() == set()  # its agent answers on the ports it got
+            # Started again, it is on its node's CPU all the same, and so are its threads.
+            assert first.cpu is not None
+            tasks = Path(f"/proc/{first.process.pid}/task")
+            assert {cpus_of(t) for t in tasks.iterdir()} == {frozenset({first.cpu})}
     assert "address already in use" in (tmp_path / first.name / "agent.log").read_text()
