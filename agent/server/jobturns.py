@@ -65,6 +65,8 @@ class JobTurns:
         self._preparing: dict[str, Preparation] = {}
         self._dirty = False
         """The turns here changed since they were last written."""
+        self._unfenced = ""
+        """Why the last new epoch could not be recorded (logged once), until one is."""
         service.turns.resumes.follow = self._resumed
 
     def load(self) -> None:
@@ -106,8 +108,13 @@ class JobTurns:
                 self._store.save_epoch(epoch)
             except OSError as exc:  # obeyed only once it would survive a restart
                 why = f"node {self.node} could not record coordinator epoch {epoch} ({exc})"
-                log.error("%s; it obeys epoch %d until it can", why, self.epoch)
+                if why != self._unfenced:  # its calls come again, with backoff: said once
+                    log.error("%s; it obeys epoch %d until it can", why, self.epoch)
+                self._unfenced = why
                 raise NotRecorded(f"{why}: its commands are refused until it can") from None
+            if self._unfenced:
+                log.info("node %s recorded coordinator epoch %d", self.node, epoch)
+                self._unfenced = ""
             if self.epoch:
                 log.info("coordinator epoch %d follows %d", epoch, self.epoch)
             self.epoch = epoch

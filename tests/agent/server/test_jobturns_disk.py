@@ -160,3 +160,32 @@ def test_a_member_joining_while_the_disk_is_full_is_kept_and_written_with_the_ne
     with caplog.at_level(logging.INFO):
         run(body)
     no_traceback(caplog)
+
+
+def test_a_new_epoch_refused_again_and_again_is_logged_once_and_once_when_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A new leader asks a node whose disk is full again and again (its recovery, its releases,
+    with backoff): the node says so once, not once a call, and once more when it records it."""
+
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        disk = Disk(monkeypatch, turns._store)
+        turns.report(1)
+        disk.full = True
+        for _ in range(3):
+            with pytest.raises(NotRecorded, match="could not record coordinator epoch 2"):
+                turns.report(2)
+        disk.full = False
+        turns.report(2)
+        assert turns.epoch == 2
+        await service.close()
+
+    with caplog.at_level(logging.INFO):
+        run(body)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        "node n1 could not record coordinator epoch 2 ([Errno 28] No space left on device); "
+        "it obeys epoch 1 until it can"
+    ]
+    assert "node n1 recorded coordinator epoch 2" in caplog.text
