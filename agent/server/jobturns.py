@@ -142,7 +142,6 @@ class JobTurns:
             return self.turns[turn_id]
         preparation = self._preparing.get(turn_id)
         if preparation is None:
-            self._end_older(turn_id, namespace, job, group)
             members = self.members(namespace, job)
             if not members:
                 raise NoMembers(f"job {namespace}/{job} has no pod with GPUs on node {self.node}")
@@ -155,6 +154,7 @@ class JobTurns:
                     )
                 members = [m for m in members if m.tenant_id in set(pods)]
             own_gpus(members, namespace, job, self.node)
+            self._end_older(turn_id, namespace, job, group, {m.tenant_id for m in members})
             whose = (namespace, job, group)
             preparation = Preparation(self, epoch, turn_id, whose, members, nodes, timeout)
             self._preparing[turn_id] = preparation
@@ -174,15 +174,20 @@ class JobTurns:
             del self.turns[turn.turn_id]
             raise
 
-    def _end_older(self, turn_id: str, namespace: str, job: str, group: str) -> None:
-        """End the job's turn on the same group still held here: the coordinator prepares the
-        job's next turn only once that one is over, so its release went unheard (the agent
-        restarting, a leader change). Its members would otherwise still hold, or wait to be
-        given back, the GPUs the new turn asks for, and the prepare would fail on them."""
+    def _end_older(
+        self, turn_id: str, namespace: str, job: str, group: str, pods: set[str]
+    ) -> None:
+        """End the job's turns still held here on the same group, or on any group with one of
+        the new turn's `pods`: the coordinator prepares the job's next turn on a group only once
+        that one is over, and never one that shares a pod with a turn the job holds (a turn on
+        a group it covers is that turn), so their release went unheard (the agent restarting, a
+        leader change). Their members would otherwise still hold, or wait to be given back, the
+        GPUs the new turn asks for, and the prepare would fail on them."""
         older = [
             t
             for t in self.turns.values()
-            if (t.namespace, t.job, t.group) == (namespace, job, group)
+            if (t.namespace, t.job) == (namespace, job)
+            and (t.group == group or not pods.isdisjoint(t.members))
         ]
         for old in older:
             why = f"the job's turn {turn_id} is being prepared; its release was not heard"

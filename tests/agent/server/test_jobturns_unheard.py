@@ -1,7 +1,8 @@
 """A job's next turn prepared on a node that never heard its last turn's release (the agent
 restarting, a leader change): the older turn ends there and the new one is made, whether its
-member still holds the GPU or waits for a revoked turn to be given back; the job's turn on
-another group stands (`agent.server.jobturns`)."""
+member still holds the GPU or waits for a revoked turn to be given back, and whether the new
+turn is on the older one's group or on another that shares a pod with it; the job's turn on
+another group, of other pods, stands (`agent.server.jobturns`)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,25 @@ def test_the_jobs_turn_on_another_group_stands(tmp_path: Path) -> None:
         await service.close()
 
     run(body)
+
+
+def test_a_jobs_next_turn_on_a_group_its_unheard_turn_covered_ends_that_turn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The coordinator granted the job's turn on group g1 out of the turn t1 it held on all its
+    pods (it covers g1), and sent t1's release when the last of the two was yielded; the node
+    did not hear it. The job's next turn on g1 ends t1 here: the coordinator never prepares a
+    job's turn that shares a pod with one it still holds."""
+
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        await turns.prepare(1, "t1", "team", "rl", timeout=5)
+        turns.commit(1, "t1")
+        turn = await turns.prepare(1, "t2", "team", "rl", 5, pods=["team/trainer"], group="g1")
+        assert list(turns.turns) == ["t2"] and turn.members == ("team/trainer",)
+        assert {lease.lease_id for lease in service.table.leases.values()} == set(turn.leases)
+        await service.close()
+
+    with caplog.at_level(logging.WARNING):
+        run(body)
+    assert [r.getMessage() for r in caplog.records] == [f"job team/rl: {UNHEARD}"]
