@@ -167,11 +167,13 @@ class JobTurns:
         """Record a prepared turn (on disk before anyone hears of it); the turns here that
         held its GPUs end."""
         self._end_overtaken(turn)
+        dirty = self._dirty  # all that waits to be written once the turn is withdrawn
         self.turns[turn.turn_id] = turn
         try:
             self._save(strict=True)
         except OSError:
             del self.turns[turn.turn_id]
+            self._dirty = dirty  # its roll-back has nothing to record
             raise
 
     def _end_older(

@@ -189,3 +189,25 @@ def test_a_new_epoch_refused_again_and_again_is_logged_once_and_once_when_record
         "it obeys epoch 1 until it can"
     ]
     assert "node n1 recorded coordinator epoch 2" in caplog.text
+
+
+def test_the_roll_back_of_a_turn_the_disk_refused_is_answered_while_the_disk_is_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prepare that could not be recorded leaves the node as its disk has it: the coordinator's
+    roll-back of that turn is answered at once (nothing to record), not refused UNAVAILABLE and
+    sent again and again until the disk frees, once for each turn that failed so."""
+
+    async def body() -> None:
+        async with serving(tmp_path) as (service, turns, address):
+            disk = Disk(monkeypatch, turns._store)
+            links = AgentLinks(TOKEN)
+            await links.report("n1", address, 1)
+            disk.full = True
+            with pytest.raises(NodeFailed, match="could not record the turn"):
+                await links.prepare("n1", address, 1, ("t1", "team", "rl", ""), (), 5)
+            assert await links.release("n1", address, 1, "t1", "rolled back") is False
+            assert not holders(service) and not turns.turns
+            await links.close()
+
+    run(body)
