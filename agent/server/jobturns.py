@@ -296,15 +296,6 @@ class JobTurns:
             return ""
         return str(standing(table, self.service.metrics, waiter, self._clock())["why"])
 
-    def tokens(self, turn: NodeTurn) -> tuple[int, ...]:
-        """Each member's fencing token (its lowest GPU's) as it computes now: its live lease's,
-        which a revocation given back renews; the one it was prepared with while it has none."""
-        leases = (self.lease(lease_id) for lease_id in turn.leases)
-        return tuple(
-            min(lease.tokens.values()) if lease is not None else token
-            for lease, token in zip(leases, turn.tokens, strict=True)
-        )
-
     def lease(self, lease_id: str) -> Lease | None:
         """A member's lease, as the lease table holds it (None once it ended)."""
         return self.service.table.leases.get(lease_id)

@@ -51,7 +51,7 @@ def _code(exc: errors.AgentError) -> str:
 
 
 def node_turn_pb(turns: JobTurns, turn: NodeTurn) -> jt.NodeTurn:
-    """A node turn as the wire carries it, with its members' live tokens (`JobTurns.tokens`)."""
+    """A node turn as the wire carries it, with its members' live tokens (`live_tokens`)."""
     return jt.NodeTurn(
         turn_id=turn.turn_id,
         namespace=turn.namespace,
@@ -60,13 +60,23 @@ def node_turn_pb(turns: JobTurns, turn: NodeTurn) -> jt.NodeTurn:
         state=turn.state,
         members=turn.members,
         gpus=turn.gpus,
-        fencing_tokens=turns.tokens(turn),
+        fencing_tokens=live_tokens(turns, turn),
         prepared_at=turn.prepared_at,
         committed_at=turn.committed_at,
         group=turn.group,
         restored=turn.restored,
         joined=turn.joined,
         nodes=turn.nodes,
+    )
+
+
+def live_tokens(turns: JobTurns, turn: NodeTurn) -> tuple[int, ...]:
+    """Each member's fencing token (its lowest GPU's) as it computes now: its live lease's,
+    which a revocation given back renews; the one it was prepared with while it has none."""
+    leases = (turns.lease(lease_id) for lease_id in turn.leases)
+    return tuple(
+        min(lease.tokens.values()) if lease is not None else token
+        for lease, token in zip(leases, turn.tokens, strict=True)
     )
 
 

@@ -27,7 +27,7 @@ class NodeTurn:
     gpus: tuple[str, ...]
     tokens: tuple[int, ...]
     """Each member's fencing token (its lowest GPU's) as the turn was prepared, in the order of
-    `members` (`JobTurns.tokens` gives the live ones)."""
+    `members` (`jobturns_link.live_tokens` gives the live ones)."""
     prepared_at: float
     group: str = ""
     restored: bool = False
