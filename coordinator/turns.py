@@ -110,13 +110,12 @@ class Arbiter:
             async with asyncio.timeout(timeout):
                 turn = await future
         except TimeoutError:
-            if future.done() and not future.cancelled() and future.exception() is None:
-                turn = future.result()  # decided as the deadline came: the caller has it
-            else:
+            if not future.done() or future.cancelled():
                 held, waiters = self.held.values(), self.table.waiters.values()
                 why = why_late(plan.key, plan.resources, held, waiters, wait.moving)
                 self._abandon(waiter_id, future)
                 raise TimeoutError(why) from None
+            turn = future.result()  # decided (or failed: raised) as the deadline came
         except asyncio.CancelledError:
             self._abandon(waiter_id, future)
             raise

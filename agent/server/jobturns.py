@@ -111,7 +111,10 @@ class JobTurns:
                 if why != self._unfenced:  # its calls come again, with backoff: said once
                     log.error("%s; it obeys epoch %d until it can", why, self.epoch)
                 self._unfenced = why
-                raise NotRecorded(f"{why}: its commands are refused until it can") from None
+                raise NotRecorded(  # (the coordinator names the node)
+                    f"coordinator epoch {epoch} could not be recorded here ({exc}): "
+                    "commands are refused until it can"
+                ) from None
             if self._unfenced:
                 log.info("node %s recorded coordinator epoch %d", self.node, epoch)
                 self._unfenced = ""
@@ -373,7 +376,7 @@ class JobTurns:
         `NotRecorded` (saying what was `done` here all the same) if they cannot be written."""
         if self._dirty and not self._save():
             raise NotRecorded(
-                f"node {self.node}: {done} but could not record it ({self._store.failing}); "
+                f"{done} but could not be recorded ({self._store.failing}); "
                 "the same call is answered once it can"
             )
 

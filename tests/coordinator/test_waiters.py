@@ -1,6 +1,6 @@
 """What a job's callers hear from the arbiter (`coordinator.turns`): the turn in the step it is
 decided, before its commits go out; a caller that gives up leaves the others of the same turn
-waiting; a turn decided as a caller's deadline comes is that caller's (agents on loopback)."""
+waiting (agents on loopback)."""
 
 from __future__ import annotations
 

@@ -75,8 +75,10 @@ def test_a_new_epoch_the_disk_refuses_is_not_obeyed_and_the_call_is_refused_unav
             with pytest.raises(NodeFailed) as refused:
                 await call("prepare", 2, ("t1", "team", "rl", ""), (), 5)
             assert refused.value.code == grpc.StatusCode.UNAVAILABLE
-            assert "node n1 could not record coordinator epoch 2" in refused.value.why
-            assert "No space left on device" in refused.value.why
+            assert str(refused.value) == (  # as the job's caller reads it
+                "node n1: coordinator epoch 2 could not be recorded here ([Errno 28] No space "
+                "left on device): commands are refused until it can"
+            )
             assert turns.epoch == 1 and not holders(service)  # not obeyed, nothing granted
             # An older leader's command is still refused as stale, not for the disk.
             with pytest.raises(NodeFailed) as stale:
@@ -107,12 +109,12 @@ def test_a_release_the_disk_refuses_ends_the_turn_and_is_answered_once_recorded(
             with pytest.raises(NodeFailed) as refused:  # a commit must be recorded too
                 await call("commit", 1, "t1")
             assert refused.value.code == grpc.StatusCode.UNAVAILABLE
-            assert "turn t1 started here but could not record it" in refused.value.why
+            assert "turn t1 started here but could not be recorded" in refused.value.why
             for _ in range(2):  # the coordinator sends a release again until it is heard
                 with pytest.raises(NodeFailed) as refused:
                     await call("release", 1, "t1", "yielded")
                 assert refused.value.code == grpc.StatusCode.UNAVAILABLE
-                assert "turn t1 ended here but could not record it" in refused.value.why
+                assert "turn t1 ended here but could not be recorded" in refused.value.why
                 assert not holders(service) and not turns.turns  # ended here all the same
             # The next job's turn cannot be recorded either: refused, nothing of it held.
             with pytest.raises(NodeFailed) as refused:
@@ -149,7 +151,7 @@ def test_a_member_joining_while_the_disk_is_full_is_kept_and_written_with_the_ne
         disk.full = True
         turns.mark_joined(turn, "team/trainer", True)  # raises nothing
         assert turn.joined == ["team/trainer"]
-        with pytest.raises(NotRecorded, match="turn t1 started here but could not record it"):
+        with pytest.raises(NotRecorded, match="turn t1 started here but could not be recorded"):
             turns.commit(1, "t1")
         disk.full = False
         assert turns.commit(1, "t1").state == COMMITTED
@@ -174,7 +176,7 @@ def test_a_new_epoch_refused_again_and_again_is_logged_once_and_once_when_record
         turns.report(1)
         disk.full = True
         for _ in range(3):
-            with pytest.raises(NotRecorded, match="could not record coordinator epoch 2"):
+            with pytest.raises(NotRecorded, match="coordinator epoch 2 could not be recorded here"):
                 turns.report(2)
         disk.full = False
         turns.report(2)
