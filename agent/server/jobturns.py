@@ -383,6 +383,7 @@ class JobTurns:
     def _save(self, strict: bool = False) -> bool:
         """Write the turns held here; whether they were (`JobTurnStore.record`): the next change
         that can be written catches up."""
-        self._dirty = True
-        self._dirty = not self._store.record([t.to_json() for t in self.turns.values()], strict)
+        self._dirty = True  # until written (a strict save that fails raises here)
+        if self._store.record([t.to_json() for t in self.turns.values()], strict):
+            self._dirty = False
         return not self._dirty
