@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,10 +33,12 @@ CONNECT_TIMEOUT_S = 5.0
 
 
 class NodeFailed(Exception):
-    """A node's agent refused or did not answer; `node` names it, the message says why."""
+    """A node's agent refused or did not answer; `node` names it, the message says why (led by
+    the node's name unless the agent's own words name it already)."""
 
     def __init__(self, node: str, why: str, code: grpc.StatusCode | None = None) -> None:
-        super().__init__(f"node {node}: {why}")
+        named = re.search(rf"\bnode {re.escape(node)}\b", why) is not None
+        super().__init__(why if named else f"node {node}: {why}")
         self.node = node
         self.why = why
         self.code = code

@@ -1,6 +1,6 @@
 """What a job's callers hear from the arbiter (`coordinator.turns`): the turn in the step it is
 decided, before its commits go out; a caller that gives up leaves the others of the same turn
-waiting (agents on loopback)."""
+waiting; a node's failure names the node once (agents on loopback)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from coordinator.agents import NodeFailed
 from coordinator.turns import Arbiter
 from tests.coordinator.loopback import leading
 from tests.coordinator.test_turns import close, cluster, run
@@ -66,3 +67,13 @@ def test_a_caller_that_gives_up_leaves_the_others_waiting_for_the_same_turn(
             await close(arbiter)
 
     run(body)
+
+
+def test_a_node_failure_names_the_node_once() -> None:
+    """The agent's own words often name its node ("pod … on node n2: …"); the coordinator leads
+    with the node's name only where they do not."""
+    named = NodeFailed("n2", "pod team/rl-sampler on node n2: tenant waits")
+    assert str(named) == "pod team/rl-sampler on node n2: tenant waits"
+    assert str(NodeFailed("n2", "its agent is unreachable")) == "node n2: its agent is unreachable"
+    other = NodeFailed("n2", "pod team/a on node n20: tenant waits")  # another node's name
+    assert str(other) == "node n2: pod team/a on node n20: tenant waits"
