@@ -44,7 +44,7 @@ from agent.wire.handshake import handshake_path
 from baton._pb import agent_pb2_grpc
 from baton.contract.statushttp import StatusServer
 from baton.contract.tcpbind import bind_error
-from baton.contract.unixsocket import ServedSocket
+from baton.contract.unixsocket import ServedSocket, unix_target
 
 log = logging.getLogger("agent.assembly")  # the start and stop lines share run_agent's logger
 
@@ -116,7 +116,7 @@ class Agent:
             self._container_id_of,
         )
         agent_pb2_grpc.add_AgentServicer_to_server(servicer, self._grpc)
-        self._listen_grpc(f"unix:{cfg.socket}", "--socket (BATON_AGENT_SOCKET)", self._socket)
+        self._listen_grpc(unix_target(cfg.socket), "--socket (BATON_AGENT_SOCKET)", self._socket)
         if cfg.debug_tcp_port:
             self._listen_grpc(f"127.0.0.1:{cfg.debug_tcp_port}", "--debug-tcp-port")
         await self._grpc.start()

@@ -90,7 +90,7 @@ class ServedSocket:
     @property
     def address(self) -> str:
         """The gRPC address to bind the server on (the private name)."""
-        return f"unix:{self.private}"
+        return unix_target(self.private)
 
     def publish(self, mode: int | None = None) -> None:
         """Give the listening socket its `mode`, if any, and its path, replacing whatever file

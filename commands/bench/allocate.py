@@ -19,6 +19,7 @@ import grpc
 from baton._pb import api_pb2, api_pb2_grpc
 from baton.contract import names
 from baton.contract.annotations import assignment_annotations
+from baton.contract.unixsocket import unix_target
 from commands.bench.memory_pods import MemoryPods
 from deviceplugin.daemon import Daemon, Settings
 from deviceplugin.devices import PodView
@@ -129,8 +130,7 @@ def _measure(daemon: Daemon, iterations: int, uuids: list[str], slots: int) -> d
     devices = [names.slot_device_id(u, s) for u in uuids for s in range(slots)]
     allocate_ms: list[float] = []
     preferred_ms: list[float] = []
-    target = f"unix://{daemon.plugin.server.socket_path}"
-    with grpc.insecure_channel(target) as channel:
+    with grpc.insecure_channel(unix_target(daemon.plugin.server.socket_path)) as channel:
         stub = api_pb2_grpc.DevicePluginStub(channel)
         for _ in range(iterations):
             began = time.perf_counter()

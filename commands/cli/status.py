@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from baton.contract import names
+from baton.contract.unixsocket import unix_target
 from commands.cli.agent_settings import env_of
 from commands.cli.options import PORT_MAX
 
@@ -142,7 +143,7 @@ def events(
     except (OSError, ValueError, KeyError) as exc:
         typer.echo(f"baton events: cannot reach the agent at {socket}: {exc}", err=True)
         raise typer.Exit(1) from None
-    with grpc.insecure_channel(f"unix:{socket}") as channel:
+    with grpc.insecure_channel(unix_target(socket)) as channel:
         request = agent_pb2.WatchEventsRequest()
         stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(request, metadata=metadata)
         watching = False
