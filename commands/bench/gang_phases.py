@@ -75,8 +75,6 @@ class Figures:
     deadlocks: int = 0
     crossed_timeouts: int = 0
     crossed_failures: int = 0
-    agent_cpus: list[int | None] = field(default_factory=list)
-    """Each node's agent's CPU (None: any), as `GangCluster` pinned them."""
 
 
 async def leading(view: ClusterView, links: AgentLinks) -> Arbiter:
