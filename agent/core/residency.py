@@ -51,6 +51,11 @@ class TurnPreparer(Protocol):
         """
         ...
 
+    def held(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """The tenant holds a turn on `gpus` that was not prepared here (one restored after an
+        agent restart): it may allocate there until the turn ends."""
+        ...
+
     async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """The tenant's lease was revoked (max hold passed while others wait): park it."""
         ...
@@ -91,6 +96,9 @@ class NullPreparer:
         self, tenant_id: str, gpus: Sequence[str], holders: Collection[str] = ()
     ) -> None:
         """Nothing to prepare."""
+
+    def held(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """Nothing to count."""
 
     async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """Nothing to park."""

@@ -108,6 +108,12 @@ class KnownNode:
         self._last_turn[tenant_id] = self._clock()
         self._last_turn_wall[tenant_id] = self._wall()
 
+    def held(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """A turn restored after an agent restart: the tenant holds `gpus` and may allocate
+        there, so plans count it busy and with its whole footprint until its turn ends (the
+        model read after the restart has it only as it was then)."""
+        self._take_turn(tenant_id, gpus)
+
     def resident_bytes(self) -> dict[str, int]:
         """Device bytes in use on each GPU, as the backend counts them (`TenantState`)."""
         used = dict.fromkeys(self.gpu_memory, 0)

@@ -313,6 +313,8 @@ class TurnState:
             self.preparer.reinstate(saved.parked)
         except RecordError as err:
             raise _unreadable(saved, err) from None
+        for lease in saved.leases:  # its holder may allocate until it yields
+            self.preparer.held(lease.tenant_id, lease.gpus)
         return saved
 
     def _refuse_unrestorable(self, parked: dict[str, Any]) -> None:

@@ -42,6 +42,9 @@ class RecordingPreparer:
     ) -> None:
         self.ahead.append((tenant_id, tuple(gpus), frozenset(holders)))
 
+    def held(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        pass
+
     async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
         self.calls.append(("revoke", tenant_id))
         if tenant_id in self.cannot_park:

@@ -1,0 +1,89 @@
+"""A turn the agent held before it restarted counts as a turn after it: the holder may allocate
+until it yields, so the next grant on its GPU makes room for all it may hold."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from agent.core.leases import LeaseTable
+from agent.node.state import StateStore
+from agent.node.tenants import POD, Tenant
+from agent.parking.backends.base import Residency
+from agent.parking.backends.fake import FakeBackend
+from agent.parking.fakegpu import FakeGpuMemory
+from agent.parking.host import ParkingHost
+from agent.parking.preparer import ParkingPreparer
+from agent.server.service import LeaseService
+from baton.contract.names import MIB
+
+from .conftest import GPU, GPU1, SCALE
+
+
+def agent(tmp_path: Path) -> tuple[LeaseService, ParkingPreparer, FakeBackend]:
+    """An agent over two simulated 100 MiB GPUs, its state (loaded) under `tmp_path`."""
+    backend = FakeBackend(
+        tmp_path / "fakegpu", {GPU: 100 * MIB, GPU1: 100 * MIB}, scale=SCALE, lock_timeout=2.0
+    )
+    made: list[ParkingPreparer] = []
+
+    def preparer(host: ParkingHost) -> ParkingPreparer:
+        made.append(ParkingPreparer(backend, backend.gpus, host_budget=1000 * MIB, host=host))
+        return made[0]
+
+    service = LeaseService(
+        table=LeaseTable(clock=time.time),
+        preparer=preparer,
+        clock=time.time,
+        store=StateStore(tmp_path / "state"),
+    )
+    service.load()
+    return service, made[0], backend
+
+
+def pod(name: str, gpu: str, mib: int) -> Tenant:
+    return Tenant(f"team/{name}", name, (gpu,), gpu_memory_mib=mib, source=POD)
+
+
+def residency(prep: ParkingPreparer) -> dict[str, str]:
+    return {t: e["residency"] for t, e in prep.status()["tenants"].items()}
+
+
+def test_a_turn_held_across_a_restart_is_made_room_for_at_the_next_grant(tmp_path: Path) -> None:
+    h, x, y = pod("h", GPU, 60), pod("x", GPU, 60), pod("y", GPU1, 10)
+    root = tmp_path / "fakegpu"
+
+    async def before() -> None:
+        service, prep, backend = agent(tmp_path)
+        for tenant in (h, x, y):
+            service.upsert_pod(tenant)
+        granted = await service.acquire(x, (), timeout=5)
+        FakeGpuMemory(x.tenant_id, root).allocate(GPU, 60)
+        service.yield_(x, granted.lease.lease_id)
+        await service.acquire(h, (), timeout=5)  # x is parked for h's 60 MiB
+        await prep.settled()
+        assert residency(prep)["team/x"] == "parked"
+        await service.close()  # the agent stops while h holds its turn
+        backend.close()
+
+    async def after() -> None:
+        service, prep, backend = agent(tmp_path)
+        [lease] = service.state.table.leases_of(h.tenant_id)  # h's turn goes on
+        await service.acquire(y, (), timeout=5)  # the first grant reads the node: h holds 0
+        FakeGpuMemory(h.tenant_id, root).allocate(GPU, 60)  # h allocates during its turn
+        service.yield_(h, lease.lease_id)
+        await service.acquire(x, (), timeout=5)
+        await prep.settled()
+        on_gpu = {
+            t: st.footprint_bytes.get(GPU, 0) // MIB
+            for t in backend.tenants()
+            if (st := backend.state(t)).residency.get(GPU) == Residency.RESIDENT
+        }
+        assert on_gpu == {x.tenant_id: 60}, f"resident on a 100 MiB GPU (MiB): {on_gpu}"
+        assert residency(prep) == {"team/h": "parked", "team/x": "resident", "team/y": "none"}
+        await service.close()
+        backend.close()
+
+    asyncio.run(asyncio.wait_for(before(), 10))
+    asyncio.run(asyncio.wait_for(after(), 10))
