@@ -1,10 +1,11 @@
 """The seam between the lease service and memory movement.
 
 The lease service owns turns; a `TurnPreparer` owns where tenants' memory is. Before granting a
-turn the lease service awaits `prepare`; it never moves memory itself. Yield calls nothing here:
-parking is lazy, and happens only when a later `prepare` needs the room. While a GPU is held, the
-lease service names the tenant due next with `prepare_ahead` (`agent.core.ahead`), so its room
-can be made before the holder yields and its grant moves nothing.
+turn the lease service awaits `prepare`; it never moves memory itself. A yield only says the
+turn ended (`released`): parking is lazy, and happens only when a later `prepare` needs the
+room. While a GPU is held, the lease service names the tenant due next with `prepare_ahead`
+(`agent.core.ahead`), so its room can be made before the holder yields and its grant moves
+nothing.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class TurnPreparer(Protocol):
         agent restart): it may allocate there until the turn ends."""
         ...
 
+    def released(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """The tenant's turn on `gpus` ended (a yield): it may be parked from now on."""
+        ...
+
     async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """The tenant's lease was revoked (max hold passed while others wait): park it."""
         ...
@@ -98,6 +103,9 @@ class NullPreparer:
         """Nothing to prepare."""
 
     def held(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """Nothing to count."""
+
+    def released(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """Nothing to count."""
 
     async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:

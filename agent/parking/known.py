@@ -114,6 +114,18 @@ class KnownNode:
         model read after the restart has it only as it was then)."""
         self._take_turn(tenant_id, gpus)
 
+    def released(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        """The tenant's turn on `gpus` ended: it no longer holds them (a tenant granted only
+        some of its GPUs is otherwise held busy on all of them until another turn is granted
+        on one of those). It stays unsettled until it is read."""
+        held = self._holding.get(tenant_id)
+        if held is not None and held & set(gpus):
+            rest = held - set(gpus)
+            if rest:
+                self._holding[tenant_id] = rest
+            else:
+                del self._holding[tenant_id]
+
     def resident_bytes(self) -> dict[str, int]:
         """Device bytes in use on each GPU, as the backend counts them (`TenantState`)."""
         used = dict.fromkeys(self.gpu_memory, 0)

@@ -184,6 +184,7 @@ class Turns:
         """End the turn and start the next: its grant is written (with this end, in one journal
         write) and sent before the metrics and events of either are taken (`answer`: `yield_`)."""
         self.table.release(lease.lease_id, yielded=yielded is not None, kept_s=yielded or 0.0)
+        self._state.preparer.released(lease.tenant_id, lease.gpus)
         self._state.journal_end(lease)
         now = self._state.clock()
         held = max(0.0, now - lease.granted_at)

@@ -45,6 +45,9 @@ class RecordingPreparer:
     def held(self, tenant_id: str, gpus: Sequence[str]) -> None:
         pass
 
+    def released(self, tenant_id: str, gpus: Sequence[str]) -> None:
+        pass
+
     async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
         self.calls.append(("revoke", tenant_id))
         if tenant_id in self.cannot_park:

@@ -1,5 +1,5 @@
-"""A turn the agent held before it restarted counts as a turn after it: the holder may allocate
-until it yields, so the next grant on its GPU makes room for all it may hold."""
+"""Who the preparer counts as holding a turn (busy: never parked; may allocate): a turn held
+across an agent restart does, a turn that ended does not."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import time
 from pathlib import Path
 
+from agent.core.errors import AgentError
 from agent.core.leases import LeaseTable
 from agent.node.state import StateStore
 from agent.node.tenants import POD, Tenant
@@ -87,3 +88,29 @@ def test_a_turn_held_across_a_restart_is_made_room_for_at_the_next_grant(tmp_pat
 
     asyncio.run(asyncio.wait_for(before(), 10))
     asyncio.run(asyncio.wait_for(after(), 10))
+
+
+def test_a_turn_on_some_of_a_tenants_gpus_holds_nothing_once_it_ends(tmp_path: Path) -> None:
+    # t uses both GPUs but takes a turn on GPU 0 alone; once it yields, z's turn on GPU 1
+    # parks t (it was held busy on both GPUs until a turn was granted on GPU 0).
+    t = Tenant("team/t", "t", (GPU, GPU1), gpu_memory_mib=60, source=POD)
+    z = pod("z", GPU1, 60)
+
+    async def turns() -> None:
+        service, prep, backend = agent(tmp_path)
+        service.upsert_pod(t)
+        service.upsert_pod(z)
+        granted = await service.acquire(t, (GPU,), timeout=5)
+        mem = FakeGpuMemory(t.tenant_id, tmp_path / "fakegpu")
+        mem.allocate(GPU, 60)
+        mem.allocate(GPU1, 60)
+        service.yield_(t, granted.lease.lease_id)
+        try:
+            await service.acquire(z, (), timeout=2)
+        except AgentError as e:
+            raise AssertionError(f"z never got GPU 1 after t yielded: {e}") from None
+        assert prep.residency_of(t.tenant_id) == {GPU: "parked", GPU1: "parked"}
+        await service.close()
+        backend.close()
+
+    asyncio.run(asyncio.wait_for(turns(), 10))
