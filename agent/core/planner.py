@@ -132,18 +132,26 @@ def _mib(n: int) -> str:
     return f"{n / MIB:.0f} MiB"
 
 
-def plan_turn(snap: NodeView, incoming: str) -> Plan | Refusal:
-    """Plan the moves that make `incoming` resident on every GPU it uses."""
-    me = snap.tenants[incoming]
+def too_large(me: TenantView, gpu_memory: Mapping[str, int], headroom: int) -> Refusal | None:
+    """The refusal of every turn of `me`, if it needs more on one of its GPUs than the GPU
+    holds after the headroom (no move can ever make that room)."""
     for gpu in sorted(me.footprint):
-        capacity = snap.gpu_memory.get(gpu, 0) - snap.headroom
+        capacity = gpu_memory.get(gpu, 0) - headroom
         if me.footprint[gpu] > capacity:
             return Refusal(
                 Reason.TOO_LARGE,
-                f"{incoming} needs {_mib(me.footprint[gpu])} on {gpu}, which holds "
-                f"{_mib(capacity)} after {_mib(snap.headroom)} headroom",
-                incoming,
+                f"{me.tenant_id} needs {_mib(me.footprint[gpu])} on {gpu}, which holds "
+                f"{_mib(capacity)} after {_mib(headroom)} headroom",
+                me.tenant_id,
             )
+    return None
+
+
+def plan_turn(snap: NodeView, incoming: str) -> Plan | Refusal:
+    """Plan the moves that make `incoming` resident on every GPU it uses."""
+    me = snap.tenants[incoming]
+    if (refusal := too_large(me, snap.gpu_memory, snap.headroom)) is not None:
+        return refusal
     victims: list[TenantView] = []
     for gpu in sorted(me.footprint):
         found = _make_room(snap, me, gpu, victims)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Protocol, runtime_checkable
 
-from agent.core.residency import TurnPreparer
+from agent.core.residency import NoRoom, TurnPreparer
 from agent.parking.backends.base import Backend, TenantRef
 from agent.parking.metrics import ParkingMetrics
 
@@ -84,6 +84,11 @@ class Parking(Protocol):
 
     def parked_at_yield(self, tenant_id: str, parked: Mapping[str, int]) -> None:
         """The tenant's process parked this memory itself as its turn ended (GPU → bytes)."""
+        ...
+
+    def never_fits(self, tenant_id: str) -> NoRoom | None:
+        """`TooLarge` if the tenant declared more memory than one of its GPUs holds: no turn of
+        it can ever be granted (None: it may fit)."""
         ...
 
     async def park(self, tenant_id: str) -> None:

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Collection, Mapping, Sequence
 
-from agent.core.planner import Plan, plan_ahead, plan_park, plan_turn
+from agent.core.planner import Plan, TenantView, plan_ahead, plan_park, plan_turn, too_large
 from agent.core.residency import NoRoom
 from agent.parking.backends.base import Backend, TenantRef
 from agent.parking.from_model import moved_steps
@@ -138,6 +138,19 @@ class ParkingPreparer(PlanMoves):
         finally:
             del self._ahead[tenant_id]
             done.set_result(None)
+
+    def never_fits(self, tenant_id: str) -> NoRoom | None:
+        """`TooLarge` if the tenant declared more memory than one of its GPUs holds after the
+        headroom (its turn's plan would find so whenever it is made), counted and shown as that
+        refusal; None otherwise. Asked as the tenant asks, before it waits for a holder."""
+        refs = self._host.tenant_refs() if self._host is not None else self._refs
+        ref = refs.get(tenant_id)
+        if ref is None or not ref.declared_bytes:
+            return None
+        known = [g for g in ref.gpus if g in self.gpu_memory]
+        me = TenantView(tenant_id, footprint=dict.fromkeys(known, ref.declared_bytes))
+        refusal = too_large(me, self.gpu_memory, self.headroom)
+        return None if refusal is None else self._refuse(tenant_id, refusal.reason, refusal.message)
 
     def not_restored(self, tenant_id: str, parked: Mapping[str, int]) -> None:
         """The tenant's process ends its turn with this memory still parked (GPU → bytes, as

@@ -90,6 +90,11 @@ class Turns:
                 f"tenant {tenant.tenant_id} was given GPUs [{', '.join(tenant.gpus)}]; "
                 f"it cannot acquire [{', '.join(foreign) or 'none'}]"
             )
+        parking = self._state.parking
+        if parking is not None and (large := parking.never_fits(tenant.tenant_id)) is not None:
+            error = never_granted(sorted(set(wanted)), large)  # at once, not behind a holder
+            self._state.publish(ev.CANCELLED, tenant.tenant_id, gpus=wanted, detail=str(large))
+            raise error
         owed = owed_turn(self._state, tenant.tenant_id, wanted, revoked)
         if isinstance(owed, Lease):
             return Granted(owed, 0.0)
@@ -247,7 +252,7 @@ class Turns:
         """Room was made for `waiter` (or not): grant the turn, or keep it waiting."""
         if isinstance(error, Quarantined | TooLarge):  # never a turn: the caller hears why now
             self.table.cancel(waiter.waiter_id)
-            self.fail(waiter.waiter_id, never_granted(waiter, error))
+            self.fail(waiter.waiter_id, never_granted(waiter.gpus, error))
             if isinstance(error, TooLarge):
                 self._state.publish(
                     ev.CANCELLED, waiter.tenant_id, gpus=waiter.gpus, detail=str(error)

@@ -5,7 +5,7 @@ wire form."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.core.errors import AcquireTimeout, NeverGranted, WaitRefused
@@ -81,10 +81,10 @@ def timed_out(waiter: Waiter, reason: str) -> AcquireTimeout:
     )
 
 
-def never_granted(waiter: Waiter, error: Exception) -> Exception:
-    """The error a waiter whose turn can never be prepared gets at once."""
+def never_granted(gpus: Sequence[str], error: Exception) -> Exception:
+    """The error an ask for `gpus` whose turn can never be prepared gets at once."""
     if isinstance(error, TooLarge):
-        return NeverGranted(f"no turn on [{', '.join(waiter.gpus)}] can ever be granted: {error}")
+        return NeverGranted(f"no turn on [{', '.join(gpus)}] can ever be granted: {error}")
     return error
 
 
