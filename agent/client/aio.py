@@ -14,7 +14,7 @@ from agent.client.aio_session import AsyncSession
 from agent.client.errors import AgentUnavailable, LeaseLost
 from agent.client.parked import restore_with_grant, restores_itself
 from agent.client.session_core import acquire_request
-from agent.client.types import LeaseInfo, acquire_args
+from agent.client.types import REPLY_TIMEOUT_S, LeaseInfo, acquire_args
 from baton._pb import agent_pb2 as pb
 
 
@@ -30,12 +30,17 @@ class AsyncBaton(AsyncSession):
         timeout, gpus = acquire_args(timeout, gpus)
         if (held := self._core.held(gpus)) is not None:  # (a park meanwhile: a revocation's)
             return held
-        if (kept := self._core.take_kept(gpus)) is not None:
+        with self._kept_lock:
+            kept = self._core.take_kept(gpus)
+            release = None if kept is not None else self._core.give_back()
+        if kept is not None:
             self._rearm()
             return kept
-        self._yield_kept(self._core.give_back())  # not taken back: its yield is written first
+        self._yield_kept(release)  # not taken back: its yield is written first
         if self._kept_yield is not None:
             await asyncio.wait([self._kept_yield])
+        if not self._backstop.released.is_set():  # given back off the loop: answered first
+            await asyncio.to_thread(self._backstop.released.wait, REPLY_TIMEOUT_S)
         restores = restores_itself(self._callbacks)
         with self.parked.acquiring():
             request = acquire_request(timeout, gpus, self.job, restores, self._core.owed())
@@ -53,8 +58,11 @@ class AsyncBaton(AsyncSession):
             result = await self._moves.move(pb.Callback(action="park", gpu=gpu))
             if not result.error:
                 parked[gpu] = int(result.bytes)
-        ended = self._core.begin_yield(may_keep=not parked)
+        with self._kept_lock:
+            ended = self._core.begin_yield(may_keep=not parked)
         self._rearm()
+        if ended.kept:
+            self._backstop.poke()  # given back by the loop's timer, or off it if it is blocked
         if ended.kept or ended.gone:  # nothing to send (kept: the timer yields it if no
             return  # acquire takes it back; gone: its earlier yield reached the agent)
         release = self._core.release(ended.named, parked)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
+from agent.client.backstop import KeptBackstop
 from agent.client.connect import connected, open_session, reconnect, usable
 from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.links import TRANSPORTS, SessionLink
@@ -78,6 +80,11 @@ class AsyncSession:
         self._supervisor: asyncio.Task[None] | None = None
         self._renewer = LoopTimer(self._renew_due, self._core.clock)
         self._keeper = LoopTimer(self._give_back_due, self._core.clock)
+        self._kept_lock = threading.Lock()
+        """Guards the core's kept lease, which the backstop's thread may give back."""
+        self._backstop = KeptBackstop(
+            self._core, self._kept_lock, self.socket, lambda: self._token, self._send_undelivered
+        )
         self._kept_yield: asyncio.Task[None] | None = None
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -163,7 +170,9 @@ class AsyncSession:
         elif kind == "callback":
             self._spawn(self._run_callback(message.callback))
         else:
-            self._yield_kept(self._core.pushed(message))
+            with self._kept_lock:
+                release = self._core.pushed(message)
+            self._yield_kept(release)
             self._rearm()
 
     def _on_reply(self, reply: pb.Reply) -> None:
@@ -259,8 +268,10 @@ class AsyncSession:
 
     async def _reclaim(self) -> None:
         """After a reconnect: tell the new agent that the turn held is still in use."""
-        lease = self._core.reclaim()
-        self._yield_kept(self._core.give_back())
+        with self._kept_lock:
+            lease = self._core.reclaim()
+            release = self._core.give_back()
+        self._yield_kept(release)
         self._rearm()
         if lease is not None:
             await self._renew_once(lease, reclaiming=True)
@@ -302,8 +313,16 @@ class AsyncSession:
     # Kept turns (`agent.server.kept_turns`).
 
     def _give_back_due(self) -> None:
-        self._yield_kept(self._core.kept_due())
+        with self._kept_lock:
+            release = self._core.kept_due()
+        self._yield_kept(release)
         self._rearm()
+
+    def _send_undelivered(self) -> None:
+        """The backstop's thread could not give the kept lease back: the loop sends it."""
+        with self._kept_lock:
+            release = self._core.give_back() if self._core.kept is None else None
+        self._yield_kept(release)
 
     def _yield_kept(self, release: pb.Request | None) -> None:
         """Yield a kept lease to the agent (its answer is only logged: `_on_reply`); an
@@ -315,7 +334,8 @@ class AsyncSession:
         try:
             await self._send(pb.ClientMessage(request=release))
         except AgentUnavailable:  # the session is down: sent again after it is up (`_reclaim`)
-            self._core.undelivered = release
+            with self._kept_lock:
+                self._core.undelivered = release
 
     # Lifecycle.
 
@@ -324,6 +344,8 @@ class AsyncSession:
         self._closing = True
         self._renewer.set(None)
         self._keeper.set(None)
+        if self._backstop.started:  # (it may be waiting for the answer to a yield it sent)
+            await asyncio.to_thread(self._backstop.close)
         if self._link is not None:
             self._link.cancel()
         if self._supervisor is not None:

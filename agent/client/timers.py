@@ -43,6 +43,11 @@ class Keeper:
                 self._thread = threading.Thread(target=self._run, name="baton-keeper", daemon=True)
                 self._thread.start()
 
+    @property
+    def started(self) -> bool:
+        """Whether its thread was started (by a first `poke`)."""
+        return self._thread is not None
+
     def close(self) -> None:
         """Stop the thread (what is kept goes with the session)."""
         with self._wake:

@@ -152,3 +152,47 @@ def test_the_asyncio_client_keeps_a_turn_and_gives_it_back(workdir: str) -> None
     finally:
         b.close()
         runner.stop()
+
+
+def test_the_asyncio_client_gives_a_kept_turn_back_while_its_loop_is_blocked(workdir: str) -> None:
+    """A caller whose loop does synchronous work between turns (a torch call, a data loader)
+    blocks the loop's timer: its client's thread gives the kept lease back at the deadline, so
+    the waiter is not kept out for as long as the work takes."""
+    window = 0.5
+    runner = AgentRunner(workdir, queue_policy="fair", fair=FairConfig(anticipate_s=window))
+    runner.start()
+    a = AsyncBaton(runner.socket, [GPU], name="a", gpu_duty=90)
+    b = Baton(runner.socket, [GPU], name="b", gpu_duty=10)
+    keeps = Pushes(a, "keep_turn", lambda m: m.keep_turn.until_s)
+
+    async def blocked_loop() -> tuple[float, LeaseInfo, LeaseInfo]:
+        b.acquire(timeout=10)
+        mark = runner.mark()
+        first = asyncio.create_task(a.acquire(timeout=10))
+        queued = lambda e: e.kind == ev.QUEUED and e.tenant_id == "local/a"  # noqa: E731
+        await asyncio.to_thread(runner.wait_event, queued, 10, mark)
+        await asyncio.sleep(window / 5)  # "b"'s step
+        b.yield_()
+        held = await first
+        b_waits = await asyncio.to_thread(Waiting, runner, b)
+        await asyncio.to_thread(keeps.wait_for, lambda until: until > 0)
+        await a.yield_()
+        assert a._core.kept is not None
+        yielded = time.monotonic()
+        time.sleep(4 * window)  # the caller's own synchronous work, its loop blocked
+        granted = await asyncio.to_thread(b_waits.join, 10)
+        later = asyncio.create_task(a.acquire(timeout=10))  # behind "b" now, a turn of its own
+        await asyncio.to_thread(b.yield_)
+        again = await later
+        await a.yield_()
+        await a.close()
+        return granted - yielded, held, again
+
+    try:
+        waited, held, again = asyncio.run(blocked_loop())
+        assert waited < 2 * window, f'"b" waited {waited:.2f} s behind the blocked loop'
+        assert again.lease_id != held.lease_id
+        assert held.lease_id not in runner.inspect(lambda s: set(s.table.leases))
+    finally:
+        b.close()
+        runner.stop()
