@@ -99,11 +99,9 @@ class KnownNode:
         """Room is made: the tenant holds `gpus` from now on (and may allocate there)."""
         now = self._clock()
         self._turn_s, self._granted_at = now - self._granted_at, now
-        for other, held in list(self._holding.items()):
-            if held & set(gpus):
-                del self._holding[other]
+        self._granted_over(gpus)
         self._waiting.pop(tenant_id, None)
-        self._holding[tenant_id] = frozenset(gpus)
+        self._holding[tenant_id] = self._holding.get(tenant_id, frozenset()) | frozenset(gpus)
         self._model.granted(tenant_id)
         self._last_turn[tenant_id] = self._clock()
         self._last_turn_wall[tenant_id] = self._wall()
@@ -114,10 +112,11 @@ class KnownNode:
         model read after the restart has it only as it was then)."""
         self._take_turn(tenant_id, gpus)
 
-    def released(self, tenant_id: str, gpus: Sequence[str]) -> None:
+    def released(self, tenant_id: str, gpus: Collection[str]) -> None:
         """The tenant's turn on `gpus` ended: it no longer holds them (a tenant granted only
         some of its GPUs is otherwise held busy on all of them until another turn is granted
-        on one of those). It stays unsettled until it is read."""
+        on one of those), but holds its other turns' (one process a GPU, each taking turns of
+        its own). It stays unsettled until it is read."""
         held = self._holding.get(tenant_id)
         if held is not None and held & set(gpus):
             rest = held - set(gpus)
@@ -125,6 +124,12 @@ class KnownNode:
                 self._holding[tenant_id] = rest
             else:
                 del self._holding[tenant_id]
+
+    def _granted_over(self, gpus: Collection[str]) -> None:
+        """A turn on `gpus` starts: whoever held them does not any more (its end unheard)."""
+        for other, held in list(self._holding.items()):
+            if held & set(gpus):
+                self.released(other, gpus)
 
     def resident_bytes(self) -> dict[str, int]:
         """Device bytes in use on each GPU, as the backend counts them (`TenantState`)."""

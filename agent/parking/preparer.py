@@ -73,9 +73,7 @@ class ParkingPreparer(PlanMoves):
         async with self._lock:
             if tenant_id not in self._refs:
                 self.register(TenantRef(tenant_id, tuple(gpus)))
-            for other, held in list(self._holding.items()):
-                if held & set(gpus):
-                    del self._holding[other]
+            self._granted_over(gpus)
             planned = self._moves_from_model(tenant_id, gpus)
             failed: NoRoom | None = None
             if planned is not None:
@@ -201,7 +199,7 @@ class ParkingPreparer(PlanMoves):
                 self.metrics.moved(move, "yielded", self.backend.method_of(tenant_id), timed=False)
                 moved = True
         if moved:
-            self._holding.pop(tenant_id, None)  # its turn is ending: nothing to make room for
+            self.released(tenant_id, parked)  # its turn is ending: nothing to make room for
             self._read_now(tenant_id)
             if self._host is not None:
                 self._host.persist()
@@ -239,7 +237,8 @@ class ParkingPreparer(PlanMoves):
         if it must stay."""
         async with self._lock:
             self.metrics.preemptions.inc()
-            held = self._holding.pop(tenant_id, None)
+            held = self._holding.get(tenant_id)
+            self.released(tenant_id, gpus)
             try:
                 snap = await self._reread()
                 if tenant_id not in snap.tenants:

@@ -1,5 +1,6 @@
 """Who the preparer counts as holding a turn (busy: never parked; may allocate): a turn held
-across an agent restart does, a turn that ended does not."""
+across an agent restart does, a turn that ended does not, and a tenant with two turns holds
+the other's GPUs when one ends."""
 
 from __future__ import annotations
 
@@ -114,3 +115,41 @@ def test_a_turn_on_some_of_a_tenants_gpus_holds_nothing_once_it_ends(tmp_path: P
         backend.close()
 
     asyncio.run(asyncio.wait_for(turns(), 10))
+
+
+def test_a_tenant_holds_its_gpu_while_another_of_its_turns_ends(tmp_path: Path) -> None:
+    # t's two processes take turns of their own, one a GPU. Once the turn on GPU 1 ends, t
+    # still holds GPU 0 (it may allocate there), so it is not read as settled mid-turn: when
+    # its turn on GPU 0 ends, x's grant there reads it grown and parks it.
+    t = Tenant("team/t", "t", (GPU, GPU1), source=POD)
+    z, x = pod("z", GPU1, 10), pod("x", GPU, 60)
+    root = tmp_path / "fakegpu"
+
+    async def turns() -> dict[str, int]:
+        service, prep, backend = agent(tmp_path)
+        for tenant in (t, z, x):
+            service.upsert_pod(tenant)
+        on_0 = await service.acquire(t, (GPU,), timeout=5)
+        on_1 = await service.acquire(t, (GPU1,), timeout=5)
+        mem = FakeGpuMemory(t.tenant_id, root)
+        mem.allocate(GPU, 30)
+        mem.allocate(GPU1, 10)
+        service.yield_(t, on_1.lease.lease_id)
+        await service.acquire(z, (), timeout=5)
+        await prep.settled()  # (the tenants whose turns ended are read meanwhile)
+        mem.allocate(GPU, 90)  # the process on GPU 0 grows during its turn
+        service.yield_(t, on_0.lease.lease_id)
+        await service.acquire(x, (), timeout=5)
+        FakeGpuMemory(x.tenant_id, root).allocate(GPU, 60)
+        await prep.settled()
+        on_gpu = {
+            tid: st.footprint_bytes.get(GPU, 0) // MIB
+            for tid in backend.tenants()
+            if (st := backend.state(tid)).residency.get(GPU) == Residency.RESIDENT
+        }
+        await service.close()
+        backend.close()
+        return on_gpu
+
+    on_gpu = asyncio.run(asyncio.wait_for(turns(), 10))
+    assert on_gpu == {x.tenant_id: 60}, f"resident on a 100 MiB GPU (MiB): {on_gpu}"
