@@ -149,22 +149,32 @@ class Arbiter:
         return len(waiting)
 
     def prune_joined(self) -> None:
-        """Pods that joined a turn and have left the cluster leave it (the last one ends it)."""
+        """Pods that joined a turn and have left the cluster leave it (the last one ends it);
+        a turn none of whose pods is left ends (nobody could yield it: its job is gone)."""
         if not self.epoch:
             return
         pods = self.view.pods()
-        for turn in list(self.held.values()):
+        for key, turn in list(self.held.items()):
+            if turn.pods and not turn.pods & pods:
+                log.info("job %s: every pod of its turn left the cluster; the turn ends", key)
+                self._yield_later(key)
+                continue
             gone = {pod for pod in turn.joined if pod not in pods}
             if not gone:
                 continue
             turn.joined -= gone
             log.info("job %s: pods %s left the cluster, and its turn", turn.key, sorted(gone))
             if not turn.joined:
-                task = asyncio.get_running_loop().create_task(
-                    self.yield_(turn.namespace, turn.job, turn.group)
-                )
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._yield_later(turn.key)
+
+    def _yield_later(self, key: str) -> None:
+        turn = self.held.get(key)
+        if turn is None:
+            return
+        group = key.partition("@")[2]
+        task = asyncio.get_running_loop().create_task(self.yield_(turn.namespace, turn.job, group))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def join(
         self, namespace: str, job: str, group: str, pod: str, timeout: float | None
