@@ -22,6 +22,7 @@ from baton.contract.kube import api_error_reason
 log = logging.getLogger(__name__)
 TTL_S = 30.0
 """How long an address's pod is remembered (pods come and go; their IPs are reused)."""
+_FINISHED = ("Succeeded", "Failed")
 
 
 def peer_ip(peer: str) -> str:
@@ -65,7 +66,14 @@ class PodCallers:
         except Exception as err:  # the API server is down: nobody is identified meanwhile
             log.warning("cannot tell who calls from %s: %s", ip, api_error_reason(err))
             return None, False
-        live = [p for p in pods if not (p.spec and p.spec.host_network)]
+        # A finished pod keeps its podIP in its status after the network gave the IP to another
+        # pod: it calls no one, and must neither hide nor stand for the pod there now.
+        live = [
+            p
+            for p in pods
+            if not (p.spec and p.spec.host_network)
+            and not (p.status and p.status.phase in _FINISHED)
+        ]
         if len(live) != 1:
             log.info("a call from %s matches %d pods: its caller is not identified", ip, len(live))
             return None, True

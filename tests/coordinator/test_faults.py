@@ -259,12 +259,23 @@ def test_a_caller_is_the_namespace_of_the_pod_at_its_address(
     assert asyncio.run(ask()) == (TEAM, None, None)
 
 
-def job_pod_at(core: Any, name: str, ip: str) -> None:
+def test_a_finished_pod_that_had_the_callers_address_does_not_hide_the_caller(
+    control_plane: ControlPlane, core: Any
+) -> None:
+    from baton.contract.kube import load_api_client
+
+    job_pod_at(core, "finished", "10.20.30.50", phase="Succeeded")  # its IP went back to the pool
+    job_pod_at(core, "reused", "10.20.30.50")  # and was given to the pod that calls now
+    callers = PodCallers(load_api_client(str(control_plane.admin_kubeconfig)))
+    assert asyncio.run(callers.namespace("ipv4:10.20.30.50:41234")) == TEAM
+
+
+def job_pod_at(core: Any, name: str, ip: str, phase: str = "Running") -> None:
     """A pod of namespace TEAM whose status says it has `ip` (as its kubelet would write)."""
     body = {
         "metadata": {"name": name},
         "spec": {"containers": [{"name": "main", "image": "registry.invalid/driver:1"}]},
     }
     core.create_namespaced_pod(TEAM, body)
-    status = {"status": {"podIP": ip, "podIPs": [{"ip": ip}]}}
+    status = {"status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}]}}
     core.patch_namespaced_pod_status(name, TEAM, status)
