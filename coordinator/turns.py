@@ -150,8 +150,9 @@ class Arbiter:
 
     def prune_joined(self) -> None:
         """Pods that joined a turn and have left the cluster leave it (the last one ends it);
-        a turn none of whose pods is left ends (nobody could yield it: its job is gone)."""
-        if not self.epoch:
+        a turn none of whose pods is left ends (nobody could yield it: its job is gone). Not
+        before every pods' watch has listed once: a pod not listed yet has not left."""
+        if not self.epoch or not self.view.wait_listed(0.0):
             return
         pods = self.view.pods()
         for key, turn in list(self.held.items()):

@@ -230,6 +230,11 @@ def test_a_turn_whose_pods_all_left_the_cluster_ends_and_the_next_job_gets_its_g
             for node, pod in zip(nodes, ("team/rl-trainer", "team/rl-sampler"), strict=True):
                 del view.members[pod]  # the job's pods were deleted (its loop cannot yield now)
                 node.service.pod_gone(pod)
+            listed = view.listed_once("pods timeslice.io/job-id")  # a watch not listed yet
+            arbiter.prune_joined()
+            await asyncio.sleep(0)  # one step: a yield it scheduled would have taken the turn
+            assert list(arbiter.held) == ["team/rl"]  # its pods may be among those unlisted
+            listed.set()
             arbiter.prune_joined()  # what the coordinator does as the pods' watch shows it
             turn = await arbiter.acquire("team", "sft", "", timeout=5)
             assert sorted(turn.nodes) == ["n1", "n2"]
