@@ -24,7 +24,9 @@ from agent.core.fair import FairShare
 from agent.core.leases import LeaseTable
 from baton._pb import health_pb2 as hp
 from baton._pb import health_pb2_grpc as hp_grpc
+from baton._pb import jobturns_pb2 as jt
 from baton._pb import jobturns_pb2_grpc as jt_grpc
+from baton._pb import timeslice_orchestrator_pb2 as ts
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
 from baton.contract import names
 from baton.contract.kube import Outage
@@ -300,7 +302,14 @@ class Coordinator:
 
 
 class _Health(hp_grpc.HealthServicer):
-    """grpc.health.v1: SERVING while this replica leads, NOT_SERVING otherwise."""
+    """grpc.health.v1: SERVING while this replica leads, NOT_SERVING otherwise; NOT_FOUND for
+    a service it does not serve (as the standard says, and as the agent answers)."""
+
+    SERVICES = (
+        "",
+        jt.DESCRIPTOR.services_by_name["Jobs"].full_name,
+        ts.DESCRIPTOR.services_by_name["TimeSliceOrchestratorService"].full_name,
+    )
 
     def __init__(self) -> None:
         self._serving = False
@@ -311,6 +320,8 @@ class _Health(hp_grpc.HealthServicer):
     async def Check(
         self, request: hp.HealthCheckRequest, context: grpc.aio.ServicerContext
     ) -> hp.HealthCheckResponse:
+        if request.service not in self.SERVICES:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
         status = (
             hp.HealthCheckResponse.SERVING if self._serving else hp.HealthCheckResponse.NOT_SERVING
         )

@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
+import pytest
+
+from baton._pb import health_pb2 as hp
+from baton._pb import health_pb2_grpc as hp_grpc
 from commands.localnode.controlplane import ControlPlane
 from commands.localnode.procs import Process, wait_for
 from tests.coordinator.deployed import LEASE_NS
@@ -41,7 +46,8 @@ def test_an_llmd_port_in_use_is_refused_at_start_saying_why(
 def test_the_start_line_names_the_ports_it_bound_for_port_0(
     control_plane: ControlPlane, core: object, tmp_path: Path
 ) -> None:
-    """`--llmd-listen 127.0.0.1:0` logs the port the kernel gave, one a client can reach."""
+    """`--llmd-listen 127.0.0.1:0` logs the port the kernel gave, one a client can reach; its
+    health service answers for the services it serves, NOT_FOUND for another."""
     token = tmp_path / "token"
     token.write_text("t" * 32)
     log = tmp_path / "coordinator.log"
@@ -70,5 +76,12 @@ def test_the_start_line_names_the_ports_it_bound_for_port_0(
         assert 0 not in ports, line
         for port in ports:
             socket.create_connection(("127.0.0.1", port), timeout=10).close()
+        with grpc.insecure_channel(f"127.0.0.1:{ports[0]}") as channel:  # its health service
+            health = hp_grpc.HealthStub(channel)
+            for served in ("", "timeslice_orchestrator.v1alpha1.TimeSliceOrchestratorService"):
+                health.Check(hp.HealthCheckRequest(service=served), timeout=10)
+            with pytest.raises(grpc.RpcError) as unknown:
+                health.Check(hp.HealthCheckRequest(service="no.such.Service"), timeout=10)
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         coordinator.stop()
