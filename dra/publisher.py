@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from baton.contract.kube import Outage
-from dra.slices import resource_slice, same_devices, slice_name
+from dra.slices import keep_taint_times, resource_slice, same_devices, slice_name
 from nodegpu.republish import Republisher
 from nodegpu.state import LiveInventory
 
@@ -42,6 +42,7 @@ def publish_once(api: SliceApi, node_name: str, inventory: LiveInventory, node_u
     if existing is None:
         api.create_slice(wanted)
         return "created"
+    keep_taint_times(existing, wanted)
     if same_devices(existing, wanted):
         return "unchanged"
     wanted["metadata"]["resourceVersion"] = existing["metadata"].get("resourceVersion", "")

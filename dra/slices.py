@@ -100,6 +100,23 @@ def resource_slice(
     }
 
 
+def keep_taint_times(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> None:
+    """Give `wanted`'s taints the `timeAdded` the API server stamped on the same taints of
+    `current` (it adds one to every taint without): the taint keeps the time it was added,
+    and a slice whose devices did not change compares the same."""
+    added = {
+        (d.get("name"), t.get("key"), t.get("value"), t.get("effect")): t["timeAdded"]
+        for d in (current.get("spec") or {}).get("devices") or []
+        for t in d.get("taints") or []
+        if t.get("timeAdded")
+    }
+    for d in (wanted.get("spec") or {}).get("devices") or []:
+        for t in d.get("taints") or []:
+            when = added.get((d.get("name"), t.get("key"), t.get("value"), t.get("effect")))
+            if when and "timeAdded" not in t:
+                t["timeAdded"] = when
+
+
 def same_devices(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     """Whether a slice already publishes what `wanted` would (generation aside)."""
     return (current.get("spec") or {}).get("devices") == (wanted.get("spec") or {}).get("devices")

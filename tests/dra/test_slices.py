@@ -90,3 +90,43 @@ def test_publish_removes_only_its_own_stale_slices() -> None:
     api.items["n1-old-name"] = {"metadata": {"name": "n1-old-name"}, "spec": {}}
     publish_once(api, "n1", live, "")
     assert api.calls == ["delete n1-old-name", "create"]
+
+
+class StampingSlices(Slices):
+    """Slices as the real API server keeps them: it stamps `timeAdded` on every device taint
+    that has none, at each create and update."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stamps = 0
+
+    def _stamped(self, body: dict[str, Any]) -> dict[str, Any]:
+        for device in body["spec"]["devices"]:
+            for taint in device.get("taints") or []:
+                if "timeAdded" not in taint:
+                    self.stamps += 1
+                    taint["timeAdded"] = f"2026-12-01T00:00:{self.stamps:02d}Z"
+        return body
+
+    def create_slice(self, body: dict[str, Any]) -> None:
+        super().create_slice(self._stamped(copy.deepcopy(body)))
+
+    def replace_slice(self, name: str, body: dict[str, Any]) -> None:
+        super().replace_slice(name, self._stamped(copy.deepcopy(body)))
+
+
+def test_a_tainted_slice_is_not_replaced_again_while_nothing_changes() -> None:
+    api, live = StampingSlices(), LiveInventory(Inventory(GPUS, 4))
+    publish_once(api, "n1", live, "")
+    live.set_health("GPU-a", False, "XID 79")
+    assert publish_once(api, "n1", live, "") == "replaced"
+    # The resync every 10 s: nothing changed, so nothing is written (no new generation, and
+    # the taint keeps the time it was added).
+    assert publish_once(api, "n1", live, "") == "unchanged"
+    assert publish_once(api, "n1", live, "") == "unchanged"
+    spec = api.items[slice_name("n1")]["spec"]
+    assert spec["pool"]["generation"] == 2
+    assert spec["devices"][0]["taints"][0]["timeAdded"] == "2026-12-01T00:00:01Z"
+    live.set_health("GPU-a", True)
+    assert publish_once(api, "n1", live, "") == "replaced"
+    assert "taints" not in api.items[slice_name("n1")]["spec"]["devices"][0]
