@@ -172,6 +172,14 @@ class Driver:
         if why:
             log.error("claims will not be prepared on this node: %s", why)
         self.preparer.remove_orphans()
+        if not self.settings.registry_dir.is_dir():  # made by the server: no kubelet made it
+            log.warning(
+                "%s does not exist: creating it, but no kubelet has made it, so none may watch "
+                "it; the driver is registered only once its kubelet finds %s there (check "
+                "--registry-dir (BATON_DRA_REGISTRY_DIR) if it never is)",
+                self.settings.registry_dir,
+                registration_path(self.settings.registry_dir).name,
+            )
         self.node.start()
         self.publisher.start()
         try:
