@@ -179,7 +179,16 @@ class Baton(BlockingSession):
         self._owner.check()
         with self._state:
             gpus = self._core.parks_at_yield()
-        parked = self._callbacks_run.park_for_yield(gpus) if gpus else {}
+        try:
+            parked = self._callbacks_run.park_for_yield(gpus) if gpus else {}
+        except BaseException:  # Ctrl-C in the park: the turn goes back all the same, and the
+            with contextlib.suppress(BatonError):  # agent parks by callback what it needs
+                self._end_turn({})
+            raise
+        self._end_turn(parked)
+
+    def _end_turn(self, parked: dict[str, int]) -> None:
+        """`yield_` once its park at the yield ran: send the release naming what it `parked`."""
         with self._state:
             ended = self._core.begin_yield(may_keep=not parked)
         if ended.kept:  # nothing to send: the keeper yields it if no acquire takes it back

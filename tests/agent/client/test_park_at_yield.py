@@ -161,3 +161,28 @@ def test_parked_memory_named_with_a_turn_the_tenant_does_not_hold_is_not_counted
     other = pb.YieldRequest(lease_id=lease.lease_id, parked={"GPU-not-its-own": 60 * MIB})
     holder._request(pb.Request(release=other))  # ends the turn; the foreign GPU is ignored
     assert parked(agent, holder) == 0
+
+
+def test_a_ctrl_c_in_the_park_at_the_yield_still_gives_the_turn_back(pair: Pair) -> None:
+    agent, recorded, clients = pair
+    holder, hints = clients["a"], hints_of(clients["a"])
+    attempts: list[str] = []
+    park = recorded["a"].park
+
+    def interrupted_once(gpu: str) -> int:
+        attempts.append(threading.current_thread().name)
+        if len(attempts) == 1:
+            raise KeyboardInterrupt
+        return park(gpu)
+
+    holder._callbacks["park"] = interrupted_once
+    holder.acquire(WAIT_S)
+    taker = taking(agent, clients["b"], lambda: clients["b"].acquire(WAIT_S))
+    hints.wait((GPU,))
+    with pytest.raises(KeyboardInterrupt):
+        holder.yield_()
+    assert holder.lease is None  # the interrupt leaves no turn held
+    taker.join(WAIT_S)
+    assert not taker.is_alive(), "b was never granted: a's turn stayed held after the Ctrl-C"
+    assert attempts == ["MainThread", "baton-client"]  # the yield's, then the agent's callback
+    assert parked(agent, holder) == 60 * MIB
