@@ -10,7 +10,7 @@
 
 On park every storage behind the registered modules (parameters, gradients, buffers),
 optimizers (their state) and tensors is copied into one host buffer allocated on the first park
-and reused while the storages stay the same, and the device storage is freed (resized to 0
+and reused while the storages' sizes stay the same, and the device storage is freed (resized to 0
 bytes); restore allocates it again and copies the bytes back. On CUDA the host buffer is pinned,
 the copies are non-blocking and spread over several streams, with one synchronisation at the
 end, and freed blocks go back to the driver. On the CPU one call copies every storage.
@@ -93,7 +93,8 @@ class TorchParker:
         self.streams = max(1, streams)
         self.stats = MoveStats()
         self._layout: _Layout | None = None
-        """The last park's byte views and host buffers, reused while the storages stay."""
+        """The last park's host buffers, reused while the sizes stay, and its byte views over
+        the storages while they are parked."""
         self._parked: list[tuple[torch.UntypedStorage, int]] = []
         self._guarded: list[tuple[torch.Tensor, type]] = []
         """The parked tensors, each with its own class: they have a guarded one meanwhile."""
@@ -200,7 +201,11 @@ class TorchParker:
             storages = self._resizable_storages(tensors)
             before = _reserved(storages)
             layout = self._layout_for(storages)
-            self._copy(layout.device, layout.host)
+            try:
+                self._copy(layout.device, layout.host)
+            except BaseException:
+                layout.device = []  # the views would keep the storages alive
+                raise
             for storage in storages:
                 storage.resize_(0)
             self._parked = [(s, n) for s, n in zip(storages, layout.sizes, strict=True)]
@@ -233,6 +238,7 @@ class TorchParker:
                 storage.resize_(nbytes)
             assert self._layout is not None
             self._copy(self._layout.host, self._layout.device)
+            self._layout.device = []  # a storage the program drops from now on is freed
             moved = sum(n for _, n in self._parked)
             unguard(self._guarded)
             self._parked, self._guarded = [], []
@@ -263,12 +269,14 @@ class TorchParker:
         return storages
 
     def _layout_for(self, storages: list[torch.UntypedStorage]) -> _Layout:
-        """Byte views over `storages` and their host buffers: the last park's if the storages
-        are the same (the usual case), new ones otherwise."""
-        key = [(s._cdata, s.nbytes()) for s in storages]
-        if self._layout is None or self._layout.key != key:
+        """Byte views over `storages` and host buffers for them: the last park's buffers if the
+        sizes are the same (the usual case), new ones otherwise."""
+        sizes = [s.nbytes() for s in storages]
+        pin = any(s.device.type == "cuda" for s in storages)
+        if self._layout is None or (self._layout.sizes, self._layout.pinned) != (sizes, pin):
             self._layout = None  # let the old buffers go before allocating new ones
-            self._layout = _Layout.build(storages, key)
+            self._layout = _Layout.build(sizes, pin)
+        self._layout.device = [_bytes_of(s) for s in storages]
         return self._layout
 
     def _copy(self, sources: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
@@ -294,25 +302,24 @@ class TorchParker:
 
 @dataclass
 class _Layout:
-    """One park's storages as byte views, and one host buffer split into a view for each.
+    """One host buffer split into a view for each storage of a park, and, while parked, byte
+    views over those storages.
 
-    Kept between parks: the views hold the storages (so a storage cannot be freed and another
-    take its place unseen) and the host buffer is reused.
+    The host buffer is kept between parks and reused while the sizes stay; the byte views are
+    dropped at the restore, since they would keep alive storages the program lets go of (a
+    dropped trainer's optimizer state).
     """
 
-    key: list[tuple[int, int]]
-    """Each storage's identity and size, as parked."""
-    device: list[torch.Tensor]
-    host: list[torch.Tensor]
     sizes: list[int]
+    pinned: bool
+    host: list[torch.Tensor]
+    device: list[torch.Tensor]
 
     @classmethod
-    def build(cls, storages: list[torch.UntypedStorage], key: list[tuple[int, int]]) -> _Layout:
-        sizes = [n for _, n in key]
-        pin = any(s.device.type == "cuda" for s in storages)
+    def build(cls, sizes: list[int], pin: bool) -> _Layout:
         buffer = torch.empty(sum(sizes), dtype=torch.uint8, device="cpu", pin_memory=pin)
         host = list(buffer.split(sizes)) if sizes else []
-        return cls(key, [_bytes_of(s) for s in storages], host, sizes)
+        return cls(sizes, pin, host, [])
 
 
 def _storages_of(tensors: Iterable[torch.Tensor]) -> list[torch.UntypedStorage]:

@@ -45,3 +45,35 @@ def test_what_is_no_source_is_refused_as_it_is_registered_naming_it(source: obje
     with pytest.raises(TypeError, match="cannot park a NoneType"):
         parker.add(None)  # type: ignore[arg-type]
     assert parker.sources == [model]
+
+
+def test_an_optimizer_dropped_after_a_park_and_restore_frees_its_memory() -> None:
+    """`BatonCallback.watch` parks an optimizer only while the program keeps it (an SFT stage's,
+    before a GRPO stage): once parked and restored, dropping it must free its state's storages,
+    not leave them allocated on the device until some later park."""
+    import functools
+    import gc
+    import weakref
+
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from agent.client.torch import TorchParker
+    from agent.client.trl import _tensors_while_kept
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    parker = TorchParker(model)
+    parker.add(functools.partial(_tensors_while_kept, weakref.ref(optimizer)))
+    state = [
+        StorageWeakRef(t.untyped_storage()) for s in optimizer.state.values() for t in s.values()
+    ]
+    assert parker.park("gpu") > 0 and parker.restore("gpu") > 0
+    del optimizer
+    gc.collect()
+    assert sum(not ref.expired() for ref in state) == 0
+    weight = model.weight.detach().clone()
+    assert parker.park("gpu") == parker.restore("gpu") == (6 + 2) * 4 * 2  # weights and grads
+    assert torch.equal(model.weight, weight)
