@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 from agent.client.aio_session import AsyncSession
-from agent.client.errors import AgentUnavailable, LeaseLost
+from agent.client.errors import AgentUnavailable, LeaseLost, NotHolding
 from agent.client.parked import restore_with_grant, restores_itself
 from agent.client.session_core import acquire_request
 from agent.client.types import REPLY_TIMEOUT_S, LeaseInfo, acquire_args
@@ -54,10 +54,13 @@ class AsyncBaton(AsyncSession):
     async def yield_(self) -> None:
         """End the turn. Parking is lazy: memory moves only if the next tenant needs the room."""
         parked = {}  # what the tenant due next needs gone, parked before the turn ends
-        for gpu in self._core.parks_at_yield():
-            result = await self._moves.move(pb.Callback(action="park", gpu=gpu))
-            if not result.error:
-                parked[gpu] = int(result.bytes)
+        if gpus := self._core.parks_at_yield():
+            parks = asyncio.ensure_future(self._park_at_yield(gpus))  # runs on if cancelled
+            try:
+                parked = await asyncio.shield(parks)
+            except asyncio.CancelledError:  # the turn goes back once its park is done
+                self._kept_yield = self._spawn(self._yield_after(parks))
+                raise
         with self._kept_lock:
             ended = self._core.begin_yield(may_keep=not parked)
         self._rearm()
@@ -81,6 +84,32 @@ class AsyncBaton(AsyncSession):
             again = pb.Request(request_id=next(self._core.ids), release=release)
             self._yield_kept(again)  # (the next acquire waits for it; a second one is refused)
             raise
+
+    async def _park_at_yield(self, gpus: Sequence[str]) -> dict[str, int]:
+        """Park `gpus` as the turn ends (the agent's hint): GPU → bytes parked."""
+        parked = {}
+        for gpu in gpus:
+            result = await self._moves.move(pb.Callback(action="park", gpu=gpu))
+            if not result.error:
+                parked[gpu] = int(result.bytes)
+        return parked
+
+    async def _yield_after(self, parks: asyncio.Future[dict[str, int]]) -> None:
+        """A yield cancelled during its park: the turn is yielded once the park is done,
+        naming what it parked (the next `acquire` waits for this)."""
+        try:
+            parked = await parks
+        except Exception:  # (errors are the callbacks' answers: only a crash lands here)
+            parked = {}
+        try:
+            with self._kept_lock:
+                ended = self._core.begin_yield(may_keep=False)
+        except NotHolding:  # it ended meanwhile (the session closed, a revocation)
+            return
+        self._rearm()
+        if not ended.gone:
+            release = self._core.release(ended.named, parked)
+            await self._send_kept(pb.Request(request_id=next(self._core.ids), release=release))
 
     @contextlib.asynccontextmanager
     async def turn(self, timeout: float | None = None) -> AsyncIterator[LeaseInfo]:

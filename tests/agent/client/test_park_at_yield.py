@@ -186,3 +186,44 @@ def test_a_ctrl_c_in_the_park_at_the_yield_still_gives_the_turn_back(pair: Pair)
     assert not taker.is_alive(), "b was never granted: a's turn stayed held after the Ctrl-C"
     assert attempts == ["MainThread", "baton-client"]  # the yield's, then the agent's callback
     assert parked(agent, holder) == 60 * MIB
+
+
+def test_an_async_yield_cancelled_in_its_park_gives_the_turn_back_once_parked(
+    app_agent: AgentRunner,
+) -> None:
+    """The park goes on in its thread after the cancel; the yield follows it, naming it."""
+    recorded = {name: Recorded() for name in ("x", "y")}
+    parking, release = threading.Event(), threading.Event()
+
+    def slow_park(gpu: str) -> int:
+        parking.set()
+        assert release.wait(WAIT_S), "the test never let the park finish"
+        return recorded["x"].park(gpu)
+
+    def client(name: str) -> AsyncBaton:
+        r = recorded[name]
+        on_park = slow_park if name == "x" else r.park
+        return AsyncBaton(
+            app_agent.socket, [GPU], name=name, gpu_memory_mib=60,
+            on_park=on_park, on_restore=r.restore,
+        )  # fmt: skip
+
+    async def scenario() -> None:
+        async with client("x") as x, client("y") as y:
+            await x.acquire(WAIT_S)
+            hints = hints_of(x)
+            queued = asyncio.create_task(y.acquire(WAIT_S))
+            await asyncio.to_thread(hints.wait, (GPU,))
+            yielding = asyncio.create_task(x.yield_())
+            await asyncio.to_thread(parking.wait, WAIT_S)
+            yielding.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await yielding
+            assert not queued.done()  # its memory is still on the GPU: not granted yet
+            release.set()
+            await asyncio.wait_for(queued, WAIT_S)
+            assert y.lease is not None and x.lease is None
+            assert parked(app_agent, x) == 60 * MIB and x.parked.bytes == {GPU: 60 * MIB}
+
+    asyncio.run(scenario())
+    assert [c for c, _ in recorded["x"].calls] == ["park"]  # the yield's, not a callback's
