@@ -28,6 +28,7 @@ from typing import Any, TypeAlias
 
 import torch
 
+from agent.client.interrupts import deferred_interrupt
 from agent.client.parked_tensors import ParkError, guard, tensors_in, unguard
 
 __all__ = ["MoveStats", "ParkError", "Source", "TorchParker", "tensors_of"]
@@ -206,12 +207,13 @@ class TorchParker:
             except BaseException:
                 layout.device = []  # the views would keep the storages alive
                 raise
-            for storage in storages:
-                storage.resize_(0)
-            self._parked = [(s, n) for s, n in zip(storages, layout.sizes, strict=True)]
-            self._guarded = guard(tensors)
-            self._is_parked = True
-            self._parked_gpus.add(gpu)
+            with deferred_interrupt():  # freed storages are parked ones: recorded with them
+                for storage in storages:
+                    storage.resize_(0)
+                self._parked = [(s, n) for s, n in zip(storages, layout.sizes, strict=True)]
+                self._guarded = guard(tensors)
+                self._is_parked = True
+                self._parked_gpus.add(gpu)
             _release_cached(storages)
             if before is not None:
                 self.stats.reserved_before_park = before
