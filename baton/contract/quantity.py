@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import reprlib
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, DecimalException, InvalidOperation
 
 _QUANTITY = re.compile(
     r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]))?$"
@@ -42,10 +42,13 @@ def parse_quantity(text: object) -> Decimal:
         value = Decimal(number)
     except InvalidOperation as err:  # pragma: no cover - the pattern admits only decimals
         raise ValueError(f"{text!r} is not a Kubernetes quantity") from err
-    if exponent:
-        value = value.scaleb(int(exponent[1:]))
-    if suffix:
-        value *= _SUFFIX[suffix]
+    try:
+        if exponent:
+            value = value.scaleb(int(exponent[1:]))
+        if suffix:
+            value *= _SUFFIX[suffix]
+    except DecimalException:  # an exponent past what Decimal holds (1e1000000, 1e-9999999)
+        raise ValueError(f"{shown(text)} is out of range (its exponent is too large)") from None
     if abs(value) >= _LARGEST:  # past int64, and turning it into an int could take minutes
         raise ValueError(f"{shown(text)} is out of range (a quantity is below 2^63)")
     return value

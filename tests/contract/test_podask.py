@@ -74,6 +74,10 @@ def test_requests_read(kwargs: dict, expected: TenantRequest) -> None:
         ({"duty": 150}, "baton.dev/gpu-duty 150 is not above 0 and at most 100"),
         ({"gpus": None, "memory": 1000}, "baton.dev/gpu-memory is set but baton.dev/gpu is not"),
         ({"memory_limit": "lots"}, "memory limit 'lots' is not a quantity"),
+        # Exponents past what Decimal holds (the API server keeps them as written).
+        ({"memory": "1e1000000"}, "baton.dev/gpu-memory '1e1000000' is not a number"),
+        ({"duty": "1e-9999999"}, "baton.dev/gpu-duty '1e-9999999' is not a number"),
+        ({"memory_limit": "1e1000000"}, "memory limit '1e1000000' is not a quantity"),
     ],
 )
 def test_bad_requests_name_the_field(kwargs: dict, message: str) -> None:

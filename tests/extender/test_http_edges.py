@@ -95,6 +95,9 @@ ODD_PODS = [
     limits('"1"').replace('"baton.dev/gpu": "1"', '"baton.dev/gpu": "1e5000"'),
     limits('"' + "9" * 5000 + '"'),
     limits("1e300"),
+    limits('"1e1000000"'),  # an exponent past what Decimal holds, above and below
+    limits('"1"').replace('"baton.dev/gpu": "1"', '"baton.dev/gpu": "1e1000000"'),
+    limits('"1"').replace('"baton.dev/gpu": "1"', '"baton.dev/gpu": "1e-9999999"'),
     limits('"1"').replace('"name": "c"', f'"name": {DEEPER}'),
 ]
 
