@@ -68,7 +68,7 @@ def decode_gpus(text: str | None) -> tuple[GpuRecord, ...]:
         if not isinstance(items, list):
             raise TypeError("not a list")
         return tuple(_gpu(item) for item in items)
-    except (ValueError, TypeError, KeyError) as err:
+    except (ValueError, TypeError, KeyError, OverflowError) as err:  # 1e999: an infinity
         raise AnnotationError(f"node annotation {ANNOTATION_GPUS} is unreadable: {err}") from None
 
 

@@ -37,6 +37,8 @@ def test_the_node_inventory_is_written_as_before_and_read_back() -> None:
         ("{", "baton.dev/gpus is unreadable"),
         ('{"uuid": "x"}', "baton.dev/gpus is unreadable: not a list"),
         ('[{"uuid":"x","index":0,"memoryMiB":1,"slots":0}]', "has memoryMiB 1, slots 0"),
+        ('[{"uuid":"x","index":0,"memoryMiB":1e999,"slots":4}]', "unreadable: cannot convert"),
+        ('[{"uuid":"x","index":-1e999,"memoryMiB":1,"slots":4}]', "unreadable: cannot convert"),
     ],
 )
 def test_an_unreadable_inventory_names_the_annotation(text: str, message: str) -> None:

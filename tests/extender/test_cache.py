@@ -85,3 +85,19 @@ def test_unreadable_annotation_is_reported_per_node(
     assert kube_cache.wait_for(lambda s: s.node("n1") is not None, SYNC_TIMEOUT_S)
     problem = kube_cache.state.node("n1").problem  # type: ignore[union-attr]
     assert problem.startswith("node annotation baton.dev/gpus is unreadable")
+
+
+def test_an_infinite_number_in_one_nodes_annotation_fails_that_node_only(
+    fake_api: FakeApiServer, kube_cache: KubeCache
+) -> None:
+    """1e999 is valid JSON (a float infinity once read): the node gets the reason, and the
+    watch goes on applying the other nodes' changes instead of relisting for ever."""
+    broken = node("n1", gpus=1)
+    entries = json.loads(broken["metadata"]["annotations"][ANNOTATION_GPUS])
+    text = json.dumps(entries).replace('"memoryMiB": 81920', '"memoryMiB": 1e999')
+    broken["metadata"]["annotations"][ANNOTATION_GPUS] = text
+    fake_api.put_object(broken)
+    fake_api.put_object(node("n2", gpus=1))
+    assert kube_cache.wait_for(lambda s: s.node("n2") is not None, SYNC_TIMEOUT_S)
+    problem = kube_cache.state.node("n1").problem  # type: ignore[union-attr]
+    assert problem.startswith("node annotation baton.dev/gpus is unreadable"), problem
