@@ -119,7 +119,7 @@ class CudaBackend(CudaTenants, Backend):
         if ref is None:
             raise BackendError(f"{tenant_id} is not known to the cuda backend")
         try:
-            pids = self._discover(tenant_id)
+            pids = self._discover(tenant_id, settle=True)
             with self._mutex:
                 self._stopped(tenant_id)
                 if tenant_id in self._parked:  # found checkpointed by the driver already

@@ -190,17 +190,29 @@ def park_again(
 def confirm(calls: CheckpointDriver, sizes: Sizes) -> Sizes:
     """The processes recorded as parked (before a restart) that the driver says still are.
 
-    One left locked stopped mid-move with its memory on the device: it is unlocked."""
-    still: Sizes = {}
-    for pid, on_gpus in sizes.items():
-        state = calls.state(pid)
-        if state == CHECKPOINTED:
-            still[pid] = on_gpus
-        elif state == LOCKED:
-            calls.unlock(pid)
-        elif state == FAILED:
+    One left locked stopped mid-move with its memory on the device: beside a checkpointed
+    sibling it is checkpointed too (the tenant stays parked, all or none), else unlocked."""
+    states = {pid: calls.state(pid) for pid in sizes}
+    for pid, state in states.items():
+        if state == FAILED:
             raise BackendQuarantined(f"pid {pid} is in the driver's FAILED state")
+    parked = CHECKPOINTED in states.values()
+    still: Sizes = {}
+    for pid, state in states.items():
+        if state == LOCKED:
+            settle_locked(calls, pid, parked, _total(sizes, pid))
+        if state == CHECKPOINTED or (state == LOCKED and parked):
+            still[pid] = sizes[pid]
     return still
+
+
+def settle_locked(calls: CheckpointDriver, pid: int, parked: bool, nbytes: int) -> None:
+    """A process found locked by a move a restart cut off: checkpointed if a sibling is
+    (the move is finished as a park), else unlocked (its memory is on the device)."""
+    if parked:
+        calls.checkpoint(pid, nbytes)
+    else:
+        calls.unlock(pid)
 
 
 def check_room(tenant_id: str, gpu: str, parked: int, headroom: int, free: int) -> None:

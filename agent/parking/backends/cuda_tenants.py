@@ -111,27 +111,35 @@ class CudaTenants:
             found |= set(procs.pod_pids(ref.pod_uid, self.proc_root))
         return found
 
-    def _discover(self, tenant_id: str) -> tuple[int, ...]:
-        """The tenant's processes with CUDA state, asking the driver about each candidate."""
+    def _discover(self, tenant_id: str, settle: bool = False) -> tuple[int, ...]:
+        """The tenant's processes with CUDA state, asking the driver about each candidate.
+
+        Processes left locked by a move a restart cut off are settled (see
+        `cuda_moves.settle_locked`) unless a move of the tenant is under way: `settle` says the
+        caller is that move, before it touched any process."""
         with self._mutex:
             ref = self._refs.get(tenant_id)
+            settle = settle or tenant_id not in self._moving
         if ref is None:
             return ()
-        with_state, held = [], {}
-        for pid in sorted(self._candidates(ref)):
-            state = self.calls.state(pid)
+        states = {pid: self.calls.state(pid) for pid in sorted(self._candidates(ref))}
+        checkpointed = [pid for pid, state in states.items() if state == CHECKPOINTED]
+        held: cuda_moves.Sizes = {pid: {g: 0 for g in ref.gpus} for pid in checkpointed}
+        for pid, state in states.items():
             if state == FAILED:
                 self._quarantine(tenant_id, f"pid {pid} is in the driver's FAILED state")
-            elif state == LOCKED and tenant_id not in self._moving:
-                self.calls.unlock(pid)  # a move cut off by a restart: its memory is on the GPU
-            elif state == CHECKPOINTED:  # parked by an agent that could not save it
-                held[pid] = {g: 0 for g in ref.gpus}
-            if state is not None:
-                with_state.append(pid)
+            elif state == LOCKED and settle:
+                sizes = self._bytes(ref.gpus, (pid,))[pid] if checkpointed else {}
+                cuda_moves.settle_locked(self.calls, pid, bool(checkpointed), sum(sizes.values()))
+                if checkpointed:
+                    held[pid] = sizes
+        if checkpointed:  # parked by an agent that could not save it: the rest of its footprint
+            measured = {g: sum(s.get(g, 0) for s in held.values()) for g in ref.gpus}
+            declared = ref.declared_bytes or 0
+            held[checkpointed[0]] = {g: max(0, declared - measured[g]) for g in ref.gpus}
+        with_state = [pid for pid, state in states.items() if state is not None]
         with self._mutex:
             if held and tenant_id not in self._parked:
-                first = min(held)
-                held[first] = {g: ref.declared_bytes or 0 for g in ref.gpus}
                 self._parked[tenant_id] = ParkedProcs(held)
             self._found[tenant_id] = (self._clock(), tuple(with_state))
         return tuple(with_state)

@@ -200,3 +200,29 @@ def test_without_cuda_python_the_install_hint_is_given(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_cuda)
     with pytest.raises(BackendUnavailable, match=r"pip install 'baton-gpu\[cuda\]'"):
         cuda_mod.load_modules()
+
+
+@pytest.mark.parametrize(
+    ("cut_off", "first"), [("restore", "state"), ("park", "state"), ("park", "park")]
+)
+def test_a_restart_mid_move_leaves_no_tenant_half_parked(node, cut_off, first):
+    """The old agent died with 100 checkpointed and 101 locked: mid-restore (101 brought back,
+    the record says both parked) or mid-park (101 not checkpointed yet, no record). 101 holds
+    its device memory: unlocked, it would run on beside whoever holds the GPU next while the
+    tenant counts as parked. The move is finished as a park: all or none."""
+    driver, nvml, backend = node
+    backend.park("a", GPU)
+    saved = backend.durable() if cut_off == "restore" else {}
+    driver.states[101] = LOCKED
+    again = CudaBackend(driver, nvml)
+    again.adopt(saved)
+    again.attach(TenantRef("a", (GPU,), pids=(100, 101)))
+    if first == "park":  # the restarted agent's first word about the tenant is a park
+        again.park("a", GPU)
+    st = again.state("a")
+    assert driver.states[100] == driver.states[101] == CHECKPOINTED
+    assert st.residency == {GPU: Residency.PARKED} and st.pids == (100, 101)
+    assert again.park("a", GPU).bytes == 0  # parked already: nothing left on the GPU
+    assert nvml.free(GPU) == 78 * GIB  # only pid 200 (2 GiB, not a's) is on the GPU
+    again.restore("a", GPU)
+    assert driver.states[100] == driver.states[101] == RUNNING

@@ -146,9 +146,9 @@ def test_processes_the_driver_reports_parked_or_locked_are_taken_back_without_a_
     backend.attach(TenantRef("pod", (GPU,), pod_uid=UID, declared_bytes=3 * GIB))
     st = backend.state("pod")
     assert st.residency == {GPU: Residency.PARKED} and st.parked_bytes == 3 * GIB
-    assert driver.states[12] == RUNNING
+    assert driver.states[12] == CHECKPOINTED  # the park is finished: none of it stays behind
     backend.restore("pod", GPU)
-    assert driver.states[11] == RUNNING
+    assert driver.states[11] == driver.states[12] == RUNNING
 
 
 def test_a_parked_tenant_whose_processes_live_on_is_kept_when_detached(proc):
