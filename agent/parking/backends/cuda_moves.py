@@ -145,14 +145,17 @@ def restore_all(calls: CheckpointDriver, sizes: Sizes) -> tuple[int, ...]:
                 raise BackendQuarantined(f"{e}; pid {pid} is {state_name(state)}") from e
             raise
         restored.append(pid)
-    for pid in list(restored):
+    stuck: list[str] = []
+    for pid in list(restored):  # every one is tried: one that fails leaves none of the rest locked
         try:
             calls.unlock(pid)
         except DriverError as e:
             state = calls.state(pid)
             if state is not None:
-                raise BackendQuarantined(f"{e}; pid {pid} is {state_name(state)}") from e
+                stuck.append(f"{e}; pid {pid} is {state_name(state)}")
             restored.remove(pid)
+    if stuck:
+        raise BackendQuarantined("; ".join(stuck))
     for pid in list(restored):
         state = calls.state(pid)
         if state is None:

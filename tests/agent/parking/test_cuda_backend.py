@@ -226,3 +226,15 @@ def test_a_restart_mid_move_leaves_no_tenant_half_parked(node, cut_off, first):
     assert nvml.free(GPU) == 78 * GIB  # only pid 200 (2 GiB, not a's) is on the GPU
     again.restore("a", GPU)
     assert driver.states[100] == driver.states[101] == RUNNING
+
+
+def test_an_unlock_that_fails_still_unlocks_the_other_restored_processes(node):
+    """A failed unlock of 100 quarantines the tenant, but 101, restored with it, must not be
+    left locked for ever (its CUDA calls would block with no reason given)."""
+    driver, _, backend = node
+    backend.park("a", GPU)
+    driver.fail[("unlock", 100)] = CUresult.CUDA_ERROR_UNKNOWN
+    with pytest.raises(BackendQuarantined, match="pid 100 is locked"):
+        backend.restore("a", GPU)
+    assert driver.states[100] == LOCKED and driver.states[101] == RUNNING
+    assert backend.state("a").quarantined
