@@ -21,6 +21,7 @@ they are for; a node that loses power loses its GPU processes with them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -236,7 +237,10 @@ class StateStore:
                     self._journal_fd = os.open(
                         self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
                     )
-                os.write(self._journal_fd, b"".join(lines))
+                data = b"".join(lines)
+                written = os.write(self._journal_fd, data)
+                if written < len(data):  # a full disk part-way: the line's start is undone
+                    self._cut_short_write(written)
             except OSError as exc:
                 if not self._journal_failed:  # said once: the snapshot still follows
                     log.error(
@@ -248,6 +252,15 @@ class StateStore:
                 self._journal_failed = True
             else:
                 self._journal_failed = False
+
+    def _cut_short_write(self, written: int) -> None:
+        """A write put only its first `written` bytes in the journal (the disk filled): take
+        them out again, so that no line the next write follows is torn (a restart refuses a
+        torn line before the last), then fail as a write that put nothing there."""
+        assert self._journal_fd is not None
+        size = os.fstat(self._journal_fd).st_size
+        os.ftruncate(self._journal_fd, size - written)  # frees space: works on a full disk
+        raise OSError(errno.ENOSPC, f"only {written} bytes of the entry were written")
 
     def _compact(self, covered: int, at_least: int | None = None) -> None:
         """The snapshot up to entry `covered` is on disk: if the journal is `at_least` long
@@ -271,7 +284,10 @@ class StateStore:
             tmp = self.dir / f".{JOURNAL_FILE}.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
             try:
-                os.write(fd, b"".join(line for _, line in rest))
+                data = b"".join(line for _, line in rest)
+                written = os.write(fd, data)
+                if written < len(data):  # a full disk: the journal as it is stays
+                    raise OSError(errno.ENOSPC, f"only {written} bytes of {tmp} were written")
                 os.replace(tmp, self.journal_path)
             except OSError:
                 os.close(fd)

@@ -8,6 +8,9 @@ does, so what was only in the old store's memory does not count.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -126,6 +129,94 @@ def test_a_damaged_line_before_the_end_is_refused_with_its_number(tmp_path):
     store.record_grant(lease("w2", 2))
     with pytest.raises(StateDirError, match=r"agent-journal.jsonl line 2: .*move it aside"):
         restarted(tmp_path)
+
+
+FILLS_THE_DISK_MID_LINE = textwrap.dedent(
+    """
+    import os, resource, signal, sys
+    from agent.core.leases import Lease
+    from agent.node.state import JOURNAL_FILE, StateStore
+
+    def lease(lease_id, token):
+        return Lease(lease_id, "local/a", ("GPU-0",), {"GPU-0": token}, 1.0, 31.0)
+
+    store = StateStore(sys.argv[1])
+    store.load()
+    size = os.path.getsize(os.path.join(sys.argv[1], JOURNAL_FILE))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 20, hard))  # full 20 bytes into a line
+    store.record_end("w1")
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space freed again
+    store.record_grant(lease("w2", 2))
+    """
+)
+
+
+def test_a_write_the_full_disk_cut_short_leaves_no_torn_line_before_the_next(tmp_path):
+    """A journal write that a full disk cut short part-way does not leave its start behind: the
+    entries appended once there is room again follow whole lines, and a restart reads them."""
+    store = StateStore(tmp_path)
+    store.save(PersistedState(tenants=[A]))
+    store.record_grant(lease("w1", 1))
+    store.close()
+    run = subprocess.run(
+        [sys.executable, "-c", FILLS_THE_DISK_MID_LINE, str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "cannot append" in run.stderr
+    loaded = restarted(tmp_path)  # the end of w1 is lost, not the journal
+    assert [x.lease_id for x in loaded.leases] == ["w1", "w2"] and loaded.tokens == {"GPU-0": 2}
+
+
+CUTS_BACK_ON_A_FULL_DISK = textwrap.dedent(
+    """
+    import resource, signal, sys
+    from agent.core.leases import Lease
+    from agent.node.state import StateStore
+
+    def lease(lease_id, token):
+        return Lease(lease_id, "local/a", ("GPU-0",), {"GPU-0": token}, 1.0, 31.0)
+
+    store = StateStore(sys.argv[1])
+    store.load()
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50, hard))  # the cut-back copy fills the disk
+    try:
+        store._compact(1, at_least=0)  # as the writer does after a snapshot up to entry 1
+    except OSError as exc:
+        print("compaction failed:", exc.strerror, file=sys.stderr)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    store.record_grant(lease("w4", 4))
+    """
+)
+
+
+def test_a_journal_cut_back_on_a_full_disk_is_left_whole(tmp_path):
+    """The snapshot's writer cutting the journal back, on a disk that fills part-way through the
+    copy, keeps the journal it had rather than a torn copy that later entries follow."""
+    store = StateStore(tmp_path)
+    store.save(PersistedState(tenants=[A]))
+    for n in (1, 2, 3):
+        store.record_end(f"w{n - 1}")
+        store.record_grant(lease(f"w{n}", n))
+    store.close()
+    run = subprocess.run(
+        [sys.executable, "-c", CUTS_BACK_ON_A_FULL_DISK, str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    loaded = restarted(tmp_path)
+    assert [x.lease_id for x in loaded.leases] == ["w3", "w4"] and loaded.tokens == {"GPU-0": 4}
+    assert "compaction failed" in run.stderr
 
 
 def test_a_lease_of_a_tenant_the_snapshot_lacks_is_dropped_but_its_token_kept(tmp_path):
