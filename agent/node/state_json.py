@@ -41,6 +41,9 @@ class PersistedState:
     leases: list[Lease] = field(default_factory=list)
     resumes: dict[str, SavedResume] = field(default_factory=dict)
     """The revoked tenants waiting to be given their turn back, by waiter id."""
+    given: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Leases that gave revoked tenants their turns back → the revoked lease ids they follow
+    (a client that never heard of the grant names one of those)."""
     tokens: dict[str, int] = field(default_factory=dict)
     """Last fencing token per GPU (so tokens never repeat after a restart)."""
     parked: dict[str, Any] = field(default_factory=dict)
@@ -63,7 +66,7 @@ def encode(state: PersistedState, journal_seq: int) -> bytes:
 def snapshot_format(state: PersistedState) -> int:
     """The oldest format that holds `state`: 1 (which an agent one version older reads, losing
     nothing) unless it keeps a revoked tenant's place in the queue."""
-    return RESUMES_FORMAT if state.resumes else 1
+    return RESUMES_FORMAT if state.resumes or state.given else 1
 
 
 def decode(data: Any) -> tuple[PersistedState, int]:
@@ -74,6 +77,7 @@ def decode(data: Any) -> tuple[PersistedState, int]:
         tenants=[Tenant.from_json(t) for t in data.get("tenants", [])],
         leases=[lease_from_json(x) for x in data.get("leases", [])],
         resumes={r.waiter_id: r for r in map(resume_from_json, data.get("resumes", []))},
+        given={k: tuple(map(str, v)) for k, v in data.get("given", {}).items()},
         tokens={k: int(v) for k, v in data.get("tokens", {}).items()},
         parked=dict(data.get("parked", {})),
         accounting=dict(data.get("accounting", {})),
@@ -96,7 +100,9 @@ def apply_entry(
         lease = lease_from_json(entry["grant"])
         for gpu, token in lease.tokens.items():
             state.tokens[gpu] = max(state.tokens.get(gpu, 0), token)
-        resumes.pop(lease.lease_id, None)  # a resume granted
+        resume = resumes.pop(lease.lease_id, None)  # a resume granted
+        if resume is not None and resume.revoked:
+            state.given[lease.lease_id] = resume.revoked
         if lease.tenant_id in tenants:
             leases[lease.lease_id] = lease
         else:  # a journal from before tenants were journaled
@@ -118,6 +124,7 @@ def apply_entry(
     elif "end" in entry:  # a turn, or a resume that left the queue
         leases.pop(str(entry["end"]), None)
         resumes.pop(str(entry["end"]), None)
+        state.given.pop(str(entry["end"]), None)
     else:
         raise KeyError(f"none of tenant, grant, gone, parked, resume, end in {sorted(entry)}")
     return leases
@@ -129,6 +136,7 @@ def _to_json(state: PersistedState) -> dict[str, Any]:
         "tenants": [t.to_json() for t in state.tenants],
         "leases": [lease_to_json(x) for x in state.leases],
         **({"resumes": resumes} if resumes else {}),  # format 1 has none
+        **({"given": {k: list(v) for k, v in state.given.items()}} if state.given else {}),
         "tokens": dict(state.tokens),
         "parked": state.parked,
         "accounting": state.accounting,

@@ -297,6 +297,26 @@ class Resumes:
         front = (w for w in table.waiters.values() if w.front)
         return {w.waiter_id: self._saved(w) for w in front}
 
+    def given_back(self, table: LeaseTable) -> dict[str, tuple[str, ...]]:
+        """The turns given back and held now → the revoked leases they follow, for the
+        snapshot."""
+        led: dict[str, list[str]] = {}
+        for revoked, resume in self._next.items():
+            if resume in table.leases:
+                led.setdefault(resume, []).append(revoked)
+        return {k: tuple(v) for k, v in led.items()}
+
+    def restore_given(self, table: LeaseTable, given: Mapping[str, Sequence[str]]) -> None:
+        """The turns given back before the restart (`given_back`) follow their revoked leases
+        again, and their tenants' next sessions hear of them (a client may never have: the
+        grant found no session of it, or its push died with the agent before)."""
+        for lease_id, revoked in given.items():
+            lease = table.leases.get(lease_id)
+            if lease is None:
+                continue
+            self._next.update(dict.fromkeys(revoked, lease_id))
+            self.unheard[lease.tenant_id] = lease_id
+
     def restore(
         self, table: LeaseTable, saved: Iterable[SavedResume], tenants: Mapping[str, Tenant]
     ) -> list[SavedResume]:

@@ -307,6 +307,7 @@ class TurnState:
         for lease in saved.leases:
             self.table.restore_lease(lease)
         queued = self.resumes.restore(self.table, saved.resumes.values(), self.tenants.tenants)
+        self.resumes.restore_given(self.table, saved.given)
         saved.resumes = {r.waiter_id: r for r in queued}
         self.unclaimed = {lease.lease_id for lease in saved.leases}
         try:
@@ -342,6 +343,7 @@ class TurnState:
                 tenants=list(self.tenants.tenants.values()),
                 leases=list(self.table.leases.values()),
                 resumes=self.resumes.snapshot(self.table),
+                given=self.resumes.given_back(self.table),
                 tokens={gpu: state.token for gpu, state in self.table.gpus.items()},
                 parked=self.preparer.durable(),
                 accounting=self.metrics.accounting.to_json(),

@@ -219,6 +219,21 @@ def test_a_journal_cut_back_on_a_full_disk_is_left_whole(tmp_path):
     assert "compaction failed" in run.stderr
 
 
+def test_a_resume_granted_after_the_snapshot_keeps_the_revoked_lease_it_follows(tmp_path):
+    """A client that never heard its turn given back names the revoked lease: the restarted
+    agent still knows which turn follows it, and forgets it once that turn ends."""
+    store = StateStore(tmp_path)
+    store.save(PersistedState(tenants=[A]))
+    store.record_end("w1", resumes=[SavedResume("r1", "local/a", ("GPU-0",), ("w1",))])
+    store.record_grant(lease("r1", 2))
+    loaded = restarted(tmp_path)
+    assert [x.lease_id for x in loaded.leases] == ["r1"] and loaded.given == {"r1": ("w1",)}
+    store.save(loaded)  # a snapshot holds it too
+    assert restarted(tmp_path).given == {"r1": ("w1",)}
+    store.record_end("r1")
+    assert restarted(tmp_path).given == {}
+
+
 def test_a_lease_of_a_tenant_the_snapshot_lacks_is_dropped_but_its_token_kept(tmp_path):
     store = StateStore(tmp_path)
     store.save(PersistedState(tenants=[A]))
