@@ -118,6 +118,24 @@ def test_a_kept_lease_goes_back_at_once_when_a_newcomer_comes_first(owed: Owed) 
         c.close()
 
 
+async def owed_async(
+    runner: AgentRunner, a: AsyncBaton, b: Baton, keeps: Pushes[float], window: float
+) -> tuple[LeaseInfo, Waiting]:
+    """ "a" (`AsyncBaton`, duty 90) holds its turn, owed it over "b" (duty 10), which waits;
+    a's client has been told how long it may keep the lease. Its lease, and b's wait."""
+    b.acquire(timeout=10)
+    mark = runner.mark()
+    first = asyncio.create_task(a.acquire(timeout=10))
+    queued = lambda e: e.kind == ev.QUEUED and e.tenant_id == "local/a"  # noqa: E731
+    await asyncio.to_thread(runner.wait_event, queued, 10, mark)
+    await asyncio.sleep(window / 5)  # "b"'s step
+    b.yield_()
+    held = await first
+    b_waits = await asyncio.to_thread(Waiting, runner, b)
+    await asyncio.to_thread(keeps.wait_for, lambda until: until > 0)
+    return held, b_waits
+
+
 def test_the_asyncio_client_keeps_a_turn_and_gives_it_back(workdir: str) -> None:
     window = 1.0
     runner = AgentRunner(workdir, queue_policy="fair", fair=FairConfig(anticipate_s=window))
@@ -127,16 +145,7 @@ def test_the_asyncio_client_keeps_a_turn_and_gives_it_back(workdir: str) -> None
     keeps = Pushes(a, "keep_turn", lambda m: m.keep_turn.until_s)
 
     async def owed_loop() -> float:
-        b.acquire(timeout=10)
-        mark = runner.mark()
-        first = asyncio.create_task(a.acquire(timeout=10))
-        queued = lambda e: e.kind == ev.QUEUED and e.tenant_id == "local/a"  # noqa: E731
-        await asyncio.to_thread(runner.wait_event, queued, 10, mark)
-        await asyncio.sleep(window / 5)  # "b"'s step
-        b.yield_()
-        held = await first
-        b_waits = await asyncio.to_thread(Waiting, runner, b)
-        await asyncio.to_thread(keeps.wait_for, lambda until: until > 0)
+        held, b_waits = await owed_async(runner, a, b, keeps, window)
         for _ in range(3):
             await a.yield_()
             assert a._core.kept is not None
@@ -166,16 +175,7 @@ def test_the_asyncio_client_gives_a_kept_turn_back_while_its_loop_is_blocked(wor
     keeps = Pushes(a, "keep_turn", lambda m: m.keep_turn.until_s)
 
     async def blocked_loop() -> tuple[float, LeaseInfo, LeaseInfo]:
-        b.acquire(timeout=10)
-        mark = runner.mark()
-        first = asyncio.create_task(a.acquire(timeout=10))
-        queued = lambda e: e.kind == ev.QUEUED and e.tenant_id == "local/a"  # noqa: E731
-        await asyncio.to_thread(runner.wait_event, queued, 10, mark)
-        await asyncio.sleep(window / 5)  # "b"'s step
-        b.yield_()
-        held = await first
-        b_waits = await asyncio.to_thread(Waiting, runner, b)
-        await asyncio.to_thread(keeps.wait_for, lambda until: until > 0)
+        held, b_waits = await owed_async(runner, a, b, keeps, window)
         await a.yield_()
         assert a._core.kept is not None
         yielded = time.monotonic()
