@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from baton.contract.names import NAMESPACE, NODE_POD_SELECTOR
-from commands.kubectl.api import Api, Forbidden, PluginError, agent_status_path, inventory_path
+from commands.kubectl.api import (
+    Api,
+    Forbidden,
+    NoAnswer,
+    PluginError,
+    agent_status_path,
+    inventory_path,
+)
 from commands.status.cluster import AgentAnswer, cluster_document
 
 
@@ -37,9 +45,25 @@ def read_agent(api: Api, pod: str, namespace: str = NAMESPACE) -> AgentAnswer:
         answer = api.get(agent_status_path(pod, namespace))
     except Forbidden:
         raise
+    except NoAnswer as err:  # the API server answers (it listed the pods); the agent does not
+        return (
+            f"cannot read agent {pod}: no answer within {err.timeout_s:g} s through the API "
+            "server's pod proxy (is its node down or cut off?)"
+        )
     except PluginError as err:
         return f"cannot read agent {pod}: {err}"
     return dict(answer) if isinstance(answer, dict) else f"agent {pod} sent no JSON object"
+
+
+def read_agents(
+    api: Api, pods: Mapping[str, str], namespace: str = NAMESPACE
+) -> dict[str, AgentAnswer]:
+    """Node → its agent's answer (`read_agent`), every agent asked at once: a node down costs
+    one request timeout, not one per node down (Forbidden propagates)."""
+    nodes = sorted(pods)
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes) or 1)) as pool:
+        answers = pool.map(lambda node: read_agent(api, pods[node], namespace), nodes)
+        return dict(zip(nodes, answers, strict=True))
 
 
 def read_inventory(api: Api, pods: Mapping[str, str], namespace: str = NAMESPACE) -> Any:
@@ -60,10 +84,10 @@ def read_cluster(api: Api, namespace: str = NAMESPACE) -> dict[str, Any]:
     names = {n["name"] for n in inventory.get("nodes", [])}
     for node in sorted(set(pods) - names):
         inventory["nodes"].append({"name": node, "gpus": []})
-    answers: dict[str, AgentAnswer] = {}
-    for node in (n["name"] for n in inventory["nodes"]):
-        pod = pods.get(node)
-        answers[node] = read_agent(api, pod, namespace) if pod else "no running agent pod"
+    answers: dict[str, AgentAnswer] = dict.fromkeys(
+        (n["name"] for n in inventory["nodes"]), "no running agent pod"
+    )
+    answers.update(read_agents(api, {n: p for n, p in pods.items() if n in answers}, namespace))
     urls = {node: f"pod {namespace}/{pod}" for node, pod in pods.items()}
     document = cluster_document(inventory, answers, urls)
     if inventory.get("error"):

@@ -46,6 +46,15 @@ class NotFound(PluginError):
     """The object asked for does not exist."""
 
 
+class NoAnswer(PluginError):
+    """The API server took the GET and said nothing within `timeout_s` (through its proxy, the
+    pod or Service behind it may be the silent one)."""
+
+    def __init__(self, message: str, timeout_s: float) -> None:
+        super().__init__(message)
+        self.timeout_s = timeout_s
+
+
 class Api(Protocol):
     """What the commands need: GET a path of the API server as JSON, and the namespace a name
     given without one is in."""
@@ -98,8 +107,9 @@ def unreachable(server: str, err: Exception) -> PluginError:
             break
         cause = inner
     if isinstance(err, Timeout) and not isinstance(err, NewConnectionError):
-        why = f"no answer within {REQUEST_TIMEOUT_S:g} s"
-    elif isinstance(cause, ssl.SSLCertVerificationError):
+        said = f"cannot reach the API server at {server}: no answer within {REQUEST_TIMEOUT_S:g} s"
+        return NoAnswer(said, REQUEST_TIMEOUT_S)
+    if isinstance(cause, ssl.SSLCertVerificationError):
         why = f"its TLS certificate does not verify: {cause.verify_message}"
     elif isinstance(cause, socket.gaierror):
         why = f"cannot resolve its host name ({cause.strerror})"

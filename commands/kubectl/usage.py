@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from baton.contract.names import MIB, NAMESPACE, departed_tenant, is_departed_tenant
-from commands.kubectl.agents import agent_pods, no_agents, read_agent
+from commands.kubectl.agents import agent_pods, no_agents, read_agents
 from commands.kubectl.api import Api
 
 Row = tuple[str, str, int]
@@ -40,8 +40,7 @@ def read_node_totals(api: Api, baton_namespace: str = NAMESPACE) -> Reading:
     by_node: NodeTotals = {}
     pods = agent_pods(api, baton_namespace)
     unread = {} if pods else {"": no_agents(baton_namespace)}
-    for node, pod in sorted(pods.items()):
-        status = read_agent(api, pod, baton_namespace)
+    for node, status in read_agents(api, pods, baton_namespace).items():
         if isinstance(status, str):
             unread[node] = status
             continue

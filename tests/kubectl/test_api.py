@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from commands.kubectl import api as api_module
 from commands.kubectl import cli
+from commands.kubectl.agents import read_agent
 from commands.kubectl.api import Forbidden, KubeApi, PluginError
 from tests.harness.fakeapi import FakeApiServer
 
@@ -169,6 +170,43 @@ def test_a_silent_api_server_is_asked_once_and_named_in_one_line(
                 connection.close()
     assert str(silent.value) == f"cannot reach the API server at {server}: no answer within 0.3 s"
     assert len(held) == 1, "asked again after the timeout"
+
+
+def test_an_agent_silent_behind_the_pod_proxy_is_named_not_the_api_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node down: the API server takes the proxied GET and its dial to the agent's pod says
+    nothing within the request timeout. The line names that agent and the proxy; it does not
+    send the operator looking at the API server, which answered everything else."""
+    monkeypatch.setattr(api_module, "REQUEST_TIMEOUT_S", 0.3)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(0.05)
+
+        def take() -> None:
+            while not stop.is_set():
+                try:
+                    held.append(listener.accept()[0])
+                except TimeoutError:
+                    continue
+
+        taker = threading.Thread(target=take, daemon=True)
+        taker.start()
+        server = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        api = KubeApi(kubeconfig_for(tmp_path, server))
+        try:
+            said = read_agent(api, "baton-agent-n2")
+        finally:
+            stop.set()
+            taker.join(timeout=5)
+            api.close()
+            for connection in held:
+                connection.close()
+    assert said == (
+        "cannot read agent baton-agent-n2: no answer within 0.3 s through the API server's pod"
+        " proxy (is its node down or cut off?)"
+    )
 
 
 def test_a_refused_connection_is_named_in_one_line(tmp_path: Path) -> None:

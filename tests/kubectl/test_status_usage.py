@@ -4,6 +4,7 @@ agent's and the extender's)."""
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -203,3 +204,47 @@ def test_usage_over_a_window_counts_each_agent_over_its_own_readings(
     document = json.loads(result.stdout)
     assert [(r["tenant"], r["gpu_seconds"]) for r in document["rows"]] == [("ml/(departed)", 2.5)]
     assert document["unread"] == unread
+
+
+class Together(DictApi):
+    """Each agent answers only once every agent has been asked (a Barrier, bounded): agents
+    read one after another never all answer."""
+
+    def __init__(self, routes: dict[str, Any], agents: int) -> None:
+        super().__init__(routes)
+        self.barrier = threading.Barrier(agents, timeout=5)
+
+    def get(self, path: str, **params: str) -> Any:
+        if path.endswith("/proxy/v1/status"):
+            try:
+                self.barrier.wait()
+            except threading.BrokenBarrierError:
+                raise PluginError("asked alone: the agents were read one at a time") from None
+        return super().get(path, **params)
+
+
+def test_every_agent_is_read_at_once_so_silent_nodes_cost_one_timeout_not_one_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With nodes down, each agent read waits out the request timeout: one after another,
+    `status` and `usage` would take that timeout times the nodes down."""
+    nodes = ("n1", "n2", "n3")
+    routes: dict[str, Any] = {
+        "/api/v1/namespaces/baton-system/pods": {
+            "items": [agent_pod(n, f"baton-agent-{n}") for n in nodes]
+        },
+        **{agent_status_path(f"baton-agent-{n}"): cluster_routes()[
+            agent_status_path("baton-agent-x")] for n in nodes},
+    }  # fmt: skip
+    monkeypatch.setattr(
+        cli.Settings, "make_api", lambda kubeconfig, context: Together(routes, len(nodes))
+    )
+    status = CliRunner().invoke(cli.app, ["status", "-o", "json"])
+    assert status.exit_code == 0, status.output
+    assert [(n["name"], n["error"]) for n in json.loads(status.output)["nodes"]] == [
+        (n, None) for n in nodes
+    ]
+    usage = CliRunner().invoke(cli.app, ["usage", "-o", "json"])
+    assert usage.exit_code == 0, usage.output
+    assert json.loads(usage.output)["unread"] == []
+    assert json.loads(usage.output)["namespaces"]["ml"]["gpu_seconds"] == 45.0
