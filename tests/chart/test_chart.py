@@ -115,6 +115,20 @@ def test_monitors_only_where_the_operator_crds_are_served() -> None:
     assert dashboard[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
+@pytest.mark.parametrize(
+    "setting",
+    ["monitoring.dashboard.labels.grafana_dashboard=null", "monitoring.dashboard.labels=null"],
+)
+def test_the_dashboard_renders_without_the_default_sidecar_label(setting: str) -> None:
+    """A Grafana whose sidecar looks for another label: the default one taken away (null), the
+    ConfigMap still renders, with the chart's own labels."""
+    (dashboard,) = [
+        o for o in render("--set", setting) if o["metadata"]["name"] == "baton-grafana-dashboard"
+    ]
+    assert "grafana_dashboard" not in dashboard["metadata"]["labels"]
+    assert dashboard["metadata"]["labels"]["app.kubernetes.io/part-of"] == "baton"
+
+
 def test_helm_test_pod_asks_for_a_turn() -> None:
     (pod,) = [o for o in render() if o["kind"] == "Pod"]
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
