@@ -5,6 +5,7 @@ while it waits for a turn."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from baton.contract.names import NAMESPACE
@@ -53,8 +54,20 @@ def pod_events(api: Api, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     except PluginError:
         events = {}
     found = list(events.get("items") or [])
-    found.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    found.sort(key=last_seen)
     return found
+
+
+def last_seen(event: Mapping[str, Any]) -> datetime:
+    """When an event was last seen: a repeated one that kube-scheduler records (events.k8s.io)
+    keeps it in `series`, one of the older API in `lastTimestamp`; else when first seen."""
+    series = event.get("series") or {}
+    when = series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("eventTime")
+    try:
+        seen = datetime.fromisoformat(str(when))
+    except ValueError:
+        seen = datetime.min
+    return seen if seen.tzinfo else seen.replace(tzinfo=UTC)
 
 
 def scheduler_reason(pod: Mapping[str, Any], events: list[dict[str, Any]]) -> str | None:

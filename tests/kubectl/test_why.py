@@ -56,6 +56,40 @@ def test_pending_pod_gets_the_latest_scheduler_reason() -> None:
     ) in api.asked
 
 
+def series_event(message: str, first: str, last: str) -> dict[str, Any]:
+    """A FailedScheduling event as kube-scheduler records it (events.k8s.io/v1, read as v1):
+    `eventTime` when first seen, the repeats under `series`, no `lastTimestamp`."""
+    return {
+        "reason": "FailedScheduling",
+        "message": message,
+        "eventTime": first,
+        "lastTimestamp": None,
+        "series": {"count": 4, "lastObservedTime": last},
+        "source": {"component": "baton-scheduler"},
+    }
+
+
+def test_the_latest_reason_is_the_one_seen_last_though_first_seen_earlier() -> None:
+    """The scheduler said A, then B once, then A again (A's event's series): A is its reason
+    now. Sorted by when each was first seen, B was shown."""
+    routes = {
+        "/api/v1/namespaces/ml/pods/p": pod("p"),
+        "/api/v1/namespaces/ml/events": {
+            "items": [
+                series_event(
+                    "0/1 nodes are available: 1 GPU lacks 8 GiB",
+                    "2026-01-01T00:00:00.000000Z",
+                    "2026-01-01T00:05:00.250000Z",
+                ),
+                event("0/1 nodes are available: no GPU slot free", "2026-01-01T00:02:00Z"),
+            ]
+        },
+    }
+    assert why(DictApi(routes), "ml", "p")["reasons"] == [
+        "baton-scheduler: 0/1 nodes are available: 1 GPU lacks 8 GiB"
+    ]
+
+
 def _device(index: int, memory_gib: int, slots: int = 4) -> dict[str, Any]:
     memory = memory_gib * GIB
     return {
