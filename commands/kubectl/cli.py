@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -80,6 +81,13 @@ def _check_name(what: str, name: str, dotted: bool = False) -> None:
         raise typer.Exit(2)
 
 
+def _seconds(value: float) -> float:
+    """A number of seconds the plugin can wait (inf or NaN cannot be)."""
+    if not math.isfinite(value):
+        raise typer.BadParameter(f"{value}: must be a finite number of seconds")
+    return value
+
+
 def _every(interval: float, count: int) -> Iterator[int]:
     """0, 1, 2, ... one per `interval` seconds; `count` of them (0 = until interrupted)."""
     pause = threading.Event()
@@ -95,7 +103,9 @@ def _every(interval: float, count: int) -> Iterator[int]:
 def status(
     output: Output = "table",
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until Ctrl-C.")] = False,
-    interval: Annotated[float, typer.Option(help="Seconds between refreshes.", min=0.1)] = 2.0,
+    interval: Annotated[
+        float, typer.Option(help="Seconds between refreshes.", min=0.1, callback=_seconds)
+    ] = 2.0,
     count: Annotated[int, typer.Option(help="With --watch: stop after this many.", min=0)] = 0,
 ) -> None:
     """Every node's GPUs: holder, queue, resident and parked tenants, parked bytes against the
@@ -161,7 +171,11 @@ def usage(
     ] = None,
     window: Annotated[
         float,
-        typer.Option(help="Seconds to measure over; 0 = the totals since accounting began.", min=0),
+        typer.Option(
+            help="Seconds to measure over; 0 = the totals since accounting began.",
+            min=0,
+            callback=_seconds,
+        ),
     ] = 0.0,
     output: Output = "table",
 ) -> None:

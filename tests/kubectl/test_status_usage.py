@@ -248,3 +248,19 @@ def test_every_agent_is_read_at_once_so_silent_nodes_cost_one_timeout_not_one_ea
     assert usage.exit_code == 0, usage.output
     assert json.loads(usage.output)["unread"] == []
     assert json.loads(usage.output)["namespaces"]["ml"]["gpu_seconds"] == 45.0
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("usage", "--window", "inf"), "inf: must be a finite number of seconds"),
+        (("usage", "--window", "nan"), "greater than or equal to 0"),
+        (("status", "-w", "--interval", "inf"), "inf: must be a finite number of seconds"),
+    ],
+)
+def test_a_wait_that_cannot_end_is_refused_as_a_bad_value(
+    run, args: tuple[str, ...], said: str
+) -> None:
+    answer = run(cluster_routes(), *args)
+    assert answer.exit_code == 2, answer.output
+    assert said in answer.output and "Traceback" not in answer.output
