@@ -26,7 +26,7 @@ from agent.server.llmd.groups import Groups, pod_groups, pod_membership, valid_i
 from agent.server.service import LeaseService
 from agent.server.sessions import Session
 from baton._pb import agent_pb2 as pb
-from baton.contract.names import DEPARTED, MIB
+from baton.contract.names import DEPARTED, LABEL_LLMD_JOB, MIB
 
 log = logging.getLogger(__name__)
 
@@ -185,16 +185,21 @@ class Jobs:
         return tenant
 
     def check_caller(self, tenant: Tenant | None, caller: PeerProcess | None) -> None:
-        """A pod's job is only its own processes'; another job belongs to the user whose
-        process first used it (root may act for any)."""
+        """A pod's job is only its own processes', and a pod's process acts for no other job;
+        another job belongs to the user whose process first used it (root may act for any)."""
+        pod = pod_uid_of_pid(caller.pid, self._proc_root) if caller else None
         if tenant is not None and tenant.source == POD:
-            pod = pod_uid_of_pid(caller.pid, self._proc_root) if caller else None
             if pod != tenant.pod_uid:
                 raise Forbidden(
                     f"job {self.job_of(tenant.tenant_id)!r} is pod {tenant.tenant_id}; "
                     "only its own processes may act for it"
                 )
             return
+        if caller is not None and pod:  # not even root in its container: other jobs are the host's
+            raise Forbidden(
+                f"process {caller.pid} runs in pod {pod}: a pod's processes act "
+                f"only for their own pod's job (its {LABEL_LLMD_JOB} label)"
+            )
         if tenant is None or tenant.uid is None or caller is None or caller.uid in (0, tenant.uid):
             return
         raise Forbidden(

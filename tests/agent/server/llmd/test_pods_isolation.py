@@ -1,0 +1,50 @@
+"""In Kubernetes a pod's processes act for their own pod's llm-d job only: no other job id, so
+not a job of their own making on another pod's group, nor another namespace's pod that shares
+their job id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
+from tests.agent.server.llmd.test_pods import MINE, OTHER, fake_proc, joined, labelled_pod
+from tests.harness.agent import AgentRunner
+from tests.harness.fakeapi import FakeApiServer
+
+
+def pod_in(namespace: str, pod: dict[str, Any], gpu: str) -> dict[str, Any]:
+    pod["metadata"]["namespace"] = namespace
+    pod["metadata"]["annotations"] = {**pod["metadata"]["annotations"]}
+    pod["metadata"]["annotations"]["baton.dev/assigned-gpus"] = gpu
+    return pod
+
+
+def test_a_pod_cannot_make_up_a_job_on_another_pods_group(workdir: str, tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path / "proc")  # this test's process runs in the pod MINE
+    with FakeApiServer() as api:
+        api.put_object(pod_in("ours", labelled_pod("mine", MINE, "job-a", "ours"), "GPU-1"))
+        api.put_object(pod_in("theirs", labelled_pod("victim", OTHER, "job-b", "rl"), "GPU-0"))
+        runner = AgentRunner(
+            workdir,
+            node_name="node-1",
+            kubeconfig=str(api.kubeconfig_path(tmp_path)),
+            proc_root=str(proc),
+            llmd_listen="127.0.0.1:0",
+        ).start()
+        client = TimeSliceOrchestratorClient(f"127.0.0.1:{runner.llmd_port}")
+        try:
+            for pod in ("ours/mine", "theirs/victim"):
+                runner.wait_event(joined(pod))
+            with pytest.raises(grpc.RpcError) as denied:
+                client.acquire(job_id="made-up", group_id="rl", timeout_sec=5)
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "own pod" in str(denied.value.details())
+            assert runner.status()["gpus"]["GPU-0"]["holder"] is None
+            assert "llmd/made-up" not in runner.status()["tenants"]
+        finally:
+            client.close()
+            runner.stop()
