@@ -96,11 +96,16 @@ class Jobs:
         member = pod_membership(tenant.labels) if tenant is not None else None
         return member[0] if member else tenant_id
 
-    def find(self, job_id: str, group: str = "") -> Tenant | None:
-        """The job's tenant: the pod labelled with it (in `group`, if given), else `llmd/<id>`."""
-        for tenant, (job, in_group) in self._pods():
-            if job == job_id and group in ("", in_group):
-                return tenant
+    def find(
+        self, job_id: str, group: str = "", caller: PeerProcess | None = None
+    ) -> Tenant | None:
+        """The job's tenant: the pod labelled with it (in `group`, if given; the caller's own pod
+        first, as pods of other namespaces may carry the same job id), else `llmd/<id>`."""
+        pods = [t for t, (job, g) in self._pods() if job == job_id and group in ("", g)]
+        own = pod_uid_of_pid(caller.pid, self._proc_root) if caller else None
+        mine = [t for t in pods if own and t.pod_uid == own]
+        if mine or pods:
+            return (mine or pods)[0]
         return self.service.tenants.tenants.get(PREFIX + job_id)
 
     def job_ids(self) -> dict[str, Tenant]:
@@ -144,7 +149,7 @@ class Jobs:
             raise InvalidRegistration(f"job_id {DEPARTED} names the accounting's departed tenants")
         gpus = self.group_gpus(group)
         caller = await self.caller(peer)
-        tenant = self.find(job_id, group)
+        tenant = self.find(job_id, group, caller)
         self.check_caller(tenant, caller)
         if tenant is None or (tenant.source == LLMD and not set(gpus) <= set(tenant.gpus)):
             tenant = self._job_tenant(job_id, gpus, tenant, caller)
@@ -155,14 +160,14 @@ class Jobs:
     async def join_known(self, job_id: str, peer: str) -> Tenant:
         """The job's tenant for a caller that names no group (llm-d's `register_workload` sends
         none): the job must be known already; the calling process becomes one of its sessions."""
-        tenant = self.find(job_id)
+        caller = await self.caller(peer)
+        tenant = self.find(job_id, "", caller)
         if tenant is None:
             known = ", ".join(self.group_names()) or "none"
             raise UnknownJob(
                 f"no job {job_id!r} on this node: name its group (groups: {known}), "
                 "or register after the job has acquired one"
             )
-        caller = await self.caller(peer)
         self.check_caller(tenant, caller)
         self._attach(tenant, caller)
         return tenant
@@ -174,14 +179,16 @@ class Jobs:
 
     async def check(self, job_id: str, group: str, peer: str) -> Tenant:
         """The job's tenant for a call that needs it to exist, checked against the caller. The
-        group may be empty: a job id is unique on a node (llm-d's client sends `group=""`)."""
+        group may be empty (llm-d's client sends `group=""`): the caller's pod tells apart jobs
+        of one id in several namespaces."""
         if group:
             self.group_gpus(group)
-        tenant = self.find(job_id, group)
+        caller = await self.caller(peer)
+        tenant = self.find(job_id, group, caller)
         if tenant is None:
             where = f" in group {group!r}" if group else ""
             raise UnknownJob(f"no job {job_id!r}{where} on this node")
-        self.check_caller(tenant, await self.caller(peer))
+        self.check_caller(tenant, caller)
         return tenant
 
     def check_caller(self, tenant: Tenant | None, caller: PeerProcess | None) -> None:

@@ -107,7 +107,8 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         gpus = self._jobs.group_gpus(request.group_id)
         if not request.job_id:
             raise BadRequest("job_id is required")
-        tenant = self._jobs.find(request.job_id, request.group_id)
+        caller = await self._jobs.caller(context.peer())
+        tenant = self._jobs.find(request.job_id, request.group_id, caller)
         turn = self._jobs.turn_gpus(tenant, request.group_id) if tenant else ()
         lease = self._lease(tenant.tenant_id, turn) if tenant else None
         revoked = (  # the node revoked the job's turn and has yet to give it back
@@ -124,7 +125,7 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
                 f"job {request.job_id!r} does not hold group {request.group_id!r}'s turn "
                 f"(held by {held_by})"
             )
-        self._jobs.check_caller(tenant, await self._jobs.caller(context.peer()))
+        self._jobs.check_caller(tenant, caller)
         waiting = {
             w.tenant_id
             for w in self._service.table.waiters.values()

@@ -48,3 +48,32 @@ def test_a_pod_cannot_make_up_a_job_on_another_pods_group(workdir: str, tmp_path
         finally:
             client.close()
             runner.stop()
+
+
+def test_a_job_id_another_namespace_uses_too_is_still_the_pods_own(
+    workdir: str, tmp_path: Path
+) -> None:
+    proc = fake_proc(tmp_path / "proc")  # this test's process runs in the pod MINE
+    with FakeApiServer() as api:  # the other namespace's pod is listed first (key order)
+        api.put_object(pod_in("analytics", labelled_pod("trainer", OTHER, "train", "rl"), "GPU-0"))
+        api.put_object(pod_in("ours", labelled_pod("trainer", MINE, "train", "rl"), "GPU-1"))
+        runner = AgentRunner(
+            workdir,
+            node_name="node-1",
+            kubeconfig=str(api.kubeconfig_path(tmp_path)),
+            proc_root=str(proc),
+            llmd_listen="127.0.0.1:0",
+        ).start()
+        client = TimeSliceOrchestratorClient(f"127.0.0.1:{runner.llmd_port}", "train", "rl")
+        try:
+            for pod in ("analytics/trainer", "ours/trainer"):
+                runner.wait_event(joined(pod))
+            assert client.acquire(timeout_sec=5)[0]
+            gpus = runner.status()["gpus"]
+            assert gpus["GPU-1"]["holder"] == "ours/trainer"
+            assert gpus["GPU-0"]["holder"] is None
+            assert client.release()[0]
+            assert runner.status()["gpus"]["GPU-1"]["holder"] is None
+        finally:
+            client.close()
+            runner.stop()
