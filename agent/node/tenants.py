@@ -199,13 +199,16 @@ class TenantRegistry:
             tenant.pids.update(new)
         return bool(new)
 
-    def find(self, pid: int, pod_uid: str | None) -> Tenant | None:
-        """The tenant a process belongs to: its pod if it runs in one, else its registration."""
+    def find(self, pid: int, pod_uid: str | None, uid: int | None = None) -> Tenant | None:
+        """The tenant a process belongs to: its pod if it runs in one, else its registration
+        (the process `uid` being the registering user's, or root: a PID a tenant's process left
+        behind, given to another user's process, is not the tenant's)."""
         if pod_uid:
             tenant_id = self._by_pod_uid.get(pod_uid)
             return None if tenant_id is None else self.tenants.get(tenant_id)
         for tenant in self.tenants.values():
-            if tenant.source == LOCAL and pid in tenant.pids:
+            mine = uid in (None, 0) or tenant.uid in (None, uid)
+            if tenant.source == LOCAL and pid in tenant.pids and mine:
                 return tenant
         return None
 

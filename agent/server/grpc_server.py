@@ -92,7 +92,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if bound is not None:
             tenant = self._service.tenants.tenants.get(bound)
         else:
-            tenant = self._service.tenants.find(peer.pid, self._pod_uid_of(peer.pid))
+            tenant = self._service.tenants.find(peer.pid, self._pod_uid_of(peer.pid), peer.uid)
         tenant = self._as_seen_by(tenant, peer.pid)
         if tenant is None:
             raise errors.NotRegistered(
