@@ -4,7 +4,10 @@ The arbiter's fair policy (`agent.core.fair.FairShare`) orders jobs by their vir
 leader that started it afresh would forget who has had the GPUs. So the leader writes the
 clocks as an annotation of its Lease with each renewal (no write of its own: the renewal is one
 anyway) and the next leader reads them from the Lease it takes over. What a renewal carries is
-at most one renewal period old.
+at most one renewal period old. The API server refuses a Lease whose annotations pass 256 KiB
+(and with it every renewal), so what is carried is bounded (`MAX_BYTES`): past it, the jobs that
+hold and wait for nothing and are furthest behind are left out (one that comes back starts at its
+GPUs' clock, as a new job does, losing at most the credit it had banked).
 """
 
 from __future__ import annotations
@@ -17,16 +20,45 @@ from agent.core.leases import LeaseTable
 
 log = logging.getLogger(__name__)
 
+MAX_BYTES = 128 * 1024
+"""The most the clocks take of the Lease's annotations (the API server takes 256 KiB in all)."""
+_too_big = [False]
+"""Whether the clocks were found too big even without the idle jobs (said once)."""
 
-def dump(table: LeaseTable) -> str:
-    """The table's fair clocks as JSON ("" under another policy)."""
+
+def dump(table: LeaseTable, limit: int = MAX_BYTES) -> str:
+    """The table's fair clocks as JSON of at most `limit` bytes ("" under another policy, or
+    if even the GPUs' clocks and the jobs holding or waiting do not fit: said once)."""
     fair = table.fair
     if fair is None:
         return ""
+    vtime = dict(fair.vtime)
+    text = _text(vtime, fair.vclock, fair.balance)
+    excess = len(text.encode()) - limit
+    if excess <= 0:
+        return text
+    active = {x.tenant_id for x in table.leases.values()}
+    active |= {x.tenant_id for x in table.waiters.values()}
+    for job in sorted(vtime.keys() - active, key=lambda job: vtime[job]):  # furthest behind first
+        excess -= len(json.dumps({job: vtime.pop(job)}, separators=(",", ":")).encode()) - 1
+        if excess <= 0 and len((text := _text(vtime, fair.vclock, fair.balance)).encode()) <= limit:
+            return text
+    if not _too_big[0]:
+        log.error(
+            "the fair clocks (%d GPUs, %d jobs holding or waiting) do not fit in %d bytes of the "
+            "Lease: the next leader takes up older ones", len(fair.vclock), len(vtime), limit,
+        )  # fmt: skip
+        _too_big[0] = True
+    return ""
+
+
+def _text(
+    vtime: dict[str, float], vclock: dict[str, float], balance: dict[tuple[str, int], float]
+) -> str:
     state: dict[str, Any] = {
-        "vtime": fair.vtime,
-        "vclock": fair.vclock,
-        "balance": [[gpu, tier, owed] for (gpu, tier), owed in sorted(fair.balance.items())],
+        "vtime": vtime,
+        "vclock": vclock,
+        "balance": [[gpu, tier, owed] for (gpu, tier), owed in sorted(balance.items())],
     }
     return json.dumps(state, sort_keys=True, separators=(",", ":"))
 

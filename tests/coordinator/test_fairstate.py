@@ -45,3 +45,28 @@ def test_unreadable_clocks_and_another_policy_start_afresh() -> None:
     fifo = LeaseTable(clock=Clock())
     assert fairstate.dump(fifo) == ""
     assert not fairstate.load(fifo, fairstate.dump(fair))
+
+
+def test_the_clocks_carried_stay_bounded_forgetting_the_idle_jobs_furthest_behind() -> None:
+    clock = Clock()
+    table = LeaseTable(clock=clock, policy=FairShare())
+    assert table.fair is not None
+    gpus = ("n1/GPU-0",)
+    table.fair.vclock[gpus[0]] = 500.0
+    for i in range(200):
+        table.fair.vtime[f"team/gone-{i:03}"] = float(i)
+    waiter = table.enqueue("team/waits", gpus)  # behind everyone, but it waits: kept
+    table.fair.vtime["team/waits"] = -1.0
+    text = fairstate.dump(table, limit=2000)
+    assert 1900 < len(text.encode()) <= 2000
+    new = LeaseTable(clock=clock, policy=FairShare())
+    assert fairstate.load(new, text) and new.fair is not None
+    kept = set(new.fair.vtime)
+    assert {"team/waits", "team/gone-199"} <= kept and "team/gone-000" not in kept
+    assert all(
+        new.fair.vtime[j] > max(table.fair.vtime[g] for g in set(table.fair.vtime) - kept)
+        for j in kept - {"team/waits"}
+    )
+    assert new.fair.vclock == table.fair.vclock
+    assert fairstate.dump(table, limit=50) == ""  # not even the GPUs fit: nothing (said once)
+    assert waiter.waiter_id in table.waiters
