@@ -25,6 +25,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 
 from agent.core.leases import Lease, LeaseTable
+from agent.core.waiters import TenantUsage
 from baton._pb import jobturns_pb2 as jt
 from coordinator.agents import AgentLinks, NodeFailed
 from coordinator.cluster import ClusterView, PlanError, turn_key
@@ -245,6 +246,9 @@ def _hold(
     try:  # the job's other nodes, if a node that had it did not answer: its release reaches them
         plan = view.plan(first.namespace, first.job, first.group)
         nodes = {**dict(plan.addresses), **nodes}
+        # The fair policy charges the turn at its end by the job's duty and tier, as enqueue
+        # set them for the old leader.
+        table.usage[key] = TenantUsage(duty=plan.duty, tier=plan.tier)
     except PlanError:
         pass
     lease = Lease(

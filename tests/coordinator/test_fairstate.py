@@ -3,9 +3,21 @@ next, so the job that had the GPUs is not served first again."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
 from agent.core.fair import FairShare
 from agent.core.leases import LeaseTable
 from coordinator import fairstate
+from coordinator.agents import AgentLinks
+from coordinator.recovery import recover
+from coordinator.turns import Arbiter
+from tests.coordinator.loopback import TOKEN, leading
+from tests.coordinator.test_turns import close, cluster, run
 
 
 class Clock:
@@ -70,3 +82,46 @@ def test_the_clocks_carried_stay_bounded_forgetting_the_idle_jobs_furthest_behin
     assert new.fair.vclock == table.fair.vclock
     assert fairstate.dump(table, limit=50) == ""  # not even the GPUs fit: nothing (said once)
     assert waiter.waiter_id in table.waiters
+
+
+def test_a_new_leader_charges_a_turn_it_took_over_at_its_jobs_own_duty_and_tier(
+    tmp_path: Path,
+) -> None:
+    """rl's pods ask for a quarter of a GPU's time (`gpu-duty` 25), at priority tier 1. The
+    leader changes during its turn; when rl yields to the new one, the fair policy charges the
+    turn at rl's own duty (its virtual time grows by the seconds held / 0.25) and tier, as the
+    old leader would have, not as a job of duty 100 in tier 0."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (_nodes, view):
+            for pod in ("team/rl-trainer", "team/rl-sampler"):
+                namespace, job, member = view.members[pod]
+                view.members[pod] = (namespace, job, replace(member, duty=25, tier=1))
+            old = await leading(view)
+            await old.acquire("team", "rl", "", timeout=5)
+            old.step_down("the test's leader dies")
+            later = [time.time() + 100.0]
+
+            def fair_table() -> LeaseTable:
+                return LeaseTable(clock=lambda: later[0], policy=FairShare())
+
+            new = Arbiter(view, AgentLinks(TOKEN), fair_table, time.time)
+            table = new.new_table()
+            found = await recover(view, new.links, table, 2)
+            new.lead(2, table, found)
+            assert list(new.held) == ["team/rl"]
+            granted_at = new.held["team/rl"].granted_at
+            sft = asyncio.create_task(new.acquire("team", "sft", "", timeout=5))  # tier 0
+            while not new.table.waiters:
+                await asyncio.sleep(0.01)
+            await new.yield_("team", "rl", "")
+            await sft
+            fair = new.table.fair
+            assert fair is not None
+            assert fair.vtime["team/rl"] == pytest.approx((later[0] - granted_at) / 0.25)
+            # tier 0 waited through tier 1's turn: it is owed its minimum share of it
+            assert fair.owed("n1/GPU-n1", 0) > 0
+            await close(old)
+            await close(new)
+
+    run(body)
