@@ -13,9 +13,10 @@ import pytest
 
 from agent.client import AsyncBaton, Baton
 from agent.client.errors import AcquireTimeout, BatonError
+from agent.parking.setup import ParkingOptions
 from baton._pb import agent_pb2 as pb
 from baton.contract.names import MIB
-from tests.agent.client.test_client_close import GPU, WAIT_S, app_agent
+from tests.agent.client.test_client_close import GPU, WAIT_S
 from tests.agent.client.test_restore_with_grant import (
     Pair,
     Recorded,
@@ -27,7 +28,17 @@ from tests.harness.agent import AgentRunner
 from tests.harness.pushes import Pushes
 
 pytestmark = pytest.mark.timeout(60)
-__all__ = ["app_agent"]  # the fixture, used by name
+
+
+@pytest.fixture
+def app_agent(workdir: str) -> Iterator[AgentRunner]:
+    """An agent whose 100 MiB GPU holds one 60 MiB tenant at a time, first come first served:
+    under the fair policy a holder owed more than the one waiting may keep the GPU at its yield,
+    and is then (rightly) told to park nothing, as timing decides."""
+    with AgentRunner(
+        workdir, queue_policy="fifo", parking=ParkingOptions(backend="app", fake_gpus="1x100")
+    ) as runner:
+        yield runner
 
 
 def hints_of(client: Baton | AsyncBaton) -> Pushes[tuple[str, ...]]:
