@@ -271,8 +271,11 @@ class LeaseTable:
 
     def revoke(self, lease_id: str) -> tuple[Lease, list[Waiter], Waiter]:
         """End an overdue lease: reserve its GPUs for the waiters now due (returned), then
-        queue the revoked tenant ahead of everyone else for the turn after."""
+        queue the revoked tenant ahead of everyone else for the turn after. The holder is parked
+        now: the waiters a failed park (or no room) blocked are tried again, else the turn would
+        go straight back to the holder."""
         lease = self.release(lease_id)
+        self.unblock_all()
         due = self.pick()
         duty = self.usage[lease.tenant_id].duty
         return lease, due, self.enqueue(lease.tenant_id, lease.gpus, front=True, duty=duty)

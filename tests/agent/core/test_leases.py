@@ -288,6 +288,19 @@ def test_revoked_holder_goes_first_and_gets_a_higher_token() -> None:
     assert table.grant(again.waiter_id).tokens["g0"] == lease.tokens["g0"] + 2
 
 
+def test_a_revocation_hands_the_gpu_to_a_waiter_blocked_before_it() -> None:
+    table, clock = make_table(max_hold=5)
+    table.enqueue("t0", ["g0"])
+    (first,) = table.pick()
+    table.grant(first.waiter_id)
+    waiter = table.enqueue("t1", ["g0"])
+    waiter.blocked = "t0 holds [g0] past its maximum but could not be parked"  # `Revocations`
+    clock.now += 5
+    (overdue,) = table.tick().overdue
+    _, due, resumed = table.revoke(overdue.lease_id)
+    assert due == [waiter] and not resumed.reserved
+
+
 def test_holding_alone_past_max_hold_is_not_overdue() -> None:
     table, clock = make_table(max_hold=1)
     table.enqueue("t0", ["g0"])

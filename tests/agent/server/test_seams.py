@@ -279,3 +279,24 @@ def test_watch_events_streams_grants_with_fencing_tokens(
     assert kinds[-3:] == ["queued", "granted", "yielded"]
     granted = next(e for e in seen if e.kind == "granted")
     assert granted.fencing_tokens["GPU-0"] >= 1 and granted.at > 0
+
+
+def test_a_holder_parked_at_the_retry_hands_the_gpu_to_the_waiter_it_was_revoked_for(
+    seam_agent: AgentRunner, preparer: RecordingPreparer, clients: dict[str, Baton]
+) -> None:
+    a, b = clients["a"], clients["b"]
+    preparer.cannot_park.add("local/a")
+    seam_agent.inspect(lambda service: setattr(service.revocations, "retry_s", 0.2))
+    first = a.acquire()
+    waiting = threading.Thread(target=b.acquire, daemon=True)
+    waiting.start()
+    seam_agent.wait_event(lambda e: e.kind == "revoke_failed", timeout=5)
+    mark = seam_agent.mark()
+    preparer.cannot_park.clear()
+    revoked = seam_agent.wait_event(lambda e: e.kind == "revoked", since=mark, timeout=5)
+    assert revoked.lease_id == first.lease_id
+    seam_agent.wait_event(lambda e: e.kind == "granted" and e.tenant_id == "local/b", since=mark)
+    granted = [e.tenant_id for e in seam_agent.seen[mark:] if e.kind == "granted"]
+    assert granted[0] == "local/b"  # not the parked holder, handed its turn straight back
+    waiting.join(5)
+    assert b.lease is not None
