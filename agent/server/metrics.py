@@ -63,8 +63,11 @@ class AgentMetrics:
         for gpu in lease.gpus:
             self.grants.labels(gpu=gpu).inc()
 
-    def released(self, lease: Lease, now: float, revoked: bool = False) -> float:
-        """A turn ended; returns how long it was held."""
+    def released(
+        self, lease: Lease, now: float, revoked: bool = False, tier: int | None = None
+    ) -> float:
+        """A turn ended; returns how long it was held (`tier`: its tenant's, read before the
+        table forgot the tenant)."""
         held = max(0.0, now - lease.granted_at)
         self.holds.observe(held)
         for gpu in lease.gpus:
@@ -75,7 +78,8 @@ class AgentMetrics:
                 turns.popleft()
         if revoked:
             self.revocations.inc()
-        self.accounting.held(lease.tenant_id, self.tier_of(lease.tenant_id), lease.gpus, held)
+        tier = self.tier_of(lease.tenant_id) if tier is None else tier
+        self.accounting.held(lease.tenant_id, tier, lease.gpus, held)
         return held
 
     def watch(

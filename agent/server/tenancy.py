@@ -229,12 +229,13 @@ class Tenancy:
 
     def _drop(self, tenant_id: str, why: str) -> None:
         state = self._state
+        tier = state.metrics.tier_of(tenant_id)  # the table forgets it with the tenant
         leases, waiters = state.table.drop_tenant(tenant_id)
         for waiter in waiters:
             self._turns.fail(waiter.waiter_id, TenantGone(f"tenant {tenant_id} left: {why}"))
         for lease in leases:
             state.journal_end(lease)
-            state.metrics.released(lease, state.clock())
+            state.metrics.released(lease, state.clock(), tier=tier)
         tenant = state.tenants.tenants.get(tenant_id)
         if tenant is not None and tenant.source != POD:
             state.tenants.remove(tenant_id)

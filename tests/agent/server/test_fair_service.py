@@ -106,6 +106,18 @@ def test_gpu_seconds_are_accounted_and_survive_a_restart(workdir: str):
         again.stop()
 
 
+def test_a_turn_ended_by_its_tenant_leaving_is_accounted_in_its_tier(fair_agent: AgentRunner):
+    a = _client(fair_agent, "a", priority=1000)
+    a.acquire()
+    a.yield_()
+    a.acquire()
+    mark = fair_agent.mark()
+    a.close()  # its last session ends while it holds the turn: the tenant is dropped
+    fair_agent.wait_event(lambda e: e.kind == "tenant_gone", since=mark, timeout=5)
+    rows = fair_agent.status()["accounting"]["gpu_seconds"]
+    assert [row[:3] for row in rows] == [["local/a", "local", 1000]]
+
+
 class _ParkedA(NullPreparer):
     """Tenant local/a's GiB is parked on GPU-0, and nothing on the node changes."""
 
