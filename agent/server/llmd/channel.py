@@ -39,6 +39,7 @@ class ChannelSession(Session):
         pid: int,
         capabilities: sa.WorkloadCapabilities,
         bytes_per_gpu: int,
+        snapshotted: bool = False,
     ) -> None:
         super().__init__(tenant_id, pid, token="", callbacks=frozenset({"park", "restore"}))
         self.supported = set(capabilities.supported_modes)
@@ -48,7 +49,9 @@ class ChannelSession(Session):
         self.commands: asyncio.Queue[sa.AgentCommand | None] = asyncio.Queue()
         self.error = ""
         self._actions: dict[str, str] = {}
-        self._snapshotted = False
+        self._snapshotted = snapshotted
+        """Whether the workload is snapshotted: a stream registered while the job is parked (a
+        reconnect, a replacement) starts so, or its restore would be answered without a command."""
         self._next: tuple[sa.SuspendMode, list[str]] | None = None
         self._next_restore: list[str] | None = None
 
@@ -152,13 +155,15 @@ class Channels:
         else:  # llm-d's register_workload names no group by default
             tenant = await self._jobs.join_known(reg.job_id, context.peer())
         caller = await self._jobs.caller(context.peer())
+        service = self._jobs.service
+        where = service.preparer.residency_of(tenant.tenant_id)
         session = ChannelSession(
             tenant.tenant_id,
             caller.pid if caller else 0,
             reg.capabilities,
             tenant.gpu_memory_mib * MIB,
+            snapshotted=any(r == "parked" for r in where.values()),
         )
-        service = self._jobs.service
         old = self._by_tenant.get(tenant.tenant_id)
         self._by_tenant[tenant.tenant_id] = session
         service.sessions.open(session)

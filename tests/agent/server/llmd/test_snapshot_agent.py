@@ -296,3 +296,35 @@ def test_a_registration_refused_for_its_default_mode_leaves_no_job_behind(
         assert "llmd/engine" not in agent.status()["tenants"]
     finally:
         refused.close()
+
+
+def test_a_workload_that_registers_again_while_parked_is_sent_its_restore(
+    agent: AgentRunner, endpoint: str, workload: tuple[Workload, WorkloadHandle]
+) -> None:
+    """llm-d's `register_workload` reconnects and registers again after a dropped stream; the
+    new stream's session took the job for resident and answered the restore itself, so the
+    workload never heard it and Baton reported RUNNING an engine still asleep."""
+    engine, first = workload
+    original = engine.device
+    client = SnapshotAgentClient(endpoint)
+    again: WorkloadHandle | None = None
+    try:
+        _registered(client, "engine")
+        op = client.wait_for_operation(client.snapshot("engine", "g"), 0.01)
+        assert op.status == sa.OPERATION_STATUS_COMPLETE, op.error
+        assert engine.device is None
+        mark = agent.mark()
+        again = register_workload(endpoint, "engine", "g", engine.on_snapshot, engine.on_restore)
+        agent.wait_event(
+            lambda e: (e.kind, e.tenant_id) == (ev.CONNECTED, "llmd/engine"), since=mark
+        )
+        assert first.ended(5), "the new registration did not replace the old stream"
+        assert _state(client, "engine") == "JOB_STATE_SAVED"
+        op = client.wait_for_operation(client.restore("engine", "g"), 0.01)
+        assert op.status == sa.OPERATION_STATUS_COMPLETE, op.error
+        assert [c.WhichOneof("command") for c in again.commands] == ["restore"]
+        assert engine.device == original, "the workload restored its memory"
+    finally:
+        if again is not None:
+            again.close()
+        client.close()
