@@ -192,4 +192,7 @@ class Channels:
             del self._by_tenant[session.tenant_id]
         service = self._jobs.service
         last = service.sessions.close(session)
-        service.session_closed(session.tenant_id, session.pid, last)
+        if not self._jobs.anchored(session.tenant_id, session.pid):
+            service.session_closed(session.tenant_id, session.pid, last)
+        # else the process lives on as one of the job's sessions (it may register again): only
+        # its stream ended, and it stays one of the job's processes

@@ -272,6 +272,10 @@ class Jobs:
             pids=set(old.pids) if old else set(),
         )
 
+    def anchored(self, tenant_id: str, pid: int) -> bool:
+        """Whether `pid` (not 0) counts as a session of the tenant: a live process of the job."""
+        return bool(pid) and (tenant_id, pid) in self._sessions
+
     def _anchor(self, tenant_id: str, pid: int) -> None:
         """Count `pid` as a session of the tenant until it exits (0: a caller we cannot watch)."""
         key = (tenant_id, pid)

@@ -71,3 +71,31 @@ def test_a_cuda_config_checkpoints_the_jobs_processes_and_no_config_uses_its_cha
     finally:
         client.close()
         handle.close()
+
+
+def test_a_workload_that_registers_again_keeps_its_process_the_jobs_own(
+    endpoint: str, driver: StandInDriver
+) -> None:
+    """The replaced stream's end dropped its process from the job, though the process lives
+    on (and holds the new stream): a cuda Snapshot naming it was then PERMISSION_DENIED."""
+    engine = Engine()
+    first = register_workload(endpoint, "engine", "g", engine.on_snapshot, engine.on_restore)
+    client = SnapshotAgentClient(endpoint)
+    again = None
+    try:
+        for _ in range(500):
+            if "engine" in {j.job_id for j in client.status().job_statuses}:
+                break
+            threading.Event().wait(0.01)
+        again = register_workload(endpoint, "engine", "g", engine.on_snapshot, engine.on_restore)
+        assert first.ended(5), "the new registration did not replace the old stream"
+        cuda = sa.BackendConfig(cuda=sa.CudaBackendConfig())
+        cuda.cuda.explicit_target.pids.append(os.getpid())
+        op = client.wait_for_operation(client.snapshot("engine", "g", cuda), 0.01)
+        assert op.status == sa.OPERATION_STATUS_COMPLETE, op.error
+        assert driver.states[os.getpid()] == CHECKPOINTED
+    finally:
+        client.close()
+        first.close()
+        if again is not None:
+            again.close()
