@@ -24,6 +24,9 @@ HEAD_LIMIT = 64 * 1024
 """The most bytes a request's line and headers may take (asyncio's stream limit)."""
 HEAD_TIMEOUT_S = 10.0
 """How long a client has to send its request line and headers."""
+WRITE_TIMEOUT_S = 10.0
+"""How long a client has to take in the answer; one that stops reading is cut off (its
+connection aborted), so it holds neither the answer's bytes nor the connection for ever."""
 
 
 class StatusServer:
@@ -97,7 +100,12 @@ class StatusServer:
                 f"Content-Length: {len(body)}\r\n{allow}Connection: close\r\n\r\n"
             )
             writer.write(start.encode() + (b"" if method == "HEAD" else body))
-            await writer.drain()
+            try:
+                await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+            except TimeoutError:  # close() would keep the unsent bytes until the client reads
+                log.info("a status client read no answer within %g s: cut off", WRITE_TIMEOUT_S)
+                writer.transport.abort()
+                return
             if code == 431:  # closed on unread bytes, the socket would reset the answer away:
                 writer.write_eof()  # the answer is whole; read on until the client is done
                 await asyncio.wait_for(_discard(reader, 16 * HEAD_LIMIT), HEAD_TIMEOUT_S)

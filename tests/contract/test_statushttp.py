@@ -4,11 +4,16 @@ an HTTP answer that says what is wrong, and the daemon's log holds no traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
+import socket
+import threading
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from baton.contract import statushttp
 from baton.contract.statushttp import HEAD_LIMIT, StatusServer
 
 
@@ -83,3 +88,47 @@ def test_readyz_answers_the_reason_it_is_not_ready_in_one_line() -> None:
     assert waiting.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
     assert waiting.endswith(b"\r\n\r\nnot ready: why\n")
     assert healthy.startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+def test_a_client_that_stops_reading_is_cut_off_within_the_write_timeout(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A scraper or `curl` that stops reading mid-answer (stopped, stuck) must not hold the
+    connection and the unsent part of a large answer in the daemon for ever."""
+    monkeypatch.setattr(statushttp, "WRITE_TIMEOUT_S", 0.2, raising=False)
+    body = {"gpus": "x" * (16 << 20)}  # far beyond what the sockets' buffers take in
+    cut_off = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "cut off" in record.getMessage():
+                cut_off.set()
+
+    seen = Seen()
+    statushttp.log.addHandler(seen)
+    caplog.set_level(logging.INFO, logger=statushttp.log.name)
+
+    async def run() -> int:
+        server = StatusServer(CollectorRegistry(), lambda: body, lambda: None)
+        port = await server.start("127.0.0.1", 0)
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            client.connect(("127.0.0.1", port))
+            client.sendall(b"GET /v1/status HTTP/1.1\r\n\r\n")  # and reads nothing yet
+            assert await asyncio.to_thread(cut_off.wait, 10), "still writing to a stuck client"
+            client.settimeout(10)
+            got = 0
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := await asyncio.to_thread(client.recv, 1 << 20):
+                    got += len(chunk)
+            return got
+        finally:
+            client.close()
+            await server.stop()
+
+    try:
+        got = asyncio.run(run())
+    finally:
+        statushttp.log.removeHandler(seen)
+    assert got < len(json.dumps(body, indent=1)), "the whole answer came: it was never cut off"
