@@ -52,18 +52,24 @@ class Event:
 
 
 class EventBus:
-    """Fans events out to subscribers; a subscriber that falls behind loses its oldest events."""
+    """Fans events out to subscribers; a subscriber that falls behind loses its oldest events
+    (`lost` counts them)."""
 
     def __init__(self, backlog: int = 1024) -> None:
-        self._backlog = backlog
-        self._queues: set[asyncio.Queue[Event]] = set()
+        self.backlog = backlog
+        self._queues: dict[asyncio.Queue[Event], int] = {}
 
     def publish(self, event: Event) -> None:
         """Deliver `event` to every subscriber without waiting."""
         for queue in self._queues:
             if queue.full():
                 queue.get_nowait()
+                self._queues[queue] += 1
             queue.put_nowait(event)
+
+    def lost(self, queue: asyncio.Queue[Event]) -> int:
+        """How many events `queue` lost for falling more than the backlog behind."""
+        return self._queues.get(queue, 0)
 
     @contextlib.asynccontextmanager
     async def subscribe(self) -> AsyncIterator[asyncio.Queue[Event]]:
@@ -76,9 +82,9 @@ class EventBus:
 
     def attach(self) -> asyncio.Queue[Event]:
         """A queue that gets every event from now on, until `detach`."""
-        queue: asyncio.Queue[Event] = asyncio.Queue(self._backlog)
-        self._queues.add(queue)
+        queue: asyncio.Queue[Event] = asyncio.Queue(self.backlog)
+        self._queues[queue] = 0
         return queue
 
     def detach(self, queue: asyncio.Queue[Event]) -> None:
-        self._queues.discard(queue)
+        self._queues.pop(queue, None)

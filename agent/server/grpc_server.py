@@ -237,6 +237,12 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         async with self._service.events.subscribe() as queue:
             yield pb.Event(kind=ev.WATCHING, at=time.time())
             while (event := await self._next_event(queue)) is not None:
+                if lost := self._service.events.lost(queue):  # those right after the last shown
+                    await context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"this watch fell over {self._service.events.backlog} events behind and "
+                        f"lost {lost} after the last one it showed; watch again",
+                    )
                 yield pb.Event(
                     kind=event.kind,
                     tenant_id=event.tenant_id,

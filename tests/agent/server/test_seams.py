@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from agent.client import AcquireTimeout, Baton
+from agent.core import events as ev
 from agent.core.errors import CallbackFailed
 from agent.core.residency import NoRoom
 from agent.node.state import StateStore
@@ -279,6 +280,34 @@ def test_watch_events_streams_grants_with_fencing_tokens(
     assert kinds[-3:] == ["queued", "granted", "yielded"]
     granted = next(e for e in seen if e.kind == "granted")
     assert granted.fencing_tokens["GPU-0"] >= 1 and granted.at > 0
+
+
+def test_a_watch_that_falls_behind_ends_saying_so_rather_than_skipping_events(
+    seam_agent: AgentRunner,
+) -> None:
+    """More events than a watch's backlog come while its watcher reads none: the watch must not
+    go on as if nothing were missing; it ends with one line saying events were lost."""
+    with grpc.insecure_channel(f"unix:{seam_agent.socket}") as channel:
+        stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(
+            pb.WatchEventsRequest(),
+            timeout=10,
+            metadata=watch_metadata(seam_agent.socket, seam_agent.config.state_dir),
+        )
+        assert next(stream).kind == "watching"
+
+        def flood(service: Any) -> None:  # in one go on the agent's loop: the watch reads none
+            for n in range(3000):
+                service.events.publish(ev.Event(ev.QUEUED, f"local/flood-{n}", at=float(n)))
+
+        seam_agent.inspect(flood)
+        shown: list[pb.Event] = []
+        with pytest.raises(grpc.RpcError) as ended:
+            shown.extend(stream)
+        stream.cancel()
+    assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, ended.value
+    assert "lost" in str(ended.value.details()), ended.value.details()
+    flood_shown = [int(e.tenant_id.rsplit("-", 1)[1]) for e in shown if "flood" in e.tenant_id]
+    assert flood_shown == list(range(len(flood_shown))), "events skipped without a word"
 
 
 def test_a_holder_parked_at_the_retry_hands_the_gpu_to_the_waiter_it_was_revoked_for(
