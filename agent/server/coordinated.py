@@ -11,6 +11,7 @@ being elected) is asked again until the acquire's own timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -21,6 +22,7 @@ from agent.core.errors import AcquireTimeout, AgentError, Forbidden
 from agent.core.leases import Lease
 from agent.node.tenants import POD, Tenant
 from agent.server.jobturns import JobTurns
+from agent.server.node_turn import NodeTurn
 from baton._pb import jobturns_pb2 as jt
 from baton._pb import jobturns_pb2_grpc as jt_grpc
 from baton.contract.coordination import token_metadata
@@ -51,6 +53,7 @@ class CoordinatedTurns:
         self._metadata = token_metadata(token)
         self._channel: grpc.aio.Channel | None = None
         self._leaving: set[asyncio.Task[None]] = set()
+        self._closing = asyncio.Event()
 
     def _stub(self) -> jt_grpc.JobsStub:
         if self._channel is None:
@@ -155,7 +158,7 @@ class CoordinatedTurns:
         request = jt.LeaveRequest(
             namespace=turn.namespace, job=turn.job, group=turn.group, pod=tenant.tenant_id
         )
-        task = asyncio.get_running_loop().create_task(self._leave(request))
+        task = asyncio.get_running_loop().create_task(self._leave(turn, request))
         self._leaving.add(task)
         task.add_done_callback(self._leaving.discard)
         lease = self._turns.lease(turn.lease_of(tenant.tenant_id))
@@ -172,17 +175,39 @@ class CoordinatedTurns:
                 if tenant is not None:
                     self.leave(tenant, turn.lease_of(tenant_id))
 
-    async def _leave(self, request: jt.LeaveRequest) -> None:
+    async def _leave(self, turn: NodeTurn, request: jt.LeaveRequest) -> None:
+        """Tell the coordinator; one that is away (an election) is told again, with backoff, for
+        at most UNAVAILABLE_S, while the member has not joined the turn again: until it hears,
+        the member is reported to a new leader as still in the turn, so the turn ends there."""
+        wait, away_since = RETRY_FIRST_S, time.monotonic()
         try:
-            await self._stub().Leave(request, metadata=self._metadata, timeout=LEAVE_TIMEOUT_S)
-        except grpc.aio.AioRpcError as err:  # its turn ends with its agent's maximum hold
-            log.warning(
-                "pod %s left job %s/%s's turn, but the coordinator did not hear it: %s",
-                request.pod, request.namespace, request.job, err.details() or err.code().name,
-            )  # fmt: skip
+            while True:
+                try:
+                    await self._stub().Leave(
+                        request, metadata=self._metadata, timeout=LEAVE_TIMEOUT_S
+                    )
+                    return
+                except grpc.aio.AioRpcError as err:
+                    why = err.details() or err.code().name
+                    retry = err.code() == grpc.StatusCode.UNAVAILABLE and not self._closing.is_set()
+                    if not retry or time.monotonic() + wait - away_since > UNAVAILABLE_S:
+                        log.warning(  # its turn ends with its agent's maximum hold
+                            "pod %s left job %s/%s's turn, but the coordinator did not hear "
+                            "it: %s", request.pod, request.namespace, request.job, why,
+                        )  # fmt: skip
+                        return
+                with contextlib.suppress(TimeoutError):  # an agent stopping tells no more
+                    await asyncio.wait_for(self._closing.wait(), wait)
+                wait = min(wait * 2, RETRY_MAX_S)
+                if request.pod not in turn.leaving or turn.turn_id not in self._turns.turns:
+                    return  # it joined again meanwhile, or the turn ended here
+        finally:
+            self._turns.left_heard(turn, request.pod)
 
     async def close(self) -> None:
-        """Let the leaves in flight finish (each bounded), then close the channel."""
+        """Let the leaves in flight finish (each bounded, none sent again), then close the
+        channel."""
+        self._closing.set()
         await asyncio.gather(*self._leaving, return_exceptions=True)
         if self._channel is not None:
             await self._channel.close()

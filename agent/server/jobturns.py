@@ -311,14 +311,23 @@ class JobTurns:
         return self.service.tenants.tenants.get(tenant_id)
 
     def mark_joined(self, turn: NodeTurn, tenant_id: str, joined: bool) -> None:
-        """Record that the member joined (or left) the turn itself; kept for a new leader."""
+        """Record that the member joined (or left: `leaving` until heard) the turn itself."""
         if joined and tenant_id not in turn.joined:
             turn.joined.append(tenant_id)
+            if tenant_id in turn.leaving:
+                turn.leaving.remove(tenant_id)
         elif not joined and tenant_id in turn.joined:
             turn.joined.remove(tenant_id)
+            turn.leaving.append(tenant_id)
         else:
             return
         self._save()
+
+    def left_heard(self, turn: NodeTurn, tenant_id: str) -> None:
+        """The coordinator heard the member leave the turn (or it was given up on)."""
+        if tenant_id in turn.leaving:
+            turn.leaving.remove(tenant_id)
+            self._save()
 
     def _resumed(self, tenant_id: str, revoked: str, resume: str) -> None:
         """The node revoked a member's lease (its maximum hold, a higher tier): the turn that

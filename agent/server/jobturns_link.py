@@ -65,7 +65,7 @@ def node_turn_pb(turns: JobTurns, turn: NodeTurn) -> jt.NodeTurn:
         committed_at=turn.committed_at,
         group=turn.group,
         restored=turn.restored,
-        joined=turn.joined,
+        joined=turn.joined + [pod for pod in turn.leaving if pod not in turn.joined],
         nodes=turn.nodes,
     )
 

@@ -38,6 +38,9 @@ class NodeTurn:
     """Every node of the turn, as the coordinator named them (for a new leader's judgement)."""
     joined: list[str] = field(default_factory=list)
     """Members that joined the turn themselves (`agent.server.coordinated`) and have not left."""
+    leaving: list[str] = field(default_factory=list)
+    """Members that left the turn whose leave the coordinator has not heard yet (it was away):
+    reported as joined, so that a new leader learns of them and hears their leave, sent again."""
     revoked: dict[str, str] = field(default_factory=dict)
     """A member's lease id the node revoked in this turn → that member: a yield naming it is
     the member's yield of the turn all the same."""
@@ -75,6 +78,7 @@ class NodeTurn:
         for key in ("members", "leases", "gpus", "tokens", "nodes"):
             fields[key] = tuple(fields.get(key, ()))
         fields["joined"] = list(fields.get("joined", []))
+        fields["leaving"] = list(fields.get("leaving", []))
         fields["revoked"] = {str(k): str(v) for k, v in dict(fields.get("revoked", {})).items()}
         return cls(**fields)
 

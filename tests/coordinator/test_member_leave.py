@@ -1,0 +1,41 @@
+"""A member pod's yield while no coordinator leads (an election): its agent tells the new
+leader, so the job's turn does not outlive its last member."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from coordinator.recovery import recover
+from tests.coordinator.test_members import acquire, cluster, pod, release, run, until
+
+
+def test_a_members_yield_during_an_election_ends_its_jobs_turn_under_the_new_leader(
+    tmp_path: Path,
+) -> None:
+    """The last member yields while no coordinator leads (its Leave is answered UNAVAILABLE):
+    the agent tells the new leader, so the job's turn ends and other jobs go on."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, n2, arbiter):
+            trainer = pod(n1, "rl-trainer")
+            mine = await acquire(n1.service, trainer)
+            leaves = asyncio.Queue[None]()
+            leave = arbiter.leave
+
+            async def leaving(ns: str, job: str, group: str, pod: str) -> bool:
+                leaves.put_nowait(None)
+                return await leave(ns, job, group, pod)
+
+            arbiter.leave = leaving  # type: ignore[method-assign,assignment]
+            arbiter.step_down("the Lease was lost")  # an election: nobody leads
+            release(n1.service, trainer, mine)  # the only member that joined leaves
+            await asyncio.wait_for(leaves.get(), 5)  # its Leave meets no leader
+            table = arbiter.new_table()
+            found = await recover(arbiter.view, arbiter.links, table, 2)
+            arbiter.lead(2, table, found)  # a new leader, from the nodes' reports
+            granted = await acquire(n1.service, pod(n1, "sft-a"))
+            assert granted.tenant_id == "team/sft-a"
+            await until(lambda: not n2.holders(), "the job's turn ends on n2")
+
+    run(body)
