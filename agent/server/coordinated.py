@@ -70,7 +70,27 @@ class CoordinatedTurns:
         return job
 
     async def join(self, tenant: Tenant, job: str, timeout: float | None) -> Lease:
-        """The member's lease in its job's turn, once the coordinator has granted it."""
+        """The member's lease in its job's turn, once the coordinator has granted it. An acquire
+        that fails (or is given up) after the coordinator let the pod join leaves the turn
+        again: the pod never computes in it, so it must not keep the turn from ending."""
+        answered: list[str] = []
+        try:
+            return await self._join(tenant, job, timeout, answered)
+        except BaseException:
+            if answered:
+                self._unjoin(tenant, job)
+            raise
+
+    def _unjoin(self, tenant: Tenant, job: str) -> None:
+        if any(tenant.tenant_id in turn.joined for turn in self._turns.turns.values()):
+            return  # it joined the turn before (its lease revoked since): it is still in it
+        namespace = tenant.tenant_id.split("/", 1)[0]
+        request = jt.LeaveRequest(namespace=namespace, job=job, pod=tenant.tenant_id)
+        self._send_leave(None, request)
+
+    async def _join(
+        self, tenant: Tenant, job: str, timeout: float | None, answered: list[str]
+    ) -> Lease:
         namespace = tenant.tenant_id.split("/", 1)[0]
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = RETRY_FIRST_S
@@ -103,6 +123,7 @@ class CoordinatedTurns:
                 wait = min(wait * 2, RETRY_MAX_S)
                 continue
             away_since = None
+            answered.append(answer.turn_id)
             # The turn was prepared on every node before the coordinator answered: it is here.
             lease = self._lease_in(tenant, answer.turn_id)
             if lease is not None:
@@ -158,9 +179,7 @@ class CoordinatedTurns:
         request = jt.LeaveRequest(
             namespace=turn.namespace, job=turn.job, group=turn.group, pod=tenant.tenant_id
         )
-        task = asyncio.get_running_loop().create_task(self._leave(turn, request))
-        self._leaving.add(task)
-        task.add_done_callback(self._leaving.discard)
+        self._send_leave(turn, request)
         lease = self._turns.lease(turn.lease_of(tenant.tenant_id))
         return max(0.0, time.time() - lease.granted_at) if lease is not None else 0.0
 
@@ -175,7 +194,12 @@ class CoordinatedTurns:
                 if tenant is not None:
                     self.leave(tenant, turn.lease_of(tenant_id))
 
-    async def _leave(self, turn: NodeTurn, request: jt.LeaveRequest) -> None:
+    def _send_leave(self, turn: NodeTurn | None, request: jt.LeaveRequest) -> None:
+        task = asyncio.get_running_loop().create_task(self._leave(turn, request))
+        self._leaving.add(task)
+        task.add_done_callback(self._leaving.discard)
+
+    async def _leave(self, turn: NodeTurn | None, request: jt.LeaveRequest) -> None:
         """Tell the coordinator; one that is away (an election) is told again, with backoff, for
         at most UNAVAILABLE_S, while the member has not joined the turn again: until it hears,
         the member is reported to a new leader as still in the turn, so the turn ends there."""
@@ -199,10 +223,13 @@ class CoordinatedTurns:
                 with contextlib.suppress(TimeoutError):  # an agent stopping tells no more
                     await asyncio.wait_for(self._closing.wait(), wait)
                 wait = min(wait * 2, RETRY_MAX_S)
-                if request.pod not in turn.leaving or turn.turn_id not in self._turns.turns:
+                if turn is not None and (
+                    request.pod not in turn.leaving or turn.turn_id not in self._turns.turns
+                ):
                     return  # it joined again meanwhile, or the turn ended here
         finally:
-            self._turns.left_heard(turn, request.pod)
+            if turn is not None:
+                self._turns.left_heard(turn, request.pod)
 
     async def close(self) -> None:
         """Let the leaves in flight finish (each bounded, none sent again), then close the

@@ -6,6 +6,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
+from agent.core.errors import AcquireTimeout
+from agent.server import api_ops
+from baton._pb import agent_pb2 as pb
 from coordinator.recovery import recover
 from tests.coordinator.test_members import acquire, cluster, pod, release, run, until
 
@@ -37,5 +42,29 @@ def test_a_members_yield_during_an_election_ends_its_jobs_turn_under_the_new_lea
             granted = await acquire(n1.service, pod(n1, "sft-a"))
             assert granted.tenant_id == "team/sft-a"
             await until(lambda: not n2.holders(), "the job's turn ends on n2")
+
+    run(body)
+
+
+def test_a_member_whose_acquire_failed_after_the_coordinator_let_it_join_does_not_hold_the_turn(
+    tmp_path: Path,
+) -> None:
+    """The sampler's acquire starts the job's turn; the trainer, which computed in it without
+    asking, was revoked on n1 for a node-local pod, so its own acquire times out there after the
+    coordinator let it join. It never computes in the turn: the sampler's yield ends it."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, n2, arbiter):
+            trainer, sampler = pod(n1, "rl-trainer"), pod(n2, "rl-sampler")
+            solo = n1.add_pod("team/solo", ("GPU-n1",))  # no job: a node-local tenant
+            n1.service.table.max_hold = 0.2
+            theirs = await acquire(n2.service, sampler)  # the whole job's turn
+            n1.service.table.max_hold = 60.0  # the trainer's lease on n1 alone runs out
+            local = await acquire(n1.service, solo)  # once the trainer's lease is revoked
+            with pytest.raises(AcquireTimeout, match="had not given its GPUs back"):
+                await api_ops.acquire(n1.service, trainer, pb.AcquireRequest(timeout_ms=500))
+            release(n2.service, sampler, theirs)  # the only member in the turn leaves
+            await until(lambda: not arbiter.held and not n2.holders(), "the job's turn ends")
+            release(n1.service, solo, local)
 
     run(body)
