@@ -220,31 +220,6 @@ def test_a_turn_prepared_on_every_node_is_held_by_a_new_leader_and_one_cut_short
     run(body)
 
 
-def test_a_turn_whose_pods_all_left_the_cluster_ends_and_the_next_job_gets_its_gpus(
-    tmp_path: Path,
-) -> None:
-    async def body() -> None:
-        async with cluster(tmp_path) as (nodes, view):
-            arbiter = await leading(view)
-            await arbiter.acquire("team", "rl", "", timeout=5)  # llm-d's Acquire: nobody joined
-            for node, pod in zip(nodes, ("team/rl-trainer", "team/rl-sampler"), strict=True):
-                del view.members[pod]  # the job's pods were deleted (its loop cannot yield now)
-                node.service.pod_gone(pod)
-            listed = view.listed_once("pods timeslice.io/job-id")  # a watch not listed yet
-            arbiter.prune_joined()
-            await asyncio.sleep(0)  # one step: a yield it scheduled would have taken the turn
-            assert list(arbiter.held) == ["team/rl"]  # its pods may be among those unlisted
-            listed.set()
-            arbiter.prune_joined()  # what the coordinator does as the pods' watch shows it
-            turn = await arbiter.acquire("team", "sft", "", timeout=5)
-            assert sorted(turn.nodes) == ["n1", "n2"]
-            check_no_overlap(nodes, "sft")
-            assert list(arbiter.held) == ["team/sft"]
-            await close(arbiter)
-
-    run(body)
-
-
 def test_a_release_a_node_missed_is_sent_again_until_it_is_heard(tmp_path: Path) -> None:
     async def body() -> None:
         async with cluster(tmp_path) as (nodes, view):

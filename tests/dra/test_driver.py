@@ -384,25 +384,3 @@ def test_a_driver_stopping_after_a_new_driver_took_its_sockets_leaves_the_new_on
     assert [p.name for d in (tmp / "plugins", tmp / "plugins_registry") for p in d.rglob("*")] == [
         names.DRA_DRIVER
     ], "no socket left, a private one included"
-
-
-def test_a_registry_directory_no_kubelet_made_is_named_in_the_log(
-    tmp: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A --registry-dir that does not exist (a typo, or a kubelet rooted elsewhere) is made,
-    but the kubelet never looks there: the driver would wait for a registration that never
-    comes, saying why only on /readyz. The log names the directory and the flag."""
-    wrong = tmp / "nk" / "reg"
-    settings = dataclasses.replace(_settings(tmp), registry_dir=wrong)
-    driver = Driver(settings, GPUS, True, slices=Slices(), claims=Claims())
-    with caplog.at_level("WARNING", logger="dra.daemon"):
-        driver.start()
-    driver.stop()
-    said = [r.getMessage() for r in caplog.records if "--registry-dir" in r.getMessage()]
-    assert len(said) == 1 and str(wrong) in said[0]
-    caplog.clear()
-    driver = Driver(settings, GPUS, True, slices=Slices(), claims=Claims())
-    with caplog.at_level("WARNING", logger="dra.daemon"):
-        driver.start()  # the directory is there now (as a kubelet's would be): nothing said
-    driver.stop()
-    assert not [r for r in caplog.records if "--registry-dir" in r.getMessage()]

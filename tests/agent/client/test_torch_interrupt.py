@@ -33,11 +33,17 @@ def test_a_ctrl_c_as_the_park_frees_its_storages_loses_nothing(
         return guard(tensors)
 
     monkeypatch.setattr(parking, "guard", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        parker.park("gpu")
+    # Python's own Ctrl-C handler, whatever this process was started with (a shell's background
+    # job starts with SIGINT ignored: Python keeps that, and nothing would be raised)
+    started_with = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            parker.park("gpu")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, started_with)
     monkeypatch.setattr(parking, "guard", guard)
     assert all(p.untyped_storage().nbytes() == 0 for p in model.parameters())
     assert parker.restore("gpu") == sum(v.numel() * v.element_size() for v in before.values())
     after = model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
