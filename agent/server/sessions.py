@@ -119,14 +119,21 @@ class SessionRegistry:
     async def call_tenant(self, tenant_id: str, action: str, gpu: str, timeout: float) -> int:
         """Ask the tenant to run its `on_<action>(gpu)` callback; returns the bytes it moved."""
         # A park only where the same session can restore: memory parked by a process that
-        # cannot bring it back would be stranded.
-        wanted = {"park", "restore"} if action == "park" else {action}
+        # cannot bring it back would be stranded. A restore only where a park could have run: a
+        # process with on_restore alone parked nothing, and its restore would leave the memory
+        # parked while it is counted back on the GPU.
+        wanted = {"park", "restore"}
         sessions = self._by_tenant.get(tenant_id, [])
         session = next((s for s in sessions if wanted <= s.callbacks), None)
         if session is None and action == "park" and any("park" in s.callbacks for s in sessions):
             raise CallbackFailed(
                 f"tenant {tenant_id} offers no on_park with an on_restore beside it: parking it "
                 "would strand its memory (register both callbacks)"
+            )
+        if session is None and any("restore" in s.callbacks for s in sessions):
+            raise CallbackFailed(
+                f"tenant {tenant_id} has no session with on_park and on_restore open (the "
+                "process that parked it left): its on_restore alone parked nothing to restore"
             )
         if session is None:
             raise CallbackFailed(f"tenant {tenant_id} has no session with an on_{action} callback")

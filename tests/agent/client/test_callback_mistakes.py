@@ -227,3 +227,36 @@ def test_a_park_that_answers_no_number_still_comes_back(
     finally:
         a.close()
         b.close()
+
+
+def test_a_restore_is_asked_of_the_process_that_could_park(two_gpus: AgentRunner) -> None:
+    """Tenant a's process x offers on_restore alone, its process y both callbacks: only y can
+    be parked. A turn of x's used to ask x to restore what y parked: x's on_restore ran on
+    nothing, y's memory stayed parked and the agent counted it back on the GPUs."""
+    ran: list[tuple[str, str]] = []
+
+    def callback(who: str, action: str) -> Callback:
+        def run(gpu: str) -> int:
+            ran.append((who, action))
+            return 60 * MIB
+
+        return run
+
+    x = Baton(
+        two_gpus.socket, GPUS, name="a", gpu_memory_mib=60, on_restore=callback("x", "restore")
+    )
+    y = client(two_gpus, "a", on_park=callback("y", "park"), on_restore=callback("y", "restore"))
+    b = client(two_gpus, "b", on_park=moves, on_restore=moves)
+    try:
+        x.connect()  # x's session first
+        out = queued_behind(two_gpus, y, b, WAIT_S)
+        assert "lease" in out, out.get("error")
+        assert ran == [("y", "park")] * 2
+        b.yield_()
+        x.acquire(WAIT_S)
+        assert ran[2:] == [("y", "restore")] * 2
+        x.yield_()
+    finally:
+        x.close()
+        y.close()
+        b.close()
