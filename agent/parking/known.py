@@ -188,6 +188,7 @@ class KnownNode:
             busy=(tenant_id in self._holding and tenant_id not in ended) or tenant_id in busy,
             cgroup=self._model.cgroups.get(tenant_id, (None, 0)),
             all_of_it=whole,
+            headroom=self.headroom,
         )
 
     async def _reread(self, busy: Collection[str] = ()) -> NodeView:

@@ -28,6 +28,7 @@ def tenant_view(
     busy: bool,
     cgroup: tuple[int | None, int],
     all_of_it: bool = False,
+    headroom: int = 0,
 ) -> TenantView:
     """The tenant as the planner sees it.
 
@@ -36,12 +37,19 @@ def tenant_view(
     only from what it reports at a park, and it may allocate during any turn. A GPU where it
     holds nothing and is not parked is `absent` (it has not allocated there since it joined),
     unless what it holds is unknown, or `all_of_it` counts it (it may have allocated since).
+    A self-parker's report counts at most what the GPU holds after the `headroom`: more is not
+    all on that GPU, and must not refuse its turns as too large.
     """
     declared = ref.declared_bytes if ref and ref.declared_bytes else 0
     unknown = parks_itself(method) and not declared and ref is not None and ref.self_parks
     gpus = set(st.footprint_bytes) | set(ref.gpus if ref and declared else ())
     whole = gpu_memory if unknown else {}
-    footprint = {g: max(st.footprint_bytes.get(g, 0), declared, whole.get(g, 0)) for g in gpus}
+    counted = dict(st.footprint_bytes)
+    if parks_itself(method):  # its own report: one past what the GPU can hold counts its other
+        for g, n in counted.items():  # GPUs too (`TorchParker`'s first park moves them all)
+            if g in gpu_memory:
+                counted[g] = min(n, max(gpu_memory[g] - headroom, 0))
+    footprint = {g: max(counted.get(g, 0), declared, whole.get(g, 0)) for g in gpus}
     parked = {g: st.footprint_bytes.get(g, 0) for g, r in st.residency.items() if r in _AWAY}
     allocated = {g for g in gpus - set(parked) if st.footprint_bytes.get(g)}
     absent = set() if unknown or all_of_it else gpus - set(parked) - allocated

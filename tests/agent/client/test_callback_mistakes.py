@@ -260,3 +260,33 @@ def test_a_restore_is_asked_of_the_process_that_could_park(two_gpus: AgentRunner
         x.close()
         y.close()
         b.close()
+
+
+def test_a_tenant_whose_first_park_moves_both_gpus_comes_back(two_gpus: AgentRunner) -> None:
+    """`TorchParker`'s way with a tenant of several GPUs: the first park moves everything (its
+    60 MiB on each GPU: 120 MiB) and the other moves 0 bytes. The agent counted the 120 MiB on
+    the first GPU, which holds 100 MiB: the tenant's every later turn was refused as too
+    large, its memory parked for good."""
+    parked: list[bool] = []
+
+    def park(gpu: str) -> int:
+        parked.append(True)
+        return 120 * MIB if len(parked) == 1 else 0
+
+    def restore(gpu: str) -> int:
+        moved = 120 * MIB if parked else 0
+        parked.clear()
+        return moved
+
+    a = client(two_gpus, "a", on_park=park, on_restore=restore)
+    b = client(two_gpus, "b", on_park=moves, on_restore=moves)
+    try:
+        out = queued_behind(two_gpus, a, b, WAIT_S)
+        assert "lease" in out, out.get("error")
+        b.yield_()
+        a.acquire(WAIT_S)
+        assert not parked
+        a.yield_()
+    finally:
+        a.close()
+        b.close()
