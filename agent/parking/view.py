@@ -37,13 +37,13 @@ def tenant_view(
     only from what it reports at a park, and it may allocate during any turn. A GPU where it
     holds nothing and is not parked is `absent` (it has not allocated there since it joined),
     unless what it holds is unknown, or `all_of_it` counts it (it may have allocated since).
-    A self-parker's report counts at most what the GPU holds after the `headroom`: more is not
-    all on that GPU, and must not refuse its turns as too large.
+    A self-parker's report, or its whole GPU, counts at most what the GPU holds after the
+    `headroom`: more is not all on that GPU, and must not refuse its turns as too large.
     """
     declared = ref.declared_bytes if ref and ref.declared_bytes else 0
     unknown = parks_itself(method) and not declared and ref is not None and ref.self_parks
     gpus = set(st.footprint_bytes) | set(ref.gpus if ref and declared else ())
-    whole = gpu_memory if unknown else {}
+    whole = {g: max(n - headroom, 0) for g, n in gpu_memory.items()} if unknown else {}
     counted = dict(st.footprint_bytes)
     if parks_itself(method):  # its own report: one past what the GPU can hold counts its other
         for g, n in counted.items():  # GPUs too (`TorchParker`'s first park moves them all)

@@ -76,16 +76,22 @@ def test_park_and_restore_run_the_callbacks_and_count_reported_bytes(loop):
 PARK, RESTORE = ("park", GPU), ("restore", GPU)
 
 
-def take_turns(loop, tenants: dict[str, Tenant], refs: list[TenantRef], order: str):
-    """The real preparer over an app backend on a 100 MiB GPU: `refs` register, then the
-    tenants named in `order` take their turns one after another."""
+def take_turns(
+    loop, tenants: dict[str, Tenant], refs: list[TenantRef], order: str, headroom: int = 0
+):
+    """The real preparer over an app backend on a 100 MiB GPU (`headroom` kept free): `refs`
+    register, then the tenants named in `order` take their turns one after another."""
 
     async def call(tenant_id: str, action: str, gpu: str, timeout: float) -> int:
         return await tenants[tenant_id](tenant_id, action, gpu, timeout)
 
     backend = AppBackend(timeout=1.0, call_tenant=call, loop=loop)
     prep = ParkingPreparer(
-        backend, {GPU: 100 * MIB}, host_budget=1000 * MIB, registry=CollectorRegistry()
+        backend,
+        {GPU: 100 * MIB},
+        host_budget=1000 * MIB,
+        registry=CollectorRegistry(),
+        headroom=headroom,
     )
 
     async def turns() -> None:
@@ -121,6 +127,16 @@ def test_self_parking_tenants_that_declared_nothing_may_hold_the_whole_gpu(loop)
     for name in "ab":  # one tenant's residency, as the whole status says it
         assert prep.residency_of(name) == prep.status()["tenants"][name]["gpus"]
     assert prep.residency_of("a") == {GPU: "parked"} and prep.residency_of("c") == {}
+
+
+def test_undeclared_self_parkers_take_turns_beside_the_headroom(loop):
+    """With headroom kept free (2304 MiB on real GPUs), the whole GPU an undeclared tenant may
+    hold was more than a turn may have: its every turn was refused as too large."""
+    tenants = {"a": Tenant(60 * MIB), "b": Tenant(20 * MIB)}
+    refs = [TenantRef(name, (GPU,), self_parks=True) for name in "ab"]
+    take_turns(loop, tenants, refs, "abab", headroom=10 * MIB)
+    assert tenants["a"].calls == [PARK, RESTORE, PARK]
+    assert tenants["b"].calls == [PARK, RESTORE, PARK, RESTORE]
 
 
 def test_a_failing_or_late_callback_leaves_the_tenant_resident(loop):
