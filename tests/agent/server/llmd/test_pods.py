@@ -53,18 +53,23 @@ def fake_proc(root: Path) -> Path:
     return root
 
 
+def pods_agent(workdir: str, api: FakeApiServer, tmp_path: Path, proc: Path) -> AgentRunner:
+    """An agent on node-1 serving llm-d's API, its pods from `api`, its /proc `proc` (started)."""
+    return AgentRunner(
+        workdir,
+        node_name="node-1",
+        kubeconfig=str(api.kubeconfig_path(tmp_path)),
+        proc_root=str(proc),
+        llmd_listen="127.0.0.1:0",
+    ).start()
+
+
 def test_groups_and_jobs_from_pod_labels(workdir: str, tmp_path: Path) -> None:
     proc = fake_proc(tmp_path / "proc")
     with FakeApiServer() as api:
         api.put_object(labelled_pod("trainer-a", MINE, "job-a", "trainers"))
         api.put_object(labelled_pod("trainer-b", OTHER, "job-b", "trainers"))
-        runner = AgentRunner(
-            workdir,
-            node_name="node-1",
-            kubeconfig=str(api.kubeconfig_path(tmp_path)),
-            proc_root=str(proc),
-            llmd_listen="127.0.0.1:0",
-        ).start()
+        runner = pods_agent(workdir, api, tmp_path, proc)
         client = TimeSliceOrchestratorClient(f"127.0.0.1:{runner.llmd_port}", group_id="trainers")
         try:
             for pod in ("team/trainer-a", "team/trainer-b"):

@@ -11,8 +11,14 @@ import grpc
 import pytest
 
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
-from tests.agent.server.llmd.test_pods import MINE, OTHER, fake_proc, joined, labelled_pod
-from tests.harness.agent import AgentRunner
+from tests.agent.server.llmd.test_pods import (
+    MINE,
+    OTHER,
+    fake_proc,
+    joined,
+    labelled_pod,
+    pods_agent,
+)
 from tests.harness.fakeapi import FakeApiServer
 
 
@@ -28,13 +34,7 @@ def test_a_pod_cannot_make_up_a_job_on_another_pods_group(workdir: str, tmp_path
     with FakeApiServer() as api:
         api.put_object(pod_in("ours", labelled_pod("mine", MINE, "job-a", "ours"), "GPU-1"))
         api.put_object(pod_in("theirs", labelled_pod("victim", OTHER, "job-b", "rl"), "GPU-0"))
-        runner = AgentRunner(
-            workdir,
-            node_name="node-1",
-            kubeconfig=str(api.kubeconfig_path(tmp_path)),
-            proc_root=str(proc),
-            llmd_listen="127.0.0.1:0",
-        ).start()
+        runner = pods_agent(workdir, api, tmp_path, proc)
         client = TimeSliceOrchestratorClient(f"127.0.0.1:{runner.llmd_port}")
         try:
             for pod in ("ours/mine", "theirs/victim"):
@@ -57,13 +57,7 @@ def test_a_job_id_another_namespace_uses_too_is_still_the_pods_own(
     with FakeApiServer() as api:  # the other namespace's pod is listed first (key order)
         api.put_object(pod_in("analytics", labelled_pod("trainer", OTHER, "train", "rl"), "GPU-0"))
         api.put_object(pod_in("ours", labelled_pod("trainer", MINE, "train", "rl"), "GPU-1"))
-        runner = AgentRunner(
-            workdir,
-            node_name="node-1",
-            kubeconfig=str(api.kubeconfig_path(tmp_path)),
-            proc_root=str(proc),
-            llmd_listen="127.0.0.1:0",
-        ).start()
+        runner = pods_agent(workdir, api, tmp_path, proc)
         client = TimeSliceOrchestratorClient(f"127.0.0.1:{runner.llmd_port}", "train", "rl")
         try:
             for pod in ("analytics/trainer", "ours/trainer"):
