@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -137,12 +139,10 @@ def kubeconfig_for(tmp_path: Path, server: str) -> str:
     return str(path)
 
 
-def test_a_silent_api_server_is_asked_once_and_named_in_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A server that takes the connection and never answers costs one request timeout, not one
-    per urllib3 retry, and the line says so without urllib3's wrapping."""
-    monkeypatch.setattr(api_module, "REQUEST_TIMEOUT_S", 0.3)
+@contextlib.contextmanager
+def silent_server() -> Iterator[tuple[str, list[socket.socket]]]:
+    """A server that takes every connection and never answers: its URL, and the connections it
+    took (closed as the block ends)."""
     held: list[socket.socket] = []
     stop = threading.Event()
     with socket.create_server(("127.0.0.1", 0)) as listener:
@@ -157,19 +157,31 @@ def test_a_silent_api_server_is_asked_once_and_named_in_one_line(
 
         taker = threading.Thread(target=take, daemon=True)
         taker.start()
-        server = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        try:
+            yield f"http://127.0.0.1:{listener.getsockname()[1]}", held
+        finally:
+            stop.set()
+            taker.join(timeout=5)
+            for connection in held:
+                connection.close()
+
+
+def test_a_silent_api_server_is_asked_once_and_named_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that takes the connection and never answers costs one request timeout, not one
+    per urllib3 retry, and the line says so without urllib3's wrapping."""
+    monkeypatch.setattr(api_module, "REQUEST_TIMEOUT_S", 0.3)
+    with silent_server() as (server, held):
         api = KubeApi(kubeconfig_for(tmp_path, server))
         try:
             with pytest.raises(PluginError) as silent:
                 api.get("/api/v1/namespaces/baton-system/pods")
         finally:
-            stop.set()
-            taker.join(timeout=5)
             api.close()
-            for connection in held:
-                connection.close()
+        taken = len(held)
     assert str(silent.value) == f"cannot reach the API server at {server}: no answer within 0.3 s"
-    assert len(held) == 1, "asked again after the timeout"
+    assert taken == 1, "asked again after the timeout"
 
 
 def test_an_agent_silent_behind_the_pod_proxy_is_named_not_the_api_server(
@@ -179,30 +191,12 @@ def test_an_agent_silent_behind_the_pod_proxy_is_named_not_the_api_server(
     nothing within the request timeout. The line names that agent and the proxy; it does not
     send the operator looking at the API server, which answered everything else."""
     monkeypatch.setattr(api_module, "REQUEST_TIMEOUT_S", 0.3)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        listener.settimeout(0.05)
-
-        def take() -> None:
-            while not stop.is_set():
-                try:
-                    held.append(listener.accept()[0])
-                except TimeoutError:
-                    continue
-
-        taker = threading.Thread(target=take, daemon=True)
-        taker.start()
-        server = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    with silent_server() as (server, _):
         api = KubeApi(kubeconfig_for(tmp_path, server))
         try:
             said = read_agent(api, "baton-agent-n2")
         finally:
-            stop.set()
-            taker.join(timeout=5)
             api.close()
-            for connection in held:
-                connection.close()
     assert said == (
         "cannot read agent baton-agent-n2: no answer within 0.3 s through the API server's pod"
         " proxy (is its node down or cut off?)"
