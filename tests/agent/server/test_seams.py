@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.client import AcquireTimeout, Baton
+from agent.client import AcquireTimeout, Baton, LeaseInfo
 from agent.core import events as ev
 from agent.core.errors import CallbackFailed
 from agent.core.residency import NoRoom
@@ -138,16 +138,25 @@ def test_overdue_holder_is_revoked_then_resumed_first(
     assert resumed.tokens["GPU-0"] == first.fencing_tokens["GPU-0"] + 2
 
 
+def revoked_unparked(
+    seam_agent: AgentRunner, preparer: RecordingPreparer, clients: dict[str, Baton]
+) -> tuple[LeaseInfo, threading.Thread, ev.Event]:
+    """ "a" holds and cannot be parked, "b" waits on a thread: a's revocation failed (retried
+    every 0.2 s). a's lease, b's waiting thread, and the failure's event."""
+    preparer.cannot_park.add("local/a")
+    seam_agent.inspect(lambda service: setattr(service.revocations, "retry_s", 0.2))
+    first = clients["a"].acquire()
+    waiting = threading.Thread(target=clients["b"].acquire, daemon=True)
+    waiting.start()
+    failed = seam_agent.wait_event(lambda e: e.kind == "revoke_failed", timeout=5)
+    return first, waiting, failed
+
+
 def test_a_holder_that_cannot_be_parked_keeps_the_gpu_and_its_waiter_hears_why(
     seam_agent: AgentRunner, preparer: RecordingPreparer, clients: dict[str, Baton]
 ) -> None:
-    a, b = clients["a"], clients["b"]
-    preparer.cannot_park.add("local/a")
-    seam_agent.inspect(lambda service: setattr(service.revocations, "retry_s", 0.2))
-    first = a.acquire()
-    waiting = threading.Thread(target=b.acquire, daemon=True)
-    waiting.start()
-    failed = seam_agent.wait_event(lambda e: e.kind == "revoke_failed", timeout=5)
+    b = clients["b"]
+    first, waiting, failed = revoked_unparked(seam_agent, preparer, clients)
     assert failed.tenant_id == "local/a" and "lock timed out" in failed.detail
     gpu = seam_agent.status()["gpus"]["GPU-0"]
     assert gpu["holder"] == "local/a" and gpu["lease_id"] == first.lease_id
@@ -313,13 +322,8 @@ def test_a_watch_that_falls_behind_ends_saying_so_rather_than_skipping_events(
 def test_a_holder_parked_at_the_retry_hands_the_gpu_to_the_waiter_it_was_revoked_for(
     seam_agent: AgentRunner, preparer: RecordingPreparer, clients: dict[str, Baton]
 ) -> None:
-    a, b = clients["a"], clients["b"]
-    preparer.cannot_park.add("local/a")
-    seam_agent.inspect(lambda service: setattr(service.revocations, "retry_s", 0.2))
-    first = a.acquire()
-    waiting = threading.Thread(target=b.acquire, daemon=True)
-    waiting.start()
-    seam_agent.wait_event(lambda e: e.kind == "revoke_failed", timeout=5)
+    b = clients["b"]
+    first, waiting, _ = revoked_unparked(seam_agent, preparer, clients)
     mark = seam_agent.mark()
     preparer.cannot_park.clear()
     revoked = seam_agent.wait_event(lambda e: e.kind == "revoked", since=mark, timeout=5)
