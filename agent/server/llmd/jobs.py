@@ -102,10 +102,12 @@ class Jobs:
         """The job's tenant: the pod labelled with it (in `group`, if given; the caller's own pod
         first, as pods of other namespaces may carry the same job id), else `llmd/<id>`."""
         pods = [t for t, (job, g) in self._pods() if job == job_id and group in ("", g)]
-        own = pod_uid_of_pid(caller.pid, self._proc_root) if caller else None
-        mine = [t for t in pods if own and t.pod_uid == own]
-        if mine or pods:
-            return (mine or pods)[0]
+        if len(pods) > 1 and caller is not None:  # (the caller's /proc is read only then)
+            own = pod_uid_of_pid(caller.pid, self._proc_root)
+            mine = [t for t in pods if own and t.pod_uid == own]
+            pods = mine or pods
+        if pods:
+            return pods[0]
         return self.service.tenants.tenants.get(PREFIX + job_id)
 
     def job_ids(self) -> dict[str, Tenant]:
