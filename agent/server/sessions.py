@@ -116,6 +116,12 @@ class SessionRegistry:
         for session in self._by_tenant.get(tenant_id, []):
             session.send(message)
 
+    def notify_parkers(self, tenant_id: str, message: pb.AgentMessage) -> None:
+        """Send a message to the tenant's sessions that offer both park and restore callbacks
+        (a park-at-yield hint: a process without them has nothing to park)."""
+        for session in self._parkers(tenant_id):
+            session.send(message)
+
     async def call_tenant(self, tenant_id: str, action: str, gpu: str, timeout: float) -> int:
         """Ask the tenant to run its `on_<action>(gpu)` callback; returns the bytes it moved."""
         # A park only where the same session can restore: memory parked by a process that

@@ -5,7 +5,8 @@ With the `app` method a park is a callback into the tenant's process. Asked for 
 has yielded, it costs a round trip between the agent and that process inside the handover: the
 GPU idles while the message travels both ways. But who is due next, and whether its turn will
 need the holder parked, is known while the holder still runs. So the agent says so then
-(`ParkAtYield` on the holder's session: its lease, the GPUs), and again whenever that changes;
+(`ParkAtYield` on the holder's session that offers both callbacks: its lease, the GPUs;
+not its other processes, which have nothing to park), and again whenever that changes;
 the holder's client runs its own park on the thread that yields, before the yield leaves, and
 names what it parked in the yield (`YieldRequest.parked`). The next grant then finds the room
 made. No hint where the fair policy may keep the GPU for the holder at its yield
@@ -61,4 +62,4 @@ class YieldParks:
             if gpus != self._told.get(lease.lease_id, ()):
                 self._told[lease.lease_id] = gpus
                 hint = pb.ParkAtYield(lease_id=lease.lease_id, gpus=gpus)
-                self._sessions.notify(holder, pb.AgentMessage(park_at_yield=hint))
+                self._sessions.notify_parkers(holder, pb.AgentMessage(park_at_yield=hint))

@@ -238,3 +238,32 @@ def test_an_async_yield_cancelled_in_its_park_gives_the_turn_back_once_parked(
 
     asyncio.run(scenario())
     assert [c for c, _ in recorded["x"].calls] == ["park"]  # the yield's, not a callback's
+
+
+def test_the_hint_goes_only_to_the_process_that_parks_the_tenant(app_agent: AgentRunner) -> None:
+    """Two processes of tenant `a`: one offers on_park/on_restore, the other (which holds the
+    turn) none. Only the first hears the hint; the other yields without trying to park, and
+    the agent parks `a` by callback as before."""
+    recorded = {name: Recorded() for name in ("a", "b")}
+
+    def parker(name: str) -> Baton:
+        r = recorded[name]
+        return Baton(
+            app_agent.socket, [GPU], name=name, gpu_memory_mib=60,
+            on_park=r.park, on_restore=r.restore,
+        )  # fmt: skip
+
+    plain = Baton(app_agent.socket, [GPU], name="a")  # no callbacks
+    with parker("a") as a_parks, plain as a_plain, parker("b") as b:
+        a_parks.connect()
+        a_plain.connect()
+        parks_hints, plain_hints = hints_of(a_parks), hints_of(a_plain)
+        a_plain.acquire(WAIT_S)
+        taker = taking(app_agent, b, lambda: b.acquire(WAIT_S))
+        parks_hints.wait((GPU,))
+        a_plain.yield_()  # its stream's answer comes after any hint queued before it
+        taker.join(WAIT_S)
+        assert not taker.is_alive(), "b was never granted"
+        assert plain_hints.seen == []
+        assert recorded["a"].calls == [("park", "baton-client")]  # by the agent's callback
+        assert parked(app_agent, a_parks) == 60 * MIB
