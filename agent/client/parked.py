@@ -6,12 +6,16 @@ of a GPU still parked is refused while an acquire of this process is in flight (
 that overtook the restore its grant owes: the agent asks again and finds the memory restored);
 with none in flight (a grant that left the restore to this process never reached it, or the
 restore failed and the turn was given back) it is answered at once with what that park moved.
+A restore asked of a GPU this process restored and has not parked since (the agent gave up on
+that restore as late, then asked again) is answered at once with nothing moved: running it
+again would restore memory that is back already.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
@@ -20,6 +24,8 @@ from agent.client.errors import BatonError
 from agent.client.types import Callback, run_callback
 from baton._pb import agent_pb2 as pb
 from baton.contract.tasks import to_the_end
+
+log = logging.getLogger("baton.client")
 
 
 def given_back(exc: BaseException, failed: BatonError | None) -> BaseException:
@@ -75,6 +81,8 @@ class Parked:
 
     def __init__(self) -> None:
         self.bytes: dict[str, int] = {}
+        self._restored: set[str] = set()
+        """GPUs this process restored and has not parked since."""
         self._acquiring = 0
         self._lock = threading.Lock()
 
@@ -114,6 +122,9 @@ class Parked:
             return pb.CallbackResult(call_id=request.call_id, bytes=self.bytes[gpu])
         if request.action == "restore" and not request.call_id and gpu not in self.bytes:
             return pb.CallbackResult()  # restored by a callback meanwhile
+        if request.action == "restore" and gpu in self._restored:
+            log.info("on_restore(%s) not run: restored already (a late restore finished)", gpu)
+            return pb.CallbackResult(call_id=request.call_id)
         return None
 
     def ran(self, request: pb.Callback, result: pb.CallbackResult) -> None:
@@ -122,8 +133,10 @@ class Parked:
             return
         if request.action == "park":
             self.bytes[request.gpu] = int(result.bytes)
+            self._restored.discard(request.gpu)
         elif request.action == "restore":
             self.bytes.pop(request.gpu, None)
+            self._restored.add(request.gpu)
 
 
 class Moves:
