@@ -35,6 +35,11 @@ class Settings:
     make_api: Callable[[str | None, str | None], Api] = KubeApi
 
 
+NO_AGENT_EXIT = 3
+"""The exit status of `status` and `usage` when the Baton namespace runs no agent pod (1: no
+usable kubeconfig, or the API server unread or refusing; 2: a bad option)."""
+
+
 @app.callback()
 def connection(
     kubeconfig: Annotated[
@@ -115,6 +120,7 @@ def status(
 
     _check_output(output)
     console = Console()
+    document: dict[str, Any] = {}
     with connected() as api:
         for _ in _every(interval, count if watch else 1):
             document = read_cluster(api, Settings.baton_namespace)
@@ -124,9 +130,12 @@ def status(
                 if watch:
                     console.clear()
                 console.print(status_table(document))
-                for said in ("agents_error", "extender_error"):
-                    if document.get(said):
-                        console.print(f"[yellow]{escape(document[said])}[/yellow]")
+                if document.get("extender_error"):
+                    console.print(f"[yellow]{escape(document['extender_error'])}[/yellow]")
+            if document.get("agents_error"):
+                typer.echo(f"kubectl baton: {document['agents_error']}", err=True)
+    if document.get("agents_error"):  # the last reading found none: a script must not read OK
+        raise typer.Exit(NO_AGENT_EXIT)
 
 
 @app.command()
@@ -181,6 +190,7 @@ def usage(
 ) -> None:
     """GPU-seconds and parked byte-seconds per namespace, tenant and tier."""
     from commands.kubectl import usage as accounting
+    from commands.kubectl.agents import no_agents
 
     _check_output(output)
     with connected() as api:
@@ -198,13 +208,18 @@ def usage(
         "namespaces": accounting.namespace_sums(rows),
         "unread": missing,
     }
+    none = no_agents(Settings.baton_namespace)
     if output == "json":
         typer.echo(json.dumps(document, indent=1))
-        return
-    title = f"GPU usage over {window:g} s" if window else "GPU usage since accounting began"
-    Console().print(accounting.usage_table(rows, title))
-    for line in missing:
-        typer.echo(f"not counted: {line}", err=True)
+    else:
+        title = f"GPU usage over {window:g} s" if window else "GPU usage since accounting began"
+        Console().print(accounting.usage_table(rows, title))
+        for line in missing:
+            if line != none:
+                typer.echo(f"not counted: {line}", err=True)
+    if none in missing:  # no agent pod when read (at either end of a window): nothing counted
+        typer.echo(f"kubectl baton: {none}", err=True)
+        raise typer.Exit(NO_AGENT_EXIT)
 
 
 def main() -> None:

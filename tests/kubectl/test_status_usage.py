@@ -132,20 +132,35 @@ def test_usage_over_a_window_counts_only_what_a_tenant_folded_inside_it_used() -
     }
 
 
-def test_a_namespace_with_no_agent_pod_is_said_not_shown_as_an_empty_table(run) -> None:
+def test_a_namespace_with_no_agent_pod_is_one_line_on_stderr_and_exit_status_3(run) -> None:
+    """No node runs an agent (or --baton-namespace names the wrong namespace): `status` and
+    `usage` still print what they read, and a script checking the exit status is not told all is
+    well (it was 0)."""
     routes: dict[str, Any] = {"/api/v1/namespaces/nons/pods": {"items": []}}
     said = (
-        "no running Baton agent pod (app.kubernetes.io/name=baton-agent) in namespace nons: "
-        "is Baton installed there (--baton-namespace)?"
+        "kubectl baton: no running Baton agent pod (app.kubernetes.io/name=baton-agent) in "
+        "namespace nons: is Baton installed there (--baton-namespace)?"
     )
-    status = run(routes, "--baton-namespace", "nons", "status")
-    assert status.exit_code == 0, status.output
-    assert said in status.output
-    as_json = json.loads(run(routes, "--baton-namespace", "nons", "status", "-o", "json").output)
-    assert as_json["agents_error"] == said and as_json["nodes"] == []
-    usage = run(routes, "--baton-namespace", "nons", "usage")
-    assert f"not counted: {said}" in usage.output
+    for args in (
+        ("status",),
+        ("status", "-o", "json"),
+        ("usage",),
+        ("usage", "-o", "json"),
+        ("usage", "--window", "0.01"),
+    ):
+        answer = run(routes, "--baton-namespace", "nons", *args)
+        assert answer.exit_code == cli.NO_AGENT_EXIT == 3, (args, answer.output)
+        assert answer.stderr.splitlines() == [said], args
+        assert "Traceback" not in answer.output, args
+    as_json = json.loads(run(routes, "--baton-namespace", "nons", "status", "-o", "json").stdout)
+    assert as_json["agents_error"] == said.removeprefix("kubectl baton: ")
+    assert as_json["nodes"] == []
+    watched = run(
+        routes, "--baton-namespace", "nons", "status", "-w", "--count", "2", "--interval", "0.1"
+    )
+    assert watched.exit_code == 3 and watched.stderr.splitlines() == [said] * 2
     assert "agents_error" not in read_cluster(DictApi(cluster_routes()))
+    assert run(cluster_routes(), "status").exit_code == 0
 
 
 class Readings(DictApi):
