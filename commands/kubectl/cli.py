@@ -27,11 +27,13 @@ Output = Annotated[str, typer.Option("--output", "-o", help="table or json.")]
 
 
 class Settings:
-    """The connection options, given before the command."""
+    """The connection options (and `-n`), before the command or after it, as kubectl takes
+    them anywhere."""
 
     kubeconfig: str | None = None
     context: str | None = None
     baton_namespace: str = NAMESPACE
+    namespace: str | None = None
     make_api: Callable[[str | None, str | None], Api] = KubeApi
 
 
@@ -39,24 +41,45 @@ NO_AGENT_EXIT = 3
 """The exit status of `status` and `usage` when the Baton namespace runs no agent pod (1: no
 usable kubeconfig, or the API server unread or refusing; 2: a bad option)."""
 
+_KUBECONFIG_HELP = "The kubeconfig file to use (KUBECONFIG: files merged)."
+Kubeconfig = Annotated[str | None, typer.Option("--kubeconfig", help=_KUBECONFIG_HELP)]
+Context = Annotated[str | None, typer.Option("--context", help="The kubeconfig context to use.")]
+BatonNamespace = Annotated[
+    str | None,
+    typer.Option("--baton-namespace", help=f"The namespace Baton is installed in ({NAMESPACE})."),
+]
+
 
 @app.callback()
 def connection(
     kubeconfig: Annotated[
+        str | None, typer.Option("--kubeconfig", envvar="KUBECONFIG", help=_KUBECONFIG_HELP)
+    ] = None,
+    context: Context = None,
+    baton_namespace: BatonNamespace = None,
+    namespace: Annotated[
         str | None,
         typer.Option(
-            envvar="KUBECONFIG", help="The kubeconfig file to use (KUBECONFIG: files merged)."
+            "--namespace", "-n", help="For why and usage, as their own -n (status reads all)."
         ),
     ] = None,
-    context: Annotated[str | None, typer.Option(help="The kubeconfig context to use.")] = None,
-    baton_namespace: Annotated[
-        str, typer.Option(help="The namespace Baton is installed in.")
-    ] = NAMESPACE,
 ) -> None:
-    """Connection options, as kubectl's."""
-    _check_name("--baton-namespace", baton_namespace)
-    Settings.kubeconfig = kubeconfig or None
-    Settings.context, Settings.baton_namespace = context, baton_namespace
+    """Connection options, as kubectl's: here or after the command."""
+    Settings.kubeconfig, Settings.context = None, None
+    Settings.baton_namespace, Settings.namespace = NAMESPACE, namespace
+    _connection(kubeconfig, context, baton_namespace)
+
+
+def _connection(kubeconfig: str | None, context: str | None, baton_namespace: str | None) -> None:
+    """The connection options given (None: not given); given after the command, they win over
+    the same given before it."""
+    if kubeconfig:
+        Settings.kubeconfig = kubeconfig
+    if context is not None:
+        Settings.context = context
+    if baton_namespace is not None:
+        _check_name("--baton-namespace", baton_namespace)
+        Settings.baton_namespace = baton_namespace
 
 
 @contextmanager
@@ -112,12 +135,16 @@ def status(
         float, typer.Option(help="Seconds between refreshes.", min=0.1, callback=_seconds)
     ] = 2.0,
     count: Annotated[int, typer.Option(help="With --watch: stop after this many.", min=0)] = 0,
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    baton_namespace: BatonNamespace = None,
 ) -> None:
     """Every node's GPUs: holder, queue, resident and parked tenants, parked bytes against the
     budget, duty used against entitled."""
     from commands.kubectl.agents import read_cluster
     from commands.kubectl.status_view import status_table
 
+    _connection(kubeconfig, context, baton_namespace)
     _check_output(output)
     console = Console()
     document: dict[str, Any] = {}
@@ -148,11 +175,16 @@ def why(
         ),
     ] = None,
     output: Output = "table",
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    baton_namespace: BatonNamespace = None,
 ) -> None:
     """Why a pod waits: the scheduler's reason while Pending, the agent's while it waits for a
     turn."""
     from commands.kubectl.why import why as explain
 
+    _connection(kubeconfig, context, baton_namespace)
+    namespace = Settings.namespace if namespace is None else namespace
     _check_output(output)
     if "/" in pod:
         namespace, pod = pod.split("/", 1)
@@ -187,11 +219,16 @@ def usage(
         ),
     ] = 0.0,
     output: Output = "table",
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    baton_namespace: BatonNamespace = None,
 ) -> None:
     """GPU-seconds and parked byte-seconds per namespace, tenant and tier."""
     from commands.kubectl import usage as accounting
     from commands.kubectl.agents import no_agents
 
+    _connection(kubeconfig, context, baton_namespace)
+    namespace = Settings.namespace if namespace is None else namespace
     _check_output(output)
     with connected() as api:
         if window:  # each node's agent windowed on its own; a node read once is not counted

@@ -112,7 +112,11 @@ def test_why_without_a_namespace_looks_in_the_kubeconfig_contexts_as_kubectl_doe
             (["why", "p"], "ml"),
             (["--context", "ops", "why", "p"], "ops"),
             (["--context", "fake", "why", "p"], "default"),
+            (["why", "p", "--context", "ops"], "ops"),
+            (["--context", "ml", "why", "p", "--context", "fake"], "default"),
             (["why", "p", "-n", "ops"], "ops"),
+            (["-n", "ops", "why", "p"], "ops"),
+            (["-n", "ml", "why", "p", "-n", "ops"], "ops"),
             (["why", "default/p"], "default"),
         ):
             before = len(server.requests())

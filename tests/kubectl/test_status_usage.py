@@ -93,6 +93,40 @@ def test_a_missing_permission_is_one_line_naming_it(run) -> None:
     ]
 
 
+@pytest.mark.parametrize("command", ["status", "usage"])
+@pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
+def test_the_connection_options_are_taken_before_the_command_or_after_it(
+    monkeypatch: pytest.MonkeyPatch, command: str, after: bool
+) -> None:
+    """kubectl users write `kubectl baton status --context X`: it was refused (No such option),
+    only `kubectl baton --context X status` worked. Given after the command, an option wins over
+    KUBECONFIG and over the same option given before it."""
+    routes = cluster_routes()
+    routes["/api/v1/namespaces/bns/pods"] = routes.pop("/api/v1/namespaces/baton-system/pods")
+    for path in (agent_status_path("baton-agent-x"), inventory_path()):
+        routes[path.replace("/baton-system/", "/bns/")] = routes.pop(path)
+    made: list[tuple[str | None, str | None]] = []
+
+    def make_api(kubeconfig: str | None, context: str | None) -> DictApi:
+        made.append((kubeconfig, context))
+        return DictApi(routes)
+
+    monkeypatch.setattr(cli.Settings, "make_api", make_api)
+    given = ["--kubeconfig", "/k", "--context", "c", "--baton-namespace", "bns", "-n", "ml"]
+    if after:
+        args = ["--context", "before", "--baton-namespace", "nons", command, *given[:6]]
+        args += ["-n", "ml"] if command == "usage" else []
+    else:
+        args = [*given, command]
+    result = CliRunner().invoke(cli.app, [*args, "-o", "json"], env={"KUBECONFIG": "/env"})
+    assert result.exit_code == 0, result.output
+    assert made == [("/k", "c")]
+    if command == "usage":
+        assert list(json.loads(result.stdout)["namespaces"]) == ["ml"]
+    else:
+        assert json.loads(result.stdout)["nodes"][0]["gpus"][0]["holder"] == "ml/a"
+
+
 def test_usage_sums_per_namespace_tenant_and_tier(run) -> None:
     totals, missing = read_totals(DictApi(cluster_routes()))
     assert missing == []
