@@ -45,7 +45,7 @@ def status_table(document: dict[str, Any]) -> Table:
                 node["name"] if first else "", "-", f"[red]{escape(said)}[/red]", *[""] * 5
             )
             first = False
-        for gpu in node.get("gpus", []):
+        for index, gpu in enumerate(node.get("gpus", [])):
             healthy = gpu.get("healthy") in (None, True)
             table.add_row(
                 node["name"] if first else "",
@@ -55,7 +55,7 @@ def status_table(document: dict[str, Any]) -> Table:
                 _names(gpu.get("resident", [])),
                 _names(gpu.get("parked", [])),
                 _duty(gpu),
-                _parked(node) if first else "",
+                "" if index else _parked(node),  # on the first GPU's row, below any trouble
             )
             first = False
     return table

@@ -79,6 +79,9 @@ def test_status_shows_what_the_extender_says_is_wrong_with_a_node(run) -> None:
     table = run(routes, "status")
     assert table.exit_code == 0, table.output
     assert f"extender: {problem}" in table.output
+    # the agent answered: its parked bytes against the budget are shown all the same (the
+    # trouble's row took the node's first row, and the figure was left out)
+    assert "2048 / 8192 MiB (25%)" in table.output
     assert json.loads(run(routes, "status", "-o", "json").output)["nodes"][0]["problem"] == problem
 
 
