@@ -218,10 +218,13 @@ class ClusterView:
         with self.lock:
             return sorted({ns for ns, j, _ in self.members.values() if j == job})
 
-    def groups(self) -> list[str]:
-        """Every llm-d group: named by a member pod's label or a node's."""
+    def groups(self, seen: Callable[[str], bool] = lambda namespace: True) -> list[str]:
+        """Every llm-d group: named by a node's label or by the label of a member pod of a
+        namespace `seen` accepts."""
         with self.lock:
-            named = {m.group for _, _, m in self.members.values() if m.group and m.node}
+            named = {
+                m.group for ns, _, m in self.members.values() if m.group and m.node and seen(ns)
+            }
             named |= {g for n in self.nodes.values() for g in n.groups}
         return sorted(named)
 

@@ -109,6 +109,12 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
             )
         return have[0]
 
+    async def _seen(self, context: grpc.aio.ServicerContext) -> tuple[str | None, bool]:
+        """The caller's namespace (None: unidentified), and whether it may see every namespace's
+        groups (an unidentified caller the operator lets drive jobs: `--allow-unidentified`)."""
+        caller = await self._namespace_of(context.peer())
+        return caller, caller is None and self._allow_unidentified
+
     @mapped
     async def Acquire(
         self, request: ts.AcquireRequest, context: grpc.aio.ServicerContext
@@ -136,20 +142,24 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
     async def ListGroups(
         self, request: ts.ListGroupsRequest, context: grpc.aio.ServicerContext
     ) -> ts.ListGroupsResponse:
-        """Every group a pod or a node names."""
+        """Every group a node or a pod of the caller's namespace names (another namespace's
+        pods' labels are that namespace's)."""
         self._arbiter.check_leading()
-        return ts.ListGroupsResponse(group_ids=self._view.groups())
+        caller, every = await self._seen(context)
+        return ts.ListGroupsResponse(group_ids=self._view.groups(lambda ns: every or ns == caller))
 
     @mapped
     async def GetGroupStatus(
         self, request: ts.GetGroupStatusRequest, context: grpc.aio.ServicerContext
     ) -> ts.GetGroupStatusResponse:
-        """The group's state from the arbiter: who holds it, who is being switched in, who waits."""
+        """The group's state from the arbiter: who holds it, who is being switched in, who waits
+        (a job of another namespace than the caller's is counted, not named: its id is "")."""
         self._arbiter.check_leading()  # a standby's table is empty: it would say IDLE
         group = request.group_id
+        caller, every = await self._seen(context)
         resources = self._view.group_resources(group)
-        if not resources:
-            raise UnknownGroup(f"no pod or node is in group {group!r}")
+        if not resources or group not in self._view.groups(lambda ns: every or ns == caller):
+            raise UnknownGroup(f"no node or pod of the caller's namespace is in group {group!r}")
         arbiter = self._arbiter
         holder = arbiter.holder_of(resources)
         switching = arbiter.switching(resources)
@@ -168,7 +178,10 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         stamp = Timestamp()
         changed = max((arbiter.changed_at.get(r, 0.0) for r in resources), default=0.0)
         stamp.FromNanoseconds(int(changed * 1e9))
-        job = _job_of
+
+        def job(key: str) -> str:
+            return _job_of(key) if key.partition("/")[0] == caller else ""
+
         active = holder.key if holder else switching or last
         status = ts.GroupStatus(
             group_id=group,

@@ -196,3 +196,51 @@ def test_a_job_that_does_not_exist_or_is_not_scheduled_yet_is_named_as_such(
         await shut(nodes, arbiter, server)
 
     run(body)
+
+
+def test_a_caller_sees_the_groups_it_shares_and_only_its_own_namespaces_jobs_named(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        nodes, arbiter, server, stub = await serve(tmp_path, caller="other")
+        try:
+            await arbiter.acquire("team", "rl", "train", timeout=5)
+            train = ts.GetGroupStatusRequest(group_id="train")
+            status = await stub.GetGroupStatus(train, timeout=5)
+            assert status.group.group_state == ts.GroupStatus.STATE_LOCKED
+            named = (status.group.locking_job, status.group.active_job, status.group.loaded_job)
+            assert named == ("", "", "")
+            assert [(s.agent, s.job_id) for s in status.agent_job_states] == [("n1", "")]
+            groups = await stub.ListGroups(ts.ListGroupsRequest(), timeout=5)
+            assert list(groups.group_ids) == ["train"]  # "sample" is only team's pods' label
+            with pytest.raises(grpc.aio.AioRpcError) as hidden:
+                await stub.GetGroupStatus(ts.GetGroupStatusRequest(group_id="sample"), timeout=5)
+            assert hidden.value.code() == grpc.StatusCode.NOT_FOUND
+            await arbiter.yield_("team", "rl", "train")
+            await stub.Acquire(ts.AcquireRequest(job_id="eval", group_id="train"), timeout=5)
+            status = await stub.GetGroupStatus(train, timeout=5)
+            assert (status.group.locking_job, status.group.loaded_job) == ("eval", "eval")
+        finally:
+            await shut(nodes, arbiter, server)
+
+    run(body)
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_an_unidentified_caller_sees_no_job_named(tmp_path: Path, allowed: bool) -> None:
+    async def body() -> None:
+        nodes, arbiter, server, stub = await serve(tmp_path, None, allow_unidentified=allowed)
+        try:
+            groups = await stub.ListGroups(ts.ListGroupsRequest(), timeout=5)
+            # the loopback nodes name no group: the pods' labels are seen only where allowed
+            assert list(groups.group_ids) == (["sample", "train"] if allowed else [])
+            await arbiter.acquire("team", "rl", "train", timeout=5)
+            if allowed:
+                request = ts.GetGroupStatusRequest(group_id="train")
+                status = await stub.GetGroupStatus(request, timeout=5)
+                assert status.group.group_state == ts.GroupStatus.STATE_LOCKED
+                assert (status.group.locking_job, status.group.loaded_job) == ("", "")
+        finally:
+            await shut(nodes, arbiter, server)
+
+    run(body)
