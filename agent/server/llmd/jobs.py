@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -79,6 +79,25 @@ class Jobs:
                 self._callers[peer] = found
         return found
 
+    async def seen_by(self, peer: str) -> Callable[[str], bool]:
+        """Which tenants' job ids (and pod-labelled groups) a caller may see, by tenant id: a
+        pod's process, its own namespace's pods' only; a process of this host outside pods,
+        every one; a caller not found here (another host), the jobs outside pods."""
+        caller = await self.caller(peer)
+        pod = pod_uid_of_pid(caller.pid, self._proc_root) if caller else None
+        tenants = self.service.tenants.tenants
+        if caller is not None and not pod:
+            return lambda tenant_id: True
+        if not pod:
+            return lambda tenant_id: tenant_id in tenants and tenants[tenant_id].source != POD
+        own = next((t for t in tenants.values() if t.source == POD and t.pod_uid == pod), None)
+        mine = f"{own.tenant_id.split('/', 1)[0]}/" if own else None
+        return lambda tenant_id: (
+            mine is not None
+            and tenant_id.startswith(mine)
+            and (tenant_id not in tenants or tenants[tenant_id].source == POD)
+        )
+
     def _pods(self) -> list[tuple[Tenant, tuple[str, str]]]:
         """Pod tenants labelled with an llm-d job and group, and those labels."""
         found = []
@@ -110,19 +129,21 @@ class Jobs:
             return pods[0]
         return self.service.tenants.tenants.get(PREFIX + job_id)
 
-    def job_ids(self) -> dict[str, Tenant]:
-        """Every llm-d job the agent has (`llmd/` tenants and labelled pods), by job id."""
+    def job_ids(self, seen: Callable[[str], bool] = lambda tenant_id: True) -> dict[str, Tenant]:
+        """Every llm-d job the agent has (`llmd/` tenants and labelled pods) whose tenant `seen`
+        accepts, by job id."""
         jobs = {
             self.job_of(tid): tenant
             for tid, tenant in self.service.tenants.tenants.items()
-            if tid.startswith(PREFIX)
+            if tid.startswith(PREFIX) and seen(tid)
         }
-        jobs.update({job: tenant for tenant, (job, _) in self._pods()})
+        jobs.update({job: t for t, (job, _) in self._pods() if seen(t.tenant_id)})
         return jobs
 
-    def group_names(self) -> list[str]:
-        """Every group: given with `--llmd-group`, or named by a pod's label."""
-        return sorted(set(self.groups.names()) | {group for _, (_, group) in self._pods()})
+    def group_names(self, seen: Callable[[str], bool] = lambda tenant_id: True) -> list[str]:
+        """Every group: given with `--llmd-group`, or named by the label of a pod `seen` accepts."""
+        labelled = {group for t, (_, group) in self._pods() if seen(t.tenant_id)}
+        return sorted(set(self.groups.names()) | labelled)
 
     def group_gpus(self, group: str) -> tuple[str, ...]:
         """The group's GPUs, or `UnknownGroup`."""

@@ -20,7 +20,7 @@ from agent.core.leases import Lease, Waiter
 from agent.core.residency import parked_on, residency
 from agent.server.llmd import groups as g
 from agent.server.llmd.asking import Asking
-from agent.server.llmd.edge import BadRequest, mapped
+from agent.server.llmd.edge import BadRequest, UnknownGroup, mapped
 from agent.server.llmd.jobs import Jobs
 from agent.server.llmd.residency import job_state
 from agent.server.resumes import Resumes
@@ -147,22 +147,31 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
     async def ListGroups(
         self, request: ts.ListGroupsRequest, context: grpc.aio.ServicerContext
     ) -> ts.ListGroupsResponse:
-        """Every group on this node."""
-        return ts.ListGroupsResponse(group_ids=self._jobs.group_names())
+        """Every group on this node the caller may see (another namespace's pods' labels are
+        that namespace's)."""
+        seen = await self._jobs.seen_by(context.peer())
+        return ts.ListGroupsResponse(group_ids=self._jobs.group_names(seen))
 
     @mapped
     async def GetGroupStatus(
         self, request: ts.GetGroupStatusRequest, context: grpc.aio.ServicerContext
     ) -> ts.GetGroupStatusResponse:
-        """The group's state from Baton's lease table and residency layer."""
+        """The group's state from Baton's lease table and residency layer; a job the caller may
+        not see (another namespace's) is counted, not named: its id is "", and it has no entry."""
         gpus = self._jobs.group_gpus(request.group_id)
+        seen = await self._jobs.seen_by(context.peer())
+        if request.group_id not in self._jobs.group_names(seen):
+            raise UnknownGroup(f"no group {request.group_id!r} of the caller's on this node")
         facts = self._facts(gpus)
         state = g.group_state(facts)
         stamp = Timestamp()
         stamp.FromNanoseconds(
             int(self._since.observe(request.group_id, state, self._clock()) * 1e9)
         )
-        job = self._jobs.job_of
+
+        def job(tenant_id: str) -> str:
+            return self._jobs.job_of(tenant_id) if seen(tenant_id) else ""
+
         status = ts.GroupStatus(
             group_id=request.group_id,
             group_state=_STATES[state],
@@ -174,13 +183,16 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
             waiter_queue_depth=len({w.waiter_id for gpu in gpus for w in self._queue(gpu)}),
             loaded_job=job(facts.loaded) if facts.loaded else "",
         )
-        return ts.GetGroupStatusResponse(group=status, agent_job_states=self._job_states(gpus))
+        states = self._job_states(gpus, seen)
+        return ts.GetGroupStatusResponse(group=status, agent_job_states=states)
 
-    def _job_states(self, gpus: tuple[str, ...]) -> list[ts.SnapshotAgentJobState]:
+    def _job_states(
+        self, gpus: tuple[str, ...], seen: Callable[[str], bool]
+    ) -> list[ts.SnapshotAgentJobState]:
         where = residency(self._service.preparer)
         parks = bool(self._service.preparer.status())
         states = []
-        for job_id, tenant in sorted(self._jobs.job_ids().items()):
+        for job_id, tenant in sorted(self._jobs.job_ids(seen).items()):
             if not set(tenant.gpus) & set(gpus):
                 continue
             moving = self._moving(tenant.tenant_id) or self._switching(tenant.tenant_id, gpus)

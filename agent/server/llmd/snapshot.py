@@ -247,7 +247,9 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
     async def Status(
         self, request: sa.StatusRequest, context: grpc.aio.ServicerContext
     ) -> sa.StatusResponse:
-        """Every job's state, and each GPU's memory in use."""
+        """The state of every job the caller may see (not another namespace's), and each GPU's
+        memory in use."""
+        seen = await self._jobs.seen_by(context.peer())
         parking = self._jobs.service.parking
         parks = parking is not None
         where = residency(self._jobs.service.preparer)
@@ -258,7 +260,7 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
                     where.get(tenant.tenant_id, {}), self.moving(tenant.tenant_id), parks
                 ),
             )
-            for job_id, tenant in sorted(self._jobs.job_ids().items())
+            for job_id, tenant in sorted(self._jobs.job_ids(seen).items())
         ]
         gpus = []
         if parking is not None:

@@ -1,6 +1,6 @@
 """In Kubernetes a pod's processes act for their own pod's llm-d job only: no other job id, so
 not a job of their own making on another pod's group, nor another namespace's pod that shares
-their job id."""
+their job id; and they see other namespaces' jobs counted, not named."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
+from tests.agent.server.llmd.llmd_client import SnapshotAgentClient, TimeSliceOrchestratorClient
 from tests.agent.server.llmd.test_pods import (
     MINE,
     OTHER,
@@ -69,5 +69,36 @@ def test_a_job_id_another_namespace_uses_too_is_still_the_pods_own(
             assert client.release()[0]
             assert runner.status()["gpus"]["GPU-1"]["holder"] is None
         finally:
+            client.close()
+            runner.stop()
+
+
+def test_a_pod_sees_no_job_or_group_of_another_namespace_named(
+    workdir: str, tmp_path: Path
+) -> None:
+    proc = fake_proc(tmp_path / "proc")  # this test's process runs in the pod MINE
+    third = "99999999-2222-4333-8444-555555555555"
+    with FakeApiServer() as api:
+        api.put_object(pod_in("ours", labelled_pod("mine", MINE, "job-a", "shared"), "GPU-1"))
+        api.put_object(pod_in("theirs", labelled_pod("victim", OTHER, "job-b", "shared"), "GPU-0"))
+        api.put_object(pod_in("theirs", labelled_pod("hidden", third, "job-c", "secret"), "GPU-0"))
+        runner = pods_agent(workdir, api, tmp_path, proc)
+        client = TimeSliceOrchestratorClient(f"127.0.0.1:{runner.llmd_port}", "job-a", "shared")
+        agent = SnapshotAgentClient(f"127.0.0.1:{runner.llmd_port}")
+        try:
+            for pod in ("ours/mine", "theirs/victim", "theirs/hidden"):
+                runner.wait_event(joined(pod))
+            assert [s.job_id for s in client.get_status().agent_job_states] == ["job-a"]
+            assert [j.job_id for j in agent.status().job_statuses] == ["job-a"]
+            assert client.list_groups() == ["shared"]  # "secret" is only theirs' pods' label
+            with pytest.raises(grpc.RpcError) as hidden:
+                client.get_status("secret")
+            assert hidden.value.code() == grpc.StatusCode.NOT_FOUND
+            assert client.acquire(timeout_sec=5)[0]
+            status = client.get_status()
+            assert (status.group.locking_job, status.group.loaded_job) == ("job-a", "job-a")
+            assert client.release()[0]
+        finally:
+            agent.close()
             client.close()
             runner.stop()
