@@ -35,6 +35,10 @@ def peer_ip(peer: str) -> str:
     return ""
 
 
+class CallerUnknown(Exception):
+    """The API server could not be asked who calls (UNAVAILABLE: the call may be retried)."""
+
+
 class PodCallers:
     """Maps a caller's address to its pod's namespace through the API server."""
 
@@ -46,26 +50,27 @@ class PodCallers:
         self._known: dict[str, tuple[float, str | None]] = {}
 
     async def namespace(self, peer: str) -> str | None:
-        """The namespace of the one pod at the peer's address, or None (said in the log)."""
+        """The namespace of the one pod at the peer's address, or None (said in the log);
+        `CallerUnknown` while the API server cannot be asked (a pod is not taken for nobody)."""
         ip = peer_ip(peer)
         if not ip:
             return None
         cached = self._known.get(ip)
         if cached is not None and self._clock() - cached[0] < TTL_S:
             return cached[1]
-        found, known = await asyncio.to_thread(self._lookup, ip)
-        if known:  # an API server that failed is asked again on the next call
-            self._known[ip] = (self._clock(), found)
+        found = await asyncio.to_thread(self._lookup, ip)
+        self._known[ip] = (self._clock(), found)  # an API server that failed is asked again
         return found
 
-    def _lookup(self, ip: str) -> tuple[str | None, bool]:
+    def _lookup(self, ip: str) -> str | None:
         try:
             pods = self._core.list_pod_for_all_namespaces(
                 field_selector=f"status.podIP={ip}", _request_timeout=5
             ).items
         except Exception as err:  # the API server is down: nobody is identified meanwhile
-            log.warning("cannot tell who calls from %s: %s", ip, api_error_reason(err))
-            return None, False
+            why = f"cannot tell who calls from {ip} ({api_error_reason(err)})"
+            log.warning("%s", why)
+            raise CallerUnknown(f"{why}; try again") from None
         # A finished pod keeps its podIP in its status after the network gave the IP to another
         # pod: it calls no one, and must neither hide nor stand for the pod there now.
         live = [
@@ -76,6 +81,6 @@ class PodCallers:
         ]
         if len(live) != 1:
             log.info("a call from %s matches %d pods: its caller is not identified", ip, len(live))
-            return None, True
+            return None
         meta = live[0].metadata
-        return (str(meta.namespace) if meta is not None else None), True
+        return str(meta.namespace) if meta is not None else None

@@ -20,6 +20,7 @@ from agent.core.errors import AlreadyHolding
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
 from baton.contract.deadline import answer_before
+from coordinator.callers import CallerUnknown
 from coordinator.cluster import ClusterView, PlanError, UnknownGroup, UnknownJob
 from coordinator.turns import Arbiter, NotHolder, NotLeading, TurnFailed
 
@@ -38,6 +39,7 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (PlanError, grpc.StatusCode.FAILED_PRECONDITION),
     (NotHolder, grpc.StatusCode.PERMISSION_DENIED),
     (NotLeading, grpc.StatusCode.UNAVAILABLE),
+    (CallerUnknown, grpc.StatusCode.UNAVAILABLE),
     (TurnFailed, grpc.StatusCode.UNAVAILABLE),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (AlreadyHolding, grpc.StatusCode.FAILED_PRECONDITION),

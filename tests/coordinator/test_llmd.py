@@ -4,15 +4,18 @@ drive a job, and what GetGroupStatus and ListGroups say of groups across nodes."
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 import pytest
+from kubernetes.client import ApiClient, Configuration
 
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
 from baton.contract.names import LABEL_JOB
+from coordinator.callers import PodCallers
 from coordinator.cluster import member_of
 from coordinator.llmd import LlmdOrchestrator
 from coordinator.turns import Arbiter
@@ -33,9 +36,11 @@ async def serve(
     caller: str | None,
     allow_unidentified: bool = False,
     heard: asyncio.Queue[str] | None = None,
+    identify: Callable[[str], Awaitable[str | None]] | None = None,
 ) -> tuple[list[LoopbackNode], Arbiter, grpc.aio.Server, ts_grpc.TimeSliceOrchestratorServiceStub]:
     """The coordinator's llm-d service over two loopback nodes; each call's peer goes to `heard`
-    as the call is identified (it then reaches the arbiter without waiting on anything)."""
+    as the call is identified (it then reaches the arbiter without waiting on anything); its
+    caller is `caller`, or whom `identify` finds."""
     nodes = [
         await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start() for name in ("n1", "n2")
     ]
@@ -49,7 +54,7 @@ async def serve(
 
     server = grpc.aio.server()
     port = server.add_insecure_port("127.0.0.1:0")
-    servicer = LlmdOrchestrator(arbiter, view, namespace_of, allow_unidentified)
+    servicer = LlmdOrchestrator(arbiter, view, identify or namespace_of, allow_unidentified)
     ts_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(servicer, server)
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -240,6 +245,32 @@ def test_an_unidentified_caller_sees_no_job_named(tmp_path: Path, allowed: bool)
                 status = await stub.GetGroupStatus(request, timeout=5)
                 assert status.group.group_state == ts.GroupStatus.STATE_LOCKED
                 assert (status.group.locking_job, status.group.loaded_job) == ("", "")
+        finally:
+            await shut(nodes, arbiter, server)
+
+    run(body)
+
+
+def test_a_caller_met_while_the_api_server_cannot_be_asked_hears_unavailable_not_denied(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as probe:  # a port nothing listens on: the API server is down
+        probe.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    api = ApiClient(Configuration(host=down))
+    api.configuration.retries = 0
+    callers = PodCallers(api)
+
+    async def body() -> None:
+        nodes, arbiter, server, stub = await serve(
+            tmp_path, None, allow_unidentified=True, identify=callers.namespace
+        )
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await stub.Acquire(ts.AcquireRequest(job_id="rl", group_id="train"), timeout=20)
+            assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "cannot tell who calls from 127.0.0.1" in str(failed.value.details())
+            assert not any(node.holders() for node in nodes)  # not driven as an unidentified one
         finally:
             await shut(nodes, arbiter, server)
 
