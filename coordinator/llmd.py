@@ -113,7 +113,8 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
 
     async def _seen(self, context: grpc.aio.ServicerContext) -> tuple[str | None, bool]:
         """The caller's namespace (None: unidentified), and whether it may see every namespace's
-        groups (an unidentified caller the operator lets drive jobs: `--allow-unidentified`)."""
+        groups and jobs (an unidentified caller the operator lets drive any job:
+        `--allow-unidentified`)."""
         caller = await self._namespace_of(context.peer())
         return caller, caller is None and self._allow_unidentified
 
@@ -182,7 +183,7 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         stamp.FromNanoseconds(int(changed * 1e9))
 
         def job(key: str) -> str:
-            return _job_of(key) if key.partition("/")[0] == caller else ""
+            return _job_of(key) if every or key.partition("/")[0] == caller else ""
 
         active = holder.key if holder else switching or last
         status = ts.GroupStatus(
