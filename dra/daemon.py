@@ -79,6 +79,7 @@ class Driver:
             ) from None
         self._node: dict[str, Any] = {}
         self._node_error = ""
+        self._node_uid = ""
         self._node_lock = threading.Lock()
         self.hold = PrepareHold() if fake else None
         try:
@@ -109,7 +110,7 @@ class Driver:
             slices or api,  # type: ignore[arg-type]
             settings.node_name,
             self.inventory,
-            lambda: str((self.node_object().get("metadata") or {}).get("uid", "")),
+            self.node_uid,
         )
         self.registration = RegistrationService(str(endpoint), self.publisher.poke)
         self.server = DriverServer(
@@ -145,6 +146,25 @@ class Driver:
                 )
             self._node_error = why
             return self._node
+
+    def node_uid(self) -> str:
+        """This node's UID, read again each time (the slice's owner): a node deleted and
+        registered again under its name has a new one. Where the API does not answer, the UID
+        last read."""
+        if self.api is not None:
+            try:
+                node = self.api.node()
+            except Exception as err:  # any API failure: the UID read before serves
+                log.warning(
+                    "node %s could not be read (%s): its ResourceSlice names the UID read before",
+                    self.settings.node_name,
+                    api_error_reason(err),
+                )
+            else:
+                with self._node_lock:
+                    self._node_uid = str((node.get("metadata") or {}).get("uid", ""))
+        with self._node_lock:
+            return self._node_uid or str((self._node.get("metadata") or {}).get("uid", ""))
 
     def cdi_refusal(self) -> str | None:
         """Why this node's runtime cannot apply the CDI specs, or None."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from baton.contract.kube import Outage
-from dra.slices import keep_taint_times, resource_slice, same_devices, slice_name
+from dra.slices import keep_taint_times, owned_by, resource_slice, same_devices, slice_name
 from nodegpu.republish import Republisher
 from nodegpu.state import LiveInventory
 
@@ -28,8 +28,15 @@ class SliceApi(Protocol):
     def delete_slice(self, name: str) -> None: ...
 
 
-def publish_once(api: SliceApi, node_name: str, inventory: LiveInventory, node_uid: str) -> str:
-    """Make the node's slice match the inventory; what was done, in words."""
+def publish_once(
+    api: SliceApi, node_name: str, inventory: LiveInventory, node_uid: Callable[[], str]
+) -> str:
+    """Make the node's slice match the inventory; what was done, in words.
+
+    `node_uid()` is asked before each write, so the slice is owned by the node as it is then:
+    a node deleted and registered again under its name has a new UID, and the garbage
+    collector deletes a slice owned by the old one (the next publication creates it again).
+    """
     ours = slice_name(node_name)
     current = {s["metadata"]["name"]: s for s in api.list_slices()}
     for name in current:
@@ -38,13 +45,15 @@ def publish_once(api: SliceApi, node_name: str, inventory: LiveInventory, node_u
     existing = current.get(ours)
     _, snapshot = inventory.snapshot()
     generation = ((existing or {}).get("spec") or {}).get("pool", {}).get("generation", 0)
-    wanted = resource_slice(node_name, snapshot, int(generation) + 1, node_uid)
+    wanted = resource_slice(node_name, snapshot, int(generation) + 1)
+    if existing is not None:
+        keep_taint_times(existing, wanted)
+        if same_devices(existing, wanted):
+            return "unchanged"
+    owned_by(wanted, node_uid())
     if existing is None:
         api.create_slice(wanted)
         return "created"
-    keep_taint_times(existing, wanted)
-    if same_devices(existing, wanted):
-        return "unchanged"
     wanted["metadata"]["resourceVersion"] = existing["metadata"].get("resourceVersion", "")
     api.replace_slice(ours, wanted)
     return "replaced"
@@ -68,6 +77,7 @@ class SlicePublisher:
         inventory: LiveInventory,
         node_uid: Callable[[], str] = lambda: "",
     ) -> None:
+        """`node_uid()` is the node's UID as the API has it now (the slice's owner)."""
         self.api = api
         self.node_name = node_name
         self.inventory = inventory
@@ -96,7 +106,7 @@ class SlicePublisher:
         self.republisher.stop()
 
     def _publish(self) -> None:
-        done = publish_once(self.api, self.node_name, self.inventory, self.node_uid())
+        done = publish_once(self.api, self.node_name, self.inventory, self.node_uid)
         self.publications += 1
         level = logging.DEBUG if done == "unchanged" else logging.INFO
         log.log(level, "ResourceSlice of node %s %s", self.node_name, done)

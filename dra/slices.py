@@ -79,16 +79,11 @@ def resource_slice(
 
     With the node's UID the slice is owned by the node, so it goes when the node does.
     """
-    meta: dict[str, Any] = {"name": slice_name(node_name)}
-    if node_uid:
-        meta["ownerReferences"] = [
-            {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}
-        ]
     gpus = sorted(inventory.gpus, key=lambda g: g.index)
-    return {
+    body = {
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
-        "metadata": meta,
+        "metadata": {"name": slice_name(node_name)},
         "spec": {
             "driver": names.DRA_DRIVER,
             "nodeName": node_name,
@@ -98,6 +93,19 @@ def resource_slice(
             ],
         },
     }
+    owned_by(body, node_uid)
+    return body
+
+
+def owned_by(body: dict[str, Any], node_uid: str) -> None:
+    """Make the node with `node_uid` the owner of slice `body` (none for '')."""
+    meta = body["metadata"]
+    meta.pop("ownerReferences", None)
+    if node_uid:
+        node_name = body["spec"]["nodeName"]
+        meta["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}
+        ]
 
 
 def keep_taint_times(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> None:

@@ -14,6 +14,14 @@ from nodegpu.state import LiveInventory
 GPUS = (NodeGpu("GPU-a", 0, "H100", 81920), NodeGpu("GPU-b", 1, "H100", 81920))
 
 
+def no_uid() -> str:
+    return ""
+
+
+def unasked() -> str:
+    raise AssertionError("the node's UID is read only before a write")
+
+
 def test_one_shareable_device_per_gpu_with_capacities() -> None:
     body = resource_slice("n1", Inventory(GPUS, 4), 3, node_uid="u1")
     spec = body["spec"]
@@ -69,10 +77,10 @@ class Slices:
 
 def test_publish_creates_then_bumps_generation_on_health_change() -> None:
     api, live = Slices(), LiveInventory(Inventory(GPUS, 4))
-    assert publish_once(api, "n1", live, "") == "created"
-    assert publish_once(api, "n1", live, "") == "unchanged"
+    assert publish_once(api, "n1", live, no_uid) == "created"
+    assert publish_once(api, "n1", live, no_uid) == "unchanged"
     live.set_health("GPU-a", False, "XID 48")
-    assert publish_once(api, "n1", live, "") == "replaced"
+    assert publish_once(api, "n1", live, no_uid) == "replaced"
     spec = api.items[slice_name("n1")]["spec"]
     assert spec["pool"]["generation"] == 2
     assert "taints" in spec["devices"][0]
@@ -80,16 +88,25 @@ def test_publish_creates_then_bumps_generation_on_health_change() -> None:
 
 def test_publish_after_the_kubelet_deleted_the_slice_creates_it_again() -> None:
     api, live = Slices(), LiveInventory(Inventory(GPUS, 4))
-    publish_once(api, "n1", live, "")
+    publish_once(api, "n1", live, no_uid)
     api.items.clear()  # the kubelet deletes its node's slices when it starts
-    assert publish_once(api, "n1", live, "") == "created"
+    assert publish_once(api, "n1", live, no_uid) == "created"
 
 
 def test_publish_removes_only_its_own_stale_slices() -> None:
     api, live = Slices(), LiveInventory(Inventory(GPUS, 4))
     api.items["n1-old-name"] = {"metadata": {"name": "n1-old-name"}, "spec": {}}
-    publish_once(api, "n1", live, "")
+    publish_once(api, "n1", live, no_uid)
     assert api.calls == ["delete n1-old-name", "create"]
+
+
+def test_each_write_is_owned_by_the_node_uid_read_for_it() -> None:
+    api, live, uids = Slices(), LiveInventory(Inventory(GPUS, 4)), iter(["u1", "u2"])
+    publish_once(api, "n1", live, lambda: next(uids))
+    assert publish_once(api, "n1", live, unasked) == "unchanged"
+    live.set_health("GPU-a", False, "XID 79")
+    publish_once(api, "n1", live, lambda: next(uids))
+    assert api.items[slice_name("n1")]["metadata"]["ownerReferences"][0]["uid"] == "u2"
 
 
 class StampingSlices(Slices):
@@ -117,16 +134,16 @@ class StampingSlices(Slices):
 
 def test_a_tainted_slice_is_not_replaced_again_while_nothing_changes() -> None:
     api, live = StampingSlices(), LiveInventory(Inventory(GPUS, 4))
-    publish_once(api, "n1", live, "")
+    publish_once(api, "n1", live, no_uid)
     live.set_health("GPU-a", False, "XID 79")
-    assert publish_once(api, "n1", live, "") == "replaced"
+    assert publish_once(api, "n1", live, no_uid) == "replaced"
     # The resync every 10 s: nothing changed, so nothing is written (no new generation, and
     # the taint keeps the time it was added).
-    assert publish_once(api, "n1", live, "") == "unchanged"
-    assert publish_once(api, "n1", live, "") == "unchanged"
+    assert publish_once(api, "n1", live, no_uid) == "unchanged"
+    assert publish_once(api, "n1", live, no_uid) == "unchanged"
     spec = api.items[slice_name("n1")]["spec"]
     assert spec["pool"]["generation"] == 2
     assert spec["devices"][0]["taints"][0]["timeAdded"] == "2026-12-01T00:00:01Z"
     live.set_health("GPU-a", True)
-    assert publish_once(api, "n1", live, "") == "replaced"
+    assert publish_once(api, "n1", live, no_uid) == "replaced"
     assert "taints" not in api.items[slice_name("n1")]["spec"]["devices"][0]

@@ -1,0 +1,73 @@
+"""The ResourceSlice as a real kube-apiserver keeps it (etcd and kube-apiserver only: no
+garbage collector, so a test deletes what it would)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from baton.contract.draapi import DraApi
+from commands.localnode.binaries import find_binaries, search_dirs
+from commands.localnode.controlplane import ControlPlane
+from dra.daemon import Driver
+from dra.slices import slice_name
+from tests.dra.test_driver import GPUS, WAIT_S, _settings
+
+NODE = "n1"
+
+
+@pytest.fixture(scope="module")
+def api_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if find_binaries() is None:
+        where = ", ".join(str(d) for d in search_dirs())
+        pytest.skip(f"needs Kubernetes binaries (BATON_KUBE_BIN_DIR, or in {where})")
+    from baton.contract.kube import load_api_client
+
+    root: Path = tmp_path_factory.mktemp("dra-plane")
+    with ControlPlane(root, controller_manager=False, scheduler=False, ports="free") as plane:
+        yield load_api_client(str(plane.admin_kubeconfig))
+
+
+def register_node(api_client: Any) -> str:
+    """Create node `NODE` as a kubelet registers it (with its runtime); its UID."""
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(api_client)
+    node = core.create_node({"metadata": {"name": NODE}})
+    status = {"status": {"nodeInfo": {"containerRuntimeVersion": "containerd://2.3.4"}}}
+    core.patch_node_status(NODE, status)
+    return str(node.metadata.uid)
+
+
+def owner_uid(api: DraApi) -> str:
+    (found,) = [s for s in api.list_slices() if s["metadata"]["name"] == slice_name(NODE)]
+    return str(found["metadata"]["ownerReferences"][0]["uid"])
+
+
+def test_a_node_registered_again_owns_the_slice_published_after(
+    api_client: Any, tmp_path: Path
+) -> None:
+    from kubernetes import client
+
+    first = register_node(api_client)
+    api = DraApi(api_client, NODE)
+    driver = Driver(_settings(tmp_path), GPUS, True, api=api)
+    driver.start()
+    try:
+        assert driver.publisher.published.wait(WAIT_S)
+        assert owner_uid(api) == first
+        # The node is deleted and its kubelet registers it again under the same name; the
+        # garbage collector deletes the slice the old node owned.
+        client.CoreV1Api(api_client).delete_node(NODE)
+        second = register_node(api_client)
+        api.delete_slice(slice_name(NODE))
+        driver.publisher.poke()
+        assert driver.publisher.published.wait(WAIT_S)
+        # Owned by the old UID, the garbage collector would delete it again at once.
+        assert owner_uid(api) == second
+    finally:
+        driver.stop()
+        client.CoreV1Api(api_client).delete_node(NODE)
