@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from baton.contract import names
+from baton.contract.quantity import parse_quantity
 from nodegpu.inventory import Inventory, NodeGpu
 
 TAINT_UNHEALTHY = f"{names.DRA_DRIVER}/unhealthy"
@@ -126,5 +127,30 @@ def keep_taint_times(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> N
 
 
 def same_devices(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
-    """Whether a slice already publishes what `wanted` would (generation aside)."""
-    return (current.get("spec") or {}).get("devices") == (wanted.get("spec") or {}).get("devices")
+    """Whether a slice already publishes what `wanted` would (generation aside), capacities
+    compared as numbers: the API server writes a quantity back in its canonical form
+    (`67108864000` as `67108864k`)."""
+    return _comparable(current) == _comparable(wanted)
+
+
+def _comparable(body: Mapping[str, Any]) -> list[Any]:
+    """A slice's devices with every capacity quantity parsed."""
+    devices = (body.get("spec") or {}).get("devices") or []
+    return [
+        {**d, "capacity": _quantities(d.get("capacity"))} if isinstance(d, Mapping) else d
+        for d in devices
+    ]
+
+
+def _quantities(value: Any) -> Any:
+    """`value` with every string in it that is a quantity made its number."""
+    if isinstance(value, Mapping):
+        return {k: _quantities(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_quantities(v) for v in value]
+    if isinstance(value, str):
+        try:
+            return parse_quantity(value)
+        except ValueError:
+            return value
+    return value

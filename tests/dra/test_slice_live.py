@@ -13,7 +13,10 @@ from baton.contract.draapi import DraApi
 from commands.localnode.binaries import find_binaries, search_dirs
 from commands.localnode.controlplane import ControlPlane
 from dra.daemon import Driver
+from dra.publisher import publish_once
 from dra.slices import slice_name
+from nodegpu.inventory import Inventory, NodeGpu
+from nodegpu.state import LiveInventory
 from tests.dra.test_driver import GPUS, WAIT_S, _settings
 
 NODE = "n1"
@@ -71,3 +74,16 @@ def test_a_node_registered_again_owns_the_slice_published_after(
     finally:
         driver.stop()
         client.CoreV1Api(api_client).delete_node(NODE)
+        api.delete_slice(slice_name(NODE))  # as the garbage collector would
+
+
+def test_a_slice_written_back_in_canonical_quantities_is_unchanged(api_client: Any) -> None:
+    # 16000 MiB is 16777216000 bytes: the API server keeps it as "16777216k".
+    gpus = (NodeGpu("GPU-a", 0, "Fake", 16000),)
+    api, live = DraApi(api_client, NODE), LiveInventory(Inventory(gpus, 4))
+    assert publish_once(api, NODE, live, lambda: "") == "created"
+    try:
+        # The resync every 10 s: nothing changed, so nothing is written (no new generation).
+        assert publish_once(api, NODE, live, lambda: "") == "unchanged"
+    finally:
+        api.delete_slice(slice_name(NODE))

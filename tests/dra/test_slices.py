@@ -7,7 +7,7 @@ from typing import Any
 
 from baton.contract import names
 from dra.publisher import publish_once
-from dra.slices import TAINT_UNHEALTHY, resource_slice, slice_name
+from dra.slices import TAINT_UNHEALTHY, resource_slice, same_devices, slice_name
 from nodegpu.inventory import Inventory, NodeGpu
 from nodegpu.state import LiveInventory
 
@@ -107,6 +107,17 @@ def test_each_write_is_owned_by_the_node_uid_read_for_it() -> None:
     live.set_health("GPU-a", False, "XID 79")
     publish_once(api, "n1", live, lambda: next(uids))
     assert api.items[slice_name("n1")]["metadata"]["ownerReferences"][0]["uid"] == "u2"
+
+
+def test_capacities_are_compared_as_quantities() -> None:
+    wanted = resource_slice("n1", Inventory((NodeGpu("GPU-a", 0, "Fake", 16000),), 4), 1)
+    current = copy.deepcopy(wanted)
+    memory = current["spec"]["devices"][0]["capacity"]["memory"]
+    memory["value"] = "67108864k"  # 4 x 16000 MiB, as the API server writes it back
+    memory["requestPolicy"]["validRange"]["max"] = "16000Mi"
+    assert same_devices(current, wanted)
+    memory["value"] = "67108865k"
+    assert not same_devices(current, wanted)
 
 
 class StampingSlices(Slices):
