@@ -129,19 +129,30 @@ class ApiPost:
             headers = {"Content-Type": content_type}
             if token:
                 headers["Authorization"] = token["value"]
-            answer = await asyncio.to_thread(self._through_pool, path, body, headers, what)
+            status, reason, data = await asyncio.to_thread(
+                self._through_pool, path, body, headers, what
+            )
+            answer = status, reason, data, False
         else:
             request = (
                 f"POST {self._prefix}{path} HTTP/1.1\r\n{self._head}{auth}"
                 f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
             ).encode("latin-1") + body
             answer = await self._direct(request, what)
-        status, reason, data = answer
+        status, reason, data, resent = answer
         if status >= 300:
-            raise refusal(what, status, data, reason)
+            failure = refusal(what, status, data, reason)
+            if resent:  # the refusal may be of the first copy's effect (a 409 for a bound pod)
+                raise ApiUnsure(
+                    f"{failure} (sent again after the connection was reset with the request "
+                    "sent: the first may have taken effect)"
+                )
+            raise failure
         return data
 
-    async def _direct(self, request: bytes, what: str) -> tuple[int, str, bytes]:
+    async def _direct(self, request: bytes, what: str) -> tuple[int, str, bytes, bool]:
+        """Status, reason, body, and whether the request went out twice (the first copy, on
+        a kept-alive connection that turned out closed, may have been carried out)."""
         idle = self._idle.setdefault(asyncio.get_running_loop(), [])
         for attempt in (1, 2):
             reused = bool(idle)
@@ -168,7 +179,7 @@ class ApiPost:
                 idle.append(conn)
             else:
                 conn.close()
-            return status, reason, data
+            return status, reason, data, attempt == 2
         raise AssertionError("unreachable")
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -210,6 +211,39 @@ def test_a_bind_sent_without_an_answer_keeps_its_slot(
     state.upsert_pod(bound)  # the watch shows it bound: counted as confirmed, once
     gpu = state.node("gpu-1").gpus[0]  # type: ignore[union-attr]
     assert gpu.tenants == (first["metadata"]["uid"],) and state.assumed() == {}
+
+
+def test_a_bind_resent_after_a_reset_and_refused_keeps_its_slot(
+    fake_api: FakeApiServer, api_client: Any
+) -> None:
+    """The Binding went out on a kept-alive connection, the API server bound the pod and the
+    connection died before the answer: sent again, it is refused (the pod is bound). That
+    refusal is not the bind's fate: the slot stays assumed, and the next pod does not get it."""
+    fake_api.put_object(node("gpu-1", gpus=1, slots=2))
+    pods = [put_pending(fake_api, f"trainer-{i}", memory=1000, duty=10) for i in (0, 1, 2)]
+    stored = fake_api.get_object("Node", "gpu-1", namespace="")
+    assert stored is not None
+    cache = ClusterCache.filled(ClusterState(Limits(), time.monotonic), [stored], pods)
+    binder = Binder(cache, KubePodApi(api_client), time.time_ns)
+
+    async def binds() -> list[str]:  # one event loop: the second bind reuses the connection
+        try:
+            answers = [await binder.bind(args_for(pods[0], "gpu-1"))]
+            fake_api.lose_answer_next("create", "pods/binding")
+            answers.append(await binder.bind(args_for(pods[1], "gpu-1")))
+            answers.append(await binder.bind(args_for(pods[2], "gpu-1")))
+            return answers
+        finally:
+            binder.close()
+
+    first, resent, third = asyncio.run(binds())
+    assert first == ""
+    sent = [r.path.split("/")[-2] for r in fake_api.requests("create", "pods/binding")]
+    assert sent == ["trainer-0", "trainer-1", "trainer-1"], "trainer-1's twice, no trainer-2"
+    bound = fake_api.get_object("Pod", "trainer-1")
+    assert bound is not None and bound["spec"]["nodeName"] == "gpu-1"
+    assert "answered 409" in resent and "the first may have taken effect" in resent, resent
+    assert "has no free slot (2/2 taken)" in third, third
 
 
 def test_a_bind_the_api_server_gave_up_on_keeps_its_slot(
