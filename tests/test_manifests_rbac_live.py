@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from baton.contract import names
+from tests.apiserver import api_server
 
 ROOT = Path(__file__).resolve().parents[1]
 SA = f"system:serviceaccount:{names.NAMESPACE}"
@@ -75,17 +76,10 @@ class Plane:
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
-    from commands.localnode.binaries import find_binaries, search_dirs
-    from commands.localnode.controlplane import ControlPlane
-
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("needs system package kubernetes-client (kubectl)")
-    if find_binaries() is None:
-        where = ", ".join(str(d) for d in search_dirs())
-        pytest.skip(f"needs Kubernetes binaries (BATON_KUBE_BIN_DIR, or in {where})")
-    root = tmp_path_factory.mktemp("rbac-plane")
-    with ControlPlane(root, controller_manager=False, scheduler=False, ports="free") as control:
+    with api_server(tmp_path_factory, "rbac-plane") as control:
         found = Plane(control.admin_kubeconfig, kubectl)
         found.kubectl("apply", "--server-side", "-k", str(ROOT / "manifests"))
         yield found

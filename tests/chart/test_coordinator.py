@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from baton.contract import names
+from tests.apiserver import api_server
 from tests.chart.helm import CHART, NAMESPACE, Obj, helm, refused, render
 
 SECRET = "baton-coordination"
@@ -198,14 +199,7 @@ def test_every_replicas_metrics_port_is_named_and_scraped(where: tuple[str, ...]
 @pytest.fixture(scope="module")
 def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """etcd and kube-apiserver (no controllers, no nodes): enough for Helm to install into."""
-    from commands.localnode.binaries import find_binaries, search_dirs
-    from commands.localnode.controlplane import ControlPlane
-
-    if find_binaries() is None:
-        where = ", ".join(str(d) for d in search_dirs())
-        pytest.skip(f"needs Kubernetes binaries (BATON_KUBE_BIN_DIR, or in {where})")
-    root = tmp_path_factory.mktemp("chart-plane")
-    with ControlPlane(root, controller_manager=False, scheduler=False, ports="free") as plane:
+    with api_server(tmp_path_factory, "chart-plane") as plane:
         yield plane.admin_kubeconfig
 
 

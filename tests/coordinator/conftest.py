@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from commands.localnode.binaries import find_binaries, search_dirs
 from commands.localnode.controlplane import ControlPlane
+from tests.apiserver import api_server
 
 LEASE_NS = "baton-system"
 TEAM = "team"
@@ -18,12 +17,7 @@ TEAM = "team"
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """etcd and kube-apiserver only (no controllers, no scheduler, no kubelet)."""
-    if find_binaries() is None:
-        where = ", ".join(str(d) for d in search_dirs())
-        pytest.skip(f"needs Kubernetes binaries (BATON_KUBE_BIN_DIR, or in {where})")
-    root: Path = tmp_path_factory.mktemp("coordinator-plane")
-    plane = ControlPlane(root, controller_manager=False, scheduler=False, ports="free")
-    with plane:
+    with api_server(tmp_path_factory, "coordinator-plane") as plane:
         yield plane
 
 

@@ -10,13 +10,12 @@ from typing import Any
 import pytest
 
 from baton.contract.draapi import DraApi
-from commands.localnode.binaries import find_binaries, search_dirs
-from commands.localnode.controlplane import ControlPlane
 from dra.daemon import Driver
 from dra.publisher import publish_once
 from dra.slices import slice_name
 from nodegpu.inventory import Inventory, NodeGpu
 from nodegpu.state import LiveInventory
+from tests.apiserver import api_server
 from tests.dra.test_driver import GPUS, WAIT_S, _settings
 
 NODE = "n1"
@@ -24,13 +23,9 @@ NODE = "n1"
 
 @pytest.fixture(scope="module")
 def api_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    if find_binaries() is None:
-        where = ", ".join(str(d) for d in search_dirs())
-        pytest.skip(f"needs Kubernetes binaries (BATON_KUBE_BIN_DIR, or in {where})")
     from baton.contract.kube import load_api_client
 
-    root: Path = tmp_path_factory.mktemp("dra-plane")
-    with ControlPlane(root, controller_manager=False, scheduler=False, ports="free") as plane:
+    with api_server(tmp_path_factory, "dra-plane") as plane:
         yield load_api_client(str(plane.admin_kubeconfig))
 
 
