@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Annotated
 
 import typer
@@ -29,6 +30,8 @@ from commands.cli.options import (
     setup_logging,
 )
 from deviceplugin.reconcile import DEFAULT_INTERVAL_S
+
+POD_RESOURCES_ENV = "BATON_POD_RESOURCES_SOCKET"
 
 
 def deviceplugin(
@@ -57,12 +60,13 @@ def deviceplugin(
     ] = names.PORT_DEVICE_PLUGIN,
     ignored_xids: IgnoredXids = IGNORED_XIDS_DEFAULT,
     pod_resources_socket: Annotated[
-        str,
+        str | None,
         typer.Option(
-            envvar="BATON_POD_RESOURCES_SOCKET",
-            help="The kubelet's PodResources API, read to reconcile pod annotations ('' = off).",
+            envvar=POD_RESOURCES_ENV,
+            help="The kubelet's PodResources API, read to reconcile pod annotations ('' = off); "
+            f"default {names.KUBELET_POD_RESOURCES_SOCKET}.",
         ),
-    ] = names.KUBELET_POD_RESOURCES_SOCKET,
+    ] = None,
     reconcile_interval: Annotated[
         float,
         typer.Option(
@@ -93,6 +97,8 @@ def deviceplugin(
             f"{reconcile_interval}: must be a finite number of seconds",
             param_hint="--reconcile-interval",
         )
+    if pod_resources_socket is None:  # click reads an empty env var as unset: '' is off there too
+        pod_resources_socket = os.environ.get(POD_RESOURCES_ENV, names.KUBELET_POD_RESOURCES_SOCKET)
     setup_logging(log_level)
     found = node_inputs("baton deviceplugin", node_options(locals()))
     settings = Settings(

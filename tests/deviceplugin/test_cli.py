@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -201,3 +202,41 @@ def test_bench_allocate_prints_json_last():
     report = json.loads(result.output.strip().splitlines()[-1])
     assert report["iterations"] == 30
     assert 0 < report["allocate_p50_ms"] <= report["allocate_p99_ms"]
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({}, names.KUBELET_POD_RESOURCES_SOCKET),
+        ({"BATON_POD_RESOURCES_SOCKET": ""}, None),
+        ({"BATON_POD_RESOURCES_SOCKET": "/run/pr.sock"}, "/run/pr.sock"),
+    ],
+    ids=["unset", "empty", "a-path"],
+)
+def test_an_empty_pod_resources_socket_env_turns_reconciling_off(
+    socket_dir, fake_api, monkeypatch, env, want
+):
+    """The docs promise `''` = off for the flag and its env twin; click reads an empty env var
+    as unset, so `BATON_POD_RESOURCES_SOCKET=''` gave the default socket and reconciled on."""
+    import deviceplugin.daemon
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, settings, gpus, fake, api_client=None):
+            seen.append(settings.pod_resources_socket)
+
+        def run_until(self, stop, why):
+            pass
+
+    monkeypatch.setattr(deviceplugin.daemon, "Daemon", Recorder)
+    base = {
+        "NODE_NAME": NODE,
+        "BATON_FAKE_GPUS": "1x1024",
+        "BATON_DEVICE_PLUGIN_DIR": str(socket_dir),
+        "BATON_KUBECONFIG": str(fake_api.kubeconfig_path(socket_dir)),
+        "BATON_POD_RESOURCES_SOCKET": None,
+    }
+    result = CliRunner().invoke(app, ["deviceplugin"], env=base | env)
+    assert result.exit_code == 0, result.output
+    assert seen == [None if want is None else Path(want)]
