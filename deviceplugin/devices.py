@@ -78,9 +78,10 @@ def choose_pod(
 ) -> Choice | None:
     """The pod a container asking for `device_count` devices most likely belongs to, or None.
 
-    A guess (the kubelet does not say which pod it admits): assigned pods first, oldest
-    assignment first; else the oldest unassigned pod, with the least-loaded GPUs. Pods whose
-    UID is in `exclude` were already steered for.
+    A guess (the kubelet does not say which pod it admits): pods assigned GPUs of this node
+    first, oldest assignment first; else the oldest other pod (an assignment naming no GPU of
+    this node, malformed or stale, counts as none), with the least-loaded GPUs. Pods whose UID
+    is in `exclude` were already steered for.
     """
     skip = set(exclude)
     all_pods = list(pods)
@@ -91,9 +92,14 @@ def choose_pod(
         and p.uid not in skip
         and (p.gpu_request == device_count or device_count in p.slot_asks)
     ]
-    assigned = sorted((p for p in candidates if p.assigned_gpus), key=_order)
+    here = {g.uuid for g in inventory.gpus}
+
+    def on_node(pod: PodView) -> tuple[str, ...]:
+        return tuple(g for g in pod.assigned_gpus if g in here)
+
+    assigned = sorted((p for p in candidates if on_node(p)), key=_order)
     if assigned:
-        return Choice(assigned[0], assigned[0].assigned_gpus, fallback=False)
+        return Choice(assigned[0], on_node(assigned[0]), fallback=False)
     unassigned = sorted(candidates, key=_order)
     if not unassigned:
         return None

@@ -136,3 +136,27 @@ def test_allocate_of_a_gpu_this_node_lacks_is_refused_naming_the_device(plugin, 
     assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"devices {foreign} are not advertised on node {NODE}" in failure.value.details()
     assert sample(plugin, "allocations_total", outcome="bad-request") == 1
+
+
+@pytest.mark.parametrize(
+    "stale",
+    [fake_gpu_uuid(0, "node-b"), f"{GPU1} {GPU0}", "[not a uuid"],
+    ids=["another-nodes-gpu", "space-separated", "garbage"],
+)
+def test_an_older_assignment_naming_no_gpu_here_does_not_steer_the_next_pod_away(
+    fake_api, api_client, kubelet, start_plugin, stale
+):
+    """A pod whose assigned-gpus names no GPU of this node (another node's, malformed) was the
+    oldest assigned pod, so the next admission was steered for it, onto no GPU in particular:
+    the pod the extender had placed on GPU1 got GPU0."""
+    fake_api.put_object(tenant_pod("stale", (stale,), assigned_at_ns=1_000))
+    fake_api.put_object(tenant_pod("placed", (GPU1,), assigned_at_ns=2_000))
+    daemon = start_plugin(api_client=api_client)
+    kubelet.wait_for_registrations(1)
+    kubelet.wait_for_list(GPU, bool)
+    assert daemon.pod_cache.wait_for(lambda pods: len(pods) == 2, 5)
+
+    placed = admit(kubelet, tenant_pod("placed", (GPU1,)))
+
+    assert placed.envs["main"][names.ENV_GPUS] == GPU1
+    assert on_gpu(placed.devices["main"], GPU1)
