@@ -23,7 +23,7 @@ from deviceplugin.truth import Reconciliation, container_gpus, reconcile
 from nodegpu.metrics import Metrics
 
 if TYPE_CHECKING:
-    from deviceplugin.podresources import Allocations
+    from deviceplugin.podresources import Allocations, PodKey
 
 log = logging.getLogger(__name__)
 AFTER_ALLOCATE_S = (0.02, 0.1, 0.5, 2.0)
@@ -59,6 +59,8 @@ class Reconciler:
         self.passes = 0
         self._started = 0
         self._problem = ""
+        self._absent: set[PodKey] = set()
+        """Pods the kubelet lists that the last list did not find (gone): not listed for again."""
         self._due: list[float] = []
         self._wake = threading.Condition()
         self._stop = False
@@ -129,9 +131,13 @@ class Reconciler:
     def reconcile_once(self) -> list[Reconciliation]:
         """One pass: list the kubelet's allocations, correct the pods that disagree."""
         allocated = self.lister.list()
-        pods = {(p.namespace, p.name): p for p in self.source.pods() if not p.deleting}
-        if any(key not in pods for key in allocated):
-            pods = {(p.namespace, p.name): p for p in self.source.relist() if not p.deleting}
+        cached = {(p.namespace, p.name): p for p in self.source.pods()}
+        # One list for a pod the watch has not shown yet; not for one being deleted (the kubelet
+        # lists it until its containers are gone), nor again for one a list did not find.
+        if any(key not in cached and key not in self._absent for key in allocated):
+            cached = {(p.namespace, p.name): p for p in self.source.relist()}
+            self._absent = {key for key in allocated if key not in cached}
+        pods = {key: pod for key, pod in cached.items() if not pod.deleting}
         now = encode_timestamp(self.clock_ns())
         done = []
         for key, devices in sorted(allocated.items()):

@@ -196,3 +196,33 @@ def test_allocate_needs_no_api_server_and_annotations_follow_once_it_is_back(
     plugin.reconciler.poke()
     wait_reconciled(plugin, ["tenant"])
     assert annotations_of(fake_api, "tenant")[names.ANNOTATION_ASSIGNED_GPUS] == GPU1
+
+
+@pytest.mark.parametrize(("leaving", "lists"), [("terminating", 0), ("gone", 1)])
+def test_a_pod_the_kubelet_still_lists_while_it_leaves_is_not_listed_for_every_pass(
+    fake_api: FakeApiServer, plugin: Daemon, kubelet: KubeletStub, leaving: str, lists: int
+) -> None:
+    """The kubelet lists a pod's devices until its containers are gone: a pod being deleted
+    (its grace period can be minutes) made every pass list the node's pods, as did a pod
+    deleted from the API; the watch already shows the one, and a list cannot find the other."""
+    pod = tenant_pod("leaving", (GPU1,), assigned_at_ns=5)
+    fake_api.put_object(pod)
+    assert plugin.pod_cache is not None and plugin.reconciler is not None
+    assert plugin.pod_cache.wait_for(lambda views: len(views) == 1, 5)
+    admit(kubelet, pod)
+    wait_reconciled(plugin, ["leaving"])
+    if leaving == "gone":
+        fake_api.remove_object("Pod", "leaving")
+        assert plugin.pod_cache.wait_for(lambda views: not views, 5)
+    else:
+        obj = fake_api.get_object("Pod", "leaving")
+        assert obj is not None
+        obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        fake_api.put_object(obj)
+        assert plugin.pod_cache.wait_for(lambda views: all(v.deleting for v in views), 5)
+    fake_api.clear_requests()
+
+    for _ in range(4):
+        assert plugin.reconciler.settle(10)
+
+    assert len(fake_api.requests("list", "pods")) <= lists, "one list at most, not one a pass"
