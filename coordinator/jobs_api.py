@@ -50,7 +50,11 @@ class JobsServicer(jt_grpc.JobsServicer):
             )
         except TurnFailed as exc:  # a node failed the turn: not an election to wait out
             raise Refused(grpc.StatusCode.ABORTED, str(exc)) from None
-        return jt.JoinResponse(turn_id=turn.turn_id, waited_ms=int(turn.waited * 1000))
+        return jt.JoinResponse(
+            turn_id=turn.turn_id,
+            waited_ms=int(turn.waited * 1000),
+            join_id=turn.joins.get(request.pod, ""),
+        )
 
     @mapped
     async def Leave(
@@ -58,6 +62,11 @@ class JobsServicer(jt_grpc.JobsServicer):
     ) -> jt.LeaveResponse:
         self._check(context, request)
         ended = await self._arbiter.leave(
-            request.namespace, request.job, request.group, request.pod
+            request.namespace,
+            request.job,
+            request.group,
+            request.pod,
+            turn_id=request.turn_id,
+            join_id=request.join_id,
         )
         return jt.LeaveResponse(ended=ended)

@@ -43,6 +43,9 @@ class JobTurn:
     resources: tuple[str, ...] = ()
     joined: set[str] = field(default_factory=set)
     """Member pods that joined the turn themselves (`join`) and have not left."""
+    joins: dict[str, str] = field(default_factory=dict)
+    """A joined pod → the id of its latest join (none for a pod a new leader found joined):
+    a Leave naming an earlier join is one the pod sent before it joined again."""
     pods: frozenset[str] = frozenset()
     """The member pods (namespace/name) the turn was prepared for on its nodes."""
     ended: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)

@@ -14,9 +14,10 @@ way to a node.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,8 @@ class Arbiter:
     """job key → the waiter id of its turn being asked for"""
     releases: Releases = field(init=False)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    _joins: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    """Numbers each join (its id is the epoch and this: unique across leaders)."""
     _timer: asyncio.TimerHandle | None = None
 
     def __post_init__(self) -> None:
@@ -189,6 +192,7 @@ class Arbiter:
             turn = await self.acquire(namespace, job, group, left, share=False)
             if pod in turn.pods:
                 turn.joined.add(pod)
+                turn.joins[pod] = f"{self.epoch}.{next(self._joins)}"
                 return turn
             try:  # the pods in this turn end it; the next one is prepared for this pod too
                 await asyncio.wait_for(turn.ended.wait(), _left(deadline, self.clock()))
@@ -199,13 +203,27 @@ class Arbiter:
                     "deadline"
                 ) from None
 
-    async def leave(self, namespace: str, job: str, group: str, pod: str) -> bool:
-        """A member pod leaves its job's turn; True if it ended (the last pod, no group held)."""
+    async def leave(
+        self, namespace: str, job: str, group: str, pod: str, turn_id: str = "", join_id: str = ""
+    ) -> bool:
+        """A member pod leaves its job's turn; True if it ended (the last pod, no group held).
+        A leave naming another turn (`turn_id`) or an earlier join of the pod's (`join_id`) is
+        one sent before the pod joined again, which reached here late: it is ignored. Neither
+        named (an older agent): the pod leaves the turn it is in."""
         self.check_leading()
         turn = self.held.get(turn_key(namespace, job, group))
         if turn is None or pod not in turn.joined:
             return False
+        latest = turn.joins.get(pod, "")  # "": a pod a new leader found joined (unknown)
+        if (turn_id and turn_id != turn.turn_id) or (join_id and latest not in ("", join_id)):
+            log.info(
+                "job %s: pod %s's leave of turn %s (join %s) came after it joined turn %s "
+                "again (join %s): ignored",
+                turn.key, pod, turn_id, join_id, turn.turn_id, latest,
+            )  # fmt: skip
+            return False
         turn.joined.discard(pod)
+        turn.joins.pop(pod, None)
         if turn.joined:
             return False
         await self.yield_(namespace, job, group)

@@ -73,23 +73,29 @@ class CoordinatedTurns:
         """The member's lease in its job's turn, once the coordinator has granted it. An acquire
         that fails (or is given up) after the coordinator let the pod join leaves the turn
         again: the pod never computes in it, so it must not keep the turn from ending."""
-        answered: list[str] = []
+        answered: list[jt.JoinResponse] = []
         try:
             return await self._join(tenant, job, timeout, answered)
         except BaseException:
             if answered:
-                self._unjoin(tenant, job)
+                self._unjoin(tenant, job, answered[-1])
             raise
 
-    def _unjoin(self, tenant: Tenant, job: str) -> None:
+    def _unjoin(self, tenant: Tenant, job: str, answer: jt.JoinResponse) -> None:
         if any(tenant.tenant_id in turn.joined for turn in self._turns.turns.values()):
             return  # it joined the turn before (its lease revoked since): it is still in it
         namespace = tenant.tenant_id.split("/", 1)[0]
-        request = jt.LeaveRequest(namespace=namespace, job=job, pod=tenant.tenant_id)
+        request = jt.LeaveRequest(
+            namespace=namespace,
+            job=job,
+            pod=tenant.tenant_id,
+            turn_id=answer.turn_id,
+            join_id=answer.join_id,
+        )
         self._send_leave(None, request)
 
     async def _join(
-        self, tenant: Tenant, job: str, timeout: float | None, answered: list[str]
+        self, tenant: Tenant, job: str, timeout: float | None, answered: list[jt.JoinResponse]
     ) -> Lease:
         namespace = tenant.tenant_id.split("/", 1)[0]
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -123,9 +129,9 @@ class CoordinatedTurns:
                 wait = min(wait * 2, RETRY_MAX_S)
                 continue
             away_since = None
-            answered.append(answer.turn_id)
+            answered.append(answer)
             # The turn was prepared on every node before the coordinator answered: it is here.
-            lease = self._lease_in(tenant, answer.turn_id)
+            lease = self._lease_in(tenant, answer)
             if lease is not None:
                 return lease
             # It ended meanwhile (or this pod joined the job late), or the node revoked the pod's
@@ -135,7 +141,7 @@ class CoordinatedTurns:
             left = math.inf if deadline is None else deadline - time.monotonic()
             within = min(left, RETRY_MAX_S)
             back = await self._turns.given_back(tenant.tenant_id, answer.turn_id, within)
-            if (lease := self._lease_in(tenant, answer.turn_id)) is not None:
+            if (lease := self._lease_in(tenant, answer)) is not None:
                 return lease
             if back and within < left:  # not given back yet: is the turn still held?
                 continue
@@ -144,12 +150,15 @@ class CoordinatedTurns:
             await asyncio.sleep(wait)
             wait = min(wait * 2, RETRY_MAX_S)
 
-    def _lease_in(self, tenant: Tenant, turn_id: str) -> Lease | None:
-        """The member's live lease in the turn here (it joins it so), or None."""
-        found = self._turns.lease_of(tenant.tenant_id, turn_id)
+    def _lease_in(self, tenant: Tenant, answer: jt.JoinResponse) -> Lease | None:
+        """The member's live lease in the turn the coordinator let it join (it joins it here
+        so), or None. A member still in the turn here (its lease revoked) keeps the answer's
+        join all the same: the coordinator knows it by that one now."""
+        found = self._turns.lease_of(tenant.tenant_id, answer.turn_id)
         lease = self._turns.lease(found[1]) if found is not None else None
-        if found is not None and lease is not None:
-            self._turns.mark_joined(found[0], tenant.tenant_id, True)
+        turn = self._turns.turns.get(answer.turn_id)
+        if turn is not None and (lease is not None or tenant.tenant_id in turn.joined):
+            self._turns.mark_joined(turn, tenant.tenant_id, True, answer.join_id)
         return lease
 
     def _not_joined(self, tenant: Tenant, job: str, turn_id: str, back: str) -> AgentError:
@@ -176,10 +185,7 @@ class CoordinatedTurns:
         if turn is None:
             return 0.0
         self._turns.mark_joined(turn, tenant.tenant_id, False)
-        request = jt.LeaveRequest(
-            namespace=turn.namespace, job=turn.job, group=turn.group, pod=tenant.tenant_id
-        )
-        self._send_leave(turn, request)
+        self._send_leave(turn, leave_request(turn, tenant.tenant_id))
         lease = self._turns.lease(turn.lease_of(tenant.tenant_id))
         return max(0.0, time.time() - lease.granted_at) if lease is not None else 0.0
 
@@ -238,3 +244,16 @@ class CoordinatedTurns:
         await asyncio.gather(*self._leaving, return_exceptions=True)
         if self._channel is not None:
             await self._channel.close()
+
+
+def leave_request(turn: NodeTurn, pod: str) -> jt.LeaveRequest:
+    """The member's leave of `turn`, naming the turn and its join of it (the coordinator ignores
+    a leave that reaches it after the member joined again)."""
+    return jt.LeaveRequest(
+        namespace=turn.namespace,
+        job=turn.job,
+        group=turn.group,
+        pod=pod,
+        turn_id=turn.turn_id,
+        join_id=turn.joins.get(pod, ""),
+    )

@@ -310,12 +310,14 @@ class JobTurns:
     def tenant(self, tenant_id: str) -> Tenant | None:
         return self.service.tenants.tenants.get(tenant_id)
 
-    def mark_joined(self, turn: NodeTurn, tenant_id: str, joined: bool) -> None:
-        """Record that the member joined (or left: `leaving` until heard) the turn itself."""
-        if joined and tenant_id not in turn.joined:
-            turn.joined.append(tenant_id)
-            if tenant_id in turn.leaving:
-                turn.leaving.remove(tenant_id)
+    def mark_joined(self, turn: NodeTurn, tenant_id: str, joined: bool, join_id: str = "") -> None:
+        """Record that the member joined (as the coordinator's `join_id`) or left (`leaving`
+        until heard) the turn itself."""
+        if joined and (tenant_id not in turn.joined or turn.joins.get(tenant_id) != join_id):
+            if tenant_id not in turn.joined:
+                turn.joined.append(tenant_id)
+            turn.leaving = [pod for pod in turn.leaving if pod != tenant_id]
+            turn.joins[tenant_id] = join_id
         elif not joined and tenant_id in turn.joined:
             turn.joined.remove(tenant_id)
             turn.leaving.append(tenant_id)

@@ -41,6 +41,9 @@ class NodeTurn:
     leaving: list[str] = field(default_factory=list)
     """Members that left the turn whose leave the coordinator has not heard yet (it was away):
     reported as joined, so that a new leader learns of them and hears their leave, sent again."""
+    joins: dict[str, str] = field(default_factory=dict)
+    """A member that joined → the coordinator's id of its latest join, which its leave names
+    (so a leave that reaches the coordinator after the member joined again is ignored there)."""
     revoked: dict[str, str] = field(default_factory=dict)
     """A member's lease id the node revoked in this turn → that member: a yield naming it is
     the member's yield of the turn all the same."""
@@ -79,6 +82,7 @@ class NodeTurn:
             fields[key] = tuple(fields.get(key, ()))
         fields["joined"] = list(fields.get("joined", []))
         fields["leaving"] = list(fields.get("leaving", []))
+        fields["joins"] = {str(k): str(v) for k, v in dict(fields.get("joins", {})).items()}
         fields["revoked"] = {str(k): str(v) for k, v in dict(fields.get("revoked", {})).items()}
         return cls(**fields)
 

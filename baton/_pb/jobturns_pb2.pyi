@@ -21,24 +21,30 @@ class JoinRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., job: _Optional[str] = ..., group: _Optional[str] = ..., pod: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class JoinResponse(_message.Message):
-    __slots__ = ("turn_id", "waited_ms")
+    __slots__ = ("turn_id", "waited_ms", "join_id")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     WAITED_MS_FIELD_NUMBER: _ClassVar[int]
+    JOIN_ID_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     waited_ms: int
-    def __init__(self, turn_id: _Optional[str] = ..., waited_ms: _Optional[int] = ...) -> None: ...
+    join_id: str
+    def __init__(self, turn_id: _Optional[str] = ..., waited_ms: _Optional[int] = ..., join_id: _Optional[str] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("namespace", "job", "group", "pod")
+    __slots__ = ("namespace", "job", "group", "pod", "turn_id", "join_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    JOIN_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     job: str
     group: str
     pod: str
-    def __init__(self, namespace: _Optional[str] = ..., job: _Optional[str] = ..., group: _Optional[str] = ..., pod: _Optional[str] = ...) -> None: ...
+    turn_id: str
+    join_id: str
+    def __init__(self, namespace: _Optional[str] = ..., job: _Optional[str] = ..., group: _Optional[str] = ..., pod: _Optional[str] = ..., turn_id: _Optional[str] = ..., join_id: _Optional[str] = ...) -> None: ...
 
 class LeaveResponse(_message.Message):
     __slots__ = ("ended",)

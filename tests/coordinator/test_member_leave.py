@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,11 +29,11 @@ def test_a_members_yield_during_an_election_ends_its_jobs_turn_under_the_new_lea
             leaves = asyncio.Queue[None]()
             leave = arbiter.leave
 
-            async def leaving(ns: str, job: str, group: str, pod: str) -> bool:
+            async def leaving(*args: Any, **kwargs: Any) -> bool:
                 leaves.put_nowait(None)
-                return await leave(ns, job, group, pod)
+                return await leave(*args, **kwargs)
 
-            arbiter.leave = leaving  # type: ignore[method-assign,assignment]
+            arbiter.leave = leaving  # type: ignore[method-assign]
             arbiter.step_down("the Lease was lost")  # an election: nobody leads
             release(n1.service, trainer, mine)  # the only member that joined leaves
             await asyncio.wait_for(leaves.get(), 5)  # its Leave meets no leader
@@ -66,5 +67,42 @@ def test_a_member_whose_acquire_failed_after_the_coordinator_let_it_join_does_no
             release(n2.service, sampler, theirs)  # the only member in the turn leaves
             await until(lambda: not arbiter.held and not n2.holders(), "the job's turn ends")
             release(n1.service, solo, local)
+
+    run(body)
+
+
+def test_a_members_leave_that_reaches_the_coordinator_after_its_next_join_is_ignored(
+    tmp_path: Path,
+) -> None:
+    """The trainer yields and asks again at once; its Leave (sent in the background) reaches
+    the coordinator only after its next Join was answered: the turn it computes in again does
+    not end under it, and its next yield ends it."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, n2, arbiter):
+            trainer = pod(n1, "rl-trainer")
+            first = await acquire(n1.service, trainer)
+            arrived, go, heard = asyncio.Queue[None](), asyncio.Event(), asyncio.Queue[bool]()
+            leave = arbiter.leave
+
+            async def late(*args: Any, **kwargs: Any) -> bool:
+                arrived.put_nowait(None)
+                await go.wait()  # held back until the trainer has joined again
+                ended = await leave(*args, **kwargs)
+                heard.put_nowait(ended)
+                return ended
+
+            arbiter.leave = late  # type: ignore[method-assign]
+            release(n1.service, trainer, first)
+            await asyncio.wait_for(arrived.get(), 5)
+            again = await acquire(n1.service, trainer)  # its next Join is answered first
+            go.set()
+            assert not await asyncio.wait_for(heard.get(), 5)  # the late Leave ends nothing
+            assert arbiter.held["team/rl"].joined == {"team/rl-trainer"}
+            assert n1.holders() == {"GPU-n1": "team/rl-trainer"}
+            assert n2.holders() == {"GPU-n2": "team/rl-sampler"}
+            release(n1.service, trainer, again)  # its Leave of this join ends the turn
+            assert await asyncio.wait_for(heard.get(), 5)
+            await until(lambda: not n1.holders() and not n2.holders(), "the job's turn ends")
 
     run(body)

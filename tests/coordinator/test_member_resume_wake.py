@@ -13,6 +13,7 @@ from agent.core.leases import Lease
 from agent.node.tenants import Tenant
 from agent.server import coordinated
 from agent.server.coordinated import CoordinatedTurns
+from baton._pb import jobturns_pb2 as jt
 from tests.coordinator.test_members import acquire, cluster, pod, release, run, until
 
 
@@ -24,8 +25,8 @@ def test_a_member_waiting_for_its_revoked_gpu_joins_as_the_node_gives_it_back(
     looks: list[Lease | None] = []
     lease_in = CoordinatedTurns._lease_in
 
-    def look(self: CoordinatedTurns, tenant: Tenant, turn_id: str) -> Lease | None:
-        looks.append(found := lease_in(self, tenant, turn_id))
+    def look(self: CoordinatedTurns, tenant: Tenant, answer: jt.JoinResponse) -> Lease | None:
+        looks.append(found := lease_in(self, tenant, answer))
         return found
 
     monkeypatch.setattr(CoordinatedTurns, "_lease_in", look)
