@@ -49,15 +49,21 @@ class CoordinatedTurns:
 
     def __init__(self, turns: JobTurns, address: str, token: str) -> None:
         self._turns = turns
-        self._address = address
+        self.address = address
         self._metadata = token_metadata(token)
         self._channel: grpc.aio.Channel | None = None
         self._leaving: set[asyncio.Task[None]] = set()
         self._closing = asyncio.Event()
 
+    def start(self) -> None:
+        """Send the leaves the agent before this one could not (kept on disk as `leaving`)."""
+        for turn in self._turns.turns.values():
+            for pod in turn.leaving:
+                self._send_leave(turn, leave_request(turn, pod))
+
     def _stub(self) -> jt_grpc.JobsStub:
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._address)
+            self._channel = grpc.aio.insecure_channel(self.address)
         return jt_grpc.JobsStub(self._channel)
 
     def job_of(self, tenant: Tenant, asked: str) -> str:
@@ -113,7 +119,7 @@ class CoordinatedTurns:
                     why = f"job {namespace}/{job}: {why}"
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise AcquireTimeout(why) from None
-                where = f"the coordinator at {self._address}"
+                where = f"the coordinator at {self.address}"
                 if err.code() != grpc.StatusCode.UNAVAILABLE:  # only an election is waited out
                     raise JobTurnRefused(f"{where}: {why}") from None
                 if deadline is not None and time.monotonic() + wait > deadline:
@@ -210,6 +216,7 @@ class CoordinatedTurns:
         at most UNAVAILABLE_S, while the member has not joined the turn again: until it hears,
         the member is reported to a new leader as still in the turn, so the turn ends there."""
         wait, away_since = RETRY_FIRST_S, time.monotonic()
+        unsent = False
         try:
             while True:
                 try:
@@ -219,7 +226,11 @@ class CoordinatedTurns:
                     return
                 except grpc.aio.AioRpcError as err:
                     why = err.details() or err.code().name
-                    retry = err.code() == grpc.StatusCode.UNAVAILABLE and not self._closing.is_set()
+                    retry = err.code() == grpc.StatusCode.UNAVAILABLE
+                    if retry and self._closing.is_set() and turn is not None:
+                        unsent = True  # kept on disk: the next agent sends it (`start`)
+                        log.info("pod %s's leave is sent by the next agent: %s", request.pod, why)
+                        return
                     if not retry or time.monotonic() + wait - away_since > UNAVAILABLE_S:
                         log.warning(  # its turn ends with its agent's maximum hold
                             "pod %s left job %s/%s's turn, but the coordinator did not hear "
@@ -234,12 +245,12 @@ class CoordinatedTurns:
                 ):
                     return  # it joined again meanwhile, or the turn ended here
         finally:
-            if turn is not None:
+            if turn is not None and not unsent:
                 self._turns.left_heard(turn, request.pod)
 
     async def close(self) -> None:
-        """Let the leaves in flight finish (each bounded, none sent again), then close the
-        channel."""
+        """Let the leaves in flight finish (each bounded, none sent again: one the coordinator
+        did not hear stays on disk for the next agent's `start`), then close the channel."""
         self._closing.set()
         await asyncio.gather(*self._leaving, return_exceptions=True)
         if self._channel is not None:

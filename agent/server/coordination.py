@@ -46,6 +46,7 @@ class Coordination:
         if self._coordinator:
             self._jobs = CoordinatedTurns(self.turns, self._coordinator, self._token)
             self._service.jobs = self._jobs
+            self._jobs.start()
         self.server = JobTurnServer(self.turns, self._listen, self._token)
         self.port = await self.server.start()
         if api_client is not None:

@@ -40,7 +40,8 @@ class NodeTurn:
     """Members that joined the turn themselves (`agent.server.coordinated`) and have not left."""
     leaving: list[str] = field(default_factory=list)
     """Members that left the turn whose leave the coordinator has not heard yet (it was away):
-    reported as joined, so that a new leader learns of them and hears their leave, sent again."""
+    reported as joined, so that a new leader learns of them and hears their leave, sent again
+    (by the next agent too, after a restart)."""
     joins: dict[str, str] = field(default_factory=dict)
     """A member that joined → the coordinator's id of its latest join, which its leave names
     (so a leave that reaches the coordinator after the member joined again is ignored there)."""

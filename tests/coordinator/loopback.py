@@ -34,17 +34,21 @@ class LoopbackNode:
         self.name = name
         self.gpus = gpus
         self.state_dir = state_dir
+        self._load()
+        self.address = ""
+
+    def _load(self) -> None:
+        """The lease service and job turns, from what the state directory keeps."""
         self.service = LeaseService(
             table=LeaseTable(clock=time.time),
             preparer=lambda host: NullPreparer(),
             clock=time.time,
-            store=StateStore(state_dir),
+            store=StateStore(self.state_dir),
         )
         self.service.load()
-        self.turns = JobTurns(self.service, name, JobTurnStore(state_dir), time.time)
+        self.turns = JobTurns(self.service, self.name, JobTurnStore(self.state_dir), time.time)
         self.turns.load()
         self.server = JobTurnServer(self.turns, "127.0.0.1:0", TOKEN)
-        self.address = ""
 
     async def start(self) -> LoopbackNode:
         port = await self.server.start()
@@ -54,6 +58,15 @@ class LoopbackNode:
     async def stop(self) -> None:
         await self.server.stop(0)
         await self.service.close()
+
+    async def restart(self, pods: dict[str, str]) -> None:
+        """The whole agent stops and starts again from its state directory, on the same address,
+        with `pods` (pod → job) on its GPUs."""
+        await self.stop()
+        self._load()
+        for name, job in pods.items():
+            self.add_pod(name, self.gpus, job)
+        await self.restart_server()
 
     async def restart_server(self) -> None:
         """Serve the job turns again on the same address (an agent back after a restart)."""

@@ -1,5 +1,6 @@
 """A member pod's yield while no coordinator leads (an election): its agent tells the new
-leader, so the job's turn does not outlive its last member."""
+leader (or, restarted meanwhile, the next agent does), so the job's turn does not outlive its
+last member; a yield that reaches the coordinator after the member asked again is ignored."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import pytest
 
 from agent.core.errors import AcquireTimeout
 from agent.server import api_ops
+from agent.server.coordinated import CoordinatedTurns
 from baton._pb import agent_pb2 as pb
 from coordinator.recovery import recover
+from tests.coordinator.loopback import TOKEN
 from tests.coordinator.test_members import acquire, cluster, pod, release, run, until
 
 
@@ -104,5 +107,46 @@ def test_a_members_leave_that_reaches_the_coordinator_after_its_next_join_is_ign
             release(n1.service, trainer, again)  # its Leave of this join ends the turn
             assert await asyncio.wait_for(heard.get(), 5)
             await until(lambda: not n1.holders() and not n2.holders(), "the job's turn ends")
+
+    run(body)
+
+
+def test_a_members_leave_unheard_when_its_agent_restarts_is_sent_by_the_next_agent(
+    tmp_path: Path,
+) -> None:
+    """The last member yields while no coordinator leads, and its agent restarts before a new
+    leader is elected: the agent started again sends the Leave, so the job's turn ends."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, _n2, arbiter):
+            trainer = pod(n1, "rl-trainer")
+            mine = await acquire(n1.service, trainer)
+            leaves = asyncio.Queue[None]()
+            leave = arbiter.leave
+
+            async def leaving(*args: Any, **kwargs: Any) -> bool:
+                leaves.put_nowait(None)
+                return await leave(*args, **kwargs)
+
+            arbiter.leave = leaving  # type: ignore[method-assign]
+            arbiter.step_down("the Lease was lost")  # an election: nobody leads
+            release(n1.service, trainer, mine)  # the only member that joined leaves
+            await asyncio.wait_for(leaves.get(), 5)  # its Leave meets no leader
+            gate = n1.service.jobs
+            assert isinstance(gate, CoordinatedTurns)
+            await gate.close()  # the agent stops with the Leave unheard
+            await n1.restart({"team/rl-trainer": "rl", "team/sft-a": "sft"})
+            table = arbiter.new_table()
+            found = await recover(arbiter.view, arbiter.links, table, 2)
+            arbiter.lead(2, table, found)  # a new leader, from the nodes' reports
+            again = CoordinatedTurns(n1.turns, gate.address, TOKEN)
+            n1.service.jobs = again
+            again.start()  # sends the Leave the last agent could not
+            try:
+                await until(lambda: not arbiter.held, "the job's turn ends")
+                granted = await acquire(n1.service, pod(n1, "sft-a"))
+                assert granted.tenant_id == "team/sft-a"
+            finally:
+                await again.close()
 
     run(body)
