@@ -123,6 +123,13 @@ class BlockingSession(BlockingConnection):
             )
             self._reader.start()
 
+    @property
+    def opened(self) -> bool:
+        """True once a session with the agent was opened: an `AgentUnavailable` since means
+        the agent went away (a restart the client reconnects through), not that it was never
+        reached."""
+        return self._reader is not None
+
     def _hello(self) -> pb.Hello:
         """This tenant's registration, the callbacks it serves and whether it keeps turns."""
         return pb.Hello(

@@ -10,12 +10,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from agent.client.errors import BatonError
+from agent.client.errors import AgentUnavailable, BatonError
 from agent.client.off_turn import OffTurn
+from agent.client.restarts import across_agent_restarts
 from agent.client.sync import Baton
 from agent.client.torch import TorchParker
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class TurnHolder:
@@ -63,7 +65,7 @@ class TurnHolder:
         requested, pid = time.time(), os.getpid()
         already = self.baton.lease  # held before (the user's own acquire): not this call's
         try:
-            lease = self.baton.acquire(self.acquire_timeout)
+            lease = self._through_restarts(lambda: self.baton.acquire(self.acquire_timeout))
             if self.parker is not None:
                 stack.enter_context(self.parker.in_use())
             self.turns.append([lease.lease_id, requested, time.time(), 0.0])
@@ -78,7 +80,18 @@ class TurnHolder:
     def end(self) -> None:
         """Hand the turn back, if one is held."""
         if self._stop_holding():
-            self.baton.yield_()
+            self._through_restarts(self.baton.yield_)
+
+    def _through_restarts(self, call: Callable[[], T]) -> T:
+        """`call()`, made again while the agent restarts under it (the client reconnects on its
+        own; the trainer cannot retry a call made inside `train()`), but not when the agent was
+        never reached: that error is the one to see at once."""
+        try:
+            return call()
+        except AgentUnavailable:
+            if not self.baton.opened:
+                raise
+        return across_agent_restarts(call)
 
     def _stop_holding(self) -> bool:
         """End the device work of the turn held, if one is, without yielding it; True if one
@@ -136,6 +149,7 @@ class TurnHolder:
         try:
             self._stop_holding()
             if parker is not None and self.baton.close_unless(lambda: parker.parked):
-                self.baton.acquire(self.acquire_timeout)  # its grant restores the parker
+                # its grant restores the parker
+                self._through_restarts(lambda: self.baton.acquire(self.acquire_timeout))
         finally:
             self.baton.close()

@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TextIO, TypeVar
+from typing import Protocol, TextIO
 
 from agent.client import Baton, LeaseInfo
-from agent.client.errors import AgentUnavailable
+from agent.client.restarts import across_agent_restarts
 from baton.contract.names import MIB
 
 CGROUP_MEMORY_MAX = "/sys/fs/cgroup/memory.max"
@@ -94,35 +94,6 @@ def memory_limit_mib(path: str = CGROUP_MEMORY_MAX) -> int | None:
     except OSError:
         return None
     return None if text == "max" else int(text) // MIB
-
-
-T = TypeVar("T")
-AGENT_RESTART_WAIT_S = 120.0
-"""How long a call is retried while the agent restarts under it (a DaemonSet's pod is replaced
-in seconds, more when its image must be pulled); the client reconnects on its own."""
-
-
-def across_agent_restarts(
-    call: Callable[[], T],
-    wait_s: float = AGENT_RESTART_WAIT_S,
-    clock: Callable[[], float] = time.monotonic,
-    pause: Callable[[float], None] = time.sleep,
-) -> T:
-    """`call()`, made again while the agent is away, for up to `wait_s` seconds.
-
-    A call in flight when the agent restarts fails with AgentUnavailable, and so does one made
-    while the client is still reconnecting (each waits the client's connect timeout); the tenant
-    keeps its lease, so making the same call again is what a tenant should do. Past `wait_s`
-    the last AgentUnavailable is raised: it says why.
-    """
-    deadline = clock() + wait_s
-    while True:
-        try:
-            return call()
-        except AgentUnavailable:
-            if clock() >= deadline:
-                raise
-            pause(0.1)  # a call refused at once (e.g. mid-handshake) is not retried in a spin
 
 
 def gpu_phase(
