@@ -76,6 +76,9 @@ class BatonCallback(TurnHolder, TrainerCallback):
         self._in_step = False
         """True from a step's `on_step_begin` to its `on_step_end`: a `trainer.log()` from the
         step's loss or reward (its `on_log`) ends nothing."""
+        self._evaluating = 0
+        """Open `evaluate()` calls: an evaluation's `on_log` ends nothing, its `on_evaluate`
+        follows (after an `eval_on_start` evaluation nothing else keeps the turn for it)."""
 
     def watch(self, *sources: Any) -> None:
         """Take the turns around a `Trainer`'s callbacks, and park its model, any reference
@@ -123,6 +126,7 @@ class BatonCallback(TurnHolder, TrainerCallback):
                 self._dispatching -= 1
             self._step_event(event)
             last = self._dispatching == 0 and not self._pinned and not self._in_step
+            last = last and not (event == "on_log" and self._evaluating)
             metrics = kw.get("metrics")
             if (
                 last
@@ -161,7 +165,7 @@ class BatonCallback(TurnHolder, TrainerCallback):
         guarded._baton_turns = self  # type: ignore[attr-defined]
         trainer.train = guarded
         for name in OUTSIDE_STEPS:
-            setattr(trainer, name, self._in_turn(getattr(trainer, name)))
+            setattr(trainer, name, self._in_turn(getattr(trainer, name), name == "evaluate"))
         if self.parker is None:  # the driver's checkpoint: every device call needs the turn
             trainer.get_batch_samples = self._begins(trainer.get_batch_samples)
 
@@ -187,13 +191,18 @@ class BatonCallback(TurnHolder, TrainerCallback):
 
         return wrapped  # type: ignore[return-value]
 
-    def _in_turn(self, method: F) -> F:
-        """`method` run inside a turn: the one held, or one taken for its call."""
+    def _in_turn(self, method: F, evaluates: bool = False) -> F:
+        """`method` run inside a turn: the one held, or one taken for its call; an `evaluates`
+        method's `on_log` ends no turn (its `on_evaluate` follows)."""
 
         @functools.wraps(method)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            with self.turn():
-                return method(*args, **kwargs)
+            self._evaluating += evaluates
+            try:
+                with self.turn():
+                    return method(*args, **kwargs)
+            finally:
+                self._evaluating -= evaluates
 
         return wrapped  # type: ignore[return-value]
 
