@@ -144,9 +144,10 @@ class BatonCallback(TurnHolder, TrainerCallback):
         """Wrap the trainer's device work outside its steps' events in turns: `train` takes
         its turn on entry (a checkpoint it resumes from is loaded, the model prepared, before
         `on_train_begin`) and gives back a turn still held as an exception leaves it (a step
-        that raises fires no later event); `evaluate`, `predict` and `save_model` called
-        outside a turn take one for their whole call. Without parking, a step's turn begins
-        as its batches are fetched (they reach the device before `on_step_begin`)."""
+        that raises fires no later event), unless a `turn()` block holds it; `evaluate`,
+        `predict` and `save_model` called outside a turn take one for their whole call.
+        Without parking, a step's turn begins as its batches are fetched (they reach the
+        device before `on_step_begin`)."""
         train = trainer.train
         if getattr(train, "_baton_turns", None) is self:
             return
@@ -158,8 +159,9 @@ class BatonCallback(TurnHolder, TrainerCallback):
                 self.begin()
                 return train(*args, **kwargs)
             except BaseException:
-                with contextlib.suppress(BatonError):  # the step's own error is the one to see
-                    self.end()
+                if not self._pinned:  # a `turn()` block's turn is the block's to end
+                    with contextlib.suppress(BatonError):  # the step's error is the one to see
+                        self.end()
                 raise
 
         guarded._baton_turns = self  # type: ignore[attr-defined]
