@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.chart.helm import CHART, helm, refused, render
 
@@ -196,3 +197,25 @@ def test_cdi_names_the_gpus_on_either_path_with_or_without_a_runtime_class(
     driver = node_env(render("--set", "kubeletPlugin=dra", *cdi), "baton-dra")
     assert driver["BATON_VENDOR_CDI"] == "nvidia.com/gpu"
     assert "BATON_VENDOR_CDI" not in node_env(render("--set", "kubeletPlugin=dra"), "baton-dra")
+
+
+@pytest.mark.parametrize(
+    "spec", ["2x81920", "81920,40960", " 3 x 1024 ", "0x81920", "2x0", "81920,0", "0", "007x0"]
+)
+def test_the_schema_takes_the_simulated_gpus_the_daemons_take(spec: str, tmp_path: Path) -> None:
+    """`gpu.simulated.gpus` is parsed at start by the agent, the device plugin and the DRA driver
+    (`fake_gpu_sizes`): one they refuse (no GPU, a GPU of 0 MiB) would leave every node daemon
+    crash-looping, so the chart refuses it first, naming the value."""
+    from baton.contract.names import fake_gpu_sizes
+
+    values = tmp_path / "values.yaml"
+    simulated = {"backend": "simulated", "simulated": {"gpus": spec}}
+    values.write_text(yaml.safe_dump({"gpu": simulated}))
+    try:
+        fake_gpu_sizes(spec)
+    except ValueError:
+        said = refused("-f", str(values))
+        assert "/gpu/simulated/gpus" in said, said
+    else:
+        env = node_env(render("-f", str(values)), "baton-deviceplugin")
+        assert env["BATON_FAKE_GPUS"] == spec
