@@ -219,3 +219,36 @@ def test_the_schema_takes_the_simulated_gpus_the_daemons_take(spec: str, tmp_pat
     else:
         env = node_env(render("-f", str(values)), "baton-deviceplugin")
         assert env["BATON_FAKE_GPUS"] == spec
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        (
+            ["agent.parking={fake}"],
+            "agent.parking fake parks simulated GPUs' memory: set gpu.backend=simulated",
+        ),
+        (
+            ["agent.parking={app,fake}"],
+            "agent.parking fake parks simulated GPUs' memory: set gpu.backend=simulated",
+        ),
+        (
+            ["gpu.backend=simulated", "agent.parking={cuda}"],
+            "agent.parking cuda checkpoints real CUDA processes: set gpu.backend=nvidia",
+        ),
+    ],
+)
+def test_a_parking_method_of_the_other_gpu_backend_is_refused(
+    settings: list[str], said: str
+) -> None:
+    """`fake` moves the files simulated tenants write (a CUDA tenant's memory would stay on the
+    GPU while the next one is granted), over simulated GPUs the device plugin does not
+    advertise; `cuda` needs NVIDIA's driver and the privileged agent, which the simulated
+    backend does not run."""
+    stderr = refused(*[arg for s in settings for arg in ("--set", s)])
+    assert said in stderr, stderr
+    for kept in (
+        ["agent.parking={cuda,app}"],
+        ["gpu.backend=simulated", "agent.parking={fake,app}"],
+    ):
+        render(*[arg for s in kept for arg in ("--set", s)])
