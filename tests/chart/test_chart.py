@@ -52,6 +52,11 @@ def test_lint_strict(values: Path | None) -> None:
         ("agent.llmd.listen=0.0.0.0:70000", "agent.llmd.listen 0.0.0.0:70000: the port must be 1-"),
         ("agent.llmd.listen=0.0.0.0:0", "agent.llmd.listen 0.0.0.0:0: the port must be 1-65535"),
         ("agent.queuepolicy=fair", "queuepolicy"),
+        # a tag or digest in the repository: the pods' image would be `reg/baton:0.2.0:0.1.0`
+        ("image.repository=reg/baton:0.2.0", "/image/repository"),
+        ("image.repository=localhost:5000/baton:dev", "/image/repository"),
+        ("image.repository=reg/baton@sha256:0123", "/image/repository"),
+        ("schedulerImage.repository=registry.k8s.io/kube-scheduler:v1.36.2", "/schedulerImage"),
     ],
 )
 def test_schema_refuses_a_bad_value_naming_it(setting: str, named: str) -> None:
@@ -156,6 +161,17 @@ def scheduler_image(objs: list[dict]) -> str:
     (deployment,) = [o for o in objs if o["metadata"]["name"] == "baton-scheduler" and "spec" in o]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     return str(container["image"])
+
+
+def test_a_registry_with_a_port_is_a_repository() -> None:
+    mine = ["--set", "image.repository=localhost:5000/team/baton"]
+    mine += ["--set", "schedulerImage.repository=localhost:5000/kube-scheduler"]
+    objs = render(*mine)
+    assert node_env(objs, "baton-agent")  # rendered
+    (agent,) = [o for o in objs if o["metadata"]["name"] == "baton-agent" and "spec" in o]
+    image = agent["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "localhost:5000/team/baton:0.1.0"
+    assert scheduler_image(objs) == "localhost:5000/kube-scheduler:v1.32.2"
 
 
 def test_the_dra_path_runs_a_kube_scheduler_that_allocates_its_claims() -> None:
