@@ -24,6 +24,7 @@ from agent.core.residency import TurnPreparer
 from agent.daemon import Agent
 from agent.node.identity import TokenRegistry
 from agent.node.state import StateStore
+from agent.node.statelock import holding
 from agent.node.watchtoken import write_watch_token
 from agent.parking.backends.base import Backend, BackendUnavailable
 from agent.parking.host import ParkingHost
@@ -99,20 +100,23 @@ def _pods_api_client(config: AgentConfig) -> Any:
 
 
 async def run_agent(config: AgentConfig) -> None:
-    """Build and run an agent until SIGTERM or SIGINT (or cancellation); then stop it cleanly."""
-    agent = build_agent(config)
-    on_stop_signal_async(asyncio.get_running_loop(), agent.request_stop)
-    try:
-        await agent.start()
-    except BaseException:
-        await agent.stop()  # close whatever opened before the failure
-        raise
-    try:
-        await agent.wait()
-    finally:
-        await agent.stop()
-    log.info(
-        "agent stopped on %s; tenants, leases and parked memory kept in %s",
-        agent.readiness.stopping or "cancellation",
-        config.state_dir,
-    )
+    """Build and run an agent until SIGTERM or SIGINT (or cancellation); then stop it cleanly.
+    It holds its state directory meanwhile (`agent.node.statelock`): a second agent given it is
+    refused with `StateDirError` before it reads or writes anything there."""
+    with holding(config.state_dir):
+        agent = build_agent(config)
+        on_stop_signal_async(asyncio.get_running_loop(), agent.request_stop)
+        try:
+            await agent.start()
+        except BaseException:
+            await agent.stop()  # close whatever opened before the failure
+            raise
+        try:
+            await agent.wait()
+        finally:
+            await agent.stop()
+        log.info(
+            "agent stopped on %s; tenants, leases and parked memory kept in %s",
+            agent.readiness.stopping or "cancellation",
+            config.state_dir,
+        )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +33,45 @@ def test_agent_refuses_an_unwritable_state_dir(workdir: str, tmp_path: Path) -> 
     )
     assert result.exit_code == 2
     assert "not writable" in result.output and "--state-dir" in result.output
+
+
+def test_a_second_agent_on_a_running_agents_state_dir_is_refused_and_takes_nothing(
+    workdir: str,
+) -> None:
+    """Given a socket of its own, it started beside the first: it read the first one's tenants,
+    turns and parked memory as its own, wrote its watch token over the first one's (whose
+    `baton events` were then refused) and appended to the same journal."""
+    state = f"{workdir}/state"
+
+    def agent(socket: str) -> list[str]:
+        where = ["--socket", f"{workdir}/{socket}", "--state-dir", state, "--http-port", "0"]
+        return [sys.executable, "-m", "baton", "agent", *where]
+
+    first = subprocess.Popen(agent("a.sock"), stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    said: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in first.stderr or ():
+            said.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        while "agent ready" not in said.get(timeout=30):
+            pass
+        token = Path(state, "watch-token").read_text()
+        second = subprocess.run(
+            agent("b.sock"), capture_output=True, text=True, timeout=60, cwd=ROOT
+        )
+        assert second.returncode == 2, second.stderr
+        assert second.stderr == (
+            f"baton agent: another process (PID {first.pid}) holds the state directory {state} "
+            "(a second agent?): stop it, or pass another --state-dir (BATON_AGENT_STATE_DIR)\n"
+        )
+        assert Path(state, "watch-token").read_text() == token
+        assert not Path(workdir, "b.sock").exists()
+    finally:
+        first.terminate()
+        first.wait(30)
 
 
 def test_status_renders_holders_and_queues(agent: AgentRunner) -> None:
