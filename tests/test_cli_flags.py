@@ -37,6 +37,9 @@ REFUSED = [
     (["--llmd-listen", "foo"], "--llmd-listen", "not HOST:PORT"),
     (["--llmd-listen", ":50051"], "--llmd-listen", "':50051' names no host: pass 0.0.0.0:50051"),
     (["--coordination-listen", "127.0.0.1:99999"], "--coordination-listen", "not HOST:PORT"),
+    (["--socket", ""], "--socket", "'' names no socket file: pass its path"),  # was a traceback
+    (["--socket", "/"], "--socket", "'/' names no socket file: pass its path"),
+    (["--socket", "."], "--socket", "'.' names no socket file: pass its path"),
 ]
 
 

@@ -10,6 +10,7 @@ import typer
 
 from agent.core.policy import DEFAULT_QUEUE_POLICY
 from agent.parking.methods import CUDA, NONE, PLAIN, described
+from baton.contract import names
 from commands.cli.agent_settings import AgentSettings, command_options, env_of
 from commands.cli.options import (
     AsJson,
@@ -90,6 +91,11 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
             raise typer.BadParameter(f"{value}: must be a finite number", param_hint=flag)
     for name in ADDRESSES:
         check_address(getattr(s, name), f"--{name.replace('_', '-')}", name == "llmd_listen")
+    if not Path(s.socket).name:  # "", "/", ".": no name to bind, nor one beside it
+        raise typer.BadParameter(
+            f"{s.socket!r} names no socket file: pass its path, e.g. {names.AGENT_SOCKET}",
+            param_hint="--socket",
+        )
     check_grace(s.shutdown_grace)
     order = _queue_policy(s.queue_policy, s.policy)
     if order not in QUEUE_POLICIES:
