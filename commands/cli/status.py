@@ -169,11 +169,14 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
 
 def _not_http_url(url: str) -> str:
-    """What is wrong with `url` as an HTTP address ("" if nothing): no http(s):// scheme, no
-    host, or a port out of range."""
+    """What is wrong with `url` as an HTTP address ("" if nothing): not a URL at all, no
+    http(s):// scheme, no host, or a port out of range."""
     from urllib.parse import urlsplit
 
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # a bracketed host that is no IP address, or unclosed
+        return f"is no URL: {exc}"
     if parts.scheme not in ("http", "https"):
         return f"is no http:// URL: pass e.g. http://{url.split('://')[-1]}"
     try:

@@ -150,6 +150,8 @@ def test_status_says_which_agent_it_cannot_reach() -> None:
         ("--url", "http://127.0.0.1:0", "has a port that is not 1-65535"),
         ("--url", "http://", "names no host"),
         ("--extender", "extender:8888", "is no http:// URL: pass e.g. http://extender:8888"),
+        ("--url", "http://[::1:9460", "is no URL: Invalid IPv6 URL"),  # a traceback, these two
+        ("--extender", "http://[fd00::7:9462/", "is no URL: Invalid IPv6 URL"),
     ],
 )
 def test_status_refuses_an_address_that_is_no_http_url_naming_it(
