@@ -145,19 +145,23 @@ class Jobs:
         labelled = {group for t, (_, group) in self._pods() if seen(t.tenant_id)}
         return sorted(set(self.groups.names()) | labelled)
 
-    def group_gpus(self, group: str) -> tuple[str, ...]:
-        """The group's GPUs, or `UnknownGroup`."""
+    def group_gpus(self, group: str, seen: Callable[[str], bool]) -> tuple[str, ...]:
+        """The group's GPUs, or `UnknownGroup` naming the groups `seen` lets the caller see."""
         gpus = self.groups.gpus(group) or pod_groups(
             (member, tenant.gpus) for tenant, member in self._pods()
         ).get(group)
         if not gpus:
-            known = ", ".join(self.group_names()) or "none"
-            raise UnknownGroup(f"no group {group!r} on this node (groups: {known})")
+            raise self.unknown_group(group, seen)
         return gpus
 
-    def turn_gpus(self, tenant: Tenant, group: str) -> tuple[str, ...]:
+    def unknown_group(self, group: str, seen: Callable[[str], bool]) -> UnknownGroup:
+        """No group `group` (for this caller), with the groups it may see (`seen_by`)."""
+        known = ", ".join(self.group_names(seen)) or "none"
+        return UnknownGroup(f"no group {group!r} on this node (groups: {known})")
+
+    def turn_gpus(self, tenant: Tenant, group: str, seen: Callable[[str], bool]) -> tuple[str, ...]:
         """The GPUs of the job's turn in `group`: the group's (a pod's own, within it)."""
-        gpus = self.group_gpus(group)
+        gpus = self.group_gpus(group, seen)
         if tenant.source == POD:
             return tuple(g for g in gpus if g in tenant.gpus)
         return gpus
@@ -170,7 +174,7 @@ class Jobs:
             raise InvalidRegistration("job_id must be 1-253 printable characters without spaces")
         if job_id == DEPARTED:
             raise InvalidRegistration(f"job_id {DEPARTED} names the accounting's departed tenants")
-        gpus = self.group_gpus(group)
+        gpus = self.group_gpus(group, await self.seen_by(peer))
         caller = await self.caller(peer)
         tenant = self.find(job_id, group, caller)
         self.check_caller(tenant, caller)
@@ -186,7 +190,7 @@ class Jobs:
         caller = await self.caller(peer)
         tenant = self.find(job_id, "", caller)
         if tenant is None:
-            known = ", ".join(self.group_names()) or "none"
+            known = ", ".join(self.group_names(await self.seen_by(peer))) or "none"
             raise UnknownJob(
                 f"no job {job_id!r} on this node: name its group (groups: {known}), "
                 "or register after the job has acquired one"
@@ -205,7 +209,7 @@ class Jobs:
         group may be empty (llm-d's client sends `group=""`): the caller's pod tells apart jobs
         of one id in several namespaces."""
         if group:
-            self.group_gpus(group)
+            self.group_gpus(group, await self.seen_by(peer))
         caller = await self.caller(peer)
         tenant = self.find(job_id, group, caller)
         if tenant is None:

@@ -20,7 +20,7 @@ from agent.core.leases import Lease, Waiter
 from agent.core.residency import parked_on, residency
 from agent.server.llmd import groups as g
 from agent.server.llmd.asking import Asking
-from agent.server.llmd.edge import BadRequest, UnknownGroup, mapped
+from agent.server.llmd.edge import BadRequest, mapped
 from agent.server.llmd.jobs import Jobs
 from agent.server.llmd.residency import job_state
 from agent.server.resumes import Resumes
@@ -72,7 +72,7 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
                 event = await events.get()
                 for group in self._jobs.group_names():
                     try:
-                        gpus = self._jobs.group_gpus(group)
+                        gpus = self._jobs.group_gpus(group, lambda tenant_id: True)
                     except AgentError:  # its last pod left just now
                         continue
                     if not event.gpus or set(event.gpus) & set(gpus):
@@ -86,7 +86,8 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
     ) -> ts.AcquireResponse:
         """Wait for the group's turn with the job's memory resident; at once for the holder."""
         tenant = await self._jobs.join(request.job_id, request.group_id, context.peer())
-        gpus = self._jobs.turn_gpus(tenant, request.group_id)
+        seen = await self._jobs.seen_by(context.peer())
+        gpus = self._jobs.turn_gpus(tenant, request.group_id, seen)
         if self._lease(tenant.tenant_id, gpus) is not None:
             return ts.AcquireResponse(success=True, waited_ms=0, context_restored=False)
         was_parked = parked_on(self._service.preparer.residency_of(tenant.tenant_id), gpus)
@@ -104,12 +105,13 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
     ) -> ts.YieldResponse:
         """End the job's turn (one the node revoked and has yet to give back too: it is not
         given back); PERMISSION_DENIED if it does not hold the group's turn."""
-        gpus = self._jobs.group_gpus(request.group_id)
+        seen = await self._jobs.seen_by(context.peer())
+        gpus = self._jobs.group_gpus(request.group_id, seen)
         if not request.job_id:
             raise BadRequest("job_id is required")
         caller = await self._jobs.caller(context.peer())
         tenant = self._jobs.find(request.job_id, request.group_id, caller)
-        turn = self._jobs.turn_gpus(tenant, request.group_id) if tenant else ()
+        turn = self._jobs.turn_gpus(tenant, request.group_id, seen) if tenant else ()
         lease = self._lease(tenant.tenant_id, turn) if tenant else None
         revoked = (  # the node revoked the job's turn and has yet to give it back
             lease is None
@@ -158,10 +160,10 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
     ) -> ts.GetGroupStatusResponse:
         """The group's state from Baton's lease table and residency layer; a job the caller may
         not see (another namespace's) is counted, not named: its id is "", and it has no entry."""
-        gpus = self._jobs.group_gpus(request.group_id)
         seen = await self._jobs.seen_by(context.peer())
+        gpus = self._jobs.group_gpus(request.group_id, seen)
         if request.group_id not in self._jobs.group_names(seen):
-            raise UnknownGroup(f"no group {request.group_id!r} of the caller's on this node")
+            raise self._jobs.unknown_group(request.group_id, seen)
         facts = self._facts(gpus)
         state = g.group_state(facts)
         stamp = Timestamp()

@@ -10,7 +10,11 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.agent.server.llmd.llmd_client import SnapshotAgentClient, TimeSliceOrchestratorClient
+from tests.agent.server.llmd.llmd_client import (
+    SnapshotAgentClient,
+    TimeSliceOrchestratorClient,
+    register_workload,
+)
 from tests.agent.server.llmd.test_pods import (
     MINE,
     OTHER,
@@ -98,6 +102,47 @@ def test_a_pod_sees_no_job_or_group_of_another_namespace_named(
             status = client.get_status()
             assert (status.group.locking_job, status.group.loaded_job) == ("job-a", "job-a")
             assert client.release()[0]
+        finally:
+            agent.close()
+            client.close()
+            runner.stop()
+
+
+def test_a_pods_unknown_group_or_job_is_refused_naming_only_groups_it_may_see(
+    workdir: str, tmp_path: Path
+) -> None:
+    proc = fake_proc(tmp_path / "proc")  # this test's process runs in the pod MINE
+    with FakeApiServer() as api:
+        api.put_object(pod_in("ours", labelled_pod("mine", MINE, "job-a", "shared"), "GPU-1"))
+        api.put_object(pod_in("theirs", labelled_pod("hidden", OTHER, "job-c", "secret"), "GPU-0"))
+        runner = pods_agent(workdir, api, tmp_path, proc)
+        endpoint = f"127.0.0.1:{runner.llmd_port}"
+        client = TimeSliceOrchestratorClient(endpoint, "job-a")
+        agent = SnapshotAgentClient(endpoint)
+        try:
+            for pod in ("ours/mine", "theirs/hidden"):
+                runner.wait_event(joined(pod))
+            unknown_job = register_workload(endpoint, "job-x")  # no group: must be known
+            refusals = []
+            for call in (
+                lambda: client.get_status("nope"),
+                lambda: client.get_status("secret"),
+                lambda: client.acquire(group_id="nope", timeout_sec=5),
+                lambda: client.release(group_id="nope"),
+                lambda: agent.snapshot("job-a", "nope"),
+            ):
+                with pytest.raises(grpc.RpcError) as refused:
+                    call()
+                refusals.append(refused.value)
+            assert unknown_job.ended(5) and unknown_job.error is not None
+            unknown_job.close()
+            refusals.append(unknown_job.error)
+            for refusal in refusals:
+                assert refusal.code() == grpc.StatusCode.NOT_FOUND, refusal.details()
+                assert "secret" not in str(refusal.details()).replace("'secret'", "")
+            # Theirs-only "secret" reads as a group that is not there.
+            for refusal, asked in zip(refusals, ("nope", "secret"), strict=False):
+                assert refusal.details() == f"no group {asked!r} on this node (groups: shared)"
         finally:
             agent.close()
             client.close()
