@@ -168,7 +168,11 @@ def _prioritize(cache: ClusterCache, kept: FilterScores, body: bytes) -> Any:
 
 def _preempt(cache: ClusterCache, body: bytes) -> Any:
     args = wire.preemption_args(body)
-    return wire.preemption_result(args, preempt_nodes(cache.state, args))
+    # It rebuilds nodes from the pod tables the watch threads change: under their lock, as a
+    # bind's choice is (unlocked, a change mid-walk failed the request with a 500).
+    with cache.lock:
+        kept = preempt_nodes(cache.state, args)
+    return wire.preemption_result(args, kept)
 
 
 def _answer(

@@ -217,3 +217,34 @@ def test_preempt_accepts_full_victim_pods(client: httpx.Client) -> None:
     assert result == {
         "node-b": {"Pods": [{"UID": BUSY[0]["metadata"]["uid"]}], "NumPDBViolations": 0}
     }
+
+
+class _WatchedState(ClusterState):
+    """Records, each time preempt builds a node without its victims, whether the cache's lock
+    (the one the watch threads change the state under) was held."""
+
+    lock_held: list[bool]
+    cache: ClusterCache
+
+    def node_without(self, name: str, uids: set[str]) -> Any:
+        self.lock_held.append(self.cache.lock.locked())
+        return super().node_without(name, uids)
+
+
+def test_preempt_reads_the_pods_under_the_lock_the_watches_change_them_under() -> None:
+    """Unlocked, a watch event landing while preempt walked a node's pods ended the request in
+    a 500 ('Set changed size during iteration')."""
+    state = _WatchedState(Limits(), time.monotonic)
+    state.lock_held = []
+    state.cache = ClusterCache.filled(state, NODES, BUSY)
+    busy = BUSY[0]["metadata"]["uid"]
+    args = {
+        "Pod": pod(memory=20000),
+        "NodeNameToMetaVictims": {"node-b": {"Pods": [{"UID": busy}], "NumPDBViolations": 0}},
+    }
+    with (
+        ServerThread(create_app(state.cache, None, Metrics())) as server,
+        httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=10) as c,
+    ):
+        assert post(c, "preempt", args).status_code == 200
+    assert state.lock_held == [True]
