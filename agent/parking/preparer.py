@@ -236,7 +236,6 @@ class ParkingPreparer(PlanMoves):
         """Park a holder whose lease ran out while others wait; `NoRoom` (it keeps its turn)
         if it must stay."""
         async with self._lock:
-            self.metrics.preemptions.inc()
             held = self._holding.get(tenant_id)
             self.released(tenant_id, gpus)
             try:
@@ -248,6 +247,7 @@ class ParkingPreparer(PlanMoves):
                 if held is not None:
                     self._holding[tenant_id] = held
                 raise
+            self.metrics.preemptions.inc()  # parked: one that could not be is tried again
 
     async def park(self, tenant_id: str) -> None:
         """Park the tenant now, on request (llm-d's Snapshot); `NoRoom` if it cannot be."""
