@@ -84,6 +84,9 @@ class KnownNode:
         self._turn_s = 0.0
         """The time between the last two grants (of any GPU): how long a turn lasts here."""
         self._waiting: dict[str, str] = {}
+        self._refused: dict[str, str] = {}
+        """Tenant → the reason its waiting turn was counted in `baton_refused_parks_total`: a
+        turn tried again and again counts once per reason, until it is taken."""
         self._ahead: dict[str, asyncio.Future[None]] = {}
         self._host = host
         """The agent: only its tenants count, and it hears of quarantines and moves; None alone."""
@@ -101,6 +104,7 @@ class KnownNode:
         self._turn_s, self._granted_at = now - self._granted_at, now
         self._granted_over(gpus)
         self._waiting.pop(tenant_id, None)
+        self._refused.pop(tenant_id, None)
         self._holding[tenant_id] = self._holding.get(tenant_id, frozenset()) | frozenset(gpus)
         self._model.granted(tenant_id)
         self._last_turn[tenant_id] = self._clock()

@@ -254,8 +254,13 @@ class PlanMoves(ModelPlans):
         return True
 
     def _refuse(self, tenant_id: str, reason: str, message: str) -> NoRoom:
-        """Count, log (once per new message) and show why `tenant_id` waits; the error to raise."""
-        self.metrics.refused.labels(reason).inc()
+        """Count (once per reason while the turn waits), log (once per new message) and show
+        why `tenant_id` waits; the error to raise."""
+        if self._refused.get(tenant_id) != reason:
+            self.metrics.refused.labels(reason).inc()
+        self._refused[tenant_id] = reason
+        if reason == Reason.TOO_LARGE:  # the turn ends here: the tenant's next ask is another
+            del self._refused[tenant_id]
         if self._waiting.get(tenant_id) != message:
             log.warning("turn for %s waits: %s", tenant_id, message)
         self._waiting[tenant_id] = message
@@ -267,6 +272,7 @@ class PlanMoves(ModelPlans):
         """The error for a turn of a quarantined tenant; counted and shown like a refusal."""
         why = self.quarantines.why[tenant_id]
         self._refuse(tenant_id, "quarantined", f"{tenant_id} takes no more turns: {why}")
+        self._refused.pop(tenant_id, None)  # the turn ends here: the next ask is another
         return Quarantined(f"{tenant_id} takes no more turns: {why}")
 
 

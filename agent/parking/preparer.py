@@ -274,6 +274,7 @@ class ParkingPreparer(PlanMoves):
             self.quarantines.forget(tenant_id)
             self._model.forget(tenant_id)
             self._waiting.pop(tenant_id, None)
+            self._refused.pop(tenant_id, None)
             self._publish()
             if self._host is not None:
                 self._host.persist()  # its parked record goes

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
 from agent.core import events as ev
 from commands.demo.fakenode import FakeNodeOptions
 
-from .nodeharness import TenantProc, run, with_node
+from .nodeharness import LogWatch, TenantProc, run, with_node
 from .test_fake_node import metric
 
 pytestmark = pytest.mark.timeout(90)
@@ -41,3 +42,29 @@ def test_a_holder_that_could_not_be_parked_is_not_counted_as_preempted():
 
     options = FakeNodeOptions(fake_gpus="1x100", max_hold=0.3, host_memory_budget_mib=50)
     run(with_node(options, body))
+
+
+def test_a_turn_that_waits_for_room_is_one_refusal_however_often_it_is_tried():
+    async def body(node, tenants):
+        watch = LogWatch("waits:")
+        logging.getLogger("agent.parking").addHandler(watch)
+        env = node.tenant_env()
+        try:
+            a = await TenantProc.start(env, "a", 60, "--turns", "1", "--linger")
+            tenants.append(a)
+            await a.until("done")
+            b = await TenantProc.start(env, "b", 60, "--turns", "1", "--timeout", "30")
+            tenants.append(b)
+            assert await asyncio.to_thread(watch.seen.wait, 20)  # a cannot be parked for b
+            # Turns on the other GPU change the node: b's turn is tried again after each.
+            c = await TenantProc.start(node.tenant_env(1), "c", 10, "--turns", "10")
+            tenants.append(c)
+            await c.until("done")
+            assert metric(node, "baton_refused_parks_total", reason="host_budget") == 1
+            a.tell()  # a leaves: b fits
+            await b.until("done")
+        finally:
+            logging.getLogger("agent.parking").removeHandler(watch)
+        assert metric(node, "baton_refused_parks_total", reason="host_budget") == 1
+
+    run(with_node(FakeNodeOptions(fake_gpus="2x100", host_memory_budget_mib=50), body))
