@@ -97,6 +97,11 @@ class Agent:
         cfg = self.config
         service = self.service
         service.load()
+        if service.parking is not None:
+            try:  # what the agent before this one left parked shows in /v1/status and /metrics
+                await service.parking.refresh()
+            except Exception as exc:  # read again when a turn needs it
+                log.warning("reading the tenants' memory at start failed: %s", exc)
         service.metrics.watch(
             service.table,
             lambda: len(service.sessions.tenants()),

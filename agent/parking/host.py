@@ -91,6 +91,10 @@ class Parking(Protocol):
         it can ever be granted (None: it may fit)."""
         ...
 
+    async def refresh(self) -> None:
+        """Read every tenant from the backend now (its residency and parked bytes)."""
+        ...
+
     async def park(self, tenant_id: str) -> None:
         """Park the tenant now, on request; `NoRoom` if it cannot be."""
         ...

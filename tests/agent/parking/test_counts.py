@@ -1,4 +1,5 @@
-"""What the agent's counters say against what happened on a fake node, over the real socket."""
+"""What the agent's metrics and /v1/status say against what happened on a fake node, over the
+real socket."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from agent.core import events as ev
 from commands.demo.fakenode import FakeNodeOptions
 
 from .nodeharness import LogWatch, TenantProc, run, with_node
-from .test_fake_node import metric
+from .test_fake_node import metric, status
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -68,3 +69,22 @@ def test_a_turn_that_waits_for_room_is_one_refusal_however_often_it_is_tried():
         assert metric(node, "baton_refused_parks_total", reason="host_budget") == 1
 
     run(with_node(FakeNodeOptions(fake_gpus="2x100", host_memory_budget_mib=50), body))
+
+
+def test_memory_parked_before_an_agent_restart_shows_at_once_after_it():
+    async def body(node, tenants):
+        env = node.tenant_env()
+        for name in ("a", "b"):  # b's turn parks a: 60 + 60 MiB do not fit 100
+            tenants.append(await TenantProc.start(env, name, 60, "--turns", "1", "--linger"))
+            await tenants[-1].until("done")
+        parked = node.agent.service.preparer.status()["parked_bytes"]
+        assert parked == 60 * 1024 * 1024
+        await node.agent.stop()  # the tenants and their memory stay
+        node.preparer.backend.close()
+        await node.start()
+        residency = await status(node)
+        assert residency["parked_bytes"] == parked
+        assert residency["tenants"]["local/a"]["parked_bytes"] == parked
+        assert metric(node, "baton_parked_bytes") == parked
+
+    run(with_node(FakeNodeOptions(fake_gpus="1x100"), body))
