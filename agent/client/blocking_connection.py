@@ -91,7 +91,7 @@ class BlockingConnection:
             sock.sendall(framing.encode(pb.ClientMessage(hello=hello)))
             reader = framing.BlockingReader(sock, rest)
             first = reader.read(pb.AgentMessage)
-        except (OSError, ValueError, KeyError, framing.FrameError) as exc:
+        except (OSError, ValueError, framing.FrameError) as exc:
             sock.close()
             raise AgentUnavailable(
                 f"cannot reach the Baton agent at {self.socket} ({exc}); is `baton agent` "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ import grpc
 
 from agent.client.errors import AgentUnavailable, BatonError, from_rpc_error, from_status
 from agent.client.links import TRANSPORTS, DirectLink, GrpcLink, SessionLink
-from agent.wire.handshake import handshake_path
+from agent.wire.handshake import handshake_path, token_of
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
 from baton.contract.names import AGENT_SESSION_METADATA, ENV_AGENT_SOCKET
@@ -32,7 +31,7 @@ class Opened:
     """The session token: unary RPCs with it as `baton-session` metadata act as this session."""
 
 
-def _unreachable(socket: str, exc: BaseException) -> AgentUnavailable:
+def _unreachable(socket: str, exc: BaseException | str) -> AgentUnavailable:
     return AgentUnavailable(
         f"cannot reach the Baton agent at {socket} ({exc}); is `baton agent` "
         f"running, and is {ENV_AGENT_SOCKET} right?"
@@ -47,12 +46,17 @@ async def _handshake(
         reader, writer = await asyncio.wait_for(
             asyncio.open_unix_connection(handshake_path(socket)), timeout
         )
-    except (OSError, TimeoutError) as exc:
+    except TimeoutError:
+        raise _unreachable(socket, f"no connection within {timeout:g} s") from None
+    except OSError as exc:
         raise _unreachable(socket, exc) from None
     try:
         line = await asyncio.wait_for(reader.readline(), timeout)
-        return str(json.loads(line)["token"]), reader, writer
-    except (OSError, TimeoutError, ValueError, KeyError) as exc:
+        return token_of(line), reader, writer
+    except TimeoutError:
+        writer.close()
+        raise _unreachable(socket, f"no handshake line within {timeout:g} s") from None
+    except (OSError, ValueError) as exc:
         writer.close()
         raise _unreachable(socket, exc) from None
 

@@ -57,13 +57,34 @@ def request_token(path: str, timeout: float = 5.0) -> str:
         return read_token_line(sock)[0]
 
 
+MAX_TOKEN_LINE = 4096
+"""The longest handshake line read (the agent's is under 100 bytes): a peer that sends more
+without a newline is not the agent."""
+
+
+def token_of(line: bytes) -> str:
+    """The token in the handshake's line; `ValueError` naming what came if it is not the
+    agent's answer (another program on the socket)."""
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        answer = None
+    token = answer.get("token") if isinstance(answer, dict) else None
+    if not isinstance(token, str) or not token:
+        raise ValueError(f"not a Baton agent's handshake: {line[:60]!r}")
+    return token
+
+
 def read_token_line(sock: socket.socket) -> tuple[str, bytes]:
-    """The handshake's token (blocking), and whatever arrived after its line."""
+    """The handshake's token (blocking), and whatever arrived after its line; `ValueError` if
+    what came is not the agent's answer, `OSError` if the socket closed first."""
     data = b""
     while b"\n" not in data:
+        if len(data) > MAX_TOKEN_LINE:
+            raise ValueError(f"not a Baton agent's handshake: {data[:60]!r}... with no line end")
         chunk = sock.recv(4096)
         if not chunk:
             raise OSError("the handshake socket closed before sending a token")
         data += chunk
     line, _, rest = data.partition(b"\n")
-    return str(json.loads(line)["token"]), rest
+    return token_of(line), rest
