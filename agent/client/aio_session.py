@@ -23,7 +23,15 @@ from agent.client.links import TRANSPORTS, SessionLink
 from agent.client.parked import Moves
 from agent.client.session_core import SessionCore
 from agent.client.timers import LoopTimer
-from agent.client.types import Callback, Identity, LeaseInfo, add_callbacks, reply_wait, timings_of
+from agent.client.types import (
+    Callback,
+    Identity,
+    LeaseInfo,
+    add_callbacks,
+    reply_wait,
+    time_left,
+    timings_of,
+)
 from baton._pb import agent_pb2 as pb
 
 log = logging.getLogger("baton.client")
@@ -216,15 +224,17 @@ class AsyncSession:
         """Send a request on the session and wait up to `timeout` + `slack` for its reply.
 
         While the session is broken the request waits for the reconnect, up to `timeout` (or
-        the connect timeout); a stream that breaks after it was sent fails it. Only an acquire
-        without a timeout waits for its reply without end (it is queued); the others are
-        answered at once by a live agent and give up after `REPLY_TIMEOUT_S`.
+        the connect timeout), and goes out with what is left of `timeout`; a stream that breaks
+        after it was sent fails it. Only an acquire without a timeout waits for its reply
+        without end (it is queued); the others are answered at once by a live agent and give up
+        after `REPLY_TIMEOUT_S`.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self._connect_timeout if timeout is None else timeout)
-        reply_timeout = reply_wait(request, timeout, slack)
         while True:
             await self._ready(deadline - loop.time())
+            left = None if timeout is None else max(0.0, deadline - loop.time())
+            reply_timeout = reply_wait(time_left(request, left), left, slack)
             try:
                 return await self._send_request(request, reply_timeout)
             except _NotSent:

@@ -24,6 +24,7 @@ from agent.client.types import (
     LeaseInfo,
     acquire_args,
     reply_wait,
+    time_left,
 )
 from baton._pb import agent_pb2 as pb
 from baton.contract import framing
@@ -50,14 +51,16 @@ class Baton(BlockingSession):
         """Send a request on the call link and wait up to `timeout` + `slack` for its answer.
 
         While the session is broken the request waits for the reconnect, up to `timeout` (or
-        the connect timeout); a link that breaks after the request left fails it. Only an
+        the connect timeout), and goes out with what is left of `timeout`; a link that breaks
+        after the request left fails it. Only an
         acquire without a timeout waits for its answer without end (it is queued). The
         answer is put in `answered` as soon as it is read (`CallLink.call`).
         """
         deadline = time.monotonic() + (self._connect_timeout if timeout is None else timeout)
-        reply_timeout = reply_wait(request, timeout, slack)
         while True:
             self._ready(deadline - time.monotonic())
+            left = None if timeout is None else max(0.0, deadline - time.monotonic())
+            reply_timeout = reply_wait(time_left(request, left), left, slack)
             with self._call_lock:
                 try:
                     link = self._call_link()

@@ -92,6 +92,15 @@ def reply_wait(request: pb.Request, timeout: float | None, slack: float) -> floa
     return None if request.HasField("acquire") else REPLY_TIMEOUT_S
 
 
+def time_left(request: pb.Request, left: float | None) -> pb.Request:
+    """`request` about to go out with `left` seconds of its caller's timeout to spare (None: no
+    timeout): an acquire's own timeout, which the agent keeps, is cut to that, so a wait for a
+    reconnect before it left is not waited again in the queue."""
+    if left is not None and request.HasField("acquire"):
+        request.acquire.timeout_ms = max(1, int(left * 1000))
+    return request
+
+
 @dataclass(frozen=True)
 class Identity:
     """Who a client says it is: its agent socket, its GPUs, its name and its registration."""

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
 
-from agent.client import AgentUnavailable, AsyncBaton, Baton, LeaseInfo
+from agent.client import AcquireTimeout, AgentUnavailable, AsyncBaton, Baton, LeaseInfo
 from baton._pb import agent_pb2 as pb
 from baton.contract.names import fake_gpu_uuid
 from commands.demo.fakenode import AgentProcess, FakeNodeOptions
+from tests.agent.client.resume_clients import call, client
 from tests.harness.agent import AgentRunner
 
 pytestmark = pytest.mark.timeout(60)
@@ -57,6 +59,66 @@ def test_a_waiter_retries_through_an_agent_killed_and_restarted(workdir: str) ->
         raise
     finally:
         node.stop()
+
+
+def hold_reconnect(tenant: Baton | AsyncBaton) -> threading.Event:
+    """The client's reconnect waits (20 s at most) until the returned event is set, then
+    opens the session: an agent that takes that long to come back."""
+    gate = threading.Event()
+    opens: Any = tenant._open
+    if isinstance(tenant, AsyncBaton):
+
+        async def held_async() -> None:
+            await asyncio.to_thread(gate.wait, 20)
+            await opens()
+
+        tenant._open = held_async  # type: ignore[method-assign]
+    else:
+
+        def held() -> Any:
+            gate.wait(20)
+            return opens()
+
+        tenant._open = held  # type: ignore[method-assign]
+    return gate
+
+
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+def test_an_acquire_that_waited_for_the_reconnect_ends_within_its_timeout(
+    workdir: str, kind: str
+) -> None:
+    """An acquire made while the agent restarts waits for the reconnect, then queues with what
+    is left of its timeout, not the whole timeout again: it gives up when its timeout ends."""
+    first = AgentRunner(workdir, reconnect_grace=30).start()
+    second = AgentRunner(workdir, reconnect_grace=30)
+    timeout = 2.0
+
+    async def scenario() -> None:
+        holder = AsyncBaton(first.socket, ["GPU-0"], name="holder", connect_timeout=5)
+        waiter = client(kind, first.socket, "waiter")
+        try:
+            await holder.acquire()
+            await call(waiter.connect)
+            gate = hold_reconnect(waiter)
+            await asyncio.to_thread(first.stop)
+            await asyncio.to_thread(second.start)  # the holder keeps its turn
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            waiting = asyncio.ensure_future(call(waiter.acquire, timeout))
+            await asyncio.sleep(timeout / 2)  # the waiter's agent is away half its timeout
+            gate.set()
+            with pytest.raises(AcquireTimeout, match="behind holder local/holder"):
+                await asyncio.wait_for(waiting, 3 * timeout)
+            assert loop.time() - started < timeout * 1.25
+        finally:
+            await call(waiter.close)
+            await holder.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        first.stop()
+        second.stop()
 
 
 def test_a_call_on_a_broken_session_without_reconnect_fails_at_once(workdir: str) -> None:
