@@ -19,6 +19,19 @@ from tests.coordinator.loopback import TOKEN
 from tests.coordinator.test_members import acquire, cluster, pod, release, run, until
 
 
+def heard_leaves(arbiter: Any) -> asyncio.Queue[None]:
+    """A queue that gets an item as each member's Leave reaches `arbiter`."""
+    leaves = asyncio.Queue[None]()
+    leave = arbiter.leave
+
+    async def leaving(*args: Any, **kwargs: Any) -> bool:
+        leaves.put_nowait(None)
+        return await leave(*args, **kwargs)
+
+    arbiter.leave = leaving
+    return leaves
+
+
 def test_a_members_yield_during_an_election_ends_its_jobs_turn_under_the_new_leader(
     tmp_path: Path,
 ) -> None:
@@ -29,14 +42,7 @@ def test_a_members_yield_during_an_election_ends_its_jobs_turn_under_the_new_lea
         async with cluster(tmp_path) as (n1, n2, arbiter):
             trainer = pod(n1, "rl-trainer")
             mine = await acquire(n1.service, trainer)
-            leaves = asyncio.Queue[None]()
-            leave = arbiter.leave
-
-            async def leaving(*args: Any, **kwargs: Any) -> bool:
-                leaves.put_nowait(None)
-                return await leave(*args, **kwargs)
-
-            arbiter.leave = leaving  # type: ignore[method-assign]
+            leaves = heard_leaves(arbiter)
             arbiter.step_down("the Lease was lost")  # an election: nobody leads
             release(n1.service, trainer, mine)  # the only member that joined leaves
             await asyncio.wait_for(leaves.get(), 5)  # its Leave meets no leader
@@ -121,14 +127,7 @@ def test_a_members_leave_unheard_when_its_agent_restarts_is_sent_by_the_next_age
         async with cluster(tmp_path) as (n1, _n2, arbiter):
             trainer = pod(n1, "rl-trainer")
             mine = await acquire(n1.service, trainer)
-            leaves = asyncio.Queue[None]()
-            leave = arbiter.leave
-
-            async def leaving(*args: Any, **kwargs: Any) -> bool:
-                leaves.put_nowait(None)
-                return await leave(*args, **kwargs)
-
-            arbiter.leave = leaving  # type: ignore[method-assign]
+            leaves = heard_leaves(arbiter)
             arbiter.step_down("the Lease was lost")  # an election: nobody leads
             release(n1.service, trainer, mine)  # the only member that joined leaves
             await asyncio.wait_for(leaves.get(), 5)  # its Leave meets no leader

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pytest
+
+from tests.examples.test_trl_callback import Recorder
 
 needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl")
 
@@ -52,21 +53,10 @@ def test_a_job_waiting_for_its_turn_as_the_agent_restarts_gets_it_after(workdir:
         agent.stop()
 
 
-class YieldLostOnce:
+class YieldLostOnce(Recorder):
     """Stands in for `Baton`: its first yield is lost to an agent restart."""
 
-    lease = None
     opened = True
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    def register_callbacks(self, *_: Any) -> None:
-        pass
-
-    def acquire(self, timeout: float | None = None) -> Any:
-        self.events.append("acquire")
-        return type("Lease", (), {"lease_id": "1"})()
 
     def yield_(self) -> None:
         from agent.client.errors import AgentUnavailable
@@ -75,9 +65,6 @@ class YieldLostOnce:
             self.events.append("yield lost")
             raise AgentUnavailable("lost the Baton agent; reconnecting, retry the call")
         self.events.append("yield")
-
-    def close(self) -> None:
-        pass
 
 
 @needs_trl
