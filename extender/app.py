@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from extender import wire
@@ -154,7 +155,8 @@ def _filter(
 ) -> Any:
     if not cache.synced():
         return wire.filter_result(args, [], {}, {}, NOT_SYNCED)
-    passed, failed, unresolvable = filter_nodes(cache.state, args, kept)
+    with _reading_sent_nodes(cache, args):
+        passed, failed, unresolvable = filter_nodes(cache.state, args, kept)
     metrics.filtered.labels("passed").inc(len(passed))
     metrics.filtered.labels("failed").inc(len(failed))
     metrics.filtered.labels("unresolvable").inc(len(unresolvable))
@@ -163,7 +165,19 @@ def _filter(
 
 def _prioritize(cache: ClusterCache, kept: FilterScores, body: bytes) -> Any:
     args = wire.extender_args(body)
-    return wire.host_priorities(prioritize_nodes(cache.state, args, kept))
+    with _reading_sent_nodes(cache, args):
+        scores = prioritize_nodes(cache.state, args, kept)
+    return wire.host_priorities(scores)
+
+
+def _reading_sent_nodes(
+    cache: ClusterCache, args: wire.ExtenderArgs
+) -> AbstractContextManager[Any]:
+    """The cache's lock when kube-scheduler sent node objects (`nodeCacheCapable: false`): a
+    node the cache does not know is built from them and the pod tables the watch threads change
+    under that lock (unlocked, a change mid-walk failed the request with a 500). Without them
+    the verbs read only the nodes' states, which are replaced, never edited: no lock."""
+    return cache.lock if args.nodes is not None else nullcontext()
 
 
 def _preempt(cache: ClusterCache, body: bytes) -> Any:

@@ -248,3 +248,32 @@ def test_preempt_reads_the_pods_under_the_lock_the_watches_change_them_under() -
     ):
         assert post(c, "preempt", args).status_code == 200
     assert state.lock_held == [True]
+
+
+class _SentNodeState(ClusterState):
+    """Records, each time a verb builds a node kube-scheduler sent but the cache does not know,
+    whether the cache's lock (the one the watch threads change the pod tables under) was held."""
+
+    lock_held: list[bool]
+    cache: ClusterCache
+
+    def node_from_object(self, node: dict[str, Any]) -> Any:
+        self.lock_held.append(self.cache.lock.locked())
+        return super().node_from_object(node)
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_a_sent_node_is_built_under_the_lock_the_watches_change_the_pods_under(verb: str) -> None:
+    """Unlocked, a watch event landing while filter or prioritize built a node from the object
+    kube-scheduler sent (`nodeCacheCapable: false`) ended the request in a 500 ('Set changed
+    size during iteration')."""
+    state = _SentNodeState(Limits(), time.monotonic)
+    state.lock_held = []
+    state.cache = ClusterCache.filled(state, NODES, BUSY)
+    fresh = node("node-new", gpus=1)
+    with (
+        ServerThread(create_app(state.cache, None, Metrics())) as server,
+        httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=10) as c,
+    ):
+        assert post(c, verb, full_list(pod(memory=8000), [NODES[0], fresh])).status_code == 200
+    assert state.lock_held == [True]
