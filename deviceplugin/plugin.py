@@ -160,8 +160,8 @@ class DevicePlugin:
         self.metrics.registrations.labels(outcome="ok").inc()
         log.info("registered %s with the kubelet at %s", names.RESOURCE_GPU, self.kubelet_socket)
 
-    def _restart(self, why: str) -> None:
-        log.info("%s: restarting the plugin server and registering again", why)
+    def _restart(self, why: str, level: int = logging.INFO) -> None:
+        log.log(level, "%s: restarting the plugin server and registering again", why)
         self.server.stop()
         self.server.start()
         if self.kubelet_socket.exists():
@@ -173,6 +173,7 @@ class DevicePlugin:
         """React to the directory's changes until stopped or the directory is gone."""
         assert self._watcher is not None
         broken = False
+        failure = ""  # why the last restart failed: said once, until one works or it changes
         while not self._stop.is_set():
             waiting = not self.registered or broken
             changes = list(self._watcher.changes(self._retry_s if waiting else None))
@@ -185,9 +186,19 @@ class DevicePlugin:
                 return
             try:
                 broken = self._react(changes, broken)
-            except Exception:
-                log.exception("restarting the plugin server failed; retrying")
-                broken = True
+            except Exception as err:
+                reason = _reason(err)
+                log.log(
+                    logging.DEBUG if reason == failure else logging.WARNING,
+                    "restarting the plugin server failed (%s); retrying up to %g s apart",
+                    reason,
+                    RETRY_MAX_S,
+                )
+                if reason != failure:
+                    log.debug("the failed restart", exc_info=True)
+                failure, broken = reason, True
+            else:
+                failure = ""
 
     def _on_stream_end(self) -> None:
         """A gRPC thread: the kubelet ended a ListAndWatch stream; the watch loop decides."""
@@ -206,7 +217,7 @@ class DevicePlugin:
         elif Change.PLUGIN_SOCKET_DELETED in changes and not self.server.socket_path.exists():
             self._restart(f"{self.server.socket_path} was deleted")
         elif not changes and broken:
-            self._restart("retrying after a failed restart")
+            self._restart("retrying after a failed restart", logging.DEBUG)  # said at failure
         elif self._stream_lost.is_set():
             self._stream_lost.clear()
             if self.registered and self.server.service.streams == 0:
@@ -230,6 +241,14 @@ class DevicePlugin:
             and self._registered_with is not None
             and self._registered_with == _identity(self.kubelet_socket)
         )
+
+
+def _reason(err: Exception) -> str:
+    """A failure's one-line reason: an OSError's message (the server's name the socket and
+    why), else the exception's type and message."""
+    if isinstance(err, OSError) and str(err):
+        return str(err)
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

@@ -13,6 +13,7 @@ import pytest
 
 from deviceplugin import plugin as plugin_module
 from deviceplugin.plugin import RETRY_FIRST_S, RETRY_MAX_S, DevicePlugin
+from deviceplugin.watcher import Change
 
 TRIES = 8
 
@@ -58,3 +59,64 @@ def test_a_directory_it_cannot_serve_in_is_retried_with_backoff_said_once(
         f"{plugin_dir}: cannot serve in it (AF_UNIX path too long); trying again up to "
         f"{RETRY_MAX_S:g} s apart",
     ]
+
+
+class ScriptedWatcher:
+    """The directory's changes, one list per wait, as scripted; the plugin is stopped after."""
+
+    def __init__(self, plugin: DevicePlugin, script: list[list[Change]]) -> None:
+        self.plugin = plugin
+        self.script = script
+
+    def changes(self, timeout: float | None = None) -> list[Change]:
+        if not self.script:
+            self.plugin._stop.set()
+            return []
+        return self.script.pop(0)
+
+
+def test_a_failing_restart_is_said_once_per_reason_without_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each retry of a failed restart logged the same warning with a full traceback (every few
+    seconds while the socket could not be served): an operator's log filled with them."""
+    socket_path = tmp_path / "baton.sock"  # never there: a restart's start fails or does nothing
+    full = f"cannot bind plugin socket {socket_path}: No space left on device"
+    starts: list[Exception | None] = [
+        *[OSError(full)] * 4,  # the restart for the deleted socket, then 3 retries
+        RuntimeError("grpc server would not start"),
+        RuntimeError("grpc server would not start"),
+        None,  # it works: what fails after is a new episode, said again
+        OSError(full),
+    ]
+
+    def start() -> None:
+        failure = starts.pop(0)
+        if failure is not None:
+            raise failure
+
+    server = SimpleNamespace(
+        service=SimpleNamespace(), socket_path=socket_path, start=start, stop=lambda: None
+    )
+    plugin = DevicePlugin(cast(Any, server), tmp_path, cast(Any, None))
+    deleted = [Change.PLUGIN_SOCKET_DELETED]
+    watcher = ScriptedWatcher(plugin, [deleted, [], [], [], [], [], [], deleted])
+    plugin._watcher = cast(Any, watcher)
+    with caplog.at_level(logging.DEBUG, logger=plugin_module.__name__):
+        plugin._watch()
+    assert starts == [] and watcher.script == []
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO]
+    restart = f"{socket_path} was deleted: restarting the plugin server and registering again"
+    failed = (
+        "restarting the plugin server failed ({}); retrying up to " + f"{RETRY_MAX_S:g} s apart"
+    )
+    assert said == [
+        ("INFO", restart),
+        ("WARNING", failed.format(full)),
+        ("WARNING", failed.format("RuntimeError: grpc server would not start")),
+        ("INFO", restart),
+        ("WARNING", failed.format(full)),
+    ]
+    assert not any(r.exc_info for r in caplog.records if r.levelno >= logging.INFO)
+    repeats = [r for r in caplog.records if r.getMessage() == failed.format(full)]
+    assert [r.levelname for r in repeats] == ["WARNING", "DEBUG", "DEBUG", "DEBUG", "WARNING"]
