@@ -1,10 +1,10 @@
 """The one fit rule: whether one more tenant fits one GPU, and what it costs the node. Pure.
 
 A GPU takes a tenant when it is open (healthy, a free slot: `GpuLoad.open`), the tenant's
-`gpu-memory` fits the GPU's memory capacity and the most per GPU its container memory limit
-can hold parked, and the GPU's summed `gpu-duty` stays within the cap. A node takes the tenant's
-GPUs when their growth of its parked-memory worst case stays within the room its host DRAM
-budget leaves (`room`).
+`gpu-memory` fits the GPU's memory capacity (a GPU with none, its memory all headroom, takes
+no tenant) and the most per GPU its container memory limit can hold parked, and the GPU's
+summed `gpu-duty` stays within the cap. A node takes the tenant's GPUs when their growth of its
+parked-memory worst case stays within the room its host DRAM budget leaves (`room`).
 
 The plain path (`placement`: both choosers) and the DRA path (`draplace.first_fit`) ask this
 rule; they differ only in the ceilings they pass: usable memory and the extender's duty limit,
@@ -54,7 +54,7 @@ def row_fit(row: Row, ask: Ask) -> Fit | None:
     """The rule on one open GPU's row, its usable memory as the capacity; None: no fit."""
     usable, duty_sum, default_duty, total, smallest, largest, parked, has_tenants = row[:8]
     memory = usable if ask.memory_mib is None else ask.memory_mib
-    if memory > usable or memory > ask.memory_cap:
+    if memory > usable or memory > ask.memory_cap or usable <= 0:  # headroom takes it all
         return None
     after = duty_sum + (default_duty if ask.duty is None else ask.duty)
     if after > ask.duty_cap + EPSILON:

@@ -74,7 +74,7 @@ def place(node: NodeState, request: TenantRequest, limits: Limits, choose: bool 
         return Verdict(False, node.problem)
     if not node.gpus:
         return Verdict(False, "node advertises no Baton GPUs")
-    never = _never_fits(node, request)
+    never = _never_fits(node, request, limits)
     if never:
         return Verdict(False, never, unresolvable=True)
     if choose and request.gpus == 1:
@@ -127,6 +127,11 @@ def _refusal(state: GpuLoad, request: TenantRequest, limits: Limits) -> str:
     limit = request.memory_limit_bytes
     if not gpu.healthy:
         return f"{gpu.uuid} is unhealthy"
+    if state.usable_mib <= 0:
+        return (
+            f"{gpu.uuid} has no usable memory ({gpu.memory_mib} MiB, --memory-headroom"
+            f" {limits.memory_headroom_mib} MiB)"
+        )
     if memory > state.usable_mib:
         return f"gpu-memory {memory} MiB exceeds {gpu.uuid} ({state.usable_mib} MiB)"
     if limit is not None and memory * request.gpus * MIB > limit:
@@ -141,11 +146,17 @@ def _refusal(state: GpuLoad, request: TenantRequest, limits: Limits) -> str:
     return ""
 
 
-def _never_fits(node: NodeState, request: TenantRequest) -> str:
+def _never_fits(node: NodeState, request: TenantRequest, limits: Limits) -> str:
     count = request.gpus
     if count > len(node.gpus):
         return f"asks for {count} GPUs; this node has {len(node.gpus)}"
     usable = node.usable_desc
+    if usable[count - 1] <= 0:  # the headroom keeps all of the rest free: nothing fits there
+        left = sum(1 for mib in usable if mib > 0)
+        return (
+            f"asks for {_count(count, 'GPU')}; {left} on this node {'has' if left == 1 else 'have'}"
+            f" memory beyond --memory-headroom {limits.memory_headroom_mib} MiB"
+        )
     if request.memory_mib is not None and request.memory_mib > usable[count - 1]:
         where = "every GPU" if count == 1 else f"all but {_count(count - 1, 'GPU')}"
         return (

@@ -156,6 +156,42 @@ CASES = [
         reason="exceeds every GPU on this node (80896 MiB)",
     ),
     Case(
+        "a headroom at the GPUs' memory leaves them no room (a whole-GPU pod fitted as 0 MiB)",
+        TenantRequest(1),
+        limits=Limits(memory_headroom_mib=H100),
+        fits=False,
+        unresolvable=True,
+        reason="asks for 1 GPU; 0 on this node have memory beyond --memory-headroom 81920 MiB",
+    ),
+    Case(
+        "a GPU the headroom takes whole is passed over",
+        TenantRequest(1),
+        gpus=[GpuRecord("GPU-0", 0, "T4", 16 * GIB, 4), GpuRecord("GPU-1", 1, "H100", H100, 4)],
+        limits=Limits(memory_headroom_mib=16 * GIB),
+        chosen=("GPU-1",),
+    ),
+    Case(
+        "too few GPUs with memory beyond the headroom",
+        TenantRequest(2),
+        gpus=[GpuRecord("GPU-0", 0, "T4", 16 * GIB, 4), GpuRecord("GPU-1", 1, "H100", H100, 4)],
+        limits=Limits(memory_headroom_mib=20 * GIB),
+        fits=False,
+        unresolvable=True,
+        reason="asks for 2 GPUs; 1 on this node has memory beyond --memory-headroom 20480 MiB",
+    ),
+    Case(
+        "a GPU the headroom takes whole says so when the others are full",
+        TenantRequest(1),
+        gpus=[GpuRecord("GPU-0", 0, "T4", 16 * GIB, 4), GpuRecord("GPU-1", 1, "H100", H100, 1)],
+        tenants={"GPU-1": [t("a", GIB)]},
+        limits=Limits(memory_headroom_mib=16 * GIB),
+        fits=False,
+        reason=(
+            "no GPU can take it: GPU-0 has no usable memory (16384 MiB, --memory-headroom"
+            " 16384 MiB); GPU-1 has no free slot (1/1 taken)"
+        ),
+    ),
+    Case(
         "no budget annotation means nothing may park",
         TenantRequest(1, 50 * GIB, 10),
         gpus=gpus(1),

@@ -43,7 +43,7 @@ limits_st = st.builds(
     Limits,
     policy=st.sampled_from(list(Policy)),
     max_duty=st.sampled_from([50.0, 100.0, 150.0]),
-    memory_headroom_mib=st.sampled_from([0, 512, 2048]),
+    memory_headroom_mib=st.sampled_from([0, 512, 2048, 16 * GIB]),  # the last: all of a GPU
 )
 
 
@@ -82,7 +82,7 @@ def test_placing_never_exceeds_slots_memory_duty_or_budget(
             assert state.duty_sum <= limits.max_duty + 1e-6
             assert state.memory_max <= state.usable_mib
             if state.tenants:
-                assert state.gpu.healthy
+                assert state.gpu.healthy and state.usable_mib > 0
 
 
 def _assert_fast_paths_agree(node, request, limits) -> None:
@@ -96,7 +96,7 @@ def _assert_fast_paths_agree(node, request, limits) -> None:
 
 def _reference_choice(node, request, limits):
     """The general path's choice (every GPU listed, then chosen), for the fast path to match."""
-    if placement._never_fits(node, request):
+    if placement._never_fits(node, request, limits):
         return None
     candidates, _ = placement._candidates(node, request, limits, True)
     if not candidates:
