@@ -71,6 +71,7 @@ class ParkingPreparer(PlanMoves):
         if ahead is not None:  # its memory is on the way already: wait for that, move nothing
             await asyncio.wait({ahead})
         async with self._lock:
+            self._check_counted(tenant_id)  # it may have left while it waited for the lock
             if tenant_id not in self._refs:
                 self.register(TenantRef(tenant_id, tuple(gpus)))
             self._granted_over(gpus)
@@ -81,18 +82,31 @@ class ParkingPreparer(PlanMoves):
                     await self._carry_out(tenant_id, planned, "grant", handed)
                 except NoRoom as e:  # moves on the model's word failed: the backend decides
                     failed = e
+                self._check_counted(tenant_id)  # or during those moves
             if planned is None or failed is not None:  # the model cannot say, says no, or erred
                 snap = await self._reread()
                 if tenant_id in self.quarantines.why:
                     raise self._refuse_quarantined(tenant_id)
+                self._check_counted(tenant_id)
                 plan = plan_turn(snap, tenant_id)
                 if failed is not None and planned is not None:
                     if isinstance(plan, Plan) and moved_steps(plan) <= moved_steps(planned):
                         raise failed  # the node as read asks for the same moves: they fail
                     log.warning("%s; planning %s's turn from the node as read", failed, tenant_id)
                 await self._carry_out(tenant_id, plan, "grant", handed)
+                self._check_counted(tenant_id)
             self._take_turn(tenant_id, gpus)
             self._settle_soon()  # the tenants whose turns ended, read in the new turn
+
+    def _check_counted(self, tenant_id: str) -> None:
+        """Raise `NoRoom` if the tenant whose turn is being prepared left meanwhile (the host no
+        longer counts it: its last session ended, and `forget` follows or has run): nothing more
+        is moved for it, it is not registered again nor counted holding a turn, and the
+        moves made so far stand as read after them. Its waiter has left the queue with it."""
+        if self._host is None or tenant_id in self._host.tenant_refs():
+            return
+        log.info("%s left while its turn was being prepared: no room is made for it", tenant_id)
+        raise NoRoom(f"{tenant_id} left before its turn was ready")
 
     def _hand_from_model(self, tenant_id: str, gpus: Sequence[str]) -> bool:
         """Grant from the model when the turn needs nothing but the tenant's own restores, and
