@@ -4,11 +4,14 @@ callers get, and why a job waits."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from agent.core.waiters import Waiter
 from coordinator.cluster import Plan
+
+log = logging.getLogger(__name__)
 
 
 class NotLeading(Exception):
@@ -89,23 +92,71 @@ class Asked:
                 future.set_exception(error)
 
 
+OTHER = "a job of another namespace"
+"""How a caller is told of a job of a namespace not its own (its name is that namespace's)."""
+
+
+def seen_as(key: str, viewer: str | None) -> str:
+    """A job's key (`namespace/job[@group]`) as a caller of namespace `viewer` may read it: its
+    own namespace's by name, another's as `OTHER` (None: a caller who may see every job)."""
+    return key if viewer is None or key.partition("/")[0] == viewer else OTHER
+
+
+def _jobs(keys: Iterable[str], viewer: str | None) -> str:
+    """Jobs (keys) as a caller of namespace `viewer` may read them: "job a/x, a/y", and the
+    others counted."""
+    keys = set(keys)
+    named = sorted(k for k in keys if seen_as(k, viewer) == k)
+    hidden = len(keys) - len(named)
+    parts = [f"job {', '.join(named)}"] if named else []
+    if hidden:
+        parts.append(OTHER if hidden == 1 else f"{hidden} jobs of other namespaces")
+    return " and ".join(parts)
+
+
+def late(
+    plan: Plan,
+    held: Iterable[JobTurn],
+    waiters: Iterable[Waiter],
+    moving: bool,
+    viewer: str | None,
+) -> TimeoutError:
+    """The error of the plan's ask whose deadline came, for a caller of namespace `viewer`
+    (None: one who sees every job); the log names every job."""
+    told = why_late(plan.key, plan.resources, held, waiters, moving, viewer)
+    if told != (full := why_late(plan.key, plan.resources, held, waiters, moving)):
+        log.info("%s", full)
+    return TimeoutError(told)
+
+
+def not_holder(key: str, holder: str, viewer: str | None) -> NotHolder:
+    """The error of a yield of job turn `key` it does not hold (`holder` does: "" for none),
+    for a caller of namespace `viewer` (None: one who sees every job)."""
+    namespace_job, _, group = key.partition("@")
+    on = f" on group {group!r}" if group else ""
+    held_by = seen_as(holder, viewer) if holder else "nobody"
+    return NotHolder(f"job {namespace_job} does not hold the turn{on} (held by {held_by})")
+
+
 def why_late(
     key: str,
     resources: Iterable[str],
     held: Iterable[JobTurn],
     waiters: Iterable[Waiter],
     moving: bool,
+    viewer: str | None = None,
 ) -> str:
-    """Why the job `key` had no turn on `resources` by its deadline, in one sentence."""
+    """Why the job `key` had no turn on `resources` by its deadline, in one sentence, naming
+    only the jobs a caller of namespace `viewer` may see (None: every one)."""
     if moving:
         return f"job {key}: its turn was still being prepared on its nodes at the deadline"
     wanted = set(resources)
-    holders = sorted({t.key for t in held if wanted & set(t.resources)})
+    holders = {t.key for t in held if wanted & set(t.resources)}
     others = [w for w in waiters if w.tenant_id != key and wanted & set(w.gpus)]
-    parts = [f"held by job {', '.join(holders)}"] if holders else []
-    if preparing := sorted({w.tenant_id for w in others if w.reserved}):
-        parts.append(f"being prepared for job {', '.join(preparing)}")
-    elif queued := sorted({w.tenant_id for w in others}):
-        parts.append(f"asked for by job {', '.join(queued)} too")
+    parts = [f"held by {_jobs(holders, viewer)}"] if holders else []
+    if preparing := {w.tenant_id for w in others if w.reserved}:
+        parts.append(f"being prepared for {_jobs(preparing, viewer)}")
+    elif queued := {w.tenant_id for w in others}:
+        parts.append(f"asked for by {_jobs(queued, viewer)} too")
     why = f"; its GPUs were {' and '.join(parts)}" if parts else ""
     return f"job {key}: no turn before the deadline{why}"

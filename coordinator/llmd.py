@@ -22,7 +22,8 @@ from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
 from baton.contract.deadline import answer_before
 from coordinator.callers import CallerUnknown
 from coordinator.cluster import ClusterView, PlanError, UnknownGroup, UnknownJob
-from coordinator.turns import Arbiter, NotHolder, NotLeading, TurnFailed
+from coordinator.jobturn import NotHolder
+from coordinator.turns import Arbiter, NotLeading, TurnFailed
 
 
 class Refused(Exception):
@@ -82,7 +83,9 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         self._namespace_of = namespace_of
         self._allow_unidentified = allow_unidentified
 
-    async def _namespace(self, job: str, context: grpc.aio.ServicerContext) -> str:
+    async def _namespace(self, job: str, context: grpc.aio.ServicerContext) -> tuple[str, bool]:
+        """The job's namespace, and whether the caller may see every namespace's jobs (an
+        unidentified caller, where `--allow-unidentified` lets it drive any)."""
         if not job:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required")
         have = self._view.namespaces_of(job)
@@ -96,7 +99,7 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
                     f"job {job!r} is in namespace {', '.join(have)}: a caller from namespace "
                     f"{caller} may drive only its own namespace's jobs",
                 )
-            return caller
+            return caller, False
         if not self._allow_unidentified:
             raise Refused(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -109,7 +112,7 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
                 grpc.StatusCode.NOT_FOUND if not have else grpc.StatusCode.FAILED_PRECONDITION,
                 f"job {job!r} is {where}; an unidentified caller must name a job of one namespace",
             )
-        return have[0]
+        return have[0], True
 
     async def _seen(self, context: grpc.aio.ServicerContext) -> tuple[str | None, bool]:
         """The caller's namespace (None: unidentified), and whether it may see every namespace's
@@ -123,9 +126,11 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         self, request: ts.AcquireRequest, context: grpc.aio.ServicerContext
     ) -> ts.AcquireResponse:
         """Wait for the job's turn on the group, on every node; at once for the holder."""
-        namespace = await self._namespace(request.job_id, context)
+        namespace, every = await self._namespace(request.job_id, context)
         timeout = answer_before(context.time_remaining())
-        turn = await self._arbiter.acquire(namespace, request.job_id, request.group_id, timeout)
+        turn = await self._arbiter.acquire(
+            namespace, request.job_id, request.group_id, timeout, every=every
+        )
         return ts.AcquireResponse(
             success=True, waited_ms=int(turn.waited * 1000), context_restored=turn.restored
         )
@@ -135,8 +140,8 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         self, request: ts.YieldRequest, context: grpc.aio.ServicerContext
     ) -> ts.YieldResponse:
         """End the job's turn on the group; PERMISSION_DENIED if it does not hold it."""
-        namespace = await self._namespace(request.job_id, context)
-        waiting = await self._arbiter.yield_(namespace, request.job_id, request.group_id)
+        namespace, every = await self._namespace(request.job_id, context)
+        waiting = await self._arbiter.yield_(namespace, request.job_id, request.group_id, every)
         return ts.YieldResponse(
             success=True, pending_waiters=waiting, snapshot_deferred=not waiting
         )

@@ -27,7 +27,7 @@ from agent.core.waiters import Waiter
 from coordinator import handover
 from coordinator.agents import AgentLinks
 from coordinator.cluster import ClusterView, Plan, turn_key
-from coordinator.jobturn import Asked, JobTurn, NotHolder, NotLeading, TurnFailed, why_late
+from coordinator.jobturn import Asked, JobTurn, NotLeading, TurnFailed, late, not_holder
 from coordinator.overlap import holding
 from coordinator.releases import Releases
 from coordinator.settling import Settling
@@ -83,10 +83,16 @@ class Arbiter:
     # Asking.
 
     async def acquire(
-        self, namespace: str, job: str, group: str, timeout: float | None, share: bool = True
+        self,
+        namespace: str,
+        job: str,
+        group: str,
+        timeout: float | None,
+        share: bool = True,
+        every: bool = False,
     ) -> JobTurn:
-        """Wait for the job's turn on `group` (all its pods if ""); at once if it holds it, or
-        (where `share`) its turn on another group covers it (`coordinator.overlap`)."""
+        """Wait for the job's turn on `group` (all its pods if ""), at once if held or (`share`)
+        covered by its turn on another group (`coordinator.overlap`); `every`: see `yield_`."""
         self.check_leading()
         replan = partial(self.view.plan, namespace, job, group)
         plan = replan()
@@ -115,9 +121,9 @@ class Arbiter:
         except TimeoutError:
             if not future.done() or future.cancelled():
                 held, waiters = self.held.values(), self.table.waiters.values()
-                why = why_late(plan.key, plan.resources, held, waiters, wait.moving)
+                error = late(plan, held, waiters, wait.moving, None if every else namespace)
                 self._abandon(waiter_id, future)
-                raise TimeoutError(why) from None
+                raise error from None
             turn = future.result()  # decided (or failed: raised) as the deadline came
         except asyncio.CancelledError:
             self._abandon(waiter_id, future)
@@ -125,18 +131,15 @@ class Arbiter:
         turn.waited = max(0.0, turn.granted_at - asked)
         return turn
 
-    async def yield_(self, namespace: str, job: str, group: str) -> int:
-        """End the job's turn on every node; returns how many other jobs wait for its GPUs."""
+    async def yield_(self, namespace: str, job: str, group: str, every: bool = False) -> int:
+        """End the job's turn on every node; returns how many other jobs wait for its GPUs
+        (NotHolder names another namespace's holder only for a caller that sees `every` job)."""
         self.check_leading()
         key = turn_key(namespace, job, group)
         turn = self.held.pop(key, None)
         if turn is None:
             holder = self.holder_of(self.view.plan(namespace, job, group).resources)
-            raise NotHolder(
-                f"job {namespace}/{job} does not hold the turn"
-                + (f" on group {group!r}" if group else "")
-                + f" (held by {holder.key if holder else 'nobody'})"
-            )
+            raise not_holder(key, holder.key if holder else "", None if every else namespace)
         waiting = {
             w.tenant_id for w in self.table.waiters.values() if set(w.gpus) & set(turn.resources)
         }

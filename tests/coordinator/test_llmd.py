@@ -127,18 +127,35 @@ def test_groups_across_nodes_are_listed_and_their_state_follows_the_turns(tmp_pa
     run(body)
 
 
-def test_an_acquire_whose_deadline_passes_hears_which_job_holds_the_group(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("caller", "held_by"),
+    [
+        ("team", "a job of another namespace"),  # other/eval's name is its namespace's
+        (None, "job other/eval@train"),  # --allow-unidentified: it may drive any job
+    ],
+)
+def test_an_acquire_whose_deadline_passes_hears_which_job_holds_the_group_if_it_may_see_it(
+    tmp_path: Path, caller: str | None, held_by: str
+) -> None:
     async def body() -> None:
-        nodes, arbiter, server, stub = await serve(tmp_path, caller="team")
-        await arbiter.acquire("other", "eval", "train", timeout=5)
-        with pytest.raises(grpc.aio.AioRpcError) as late:
-            await stub.Acquire(ts.AcquireRequest(job_id="rl", group_id="train"), timeout=1)
-        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert late.value.details() == (
-            "job team/rl@train: no turn before the deadline; its GPUs were held by job "
-            "other/eval@train"
-        )
-        await shut(nodes, arbiter, server)
+        nodes, arbiter, server, stub = await serve(tmp_path, caller, allow_unidentified=True)
+        try:
+            await arbiter.acquire("other", "eval", "train", timeout=5)
+            with pytest.raises(grpc.aio.AioRpcError) as late:
+                await stub.Acquire(ts.AcquireRequest(job_id="rl", group_id="train"), timeout=1)
+            assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert late.value.details() == (
+                f"job team/rl@train: no turn before the deadline; its GPUs were held by {held_by}"
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as denied:
+                await stub.Yield(ts.YieldRequest(job_id="rl", group_id="train"), timeout=5)
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert denied.value.details() == (
+                f"job team/rl does not hold the turn on group 'train' "
+                f"(held by {held_by.removeprefix('job ')})"
+            )
+        finally:
+            await shut(nodes, arbiter, server)
 
     run(body)
 

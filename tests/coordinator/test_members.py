@@ -37,11 +37,13 @@ def run(body: Callable[[], Awaitable[None]]) -> None:
 
 
 @asynccontextmanager
-async def cluster(tmp_path: Path) -> AsyncIterator[tuple[LoopbackNode, LoopbackNode, Arbiter]]:
+async def cluster(
+    tmp_path: Path, jobs: dict[str, list[tuple[str, str, str]]] = JOBS
+) -> AsyncIterator[tuple[LoopbackNode, LoopbackNode, Arbiter]]:
     nodes = [
         await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start() for name in ("n1", "n2")
     ]
-    view = view_of(nodes, JOBS)
+    view = view_of(nodes, jobs)
     arbiter = await leading(view)
     server = grpc.aio.server()
     port = server.add_insecure_port("127.0.0.1:0")
@@ -198,6 +200,22 @@ def test_a_member_whose_deadline_passes_hears_which_job_holds_its_gpus(tmp_path:
                 await api_ops.acquire(n2.service, pod(n2, "rl-sampler"), request)
             assert str(late.value) == (
                 "job team/rl: no turn before the deadline; its GPUs were held by job team/sft"
+            )
+
+    run(body)
+
+
+def test_a_member_whose_gpus_another_namespaces_job_holds_hears_only_that(tmp_path: Path) -> None:
+    async def body() -> None:
+        jobs = {**JOBS, "eval": [("other/eval-a", "n2", "")]}
+        async with cluster(tmp_path, jobs) as (_n1, n2, _arbiter):
+            await acquire(n2.service, n2.service.tenants.tenants["other/eval-a"])
+            request = pb.AcquireRequest(timeout_ms=1000)
+            with pytest.raises(AcquireTimeout) as late:
+                await api_ops.acquire(n2.service, pod(n2, "rl-sampler"), request)
+            assert str(late.value) == (
+                "job team/rl: no turn before the deadline; its GPUs were held by a job of "
+                "another namespace"
             )
 
     run(body)

@@ -16,8 +16,9 @@ from baton.contract.annotations import GpuRecord, encode_gpus
 from baton.contract.names import ANNOTATION_AGENT_COORDINATION, ANNOTATION_GPUS
 from coordinator.agents import AgentLinks, NodeFailed
 from coordinator.cluster import ClusterView, Member, Node, NodeStore
+from coordinator.jobturn import NotHolder
 from coordinator.recovery import chase, recover
-from coordinator.turns import Arbiter, NotHolder, NotLeading, TurnFailed
+from coordinator.turns import Arbiter, NotLeading, TurnFailed
 from tests.coordinator.loopback import TOKEN, LoopbackNode, leading, view_of
 
 JOBS = {
