@@ -5,7 +5,7 @@ wire form."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agent.core.errors import AcquireTimeout, NeverGranted, WaitRefused
@@ -19,23 +19,38 @@ from baton._pb import agent_pb2 as pb
 log = logging.getLogger(__name__)
 
 
+HIDDEN = "a job of another namespace"
+"""How a tenant the caller may not see is named to it (llm-d's `Jobs.seen_by`)."""
+
+
 def standing(
-    table: LeaseTable, metrics: AgentMetrics, waiter: Waiter, now: float
+    table: LeaseTable,
+    metrics: AgentMetrics,
+    waiter: Waiter,
+    now: float,
+    seen: Callable[[str], bool] = lambda tenant_id: True,
 ) -> dict[str, Any]:
-    """Where `waiter` stands on each of its GPUs, and one sentence saying why it waits."""
+    """Where `waiter` stands on each of its GPUs, and one sentence saying why it waits, naming
+    the tenants `seen` accepts (the others as `HIDDEN`)."""
+
+    def name(tenant_id: str) -> str:
+        return tenant_id if seen(tenant_id) else HIDDEN
+
     usage = table.usage.get(waiter.tenant_id, TenantUsage())
     where: list[str] = []
     position = 0
     used = 0.0
     for gpu in waiter.gpus:
         queue = table.queue_of(gpu)
-        ahead = [w.tenant_id for w in queue[: _index(queue, waiter)]]
+        ahead = [name(w.tenant_id) for w in queue[: _index(queue, waiter)]]
         position = max(position, len(ahead) + 1)
         used = max(used, metrics.share_last_minute(gpu, waiter.tenant_id, now))
         holder = table.leases.get(table.gpu(gpu).holder or "")
         kept = table.anticipation.held_for(gpu, now)
-        first = [f"holder {holder.tenant_id}"] if holder else []
-        first += [f"{kept} (owed, kept for it as it asks again)"] if kept and not holder else []
+        first = [f"holder {name(holder.tenant_id)}"] if holder else []
+        first += (
+            [f"{name(kept)} (owed, kept for it as it asks again)"] if kept and not holder else []
+        )
         behind = first + ahead
         where.append(f"{gpu} behind {', '.join(behind)}" if behind else f"{gpu} free")
     why = waiter.blocked or (

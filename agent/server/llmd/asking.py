@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agent.core.errors import AcquireTimeout, WaitRefused
@@ -38,10 +38,16 @@ class Asking:
         self._asked: dict[tuple[str, frozenset[str]], _Asked] = {}
 
     async def acquire(
-        self, tenant: Tenant, gpus: Sequence[str], timeout: float | None, job: str
+        self,
+        tenant: Tenant,
+        gpus: Sequence[str],
+        timeout: float | None,
+        job: str,
+        seen: Callable[[str], bool] = lambda tenant_id: True,
     ) -> Granted:
         """Wait for the tenant's turn on `gpus` beside the calls already waiting for it (the
-        grant answers them all); the place in the queue is given up when the last one goes."""
+        grant answers them all); the place in the queue is given up when the last one goes.
+        A call past its deadline hears why, naming the tenants `seen` lets its caller see."""
         key = (tenant.tenant_id, frozenset(gpus))
         asked = self._asked.get(key)
         if asked is None or asked.task.done():
@@ -58,7 +64,7 @@ class Asking:
         except TimeoutError:
             if asked.task.done():  # granted (or refused) just as the deadline came
                 return asked.task.result()
-            raise self._late(tenant.tenant_id, key[1], others=asked.calls - 1) from None
+            raise self._late(tenant.tenant_id, key[1], asked.calls - 1, seen) from None
         finally:
             asked.calls -= 1
             if not asked.calls:
@@ -66,7 +72,9 @@ class Asking:
                     del self._asked[key]
                 asked.task.cancel()  # leaves the queue (a turn granted meanwhile ends)
 
-    def _late(self, tenant_id: str, gpus: frozenset[str], others: int) -> AcquireTimeout:
+    def _late(
+        self, tenant_id: str, gpus: frozenset[str], others: int, seen: Callable[[str], bool]
+    ) -> AcquireTimeout:
         """Why a call's deadline came first (its place in the queue); the last call's takes the
         job out of the queue, as a waiter past its deadline leaves it."""
         table = self._service.table
@@ -78,9 +86,11 @@ class Asking:
         if waiter is None:
             return AcquireTimeout(f"no turn on [{wanted}] within the timeout")
         if waiter.reserved:
-            why = "its turn was being prepared (its memory being made resident)"
+            why = full = "its turn was being prepared (its memory being made resident)"
         else:
-            why = standing(table, self._service.metrics, waiter, self._service.state.clock())["why"]
+            now, metrics = self._service.state.clock(), self._service.metrics
+            why = standing(table, metrics, waiter, now, seen)["why"]
+            full = standing(table, metrics, waiter, now)["why"]  # for the log and events
         if waiter.front:  # its revoked turn, given back as the GPUs free: it stays queued
             return late(waiter, why)
         if others:
@@ -90,5 +100,5 @@ class Asking:
             )
         error = timed_out(waiter, why)
         if not waiter.reserved:  # one being prepared is given up on as its caller goes
-            self._service.expire(waiter.waiter_id, error, why)
+            self._service.expire(waiter.waiter_id, error, full)
         return error

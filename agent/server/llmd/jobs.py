@@ -90,13 +90,19 @@ class Jobs:
             return lambda tenant_id: True
         if not pod:
             return lambda tenant_id: tenant_id in tenants and tenants[tenant_id].source != POD
-        own = next((t for t in tenants.values() if t.source == POD and t.pod_uid == pod), None)
-        mine = f"{own.tenant_id.split('/', 1)[0]}/" if own else None
+        own = self._namespace_of_pod(pod)
+        mine = f"{own}/" if own else None
         return lambda tenant_id: (
             mine is not None
             and tenant_id.startswith(mine)
             and (tenant_id not in tenants or tenants[tenant_id].source == POD)
         )
+
+    def _namespace_of_pod(self, pod_uid: str) -> str | None:
+        """The namespace of the pod tenant with this UID, if the agent has it."""
+        tenants = self.service.tenants.tenants.values()
+        own = next((t for t in tenants if t.source == POD and t.pod_uid == pod_uid), None)
+        return own.tenant_id.split("/", 1)[0] if own else None
 
     def _pods(self) -> list[tuple[Tenant, tuple[str, str]]]:
         """Pod tenants labelled with an llm-d job and group, and those labels."""
@@ -224,8 +230,11 @@ class Jobs:
         pod = pod_uid_of_pid(caller.pid, self._proc_root) if caller else None
         if tenant is not None and tenant.source == POD:
             if pod != tenant.pod_uid:
+                own = self._namespace_of_pod(pod) if pod else None
+                seen = caller is not None and (not pod or own == tenant.tenant_id.split("/")[0])
+                whose = f"pod {tenant.tenant_id}" if seen else "a pod of another namespace"
                 raise Forbidden(
-                    f"job {self.job_of(tenant.tenant_id)!r} is pod {tenant.tenant_id}; "
+                    f"job {self.job_of(tenant.tenant_id)!r} is {whose}; "
                     "only its own processes may act for it"
                 )
             return

@@ -24,6 +24,7 @@ from agent.server.llmd.edge import BadRequest, mapped
 from agent.server.llmd.jobs import Jobs
 from agent.server.llmd.residency import job_state
 from agent.server.resumes import Resumes
+from agent.server.waits import HIDDEN
 from baton._pb import snapshot_agent_pb2 as sa
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
@@ -93,7 +94,7 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         was_parked = parked_on(self._service.preparer.residency_of(tenant.tenant_id), gpus)
         asked = self._service.state.clock()
         timeout = answer_before(context.time_remaining())
-        granted = await self._asking.acquire(tenant, gpus, timeout, request.job_id)
+        granted = await self._asking.acquire(tenant, gpus, timeout, request.job_id, seen)
         waited = max(0.0, granted.lease.granted_at - asked)
         return ts.AcquireResponse(
             success=True, waited_ms=int(waited * 1000), context_restored=was_parked
@@ -121,6 +122,8 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         if tenant is None or (lease is None and not revoked):
             holder = self._holder(gpus)
             held_by = self._jobs.job_of(holder.tenant_id) if holder else "nobody"
+            if holder and not seen(holder.tenant_id):
+                held_by = HIDDEN
             if held_by == request.job_id:  # its turn on another group covers these GPUs
                 held_by += ", on another group: yield with that group_id"
             raise Forbidden(

@@ -4,6 +4,8 @@ their job id; and they see other namespaces' jobs counted, not named."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -146,4 +148,54 @@ def test_a_pods_unknown_group_or_job_is_refused_naming_only_groups_it_may_see(
         finally:
             agent.close()
             client.close()
+            runner.stop()
+
+
+def test_a_pods_errors_name_no_job_or_pod_of_another_namespace(
+    workdir: str, tmp_path: Path
+) -> None:
+    proc = fake_proc(tmp_path / "proc")  # this test's process runs in the pod MINE...
+    cgroup = proc / str(os.getpid()) / "cgroup"
+    as_pod = {uid: f"0::/kubepods/burstable/pod{uid}/abc\n" for uid in (MINE, OTHER)}
+    with FakeApiServer() as api:  # both pods on GPU-1, in group "shared"
+        api.put_object(pod_in("ours", labelled_pod("mine", MINE, "job-a", "shared"), "GPU-1"))
+        api.put_object(pod_in("theirs", labelled_pod("victim", OTHER, "job-b", "shared"), "GPU-1"))
+        runner = pods_agent(workdir, api, tmp_path, proc)
+        endpoint = f"127.0.0.1:{runner.llmd_port}"
+        theirs = TimeSliceOrchestratorClient(endpoint, "job-b", "shared")
+        ours = TimeSliceOrchestratorClient(endpoint, "job-a", "shared")
+        try:
+            for pod in ("ours/mine", "theirs/victim"):
+                runner.wait_event(joined(pod))
+            cgroup.write_text(as_pod[OTHER])  # ...and, for this call, in theirs/victim
+            assert theirs.acquire(timeout_sec=5)[0]
+            cgroup.write_text(as_pod[MINE])
+            refusals = []
+            for call in (
+                lambda: ours.acquire(timeout_sec=1),  # theirs/victim holds GPU-1
+                lambda: ours.release(),  # a turn it does not hold
+                lambda: ours.acquire(job_id="job-b", timeout_sec=5),  # not its pod's job
+            ):
+                with pytest.raises(grpc.RpcError) as refused:
+                    call()
+                refusals.append(refused.value)
+            codes = [r.code() for r in refusals]
+            assert codes == [
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.PERMISSION_DENIED,
+                grpc.StatusCode.PERMISSION_DENIED,
+            ], [r.details() for r in refusals]
+            for refusal in refusals:
+                details = str(refusal.details()).replace("job 'job-b'", "")  # its own word
+                assert "theirs" not in details and "victim" not in details, details
+                assert "job-b" not in details, details
+            assert "behind holder a job of another namespace" in refusals[0].details()
+            assert "(held by a job of another namespace)" in refusals[1].details()
+            assert "is a pod of another namespace" in refusals[2].details()
+        finally:
+            cgroup.write_text(as_pod[OTHER])
+            with contextlib.suppress(grpc.RpcError):  # (its acquire may be what failed)
+                theirs.release()
+            ours.close()
+            theirs.close()
             runner.stop()
