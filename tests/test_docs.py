@@ -134,3 +134,16 @@ def test_flag_tables_give_each_flag_its_env_twin_and_default(command: str) -> No
             if documented is not None and actual is not None and not _same(documented, actual):
                 wrong.append(f"{flag}: default {value}, but the command's is {actual!r}")
     assert not wrong, f"docs/{DAEMON_PAGES[command]}: {wrong}"
+
+
+_SET_IMAGE = re.compile(r"(?:cd \S+ && )?kustomize edit set image[^.;]*")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_pages_set_the_image_where_it_reaches_every_daemon(page: Path) -> None:
+    """An image set in `manifests/base` misses the DRA driver, which `overlays/dra` adds beside
+    the base; set in the kustomization applied, it reaches every daemon
+    (`tests/test_manifests_overlays.py`)."""
+    text = " ".join(page.read_text().split())
+    wrong = [m for m in _SET_IMAGE.findall(text) if "manifests/base" in m]
+    assert not wrong, f"{page.name} sets the image in manifests/base: {wrong}"

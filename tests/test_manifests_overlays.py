@@ -4,11 +4,15 @@ image in each."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 import yaml
 
 from baton.contract import names
-from tests.test_manifests import build, by_kind, containers, env_names
+from tests.test_manifests import MANIFESTS, build, by_kind, containers, env_names, kubectl
 
 
 @pytest.mark.parametrize(
@@ -142,3 +146,45 @@ def test_local_dra_overlay_runs_the_driver_on_the_local_node() -> None:
     assert env[names.ENV_FAKE_GPUS] == agent_env[names.ENV_FAKE_GPUS], "the same simulated GPUs"
     assert container["image"] == "baton:local" and container["imagePullPolicy"] == "Never"
     assert "baton-agent-dra" in by_kind(objects, "ClusterRole")
+
+
+def _set_image(kustomization: Path, name: str, new_name: str, new_tag: str) -> None:
+    """As `kustomize edit set image NAME=NEW_NAME:NEW_TAG` run beside `kustomization`."""
+    spec = yaml.safe_load(kustomization.read_text())
+    images = spec.setdefault("images", [])
+    entry = next((i for i in images if i["name"] == name), None)
+    if entry is None:
+        images.append(entry := {"name": name})
+    entry.update(newName=new_name, newTag=new_tag)
+    kustomization.write_text(yaml.safe_dump(spec))
+
+
+@pytest.mark.parametrize("overlay", [".", "overlays/nvidia", "overlays/dra"])
+def test_an_image_set_in_the_applied_kustomization_reaches_every_daemon(
+    overlay: str, tmp_path: Path
+) -> None:
+    """docs/deploy.md: `kustomize edit set image baton=<registry>/baton:<tag>` in the
+    kustomization you apply points every Baton container at your registry, the DRA driver
+    (which overlays/dra adds beside the base, out of the base's reach) included."""
+    copy = tmp_path / "manifests"
+    shutil.copytree(MANIFESTS, copy)
+    _set_image(copy / overlay / "kustomization.yaml", "baton", "registry.example/baton", "9.9")
+    rendered = subprocess.run(
+        [kubectl(), "kustomize", str(copy / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    objects = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
+    images = {
+        f"{name}/{container}": c["image"]
+        for kind in ("Deployment", "DaemonSet")
+        for name, workload in by_kind(objects, kind).items()
+        for container, c in containers(workload).items()
+        if container != "kube-scheduler"
+    }
+    assert "baton-agent/agent" in images
+    wrong = {k: v for k, v in images.items() if v != "registry.example/baton:9.9"}
+    assert not wrong, f"not from the registry set in manifests/{overlay}: {wrong}"
