@@ -41,6 +41,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+LAPSE_MARGIN_S = 0.01
+"""A standby tries again this long after the holder's claim lapses (a takeover needs it past)."""
+
 
 class LeaderElector:
     """Campaigns for one Lease on its own thread; leads until stopped or until it cannot renew
@@ -104,6 +107,8 @@ class LeaderElector:
         self._written: dict[str, Any] | None = None
         """The Lease as our last write left it (the release starts from it)."""
         self._seen: tuple[str, float] = ("", 0.0)
+        self._lapses = float("-inf")
+        """Monotonic time the claim our last read waited on lapses (-inf: no wait was decided)."""
         self._last_error = "no answer yet"
         self._leading = threading.Event()
         self._stopping = threading.Event()
@@ -174,6 +179,7 @@ class LeaderElector:
             if self._term is not None and self._term <= above:
                 self._step_down(f"agents obey epoch {above}: taking {self._where} again above it")
         now, began = self._clock(), self._monotonic()
+        self._lapses = float("-inf")
         try:
             obj = self._read(self._request_timeout(began))
         except Exception as err:
@@ -184,6 +190,7 @@ class LeaderElector:
         if lease is not None:
             self._highest_epoch = max(self._highest_epoch, lease.transitions)
         if decision.action is Action.WAIT:
+            self._lapses = self._seen[1] + (decision.lease.duration_s or self.lease_duration_s)
             if self._term is not None:
                 self._step_down(f"{self._where} is now held by {decision.lease.holder}")
             self._outage.answered()
@@ -240,9 +247,14 @@ class LeaderElector:
         return max(min(self._valid_until - now, self.renew_deadline_s), 0.001)
 
     def _pause(self) -> float:
-        """Until the next attempt: a retry period, but never past a leader's deadline."""
+        """Until the next attempt: a retry period, but never past a leader's deadline, nor (for
+        a standby) past the lapse of the claim it waits on, so a dead leader is replaced within
+        the Lease's duration plus one retry period of its last renewal, not two."""
         if self._term is None:
-            return self.retry_period_s
+            if self._lapses == float("-inf"):  # no claim to wait on: an error, a conflict
+                return self.retry_period_s
+            lapse = self._lapses + LAPSE_MARGIN_S - self._monotonic()
+            return max(min(self.retry_period_s, lapse), 0.0)
         return max(min(self.retry_period_s, self._valid_until - self._monotonic()), 0.0)
 
     def _begin(self, epoch: int, renewed_at: float) -> None:
