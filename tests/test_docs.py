@@ -147,3 +147,59 @@ def test_pages_set_the_image_where_it_reaches_every_daemon(page: Path) -> None:
     text = " ".join(page.read_text().split())
     wrong = [m for m in _SET_IMAGE.findall(text) if "manifests/base" in m]
     assert not wrong, f"{page.name} sets the image in manifests/base: {wrong}"
+
+
+_NAME = re.compile(r"(?<![\w.])baton\.dev/[\w.-]*\w")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_baton_dev_name_is_one_the_code_uses(page: Path) -> None:
+    """A `baton.dev/...` resource, annotation or label a page names is one of
+    `baton/contract/names.py`'s (the code spells them only there)."""
+    from baton.contract import names
+
+    known = {v for v in vars(names).values() if isinstance(v, str) and v.startswith("baton.dev/")}
+    unknown = sorted(set(_NAME.findall(page.read_text())) - known)
+    assert not unknown, f"{page.name} names {unknown}, which baton/contract/names.py lacks"
+
+
+def _served_metrics() -> set[str]:
+    """Every series name the daemons' registries serve (counters with and without `_total`)."""
+    import time
+
+    from agent.core.leases import LeaseTable
+    from agent.parking.metrics import ParkingMetrics
+    from agent.server.accounting import AccountingCollector
+    from agent.server.metrics import AgentMetrics
+    from coordinator.status import CoordinatorMetrics
+    from extender.metrics import Metrics as ExtenderMetrics
+    from nodegpu.metrics import Metrics as NodeMetrics
+
+    agent = AgentMetrics()
+    agent.watch(LeaseTable(clock=time.time), lambda: 0, time.time)
+    agent.registry.register(AccountingCollector(agent.accounting, lambda: None))
+    registries = [agent.registry, ParkingMetrics("fake").registry, ExtenderMetrics().registry]
+    registries += [NodeMetrics().registry, CoordinatorMetrics().registry]
+    served = set()
+    for registry in registries:
+        for family in registry.collect():
+            served |= {family.name, f"{family.name}_total"} | {s.name for s in family.samples}
+    return served
+
+
+_METRIC = re.compile(r"`(baton_[a-z_]+)")
+
+
+def test_every_metric_the_pages_name_is_served() -> None:
+    served = _served_metrics()
+    named = {(page.name, m) for page in PAGES for m in _METRIC.findall(page.read_text())}
+    unknown = sorted((page, m) for page, m in named if m not in served)
+    assert not unknown, f"metrics no daemon serves: {unknown}"
+
+
+@pytest.mark.parametrize("command", sorted(DAEMON_PAGES))
+def test_each_daemon_page_lists_the_metrics_it_serves(command: str) -> None:
+    """deploy.md sends the operator to each component's page for its metrics."""
+    assert _METRIC.findall((DOCS / DAEMON_PAGES[command]).read_text()), (
+        f"docs/{DAEMON_PAGES[command]} lists none of the metrics `baton {command}` serves"
+    )
