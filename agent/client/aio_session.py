@@ -21,6 +21,7 @@ from agent.client.connect import connected, open_session, reconnect, usable
 from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.links import TRANSPORTS, SessionLink
 from agent.client.parked import Moves
+from agent.client.refusals import Refusals
 from agent.client.session_core import SessionCore
 from agent.client.timers import LoopTimer
 from agent.client.types import (
@@ -85,6 +86,10 @@ class AsyncSession:
         self._core.keeps_turns = keep_turns and not job  # a job's turn is the coordinator's
         self._write_lock: asyncio.Lock | None = None
         self._connected: asyncio.Event | None = None
+        self._answered: asyncio.Event | None = None
+        """Set while the session is open or the agent refuses it for good: what calls wait for."""
+        self._refusals = Refusals(self.socket)
+        """What the agent answered the reconnects since the session broke."""
         self._supervisor: asyncio.Task[None] | None = None
         self._renewer = LoopTimer(self._renew_due, self._core.clock)
         self._keeper = LoopTimer(self._give_back_due, self._core.clock)
@@ -127,7 +132,7 @@ class AsyncSession:
         usable(self._closing, self._supervisor)
         if self._supervisor is not None:
             return
-        self._connected = asyncio.Event()
+        self._connected, self._answered = asyncio.Event(), asyncio.Event()
         self._write_lock = asyncio.Lock()
         await self._open()
         self._supervisor = asyncio.create_task(self._supervise())
@@ -145,8 +150,10 @@ class AsyncSession:
             await self._link.close()
         self._link, self._token = opened.link, opened.token
         self.tenant = opened.tenant
-        assert self._connected is not None
+        assert self._connected is not None and self._answered is not None
+        self._refusals.welcomed()
         self._connected.set()
+        self._answered.set()
 
     async def _supervise(self) -> None:
         while not self._closing:
@@ -155,8 +162,17 @@ class AsyncSession:
             if self._closing or not self._reconnect:
                 return
             log.warning("lost the Baton agent at %s; reconnecting", self.socket)
-            if await reconnect(self._open, lambda: self._closing, self.socket):
+            if await reconnect(self._open, lambda: self._closing, self.socket, self._heard):
                 self._spawn(self._reclaim())
+
+    def _heard(self, exc: BatonError) -> None:
+        """A reconnect failed: calls waiting for it fail at once if the agent refused for good."""
+        assert self._answered is not None
+        self._refusals.heard(exc)
+        if self._refusals.final() is not None:
+            self._answered.set()
+        else:
+            self._answered.clear()
 
     async def _serve_session(self, link: SessionLink) -> None:
         try:
@@ -210,6 +226,8 @@ class AsyncSession:
         """The session `link` is broken: calls wait for the reconnect from now on."""
         if link is self._link and self._connected is not None:
             self._connected.clear()
+            if self._answered is not None:
+                self._answered.clear()
             link.cancel()  # so that the read side ends too, and the supervisor reconnects
 
     def _spawn(self, coro: Any) -> asyncio.Task[None]:
@@ -289,9 +307,12 @@ class AsyncSession:
     async def _ready(self, wait: float) -> None:
         """Return once the session is open; `AgentUnavailable` if not within `wait` seconds."""
         await self.connect()
-        assert self._connected is not None and self._supervisor is not None
+        assert self._connected is not None and self._answered is not None
+        assert self._supervisor is not None
         reconnecting = self._reconnect and not self._supervisor.done()
-        await connected(self._connected, reconnecting, wait, self.socket)
+        await connected(
+            self._connected, self._answered, self._refusals, reconnecting, wait, self.socket
+        )
 
     # Renewal.
 

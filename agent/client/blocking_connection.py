@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from agent.client.background import BackgroundCall
 from agent.client.call_link import CallLink
 from agent.client.errors import AgentUnavailable, BatonError, from_status
+from agent.client.refusals import Refusals
 from agent.wire.handshake import handshake_path, read_token_line
 from baton._pb import agent_pb2 as pb
 from baton.contract import framing
@@ -51,6 +52,10 @@ class BlockingConnection:
         self._connected = threading.Event()
         self._disconnected = threading.Event()
         """Set while the session is broken (the opposite of `_connected`, to wait on)."""
+        self._answered = threading.Event()
+        """Set while the session is open or the agent refuses it for good: what calls wait for."""
+        self._refusals = Refusals(socket)
+        """What the agent answered the reconnects since the session broke (under `_state`)."""
         self._closed = threading.Event()
         self._send_lock = threading.Lock()
         self._call_lock = threading.Lock()
@@ -106,7 +111,9 @@ class BlockingConnection:
         with self._state:
             self._sock, self._token, self.tenant = sock, token, first.welcome.tenant
             self._disconnected.clear()
-        self._connected.set()
+            self._refusals.welcomed()
+            self._connected.set()
+            self._answered.set()
         return reader
 
     def _supervise(self, reader: framing.BlockingReader) -> None:
@@ -129,11 +136,21 @@ class BlockingConnection:
             try:
                 return self._open()
             except BatonError as exc:
+                self._heard(exc)
                 log.warning("reconnect failed (%s); retrying in %.2f s", exc, delay)
                 if self._closed.wait(delay):
                     return None
                 delay = min(longest, delay * 2)
         return None
+
+    def _heard(self, exc: BatonError) -> None:
+        """A reconnect failed: calls waiting for it fail at once if the agent refused for good."""
+        with self._state:
+            self._refusals.heard(exc)
+            if self._refusals.final() is not None:
+                self._answered.set()
+            else:
+                self._answered.clear()
 
     def _serve(self, reader: framing.BlockingReader) -> None:
         sock = self._sock
@@ -161,6 +178,7 @@ class BlockingConnection:
             if sock is not self._sock:
                 return
             self._connected.clear()
+            self._answered.clear()
             self._disconnected.set()
             self._sock = None
             calls, self._calls = self._calls, {}

@@ -140,24 +140,29 @@ class BlockingSession(BlockingConnection):
         )
 
     def _ready(self, wait: float) -> None:
-        """Return once the session is open; `AgentUnavailable` if not within `wait` seconds."""
+        """Return once the session is open; `AgentUnavailable` if not within `wait` seconds, or
+        at once the agent's refusal if it refuses the session for good (`Refusals`)."""
         if self._reader is None:
             self.connect()
-        if self._connected.is_set():
-            return
         assert self._reader is not None
-        if self._closed.is_set():
-            raise BatonError("this Baton client is closed; create a new one")
-        if not self._reconnect or not self._reader.is_alive():
-            raise AgentUnavailable(
-                f"lost the Baton agent at {self.socket} and this client does not reconnect "
-                "(reconnect=False); create a new client"
-            )
-        if not self._connected.wait(max(0.0, wait)):
-            raise AgentUnavailable(
-                f"not connected to the Baton agent at {self.socket}: still reconnecting "
-                f"after {max(0.0, wait):.3g} s"
-            )
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            with self._state:
+                if self._connected.is_set():
+                    return
+                refused = self._refusals.final()
+            if refused is not None:
+                raise refused
+            if self._closed.is_set():
+                raise BatonError("this Baton client is closed; create a new one")
+            if not self._reconnect or not self._reader.is_alive():
+                raise AgentUnavailable(
+                    f"lost the Baton agent at {self.socket} and this client does not reconnect "
+                    "(reconnect=False); create a new client"
+                )
+            if not self._answered.wait(max(0.0, deadline - time.monotonic())):
+                with self._state:
+                    raise self._refusals.still_reconnecting(wait)
 
     # Messages.
 

@@ -11,6 +11,7 @@ import grpc
 
 from agent.client.errors import AgentUnavailable, BatonError, from_rpc_error, from_status
 from agent.client.links import TRANSPORTS, DirectLink, GrpcLink, SessionLink
+from agent.client.refusals import Refusals
 from agent.wire.handshake import handshake_path, token_of
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
@@ -151,34 +152,48 @@ def usable(closed: bool, session: asyncio.Task[None] | None) -> None:
         )
 
 
-async def connected(is_open: asyncio.Event, reconnecting: bool, wait: float, socket: str) -> None:
+async def connected(
+    is_open: asyncio.Event,
+    answered: asyncio.Event,
+    refusals: Refusals,
+    reconnecting: bool,
+    wait: float,
+    socket: str,
+) -> None:
     """Return once `is_open` is set; `AgentUnavailable` if not within `wait` seconds or if the
-    session is broken and no reconnect is under way."""
+    session is broken and no reconnect is under way; the agent's refusal at once if it refuses
+    the session for good (`answered` is set then too)."""
     if is_open.is_set():
         return
+    if (refused := refusals.final()) is not None:
+        raise refused
     if not reconnecting:
         raise AgentUnavailable(
             f"lost the Baton agent at {socket} and this client does not reconnect "
             "(reconnect=False); create a new client"
         )
     try:
-        await asyncio.wait_for(is_open.wait(), max(0.0, wait))
+        await asyncio.wait_for(answered.wait(), max(0.0, wait))
     except TimeoutError:
-        raise AgentUnavailable(
-            f"not connected to the Baton agent at {socket}: still reconnecting "
-            f"after {max(0.0, wait):.3g} s"
-        ) from None
+        raise refusals.still_reconnecting(wait) from None
+    if not is_open.is_set() and (refused := refusals.final()) is not None:
+        raise refused
 
 
 async def reconnect(
-    open_: Callable[[], Awaitable[None]], closing: Callable[[], bool], socket: str
+    open_: Callable[[], Awaitable[None]],
+    closing: Callable[[], bool],
+    socket: str,
+    heard: Callable[[BatonError], None],
 ) -> bool:
-    """Retry `open_` with backoff until it succeeds (True) or the client closes (False)."""
+    """Retry `open_` with backoff until it succeeds (True) or the client closes (False);
+    `heard` hears why each try failed."""
     delay = 0.05
     while not closing():
         try:
             await open_()
         except BatonError as exc:
+            heard(exc)
             log.warning("reconnect failed (%s); retrying in %.2f s", exc, delay)
             await asyncio.sleep(delay)
             delay = min(2.0, delay * 2)
