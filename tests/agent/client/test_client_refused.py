@@ -112,8 +112,12 @@ def stand_in(workdir: str) -> Iterator[RefusingAgent]:
 
 
 def tenant(kind: str, socket: str, gpu: str = "GPU-0") -> Baton | AsyncBaton:
-    kind_of = Baton if kind == "blocking" else AsyncBaton
-    return kind_of(socket, [gpu], name="t", connect_timeout=5, renew_interval=60)
+    if kind == "blocking":
+        return Baton(socket, [gpu], name="t", connect_timeout=5, renew_interval=60)
+    transport = "grpc" if kind == "asyncio-grpc" else "direct"
+    return AsyncBaton(
+        socket, [gpu], name="t", connect_timeout=5, renew_interval=60, transport=transport
+    )
 
 
 @pytest.mark.parametrize("kind", ["blocking", "asyncio"])
@@ -164,7 +168,7 @@ def test_a_refusal_that_may_pass_is_retried_and_named_meanwhile(
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+@pytest.mark.parametrize("kind", ["blocking", "asyncio", "asyncio-grpc"])
 def test_an_agent_restarted_without_the_tenants_gpu_is_heard(workdir: str, kind: str) -> None:
     """A real agent restarted on a node that lost the tenant's GPU refuses its registration
     (INVALID_ARGUMENT, for good): the tenant's next acquire says so at once."""
