@@ -71,9 +71,11 @@ def _private_path(path: Path) -> Path:
 
 def identity(path: str | Path) -> tuple[int, int, int]:
     """A file's identity: its inode, and when it was made (a deleted socket's inode number is
-    soon reused by the next file made in its place); `OSError` when it cannot be read."""
+    soon reused by the next file made in its place); `OSError` when it cannot be read. "Made" is
+    its mtime, which nothing changes on a socket but `touch`: its ctime moves with a chmod, chown
+    or rename, which leave it the same socket."""
     info = os.stat(path)
-    return info.st_dev, info.st_ino, info.st_ctime_ns
+    return info.st_dev, info.st_ino, info.st_mtime_ns
 
 
 class ServedSocket:

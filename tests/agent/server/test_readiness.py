@@ -101,6 +101,20 @@ def test_a_socket_replaced_by_another_file_makes_the_agent_not_ready(agent: Agen
     assert f"the socket {agent.socket} is no longer the one this agent listens on" in body
 
 
+@pytest.mark.parametrize("which", ["agent socket", "handshake socket"])
+def test_a_socket_given_another_mode_or_owner_is_still_the_agents_own(
+    agent: AgentRunner, which: str
+) -> None:
+    """An operator's chmod or chown on the host changes the socket's ctime, not the socket: the
+    agent stays ready, serves on it, and removes it as it stops."""
+    path = agent.socket if which == "agent socket" else handshake_path(agent.socket)
+    os.chmod(path, 0o666)
+    os.chown(path, os.getuid(), os.getgid())
+    assert agent.http("/readyz") == (200, "ready\n")
+    agent.stop()
+    assert not os.path.exists(path), f"the agent left its {which} behind as it stopped"
+
+
 def test_serving_pods_the_agent_is_ready_once_the_nodes_pods_are_listed(
     workdir: str, tmp_path: Path
 ) -> None:
