@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,102 @@ def test_each_daemon_page_lists_the_metrics_it_serves(command: str) -> None:
     assert _METRIC.findall((DOCS / DAEMON_PAGES[command]).read_text()), (
         f"docs/{DAEMON_PAGES[command]} lists none of the metrics `baton {command}` serves"
     )
+
+
+_DOC_METRIC = re.compile(r"`(baton_\w+)(?:\{([\w,]*)\})?`")
+_SHARED_LABELS = re.compile(r"`\{([\w,]+)\}`")
+_SAMPLE = re.compile(r"^(baton_\w+)(?:\{([^}]*)\})? ", re.M)
+_TYPE = re.compile(r"^# TYPE (baton_\w+) ", re.M)
+_SUFFIXES = ("_bucket", "_count", "_sum")
+
+
+def _documented_agent_metrics() -> dict[str, frozenset[str]]:
+    """Each metric the table in docs/agent.md names, with the labels it gives it (a `{labels}`
+    cell after several names gives them all those labels)."""
+    documented: dict[str, frozenset[str]] = {}
+    for row in (DOCS / "agent.md").read_text().splitlines():
+        if not row.startswith("| `baton_"):
+            continue
+        cell = row.strip("|").split("|")[0]
+        shared = _SHARED_LABELS.search(cell)
+        for name, labels in _DOC_METRIC.findall(cell):
+            given = labels if labels else (shared.group(1) if shared else "")
+            documented[name] = frozenset(filter(None, given.split(",")))
+    assert documented, "docs/agent.md has no metrics table"
+    return documented
+
+
+def _exported(text: str) -> dict[str, frozenset[str] | None]:
+    """Each metric in a /metrics page (a histogram under its own name), with the labels of its
+    series (None while it has none, e.g. a tenant's parked byte-seconds before any park)."""
+    found: dict[str, frozenset[str] | None] = {
+        name: None for name in _TYPE.findall(text) if not name.endswith("_created")
+    }
+    for name, labels in _SAMPLE.findall(text):
+        for suffix in _SUFFIXES:
+            name = name.removesuffix(suffix)
+        if name in found:
+            keys = {pair.split("=", 1)[0] for pair in labels.split(",") if pair} - {"le"}
+            found[name] = frozenset(keys | (found[name] or set()))
+    return found
+
+
+def test_the_agents_metrics_table_gives_each_metric_its_labels_and_lists_them_all() -> None:
+    """Every metric docs/agent.md's table lists is on a fake-GPU agent's /metrics with the
+    labels the table gives it, and every metric there is in the table (that a page's metric
+    exists at all: `test_every_metric_the_pages_name_is_served`)."""
+    from agent.client import Baton
+    from agent.parking.setup import ParkingOptions
+    from baton.contract.names import fake_gpu_uuid
+    from tests.harness.agent import AgentRunner, short_tmpdir
+
+    workdir = short_tmpdir()
+    parking = ParkingOptions(backend="fake", fake_gpus="1x100", fake_dir=f"{workdir}/gpus")
+    try:
+        with AgentRunner(workdir, parking=parking) as agent:
+            with Baton(agent.socket, [fake_gpu_uuid(0)], name="trainer") as baton:
+                baton.acquire(timeout=10)
+                held = agent.http("/metrics")[1]  # the holder's series
+                baton.yield_()
+            ended = agent.http("/metrics")[1]  # the turn's accounting
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    exported = _exported(held)
+    for name, labels in _exported(ended).items():
+        exported[name] = labels if exported.get(name) is None else exported[name]
+    documented = _documented_agent_metrics()
+    wrong = [
+        f"{name}: documented with labels {sorted(labels)}, exported with "
+        f"{sorted(exported.get(name) or ()) if name in exported else 'none (not exported)'}"
+        for name, labels in documented.items()
+        if name not in exported or exported[name] not in (None, labels)
+    ]
+    wrong += [f"{name}: exported, not documented" for name in exported.keys() - documented.keys()]
+    assert not wrong, f"docs/agent.md's metrics table: {wrong}"
+
+
+_FLAG_SPAN = re.compile(r"`(--[a-z][a-z0-9-]*)\b[^`]*`")
+TRAIN_TENANT = ROOT / "agent" / "examples" / "train" / "tenant.py"
+FLAGS_OF = {"agent.md": ("agent",), "client.md": ("agent", TRAIN_TENANT)}
+"""Whose flags a page names: `baton` commands, or a script's (its `add_argument`s)."""
+OTHER_PROGRAMS_FLAGS = {"--build-arg"}
+"""Flags of other programs a page names in a span of their own (`docker build`'s)."""
+
+
+def _options_of(owner: str | Path) -> set[str]:
+    if isinstance(owner, Path):  # read, not imported: the tenant imports torch
+        return set(re.findall(r"add_argument\(\s*\"(--[a-z0-9-]+)\"", owner.read_text()))
+    group = typer.main.get_command(commands.cli.app)
+    assert isinstance(group, typer.main.TyperGroup)
+    return {o for p in group.commands[owner].params for o in (*p.opts, *p.secondary_opts)}
+
+
+@pytest.mark.parametrize("page", sorted(FLAGS_OF))
+def test_every_flag_a_page_names_exists(page: str) -> None:
+    """A span in backticks that starts with a flag (`--max-hold`, `--device cuda`) names a flag
+    of the command the page is about (hidden ones, such as deprecated aliases, included)."""
+    known = set().union(OTHER_PROGRAMS_FLAGS, *(_options_of(owner) for owner in FLAGS_OF[page]))
+    named = set(_FLAG_SPAN.findall((DOCS / page).read_text()))
+    assert named
+    missing = sorted(named - known)
+    assert not missing, f"docs/{page} names flags that do not exist: {missing}"
