@@ -46,7 +46,7 @@ class AgentMetrics:
         )
         self.revocations = Counter(
             f"{p}revocations",
-            "Leases revoked for holding past the maximum.",
+            "Leases revoked: held past the maximum hold, or past the tier grace for a higher tier.",
             registry=self.registry,
         )
         self._busy: dict[str, float] = {}
