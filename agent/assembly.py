@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from agent.config import AgentConfig, AgentStartError
+from agent.core.clock import steady_wall_clock
 from agent.core.fair import FairShare
 from agent.core.leases import LeaseTable
 from agent.core.residency import TurnPreparer
@@ -68,11 +68,12 @@ def build_agent(
         return preparer or build_preparer(opts, host, backend)
 
     order = FairShare(config.fair) if config.queue_policy == "fair" else config.queue_policy
-    table = LeaseTable(clock=time.time, policy=order, max_hold=config.max_hold)
+    clock = steady_wall_clock()  # a step of the wall clock moves no deadline (agent.core.clock)
+    table = LeaseTable(clock=clock, policy=order, max_hold=config.max_hold)
     service = LeaseService(
         table=table,
         preparer=make_preparer,
-        clock=time.time,
+        clock=clock,
         store=store,
         reconnect_grace=config.reconnect_grace,
         forget_departed_after=config.forget_departed_after,

@@ -13,7 +13,6 @@ import errno
 import functools
 import logging
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +104,7 @@ class Agent:
         service.metrics.watch(
             service.table,
             lambda: len(service.sessions.tenants()),
-            time.time,
+            service.state.clock,
             service.tenants.per_gpu,
             service.parking.gpu_memory if service.parking is not None else (),
         )
@@ -147,7 +146,7 @@ class Agent:
             self._start_pod_watch(service, self._api_client)
         self._http = StatusServer(
             service.metrics.registry,
-            lambda: status_json(service, time.time()),
+            lambda: status_json(service, service.state.clock()),
             self.readiness.not_ready,
         )
         try:

@@ -82,7 +82,9 @@ class ParkingMetrics:
             f"{p}quarantines", "Tenants quarantined since the agent started.", registry=reg
         )
         self.preemptions = Counter(
-            f"{p}preemptions", "Holders parked for a revocation (maximum hold or tier grace).", registry=reg
+            f"{p}preemptions",
+            "Holders parked for a revocation (maximum hold or tier grace).",
+            registry=reg,
         )
 
     def moved(self, move: Move, stage: str = "grant", method: str = "", timed: bool = True) -> None:

@@ -193,7 +193,8 @@ class CoordinatedTurns:
         self._turns.mark_joined(turn, tenant.tenant_id, False)
         self._send_leave(turn, leave_request(turn, tenant.tenant_id))
         lease = self._turns.lease(turn.lease_of(tenant.tenant_id))
-        return max(0.0, time.time() - lease.granted_at) if lease is not None else 0.0
+        now = self._turns.service.state.clock()  # the clock the lease was granted on
+        return max(0.0, now - lease.granted_at) if lease is not None else 0.0
 
     def session_ended(self, tenant_id: str) -> None:
         """A member's process went away: with no session of its own left, it leaves any turn it
