@@ -75,24 +75,26 @@ class ClaimRecord:
     def put(self, claim: PreparedClaim) -> None:
         """Record a prepared claim (durably, before returning)."""
         with self._lock:
-            self._claims[claim.uid] = claim
-            self._save()
+            self._save({**self._claims, claim.uid: claim})
 
     def drop(self, uid: str) -> None:
         """Forget a claim (durably); unknown UIDs are fine."""
         with self._lock:
-            if self._claims.pop(uid, None) is not None:
-                self._save()
+            if uid in self._claims:
+                self._save({k: c for k, c in self._claims.items() if k != uid})
 
-    def _save(self) -> None:
+    def _save(self, claims: dict[str, PreparedClaim]) -> None:
+        """Write `claims` durably, then hold them: a failed write (OSError) changes nothing,
+        so a retry fails the same way rather than answer from what was never written."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as out:
-            claims = {uid: asdict(c) for uid, c in self._claims.items()}
-            json.dump({"format": FORMAT, "claims": claims}, out)
+            entries = {uid: asdict(c) for uid, c in claims.items()}
+            json.dump({"format": FORMAT, "claims": entries}, out)
             out.flush()
             os.fsync(out.fileno())
         tmp.replace(self.path)
+        self._claims = claims
 
 
 def _claims_by_uid(raw: object) -> dict[str, object]:

@@ -139,7 +139,7 @@ def test_a_claim_that_cannot_be_recorded_leaves_no_spec_and_says_where(
     try:
         kubelet.register()
 
-        def full_disk() -> None:
+        def full_disk(*_: object) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         monkeypatch.setattr(driver.record, "_save", full_disk)
@@ -202,3 +202,37 @@ def test_an_unprepare_that_comes_during_the_claims_prepare_waits_for_it(
         assert not spec_path(tmp_path / "cdi", "uid-1").exists()
     finally:
         driver.stop()
+
+
+def test_a_claim_that_failed_to_record_is_not_answered_prepared_while_the_record_still_fails(
+    tmp_path: Path, kubelet: DraKubeletStub
+) -> None:
+    """The kubelet retries a failed prepare (and unprepare): while the record still cannot be
+    written, the retry fails too, rather than answer from what the failed write left in memory
+    (a claim prepared but not recorded: its spec removed as an orphan at the next start; a
+    claim unprepared on the kubelet's word but still recorded on disk)."""
+    claims = Claims()
+    claims.add("ns", "c1", "uid-1", "gpu-0")
+    claims.add("ns", "c2", "uid-2", "gpu-1")
+    driver = _start(tmp_path, claims, Slices())
+    blocked = tmp_path / "state" / "prepared-claims.tmp"  # the record's next write cannot land
+    try:
+        kubelet.register()
+        assert kubelet.prepare(("ns", "uid-2", "c2")).claims["uid-2"].error == ""
+        blocked.mkdir()
+        for _ in range(2):
+            error = kubelet.prepare(("ns", "uid-1", "c1")).claims["uid-1"].error
+            assert f"claim ns/c1: cannot record it in {driver.record.path}" in error, error
+            assert not spec_path(tmp_path / "cdi", "uid-1").exists()
+        for _ in range(2):
+            error = kubelet.unprepare(("ns", "uid-2", "c2")).claims["uid-2"].error
+            assert f"claim ns/c2: cannot drop it from {driver.record.path}" in error, error
+        blocked.rmdir()
+        assert kubelet.unprepare(("ns", "uid-2", "c2")).claims["uid-2"].error == ""
+    finally:
+        driver.stop()
+    again = _start(tmp_path, claims, Slices())
+    try:
+        assert again.record.uids() == [], "the record on disk holds what the kubelet was told"
+    finally:
+        again.stop()
