@@ -268,3 +268,31 @@ def test_a_parking_method_of_the_other_gpu_backend_is_refused(
         ["gpu.backend=simulated", "agent.parking={fake,app}"],
     ):
         render(*[arg for s in kept for arg in ("--set", s)])
+
+
+@pytest.mark.parametrize(
+    "memory_dir", ["/run/baton", "/run/baton/", "/var/lib/baton", "/etc/baton/coordination"]
+)
+def test_a_simulated_memory_dir_the_agent_mounts_already_is_refused(memory_dir: str) -> None:
+    """Two volumes at one path in the agent: the API server refuses its pods, and the chart
+    said nothing."""
+    stderr = refused(
+        "--set", "gpu.backend=simulated", "--set", f"gpu.simulated.memoryDir={memory_dir}"
+    )
+    assert f"gpu.simulated.memoryDir {memory_dir}: the chart already mounts" in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    "memory_dir", ["/run/baton-fake-gpus", "/run/baton/fake-gpus", "/dev/shm/x"]
+)
+def test_a_simulated_memory_dir_mounts_once(memory_dir: str) -> None:
+    objs = render(
+        "--set", "gpu.backend=simulated", "--set", f"gpu.simulated.memoryDir={memory_dir}"
+    )
+    (agent,) = [
+        o for o in objs if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "baton-agent"
+    ]
+    paths = [
+        m["mountPath"] for m in agent["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    ]
+    assert len(paths) == len(set(paths)), paths
