@@ -65,6 +65,16 @@ def test_both_daemons_mount_the_chart_secret_or_the_operators() -> None:
     assert secret_names(mine) == {"mine"}
 
 
+def test_the_operators_secret_may_not_take_the_name_of_the_charts_own() -> None:
+    """An upgrade from a release whose chart made baton-coordination deletes it once it is no
+    longer rendered: the Secret the operator named would be gone under both daemons."""
+    said = refused("--set", f"coordinator.token.existingSecret={SECRET}")
+    assert f"coordinator.token.existingSecret {SECRET} is the chart's own Secret" in said, said
+    render(
+        "--set", f"coordinator.token.existingSecret={SECRET}", "--set", "coordinator.enabled=false"
+    )
+
+
 def test_a_given_token_restarts_both_daemons_when_it_changes() -> None:
     def checksums(objs: list[Obj]) -> set[str | None]:
         workloads = [
