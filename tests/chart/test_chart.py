@@ -186,6 +186,28 @@ def test_the_dra_path_runs_a_kube_scheduler_that_allocates_its_claims() -> None:
     assert scheduler_image(render("--set", "kubeletPlugin=dra", *mine)) == "mirror/ks:local"
 
 
+@pytest.mark.parametrize(
+    ("server", "tag"),
+    [
+        ("1.29.3", "v1.29.3"),
+        ("v1.31.0", "v1.31.0"),
+        ("1.30.5-eks-ce1d5eb", "v1.30.5"),
+        ("v1.30.14+k3s1", "v1.30.14"),
+        ("1.32.0", "v1.32.2"),
+        ("1.34.1", "v1.32.2"),
+    ],
+)
+def test_the_default_kube_scheduler_is_never_newer_than_the_api_server(
+    server: str, tag: str
+) -> None:
+    """kube-scheduler may not be newer than its API server (version-skew policy), and the chart
+    takes servers from 1.29: an older one gets its own version's kube-scheduler."""
+    objs = render("--kube-version", server, "--set", "kubeletPlugin=deviceplugin")
+    assert scheduler_image(objs) == f"registry.k8s.io/kube-scheduler:{tag}"
+    mine = render("--kube-version", server, "--set", "schedulerImage.tag=v1.29.0")
+    assert scheduler_image(mine) == "registry.k8s.io/kube-scheduler:v1.29.0"
+
+
 @pytest.mark.parametrize("tag", ["v1.32.2", "1.35.4", "v1.35.0-gke.1"])
 def test_an_older_kube_scheduler_on_the_dra_path_is_refused_naming_the_tag(tag: str) -> None:
     said = refused("--set", "kubeletPlugin=dra", "--set", f"schedulerImage.tag={tag}")

@@ -33,13 +33,20 @@ imagePullPolicy: {{ . }}
 {{- end }}
 {{- end }}
 
-{{/* The second kube-scheduler's image: the tag given, else the kubelet path's own. The DRA
+{{/* The second kube-scheduler's image: the tag given, else the kubelet path's own, on the
+device-plugin path the API server's own version where that is older than 1.32 (kube-scheduler may
+never be newer than its API server: version-skew policy). The DRA
 path needs kube-scheduler 1.36 or later (it allocates the claims with consumable capacity and
 maps baton.dev/gpu onto them, both on by default from 1.36): a version tag below it is refused,
 since that scheduler would leave every GPU pod Pending. */}}
 {{- define "baton.schedulerImage" -}}
 {{- $dra := eq (include "baton.kubeletPlugin" .) "dra" -}}
-{{- $tag := .Values.schedulerImage.tag | default (ternary "v1.36.2" "v1.32.2" $dra) -}}
+{{- $default := ternary "v1.36.2" "v1.32.2" $dra -}}
+{{- $server := regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- if and (not $dra) $server (semverCompare "<1.32.0-0" $server) }}
+{{- $default = printf "v%s" (trimPrefix "v" $server) }}
+{{- end }}
+{{- $tag := .Values.schedulerImage.tag | default $default -}}
 {{- if and $dra (regexMatch "^v?[0-9]+\\.[0-9]+(\\.[0-9]+)?([-+].*)?$" $tag) }}
 {{- if semverCompare "<1.36.0-0" $tag }}
 {{- $path := ternary "auto, on a cluster of 1.36 or later serving resource.k8s.io/v1" .Values.kubeletPlugin (eq .Values.kubeletPlugin "auto") }}
