@@ -78,9 +78,22 @@ class TurnHolder:
             raise
 
     def end(self) -> None:
-        """Hand the turn back, if one is held."""
-        if self._stop_holding():
+        """Hand the turn back, if one is held. Interrupted (Ctrl-C) once the turn is marked no
+        longer held, before its yield leaves, it yields all the same: no later `end()` would,
+        and the agent would keep the turn held until its --max-hold."""
+        held = self._held
+        if held is None:
+            return
+        try:
+            self._stop_holding()
             self._through_restarts(self.baton.yield_)
+        except BaseException as exc:
+            if self._held is None and not isinstance(exc, BatonError):
+                held.close()  # (done already unless the interrupt came before it)
+                if self.baton.lease is not None:  # (else the yield took it, or it was lost)
+                    with contextlib.suppress(BatonError):  # the interrupt is the one to see
+                        self.baton.yield_()
+            raise
 
     def _through_restarts(self, call: Callable[[], T]) -> T:
         """`call()`, made again while the agent restarts under it (the client reconnects on its

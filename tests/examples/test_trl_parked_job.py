@@ -7,7 +7,9 @@ parked job back whole before it leaves the agent."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -263,3 +265,44 @@ def test_ctrl_c_in_begin_leaves_a_turn_the_user_held_before_it(jobs: Jobs) -> No
     assert not jobs.callback.holding
     assert baton.lease is not None and baton.lease.lease_id == mine.lease_id
     baton.yield_()
+
+
+@needs_trl
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["before the yield", "as the device work ends"])
+def test_ctrl_c_in_end_gives_the_turn_back(jobs: Jobs, where: str) -> None:
+    """A Ctrl-C that lands in `end()` after the turn is marked no longer held, before its
+    yield leaves (as the yield begins, or as the parker's hold ends), gives the turn back all
+    the same: the other job gets the GPU at once, instead of the turn staying held, by a
+    callback that believes it holds none, until the agent's --max-hold (60 s) preempts it."""
+    callback = jobs.callback
+    baton, parker = callback.baton, callback.parker
+    assert parker is not None
+    yield_, in_use = baton.yield_, parker.in_use
+
+    def interrupted_yield() -> None:
+        baton.yield_ = yield_  # once: the yield made after it is the real one
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def interrupted_as_it_ends() -> Iterator[None]:
+        with in_use():
+            yield
+        raise KeyboardInterrupt
+
+    if where == "before the yield":
+        baton.yield_ = interrupted_yield
+    else:
+        parker.in_use = interrupted_as_it_ends
+    try:
+        callback.begin()
+        with pytest.raises(KeyboardInterrupt):
+            callback.end()
+    finally:
+        baton.yield_, parker.in_use = yield_, in_use
+    assert not callback.holding and baton.lease is None
+    with jobs.other.turn(timeout=10):  # the agent holds no turn of the job's for it
+        pass
+    callback.begin()  # and the job's next turn is an ordinary one
+    assert callback.holding
+    callback.end()
