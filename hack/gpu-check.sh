@@ -37,7 +37,11 @@ DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
 PYTHON=${PYTHON:-python3}
 WHEELS=${WHEELS:-$repo/hack/gpu-check/wheels}
-BUDGET_S=${BUDGET_S:-540} # under the 10 minutes one command may take there
+# The whole check, its cleanup after the bound included, fits 450 s: half the 15 minutes of device
+# time a session has there, so a rerun fits too (a device call's timeout_s of 450 holds it).
+BUDGET_S=${BUDGET_S:-420}
+KILL_AFTER_S=10 # after the bound's TERM, then KILL
+CLEANUP_S=10    # the most kill_cgroups waits for the check's processes to go
 GIB=${GIB:-4}
 TURNS=${TURNS:-4}
 HOLD=${HOLD:-1}
@@ -59,7 +63,7 @@ fi
 
 kill_cgroups() { # every process left in the check's cgroups, then the cgroups, deepest first
     [ -d "$1" ] || return 0
-    local end=$((SECONDS + 10)) left
+    local end=$((SECONDS + CLEANUP_S)) left
     left=$(find "$1" -name cgroup.procs -exec cat {} +)
     while [ -n "$left" ] && [ "$SECONDS" -lt "$end" ]; do
         for pid in $left; do kill -KILL "$pid" 2>/dev/null || true; done
@@ -78,7 +82,7 @@ if [ -z "${GPU_CHECK_WORK:-}" ]; then
     export OUT
     mkdir -p "$OUT/gpu-check"
     status=0
-    timeout --kill-after=10 "$BUDGET_S" "$0" "$@" || status=$?
+    timeout --kill-after="$KILL_AFTER_S" "$BUDGET_S" "$0" "$@" || status=$?
     if [ "$status" -eq 124 ] || [ "$status" -eq 137 ]; then
         echo "gpu-check: FAILED: stopped after $BUDGET_S s" | tee -a "$OUT/gpu-check/check.log" >&2
     fi

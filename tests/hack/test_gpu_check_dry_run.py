@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,6 +21,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LISTS = ROOT / "hack" / "gpu-check"
+DEVICE_RUN_S = 450
+"""What one run of the check may take on the lent machine: half its 15 minutes of device time
+(one start included), so that a rerun fits."""
 CACHE = Path(os.environ.get("BATON_GPU_CHECK_CACHE", Path.home() / ".cache/baton/gpu-check"))
 
 
@@ -85,3 +89,19 @@ def test_the_gpu_check_passes_its_dry_run(tmp_path: Path) -> None:
     assert cuda["parks"] >= 2 and cuda["out_gbps"] and cuda["in_gbps"]
     for log in ("check.log", "agent1.log", "agent2.log", "standin-cuda.log"):
         assert (logs / log).stat().st_size > 0, log
+
+
+def test_the_check_bounded_by_default_ends_with_its_cleanup_within_half_the_device_time() -> None:
+    script = (ROOT / "hack/gpu-check.sh").read_text()
+
+    def number(pattern: str) -> int:
+        found = re.search(pattern, script)
+        assert found, pattern
+        return int(found.group(1))
+
+    budget = number(r"(?m)^BUDGET_S=\$\{BUDGET_S:-(\d+)\}")
+    assert 'timeout --kill-after="$KILL_AFTER_S" "$BUDGET_S"' in script
+    kill_after = number(r"(?m)^KILL_AFTER_S=(\d+)")
+    assert "local end=$((SECONDS + CLEANUP_S))" in script
+    cleanup = number(r"(?m)^CLEANUP_S=(\d+)")
+    assert budget + kill_after + cleanup <= DEVICE_RUN_S - 5  # tar and rm after it
