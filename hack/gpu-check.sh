@@ -27,8 +27,9 @@
 #    fit, each holding real GPU memory, so nothing moves) with 2 ms and 40 ms turns, the agent
 #    with no backend and the bare relay measured in the same run.
 #
-# With PACK=1 the logs and figures end as one archive, $OUT/gpu-check.tar.gz (for a machine that
-# hands back only a few files), written also when a step fails or the time bound cuts it off.
+# The logs and figures end as one archive, $OUT/gpu-check.tar.gz, written also when a step fails
+# or the time bound cuts it off: the lent machine hands back at most 8 files from $OUT, and the
+# check writes about 17. PACK=0 leaves them as the folder $OUT/gpu-check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -88,7 +89,7 @@ if [ -z "${GPU_CHECK_WORK:-}" ]; then
     fi
     kill_cgroups "$GPU_CHECK_CGROUPS"
     rm -rf "$GPU_CHECK_WORK"
-    if [ -n "${PACK:-}" ]; then # one archive in place of the folder's many files
+    if [ "${PACK:-1}" != 0 ]; then # one archive in place of the folder's many files
         tar -czf "$OUT/gpu-check.tar.gz" -C "$OUT" gpu-check && rm -rf "$OUT/gpu-check"
     fi
     exit "$status"
