@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from agent.core.planner import NodeView, Plan, Refusal, TenantView
 from agent.parking.backends.base import Backend, Residency, TenantRef, TenantState
 from agent.parking.host import ParkingHost
+from agent.parking.methods import CUDA
 from agent.parking.metrics import ParkingMetrics
 from agent.parking.model import Read, ResidencyModel
 from agent.parking.quarantine import Quarantines
@@ -149,8 +150,13 @@ class KnownNode:
         self.backend.rescan(tenant_id)
 
     def durable(self) -> dict[str, Any]:
-        """The backend's record of parked processes, for the agent's state file."""
-        return self.backend.durable()
+        """The backend's record of parked processes, for the agent's state file. One method's
+        but the driver's is kept as several methods' are, naming it (a record of one method
+        alone is read back as the driver's)."""
+        record, name = self.backend.durable(), self.backend.name
+        if record and self.backend.methods() == (name,) and name != CUDA:
+            return {"methods": {name: record}, "tenants": dict.fromkeys(record, name)}
+        return record
 
     def reinstate(self, saved: dict[str, Any]) -> None:
         """Hand the record saved before a restart back to the backend (it confirms it)."""

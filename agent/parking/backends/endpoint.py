@@ -6,7 +6,9 @@ drops the KV cache, `level=2` drops both; `POST /wake_up` (with a `tags` query p
 brings them back. SGLang: `POST /release_memory_occupation` and `POST /resume_memory_occupation`
 with the JSON body `{"tags": [...]}` (no body: everything). A tenant is parked this way only once
 its target (engine, endpoints, mode, tags) is configured; the engine's memory counts as its
-declared footprint, as the API reports no bytes.
+declared footprint, as the API reports no bytes. Which engines sleep, and their targets, are in
+the parking record: an engine stays asleep across an agent restart, and the restarted agent wakes
+it for its next turn.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlencode
 
 from agent.parking.backends.base import (
     Backend,
     BackendError,
     Move,
+    RecordError,
     Residency,
     TenantRef,
     TenantState,
@@ -144,6 +148,40 @@ class EndpointBackend(Backend):
         moved = 0 if done else self.footprint(tenant_id, gpu)
         return Move(tenant_id, gpu, direction, moved, time.monotonic() - start)
 
+    # Restarts.
+
+    def durable(self) -> dict[str, Any]:
+        """Each tenant with memory parked: its target, the GPUs counted parked and whether its
+        engine sleeps. The engine outlives the agent: a restarted agent must still wake it."""
+        with self._mutex:
+            held = {t for t, gpus in self._parked.items() if gpus} | self._asleep
+            return {
+                t: {
+                    "app": self._targets[t].app,
+                    "endpoints": list(self._targets[t].endpoints),
+                    "mode": self._targets[t].mode,
+                    "tags": list(self._targets[t].tags),
+                    "parked": sorted(self._parked.get(t, ())),
+                    "asleep": t in self._asleep,
+                }
+                for t in sorted(held)
+                if t in self._targets
+            }
+
+    def adopt(self, saved: dict[str, Any]) -> None:
+        """Take back `durable`'s record; `RecordError` naming the field for another shape."""
+        if not isinstance(saved, dict):
+            raise RecordError(
+                f"the endpoint record is a JSON {type(saved).__name__}, not an object"
+            )
+        adopted = {t: _adopted(f"tenant {t!r}", entry) for t, entry in saved.items()}
+        with self._mutex:
+            for tenant_id, (target, parked, asleep) in adopted.items():
+                self._targets[tenant_id] = target
+                self._parked[tenant_id] = parked
+                if asleep:
+                    self._asleep.add(tenant_id)
+
     def _post(self, url: str, body: bytes | None, timeout: float) -> None:
         headers = {"Content-Type": "application/json"} if body is not None else {}
         request = urllib.request.Request(url, data=body or b"", headers=headers, method="POST")
@@ -154,3 +192,23 @@ class EndpointBackend(Backend):
             raise BackendError(f"POST {url}: HTTP {e.code} {e.reason}") from None
         except (urllib.error.URLError, OSError) as e:
             raise BackendError(f"POST {url}: {getattr(e, 'reason', e)}") from None
+
+
+def _adopted(where: str, entry: Any) -> tuple[EndpointTarget, set[str], bool]:
+    """One tenant's entry of `durable`'s record: its target, parked GPUs and whether it sleeps."""
+    if not isinstance(entry, dict):
+        raise RecordError(f"{where}: not an object")
+    if entry.get("app") not in (VLLM, SGLANG):
+        raise RecordError(f"{where}: 'app' is {entry.get('app')!r}, not {VLLM!r} or {SGLANG!r}")
+    if not isinstance(entry.get("mode"), str) or not isinstance(entry.get("asleep"), bool):
+        raise RecordError(f"{where}: 'mode' is not a string or 'asleep' not a boolean")
+    lists: dict[str, list[str]] = {}
+    for key in ("endpoints", "tags", "parked"):
+        value = entry.get(key)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise RecordError(f"{where}: {key!r} is {value!r}, not a list of strings")
+        lists[key] = value
+    target = EndpointTarget(
+        entry["app"], tuple(lists["endpoints"]), entry["mode"], tuple(lists["tags"])
+    )
+    return target, set(lists["parked"]), entry["asleep"]

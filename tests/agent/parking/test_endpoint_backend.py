@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.parking.backends.base import BackendError, TenantRef
+from agent.parking.backends.base import BackendError, RecordError, TenantRef
 from agent.parking.backends.endpoint import VLLM, EndpointBackend, EndpointTarget
 from tests.agent.server.llmd.test_snapshot_endpoint import Engine
 
@@ -45,3 +45,18 @@ def test_an_engine_slower_than_its_bytes_allow_fails_the_move(engine: Engine) ->
     backend = backend_for(engine, declared=int(0.1e9))  # 0.1 s allowed
     with pytest.raises(BackendError, match=r"POST http://127\.0\.0\.1:\d+/sleep\?level=1"):
         backend.park("t", GPU)
+
+
+def test_a_restarted_agent_takes_back_the_sleeping_engine(engine: Engine) -> None:
+    engine.takes = 0
+    backend = backend_for(engine, declared=1000)
+    backend.park("t", GPU)
+    again = EndpointBackend(timeout=5)
+    again.adopt(backend.durable())
+    again.attach(TenantRef("t", (GPU,), declared_bytes=1000))
+    assert again.state("t").parked_bytes == 1000
+    assert again.restore("t", GPU).bytes == 1000
+    assert [path for path, _ in engine.seen] == ["/sleep?level=1", "/wake_up"]
+    assert again.durable() == {}
+    with pytest.raises(RecordError, match=r"tenant 't': 'endpoints' is 'x', not a list"):
+        again.adopt({"t": {**backend.durable()["t"], "endpoints": "x"}})

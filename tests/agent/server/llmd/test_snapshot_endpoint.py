@@ -68,15 +68,19 @@ def engine() -> Iterator[Engine]:
     server.server_close()
 
 
-@pytest.fixture
-def endpoint(workdir: str) -> Iterator[str]:
+def _agent(workdir: str, backend: str = "app,endpoint") -> AgentRunner:
     gpu = next(iter(parse_fake_gpus("1x1024")))
-    runner = AgentRunner(
+    return AgentRunner(
         workdir,
-        parking=ParkingOptions(backend="app,endpoint", fake_gpus="1x1024"),
+        parking=ParkingOptions(backend=backend, fake_gpus="1x1024"),
         llmd_listen="127.0.0.1:0",
         llmd_groups=(f"g={gpu}",),
     ).start()
+
+
+@pytest.fixture
+def endpoint(workdir: str) -> Iterator[str]:
+    runner = _agent(workdir)
     address = f"127.0.0.1:{runner.llmd_port}"
     job = TimeSliceOrchestratorClient(address, "engine", "g")
     assert job.acquire(timeout_sec=10)[0] and job.release()[0]  # the job exists, this process's
@@ -164,3 +168,35 @@ def test_only_the_jobs_own_engine_on_loopback_is_called(
     with pytest.raises(grpc.RpcError) as bad:
         client.snapshot("engine", "g", config(sa.APP_VLLM, ""))
     assert bad.value.code() == grpc.StatusCode.PERMISSION_DENIED, bad.value.details()
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [("app,endpoint", "app,endpoint"), ("endpoint", "endpoint"), ("endpoint", "app,endpoint")],
+)
+def test_a_sleeping_engine_is_woken_for_its_turn_after_an_agent_restart(
+    workdir: str, engine: Engine, before: str, after: str
+) -> None:
+    """The engine keeps its memory asleep while the agent restarts (with `--backend` as before,
+    or with another method beside): the restarted agent counts it SAVED still, and the job's
+    next turn wakes it before it is granted."""
+    runner = _agent(workdir, before)
+    job = TimeSliceOrchestratorClient(f"127.0.0.1:{runner.llmd_port}", "engine", "g")
+    assert job.acquire(timeout_sec=10)[0] and job.release()[0]
+    client = SnapshotAgentClient(f"127.0.0.1:{runner.llmd_port}")
+    _done(client, client.snapshot("engine", "g", config(sa.APP_VLLM, engine.url)))
+    client.close()
+    job.close()
+    runner.stop()
+    runner = _agent(workdir, after)
+    try:
+        client = SnapshotAgentClient(f"127.0.0.1:{runner.llmd_port}")
+        assert _state(client) == "JOB_STATE_SAVED"
+        client.close()
+        job = TimeSliceOrchestratorClient(f"127.0.0.1:{runner.llmd_port}", "engine", "g")
+        granted, _, restored = job.acquire(timeout_sec=10)
+        assert granted and restored
+        job.close()
+        assert engine.seen == [("/sleep?level=1", None), ("/wake_up", None)]
+    finally:
+        runner.stop()
