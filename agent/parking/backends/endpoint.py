@@ -13,6 +13,7 @@ it for its next turn.
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -192,6 +193,8 @@ class EndpointBackend(Backend):
             raise BackendError(f"POST {url}: HTTP {e.code} {e.reason}") from None
         except (urllib.error.URLError, OSError) as e:
             raise BackendError(f"POST {url}: {getattr(e, 'reason', e)}") from None
+        except http.client.HTTPException as e:  # not HTTP, or cut short
+            raise BackendError(f"POST {url}: no HTTP answer ({e!r})") from None
 
 
 def _adopted(where: str, entry: Any) -> tuple[EndpointTarget, set[str], bool]:

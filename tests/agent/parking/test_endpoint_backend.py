@@ -3,6 +3,8 @@ a stand-in vLLM whose /sleep takes longer than the move timeout alone."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -60,3 +62,33 @@ def test_a_restarted_agent_takes_back_the_sleeping_engine(engine: Engine) -> Non
     assert again.durable() == {}
     with pytest.raises(RecordError, match=r"tenant 't': 'endpoints' is 'x', not a list"):
         again.adopt({"t": {**backend.durable()["t"], "endpoints": "x"}})
+
+
+@pytest.mark.parametrize(
+    "answer", [b"garbage\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort"]
+)
+def test_an_engine_answering_something_else_than_http_fails_the_move_naming_it(
+    answer: bytes,
+) -> None:
+    """Not HTTP, or a body cut short: a failed move (retried as any is), in one line."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)
+
+    def answer_once() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(answer)
+
+    thread = threading.Thread(target=answer_once, daemon=True)
+    thread.start()
+    backend = EndpointBackend(timeout=10)
+    backend.attach(TenantRef("t", (GPU,), declared_bytes=1))
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    backend.configure("t", EndpointTarget(VLLM, (url,)))
+    with listener, pytest.raises(BackendError) as failed:
+        backend.park("t", GPU)
+    thread.join(10)
+    assert str(failed.value).startswith(f"POST {url}/sleep?level=1: no HTTP answer (")
+    assert "\n" not in str(failed.value)
+    assert backend.state("t").parked_bytes == 0
