@@ -26,6 +26,7 @@ from urllib.parse import urlencode
 from agent.parking.backends.base import (
     Backend,
     BackendError,
+    BackendQuarantined,
     Move,
     RecordError,
     Residency,
@@ -141,13 +142,30 @@ class EndpointBackend(Backend):
             ref = self._refs.get(tenant_id)
             engine = sum(self.footprint(tenant_id, g) for g in ref.gpus) if ref else 0
             timeout = move_deadline(self.timeout, engine, self.copy_gbps)
-            for url, body in requests_for(target, direction):
-                self._post(url, body, timeout)
+            self._call_all(tenant_id, target, direction, timeout)
         with self._mutex:
             (self._asleep.add if parking else self._asleep.discard)(tenant_id)
             (parked.add if parking else parked.discard)(gpu)
         moved = 0 if done else self.footprint(tenant_id, gpu)
         return Move(tenant_id, gpu, direction, moved, time.monotonic() - start)
+
+    def _call_all(self, tenant_id: str, target: EndpointTarget, direction: str, t: float) -> None:
+        """Every engine's call; one failing undoes those made before it, so the engines are
+        where `state` counts them. `BackendQuarantined` if the undo fails too."""
+        undo = requests_for(target, "restore" if direction == "park" else "park")
+        for done, (url, body) in enumerate(requests_for(target, direction)):
+            try:
+                self._post(url, body, t)
+            except BackendError as failed:
+                try:
+                    for back_url, back_body in undo[:done]:
+                        self._post(back_url, back_body, t)
+                except BackendError as stuck:
+                    raise BackendQuarantined(
+                        f"{failed}; undoing the {direction} of its other engines failed too "
+                        f"({stuck}): some sleep and some do not; restart them"
+                    ) from None
+                raise
 
     # Restarts.
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.parking.backends.base import BackendError, RecordError, TenantRef
+from agent.parking.backends.base import BackendError, BackendQuarantined, RecordError, TenantRef
 from agent.parking.backends.endpoint import VLLM, EndpointBackend, EndpointTarget
 from tests.agent.server.llmd.test_snapshot_endpoint import Engine
 
@@ -92,3 +92,49 @@ def test_an_engine_answering_something_else_than_http_fails_the_move_naming_it(
     assert str(failed.value).startswith(f"POST {url}/sleep?level=1: no HTTP answer (")
     assert "\n" not in str(failed.value)
     assert backend.state("t").parked_bytes == 0
+
+
+@pytest.fixture
+def second() -> Iterator[Engine]:
+    server = Engine()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("direction", ["park", "restore"])
+def test_engines_of_one_tenant_are_left_as_counted_when_one_fails(
+    engine: Engine, second: Engine, direction: str
+) -> None:
+    """Two engines (say, two replicas): the second fails, so the first's call is undone and
+    the tenant is where `state` counts it, for the retry or the next turn to move it all."""
+    engine.takes = 0
+    backend = EndpointBackend(timeout=10)
+    backend.attach(TenantRef("t", (GPU,), declared_bytes=1))
+    backend.configure("t", EndpointTarget(VLLM, (f"http://{engine.url}", f"http://{second.url}")))
+    if direction == "restore":
+        backend.park("t", GPU)
+    second.status = 500
+    with pytest.raises(BackendError, match="HTTP 500"):
+        getattr(backend, direction)("t", GPU)
+    parked = direction == "restore"
+    assert (backend.state("t").parked_bytes == 1) is parked
+    calls = [path for path, _ in engine.seen]
+    assert calls[-2:] == (
+        ["/wake_up", "/sleep?level=1"] if parked else ["/sleep?level=1", "/wake_up"]
+    )
+    second.status = 200
+    getattr(backend, direction)("t", GPU)  # the retry moves both
+    assert [p for p, _ in engine.seen][-1] == [p for p, _ in second.seen][-1]
+
+
+def test_engines_that_cannot_be_put_back_as_counted_quarantine_the_tenant(
+    engine: Engine, second: Engine
+) -> None:
+    engine.takes = 0
+    engine.fails, second.status = {"/wake_up"}, 500
+    backend = EndpointBackend(timeout=10)
+    backend.attach(TenantRef("t", (GPU,), declared_bytes=1))
+    backend.configure("t", EndpointTarget(VLLM, (f"http://{engine.url}", f"http://{second.url}")))
+    with pytest.raises(BackendQuarantined, match=r"HTTP 500.*undoing the park .*some sleep"):
+        backend.park("t", GPU)

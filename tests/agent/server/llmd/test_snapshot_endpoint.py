@@ -32,6 +32,8 @@ class Engine(QuietErrors, ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.seen: list[tuple[str, Any]] = []
         self.status = 200
+        self.fails: set[str] = set()
+        """Paths answered 500 whatever `status` says."""
         self.takes = takes
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
@@ -52,7 +54,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.takes:
             self.server.done.wait(self.server.takes)
         known = self.path.split("?")[0].endswith(PATHS)
-        self.send_response(self.server.status if known else 404)
+        failed = self.path.split("?")[0] in self.server.fails
+        self.send_response(500 if failed else self.server.status if known else 404)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
