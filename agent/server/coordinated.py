@@ -85,6 +85,10 @@ class CoordinatedTurns:
         except BaseException:
             if answered:
                 self._unjoin(tenant, job, answered[-1])
+            else:  # a Join may have been heard, its answer lost: the join it made is unknown
+                for turn in self._turns.turns.values():
+                    if tenant.tenant_id in turn.joined:  # (its leave then names none: taken)
+                        self._turns.mark_joined(turn, tenant.tenant_id, True, "")
             raise
 
     def _unjoin(self, tenant: Tenant, job: str, answer: jt.JoinResponse) -> None:
@@ -228,7 +232,10 @@ class CoordinatedTurns:
                 except grpc.aio.AioRpcError as err:
                     why = err.details() or err.code().name
                     retry = err.code() == grpc.StatusCode.UNAVAILABLE
-                    if retry and self._closing.is_set() and turn is not None:
+                    if retry and self._closing.is_set():
+                        if turn is None:  # an unjoin: nothing on disk to send it again
+                            log.warning("pod %s's leave is not sent: %s", request.pod, why)
+                            return
                         unsent = True  # kept on disk: the next agent sends it (`start`)
                         log.info("pod %s's leave is sent by the next agent: %s", request.pod, why)
                         return

@@ -14,6 +14,7 @@ from agent.core.errors import AcquireTimeout
 from agent.server import api_ops
 from agent.server.coordinated import CoordinatedTurns
 from baton._pb import agent_pb2 as pb
+from baton._pb import jobturns_pb2 as pb_jt
 from coordinator.recovery import recover
 from tests.coordinator.loopback import TOKEN
 from tests.coordinator.test_members import acquire, cluster, pod, release, run, until
@@ -147,5 +148,54 @@ def test_a_members_leave_unheard_when_its_agent_restarts_is_sent_by_the_next_age
                 assert granted.tenant_id == "team/sft-a"
             finally:
                 await again.close()
+
+    run(body)
+
+
+def test_an_unjoin_the_coordinator_cannot_hear_does_not_hold_the_agents_stop(
+    tmp_path: Path,
+) -> None:
+    """A Leave of a pod whose own acquire failed after it joined (no node turn keeps it) meets
+    no leader as the agent stops: it is given up at once, not sent again and again."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, _n2, arbiter):
+            leaves = heard_leaves(arbiter)
+            arbiter.step_down("the Lease was lost")  # an election: nobody leads
+            gate = n1.service.jobs
+            assert isinstance(gate, CoordinatedTurns)
+            request = pb_jt.LeaveRequest(namespace="team", job="rl", pod="team/rl-trainer")
+            gate._send_leave(None, request)  # as `_unjoin` sends it
+            await asyncio.wait_for(leaves.get(), 5)  # it meets no leader, and is to be retried
+            await asyncio.wait_for(gate.close(), 5)  # the agent stops: not after 60 s of retries
+            assert leaves.qsize() <= 1  # sent again once at most, as the stop came
+
+    run(body)
+
+
+def test_a_members_leave_after_a_join_whose_answer_was_lost_still_ends_the_turn(
+    tmp_path: Path,
+) -> None:
+    """The trainer, in its job's turn, asks again; the coordinator hears the Join and notes a
+    new join, but the answer never reaches the agent (the acquire's deadline): the agent no
+    longer knows which join its Leave ends, so it names none, and the Leave is taken."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (n1, n2, arbiter):
+            trainer = pod(n1, "rl-trainer")
+            mine = await acquire(n1.service, trainer)
+            await arbiter.join("team", "rl", "", "team/rl-trainer", 5)  # heard: a new join
+            gate = n1.service.jobs
+            assert isinstance(gate, CoordinatedTurns)
+
+            async def unanswered(*_: Any) -> Any:
+                raise AcquireTimeout("no answer from the coordinator within the deadline")
+
+            gate._join = unanswered  # type: ignore[method-assign,assignment]
+            with pytest.raises(AcquireTimeout):
+                await gate.join(trainer, "rl", 1)
+            release(n1.service, trainer, mine)  # its Leave: the turn's last member leaves
+            await until(lambda: not arbiter.held, "the job's turn ends")
+            await until(lambda: not n1.holders() and not n2.holders(), "its GPUs are free")
 
     run(body)
