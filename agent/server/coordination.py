@@ -6,7 +6,6 @@ forwarded there (`agent.server.coordinated`)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ class Coordination:
         token: str,
         coordinator: str = "",
     ) -> None:
-        self.turns = JobTurns(service, node, JobTurnStore(state_dir), time.time)
+        self.turns = JobTurns(service, node, JobTurnStore(state_dir), service.state.clock)
         self._service = service
         self._listen = listen
         self._token = token

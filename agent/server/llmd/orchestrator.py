@@ -9,7 +9,6 @@ job's memory is parked only when another job's turn needs the room.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 import grpc
@@ -46,13 +45,13 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         jobs: Jobs,
         node: str,
         moving: Callable[[str], bool],
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._jobs = jobs
         self._service = jobs.service
         self._node = node
         self._moving = moving
-        self._clock = clock
+        self._clock = clock or jobs.service.state.clock  # the events' clock: one time line
         self._since = g.StateClock()
         self._follower: asyncio.Task[None] | None = None
         self._asking = Asking(jobs.service)
