@@ -2,7 +2,8 @@
 runs, so that a second agent given the same directory (beside a socket of its own) is refused
 at start, naming the first one's PID, instead of reading the first one's tenants, turns and
 parked memory as its own, writing a watch token over the first one's and appending to its
-journal. The lock is the kernel's (`fcntl`): an agent that is killed leaves none behind."""
+journal. The lock is the kernel's (`flock`, held by the open file): an agent that is killed
+leaves none behind."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def holding(state_dir: str | Path) -> Iterator[None]:
         ) from None
     try:
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # per open file: two in one process too
         except OSError as exc:
             if exc.errno not in (errno.EACCES, errno.EAGAIN):
                 log.warning(
