@@ -125,10 +125,10 @@ class BlockingSession(BlockingConnection):
 
     @property
     def opened(self) -> bool:
-        """True once a session with the agent was opened: an `AgentUnavailable` since means
-        the agent went away (a restart the client reconnects through), not that it was never
-        reached."""
-        return self._reader is not None
+        """True once a session with the agent was opened and the client reconnects: an
+        `AgentUnavailable` since means the agent went away (a restart the client reconnects
+        through), not that it was never reached (nor that a `reconnect=False` client lost it)."""
+        return self._reader is not None and self._reconnect
 
     def _hello(self) -> pb.Hello:
         """This tenant's registration, the callbacks it serves and whether it keeps turns."""
