@@ -4,6 +4,7 @@ Hypothesis profile every property and fuzz test runs under."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,17 @@ no example database); `make soak` sets BATON_HYPOTHESIS_PROFILE=random and draws
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Agents' directories under /tmp go with the session, whatever its tests' outcome."""
     remove_short_tmpdirs()
+
+
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """Ctrl-C (and `_thread.interrupt_main`) raises `KeyboardInterrupt` in the test, as in a
+    terminal: a run started in the background inherits SIGINT ignored. Put back after."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture

@@ -214,7 +214,7 @@ def test_ctrl_c_in_a_reward_run_off_turn_stops_without_waiting_for_the_gpu(jobs:
 
 @needs_trl
 @pytest.mark.timeout(60)
-def test_ctrl_c_as_a_turn_is_granted_gives_the_turn_back(jobs: Jobs) -> None:
+def test_ctrl_c_as_a_turn_is_granted_gives_the_turn_back(jobs: Jobs, sigint_raises: None) -> None:
     """A Ctrl-C that lands as the agent's grant returns, before the callback records the turn,
     gives the turn back: the other job gets the GPU at once, instead of the turn staying held,
     by nobody, until the agent's --max-hold (60 s) preempts it."""
@@ -242,7 +242,9 @@ def test_ctrl_c_as_a_turn_is_granted_gives_the_turn_back(jobs: Jobs) -> None:
 
 @needs_trl
 @pytest.mark.timeout(60)
-def test_ctrl_c_in_begin_leaves_a_turn_the_user_held_before_it(jobs: Jobs) -> None:
+def test_ctrl_c_in_begin_leaves_a_turn_the_user_held_before_it(
+    jobs: Jobs, sigint_raises: None
+) -> None:
     """A turn the user took with the callback's client before `begin()` (acquire returns it as
     held) is the user's: an interrupt inside `begin()` leaves it held, not given back."""
     import _thread
