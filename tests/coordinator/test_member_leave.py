@@ -33,6 +33,17 @@ def heard_leaves(arbiter: Any) -> asyncio.Queue[None]:
     return leaves
 
 
+async def yield_unheard(node: Any, arbiter: Any) -> None:
+    """The job's only member on `node`, the trainer, takes its turn and yields while no
+    coordinator leads (an election): its Leave meets no leader."""
+    trainer = pod(node, "rl-trainer")
+    mine = await acquire(node.service, trainer)
+    leaves = heard_leaves(arbiter)
+    arbiter.step_down("the Lease was lost")
+    release(node.service, trainer, mine)  # the only member that joined leaves
+    await asyncio.wait_for(leaves.get(), 5)
+
+
 def test_a_members_yield_during_an_election_ends_its_jobs_turn_under_the_new_leader(
     tmp_path: Path,
 ) -> None:
@@ -41,12 +52,7 @@ def test_a_members_yield_during_an_election_ends_its_jobs_turn_under_the_new_lea
 
     async def body() -> None:
         async with cluster(tmp_path) as (n1, n2, arbiter):
-            trainer = pod(n1, "rl-trainer")
-            mine = await acquire(n1.service, trainer)
-            leaves = heard_leaves(arbiter)
-            arbiter.step_down("the Lease was lost")  # an election: nobody leads
-            release(n1.service, trainer, mine)  # the only member that joined leaves
-            await asyncio.wait_for(leaves.get(), 5)  # its Leave meets no leader
+            await yield_unheard(n1, arbiter)
             table = arbiter.new_table()
             found = await recover(arbiter.view, arbiter.links, table, 2)
             arbiter.lead(2, table, found)  # a new leader, from the nodes' reports
@@ -126,12 +132,7 @@ def test_a_members_leave_unheard_when_its_agent_restarts_is_sent_by_the_next_age
 
     async def body() -> None:
         async with cluster(tmp_path) as (n1, _n2, arbiter):
-            trainer = pod(n1, "rl-trainer")
-            mine = await acquire(n1.service, trainer)
-            leaves = heard_leaves(arbiter)
-            arbiter.step_down("the Lease was lost")  # an election: nobody leads
-            release(n1.service, trainer, mine)  # the only member that joined leaves
-            await asyncio.wait_for(leaves.get(), 5)  # its Leave meets no leader
+            await yield_unheard(n1, arbiter)
             gate = n1.service.jobs
             assert isinstance(gate, CoordinatedTurns)
             await gate.close()  # the agent stops with the Leave unheard
