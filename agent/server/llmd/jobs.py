@@ -84,25 +84,24 @@ class Jobs:
         pod's process, its own namespace's pods' only; a process of this host outside pods,
         every one; a caller not found here (another host), the jobs outside pods."""
         caller = await self.caller(peer)
-        pod = pod_uid_of_pid(caller.pid, self._proc_root) if caller else None
+        return self._seen_by(
+            caller, pod_uid_of_pid(caller.pid, self._proc_root) if caller else None
+        )
+
+    def _seen_by(self, caller: PeerProcess | None, pod: str | None) -> Callable[[str], bool]:
+        """`seen_by` for a caller found (or not) and the pod its process runs in (or None)."""
         tenants = self.service.tenants.tenants
         if caller is not None and not pod:
             return lambda tenant_id: True
         if not pod:
             return lambda tenant_id: tenant_id in tenants and tenants[tenant_id].source != POD
-        own = self._namespace_of_pod(pod)
-        mine = f"{own}/" if own else None
+        own = next((t for t in tenants.values() if t.source == POD and t.pod_uid == pod), None)
+        mine = f"{own.tenant_id.split('/', 1)[0]}/" if own else None
         return lambda tenant_id: (
             mine is not None
             and tenant_id.startswith(mine)
             and (tenant_id not in tenants or tenants[tenant_id].source == POD)
         )
-
-    def _namespace_of_pod(self, pod_uid: str) -> str | None:
-        """The namespace of the pod tenant with this UID, if the agent has it."""
-        tenants = self.service.tenants.tenants.values()
-        own = next((t for t in tenants if t.source == POD and t.pod_uid == pod_uid), None)
-        return own.tenant_id.split("/", 1)[0] if own else None
 
     def _pods(self) -> list[tuple[Tenant, tuple[str, str]]]:
         """Pod tenants labelled with an llm-d job and group, and those labels."""
@@ -230,8 +229,7 @@ class Jobs:
         pod = pod_uid_of_pid(caller.pid, self._proc_root) if caller else None
         if tenant is not None and tenant.source == POD:
             if pod != tenant.pod_uid:
-                own = self._namespace_of_pod(pod) if pod else None
-                seen = caller is not None and (not pod or own == tenant.tenant_id.split("/")[0])
+                seen = self._seen_by(caller, pod)(tenant.tenant_id)
                 whose = f"pod {tenant.tenant_id}" if seen else "a pod of another namespace"
                 raise Forbidden(
                     f"job {self.job_of(tenant.tenant_id)!r} is {whose}; "
