@@ -96,10 +96,16 @@ OTHER = "a job of another namespace"
 """How a caller is told of a job of a namespace not its own (its name is that namespace's)."""
 
 
+def sees(viewer: str | None, namespace: str) -> bool:
+    """Whether a caller of namespace `viewer` may see `namespace`'s jobs by name (None: a caller
+    who may see every job; "": one who may see none)."""
+    return viewer is None or namespace == viewer
+
+
 def seen_as(key: str, viewer: str | None) -> str:
     """A job's key (`namespace/job[@group]`) as a caller of namespace `viewer` may read it: its
-    own namespace's by name, another's as `OTHER` (None: a caller who may see every job)."""
-    return key if viewer is None or key.partition("/")[0] == viewer else OTHER
+    own namespace's by name, another's as `OTHER` (`sees`)."""
+    return key if sees(viewer, key.partition("/")[0]) else OTHER
 
 
 def _jobs(keys: Iterable[str], viewer: str | None) -> str:

@@ -22,7 +22,7 @@ from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
 from baton.contract.deadline import answer_before
 from coordinator.callers import CallerUnknown
 from coordinator.cluster import ClusterView, PlanError, UnknownGroup, UnknownJob
-from coordinator.jobturn import NotHolder
+from coordinator.jobturn import NotHolder, sees
 from coordinator.turns import Arbiter, NotLeading, TurnFailed
 
 
@@ -114,12 +114,14 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
             )
         return have[0], True
 
-    async def _seen(self, context: grpc.aio.ServicerContext) -> tuple[str | None, bool]:
-        """The caller's namespace (None: unidentified), and whether it may see every namespace's
-        groups and jobs (an unidentified caller the operator lets drive any job:
-        `--allow-unidentified`)."""
+    async def _viewer(self, context: grpc.aio.ServicerContext) -> str | None:
+        """The namespace whose groups and jobs the caller sees by name (`jobturn.sees`): its
+        own; None, every one, for an unidentified caller the operator lets drive any job
+        (`--allow-unidentified`); "", none, for another unidentified one."""
         caller = await self._namespace_of(context.peer())
-        return caller, caller is None and self._allow_unidentified
+        if caller is None:
+            return None if self._allow_unidentified else ""
+        return caller
 
     @mapped
     async def Acquire(
@@ -153,8 +155,8 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         """Every group a node or a pod of the caller's namespace names (another namespace's
         pods' labels are that namespace's)."""
         self._arbiter.check_leading()
-        caller, every = await self._seen(context)
-        return ts.ListGroupsResponse(group_ids=self._view.groups(lambda ns: every or ns == caller))
+        viewer = await self._viewer(context)
+        return ts.ListGroupsResponse(group_ids=self._view.groups(functools.partial(sees, viewer)))
 
     @mapped
     async def GetGroupStatus(
@@ -164,9 +166,9 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         (a job of another namespace than the caller's is counted, not named: its id is "")."""
         self._arbiter.check_leading()  # a standby's table is empty: it would say IDLE
         group = request.group_id
-        caller, every = await self._seen(context)
+        viewer = await self._viewer(context)
         resources = self._view.group_resources(group)
-        if not resources or group not in self._view.groups(lambda ns: every or ns == caller):
+        if not resources or group not in self._view.groups(functools.partial(sees, viewer)):
             raise UnknownGroup(f"no node or pod of the caller's namespace is in group {group!r}")
         arbiter = self._arbiter
         holder = arbiter.holder_of(resources)
@@ -188,7 +190,7 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         stamp.FromNanoseconds(int(changed * 1e9))
 
         def job(key: str) -> str:
-            return _job_of(key) if every or key.partition("/")[0] == caller else ""
+            return _job_of(key) if sees(viewer, key.partition("/")[0]) else ""
 
         active = holder.key if holder else switching or last
         status = ts.GroupStatus(
