@@ -168,8 +168,7 @@ class AsyncSession:
     def _heard(self, exc: BatonError) -> None:
         """A reconnect failed: calls waiting for it fail at once if the agent refused for good."""
         assert self._answered is not None
-        self._refusals.heard(exc)
-        if self._refusals.final() is not None:
+        if self._refusals.heard(exc):  # for good: calls waiting fail now
             self._answered.set()
         else:
             self._answered.clear()

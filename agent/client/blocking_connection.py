@@ -146,8 +146,7 @@ class BlockingConnection:
     def _heard(self, exc: BatonError) -> None:
         """A reconnect failed: calls waiting for it fail at once if the agent refused for good."""
         with self._state:
-            self._refusals.heard(exc)
-            if self._refusals.final() is not None:
+            if self._refusals.heard(exc):  # for good: calls waiting fail now
                 self._answered.set()
             else:
                 self._answered.clear()

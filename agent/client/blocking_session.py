@@ -144,6 +144,8 @@ class BlockingSession(BlockingConnection):
         at once the agent's refusal if it refuses the session for good (`Refusals`)."""
         if self._reader is None:
             self.connect()
+        if self._connected.is_set():  # (the common case: no lock, no clock)
+            return
         assert self._reader is not None
         deadline = time.monotonic() + max(0.0, wait)
         while True:

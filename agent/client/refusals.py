@@ -32,13 +32,15 @@ class Refusals:
         self._standing = False
         """Whether the agent's latest answer was a refusal that means never."""
 
-    def heard(self, exc: BatonError) -> None:
-        """A reconnect failed with `exc`: the agent's refusal, or no answer (it is away)."""
+    def heard(self, exc: BatonError) -> bool:
+        """A reconnect failed with `exc`: the agent's refusal, or no answer (it is away); True
+        if the refusal means never (calls waiting for the reconnect fail now)."""
         if isinstance(exc, AgentUnavailable | AcquireTimeout):
             self._standing = False
-            return
-        self._kind, self._message = type(exc), " ".join(str(exc).split())  # one line
-        self._standing = isinstance(exc, FINAL)
+        else:
+            self._kind, self._message = type(exc), " ".join(str(exc).split())  # one line
+            self._standing = isinstance(exc, FINAL)
+        return self._standing
 
     def welcomed(self) -> None:
         """The session is open again."""
