@@ -79,7 +79,6 @@ class Driver:
             ) from None
         self._node: dict[str, Any] = {}
         self._node_error = ""
-        self._node_uid = ""
         self._node_lock = threading.Lock()
         self.hold = PrepareHold() if fake else None
         try:
@@ -149,8 +148,8 @@ class Driver:
 
     def node_uid(self) -> str:
         """This node's UID, read again each time (the slice's owner): a node deleted and
-        registered again under its name has a new one. Where the API does not answer, the UID
-        last read."""
+        registered again under its name has a new one. The node read is kept as `node_object`'s;
+        where the API does not answer, the UID last read."""
         if self.api is not None:
             try:
                 node = self.api.node()
@@ -162,9 +161,9 @@ class Driver:
                 )
             else:
                 with self._node_lock:
-                    self._node_uid = str((node.get("metadata") or {}).get("uid", ""))
+                    self._node = node
         with self._node_lock:
-            return self._node_uid or str((self._node.get("metadata") or {}).get("uid", ""))
+            return str((self._node.get("metadata") or {}).get("uid", ""))
 
     def cdi_refusal(self) -> str | None:
         """Why this node's runtime cannot apply the CDI specs, or None."""
