@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from agent.core.waiters import Waiter
+from baton.contract.names import ANOTHER_NAMESPACES_JOB
 from coordinator.cluster import Plan
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class Asked:
                 future.set_exception(error)
 
 
-OTHER = "a job of another namespace"
+OTHER = ANOTHER_NAMESPACES_JOB
 """How a caller is told of a job of a namespace not its own (its name is that namespace's)."""
 
 

@@ -15,11 +15,12 @@ from agent.core.waiters import TenantUsage
 from agent.server.metrics import AgentMetrics
 from agent.server.sessions import SessionRegistry
 from baton._pb import agent_pb2 as pb
+from baton.contract.names import ANOTHER_NAMESPACES_JOB
 
 log = logging.getLogger(__name__)
 
 
-HIDDEN = "a job of another namespace"
+HIDDEN = ANOTHER_NAMESPACES_JOB
 """How a tenant the caller may not see is named to it (llm-d's `Jobs.seen_by`)."""
 
 

@@ -218,6 +218,10 @@ CDI_KIND_CLAIM = "baton.dev/claim"
 DRA_STATE_DIR = "/var/lib/baton/dra"
 """The driver's record of prepared claims (host path, survives its restarts)."""
 
+ANOTHER_NAMESPACES_JOB = "a job of another namespace"
+"""How the llm-d APIs (the node agent's, the coordinator's) name a job to a caller of another
+namespace: its name and namespace are that namespace's."""
+
 
 def dra_device_name(index: int) -> str:
     """The DRA device name of GPU `index` in the node's ResourceSlice."""
