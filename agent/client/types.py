@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 from agent.client.errors import BatonError, InvalidRequest
 from baton._pb import agent_pb2 as pb
-from baton.contract.names import AGENT_SOCKET, ENV_AGENT_SOCKET, ENV_GPUS, ENV_TENANT_NAME
+from baton.contract.names import (
+    AGENT_SOCKET,
+    ENV_AGENT_SOCKET,
+    ENV_CLAIM_GPU_PREFIX,
+    ENV_GPUS,
+    ENV_TENANT_NAME,
+)
 
 log = logging.getLogger("baton.client")
 
@@ -151,10 +157,17 @@ def add_callbacks(
             callbacks[action] = fn
 
 
-def gpus_from(value: Sequence[str] | str | None) -> tuple[str, ...]:
-    raw = os.environ.get(ENV_GPUS, "") if value is None else value
-    items = raw.split(",") if isinstance(raw, str) else raw
-    return tuple(g.strip() for g in items if g.strip())
+def gpus_from(value: Sequence[str] | str | None = None) -> tuple[str, ...]:
+    """The GPUs given, or the container's: `BATON_GPUS` and each DRA claim's device GPUs (a
+    container naming two claims keeps one claim's `BATON_GPUS`: CDI sets a variable once)."""
+    if value is not None:
+        items = value.split(",") if isinstance(value, str) else value
+        return tuple(g.strip() for g in items if g.strip())
+    found = [g.strip() for g in os.environ.get(ENV_GPUS, "").split(",") if g.strip()]
+    for key in sorted(k for k in os.environ if k.startswith(ENV_CLAIM_GPU_PREFIX)):
+        if (gpu := os.environ[key].strip()) and gpu not in found:
+            found.append(gpu)
+    return tuple(found)
 
 
 def moved_bytes(request: pb.Callback, moved: object) -> int:

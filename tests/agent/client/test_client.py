@@ -62,6 +62,18 @@ def test_environment_supplies_socket_and_gpus(monkeypatch: pytest.MonkeyPatch) -
     assert baton.socket == "/tmp/elsewhere.sock" and baton.gpus == ("GPU-a", "GPU-b")
 
 
+def test_a_container_naming_two_claims_has_each_claims_gpus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The runtime keeps one claim's BATON_GPUS (tests/k8s/dra, the real containerd): each
+    claim's device variables name the others."""
+    monkeypatch.setenv("BATON_GPUS", "GPU-b")
+    monkeypatch.setenv("BATON_CLAIM_GPU_1", "GPU-b")
+    monkeypatch.setenv("BATON_CLAIM_GPU_0", "GPU-a")
+    assert AsyncBaton().gpus == ("GPU-b", "GPU-a")
+    assert AsyncBaton(gpus="GPU-c").gpus == ("GPU-c",)  # given: only what is given
+
+
 def test_no_agent_is_a_clear_error_not_a_hang(workdir: str) -> None:
     baton = Baton(f"{workdir}/missing.sock", ["GPU-0"], connect_timeout=1)
     started = time.monotonic()

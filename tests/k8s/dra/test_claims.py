@@ -8,10 +8,10 @@ from typing import Any
 
 from baton.contract import names
 from baton.contract.draclaim import claim_shares
-from tests.k8s.cluster import Cluster, wait_for
+from tests.k8s.cluster import AGENT_URL, Cluster, get_text, wait_for
 from tests.k8s.dra.claims import GIB, claim_pod, claim_template, limit_pod
 from tests.k8s.dra.conftest import CDI_DIR
-from tests.k8s.pods import report
+from tests.k8s.pods import REPORT, report
 
 GPU_MIB = 81920
 SLOTS = 4
@@ -116,3 +116,40 @@ def test_a_plain_gpu_limit_gets_a_generated_claim(dra_cluster: Cluster, dra_name
     (share,) = claim_shares(claim)
     assert share.memory_bytes == GPU_MIB * names.MIB and share.duty == 100 // SLOTS, share
     assert reported(dra_cluster, ns, "plain")["BATON_GPUS"] == uuids(dra_cluster)[share.device]
+
+
+def test_a_container_naming_two_claims_sees_both_gpus(
+    dra_cluster: Cluster, dra_namespace: str
+) -> None:
+    """CDI sets a variable once per container: the runtime keeps one claim's `BATON_GPUS`; each
+    device's `BATON_CLAIM_GPU_<index>` names its GPU, and the client reads them all."""
+    ns = dra_namespace
+    dra_cluster.apply(
+        claim_template("first-gpu", ns, 1, 5, gpu_index=0),
+        claim_template("second-gpu", ns, 1, 5, gpu_index=1),
+    )
+    client = "from agent.client.types import gpus_from as g; print('CLIENT_GPUS=' + ','.join(g()))"
+    pod = claim_pod("both", ns, "first-gpu", REPORT + f'python -c "{client}"; exec sleep 3600')
+    pod["spec"]["resourceClaims"] = [
+        {"name": "a", "resourceClaimTemplateName": "first-gpu"},
+        {"name": "b", "resourceClaimTemplateName": "second-gpu"},
+    ]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "a"}, {"name": "b"}]
+    dra_cluster.apply(pod)
+    dra_cluster.wait_phase(ns, "both", {"Running"}, 120)
+    env = wait_for(
+        "both's client report",
+        lambda: r if "CLIENT_GPUS" in (r := report(dra_cluster.logs(ns, "both"))) else None,
+        30,
+    )
+    print(f"\n--- both ---\n{env}")
+    gpus = uuids(dra_cluster)
+    assert env["BATON_CLAIM_GPU_0"] == gpus["gpu-0"] and env["BATON_CLAIM_GPU_1"] == gpus["gpu-1"]
+    assert env["BATON_GPUS"] in gpus.values(), env  # one claim's: the runtime keeps one
+    assert sorted(env["CLIENT_GPUS"].split(",")) == sorted(gpus.values()), env
+
+    def seen() -> Any:
+        return json.loads(get_text(f"{AGENT_URL}/v1/status"))["tenants"].get(f"{ns}/both")
+
+    tenant = wait_for("the agent to know the pod", seen, 60)
+    assert sorted(tenant["gpus"]) == sorted(gpus.values()), tenant  # its turns cover both
