@@ -63,6 +63,10 @@ class Anticipation:
         self._yielded_at.pop(tenant_id, None)
         self.return_s.pop(tenant_id, None)
 
+    def elsewhere(self, tenant_id: str) -> bool:
+        """Whether another arbiter decides the tenant's turns (`decided_elsewhere`)."""
+        return tenant_id in self._elsewhere
+
     def comes_back(self, tenant_id: str) -> bool:
         """Whether GPUs are kept for the tenant after its yields at all: there is a window, and
         the tenant usually asks again within it."""

@@ -316,9 +316,11 @@ class LeaseTable:
 
     def revoke_at(self, lease: Lease) -> float | None:
         """When the lease may be revoked: past its maximum hold while others wait, or (the fair
-        policy's tier grace) for a higher tier's waiter. None: not while nothing changes."""
+        policy's tier grace) for a higher tier's waiter. None: not while nothing changes. A
+        tenant whose turns another arbiter decides (a job's member, the cluster coordinator) is
+        not revoked for a tier: its job's members on other nodes would go on holding theirs."""
         times = [lease.hold_until] if self.contended(lease) else []
-        if self.fair is not None:
+        if self.fair is not None and not self.anticipation.elsewhere(lease.tenant_id):
             tier = self.usage.get(lease.tenant_id, TenantUsage()).tier
             for w in self.waiters.values():
                 wtier = self.usage.get(w.tenant_id, TenantUsage()).tier

@@ -145,9 +145,9 @@ class CoordinatedTurns:
             if lease is not None:
                 return lease
             # It ended meanwhile (or this pod joined the job late), or the node revoked the pod's
-            # lease in it (its maximum hold, a higher tier) and has not given it back yet: that
-            # is waited for here, woken as it is given back (or given up), the turn asked about
-            # again at the latest after RETRY_MAX_S.
+            # lease in it (its maximum hold) and has not given it back yet: that is waited for
+            # here, woken as it is given back (or given up), the turn asked about again at the
+            # latest after RETRY_MAX_S.
             left = math.inf if deadline is None else deadline - time.monotonic()
             within = min(left, RETRY_MAX_S)
             back = await self._turns.given_back(tenant.tenant_id, answer.turn_id, within)

@@ -332,8 +332,8 @@ class JobTurns:
             self._save()
 
     def _resumed(self, tenant_id: str, revoked: str, resume: str) -> None:
-        """The node revoked a member's lease (its maximum hold, a higher tier): the turn that
-        gives it back is the member's in its job's turn, here and on disk."""
+        """The node revoked a member's lease (its maximum hold): the turn that gives it back
+        is the member's in its job's turn, here and on disk."""
         for turn in self.turns.values():
             if turn.follow(tenant_id, revoked, resume):
                 log.info(

@@ -248,6 +248,20 @@ def test_a_lower_tier_holder_is_revocable_after_the_grace() -> None:
     assert [x.lease_id for x in table.tick().overdue] == [lease.lease_id]
 
 
+def test_a_holder_another_arbiter_decides_for_is_not_revoked_for_a_tier() -> None:
+    """A job's member (the cluster coordinator decides its turns): revoking it here would leave
+    its job's members on other nodes holding their GPUs; only the maximum hold applies."""
+    now = [100.0]
+    table = LeaseTable(
+        clock=lambda: now[0], policy=FairShare(FairConfig(tier_grace_s=2.0)), max_hold=60
+    )
+    table.anticipation.decided_elsewhere("member")
+    table.enqueue("member", ["g"], tier=0)
+    lease = table.grant(table.pick()[0].waiter_id)
+    table.enqueue("high", ["g"], tier=1)
+    assert table.revoke_at(lease) == lease.hold_until
+
+
 def test_without_a_grace_a_lower_tier_holder_keeps_its_turn() -> None:
     now = [100.0]
     table = LeaseTable(clock=lambda: now[0], policy="fair", max_hold=60)
