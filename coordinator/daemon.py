@@ -268,7 +268,8 @@ class Coordinator:
             f", agents not reached (asked again until they answer): "
             f"{', '.join(sorted(found.unreachable))}" if found.unreachable else "",
         )  # fmt: skip
-        await chase(self.arbiter, found, epoch, self._agents_appeared)  # ends with the term
+        outrank = self._elector.outrank  # a node that answers late may obey a newer epoch
+        await chase(self.arbiter, found, epoch, self._agents_appeared, outrank)  # ends with term
 
     def _end_term(self, reason: str) -> None:
         if self._term is not None:

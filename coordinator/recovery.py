@@ -21,7 +21,7 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from agent.core.leases import Lease, LeaseTable
@@ -90,14 +90,20 @@ async def recover(view: ClusterView, links: AgentLinks, table: LeaseTable, epoch
 
 
 async def chase(
-    arbiter: Arbiter, found: Recovered, epoch: int, appeared: asyncio.Event | None = None
+    arbiter: Arbiter,
+    found: Recovered,
+    epoch: int,
+    appeared: asyncio.Event | None = None,
+    outranked: Callable[[int], object] | None = None,
 ) -> None:
     """Ask each agent that recovery did not reach again, with backoff, until it answers (what it
     reports is then settled as recovery would have), leaves the cluster or obeys a newer epoch;
     `arbiter.settling.unsettled` names those still waited for. With `appeared` (set when an agent's
     address appears in the view), each node listed later that this leader has neither heard
     nor is asking is asked too, at once, and chased the same way: then it runs until cancelled
-    (when this replica stops leading)."""
+    (when this replica stops leading). A node that obeys a newer epoch stays unsettled (saying
+    so) and `outranked(its epoch)` is called: this replica must not lead below it (the Lease was
+    recreated, or a newer leader leads)."""
     one_at_a_time = asyncio.Lock()  # two nodes of one turn may answer together
     asking: set[str] = set()
     async with asyncio.TaskGroup() as chasing:
@@ -105,7 +111,7 @@ async def chase(
         def ask(node: str, first_wait: float) -> None:
             asking.add(node)
             task = chasing.create_task(
-                _chase(arbiter, found, epoch, node, one_at_a_time, first_wait)
+                _chase(arbiter, found, epoch, node, one_at_a_time, first_wait, outranked)
             )
             task.add_done_callback(lambda _: asking.discard(node))
 
@@ -126,6 +132,7 @@ async def _chase(
     node: str,
     one_at_a_time: asyncio.Lock,
     first_wait: float,
+    outranked: Callable[[int], object] | None = None,
 ) -> None:
     wait, tries = first_wait, 0
     while (address := arbiter.view.addresses().get(node)) is not None:
@@ -141,12 +148,18 @@ async def _chase(
                 epoch, node, err.why,
             )  # fmt: skip
             continue
-        if answer.epoch > epoch:
+        if answer.epoch > epoch:  # a newer leader, or the Lease counts from below the agents
+            arbiter.settling.unsettled[node] = (
+                f"its agent obeys epoch {answer.epoch}, above this leader's {epoch} (the Lease "
+                "was recreated, or a newer leader leads): this replica steps down"
+            )
             log.warning(
-                "node %s obeys epoch %d, above this leader's %d: its turns are left to that leader",
-                node, answer.epoch, epoch,
+                "node %s obeys epoch %d, above this leader's %d: stepping down (the Lease is "
+                "taken again above it unless a newer leader holds it)", node, answer.epoch, epoch,
             )  # fmt: skip
-            break
+            if outranked is not None:
+                outranked(answer.epoch)
+            return
         async with one_at_a_time:
             settled, outcomes = await _settle_report(arbiter, found, epoch, node, address, answer)
         if settled:
