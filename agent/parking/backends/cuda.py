@@ -124,6 +124,8 @@ class CudaBackend(CudaTenants, Backend):
                 self._stopped(tenant_id)
                 if tenant_id in self._parked:  # found checkpointed by the driver already
                     return Move(tenant_id, gpu, "park", 0, 0.0)
+                if tenant_id in self._unparkable:  # the driver cannot checkpoint a process
+                    raise Unparkable(self._unparkable[tenant_id])
             if not pids:
                 raise BackendError(f"{tenant_id} has no processes with CUDA state to park")
             for pid in pids:

@@ -62,6 +62,11 @@ SHARING = (
     "the driver cannot checkpoint processes that share GPU memory (NCCL, CUDA IPC) or use "
     "managed memory; the tenant stays resident"
 )
+UNSUPPORTED = (
+    "the driver cannot checkpoint this process (some container runtimes, MIG instances); it "
+    "stays resident: to park the tenant, give its pod another parking method "
+    "(baton.dev/parking: app, with on_park/on_restore callbacks)"
+)
 STALLED = (
     "a lock that does not return means the tenant's processes share GPU memory (NCCL, CUDA "
     "IPC): the driver's calls on one wait while a peer is locked"

@@ -26,7 +26,10 @@ from agent.parking.backends.cuda_driver import (
     CHECKPOINTED,
     FAILED,
     LOCKED,
+    NOT_SUPPORTED,
+    RUNNING,
     CheckpointDriver,
+    DriverError,
     nvml_error,
 )
 from agent.parking.backends.cuda_moves import ParkedProcs
@@ -116,13 +119,24 @@ class CudaTenants:
 
         Processes left locked by a move a restart cut off are settled (see
         `cuda_moves.settle_locked`) unless a move of the tenant is under way: `settle` says the
-        caller is that move, before it touched any process."""
+        caller is that move, before it touched any process. A process whose state query the
+        driver does not support counts as running (its memory stays on the GPU) and refuses
+        the tenant (`unparkable`)."""
         with self._mutex:
             ref = self._refs.get(tenant_id)
             settle = settle or tenant_id not in self._moving
         if ref is None:
             return ()
-        states = {pid: self.calls.state(pid) for pid in sorted(self._candidates(ref))}
+        states: dict[int, int | None] = {}
+        refused = ""
+        for pid in sorted(self._candidates(ref)):
+            try:
+                states[pid] = self.calls.state(pid)
+            except DriverError as e:
+                if e.code != NOT_SUPPORTED:
+                    raise
+                states[pid] = RUNNING
+                refused = refused or f"{e}: {cuda_moves.UNSUPPORTED}"
         checkpointed = [pid for pid, state in states.items() if state == CHECKPOINTED]
         held: cuda_moves.Sizes = {pid: {g: 0 for g in ref.gpus} for pid in checkpointed}
         for pid, state in states.items():
@@ -139,6 +153,8 @@ class CudaTenants:
             held[checkpointed[0]] = {g: max(0, declared - measured[g]) for g in ref.gpus}
         with_state = [pid for pid, state in states.items() if state is not None]
         with self._mutex:
+            if refused:
+                self._unparkable.setdefault(tenant_id, refused)
             if held and tenant_id not in self._parked:
                 self._parked[tenant_id] = ParkedProcs(held)
             self._found[tenant_id] = (self._clock(), tuple(with_state))

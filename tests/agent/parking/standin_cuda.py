@@ -15,6 +15,8 @@ public NVIDIA/cuda-checkpoint bug reports:
   those states and raise ValueError ("4 is not a valid CUprocessState") as cuda-bindings 13.0.3
   does (`known_states` 4), and they raise KeyError for a result code they do not know
   (`unknown_code`);
+* a process the driver cannot checkpoint at all (`unsupported`: some container runtimes, MIG)
+  answers every checkpoint call, the state query included, with NOT_SUPPORTED;
 * an injected failure (`fail`) can leave the process FAILED (`leaves`);
 * a restore that does not fit the GPU's free memory answers OUT_OF_MEMORY; every later restore
   of that process answers OPERATING_SYSTEM (304) and its unlock ILLEGAL_STATE (401), as driver
@@ -85,6 +87,8 @@ class StandInDriver:
     """Thread IDs and the process each belongs to: a call on one acts on its process."""
     exit_before: set[tuple[str, int]] = field(default_factory=set)
     """Calls just before which their process exits."""
+    unsupported: set[int] = field(default_factory=set)
+    """Processes every checkpoint call on which answers NOT_SUPPORTED."""
     calls: list[tuple[str, int]] = field(default_factory=list)
     lock_timeouts: list[int] = field(default_factory=list)
     hang_over: threading.Event = field(default_factory=threading.Event)
@@ -145,6 +149,8 @@ class StandInDriver:
             raise KeyError(self.unknown_code[("state", pid)])
         if self._hang_if_peer_locked(pid):
             return (CUresult.CUDA_ERROR_NOT_READY, None)
+        if pid in self.unsupported:
+            return (CUresult.CUDA_ERROR_NOT_SUPPORTED, None)
         if self.passing.get(pid):
             state = self.passing[pid].pop(0)
             if state >= self.known_states:
@@ -170,6 +176,8 @@ class StandInDriver:
             self.blocked.set()
             self.hang_over.wait(HANG_BOUND_S)
             return (CUresult.CUDA_ERROR_NOT_READY,)
+        if pid in self.unsupported:
+            return (CUresult.CUDA_ERROR_NOT_SUPPORTED,)
         if (call, pid) in self.fail:
             err = self.fail.pop((call, pid))
             if (call, pid) in self.leaves:

@@ -181,6 +181,34 @@ def test_the_planner_leaves_a_refused_tenant_resident_and_says_why(node):
     assert driver.states[100] == driver.states[101] == RUNNING
 
 
+def test_a_tenant_whose_state_query_is_not_supported_is_refused_at_once_and_says_why(node):
+    driver, _, backend = node
+    driver.unsupported |= {100, 101}  # e.g. a container runtime or MIG the driver cannot checkpoint
+    prep = ParkingPreparer(backend, {GPU: 10 * GIB}, host_budget=20 * GIB, backoff=0.0)
+    prep.register(TenantRef("a", (GPU,), pids=(100, 101)))
+    prep.register(TenantRef("b", (GPU,), pids=(200,)))
+    prep.register(TenantRef("c", (GPU,), declared_bytes=7 * GIB))
+
+    async def turns() -> None:
+        await prep.prepare("a", [GPU])
+        await prep.prepare("b", [GPU])  # the other tenants' turns go on
+        await prep.prepare("c", [GPU])
+
+    with pytest.raises(NoRoom, match=r"a stays resident: .*CUDA_ERROR_NOT_SUPPORTED.*parking"):
+        asyncio.run(asyncio.wait_for(turns(), 10))
+    st = backend.state("a")
+    assert st.footprint_bytes == {GPU: 4 * GIB} and st.quarantined == ""
+    assert "another parking method" in st.unparkable
+    assert "CUDA_ERROR_NOT_SUPPORTED" in prep.status()["tenants"]["a"]["not_parkable"]
+    assert [c for c in moves(driver) if c[1] in (100, 101)] == []  # never locked
+    driver.states[300] = RUNNING
+    driver.unsupported.add(300)
+    backend.attach(TenantRef("d", (GPU,), pids=(300,)))  # parked before any read of it
+    with pytest.raises(Unparkable, match=r"^d: cuCheckpointProcessGetState .*NOT_SUPPORTED"):
+        backend.park("d", GPU)
+    assert [c for c in moves(driver) if c[1] in (100, 101, 300)] == []
+
+
 def test_a_call_that_does_not_return_quarantines_and_holds_no_lock(node):
     driver, _, backend = node
     backend.park("a", GPU)
