@@ -14,6 +14,8 @@ everything as it was.
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,8 @@ from agent.parking.backends.cuda_driver import (
     state_name,
 )
 from agent.parking.backends.deadline import CallStalled
+
+log = logging.getLogger(__name__)
 
 Sizes = dict[int, dict[str, int]]
 """Per process, its bytes on each GPU."""
@@ -107,9 +111,16 @@ def park_all(calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes) -> tu
 
 
 def roll_back(calls: CheckpointDriver, pids: list[int], sizes: Sizes, cause: Exception) -> None:
-    """Return every touched process to RUNNING; `BackendQuarantined` if one will not go."""
+    """Return every touched process to RUNNING; `BackendQuarantined` if one will not go.
+
+    `pids[0]` is the one `cause` came from, undone last. Where its call is still in flight (a
+    lock that did not return in time) it is undone once the call returns: a lock waiting on a
+    locked peer is carried out when the peer is unlocked (NVIDIA/cuda-checkpoint#30)."""
     stuck = []
     for pid in reversed(pids):
+        stalled = cause if isinstance(cause, CallStalled) and pid == pids[0] else None
+        if stalled is not None and stalled.on_return(functools.partial(unlock_late, calls, pid)):
+            continue  # its peers are unlocked: it returns, and is undone then
         try:
             state = calls.state(pid)
             if state == CHECKPOINTED:
@@ -126,6 +137,20 @@ def roll_back(calls: CheckpointDriver, pids: list[int], sizes: Sizes, cause: Exc
         raise BackendQuarantined(
             f"park failed ({cause}) and could not be undone: " + "; ".join(stuck)
         )
+
+
+def unlock_late(calls: CheckpointDriver, pid: int) -> None:
+    """After a lock that returned past its deadline: the process it locked is unlocked."""
+    try:
+        state = calls.state(pid)
+        if state == LOCKED:
+            calls.unlock(pid)
+            state = calls.state(pid)
+    except BackendError as e:
+        log.error("pid %d, locked after its park was undone, could not be unlocked: %s", pid, e)
+        return
+    if state not in (RUNNING, None):
+        log.error("pid %d, locked after its park was undone, is %s", pid, state_name(state))
 
 
 def restore_all(calls: CheckpointDriver, sizes: Sizes) -> tuple[int, ...]:

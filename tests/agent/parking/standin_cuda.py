@@ -22,7 +22,9 @@ public NVIDIA/cuda-checkpoint bug reports:
   of that process answers OPERATING_SYSTEM (304) and its unlock ILLEGAL_STATE (401), as driver
   580.95 does (NVIDIA/cuda-checkpoint#44);
 * processes that share GPU memory (`shared`, e.g. NCCL ranks): a state query or lock of one
-  blocks while a peer is locked, until `hang_over` is set (then it answers NOT_READY);
+  blocks while a peer is locked, until `hang_over` is set (then it answers NOT_READY); with
+  `lands_late` given, such a lock is carried out once that is set, after the peer was unlocked
+  (NVIDIA/cuda-checkpoint#30: a hung call is carried out once the peer unlocks);
 * a thread's ID stands for its process (`threads`): the driver finds the process through
   /proc, where a thread's ID resolves too (NVIDIA/cuda-checkpoint#41);
 * a process may exit just before a call reaches it (`exit_before`): then the driver knows it no
@@ -94,6 +96,8 @@ class StandInDriver:
     hang_over: threading.Event = field(default_factory=threading.Event)
     blocked: threading.Event = field(default_factory=threading.Event)
     """Set once a call has blocked on a locked peer."""
+    lands_late: threading.Event | None = None
+    """Set: a lock blocked on a locked peer is carried out (None: it answers NOT_READY)."""
     nvml: Any = None
     CUresult = CUresult
     CUcheckpointLockArgs = CUcheckpointLockArgs
@@ -196,6 +200,10 @@ class StandInDriver:
 
     def cuCheckpointProcessLock(self, pid, args):
         self.lock_timeouts.append(args.timeoutMs)
+        if self.lands_late is not None and self._peer_locked(pid):
+            self.blocked.set()
+            self.lands_late.wait(HANG_BOUND_S)
+            return self._step("lock", pid, RUNNING, LOCKED)
         if self._hang_if_peer_locked(pid):
             self.calls.append(("lock", pid))
             return (CUresult.CUDA_ERROR_NOT_READY,)

@@ -143,6 +143,22 @@ def test_processes_sharing_memory_are_refused_not_hung(node):
     assert moves(driver) == []
 
 
+def test_a_lock_that_lands_after_the_park_was_undone_is_unlocked(node):
+    driver, _, backend = node
+    driver.shared.append({100, 101})
+    driver.lands_late = threading.Event()  # 101's lock waits on 100, and is carried out later
+    with pytest.raises(Unparkable, match="share GPU memory"):
+        backend.park("a", GPU)
+    assert driver.states[100] == driver.states[101] == RUNNING
+    driver.lands_late.set()  # the hung lock of 101 now locks it
+    for thread in threading.enumerate():
+        if thread.name.startswith("driver-call cuCheckpointProcessLock on pid 101"):
+            thread.join(5)
+            assert not thread.is_alive()
+    assert moves(driver)[-2:] == [("lock", 101), ("unlock", 101)]
+    assert driver.states[100] == driver.states[101] == RUNNING
+
+
 def test_a_tenant_mapping_nccl_shared_memory_is_refused_before_any_lock(node, tmp_path):
     driver, _, backend = node
     (tmp_path / "101").mkdir()
