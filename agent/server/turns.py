@@ -268,6 +268,10 @@ class Turns:
             self._blocked(waiter, f"making room failed: {error}", changes)
             return
         if waiter.waiter_id not in self.table.waiters:  # gave up while room was made
+            # The preparer counts it holding the turn it made room for: it holds none.
+            held = {g for lease in self.table.leases_of(waiter.tenant_id) for g in lease.gpus}
+            unheld = [g for g in waiter.gpus if g not in held]
+            self._state.preparer.released(waiter.tenant_id, unheld)
             self.dispatch()
             return
         lease = self.table.grant(waiter.waiter_id)

@@ -8,7 +8,9 @@ import asyncio
 import time
 from pathlib import Path
 
-from agent.core.errors import AgentError
+import pytest
+
+from agent.core.errors import AcquireTimeout, AgentError
 from agent.core.leases import LeaseTable
 from agent.node.state import StateStore
 from agent.node.tenants import POD, Tenant
@@ -21,6 +23,7 @@ from agent.server.service import LeaseService
 from baton.contract.names import MIB
 
 from .conftest import GPU, GPU1, SCALE
+from .test_left_waiters import WAIT_S, held_parks
 
 
 def agent(tmp_path: Path) -> tuple[LeaseService, ParkingPreparer, FakeBackend]:
@@ -153,3 +156,47 @@ def test_a_tenant_holds_its_gpu_while_another_of_its_turns_ends(tmp_path: Path) 
 
     on_gpu = asyncio.run(asyncio.wait_for(turns(), 10))
     assert on_gpu == {x.tenant_id: 60}, f"resident on a 100 MiB GPU (MiB): {on_gpu}"
+
+
+@pytest.mark.parametrize("how", ["its caller went away", "its deadline passed"])
+def test_an_acquire_given_up_while_room_is_made_holds_nothing(tmp_path: Path, how: str) -> None:
+    # t uses both GPUs and asks for GPU 0, where x's memory must be parked for it. t's acquire
+    # is given up while that park runs (its caller cancels it, or the deadline its caller keeps
+    # passes: llm-d's asks); the park ends, and t's turn is never granted: t holds nothing, so
+    # z's turn on GPU 1 parks t at once (t was held busy until a grant on GPU 0).
+    t = Tenant("team/t", "t", (GPU, GPU1), gpu_memory_mib=60, source=POD)
+    x, z = pod("x", GPU, 60), pod("z", GPU1, 60)
+    root = tmp_path / "fakegpu"
+
+    async def turns() -> None:
+        service, prep, backend = agent(tmp_path)
+        for tenant in (t, x, z):
+            service.upsert_pod(tenant)
+        granted = await service.acquire(x, (), timeout=5)
+        FakeGpuMemory(x.tenant_id, root).allocate(GPU, 60)
+        FakeGpuMemory(t.tenant_id, root).allocate(GPU1, 60)
+        service.yield_(x, granted.lease.lease_id)
+        await prep.settled()
+        parking, let_go = held_parks(backend)
+        asked = asyncio.ensure_future(service.acquire(t, (GPU,), timeout=None))
+        assert await asyncio.to_thread(parking.wait, WAIT_S)  # x's park for t runs
+        if how == "its caller went away":
+            asked.cancel()
+        else:
+            [waiter] = service.state.table.waiters.values()
+            service.expire(waiter.waiter_id, AcquireTimeout("no turn in time"), "its deadline")
+        with pytest.raises((asyncio.CancelledError, AgentError)):
+            await asyncio.wait_for(asked, WAIT_S)
+        let_go.set()
+        await prep.settled()
+        assert not service.state.table.leases_of(t.tenant_id)
+        try:
+            await service.acquire(z, (), timeout=2)
+        except AgentError as e:
+            raise AssertionError(f"z never got GPU 1, t counted busy there: {e}") from None
+        assert prep.residency_of(t.tenant_id)[GPU1] == "parked"
+        assert t.tenant_id not in prep._holding, "t is counted holding a turn it never got"
+        await service.close()
+        backend.close()
+
+    asyncio.run(asyncio.wait_for(turns(), 20))
