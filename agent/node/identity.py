@@ -148,8 +148,17 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     return pid, uid, gid
 
 
-OnSession = Callable[[Peer, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-"""Serves what a client sends after its token line (a direct session); returns at its end."""
+OnSession = Callable[
+    [Peer, asyncio.StreamReader, asyncio.StreamWriter, Callable[[], None]], Awaitable[None]
+]
+"""Serves what a client sends after its token line (a direct session); returns at its end. It
+calls its last argument once the client has said what it came for (its first frame, or its
+end): the connection no longer counts against its user's `MAX_UNSAID_PER_UID`."""
+
+MAX_UNSAID_PER_UID = 64
+"""Handshake connections one user may hold open before saying what they came for (tenants say
+it at once); more are closed unanswered, so that a process that opens connections and never
+writes cannot take the agent's file descriptors from every tenant's registration."""
 
 
 class HandshakeServer:
@@ -158,6 +167,9 @@ class HandshakeServer:
     def __init__(self) -> None:
         self.server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
+        self._unsaid: dict[int, int] = {}
+        """Peer UID → its connections that have said nothing yet."""
+        self._refusing: set[int] = set()
 
     def close(self) -> None:
         """Stop listening and end every open connection, so that their clients notice."""
@@ -170,6 +182,40 @@ class HandshakeServer:
         if self.server is not None:
             await self.server.wait_closed()
 
+    def _admit(self, uid: int, pid: int) -> Callable[[], None] | None:
+        """Count a new connection of `uid` unsaid; None when the user holds `MAX_UNSAID_PER_UID`
+        already (said in one log line, until all of the user's have said something or closed).
+        Else the call that stops counting it."""
+        held = self._unsaid.get(uid, 0)
+        if held >= MAX_UNSAID_PER_UID:
+            if uid not in self._refusing:
+                self._refusing.add(uid)
+                log.warning(
+                    "handshake of pid %d refused: uid %d holds %d connections that sent nothing "
+                    "(at most %d); refusing its new ones until they close or time out",
+                    pid,
+                    uid,
+                    held,
+                    MAX_UNSAID_PER_UID,
+                )
+            return None
+        self._unsaid[uid] = held + 1
+        done = False
+
+        def said() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            left = self._unsaid[uid] - 1
+            if left:
+                self._unsaid[uid] = left
+            else:  # all said: a later refusal is news again
+                del self._unsaid[uid]
+                self._refusing.discard(uid)
+
+        return said
+
 
 async def serve_handshake(
     path: str, tokens: TokenRegistry, mode: int, on_session: OnSession | None = None
@@ -179,17 +225,23 @@ async def serve_handshake(
     handshake = HandshakeServer()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        said: Callable[[], None] | None = None
         handshake._open.add(writer)
         try:
             pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
+            said = handshake._admit(uid, pid)
+            if said is None:
+                return
             peer = tokens.issue(pid, uid, gid)
             writer.write(json.dumps({"token": peer.token, "pid": pid}).encode() + b"\n")
             await writer.drain()
             if on_session is not None:
-                await on_session(peer, reader, writer)
+                await on_session(peer, reader, writer, said)
         except OSError as exc:
             log.warning("handshake failed: %s", exc)
         finally:
+            if said is not None:
+                said()
             handshake._open.discard(writer)
             writer.close()
 

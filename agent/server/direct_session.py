@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from agent.core import errors
 from agent.node.identity import UNUSED_TOKEN_TTL, Peer
@@ -59,15 +60,22 @@ class FramedLink:
 
 
 async def serve(
-    servicer: AgentServicer, peer: Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    servicer: AgentServicer,
+    peer: Peer,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    said: Callable[[], None] = lambda: None,
 ) -> None:
-    """Serve what follows the token line on one handshake connection (nothing, or a session)."""
+    """Serve what follows the token line on one handshake connection (nothing, or a session);
+    `said` hears when its first frame (or its end) came (`agent.node.identity.OnSession`)."""
     link = FramedLink(reader, writer)
     try:
         first = await asyncio.wait_for(link.read(), HELLO_TIMEOUT_S)
     except TimeoutError:
         log.info("handshake connection of pid %d idle after its token; closed", peer.pid)
         return
+    finally:
+        said()
     if first is None:  # a client that came for its token only
         return
     if not first.HasField("hello"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket as socketlib
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agent.node import identity
 from agent.node.identity import (
     TokenRegistry,
     container_id_from_cgroup,
@@ -17,7 +19,7 @@ from agent.node.identity import (
     pod_uid_of_pid,
     serve_handshake,
 )
-from agent.wire.handshake import handshake_path, request_token
+from agent.wire.handshake import handshake_path, read_token_line, request_token
 from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
 from tests.harness.agent import AgentRunner
@@ -147,3 +149,37 @@ def test_debug_tcp_port_and_bare_rpc_callers(workdir: str) -> None:
         assert runner.status()["gpus"]["GPU-7"]["holder"] is None
     finally:
         runner.stop()
+
+
+def test_a_user_holding_idle_handshakes_is_refused_more(
+    agent: AgentRunner, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A process that opens handshake connections and never writes holds the agent's file
+    # descriptors (until EMFILE: then no tenant registers). Its user holds at most
+    # MAX_UNSAID_PER_UID of them; more are closed unanswered, with one line in the log.
+    monkeypatch.setattr(identity, "MAX_UNSAID_PER_UID", 4, raising=False)
+    caplog.set_level(logging.WARNING, logger="agent.node.identity")
+    path = handshake_path(agent.socket)
+
+    def connect() -> socketlib.socket:
+        sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        sock.settimeout(5)
+        sock.connect(path)
+        return sock
+
+    idle = [connect() for _ in range(4)]
+    try:
+        for sock in idle:
+            read_token_line(sock)  # answered, then says nothing
+        for _ in range(2):
+            with connect() as more, pytest.raises(OSError, match="closed before sending"):
+                read_token_line(more)
+        refused = [m for m in caplog.messages if "handshake of pid" in m]
+        assert len(refused) == 1, caplog.messages
+        assert f"uid {os.getuid()} holds 4 connections that sent nothing (at most 4)" in refused[0]
+        idle[0].shutdown(socketlib.SHUT_WR)  # one says it came for its token only
+        assert idle[0].recv(1) == b""  # the agent closed it: it no longer counts
+        assert request_token(path)  # so a new one is answered
+    finally:
+        for sock in idle:
+            sock.close()
