@@ -18,6 +18,9 @@ from deviceplugin.errors import ApiUnavailableError, ConflictError, DevicePlugin
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 5.0
+_TOMBSTONES = 1024
+"""Deleted pods remembered (UID → the version of their deletion) so that an older list does not
+bring them back."""
 
 
 def _slot_asks(obj: Mapping[str, Any]) -> tuple[int, tuple[int, ...]]:
@@ -71,6 +74,8 @@ class PodCache:
         self._core = client.CoreV1Api(api_client)
         self._host = api_client.configuration.host
         self._pods: dict[str, PodView] = {}
+        self._deleted: dict[str, str] = {}
+        """Pod UID → the resourceVersion its deletion was seen at (`_TOMBSTONES` at most)."""
         self._lock = threading.Condition()
         self._synced = threading.Event()
         outage = Outage(
@@ -116,9 +121,30 @@ class PodCache:
         return self.pods()
 
     def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
-        """The reflector's full list: it replaces the cache."""
-        pods = {view.uid: view for view in map(pod_view, objects)}
+        """A full list (at `resource_version`) replaces the cache, except what the cache saw
+        after it (a relist from another thread races the watch and `annotate`): a pod changed,
+        added or deleted since stays as the cache has it."""
+        listed = {view.uid: view for view in map(pod_view, objects)}
         with self._lock:
+            pods = {}
+            for uid, view in listed.items():
+                current = self._pods.get(uid)
+                gone = self._deleted.get(uid)
+                if gone is not None and not _newer(resource_version, gone):
+                    continue  # deleted after this list was taken
+                if current is not None and not _newer(
+                    view.resource_version, current.resource_version
+                ):
+                    view = current  # changed after this list was taken
+                pods[uid] = view
+            for uid, current in self._pods.items():
+                if uid not in listed and not _newer(resource_version, current.resource_version):
+                    pods[uid] = current  # added after this list was taken
+            self._deleted = {
+                uid: version
+                for uid, version in self._deleted.items()
+                if not _newer(resource_version, version)
+            }
             self._pods = pods
             self._lock.notify_all()
         self._synced.set()
@@ -128,8 +154,13 @@ class PodCache:
         if event.type != "DELETED":
             self._store(pod_view(event.object))
             return
+        meta = event.object.get("metadata") or {}
         with self._lock:
-            self._pods.pop((event.object.get("metadata") or {}).get("uid", ""), None)
+            uid = meta.get("uid", "")
+            self._pods.pop(uid, None)
+            self._deleted[uid] = str(meta.get("resourceVersion", ""))
+            while len(self._deleted) > _TOMBSTONES:
+                del self._deleted[next(iter(self._deleted))]
             self._lock.notify_all()
 
     def annotate(

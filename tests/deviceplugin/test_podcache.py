@@ -41,3 +41,24 @@ def test_catches_up_after_an_outage_with_history_gone(fake_api, cache):
     fake_api.compact_history()
     fake_api.start()
     assert cache.wait_for(lambda pods: names_of(pods) == ["during"], 10)
+
+
+def test_a_list_taken_before_the_watchs_changes_does_not_undo_them(fake_api, cache):
+    # A relist (Allocate's or the reconciler's cache miss, on their own threads) lists the
+    # pods, and the watch applies newer changes before the list replaces the cache: the list
+    # must not bring a deleted pod back, drop a new one, or revert an assignment.
+    fake_api.put_object(tenant_pod("deleted"))
+    fake_api.put_object(tenant_pod("assigned"))
+    assert cache.wait_for(lambda pods: names_of(pods) == ["assigned", "deleted"], 5)
+    objects, version = cache._reflector._list()  # the relist's list, before the changes
+    fake_api.remove_object("Pod", "deleted")
+    fake_api.put_object(tenant_pod("assigned", ("GPU-x",), assigned_at_ns=7))
+    fake_api.put_object(tenant_pod("added"))
+
+    def changed(pods):
+        by_name = {p.name: p for p in pods}
+        return set(by_name) == {"added", "assigned"} and by_name["assigned"].assigned_gpus
+
+    assert cache.wait_for(changed, 5)
+    cache.replace(objects, version)  # the relist's list lands now
+    assert changed(cache.pods()), [(p.name, p.assigned_gpus) for p in cache.pods()]
