@@ -6,9 +6,10 @@ drops the KV cache, `level=2` drops both; `POST /wake_up` (with a `tags` query p
 brings them back. SGLang: `POST /release_memory_occupation` and `POST /resume_memory_occupation`
 with the JSON body `{"tags": [...]}` (no body: everything). A tenant is parked this way only once
 its target (engine, endpoints, mode, tags) is configured; the engine's memory counts as its
-declared footprint, as the API reports no bytes. Which engines sleep, and their targets, are in
-the parking record: an engine stays asleep across an agent restart, and the restarted agent wakes
-it for its next turn.
+declared footprint, as the API reports no bytes. A call that fails (its answer lost) counts as
+made where vLLM's GET /is_sleeping says the engine is where it was sent. Which engines sleep, and
+their targets, are in the parking record: an engine stays asleep across an agent restart, and the
+restarted agent wakes it for its next turn.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from agent.parking.backends.base import (
 )
 
 VLLM, SGLANG = "vllm", "sglang"
+_OTHER = {"park": "restore", "restore": "park"}
 
 
 @dataclass(frozen=True)
@@ -152,20 +154,47 @@ class EndpointBackend(Backend):
     def _call_all(self, tenant_id: str, target: EndpointTarget, direction: str, t: float) -> None:
         """Every engine's call; one failing undoes those made before it, so the engines are
         where `state` counts them. `BackendQuarantined` if the undo fails too."""
-        undo = requests_for(target, "restore" if direction == "park" else "park")
-        for done, (url, body) in enumerate(requests_for(target, direction)):
+        calls = list(zip(target.endpoints, requests_for(target, direction), strict=True))
+        undo = list(zip(target.endpoints, requests_for(target, _OTHER[direction]), strict=True))
+        parking = direction == "park"
+        for done, (base, (url, body)) in enumerate(calls):
             try:
-                self._post(url, body, t)
+                self._call(target.app, base, url, body, t, asleep=parking)
             except BackendError as failed:
                 try:
-                    for back_url, back_body in undo[:done]:
-                        self._post(back_url, back_body, t)
+                    for back_base, (back_url, back_body) in undo[:done]:
+                        self._call(target.app, back_base, back_url, back_body, t, not parking)
                 except BackendError as stuck:
                     raise BackendQuarantined(
                         f"{failed}; undoing the {direction} of its other engines failed too "
                         f"({stuck}): some sleep and some do not; restart them"
                     ) from None
                 raise
+
+    def _call(
+        self, app: str, base: str, url: str, body: bytes | None, t: float, asleep: bool
+    ) -> None:
+        """One engine's call, meant to leave it `asleep` or awake. A failed one (its answer may
+        be lost) counts as made where the engine says it is there now (`sleeping`)."""
+        try:
+            self._post(url, body, t)
+        except BackendError:
+            if self.sleeping(app, base) is not asleep:
+                raise
+
+    def sleeping(self, app: str, base: str) -> bool | None:
+        """Whether the engine at `base` sleeps, in its own word (vLLM's GET /is_sleeping); None
+        where it does not say (SGLang, no such endpoint, no answer)."""
+        if app != VLLM:
+            return None
+        url = f"{base.rstrip('/')}/is_sleeping"
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout) as reply:
+                answer = json.loads(reply.read())
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+            return None
+        said = answer.get("is_sleeping") if isinstance(answer, dict) else None
+        return said if isinstance(said, bool) else None
 
     # Restarts.
 

@@ -74,9 +74,9 @@ def test_an_engine_answering_something_else_than_http_fails_the_move_naming_it(
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(10)
 
-    def answer_once() -> None:
+    def answer_once() -> None:  # then nothing listens: GET /is_sleeping is refused at once
         conn, _ = listener.accept()
-        with conn:
+        with conn, listener:
             conn.recv(65536)
             conn.sendall(answer)
 
@@ -138,3 +138,28 @@ def test_engines_that_cannot_be_put_back_as_counted_quarantine_the_tenant(
     backend.configure("t", EndpointTarget(VLLM, (f"http://{engine.url}", f"http://{second.url}")))
     with pytest.raises(BackendQuarantined, match=r"HTTP 500.*undoing the park .*some sleep"):
         backend.park("t", GPU)
+
+
+@pytest.mark.parametrize("direction", ["park", "restore"])
+def test_a_move_whose_answer_is_lost_counts_as_the_engine_says(
+    engine: Engine, direction: str
+) -> None:
+    """The engine slept (or woke) but its answer never came: its GET /is_sleeping says where it
+    is, so the tenant is counted there and its next turn wakes it."""
+    engine.takes = 0
+    backend = backend_for(engine, declared=1000)
+    if direction == "restore":
+        backend.park("t", GPU)
+    engine.loses = {"/sleep", "/wake_up"}
+    move = getattr(backend, direction)("t", GPU)
+    assert move.bytes == 1000 and engine.asleep is (direction == "park")
+    assert backend.state("t").parked_bytes == (1000 if direction == "park" else 0)
+
+
+def test_an_engine_that_does_not_say_whether_it_sleeps_fails_a_lost_move(engine: Engine) -> None:
+    """No GET /is_sleeping (404): a lost answer is a failed move, as before, retried as any is."""
+    engine.takes, engine.says_state, engine.loses = 0, False, {"/sleep"}
+    backend = backend_for(engine, declared=1000)
+    with pytest.raises(BackendError, match=r"POST http://127\.0\.0\.1:\d+/sleep\?level=1: "):
+        backend.park("t", GPU)
+    assert backend.state("t").parked_bytes == 0

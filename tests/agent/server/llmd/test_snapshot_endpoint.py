@@ -26,7 +26,8 @@ PATHS = ("/sleep", "/wake_up", "/release_memory_occupation", "/resume_memory_occ
 
 class Engine(QuietErrors, ThreadingHTTPServer):
     """Answers vLLM's and SGLang's memory endpoints with 200 (or `status`), recording each,
-    after `takes` seconds (its memory moving; `done` cuts the wait short)."""
+    after `takes` seconds (its memory moving; `done` cuts the wait short); a 200 moves it
+    (`asleep`), which vLLM's GET /is_sleeping reports unless `says_state` is False (404)."""
 
     def __init__(self, takes: float = 0.0) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -35,6 +36,10 @@ class Engine(QuietErrors, ThreadingHTTPServer):
         self.fails: set[str] = set()
         """Paths answered 500 whatever `status` says."""
         self.takes = takes
+        self.asleep = False
+        self.says_state = True
+        self.loses: set[str] = set()
+        """Paths that move the engine but whose answer is lost (the connection closes)."""
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
         self.thread.start()
@@ -53,11 +58,27 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.seen.append((self.path, body))
         if self.server.takes:
             self.server.done.wait(self.server.takes)
-        known = self.path.split("?")[0].endswith(PATHS)
-        failed = self.path.split("?")[0] in self.server.fails
-        self.send_response(500 if failed else self.server.status if known else 404)
+        path = self.path.split("?")[0]
+        known = path.endswith(PATHS)
+        status = 500 if path in self.server.fails else self.server.status if known else 404
+        if status == 200:
+            self.server.asleep = path.endswith(("/sleep", "/release_memory_occupation"))
+        if path in self.server.loses:
+            self.close_connection = True
+            return
+        self.send_response(status)
         self.send_header("Content-Length", "0")
         self.end_headers()
+
+    def do_GET(self) -> None:
+        if self.path != "/is_sleeping" or not self.server.says_state:
+            self.send_error(404)
+            return
+        body = json.dumps({"is_sleeping": self.server.asleep}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
         pass
