@@ -99,8 +99,10 @@ class MultiBackend(Backend):
         return self.backends[method]
 
     def _parked(self, method: str, tenant_id: str) -> bool:
+        """Whether `method` holds the tenant's memory: parked, or quarantined where it lies."""
         st = self.backends[method].state(tenant_id)
-        return st.parked_bytes > 0 or any(r != Residency.RESIDENT for r in st.residency.values())
+        held = st.parked_bytes > 0 or bool(st.quarantined)
+        return held or any(r != Residency.RESIDENT for r in st.residency.values())
 
     def _of(self, tenant_id: str) -> Backend:
         return self.backends[self.method_of(tenant_id)]

@@ -83,6 +83,8 @@ class EndpointBackend(Backend):
         self._parked: dict[str, set[str]] = {}
         self._asleep: set[str] = set()
         """Tenants whose engines were told to sleep (one call covers all their GPUs)."""
+        self._quarantined: dict[str, str] = {}
+        """Why tenants take no more turns: their engines are some asleep, some not."""
         self._mutex = threading.Lock()
 
     def configure(self, tenant_id: str, target: EndpointTarget) -> None:
@@ -96,7 +98,7 @@ class EndpointBackend(Backend):
 
     def detach(self, tenant_id: str) -> None:
         with self._mutex:
-            for table in (self._refs, self._targets, self._parked):
+            for table in (self._refs, self._targets, self._parked, self._quarantined):
                 table.pop(tenant_id, None)
             self._asleep.discard(tenant_id)
 
@@ -115,6 +117,7 @@ class EndpointBackend(Backend):
         with self._mutex:
             parked = set(self._parked.get(tenant_id, ()))
             target = self._targets.get(tenant_id)
+            st.quarantined = self._quarantined.get(tenant_id, "")
         for gpu in ref.gpus if ref else ():
             st.residency[gpu] = Residency.PARKED if gpu in parked else Residency.RESIDENT
             st.footprint_bytes[gpu] = self.footprint(tenant_id, gpu)
@@ -144,7 +147,12 @@ class EndpointBackend(Backend):
             ref = self._refs.get(tenant_id)
             engine = sum(self.footprint(tenant_id, g) for g in ref.gpus) if ref else 0
             timeout = move_deadline(self.timeout, engine, self.copy_gbps)
-            self._call_all(tenant_id, target, direction, timeout)
+            try:
+                self._call_all(tenant_id, target, direction, timeout)
+            except BackendQuarantined as e:
+                with self._mutex:
+                    self._quarantined[tenant_id] = str(e)
+                raise
         with self._mutex:
             (self._asleep.add if parking else self._asleep.discard)(tenant_id)
             (parked.add if parking else parked.discard)(gpu)
@@ -199,10 +207,12 @@ class EndpointBackend(Backend):
     # Restarts.
 
     def durable(self) -> dict[str, Any]:
-        """Each tenant with memory parked: its target, the GPUs counted parked and whether its
-        engine sleeps. The engine outlives the agent: a restarted agent must still wake it."""
+        """Each tenant with memory parked or quarantined: its target, the GPUs counted parked,
+        whether its engine sleeps and why it is quarantined. The engine outlives the agent: a
+        restarted agent must still wake it, or still give it no turn."""
         with self._mutex:
             held = {t for t, gpus in self._parked.items() if gpus} | self._asleep
+            held |= self._quarantined.keys()
             return {
                 t: {
                     "app": self._targets[t].app,
@@ -212,6 +222,7 @@ class EndpointBackend(Backend):
                     "parked": sorted(self._parked.get(t, ())),
                     "asleep": t in self._asleep,
                 }
+                | ({"quarantined": self._quarantined[t]} if t in self._quarantined else {})
                 for t in sorted(held)
                 if t in self._targets
             }
@@ -224,11 +235,13 @@ class EndpointBackend(Backend):
             )
         adopted = {t: _adopted(f"tenant {t!r}", entry) for t, entry in saved.items()}
         with self._mutex:
-            for tenant_id, (target, parked, asleep) in adopted.items():
+            for tenant_id, (target, parked, asleep, why) in adopted.items():
                 self._targets[tenant_id] = target
                 self._parked[tenant_id] = parked
                 if asleep:
                     self._asleep.add(tenant_id)
+                if why:
+                    self._quarantined[tenant_id] = why
 
     def _post(self, url: str, body: bytes | None, timeout: float) -> None:
         headers = {"Content-Type": "application/json"} if body is not None else {}
@@ -244,14 +257,18 @@ class EndpointBackend(Backend):
             raise BackendError(f"POST {url}: no HTTP answer ({e!r})") from None
 
 
-def _adopted(where: str, entry: Any) -> tuple[EndpointTarget, set[str], bool]:
-    """One tenant's entry of `durable`'s record: its target, parked GPUs and whether it sleeps."""
+def _adopted(where: str, entry: Any) -> tuple[EndpointTarget, set[str], bool, str]:
+    """One tenant's entry of `durable`'s record: its target, parked GPUs, whether it sleeps and
+    why it is quarantined (empty: it is not)."""
     if not isinstance(entry, dict):
         raise RecordError(f"{where}: not an object")
     if entry.get("app") not in (VLLM, SGLANG):
         raise RecordError(f"{where}: 'app' is {entry.get('app')!r}, not {VLLM!r} or {SGLANG!r}")
     if not isinstance(entry.get("mode"), str) or not isinstance(entry.get("asleep"), bool):
         raise RecordError(f"{where}: 'mode' is not a string or 'asleep' not a boolean")
+    why = entry.get("quarantined", "")
+    if not isinstance(why, str):
+        raise RecordError(f"{where}: 'quarantined' is {why!r}, not a reason")
     lists: dict[str, list[str]] = {}
     for key in ("endpoints", "tags", "parked"):
         value = entry.get(key)
@@ -261,4 +278,4 @@ def _adopted(where: str, entry: Any) -> tuple[EndpointTarget, set[str], bool]:
     target = EndpointTarget(
         entry["app"], tuple(lists["endpoints"]), entry["mode"], tuple(lists["tags"])
     )
-    return target, set(lists["parked"]), entry["asleep"]
+    return target, set(lists["parked"]), entry["asleep"], why

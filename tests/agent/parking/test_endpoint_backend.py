@@ -3,15 +3,19 @@ a stand-in vLLM whose /sleep takes longer than the move timeout alone."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 
 from agent.parking.backends.base import BackendError, BackendQuarantined, RecordError, TenantRef
 from agent.parking.backends.endpoint import VLLM, EndpointBackend, EndpointTarget
+from agent.parking.multi import MultiBackend
+from tests.agent.parking.test_methods import Recorder
 from tests.agent.server.llmd.test_snapshot_endpoint import Engine
 
 GPU = "GPU-0"
@@ -163,3 +167,48 @@ def test_an_engine_that_does_not_say_whether_it_sleeps_fails_a_lost_move(engine:
     with pytest.raises(BackendError, match=r"POST http://127\.0\.0\.1:\d+/sleep\?level=1: "):
         backend.park("t", GPU)
     assert backend.state("t").parked_bytes == 0
+
+
+def test_a_quarantine_is_kept_across_an_agent_restart(engine: Engine, second: Engine) -> None:
+    """The engines some asleep, some not: the restarted agent still gives the tenant no turn."""
+    engine.takes = 0
+    engine.fails, second.status = {"/wake_up"}, 500
+    backend = EndpointBackend(timeout=10)
+    backend.attach(TenantRef("t", (GPU,), declared_bytes=1))
+    backend.configure("t", EndpointTarget(VLLM, (f"http://{engine.url}", f"http://{second.url}")))
+    with pytest.raises(BackendQuarantined) as quarantined:
+        backend.park("t", GPU)
+    assert backend.state("t").quarantined == str(quarantined.value)
+    again = EndpointBackend(timeout=10)
+    again.adopt(json.loads(json.dumps(backend.durable())))
+    again.attach(TenantRef("t", (GPU,), declared_bytes=1))
+    assert again.state("t").quarantined == str(quarantined.value)
+    with pytest.raises(RecordError, match=r"tenant 't': 'quarantined' is 3, not a reason"):
+        again.adopt({"t": {**backend.durable()["t"], "quarantined": 3}})
+    again.detach("t")
+    assert again.durable() == {}
+
+
+def test_a_quarantine_keeps_its_method_across_a_restart_beside_another(
+    engine: Engine, second: Engine
+) -> None:
+    """A node with `fake,endpoint`: the restarted agent reads the tenant from `endpoint` still."""
+    engine.takes = 0
+    engine.fails, second.status = {"/wake_up"}, 500
+
+    def node() -> MultiBackend:
+        multi = MultiBackend({"fake": Recorder("fake", []), "endpoint": EndpointBackend(10)})
+        multi.attach(TenantRef("t", (GPU,), declared_bytes=1))
+        return multi
+
+    before = node()
+    before.pin("t", "endpoint")
+    urls = (f"http://{engine.url}", f"http://{second.url}")
+    cast(EndpointBackend, before.backends["endpoint"]).configure("t", EndpointTarget(VLLM, urls))
+    with pytest.raises(BackendQuarantined) as quarantined:
+        before.park("t", GPU)
+    after = node()
+    after.adopt(json.loads(json.dumps(before.durable())))
+    after.attach(TenantRef("t", (GPU,), declared_bytes=1))
+    assert after.state("t").quarantined == str(quarantined.value)
+    assert after.method_of("t") == "endpoint"
