@@ -8,7 +8,8 @@ faces the kubelet; neither imports the other. Where each decision lives:
 - `gpus.py`      discovery: NVML, or `--fake-gpus 2x81920` / a JSON or YAML file
 - `health.py`    XID handling: the NVML event loop (retried with backoff when NVML fails, the
                  GPUs it cannot watch Unhealthy meanwhile); ignored XIDs via `--ignored-xids`
-- `annotate.py`  node annotations `baton.dev/gpus` and `baton.dev/host-memory-budget`
+- `annotate.py`  node annotations `baton.dev/gpus` and `baton.dev/host-memory-budget`, put
+                 back when a watch of the node shows them lost
 - `republish.py` publish at start and after each change, retrying with backoff (the annotator
                  here, the DRA driver's ResourceSlice publisher)
 - `metrics.py`   Prometheus metrics and the status server (`/metrics`, `/healthz`, `/readyz`)

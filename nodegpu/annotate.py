@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from baton.contract.annotations import AnnotationError, decode_budget, decode_gpus
 from baton.contract.annotations import node_annotations as annotations_of_node
-from baton.contract.kube import Outage
+from baton.contract.kube import Outage, api_error_reason
 from baton.contract.meminfo import mem_total_kib
 from baton.contract.names import ANNOTATION_GPUS, ANNOTATION_HOST_MEMORY_BUDGET
+from baton.contract.reflector import KubeSource, Reflector, WatchEvent
 from nodegpu.inventory import Inventory
 from nodegpu.republish import Republisher
 from nodegpu.state import LiveInventory
 
 log = logging.getLogger(__name__)
 DEFAULT_HOST_MEMORY_BUDGET = "50%"
-RESYNC_S = 10.0
-"""Seconds between checks that the node still carries the annotations: a node deleted and
-registered again under its name has none, and someone else may remove or overwrite them."""
+POLL_S = 10.0
+"""Seconds between checks that the node still carries the annotations where its role refuses
+the watch of it: a node deleted and registered again under its name has none, and someone else
+may remove or overwrite them."""
 
 
 def node_annotations(inventory: Inventory, budget_mib: int) -> dict[str, str]:
@@ -69,10 +72,29 @@ def annotate_once(core: Any, node_name: str, wanted: Mapping[str, str]) -> str:
     return "written"
 
 
+class _NodeSeen:
+    """The store of the node's own watch: hands `seen` each version of the node it shows."""
+
+    def __init__(self, seen: Callable[[dict[str, Any]], None]) -> None:
+        self._seen = seen
+
+    def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
+        for node in objects:
+            self._seen(node)
+
+    def apply(self, event: WatchEvent) -> None:
+        if event.type != "DELETED":  # registered again, it is ADDED
+            self._seen(event.object)
+
+
 class NodeAnnotator:
-    """Patches the node's annotations at start, after every inventory change, and whenever a
-    check every `resync_s` finds them missing or different (the node registered again, or
-    someone removed or overwrote them)."""
+    """Patches the node's annotations at start, after every inventory change, and whenever the
+    watch of the node shows them missing or different or the node replaced (registered again,
+    or someone removed or overwrote them). Under a role without `list`/`watch` on nodes it
+    checks them every `poll_s` instead.
+
+    No periodic check runs beside the watch: it resumes from the last version seen, and a relist
+    (history gone) shows the node as it is, so no change to it goes unseen."""
 
     def __init__(
         self,
@@ -80,7 +102,7 @@ class NodeAnnotator:
         node_name: str,
         inventory: LiveInventory,
         budget_mib: int,
-        resync_s: float = RESYNC_S,
+        poll_s: float = POLL_S,
     ):
         from kubernetes import client
 
@@ -88,27 +110,69 @@ class NodeAnnotator:
         self.node_name = node_name
         self.inventory = inventory
         self.budget_mib = budget_mib
+        self.poll_s = poll_s
+        self.polling = threading.Event()
+        """Set once the watch was refused (403): the annotations are polled instead."""
+        self._uid: str | None = None
         outage = Outage(
             log,
             f"annotating node {node_name}",
             "the extender does not see this node's GPUs and host budget, or sees old ones",
         )
-        self.republisher = Republisher(
-            "node-annotator", self._publish, outage, 0.2, resync_s=resync_s
+        self.republisher = Republisher("node-annotator", self._publish, outage, 0.2)
+        watch_outage = Outage(
+            log,
+            f"watch of node {node_name}",
+            "annotations removed from it come back only after a GPU health change",
+        )
+        source = KubeSource(api_client, "nodes", field_selector=f"metadata.name={node_name}")
+        self.watch = Reflector(
+            source,
+            _NodeSeen(self._seen),
+            watch_outage,
+            name="node-annotation-watch",
+            gives_up=self._forbidden,
         )
         inventory.subscribe(lambda _inventory: self.republisher.poke())
 
     def start(self) -> None:
         """Publish now and keep publishing on changes."""
         self.republisher.start()
+        self.watch.start()
 
     def stop(self) -> None:
         """Stop publishing."""
+        self.watch.stop()
         self.republisher.stop()
 
+    def _wanted(self) -> dict[str, str]:
+        return node_annotations(self.inventory.snapshot()[1], self.budget_mib)
+
     def _publish(self) -> None:
-        _, inventory = self.inventory.snapshot()
-        wanted = node_annotations(inventory, self.budget_mib)
-        done = annotate_once(self._core, self.node_name, wanted)
+        done = annotate_once(self._core, self.node_name, self._wanted())
         level = logging.DEBUG if done == "unchanged" else logging.INFO
         log.log(level, "annotations of node %s %s", self.node_name, done)
+
+    def _seen(self, node: dict[str, Any]) -> None:
+        """A version of the node from the watch: publish when it lacks what is wanted."""
+        meta = node.get("metadata") or {}
+        uid = meta.get("uid")
+        replaced = self._uid is not None and uid != self._uid
+        self._uid = uid
+        if replaced or not same_annotations(meta.get("annotations") or {}, self._wanted()):
+            self.republisher.poke()
+
+    def _forbidden(self, err: Exception) -> bool:
+        """A role without list/watch on nodes (an older ClusterRole): poll instead, said once."""
+        if getattr(err, "status", None) != 403:
+            return False
+        log.warning(
+            "watching node %s is forbidden (%s): its role lacks list and watch on nodes; "
+            "checking its annotations every %g s instead (grant them and restart to watch)",
+            self.node_name,
+            api_error_reason(err),
+            self.poll_s,
+        )
+        self.polling.set()
+        self.republisher.resync_every(self.poll_s)
+        return True

@@ -44,6 +44,11 @@ class Republisher:
         self.published.clear()
         self._pending.set()
 
+    def resync_every(self, resync_s: float) -> None:
+        """From now on publish again after `resync_s` without a change too (and once soon)."""
+        self._resync_s = resync_s
+        self.poke()
+
     def start(self) -> None:
         """Publish now and keep publishing on changes."""
         self._pending.set()

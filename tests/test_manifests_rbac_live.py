@@ -27,6 +27,7 @@ ALLOWED = [
     ("baton-agent", "patch", "nodes", None),
     ("baton-coordinator", "list", "pods", "--all-namespaces"),
     ("baton-coordinator", "watch", "nodes", None),
+    ("baton-deviceplugin", "watch", "nodes", None),
     ("baton-coordinator", "patch", "pods", names.NAMESPACE),
     ("baton-coordinator", "create", "leases", names.NAMESPACE),
     ("baton-coordinator", "update", f"leases/{names.COORDINATOR_LEASE}", names.NAMESPACE),

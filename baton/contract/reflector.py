@@ -105,6 +105,7 @@ class Reflector:
         name: str = "reflector",
         decode: Callable[[bytes], Any] = orjson.loads,
         on_restart: Callable[[str], None] = lambda why: None,
+        gives_up: Callable[[Exception], bool] = lambda err: False,
         backoff: Backoff | None = None,
         sleep: Callable[[float], object] | None = None,
         page: int = PAGE,
@@ -112,8 +113,11 @@ class Reflector:
         watch_timeout_s: int = WATCH_TIMEOUT_S,
     ) -> None:
         """`on_restart(why)` hears every error the loop recovers from (for metrics); `sleep`
-        waits out a backoff (by default a wait that `stop` cuts short)."""
+        waits out a backoff (by default a wait that `stop` cuts short); `gives_up(err)`, true
+        for an error that retrying cannot mend (a role without the verb), ends the loop for good
+        (it is called from the loop's thread, and tells the caller itself)."""
         self.source, self.store, self.outage = source, store, outage
+        self._gives_up = gives_up
         self._decode = decode
         self._on_restart = on_restart
         self._backoff = backoff or Backoff()
@@ -169,7 +173,7 @@ class Reflector:
                     self._answered()
                 self._watch()
             except Exception as err:
-                if self._stopping.is_set():
+                if self._stopping.is_set() or self._gives_up(err):
                     return
                 self._recover(err)
 

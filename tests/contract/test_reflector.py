@@ -251,3 +251,34 @@ def test_list_now_hands_a_fresh_list_to_the_store_and_raises_to_the_caller() -> 
     with pytest.raises(Status):
         reflector.list_now()
     assert reflector.resource_version == "", "the loop's own watch is left alone"
+
+
+def test_an_error_the_caller_gives_up_on_ends_the_loop_without_a_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A role without the verb: retrying cannot mend it, so the caller takes over (the node
+    annotator polls instead) and the loop neither backs off nor says an outage."""
+    caplog.set_level(logging.DEBUG, "test.reflector")
+    given_up: list[int] = []
+
+    def gives_up(err: Exception) -> bool:
+        status = getattr(err, "status", None)
+        if status == 403:
+            given_up.append(status)
+        return status == 403
+
+    script = Script(
+        ("list", Status(500, "Internal Server Error")),
+        ("list", Status(403, "Forbidden")),
+        ("list", page("1")),  # never asked for
+    )
+    slept: list[float] = []
+    outage = Outage(logging.getLogger("test.reflector"), "watch of things", "nothing changes")
+    reflector = Reflector(script, Recorder(), outage, sleep=slept.append, gives_up=gives_up)
+    script.reflector = reflector
+    reflector.run()
+    assert script.calls == [("list", ""), ("list", "")]
+    assert given_up == [403]
+    assert slept == [0.2], "only the 500 was backed off"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "500" in warnings[0]
