@@ -166,22 +166,24 @@ def scheduler_image(objs: list[dict]) -> str:
 def test_a_registry_with_a_port_is_a_repository() -> None:
     mine = ["--set", "image.repository=localhost:5000/team/baton"]
     mine += ["--set", "schedulerImage.repository=localhost:5000/kube-scheduler"]
-    objs = render(*mine)
+    objs = render("--kube-version", "1.33.4", *mine)
     assert node_env(objs, "baton-agent")  # rendered
     (agent,) = [o for o in objs if o["metadata"]["name"] == "baton-agent" and "spec" in o]
     image = agent["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == "localhost:5000/team/baton:0.1.0"
-    assert scheduler_image(objs) == "localhost:5000/kube-scheduler:v1.32.2"
+    assert scheduler_image(objs) == "localhost:5000/kube-scheduler:v1.33.4"
 
 
 def test_the_dra_path_runs_a_kube_scheduler_that_allocates_its_claims() -> None:
     """On the DRA path kube-scheduler allocates the claims (consumable capacity, baton.dev/gpu
-    mapped by the DeviceClass): that takes 1.36; the device plugin's path keeps 1.32."""
+    mapped by the DeviceClass): that takes 1.36; the device plugin's path takes the API server's."""
     dra = scheduler_image(render("--set", "kubeletPlugin=dra"))
     assert dra == "registry.k8s.io/kube-scheduler:v1.36.2"
     assert scheduler_image(render(*DRA_CLUSTER)) == dra
-    plugin = scheduler_image(render("--set", "kubeletPlugin=deviceplugin"))
-    assert plugin == "registry.k8s.io/kube-scheduler:v1.32.2"
+    plugin = scheduler_image(
+        render("--kube-version", "1.35.3", "--set", "kubeletPlugin=deviceplugin")
+    )
+    assert plugin == "registry.k8s.io/kube-scheduler:v1.35.3"
     mine = ["--set", "schedulerImage.repository=mirror/ks", "--set", "schedulerImage.tag=local"]
     assert scheduler_image(render("--set", "kubeletPlugin=dra", *mine)) == "mirror/ks:local"
 
@@ -193,19 +195,42 @@ def test_the_dra_path_runs_a_kube_scheduler_that_allocates_its_claims() -> None:
         ("v1.31.0", "v1.31.0"),
         ("1.30.5-eks-ce1d5eb", "v1.30.5"),
         ("v1.30.14+k3s1", "v1.30.14"),
-        ("1.32.0", "v1.32.2"),
-        ("1.34.1", "v1.32.2"),
+        ("1.32.0", "v1.32.0"),
+        ("1.33.4", "v1.33.4"),
+        ("1.34.1", "v1.34.1"),
+        ("1.35.0", "v1.35.0"),
+        ("1.36.0", "v1.36.0"),
+        ("1.37.2-gke.100", "v1.37.2"),
     ],
 )
 def test_the_default_kube_scheduler_is_never_newer_than_the_api_server(
     server: str, tag: str
 ) -> None:
-    """kube-scheduler may not be newer than its API server (version-skew policy), and the chart
-    takes servers from 1.29: an older one gets its own version's kube-scheduler."""
+    """kube-scheduler may be neither newer than its API server nor more than one minor older
+    (version-skew policy), and the chart takes servers from 1.29: the device plugin's path gets
+    the API server's own version's kube-scheduler."""
     objs = render("--kube-version", server, "--set", "kubeletPlugin=deviceplugin")
     assert scheduler_image(objs) == f"registry.k8s.io/kube-scheduler:{tag}"
-    mine = render("--kube-version", server, "--set", "schedulerImage.tag=v1.29.0")
+    mine = render(
+        "--kube-version", server, "--set", "kubeletPlugin=deviceplugin",
+        "--set", "schedulerImage.tag=v1.29.0",
+    )  # fmt: skip
     assert scheduler_image(mine) == "registry.k8s.io/kube-scheduler:v1.29.0"
+
+
+@pytest.mark.parametrize(
+    ("server", "tag"), [("1.36.0", "v1.36.0"), ("1.36.2", "v1.36.2"), ("1.38.1", "v1.38.1")]
+)
+def test_the_dra_path_takes_the_api_servers_own_kube_scheduler_from_1_36(
+    server: str, tag: str
+) -> None:
+    """On the DRA path too a newer API server gets its own version, never a kube-scheduler two
+    minors older; an older one (kubeletPlugin=dra forced) keeps v1.36.2, the least that allocates
+    the claims."""
+    objs = render("--api-versions", "resource.k8s.io/v1", "--kube-version", server)
+    assert scheduler_image(objs) == f"registry.k8s.io/kube-scheduler:{tag}"
+    forced = render("--kube-version", "1.35.2", "--set", "kubeletPlugin=dra")
+    assert scheduler_image(forced) == "registry.k8s.io/kube-scheduler:v1.36.2"
 
 
 @pytest.mark.parametrize("tag", ["v1.32.2", "1.35.4", "v1.35.0-gke.1"])

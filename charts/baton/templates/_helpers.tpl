@@ -33,17 +33,17 @@ imagePullPolicy: {{ . }}
 {{- end }}
 {{- end }}
 
-{{/* The second kube-scheduler's image: the tag given, else the kubelet path's own, on the
-device-plugin path the API server's own version where that is older than 1.32 (kube-scheduler may
-never be newer than its API server: version-skew policy). The DRA
-path needs kube-scheduler 1.36 or later (it allocates the claims with consumable capacity and
-maps baton.dev/gpu onto them, both on by default from 1.36): a version tag below it is refused,
-since that scheduler would leave every GPU pod Pending. */}}
+{{/* The second kube-scheduler's image: the tag given, else the API server's own version
+(kube-scheduler may be neither newer than its API server nor more than one minor older:
+version-skew policy). The DRA path needs kube-scheduler 1.36 or later (it allocates the claims
+with consumable capacity and maps baton.dev/gpu onto them, both on by default from 1.36): below
+1.36 it takes v1.36.2, and a version tag below it is refused, since that scheduler would leave
+every GPU pod Pending. */}}
 {{- define "baton.schedulerImage" -}}
 {{- $dra := eq (include "baton.kubeletPlugin" .) "dra" -}}
 {{- $default := ternary "v1.36.2" "v1.32.2" $dra -}}
 {{- $server := regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
-{{- if and (not $dra) $server (semverCompare "<1.32.0-0" $server) }}
+{{- if and $server (or (not $dra) (semverCompare ">=1.36.0-0" $server)) }}
 {{- $default = printf "v%s" (trimPrefix "v" $server) }}
 {{- end }}
 {{- $tag := .Values.schedulerImage.tag | default $default -}}
