@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.chart.helm import CHART, helm, refused, render
+from tests.chart.helm import CHART, NAMESPACE, helm, refused, render
 
 VALUES_SETS = sorted((CHART / "ci").glob("*-values.yaml"))
 
@@ -343,3 +343,24 @@ def test_a_simulated_memory_dir_mounts_once(memory_dir: str) -> None:
         m["mountPath"] for m in agent["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     ]
     assert len(paths) == len(set(paths)), paths
+
+
+@pytest.mark.parametrize("plugin", ["deviceplugin", "dra"])
+def test_host_network_pods_resolve_the_services_they_dial(plugin: str) -> None:
+    """A host-network pod under dnsPolicy Default (or ClusterFirst, which the kubelet turns into
+    Default for it) reads the node's resolv.conf and cannot resolve a Service's name: without a
+    listen host the agents dial baton-coordinator.<ns>.svc and kube-scheduler calls
+    baton-extender.<ns>.svc. ClusterFirstWithHostNet resolves them through cluster DNS (a kubelet
+    with no cluster DNS falls back to the node's resolv.conf)."""
+    objs = render("--set", "hostNetwork.enabled=true", "--set", f"kubeletPlugin={plugin}")
+    pods = {
+        o["metadata"]["name"]: o["spec"]["template"]["spec"]
+        for o in objs
+        if o["kind"] in ("DaemonSet", "Deployment")
+    }
+    assert set(pods) >= {"baton-agent", "baton-scheduler", "baton-coordinator", "baton-extender"}
+    for name, spec in pods.items():
+        assert spec.get("hostNetwork") is True, name
+        assert spec.get("dnsPolicy") == "ClusterFirstWithHostNet", name
+    address = node_env(objs, "baton-agent")["BATON_COORDINATOR"]
+    assert address == f"baton-coordinator.{NAMESPACE}.svc:50051"

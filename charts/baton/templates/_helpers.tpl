@@ -76,11 +76,14 @@ tolerations:
 {{- end }}
 {{- end }}
 
-{{/* Host networking: the pod's network fields. */}}
+{{/* Host networking: the pod's network fields. ClusterFirstWithHostNet, since Default (and
+ClusterFirst, which the kubelet turns into Default on the host's network) cannot resolve the
+Services the agents and kube-scheduler dial (baton-coordinator, baton-extender); a kubelet with
+no cluster DNS gives the node's resolv.conf instead. */}}
 {{- define "baton.hostNetwork" -}}
 {{- if .Values.hostNetwork.enabled }}
 hostNetwork: true
-dnsPolicy: Default
+dnsPolicy: ClusterFirstWithHostNet
 {{- end }}
 {{- end }}
 
