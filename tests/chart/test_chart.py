@@ -56,6 +56,9 @@ def test_lint_strict(values: Path | None) -> None:
         ("image.repository=reg/baton:0.2.0", "/image/repository"),
         ("image.repository=localhost:5000/baton:dev", "/image/repository"),
         ("image.repository=reg/baton@sha256:0123", "/image/repository"),
+        ("image.repository=[fd00::1]:5000/baton:dev", "/image/repository"),
+        ("image.repository=[fd00::1]:5000", "/image/repository"),
+        ("image.repository=[fd00::zz]/baton", "/image/repository"),
         ("schedulerImage.repository=registry.k8s.io/kube-scheduler:v1.36.2", "/schedulerImage"),
     ],
 )
@@ -172,6 +175,18 @@ def test_a_registry_with_a_port_is_a_repository() -> None:
     image = agent["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == "localhost:5000/team/baton:0.1.0"
     assert scheduler_image(objs) == "localhost:5000/kube-scheduler:v1.33.4"
+
+
+@pytest.mark.parametrize("registry", ["[fd00::1]:5000", "[fd00::1]", "[::1]:5000"])
+def test_an_ipv6_literal_registry_is_a_repository(registry: str) -> None:
+    """An image reference's registry may be a bracketed IPv6 address, with or without a port."""
+    mine = ["--set", f"image.repository={registry}/team/baton", "--kube-version", "1.33.4"]
+    mine += ["--set", f"schedulerImage.repository={registry}/kube-scheduler"]
+    objs = render(*mine)
+    (agent,) = [o for o in objs if o["metadata"]["name"] == "baton-agent" and "spec" in o]
+    image = agent["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"{registry}/team/baton:0.1.0"
+    assert scheduler_image(objs) == f"{registry}/kube-scheduler:v1.33.4"
 
 
 def test_the_dra_path_runs_a_kube_scheduler_that_allocates_its_claims() -> None:
