@@ -13,7 +13,9 @@ when the API server has answered their one call (`extender.apipost`), at most `b
 at a time (see `extender.bind.BINDS_IN_FLIGHT`), the others queued in arrival order. Two things
 wait in a thread of their own: a filter for a pod naming a claim the cache has not seen yet
 waits there for the claim watch (at most `CLAIM_WAIT_S`, only while the watches are up), and the
-inventory, which takes a while for a large cluster, is described there.
+inventory, which takes a while for a large cluster, is described there. The cache's lock,
+which `/preempt`, a bind and a filter with node objects take on the event loop, is held only
+for short steps: a relist is rebuilt off it (`extender.relist`).
 """
 
 from __future__ import annotations

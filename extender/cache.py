@@ -22,6 +22,7 @@ KINDS = ("nodes", "pods")
 DRA_KINDS = (*KINDS, "resourceclaims")
 """With `--dra`: the claims whose allocations place pods on DRA nodes, too."""
 SELECTORS = {"nodes": "", "pods": POD_FIELD_SELECTOR, "resourceclaims": ""}
+Change = Callable[[ClusterState, Any], None]
 REQUEST_TIMEOUT_S = 30.0
 """A list page of the whole cluster, and a connection to the API server, must come within this."""
 
@@ -35,6 +36,8 @@ class ClusterCache:
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
         """Notified, with the lock held, after every change the watches apply."""
+        self.relisting = threading.Lock()
+        """Held while a relist is rebuilt off `lock`: one at a time (`extender.relist`)."""
         self._synced = {kind: threading.Event() for kind in kinds}
 
     @classmethod
@@ -117,27 +120,47 @@ class KubeCache(ClusterCache):
 
 
 class _KindStore:
-    """One kind's part of the state, as the reflector hands it: each change under the lock."""
+    """One kind's part of the state, as the reflector hands it: each change under the lock, a
+    relist rebuilt off it (`extender.relist`), one at a time, and swapped in under it."""
 
     def __init__(self, cache: ClusterCache, kind: str) -> None:
-        state = cache.state
         self._cache, self._kind = cache, kind
-        self._replace, self._upsert, self._delete = {
-            "nodes": (state.replace_nodes, state.upsert_node, state.delete_node),
-            "pods": (state.replace_pods, state.upsert_pod, state.delete_pod),
-            "resourceclaims": (state.replace_claims, state.upsert_claim, state.delete_claim),
-        }[kind]
+        changes: dict[str, tuple[Change, Change, Change]] = {
+            "nodes": (
+                ClusterState.replace_nodes,
+                ClusterState.upsert_node,
+                ClusterState.delete_node,
+            ),
+            "pods": (ClusterState.replace_pods, ClusterState.upsert_pod, ClusterState.delete_pod),
+            "resourceclaims": (
+                ClusterState.replace_claims,
+                ClusterState.upsert_claim,
+                ClusterState.delete_claim,
+            ),
+        }
+        self._replace, self._upsert, self._delete = changes[kind]
 
     def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
-        with self._cache.changed:
-            self._replace(objects)
-            self._cache.changed.notify_all()
-        self._cache.mark_synced(self._kind)
+        cache = self._cache
+        with cache.relisting:
+            with cache.changed:
+                fork = cache.state.fork()
+            try:
+                self._replace(fork, objects)
+            except BaseException:
+                with cache.changed:
+                    cache.state.adopt(None)
+                raise
+            with cache.changed:
+                replaced = cache.state.adopt(fork)
+                cache.changed.notify_all()
+            del fork, replaced  # freed here, off the lock
+        cache.mark_synced(self._kind)
 
     def apply(self, event: WatchEvent) -> None:
         apply = self._delete if event.type == "DELETED" else self._upsert
         with self._cache.changed:
-            apply(event.object)
+            apply(self._cache.state, event.object)
             self._cache.changed.notify_all()
 
 

@@ -42,6 +42,15 @@ class ClaimBook:
         self._placed: dict[str, Assignment] = {}
         self._by_node: dict[str, dict[str, Assignment]] = defaultdict(dict)
 
+    def copy(self) -> ClaimBook:
+        """An independent copy (for a relist rebuilt off the lock: `extender.relist`)."""
+        book = ClaimBook()
+        book._asks, book._held = dict(self._asks), dict(self._held)
+        book._claims_of.update((uid, set(refs)) for uid, refs in self._claims_of.items())
+        book._live, book._placed = dict(self._live), dict(self._placed)
+        book._by_node.update((node, dict(held)) for node, held in self._by_node.items())
+        return book
+
     def asks(self, ref: ClaimRef) -> tuple[ClaimAsk, ...] | str | None:
         """The claim's asks, why they are unreadable, or None when the claim is not known."""
         return self._asks.get(ref)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from baton.contract.annotations import GpuRecord
 
@@ -187,3 +187,34 @@ def _row(s: GpuLoad) -> Row:
         -s.gpu.index,
         s.gpu.uuid,
     )
+
+
+def describe_node(state: NodeState, assumed: set[str], pods: Mapping[str, str]) -> dict[str, Any]:
+    """A node, its GPUs and their tenants (`pods`: their names by UID; `assumed`: those our
+    binds counted before the watch showed them), for `/v1/inventory`."""
+    return {
+        "name": state.name,
+        "hostMemoryBudgetMiB": state.budget_mib,
+        "parkedWorstCaseMiB": state.parked_worst_mib,
+        "problem": state.problem or None,
+        "gpus": [
+            {
+                "uuid": g.gpu.uuid,
+                "index": g.gpu.index,
+                "model": g.gpu.model,
+                "memoryMiB": g.gpu.memory_mib,
+                "usableMiB": g.usable_mib,
+                "healthy": g.gpu.healthy,
+                "slots": g.gpu.slots,
+                "freeSlots": g.gpu.slots - len(g.tenants),
+                "summedDuty": round(g.duty_sum, 3),
+                "tenantMemoryMiB": g.memory_total,
+                "parkedWorstCaseMiB": g.parked_worst_mib,
+                "tenants": [
+                    {"uid": uid, "pod": pods.get(uid, ""), "assumed": uid in assumed}
+                    for uid in g.tenants
+                ],
+            }
+            for g in state.gpus
+        ],
+    }

@@ -8,6 +8,7 @@ one whose bind went unanswered also expires.
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -23,7 +24,8 @@ from extender.inventory import (
     pod_name,
     pod_uid,
 )
-from extender.snapshot import Limits, NodeState, PlacedPod, node_state
+from extender.relist import Journal, journaled, replay
+from extender.snapshot import Limits, NodeState, PlacedPod, describe_node, node_state
 
 Clock = Callable[[], float]
 UNKNOWN_NODE = "node is not in the extender's cache (its watch has not shown it yet)"
@@ -60,6 +62,32 @@ class ClusterState:
         self._requests = RequestMemo()
         self._claims = ClaimBook()
         """Pods placed through DRA, from their claims (the `--dra` extender's claim watch)."""
+        self.journal: Journal | None = None
+        """The changes made since `fork`, while a fork is out (`extender.relist`)."""
+
+    def fork(self) -> ClusterState:
+        """A copy of the state to rebuild a relist on, off the cache's lock (take it under the
+        lock); from now until `adopt` this state journals its changes."""
+        if self.journal is not None:
+            raise RuntimeError("a fork of the cluster state is out already; adopt it first")
+        fork = copy.copy(self)
+        for table in ("_nodes", "_states", "_assigned", "_pending", "_assumed", "_unsure"):
+            setattr(fork, table, dict(getattr(self, table)))
+        fork._by_node = defaultdict(set, {name: set(uids) for name, uids in self._by_node.items()})
+        fork._unlisted, fork._claims = dict(self._unlisted), self._claims.copy()
+        self.journal = []
+        return fork
+
+    def adopt(self, fork: ClusterState | None) -> dict[str, Any]:
+        """Replay on the fork the changes made here since it was taken, then take its tables, in
+        one step (under the cache's lock); `None` drops the fork (its rebuild failed). Returns
+        the tables replaced, to free off the lock (that takes a while too)."""
+        journal, self.journal = self.journal or [], None
+        replaced = dict(vars(self))
+        if fork is not None:
+            replay(journal, fork)
+            vars(self).update(vars(fork))
+        return replaced
 
     def request(self, pod: dict[str, Any]) -> TenantRequest | None:
         """The pod's Baton request (`parse_pod_request`, remembered while its resources stay
@@ -104,21 +132,25 @@ class ClusterState:
         """Assignments from our binds the watch has not confirmed yet."""
         return {uid: a for uid, (a, _) in self._assumed.items()}
 
+    @journaled
     def replace_nodes(self, nodes: Iterable[dict[str, Any]]) -> None:
         """Start over from a full node list."""
         self._nodes = {_name(n): node_inventory(n) for n in nodes}
         self._rebuild_all()
 
+    @journaled
     def upsert_node(self, node: dict[str, Any]) -> None:
         """A node was added or changed."""
         self._nodes[_name(node)] = node_inventory(node)
         self._rebuild_many({_name(node)})
 
+    @journaled
     def delete_node(self, node: dict[str, Any]) -> None:
         """A node went away."""
         self._nodes.pop(_name(node), None)
         self._rebuild_many({_name(node)})
 
+    @journaled
     def replace_pods(self, pods: Iterable[dict[str, Any]]) -> None:
         """Start over from a full pod list.
 
@@ -152,6 +184,7 @@ class ClusterState:
         self._expire()
         self._rebuild_all()
 
+    @journaled
     def upsert_pod(self, pod: dict[str, Any]) -> None:
         """A pod was added or changed.
 
@@ -178,6 +211,7 @@ class ClusterState:
             touched |= self._claims.pod_seen(uid, pod)
         self._rebuild_many(touched)
 
+    @journaled
     def delete_pod(self, pod: dict[str, Any]) -> None:
         """A pod went away; so does any assumption about it."""
         uid = pod_uid(pod)
@@ -191,15 +225,18 @@ class ClusterState:
         """A claim's asks of Baton's class, why they are unreadable, or None when unknown."""
         return self._claims.asks(ref)
 
+    @journaled
     def replace_claims(self, claims: Iterable[dict[str, Any]]) -> None:
         """Start over from a full ResourceClaim list."""
         self._claims.replace_claims(claims)
         self._rebuild_all()
 
+    @journaled
     def upsert_claim(self, claim: dict[str, Any]) -> None:
         """A ResourceClaim was added or changed (allocated, reserved, released)."""
         self._rebuild_many(self._claims.upsert_claim(claim))
 
+    @journaled
     def delete_claim(self, claim: dict[str, Any]) -> None:
         """A ResourceClaim went away."""
         self._rebuild_many(self._claims.delete_claim(claim))
@@ -215,16 +252,19 @@ class ClusterState:
         else:
             self._pending[uid] = pod
 
+    @journaled
     def assume(self, found: Assignment) -> None:
         """Count an assignment from our own bind until the watch shows it."""
         touched = self._drop_assumed(found.uid) | self._expire()
         self._assumed[found.uid] = (found, self._clock())  # the bind has just read the pod
         self._rebuild_many(touched | {found.node})
 
+    @journaled
     def forget(self, uid: str) -> None:
         """Drop an assumption (its bind failed)."""
         self._rebuild_many(self._drop_assumed(uid))
 
+    @journaled
     def keep_unsure(self, uid: str) -> None:
         """The pod's bind went out and no answer came: its assumption stays, past a new bind of
         the pod too, until the watch shows the pod bound or gone, or it expires."""
@@ -336,35 +376,9 @@ class ClusterState:
         return [self._describe(name) for name in sorted(self._states)]
 
     def _describe(self, name: str) -> dict[str, Any]:
-        state = self._states[name]
         assumed = {uid for uid, (a, _) in self._assumed.items() if a.node == name}
         pods = {a.uid: a.pod for a in [*self._claims.on_node(name), *self.assignments_on(name)]}
-        return {
-            "name": name,
-            "hostMemoryBudgetMiB": state.budget_mib,
-            "parkedWorstCaseMiB": state.parked_worst_mib,
-            "problem": state.problem or None,
-            "gpus": [
-                {
-                    "uuid": g.gpu.uuid,
-                    "index": g.gpu.index,
-                    "model": g.gpu.model,
-                    "memoryMiB": g.gpu.memory_mib,
-                    "usableMiB": g.usable_mib,
-                    "healthy": g.gpu.healthy,
-                    "slots": g.gpu.slots,
-                    "freeSlots": g.gpu.slots - len(g.tenants),
-                    "summedDuty": round(g.duty_sum, 3),
-                    "tenantMemoryMiB": g.memory_total,
-                    "parkedWorstCaseMiB": g.parked_worst_mib,
-                    "tenants": [
-                        {"uid": uid, "pod": pods.get(uid, ""), "assumed": uid in assumed}
-                        for uid in g.tenants
-                    ],
-                }
-                for g in state.gpus
-            ],
-        }
+        return describe_node(self._states[name], assumed, pods)
 
 
 def _name(node: dict[str, Any]) -> str:
