@@ -11,7 +11,7 @@ the one before it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from agent.parking.backends.base import (
@@ -178,6 +178,17 @@ class MultiBackend(Backend):
     def self_parked(self, tenant_id: str, gpu: str, moved: int) -> Move | None:
         """As the tenant's method does."""
         return self._of(tenant_id).self_parked(tenant_id, gpu, moved)
+
+    def asleep_on(self, gpus: Collection[str]) -> list[str]:
+        """As every method counts them."""
+        return [t for b in self.backends.values() for t in b.asleep_on(gpus)]
+
+    def awake_again(self, tenant_id: str) -> bool:
+        """As the tenant's method says; resident again, it may change method."""
+        woke = self._of(tenant_id).awake_again(tenant_id)
+        if woke:
+            self._restored(tenant_id)
+        return woke
 
     def _parkable(self, tenant_id: str) -> None:
         ref = self._refs.get(tenant_id)

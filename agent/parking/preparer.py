@@ -61,11 +61,12 @@ class ParkingPreparer(PlanMoves):
     async def prepare(self, tenant_id: str, gpus: Sequence[str], handed: bool = False) -> None:
         """Make `tenant_id` resident on its GPUs; raise `NoRoom` naming the numbers if not now.
         `handed`: its own restores are left to it where its method allows (`hand_restore`)."""
-        if self._moves_nothing(tenant_id, gpus):  # granted from the model, at once
+        asleep = self.backend.asleep_on(gpus)  # an engine there may be awake again: ask it
+        if not asleep and self._moves_nothing(tenant_id, gpus):  # from the model, at once
             self._take_turn(tenant_id, gpus)
             self._settle_soon()
             return
-        if handed and self._hand_from_model(tenant_id, gpus):  # its restores left to it, at once
+        if handed and not asleep and self._hand_from_model(tenant_id, gpus):  # left to it
             return
         ahead = self._ahead.get(tenant_id)
         if ahead is not None:  # its memory is on the way already: wait for that, move nothing
@@ -74,6 +75,7 @@ class ParkingPreparer(PlanMoves):
             self._check_counted(tenant_id)  # it may have left while it waited for the lock
             if tenant_id not in self._refs:
                 self.register(TenantRef(tenant_id, tuple(gpus)))
+            await self._awake_again(gpus)
             self._granted_over(gpus)
             planned = self._moves_from_model(tenant_id, gpus)
             failed: NoRoom | None = None
@@ -108,6 +110,22 @@ class ParkingPreparer(PlanMoves):
         log.info("%s left while its turn was being prepared: no room is made for it", tenant_id)
         raise NoRoom(f"{tenant_id} left before its turn was ready")
 
+    async def _awake_again(self, gpus: Collection[str]) -> None:
+        """Under the lock, before a plan that places memory on `gpus`: ask each tenant counted
+        parked there whose memory may be back without the agent (an engine restarted awake:
+        `asleep_on`) whether it is; one that is is read again, resident, so that the plan
+        parks it before another tenant's memory goes where its memory is."""
+        for other in self.backend.asleep_on(gpus):
+            if not await asyncio.to_thread(self.backend.awake_again, other):
+                continue
+            if other in self._model.states:
+                read = await self._read_aside([other])
+                for wrong in self._model.settle(read, self._holding.keys()):
+                    log.warning("%s (its engine is awake: restarted?)", wrong)
+                self._took_in(read)
+            if self._host is not None:
+                self._host.persist()
+
     def _hand_from_model(self, tenant_id: str, gpus: Sequence[str]) -> bool:
         """Grant from the model when the turn needs nothing but the tenant's own restores, and
         leave them to it (`hand_restore`): no snapshot, no lock (as a grant that moves
@@ -138,6 +156,7 @@ class ParkingPreparer(PlanMoves):
         self._ahead[tenant_id] = done
         try:
             async with self._lock:
+                await self._awake_again(gpus)
                 snap = await self._reread(holders)
                 if tenant_id in self.quarantines.why:
                     return
@@ -274,6 +293,8 @@ class ParkingPreparer(PlanMoves):
     async def unpark(self, tenant_id: str) -> None:
         """Restore the tenant now, on request (llm-d's Restore), parking idle others for room."""
         async with self._lock:
+            ref = self._refs.get(tenant_id)
+            await self._awake_again(ref.gpus if ref is not None else ())
             snap = await self._reread()
             if tenant_id in snap.tenants:
                 await self._carry_out(tenant_id, plan_turn(snap, tenant_id), "request")

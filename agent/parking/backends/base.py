@@ -8,6 +8,7 @@ Backend calls may block (they copy memory); the agent runs them off its event lo
 from __future__ import annotations
 
 import abc
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -170,6 +171,18 @@ class Backend(abc.ABC):
         bytes, its word, as a park callback's answer is): count it parked. None where this
         backend moves its tenants itself."""
         return None
+
+    def asleep_on(self, gpus: Collection[str]) -> list[str]:
+        """Tenants counted parked on one of `gpus` whose processes may hold their memory again
+        without the agent (an engine restarted awake) and can say so (`awake_again`); read from
+        the backend's own memory: no wait."""
+        return []
+
+    def awake_again(self, tenant_id: str) -> bool:
+        """Ask the tenant's processes whether they hold its parked memory on the device again
+        (a call: it blocks); if one says so, count the tenant resident from now and return
+        True. False where they are parked, or do not say."""
+        return False
 
     def methods(self) -> tuple[str, ...]:
         """The parking methods this backend offers (one, unless it routes between several)."""

@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -203,6 +204,27 @@ class EndpointBackend(Backend):
             return None
         said = answer.get("is_sleeping") if isinstance(answer, dict) else None
         return said if isinstance(said, bool) else None
+
+    def asleep_on(self, gpus: Collection[str]) -> list[str]:
+        """Tenants whose engines were told to sleep, counted parked on one of `gpus`."""
+        with self._mutex:
+            return [t for t in self._asleep if not self._parked.get(t, set()).isdisjoint(gpus)]
+
+    def awake_again(self, tenant_id: str) -> bool:
+        """An engine of the tenant's that says it is awake (restarted since it was told to
+        sleep) holds its memory: the tenant counts resident, so that its next park puts every
+        engine to sleep again. One that does not say (404, SGLang, no answer) counts asleep."""
+        with self._mutex:
+            target = self._targets.get(tenant_id)
+            asleep = tenant_id in self._asleep
+        if target is None or not asleep:
+            return False
+        if all(self.sleeping(target.app, base) is not False for base in target.endpoints):
+            return False
+        with self._mutex:
+            self._asleep.discard(tenant_id)
+            self._parked[tenant_id] = set()
+        return True
 
     # Restarts.
 

@@ -224,3 +224,42 @@ def test_a_sleeping_engine_is_woken_for_its_turn_after_an_agent_restart(
         assert engine.seen == [("/sleep?level=1", None), ("/wake_up", None)]
     finally:
         runner.stop()
+
+
+@pytest.mark.parametrize(
+    ("trainer_parked", "says_state"), [(True, True), (False, True), (True, False)]
+)
+def test_an_engine_restarted_awake_is_parked_again_before_another_jobs_turn(
+    workdir: str, engine: Engine, trainer_parked: bool, says_state: bool
+) -> None:
+    """The engine slept for the trainer's turns, then restarted (a crash, a rollout): awake, it
+    holds its memory again. The trainer's next turn (its own wake_up, or one that moves nothing
+    on the model's word) asks it first (GET /is_sleeping) and puts it to sleep again before the
+    grant. An engine that does not say (404) is counted asleep, as before."""
+    trainer_engine = Engine()
+    runner = _agent(workdir, "endpoint")
+    address = f"127.0.0.1:{runner.llmd_port}"
+    client = SnapshotAgentClient(address)
+    jobs = [TimeSliceOrchestratorClient(address, job, "g") for job in ("engine", "trainer")]
+    sampler, trainer = jobs
+    try:
+        assert sampler.acquire(timeout_sec=10)[0] and sampler.release()[0]
+        _done(client, client.snapshot("engine", "g", config(sa.APP_VLLM, engine.url)))
+        assert trainer.acquire(timeout_sec=10)[0] and trainer.release()[0]
+        if trainer_parked:
+            cfg = config(sa.APP_VLLM, trainer_engine.url)
+            _done(client, client.snapshot("trainer", "g", cfg))
+        engine.says_state = says_state
+        engine.asleep = False  # restarted: its memory is on the GPU again
+        assert trainer.acquire(timeout_sec=10)[0]
+        assert trainer_engine.asleep is False
+        sleeps = [("/sleep?level=1", None)] * (2 if says_state else 1)
+        assert engine.seen == sleeps and engine.asleep is says_state
+        assert trainer.release()[0]
+    finally:
+        client.close()
+        for job in jobs:
+            job.close()
+        runner.stop()
+        trainer_engine.shutdown()
+        trainer_engine.server_close()
