@@ -11,6 +11,7 @@ from typing import Any
 from agent.core import events as ev
 from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import TurnPreparer
+from agent.core.waiters import TenantUsage
 from agent.node.state import PersistedState, StateDirError, StateStore
 from agent.node.tenants import Tenant, TenantRegistry
 from agent.parking.backends.base import RecordError, TenantRef
@@ -305,6 +306,10 @@ class TurnState:
         for gpu, token in saved.tokens.items():
             self.table.gpu(gpu).token = token
         for lease in saved.leases:
+            tenant = self.tenants.tenants.get(lease.tenant_id)
+            if tenant is not None:  # the fair policy charges the turn and orders it by these
+                usage = TenantUsage(duty=tenant.gpu_duty, tier=tenant.priority)
+                self.table.usage[lease.tenant_id] = usage
             self.table.restore_lease(lease)
         queued = self.resumes.restore(self.table, saved.resumes.values(), self.tenants.tenants)
         self.resumes.restore_given(self.table, saved.given)

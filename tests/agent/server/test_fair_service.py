@@ -148,3 +148,40 @@ def test_parked_byte_seconds_a_scrape_showed_do_not_go_back_across_a_restart(wor
         assert _parked_byte_seconds(again) >= shown
     finally:
         again.stop()
+
+
+def test_a_turn_held_across_a_restart_keeps_its_tier(workdir: str):
+    """The restored holder is still in its tier: a lower tier's waiter does not revoke it by
+    the tier grace, and its turn is accounted in its own tier, not tier 0."""
+    fair = FairConfig(tier_grace_s=0.2)
+    first = AgentRunner(workdir, queue_policy="fair", fair=fair, reconnect_grace=30).start()
+    a = _client(first, "a", priority=1000)
+    low = None
+    second = None
+    try:
+        lease = a.acquire()
+        first.stop()
+        second = AgentRunner(workdir, queue_policy="fair", fair=fair, reconnect_grace=30).start()
+        second.wait_event(lambda e: e.kind == "connected" and e.tenant_id == "local/a")
+        low = _client(second, "low", priority=10)
+        mark = second.mark()
+        threading.Thread(target=_acquire_until_closed, args=(low,), daemon=True).start()
+        second.wait_event(_queued("local/low"), since=mark)
+
+        def revoke_at(service: Any) -> tuple[float | None, float]:
+            held = service.table.leases[lease.lease_id]
+            return service.table.revoke_at(held), held.hold_until
+
+        at, hold_until = second.inspect(revoke_at)
+        assert at == hold_until, "only the maximum hold, not a tier-10 waiter's grace"
+        mark = second.mark()
+        a.yield_()
+        second.wait_event(lambda e: e.kind == "granted" and e.tenant_id == "local/low", since=mark)
+        rows = second.status()["accounting"]["gpu_seconds"]
+        assert [row[:3] for row in rows] == [["local/a", "local", 1000]]
+    finally:
+        for each in (a, low):
+            if each is not None:
+                each.close()
+        if second is not None:
+            second.stop()
