@@ -4,7 +4,7 @@ Within a tier, turns follow a virtual-time fair queue (start-time fair queueing 
 stride scheduling): a tenant's virtual time grows by the seconds it *held* a turn divided by its
 weight (`gpu-duty`), and the waiter with the least virtual time goes first, so each tenant's
 share of a contended GPU converges to its duty's share. A tenant that (re)joins is lifted to its
-GPU's virtual clock less `credit_s` of its own time, so idle time is banked only up to
+GPU's virtual clock (its tier's) less `credit_s` of its own time, so idle time is banked only up to
 `credit_s` (bounded lag). Tiers (the pod's priority) are strict, except that a lower tier waiting
 behind a higher one is owed `min_share` of the GPU's time: its balance grows by `min_share` of
 each higher-tier turn it waits through and shrinks by the rest of each turn it takes while a
@@ -77,6 +77,7 @@ class FairShare:
     config: FairConfig = field(default_factory=FairConfig)
     vtime: dict[str, float] = field(default_factory=dict)
     vclock: dict[str, float] = field(default_factory=dict)
+    """Each GPU's virtual clock per tier (`clock_key`)."""
     balance: dict[tuple[str, int], float] = field(default_factory=dict)
 
     def __call__(self, waiters: list[Waiter], usage: Mapping[str, TenantUsage]) -> list[Waiter]:
@@ -97,8 +98,8 @@ class FairShare:
         """Whether `tenant_id`, asking again now for `gpus`, would be served before `waiter`,
         even after `extra_s` more seconds of GPU time."""
         gpus = tuple(gpus)
-        duty = (usage.get(tenant_id) or _NOBODY).duty
-        vtime = self._rejoined(tenant_id, gpus, duty) + extra_s / _weight(duty)
+        me = usage.get(tenant_id) or _NOBODY
+        vtime = self._rejoined(tenant_id, gpus, me.duty, me.tier) + extra_s / _weight(me.duty)
         mine = self._order(tenant_id, gpus, False, waiter.seq + 1, usage, vtime)
         return mine < self._key(waiter, usage, self.vtime.get(waiter.tenant_id, 0.0))
 
@@ -110,13 +111,13 @@ class FairShare:
         for every `extra_s` below it. 0 unless both are served by virtual time alone (same tier,
         nobody owed a minimum share, `waiter` no revoked holder)."""
         gpus = tuple(gpus)
-        duty = (usage.get(tenant_id) or _NOBODY).duty
+        me = usage.get(tenant_id) or _NOBODY
         theirs = self._key(waiter, usage, self.vtime.get(waiter.tenant_id, 0.0))
         mine_before = self._order(tenant_id, gpus, False, waiter.seq + 1, usage, 0.0).before_vtime
         if mine_before != theirs.before_vtime or not theirs.not_owed:
             return 0.0  # ordered by tier, by a minimum share owed, or a revoked holder first
-        mine = self._rejoined(tenant_id, gpus, duty)
-        return max(0.0, (theirs.vtime - mine) * _weight(duty))
+        mine = self._rejoined(tenant_id, gpus, me.duty, me.tier)
+        return max(0.0, (theirs.vtime - mine) * _weight(me.duty))
 
     def _key(self, w: Waiter, usage: Mapping[str, TenantUsage], vtime: float) -> Order:
         return self._order(w.tenant_id, w.gpus, w.front, w.seq, usage, vtime)
@@ -134,23 +135,33 @@ class FairShare:
         owed = bool(self.balance) and any(self.balance.get((g, tier), 0.0) > 0 for g in gpus)
         return Order(not owed, -tier, not front, vtime, seq)
 
-    def joined(self, tenant_id: str, gpus: Iterable[str], duty: int) -> None:
-        """A tenant starts waiting: a new one starts at its GPUs' virtual clock, a returning one
-        keeps at most `credit_s` of banked time."""
-        self.vtime[tenant_id] = self._rejoined(tenant_id, gpus, duty)
+    def joined(self, tenant_id: str, gpus: Iterable[str], duty: int, tier: int = 0) -> None:
+        """A tenant starts waiting: a new one starts at its GPUs' virtual clock (its tier's), a
+        returning one keeps at most `credit_s` of banked time."""
+        self.vtime[tenant_id] = self._rejoined(tenant_id, gpus, duty, tier)
 
-    def _rejoined(self, tenant_id: str, gpus: Iterable[str], duty: int) -> float:
-        clock = max((self.vclock.get(g, 0.0) for g in gpus), default=0.0)
+    def _rejoined(self, tenant_id: str, gpus: Iterable[str], duty: int, tier: int) -> float:
+        clock = max((self.vclock.get(clock_key(g, tier), 0.0) for g in gpus), default=0.0)
         floor = clock - self.config.credit_s / _weight(duty)
         return max(self.vtime.get(tenant_id, clock), floor)
 
-    def started(self, tenant_id: str, gpus: Iterable[str], waiting: Mapping[str, set[str]]) -> None:
-        """A turn began: each GPU's virtual clock reaches the least virtual time of its holder
-        and waiters, so those who (re)join during the turn are not floored against a stale one."""
+    def started(
+        self,
+        tenant_id: str,
+        gpus: Iterable[str],
+        waiting: Mapping[str, set[str]],
+        usage: Mapping[str, TenantUsage],
+    ) -> None:
+        """A turn began: each GPU's virtual clock of the holder's tier reaches the least virtual
+        time of the holder and its tier's waiters, so those who (re)join during the turn are not
+        floored against a stale one. (Another tier's waiters, whose virtual times drift apart
+        from this tier's, would hold it back, and its sleepers would bank more than the credit.)"""
+        tier = _tier(usage, tenant_id)
         for gpu in gpus:
-            others = waiting.get(gpu, set()) - {tenant_id}
+            others = {t for t in waiting.get(gpu, ()) if t != tenant_id and _tier(usage, t) == tier}
             active = [self.vtime.get(t, 0.0) for t in others] + [self.vtime.get(tenant_id, 0.0)]
-            self.vclock[gpu] = max(self.vclock.get(gpu, 0.0), min(active))
+            key = clock_key(gpu, tier)
+            self.vclock[key] = max(self.vclock.get(key, 0.0), min(active))
 
     def served(
         self,
@@ -169,12 +180,14 @@ class FairShare:
             for other in waiting.get(gpu, ()):
                 if other == tenant_id:
                     continue
-                least = min(least, self.vtime.get(other, 0.0))
                 tier = _tier(usage, other)
-                if tier < me.tier:
+                if tier == me.tier:
+                    least = min(least, self.vtime.get(other, 0.0))
+                elif tier < me.tier:
                     lower.add(tier)
                 higher = higher or tier > me.tier
-            self.vclock[gpu] = max(self.vclock.get(gpu, 0.0), least)
+            key = clock_key(gpu, me.tier)
+            self.vclock[key] = max(self.vclock.get(key, 0.0), least)
             for tier in lower:
                 self._add(gpu, tier, m * held, credit)
             if higher:
@@ -199,6 +212,12 @@ class FairShare:
     def _add(self, gpu: str, tier: int, amount: float, credit: float) -> None:
         value = self.balance.get((gpu, tier), 0.0) + amount
         self.balance[(gpu, tier)] = min(credit, max(-credit, value))
+
+
+def clock_key(gpu: str, tier: int) -> str:
+    """Where `FairShare.vclock` keeps a GPU's virtual clock for one tier: the GPU's name for
+    tier 0 (as before the tiers had clocks of their own), else the name and the tier."""
+    return gpu if tier == 0 else f"{gpu} tier {tier}"
 
 
 _NOBODY = TenantUsage()

@@ -154,7 +154,7 @@ class LeaseTable:
         self.keeping.unhold(self.anticipation.gpus_of(tenant_id), now)
         self.anticipation.asked(tenant_id, now)
         if self.fair is not None:
-            self.fair.joined(tenant_id, wanted, duty)
+            self.fair.joined(tenant_id, wanted, duty, usage.tier)
         waiter = Waiter(
             waiter_id=self._new_id(),
             tenant_id=tenant_id,
@@ -217,7 +217,7 @@ class LeaseTable:
         )
         self.leases[lease.lease_id] = lease
         if self.fair is not None:
-            self.fair.started(lease.tenant_id, lease.gpus, self._waiting(lease.gpus))
+            self.fair.started(lease.tenant_id, lease.gpus, self._waiting(lease.gpus), self.usage)
         return lease
 
     def block(self, waiter_id: str, reason: str) -> None:

@@ -276,3 +276,34 @@ def test_config_is_checked() -> None:
         FairConfig(min_share=0.7)
     with pytest.raises(ValueError):
         FairConfig(tier_grace_s=-1)
+
+
+def test_a_lower_tier_waiting_does_not_let_a_sleeper_bank_more_than_the_credit() -> None:
+    # "late" and "busy" share tier 1; "low" (tier 0) waits throughout and takes its minimum
+    # share. "late" sleeps 100 s while "busy" runs: back, it may run ahead by its credit, no
+    # more. (Were the clock it is lifted to the least virtual time of every tier's waiters,
+    # "low"'s, far behind, would hold it back, and "busy" would wait some 80 s.)
+    config = FairConfig(credit_s=2.0, min_share=0.1)
+    now = [0.0]
+    table = LeaseTable(clock=lambda: now[0], policy=FairShare(config), max_hold=1e9)
+    tiers = {"late": 1, "busy": 1, "low": 0}
+
+    def turn() -> str:
+        lease = table.grant(table.pick()[0].waiter_id)
+        now[0] += 0.1
+        table.release(lease.lease_id)
+        return lease.tenant_id
+
+    table.enqueue("low", ["g"], duty=50, tier=0)
+    table.enqueue("late", ["g"], duty=50, tier=1)
+    assert turn() == "late"  # then it sleeps
+    table.enqueue("busy", ["g"], duty=50, tier=1)
+    while now[0] < 100.0:  # "busy", with "low"'s minimum share
+        done = turn()
+        table.enqueue(done, ["g"], duty=50, tier=tiers[done])
+    table.enqueue("late", ["g"], duty=50, tier=1)
+    late_turns = 0
+    while (done := turn()) != "busy":
+        late_turns += done == "late"
+        table.enqueue(done, ["g"], duty=50, tier=tiers[done])
+    assert 0 < late_turns <= 2.0 / 0.1 + 1
