@@ -70,15 +70,18 @@ class _Link:
         self._reading = asyncio.get_running_loop().create_task(self._read(reader))
 
     @classmethod
-    async def open(cls, node: str, address: str, token: str) -> _Link:
-        """Connect and say hello, within `CONNECT_TIMEOUT_S`; `_Lost` or `_Refused` if not."""
+    async def open(cls, node: str, address: str, token: str, holder: str = "") -> _Link:
+        """Connect and say hello (naming the leader's identity `holder`), within
+        `CONNECT_TIMEOUT_S`; `_Lost` or `_Refused` if not."""
         host, _, port = address.rpartition(":")
         writer: asyncio.StreamWriter | None = None
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
                 reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
                 keep_alive(writer)
-                writer.write(encode(jt.JobTurnsCall(id=0, hello=jt.Hello(token=token))))
+                writer.write(
+                    encode(jt.JobTurnsCall(id=0, hello=jt.Hello(token=token, holder=holder)))
+                )
                 answer = await read_frame(reader, jt.JobTurnsAnswer)
         except TimeoutError:
             _close(writer)
@@ -154,10 +157,15 @@ class AgentLinks:
     """Connections to the agents, by address (opened on first use, again after one ends);
     `close` them when done."""
 
-    def __init__(self, token: str, call_timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(
+        self, token: str, call_timeout_s: float = CALL_TIMEOUT_S, holder: str = ""
+    ) -> None:
+        """`holder`: this replica's identity (the Lease's holder), which the agents obey in
+        one epoch only."""
         if not token:
             raise ValueError("the coordination token is empty")
         self._token = token
+        self.holder = holder
         self._timeout = call_timeout_s
         self._links: dict[str, asyncio.Task[_Link]] = {}
 
@@ -168,7 +176,9 @@ class AgentLinks:
                 return opening.result()  # the usual case: open already
             opening = None  # failed or ended: open again
         if opening is None:
-            opening = asyncio.get_running_loop().create_task(_Link.open(node, address, self._token))
+            opening = asyncio.get_running_loop().create_task(
+                _Link.open(node, address, self._token, self.holder)
+            )
             self._links[address] = opening
         return await asyncio.shield(opening)  # bounded by the opening itself
 

@@ -92,7 +92,8 @@ class Coordinator:
         self.config = config
         self._api = api_client
         self.view = ClusterView()
-        self.links = AgentLinks(config.token)
+        self.identity = config.identity or socket.gethostname()
+        self.links = AgentLinks(config.token, holder=self.identity)
         self.arbiter = Arbiter(self.view, self.links, self._new_table, time.time)
         self.arbiter.prepare_timeout_s = config.prepare_timeout_s
         self.metrics = CoordinatorMetrics()
@@ -111,7 +112,6 @@ class Coordinator:
         if config.pod_name and config.pod_namespace:
             self._label = LeaderLabel.on_pod(api_client, config.pod_namespace, config.pod_name)
         self.port = 0
-        self.identity = config.identity or socket.gethostname()
 
     def _new_table(self) -> LeaseTable:
         policy = FairShare() if self.config.queue_policy == "fair" else self.config.queue_policy
@@ -253,8 +253,8 @@ class Coordinator:
             return  # lost the Lease while recovering
         if found.outranked:
             log.warning(
-                "epoch %d is below epoch %d that agents obey (the Lease was recreated?): "
-                "taking the Lease again above it", epoch, found.outranked,
+                "agents obey epoch %d of another leader, not our epoch %d (the Lease was "
+                "recreated?): taking the Lease again above it", found.outranked, epoch,
             )  # fmt: skip
             self._elector.outrank(found.outranked)
             return

@@ -48,7 +48,8 @@ class Recovered:
     unreachable: dict[str, str] = field(default_factory=dict)
     """node → why it did not answer"""
     outranked: int = 0
-    """The highest epoch an agent obeys, when above this leader's (nothing was settled then)."""
+    """The highest epoch an agent obeys, when above this leader's or this one from another
+    leader (`obeys_another`; nothing was settled then)."""
     answered: set[str] = field(default_factory=set)
     """The nodes that reported to this leader (a turn they did not report, they lack)."""
     judged: set[str] = field(default_factory=set)
@@ -69,7 +70,7 @@ async def recover(view: ClusterView, links: AgentLinks, table: LeaseTable, epoch
             found.unreachable[node] = answer.why if isinstance(answer, NodeFailed) else str(answer)
             continue
         found.answered.add(node)
-        if answer.epoch > epoch:  # the Lease counts from below what the agents obey
+        if obeys_another(answer, epoch, links.holder):  # the Lease was created again
             found.outranked = max(found.outranked, answer.epoch)
         for turn in answer.turns:
             parts.setdefault(turn.turn_id, []).append((node, turn))
@@ -87,6 +88,14 @@ async def recover(view: ClusterView, links: AgentLinks, table: LeaseTable, epoch
             epoch, "; ".join(f"{n}: {why}" for n, why in sorted(found.unreachable.items())),
         )  # fmt: skip
     return found
+
+
+def obeys_another(answer: jt.ReportResponse, epoch: int, holder: str) -> bool:
+    """Whether the agent that gave `answer` obeys another leader than `holder` leading in
+    `epoch`: a higher epoch, or this one from another holder (a Lease created again counts from
+    1 again); an agent or leader that names none (an older version) is taken as this one's."""
+    other = bool(answer.holder) and bool(holder) and answer.holder != holder
+    return answer.epoch > epoch or (answer.epoch == epoch and other)
 
 
 async def chase(
@@ -148,14 +157,16 @@ async def _chase(
                 epoch, node, err.why,
             )  # fmt: skip
             continue
-        if answer.epoch > epoch:  # a newer leader, or the Lease counts from below the agents
+        if obeys_another(answer, epoch, arbiter.links.holder):  # (the Lease recreated)
             arbiter.settling.unsettled[node] = (
-                f"its agent obeys epoch {answer.epoch}, above this leader's {epoch} (the Lease "
-                "was recreated, or a newer leader leads): this replica steps down"
+                f"its agent obeys epoch {answer.epoch} ({answer.holder or 'its leader unnamed'}), "
+                f"not this leader's {epoch} (the Lease was recreated, or a newer leader leads): "
+                "this replica steps down"
             )
             log.warning(
-                "node %s obeys epoch %d, above this leader's %d: stepping down (the Lease is "
-                "taken again above it unless a newer leader holds it)", node, answer.epoch, epoch,
+                "node %s obeys epoch %d (%s), not this leader's %d: stepping down (the Lease is "
+                "taken again above it unless a newer leader holds it)",
+                node, answer.epoch, answer.holder or "its leader unnamed", epoch,
             )  # fmt: skip
             if outranked is not None:
                 outranked(answer.epoch)

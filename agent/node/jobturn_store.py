@@ -1,5 +1,6 @@
 """What the agent keeps of the coordinator's job turns across its restarts: the highest epoch it
-has seen (the fence) and the job turns it holds, in two small files of its state directory.
+has seen (the fence, with the identity of its leader) and the job turns it holds, in small files
+of its state directory.
 
 The fence is fsynced before the call that raised it is answered: an agent that forgot it after a
 power loss could take orders from a deposed leader. It rises once per leader change. The turns
@@ -23,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 EPOCH_FILE = "coordination-epoch"
+HOLDER_FILE = "coordination-holder"
+"""The identity of the leader obeyed in the epoch, as "EPOCH IDENTITY" (a file of its own, so an
+older agent still reads the epoch file): it counts only while EPOCH is the epoch file's."""
 TURNS_FILE = "job-turns.json"
 TURNS_COMPACT_BYTES = 64 * 1024
 """The turns file is cut back to its last line once it is this long."""
@@ -51,9 +55,20 @@ class JobTurnStore:
             log.error("coordination epoch file %s is unreadable (%s); starting from 0", path, exc)
             return 0
 
-    def save_epoch(self, epoch: int) -> None:
-        """Record a higher epoch, durably, before the call that raised it is answered."""
+    def save_epoch(self, epoch: int, holder: str = "") -> None:
+        """Record a higher epoch (and the identity of its leader, if known), durably, before
+        the call that raised it is answered."""
+        if holder:
+            self._write(HOLDER_FILE, f"{epoch} {holder}\n", fsync=True)
         self._write(EPOCH_FILE, f"{epoch}\n", fsync=True)
+
+    def load_holder(self, epoch: int) -> str:
+        """The identity of the leader obeyed in `epoch` ("" if unknown or unreadable)."""
+        try:
+            saved, _, holder = (self._dir / HOLDER_FILE).read_text().strip().partition(" ")
+        except (OSError, ValueError):
+            return ""
+        return holder if saved == str(epoch) else ""
 
     def load_turns(self) -> list[dict[str, Any]]:
         """The job turns saved last (none if the file is missing or unreadable: said once)."""

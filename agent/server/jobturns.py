@@ -7,8 +7,9 @@ ends it. While the job's turn lives, each member counts as having a session (the
 watches the job, not the agent), so a pod that only computes keeps its turn.
 
 Every call carries the leader's epoch; the agent refuses one older than the highest it has
-seen (`StaleEpoch`), which it keeps on disk (`agent.node.jobturn_store`), so a deposed leader
-cannot act. The turns themselves are kept there too and taken up again after an agent restart.
+seen, or that one from another leader (`agent.server.jobturn_fence`), so a deposed leader cannot
+act. The fence and the turns are kept on disk (`agent.node.jobturn_store`); the turns are taken
+up again after an agent restart.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from agent.core.errors import AgentError, UnknownLease
 from agent.core.leases import Lease
 from agent.node.jobturn_store import JobTurnStore
 from agent.node.tenants import POD, Tenant
+from agent.server.jobturn_fence import Fence, NotRecorded, StaleEpoch
 from agent.server.jobturn_prepare import CoordinatedSession, Preparation, PrepareFailed, own_gpus
 from agent.server.node_turn import COMMITTED, NodeTurn
 from agent.server.service import LeaseService
@@ -29,11 +31,9 @@ from agent.server.sessions import Session
 from agent.server.waits import standing
 from baton.contract.names import job_of_labels
 
+__all__ = ["JobTurns", "NoMembers", "NotRecorded", "StaleEpoch", "UnknownTurn"]
+
 log = logging.getLogger(__name__)
-
-
-class StaleEpoch(AgentError):
-    """A command from a leader older than one this agent has obeyed (FAILED_PRECONDITION)."""
 
 
 class NoMembers(AgentError):
@@ -42,11 +42,6 @@ class NoMembers(AgentError):
 
 class UnknownTurn(AgentError):
     """No such job turn on this node (NOT_FOUND)."""
-
-
-class NotRecorded(AgentError):
-    """The node could not write what it must keep before answering (a full disk): UNAVAILABLE,
-    and the same call sent again is answered once it can."""
 
 
 class JobTurns:
@@ -59,19 +54,16 @@ class JobTurns:
         self.node = node
         self._store = store
         self._clock = clock
-        self.epoch = 0
-        """The highest epoch seen: commands from an older one are refused."""
+        self._fence = Fence(node, store)
         self.turns: dict[str, NodeTurn] = {}
         self._preparing: dict[str, Preparation] = {}
         self._dirty = False
         """The turns here changed since they were last written."""
-        self._unfenced = ""
-        """Why the last new epoch could not be recorded (logged once), until one is."""
         service.turns.resumes.follow = self._resumed
 
     def load(self) -> None:
         """Take up the fence and the turns saved before a restart, whose leases still live."""
-        self.epoch = self._store.load_epoch()
+        self._fence.load()
         for data in self._store.load_turns():
             try:
                 turn = NodeTurn.from_json(data)
@@ -96,31 +88,20 @@ class JobTurns:
 
     # Commands.
 
-    def fence(self, epoch: int) -> None:
-        """Refuse an older epoch; remember (durably) a newer one before answering."""
-        if epoch < self.epoch:
-            raise StaleEpoch(
-                f"epoch {epoch} is older than epoch {self.epoch} this agent already obeys: "
-                "a newer coordinator leads"
-            )
-        if epoch > self.epoch:
-            try:
-                self._store.save_epoch(epoch)
-            except OSError as exc:  # obeyed only once it would survive a restart
-                why = f"node {self.node} could not record coordinator epoch {epoch} ({exc})"
-                if why != self._unfenced:  # its calls come again, with backoff: said once
-                    log.error("%s; it obeys epoch %d until it can", why, self.epoch)
-                self._unfenced = why
-                raise NotRecorded(  # (the coordinator names the node)
-                    f"coordinator epoch {epoch} could not be recorded here ({exc}): "
-                    "commands are refused until it can"
-                ) from None
-            if self._unfenced:
-                log.info("node %s recorded coordinator epoch %d", self.node, epoch)
-                self._unfenced = ""
-            if self.epoch:
-                log.info("coordinator epoch %d follows %d", epoch, self.epoch)
-            self.epoch = epoch
+    @property
+    def epoch(self) -> int:
+        """The highest epoch seen: commands from an older one are refused."""
+        return self._fence.epoch
+
+    @property
+    def holder(self) -> str:
+        """The identity of the leader obeyed in `epoch` ("" until one names itself)."""
+        return self._fence.holder
+
+    def fence(self, epoch: int, holder: str = "") -> None:
+        """`StaleEpoch` for an older epoch, or this one from another `holder`; a newer one (or
+        the first holder named in this one) is recorded durably before answering."""
+        self._fence.check(epoch, holder)
 
     async def prepare(
         self,
@@ -133,12 +114,14 @@ class JobTurns:
         group: str = "",
         nodes: Sequence[str] = (),
         on_prepared: Callable[[NodeTurn], None] | None = None,
+        holder: str = "",
     ) -> NodeTurn:
         """Every member's turn granted (room made, memory restored); idempotent per turn id.
         `pods` names the members whose turn it is (default: every pod of the job here).
         `on_prepared` hears of the turn as it is made, in the step of the last member's grant
-        (`agent.server.jobturn_prepare`), which can be before this returns."""
-        self.fence(epoch)
+        (`agent.server.jobturn_prepare`), which can be before this returns. `holder`: the
+        leader's identity (`fence`)."""
+        self.fence(epoch, holder)
         if not turn_id or not namespace or not job:
             raise PrepareFailed("turn_id, namespace and job are required")
         if turn_id in self.turns:
@@ -207,9 +190,9 @@ class JobTurns:
             why = f"its GPUs went to job {turn.namespace}/{turn.job}'s turn {turn.turn_id}"
             self._end(old.turn_id, f"{why}; its release was not heard", unheard=True)
 
-    def commit(self, epoch: int, turn_id: str) -> NodeTurn:
+    def commit(self, epoch: int, turn_id: str, holder: str = "") -> NodeTurn:
         """The prepared turn starts; idempotent."""
-        self.fence(epoch)
+        self.fence(epoch, holder)
         turn = self.turns.get(turn_id)
         if turn is None:
             raise UnknownTurn(f"node {self.node} has no prepared turn {turn_id!r} to commit")
@@ -225,11 +208,11 @@ class JobTurns:
         preparation = self._preparing.get(turn_id)
         return preparation.task if preparation is not None else None
 
-    def release(self, epoch: int, turn_id: str, reason: str) -> bool:
+    def release(self, epoch: int, turn_id: str, reason: str, holder: str = "") -> bool:
         """End the turn (prepared or committed) or its preparation; False if there was none.
         `NotRecorded` if its end cannot be written: it has ended here all the same, and the
         release sent again is answered once it is written."""
-        self.fence(epoch)
+        self.fence(epoch, holder)
         released = self._end(turn_id, reason)
         self._recorded(f"turn {turn_id} ended here")
         return released
@@ -254,11 +237,12 @@ class JobTurns:
         self._dirty = True
         return True
 
-    def report(self, epoch: int) -> list[NodeTurn]:
-        """The job turns held here, raising the fence to `epoch` if it is newer. An older epoch
-        only reads (it changes nothing): a new leader learns the agents' epochs so."""
-        if epoch > self.epoch:
-            self.fence(epoch)
+    def report(self, epoch: int, holder: str = "") -> list[NodeTurn]:
+        """The job turns held here, raising the fence to `epoch` if it is newer (or naming its
+        `holder` where none was). An older epoch, or this one from another holder, only reads
+        (it changes nothing): a new leader learns the agents' epochs (and holders) so."""
+        if self._fence.raises(epoch, holder):
+            self.fence(epoch, holder)
         return list(self.turns.values())
 
     # Members that ask themselves (`agent.server.coordinated`).

@@ -90,6 +90,8 @@ class _Connection:
 
     def __init__(self, turns: JobTurns, writer: asyncio.StreamWriter) -> None:
         self._turns = turns
+        self.holder = ""
+        """The coordinator's identity, as its hello named it ("" from an older one)."""
         self._out = Corked(writer)
         self.running: dict[int, asyncio.Task[None]] = {}
 
@@ -139,16 +141,19 @@ class _Connection:
     def _at_once(self, call: jt.JobTurnsCall, kind: str | None) -> jt.JobTurnsAnswer:
         turns = self._turns
         if kind == "commit":
-            turn = turns.commit(call.commit.epoch, call.commit.turn_id)
+            turn = turns.commit(call.commit.epoch, call.commit.turn_id, self.holder)
             return jt.JobTurnsAnswer(id=call.id, turn=node_turn_pb(turns, turn))
         if kind == "release":
             request = call.release
-            released = turns.release(request.epoch, request.turn_id, request.reason)
+            released = turns.release(request.epoch, request.turn_id, request.reason, self.holder)
             return jt.JobTurnsAnswer(id=call.id, released=jt.ReleaseResponse(released=released))
         if kind == "report":
-            held = turns.report(call.report.epoch)
+            held = turns.report(call.report.epoch, self.holder)
             report = jt.ReportResponse(
-                node=turns.node, epoch=turns.epoch, turns=[node_turn_pb(turns, t) for t in held]
+                node=turns.node,
+                epoch=turns.epoch,
+                turns=[node_turn_pb(turns, t) for t in held],
+                holder=turns.holder,
             )
             return jt.JobTurnsAnswer(id=call.id, report=report)
         return refusal(call.id, "INVALID_ARGUMENT", f"a call of kind {kind or 'none'} is unknown")
@@ -173,6 +178,7 @@ class _Connection:
                 request.group,
                 request.nodes,
                 on_prepared=prepared,
+                holder=self.holder,
             )
         except errors.AgentError as exc:
             self._send(refusal(call_id, _code(exc), str(exc)))
@@ -261,7 +267,7 @@ class JobTurnServer:
         self._open.add(connection)
         try:
             keep_alive(writer)
-            if await self._hello(reader, writer, peer):
+            if await self._hello(reader, writer, peer, connection):
                 while (call := await read_frame(reader, jt.JobTurnsCall)) is not None:
                     connection.handle(call)
         except FrameCut as exc:  # it went away as it wrote: no sign of another version
@@ -282,9 +288,14 @@ class JobTurnServer:
                 await writer.wait_closed()
 
     async def _hello(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        peer: object,
+        connection: _Connection,
     ) -> bool:
-        """Whether the connection opened with the token; if not, it is told why."""
+        """Whether the connection opened with the token (the `connection` learns the
+        coordinator's identity); if not, it is told why."""
         first = await asyncio.wait_for(read_frame(reader, jt.JobTurnsCall), HELLO_TIMEOUT_S)
         if first is None:
             return False
@@ -295,6 +306,7 @@ class JobTurnServer:
             writer.write(encode(refusal(0, "UNAUTHENTICATED", why)))
             await writer.drain()
             return False
+        connection.holder = first.hello.holder
         hello = jt.HelloAnswer(node=self.turns.node, epoch=self.turns.epoch)
         writer.write(encode(jt.JobTurnsAnswer(id=0, hello=hello)))
         return True

@@ -135,14 +135,16 @@ class NodeTurn(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., fencing_tokens: _Optional[_Iterable[int]] = ..., prepared_at: _Optional[float] = ..., committed_at: _Optional[float] = ..., group: _Optional[str] = ..., restored: _Optional[bool] = ..., joined: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
-    __slots__ = ("node", "epoch", "turns")
+    __slots__ = ("node", "epoch", "turns", "holder")
     NODE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
     node: str
     epoch: int
     turns: _containers.RepeatedCompositeFieldContainer[NodeTurn]
-    def __init__(self, node: _Optional[str] = ..., epoch: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[NodeTurn, _Mapping]]] = ...) -> None: ...
+    holder: str
+    def __init__(self, node: _Optional[str] = ..., epoch: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[NodeTurn, _Mapping]]] = ..., holder: _Optional[str] = ...) -> None: ...
 
 class JobTurnsCall(_message.Message):
     __slots__ = ("id", "hello", "prepare", "commit", "release", "report", "cancel")
@@ -163,10 +165,12 @@ class JobTurnsCall(_message.Message):
     def __init__(self, id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., prepare: _Optional[_Union[PrepareRequest, _Mapping]] = ..., commit: _Optional[_Union[CommitRequest, _Mapping]] = ..., release: _Optional[_Union[ReleaseRequest, _Mapping]] = ..., report: _Optional[_Union[ReportRequest, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("token",)
+    __slots__ = ("token", "holder")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
     token: str
-    def __init__(self, token: _Optional[str] = ...) -> None: ...
+    holder: str
+    def __init__(self, token: _Optional[str] = ..., holder: _Optional[str] = ...) -> None: ...
 
 class Cancel(_message.Message):
     __slots__ = ()

@@ -106,9 +106,11 @@ def view_of(nodes: list[LoopbackNode], jobs: dict[str, list[tuple[str, str, str]
     return view
 
 
-async def leading(view: ClusterView, epoch: int = 1) -> Arbiter:
-    """An arbiter over `view` that leads with `epoch`, having recovered the agents' turns."""
-    arbiter = Arbiter(view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time)
+async def leading(view: ClusterView, epoch: int = 1, holder: str = "") -> Arbiter:
+    """An arbiter over `view` that leads with `epoch` (as `holder`), having recovered the
+    agents' turns."""
+    links = AgentLinks(TOKEN, holder=holder)
+    arbiter = Arbiter(view, links, lambda: LeaseTable(clock=time.time), time.time)
     table = arbiter.new_table()
     found = await recover(view, arbiter.links, table, epoch)
     arbiter.lead(epoch, table, found)

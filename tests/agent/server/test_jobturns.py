@@ -119,6 +119,30 @@ def test_an_older_epoch_is_refused_also_after_a_restart(tmp_path: Path) -> None:
     run(body)
 
 
+def test_an_epoch_is_obeyed_from_one_leader_only_also_after_a_restart(tmp_path: Path) -> None:
+    """A Lease created again counts from 1 again: two leaders may lead in one epoch."""
+
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        await turns.prepare(1, "t1", "team", "rl", timeout=5, holder="coordinator-a")
+        with pytest.raises(StaleEpoch, match="epoch 1 is led by coordinator-a here, not by "):
+            turns.commit(1, "t1", "coordinator-b")
+        assert [t.turn_id for t in turns.report(1, "coordinator-b")] == ["t1"]  # only reads
+        assert (turns.epoch, turns.holder) == (1, "coordinator-a")
+        assert turns.commit(1, "t1", "coordinator-a").state == COMMITTED
+        turns.commit(1, "t1")  # a coordinator that names none (an older one): not checked
+        await service.close()
+        again = JobTurns(service, "n1", JobTurnStore(tmp_path), time.time)
+        again.load()
+        assert (again.epoch, again.holder) == (1, "coordinator-a")
+        with pytest.raises(StaleEpoch, match="not by coordinator-b"):
+            again.release(1, "t1", "the other leader", "coordinator-b")
+        assert again.release(2, "t1", "a higher epoch", "coordinator-b")
+        assert (again.epoch, again.holder) == (2, "coordinator-b")
+
+    run(body)
+
+
 def test_a_turn_whose_member_the_maximum_hold_revoked_for_another_jobs_turn_ends_here(
     tmp_path: Path,
 ) -> None:
