@@ -126,6 +126,9 @@ class CudaBackend(CudaTenants, Backend):
                     return Move(tenant_id, gpu, "park", 0, 0.0)
                 if tenant_id in self._unparkable:  # the driver cannot checkpoint a process
                     raise Unparkable(self._unparkable[tenant_id])
+                unanswered = self._unanswered.get(tenant_id)
+            if unanswered:  # retryable: the driver is asked again at the next try
+                raise BackendError(f"{tenant_id} is not parked: {unanswered}")
             if not pids:
                 raise BackendError(f"{tenant_id} has no processes with CUDA state to park")
             for pid in pids:

@@ -4,7 +4,10 @@ tenants are parked, refused or quarantined, and why.
 
 A tenant's processes are its registered PIDs plus, for a pod, every process in the pod's cgroup;
 those with CUDA state count. They are found again whenever what was found is older than
-`REDISCOVER_S` or empty. Every driver and NVML call runs outside the lock that guards the tables.
+`REDISCOVER_S` or empty. A process whose state query fails counts as the tenant's (NVML measures
+it) and keeps the tenant from being parked until a later query answers; one whose query does not
+return quarantines the tenant, and its driver is not asked again. Every driver and NVML call runs
+outside the lock that guards the tables.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ from agent.parking.backends.cuda_moves import ParkedProcs
 from agent.parking.backends.deadline import CallStalled, call_with_deadline
 
 STALLED = "the driver may be wedged for this tenant's processes"
+UNKNOWN = -1
+"""The state of a process whose state query failed: counted as the tenant's, measured by NVML."""
+UNANSWERED = "its memory is counted resident until the driver answers for it"
 REDISCOVER_S = 2.0
 """Processes found longer ago than this are looked for again (a context may have appeared)."""
 
@@ -67,6 +73,9 @@ class CudaTenants:
         self._parked: dict[str, ParkedProcs] = {}
         self._quarantined: dict[str, str] = {}
         self._unparkable: dict[str, str] = {}
+        self._unanswered: dict[str, str] = {}
+        """Tenants a state query failed for at their last discovery, and why: not parked, and
+        counted resident, until the driver answers for every process again."""
         self._problems: dict[str, str] = {}
         self._moving: set[str] = set()
         """Tenants a park or restore is under way for (their processes may be locked)."""
@@ -95,6 +104,7 @@ class CudaTenants:
             for table in (self._refs, self._found, self._quarantined):
                 table.pop(tenant_id, None)
             self._unparkable.pop(tenant_id, None)
+            self._unanswered.pop(tenant_id, None)
             self._problems.pop(tenant_id, None)
 
     def rescan(self, tenant_id: str) -> None:
@@ -127,16 +137,7 @@ class CudaTenants:
             settle = settle or tenant_id not in self._moving
         if ref is None:
             return ()
-        states: dict[int, int | None] = {}
-        refused = ""
-        for pid in sorted(self._candidates(ref)):
-            try:
-                states[pid] = self.calls.state(pid)
-            except DriverError as e:
-                if e.code != NOT_SUPPORTED:
-                    raise
-                states[pid] = RUNNING
-                refused = refused or f"{e}: {cuda_moves.UNSUPPORTED}"
+        states = self._states(tenant_id, sorted(self._candidates(ref)))
         checkpointed = [pid for pid, state in states.items() if state == CHECKPOINTED]
         held: cuda_moves.Sizes = {pid: {g: 0 for g in ref.gpus} for pid in checkpointed}
         for pid, state in states.items():
@@ -153,12 +154,46 @@ class CudaTenants:
             held[checkpointed[0]] = {g: max(0, declared - measured[g]) for g in ref.gpus}
         with_state = [pid for pid, state in states.items() if state is not None]
         with self._mutex:
-            if refused:
-                self._unparkable.setdefault(tenant_id, refused)
             if held and tenant_id not in self._parked:
                 self._parked[tenant_id] = ParkedProcs(held)
             self._found[tenant_id] = (self._clock(), tuple(with_state))
         return tuple(with_state)
+
+    def _states(self, tenant_id: str, pids: list[int]) -> dict[int, int | None]:
+        """Each process's state, `UNKNOWN` where its query failed: a failed query keeps the
+        tenant from being parked until a later discovery's answers (`_unanswered`), one that
+        did not return quarantines it. A quarantined tenant's driver may be wedged: it is not
+        asked again, and all its processes are `UNKNOWN`."""
+        with self._mutex:
+            ask = tenant_id not in self._quarantined
+        states: dict[int, int | None] = {}
+        failed: list[str] = []
+        unsupported = ""
+        for pid in pids:
+            states[pid] = UNKNOWN
+            if not ask:
+                continue
+            try:
+                states[pid] = self.calls.state(pid)
+            except CallStalled as e:
+                self._quarantine(tenant_id, f"{e}; {STALLED}")
+                ask = False
+            except DriverError as e:
+                if e.code != NOT_SUPPORTED:
+                    failed.append(str(e))
+                    continue
+                states[pid] = RUNNING  # its memory stays on the GPU; the tenant is refused
+                unsupported = unsupported or f"{e}: {cuda_moves.UNSUPPORTED}"
+            except BackendError as e:
+                failed.append(str(e))
+        with self._mutex:
+            if unsupported:
+                self._unparkable.setdefault(tenant_id, unsupported)
+            if failed:
+                self._unanswered[tenant_id] = f"{'; '.join(failed)}; {UNANSWERED}"
+            else:
+                self._unanswered.pop(tenant_id, None)
+        return states
 
     def pids(self, tenant_id: str) -> tuple[int, ...]:
         """The tenant's GPU processes: parked ones, else those found, found again when none
@@ -232,7 +267,7 @@ class CudaTenants:
                 tenant_id,
                 detail=self._problems.get(tenant_id, ""),
                 quarantined=self._quarantined.get(tenant_id, ""),
-                unparkable=self._unparkable.get(tenant_id, ""),
+                unparkable=self._unparkable.get(tenant_id) or self._unanswered.get(tenant_id, ""),
             )
             parked = self._parked.get(tenant_id)
             found = self._found.get(tenant_id, (0.0, ()))[1]

@@ -80,7 +80,10 @@ class StandInDriver:
     shared: list[set[int]] = field(default_factory=list)
     poisoned: set[int] = field(default_factory=set)
     hang: set[tuple[str, int]] = field(default_factory=set)
-    """Calls that do not return until `hang_over` is set (then answer NOT_READY)."""
+    """Calls (a state query too) that do not return until `hang_over` is set (then answer
+    NOT_READY)."""
+    state_fails: dict[int, CUresult] = field(default_factory=dict)
+    """Processes whose state query answers this error, for as long as they are listed."""
     known_states: int = 6
     """States the bindings can name; a larger one raises ValueError, as their enum does."""
     unknown_code: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -155,6 +158,12 @@ class StandInDriver:
             return (CUresult.CUDA_ERROR_NOT_READY, None)
         if pid in self.unsupported:
             return (CUresult.CUDA_ERROR_NOT_SUPPORTED, None)
+        if ("state", pid) in self.hang:
+            self.blocked.set()
+            self.hang_over.wait(HANG_BOUND_S)
+            return (CUresult.CUDA_ERROR_NOT_READY, None)
+        if pid in self.state_fails:
+            return (self.state_fails[pid], None)
         if self.passing.get(pid):
             state = self.passing[pid].pop(0)
             if state >= self.known_states:

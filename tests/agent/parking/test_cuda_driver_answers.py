@@ -124,7 +124,7 @@ def test_an_answer_the_bindings_cannot_read_is_a_named_error_not_a_traceback(nod
     driver.unknown_code[("state", 101)] = 12345  # a result code newer than the bindings
     with pytest.raises(BackendError, match=r"GetState on pid 101 .* cannot read \(12345\)"):
         backend.park("a", GPU)
-    assert "cannot read (12345)" in backend.state("a").detail
+    assert "cannot read (12345)" in backend.state("a").unparkable
     del driver.unknown_code[("state", 101)]
     driver.unknown_code[("checkpoint", 101)] = 12345
     with pytest.raises(BackendError, match=r"Checkpoint on pid 101 .* cannot read \(12345\)"):
