@@ -145,7 +145,13 @@ class CudaTenants:
                 self._quarantine(tenant_id, f"pid {pid} is in the driver's FAILED state")
             elif state == LOCKED and settle:
                 sizes = self._bytes(ref.gpus, (pid,))[pid] if checkpointed else {}
-                cuda_moves.settle_locked(self.calls, pid, bool(checkpointed), sum(sizes.values()))
+                nbytes = sum(sizes.values())
+                try:
+                    cuda_moves.settle_locked(self.calls, pid, bool(checkpointed), nbytes)
+                except BackendError as e:  # left locked: its memory stays counted (NVML lists it)
+                    why = f"{e}; {STALLED}" if isinstance(e, CallStalled) else str(e)
+                    self._quarantine(tenant_id, f"pid {pid} was found locked: {why}")
+                    continue
                 if checkpointed:
                     held[pid] = sizes
         if checkpointed:  # parked by an agent that could not save it: the rest of its footprint

@@ -84,6 +84,9 @@ class StandInDriver:
     NOT_READY)."""
     state_fails: dict[int, CUresult] = field(default_factory=dict)
     """Processes whose state query answers this error, for as long as they are listed."""
+    refuses: dict[tuple[str, int], CUresult] = field(default_factory=dict)
+    """Calls (lock, checkpoint, restore, unlock) that answer this error every time they are
+    made, leaving the process as it was, for as long as they are listed."""
     known_states: int = 6
     """States the bindings can name; a larger one raises ValueError, as their enum does."""
     unknown_code: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -191,6 +194,8 @@ class StandInDriver:
             return (CUresult.CUDA_ERROR_NOT_READY,)
         if pid in self.unsupported:
             return (CUresult.CUDA_ERROR_NOT_SUPPORTED,)
+        if (call, pid) in self.refuses:
+            return (self.refuses[(call, pid)],)
         if (call, pid) in self.fail:
             err = self.fail.pop((call, pid))
             if (call, pid) in self.leaves:

@@ -13,7 +13,7 @@ from agent.parking.backends.base import TenantRef
 from agent.parking.backends.cuda import REDISCOVER_S, CudaBackend
 from agent.parking.preparer import ParkingPreparer
 
-from .standin_cuda import CHECKPOINTED, RUNNING, CUresult, StandInDriver, StandInNvml
+from .standin_cuda import CHECKPOINTED, LOCKED, RUNNING, CUresult, StandInDriver, StandInNvml
 from .test_cuda_backend import GIB, GPU, moves
 from .test_cuda_driver_answers import Clock
 
@@ -80,3 +80,22 @@ def test_a_state_query_that_does_not_return_quarantines_its_tenant_once(node):
     assert not [m for m in moves(driver) if m[1] in (100, 101)]
     entry = prep.status()["tenants"]["a"]
     assert entry["residency"] == "quarantined" and entry["footprint_bytes"] == 4 * GIB
+
+
+@pytest.mark.parametrize("unlock", ["fails", "does not return"])
+def test_a_process_found_locked_that_will_not_unlock_quarantines_its_tenant_alone(node, unlock):
+    driver, prep, clock = node
+    driver.states[100] = LOCKED  # a move a restart cut off
+    if unlock == "fails":
+        driver.refuses[("unlock", 100)] = CUresult.CUDA_ERROR_ILLEGAL_STATE
+    else:
+        driver.hang.add(("unlock", 100))
+    turn(prep, "b")  # the node's read does not fail for a's process
+    with pytest.raises(NoRoom, match=r"free\); a stays resident: pid 100 was found locked: "):
+        turn(prep, "c")
+    clock.now += REDISCOVER_S
+    turn(prep, "b")
+    assert moves(driver).count(("unlock", 100)) == 1  # not tried again on every read
+    entry = prep.status()["tenants"]["a"]
+    assert entry["residency"] == "quarantined" and entry["footprint_bytes"] == 4 * GIB
+    assert driver.states[100] == LOCKED and driver.states[101] == RUNNING
