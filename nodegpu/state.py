@@ -18,6 +18,8 @@ class LiveInventory:
         self._version = 0
         self._changed = threading.Condition()
         self._listeners: list[Listener] = []
+        self._told = 0
+        self._telling = False
 
     def snapshot(self) -> tuple[int, Inventory]:
         """The current version and inventory."""
@@ -25,7 +27,10 @@ class LiveInventory:
             return self._version, self._inventory
 
     def set_health(self, uuid: str, healthy: bool, reason: str = "") -> bool:
-        """Change one GPU's health; True (and listeners told) when anything changed."""
+        """Change one GPU's health; True (and listeners told) when anything changed.
+
+        While another thread is telling the listeners, that thread tells them this change too.
+        """
         with self._changed:
             was_healthy = uuid not in self._inventory.unhealthy
             updated = self._inventory.with_health(uuid, healthy, reason)
@@ -34,10 +39,29 @@ class LiveInventory:
             self._inventory = updated
             self._version += 1
             self._changed.notify_all()
-            listeners = list(self._listeners)
-        for listener in listeners:
-            listener(updated)
+            if self._telling:
+                return True
+            self._telling = True
+        self._tell()
         return True
+
+    def _tell(self) -> None:
+        """Tell the listeners the newest inventory until they have heard the newest version,
+        so they hear changes in version order and the newest last."""
+        try:
+            while True:
+                with self._changed:
+                    if self._told == self._version:
+                        self._telling = False
+                        return
+                    self._told, inventory = self._version, self._inventory
+                    listeners = list(self._listeners)
+                for listener in listeners:
+                    listener(inventory)
+        except BaseException:
+            with self._changed:
+                self._telling = False
+            raise
 
     def subscribe(self, listener: Listener) -> None:
         """Call `listener` with the new inventory after every change."""
