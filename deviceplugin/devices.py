@@ -128,26 +128,23 @@ def preferred_allocation(
     size: int,
     prefer_gpus: Sequence[str] = (),
 ) -> list[str]:
-    """The slot devices to suggest: `must_include`, then slots on `prefer_gpus` one GPU at a
-    time in turn, then one slot on each further GPU (those with the most free slots first), and
-    only when every GPU has one a second slot of a GPU: a container asking for N slots means N
-    GPUs."""
+    """The slot devices to suggest: `must_include`, then one slot on each GPU not yet chosen,
+    `prefer_gpus` first (in their order), then those with the most free slots; only when every
+    GPU has one a second slot of a GPU (`prefer_gpus` first): a container asking for N slots
+    means N GPUs, also when fewer of its assigned GPUs have a free slot."""
     chosen = list(dict.fromkeys(must_include))
     free: dict[str, list[str]] = {}
     for device in available:
         if device not in chosen:
             free.setdefault(names.gpu_of_device_id(device), []).append(device)
     preferred = [g for g in dict.fromkeys(prefer_gpus) if g in free]
-    while len(chosen) < size and any(free[g] for g in preferred):
-        for gpu in preferred:
-            if free[gpu] and len(chosen) < size:
-                chosen.append(free[gpu].pop(0))
+    others = sorted((g for g in free if g not in preferred), key=lambda g: -len(free[g]))
     used = {names.gpu_of_device_id(d) for d in chosen}
-    order = sorted((g for g in free if g not in used), key=lambda g: -len(free[g]))
-    for gpu in order:
-        if free[gpu] and len(chosen) < size:
+    for gpu in preferred + others:
+        if gpu not in used and len(chosen) < size:
             chosen.append(free[gpu].pop(0))
-    for gpu in sorted(free, key=lambda g: -len(free[g])):
+            used.add(gpu)
+    for gpu in preferred + sorted(others, key=lambda g: -len(free[g])):
         while free[gpu] and len(chosen) < size:
             chosen.append(free[gpu].pop(0))
     return chosen

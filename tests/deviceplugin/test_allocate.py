@@ -160,3 +160,23 @@ def test_an_older_assignment_naming_no_gpu_here_does_not_steer_the_next_pod_away
 
     assert placed.envs["main"][names.ENV_GPUS] == GPU1
     assert on_gpu(placed.devices["main"], GPU1)
+
+
+def test_a_container_whose_assigned_gpu_failed_still_gets_as_many_gpus_as_it_asked(
+    fake_api, api_client, kubelet, start_plugin
+):
+    from tests.deviceplugin.test_kubelet_flow import post
+
+    gpu2 = fake_gpu_uuid(2, NODE)
+    pod = tenant_pod("two", (GPU0, GPU1), assigned_at_ns=1_000, request=2)
+    fake_api.put_object(pod)
+    daemon = start_plugin(api_client=api_client, gpus="3x81920")
+    kubelet.wait_for_registrations(1)
+    assert daemon.pod_cache.wait_for(lambda pods: len(pods) == 1, 5)
+    post(daemon, "/fake/xid", {"gpu": GPU0, "xid": 79})  # between the bind and the admission
+    kubelet.wait_for_list(GPU, lambda devs: devs[names.slot_device_id(GPU0, 0)] == "Unhealthy")
+
+    admitted = admit(kubelet, pod)
+
+    gpus = admitted.envs["main"][names.ENV_GPUS].split(",")
+    assert sorted(gpus) == sorted([GPU1, gpu2]), f"asked 2 GPUs, got {gpus}"

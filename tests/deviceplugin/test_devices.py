@@ -169,6 +169,12 @@ ALL = [d(g, s) for g in (A, B, C) for s in range(4)]
         (ALL, [d(C, 3)], 2, [], [d(C, 3), d(A, 0)]),
         # more slots than GPUs with a free slot: only then a second slot of one GPU
         ([d(A, 0), d(B, 0), d(B, 1)], [], 3, [], [d(B, 0), d(A, 0), d(B, 1)]),
+        # an assigned GPU has no free slot (unhealthy): the other one, then another GPU
+        (ALL[4:], [], 2, [A, B], [d(B, 0), d(C, 0)]),
+        # fewer GPUs assigned than slots asked: still one slot per GPU
+        (ALL, [], 2, [C], [d(C, 0), d(A, 0)]),
+        # must-include already on the assigned GPU: the next slot on another GPU
+        (ALL, [d(C, 3)], 2, [C, B], [d(C, 3), d(B, 0)]),
         # the preferred GPU has no free slot left: fall back to packing
         ([d(A, 1), d(B, 0), d(B, 1)], [], 1, [C], [d(B, 0)]),
     ],

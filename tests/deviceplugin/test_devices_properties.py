@@ -29,12 +29,15 @@ def test_preferred_allocation_is_a_valid_answer(request):
     chosen = preferred_allocation(available, must, size, prefer)
     assert len(chosen) == size == len(set(chosen))
     assert set(must) <= set(chosen) <= set(available)
-    free_on_preferred = [
-        d for d in available if names.gpu_of_device_id(d) in prefer and d not in must
-    ]
-    extra = [d for d in chosen if d not in must]
-    taken_on_preferred = [d for d in extra if names.gpu_of_device_id(d) in prefer]
-    assert len(taken_on_preferred) == min(len(extra), len(free_on_preferred))
+    gpu = names.gpu_of_device_id
+    held = {gpu(d) for d in must}
+    new_gpus = {gpu(d) for d in available if d not in must} - held
+    extra = len(chosen) - len(must)
+    got = {gpu(d) for d in chosen} - held
+    # one slot per GPU before a second one: N slots are N GPUs while there are GPUs free
+    assert len(got) == min(extra, len(new_gpus))
+    # the preferred GPUs (those free, not held) come first
+    assert len(got & set(prefer)) == min(extra, len(new_gpus & set(prefer)))
 
 
 PODS = st.builds(
