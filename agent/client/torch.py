@@ -170,7 +170,7 @@ class TorchParker:
                 if id(tensor) in seen or not self._on_device(tensor):
                     continue
                 seen.add(id(tensor))
-                if tensor.untyped_storage().nbytes():
+                if any(s.nbytes() for s in _storages_behind(tensor)):
                     out.append(tensor)
         return out
 
@@ -329,11 +329,19 @@ def _storages_of(tensors: Iterable[torch.Tensor]) -> list[torch.UntypedStorage]:
     seen: set[int] = set()
     out = []
     for tensor in tensors:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            out.append(storage)
+        for storage in _storages_behind(tensor):
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                out.append(storage)
     return out
+
+
+def _storages_behind(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages holding a tensor's bytes: its own, or a sparse COO tensor's (a sparse
+    gradient, as `nn.Embedding(sparse=True)` makes) indices and values, as it has none."""
+    if tensor.layout == torch.sparse_coo:
+        return [tensor._indices().untyped_storage(), tensor._values().untyped_storage()]
+    return [tensor.untyped_storage()]
 
 
 def _make_resizable(tensors: Iterable[torch.Tensor]) -> int:
@@ -343,6 +351,8 @@ def _make_resizable(tensors: Iterable[torch.Tensor]) -> int:
     copies: dict[int, torch.UntypedStorage] = {}
     copied = 0
     for tensor in tensors:
+        if tensor.layout != torch.strided:  # a park refuses its storages if they stay fixed
+            continue
         storage = tensor.untyped_storage()
         if storage.resizable() or storage.nbytes() == 0:
             continue

@@ -77,3 +77,38 @@ def test_an_optimizer_dropped_after_a_park_and_restore_frees_its_memory() -> Non
     weight = model.weight.detach().clone()
     assert parker.park("gpu") == parker.restore("gpu") == (6 + 2) * 4 * 2  # weights and grads
     assert torch.equal(model.weight, weight)
+
+
+def test_sparse_gradients_are_parked_and_train_bit_for_bit_as_alone() -> None:
+    """`nn.Embedding(sparse=True)` leaves a sparse COO gradient, whose storage torch will not
+    hand out: every park failed ("Cannot access storage of SparseTensorImpl"), so such a job
+    could never be parked. Its indices and values are parked with the rest."""
+    import torch
+
+    from agent.client.torch import TorchParker
+
+    def trained(parker_for: Any) -> list[Any]:
+        torch.manual_seed(0)
+        model = torch.nn.Embedding(16, 4, sparse=True)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        parker = parker_for(model, optimizer)
+        for step in range(3):
+            model(torch.tensor([step, 5, step + 7])).sum().backward()
+            if parker is not None:  # parked between the backward and the step
+                grad = model.weight.grad
+                assert grad is not None and grad.layout == torch.sparse_coo
+                values = grad._values()
+                # the weights, the gradient's 3 rows (indices and values), and as many rows per
+                # step before in SGD's momentum buffer (sparse too)
+                assert parker.park("gpu") == 16 * 4 * 4 + (1 + step) * (3 * 8 + 3 * 4 * 4)
+                assert values.untyped_storage().nbytes() == 0
+                assert "parked by Baton" in repr(grad)
+                assert parker.restore("gpu") > 0
+            optimizer.step()
+            optimizer.zero_grad()
+        momentum = optimizer.state[model.weight]["momentum_buffer"]
+        return [model.weight.detach().clone(), momentum.to_dense()]
+
+    alone = trained(lambda *_: None)
+    parked = trained(TorchParker)
+    assert all(torch.equal(a, b) for a, b in zip(alone, parked, strict=True))
