@@ -239,16 +239,18 @@ class TorchParker:
             for storage, nbytes in self._parked:
                 storage.resize_(nbytes)
             assert self._layout is not None
-            self._copy(self._layout.host, self._layout.device)
+            self._copy(self._layout.host, [_bytes_of(s) for s, _ in self._parked])
             self._layout.device = []  # a storage the program drops from now on is freed
-            moved = sum(n for _, n in self._parked)
             unguard(self._guarded)
-            self._parked, self._guarded = [], []
+            # Cut before here (a Ctrl-C in a restore a grant owes), it runs again whole; after
+            # it, a restore asked again moves nothing.
             self._is_parked = False
-            self._parked_gpus.discard(gpu)
+            moved = sum(n for _, n in self._parked)
+            self._parked, self._guarded = [], []
             self.stats.restores += 1
             self.stats.restored_bytes += moved
             self.stats.restore_s += time.perf_counter() - start
+            self._parked_gpus.discard(gpu)
             return moved
 
     def _resizable_storages(self, tensors: list[torch.Tensor]) -> list[torch.UntypedStorage]:

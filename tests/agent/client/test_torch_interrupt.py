@@ -47,3 +47,41 @@ def test_a_ctrl_c_as_the_park_frees_its_storages_loses_nothing(
     assert parker.restore("gpu") == sum(v.numel() * v.element_size() for v in before.values())
     after = model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())
+
+
+def test_a_ctrl_c_as_the_restore_ends_leaves_it_to_be_run_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restore a grant owes runs on the thread that asked for the turn: a Ctrl-C there gives
+    the turn back with the GPU still parked, and the next acquire restores again. One landing
+    as the restore gave the tensors their classes back left it unable to run again (`ValueError`
+    from a zip: its byte views were dropped before it was done), the tensors parked for good."""
+    import torch
+
+    import agent.client.torch as parking
+    from agent.client.torch import TorchParker
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    parker = TorchParker(model)
+    moved = parker.park("gpu")
+    unguard = parking.unguard
+
+    def interrupted(guarded: Any) -> None:  # a Ctrl-C lands as the classes are given back
+        os.kill(os.getpid(), signal.SIGINT)
+        unguard(guarded)
+
+    monkeypatch.setattr(parking, "unguard", interrupted)
+    started_with = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            parker.restore("gpu")
+    finally:
+        signal.signal(signal.SIGINT, started_with)
+    monkeypatch.setattr(parking, "unguard", unguard)
+    assert parker.parked  # the agent and the client still count it parked
+    assert parker.restore("gpu") == moved
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    assert parker.park("gpu") == moved and parker.restore("gpu") == moved
