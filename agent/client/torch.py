@@ -42,8 +42,8 @@ Source: TypeAlias = (
     | dict[Any, Any]
     | Callable[[], Iterable[Any]]
 )
-"""What can be parked: a module, an optimizer, a tensor, a list, tuple or dict of tensors (read
-again at each park), or a function listing tensors."""
+"""What can be parked: a module, an optimizer, a tensor, a list, tuple or dict of tensors, modules
+or optimizers (read again at each park), or a function listing them."""
 _CONTAINERS = (torch.Tensor, list, tuple, dict)
 """The sources that are no module or optimizer and not called: their tensors are inside."""
 
@@ -77,10 +77,20 @@ def tensors_of(source: Source) -> Iterator[torch.Tensor]:
     elif isinstance(source, torch.optim.Optimizer):
         for state in source.state.values():
             yield from tensors_in(state)
-    elif isinstance(source, _CONTAINERS):
-        yield from tensors_in(source)
     else:
-        yield from tensors_in(list(source()))
+        yield from _tensors_within(source if isinstance(source, _CONTAINERS) else list(source()))
+
+
+def _tensors_within(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a list, tuple or dict (nested), and those of the modules and optimizers
+    in it."""
+    if isinstance(value, torch.nn.Module | torch.optim.Optimizer):
+        yield from tensors_of(value)
+    elif isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple | dict):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _tensors_within(item)
 
 
 class TorchParker:

@@ -112,3 +112,28 @@ def test_sparse_gradients_are_parked_and_train_bit_for_bit_as_alone() -> None:
     alone = trained(lambda *_: None)
     parked = trained(TorchParker)
     assert all(torch.equal(a, b) for a, b in zip(alone, parked, strict=True))
+
+
+@pytest.mark.parametrize("how", ["list", "dict", "function"])
+def test_modules_and_optimizers_inside_a_list_a_dict_or_a_function_are_parked(how: str) -> None:
+    """`TorchParker([policy, ref_model])` took the list and parked nothing of the models in it:
+    the park answered 0 bytes, the agent counted the room made, and the models stayed on the
+    device beside the job it made room for."""
+    import torch
+
+    from agent.client.torch import TorchParker
+
+    policy, reference = torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(policy.parameters(), lr=0.1, momentum=0.9)
+    policy(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    before = [t.detach().clone() for t in (policy.weight, reference.weight)]
+    items = [policy, reference, optimizer]
+    sources = {"list": items, "dict": dict(enumerate(items)), "function": lambda: items}
+    parker = TorchParker(sources[how])  # type: ignore[arg-type]
+    weights, grads, momentum = (20 + 10) * 4, 20 * 4, 20 * 4
+    assert parker.park("gpu") == weights + grads + momentum
+    assert all(p.untyped_storage().nbytes() == 0 for p in (policy.weight, reference.bias))
+    assert parker.restore("gpu") == weights + grads + momentum
+    after = (policy.weight, reference.weight)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
