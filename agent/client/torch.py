@@ -268,6 +268,12 @@ class TorchParker:
         numpy view since registration pins a storage's size too); `ParkError` before moving
         anything if some still cannot be, since a half-done park frees nothing."""
         storages = _storages_of(tensors)
+        if shared := [s for s in storages if _shared(s)]:
+            raise ParkError(
+                f"{len(shared)} storages ({sum(s.nbytes() for s in shared)} bytes) are in shared"
+                " memory (share_memory_(), a DataLoader worker's tensors), which other processes"
+                " map: a park cannot free them; register copies of them, or leave them out"
+            )
         if all(s.resizable() for s in storages):
             return storages
         with torch.no_grad():
@@ -354,6 +360,12 @@ def _storages_behind(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
     if tensor.layout == torch.sparse_coo:
         return [tensor._indices().untyped_storage(), tensor._values().untyped_storage()]
     return [tensor.untyped_storage()]
+
+
+def _shared(storage: torch.UntypedStorage) -> bool:
+    """Whether `storage` is host memory other processes map (torch resizes it to 0 but crashes
+    the process resizing it back). CUDA storages answer `is_shared()` True always: not these."""
+    return storage.device.type == "cpu" and storage.nbytes() > 0 and storage.is_shared()
 
 
 def _make_resizable(tensors: Iterable[torch.Tensor]) -> int:

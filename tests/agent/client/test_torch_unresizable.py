@@ -70,3 +70,22 @@ def test_a_parker_with_nothing_yet_parks_and_restores_nothing() -> None:
     parker = TorchParker()  # e.g. parked before the trainer built its model
     assert parker.park("gpu") == 0 and parker.parked
     assert parker.restore("gpu") == 0 and not parker.parked
+
+
+def test_a_storage_in_shared_memory_is_refused_at_park_and_left_intact() -> None:
+    """torch resizes a shared-memory storage to 0 but crashes the process resizing it back: a
+    park refuses it (before anything moves) rather than crash the restore."""
+    import torch
+
+    from agent.client.parked_tensors import ParkError
+    from agent.client.torch import TorchParker
+
+    model = torch.nn.Linear(4, 4)
+    model.share_memory()
+    before = [p.detach().clone() for p in model.parameters()]
+    parker = TorchParker(model)
+    with pytest.raises(ParkError, match=r"2 storages \(80 bytes\) are in shared memory"):
+        parker.park("gpu")
+    assert not parker.parked
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert model.weight.untyped_storage().is_shared()
