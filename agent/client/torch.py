@@ -30,6 +30,13 @@ import torch
 
 from agent.client.interrupts import deferred_interrupt
 from agent.client.parked_tensors import ParkError, guard, tensors_in, unguard
+from agent.client.torch_storages import (
+    bytes_of,
+    make_resizable,
+    shared,
+    storages_behind,
+    storages_of,
+)
 
 __all__ = ["MoveStats", "ParkError", "Source", "TorchParker", "tensors_of"]
 
@@ -131,7 +138,7 @@ class TorchParker:
                     " returning tensors"
                 )
         with torch.no_grad():
-            self.stats.copied_bytes += _make_resizable(
+            self.stats.copied_bytes += make_resizable(
                 t for src in sources for t in tensors_of(src) if self._on_device(t)
             )
         self.sources.extend(sources)
@@ -169,7 +176,7 @@ class TorchParker:
 
     def storages(self) -> list[torch.UntypedStorage]:
         """The distinct non-empty storages on the device behind the sources, in a stable order."""
-        return _storages_of(self._tensors())
+        return storages_of(self._tensors())
 
     def _tensors(self) -> list[torch.Tensor]:
         """The distinct tensors on the device behind the sources whose storage is not empty."""
@@ -180,7 +187,7 @@ class TorchParker:
                 if id(tensor) in seen or not self._on_device(tensor):
                     continue
                 seen.add(id(tensor))
-                if any(s.nbytes() for s in _storages_behind(tensor)):
+                if any(s.nbytes() for s in storages_behind(tensor)):
                     out.append(tensor)
         return out
 
@@ -249,7 +256,7 @@ class TorchParker:
             for storage, nbytes in self._parked:
                 storage.resize_(nbytes)
             assert self._layout is not None
-            self._copy(self._layout.host, [_bytes_of(s) for s, _ in self._parked])
+            self._copy(self._layout.host, [bytes_of(s) for s, _ in self._parked])
             self._layout.device = []  # a storage the program drops from now on is freed
             unguard(self._guarded)
             # Cut before here (a Ctrl-C in a restore a grant owes), it runs again whole; after
@@ -267,18 +274,18 @@ class TorchParker:
         """The storages of `tensors` (`_tensors()`), after copying any that cannot be resized (a
         numpy view since registration pins a storage's size too); `ParkError` before moving
         anything if some still cannot be, since a half-done park frees nothing."""
-        storages = _storages_of(tensors)
-        if shared := [s for s in storages if _shared(s)]:
+        storages = storages_of(tensors)
+        if in_shm := [s for s in storages if shared(s)]:
             raise ParkError(
-                f"{len(shared)} storages ({sum(s.nbytes() for s in shared)} bytes) are in shared"
+                f"{len(in_shm)} storages ({sum(s.nbytes() for s in in_shm)} bytes) are in shared"
                 " memory (share_memory_(), a DataLoader worker's tensors), which other processes"
                 " map: a park cannot free them; register copies of them, or leave them out"
             )
         if all(s.resizable() for s in storages):
             return storages
         with torch.no_grad():
-            self.stats.copied_bytes += _make_resizable(tensors)
-        storages = _storages_of(tensors)
+            self.stats.copied_bytes += make_resizable(tensors)
+        storages = storages_of(tensors)
         fixed = [s for s in storages if not s.resizable()]
         if fixed:
             raise ParkError(
@@ -296,7 +303,7 @@ class TorchParker:
         if self._layout is None or (self._layout.sizes, self._layout.pinned) != (sizes, pin):
             self._layout = None  # let the old buffers go before allocating new ones
             self._layout = _Layout.build(sizes, pin)
-        self._layout.device = [_bytes_of(s) for s in storages]
+        self._layout.device = [bytes_of(s) for s in storages]
         return self._layout
 
     def _copy(self, sources: list[torch.Tensor], targets: list[torch.Tensor]) -> None:
@@ -340,57 +347,6 @@ class _Layout:
         buffer = torch.empty(sum(sizes), dtype=torch.uint8, device="cpu", pin_memory=pin)
         host = list(buffer.split(sizes)) if sizes else []
         return cls(sizes, pin, host, [])
-
-
-def _storages_of(tensors: Iterable[torch.Tensor]) -> list[torch.UntypedStorage]:
-    """The distinct storages behind `tensors`, in their order."""
-    seen: set[int] = set()
-    out = []
-    for tensor in tensors:
-        for storage in _storages_behind(tensor):
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                out.append(storage)
-    return out
-
-
-def _storages_behind(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
-    """The storages holding a tensor's bytes: its own, or a sparse COO tensor's (a sparse
-    gradient, as `nn.Embedding(sparse=True)` makes) indices and values, as it has none."""
-    if tensor.layout == torch.sparse_coo:
-        return [tensor._indices().untyped_storage(), tensor._values().untyped_storage()]
-    return [tensor.untyped_storage()]
-
-
-def _shared(storage: torch.UntypedStorage) -> bool:
-    """Whether `storage` is host memory other processes map (torch resizes it to 0 but crashes
-    the process resizing it back). CUDA storages answer `is_shared()` True always: not these."""
-    return storage.device.type == "cpu" and storage.nbytes() > 0 and storage.is_shared()
-
-
-def _make_resizable(tensors: Iterable[torch.Tensor]) -> int:
-    """Point every tensor whose storage cannot be resized at a resizable copy of it (one copy
-    per storage, shared by its tensors, in place so modules and optimizers keep them); returns
-    the bytes copied."""
-    copies: dict[int, torch.UntypedStorage] = {}
-    copied = 0
-    for tensor in tensors:
-        if tensor.layout != torch.strided:  # a park refuses its storages if they stay fixed
-            continue
-        storage = tensor.untyped_storage()
-        if storage.resizable() or storage.nbytes() == 0:
-            continue
-        key = storage.data_ptr()
-        if key not in copies:
-            copies[key] = storage.clone()
-            copied += storage.nbytes()
-        tensor.set_(copies[key], tensor.storage_offset(), tensor.size(), tensor.stride())
-    return copied
-
-
-def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
-    """A uint8 tensor over the whole storage, to copy it byte for byte."""
-    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
 def _reserved(storages: list[torch.UntypedStorage]) -> int | None:
