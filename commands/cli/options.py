@@ -205,12 +205,16 @@ def interruptible(command: str, run: Callable[P, None]) -> Callable[P, None]:
 
         def as_ctrl_c(signum: int, frame: FrameType | None) -> None:
             terminated.append(signum)
-            if not callable(signal.getsignal(signal.SIGINT)):  # ignored: no Ctrl-C to stand for
-                raise KeyboardInterrupt
             signal.raise_signal(signal.SIGINT)  # its handler (asyncio's cancels the main task)
 
         main = threading.current_thread() is threading.main_thread()  # signals go to it only
         previous = signal.signal(signal.SIGTERM, as_ctrl_c) if main else None
+        # Started with SIGINT ignored (in the background of a script): Python's own handler for
+        # the run, which asyncio replaces with one that cancels the main task, so that SIGTERM
+        # unwinds it as Ctrl-C does (a KeyboardInterrupt raised inside the event loop instead
+        # cancels every task at once, and the agents' stops and the cleanups break off).
+        ignored = main and not callable(signal.getsignal(signal.SIGINT))
+        sigint = signal.signal(signal.SIGINT, signal.default_int_handler) if ignored else None
         try:
             run(*args, **kwargs)
         except KeyboardInterrupt:
@@ -227,6 +231,8 @@ def interruptible(command: str, run: Callable[P, None]) -> Callable[P, None]:
         finally:
             if main:
                 signal.signal(signal.SIGTERM, previous)
+            if ignored:
+                signal.signal(signal.SIGINT, sigint)
 
     return guarded
 

@@ -23,6 +23,7 @@ from commands.cli import app
 
 BATON = [sys.executable, "-c", "from commands.cli import main; main()"]
 HANDOFF = ["bench", "handoff", "--iterations", "100000", "--hold-ms", "5", "--rounds", "1"]
+SIG_DFL, SIG_IGN = signal.SIG_DFL, signal.SIG_IGN
 DEMO = ["demo", "--duration", "60", "--warmup", "0", "--tenants", "2"]
 
 
@@ -60,16 +61,23 @@ def _running(proc: subprocess.Popen[str], tenants: int) -> tuple[list[int], Path
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    ("command", "tenants", "sig", "says"),
+    ("command", "tenants", "sig", "says", "sigint"),
     [
-        (HANDOFF, 2, signal.SIGINT, "baton bench handoff: interrupted by Ctrl-C (SIGINT)"),
-        (HANDOFF, 2, signal.SIGTERM, "baton bench handoff: interrupted by SIGTERM"),
-        (DEMO, 2, signal.SIGINT, "baton demo: interrupted by Ctrl-C (SIGINT)"),
+        (HANDOFF, 2, signal.SIGINT, "baton bench handoff: interrupted by Ctrl-C (SIGINT)", SIG_DFL),
+        (HANDOFF, 2, signal.SIGTERM, "baton bench handoff: interrupted by SIGTERM", SIG_DFL),
+        # started in the background of a script (`baton bench handoff ... &`): SIGINT ignored
+        (HANDOFF, 2, signal.SIGTERM, "baton bench handoff: interrupted by SIGTERM", SIG_IGN),
+        (DEMO, 2, signal.SIGINT, "baton demo: interrupted by Ctrl-C (SIGINT)", SIG_DFL),
     ],
-    ids=["handoff-ctrl-c", "handoff-sigterm", "demo-ctrl-c"],
+    ids=["handoff-ctrl-c", "handoff-sigterm", "handoff-sigterm-in-background", "demo-ctrl-c"],
 )
 def test_a_run_stopped_midway_stops_what_it_started_and_says_so(
-    command: list[str], tenants: int, sig: signal.Signals, says: str, tmp_path: Path
+    command: list[str],
+    tenants: int,
+    sig: signal.Signals,
+    says: str,
+    sigint: signal.Handlers,
+    tmp_path: Path,
 ) -> None:
     proc = subprocess.Popen(
         [*BATON, *command, "--out-dir", str(tmp_path)] if command is DEMO else [*BATON, *command],
@@ -77,7 +85,7 @@ def test_a_run_stopped_midway_stops_what_it_started_and_says_so(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
     )
     workdir = None
     try:
