@@ -78,7 +78,7 @@ async def _run(
     await agent.start()
     try:
         argvs = [[*_argv(socket, n, load, seconds), "--client", client] for n, load in mix.items()]
-        reports = await _spawn("commands.bench.fairness_procs", argvs)
+        reports = await _spawn("commands.bench.fairness_procs", argvs, seconds)
         accounting = dict(agent.service.metrics.accounting.by_gpu)
     finally:
         await agent.stop()

@@ -25,7 +25,7 @@ from agent.parking.methods import APP, CUDA, FAKE, NONE, PLAIN
 from agent.parking.setup import ParkingOptions
 from baton.contract.names import fake_gpu_uuid
 from commands.bench.handoff_tenant import CLIENTS
-from commands.bench.relay import HOLD_S
+from commands.bench.relay import HOLD_S, WARMUP
 
 GPU = fake_gpu_uuid(0)
 GPU_MIB = 1024
@@ -36,6 +36,11 @@ TENANT = "commands.bench.handoff_tenant"
 MAX_TENANTS = 64
 """The most tenants a run takes: each is a process of its own, and past a few dozen on a
 machine's cores the handoff measured is its process scheduler's more than the agent's."""
+MAX_HOLD_MS = 500.0
+"""The longest turn a tenant holds: behind 63 others a tenant waits at most ~32 s for its turn,
+within the relay tenants' 60-s wait for an answer and the agent's 60-s longest turn."""
+TENANT_WAIT_S = 600.0
+"""How long tenant processes get to finish, beyond the time their turns spend held."""
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -108,6 +113,11 @@ class Setup:
             raise ValueError(f"hold-ms {self.hold_ms:g} is negative")
         if not math.isfinite(self.hold_ms):
             raise ValueError(f"hold-ms {self.hold_ms:g} is not a number of milliseconds")
+        if self.hold_ms > MAX_HOLD_MS:
+            raise ValueError(
+                f"hold-ms {self.hold_ms:g} is too long: at most {MAX_HOLD_MS:g} ms a turn, so "
+                "that a tenant waiting behind the others gets its turn within the bench's waits"
+            )
         if self.swap and self.backend not in (FAKE, APP):
             raise ValueError(f"swap runs on the simulated GPU: use --backend {FAKE} or {APP}")
 
@@ -262,7 +272,13 @@ async def _tenants(
         "--hold-ms", str(setup.hold_ms), "--backend", setup.backend,
         "--mib", str(setup.mib), "--fake-dir", fake_dir,
     ]  # fmt: skip
-    return await _spawn(TENANT, [[*common, "--name", name] for name in names])
+    held = _held_s(setup.iterations, setup.hold_ms, len(names)) if mode == "pingpong" else 0.0
+    return await _spawn(TENANT, [[*common, "--name", name] for name in names], held)
+
+
+def _held_s(iterations: int, hold_ms: float, tenants: int) -> float:
+    """The time a run's turns are held in all, warm-up included: what its wait adds."""
+    return tenants * (iterations + WARMUP) * hold_ms / 1000
 
 
 async def _reference(
@@ -277,7 +293,8 @@ async def _reference(
     try:
         args = ["--socket", path, "--iterations", str(iterations), "--hold-ms", str(hold_ms)]
         solo = await _spawn("commands.bench.relay", [[*args, "--mode", "acquire"]])
-        runs = await _spawn("commands.bench.relay", [[*args, "--mode", "pingpong"]] * tenants)
+        held = _held_s(iterations, hold_ms, tenants)
+        runs = await _spawn("commands.bench.relay", [[*args, "--mode", "pingpong"]] * tenants, held)
     finally:
         server.close()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -294,10 +311,17 @@ async def _reference(
     return acquire, records
 
 
-async def _spawn(module: str, argvs: list[list[str]]) -> list[Any]:
+async def _spawn(module: str, argvs: list[list[str]], held_s: float = 0.0) -> list[Any]:
     """Run one tenant process per argv; start them together; their last lines, parsed. Each
-    runs in a session of its own, so that Ctrl-C reaches the bench alone, which stops them."""
+    runs in a session of its own, so that Ctrl-C reaches the bench alone, which stops them.
+    They get `TENANT_WAIT_S` and the `held_s` their turns are held to finish, all together."""
     procs: list[asyncio.subprocess.Process] = []
+    within = TENANT_WAIT_S + held_s
+    deadline = asyncio.get_running_loop().time() + within
+
+    def left() -> float:
+        return max(0.0, deadline - asyncio.get_running_loop().time())
+
     try:  # each one started is stopped, also when the run is interrupted while starting them
         for argv in argvs:
             proc = await asyncio.create_subprocess_exec(
@@ -312,7 +336,7 @@ async def _spawn(module: str, argvs: list[list[str]]) -> list[Any]:
             procs.append(proc)
         for proc in procs:  # each says "ready" once connected; then all start together
             assert proc.stdout is not None
-            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            line = await asyncio.wait_for(proc.stdout.readline(), min(60, left()))
             if line.strip() != b"ready":
                 raise RuntimeError(f"bench tenant failed to start: {line!r}")
         for proc in procs:
@@ -321,11 +345,15 @@ async def _spawn(module: str, argvs: list[list[str]]) -> list[Any]:
             await proc.stdin.drain()
         results = []
         for proc in procs:
-            out, _ = await asyncio.wait_for(proc.communicate(), 600)
+            out, _ = await asyncio.wait_for(proc.communicate(), left())
             if proc.returncode != 0:
                 raise RuntimeError(f"bench tenant exited with {proc.returncode}")
             results.append(json.loads(out.decode().strip().splitlines()[-1]))
         return results
+    except TimeoutError:
+        raise RuntimeError(
+            f"bench tenants ({module}) did not finish within {within:.0f} s"
+        ) from None
     finally:
         for proc in procs:
             if proc.returncode is None:

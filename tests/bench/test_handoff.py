@@ -84,6 +84,7 @@ def test_a_parking_backend_is_measured_beside_the_agent_without_one(
         ({"hold_ms": -1.0}, "hold-ms -1 is negative"),
         ({"hold_ms": float("nan")}, "hold-ms nan is not a number of milliseconds"),
         ({"hold_ms": float("inf")}, "hold-ms inf is not a number of milliseconds"),
+        ({"hold_ms": 1e300}, "hold-ms 1e\\+300 is too long: at most 500 ms a turn"),
     ],
 )
 def test_a_setup_that_cannot_run_is_refused_by_name(options: dict, refusal: str) -> None:
@@ -101,6 +102,7 @@ def test_a_setup_that_cannot_run_is_refused_by_name(options: dict, refusal: str)
         (["--api", "llmd", "--swap"], "--swap", "applies to --api baton only"),
         (["--tenants", "65", "--iterations", "1", "--rounds", "1"], "--tenants", "at most 64"),
         (["--tenants", "100000"], "--tenants", "tenants 100000 is too many: at most 64"),
+        (["--hold-ms", "1e300"], "--hold-ms", "is too long: at most 500 ms"),
     ],
 )
 def test_the_command_refuses_an_option_it_cannot_use_before_any_run(
@@ -182,4 +184,21 @@ def test_a_run_too_short_to_see_a_handoff_says_so_in_one_line(
     assert result.output == (
         f"baton bench handoff: no handoff seen in 1 turn of each of the {who}: none asked while "
         "another held the turn; give more --iterations\n"
+    )
+
+
+def test_tenants_that_outlast_the_wait_end_the_run_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tenants get the time their turns are held and `TENANT_WAIT_S` beyond it (here none:
+    the run cannot finish in the time its turns sleep alone); past it, one line, no traceback."""
+    import commands.bench.handoff
+
+    monkeypatch.setattr(commands.bench.handoff, "TENANT_WAIT_S", 0.0)
+    args = ["bench", "handoff", "--iterations", "1", "--rounds", "1", "--hold-ms", "10"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert result.output == (
+        "baton bench handoff: bench tenants (commands.bench.handoff_tenant) did not finish "
+        "within 0 s\n"
     )
