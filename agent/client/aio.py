@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 from agent.client.aio_session import AsyncSession
-from agent.client.errors import AgentUnavailable, LeaseLost, NotHolding
+from agent.client.errors import AgentUnavailable, BatonError, LeaseLost, NotHolding
 from agent.client.parked import restore_with_grant, restores_itself
 from agent.client.session_core import acquire_request
 from agent.client.types import REPLY_TIMEOUT_S, LeaseInfo, acquire_args
@@ -30,6 +30,12 @@ class AsyncBaton(AsyncSession):
         timeout, gpus = acquire_args(timeout, gpus)
         if (held := self._core.held(gpus)) is not None:  # (a park meanwhile: a revocation's)
             return held
+        if (unsure := self._core.unsure_held()) is not None:  # its yield was cut off
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            if (held := await self._settled(unsure, timeout, gpus)) is not None:
+                return held
+            timeout = None if timeout is None else max(0.0, timeout - (loop.time() - start))
         with self._kept_lock:
             kept = self._core.take_kept(gpus)
             release = None if kept is not None else self._core.give_back()
@@ -50,6 +56,23 @@ class AsyncBaton(AsyncSession):
             if restores and self.parked:
                 await restore_with_grant(self.parked, self._moves.move, self.yield_)
         return lease
+
+    async def _settled(
+        self, lease: LeaseInfo, timeout: float | None, gpus: Sequence[str] | None
+    ) -> LeaseInfo | None:
+        """`lease`, held again after its yield was cut off, once the agent, asked after the
+        reconnect, says it still has it (None: the yield had ended it: a new turn is due)."""
+        renew = pb.Request(renew=pb.RenewRequest(lease_id=lease.lease_id))
+        outcome: LeaseInfo | BatonError
+        try:
+            outcome = LeaseInfo.from_pb((await self._request(renew, timeout, slack=5)).lease)
+        except AgentUnavailable:
+            raise
+        except BatonError as exc:  # LeaseLost, TurnRevoked: the core's to judge
+            outcome = exc
+        self._core.renewed(lease, outcome, reclaiming=True)
+        self._rearm()
+        return self._core.held(gpus)
 
     async def yield_(self) -> None:
         """End the turn. Parking is lazy: memory moves only if the next tenant needs the room."""

@@ -142,15 +142,25 @@ class SessionCore:
     # The caller's calls.
 
     def held(self, gpus: Sequence[str] | None) -> LeaseInfo | None:
-        """The turn held now, which an acquire returns at once; `Refused` if the acquire names
-        other GPUs than it covers."""
+        """The turn held now, which an acquire returns at once (None while it is `unsure_held`:
+        the acquire asks the agent first); `Refused` if the acquire names other GPUs than it
+        covers."""
         lease = self.lease
         if lease is not None and gpus and set(gpus) != set(lease.gpus):
             raise Refused(
                 f"acquire(gpus={sorted(gpus)}) while this client holds a turn on "
                 f"{list(lease.gpus)}: yield_() it first"
             )
+        if self.unsure and lease is not None and lease.lease_id == self.unsure:
+            return None
         return lease
+
+    def unsure_held(self) -> LeaseInfo | None:
+        """The lease held again after its yield was cut off (`yield_failed`), until a renewal
+        says whether the agent still has it: an acquire returns it only once it does (the
+        yield may have ended it, and the GPU be another tenant's)."""
+        lease = self.lease
+        return lease if lease is not None and lease.lease_id == self.unsure else None
 
     def granted(self, lease: LeaseInfo, asked: Sequence[str] | None = None) -> LeaseInfo:
         """An acquire (for `asked`, or all the tenant's GPUs) was answered: the turn is held,
@@ -363,6 +373,8 @@ class SessionCore:
             return
         if isinstance(outcome, LeaseInfo):
             self.lease = outcome
+            if outcome.lease_id == self.unsure:  # the agent has it: the yield never arrived
+                self.unsure = ""
             if reclaiming:
                 log.warning("kept the turn %s across the reconnect", outcome.lease_id)
         self.renew_at = self.clock() + self.renew_interval

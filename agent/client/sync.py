@@ -114,12 +114,32 @@ class Baton(BlockingSession):
                 "this client was still waiting"
             )
         try:
-            if (held := self._core.held(gpus)) is not None:  # that thread's turn: shared
+            left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+            if (held := self._settled(left, gpus)) is not None:  # that thread's turn: shared
                 return held
             left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
             return self._acquire(left, gpus)
         finally:
             self._acquiring.release()
+
+    def _settled(self, timeout: float | None, gpus: Sequence[str] | None) -> LeaseInfo | None:
+        """The turn held, once sure: one whose yield was cut off (`SessionCore.unsure_held`)
+        only once the agent, asked after the reconnect, says it still has it (None: the yield
+        had ended it, and the acquire queues for a new turn)."""
+        with self._state:
+            lease = self._core.unsure_held()
+        if lease is not None:
+            renew = pb.Request(renew=pb.RenewRequest(lease_id=lease.lease_id))
+            outcome: LeaseInfo | BatonError
+            try:
+                outcome = LeaseInfo.from_pb(self._request(renew, timeout, slack=5).lease)
+            except AgentUnavailable:
+                raise
+            except BatonError as exc:  # LeaseLost, TurnRevoked: the core's to judge
+                outcome = exc
+            with self._state:
+                self._core.renewed(lease, outcome, reclaiming=True)
+        return self._core.held(gpus)
 
     def _acquire(self, timeout: float | None, gpus: Sequence[str] | None) -> LeaseInfo:
         with self._state:

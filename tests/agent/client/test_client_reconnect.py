@@ -12,7 +12,7 @@ from agent.client import AcquireTimeout, AgentUnavailable, AsyncBaton, Baton, Le
 from baton._pb import agent_pb2 as pb
 from baton.contract.names import fake_gpu_uuid
 from commands.demo.fakenode import AgentProcess, FakeNodeOptions
-from tests.agent.client.resume_clients import call, client
+from tests.agent.client.resume_clients import call, client, gate_reconnects, holder, queue, until
 from tests.harness.agent import AgentRunner
 
 pytestmark = pytest.mark.timeout(60)
@@ -230,3 +230,82 @@ def test_a_yield_whose_answer_was_lost_ends_the_turn_quietly_when_made_again() -
                 assert baton.lease is None
 
         asyncio.run(scenario())
+
+
+def _cut_off_once(baton: Baton | AsyncBaton) -> None:
+    """The next yield is cut off before it leaves, as if the agent had gone away then (the
+    caller sees AgentUnavailable); later calls go through."""
+    real: Any = baton._request
+    cut: list[str] = []
+
+    def never_sent(request: pb.Request, *args: Any, **kwargs: Any) -> Any:
+        if request.HasField("release") and not cut:
+            cut.append(request.release.lease_id)
+            raise AgentUnavailable("the agent went away before the yield left")
+        return real(request, *args, **kwargs)
+
+    if isinstance(baton, AsyncBaton):
+
+        async def never_sent_async(request: pb.Request, *args: Any, **kwargs: Any) -> Any:
+            return await never_sent(request, *args, **kwargs)
+
+        baton._request = never_sent_async  # type: ignore[method-assign]
+    else:
+        baton._request = never_sent  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("kind", ["blocking", "asyncio"])
+@pytest.mark.parametrize("reached", [True, False])
+def test_an_acquire_after_a_yield_cut_off_by_a_restart_asks_the_agent_first(
+    workdir: str, kind: str, reached: bool
+) -> None:
+    """x's yield is cut off by the agent going away, and x calls acquire() instead of making
+    the yield again. `reached`: the yield had reached the agent (y was granted the turn): the
+    acquire learns after the reconnect that the turn ended and queues behind y, never returning
+    the ended turn while y holds the GPU. Otherwise the agent still has x's turn: returned."""
+    first = AgentRunner(workdir, reconnect_grace=30).start()
+    second = AgentRunner(workdir, reconnect_grace=30)
+
+    async def scenario() -> None:
+        kinds: dict[str, Any] = {"blocking": Baton, "asyncio": AsyncBaton}
+        x = kinds[kind](first.socket, ["GPU-0"], name="x", connect_timeout=5, renew_interval=60)
+        y = AsyncBaton(first.socket, ["GPU-0"], name="y", connect_timeout=5)
+        try:
+            old = await call(x.acquire)
+            waiting = asyncio.ensure_future(y.acquire(timeout=20))
+            await until(lambda: queue(first) == [("local/y", False)], "y queues behind x")
+            (_answer_lost_once if reached else _cut_off_once)(x)
+            with pytest.raises(AgentUnavailable):
+                await call(x.yield_)
+            gate = gate_reconnects(x)
+            await asyncio.to_thread(first.stop)
+            await asyncio.to_thread(second.start)
+            assert holder(second) == ("local/y" if reached else "local/x")
+            again = asyncio.ensure_future(call(x.acquire, 20))
+            gate.set()
+            if not reached:  # the agent still has x's turn: the same lease, held
+                assert (await asyncio.wait_for(again, 10)).lease_id == old.lease_id
+                with pytest.raises(AgentUnavailable, match="reconnecting"):
+                    await asyncio.wait_for(waiting, 10)  # in flight as the agent went away
+                await call(x.yield_)
+                await asyncio.wait_for(y.acquire(timeout=10), 20)
+                return
+            theirs = await asyncio.wait_for(waiting, 10)
+            await until(lambda: again.done() or bool(queue(second)), "x's acquire queues")
+            assert not again.done(), f"acquire() returned {again.result()} while y holds the GPU"
+            assert queue(second) == [("local/x", False)]
+            await asyncio.wait_for(y.yield_(), 10)
+            mine = await asyncio.wait_for(again, 10)
+            assert mine.lease_id != old.lease_id
+            assert mine.fencing_tokens["GPU-0"] == theirs.fencing_tokens["GPU-0"] + 1
+            await call(x.yield_)
+            assert holder(second) is None
+        finally:
+            await call(x.close)
+            await y.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 45))
+    finally:
+        first.stop()
+        second.stop()

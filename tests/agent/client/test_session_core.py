@@ -277,6 +277,21 @@ def test_a_yield_cut_off_by_a_restart_that_reached_the_agent_ends_the_turn_quiet
         assert session.ended_unheard(again)  # its "no such lease" means the turn had ended
 
 
+@pytest.mark.parametrize("there", [True, False])
+def test_an_acquire_returns_a_turn_whose_yield_was_cut_off_only_once_the_agent_says_so(
+    there: bool,
+) -> None:
+    """`there`: whether the agent, asked again, still has the lease (the yield never arrived)."""
+    session, _ = core()
+    held = session.granted(lease("a"))
+    session.yield_failed(session.begin_yield())
+    assert session.held(None) is None and session.unsure_held() is held  # not from memory
+    outcome = lease("a") if there else LeaseLost("no lease a")
+    session.renewed(held, outcome, reclaiming=True)
+    assert session.unsure_held() is None
+    assert session.held(None) is (outcome if there else None)
+
+
 def test_a_lease_lost_without_a_yield_cut_off_is_still_said() -> None:
     session, _ = core()
     held = session.granted(lease("a"))
