@@ -19,6 +19,11 @@ from baton._pb import agent_pb2 as pb
 
 log = logging.getLogger("baton.client")
 
+TURN_MARGIN = 2.0
+"""A kept lease is kept, and taken back, only while what remains of its maximum hold is this many
+times its longest turn so far: the agent counts its kept turns as one lease, so a turn taken back
+late would be revoked where, asked for, it is a lease of its own with the whole maximum hold."""
+
 
 def acquire_request(
     timeout: float | None,
@@ -116,6 +121,10 @@ class SessionCore:
         """How long the held lease may be kept across yields, as the agent last said."""
         self.granted_clock = 0.0
         """When the held lease was granted, by `clock`."""
+        self.turn_clock = 0.0
+        """When the turn on it began (its grant, or the acquire that took it back kept)."""
+        self.longest_turn = 0.0
+        """The longest turn on the held lease so far (`TURN_MARGIN`)."""
         self.asked: tuple[str, ...] | None = None
         """The GPUs the held lease's acquire named (None: all the tenant's)."""
         self.kept: KeptLease | None = None
@@ -168,7 +177,8 @@ class SessionCore:
         self.lease, self.resuming = lease, False
         self.unsure, self.gone = "", False
         self.asked = _ask(asked)
-        self.granted_clock = now = self.clock()
+        self.granted_clock = self.turn_clock = now = self.clock()
+        self.longest_turn = 0.0
         self.renew_at = now + self.renew_interval
         return lease
 
@@ -181,6 +191,7 @@ class SessionCore:
                 return Turn(None, False, gone=True)
             raise NotHolding("yield_() without a turn: call acquire() first")
         lease, now = self.lease, self.clock()
+        self.longest_turn = max(self.longest_turn, now - self.turn_clock)
         if lease is not None and may_keep and self.keeps_turns and self._keepable(lease, now):
             self.kept = KeptLease(lease, self.asked, now, self.renew_at)
             self.lease, self.renew_at = None, None
@@ -191,8 +202,15 @@ class SessionCore:
         return turn
 
     def _keepable(self, lease: LeaseInfo, now: float) -> bool:
-        allowed = self.allowance
-        return allowed.lease_id == lease.lease_id and now - self.granted_clock < allowed.until_s
+        allowed, held = self.allowance, now - self.granted_clock
+        if allowed.lease_id != lease.lease_id or held >= allowed.until_s:
+            return False
+        return held <= self._last_start(lease)
+
+    def _last_start(self, lease: LeaseInfo) -> float:
+        """Seconds from the grant within which a turn on the lease may start: what remains of
+        the lease's maximum hold then is `TURN_MARGIN` times its longest turn."""
+        return lease.hold_until - lease.granted_at - TURN_MARGIN * self.longest_turn
 
     def take_kept(self, gpus: Sequence[str] | None) -> LeaseInfo | None:
         """An acquire: the lease kept at the last yield, held again (the same `LeaseInfo`) if
@@ -203,6 +221,7 @@ class SessionCore:
         if now - kept.since > self.allowance.window_s or not self._keepable(kept.lease, now):
             return None
         self.kept, self.lease, self.renew_at = None, kept.lease, kept.renew_at
+        self.turn_clock = now
         return kept.lease
 
     def give_back(self) -> pb.Request | None:
@@ -230,7 +249,8 @@ class SessionCore:
         kept, allowed = self.kept, self.allowance
         if kept is None:
             return None
-        return min(kept.since + allowed.window_s, self.granted_clock + allowed.until_s)
+        until = min(allowed.until_s, self._last_start(kept.lease))
+        return min(kept.since + allowed.window_s, self.granted_clock + until)
 
     def yield_failed(self, turn: Turn) -> None:
         """The release never reached the agent: the turn is held again, so yield can be retried.

@@ -26,7 +26,7 @@ class Clock:
 
 
 def lease(lease_id: str | None = None) -> LeaseInfo:
-    return LeaseInfo(lease_id or f"l{next(_ids)}", ("GPU-0",), {"GPU-0": 1}, 0.0, 0.0, False)
+    return LeaseInfo(lease_id or f"l{next(_ids)}", ("GPU-0",), {"GPU-0": 1}, 0.0, 60.0, False)
 
 
 def core() -> tuple[SessionCore, Clock]:

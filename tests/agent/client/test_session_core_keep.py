@@ -132,3 +132,16 @@ def test_a_reconnect_forgets_what_may_be_kept() -> None:
     assert session.give_back() is not None
     session.granted(lease("held"))
     assert not session.begin_yield().kept
+
+
+def test_a_turn_is_not_taken_back_when_it_could_outrun_the_maximum_hold() -> None:
+    """The agent counts the kept turns as one lease, with one maximum hold (60 s here): a turn
+    starts on it only while what remains is twice its longest turn; else it is asked for."""
+    session, clock = kept_session(until=60.0)  # owed the whole maximum hold
+    clock.now += 10.0  # a turn of 10 s: 50 s remain
+    assert session.begin_yield().kept
+    assert session.kept_deadline() == pytest.approx(clock.now + WINDOW)  # the window's
+    assert session.take_kept(None) is not None
+    clock.now += 25.0  # a turn of 25 s: 25 s remain, too few for another as long
+    turn = session.begin_yield()
+    assert not turn.kept and turn.lease_id == "held" and session.kept is None

@@ -22,10 +22,14 @@ pytestmark = pytest.mark.timeout(60)
 Owed = tuple[AgentRunner, Baton, Pushes[float], Waiting]
 
 
-def owed_holder(workdir: str, window: float, gpus: list[str]) -> Iterator[Owed]:
+def owed_holder(
+    workdir: str, window: float, gpus: list[str], step: float = 0.0, max_hold: float = 60.0
+) -> Iterator[Owed]:
     """ "a" (duty 90) holds its turn on `gpus`, owed them over "b" (duty 10), which waits; the
-    agent has told a's client how long it may keep the lease (`KeepTurn`)."""
-    runner = AgentRunner(workdir, queue_policy="fair", fair=FairConfig(anticipate_s=window))
+    agent has told a's client how long it may keep the lease (`KeepTurn`). "b" held its turn
+    for `step` (a fifth of the window unless said): "a" is owed 9 times that."""
+    fair = FairConfig(anticipate_s=window)
+    runner = AgentRunner(workdir, queue_policy="fair", fair=fair, max_hold=max_hold)
     runner.start()
     holder = Baton(runner.socket, gpus, name="a", gpu_duty=90)
     b = Baton(runner.socket, gpus, name="b", gpu_duty=10)
@@ -33,7 +37,7 @@ def owed_holder(workdir: str, window: float, gpus: list[str]) -> Iterator[Owed]:
     try:
         b.acquire(timeout=10)
         a_waits = Waiting(runner, holder)  # "a" joins level with "b"'s turn
-        time.sleep(window / 5)  # "b"'s step: "a" may hold 0.8 windows more before "b" is due
+        time.sleep(step or window / 5)  # "b"'s step: by default "a" may hold 0.8 windows more
         b.yield_()
         a_waits.join(10)
         b_waits = Waiting(runner, b)
@@ -91,6 +95,33 @@ def test_an_ask_for_other_gpus_yields_the_kept_lease_before_it_asks(owed_two: Ow
     again = a.acquire(timeout=10, gpus=[GPU])
     assert again.lease_id != held.lease_id and again.gpus == (GPU,)
     assert held.lease_id not in runner.inspect(lambda s: set(s.table.leases))
+
+
+@pytest.fixture
+def owed_past_max_hold(workdir: str) -> Iterator[Owed]:
+    """ "a" is owed 4.5 s, far more than the agent's maximum hold (1 s) and the window."""
+    yield from owed_holder(workdir, 0.5, [GPU], step=0.5, max_hold=1.0)
+
+
+def test_a_turn_is_never_taken_back_too_late_to_end_within_the_maximum_hold(
+    owed_past_max_hold: Owed,
+) -> None:
+    """Under the agent's hold each of an owed loop's turns is a lease of its own, with the
+    whole maximum hold before it; a kept turn is one lease with the others. So a turn that
+    would run past the lease's maximum hold is not taken back on it: it is asked for afresh."""
+    runner, a, keeps, _ = owed_past_max_hold
+    held = a.lease
+    assert held is not None and keeps.seen[-1] == pytest.approx(1.0)  # kept up to the maximum
+    mark, leases = runner.mark(), {held.lease_id}
+    for _ in range(4):  # turns of 0.3 s: the third would start 0.1 s before the maximum
+        time.sleep(0.3)  # the step
+        a.yield_()
+        leases.add(a.acquire(timeout=10).lease_id)
+    a.yield_()
+    seen = runner.seen[mark : runner.mark()]
+    revoked = [e for e in seen if e.kind == ev.REVOKED and e.tenant_id == "local/a"]
+    assert not revoked, "a turn of 0.3 s was revoked (held past a maximum hold of 1 s)"
+    assert len(leases) > 1  # asked for afresh: the agent, owed "a", granted it straight back
 
 
 @pytest.mark.parametrize("owed", [5.0], indirect=True)
