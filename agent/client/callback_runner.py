@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from agent.client.errors import BatonError
+from agent.client.interrupts import held_until_recorded
 from agent.client.parked import Parked, restores_itself
 from agent.client.types import Callback, run_callback_blocking
 from baton._pb import agent_pb2 as pb
@@ -124,12 +125,15 @@ class CallbackRunner:
                 self._running, self._runner = request, threading.current_thread()
             try:
                 started = time.time()
-                result = self.parked.instead(request)
-                if result is None:
-                    result = self._call(request)
-                result.call_id = request.call_id
-                finished = time.time()
-                self.parked.ran(request, result)
+                # A Ctrl-C once the park cannot be undone (TorchParker frees the storages) is
+                # raised once it is recorded here: else a park asked again is refused.
+                with held_until_recorded():
+                    result = self.parked.instead(request)
+                    if result is None:
+                        result = self._call(request)
+                    result.call_id = request.call_id
+                    finished = time.time()
+                    self.parked.ran(request, result)
                 answer(result)
                 answered = time.time() if received is not None else finished
             finally:
