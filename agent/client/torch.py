@@ -192,11 +192,13 @@ class TorchParker:
         return out
 
     def _on_device(self, tensor: torch.Tensor) -> bool:
-        """True when the tensor lives on this parker's device (any device if none was named)."""
-        want = self.device
+        """True when the tensor lives on this parker's device (any device if none was named;
+        never the meta device, where a tensor holds no memory)."""
+        want, have = self.device, tensor.device
+        if have.type == "meta":
+            return False
         if want is None:
             return True
-        have = tensor.device
         return have.type == want.type and (want.index is None or have.index == want.index)
 
     def footprint_bytes(self) -> int:

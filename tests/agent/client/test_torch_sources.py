@@ -137,3 +137,21 @@ def test_modules_and_optimizers_inside_a_list_a_dict_or_a_function_are_parked(ho
     assert parker.restore("gpu") == weights + grads + momentum
     after = (policy.weight, reference.weight)
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_a_meta_tensor_holds_no_memory_and_is_left_out_of_the_park() -> None:
+    """A submodule on the meta device (initialised lazily, or offloaded) has no bytes to move:
+    every park with `device=None` (the TRL callback's parker) failed on it, "Cannot copy out of
+    meta tensor", and the footprint counted its bytes."""
+    import torch
+
+    from agent.client.torch import TorchParker
+
+    real, lazy = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4, device="meta")
+    before = real.weight.detach().clone()
+    parker = TorchParker(torch.nn.Sequential(real, lazy))
+    assert parker.footprint_bytes() == (16 + 4) * 4
+    assert parker.park("gpu") == 80
+    assert real.weight.untyped_storage().nbytes() == 0 and lazy.weight.is_meta
+    assert parker.restore("gpu") == 80
+    assert torch.equal(real.weight, before) and lazy.weight.is_meta
