@@ -8,6 +8,8 @@ from collections.abc import Iterable
 
 import torch
 
+from agent.client.parked_tensors import ParkError
+
 
 def storages_of(tensors: Iterable[torch.Tensor]) -> list[torch.UntypedStorage]:
     """The distinct storages behind `tensors`, in their order."""
@@ -21,12 +23,32 @@ def storages_of(tensors: Iterable[torch.Tensor]) -> list[torch.UntypedStorage]:
     return out
 
 
+_COMPRESSED = {
+    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
+}
+"""The parts of each compressed sparse layout, each a strided tensor over a storage."""
+
+
 def storages_behind(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
-    """The storages holding a tensor's bytes: its own, or a sparse COO tensor's (a sparse
-    gradient, as `nn.Embedding(sparse=True)` makes) indices and values, as it has none."""
-    if tensor.layout == torch.sparse_coo:
+    """The storages holding a tensor's bytes: its own, or a sparse tensor's parts, as it has
+    none (a COO tensor's indices and values, as `nn.Embedding(sparse=True)` makes its
+    gradient; a CSR, CSC, BSR or BSC one's compressed and plain indices and values).
+    `ParkError` naming the layout for any other (mkldnn, jagged): its bytes are not reachable."""
+    layout = tensor.layout
+    if layout == torch.strided:
+        return [tensor.untyped_storage()]
+    if layout == torch.sparse_coo:
         return [tensor._indices().untyped_storage(), tensor._values().untyped_storage()]
-    return [tensor.untyped_storage()]
+    if layout in _COMPRESSED:
+        return [getattr(tensor, part)().untyped_storage() for part in _COMPRESSED[layout]]
+    raise ParkError(
+        f"cannot park a tensor of layout {layout} (size={tuple(tensor.shape)}): its bytes are"
+        " not in storages a park can free; convert it to a strided or sparse one, or leave it"
+        " out"
+    )
 
 
 def shared(storage: torch.UntypedStorage) -> bool:

@@ -155,3 +155,46 @@ def test_a_meta_tensor_holds_no_memory_and_is_left_out_of_the_park() -> None:
     assert real.weight.untyped_storage().nbytes() == 0 and lazy.weight.is_meta
     assert parker.restore("gpu") == 80
     assert torch.equal(real.weight, before) and lazy.weight.is_meta
+
+
+@pytest.mark.parametrize("layout", ["csr", "csc", "bsr", "bsc"])
+def test_compressed_sparse_tensors_are_parked_by_their_parts(layout: str) -> None:
+    """A CSR, CSC, BSR or BSC tensor has no storage of its own, as a COO one: every park failed
+    ("Cannot access storage of SparseCsrTensorImpl"). Its indices and values are parked."""
+    import warnings
+
+    import torch
+
+    from agent.client.torch import TorchParker
+
+    dense = torch.arange(16.0).reshape(4, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # sparse compressed support is in beta
+        sparse = {
+            "csr": dense.to_sparse_csr(),
+            "csc": dense.to_sparse_csc(),
+            "bsr": dense.to_sparse_bsr((2, 2)),
+            "bsc": dense.to_sparse_bsc((2, 2)),
+        }[layout]
+    indices = "crow_indices" if layout in ("csr", "bsr") else "ccol_indices"
+    parts = [getattr(sparse, indices)(), sparse.values()]
+    size = sum(p.untyped_storage().nbytes() for p in parts)
+    parker = TorchParker([sparse])
+    assert parker.park("gpu") >= size > 0
+    assert all(p.untyped_storage().nbytes() == 0 for p in parts)
+    assert "parked by Baton" in repr(sparse)
+    assert parker.restore("gpu") >= size
+    assert torch.equal(sparse.to_dense(), dense)
+
+
+def test_a_tensor_of_another_layout_is_refused_at_the_park_naming_it() -> None:
+    import torch
+
+    from agent.client.torch import ParkError, TorchParker
+
+    model = torch.nn.Linear(2, 2)
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+    parker = TorchParker(model, [nested])
+    with pytest.raises(ParkError, match=r"cannot park a tensor of layout torch\.jagged"):
+        parker.park("gpu")
+    assert not parker.parked and model.weight.untyped_storage().nbytes() > 0
