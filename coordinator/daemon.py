@@ -261,7 +261,7 @@ class Coordinator:
         self.arbiter.lead(epoch, table, found)
         self._health.serving(True)
         if self._label is not None:
-            self._label.want(True)
+            self._label.want(epoch)
         log.info(
             "leading with epoch %d: %d job turn(s) held, %d rolled back%s",
             epoch, len(found.held), len(found.rolled_back),
@@ -278,7 +278,7 @@ class Coordinator:
         self._health.serving(False)
         log.warning("no longer leading: %s", reason)
         if self._label is not None:
-            self._label.want(False)
+            self._label.want(0)
 
     # Stopping.
 
@@ -292,7 +292,7 @@ class Coordinator:
         if self._server is not None:
             await self._server.stop(0.5)
         if self._label is not None:
-            self._label.want(False)
+            self._label.want(0)
             await asyncio.to_thread(self._label.stop)
         if self._http is not None:
             await self._http.stop()

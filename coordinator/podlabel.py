@@ -5,6 +5,14 @@ One thread keeps the label as the latest wish has it, retrying (with backoff) un
 server takes it, so a removal still being retried cannot undo a later labelling. The wish at
 start is "not leading": a replica restarted in a pod that a crashed leader had labelled removes
 the mark, or the Service would keep sending calls to a standby.
+
+A deposed leader cannot be trusted to remove its own mark: one frozen (SIGSTOP, a long pause) or
+cut off from the API server keeps it, and the Service would keep sending calls to it. So the
+label goes with an annotation naming the epoch it was set in, and a new leader, once its own pod
+is labelled, removes the label from every other pod of its Deployment labelled in an older epoch.
+Each removal is a JSON patch that first tests the pod's resourceVersion as listed: a label that a
+newer leader set on its pod meanwhile fails the test, the pods are listed again, and its newer
+epoch keeps it.
 """
 
 from __future__ import annotations
@@ -22,19 +30,39 @@ log = logging.getLogger(__name__)
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 10.0
 REQUEST_TIMEOUT_S = 5.0
+SWEEP_LISTS = 3
+"""How often a sweep lists the pods again when they change under it, before it backs off."""
+
+LABEL = names.LABEL_COORDINATOR_LEADER
+EPOCH = names.ANNOTATION_COORDINATOR_LEADER_EPOCH
+TEMPLATE_HASH = "pod-template-hash"
+"""The label a Deployment adds to each revision's pods (the only one in which they differ)."""
+
+
+class PodsChanging(Exception):
+    """The coordinator pods changed under every list of a sweep (it is tried again later)."""
 
 
 class LeaderLabel:
-    """`want(leading)` from any thread; `stop` when done. `patch(leading)` writes the label."""
+    """`want(epoch)` from any thread (0: not leading); `stop` when done. `patch(epoch)` writes
+    the label (removes it for 0); `sweep(epoch)`, once this pod is labelled, removes it from the
+    pods of older leaders."""
 
-    def __init__(self, patch: Callable[[bool], object], where: str) -> None:
+    def __init__(
+        self,
+        patch: Callable[[int], object],
+        where: str,
+        sweep: Callable[[int], object] = lambda epoch: None,
+    ) -> None:
         self._patch = patch
-        self._outage = Outage(
-            log, f"the leader label on pod {where}", "the Service may reach the wrong replica"
-        )
+        self._sweep = sweep
+        meanwhile = "the Service may reach the wrong replica"
+        self._outage = Outage(log, f"the leader label on pod {where}", meanwhile)
+        self._sweep_outage = Outage(log, f"the leader label on pods other than {where}", meanwhile)
         self._lock = threading.Lock()
-        self._wanted = False
-        self._applied: bool | None = None
+        self._wanted = 0
+        self._applied: int | None = None
+        self._swept = 0
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="leader-label", daemon=True)
@@ -46,26 +74,27 @@ class LeaderLabel:
 
         core = client.CoreV1Api(api_client)
 
-        def patch(leading: bool) -> None:
-            value = "true" if leading else None
-            body = {"metadata": {"labels": {names.LABEL_COORDINATOR_LEADER: value}}}
+        def patch(epoch: int) -> None:
+            label, note = ("true", str(epoch)) if epoch else (None, None)
+            body = {"metadata": {"labels": {LABEL: label}, "annotations": {EPOCH: note}}}
             core.patch_namespaced_pod(pod, namespace, body, _request_timeout=REQUEST_TIMEOUT_S)
 
-        return cls(patch, f"{namespace}/{pod}")
+        return cls(patch, f"{namespace}/{pod}", lambda epoch: sweep(core, namespace, pod, epoch))
 
     def start(self) -> None:
         """Begin with the label removed (this replica does not lead yet)."""
         self._wake.set()
         self._thread.start()
 
-    def want(self, leading: bool) -> None:
-        """The label as it should be from now."""
+    def want(self, epoch: int) -> None:
+        """The label as it should be from now: this replica leads in `epoch`, or not (0)."""
         with self._lock:
-            self._wanted = leading
+            self._wanted = epoch
         self._wake.set()
 
-    def applied(self) -> bool | None:
-        """What the API server last took (None before the first write)."""
+    def applied(self) -> int | None:
+        """The epoch the API server last took (0: the label removed; None before the first
+        write)."""
         with self._lock:
             return self._applied
 
@@ -82,22 +111,108 @@ class LeaderLabel:
             with self._lock:
                 wanted = self._wanted
                 self._wake.clear()
-                if wanted == self._applied:
+                sweeping = wanted == self._applied
+                if sweeping and (not wanted or self._swept == wanted or self._stopping.is_set()):
                     if self._stopping.is_set():
                         return
                     continue
+            step, outage = (
+                (self._sweep, self._sweep_outage) if sweeping else (self._patch, self._outage)
+            )
             try:
-                self._patch(wanted)
+                step(wanted)
             except Exception as err:
                 if self._stopping.is_set():
                     return
-                self._outage.failed(err, delay)
+                outage.failed(str(err) if isinstance(err, PodsChanging) else err, delay)
                 self._stopping.wait(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
                 self._wake.set()
                 continue
-            self._outage.answered()
+            outage.answered()
             delay = RETRY_FIRST_S
             with self._lock:
-                self._applied = wanted
-            self._wake.set()  # look again: a newer wish, or stopping
+                if sweeping:
+                    self._swept = wanted
+                else:
+                    self._applied = wanted
+            self._wake.set()  # look again: a newer wish, a sweep, or stopping
+
+
+def sweep(core: Any, namespace: str, pod: str, epoch: int) -> list[str]:
+    """Remove the leader label from the other pods of `pod`'s Deployment that were labelled in
+    an epoch older than `epoch`; the names of those it was removed from."""
+    removed: list[str] = []
+    for _ in range(SWEEP_LISTS):
+        listed = core.list_namespaced_pod(
+            namespace, label_selector=LABEL, _request_timeout=REQUEST_TIMEOUT_S
+        )
+        stale = stale_leaders(listed.items, pod, epoch)
+        if stale is None:
+            log.info("pod %s/%s is no longer labelled leader: not sweeping", namespace, pod)
+            return removed
+        changed = False
+        for other in stale:
+            name = other.metadata.name
+            ops = [
+                {
+                    "op": "test",
+                    "path": "/metadata/resourceVersion",
+                    "value": other.metadata.resource_version,
+                },
+                {
+                    "op": "remove",
+                    "path": "/metadata/labels/" + LABEL.replace("~", "~0").replace("/", "~1"),
+                },
+            ]
+            try:
+                core.patch_namespaced_pod(
+                    name,
+                    namespace,
+                    ops,
+                    _content_type="application/json-patch+json",
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+            except Exception as err:
+                status = getattr(err, "status", None)
+                if status == 404:
+                    continue  # gone, and its label with it
+                if status in (409, 422):  # it changed since the list: look again
+                    changed = True
+                    continue
+                raise
+            removed.append(name)
+            log.warning(
+                "removed the leader label from pod %s/%s: set in epoch %d, older than our epoch "
+                "%d, by a leader that did not remove it", namespace, name, leader_epoch(other),
+                epoch,
+            )  # fmt: skip
+        if not changed:
+            return removed
+    raise PodsChanging(f"the coordinator pods changed under each of {SWEEP_LISTS} lists")
+
+
+def stale_leaders(pods: list[Any], own: str, epoch: int) -> list[Any] | None:
+    """Of `pods` (labelled leader), the others of `own`'s Deployment (the pods with its labels
+    but the revision's hash) labelled in an epoch older than `epoch`; None if `own` is not
+    among them."""
+    mine = next((p for p in pods if p.metadata.name == own), None)
+    if mine is None:
+        return None
+    labels = (mine.metadata.labels or {}).items()
+    selector = {(k, v) for k, v in labels if k not in (LABEL, TEMPLATE_HASH)}
+    return [
+        p
+        for p in pods
+        if p.metadata.name != own
+        and selector <= (p.metadata.labels or {}).items()
+        and leader_epoch(p) < epoch
+    ]
+
+
+def leader_epoch(pod: Any) -> int:
+    """The epoch a pod's leader label was set in (0 where it does not say: an older version's)."""
+    try:
+        return int((pod.metadata.annotations or {}).get(EPOCH, "0"))
+    except ValueError:
+        return 0

@@ -1,7 +1,8 @@
 """The coordinator's and the agent's roles as a real kube-apiserver applies them: manifests/ is
 applied, and `baton coordinator` runs with its ServiceAccount's token only: it takes its Lease,
-labels its own pod while it leads, and on SIGTERM removes the label and releases the Lease,
-refused nothing on the way. (The daemons' other roles run on the real node: tests/k8s.)"""
+labels its own pod while it leads (and removes the label an older leader left on another pod),
+and on SIGTERM removes the label and releases the Lease, refused nothing on the way. (The
+daemons' other roles run on the real node: tests/k8s.)"""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from tests.apiserver import api_server
 ROOT = Path(__file__).resolve().parents[1]
 SA = f"system:serviceaccount:{names.NAMESPACE}"
 POD = "baton-coordinator-0"
+STALE = "baton-coordinator-1"
+"""The pod of a leader of an older epoch, frozen or cut off, that kept its label."""
 ALLOWED = [
     ("baton-agent", "get", "nodes", None),
     ("baton-agent", "patch", "nodes", None),
@@ -65,8 +68,8 @@ class Plane:
         )  # fmt: skip
         return done.stdout.strip() == "yes"
 
-    def pod_labels(self) -> dict[str, str]:
-        pod = json.loads(self.kubectl("-n", names.NAMESPACE, "get", "pod", POD, "-o", "json"))
+    def pod_labels(self, name: str = POD) -> dict[str, str]:
+        pod = json.loads(self.kubectl("-n", names.NAMESPACE, "get", "pod", name, "-o", "json"))
         return dict(pod["metadata"].get("labels") or {})
 
     def lease_holder(self) -> str:
@@ -110,11 +113,15 @@ def test_the_coordinator_leads_and_steps_down_under_its_roles(plane: Plane, tmp_
     from commands.localnode.controlplane import free_ports
     from commands.localnode.procs import Process, wait_for
 
-    # Its pod, as the Deployment would make it (no kubelet here: it stays Pending).
+    # Its pod, as the Deployment would make it (no kubelet here: it stays Pending), and the
+    # labelled pod of an older leader.
+    leader = names.LABEL_COORDINATOR_LEADER
     spec = {"serviceAccountName": "baton-coordinator", "containers": [{"name": "c", "image": "b"}]}
-    pod = {"apiVersion": "v1", "kind": "Pod", "spec": spec,
-           "metadata": {"name": POD, "namespace": names.NAMESPACE}}  # fmt: skip
-    plane.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    app = {"app.kubernetes.io/name": "baton-coordinator"}
+    for name, labels in ((POD, app), (STALE, {**app, leader: "true"})):
+        meta = {"name": name, "namespace": names.NAMESPACE, "labels": labels}
+        pod = {"apiVersion": "v1", "kind": "Pod", "spec": spec, "metadata": meta}
+        plane.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     (tmp_path / "token").write_text("t" * 40)
     (port,) = free_ports(1)
     argv = [sys.executable, "-m", "baton", "coordinator", "--llmd-listen", f"127.0.0.1:{port}",
@@ -122,10 +129,11 @@ def test_the_coordinator_leads_and_steps_down_under_its_roles(plane: Plane, tmp_
     env = {"POD_NAME": POD, "POD_NAMESPACE": names.NAMESPACE,
            "BATON_COORDINATION_TOKEN_FILE": str(tmp_path / "token")}  # fmt: skip
     coordinator = Process("coordinator", argv, tmp_path / "coordinator.log", env).start()
-    leader = names.LABEL_COORDINATOR_LEADER
     try:
         wait_for("the leader's label", lambda: plane.pod_labels().get(leader) or None, 30)
         assert plane.lease_holder() == POD
+        stale = lambda: True if leader not in plane.pod_labels(STALE) else None  # noqa: E731
+        wait_for("the older leader's label removed", stale, 10)
     finally:
         coordinator.stop()
     wait_for("the label's removal", lambda: True if leader not in plane.pod_labels() else None, 10)

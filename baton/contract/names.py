@@ -112,6 +112,9 @@ ANNOTATION_FAIR_CLOCKS = "baton.dev/fair-clocks"
 """Lease annotation: the leading coordinator's fair-policy clocks, for the next leader."""
 LABEL_COORDINATOR_LEADER = "baton.dev/coordinator-leader"
 """Pod label the leading coordinator puts on its own pod; the coordinator's Service selects it."""
+ANNOTATION_COORDINATOR_LEADER_EPOCH = "baton.dev/coordinator-leader-epoch"
+"""Pod annotation written with `LABEL_COORDINATOR_LEADER`: the epoch its leader leads in, so that
+a newer leader removes the label of an older one (and never that of a newer one)."""
 
 
 def job_of_labels(labels: Mapping[str, str]) -> str:

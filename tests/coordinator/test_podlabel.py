@@ -1,5 +1,7 @@
 """The leader's label on its own pod (which the Service selects): removed by a replica that does
-not lead, also one restarted in a pod a crashed leader had labelled; the last wish wins."""
+not lead, also one restarted in a pod a crashed leader had labelled; the last wish wins; a new
+leader removes it from the pods of older leaders that kept it (frozen, cut off), never from a
+newer leader's."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 import pytest
 
 from baton.contract.kube import load_api_client
-from baton.contract.names import LABEL_COORDINATOR_LEADER
+from baton.contract.names import ANNOTATION_COORDINATOR_LEADER_EPOCH, LABEL_COORDINATOR_LEADER
 from commands.localnode.controlplane import ControlPlane
 from commands.localnode.procs import wait_for
 from coordinator import podlabel
@@ -91,11 +93,11 @@ def test_the_label_ends_as_last_wished_when_an_earlier_write_is_still_being_retr
     """Stepping down (unlabel) fails for a while; the replica leads again meanwhile: its pod
     stays labelled, not unlabelled by the late retry."""
     monkeypatch.setattr(podlabel, "RETRY_FIRST_S", 0.01)
-    writes: list[bool] = []
+    writes: list[int] = []
     writing, go_on = threading.Event(), threading.Event()
 
-    def patch(leading: bool) -> None:
-        writes.append(leading)
+    def patch(epoch: int) -> None:
+        writes.append(epoch)
         if len(writes) == 1:  # the first write (the unlabel) fails after a while
             writing.set()
             go_on.wait(WAIT_S)
@@ -105,14 +107,150 @@ def test_the_label_ends_as_last_wished_when_an_earlier_write_is_still_being_retr
     label.start()
     try:
         assert writing.wait(WAIT_S)
-        label.want(True)  # it leads again while the unlabel is on its way
+        label.want(1)  # it leads again while the unlabel is on its way
         go_on.set()
         wait_for("the label written", lambda: True if label.applied() else None, WAIT_S)
-        assert writes == [False, True]
-        label.want(False)
-        wait_for("the label removed", lambda: True if label.applied() is False else None, WAIT_S)
+        assert writes == [0, 1]
+        label.want(0)
+        wait_for("the label removed", lambda: True if label.applied() == 0 else None, WAIT_S)
     finally:
         go_on.set()
         label.stop()
-    assert writes == [False, True, False]
+    assert writes == [0, 1, 0]
     assert not any(t.name == "leader-label" and t.is_alive() for t in threading.enumerate())
+
+
+def coordinator_pod(core: Any, name: str, labels: dict[str, str], epoch: int | None = None) -> None:
+    """A coordinator's pod as its Deployment makes it (it stays Pending: no kubelet here); with
+    the leader's label set in `epoch` (no annotation for 0: as an older version labelled it)."""
+    annotations = {ANNOTATION_COORDINATOR_LEADER_EPOCH: str(epoch)} if epoch else {}
+    leader = {LABEL_COORDINATOR_LEADER: "true"} if epoch is not None else {}
+    core.create_namespaced_pod(
+        TEAM,
+        {
+            "metadata": {
+                "name": name,
+                "labels": {**labels, **leader},
+                "annotations": annotations,
+            },
+            "spec": {"containers": [{"name": "coordinator", "image": "baton"}]},
+        },
+    )
+
+
+def leader_of(core: Any, name: str) -> str | None:
+    """The epoch pod `name` is labelled leader in ("" where it does not say), None if it is not."""
+    meta = core.read_namespaced_pod(name, TEAM).metadata
+    if LABEL_COORDINATOR_LEADER not in (meta.labels or {}):
+        return None
+    return str((meta.annotations or {}).get(ANNOTATION_COORDINATOR_LEADER_EPOCH, ""))
+
+
+def test_a_new_leader_removes_the_label_older_leaders_left_on_their_pods_not_a_newer_ones(
+    control_plane: ControlPlane, core: Any
+) -> None:
+    """Older leaders, frozen or cut off from the API server, kept their label: the Service would
+    send callers to them (to hang until their deadline). The new leader removes it from its own
+    Deployment's pods (of any revision) labelled in an older epoch; a pod a newer leader labelled
+    (this replica is the deposed one and does not know it yet) and another Deployment's pod
+    keep theirs."""
+    from kubernetes import client
+
+    app = {"app.kubernetes.io/name": f"coordinator-{uuid.uuid4().hex[:8]}"}
+    own, older, unsaid, newer, other_app = (
+        f"{app['app.kubernetes.io/name']}-{suffix}"
+        for suffix in ("own", "older", "unsaid", "newer", "other-app")
+    )
+    lease = f"free-{uuid.uuid4().hex[:8]}"
+    coordinator_pod(core, own, {**app, "pod-template-hash": "new"})
+    coordinator_pod(core, older, {**app, "pod-template-hash": "old"}, epoch=4)
+    coordinator_pod(core, unsaid, {**app, "pod-template-hash": "old"}, epoch=0)
+    coordinator_pod(core, newer, {**app, "pod-template-hash": "new"}, epoch=1000)
+    coordinator_pod(core, other_app, {"app.kubernetes.io/name": "another"}, epoch=4)
+    api_client = load_api_client(str(control_plane.admin_kubeconfig))
+    leases: Any = client.CoordinationV1Api(api_client)
+    # The leader of epoch 4 released the Lease (it stopped) but its pod kept the label.
+    released = LeaseRecord("", 15, time.time(), time.time(), transitions=4)
+    leases.create_namespaced_lease(LEASE_NS, lease_object(released, {"metadata": {"name": lease}}))
+    config = CoordinatorConfig(
+        token="token",
+        namespace=LEASE_NS,
+        lease_name=lease,
+        identity=own,
+        llmd_listen="127.0.0.1:0",
+        http_listen="127.0.0.1:0",
+        pod_name=own,
+        pod_namespace=TEAM,
+    )
+
+    async def body() -> None:
+        coordinator = Coordinator(config, api_client)
+        await coordinator.start()
+        try:
+            await asyncio.to_thread(
+                wait_for,
+                "the leader's own label",
+                lambda: True if leader_of(core, own) is not None else None,
+                WAIT_S,
+            )
+            await asyncio.to_thread(
+                wait_for,
+                "the older leaders' labels removed",
+                lambda: True if leader_of(core, older) is leader_of(core, unsaid) is None else None,
+                WAIT_S,
+            )
+            assert coordinator.arbiter.epoch == 5 and leader_of(core, own) == "5"
+            assert leader_of(core, newer) == "1000"
+            assert leader_of(core, other_app) == "4"
+        finally:
+            await coordinator.stop()
+
+    try:
+        asyncio.run(asyncio.wait_for(body(), 60))
+        assert leader_of(core, own) is None
+    finally:
+        for pod in (own, older, unsaid, newer, other_app):
+            core.delete_namespaced_pod(pod, TEAM, grace_period_seconds=0)
+        leases.delete_namespaced_lease(lease, LEASE_NS)
+        api_client.close()
+
+
+def test_a_label_a_newer_leader_sets_between_the_list_and_the_removal_is_kept(
+    control_plane: ControlPlane, core: Any
+) -> None:
+    """This replica leads in epoch 5 and lists the pods: the other's label is from epoch 3. Before
+    it removes that label, the other replica takes the Lease (epoch 6) and labels its pod again:
+    the removal, tested against the pod as listed, is refused, and the label stays."""
+    app = {"app.kubernetes.io/name": f"coordinator-{uuid.uuid4().hex[:8]}"}
+    own, other = (f"{app['app.kubernetes.io/name']}-{suffix}" for suffix in ("own", "other"))
+    coordinator_pod(core, own, app, epoch=5)
+    coordinator_pod(core, other, app, epoch=3)
+    relabelled = threading.Event()
+
+    class RelabelledAfterTheList:
+        """The API, where the other replica labels its pod anew as soon as the first list ends."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(core, name)
+
+        def list_namespaced_pod(self, *args: Any, **kwargs: Any) -> Any:
+            listed = core.list_namespaced_pod(*args, **kwargs)
+            if not relabelled.is_set():
+                relabelled.set()
+                label = {LABEL_COORDINATOR_LEADER: "true"}
+                note = {ANNOTATION_COORDINATOR_LEADER_EPOCH: "6"}
+                core.patch_namespaced_pod(
+                    other, TEAM, {"metadata": {"labels": label, "annotations": note}}
+                )
+            return listed
+
+    try:
+        assert podlabel.sweep(RelabelledAfterTheList(), TEAM, own, 5) == []
+        assert relabelled.is_set()
+        assert leader_of(core, other) == "6"
+        # And a label left from an older epoch goes.
+        assert podlabel.sweep(core, TEAM, own, 7) == [other]
+        assert leader_of(core, other) is None
+    finally:
+        for pod in (own, other):
+            core.delete_namespaced_pod(pod, TEAM, grace_period_seconds=0)
