@@ -88,8 +88,12 @@ class MultiBackend(Backend):
             raise Unparkable(f"this node does not park with {method!r}")
         current = self.method_of(tenant_id)
         if current != method and self._parked(current, tenant_id):
+            why = self.backends[current].state(tenant_id).quarantined
             raise BackendError(
-                f"{tenant_id} is parked by {current!r}: restore it before moving it by {method!r}"
+                f"{tenant_id} is quarantined by {current!r} ({why}): it is moved by no method"
+                if why
+                else f"{tenant_id} is parked by {current!r}: restore it before moving it by "
+                f"{method!r}"
             )
         with self._mutex:
             self._pinned[tenant_id] = self._method[tenant_id] = method

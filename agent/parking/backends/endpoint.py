@@ -39,6 +39,9 @@ from agent.parking.backends.base import (
 )
 
 VLLM, SGLANG = "vllm", "sglang"
+STATE_TIMEOUT_S = 2.0
+"""At most this long for an engine's `GET /is_sleeping` (under the node's preparer lock, before a
+turn on its GPU): an engine that does not answer in time is counted as before its restart."""
 _OTHER = {"park": "restore", "restore": "park"}
 
 
@@ -198,7 +201,7 @@ class EndpointBackend(Backend):
             return None
         url = f"{base.rstrip('/')}/is_sleeping"
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout) as reply:
+            with urllib.request.urlopen(url, timeout=min(self.timeout, STATE_TIMEOUT_S)) as reply:
                 answer = json.loads(reply.read())
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
             return None
