@@ -58,7 +58,7 @@ def cdi_id(claim_uid: str, device: str | None = None) -> str:
 def device_env(device: str) -> str:
     """The variable a device's own CDI device sets to its GPU's UUID (`gpu-1`:
     `BATON_CLAIM_GPU_1`)."""
-    return names.ENV_CLAIM_GPU_PREFIX + device.upper().replace("-", "_")
+    return names.ENV_CLAIM_PREFIX + device.upper().replace("-", "_")
 
 
 def spec_path(spec_dir: Path, claim_uid: str) -> Path:

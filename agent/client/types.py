@@ -17,7 +17,7 @@ from baton._pb import agent_pb2 as pb
 from baton.contract.names import (
     AGENT_SOCKET,
     ENV_AGENT_SOCKET,
-    ENV_CLAIM_GPU_PREFIX,
+    ENV_CLAIM_PREFIX,
     ENV_GPUS,
     ENV_TENANT_NAME,
 )
@@ -164,7 +164,7 @@ def gpus_from(value: Sequence[str] | str | None = None) -> tuple[str, ...]:
         items = value.split(",") if isinstance(value, str) else value
         return tuple(g.strip() for g in items if g.strip())
     found = [g.strip() for g in os.environ.get(ENV_GPUS, "").split(",") if g.strip()]
-    for key in sorted(k for k in os.environ if k.startswith(ENV_CLAIM_GPU_PREFIX)):
+    for key in sorted(k for k in os.environ if k.startswith(f"{ENV_CLAIM_PREFIX}GPU_")):
         if (gpu := os.environ[key].strip()) and gpu not in found:
             found.append(gpu)
     return tuple(found)

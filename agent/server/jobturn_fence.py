@@ -65,7 +65,15 @@ class Fence:
             return
         try:
             self._store.save_epoch(epoch, holder)
-        except OSError as exc:  # obeyed only once it would survive a restart
+        except OSError as exc:
+            if epoch == self.epoch:  # only its leader is new: kept here, on disk when it can
+                log.warning(
+                    "node %s could not record that %s leads epoch %d (%s); kept until a restart",
+                    self.node, holder, epoch, exc,
+                )  # fmt: skip
+                self.holder = holder
+                return
+            # a newer epoch is obeyed only once it would survive a restart
             why = f"node {self.node} could not record coordinator epoch {epoch} ({exc})"
             if why != self._unfenced:  # its calls come again, with backoff: said once
                 log.error("%s; it obeys epoch %d until it can", why, self.epoch)

@@ -65,10 +65,10 @@ KUBELET_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # Environment in tenant containers.
 ENV_AGENT_SOCKET = "BATON_AGENT_SOCKET"
 ENV_GPUS = "BATON_GPUS"
-ENV_CLAIM_GPU_PREFIX = "BATON_CLAIM_"
-"""A DRA claim's device sets `BATON_CLAIM_GPU_<index>` to its GPU's UUID. CDI sets a variable
-once per container, so a container naming several claims keeps one claim's `BATON_GPUS`: the
-client adds these."""
+ENV_CLAIM_PREFIX = "BATON_CLAIM_"
+"""A DRA claim's device `gpu-<index>` sets `BATON_CLAIM_GPU_<index>` to its GPU's UUID. CDI sets
+a variable once per container, so a container naming several claims keeps one claim's
+`BATON_GPUS`: the client adds these."""
 ENV_NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 ENV_TENANT_NAME = "BATON_TENANT_NAME"
 """Name a tenant registers under outside Kubernetes (default: host name and PID)."""

@@ -192,7 +192,7 @@ def test_an_ipv6_literal_registry_is_a_repository(registry: str) -> None:
 def test_the_dra_path_runs_a_kube_scheduler_that_allocates_its_claims() -> None:
     """On the DRA path kube-scheduler allocates the claims (consumable capacity, baton.dev/gpu
     mapped by the DeviceClass): that takes 1.36; the device plugin's path takes the API server's."""
-    dra = scheduler_image(render("--set", "kubeletPlugin=dra"))
+    dra = scheduler_image(render("--kube-version", "1.35.0", "--set", "kubeletPlugin=dra"))
     assert dra == "registry.k8s.io/kube-scheduler:v1.36.2"
     assert scheduler_image(render(*DRA_CLUSTER)) == dra
     plugin = scheduler_image(
@@ -200,7 +200,7 @@ def test_the_dra_path_runs_a_kube_scheduler_that_allocates_its_claims() -> None:
     )
     assert plugin == "registry.k8s.io/kube-scheduler:v1.35.3"
     mine = ["--set", "schedulerImage.repository=mirror/ks", "--set", "schedulerImage.tag=local"]
-    assert scheduler_image(render("--set", "kubeletPlugin=dra", *mine)) == "mirror/ks:local"
+    assert scheduler_image(render(*DRA_CLUSTER, *mine)) == "mirror/ks:local"
 
 
 @pytest.mark.parametrize(

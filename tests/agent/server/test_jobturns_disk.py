@@ -213,3 +213,28 @@ def test_the_roll_back_of_a_turn_the_disk_refused_is_answered_while_the_disk_is_
             await links.close()
 
     run(body)
+
+
+def test_a_leader_named_first_while_the_disk_is_full_does_not_keep_its_release_from_ending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The epoch is recorded already, its leader unnamed (an agent upgraded mid-term); the leader
+    naming itself while the disk is full is kept in memory, and its release ends the turn."""
+
+    async def body() -> None:
+        async with serving(tmp_path) as (service, turns, address):
+            unnamed, named = AgentLinks(TOKEN), AgentLinks(TOKEN, holder="coordinator-a")
+            try:
+                await unnamed.prepare("n1", address, 1, ("t1", "team", "rl", ""), (), 5)
+                await unnamed.commit("n1", address, 1, "t1")
+                Disk(monkeypatch, turns._store).full = True
+                with pytest.raises(NodeFailed) as refused:
+                    await named.release("n1", address, 1, "t1", "yielded")
+                assert "turn t1 ended here but could not be recorded" in refused.value.why
+                assert not holders(service) and not turns.turns
+                assert turns._fence.holder == "coordinator-a"  # another of epoch 1: refused
+            finally:
+                await unnamed.close()
+                await named.close()
+
+    run(body)
