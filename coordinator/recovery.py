@@ -111,10 +111,11 @@ async def chase(
     address appears in the view), each node listed later that this leader has neither heard
     nor is asking is asked too, at once, and chased the same way: then it runs until cancelled
     (when this replica stops leading). A node that obeys a newer epoch stays unsettled (saying
-    so) and `outranked(its epoch)` is called: this replica must not lead below it (the Lease was
-    recreated, or a newer leader leads)."""
+    so, and asked no more this term) and `outranked(its epoch)` is called: this replica must not
+    lead below it (the Lease was recreated, or a newer leader leads)."""
     one_at_a_time = asyncio.Lock()  # two nodes of one turn may answer together
     asking: set[str] = set()
+    obeying: set[str] = set()  # the nodes that obey another leader
     async with asyncio.TaskGroup() as chasing:
 
         def ask(node: str, first_wait: float) -> None:
@@ -122,13 +123,20 @@ async def chase(
             task = chasing.create_task(
                 _chase(arbiter, found, epoch, node, one_at_a_time, first_wait, outranked)
             )
-            task.add_done_callback(lambda _: asking.discard(node))
+
+            def done(finished: asyncio.Task[bool]) -> None:
+                asking.discard(node)
+                if not finished.cancelled() and not finished.exception() and finished.result():
+                    obeying.add(node)
+
+            task.add_done_callback(done)
 
         for node in sorted(found.unreachable):
             ask(node, FIRST_BACKOFF_S)  # it did not answer just now: give it time to come back
         while appeared is not None:
             appeared.clear()
-            for node in sorted(arbiter.view.addresses().keys() - found.answered - asking):
+            listed = arbiter.view.addresses().keys()
+            for node in sorted(listed - found.answered - asking - obeying):
                 arbiter.settling.unsettled[node] = LATE
                 ask(node, 0.0)
             await appeared.wait()
@@ -142,7 +150,8 @@ async def _chase(
     one_at_a_time: asyncio.Lock,
     first_wait: float,
     outranked: Callable[[int], object] | None = None,
-) -> None:
+) -> bool:
+    """Whether the node obeys another leader (else it answered, or it left the cluster)."""
     wait, tries = first_wait, 0
     while (address := arbiter.view.addresses().get(node)) is not None:
         await asyncio.sleep(wait)
@@ -170,7 +179,7 @@ async def _chase(
             )  # fmt: skip
             if outranked is not None:
                 outranked(answer.epoch)
-            return
+            return True
         async with one_at_a_time:
             settled, outcomes = await _settle_report(arbiter, found, epoch, node, address, answer)
         if settled:
@@ -179,12 +188,13 @@ async def _chase(
                 "; ".join(outcomes) or "no job turn of an older leader",
             )  # fmt: skip
             arbiter.settling.settled(node)
-            return
+            return False
         why = "it answered, but settling its job turns failed: asked again"
         arbiter.settling.unsettled[node] = why
     else:  # the node left the cluster
         log.info("node %s left the cluster before it answered epoch %d", node, epoch)
     arbiter.settling.settled(node, heard=False)
+    return False
 
 
 async def _settle_report(

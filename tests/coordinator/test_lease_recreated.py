@@ -89,6 +89,36 @@ def test_an_agent_chased_that_obeys_another_leader_in_this_epoch_outranks_this_o
     asyncio.run(asyncio.wait_for(body(), 30))
 
 
+def test_an_agent_that_obeys_another_leader_is_asked_no_more_this_term_and_keeps_its_reason(
+    tmp_path: Path,
+) -> None:
+    """n1, chased, obeys coordinator-a in b's epoch; then n2's agent appears: b asks n2 only,
+    and n1 keeps saying why it is unsettled (not "listed after this leader took over")."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (_nodes, view):
+            n2 = view.nodes.pop("n2")  # listed later
+            a = await leading(view, epoch=1, holder="coordinator-a")
+            b = Arbiter(view, AgentLinks(TOKEN, holder="coordinator-b"), a.new_table, time.time)
+            appeared, outranked = asyncio.Event(), list[int]()
+            found = Recovered(unreachable={"n1": "not reached by recovery"})
+            chasing = asyncio.create_task(chase(b, found, 1, appeared, outranked.append))
+            while not outranked:
+                await asyncio.sleep(0.01)  # polls, bounded by the test's wait_for
+            view.nodes["n2"] = n2  # the nodes' watch lists it now
+            appeared.set()
+            while "n2" not in b.settling.heard:
+                assert not chasing.done(), chasing
+                await asyncio.sleep(0.01)
+            assert outranked == [1]
+            assert "obeys epoch 1 (coordinator-a)" in b.settling.unsettled["n1"]
+            chasing.cancel()
+            await close(a)
+            await close(b)
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
 def elector(plane: ControlPlane, lease: str, identity: str, **timing: Any) -> LeaderElector:
     api_client = load_api_client(str(plane.admin_kubeconfig))
     made = LeaderElector(api_client, "default", lease, identity, **timing)
