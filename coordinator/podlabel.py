@@ -12,7 +12,8 @@ label goes with an annotation naming the epoch it was set in, and a new leader, 
 is labelled, removes the label from every other pod of its Deployment labelled in an older epoch.
 Each removal is a JSON patch that first tests the pod's resourceVersion as listed: a label that a
 newer leader set on its pod meanwhile fails the test, the pods are listed again, and its newer
-epoch keeps it.
+epoch keeps it. While it leads it sweeps again every `RESWEEP_S` (a list by label): a deposed
+leader's own label write still in flight (its process frozen with it) may land after a sweep.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 10.0
 REQUEST_TIMEOUT_S = 5.0
 SWEEP_LISTS = 3
+RESWEEP_S = 30.0
+"""How often a leader sweeps again (an older leader's label write may land after its sweep)."""
 """How often a sweep lists the pods again when they change under it, before it backs off."""
 
 LABEL = names.LABEL_COORDINATOR_LEADER
@@ -106,15 +109,20 @@ class LeaderLabel:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        delay = RETRY_FIRST_S
-        while self._wake.wait():
+        delay, idle = RETRY_FIRST_S, None
+        while True:
+            woke = self._wake.wait(idle)
             with self._lock:
+                if not woke:  # leading, swept a while ago: sweep again
+                    self._swept = 0
                 wanted = self._wanted
                 self._wake.clear()
                 sweeping = wanted == self._applied
+                idle = None
                 if sweeping and (not wanted or self._swept == wanted or self._stopping.is_set()):
                     if self._stopping.is_set():
                         return
+                    idle = RESWEEP_S if wanted else None
                     continue
             step, outage = (
                 (self._sweep, self._sweep_outage) if sweeping else (self._patch, self._outage)

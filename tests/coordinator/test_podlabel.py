@@ -254,3 +254,36 @@ def test_a_label_a_newer_leader_sets_between_the_list_and_the_removal_is_kept(
     finally:
         for pod in (own, other):
             core.delete_namespaced_pod(pod, TEAM, grace_period_seconds=0)
+
+
+def test_a_label_an_older_leader_sets_after_the_sweep_is_removed_while_this_one_leads(
+    control_plane: ControlPlane, core: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader of epoch 5 labelled its pod and swept; then the label write of the deposed
+    leader of epoch 3 (frozen with it in flight, or cut off) lands: the Service would send
+    callers to both. The leader sweeps again while it leads, and the old label goes."""
+    monkeypatch.setattr(podlabel, "RESWEEP_S", 0.2)
+    app = {"app.kubernetes.io/name": f"coordinator-{uuid.uuid4().hex[:8]}"}
+    own, old = (f"{app['app.kubernetes.io/name']}-{suffix}" for suffix in ("own", "old"))
+    coordinator_pod(core, own, app)
+    coordinator_pod(core, old, app)
+    api_client = load_api_client(str(control_plane.admin_kubeconfig))
+    label = LeaderLabel.on_pod(api_client, TEAM, own)
+    label.start()
+    try:
+        label.want(5)
+        wait_for("the leader's own label", lambda: True if leader_of(core, own) else None, WAIT_S)
+        note = {ANNOTATION_COORDINATOR_LEADER_EPOCH: "3"}
+        late = {"metadata": {"labels": {LABEL_COORDINATOR_LEADER: "true"}, "annotations": note}}
+        core.patch_namespaced_pod(old, TEAM, late)  # the old leader's write, landing late
+        wait_for(
+            "the old leader's late label removed",
+            lambda: True if leader_of(core, old) is None else None,
+            WAIT_S,
+        )
+        assert leader_of(core, own) == "5"
+    finally:
+        label.stop()
+        for pod in (own, old):
+            core.delete_namespaced_pod(pod, TEAM, grace_period_seconds=0)
+        api_client.close()
