@@ -134,7 +134,7 @@ class SessionCore:
         """The lease of a yield cut off in flight (`yield_failed`): it may have reached the
         agent, so the agent's "no such lease" to the yield made again means it did."""
         self.gone = False
-        """That lease was found gone after the agent restarted: the yield made again ends it."""
+        """That lease was found gone (a renewal's "no such lease"): the yield made again ends it."""
         self.undelivered: pb.Request | None = None
         """A kept lease's yield that could not be sent (the session was down): sent again by
         the next `give_back`, after the reconnect."""
@@ -375,8 +375,8 @@ class SessionCore:
         if isinstance(outcome, LeaseLost):
             if self.lease is lease:
                 self.lease, self.renew_at = None, None
-                if reclaiming and lease.lease_id == self.unsure:  # the yield had ended it
-                    log.info("turn %s ended before the agent restarted", lease.lease_id)
+                if lease.lease_id == self.unsure:  # the yield cut off in flight had ended it
+                    log.info("turn %s ended by a yield whose answer was lost", lease.lease_id)
                     self.gone = True
                 elif reclaiming:
                     log.warning(  # a restart, or its last session closing, ended the turn
