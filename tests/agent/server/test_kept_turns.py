@@ -227,3 +227,39 @@ def test_the_asyncio_client_gives_a_kept_turn_back_while_its_loop_is_blocked(wor
     finally:
         b.close()
         runner.stop()
+
+
+def test_the_asyncio_client_never_takes_a_turn_back_too_late_for_the_maximum_hold(
+    workdir: str,
+) -> None:
+    """As `test_a_turn_is_never_taken_back_too_late_to_end_within_the_maximum_hold`, on
+    `AsyncBaton`: its own acquire and yield keep the same margin (`TURN_MARGIN`)."""
+    window = 0.5
+    fair = FairConfig(anticipate_s=window)
+    runner = AgentRunner(workdir, queue_policy="fair", fair=fair, max_hold=1.0)
+    runner.start()
+    a = AsyncBaton(runner.socket, [GPU], name="a", gpu_duty=90)
+    b = Baton(runner.socket, [GPU], name="b", gpu_duty=10)
+    keeps = Pushes(a, "keep_turn", lambda m: m.keep_turn.until_s)
+
+    async def owed_loop() -> tuple[set[str], int]:
+        held, _ = await owed_async(runner, a, b, keeps, window * 5)  # b's step: 0.5 s
+        assert keeps.seen[-1] == pytest.approx(1.0)  # kept up to the maximum
+        mark, leases = runner.mark(), {held.lease_id}
+        for _ in range(4):  # turns of 0.3 s: the third would start 0.1 s before the maximum
+            await asyncio.sleep(0.3)  # the step
+            await a.yield_()
+            leases.add((await a.acquire(timeout=10)).lease_id)
+        await a.yield_()
+        await a.close()
+        return leases, mark
+
+    try:
+        leases, mark = asyncio.run(owed_loop())
+        seen = runner.seen[mark : runner.mark()]
+        revoked = [e for e in seen if e.kind == ev.REVOKED and e.tenant_id == "local/a"]
+        assert not revoked, "a turn of 0.3 s was revoked (held past a maximum hold of 1 s)"
+        assert 1 < len(leases) < 5  # some taken back kept, some asked for afresh
+    finally:
+        b.close()
+        runner.stop()
