@@ -5,10 +5,12 @@ stride scheduling): a tenant's virtual time grows by the seconds it *held* a tur
 weight (`gpu-duty`), and the waiter with the least virtual time goes first, so each tenant's
 share of a contended GPU converges to its duty's share. A tenant that (re)joins is lifted to its
 GPU's virtual clock (its tier's) less `credit_s` of its own time, so idle time is banked only up to
-`credit_s` (bounded lag). Tiers (the pod's priority) are strict, except that a lower tier waiting
-behind a higher one is owed `min_share` of the GPU's time: its balance grows by `min_share` of
-each higher-tier turn it waits through and shrinks by the rest of each turn it takes while a
-higher tier waits, bounded by ±`credit_s`; a tier with a positive balance goes first.
+`credit_s` (bounded lag); one that left the node in debt (ahead of its GPUs' clock) is remembered
+until the clock passes it, so leaving and coming back under the same id sheds no debt. Tiers (the
+pod's priority) are strict, except that a lower tier waiting behind a higher one is owed
+`min_share` of the GPU's time: its balance grows by `min_share` of each higher-tier turn it waits
+through and shrinks by the rest of each turn it takes while a higher tier waits, bounded by
+±`credit_s`; a tier with a positive balance goes first.
 """
 
 from __future__ import annotations
@@ -79,6 +81,9 @@ class FairShare:
     vclock: dict[str, float] = field(default_factory=dict)
     """Each GPU's virtual clock per tier (`clock_key`)."""
     balance: dict[tuple[str, int], float] = field(default_factory=dict)
+    departed: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
+    """Tenants that left in debt, oldest first: the GPUs and tier whose clock must pass their
+    virtual time before it is forgotten (at most `DEPARTED_MAX`)."""
 
     def __call__(self, waiters: list[Waiter], usage: Mapping[str, TenantUsage]) -> list[Waiter]:
         """Owed lower tiers first, then by tier (highest first), a revoked holder first within
@@ -139,6 +144,29 @@ class FairShare:
         """A tenant starts waiting: a new one starts at its GPUs' virtual clock (its tier's), a
         returning one keeps at most `credit_s` of banked time."""
         self.vtime[tenant_id] = self._rejoined(tenant_id, gpus, duty, tier)
+        self.departed.pop(tenant_id, None)
+
+    def left(self, tenant_id: str, gpus: Iterable[str], tier: int) -> None:
+        """A tenant left the node (its last session ended, its pod went): its virtual time is
+        kept while it is ahead of its GPUs' clock (it owes the others), so that coming back
+        under the same id it rejoins where it left; else forgotten (it would rejoin at the
+        clock, as a new tenant does). The debts of others that left and have since been paid
+        are forgotten too, and the oldest beyond `DEPARTED_MAX`."""
+        if tenant_id not in self.departed:
+            self.departed[tenant_id] = (tuple(gpus), tier)
+        for t, (t_gpus, t_tier) in list(self.departed.items()):
+            if not self._in_debt(t, t_gpus, t_tier):
+                self._forget(t)
+        while len(self.departed) > DEPARTED_MAX:
+            self._forget(next(iter(self.departed)))
+
+    def _forget(self, tenant_id: str) -> None:
+        self.departed.pop(tenant_id, None)
+        self.vtime.pop(tenant_id, None)
+
+    def _in_debt(self, tenant_id: str, gpus: Iterable[str], tier: int) -> bool:
+        clock = max((self.vclock.get(clock_key(g, tier), 0.0) for g in gpus), default=_NEVER)
+        return self.vtime.get(tenant_id, 0.0) > clock
 
     def _rejoined(self, tenant_id: str, gpus: Iterable[str], duty: int, tier: int) -> float:
         clock = max((self.vclock.get(clock_key(g, tier), 0.0) for g in gpus), default=0.0)
@@ -219,6 +247,12 @@ def clock_key(gpu: str, tier: int) -> str:
     tier 0 (as before the tiers had clocks of their own), else the name and the tier."""
     return gpu if tier == 0 else f"{gpu} tier {tier}"
 
+
+DEPARTED_MAX = 4096
+"""Departed tenants whose debts are remembered at most (the oldest are forgotten first)."""
+
+_NEVER = float("inf")
+"""The clock of no GPU: nobody is in debt to it."""
 
 _NOBODY = TenantUsage()
 """What the policy knows of a tenant it has no usage for (read only)."""

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.core import fair
 from agent.core.errors import AlreadyHolding
 from agent.core.fair import FairConfig, FairShare
 from agent.core.leases import LeaseTable
@@ -23,6 +24,8 @@ class Spec:
     turn: float
     gap: float = 0.0
     tier: int = 0
+    reconnects: bool = False
+    """It leaves the node after each turn (its session closed) and comes back as itself."""
 
 
 @dataclass
@@ -72,6 +75,8 @@ def simulate(specs: dict[str, Spec], seconds: float, config: FairConfig | None =
         if holder is not None and holder[2] <= now[0]:
             t, lease_id, _ = holder
             table.release(lease_id, yielded=True)
+            if specs[t].reconnects:
+                table.drop_tenant(t)
             result.held[t] += specs[t].turn
             wake[t] = now[0] + specs[t].gap + RETURN_S
             holder = None
@@ -307,3 +312,49 @@ def test_a_lower_tier_waiting_does_not_let_a_sleeper_bank_more_than_the_credit()
         late_turns += done == "late"
         table.enqueue(done, ["g"], duty=50, tier=tiers[done])
     assert 0 < late_turns <= 2.0 / 0.1 + 1
+
+
+def test_a_tenant_that_reconnects_between_turns_keeps_its_debt() -> None:
+    # "greedy" closes its session after every turn and opens a new one under the same id.
+    # Rejoining level with "other" each time, it would take every other turn: half the GPU.
+    specs = {"greedy": Spec(10, 0.1, reconnects=True), "other": Spec(90, 0.1)}
+    seconds = 100.0
+    result = simulate(specs, seconds)
+    assert result.held["greedy"] / seconds == pytest.approx(0.1, abs=0.03)
+    assert result.held["other"] / seconds == pytest.approx(0.9, abs=0.03)
+
+
+def test_a_departed_tenants_debt_is_forgotten_once_paid() -> None:
+    now = [0.0]
+    policy = FairShare()
+    table = LeaseTable(clock=lambda: now[0], policy=policy, max_hold=1e9)
+
+    def turn(tenant: str) -> None:
+        table.enqueue(tenant, ["g"], duty=50)
+        lease = table.grant(table.pick()[0].waiter_id)
+        assert lease.tenant_id == tenant
+        now[0] += 1.0
+        table.release(lease.lease_id)
+
+    table.enqueue("gone", ["g"], duty=50)
+    lease = table.grant(table.pick()[0].waiter_id)
+    table.enqueue("other", ["g"], duty=50)
+    now[0] += 1.0
+    table.release(lease.lease_id)  # "gone" is 2 virtual seconds ahead of "other", waiting
+    table.drop_tenant("gone")
+    assert policy.vtime["gone"] == pytest.approx(2.0)  # in debt: it comes back where it left
+    table.cancel(next(iter(table.waiters)))
+    turn("other")  # "other" runs level with it: the debt is paid
+    turn("brief")
+    table.drop_tenant("brief")  # a departure forgets the debts since paid
+    assert "gone" not in policy.vtime and "brief" not in policy.vtime
+    assert not policy.departed
+
+
+def test_the_departed_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fair, "DEPARTED_MAX", 2)
+    policy = FairShare()
+    for name in ("a", "b", "c"):  # each left 1 virtual second ahead of the GPU's clock
+        policy.vtime[name] = 1.0
+        policy.left(name, ["g"], 0)
+    assert list(policy.departed) == ["b", "c"] and set(policy.vtime) == {"b", "c"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -116,6 +117,38 @@ def test_a_turn_ended_by_its_tenant_leaving_is_accounted_in_its_tier(fair_agent:
     fair_agent.wait_event(lambda e: e.kind == "tenant_gone", since=mark, timeout=5)
     rows = fair_agent.status()["accounting"]["gpu_seconds"]
     assert [row[:3] for row in rows] == [["local/a", "local", 1000]]
+
+
+def test_a_tenant_that_reconnects_comes_back_with_its_debt(workdir: str):
+    # "greedy" (duty 1) holds 50 ms: 5 s of its virtual time, against "other"'s (duty 100)
+    # few ms. Closing its session and opening a new one must not bring it back level.
+    fair = FairConfig(min_share=0.0, anticipate_s=5.0)  # the GPU is kept for an owed yielder
+    runner = AgentRunner(workdir, queue_policy="fair", fair=fair).start()
+    greedy, other = _client(runner, "greedy", duty=1), _client(runner, "other", duty=100)
+    try:
+        greedy.acquire()
+        mark = runner.mark()
+        waiting = threading.Thread(target=_acquire_until_closed, args=(other,), daemon=True)
+        waiting.start()
+        runner.wait_event(_queued("local/other"), since=mark)
+        time.sleep(0.05)  # the turn's work
+        greedy.yield_()
+        waiting.join(timeout=10)
+        assert not waiting.is_alive(), "other has the GPU"
+        mark = runner.mark()
+        greedy.close()
+        gone = runner.wait_event(lambda e: e.kind == "tenant_gone", since=mark, timeout=5)
+        assert gone.tenant_id == "local/greedy"
+        greedy = _client(runner, "greedy", duty=1)
+        mark = runner.mark()
+        threading.Thread(target=_acquire_until_closed, args=(greedy,), daemon=True).start()
+        runner.wait_event(_queued("local/greedy"), since=mark)
+        other.yield_()
+        other.acquire(timeout=2)  # still owed: greedy is 5 s ahead, not level with it
+    finally:
+        for each in (greedy, other):
+            each.close()
+        runner.stop()
 
 
 class _ParkedA(NullPreparer):
