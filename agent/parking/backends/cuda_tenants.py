@@ -231,8 +231,17 @@ class CudaTenants:
         return sum(b.get(gpu, 0) for b in self._bytes((gpu,), self.pids(tenant_id)).values())
 
     def _cgroup(self, tenant_id: str) -> procs.CgroupMemory | None:
+        """The cgroup with the least room among its processes: those last found where finding
+        them fails (NVML cannot measure a process to settle), which fails this tenant's own
+        moves, not the node's read of every tenant; `state()` says why."""
+        try:
+            pids = self.pids(tenant_id)
+        except BackendError as e:
+            with self._mutex:
+                self._problems[tenant_id] = str(e)
+                pids = self._found.get(tenant_id, (0.0, ()))[1]
         root, cgroups = self.proc_root, self.cgroup_root
-        found = [procs.memory_cgroup(p, root, cgroups) for p in self.pids(tenant_id)]
+        found = [procs.memory_cgroup(p, root, cgroups) for p in pids]
         known = [c for c in found if c is not None]
         return min(known, key=lambda c: c.limit - c.used) if known else None
 

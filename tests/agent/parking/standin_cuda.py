@@ -30,7 +30,8 @@ public NVIDIA/cuda-checkpoint bug reports:
 * a process may exit just before a call reaches it (`exit_before`): then the driver knows it no
   more (INVALID_VALUE) and NVML no longer lists it;
 * a checkpointed process vanishes from NVML's process list and frees its device memory;
-* NVML raises `NVMLError` for a UUID it does not know and for every query once `lost` is set.
+* NVML raises `NVMLError` for a UUID it does not know, for every query once `lost` is set, and
+  for every query of a GPU in `lost_gpus`.
 """
 
 from __future__ import annotations
@@ -261,6 +262,8 @@ class StandInNvml:
         self.release = release
         self.lost = False
         """Set: the GPU fell off the bus; every device query raises."""
+        self.lost_gpus: set[str] = set()
+        """GPUs that fell off the bus alone: every query of one of them raises."""
         driver.nvml = self
         self.gpus = gpus
         self.used: dict[str, dict[int, int]] = {g: {} for g in gpus}
@@ -284,7 +287,7 @@ class StandInNvml:
         return self.release
 
     def _device(self, handle):
-        if self.lost or handle not in self.gpus:
+        if self.lost or handle in self.lost_gpus or handle not in self.gpus:
             raise NVMLError("Not Found" if handle not in self.gpus else "GPU is lost")
         return handle
 

@@ -99,3 +99,29 @@ def test_a_process_found_locked_that_will_not_unlock_quarantines_its_tenant_alon
     entry = prep.status()["tenants"]["a"]
     assert entry["residency"] == "quarantined" and entry["footprint_bytes"] == 4 * GIB
     assert driver.states[100] == LOCKED and driver.states[101] == RUNNING
+
+
+GPU2 = "GPU-66666666-7777-8888-9999-000000000000"
+
+
+def test_an_nvml_failure_on_one_gpu_fails_no_turn_on_another(tmp_path):
+    """Tenant a, on a GPU that fell off the bus, has a process left locked beside a
+    checkpointed one (a move a restart cut off): NVML cannot measure it, so it is not settled.
+    That fails a's read alone: b and c keep taking turns on the other GPU."""
+    driver = StandInDriver(states={100: CHECKPOINTED, 101: LOCKED, 200: RUNNING})
+    nvml = StandInNvml(driver, {GPU: 10 * GIB, GPU2: 10 * GIB})
+    nvml.used = {GPU: {200: 4 * GIB}, GPU2: {101: GIB}}
+    nvml.lost_gpus.add(GPU2)
+    root = str(tmp_path)
+    backend = CudaBackend(driver, nvml, lock_timeout_ms=100, proc_root=root, call_timeout_s=0.3)
+    memory = {GPU: 10 * GIB, GPU2: 10 * GIB}
+    prep = ParkingPreparer(backend, memory, host_budget=20 * GIB, backoff=0.0)
+    prep.register(TenantRef("a", (GPU2,), pids=(100, 101)))
+    prep.register(TenantRef("b", (GPU,), pids=(200,)))
+    prep.register(TenantRef("c", (GPU,), declared_bytes=7 * GIB))
+    turn(prep, "b")
+    turn(prep, "c")  # b is parked for c
+    assert driver.states[200] == CHECKPOINTED
+    assert driver.states[100] == CHECKPOINTED and driver.states[101] == LOCKED
+    entry = prep.status()["tenants"]["a"]
+    assert "GPU is lost" in entry["detail"]
