@@ -108,6 +108,24 @@ class CudaBackend(CudaTenants, Backend):
             with self._mutex:
                 self._moving.discard(tenant_id)
 
+    def _late_undo(self, tenant_id: str) -> cuda_moves.Late:
+        """The tenant counts as moving from when an undo is left to a stalled lock's thread
+        until it ran: a lookup meanwhile must not settle the process that lock locks."""
+
+        def left() -> Callable[[], None]:
+            with self._mutex:
+                self._late[tenant_id] = self._late.get(tenant_id, 0) + 1
+
+            def ran() -> None:
+                with self._mutex:
+                    self._late[tenant_id] -= 1
+                    if not self._late[tenant_id]:
+                        del self._late[tenant_id]
+
+            return ran
+
+        return left
+
     def _park(self, tenant_id: str, gpu: str) -> Move:
         with self._mutex:
             if tenant_id in self._parked:
@@ -136,7 +154,7 @@ class CudaBackend(CudaTenants, Backend):
                     raise Unparkable(f"pid {pid} maps NCCL shared memory ({NCCL_SHM}*); {SHARING}")
             sizes = self._bytes(ref.gpus, pids)
             start = self._clock()
-            moved_pids = cuda_moves.park_all(self.calls, pids, sizes)
+            moved_pids = cuda_moves.park_all(self.calls, pids, sizes, self._late_undo(tenant_id))
         except CallStalled as e:
             raise self._quarantine(tenant_id, f"{e}; {STALLED}") from e
         except BackendQuarantined as e:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,9 +82,20 @@ def _total(sizes: Sizes, pid: int) -> int:
     return sum(sizes.get(pid, {}).values())
 
 
-def park_all(calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes) -> tuple[int, ...]:
+Late = Callable[[], Callable[[], None]]
+"""Called before an undo is left to a stalled call's thread (`roll_back`); what it returns is
+called once that undo ran, or was not left after all."""
+
+
+def _none_late() -> Callable[[], None]:
+    return lambda: None
+
+
+def park_all(
+    calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes, late: Late = _none_late
+) -> tuple[int, ...]:
     """Lock every process, then checkpoint every one; undo all if one fails. Returns the ones
-    parked: all but those without a CUDA context."""
+    parked: all but those without a CUDA context. `late`: see `roll_back`."""
     locked: list[int] = []
     for pid in pids:
         try:
@@ -91,7 +103,7 @@ def park_all(calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes) -> tu
         except NoContext:
             continue
         except CallStalled as e:  # undone if it can be; the tenant cannot be parked
-            roll_back(calls, [pid, *locked], sizes, e)
+            roll_back(calls, [pid, *locked], sizes, e, late)
             raise Unparkable(f"{e}; {STALLED}; {SHARING}") from e
         except DriverError as e:
             roll_back(calls, [pid, *locked], sizes, e)
@@ -110,17 +122,28 @@ def park_all(calls: CheckpointDriver, pids: tuple[int, ...], sizes: Sizes) -> tu
     return tuple(locked)
 
 
-def roll_back(calls: CheckpointDriver, pids: list[int], sizes: Sizes, cause: Exception) -> None:
+def roll_back(
+    calls: CheckpointDriver,
+    pids: list[int],
+    sizes: Sizes,
+    cause: Exception,
+    late: Late = _none_late,
+) -> None:
     """Return every touched process to RUNNING; `BackendQuarantined` if one will not go.
 
     `pids[0]` is the one `cause` came from, undone last. Where its call is still in flight (a
     lock that did not return in time) it is undone once the call returns: a lock waiting on a
-    locked peer is carried out when the peer is unlocked (NVIDIA/cuda-checkpoint#30)."""
+    locked peer is carried out when the peer is unlocked (NVIDIA/cuda-checkpoint#30). `late`
+    hears of that undo before it is left to the call, and once it ran (the caller keeps others
+    from settling the process meanwhile)."""
     stuck = []
     for pid in reversed(pids):
         stalled = cause if isinstance(cause, CallStalled) and pid == pids[0] else None
-        if stalled is not None and stalled.on_return(functools.partial(unlock_late, calls, pid)):
-            continue  # its peers are unlocked: it returns, and is undone then
+        if stalled is not None:
+            ran = late()
+            if stalled.on_return(functools.partial(_undo_late, calls, pid, ran)):
+                continue  # its peers are unlocked: it returns, and is undone then
+            ran()
         try:
             state = calls.state(pid)
             if state == CHECKPOINTED:
@@ -137,6 +160,13 @@ def roll_back(calls: CheckpointDriver, pids: list[int], sizes: Sizes, cause: Exc
         raise BackendQuarantined(
             f"park failed ({cause}) and could not be undone: " + "; ".join(stuck)
         )
+
+
+def _undo_late(calls: CheckpointDriver, pid: int, ran: Callable[[], None]) -> None:
+    try:
+        unlock_late(calls, pid)
+    finally:
+        ran()
 
 
 def unlock_late(calls: CheckpointDriver, pid: int) -> None:

@@ -79,6 +79,9 @@ class CudaTenants:
         self._problems: dict[str, str] = {}
         self._moving: set[str] = set()
         """Tenants a park or restore is under way for (their processes may be locked)."""
+        self._late: dict[str, int] = {}
+        """Tenants with undos left to stalled locks' threads that have not run yet (a process
+        such a lock locked is that undo's to unlock, not a lookup's)."""
 
     def _nvml(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """An NVML query with a deadline; an NVML error (unknown UUID, lost GPU) is ours."""
@@ -129,12 +132,13 @@ class CudaTenants:
 
         Processes left locked by a move a restart cut off are settled (see
         `cuda_moves.settle_locked`) unless a move of the tenant is under way: `settle` says the
-        caller is that move, before it touched any process. A process whose state query the
-        driver does not support counts as running (its memory stays on the GPU) and refuses
-        the tenant (`unparkable`)."""
+        caller is that move, before it touched any process. None is while an undo is left to a
+        stalled lock (`_late`): the process it locked is that undo's. A process whose state
+        query the driver does not support counts as running (its memory stays on the GPU) and
+        refuses the tenant (`unparkable`)."""
         with self._mutex:
             ref = self._refs.get(tenant_id)
-            settle = settle or tenant_id not in self._moving
+            settle = (settle or tenant_id not in self._moving) and tenant_id not in self._late
         if ref is None:
             return ()
         states = self._states(tenant_id, sorted(self._candidates(ref)))

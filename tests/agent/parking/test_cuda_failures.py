@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.core.errors import Quarantined
 from agent.core.residency import NoRoom
+from agent.parking.backends import cuda_moves
 from agent.parking.backends.base import (
     BackendError,
     BackendQuarantined,
@@ -21,7 +22,7 @@ from agent.parking.backends.base import (
 from agent.parking.backends.cuda import CudaBackend
 from agent.parking.preparer import ParkingPreparer
 
-from .standin_cuda import CHECKPOINTED, RUNNING, CUresult, StandInDriver, StandInNvml
+from .standin_cuda import CHECKPOINTED, LOCKED, RUNNING, CUresult, StandInDriver, StandInNvml
 from .test_cuda_backend import GIB, GPU, moves
 
 MIB = 1024**2
@@ -157,6 +158,45 @@ def test_a_lock_that_lands_after_the_park_was_undone_is_unlocked(node):
             assert not thread.is_alive()
     assert moves(driver)[-2:] == [("lock", 101), ("unlock", 101)]
     assert driver.states[100] == driver.states[101] == RUNNING
+
+
+def test_a_lookup_leaves_a_late_lock_to_its_undo_and_quarantines_nothing(node, monkeypatch):
+    """Between a late lock returning and its undo (in the call's thread), a lookup of the
+    tenant's processes finds the process locked: it leaves it to that undo. Were it to settle
+    it too, one of the two unlocks would fail, and the lookup's failing quarantined the tenant
+    for good."""
+    driver, _, backend = node
+    driver.shared.append({100, 101})
+    driver.lands_late = threading.Event()
+    landed, undo, undone = threading.Event(), threading.Event(), threading.Event()
+    unlock_late, unlock = cuda_moves.unlock_late, driver.cuCheckpointProcessUnlock
+
+    def held_undo(calls, pid):  # the call's thread, between the lock returning and its undo
+        landed.set()
+        assert undo.wait(5)
+        unlock_late(calls, pid)
+        undone.set()
+
+    def lookup_unlock(pid, args):  # a lookup's unlock of 101 comes second: the undo ran
+        if pid == 101 and not undo.is_set():
+            undo.set()
+            undone.wait(5)
+        return unlock(pid, args)
+
+    monkeypatch.setattr(cuda_moves, "unlock_late", held_undo)
+    monkeypatch.setattr(driver, "cuCheckpointProcessUnlock", lookup_unlock)
+    with pytest.raises(Unparkable, match="share GPU memory"):
+        backend.park("a", GPU)
+    driver.shared.clear()  # a state query of 100 does not wait on 101 (the late lock does)
+    driver.lands_late.set()
+    assert landed.wait(5) and driver.states[101] == LOCKED
+    backend.rescan("a")
+    assert backend.state("a").quarantined == ""  # a lookup while the undo is pending
+    undo.set()
+    assert undone.wait(5)
+    assert driver.states[100] == driver.states[101] == RUNNING
+    assert moves(driver).count(("unlock", 101)) == 1
+    assert backend.state("a").quarantined == ""
 
 
 def test_a_tenant_mapping_nccl_shared_memory_is_refused_before_any_lock(node, tmp_path):
