@@ -23,6 +23,9 @@ POLL_S = 10.0
 """Seconds between checks that the node still carries the annotations where its role refuses
 the watch of it: a node deleted and registered again under its name has none, and someone else
 may remove or overwrite them."""
+WATCH_RETRY_S = 120.0
+"""Seconds between tries of the refused watch while polling: a binding that grants it may land
+after the daemon starts (a GitOps sync), and then the watch takes over again."""
 
 
 def node_annotations(inventory: Inventory, budget_mib: int) -> dict[str, str]:
@@ -73,12 +76,15 @@ def annotate_once(core: Any, node_name: str, wanted: Mapping[str, str]) -> str:
 
 
 class _NodeSeen:
-    """The store of the node's own watch: hands `seen` each version of the node it shows."""
+    """The store of the node's own watch: hands `seen` each version of the node it shows, and
+    calls `listed` after every list (the role allows it)."""
 
-    def __init__(self, seen: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, seen: Callable[[dict[str, Any]], None], listed: Callable[[], None]) -> None:
         self._seen = seen
+        self._listed = listed
 
     def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
+        self._listed()
         for node in objects:
             self._seen(node)
 
@@ -91,7 +97,7 @@ class NodeAnnotator:
     """Patches the node's annotations at start, after every inventory change, and whenever the
     watch of the node shows them missing or different or the node replaced (registered again,
     or someone removed or overwrote them). Under a role without `list`/`watch` on nodes it
-    checks them every `poll_s` instead.
+    checks them every `poll_s` instead, and tries the watch again every `watch_retry_s`.
 
     No periodic check runs beside the watch: it resumes from the last version seen, and a relist
     (history gone) shows the node as it is, so no change to it goes unseen."""
@@ -103,6 +109,7 @@ class NodeAnnotator:
         inventory: LiveInventory,
         budget_mib: int,
         poll_s: float = POLL_S,
+        watch_retry_s: float = WATCH_RETRY_S,
     ):
         from kubernetes import client
 
@@ -111,8 +118,11 @@ class NodeAnnotator:
         self.inventory = inventory
         self.budget_mib = budget_mib
         self.poll_s = poll_s
+        self.watch_retry_s = watch_retry_s
         self.polling = threading.Event()
-        """Set once the watch was refused (403): the annotations are polled instead."""
+        """Set while the watch is refused (403): the annotations are polled instead."""
+        self.watching = threading.Event()
+        """Set once the node is listed (the role allows it), cleared when the watch is refused."""
         self._uid: str | None = None
         outage = Outage(
             log,
@@ -128,10 +138,10 @@ class NodeAnnotator:
         source = KubeSource(api_client, "nodes", field_selector=f"metadata.name={node_name}")
         self.watch = Reflector(
             source,
-            _NodeSeen(self._seen),
+            _NodeSeen(self._seen, self._listed),
             watch_outage,
             name="node-annotation-watch",
-            gives_up=self._forbidden,
+            refused=self._forbidden,
         )
         inventory.subscribe(lambda _inventory: self.republisher.poke())
 
@@ -162,17 +172,29 @@ class NodeAnnotator:
         if replaced or not same_annotations(meta.get("annotations") or {}, self._wanted()):
             self.republisher.poke()
 
-    def _forbidden(self, err: Exception) -> bool:
-        """A role without list/watch on nodes (an older ClusterRole): poll instead, said once."""
+    def _listed(self) -> None:
+        """The node was listed: the role allows it, so the watch replaces the poll."""
+        self.watching.set()
+        if self.polling.is_set():
+            log.info("watching node %s again: its annotations are no longer polled", self.node_name)
+            self.polling.clear()
+            self.republisher.resync_every(None)
+
+    def _forbidden(self, err: Exception) -> float | None:
+        """A role without list/watch on nodes (an older ClusterRole, or a binding not there
+        yet): poll instead, said once, and try the watch again after `watch_retry_s`."""
         if getattr(err, "status", None) != 403:
-            return False
-        log.warning(
-            "watching node %s is forbidden (%s): its role lacks list and watch on nodes; "
-            "checking its annotations every %g s instead (grant them and restart to watch)",
-            self.node_name,
-            api_error_reason(err),
-            self.poll_s,
-        )
-        self.polling.set()
-        self.republisher.resync_every(self.poll_s)
-        return True
+            return None
+        self.watching.clear()
+        if not self.polling.is_set():
+            log.warning(
+                "watching node %s is forbidden (%s): its role lacks list and watch on nodes; "
+                "checking its annotations every %g s instead, and the watch again every %g s",
+                self.node_name,
+                api_error_reason(err),
+                self.poll_s,
+                self.watch_retry_s,
+            )
+            self.polling.set()
+            self.republisher.resync_every(self.poll_s)
+        return self.watch_retry_s

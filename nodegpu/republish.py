@@ -44,8 +44,9 @@ class Republisher:
         self.published.clear()
         self._pending.set()
 
-    def resync_every(self, resync_s: float) -> None:
-        """From now on publish again after `resync_s` without a change too (and once soon)."""
+    def resync_every(self, resync_s: float | None) -> None:
+        """From now on publish again after `resync_s` without a change too, or (None) only on
+        changes (and once soon either way)."""
         self._resync_s = resync_s
         self.poke()
 

@@ -105,7 +105,7 @@ class Reflector:
         name: str = "reflector",
         decode: Callable[[bytes], Any] = orjson.loads,
         on_restart: Callable[[str], None] = lambda why: None,
-        gives_up: Callable[[Exception], bool] = lambda err: False,
+        refused: Callable[[Exception], float | None] = lambda err: None,
         backoff: Backoff | None = None,
         sleep: Callable[[float], object] | None = None,
         page: int = PAGE,
@@ -113,11 +113,12 @@ class Reflector:
         watch_timeout_s: int = WATCH_TIMEOUT_S,
     ) -> None:
         """`on_restart(why)` hears every error the loop recovers from (for metrics); `sleep`
-        waits out a backoff (by default a wait that `stop` cuts short); `gives_up(err)`, true
-        for an error that retrying cannot mend (a role without the verb), ends the loop for good
-        (it is called from the loop's thread, and tells the caller itself)."""
+        waits out a backoff (by default a wait that `stop` cuts short); `refused(err)`, for an
+        error that retrying soon cannot mend (a role without the verb, until it is granted),
+        gives the seconds to wait before listing again, without a backoff or an outage said (it
+        is called from the loop's thread, and tells the caller itself); None for any other."""
         self.source, self.store, self.outage = source, store, outage
-        self._gives_up = gives_up
+        self._refused = refused
         self._decode = decode
         self._on_restart = on_restart
         self._backoff = backoff or Backoff()
@@ -173,9 +174,14 @@ class Reflector:
                     self._answered()
                 self._watch()
             except Exception as err:
-                if self._stopping.is_set() or self._gives_up(err):
+                if self._stopping.is_set():
                     return
-                self._recover(err)
+                retry_s = self._refused(err)
+                if retry_s is None:
+                    self._recover(err)
+                else:
+                    self.resource_version = ""
+                    self._sleep(retry_s)
 
     def _recover(self, err: Exception) -> None:
         """Relist at once when the history is gone (once in a row); else back off, then resume

@@ -253,32 +253,41 @@ def test_list_now_hands_a_fresh_list_to_the_store_and_raises_to_the_caller() -> 
     assert reflector.resource_version == "", "the loop's own watch is left alone"
 
 
-def test_an_error_the_caller_gives_up_on_ends_the_loop_without_a_retry(
+def test_an_error_the_caller_takes_as_refused_waits_its_delay_then_lists_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A role without the verb: retrying cannot mend it, so the caller takes over (the node
-    annotator polls instead) and the loop neither backs off nor says an outage."""
+    """A role without the verb: retrying soon cannot mend it, so the caller takes over (the node
+    annotator polls instead) and names the wait before the next try (the role may be granted
+    later); the loop neither backs off nor says an outage, and lists afresh."""
     caplog.set_level(logging.DEBUG, "test.reflector")
-    given_up: list[int] = []
+    refusals: list[int] = []
 
-    def gives_up(err: Exception) -> bool:
+    def refused(err: Exception) -> float | None:
         status = getattr(err, "status", None)
-        if status == 403:
-            given_up.append(status)
-        return status == 403
+        if status != 403:
+            return None
+        refusals.append(status)
+        return 60.0
 
     script = Script(
         ("list", Status(500, "Internal Server Error")),
         ("list", Status(403, "Forbidden")),
-        ("list", page("1")),  # never asked for
+        ("list", page("1")),
+        ("watch", Status(403, "Forbidden")),
+        ("list", page("2", "a")),
+        ("watch", Raw(events=[{"type": "ADDED", "object": obj("b", "3")}])),
     )
-    slept: list[float] = []
-    outage = Outage(logging.getLogger("test.reflector"), "watch of things", "nothing changes")
-    reflector = Reflector(script, Recorder(), outage, sleep=slept.append, gives_up=gives_up)
-    script.reflector = reflector
-    reflector.run()
-    assert script.calls == [("list", ""), ("list", "")]
-    assert given_up == [403]
-    assert slept == [0.2], "only the 500 was backed off"
+    store, slept = run(script, refused=refused)
+    assert script.calls[:6] == [
+        ("list", ""),
+        ("list", ""),
+        ("list", ""),
+        ("watch", "1"),
+        ("list", ""),
+        ("watch", "2"),
+    ]
+    assert refusals == [403, 403]
+    assert slept == [0.2, 60.0, 60.0], "only the 500 was backed off"
+    assert store.seen == [("replace", [], "1"), ("replace", ["a"], "2"), ("ADDED", "b")]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "500" in warnings[0]

@@ -104,28 +104,29 @@ def test_annotations_come_back_after_the_node_registers_again_or_loses_them(
 OLD_ROLE = "baton-annotator-old-role"
 
 
-def old_role_client(api_client: Any, admin: Path, tmp_path: Path) -> Any:
-    """A client whose ServiceAccount may only get and patch nodes (a ClusterRole from before
-    the watch): the admin's kubeconfig with that account's token as its only credential."""
+def old_role_client(api_client: Any, admin: Path, tmp_path: Path, name: str = OLD_ROLE) -> Any:
+    """A client whose ServiceAccount `name` may only get and patch nodes (a ClusterRole from
+    before the watch, also named `name`): the admin's kubeconfig with that account's token as its
+    only credential."""
     from kubernetes import client
 
     from baton.contract.kube import load_api_client
 
     core: Any = client.CoreV1Api(api_client)
     rbac: Any = client.RbacAuthorizationV1Api(api_client)
-    meta = {"name": OLD_ROLE}
+    meta = {"name": name}
     rule = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}
-    subject = {"kind": "ServiceAccount", "name": OLD_ROLE, "namespace": "default"}
-    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OLD_ROLE}
+    subject = {"kind": "ServiceAccount", "name": name, "namespace": "default"}
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}
     core.create_namespaced_service_account("default", {"metadata": meta})
     rbac.create_cluster_role({"metadata": meta, "rules": [rule]})
     rbac.create_cluster_role_binding({"metadata": meta, "roleRef": role_ref, "subjects": [subject]})
     request = {"spec": {"expirationSeconds": 3600}}
-    token = core.create_namespaced_service_account_token(OLD_ROLE, "default", request)
+    token = core.create_namespaced_service_account_token(name, "default", request)
     config: dict[str, Any] = yaml.safe_load(admin.read_text())
     user = {"token": token.status.token}
     config["users"] = [{"name": config["users"][0]["name"], "user": user}]
-    path = tmp_path / "old-role.kubeconfig"
+    path = tmp_path / f"{name}.kubeconfig"
     path.write_text(yaml.safe_dump(config))
     return load_api_client(str(path))
 
@@ -156,6 +157,41 @@ def test_under_a_role_without_watch_the_annotations_are_polled(
     said = [r.getMessage() for r in caplog.records if "forbidden" in r.getMessage()]
     assert len(said) == 1, said
     assert "lacks list and watch on nodes" in said[0]
+
+
+def test_a_watch_granted_after_start_takes_over_from_the_poll(
+    api_client: Any,
+    admin_kubeconfig: Path,
+    core: Any,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """At install the binding that grants the watch may land after the daemon starts (a GitOps
+    sync): the refused watch is tried again, said once, and takes over once granted."""
+    from kubernetes import client
+
+    live = LiveInventory(Inventory(GPUS, 4))
+    wanted = node_annotations(live.snapshot()[1], 4096)
+    caplog.set_level(logging.WARNING, logger="nodegpu.annotate")
+    role = "baton-annotator-late-role"
+    late = old_role_client(api_client, admin_kubeconfig, tmp_path, role)
+    # No poll within the test: once granted, only the watch can put them back.
+    annotator = NodeAnnotator(late, NODE, live, 4096, poll_s=3600, watch_retry_s=0.2)
+    annotator.start()
+    try:
+        assert wait_annotated(core, wanted)
+        assert annotator.polling.wait(WAIT_S), "the refused watch did not fall back to the poll"
+        verbs = ["get", "patch", "list", "watch"]
+        rule = {"apiGroups": [""], "resources": ["nodes"], "verbs": verbs}
+        client.RbacAuthorizationV1Api(api_client).patch_cluster_role(role, {"rules": [rule]})
+        assert annotator.watching.wait(WAIT_S), "the watch was not tried again once granted"
+        assert not annotator.polling.is_set()
+        core.patch_node(NODE, {"metadata": {"annotations": {ANNOTATION_GPUS: None}}})
+        assert wait_annotated(core, wanted, BACK_S)
+    finally:
+        annotator.stop()
+    said = [r.getMessage() for r in caplog.records if "forbidden" in r.getMessage()]
+    assert len(said) == 1, said
 
 
 def test_annotations_the_node_carries_are_not_written_again(core: Any) -> None:
