@@ -166,12 +166,14 @@ class Row:
             self.span += max(r[4] for r in turns) - min(r[3] for r in turns)
 
     def figures(self, prefix: str) -> dict[str, Any]:
-        """`<prefix>handoff_p50_ms`, `..._p99_ms` and `<prefix>idle_share`."""
+        """`<prefix>handoff_p50_ms`, `..._p99_ms`, `<prefix>handoff_samples` (a p99 over fewer
+        than 100 is the largest) and `<prefix>idle_share`."""
         gaps = self.gaps or [float("nan")]
         idle = sum(self.gaps) / self.span if self.span > 0 else 0.0
         return {
             f"{prefix}handoff_p50_ms": _ms(percentile(gaps, 0.5)),
             f"{prefix}handoff_p99_ms": _ms(percentile(gaps, 0.99)),
+            f"{prefix}handoff_samples": len(self.gaps),
             f"{prefix}idle_share": round(idle, 5),
         }
 
@@ -199,9 +201,9 @@ async def _bench(setup: Setup) -> dict[str, Any]:
     figures: dict[str, Any] = {
         "acquire_p50_ms": _ms(percentile(acquire, 0.5)),
         "acquire_p99_ms": _ms(percentile(acquire, 0.99)),
+        "acquire_samples": len(acquire),
         **main.figures(""),
         "iterations": each.iterations * rounds,
-        "handoff_samples": len(main.gaps),
         "rounds": rounds,
         "client": setup.client,
         "transport": setup.transport,
@@ -213,6 +215,7 @@ async def _bench(setup: Setup) -> dict[str, Any]:
     if setup.backend != NONE:
         figures |= agent.figures("reference_agent_")
     figures["reference_acquire_p99_ms"] = _ms(percentile(ref_acquire, 0.99))
+    figures["reference_acquire_samples"] = len(ref_acquire)
     return figures | relay.figures("reference_")
 
 

@@ -64,13 +64,16 @@ async def _bench(iterations: int) -> dict[str, Any]:
         "api": "llmd",
         "acquire_p50_ms": round(percentile(acquire, 0.5) * 1000, 3),
         "acquire_p99_ms": round(percentile(acquire, 0.99) * 1000, 3),
+        "acquire_samples": len(acquire),
         "handoff_p50_ms": round(percentile(gaps, 0.5) * 1000, 3),
         "handoff_p99_ms": round(percentile(gaps, 0.99) * 1000, 3),
         "iterations": iterations,
         "handoff_samples": len(gaps),
         "reference_acquire_p99_ms": round(percentile(ref_acquire, 0.99) * 1000, 3),
+        "reference_acquire_samples": len(ref_acquire),
         "reference_handoff_p50_ms": round(percentile(ref_gaps, 0.5) * 1000, 3),
         "reference_handoff_p99_ms": round(percentile(ref_gaps, 0.99) * 1000, 3),
+        "reference_handoff_samples": len(ref_gaps),
     }
 
 

@@ -201,7 +201,9 @@ def bench_handoff(
         str,
         typer.Option(help=f"The agent's parking backend: {described(PLAIN)} ({CUDA} on a GPU)."),
     ] = NONE,
-    hold_ms: Annotated[float, typer.Option(help="How long each tenant holds its turn.")] = 2.0,
+    hold_ms: Annotated[
+        float, typer.Option(help="How long each tenant holds its turn, in ms: at most 500.")
+    ] = 2.0,
     tenants: Annotated[
         int,
         typer.Option(

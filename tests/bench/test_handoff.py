@@ -7,21 +7,33 @@ import subprocess
 import sys
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
-from commands.bench.handoff import handoffs, idle_share, percentile, run_handoff_bench
+from commands.bench.handoff import (
+    MAX_HOLD_MS,
+    handoffs,
+    idle_share,
+    percentile,
+    run_handoff_bench,
+)
 from commands.cli import app
 
 FIELDS = (
     "acquire_p50_ms",
     "acquire_p99_ms",
+    "acquire_samples",
     "handoff_p50_ms",
     "handoff_p99_ms",
+    "handoff_samples",
     "iterations",
     "reference_acquire_p99_ms",
+    "reference_acquire_samples",
     "reference_handoff_p50_ms",
     "reference_handoff_p99_ms",
+    "reference_handoff_samples",
 )
+"""Every row's p99 comes with its sample count: over fewer than 100 it is the largest."""
 
 
 def test_a_gap_counts_only_when_the_turn_passes_to_a_queued_tenant() -> None:
@@ -59,7 +71,7 @@ def test_a_short_run_reports_every_field(client: str, transport: str) -> None:
     assert all(figures[f] > 0 for f in FIELDS)
     assert figures["acquire_p50_ms"] <= figures["acquire_p99_ms"]
     assert figures["handoff_p50_ms"] <= figures["handoff_p99_ms"]
-    assert figures["handoff_samples"] > 0
+    assert figures["acquire_samples"] == figures["reference_acquire_samples"] == 30
     assert (figures["client"], figures["transport"]) == (client, transport)
 
 
@@ -71,6 +83,7 @@ def test_a_parking_backend_is_measured_beside_the_agent_without_one(
     assert (figures["backend"], figures["tenants"], figures["swap"]) == (backend, 3, swap)
     for prefix in ("", "reference_agent_", "reference_"):
         assert figures[f"{prefix}handoff_p50_ms"] > 0
+        assert figures[f"{prefix}handoff_samples"] > 0
         assert 0 < figures[f"{prefix}idle_share"] < 1
 
 
@@ -111,6 +124,15 @@ def test_the_command_refuses_an_option_it_cannot_use_before_any_run(
     result = CliRunner().invoke(app, ["bench", "handoff", *args], terminal_width=200)
     assert result.exit_code == 2, result.output
     assert f"Invalid value for {flag}" in result.output and says in result.output
+
+
+def test_the_hold_ms_help_states_its_limit() -> None:
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.main.TyperGroup)
+    bench = group.commands["bench"]
+    assert isinstance(bench, typer.main.TyperGroup)
+    hold = next(p for p in bench.commands["handoff"].params if "--hold-ms" in p.opts)
+    assert f"at most {MAX_HOLD_MS:g}" in str(getattr(hold, "help", ""))
 
 
 def test_the_blocking_client_over_grpc_is_refused_with_the_way_out() -> None:
