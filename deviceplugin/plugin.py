@@ -214,6 +214,14 @@ class DevicePlugin:
                 log.info("kubelet.sock was created, and this plugin is already registered there")
             else:
                 self._restart("kubelet.sock was created (kubelet restarted)")
+        elif Change.EVENTS_LOST in changes and not self._serving_this_kubelet():
+            # The dropped events may have been a kubelet's restart (its kubelet.sock created,
+            # this plugin's socket deleted): the sockets there now say it was.
+            self._restart(
+                f"inotify events on {self.plugin_dir} were lost (queue overflow), and this "
+                "plugin is not serving the kubelet.sock there now",
+                logging.WARNING,
+            )
         elif Change.PLUGIN_SOCKET_DELETED in changes and not self.server.socket_path.exists():
             self._restart(f"{self.server.socket_path} was deleted")
         elif not changes and broken:

@@ -2,6 +2,8 @@
 
 A restarting kubelet deletes every socket there (ours included) and creates a new
 kubelet.sock. Inodes are not compared: a recreated socket often gets the same inode.
+When the kernel's event queue overflows, the events it dropped may have been those: the plugin
+is told (`EVENTS_LOST`) and looks at the sockets itself.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ IN_MOVED_FROM = 0x40
 IN_MOVED_TO = 0x80
 IN_DELETE_SELF = 0x400
 IN_IGNORED = 0x8000
+IN_Q_OVERFLOW = 0x4000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
 _HEADER = struct.Struct("iIII")
@@ -34,6 +37,7 @@ class Change(enum.Enum):
     KUBELET_SOCKET_CREATED = "kubelet socket created"
     PLUGIN_SOCKET_DELETED = "plugin socket deleted"
     DIRECTORY_GONE = "device-plugins directory gone"
+    EVENTS_LOST = "inotify events lost (queue overflow)"
 
 
 class SocketWatcher:
@@ -52,6 +56,7 @@ class SocketWatcher:
             err = ctypes.get_errno()
             os.close(self._fd)
             raise OSError(err, f"cannot watch {directory}: {os.strerror(err)}")
+        self._directory_id = _identity(directory)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._lock = threading.Lock()
         self._closed = False
@@ -76,7 +81,10 @@ class SocketWatcher:
             raw = data[offset + _HEADER.size : offset + _HEADER.size + length]
             offset += _HEADER.size + length
             name = raw.rstrip(b"\0").decode(errors="replace")
-            if mask & (IN_DELETE_SELF | IN_IGNORED):
+            if mask & IN_Q_OVERFLOW:  # what was dropped may be any change, the directory's too
+                gone = _identity(self.directory) != self._directory_id
+                yield Change.DIRECTORY_GONE if gone else Change.EVENTS_LOST
+            elif mask & (IN_DELETE_SELF | IN_IGNORED):
                 yield Change.DIRECTORY_GONE
             elif mask & (IN_CREATE | IN_MOVED_TO) and name == self.kubelet_socket:
                 yield Change.KUBELET_SOCKET_CREATED
@@ -107,3 +115,12 @@ class SocketWatcher:
             self._closed = True
             for fd in (self._fd, self._wake_r, self._wake_w):
                 os.close(fd)
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """A directory's (device, inode); None when it is gone."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino)

@@ -18,6 +18,7 @@ from baton.contract.names import fake_gpu_uuid
 from deviceplugin import plugin as plugin_module
 from deviceplugin.watcher import Change
 from tests.deviceplugin.conftest import NODE
+from tests.deviceplugin.test_watcher import overflow
 from tests.e2e.processes import poll
 from tests.harness.kubeletplugin import RegistrationServer
 from tests.harness.podresources import ContainerAsk
@@ -219,3 +220,26 @@ def test_relative_socket_paths_are_taken_from_the_working_directory(
     assert daemon.pod_resources.list() == {
         ("default", "tenant"): {"main": tuple(pod.devices["main"])}
     }
+
+
+def test_registers_again_after_a_kubelet_restart_whose_events_were_lost(
+    kubelet, start_plugin, socket_dir
+):
+    """The kubelet restarts while the watch's inotify queue is full: neither its new
+    kubelet.sock nor the deletion of the plugin's socket makes an event. Ignoring the overflow,
+    the plugin only saw its stream end and registered again and again with its socket gone,
+    refused each time ("no socket at ..."): the node's GPUs were never advertised again."""
+    daemon = start_plugin()
+    kubelet.wait_for_registrations(1)
+    plugin = daemon.plugin
+    plugin._stop.set()  # hold the watch so that its queue fills: the events of the restart
+    plugin._watcher.wake()  # are lost, as they are when the plugin falls behind
+    plugin._thread.join(timeout=10)
+    assert not plugin._thread.is_alive()
+    plugin._stop.clear()
+    overflow(socket_dir)
+    kubelet.restart()
+    plugin._thread = threading.Thread(target=plugin._run, name="kubelet-watch", daemon=True)
+    plugin._thread.start()
+    kubelet.wait_for_registrations(2, timeout=5.0)
+    assert len(kubelet.wait_for_list(names.RESOURCE_GPU, bool)) == 8
