@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -28,6 +29,9 @@ from nodegpu.state import LiveInventory
 
 log = logging.getLogger(__name__)
 _REMEMBERED_PODS = 4096
+RELIST_PAUSE_S = 30.0
+"""After a failed steering list, steer from the cached pods only for this long: the kubelet
+admits one container at a time, and each would wait for the list's timeout (5 s) again."""
 
 
 class PodSource(Protocol):
@@ -55,13 +59,17 @@ class Allocator:
         node_name: str,
         cdi_kind: str | None = None,
         on_allocate: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.source = source
         self.inventory = inventory
         self.node_name = node_name
         self.cdi_kind = cdi_kind
         self.on_allocate = on_allocate
+        self._clock = clock
         self._lock = threading.Lock()
+        self._relist_after = float("-inf")
+        """No steering list before this time (`clock`): the last one failed."""
         self._steered: dict[str, int] = {}
         """Pod UID → slots steered for it so far; -1 once all its asks were (the hint moves on)."""
 
@@ -75,11 +83,16 @@ class Allocator:
         _, inventory = self.inventory.snapshot()
         done = [uid for uid, n in self._steered.items() if n < 0]
         choice = choose_pod(self.source.pods(), size, inventory, done)
-        if choice is None or choice.fallback:
+        if (choice is None or choice.fallback) and self._clock() >= self._relist_after:
             try:
                 pods = self.source.relist()
             except Exception as err:  # an unreachable API server or an unreadable answer
-                log.info("steering from the cached pods only: %s", err)
+                self._relist_after = self._clock() + RELIST_PAUSE_S
+                log.info(
+                    "steering from the cached pods only, listing again in %g s at the earliest: %s",
+                    RELIST_PAUSE_S,
+                    err,
+                )
             else:
                 choice = choose_pod(pods, size, inventory, done) or choice
         if choice is None:

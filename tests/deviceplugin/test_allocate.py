@@ -10,6 +10,7 @@ import pytest
 from baton._pb import api_pb2
 from baton.contract import names
 from baton.contract.names import fake_gpu_uuid
+from deviceplugin import podcache
 from tests.deviceplugin.conftest import NODE, admit, tenant_pod
 
 GPU0, GPU1 = fake_gpu_uuid(0, NODE), fake_gpu_uuid(1, NODE)
@@ -180,3 +181,28 @@ def test_a_container_whose_assigned_gpu_failed_still_gets_as_many_gpus_as_it_ask
 
     gpus = admitted.envs["main"][names.ENV_GPUS].split(",")
     assert sorted(gpus) == sorted([GPU1, gpu2]), f"asked 2 GPUs, got {gpus}"
+
+
+def test_an_api_server_that_does_not_answer_delays_one_admission_not_each(
+    fake_api, api_client, kubelet, start_plugin, monkeypatch
+):
+    """Pods scheduled without the extender are steered after one list of the node's pods; with
+    the API server not answering, each GetPreferredAllocation waited for that list's timeout
+    (5 s), and the kubelet admits one container after another: N pods waited 5N s."""
+    monkeypatch.setattr(podcache, "REQUEST_TIMEOUT_S", 1.0)  # the list's timeout, shortened
+    strays = [tenant_pod(f"stray-{i}") for i in range(3)]
+    for stray in strays:
+        fake_api.put_object(stray)
+    daemon = start_plugin(api_client=api_client)
+    kubelet.wait_for_registrations(1)
+    kubelet.wait_for_list(GPU, lambda devs: bool(devs))
+    assert daemon.pod_cache.wait_for(lambda pods: len(pods) == 3, 5)
+    fake_api.clear_requests()
+    fake_api.hang_next("list", "pods", times=len(strays))
+    try:
+        for stray in strays:
+            admitted = admit(kubelet, stray)
+            assert len(admitted.devices["main"]) == 1
+    finally:
+        fake_api.release_hangs()
+    assert len(fake_api.requests("list", "pods")) == 1, "one list timed out; the rest waited none"

@@ -9,7 +9,7 @@ import pytest
 
 from baton.contract import names
 from commands.bench.memory_pods import MemoryPods
-from deviceplugin.allocation import Allocator
+from deviceplugin.allocation import RELIST_PAUSE_S, Allocator
 from deviceplugin.devices import PodView
 from deviceplugin.errors import ApiUnavailableError
 from deviceplugin.podresources import Allocations, PodResourcesClient, PodResourcesUnavailableError
@@ -175,3 +175,26 @@ def test_preferred_still_answers_when_its_list_fails():
     served = allocator(Unlistable([pod("first", gpus=[A], at=1)]))
     assert served.preferred(EVERY, [], 1) == [A0]
     assert len(served.preferred([A1, B0, B1], [], 1)) == 1, "nobody to steer for: any one slot"
+
+
+class Unanswered(MemoryPods):
+    """A cache whose fallback list times out (counted)."""
+
+    def relist(self) -> list[PodView]:
+        self.relists += 1
+        raise ApiUnavailableError("the Kubernetes API server is unreachable (timed out)")
+
+
+def test_a_failed_list_pauses_the_steering_lists_for_a_while():
+    """Each admission of a pod without an assignment listed the pods: with the API server not
+    answering, each waited for the list's timeout. One failure pauses them for RELIST_PAUSE_S."""
+    now = [100.0]
+    source = Unanswered([pod(f"stray-{i}") for i in range(3)])
+    inventory = LiveInventory(Inventory((NodeGpu(A, 0, "m", 1), NodeGpu(B, 1, "m", 1)), 2))
+    served = Allocator(source, inventory, "node-a", clock=lambda: now[0])
+    for _ in range(3):
+        assert len(served.preferred(EVERY, [], 1)) == 1
+    assert source.relists == 1
+    now[0] += RELIST_PAUSE_S
+    served.preferred(EVERY, [], 1)
+    assert source.relists == 2, "listed again once the pause is over"

@@ -42,6 +42,9 @@ class LoggedRequest:
 
 LOST = 0
 """A fault's code for "carried out, answer lost"."""
+HANG = -1
+"""A fault's code for "held unanswered until released" (a blackholed API server)."""
+HANG_LIMIT_S = 60.0
 
 
 @dataclass
@@ -141,6 +144,7 @@ class FakeApiServer:
         """Client connections accepted since construction (a pooling client opens a few)."""
         self._log: list[LoggedRequest] = []
         self._faults: list[_Fault] = []
+        self._released = threading.Event()
 
     def start(self) -> FakeApiServer:
         """Listen on 127.0.0.1 (an ephemeral port first, the same port after a stop)."""
@@ -162,6 +166,7 @@ class FakeApiServer:
         if http is None:
             return
         http.stopping = True
+        self._released.set()
         with self.store.cond:
             self.store.cond.notify_all()
         http.shutdown()
@@ -243,6 +248,17 @@ class FakeApiServer:
         with self._lock:
             self._faults.append(_Fault(verb, resource, LOST, times, ""))
 
+    def hang_next(self, verb: str, resource: str, times: int = 1) -> None:
+        """Hold the next `times` such requests unanswered (a blackholed API server: the caller
+        waits for its own timeout) until `release_hangs`, `stop` or `HANG_LIMIT_S`."""
+        with self._lock:
+            self._released.clear()
+            self._faults.append(_Fault(verb, resource, HANG, times, ""))
+
+    def release_hangs(self) -> None:
+        """Let held requests go on (answered, if their caller still waits)."""
+        self._released.set()
+
     def requests(self, verb: str | None = None, resource: str | None = None) -> list[LoggedRequest]:
         """Logged requests, optionally only those with this verb and/or resource."""
         with self._lock:
@@ -302,5 +318,10 @@ class FakeApiServer:
                     fault.times -= 1
                     if fault.code == LOST:
                         return True
+                    if fault.code == HANG:
+                        break
                     raise ApiError(fault.code, fault.message)
+            else:
+                return False
+        self._released.wait(HANG_LIMIT_S)
         return False
