@@ -36,7 +36,7 @@ DENIED = [
 
 
 DENIAL = re.compile(
-    r'"(?P<name>[^"]+)" is forbidden: User "(?P<user>[^"]+)" cannot (?P<verb>\S+) resource '
+    r'(?:"(?P<name>[^"]+)"|\S+) is forbidden: User "(?P<user>[^"]+)" cannot (?P<verb>\S+) resource '
     r'"(?P<resource>[^"]+)" in API group "(?P<group>[^"]*)"(?: in the namespace "(?P<ns>[^"]+)")?'
 )
 
@@ -53,7 +53,8 @@ def still_denied(cluster: Cluster, line: str) -> bool:
     if found is None:
         return True
     kind = found["resource"] + (f".{found['group']}" if found["group"] else "")
-    argv = ["auth", "can-i", found["verb"], f"{kind}/{found['name']}", f"--as={found['user']}"]
+    what = f"{kind}/{found['name']}" if found["name"] else kind  # a list names no object
+    argv = ["auth", "can-i", found["verb"], what, f"--as={found['user']}"]
     argv += ["-n", found["ns"]] if found["ns"] else []
     return cluster.node.kubectl(*argv, check=False).strip() != "yes"
 
