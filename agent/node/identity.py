@@ -29,11 +29,20 @@ UNUSED_TOKEN_TTL = 30.0
 """Seconds a token may go without a session before it is dropped."""
 
 
+def user_delegated(path: str) -> bool:
+    """Whether a cgroup path lies under `user.slice`, where systemd delegates each user's own
+    cgroups to that user (`user@UID.service`): any local user may make one there named like a
+    pod's (`.../kubepods-pod<UID>.slice`) and move its processes in, so it names no pod. Read
+    from a cgroup namespace, the path may start with `/..` components."""
+    parts = [part for part in path.strip().split("/") if part not in ("", "..")]
+    return bool(parts) and parts[0] == "user.slice"
+
+
 def pod_uid_from_cgroup(text: str) -> str | None:
     """The pod UID in a `/proc/<pid>/cgroup` file (cgroup v1 or v2, cgroupfs or systemd)."""
     for line in text.splitlines():
         path = line.split(":", 2)[-1]
-        if "kubepods" not in path:
+        if "kubepods" not in path or user_delegated(path):
             continue
         match = _POD_UID.search(path)
         if match:
@@ -57,7 +66,7 @@ def container_id_from_cgroup(text: str) -> str | None:
     """
     for line in text.splitlines():
         path = line.split(":", 2)[-1].strip()
-        if "kubepods" in path:
+        if "kubepods" in path and not user_delegated(path):
             match = _CONTAINER_ID.search(path)
             if match:
                 return match.group(1)

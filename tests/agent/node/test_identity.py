@@ -42,6 +42,7 @@ CID = "3f1e2d" * 10 + "abcd"
         (f"0::/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/crio-{CID}.scope\n", CID),
         (f"0::/kubepods/besteffort/pod{UID}\n", None),
         (f"0::/user.slice/{CID}\n", None),
+        (f"0::/user.slice/user-1000.slice/user@1000.service/kubepods/pod{UID}/{CID}\n", None),
     ],
 )
 def test_container_id_from_cgroup(text: str, want: str | None) -> None:
@@ -72,6 +73,11 @@ def test_pod_uid_from_cgroup(text: str) -> None:
         "0::/user.slice/user-1000.slice/session-2.scope\n",
         "12:memory:/docker/0123456789abcdef\n",
         f"0::/system.slice/pod{UID}.service\n",  # not under kubepods
+        # a local user's own (delegated) cgroups, named like a pod's
+        "0::/user.slice/user-1000.slice/user@1000.service/kubepods.slice/"
+        f"kubepods-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope\n",
+        f"0::/../../user.slice/user-1000.slice/user@1000.service/kubepods/pod{UID}/{CID}\n",
+        f"1:name=systemd:/user.slice/user-1000.slice/user@1000.service/kubepods/pod{UID}/x\n",
         "",
     ],
 )

@@ -176,6 +176,34 @@ def test_serving_pods_refuses_local_tenants_unless_allowed(workdir: str, tmp_pat
                 runner.stop()
 
 
+def test_a_local_users_cgroup_named_like_a_pods_is_not_that_pod(
+    workdir: str, tmp_path: Path
+) -> None:
+    """systemd delegates `user.slice/user-UID.slice/user@UID.service` to the user: any local
+    user may make a cgroup there named like a pod's and move in. Such a process is in no pod:
+    refused (local tenants are), not the pod's tenant taking the pod's turn."""
+    proc = tmp_path / "proc"
+    (proc / str(os.getpid())).mkdir(parents=True)
+    (proc / str(os.getpid()) / "cgroup").write_text(
+        "0::/user.slice/user-1000.slice/user@1000.service/kubepods.slice/kubepods-burstable.slice/"
+        f"kubepods-burstable-pod{UID.replace('-', '_')}.slice/cri-containerd-{'c' * 64}.scope\n"
+    )
+    with FakeApiServer() as api:
+        api.put_object(pod("trainer", UID, "node-1", "GPU-aaa"))
+        kubeconfig = str(api.kubeconfig_path(tmp_path))
+        runner = AgentRunner(
+            workdir, node_name="node-1", kubeconfig=kubeconfig, proc_root=str(proc)
+        ).start()
+        try:
+            runner.wait_event(lambda e: e.kind == "tenant_joined" and e.tenant_id == "team/trainer")
+            spoofer = Baton(runner.socket, ["GPU-aaa"], name="spoof", connect_timeout=5)
+            with pytest.raises(PermissionDenied, match="runs in no pod"), spoofer:
+                spoofer.acquire(timeout=5)
+            assert runner.status()["gpus"]["GPU-aaa"]["holder"] is None
+        finally:
+            runner.stop()
+
+
 def test_stop_ends_the_watch_thread_while_its_watch_waits(tmp_path: Path) -> None:
     """`stop` interrupts the watch's read and waits for the thread: a daemon thread left reading
     at interpreter exit can wake during finalization and abort the agent (SIGABRT)."""
