@@ -114,7 +114,6 @@ class Agent:
         servicer = self._servicer = AgentServicer(
             service,
             self._tokens,
-            self._pod_uid_of,
             self._watch_token,
             local_tenants,
             self._container_id_of,
@@ -130,6 +129,7 @@ class Agent:
             self._tokens,
             cfg.socket_mode,
             functools.partial(direct_session.serve, servicer),
+            self._pod_uid_of,
         )
         self.readiness.listening(cfg.socket, handshake_path(cfg.socket))
 

@@ -89,6 +89,9 @@ class Peer:
     uid: int
     gid: int
     token: str
+    pod_uid: str | None = None
+    """The pod its process ran in as it connected, read then: its PID may later be another
+    process's (of another pod), while the token lives on."""
 
 
 class TokenRegistry:
@@ -101,9 +104,11 @@ class TokenRegistry:
         self._ended: dict[str, asyncio.Event] = {}
         self._call_later = loop_call_later
 
-    def issue(self, pid: int, uid: int, gid: int) -> Peer:
-        """A new token for a process; dropped unless a session attaches it in time."""
-        peer = Peer(pid=pid, uid=uid, gid=gid, token=secrets.token_urlsafe(24))
+    def issue(self, pid: int, uid: int, gid: int, pod_uid: str | None = None) -> Peer:
+        """A new token for a process (in the pod `pod_uid`); dropped unless a session attaches
+        it in time."""
+        token = secrets.token_urlsafe(24)
+        peer = Peer(pid=pid, uid=uid, gid=gid, token=token, pod_uid=pod_uid)
         self._peers[peer.token] = peer
         self._call_later(UNUSED_TOKEN_TTL, lambda: self._drop_unused(peer.token))
         return peer
@@ -227,10 +232,15 @@ class HandshakeServer:
 
 
 async def serve_handshake(
-    path: str, tokens: TokenRegistry, mode: int, on_session: OnSession | None = None
+    path: str,
+    tokens: TokenRegistry,
+    mode: int,
+    on_session: OnSession | None = None,
+    pod_uid_of: Callable[[int], str | None] = lambda pid: None,
 ) -> HandshakeServer:
-    """Listen on `path`; every connection gets one JSON line with its token. Then the
-    connection ends, or, with `on_session`, carries the client's direct session."""
+    """Listen on `path`; every connection gets one JSON line with its token, issued for the
+    pod its process runs in (`pod_uid_of`, read as it connects). Then the connection ends, or,
+    with `on_session`, carries the client's direct session."""
     handshake = HandshakeServer()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -241,7 +251,7 @@ async def serve_handshake(
             said = handshake._admit(uid, pid)
             if said is None:
                 return
-            peer = tokens.issue(pid, uid, gid)
+            peer = tokens.issue(pid, uid, gid, pod_uid_of(pid))
             writer.write(json.dumps({"token": peer.token, "pid": pid}).encode() + b"\n")
             await writer.drain()
             if on_session is not None:

@@ -40,14 +40,12 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self,
         service: LeaseService,
         tokens: TokenRegistry,
-        pod_uid_of: Callable[[int], str | None],
         watch_token: str,
         local_tenants: bool = True,
         container_id_of: Callable[[int], str | None] = lambda pid: None,
     ) -> None:
         self._service = service
         self._tokens = tokens
-        self._pod_uid_of = pod_uid_of
         self._watch_token = watch_token
         """What `WatchEvents` callers must present (the agent writes it to a root-only file)."""
         self._local_tenants = local_tenants
@@ -92,7 +90,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if bound is not None:
             tenant = self._service.tenants.tenants.get(bound)
         else:
-            tenant = self._service.tenants.find(peer.pid, self._pod_uid_of(peer.pid), peer.uid)
+            tenant = self._service.tenants.find(peer.pid, peer.pod_uid, peer.uid)
         tenant = self._as_seen_by(tenant, peer.pid)
         if tenant is None:
             raise errors.NotRegistered(
@@ -110,7 +108,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
 
     def register_peer(self, peer: Peer, request: pb.RegisterRequest) -> Tenant:
         """The tenant `peer` belongs to: its pod's, or the one it registers outside Kubernetes."""
-        pod_uid = self._pod_uid_of(peer.pid)
+        pod_uid = peer.pod_uid  # as it connected: its PID may be another process's now
         if pod_uid:
             tenant = self._service.tenants.find(peer.pid, pod_uid)
             if tenant is None:

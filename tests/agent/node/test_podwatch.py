@@ -12,12 +12,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from kubernetes import client
 
 from agent.client import Baton
 from agent.client.errors import PermissionDenied
 from agent.node.podwatch import PodWatcher
+from agent.wire.handshake import handshake_path, request_token
+from baton._pb import agent_pb2 as pb
+from baton._pb import agent_pb2_grpc
 from baton.contract import names
 from baton.contract.kube import load_api_client
 from tests.e2e.processes import poll
@@ -201,6 +205,47 @@ def test_a_local_users_cgroup_named_like_a_pods_is_not_that_pod(
                 spoofer.acquire(timeout=5)
             assert runner.status()["gpus"]["GPU-aaa"]["holder"] is None
         finally:
+            runner.stop()
+
+
+def test_a_token_acts_for_the_pod_its_process_ran_in_as_it_connected(
+    workdir: str, tmp_path: Path
+) -> None:
+    """A token outlives its process, whose PID may go to a process of another pod: calls with
+    it act for the pod the handshake saw, never for the pod of whoever has that PID now."""
+    other = "11111111-2222-4333-8444-555555555555"
+    cgroup = tmp_path / "proc" / str(os.getpid()) / "cgroup"
+    cgroup.parent.mkdir(parents=True)
+
+    def in_pod(uid: str) -> None:  # what the kernel says of this test's PID from now on
+        cgroup.write_text(f"0::/kubepods/burstable/pod{uid}/{'c' * 64}\n")
+
+    with FakeApiServer() as api:
+        api.put_object(pod("victim", UID, "node-1", "GPU-aaa"))
+        api.put_object(pod("attacker", other, "node-1", "GPU-bbb"))
+        kubeconfig = str(api.kubeconfig_path(tmp_path))
+        runner = AgentRunner(
+            workdir, node_name="node-1", kubeconfig=kubeconfig, proc_root=str(tmp_path / "proc")
+        ).start()
+        in_pod(UID)
+        victim = Baton(runner.socket, connect_timeout=5)
+        try:
+            for tenant_id in ("team/victim", "team/attacker"):
+                runner.wait_event(lambda e: e.kind == "tenant_joined" and e.tenant_id == tenant_id)  # noqa: B023
+            assert victim.acquire().gpus == ("GPU-aaa",)
+            in_pod(other)  # the attacker's process takes a token, then exits ...
+            token = request_token(handshake_path(runner.socket))
+            in_pod(UID)  # ... and its PID goes to a process of the victim's pod
+            with grpc.insecure_channel(f"unix:{runner.socket}") as channel:
+                stub = agent_pb2_grpc.AgentStub(channel)
+                metadata = (("baton-session", token),)
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.Yield(pb.YieldRequest(), metadata=metadata, timeout=5)
+                assert "team/attacker holds no leases" in str(refused.value.details())
+            assert runner.status()["gpus"]["GPU-aaa"]["holder"] == "team/victim"
+            victim.yield_()
+        finally:
+            victim.close()
             runner.stop()
 
 
