@@ -228,6 +228,9 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             parking = self._jobs.service.parking
             if not restore and parking is not None:  # the one that parked it
                 op.method = parking.method_of(op.tenant_id)
+            if restore:  # back in a turn it holds (a Snapshot took it off): it stays resident
+                for lease in self._jobs.service.table.leases_of(op.tenant_id):
+                    preparer.held(op.tenant_id, lease.gpus)
             op.status = sa.OPERATION_STATUS_COMPLETE
             op.storage_bytes, op.device_bytes = (held_before if restore else held), device
         op.finished = self._clock()

@@ -328,3 +328,36 @@ def test_a_workload_that_registers_again_while_parked_is_sent_its_restore(
         if again is not None:
             again.close()
         client.close()
+
+
+def test_a_holder_snapshotted_and_restored_in_its_turn_stays_resident_through_it(
+    endpoint: str,
+) -> None:
+    """A Snapshot of the holder took it off the preparer's holders and its Restore did not put
+    it back: another job's Restore then parked it in the middle of its turn."""
+    a_engine, b_engine = Workload(), Workload()
+    channels = [
+        register_workload(endpoint, job, "g", engine.on_snapshot, engine.on_restore)
+        for job, engine in (("a", a_engine), ("b", b_engine))
+    ]
+    client = SnapshotAgentClient(endpoint)
+    holder = TimeSliceOrchestratorClient(endpoint, "a", "g")
+    try:
+        _registered(client, "a")
+        _registered(client, "b")
+        assert holder.acquire(timeout_sec=10)[0] and b_engine.device is None
+        refused = client.wait_for_operation(client.restore("b", "g"), 0.01)
+        assert refused.status == sa.OPERATION_STATUS_FAILED, "a holds the GPU"
+        for move in (client.snapshot, client.restore):
+            op = client.wait_for_operation(move("a", "g"), 0.01)
+            assert op.status == sa.OPERATION_STATUS_COMPLETE, op.error
+        assert a_engine.device is not None
+        op = client.wait_for_operation(client.restore("b", "g"), 0.01)
+        assert op.status == sa.OPERATION_STATUS_FAILED, "a still holds the GPU"
+        assert "holds a turn" in op.error
+        assert a_engine.device is not None and _state(client, "a") == "JOB_STATE_RUNNING"
+    finally:
+        client.close()
+        holder.close()
+        for channel in channels:
+            channel.close()
