@@ -16,7 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from agent.core.errors import AgentError, Forbidden
 from agent.core.leases import Lease, Waiter
-from agent.core.residency import parked_on, residency
+from agent.core.residency import NoRoom, parked_on, residency
 from agent.server.llmd import groups as g
 from agent.server.llmd.asking import Asking
 from agent.server.llmd.edge import BadRequest, mapped
@@ -88,8 +88,10 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         tenant = await self._jobs.join(request.job_id, request.group_id, context.peer())
         seen = await self._jobs.seen_by(context.peer())
         gpus = self._jobs.turn_gpus(tenant, request.group_id, seen)
-        if self._lease(tenant.tenant_id, gpus) is not None:
-            return ts.AcquireResponse(success=True, waited_ms=0, context_restored=False)
+        lease = self._lease(tenant.tenant_id, gpus)
+        if lease is not None:
+            restored = await self._restore_holder(tenant.tenant_id, lease)
+            return ts.AcquireResponse(success=True, waited_ms=0, context_restored=restored)
         was_parked = parked_on(self._service.preparer.residency_of(tenant.tenant_id), gpus)
         asked = self._service.state.clock()
         timeout = answer_before(context.time_remaining())
@@ -98,6 +100,29 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         return ts.AcquireResponse(
             success=True, waited_ms=int(waited * 1000), context_restored=was_parked
         )
+
+    async def _restore_holder(self, tenant_id: str, lease: Lease) -> bool:
+        """Restore a holder whose memory a Snapshot parked during its turn (whether it had to):
+        Acquire answers with the job's context loaded. The move is not cut short by the caller's
+        deadline (a move is bounded by `--move-timeout`)."""
+        parking = self._service.parking
+        if parking is None or not parked_on(
+            self._service.preparer.residency_of(tenant_id), lease.gpus
+        ):
+            return False
+
+        async def restore() -> None:
+            try:
+                await parking.unpark(tenant_id)
+            except NoRoom as exc:
+                raise AgentError(
+                    f"job {self._jobs.job_of(tenant_id)!r} holds the turn but its memory, "
+                    f"parked by a Snapshot, cannot be restored: {exc}"
+                ) from None
+            self._service.preparer.held(tenant_id, lease.gpus)  # resident through its turn
+
+        await asyncio.shield(restore())
+        return True
 
     @mapped
     async def Yield(

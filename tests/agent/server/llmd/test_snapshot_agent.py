@@ -361,3 +361,33 @@ def test_a_holder_snapshotted_and_restored_in_its_turn_stays_resident_through_it
         holder.close()
         for channel in channels:
             channel.close()
+
+
+def test_the_holders_acquire_after_a_snapshot_in_its_turn_restores_it(endpoint: str) -> None:
+    """llm-d's Acquire returns with the job's context loaded; the holder's answered at once,
+    its memory still parked and another job's restored over it on the GPU it holds."""
+    a_engine, b_engine = Workload(), Workload()
+    channels = [
+        register_workload(endpoint, job, "g", engine.on_snapshot, engine.on_restore)
+        for job, engine in (("a", a_engine), ("b", b_engine))
+    ]
+    client = SnapshotAgentClient(endpoint)
+    holder = TimeSliceOrchestratorClient(endpoint, "a", "g")
+    try:
+        _registered(client, "a")
+        _registered(client, "b")
+        assert holder.acquire(timeout_sec=10)[0]
+        for move, job in ((client.snapshot, "a"), (client.restore, "b")):
+            op = client.wait_for_operation(move(job, "g"), 0.01)
+            assert op.status == sa.OPERATION_STATUS_COMPLETE, op.error
+        assert a_engine.device is None and b_engine.device is not None
+        assert holder.acquire(timeout_sec=10) == (True, 0, True), "its context came back"
+        assert a_engine.device is not None and b_engine.device is None
+        assert _state(client, "a") == "JOB_STATE_RUNNING"
+        op = client.wait_for_operation(client.restore("b", "g"), 0.01)
+        assert op.status == sa.OPERATION_STATUS_FAILED, "a holds the GPU, resident"
+    finally:
+        client.close()
+        holder.close()
+        for channel in channels:
+            channel.close()
