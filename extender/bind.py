@@ -138,7 +138,11 @@ class Binder:
 
     def _assume(self, args: BindingArgs, uid: str, request: TenantRequest) -> Assignment:
         with self._cache.changed:
-            self._state.forget(uid)
+            sent = self._state.assumption(uid)
+            if sent is not None:
+                # Another bind of the pod is in flight or went through (kube-scheduler sent it
+                # again after a timeout): its slot stays counted until the watch settles it.
+                raise _Refused(f"a bind of it was sent already, to node {sent.node}")
             node = self._state.node(args.node)
             if node is None:
                 raise _Refused("the extender's cache does not know that node")

@@ -128,6 +128,11 @@ class ClusterState:
         """Every known node."""
         return list(self._states)
 
+    def assumption(self, uid: str) -> Assignment | None:
+        """The pod's assignment from a bind of ours in flight or not yet confirmed, if any."""
+        entry = self._assumed.get(uid)
+        return entry[0] if entry else None
+
     def assumed(self) -> dict[str, Assignment]:
         """Assignments from our binds the watch has not confirmed yet."""
         return {uid: a for uid, (a, _) in self._assumed.items()}

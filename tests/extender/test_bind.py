@@ -289,3 +289,25 @@ def test_a_pod_already_bound_is_left_alone(
     assert error == "binding pod default/running to gpu-1: it is already bound to node elsewhere"
     assert assigned(fake_api, "running") == ["GPU-x"]
     assert fake_api.requests("create", "pods/binding") == []
+
+
+def test_a_bind_resent_for_a_pod_it_bound_keeps_the_slot(
+    fake_api: FakeApiServer, api_client: Any
+) -> None:
+    """kube-scheduler sends a pod's bind again (its call timed out, but the bind went through)
+    before the watch shows the pod bound: the second is refused, and the first's slot stays
+    assumed, so the next pod does not get it."""
+    fake_api.put_object(node("gpu-1", gpus=1, slots=1))
+    first, second = (put_pending(fake_api, f"trainer-{i}", memory=1000, duty=10) for i in (0, 1))
+    stored = fake_api.get_object("Node", "gpu-1", namespace="")
+    assert stored is not None
+    # No watch: the pods stay pending in the cache (a watch lagging behind the binds).
+    cache = ClusterCache.filled(ClusterState(Limits(), time.monotonic), [stored], [first, second])
+    binder = Binder(cache, KubePodApi(api_client), time.time_ns)
+    assert bind_once(binder, args_for(first, "gpu-1")) == ""
+    resent = bind_once(binder, args_for(first, "gpu-1"))
+    assert "a bind of it was sent already, to node gpu-1" in resent, resent
+    refused = bind_once(binder, args_for(second, "gpu-1"))
+    assert "has no free slot (1/1 taken)" in refused, refused
+    bound = fake_api.get_object("Pod", "trainer-1")
+    assert bound is not None and not bound["spec"].get("nodeName")
