@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from extender import wire
-from extender.bind import BINDS_IN_FLIGHT, Binder
+from extender.bind import BINDS_IN_FLIGHT, NOT_SYNCED, Binder
 from extender.cache import ClusterCache
 from extender.draverbs import uncached_claims
 from extender.http import Reply, Request, Route, Routes, text
@@ -45,7 +45,6 @@ informer may see a claim made from a template a moment before this extender's wa
 refused for it waits in the scheduler's queue for a retry (its backoff at least, and for a
 change in the cluster that moves it back). kube-scheduler filters one pod at a time, so the wait
 holds up its scheduling: it is skipped while a watch is failing (the claim would not come)."""
-NOT_SYNCED = "the extender's cluster cache has not synced with the API server yet; retry shortly"
 OK = text(200, "ok")
 
 

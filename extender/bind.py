@@ -27,6 +27,7 @@ and many at once. A bind's one API call waits on the API server and etcd for mil
 with too few in flight the binds fall behind the scheduling cycle. Binds run on the event loop
 (`extender.apipost`), so those in flight cost the verbs nothing while they wait.
 """
+NOT_SYNCED = "the extender's cluster cache has not synced with the API server yet; retry shortly"
 
 
 class PodApi(Protocol):
@@ -137,6 +138,8 @@ class Binder:
         return pod
 
     def _assume(self, args: BindingArgs, uid: str, request: TenantRequest) -> Assignment:
+        if not self._cache.synced():  # before the pods are listed, every GPU looks empty
+            raise _Refused(NOT_SYNCED)
         with self._cache.changed:
             sent = self._state.assumption(uid)
             if sent is not None:

@@ -311,3 +311,29 @@ def test_a_bind_resent_for_a_pod_it_bound_keeps_the_slot(
     assert "has no free slot (1/1 taken)" in refused, refused
     bound = fake_api.get_object("Pod", "trainer-1")
     assert bound is not None and not bound["spec"].get("nodeName")
+
+
+def test_a_bind_before_the_pods_are_listed_is_refused(
+    fake_api: FakeApiServer, api_client: Any
+) -> None:
+    """Started (or restarted) with its nodes listed but not yet its pods, the extender sees every
+    GPU empty: a bind then must not take a slot a running pod holds."""
+    fake_api.put_object(node("gpu-1", gpus=1, slots=1))
+    fake_api.put_object(pod("running", node_name="gpu-1", assigned=["GPU-gpu-1-0"]))
+    waiting = put_pending(fake_api, "waiting")
+    fake_api.hang_next("list", "pods")
+    cache = KubeCache(ClusterState(Limits(), time.monotonic), api_client).start()
+    try:
+        assert cache.wait_for(lambda s: s.node("gpu-1") is not None, SYNC_TIMEOUT_S)
+        assert not cache.synced()
+        binder = Binder(cache, KubePodApi(api_client), time.time_ns)
+        error = bind_once(binder, args_for(waiting, "gpu-1"))
+        assert "the extender's cluster cache has not synced" in error, error
+        assert fake_api.requests("create", "pods/binding") == []
+        fake_api.release_hangs()
+        assert cache.wait_synced(SYNC_TIMEOUT_S)
+        refused = bind_once(binder, args_for(waiting, "gpu-1"))
+        assert "has no free slot (1/1 taken)" in refused, refused
+    finally:
+        fake_api.release_hangs()
+        cache.stop()
