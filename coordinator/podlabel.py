@@ -32,9 +32,9 @@ RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 10.0
 REQUEST_TIMEOUT_S = 5.0
 SWEEP_LISTS = 3
+"""How often a sweep lists the pods again when they change under it, before it backs off."""
 RESWEEP_S = 30.0
 """How often a leader sweeps again (an older leader's label write may land after its sweep)."""
-"""How often a sweep lists the pods again when they change under it, before it backs off."""
 
 LABEL = names.LABEL_COORDINATOR_LEADER
 EPOCH = names.ANNOTATION_COORDINATOR_LEADER_EPOCH

@@ -66,7 +66,7 @@ class Fence:
         try:
             self._store.save_epoch(epoch, holder)
         except OSError as exc:
-            if epoch == self.epoch:  # only its leader is new: kept here, on disk when it can
+            if epoch == self.epoch:  # only its leader is new: kept here until a restart
                 log.warning(
                     "node %s could not record that %s leads epoch %d (%s); kept until a restart",
                     self.node, holder, epoch, exc,

@@ -166,8 +166,8 @@ class Row:
             self.span += max(r[4] for r in turns) - min(r[3] for r in turns)
 
     def figures(self, prefix: str) -> dict[str, Any]:
-        """`<prefix>handoff_p50_ms`, `..._p99_ms`, `<prefix>handoff_samples` (a p99 over fewer
-        than 100 is the largest) and `<prefix>idle_share`."""
+        """`<prefix>handoff_p50_ms`, `..._p99_ms`, `<prefix>handoff_samples` (a p99 over 100 or
+        fewer is the largest) and `<prefix>idle_share`."""
         gaps = self.gaps or [float("nan")]
         idle = sum(self.gaps) / self.span if self.span > 0 else 0.0
         return {

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.node.identity import user_delegated
+
 V1_UNLIMITED = 1 << 62
 """cgroup v1 spells "no limit" as a page-rounded 2**63-1; anything this large is unlimited."""
 
@@ -47,8 +49,9 @@ def cgroup_path(pid: int, proc_root: str = "/proc") -> str:
 
 
 def names_pod(path: str, pod_uid: str) -> bool:
-    """Whether a cgroup path is in the pod's cgroup (either spelling of the UID)."""
-    if not pod_uid or "kubepods" not in path:
+    """Whether a cgroup path is in the pod's cgroup (either spelling of the UID); one under
+    `user.slice`, which a local user may name like a pod's, is no pod's (`user_delegated`)."""
+    if not pod_uid or "kubepods" not in path or user_delegated(path):
         return False
     return f"pod{pod_uid}" in path or f"pod{pod_uid.replace('-', '_')}" in path
 

@@ -119,7 +119,8 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
                     f"job {self._jobs.job_of(tenant_id)!r} holds the turn but its memory, "
                     f"parked by a Snapshot, cannot be restored: {exc}"
                 ) from None
-            self._service.preparer.held(tenant_id, lease.gpus)  # resident through its turn
+            if self._lease(tenant_id, lease.gpus) is not None:  # its turn outlived the move
+                self._service.preparer.held(tenant_id, lease.gpus)  # resident through it
 
         await asyncio.shield(restore())
         return True

@@ -189,3 +189,14 @@ def test_a_user_holding_idle_handshakes_is_refused_more(
     finally:
         for sock in idle:
             sock.close()
+
+
+def test_the_cuda_backend_counts_no_user_slice_process_among_a_pods() -> None:
+    """The backend's own lookup of a pod's processes (`procs.names_pod`) follows the same rule:
+    a local user's cgroup named like the pod's holds none of the pod's processes."""
+    from agent.parking.backends.procs import names_pod
+
+    pod = f"/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/cri-containerd-{CID}.scope"
+    assert names_pod(pod, UID)
+    assert not names_pod("/user.slice/user-1000.slice/user@1000.service" + pod, UID)
+    assert not names_pod("/../../user.slice/user-1000.slice/user@1000.service" + pod, UID)
