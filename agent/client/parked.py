@@ -6,11 +6,9 @@ of a GPU still parked is refused while an acquire of this process is in flight (
 that overtook the restore its grant owes: the agent asks again and finds the memory restored);
 with none in flight (a grant that left the restore to this process never reached it, or the
 restore failed and the turn was given back) it is answered at once with what that park moved.
-A restore asked of a GPU this process has not parked since it last restored it (the agent gave
-up on that restore as late, then asked again), or never parked (the agent asks every process of
-a tenant, and this one joined after the park, or a peer parked itself as it yielded), is
-answered at once with nothing moved: running it would restore memory that is back already, or
-was never parked.
+A restore asked of a GPU this process restored and has not parked since (the agent gave up on
+that restore as late, then asked again) is answered at once with nothing moved: running it
+again would restore memory that is back already.
 """
 
 from __future__ import annotations
@@ -122,12 +120,10 @@ class Parked:
                     call_id=request.call_id, error=f"on_park({gpu}) not run: {why}"
                 )
             return pb.CallbackResult(call_id=request.call_id, bytes=self.bytes[gpu])
-        if request.action == "restore" and gpu not in self.bytes:
-            if request.call_id and gpu in self._restored:
-                log.info("on_restore(%s) not run: restored already (a late restore finished)", gpu)
-            # Else restored by a callback meanwhile, or this process parked nothing there (the
-            # agent asks every process of the tenant: one that joined after the park, or whose
-            # peer parked itself as it yielded): nothing of it to bring back.
+        if request.action == "restore" and not request.call_id and gpu not in self.bytes:
+            return pb.CallbackResult()  # restored by a callback meanwhile
+        if request.action == "restore" and gpu in self._restored:
+            log.info("on_restore(%s) not run: restored already (a late restore finished)", gpu)
             return pb.CallbackResult(call_id=request.call_id)
         return None
 

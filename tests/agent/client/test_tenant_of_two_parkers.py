@@ -50,36 +50,3 @@ def test_another_turn_parks_every_process_of_a_tenant_that_parks_itself(workdir:
         finally:
             for client in (*clients, other):
                 client.close()
-
-
-def test_a_process_of_the_tenant_that_parked_nothing_does_not_fail_its_restore(
-    workdir: str,
-) -> None:
-    """A process that connects after the tenant was parked (a restarted rank) parked nothing:
-    asked to restore with the others, it answers 0 bytes, and the tenant's turn comes back."""
-    gpu = fake_gpu_uuid(0)
-    parking = ParkingOptions(backend="app", fake_gpus="1x100", simulated_inventory=True)
-    with AgentRunner(workdir, parking=parking) as agent:
-        first, late = TorchParker(torch.ones(1 << 18)), TorchParker(torch.ones(1 << 18))
-
-        def client(parker: TorchParker, name: str, mib: int) -> Baton:
-            return Baton(
-                agent.socket, [gpu], name=name, gpu_memory_mib=mib,
-                on_park=parker.park, on_restore=parker.restore,
-            )  # fmt: skip
-
-        job = client(first, "job", 60)
-        other = client(TorchParker(torch.ones(1)), "other", 60)
-        joined: list[Baton] = []
-        try:
-            with job.turn(timeout=10):
-                pass
-            with other.turn(timeout=10):  # parks the job
-                assert first.parked
-                joined.append(client(late, "job", 60))
-                joined[0].connect()
-            with job.turn(timeout=10):  # restores the job: `late` has nothing parked
-                assert not first.parked and not late.parked
-        finally:
-            for each in (job, other, *joined):
-                each.close()
