@@ -123,39 +123,26 @@ class SessionRegistry:
             session.send(message)
 
     async def call_tenant(self, tenant_id: str, action: str, gpu: str, timeout: float) -> int:
-        """Ask the tenant to run its `on_<action>(gpu)` callback; returns the bytes it moved.
-        Every process of the tenant that offers both callbacks runs its own (the ranks of a
-        `torchrun` in one pod, two clients in one process): each parks and restores only its
-        own memory, so asking one would leave the others' on the GPU while the tenant counts as
-        parked. Their bytes are summed; the first failure fails the move."""
+        """Ask the tenant to run its `on_<action>(gpu)` callback; returns the bytes it moved."""
         # A park only where the same session can restore: memory parked by a process that
         # cannot bring it back would be stranded. A restore only where a park could have run: a
         # process with on_restore alone parked nothing, and its restore would leave the memory
         # parked while it is counted back on the GPU.
+        wanted = {"park", "restore"}
         sessions = self._by_tenant.get(tenant_id, [])
-        parkers = self._parkers(tenant_id)
-        if not parkers and action == "park" and any("park" in s.callbacks for s in sessions):
+        session = next((s for s in sessions if wanted <= s.callbacks), None)
+        if session is None and action == "park" and any("park" in s.callbacks for s in sessions):
             raise CallbackFailed(
                 f"tenant {tenant_id} offers no on_park with an on_restore beside it: parking it "
                 "would strand its memory (register both callbacks)"
             )
-        if not parkers and any("restore" in s.callbacks for s in sessions):
+        if session is None and any("restore" in s.callbacks for s in sessions):
             raise CallbackFailed(
                 f"tenant {tenant_id} has no session with on_park and on_restore open (the "
                 "process that parked it left): its on_restore alone parked nothing to restore"
             )
-        if not parkers:
+        if session is None:
             raise CallbackFailed(f"tenant {tenant_id} has no session with an on_{action} callback")
-        calls = [self._call(s, action, gpu, timeout) for s in parkers]
-        answers = await asyncio.gather(*calls, return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                raise answer
-        return sum(answers)  # type: ignore[arg-type]
-
-    async def _call(self, session: Session, action: str, gpu: str, timeout: float) -> int:
-        """One session's `on_<action>(gpu)`: the bytes it reports moving."""
-        tenant_id = session.tenant_id
         call_id = str(next(self._ids))
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         session.pending[call_id] = future
