@@ -24,6 +24,8 @@ QUARANTINED = "quarantined"
 """The tenant's memory cannot be moved safely any more: it takes no more turns (detail: why)."""
 REVOKE_FAILED = "revoke_failed"
 """A holder past its maximum could not be parked: it keeps the GPU (detail: why)."""
+STOPPING = "agent_stopping"
+"""The last event of every WatchEvents stream when the agent stops (detail: why)."""
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
@@ -26,6 +27,10 @@ from baton.contract.names import AGENT_SESSION_METADATA, AGENT_WATCH_METADATA
 log = logging.getLogger(__name__)
 
 _mapped = api_ops.aborting(api_ops.status_code)
+
+WATCH_HANGUP_S = 2.0
+"""How long a watch that was told the agent stops waits for its watcher to hang up before it
+ends the stream itself (a watcher older than the `agent_stopping` event reads the status)."""
 
 
 def agent_uid() -> int:
@@ -250,6 +255,12 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                     at=event.at,
                     detail=event.detail,
                 )
+            # The reason goes as an event, ahead of the stream's end: a status sent as the
+            # agent closes its connections can be lost to the watcher (its transport's error,
+            # "Stream removed", comes first), an event it has read cannot.
+            yield pb.Event(kind=ev.STOPPING, at=time.time(), detail=self._watches_end_why)
+        with contextlib.suppress(TimeoutError):  # a watcher that read it hangs up: cancelled
+            await asyncio.wait_for(asyncio.Event().wait(), WATCH_HANGUP_S)
         await context.abort(grpc.StatusCode.UNAVAILABLE, self._watches_end_why)
 
     def end_watches(self, why: str) -> None:

@@ -131,6 +131,7 @@ def events(
     """Print the agent's events as they happen: grants, yields, revocations, departures."""
     import grpc
 
+    from agent.core.events import STOPPING
     from agent.wire.handshake import WatchTokenUnreadable, watch_metadata
     from baton._pb import agent_pb2, agent_pb2_grpc
     from commands.status.view import format_event
@@ -150,6 +151,12 @@ def events(
         try:
             for seen, event in enumerate(stream):  # the first is the watch's own: `watching`
                 watching = True
+                if event.kind == STOPPING:
+                    typer.echo(
+                        f"baton events: the watch of the agent at {socket} ended: {event.detail}",
+                        err=True,
+                    )
+                    raise typer.Exit(1)
                 typer.echo(format_event(event, as_json))
                 if count and seen >= count:
                     break

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import stat
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -141,3 +142,32 @@ def test_another_user_may_not_watch_even_with_the_watch_token(
 def test_who_may_watch() -> None:
     assert may_watch(1000, 1000) and may_watch(0, 1000)
     assert not may_watch(1001, 1000)
+
+
+def test_a_stopping_agent_says_so_in_the_stream_and_then_in_the_status(workdir: str) -> None:
+    """The reason is an event the watcher reads before the stream ends (a status can be lost
+    as the agent closes its connections); a watcher that reads on, not hanging up, gets the
+    status with the same words once the agent stops waiting for it."""
+    agent = AgentRunner(workdir, shutdown_grace=20).start()
+    metadata = watch_metadata(agent.socket, agent.config.state_dir)
+    stopper = threading.Thread(target=agent.stop)
+    try:
+        with grpc.insecure_channel(f"unix:{agent.socket}") as channel:
+            stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(
+                pb.WatchEventsRequest(), metadata=metadata, timeout=15
+            )
+            assert next(stream).kind == "watching"
+            stopper.start()
+            last = next(stream)
+            with pytest.raises(grpc.RpcError) as ended:
+                next(stream)
+    finally:
+        if stopper.is_alive():
+            stopper.join(timeout=30)
+        agent.stop()
+    assert (last.kind, last.detail) == (
+        "agent_stopping",
+        "the agent is stopping; watch again once it is back",
+    )
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert ended.value.details() == last.detail
