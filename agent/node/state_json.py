@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _text
 from typing import Any
 
+from agent.core.fairsave import FairLags
 from agent.core.leases import Lease
 from agent.node.tenants import Tenant
 
@@ -53,6 +54,9 @@ class PersistedState:
     """Where loading read `parked` (the snapshot's path, or the journal's and its line)."""
     accounting: dict[str, Any] = field(default_factory=dict)
     """GPU-seconds and parked byte-seconds per tenant, namespace and tier (`Accounting`)."""
+    fair: FairLags = field(default_factory=FairLags)
+    """The fair policy's tenants' lags, departed debts and minimum-share balances (absent from
+    a state file written before they were kept, or under another policy: empty)."""
     replayed: int = 0
     """How many journal entries loading applied over the snapshot (0 when it was complete)."""
 
@@ -81,6 +85,7 @@ def decode(data: Any) -> tuple[PersistedState, int]:
         tokens={k: int(v) for k, v in data.get("tokens", {}).items()},
         parked=dict(data.get("parked", {})),
         accounting=dict(data.get("accounting", {})),
+        fair=FairLags.from_json(data.get("fair", {})),
     )
     return state, int(data.get("journal_seq", 0))
 
@@ -140,6 +145,7 @@ def _to_json(state: PersistedState) -> dict[str, Any]:
         "tokens": dict(state.tokens),
         "parked": state.parked,
         "accounting": state.accounting,
+        **({"fair": state.fair.to_json()} if state.fair else {}),  # an older agent ignores it
     }
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.core import events as ev
+from agent.core import fairsave
 from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import TurnPreparer
 from agent.core.waiters import TenantUsage
@@ -290,8 +291,8 @@ class TurnState:
         self._save_timer = asyncio.get_running_loop().call_later(SAVE_DELAY_S, self._save)
 
     def restore(self) -> PersistedState | None:
-        """Reinstate the saved tenants, leases, resumes, tokens, parked memory and accounting;
-        what was saved (None without a store)."""
+        """Reinstate the saved tenants, leases, resumes, tokens, parked memory, accounting and
+        the fair policy's lags; what was saved (None without a store)."""
         if self._store is None:
             return None
         saved = self._store.load()
@@ -301,6 +302,8 @@ class TurnState:
             raise _unreadable(saved, err) from None
         self.metrics.accounting.load(saved.accounting)
         self.tenants.restore(saved.tenants)
+        if self.table.fair is not None:
+            fairsave.restore(self.table.fair, saved.fair, self.tenants.tenants)
         if self.forget_departed_after > 0:
             self.metrics.accounting.mark_unknown_departed(set(self.tenants.tenants), self.clock())
         for gpu, token in saved.tokens.items():
@@ -352,8 +355,20 @@ class TurnState:
                 tokens={gpu: state.token for gpu, state in self.table.gpus.items()},
                 parked=self.preparer.durable(),
                 accounting=self.metrics.accounting.to_json(),
+                fair=self._fair_lags(),
             )
         )
+
+    def _fair_lags(self) -> fairsave.FairLags:
+        """The fair policy's state to keep, each tenant measured on its GPUs in its tier."""
+        if self.table.fair is None:
+            return fairsave.FairLags()
+        usage = self.table.usage
+        placed = {
+            t.tenant_id: (t.gpus, usage[t.tenant_id].tier if t.tenant_id in usage else t.priority)
+            for t in self.tenants.tenants.values()
+        }
+        return fairsave.lags_of(self.table.fair, placed)
 
 
 def _unreadable(saved: PersistedState, err: RecordError) -> StateDirError:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.fairsave import FairLags, Lag
 from agent.core.leases import Lease
 from agent.node import state
 from agent.node.state import JOURNAL_FILE, PersistedState, StateDirError, StateStore
@@ -342,3 +343,17 @@ def test_a_journal_entry_of_another_shape_is_refused_with_its_line(tmp_path, ent
         f.write(entry.encode() + b"\n")
     with pytest.raises(StateDirError, match=r"agent-journal.jsonl line 2: not an entry"):
         restarted(tmp_path)
+
+
+def test_the_fair_lags_round_trip_and_a_state_file_without_them_loads(tmp_path):
+    lags = FairLags(
+        tenants=[Lag("local/a", 5.0, 0, ("GPU-0",))],
+        departed=[Lag("local/b", 2.0, 10, ("GPU-0",))],
+        balance={("GPU-0", 0): 1.5},
+    )
+    StateStore(tmp_path / "kept").save(PersistedState(tenants=[A], fair=lags))
+    assert restarted(tmp_path / "kept").fair == lags
+    StateStore(tmp_path / "none").save(PersistedState(tenants=[A]))
+    data = json.loads((tmp_path / "none" / state.STATE_FILE).read_text())
+    assert "fair" not in data and data["format"] == 1, "as an agent before them wrote it"
+    assert restarted(tmp_path / "none").fair == FairLags()

@@ -218,3 +218,39 @@ def test_a_turn_held_across_a_restart_keeps_its_tier(workdir: str):
                 each.close()
         if second is not None:
             second.stop()
+
+
+def test_a_tenant_ahead_of_its_share_is_still_ahead_after_a_restart(workdir: str):
+    # "greedy" (duty 1) holds 50 ms while "other" (duty 100) waits: 5 s of virtual time ahead
+    # of it. The agent restarting between their turns (a DaemonSet upgrade) must not level them.
+    fair = FairConfig(min_share=0.0, anticipate_s=5.0)  # the GPU is kept for an owed yielder
+
+    def agent() -> AgentRunner:
+        return AgentRunner(workdir, queue_policy="fair", fair=fair, reconnect_grace=30).start()
+
+    first, second = agent(), None
+    greedy, other = _client(first, "greedy", duty=1), _client(first, "other", duty=100)
+    try:
+        greedy.acquire()
+        mark = first.mark()
+        waiting = threading.Thread(target=_acquire_until_closed, args=(other,), daemon=True)
+        waiting.start()
+        first.wait_event(_queued("local/other"), since=mark)
+        time.sleep(0.05)  # the turn's work
+        greedy.yield_()
+        waiting.join(timeout=10)
+        assert not waiting.is_alive(), "other has the GPU"
+        other.yield_()
+        first.stop()
+        second = agent()
+        other.acquire(timeout=5)
+        mark = second.mark()
+        threading.Thread(target=_acquire_until_closed, args=(greedy,), daemon=True).start()
+        second.wait_event(_queued("local/greedy"), since=mark)
+        other.yield_()
+        other.acquire(timeout=2)  # still owed: greedy is 5 s ahead, not level with it
+    finally:
+        for each in (greedy, other):
+            each.close()
+        if second is not None:
+            second.stop()

@@ -1,0 +1,51 @@
+"""What of the fair policy survives an agent restart: each tenant's lag from its GPUs' clock of
+its tier, the departed debts in the order they left, and the minimum-share balances."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.core import fairsave
+from agent.core.fair import FairShare, clock_key
+
+
+def test_lags_and_departed_debts_come_back_against_a_restarted_agents_clocks() -> None:
+    old = FairShare()
+    old.vclock = {clock_key("g", 0): 100.0, clock_key("g", 5): 40.0}
+    old.vtime = {"ahead": 105.0, "behind": 97.0, "high": 41.0, "unplaced": 120.0}
+    old.vtime |= {"left": 110.0, "left-high": 45.0}
+    old.departed = {"left": (("g",), 0), "left-high": (("g",), 5)}
+    old.balance = {("g", 0): 2.0, ("g", 5): 0.0}
+    placed = {"ahead": (["g"], 0), "behind": (["g"], 0), "high": (["g"], 5)}
+
+    text = json.dumps(fairsave.lags_of(old, placed).to_json())
+    new = FairShare()  # a restarted agent's: no clocks yet
+    fairsave.restore(new, fairsave.FairLags.from_json(json.loads(text)), placed)
+
+    assert new.vtime == pytest.approx(
+        {"ahead": 5.0, "behind": -3.0, "high": 1.0, "left": 10.0, "left-high": 5.0}
+    ), "each where it stood against its clock; one with no GPUs known rejoins level"
+    assert list(new.departed.items()) == [("left", (("g",), 0)), ("left-high", (("g",), 5))]
+    assert new.balance == {("g", 0): 2.0}
+    new.joined("behind", ["g"], duty=50)
+    new.joined("newcomer", ["g"], duty=50)
+    new.joined("left", ["g"], duty=50)
+    assert new.vtime["behind"] == pytest.approx(-3.0), "its banked credit, within the credit"
+    assert new.vtime["newcomer"] == 0.0, "a new tenant starts level"
+    assert new.vtime["left"] == pytest.approx(10.0) and "left" not in new.departed
+
+
+def test_another_shape_is_refused() -> None:
+    for data in ({"tenants": [["a", 1.0]]}, {"balance": [["g", "x", 1.0]]}, {"departed": 3}):
+        with pytest.raises((TypeError, ValueError)):
+            fairsave.FairLags.from_json(data)
+
+
+def test_a_tenant_gone_since_the_snapshot_keeps_only_a_debt() -> None:
+    old = FairShare(vclock={"g": 10.0}, vtime={"owing": 12.0, "owed": 9.0})
+    placed = {"owing": (["g"], 0), "owed": (["g"], 0)}
+    new = FairShare()
+    fairsave.restore(new, fairsave.lags_of(old, placed), present=())
+    assert new.vtime == pytest.approx({"owing": 2.0}) and list(new.departed) == ["owing"]
