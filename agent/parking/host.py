@@ -91,6 +91,10 @@ class Parking(Protocol):
         it can ever be granted (None: it may fit)."""
         ...
 
+    def moving(self, tenant_id: str) -> bool:
+        """Whether its memory is being moved now (for any turn, or on request)."""
+        ...
+
     async def refresh(self) -> None:
         """Read every tenant from the backend now (its residency and parked bytes)."""
         ...

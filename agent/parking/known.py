@@ -89,6 +89,8 @@ class KnownNode:
         """Tenant → the reason its waiting turn was counted in `baton_refused_parks_total`: a
         turn tried again and again counts once per reason, until it is taken."""
         self._ahead: dict[str, asyncio.Future[None]] = {}
+        self._in_motion: dict[str, int] = {}
+        """Tenant → the plans moving its memory now (`moving`)."""
         self._host = host
         """The agent: only its tenants count, and it hears of quarantines and moves; None alone."""
         self.quarantines = Quarantines(self.metrics, host)

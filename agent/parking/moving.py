@@ -56,6 +56,8 @@ class PlanMoves(ModelPlans):
         if not plan.steps:  # the snapshot the plan came from is current: nothing to re-read
             return
         moved = {step.tenant_id for step in plan.steps}
+        for t in moved:
+            self._in_motion[t] = self._in_motion.get(t, 0) + 1
         read: Read | None = None
         try:
             steps = list(plan.steps)
@@ -71,9 +73,20 @@ class PlanMoves(ModelPlans):
                     continue
                 await self._move(tenant_id, step, when)
         finally:  # what the moves changed (the plan was drawn from a full read just before)
-            await self._read_moved(moved, read)
-            if self._host is not None:
-                self._host.persist()
+            try:
+                await self._read_moved(moved, read)
+                if self._host is not None:
+                    self._host.persist()
+            finally:  # the model has them where the moves left them
+                for t in moved:
+                    self._in_motion[t] -= 1
+                    if not self._in_motion[t]:
+                        del self._in_motion[t]
+
+    def moving(self, tenant_id: str) -> bool:
+        """Whether a plan is moving the tenant's memory now (the model has it where it was
+        until the plan's moves are made and read)."""
+        return tenant_id in self._in_motion
 
     def _off_loop(self, steps: Sequence[Step]) -> list[Step]:
         """The steps from the first that run in a worker thread, one after another, up to a move

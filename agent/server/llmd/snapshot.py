@@ -93,8 +93,10 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
         self._tasks: set[asyncio.Task[None]] = set()
 
     def moving(self, tenant_id: str) -> bool:
-        """Whether an operation on the tenant is still running."""
-        return any(
+        """Whether the tenant's memory is moving: an operation on it is still running, or the
+        agent is moving it for a turn (its own, or another job's)."""
+        parking = self._jobs.service.parking
+        return (parking is not None and parking.moving(tenant_id)) or any(
             op.tenant_id == tenant_id and op.status == sa.OPERATION_STATUS_PENDING
             for op in self._ops.values()
         )
@@ -165,13 +167,17 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
 
     async def _job(self, job_id: str, group: str, context: grpc.aio.ServicerContext) -> Tenant:
         tenant = await self._jobs.check(job_id, group, context.peer())
-        if self.moving(tenant.tenant_id):
-            raise Transitioning(f"job {job_id!r} is being snapshotted or restored; try again")
+        self._state(tenant, job_id)
         return tenant
 
-    def _state(self, tenant: Tenant) -> sa.JobState:
+    def _state(self, tenant: Tenant, job_id: str) -> sa.JobState:
+        """The job's state; `Transitioning` (ABORTED, which llm-d's client tries again) while
+        its memory moves, for an operation or for a turn."""
         where = self._jobs.service.preparer.residency_of(tenant.tenant_id)
-        return job_state(where, self.moving(tenant.tenant_id), parks=True)
+        state = job_state(where, self.moving(tenant.tenant_id), parks=True)
+        if state == sa.JOB_STATE_TRANSITIONING:
+            raise Transitioning(f"job {job_id!r}'s memory is being moved; try again")
+        return state
 
     @mapped
     async def Snapshot(
@@ -180,7 +186,7 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
         """Park the job's memory in host DRAM (an operation)."""
         tenant = await self._job(request.job_id, request.group, context)
         parking, method = await self._method(request.backend_config, tenant)
-        if self._state(tenant) != sa.JOB_STATE_RUNNING:
+        if self._state(tenant, request.job_id) != sa.JOB_STATE_RUNNING:
             raise WrongState(f"job {request.job_id!r} is not RUNNING: there is nothing to snapshot")
         channel = self._channels.of(tenant.tenant_id)
         if channel is not None:
@@ -196,7 +202,7 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
         """Bring the job's parked memory back to its GPUs (an operation)."""
         tenant = await self._job(request.job_id, request.group, context)
         parking, method = await self._method(request.backend_config, tenant)
-        if self._state(tenant) != sa.JOB_STATE_SAVED:
+        if self._state(tenant, request.job_id) != sa.JOB_STATE_SAVED:
             raise WrongState(f"job {request.job_id!r} is not SAVED: there is nothing to restore")
         channel = self._channels.of(tenant.tenant_id)
         if channel is not None and method == APP:
