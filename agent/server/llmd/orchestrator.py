@@ -9,7 +9,7 @@ job's memory is parked only when another job's turn needs the room.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -45,12 +45,14 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         jobs: Jobs,
         node: str,
         moving: Callable[[str], bool],
+        settled: Callable[[str], Awaitable[bool]],
         clock: Callable[[], float] | None = None,
     ) -> None:
         self._jobs = jobs
         self._service = jobs.service
         self._node = node
         self._moving = moving
+        self._settled = settled
         self._clock = clock or jobs.service.state.clock  # the events' clock: one time line
         self._since = g.StateClock()
         self._follower: asyncio.Task[None] | None = None
@@ -84,14 +86,19 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
     async def Acquire(
         self, request: ts.AcquireRequest, context: grpc.aio.ServicerContext
     ) -> ts.AcquireResponse:
-        """Wait for the group's turn with the job's memory resident; at once for the holder."""
+        """Wait for the group's turn with the job's memory resident; for the holder, only for a
+        Snapshot or Restore of it under way and the restore of what a Snapshot parked."""
         tenant = await self._jobs.join(request.job_id, request.group_id, context.peer())
         seen = await self._jobs.seen_by(context.peer())
         gpus = self._jobs.turn_gpus(tenant, request.group_id, seen)
         lease = self._lease(tenant.tenant_id, gpus)
         if lease is not None:
-            restored = await self._restore_holder(tenant.tenant_id, lease)
-            return ts.AcquireResponse(success=True, waited_ms=0, context_restored=restored)
+            away = parked_on(self._service.preparer.residency_of(tenant.tenant_id), gpus)
+            if await self._settled(tenant.tenant_id):  # its Snapshot or Restore ends first
+                lease = self._lease(tenant.tenant_id, gpus)  # its turn may have ended meanwhile
+            if lease is not None:
+                restored = await self._restore_holder(tenant.tenant_id, lease) or away
+                return ts.AcquireResponse(success=True, waited_ms=0, context_restored=restored)
         was_parked = parked_on(self._service.preparer.residency_of(tenant.tenant_id), gpus)
         asked = self._service.state.clock()
         timeout = answer_before(context.time_remaining())

@@ -108,7 +108,9 @@ class LlmdServer:
         self.jobs = Jobs(self._service, self._groups, self._gpu_memory, self.port, self._proc_root)
         channels = Channels(self.jobs)
         self._snapshots = SnapshotAgent(self.jobs, channels)
-        self._orchestrator = Orchestrator(self.jobs, self._node, self._snapshots.moving)
+        self._orchestrator = Orchestrator(
+            self.jobs, self._node, self._snapshots.moving, self._snapshots.settled
+        )
         self._health = Health(self._backend)
         ts_grpc.add_TimeSliceOrchestratorServiceServicer_to_server(self._orchestrator, self._server)
         sa_grpc.add_SnapshotAgentServiceServicer_to_server(self._snapshots, self._server)

@@ -90,7 +90,8 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
         self._clock = clock
         self._ops: OrderedDict[str, Operation] = OrderedDict()
         self._ids = itertools.count(1)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[asyncio.Task[None], Operation] = {}
+        """The operations under way, by the task that runs each."""
 
     def moving(self, tenant_id: str) -> bool:
         """Whether the tenant's memory is moving: an operation on it is still running, or the
@@ -100,6 +101,14 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             op.tenant_id == tenant_id and op.status == sa.OPERATION_STATUS_PENDING
             for op in self._ops.values()
         )
+
+    async def settled(self, tenant_id: str) -> bool:
+        """Return once the operations on the tenant under way now have ended (their moves are
+        bounded by the backend's timeouts); whether there were any."""
+        running = [task for task, op in self._tasks.items() if op.tenant_id == tenant_id]
+        if running:
+            await asyncio.wait(running)
+        return bool(running)
 
     async def stop(self) -> None:
         """Cancel operations in flight."""
@@ -218,8 +227,8 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
         while len(self._ops) > KEEP:
             self._ops.popitem(last=False)
         task = asyncio.create_task(self._run(op, move, restore))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = op
+        task.add_done_callback(lambda done: self._tasks.pop(done, None))
         return op
 
     async def _run(self, op: Operation, move: Coroutine[Any, Any, None], restore: bool) -> None:

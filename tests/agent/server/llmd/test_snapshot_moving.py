@@ -8,10 +8,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 
 import grpc
 import pytest
 
+from baton._pb import snapshot_agent_pb2 as sa
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from tests.agent.server.llmd.llmd_client import (
     SnapshotAgentClient,
@@ -89,3 +91,36 @@ def test_a_job_parked_for_another_jobs_turn_is_transitioning_and_asked_to_retry(
             c.close()
         for channel in channels:
             channel.close()
+
+
+def test_the_holders_acquire_during_its_own_snapshot_waits_and_restores_it(
+    endpoint: str,  # noqa: F811
+    pool: ThreadPoolExecutor,
+) -> None:
+    """It answered at once, context_restored false, while the Snapshot went on to park the
+    memory of the job that had just been told its context was loaded."""
+    engine = HeldWorkload()
+    channel = register_workload(endpoint, "a", "g", engine.on_snapshot, engine.on_restore)
+    client = SnapshotAgentClient(endpoint)
+    holder = TimeSliceOrchestratorClient(endpoint, "a", "g")
+    acquired: Future[tuple[bool, int, bool]] | None = None
+    try:
+        _registered(client, "a")
+        assert holder.acquire(timeout_sec=10)[0]
+        engine.gate.clear()
+        op = client.snapshot("a", "g")
+        assert engine.entered.wait(10), "the snapshot never began"
+        acquired = pool.submit(holder.acquire, timeout_sec=10)
+        done, _ = wait_futures([acquired], timeout=1)
+        assert not done, f"answered {acquired.result()} while its snapshot was under way"
+        engine.gate.set()
+        assert acquired.result(10) == (True, 0, True), "its context came back"
+        assert client.wait_for_operation(op, 0.01).status == sa.OPERATION_STATUS_COMPLETE
+        assert engine.device is not None and _state(client, "a") == "JOB_STATE_RUNNING"
+    finally:
+        engine.gate.set()
+        if acquired is not None:
+            acquired.result(10)
+        client.close()
+        holder.close()
+        channel.close()
