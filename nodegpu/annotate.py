@@ -9,7 +9,7 @@ from typing import Any
 
 from baton.contract.annotations import AnnotationError, decode_budget, decode_gpus
 from baton.contract.annotations import node_annotations as annotations_of_node
-from baton.contract.kube import Outage, api_error_reason, status_message
+from baton.contract.kube import Outage, api_error_reason
 from baton.contract.meminfo import mem_total_kib
 from baton.contract.names import ANNOTATION_GPUS, ANNOTATION_HOST_MEMORY_BUDGET
 from baton.contract.reflector import KubeSource, Reflector, WatchEvent
@@ -187,13 +187,11 @@ class NodeAnnotator:
             return None
         self.watching.clear()
         if not self.polling.is_set():
-            denied = status_message(getattr(err, "body", None))  # the authorizer's own words
             log.warning(
-                "watching node %s is forbidden (%s%s): its role lacks list and watch on nodes; "
+                "watching node %s is forbidden (%s): its role lacks list and watch on nodes; "
                 "checking its annotations every %g s instead, and the watch again every %g s",
                 self.node_name,
                 api_error_reason(err),
-                f": {denied}" if denied else "",
                 self.poll_s,
                 self.watch_retry_s,
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,14 @@ def test_a_404_names_what_the_api_server_did_not_find() -> None:
     gone = ApiException(status=410, reason="Gone")
     gone.body = '{"kind":"Status","message":"too old resource version"}'
     assert api_error_reason(gone) == "API server answered 410 Gone"
+
+
+def test_a_403_names_what_the_authorizer_denied_and_to_whom() -> None:
+    """A daemon whose role lacks a verb: its refused line says which user was denied which verb
+    on which resource, in the authorizer's words, not only "403 Forbidden"."""
+    denied = ApiException(status=403, reason="Forbidden")
+    said = 'nodes is forbidden: User "system:serviceaccount:baton-system:x" cannot watch resource'
+    denied.body = json.dumps({"kind": "Status", "message": said})
+    assert api_error_reason(denied) == f"API server answered 403 Forbidden: {said}"
+    bare = ApiException(status=403, reason="Forbidden")
+    assert api_error_reason(bare) == "API server answered 403 Forbidden"

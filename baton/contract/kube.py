@@ -128,11 +128,14 @@ def status_message(body: Any) -> str:
 
 
 def api_error_reason(err: BaseException) -> str:
-    """A one-line reason for a failed API call: the HTTP status, or the connection's root cause."""
+    """A one-line reason for a failed API call: the HTTP status, or the connection's root cause.
+
+    A 404 adds the API server's message (which object it does not have), a 403 the authorizer's
+    (which user was denied which verb on which resource)."""
     status, reason = getattr(err, "status", None), getattr(err, "reason", None)
     if isinstance(status, int) and isinstance(reason, str):
-        missing = status_message(getattr(err, "body", None)) if status == 404 else ""
-        return f"API server answered {status} {reason}" + (f": {missing}" if missing else "")
+        said = status_message(getattr(err, "body", None)) if status in (403, 404) else ""
+        return f"API server answered {status} {reason}" + (f": {said}" if said else "")
     root: BaseException = err
     for _ in range(10):
         inner = getattr(root, "reason", None) or root.__cause__
