@@ -209,11 +209,13 @@ class DevicePlugin:
 
     def _react(self, changes: list[Change], broken: bool) -> bool:
         """Restart or register as the changes require; False once all is well again."""
-        if Change.KUBELET_SOCKET_CREATED in changes:
-            if self._serving_this_kubelet():
-                log.info("kubelet.sock was created, and this plugin is already registered there")
-            else:
-                self._restart("kubelet.sock was created (kubelet restarted)")
+        created = Change.KUBELET_SOCKET_CREATED in changes
+        if created and self._serving_this_kubelet():
+            # Nothing to restart; a stream's end in the same batch is still seen below.
+            log.info("kubelet.sock was created, and this plugin is already registered there")
+            created = False
+        if created:
+            self._restart("kubelet.sock was created (kubelet restarted)")
         elif Change.EVENTS_LOST in changes and not self._serving_this_kubelet():
             # The dropped events may have been a kubelet's restart (its kubelet.sock created,
             # this plugin's socket deleted): the sockets there now say it was.

@@ -243,3 +243,34 @@ def test_registers_again_after_a_kubelet_restart_whose_events_were_lost(
     plugin._thread.start()
     kubelet.wait_for_registrations(2, timeout=5.0)
     assert len(kubelet.wait_for_list(names.RESOURCE_GPU, bool)) == 8
+
+
+def test_a_stream_end_seen_with_a_notice_of_the_same_kubelet_registers_again(
+    kubelet, start_plugin, monkeypatch
+):
+    """The kubelet drops the plugin's stream, and its wake arrives with the (late) notice of
+    the kubelet.sock the plugin is registered with already, in one batch. The notice restarts
+    nothing, but the stream's end must still be seen: left for a next change that may never
+    come, the node advertised no GPUs."""
+    daemon = start_plugin()
+    kubelet.wait_for_registrations(1)
+    plugin = daemon.plugin
+    watcher = plugin._watcher
+    real_changes = watcher.changes
+    waiting, noticed = threading.Event(), threading.Event()
+
+    def with_the_notice(timeout: float | None = None) -> Any:
+        waiting.set()
+        found = list(real_changes(timeout))
+        if plugin._stream_lost.is_set() and not noticed.is_set():
+            noticed.set()
+            found.append(Change.KUBELET_SOCKET_CREATED)  # the kubelet.sock it serves
+        return iter(found)
+
+    monkeypatch.setattr(watcher, "changes", with_the_notice)
+    watcher.wake()  # the watch loop's next wait is the one above
+    assert waiting.wait(5.0), "the watch loop did not wait again"
+    kubelet.drop(names.RESOURCE_GPU)
+    kubelet.wait_for_registrations(2, timeout=5.0)
+    assert noticed.is_set()
+    assert len(kubelet.wait_for_list(names.RESOURCE_GPU, bool)) == 8
