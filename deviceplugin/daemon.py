@@ -116,7 +116,9 @@ class Daemon:
             self.pod_cache.start()
             if not self.pod_cache.wait_synced(SYNC_TIMEOUT_S):
                 log.warning(
-                    "pods of node %s not listed within %g s; Allocate lists on demand until then",
+                    "pods of node %s not listed within %g s; serving anyway: Allocate still "
+                    "answers (it needs no pods), and GetPreferredAllocation lists them itself "
+                    "until then",
                     self.settings.node_name,
                     SYNC_TIMEOUT_S,
                 )

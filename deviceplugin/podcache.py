@@ -81,7 +81,8 @@ class PodCache:
         outage = Outage(
             log,
             f"pod watch of node {node_name}",
-            "Allocate lists the node's pods itself, and fails naming the API server if it cannot",
+            "Allocate still answers (it needs no pods), GetPreferredAllocation steers by the pods"
+            " seen last, and their GPU annotations are corrected once it answers",
         )
         source = KubeSource(api_client, "pods", field_selector=f"spec.nodeName={node_name}")
         self._reflector = Reflector(

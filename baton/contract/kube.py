@@ -86,7 +86,7 @@ class Outage:
         self.what = what
         """What fails, e.g. "pod watch of node n1"."""
         self.meanwhile = meanwhile
-        """What the caller does until it answers, e.g. "Allocate lists pods on demand"."""
+        """What the caller does until it answers, e.g. "the extender sees old annotations"."""
         self.failures = 0
         self._lock = threading.Lock()
 

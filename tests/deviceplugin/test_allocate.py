@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import grpc
 import pytest
@@ -206,3 +207,28 @@ def test_an_api_server_that_does_not_answer_delays_one_admission_not_each(
     finally:
         fake_api.release_hangs()
     assert len(fake_api.requests("list", "pods")) == 1, "one list timed out; the rest waited none"
+
+
+def test_a_pod_watch_outage_says_truly_what_goes_on_meanwhile(
+    fake_api, api_client, kubelet, start_plugin, monkeypatch, caplog
+):
+    """With the node's pods unlistable, the plugin's warnings said that Allocate lists them
+    itself and fails naming the API server: since the pod cache Allocate needs no pods, and a
+    container is still admitted, steered by what was seen last."""
+    from deviceplugin import daemon as daemon_module
+
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setattr(daemon_module, "SYNC_TIMEOUT_S", 0.5)
+    fake_api.fail_next("list", "pods", 503, times=1000)
+    daemon = start_plugin(api_client=api_client)
+    kubelet.wait_for_registrations(1)
+    kubelet.wait_for_list(GPU, lambda devs: bool(devs))
+    admitted = admit(kubelet, tenant_pod("during"))
+    assert len(admitted.devices["main"]) == 1
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("deviceplugin")]
+    outage = [line for line in said if line.startswith(f"pod watch of node {NODE}:")]
+    unsynced = [line for line in said if "not listed within" in line]
+    assert outage and unsynced, said
+    for line in (outage[0], unsynced[0]):
+        assert "Allocate lists" not in line and "Allocate still answers" in line, line
+    assert not daemon.pod_cache.wait_synced(0)
