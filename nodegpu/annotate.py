@@ -76,15 +76,12 @@ def annotate_once(core: Any, node_name: str, wanted: Mapping[str, str]) -> str:
 
 
 class _NodeSeen:
-    """The store of the node's own watch: hands `seen` each version of the node it shows, and
-    calls `listed` after every list (the role allows it)."""
+    """The store of the node's own watch: hands `seen` each version of the node it shows."""
 
-    def __init__(self, seen: Callable[[dict[str, Any]], None], listed: Callable[[], None]) -> None:
+    def __init__(self, seen: Callable[[dict[str, Any]], None]) -> None:
         self._seen = seen
-        self._listed = listed
 
     def replace(self, objects: list[dict[str, Any]], resource_version: str) -> None:
-        self._listed()
         for node in objects:
             self._seen(node)
 
@@ -97,7 +94,8 @@ class NodeAnnotator:
     """Patches the node's annotations at start, after every inventory change, and whenever the
     watch of the node shows them missing or different or the node replaced (registered again,
     or someone removed or overwrote them). Under a role without `list`/`watch` on nodes it
-    checks them every `poll_s` instead, and tries the watch again every `watch_retry_s`.
+    checks them every `poll_s` instead, and tries the watch again every `watch_retry_s` (said
+    once, and again only when the refusal changes or the watch is answered).
 
     No periodic check runs beside the watch: it resumes from the last version seen, and a relist
     (history gone) shows the node as it is, so no change to it goes unseen."""
@@ -122,7 +120,10 @@ class NodeAnnotator:
         self.polling = threading.Event()
         """Set while the watch is refused (403): the annotations are polled instead."""
         self.watching = threading.Event()
-        """Set once the node is listed (the role allows it), cleared when the watch is refused."""
+        """Set once a watch of the node is answered (the role allows it), cleared when the list
+        or the watch is refused."""
+        self._refusal = ""
+        """The refusal said last while polling: a different one is said again."""
         self._uid: str | None = None
         outage = Outage(
             log,
@@ -138,10 +139,11 @@ class NodeAnnotator:
         source = KubeSource(api_client, "nodes", field_selector=f"metadata.name={node_name}")
         self.watch = Reflector(
             source,
-            _NodeSeen(self._seen, self._listed),
+            _NodeSeen(self._seen),
             watch_outage,
             name="node-annotation-watch",
             refused=self._forbidden,
+            watching=self._watch_answered,
         )
         inventory.subscribe(lambda _inventory: self.republisher.poke())
 
@@ -172,13 +174,14 @@ class NodeAnnotator:
         if replaced or not same_annotations(meta.get("annotations") or {}, self._wanted()):
             self.republisher.poke()
 
-    def _listed(self) -> None:
-        """The node was listed: the role allows it, so the watch replaces the poll."""
-        self.watching.set()
+    def _watch_answered(self) -> None:
+        """A watch of the node was answered: the role allows it, so the watch replaces the poll
+        (not at a list alone: a role with `list` but not `watch` would switch back and forth)."""
         if self.polling.is_set():
             log.info("watching node %s again: its annotations are no longer polled", self.node_name)
             self.polling.clear()
             self.republisher.resync_every(None)
+        self.watching.set()  # last: who waits for it finds the poll off
 
     def _forbidden(self, err: Exception) -> float | None:
         """A role without list/watch on nodes (an older ClusterRole, or a binding not there
@@ -186,15 +189,20 @@ class NodeAnnotator:
         if getattr(err, "status", None) != 403:
             return None
         self.watching.clear()
-        if not self.polling.is_set():
+        refusal = api_error_reason(err)
+        if not self.polling.is_set() or refusal != self._refusal:
+            listed = bool(self.watch.resource_version)  # the list was answered, the watch not
             log.warning(
-                "watching node %s is forbidden (%s): its role lacks list and watch on nodes; "
+                "watching node %s is forbidden (%s): its role lacks %s on nodes; "
                 "checking its annotations every %g s instead, and the watch again every %g s",
                 self.node_name,
-                api_error_reason(err),
+                refusal,
+                "watch" if listed else "list and watch",
                 self.poll_s,
                 self.watch_retry_s,
             )
+            self._refusal = refusal
+        if not self.polling.is_set():
             self.polling.set()
             self.republisher.resync_every(self.poll_s)
         return self.watch_retry_s

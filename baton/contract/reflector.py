@@ -106,6 +106,7 @@ class Reflector:
         decode: Callable[[bytes], Any] = orjson.loads,
         on_restart: Callable[[str], None] = lambda why: None,
         refused: Callable[[Exception], float | None] = lambda err: None,
+        watching: Callable[[], None] = lambda: None,
         backoff: Backoff | None = None,
         sleep: Callable[[float], object] | None = None,
         page: int = PAGE,
@@ -116,9 +117,11 @@ class Reflector:
         waits out a backoff (by default a wait that `stop` cuts short); `refused(err)`, for an
         error that retrying soon cannot mend (a role without the verb, until it is granted),
         gives the seconds to wait before listing again, without a backoff or an outage said (it
-        is called from the loop's thread, and tells the caller itself); None for any other."""
+        is called from the loop's thread, and tells the caller itself); None for any other.
+        `watching()` hears each watch the API server answers (from the loop's thread)."""
         self.source, self.store, self.outage = source, store, outage
         self._refused = refused
+        self._watching = watching
         self._decode = decode
         self._on_restart = on_restart
         self._backoff = backoff or Backoff()
@@ -224,6 +227,7 @@ class Reflector:
         response = self.source.watch(
             self.resource_version, self._watch_timeout_s, self._request_timeout_s
         )
+        self._watching()
         apply = self.store.apply
         healthy = False
         try:
