@@ -214,7 +214,8 @@ class TorchParker:
             if gpu in self._parked_gpus:
                 raise ParkError(f"already parked{f' on {gpu}' if gpu else ''}: restore first")
             if self._is_parked:
-                self._parked_gpus.add(gpu)
+                with deferred_interrupt():  # recorded by the client too, as a park that moves
+                    self._parked_gpus.add(gpu)
                 return 0
             start = time.perf_counter()
             tensors = self._tensors()
@@ -252,7 +253,8 @@ class TorchParker:
             if gpu not in self._parked_gpus:
                 raise ParkError(f"not parked{f' on {gpu}' if gpu else ''}: nothing to restore")
             if not self._is_parked:
-                self._parked_gpus.discard(gpu)
+                with deferred_interrupt():  # recorded by the client too, as a restore that moves
+                    self._parked_gpus.discard(gpu)
                 return 0
             start = time.perf_counter()
             for storage, nbytes in self._parked:
@@ -261,15 +263,17 @@ class TorchParker:
             self._copy(self._layout.host, [bytes_of(s) for s, _ in self._parked])
             self._layout.device = []  # a storage the program drops from now on is freed
             unguard(self._guarded)
-            # Cut before here (a Ctrl-C in a restore a grant owes), it runs again whole; after
-            # it, a restore asked again moves nothing.
-            self._is_parked = False
-            moved = sum(n for _, n in self._parked)
-            self._parked, self._guarded = [], []
-            self.stats.restores += 1
-            self.stats.restored_bytes += moved
-            self.stats.restore_s += time.perf_counter() - start
-            self._parked_gpus.discard(gpu)
+            # Cut before here (a Ctrl-C in a restore a grant owes), it runs again whole. From
+            # here it is done: a Ctrl-C waits until the client has recorded it (else the GPU
+            # stays parked to the client, and each restore it asks again is refused).
+            with deferred_interrupt():
+                self._is_parked = False
+                moved = sum(n for _, n in self._parked)
+                self._parked, self._guarded = [], []
+                self.stats.restores += 1
+                self.stats.restored_bytes += moved
+                self.stats.restore_s += time.perf_counter() - start
+                self._parked_gpus.discard(gpu)
             return moved
 
     def _resizable_storages(self, tensors: list[torch.Tensor]) -> list[torch.UntypedStorage]:
