@@ -58,23 +58,61 @@ def shared(storage: torch.UntypedStorage) -> bool:
 
 
 def make_resizable(tensors: Iterable[torch.Tensor]) -> int:
-    """Point every tensor whose storage cannot be resized at a resizable copy of it (one copy
-    per storage, shared by its tensors, in place so modules and optimizers keep them); returns
-    the bytes copied."""
-    copies: dict[int, torch.UntypedStorage] = {}
+    """Point every tensor whose storage cannot be resized at a resizable copy of it (in place,
+    so modules and optimizers keep them); returns the bytes copied. Storages over overlapping
+    memory (one storage, or numpy slices of one array each given to `from_numpy`) share one
+    copy of the memory they span, so their tensors still see each other's writes."""
+    fixed = [
+        (tensor, storage)
+        for tensor in tensors
+        if tensor.layout == torch.strided  # a park refuses its storages if they stay fixed
+        and not (storage := tensor.untyped_storage()).resizable()
+        and storage.nbytes()
+    ]
+    copies: dict[Span, tuple[torch.UntypedStorage, int]] = {}  # its region's copy, offset
+    region: list[tuple[Span, torch.UntypedStorage]] = []  # overlapping storages, by address
+    region_end: tuple[str, int] = ("", 0)
     copied = 0
-    for tensor in tensors:
-        if tensor.layout != torch.strided:  # a park refuses its storages if they stay fixed
-            continue
-        storage = tensor.untyped_storage()
-        if storage.resizable() or storage.nbytes() == 0:
-            continue
-        key = storage.data_ptr()
-        if key not in copies:
-            copies[key] = storage.clone()
+    for span, storage in sorted({_span(s): s for _, s in fixed}.items(), key=lambda i: i[0]):
+        device, start, end = span
+        if not (device == region_end[0] and start < region_end[1]):  # no overlap: a new one
+            copied += _copy_region(region, copies)
+            region = []
+        region.append((span, storage))
+        region_end = device, max(end, region_end[1] if region[1:] else 0)
+    copied += _copy_region(region, copies)
+    for tensor, storage in fixed:
+        copy, offset = copies[_span(storage)]
+        if offset % tensor.element_size():  # not at a whole element of the copy: its own
+            copy, offset = storage.clone(), 0
             copied += storage.nbytes()
-        tensor.set_(copies[key], tensor.storage_offset(), tensor.size(), tensor.stride())
+        first = offset // tensor.element_size() + tensor.storage_offset()
+        tensor.set_(copy, first, tensor.size(), tensor.stride())
     return copied
+
+
+Span = tuple[str, int, int]
+"""A storage's device, and the addresses of its first byte and the byte past its last."""
+
+
+def _span(storage: torch.UntypedStorage) -> Span:
+    return str(storage.device), storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def _copy_region(
+    region: list[tuple[Span, torch.UntypedStorage]],
+    copies: dict[Span, tuple[torch.UntypedStorage, int]],
+) -> int:
+    """Copy the memory the overlapping storages of `region` span into one new storage, noting
+    each's offset in it; returns its size."""
+    if not region:
+        return 0
+    start, end = region[0][0][1], max(span[2] for span, _ in region)
+    copy = torch.UntypedStorage(end - start, device=region[0][1].device)
+    for span, storage in region:
+        bytes_of(copy)[span[1] - start : span[2] - start].copy_(bytes_of(storage))
+        copies[span] = copy, span[1] - start
+    return end - start
 
 
 def bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:

@@ -89,3 +89,26 @@ def test_a_storage_in_shared_memory_is_refused_at_park_and_left_intact() -> None
     assert not parker.parked
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert model.weight.untyped_storage().is_shared()
+
+
+def test_overlapping_numpy_slices_share_one_copy_and_still_alias() -> None:
+    """Tensors over slices of one numpy array (`from_numpy` gives each its own storage, at its
+    own address): copied one by one, the shorter first made registering the longer raise torch's
+    `setStorage: ... out of bounds` traceback, and overlapping ones no longer saw each other's
+    writes."""
+    import numpy as np
+    import torch
+
+    from agent.client.torch import TorchParker
+
+    array = np.arange(12, dtype=np.float32)
+    head, whole, tail = (
+        torch.from_numpy(array[s]) for s in (slice(0, 5), slice(None), slice(4, 8))
+    )
+    parker = TorchParker([head, whole, tail])
+    assert parker.stats.copied_bytes == 48  # the memory they span, once
+    assert parker.park("gpu") == 48
+    parker.restore("gpu")
+    assert whole.tolist() == list(range(12))
+    head[4] = 100.0
+    assert whole[4] == 100.0 and tail[0] == 100.0  # one memory still
