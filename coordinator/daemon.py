@@ -41,7 +41,7 @@ from coordinator.cluster import ClusterView, NodeStore, PodStore
 from coordinator.jobs_api import JobsServicer
 from coordinator.leader import LeaderElector
 from coordinator.llmd import LlmdOrchestrator
-from coordinator.podlabel import LeaderLabel
+from coordinator.podlabel import LeaderLabel, Term
 from coordinator.recovery import chase, recover
 from coordinator.status import CoordinatorMetrics, status_json, watch
 from coordinator.turns import Arbiter
@@ -110,7 +110,9 @@ class Coordinator:
         """Set when an agent's address appears in the view (the leader asks that agent)."""
         self._label: LeaderLabel | None = None
         if config.pod_name and config.pod_namespace:
-            self._label = LeaderLabel.on_pod(api_client, config.pod_namespace, config.pod_name)
+            self._label = LeaderLabel.on_pod(
+                api_client, config.pod_namespace, config.pod_name, self._holds
+            )
         self.port = 0
 
     def _new_table(self) -> LeaseTable:
@@ -261,7 +263,7 @@ class Coordinator:
         self.arbiter.lead(epoch, table, found)
         self._health.serving(True)
         if self._label is not None:
-            self._label.want(epoch)
+            self._label.want(epoch, self._elector.lease_uid)
         log.info(
             "leading with epoch %d: %d job turn(s) held, %d rolled back%s",
             epoch, len(found.held), len(found.rolled_back),
@@ -270,6 +272,10 @@ class Coordinator:
         )  # fmt: skip
         outrank = self._elector.outrank  # a node that answers late may obey a newer epoch
         await chase(self.arbiter, found, epoch, self._agents_appeared, outrank)  # ends with term
+
+    def _holds(self, term: Term) -> bool:
+        """Whether the Lease, read now, records `term` as this replica's (the label's sweep)."""
+        return self._elector is not None and self._elector.holds(term.epoch, term.lease)
 
     def _end_term(self, reason: str) -> None:
         if self._term is not None:

@@ -99,6 +99,7 @@ class LeaderElector:
         self._term: int | None = None
         self._valid_until = float("-inf")
         self._epoch = 0
+        self._lease_uid = ""
         self._highest_epoch = 0
         self._outranked = 0
         self._annotate = annotate
@@ -146,6 +147,22 @@ class LeaderElector:
         """The current term's epoch while leading (after stepping down: the last one; 0 before)."""
         with self._lock:
             return self._epoch
+
+    @property
+    def lease_uid(self) -> str:
+        """The UID of the Lease object the current (or last) term's epoch counts in."""
+        with self._lock:
+            return self._lease_uid
+
+    def holds(self, epoch: int, lease_uid: str) -> bool:
+        """Whether the Lease, read now from the API server, records our term `epoch` in the
+        Lease object `lease_uid` (from any thread; raises if the API server does not answer)."""
+        obj = self._read(self.renew_deadline_s)
+        if obj is None:
+            return False
+        lease = lease_record(obj)
+        uid = (obj.get("metadata") or {}).get("uid", "")
+        return lease.holder == self.identity and lease.transitions == epoch and uid == lease_uid
 
     def wait_leading(self, timeout: float) -> bool:
         """Whether we lead within `timeout` seconds."""
@@ -212,7 +229,7 @@ class LeaderElector:
         epoch = lease_record(written).transitions
         self._highest_epoch = max(self._highest_epoch, epoch)
         if decision.action is Action.TAKE:
-            self._begin(epoch, began)
+            self._begin(epoch, str((written.get("metadata") or {}).get("uid", "")), began)
         else:
             with self._lock:
                 self._valid_until = began + self.renew_deadline_s
@@ -257,9 +274,9 @@ class LeaderElector:
             return max(min(self.retry_period_s, lapse), 0.0)
         return max(min(self.retry_period_s, self._valid_until - self._monotonic()), 0.0)
 
-    def _begin(self, epoch: int, renewed_at: float) -> None:
+    def _begin(self, epoch: int, lease_uid: str, renewed_at: float) -> None:
         with self._lock:
-            self._term, self._epoch = epoch, epoch
+            self._term, self._epoch, self._lease_uid = epoch, epoch, lease_uid
             self._valid_until = renewed_at + self.renew_deadline_s
         log.info("%s: %s leads in epoch %d", self._where, self.identity, epoch)
         self._leading.set()

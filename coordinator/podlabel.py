@@ -8,12 +8,16 @@ the mark, or the Service would keep sending calls to a standby.
 
 A deposed leader cannot be trusted to remove its own mark: one frozen (SIGSTOP, a long pause) or
 cut off from the API server keeps it, and the Service would keep sending calls to it. So the
-label goes with an annotation naming the epoch it was set in, and a new leader, once its own pod
-is labelled, removes the label from every other pod of its Deployment labelled in an older epoch.
-Each removal is a JSON patch that first tests the pod's resourceVersion as listed: a label that a
-newer leader set on its pod meanwhile fails the test, the pods are listed again, and its newer
-epoch keeps it. While it leads it sweeps again every `RESWEEP_S` (a list by label): a deposed
-leader's own label write still in flight (its process frozen with it) may land after a sweep.
+label goes with annotations naming its term: the epoch, and the UID of the Lease the epoch counts
+in (a Lease deleted and created again counts from 1 again). A new leader, once its own pod is
+labelled, lists the labelled pods, reads the Lease (a deposed leader sweeps nothing), and removes
+the label from every other pod of its Deployment labelled in an older epoch of its Lease, or under
+another Lease: ours is the current one, so that one was deleted before ours was created (a leader
+labels only once it holds its Lease), whatever its epochs. Each removal is a JSON patch that first
+tests the pod's resourceVersion as listed: a label that a newer leader set on its pod meanwhile
+fails the test, the pods are listed again, and its newer epoch keeps it. While it leads it
+sweeps again every `RESWEEP_S` (a list by label): a deposed leader's own label write still in
+flight (its process frozen with it) may land after a sweep.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from baton.contract import names
 from baton.contract.kube import Outage
@@ -38,8 +42,17 @@ RESWEEP_S = 30.0
 
 LABEL = names.LABEL_COORDINATOR_LEADER
 EPOCH = names.ANNOTATION_COORDINATOR_LEADER_EPOCH
+LEASE = names.ANNOTATION_COORDINATOR_LEADER_LEASE
 TEMPLATE_HASH = "pod-template-hash"
 """The label a Deployment adds to each revision's pods (the only one in which they differ)."""
+
+
+class Term(NamedTuple):
+    """A leader's term as its label names it: the epoch (0: not leading), and the UID of the
+    Lease it counts in ("": not known, as an older version's label)."""
+
+    epoch: int
+    lease: str = ""
 
 
 class PodsChanging(Exception):
@@ -47,15 +60,15 @@ class PodsChanging(Exception):
 
 
 class LeaderLabel:
-    """`want(epoch)` from any thread (0: not leading); `stop` when done. `patch(epoch)` writes
-    the label (removes it for 0); `sweep(epoch)`, once this pod is labelled, removes it from the
-    pods of older leaders."""
+    """`want(epoch, lease)` from any thread (0: not leading); `stop` when done. `patch(term)`
+    writes the label (removes it for epoch 0); `sweep(term)`, once this pod is labelled, removes it
+    from the pods of older leaders."""
 
     def __init__(
         self,
-        patch: Callable[[int], object],
+        patch: Callable[[Term], object],
         where: str,
-        sweep: Callable[[int], object] = lambda epoch: None,
+        sweep: Callable[[Term], object] = lambda term: None,
     ) -> None:
         self._patch = patch
         self._sweep = sweep
@@ -63,43 +76,53 @@ class LeaderLabel:
         self._outage = Outage(log, f"the leader label on pod {where}", meanwhile)
         self._sweep_outage = Outage(log, f"the leader label on pods other than {where}", meanwhile)
         self._lock = threading.Lock()
-        self._wanted = 0
-        self._applied: int | None = None
-        self._swept = 0
+        self._wanted = Term(0)
+        self._applied: Term | None = None
+        self._swept = Term(0)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="leader-label", daemon=True)
 
     @classmethod
-    def on_pod(cls, api_client: Any, namespace: str, pod: str) -> LeaderLabel:
-        """The label of `namespace/pod`, through the API server."""
+    def on_pod(
+        cls, api_client: Any, namespace: str, pod: str, holds: Callable[[Term], bool]
+    ) -> LeaderLabel:
+        """The label of `namespace/pod`, through the API server; `holds(term)` reads the Lease
+        and says whether it records that term of ours (a sweep asks)."""
         from kubernetes import client
 
         core = client.CoreV1Api(api_client)
 
-        def patch(epoch: int) -> None:
-            label, note = ("true", str(epoch)) if epoch else (None, None)
-            body = {"metadata": {"labels": {LABEL: label}, "annotations": {EPOCH: note}}}
+        def patch(term: Term) -> None:
+            leading = term.epoch > 0
+            annotations = {EPOCH: str(term.epoch) if leading else None}
+            annotations[LEASE] = term.lease if leading and term.lease else None
+            body = {"metadata": {"labels": {LABEL: "true" if leading else None}}}
+            body["metadata"]["annotations"] = annotations
             core.patch_namespaced_pod(pod, namespace, body, _request_timeout=REQUEST_TIMEOUT_S)
 
-        return cls(patch, f"{namespace}/{pod}", lambda epoch: sweep(core, namespace, pod, epoch))
+        def sweep_pods(term: Term) -> None:
+            sweep(core, namespace, pod, term, holds)
+
+        return cls(patch, f"{namespace}/{pod}", sweep_pods)
 
     def start(self) -> None:
         """Begin with the label removed (this replica does not lead yet)."""
         self._wake.set()
         self._thread.start()
 
-    def want(self, epoch: int) -> None:
-        """The label as it should be from now: this replica leads in `epoch`, or not (0)."""
+    def want(self, epoch: int, lease: str = "") -> None:
+        """The label as it should be from now: this replica leads in `epoch` of the Lease whose
+        UID is `lease`, or not (0)."""
         with self._lock:
-            self._wanted = epoch
+            self._wanted = Term(epoch, lease) if epoch else Term(0)
         self._wake.set()
 
     def applied(self) -> int | None:
         """The epoch the API server last took (0: the label removed; None before the first
         write)."""
         with self._lock:
-            return self._applied
+            return None if self._applied is None else self._applied.epoch
 
     def stop(self, timeout: float = REQUEST_TIMEOUT_S + 1) -> None:
         """Stop, once the label is as last wished (one more try if it is not; bounded)."""
@@ -114,15 +137,16 @@ class LeaderLabel:
             woke = self._wake.wait(idle)
             with self._lock:
                 if not woke:  # leading, swept a while ago: sweep again
-                    self._swept = 0
+                    self._swept = Term(0)
                 wanted = self._wanted
                 self._wake.clear()
                 sweeping = wanted == self._applied
                 idle = None
-                if sweeping and (not wanted or self._swept == wanted or self._stopping.is_set()):
+                leading = wanted.epoch > 0
+                if sweeping and (not leading or self._swept == wanted or self._stopping.is_set()):
                     if self._stopping.is_set():
                         return
-                    idle = RESWEEP_S if wanted else None
+                    idle = RESWEEP_S if leading else None
                     continue
             step, outage = (
                 (self._sweep, self._sweep_outage) if sweeping else (self._patch, self._outage)
@@ -147,15 +171,21 @@ class LeaderLabel:
             self._wake.set()  # look again: a newer wish, a sweep, or stopping
 
 
-def sweep(core: Any, namespace: str, pod: str, epoch: int) -> list[str]:
-    """Remove the leader label from the other pods of `pod`'s Deployment that were labelled in
-    an epoch older than `epoch`; the names of those it was removed from."""
+def sweep(
+    core: Any, namespace: str, pod: str, term: Term, holds: Callable[[Term], bool]
+) -> list[str]:
+    """Remove the leader label from the other pods of `pod`'s Deployment labelled in an older
+    term than `term`, if the Lease, read after the list, `holds` our term; the names of those it
+    was removed from."""
     removed: list[str] = []
     for _ in range(SWEEP_LISTS):
         listed = core.list_namespaced_pod(
             namespace, label_selector=LABEL, _request_timeout=REQUEST_TIMEOUT_S
         )
-        stale = stale_leaders(listed.items, pod, epoch)
+        if not holds(term):
+            log.info("the Lease no longer records our epoch %d: not sweeping", term.epoch)
+            return removed
+        stale = stale_leaders(listed.items, pod, term)
         if stale is None:
             log.info("pod %s/%s is no longer labelled leader: not sweeping", namespace, pod)
             return removed
@@ -191,19 +221,20 @@ def sweep(core: Any, namespace: str, pod: str, epoch: int) -> list[str]:
                 raise
             removed.append(name)
             log.warning(
-                "removed the leader label from pod %s/%s: set in epoch %d, older than our epoch "
-                "%d, by a leader that did not remove it", namespace, name, leader_epoch(other),
-                epoch,
+                "removed the leader label from pod %s/%s: set in epoch %d of Lease %s, older "
+                "than our epoch %d of Lease %s, by a leader that did not remove it", namespace,
+                name, *leader_term(other), *term,
             )  # fmt: skip
         if not changed:
             return removed
     raise PodsChanging(f"the coordinator pods changed under each of {SWEEP_LISTS} lists")
 
 
-def stale_leaders(pods: list[Any], own: str, epoch: int) -> list[Any] | None:
+def stale_leaders(pods: list[Any], own: str, term: Term) -> list[Any] | None:
     """Of `pods` (labelled leader), the others of `own`'s Deployment (the pods with its labels
-    but the revision's hash) labelled in an epoch older than `epoch`; None if `own` is not
-    among them."""
+    but the revision's hash) labelled in an older term than `term` (the Lease's current one): in
+    an older epoch, or under another Lease (one deleted since); None if `own` is not among
+    them."""
     mine = next((p for p in pods if p.metadata.name == own), None)
     if mine is None:
         return None
@@ -214,13 +245,25 @@ def stale_leaders(pods: list[Any], own: str, epoch: int) -> list[Any] | None:
         for p in pods
         if p.metadata.name != own
         and selector <= (p.metadata.labels or {}).items()
-        and leader_epoch(p) < epoch
+        and older(leader_term(p), term)
     ]
 
 
-def leader_epoch(pod: Any) -> int:
-    """The epoch a pod's leader label was set in (0 where it does not say: an older version's)."""
+def older(label: Term, current: Term) -> bool:
+    """Whether a label's term is older than the Lease's `current` one: another Lease's (that
+    Lease was deleted before the current one was created), or an older epoch of the same Lease
+    (or of one the label does not name: an older version's)."""
+    if label.lease and label.lease != current.lease:
+        return True
+    return label.epoch < current.epoch
+
+
+def leader_term(pod: Any) -> Term:
+    """The term a pod's leader label was set in (epoch 0 where it does not say: an older
+    version's)."""
+    annotations = pod.metadata.annotations or {}
     try:
-        return int((pod.metadata.annotations or {}).get(EPOCH, "0"))
+        epoch = int(annotations.get(EPOCH, "0"))
     except ValueError:
-        return 0
+        epoch = 0
+    return Term(epoch, annotations.get(LEASE, ""))

@@ -115,6 +115,9 @@ LABEL_COORDINATOR_LEADER = "baton.dev/coordinator-leader"
 ANNOTATION_COORDINATOR_LEADER_EPOCH = "baton.dev/coordinator-leader-epoch"
 """Pod annotation written with `LABEL_COORDINATOR_LEADER`: the epoch its leader leads in, so that
 a newer leader removes the label of an older one (and never that of a newer one)."""
+ANNOTATION_COORDINATOR_LEADER_LEASE = "baton.dev/coordinator-leader-lease"
+"""Pod annotation written with `LABEL_COORDINATOR_LEADER`: the UID of the Lease its epoch counts in
+(a Lease deleted and created again counts its epochs from 1 again)."""
 
 
 def job_of_labels(labels: Mapping[str, str]) -> str:

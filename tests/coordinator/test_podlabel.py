@@ -14,7 +14,11 @@ from typing import Any
 import pytest
 
 from baton.contract.kube import load_api_client
-from baton.contract.names import ANNOTATION_COORDINATOR_LEADER_EPOCH, LABEL_COORDINATOR_LEADER
+from baton.contract.names import (
+    ANNOTATION_COORDINATOR_LEADER_EPOCH,
+    ANNOTATION_COORDINATOR_LEADER_LEASE,
+    LABEL_COORDINATOR_LEADER,
+)
 from commands.localnode.controlplane import ControlPlane
 from commands.localnode.procs import wait_for
 from coordinator import podlabel
@@ -96,8 +100,8 @@ def test_the_label_ends_as_last_wished_when_an_earlier_write_is_still_being_retr
     writes: list[int] = []
     writing, go_on = threading.Event(), threading.Event()
 
-    def patch(epoch: int) -> None:
-        writes.append(epoch)
+    def patch(term: podlabel.Term) -> None:
+        writes.append(term.epoch)
         if len(writes) == 1:  # the first write (the unlabel) fails after a while
             writing.set()
             go_on.wait(WAIT_S)
@@ -120,10 +124,15 @@ def test_the_label_ends_as_last_wished_when_an_earlier_write_is_still_being_retr
     assert not any(t.name == "leader-label" and t.is_alive() for t in threading.enumerate())
 
 
-def coordinator_pod(core: Any, name: str, labels: dict[str, str], epoch: int | None = None) -> None:
+def coordinator_pod(
+    core: Any, name: str, labels: dict[str, str], epoch: int | None = None, lease: str = ""
+) -> None:
     """A coordinator's pod as its Deployment makes it (it stays Pending: no kubelet here); with
-    the leader's label set in `epoch` (no annotation for 0: as an older version labelled it)."""
+    the leader's label set in `epoch` (no annotation for 0: as an older version labelled it) of
+    the Lease whose UID is `lease` (none for "")."""
     annotations = {ANNOTATION_COORDINATOR_LEADER_EPOCH: str(epoch)} if epoch else {}
+    if lease:
+        annotations[ANNOTATION_COORDINATOR_LEADER_LEASE] = lease
     leader = {LABEL_COORDINATOR_LEADER: "true"} if epoch is not None else {}
     core.create_namespaced_pod(
         TEAM,
@@ -245,11 +254,12 @@ def test_a_label_a_newer_leader_sets_between_the_list_and_the_removal_is_kept(
             return listed
 
     try:
-        assert podlabel.sweep(RelabelledAfterTheList(), TEAM, own, 5) == []
+        relabelling = RelabelledAfterTheList()
+        assert podlabel.sweep(relabelling, TEAM, own, podlabel.Term(5), lambda term: True) == []
         assert relabelled.is_set()
         assert leader_of(core, other) == "6"
         # And a label left from an older epoch goes.
-        assert podlabel.sweep(core, TEAM, own, 7) == [other]
+        assert podlabel.sweep(core, TEAM, own, podlabel.Term(7), lambda term: True) == [other]
         assert leader_of(core, other) is None
     finally:
         for pod in (own, other):
@@ -268,7 +278,7 @@ def test_a_label_an_older_leader_sets_after_the_sweep_is_removed_while_this_one_
     coordinator_pod(core, own, app)
     coordinator_pod(core, old, app)
     api_client = load_api_client(str(control_plane.admin_kubeconfig))
-    label = LeaderLabel.on_pod(api_client, TEAM, own)
+    label = LeaderLabel.on_pod(api_client, TEAM, own, lambda term: True)
     label.start()
     try:
         label.want(5)

@@ -1,0 +1,126 @@
+"""The leader's label and the Lease it leads by: a label left from a Lease deleted since (whose
+epochs may be higher than the new Lease's) goes; a deposed leader sweeps nothing (a real
+kube-apiserver)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from baton.contract.kube import load_api_client
+from commands.localnode.controlplane import ControlPlane
+from commands.localnode.procs import wait_for
+from coordinator import podlabel
+from coordinator.daemon import Coordinator, CoordinatorConfig
+from coordinator.lease import LeaseRecord, lease_object
+from tests.coordinator.conftest import LEASE_NS, TEAM
+from tests.coordinator.test_podlabel import WAIT_S, coordinator_pod, leader_of
+
+
+def client_leases(core: Any) -> Any:
+    from kubernetes import client
+
+    return client.CoordinationV1Api(core.api_client)
+
+
+def leading(
+    control_plane: ControlPlane,
+    core: Any,
+    own: str,
+    lease: str,
+    during: Callable[[Coordinator], Awaitable[None]],
+) -> None:
+    """Run a coordinator in pod `own` (it takes Lease `lease`) until its label is on its pod,
+    then `during(coordinator)`; and stop it."""
+    api_client = load_api_client(str(control_plane.admin_kubeconfig))
+    config = CoordinatorConfig(
+        token="token",
+        namespace=LEASE_NS,
+        lease_name=lease,
+        identity=own,
+        llmd_listen="127.0.0.1:0",
+        http_listen="127.0.0.1:0",
+        pod_name=own,
+        pod_namespace=TEAM,
+    )
+
+    async def body() -> None:
+        coordinator = Coordinator(config, api_client)
+        await coordinator.start()
+        try:
+            await asyncio.to_thread(
+                wait_for,
+                "the leader's own label",
+                lambda: True if leader_of(core, own) is not None else None,
+                WAIT_S,
+            )
+            await during(coordinator)
+        finally:
+            await coordinator.stop()
+
+    try:
+        asyncio.run(asyncio.wait_for(body(), 60))
+    finally:
+        api_client.close()
+
+
+def test_a_label_left_from_a_deleted_lease_goes_though_its_epoch_is_higher(
+    control_plane: ControlPlane, core: Any
+) -> None:
+    """The leader of epoch 7 was frozen (or cut off) with its pod labelled; the Lease was deleted
+    meanwhile, and no agent heard of epoch 7 (there were no jobs). The new leader creates the
+    Lease again in epoch 1: the old label, of another Lease, goes, or the Service would send
+    callers to both (half of them to hang until their deadline)."""
+    app = {"app.kubernetes.io/name": f"coordinator-{uuid.uuid4().hex[:8]}"}
+    own, deposed = (f"{app['app.kubernetes.io/name']}-{suffix}" for suffix in ("own", "deposed"))
+    lease = f"recreated-{uuid.uuid4().hex[:8]}"
+    leases = client_leases(core)
+    held = LeaseRecord("the-frozen-replica", 15, time.time(), time.time(), transitions=7)
+    old = leases.create_namespaced_lease(
+        LEASE_NS, lease_object(held, {"metadata": {"name": lease}})
+    )
+    leases.delete_namespaced_lease(lease, LEASE_NS)
+    coordinator_pod(core, own, app)
+    coordinator_pod(core, deposed, app, epoch=7, lease=old.metadata.uid)
+
+    async def during(coordinator: Coordinator) -> None:
+        await asyncio.to_thread(
+            wait_for,
+            "the label of the deleted Lease's leader removed",
+            lambda: True if leader_of(core, deposed) is None else None,
+            WAIT_S,
+        )
+        assert coordinator.arbiter.epoch == 1 and leader_of(core, own) == "1"
+
+    try:
+        leading(control_plane, core, own, lease, during)
+    finally:
+        for pod in (own, deposed):
+            core.delete_namespaced_pod(pod, TEAM, grace_period_seconds=0)
+        leases.delete_namespaced_lease(lease, LEASE_NS)
+
+
+def test_a_deposed_leader_sweeps_nothing(core: Any) -> None:
+    """A leader frozen while the Lease was deleted and created again sweeps as it wakes up,
+    before it notices: the Lease no longer records its term, and the new leader's label (of
+    another Lease) stays."""
+    app = {"app.kubernetes.io/name": f"coordinator-{uuid.uuid4().hex[:8]}"}
+    own, new = (f"{app['app.kubernetes.io/name']}-{suffix}" for suffix in ("own", "new"))
+    coordinator_pod(core, own, app, epoch=7, lease="the-deleted-lease")
+    coordinator_pod(core, new, app, epoch=1, lease="the-new-lease")
+    asked: list[podlabel.Term] = []
+
+    def holds(term: podlabel.Term) -> bool:
+        asked.append(term)
+        return False
+
+    try:
+        term = podlabel.Term(7, "the-deleted-lease")
+        assert podlabel.sweep(core, TEAM, own, term, holds) == []
+        assert asked == [term] and leader_of(core, new) == "1"
+    finally:
+        for pod in (own, new):
+            core.delete_namespaced_pod(pod, TEAM, grace_period_seconds=0)
