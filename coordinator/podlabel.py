@@ -17,7 +17,9 @@ labels only once it holds its Lease), whatever its epochs. Each removal is a JSO
 tests the pod's resourceVersion as listed: a label that a newer leader set on its pod meanwhile
 fails the test, the pods are listed again, and its newer epoch keeps it. While it leads it
 sweeps again every `RESWEEP_S` (a list by label): a deposed leader's own label write still in
-flight (its process frozen with it) may land after a sweep.
+flight (its process frozen with it) may land after a sweep. A sweep that finds this pod's own
+label gone (an operator's `kubectl label`, another replica's mistake) while the Lease records our
+term labels it again: the Service would have no endpoint, and callers would hang.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ class Term(NamedTuple):
 
     epoch: int
     lease: str = ""
+
+
+class Unlabelled(Exception):
+    """A sweep found this pod unlabelled while the Lease records our term: it is labelled again."""
 
 
 class PodsChanging(Exception):
@@ -153,6 +159,13 @@ class LeaderLabel:
             )
             try:
                 step(wanted)
+            except Unlabelled as err:
+                log.warning("%s", err)
+                with self._lock:
+                    if self._applied == wanted:
+                        self._applied = None
+                self._wake.set()
+                continue
             except Exception as err:
                 if self._stopping.is_set():
                     return
@@ -187,8 +200,10 @@ def sweep(
             return removed
         stale = stale_leaders(listed.items, pod, term)
         if stale is None:
-            log.info("pod %s/%s is no longer labelled leader: not sweeping", namespace, pod)
-            return removed
+            raise Unlabelled(
+                f"pod {namespace}/{pod} lost its leader label (someone else removed it) while "
+                f"leading in epoch {term.epoch}: labelling it again"
+            )
         changed = False
         for other in stale:
             name = other.metadata.name

@@ -1,6 +1,6 @@
 """The leader's label and the Lease it leads by: a label left from a Lease deleted since (whose
-epochs may be higher than the new Lease's) goes; a deposed leader sweeps nothing (a real
-kube-apiserver)."""
+epochs may be higher than the new Lease's) goes; a deposed leader sweeps nothing; the leader's
+own label, removed by someone else, comes back while it leads (a real kube-apiserver)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
 from baton.contract.kube import load_api_client
+from baton.contract.names import ANNOTATION_COORDINATOR_LEADER_LEASE, LABEL_COORDINATOR_LEADER
 from commands.localnode.controlplane import ControlPlane
 from commands.localnode.procs import wait_for
 from coordinator import podlabel
@@ -105,11 +108,11 @@ def test_a_label_left_from_a_deleted_lease_goes_though_its_epoch_is_higher(
 
 def test_a_deposed_leader_sweeps_nothing(core: Any) -> None:
     """A leader frozen while the Lease was deleted and created again sweeps as it wakes up,
-    before it notices: the Lease no longer records its term, and the new leader's label (of
-    another Lease) stays."""
+    before it notices: the Lease no longer records its term, so the new leader's label (of
+    another Lease) stays, and its own label, which the new leader removed, is not written again."""
     app = {"app.kubernetes.io/name": f"coordinator-{uuid.uuid4().hex[:8]}"}
     own, new = (f"{app['app.kubernetes.io/name']}-{suffix}" for suffix in ("own", "new"))
-    coordinator_pod(core, own, app, epoch=7, lease="the-deleted-lease")
+    coordinator_pod(core, own, app)
     coordinator_pod(core, new, app, epoch=1, lease="the-new-lease")
     asked: list[podlabel.Term] = []
 
@@ -120,7 +123,47 @@ def test_a_deposed_leader_sweeps_nothing(core: Any) -> None:
     try:
         term = podlabel.Term(7, "the-deleted-lease")
         assert podlabel.sweep(core, TEAM, own, term, holds) == []
-        assert asked == [term] and leader_of(core, new) == "1"
+        assert asked == [term] and leader_of(core, new) == "1" and leader_of(core, own) is None
     finally:
         for pod in (own, new):
             core.delete_namespaced_pod(pod, TEAM, grace_period_seconds=0)
+
+
+def test_the_leaders_own_label_removed_by_someone_else_comes_back(
+    control_plane: ControlPlane, core: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator removes the leader's label (`kubectl label pod NAME
+    baton.dev/coordinator-leader-`): the Service has no endpoint and callers hang until their
+    deadline. The leader, sweeping again while it leads, labels its pod again."""
+    monkeypatch.setattr(podlabel, "RESWEEP_S", 0.2)
+    app = {"app.kubernetes.io/name": f"coordinator-{uuid.uuid4().hex[:8]}"}
+    own = f"{app['app.kubernetes.io/name']}-own"
+    lease = f"free-{uuid.uuid4().hex[:8]}"
+    coordinator_pod(core, own, app)
+    path = "/metadata/labels/" + LABEL_COORDINATOR_LEADER.replace("/", "~1")
+
+    async def during(coordinator: Coordinator) -> None:
+        epoch = leader_of(core, own)
+        await asyncio.to_thread(
+            core.patch_namespaced_pod,
+            own,
+            TEAM,
+            [{"op": "remove", "path": path}],
+            _content_type="application/json-patch+json",
+        )
+        await asyncio.to_thread(
+            wait_for,
+            "the leader's label written again",
+            lambda: True if leader_of(core, own) is not None else None,
+            WAIT_S,
+        )
+        assert leader_of(core, own) == epoch == str(coordinator.arbiter.epoch)
+        annotations = core.read_namespaced_pod(own, TEAM).metadata.annotations
+        assert annotations[ANNOTATION_COORDINATOR_LEADER_LEASE]
+
+    try:
+        leading(control_plane, core, own, lease, during)
+        assert leader_of(core, own) is None
+    finally:
+        core.delete_namespaced_pod(own, TEAM, grace_period_seconds=0)
+        client_leases(core).delete_namespaced_lease(lease, LEASE_NS)
