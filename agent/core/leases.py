@@ -280,20 +280,24 @@ class LeaseTable:
         duty = self.usage[lease.tenant_id].duty
         return lease, due, self.enqueue(lease.tenant_id, lease.gpus, front=True, duty=duty)
 
-    def drop_tenant(self, tenant_id: str) -> tuple[list[Lease], list[Waiter]]:
+    def drop_tenant(
+        self, tenant_id: str, gpus: Iterable[str] = (), tier: int = 0
+    ) -> tuple[list[Lease], list[Waiter]]:
         """The tenant is gone: release its leases and remove its waiters (the fair policy
-        remembers a debt it left with, `FairShare.left`)."""
+        remembers a debt it left with, `FairShare.left`, on the GPUs it was served or waited on
+        here, else on `gpus` in `tier`, its registration's: a tenant restored after a restart
+        that leaves before its first turn there keeps the debt it was restored with)."""
         mine = [w.waiter_id for w in self.waiters.values() if w.tenant_id == tenant_id]
         removed = [w for w in map(self.cancel, mine) if w is not None]
         leases = [self.release(lease.lease_id) for lease in self.leases_of(tenant_id)]
         self.anticipation.end(self.anticipation.gpus_of(tenant_id), self._clock())
         self.anticipation.forget(tenant_id)
-        tier = self._usage_of(tenant_id).tier
-        self.usage.pop(tenant_id, None)
-        gpus = {gpu for gpu, state in self.gpus.items() if tenant_id in state.served}
-        gpus.update(gpu for waiter in removed for gpu in waiter.gpus)
+        usage = self.usage.pop(tenant_id, None)
+        tier = tier if usage is None else usage.tier
+        where = {gpu for gpu, state in self.gpus.items() if tenant_id in state.served}
+        where.update(gpu for waiter in removed for gpu in waiter.gpus)
         if self.fair is not None:  # its debt outlives it: coming back does not clear it
-            self.fair.left(tenant_id, sorted(gpus), tier)
+            self.fair.left(tenant_id, sorted(where or set(gpus)), tier)
         for state in self.gpus.values():
             state.served.pop(tenant_id, None)
         return leases, removed

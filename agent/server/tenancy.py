@@ -230,7 +230,9 @@ class Tenancy:
     def _drop(self, tenant_id: str, why: str) -> None:
         state = self._state
         tier = state.metrics.tier_of(tenant_id)  # the table forgets it with the tenant
-        leases, waiters = state.table.drop_tenant(tenant_id)
+        known = state.tenants.tenants.get(tenant_id)
+        placed = (known.gpus, known.priority) if known is not None else ((), 0)
+        leases, waiters = state.table.drop_tenant(tenant_id, *placed)
         for waiter in waiters:
             self._turns.fail(waiter.waiter_id, TenantGone(f"tenant {tenant_id} left: {why}"))
         for lease in leases:

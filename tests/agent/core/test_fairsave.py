@@ -9,6 +9,7 @@ import pytest
 
 from agent.core import fairsave
 from agent.core.fair import FairShare, clock_key
+from agent.core.leases import LeaseTable
 
 
 def test_lags_and_departed_debts_come_back_against_a_restarted_agents_clocks() -> None:
@@ -49,3 +50,21 @@ def test_a_tenant_gone_since_the_snapshot_keeps_only_a_debt() -> None:
     new = FairShare()
     fairsave.restore(new, fairsave.lags_of(old, placed), present=())
     assert new.vtime == pytest.approx({"owing": 2.0}) and list(new.departed) == ["owing"]
+
+
+def test_a_restored_tenant_leaving_before_its_first_turn_keeps_its_debt_in_its_tier() -> None:
+    # After a restart the table has served "high" nowhere and knows no tier of it: leaving, it is
+    # measured on its registration's GPUs and tier (5), not on none (debt forgotten) or tier 0
+    # (whose clock another tenant's turn has taken past it).
+    now = [0.0]
+    policy = FairShare()
+    table = LeaseTable(clock=lambda: now[0], policy=policy, max_hold=1e9)
+    fairsave.restore(policy, fairsave.FairLags([fairsave.Lag("high", 5.0, 5, ("g",))]), {"high"})
+    table.enqueue("low", ["g"], duty=100)
+    lease = table.grant(table.pick()[0].waiter_id)
+    now[0] += 10.0
+    table.release(lease.lease_id)  # tier 0's clock of "g" is at 10
+    table.drop_tenant("high", ["g"], 5)
+    assert policy.departed == {"high": (("g",), 5)}
+    table.enqueue("high", ["g"], duty=50, tier=5)
+    assert policy.vtime["high"] == pytest.approx(5.0), "back where it left, not level"

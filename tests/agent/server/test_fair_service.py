@@ -254,3 +254,44 @@ def test_a_tenant_ahead_of_its_share_is_still_ahead_after_a_restart(workdir: str
             each.close()
         if second is not None:
             second.stop()
+
+
+def test_a_tenant_in_debt_that_does_not_come_back_after_a_restart_keeps_its_debt(workdir: str):
+    # "greedy" (duty 1) ends 10 s of virtual time ahead of "other", then dies while the agent is
+    # down; the restarted agent drops it after the grace, before it took a turn there. Its debt
+    # must outlive it as any departed tenant's does: back under the same id, it is still ahead.
+    fair = FairConfig(min_share=0.0, anticipate_s=5.0)  # the GPU is kept for an owed yielder
+    first = AgentRunner(workdir, queue_policy="fair", fair=fair, reconnect_grace=30).start()
+    second = None
+    greedy, other = _client(first, "greedy", duty=1), _client(first, "other", duty=100)
+    again = None
+    try:
+        greedy.acquire()
+        mark = first.mark()
+        waiting = threading.Thread(target=_acquire_until_closed, args=(other,), daemon=True)
+        waiting.start()
+        first.wait_event(_queued("local/other"), since=mark)
+        time.sleep(0.1)  # the turn's work
+        greedy.yield_()
+        waiting.join(timeout=10)
+        assert not waiting.is_alive(), "other has the GPU"
+        other.yield_()
+        first.stop()
+        greedy.close()  # gone while the agent is down
+        second = AgentRunner(workdir, queue_policy="fair", fair=fair, reconnect_grace=1.5).start()
+        other.acquire(timeout=5)  # back within the grace
+        other.yield_()
+        gone = second.wait_event(lambda e: (e.kind, e.tenant_id) == ("tenant_gone", "local/greedy"))
+        assert "did not reconnect" in gone.detail
+        again = _client(second, "greedy", duty=1)
+        other.acquire(timeout=5)
+        mark = second.mark()
+        threading.Thread(target=_acquire_until_closed, args=(again,), daemon=True).start()
+        second.wait_event(_queued("local/greedy"), since=mark)
+        other.yield_()
+        other.acquire(timeout=2)  # still owed: greedy came back 10 s ahead, not level with it
+    finally:
+        for each in (greedy, other, *([again] if again else [])):
+            each.close()
+        if second is not None:
+            second.stop()
