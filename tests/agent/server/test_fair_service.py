@@ -220,6 +220,20 @@ def test_a_turn_held_across_a_restart_keeps_its_tier(workdir: str):
             second.stop()
 
 
+def _ahead(agent: AgentRunner, greedy: Any, other: Any, hold_s: float) -> None:
+    """`greedy` holds the GPU for `hold_s` while `other` waits, then `other` takes its turn."""
+    greedy.acquire()
+    mark = agent.mark()
+    waiting = threading.Thread(target=_acquire_until_closed, args=(other,), daemon=True)
+    waiting.start()
+    agent.wait_event(_queued("local/other"), since=mark)
+    time.sleep(hold_s)  # the turn's work
+    greedy.yield_()
+    waiting.join(timeout=10)
+    assert not waiting.is_alive(), "other has the GPU"
+    other.yield_()
+
+
 def test_a_tenant_ahead_of_its_share_is_still_ahead_after_a_restart(workdir: str):
     # "greedy" (duty 1) holds 50 ms while "other" (duty 100) waits: 5 s of virtual time ahead
     # of it. The agent restarting between their turns (a DaemonSet upgrade) must not level them.
@@ -231,16 +245,7 @@ def test_a_tenant_ahead_of_its_share_is_still_ahead_after_a_restart(workdir: str
     first, second = agent(), None
     greedy, other = _client(first, "greedy", duty=1), _client(first, "other", duty=100)
     try:
-        greedy.acquire()
-        mark = first.mark()
-        waiting = threading.Thread(target=_acquire_until_closed, args=(other,), daemon=True)
-        waiting.start()
-        first.wait_event(_queued("local/other"), since=mark)
-        time.sleep(0.05)  # the turn's work
-        greedy.yield_()
-        waiting.join(timeout=10)
-        assert not waiting.is_alive(), "other has the GPU"
-        other.yield_()
+        _ahead(first, greedy, other, hold_s=0.05)
         first.stop()
         second = agent()
         other.acquire(timeout=5)
@@ -266,16 +271,7 @@ def test_a_tenant_in_debt_that_does_not_come_back_after_a_restart_keeps_its_debt
     greedy, other = _client(first, "greedy", duty=1), _client(first, "other", duty=100)
     again = None
     try:
-        greedy.acquire()
-        mark = first.mark()
-        waiting = threading.Thread(target=_acquire_until_closed, args=(other,), daemon=True)
-        waiting.start()
-        first.wait_event(_queued("local/other"), since=mark)
-        time.sleep(0.1)  # the turn's work
-        greedy.yield_()
-        waiting.join(timeout=10)
-        assert not waiting.is_alive(), "other has the GPU"
-        other.yield_()
+        _ahead(first, greedy, other, hold_s=0.1)
         first.stop()
         greedy.close()  # gone while the agent is down
         second = AgentRunner(workdir, queue_policy="fair", fair=fair, reconnect_grace=1.5).start()
