@@ -172,10 +172,12 @@ class BatonCallback(TurnHolder, TrainerCallback):
             trainer.get_batch_samples = self._begins(trainer.get_batch_samples)
 
     def _step_event(self, event: str) -> None:
-        """Note a step's begin and end: between them no event ends the step's turn."""
+        """Note a step's begin and end: between them no event ends the step's turn. An epoch's
+        end ends a step the loop left before its `on_step_end` (a callback's
+        `should_training_stop` at `on_step_begin`, `should_epoch_stop` at `on_substep_end`)."""
         if event == "on_step_begin":
             self._in_step = True
-        elif event == "on_step_end":
+        elif event in ("on_step_end", "on_epoch_end"):
             self._in_step = False
 
     def _begins(self, method: F) -> F:
@@ -238,8 +240,10 @@ class BatonCallback(TurnHolder, TrainerCallback):
     def on_epoch_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        if not self._wired and device_work_follows("on_epoch_end", args, control):
-            self.begin()  # the epoch's logging, evaluation or saving touch the device
+        if not self._wired:
+            self._step_event("on_epoch_end")
+            if device_work_follows("on_epoch_end", args, control):
+                self.begin()  # the epoch's logging, evaluation or saving touch the device
         self._end_unless("on_epoch_end", args, control)
 
     def on_log(
