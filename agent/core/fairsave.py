@@ -12,11 +12,12 @@ last snapshot interval of it, as of the GPU-time accounting.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.core.fair import FairShare, clock_key
+from agent.core.leases import LeaseTable
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,24 @@ class FairLags:
             departed=[Lag.from_json(x) for x in data.get("departed", [])],
             balance={(str(g), int(t)): float(v) for g, t, v in data.get("balance", [])},
         )
+
+
+def lags_of_table(
+    table: LeaseTable, registered: Mapping[str, tuple[Sequence[str], int]]
+) -> FairLags:
+    """What to keep of `table`'s fair policy (empty under another policy): each `registered`
+    tenant (its GPUs, its priority) measured on the GPUs it asks for, as it joins
+    (`LeaseTable.fair_gpus`: registered on more, it may use fewer), in its tier."""
+    if table.fair is None:
+        return FairLags()
+    placed = {
+        tenant_id: (
+            sorted(table.fair_gpus(tenant_id)) or gpus,
+            table.usage[tenant_id].tier if tenant_id in table.usage else priority,
+        )
+        for tenant_id, (gpus, priority) in registered.items()
+    }
+    return lags_of(table.fair, placed)
 
 
 def lags_of(fair: FairShare, placed: Mapping[str, tuple[Iterable[str], int]]) -> FairLags:

@@ -83,6 +83,9 @@ class LeaseTable:
         self.usage: dict[str, TenantUsage] = {}
         self.keeping = Keeping(self.fair, self.anticipation, self.waiters, self.usage, clock)
         """Whether a GPU is kept for a yielder, and how long a holder may keep its turn."""
+        self.fair_home: dict[str, tuple[str, ...]] = {}
+        """The GPUs each tenant's fair standing was saved against before a restart, until it is
+        served, waits or holds here (`fair_gpus`)."""
 
     # Queries.
 
@@ -113,6 +116,16 @@ class LeaseTable:
         if lease.tenant_id != tenant_id:
             raise NotOwner(lease_id, lease.tenant_id)
         return lease
+
+    def fair_gpus(self, tenant_id: str) -> set[str]:
+        """The GPUs the tenant's fair standing is judged on: those it was served on, waits for
+        or holds here, else those it was restored on after a restart (empty: unknown)."""
+        where = {gpu for gpu, state in self.gpus.items() if tenant_id in state.served}
+        where.update(
+            gpu for w in self.waiters.values() if w.tenant_id == tenant_id for gpu in w.gpus
+        )
+        where.update(gpu for lease in self.leases_of(tenant_id) for gpu in lease.gpus)
+        return where or set(self.fair_home.get(tenant_id, ()))
 
     def leases_of(self, tenant_id: str) -> list[Lease]:
         """The tenant's current leases."""
@@ -284,9 +297,10 @@ class LeaseTable:
         self, tenant_id: str, gpus: Iterable[str] = (), tier: int = 0
     ) -> tuple[list[Lease], list[Waiter]]:
         """The tenant is gone: release its leases and remove its waiters (the fair policy
-        remembers a debt it left with, `FairShare.left`, on the GPUs it was served or waited on
-        here, else on `gpus` in `tier`, its registration's: a tenant restored after a restart
-        that leaves before its first turn there keeps the debt it was restored with)."""
+        remembers a debt it left with, `FairShare.left`, on its `fair_gpus`, else on `gpus` in
+        `tier`, its registration's: a tenant restored after a restart that leaves before its
+        first turn there keeps the debt it was restored with)."""
+        where = self.fair_gpus(tenant_id)
         mine = [w.waiter_id for w in self.waiters.values() if w.tenant_id == tenant_id]
         removed = [w for w in map(self.cancel, mine) if w is not None]
         leases = [self.release(lease.lease_id) for lease in self.leases_of(tenant_id)]
@@ -294,8 +308,7 @@ class LeaseTable:
         self.anticipation.forget(tenant_id)
         usage = self.usage.pop(tenant_id, None)
         tier = tier if usage is None else usage.tier
-        where = {gpu for gpu, state in self.gpus.items() if tenant_id in state.served}
-        where.update(gpu for waiter in removed for gpu in waiter.gpus)
+        self.fair_home.pop(tenant_id, None)
         if self.fair is not None:  # its debt outlives it: coming back does not clear it
             self.fair.left(tenant_id, sorted(where or set(gpus)), tier)
         for state in self.gpus.values():

@@ -304,6 +304,7 @@ class TurnState:
         self.tenants.restore(saved.tenants)
         if self.table.fair is not None:
             fairsave.restore(self.table.fair, saved.fair, self.tenants.tenants)
+            self.table.fair_home = {lag.tenant_id: lag.gpus for lag in saved.fair.tenants}
         if self.forget_departed_after > 0:
             self.metrics.accounting.mark_unknown_departed(set(self.tenants.tenants), self.clock())
         for gpu, token in saved.tokens.items():
@@ -360,15 +361,9 @@ class TurnState:
         )
 
     def _fair_lags(self) -> fairsave.FairLags:
-        """The fair policy's state to keep, each tenant measured on its GPUs in its tier."""
-        if self.table.fair is None:
-            return fairsave.FairLags()
-        usage = self.table.usage
-        placed = {
-            t.tenant_id: (t.gpus, usage[t.tenant_id].tier if t.tenant_id in usage else t.priority)
-            for t in self.tenants.tenants.values()
-        }
-        return fairsave.lags_of(self.table.fair, placed)
+        """The fair policy's state to keep (empty under another policy)."""
+        registered = {t.tenant_id: (t.gpus, t.priority) for t in self.tenants.tenants.values()}
+        return fairsave.lags_of_table(self.table, registered)
 
 
 def _unreadable(saved: PersistedState, err: RecordError) -> StateDirError:

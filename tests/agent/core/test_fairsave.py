@@ -68,3 +68,30 @@ def test_a_restored_tenant_leaving_before_its_first_turn_keeps_its_debt_in_its_t
     assert policy.departed == {"high": (("g",), 5)}
     table.enqueue("high", ["g"], duty=50, tier=5)
     assert policy.vtime["high"] == pytest.approx(5.0), "back where it left, not level"
+
+
+def test_a_tenant_registered_on_more_gpus_than_it_asks_for_is_measured_on_those_it_asks() -> None:
+    # "a" is registered on g0 and g1 but asks only for g1, where it is 5 s ahead; g0's clock is
+    # far ahead (another pair of tenants there). Measured on both it would be saved 85 s behind
+    # (credit); measured on g1 it is 5 s ahead, before and after the restart, and kept so even if
+    # it leaves before asking again.
+    now = [0.0]
+    policy = FairShare()
+    table = LeaseTable(clock=lambda: now[0], policy=policy, max_hold=1e9)
+    policy.vclock = {clock_key("g0", 0): 100.0, clock_key("g1", 0): 10.0}
+    table.enqueue("a", ["g1"], duty=50)
+    table.release(table.grant(table.pick()[0].waiter_id).lease_id)
+    policy.vtime["a"] = 15.0
+    registered = {"a": (["g0", "g1"], 0)}
+
+    saved = fairsave.lags_of_table(table, registered)
+    assert [(lag.gpus, lag.lag) for lag in saved.tenants] == [(("g1",), pytest.approx(5.0))]
+
+    restarted = FairShare()
+    again = LeaseTable(clock=lambda: now[0], policy=restarted, max_hold=1e9)
+    fairsave.restore(restarted, saved, {"a"})
+    again.fair_home = {lag.tenant_id: lag.gpus for lag in saved.tenants}
+    restarted.vclock[clock_key("g0", 0)] = 50.0  # g0's pair takes turns meanwhile
+    assert fairsave.lags_of_table(again, registered).tenants[0].lag == pytest.approx(5.0)
+    again.drop_tenant("a", ["g0", "g1"], 0)
+    assert restarted.departed == {"a": (("g1",), 0)}
