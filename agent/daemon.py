@@ -261,7 +261,8 @@ class Agent:
             await self.coordination.stop(self.config.shutdown_grace)
         if self._servicer is not None:
             on = f" on {self.readiness.stopping}" if self.readiness.stopping else ""
-            self._servicer.end_watches(f"the agent is stopping{on}; watch again once it is back")
+            why = f"the agent is stopping{on}; watch again once it is back"
+            self._servicer.end_watches(why, self.config.shutdown_grace)
         if self._grpc is not None:
             await self._grpc.stop(grace=self.config.shutdown_grace)
         if self._http is not None:

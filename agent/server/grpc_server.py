@@ -58,6 +58,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self._container_id_of = container_id_of
         self._watches_end = asyncio.Event()
         self._watches_end_why = ""
+        self._watches_hangup_s = WATCH_HANGUP_S
 
     def _as_seen_by(self, tenant: Tenant | None, pid: int) -> Tenant | None:
         """A pod tenant as the process `pid` sees it: its own container's GPUs."""
@@ -260,13 +261,16 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             # "Stream removed", comes first), an event it has read cannot.
             yield pb.Event(kind=ev.STOPPING, at=time.time(), detail=self._watches_end_why)
         with contextlib.suppress(TimeoutError):  # a watcher that read it hangs up: cancelled
-            await asyncio.wait_for(asyncio.Event().wait(), WATCH_HANGUP_S)
+            await asyncio.wait_for(asyncio.Event().wait(), self._watches_hangup_s)
         await context.abort(grpc.StatusCode.UNAVAILABLE, self._watches_end_why)
 
-    def end_watches(self, why: str) -> None:
+    def end_watches(self, why: str, grace: float = 2 * WATCH_HANGUP_S) -> None:
         """End every WatchEvents stream, now and from now on, saying `why` (the agent stops):
-        an open watch would otherwise hold the agent's stop for its whole grace."""
+        an open watch would otherwise hold the agent's stop for its whole `grace`. A watcher
+        that reads on after the `agent_stopping` event gets the status within half of it
+        (`WATCH_HANGUP_S` at most), before the stop cuts the stream."""
         self._watches_end_why = why
+        self._watches_hangup_s = max(0.0, min(WATCH_HANGUP_S, grace / 2))
         self._watches_end.set()
 
     async def _next_event(self, queue: asyncio.Queue[ev.Event]) -> ev.Event | None:
