@@ -139,6 +139,7 @@ class LeaderLabel:
 
     def _run(self) -> None:
         delay, idle = RETRY_FIRST_S, None
+        relabel = 0.0  # the wait before labelling again a pod someone keeps unlabelling
         while True:
             woke = self._wake.wait(idle)
             with self._lock:
@@ -164,6 +165,8 @@ class LeaderLabel:
                 with self._lock:
                     if self._applied == wanted:
                         self._applied = None
+                self._stopping.wait(relabel)  # at once the first time; then backing off
+                relabel = min(max(relabel * 2, RETRY_FIRST_S), RETRY_MAX_S)
                 self._wake.set()
                 continue
             except Exception as err:
@@ -179,6 +182,7 @@ class LeaderLabel:
             with self._lock:
                 if sweeping:
                     self._swept = wanted
+                    relabel = 0.0
                 else:
                     self._applied = wanted
             self._wake.set()  # look again: a newer wish, a sweep, or stopping
