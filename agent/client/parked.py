@@ -6,9 +6,10 @@ of a GPU still parked is refused while an acquire of this process is in flight (
 that overtook the restore its grant owes: the agent asks again and finds the memory restored);
 with none in flight (a grant that left the restore to this process never reached it, or the
 restore failed and the turn was given back) it is answered at once with what that park moved.
-A restore asked of a GPU this process restored and has not parked since (the agent gave up on
-that restore as late, then asked again) is answered at once with nothing moved: running it
-again would restore memory that is back already.
+A restore asked of a GPU this process has not parked since it last restored it (the agent gave
+up on that restore as late, then asked again), or has never parked (the agent asks every parking
+process of a tenant, and this one joined after the park), is answered at once with nothing
+moved: running it would restore memory that is back already, or was never parked.
 """
 
 from __future__ import annotations
@@ -120,10 +121,12 @@ class Parked:
                     call_id=request.call_id, error=f"on_park({gpu}) not run: {why}"
                 )
             return pb.CallbackResult(call_id=request.call_id, bytes=self.bytes[gpu])
-        if request.action == "restore" and not request.call_id and gpu not in self.bytes:
-            return pb.CallbackResult()  # restored by a callback meanwhile
-        if request.action == "restore" and gpu in self._restored:
-            log.info("on_restore(%s) not run: restored already (a late restore finished)", gpu)
+        if request.action == "restore" and gpu not in self.bytes:
+            if request.call_id and gpu in self._restored:
+                log.info("on_restore(%s) not run: restored already (a late restore finished)", gpu)
+            # Else restored by a callback meanwhile (a restore a grant owes), or never parked
+            # by this process (the agent asks every parking process of the tenant, and this one
+            # joined after the park): nothing of it to bring back.
             return pb.CallbackResult(call_id=request.call_id)
         return None
 

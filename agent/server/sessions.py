@@ -24,6 +24,8 @@ class Session:
     outbox: asyncio.Queue[pb.AgentMessage | None] = field(default_factory=asyncio.Queue)
     """Messages to push; `None` ends the stream."""
     pending: dict[str, asyncio.Future[int]] = field(default_factory=dict)
+    ended: bool = False
+    """Its stream ended: a callback sent now would go unanswered."""
     names_revoked: ClassVar[bool] = True
     """Its tenant's acquires name the revoked lease whose turn they wait for (a client does,
     having heard the revocation); a stand-in for llm-d's caller, which hears nothing, cannot."""
@@ -44,6 +46,7 @@ class Session:
 
     def fail_pending(self) -> None:
         """The stream ended: nobody will answer the open callbacks."""
+        self.ended = True
         for future in self.pending.values():
             if not future.done():
                 future.set_exception(TenantGone(f"tenant {self.tenant_id} disconnected"))
@@ -123,41 +126,71 @@ class SessionRegistry:
             session.send(message)
 
     async def call_tenant(self, tenant_id: str, action: str, gpu: str, timeout: float) -> int:
-        """Ask the tenant to run its `on_<action>(gpu)` callback; returns the bytes it moved."""
+        """Ask the tenant to run its `on_<action>(gpu)` callback; returns the bytes it moved.
+
+        Every process of the tenant that offers both callbacks runs its own (the ranks of a
+        `torchrun` in one pod, two clients in one process): each parks and restores only its
+        own memory, so asking one would leave the others' on the GPU while the tenant counts as
+        parked. Their bytes are summed; a failure or a late answer fails the move. All are asked
+        in this step, so a session that ends from here on answers at once (`fail_pending`); one
+        that left while another answered counts nothing (as a tenant that left is skipped).
+        """
         # A park only where the same session can restore: memory parked by a process that
         # cannot bring it back would be stranded. A restore only where a park could have run: a
         # process with on_restore alone parked nothing, and its restore would leave the memory
         # parked while it is counted back on the GPU.
-        wanted = {"park", "restore"}
         sessions = self._by_tenant.get(tenant_id, [])
-        session = next((s for s in sessions if wanted <= s.callbacks), None)
-        if session is None and action == "park" and any("park" in s.callbacks for s in sessions):
+        parkers = self._parkers(tenant_id)
+        if not parkers and action == "park" and any("park" in s.callbacks for s in sessions):
             raise CallbackFailed(
                 f"tenant {tenant_id} offers no on_park with an on_restore beside it: parking it "
                 "would strand its memory (register both callbacks)"
             )
-        if session is None and any("restore" in s.callbacks for s in sessions):
+        if not parkers and any("restore" in s.callbacks for s in sessions):
             raise CallbackFailed(
                 f"tenant {tenant_id} has no session with on_park and on_restore open (the "
                 "process that parked it left): its on_restore alone parked nothing to restore"
             )
-        if session is None:
+        if not parkers:
             raise CallbackFailed(f"tenant {tenant_id} has no session with an on_{action} callback")
+        asked = {session: self._ask(session, action, gpu) for session in parkers}
+        try:
+            _, late = await asyncio.wait([future for _, future in asked.values()], timeout=timeout)
+        finally:
+            for session, (call_id, _) in asked.items():
+                session.pending.pop(call_id, None)
+        if late:
+            pids = ", ".join(str(s.pid) for s, (_, future) in asked.items() if future in late)
+            raise CallbackFailed(
+                f"tenant {tenant_id} did not finish on_{action}({gpu}) within {timeout:g} s "
+                f"(process {pids})"
+            )
+        return _total(tenant_id, action, gpu, [future for _, future in asked.values()])
+
+    def _ask(self, session: Session, action: str, gpu: str) -> tuple[str, asyncio.Future[int]]:
+        """Send `session` the callback: its call id, and the future its answer (or its end)
+        settles."""
         call_id = str(next(self._ids))
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        if session.ended:  # nobody would answer
+            future.set_exception(TenantGone(f"tenant {session.tenant_id} disconnected"))
+            return call_id, future
         session.pending[call_id] = future
         session.send(pb.AgentMessage(callback=pb.Callback(call_id=call_id, action=action, gpu=gpu)))
-        try:
-            moved = await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            raise CallbackFailed(
-                f"tenant {tenant_id} did not finish on_{action}({gpu}) within {timeout:g} s"
-            ) from None
-        finally:
-            session.pending.pop(call_id, None)
-        if moved < 0:
-            raise CallbackFailed(
-                f"tenant {tenant_id}: on_{action}({gpu}) returned {moved} bytes moved; a callback "
-                "returns the bytes it moved (0 or more) or None"
-            )
-        return moved
+        return call_id, future
+
+
+def _total(tenant_id: str, action: str, gpu: str, answers: list[asyncio.Future[int]]) -> int:
+    """The bytes the tenant's processes moved: the first failure raised, a process that left
+    (`TenantGone`) counted as nothing unless every one did."""
+    errors = [e for e in (f.exception() for f in answers) if e is not None]
+    moved = [f.result() for f in answers if f.exception() is None]
+    failed = next((e for e in errors if not isinstance(e, TenantGone)), None)
+    if failed is not None or not moved:
+        raise failed or errors[0]
+    if any(n < 0 for n in moved):
+        raise CallbackFailed(
+            f"tenant {tenant_id}: on_{action}({gpu}) returned {min(moved)} bytes moved; a "
+            "callback returns the bytes it moved (0 or more) or None"
+        )
+    return sum(moved)

@@ -184,7 +184,8 @@ def test_a_park_asked_of_a_gpu_still_parked_is_answered_with_what_that_park_move
 
 
 def test_a_tenant_with_two_parking_sessions_is_restored_by_callback(pair: Pair) -> None:
-    """Which of its processes parked is then not the one that asks: the agent restores it."""
+    """Which of its processes parked is then not the one that asks: the agent restores them
+    (each parked its own memory, and each restores it)."""
     agent, recorded, clients = pair
     second = Recorded()
     twin = Baton(
@@ -198,8 +199,8 @@ def test_a_tenant_with_two_parking_sessions_is_restored_by_callback(pair: Pair) 
         assert clients["a"].tenant is not None
         assert clients["a"].tenant.tenant_id == twin.tenant.tenant_id
         switch(agent, clients, "b", "a")
-        restores = [c for c in recorded["a"].calls + second.calls if c[0] == "restore"]
-        assert restores == [("restore", "baton-client")]
+        for calls in (recorded["a"].calls, second.calls):
+            assert [c for c in calls if c[0] == "restore"] == [("restore", "baton-client")]
         assert sample(agent, "baton_move_seconds_count", direction="restore") == 1
     finally:
         twin.close()

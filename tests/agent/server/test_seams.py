@@ -257,6 +257,9 @@ def test_call_tenant_runs_the_clients_callbacks(seam_agent: AgentRunner) -> None
         assert seam_agent.call(sessions.call_tenant("local/cb", "park", "GPU-0", 5)) == 1 << 20
         with pytest.raises(CallbackFailed, match="cannot restore GPU-0"):
             seam_agent.call(sessions.call_tenant("local/cb", "restore", "GPU-0", 5))
+        # A restore runs only where this process parked: a GPU it never parked is back already.
+        assert seam_agent.call(sessions.call_tenant("local/cb", "restore", "GPU-1", 5)) == 0
+        assert seam_agent.call(sessions.call_tenant("local/cb", "park", "GPU-slow", 5)) == 0
         with pytest.raises(CallbackFailed, match=r"within 0\.2 s"):
             seam_agent.call(sessions.call_tenant("local/cb", "restore", "GPU-slow", 0.2))
         release.set()
