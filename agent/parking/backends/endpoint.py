@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import threading
 import time
 import urllib.error
@@ -38,10 +39,16 @@ from agent.parking.backends.base import (
     move_deadline,
 )
 
+log = logging.getLogger(__name__)
+
 VLLM, SGLANG = "vllm", "sglang"
 STATE_TIMEOUT_S = 2.0
 """At most this long for an engine's `GET /is_sleeping` (under the node's preparer lock, before a
 turn on its GPU): an engine that does not answer in time is counted as before its restart."""
+SILENT_S = 30.0
+"""An engine whose `GET /is_sleeping` timed out is not asked again for this long (it does not
+say, as SGLang does not): a hung engine costs the grants on its GPU 2 s twice a minute at most,
+not each grant."""
 _OTHER = {"park": "restore", "restore": "park"}
 
 
@@ -90,6 +97,8 @@ class EndpointBackend(Backend):
         self._quarantined: dict[str, str] = {}
         """Why tenants take no more turns: their engines are some asleep, some not."""
         self._mutex = threading.Lock()
+        self._silent: dict[str, float] = {}
+        """Engine base URL → until when its state is not asked (its last ask timed out)."""
 
     def configure(self, tenant_id: str, target: EndpointTarget) -> None:
         """Park and restore the tenant through `target` from now on."""
@@ -199,12 +208,25 @@ class EndpointBackend(Backend):
         where it does not say (SGLang, no such endpoint, no answer)."""
         if app != VLLM:
             return None
+        with self._mutex:
+            if time.monotonic() < self._silent.get(base, 0.0):
+                return None
         url = f"{base.rstrip('/')}/is_sleeping"
         try:
             with urllib.request.urlopen(url, timeout=min(self.timeout, STATE_TIMEOUT_S)) as reply:
                 answer = json.loads(reply.read())
-        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError):
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
+            if isinstance(getattr(exc, "reason", exc), TimeoutError):  # hung, not refused
+                log.warning(
+                    "the %s engine at %s did not say within %g s whether it sleeps: counted as "
+                    "it was; not asked again for %g s",
+                    app, base, min(self.timeout, STATE_TIMEOUT_S), SILENT_S,
+                )  # fmt: skip
+                with self._mutex:
+                    self._silent[base] = time.monotonic() + SILENT_S
             return None
+        with self._mutex:
+            self._silent.pop(base, None)
         said = answer.get("is_sleeping") if isinstance(answer, dict) else None
         return said if isinstance(said, bool) else None
 

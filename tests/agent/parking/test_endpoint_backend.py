@@ -212,3 +212,21 @@ def test_a_quarantine_keeps_its_method_across_a_restart_beside_another(
     after.attach(TenantRef("t", (GPU,), declared_bytes=1))
     assert after.state("t").quarantined == str(quarantined.value)
     assert after.method_of("t") == "endpoint"
+
+
+def test_an_engine_that_does_not_answer_its_state_is_not_asked_at_every_grant() -> None:
+    """A hung engine (its port takes connections, it answers nothing) costs its GPU's grants
+    the state timeout once, not at each of them, under the node's preparer lock."""
+    hung = socket.create_server(("127.0.0.1", 0))
+    hung.settimeout(5)
+    try:
+        base = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        backend = EndpointBackend(timeout=0.05)
+        assert backend.sleeping(VLLM, base) is None
+        hung.accept()[0].close()  # it was asked once
+        assert backend.sleeping(VLLM, base) is None
+        hung.settimeout(0)
+        with pytest.raises(BlockingIOError):
+            hung.accept()  # and not again
+    finally:
+        hung.close()
