@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from baton.contract.annotations import assignment_annotations
+from baton.contract.names import SCHEDULER_NAME
 from baton.contract.podask import RequestError, TenantRequest
 from extender.cache import ClusterCache
 from extender.errors import ApiConflict, ApiFailure, ApiUnsure
@@ -97,7 +98,16 @@ class Binder:
         uid = pod_uid(pod)
         if args.pod_uid and uid != args.pod_uid:
             raise _Refused(f"the pod now has UID {uid}, not {args.pod_uid}")
-        bound = (pod.get("spec") or {}).get("nodeName")
+        spec = pod.get("spec") or {}
+        scheduler = spec.get("schedulerName") or "default-scheduler"  # the API server's default
+        if scheduler != SCHEDULER_NAME:
+            # kube-scheduler's baton-scheduler profile sends only its own pods; anyone else who
+            # reaches the port must not bind, with this extender's rights, a pod it does not place.
+            raise _Refused(
+                f"its schedulerName is {scheduler}, not {SCHEDULER_NAME}, the profile this "
+                "extender binds for"
+            )
+        bound = spec.get("nodeName")
         if bound:
             raise _Refused(f"it is already bound to node {bound}")
         try:

@@ -271,6 +271,36 @@ def test_uid_mismatch_is_refused(fake_api: FakeApiServer, binder: Binder, gpu_no
     assert fake_api.requests("create", "pods/binding") == []
 
 
+@pytest.mark.parametrize("scheduler", [None, "default-scheduler", "team-b-scheduler"])
+def test_a_pod_of_another_scheduler_is_not_bound(
+    fake_api: FakeApiServer,
+    kube_cache: KubeCache,
+    binder: Binder,
+    gpu_node: str,
+    scheduler: str | None,
+) -> None:
+    """The extender binds with its own service account for the baton-scheduler profile only:
+    a /bind naming a pod another scheduler places (any pod in the cluster can reach the port)
+    must not bind it, with or without Baton resources, nor take a GPU slot for it."""
+    for name, gpus in (("trainer", 1), ("web", None)):
+        p = pod(name, gpus=gpus)
+        if scheduler is None:
+            del p["spec"]["schedulerName"]  # the API server's default: default-scheduler
+        else:
+            p["spec"]["schedulerName"] = scheduler
+        fake_api.put_object(p)
+        cached(kube_cache, p)
+        error = bind_once(binder, args_for(p, gpu_node))
+        named = scheduler or "default-scheduler"
+        assert error == (
+            f"binding pod default/{name} to gpu-1: its schedulerName is {named}, not "
+            "baton-scheduler, the profile this extender binds for"
+        ), error
+    assert fake_api.requests("create", "pods/binding") == []
+    assert kube_cache.state.assumed() == {}
+    assert not (fake_api.get_object("Pod", "trainer") or {})["spec"].get("nodeName")
+
+
 def test_pod_without_baton_resources_is_bound_without_annotations(
     fake_api: FakeApiServer, binder: Binder, gpu_node: str
 ) -> None:
