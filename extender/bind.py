@@ -92,6 +92,10 @@ class Binder:
         A stale cached pod costs nothing but the retry: the Binding's resourceVersion
         precondition makes the API server refuse it with a conflict.
         """
+        if self._state.dra:  # its profile has no bindVerb: nobody kube-scheduler sent asks
+            raise _Refused(
+                "on the DRA path (--dra) kube-scheduler binds pods itself; this extender binds none"
+            )
         pod = self._pod(args) if cached else None
         if pod is None:
             pod = await self._api.get_pod(args.pod_namespace, args.pod_name)

@@ -301,6 +301,26 @@ def test_a_pod_of_another_scheduler_is_not_bound(
     assert not (fake_api.get_object("Pod", "trainer") or {})["spec"].get("nodeName")
 
 
+def test_on_the_dra_path_nothing_is_bound(fake_api: FakeApiServer, api_client: Any) -> None:
+    """With --dra kube-scheduler allocates the claims and binds itself (the profile has no
+    bindVerb): a /bind sent by anyone else must not bind a pod before its claims are allocated,
+    nor onto a node the scheduler did not choose."""
+    fake_api.put_object(node("gpu-1", gpus=1, slots=1))
+    waiting = put_pending(fake_api, "trainer")
+    stored = fake_api.get_object("Node", "gpu-1", namespace="")
+    assert stored is not None
+    state = ClusterState(Limits(), time.monotonic, dra=True)
+    binder = Binder(
+        ClusterCache.filled(state, [stored], [waiting]), KubePodApi(api_client), time.time_ns
+    )
+    error = bind_once(binder, args_for(waiting, "gpu-1"))
+    assert error == (
+        "binding pod default/trainer to gpu-1: on the DRA path (--dra) kube-scheduler binds "
+        "pods itself; this extender binds none"
+    ), error
+    assert fake_api.requests("create", "pods/binding") == []
+
+
 def test_pod_without_baton_resources_is_bound_without_annotations(
     fake_api: FakeApiServer, binder: Binder, gpu_node: str
 ) -> None:
