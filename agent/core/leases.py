@@ -360,14 +360,17 @@ class LeaseTable:
 
     # Persistence.
 
-    def restore_lease(self, lease: Lease) -> None:
-        """Reinstate a lease loaded from disk (fencing tokens never go backwards)."""
+    def restore_lease(self, lease: Lease) -> float:
+        """Reinstate a lease loaded from disk (fencing tokens never go backwards); returns
+        when, its GPUs' `busy_since`."""
+        now = self._clock()
         for gpu in lease.gpus:
             state = self.gpu(gpu)
             state.holder = lease.lease_id
             state.token = max(state.token, lease.tokens.get(gpu, 0))
-            state.busy_since = self._clock()
+            state.busy_since = now
         self.leases[lease.lease_id] = replace(lease, tokens=dict(lease.tokens))
+        return now
 
     def _holder(self, gpu: str) -> Lease | Waiter:
         holder = self.gpu(gpu).holder

@@ -50,6 +50,9 @@ class AgentMetrics:
             registry=self.registry,
         )
         self._busy: dict[str, float] = {}
+        self._counted_from: dict[str, float] = {}
+        """Lease id → when this agent took over a lease restored after a restart: its GPUs'
+        busy seconds count from there (those before were the previous agent's counter's)."""
         self._turns: dict[str, deque[tuple[float, float, str]]] = {}
         self.accounting = Accounting()
         """GPU-seconds and parked byte-seconds per tenant, namespace and tier (persisted)."""
@@ -63,6 +66,10 @@ class AgentMetrics:
         for gpu in lease.gpus:
             self.grants.labels(gpu=gpu).inc()
 
+    def restored(self, lease_id: str, at: float) -> None:
+        """A lease held across a restart was restored `at` (its GPUs busy since)."""
+        self._counted_from[lease_id] = at
+
     def released(
         self, lease: Lease, now: float, revoked: bool = False, tier: int | None = None
     ) -> float:
@@ -70,8 +77,9 @@ class AgentMetrics:
         table forgot the tenant)."""
         held = max(0.0, now - lease.granted_at)
         self.holds.observe(held)
+        since = max(lease.granted_at, self._counted_from.pop(lease.lease_id, lease.granted_at))
         for gpu in lease.gpus:
-            self._busy[gpu] = self._busy.get(gpu, 0.0) + held
+            self._busy[gpu] = self._busy.get(gpu, 0.0) + max(0.0, now - since)
             turns = self._turns.setdefault(gpu, deque())
             turns.append((lease.granted_at, now, lease.tenant_id))
             while turns and turns[0][1] < now - DUTY_WINDOW_S:

@@ -314,7 +314,7 @@ class TurnState:
             if tenant is not None:  # the fair policy charges the turn and orders it by these
                 usage = TenantUsage(duty=tenant.gpu_duty, tier=tenant.priority)
                 self.table.usage[lease.tenant_id] = usage
-            self.table.restore_lease(lease)
+            self.metrics.restored(lease.lease_id, self.table.restore_lease(lease))
         queued = self.resumes.restore(self.table, saved.resumes.values(), self.tenants.tenants)
         self.resumes.restore_given(self.table, saved.given)
         saved.resumes = {r.waiter_id: r for r in queued}
