@@ -37,7 +37,7 @@ def status_table(document: dict[str, Any]) -> Table:
         "node", "GPU", "holder", "queue", "resident", "parked",
         "duty 1 min / entitled", "parked / budget",
     ):  # fmt: skip
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for node in document.get("nodes", []):
         first = True
         for said in troubles(node):

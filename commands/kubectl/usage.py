@@ -131,7 +131,7 @@ def namespace_sums(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, flo
 def usage_table(rows: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title)
     for column in ("namespace", "tenant", "tier", "GPU-seconds", "parked MiB·s"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(
             row["namespace"],

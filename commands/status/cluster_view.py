@@ -37,7 +37,7 @@ def gpu_rows_table(document: dict[str, Any], show_node: bool = True) -> Table:
     if show_node:
         columns.append("pods (extender)")
     for column in columns:
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for node in document.get("nodes", []):
         first = True
         for said in troubles(node):

@@ -50,7 +50,7 @@ def namespace_table(rows: list[dict[str, Any]], node: str = "") -> Table:
     """The rows as a rich table; `entitled` is `-` for a namespace with no tenant there now."""
     table = Table(title=f"GPU time by namespace{f' on {node}' if node else ''}")
     for column in ("GPU", "namespace", "GPU-seconds", "share of held time", "entitled (duty)"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for row in rows:
         owed = row["entitled"]
         table.add_row(

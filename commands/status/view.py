@@ -13,7 +13,7 @@ def tenant_table(document: dict[str, Any]) -> Table:
     """One row per tenant."""
     table = Table(title="Tenants")
     for column in ("tenant", "source", "GPUs", "memory MiB", "duty %", "connected"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for tenant_id, info in document.get("tenants", {}).items():
         table.add_row(
             tenant_id,

@@ -22,6 +22,7 @@ from commands.status.cluster import cluster_document, gpu_summary
 from commands.status.cluster_view import gpu_rows_table
 from tests.harness.agent import AgentRunner, TenantProcess, short_tmpdir
 from tests.harness.fakeapi import FakeApiServer
+from tests.status.tables import table_columns
 
 GPU = "GPU-0"
 FORBIDDEN = 'nodes is forbidden: User "bob" cannot list resource "nodes" in API group ""'
@@ -249,3 +250,22 @@ def test_status_says_what_an_address_that_is_no_agents_http_answered(free_tcp_po
         assert said[url].exit_code == 1, said[url].output
         assert said[url].output.startswith("baton status: ") and expected in said[url].output
         assert said[url].output.count("\n") == 1, said[url].output
+
+
+def test_status_of_one_agent_shows_long_names_whole_at_80_columns_as_when_piped() -> None:
+    """Piped (rich draws 80 columns), a tenant's id was cut to 'local/llama-…' in both tables."""
+    name = "llama-70b-finetune-worker-0-of-16"
+    with AgentRunner() as agent:
+        tenant = TenantProcess(agent.socket, name, [GPU])
+        try:
+            assert tenant.request("acquire")["ok"]
+            result = CliRunner().invoke(
+                app, ["status", "--url", agent.http_url], env={"COLUMNS": "80"}
+            )
+        finally:
+            tenant.close()
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output, result.output
+    gpus, tenants = result.output.split("Tenants")
+    assert f"local/{name}" in table_columns(gpus)[1], result.output  # the holder
+    assert f"local/{name}" in table_columns(tenants)[0], result.output
