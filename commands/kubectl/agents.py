@@ -94,11 +94,11 @@ def read_cluster(api: Api, namespace: str = NAMESPACE) -> dict[str, Any]:
         document["extender_error"] = inventory["error"]
     if not pods:
         document["agents_error"] = no_agents(namespace)
-    for node in document["nodes"]:
+    for node in document["nodes"]:  # an agent unread: its tenants' duty is unknown, not 0
         status = answers.get(node["name"])
-        tenants = status.get("tenants", {}) if isinstance(status, dict) else {}
+        tenants = status.get("tenants", {}) if isinstance(status, dict) else None
         for gpu in node["gpus"]:
-            gpu["duty_entitled"] = entitled(tenants, gpu["uuid"])
+            gpu["duty_entitled"] = None if tenants is None else entitled(tenants, gpu["uuid"])
     return document
 
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from commands.kubectl import cli
 from commands.kubectl.agents import read_cluster
-from commands.kubectl.api import PluginError, agent_status_path, inventory_path
+from commands.kubectl.api import NoAnswer, PluginError, agent_status_path, inventory_path
 from commands.kubectl.usage import read_totals, usage_rows, window
 from tests.kubectl.fake import (
     FORBIDDEN_PROXY,
@@ -84,6 +84,25 @@ def test_status_shows_what_the_extender_says_is_wrong_with_a_node(run) -> None:
     # trouble's row took the node's first row, and the figure was left out)
     assert "2048 / 8192 MiB (25%)" in table.output
     assert json.loads(run(routes, "status", "-o", "json").output)["nodes"][0]["problem"] == problem
+
+
+def test_a_node_whose_agent_is_silent_has_no_entitled_duty_shown_as_0(run) -> None:
+    """Its agent unread, a node's tenants are not known: the table said '- / 0%' and the JSON
+    duty_entitled 0.0 for each of its GPUs, as if no tenant there were owed any GPU time."""
+    routes = cluster_routes()
+    routes["/api/v1/namespaces/baton-system/pods"]["items"].append(agent_pod("n2", "agent-y"))
+    routes[agent_status_path("agent-y")] = NoAnswer("no answer within 10 s", 10.0)
+    gpu = {"uuid": "GPU-fake-n2-0", "index": 0, "healthy": True, "tenants": []}
+    routes[inventory_path()]["nodes"].append({"name": "n2", "gpus": [gpu]})
+    document = json.loads(run(routes, "status", "-o", "json").output)
+    n1, n2 = document["nodes"]
+    assert "cannot read agent agent-y: no answer within 10 s" in n2["error"]
+    assert [g["duty_entitled"] for g in n2["gpus"]] == [None]
+    assert [g["duty_entitled"] for g in n1["gpus"]] == [0.8, 1.0]
+    table = run(routes, "status")
+    assert table.exit_code == 0, table.output
+    (row,) = [line.split("│") for line in table.output.splitlines() if "GPU-fake-n2-0" in line]
+    assert row[7].strip() == "-", table.output
 
 
 def test_a_missing_permission_is_one_line_naming_it(run) -> None:
