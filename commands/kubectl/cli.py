@@ -37,6 +37,11 @@ class Settings:
     make_api: Callable[[str | None, str | None], Api] = KubeApi
 
 
+NOT_SYNCED = (
+    "the extender has not synced with the API server yet: GPUs' health and nodes' problems may "
+    "be missing"
+)
+
 NO_AGENT_EXIT = 3
 """The exit status of `status` and `usage` when the Baton namespace runs no agent pod (1: no
 usable kubeconfig, or the API server unread or refusing; 2: a bad option)."""
@@ -157,6 +162,8 @@ def status(
                 if watch:
                     console.clear()
                 console.print(status_table(document))
+                if document.get("synced") is False:  # its nodes, health and problems partial
+                    console.print(f"[yellow]{NOT_SYNCED}[/yellow]")
                 if document.get("extender_error"):
                     console.print(f"[yellow]{escape(document['extender_error'])}[/yellow]")
             if document.get("agents_error"):

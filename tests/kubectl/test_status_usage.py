@@ -105,6 +105,18 @@ def test_a_node_whose_agent_is_silent_has_no_entitled_duty_shown_as_0(run) -> No
     assert row[7].strip() == "-", table.output
 
 
+def test_status_says_when_the_extenders_inventory_is_not_synced_yet(run) -> None:
+    """Before its first sync (just started, or a new replica), the extender's inventory lacks
+    nodes' GPU health and problems: the table showed every GPU healthy and said nothing (as
+    `baton status --extender` does say)."""
+    routes = cluster_routes()
+    routes[inventory_path()]["synced"] = False
+    table = run(routes, "status")
+    assert table.exit_code == 0, table.output
+    assert "the extender has not synced with the API server yet" in table.output
+    assert "not synced" not in run(cluster_routes(), "status").output
+
+
 def test_a_missing_permission_is_one_line_naming_it(run) -> None:
     routes = cluster_routes()
     routes[agent_status_path("baton-agent-x")] = FORBIDDEN_PROXY
