@@ -91,6 +91,7 @@ class AsyncSession:
         self._refusals = Refusals(self.socket)
         """What the agent answered the reconnects since the session broke."""
         self._supervisor: asyncio.Task[None] | None = None
+        self._opening: asyncio.Task[None] | None = None  # the first `connect`, all calls' own
         self._renewer = LoopTimer(self._renew_due, self._core.clock)
         self._keeper = LoopTimer(self._give_back_due, self._core.clock)
         self._kept_lock = threading.Lock()
@@ -129,9 +130,16 @@ class AsyncSession:
 
     async def connect(self) -> None:
         """Open the session (done by the first `acquire` if not called)."""
-        usable(self._closing, self._supervisor)
+        opening = self._opening if self._opening is not None and not self._opening.done() else None
+        usable(self._closing, self._supervisor or opening)
         if self._supervisor is not None:
             return
+        if opening is None:  # one session for every call made meanwhile, each one waiting
+            opening = self._opening = asyncio.create_task(self._open_first())
+            opening.add_done_callback(lambda task: task.cancelled() or task.exception())
+        await asyncio.shield(opening)  # (a caller cancelled leaves it to the others)
+
+    async def _open_first(self) -> None:
         self._connected, self._answered = asyncio.Event(), asyncio.Event()
         self._write_lock = asyncio.Lock()
         await self._open()
@@ -374,6 +382,8 @@ class AsyncSession:
         self._closing = True
         self._renewer.set(None)
         self._keeper.set(None)
+        if self._opening is not None and self._opening.cancel():  # (a connect under way)
+            await asyncio.wait([self._opening])
         if self._backstop.started:  # (it may be waiting for the answer to a yield it sent)
             await asyncio.to_thread(self._backstop.close)
         if self._link is not None:
