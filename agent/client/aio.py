@@ -28,6 +28,8 @@ class AsyncBaton(AsyncSession):
         With an on_restore callback, whatever this process parked is restored before this
         returns (as `Baton.acquire` does)."""
         timeout, gpus = acquire_args(timeout, gpus)
+        if self._kept_yield is not None and not self._kept_yield.done():  # a yield cancelled in
+            await asyncio.wait([self._kept_yield])  # its park ends the turn held first
         if (held := self._core.held(gpus)) is not None:  # (a park meanwhile: a revocation's)
             return held
         if (unsure := self._core.unsure_held()) is not None:  # its yield was cut off

@@ -240,6 +240,49 @@ def test_an_async_yield_cancelled_in_its_park_gives_the_turn_back_once_parked(
     assert [c for c, _ in recorded["x"].calls] == ["park"]  # the yield's, not a callback's
 
 
+def test_an_acquire_after_a_yield_cancelled_in_its_park_waits_for_a_turn_of_its_own(
+    app_agent: AgentRunner,
+) -> None:
+    """The turn the cancelled yield still ends as its park finishes is not handed to an acquire
+    made meanwhile (a task group's retry, the next step of the loop): that one queues."""
+    recorded = {name: Recorded() for name in ("x", "y")}
+    parking, release = threading.Event(), threading.Event()
+
+    def slow_park(gpu: str) -> int:
+        parking.set()
+        assert release.wait(WAIT_S), "the test never let the park finish"
+        return recorded["x"].park(gpu)
+
+    def client(name: str) -> AsyncBaton:
+        r = recorded[name]
+        on_park = slow_park if name == "x" else r.park
+        return AsyncBaton(
+            app_agent.socket, [GPU], name=name, gpu_memory_mib=60,
+            on_park=on_park, on_restore=r.restore,
+        )  # fmt: skip
+
+    async def scenario() -> None:
+        async with client("x") as x, client("y") as y:
+            first = await x.acquire(WAIT_S)
+            hints = hints_of(x)
+            queued = asyncio.create_task(y.acquire(WAIT_S))
+            await asyncio.to_thread(hints.wait, (GPU,))
+            yielding = asyncio.create_task(x.yield_())
+            await asyncio.to_thread(parking.wait, WAIT_S)
+            yielding.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await yielding
+            again = asyncio.create_task(x.acquire(WAIT_S))
+            release.set()
+            await asyncio.wait_for(queued, WAIT_S)
+            assert not again.done(), "x was handed the turn its cancelled yield ended"
+            await y.yield_()
+            assert (await asyncio.wait_for(again, WAIT_S)).lease_id != first.lease_id
+            await x.yield_()
+
+    asyncio.run(scenario())
+
+
 def test_the_hint_goes_only_to_the_process_that_parks_the_tenant(app_agent: AgentRunner) -> None:
     """Two processes of tenant `a`: one offers on_park/on_restore, the other (which holds the
     turn) none. Only the first hears the hint; the other yields without trying to park, and
