@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 from agent.client.aio_session import AsyncSession
+from agent.client.connect import usable
 from agent.client.errors import AgentUnavailable, BatonError, LeaseLost, NotHolding
 from agent.client.parked import restore_with_grant, restores_itself
 from agent.client.session_core import acquire_request
@@ -28,6 +29,8 @@ class AsyncBaton(AsyncSession):
         With an on_restore callback, whatever this process parked is restored before this
         returns (as `Baton.acquire` does)."""
         timeout, gpus = acquire_args(timeout, gpus)
+        # Closed, or its loop ended: a turn it held went back with its session, is held no more.
+        usable(self._closing, self._supervisor)
         if self._kept_yield is not None and not self._kept_yield.done():  # a yield cancelled in
             await asyncio.wait([self._kept_yield])  # its park ends the turn held first
         if (held := self._core.held(gpus)) is not None:  # (a park meanwhile: a revocation's)

@@ -56,6 +56,27 @@ def test_async_client_on_a_second_event_loop_says_so(agent: AgentRunner) -> None
         asyncio.run(asyncio.wait_for(step(), WAIT_S))
 
 
+def test_async_client_left_holding_a_turn_says_so_rather_than_hand_it_out_again(
+    agent: AgentRunner,
+) -> None:
+    """Its loop ended (or it closed) with a turn held: the agent took the turn back with the
+    session, so a later acquire must not return it as held."""
+    ended = AsyncBaton(agent.socket, ["GPU-0"], name="ended")
+    closed = AsyncBaton(agent.socket, ["GPU-0"], name="closed")
+
+    async def hold(baton: AsyncBaton, close: bool) -> None:
+        await baton.acquire(timeout=WAIT_S)
+        if close:
+            await baton.close()
+
+    asyncio.run(hold(ended, close=False))  # asyncio.run returns with the turn held
+    with pytest.raises(BatonError, match="another event loop"):
+        asyncio.run(asyncio.wait_for(ended.acquire(timeout=WAIT_S), WAIT_S))
+    asyncio.run(hold(closed, close=True))
+    with pytest.raises(BatonError, match="closed; create a new one"):
+        asyncio.run(asyncio.wait_for(closed.acquire(timeout=WAIT_S), WAIT_S))
+
+
 def test_a_forked_child_neither_uses_nor_ends_the_parents_session(agent: AgentRunner) -> None:
     script = Path(__file__).with_name("fork_tenant.py")
     env = {**os.environ, ENV_AGENT_SOCKET: agent.socket, ENV_GPUS: "GPU-0"}
