@@ -14,7 +14,7 @@ from baton.contract import names, shutdown
 from baton.contract.draapi import DraApi
 from baton.contract.kube import api_error_reason
 from baton.contract.unixsocket import length_problem
-from dra import runtime
+from dra import runtime, statelock
 from dra.faults import PrepareHold
 from dra.prepare import ClaimReader, Preparer
 from dra.publisher import SliceApi, SlicePublisher
@@ -25,6 +25,9 @@ from nodegpu.inventory import NodeGpu
 from nodegpu.node import NodeGpus, NodeSettings, NodeStartError
 
 log = logging.getLogger(__name__)
+LOCK_WAIT_S = 45.0
+"""How long a driver waits at start for the one that holds its state directory to stop (a
+rollout's old pod: 30 s of grace before it is killed, and its lock goes with it)."""
 
 
 class DraStartError(Exception):
@@ -70,6 +73,25 @@ class Driver:
         self.api = api
         _writable_dir(settings.state_dir, "--state-dir (BATON_DRA_STATE_DIR)")
         _writable_dir(settings.cdi_dir, "--cdi-dir (BATON_CDI_DIR)")
+        self._state_lock: int | None = _hold_state_dir(settings.state_dir)
+        try:
+            self._make(settings, gpus, fake, api, slices, claims, api_client, endpoint)
+        except BaseException:
+            self._release_state_dir()
+            raise
+
+    def _make(
+        self,
+        settings: Settings,
+        gpus: list[NodeGpu],
+        fake: bool,
+        api: DraApi | None,
+        slices: SliceApi | None,
+        claims: ClaimReader | None,
+        api_client: Any,
+        endpoint: Path,
+    ) -> None:
+        """Every part, made while this driver holds the state directory."""
         try:
             self.record = ClaimRecord(settings.state_dir)
         except OSError as err:
@@ -216,8 +238,15 @@ class Driver:
             self.status.port,
         )
 
+    def _release_state_dir(self) -> None:
+        """Let the next driver have the state directory (once)."""
+        if self._state_lock is not None:
+            statelock.release(self._state_lock)
+            self._state_lock = None
+
     def stop(self) -> None:
-        """Stop everything started (the record and specs stay for the next start)."""
+        """Stop everything started (the record and specs stay for the next start), then let
+        the state directory go."""
         parts: list[tuple[str, Callable[[], object]]] = []
         if self.hold is not None:
             parts.append(("the fault hold on prepares", self.hold.stop))
@@ -226,6 +255,7 @@ class Driver:
         )
         parts.append(("the ResourceSlice publisher", self.publisher.stop))
         parts.append(("the node layer", self.node.stop))
+        parts.append(("the state directory's lock", self._release_state_dir))
         shutdown.stop_parts("DRA driver", parts)
 
     def run_until(
@@ -248,6 +278,23 @@ def _short_enough(socket: Path, flag: str) -> None:
     too_long = length_problem(socket)
     if too_long:
         raise DraStartError(f"{too_long}: pass a shorter {flag}")
+
+
+def _hold_state_dir(state_dir: Path) -> int:
+    """Lock the state directory, waiting up to LOCK_WAIT_S for a driver that holds it (one
+    still stopping) to let it go: the record is read, and orphaned specs judged, only then."""
+    try:
+        return statelock.hold(state_dir, LOCK_WAIT_S)
+    except statelock.StateDirBusy as busy:
+        raise DraStartError(
+            f"{busy}: is a second driver running on this node? Stop it, or pass another "
+            "--state-dir (BATON_DRA_STATE_DIR)"
+        ) from None
+    except OSError as err:
+        raise DraStartError(
+            f"cannot lock {state_dir / statelock.LOCK_FILE} ({err.strerror or err}); check "
+            "--state-dir (BATON_DRA_STATE_DIR)"
+        ) from None
 
 
 def _writable_dir(path: Path, flag: str) -> None:

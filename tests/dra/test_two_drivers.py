@@ -1,0 +1,124 @@
+"""Two drivers on one node at once (a DaemonSet rollout: the new pod starts while the old one is
+still stopping): they share the state directory and the CDI directory, so the new one must not
+read the record, or judge which specs are orphans, while the old one may still prepare."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra import daemon
+from dra.cdi import spec_path
+from dra.daemon import DraStartError, Driver
+from dra.record import ClaimRecord
+from tests.dra.test_driver import GPUS, WAIT_S, Claims, _settings, _start
+from tests.dra.test_slices import Slices
+from tests.harness.drakubelet import DraKubeletStub
+
+
+class GatedClaims(Claims):
+    """Claims whose read waits for `gate` once `hold` is set (a prepare in flight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold, self.reading, self.gate = threading.Event(), threading.Event(), threading.Event()
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.hold.is_set():
+            self.reading.set()
+            assert self.gate.wait(WAIT_S)
+        return super().read_claim(namespace, name)
+
+
+class Flag(logging.Handler):
+    """Sets `event` when a record of `logger_name` is logged."""
+
+    def __init__(self, logger_name: str, event: threading.Event) -> None:
+        super().__init__()
+        self.logger_name, self.event = logger_name, event
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name == self.logger_name:
+            self.event.set()
+
+
+def test_a_driver_started_while_the_old_one_still_prepares_keeps_the_old_ones_claim(
+    tmp_path: Path,
+) -> None:
+    """The old driver finished a prepare after the new one had read the record: the new one
+    wrote its record without that claim, and at its next start removed the claim's spec as an
+    orphan while the pod ran (a container of it restarting then fails: unresolvable CDI
+    devices). The new driver must wait for the old one to stop before it reads the record."""
+    claims, slices = GatedClaims(), Slices()
+    claims.add("ns", "c1", "uid-1", "gpu-0")
+    claims.add("ns", "c2", "uid-2", "gpu-1")
+    old = _start(tmp_path, claims, slices)
+    kubelet = DraKubeletStub(tmp_path / "plugins_registry")
+    made: list[Driver] = []
+    answers: list[Any] = []
+    settled = threading.Event()  # the new driver started, or is waiting for the old one
+    flag = Flag("dra.statelock", settled)
+    logging.getLogger("dra.statelock").addHandler(flag)
+
+    def start_new() -> None:
+        made.append(Driver(_settings(tmp_path), GPUS, True, slices=slices, claims=claims))
+        made[0].start()
+        settled.set()
+
+    in_flight = threading.Thread(
+        target=lambda: answers.append(kubelet.prepare(("ns", "uid-1", "c1")))
+    )
+    new_pod = threading.Thread(target=start_new)
+    try:
+        kubelet.register()
+        claims.hold.set()
+        in_flight.start()
+        assert claims.reading.wait(WAIT_S)
+        new_pod.start()
+        assert settled.wait(WAIT_S)
+        claims.hold.clear()
+        claims.gate.set()
+        in_flight.join(WAIT_S)
+        assert answers[0].claims["uid-1"].error == ""
+        old.stop()  # the old pod's SIGTERM, its prepare answered
+        new_pod.join(WAIT_S)
+        assert made and not new_pod.is_alive()
+        kubelet.close()
+        kubelet.register()
+        assert kubelet.prepare(("ns", "uid-2", "c2")).claims["uid-2"].error == ""
+        assert sorted(ClaimRecord(tmp_path / "state").uids()) == ["uid-1", "uid-2"]
+        made.pop().stop()
+        _start(tmp_path, claims, slices).stop()  # its next start
+        assert spec_path(tmp_path / "cdi", "uid-1").exists(), "a running claim's spec kept"
+    finally:
+        logging.getLogger("dra.statelock").removeHandler(flag)
+        claims.gate.set()
+        kubelet.close()
+        in_flight.join(WAIT_S)
+        new_pod.join(WAIT_S)
+        for driver in made:
+            driver.stop()
+        old.stop()
+
+
+def test_a_second_driver_on_a_state_directory_in_use_is_refused_naming_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two drivers that both keep running (two installs on one node): the second waits for the
+    first to stop, then refuses to start, in one line naming the lock and who holds it."""
+    monkeypatch.setattr(daemon, "LOCK_WAIT_S", 0.2)
+    first = _start(tmp_path, Claims(), Slices())
+    try:
+        with pytest.raises(DraStartError) as refused:
+            Driver(_settings(tmp_path), GPUS, True, slices=Slices(), claims=Claims())
+    finally:
+        first.stop()
+    message = str(refused.value)
+    assert str(tmp_path / "state" / "dra.lock") in message and "PID" in message, message
+    assert "\n" not in message
+    again = _start(tmp_path, Claims(), Slices())  # the first one gone, the lock is free
+    again.stop()
