@@ -83,15 +83,16 @@ def status(
 
         print_agent(answer, url, by=by)
         return
+    addresses: dict[str, str] = {}
+    terminating: set[str] = set()
     try:
-        addresses = (
-            cluster_status.agent_addresses(kubeconfig, baton_namespace) if kubeconfig else {}
-        )
+        if kubeconfig:
+            addresses, terminating = cluster_status.agent_addresses(kubeconfig, baton_namespace)
     except cluster_status.ClusterUnreadable as exc:
         typer.echo(f"baton status: cannot find the agents through {kubeconfig}: {exc}", err=True)
         raise typer.Exit(1) from None
     try:
-        document = cluster_status.read_cluster(extender, addresses, agent_port)
+        document = cluster_status.read_cluster(extender, addresses, agent_port, terminating)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         typer.echo(f"baton status: cannot read the inventory at {extender}: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -15,19 +15,19 @@ from commands.kubectl.api import (
     agent_status_path,
     inventory_path,
 )
-from commands.status.cluster import AgentAnswer, cluster_document
+from commands.status.cluster import AgentAnswer, AgentPod, cluster_document, node_agent_pods
+
+
+def node_agents(api: Api, namespace: str = NAMESPACE) -> dict[str, AgentPod]:
+    """Node name → its running agent pod, one terminating where none other runs
+    (`node_agent_pods`)."""
+    found = api.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=NODE_POD_SELECTOR)
+    return node_agent_pods(found.get("items") or [])
 
 
 def agent_pods(api: Api, namespace: str = NAMESPACE) -> dict[str, str]:
-    """Node name → the name of its running agent pod."""
-    found = api.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=NODE_POD_SELECTOR)
-    pods: dict[str, str] = {}
-    for pod in found.get("items") or []:
-        node = (pod.get("spec") or {}).get("nodeName")
-        running = (pod.get("status") or {}).get("phase") == "Running"
-        if node and running and not pod["metadata"].get("deletionTimestamp"):
-            pods[node] = pod["metadata"]["name"]
-    return pods
+    """Node name → the name of its running agent pod (`node_agents`)."""
+    return {node: pod.name for node, pod in node_agents(api, namespace).items()}
 
 
 def no_agents(namespace: str) -> str:
@@ -79,7 +79,8 @@ def read_inventory(api: Api, pods: Mapping[str, str], namespace: str = NAMESPACE
 
 def read_cluster(api: Api, namespace: str = NAMESPACE) -> dict[str, Any]:
     """`commands.status.cluster` document for every node, each GPU's entitled duty added."""
-    pods = agent_pods(api, namespace)
+    agents = node_agents(api, namespace)
+    pods = {node: pod.name for node, pod in agents.items()}
     inventory = read_inventory(api, pods, namespace)
     names = {n["name"] for n in inventory.get("nodes", [])}
     for node in sorted(set(pods) - names):
@@ -89,7 +90,8 @@ def read_cluster(api: Api, namespace: str = NAMESPACE) -> dict[str, Any]:
     )
     answers.update(read_agents(api, {n: p for n, p in pods.items() if n in answers}, namespace))
     urls = {node: f"pod {namespace}/{pod}" for node, pod in pods.items()}
-    document = cluster_document(inventory, answers, urls)
+    terminating = {node for node, pod in agents.items() if pod.terminating}
+    document = cluster_document(inventory, answers, urls, terminating)
     if inventory.get("error"):
         document["extender_error"] = inventory["error"]
     if not pods:

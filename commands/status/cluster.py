@@ -12,9 +12,9 @@ import http.client
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.parking.backends.base import Residency
 from baton.contract.names import NAMESPACE, NODE_POD_SELECTOR
@@ -48,9 +48,14 @@ def gpu_summary(uuid: str, status: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def node_summary(
-    name: str, inventory_node: Mapping[str, Any] | None, agent: AgentAnswer | None, url: str
+    name: str,
+    inventory_node: Mapping[str, Any] | None,
+    agent: AgentAnswer | None,
+    url: str,
+    terminating: bool = False,
 ) -> dict[str, Any]:
-    """One node: the extender's GPUs and pods, each joined with what the agent says."""
+    """One node: the extender's GPUs and pods, each joined with what the agent says
+    (`terminating`: read from an agent pod shutting down, the node running no other)."""
     status = agent if isinstance(agent, dict) else {}
     residency = status.get("residency") or {}
     inv_gpus = list((inventory_node or {}).get("gpus", []))
@@ -74,6 +79,7 @@ def node_summary(
         "name": name,
         "agent": url,
         "error": agent if isinstance(agent, str) else None,
+        "agent_terminating": terminating,
         "problem": (inventory_node or {}).get("problem"),
         "parked_bytes": residency.get("parked_bytes"),
         "host_memory_budget_bytes": residency.get("host_memory_budget_bytes"),
@@ -84,18 +90,26 @@ def node_summary(
 
 
 def troubles(node: Mapping[str, Any]) -> list[str]:
-    """What keeps a node of the document from being shown whole: its agent unread, and the
-    extender's complaint about its annotations."""
+    """What keeps a node of the document from being shown whole: its agent unread or shutting
+    down, and the extender's complaint about its annotations."""
     found = [node["error"]] if node.get("error") else []
+    if node.get("agent_terminating"):
+        found.append(f"{TERMINATING} ({node.get('agent') or 'its agent'})")
     return found + ([f"extender: {node['problem']}"] if node.get("problem") else [])
 
 
 def cluster_document(
-    inventory: Mapping[str, Any], agents: Mapping[str, AgentAnswer], urls: Mapping[str, str]
+    inventory: Mapping[str, Any],
+    agents: Mapping[str, AgentAnswer],
+    urls: Mapping[str, str],
+    terminating: Collection[str] = (),
 ) -> dict[str, Any]:
-    """Every node of the inventory with its agent's view (`agents`, `urls` keyed by node)."""
+    """Every node of the inventory with its agent's view (`agents`, `urls` keyed by node;
+    `terminating`: the nodes whose agent pod read is shutting down)."""
     nodes = [
-        node_summary(n["name"], n, agents.get(n["name"]), urls.get(n["name"], ""))
+        node_summary(
+            n["name"], n, agents.get(n["name"]), urls.get(n["name"], ""), n["name"] in terminating
+        )
         for n in inventory.get("nodes", [])
     ]
     return {"synced": inventory.get("synced"), "nodes": nodes}
@@ -131,6 +145,36 @@ def read_agent(url: str, timeout: float = 3.0) -> AgentAnswer:
     return dict(document) if isinstance(document, dict) else f"{url} sent no JSON object"
 
 
+TERMINATING = "agent pod terminating: shown as it shuts down, no other agent pod runs here yet"
+"""A node's note when the agent read is a pod being deleted (it serves until it stops)."""
+
+
+class AgentPod(NamedTuple):
+    """The agent pod read on a node."""
+
+    name: str
+    ip: str | None
+    terminating: bool
+    """Being deleted (a rolling update, a drain): it still serves until it has stopped."""
+
+
+def node_agent_pods(pods: Iterable[Mapping[str, Any]]) -> dict[str, AgentPod]:
+    """Node → its agent pod (API JSON `pods`) to read: a running one, else one running but
+    terminating (it answers while it shuts down gracefully)."""
+    found: dict[str, AgentPod] = {}
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or status.get("phase") != "Running":
+            continue
+        this = AgentPod(
+            meta.get("name", ""), status.get("podIP"), bool(meta.get("deletionTimestamp"))
+        )
+        if node not in found or (found[node].terminating and not this.terminating):
+            found[node] = this
+    return found
+
+
 class ClusterUnreadable(RuntimeError):
     """The cluster's API could not be read, in one line: no kubeconfig, no permission, no
     answer."""
@@ -138,9 +182,10 @@ class ClusterUnreadable(RuntimeError):
 
 def agent_addresses(
     kubeconfig: str | None, namespace: str = NAMESPACE, timeout: float = 10.0
-) -> dict[str, str]:
+) -> tuple[dict[str, str], set[str]]:
     """Where each node's agent listens: its node pod's IP (the agent pods in `namespace`, where
-    Baton is installed), else the node's InternalIP."""
+    Baton is installed; `node_agent_pods`), else the node's InternalIP; and the nodes whose
+    agent pod is terminating."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
@@ -153,9 +198,10 @@ def agent_addresses(
             core = client.CoreV1Api(api_client)
             try:
                 nodes = core.list_node(_request_timeout=timeout).items
-                pods = core.list_namespaced_pod(
+                listed = core.list_namespaced_pod(
                     namespace, label_selector=NODE_POD_SELECTOR, _request_timeout=timeout
                 ).items
+                pods = [api_client.sanitize_for_serialization(pod) for pod in listed]
             except ApiException as err:
                 said = status_message(err.body) or err.reason
                 raise ClusterUnreadable(
@@ -173,20 +219,26 @@ def agent_addresses(
         name = node.metadata.name if node.metadata else None
         if name and (internal or addresses):
             found[name] = (internal or [addresses[0].address])[0]
-    for pod in pods:
-        status, spec = pod.status, pod.spec
-        if status and status.phase == "Running" and status.pod_ip and spec and spec.node_name:
-            found[spec.node_name] = status.pod_ip
-    return found
+    terminating = set()
+    for node_name, pod in node_agent_pods(pods).items():
+        if pod.ip:
+            found[node_name] = pod.ip
+        if pod.terminating:
+            terminating.add(node_name)
+    return found, terminating
 
 
 def read_cluster(
-    extender_url: str, addresses: Mapping[str, str], agent_port: int
+    extender_url: str,
+    addresses: Mapping[str, str],
+    agent_port: int,
+    terminating: Collection[str] = (),
 ) -> dict[str, Any]:
-    """The inventory from the extender, then every listed node's agent, in parallel."""
+    """The inventory from the extender, then every listed node's agent, in parallel
+    (`terminating`: the nodes whose agent pod is shutting down)."""
     inventory = read_json(f"{extender_url.rstrip('/')}/v1/inventory")
     names = [n["name"] for n in inventory.get("nodes", [])]
     urls = {n: f"http://{addresses.get(n, n)}:{agent_port}" for n in names}
     with ThreadPoolExecutor(max_workers=min(32, len(names) or 1)) as pool:
         answers = dict(zip(names, pool.map(read_agent, [urls[n] for n in names]), strict=True))
-    return cluster_document(inventory, answers, urls)
+    return cluster_document(inventory, answers, urls, terminating)

@@ -21,6 +21,7 @@ from tests.kubectl.fake import (
     GPU_B,
     DictApi,
     agent_pod,
+    agent_status,
     cluster_routes,
 )
 from tests.status.tables import table_columns
@@ -103,6 +104,33 @@ def test_a_node_whose_agent_is_silent_has_no_entitled_duty_shown_as_0(run) -> No
     assert table.exit_code == 0, table.output
     (row,) = [line.split("│") for line in table.output.splitlines() if "GPU-fake-n2-0" in line]
     assert row[7].strip() == "-", table.output
+
+
+def test_an_agent_pod_shutting_down_is_read_and_marked_terminating(run) -> None:
+    """During a rolling update the old agent pod serves for its grace period before the new one
+    runs: n1's was shown as 'no running agent pod' (baton status --kubeconfig read it); where
+    both run (n2), the new one is read, whichever the API lists first."""
+    routes = cluster_routes()
+    old = agent_pod("n1", "baton-agent-x")
+    old["metadata"]["deletionTimestamp"] = "2024-05-01T10:00:00Z"
+    leaving = agent_pod("n2", "agent-old")
+    leaving["metadata"]["deletionTimestamp"] = "2024-05-01T10:00:00Z"
+    pods = [old, agent_pod("n2", "agent-new"), leaving]
+    routes["/api/v1/namespaces/baton-system/pods"]["items"] = pods
+    routes[agent_status_path("agent-new")] = agent_status()
+    routes[agent_status_path("agent-old")] = PluginError("the old agent is not the one to read")
+    routes[inventory_path()]["nodes"].append({"name": "n2", "gpus": []})
+    document = json.loads(run(routes, "status", "-o", "json").output)
+    n1, n2 = document["nodes"]
+    assert n1["error"] is None and n1["agent_terminating"] is True
+    assert n1["gpus"][0]["holder"] == "ml/a" and n1["gpus"][0]["duty_entitled"] == 0.8
+    assert n2["error"] is None and n2["agent_terminating"] is False
+    assert n2["agent"] == "pod baton-system/agent-new"
+    table = run(routes, "status")
+    assert table.exit_code == 0, table.output
+    assert "no running agent pod" not in table.output and "2048 / 8192 MiB" in table.output
+    assert "agent pod terminating" in table.output and table.output.count("terminating") == 1
+    assert read_totals(DictApi(routes))[1] == []  # usage counts it too
 
 
 def test_status_says_when_the_extenders_inventory_is_not_synced_yet(run) -> None:

@@ -210,8 +210,49 @@ def test_agents_are_found_in_the_namespace_baton_was_installed_in(tmp_path: Path
         kubeconfig = str(server.kubeconfig_path(tmp_path))
         for obj in (node, agent_pod("gpu-sharing", "10.1.0.7"), agent_pod("other", "10.9.9.9")):
             server.put_object(obj)
-        assert agent_addresses(kubeconfig) == {"n1": "10.0.0.1"}  # none in baton-system
-        assert agent_addresses(kubeconfig, "gpu-sharing") == {"n1": "10.1.0.7"}
+        assert agent_addresses(kubeconfig) == ({"n1": "10.0.0.1"}, set())  # none there
+        assert agent_addresses(kubeconfig, "gpu-sharing") == ({"n1": "10.1.0.7"}, set())
+
+
+def test_an_agent_pod_shutting_down_is_read_marked_and_a_running_one_preferred(
+    tmp_path: Path,
+) -> None:
+    """As `kubectl baton status`: a node whose only agent pod is terminating (it serves until it
+    stops) is read from it and marked so; where a new pod runs beside it, the new one is read
+    (whichever the API lists last was read, the terminating one included, unmarked)."""
+    from commands.status.cluster import agent_addresses
+
+    def agent_pod(name: str, node: str, ip: str, leaving: bool) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "name": name, "namespace": "baton-system",
+            "labels": {"app.kubernetes.io/name": "baton-agent"},
+        }  # fmt: skip
+        if leaving:
+            meta["deletionTimestamp"] = "2024-05-01T10:00:00Z"
+        return {
+            "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "baton"}]},
+            "status": {"phase": "Running", "podIP": ip},
+        }  # fmt: skip
+
+    with FakeApiServer() as server:
+        kubeconfig = str(server.kubeconfig_path(tmp_path))
+        for pod in (
+            agent_pod("agent-a-new", "n1", "10.1.0.2", False),
+            agent_pod("agent-b-old", "n1", "10.1.0.1", True),
+            agent_pod("agent-c-old", "n2", "10.1.0.3", True),
+        ):
+            server.put_object(pod)
+        addresses, terminating = agent_addresses(kubeconfig)
+    assert addresses == {"n1": "10.1.0.2", "n2": "10.1.0.3"} and terminating == {"n2"}
+    urls = {"n1": "http://10.1.0.2:9460", "n2": "http://10.1.0.3:9460"}
+    inventory = {"nodes": [{"name": "n1", "gpus": []}, {"name": "n2", "gpus": []}]}
+    doc = cluster_document(inventory, {"n1": AGENT, "n2": AGENT}, urls, terminating)
+    assert [n["agent_terminating"] for n in doc["nodes"]] == [False, True]
+    console = Console(record=True, width=300)
+    console.print(gpu_rows_table(doc))
+    text = console.export_text()
+    assert text.count("agent pod terminating") == 1 and "(http://10.1.0.3:9460)" in text
 
 
 @contextlib.contextmanager
