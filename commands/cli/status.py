@@ -11,6 +11,10 @@ from baton.contract.unixsocket import unix_target
 from commands.cli.agent_settings import env_of
 from commands.cli.options import PORT_MAX
 
+NO_NODE_EXIT = 3
+"""The exit status of `baton status --extender` when the extender's inventory lists no node (as
+`kubectl baton status`'s when it finds no agent pod)."""
+
 
 def status(
     url: Annotated[
@@ -105,10 +109,16 @@ def status(
         raise typer.Exit(1) from None
     if as_json:
         typer.echo(json.dumps(document, indent=1))
-        return
-    from commands.status.cluster_view import print_cluster
+    else:
+        from commands.status.cluster_view import print_cluster
 
-    print_cluster(document, by=by)
+        print_cluster(document, by=by)
+    if not document["nodes"]:  # as `kubectl baton status` finding no agent: a script must know
+        unsynced = (
+            " (it has not synced with the API server yet)" if document["synced"] is False else ""
+        )
+        typer.echo(f"baton status: the extender at {extender} lists no node{unsynced}", err=True)
+        raise typer.Exit(NO_NODE_EXIT)
 
 
 def events(

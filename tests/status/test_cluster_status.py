@@ -310,3 +310,26 @@ def test_status_of_one_agent_shows_long_names_whole_at_80_columns_as_when_piped(
     gpus, tenants = result.output.split("Tenants")
     assert f"local/{name}" in table_columns(gpus)[1], result.output  # the holder
     assert f"local/{name}" in table_columns(tenants)[0], result.output
+
+
+@pytest.mark.parametrize("synced", [True, False])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_status_of_an_extender_listing_no_node_says_so_and_exits_3(
+    synced: bool, as_json: bool
+) -> None:
+    """An empty inventory printed an empty table (or no nodes), exit status 0 and no word,
+    where `kubectl baton status` finding nothing to show says one line and exits 3."""
+    body = json.dumps({"synced": synced, "nodes": []}).encode()
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    with _answering(head.encode() + b"\r\nConnection: close\r\n\r\n" + body) as url:
+        args = ["status", "--extender", url, *(["--json"] if as_json else [])]
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 3, result.output
+    unsynced = "" if synced else " (it has not synced with the API server yet)"
+    assert result.stderr.splitlines() == [
+        f"baton status: the extender at {url} lists no node{unsynced}"
+    ]
+    if as_json:
+        assert json.loads(result.stdout)["nodes"] == []
+    else:
+        assert "Baton GPUs" in result.stdout
