@@ -2,10 +2,13 @@
 
 llm-d's client sends nothing but its job and group ids (plaintext gRPC, no credentials), so the
 only proof of who calls is where the call comes from: the pod whose `status.podIP` is the
-connection's source address, found through the API server (one list per new address, kept
-`TTL_S`). A pod IP is assigned by the cluster's network and cannot be taken by another pod
-without privileges a tenant pod does not get; an address no pod has, or that several share (host
-network), identifies nobody. Baton's own client is identified by its node agent instead
+connection's source address, found through the API server. A job pod's address is remembered
+(`TTL_S` at most) until the coordinator's watches of job pods see that pod deleted or finished or
+another job pod at its address, or relist; another pod's address is asked for on every call, as
+nothing tells when it goes: a pod's IP is handed to the next pod as soon as it is free. A pod
+IP is assigned by the cluster's network and cannot be taken by another pod without privileges a
+tenant pod does not get; an address no pod has, or that several share (host network),
+identifies nobody. Baton's own client is identified by its node agent instead
 (SO_PEERCRED), which vouches for the namespace with the coordination token.
 """
 
@@ -13,16 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from baton.contract.kube import api_error_reason
+from baton.contract.names import LABEL_JOB, LABEL_LLMD_JOB
 
 log = logging.getLogger(__name__)
 TTL_S = 30.0
-"""How long an address's pod is remembered (pods come and go; their IPs are reused)."""
+"""How long an address's pod is remembered at most (should a watch miss its end)."""
+MAX_KNOWN = 4096
+"""Addresses remembered at most (the oldest go first)."""
 _FINISHED = ("Succeeded", "Failed")
+_WATCHED = (LABEL_JOB, LABEL_LLMD_JOB)
+"""The labels whose pods the coordinator watches (`coordinator.daemon`)."""
 
 
 def peer_ip(peer: str) -> str:
@@ -39,15 +48,28 @@ class CallerUnknown(Exception):
     """The API server could not be asked who calls (UNAVAILABLE: the call may be retried)."""
 
 
+class _Known(NamedTuple):
+    at: float
+    namespace: str | None
+    uid: str
+    """The pod's, or "" for an address that identifies nobody."""
+
+
 class PodCallers:
-    """Maps a caller's address to its pod's namespace through the API server."""
+    """Maps a caller's address to its pod's namespace through the API server; `saw` and
+    `relisted` (from the job pods' watches, on their threads) forget what they make stale."""
 
     def __init__(self, api_client: Any, clock: Callable[[], float] = time.monotonic) -> None:
         from kubernetes import client
 
         self._core = client.CoreV1Api(api_client)
         self._clock = clock
-        self._known: dict[str, tuple[float, str | None]] = {}
+        self._lock = threading.Lock()
+        self._known: dict[str, _Known] = {}
+        self._ends = 0
+        """Counts what the watches saw end (a lookup that overlaps one is not remembered)."""
+        self._asking: dict[str, int] = {}
+        """address → lookups of it in flight"""
 
     async def namespace(self, peer: str) -> str | None:
         """The namespace of the one pod at the peer's address, or None (said in the log);
@@ -55,14 +77,52 @@ class PodCallers:
         ip = peer_ip(peer)
         if not ip:
             return None
-        cached = self._known.get(ip)
-        if cached is not None and self._clock() - cached[0] < TTL_S:
-            return cached[1]
-        found = await asyncio.to_thread(self._lookup, ip)
-        self._known[ip] = (self._clock(), found)  # an API server that failed is asked again
+        with self._lock:
+            cached = self._known.get(ip)
+            if cached is not None and self._clock() - cached.at < TTL_S:
+                return cached.namespace
+            ends = self._ends
+            self._asking[ip] = self._asking.get(ip, 0) + 1
+        try:
+            found, uid, watched = await asyncio.to_thread(self._lookup, ip)
+        finally:
+            with self._lock:
+                self._asking[ip] -= 1
+                if not self._asking[ip]:
+                    del self._asking[ip]
+        with self._lock:  # an API server that failed is asked again
+            if ends == self._ends and (watched or found is None):
+                self._remember(ip, _Known(self._clock(), found, uid))
         return found
 
-    def _lookup(self, ip: str) -> str | None:
+    def saw(self, pod: Mapping[str, Any], gone: bool) -> None:
+        """A job pod as its watch saw it (`gone`: deleted, or no longer labelled)."""
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        uid, ip = str(meta.get("uid", "")), str(status.get("podIP") or "")
+        ended = gone or status.get("phase") in _FINISHED
+        with self._lock:
+            if ended or ip in self._asking:
+                self._ends += 1
+            for at, known in list(self._known.items()):
+                same = known.uid == uid
+                if (same and (ended or at != ip)) or (at == ip and not same):
+                    del self._known[at]
+
+    def relisted(self) -> None:
+        """A job pods' watch listed again: pods may have gone unseen."""
+        with self._lock:
+            self._ends += 1
+            self._known.clear()
+
+    def _remember(self, ip: str, known: _Known) -> None:
+        self._known.pop(ip, None)
+        while len(self._known) >= MAX_KNOWN:
+            del self._known[next(iter(self._known))]
+        self._known[ip] = known
+
+    def _lookup(self, ip: str) -> tuple[str | None, str, bool]:
+        """The namespace of the one live pod at `ip` (or None), its uid, and whether a job
+        pods' watch will see it end."""
         try:
             pods = self._core.list_pod_for_all_namespaces(
                 field_selector=f"status.podIP={ip}", _request_timeout=5
@@ -81,6 +141,10 @@ class PodCallers:
         ]
         if len(live) != 1:
             log.info("a call from %s matches %d pods: its caller is not identified", ip, len(live))
-            return None
+            return None, "", False
         meta = live[0].metadata
-        return str(meta.namespace) if meta is not None else None
+        if meta is None:
+            return None, "", False
+        labels = meta.labels or {}
+        watched = any(label in labels for label in _WATCHED)
+        return str(meta.namespace), str(meta.uid or ""), watched

@@ -151,6 +151,11 @@ class ClusterView:
     """Called (from a watch's thread) after job pods changed: members may have left."""
     on_agents_changed: Callable[[], None] = lambda: None
     """Called (from a watch's thread) after a node's agent address appeared or changed."""
+    on_pod_seen: Callable[[Mapping[str, Any], bool], None] = lambda pod, gone: None
+    """Called (from a watch's thread) with each job pod a watch event brings, and whether it
+    went (deleted, or no longer labelled)."""
+    on_pods_relisted: Callable[[], None] = lambda: None
+    """Called (from a watch's thread) after job pods were listed again (some went unseen)."""
     listed: dict[str, threading.Event] = field(default_factory=dict, repr=False)
     """watch name → set once its first list is in (a new leader waits for all of them)."""
 
@@ -272,9 +277,11 @@ class PodStore:
             kept = {k: v for k, v in self._view.members.items() if not k.startswith(self._prefix)}
             self._view.members = {**kept, **found}
         self._listed.set()
+        self._view.on_pods_relisted()
         self._view.on_pods_changed()
 
     def apply(self, event: WatchEvent) -> None:
+        self._view.on_pod_seen(event.object, event.type == "DELETED")
         key = self._key(event.object)
         read = None if event.type == "DELETED" else member_of(event.object)
         with self._view.lock:

@@ -131,6 +131,9 @@ class Coordinator:
 
         self.view.on_pods_changed = pods_changed
         self.view.on_agents_changed = agents_changed
+        callers = PodCallers(self._api)
+        self.view.on_pod_seen = callers.saw
+        self.view.on_pods_relisted = callers.relisted
         if self._label is not None:
             self._label.start()  # not leading (yet): a mark a crashed leader left here goes
         self._watch()
@@ -144,7 +147,6 @@ class Coordinator:
             raise CoordinatorStartError(
                 f"cannot listen on {self.config.llmd_listen} ({why}); check --llmd-listen"
             )
-        callers = PodCallers(self._api)
         orchestrator = LlmdOrchestrator(
             self.arbiter, self.view, callers.namespace, self.config.allow_unidentified
         )

@@ -1,0 +1,150 @@
+"""Who calls the coordinator's llm-d API once the caller's pod is gone (`coordinator.callers`),
+against a real API server and a `baton coordinator` process: a pod's address given to a pod of
+another namespace identifies that namespace from then on, not the one of the pod before it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from baton._pb import timeslice_orchestrator_pb2 as ts
+from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
+from baton.contract.names import LABEL_JOB
+from commands.localnode.controlplane import ControlPlane
+from commands.localnode.procs import LocalNodeError, wait_for
+from coordinator.callers import PodCallers
+from tests.coordinator.deployed import CoordinatorProcess, leader_of
+
+OWNER, INTRUDER = "callers-owner", "callers-intruder"
+LOOPBACK = "127.0.0.1"  # the address the coordinator sees every call of this test come from
+
+
+def deleted(core: Any, name: str) -> None:
+    core.delete_namespaced_pod(name, OWNER, grace_period_seconds=0)
+
+
+def finished(core: Any, name: str) -> None:
+    """Succeeded but still listed: the network has its address back (restartPolicy Never)."""
+    core.patch_namespaced_pod_status(name, OWNER, {"status": {"phase": "Succeeded"}})
+
+
+@pytest.mark.parametrize(
+    ("caller_labels", "ended"),
+    [({LABEL_JOB: "rl"}, deleted), ({LABEL_JOB: "rl"}, finished), ({}, deleted)],
+    ids=["job-pod-deleted", "job-pod-finished", "other-pod-deleted"],
+)
+def test_a_callers_address_given_to_a_pod_of_another_namespace_drives_none_of_the_old_jobs(
+    control_plane: ControlPlane,
+    core: Any,
+    tmp_path: Path,
+    caller_labels: dict[str, str],
+    ended: Callable[[Any, str], None],
+) -> None:
+    """The caller is asked for at once after its pod ended: within the 30 s it used to be
+    remembered, the intruder at its address drove (and saw) the owner's jobs."""
+    for namespace in (OWNER, INTRUDER):
+        with contextlib.suppress(Exception):  # made by an earlier case
+            core.create_namespace({"metadata": {"name": namespace}})
+            core.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
+    (tmp_path / "token").write_text("t" * 32)
+    pod_at(core, OWNER, "rl-b", {LABEL_JOB: "rl"}, ip="")  # the job lives on without the caller
+    pod_at(core, OWNER, "caller", caller_labels, LOOPBACK)
+    coordinator = CoordinatorProcess(control_plane, tmp_path, "callers", "callers")
+    coordinator.process.start()
+    try:
+        leader_of([coordinator])
+        with grpc.insecure_channel(coordinator.address) as channel:
+            stub = ts_grpc.TimeSliceOrchestratorServiceStub(channel)
+
+            def answer() -> tuple[grpc.StatusCode, str]:
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.Acquire(ts.AcquireRequest(job_id="rl"), timeout=10)
+                return refused.value.code(), str(refused.value.details())
+
+            def served() -> bool | None:  # its job has no node yet, so it hears why
+                code, details = answer()
+                said = f"job {OWNER}/rl: none of its pods is scheduled on a node yet"
+                return (code == grpc.StatusCode.FAILED_PRECONDITION and said in details) or None
+
+            wait_for("the owner's caller served", served, 20)
+            ended(core, "caller")
+            pod_at(core, INTRUDER, "intruder", {}, LOOPBACK)
+            denied = (
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"job 'rl' is in namespace {OWNER}: a caller from namespace {INTRUDER} may drive "
+                "only its own namespace's jobs",
+            )
+            last: list[tuple[grpc.StatusCode, str]] = []
+
+            def refused() -> bool | None:
+                last[:] = [answer()]
+                return last[0] == denied or None
+
+            try:
+                wait_for("the intruder refused", refused, 10)  # well within the old 30 s
+            except LocalNodeError:
+                pytest.fail(f"the intruder at the owner's address was answered {last}")
+    finally:
+        coordinator.process.stop()
+        for namespace, name in ((OWNER, "caller"), (OWNER, "rl-b"), (INTRUDER, "intruder")):
+            with contextlib.suppress(Exception):
+                core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+
+def pod_at(core: Any, namespace: str, name: str, labels: dict[str, str], ip: str) -> None:
+    """A running pod (not bound to a node) whose status says it has `ip`, as a kubelet writes."""
+    body = {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "main", "image": "registry.invalid/driver:1"}]},
+    }
+    core.create_namespaced_pod(namespace, body)
+    addresses = {"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {}
+    core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": "Running", **addresses}})
+
+
+def test_a_job_pods_address_is_asked_for_once_until_its_watch_sees_it_end(
+    control_plane: ControlPlane, core: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The common caller (a job pod) costs the API server one list, not one a call; any other
+    pod is asked for on every call, as nothing would tell when its address goes to another."""
+    from baton.contract.kube import load_api_client
+
+    for namespace in (OWNER, INTRUDER):
+        with contextlib.suppress(Exception):  # made by another test
+            core.create_namespace({"metadata": {"name": namespace}})
+            core.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
+    pod_at(core, OWNER, "counted", {LABEL_JOB: "rl"}, "10.9.0.1")
+    pod_at(core, OWNER, "plain", {}, "10.9.0.2")
+    callers = PodCallers(load_api_client(str(control_plane.admin_kubeconfig)))
+    lists = []
+    listing = callers._core.list_pod_for_all_namespaces
+
+    def counted(**kwargs: Any) -> Any:
+        lists.append(kwargs["field_selector"])
+        return listing(**kwargs)
+
+    monkeypatch.setattr(callers._core, "list_pod_for_all_namespaces", counted)
+
+    async def ask(ip: str) -> str | None:
+        return await callers.namespace(f"ipv4:{ip}:4431")
+
+    try:
+        assert [asyncio.run(ask("10.9.0.1")) for _ in range(3)] == [OWNER] * 3
+        assert [asyncio.run(ask("10.9.0.2")) for _ in range(2)] == [OWNER] * 2
+        assert lists == ["status.podIP=10.9.0.1"] + ["status.podIP=10.9.0.2"] * 2
+        pod = core.read_namespaced_pod("counted", OWNER).to_dict()
+        callers.saw({"metadata": pod["metadata"], "status": {"podIP": "10.9.0.1"}}, gone=False)
+        assert asyncio.run(ask("10.9.0.1")) == OWNER and len(lists) == 3  # still the same pod
+        core.delete_namespaced_pod("counted", OWNER, grace_period_seconds=0)
+        callers.saw({"metadata": pod["metadata"], "status": {"podIP": "10.9.0.1"}}, gone=True)
+        assert asyncio.run(ask("10.9.0.1")) is None and len(lists) == 4
+    finally:
+        for name in ("counted", "plain"):
+            with contextlib.suppress(Exception):
+                core.delete_namespaced_pod(name, OWNER, grace_period_seconds=0)
