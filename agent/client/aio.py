@@ -8,19 +8,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 
 from agent.client.aio_session import AsyncSession
 from agent.client.connect import usable
-from agent.client.errors import AgentUnavailable, BatonError, LeaseLost, NotHolding
+from agent.client.errors import (
+    AcquireTimeout,
+    AgentUnavailable,
+    BatonError,
+    LeaseLost,
+    NotHolding,
+)
 from agent.client.parked import restore_with_grant, restores_itself
 from agent.client.session_core import acquire_request
 from agent.client.types import REPLY_TIMEOUT_S, LeaseInfo, acquire_args
 from baton._pb import agent_pb2 as pb
 
+_ANOTHER_ACQUIRE = "another task's acquire on this client was still waiting"
+
+
+async def _within(wait: Awaitable[object], deadline: float | None, why: str) -> None:
+    """Await `wait` until `deadline` (the loop's time; None: no limit); `AcquireTimeout`
+    saying `why` it waited if it is not done by then."""
+    left = None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
+    try:
+        await asyncio.wait_for(wait, left)
+    except TimeoutError:
+        raise AcquireTimeout(f"no turn within the timeout; it waited because {why}") from None
+
 
 class AsyncBaton(AsyncSession):
-    """Takes turns on this tenant's GPUs: `await acquire()`, `await yield_()`, `turn()`."""
+    """Takes turns on this tenant's GPUs: `await acquire()`, `await yield_()`, `turn()`.
+
+    Tasks sharing one client share its turn, as threads share a `Baton`'s."""
+
+    _acquiring: asyncio.Lock | None = None
+    """Held by the acquire that asks the agent; the others made meanwhile wait for its grant."""
 
     async def acquire(
         self, timeout: float | None = None, gpus: Sequence[str] | str | None = None
@@ -31,16 +54,36 @@ class AsyncBaton(AsyncSession):
         timeout, gpus = acquire_args(timeout, gpus)
         # Closed, or its loop ended: a turn it held went back with its session, is held no more.
         usable(self._closing, self._supervisor)
-        if self._kept_yield is not None and not self._kept_yield.done():  # a yield cancelled in
-            await asyncio.wait([self._kept_yield])  # its park ends the turn held first
+        settled = self._kept_yield is None or self._kept_yield.done()  # (else: `_acquire`)
+        if settled and (held := self._core.held(gpus)) is not None:  # another task's grant too
+            return held
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        if self._acquiring is None:
+            self._acquiring = asyncio.Lock()
+        if self._acquiring.locked():  # another task's acquire waits: its grant is this one's too
+            await _within(self._acquiring.acquire(), deadline, _ANOTHER_ACQUIRE)
+        else:
+            await self._acquiring.acquire()  # (free: taken at once, even with timeout 0)
+        try:
+            return await self._acquire(deadline, gpus)
+        finally:
+            self._acquiring.release()
+
+    async def _acquire(self, deadline: float | None, gpus: Sequence[str] | None) -> LeaseInfo:
+        """`acquire`, one task at a time: the turn held (another task's grant), or a new one
+        asked for by `deadline` (the loop's time; None: no limit)."""
+        if (kept_yield := self._kept_yield) is not None and not kept_yield.done():
+            await asyncio.wait([kept_yield])  # a yield cancelled in its park ends the turn
+            # held first
         if (held := self._core.held(gpus)) is not None:  # (a park meanwhile: a revocation's)
             return held
+        loop = asyncio.get_running_loop()
+        timeout = None if deadline is None else max(0.0, deadline - loop.time())
         if (unsure := self._core.unsure_held()) is not None:  # its yield was cut off
-            loop = asyncio.get_running_loop()
-            start = loop.time()
             if (held := await self._settled(unsure, timeout, gpus)) is not None:
                 return held
-            timeout = None if timeout is None else max(0.0, timeout - (loop.time() - start))
+            timeout = None if deadline is None else max(0.0, deadline - loop.time())
         with self._kept_lock:
             kept = self._core.take_kept(gpus)
             release = None if kept is not None else self._core.give_back()
