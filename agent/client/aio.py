@@ -25,6 +25,7 @@ from agent.client.types import REPLY_TIMEOUT_S, LeaseInfo, acquire_args
 from baton._pb import agent_pb2 as pb
 
 _ANOTHER_ACQUIRE = "another task's acquire on this client was still waiting"
+_PARK_OF_A_YIELD = "a yield cancelled in its park waited for that park (on_park) to end"
 
 
 async def _within(wait: Awaitable[object], deadline: float | None, why: str) -> None:
@@ -74,8 +75,8 @@ class AsyncBaton(AsyncSession):
         """`acquire`, one task at a time: the turn held (another task's grant), or a new one
         asked for by `deadline` (the loop's time; None: no limit)."""
         if (kept_yield := self._kept_yield) is not None and not kept_yield.done():
-            await asyncio.wait([kept_yield])  # a yield cancelled in its park ends the turn
-            # held first
+            await _within(asyncio.wait([kept_yield]), deadline, _PARK_OF_A_YIELD)  # a yield
+            # cancelled in its park ends the turn held first
         if (held := self._core.held(gpus)) is not None:  # (a park meanwhile: a revocation's)
             return held
         loop = asyncio.get_running_loop()

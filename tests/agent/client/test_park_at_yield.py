@@ -283,6 +283,54 @@ def test_an_acquire_after_a_yield_cancelled_in_its_park_waits_for_a_turn_of_its_
     asyncio.run(scenario())
 
 
+def test_an_acquire_waiting_for_a_cancelled_yields_park_ends_by_its_own_timeout(
+    app_agent: AgentRunner,
+) -> None:
+    """The park the cancelled yield waits for is the user's on_park, as long as it takes: an
+    acquire made meanwhile with a timeout still ends by it, saying why it waited."""
+    x_moves, y_moves = Recorded(), Recorded()
+    parking, release = threading.Event(), threading.Event()
+
+    def slow_park(gpu: str) -> int:
+        parking.set()
+        assert release.wait(WAIT_S), "the test never let the park finish"
+        return x_moves.park(gpu)
+
+    async def scenario() -> None:
+        async with (
+            AsyncBaton(
+                app_agent.socket, [GPU], name="x", gpu_memory_mib=60,
+                on_park=slow_park, on_restore=x_moves.restore,
+            ) as x,
+            AsyncBaton(
+                app_agent.socket, [GPU], name="y", gpu_memory_mib=60,
+                on_park=y_moves.park, on_restore=y_moves.restore,
+            ) as y,
+        ):  # fmt: skip
+            await x.acquire(WAIT_S)
+            hints = hints_of(x)
+            queued = asyncio.create_task(y.acquire(WAIT_S))
+            await asyncio.to_thread(hints.wait, (GPU,))
+            yielding = asyncio.create_task(x.yield_())
+            await asyncio.to_thread(parking.wait, WAIT_S)
+            yielding.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await yielding
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(AcquireTimeout, match="waited for that park") as late:
+                await asyncio.wait_for(x.acquire(timeout=0.2), WAIT_S)
+            assert asyncio.get_running_loop().time() - started < 5
+            assert "on_park" in late.value.reason
+            release.set()
+            await asyncio.wait_for(queued, WAIT_S)  # the turn went on once the park was done
+            await y.yield_()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+
+
 def test_the_hint_goes_only_to_the_process_that_parks_the_tenant(app_agent: AgentRunner) -> None:
     """Two processes of tenant `a`: one offers on_park/on_restore, the other (which holds the
     turn) none. Only the first hears the hint; the other yields without trying to park, and
