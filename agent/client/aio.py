@@ -46,6 +46,24 @@ class AsyncBaton(AsyncSession):
     _acquiring: asyncio.Lock | None = None
     """Held by the acquire that asks the agent; the others made meanwhile wait for its grant."""
 
+    @property
+    def lease(self) -> LeaseInfo | None:
+        """The turn held now, if any (none once closed or its loop ended: the agent took it)."""
+        return None if self._ended() else self._core.lease
+
+    @property
+    def resuming(self) -> bool:
+        """True after a revocation, until the agent hands the turn back."""
+        return self._core.resuming and not self._ended()
+
+    def _ended(self) -> bool:
+        """Closed, or its session's event loop ended (`asyncio.run` returned) or it stopped for
+        good (`reconnect=False`): what it held went back to the agent with the session."""
+        session = self._supervisor
+        return self._closing or (
+            session is not None and (session.done() or session.get_loop().is_closed())
+        )
+
     async def acquire(
         self, timeout: float | None = None, gpus: Sequence[str] | str | None = None
     ) -> LeaseInfo:

@@ -107,16 +107,6 @@ class AsyncSession:
         self.parked = self._moves.parked
         self._core.parked = self.parked.copy
 
-    @property
-    def lease(self) -> LeaseInfo | None:
-        """The turn held now, if any."""
-        return self._core.lease
-
-    @property
-    def resuming(self) -> bool:
-        """True after a revocation, until the agent hands the turn back."""
-        return self._core.resuming
-
     def register_callbacks(
         self, on_park: Callback | None = None, on_restore: Callback | None = None
     ) -> None:

@@ -77,6 +77,24 @@ def test_async_client_left_holding_a_turn_says_so_rather_than_hand_it_out_again(
         asyncio.run(asyncio.wait_for(closed.acquire(timeout=WAIT_S), WAIT_S))
 
 
+def test_async_client_left_holding_a_turn_shows_no_lease(agent: AgentRunner) -> None:
+    """Its loop ended (or it closed) with a turn held: the agent took the turn back with the
+    session and granted it on, so `lease` must not still show it as held."""
+    ended = AsyncBaton(agent.socket, ["GPU-0"], name="ended")
+    closed = AsyncBaton(agent.socket, ["GPU-0"], name="closed")
+
+    async def hold(baton: AsyncBaton, close: bool) -> None:
+        await baton.acquire(timeout=WAIT_S)
+        assert baton.lease is not None
+        if close:
+            await baton.close()
+
+    asyncio.run(hold(ended, close=False))  # asyncio.run returns with the turn held
+    asyncio.run(hold(closed, close=True))  # (granted: "ended" no longer holds GPU-0)
+    assert ended.lease is None and not ended.resuming
+    assert closed.lease is None and not closed.resuming
+
+
 def test_a_forked_child_neither_uses_nor_ends_the_parents_session(agent: AgentRunner) -> None:
     script = Path(__file__).with_name("fork_tenant.py")
     env = {**os.environ, ENV_AGENT_SOCKET: agent.socket, ENV_GPUS: "GPU-0"}
