@@ -84,8 +84,8 @@ class BlockingSession(BlockingConnection):
 
     @property
     def lease(self) -> LeaseInfo | None:
-        """The turn held now, if any."""
-        return self._core.lease
+        """The turn held now, if any (none once closed: the agent took it back)."""
+        return None if self._closed.is_set() else self._core.lease
 
     @property
     def callback_timings(self) -> list[CallbackTiming]:
@@ -95,7 +95,7 @@ class BlockingSession(BlockingConnection):
     @property
     def resuming(self) -> bool:
         """True after a revocation, until the agent hands the turn back."""
-        return self._core.resuming
+        return self._core.resuming and not self._closed.is_set()
 
     def register_callbacks(
         self, on_park: Callback | None = None, on_restore: Callback | None = None

@@ -95,6 +95,15 @@ def test_async_client_left_holding_a_turn_shows_no_lease(agent: AgentRunner) -> 
     assert closed.lease is None and not closed.resuming
 
 
+def test_a_client_closed_holding_a_turn_shows_no_lease(agent: AgentRunner) -> None:
+    """The blocking client too: closed inside a turn, the agent took the turn back."""
+    baton = Baton(agent.socket, ["GPU-0"], name="closed-sync")
+    baton.acquire(timeout=WAIT_S)
+    assert baton.lease is not None
+    baton.close()
+    assert baton.lease is None and not baton.resuming
+
+
 def test_a_forked_child_neither_uses_nor_ends_the_parents_session(agent: AgentRunner) -> None:
     script = Path(__file__).with_name("fork_tenant.py")
     env = {**os.environ, ENV_AGENT_SOCKET: agent.socket, ENV_GPUS: "GPU-0"}
