@@ -46,6 +46,9 @@ class AgentConfig:
     """Also serve llm-d's time-slicing API on HOST:PORT, plaintext ("" = off)."""
     llmd_groups: tuple[str, ...] = ()
     """llm-d groups outside Kubernetes: `NAME=GPU[,GPU...]` each."""
+    llmd_forget_idle_after: float = 3600.0
+    """Seconds no llm-d call names a job used only by callers whose process the agent cannot
+    find (another host), with no turn, wait or parked memory, before it leaves; 0 = never."""
     parking: ParkingOptions = field(default_factory=ParkingOptions)
     """The backend that parks memory (`none` by default) and its settings."""
     coordination_listen: str = ""

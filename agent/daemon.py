@@ -175,6 +175,7 @@ class Agent:
             cfg.node_name or socket.gethostname(),
             ",".join(parking.methods()) if parking is not None else NONE,
             Path(cfg.proc_root),
+            cfg.llmd_forget_idle_after,
         )
         await self.llmd.start()
 

@@ -199,6 +199,11 @@ class LeaseService:
         if self.jobs is not None and not self.stopping:
             self.jobs.session_ended(tenant_id)
 
+    def left(self, tenant_id: str, why: str) -> None:
+        """A tenant (not a pod) whose departure no session tells is taken to have left (`why`):
+        its turns and waits end, its accounting and fair debt are a departed tenant's."""
+        self.tenancy.left(tenant_id, why)
+
     def upsert_pod(self, tenant: Tenant) -> None:
         """A pod on this node with Baton GPUs appeared or changed."""
         self.tenancy.upsert_tenant(tenant, "pod")

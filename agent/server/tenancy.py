@@ -218,6 +218,11 @@ class Tenancy:
         self._state.publish(ev.TENANT_JOINED, tenant.tenant_id, gpus=tenant.gpus, detail=detail)
         self._turns.changed()
 
+    def left(self, tenant_id: str, why: str) -> None:
+        """A tenant (not a pod) whose departure no session tells is taken to have left: an
+        llm-d job whose callers cannot be watched, unseen for `--llmd-forget-idle-after`."""
+        self._drop(tenant_id, why)
+
     def pod_gone(self, tenant_id: str) -> None:
         """The tenant's pod left the node."""
         self._drop(tenant_id, "its pod left the node")

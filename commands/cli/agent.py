@@ -133,6 +133,7 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
         shutdown_grace=s.shutdown_grace,
         llmd_listen=s.llmd_listen,
         llmd_groups=tuple(s.llmd_group or ()),
+        llmd_forget_idle_after=s.llmd_forget_idle_after,
         parking=ParkingOptions(
             backend=s.backend,
             fake_gpus=s.fake_gpus,

@@ -183,6 +183,13 @@ class AgentSettings:
         names.ENV_LLMD_GROUPS,
         "An llm-d group outside Kubernetes: NAME=GPU[,GPU...] (repeatable).",
     )
+    llmd_forget_idle_after: float = setting(
+        3600.0,
+        "BATON_AGENT_LLMD_FORGET_IDLE_AFTER",
+        "Seconds no llm-d call names a job used only by callers whose process the agent cannot "
+        "find (another host), with no turn, wait or parked memory, before it leaves; 0 = never.",
+        min=0,
+    )
 
     # The cluster coordinator's job turns.
     coordination_listen: str = setting(

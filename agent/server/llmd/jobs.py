@@ -6,7 +6,9 @@ pod labelled `timeslice.io/job-id`, and a group is the GPUs of the pods labelled
 (`timeslice.io/group`); only the pod's own processes may act for its job. Each process that
 calls for a job (found from its TCP connection, `agent.node.peers`) counts as one of the job's
 sessions; when the last one exits, the job's turns and waits end, as for any tenant whose
-session closes.
+session closes. A caller whose process cannot be found (another host) cannot be watched: a job
+only such callers use leaves once no call has named it for `idle_after` seconds while it has no
+turn, no wait and nothing parked or moving.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Jobs:
         gpu_memory: Mapping[str, int],
         server_port: int,
         proc_root: Path = Path("/proc"),
+        idle_after: float = 0.0,
     ) -> None:
         self.service = service
         self.groups = groups
@@ -63,10 +66,16 @@ class Jobs:
         self._callers: dict[str, PeerProcess] = {}
         """gRPC peer (one per client connection) → its process, once found."""
         self._sessions: dict[tuple[str, int], Session] = {}
+        self._idle_after = idle_after
+        """Seconds unseen before a job only unwatched callers use leaves (0 = never)."""
+        self._idle: dict[str, asyncio.TimerHandle] = {}
 
     def close(self) -> None:
         """Stop watching processes (the agent is stopping; turns are kept for the next one)."""
         self._watch.close()
+        for timer in self._idle.values():
+            timer.cancel()
+        self._idle.clear()
 
     # Who.
 
@@ -132,7 +141,10 @@ class Jobs:
             pods = mine or pods
         if pods:
             return pods[0]
-        return self.service.tenants.tenants.get(PREFIX + job_id)
+        found = self.service.tenants.tenants.get(PREFIX + job_id)
+        if found is not None:  # a call named it: its idle time starts again
+            self._seen(found.tenant_id)
+        return found
 
     def job_ids(self, seen: Callable[[str], bool] = lambda tenant_id: True) -> dict[str, Tenant]:
         """Every llm-d job the agent has (`llmd/` tenants and labelled pods) whose tenant `seen`
@@ -208,6 +220,7 @@ class Jobs:
         if caller is not None and self.service.tenants.add_pids(tenant, [caller.pid]):
             self.service.state.journal_tenant(tenant)
         self._anchor(tenant.tenant_id, caller.pid if caller else 0)
+        self._seen(tenant.tenant_id)
 
     async def check(self, job_id: str, group: str, peer: str) -> Tenant:
         """The job's tenant for a call that needs it to exist, checked against the caller. The
@@ -332,3 +345,50 @@ class Jobs:
         self.service.session_closed(tenant_id, pid, last)
         if last:
             self._sessions.pop((tenant_id, 0), None)
+
+    # Callers that cannot be watched.
+
+    def _seen(self, tenant_id: str) -> None:
+        """A call named the job: it leaves `idle_after` seconds from now if none names it again
+        and only unwatched callers (`_anchor(..., 0)`) are left to it then."""
+        if self._idle_after <= 0 or (tenant_id, 0) not in self._sessions:
+            return
+        old = self._idle.pop(tenant_id, None)
+        if old is not None:
+            old.cancel()
+        loop = asyncio.get_running_loop()
+        self._idle[tenant_id] = loop.call_later(self._idle_after, self._idle_out, tenant_id)
+
+    def _idle_out(self, tenant_id: str) -> None:
+        """`idle_after` passed with no call naming the job: it leaves unless it is busy (then
+        it is looked at again `idle_after` later)."""
+        self._idle.pop(tenant_id, None)
+        session = self._sessions.get((tenant_id, 0))
+        tenant = self.service.tenants.tenants.get(tenant_id)
+        if session is None or tenant is None or tenant.source != LLMD:
+            return
+        if self._busy(tenant_id):
+            loop = asyncio.get_running_loop()
+            self._idle[tenant_id] = loop.call_later(self._idle_after, self._idle_out, tenant_id)
+            return
+        del self._sessions[(tenant_id, 0)]
+        self.service.sessions.close(session)
+        self.service.left(
+            tenant_id,
+            f"no llm-d call named it for {self._idle_after:g} s (--llmd-forget-idle-after) and "
+            "it had no turn, no wait and nothing parked; its callers cannot be watched",
+        )
+
+    def _busy(self, tenant_id: str) -> bool:
+        """Whether the job must stay: a watched process or a WorkloadChannel is open, it holds
+        or waits for a turn, or memory of it is parked or moving."""
+        table, parking = self.service.table, self.service.parking
+        where = self.service.preparer.residency_of(tenant_id).values()
+        return (
+            any(pid and t == tenant_id for t, pid in self._sessions)
+            or self.service.sessions.connected_besides(tenant_id, ProcessSession)
+            or bool(table.leases_of(tenant_id))
+            or any(w.tenant_id == tenant_id for w in table.waiters.values())
+            or any(state != "resident" for state in where)
+            or (parking is not None and parking.moving(tenant_id))
+        )

@@ -75,6 +75,7 @@ class LlmdServer:
         node: str,
         backend: str,
         proc_root: Path = Path("/proc"),
+        idle_after: float = 0.0,
     ) -> None:
         self._service = service
         self._listen = listen
@@ -83,6 +84,7 @@ class LlmdServer:
         self._node = node
         self._backend = backend
         self._proc_root = proc_root
+        self._idle_after = idle_after
         self._server: grpc.aio.Server | None = None
         self._orchestrator: Orchestrator | None = None
         self._snapshots: SnapshotAgent | None = None
@@ -105,7 +107,14 @@ class LlmdServer:
         if not self.port:
             why = bind_error(self._listen)
             raise RuntimeError(f"--llmd-listen {self._listen}: cannot listen there ({why})")
-        self.jobs = Jobs(self._service, self._groups, self._gpu_memory, self.port, self._proc_root)
+        self.jobs = Jobs(
+            self._service,
+            self._groups,
+            self._gpu_memory,
+            self.port,
+            self._proc_root,
+            self._idle_after,
+        )
         channels = Channels(self.jobs)
         self._snapshots = SnapshotAgent(self.jobs, channels)
         self._orchestrator = Orchestrator(

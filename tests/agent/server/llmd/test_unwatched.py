@@ -1,0 +1,122 @@
+"""llm-d jobs whose callers the agent cannot watch (their process is not found: on another host,
+here an empty `--proc-root`): a job no call names for `--llmd-forget-idle-after` leaves the node
+as a departed tenant, unless it holds or waits for a turn or has memory parked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.core import events as ev
+from agent.parking.setup import ParkingOptions, parse_fake_gpus
+from baton._pb import snapshot_agent_pb2 as sa
+from baton._pb import timeslice_orchestrator_pb2 as ts
+from commands.localnode.procs import wait_for
+from tests.agent.server.llmd.llmd_client import (
+    SnapshotAgentClient,
+    TimeSliceOrchestratorClient,
+    register_workload,
+)
+from tests.harness.agent import AgentRunner
+
+IDLE = 0.3
+
+
+def _gone(agent: AgentRunner, job: str) -> str:
+    """The detail of the `tenant_gone` event of job `job` (waited for, bounded)."""
+    tenant = f"llmd/{job}"
+    return agent.wait_event(lambda e: e.kind == ev.TENANT_GONE and e.tenant_id == tenant).detail
+
+
+@pytest.fixture
+def unwatched(workdir: str) -> Iterator[Path]:
+    """A /proc in which no caller's process is found."""
+    proc = Path(workdir) / "proc"
+    proc.mkdir()
+    yield proc
+
+
+def test_a_job_nobody_names_leaves_and_its_series_end(workdir: str, unwatched: Path) -> None:
+    agent = AgentRunner(
+        workdir,
+        llmd_listen="127.0.0.1:0",
+        llmd_groups=("g=GPU-0",),
+        proc_root=str(unwatched),
+        llmd_forget_idle_after=IDLE,
+        forget_departed_after=0.05,
+    ).start()
+    client = TimeSliceOrchestratorClient(f"127.0.0.1:{agent.llmd_port}", "run-1", "g")
+    try:
+        assert client.acquire(timeout_sec=10)[0] is True
+        assert client.release() == (True, 0, True)
+        assert 'tenant="llmd/run-1"' in agent.http("/metrics")[1]
+        detail = _gone(agent, "run-1")
+        assert "--llmd-forget-idle-after" in detail, detail
+        assert "llmd/run-1" not in agent.inspect(lambda s: set(s.tenants.tenants))
+        status = client.get_status()
+        assert list(status.agent_job_states) == [], "the forgotten job is not listed"
+        assert (status.group.active_job, status.group.loaded_job) == ("", "")
+        assert status.group.group_state == ts.GroupStatus.STATE_IDLE
+        assert client.list_groups() == ["g"]
+
+        def series_gone() -> str | None:
+            metrics = agent.http("/metrics")[1]
+            return None if 'tenant="llmd/run-1"' in metrics else metrics
+
+        wait_for("llmd/run-1's series to leave /metrics", series_gone, 10, every=0.02)
+        assert client.acquire(timeout_sec=10)[0] is True, "a later call brings it back"
+        assert "llmd/run-1" in agent.inspect(lambda s: set(s.tenants.tenants))
+    finally:
+        client.close()
+        agent.stop()
+
+
+def test_a_job_holding_a_turn_or_parked_memory_stays(workdir: str, unwatched: Path) -> None:
+    gpus = sorted(parse_fake_gpus("3x1024"))
+    agent = AgentRunner(
+        workdir,
+        parking=ParkingOptions(backend="app", fake_gpus="3x1024"),
+        llmd_listen="127.0.0.1:0",
+        llmd_groups=(f"g={gpus[0]}", f"h={gpus[1]}", f"k={gpus[2]}"),
+        proc_root=str(unwatched),
+        llmd_forget_idle_after=IDLE,
+    ).start()
+    target = f"127.0.0.1:{agent.llmd_port}"
+    holder = TimeSliceOrchestratorClient(target, "holder", "k")
+    last = TimeSliceOrchestratorClient(target, "last", "h")
+    snapshots = SnapshotAgentClient(target)
+    restored: list[list[str]] = []
+    workload = register_workload(target, "parked", "g", lambda m, t: None, restored.append)
+    try:
+        assert holder.acquire(timeout_sec=10)[0] is True  # and keeps its turn
+        agent.wait_event(lambda e: e.kind == ev.CONNECTED and e.tenant_id == "llmd/parked")
+        op = snapshots.wait_for_operation(snapshots.snapshot("parked", "g"), 0.01)
+        assert op.status == sa.OPERATION_STATUS_COMPLETE, op.error
+        mark = agent.mark()
+        workload.close()  # as between reconnects: its memory is parked, in its process
+        agent.wait_event(
+            lambda e: e.kind == ev.DISCONNECTED and e.tenant_id == "llmd/parked", since=mark
+        )
+        assert last.acquire(timeout_sec=10)[0] is True
+        last.release()
+        # Named last, `last` leaves last of those that may: the others were looked at before.
+        _gone(agent, "last")
+        tenants = agent.inspect(lambda s: set(s.tenants.tenants))
+        assert {"llmd/holder", "llmd/parked"} <= tenants, tenants
+        states = {j.job_id: j.state for j in snapshots.status().job_statuses}
+        assert states["parked"] == sa.JOB_STATE_SAVED, states
+        mark = agent.mark()
+        workload = register_workload(target, "parked", "g", lambda m, t: None, restored.append)
+        agent.wait_event(
+            lambda e: e.kind == ev.CONNECTED and e.tenant_id == "llmd/parked", since=mark
+        )
+        op = snapshots.wait_for_operation(snapshots.restore("parked", "g"), 0.01)
+        assert op.status == sa.OPERATION_STATUS_COMPLETE, op.error
+        assert restored == [[]], "its memory came back"
+    finally:
+        workload.close()
+        for client in (holder, last, snapshots):
+            client.close()
+        agent.stop()
