@@ -126,10 +126,12 @@ class Daemon:
             self.reconciler.start()
         self.plugin.start()
         log.info(
-            "serving %d slot devices of %s on %s; metrics on :%d",
+            "%s %d slot devices of %s on %s%s; metrics on :%d",
+            "serving" if self.plugin.serving else "will serve",
             len(self.inventory.snapshot()[1].devices()),
             names.RESOURCE_GPU,
             self.plugin.server.socket_path,
+            "" if self.plugin.serving else " once the kubelet creates its directory",
             self.status.port,
         )
 

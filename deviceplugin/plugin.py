@@ -56,6 +56,11 @@ class DevicePlugin:
                 ) from None
         self._thread.start()
 
+    @property
+    def serving(self) -> bool:
+        """Whether its socket is served: the kubelet's directory was there to serve in."""
+        return self._watcher is not None
+
     def stop(self, grace: float | None = None) -> None:
         """Stop watching and serving (in-flight calls get `grace` s); the kubelet sees it go."""
         self._stop.set()

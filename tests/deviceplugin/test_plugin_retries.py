@@ -120,3 +120,18 @@ def test_a_failing_restart_is_said_once_per_reason_without_a_traceback(
     assert not any(r.exc_info for r in caplog.records if r.levelno >= logging.INFO)
     repeats = [r for r in caplog.records if r.getMessage() == failed.format(full)]
     assert [r.levelname for r in repeats] == ["WARNING", "DEBUG", "DEBUG", "DEBUG", "WARNING"]
+
+
+def test_the_start_line_does_not_say_serving_while_the_kubelets_directory_is_missing(
+    socket_dir: Path, start_plugin: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the kubelet's directory not there yet, the start logged "serving 8 slot devices of
+    baton.dev/gpu on DIR/baton-gpu.sock" right after the warning that it waits for it: an
+    operator looking why the kubelet has no baton.dev/gpu read that the socket was served."""
+    plugin_dir = socket_dir / "not-yet"
+    with caplog.at_level(logging.INFO, logger="deviceplugin.daemon"):
+        daemon = start_plugin(plugin_dir=plugin_dir)
+    started = [r.getMessage() for r in caplog.records if "slot devices of" in r.getMessage()]
+    assert len(started) == 1 and started[0].startswith("will serve 8 slot devices"), started
+    assert "once the kubelet creates its directory" in started[0]
+    assert not daemon.plugin.serving
