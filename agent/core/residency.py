@@ -78,6 +78,10 @@ class TurnPreparer(Protocol):
         `gpus`), without building every tenant's status; empty for a tenant with no memory."""
         ...
 
+    def on_gpus(self, tenant_id: str) -> int:
+        """The tenant's memory on its GPUs, not parked, as last read (0: none, or unknown)."""
+        ...
+
     def rescan(self, tenant_id: str) -> None:
         """The tenant opened a session: its processes may have changed."""
         ...
@@ -121,6 +125,10 @@ class NullPreparer:
     def residency_of(self, tenant_id: str) -> dict[str, str]:
         """No residency information."""
         return {}
+
+    def on_gpus(self, tenant_id: str) -> int:
+        """No memory known."""
+        return 0
 
     def rescan(self, tenant_id: str) -> None:
         """No processes to find."""

@@ -8,7 +8,7 @@ calls for a job (found from its TCP connection, `agent.node.peers`) counts as on
 sessions; when the last one exits, the job's turns and waits end, as for any tenant whose
 session closes. A caller whose process cannot be found (another host) cannot be watched: a job
 only such callers use leaves once no call has named it for `idle_after` seconds while it has no
-turn, no wait and nothing parked or moving.
+turn, no wait and no memory on a GPU, parked or moving.
 """
 
 from __future__ import annotations
@@ -376,12 +376,14 @@ class Jobs:
         self.service.left(
             tenant_id,
             f"no llm-d call named it for {self._idle_after:g} s (--llmd-forget-idle-after) and "
-            "it had no turn, no wait and nothing parked; its callers cannot be watched",
+            "it had no turn, no wait and no memory on a GPU or parked; its callers cannot be "
+            "watched",
         )
 
     def _busy(self, tenant_id: str) -> bool:
         """Whether the job must stay: a watched process or a WorkloadChannel is open, it holds
-        or waits for a turn, or memory of it is parked or moving."""
+        or waits for a turn, or memory of it is on a GPU (forgotten, it would be room the next
+        turn counts on), parked or moving."""
         table, parking = self.service.table, self.service.parking
         where = self.service.preparer.residency_of(tenant_id).values()
         return (
@@ -390,5 +392,6 @@ class Jobs:
             or bool(table.leases_of(tenant_id))
             or any(w.tenant_id == tenant_id for w in table.waiters.values())
             or any(state != "resident" for state in where)
+            or self.service.preparer.on_gpus(tenant_id) > 0
             or (parking is not None and parking.moving(tenant_id))
         )

@@ -64,6 +64,9 @@ class RecordingPreparer:
     def residency_of(self, tenant_id: str) -> dict[str, str]:
         return {}
 
+    def on_gpus(self, tenant_id: str) -> int:
+        return 0
+
     def rescan(self, tenant_id: str) -> None:
         pass
 
