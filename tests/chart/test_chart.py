@@ -49,6 +49,7 @@ def test_lint_strict(values: Path | None) -> None:
         ("gpu.simulated.scale=0", "/gpu/simulated/scale"),
         ("gpu.simulated.scale=0.000", "/gpu/simulated/scale"),
         ("agent.llmd.listen=50051", "/agent/llmd/listen"),
+        ("agent.llmd.forgetIdleAfterSeconds=-1", "/agent/llmd/forgetIdleAfterSeconds"),
         ("agent.llmd.listen=0.0.0.0:70000", "agent.llmd.listen 0.0.0.0:70000: the port must be 1-"),
         ("agent.llmd.listen=0.0.0.0:0", "agent.llmd.listen 0.0.0.0:0: the port must be 1-65535"),
         ("agent.queuepolicy=fair", "queuepolicy"),
@@ -77,6 +78,7 @@ def test_schema_takes_the_documented_settings() -> None:
         "agent.parking={cuda,app}",
         "hostMemoryBudgetMiB=262144",
         "agent.llmd.listen=0.0.0.0:50051",
+        "agent.llmd.forgetIdleAfterSeconds=600",
         "extender.policy=spread",
     ]
     objs = render(*[arg for s in settings for arg in ("--set", s)])
@@ -94,6 +96,7 @@ def test_schema_takes_the_documented_settings() -> None:
     assert env["BATON_AGENT_BACKEND"] == "cuda,app"
     assert env["BATON_HOST_MEMORY_BUDGET"] == "262144"
     assert env["BATON_AGENT_LLMD_LISTEN"] == "0.0.0.0:50051"
+    assert env["BATON_AGENT_LLMD_FORGET_IDLE_AFTER"] == "600"
 
 
 DRA_CLUSTER = ("--api-versions", "resource.k8s.io/v1", "--kube-version", "1.36.2")
