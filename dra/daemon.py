@@ -34,6 +34,10 @@ class DraStartError(Exception):
     """Something the driver needs at start is unusable; the message says what."""
 
 
+class DraStoppedAtStart(DraStartError):
+    """A stop signal came while the driver waited to start (for another's state directory)."""
+
+
 @dataclass(frozen=True)
 class Settings(NodeSettings):
     """Everything `baton dra` is told on its command line: the node's, then its own."""
@@ -61,9 +65,11 @@ class Driver:
         slices: SliceApi | None = None,
         claims: ClaimReader | None = None,
         api_client: Any = None,
+        stop: shutdown.StopSignal | None = None,
     ) -> None:
         """`api` serves slices, claims and the node; tests pass `slices`/`claims` instead;
-        `DraStartError` before anything is made where a socket path is too long to bind."""
+        `DraStartError` before anything is made where a socket path is too long to bind;
+        `DraStoppedAtStart` where `stop` comes while it waits for the state directory."""
         endpoint = endpoint_path(settings.plugins_dir)
         _short_enough(endpoint, "--plugins-dir (BATON_DRA_PLUGINS_DIR)")
         _short_enough(
@@ -73,7 +79,7 @@ class Driver:
         self.api = api
         _writable_dir(settings.state_dir, "--state-dir (BATON_DRA_STATE_DIR)")
         _writable_dir(settings.cdi_dir, "--cdi-dir (BATON_CDI_DIR)")
-        self._state_lock: int | None = _hold_state_dir(settings.state_dir)
+        self._state_lock: int | None = _hold_state_dir(settings.state_dir, stop)
         try:
             self._make(settings, gpus, fake, api, slices, claims, api_client, endpoint)
         except BaseException:
@@ -280,11 +286,14 @@ def _short_enough(socket: Path, flag: str) -> None:
         raise DraStartError(f"{too_long}: pass a shorter {flag}")
 
 
-def _hold_state_dir(state_dir: Path) -> int:
+def _hold_state_dir(state_dir: Path, stop: shutdown.StopSignal | None) -> int:
     """Lock the state directory, waiting up to LOCK_WAIT_S for a driver that holds it (one
-    still stopping) to let it go: the record is read, and orphaned specs judged, only then."""
+    still stopping) to let it go, or until `stop`: the record is read, and orphaned specs
+    judged, only then."""
     try:
-        return statelock.hold(state_dir, LOCK_WAIT_S)
+        return statelock.hold(state_dir, LOCK_WAIT_S, stop)
+    except statelock.StoppedWaiting as stopped:
+        raise DraStoppedAtStart(f"{stopped}; nothing was started") from None
     except statelock.StateDirBusy as busy:
         raise DraStartError(
             f"{busy}: is a second driver running on this node? Stop it, or pass another "

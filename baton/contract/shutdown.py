@@ -76,6 +76,7 @@ class StopSignal:
     def __init__(self) -> None:
         self.received: str | None = None
         self._event = threading.Event()
+        self._also: list[threading.Event] = []
 
     def install(self) -> StopSignal:
         """Catch the stop signals (call from the main thread)."""
@@ -87,6 +88,15 @@ class StopSignal:
         """Record the signal and wake whoever waits."""
         self.received = self.received or signal_name(sig)
         self._event.set()
+        for event in self._also:
+            event.set()
+
+    def also_wake(self, event: threading.Event) -> None:
+        """Set `event` too when a stop signal arrives (at once if one has): for a wait on
+        something else that a stop must cut short."""
+        self._also.append(event)
+        if self._event.is_set():
+            event.set()
 
     @property
     def event(self) -> threading.Event:

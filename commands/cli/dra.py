@@ -81,7 +81,7 @@ def dra(
     from baton.contract.draapi import DraApi
     from baton.contract.shutdown import StopSignal
     from dra.cdi import kind_problem
-    from dra.daemon import DraStartError, Driver, Settings
+    from dra.daemon import DraStartError, DraStoppedAtStart, Driver, Settings
     from nodegpu.node import node_fields
 
     check_grace(shutdown_grace)
@@ -110,8 +110,11 @@ def dra(
             found.fake,
             api=DraApi(api_client, node_name),
             api_client=api_client,
+            stop=stop,
         )
         driver.run_until(stop.event, lambda: stop.received)
+    except DraStoppedAtStart as err:
+        typer.echo(f"baton dra: {err}", err=True)
     except (DraStartError, ValueError) as err:
         typer.echo(f"baton dra: {err}", err=True)
         raise typer.Exit(1) from None

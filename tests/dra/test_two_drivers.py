@@ -5,15 +5,18 @@ read the record, or judge which specs are orphans, while the old one may still p
 from __future__ import annotations
 
 import logging
+import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from baton.contract.shutdown import StopSignal
 from dra import daemon
 from dra.cdi import spec_path
-from dra.daemon import DraStartError, Driver
+from dra.daemon import DraStartError, DraStoppedAtStart, Driver
 from dra.record import ClaimRecord
 from tests.dra.test_driver import GPUS, WAIT_S, Claims, _settings, _start
 from tests.dra.test_slices import Slices
@@ -121,4 +124,23 @@ def test_a_second_driver_on_a_state_directory_in_use_is_refused_naming_the_first
     assert str(tmp_path / "state" / "dra.lock") in message and "PID" in message, message
     assert "\n" not in message
     again = _start(tmp_path, Claims(), Slices())  # the first one gone, the lock is free
+    again.stop()
+
+
+def test_a_driver_waiting_for_the_state_directory_stops_at_a_stop_signal(tmp_path: Path) -> None:
+    """A new pod deleted while it waits for the old driver (a rollout undone) stops at its
+    SIGTERM, saying so, rather than at the end of its wait or its grace."""
+    first = _start(tmp_path, Claims(), Slices())
+    stop = StopSignal()
+    try:
+        threading.Timer(0.2, stop.handle, args=(signal.SIGTERM,)).start()
+        began = time.monotonic()
+        with pytest.raises(DraStoppedAtStart) as stopped:
+            Driver(_settings(tmp_path), GPUS, True, slices=Slices(), claims=Claims(), stop=stop)
+        waited = time.monotonic() - began
+    finally:
+        first.stop()
+    assert waited < daemon.LOCK_WAIT_S / 2, f"stopped after {waited:.1f} s"
+    assert "stopped on SIGTERM while another driver" in str(stopped.value)
+    again = _start(tmp_path, Claims(), Slices())  # nothing of the stopped one is left
     again.stop()
