@@ -5,7 +5,8 @@ only proof of who calls is where the call comes from: the pod whose `status.podI
 connection's source address, found through the API server. A job pod's address is remembered
 (`TTL_S` at most) until the coordinator's watches of job pods see that pod deleted or finished or
 another job pod at its address, or relist; another pod's address is asked for on every call, as
-nothing tells when it goes: a pod's IP is handed to the next pod as soon as it is free. A pod
+nothing tells when it goes: a pod's IP is handed to the next pod as soon as it is free (an
+address no pod has, or several share, is remembered `TTL_S` as naming nobody). A pod
 IP is assigned by the cluster's network and cannot be taken by another pod without privileges a
 tenant pod does not get; an address no pod has, or that several share (host network),
 identifies nobody. Baton's own client is identified by its node agent instead
