@@ -200,16 +200,17 @@ class EndpointBackend(Backend):
         try:
             self._post(url, body, t)
         except BackendError:
-            if self.sleeping(app, base) is not asleep:
+            if self.sleeping(app, base, ask_silent=True) is not asleep:
                 raise
 
-    def sleeping(self, app: str, base: str) -> bool | None:
+    def sleeping(self, app: str, base: str, ask_silent: bool = False) -> bool | None:
         """Whether the engine at `base` sleeps, in its own word (vLLM's GET /is_sleeping); None
-        where it does not say (SGLang, no such endpoint, no answer)."""
+        where it does not say (SGLang, no such endpoint, no answer; nor, unless `ask_silent`, an
+        engine whose last ask timed out within `SILENT_S`: a move's own outcome asks it)."""
         if app != VLLM:
             return None
         with self._mutex:
-            if time.monotonic() < self._silent.get(base, 0.0):
+            if not ask_silent and time.monotonic() < self._silent.get(base, 0.0):
                 return None
         url = f"{base.rstrip('/')}/is_sleeping"
         try:

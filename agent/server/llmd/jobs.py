@@ -8,7 +8,7 @@ calls for a job (found from its TCP connection, `agent.node.peers`) counts as on
 sessions; when the last one exits, the job's turns and waits end, as for any tenant whose
 session closes. A caller whose process cannot be found (another host) cannot be watched: a job
 only such callers use leaves once no call has named it for `idle_after` seconds while it has no
-turn, no wait and no memory on a GPU, parked or moving.
+turn, no wait and no memory parked, moving or (but by the `app` method) on a GPU.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from agent.core.errors import Forbidden, InvalidRegistration
 from agent.node.identity import pod_uid_of_pid
 from agent.node.peers import PeerProcess, ProcessWatch, listener_process, peer_process
 from agent.node.tenants import LLMD, POD, Tenant
+from agent.parking.methods import APP
 from agent.server.llmd.edge import UnknownGroup, UnknownJob
 from agent.server.llmd.groups import Groups, pod_groups, pod_membership, valid_id
 from agent.server.service import LeaseService
@@ -383,15 +384,17 @@ class Jobs:
     def _busy(self, tenant_id: str) -> bool:
         """Whether the job must stay: a watched process or a WorkloadChannel is open, it holds
         or waits for a turn, or memory of it is on a GPU (forgotten, it would be room the next
-        turn counts on), parked or moving."""
+        turn counts on; but the `app` method's is its channels' processes', gone with them, as
+        an engine's, `endpoint`, or an unseen process's is not), parked or moving."""
         table, parking = self.service.table, self.service.parking
         where = self.service.preparer.residency_of(tenant_id).values()
+        app = parking is not None and parking.method_of(tenant_id) == APP
         return (
             any(pid and t == tenant_id for t, pid in self._sessions)
             or self.service.sessions.connected_besides(tenant_id, ProcessSession)
             or bool(table.leases_of(tenant_id))
             or any(w.tenant_id == tenant_id for w in table.waiters.values())
             or any(state != "resident" for state in where)
-            or self.service.preparer.on_gpus(tenant_id) > 0
+            or (self.service.preparer.on_gpus(tenant_id) > 0 and not app)
             or (parking is not None and parking.moving(tenant_id))
         )

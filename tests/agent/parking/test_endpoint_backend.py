@@ -228,5 +228,8 @@ def test_an_engine_that_does_not_answer_its_state_is_not_asked_at_every_grant() 
         hung.settimeout(0)
         with pytest.raises(BlockingIOError):
             hung.accept()  # and not again
+        hung.settimeout(5)  # but a move whose answer was lost asks it still: its own outcome
+        assert backend.sleeping(VLLM, base, ask_silent=True) is None
+        hung.accept()[0].close()
     finally:
         hung.close()
