@@ -45,6 +45,8 @@ class AsyncBaton(AsyncSession):
 
     _acquiring: asyncio.Lock | None = None
     """Held by the acquire that asks the agent; the others made meanwhile wait for its grant."""
+    _parking_yield: asyncio.Task[None] | None = None
+    """The yield of a `yield_` cancelled in its park, which runs on until the park is done."""
 
     @property
     def lease(self) -> LeaseInfo | None:
@@ -73,6 +75,11 @@ class AsyncBaton(AsyncSession):
         timeout, gpus = acquire_args(timeout, gpus)
         # Closed, or its loop ended: a turn it held went back with its session, is held no more.
         usable(self._closing, self._supervisor)
+        if self._ended():  # its session over for good (reconnect=False): the turn went with it
+            raise AgentUnavailable(
+                f"the session with the Baton agent at {self.socket} ended, and this client does "
+                "not reconnect (reconnect=False); create a new one"
+            )
         settled = self._kept_yield is None or self._kept_yield.done()  # (else: `_acquire`)
         if settled and (held := self._core.held(gpus)) is not None:  # another task's grant too
             return held
@@ -93,8 +100,10 @@ class AsyncBaton(AsyncSession):
         """`acquire`, one task at a time: the turn held (another task's grant), or a new one
         asked for by `deadline` (the loop's time; None: no limit)."""
         if (kept_yield := self._kept_yield) is not None and not kept_yield.done():
-            await _within(asyncio.wait([kept_yield]), deadline, _PARK_OF_A_YIELD)  # a yield
-            # cancelled in its park ends the turn held first
+            if kept_yield is self._parking_yield:  # a yield cancelled in its park ends the turn
+                await _within(asyncio.wait([kept_yield]), deadline, _PARK_OF_A_YIELD)  # first
+            else:  # a yield being written (a kept turn given back): a moment, whatever timeout
+                await asyncio.wait([kept_yield])
         if (held := self._core.held(gpus)) is not None:  # (a park meanwhile: a revocation's)
             return held
         loop = asyncio.get_running_loop()
@@ -149,7 +158,7 @@ class AsyncBaton(AsyncSession):
             try:
                 parked = await asyncio.shield(parks)
             except asyncio.CancelledError:  # the turn goes back once its park is done
-                self._kept_yield = self._spawn(self._yield_after(parks))
+                self._kept_yield = self._parking_yield = self._spawn(self._yield_after(parks))
                 raise
         with self._kept_lock:
             ended = self._core.begin_yield(may_keep=not parked)

@@ -135,6 +135,9 @@ def test_a_call_on_a_broken_session_without_reconnect_fails_at_once(workdir: str
                 await client.yield_()
             with pytest.raises(AgentUnavailable, match="reconnect=False"):
                 await client.yield_()  # the turn is kept for a retry, which fails at once too
+            with pytest.raises(AgentUnavailable, match="reconnect=False"):
+                await client.acquire()  # not the turn the session took with it
+            assert client.lease is None
             assert loop.time() - started < 5
         finally:
             await client.close()
