@@ -199,25 +199,35 @@ def test_a_ctrl_c_in_the_park_at_the_yield_still_gives_the_turn_back(pair: Pair)
     assert parked(agent, holder) == 60 * MIB
 
 
+class SlowPark:
+    """Tenants `x` and `y` of `agent`, `x`'s on_park held until `release` (`parking` set as it
+    begins): a yield to cancel in its park."""
+
+    def __init__(self, agent: AgentRunner) -> None:
+        self.agent = agent
+        self.recorded = {name: Recorded() for name in ("x", "y")}
+        self.parking, self.release = threading.Event(), threading.Event()
+
+    def _slow_park(self, gpu: str) -> int:
+        self.parking.set()
+        assert self.release.wait(WAIT_S), "the test never let the park finish"
+        return self.recorded["x"].park(gpu)
+
+    def client(self, name: str) -> AsyncBaton:
+        r = self.recorded[name]
+        on_park = self._slow_park if name == "x" else r.park
+        return AsyncBaton(
+            self.agent.socket, [GPU], name=name, gpu_memory_mib=60,
+            on_park=on_park, on_restore=r.restore,
+        )  # fmt: skip
+
+
 def test_an_async_yield_cancelled_in_its_park_gives_the_turn_back_once_parked(
     app_agent: AgentRunner,
 ) -> None:
     """The park goes on in its thread after the cancel; the yield follows it, naming it."""
-    recorded = {name: Recorded() for name in ("x", "y")}
-    parking, release = threading.Event(), threading.Event()
-
-    def slow_park(gpu: str) -> int:
-        parking.set()
-        assert release.wait(WAIT_S), "the test never let the park finish"
-        return recorded["x"].park(gpu)
-
-    def client(name: str) -> AsyncBaton:
-        r = recorded[name]
-        on_park = slow_park if name == "x" else r.park
-        return AsyncBaton(
-            app_agent.socket, [GPU], name=name, gpu_memory_mib=60,
-            on_park=on_park, on_restore=r.restore,
-        )  # fmt: skip
+    slow = SlowPark(app_agent)
+    recorded, parking, release, client = slow.recorded, slow.parking, slow.release, slow.client
 
     async def scenario() -> None:
         async with client("x") as x, client("y") as y:
@@ -245,21 +255,8 @@ def test_an_acquire_after_a_yield_cancelled_in_its_park_waits_for_a_turn_of_its_
 ) -> None:
     """The turn the cancelled yield still ends as its park finishes is not handed to an acquire
     made meanwhile (a task group's retry, the next step of the loop): that one queues."""
-    recorded = {name: Recorded() for name in ("x", "y")}
-    parking, release = threading.Event(), threading.Event()
-
-    def slow_park(gpu: str) -> int:
-        parking.set()
-        assert release.wait(WAIT_S), "the test never let the park finish"
-        return recorded["x"].park(gpu)
-
-    def client(name: str) -> AsyncBaton:
-        r = recorded[name]
-        on_park = slow_park if name == "x" else r.park
-        return AsyncBaton(
-            app_agent.socket, [GPU], name=name, gpu_memory_mib=60,
-            on_park=on_park, on_restore=r.restore,
-        )  # fmt: skip
+    slow = SlowPark(app_agent)
+    parking, release, client = slow.parking, slow.release, slow.client
 
     async def scenario() -> None:
         async with client("x") as x, client("y") as y:
@@ -288,25 +285,11 @@ def test_an_acquire_waiting_for_a_cancelled_yields_park_ends_by_its_own_timeout(
 ) -> None:
     """The park the cancelled yield waits for is the user's on_park, as long as it takes: an
     acquire made meanwhile with a timeout still ends by it, saying why it waited."""
-    x_moves, y_moves = Recorded(), Recorded()
-    parking, release = threading.Event(), threading.Event()
-
-    def slow_park(gpu: str) -> int:
-        parking.set()
-        assert release.wait(WAIT_S), "the test never let the park finish"
-        return x_moves.park(gpu)
+    slow = SlowPark(app_agent)
+    parking, release = slow.parking, slow.release
 
     async def scenario() -> None:
-        async with (
-            AsyncBaton(
-                app_agent.socket, [GPU], name="x", gpu_memory_mib=60,
-                on_park=slow_park, on_restore=x_moves.restore,
-            ) as x,
-            AsyncBaton(
-                app_agent.socket, [GPU], name="y", gpu_memory_mib=60,
-                on_park=y_moves.park, on_restore=y_moves.restore,
-            ) as y,
-        ):  # fmt: skip
+        async with slow.client("x") as x, slow.client("y") as y:
             await x.acquire(WAIT_S)
             hints = hints_of(x)
             queued = asyncio.create_task(y.acquire(WAIT_S))
