@@ -186,19 +186,27 @@ def test_two_pods_bound_back_to_back_never_share_a_slot(
     assert "has no free slot (1/1 taken)" in third
 
 
-def test_a_bind_sent_without_an_answer_keeps_its_slot(
+def one_slot_two_pending(
     fake_api: FakeApiServer, api_client: Any
-) -> None:
-    """The Binding went out and its answer was lost (here the API server did bind the pod):
-    until the watch says otherwise the slot stays assumed, and the next pod does not get it."""
+) -> tuple[Binder, ClusterState, dict[str, Any], dict[str, Any]]:
+    """A binder over a cache filled once (no watch) with node gpu-1 of one slot and two pending
+    pods, trainer-0 and trainer-1, that each take it; the cache's state."""
     fake_api.put_object(node("gpu-1", gpus=1, slots=1))
     first, second = (put_pending(fake_api, f"trainer-{i}", memory=1000, duty=10) for i in (0, 1))
     stored = fake_api.get_object("Node", "gpu-1", namespace="")
     assert stored is not None
     state = ClusterState(Limits(), time.monotonic)
-    # No watch: the pods stay pending in the cache, and only the assumptions count.
     cache = ClusterCache.filled(state, [stored], [first, second])
-    binder = Binder(cache, KubePodApi(api_client), time.time_ns)
+    return Binder(cache, KubePodApi(api_client), time.time_ns), state, first, second
+
+
+def test_a_bind_sent_without_an_answer_keeps_its_slot(
+    fake_api: FakeApiServer, api_client: Any
+) -> None:
+    """The Binding went out and its answer was lost (here the API server did bind the pod):
+    until the watch says otherwise the slot stays assumed, and the next pod does not get it."""
+    # No watch: the pods stay pending in the cache, and only the assumptions count.
+    binder, state, first, second = one_slot_two_pending(fake_api, api_client)
     fake_api.lose_answer_next("create", "pods/binding")
     error = bind_once(binder, args_for(first, "gpu-1"))
     assert "API server unreachable" in error and "it may have taken effect" in error, error
@@ -250,12 +258,7 @@ def test_a_bind_the_api_server_gave_up_on_keeps_its_slot(
     fake_api: FakeApiServer, api_client: Any
 ) -> None:
     """A 504 is kube-apiserver giving up waiting, not a refusal: the write may still land."""
-    fake_api.put_object(node("gpu-1", gpus=1, slots=1))
-    first, second = (put_pending(fake_api, f"trainer-{i}", memory=1000, duty=10) for i in (0, 1))
-    stored = fake_api.get_object("Node", "gpu-1", namespace="")
-    assert stored is not None
-    cache = ClusterCache.filled(ClusterState(Limits(), time.monotonic), [stored], [first, second])
-    binder = Binder(cache, KubePodApi(api_client), time.time_ns)
+    binder, _, first, second = one_slot_two_pending(fake_api, api_client)
     fake_api.fail_next("create", "pods/binding", 504, message="Timeout: request did not complete")
     error = bind_once(binder, args_for(first, "gpu-1"))
     assert "answered 504: Timeout: request did not complete" in error, error
@@ -347,13 +350,8 @@ def test_a_bind_resent_for_a_pod_it_bound_keeps_the_slot(
     """kube-scheduler sends a pod's bind again (its call timed out, but the bind went through)
     before the watch shows the pod bound: the second is refused, and the first's slot stays
     assumed, so the next pod does not get it."""
-    fake_api.put_object(node("gpu-1", gpus=1, slots=1))
-    first, second = (put_pending(fake_api, f"trainer-{i}", memory=1000, duty=10) for i in (0, 1))
-    stored = fake_api.get_object("Node", "gpu-1", namespace="")
-    assert stored is not None
     # No watch: the pods stay pending in the cache (a watch lagging behind the binds).
-    cache = ClusterCache.filled(ClusterState(Limits(), time.monotonic), [stored], [first, second])
-    binder = Binder(cache, KubePodApi(api_client), time.time_ns)
+    binder, _, first, second = one_slot_two_pending(fake_api, api_client)
     assert bind_once(binder, args_for(first, "gpu-1")) == ""
     resent = bind_once(binder, args_for(first, "gpu-1"))
     assert "a bind of it was sent already, to node gpu-1" in resent, resent
