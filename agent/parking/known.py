@@ -142,10 +142,15 @@ class KnownNode:
         """Device bytes in use on each GPU, as the backend counts them (`TenantState`)."""
         used = dict.fromkeys(self.gpu_memory, 0)
         for st in self._model.states.values():
-            for gpu, where in st.residency.items():
-                if where != Residency.PARKED:
-                    used[gpu] = used.get(gpu, 0) + st.footprint_bytes.get(gpu, 0)
+            for gpu, n in _on_gpus(st).items():
+                used[gpu] = used.get(gpu, 0) + n
         return used
+
+    def on_gpus(self, tenant_id: str) -> int:
+        """The tenant's memory on its GPUs, not parked, as the model last read it (0: none, or
+        unknown)."""
+        st = self._model.states.get(tenant_id)
+        return 0 if st is None else sum(_on_gpus(st).values())
 
     def rescan(self, tenant_id: str) -> None:
         """A session opened: the backend finds the tenant's processes again on next use."""
@@ -351,3 +356,12 @@ class KnownNode:
     async def _make_room_for_holder(self, tenant_id: str) -> None:
         """Make the holder's room during its turn (the preparer's)."""
         raise NotImplementedError
+
+
+def _on_gpus(st: TenantState) -> dict[str, int]:
+    """The tenant's device bytes on each GPU where its memory is not parked."""
+    return {
+        gpu: st.footprint_bytes.get(gpu, 0)
+        for gpu, where in st.residency.items()
+        if where != Residency.PARKED
+    }

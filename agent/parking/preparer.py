@@ -48,14 +48,6 @@ class ParkingPreparer(PlanMoves):
         st = self._model.states.get(tenant_id)
         return {} if st is None else gpu_residency(st)
 
-    def on_gpus(self, tenant_id: str) -> int:
-        """The tenant's memory on its GPUs, not parked, as the model last read it (0: none, or
-        unknown)."""
-        st = self._model.states.get(tenant_id)
-        if st is None:
-            return 0
-        return sum(n for g, n in st.footprint_bytes.items() if st.residency.get(g) != "parked")
-
     def backend_for(self, method: str) -> Backend:
         """The backend that moves tenants by `method`, one of `methods()`."""
         return self.backend.backend_for(method)
