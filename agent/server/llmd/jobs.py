@@ -350,8 +350,9 @@ class Jobs:
     # Callers that cannot be watched.
 
     def _seen(self, tenant_id: str) -> None:
-        """A call named the job: it leaves `idle_after` seconds from now if none names it again
-        and only unwatched callers (`_anchor(..., 0)`) are left to it then."""
+        """A call named the job (or it was busy when its time came): it leaves `idle_after`
+        seconds from now if none names it again and only unwatched callers (`_anchor(..., 0)`)
+        are left to it then."""
         if self._idle_after <= 0 or (tenant_id, 0) not in self._sessions:
             return
         old = self._idle.pop(tenant_id, None)
@@ -369,8 +370,7 @@ class Jobs:
         if session is None or tenant is None or tenant.source != LLMD:
             return
         if self._busy(tenant_id):
-            loop = asyncio.get_running_loop()
-            self._idle[tenant_id] = loop.call_later(self._idle_after, self._idle_out, tenant_id)
+            self._seen(tenant_id)  # looked at again as long after
             return
         del self._sessions[(tenant_id, 0)]
         self.service.sessions.close(session)
