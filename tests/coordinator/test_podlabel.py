@@ -9,6 +9,7 @@ import asyncio
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -155,6 +156,47 @@ def leader_of(core: Any, name: str) -> str | None:
     return str((meta.annotations or {}).get(ANNOTATION_COORDINATOR_LEADER_EPOCH, ""))
 
 
+def leading(
+    control_plane: ControlPlane,
+    core: Any,
+    own: str,
+    lease: str,
+    during: Callable[[Coordinator], Awaitable[None]],
+) -> None:
+    """Run a coordinator in pod `own` (it takes Lease `lease`) until its label is on its pod,
+    then `during(coordinator)`; and stop it."""
+    api_client = load_api_client(str(control_plane.admin_kubeconfig))
+    config = CoordinatorConfig(
+        token="token",
+        namespace=LEASE_NS,
+        lease_name=lease,
+        identity=own,
+        llmd_listen="127.0.0.1:0",
+        http_listen="127.0.0.1:0",
+        pod_name=own,
+        pod_namespace=TEAM,
+    )
+
+    async def body() -> None:
+        coordinator = Coordinator(config, api_client)
+        await coordinator.start()
+        try:
+            await asyncio.to_thread(
+                wait_for,
+                "the leader's own label",
+                lambda: True if leader_of(core, own) is not None else None,
+                WAIT_S,
+            )
+            await during(coordinator)
+        finally:
+            await coordinator.stop()
+
+    try:
+        asyncio.run(asyncio.wait_for(body(), 60))
+    finally:
+        api_client.close()
+
+
 def test_a_new_leader_removes_the_label_older_leaders_left_on_their_pods_not_a_newer_ones(
     control_plane: ControlPlane, core: Any
 ) -> None:
@@ -181,41 +223,20 @@ def test_a_new_leader_removes_the_label_older_leaders_left_on_their_pods_not_a_n
     # The leader of epoch 4 released the Lease (it stopped) but its pod kept the label.
     released = LeaseRecord("", 15, time.time(), time.time(), transitions=4)
     leases.create_namespaced_lease(LEASE_NS, lease_object(released, {"metadata": {"name": lease}}))
-    config = CoordinatorConfig(
-        token="token",
-        namespace=LEASE_NS,
-        lease_name=lease,
-        identity=own,
-        llmd_listen="127.0.0.1:0",
-        http_listen="127.0.0.1:0",
-        pod_name=own,
-        pod_namespace=TEAM,
-    )
 
-    async def body() -> None:
-        coordinator = Coordinator(config, api_client)
-        await coordinator.start()
-        try:
-            await asyncio.to_thread(
-                wait_for,
-                "the leader's own label",
-                lambda: True if leader_of(core, own) is not None else None,
-                WAIT_S,
-            )
-            await asyncio.to_thread(
-                wait_for,
-                "the older leaders' labels removed",
-                lambda: True if leader_of(core, older) is leader_of(core, unsaid) is None else None,
-                WAIT_S,
-            )
-            assert coordinator.arbiter.epoch == 5 and leader_of(core, own) == "5"
-            assert leader_of(core, newer) == "1000"
-            assert leader_of(core, other_app) == "4"
-        finally:
-            await coordinator.stop()
+    async def during(coordinator: Coordinator) -> None:
+        await asyncio.to_thread(
+            wait_for,
+            "the older leaders' labels removed",
+            lambda: True if leader_of(core, older) is leader_of(core, unsaid) is None else None,
+            WAIT_S,
+        )
+        assert coordinator.arbiter.epoch == 5 and leader_of(core, own) == "5"
+        assert leader_of(core, newer) == "1000"
+        assert leader_of(core, other_app) == "4"
 
     try:
-        asyncio.run(asyncio.wait_for(body(), 60))
+        leading(control_plane, core, own, lease, during)
         assert leader_of(core, own) is None
     finally:
         for pod in (own, older, unsaid, newer, other_app):

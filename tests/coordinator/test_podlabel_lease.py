@@ -7,67 +7,24 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from baton.contract.kube import load_api_client
 from baton.contract.names import ANNOTATION_COORDINATOR_LEADER_LEASE, LABEL_COORDINATOR_LEADER
 from commands.localnode.controlplane import ControlPlane
 from commands.localnode.procs import wait_for
 from coordinator import podlabel
-from coordinator.daemon import Coordinator, CoordinatorConfig
+from coordinator.daemon import Coordinator
 from coordinator.lease import LeaseRecord, lease_object
 from tests.coordinator.conftest import LEASE_NS, TEAM
-from tests.coordinator.test_podlabel import WAIT_S, coordinator_pod, leader_of
+from tests.coordinator.test_podlabel import WAIT_S, coordinator_pod, leader_of, leading
 
 
 def client_leases(core: Any) -> Any:
     from kubernetes import client
 
     return client.CoordinationV1Api(core.api_client)
-
-
-def leading(
-    control_plane: ControlPlane,
-    core: Any,
-    own: str,
-    lease: str,
-    during: Callable[[Coordinator], Awaitable[None]],
-) -> None:
-    """Run a coordinator in pod `own` (it takes Lease `lease`) until its label is on its pod,
-    then `during(coordinator)`; and stop it."""
-    api_client = load_api_client(str(control_plane.admin_kubeconfig))
-    config = CoordinatorConfig(
-        token="token",
-        namespace=LEASE_NS,
-        lease_name=lease,
-        identity=own,
-        llmd_listen="127.0.0.1:0",
-        http_listen="127.0.0.1:0",
-        pod_name=own,
-        pod_namespace=TEAM,
-    )
-
-    async def body() -> None:
-        coordinator = Coordinator(config, api_client)
-        await coordinator.start()
-        try:
-            await asyncio.to_thread(
-                wait_for,
-                "the leader's own label",
-                lambda: True if leader_of(core, own) is not None else None,
-                WAIT_S,
-            )
-            await during(coordinator)
-        finally:
-            await coordinator.stop()
-
-    try:
-        asyncio.run(asyncio.wait_for(body(), 60))
-    finally:
-        api_client.close()
 
 
 def test_a_label_left_from_a_deleted_lease_goes_though_its_epoch_is_higher(
