@@ -3,6 +3,7 @@ restored by Baton's app backend (on request and for another job's turn), with it
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from typing import cast
@@ -330,11 +331,12 @@ def test_a_workload_that_registers_again_while_parked_is_sent_its_restore(
         client.close()
 
 
-def test_a_holder_snapshotted_and_restored_in_its_turn_stays_resident_through_it(
+@contextlib.contextmanager
+def _jobs_a_and_b(
     endpoint: str,
-) -> None:
-    """A Snapshot of the holder took it off the preparer's holders and its Restore did not put
-    it back: another job's Restore then parked it in the middle of its turn."""
+) -> Iterator[tuple[Workload, Workload, SnapshotAgentClient, TimeSliceOrchestratorClient]]:
+    """Jobs `a` and `b` of group `g`, each with its workload's channel registered; a snapshot
+    client, and `a`'s orchestrator client."""
     a_engine, b_engine = Workload(), Workload()
     channels = [
         register_workload(endpoint, job, "g", engine.on_snapshot, engine.on_restore)
@@ -345,6 +347,20 @@ def test_a_holder_snapshotted_and_restored_in_its_turn_stays_resident_through_it
     try:
         _registered(client, "a")
         _registered(client, "b")
+        yield a_engine, b_engine, client, holder
+    finally:
+        client.close()
+        holder.close()
+        for channel in channels:
+            channel.close()
+
+
+def test_a_holder_snapshotted_and_restored_in_its_turn_stays_resident_through_it(
+    endpoint: str,
+) -> None:
+    """A Snapshot of the holder took it off the preparer's holders and its Restore did not put
+    it back: another job's Restore then parked it in the middle of its turn."""
+    with _jobs_a_and_b(endpoint) as (a_engine, b_engine, client, holder):
         assert holder.acquire(timeout_sec=10)[0] and b_engine.device is None
         refused = client.wait_for_operation(client.restore("b", "g"), 0.01)
         assert refused.status == sa.OPERATION_STATUS_FAILED, "a holds the GPU"
@@ -356,26 +372,12 @@ def test_a_holder_snapshotted_and_restored_in_its_turn_stays_resident_through_it
         assert op.status == sa.OPERATION_STATUS_FAILED, "a still holds the GPU"
         assert "holds a turn" in op.error
         assert a_engine.device is not None and _state(client, "a") == "JOB_STATE_RUNNING"
-    finally:
-        client.close()
-        holder.close()
-        for channel in channels:
-            channel.close()
 
 
 def test_the_holders_acquire_after_a_snapshot_in_its_turn_restores_it(endpoint: str) -> None:
     """llm-d's Acquire returns with the job's context loaded; the holder's answered at once,
     its memory still parked and another job's restored over it on the GPU it holds."""
-    a_engine, b_engine = Workload(), Workload()
-    channels = [
-        register_workload(endpoint, job, "g", engine.on_snapshot, engine.on_restore)
-        for job, engine in (("a", a_engine), ("b", b_engine))
-    ]
-    client = SnapshotAgentClient(endpoint)
-    holder = TimeSliceOrchestratorClient(endpoint, "a", "g")
-    try:
-        _registered(client, "a")
-        _registered(client, "b")
+    with _jobs_a_and_b(endpoint) as (a_engine, b_engine, client, holder):
         assert holder.acquire(timeout_sec=10)[0]
         for move, job in ((client.snapshot, "a"), (client.restore, "b")):
             op = client.wait_for_operation(move(job, "g"), 0.01)
@@ -386,8 +388,3 @@ def test_the_holders_acquire_after_a_snapshot_in_its_turn_restores_it(endpoint: 
         assert _state(client, "a") == "JOB_STATE_RUNNING"
         op = client.wait_for_operation(client.restore("b", "g"), 0.01)
         assert op.status == sa.OPERATION_STATUS_FAILED, "a holds the GPU, resident"
-    finally:
-        client.close()
-        holder.close()
-        for channel in channels:
-            channel.close()
