@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.client import AsyncBaton, Baton
+from agent.client import AsyncBaton, Baton, LeaseInfo
 from agent.client.errors import AcquireTimeout, BatonError
 from agent.parking.setup import ParkingOptions
 from baton._pb import agent_pb2 as pb
@@ -213,6 +213,22 @@ class SlowPark:
         assert self.release.wait(WAIT_S), "the test never let the park finish"
         return self.recorded["x"].park(gpu)
 
+    async def cancel_in_park(
+        self, x: AsyncBaton, y: AsyncBaton
+    ) -> tuple[LeaseInfo, asyncio.Task[LeaseInfo]]:
+        """`x` takes the turn, `y` queues for it, and `x`'s yield is cancelled in its park:
+        `x`'s lease and `y`'s acquire, still waiting."""
+        first = await x.acquire(WAIT_S)
+        hints = hints_of(x)
+        queued = asyncio.create_task(y.acquire(WAIT_S))
+        await asyncio.to_thread(hints.wait, (GPU,))
+        yielding = asyncio.create_task(x.yield_())
+        await asyncio.to_thread(self.parking.wait, WAIT_S)
+        yielding.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await yielding
+        return first, queued
+
     def client(self, name: str) -> AsyncBaton:
         r = self.recorded[name]
         on_park = self._slow_park if name == "x" else r.park
@@ -227,19 +243,11 @@ def test_an_async_yield_cancelled_in_its_park_gives_the_turn_back_once_parked(
 ) -> None:
     """The park goes on in its thread after the cancel; the yield follows it, naming it."""
     slow = SlowPark(app_agent)
-    recorded, parking, release, client = slow.recorded, slow.parking, slow.release, slow.client
+    recorded, release, client = slow.recorded, slow.release, slow.client
 
     async def scenario() -> None:
         async with client("x") as x, client("y") as y:
-            await x.acquire(WAIT_S)
-            hints = hints_of(x)
-            queued = asyncio.create_task(y.acquire(WAIT_S))
-            await asyncio.to_thread(hints.wait, (GPU,))
-            yielding = asyncio.create_task(x.yield_())
-            await asyncio.to_thread(parking.wait, WAIT_S)
-            yielding.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await yielding
+            _, queued = await slow.cancel_in_park(x, y)
             assert not queued.done()  # its memory is still on the GPU: not granted yet
             release.set()
             await asyncio.wait_for(queued, WAIT_S)
@@ -256,19 +264,11 @@ def test_an_acquire_after_a_yield_cancelled_in_its_park_waits_for_a_turn_of_its_
     """The turn the cancelled yield still ends as its park finishes is not handed to an acquire
     made meanwhile (a task group's retry, the next step of the loop): that one queues."""
     slow = SlowPark(app_agent)
-    parking, release, client = slow.parking, slow.release, slow.client
+    release, client = slow.release, slow.client
 
     async def scenario() -> None:
         async with client("x") as x, client("y") as y:
-            first = await x.acquire(WAIT_S)
-            hints = hints_of(x)
-            queued = asyncio.create_task(y.acquire(WAIT_S))
-            await asyncio.to_thread(hints.wait, (GPU,))
-            yielding = asyncio.create_task(x.yield_())
-            await asyncio.to_thread(parking.wait, WAIT_S)
-            yielding.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await yielding
+            first, queued = await slow.cancel_in_park(x, y)
             again = asyncio.create_task(x.acquire(WAIT_S))
             release.set()
             await asyncio.wait_for(queued, WAIT_S)
@@ -286,19 +286,11 @@ def test_an_acquire_waiting_for_a_cancelled_yields_park_ends_by_its_own_timeout(
     """The park the cancelled yield waits for is the user's on_park, as long as it takes: an
     acquire made meanwhile with a timeout still ends by it, saying why it waited."""
     slow = SlowPark(app_agent)
-    parking, release = slow.parking, slow.release
+    release = slow.release
 
     async def scenario() -> None:
         async with slow.client("x") as x, slow.client("y") as y:
-            await x.acquire(WAIT_S)
-            hints = hints_of(x)
-            queued = asyncio.create_task(y.acquire(WAIT_S))
-            await asyncio.to_thread(hints.wait, (GPU,))
-            yielding = asyncio.create_task(x.yield_())
-            await asyncio.to_thread(parking.wait, WAIT_S)
-            yielding.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await yielding
+            _, queued = await slow.cancel_in_park(x, y)
             started = asyncio.get_running_loop().time()
             with pytest.raises(AcquireTimeout, match="waited for that park") as late:
                 await asyncio.wait_for(x.acquire(timeout=0.2), WAIT_S)
