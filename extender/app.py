@@ -87,7 +87,10 @@ def create_app(
         ),
         ("POST", "/prioritize"): verb("prioritize", lambda body: _prioritize(cache, kept, body)),
         ("POST", "/preempt"): verb("preempt", lambda body: _preempt(cache, body)),
-        ("POST", "/bind"): Route(lambda request: _bind(binder, binds, metrics, request.body)),
+        # The one verb that acts: with --tls-client-ca only kube-scheduler's certificate may.
+        ("POST", "/bind"): Route(
+            lambda request: _bind(binder, binds, metrics, request.body), client_cert=True
+        ),
         ("GET", "/healthz"): Route(lambda request: OK),
         ("GET", "/readyz"): Route(readyz),
         ("GET", "/metrics"): Route(metrics_route),

@@ -49,6 +49,10 @@ IDLE_TIMEOUT_S = 120.0
 idle-connection timeout, so kube-scheduler closes idle connections, not we under its request."""
 REQUEST_TIMEOUT_S = 30.0
 """How long a begun request may take to arrive whole."""
+CLIENT_CERT_NEEDED = (
+    "needs a client certificate signed by the extender's --tls-client-ca "
+    "(kube-scheduler's tlsConfig certFile and keyFile); this connection presented none"
+)
 
 
 class HttpServer:
@@ -73,10 +77,21 @@ class HttpServer:
             self._allowed.setdefault(path, []).append(method)
         self._gone: asyncio.Event | None = None
 
-    def route(self, request: Request) -> tuple[Route | None, Reply | None]:
-        """The request's route, or the refusal when there is none."""
+    @property
+    def verifies_clients(self) -> bool:
+        """Whether clients may present a certificate that the server verifies."""
+        context = self.ssl_context
+        return context is not None and context.verify_mode != ssl.CERT_NONE
+
+    def route(
+        self, request: Request, client_cert: bool = False
+    ) -> tuple[Route | None, Reply | None]:
+        """The request's route, or the refusal when there is none or when it needs a client
+        certificate that the client (`client_cert`: it presented a verified one) lacks."""
         route = self.routes.get((request.method, request.path))
         if route is not None:
+            if route.client_cert and self.verifies_clients and not client_cert:
+                return None, text(403, f"{request.path} {CLIENT_CERT_NEEDED}")
             return route, None
         allowed = self._allowed.get(request.path)
         if allowed is None:

@@ -52,12 +52,15 @@ class Connection(asyncio.Protocol):
         self._closing = False
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._client_cert = False
 
     # -- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)
         self._transport = transport
+        # Only a certificate the TLS handshake verified is given here (empty without one).
+        self._client_cert = bool(transport.get_extra_info("peercert"))
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # Without it every answer waits out the client's delayed ACK (Nagle).
@@ -132,7 +135,7 @@ class Connection(asyncio.Protocol):
         """Answer queued requests in order until one must wait (a coroutine or a pool)."""
         while self._queue and not self._running and self._transport is not None:
             request, keep_alive = self._queue.popleft()
-            route, refusal = self._server.route(request)
+            route, refusal = self._server.route(request, self._client_cert)
             if refusal is not None:
                 self._answer(refusal, keep_alive)
                 continue

@@ -18,13 +18,17 @@ class ExtenderStartError(Exception):
     """A file, port or setting the extender needs at start is missing or unusable."""
 
 
-def check_tls(cert: str | None, key: str | None) -> None:
-    """Raise `ExtenderStartError` unless the certificate and key (when given) load as TLS."""
+def check_tls(cert: str | None, key: str | None, client_ca: str | None = None) -> None:
+    """Raise `ExtenderStartError` unless the certificate and key (when given) load as TLS, and
+    the client CA (when given) as certificates."""
     import ssl
 
     if not cert or not key:
         return
-    for option, path in (("--tls-cert", cert), ("--tls-key", key)):
+    files = [("--tls-cert", cert), ("--tls-key", key)]
+    if client_ca:
+        files.append(("--tls-client-ca", client_ca))
+    for option, path in files:
         try:
             with open(path, "rb"):
                 pass
@@ -42,6 +46,14 @@ def check_tls(cert: str | None, key: str | None) -> None:
             f"--tls-cert {cert} / --tls-key {key} do not load as a certificate and its key "
             f"({exc.reason or exc})"
         ) from None
+    if client_ca:
+        try:
+            tls_context(cert, key, client_ca)
+        except ssl.SSLError as exc:
+            raise ExtenderStartError(
+                f"--tls-client-ca {client_ca} does not load as PEM CA certificates "
+                f"({exc.reason or exc})"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,8 @@ class Options:
     binds_in_flight: int = BINDS_IN_FLIGHT
     dra: bool = False
     """Also watch ResourceClaims (the DRA path's placed pods and claim asks)."""
+    tls_client_ca: str | None = None
+    """With TLS: `/bind` only for clients whose certificate this CA signed."""
 
 
 def run(options: Options) -> None:
@@ -71,7 +85,7 @@ def run(options: Options) -> None:
     from extender.server import Server, bind_socket
     from extender.state import ClusterState
 
-    check_tls(options.tls_cert, options.tls_key)
+    check_tls(options.tls_cert, options.tls_key, options.tls_client_ca)
     api_client = load_api_client(options.kubeconfig)
     try:
         sock = bind_socket(options.host, options.port)
@@ -93,15 +107,21 @@ def run(options: Options) -> None:
     binder = Binder(cache, KubePodApi(api_client), time.time_ns)
     app = create_app(cache, binder, metrics, options.binds_in_flight)
     server = Server(
-        app, options.tls_cert, options.tls_key, options.shutdown_grace, on_stop=binder.close
+        app,
+        options.tls_cert,
+        options.tls_key,
+        options.shutdown_grace,
+        on_stop=binder.close,
+        client_ca=options.tls_client_ca,
     )
     server.catch_stop_signals()  # from here on a stop signal ends the extender in order
     scheme = "https" if options.tls_cert else "http"
     log.info(
-        "serving on %s://%s:%d, policy %s, max duty %g%%, memory headroom %d MiB, watching %s",
+        "serving on %s://%s:%d%s, policy %s, max duty %g%%, memory headroom %d MiB, watching %s",
         scheme,
         options.host,
         sock.getsockname()[1],
+        " (/bind for client certificates of --tls-client-ca only)" if options.tls_client_ca else "",
         options.limits.policy,
         options.limits.max_duty,
         options.limits.memory_headroom_mib,

@@ -36,10 +36,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
-    """A server-side TLS context serving the certificate."""
+def tls_context(certfile: str, keyfile: str, client_ca: str | None = None) -> ssl.SSLContext:
+    """A server-side TLS context serving the certificate. With `client_ca`, it asks each
+    client for a certificate: one that `client_ca` did not sign ends the handshake, and a
+    client that presents none is served the routes that do not need one."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(certfile, keyfile)
+    if client_ca:
+        context.verify_mode = ssl.CERT_OPTIONAL
+        context.load_verify_locations(cafile=client_ca)
     return context
 
 
@@ -56,10 +61,11 @@ class Server:
         keyfile: str | None = None,
         shutdown_grace: float | None = None,
         on_stop: Callable[[], None] | None = None,
+        client_ca: str | None = None,
     ):
         """`on_stop` runs on the server's event loop once it has stopped serving (e.g. to
-        close connections made on that loop)."""
-        context = tls_context(certfile, keyfile) if certfile and keyfile else None
+        close connections made on that loop); `client_ca` (with TLS): see `tls_context`."""
+        context = tls_context(certfile, keyfile, client_ca) if certfile and keyfile else None
         self.http = HttpServer(routes, context)
         self.shutdown_grace = shutdown_grace
         self._on_stop = on_stop
@@ -129,10 +135,13 @@ class ServerThread:
         certfile: str | None = None,
         keyfile: str | None = None,
         on_stop: Callable[[], None] | None = None,
+        client_ca: str | None = None,
     ):
         self._socket = bind_socket(host, port)
         self.port = int(self._socket.getsockname()[1])
-        self.server = Server(routes, certfile, keyfile, shutdown_grace=1.0, on_stop=on_stop)
+        self.server = Server(
+            routes, certfile, keyfile, shutdown_grace=1.0, on_stop=on_stop, client_ca=client_ca
+        )
         self._thread = threading.Thread(
             target=self.server.run, args=([self._socket],), name="extender-http"
         )

@@ -45,6 +45,13 @@ def extender(
         str | None, typer.Option(envvar="BATON_EXTENDER_TLS_CERT", help="Serve HTTPS.")
     ] = None,
     tls_key: Annotated[str | None, typer.Option(envvar="BATON_EXTENDER_TLS_KEY")] = None,
+    tls_client_ca: Annotated[
+        str | None,
+        typer.Option(
+            envvar="BATON_EXTENDER_TLS_CLIENT_CA",
+            help="CA of kube-scheduler's client certificate: /bind needs one it signed.",
+        ),
+    ] = None,
     shutdown_grace: Annotated[
         float,
         typer.Option(
@@ -89,11 +96,25 @@ def extender(
     check_grace(shutdown_grace)
     if bool(tls_cert) != bool(tls_key):
         raise typer.BadParameter("give both --tls-cert and --tls-key, or neither")
+    if tls_client_ca and not tls_cert:
+        raise typer.BadParameter(
+            "needs --tls-cert and --tls-key: client certificates are asked for over HTTPS",
+            param_hint="--tls-client-ca",
+        )
     setup_logging(log_level)
     limits = Limits(Policy(policy), max_duty, memory_headroom)
     try:
         options = Options(
-            kubeconfig, host, port, limits, tls_cert, tls_key, shutdown_grace, binds_in_flight, dra
+            kubeconfig,
+            host,
+            port,
+            limits,
+            tls_cert,
+            tls_key,
+            shutdown_grace,
+            binds_in_flight,
+            dra,
+            tls_client_ca,
         )
         run(options)
     except (KubeConfigError, ExtenderStartError) as err:

@@ -39,6 +39,7 @@ _LOG_READ = threading.Condition()
         (["--memory-headroom", "-1"], {}, "must be 0 or more MiB"),
         ([], {"BATON_EXTENDER_BINDS_IN_FLIGHT": "0"}, "must be 1 or more"),
         (["--tls-cert", "/x.crt"], {}, "give both --tls-cert and --tls-key"),
+        (["--tls-client-ca", "/ca.crt"], {}, "--tls-client-ca: needs --tls-cert and --tls-key"),
         (["--kubeconfig", "/nonexistent/kubeconfig"], {}, "does not exist"),
     ],
 )
