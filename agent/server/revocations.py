@@ -5,7 +5,7 @@ grant's moves failed (`moves_failed`)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import MoveFailed
@@ -69,12 +69,22 @@ class Revocations:
             table.unblock_all()
         return due
 
-    def sooner(self, deadline: float | None, now: float, live: Collection[str]) -> float | None:
-        """`deadline`, or sooner if a failed revocation of a `live` lease, or the retry of a
-        failed move, is due before it."""
+    def sooner(
+        self,
+        deadline: float | None,
+        now: float,
+        live: Collection[str],
+        wanted: Callable[[str], bool],
+    ) -> float | None:
+        """`deadline`, or sooner if a failed revocation of a `live` lease still `wanted` (someone
+        waits for its GPUs), or the retry of a failed move, is due before it. A lease nobody
+        waits for any more keeps its retry time untimed: the next waiter's revocation waits
+        for it (were it timed, it would be due at once, again and again, until the lease ends)."""
         self.retry_at = {k: t for k, t in self.retry_at.items() if k in live}
-        retries = [*self.retry_at.values(), self.moves_retry_at]
-        retry = min((t for t in retries if t is not None), default=None)
+        retries = [t for k, t in self.retry_at.items() if wanted(k)]
+        if self.moves_retry_at is not None:
+            retries.append(self.moves_retry_at)
+        retry = min(retries, default=None)
         if retry is not None and (deadline is None or retry < deadline):
             return max(retry, now)
         return deadline

@@ -95,7 +95,10 @@ class TurnClock:
         )  # a lease can run out before anyone waits; the first waiter makes it overdue at once
         if overdue or (soonest is not None and soonest <= now):
             deadline = now
-        deadline = self.revocations.sooner(deadline, now, self.table.leases.keys())
+        leases = self.table.leases
+        deadline = self.revocations.sooner(
+            deadline, now, leases.keys(), lambda k: self.table.revoke_at(leases[k]) is not None
+        )
         if deadline is not None:
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(max(0.0, deadline - now), self._on_timer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
@@ -339,3 +340,41 @@ def test_a_holder_parked_at_the_retry_hands_the_gpu_to_the_waiter_it_was_revoked
     assert granted[0] == "local/b"  # not the parked holder, handed its turn straight back
     waiting.join(5)
     assert b.lease is not None
+
+
+def test_a_failed_revocation_whose_waiter_left_sets_no_timer_at_its_retry_time(
+    seam_agent: AgentRunner, preparer: RecordingPreparer, clients: dict[str, Baton]
+) -> None:
+    """ "a" could not be parked and "b", the waiter it was revoked for, gave up: once the retry
+    time has come the agent has nothing to retry, and does not set its timer for it (due at
+    once, again and again, it spun the agent's loop until "a" yielded)."""
+    preparer.cannot_park.add("local/a")
+    seam_agent.inspect(lambda service: setattr(service.revocations, "retry_s", 60.0))
+    clients["a"].acquire()
+    mark = seam_agent.mark()
+    with pytest.raises(AcquireTimeout):
+        clients["b"].acquire(timeout=1.0)
+    seam_agent.wait_event(lambda e: e.kind == "revoke_failed", since=mark)
+    seam_agent.wait_event(lambda e: e.kind == "expired" and e.tenant_id == "local/b", since=mark)
+
+    async def timers_after_the_retry_time() -> int:
+        service = seam_agent.service
+        clock = service.turns._clock
+        fired, on_timer = [0], clock._on_timer
+
+        def counted() -> None:
+            fired[0] += 1
+            on_timer()
+
+        clock._on_timer = counted  # type: ignore[method-assign]
+        retry_at = service.revocations.retry_at
+        assert retry_at, "the failed revocation is to be tried again"
+        for lease_id in retry_at:  # its time has come
+            retry_at[lease_id] = service.state.clock() - 1.0
+        service.turns.retell()
+        for _ in range(100):  # loop steps, not time
+            await asyncio.sleep(0)
+        return fired[0]
+
+    assert seam_agent.call(timers_after_the_retry_time()) <= 1
+    assert seam_agent.status()["gpus"]["GPU-0"]["holder"] == "local/a"
