@@ -127,7 +127,13 @@ class AsyncSession:
         if opening is None:  # one session for every call made meanwhile, each one waiting
             opening = self._opening = asyncio.create_task(self._open_first())
             opening.add_done_callback(lambda task: task.cancelled() or task.exception())
-        await asyncio.shield(opening)  # (a caller cancelled leaves it to the others)
+        try:
+            await asyncio.shield(opening)  # (a caller cancelled leaves it to the others)
+        except asyncio.CancelledError:  # close() cut it short: its callers' error is "closed"
+            task = asyncio.current_task()
+            if opening.cancelled() and self._closing and task and not task.cancelling():
+                usable(self._closing, None)
+            raise
 
     async def _open_first(self) -> None:
         self._connected, self._answered = asyncio.Event(), asyncio.Event()

@@ -1,0 +1,51 @@
+"""Closing an `AsyncBaton` while its other tasks use it: each of them gets the clear "closed"
+error an acquire after close gets, never a `CancelledError` it did not ask for (asyncio code
+takes that for its own cancellation: a TaskGroup swallows it, `asyncio.timeout` misreads it)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from agent.client import AsyncBaton, BatonError
+from tests.harness.agent import AgentRunner
+
+pytestmark = pytest.mark.timeout(60)
+WAIT_S = 10.0
+"""Bound on every wait in these tests."""
+CLOSED = "this AsyncBaton client is closed"
+
+
+def hold_first_connect(baton: AsyncBaton) -> asyncio.Event:
+    """The client's first connect waits, after it began, until the test closes it: an agent
+    slow to answer. Returns the event set once that connect is under way."""
+    began, opens, never = asyncio.Event(), baton._open, asyncio.Event()
+
+    async def held() -> None:
+        began.set()
+        await asyncio.wait_for(never.wait(), WAIT_S)  # (cancelled by close)
+        await opens()
+
+    baton._open = held  # type: ignore[method-assign]
+    return began
+
+
+def test_close_during_the_first_connect_says_closed_to_every_task_waiting(
+    agent: AgentRunner,
+) -> None:
+    async def scenario() -> None:
+        baton = AsyncBaton(agent.socket, ["GPU-0"], name="a")
+        began = hold_first_connect(baton)
+        calls: list[Any] = [baton.acquire(WAIT_S), baton.acquire(WAIT_S), baton.connect()]
+        waiting = [asyncio.create_task(call) for call in calls]
+        await asyncio.wait_for(began.wait(), WAIT_S)
+        await asyncio.wait_for(baton.close(), WAIT_S)
+        outcomes = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), WAIT_S)
+        for outcome in outcomes:
+            assert isinstance(outcome, BatonError), repr(outcome)
+            assert str(outcome).startswith(CLOSED)
+        assert not any(task.cancelled() for task in waiting)
+
+    asyncio.run(scenario())
