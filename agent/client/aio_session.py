@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent.client.backstop import KeptBackstop
-from agent.client.connect import connected, open_session, reconnect, usable
+from agent.client.connect import closed_error, connected, open_session, reconnect, usable
 from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.links import TRANSPORTS, SessionLink
 from agent.client.parked import Moves
@@ -183,9 +183,8 @@ class AsyncSession:
                 self._on_message(message)
         finally:
             self._lost(link)
-            lost = AgentUnavailable(
-                f"lost the Baton agent at {self.socket}; reconnecting, retry the call"
-            )
+            why = f"lost the Baton agent at {self.socket}; reconnecting, retry the call"
+            lost = closed_error() if self._closing else AgentUnavailable(why)
             for future in self._replies.values():
                 if not future.done():
                     future.set_exception(lost)

@@ -140,11 +140,16 @@ async def _open_grpc(
     return Opened(GrpcLink(channel, call, socket), reply.tenant, token)
 
 
+def closed_error() -> BatonError:
+    """What a call on a closed `AsyncBaton` raises (and one that close() cut short)."""
+    return BatonError("this AsyncBaton client is closed; create a new one")
+
+
 def usable(closed: bool, session: asyncio.Task[None] | None) -> None:
     """`BatonError` if an `AsyncBaton` cannot serve a call here: it was closed, or its session
     runs on another event loop (an earlier `asyncio.run`)."""
     if closed:
-        raise BatonError("this AsyncBaton client is closed; create a new one")
+        raise closed_error()
     if session is not None and session.get_loop() is not asyncio.get_running_loop():
         raise BatonError(
             "this AsyncBaton client was connected on another event loop (each asyncio.run() "

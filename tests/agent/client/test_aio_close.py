@@ -49,3 +49,27 @@ def test_close_during_the_first_connect_says_closed_to_every_task_waiting(
         assert not any(task.cancelled() for task in waiting)
 
     asyncio.run(scenario())
+
+
+def test_close_while_another_task_waits_for_a_turn_says_closed(agent: AgentRunner) -> None:
+    """Not `AgentUnavailable` "lost the agent; reconnecting, retry the call": the agent is
+    there, nothing reconnects, and a retry is refused as closed."""
+
+    async def scenario() -> None:
+        async with AsyncBaton(agent.socket, ["GPU-0"], name="holder") as holder:
+            await holder.acquire(WAIT_S)
+            baton = AsyncBaton(agent.socket, ["GPU-0"], name="waiter")
+            await baton.connect()
+            mark = agent.mark()
+            waiting = [asyncio.create_task(baton.acquire(t)) for t in (WAIT_S, None)]
+            queued = lambda e: e.kind == "queued" and e.tenant_id == "local/waiter"  # noqa: E731
+            await asyncio.to_thread(agent.wait_event, queued, WAIT_S, mark)
+            await asyncio.wait_for(baton.close(), WAIT_S)
+            outcomes = await asyncio.wait_for(
+                asyncio.gather(*waiting, return_exceptions=True), WAIT_S
+            )
+            for outcome in outcomes:
+                assert isinstance(outcome, BatonError), repr(outcome)
+                assert str(outcome).startswith(CLOSED), repr(outcome)
+
+    asyncio.run(scenario())
