@@ -17,10 +17,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent.client.backstop import KeptBackstop
+from agent.client.callback_runner import CLOSE_WAIT_S
 from agent.client.connect import closed_error, connected, open_session, reconnect, usable
 from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.links import TRANSPORTS, SessionLink
-from agent.client.parked import Moves
+from agent.client.parked import Moves, refused, settled
 from agent.client.refusals import Refusals
 from agent.client.session_core import SessionCore
 from agent.client.timers import LoopTimer
@@ -102,6 +103,7 @@ class AsyncSession:
         self._kept_yield: asyncio.Task[None] | None = None
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._moving: set[asyncio.Task[None]] = set()  # callbacks run for the agent
         self._replies: dict[int, asyncio.Future[pb.Reply]] = {}
         self._moves = Moves(self._callbacks)
         self.parked = self._moves.parked
@@ -193,8 +195,9 @@ class AsyncSession:
         kind = message.WhichOneof("kind")
         if kind == "reply":
             self._on_reply(message.reply)
-        elif kind == "callback":
-            self._spawn(self._run_callback(message.callback))
+        elif kind == "callback":  # (close() lets one in flight finish and answers it)
+            self._moving.add(task := self._spawn(self._run_callback(message.callback)))
+            task.add_done_callback(self._moving.discard)
         else:
             with self._kept_lock:
                 release = self._core.pushed(message)
@@ -210,7 +213,7 @@ class AsyncSession:
             self._spawn(self._send(pb.ClientMessage(request=release)))
 
     async def _run_callback(self, request: pb.Callback) -> None:
-        result = await self._moves.move(request)
+        result = refused(request) if self._closing else await self._moves.move(request)
         with contextlib.suppress(AgentUnavailable):
             await self._send(pb.ClientMessage(callback_result=result))
 
@@ -379,6 +382,7 @@ class AsyncSession:
         self._keeper.set(None)
         if self._opening is not None and self._opening.cancel():  # (a connect under way)
             await asyncio.wait([self._opening])
+        await settled(self._moving - {asyncio.current_task()}, CLOSE_WAIT_S)  # (unless inside)
         if self._backstop.started:  # (it may be waiting for the answer to a yield it sent)
             await asyncio.to_thread(self._backstop.close)
         if self._link is not None:

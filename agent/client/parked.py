@@ -159,3 +159,18 @@ class Moves:
                 result = await run_callback(self._callbacks.get(request.action), request)
                 self.parked.ran(request, result)
             return result
+
+
+def refused(request: pb.Callback) -> pb.CallbackResult:
+    """The answer to a callback the agent asks for as the client closes: not run."""
+    error = f"the tenant is closing its Baton client: on_{request.action} not run"
+    return pb.CallbackResult(call_id=request.call_id, error=error)
+
+
+async def settled(moving: set[asyncio.Task[None]], timeout: float) -> None:
+    """Wait up to `timeout` for the callbacks in flight (and their answers) as a client closes."""
+    if moving and (await asyncio.wait(moving, timeout=timeout))[1]:
+        log.error(
+            "a park or restore still runs %.3g s after this AsyncBaton client began closing; "
+            "closing anyway (is the framework's offload stuck?)", timeout,
+        )  # fmt: skip

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from agent.client import AsyncBaton, BatonError
+from agent.client import AsyncBaton, Baton, BatonError
+from agent.parking.setup import ParkingOptions
+from baton.contract.names import MIB, fake_gpu_uuid
 from tests.harness.agent import AgentRunner
 
 pytestmark = pytest.mark.timeout(60)
@@ -73,3 +75,46 @@ def test_close_while_another_task_waits_for_a_turn_says_closed(agent: AgentRunne
                 assert str(outcome).startswith(CLOSED), repr(outcome)
 
     asyncio.run(scenario())
+
+
+def test_close_during_a_park_callback_lets_it_finish_and_answers_the_agent(workdir: str) -> None:
+    """As `Baton.close()` does: the park in flight is neither cut short (its memory half moved)
+    nor left unanswered (the agent never hears what it moved)."""
+    gpu, seen = fake_gpu_uuid(0), []
+    began, closing = asyncio.Event(), asyncio.Event()
+
+    async def on_park(gpu: str) -> int:
+        seen.append("park began")
+        began.set()
+        await asyncio.wait_for(closing.wait(), WAIT_S)
+        await asyncio.to_thread(seen.append, "park moved")  # (the move, off the loop)
+        return 60 * MIB
+
+    async def on_restore(gpu: str) -> int:
+        return 60 * MIB
+
+    def next_tenant(socket: str) -> str:
+        with Baton(socket, [gpu], name="next", gpu_memory_mib=60) as other:
+            return other.acquire(WAIT_S).lease_id
+
+    async def scenario(agent: AgentRunner) -> None:
+        baton = AsyncBaton(
+            agent.socket, [gpu], name="a", gpu_memory_mib=60, on_park=on_park,
+            on_restore=on_restore, park_at_yield=False, keep_turns=False,
+        )  # fmt: skip
+        await baton.acquire(WAIT_S)
+        await baton.yield_()
+        other = asyncio.create_task(asyncio.to_thread(next_tenant, agent.socket))
+        await asyncio.wait_for(began.wait(), WAIT_S)  # the agent asked it to park for "next"
+        closing.set()  # the park goes on once close() has begun
+        await asyncio.wait_for(baton.close(), WAIT_S)
+        assert seen == ["park began", "park moved"]
+        assert baton.parked.copy() == {gpu: 60 * MIB}
+        await asyncio.wait_for(other, WAIT_S)
+        registry = agent.agent.parking.metrics.registry  # type: ignore[union-attr]
+        labels = {"backend": "app", "direction": "park"}  # the agent heard what it moved
+        assert registry.get_sample_value("baton_moved_bytes_total", labels) == 60 * MIB
+
+    parking = ParkingOptions(backend="app", fake_gpus="1x100")
+    with AgentRunner(workdir, parking=parking) as agent:
+        asyncio.run(scenario(agent))
