@@ -72,6 +72,7 @@ class AsyncBaton(AsyncSession):
         """Wait for the turn on all the tenant's GPUs (or `gpus`); `AcquireTimeout` if too long.
         With an on_restore callback, whatever this process parked is restored before this
         returns (as `Baton.acquire` does)."""
+        self._owner.check()
         timeout, gpus = acquire_args(timeout, gpus)
         # Closed, or its loop ended: a turn it held went back with its session, is held no more.
         usable(self._closing, self._supervisor)
@@ -152,6 +153,7 @@ class AsyncBaton(AsyncSession):
 
     async def yield_(self) -> None:
         """End the turn. Parking is lazy: memory moves only if the next tenant needs the room."""
+        self._owner.check()
         parked = {}  # what the tenant due next needs gone, parked before the turn ends
         if gpus := self._core.parks_at_yield():
             parks = asyncio.ensure_future(self._park_at_yield(gpus))  # runs on if cancelled

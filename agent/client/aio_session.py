@@ -21,6 +21,7 @@ from agent.client.callback_runner import CLOSE_WAIT_S
 from agent.client.connect import closed_error, connected, open_session, reconnect, usable
 from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.links import TRANSPORTS, SessionLink
+from agent.client.owner import SessionOwner
 from agent.client.parked import Moves, refused, settled
 from agent.client.refusals import Refusals
 from agent.client.session_core import SessionCore
@@ -102,6 +103,7 @@ class AsyncSession:
         )
         self._kept_yield: asyncio.Task[None] | None = None
         self._closing = False
+        self._owner = SessionOwner()
         self._tasks: set[asyncio.Task[None]] = set()
         self._moving: set[asyncio.Task[None]] = set()  # callbacks run for the agent
         self._replies: dict[int, asyncio.Future[pb.Reply]] = {}
@@ -141,6 +143,7 @@ class AsyncSession:
         self._connected, self._answered = asyncio.Event(), asyncio.Event()
         self._write_lock = asyncio.Lock()
         await self._open()
+        self._owner.opened()
         self._supervisor = asyncio.create_task(self._supervise())
 
     async def _open(self) -> None:
@@ -228,8 +231,10 @@ class AsyncSession:
             raise
 
     def _lost(self, link: SessionLink) -> None:
-        """The session `link` is broken: calls wait for the reconnect from now on."""
-        if link is self._link and self._connected is not None:
+        """The session `link` is broken: calls wait for the reconnect from now on. A forked
+        child's copy (its task cancelled as it leaves `asyncio.run`) leaves the link alone:
+        closing it would take the socket off the event loop's epoll, which the parent shares."""
+        if link is self._link and self._connected is not None and not self._owner.forked():
             self._connected.clear()
             if self._answered is not None:
                 self._answered.clear()
@@ -378,6 +383,8 @@ class AsyncSession:
     async def close(self) -> None:
         """End the session; the agent releases this process's turn and queue places."""
         self._closing = True
+        if self._owner.forked():  # a forked child's copy: the parent's session goes on
+            return
         self._renewer.set(None)
         self._keeper.set(None)
         if self._opening is not None and self._opening.cancel():  # (a connect under way)

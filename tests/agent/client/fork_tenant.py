@@ -1,18 +1,24 @@
 """A tenant that forks while it holds a turn, as a DataLoader with fork workers does.
 
-    python tests/agent/client/fork_tenant.py NAME
+    python tests/agent/client/fork_tenant.py NAME [Baton|AsyncBaton]
 
 The child tries the parent's client (acquire, yield_), prints what each raised, and exits the
-ordinary way, so the interpreter's exit closes its copy of the client; the parent then ends
-its turn and prints "parent yielded", or what its yield raised.
+ordinary way, so the interpreter's exit closes its copy of the client (an `AsyncBaton`'s:
+`asyncio.run` cancels the copy of its session's task as the child leaves); the parent then
+ends its turn and prints "parent yielded", or what its yield raised.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+from collections.abc import Awaitable, Callable
 
-from agent.client import Baton
+from agent.client import AsyncBaton, Baton
+
+YIELD_WAIT_S = 10.0
+"""Bound on the parent's yield of the async client (its answer is read on the session)."""
 
 
 def child(baton: Baton) -> int:
@@ -42,5 +48,38 @@ def main() -> int:
     return 0
 
 
+async def async_child(baton: AsyncBaton) -> None:
+    calls: tuple[tuple[str, Callable[[], Awaitable[object]]], ...] = (
+        ("acquire", lambda: baton.acquire(timeout=5)),
+        ("yield", baton.yield_),
+    )
+    for name, call in calls:
+        try:
+            await call()
+            print(f"child {name} returned", flush=True)
+        except Exception as exc:
+            print(f"child {name} raised {type(exc).__name__}: {exc}", flush=True)
+
+
+async def async_main() -> None:
+    baton = AsyncBaton(name=sys.argv[1], keep_turns=False)
+    await baton.acquire(timeout=30)
+    pid = os.fork()
+    if pid == 0:
+        await async_child(baton)
+        sys.exit(0)  # asyncio.run's cleanup runs here: it must leave the parent's session alone
+    _, status = os.waitpid(pid, 0)
+    print(f"child exited {os.waitstatus_to_exitcode(status)}", flush=True)
+    try:
+        await asyncio.wait_for(baton.yield_(), YIELD_WAIT_S)
+        print("parent yielded", flush=True)
+    except Exception as exc:
+        print(f"parent yield raised {type(exc).__name__}: {exc!r}", flush=True)
+    await baton.close()
+
+
 if __name__ == "__main__":
+    if sys.argv[2:] == ["AsyncBaton"]:
+        asyncio.run(async_main())
+        sys.exit(0)
     sys.exit(main())

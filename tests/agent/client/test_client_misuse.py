@@ -104,11 +104,16 @@ def test_a_client_closed_holding_a_turn_shows_no_lease(agent: AgentRunner) -> No
     assert baton.lease is None and not baton.resuming
 
 
-def test_a_forked_child_neither_uses_nor_ends_the_parents_session(agent: AgentRunner) -> None:
+@pytest.mark.parametrize("client", ["Baton", "AsyncBaton"])
+def test_a_forked_child_neither_uses_nor_ends_the_parents_session(
+    agent: AgentRunner, client: str
+) -> None:
+    """The child's calls raise, and its exit (an `AsyncBaton`'s: `asyncio.run` cancelling the
+    copy of its session's task) leaves the parent's turn, and its session, to the parent."""
     script = Path(__file__).with_name("fork_tenant.py")
     env = {**os.environ, ENV_AGENT_SOCKET: agent.socket, ENV_GPUS: "GPU-0"}
     proc = subprocess.Popen(
-        [sys.executable, str(script), "forker"],
+        [sys.executable, str(script), "forker", client],
         env=env,
         text=True,
         start_new_session=True,
