@@ -218,8 +218,8 @@ class AsyncBaton(AsyncSession):
         lease = await self.acquire(timeout)
         try:
             yield lease
-        finally:
-            if self._core.holding():
+        finally:  # (a forked child leaving through the block: the turn is the parent's)
+            if self._core.holding() and not self._owner.forked():
                 await self.yield_()
 
     async def __aenter__(self) -> AsyncBaton:

@@ -244,8 +244,8 @@ class Baton(BlockingSession):
         lease = self.acquire(timeout)
         try:
             yield lease
-        finally:
-            if self._core.holding():
+        finally:  # (a forked child leaving through the block: the turn is the parent's)
+            if self._core.holding() and not self._owner.forked():
                 self.yield_()
 
     # Lifecycle.

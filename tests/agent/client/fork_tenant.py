@@ -1,11 +1,12 @@
 """A tenant that forks while it holds a turn, as a DataLoader with fork workers does.
 
-    python tests/agent/client/fork_tenant.py NAME [Baton|AsyncBaton]
+    python tests/agent/client/fork_tenant.py NAME [Baton|AsyncBaton] [in-turn]
 
 The child tries the parent's client (acquire, yield_), prints what each raised, and exits the
 ordinary way, so the interpreter's exit closes its copy of the client (an `AsyncBaton`'s:
 `asyncio.run` cancels the copy of its session's task as the child leaves); the parent then
-ends its turn and prints "parent yielded", or what its yield raised.
+ends its turn and prints "parent yielded", or what its yield raised. With "in-turn" the parent
+forks inside `turn()` and the child leaves through the block with `sys.exit(0)`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,30 @@ def main() -> int:
     return 0
 
 
+def in_turn() -> None:
+    baton = Baton(name=sys.argv[1], keep_turns=False)
+    with baton.turn(timeout=30):
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # through the parent's block: the turn is the parent's to end
+        _, status = os.waitpid(pid, 0)
+        print(f"child exited {os.waitstatus_to_exitcode(status)}", flush=True)
+    print("parent yielded" if baton.lease is None else "parent holds", flush=True)
+    baton.close()
+
+
+async def async_in_turn() -> None:
+    baton = AsyncBaton(name=sys.argv[1], keep_turns=False)
+    async with baton.turn(timeout=30):
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)  # through the parent's block: the turn is the parent's to end
+        _, status = os.waitpid(pid, 0)
+        print(f"child exited {os.waitstatus_to_exitcode(status)}", flush=True)
+    print("parent yielded" if baton.lease is None else "parent holds", flush=True)
+    await baton.close()
+
+
 async def async_child(baton: AsyncBaton) -> None:
     calls: tuple[tuple[str, Callable[[], Awaitable[object]]], ...] = (
         ("acquire", lambda: baton.acquire(timeout=5)),
@@ -79,7 +104,11 @@ async def async_main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[2:] == ["AsyncBaton"]:
-        asyncio.run(async_main())
+    asynchronous, turn = "AsyncBaton" in sys.argv[2:], "in-turn" in sys.argv[2:]
+    if asynchronous:
+        asyncio.run(async_in_turn() if turn else async_main())
+        sys.exit(0)
+    if turn:
+        in_turn()
         sys.exit(0)
     sys.exit(main())

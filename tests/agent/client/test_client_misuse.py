@@ -104,36 +104,55 @@ def test_a_client_closed_holding_a_turn_shows_no_lease(agent: AgentRunner) -> No
     assert baton.lease is None and not baton.resuming
 
 
-@pytest.mark.parametrize("client", ["Baton", "AsyncBaton"])
-def test_a_forked_child_neither_uses_nor_ends_the_parents_session(
-    agent: AgentRunner, client: str
-) -> None:
-    """The child's calls raise, and its exit (an `AsyncBaton`'s: `asyncio.run` cancelling the
-    copy of its session's task) leaves the parent's turn, and its session, to the parent."""
+def _fork_tenant(agent: AgentRunner, *args: str, pid: list[int] | None = None) -> str:
+    """What `fork_tenant.py ARGS` printed (its process id put in `pid`), within 45 s."""
     script = Path(__file__).with_name("fork_tenant.py")
     env = {**os.environ, ENV_AGENT_SOCKET: agent.socket, ENV_GPUS: "GPU-0"}
     proc = subprocess.Popen(
-        [sys.executable, str(script), "forker", client],
+        [sys.executable, str(script), *args],
         env=env,
         text=True,
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+    if pid is not None:
+        pid.append(proc.pid)
     try:
         out, _ = proc.communicate(timeout=45)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(WAIT_S)
+    return out
+
+
+@pytest.mark.parametrize("client", ["Baton", "AsyncBaton"])
+def test_a_forked_child_neither_uses_nor_ends_the_parents_session(
+    agent: AgentRunner, client: str
+) -> None:
+    """The child's calls raise, and its exit (an `AsyncBaton`'s: `asyncio.run` cancelling the
+    copy of its session's task) leaves the parent's turn, and its session, to the parent."""
+    pid: list[int] = []
+    out = _fork_tenant(agent, "forker", client, pid=pid)
     lines = out.splitlines()
     for call in ("acquire", "yield"):
         assert (
             f"child {call} raised BatonError: this Baton client's session belongs to "
-            f"process {proc.pid}, which forked" in out
+            f"process {pid[0]}, which forked" in out
         ), out
     assert "child exited 0" in lines and "parent yielded" in lines, out
     assert "lost" not in out, out
+
+
+@pytest.mark.parametrize("client", ["Baton", "AsyncBaton"])
+def test_a_child_forked_inside_a_turn_leaves_through_the_block_quietly(
+    agent: AgentRunner, client: str
+) -> None:
+    """A child leaving through the parent's `turn()` block (`sys.exit` after `os.fork()`)
+    exits as it asked, with no traceback: the turn is the parent's to end, at its block's end."""
+    out = _fork_tenant(agent, "in-turn", client, "in-turn")
+    assert out.splitlines() == ["child exited 0", "parent yielded"], out
 
 
 def test_acquire_names_gpus_as_the_constructor_does_and_refuses_others_while_holding(
