@@ -21,7 +21,7 @@ from agent.client.errors import (
 )
 from agent.client.parked import restore_with_grant, restores_itself
 from agent.client.session_core import acquire_request
-from agent.client.types import REPLY_TIMEOUT_S, LeaseInfo, acquire_args
+from agent.client.types import REPLY_TIMEOUT_S, Callback, LeaseInfo, acquire_args, add_callbacks
 from baton._pb import agent_pb2 as pb
 
 _ANOTHER_ACQUIRE = "another task's acquire on this client was still waiting"
@@ -65,6 +65,15 @@ class AsyncBaton(AsyncSession):
         return self._closing or (
             session is not None and (session.done() or session.get_loop().is_closed())
         )
+
+    def register_callbacks(
+        self, on_park: Callback | None = None, on_restore: Callback | None = None
+    ) -> None:
+        """Callbacks the agent may ask for: move this tenant's memory off / back onto a GPU.
+
+        Each gets the GPU UUID and returns the bytes it moved. Register before connecting.
+        """
+        add_callbacks(self._callbacks, self._link is not None, on_park, on_restore)
 
     async def acquire(
         self, timeout: float | None = None, gpus: Sequence[str] | str | None = None

@@ -79,7 +79,7 @@ class AsyncSession:
         self._callbacks: dict[str, Callback] = {}
         self._link: SessionLink | None = None
         self._token = ""
-        self.register_callbacks(on_park=on_park, on_restore=on_restore)
+        add_callbacks(self._callbacks, False, on_park, on_restore)
         self._connect_timeout, renew = timings_of(connect_timeout, renew_interval)
         self.tenant: pb.Tenant | None = None
         """This tenant as the agent knows it (after connecting)."""
@@ -110,15 +110,6 @@ class AsyncSession:
         self._moves = Moves(self._callbacks)
         self.parked = self._moves.parked
         self._core.parked = self.parked.copy
-
-    def register_callbacks(
-        self, on_park: Callback | None = None, on_restore: Callback | None = None
-    ) -> None:
-        """Callbacks the agent may ask for: move this tenant's memory off / back onto a GPU.
-
-        Each gets the GPU UUID and returns the bytes it moved. Register before connecting.
-        """
-        add_callbacks(self._callbacks, self._link is not None, on_park, on_restore)
 
     # Connection.
 
