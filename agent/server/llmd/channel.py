@@ -196,3 +196,4 @@ class Channels:
             service.session_closed(session.tenant_id, session.pid, last)
         # else the process lives on as one of the job's sessions (it may register again): only
         # its stream ended, and it stays one of the job's processes
+        self._jobs.seen(session.tenant_id)  # its idle time counts from its channel's close

@@ -70,6 +70,8 @@ class Jobs:
         self._idle_after = idle_after
         """Seconds unseen before a job only unwatched callers use leaves (0 = never)."""
         self._idle: dict[str, asyncio.TimerHandle] = {}
+        self.call_later: Callable[..., asyncio.TimerHandle] = asyncio.get_running_loop().call_later
+        """Sets the idle timers (a test's fake clock may stand in)."""
 
     def close(self) -> None:
         """Stop watching processes (the agent is stopping; turns are kept for the next one)."""
@@ -144,7 +146,7 @@ class Jobs:
             return pods[0]
         found = self.service.tenants.tenants.get(PREFIX + job_id)
         if found is not None:  # a call named it: its idle time starts again
-            self._seen(found.tenant_id)
+            self.seen(found.tenant_id)
         return found
 
     def job_ids(self, seen: Callable[[str], bool] = lambda tenant_id: True) -> dict[str, Tenant]:
@@ -221,7 +223,7 @@ class Jobs:
         if caller is not None and self.service.tenants.add_pids(tenant, [caller.pid]):
             self.service.state.journal_tenant(tenant)
         self._anchor(tenant.tenant_id, caller.pid if caller else 0)
-        self._seen(tenant.tenant_id)
+        self.seen(tenant.tenant_id)
 
     async def check(self, job_id: str, group: str, peer: str) -> Tenant:
         """The job's tenant for a call that needs it to exist, checked against the caller. The
@@ -349,17 +351,15 @@ class Jobs:
 
     # Callers that cannot be watched.
 
-    def _seen(self, tenant_id: str) -> None:
-        """A call named the job (or it was busy when its time came): it leaves `idle_after`
-        seconds from now if none names it again and only unwatched callers (`_anchor(..., 0)`)
-        are left to it then."""
+    def seen(self, tenant_id: str) -> None:
+        """A call named the job, its WorkloadChannel closed (it may be reconnecting) or it was
+        busy when its time came: it leaves `idle_after` seconds from now if none names it again
+        and only unwatched callers (`_anchor(..., 0)`) are left to it then."""
         if self._idle_after <= 0 or (tenant_id, 0) not in self._sessions:
             return
-        old = self._idle.pop(tenant_id, None)
-        if old is not None:
+        if (old := self._idle.pop(tenant_id, None)) is not None:
             old.cancel()
-        loop = asyncio.get_running_loop()
-        self._idle[tenant_id] = loop.call_later(self._idle_after, self._idle_out, tenant_id)
+        self._idle[tenant_id] = self.call_later(self._idle_after, self._idle_out, tenant_id)
 
     def _idle_out(self, tenant_id: str) -> None:
         """`idle_after` passed with no call naming the job: it leaves unless it is busy (then
@@ -370,7 +370,7 @@ class Jobs:
         if session is None or tenant is None or tenant.source != LLMD:
             return
         if self._busy(tenant_id):
-            self._seen(tenant_id)  # looked at again as long after
+            self.seen(tenant_id)  # looked at again as long after
             return
         del self._sessions[(tenant_id, 0)]
         self.service.sessions.close(session)

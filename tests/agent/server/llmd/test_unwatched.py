@@ -4,8 +4,10 @@ as a departed tenant, unless it holds or waits for a turn or has memory parked."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +24,33 @@ from tests.agent.server.llmd.llmd_client import (
 from tests.harness.agent import AgentRunner
 
 IDLE = 0.3
+HOUR = 3600.0
+
+
+class FakeClock:
+    """The llm-d jobs' idle timers (`Jobs.call_later`) on a clock that moves only as `advance`
+    says; both are called on the agent's loop."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._timers: list[tuple[asyncio.TimerHandle, Callable[..., object], tuple[Any, ...]]] = []
+
+    def call_later(
+        self, delay: float, callback: Callable[..., object], *args: Any
+    ) -> asyncio.TimerHandle:
+        timer = asyncio.TimerHandle(self.now + delay, callback, args, asyncio.get_running_loop())
+        self._timers.append((timer, callback, args))
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock `seconds` on, firing the timers due meanwhile, earliest first."""
+        end = self.now + seconds
+        while due := [t for t in self._timers if not t[0].cancelled() and t[0].when() <= end]:
+            first = min(due, key=lambda t: t[0].when())
+            self._timers.remove(first)
+            self.now = first[0].when()
+            first[1](*first[2])
+        self.now = end
 
 
 def _gone(agent: AgentRunner, job: str) -> str:
@@ -148,5 +177,57 @@ def test_a_job_with_memory_on_a_gpu_stays_until_it_has_none(workdir: str, unwatc
         agent.inspect(lambda s: delattr(s.preparer, "on_gpus"))
         assert "--llmd-forget-idle-after" in _gone(agent, "mem")
     finally:
+        client.close()
+        agent.stop()
+
+
+def test_a_reconnecting_workload_is_not_forgotten(workdir: str, unwatched: Path) -> None:
+    """A job's idle time counts from its WorkloadChannel's close, not from the last call: a
+    workload reconnecting as its hour comes is not forgotten (its place, its accounting and
+    what the agent knows of its memory with it); one that does not come back leaves an hour
+    after its channel closed."""
+    gpu = sorted(parse_fake_gpus("1x1024"))[0]
+    agent = AgentRunner(
+        workdir,
+        parking=ParkingOptions(backend="app", fake_gpus="1x1024"),
+        llmd_listen="127.0.0.1:0",
+        llmd_groups=(f"g={gpu}",),
+        proc_root=str(unwatched),
+        llmd_forget_idle_after=HOUR,
+    ).start()
+    clock = FakeClock()
+    assert agent.agent.llmd is not None and agent.agent.llmd.jobs is not None
+    jobs = agent.agent.llmd.jobs
+    agent.inspect(lambda s: setattr(jobs, "call_later", clock.call_later))
+    target = f"127.0.0.1:{agent.llmd_port}"
+    client = TimeSliceOrchestratorClient(target, "run", "g")
+    workload = register_workload(target, "run", "g", lambda m, t: None, lambda t: None)
+    try:
+        agent.wait_event(lambda e: e.kind == ev.CONNECTED and e.tenant_id == "llmd/run")
+        assert client.acquire(timeout_sec=10)[0] is True
+        assert client.release()[0] is True
+        agent.inspect(lambda s: clock.advance(HOUR))  # unnamed, but its channel is open
+        agent.inspect(lambda s: clock.advance(HOUR - 1))
+        mark = agent.mark()
+        workload.close()  # the workload reconnects, a second before its next look
+        agent.wait_event(
+            lambda e: e.kind == ev.DISCONNECTED and e.tenant_id == "llmd/run", since=mark
+        )
+        agent.inspect(lambda s: clock.advance(1))
+        assert "llmd/run" in agent.inspect(lambda s: set(s.tenants.tenants)), "forgotten"
+        workload = register_workload(target, "run", "", lambda m, t: None, lambda t: None)
+        agent.wait_event(lambda e: e.kind == ev.CONNECTED and e.tenant_id == "llmd/run", since=mark)
+        assert not [e for e in agent.seen if e.kind == ev.TENANT_GONE]
+        mark = agent.mark()
+        workload.close()  # and goes for good: it leaves an hour after
+        agent.wait_event(
+            lambda e: e.kind == ev.DISCONNECTED and e.tenant_id == "llmd/run", since=mark
+        )
+        agent.inspect(lambda s: clock.advance(HOUR - 1))
+        assert "llmd/run" in agent.inspect(lambda s: set(s.tenants.tenants))
+        agent.inspect(lambda s: clock.advance(1))
+        assert "--llmd-forget-idle-after" in _gone(agent, "run")
+    finally:
+        workload.close()
         client.close()
         agent.stop()
