@@ -102,7 +102,10 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         was_parked = parked_on(self._service.preparer.residency_of(tenant.tenant_id), gpus)
         asked = self._service.state.clock()
         timeout = answer_before(context.time_remaining())
-        granted = await self._asking.acquire(tenant, gpus, timeout, request.job_id, seen)
+        try:
+            granted = await self._asking.acquire(tenant, gpus, timeout, request.job_id, seen)
+        finally:  # the call named the job until its answer: its idle time counts from there
+            self._jobs.seen(tenant.tenant_id)
         waited = max(0.0, granted.lease.granted_at - asked)
         return ts.AcquireResponse(
             success=True, waited_ms=int(waited * 1000), context_restored=was_parked

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from agent.core import events as ev
@@ -230,4 +232,46 @@ def test_a_reconnecting_workload_is_not_forgotten(workdir: str, unwatched: Path)
     finally:
         workload.close()
         client.close()
+        agent.stop()
+
+
+def test_a_job_whose_long_acquire_just_timed_out_is_not_forgotten(
+    workdir: str, unwatched: Path
+) -> None:
+    """An Acquire names its job until it is answered: a job that waited in the queue longer
+    than its idle time, and whose Acquire's deadline has just come, is not forgotten before
+    llm-d's client asks again (it would come back a new job, its accounting a departed one's)."""
+    agent = AgentRunner(
+        workdir,
+        llmd_listen="127.0.0.1:0",
+        llmd_groups=("g=GPU-0",),
+        proc_root=str(unwatched),
+        llmd_forget_idle_after=HOUR,
+    ).start()
+    clock = FakeClock()
+    assert agent.agent.llmd is not None and agent.agent.llmd.jobs is not None
+    jobs = agent.agent.llmd.jobs
+    agent.inspect(lambda s: setattr(jobs, "call_later", clock.call_later))
+    target = f"127.0.0.1:{agent.llmd_port}"
+    holder = TimeSliceOrchestratorClient(target, "holder", "g")
+    waiting = TimeSliceOrchestratorClient(target, "waiting", "g")
+    try:
+        assert holder.acquire(timeout_sec=10)[0] is True  # and keeps its turn
+        with ThreadPoolExecutor(1) as pool:
+            asked = pool.submit(waiting.acquire, timeout_sec=2)
+            agent.wait_event(lambda e: e.kind == ev.QUEUED and e.tenant_id == "llmd/waiting")
+            agent.inspect(lambda s: clock.advance(HOUR))  # it waits: it stays
+            agent.inspect(lambda s: clock.advance(HOUR - 1))
+            with pytest.raises(grpc.RpcError):
+                asked.result(timeout=10)  # its deadline came
+        agent.wait_event(  # and it is out of the queue: its call has ended
+            lambda e: e.kind in (ev.EXPIRED, ev.CANCELLED) and e.tenant_id == "llmd/waiting"
+        )
+        agent.inspect(lambda s: clock.advance(1))  # a second before llm-d's client asks again
+        assert "llmd/waiting" in agent.inspect(lambda s: set(s.tenants.tenants)), "forgotten"
+        agent.inspect(lambda s: clock.advance(HOUR - 1))
+        assert "--llmd-forget-idle-after" in _gone(agent, "waiting")
+    finally:
+        holder.close()
+        waiting.close()
         agent.stop()
