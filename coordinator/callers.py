@@ -2,9 +2,12 @@
 
 llm-d's client sends nothing but its job and group ids (plaintext gRPC, no credentials), so the
 only proof of who calls is where the call comes from: the pod whose `status.podIP` is the
-connection's source address, found through the API server. A job pod's address is remembered
-(`TTL_S` at most) until the coordinator's watches of job pods see that pod deleted or finished or
-another job pod at its address, or relist; another pod's address is asked for on every call, as
+connection's source address, found through the API server. A pod in deletion (its
+`deletionTimestamp` set) or finished vouches for no address: its containers may have stopped and
+its IP gone to another pod before its kubelet says so, and its own calls from then on (a Yield in
+its grace period) are unidentified. A job pod's address is remembered (`TTL_S` at most) until the
+coordinator's watches of job pods see that pod deleted, in deletion or finished, or another job
+pod at its address, or relist; another pod's address is asked for on every call, as
 nothing tells when it goes: a pod's IP is handed to the next pod as soon as it is free (an
 address no pod has, or several share, is remembered `TTL_S` as naming nobody). A pod
 IP is assigned by the cluster's network and cannot be taken by another pod without privileges a
@@ -100,7 +103,7 @@ class PodCallers:
         """A job pod as its watch saw it (`gone`: deleted, or no longer labelled)."""
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
         uid, ip = str(meta.get("uid", "")), str(status.get("podIP") or "")
-        ended = gone or status.get("phase") in _FINISHED
+        ended = gone or status.get("phase") in _FINISHED or bool(meta.get("deletionTimestamp"))
         with self._lock:
             if ended or ip in self._asking:
                 self._ends += 1
@@ -133,12 +136,15 @@ class PodCallers:
             log.warning("%s", why)
             raise CallerUnknown(f"{why}; try again") from None
         # A finished pod keeps its podIP in its status after the network gave the IP to another
-        # pod: it calls no one, and must neither hide nor stand for the pod there now.
+        # pod: it calls no one, and must neither hide nor stand for the pod there now. Nor does
+        # a pod in deletion: its containers may have stopped and its IP gone to another pod
+        # before its kubelet says so.
         live = [
             p
             for p in pods
             if not (p.spec and p.spec.host_network)
             and not (p.status and p.status.phase in _FINISHED)
+            and not (p.metadata and p.metadata.deletion_timestamp)
         ]
         if len(live) != 1:
             log.info("a call from %s matches %d pods: its caller is not identified", ip, len(live))

@@ -29,6 +29,12 @@ def deleted(core: Any, name: str) -> None:
     core.delete_namespaced_pod(name, OWNER, grace_period_seconds=0)
 
 
+def terminating(core: Any, name: str) -> None:
+    """Deleted with a grace period: its pod stays listed, in deletion, until its kubelet (none
+    here) says its containers stopped; the network may free its address before that."""
+    core.delete_namespaced_pod(name, OWNER, grace_period_seconds=300)
+
+
 def finished(core: Any, name: str) -> None:
     """Succeeded but still listed: the network has its address back (restartPolicy Never)."""
     core.patch_namespaced_pod_status(name, OWNER, {"status": {"phase": "Succeeded"}})
@@ -36,8 +42,20 @@ def finished(core: Any, name: str) -> None:
 
 @pytest.mark.parametrize(
     ("caller_labels", "ended"),
-    [({LABEL_JOB: "rl"}, deleted), ({LABEL_JOB: "rl"}, finished), ({}, deleted)],
-    ids=["job-pod-deleted", "job-pod-finished", "other-pod-deleted"],
+    [
+        ({LABEL_JOB: "rl"}, deleted),
+        ({LABEL_JOB: "rl"}, finished),
+        ({LABEL_JOB: "rl"}, terminating),
+        ({}, deleted),
+        ({}, terminating),
+    ],
+    ids=[
+        "job-pod-deleted",
+        "job-pod-finished",
+        "job-pod-terminating",
+        "other-pod-deleted",
+        "other-pod-terminating",
+    ],
 )
 def test_a_callers_address_given_to_a_pod_of_another_namespace_drives_none_of_the_old_jobs(
     control_plane: ControlPlane,
@@ -54,7 +72,7 @@ def test_a_callers_address_given_to_a_pod_of_another_namespace_drives_none_of_th
             core.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
     (tmp_path / "token").write_text("t" * 32)
     pod_at(core, OWNER, "rl-b", {LABEL_JOB: "rl"}, ip="")  # the job lives on without the caller
-    pod_at(core, OWNER, "caller", caller_labels, LOOPBACK)
+    pod_at(core, OWNER, "caller", caller_labels, LOOPBACK, node="gone")  # deleted gracefully
     coordinator = CoordinatorProcess(control_plane, tmp_path, "callers", "callers")
     coordinator.process.start()
     try:
@@ -67,10 +85,9 @@ def test_a_callers_address_given_to_a_pod_of_another_namespace_drives_none_of_th
                     stub.Acquire(ts.AcquireRequest(job_id="rl"), timeout=10)
                 return refused.value.code(), str(refused.value.details())
 
-            def served() -> bool | None:  # its job has no node yet, so it hears why
+            def served() -> bool | None:  # its job's nodes have no agent, so it hears why
                 code, details = answer()
-                said = f"job {OWNER}/rl: none of its pods is scheduled on a node yet"
-                return (code == grpc.StatusCode.FAILED_PRECONDITION and said in details) or None
+                return (code == grpc.StatusCode.FAILED_PRECONDITION and OWNER in details) or None
 
             wait_for("the owner's caller served", served, 20)
             ended(core, "caller")
@@ -97,12 +114,15 @@ def test_a_callers_address_given_to_a_pod_of_another_namespace_drives_none_of_th
                 core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
 
 
-def pod_at(core: Any, namespace: str, name: str, labels: dict[str, str], ip: str) -> None:
-    """A running pod (not bound to a node) whose status says it has `ip`, as a kubelet writes."""
-    body = {
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"containers": [{"name": "main", "image": "registry.invalid/driver:1"}]},
-    }
+def pod_at(
+    core: Any, namespace: str, name: str, labels: dict[str, str], ip: str, node: str = ""
+) -> None:
+    """A running pod (bound to `node`, if any) whose status says it has `ip`, as a kubelet
+    writes."""
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "registry.invalid/driver:1"}]}
+    body = {"metadata": {"name": name, "labels": labels}, "spec": spec}
+    if node:
+        spec["nodeName"] = node
     core.create_namespaced_pod(namespace, body)
     addresses = {"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {}
     core.patch_namespaced_pod_status(name, namespace, {"status": {"phase": "Running", **addresses}})
