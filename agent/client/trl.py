@@ -77,8 +77,11 @@ class BatonCallback(TurnHolder, TrainerCallback):
         """True from a step's `on_step_begin` to its `on_step_end`: a `trainer.log()` from the
         step's loss or reward (its `on_log`) ends nothing."""
         self._evaluating = 0
-        """Open `evaluate()` calls: an evaluation's `on_log` ends nothing, its `on_evaluate`
-        follows (after an `eval_on_start` evaluation nothing else keeps the turn for it)."""
+        """Open `evaluate()` calls: an evaluation's `on_log` and `on_evaluate` end nothing (with
+        a dict of eval datasets, each dataset's follows), the outermost call's return may."""
+        self._evaluated_turn = 0
+        """Unwired: the turn (its number in `turns`) an evaluation kept, for the datasets that
+        may follow it, until the next step begins."""
 
     def watch(self, *sources: Any) -> None:
         """Take the turns around a `Trainer`'s callbacks, and park its model, any reference
@@ -126,7 +129,7 @@ class BatonCallback(TurnHolder, TrainerCallback):
                 self._dispatching -= 1
             self._step_event(event)
             last = self._dispatching == 0 and not self._pinned and not self._in_step
-            last = last and not (event == "on_log" and self._evaluating)
+            last = last and not (event in ("on_log", "on_evaluate") and self._evaluating)
             metrics = kw.get("metrics")
             if (
                 last
@@ -168,6 +171,7 @@ class BatonCallback(TurnHolder, TrainerCallback):
         trainer.train = guarded
         for name in OUTSIDE_STEPS:
             setattr(trainer, name, self._in_turn(getattr(trainer, name), name == "evaluate"))
+        trainer.evaluate = self._ends_evaluation(trainer, trainer.evaluate)
         if self.parker is None:  # the driver's checkpoint: every device call needs the turn
             trainer.get_batch_samples = self._begins(trainer.get_batch_samples)
 
@@ -210,6 +214,24 @@ class BatonCallback(TurnHolder, TrainerCallback):
 
         return wrapped  # type: ignore[return-value]
 
+    def _ends_evaluation(self, trainer: Any, evaluate: F) -> F:
+        """`evaluate` that ends the turn as its outermost call returns, where its last
+        `on_evaluate` would have: after every dataset of a dict of eval datasets, not the first
+        (transformers fires `on_evaluate` once per dataset)."""
+
+        @functools.wraps(evaluate)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            metrics = evaluate(*args, **kwargs)
+            last = not (self._evaluating or self._dispatching or self._pinned or self._in_step)
+            control, state = trainer.control, trainer.state
+            if last and not device_work_follows(
+                "on_evaluate", trainer.args, control, state, metrics
+            ):
+                self.end()
+            return metrics
+
+        return wrapped  # type: ignore[return-value]
+
     # The trainer's hooks: with `watch(trainer)` the wrapped handler takes the turns instead.
 
     def on_train_begin(
@@ -227,6 +249,8 @@ class BatonCallback(TurnHolder, TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         if not self._wired:
+            if self._evaluation_kept():
+                self.end()  # the evaluation's turn, kept in case another dataset followed
             self.begin()
             self._step_event("on_step_begin")
 
@@ -254,7 +278,11 @@ class BatonCallback(TurnHolder, TrainerCallback):
     def on_evaluate(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self._end_unless("on_evaluate", args, control, state, kw.get("metrics"))
+        if self._wired or self._pinned or self._in_step or not self.holding:
+            return
+        # Another dataset's evaluation may follow (a dict of eval datasets): the turn ends as
+        # the next step begins, or at the saving, epoch's end or training's end that follow.
+        self._evaluated_turn = len(self.turns)
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -265,6 +293,10 @@ class BatonCallback(TurnHolder, TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         self._end_unless("on_train_end", args, control)
+
+    def _evaluation_kept(self) -> bool:
+        """Unwired: whether the turn held is the one an evaluation kept."""
+        return self.holding and len(self.turns) == self._evaluated_turn
 
     def _end_unless(
         self,
@@ -277,6 +309,8 @@ class BatonCallback(TurnHolder, TrainerCallback):
         """Unwired: end the turn at this callback unless device work follows."""
         if self._wired or self._pinned or self._in_step:
             return
+        if event == "on_log" and self._evaluation_kept():
+            return  # the next dataset's evaluation logs its metrics
         if not device_work_follows(event, args, control, state, metrics):
             self.end()
 
