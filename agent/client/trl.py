@@ -79,6 +79,8 @@ class BatonCallback(TurnHolder, TrainerCallback):
         self._evaluating = 0
         """Open `evaluate()` calls: an evaluation's `on_log` and `on_evaluate` end nothing (with
         a dict of eval datasets, each dataset's follows), the outermost call's return may."""
+        self._epoch_end_due = False
+        """Watched: from an epoch's last step's `on_step_end` to the epoch's `on_epoch_end`."""
         self._evaluated_turn = 0
         """Unwired: the turn (its number in `turns`) an evaluation kept, for the datasets that
         may follow it, until the next step begins."""
@@ -127,9 +129,10 @@ class BatonCallback(TurnHolder, TrainerCallback):
                 control = dispatch(event, args, state, control, **kw)
             finally:
                 self._dispatching -= 1
-            self._step_event(event)
+            self._step_event(event, state)
             last = self._dispatching == 0 and not self._pinned and not self._in_step
             last = last and not (event in ("on_log", "on_evaluate") and self._evaluating)
+            last = last and not (self._epoch_end_due and event != "on_train_end")
             metrics = kw.get("metrics")
             if (
                 last
@@ -158,6 +161,7 @@ class BatonCallback(TurnHolder, TrainerCallback):
         @functools.wraps(train)
         def guarded(*args: Any, **kwargs: Any) -> Any:
             self._in_step = False  # a step that raised never reached its on_step_end
+            self._epoch_end_due = False  # nor its epoch's end
             try:
                 self.begin()
                 return train(*args, **kwargs)
@@ -175,14 +179,22 @@ class BatonCallback(TurnHolder, TrainerCallback):
         if self.parker is None:  # the driver's checkpoint: every device call needs the turn
             trainer.get_batch_samples = self._begins(trainer.get_batch_samples)
 
-    def _step_event(self, event: str) -> None:
+    def _step_event(self, event: str, state: TrainerState | None = None) -> None:
         """Note a step's begin and end: between them no event ends the step's turn. An epoch's
         end ends a step the loop left before its `on_step_end` (a callback's
-        `should_training_stop` at `on_step_begin`, `should_epoch_stop` at `on_substep_end`)."""
+        `should_training_stop` at `on_step_begin`, `should_epoch_stop` at `on_substep_end`).
+        Given the `state`, an epoch's last step keeps its turn (its logging, evaluation and
+        saving end nothing) for the epoch's end, which takes one for its callbacks: its
+        `state.epoch` is whole (transformers counts `epoch + (step + 1) / steps_in_epoch`)."""
         if event == "on_step_begin":
             self._in_step = True
         elif event in ("on_step_end", "on_epoch_end"):
             self._in_step = False
+        epoch = state.epoch if state is not None else None
+        if event == "on_step_end":
+            self._epoch_end_due = epoch is not None and float(epoch).is_integer()
+        elif event in ("on_step_begin", "on_epoch_end"):
+            self._epoch_end_due = False
 
     def _begins(self, method: F) -> F:
         """`method` run after the turn begins, left held for the step that follows: the
@@ -223,6 +235,7 @@ class BatonCallback(TurnHolder, TrainerCallback):
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             metrics = evaluate(*args, **kwargs)
             last = not (self._evaluating or self._dispatching or self._pinned or self._in_step)
+            last = last and not self._epoch_end_due
             control, state = trainer.control, trainer.state
             if last and not device_work_follows(
                 "on_evaluate", trainer.args, control, state, metrics
