@@ -11,6 +11,7 @@ from commands.kubectl.api import (
     Api,
     Forbidden,
     NoAnswer,
+    NotFound,
     PluginError,
     agent_status_path,
     inventory_path,
@@ -67,9 +68,18 @@ def read_agents(
 
 
 def read_inventory(api: Api, pods: Mapping[str, str], namespace: str = NAMESPACE) -> Any:
-    """The extender's inventory; without an extender, the agents' nodes alone."""
+    """The extender's inventory (over HTTPS where plain HTTP gets no answer from it); without
+    an extender, the agents' nodes alone."""
     try:
-        return api.get(inventory_path(namespace))
+        try:
+            return api.get(inventory_path(namespace))
+        except (Forbidden, NotFound, NoAnswer):
+            raise
+        except PluginError as plain:
+            try:  # the API server's proxy could not speak HTTP to it: one serving HTTPS?
+                return api.get(inventory_path(namespace, https=True))
+            except PluginError:
+                raise plain from None
     except Forbidden:
         raise
     except PluginError as err:

@@ -70,11 +70,11 @@ def agent_status_path(pod: str, namespace: str = NAMESPACE) -> str:
     return f"/api/v1/namespaces/{namespace}/pods/{pod}:{PORT_AGENT}/proxy/v1/status"
 
 
-def inventory_path(namespace: str = NAMESPACE) -> str:
-    """The extender's /v1/inventory through the API server's service proxy."""
-    return (
-        f"/api/v1/namespaces/{namespace}/services/baton-extender:{PORT_EXTENDER}/proxy/v1/inventory"
-    )
+def inventory_path(namespace: str = NAMESPACE, https: bool = False) -> str:
+    """The extender's /v1/inventory through the API server's service proxy (to its HTTPS port
+    with `https`: the chart's `extender.tls`)."""
+    service = f"{'https:' if https else ''}baton-extender:{PORT_EXTENDER}"
+    return f"/api/v1/namespaces/{namespace}/services/{service}/proxy/v1/inventory"
 
 
 def refusal(status: int, body: str, path: str) -> PluginError:

@@ -107,7 +107,8 @@ address under the variable `name` (the dict's `env`). */}}
 {{- end }}
 {{- end }}
 
-{{/* A readiness and liveness probe pair on `port`, on the listen address when there is one. */}}
+{{/* A readiness and liveness probe pair on `port` (over `scheme`, HTTP by default), on the listen
+address when there is one. */}}
 {{- define "baton.probes" -}}
 {{- $host := "" -}}
 {{- if .root.Values.hostNetwork.enabled }}{{ $host = .root.Values.hostNetwork.listenHost }}{{ end -}}
@@ -133,7 +134,7 @@ livenessProbe:
     host: {{ . }}
     {{- end }}
   periodSeconds: 10
-  {{- if not .scheme }}
+  {{- if not .ready }}{{/* Baton's daemons; kube-scheduler keeps the default */}}
   failureThreshold: 6
   {{- end }}
 {{- end }}

@@ -20,6 +20,7 @@ from tests.k8s.conftest import delete_namespace
 from tests.k8s.dra.claims import claim_pod, claim_template, claim_tenant
 from tests.k8s.helm.conftest import CHART, HelmNode
 from tests.k8s.pods import namespace_obj
+from tests.tlscerts import Authority
 
 pytestmark = pytest.mark.helm_lifecycle
 """In `make test`; `pytest -m helm_lifecycle tests/k8s/helm` runs it alone."""
@@ -34,8 +35,13 @@ WAIT = "from agent.client import Baton; b = Baton(); print('asking', flush=True)
 # The agent serves its status on every address (not loopback only, as manifests/overlays/local
 # does): the API server's pod proxy, which `kubectl baton` reads agents through, refuses
 # loopback addresses. Turns last up to 5 min, so the why test's holder keeps its turn.
+# kube-scheduler and `kubectl baton` reach the extender over HTTPS, kube-scheduler with its
+# client certificate (the secrets `tls_secrets` makes).
 VALUES = ["-f", str(CHART / "ci" / "local-dra-values.yaml"), "--set", "kubeletPlugin=auto",
-          "--set", "hostNetwork.listenHost=", "--set", "agent.maxHoldSeconds=300"]  # fmt: skip
+          "--set", "hostNetwork.listenHost=", "--set", "agent.maxHoldSeconds=300",
+          "--set", "extender.tls.secretName=baton-extender-tls",
+          "--set", "extender.tls.clientSecretName=baton-scheduler-client",
+          "--set", "scheduler.extenderURL=https://127.0.0.1:9462"]  # fmt: skip
 WORKLOADS = ("daemonset/baton-agent", "daemonset/baton-dra", "deployment/baton-extender",
              "deployment/baton-scheduler")  # fmt: skip
 
@@ -45,8 +51,9 @@ def agent_status() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def release(helm_node: HelmNode) -> HelmNode:
+def release(helm_node: HelmNode, tmp_path_factory: pytest.TempPathFactory) -> HelmNode:
     """Baton installed by `helm install --wait`, its ResourceSlice published; a test namespace."""
+    tls_secrets(helm_node, tmp_path_factory.mktemp("helm-tls"))
     helm_node.helm("install", "baton", str(CHART), "--create-namespace", *VALUES,
                    "--wait", "--timeout", "240s", timeout=300)  # fmt: skip
 
@@ -61,9 +68,28 @@ def release(helm_node: HelmNode) -> HelmNode:
     return helm_node
 
 
+def tls_secrets(node: HelmNode, directory: Path) -> None:
+    """The extender's serving certificate (its Service name and the loopback address the
+    node's kube-scheduler dials) and kube-scheduler's client certificate, each with its CA."""
+    node.apply(namespace_obj(names.NAMESPACE))
+    serving = Authority(directory, "serving CA")
+    service = f"baton-extender.{names.NAMESPACE}.svc"
+    clients = Authority(directory, "scheduler CA")
+    secrets = {
+        "baton-extender-tls": (serving.issue("baton-extender", (service, "127.0.0.1")), serving),
+        "baton-scheduler-client": (clients.issue("baton-scheduler", client=True), clients),
+    }
+    for name, ((cert, key), authority) in secrets.items():
+        node.kubectl("-n", names.NAMESPACE, "create", "secret", "generic", name,
+                     f"--from-file=tls.crt={cert}", f"--from-file=tls.key={key}",
+                     f"--from-file=ca.crt={authority.cert}")  # fmt: skip
+
+
 def test_install_takes_the_dra_path_and_every_daemon_is_ready(release: HelmNode) -> None:
     for workload in WORKLOADS:
         release.kubectl("-n", names.NAMESPACE, "rollout", "status", workload, "--timeout=60s")
+    log = release.kubectl("-n", names.NAMESPACE, "logs", "deployment/baton-extender")
+    assert "serving on https://0.0.0.0:9462 (/bind for client certificates of" in log, log
     assert release.try_kubectl("-n", names.NAMESPACE, "get", "daemonset/baton-deviceplugin") is None
     assert release.get("deviceclass", names.DRA_DEVICE_CLASS)["spec"]["extendedResourceName"] == (
         names.RESOURCE_GPU
