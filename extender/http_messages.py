@@ -44,7 +44,7 @@ class Route:
     pool: Executor | None = None
     client_cert: bool = False
     """Answered only to a client that presented a certificate the server verified, when the
-    server verifies clients (`tls_context`'s `client_ca`); others get 403."""
+    server verifies clients (`extender.tlsfiles.tls_context`); others get 403."""
 
 
 Routes = dict[tuple[str, str], Route]

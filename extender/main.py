@@ -37,7 +37,7 @@ def check_tls(cert: str | None, key: str | None, client_ca: str | None = None) -
                 f"{option} {path}: cannot read it ({exc.strerror}); mount the serving "
                 "certificate's secret there (manifests/scheduler/tls) or pass the right path"
             ) from None
-    from extender.server import tls_context
+    from extender.tlsfiles import tls_context
 
     try:
         tls_context(cert, key)

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import signal
 import socket
-import ssl
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -20,6 +19,7 @@ import uvloop
 
 from baton.contract.shutdown import STOP_SIGNALS, signal_name
 from extender.http import HttpServer, Routes
+from extender.tlsfiles import CHECK_EVERY_S, TlsFiles
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -34,18 +34,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-def tls_context(certfile: str, keyfile: str, client_ca: str | None = None) -> ssl.SSLContext:
-    """A server-side TLS context serving the certificate. With `client_ca`, it asks each
-    client for a certificate: one that `client_ca` did not sign ends the handshake, and a
-    client that presents none is served the routes that do not need one."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(certfile, keyfile)
-    if client_ca:
-        context.verify_mode = ssl.CERT_OPTIONAL
-        context.load_verify_locations(cafile=client_ca)
-    return context
 
 
 class Server:
@@ -64,9 +52,10 @@ class Server:
         client_ca: str | None = None,
     ):
         """`on_stop` runs on the server's event loop once it has stopped serving (e.g. to
-        close connections made on that loop); `client_ca` (with TLS): see `tls_context`."""
-        context = tls_context(certfile, keyfile, client_ca) if certfile and keyfile else None
-        self.http = HttpServer(routes, context)
+        close connections made on that loop); `client_ca` (with TLS): see `extender.tlsfiles`."""
+        self.tls = TlsFiles(certfile, keyfile, client_ca) if certfile and keyfile else None
+        """The TLS files served, loaded again as they change (None: plain HTTP)."""
+        self.http = HttpServer(routes, self.tls.context if self.tls else None)
         self.shutdown_grace = shutdown_grace
         self._on_stop = on_stop
         self.stop_signal: str | None = None
@@ -75,6 +64,7 @@ class Server:
         self._stop: asyncio.Event | None = None
         self._stop_asked = threading.Event()
         self._ready = threading.Event()
+        self._checking: asyncio.TimerHandle | None = None
 
     def run(self, sockets: list[socket.socket]) -> None:
         """Serve on the (listening) socket until stopped."""
@@ -91,14 +81,37 @@ class Server:
         self._ready.set()
         if self._stop_asked.is_set() or self.stop_signal is not None:
             self._stop.set()
+        if self.tls is not None:
+            self._checking = self._loop.call_later(CHECK_EVERY_S, self._check_tls)
         try:
             await self.http.serve(sock, self._stop, self.shutdown_grace)
         finally:
+            if self._checking is not None:
+                self._checking.cancel()
             if self._on_stop is not None:
                 self._on_stop()
             if threading.current_thread() is threading.main_thread():
                 for sig in STOP_SIGNALS:
                     self._loop.remove_signal_handler(sig)
+
+    def _check_tls(self) -> None:
+        """Load changed TLS files (on the loop: no handshake runs meanwhile); again later."""
+        assert self.tls is not None and self._loop is not None
+        self.tls.check()
+        self._checking = self._loop.call_later(CHECK_EVERY_S, self._check_tls)
+
+    def check_tls_now(self, timeout_s: float = 5.0) -> bool:
+        """From another thread, once serving: load changed TLS files now (`TlsFiles.check`);
+        whether they were."""
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError(f"the server did not start serving within {timeout_s:g} s")
+        assert self.tls is not None and self._loop is not None
+        tls = self.tls
+
+        async def check() -> bool:
+            return tls.check()
+
+        return asyncio.run_coroutine_threadsafe(check(), self._loop).result(timeout_s)
 
     def catch_stop_signals(self) -> None:
         """From now on (call it in the main thread), SIGTERM or SIGINT stops the server, also
