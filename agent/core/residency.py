@@ -10,7 +10,7 @@ nothing.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Protocol
 
 
@@ -61,8 +61,16 @@ class TurnPreparer(Protocol):
         """The tenant's turn on `gpus` ended (a yield): it may be parked from now on."""
         ...
 
-    async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
-        """The tenant's lease was revoked (max hold passed while others wait): park it."""
+    async def revoke(
+        self,
+        tenant_id: str,
+        gpus: Sequence[str],
+        holds: Callable[[], bool] = ...,
+        waited: Callable[[], bool] = ...,
+    ) -> bool:
+        """The tenant's lease is revoked (max hold passed while others wait): park it. Whether
+        it was: not if, asked before anything moves, its lease no longer `holds` or nobody is
+        `waited` for (the holder yielded, the waiters left), nothing moved."""
         ...
 
     async def forget(self, tenant_id: str) -> None:
@@ -112,8 +120,15 @@ class NullPreparer:
     def released(self, tenant_id: str, gpus: Sequence[str]) -> None:
         """Nothing to count."""
 
-    async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
-        """Nothing to park."""
+    async def revoke(
+        self,
+        tenant_id: str,
+        gpus: Sequence[str],
+        holds: Callable[[], bool] = lambda: True,
+        waited: Callable[[], bool] = lambda: True,
+    ) -> bool:
+        """Nothing to park: revoked at once."""
+        return True
 
     async def forget(self, tenant_id: str) -> None:
         """Nothing to release."""

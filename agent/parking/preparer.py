@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from agent.core.planner import Plan, TenantView, plan_ahead, plan_park, plan_turn, too_large
 from agent.core.residency import NoRoom
@@ -265,22 +265,35 @@ class ParkingPreparer(PlanMoves):
         async with self._lock:
             await self._reread()
 
-    async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
+    async def revoke(
+        self,
+        tenant_id: str,
+        gpus: Sequence[str],
+        holds: Callable[[], bool] = lambda: True,
+        waited: Callable[[], bool] = lambda: True,
+    ) -> bool:
         """Park a holder whose lease ran out while others wait; `NoRoom` (it keeps its turn)
-        if it must stay."""
+        if it must stay. Under the lock, before anything moves, the revocation must still stand:
+        its lease still `holds`, and someone still `waited` for its GPUs; if not (it yielded
+        while the revocation waited for the node or read it, its waiters left), nothing is
+        parked and False is returned."""
         async with self._lock:
+            if not (holds() and waited()):
+                return False
             held = self._holding.get(tenant_id)
             self.released(tenant_id, gpus)
+            went = False
             try:
                 snap = await self._reread()
-                if tenant_id not in snap.tenants:
-                    return
-                await self._carry_out(tenant_id, plan_park(snap, tenant_id), "revoke")
-            except BaseException:
-                if held is not None:
-                    self._holding[tenant_id] = held
-                raise
-            self.metrics.preemptions.inc()  # parked: one that could not be is tried again
+                if holds() and waited():  # or it yielded, or its waiters left, meanwhile
+                    if tenant_id in snap.tenants:
+                        await self._carry_out(tenant_id, plan_park(snap, tenant_id), "revoke")
+                        self.metrics.preemptions.inc()  # one that could not be is tried again
+                    went = True
+            finally:
+                if not went and held is not None and holds():
+                    self._holding[tenant_id] = held  # it keeps its turn
+            return went
 
     async def park(self, tenant_id: str) -> None:
         """Park the tenant now, on request (llm-d's Snapshot); `NoRoom` if it cannot be."""

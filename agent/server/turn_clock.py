@@ -128,8 +128,15 @@ class TurnClock:
             "tenant %s held [%s] (%s, maximum %g s) while %d others wait; revoking",
             lease.tenant_id, ", ".join(lease.gpus), why, self.table.max_hold, waiting,
         )  # fmt: skip
+
+        def holds() -> bool:
+            return lease.lease_id in self.table.leases
+
+        def waited() -> bool:  # someone still waits for its GPUs
+            return holds() and self.table.revoke_at(lease) is not None
+
         try:
-            await self._state.preparer.revoke(lease.tenant_id, lease.gpus)
+            parked = await self._state.preparer.revoke(lease.tenant_id, lease.gpus, holds, waited)
         except Exception as exc:  # the holder keeps the GPU until it can be parked
             if lease.lease_id in self.table.leases:
                 why = self.revocations.failed(self.table, lease, exc, self._state.clock())
@@ -139,6 +146,9 @@ class TurnClock:
         finally:
             self.revocations.finished(lease.lease_id)
         if lease.lease_id not in self.table.leases:  # yielded meanwhile
+            return
+        if not parked:  # its waiters left before it was parked: it keeps its turn
+            self._reschedule()
             return
         _, due, resume = self.table.revoke(lease.lease_id)
         self._state.journal_end(lease)  # written with the grant it makes room for

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -127,11 +128,12 @@ def cross_next_renewal(agent: AgentRunner, monkeypatch: pytest.MonkeyPatch) -> N
     preparer = agent.service.state.preparer
     revoke = preparer.revoke
 
-    async def revoke_then_let_it_in(tenant_id: str, gpus: Sequence[str]) -> None:
-        await revoke(tenant_id, gpus)
+    async def revoke_then_let_it_in(tenant_id: str, gpus: Sequence[str], *asks: Any) -> bool:
+        parked = await revoke(tenant_id, gpus, *asks)
         await arrived.wait()
         if not go[0].done():
             go[0].set_result(None)  # the renewal's turn comes before the push's write
+        return parked
 
     monkeypatch.setattr(SessionStream, "_handle", held_renewal)
     monkeypatch.setattr(preparer, "revoke", revoke_then_let_it_in)

@@ -55,6 +55,7 @@ def test_a_tenant_that_leaves_while_its_turn_is_prepared_is_not_prepared(backend
     async def leaves_during_the_park():
         if way != "behind a revocation":  # a's turn ended: b is due
             prep.released("a", [GPU])
+        first: asyncio.Future[object]
         if way == "ahead":  # a's park is b's room, made ahead of b's turn
             first = asyncio.ensure_future(prep.prepare_ahead("b", [GPU]))
         elif way == "behind a revocation":

@@ -50,10 +50,11 @@ class RecordingPreparer:
     def released(self, tenant_id: str, gpus: Sequence[str]) -> None:
         pass
 
-    async def revoke(self, tenant_id: str, gpus: Sequence[str]) -> None:
+    async def revoke(self, tenant_id: str, gpus: Sequence[str], *_: Any) -> bool:
         self.calls.append(("revoke", tenant_id))
         if tenant_id in self.cannot_park:
             raise NoRoom(f"park of {tenant_id} failed 3 times; last error: lock timed out")
+        return True
 
     async def forget(self, tenant_id: str) -> None:
         self.calls.append(("forget", tenant_id))
