@@ -76,7 +76,7 @@ class LookAhead:
     """Names each held GPU's next tenant to the preparer, once per hint."""
 
     def __init__(
-        self, preparer: TurnPreparer, spawn: Callable[[Coroutine[Any, Any, None]], None]
+        self, preparer: TurnPreparer, spawn: Callable[[Coroutine[Any, Any, None]], object]
     ) -> None:
         self._preparer = preparer
         self._spawn = spawn

@@ -204,6 +204,11 @@ class LeaseService:
         its turns and waits end, its accounting and fair debt are a departed tenant's."""
         self.tenancy.left(tenant_id, why)
 
+    async def forgotten(self, tenant_id: str) -> None:
+        """Return once a tenant of this id that left is forgotten by the residency layer (a
+        tenant joining under its id waits for that)."""
+        await self.tenancy.forgotten(tenant_id)
+
     def upsert_pod(self, tenant: Tenant) -> None:
         """A pod on this node with Baton GPUs appeared or changed."""
         self.tenancy.upsert_tenant(tenant, "pod")

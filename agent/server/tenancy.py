@@ -35,6 +35,9 @@ class Tenancy:
         """Tenant (not a pod) → its processes alive as its resume was withdrawn: only they can
         come back to hear so (`Resumes.withdrawn`), which is forgotten once they have exited."""
         self._watch: ProcessWatch | None = None
+        self._forgetting: dict[str, asyncio.Task[None]] = {}
+        """Tenant → the residency layer's `forget` of it, until that has run (it waits for the
+        parking lock): a tenant of the same id joins only after it (`forgotten`)."""
 
     def close(self) -> None:
         """Stop watching the processes of tenants whose resume was withdrawn."""
@@ -250,8 +253,24 @@ class Tenancy:
             state.tenant_left(tenant_id)
         state.publish(ev.TENANT_GONE, tenant_id, detail=why)
         log.info("tenant %s: %s; released %d leases", tenant_id, why, len(leases))
-        state.spawn(state.preparer.forget(tenant_id))
+        forget = state.spawn(state.preparer.forget(tenant_id))
+        self._forgetting[tenant_id] = forget
+        forget.add_done_callback(lambda done: self._forgot(tenant_id, done))
         self._turns.changed()
+
+    def _forgot(self, tenant_id: str, forget: asyncio.Task[None]) -> None:
+        if self._forgetting.get(tenant_id) is forget:
+            del self._forgetting[tenant_id]
+
+    async def forgotten(self, tenant_id: str) -> None:
+        """Return once what the residency layer kept of a tenant of this id that left is
+        dropped: a tenant joining under the id of one that left must not start from that (its
+        residency, parked memory, turn) nor have what it records then dropped with it."""
+        forget = self._forgetting.get(tenant_id)
+        if forget is not None:
+            log.info("tenant %s joins again: it waits until its departed namesake is forgotten",
+                     tenant_id)  # fmt: skip
+            await asyncio.wait({forget})  # a move holds the parking lock: bounded by its deadline
 
 
 def restored_line(saved: PersistedState, grace: float) -> str:

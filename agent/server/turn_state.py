@@ -134,11 +134,12 @@ class TurnState:
 
     # Events and background work.
 
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run `coro` in the background until it ends or the service closes."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def grants_first(self) -> _GrantsFirst:
         """Hold events and metrics back until the block ends, so that a grant it makes reaches

@@ -196,6 +196,7 @@ class Jobs:
             raise InvalidRegistration(f"job_id {DEPARTED} names the accounting's departed tenants")
         gpus = self.group_gpus(group, await self.seen_by(peer))
         caller = await self.caller(peer)
+        await self.service.forgotten(PREFIX + job_id)  # a job of this id that left goes first
         tenant = self.find(job_id, group, caller)
         self.check_caller(tenant, caller)
         if tenant is None or (tenant.source == LLMD and not set(gpus) <= set(tenant.gpus)):
@@ -304,11 +305,7 @@ class Jobs:
         return tuple(checked)
 
     def _job_tenant(
-        self,
-        job_id: str,
-        gpus: tuple[str, ...],
-        old: Tenant | None,
-        caller: PeerProcess | None,
+        self, job_id: str, gpus: tuple[str, ...], old: Tenant | None, caller: PeerProcess | None
     ) -> Tenant:
         wanted = tuple(sorted(set(gpus) | set(old.gpus if old else ())))
         whole = max((self._gpu_memory.get(g, 0) for g in wanted), default=0)
