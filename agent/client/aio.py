@@ -155,6 +155,8 @@ class AsyncBaton(AsyncSession):
         except AgentUnavailable:
             raise
         except BatonError as exc:  # LeaseLost, TurnRevoked: the core's to judge
+            if self._closing:  # closed meanwhile: no renewal to arm again
+                raise
             outcome = exc
         self._core.renewed(lease, outcome, reclaiming=True)
         self._rearm()

@@ -312,8 +312,9 @@ class AsyncSession:
         assert self._supervisor is not None
         reconnecting = self._reconnect and not self._supervisor.done()
         await connected(
-            self._connected, self._answered, self._refusals, reconnecting, wait, self.socket
-        )
+            self._connected, self._answered, self._refusals, reconnecting, wait, self.socket,
+            closing=lambda: self._closing,
+        )  # fmt: skip
 
     # Renewal.
 
@@ -378,6 +379,8 @@ class AsyncSession:
             return
         self._renewer.set(None)
         self._keeper.set(None)
+        if self._answered is not None:  # calls waiting for a reconnect hear "closed" now
+            self._answered.set()
         if self._opening is not None and self._opening.cancel():  # (a connect under way)
             await asyncio.wait([self._opening])
         await settled(self._moving - {asyncio.current_task()}, CLOSE_WAIT_S)  # (unless inside)

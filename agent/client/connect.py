@@ -164,10 +164,12 @@ async def connected(
     reconnecting: bool,
     wait: float,
     socket: str,
+    closing: Callable[[], bool] = lambda: False,
 ) -> None:
     """Return once `is_open` is set; `AgentUnavailable` if not within `wait` seconds or if the
     session is broken and no reconnect is under way; the agent's refusal at once if it refuses
-    the session for good (`answered` is set then too)."""
+    the session for good (`answered` is set then too); the "closed" error if the client is
+    `closing` when the wait ends (close() sets `answered` to end it)."""
     if is_open.is_set():
         return
     if (refused := refusals.final()) is not None:
@@ -180,7 +182,9 @@ async def connected(
     try:
         await asyncio.wait_for(answered.wait(), max(0.0, wait))
     except TimeoutError:
+        usable(closing(), None)
         raise refusals.still_reconnecting(wait) from None
+    usable(closing(), None)
     if not is_open.is_set() and (refused := refusals.final()) is not None:
         raise refused
 

@@ -5,13 +5,14 @@ takes that for its own cancellation: a TaskGroup swallows it, `asyncio.timeout` 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from agent.client import AsyncBaton, Baton, BatonError
 from agent.parking.setup import ParkingOptions
 from baton.contract.names import MIB, fake_gpu_uuid
+from tests.agent.client.test_client_reconnect import hold_reconnect
 from tests.harness.agent import AgentRunner
 
 pytestmark = pytest.mark.timeout(60)
@@ -118,3 +119,43 @@ def test_close_during_a_park_callback_lets_it_finish_and_answers_the_agent(workd
     parking = ParkingOptions(backend="app", fake_gpus="1x100")
     with AgentRunner(workdir, parking=parking) as agent:
         asyncio.run(scenario(agent))
+
+
+def test_close_while_a_call_waits_for_the_reconnect_says_closed_at_once(workdir: str) -> None:
+    """Not `AgentUnavailable` "still reconnecting" once the call's own timeout has passed."""
+    runner = AgentRunner(workdir).start()
+
+    class Heard(asyncio.Event):
+        """The session's "answered" event, telling when a call waits on it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.waited = asyncio.Event()
+
+        async def wait(self) -> Literal[True]:
+            self.waited.set()
+            return await super().wait()
+
+    async def scenario() -> None:
+        baton = AsyncBaton(runner.socket, ["GPU-0"], name="a")
+        await baton.connect()
+        gate = hold_reconnect(baton)
+        heard = baton._answered = Heard()
+        heard.set()  # the session is open
+        try:
+            await asyncio.to_thread(runner.stop)  # the reconnect then waits at the gate
+            call = asyncio.create_task(baton.acquire(60))
+            await asyncio.wait_for(heard.waited.wait(), WAIT_S)
+            loop = asyncio.get_running_loop()
+            closed_at = loop.time()
+            await asyncio.wait_for(baton.close(), WAIT_S)
+            with pytest.raises(BatonError, match=CLOSED):
+                await asyncio.wait_for(call, WAIT_S)
+            assert loop.time() - closed_at < WAIT_S
+        finally:
+            gate.set()  # the held reconnect's thread ends
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        runner.stop()
