@@ -7,10 +7,9 @@ connection's source address, found through the API server. A pod in deletion (it
 its IP gone to another pod before its kubelet says so, and its own calls from then on (a Yield in
 its grace period) are unidentified. A job pod's address is remembered (`TTL_S` at most) until the
 coordinator's watches of job pods see that pod deleted, in deletion or finished, or another job
-pod at its address, or relist; another pod's address is watched once it is looked up
-(`coordinator.callerwatch`), as nothing else tells when it goes: a pod's IP is handed to the next
-pod as soon as it is free (an address no pod has, or several share, is remembered `TTL_S` as
-naming nobody). A pod
+pod at its address, or relist; another pod's address is asked for on every call, as
+nothing tells when it goes: a pod's IP is handed to the next pod as soon as it is free (an
+address no pod has, or several share, is remembered `TTL_S` as naming nobody). A pod
 IP is assigned by the cluster's network and cannot be taken by another pod without privileges a
 tenant pod does not get; an address no pod has, or that several share (host network),
 identifies nobody. Baton's own client is identified by its node agent instead
@@ -27,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from baton.contract.kube import api_error_reason
-from coordinator.callerwatch import AddressWatches, Identity, identity
+from baton.contract.names import LABEL_JOB, LABEL_LLMD_JOB
 
 log = logging.getLogger(__name__)
 TTL_S = 30.0
@@ -35,6 +34,8 @@ TTL_S = 30.0
 MAX_KNOWN = 4096
 """Addresses remembered at most (the oldest go first)."""
 _FINISHED = ("Succeeded", "Failed")
+_WATCHED = (LABEL_JOB, LABEL_LLMD_JOB)
+"""The labels whose pods the coordinator watches (`coordinator.daemon`)."""
 
 
 def peer_ip(peer: str) -> str:
@@ -60,20 +61,13 @@ class _Known(NamedTuple):
 
 class PodCallers:
     """Maps a caller's address to its pod's namespace through the API server; `saw` and
-    `relisted` (from the job pods' watches, on their threads) forget what they make stale;
-    `stop` ends the watches of other callers' addresses."""
+    `relisted` (from the job pods' watches, on their threads) forget what they make stale."""
 
-    def __init__(
-        self,
-        api_client: Any,
-        clock: Callable[[], float] = time.monotonic,
-        watches: AddressWatches | None = None,
-    ) -> None:
+    def __init__(self, api_client: Any, clock: Callable[[], float] = time.monotonic) -> None:
         from kubernetes import client
 
         self._core = client.CoreV1Api(api_client)
         self._clock = clock
-        self.watches = watches or AddressWatches.through(api_client, clock)
         self._lock = threading.Lock()
         self._known: dict[str, _Known] = {}
         self._ends = 0
@@ -87,9 +81,6 @@ class PodCallers:
         ip = peer_ip(peer)
         if not ip:
             return None
-        watched = self.watches.known(ip)
-        if watched is not None:
-            return watched.namespace
         with self._lock:
             cached = self._known.get(ip)
             if cached is not None and self._clock() - cached.at < TTL_S:
@@ -97,18 +88,16 @@ class PodCallers:
             ends = self._ends
             self._asking[ip] = self._asking.get(ip, 0) + 1
         try:
-            found = await asyncio.to_thread(self._lookup, ip)
+            found, uid, watched = await asyncio.to_thread(self._lookup, ip)
         finally:
             with self._lock:
                 self._asking[ip] -= 1
                 if not self._asking[ip]:
                     del self._asking[ip]
-        if found.namespace is not None and not found.job_pod:
-            self.watches.watch(ip)  # answers from its first list on
         with self._lock:  # an API server that failed is asked again
-            if ends == self._ends and (found.job_pod or found.namespace is None):
-                self._remember(ip, _Known(self._clock(), found.namespace, found.uid))
-        return found.namespace
+            if ends == self._ends and (watched or found is None):
+                self._remember(ip, _Known(self._clock(), found, uid))
+        return found
 
     def saw(self, pod: Mapping[str, Any], gone: bool) -> None:
         """A job pod as its watch saw it (`gone`: deleted, or no longer labelled)."""
@@ -129,18 +118,15 @@ class PodCallers:
             self._ends += 1
             self._known.clear()
 
-    def stop(self) -> None:
-        """Stop watching other callers' addresses (bounded)."""
-        self.watches.stop()
-
     def _remember(self, ip: str, known: _Known) -> None:
         self._known.pop(ip, None)
         while len(self._known) >= MAX_KNOWN:
             del self._known[next(iter(self._known))]
         self._known[ip] = known
 
-    def _lookup(self, ip: str) -> Identity:
-        """The one live pod at `ip` (`callerwatch.identity`)."""
+    def _lookup(self, ip: str) -> tuple[str | None, str, bool]:
+        """The namespace of the one live pod at `ip` (or None), its uid, and whether a job
+        pods' watch will see it end."""
         try:
             pods = self._core.list_pod_for_all_namespaces(
                 field_selector=f"status.podIP={ip}", _request_timeout=5
@@ -149,8 +135,23 @@ class PodCallers:
             why = f"cannot tell who calls from {ip} ({api_error_reason(err)})"
             log.warning("%s", why)
             raise CallerUnknown(f"{why}; try again") from None
-        serialize = self._core.api_client.sanitize_for_serialization
-        found = identity(serialize(p) for p in pods)
-        if found.namespace is None:
-            log.info("a call from %s matches no single live pod: its caller is not identified", ip)
-        return found
+        # A finished pod keeps its podIP in its status after the network gave the IP to another
+        # pod: it calls no one, and must neither hide nor stand for the pod there now. Nor does
+        # a pod in deletion: its containers may have stopped and its IP gone to another pod
+        # before its kubelet says so.
+        live = [
+            p
+            for p in pods
+            if not (p.spec and p.spec.host_network)
+            and not (p.status and p.status.phase in _FINISHED)
+            and not (p.metadata and p.metadata.deletion_timestamp)
+        ]
+        if len(live) != 1:
+            log.info("a call from %s matches %d pods: its caller is not identified", ip, len(live))
+            return None, "", False
+        meta = live[0].metadata
+        if meta is None:
+            return None, "", False
+        labels = meta.labels or {}
+        watched = any(label in labels for label in _WATCHED)
+        return str(meta.namespace), str(meta.uid or ""), watched

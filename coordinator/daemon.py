@@ -101,7 +101,6 @@ class Coordinator:
         self._http: StatusServer | None = None
         self.http_port = 0
         self._reflectors: list[Reflector] = []
-        self._callers: PodCallers | None = None
         self._elector: LeaderElector | None = None
         self._server: grpc.aio.Server | None = None
         self._health = _Health()
@@ -132,7 +131,7 @@ class Coordinator:
 
         self.view.on_pods_changed = pods_changed
         self.view.on_agents_changed = agents_changed
-        self._callers = callers = PodCallers(self._api)
+        callers = PodCallers(self._api)
         self.view.on_pod_seen = callers.saw
         self.view.on_pods_relisted = callers.relisted
         if self._label is not None:
@@ -309,8 +308,6 @@ class Coordinator:
         await self.links.close()
         for reflector in self._reflectors:
             await asyncio.to_thread(reflector.stop, 5)
-        if self._callers is not None:
-            await asyncio.to_thread(self._callers.stop)
 
 
 class _Health(hp_grpc.HealthServicer):
