@@ -13,6 +13,7 @@ from commands.kubectl.api import (
     NoAnswer,
     NotFound,
     PluginError,
+    Unreachable,
     agent_status_path,
     inventory_path,
 )
@@ -73,11 +74,13 @@ def read_inventory(api: Api, pods: Mapping[str, str], namespace: str = NAMESPACE
     try:
         try:
             return api.get(inventory_path(namespace))
-        except (Forbidden, NotFound, NoAnswer):
+        except (Forbidden, NotFound, NoAnswer, Unreachable):
             raise
         except PluginError as plain:
             try:  # the API server's proxy could not speak HTTP to it: one serving HTTPS?
                 return api.get(inventory_path(namespace, https=True))
+            except Forbidden:
+                raise
             except PluginError:
                 raise plain from None
     except Forbidden:

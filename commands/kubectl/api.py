@@ -46,6 +46,10 @@ class NotFound(PluginError):
     """The object asked for does not exist."""
 
 
+class Unreachable(PluginError):
+    """The API server itself could not be reached (no connection, TLS, name)."""
+
+
 class NoAnswer(PluginError):
     """The API server took the GET and said nothing within `timeout_s` (through its proxy, the
     pod or Service behind it may be the silent one)."""
@@ -117,7 +121,7 @@ def unreachable(server: str, err: Exception) -> PluginError:
         why = cause.strerror[:1].lower() + cause.strerror[1:]
     else:
         why = (str(cause) or type(cause).__name__).strip().splitlines()[0]
-    return PluginError(f"cannot reach the API server at {server}: {why}")
+    return Unreachable(f"cannot reach the API server at {server}: {why}")
 
 
 def first_current_context(kubeconfig: str) -> str | None:

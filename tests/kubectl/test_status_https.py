@@ -4,7 +4,7 @@ API server's service proxy cannot speak plain HTTP to it, so the plugin asks ove
 from __future__ import annotations
 
 from commands.kubectl.agents import read_cluster
-from commands.kubectl.api import NoAnswer, PluginError, inventory_path
+from commands.kubectl.api import NoAnswer, PluginError, Unreachable, inventory_path
 from tests.kubectl.fake import GPU_A, DictApi, cluster_routes
 
 PROXY_FAILED = PluginError(
@@ -35,6 +35,14 @@ def test_when_neither_answers_the_plain_http_error_is_shown() -> None:
 def test_a_silent_extender_is_not_asked_twice() -> None:
     routes = cluster_routes()
     routes[inventory_path()] = NoAnswer("no answer within 10 s", 10.0)
+    api = DictApi(routes)
+    read_cluster(api)
+    assert inventory_path(https=True) not in [p for p, _ in api.asked]
+
+
+def test_an_api_server_out_of_reach_is_not_asked_twice() -> None:
+    routes = cluster_routes()
+    routes[inventory_path()] = Unreachable("cannot reach the API server at x: refused")
     api = DictApi(routes)
     read_cluster(api)
     assert inventory_path(https=True) not in [p for p, _ in api.asked]
