@@ -36,12 +36,14 @@ WAIT = "from agent.client import Baton; b = Baton(); print('asking', flush=True)
 # does): the API server's pod proxy, which `kubectl baton` reads agents through, refuses
 # loopback addresses. Turns last up to 5 min, so the why test's holder keeps its turn.
 # kube-scheduler and `kubectl baton` reach the extender over HTTPS, kube-scheduler with its
-# client certificate (the secrets `tls_secrets` makes).
+# client certificate (the secrets `tls_secrets` makes). The NetworkPolicies are taken by the real
+# API server (this node's bridge CNI does not enforce them).
 VALUES = ["-f", str(CHART / "ci" / "local-dra-values.yaml"), "--set", "kubeletPlugin=auto",
           "--set", "hostNetwork.listenHost=", "--set", "agent.maxHoldSeconds=300",
           "--set", "extender.tls.secretName=baton-extender-tls",
           "--set", "extender.tls.clientSecretName=baton-scheduler-client",
-          "--set", "scheduler.extenderURL=https://127.0.0.1:9462"]  # fmt: skip
+          "--set", "scheduler.extenderURL=https://127.0.0.1:9462",
+          "--set", "networkPolicy.enabled=true"]  # fmt: skip
 WORKLOADS = ("daemonset/baton-agent", "daemonset/baton-dra", "deployment/baton-extender",
              "deployment/baton-scheduler")  # fmt: skip
 
@@ -88,6 +90,13 @@ def tls_secrets(node: HelmNode, directory: Path) -> None:
 def test_install_takes_the_dra_path_and_every_daemon_is_ready(release: HelmNode) -> None:
     for workload in WORKLOADS:
         release.kubectl("-n", names.NAMESPACE, "rollout", "status", workload, "--timeout=60s")
+    policies = release.get("networkpolicies", "-n", names.NAMESPACE)["items"]
+    assert {p["metadata"]["name"] for p in policies} == {
+        "baton-agent",
+        "baton-dra",
+        "baton-extender",
+        "baton-scheduler",
+    }
     log = release.kubectl("-n", names.NAMESPACE, "logs", "deployment/baton-extender")
     assert "serving on https://0.0.0.0:9462 (/bind for client certificates of" in log, log
     assert release.try_kubectl("-n", names.NAMESPACE, "get", "daemonset/baton-deviceplugin") is None
