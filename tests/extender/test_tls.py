@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import ssl
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from extender.app import create_app
 from extender.cache import ClusterCache
@@ -30,43 +24,20 @@ SERVICE = "baton-extender.baton-system.svc"
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for the extender's Service name and 127.0.0.1, and its key."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SERVICE)])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName(SERVICE), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "tls.crt", directory / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
+    """A certificate for the extender's Service name and 127.0.0.1 and its key, issued by the
+    CA whose certificate is `directory / "serving-CA.crt"` (`trusting`)."""
+    return Authority(directory, "serving CA").issue(SERVICE, (SERVICE, "127.0.0.1"))
+
+
+def trusting(directory: Path) -> ssl.SSLContext:
+    """A client context trusting `self_signed`'s CA."""
+    return ssl.create_default_context(cafile=str(directory / "serving-CA.crt"))
 
 
 def test_verbs_over_https_with_a_verified_certificate(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
     cache = ClusterCache.filled(ClusterState(Limits(), time.monotonic), [node("n1")], [])
-    trust = ssl.create_default_context(cafile=str(cert))
+    trust = trusting(tmp_path)
     with ServerThread(
         create_app(cache, None, Metrics()), certfile=str(cert), keyfile=str(key)
     ) as s:
@@ -76,6 +47,11 @@ def test_verbs_over_https_with_a_verified_certificate(tmp_path: Path) -> None:
         )
         assert answer.status_code == 200
         assert answer.json()["NodeNames"] == ["n1"]
+        # Without --tls-client-ca no route asks for a client certificate, /bind neither.
+        bind = {"PodName": "p", "PodNamespace": "default", "PodUID": "u", "Node": "n1"}
+        bound = httpx.post(f"https://127.0.0.1:{s.port}/bind", json=bind, verify=trust, timeout=10)
+        assert bound.status_code == 200
+        assert "without an API server" in bound.json()["Error"]
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"https://127.0.0.1:{s.port}/healthz", timeout=10)
         with pytest.raises(httpx.RemoteProtocolError):
@@ -118,19 +94,6 @@ def test_bind_needs_a_client_certificate_of_the_client_ca(tmp_path: Path) -> Non
         # A certificate another CA signed ends the handshake.
         with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
             httpx.post(f"{url}/bind", json=bind, verify=trust(stranger), timeout=10)
-
-
-def test_without_a_client_ca_bind_asks_no_certificate(tmp_path: Path) -> None:
-    cert, key = self_signed(tmp_path)
-    cache = ClusterCache.filled(ClusterState(Limits(), time.monotonic), [node("n1")], [])
-    trust = ssl.create_default_context(cafile=str(cert))
-    with ServerThread(
-        create_app(cache, None, Metrics()), certfile=str(cert), keyfile=str(key)
-    ) as s:
-        bind = {"PodName": "p", "PodNamespace": "default", "PodUID": "u", "Node": "n1"}
-        answer = httpx.post(f"https://127.0.0.1:{s.port}/bind", json=bind, verify=trust, timeout=10)
-        assert answer.status_code == 200
-        assert "without an API server" in answer.json()["Error"]
 
 
 def test_a_client_ca_that_is_missing_or_not_pem_stops_the_start_in_one_line(
