@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from agent.core import events as ev
-from agent.parking.setup import ParkingOptions, parse_fake_gpus
 from agent.server.llmd.jobs import ProcessSession
 from baton._pb import snapshot_agent_pb2 as sa
 from commands.localnode.procs import wait_for
+from tests.agent.server.llmd.agents import one_group_agent
 from tests.agent.server.llmd.llmd_client import SnapshotAgentClient, register_workload
 from tests.harness.agent import AgentRunner
 
@@ -36,13 +36,7 @@ def test_a_job_registered_again_while_its_old_self_is_forgotten_is_told_to_snaps
     Snapshot was answered without a command, its memory counted parked while on the GPU.
     It now waits until the old one is forgotten (logged), then registers as new."""
     caplog.set_level(logging.INFO, logger="agent.server.tenancy")
-    gpu = sorted(parse_fake_gpus("1x1024"))[0]
-    agent = AgentRunner(
-        workdir,
-        parking=ParkingOptions(backend="app", fake_gpus="1x1024"),
-        llmd_listen="127.0.0.1:0",
-        llmd_groups=(f"g={gpu}",),
-    ).start()
+    agent = one_group_agent(workdir, "app")
     target = f"127.0.0.1:{agent.llmd_port}"
     snapshots = SnapshotAgentClient(target)
     old = subprocess.Popen(

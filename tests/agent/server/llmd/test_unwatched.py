@@ -18,6 +18,7 @@ from agent.parking.setup import ParkingOptions, parse_fake_gpus
 from baton._pb import snapshot_agent_pb2 as sa
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from commands.localnode.procs import wait_for
+from tests.agent.server.llmd.agents import one_group_agent
 from tests.agent.server.llmd.llmd_client import (
     SnapshotAgentClient,
     TimeSliceOrchestratorClient,
@@ -157,15 +158,7 @@ def test_a_job_with_memory_on_a_gpu_stays_until_it_has_none(workdir: str, unwatc
     """Forgotten, its memory would be room the next turn counts on: it stays while the agent
     counts any of it on a GPU, and leaves once none is (under a method other than `app`, whose
     memory is its WorkloadChannels' processes', gone with them: the test above)."""
-    gpu = sorted(parse_fake_gpus("1x1024"))[0]
-    agent = AgentRunner(
-        workdir,
-        parking=ParkingOptions(backend="fake", fake_gpus="1x1024"),
-        llmd_listen="127.0.0.1:0",
-        llmd_groups=(f"g={gpu}",),
-        proc_root=str(unwatched),
-        llmd_forget_idle_after=IDLE,
-    ).start()
+    agent = one_group_agent(workdir, "fake", proc_root=str(unwatched), llmd_forget_idle_after=IDLE)
     client = TimeSliceOrchestratorClient(f"127.0.0.1:{agent.llmd_port}", "mem", "g")
     try:
         assert client.acquire(timeout_sec=10)[0] is True
@@ -188,15 +181,7 @@ def test_a_reconnecting_workload_is_not_forgotten(workdir: str, unwatched: Path)
     workload reconnecting as its hour comes is not forgotten (its place, its accounting and
     what the agent knows of its memory with it); one that does not come back leaves an hour
     after its channel closed."""
-    gpu = sorted(parse_fake_gpus("1x1024"))[0]
-    agent = AgentRunner(
-        workdir,
-        parking=ParkingOptions(backend="app", fake_gpus="1x1024"),
-        llmd_listen="127.0.0.1:0",
-        llmd_groups=(f"g={gpu}",),
-        proc_root=str(unwatched),
-        llmd_forget_idle_after=HOUR,
-    ).start()
+    agent = one_group_agent(workdir, "app", proc_root=str(unwatched), llmd_forget_idle_after=HOUR)
     clock = FakeClock()
     assert agent.agent.llmd is not None and agent.agent.llmd.jobs is not None
     jobs = agent.agent.llmd.jobs
