@@ -49,14 +49,20 @@ def main() -> int:
     return 0
 
 
+def fork_a_child_that_leaves() -> None:
+    """Fork a child that leaves with sys.exit(0), through the block the parent is in (the turn
+    is the parent's to end); print its exit status."""
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)
+    _, status = os.waitpid(pid, 0)
+    print(f"child exited {os.waitstatus_to_exitcode(status)}", flush=True)
+
+
 def in_turn() -> None:
     baton = Baton(name=sys.argv[1], keep_turns=False)
     with baton.turn(timeout=30):
-        pid = os.fork()
-        if pid == 0:
-            sys.exit(0)  # through the parent's block: the turn is the parent's to end
-        _, status = os.waitpid(pid, 0)
-        print(f"child exited {os.waitstatus_to_exitcode(status)}", flush=True)
+        fork_a_child_that_leaves()
     print("parent yielded" if baton.lease is None else "parent holds", flush=True)
     baton.close()
 
@@ -64,11 +70,7 @@ def in_turn() -> None:
 async def async_in_turn() -> None:
     baton = AsyncBaton(name=sys.argv[1], keep_turns=False)
     async with baton.turn(timeout=30):
-        pid = os.fork()
-        if pid == 0:
-            sys.exit(0)  # through the parent's block: the turn is the parent's to end
-        _, status = os.waitpid(pid, 0)
-        print(f"child exited {os.waitstatus_to_exitcode(status)}", flush=True)
+        fork_a_child_that_leaves()
     print("parent yielded" if baton.lease is None else "parent holds", flush=True)
     await baton.close()
 
