@@ -2,10 +2,11 @@
 
 Certificates are rotated where they are mounted (cert-manager renews a Secret, the kubelet swaps
 the mounted files in place): an extender that read them once at start would serve an expired
-certificate, and kube-scheduler would refuse every call. `TlsFiles.check` loads changed files
-into the serving context, which every new connection's handshake uses; a server checks every
-`CHECK_EVERY_S` seconds. Files that do not load (caught half-written) are tried again at the
-next check, the loaded ones served meanwhile.
+certificate, and kube-scheduler would refuse every call. `TlsFiles.check` builds a new context
+from changed files, and from then on each new connection's handshake switches to it (the served
+context's SNI callback, which every handshake runs); connections made before keep theirs. Files
+that do not load (caught half-written) are tried again at the next check, the context built
+before served meanwhile. A server checks every `CHECK_EVERY_S` seconds.
 """
 
 from __future__ import annotations
@@ -34,13 +35,21 @@ def tls_context(certfile: str, keyfile: str, client_ca: str | None = None) -> ss
 
 
 class TlsFiles:
-    """The certificate, key and client CA a serving `context` was made from."""
+    """The certificate, key and client CA a server serves, as they are on disk now."""
 
     def __init__(self, certfile: str, keyfile: str, client_ca: str | None = None):
         self.certfile, self.keyfile, self.client_ca = certfile, keyfile, client_ca
         self._stamps = self._stat()
         self.context = tls_context(certfile, keyfile, client_ca)
+        """The context the server listens with: its handshakes switch to `current`."""
+        self.current = self.context
+        """The context built from the files last loaded."""
+        self.context.sni_callback = self._switch
         self._failing = False
+
+    def _switch(self, connection: ssl.SSLObject, _name: str | None, _: ssl.SSLContext) -> None:
+        if self.current is not self.context:
+            connection.context = self.current
 
     def _paths(self) -> list[str]:
         return [p for p in (self.certfile, self.keyfile, self.client_ca) if p]
@@ -56,17 +65,13 @@ class TlsFiles:
         return tuple(stamps)
 
     def check(self) -> bool:
-        """Load the files into the context if they changed since they were loaded; whether
-        they were. A client CA added is trusted from then on; one removed stays trusted until
-        the extender restarts (a context cannot forget a CA)."""
+        """Serve the files from the next handshake on if they changed since they were loaded;
+        whether they were."""
         stamps = self._stat()
         if stamps == self._stamps:
             return False
         try:
-            tls_context(self.certfile, self.keyfile, self.client_ca)  # all of it loads?
-            self.context.load_cert_chain(self.certfile, self.keyfile)
-            if self.client_ca:
-                self.context.load_verify_locations(cafile=self.client_ca)
+            current = tls_context(self.certfile, self.keyfile, self.client_ca)
         except (OSError, ssl.SSLError) as err:
             if not self._failing:
                 log.warning(
@@ -77,6 +82,6 @@ class TlsFiles:
                 )
             self._failing = True
             return False
-        self._stamps, self._failing = stamps, False
+        self.current, self._stamps, self._failing = current, stamps, False
         log.info("loaded the changed TLS files: %s", ", ".join(self._paths()))
         return True

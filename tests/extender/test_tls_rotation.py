@@ -73,6 +73,9 @@ def test_a_renewed_certificate_and_client_ca_are_served_after_the_next_check(
         assert httpx.get(f"{url}/healthz", verify=trust, timeout=10).status_code == 200
         answer = httpx.post(f"{url}/bind", json=BIND, verify=trust, timeout=10)
         assert answer.status_code == 200, "the new client CA's certificate may bind"
+        retired = _context(new.cert, old_clients.issue("baton-scheduler", client=True))
+        with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
+            httpx.post(f"{url}/bind", json=BIND, verify=retired, timeout=10)  # the old CA's
 
         # A key that does not match its certificate (caught half-renewed) is not loaded: the
         # certificate loaded before is served, and the files are tried again at the next check.
