@@ -87,7 +87,7 @@ async def serve(
         await _serve_calls(servicer, peer, first.hello.session_token, link)
         return
     try:
-        tenant = servicer.register_peer(peer, first.hello.register)
+        tenant = await servicer.register_peer(peer, first.hello.register)
     except errors.AgentError as exc:
         await _refuse(link, exc)
         return

@@ -109,10 +109,10 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
     async def Register(
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> pb.RegisterResponse:
-        tenant = self.register_peer(self._peer(context), request)
+        tenant = await self.register_peer(self._peer(context), request)
         return pb.RegisterResponse(tenant=api_ops.tenant_to_pb(tenant))
 
-    def register_peer(self, peer: Peer, request: pb.RegisterRequest) -> Tenant:
+    async def register_peer(self, peer: Peer, request: pb.RegisterRequest) -> Tenant:
         """The tenant `peer` belongs to: its pod's, or the one it registers outside Kubernetes."""
         pod_uid = peer.pod_uid  # as it connected: its PID may be another process's now
         if pod_uid:
@@ -134,7 +134,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
                 "(BATON_TENANT_NAME, BATON_GPUS)"
             )
         else:
-            tenant = self._service.register(peer.pid, peer.uid, request)
+            tenant = await self._service.register(peer.pid, peer.uid, request)
         self._tokens.bind(peer.token, tenant.tenant_id)
         return self._as_seen_by(tenant, peer.pid) or tenant
 

@@ -19,7 +19,7 @@ from agent.core.errors import AcquireTimeout
 from agent.core.leases import Lease, LeaseTable
 from agent.core.residency import TurnPreparer
 from agent.node.state import StateStore
-from agent.node.tenants import Tenant
+from agent.node.tenants import LOCAL, Tenant
 from agent.parking.backends.base import TenantRef
 from agent.parking.host import ParkingHost
 from agent.server.accounting import AccountingCollector
@@ -179,8 +179,10 @@ class LeaseService:
 
     # Tenants.
 
-    def register(self, pid: int, uid: int, request: pb.RegisterRequest) -> Tenant:
-        """Register a local tenant's process."""
+    async def register(self, pid: int, uid: int, request: pb.RegisterRequest) -> Tenant:
+        """Register a local tenant's process; a tenant of its name that left goes first
+        (`forgotten`)."""
+        await self.tenancy.forgotten(f"{LOCAL}/{request.name}")
         return self.tenancy.register(pid, uid, request)
 
     def session_opened(self, tenant_id: str, pid: int) -> None:

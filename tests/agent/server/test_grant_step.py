@@ -194,7 +194,7 @@ def test_a_turn_of_a_tenant_newer_than_the_snapshot_survives_a_crash_before_the_
             store=StateStore(tmp_path),
         )
         if how == "registered":
-            holder = agent.register(4242, 0, pb.RegisterRequest(name="holder", gpus=[GPU]))
+            holder = await agent.register(4242, 0, pb.RegisterRequest(name="holder", gpus=[GPU]))
         else:
             holder = tenant("holder")
             agent.upsert_pod(holder)

@@ -44,9 +44,9 @@ def test_the_tenants_are_drawn_again_after_each_change_and_only_then() -> None:
 
         after(lambda: agent.upsert_pod(pod("offloads", parking="app")), "a pod joined")
         request = pb.RegisterRequest(name="local", gpus=[GPU])
-        local = agent.register(101, 0, request)
+        local = await agent.register(101, 0, request)
         seen.append(tenancy.tenant_refs())
-        after(lambda: agent.register(102, 0, request), "a second process registered")
+        after(lambda: agent.tenancy.register(102, 0, request), "a second process registered")
         assert seen[-1][local.tenant_id].pids == (101, 102)
         session = Session("default/offloads", 7, "token", frozenset({"park", "restore"}))
         after(lambda: agent.sessions.open(session), "a session with callbacks opened")
