@@ -38,6 +38,9 @@ class Tenancy:
         self._forgetting: dict[str, asyncio.Task[None]] = {}
         """Tenant → the residency layer's `forget` of it, until that has run (it waits for the
         parking lock): a tenant of the same id joins only after it (`forgotten`)."""
+        self._deferred: dict[str, tuple[Tenant, str]] = {}
+        """Tenant → a pod (with its detail) that appeared under the id of a tenant that left,
+        while that one is forgotten: it joins then (a StatefulSet's pod keeps its name)."""
 
     def close(self) -> None:
         """Stop watching the processes of tenants whose resume was withdrawn."""
@@ -209,8 +212,15 @@ class Tenancy:
             self._drop(tenant_id, why)
 
     def upsert_tenant(self, tenant: Tenant, detail: str) -> None:
-        """A tenant known by other means than a registration (a pod, an llm-d job) changed."""
+        """A tenant known by other means than a registration (a pod, an llm-d job) changed; one
+        of the id of a tenant that left joins once that one is forgotten (`forgotten`)."""
         old = self._state.tenants.tenants.get(tenant.tenant_id)
+        if old is None and tenant.tenant_id in self._forgetting:
+            if tenant.tenant_id not in self._deferred:
+                log.info("tenant %s joins again: it waits until its departed namesake is "
+                         "forgotten", tenant.tenant_id)  # fmt: skip
+            self._deferred[tenant.tenant_id] = (tenant, detail)
+            return
         self._state.tenants.upsert_pod(tenant)
         self._state.tenant_back(tenant.tenant_id)
         if old is not None and old.to_json() == tenant.to_json():
@@ -228,6 +238,8 @@ class Tenancy:
 
     def pod_gone(self, tenant_id: str) -> None:
         """The tenant's pod left the node."""
+        if self._deferred.pop(tenant_id, None) and tenant_id not in self._state.tenants.tenants:
+            return  # a pod that never joined: its namesake was still being forgotten
         self._drop(tenant_id, "its pod left the node")
         self._turns.resumes.withdrawn.pop(tenant_id, None)  # nobody of it comes back to hear it
         if self._state.tenants.remove(tenant_id) is not None:
@@ -261,6 +273,9 @@ class Tenancy:
     def _forgot(self, tenant_id: str, forget: asyncio.Task[None]) -> None:
         if self._forgetting.get(tenant_id) is forget:
             del self._forgetting[tenant_id]
+            joining = self._deferred.pop(tenant_id, None)
+            if joining is not None and not forget.cancelled():  # not as the agent closes
+                self.upsert_tenant(*joining)
 
     async def forgotten(self, tenant_id: str) -> None:
         """Return once what the residency layer kept of a tenant of this id that left is

@@ -185,6 +185,7 @@ def test_a_pod_recreated_under_its_name_keeps_its_own_rows(tmp_path: Path) -> No
         agent.metrics.accounting.held("default/a", 0, (GPU,), 2.0)
         agent.pod_gone("default/a")
         agent.upsert_pod(_pod("a"))  # the StatefulSet made it again
+        await agent.forgotten("default/a")  # it joins once the pod that left is forgotten
         skew[0] = 2 * HOUR
         agent.account()
         await agent.close()
