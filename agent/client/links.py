@@ -87,7 +87,12 @@ class GrpcLink:
     async def read(self) -> pb.AgentMessage | None:
         try:
             message = await self._call.read()
-        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+        except grpc.aio.AioRpcError:
+            return None
+        except asyncio.CancelledError:  # the call cancelled (`cancel`), or the reading task
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # (its loop ends, close()): it ends
+                raise
             return None
         return message if isinstance(message, pb.AgentMessage) else None
 
