@@ -133,11 +133,21 @@ async def _open_grpc(
             call.cancel()
         await channel.close()
         if isinstance(exc, grpc.aio.AioRpcError):
-            raise from_rpc_error(exc, socket) from None
+            raise _not_opened(exc, socket, timeout) from None
         raise AgentUnavailable(
             f"the Baton agent at {socket} did not open the session: {exc}"
         ) from None
     return Opened(GrpcLink(channel, call, socket), reply.tenant, token)
+
+
+def _not_opened(exc: grpc.aio.AioRpcError, socket: str, timeout: float) -> BatonError:
+    """What a failed `Register` or `Session` says: the agent's refusal, or that its gRPC API
+    answered nothing (not an `AcquireTimeout`: no turn was asked for yet)."""
+    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return _unreachable(socket, f"its gRPC API answered nothing within {timeout:g} s")
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return _unreachable(socket, " ".join((exc.details() or "unavailable").split()))
+    return from_rpc_error(exc, socket)
 
 
 def closed_error() -> BatonError:
