@@ -10,6 +10,10 @@ from typing import ClassVar
 from agent.core.errors import CallbackFailed, TenantGone
 from baton._pb import agent_pb2 as pb
 
+ERROR_CHARS = 300
+"""The most of a tenant's callback error passed on (its exception's text, which may hold a whole
+traceback)."""
+
 
 @dataclass(eq=False)
 class Session:
@@ -39,8 +43,11 @@ class Session:
         future = self.pending.pop(result.call_id, None)
         if future is None or future.done():
             return
-        if result.error:
-            future.set_exception(CallbackFailed(f"tenant {self.tenant_id}: {result.error}"))
+        if result.error:  # in one line: it reaches waiters' errors and the agent's log
+            said = " ".join(result.error.split())
+            if len(said) > ERROR_CHARS:
+                said = said[: ERROR_CHARS - 1] + "…"
+            future.set_exception(CallbackFailed(f"tenant {self.tenant_id}: {said}"))
         else:
             future.set_result(result.bytes)
 

@@ -91,3 +91,25 @@ def test_one_process_that_fails_or_is_late_fails_the_move_naming_it() -> None:
         assert not first.pending and not second.pending
 
     asyncio.run(scenario())
+
+
+def test_a_callbacks_error_is_passed_on_in_one_line_of_bounded_length() -> None:
+    """A tenant's exception text may span lines (a traceback): it reaches another tenant's
+    AcquireTimeout and the agent's log as one line."""
+
+    async def scenario() -> CallbackFailed:
+        registry, (session,) = _tenant(1)
+        call = asyncio.ensure_future(registry.call_tenant("job", "park", "GPU-0", DEADLINE))
+        message = await asyncio.wait_for(session.outbox.get(), 5)
+        assert message is not None
+        error = "RuntimeError: boom\n  File 'x.py', line 1\n" + "y" * 1000
+        session.resolve(pb.CallbackResult(call_id=message.callback.call_id, error=error))
+        with pytest.raises(CallbackFailed) as failed:
+            await asyncio.wait_for(call, 5)
+        return failed.value
+
+    said = str(asyncio.run(scenario()))
+    assert "\n" not in said and said.startswith(
+        "tenant job: RuntimeError: boom File 'x.py', line 1 y"
+    )
+    assert said.endswith("…") and len(said) <= len("tenant job: ") + 300
