@@ -31,6 +31,7 @@ from agent.core.events import Event
 from agent.core.residency import TurnPreparer
 from agent.parking.backends.base import Backend
 from agent.server.service import LeaseService
+from commands.localnode.procs import wait_for
 from tests.harness.lines import JsonLines
 
 T = TypeVar("T")
@@ -142,6 +143,20 @@ class AgentRunner:
             return fn(self.service)
 
         return self.call(run())
+
+    def moves(self, direction: str, backend: str = "fake") -> float:
+        """How many parks or restores (`direction`) `backend` made (`baton_moves_total`)."""
+        labels = {"backend": backend, "direction": direction}
+        return self.service.metrics.registry.get_sample_value("baton_moves_total", labels) or 0.0
+
+    def wait_queued_on(self, lock: asyncio.Lock, what: str, timeout: float = 10) -> None:
+        """Return once a task of the agent waits for `lock` (held by the test); `what` names it
+        in the failure."""
+
+        def queued() -> bool | None:
+            return self.inspect(lambda s: bool(lock._waiters)) or None
+
+        wait_for(what, queued, timeout, every=0.01)
 
     def mark(self) -> int:
         """A position in the event history, for `wait_event(..., since=mark)`."""

@@ -24,12 +24,6 @@ WAIT_S = 10.0
 pytestmark = pytest.mark.timeout(60)
 
 
-def moves(agent: AgentRunner, direction: str) -> float:
-    registry = agent.service.metrics.registry
-    labels = {"backend": "fake", "direction": direction}
-    return registry.get_sample_value("baton_moves_total", labels) or 0.0
-
-
 def test_a_turn_prepared_for_a_tenant_that_left_parks_nobody_for_its_namesake(
     workdir: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -57,7 +51,7 @@ def test_a_turn_prepared_for_a_tenant_that_left_parks_nobody_for_its_namesake(
         b.acquire(timeout=WAIT_S)  # a is parked for b
         FakeGpuMemory("local/b", fake_dir).allocate(GPU, 60)
         b.yield_()
-        assert moves(agent, "park") == 1
+        assert agent.moves("park") == 1
         agent.call(lock.acquire())  # a move of another tenant runs: a's restore waits
         held = True
         failed: list[BaseException] = []
@@ -70,12 +64,7 @@ def test_a_turn_prepared_for_a_tenant_that_left_parks_nobody_for_its_namesake(
 
         asking = threading.Thread(target=take)
         asking.start()
-        wait_for(
-            "a's restore to wait for the lock",
-            lambda: agent.inspect(lambda s: bool(lock._waiters)) or None,
-            WAIT_S,
-            every=0.01,
-        )
+        agent.wait_queued_on(lock, "a's restore to wait for the lock", WAIT_S)
         mark = agent.mark()
         a.close()  # its process exits: its forget waits for the lock behind the restore
         asking.join(WAIT_S)
@@ -97,8 +86,8 @@ def test_a_turn_prepared_for_a_tenant_that_left_parks_nobody_for_its_namesake(
         assert agent.inspect(lambda s: A in s.tenants.tenants)
         agent.call(prep.settled())  # type: ignore[attr-defined]
         assert prep.backend.state("local/b").residency == {GPU: Residency.RESIDENT}  # type: ignore[attr-defined]
-        assert moves(agent, "park") == 1, "b was parked for the departed a's turn"
-        assert moves(agent, "restore") == 0, "the departed a's memory was restored for nobody"
+        assert agent.moves("park") == 1, "b was parked for the departed a's turn"
+        assert agent.moves("restore") == 0, "the departed a's memory was restored for nobody"
     finally:
         if held:
             agent.inspect(lambda s: lock.release())

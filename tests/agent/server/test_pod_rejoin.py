@@ -15,7 +15,6 @@ from agent.parking.backends.base import Residency
 from agent.parking.backends.fakegpu import FakeGpuMemory
 from agent.parking.setup import ParkingOptions
 from baton.contract.names import fake_gpu_uuid
-from commands.localnode.procs import wait_for
 from tests.harness.agent import AgentRunner
 
 GPU = fake_gpu_uuid(0)
@@ -25,12 +24,6 @@ pytestmark = pytest.mark.timeout(60)
 
 def pod(name: str, uid: str) -> Tenant:
     return Tenant(f"default/{name}", name, (GPU,), gpu_memory_mib=60, source=POD, pod_uid=uid)
-
-
-def moves(agent: AgentRunner, direction: str) -> float:
-    registry = agent.service.metrics.registry
-    labels = {"backend": "fake", "direction": direction}
-    return registry.get_sample_value("baton_moves_total", labels) or 0.0
 
 
 def turn(agent: AgentRunner, tenant: Tenant, fake_dir: str) -> None:
@@ -58,16 +51,11 @@ def test_a_turn_prepared_for_a_pod_that_left_parks_nobody_for_its_namesake(workd
         agent.inspect(lambda s: s.upsert_pod(b))
         turn(agent, a, fake_dir)
         turn(agent, b, fake_dir)  # a is parked for b
-        assert moves(agent, "park") == 1
+        assert agent.moves("park") == 1
         agent.call(lock.acquire())  # a move of another tenant runs: a's restore waits
         held = True
         asking: Any = agent.inspect(lambda s: asyncio.ensure_future(s.acquire(a, [GPU], WAIT_S)))
-        wait_for(
-            "a's restore to wait for the lock",
-            lambda: agent.inspect(lambda s: bool(lock._waiters)) or None,
-            WAIT_S,
-            every=0.01,
-        )
+        agent.wait_queued_on(lock, "a's restore to wait for the lock", WAIT_S)
         mark = agent.mark()
         agent.inspect(lambda s: s.pod_gone(a.tenant_id))  # its forget waits behind the restore
         agent.wait_event(
@@ -80,8 +68,8 @@ def test_a_turn_prepared_for_a_pod_that_left_parks_nobody_for_its_namesake(workd
         agent.call(prep.settled())  # type: ignore[attr-defined]
         agent.call(agent.service.forgotten(a.tenant_id))
         assert prep.backend.state(b.tenant_id).residency == {GPU: Residency.RESIDENT}  # type: ignore[attr-defined]
-        assert moves(agent, "park") == 1, "b was parked for the departed a's turn"
-        assert moves(agent, "restore") == 0, "the departed a's memory was restored for nobody"
+        assert agent.moves("park") == 1, "b was parked for the departed a's turn"
+        assert agent.moves("restore") == 0, "the departed a's memory was restored for nobody"
         assert agent.inspect(lambda s: s.tenants.tenants[a.tenant_id].pod_uid) == "uid-a2"
     finally:
         if held:

@@ -23,14 +23,6 @@ WAIT_S = 10.0
 pytestmark = pytest.mark.timeout(60)
 
 
-def moves(agent: AgentRunner, direction: str) -> float:
-    registry = agent.service.metrics.registry
-    return (
-        registry.get_sample_value("baton_moves_total", {"backend": "fake", "direction": direction})
-        or 0.0
-    )
-
-
 @pytest.mark.parametrize("way", ["it yields and asks again", "it holds on"])
 def test_a_holder_whose_waiter_left_during_its_revocation_is_not_parked(
     workdir: str, way: str
@@ -71,7 +63,7 @@ def test_a_holder_whose_waiter_left_during_its_revocation_is_not_parked(
             gpu = agent.status()["gpus"][GPU]
             assert gpu["holder"] == "local/a" and gpu["lease_id"] == first.lease_id
             assert not [e for e in agent.seen if e.kind == "revoked"]
-            assert moves(agent, "park") == 0
+            assert agent.moves("park") == 0
             return
         a.yield_()  # before it is parked: nobody waits for its GPU any more
         mark = agent.mark()
@@ -87,7 +79,7 @@ def test_a_holder_whose_waiter_left_during_its_revocation_is_not_parked(
         assert not [e for e in agent.seen if e.kind == "revoked"]
         # a's memory stayed on the GPU: parked for nobody, it would be restored for its turn.
         assert prep.backend.state("local/a").residency == {GPU: Residency.RESIDENT}  # type: ignore[attr-defined]
-        assert moves(agent, "park") == 0 and moves(agent, "restore") == 0
+        assert agent.moves("park") == 0 and agent.moves("restore") == 0
         a.yield_()
     finally:
         let_go.set()
