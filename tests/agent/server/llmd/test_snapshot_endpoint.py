@@ -14,9 +14,9 @@ from typing import Any
 import grpc
 import pytest
 
-from agent.parking.setup import ParkingOptions, parse_fake_gpus
 from baton._pb import snapshot_agent_pb2 as sa
 from baton.contract.quiet import QuietErrors
+from tests.agent.server.llmd.agents import one_group_agent
 from tests.agent.server.llmd.llmd_client import SnapshotAgentClient, TimeSliceOrchestratorClient
 from tests.agent.server.llmd.test_snapshot_config import _method
 from tests.harness.agent import AgentRunner
@@ -93,13 +93,7 @@ def engine() -> Iterator[Engine]:
 
 
 def _agent(workdir: str, backend: str = "app,endpoint") -> AgentRunner:
-    gpu = next(iter(parse_fake_gpus("1x1024")))
-    return AgentRunner(
-        workdir,
-        parking=ParkingOptions(backend=backend, fake_gpus="1x1024"),
-        llmd_listen="127.0.0.1:0",
-        llmd_groups=(f"g={gpu}",),
-    ).start()
+    return one_group_agent(workdir, backend)
 
 
 @pytest.fixture
