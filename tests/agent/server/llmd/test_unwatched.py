@@ -38,6 +38,15 @@ class FakeClock:
         self.now = 0.0
         self._timers: list[tuple[asyncio.TimerHandle, Callable[..., object], tuple[Any, ...]]] = []
 
+    @classmethod
+    def of(cls, agent: AgentRunner) -> FakeClock:
+        """A clock the agent's llm-d jobs set their idle timers on from now."""
+        clock = cls()
+        assert agent.agent.llmd is not None and agent.agent.llmd.jobs is not None
+        jobs = agent.agent.llmd.jobs
+        agent.inspect(lambda s: setattr(jobs, "call_later", clock.call_later))
+        return clock
+
     def call_later(
         self, delay: float, callback: Callable[..., object], *args: Any
     ) -> asyncio.TimerHandle:
@@ -182,10 +191,7 @@ def test_a_reconnecting_workload_is_not_forgotten(workdir: str, unwatched: Path)
     what the agent knows of its memory with it); one that does not come back leaves an hour
     after its channel closed."""
     agent = one_group_agent(workdir, "app", proc_root=str(unwatched), llmd_forget_idle_after=HOUR)
-    clock = FakeClock()
-    assert agent.agent.llmd is not None and agent.agent.llmd.jobs is not None
-    jobs = agent.agent.llmd.jobs
-    agent.inspect(lambda s: setattr(jobs, "call_later", clock.call_later))
+    clock = FakeClock.of(agent)
     target = f"127.0.0.1:{agent.llmd_port}"
     client = TimeSliceOrchestratorClient(target, "run", "g")
     workload = register_workload(target, "run", "g", lambda m, t: None, lambda t: None)
@@ -233,10 +239,7 @@ def test_a_job_whose_long_acquire_just_timed_out_is_not_forgotten(
         proc_root=str(unwatched),
         llmd_forget_idle_after=HOUR,
     ).start()
-    clock = FakeClock()
-    assert agent.agent.llmd is not None and agent.agent.llmd.jobs is not None
-    jobs = agent.agent.llmd.jobs
-    agent.inspect(lambda s: setattr(jobs, "call_later", clock.call_later))
+    clock = FakeClock.of(agent)
     target = f"127.0.0.1:{agent.llmd_port}"
     holder = TimeSliceOrchestratorClient(target, "holder", "g")
     waiting = TimeSliceOrchestratorClient(target, "waiting", "g")
