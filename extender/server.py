@@ -95,23 +95,10 @@ class Server:
                     self._loop.remove_signal_handler(sig)
 
     def _check_tls(self) -> None:
-        """Load changed TLS files (on the loop: no handshake runs meanwhile); again later."""
+        """Serve changed TLS files from the next handshake on; look again later."""
         assert self.tls is not None and self._loop is not None
         self.tls.check()
         self._checking = self._loop.call_later(CHECK_EVERY_S, self._check_tls)
-
-    def check_tls_now(self, timeout_s: float = 5.0) -> bool:
-        """From another thread, once serving: load changed TLS files now (`TlsFiles.check`);
-        whether they were."""
-        if not self._ready.wait(timeout_s):
-            raise TimeoutError(f"the server did not start serving within {timeout_s:g} s")
-        assert self.tls is not None and self._loop is not None
-        tls = self.tls
-
-        async def check() -> bool:
-            return tls.check()
-
-        return asyncio.run_coroutine_threadsafe(check(), self._loop).result(timeout_s)
 
     def catch_stop_signals(self) -> None:
         """From now on (call it in the main thread), SIGTERM or SIGINT stops the server, also

@@ -60,14 +60,16 @@ def test_a_renewed_certificate_and_client_ca_are_served_after_the_next_check(
         client_ca=str(client_ca),
     ) as s:
         url = f"https://127.0.0.1:{s.port}"
-        assert not s.server.check_tls_now(), "nothing changed yet"
+        tls = s.server.tls
+        assert tls is not None
+        assert not tls.check(), "nothing changed yet"
         with pytest.raises(httpx.ConnectError):  # the new CA's clients do not trust it yet
             httpx.get(f"{url}/healthz", verify=_context(new.cert), timeout=10)
 
         _install(new.issue("extender", ("127.0.0.1",)), cert, key)
         client_ca.write_bytes(new_clients.cert.read_bytes())
         with caplog.at_level(logging.INFO, logger="extender.tlsfiles"):
-            assert s.server.check_tls_now()
+            assert tls.check()
         assert "loaded the changed TLS files" in caplog.text
         trust = _context(new.cert, scheduler)
         assert httpx.get(f"{url}/healthz", verify=trust, timeout=10).status_code == 200
@@ -82,6 +84,6 @@ def test_a_renewed_certificate_and_client_ca_are_served_after_the_next_check(
         key.write_bytes(old.issue("other")[1].read_bytes())
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="extender.tlsfiles"):
-            assert not s.server.check_tls_now()
+            assert not tls.check()
         assert "do not load" in caplog.text
         assert httpx.get(f"{url}/healthz", verify=_context(new.cert), timeout=10).status_code == 200
