@@ -69,25 +69,31 @@ def read_agents(
 
 
 def read_inventory(api: Api, pods: Mapping[str, str], namespace: str = NAMESPACE) -> Any:
-    """The extender's inventory (over HTTPS where plain HTTP gets no answer from it); without
-    an extender, the agents' nodes alone."""
+    """The extender's inventory; without an extender, the agents' nodes alone."""
     try:
-        try:
-            return api.get(inventory_path(namespace))
-        except (Forbidden, NotFound, NoAnswer, Unreachable):
-            raise
-        except PluginError as plain:
-            try:  # the API server's proxy could not speak HTTP to it: one serving HTTPS?
-                return api.get(inventory_path(namespace, https=True))
-            except Forbidden:
-                raise
-            except PluginError:
-                raise plain from None
+        return _inventory(api, namespace)
     except Forbidden:
         raise
     except PluginError as err:
         nodes = [{"name": node, "gpus": []} for node in sorted(pods)]
         return {"synced": None, "nodes": nodes, "error": f"extender: {err}"}
+
+
+def _inventory(api: Api, namespace: str) -> Any:
+    """The inventory over plain HTTP, else over HTTPS where the API server's proxy got no
+    answer from the extender over HTTP (the chart's `extender.tls`): the plain error if neither
+    answers."""
+    try:
+        return api.get(inventory_path(namespace))
+    except (Forbidden, NotFound, NoAnswer, Unreachable):
+        raise
+    except PluginError as plain:
+        try:
+            return api.get(inventory_path(namespace, https=True))
+        except Forbidden:
+            raise
+        except PluginError:
+            raise plain from None
 
 
 def read_cluster(api: Api, namespace: str = NAMESPACE) -> dict[str, Any]:
