@@ -4,8 +4,11 @@ llm-d's client sends nothing but its job and group ids (plaintext gRPC, no crede
 only proof of who calls is where the call comes from: the pod whose `status.podIP` is the
 connection's source address, found through the API server. A pod in deletion (its
 `deletionTimestamp` set) or finished vouches for no address: its containers may have stopped and
-its IP gone to another pod before its kubelet says so, and its own calls from then on (a Yield in
-its grace period) are unidentified. A job pod's address is remembered (`TTL_S` at most) until the
+its IP gone to another pod before its kubelet says so. One call is the exception: a Yield (a pod
+giving its job's turn back in its grace period, as a SIGTERM handler does) from an address that no
+live pod has and one pod in deletion has is that pod's. A Yield gives a turn back and takes
+nothing; without it the job would keep its turn, every other job waiting, until the pod is gone.
+A job pod's address is remembered (`TTL_S` at most) until the
 coordinator's watches of job pods see that pod deleted, in deletion or finished, or another job
 pod at its address, or relist; another pod's address is asked for on every call, as
 nothing tells when it goes: a pod's IP is handed to the next pod as soon as it is free (an
@@ -75,20 +78,23 @@ class PodCallers:
         self._asking: dict[str, int] = {}
         """address → lookups of it in flight"""
 
-    async def namespace(self, peer: str) -> str | None:
+    async def namespace(self, peer: str, ending: bool = False) -> str | None:
         """The namespace of the one pod at the peer's address, or None (said in the log);
-        `CallerUnknown` while the API server cannot be asked (a pod is not taken for nobody)."""
+        `CallerUnknown` while the API server cannot be asked (a pod is not taken for nobody).
+        `ending`: the call gives a turn back, and the one pod in deletion at an address no
+        live pod has makes it (not remembered: its address may go to another pod)."""
         ip = peer_ip(peer)
         if not ip:
             return None
         with self._lock:
             cached = self._known.get(ip)
-            if cached is not None and self._clock() - cached.at < TTL_S:
+            fresh = cached is not None and self._clock() - cached.at < TTL_S
+            if cached is not None and fresh and (cached.namespace is not None or not ending):
                 return cached.namespace
             ends = self._ends
             self._asking[ip] = self._asking.get(ip, 0) + 1
         try:
-            found, uid, watched = await asyncio.to_thread(self._lookup, ip)
+            found, uid, watched = await asyncio.to_thread(self._lookup, ip, ending)
         finally:
             with self._lock:
                 self._asking[ip] -= 1
@@ -124,9 +130,10 @@ class PodCallers:
             del self._known[next(iter(self._known))]
         self._known[ip] = known
 
-    def _lookup(self, ip: str) -> tuple[str | None, str, bool]:
+    def _lookup(self, ip: str, ending: bool = False) -> tuple[str | None, str, bool]:
         """The namespace of the one live pod at `ip` (or None), its uid, and whether a job
-        pods' watch will see it end."""
+        pods' watch will see it end (and so whether it may be remembered); `ending`: with no
+        live pod there, the one pod in deletion's (never remembered)."""
         try:
             pods = self._core.list_pod_for_all_namespaces(
                 field_selector=f"status.podIP={ip}", _request_timeout=5
@@ -139,13 +146,17 @@ class PodCallers:
         # pod: it calls no one, and must neither hide nor stand for the pod there now. Nor does
         # a pod in deletion: its containers may have stopped and its IP gone to another pod
         # before its kubelet says so.
-        live = [
+        running = [
             p
             for p in pods
             if not (p.spec and p.spec.host_network)
             and not (p.status and p.status.phase in _FINISHED)
-            and not (p.metadata and p.metadata.deletion_timestamp)
         ]
+        live = [p for p in running if not (p.metadata and p.metadata.deletion_timestamp)]
+        if not live and ending and len(running) == 1:
+            meta = running[0].metadata
+            log.info("a turn given back from %s: its pod is in deletion, still its caller", ip)
+            return (str(meta.namespace), "", False) if meta is not None else (None, "", False)
         if len(live) != 1:
             log.info("a call from %s matches %d pods: its caller is not identified", ip, len(live))
             return None, "", False

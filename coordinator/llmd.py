@@ -75,7 +75,7 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         self,
         arbiter: Arbiter,
         view: ClusterView,
-        namespace_of: Callable[[str], Awaitable[str | None]],
+        namespace_of: Callable[[str, bool], Awaitable[str | None]],
         allow_unidentified: bool = False,
     ) -> None:
         self._arbiter = arbiter
@@ -83,13 +83,16 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         self._namespace_of = namespace_of
         self._allow_unidentified = allow_unidentified
 
-    async def _namespace(self, job: str, context: grpc.aio.ServicerContext) -> tuple[str, bool]:
+    async def _namespace(
+        self, job: str, context: grpc.aio.ServicerContext, ending: bool = False
+    ) -> tuple[str, bool]:
         """The job's namespace, and whether the caller may see every namespace's jobs (an
-        unidentified caller, where `--allow-unidentified` lets it drive any)."""
+        unidentified caller, where `--allow-unidentified` lets it drive any); `ending`: the
+        call gives the turn back (a pod in deletion may make it: `coordinator.callers`)."""
         if not job:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required")
         have = self._view.namespaces_of(job)
-        caller = await self._namespace_of(context.peer())
+        caller = await self._namespace_of(context.peer(), ending)
         if caller is not None:
             if not have:
                 raise Refused(grpc.StatusCode.NOT_FOUND, f"no pod carries job {job!r}")
@@ -118,7 +121,7 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         """The namespace whose groups and jobs the caller sees by name (`jobturn.sees`): its
         own; None, every one, for an unidentified caller the operator lets drive any job
         (`--allow-unidentified`); "", none, for another unidentified one."""
-        caller = await self._namespace_of(context.peer())
+        caller = await self._namespace_of(context.peer(), False)
         if caller is None:
             return None if self._allow_unidentified else ""
         return caller
@@ -142,7 +145,7 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         self, request: ts.YieldRequest, context: grpc.aio.ServicerContext
     ) -> ts.YieldResponse:
         """End the job's turn on the group; PERMISSION_DENIED if it does not hold it."""
-        namespace, every = await self._namespace(request.job_id, context)
+        namespace, every = await self._namespace(request.job_id, context, ending=True)
         waiting = await self._arbiter.yield_(namespace, request.job_id, request.group_id, every)
         return ts.YieldResponse(
             success=True, pending_waiters=waiting, snapshot_deferred=not waiting

@@ -168,3 +168,37 @@ def test_a_job_pods_address_is_asked_for_once_until_its_watch_sees_it_end(
         for name in ("counted", "plain"):
             with contextlib.suppress(Exception):
                 core.delete_namespaced_pod(name, OWNER, grace_period_seconds=0)
+
+
+def test_a_pod_in_its_grace_period_is_the_caller_of_a_yield_only(
+    control_plane: ControlPlane, core: Any
+) -> None:
+    """A pod in deletion (a SIGTERM handler giving its job's turn back) is the caller of a Yield
+    from its address, not of anything else, and not once a live pod has the address."""
+    from baton.contract.kube import load_api_client
+
+    for namespace in (OWNER, INTRUDER):
+        with contextlib.suppress(Exception):  # made by another test
+            core.create_namespace({"metadata": {"name": namespace}})
+            core.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
+    pod_at(core, OWNER, "leaving", {LABEL_JOB: "rl"}, "10.9.0.3", node="gone")
+    callers = PodCallers(load_api_client(str(control_plane.admin_kubeconfig)))
+    peer = "ipv4:10.9.0.3:4431"
+
+    async def ask(ending: bool) -> str | None:
+        return await callers.namespace(peer, ending)
+
+    try:
+        assert asyncio.run(ask(False)) == OWNER
+        pod = core.read_namespaced_pod("leaving", OWNER).to_dict()
+        terminating(core, "leaving")
+        callers.saw({"metadata": {**pod["metadata"], "deletionTimestamp": "now"}}, gone=False)
+        assert asyncio.run(ask(False)) is None  # (and None is remembered for the address)
+        assert [asyncio.run(ask(True)) for _ in range(2)] == [OWNER] * 2
+        assert asyncio.run(ask(False)) is None
+        pod_at(core, INTRUDER, "next", {}, "10.9.0.3")  # the address given to a live pod
+        assert asyncio.run(ask(True)) == INTRUDER
+    finally:
+        for namespace, name in ((OWNER, "leaving"), (INTRUDER, "next")):
+            with contextlib.suppress(Exception):
+                core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)

@@ -36,7 +36,7 @@ async def serve(
     caller: str | None,
     allow_unidentified: bool = False,
     heard: asyncio.Queue[str] | None = None,
-    identify: Callable[[str], Awaitable[str | None]] | None = None,
+    identify: Callable[[str, bool], Awaitable[str | None]] | None = None,
 ) -> tuple[list[LoopbackNode], Arbiter, grpc.aio.Server, ts_grpc.TimeSliceOrchestratorServiceStub]:
     """The coordinator's llm-d service over two loopback nodes; each call's peer goes to `heard`
     as the call is identified (it then reaches the arbiter without waiting on anything); its
@@ -47,7 +47,7 @@ async def serve(
     view = view_of(nodes, JOBS)
     arbiter = await leading(view)
 
-    async def namespace_of(peer: str) -> str | None:
+    async def namespace_of(peer: str, ending: bool) -> str | None:
         if heard is not None:
             heard.put_nowait(peer)
         return caller
@@ -97,6 +97,33 @@ def test_an_unidentified_caller_is_refused_unless_the_operator_allows_it(tmp_pat
         assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "no pod this coordinator can identify" in str(denied.value.details())
         await shut(nodes, arbiter, server)
+
+    run(body)
+
+
+def test_a_caller_known_only_as_it_gives_a_turn_back_yields_its_jobs_turn_and_takes_none(
+    tmp_path: Path,
+) -> None:
+    """A pod in its grace period (`coordinator.callers`): its Yield ends its job's turn on every
+    node; its Acquire is refused as from nobody."""
+
+    async def leaving(peer: str, ending: bool) -> str | None:
+        return "team" if ending else None
+
+    async def body() -> None:
+        nodes, arbiter, server, stub = await serve(tmp_path, None, identify=leaving)
+        try:
+            await arbiter.acquire("team", "rl", "train", timeout=5)
+            assert nodes[0].holders() == {"GPU-n1": "team/rl-trainer"}
+            with pytest.raises(grpc.aio.AioRpcError) as denied:
+                await stub.Acquire(ts.AcquireRequest(job_id="rl", group_id="train"), timeout=5)
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "no pod this coordinator can identify" in str(denied.value.details())
+            answer = await stub.Yield(ts.YieldRequest(job_id="rl", group_id="train"), timeout=5)
+            assert answer.success
+            assert nodes[0].holders() == {}
+        finally:
+            await shut(nodes, arbiter, server)
 
     run(body)
 
