@@ -91,6 +91,7 @@ class Preparation:
     async def run(self, timeout: float | None) -> NodeTurn:
         """Every member's turn granted (room made, memory restored); the turn, made."""
         turns, service = self._turns, self._turns.service
+        await self._after_forgets()
         residency = service.preparer.residency_of
         self._restored = any(parked_on(residency(m.tenant_id), m.gpus) for m in self.members)
         self._sessions = [turns.open_session(m.tenant_id, self.turn_id) for m in self.members]
@@ -126,6 +127,28 @@ class Preparation:
         except OSError as exc:  # the turns file: the members' turns go back
             self._give_back(self.granted)
             raise PrepareFailed(f"node {turns.node} could not record the turn: {exc}") from exc
+
+    async def _after_forgets(self) -> None:
+        """Wait until the residency layer has forgotten what it kept of each member's departed
+        namesake (its process whose last session ended, a pod of its name that left), as a
+        registration does (`forgotten`): the turn is planned and told "restored" from what is
+        left, not from that namesake's residency, and its grants are not dropped with it. A
+        member whose pod left meanwhile fails the preparation; one recreated is taken as it is
+        now. No wait (nor step) where none is being forgotten."""
+        turns = self._turns
+        for member in self.members:
+            await turns.service.forgotten(member.tenant_id)
+        now = []
+        for member in self.members:
+            tenant = turns.tenant(member.tenant_id)
+            if tenant is None:
+                raise PrepareFailed(
+                    f"pod {member.tenant_id} left node {turns.node} while its job's turn was "
+                    "being prepared"
+                )
+            now.append(tenant)
+        own_gpus(now, self.namespace, self.job, turns.node)
+        self.members = now
 
     def _granted(self, tenant_id: str, lease: Lease) -> None:
         """A member's grant, as it is journaled: the last one makes the turn, in its step."""
