@@ -383,7 +383,7 @@ class AsyncSession:
             self._answered.set()
         if self._opening is not None and self._opening.cancel():  # (a connect under way)
             await asyncio.wait([self._opening])
-        await settled(self._moving - {asyncio.current_task()}, CLOSE_WAIT_S)  # (unless inside)
+        await settled(self._moves, self._moving, CLOSE_WAIT_S)  # (none if inside one)
         if self._backstop.started:  # (it may be waiting for the answer to a yield it sent)
             await asyncio.to_thread(self._backstop.close)
         if self._link is not None:

@@ -258,13 +258,16 @@ class BlockingSession(BlockingConnection):
         if self._owner.forked():  # a forked child's copy: the parent's session goes on
             return
         self._keeper.close()
+        inside = self._callbacks_run.running_here()  # (a callback of this client closes it)
         self._callbacks_run.close(self.close_wait)
         with self._state:
             sock = self._sock
         if sock is not None:
             self._lost(sock)
         reader = self._reader
-        if reader is not None and reader is not threading.current_thread():
+        # Not from inside a callback: the reader may be waiting to run one after it (refused
+        # once it ends), and ends once that one is answered.
+        if reader is not None and reader is not threading.current_thread() and not inside:
             reader.join(timeout=5)
 
     def close_unless(self, keep: Callable[[], bool]) -> bool:

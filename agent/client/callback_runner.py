@@ -146,6 +146,12 @@ class CallbackRunner:
     def _call(self, request: pb.Callback) -> pb.CallbackResult:
         return run_callback_blocking(self._callbacks.get(request.action), request)
 
+    def running_here(self) -> bool:
+        """Whether the current thread runs the callback in flight (its callback closes the
+        client): one the reader read meanwhile waits for it to end."""
+        with self._cond:
+            return self._running is not None and self._runner is threading.current_thread()
+
     def close(self, timeout: float = CLOSE_WAIT_S) -> bool:
         """Fence, and wait up to `timeout` for the callback in flight.
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -27,6 +28,9 @@ from baton._pb import agent_pb2 as pb
 from baton.contract.tasks import to_the_end
 
 log = logging.getLogger("baton.client")
+
+_MOVE: contextvars.ContextVar[object | None] = contextvars.ContextVar("baton_move", default=None)
+"""The park or restore (`Moves.move`) that the code running now is inside of, if any."""
 
 
 def given_back(exc: BaseException, failed: BatonError | None) -> BaseException:
@@ -150,15 +154,28 @@ class Moves:
         self.parked = Parked()
         self._callbacks = callbacks
         self._one_at_a_time = asyncio.Lock()
+        self._in_flight: object | None = None
+        """The park or restore in flight, if any (`_MOVE` inside it)."""
+
+    def moving_here(self) -> bool:
+        """Whether this runs inside the park or restore in flight (its callback calls close(),
+        on its task or one it started): the others asked for wait for it to end first."""
+        return self._in_flight is not None and _MOVE.get() is self._in_flight
 
     async def move(self, request: pb.Callback) -> pb.CallbackResult:
         """Run a park or restore."""
         async with self._one_at_a_time:
-            result = self.parked.instead(request)
-            if result is None:
-                result = await run_callback(self._callbacks.get(request.action), request)
-                self.parked.ran(request, result)
-            return result
+            self._in_flight = here = object()
+            inside = _MOVE.set(here)
+            try:
+                result = self.parked.instead(request)
+                if result is None:
+                    result = await run_callback(self._callbacks.get(request.action), request)
+                    self.parked.ran(request, result)
+                return result
+            finally:
+                _MOVE.reset(inside)
+                self._in_flight = None
 
 
 def refused(request: pb.Callback) -> pb.CallbackResult:
@@ -167,8 +184,12 @@ def refused(request: pb.Callback) -> pb.CallbackResult:
     return pb.CallbackResult(call_id=request.call_id, error=error)
 
 
-async def settled(moving: set[asyncio.Task[None]], timeout: float) -> None:
-    """Wait up to `timeout` for the callbacks in flight (and their answers) as a client closes."""
+async def settled(moves: Moves, moving: set[asyncio.Task[None]], timeout: float) -> None:
+    """Wait up to `timeout` for the callbacks in flight (and their answers) as a client closes;
+    not from inside one (`moves.moving_here()`): the others wait for it to end, and it for this."""
+    if moves.moving_here():
+        return
+    moving = moving - {asyncio.current_task()}  # (closed by its own task, after its move)
     if moving and (await asyncio.wait(moving, timeout=timeout))[1]:
         log.error(
             "a park or restore still runs %.3g s after this AsyncBaton client began closing; "
