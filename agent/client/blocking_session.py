@@ -110,13 +110,14 @@ class BlockingSession(BlockingConnection):
 
     def connect(self) -> None:
         """Open the session now (the first `acquire` does it otherwise)."""
+        self._owner.check()  # (a forked child's copy: the parent's, or the parent's to open)
+        self._owner.opened()  # before the lock: a child forked while it is held is told so
         with self._connect_lock:
             if self._closed.is_set():
                 raise BatonError("this Baton client is closed; create a new one")
             if self._reader is not None:
                 return
             reader = self._open()
-            self._owner.opened()
             atexit.register(self._at_exit)
             self._reader = threading.Thread(
                 target=self._supervise, args=(reader,), name="baton-client", daemon=True

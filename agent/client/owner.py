@@ -15,7 +15,9 @@ class SessionOwner:
         self.pid = 0
 
     def opened(self) -> None:
-        """The session was opened by this process."""
+        """The session was opened by this process, or is being opened (a child forked
+        meanwhile has a copy of it half open, and of the lock its opening holds), or was
+        tried (a child forked after a failed connect makes a Baton of its own too)."""
         self.pid = os.getpid()
 
     def forked(self) -> bool:
