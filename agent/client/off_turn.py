@@ -10,7 +10,7 @@ import contextlib
 import functools
 import inspect
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -28,6 +28,8 @@ class OffTurn:
         """Off-turn calls running on a turn handed back."""
         self._raised = False
         """True once one of them raised: the last to end takes no turn again."""
+        self._together: _Together | None = None
+        """Inside `together()`: the plain functions called one after another, run at once."""
 
     def wrap(self, fn: F) -> F:
         """`fn` run with the turn handed back; an `async` function stays one (TRL awaits it)."""
@@ -40,10 +42,35 @@ class OffTurn:
             return _named(run_async, fn)  # type: ignore[return-value]
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            together = self._together
+            if together is not None and run in together.fns:
+                return together.result(run, args, kwargs)
             with self._away_from_turn():
                 return fn(*args, **kwargs)
 
-        return _named(run, fn)  # type: ignore[return-value]
+        named = _named(run, fn)
+        named._baton_off_turn = (self, fn)  # type: ignore[attr-defined]
+        return named  # type: ignore[return-value]
+
+    @contextlib.contextmanager
+    def together(self, fns: Iterable[Any]) -> Iterator[None]:
+        """Inside: the plain functions wrapped here among `fns` (TRL's reward functions, which
+        it calls one after another with the same arguments) all run at the first one's call,
+        in one hand-back, each later call answered with its result: rather than a handover
+        (a restore and a park, with another job waiting) between each two of them."""
+        plain: dict[Any, Callable[..., Any]] = {}
+        for fn in fns:
+            marked: tuple[OffTurn, Callable[..., Any]] | None = getattr(fn, "_baton_off_turn", None)
+            if marked is not None and marked[0] is self:
+                plain[fn] = marked[1]
+        if len(plain) < 2:
+            yield
+            return
+        outer, self._together = self._together, _Together(self, plain)
+        try:
+            yield
+        finally:
+            self._together = outer
 
     @contextlib.contextmanager
     def _away_from_turn(self) -> Iterator[None]:
@@ -85,6 +112,42 @@ class OffTurn:
             raised, self._raised = self._raised, False
             if not raised:
                 self._take_again()
+
+
+class _Together:
+    """The plain functions of one `OffTurn.together()` block and their results."""
+
+    def __init__(self, off_turn: OffTurn, fns: dict[Any, Callable[..., Any]]) -> None:
+        self.off_turn = off_turn
+        self.fns = fns
+        """Each wrapper, and the function it wraps, in the order they are called."""
+        self.results: dict[Any, Any] | None = None
+        self.args: tuple[tuple[Any, ...], dict[str, Any]] = ((), {})
+
+    def result(self, wrapper: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The wrapper's result: at the first call, every function run in one hand-back; a
+        call with other arguments (or a second call) runs on its own."""
+        if self.results is None:
+            self.args = (args, kwargs)
+            with self.off_turn._away_from_turn():
+                self.results = {w: fn(*args, **kwargs) for w, fn in self.fns.items()}
+        elif wrapper not in self.results or not _same(self.args, (args, kwargs)):
+            with self.off_turn._away_from_turn():
+                return self.fns[wrapper](*args, **kwargs)
+        return self.results.pop(wrapper)
+
+
+def _same(
+    one: tuple[tuple[Any, ...], dict[str, Any]], other: tuple[tuple[Any, ...], dict[str, Any]]
+) -> bool:
+    """Whether two calls got the very same arguments (the same objects)."""
+    (args, kwargs), (args2, kwargs2) = one, other
+    same_args = len(args) == len(args2) and all(a is b for a, b in zip(args, args2, strict=False))
+    return (
+        same_args
+        and kwargs.keys() == kwargs2.keys()
+        and all(kwargs[k] is kwargs2[k] for k in kwargs)
+    )
 
 
 def is_async(fn: Any) -> bool:

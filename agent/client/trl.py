@@ -176,8 +176,22 @@ class BatonCallback(TurnHolder, TrainerCallback):
         for name in OUTSIDE_STEPS:
             setattr(trainer, name, self._in_turn(getattr(trainer, name), name == "evaluate"))
         trainer.evaluate = self._ends_evaluation(trainer, trainer.evaluate)
+        calculate = getattr(trainer, "_calculate_rewards", None)
+        if calculate is not None:  # GRPO, RLOO: its plain rewards run off-turn run together
+            trainer._calculate_rewards = self._rewards_together(trainer, calculate)
         if self.parker is None:  # the driver's checkpoint: every device call needs the turn
             trainer.get_batch_samples = self._begins(trainer.get_batch_samples)
+
+    def _rewards_together(self, trainer: Any, calculate: F) -> F:
+        """`calculate` (a step's rewards) in which the plain rewards run off-turn hand the turn
+        back once, together, rather than once each (`OffTurn.together`)."""
+
+        @functools.wraps(calculate)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            with self._off_turn.together(getattr(trainer, "reward_funcs", None) or ()):
+                return calculate(*args, **kwargs)
+
+        return wrapped  # type: ignore[return-value]
 
     def _step_event(self, event: str, state: TrainerState | None = None) -> None:
         """Note a step's begin and end: between them no event ends the step's turn. An epoch's
