@@ -75,6 +75,11 @@ class AsyncBaton(AsyncSession):
         """
         add_callbacks(self._callbacks, self._link is not None, on_park, on_restore)
 
+    async def connect(self) -> None:
+        """Open the session (done by the first `acquire` if not called)."""
+        self._owner.check()  # (a forked child's copy of an open session: the parent's)
+        await super().connect()
+
     async def acquire(
         self, timeout: float | None = None, gpus: Sequence[str] | str | None = None
     ) -> LeaseInfo:

@@ -2,7 +2,7 @@
 
     python tests/agent/client/fork_tenant.py NAME [Baton|AsyncBaton] [in-turn]
 
-The child tries the parent's client (acquire, yield_), prints what each raised, and exits the
+The child tries the parent's client (connect, acquire, yield_), prints what each raised, and exits the
 ordinary way, so the interpreter's exit closes its copy of the client (an `AsyncBaton`'s:
 `asyncio.run` cancels the copy of its session's task as the child leaves); the parent then
 ends its turn and prints "parent yielded", or what its yield raised. With "in-turn" the parent
@@ -23,7 +23,12 @@ YIELD_WAIT_S = 10.0
 
 
 def child(baton: Baton) -> int:
-    for name, call in (("acquire", lambda: baton.acquire(timeout=5)), ("yield", baton.yield_)):
+    calls = (
+        ("connect", baton.connect),
+        ("acquire", lambda: baton.acquire(timeout=5)),
+        ("yield", baton.yield_),
+    )
+    for name, call in calls:
         try:
             call()
             print(f"child {name} returned", flush=True)
@@ -77,6 +82,7 @@ async def async_in_turn() -> None:
 
 async def async_child(baton: AsyncBaton) -> None:
     calls: tuple[tuple[str, Callable[[], Awaitable[object]]], ...] = (
+        ("connect", baton.connect),
         ("acquire", lambda: baton.acquire(timeout=5)),
         ("yield", baton.yield_),
     )

@@ -136,7 +136,7 @@ def test_a_forked_child_neither_uses_nor_ends_the_parents_session(
     pid: list[int] = []
     out = _fork_tenant(agent, "forker", client, pid=pid)
     lines = out.splitlines()
-    for call in ("acquire", "yield"):
+    for call in ("connect", "acquire", "yield"):
         assert (
             f"child {call} raised BatonError: this Baton client's session belongs to "
             f"process {pid[0]}, which forked" in out
