@@ -22,7 +22,8 @@ from baton.contract.names import ENV_AGENT_SOCKET
 from commands.cli import app
 
 BATON = [sys.executable, "-c", "from commands.cli import main; main()"]
-HANDOFF = ["bench", "handoff", "--iterations", "100000", "--hold-ms", "5", "--rounds", "1"]
+HANDOFF = ["bench", "handoff", "--iterations", "3000", "--hold-ms", "5", "--rounds", "1"]
+"""Its uncontended acquires take about a second; its turns, 30 s and more: stopped in them."""
 SIG_DFL, SIG_IGN = signal.SIG_DFL, signal.SIG_IGN
 DEMO = ["demo", "--duration", "60", "--warmup", "0", "--tenants", "2"]
 
