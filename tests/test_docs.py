@@ -303,3 +303,59 @@ def test_every_flag_a_page_names_exists(page: str) -> None:
     assert named
     missing = sorted(named - known)
     assert not missing, f"docs/{page} names flags that do not exist: {missing}"
+
+
+_CODE = re.compile(r"```[a-z]*\n(.*?)```|`([^`\n]+(?:\n[^`\n]+)?)`", re.S)
+_COMMAND_LINE = re.compile(
+    r"(?<![\w/.-])(?<!kubectl )baton ([a-z][a-z-]*)(?![\w/-])((?: [a-z][a-z-]*(?![\w/-]))?)"
+    r"([^\n|;&#)]*)"
+)
+_OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+
+
+def _unknown_in_command_lines(text: str) -> list[str]:
+    """Each `baton COMMAND [SUBCOMMAND] --option ...` in code (a span or a block, lines joined
+    where they end in `\\`) whose command, subcommand or option the CLI lacks."""
+    group = typer.main.get_command(commands.cli.app)
+    assert isinstance(group, typer.main.TyperGroup)
+    wrong = []
+    for block, span in _CODE.findall(text.replace("\\\n", " ")):
+        for name, sub, rest in _COMMAND_LINE.findall(block or span.replace("\n", " ")):
+            line = f"baton {name}{sub}{rest}".strip()
+            cmd = group.commands.get(name)
+            if cmd is None:
+                wrong.append(f"{line!r}: no command {name!r}")
+                continue
+            if isinstance(cmd, typer.main.TyperGroup):
+                sub, rest = sub.strip(), "" if not sub.strip() else rest
+                if not sub:
+                    continue  # `baton bench NAME --json`: no one command
+                if sub not in cmd.commands:
+                    wrong.append(f"{line!r}: no command 'baton {name} {sub}'")
+                    continue
+                cmd = cmd.commands[sub]
+            else:
+                rest = sub + rest
+            options = {"--help"} | {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+            wrong += [f"{line!r}: no {o}" for o in _OPTION.findall(rest) if o not in options]
+    return wrong
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_baton_command_line_a_page_shows_runs(page: Path) -> None:
+    """A command line a page shows (`baton status --by namespace`, `baton bench train
+    --framework trl --mix short`) names a command, subcommand and options the CLI has."""
+    wrong = _unknown_in_command_lines(page.read_text())
+    assert not wrong, f"{page.name} shows command lines the CLI refuses: {wrong}"
+
+
+def test_the_command_line_check_catches_a_wrong_name() -> None:
+    text = (
+        "`baton status --by namespace`, `baton status --window 5`, `baton bench trian --json`,\n"
+        "```\nbaton agent --backend fake \\\n    --fake-gpu 1x100\nhelm install baton charts/x\n```"
+    )
+    assert _unknown_in_command_lines(text) == [
+        "'baton status --window 5': no --window",
+        "'baton bench trian --json': no command 'baton bench trian'",
+        "'baton agent --backend fake      --fake-gpu 1x100': no --fake-gpu",
+    ]
