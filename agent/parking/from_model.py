@@ -87,8 +87,9 @@ class ModelPlans(KnownNode):
 
     def _model_ref(self, tenant_id: str, gpus: Collection[str]) -> TenantRef | None:
         """`_current_ref`, where no plan runs or is on the way for the tenant: the model can
-        plan its turn on `gpus` alone; None otherwise."""
-        if self._lock.locked() or tenant_id in self._ahead:
+        plan its turn on `gpus` alone; None otherwise (also for a tenant being forgotten: as
+        the lock passes to its `forget`, it is unlocked for a step)."""
+        if self._lock.locked() or tenant_id in self._ahead or tenant_id in self._forgetting:
             return None
         return self._current_ref(tenant_id, gpus)
 

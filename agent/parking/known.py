@@ -89,6 +89,9 @@ class KnownNode:
         """Tenant → the reason its waiting turn was counted in `baton_refused_parks_total`: a
         turn tried again and again counts once per reason, until it is taken."""
         self._ahead: dict[str, asyncio.Future[None]] = {}
+        self._forgetting: dict[str, int] = {}
+        """Tenant → its `forget`s yet to run (they wait for the lock): the model still shows
+        what it left, so its turns are planned under the lock, after them."""
         self._in_motion: dict[str, int] = {}
         """Tenant → the plans moving its memory now (`moving`)."""
         self._host = host

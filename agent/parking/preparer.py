@@ -313,19 +313,27 @@ class ParkingPreparer(PlanMoves):
                 await self._carry_out(tenant_id, plan_turn(snap, tenant_id), "request")
 
     async def forget(self, tenant_id: str) -> None:
-        """Drop everything held for a tenant that is gone, parked bytes included."""
-        async with self._lock:
-            await asyncio.to_thread(self.backend.detach, tenant_id)
-            for table in (self._refs, self._last_turn, self._last_turn_wall, self._holding):
-                table.pop(tenant_id, None)
-            self._revision += 1
-            self.quarantines.forget(tenant_id)
-            self._model.forget(tenant_id)
-            self._waiting.pop(tenant_id, None)
-            self._refused.pop(tenant_id, None)
-            self._publish()
-            if self._host is not None:
-                self._host.persist()  # its parked record goes
+        """Drop everything held for a tenant that is gone, parked bytes included. Until then a
+        turn of its id (a pod's new process) is planned after this, under the lock."""
+        self._forgetting[tenant_id] = self._forgetting.get(tenant_id, 0) + 1
+        try:
+            async with self._lock:
+                await asyncio.to_thread(self.backend.detach, tenant_id)
+                for table in (self._refs, self._last_turn, self._last_turn_wall, self._holding):
+                    table.pop(tenant_id, None)
+                self._revision += 1
+                self.quarantines.forget(tenant_id)
+                self._model.forget(tenant_id)
+                self._waiting.pop(tenant_id, None)
+                self._refused.pop(tenant_id, None)
+                self._publish()
+                if self._host is not None:
+                    self._host.persist()  # its parked record goes
+        finally:
+            if self._forgetting[tenant_id] == 1:
+                del self._forgetting[tenant_id]
+            else:
+                self._forgetting[tenant_id] -= 1
 
     async def _make_room_for_holder(self, tenant_id: str) -> None:
         """Park idle tenants until the holder's memory fits (a tenant beside it outgrew what it
