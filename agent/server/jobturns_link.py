@@ -31,13 +31,24 @@ from agent.server.jobturns import (
     UnknownTurn,
 )
 from baton._pb import jobturns_pb2 as jt
-from baton.contract.framing import Corked, FrameCut, FrameError, encode, keep_alive, read_frame
+from baton.contract.framing import (
+    Corked,
+    FrameCut,
+    FrameError,
+    FrameTooLarge,
+    encode,
+    keep_alive,
+    read_frame,
+)
 from baton.contract.tcpbind import served_at
 
 log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
 """A connection that has not said hello by then is closed."""
+HELLO_MAX_BYTES = 64 * 1024
+"""The largest first frame read: a hello (the token and the coordinator's name) is far smaller,
+and a peer without the token may not make the agent hold a whole call's frame for it."""
 
 
 def _code(exc: errors.AgentError) -> str:
@@ -296,13 +307,20 @@ class JobTurnServer:
     ) -> bool:
         """Whether the connection opened with the token (the `connection` learns the
         coordinator's identity); if not, it is told why."""
-        first = await asyncio.wait_for(read_frame(reader, jt.JobTurnsCall), HELLO_TIMEOUT_S)
+        why = "job-turn calls need the coordination token (the first frame's hello)"
+        try:
+            first = await asyncio.wait_for(
+                read_frame(reader, jt.JobTurnsCall, HELLO_MAX_BYTES), HELLO_TIMEOUT_S
+            )
+        except FrameTooLarge as exc:  # refused unread: no hello is that large
+            first, why = jt.JobTurnsCall(), f"{why}; {exc}"
         if first is None:
             return False
         given = first.hello.token.encode() if first.WhichOneof("call") == "hello" else b""
         if not hmac.compare_digest(given, self._token):
-            log.warning("coordinator connection from %s without the coordination token", peer)
-            why = "job-turn calls need the coordination token (the first frame's hello)"
+            log.warning(
+                "coordinator connection from %s without the coordination token: %s", peer, why
+            )
             writer.write(encode(refusal(0, "UNAUTHENTICATED", why)))
             await writer.drain()
             return False

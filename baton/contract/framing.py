@@ -28,6 +28,10 @@ class FrameError(Exception):
     """The peer sent something that is not a frame of this protocol."""
 
 
+class FrameTooLarge(FrameError):
+    """A frame's header announces more bytes than the reader takes: refused before its body."""
+
+
 class FrameCut(FrameError):
     """The connection ended inside a frame: the peer went away as it wrote, nothing malformed."""
 
@@ -55,15 +59,19 @@ def decode(kind: type[M], body: bytes) -> M:
     return message
 
 
-async def read_frame(reader: asyncio.StreamReader, kind: type[M]) -> M | None:
-    """The next message; None when the peer closed between frames; `FrameError` otherwise."""
-    body = await read_body(reader)
+async def read_frame(
+    reader: asyncio.StreamReader, kind: type[M], limit: int = MAX_FRAME_BYTES
+) -> M | None:
+    """The next message; None when the peer closed between frames; `FrameError` otherwise
+    (`FrameTooLarge` for a frame over `limit` bytes, refused before its body is read)."""
+    body = await read_body(reader, limit)
     return None if body is None else decode(kind, body)
 
 
-async def read_body(reader: asyncio.StreamReader) -> bytes | None:
+async def read_body(reader: asyncio.StreamReader, limit: int = MAX_FRAME_BYTES) -> bytes | None:
     """The next frame's body, undecoded; None when the peer closed between frames; `FrameCut`
-    when it closed inside one, `FrameError` for what is no frame."""
+    when it closed inside one, `FrameTooLarge` over `limit` bytes, `FrameError` for what is no
+    frame."""
     try:
         header = await reader.readexactly(HEADER.size)
     except asyncio.IncompleteReadError as exc:
@@ -73,8 +81,8 @@ async def read_body(reader: asyncio.StreamReader) -> bytes | None:
     if header == GRPC_PREFACE:
         raise FrameError("the peer speaks gRPC (HTTP/2), not frames")
     (size,) = HEADER.unpack(header)
-    if size > MAX_FRAME_BYTES:
-        raise FrameError(f"a frame of {size} bytes is over the limit of {MAX_FRAME_BYTES}")
+    if size > limit:
+        raise FrameTooLarge(f"a frame of {size} bytes is over the limit of {limit}")
     try:
         return await reader.readexactly(size)
     except asyncio.IncompleteReadError:

@@ -75,6 +75,33 @@ def test_a_caller_without_the_token_is_refused_unauthenticated(tmp_path: Path) -
     run(body)
 
 
+def test_a_first_frame_too_large_for_a_hello_is_refused_before_its_body_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer without the token may not make the agent wait for (and hold) a call's worth of
+    bytes: a first frame announced larger than any hello is refused at its header."""
+    monkeypatch.setattr(jobturns_link, "HELLO_TIMEOUT_S", 60.0)  # past `run`'s deadline
+
+    async def body() -> None:
+        async with serving(tmp_path) as (service, _, address):
+            host, _, port = address.rpartition(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(struct.pack("!I", framing.MAX_FRAME_BYTES))  # a header, no body (yet)
+            answer = await read_frame(reader, jt.JobTurnsAnswer)
+            assert answer is not None and answer.refused.code == "UNAUTHENTICATED"
+            assert f"a frame of {framing.MAX_FRAME_BYTES} bytes is over the limit of" in (
+                answer.refused.details
+            )
+            assert await read_frame(reader, jt.JobTurnsAnswer) is None  # and closed
+            writer.close()
+            links = AgentLinks(TOKEN)  # the agent serves a coordinator with the token
+            assert (await links.report("n1", address, 1)).node == "n1"
+            await links.close()
+            assert not service.table.leases
+
+    run(body)
+
+
 def test_calls_with_the_token_prepare_report_and_an_older_epoch_is_refused(tmp_path: Path) -> None:
     async def body() -> None:
         async with serving(tmp_path) as (_, _, address):
