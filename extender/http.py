@@ -29,6 +29,7 @@ __all__ = [
     "IDLE_TIMEOUT_S",
     "JSON",
     "MAX_BODY",
+    "MAX_HEAD",
     "REQUEST_TIMEOUT_S",
     "TEXT",
     "Connection",
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024 * 1024
 """The largest request body read: ExtenderArgs with a full NodeList of thousands of nodes fits."""
+MAX_HEAD = 1024 * 1024
+"""The most bytes a request's line and headers may take (Go's `http.DefaultMaxHeaderBytes`):
+kube-scheduler's are a few hundred. The parser would hold a longer one whole, without bound."""
 IDLE_TIMEOUT_S = 120.0
 """How long a kept-alive connection may wait for its next request: longer than Go's 90 s
 idle-connection timeout, so kube-scheduler closes idle connections, not we under its request."""
@@ -63,12 +67,14 @@ class HttpServer:
         routes: Routes,
         ssl_context: ssl.SSLContext | None = None,
         max_body: int = MAX_BODY,
+        max_head: int = MAX_HEAD,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
     ):
         self.routes = routes
         self.ssl_context = ssl_context
         self.max_body = max_body
+        self.max_head = max_head
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s
         self.connections: set[Connection] = set()

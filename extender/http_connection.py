@@ -27,6 +27,9 @@ class _Incoming:
     body: list[bytes] = field(default_factory=list)
     size: int = 0
     expect_continue: bool = False
+    head: int = 0
+    """Bytes read while its line and headers were unfinished (`Connection.data_received`)."""
+    head_done: bool = False
 
 
 class _RequestRefused(Exception):
@@ -86,6 +89,8 @@ class Connection(asyncio.Protocol):
                 self._refuse(cause.reply)
             else:
                 self._refuse(text(400, f"bad HTTP request: {err}"))
+        else:
+            self._check_head(len(data))
 
     # -- httptools callbacks
 
@@ -107,6 +112,7 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         assert self._incoming is not None
+        self._incoming.head_done = True
         if self._incoming.expect_continue and self._transport is not None:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -187,6 +193,17 @@ class Connection(asyncio.Protocol):
             self._transport.pause_reading()
         if not self._running:
             self._answer(reply, keep_alive=False)
+
+    def _check_head(self, read: int) -> None:
+        """Refuse a request whose line and headers are still unfinished after more than
+        `max_head` bytes (each read that leaves them unfinished counts whole)."""
+        incoming = self._incoming
+        if incoming is None or incoming.head_done:
+            return
+        incoming.head += read
+        if incoming.head > self._server.max_head:
+            limit = self._server.max_head
+            self._refuse(text(431, f"request line and headers over {limit} bytes; not read"))
 
     def _check_size(self, size: int) -> None:
         if size > self._server.max_body:

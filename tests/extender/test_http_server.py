@@ -298,6 +298,28 @@ def test_a_body_over_max_body_is_413_and_closed(connect: Connect, request_bytes:
     assert wire.closed()
 
 
+@pytest.mark.parametrize(
+    "start", [b"GET /fast?q=", b"GET /fast HTTP/1.1\r\nHost: x\r\nX-Big: "], ids=["url", "header"]
+)
+def test_a_request_line_or_header_over_max_head_is_431_and_closed(
+    routes: Routes, connect: Connect, start: bytes
+) -> None:
+    """A request line or a header that goes on past `max_head` is refused there, not gathered
+    by the parser without bound; the server goes on serving its other clients."""
+    with ServerThread(routes) as server:
+        server.server.http.max_head = 1024  # read by the server as it serves
+        wire = connect(server.port)
+        wire.send(start + b"a" * 4096)
+        answer = wire.answer()
+        assert answer.status == 431
+        assert answer.body == b"request line and headers over 1024 bytes; not read\n"
+        assert answer.headers["connection"] == "close"
+        assert wire.closed()
+        other = connect(server.port)
+        other.send(GET_FAST)
+        assert other.answer().body == b"fast\n"
+
+
 def test_a_chunked_body_is_reassembled_for_the_handler(connect: Connect) -> None:
     """The handler gets the chunks joined; the connection stays open for the next request."""
     wire = connect()
