@@ -314,6 +314,13 @@ class JobTurnServer:
             )
         except FrameTooLarge as exc:  # refused unread: no hello is that large
             first, why = jt.JobTurnsCall(), f"{why}; {exc}"
+        except TimeoutError:  # asyncio's says nothing: the log line would give no reason
+            log.warning(
+                "coordinator connection from %s: no hello within %g s; closed",
+                peer,
+                HELLO_TIMEOUT_S,
+            )
+            return False
         if first is None:
             return False
         given = first.hello.token.encode() if first.WhichOneof("call") == "hello" else b""

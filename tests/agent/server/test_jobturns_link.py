@@ -102,6 +102,28 @@ def test_a_first_frame_too_large_for_a_hello_is_refused_before_its_body_is_read(
     run(body)
 
 
+def test_a_connection_that_never_says_hello_is_closed_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(jobturns_link, "HELLO_TIMEOUT_S", 0.2)
+
+    async def body() -> None:
+        async with serving(tmp_path) as (_, _, address):
+            host, _, port = address.rpartition(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(struct.pack("!I", 100) + b"\x0a")  # a hello begun, never finished
+            assert await read_frame(reader, jt.JobTurnsAnswer) is None  # closed by the agent
+            writer.close()
+            links = AgentLinks(TOKEN)  # the agent serves a coordinator with the token
+            assert (await links.report("n1", address, 1)).node == "n1"
+            await links.close()
+
+    with caplog.at_level(logging.WARNING, logger="agent.server.jobturns_link"):
+        run(body)
+    [said] = [r.getMessage() for r in caplog.records if r.name == "agent.server.jobturns_link"]
+    assert said.endswith(": no hello within 0.2 s; closed"), said
+
+
 def test_calls_with_the_token_prepare_report_and_an_older_epoch_is_refused(tmp_path: Path) -> None:
     async def body() -> None:
         async with serving(tmp_path) as (_, _, address):
