@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = UNUSED_TOKEN_TTL
 """How long a connection may stay open after its token line without saying Hello."""
+HELLO_MAX_BYTES = 64 * 1024
+"""The largest first frame read: a Hello (a registration) is far smaller, and a peer that has not
+said who it is may not make the agent hold a whole call's frame for each connection it opens."""
 
 
 class FramedLink:
@@ -33,11 +36,12 @@ class FramedLink:
         self._reader = reader
         self._writer = writer
 
-    async def read(self) -> pb.ClientMessage | None:
+    async def read(self, limit: int = framing.MAX_FRAME_BYTES) -> pb.ClientMessage | None:
         """The next message; None once the session ended: the peer closed or went away (a
-        tenant stopped or killed, its grant unread), or sent what is no frame (a warning)."""
+        tenant stopped or killed, its grant unread), or sent what is no frame or a frame over
+        `limit` bytes (a warning)."""
         try:
-            return await framing.read_frame(self._reader, pb.ClientMessage)
+            return await framing.read_frame(self._reader, pb.ClientMessage, limit)
         except (framing.FrameCut, ConnectionError) as exc:
             log.debug("direct session ended as the peer went away: %s", exc)
             return None
@@ -70,7 +74,7 @@ async def serve(
     `said` hears when its first frame (or its end) came (`agent.node.identity.OnSession`)."""
     link = FramedLink(reader, writer)
     try:
-        first = await asyncio.wait_for(link.read(), HELLO_TIMEOUT_S)
+        first = await asyncio.wait_for(link.read(HELLO_MAX_BYTES), HELLO_TIMEOUT_S)
     except TimeoutError:
         log.info("handshake connection of pid %d idle after its token; closed", peer.pid)
         return

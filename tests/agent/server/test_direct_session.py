@@ -11,6 +11,7 @@ import struct
 import pytest
 
 from agent.client import Baton
+from agent.server.direct_session import HELLO_MAX_BYTES
 from agent.wire.handshake import handshake_path
 from baton._pb import agent_pb2 as pb
 from baton.contract import framing
@@ -134,7 +135,7 @@ def _bad_reads(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_an_oversized_frame_ends_the_connection_not_the_agent(
     agent: AgentRunner, caplog: pytest.LogCaptureFixture
 ) -> None:
-    raw = Raw(agent)
+    raw = session(agent, "oversized")
     try:
         raw.sock.sendall(struct.pack("!I", framing.MAX_FRAME_BYTES + 1))
         assert raw.read() is None
@@ -142,6 +143,24 @@ def test_an_oversized_frame_ends_the_connection_not_the_agent(
         raw.close()
     over = f"a frame of {framing.MAX_FRAME_BYTES + 1} bytes is over the limit"
     assert _bad_reads(caplog) == [f"direct session ended on a bad read: {over} of 4194304"]
+    with Baton(agent.socket, [GPU], name="after") as baton:  # the agent still serves
+        baton.acquire(timeout=5)
+        baton.yield_()
+
+
+def test_a_first_frame_too_large_for_a_hello_ends_the_connection_before_its_body(
+    agent: AgentRunner, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A peer that has not said Hello cannot make the agent wait for, and hold, a call's worth
+    of frame (4 MiB) on each connection it opens: its header is enough to refuse it."""
+    raw = Raw(agent)
+    try:
+        raw.sock.sendall(struct.pack("!I", framing.MAX_FRAME_BYTES))  # a header, and no body
+        assert raw.read() is None  # at once: not after the Hello's 10 s
+    finally:
+        raw.close()
+    over = f"a frame of {framing.MAX_FRAME_BYTES} bytes is over the limit of {HELLO_MAX_BYTES}"
+    assert _bad_reads(caplog) == [f"direct session ended on a bad read: {over}"]
     with Baton(agent.socket, [GPU], name="after") as baton:  # the agent still serves
         baton.acquire(timeout=5)
         baton.yield_()
