@@ -122,15 +122,23 @@ class _Together:
         self.fns = fns
         """Each wrapper, and the function it wraps, in the order they are called."""
         self.results: dict[Any, Any] | None = None
+        self.running = False
+        """True while they run, at the first call."""
         self.args: tuple[tuple[Any, ...], dict[str, Any]] = ((), {})
 
     def result(self, wrapper: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The wrapper's result: at the first call, every function run in one hand-back; a
-        call with other arguments (or a second call) runs on its own."""
+        call with other arguments (or a second call) runs on its own, and one from inside
+        another of them runs as it is (off-turn already)."""
+        if self.running:  # one of them calls another: the turn is handed back already
+            return self.fns[wrapper](*args, **kwargs)
         if self.results is None:
-            self.args = (args, kwargs)
-            with self.off_turn._away_from_turn():
-                self.results = {w: fn(*args, **kwargs) for w, fn in self.fns.items()}
+            self.args, self.running = (args, kwargs), True
+            try:
+                with self.off_turn._away_from_turn():
+                    self.results = {w: fn(*args, **kwargs) for w, fn in self.fns.items()}
+            finally:
+                self.running = False
         elif wrapper not in self.results or not _same(self.args, (args, kwargs)):
             with self.off_turn._away_from_turn():
                 return self.fns[wrapper](*args, **kwargs)

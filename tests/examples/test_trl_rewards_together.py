@@ -63,3 +63,30 @@ def test_an_error_in_one_of_them_leaves_train_holding_no_turn(jobs: Jobs) -> Non
     assert seen == ["r1", "bad"] and not jobs.callback.holding
     with jobs.other.turn(timeout=30):  # the GPU is free for the other job at once
         pass
+
+
+def test_a_reward_that_calls_another_runs_it_as_it_is_inside_the_one_hand_back() -> None:
+    """Run together, a wrapped reward calling another wrapped one gets its result at once (it
+    is off-turn already), and each is still answered its own result: no batch run again."""
+    from agent.client.off_turn import OffTurn
+
+    moves: list[str] = []
+
+    def hand_back() -> bool:
+        moves.append("handed back")
+        return True
+
+    off_turn = OffTurn(hand_back, lambda: moves.append("taken"))
+
+    def inner(x: int) -> int:
+        moves.append("inner")
+        return x
+
+    def outer(x: int) -> int:
+        moves.append("outer")
+        return wrapped_inner(x) + 1
+
+    wrapped_inner, wrapped_outer = off_turn.wrap(inner), off_turn.wrap(outer)
+    with off_turn.together([wrapped_inner, wrapped_outer]):
+        assert (wrapped_inner(5), wrapped_outer(5)) == (5, 6)
+    assert moves == ["handed back", "inner", "outer", "inner", "taken"]
