@@ -34,6 +34,9 @@ from baton.contract.names import LABEL_JOB, LABEL_LLMD_JOB
 log = logging.getLogger(__name__)
 TTL_S = 30.0
 """How long an address's pod is remembered at most (should a watch miss its end)."""
+LEAVING_TTL_S = 2.0
+"""How long a pod in deletion found at an address stands for the Yields from it before it is
+asked for again (its address may go to another pod before that pod's status says so)."""
 MAX_KNOWN = 4096
 """Addresses remembered at most (the oldest go first)."""
 _FINISHED = ("Succeeded", "Failed")
@@ -60,6 +63,9 @@ class _Known(NamedTuple):
     namespace: str | None
     uid: str
     """The pod's, or "" for an address that identifies nobody."""
+    leaving: str | None = None
+    """For an address no live pod has: the namespace of the one pod in deletion there (a
+    Yield's caller, `LEAVING_TTL_S`), if any."""
 
 
 class PodCallers:
@@ -82,28 +88,36 @@ class PodCallers:
         """The namespace of the one pod at the peer's address, or None (said in the log);
         `CallerUnknown` while the API server cannot be asked (a pod is not taken for nobody).
         `ending`: the call gives a turn back, and the one pod in deletion at an address no
-        live pod has makes it (not remembered: its address may go to another pod)."""
+        live pod has makes it (for `LEAVING_TTL_S` after it was found there)."""
         ip = peer_ip(peer)
         if not ip:
             return None
         with self._lock:
             cached = self._known.get(ip)
-            fresh = cached is not None and self._clock() - cached.at < TTL_S
-            if cached is not None and fresh and (cached.namespace is not None or not ending):
-                return cached.namespace
+            age = TTL_S if cached is None else self._clock() - cached.at
+            if cached is not None and age < TTL_S:
+                if not ending or cached.namespace is not None or cached.leaving is None:
+                    return cached.namespace
+                if age < LEAVING_TTL_S:
+                    return cached.leaving
             ends = self._ends
             self._asking[ip] = self._asking.get(ip, 0) + 1
         try:
-            found, uid, watched = await asyncio.to_thread(self._lookup, ip, ending)
+            known, watched = await asyncio.to_thread(self._lookup, ip)
         finally:
             with self._lock:
                 self._asking[ip] -= 1
                 if not self._asking[ip]:
                     del self._asking[ip]
         with self._lock:  # an API server that failed is asked again
-            if ends == self._ends and (watched or found is None):
-                self._remember(ip, _Known(self._clock(), found, uid))
-        return found
+            if ends == self._ends and (watched or known.namespace is None):
+                self._remember(ip, known._replace(at=self._clock()))
+            elif ends == self._ends:  # a pod there now: what was remembered of it is stale
+                self._known.pop(ip, None)
+        if ending and known.namespace is None and known.leaving is not None:
+            log.info("a turn given back from %s: its pod, in deletion, is its caller", ip)
+            return known.leaving
+        return known.namespace
 
     def saw(self, pod: Mapping[str, Any], gone: bool) -> None:
         """A job pod as its watch saw it (`gone`: deleted, or no longer labelled)."""
@@ -130,10 +144,10 @@ class PodCallers:
             del self._known[next(iter(self._known))]
         self._known[ip] = known
 
-    def _lookup(self, ip: str, ending: bool = False) -> tuple[str | None, str, bool]:
-        """The namespace of the one live pod at `ip` (or None), its uid, and whether a job
-        pods' watch will see it end (and so whether it may be remembered); `ending`: with no
-        live pod there, the one pod in deletion's (never remembered)."""
+    def _lookup(self, ip: str) -> tuple[_Known, bool]:
+        """The namespace of the one live pod at `ip` (or None), its uid, and, with no live pod
+        there, the namespace of the one in deletion (`_Known.leaving`); and whether a job pods'
+        watch will see it end (and so whether it may be remembered)."""
         try:
             pods = self._core.list_pod_for_all_namespaces(
                 field_selector=f"status.podIP={ip}", _request_timeout=5
@@ -153,16 +167,13 @@ class PodCallers:
             and not (p.status and p.status.phase in _FINISHED)
         ]
         live = [p for p in running if not (p.metadata and p.metadata.deletion_timestamp)]
-        if not live and ending and len(running) == 1:
-            meta = running[0].metadata
-            log.info("a turn given back from %s: its pod is in deletion, still its caller", ip)
-            return (str(meta.namespace), "", False) if meta is not None else (None, "", False)
+        leaving = running[0].metadata if not live and len(running) == 1 else None
         if len(live) != 1:
             log.info("a call from %s matches %d pods: its caller is not identified", ip, len(live))
-            return None, "", False
+            return _Known(0.0, None, "", str(leaving.namespace) if leaving else None), False
         meta = live[0].metadata
         if meta is None:
-            return None, "", False
+            return _Known(0.0, None, ""), False
         labels = meta.labels or {}
         watched = any(label in labels for label in _WATCHED)
-        return str(meta.namespace), str(meta.uid or ""), watched
+        return _Known(0.0, str(meta.namespace), str(meta.uid or "")), watched

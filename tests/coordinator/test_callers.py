@@ -18,7 +18,7 @@ from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
 from baton.contract.names import LABEL_JOB
 from commands.localnode.controlplane import ControlPlane
 from commands.localnode.procs import LocalNodeError, wait_for
-from coordinator.callers import PodCallers
+from coordinator.callers import LEAVING_TTL_S, PodCallers
 from tests.coordinator.deployed import CoordinatorProcess, leader_of
 
 OWNER, INTRUDER = "callers-owner", "callers-intruder"
@@ -171,10 +171,11 @@ def test_a_job_pods_address_is_asked_for_once_until_its_watch_sees_it_end(
 
 
 def test_a_pod_in_its_grace_period_is_the_caller_of_a_yield_only(
-    control_plane: ControlPlane, core: Any
+    control_plane: ControlPlane, core: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pod in deletion (a SIGTERM handler giving its job's turn back) is the caller of a Yield
-    from its address, not of anything else, and not once a live pod has the address."""
+    from its address, not of anything else; it is asked for again after `LEAVING_TTL_S`, not on
+    every Yield, and a live pod given its address is the caller from then on."""
     from baton.contract.kube import load_api_client
 
     for namespace in (OWNER, INTRUDER):
@@ -182,22 +183,34 @@ def test_a_pod_in_its_grace_period_is_the_caller_of_a_yield_only(
             core.create_namespace({"metadata": {"name": namespace}})
             core.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
     pod_at(core, OWNER, "leaving", {LABEL_JOB: "rl"}, "10.9.0.3", node="gone")
-    callers = PodCallers(load_api_client(str(control_plane.admin_kubeconfig)))
-    peer = "ipv4:10.9.0.3:4431"
+    now = [0.0]
+    callers = PodCallers(load_api_client(str(control_plane.admin_kubeconfig)), lambda: now[0])
+    lists: list[str] = []
+    listing = callers._core.list_pod_for_all_namespaces
 
-    async def ask(ending: bool) -> str | None:
-        return await callers.namespace(peer, ending)
+    def counted(**kwargs: Any) -> Any:
+        lists.append(kwargs["field_selector"])
+        return listing(**kwargs)
+
+    monkeypatch.setattr(callers._core, "list_pod_for_all_namespaces", counted)
+
+    def ask(ending: bool) -> str | None:
+        return asyncio.run(callers.namespace("ipv4:10.9.0.3:4431", ending))
 
     try:
-        assert asyncio.run(ask(False)) == OWNER
+        assert ask(False) == OWNER and len(lists) == 1
         pod = core.read_namespaced_pod("leaving", OWNER).to_dict()
         terminating(core, "leaving")
         callers.saw({"metadata": {**pod["metadata"], "deletionTimestamp": "now"}}, gone=False)
-        assert asyncio.run(ask(False)) is None  # (and None is remembered for the address)
-        assert [asyncio.run(ask(True)) for _ in range(2)] == [OWNER] * 2
-        assert asyncio.run(ask(False)) is None
+        assert ask(False) is None and len(lists) == 2  # its Acquire: nobody's
+        assert [ask(True), ask(True), ask(False)] == [OWNER, OWNER, None]
+        assert len(lists) == 2  # remembered: the Yields cost the API server nothing
+        now[0] += LEAVING_TTL_S
+        assert ask(True) == OWNER and len(lists) == 3  # asked again, still in deletion
         pod_at(core, INTRUDER, "next", {}, "10.9.0.3")  # the address given to a live pod
-        assert asyncio.run(ask(True)) == INTRUDER
+        assert ask(True) == OWNER  # within LEAVING_TTL_S of finding it: the window it has
+        now[0] += LEAVING_TTL_S
+        assert ask(True) == INTRUDER and ask(False) == INTRUDER
     finally:
         for namespace, name in ((OWNER, "leaving"), (INTRUDER, "next")):
             with contextlib.suppress(Exception):
