@@ -2,8 +2,8 @@
 
     python tests/agent/client/fork_tenant.py NAME [Baton|AsyncBaton] [in-turn]
 
-The child tries the parent's client (connect, acquire, yield_), prints what each raised, and exits the
-ordinary way, so the interpreter's exit closes its copy of the client (an `AsyncBaton`'s:
+The child tries the parent's client (connect, acquire, yield_), prints what each raised, and
+exits the ordinary way, so the interpreter's exit closes its copy of the client (an `AsyncBaton`'s:
 `asyncio.run` cancels the copy of its session's task as the child leaves); the parent then
 ends its turn and prints "parent yielded", or what its yield raised. With "in-turn" the parent
 forks inside `turn()` and the child leaves through the block with `sys.exit(0)`.
