@@ -132,34 +132,26 @@ def _bad_reads(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+@pytest.mark.parametrize(
+    ("in_session", "size", "limit"),
+    [
+        (True, framing.MAX_FRAME_BYTES + 1, framing.MAX_FRAME_BYTES),
+        (False, framing.MAX_FRAME_BYTES, HELLO_MAX_BYTES),
+    ],
+    ids=["in-a-session", "before-hello"],
+)
 def test_an_oversized_frame_ends_the_connection_not_the_agent(
-    agent: AgentRunner, caplog: pytest.LogCaptureFixture
+    agent: AgentRunner, caplog: pytest.LogCaptureFixture, in_session: bool, size: int, limit: int
 ) -> None:
-    raw = session(agent, "oversized")
+    """Its header is enough to refuse it, at once: a peer that has not said Hello cannot make
+    the agent wait for, and hold, a call's worth of frame (4 MiB) on each connection it opens."""
+    raw = session(agent, "oversized") if in_session else Raw(agent)
     try:
-        raw.sock.sendall(struct.pack("!I", framing.MAX_FRAME_BYTES + 1))
+        raw.sock.sendall(struct.pack("!I", size))  # a header, and no body
         assert raw.read() is None
     finally:
         raw.close()
-    over = f"a frame of {framing.MAX_FRAME_BYTES + 1} bytes is over the limit"
-    assert _bad_reads(caplog) == [f"direct session ended on a bad read: {over} of 4194304"]
-    with Baton(agent.socket, [GPU], name="after") as baton:  # the agent still serves
-        baton.acquire(timeout=5)
-        baton.yield_()
-
-
-def test_a_first_frame_too_large_for_a_hello_ends_the_connection_before_its_body(
-    agent: AgentRunner, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A peer that has not said Hello cannot make the agent wait for, and hold, a call's worth
-    of frame (4 MiB) on each connection it opens: its header is enough to refuse it."""
-    raw = Raw(agent)
-    try:
-        raw.sock.sendall(struct.pack("!I", framing.MAX_FRAME_BYTES))  # a header, and no body
-        assert raw.read() is None  # at once: not after the Hello's 10 s
-    finally:
-        raw.close()
-    over = f"a frame of {framing.MAX_FRAME_BYTES} bytes is over the limit of {HELLO_MAX_BYTES}"
+    over = f"a frame of {size} bytes is over the limit of {limit}"
     assert _bad_reads(caplog) == [f"direct session ended on a bad read: {over}"]
     with Baton(agent.socket, [GPU], name="after") as baton:  # the agent still serves
         baton.acquire(timeout=5)
