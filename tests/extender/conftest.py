@@ -11,6 +11,7 @@ import pytest
 from extender.cache import KubeCache
 from extender.placement import Limits
 from extender.state import ClusterState
+from tests.extender.http_wire import connect, gate, routes  # noqa: F401 (fixtures)
 
 SYNC_TIMEOUT_S = 10.0
 

@@ -3,180 +3,13 @@ bodies, refusals, timeouts and a graceful stop, spoken to over plain sockets."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import pytest
 
-from extender.http import TEXT, Reply, Request, Route, Routes, text
+from extender.http import Routes
 from extender.server import ServerThread
-
-WAIT_S = 5.0
-"""The bound on every wait for the server."""
-GET_FAST = b"GET /fast HTTP/1.1\r\nHost: x\r\n\r\n"
-GET_SLOW = b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
-
-
-@dataclass
-class Gate:
-    """Holds the slow route until the test releases it; `events` records what ran, in order."""
-
-    started: threading.Event = field(default_factory=threading.Event)
-    release: threading.Event = field(default_factory=threading.Event)
-    events: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    head: bytes
-    headers: dict[str, str]
-    body: bytes
-
-
-class Wire:
-    """A client socket that reads whole answers, each wait bounded by the socket's timeout."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-        self.buf = b""
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def _fill(self) -> None:
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise EOFError(f"the server closed the connection; unread: {self.buf!r}")
-        self.buf += chunk
-
-    def head(self) -> bytes:
-        """Everything up to and including the blank line that ends an answer's head."""
-        while b"\r\n\r\n" not in self.buf:
-            self._fill()
-        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
-        return head + b"\r\n\r\n"
-
-    def answer(self) -> Answer:
-        head = self.head()
-        status_line, *lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
-        headers = {}
-        for line in lines:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        size = int(headers["content-length"])
-        while len(self.buf) < size:
-            self._fill()
-        body, self.buf = self.buf[:size], self.buf[size:]
-        return Answer(int(status_line.split(" ")[1]), head, headers, body)
-
-    def closed(self) -> bool:
-        """The server closes the connection, with nothing more to say."""
-        try:
-            chunk = self.sock.recv(65536)
-        except ConnectionResetError:
-            chunk = b""
-        return chunk == b"" and self.buf == b""
-
-    def silent_for(self, seconds: float) -> bool:
-        """Nothing arrives within `seconds` (a bounded check that an answer is held back)."""
-        self.sock.settimeout(seconds)
-        try:
-            self.buf += self.sock.recv(65536)
-            return False
-        except TimeoutError:
-            return True
-        finally:
-            self.sock.settimeout(WAIT_S)
-
-
-Connect = Callable[..., Wire]
-
-
-@pytest.fixture
-def gate() -> Gate:
-    return Gate()
-
-
-@pytest.fixture
-def routes(gate: Gate) -> Iterator[Routes]:
-    pool = ThreadPoolExecutor(1, thread_name_prefix="test-pool")
-
-    def fast(request: Request) -> Reply:
-        gate.events.append("fast")
-        return text(200, "fast")
-
-    async def slow(request: Request) -> Reply:
-        gate.events.append("slow-start")
-        gate.started.set()
-        await asyncio.to_thread(gate.release.wait, WAIT_S)
-        gate.events.append("slow-done")
-        return text(200, "slow")
-
-    def pooled(request: Request) -> Reply:
-        return text(200, threading.current_thread().name)
-
-    def echo(request: Request) -> Reply:
-        return Reply(200, request.body, TEXT)
-
-    def boom(request: Request) -> Reply:
-        raise RuntimeError("kaboom")
-
-    async def boom_later(request: Request) -> Reply:
-        raise RuntimeError("kaboom later")
-
-    yield {
-        ("GET", "/fast"): Route(fast),
-        ("GET", "/slow"): Route(slow),
-        ("GET", "/pooled"): Route(pooled, pool=pool),
-        ("POST", "/echo"): Route(echo),
-        ("PUT", "/echo"): Route(echo),
-        ("GET", "/boom"): Route(boom),
-        ("GET", "/boom-later"): Route(boom_later),
-    }
-    pool.shutdown(wait=True)
-
-
-@pytest.fixture
-def connect(routes: Routes, gate: Gate) -> Iterator[Connect]:
-    """`connect(**limits)`: a client connection to a new server of `routes` with those limits
-    (`max_body`, `idle_timeout_s`, `request_timeout_s`); `connect(port)`: one to a running
-    server. At the end the gate opens, every connection closes and every server stops."""
-    servers: list[ServerThread] = []
-    sockets: list[socket.socket] = []
-
-    def open_wire(port: int | None = None, **limits: float) -> Wire:
-        if port is None:
-            server = ServerThread(routes)
-            for name, value in limits.items():  # read by the server as it serves
-                assert name in ("max_body", "idle_timeout_s", "request_timeout_s"), name
-                setattr(server.server.http, name, value)
-            servers.append(server.start())
-            port = server.port
-        sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
-        sockets.append(sock)
-        return Wire(sock)
-
-    try:
-        yield open_wire
-    finally:
-        gate.release.set()
-        for sock in sockets:
-            sock.close()
-        for server in servers:
-            server.stop()
-
-
-def refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=WAIT_S).close()
-    except ConnectionRefusedError:
-        return True
-    return False
+from tests.extender.http_wire import GET_FAST, GET_SLOW, WAIT_S, Connect, Gate, refused
 
 
 def test_two_requests_on_one_kept_alive_connection(connect: Connect) -> None:
@@ -279,45 +112,36 @@ def test_an_answer_to_head_has_no_body_and_the_connection_goes_on(connect: Conne
 
 
 @pytest.mark.parametrize(
-    "request_bytes",
+    ("limits", "request_bytes", "says"),
     [
-        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\n\r\n",
-        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-        b"a\r\n0123456789\r\na\r\n0123456789\r\n0\r\n\r\n",
+        ({"max_body": 16}, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 17\r\n\r\n", 413),
+        (
+            {"max_body": 16},
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"a\r\n0123456789\r\na\r\n0123456789\r\n0\r\n\r\n",
+            413,
+        ),
+        ({"max_head": 1024}, b"GET /fast?q=" + b"a" * 4096, 431),
+        ({"max_head": 1024}, b"GET /fast HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 4096, 431),
     ],
-    ids=["content-length", "chunked"],
+    ids=["body-content-length", "body-chunked", "head-url", "head-header"],
 )
-def test_a_body_over_max_body_is_413_and_closed(connect: Connect, request_bytes: bytes) -> None:
-    """A body larger than `max_body` (declared or streamed) is refused unread, then closed."""
-    wire = connect(max_body=16)
+def test_a_request_over_a_limit_is_refused_unread_and_closed(
+    connect: Connect, limits: dict[str, int], request_bytes: bytes, says: int
+) -> None:
+    """A body over `max_body` (declared or streamed), or a request line and headers past
+    `max_head` (the parser gathers them whole), is refused unread and closed; others served."""
+    wire = connect(**limits)
     wire.send(request_bytes)
     answer = wire.answer()
-    assert answer.status == 413
-    assert answer.body == b"request body over 16 bytes; not read\n"
+    what = "request body" if "max_body" in limits else "request line and headers"
+    [limit] = limits.values()
+    assert (answer.status, answer.body) == (says, f"{what} over {limit} bytes; not read\n".encode())
     assert answer.headers["connection"] == "close"
     assert wire.closed()
-
-
-@pytest.mark.parametrize(
-    "start", [b"GET /fast?q=", b"GET /fast HTTP/1.1\r\nHost: x\r\nX-Big: "], ids=["url", "header"]
-)
-def test_a_request_line_or_header_over_max_head_is_431_and_closed(
-    routes: Routes, connect: Connect, start: bytes
-) -> None:
-    """A request line or a header that goes on past `max_head` is refused there, not gathered
-    by the parser without bound; the server goes on serving its other clients."""
-    with ServerThread(routes) as server:
-        server.server.http.max_head = 1024  # read by the server as it serves
-        wire = connect(server.port)
-        wire.send(start + b"a" * 4096)
-        answer = wire.answer()
-        assert answer.status == 431
-        assert answer.body == b"request line and headers over 1024 bytes; not read\n"
-        assert answer.headers["connection"] == "close"
-        assert wire.closed()
-        other = connect(server.port)
-        other.send(GET_FAST)
-        assert other.answer().body == b"fast\n"
+    other = connect(wire.sock.getpeername()[1])
+    other.send(GET_FAST)
+    assert other.answer().body == b"fast\n"
 
 
 def test_a_chunked_body_is_reassembled_for_the_handler(connect: Connect) -> None:
