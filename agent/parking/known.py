@@ -12,9 +12,10 @@ once (`_make_room_for_holder`, the preparer's).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -34,6 +35,22 @@ SETTLE_AFTER_S = (0.0005, 0.05)
 """How long after a grant made from the model the tenants whose turns ended are read: half the
 last turn (between grants), within these bounds, so that the read falls in the middle of the
 new turn, away from the handoffs at either end."""
+
+
+@contextlib.contextmanager
+def counted(table: dict[str, int], tenants: Iterable[str]) -> Iterator[None]:
+    """Each of `tenants` counted in `table` while the block runs (a tenant is in it while any
+    block counting it runs: `_in_motion`, `_forgetting`)."""
+    tenants = list(tenants)
+    for t in tenants:
+        table[t] = table.get(t, 0) + 1
+    try:
+        yield
+    finally:
+        for t in tenants:
+            table[t] -= 1
+            if not table[t]:
+                del table[t]
 
 
 class KnownNode:

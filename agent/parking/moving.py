@@ -30,6 +30,7 @@ from agent.core.planner import Plan, Reason, Refusal, Step
 from agent.core.residency import MoveFailed, NoRoom, TooLarge
 from agent.parking.backends.base import BackendError, BackendQuarantined, Move, Unparkable
 from agent.parking.from_model import ModelPlans
+from agent.parking.known import counted
 from agent.parking.model import Read
 from baton.contract.tasks import to_the_end
 
@@ -56,32 +57,27 @@ class PlanMoves(ModelPlans):
         if not plan.steps:  # the snapshot the plan came from is current: nothing to re-read
             return
         moved = {step.tenant_id for step in plan.steps}
-        for t in moved:
-            self._in_motion[t] = self._in_motion.get(t, 0) + 1
         read: Read | None = None
-        try:
-            steps = list(plan.steps)
-            while steps:
-                batch = self._off_loop(steps)
-                if batch:
-                    del steps[: len(batch)]
-                    read = await self._moves_aside(tenant_id, batch, when, () if steps else moved)
-                    continue
-                step = steps.pop(0)
-                if handed and self._hand_over(tenant_id, step):
-                    log.info("restore of %s on %s is left to its grant", tenant_id, step.gpu)
-                    continue
-                await self._move(tenant_id, step, when)
-        finally:  # what the moves changed (the plan was drawn from a full read just before)
+        with counted(self._in_motion, moved):  # after: the model has them where the moves left them
             try:
+                steps = list(plan.steps)
+                while steps:
+                    batch = self._off_loop(steps)
+                    if batch:
+                        del steps[: len(batch)]
+                        read = await self._moves_aside(
+                            tenant_id, batch, when, () if steps else moved
+                        )
+                        continue
+                    step = steps.pop(0)
+                    if handed and self._hand_over(tenant_id, step):
+                        log.info("restore of %s on %s is left to its grant", tenant_id, step.gpu)
+                        continue
+                    await self._move(tenant_id, step, when)
+            finally:  # what the moves changed (the plan was drawn from a full read just before)
                 await self._read_moved(moved, read)
                 if self._host is not None:
                     self._host.persist()
-            finally:  # the model has them where the moves left them
-                for t in moved:
-                    self._in_motion[t] -= 1
-                    if not self._in_motion[t]:
-                        del self._in_motion[t]
 
     def moving(self, tenant_id: str) -> bool:
         """Whether a plan is moving the tenant's memory now (the model has it where it was

@@ -21,6 +21,7 @@ from agent.core.planner import Plan, TenantView, plan_ahead, plan_park, plan_tur
 from agent.core.residency import NoRoom
 from agent.parking.backends.base import Backend, TenantRef
 from agent.parking.from_model import moved_steps
+from agent.parking.known import counted
 from agent.parking.moving import PlanMoves
 from agent.parking.view import gpu_residency
 
@@ -315,8 +316,7 @@ class ParkingPreparer(PlanMoves):
     async def forget(self, tenant_id: str) -> None:
         """Drop everything held for a tenant that is gone, parked bytes included. Until then a
         turn of its id (a pod's new process) is planned after this, under the lock."""
-        self._forgetting[tenant_id] = self._forgetting.get(tenant_id, 0) + 1
-        try:
+        with counted(self._forgetting, [tenant_id]):
             async with self._lock:
                 await asyncio.to_thread(self.backend.detach, tenant_id)
                 for table in (self._refs, self._last_turn, self._last_turn_wall, self._holding):
@@ -329,11 +329,6 @@ class ParkingPreparer(PlanMoves):
                 self._publish()
                 if self._host is not None:
                     self._host.persist()  # its parked record goes
-        finally:
-            if self._forgetting[tenant_id] == 1:
-                del self._forgetting[tenant_id]
-            else:
-                self._forgetting[tenant_id] -= 1
 
     async def _make_room_for_holder(self, tenant_id: str) -> None:
         """Park idle tenants until the holder's memory fits (a tenant beside it outgrew what it
