@@ -24,9 +24,6 @@ log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = UNUSED_TOKEN_TTL
 """How long a connection may stay open after its token line without saying Hello."""
-HELLO_MAX_BYTES = 64 * 1024
-"""The largest first frame read: a Hello (a registration) is far smaller, and a peer that has not
-said who it is may not make the agent hold a whole call's frame for each connection it opens."""
 
 
 class FramedLink:
@@ -74,7 +71,7 @@ async def serve(
     `said` hears when its first frame (or its end) came (`agent.node.identity.OnSession`)."""
     link = FramedLink(reader, writer)
     try:
-        first = await asyncio.wait_for(link.read(HELLO_MAX_BYTES), HELLO_TIMEOUT_S)
+        first = await asyncio.wait_for(link.read(framing.HELLO_MAX_BYTES), HELLO_TIMEOUT_S)
     except TimeoutError:
         log.info("handshake connection of pid %d idle after its token; closed", peer.pid)
         return

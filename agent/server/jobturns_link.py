@@ -32,6 +32,7 @@ from agent.server.jobturns import (
 )
 from baton._pb import jobturns_pb2 as jt
 from baton.contract.framing import (
+    HELLO_MAX_BYTES,
     Corked,
     FrameCut,
     FrameError,
@@ -46,9 +47,6 @@ log = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
 """A connection that has not said hello by then is closed."""
-HELLO_MAX_BYTES = 64 * 1024
-"""The largest first frame read: a hello (the token and the coordinator's name) is far smaller,
-and a peer without the token may not make the agent hold a whole call's frame for it."""
 
 
 def _code(exc: errors.AgentError) -> str:

@@ -17,6 +17,10 @@ from google.protobuf.message import DecodeError, Message
 HEADER = struct.Struct("!I")
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 """Larger frames are refused: no message of the protocol comes near this."""
+HELLO_MAX_BYTES = 64 * 1024
+"""The largest first frame a server reads from a peer not yet known (a Hello: a registration,
+or a token and a name, is far smaller): such a peer may not make it hold a whole call's frame
+for each connection it opens."""
 
 GRPC_PREFACE = b"PRI "
 """How an HTTP/2 (gRPC) client's first bytes begin: named as such rather than as a huge frame."""

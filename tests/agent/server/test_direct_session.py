@@ -11,7 +11,6 @@ import struct
 import pytest
 
 from agent.client import Baton
-from agent.server.direct_session import HELLO_MAX_BYTES
 from agent.wire.handshake import handshake_path
 from baton._pb import agent_pb2 as pb
 from baton.contract import framing
@@ -136,7 +135,7 @@ def _bad_reads(caplog: pytest.LogCaptureFixture) -> list[str]:
     ("in_session", "size", "limit"),
     [
         (True, framing.MAX_FRAME_BYTES + 1, framing.MAX_FRAME_BYTES),
-        (False, framing.MAX_FRAME_BYTES, HELLO_MAX_BYTES),
+        (False, framing.MAX_FRAME_BYTES, framing.HELLO_MAX_BYTES),
     ],
     ids=["in-a-session", "before-hello"],
 )
