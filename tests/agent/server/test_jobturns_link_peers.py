@@ -22,6 +22,19 @@ from tests.agent.server.test_jobturns import TOKEN, run
 from tests.agent.server.test_jobturns_link import serving
 
 
+async def raw(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the job-turn port at `address`, written and read by the test."""
+    host, _, port = address.rpartition(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+async def still_served(address: str) -> None:
+    """The agent serves a coordinator with the token, on a connection of its own."""
+    links = AgentLinks(TOKEN)
+    assert (await links.report("n1", address, 1)).node == "n1"
+    await links.close()
+
+
 def test_a_caller_without_the_token_is_refused_unauthenticated(tmp_path: Path) -> None:
     async def body() -> None:
         async with serving(tmp_path) as (service, _, address):
@@ -32,8 +45,7 @@ def test_a_caller_without_the_token_is_refused_unauthenticated(tmp_path: Path) -
             assert "coordination token" in refused.value.why
             await links.close()
             # A connection whose first frame is a call, not the hello, is refused the same way.
-            host, _, port = address.rpartition(":")
-            reader, writer = await asyncio.open_connection(host, int(port))
+            reader, writer = await raw(address)
             writer.write(encode(jt.JobTurnsCall(id=1, report=jt.ReportRequest(epoch=1))))
             answer = await read_frame(reader, jt.JobTurnsAnswer)
             assert answer is not None and answer.refused.code == "UNAUTHENTICATED"
@@ -53,8 +65,7 @@ def test_a_first_frame_too_large_for_a_hello_is_refused_before_its_body_is_read(
 
     async def body() -> None:
         async with serving(tmp_path) as (service, _, address):
-            host, _, port = address.rpartition(":")
-            reader, writer = await asyncio.open_connection(host, int(port))
+            reader, writer = await raw(address)
             writer.write(struct.pack("!I", framing.MAX_FRAME_BYTES))  # a header, no body (yet)
             answer = await read_frame(reader, jt.JobTurnsAnswer)
             assert answer is not None and answer.refused.code == "UNAUTHENTICATED"
@@ -63,9 +74,7 @@ def test_a_first_frame_too_large_for_a_hello_is_refused_before_its_body_is_read(
             )
             assert await read_frame(reader, jt.JobTurnsAnswer) is None  # and closed
             writer.close()
-            links = AgentLinks(TOKEN)  # the agent serves a coordinator with the token
-            assert (await links.report("n1", address, 1)).node == "n1"
-            await links.close()
+            await still_served(address)
             assert not service.table.leases
 
     run(body)
@@ -78,14 +87,11 @@ def test_a_connection_that_never_says_hello_is_closed_saying_so(
 
     async def body() -> None:
         async with serving(tmp_path) as (_, _, address):
-            host, _, port = address.rpartition(":")
-            reader, writer = await asyncio.open_connection(host, int(port))
+            reader, writer = await raw(address)
             writer.write(struct.pack("!I", 100) + b"\x0a")  # a hello begun, never finished
             assert await read_frame(reader, jt.JobTurnsAnswer) is None  # closed by the agent
             writer.close()
-            links = AgentLinks(TOKEN)  # the agent serves a coordinator with the token
-            assert (await links.report("n1", address, 1)).node == "n1"
-            await links.close()
+            await still_served(address)
 
     with caplog.at_level(logging.WARNING, logger="agent.server.jobturns_link"):
         run(body)
@@ -96,17 +102,14 @@ def test_a_connection_that_never_says_hello_is_closed_saying_so(
 def test_a_frame_that_is_not_a_call_ends_the_connection_and_nothing_else(tmp_path: Path) -> None:
     async def body() -> None:
         async with serving(tmp_path) as (_, _, address):
-            host, _, port = address.rpartition(":")
-            reader, writer = await asyncio.open_connection(host, int(port))
+            reader, writer = await raw(address)
             writer.write(encode(jt.JobTurnsCall(id=0, hello=jt.Hello(token=TOKEN))))
             hello = await read_frame(reader, jt.JobTurnsAnswer)
             assert hello is not None and hello.hello.node == "n1"
             writer.write(b"\x00\x00\x00\x03\xff\xff\xff")  # no JobTurnsCall parses from this
             assert await read_frame(reader, jt.JobTurnsAnswer) is None
             writer.close()
-            links = AgentLinks(TOKEN)  # the agent serves the next connection
-            assert (await links.report("n1", address, 1)).node == "n1"
-            await links.close()
+            await still_served(address)
 
     run(body)
 
@@ -116,8 +119,7 @@ def test_a_grpc_client_is_told_it_speaks_the_wrong_protocol(
 ) -> None:
     async def body() -> None:
         async with serving(tmp_path) as (_, _, address):
-            host, _, port = address.rpartition(":")
-            reader, writer = await asyncio.open_connection(host, int(port))
+            reader, writer = await raw(address)
             writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")  # an older coordinator's gRPC
             assert await read_frame(reader, jt.JobTurnsAnswer) is None  # closed
             writer.close()
@@ -134,8 +136,7 @@ def test_a_coordinator_gone_inside_a_frame_is_not_taken_for_another_version(
 
     async def body() -> None:
         async with serving(tmp_path) as (_, _, address):
-            host, _, port = address.rpartition(":")
-            reader, writer = await asyncio.open_connection(host, int(port))
+            reader, writer = await raw(address)
             writer.write(encode(jt.JobTurnsCall(id=0, hello=jt.Hello(token=TOKEN))))
             assert await read_frame(reader, jt.JobTurnsAnswer) is not None
             writer.write(struct.pack("!I", 100) + b"\x08")  # 1 byte of a 100-byte call
