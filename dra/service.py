@@ -110,9 +110,12 @@ class DraPluginV1beta1Service(drav1beta1_pb2_grpc.DRAPluginServicer):
 
 
 def _devices(prepared: PreparedClaim) -> list[dra_pb2.Device]:
+    """The claim's results as the kubelet takes them: each under its main request (a
+    `firstAvailable` result is `<request>/<sub-request>`), the name containers use, which the
+    kubelet matches exactly when it picks a container's CDI devices."""
     return [
         dra_pb2.Device(
-            request_names=list(d.request_names),
+            request_names=[r.split("/", 1)[0] for r in d.request_names],
             pool_name=d.pool,
             device_name=d.device,
             cdi_device_ids=list(d.cdi_ids),

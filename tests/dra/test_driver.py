@@ -152,6 +152,23 @@ def test_each_gpu_of_a_claim_has_its_own_first_cdi_id(world: Any, tmp: Path) -> 
     assert by_name["uid-2-gpu-1"] == {"env": ["BATON_CLAIM_GPU_1=GPU-b"]}
 
 
+def test_a_result_of_a_sub_request_is_answered_under_its_main_request(world: Any) -> None:
+    """A request with `firstAvailable` is allocated as `<request>/<sub-request>`; containers
+    name the main request, and the kubelet gives a container only the devices whose request
+    names hold that name: the answer names the main request, or the container gets none."""
+    _, kubelet, claims, _ = world
+    kubelet.register()
+    claims.add("ns", "c3", "uid-3", "gpu-0")
+    results = claims.items[("ns", "c3")]["status"]["allocation"]["devices"]["results"]
+    results[0]["request"] = "gpu/big"
+    answer = kubelet.prepare(("ns", "uid-3", "c3")).claims["uid-3"]
+    assert answer.error == ""
+    (device,) = answer.devices
+    assert list(device.request_names) == ["gpu"]
+    again = kubelet.prepare(("ns", "uid-3", "c3")).claims["uid-3"]
+    assert list(again.devices[0].request_names) == ["gpu"], "a repeat answers the same"
+
+
 def test_a_v1beta1_kubelet_prepares_and_unprepares_the_same_way(tmp: Path) -> None:
     """Kubelets before 1.34 speak DRAPlugin v1beta1: v1 without the share ID."""
     claims, slices = Claims(), Slices()
