@@ -83,8 +83,23 @@ def claim_gpus(
                 f"{where}: GPU {share.device} ({gpu.uuid}) is unhealthy "
                 f"({inventory.unhealthy[gpu.uuid]})"
             )
+        too_much = _beyond(share, gpu)
+        if too_much:
+            raise PrepareError(f"{where}: {too_much} (allocated from an older ResourceSlice?)")
         found.append((share, gpu))
     return found
+
+
+def _beyond(share: ClaimShare, gpu: NodeGpu) -> str | None:
+    """What `share` consumes beyond what its GPU has (the slice's most per share), or None."""
+    if share.memory_bytes is not None and share.memory_bytes > gpu.memory_mib * names.MIB:
+        return (
+            f"its share consumes {share.memory_bytes // names.MIB} MiB of memory of "
+            f"{share.device}, which has {gpu.memory_mib} MiB"
+        )
+    if share.duty is not None and share.duty > 100:
+        return f"its share consumes duty {share.duty:g} of {share.device}, which has 100"
+    return None
 
 
 class Preparer:

@@ -297,6 +297,23 @@ def test_prepare_errors_per_claim(world: Any) -> None:
     assert "no longer exists" in answer["uid-gone"].error
 
 
+def test_a_share_consuming_more_than_its_gpu_has_is_refused_naming_both(world: Any) -> None:
+    """An allocation made against a slice that no longer holds (a GPU replaced by a smaller
+    one) consumes more than the device has: that claim is refused saying so, the rest of the
+    batch is prepared."""
+    _, kubelet, claims, _ = world
+    kubelet.register()
+    claims.add("ns", "ok", "uid-ok", "gpu-0")
+    claims.add("ns", "big", "uid-big", "gpu-1")
+    results = claims.items[("ns", "big")]["status"]["allocation"]["devices"]["results"]
+    results[0]["consumedCapacity"] = {"memory": "96Gi", "duty": "30", "slots": "1"}
+    answer = kubelet.prepare(("ns", "uid-ok", "ok"), ("ns", "uid-big", "big")).claims
+    assert answer["uid-ok"].error == ""
+    error = answer["uid-big"].error
+    assert "consumes 98304 MiB of memory of gpu-1" in error and "81920 MiB" in error, error
+    assert "\n" not in error
+
+
 @pytest.mark.parametrize("flag", ["plugins_dir", "registry_dir"])
 def test_a_socket_directory_that_is_a_file_is_refused_naming_the_flags(
     tmp: Path, flag: str
