@@ -11,7 +11,8 @@ The rules (the extender places by them, the device plugin steers by them, the ag
   duty on a GPU is the sum of what the containers placed on it ask.
 - The memory limit that bounds parking is the summed memory limit of the containers that ask
   for `baton.dev/gpu`; one of them without a limit makes it unlimited (`None`); containers
-  without Baton GPUs do not count.
+  without Baton GPUs do not count. A pod-level memory limit (`spec.resources.limits`) bounds
+  it too: the containers' cgroups sit inside the pod's.
 - Omitted values stay `None` (the placement core fills in the defaults per GPU: the whole GPU,
   100 / slots). An unusable ask is a `RequestError`, one line naming the field and the value.
 
@@ -80,6 +81,8 @@ class PodAsk:
     """Every container's ask, init containers (sidecars among them) first, in spec order."""
 
     containers: tuple[ContainerAsk, ...]
+    pod_memory_limit_bytes: int | None = None
+    """The pod-level memory limit (`spec.resources.limits.memory`); `None` when it has none."""
 
     @property
     def slots(self) -> int:
@@ -94,14 +97,11 @@ class PodAsk:
 
     def memory_limit_bytes(self) -> int | None:
         """The memory limit that bounds parking (see the module docstring)."""
-        total = 0
-        for container in self.containers:
-            if not container.slots:
-                continue  # only the containers that use Baton GPUs park GPU memory
-            if container.memory_limit_bytes is None:
-                return None
-            total += container.memory_limit_bytes
-        return total
+        limits = [c.memory_limit_bytes for c in self.containers if c.slots]
+        # only the containers that use Baton GPUs park GPU memory; one without a limit: none
+        total = None if None in limits else sum(x or 0 for x in limits)
+        pod = self.pod_memory_limit_bytes  # the pod's cgroup holds its containers' cgroups
+        return pod if total is None else total if pod is None else min(total, pod)
 
 
 def read_pod_ask(pod: Mapping[str, Any]) -> PodAsk:
@@ -113,8 +113,21 @@ def read_pod_ask(pod: Mapping[str, Any]) -> PodAsk:
         (
             *(container_ask(c, init_kind(c)) for c in init),
             *(container_ask(c, ContainerKind.APP) for c in app),
-        )
+        ),
+        _pod_memory_limit(spec),
     )
+
+
+def _pod_memory_limit(spec: Mapping[str, Any]) -> int | None:
+    """The pod-level memory limit (`spec.resources`, Kubernetes' PodLevelResources), if any."""
+    resources = as_mapping(spec.get("resources"), "spec.resources")
+    limit = as_mapping(resources.get("limits"), "spec.resources.limits").get("memory")
+    if limit is None:
+        return None
+    try:
+        return int(parse_quantity(limit))
+    except ValueError:
+        raise RequestError(f"pod memory limit {shown(limit)} is not a quantity") from None
 
 
 def parse_pod_request(pod: Mapping[str, Any]) -> TenantRequest | None:
@@ -198,7 +211,12 @@ def _resources_key(pod: dict[str, Any]) -> tuple[object, ...] | None:
         return None
     try:
         app, init = spec.get("containers") or (), spec.get("initContainers") or ()
-        return (len(app), *(c.get("resources") for c in app), *(c.get("resources") for c in init))
+        return (
+            len(app),
+            spec.get("resources"),  # the pod-level memory limit
+            *(c.get("resources") for c in app),
+            *(c.get("resources") for c in init),
+        )
     except (AttributeError, TypeError):
         return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any
 
@@ -102,3 +103,24 @@ def test_a_node_without_the_gpu_annotation_is_refused_naming_it() -> None:
         " the node writes it (is one running there?)",
         "node-b": "node advertises no Baton GPUs",
     }
+
+
+def test_a_pod_level_memory_limit_too_small_to_hold_the_parked_memory_is_unresolvable() -> None:
+    """The agent parks only what the tightest memory cgroup on the tenant's path can hold, and
+    a pod-level limit (`spec.resources`, PodLevelResources) is the pod cgroup's: a pod whose
+    containers name no memory limit under a 1 GiB pod limit was placed as unlimited, and the
+    agent then refused to park its 40 GiB."""
+    state = cluster()
+    p = pod(uid="u-pod-limit", memory=40960, memory_limit=None)
+    p["spec"]["resources"] = {"limits": {"cpu": "8", "memory": "1Gi"}}
+    passed, failed, unresolvable = filter_nodes(state, args(p))
+    assert passed == [] and failed == {}
+    assert set(unresolvable) == set(NAMES)
+    assert "memory limit 1 GiB cannot hold the 40 GiB" in unresolvable["node-a"]
+    resized = copy.deepcopy(p)  # as kube-scheduler sends it again: read afresh
+    resized["spec"]["resources"]["limits"]["memory"] = "64Gi"
+    assert filter_nodes(state, args(resized))[0] == NAMES
+    bad = copy.deepcopy(p)
+    bad["spec"]["resources"]["limits"]["memory"] = "lots"
+    unreadable = filter_nodes(state, args(bad))[2]["node-a"]
+    assert unreadable == "pod memory limit 'lots' is not a quantity"
