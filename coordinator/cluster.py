@@ -56,6 +56,9 @@ class Member:
     group: str = ""
     duty: int = 100
     tier: int = 0
+    uses_gpus: bool = True
+    """False for a pod that asks for no Baton GPU and claims no device (a job's CPU-only pod,
+    its driver loop): no node's agent counts it, so it takes no part in the job's turns."""
 
 
 @dataclass(frozen=True)
@@ -112,13 +115,16 @@ def member_of(pod: Mapping[str, Any]) -> tuple[str, str, Member] | None:
         gpus = set()
     try:
         request = parse_pod_request(pod)
+        asks = request is not None
     except RequestError:
-        request = None
+        request, asks = None, True
+    uses_gpus = bool(gpus) or asks or bool(spec.get("resourceClaims"))
     duty = int(request.duty) if request is not None and request.duty else 100
     priority = spec.get("priority")
     tier = priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
     group = str(labels.get(LABEL_LLMD_GROUP, ""))
-    member = Member(f"{namespace}/{name}", node, tuple(sorted(gpus)), group, duty, tier)
+    pod_key = f"{namespace}/{name}"
+    member = Member(pod_key, node, tuple(sorted(gpus)), group, duty, tier, uses_gpus)
     return namespace, job, member
 
 
@@ -177,13 +183,19 @@ class ClusterView:
         with self.lock:
             found = {m.pod: m for ns, j, m in self.members.values() if ns == namespace and j == job}
             nodes = dict(self.nodes)
-        mine = [m for m in found.values() if m.node]  # a pod with both job labels: once here
         if not found:
             raise UnknownJob(f"no pod of namespace {namespace} carries job {job!r}")
+        gpu_pods = [m for m in found.values() if m.uses_gpus]
+        if not gpu_pods:
+            raise PlanError(
+                f"job {namespace}/{job}: none of its pods asks for a Baton GPU "
+                f"({', '.join(sorted(found))}), so it has no turn to take"
+            )
+        mine = [m for m in gpu_pods if m.node]  # a pod with both job labels: once here
         if not mine:
             raise PlanError(
                 f"job {namespace}/{job}: none of its pods is scheduled on a node yet "
-                f"({', '.join(sorted(found))})"
+                f"({', '.join(sorted(m.pod for m in gpu_pods))})"
             )
         if group:
             mine = [
@@ -237,7 +249,11 @@ class ClusterView:
         """`node/GPU` of every GPU in `group`: its labelled nodes' and its member pods'."""
         with self.lock:
             nodes = dict(self.nodes)
-            members = [m for _, _, m in self.members.values() if m.group == group and m.node]
+            members = [
+                m
+                for _, _, m in self.members.values()
+                if m.group == group and m.node and m.uses_gpus
+            ]
         found = {f"{n.name}/{g}" for n in nodes.values() if group in n.groups for g in n.gpus}
         for m in members:
             gpus = m.gpus or nodes.get(m.node, Node(m.node)).gpus

@@ -14,7 +14,7 @@ from kubernetes.client import ApiClient, Configuration
 
 from baton._pb import timeslice_orchestrator_pb2 as ts
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
-from baton.contract.names import LABEL_JOB
+from baton.contract.names import LABEL_JOB, RESOURCE_GPU
 from coordinator.callers import PodCallers
 from coordinator.cluster import member_of
 from coordinator.llmd import LlmdOrchestrator
@@ -223,7 +223,9 @@ def test_a_job_that_does_not_exist_or_is_not_scheduled_yet_is_named_as_such(
         nodes, arbiter, server, stub = await serve(tmp_path, caller="team")
         labels = {LABEL_JOB: "later"}
         meta = {"name": "later-a", "namespace": "team", "labels": labels}
-        read = member_of({"metadata": meta, "spec": {}})  # created, not bound to a node yet
+        asks = {"resources": {"limits": {RESOURCE_GPU: "1"}}}
+        spec = {"containers": [{"name": "main", **asks}]}
+        read = member_of({"metadata": meta, "spec": spec})  # created, not bound to a node yet
         assert read is not None
         arbiter.view.members["team/later-a"] = read
         answers = {}
@@ -242,6 +244,36 @@ def test_a_job_that_does_not_exist_or_is_not_scheduled_yet_is_named_as_such(
             "sample",
             "train",
         ]
+        await shut(nodes, arbiter, server)
+
+    run(body)
+
+
+def test_a_jobs_pod_that_asks_for_no_gpu_takes_no_part_in_its_turn(tmp_path: Path) -> None:
+    """A job's driver pod (CPU only, no Baton GPU, no device claim) on a node of the job: no
+    agent counts it, so the turn is prepared for the job's GPU pods alone; a job of such pods
+    only is refused at once, saying so."""
+
+    async def body() -> None:
+        nodes, arbiter, server, stub = await serve(tmp_path, caller="team")
+        for name, job in (("rl-driver", "rl"), ("cpu-only", "etl")):
+            meta = {"name": name, "namespace": "team", "labels": {LABEL_JOB: job}}
+            spec = {"nodeName": "n1", "containers": [{"name": "main"}]}
+            read = member_of({"metadata": meta, "spec": spec, "status": {"phase": "Running"}})
+            assert read is not None
+            arbiter.view.members[f"team/{name}"] = read
+        answer = await stub.Acquire(ts.AcquireRequest(job_id="rl"), timeout=5)
+        assert answer.success
+        assert nodes[0].holders() == {"GPU-n1": "team/rl-trainer"}
+        assert nodes[1].holders() == {"GPU-n2": "team/rl-sampler"}
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Acquire(ts.AcquireRequest(job_id="etl"), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.details() == (
+            "job team/etl: none of its pods asks for a Baton GPU (team/cpu-only), so it has no "
+            "turn to take"
+        )
+        await stub.Yield(ts.YieldRequest(job_id="rl"), timeout=5)
         await shut(nodes, arbiter, server)
 
     run(body)
