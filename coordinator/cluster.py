@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from baton.contract.annotations import AnnotationError, decode_gpus, pod_assignment
@@ -91,6 +91,16 @@ class Plan:
     def key(self) -> str:
         """The arbiter's tenant: one per job and group."""
         return turn_key(self.namespace, self.job, self.group)
+
+    def keeping(self, placed: Mapping[str, str]) -> Plan:
+        """The plan without the pods no longer where it put them (`placed`: pod → its node
+        now), which left the cluster while the job waited: their agents would refuse to prepare
+        them, failing the whole turn. Its GPUs stay as they were asked for; with none of its
+        pods left, the plan as it was (its nodes' refusals say so)."""
+        pods = {n: tuple(p for p in ps if placed.get(p) == n) for n, ps in self.pods.items()}
+        pods = {n: ps for n, ps in pods.items() if ps}
+        addresses = {n: a for n, a in self.addresses.items() if n in pods}
+        return replace(self, pods=pods, addresses=addresses) if pods else self
 
 
 def turn_key(namespace: str, job: str, group: str) -> str:
@@ -264,6 +274,11 @@ class ClusterView:
         """Every job pod bound to a node (namespace/name)."""
         with self.lock:
             return {m.pod for _, _, m in self.members.values() if m.node}
+
+    def placed(self) -> dict[str, str]:
+        """Every job pod bound to a node (namespace/name) → that node."""
+        with self.lock:
+            return {m.pod: m.node for _, _, m in self.members.values() if m.node}
 
     def addresses(self) -> dict[str, str]:
         """node → its agent's coordination address, for every node that has one."""

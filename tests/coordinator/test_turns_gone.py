@@ -1,5 +1,6 @@
 """A job turn none of whose pods is left in the cluster (the job deleted, or finished without a
-Yield) ends, so its GPUs go to the next job; not before every pods' watch has listed once."""
+Yield) ends, so its GPUs go to the next job; not before every pods' watch has listed once. A
+member that left while its job waited is not prepared: the rest of the job gets the turn."""
 
 from __future__ import annotations
 
@@ -30,6 +31,30 @@ def test_a_turn_whose_pods_all_left_the_cluster_ends_and_the_next_job_gets_its_g
             assert sorted(turn.nodes) == ["n1", "n2"]
             check_no_overlap(nodes, "sft")
             assert list(arbiter.held) == ["team/sft"]
+            await close(arbiter)
+
+    run(body)
+
+
+def test_a_member_that_left_while_its_job_waited_is_not_prepared_and_the_rest_get_the_turn(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            arbiter = await leading(view)
+            await arbiter.acquire("team", "sft", "", timeout=5)
+            waiting = asyncio.create_task(arbiter.acquire("team", "rl", "", timeout=5))
+            while "team/rl" not in {w.tenant_id for w in arbiter.table.waiters.values()}:
+                await asyncio.sleep(0)
+            # The job's sampler is deleted while it waits behind sft (its node's agent sees it go).
+            del view.members["team/rl-sampler"]
+            nodes[1].service.pod_gone("team/rl-sampler")
+            await arbiter.yield_("team", "sft", "")
+            turn = await waiting  # was: TurnFailed "job team/rl has no pod with GPUs on node n2"
+            assert sorted(turn.nodes) == ["n1"] and turn.pods == {"team/rl-trainer"}
+            assert nodes[0].holders() == {"GPU-n1": "team/rl-trainer"}
+            assert not nodes[1].holders()
+            await arbiter.yield_("team", "rl", "")
             await close(arbiter)
 
     run(body)
