@@ -216,7 +216,7 @@ class ClusterView:
             if not mine:
                 raise UnknownGroup(f"job {namespace}/{job} has no pod in group {group!r}")
         pods: dict[str, list[str]] = {}
-        resources: set[str] = set()
+        resources: dict[str, str] = {}  # `node/GPU` → the member on it
         for m in sorted(mine, key=lambda m: m.pod):
             node = nodes.get(m.node)
             if node is None or not node.address:
@@ -227,8 +227,13 @@ class ClusterView:
             gpus = m.gpus or node.gpus
             if not gpus:
                 raise PlanError(f"pod {m.pod} on node {m.node}: its GPUs are not known yet")
+            for gpu in gpus:  # a node grants one lease per GPU: the second would never get it
+                if (other := resources.setdefault(f"{m.node}/{gpu}", m.pod)) != m.pod:
+                    raise PlanError(
+                        f"pods {other} and {m.pod} of job {namespace}/{job} share GPU {gpu} on "
+                        f"node {m.node}: a job's turn needs each of its pods on GPUs of its own"
+                    )
             pods.setdefault(m.node, []).append(m.pod)
-            resources.update(f"{m.node}/{gpu}" for gpu in gpus)
         return Plan(
             namespace=namespace,
             job=job,

@@ -16,7 +16,7 @@ from baton._pb import timeslice_orchestrator_pb2 as ts
 from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
 from baton.contract.names import LABEL_JOB, RESOURCE_GPU
 from coordinator.callers import PodCallers
-from coordinator.cluster import member_of
+from coordinator.cluster import Member, member_of
 from coordinator.llmd import LlmdOrchestrator
 from coordinator.turns import Arbiter
 from tests.coordinator.loopback import LoopbackNode, leading, view_of
@@ -274,6 +274,31 @@ def test_a_jobs_pod_that_asks_for_no_gpu_takes_no_part_in_its_turn(tmp_path: Pat
             "turn to take"
         )
         await stub.Yield(ts.YieldRequest(job_id="rl"), timeout=5)
+        await shut(nodes, arbiter, server)
+
+    run(body)
+
+
+def test_two_pods_of_a_job_on_one_gpu_are_refused_at_once_even_while_another_job_holds_it(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        nodes, arbiter, server, stub = await serve(tmp_path, caller="team")
+        critic = nodes[0].add_pod("team/rl-critic", ("GPU-n1",), "rl")  # beside rl-trainer
+        arbiter.view.members["team/rl-critic"] = (
+            "team",
+            "rl",
+            Member(critic.tenant_id, "n1", critic.gpus),
+        )
+        await arbiter.acquire("other", "eval", "", timeout=5)  # n1's GPU is another job's now
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # not at its deadline: at once
+            await stub.Acquire(ts.AcquireRequest(job_id="rl"), timeout=2)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.details() == (
+            "pods team/rl-critic and team/rl-trainer of job team/rl share GPU GPU-n1 on node n1: "
+            "a job's turn needs each of its pods on GPUs of its own"
+        )
+        assert not arbiter.table.waiters  # it does not keep a place in the queue either
         await shut(nodes, arbiter, server)
 
     run(body)
