@@ -216,7 +216,8 @@ class ClusterView:
             if not mine:
                 raise UnknownGroup(f"job {namespace}/{job} has no pod in group {group!r}")
         pods: dict[str, list[str]] = {}
-        resources: dict[str, str] = {}  # `node/GPU` → the member on it
+        resources: set[str] = set()
+        assigned: dict[str, str] = {}  # `node/GPU` → the member Baton assigned it
         for m in sorted(mine, key=lambda m: m.pod):
             node = nodes.get(m.node)
             if node is None or not node.address:
@@ -224,16 +225,19 @@ class ClusterView:
                     f"node {m.node} (pod {m.pod}) has no Baton agent serving job turns "
                     "(no baton.dev/agent-coordination annotation)"
                 )
-            gpus = m.gpus or node.gpus
-            if not gpus:
+            if not (m.gpus or node.gpus):
                 raise PlanError(f"pod {m.pod} on node {m.node}: its GPUs are not known yet")
-            for gpu in gpus:  # a node grants one lease per GPU: the second would never get it
-                if (other := resources.setdefault(f"{m.node}/{gpu}", m.pod)) != m.pod:
+            # A node grants one lease per GPU: a second member on it would never get it. A pod
+            # whose GPUs its node's claims name (DRA: every GPU of its node stands for them) is
+            # left to its agent to check.
+            for gpu in m.gpus:
+                if (other := assigned.setdefault(f"{m.node}/{gpu}", m.pod)) != m.pod:
                     raise PlanError(
                         f"pods {other} and {m.pod} of job {namespace}/{job} share GPU {gpu} on "
                         f"node {m.node}: a job's turn needs each of its pods on GPUs of its own"
                     )
             pods.setdefault(m.node, []).append(m.pod)
+            resources.update(f"{m.node}/{gpu}" for gpu in m.gpus or node.gpus)
         return Plan(
             namespace=namespace,
             job=job,
