@@ -1,4 +1,4 @@
-"""`kubectl-baton`, the kubectl plugin: `kubectl baton status|why|usage`."""
+"""`kubectl-baton`, the kubectl plugin: `kubectl baton status|jobs|why|usage`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from commands.kubectl.api import Api, KubeApi, PluginError, name_problem
 
 app = typer.Typer(
     name="kubectl baton",
-    help="Baton's GPUs through the API server: who holds them, why a pod waits, who used them.",
+    help=(
+        "Baton's GPUs through the API server: who holds them, why a pod waits, who used them, "
+        "which job's turn spans which nodes."
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -43,8 +46,9 @@ NOT_SYNCED = (
 )
 
 NO_AGENT_EXIT = 3
-"""The exit status of `status` and `usage` when the Baton namespace runs no agent pod (1: no
-usable kubeconfig, or the API server unread or refusing; 2: a bad option)."""
+"""The exit status of `status` and `usage` when the Baton namespace runs no agent pod, and of
+`jobs` when it runs no coordinator pod (1: no usable kubeconfig, or the API server unread or
+refusing; 2: a bad option)."""
 
 _KUBECONFIG_HELP = "The kubeconfig file to use (KUBECONFIG: files merged)."
 Kubeconfig = Annotated[str | None, typer.Option("--kubeconfig", help=_KUBECONFIG_HELP)]
@@ -65,7 +69,7 @@ def connection(
     namespace: Annotated[
         str | None,
         typer.Option(
-            "--namespace", "-n", help="For why and usage, as their own -n (status reads all)."
+            "--namespace", "-n", help="For why, usage and jobs, as their own -n (status reads all)."
         ),
     ] = None,
 ) -> None:
@@ -170,6 +174,48 @@ def status(
                 typer.echo(f"kubectl baton: {document['agents_error']}", err=True)
     if document.get("agents_error"):  # the last reading found none: a script must not read OK
         raise typer.Exit(NO_AGENT_EXIT)
+
+
+@app.command()
+def jobs(
+    namespace: Annotated[
+        str | None, typer.Option("--namespace", "-n", help="Only this namespace's jobs.")
+    ] = None,
+    output: Output = "table",
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until Ctrl-C.")] = False,
+    interval: Annotated[
+        float, typer.Option(help="Seconds between refreshes.", min=0.1, callback=_seconds)
+    ] = 2.0,
+    count: Annotated[int, typer.Option(help="With --watch: stop after this many.", min=0)] = 0,
+    kubeconfig: Kubeconfig = None,
+    context: Context = None,
+    baton_namespace: BatonNamespace = None,
+) -> None:
+    """Job turns across nodes (the cluster coordinator's): which job holds its GPUs on which
+    nodes, which wait and for how long, the nodes its leader has not heard."""
+    from commands.kubectl.jobs import NoCoordinator, jobs_table, read_jobs, unsettled_lines
+
+    _connection(kubeconfig, context, baton_namespace)
+    namespace = Settings.namespace if namespace is None else namespace
+    if namespace is not None:
+        _check_name("namespace", namespace)
+    _check_output(output)
+    console = Console()
+    with connected() as api:
+        for _ in _every(interval, count if watch else 1):
+            try:
+                document = read_jobs(api, Settings.baton_namespace, namespace)
+            except NoCoordinator as err:  # not installed: a script must not read OK
+                typer.echo(f"kubectl baton: {err}", err=True)
+                raise typer.Exit(NO_AGENT_EXIT) from None
+            if output == "json":
+                typer.echo(json.dumps(document, indent=None if watch else 1))
+                continue
+            if watch:
+                console.clear()
+            console.print(jobs_table(document))
+            for line in unsettled_lines(document):
+                console.print(f"[yellow]{escape(line)}[/yellow]")
 
 
 @app.command()

@@ -76,7 +76,7 @@ def test_each_port_admits_the_callers_the_docs_name() -> None:
     assert rules["baton-agent"][9464] == [pods("baton-coordinator")]
     assert rules["baton-agent"][50052] == [jobs]
     assert rules["baton-coordinator"][50051] == [jobs, pods("baton-agent")]
-    assert rules["baton-coordinator"][9465] == [PROMETHEUS]
+    assert rules["baton-coordinator"][9465] == [PROMETHEUS, api_server]  # kubectl baton jobs
 
 
 def test_off_by_default() -> None:
