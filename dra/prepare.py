@@ -102,6 +102,22 @@ def _beyond(share: ClaimShare, gpu: NodeGpu) -> str | None:
     return None
 
 
+def _replaced(known: PreparedClaim, node_name: str, inventory: Inventory) -> str | None:
+    """Which GPU a recorded claim was prepared on that the node no longer has under its device
+    name (replaced, or gone), or None: its container must not be given a GPU that is not there."""
+    now = {names.dra_device_name(g.index): g.uuid for g in inventory.gpus}
+    for device in known.devices:
+        uuid = now.get(device.device)
+        if uuid == device.gpu:
+            continue
+        what = f"now {uuid} (replaced)" if uuid else f"which node {node_name} no longer has"
+        return (
+            f"it was prepared on {device.device} ({device.gpu}), {what}; delete its pods so "
+            "that the claim is allocated again"
+        )
+    return None
+
+
 class Preparer:
     """Prepares and unprepares claims on one node."""
 
@@ -147,6 +163,9 @@ class Preparer:
         where = f"claim {namespace}/{name}"
         known = self.record.get(uid)
         if known is not None:
+            replaced = _replaced(known, self.node_name, self.inventory.snapshot()[1])
+            if replaced:
+                raise PrepareError(f"{where}: {replaced}")
             if not cdi.spec_path(self.spec_dir, uid).exists():
                 self._write(uid, {d.device: d.gpu for d in known.devices}, where)
             return known
