@@ -9,6 +9,7 @@ unprepare while another pod sharing the claim is being prepared); different clai
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -118,6 +119,17 @@ def _replaced(known: PreparedClaim, node_name: str, inventory: Inventory) -> str
     return None
 
 
+def _cdi_ids(uid: str, device: str, gpu: str, vendor_ids: tuple[str, ...]) -> tuple[str, ...]:
+    """A result's CDI IDs: its own first (the kubelet names the device's health by it), then the
+    claim's (env and mount) with every result, so that a container naming one request of the
+    claim gets that request's results' IDs only, then the vendor's for its GPU."""
+    return (
+        cdi.cdi_id(uid, device),
+        cdi.cdi_id(uid),
+        *[v for v in vendor_ids if v.endswith(gpu)],
+    )
+
+
 class Preparer:
     """Prepares and unprepares claims on one node."""
 
@@ -167,7 +179,7 @@ class Preparer:
             if replaced:
                 raise PrepareError(f"{where}: {replaced}")
             if not cdi.spec_path(self.spec_dir, uid).exists():
-                self._write(uid, {d.device: d.gpu for d in known.devices}, where)
+                return self._rewrite(known, where)
             return known
         why = self.refusal()
         if why:
@@ -186,28 +198,14 @@ class Preparer:
                 pool=share.pool,
                 device=share.device,
                 gpu=gpu.uuid,
-                # Its own ID first: the kubelet names the device's health by it. The claim's
-                # (env and mount) with every result: a container naming one request of the
-                # claim gets that request's results' IDs only.
-                cdi_ids=(
-                    cdi.cdi_id(uid, share.device),
-                    cdi.cdi_id(uid),
-                    *[v for v in vendor_ids if v.endswith(gpu.uuid)],
-                ),
+                cdi_ids=_cdi_ids(uid, share.device, gpu.uuid, vendor_ids),
                 share_id=share.share_id,
             )
             for share, gpu in found
         )
         prepared = PreparedClaim(uid, namespace, name, devices)
         self.between(uid)
-        try:
-            with self._lock:
-                self.record.put(prepared)
-        except OSError as err:  # not recorded: nothing must stay prepared
-            cdi.remove_spec(self.spec_dir, uid)
-            raise PrepareError(
-                f"{where}: cannot record it in {self.record.path} ({err.strerror or err})"
-            ) from err
+        self._record(prepared, where)
         log.info(
             "prepared claim %s/%s (%s): %s",
             namespace,
@@ -216,6 +214,36 @@ class Preparer:
             ", ".join(f"{d.device}={d.gpu} share {d.share_id}" for d in devices),
         )
         return prepared
+
+    def _rewrite(self, known: PreparedClaim, where: str) -> PreparedClaim:
+        """A recorded claim's spec written again (lost with /var/run/cdi at a reboot) with the
+        settings the driver has now (`--vendor-cdi` may have changed since), and its answer
+        derived again with it, so that the two agree; recorded again where the answer changed.
+        """
+        gpus = {d.device: d.gpu for d in known.devices}
+        vendor_ids = self._write(known.uid, gpus, where)
+        again = dataclasses.replace(
+            known,
+            devices=tuple(
+                dataclasses.replace(d, cdi_ids=_cdi_ids(known.uid, d.device, d.gpu, vendor_ids))
+                for d in known.devices
+            ),
+        )
+        if again != known:
+            self._record(again, where)
+            log.info("%s (%s) answered anew: the CDI settings changed", where, known.uid)
+        return again
+
+    def _record(self, prepared: PreparedClaim, where: str) -> None:
+        """Record `prepared`; where it cannot be, remove its spec (nothing stays prepared)."""
+        try:
+            with self._lock:
+                self.record.put(prepared)
+        except OSError as err:
+            cdi.remove_spec(self.spec_dir, prepared.uid)
+            raise PrepareError(
+                f"{where}: cannot record it in {self.record.path} ({err.strerror or err})"
+            ) from err
 
     def _write(self, uid: str, devices: dict[str, str], where: str) -> tuple[str, ...]:
         spec, vendor_ids = cdi.claim_spec(uid, devices, self.vendor_kind)
