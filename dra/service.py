@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 
 import grpc
 
@@ -42,6 +43,14 @@ HEALTH_TIMEOUT_S = 30
 the kubelet shows the device's health as Unknown in the pod's status."""
 HEALTH_RESEND_S = 10.0
 """Every device's health is sent again this often, changed or not, well within the timeout."""
+BATCH_BUDGET_S = 40.0
+"""The longest a NodePrepareResources call takes: the kubelet gives it 45 s (its
+PluginClientTimeout) and its claims are read from the API server at once, each read bounded
+by the API client's 10 s, so each claim answers with its own reason within it."""
+ANSWER_MARGIN_S = 1.0
+"""How long before the call's own deadline its answer is sent."""
+PREPARE_WORKERS = 8
+"""How many claims of one call are prepared at once."""
 
 
 class DraPluginService(dra_pb2_grpc.DRAPluginServicer):
@@ -53,18 +62,42 @@ class DraPluginService(dra_pb2_grpc.DRAPluginServicer):
     def NodePrepareResources(
         self, request: dra_pb2.NodePrepareResourcesRequest, context: grpc.ServicerContext
     ) -> dra_pb2.NodePrepareResourcesResponse:
+        """The claims prepared at once (each may wait on the API server), answered within the
+        call's deadline: a claim not prepared by then says so, and goes on being prepared (the
+        kubelet's retry is answered from the record)."""
+        claims = list(request.claims)
+        if not claims:
+            return dra_pb2.NodePrepareResourcesResponse()
+        left = context.time_remaining()
+        budget = BATCH_BUDGET_S if left is None else min(BATCH_BUDGET_S, left - ANSWER_MARGIN_S)
+        pool = futures.ThreadPoolExecutor(
+            max_workers=min(len(claims), PREPARE_WORKERS), thread_name_prefix="dra-prepare"
+        )
+        started = {c.uid: pool.submit(self._prepare, c) for c in claims}
+        pool.shutdown(wait=False)
+        futures.wait(started.values(), timeout=max(budget, 0.0))
         answers = {}
-        for claim in request.claims:
-            try:
-                prepared = self.preparer.prepare(claim.namespace, claim.uid, claim.name)
-            except (PrepareError, OSError) as err:
-                log.error("cannot prepare claim %s/%s: %s", claim.namespace, claim.name, err)
-                answers[claim.uid] = dra_pb2.NodePrepareResourceResponse(
-                    error=f"{names.DRA_DRIVER}: {err}"
-                )
+        for claim in claims:
+            done = started[claim.uid]
+            if done.done():
+                answers[claim.uid] = done.result()
                 continue
-            answers[claim.uid] = dra_pb2.NodePrepareResourceResponse(devices=_devices(prepared))
+            why = f"claim {claim.namespace}/{claim.name}: not prepared within {budget:.0f} s"
+            log.error("cannot prepare claim %s/%s: %s", claim.namespace, claim.name, why)
+            answers[claim.uid] = dra_pb2.NodePrepareResourceResponse(
+                error=f"{names.DRA_DRIVER}: {why} (still at it; the API server may not be "
+                "answering)"
+            )
         return dra_pb2.NodePrepareResourcesResponse(claims=answers)
+
+    def _prepare(self, claim: dra_pb2.Claim) -> dra_pb2.NodePrepareResourceResponse:
+        """One claim's answer: its devices, or its error."""
+        try:
+            prepared = self.preparer.prepare(claim.namespace, claim.uid, claim.name)
+        except (PrepareError, OSError) as err:
+            log.error("cannot prepare claim %s/%s: %s", claim.namespace, claim.name, err)
+            return dra_pb2.NodePrepareResourceResponse(error=f"{names.DRA_DRIVER}: {err}")
+        return dra_pb2.NodePrepareResourceResponse(devices=_devices(prepared))
 
     def NodeUnprepareResources(
         self, request: dra_pb2.NodeUnprepareResourcesRequest, context: grpc.ServicerContext

@@ -97,12 +97,13 @@ class DraKubeletStub:
         with self._reported:
             return self._reported.wait_for(lambda: len(self.health_reports) >= count, timeout)
 
-    def prepare(self, *claims: tuple[str, str, str]) -> Any:
-        """NodePrepareResources for (namespace, uid, name) claims, in the stub's version."""
+    def prepare(self, *claims: tuple[str, str, str], timeout: float = DIAL_TIMEOUT_S) -> Any:
+        """NodePrepareResources for (namespace, uid, name) claims, in the stub's version, with
+        the call's deadline `timeout` seconds away (the kubelet's is 45 s)."""
         assert self._channel is not None
         return self._stubs.DRAPluginStub(self._channel).NodePrepareResources(
             self._messages.NodePrepareResourcesRequest(claims=self._claims(claims)),
-            timeout=DIAL_TIMEOUT_S,
+            timeout=timeout,
         )
 
     def unprepare(self, *claims: tuple[str, str, str]) -> Any:
