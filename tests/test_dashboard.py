@@ -16,6 +16,7 @@ from agent.core.leases import LeaseTable
 from agent.parking.metrics import Forward, ParkingMetrics
 from agent.server.accounting import AccountingCollector
 from agent.server.metrics import AgentMetrics
+from coordinator.status import CoordinatorMetrics
 from extender.metrics import Metrics as ExtenderMetrics
 from nodegpu.metrics import Metrics as DevicePluginMetrics
 
@@ -49,6 +50,12 @@ OPERATOR_READS_FIRST = {
     "GPU share by namespace": "baton_tenant_gpu_seconds_total",
     "parked memory by namespace": "baton_tenant_parked_byte_seconds_total",
     "acquire wait by tier": "baton_tier_wait_seconds_bucket",
+    "job turns held": "baton_coordinator_job_turns_held",
+    "job turns waiting": "baton_coordinator_job_turns_waiting",
+    "job handover": "baton_coordinator_handover_seconds_bucket",
+    "job turns rolled back": "baton_coordinator_job_turn_failures_total",
+    "coordinator leader": "baton_coordinator_leading",
+    "agents the leader has not heard": "baton_coordinator_agents_unsettled",
 }
 SPLIT_BY = {
     "GPU share by namespace": ("baton_tenant_gpu_seconds_total", "namespace"),
@@ -89,8 +96,14 @@ def agent_registry() -> CollectorRegistry:
 
 
 def exported_names() -> set[str]:
-    """Every sample name the agent, extender and device plugin registries can expose."""
-    registries = [agent_registry(), ExtenderMetrics().registry, DevicePluginMetrics().registry]
+    """Every sample name the agent, extender, device plugin and coordinator registries can
+    expose."""
+    registries = [
+        agent_registry(),
+        ExtenderMetrics().registry,
+        DevicePluginMetrics().registry,
+        CoordinatorMetrics().registry,
+    ]
     names: set[str] = set()
     for registry in registries:
         for family in registry.collect():

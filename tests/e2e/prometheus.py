@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import re
 import shutil
@@ -20,6 +21,8 @@ from tests.e2e.processes import free_port, get_json, get_ok, poll
 BINARY = "prometheus"
 MISSING = "needs system package prometheus (apt-get install prometheus): /usr/bin/prometheus"
 SCRAPE_INTERVAL_S = 1
+RATE_INTERVAL = f"{4 * SCRAPE_INTERVAL_S}s"
+"""Grafana's $__rate_interval: max(4 scrape intervals, step + 1 scrape interval), step 1 s."""
 
 
 def binary() -> str | None:
@@ -102,6 +105,17 @@ class Prometheus:
         answer = get_json(f"{self.url}/api/v1/query_range?" + urllib.parse.urlencode(params))
         assert answer["status"] == "success", f"{expr}: {answer}"
         return list(answer["data"]["result"])
+
+    def values_since_start(self, expr: str) -> list[float]:
+        """Every finite value a dashboard query took since this server started, evaluated as
+        Grafana's time series would (its variables expanded): NaN quantiles (nothing observed)
+        are left out."""
+        end = time.time()
+        seconds = int(end - self.started_at) + 1
+        query = expr.replace("$__rate_interval", RATE_INTERVAL).replace("$__range", f"{seconds}s")
+        result = self.query_range(query, self.started_at, end, step=SCRAPE_INTERVAL_S)
+        values = [float(v[1]) for series in result for v in series["values"]]
+        return [v for v in values if math.isfinite(v)]
 
     def stop(self) -> None:
         self.proc.terminate()
