@@ -9,7 +9,8 @@ extender cannot steer that choice, so it predicts it and asks `place` whether Ba
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from baton.contract.names import dra_device_name
 from baton.contract.podask import TenantRequest
@@ -31,20 +32,61 @@ DRA_DUTY = 100.0
 """The `duty` capacity the driver publishes per GPU."""
 
 
-def first_fit(node: NodeState, request: TenantRequest) -> tuple[GpuLoad, ...]:
-    """The GPUs the scheduler would allocate: the first, in index order, whose capacity fits."""
-    ask = Ask(request.memory_mib, request.duty, NO_CAP, DRA_DUTY)
-    picked: list[GpuLoad] = []
-    for load in sorted(node.gpus, key=lambda g: g.gpu.index):
-        if not takes(ask, load, load.gpu.memory_mib):
-            continue
-        picked.append(load)
-        if len(picked) == request.gpus:
-            break
-    return tuple(picked)
+@dataclass(frozen=True, slots=True)
+class Share:
+    """One device request of a pod's claims: `count` GPUs, each giving the pod a share."""
+
+    count: int
+    memory_mib: int | None = None
+    duty: float | None = None
 
 
-def claim_judge(request: TenantRequest, limits: Limits) -> Callable[[NodeState], Verdict]:
+Shares = tuple[Share, ...]
+
+
+def first_fit(
+    node: NodeState, request: TenantRequest, shares: Sequence[Share] = ()
+) -> tuple[GpuLoad, ...]:
+    """The GPUs the scheduler would allocate, in index order: for each of the pod's device
+    requests (`shares`; none given: one asking `request`), the first GPUs by index whose
+    capacity fits, with what the pod's earlier requests took. A GPU allows several allocations,
+    so two requests (two claims) of one pod may be given the same GPU; one request's are
+    distinct."""
+    return _allocate(node, shares or (Share(request.gpus, request.memory_mib, request.duty),))[0]
+
+
+def _allocate(node: NodeState, shares: Sequence[Share]) -> tuple[tuple[GpuLoad, ...], bool]:
+    """`first_fit`'s GPUs, and whether every request got all its GPUs."""
+    order = sorted(node.gpus, key=lambda g: g.gpu.index)
+    taken: dict[str, tuple[int, float]] = {}
+    """GPU UUID -> the shares the pod's earlier requests took there, and their summed duty."""
+    complete = True
+    for share in shares:
+        ask = Ask(share.memory_mib, share.duty, NO_CAP, DRA_DUTY)
+        found = 0
+        for load in order:
+            count, duty = taken.get(load.gpu.uuid, (0, 0.0))
+            now = load
+            if count:
+                slots_free = len(load.tenants) + count < load.gpu.slots
+                now = replace(
+                    load, duty_sum=load.duty_sum + duty, open=load.gpu.healthy and slots_free
+                )
+            if not takes(ask, now, load.gpu.memory_mib):
+                continue
+            added = load.default_duty if share.duty is None else share.duty
+            taken[load.gpu.uuid] = (count + 1, duty + added)
+            found += 1
+            if found == share.count:
+                break
+        complete = complete and found == share.count
+    picked = tuple(load for load in order if load.gpu.uuid in taken)
+    return picked, complete
+
+
+def claim_judge(
+    request: TenantRequest, limits: Limits, shares: Shares = ()
+) -> Callable[[NodeState], Verdict]:
     """`place_claim` for one request, remembered per node state: filter's answers serve
     prioritize, and the next pod of the same shape on every node the last bind did not change."""
     shape = (  # plain values, hashed in C on every lookup
@@ -56,10 +98,11 @@ def claim_judge(request: TenantRequest, limits: Limits) -> Callable[[NodeState],
         limits.policy.value,
         limits.max_duty,
         limits.memory_headroom_mib,
+        shares,
     )
 
     def answer(node: NodeState) -> Verdict:
-        return place_claim(node, request, limits)
+        return place_claim(node, request, limits, shares)
 
     def judge(node: NodeState) -> Verdict:
         return remembered(node, shape, answer)
@@ -67,18 +110,24 @@ def claim_judge(request: TenantRequest, limits: Limits) -> Callable[[NodeState],
     return judge
 
 
-def place_claim(node: NodeState, request: TenantRequest, limits: Limits) -> Verdict:
+def place_claim(
+    node: NodeState, request: TenantRequest, limits: Limits, shares: Sequence[Share] = ()
+) -> Verdict:
     """Whether the pod may go to the node, on the GPUs the scheduler would allocate, and the
-    policy's score there."""
+    policy's score there. `shares`: the pod's device requests (none: one asking `request`); on
+    each GPU they give it, the pod is one tenant with `request`'s memory and duty."""
     if node.problem:
         return Verdict(False, node.problem)
     if not node.gpus:
         return Verdict(False, "node advertises no Baton GPUs")
-    picked = first_fit(node, request)
-    if len(picked) < request.gpus:
+    picked, complete = _allocate(
+        node, shares or (Share(request.gpus, request.memory_mib, request.duty),)
+    )
+    if not complete:
         return Verdict(
             False, f"no {request.gpus} Baton GPUs of this node have the capacity its claims ask"
         )
+    request = replace(request, gpus=len(picked))
     others = node.parked_worst_mib - sum(p.parked_worst_mib for p in picked)
     alone = node_state(
         node.name,

@@ -13,16 +13,17 @@ from typing import Any
 from baton.contract import names
 from baton.contract.draclaim import ClaimAsk, ClaimRef
 from baton.contract.podask import RequestError, TenantRequest
-from extender.draplace import claim_judge
+from extender.draplace import Share, Shares, claim_judge
 from extender.placement import Verdict
 from extender.snapshot import NodeState
 from extender.state import UNKNOWN_NODE, ClusterState
 from extender.wire import MIN_PRIORITY, ExtenderArgs
 
 
-def claim_request(state: ClusterState, pod: dict[str, Any]) -> TenantRequest | None:
-    """What the pod asks of Baton: its claims' requests of the class, else its plain
-    `baton.dev/gpu` limit (whose generated claim takes the class defaults); None: nothing.
+def claim_request(state: ClusterState, pod: dict[str, Any]) -> tuple[TenantRequest, Shares] | None:
+    """What the pod asks of Baton: its claims' requests of the class (and each request, in the
+    order the scheduler allocates them), else its plain `baton.dev/gpu` limit (whose generated
+    claim takes the class defaults); None: nothing.
 
     Raises RequestError with the reason when a claim is not known or not readable yet.
     """
@@ -38,14 +39,20 @@ def claim_request(state: ClusterState, pod: dict[str, Any]) -> TenantRequest | N
             raise RequestError(found)
         asks += found
     if not asks:
-        return state.request(pod)
+        plain = state.request(pod)
+        return None if plain is None else (plain, ())
     memory = [a.memory_bytes for a in asks]
     duty = [a.duty for a in asks]
-    return TenantRequest(
+    request = TenantRequest(
         gpus=sum(a.count for a in asks),
         memory_mib=None if None in memory else max(m or 0 for m in memory) // names.MIB,
         duty=None if None in duty else max(d or 0.0 for d in duty),
     )
+    shares = tuple(
+        Share(a.count, None if a.memory_bytes is None else a.memory_bytes // names.MIB, a.duty)
+        for a in asks
+    )
+    return request, shares
 
 
 def uncached_claims(state: ClusterState, pod: dict[str, Any]) -> list[ClaimRef]:
@@ -97,12 +104,13 @@ def filter_claims(
 ) -> tuple[list[str], dict[str, str], dict[str, int]]:
     """Names that pass, failed node -> reason, and the passing nodes' scores (for prioritize)."""
     try:
-        request = claim_request(state, args.pod)
+        asked = claim_request(state, args.pod)
     except RequestError as err:
         return [], dict.fromkeys(args.node_names, str(err)), {}
-    if request is None:
+    if asked is None:
         return list(args.node_names), {}, {}
-    judge = claim_judge(request, state.limits)
+    request, shares = asked
+    judge = claim_judge(request, state.limits, shares)
     passed: list[str] = []
     failed: dict[str, str] = {}
     scores: dict[str, int] = {}
@@ -124,12 +132,13 @@ def prioritize_claims(
     """The policy's 0-10 score on the GPUs the scheduler would allocate; 0 where it fails.
     `known`: the scores filter found for this pod, used where it has them."""
     try:
-        request = claim_request(state, args.pod)
+        asked = claim_request(state, args.pod)
     except RequestError:
-        request = None
-    if request is None:
+        asked = None
+    if asked is None:
         return [(name, MIN_PRIORITY) for name in args.node_names]
-    judge = claim_judge(request, state.limits)
+    request, shares = asked
+    judge = claim_judge(request, state.limits, shares)
     scores = []
     for name in args.node_names:
         score = known.get(name)

@@ -169,9 +169,9 @@ def test_each_node_state_is_judged_once_per_request_shape(monkeypatch: Any) -> N
     judged: list[str] = []
     real = draplace.place_claim
 
-    def counted(node: Any, request: Any, limits: Any) -> Any:
+    def counted(node: Any, request: Any, limits: Any, shares: Any = ()) -> Any:
         judged.append(node.name)
-        return real(node, request, limits)
+        return real(node, request, limits, shares)
 
     # claim_judge looks `place_claim` up when it answers, so the count sees every placement
     monkeypatch.setattr(draplace, "place_claim", counted)
@@ -225,3 +225,23 @@ def test_without_dra_claims_count_for_nothing() -> None:
     state.replace_pods([claim_pod("a", "a-gpu", node_name="n1")])
     state.upsert_claim(claim("a-gpu", node_name="n1", pod_uid="uid-a"))
     assert [g.tenants for g in state.node("n1").gpus] == [(), ()]  # type: ignore[union-attr]
+
+
+def test_a_pod_with_two_claims_may_get_one_gpu_for_both_as_the_scheduler_gives_it() -> None:
+    """Baton's devices allow several allocations: the scheduler gives a pod's second claim the
+    GPU its first took when that still fits, so a one-GPU node serves a two-claim pod."""
+    state = ClusterState(Limits(), time.monotonic, dra=True)
+    state.replace_nodes([node("one", gpus=1), node("two", gpus=2)])
+    pending = claim_pod("pair", "pair-a")
+    pending["spec"]["resourceClaims"] = [
+        {"name": "a", "resourceClaimName": "pair-a"},
+        {"name": "b", "resourceClaimName": "pair-b"},
+    ]
+    state.replace_claims([claim("pair-a"), claim("pair-b")])
+    args = ExtenderArgs(pending, ["one", "two"], None)
+    assert filter_nodes(state, args) == (["one", "two"], {}, {})
+    # Once gpu-0's duty cannot take the second share, it goes to the next GPU, as DRA's does.
+    state.replace_claims([claim("pair-a", duty="60"), claim("pair-b", duty="60")])
+    passed, failed, _ = filter_nodes(state, args)
+    assert passed == ["two"]
+    assert failed["one"] == "no 2 Baton GPUs of this node have the capacity its claims ask"

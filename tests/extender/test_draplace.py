@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from baton.contract.podask import TenantRequest
-from extender.draplace import first_fit, place_claim
+from extender.draplace import Share, first_fit, place_claim
 from extender.placement import GpuRecord, Limits, PlacedPod, Policy, node_state
 
 GIB = 1024
@@ -142,3 +142,18 @@ def test_place_claim(case: Case) -> None:
 def test_first_fit_is_index_order_whatever_the_annotation_order() -> None:
     node = node_state("n1", list(reversed(gpus(3))), 256 * GIB, {}, Limits())
     assert [g.gpu.uuid for g in first_fit(node, TenantRequest(2, GIB, 10))] == ["GPU-0", "GPU-1"]
+
+
+def test_two_requests_of_one_pod_share_the_first_gpu_that_still_fits_both() -> None:
+    node = node_state("n1", gpus(2), 256 * GIB, {"GPU-0": [t("a", duty=40)]}, Limits())
+    request = TenantRequest(2, 10 * GIB, 30)
+    both = (Share(1, 10 * GIB, 30), Share(1, 10 * GIB, 30))
+    verdict = place_claim(node, request, Limits(), both)
+    assert (verdict.fits, verdict.gpus) == (True, ("GPU-0",))
+    apart = (Share(1, 10 * GIB, 30), Share(1, 10 * GIB, 40))  # 40 + 30 + 40 > 100
+    assert [g.gpu.uuid for g in first_fit(node, request, apart)] == ["GPU-0", "GPU-1"]
+    # One request's GPUs are distinct: a count of 2 takes two GPUs.
+    assert [g.gpu.uuid for g in first_fit(node, request, (Share(2, GIB, 10),))] == [
+        "GPU-0",
+        "GPU-1",
+    ]
