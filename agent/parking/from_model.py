@@ -133,8 +133,9 @@ class ModelPlans(KnownNode):
         """Under the lock: the plan for the tenant's turn drawn from the model, where the model
         can say (as for a grant that moves nothing: it has read every tenant as registered now,
         and no tenant whose growth has no bound stands beside one that needs room), the plan
-        makes the room, and it parks nobody into a memory cgroup (whose use the model has only
-        as last read); None otherwise (a refusal is the backend's to confirm)."""
+        makes the room, it parks nobody into a memory cgroup (whose use the model has only
+        as last read), and its parks stay within the host budget whatever the tenants whose
+        turns ended hold now; None otherwise (a refusal is the backend's to confirm)."""
         if self._current_ref(tenant_id, gpus) is None:
             return None
         snap = self._node((), whole=self._model.unsettled)
@@ -151,7 +152,20 @@ class ModelPlans(KnownNode):
         for step in plan.parks:  # parked bytes are charged to a memory cgroup as it is now
             if self._model.cgroups.get(step.tenant_id, (None, 0))[0] is not None:
                 return None
+        if self._may_pass_budget(snap.parked_bytes, plan):
+            return None
         return plan
+
+    def _may_pass_budget(self, parked: int, plan: Plan) -> bool:
+        """Whether the plan's parks may take the bytes parked (`parked` now) past the host
+        budget: a tenant whose turn ended since it was read is planned with what it declared,
+        but a park moves what it holds, which may be up to its whole GPU (the backend's read
+        tells; a refusal then names the budget)."""
+        worst = parked
+        for step in plan.parks:
+            grew = step.tenant_id in self._model.unsettled
+            worst += max(step.bytes, self.gpu_memory.get(step.gpu, 0) if grew else 0)
+        return worst > self.host_budget
 
     def _own_restores(self, tenant_id: str, gpus: Collection[str]) -> Plan | None:
         """The model's plan for the tenant's turn when it is nothing but restores of its own

@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
+from agent.core.residency import NoRoom
 from agent.parking.backends.base import BackendError, Residency, TenantRef
 from agent.parking.fakegpu import FakeGpuMemory
 from agent.parking.model import Read
@@ -260,3 +263,24 @@ def test_a_read_of_ended_turns_that_memory_moves_overtake_is_made_again(backend)
         return set(prep._model.unsettled)
 
     assert run(overtaken()) == {"a"}
+
+
+def test_a_park_that_may_pass_the_host_budget_is_planned_from_the_node_as_read(backend):
+    """a declared 40 MiB but allocated 60 in its turn; b (70) asks next, with a 50 MiB host
+    budget. The model counts a at its declaration (40 fits the budget); parking a moves all 60.
+    The grant reads the node first, and refuses the park naming the budget: nothing parked."""
+    prep = ParkingPreparer(backend, {GPU: 100 * MIB}, host_budget=50 * MIB, backoff=0.0)
+
+    async def turns():
+        prep.register(TenantRef("a", (GPU,), declared_bytes=40 * MIB))
+        prep.register(TenantRef("b", (GPU,), declared_bytes=70 * MIB))
+        await prep.prepare("a", [GPU])
+        FakeGpuMemory("a", backend.root, timeout=1.0).allocate(GPU, 60)
+        with pytest.raises(NoRoom, match=r"\(60 MiB\) for b would put 60 MiB .* the 50 MiB budget"):
+            await prep.prepare("b", [GPU])
+
+    run(turns())
+    status = prep.status()
+    assert status["parked_bytes"] == 0
+    assert status["tenants"]["a"]["residency"] == "resident"
+    assert "50 MiB budget" in status["tenants"]["b"]["waiting"]
