@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from baton.contract import names
+from commands.kubectl import cli as plugin
 from commands.localnode.binaries import CHECKOUT
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
 from tests.k8s.cluster import AGENT_URL, Cluster, get_text, wait_for
@@ -31,7 +33,8 @@ LLMD = "127.0.0.1:50051"
 STATUS = "http://127.0.0.1:9465/v1/status"
 PATCH = """\
 # The coordinator on the single test node: one replica on the host's network (no kube-proxy
-# routes its Service), its status on loopback; the tests call it from the host, where no pod is.
+# routes its Service); the tests call it from the host, where no pod is, and `kubectl baton jobs`
+# reads its status through the API server's pod proxy (which refuses loopback addresses).
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -47,7 +50,7 @@ spec:
         - name: coordinator
           imagePullPolicy: Never
           args: ["coordinator", "--allow-unidentified", "--llmd-listen", "0.0.0.0:50051",
-                 "--http-listen", "127.0.0.1:9465", "--lease-duration", "6",
+                 "--http-listen", "0.0.0.0:9465", "--lease-duration", "6",
                  "--renew-deadline", "4", "--retry-period", "0.5"]
           env:
             - {name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}
@@ -162,6 +165,16 @@ def test_the_coordinators_deployment_drives_a_two_pod_job(
         assert set(holders().values()) == members  # both pods, on their GPUs, together
         status = leading()
         assert status is not None and sorted(status["held"]) == [f"{namespace}/rl"]
+        kubeconfig = str(cluster.node.plane.admin_kubeconfig)
+        shown = CliRunner().invoke(plugin.app, ["jobs", "-o", "json", "--kubeconfig", kubeconfig])
+        assert shown.exit_code == 0, shown.output
+        (row,) = json.loads(shown.output)["jobs"]  # through the API server, from the leader
+        assert (row["job"], row["state"], row["nodes"], row["gpus"]) == (
+            f"{namespace}/rl",
+            "holding",
+            [cluster.node_name],
+            2,
+        )
         success, waiting, _ = llmd.release("rl", "")
         assert success and waiting == 0
         wait_for("the job's GPUs freed", lambda: True if not holders() else None, 30)
