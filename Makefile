@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/pytest -q -rs
+	$(BIN)/pytest -q -rs --durations=25
 
 soak: $(STAMP)
 	mkdir -p build && rm -f build/reliability.jsonl
