@@ -201,6 +201,7 @@ class NvmlHealthLoop:
                 nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, events)
             except _not_supported(nv) as err:  # no retry will change it: Healthy, unwatched
                 log.warning("GPU %s cannot report XID events (%s): health not watched", uuid, err)
+                self._watching([uuid])  # NVML answered: health unknown no longer, if it was
                 continue
             except nv.NVMLError as err:
                 self._unwatch([uuid], f"its XID events cannot be registered ({err})", retry_s)

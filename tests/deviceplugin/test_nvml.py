@@ -259,3 +259,25 @@ def test_a_gpu_that_cannot_report_xid_events_at_all_stays_healthy_and_unwatched(
     finally:
         loop.stop()
         assert loop.join(WAIT_S)
+
+
+@pytest.mark.parametrize("failing", ["nvmlInit", "nvmlEventSetWait"])
+def test_a_gpu_that_cannot_report_xid_events_is_healthy_again_once_nvml_answers(nvml, failing):
+    # NVML down at start (its driver not loaded yet) or failing later marks every GPU's health
+    # unknown; once NVML answers, one that cannot report XID events at all is Healthy, unwatched
+    nv, events = nvml
+    nv.broken[f"nvmlDeviceRegisterEvents:{UUIDS[0]}"] = NVMLError_NotSupported("Not Supported")
+    nv.broken[failing] = "Driver Not Loaded"
+    live = LiveInventory(Inventory(_gpus(), 4))
+    loop = NvmlHealthLoop(HealthTracker(live, frozenset(DEFAULT_IGNORED_XIDS)), first_retry_s=0.01)
+    loop.start()
+    try:
+        _wait_for(live, lambda bad: set(bad) == set(UUIDS))
+        del nv.broken[failing]
+        _wait_for(live, lambda bad: not bad)
+        events.put(EventData(nv.handles[1], XID_CRITICAL, 79))  # the other GPU is watched
+        _wait_for(live, lambda bad: bad == {UUIDS[1]: "XID 79"})
+        assert loop.problem() is None and loop.unwatched() == 0
+    finally:
+        loop.stop()
+        assert loop.join(WAIT_S)
