@@ -38,13 +38,19 @@ def parse_fake_gpus(spec: str, node_name: str) -> list[NodeGpu]:
 
 
 def _gpus_from_file(path: Path, node_name: str) -> list[NodeGpu]:
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise DiscoveryError(f"--fake-gpus file {path} cannot be read: {why}") from None
     try:
         entries = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as err:
-        raise DiscoveryError(f"fake GPU file {path} is not valid JSON/YAML: {err}") from err
+        raise DiscoveryError(
+            f"--fake-gpus file {path} is not valid JSON/YAML: {_one_line(err)}"
+        ) from None
     if not isinstance(entries, list) or not entries:
-        raise DiscoveryError(f"fake GPU file {path} must hold a non-empty list of GPUs")
+        raise DiscoveryError(f"--fake-gpus file {path} must hold a non-empty list of GPUs")
     gpus: list[NodeGpu] = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict):
@@ -52,16 +58,26 @@ def _gpus_from_file(path: Path, node_name: str) -> list[NodeGpu]:
         mib = entry.get("memoryMiB")
         if not isinstance(mib, int) or isinstance(mib, bool) or mib <= 0:
             raise DiscoveryError(
-                f"fake GPU file {path}: entry {index} needs a memoryMiB that is an integer above 0"
+                f"--fake-gpus file {path}: entry {index} needs a memoryMiB that is an integer "
+                "above 0"
             )
         uuid = str(entry.get("uuid") or fake_gpu_uuid(index, node_name))
         twin = next((g.index for g in gpus if g.uuid == uuid), None)
         if twin is not None:
             raise DiscoveryError(
-                f"fake GPU file {path}: entries {twin} and {index} have the same uuid {uuid}"
+                f"--fake-gpus file {path}: entries {twin} and {index} have the same uuid {uuid}"
             )
         gpus.append(NodeGpu(uuid, index, str(entry.get("model", FAKE_MODEL)), mib))
     return gpus
+
+
+def _one_line(err: Exception) -> str:
+    """A parse error in one line: YAML's own spans several, quoting the text it points at."""
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem:
+        mark = err.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"{err.problem}{where}"
+    return " ".join(str(err).split())
 
 
 def discover_nvml() -> list[NodeGpu]:

@@ -68,6 +68,34 @@ def test_a_node_name_no_node_can_have_is_refused_at_start(socket_dir, name, said
     assert len(result.output.splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"- memoryMiB: 100\n  model: [a\n", "is not valid JSON/YAML: "),
+        (b"\xff\xfe- memoryMiB: 100\n", "cannot be read: "),
+        (None, "cannot be read: "),  # /proc/self/mem: a file whose read fails (EIO)
+    ],
+)
+def test_a_fake_gpu_file_it_cannot_use_is_refused_in_one_line_naming_the_flag(
+    socket_dir, content, said
+):
+    """A YAML error spans several lines, and an undecodable or unreadable file was a codec
+    error naming neither the file nor the flag, or a traceback."""
+    path = Path("/proc/self/mem")
+    if content is not None:
+        path = socket_dir / "gpus.yaml"
+        path.write_bytes(content)
+    env = {
+        "NODE_NAME": NODE,
+        "BATON_FAKE_GPUS": str(path),
+        "BATON_DEVICE_PLUGIN_DIR": str(socket_dir),
+    }
+    result = CliRunner().invoke(app, ["deviceplugin"], env=env)
+    assert result.exit_code == 1
+    assert result.output.startswith(f"baton deviceplugin: --fake-gpus file {path} {said}")
+    assert len(result.output.splitlines()) == 1, result.output
+
+
 def daemon_env(fake_api, socket_dir, plugin_dir, gpus):
     """`baton deviceplugin`'s environment: simulated `gpus`, the fake API server, any port."""
     return os.environ | {
