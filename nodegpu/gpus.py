@@ -7,7 +7,13 @@ from pathlib import Path
 
 import yaml
 
-from baton.contract.names import MIB, fake_gpu_sizes, fake_gpu_uuid
+from baton.contract.names import (
+    MAX_FAKE_GPUS,
+    MIB,
+    TooManyFakeGpus,
+    fake_gpu_sizes,
+    fake_gpu_uuid,
+)
 from nodegpu.inventory import NodeGpu
 
 FAKE_MODEL = "Baton Fake GPU"
@@ -25,16 +31,26 @@ def parse_fake_gpus(spec: str, node_name: str) -> list[NodeGpu]:
     backend names them.
     """
     path = Path(spec)
-    if path.is_file():
+    if _is_file(path):
         return _gpus_from_file(path, node_name)
     try:
         sizes = fake_gpu_sizes(spec)
+    except TooManyFakeGpus as err:
+        raise DiscoveryError(str(err)) from None
     except ValueError:
         raise DiscoveryError(
             f"--fake-gpus {spec!r} is neither COUNTxMEMORY_MIB (e.g. 2x81920), MIB,MIB,... "
             "nor a readable file"
         ) from None
     return [NodeGpu(fake_gpu_uuid(i, node_name), i, FAKE_MODEL, mib) for i, mib in enumerate(sizes)]
+
+
+def _is_file(path: Path) -> bool:
+    """Whether `path` names a file; a spec no path can be (a long `MIB,MIB,...`) names none."""
+    try:
+        return path.is_file()
+    except OSError:  # ENAMETOOLONG: Python 3.11's is_file raises it
+        return False
 
 
 def _gpus_from_file(path: Path, node_name: str) -> list[NodeGpu]:
@@ -51,6 +67,10 @@ def _gpus_from_file(path: Path, node_name: str) -> list[NodeGpu]:
         ) from None
     if not isinstance(entries, list) or not entries:
         raise DiscoveryError(f"--fake-gpus file {path} must hold a non-empty list of GPUs")
+    if len(entries) > MAX_FAKE_GPUS:
+        raise DiscoveryError(
+            f"--fake-gpus file {path} lists {len(entries)} GPUs: at most {MAX_FAKE_GPUS} per node"
+        )
     gpus: list[NodeGpu] = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict):

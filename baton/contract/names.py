@@ -185,10 +185,24 @@ def fake_gpu_uuid(index: int, node_name: str = "") -> str:
     return f"{FAKE_GPU_UUID_PREFIX}{node}{index:04d}"
 
 
+MAX_FAKE_GPUS = 64
+"""The most simulated GPUs one node declares: the DRA driver publishes them in one
+ResourceSlice, which holds at most 64 devices once one is tainted (an unhealthy GPU); a count
+past it is a typo (`81920x2`), or one that would fill the memory with its list."""
+
+
+class TooManyFakeGpus(ValueError):
+    """A `--fake-gpus` declaration of more than `MAX_FAKE_GPUS` GPUs; the message says so."""
+
+
 def fake_gpu_sizes(spec: str) -> list[int]:
-    """MiB of each simulated GPU, in index order, from `COUNTxMIB` (2x81920) or `MIB,MIB,...`."""
+    """MiB of each simulated GPU, in index order, from `COUNTxMIB` (2x81920) or `MIB,MIB,...`;
+    `TooManyFakeGpus` past `MAX_FAKE_GPUS`, ValueError when it is neither."""
     count, x, mib = spec.strip().lower().partition("x")
-    parts = [mib.strip()] * int(count) if x and count.strip().isdigit() else spec.split(",")
+    counted = bool(x) and count.strip().isdigit()
+    if (int(count) if counted else spec.count(",") + 1) > MAX_FAKE_GPUS:
+        raise TooManyFakeGpus(f"--fake-gpus {spec!r}: at most {MAX_FAKE_GPUS} GPUs per node")
+    parts = [mib.strip()] * int(count) if counted else spec.split(",")
     sizes = [p.strip() for p in parts]
     if not sizes or not all(p.isdigit() and int(p) > 0 for p in sizes):
         raise ValueError(f"--fake-gpus {spec!r}: give COUNTxMIB (2x81920) or MIB,MIB,...")

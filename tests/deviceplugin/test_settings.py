@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from agent.parking.setup import parse_fake_gpus as agent_fake_gpus
@@ -43,6 +45,23 @@ def test_fake_gpus_from_a_file(tmp_path):
 def test_bad_fake_gpu_declarations_are_refused(spec):
     with pytest.raises(DiscoveryError):
         parse_fake_gpus(spec, "node-a")
+
+
+@pytest.mark.parametrize("spec", ["65x1024", "1000000x81920", ",".join(["1024"] * 65), "file"])
+def test_more_fake_gpus_than_one_node_publishes_are_refused_naming_the_flag(spec, tmp_path):
+    """The DRA driver's ResourceSlice holds at most 64 devices once one is tainted, so past 64
+    it could never say a GPU went unhealthy; and a count typo (`100000000000x1`) filled the
+    memory building its list, with nothing said."""
+    if spec == "file":
+        spec = str(tmp_path / "gpus.yaml")
+        Path(spec).write_text("- {memoryMiB: 1024}\n" * 65)
+    with pytest.raises(DiscoveryError) as refused:
+        parse_fake_gpus(spec, "node-a")
+    assert str(refused.value).startswith("--fake-gpus ") and "at most 64" in str(refused.value)
+    if not spec.endswith(".yaml"):
+        with pytest.raises(ValueError, match="at most 64"):
+            agent_fake_gpus(spec, "node-a")
+    assert len(parse_fake_gpus("64x1024", "node-a")) == 64
 
 
 def test_no_gpu_and_no_flag_names_both():
