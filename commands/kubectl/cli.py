@@ -193,7 +193,13 @@ def jobs(
 ) -> None:
     """Job turns across nodes (the cluster coordinator's): which job holds its GPUs on which
     nodes, which wait and for how long, the nodes its leader has not heard."""
-    from commands.kubectl.jobs import NoCoordinator, jobs_table, read_jobs, unsettled_lines
+    from commands.kubectl.jobs import (
+        NoCoordinator,
+        NoLeader,
+        jobs_table,
+        read_jobs,
+        unsettled_lines,
+    )
 
     _connection(kubeconfig, context, baton_namespace)
     namespace = Settings.namespace if namespace is None else namespace
@@ -201,13 +207,21 @@ def jobs(
         _check_name("namespace", namespace)
     _check_output(output)
     console = Console()
+    leaderless: NoLeader | None = None
     with connected() as api:
         for _ in _every(interval, count if watch else 1):
             try:
                 document = read_jobs(api, Settings.baton_namespace, namespace)
+                leaderless = None
             except NoCoordinator as err:  # not installed: a script must not read OK
                 typer.echo(f"kubectl baton: {err}", err=True)
                 raise typer.Exit(NO_AGENT_EXIT) from None
+            except NoLeader as err:  # an election: a watch reads again at the next refresh
+                if not watch:
+                    raise
+                leaderless = err
+                typer.echo(f"kubectl baton: {err}", err=True)
+                continue
             if output == "json":
                 typer.echo(json.dumps(document, indent=None if watch else 1))
                 continue
@@ -216,6 +230,8 @@ def jobs(
             console.print(jobs_table(document))
             for line in unsettled_lines(document):
                 console.print(f"[yellow]{escape(line)}[/yellow]")
+    if leaderless is not None:  # the last reading found no leader
+        raise typer.Exit(1)
 
 
 @app.command()

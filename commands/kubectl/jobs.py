@@ -24,6 +24,10 @@ class NoCoordinator(PluginError):
     """The Baton namespace runs no coordinator pod: none is installed there."""
 
 
+class NoLeader(PluginError):
+    """No replica leads now (an election): a watch goes on and reads again."""
+
+
 def coordinator_status_path(pod: str, namespace: str) -> str:
     """A coordinator replica's /v1/status through the API server's pod proxy."""
     return f"/api/v1/namespaces/{namespace}/pods/{pod}:{PORT_COORDINATOR}/proxy/v1/status"
@@ -48,7 +52,7 @@ def leader_pod(api: Api, namespace: str) -> str:
             leaders.append((int(epoch) if epoch.isdigit() else 0, str(meta.get("name", ""))))
     if not leaders:
         names = ", ".join(sorted(str((p.get("metadata") or {}).get("name")) for p in pods))
-        raise PluginError(
+        raise NoLeader(
             f"no coordinator replica leads now ({names}): an election is under way, or the "
             "replicas cannot reach the API server (their logs say which); ask again"
         )
@@ -73,7 +77,7 @@ def read_jobs(api: Api, baton_namespace: str, namespace: str | None = None) -> d
     if not isinstance(status, dict):
         raise PluginError(f"coordinator {pod} sent no JSON object")
     if not status.get("leading"):
-        raise PluginError(
+        raise NoLeader(
             f"coordinator {pod} does not lead any more (an election is under way); ask again"
         )
     rows = [held(key, turn) for key, turn in (status.get("held") or {}).items()]

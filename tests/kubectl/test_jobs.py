@@ -161,3 +161,25 @@ def test_a_bad_namespace_is_refused_before_asking() -> None:
         shown.output
     )
     assert not api.asked
+
+
+def test_a_watch_goes_on_through_an_election(leader_status: dict[str, Any]) -> None:
+    """Each refresh reads again: a reading without a leader is said on stderr, the next one
+    with a leader shows its jobs, and the exit status is the last reading's."""
+    electing = routes({}, replica("a", False), replica("b", False))
+    led = routes(leader_status, replica("a", True))
+    readings = iter([electing, led, electing])
+
+    class Changing(DictApi):
+        def get(self, path: str, **params: str) -> Any:
+            if path == PODS:
+                self.routes = next(readings)
+            return super().get(path, **params)
+
+    shown = run(Changing({}), "--watch", "--interval", "0.1", "--count", "3", "-o", "json")
+    lines = shown.output.strip().splitlines()
+    said = [line for line in lines if line.startswith("kubectl baton: no coordinator")]
+    assert len(said) == 2, shown.output
+    (document,) = [json.loads(line) for line in lines if line.startswith("{")]
+    assert document["coordinator"] == "a"
+    assert shown.exit_code == 1
