@@ -14,6 +14,7 @@ from baton.contract import names
 from baton.contract.draclaim import ClaimAsk, ClaimRef
 from baton.contract.podask import RequestError, TenantRequest
 from extender.draplace import Share, Shares, claim_judge
+from extender.inventory import pod_uid
 from extender.placement import Verdict
 from extender.snapshot import NodeState
 from extender.state import UNKNOWN_NODE, ClusterState
@@ -114,10 +115,13 @@ def filter_claims(
     passed: list[str] = []
     failed: dict[str, str] = {}
     scores: dict[str, int] = {}
-    nodes = state.nodes_by_name()
+    nodes, uid = state.nodes_by_name(), pod_uid(args.pod)
     for name in args.node_names:
         node = nodes.get(name)
-        verdict = judge(node) if node is not None else _verdict(state, args, judge, name)
+        if node is not None and not _holds(node, uid):
+            verdict = judge(node)
+        else:
+            verdict = _verdict(state, args, judge, name)
         if verdict.fits:
             passed.append(name)
             scores[name] = verdict.score
@@ -155,4 +159,14 @@ def _verdict(
     node = state.node_or_sent(name, args.nodes)
     if node is None:
         return Verdict(False, UNKNOWN_NODE)
+    uid = pod_uid(args.pod)
+    if _holds(node, uid):  # its claims are still reserved for it: judged without them
+        node = state.node_without(name, {uid}) or node
     return judge(node)
+
+
+def _holds(node: NodeState, uid: str) -> bool:
+    """Whether the node counts the pod already: kube-scheduler filters a pod again while its
+    claims are allocated and reserved for it (after a failed bind, before Unreserve's patch is
+    seen), and allocates nothing more for them."""
+    return any(uid in load.tenants for load in node.gpus)

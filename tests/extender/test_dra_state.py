@@ -245,3 +245,22 @@ def test_a_pod_with_two_claims_may_get_one_gpu_for_both_as_the_scheduler_gives_i
     passed, failed, _ = filter_nodes(state, args)
     assert passed == ["two"]
     assert failed["one"] == "no 2 Baton GPUs of this node have the capacity its claims ask"
+
+
+def test_a_pod_whose_claim_is_reserved_for_it_is_not_counted_twice() -> None:
+    """kube-scheduler retries a pod whose bind failed while its claim is still allocated and
+    reserved for it (Unreserve's patch not yet seen, or it failed): the claim's share is the
+    pod's own, not a tenant beside it, and the scheduler allocates nothing more for it."""
+    state = ClusterState(Limits(), time.monotonic, dra=True)
+    state.replace_nodes([node("one", gpus=1)])
+    retried = claim_pod("r", "r-gpu")  # still Pending: not bound
+    state.replace_pods([retried])
+    state.replace_claims([claim("r-gpu", "60Gi", "60", "one", "gpu-0", "uid-r")])
+    assert state.node("one").gpus[0].tenants == ("uid-r",)  # type: ignore[union-attr]
+    args = ExtenderArgs(retried, ["one"], None)
+    assert filter_nodes(state, args) == (["one"], {}, {})
+    assert prioritize_nodes(state, args)[0][1] > 0
+    # Another pending pod of the same shape is judged against r's share as before.
+    state.upsert_claim(claim("o-gpu", "60Gi", "60"))
+    other = ExtenderArgs(claim_pod("o", "o-gpu"), ["one"], None)
+    assert filter_nodes(state, other)[0] == []
