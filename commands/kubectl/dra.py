@@ -28,8 +28,10 @@ def dra_shortfall(api: Api, pod: Mapping[str, Any]) -> list[str]:
 
 
 def pod_asks(api: Api, pod: Mapping[str, Any]) -> list[dict[str, Decimal | None]]:
-    """Each device request of the pod's Baton claims (None: the device's default), or one
-    default ask per `baton.dev/gpu` of a plain limit (its claim is made only at binding)."""
+    """What each device request of the pod's Baton claims asks of one device (None: the
+    device's default), and one default ask per container's `baton.dev/gpu` limit (its claim,
+    made only at binding, has a request per container). A request's `count` devices are
+    distinct: a device holds at most one of its shares."""
     namespace = pod["metadata"]["namespace"]
     made = {
         s["name"]: s.get("resourceClaimName")
@@ -52,10 +54,10 @@ def pod_asks(api: Api, pod: Mapping[str, Any]) -> list[dict[str, Decimal | None]
                 continue
             wanted = (exactly.get("capacity") or {}).get("requests") or {}
             ask = {**dict.fromkeys(CAPACITIES), **{c: parse_quantity(v) for c, v in wanted.items()}}
-            asks += [ask] * int(exactly.get("count") or 1)
+            asks.append(ask)
     for container in pod["spec"].get("containers") or []:
         count = int((container.get("resources") or {}).get("limits", {}).get(names.RESOURCE_GPU, 0))
-        asks += [dict.fromkeys(CAPACITIES)] * count
+        asks += [dict.fromkeys(CAPACITIES)] if count else []
     return asks
 
 
@@ -64,8 +66,8 @@ def shortfall(
     claims: Sequence[Mapping[str, Any]],
     asks: Sequence[Mapping[str, Decimal | None]],
 ) -> list[str]:
-    """Pure: per device, its capacities less what allocated claims consumed, against the
-    largest ask (a device must hold at least one of the pod's requests)."""
+    """Pure: per device, its capacities less what allocated claims consumed, against what the
+    pod's requests (`asks`, one share each) would take of it together."""
     used = consumed(claims)
     lines = []
     for piece in slices:
@@ -113,7 +115,8 @@ def device_line(
         policy = spec.get("requestPolicy") or {}
         default = policy.get("default")
         wants = [a.get(capacity) for a in asks] or [None]
-        asked = max(w if w is not None else parse_quantity(default or "0") for w in wants)
+        each = [w if w is not None else parse_quantity(default or "0") for w in wants]
+        asked = max(each)
         most = _share_most(policy)
         free = total - used.get(capacity, Decimal(0))
         if most is not None and asked > most:
@@ -121,10 +124,11 @@ def device_line(
                 f"{capacity} (at most {_shown(capacity, most)} per share, "
                 f"{_shown(capacity, asked)} asked)"
             )
-        elif free < (needs := _consumes(policy, asked)):
+        elif free < (needs := sum((_consumes(policy, w) for w in each), Decimal(0))):
+            by = f" by the pod's {len(each)} requests" if len(each) > 1 else ""
             lacks.append(
                 f"{capacity} ({_shown(capacity, free)} free of {_shown(capacity, total)}, "
-                f"{_shown(capacity, needs)} asked)"
+                f"{_shown(capacity, needs)} asked{by})"
             )
     return f"{where}: lacks {'; '.join(lacks)}" if lacks else f"{where}: has room for the ask"
 

@@ -289,3 +289,46 @@ def test_a_name_no_pod_or_namespace_can_have_is_refused_before_asking(
         [line] = result.output.splitlines()
         assert line.startswith(f"kubectl baton: {said}"), line
     assert api.asked == []
+
+
+def test_a_pod_with_two_claims_is_shown_what_both_would_take_of_one_device() -> None:
+    """The scheduler gives each claim a share of a device: two claims asking 60% duty each
+    cannot both have one GPU with 100% free, and DRA refuses a one-GPU node. `why` compared the
+    device with the larger single ask and said it "has room for the ask". The shares of one
+    request (its `count`) go to distinct devices, so a device takes one of them."""
+    pending = pod(
+        "two",
+        resourceClaims=[
+            {"name": "a", "resourceClaimName": "two-a"},
+            {"name": "b", "resourceClaimName": "two-b"},
+        ],
+    )
+    ask = {"deviceClassName": names.DRA_DEVICE_CLASS, "capacity": {"requests": {"duty": "60"}}}
+    counted = {**ask, "count": 2, "capacity": {"requests": {"duty": "30"}}}
+    routes = {
+        "/api/v1/namespaces/ml/pods/two": pending,
+        "/api/v1/namespaces/ml/events": {
+            "items": [event("0/1 nodes are available: 1 cannot allocate all claims.", "t")]
+        },
+        "/apis/resource.k8s.io/v1/resourceslices": {
+            "items": [{"spec": {"pool": {"name": "n1"}, "devices": [_device(0, 80)]}}]
+        },
+        "/apis/resource.k8s.io/v1/resourceclaims": {"items": []},
+        "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/two-a": {
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": ask}]}}
+        },
+        "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/two-b": {
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": ask}]}}
+        },
+    }
+    answer = why(DictApi(routes), "ml", "two")
+    assert answer["reasons"][1] == (
+        "n1/gpu-0 (GPU-0): lacks duty (100% free of 100%, 120% asked by the pod's 2 requests)"
+    )
+    # b asks two devices of 30%: one device takes a's share and one of b's (90%).
+    routes["/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/two-b"] = {
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": counted}]}}
+    }
+    assert why(DictApi(routes), "ml", "two")["reasons"][1] == (
+        "n1/gpu-0 (GPU-0): has room for the ask"
+    )
