@@ -145,9 +145,12 @@ class ClaimBook:
         shares = [s for s in shares if s.pool == node]
         memory = [s.memory_bytes for s in shares]
         duty = [s.duty for s in shares]
+        devices = tuple(sorted({s.device for s in shares}))
+        on_each = [(d, tuple(s.duty for s in shares if s.device == d)) for d in devices]
         tenant = PlacedPod(
             uid,
             None if None in memory else max(m for m in memory if m is not None) // names.MIB,
             None if None in duty else max(d for d in duty if d is not None),
+            tuple((d, duties) for d, duties in on_each if len(duties) > 1),
         )
-        return Assignment(uid, name, node, tuple(sorted({s.device for s in shares})), tenant)
+        return Assignment(uid, name, node, devices, tenant)

@@ -60,17 +60,22 @@ def _allocate(node: NodeState, shares: Sequence[Share]) -> tuple[tuple[GpuLoad, 
     order = sorted(node.gpus, key=lambda g: g.gpu.index)
     taken: dict[str, tuple[int, float]] = {}
     """GPU UUID -> the shares the pod's earlier requests took there, and their summed duty."""
+    more = {load.gpu.uuid: _more_shares(load) for load in order}
+    """GPU UUID -> the shares its tenants hold beyond the one each counts as, and their duty."""
     complete = True
     for share in shares:
         ask = Ask(share.memory_mib, share.duty, NO_CAP, DRA_DUTY)
         found = 0
         for load in order:
             count, duty = taken.get(load.gpu.uuid, (0, 0.0))
+            extra, extra_duty = more[load.gpu.uuid]
             now = load
-            if count:
-                slots_free = len(load.tenants) + count < load.gpu.slots
+            if count or extra:
+                slots_free = len(load.tenants) + extra + count < load.gpu.slots
                 now = replace(
-                    load, duty_sum=load.duty_sum + duty, open=load.gpu.healthy and slots_free
+                    load,
+                    duty_sum=load.duty_sum + extra_duty + duty,
+                    open=load.gpu.healthy and slots_free,
                 )
             if not takes(ask, now, load.gpu.memory_mib):
                 continue
@@ -82,6 +87,19 @@ def _allocate(node: NodeState, shares: Sequence[Share]) -> tuple[tuple[GpuLoad, 
         complete = complete and found == share.count
     picked = tuple(load for load in order if load.gpu.uuid in taken)
     return picked, complete
+
+
+def _more_shares(load: GpuLoad) -> tuple[int, float]:
+    """The slots and duty the GPU's tenants' further shares take of the slice's capacity: a
+    pod holding several shares of it counts once as a tenant, but the scheduler counts each."""
+    device, count, duty = dra_device_name(load.gpu.index), 0, 0.0
+    for tenant in load.tenants_in:
+        for name, duties in tenant.several:
+            if name == device:
+                counted = load.default_duty if tenant.duty is None else tenant.duty
+                count += len(duties) - 1
+                duty += sum(load.default_duty if d is None else d for d in duties) - counted
+    return count, duty
 
 
 def claim_judge(

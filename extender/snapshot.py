@@ -46,6 +46,9 @@ class PlacedPod:
     key: str
     memory_mib: int | None = None
     duty: float | None = None
+    several: tuple[tuple[str, tuple[float | None, ...]], ...] = ()
+    """On the DRA path, each device (`gpu-<index>`) where the pod holds several shares, and
+    their duties: the scheduler counts every share's duty and slot (`draplace`)."""
 
 
 @dataclass(frozen=True, slots=True)

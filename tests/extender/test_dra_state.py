@@ -264,3 +264,26 @@ def test_a_pod_whose_claim_is_reserved_for_it_is_not_counted_twice() -> None:
     state.upsert_claim(claim("o-gpu", "60Gi", "60"))
     other = ExtenderArgs(claim_pod("o", "o-gpu"), ["one"], None)
     assert filter_nodes(state, other)[0] == []
+
+
+def test_a_pod_with_two_shares_of_one_gpu_takes_both_of_the_schedulers_capacity() -> None:
+    """The scheduler counts each share of a GPU (its duty and a slot): a pod holding two 40%
+    claims on gpu-0 leaves 20% there, so the next 30% claim goes to gpu-1. The extender counted
+    the pod once (40%), judged gpu-0 and let a pod through whose share on gpu-1 takes the
+    node's parked worst case past its host DRAM budget."""
+    state = dra_state()  # n1: 2 GPUs, host budget 70 GiB
+    pair = claim_pod("pair", "pair-a", node_name="n1")
+    pair["spec"]["resourceClaims"] = [
+        {"name": "a", "resourceClaimName": "pair-a"},
+        {"name": "b", "resourceClaimName": "pair-b"},
+    ]
+    tenants = [claim_pod(n, f"{n}-gpu", node_name="n1") for n in ("x", "y")]
+    state.replace_pods([pair, *tenants])
+    state.replace_claims(
+        [claim(f"pair-{c}", "10Gi", "40", "n1", "gpu-0", "uid-pair") for c in "ab"]
+        + [claim(f"{n}-gpu", "60Gi", "10", "n1", "gpu-1", f"uid-{n}") for n in ("x", "y")]
+    )
+    state.upsert_claim(claim("new-gpu", "60Gi", "30"))
+    passed, failed, _ = filter_nodes(state, ExtenderArgs(claim_pod("new", "new-gpu"), ["n1"], None))
+    assert passed == []
+    assert failed["n1"].startswith("the scheduler would allocate gpu-1 (GPU-n1-1): parked")
