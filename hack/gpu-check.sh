@@ -106,6 +106,7 @@ work=$GPU_CHECK_WORK
 cgroot=$GPU_CHECK_CGROUPS
 children=()
 agent_pid=""
+persistence_set=""
 cleanup() {
     for pid in "${children[@]}" ${agent_pid:+"$agent_pid"}; do
         kill "$pid" 2>/dev/null || true
@@ -114,6 +115,9 @@ cleanup() {
         wait "$pid" 2>/dev/null || true
     done
     kill_cgroups "$cgroot"
+    if [ -n "$persistence_set" ]; then # the GPU's setting as the check found it
+        nvidia-smi -pm 0 -i 0 >>"$logs/persistence.log" 2>&1 || true
+    fi
 }
 trap cleanup EXIT
 
@@ -140,7 +144,15 @@ echo "== 2. cuda backend: two tenants in pod cgroups, parked and restored across
 if [ "$DRY" -eq 1 ]; then
     gpu=$("$PYTHON" -c 'import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0)))')
 else
-    nvidia-smi -pm 1 >"$logs/persistence.log" 2>&1 || true # a restore needs persistence mode or cuInit
+    # A restore needs persistence mode or a prior cuInit (the agent calls cuInit); an "operation
+    # not permitted" restore was reported fixed by persistence mode (NVIDIA/cuda-checkpoint#25).
+    # It is turned on only where it is off, said here, and turned off again at the end.
+    persistence=$(nvidia-smi --query-gpu=persistence_mode --format=csv,noheader -i 0 2>&1 || true)
+    echo "gpu-check: persistence mode: $persistence" | tee "$logs/persistence.log"
+    if [ "$persistence" = "Disabled" ] && nvidia-smi -pm 1 -i 0 >>"$logs/persistence.log" 2>&1; then
+        persistence_set=1
+        echo "gpu-check: persistence mode enabled for the check; disabled again at its end"
+    fi
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0
     gpu=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)
 fi
