@@ -136,14 +136,19 @@ def _every(interval: float, count: int) -> Iterator[int]:
             pause.wait(interval)
 
 
+Watch = Annotated[bool, typer.Option("--watch", "-w", help="Refresh until Ctrl-C.")]
+Interval = Annotated[
+    float, typer.Option(help="Seconds between refreshes.", min=0.1, callback=_seconds)
+]
+Count = Annotated[int, typer.Option(help="With --watch: stop after this many.", min=0)]
+
+
 @app.command()
 def status(
     output: Output = "table",
-    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until Ctrl-C.")] = False,
-    interval: Annotated[
-        float, typer.Option(help="Seconds between refreshes.", min=0.1, callback=_seconds)
-    ] = 2.0,
-    count: Annotated[int, typer.Option(help="With --watch: stop after this many.", min=0)] = 0,
+    watch: Watch = False,
+    interval: Interval = 2.0,
+    count: Count = 0,
     kubeconfig: Kubeconfig = None,
     context: Context = None,
     baton_namespace: BatonNamespace = None,
@@ -182,11 +187,9 @@ def jobs(
         str | None, typer.Option("--namespace", "-n", help="Only this namespace's jobs.")
     ] = None,
     output: Output = "table",
-    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until Ctrl-C.")] = False,
-    interval: Annotated[
-        float, typer.Option(help="Seconds between refreshes.", min=0.1, callback=_seconds)
-    ] = 2.0,
-    count: Annotated[int, typer.Option(help="With --watch: stop after this many.", min=0)] = 0,
+    watch: Watch = False,
+    interval: Interval = 2.0,
+    count: Count = 0,
     kubeconfig: Kubeconfig = None,
     context: Context = None,
     baton_namespace: BatonNamespace = None,

@@ -5,11 +5,9 @@ kubelet's deadline error."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from urllib3.exceptions import MaxRetryError, ReadTimeoutError
 
 from tests.dra.test_driver import WAIT_S, Claims, _start
@@ -32,13 +30,6 @@ class HungClaims(Claims):
             timed_out = ReadTimeoutError(None, "/apis", f"Read timed out. ({self.timeout_s})")  # type: ignore[arg-type]
             raise MaxRetryError(None, "/apis", timed_out)  # type: ignore[arg-type]
         return super().read_claim(namespace, name)
-
-
-@pytest.fixture
-def kubelet(tmp_path: Path) -> Iterator[DraKubeletStub]:
-    stub = DraKubeletStub(tmp_path / "plugins_registry")
-    yield stub
-    stub.close()
 
 
 def test_claims_read_from_a_hung_api_server_each_answer_their_own_timeout(

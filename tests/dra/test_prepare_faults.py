@@ -7,7 +7,6 @@ import dataclasses
 import errno
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +32,6 @@ class FailingClaims(Claims):
         if name in self.failures:
             raise self.failures[name]
         return super().read_claim(namespace, name)
-
-
-@pytest.fixture
-def kubelet(tmp_path: Path) -> Iterator[DraKubeletStub]:
-    stub = DraKubeletStub(tmp_path / "plugins_registry")
-    yield stub
-    stub.close()
 
 
 def test_a_claim_the_api_server_fails_to_read_is_one_claims_error_in_one_line(
