@@ -87,11 +87,26 @@ class NodeView:
     tenants: Mapping[str, TenantView]
     headroom: int = 0
     host_budget: int = 0
+    promised: int = 0
+    """Host DRAM that holders told to park as they yield will take (not parked yet): the
+    budget holds it for them."""
 
     @property
     def parked_bytes(self) -> int:
         """Bytes parked in host DRAM across the node."""
         return sum(t.parked_total for t in self.tenants.values())
+
+    @property
+    def taken(self) -> int:
+        """Host DRAM taken: what is parked and what is `promised`."""
+        return self.parked_bytes + self.promised
+
+    def already(self) -> str:
+        """What `taken` holds, for a refusal that names the budget."""
+        said = f"{_mib(self.parked_bytes)} parked already"
+        if self.promised:
+            said += f", {_mib(self.promised)} to be parked by holders as they yield"
+        return said
 
 
 @dataclass(frozen=True)
@@ -159,12 +174,12 @@ def plan_turn(snap: NodeView, incoming: str) -> Plan | Refusal:
             return found
         victims.extend(found)
     parking = sum(sum(v.resident_on(g) for g in v.footprint) for v in victims)
-    if victims and snap.parked_bytes + parking > snap.host_budget:
+    if victims and snap.taken + parking > snap.host_budget:
         return Refusal(
             Reason.HOST_BUDGET,
             f"parking {', '.join(v.tenant_id for v in victims)} ({_mib(parking)}) for "
-            f"{incoming} would put {_mib(snap.parked_bytes + parking)} in host memory, over "
-            f"the {_mib(snap.host_budget)} budget ({_mib(snap.parked_bytes)} parked already)",
+            f"{incoming} would put {_mib(snap.taken + parking)} in host memory, over "
+            f"the {_mib(snap.host_budget)} budget ({snap.already()})",
             victims[0].tenant_id,
         )
     steps = [
@@ -242,11 +257,12 @@ def plan_park(snap: NodeView, tenant_id: str) -> Plan | Refusal:
         return Refusal(
             Reason.CGROUP_LIMIT, f"{tenant_id} stays resident: {t.cgroup_message()}", tenant_id
         )
-    if snap.parked_bytes + size > snap.host_budget:
+    if snap.taken + size > snap.host_budget:
         return Refusal(
             Reason.HOST_BUDGET,
-            f"parking {tenant_id} ({_mib(size)}) would put {_mib(snap.parked_bytes + size)} in "
-            f"host memory, over the {_mib(snap.host_budget)} budget",
+            f"parking {tenant_id} ({_mib(size)}) would put {_mib(snap.taken + size)} in "
+            f"host memory, over the {_mib(snap.host_budget)} budget"
+            + (f" ({snap.already()})" if snap.promised else ""),
             tenant_id,
         )
     return Plan(

@@ -152,15 +152,16 @@ class ModelPlans(KnownNode):
         for step in plan.parks:  # parked bytes are charged to a memory cgroup as it is now
             if self._model.cgroups.get(step.tenant_id, (None, 0))[0] is not None:
                 return None
-        if self._may_pass_budget(snap.parked_bytes, plan):
+        if self._may_pass_budget(snap.taken, plan):
             return None
         return plan
 
     def _may_pass_budget(self, parked: int, plan: Plan) -> bool:
-        """Whether the plan's parks may take the bytes parked (`parked` now) past the host
-        budget: a tenant whose turn ended since it was read is planned with what it declared,
-        but a park moves what it holds, which may be up to its whole GPU (the backend's read
-        tells; a refusal then names the budget)."""
+        """Whether the plan's parks may take the bytes parked (`parked` now, with those
+        promised by holders that park as they yield) past the host budget: a tenant whose turn
+        ended since it was read is planned with what it declared, but a park moves what it
+        holds, which may be up to its whole GPU (the backend's read tells; a refusal then names
+        the budget)."""
         worst = parked
         for step in plan.parks:
             grew = step.tenant_id in self._model.unsettled

@@ -82,6 +82,11 @@ class Parking(Protocol):
         empty when none or unknown."""
         ...
 
+    def told_to_park(self, holder: str, gpus: Collection[str], parked: Mapping[str, int]) -> None:
+        """The holder of the turn on `gpus` was told to park `parked` (GPU → bytes; empty:
+        nothing now) as it yields: the host budget holds them until its turn there ends."""
+        ...
+
     def parked_at_yield(self, tenant_id: str, parked: Mapping[str, int]) -> None:
         """The tenant's process parked this memory itself as its turn ended (GPU → bytes)."""
         ...

@@ -111,6 +111,8 @@ class KnownNode:
         what it left, so its turns are planned under the lock, after them."""
         self._in_motion: dict[str, int] = {}
         """Tenant → the plans moving its memory now (`moving`)."""
+        self._promised: dict[str, dict[str, int]] = {}
+        """Holder → GPU → bytes it was told to park as it yields (`told_to_park`)."""
         self._host = host
         """The agent: only its tenants count, and it hears of quarantines and moves; None alone."""
         self.quarantines = Quarantines(self.metrics, host)
@@ -144,6 +146,11 @@ class KnownNode:
         some of its GPUs is otherwise held busy on all of them until another turn is granted
         on one of those), but holds its other turns' (one process a GPU, each taking turns of
         its own). It stays unsettled until it is read."""
+        promised = self._promised.pop(tenant_id, {})
+        if promised.keys() & set(gpus):  # its park at the yield, if any, is counted as made
+            self._revision += 1
+        if left := {g: n for g, n in promised.items() if g not in gpus}:
+            self._promised[tenant_id] = left
         held = self._holding.get(tenant_id)
         if held is not None and held & set(gpus):
             rest = held - set(gpus)
@@ -254,7 +261,12 @@ class KnownNode:
             for t, st in self._model.states.items()
             if on is None or self._shares(t, st, on)
         }
-        return NodeView(self.gpu_memory, views, self.headroom, self.host_budget)
+        return NodeView(self.gpu_memory, views, self.headroom, self.host_budget, self._promises())
+
+    def _promises(self, besides: str = "") -> int:
+        """Host DRAM that holders (but `besides`) told to park at their yields will take."""
+        mine = [(t, g, n) for t, by_gpu in self._promised.items() for g, n in by_gpu.items()]
+        return sum(n for t, g, n in mine if t != besides and g in self._holding.get(t, ()))
 
     def _shares(self, tenant_id: str, st: TenantState, gpus: Collection[str]) -> bool:
         """Whether the tenant uses or holds memory on one of `gpus`."""

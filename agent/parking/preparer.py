@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 
 from agent.core.planner import Plan, TenantView, plan_ahead, plan_park, plan_turn, too_large
 from agent.core.residency import NoRoom
@@ -202,8 +203,9 @@ class ParkingPreparer(PlanMoves):
     ) -> dict[str, int]:
         """GPU → bytes: what `incoming`'s turn, granted once `holder` yields, would park of
         `holder` (the model's plan over the whole node, no I/O), where `holder`'s own process
-        moves its memory and the host budget holds it beside what is parked and `reserved` (other
-        holders told to park); empty when not, or when the model cannot say."""
+        moves its memory and the host budget holds it beside what is parked and what other
+        holders were told to park (`reserved`, or as `told_to_park` kept it if more); empty
+        when not, or when the model cannot say."""
         if self._lock.locked() or not self.backend.parks_itself(holder):
             return {}
         if incoming not in self._refs or holder not in self._model.states:
@@ -211,14 +213,29 @@ class ParkingPreparer(PlanMoves):
         if not self._model_current():
             return {}
         snap = self._node((), whole=self._model.unsettled, ended=(holder,))
+        others = max(reserved, self._promises(besides=holder))
+        snap = replace(snap, promised=others)
         if incoming not in snap.tenants:
             return {}
         plan = plan_turn(snap, incoming)
         if not isinstance(plan, Plan):
             return {}
-        if snap.parked_bytes + reserved + sum(s.bytes for s in plan.parks) > self.host_budget:
+        if snap.taken + sum(s.bytes for s in plan.parks) > self.host_budget:
             return {}
         return {s.gpu: s.bytes for s in plan.parks if s.tenant_id == holder}
+
+    def told_to_park(self, holder: str, gpus: Collection[str], parked: Mapping[str, int]) -> None:
+        """The holder of the turn on `gpus` was told to park `parked` (GPU → bytes, from
+        `parks_at_yield`; empty: nothing, now) as it yields: the host budget holds them for it
+        (other grants plan beside them) until its turn there ends, even once the hint is
+        withdrawn (the holder may yield with its park before it hears so)."""
+        mine = {g: n for g, n in parked.items() if g in gpus}
+        promised = self._promised.setdefault(holder, {})
+        if mine and any(promised.get(g) != n for g, n in mine.items()):
+            promised.update(mine)  # (a withdrawal may cross its yield: what it was told stays)
+            self._revision += 1  # plans kept over the model counted the budget without it
+        if not promised:
+            del self._promised[holder]
 
     def parked_at_yield(self, tenant_id: str, parked: Mapping[str, int]) -> None:
         """The tenant's process parked this memory itself as its turn ended (GPU → bytes its
@@ -319,7 +336,8 @@ class ParkingPreparer(PlanMoves):
         with counted(self._forgetting, [tenant_id]):
             async with self._lock:
                 await asyncio.to_thread(self.backend.detach, tenant_id)
-                for table in (self._refs, self._last_turn, self._last_turn_wall, self._holding):
+                tables = (self._refs, self._last_turn, self._last_turn_wall, self._holding)
+                for table in (*tables, self._promised):
                     table.pop(tenant_id, None)
                 self._revision += 1
                 self.quarantines.forget(tenant_id)

@@ -59,6 +59,7 @@ class YieldParks:
                     found |= parking.parks_at_yield(holder, head.tenant_id, head.gpus, reserved)
             gpus = tuple(sorted(set(found) & set(lease.gpus)))
             reserved += sum(found[g] for g in gpus)
+            parking.told_to_park(holder, lease.gpus, {g: found[g] for g in gpus})
             if gpus != self._told.get(lease.lease_id, ()):
                 self._told[lease.lease_id] = gpus
                 hint = pb.ParkAtYield(lease_id=lease.lease_id, gpus=gpus)
