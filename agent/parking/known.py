@@ -112,7 +112,8 @@ class KnownNode:
         self._in_motion: dict[str, int] = {}
         """Tenant → the plans moving its memory now (`moving`)."""
         self._promised: dict[str, dict[str, int]] = {}
-        """Holder → GPU → bytes it was told to park as it yields (`told_to_park`)."""
+        """Holder → GPU → bytes it may put in host DRAM: told to park at its yield, or its
+        restore left to it (`told_to_park`, `_hand_over`)."""
         self._host = host
         """The agent: only its tenants count, and it hears of quarantines and moves; None alone."""
         self.quarantines = Quarantines(self.metrics, host)
@@ -147,8 +148,7 @@ class KnownNode:
         on one of those), but holds its other turns' (one process a GPU, each taking turns of
         its own). It stays unsettled until it is read."""
         promised = self._promised.pop(tenant_id, {})
-        if promised.keys() & set(gpus):  # its park at the yield, if any, is counted as made
-            self._revision += 1
+        self._revision += bool(promised.keys() & set(gpus))  # what it parked is counted now
         if left := {g: n for g, n in promised.items() if g not in gpus}:
             self._promised[tenant_id] = left
         held = self._holding.get(tenant_id)
@@ -264,7 +264,7 @@ class KnownNode:
         return NodeView(self.gpu_memory, views, self.headroom, self.host_budget, self._promises())
 
     def _promises(self, besides: str = "") -> int:
-        """Host DRAM that holders (but `besides`) told to park at their yields will take."""
+        """Host DRAM that holders (but `besides`) may yet take (`_promised`)."""
         mine = [(t, g, n) for t, by_gpu in self._promised.items() for g, n in by_gpu.items()]
         return sum(n for t, g, n in mine if t != besides and g in self._holding.get(t, ()))
 

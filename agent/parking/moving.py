@@ -151,7 +151,8 @@ class PlanMoves(ModelPlans):
 
     def _hand_over(self, tenant_id: str, step: Step) -> bool:
         """Leave the step to the granted tenant if it is its own restore and its method allows
-        (`hand_restore`); whether it was."""
+        (`hand_restore`); whether it was. The bytes stay held in the host budget until the
+        tenant's turn there ends: only its yield says whether the restore was made."""
         if step.tenant_id != tenant_id or step.direction != "restore":
             return False
         move = self.backend.hand_restore(tenant_id, step.gpu)
@@ -159,6 +160,9 @@ class PlanMoves(ModelPlans):
             return False
         method = step.method or self.backend.method_of(tenant_id)
         self.metrics.moved(move, "handed", method, timed=False)
+        if move.bytes:  # its restore may fail (`not_restored`): held in the budget meanwhile
+            self._promised.setdefault(tenant_id, {})[step.gpu] = move.bytes
+            self._revision += 1
         return True
 
     async def _move(

@@ -1,0 +1,59 @@
+"""A restore left to the granted tenant's own process (`hand_restore`) may still fail, and the
+tenant then ends its turn with that memory parked (`not_restored`): until its turn ends, the host
+budget holds those bytes, so that another grant does not park into them meanwhile. The real
+TurnPreparer over the app backend."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agent.core.residency import NoRoom
+from agent.parking.backends.app import AppBackend
+from agent.parking.backends.base import TenantRef
+from agent.parking.preparer import ParkingPreparer
+from baton.contract.names import MIB
+
+from .conftest import GPU
+
+OTHER = "GPU-fake-0001"
+BUDGET = 120 * MIB
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def test_a_handed_restore_keeps_its_bytes_in_the_host_budget_until_the_turn_ends() -> None:
+    calls: list[tuple[str, str]] = []
+
+    async def call_tenant(tenant_id: str, action: str, gpu: str, timeout: float) -> int:
+        calls.append((tenant_id, action))
+        return 60 * MIB
+
+    prep = ParkingPreparer(
+        AppBackend(call_tenant=call_tenant),
+        {GPU: 100 * MIB, OTHER: 100 * MIB},
+        host_budget=BUDGET,
+        backoff=0.0,
+    )
+
+    async def turns() -> None:
+        for name, gpu in (("a", GPU), ("b", GPU), ("x", OTHER)):
+            prep.register(TenantRef(name, (gpu,), declared_bytes=60 * MIB))
+        await prep.prepare("x", [OTHER])
+        await prep.prepare("a", [GPU])  # parks b by callback: 60 MiB parked
+        prep.released("a", [GPU])
+        await prep.prepare("b", [GPU], handed=True)  # parks a; b's restore is left to b
+        assert calls == [("b", "park"), ("a", "park")]
+        assert prep.status()["parked_bytes"] == 60 * MIB  # b counted resident at once
+        # y's turn on the other GPU would park x: 60 MiB more, which b may still need.
+        prep.register(TenantRef("y", (OTHER,), declared_bytes=60 * MIB))
+        with pytest.raises(NoRoom, match="budget"):
+            await prep.prepare("y", [OTHER])
+        prep.not_restored("b", {GPU: 60 * MIB})  # b's restore failed: it gives its turn back
+        prep.released("b", [GPU])
+        assert prep.status()["parked_bytes"] <= BUDGET
+
+    run(turns())
