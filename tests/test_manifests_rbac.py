@@ -31,6 +31,12 @@ CALLS: dict[str, tuple[str, frozenset[str]]] = {
     "read_namespaced_lease": ("leases", frozenset({"get"})),
     "create_namespaced_lease": ("leases", frozenset({"create"})),
     "replace_namespaced_lease": ("leases", frozenset({"update"})),
+    # `baton.contract.draapi.DraApi`, the DRA driver's and the agent's one DRA client.
+    "read_claim": ("resourceclaims", frozenset({"get"})),
+    "list_slices": ("resourceslices", frozenset({"list"})),
+    "create_slice": ("resourceslices", frozenset({"create"})),
+    "replace_slice": ("resourceslices", frozenset({"update"})),
+    "delete_slice": ("resourceslices", frozenset({"delete"})),
 }
 # API paths our daemons call without the client (a raw POST), and the (resource, verbs) each
 # needs: the extender posts its Bindings itself (extender/apipost.py).
@@ -39,6 +45,8 @@ RAW_CALLS: dict[str, tuple[str, frozenset[str]]] = {
         "pods/binding",
         frozenset({"create"}),
     ),
+    # `DraApi.node()`: the DRA driver reads its own Node (its UID, its container runtime).
+    r"\bapi\.node\(\)": ("nodes", frozenset({"get"})),
 }
 # The contract's reflector lists and watches for the daemons: a file that builds a `KubeSource`
 # lists and watches the kinds it names (baton/contract/reflector.py).
@@ -50,9 +58,11 @@ ROLES = {
     "baton-deviceplugin": ("deviceplugin", "nodegpu"),
     "baton-extender": ("extender",),
     "baton-coordinator": ("coordinator",),
+    "baton-dra": ("dra", "nodegpu"),
 }
-# The DRA overlay's roles for the same code (`--dra`), checked with the base role's.
-DRA_ROLES = {"baton-extender": "baton-extender-dra"}
+# The DRA overlay's roles for the same code (`--dra`, the agent's DRA view), checked with the
+# base role's.
+DRA_ROLES = {"baton-extender": "baton-extender-dra", "baton-agent": "baton-agent-dra"}
 # Commands a user runs with their own kubeconfig, never under a daemon's ServiceAccount.
 USER_SIDE = {"commands/status/cluster.py"}
 
@@ -182,3 +192,13 @@ def test_roles_grant_exactly_what_the_code_calls(role: str) -> None:
         assert needed <= grants, f"{role} lacks {needed - grants} for {call}"
     justified = {(resource, verb) for resource, verbs in used.values() for verb in verbs}
     assert grants <= justified, f"{role} grants {grants - justified}, which no code calls"
+
+
+def test_the_dra_clients_calls_count_for_the_code_that_makes_them() -> None:
+    """The DRA driver's and the agent's calls through `DraApi` are found, so a DRA role without
+    a verb they use fails the test above."""
+    used = calls_in(("dra", "nodegpu"))
+    for call in ("read_claim", "list_slices", "create_slice", "replace_slice", "delete_slice"):
+        assert call in used, call
+    assert used[r"\bapi\.node\(\)"] == ("nodes", frozenset({"get"}))
+    assert {"read_claim", "list_slices"} <= set(calls_in(("agent",)))
