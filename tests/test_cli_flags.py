@@ -3,6 +3,7 @@ a line naming the flag and the problem, never a traceback."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ INFINITE = [
 timeout that never passes, a turn never revoked, a GPU kept for ever for an owed tenant)."""
 
 
-def _refusal(args: list[str], env: dict[str, str] | None = None) -> str:
+def _refusal(args: list[str], env: Mapping[str, str | None] | None = None) -> str:
     """The command's one complaint, its box and line breaks undone; it must exit with 2."""
     result = CliRunner().invoke(app, args, env=env)
     assert result.exit_code == 2, result.output
@@ -166,6 +167,17 @@ def test_the_coordinator_names_the_timing_at_fault(
 def test_the_coordinator_names_the_token_file_it_cannot_read(tmp_path: Path) -> None:
     said = _refusal([*COORDINATOR, str(tmp_path / "missing")])
     assert "Invalid value for --token-file: cannot read" in said
+
+
+def test_the_coordinator_refuses_a_pod_namespace_without_the_pods_name(tmp_path: Path) -> None:
+    """With its pod's namespace and no name, the leader would label no pod (the Service would
+    route to no replica, said nowhere): refused before it starts."""
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    args = [*COORDINATOR, str(token), "--pod-namespace", "baton-system"]
+    said = _refusal(args, env={"POD_NAME": None, "POD_NAMESPACE": None})
+    assert "Invalid value for --pod-namespace: 'baton-system' names the pod's namespace" in said
+    assert "--identity (POD_NAME)" in said
 
 
 DEMO_REFUSED = [

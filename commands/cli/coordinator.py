@@ -106,6 +106,12 @@ def coordinator(
             f"{prepare_timeout}: must be a finite number of seconds above 0",
             param_hint="--prepare-timeout",
         )
+    if pod_namespace and not identity:  # its pod could not be labelled: no Service endpoint
+        raise typer.BadParameter(
+            f"{pod_namespace!r} names the pod's namespace, but not the pod: pass its name as "
+            "--identity (POD_NAME) too, so that the leader labels its pod for the Service",
+            param_hint="--pod-namespace",
+        )
     if not token_file:
         raise typer.BadParameter("the agents' token is required", param_hint="--token-file")
     try:
