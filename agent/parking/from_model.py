@@ -161,7 +161,9 @@ class ModelPlans(KnownNode):
         promised by holders that park as they yield) past the host budget: a tenant whose turn
         ended since it was read is planned with what it declared, but a park moves what it
         holds, which may be up to its whole GPU (the backend's read tells; a refusal then names
-        the budget)."""
+        the budget). A plan that parks nobody adds nothing, whatever is parked already."""
+        if not plan.parks:
+            return False
         worst = parked
         for step in plan.parks:
             grew = step.tenant_id in self._model.unsettled

@@ -40,8 +40,8 @@ def test_prometheus_scraped_all_three_daemons(prometheus: Node) -> None:
 
 
 def test_every_dashboard_query_returns_data_over_the_run(prometheus: Node) -> None:
-    """But the job turns' row: the node runs no coordinator (tests/coordinator/test_cluster.py
-    evaluates that row over a real coordinator's run)."""
+    """But the job turns' row: the node runs no coordinator
+    (tests/coordinator/test_dashboard_row.py evaluates that row over a real coordinator's run)."""
     empty = [
         f"{title}: {expr}"
         for title, expr in queries(dashboard())

@@ -284,3 +284,18 @@ def test_a_park_that_may_pass_the_host_budget_is_planned_from_the_node_as_read(b
     assert status["parked_bytes"] == 0
     assert status["tenants"]["a"]["residency"] == "resident"
     assert "50 MiB budget" in status["tenants"]["b"]["waiting"]
+
+
+def test_a_grant_that_parks_nobody_is_planned_from_the_model_past_a_lowered_budget(backend):
+    """a is parked (50 MiB) when the budget is lowered below it (an agent restarted with a
+    smaller one): a's restore, which parks nobody, cannot pass any budget, so it is planned from
+    the model and reads only a, after its move."""
+    prep, _, mems = setup(backend, ("a", 50), ("b", 50), ("c", 40))
+    run(prep.settled())
+    assert prep.status()["tenants"]["a"]["residency"] == "parked"
+    run(prep.forget("c"))
+    prep.host_budget = 10 * MIB
+    asked = count_reads(backend)
+    run(prep.prepare("a", [GPU]))
+    assert asked == ["a"]
+    mems["a"].verify_pattern(GPU, 0)
