@@ -25,7 +25,8 @@ class NoCoordinator(PluginError):
 
 
 class NoLeader(PluginError):
-    """No replica leads now (an election): a watch goes on and reads again."""
+    """No replica leads now (an election), or the one labelled leader could not be read (it may
+    have just failed, its label not yet moved): a watch goes on and reads again."""
 
 
 def coordinator_status_path(pod: str, namespace: str) -> str:
@@ -68,12 +69,12 @@ def read_jobs(api: Api, baton_namespace: str, namespace: str | None = None) -> d
     except Forbidden:
         raise
     except NoAnswer as err:
-        raise PluginError(
+        raise NoLeader(
             f"coordinator {pod}: no answer within {err.timeout_s:g} s through the API server's "
             "pod proxy (is its node down or cut off?)"
         ) from None
     except PluginError as err:
-        raise PluginError(f"cannot read coordinator {pod}: {err}") from None
+        raise NoLeader(f"cannot read coordinator {pod}: {err}") from None
     if not isinstance(status, dict):
         raise PluginError(f"coordinator {pod} sent no JSON object")
     if not status.get("leading"):

@@ -164,11 +164,13 @@ def test_a_bad_namespace_is_refused_before_asking() -> None:
 
 
 def test_a_watch_goes_on_through_an_election(leader_status: dict[str, Any]) -> None:
-    """Each refresh reads again: a reading without a leader is said on stderr, the next one
-    with a leader shows its jobs, and the exit status is the last reading's."""
+    """Each refresh reads again: a reading without a leader, or whose leader does not answer
+    (it failed, its label not moved yet), is said on stderr, the next one with a leader shows
+    its jobs, and the exit status is the last reading's."""
     electing = routes({}, replica("a", False), replica("b", False))
     led = routes(leader_status, replica("a", True))
-    readings = iter([electing, led, electing])
+    failed = routes(NoAnswer("timed out", 10.0), replica("a", True))
+    readings = iter([electing, led, failed])
 
     class Changing(DictApi):
         def get(self, path: str, **params: str) -> Any:
@@ -178,8 +180,9 @@ def test_a_watch_goes_on_through_an_election(leader_status: dict[str, Any]) -> N
 
     shown = run(Changing({}), "--watch", "--interval", "0.1", "--count", "3", "-o", "json")
     lines = shown.output.strip().splitlines()
-    said = [line for line in lines if line.startswith("kubectl baton: no coordinator")]
+    said = [line for line in lines if line.startswith("kubectl baton: ")]
     assert len(said) == 2, shown.output
+    assert "no coordinator replica leads now" in said[0] and "no answer within 10 s" in said[1]
     (document,) = [json.loads(line) for line in lines if line.startswith("{")]
     assert document["coordinator"] == "a"
     assert shown.exit_code == 1
