@@ -88,6 +88,9 @@ if [ -z "${GPU_CHECK_WORK:-}" ]; then
         echo "gpu-check: FAILED: stopped after $BUDGET_S s" | tee -a "$OUT/gpu-check/check.log" >&2
     fi
     kill_cgroups "$GPU_CHECK_CGROUPS"
+    if [ -f "$GPU_CHECK_WORK/persistence-set" ]; then # the GPU's setting as the check found it
+        nvidia-smi -pm 0 -i 0 >>"$OUT/gpu-check/persistence.log" 2>&1 || true
+    fi
     rm -rf "$GPU_CHECK_WORK"
     if [ "${PACK:-1}" != 0 ]; then # one archive in place of the folder's many files
         tar -czf "$OUT/gpu-check.tar.gz" -C "$OUT" gpu-check && rm -rf "$OUT/gpu-check"
@@ -106,7 +109,6 @@ work=$GPU_CHECK_WORK
 cgroot=$GPU_CHECK_CGROUPS
 children=()
 agent_pid=""
-persistence_set=""
 cleanup() {
     for pid in "${children[@]}" ${agent_pid:+"$agent_pid"}; do
         kill "$pid" 2>/dev/null || true
@@ -115,9 +117,6 @@ cleanup() {
         wait "$pid" 2>/dev/null || true
     done
     kill_cgroups "$cgroot"
-    if [ -n "$persistence_set" ]; then # the GPU's setting as the check found it
-        nvidia-smi -pm 0 -i 0 >>"$logs/persistence.log" 2>&1 || true
-    fi
 }
 trap cleanup EXIT
 
@@ -146,11 +145,12 @@ if [ "$DRY" -eq 1 ]; then
 else
     # A restore needs persistence mode or a prior cuInit (the agent calls cuInit); an "operation
     # not permitted" restore was reported fixed by persistence mode (NVIDIA/cuda-checkpoint#25).
-    # It is turned on only where it is off, said here, and turned off again at the end.
+    # It is turned on only where it is off, said here, and turned off again at the end, by the
+    # bound's wrapper (which runs also when the bound cuts the check off).
     persistence=$(nvidia-smi --query-gpu=persistence_mode --format=csv,noheader -i 0 2>&1 || true)
     echo "gpu-check: persistence mode: $persistence" | tee "$logs/persistence.log"
     if [ "$persistence" = "Disabled" ] && nvidia-smi -pm 1 -i 0 >>"$logs/persistence.log" 2>&1; then
-        persistence_set=1
+        touch "$work/persistence-set"
         echo "gpu-check: persistence mode enabled for the check; disabled again at its end"
     fi
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i 0
