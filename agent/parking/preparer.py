@@ -298,7 +298,7 @@ class ParkingPreparer(PlanMoves):
         async with self._lock:
             if not (holds() and waited()):
                 return False
-            held = self._holding.get(tenant_id)
+            held, promised = self._holding.get(tenant_id), self._promised.get(tenant_id)
             self.released(tenant_id, gpus)
             went = False
             try:
@@ -311,6 +311,9 @@ class ParkingPreparer(PlanMoves):
             finally:
                 if not went and held is not None and holds():
                     self._holding[tenant_id] = held  # it keeps its turn
+                    if promised:  # and what the budget holds for it (a park at its yield)
+                        self._promised[tenant_id] = promised
+                        self._revision += 1
             return went
 
     async def park(self, tenant_id: str) -> None:

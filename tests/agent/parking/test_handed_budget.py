@@ -57,3 +57,33 @@ def test_a_handed_restore_keeps_its_bytes_in_the_host_budget_until_the_turn_ends
         assert prep.status()["parked_bytes"] <= BUDGET
 
     run(turns())
+
+
+def test_a_revocation_that_does_not_go_ahead_keeps_the_holders_bytes_in_the_budget() -> None:
+    """b's restore is left to it; a revocation of b begins, and its waiters leave while the
+    node is read: b keeps its turn, and the budget still holds its bytes for it."""
+
+    async def call_tenant(tenant_id: str, action: str, gpu: str, timeout: float) -> int:
+        return 60 * MIB
+
+    prep = ParkingPreparer(
+        AppBackend(call_tenant=call_tenant),
+        {GPU: 100 * MIB, OTHER: 100 * MIB},
+        host_budget=BUDGET,
+        backoff=0.0,
+    )
+    asked = iter([True, False])  # someone waited for b's GPU, then left during the read
+
+    async def turns() -> None:
+        for name, gpu in (("a", GPU), ("b", GPU), ("x", OTHER)):
+            prep.register(TenantRef(name, (gpu,), declared_bytes=60 * MIB))
+        await prep.prepare("x", [OTHER])
+        await prep.prepare("a", [GPU])
+        prep.released("a", [GPU])
+        await prep.prepare("b", [GPU], handed=True)
+        assert not await prep.revoke("b", [GPU], waited=lambda: next(asked))
+        prep.register(TenantRef("y", (OTHER,), declared_bytes=60 * MIB))
+        with pytest.raises(NoRoom, match="budget"):
+            await prep.prepare("y", [OTHER])
+
+    run(turns())
