@@ -284,6 +284,19 @@ class ClusterView:
         with self.lock:
             return {m.pod for _, _, m in self.members.values() if m.node}
 
+    def handed(self, plan: Plan) -> Plan:
+        """`plan`, asked for when its job asked, as the job's pods are when its turn is handed
+        over: planned again where they need no GPU beyond those the job waited for (a pod gone,
+        or replaced on the same GPUs), else without the pods no longer where it put them (a pod
+        added on other GPUs joins the next turn)."""
+        try:
+            again = self.plan(plan.namespace, plan.job, plan.group)
+        except PlanError:  # none of its pods left, or their GPUs unknown: its nodes say why
+            return plan.keeping(self.placed())
+        if set(again.resources) <= set(plan.resources):
+            return replace(again, resources=plan.resources)
+        return plan.keeping(self.placed())
+
     def placed(self) -> dict[str, str]:
         """Every job pod bound to a node (namespace/name) → that node."""
         with self.lock:

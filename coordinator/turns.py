@@ -312,7 +312,7 @@ class Arbiter:
         self._dispatch()
 
     async def _handover(self, waiter: Waiter, wait: Asked) -> None:
-        plan, epoch, began = wait.plan.keeping(self.view.placed()), self.epoch, self.clock()
+        plan, epoch, began = self.view.handed(wait.plan), self.epoch, self.clock()
         turn_id = uuid.uuid4().hex[:16]
         prepared, failed = await handover.prepare(
             self.links, plan, epoch, turn_id, self.prepare_timeout_s

@@ -5,6 +5,7 @@ member that left while its job waited is not prepared: the rest of the job gets 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 from tests.coordinator.loopback import leading
@@ -54,6 +55,32 @@ def test_a_member_that_left_while_its_job_waited_is_not_prepared_and_the_rest_ge
             assert sorted(turn.nodes) == ["n1"] and turn.pods == {"team/rl-trainer"}
             assert nodes[0].holders() == {"GPU-n1": "team/rl-trainer"}
             assert not nodes[1].holders()
+            await arbiter.yield_("team", "rl", "")
+            await close(arbiter)
+
+    run(body)
+
+
+def test_a_member_replaced_while_its_job_waited_is_prepared_in_its_place(tmp_path: Path) -> None:
+    """The sampler's pod is replaced on the same GPU while the job waits (a Deployment's new
+    pod): the turn is prepared with the new pod, not without it (its collectives would wait)."""
+
+    async def body() -> None:
+        async with cluster(tmp_path) as (nodes, view):
+            arbiter = await leading(view)
+            await arbiter.acquire("team", "sft", "", timeout=5)
+            waiting = asyncio.create_task(arbiter.acquire("team", "rl", "", timeout=5))
+            while "team/rl" not in {w.tenant_id for w in arbiter.table.waiters.values()}:
+                await asyncio.sleep(0)
+            _, _, old = view.members.pop("team/rl-sampler")
+            nodes[1].service.pod_gone("team/rl-sampler")
+            new = nodes[1].add_pod("team/rl-sampler-2", nodes[1].gpus, "rl")
+            member = dataclasses.replace(old, pod=new.tenant_id)
+            view.members[new.tenant_id] = ("team", "rl", member)
+            await arbiter.yield_("team", "sft", "")
+            turn = await waiting
+            assert turn.pods == {"team/rl-trainer", "team/rl-sampler-2"}
+            assert nodes[1].holders() == {"GPU-n2": "team/rl-sampler-2"}
             await arbiter.yield_("team", "rl", "")
             await close(arbiter)
 
