@@ -109,6 +109,30 @@ def device_line(
     if unknown:
         has = ", ".join(sorted(capacities))
         return f"{where}: has no capacity {', '.join(unknown)} (it has {has})"
+    one = _lacks(capacities, used, [_largest(asks)])
+    if one:
+        return f"{where}: lacks {'; '.join(one)}"
+    together = _lacks(capacities, used, asks) if len(asks) > 1 else []
+    if together:  # the scheduler may give the pod's requests other devices
+        return f"{where}: has room for one share, not the pod's {len(asks)} together: " + "; ".join(
+            together
+        )
+    return f"{where}: has room for the ask"
+
+
+def _largest(asks: Sequence[Mapping[str, Decimal | None]]) -> dict[str, Decimal | None]:
+    """The most any one of the pod's requests asks of each capacity (None: the default)."""
+    capacities = {c for ask in asks for c in ask}
+    given = {c: [v for a in asks if (v := a.get(c)) is not None] for c in capacities}
+    return {c: max(values) if values else None for c, values in given.items()}
+
+
+def _lacks(
+    capacities: Mapping[str, Any],
+    used: Mapping[str, Decimal],
+    asks: Sequence[Mapping[str, Decimal | None]],
+) -> list[str]:
+    """What the device lacks to hold one share of each of `asks` at once (none: it can)."""
     lacks = []
     for capacity, spec in sorted(capacities.items()):
         total = parse_quantity(spec.get("value", "0"))
@@ -130,7 +154,7 @@ def device_line(
                 f"{capacity} ({_shown(capacity, free)} free of {_shown(capacity, total)}, "
                 f"{_shown(capacity, needs)} asked{by})"
             )
-    return f"{where}: lacks {'; '.join(lacks)}" if lacks else f"{where}: has room for the ask"
+    return lacks
 
 
 def _share_most(policy: Mapping[str, Any]) -> Decimal | None:

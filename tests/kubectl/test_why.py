@@ -294,8 +294,10 @@ def test_a_name_no_pod_or_namespace_can_have_is_refused_before_asking(
 def test_a_pod_with_two_claims_is_shown_what_both_would_take_of_one_device() -> None:
     """The scheduler gives each claim a share of a device: two claims asking 60% duty each
     cannot both have one GPU with 100% free, and DRA refuses a one-GPU node. `why` compared the
-    device with the larger single ask and said it "has room for the ask". The shares of one
-    request (its `count`) go to distinct devices, so a device takes one of them."""
+    device with the larger single ask and said it "has room for the ask"; a device that holds
+    one share but not both says so (on a node of several GPUs the scheduler may give the
+    requests two of them). The shares of one request (its `count`) go to distinct devices, so a
+    device takes one of them."""
     pending = pod(
         "two",
         resourceClaims=[
@@ -323,7 +325,8 @@ def test_a_pod_with_two_claims_is_shown_what_both_would_take_of_one_device() -> 
     }
     answer = why(DictApi(routes), "ml", "two")
     assert answer["reasons"][1] == (
-        "n1/gpu-0 (GPU-0): lacks duty (100% free of 100%, 120% asked by the pod's 2 requests)"
+        "n1/gpu-0 (GPU-0): has room for one share, not the pod's 2 together: duty (100% free "
+        "of 100%, 120% asked by the pod's 2 requests)"
     )
     # b asks two devices of 30%: one device takes a's share and one of b's (90%).
     routes["/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/two-b"] = {
