@@ -311,8 +311,9 @@ class ParkingPreparer(PlanMoves):
             finally:
                 if not went and held is not None and holds():
                     self._holding[tenant_id] = held  # it keeps its turn
-                    if promised:  # and what the budget holds for it (a park at its yield)
-                        self._promised[tenant_id] = promised
+                    if promised:  # and what the budget held for it (a park at its yield);
+                        # a hint told to it during the read stands over what was held before
+                        self._promised[tenant_id] = promised | self._promised.get(tenant_id, {})
                         self._revision += 1
             return went
 

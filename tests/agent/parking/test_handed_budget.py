@@ -6,9 +6,11 @@ TurnPreparer over the app backend."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 
 import pytest
 
+from agent.core.planner import NodeView
 from agent.core.residency import NoRoom
 from agent.parking.backends.app import AppBackend
 from agent.parking.backends.base import TenantRef
@@ -84,6 +86,43 @@ def test_a_revocation_that_does_not_go_ahead_keeps_the_holders_bytes_in_the_budg
         assert not await prep.revoke("b", [GPU], waited=lambda: next(asked))
         prep.register(TenantRef("y", (OTHER,), declared_bytes=60 * MIB))
         with pytest.raises(NoRoom, match="budget"):
+            await prep.prepare("y", [OTHER])
+
+    run(turns())
+
+
+def test_a_park_at_yield_told_during_a_revocations_read_stands() -> None:
+    """While the revocation reads the node, b is told to park 70 MiB at its yield; the
+    revocation does not go ahead, and what b was told then is what the budget holds, not the
+    60 MiB held before."""
+
+    async def call_tenant(tenant_id: str, action: str, gpu: str, timeout: float) -> int:
+        return 60 * MIB
+
+    prep = ParkingPreparer(
+        AppBackend(call_tenant=call_tenant),
+        {GPU: 100 * MIB, OTHER: 100 * MIB},
+        host_budget=BUDGET,
+        backoff=0.0,
+    )
+    reread = prep._reread
+
+    async def told_meanwhile(gpus: Collection[str] = ()) -> NodeView:
+        prep._reread = reread  # type: ignore[method-assign]  # once, in the revocation's read
+        prep.told_to_park("b", [GPU], {GPU: 70 * MIB})
+        return await reread(gpus)
+
+    async def turns() -> None:
+        for name, gpu in (("a", GPU), ("b", GPU), ("x", OTHER)):
+            prep.register(TenantRef(name, (gpu,), declared_bytes=60 * MIB))
+        await prep.prepare("x", [OTHER])
+        await prep.prepare("a", [GPU])
+        prep.released("a", [GPU])
+        await prep.prepare("b", [GPU], handed=True)
+        prep._reread = told_meanwhile  # type: ignore[method-assign,assignment]
+        assert not await prep.revoke("b", [GPU], waited=iter([True, False]).__next__)
+        prep.register(TenantRef("y", (OTHER,), declared_bytes=60 * MIB))
+        with pytest.raises(NoRoom, match="70 MiB to be parked by holders as they yield"):
             await prep.prepare("y", [OTHER])
 
     run(turns())
