@@ -92,6 +92,11 @@ class Plan:
         """The arbiter's tenant: one per job and group."""
         return turn_key(self.namespace, self.job, self.group)
 
+    @property
+    def key_of(self) -> tuple[str, str]:
+        """(namespace, job): whose pods the plan covers."""
+        return self.namespace, self.job
+
     def keeping(self, placed: Mapping[str, str]) -> Plan:
         """The plan without the pods no longer where it put them (`placed`: pod → its node
         now), which left the cluster while the job waited: their agents would refuse to prepare
@@ -286,16 +291,29 @@ class ClusterView:
 
     def handed(self, plan: Plan) -> Plan:
         """`plan`, asked for when its job asked, as the job's pods are when its turn is handed
-        over: planned again where they need no GPU beyond those the job waited for (a pod gone,
-        or replaced on the same GPUs), else without the pods no longer where it put them (a pod
-        added on other GPUs joins the next turn)."""
-        try:
-            again = self.plan(plan.namespace, plan.job, plan.group)
-        except PlanError:  # none of its pods left, or their GPUs unknown: its nodes say why
-            return plan.keeping(self.placed())
-        if set(again.resources) <= set(plan.resources):
-            return replace(again, resources=plan.resources)
-        return plan.keeping(self.placed())
+        over: without the pods no longer where it put them, and, where some are gone, with the
+        job's pods that took their place on the GPUs the job waited for (Baton assigned them
+        those GPUs: a pod on a DRA node, whose GPUs the coordinator does not know, or one added
+        on other GPUs, joins the next turn)."""
+        kept = plan.keeping(self.placed())
+        stay = {p for ps in kept.pods.values() for p in ps}
+        if stay == {p for ps in plan.pods.values() for p in ps}:
+            return kept
+        with self.lock:
+            nodes = dict(self.nodes)
+            mine = [m for ns, j, m in self.members.values() if (ns, j) == plan.key_of and m.gpus]
+        held = {f"{m.node}/{g}" for m in mine if m.pod in stay for g in m.gpus}
+        free = set(plan.resources) - held
+        pods, addresses = {n: list(ps) for n, ps in kept.pods.items()}, dict(kept.addresses)
+        for m in sorted(mine, key=lambda m: m.pod):
+            gpus, node = {f"{m.node}/{g}" for g in m.gpus}, nodes.get(m.node, Node(m.node))
+            grouped = not plan.group or m.group == plan.group or plan.group in node.groups
+            if m.pod not in stay and grouped and node.address and gpus <= free:
+                free -= gpus
+                pods.setdefault(m.node, []).append(m.pod)
+                addresses[m.node] = node.address
+        placed = {n: tuple(sorted(ps)) for n, ps in sorted(pods.items()) if ps}
+        return replace(kept, pods=placed, addresses=addresses) if placed else kept
 
     def placed(self) -> dict[str, str]:
         """Every job pod bound to a node (namespace/name) → that node."""

@@ -63,7 +63,9 @@ def test_a_member_that_left_while_its_job_waited_is_not_prepared_and_the_rest_ge
 
 def test_a_member_replaced_while_its_job_waited_is_prepared_in_its_place(tmp_path: Path) -> None:
     """The sampler's pod is replaced on the same GPU while the job waits (a Deployment's new
-    pod): the turn is prepared with the new pod, not without it (its collectives would wait)."""
+    pod): the turn is prepared with the new pod, not without it (its collectives would wait). A
+    pod added meanwhile on a GPU another member holds, and one whose GPUs the coordinator does
+    not know (a DRA node's), join no turn of this plan."""
 
     async def body() -> None:
         async with cluster(tmp_path) as (nodes, view):
@@ -77,6 +79,10 @@ def test_a_member_replaced_while_its_job_waited_is_prepared_in_its_place(tmp_pat
             new = nodes[1].add_pod("team/rl-sampler-2", nodes[1].gpus, "rl")
             member = dataclasses.replace(old, pod=new.tenant_id)
             view.members[new.tenant_id] = ("team", "rl", member)
+            extra = dataclasses.replace(old, pod="team/rl-extra", node="n1", gpus=("GPU-n1",))
+            view.members["team/rl-extra"] = ("team", "rl", extra)
+            unknown = dataclasses.replace(old, pod="team/rl-dra", gpus=())
+            view.members["team/rl-dra"] = ("team", "rl", unknown)
             await arbiter.yield_("team", "sft", "")
             turn = await waiting
             assert turn.pods == {"team/rl-trainer", "team/rl-sampler-2"}
