@@ -109,22 +109,15 @@ def device_line(
     if unknown:
         has = ", ".join(sorted(capacities))
         return f"{where}: has no capacity {', '.join(unknown)} (it has {has})"
-    one = _lacks(capacities, used, [_largest(asks)])
-    if one:
-        return f"{where}: lacks {'; '.join(one)}"
+    alone = [_lacks(capacities, used, [ask]) for ask in asks] or [_lacks(capacities, used, [])]
+    if all(alone):  # no request of the pod's fits it (the first one's shortfall)
+        return f"{where}: lacks {'; '.join(alone[0])}"
     together = _lacks(capacities, used, asks) if len(asks) > 1 else []
     if together:  # the scheduler may give the pod's requests other devices
         return f"{where}: has room for one share, not the pod's {len(asks)} together: " + "; ".join(
             together
         )
     return f"{where}: has room for the ask"
-
-
-def _largest(asks: Sequence[Mapping[str, Decimal | None]]) -> dict[str, Decimal | None]:
-    """The most any one of the pod's requests asks of each capacity (None: the default)."""
-    capacities = {c for ask in asks for c in ask}
-    given = {c: [v for a in asks if (v := a.get(c)) is not None] for c in capacities}
-    return {c: max(values) if values else None for c, values in given.items()}
 
 
 def _lacks(

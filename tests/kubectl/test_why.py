@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from baton.contract import names
 from commands.kubectl import cli
 from commands.kubectl.api import Forbidden
-from commands.kubectl.dra import shortfall
+from commands.kubectl.dra import device_line, shortfall
 from commands.kubectl.why import why
 from dra.slices import device
 from nodegpu.inventory import NodeGpu
@@ -334,4 +334,23 @@ def test_a_pod_with_two_claims_is_shown_what_both_would_take_of_one_device() -> 
     }
     assert why(DictApi(routes), "ml", "two")["reasons"][1] == (
         "n1/gpu-0 (GPU-0): has room for the ask"
+    )
+
+
+def test_a_device_is_weighed_against_each_request_of_the_pod_on_its_own_first() -> None:
+    """Request a asks 70 GiB and 10% duty, b 5 GiB and 90%; the device has 120 GiB and 50%
+    free: a fits it alone (the larger ask of each capacity, taken across requests, fits none)."""
+    gib = Decimal(1 << 30)
+    device = {
+        "name": "gpu-0",
+        "capacity": {"memory": {"value": str(160 * (1 << 30))}, "duty": {"value": "100"}},
+    }
+    used = {"memory": 40 * gib, "duty": Decimal(50)}
+    asks = [{"memory": 70 * gib, "duty": Decimal(10)}, {"memory": 5 * gib, "duty": Decimal(90)}]
+    assert device_line("n1", device, used, asks) == (
+        "n1/gpu-0: has room for one share, not the pod's 2 together: duty (50% free of 100%, "
+        "100% asked by the pod's 2 requests)"
+    )
+    assert device_line("n1", device, used, asks[1:]) == (
+        "n1/gpu-0: lacks duty (50% free of 100%, 90% asked)"
     )
