@@ -8,6 +8,8 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
+from coordinator.jobturn import JobTurn
+from coordinator.turns import Arbiter
 from tests.coordinator.loopback import leading
 from tests.coordinator.test_turns import check_no_overlap, close, cluster, run
 
@@ -37,21 +39,27 @@ def test_a_turn_whose_pods_all_left_the_cluster_ends_and_the_next_job_gets_its_g
     run(body)
 
 
+async def rl_behind_sft(arbiter: Arbiter) -> asyncio.Task[JobTurn]:
+    """sft holds its turn on every node; rl asks for its own and waits behind it."""
+    await arbiter.acquire("team", "sft", "", timeout=5)
+    waiting = asyncio.create_task(arbiter.acquire("team", "rl", "", timeout=5))
+    while "team/rl" not in {w.tenant_id for w in arbiter.table.waiters.values()}:
+        await asyncio.sleep(0)  # bounded by `run`'s 30 s
+    return waiting
+
+
 def test_a_member_that_left_while_its_job_waited_is_not_prepared_and_the_rest_get_the_turn(
     tmp_path: Path,
 ) -> None:
     async def body() -> None:
         async with cluster(tmp_path) as (nodes, view):
             arbiter = await leading(view)
-            await arbiter.acquire("team", "sft", "", timeout=5)
-            waiting = asyncio.create_task(arbiter.acquire("team", "rl", "", timeout=5))
-            while "team/rl" not in {w.tenant_id for w in arbiter.table.waiters.values()}:
-                await asyncio.sleep(0)
+            waiting = await rl_behind_sft(arbiter)
             # The job's sampler is deleted while it waits behind sft (its node's agent sees it go).
             del view.members["team/rl-sampler"]
             nodes[1].service.pod_gone("team/rl-sampler")
             await arbiter.yield_("team", "sft", "")
-            turn = await waiting  # was: TurnFailed "job team/rl has no pod with GPUs on node n2"
+            turn = await waiting  # not TurnFailed "job team/rl has no pod with GPUs on node n2"
             assert sorted(turn.nodes) == ["n1"] and turn.pods == {"team/rl-trainer"}
             assert nodes[0].holders() == {"GPU-n1": "team/rl-trainer"}
             assert not nodes[1].holders()
@@ -70,10 +78,7 @@ def test_a_member_replaced_while_its_job_waited_is_prepared_in_its_place(tmp_pat
     async def body() -> None:
         async with cluster(tmp_path) as (nodes, view):
             arbiter = await leading(view)
-            await arbiter.acquire("team", "sft", "", timeout=5)
-            waiting = asyncio.create_task(arbiter.acquire("team", "rl", "", timeout=5))
-            while "team/rl" not in {w.tenant_id for w in arbiter.table.waiters.values()}:
-                await asyncio.sleep(0)
+            waiting = await rl_behind_sft(arbiter)
             _, _, old = view.members.pop("team/rl-sampler")
             nodes[1].service.pod_gone("team/rl-sampler")
             new = nodes[1].add_pod("team/rl-sampler-2", nodes[1].gpus, "rl")

@@ -27,31 +27,46 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 10))
 
 
-def test_a_handed_restore_keeps_its_bytes_in_the_host_budget_until_the_turn_ends() -> None:
-    calls: list[tuple[str, str]] = []
+def preparer(calls: list[tuple[str, str]]) -> ParkingPreparer:
+    """Two 100 MiB GPUs, a 120 MiB host budget; every app park or restore moves 60 MiB."""
 
     async def call_tenant(tenant_id: str, action: str, gpu: str, timeout: float) -> int:
         calls.append((tenant_id, action))
         return 60 * MIB
 
-    prep = ParkingPreparer(
+    return ParkingPreparer(
         AppBackend(call_tenant=call_tenant),
         {GPU: 100 * MIB, OTHER: 100 * MIB},
         host_budget=BUDGET,
         backoff=0.0,
     )
 
+
+async def b_handed(prep: ParkingPreparer) -> None:
+    """x holds the other GPU; a's turn parks b by callback, then b's parks a and leaves b's
+    restore to b: 60 MiB parked, b counted resident, its 60 MiB held in the budget."""
+    for name, gpu in (("a", GPU), ("b", GPU), ("x", OTHER)):
+        prep.register(TenantRef(name, (gpu,), declared_bytes=60 * MIB))
+    await prep.prepare("x", [OTHER])
+    await prep.prepare("a", [GPU])
+    prep.released("a", [GPU])
+    await prep.prepare("b", [GPU], handed=True)
+
+
+def y_waits(prep: ParkingPreparer) -> None:
+    """y asks the other GPU: its turn would park x, 60 MiB more."""
+    prep.register(TenantRef("y", (OTHER,), declared_bytes=60 * MIB))
+
+
+def test_a_handed_restore_keeps_its_bytes_in_the_host_budget_until_the_turn_ends() -> None:
+    calls: list[tuple[str, str]] = []
+    prep = preparer(calls)
+
     async def turns() -> None:
-        for name, gpu in (("a", GPU), ("b", GPU), ("x", OTHER)):
-            prep.register(TenantRef(name, (gpu,), declared_bytes=60 * MIB))
-        await prep.prepare("x", [OTHER])
-        await prep.prepare("a", [GPU])  # parks b by callback: 60 MiB parked
-        prep.released("a", [GPU])
-        await prep.prepare("b", [GPU], handed=True)  # parks a; b's restore is left to b
+        await b_handed(prep)
         assert calls == [("b", "park"), ("a", "park")]
         assert prep.status()["parked_bytes"] == 60 * MIB  # b counted resident at once
-        # y's turn on the other GPU would park x: 60 MiB more, which b may still need.
-        prep.register(TenantRef("y", (OTHER,), declared_bytes=60 * MIB))
+        y_waits(prep)  # 60 MiB more, which b may still need
         with pytest.raises(NoRoom, match="budget"):
             await prep.prepare("y", [OTHER])
         prep.not_restored("b", {GPU: 60 * MIB})  # b's restore failed: it gives its turn back
@@ -64,27 +79,13 @@ def test_a_handed_restore_keeps_its_bytes_in_the_host_budget_until_the_turn_ends
 def test_a_revocation_that_does_not_go_ahead_keeps_the_holders_bytes_in_the_budget() -> None:
     """b's restore is left to it; a revocation of b begins, and its waiters leave while the
     node is read: b keeps its turn, and the budget still holds its bytes for it."""
-
-    async def call_tenant(tenant_id: str, action: str, gpu: str, timeout: float) -> int:
-        return 60 * MIB
-
-    prep = ParkingPreparer(
-        AppBackend(call_tenant=call_tenant),
-        {GPU: 100 * MIB, OTHER: 100 * MIB},
-        host_budget=BUDGET,
-        backoff=0.0,
-    )
+    prep = preparer([])
     asked = iter([True, False])  # someone waited for b's GPU, then left during the read
 
     async def turns() -> None:
-        for name, gpu in (("a", GPU), ("b", GPU), ("x", OTHER)):
-            prep.register(TenantRef(name, (gpu,), declared_bytes=60 * MIB))
-        await prep.prepare("x", [OTHER])
-        await prep.prepare("a", [GPU])
-        prep.released("a", [GPU])
-        await prep.prepare("b", [GPU], handed=True)
+        await b_handed(prep)
         assert not await prep.revoke("b", [GPU], waited=lambda: next(asked))
-        prep.register(TenantRef("y", (OTHER,), declared_bytes=60 * MIB))
+        y_waits(prep)
         with pytest.raises(NoRoom, match="budget"):
             await prep.prepare("y", [OTHER])
 
@@ -95,16 +96,7 @@ def test_a_park_at_yield_told_during_a_revocations_read_stands() -> None:
     """While the revocation reads the node, b is told to park 70 MiB at its yield; the
     revocation does not go ahead, and what b was told then is what the budget holds, not the
     60 MiB held before."""
-
-    async def call_tenant(tenant_id: str, action: str, gpu: str, timeout: float) -> int:
-        return 60 * MIB
-
-    prep = ParkingPreparer(
-        AppBackend(call_tenant=call_tenant),
-        {GPU: 100 * MIB, OTHER: 100 * MIB},
-        host_budget=BUDGET,
-        backoff=0.0,
-    )
+    prep = preparer([])
     reread = prep._reread
 
     async def told_meanwhile(gpus: Collection[str] = ()) -> NodeView:
@@ -113,15 +105,10 @@ def test_a_park_at_yield_told_during_a_revocations_read_stands() -> None:
         return await reread(gpus)
 
     async def turns() -> None:
-        for name, gpu in (("a", GPU), ("b", GPU), ("x", OTHER)):
-            prep.register(TenantRef(name, (gpu,), declared_bytes=60 * MIB))
-        await prep.prepare("x", [OTHER])
-        await prep.prepare("a", [GPU])
-        prep.released("a", [GPU])
-        await prep.prepare("b", [GPU], handed=True)
+        await b_handed(prep)
         prep._reread = told_meanwhile  # type: ignore[method-assign,assignment]
         assert not await prep.revoke("b", [GPU], waited=iter([True, False]).__next__)
-        prep.register(TenantRef("y", (OTHER,), declared_bytes=60 * MIB))
+        y_waits(prep)
         with pytest.raises(NoRoom, match="70 MiB to be parked by holders as they yield"):
             await prep.prepare("y", [OTHER])
 
