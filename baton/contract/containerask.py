@@ -95,7 +95,7 @@ def container_ask(container: dict[str, Any], kind: ContainerKind) -> ContainerAs
         slots=None if slots is None else whole(RESOURCE_GPU, slots),
         memory_mib=None if memory is None else whole(RESOURCE_GPU_MEMORY, memory),
         duty=None if duty is None else float(duty),
-        memory_limit_bytes=_memory_limit(limits.get("memory")),
+        memory_limit_bytes=memory_limit(limits.get("memory")),
         values=tuple(values),
         memory_written=str(limits.get(RESOURCE_GPU_MEMORY, requests.get(RESOURCE_GPU_MEMORY, ""))),
     )
@@ -112,10 +112,12 @@ def _name(name: object) -> str:
     return name if isinstance(name, str) else shown(name)
 
 
-def _memory_limit(limit: object) -> int | None:
+def memory_limit(limit: object, what: str = "memory limit") -> int | None:
+    """Bytes of a memory limit (`None`: none); a `RequestError` naming `what` where it is no
+    quantity."""
     if limit is None:
         return None
     try:
         return int(parse_quantity(limit))
     except ValueError:
-        raise RequestError(f"memory limit {shown(limit)} is not a quantity") from None
+        raise RequestError(f"{what} {shown(limit)} is not a quantity") from None

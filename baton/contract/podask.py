@@ -37,6 +37,7 @@ from baton.contract.containerask import (
     as_objects,
     container_ask,
     init_kind,
+    memory_limit,
     whole,
 )
 from baton.contract.names import RESOURCE_GPU, RESOURCE_GPU_DUTY, RESOURCE_GPU_MEMORY
@@ -122,12 +123,7 @@ def _pod_memory_limit(spec: Mapping[str, Any]) -> int | None:
     """The pod-level memory limit (`spec.resources`, Kubernetes' PodLevelResources), if any."""
     resources = as_mapping(spec.get("resources"), "spec.resources")
     limit = as_mapping(resources.get("limits"), "spec.resources.limits").get("memory")
-    if limit is None:
-        return None
-    try:
-        return int(parse_quantity(limit))
-    except ValueError:
-        raise RequestError(f"pod memory limit {shown(limit)} is not a quantity") from None
+    return memory_limit(limit, "pod memory limit")
 
 
 def parse_pod_request(pod: Mapping[str, Any]) -> TenantRequest | None:
