@@ -52,7 +52,12 @@ def first_fit(
     capacity fits, with what the pod's earlier requests took. A GPU allows several allocations,
     so two requests (two claims) of one pod may be given the same GPU; one request's are
     distinct."""
-    return _allocate(node, shares or (Share(request.gpus, request.memory_mib, request.duty),))[0]
+    return _allocate(node, _requests(request, shares))[0]
+
+
+def _requests(request: TenantRequest, shares: Sequence[Share]) -> Sequence[Share]:
+    """The pod's device requests: `shares`, or, none given, one asking `request`."""
+    return shares or (Share(request.gpus, request.memory_mib, request.duty),)
 
 
 def _allocate(node: NodeState, shares: Sequence[Share]) -> tuple[tuple[GpuLoad, ...], bool]:
@@ -138,9 +143,7 @@ def place_claim(
         return Verdict(False, node.problem)
     if not node.gpus:
         return Verdict(False, "node advertises no Baton GPUs")
-    picked, complete = _allocate(
-        node, shares or (Share(request.gpus, request.memory_mib, request.duty),)
-    )
+    picked, complete = _allocate(node, _requests(request, shares))
     if not complete:
         return Verdict(
             False, f"no {request.gpus} Baton GPUs of this node have the capacity its claims ask"

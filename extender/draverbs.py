@@ -115,13 +115,9 @@ def filter_claims(
     passed: list[str] = []
     failed: dict[str, str] = {}
     scores: dict[str, int] = {}
-    nodes, uid = state.nodes_by_name(), pod_uid(args.pod)
+    nodes = state.nodes_by_name()
     for name in args.node_names:
-        node = nodes.get(name)
-        if node is not None and not _holds(node, uid):
-            verdict = judge(node)
-        else:
-            verdict = _verdict(state, args, judge, name)
+        verdict = _verdict(state, args, judge, name, nodes.get(name))
         if verdict.fits:
             passed.append(name)
             scores[name] = verdict.score
@@ -154,9 +150,15 @@ def prioritize_claims(
 
 
 def _verdict(
-    state: ClusterState, args: ExtenderArgs, judge: Callable[[NodeState], Verdict], name: str
+    state: ClusterState,
+    args: ExtenderArgs,
+    judge: Callable[[NodeState], Verdict],
+    name: str,
+    node: NodeState | None = None,
 ) -> Verdict:
-    node = state.node_or_sent(name, args.nodes)
+    """The judge's verdict on node `name` (`node`, where the caller has it from the state)."""
+    if node is None:
+        node = state.node_or_sent(name, args.nodes)
     if node is None:
         return Verdict(False, UNKNOWN_NODE)
     uid = pod_uid(args.pod)
