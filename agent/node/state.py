@@ -75,6 +75,10 @@ class StateStore:
         self._journal_bytes = 0
         self._journal_fd: int | None = None
         self._journal_failed = False
+        self._unwritten: list[bytes] = []
+        """Lines a failed write left out of the journal: written ahead of the next entries, so
+        that a restart never replays a later line without them (a grant without the end of the
+        turn before it would restore two holders of one GPU)."""
         self._writing = False
         self._thread: threading.Thread | None = None
         try:
@@ -232,6 +236,7 @@ class StateStore:
                 self._entries.append((self._seq, line))
                 self._journal_bytes += len(line)
                 lines.append(line)
+            lines = self._unwritten + lines
             try:
                 if self._journal_fd is None:
                     self._journal_fd = os.open(
@@ -250,8 +255,12 @@ class StateStore:
                         exc.strerror,
                     )
                 self._journal_failed = True
+                self._unwritten = lines
             else:
+                if self._journal_failed:
+                    log.info("%s is written again", self.journal_path)
                 self._journal_failed = False
+                self._unwritten = []
 
     def _cut_short_write(self, written: int) -> None:
         """A write put only its first `written` bytes in the journal (the disk filled): take
@@ -280,6 +289,7 @@ class StateStore:
                 else:  # loaded, not appended to since: the file still holds what was loaded
                     with contextlib.suppress(FileNotFoundError):
                         os.truncate(self.journal_path, 0)
+                self._unwritten = []  # the snapshot holds them
                 return
             tmp = self.dir / f".{JOURNAL_FILE}.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
@@ -292,6 +302,7 @@ class StateStore:
             except OSError:
                 os.close(fd)
                 raise
+            self._unwritten = []  # the new journal holds them
             if self._journal_fd is not None:
                 os.close(self._journal_fd)
             self._journal_fd = fd

@@ -170,8 +170,53 @@ def test_a_write_the_full_disk_cut_short_leaves_no_torn_line_before_the_next(tmp
     )
     assert run.returncode == 0, run.stderr
     assert "cannot append" in run.stderr
-    loaded = restarted(tmp_path)  # the end of w1 is lost, not the journal
-    assert [x.lease_id for x in loaded.leases] == ["w1", "w2"] and loaded.tokens == {"GPU-0": 2}
+    loaded = restarted(tmp_path)  # the end of w1 is written again ahead of the grant of w2
+    assert [x.lease_id for x in loaded.leases] == ["w2"] and loaded.tokens == {"GPU-0": 2}
+
+
+FILLS_THE_DISK_FOR_A_HANDOFF = textwrap.dedent(
+    """
+    import os, resource, signal, sys
+    from agent.core.leases import Lease
+    from agent.node.state import JOURNAL_FILE, StateStore
+
+    def lease(lease_id, token):
+        return Lease(lease_id, "local/a", ("GPU-0",), {"GPU-0": token}, 1.0, 31.0)
+
+    store = StateStore(sys.argv[1])
+    store.load()
+    size = os.path.getsize(os.path.join(sys.argv[1], JOURNAL_FILE))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))  # the disk is full
+    store.record_grant(lease("w2", 2), ended=["w1"])  # a handoff: one write, which fails
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space freed again
+    store.record_grant(lease("w3", 3), ended=["w2"])
+    """
+)
+
+
+def test_a_handoff_the_full_disk_refused_is_written_ahead_of_the_next_once_there_is_room(
+    tmp_path,
+):
+    """The entries of a write the full disk refused go to the journal ahead of the next write
+    that fits: a restart after it does not find the turn before still held beside the turn
+    after (two holders of one GPU), nor wait for a snapshot to lose it."""
+    store = StateStore(tmp_path)
+    store.save(PersistedState(tenants=[A]))
+    store.record_grant(lease("w1", 1))
+    store.close()
+    run = subprocess.run(
+        [sys.executable, "-c", FILLS_THE_DISK_FOR_A_HANDOFF, str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "cannot append" in run.stderr
+    loaded = restarted(tmp_path)
+    assert [x.lease_id for x in loaded.leases] == ["w3"] and loaded.tokens == {"GPU-0": 3}
 
 
 CUTS_BACK_ON_A_FULL_DISK = textwrap.dedent(
