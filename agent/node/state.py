@@ -113,7 +113,7 @@ class StateStore:
             )
         try:
             state, covered = decode(data)
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        except (AttributeError, KeyError, OverflowError, TypeError, ValueError) as exc:
             raise StateDirError(
                 f"cannot read {self.path}: not a state this agent wrote "
                 f"({type(exc).__name__}: {exc}); move it aside to start afresh"
@@ -143,7 +143,7 @@ class StateStore:
             try:
                 entry = json.loads(line)
                 seq = int(entry["seq"])
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, OverflowError, TypeError) as exc:
                 if number == len(lines):  # the torn end of a write the crash interrupted
                     torn = len(line)
                     break
@@ -159,7 +159,7 @@ class StateStore:
             state.replayed += 1
             try:
                 leases = apply_entry(entry, state, tenants, leases)
-            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            except (AttributeError, KeyError, OverflowError, TypeError, ValueError) as exc:
                 raise StateDirError(
                     f"cannot read {self.journal_path} line {number}: not an entry this agent "
                     f"wrote ({type(exc).__name__}: {exc}); move it aside to start from the "

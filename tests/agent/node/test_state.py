@@ -344,6 +344,8 @@ def test_a_whole_last_line_without_its_newline_is_ended_before_the_next_entry(tm
         '{"tenants": [{"tenant_id": "local/a"}]}',
         '{"leases": [{"lease_id": "w1"}]}',
         '{"tenants": [{"tenant_id": "local/a", "name": "a", "gpus": [], "weight": 3}]}',
+        '{"journal_seq": 1e999}',
+        '{"tokens": {"GPU-0": 1e999}}',
     ],
 )
 def test_a_snapshot_of_another_shape_is_refused_in_one_line_naming_it(tmp_path, snapshot):
@@ -379,7 +381,13 @@ def test_an_agent_rolled_back_takes_a_snapshot_it_loses_nothing_of_and_refuses_o
 
 
 @pytest.mark.parametrize(
-    "entry", ['{"grant": {"lease_id": "w2"}, "seq": 2}', '{"quota": {"local/a": 1}, "seq": 2}']
+    "entry",
+    [
+        '{"grant": {"lease_id": "w2"}, "seq": 2}',
+        '{"quota": {"local/a": 1}, "seq": 2}',
+        '{"grant": {"lease_id": "w2", "tenant_id": "local/a", "gpus": ["GPU-0"], "tokens": '
+        '{"GPU-0": 1e999}, "granted_at": 1.0, "hold_until": 2.0}, "seq": 2}',
+    ],
 )
 def test_a_journal_entry_of_another_shape_is_refused_with_its_line(tmp_path, entry):
     store = StateStore(tmp_path)
@@ -387,6 +395,15 @@ def test_a_journal_entry_of_another_shape_is_refused_with_its_line(tmp_path, ent
     with open(tmp_path / JOURNAL_FILE, "ab") as f:
         f.write(entry.encode() + b"\n")
     with pytest.raises(StateDirError, match=r"agent-journal.jsonl line 2: not an entry"):
+        restarted(tmp_path)
+
+
+def test_a_journal_line_numbered_past_any_integer_is_refused_with_its_line(tmp_path):
+    store = StateStore(tmp_path)
+    store.record_grant(lease("w1", 1))
+    with open(tmp_path / JOURNAL_FILE, "ab") as f:
+        f.write(b'{"end": "w1", "seq": 1e999}\n{"end": "w1", "seq": 3}\n')
+    with pytest.raises(StateDirError, match=r"agent-journal.jsonl line 2: cannot convert"):
         restarted(tmp_path)
 
 
