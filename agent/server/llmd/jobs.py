@@ -65,7 +65,7 @@ class Jobs:
         self._proc_root = proc_root
         self._watch = ProcessWatch(asyncio.get_running_loop())
         self._callers: dict[str, PeerProcess] = {}
-        """gRPC peer (one per client connection) → its process, once found."""
+        """gRPC peer (one per connection) → its process, till it exits (its ports are reused)."""
         self._sessions: dict[tuple[str, int], Session] = {}
         self._idle_after = idle_after
         """Seconds unseen before a job only unwatched callers use leaves (0 = never)."""
@@ -87,9 +87,13 @@ class Jobs:
         found = self._callers.get(peer)
         if found is None:
             found = await asyncio.to_thread(peer_process, peer, self._port, self._proc_root)
-            if found is not None:  # a miss is not kept: the next call looks again
-                self._callers[peer] = found
+            known = found is not None and any(p.pid == found.pid for p in self._callers.values())
+            if found is not None and (known or self._watch.watch(found.pid, self._caller_exited)):
+                self._callers[peer] = found  # a miss is not kept; a process until it exits
         return found
+
+    def _caller_exited(self, pid: int) -> None:
+        self._callers = {k: v for k, v in self._callers.items() if v.pid != pid}
 
     async def seen_by(self, peer: str) -> Callable[[str], bool]:
         """Which tenants' job ids (and pod-labelled groups) a caller may see, by tenant id: a
@@ -336,7 +340,6 @@ class Jobs:
         self.service.session_opened(tenant_id, pid)
 
     def _exited(self, tenant_id: str, pid: int) -> None:
-        self._callers = {k: v for k, v in self._callers.items() if v.pid != pid}
         session = self._sessions.pop((tenant_id, pid), None)
         if session is None:
             return
