@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from agent.core.clock import steady_wall_clock
 from agent.core.fair import FairShare
 from agent.core.leases import LeaseTable
 from baton._pb import health_pb2 as hp
@@ -94,7 +95,10 @@ class Coordinator:
         self.view = ClusterView()
         self.identity = config.identity or socket.gethostname()
         self.links = AgentLinks(config.token, holder=self.identity)
-        self.arbiter = Arbiter(self.view, self.links, self._new_table, time.time)
+        # Turns are timed as on the agents: wall time that a step of the wall clock does not move
+        # while this replica runs, else a step would be charged to the jobs holding turns then.
+        self.clock = steady_wall_clock(time.time, time.monotonic)
+        self.arbiter = Arbiter(self.view, self.links, self._new_table, self.clock)
         self.arbiter.prepare_timeout_s = config.prepare_timeout_s
         self.metrics = CoordinatorMetrics()
         watch(self.metrics, self.arbiter)
@@ -117,7 +121,7 @@ class Coordinator:
 
     def _new_table(self) -> LeaseTable:
         policy = FairShare() if self.config.queue_policy == "fair" else self.config.queue_policy
-        return LeaseTable(clock=time.time, policy=policy, max_hold=float("inf"))
+        return LeaseTable(clock=self.clock, policy=policy, max_hold=float("inf"))
 
     async def start(self) -> None:
         """Watch, serve, campaign. Raises `CoordinatorStartError` before serving if it cannot."""
@@ -157,9 +161,10 @@ class Coordinator:
         hp_grpc.add_HealthServicer_to_server(self._health, self._server)
         await self._server.start()
         cfg = self.config
+        arbiter, identity = self.arbiter, self.identity
         self._http = StatusServer(
             self.metrics.registry,
-            lambda: status_json(self.arbiter, self.identity, bool(self.arbiter.epoch), time.time()),
+            lambda: status_json(arbiter, identity, bool(arbiter.epoch), self.clock()),
             self._not_ready,
         )
         host, _, port = cfg.http_listen.rpartition(":")
