@@ -63,13 +63,14 @@ async def recover(view: ClusterView, links: AgentLinks, table: LeaseTable, epoch
     answers = await asyncio.gather(
         *(links.report(n, addresses[n], epoch) for n in nodes), return_exceptions=True
     )
-    found = Recovered()
+    found, now = Recovered(), table.now()
     parts: dict[str, list[tuple[str, jt.NodeTurn]]] = {}
     for node, answer in zip(nodes, answers, strict=True):
         if isinstance(answer, BaseException):
             found.unreachable[node] = answer.why if isinstance(answer, NodeFailed) else str(answer)
             continue
         found.answered.add(node)
+        on_our_clock(answer, now)
         if obeys_another(answer, epoch, links.holder):  # the Lease was created again
             found.outranked = max(found.outranked, answer.epoch)
         for turn in answer.turns:
@@ -88,6 +89,18 @@ async def recover(view: ClusterView, links: AgentLinks, table: LeaseTable, epoch
             epoch, "; ".join(f"{n}: {why}" for n, why in sorted(found.unreachable.items())),
         )  # fmt: skip
     return found
+
+
+def on_our_clock(answer: jt.ReportResponse, now: float) -> None:
+    """Move the reported turns' times onto this leader's clock (reading `now`): each as long ago
+    as the agent's clock says. Its clock and ours may disagree (another machine's, or one that a
+    step of the wall clock has moved since either started); an older agent tells no time."""
+    if answer.now <= 0:
+        return
+    for turn in answer.turns:
+        turn.prepared_at = now - max(0.0, answer.now - turn.prepared_at)
+        if turn.committed_at:
+            turn.committed_at = now - max(0.0, answer.now - turn.committed_at)
 
 
 def obeys_another(answer: jt.ReportResponse, epoch: int, holder: str) -> bool:
@@ -180,6 +193,7 @@ async def _chase(
             if outranked is not None:
                 outranked(answer.epoch)
             return True
+        on_our_clock(answer, arbiter.table.now())
         async with one_at_a_time:
             settled, outcomes = await _settle_report(arbiter, found, epoch, node, address, answer)
         if settled:

@@ -89,6 +89,10 @@ class LeaseTable:
 
     # Queries.
 
+    def now(self) -> float:
+        """The time on the table's clock."""
+        return self._clock()
+
     def gpu(self, name: str) -> GpuState:
         """The state of a GPU, created on first mention."""
         if (state := self.gpus.get(name)) is None:

@@ -283,6 +283,10 @@ class JobTurns:
             return ""
         return str(standing(table, self.service.metrics, waiter, self._clock())["why"])
 
+    def now(self) -> float:
+        """The time on the clock the turns' times are on."""
+        return self._clock()
+
     def lease(self, lease_id: str) -> Lease | None:
         """A member's lease, as the lease table holds it (None once it ended)."""
         return self.service.table.leases.get(lease_id)

@@ -163,6 +163,7 @@ class _Connection:
                 epoch=turns.epoch,
                 turns=[node_turn_pb(turns, t) for t in held],
                 holder=turns.holder,
+                now=turns.now(),
             )
             return jt.JobTurnsAnswer(id=call.id, report=report)
         return refusal(call.id, "INVALID_ARGUMENT", f"a call of kind {kind or 'none'} is unknown")

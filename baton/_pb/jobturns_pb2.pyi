@@ -135,16 +135,18 @@ class NodeTurn(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., namespace: _Optional[str] = ..., job: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., gpus: _Optional[_Iterable[str]] = ..., fencing_tokens: _Optional[_Iterable[int]] = ..., prepared_at: _Optional[float] = ..., committed_at: _Optional[float] = ..., group: _Optional[str] = ..., restored: _Optional[bool] = ..., joined: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReportResponse(_message.Message):
-    __slots__ = ("node", "epoch", "turns", "holder")
+    __slots__ = ("node", "epoch", "turns", "holder", "now")
     NODE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
+    NOW_FIELD_NUMBER: _ClassVar[int]
     node: str
     epoch: int
     turns: _containers.RepeatedCompositeFieldContainer[NodeTurn]
     holder: str
-    def __init__(self, node: _Optional[str] = ..., epoch: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[NodeTurn, _Mapping]]] = ..., holder: _Optional[str] = ...) -> None: ...
+    now: float
+    def __init__(self, node: _Optional[str] = ..., epoch: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[NodeTurn, _Mapping]]] = ..., holder: _Optional[str] = ..., now: _Optional[float] = ...) -> None: ...
 
 class JobTurnsCall(_message.Message):
     __slots__ = ("id", "hello", "prepare", "commit", "release", "report", "cancel")

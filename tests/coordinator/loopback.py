@@ -8,6 +8,7 @@ test_cluster.py` runs whole agent processes against a real API server instead.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.core.leases import LeaseTable
@@ -30,23 +31,31 @@ TOKEN = "loopback-token"
 class LoopbackNode:
     """One node's agent: its lease service, job turns and their listener."""
 
-    def __init__(self, name: str, state_dir: Path, gpus: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        name: str,
+        state_dir: Path,
+        gpus: tuple[str, ...],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.name = name
         self.gpus = gpus
         self.state_dir = state_dir
+        self.clock = clock
+        """The agent's clock (another machine's may disagree with the coordinator's)."""
         self._load()
         self.address = ""
 
     def _load(self) -> None:
         """The lease service and job turns, from what the state directory keeps."""
         self.service = LeaseService(
-            table=LeaseTable(clock=time.time),
+            table=LeaseTable(clock=self.clock),
             preparer=lambda host: NullPreparer(),
-            clock=time.time,
+            clock=self.clock,
             store=StateStore(self.state_dir),
         )
         self.service.load()
-        self.turns = JobTurns(self.service, self.name, JobTurnStore(self.state_dir), time.time)
+        self.turns = JobTurns(self.service, self.name, JobTurnStore(self.state_dir), self.clock)
         self.turns.load()
         self.server = JobTurnServer(self.turns, "127.0.0.1:0", TOKEN)
 
