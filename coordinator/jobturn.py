@@ -167,3 +167,8 @@ def why_late(
         parts.append(f"asked for by {_jobs(queued, viewer)} too")
     why = f"; its GPUs were {' and '.join(parts)}" if parts else ""
     return f"job {key}: no turn before the deadline{why}"
+
+
+def time_left(deadline: float | None, now: float) -> float | None:
+    """Seconds from `now` to `deadline` (none: None), at least 0."""
+    return None if deadline is None else max(0.0, deadline - now)

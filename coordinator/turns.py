@@ -27,7 +27,8 @@ from agent.core.waiters import Waiter
 from coordinator import handover
 from coordinator.agents import AgentLinks
 from coordinator.cluster import ClusterView, Plan, turn_key
-from coordinator.jobturn import Asked, JobTurn, NotLeading, TurnFailed, late, not_holder
+from coordinator.departed import forget_gone
+from coordinator.jobturn import Asked, JobTurn, NotLeading, TurnFailed, late, not_holder, time_left
 from coordinator.overlap import holding
 from coordinator.releases import Releases
 from coordinator.settling import Settling
@@ -156,10 +157,12 @@ class Arbiter:
 
     def prune_joined(self) -> None:
         """Pods that joined a turn and have left the cluster leave it (the last one ends it);
-        a turn none of whose pods is left ends (nobody could yield it: its job is gone). Not
+        a turn none of whose pods is left ends (nobody could yield it: its job is gone); jobs
+        gone, holding and waiting for nothing, leave the table (`coordinator.departed`). Not
         before every pods' watch has listed once: a pod not listed yet has not left."""
         if not self.epoch or not self.view.wait_listed(0.0):
             return
+        forget_gone(self.table, self.view, {*self.held, *self._by_key})
         pods = self.view.pods()
         for key, turn in list(self.held.items()):
             if turn.pods and not turn.pods & pods:
@@ -191,14 +194,14 @@ class Arbiter:
         deadline = None if timeout is None else self.clock() + timeout
         while True:
             # Not on another group's turn: the pods that joined end theirs by its own key.
-            left = _left(deadline, self.clock())
+            left = time_left(deadline, self.clock())
             turn = await self.acquire(namespace, job, group, left, share=False)
             if pod in turn.pods:
                 turn.joined.add(pod)
                 turn.joins[pod] = f"{self.epoch}.{next(self._joins)}"
                 return turn
             try:  # the pods in this turn end it; the next one is prepared for this pod too
-                await asyncio.wait_for(turn.ended.wait(), _left(deadline, self.clock()))
+                await asyncio.wait_for(turn.ended.wait(), time_left(deadline, self.clock()))
             except TimeoutError:
                 raise TimeoutError(
                     f"job {turn.key}: pod {pod} became its member after its turn began, so it "
@@ -394,7 +397,3 @@ class Arbiter:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-def _left(deadline: float | None, now: float) -> float | None:
-    return None if deadline is None else max(0.0, deadline - now)

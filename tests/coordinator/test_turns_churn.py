@@ -1,0 +1,68 @@
+"""Jobs come and go for months, each name seen once: the coordinator's table (each job's usage,
+when it was last served on each GPU, its fair virtual time, carried in the Lease) keeps the jobs
+that are in the cluster, not every job it ever granted a turn (agents on loopback, real gRPC)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from agent.core.fair import FairShare
+from agent.core.leases import LeaseTable
+from coordinator.agents import AgentLinks
+from coordinator.cluster import ClusterView, Member, Node
+from coordinator.recovery import recover
+from coordinator.turns import Arbiter
+from tests.coordinator.loopback import TOKEN, LoopbackNode
+from tests.coordinator.test_turns import close, run
+
+JOBS = 200
+
+
+def test_jobs_deleted_after_their_turns_leave_the_coordinators_table(tmp_path: Path) -> None:
+    async def body() -> None:
+        nodes = [
+            await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start()
+            for name in ("n1", "n2")
+        ]
+        view = ClusterView()
+        for node in nodes:
+            view.nodes[node.name] = Node(node.name, node.address, node.gpus)
+        new_table = lambda: LeaseTable(clock=time.time, policy=FairShare())  # noqa: E731
+        arbiter = Arbiter(view, AgentLinks(TOKEN), new_table, time.time)
+        table = arbiter.new_table()
+        arbiter.lead(1, table, await recover(view, arbiter.links, table, 1))
+        try:
+            for i in range(JOBS):
+                job = f"job{i}"
+                pods = {node: f"team/{job}-{node.name}" for node in nodes}
+                for node, pod in pods.items():
+                    node.add_pod(pod, node.gpus, job)
+                    view.members[pod] = ("team", job, Member(pod, node.name, node.gpus))
+                await arbiter.acquire("team", job, "", timeout=5)
+                await arbiter.yield_("team", job, "")
+                for node, pod in pods.items():  # the job finished and was deleted
+                    del view.members[pod]
+                    node.service.pod_gone(pod)
+                arbiter.prune_joined()  # what the coordinator does as the pods' watch shows it
+            table = arbiter.table
+            assert table.fair is not None
+            assert len(table.usage) < 10, f"{len(table.usage)} jobs' usage kept"
+            served = {gpu: len(state.served) for gpu, state in table.gpus.items()}
+            assert max(served.values()) < 10, f"last-served times kept per GPU: {served}"
+            assert len(table.fair.vtime) < 10, f"{len(table.fair.vtime)} virtual times kept"
+            # A job that is still in the cluster keeps its standing.
+            live = Member("team/live-n1", "n1", ("GPU-n1",))
+            view.members[live.pod] = ("team", "live", live)
+            nodes[0].add_pod("team/live-n1", nodes[0].gpus, "live")
+            await arbiter.acquire("team", "live", "", timeout=5)
+            await arbiter.yield_("team", "live", "")
+            arbiter.prune_joined()
+            assert "team/live" in table.usage and "team/live" in table.fair.vtime
+            assert "team/live" in table.gpu("n1/GPU-n1").served
+        finally:
+            await close(arbiter)
+            for node in nodes:
+                await node.stop()
+
+    run(body)
