@@ -64,7 +64,9 @@ class DraPluginService(dra_pb2_grpc.DRAPluginServicer):
     ) -> dra_pb2.NodePrepareResourcesResponse:
         """The claims prepared at once (each may wait on the API server), answered within the
         call's deadline: a claim not prepared by then says so, and goes on being prepared (the
-        kubelet's retry is answered from the record)."""
+        kubelet's retry is answered from the record) if it began; one that had not begun is
+        not prepared later (the kubelet, told it failed, may unprepare it meanwhile, and a
+        late prepare would leave its record and CDI spec behind for good)."""
         claims = list(request.claims)
         if not claims:
             return dra_pb2.NodePrepareResourcesResponse()
@@ -84,9 +86,9 @@ class DraPluginService(dra_pb2_grpc.DRAPluginServicer):
                 continue
             why = f"claim {claim.namespace}/{claim.name}: not prepared within {budget:.0f} s"
             log.error("cannot prepare claim %s/%s: %s", claim.namespace, claim.name, why)
+            still = "not begun; a retry prepares it" if done.cancel() else "still at it"
             answers[claim.uid] = dra_pb2.NodePrepareResourceResponse(
-                error=f"{names.DRA_DRIVER}: {why} (still at it; the API server may not be "
-                "answering)"
+                error=f"{names.DRA_DRIVER}: {why} ({still}; the API server may not be answering)"
             )
         return dra_pb2.NodePrepareResourcesResponse(claims=answers)
 
