@@ -75,6 +75,7 @@ class Agent:
         self.coordination: Coordination | None = None
         self._stop_requested = asyncio.Event()
         self.readiness = Readiness(config.node_name)
+        self.readiness.unrecorded = self.service.state.unrecorded
 
     @property
     def preparer(self) -> TurnPreparer:

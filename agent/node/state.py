@@ -75,6 +75,9 @@ class StateStore:
         self._journal_bytes = 0
         self._journal_fd: int | None = None
         self._journal_failed = False
+        self.unrecorded: str | None = None
+        """Why what changes now is not on disk (a journal write failed: a full disk, a
+        read-only mount), till a write goes through again; None while it is."""
         self._unwritten: list[bytes] = []
         """Lines a failed write left out of the journal: written ahead of the next entries, so
         that a restart never replays a later line without them (a grant without the end of the
@@ -256,11 +259,13 @@ class StateStore:
                     )
                 self._journal_failed = True
                 self._unwritten = lines
+                self.unrecorded = f"cannot append to {self.journal_path} ({exc.strerror})"
             else:
                 if self._journal_failed:
                     log.info("%s is written again", self.journal_path)
                 self._journal_failed = False
                 self._unwritten = []
+                self.unrecorded = None
 
     def _cut_short_write(self, written: int) -> None:
         """A write put only its first `written` bytes in the journal (the disk filled): take
@@ -289,7 +294,7 @@ class StateStore:
                 else:  # loaded, not appended to since: the file still holds what was loaded
                     with contextlib.suppress(FileNotFoundError):
                         os.truncate(self.journal_path, 0)
-                self._unwritten = []  # the snapshot holds them
+                self._unwritten, self.unrecorded = [], None  # the snapshot holds them
                 return
             tmp = self.dir / f".{JOURNAL_FILE}.tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
@@ -302,7 +307,7 @@ class StateStore:
             except OSError:
                 os.close(fd)
                 raise
-            self._unwritten = []  # the new journal holds them
+            self._unwritten, self.unrecorded = [], None  # the new journal holds them
             if self._journal_fd is not None:
                 os.close(self._journal_fd)
             self._journal_fd = fd

@@ -50,8 +50,9 @@ def _accepting(path: str) -> bool:
 
 
 class Readiness:
-    """The agent's readiness: not while it stops, before its pod watch has listed the node's
-    pods once (with a node name), or when a socket tenants connect to is gone or replaced."""
+    """The agent's readiness: not while it stops, while its journal cannot be written, before
+    its pod watch has listed the node's pods once (with a node name), or when a socket tenants
+    connect to is gone or replaced."""
 
     def __init__(self, node_name: str) -> None:
         self._node_name = node_name
@@ -60,6 +61,8 @@ class Readiness:
         """Why the agent stops (e.g. `SIGTERM`; "" for a plain stop), or None while it serves."""
         self.pods_listed: Callable[[], bool] | None = None
         """With a node name: whether the pod watch has listed the node's pods once."""
+        self.unrecorded: Callable[[], str | None] = lambda: None
+        """Why what changes now is not on disk (`StateStore.unrecorded`), or None."""
 
     def stop(self, reason: str) -> None:
         """The agent stops, for `reason` (the first one named stays)."""
@@ -86,6 +89,12 @@ class Readiness:
             return (
                 f"the agent is stopping{on}: it takes no new sessions; tenants, turns and "
                 "parked memory are kept for the next agent"
+            )
+        unrecorded = self.unrecorded()
+        if unrecorded:
+            return (
+                f"{unrecorded}: turns go on, but an agent restarted now would not know of the "
+                "turns granted and the memory parked since; free room in --state-dir"
             )
         if self.pods_listed is not None and not self.pods_listed():
             return (

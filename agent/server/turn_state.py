@@ -134,6 +134,10 @@ class TurnState:
 
     # Events and background work.
 
+    def unrecorded(self) -> str | None:
+        """Why the turns and parked memory of now are not on disk (`StateStore.unrecorded`)."""
+        return None if self._store is None else self._store.unrecorded
+
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run `coro` in the background until it ends or the service closes."""
         task = asyncio.create_task(coro)
