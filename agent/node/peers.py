@@ -139,6 +139,37 @@ def peer_process(
     return None if inode is None else process_of_socket(inode, proc_root)
 
 
+class Callers:
+    """The local process behind each connection to `server_port` (a gRPC peer, `ip:port`). The
+    connection is looked up on every call: a port that a live process closed may be another
+    process's since (another pod's). The process holding it (found by reading every process's
+    descriptors) is remembered until it exits."""
+
+    def __init__(self, watch: ProcessWatch, server_port: int, proc_root: Path) -> None:
+        self._watch = watch
+        self._port = server_port
+        self._proc_root = proc_root
+        self.known: dict[str, tuple[PeerProcess, int]] = {}
+        """Peer → its process and its connection's socket inode, till that process exits."""
+
+    async def of(self, peer: str) -> PeerProcess | None:
+        """The process calling from `peer`, or None if it is not in a network namespace here."""
+        inode = await asyncio.to_thread(socket_inode, peer, self._port, self._proc_root)
+        if inode is None:
+            return None
+        known = self.known.get(peer)
+        if known is not None and known[1] == inode:
+            return known[0]
+        found = await asyncio.to_thread(process_of_socket, inode, self._proc_root)
+        watched = found is not None and any(p.pid == found.pid for p, _ in self.known.values())
+        if found is not None and (watched or self._watch.watch(found.pid, self._exited)):
+            self.known[peer] = (found, inode)  # a miss is not kept
+        return found
+
+    def _exited(self, pid: int) -> None:
+        self.known = {k: v for k, v in self.known.items() if v[0].pid != pid}
+
+
 class ProcessWatch:
     """Calls back when a watched process exits (a pidfd on the event loop; no polling)."""
 

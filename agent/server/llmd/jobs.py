@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from agent.core.errors import Forbidden, InvalidRegistration
 from agent.node.identity import pod_uid_of_pid
-from agent.node.peers import PeerProcess, ProcessWatch, listener_process, peer_process
+from agent.node.peers import Callers, PeerProcess, ProcessWatch, listener_process
 from agent.node.tenants import LLMD, POD, Tenant
 from agent.parking.methods import APP
 from agent.server.llmd.edge import UnknownGroup, UnknownJob
@@ -64,8 +64,7 @@ class Jobs:
         self._port = server_port
         self._proc_root = proc_root
         self._watch = ProcessWatch(asyncio.get_running_loop())
-        self._callers: dict[str, PeerProcess] = {}
-        """gRPC peer (one per connection) → its process, till it exits (its ports are reused)."""
+        self._callers = Callers(self._watch, server_port, proc_root)
         self._sessions: dict[tuple[str, int], Session] = {}
         self._idle_after = idle_after
         """Seconds unseen before a job only unwatched callers use leaves (0 = never)."""
@@ -84,16 +83,7 @@ class Jobs:
 
     async def caller(self, peer: str) -> PeerProcess | None:
         """The local process behind a gRPC peer, or None if it is outside our network namespace."""
-        found = self._callers.get(peer)
-        if found is None:
-            found = await asyncio.to_thread(peer_process, peer, self._port, self._proc_root)
-            known = found is not None and any(p.pid == found.pid for p in self._callers.values())
-            if found is not None and (known or self._watch.watch(found.pid, self._caller_exited)):
-                self._callers[peer] = found  # a miss is not kept; a process until it exits
-        return found
-
-    def _caller_exited(self, pid: int) -> None:
-        self._callers = {k: v for k, v in self._callers.items() if v.pid != pid}
+        return await self._callers.of(peer)
 
     async def seen_by(self, peer: str) -> Callable[[str], bool]:
         """Which tenants' job ids (and pod-labelled groups) a caller may see, by tenant id: a

@@ -4,6 +4,10 @@ new ports, and a port an exited process used may later be another process's."""
 
 from __future__ import annotations
 
+import os
+import select
+import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +28,7 @@ def test_callers_that_exited_are_forgotten_and_a_live_one_is_kept(workdir: str) 
     assert jobs is not None
 
     def callers() -> int:
-        return agent.inspect(lambda s: len(jobs._callers))
+        return agent.inspect(lambda s: len(jobs._callers.known))
 
     try:
         assert live.list_groups() == ["g"]
@@ -46,4 +50,58 @@ def test_callers_that_exited_are_forgotten_and_a_live_one_is_kept(workdir: str) 
         assert callers() == 1, "the live caller's connection is remembered once"
     finally:
         live.close()
+        agent.stop()
+
+
+HOLDER = """
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.connect(("127.0.0.1", int(sys.argv[2])))
+print("connected", flush=True)
+sys.stdin.read()
+"""
+"""A process that connects from the port it is given and holds the connection until its stdin
+closes."""
+
+
+def test_a_port_another_process_connects_from_while_the_first_lives_is_the_new_ones(
+    workdir: str,
+) -> None:
+    """This process called from a port, closed that connection and lives on; another process
+    (another pod's, say) connects from the same port: its calls are its own, not taken for this
+    process's (whose pod, or whose whole-host view, they would get)."""
+    agent = one_group_agent(workdir, "fake")
+    jobs = agent.agent.llmd.jobs if agent.agent.llmd is not None else None
+    assert jobs is not None
+    first = socket.socket()
+    first.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    first.bind(("127.0.0.1", 0))
+    port = first.getsockname()[1]
+    peer = f"ipv4:127.0.0.1:{port}"
+    holder = None
+    try:
+        first.connect(("127.0.0.1", agent.llmd_port))
+        found = agent.call(jobs.caller(peer))
+        assert found is not None and found.pid == os.getpid()
+        first.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        first.close()  # reset: the port is free at once (no TIME_WAIT)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(port), str(agent.llmd_port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert holder.stdout is not None
+        ready, _, _ = select.select([holder.stdout], [], [], 10)
+        assert ready and holder.stdout.readline().strip() == "connected"
+        found = agent.call(jobs.caller(peer))
+        assert found is not None and found.pid == holder.pid, "taken for the port's last caller"
+    finally:
+        first.close()
+        if holder is not None:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            holder.wait(10)
         agent.stop()
