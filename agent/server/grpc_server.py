@@ -7,7 +7,6 @@ import contextlib
 import hmac
 import logging
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -239,7 +238,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             await context.abort(api_ops.status_code(exc), str(exc))
             return
         async with self._service.events.subscribe() as queue:
-            yield pb.Event(kind=ev.WATCHING, at=time.time())
+            yield pb.Event(kind=ev.WATCHING, at=self._service.state.clock())
             while (event := await self._next_event(queue)) is not None:
                 if lost := self._service.events.lost(queue):  # those right after the last shown
                     await context.abort(
@@ -259,7 +258,9 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
             # The reason goes as an event, ahead of the stream's end: a status sent as the
             # agent closes its connections can be lost to the watcher (its transport's error,
             # "Stream removed", comes first), an event it has read cannot.
-            yield pb.Event(kind=ev.STOPPING, at=time.time(), detail=self._watches_end_why)
+            yield pb.Event(
+                kind=ev.STOPPING, at=self._service.state.clock(), detail=self._watches_end_why
+            )
         with contextlib.suppress(TimeoutError):  # a watcher that read it hangs up: cancelled
             await asyncio.wait_for(asyncio.Event().wait(), self._watches_hangup_s)
         await context.abort(grpc.StatusCode.UNAVAILABLE, self._watches_end_why)

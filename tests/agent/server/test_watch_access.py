@@ -8,6 +8,7 @@ import os
 import socket
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from baton._pb import agent_pb2 as pb
 from baton._pb import agent_pb2_grpc
 from baton.contract import names
 from baton.contract.names import AGENT_SESSION_METADATA, AGENT_WATCH_METADATA
-from tests.harness.agent import AgentRunner
+from tests.harness.agent import AgentRunner, TenantProcess
 
 NOBODY = 65534
 
@@ -171,3 +172,38 @@ def test_a_stopping_agent_says_so_in_the_stream_and_then_in_the_status(workdir: 
     )
     assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
     assert ended.value.details() == last.detail
+
+
+def test_the_watchs_own_events_are_on_the_agents_clock_after_a_wall_clock_step(
+    workdir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wall clock steps an hour forward while the agent runs (NTP, `date`): its events
+    keep the agent's steady clock, and so do the watch's first and last, which stay in order
+    around them."""
+    agent = AgentRunner(workdir).start()
+    metadata = watch_metadata(agent.socket, agent.config.state_dir)
+    wall = time.time
+    monkeypatch.setattr(time, "time", lambda: wall() + 3600)
+    stopper = threading.Thread(target=agent.stop)
+    tenant = None
+    try:
+        with grpc.insecure_channel(f"unix:{agent.socket}") as channel:
+            stream = agent_pb2_grpc.AgentStub(channel).WatchEvents(
+                pb.WatchEventsRequest(), metadata=metadata, timeout=30
+            )
+            events = [next(stream)]
+            tenant = TenantProcess(agent.socket, "a", ["GPU-0"])
+            events.append(next(stream))
+            stopper.start()
+            while events[-1].kind != "agent_stopping":
+                events.append(next(stream))
+    finally:
+        if tenant is not None:
+            tenant.close()
+        if stopper.is_alive():
+            stopper.join(timeout=30)
+        agent.stop()
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "watching" and kinds[1] == "tenant_joined", kinds
+    times = [e.at for e in events]
+    assert times == sorted(times), list(zip(kinds, times, strict=True))
