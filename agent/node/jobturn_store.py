@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from agent.node.state import StateDirError
+
 EPOCH_FILE = "coordination-epoch"
 HOLDER_FILE = "coordination-holder"
 """The identity of the leader obeyed in the epoch, as "EPOCH IDENTITY" (a file of its own, so an
@@ -45,15 +47,19 @@ class JobTurnStore:
         """Why the last write of the turns failed (a full disk), until one succeeds."""
 
     def load_epoch(self) -> int:
-        """The highest epoch seen before (0 if none, or the file is unreadable: said once)."""
+        """The highest epoch seen before (0 if none); `StateDirError` (one line naming the file)
+        if the file cannot be read or holds no epoch: starting from 0 would obey a deposed
+        coordinator again."""
         path = self._dir / EPOCH_FILE
         try:
-            return int(path.read_text().strip() or 0)
+            text = path.read_text().strip()
         except FileNotFoundError:
             return 0
         except (OSError, ValueError) as exc:
-            log.error("coordination epoch file %s is unreadable (%s); starting from 0", path, exc)
-            return 0
+            raise _unfenced(path, f"cannot be read ({exc})") from None
+        if not text.isdigit() or not text.isascii():
+            raise _unfenced(path, f"holds {text[:40]!r}, not an epoch")
+        return int(text)
 
     def save_epoch(self, epoch: int, holder: str = "") -> None:
         """Record a higher epoch (and the identity of its leader, if known), durably, before
@@ -63,11 +69,15 @@ class JobTurnStore:
         self._write(EPOCH_FILE, f"{epoch}\n", fsync=True)
 
     def load_holder(self, epoch: int) -> str:
-        """The identity of the leader obeyed in `epoch` ("" if unknown or unreadable)."""
+        """The identity of the leader obeyed in `epoch` ("" if unknown); `StateDirError` if the
+        file cannot be read."""
+        path = self._dir / HOLDER_FILE
         try:
-            saved, _, holder = (self._dir / HOLDER_FILE).read_text().strip().partition(" ")
-        except (OSError, ValueError):
+            saved, _, holder = path.read_text().strip().partition(" ")
+        except FileNotFoundError:
             return ""
+        except (OSError, ValueError) as exc:  # another leader in this epoch would be obeyed
+            raise _unfenced(path, f"cannot be read ({exc})") from None
         return holder if saved == str(epoch) else ""
 
     def load_turns(self) -> list[dict[str, Any]]:
@@ -160,3 +170,11 @@ class JobTurnStore:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def _unfenced(path: Path, why: str) -> StateDirError:
+    """The fence cannot be taken up: the agent refuses to start (one line naming the file)."""
+    return StateDirError(
+        f"{path}: {why}; starting below the coordinator epoch it obeyed would obey a deposed "
+        "leader: restore the file, or move it aside once no earlier coordinator leader runs"
+    )

@@ -140,6 +140,23 @@ def test_agent_refuses_a_damaged_state_file_in_one_line(workdir: str, tmp_path: 
     assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("epoch", ["garbage", "", "-3"])
+def test_agent_refuses_a_damaged_coordination_epoch_in_one_line(
+    workdir: str, tmp_path: Path, epoch: str
+) -> None:
+    """Starting from epoch 0 instead would obey a deposed coordinator leader again."""
+    (tmp_path / "coordination-epoch").write_text(epoch)
+    (tmp_path / "token").write_text("s3cret")
+    where = ["--socket", f"{workdir}/a.sock", "--state-dir", str(tmp_path), "--http-port", "0"]
+    token = tmp_path / "token"
+    join = ["--coordination-listen", "127.0.0.1:0", "--coordination-token-file", str(token)]
+    result = CliRunner().invoke(app, ["agent", *where, *join])
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / 'coordination-epoch'}: holds {epoch!r}, not an epoch" in result.output
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
+    assert (tmp_path / "coordination-epoch").read_text() == epoch  # left for the operator
+
+
 def test_agent_refuses_a_damaged_record_of_parked_memory_in_one_line(
     workdir: str, tmp_path: Path
 ) -> None:

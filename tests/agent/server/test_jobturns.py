@@ -14,7 +14,7 @@ from agent.core.fair import FairConfig, FairShare
 from agent.core.leases import LeaseTable
 from agent.core.residency import NullPreparer
 from agent.node.jobturn_store import JobTurnStore
-from agent.node.state import StateStore
+from agent.node.state import StateDirError, StateStore
 from agent.node.tenants import POD, Tenant
 from agent.server.jobturns import (
     COMMITTED,
@@ -115,6 +115,26 @@ def test_an_older_epoch_is_refused_also_after_a_restart(tmp_path: Path) -> None:
         with pytest.raises(StaleEpoch):
             again.release(1, "t1", "deposed leader")
         assert again.release(4, "t1", "new leader")
+
+    run(body)
+
+
+def test_a_fence_that_cannot_be_read_after_a_restart_is_refused_not_forgotten(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        service, turns = node(tmp_path)
+        await turns.prepare(3, "t1", "team", "rl", timeout=5, holder="coordinator-a")
+        await service.close()
+        (tmp_path / "coordination-epoch").write_text("3\x00garbage")  # a damaged disk
+        again = JobTurns(service, "n1", JobTurnStore(tmp_path), time.time)
+        with pytest.raises(StateDirError, match=r"coordination-epoch: holds .*, not an epoch"):
+            again.load()  # not epoch 0, where a deposed leader's epoch 2 would be obeyed
+        (tmp_path / "coordination-epoch").write_text("3\n")
+        (tmp_path / "coordination-holder").unlink()
+        (tmp_path / "coordination-holder").mkdir()  # unreadable (EISDIR)
+        with pytest.raises(StateDirError, match=r"coordination-holder: cannot be read"):
+            JobTurns(service, "n1", JobTurnStore(tmp_path), time.time).load()
 
     run(body)
 
