@@ -169,7 +169,7 @@ class ClusterView:
     nodes: dict[str, Node] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     on_pods_changed: Callable[[], None] = lambda: None
-    """Called (from a watch's thread) after job pods changed: members may have left."""
+    """Called (from a watch's thread) after job pods changed or nodes went: members may leave."""
     on_agents_changed: Callable[[], None] = lambda: None
     """Called (from a watch's thread) after a node's agent address appeared or changed."""
     on_pod_seen: Callable[[Mapping[str, Any], bool], None] = lambda pod, gone: None
@@ -378,13 +378,17 @@ class NodeStore:
         self._listed.set()
         if any(_new_address(before.get(n.name), n) for n in nodes.values()):
             self._view.on_agents_changed()
+        if before.keys() - nodes.keys():
+            self._view.on_pods_changed()  # what the nodes gone left behind is forgotten
 
     def apply(self, event: WatchEvent) -> None:
         node = node_of(event.object)
-        with self._view.lock:
-            if event.type == "DELETED":
+        if event.type == "DELETED":
+            with self._view.lock:
                 self._view.nodes.pop(node.name, None)
-                return
+            self._view.on_pods_changed()  # what the node left behind is forgotten
+            return
+        with self._view.lock:
             before = self._view.nodes.get(node.name)
             self._view.nodes[node.name] = node
         if _new_address(before, node):

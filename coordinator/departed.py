@@ -5,14 +5,22 @@ each GPU and its fair virtual time (carried in the Lease, `coordinator.fairstate
 go for months, each name seen once: a tenant whose job has no pod left in the cluster and that
 neither holds nor waits for a turn leaves the table, as a pod leaves its node agent's
 (`LeaseTable.drop_tenant`: a debt it left with is still remembered, `FairShare.left`).
+
+Nodes come and go all day too (a cluster autoscaler, spot nodes), each name seen once: the state
+kept per GPU (`node/GPU`: its entry in the table, when its turn last changed, its fair clocks,
+carried in the Lease too) of a node deleted from the cluster is forgotten once no turn holds or
+waits for it (`forget_gone_nodes`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, MutableMapping
 
-from agent.core.leases import LeaseTable
+from agent.core.leases import GpuState, LeaseTable
 from coordinator.cluster import ClusterView
+
+_FREE = GpuState()
+"""The state of a GPU the table does not know: held by nobody (read only)."""
 
 
 def forget_gone(table: LeaseTable, view: ClusterView, busy: Collection[str]) -> list[str]:
@@ -38,3 +46,38 @@ def _job_of(key: str) -> tuple[str, str]:
     """(namespace, job) of the arbiter's tenant `namespace/job[@group]` (`turn_key`)."""
     namespace, _, rest = key.partition("/")
     return namespace, rest.partition("@")[0]
+
+
+def forget_gone_nodes(
+    table: LeaseTable, view: ClusterView, changed_at: MutableMapping[str, float], heard: set[str]
+) -> list[str]:
+    """Drop from `table` (and `changed_at`) the GPUs (`node/GPU`) of nodes gone from `view`
+    that no turn holds or waits for, and from `heard` (`Settling.heard`) the nodes gone (one
+    that comes back is asked again); the GPUs dropped."""
+    with view.lock:
+        nodes = set(view.nodes)
+    heard.intersection_update(nodes)
+    named = {gpu for lease in table.leases.values() for gpu in lease.gpus}
+    named.update(gpu for waiter in table.waiters.values() for gpu in waiter.gpus)
+    known = set(table.gpus) | set(changed_at)
+    fair = table.fair
+    if fair is not None:
+        known.update(key.partition(" tier ")[0] for key in fair.vclock)  # (`clock_key`)
+        known.update(gpu for gpu, _ in fair.balance)
+    gone = sorted(
+        gpu
+        for gpu in known - named
+        if gpu.partition("/")[0] not in nodes and table.gpus.get(gpu, _FREE).holder is None
+    )
+    if not gone:
+        return gone
+    dropped = set(gone)
+    for gpu in gone:
+        table.gpus.pop(gpu, None)
+        changed_at.pop(gpu, None)
+    if fair is not None:
+        for clock in [k for k in fair.vclock if k.partition(" tier ")[0] in dropped]:
+            del fair.vclock[clock]
+        for owed in [k for k in fair.balance if k[0] in dropped]:
+            del fair.balance[owed]
+    return gone

@@ -66,3 +66,59 @@ def test_jobs_deleted_after_their_turns_leave_the_coordinators_table(tmp_path: P
                 await node.stop()
 
     run(body)
+
+
+NODES = 200
+
+
+def test_nodes_deleted_after_their_turns_leave_the_coordinators_table(tmp_path: Path) -> None:
+    """A cluster autoscaler adds and removes nodes all day: the state kept per GPU of a node
+    gone (the table's entry, when its turn last changed, its fair clocks, which ride in the
+    Lease) is forgotten, but not while a turn holds it."""
+
+    async def body() -> None:
+        view = ClusterView()
+        new_table = lambda: LeaseTable(clock=time.time, policy=FairShare())  # noqa: E731
+        arbiter = Arbiter(view, AgentLinks(TOKEN), new_table, time.time)
+        table = arbiter.new_table()
+        arbiter.lead(1, table, await recover(view, arbiter.links, table, 1))
+        held = await LoopbackNode("kept", tmp_path / "kept", ("GPU-kept",)).start()
+        try:
+            view.nodes["kept"] = Node("kept", held.address, held.gpus)
+            arbiter.settling.settled("kept")
+            held.add_pod("team/held-kept", held.gpus, "held")
+            view.members["team/held-kept"] = (
+                "team",
+                "held",
+                Member("team/held-kept", "kept", held.gpus),
+            )
+            await arbiter.acquire("team", "held", "", timeout=5)
+            del view.nodes["kept"]  # deleted while its turn is held
+            for i in range(NODES):
+                node = await LoopbackNode(f"n{i}", tmp_path / f"n{i}", (f"GPU-{i}",)).start()
+                view.nodes[node.name] = Node(node.name, node.address, node.gpus)
+                arbiter.settling.settled(node.name)  # its agent answered (`recovery.chase`)
+                pod = f"team/job-{node.name}"
+                node.add_pod(pod, node.gpus, "job")
+                view.members[pod] = ("team", "job", Member(pod, node.name, node.gpus))
+                await arbiter.acquire("team", "job", "", timeout=5)
+                await arbiter.yield_("team", "job", "")
+                del view.members[pod]  # drained and deleted by the autoscaler
+                del view.nodes[node.name]
+                await node.stop()
+                arbiter.prune_joined()  # what the coordinator does as the watches show it
+            table = arbiter.table
+            assert table.fair is not None
+            assert len(table.gpus) < 10, f"{len(table.gpus)} GPUs kept in the table"
+            assert len(arbiter.changed_at) < 10, f"{len(arbiter.changed_at)} GPUs' changes kept"
+            assert len(table.fair.vclock) < 10, f"{len(table.fair.vclock)} GPU clocks kept"
+            assert "kept/GPU-kept" in table.gpus and "kept/GPU-kept" in arbiter.changed_at
+            assert arbiter.settling.heard == set(), arbiter.settling.heard
+            await arbiter.yield_("team", "held", "")
+            arbiter.prune_joined()
+            assert "kept/GPU-kept" not in table.gpus and not table.fair.vclock
+        finally:
+            await close(arbiter)
+            await held.stop()
+
+    run(body)
