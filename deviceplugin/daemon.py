@@ -50,10 +50,13 @@ class Daemon:
         fake: bool,
         api_client: Any = None,
         source: PodSource | None = None,
+        stop: shutdown.StopSignal | None = None,
     ) -> None:
         """Pods come from `source` when given, else from a watch through `api_client`;
         `DevicePluginStartError` before anything is made where the plugin's socket path is too
-        long to bind, or the kubelet's PodResources socket too long to connect to."""
+        long to bind, or the kubelet's PodResources socket too long to connect to. A `stop`
+        signal that comes while `start` waits for the pods ends the start there: nothing is
+        served, nor registered with the kubelet."""
         _short_enough(
             settings.plugin_dir / settings.socket_name,
             "--device-plugin-dir (BATON_DEVICE_PLUGIN_DIR)",
@@ -65,6 +68,7 @@ class Daemon:
                 served=False,
             )
         self.settings = settings
+        self._stop_signal = stop
         self.pod_cache: PodCache | None = None
         if source is None:
             if api_client is None:
@@ -114,7 +118,9 @@ class Daemon:
         self.node.start()
         if self.pod_cache is not None:
             self.pod_cache.start()
-            if not self.pod_cache.wait_synced(SYNC_TIMEOUT_S):
+            if not self._pods_listed(self.pod_cache):
+                if self._stop_signal is not None and self._stop_signal.event.is_set():
+                    return  # told to stop while it waited: serve and register nothing
                 log.warning(
                     "pods of node %s not listed within %g s; serving anyway: Allocate still "
                     "answers (it needs no pods), and GetPreferredAllocation lists them itself "
@@ -134,6 +140,15 @@ class Daemon:
             "" if self.plugin.serving else " once the kubelet creates its directory",
             self.status.port,
         )
+
+    def _pods_listed(self, cache: PodCache) -> bool:
+        """Whether `cache` listed the pods within `SYNC_TIMEOUT_S`; a stop signal ends the wait."""
+        woken = threading.Event()
+        cache.also_wake(woken)
+        if self._stop_signal is not None:
+            self._stop_signal.also_wake(woken)
+        woken.wait(SYNC_TIMEOUT_S)
+        return cache.wait_synced(0)
 
     def stop(self) -> None:
         """Stop everything started."""

@@ -78,6 +78,7 @@ class PodCache:
         """Pod UID → the resourceVersion its deletion was seen at (`_TOMBSTONES` at most)."""
         self._lock = threading.Condition()
         self._synced = threading.Event()
+        self._also_synced: list[threading.Event] = []
         outage = Outage(
             log,
             f"pod watch of node {node_name}",
@@ -100,6 +101,13 @@ class PodCache:
     def wait_synced(self, timeout: float) -> bool:
         """Whether the first list completed within `timeout` seconds."""
         return self._synced.wait(timeout)
+
+    def also_wake(self, event: threading.Event) -> None:
+        """Set `event` too once the first list completed (at once if it has): for a wait that
+        something else may end first (a stop signal)."""
+        self._also_synced.append(event)
+        if self._synced.is_set():
+            event.set()
 
     def pods(self) -> list[PodView]:
         """The cached pods (no API call)."""
@@ -149,6 +157,8 @@ class PodCache:
             self._pods = pods
             self._lock.notify_all()
         self._synced.set()
+        for event in list(self._also_synced):
+            event.set()
 
     def apply(self, event: WatchEvent) -> None:
         """One change the watch saw."""

@@ -110,7 +110,7 @@ def deviceplugin(
     )
     stop = StopSignal().install()
     try:
-        daemon = Daemon(settings, found.gpus, found.fake, api_client=found.api_client)
+        daemon = Daemon(settings, found.gpus, found.fake, api_client=found.api_client, stop=stop)
         daemon.run_until(stop.event, lambda: stop.received)
     except DevicePluginStartError as err:
         typer.echo(f"baton deviceplugin: {err}", err=True)

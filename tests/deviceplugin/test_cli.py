@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from baton.contract import names
 from commands.cli import app
+from deviceplugin.daemon import SYNC_TIMEOUT_S
 from nodegpu.gpus import DiscoveryError, discover_nvml
 from tests.deviceplugin.conftest import NODE, tenant_pod
 from tests.deviceplugin.test_allocate import GPU1
@@ -251,7 +252,7 @@ def test_an_empty_pod_resources_socket_env_turns_reconciling_off(
     seen = []
 
     class Recorder:
-        def __init__(self, settings, gpus, fake, api_client=None):
+        def __init__(self, settings, gpus, fake, api_client=None, stop=None):
             seen.append(settings.pod_resources_socket)
 
         def run_until(self, stop, why):
@@ -268,3 +269,29 @@ def test_an_empty_pod_resources_socket_env_turns_reconciling_off(
     result = CliRunner().invoke(app, ["deviceplugin"], env=base | env)
     assert result.exit_code == 0, result.output
     assert seen == [None if want is None else Path(want)]
+
+
+def test_a_sigterm_while_it_waits_for_the_pods_at_start_stops_it_there(
+    socket_dir, kubelet, fake_api
+):
+    """The API server does not answer the first list of the node's pods: the start waits for it
+    (`SYNC_TIMEOUT_S`). A SIGTERM then went unheeded until the wait ran out, and the plugin
+    then served and registered with the kubelet, only to stop."""
+    fake_api.hang_next("list", "pods", times=10)
+    env = daemon_env(fake_api, socket_dir, socket_dir, "1x1024")
+    proc = subprocess.Popen([*BATON, "deviceplugin"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        fake_api.wait_for_requests("list", "pods", timeout=30)  # it waits for the answer now
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=SYNC_TIMEOUT_S / 2)
+    finally:
+        proc.kill()
+        _, said = proc.communicate(timeout=10)
+        fake_api.release_hangs()
+    assert code == 0, said
+    assert said.splitlines()[-1].endswith(
+        "device plugin stopped on SIGTERM; the kubelet drops its registration on its own"
+    ), said
+    assert "serving" not in said and "Traceback" not in said, said
+    assert not kubelet.registrations, "registered after the SIGTERM"
+    assert not (socket_dir / names.DEVICE_PLUGIN_SOCKET_NAME).exists(), "its socket left behind"
