@@ -69,7 +69,8 @@ class Driver:
     ) -> None:
         """`api` serves slices, claims and the node; tests pass `slices`/`claims` instead;
         `DraStartError` before anything is made where a socket path is too long to bind;
-        `DraStoppedAtStart` where `stop` comes while it waits for the state directory."""
+        `DraStoppedAtStart` where `stop` comes while it waits for the state directory; one
+        that comes while `start` reads the node ends the start there, serving nothing."""
         endpoint = endpoint_path(settings.plugins_dir)
         _short_enough(endpoint, "--plugins-dir (BATON_DRA_PLUGINS_DIR)")
         _short_enough(
@@ -77,6 +78,7 @@ class Driver:
         )
         self.settings = settings
         self.api = api
+        self._stop_signal = stop
         _writable_dir(settings.state_dir, "--state-dir (BATON_DRA_STATE_DIR)")
         _writable_dir(settings.cdi_dir, "--cdi-dir (BATON_CDI_DIR)")
         self._state_lock: int | None = _hold_state_dir(settings.state_dir, stop)
@@ -218,6 +220,8 @@ class Driver:
         why = self.cdi_refusal()
         if why:
             log.error("claims will not be prepared on this node: %s", why)
+        if self._stop_signal is not None and self._stop_signal.event.is_set():
+            return  # told to stop while it read the node: serve and register nothing
         self.preparer.remove_orphans()
         if not self.settings.registry_dir.is_dir():  # made by the server: no kubelet made it
             log.warning(

@@ -231,6 +231,8 @@ class StatusServer(QuietErrors, ThreadingHTTPServer):
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop serving and close the socket."""
-        self.shutdown()
+        """Stop serving and close the socket (also one never served: `shutdown` would wait for
+        a serving loop that never began)."""
+        if self._thread.ident is not None:
+            self.shutdown()
         self.server_close()

@@ -56,10 +56,11 @@ class Republisher:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop publishing (a wait between retries ends at once)."""
+        """Stop publishing (a wait between retries ends at once); also one never started."""
         self._stop.set()
         self._pending.set()
-        self._thread.join(timeout=MAX_BACKOFF_S + 5)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=MAX_BACKOFF_S + 5)
 
     def _run(self) -> None:
         backoff = self._first_backoff_s
