@@ -27,68 +27,62 @@ def restarted(path: Path):
     return StateStore(path).load()
 
 
-FILLS_THE_DISK_MID_LINE = textwrap.dedent(
-    """
-    import os, resource, signal, sys
-    from agent.core.leases import Lease
-    from agent.node.state import JOURNAL_FILE, StateStore
+PREAMBLE = """
+import os, resource, signal, sys
+from agent.core.leases import Lease
+from agent.node.state import JOURNAL_FILE, StateStore
 
-    def lease(lease_id, token):
-        return Lease(lease_id, "local/a", ("GPU-0",), {"GPU-0": token}, 1.0, 31.0)
+def lease(lease_id, token):
+    return Lease(lease_id, "local/a", ("GPU-0",), {"GPU-0": token}, 1.0, 31.0)
 
-    store = StateStore(sys.argv[1])
-    store.load()
-    size = os.path.getsize(os.path.join(sys.argv[1], JOURNAL_FILE))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 20, hard))  # full 20 bytes into a line
-    store.record_end("w1")
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space freed again
-    store.record_grant(lease("w2", 2))
-    """
-)
+store = StateStore(sys.argv[1])
+store.load()
+size = os.path.getsize(os.path.join(sys.argv[1], JOURNAL_FILE))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+"""
+"""A process over the state directory in `sys.argv[1]`, ready to fill the disk: the scripts below
+set `RLIMIT_FSIZE` (the journal's `size` now, the limit to restore `soft`)."""
 
 
-def test_a_write_the_full_disk_cut_short_leaves_no_torn_line_before_the_next(tmp_path):
-    """A journal write that a full disk cut short part-way does not leave its start behind: the
-    entries appended once there is room again follow whole lines, and a restart reads them."""
-    store = StateStore(tmp_path)
-    store.save(PersistedState(tenants=[A]))
-    store.record_grant(lease("w1", 1))
-    store.close()
+def fill_the_disk(state_dir: Path, script: str) -> str:
+    """Run `script` after `PREAMBLE` in a process of its own (a file size limit is the process's),
+    with the journal `state_dir` holds now; its standard error."""
     run = subprocess.run(
-        [sys.executable, "-c", FILLS_THE_DISK_MID_LINE, str(tmp_path)],
+        [sys.executable, "-c", PREAMBLE + textwrap.dedent(script), str(state_dir)],
         cwd=Path(__file__).resolve().parents[3],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert run.returncode == 0, run.stderr
-    assert "cannot append" in run.stderr
+    return run.stderr
+
+
+def w1_granted(state_dir: Path) -> None:
+    """A state directory whose journal holds the grant of w1 to tenant a."""
+    store = StateStore(state_dir)
+    store.save(PersistedState(tenants=[A]))
+    store.record_grant(lease("w1", 1))
+    store.close()
+
+
+def test_a_write_the_full_disk_cut_short_leaves_no_torn_line_before_the_next(tmp_path):
+    """A journal write that a full disk cut short part-way does not leave its start behind: the
+    entries appended once there is room again follow whole lines, and a restart reads them."""
+    w1_granted(tmp_path)
+    stderr = fill_the_disk(
+        tmp_path,
+        """
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size + 20, hard))  # full 20 bytes into a line
+        store.record_end("w1")
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space freed again
+        store.record_grant(lease("w2", 2))
+        """,
+    )
+    assert "cannot append" in stderr
     loaded = restarted(tmp_path)  # the end of w1 is written again ahead of the grant of w2
     assert [x.lease_id for x in loaded.leases] == ["w2"] and loaded.tokens == {"GPU-0": 2}
-
-
-FILLS_THE_DISK_FOR_A_HANDOFF = textwrap.dedent(
-    """
-    import os, resource, signal, sys
-    from agent.core.leases import Lease
-    from agent.node.state import JOURNAL_FILE, StateStore
-
-    def lease(lease_id, token):
-        return Lease(lease_id, "local/a", ("GPU-0",), {"GPU-0": token}, 1.0, 31.0)
-
-    store = StateStore(sys.argv[1])
-    store.load()
-    size = os.path.getsize(os.path.join(sys.argv[1], JOURNAL_FILE))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))  # the disk is full
-    store.record_grant(lease("w2", 2), ended=["w1"])  # a handoff: one write, which fails
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space freed again
-    store.record_grant(lease("w3", 3), ended=["w2"])
-    """
-)
 
 
 def test_a_handoff_the_full_disk_refused_is_written_ahead_of_the_next_once_there_is_room(
@@ -97,45 +91,19 @@ def test_a_handoff_the_full_disk_refused_is_written_ahead_of_the_next_once_there
     """The entries of a write the full disk refused go to the journal ahead of the next write
     that fits: a restart after it does not find the turn before still held beside the turn
     after (two holders of one GPU), nor wait for a snapshot to lose it."""
-    store = StateStore(tmp_path)
-    store.save(PersistedState(tenants=[A]))
-    store.record_grant(lease("w1", 1))
-    store.close()
-    run = subprocess.run(
-        [sys.executable, "-c", FILLS_THE_DISK_FOR_A_HANDOFF, str(tmp_path)],
-        cwd=Path(__file__).resolve().parents[3],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    w1_granted(tmp_path)
+    stderr = fill_the_disk(
+        tmp_path,
+        """
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))  # the disk is full
+        store.record_grant(lease("w2", 2), ended=["w1"])  # a handoff: one write, which fails
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space freed again
+        store.record_grant(lease("w3", 3), ended=["w2"])
+        """,
     )
-    assert run.returncode == 0, run.stderr
-    assert "cannot append" in run.stderr
+    assert "cannot append" in stderr
     loaded = restarted(tmp_path)
     assert [x.lease_id for x in loaded.leases] == ["w3"] and loaded.tokens == {"GPU-0": 3}
-
-
-CUTS_BACK_ON_A_FULL_DISK = textwrap.dedent(
-    """
-    import resource, signal, sys
-    from agent.core.leases import Lease
-    from agent.node.state import StateStore
-
-    def lease(lease_id, token):
-        return Lease(lease_id, "local/a", ("GPU-0",), {"GPU-0": token}, 1.0, 31.0)
-
-    store = StateStore(sys.argv[1])
-    store.load()
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (50, hard))  # the cut-back copy fills the disk
-    try:
-        store._compact(1, at_least=0)  # as the writer does after a snapshot up to entry 1
-    except OSError as exc:
-        print("compaction failed:", exc.strerror, file=sys.stderr)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    store.record_grant(lease("w4", 4))
-    """
-)
 
 
 def test_a_journal_cut_back_on_a_full_disk_is_left_whole(tmp_path):
@@ -147,14 +115,18 @@ def test_a_journal_cut_back_on_a_full_disk_is_left_whole(tmp_path):
         store.record_end(f"w{n - 1}")
         store.record_grant(lease(f"w{n}", n))
     store.close()
-    run = subprocess.run(
-        [sys.executable, "-c", CUTS_BACK_ON_A_FULL_DISK, str(tmp_path)],
-        cwd=Path(__file__).resolve().parents[3],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    stderr = fill_the_disk(
+        tmp_path,
+        """
+        resource.setrlimit(resource.RLIMIT_FSIZE, (50, hard))  # the cut-back copy fills the disk
+        try:
+            store._compact(1, at_least=0)  # as the writer does after a snapshot up to entry 1
+        except OSError as exc:
+            print("compaction failed:", exc.strerror, file=sys.stderr)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        store.record_grant(lease("w4", 4))
+        """,
     )
-    assert run.returncode == 0, run.stderr
     loaded = restarted(tmp_path)
     assert [x.lease_id for x in loaded.leases] == ["w3", "w4"] and loaded.tokens == {"GPU-0": 4}
-    assert "compaction failed" in run.stderr
+    assert "compaction failed" in stderr
