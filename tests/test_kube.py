@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes import client
@@ -116,3 +117,19 @@ def test_a_403_names_what_the_authorizer_denied_and_to_whom() -> None:
     assert api_error_reason(denied) == f"API server answered 403 Forbidden: {said}"
     bare = ApiException(status=403, reason="Forbidden")
     assert api_error_reason(bare) == "API server answered 403 Forbidden"
+
+
+def test_a_read_the_api_server_does_not_answer_is_made_once(
+    fake_api: FakeApiServer, api_client: Any
+) -> None:
+    """The client's default retried a timed-out read three times: a call bounded by its
+    timeout took four of them against an API server that accepts but does not answer."""
+    fake_api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-1"}})
+    fake_api.hang_next("get", "nodes", times=4)
+    core: Any = client.CoreV1Api(api_client)
+    try:
+        with pytest.raises(urllib3.exceptions.HTTPError):
+            core.read_node("gpu-1", _request_timeout=0.2)
+    finally:
+        fake_api.release_hangs()
+    assert len(fake_api.requests("get", "nodes")) == 1, "the read was retried"

@@ -34,11 +34,15 @@ def load_api_client(kubeconfig: str | None) -> ApiClient:
     """A `kubernetes.client.ApiClient` from the kubeconfig file, or in-cluster config when none.
 
     Order: the given kubeconfig path, then the pod's service account, then `$KUBECONFIG`.
+    Its calls do not retry: the client's default (urllib3's) retries a timed-out read three
+    times, so a call to an API server that does not answer took four times its timeout. Every
+    caller retries (with backoff) or fails in its own way instead.
     """
     import yaml
     from kubernetes import client, config
 
     configuration = client.Configuration()
+    configuration.retries = False
     path = kubeconfig or (None if in_pod() else os.environ.get("KUBECONFIG"))
     if path:
         if not Path(path).is_file():

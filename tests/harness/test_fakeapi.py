@@ -324,7 +324,7 @@ def test_stop_ends_watches_and_start_reuses_the_port(core: Any, fake_api: FakeAp
     fake_api.stop()
     thread.join(timeout=10)
     assert not thread.is_alive() and [e["type"] for e in events] == ["ADDED"]
-    with pytest.raises(urllib3.exceptions.MaxRetryError):
+    with pytest.raises(urllib3.exceptions.HTTPError):
         core.list_node(_request_timeout=2)
     fake_api.start()
     assert fake_api.url == url
