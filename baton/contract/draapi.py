@@ -7,7 +7,6 @@ Raw JSON because the client's models lag resource.k8s.io/v1.
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -22,15 +21,9 @@ class DraApi:
     def __init__(self, api_client: Any, node_name: str) -> None:
         from kubernetes import client
 
-        # A client of its own that does not retry: the client's default retries a timed-out
-        # read three times, so a call to an API server that does not answer took four times
-        # REQUEST_TIMEOUT_S (the driver's start, a SIGTERM then unheeded, past a pod's grace).
-        configuration = copy.copy(api_client.configuration)
-        configuration.retries = False
-        own = client.ApiClient(configuration)
         # Any: the answers are raw (`_preload_content=False`), not the client's models.
-        self._resource: Any = client.ResourceV1Api(own)
-        self._core: Any = client.CoreV1Api(own)
+        self._resource: Any = client.ResourceV1Api(api_client)
+        self._core: Any = client.CoreV1Api(api_client)
         self.node_name = node_name
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
