@@ -60,9 +60,9 @@ class Parking(Protocol):
         """The backend that moves tenants by `method`, one of `methods()`."""
         ...
 
-    def pin(self, tenant_id: str, method: str) -> None:
-        """Move the tenant by `method` until it is resident again (may block: a worker thread's);
-        `BackendError` if it is parked by another."""
+    async def pin(self, tenant_id: str, method: str) -> None:
+        """Move the tenant by `method` until it is resident again, as a move (no other move of
+        it meanwhile); `BackendError` if it is parked by another, or has left."""
         ...
 
     def resident_bytes(self) -> dict[str, int]:

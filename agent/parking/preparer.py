@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from agent.core.planner import Plan, TenantView, plan_ahead, plan_park, plan_turn, too_large
 from agent.core.residency import NoRoom
-from agent.parking.backends.base import Backend, TenantRef
+from agent.parking.backends.base import Backend, BackendError, TenantRef
 from agent.parking.from_model import moved_steps
 from agent.parking.known import counted
 from agent.parking.moving import PlanMoves
@@ -54,11 +54,17 @@ class ParkingPreparer(PlanMoves):
         """The backend that moves tenants by `method`, one of `methods()`."""
         return self.backend.backend_for(method)
 
-    def pin(self, tenant_id: str, method: str) -> None:
-        """Move the tenant by `method` until it is resident again (llm-d's BackendConfig); it
-        reads the tenant's state, so call it from a worker thread."""
-        self.backend.pin(tenant_id, method)
-        self._revision += 1
+    async def pin(self, tenant_id: str, method: str) -> None:
+        """Move the tenant by `method` until it is resident again (llm-d's BackendConfig).
+        Under the lock, as every move: no grant parks or restores it by its old method between
+        the check that nothing of it is parked and the pin, and `forget` runs before or after
+        (a tenant gone by then is refused: nothing is kept for it). It reads the tenant's state
+        in a worker thread."""
+        async with self._lock:
+            if self._host is not None and tenant_id not in self._host.tenant_refs():
+                raise BackendError(f"{tenant_id} left the node: there is nothing to move")
+            await asyncio.to_thread(self.backend.pin, tenant_id, method)
+            self._revision += 1
 
     async def prepare(self, tenant_id: str, gpus: Sequence[str], handed: bool = False) -> None:
         """Make `tenant_id` resident on its GPUs; raise `NoRoom` naming the numbers if not now.

@@ -168,7 +168,7 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             endpoints.configure(tid, target)
         if kind is not None and len(parking.methods()) > 1:  # asked for among several: pinned
             try:
-                await asyncio.to_thread(parking.pin, tid, want)  # it reads the state
+                await parking.pin(tid, want)  # under the preparer's lock, as a move
             except BackendError as exc:
                 raise MethodMissing(str(exc)) from None
             self._jobs.service.persist()  # the method is in the parking record
