@@ -238,17 +238,23 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
             await move
         except Exception as exc:  # NoRoom, a failed move: the operation says why
             op.status, op.error = sa.OPERATION_STATUS_FAILED, str(exc) or type(exc).__name__
+            if not restore:  # a holder it took off the holders stays one (its memory stays)
+                self._hold_turns(op.tenant_id)
         else:
             held, device = bytes_of(preparer, op.tenant_id)
             parking = self._jobs.service.parking
             if not restore and parking is not None:  # the one that parked it
                 op.method = parking.method_of(op.tenant_id)
             if restore:  # back in a turn it holds (a Snapshot took it off): it stays resident
-                for lease in self._jobs.service.table.leases_of(op.tenant_id):
-                    preparer.held(op.tenant_id, lease.gpus)
+                self._hold_turns(op.tenant_id)
             op.status = sa.OPERATION_STATUS_COMPLETE
             op.storage_bytes, op.device_bytes = (held_before if restore else held), device
         op.finished = self._clock()
+
+    def _hold_turns(self, tenant_id: str) -> None:
+        """Count the tenant holding the turns it holds: no other turn parks it during them."""
+        for lease in self._jobs.service.table.leases_of(tenant_id):
+            self._jobs.service.preparer.held(tenant_id, lease.gpus)
 
     @mapped
     async def GetOperation(
