@@ -125,7 +125,10 @@ class ClaimBook:
         for uid in uids:
             old = self._placed.pop(uid, None)
             if old is not None:
-                self._by_node[old.node].pop(uid, None)
+                held = self._by_node[old.node]
+                held.pop(uid, None)
+                if not held:  # nodes come and go all day, each name seen once
+                    del self._by_node[old.node]
             new = self._holding(uid)
             if new is not None:
                 self._placed[uid] = new

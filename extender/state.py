@@ -291,7 +291,10 @@ class ClusterState:
         old = self._assigned.pop(uid, None)
         if old is None:
             return set()
-        self._by_node[old.node].discard(uid)
+        on_node = self._by_node[old.node]
+        on_node.discard(uid)
+        if not on_node:  # nodes come and go all day, each name seen once
+            del self._by_node[old.node]
         return {old.node}
 
     def _drop_assumed(self, uid: str) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from baton.contract import names
 from extender.inventory import Assignment
 from extender.placement import Limits, PlacedPod
 from extender.state import ClusterState
@@ -177,3 +178,38 @@ def test_the_watch_showing_another_assignment_than_assumed_rebuilds_the_node() -
     rebuilt = state.node("n1")
     assert rebuilt is not assumed and rebuilt is not None
     assert [list(g.tenants) for g in rebuilt.gpus] == [[], ["u1"]]
+
+
+def test_nodes_that_come_and_go_leave_nothing_behind() -> None:
+    """An autoscaler adds and deletes nodes all day, each name seen once: once a node and its
+    pods are gone, the state keeps nothing under its name (plain and DRA pods alike)."""
+    state, _ = setup()
+    state.dra = True
+    for i in range(3):
+        name = f"spot-{i}"
+        state.upsert_node(node(name, gpus=1))
+        plain = pod("p", uid=f"u{i}", node_name=name, assigned=[f"GPU-{name}-0"])
+        claimed = pod("c", gpus=None, node_name=name, uid=f"c{i}")
+        state.upsert_pod(plain)
+        state.upsert_pod(claimed)
+        state.upsert_claim(dra_claim(f"c{i}-gpu", name, f"c{i}"))
+        assert tenants(state, name) == [f"u{i}", f"c{i}"]
+        state.delete_pod(plain)
+        state.delete_pod(claimed)
+        state.delete_claim(dra_claim(f"c{i}-gpu", name, f"c{i}"))
+        state.delete_node(node(name, gpus=1))
+    assert state.node_names() == ["n1"]
+    assert dict(state._by_node) == {}
+    assert dict(state._claims._by_node) == {}
+
+
+def dra_claim(name: str, node_name: str, uid: str) -> dict[str, object]:
+    result = {"request": "gpu", "driver": names.DRA_DRIVER, "pool": node_name, "device": "gpu-0"}
+    return {
+        "metadata": {"namespace": "default", "name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {}}]}},
+        "status": {
+            "allocation": {"devices": {"results": [result]}},
+            "reservedFor": [{"resource": "pods", "name": "c", "uid": uid}],
+        },
+    }
