@@ -16,7 +16,7 @@ import contextlib
 import itertools
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import grpc
@@ -147,6 +147,14 @@ class _Link:
                 waiter.set_exception(_Lost(self.lost))
         self._writer.close()
 
+    def busy(self) -> bool:
+        """Whether calls on it wait for their answers."""
+        return bool(self._waiting)
+
+    def stop(self) -> None:
+        """Close the connection (its reading task ends on the loop's next steps)."""
+        self._reading.cancel()
+
     async def close(self) -> None:
         self._reading.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -241,6 +249,21 @@ class AgentLinks:
         answer: jt.ReportResponse = await self._call(node, address, self._timeout, report=request)
         return answer
 
+    def forget_others(self, addresses: Collection[str]) -> None:
+        """Close and forget the connections to agents at any other address (their nodes were
+        deleted: an autoscaler's, spot nodes); one still opening or with calls in flight is
+        left to a later call."""
+        for address in [a for a in self._links if a not in addresses]:
+            opening = self._links[address]
+            if not opening.done():
+                continue
+            link = None if _failed(opening) else opening.result()
+            if link is not None and link.busy():
+                continue
+            del self._links[address]
+            if link is not None:
+                link.stop()
+
     async def close(self) -> None:
         """Close every connection."""
         links, self._links = self._links, {}
@@ -262,9 +285,14 @@ def _close(writer: asyncio.StreamWriter | None) -> None:
         writer.close()
 
 
+def _failed(opening: asyncio.Task[_Link]) -> bool:
+    """Whether a finished opening failed."""
+    return opening.cancelled() or opening.exception() is not None
+
+
 def _unusable(opening: asyncio.Task[_Link]) -> bool:
     """Whether a finished opening failed, or its connection has ended since."""
-    return opening.cancelled() or opening.exception() is not None or bool(opening.result().lost)
+    return _failed(opening) or bool(opening.result().lost)
 
 
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE

@@ -1,4 +1,5 @@
-"""Jobs gone from the cluster leave the coordinator's table. Pure but for the view's lock.
+"""Jobs gone from the cluster leave the coordinator's table. Pure but for the view's lock and
+the connections to gone nodes' agents, which close.
 
 The table keeps, per tenant (a job's turn on a group), its usage, when it was last served on
 each GPU and its fair virtual time (carried in the Lease, `coordinator.fairstate`). Jobs come and
@@ -9,7 +10,7 @@ neither holds nor waits for a turn leaves the table, as a pod leaves its node ag
 Nodes come and go all day too (a cluster autoscaler, spot nodes), each name seen once: the state
 kept per GPU (`node/GPU`: its entry in the table, when its turn last changed, its fair clocks,
 carried in the Lease too) of a node deleted from the cluster is forgotten once no turn holds or
-waits for it (`forget_gone_nodes`).
+waits for it, and the connection to its agent closes (`forget_gone_nodes`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Collection, MutableMapping
 
 from agent.core.leases import GpuState, LeaseTable
+from coordinator.agents import AgentLinks
 from coordinator.cluster import ClusterView
 
 _FREE = GpuState()
@@ -49,14 +51,22 @@ def _job_of(key: str) -> tuple[str, str]:
 
 
 def forget_gone_nodes(
-    table: LeaseTable, view: ClusterView, changed_at: MutableMapping[str, float], heard: set[str]
+    table: LeaseTable,
+    view: ClusterView,
+    changed_at: MutableMapping[str, float],
+    heard: set[str],
+    links: AgentLinks | None = None,
 ) -> list[str]:
     """Drop from `table` (and `changed_at`) the GPUs (`node/GPU`) of nodes gone from `view`
     that no turn holds or waits for, and from `heard` (`Settling.heard`) the nodes gone (one
-    that comes back is asked again); the GPUs dropped."""
+    that comes back is asked again); close `links`' connections to addresses no node in `view`
+    names (an agent still up on a deleted node's machine keeps one open); the GPUs dropped."""
     with view.lock:
         nodes = set(view.nodes)
+        addresses = {node.address for node in view.nodes.values() if node.address}
     heard.intersection_update(nodes)
+    if links is not None:
+        links.forget_others(addresses)
     named = {gpu for lease in table.leases.values() for gpu in lease.gpus}
     named.update(gpu for waiter in table.waiters.values() for gpu in waiter.gpus)
     known = set(table.gpus) | set(changed_at)

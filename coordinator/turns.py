@@ -163,7 +163,7 @@ class Arbiter:
         if not self.epoch or not self.view.wait_listed(0.0):
             return
         forget_gone(self.table, self.view, {*self.held, *self._by_key})
-        forget_gone_nodes(self.table, self.view, self.changed_at, self.settling.heard)
+        forget_gone_nodes(self.table, self.view, self.changed_at, self.settling.heard, self.links)
         pods = self.view.pods()
         for key, turn in list(self.held.items()):
             if turn.pods and not turn.pods & pods:

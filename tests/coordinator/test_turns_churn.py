@@ -4,6 +4,7 @@ that are in the cluster, not every job it ever granted a turn (agents on loopbac
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -120,5 +121,52 @@ def test_nodes_deleted_after_their_turns_leave_the_coordinators_table(tmp_path: 
         finally:
             await close(arbiter)
             await held.stop()
+
+    run(body)
+
+
+async def _churned_node(arbiter: Arbiter, view: ClusterView, node: LoopbackNode) -> None:
+    """`node` joins the cluster, serves one job turn, and is deleted from it."""
+    view.nodes[node.name] = Node(node.name, node.address, node.gpus)
+    arbiter.settling.settled(node.name)
+    pod = f"team/job-{node.name}"
+    node.add_pod(pod, node.gpus, "job")
+    view.members[pod] = ("team", "job", Member(pod, node.name, node.gpus))
+    await arbiter.acquire("team", "job", "", timeout=5)
+    await arbiter.yield_("team", "job", "")
+    del view.members[pod]
+    del view.nodes[node.name]
+
+
+def test_the_connections_to_the_agents_of_deleted_nodes_are_closed_and_forgotten(
+    tmp_path: Path,
+) -> None:
+    """A node deleted from the cluster leaves no connection (nor its reading task) open to its
+    agent, whether the agent is still up (the Node object deleted before its machine went)
+    or already gone; a node still in the cluster keeps its connection."""
+
+    async def body() -> None:
+        view = ClusterView()
+        arbiter = Arbiter(view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time)
+        table = arbiter.new_table()
+        arbiter.lead(1, table, await recover(view, arbiter.links, table, 1))
+        kept = await LoopbackNode("kept", tmp_path / "kept", ("GPU-kept",)).start()
+        up = await LoopbackNode("up", tmp_path / "up", ("GPU-up",)).start()
+        down = await LoopbackNode("down", tmp_path / "down", ("GPU-down",)).start()
+        try:
+            await _churned_node(arbiter, view, kept)
+            view.nodes["kept"] = Node("kept", kept.address, kept.gpus)  # it stays
+            await _churned_node(arbiter, view, up)  # its agent still runs
+            await _churned_node(arbiter, view, down)
+            await down.stop()  # its agent went with its machine
+            arbiter.prune_joined()  # what the coordinator does as the watches show it
+            assert set(arbiter.links._links) == {kept.address}
+            while up.server._connections:  # bounded by `run`
+                await asyncio.sleep(0.01)
+            assert len(kept.server._connections) == 1
+        finally:
+            await close(arbiter)
+            for node in (kept, up, down):
+                await node.stop()
 
     run(body)
