@@ -103,5 +103,19 @@ def watch(metrics: CoordinatorMetrics, arbiter: Arbiter) -> None:
         metrics.granted.inc()
         metrics.handover.observe(seconds)
 
+    failed_on: set[str] = set()
+
+    def failed(node: str) -> None:
+        failed_on.add(node)
+        metrics.failed.labels(node=node).inc()
+
+    def pruned() -> None:  # nodes come and go all day, each name seen once
+        with arbiter.view.lock:
+            gone = failed_on - arbiter.view.nodes.keys()
+        for node in gone:
+            failed_on.discard(node)
+            metrics.failed.remove(node)
+
     arbiter.on_granted = granted
-    arbiter.on_failed = lambda node: metrics.failed.labels(node=node).inc()
+    arbiter.on_failed = failed
+    arbiter.on_pruned = pruned

@@ -62,6 +62,8 @@ class Arbiter:
     """Hears each grant, with how long its handover took (`coordinator.status`)."""
     on_failed: Callable[[str], None] = lambda node: None
     """Hears each turn rolled back, with the node that failed first."""
+    on_pruned: Callable[[], None] = lambda: None
+    """Hears each prune: nodes may have gone (`coordinator.status` drops their series)."""
     changed_at: dict[str, float] = field(default_factory=dict)
     """GPU (`node/GPU`) → when its turn last started, began moving or ended."""
     settling: Settling = field(default_factory=Settling)
@@ -164,6 +166,7 @@ class Arbiter:
             return
         forget_gone(self.table, self.view, {*self.held, *self._by_key})
         forget_gone_nodes(self.table, self.view, self.changed_at, self.settling.heard, self.links)
+        self.on_pruned()
         pods = self.view.pods()
         for key, turn in list(self.held.items()):
             if turn.pods and not turn.pods & pods:

@@ -8,11 +8,15 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
 from agent.core.fair import FairShare
 from agent.core.leases import LeaseTable
 from coordinator.agents import AgentLinks
 from coordinator.cluster import ClusterView, Member, Node
+from coordinator.jobturn import TurnFailed
 from coordinator.recovery import recover
+from coordinator.status import CoordinatorMetrics, watch
 from coordinator.turns import Arbiter
 from tests.coordinator.loopback import TOKEN, LoopbackNode
 from tests.coordinator.test_turns import close, run
@@ -168,5 +172,43 @@ def test_the_connections_to_the_agents_of_deleted_nodes_are_closed_and_forgotten
             await close(arbiter)
             for node in (kept, up, down):
                 await node.stop()
+
+    run(body)
+
+
+def test_the_failure_series_of_a_deleted_node_goes_with_it(tmp_path: Path) -> None:
+    """`baton_coordinator_job_turn_failures_total{node}` of a node deleted from the cluster
+    leaves /metrics (its spot machine taken back mid-turn, then deleted); a node still in the
+    cluster keeps its series."""
+
+    async def body() -> None:
+        view = ClusterView()
+        arbiter = Arbiter(view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time)
+        metrics = CoordinatorMetrics()
+        watch(metrics, arbiter)
+        table = arbiter.new_table()
+        arbiter.lead(1, table, await recover(view, arbiter.links, table, 1))
+        nodes = [
+            await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start()
+            for name in ("kept", "spot")
+        ]
+        try:
+            for node in nodes:
+                view.nodes[node.name] = Node(node.name, node.address, node.gpus)
+                arbiter.settling.settled(node.name)
+                pod = f"team/job-{node.name}"
+                node.add_pod(pod, node.gpus, f"job-{node.name}")
+                view.members[pod] = ("team", f"job-{node.name}", Member(pod, node.name, node.gpus))
+                await node.stop()  # its agent is gone: the job's turn is rolled back
+                with pytest.raises(TurnFailed):
+                    await arbiter.acquire("team", f"job-{node.name}", "", timeout=5)
+            del view.members["team/job-spot"]
+            del view.nodes["spot"]
+            arbiter.prune_joined()  # what the coordinator does as the watches show it
+            series = "baton_coordinator_job_turn_failures_total"
+            assert metrics.registry.get_sample_value(series, {"node": "kept"}) == 1.0
+            assert metrics.registry.get_sample_value(series, {"node": "spot"}) is None
+        finally:
+            await close(arbiter)
 
     run(body)
