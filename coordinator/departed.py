@@ -16,13 +16,27 @@ waits for it, and the connection to its agent closes (`forget_gone_nodes`).
 from __future__ import annotations
 
 from collections.abc import Collection, MutableMapping
+from typing import TYPE_CHECKING
 
 from agent.core.leases import GpuState, LeaseTable
 from coordinator.agents import AgentLinks
 from coordinator.cluster import ClusterView
 
+if TYPE_CHECKING:
+    from coordinator.turns import Arbiter
+
 _FREE = GpuState()
 """The state of a GPU the table does not know: held by nobody (read only)."""
+
+
+def forget_departed(arbiter: Arbiter, busy: Collection[str]) -> None:
+    """The jobs and nodes gone from the cluster that the arbiter holds and waits for nothing of
+    (`busy`: the tenants it holds or asks a turn for) leave its table (`forget_gone`,
+    `forget_gone_nodes`); then its `on_pruned` hears."""
+    forget_gone(arbiter.table, arbiter.view, busy)
+    heard = arbiter.settling.heard
+    forget_gone_nodes(arbiter.table, arbiter.view, arbiter.changed_at, heard, arbiter.links)
+    arbiter.on_pruned()
 
 
 def forget_gone(table: LeaseTable, view: ClusterView, busy: Collection[str]) -> list[str]:

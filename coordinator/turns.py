@@ -27,7 +27,7 @@ from agent.core.waiters import Waiter
 from coordinator import handover
 from coordinator.agents import AgentLinks
 from coordinator.cluster import ClusterView, Plan, turn_key
-from coordinator.departed import forget_gone, forget_gone_nodes
+from coordinator.departed import forget_departed
 from coordinator.jobturn import Asked, JobTurn, NotLeading, TurnFailed, late, not_holder, time_left
 from coordinator.overlap import holding
 from coordinator.releases import Releases
@@ -158,15 +158,12 @@ class Arbiter:
         return len(waiting)
 
     def prune_joined(self) -> None:
-        """Pods that joined a turn and have left the cluster leave it (the last one ends it);
-        a turn none of whose pods is left ends (nobody could yield it: its job is gone); jobs
-        and nodes gone, held and waited for by none, leave the table (`coordinator.departed`). Not
-        before every pods' watch has listed once: a pod not listed yet has not left."""
+        """Pods of a turn that left the cluster leave it (the last one ends it; a turn none of
+        whose pods is left ends), and jobs and nodes gone leave the table (`coordinator.departed`).
+        Not before every pods' watch has listed once: a pod not listed yet has not left."""
         if not self.epoch or not self.view.wait_listed(0.0):
             return
-        forget_gone(self.table, self.view, {*self.held, *self._by_key})
-        forget_gone_nodes(self.table, self.view, self.changed_at, self.settling.heard, self.links)
-        self.on_pruned()
+        forget_departed(self, {*self.held, *self._by_key})
         pods = self.view.pods()
         for key, turn in list(self.held.items()):
             if turn.pods and not turn.pods & pods:
