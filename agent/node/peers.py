@@ -96,6 +96,15 @@ def socket_inode(peer: str, server_port: int, proc_root: Path = Path("/proc")) -
 
 def process_of_socket(inode: int, proc_root: Path = Path("/proc")) -> PeerProcess | None:
     """The process that holds the socket `inode` open (the first found)."""
+    found = holder_of_socket(inode, proc_root)
+    return None if found is None else found[0]
+
+
+def holder_of_socket(
+    inode: int, proc_root: Path = Path("/proc")
+) -> tuple[PeerProcess, Path] | None:
+    """The process that holds the socket `inode` open (the first found), and the descriptor's
+    path in /proc through which it does."""
     target = f"socket:[{inode}]"
     for entry in proc_root.iterdir():
         if not entry.name.isdigit():
@@ -107,7 +116,7 @@ def process_of_socket(inode: int, proc_root: Path = Path("/proc")) -> PeerProces
         for fd in fds:
             try:
                 if os.readlink(fd) == target:
-                    return PeerProcess(int(entry.name), entry.stat().st_uid)
+                    return PeerProcess(int(entry.name), entry.stat().st_uid), fd
             except OSError:  # this descriptor closed meanwhile: the others still count
                 continue
     return None
@@ -140,34 +149,50 @@ def peer_process(
 
 
 class Callers:
-    """The local process behind each connection to `server_port` (a gRPC peer, `ip:port`). The
-    connection is looked up on every call: a port that a live process closed may be another
-    process's since (another pod's). The process holding it (found by reading every process's
-    descriptors) is remembered until it exits."""
+    """The local process behind each connection to `server_port` (a gRPC peer, `ip:port`),
+    found by reading the node's socket tables and every process's descriptors (milliseconds),
+    then remembered with the descriptor it holds the connection by. A remembered one is checked
+    on every call with one `readlink`: while that descriptor is still the same socket, the
+    connection is (no other can have its addresses), but a port a live process closed may be
+    another process's since (another pod's), which is then looked up afresh."""
 
     def __init__(self, watch: ProcessWatch, server_port: int, proc_root: Path) -> None:
         self._watch = watch
         self._port = server_port
         self._proc_root = proc_root
-        self.known: dict[str, tuple[PeerProcess, int]] = {}
-        """Peer → its process and its connection's socket inode, till that process exits."""
+        self.known: dict[str, tuple[PeerProcess, Path, str]] = {}
+        """Peer → its process, the descriptor and what it links to (`socket:[inode]`), till
+        that process exits."""
 
     async def of(self, peer: str) -> PeerProcess | None:
         """The process calling from `peer`, or None if it is not in a network namespace here."""
-        inode = await asyncio.to_thread(socket_inode, peer, self._port, self._proc_root)
-        if inode is None:
-            return None
         known = self.known.get(peer)
-        if known is not None and known[1] == inode:
+        if known is not None and _links_to(known[1], known[2]):
             return known[0]
-        found = await asyncio.to_thread(process_of_socket, inode, self._proc_root)
-        watched = found is not None and any(p.pid == found.pid for p, _ in self.known.values())
-        if found is not None and (watched or self._watch.watch(found.pid, self._exited)):
-            self.known[peer] = (found, inode)  # a miss is not kept
-        return found
+        inode = await asyncio.to_thread(socket_inode, peer, self._port, self._proc_root)
+        found = (
+            None
+            if inode is None
+            else await asyncio.to_thread(holder_of_socket, inode, self._proc_root)
+        )
+        if found is None:  # a miss is not kept: the next call looks again
+            self.known.pop(peer, None)
+            return None
+        process, fd = found
+        watched = any(p.pid == process.pid for p, _, _ in self.known.values())
+        if watched or self._watch.watch(process.pid, self._exited):
+            self.known[peer] = (process, fd, f"socket:[{inode}]")
+        return process
 
     def _exited(self, pid: int) -> None:
         self.known = {k: v for k, v in self.known.items() if v[0].pid != pid}
+
+
+def _links_to(fd: Path, target: str) -> bool:
+    try:
+        return os.readlink(fd) == target
+    except OSError:  # closed, or its process gone
+        return False
 
 
 class ProcessWatch:
