@@ -75,9 +75,10 @@ class Server:
     async def _serve(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self._loop.add_signal_handler(sig, self._on_stop_signal, sig)
+        main = threading.current_thread() is threading.main_thread()
+        found = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} if main else {}
+        for sig in found:
+            self._loop.add_signal_handler(sig, self._on_stop_signal, sig)
         self._ready.set()
         if self._stop_asked.is_set() or self.stop_signal is not None:
             self._stop.set()
@@ -90,9 +91,10 @@ class Server:
                 self._checking.cancel()
             if self._on_stop is not None:
                 self._on_stop()
-            if threading.current_thread() is threading.main_thread():
-                for sig in STOP_SIGNALS:
-                    self._loop.remove_signal_handler(sig)
+            for sig, handler in found.items():  # not the default's: the caller still stops
+                self._loop.remove_signal_handler(sig)
+                if handler is not None:  # e.g. `catch_stop_signals`': one more is only noted
+                    signal.signal(sig, handler)
 
     def _check_tls(self) -> None:
         """Serve changed TLS files from the next handshake on; look again later."""
@@ -103,7 +105,8 @@ class Server:
     def catch_stop_signals(self) -> None:
         """From now on (call it in the main thread), SIGTERM or SIGINT stops the server, also
         one that arrives before `run` serves: it then stops as soon as it starts. While `run`
-        serves, its event loop handles them."""
+        serves, its event loop handles them; once it returns, one more is only noted, so that
+        the caller stops the rest in order."""
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_early_signal)
 

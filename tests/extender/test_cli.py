@@ -216,3 +216,53 @@ def test_a_sigterm_as_soon_as_it_serves_still_stops_it_in_order(
     with running_extender(fake_api, tmp_path, lines):
         pass
     assert [line for line in lines if "stopped on SIGTERM; watches closed" in line], lines
+
+
+@pytest.fixture
+def silent_proxy() -> Iterator[int]:
+    """A proxy that takes connections and never answers: through it a watch's stop cannot cut
+    its request short (it waits for the join's bound, 5 s, and says so)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener:
+        yield listener.getsockname()[1]
+
+
+def _wait_for_line(lines: list[str], text: str) -> None:
+    with _LOG_READ:
+        _LOG_READ.wait_for(lambda: any(text in line for line in lines) or "" in lines, 30)
+    assert any(text in line for line in lines), f"no {text!r} line: {lines}"
+
+
+@pytest.mark.parametrize("again", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_stop_signal_while_the_watches_stop_does_not_kill_it(
+    silent_proxy: int, tmp_path: Path, again: signal.Signals
+) -> None:
+    """The event loop has ended and the watches are stopping: another SIGTERM (or Ctrl-C) must
+    not end it there, without its "stopped" line (killed by the signal, or exit status 130)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    cluster = f'server: "http://127.0.0.1:1", proxy-url: "http://127.0.0.1:{silent_proxy}"'
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{{cluster}}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    baton = str(Path(sys.executable).parent / "baton")
+    command = [baton, "extender", "--kubeconfig", str(kubeconfig), "--host", "127.0.0.1"]
+    env = {**os.environ, "BATON_EXTENDER_PORT": "0"}
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=_read_log, args=(proc.stderr, lines), daemon=True)
+    reader.start()
+    try:
+        _port_from_log(lines)
+        proc.send_signal(signal.SIGTERM)
+        _wait_for_line(lines, "the watch did not stop in time")  # the first of two watches
+        proc.send_signal(again)
+        code = proc.wait(timeout=STOP_TIMEOUT_S)
+    finally:
+        proc.kill()
+        reader.join(timeout=STOP_TIMEOUT_S)
+    assert code == 0, "".join(lines)
+    assert any("extender stopped on SIGTERM; watches closed" in line for line in lines), lines
