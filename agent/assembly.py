@@ -33,7 +33,7 @@ from agent.parking.metrics import Forward
 from agent.parking.setup import build_backend, build_preparer
 from agent.server.service import LeaseService
 from agent.server.sessions import SessionRegistry
-from baton.contract.shutdown import on_stop_signal_async
+from baton.contract.shutdown import StopSignal, on_stop_signal_async
 
 __all__ = ["Agent", "AgentConfig", "AgentStartError", "build_agent", "run_agent"]
 
@@ -100,13 +100,16 @@ def _pods_api_client(config: AgentConfig) -> Any:
     return load_api_client(config.kubeconfig)
 
 
-async def run_agent(config: AgentConfig) -> None:
+async def run_agent(config: AgentConfig, early: StopSignal | None = None) -> None:
     """Build and run an agent until SIGTERM or SIGINT (or cancellation); then stop it cleanly.
     It holds its state directory meanwhile (`agent.node.statelock`): a second agent given it is
-    refused with `StateDirError` before it reads or writes anything there."""
+    refused with `StateDirError` before it reads or writes anything there. A signal `early`
+    caught before this one's handlers (while it loaded and built) stops it as it starts."""
     with holding(config.state_dir):
         agent = build_agent(config)
         on_stop_signal_async(asyncio.get_running_loop(), agent.request_stop)
+        if early is not None and early.received:
+            agent.request_stop(early.received)
         try:
             await agent.start()
         except BaseException:

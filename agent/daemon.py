@@ -92,11 +92,13 @@ class Agent:
         return self.service.sessions
 
     async def start(self) -> None:
-        """Reinstate the saved state, open the sockets; raises `AgentStartError` (what to pass)
-        before anything is served."""
+        """Reinstate the saved state, open the sockets (none where a stop was already asked);
+        raises `AgentStartError` (what to pass) before anything is served."""
         cfg = self.config
         service = self.service
         service.load()
+        if self._stop_requested.is_set():
+            return  # told to stop before it served: it serves nothing, and `stop` saves the state
         if service.parking is not None:
             try:  # what the agent before this one left parked shows in /v1/status and /metrics
                 await service.parking.refresh()

@@ -7,7 +7,8 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -83,6 +84,18 @@ class StopSignal:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self.handle)
         return self
+
+    @contextmanager
+    def caught(self) -> Iterator[StopSignal]:
+        """`install` for the block, then give back the handlers found."""
+        found = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+        self.install()
+        try:
+            yield self
+        finally:
+            for sig, handler in found.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
 
     def handle(self, sig: int, _frame: FrameType | None = None) -> None:
         """Record the signal and wake whoever waits."""

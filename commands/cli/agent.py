@@ -23,6 +23,7 @@ from commands.cli.options import (
 
 if TYPE_CHECKING:
     from agent.assembly import AgentConfig
+    from baton.contract.shutdown import StopSignal
 
 
 ABOVE_ZERO = ("max_hold", "move_timeout", "driver_call_timeout", "slowest_copy_gbps", "fake_scale")
@@ -53,6 +54,13 @@ def _queue_policy(queue_policy: str | None, deprecated: str | None) -> str:
 @command_options(AgentSettings)
 def agent(**options: Any) -> None:
     """Run the node agent: turn-taking leases on this node's GPUs."""
+    from baton.contract.shutdown import StopSignal
+
+    with StopSignal().caught() as early:  # from here on a stop signal is noted till it runs
+        _run_agent(options, early)
+
+
+def _run_agent(options: dict[str, Any], early: StopSignal) -> None:
     import asyncio
 
     from agent.assembly import AgentStartError, run_agent
@@ -64,7 +72,7 @@ def agent(**options: Any) -> None:
     setup_logging(settings.log_level)
     config = _agent_config(settings)
     try:
-        asyncio.run(run_agent(config))
+        asyncio.run(run_agent(config, early))
     except BackendUnavailable as exc:
         typer.echo(f"baton agent: --backend {settings.backend}: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -82,7 +82,7 @@ def test_the_app_backend_reaches_tenants_through_the_agents_sessions(workdir: st
 def _configs(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str]) -> Any:
     seen: list[AgentConfig] = []
 
-    async def capture(config: AgentConfig) -> None:
+    async def capture(config: AgentConfig, early: object = None) -> None:
         seen.append(config)
 
     monkeypatch.setattr("agent.assembly.run_agent", capture)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -232,3 +235,60 @@ def test_events_ends_saying_the_agent_stops_and_holds_no_stop_for_its_grace(
         "watch again once it is back\n"
     )
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+HELD_PLUGIN = """import socket, sys
+held = socket.socket(socket.AF_UNIX)
+held.connect(sys.argv[1])
+held.sendall(b"started")
+print(held.makefile().read())
+"""
+"""A kubeconfig's credential plugin that says it started, then waits for its credential."""
+
+
+def test_a_sigterm_while_the_agent_loads_its_kubeconfig_stops_it_in_order(workdir: str) -> None:
+    """The signal comes before the agent's event loop handles it (its kubeconfig's credential
+    plugin still running): the agent stopped there, killed, with no line. It must stop as it
+    starts, serving nothing: its line and exit status 0."""
+    plugin, held = Path(workdir, "plugin.py"), f"{workdir}/plugin.sock"
+    plugin.write_text(HELD_PLUGIN)
+    api_version = "client.authentication.k8s.io/v1"
+    run = {"command": sys.executable, "args": [str(plugin), held], "interactiveMode": "Never"}
+    user = {"exec": {"apiVersion": api_version, **run}}
+    kubeconfig = Path(workdir, "kubeconfig")
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": user}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    state = f"{workdir}/state"
+    where = ["--socket", f"{workdir}/a.sock", "--state-dir", state, "--http-port", "0"]
+    node = ["--node-name", "n1", "--kubeconfig", str(kubeconfig)]
+    command = [sys.executable, "-m", "baton", "agent", *where, *node]
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(held)
+        listener.listen(1)
+        listener.settimeout(30)
+        proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(30)
+                assert conn.recv(16) == b"started"
+                proc.send_signal(signal.SIGTERM)
+                credential = {"apiVersion": api_version, "status": {"token": "t"}}
+                with contextlib.suppress(OSError):  # the agent killed: the plugin may be gone
+                    conn.sendall(json.dumps(credential).encode())
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert f"agent stopped on SIGTERM; tenants, leases and parked memory kept in {state}" in err
+    assert "agent ready" not in err and not Path(workdir, "a.sock").exists()
