@@ -32,7 +32,7 @@ from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
 from baton.contract import names
 from baton.contract.kube import Outage
 from baton.contract.reflector import KubeSource, Reflector
-from baton.contract.shutdown import on_stop_signal_async
+from baton.contract.shutdown import StopSignal, on_stop_signal_async
 from baton.contract.statushttp import StatusServer
 from baton.contract.tcpbind import bind_error, served_at
 from coordinator import fairstate
@@ -342,8 +342,10 @@ class _Health(hp_grpc.HealthServicer):
         return hp.HealthCheckResponse(status=status)
 
 
-async def run_coordinator(config: CoordinatorConfig) -> None:
-    """Build and run a coordinator until SIGTERM or SIGINT; then step down and stop cleanly."""
+async def run_coordinator(config: CoordinatorConfig, early: StopSignal | None = None) -> None:
+    """Build and run a coordinator until SIGTERM or SIGINT; then step down and stop cleanly. A
+    signal `early` caught before this one's handlers stops it before it starts: it serves and
+    campaigns for nothing."""
     from baton.contract.kube import load_api_client
 
     stop = asyncio.Event()
@@ -354,9 +356,12 @@ async def run_coordinator(config: CoordinatorConfig) -> None:
         stop.set()
 
     on_stop_signal_async(asyncio.get_running_loop(), request_stop)
+    if early is not None and early.received:
+        request_stop(early.received)
     coordinator = Coordinator(config, load_api_client(config.kubeconfig))
     try:
-        await coordinator.start()
+        if not stop.is_set():
+            await coordinator.start()
         await stop.wait()
     finally:
         await coordinator.stop()

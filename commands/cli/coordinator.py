@@ -24,6 +24,7 @@ POLICIES = ("fifo", "fair")
 
 
 def coordinator(
+    ctx: typer.Context,
     token_file: Annotated[
         str,
         typer.Option(
@@ -86,6 +87,9 @@ def coordinator(
     log_level: LogLevel = "INFO",
 ) -> None:
     """Run the cluster coordinator: one turn for a whole job across its pods and nodes."""
+    from baton.contract.shutdown import StopSignal
+
+    early = ctx.with_resource(StopSignal().caught())  # a stop signal is noted till it runs
     from baton.contract.kube import KubeConfigError
     from coordinator.daemon import CoordinatorConfig, CoordinatorStartError, run_coordinator
     from coordinator.lease import TimingError, check_timing
@@ -141,7 +145,7 @@ def coordinator(
         pod_namespace=pod_namespace,
     )
     try:
-        asyncio.run(run_coordinator(config))
+        asyncio.run(run_coordinator(config, early))
     except (KubeConfigError, CoordinatorStartError) as err:
         typer.echo(f"baton coordinator: {err}", err=True)
         raise typer.Exit(2) from None

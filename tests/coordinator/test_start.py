@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import grpc
@@ -85,3 +89,42 @@ def test_the_start_line_names_the_ports_it_bound_for_port_0(
             assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         coordinator.stop()
+
+
+def test_a_sigterm_while_it_reads_its_token_stops_it_in_order(tmp_path: Path) -> None:
+    """The signal comes before the coordinator's event loop handles it (its token file, a pipe
+    here, still being read): it was killed there with no line. It must stop before it starts,
+    serving and campaigning for nothing: its line and exit status 0."""
+    token = tmp_path / "token"
+    os.mkfifo(token)
+    kubeconfig = tmp_path / "kubeconfig"  # an API server it must not need
+    kubeconfig.write_text(
+        'apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]'
+        "\nusers: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    coordinator = subprocess.Popen(
+        [
+            sys.executable, "-m", "baton", "coordinator",
+            "--kubeconfig", str(kubeconfig), "--token-file", str(token),
+            "--llmd-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+        ],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    opened: list[int] = []
+    opener = threading.Thread(target=lambda: opened.append(os.open(token, os.O_WRONLY)))
+    opener.daemon = True
+    opener.start()  # the pipe opens once the coordinator opens it to read its token
+    try:
+        opener.join(60)
+        assert opened, "the coordinator did not read its token file"
+        coordinator.send_signal(signal.SIGTERM)
+        with contextlib.suppress(OSError):  # a killed one reads no more
+            os.write(opened[0], b"t" * 32)
+        os.close(opened[0])
+        _, err = coordinator.communicate(timeout=60)
+    finally:
+        coordinator.kill()
+        os.close(os.open(token, os.O_RDONLY | os.O_NONBLOCK))  # an opener still waiting goes on
+    assert coordinator.returncode == 0, err
+    assert "coordinator stopped on SIGTERM" in err and "campaigning" not in err, err
