@@ -11,10 +11,11 @@ The last `KEEP` finished operations are kept.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +93,8 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
         self._ids = itertools.count(1)
         self._tasks: dict[asyncio.Task[None], Operation] = {}
         """The operations under way, by the task that runs each."""
+        self._choosing: dict[asyncio.Future[None], str] = {}
+        """Snapshot and Restore calls still choosing their method (no operation yet), by tenant."""
 
     def moving(self, tenant_id: str) -> bool:
         """Whether the tenant's memory is moving: an operation on it is still running, or the
@@ -103,12 +106,27 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
         )
 
     async def settled(self, tenant_id: str) -> bool:
-        """Return once the operations on the tenant under way now have ended (their moves are
-        bounded by the backend's timeouts); whether there were any."""
+        """Return once the Snapshots and Restores of the tenant under way now have ended, those
+        still choosing their method too (their moves are bounded by the backend's timeouts);
+        whether there were any."""
+        choosing = [done for done, tid in self._choosing.items() if tid == tenant_id]
+        if choosing:  # each has started its operation, or been refused, by then
+            await asyncio.wait(choosing)
         running = [task for task, op in self._tasks.items() if op.tenant_id == tenant_id]
         if running:
             await asyncio.wait(running)
-        return bool(running)
+        return bool(choosing or running)
+
+    @contextlib.contextmanager
+    def _under_way(self, tenant_id: str) -> Iterator[None]:
+        """A Snapshot or Restore of the tenant between its checks and its operation."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._choosing[done] = tenant_id
+        try:
+            yield
+        finally:
+            del self._choosing[done]
+            done.set_result(None)
 
     async def stop(self) -> None:
         """Cancel operations in flight."""
@@ -194,15 +212,18 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
     ) -> sa.SnapshotResponse:
         """Park the job's memory in host DRAM (an operation)."""
         tenant = await self._job(request.job_id, request.group, context)
-        parking, method = await self._method(request.backend_config, tenant)
-        if self._state(tenant, request.job_id) != sa.JOB_STATE_RUNNING:
-            raise WrongState(f"job {request.job_id!r} is not RUNNING: there is nothing to snapshot")
-        channel = self._channels.of(tenant.tenant_id)
-        if channel is not None:
-            cfg = request.backend_config.app_channel
-            channel.next_snapshot(cfg.mode, cfg.tags or channel.tags)
-        op = self._start(tenant.tenant_id, parking.park(tenant.tenant_id), False, method)
-        return sa.SnapshotResponse(operation_id=op.op_id)
+        with self._under_way(tenant.tenant_id):  # the holder's Acquire waits for it
+            parking, method = await self._method(request.backend_config, tenant)
+            if self._state(tenant, request.job_id) != sa.JOB_STATE_RUNNING:
+                raise WrongState(
+                    f"job {request.job_id!r} is not RUNNING: there is nothing to snapshot"
+                )
+            channel = self._channels.of(tenant.tenant_id)
+            if channel is not None:
+                cfg = request.backend_config.app_channel
+                channel.next_snapshot(cfg.mode, cfg.tags or channel.tags)
+            op = self._start(tenant.tenant_id, parking.park(tenant.tenant_id), False, method)
+            return sa.SnapshotResponse(operation_id=op.op_id)
 
     @mapped
     async def Restore(
@@ -210,14 +231,17 @@ class SnapshotAgent(sa_grpc.SnapshotAgentServiceServicer):
     ) -> sa.RestoreResponse:
         """Bring the job's parked memory back to its GPUs (an operation)."""
         tenant = await self._job(request.job_id, request.group, context)
-        parking, method = await self._method(request.backend_config, tenant)
-        if self._state(tenant, request.job_id) != sa.JOB_STATE_SAVED:
-            raise WrongState(f"job {request.job_id!r} is not SAVED: there is nothing to restore")
-        channel = self._channels.of(tenant.tenant_id)
-        if channel is not None and method == APP:
-            channel.next_restore(request.backend_config.app_channel.tags or channel.tags)
-        op = self._start(tenant.tenant_id, parking.unpark(tenant.tenant_id), True, method)
-        return sa.RestoreResponse(operation_id=op.op_id)
+        with self._under_way(tenant.tenant_id):  # the holder's Acquire waits for it
+            parking, method = await self._method(request.backend_config, tenant)
+            if self._state(tenant, request.job_id) != sa.JOB_STATE_SAVED:
+                raise WrongState(
+                    f"job {request.job_id!r} is not SAVED: there is nothing to restore"
+                )
+            channel = self._channels.of(tenant.tenant_id)
+            if channel is not None and method == APP:
+                channel.next_restore(request.backend_config.app_channel.tags or channel.tags)
+            op = self._start(tenant.tenant_id, parking.unpark(tenant.tenant_id), True, method)
+            return sa.RestoreResponse(operation_id=op.op_id)
 
     def _start(
         self, tenant_id: str, move: Coroutine[Any, Any, None], restore: bool, method: str
