@@ -105,11 +105,13 @@ class Parking(Protocol):
         ...
 
     async def park(self, tenant_id: str) -> None:
-        """Park the tenant now, on request; `NoRoom` if it cannot be."""
+        """Park the tenant now, on request; `NoRoom` if it cannot be, `BackendError` if it has
+        left."""
         ...
 
     async def unpark(self, tenant_id: str) -> None:
-        """Restore the tenant now, on request, parking idle others for room."""
+        """Restore the tenant now, on request, parking idle others for room; `BackendError` if
+        it has left."""
         ...
 
 

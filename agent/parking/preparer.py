@@ -324,21 +324,23 @@ class ParkingPreparer(PlanMoves):
             return went
 
     async def park(self, tenant_id: str) -> None:
-        """Park the tenant now, on request (llm-d's Snapshot); `NoRoom` if it cannot be."""
+        """Park the tenant now, on request (llm-d's Snapshot); `NoRoom` if it cannot be,
+        `BackendError` if it left the node meanwhile."""
         async with self._lock:
             self._holding.pop(tenant_id, None)
             snap = await self._reread()
-            if tenant_id in snap.tenants:
-                await self._carry_out(tenant_id, plan_park(snap, tenant_id), "request")
+            _still_here(tenant_id, snap.tenants)
+            await self._carry_out(tenant_id, plan_park(snap, tenant_id), "request")
 
     async def unpark(self, tenant_id: str) -> None:
-        """Restore the tenant now, on request (llm-d's Restore), parking idle others for room."""
+        """Restore the tenant now, on request (llm-d's Restore), parking idle others for room;
+        `BackendError` if it left the node meanwhile."""
         async with self._lock:
             ref = self._refs.get(tenant_id)
             await self._awake_again(ref.gpus if ref is not None else ())
             snap = await self._reread()
-            if tenant_id in snap.tenants:
-                await self._carry_out(tenant_id, plan_turn(snap, tenant_id), "request")
+            _still_here(tenant_id, snap.tenants)
+            await self._carry_out(tenant_id, plan_turn(snap, tenant_id), "request")
 
     async def forget(self, tenant_id: str) -> None:
         """Drop everything held for a tenant that is gone, parked bytes included. Until then a
@@ -369,3 +371,10 @@ class ParkingPreparer(PlanMoves):
                     await self._carry_out(tenant_id, plan_turn(snap, tenant_id), "grant")
         except Exception as e:  # it waits for the room, which its next grant makes
             log.warning("making room for %s during its turn failed: %s", tenant_id, e)
+
+
+def _still_here(tenant_id: str, tenants: Collection[str]) -> None:
+    """`BackendError` unless the tenant is still on the node: one that left has nothing to move
+    (a request must not report a move that never happened)."""
+    if tenant_id not in tenants:
+        raise BackendError(f"{tenant_id} left the node: there is nothing to move")

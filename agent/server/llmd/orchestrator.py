@@ -17,6 +17,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from agent.core.errors import AgentError, Forbidden
 from agent.core.leases import Lease, Waiter
 from agent.core.residency import NoRoom, parked_on, residency
+from agent.parking.backends.base import BackendError
 from agent.server.llmd import groups as g
 from agent.server.llmd.asking import Asking
 from agent.server.llmd.edge import BadRequest, mapped
@@ -124,7 +125,7 @@ class Orchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         async def restore() -> None:
             try:
                 await parking.unpark(tenant_id)
-            except NoRoom as exc:
+            except (NoRoom, BackendError) as exc:  # no room, or it left meanwhile
                 raise AgentError(
                     f"job {self._jobs.job_of(tenant_id)!r} holds the turn but its memory, "
                     f"parked by a Snapshot, cannot be restored: {exc}"

@@ -1,6 +1,6 @@
 """llm-d's Snapshot racing what happens to its job: the holder's Acquire while the Snapshot is
-still choosing its method. The test holds the residency layer's lock to stop each call where
-the race is."""
+still choosing its method, and the job leaving the node before the Snapshot's move begins.
+The test holds the residency layer's lock to stop each call where the race is."""
 
 from __future__ import annotations
 
@@ -88,4 +88,33 @@ def test_the_holders_acquire_waits_for_a_snapshot_still_choosing_its_method(
                 future.exception(WAIT_S)
         client.close()
         holder.close()
+        channel.close()
+
+
+def test_a_snapshot_of_a_job_that_left_before_its_move_says_so(agent: AgentRunner) -> None:
+    """The job left between the Snapshot's checks and its move: the operation reported COMPLETE,
+    0 bytes, for memory nobody parked."""
+    endpoint = f"127.0.0.1:{agent.llmd_port}"
+    engine = Workload()
+    channel = register_workload(endpoint, "a", "g", engine.on_snapshot, engine.on_restore)
+    client = SnapshotAgentClient(endpoint)
+    lock = _lock(agent)
+    held = False
+    try:
+        _registered(client, "a")
+        agent.call(lock.acquire())
+        held = True
+        op_id = client.snapshot("a", "g")
+        agent.wait_queued_on(lock, "the Snapshot's park to wait for the lock", WAIT_S)
+        agent.inspect(lambda s: s.left("llmd/a", "its callers went quiet"))
+        agent.inspect(lambda s: lock.release())
+        held = False
+        op = client.wait_for_operation(op_id, 0.01)
+        assert op.status == sa.OPERATION_STATUS_FAILED, f"{sa.OperationStatus.Name(op.status)}"
+        assert "left the node" in op.error
+        assert engine.modes == [], "nothing was parked"
+    finally:
+        if held:
+            agent.inspect(lambda s: lock.release())
+        client.close()
         channel.close()
