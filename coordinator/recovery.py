@@ -149,7 +149,8 @@ async def chase(
         while appeared is not None:
             appeared.clear()
             listed = arbiter.view.addresses().keys()
-            for node in sorted(listed - found.answered - asking - obeying):
+            # (heard, not `found.answered`: a node deleted and listed again is asked again)
+            for node in sorted(listed - arbiter.settling.heard - asking - obeying):
                 arbiter.settling.unsettled[node] = LATE
                 ask(node, 0.0)
             await appeared.wait()

@@ -15,7 +15,7 @@ from agent.core.leases import LeaseTable
 from coordinator.agents import AgentLinks
 from coordinator.cluster import ClusterView, Member, Node
 from coordinator.jobturn import TurnFailed
-from coordinator.recovery import recover
+from coordinator.recovery import chase, recover
 from coordinator.status import CoordinatorMetrics, watch
 from coordinator.turns import Arbiter
 from tests.coordinator.loopback import TOKEN, LoopbackNode
@@ -210,5 +210,47 @@ def test_the_failure_series_of_a_deleted_node_goes_with_it(tmp_path: Path) -> No
             assert metrics.registry.get_sample_value(series, {"node": "spot"}) is None
         finally:
             await close(arbiter)
+
+    run(body)
+
+
+def test_a_node_deleted_and_listed_again_is_asked_again(tmp_path: Path) -> None:
+    """A node the leader heard, deleted and then listed again under its name (a node object
+    recreated, an autoscaler reusing a name), is asked for its job turns again, as one listed
+    late is; else its jobs would wait for it as unheard for the rest of the term."""
+
+    async def body() -> None:
+        nodes = [
+            await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start()
+            for name in ("n1", "n2")
+        ]
+        view = ClusterView()
+        for node in nodes:
+            view.nodes[node.name] = Node(node.name, node.address, node.gpus)
+        arbiter = Arbiter(view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time)
+        table = arbiter.new_table()
+        found = await recover(view, arbiter.links, table, 1)
+        arbiter.lead(1, table, found)
+        appeared = asyncio.Event()
+        chasing = asyncio.create_task(chase(arbiter, found, 1, appeared))
+        try:
+            assert arbiter.settling.heard == {"n1", "n2"}
+            gone = view.nodes.pop("n2")
+            arbiter.prune_joined()  # what the coordinator does as the nodes' watch shows it
+            assert arbiter.settling.heard == {"n1"}
+            view.nodes["n2"] = gone  # listed again, its agent's address with it
+            appeared.set()
+
+            async def heard_again() -> None:
+                while "n2" not in arbiter.settling.heard:
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(heard_again(), 10)
+        finally:
+            chasing.cancel()
+            await asyncio.gather(chasing, return_exceptions=True)
+            await close(arbiter)
+            for node in nodes:
+                await node.stop()
 
     run(body)
