@@ -27,6 +27,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,9 @@ STATE_FILE = "agent-state.json"
 JOURNAL_FILE = "agent-journal.jsonl"
 JOURNAL_COMPACT_BYTES = 64 * 1024
 """The journal is cut back to what the last written snapshot lacks once it is this long."""
+RETRY_S = 1.0
+"""While the journal refuses writes (a full disk), entries try again at most this often: each
+try writes every line refused since, which would otherwise cost every grant more and more."""
 PROBE_BYTES = 64 * 1024
 """Written (then removed) at start: a state directory must hold a state file of this size."""
 log = logging.getLogger(__name__)
@@ -78,10 +82,13 @@ class StateStore:
         self.unrecorded: str | None = None
         """Why what changes now is not on disk (a journal write failed: a full disk, a
         read-only mount), till a write goes through again; None while it is."""
-        self._unwritten: list[bytes] = []
-        """Lines a failed write left out of the journal: written ahead of the next entries, so
-        that a restart never replays a later line without them (a grant without the end of the
-        turn before it would restore two holders of one GPU)."""
+        self._unwritten: list[tuple[int, bytes]] = []
+        """Lines a failed write left out of the journal (with their numbers): written ahead of
+        the next entries, so that a restart never replays a later line without them (a grant
+        without the end of the turn before it would restore two holders of one GPU), until they
+        are, or a state file covering them is."""
+        self._retry_at = 0.0
+        """While the journal refuses writes: when the next entries may try again (`RETRY_S`)."""
         self._writing = False
         self._thread: threading.Thread | None = None
         try:
@@ -232,20 +239,20 @@ class StateStore:
 
     def _append(self, entries: list[dict[str, Any]]) -> None:
         with self._journal_lock:
-            lines = []
             for entry in entries:
                 self._seq += 1
                 line = journal_line(entry, self._seq)
                 self._entries.append((self._seq, line))
                 self._journal_bytes += len(line)
-                lines.append(line)
-            lines = self._unwritten + lines
+                self._unwritten.append((self._seq, line))
+            if self._journal_failed and time.monotonic() < self._retry_at:
+                return  # refused a moment ago: tried again at most once a `RETRY_S`
             try:
                 if self._journal_fd is None:
                     self._journal_fd = os.open(
                         self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
                     )
-                data = b"".join(lines)
+                data = b"".join(line for _, line in self._unwritten)
                 written = os.write(self._journal_fd, data)
                 if written < len(data):  # a full disk part-way: the line's start is undone
                     self._cut_short_write(written)
@@ -258,13 +265,21 @@ class StateStore:
                         exc.strerror,
                     )
                 self._journal_failed = True
-                self._unwritten = lines
+                self._retry_at = time.monotonic() + RETRY_S
                 self.unrecorded = f"cannot append to {self.journal_path} ({exc.strerror})"
             else:
                 if self._journal_failed:
                     log.info("%s is written again", self.journal_path)
                 self._journal_failed = False
                 self._unwritten = []
+                self.unrecorded = None
+
+    def _covered(self, seq: int) -> None:
+        """A state file holding the entries up to `seq` is on disk: the refused lines it covers
+        need not be written (a restart skips a line it covers, written or not)."""
+        with self._journal_lock:
+            self._unwritten = [(n, line) for n, line in self._unwritten if n > seq]
+            if not self._unwritten:
                 self.unrecorded = None
 
     def _cut_short_write(self, written: int) -> None:
@@ -354,6 +369,7 @@ class StateStore:
             assert latest is not None
             try:
                 self._write(latest[1])
+                self._covered(latest[0])
                 self._compact(latest[0])
             except OSError as exc:
                 log.error("cannot write agent state to %s: %s", self.path, exc)

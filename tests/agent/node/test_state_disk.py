@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 from agent.core.leases import Lease
-from agent.node.state import PersistedState, StateStore
+from agent.node.state import JOURNAL_FILE, PersistedState, StateStore
 from agent.node.tenants import Tenant
 
 A = Tenant(tenant_id="local/a", name="a", gpus=("GPU-0",))
@@ -30,7 +30,10 @@ def restarted(path: Path):
 PREAMBLE = """
 import os, resource, signal, sys
 from agent.core.leases import Lease
+from agent.node import state
 from agent.node.state import JOURNAL_FILE, StateStore
+
+state.RETRY_S = 0.0  # (each entry tries the refused lines again; one test sets it back)
 
 def lease(lease_id, token):
     return Lease(lease_id, "local/a", ("GPU-0",), {"GPU-0": token}, 1.0, 31.0)
@@ -130,3 +133,32 @@ def test_a_journal_cut_back_on_a_full_disk_is_left_whole(tmp_path):
     loaded = restarted(tmp_path)
     assert [x.lease_id for x in loaded.leases] == ["w3", "w4"] and loaded.tokens == {"GPU-0": 4}
     assert "compaction failed" in stderr
+
+
+def test_a_journal_refused_a_moment_ago_is_tried_again_once_a_retry_s_not_by_every_entry(
+    tmp_path,
+):
+    """Each try writes every line refused since: while the disk refuses them, entries try again
+    at most once a `RETRY_S` (a full disk for an hour would otherwise make every grant write the
+    hour's lines), and the first entry after that writes them all, in order."""
+    w1_granted(tmp_path)
+    before = (tmp_path / JOURNAL_FILE).stat().st_size
+    stderr = fill_the_disk(
+        tmp_path,
+        """
+        import types
+        now = [100.0]
+        state.time = types.SimpleNamespace(monotonic=lambda: now[0])
+        state.RETRY_S = 1.0
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))  # the disk is full
+        store.record_grant(lease("w2", 2), ended=["w1"])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # space freed again
+        store.record_grant(lease("w3", 3), ended=["w2"])  # not tried: refused a moment ago
+        print("journal", os.path.getsize(os.path.join(sys.argv[1], JOURNAL_FILE)), file=sys.stderr)
+        now[0] += 1.0
+        store.record_grant(lease("w4", 4), ended=["w3"])
+        """,
+    )
+    assert f"journal {before}\n" in stderr  # nothing written between the two tries
+    loaded = restarted(tmp_path)
+    assert [x.lease_id for x in loaded.leases] == ["w4"] and loaded.tokens == {"GPU-0": 4}

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from agent.client import Baton
-from agent.node.state import JOURNAL_FILE
+from agent.node import state
+from agent.node.state import JOURNAL_FILE, STATE_FILE
+from tests.e2e.processes import poll
 from tests.harness.agent import AgentRunner
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,14 +50,17 @@ def _granted(journal: Path) -> list[str]:
 
 
 def test_a_journal_the_disk_refuses_makes_the_agent_not_ready_until_it_is_written_again(
-    agent: AgentRunner,
+    agent: AgentRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(state, "RETRY_S", 0.0)  # the next entry tries again at once
     journal = Path(agent.workdir) / "state" / JOURNAL_FILE
+    snapshot_tmp = journal.parent / f".{STATE_FILE}.tmp"
     with Baton(agent.socket, [GPU], name="a") as baton:
         baton.acquire()  # the journal is opened by the first grant's line
         baton.yield_()
         fd = _journal_fd(journal)
         _point(fd, "/dev/full")
+        snapshot_tmp.mkdir()  # the state file cannot be written either (as on a full disk)
         refused = baton.acquire()  # the turn goes on: its line is refused
         code, body = agent.http("/readyz")
         assert code == 503, body
@@ -65,7 +70,23 @@ def test_a_journal_the_disk_refuses_makes_the_agent_not_ready_until_it_is_writte
             "since; free room in --state-dir\n"
         )
         assert refused.lease_id not in _granted(journal)
+        snapshot_tmp.rmdir()
         _point(fd, str(journal))  # room again: the next write takes the refused line with it
         baton.yield_()
     assert agent.http("/readyz") == (200, "ready\n")
     assert refused.lease_id in _granted(journal)
+
+
+def test_a_state_file_covering_the_lines_the_journal_refused_makes_the_agent_ready_again(
+    agent: AgentRunner,
+) -> None:
+    """The journal still refuses, but the state file (written at most a second after the
+    change) holds what its lines said: a restart would know of it, and /readyz says ready."""
+    journal = Path(agent.workdir) / "state" / JOURNAL_FILE
+    with Baton(agent.socket, [GPU], name="a") as baton:
+        baton.acquire()
+        baton.yield_()
+        _point(_journal_fd(journal), "/dev/full")  # for good: only the state file is written
+        baton.acquire()
+        poll("/readyz ready again", lambda: agent.http("/readyz") == (200, "ready\n") or None, 10)
+        baton.yield_()
