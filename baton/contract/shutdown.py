@@ -87,15 +87,30 @@ class StopSignal:
 
     @contextmanager
     def caught(self) -> Iterator[StopSignal]:
-        """`install` for the block, then give back the handlers found."""
+        """Note the stop signals for the block (a start then stops in order once it can), then
+        give back the handlers found. A second one during the block goes to the handlers found
+        (by default: the process ends, or KeyboardInterrupt), so a start that hangs can still be
+        interrupted."""
         found = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-        self.install()
-        try:
-            yield self
-        finally:
+
+        def give_back() -> None:
             for sig, handler in found.items():
                 if handler is not None:
                     signal.signal(sig, handler)
+
+        def handle(sig: int, frame: FrameType | None) -> None:
+            if self.received is None:
+                self.handle(sig, frame)
+                return
+            give_back()  # a second: the start hangs, or its caller insists
+            signal.raise_signal(sig)
+
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, handle)
+        try:
+            yield self
+        finally:
+            give_back()
 
     def handle(self, sig: int, _frame: FrameType | None = None) -> None:
         """Record the signal and wake whoever waits."""

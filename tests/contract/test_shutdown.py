@@ -4,12 +4,14 @@ and a slow one is named in the log."""
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from baton.contract import shutdown
+from baton.contract.shutdown import StopSignal
 
 
 def test_every_part_stops_in_order_and_a_failure_is_said_not_raised(
@@ -41,6 +43,7 @@ def test_a_part_slower_than_the_bound_is_named(caplog: pytest.LogCaptureFixture)
 STOPPED_BY_A_SIGNAL_ANOTHER_THREAD_TOOK = """
 import signal, threading
 from baton.contract import shutdown
+from baton.contract.shutdown import StopSignal
 
 stop = shutdown.StopSignal().install()
 ready = threading.Event()
@@ -67,3 +70,15 @@ def test_a_stop_signal_taken_by_another_thread_still_stops_the_daemon() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "stopped on SIGTERM"
+
+
+def test_a_second_stop_signal_during_a_caught_start_goes_to_the_handlers_found() -> None:
+    """The first signal during a start is noted (it stops in order once it can); a second one
+    is not only noted, so a start that hangs can still be interrupted (here Ctrl-C's
+    KeyboardInterrupt), and the handlers found are given back."""
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), StopSignal().caught() as early:
+        signal.raise_signal(signal.SIGINT)
+        assert early.received == "SIGINT"
+        signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
