@@ -60,17 +60,20 @@ async def recover(view: ClusterView, links: AgentLinks, table: LeaseTable, epoch
     """Every reachable agent's job turns, settled into `table` and the returned holders."""
     addresses = view.addresses()
     nodes = sorted(addresses)
-    answers = await asyncio.gather(
-        *(links.report(n, addresses[n], epoch) for n in nodes), return_exceptions=True
-    )
-    found, now = Recovered(), table.now()
+
+    async def report(node: str) -> jt.ReportResponse:
+        answer = await links.report(node, addresses[node], epoch)
+        on_our_clock(answer, table.now())  # as it came: a slower node's wait is not its age
+        return answer
+
+    answers = await asyncio.gather(*(report(n) for n in nodes), return_exceptions=True)
+    found = Recovered()
     parts: dict[str, list[tuple[str, jt.NodeTurn]]] = {}
     for node, answer in zip(nodes, answers, strict=True):
         if isinstance(answer, BaseException):
             found.unreachable[node] = answer.why if isinstance(answer, NodeFailed) else str(answer)
             continue
         found.answered.add(node)
-        on_our_clock(answer, now)
         if obeys_another(answer, epoch, links.holder):  # the Lease was created again
             found.outranked = max(found.outranked, answer.epoch)
         for turn in answer.turns:

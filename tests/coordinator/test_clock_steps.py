@@ -10,9 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from agent.core.leases import LeaseTable
+from coordinator import agents
+from coordinator.agents import AgentLinks
+from coordinator.cluster import Node
 from coordinator.daemon import Coordinator, CoordinatorConfig
+from coordinator.recovery import recover
 from coordinator.status import status_json
-from tests.coordinator.loopback import LoopbackNode, leading, view_of
+from coordinator.turns import Arbiter
+from tests.coordinator.loopback import TOKEN, LoopbackNode, leading, view_of
 
 
 class Clocks:
@@ -85,5 +91,44 @@ def test_a_new_leader_times_a_turn_it_took_over_on_its_own_clock_not_the_agents(
         finally:
             for node in nodes:
                 await node.stop()
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_a_turn_taken_over_is_as_old_as_its_agent_said_when_it_answered_not_when_all_had(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new leader asks every agent at once and waits for the slowest (here one that never
+    answers, till the call's timeout): a turn's age is read against the leader's clock as its
+    agent's answer came, so the wait for the others is not taken off the turn's time held."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accepts, and answers nothing
+
+    monkeypatch.setattr(agents, "CONNECT_TIMEOUT_S", 1.0)  # (the silent agent's wait, shorter)
+
+    async def body() -> None:
+        n1 = await LoopbackNode("n1", tmp_path / "n1", ("GPU-n1",)).start()
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            view = view_of([n1], {"rl": [("team/rl-a", "n1", "")]})
+            old = await leading(view, 1)
+            await old.acquire("team", "rl", "", timeout=5)
+            granted = old.held["team/rl"].granted_at
+            view.nodes["n3"] = Node("n3", f"127.0.0.1:{port}", ("GPU-n3",))
+            links = AgentLinks(TOKEN, call_timeout_s=1.0)
+            new = Arbiter(view, links, lambda: LeaseTable(clock=time.time), time.time)
+            table = new.new_table()
+            found = await recover(view, links, table, 2)
+            assert "n3" in found.unreachable
+            new.lead(2, table, found)
+            assert new.held["team/rl"].granted_at == pytest.approx(granted, abs=0.5)
+            for arbiter in (old, new):
+                await arbiter.close()
+                await arbiter.links.close()
+        finally:
+            server.close()
+            await n1.stop()
 
     asyncio.run(asyncio.wait_for(body(), 30))
