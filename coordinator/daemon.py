@@ -355,10 +355,12 @@ async def run_coordinator(config: CoordinatorConfig, early: StopSignal | None = 
         why.append(reason)
         stop.set()
 
+    # The client first, under the command's early catch (a second signal interrupts a
+    # credential plugin that hangs), then the loop's own handlers.
+    coordinator = Coordinator(config, load_api_client(config.kubeconfig))
     on_stop_signal_async(asyncio.get_running_loop(), request_stop)
     if early is not None and early.received:
         request_stop(early.received)
-    coordinator = Coordinator(config, load_api_client(config.kubeconfig))
     try:
         if not stop.is_set():
             await coordinator.start()

@@ -88,6 +88,8 @@ class StateStore:
         without the end of the turn before it would restore two holders of one GPU), until they
         are, or a state file covering them is."""
         self._retry_at = 0.0
+        self._refused = ""
+        """Why the journal's last write failed (`unrecorded` while lines wait for a retry)."""
         """While the journal refuses writes: when the next entries may try again (`RETRY_S`)."""
         self._writing = False
         self._thread: threading.Thread | None = None
@@ -246,33 +248,39 @@ class StateStore:
                 self._journal_bytes += len(line)
                 self._unwritten.append((self._seq, line))
             if self._journal_failed and time.monotonic() < self._retry_at:
+                self.unrecorded = self._refused  # (a state file may have covered the ones before)
                 return  # refused a moment ago: tried again at most once a `RETRY_S`
-            try:
-                if self._journal_fd is None:
-                    self._journal_fd = os.open(
-                        self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
-                    )
-                data = b"".join(line for _, line in self._unwritten)
-                written = os.write(self._journal_fd, data)
-                if written < len(data):  # a full disk part-way: the line's start is undone
-                    self._cut_short_write(written)
-            except OSError as exc:
-                if not self._journal_failed:  # said once: the snapshot still follows
-                    log.error(
-                        "cannot append to %s (%s): what changed now (a grant, a tenant, parked "
-                        "memory) is lost if the agent crashes before the next snapshot",
-                        self.journal_path,
-                        exc.strerror,
-                    )
-                self._journal_failed = True
-                self._retry_at = time.monotonic() + RETRY_S
-                self.unrecorded = f"cannot append to {self.journal_path} ({exc.strerror})"
-            else:
-                if self._journal_failed:
-                    log.info("%s is written again", self.journal_path)
-                self._journal_failed = False
-                self._unwritten = []
-                self.unrecorded = None
+            self._write_unwritten()
+
+    def _write_unwritten(self) -> None:
+        """Write the lines not written yet, in order (under the journal's lock)."""
+        try:
+            if self._journal_fd is None:
+                self._journal_fd = os.open(
+                    self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
+                )
+            data = b"".join(line for _, line in self._unwritten)
+            written = os.write(self._journal_fd, data)
+            if written < len(data):  # a full disk part-way: the line's start is undone
+                self._cut_short_write(written)
+        except OSError as exc:
+            if not self._journal_failed:  # said once: the snapshot still follows
+                log.error(
+                    "cannot append to %s (%s): what changed now (a grant, a tenant, parked "
+                    "memory) is lost if the agent crashes before the next snapshot",
+                    self.journal_path,
+                    exc.strerror,
+                )
+            self._journal_failed = True
+            self._retry_at = time.monotonic() + RETRY_S
+            self._refused = f"cannot append to {self.journal_path} ({exc.strerror})"
+            self.unrecorded = self._refused
+        else:
+            if self._journal_failed:
+                log.info("%s is written again", self.journal_path)
+            self._journal_failed = False
+            self._unwritten = []
+            self.unrecorded = None
 
     def _covered(self, seq: int) -> None:
         """A state file holding the entries up to `seq` is on disk: the refused lines it covers
@@ -328,8 +336,10 @@ class StateStore:
             self._journal_fd = fd
 
     def close(self) -> None:
-        """Close the journal (after the last `flush`)."""
+        """Close the journal (after the last `flush`), the lines it refused tried once more."""
         with self._journal_lock:
+            if self._unwritten:
+                self._write_unwritten()
             if self._journal_fd is not None:
                 os.close(self._journal_fd)
                 self._journal_fd = None

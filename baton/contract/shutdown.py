@@ -94,9 +94,8 @@ class StopSignal:
         found = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
         def give_back() -> None:
-            for sig, handler in found.items():
-                if handler is not None:
-                    signal.signal(sig, handler)
+            for sig, handler in found.items():  # (None: a handler not set from Python)
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
         def handle(sig: int, frame: FrameType | None) -> None:
             if self.received is None:

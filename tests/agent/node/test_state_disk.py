@@ -15,6 +15,7 @@ from pathlib import Path
 from agent.core.leases import Lease
 from agent.node.state import JOURNAL_FILE, PersistedState, StateStore
 from agent.node.tenants import Tenant
+from tests.agent.server.test_readiness_disk import journal_fd, point
 
 A = Tenant(tenant_id="local/a", name="a", gpus=("GPU-0",))
 
@@ -162,3 +163,27 @@ def test_a_journal_refused_a_moment_ago_is_tried_again_once_a_retry_s_not_by_eve
     assert f"journal {before}\n" in stderr  # nothing written between the two tries
     loaded = restarted(tmp_path)
     assert [x.lease_id for x in loaded.leases] == ["w4"] and loaded.tokens == {"GPU-0": 4}
+
+
+def test_an_entry_held_back_for_the_retry_is_unrecorded_and_tried_once_more_at_close(
+    tmp_path: Path,
+) -> None:
+    """A state file covering the refused lines clears them, but an entry that comes within the
+    retry's wait is held back unwritten: the store says so (`unrecorded`, the agent's /readyz)
+    as for one refused, and its close tries the journal once more, whatever the wait."""
+    store = StateStore(tmp_path)
+    store.save(PersistedState(tenants=[A]))
+    store.record_grant(lease("w1", 1))
+    journal = tmp_path / JOURNAL_FILE
+    fd = journal_fd(journal)
+    point(fd, "/dev/full")
+    store.record_grant(lease("w2", 2), ended=["w1"])  # refused
+    assert store.unrecorded is not None
+    store.save_soon(PersistedState(tenants=[A]))  # a state file holding w2's lines
+    store.flush()
+    assert store.unrecorded is None
+    store.record_grant(lease("w3", 3), ended=["w2"])  # held back, or refused: unrecorded either way
+    assert store.unrecorded is not None
+    point(fd, str(journal))
+    store.close()
+    assert '"w3"' in journal.read_text()

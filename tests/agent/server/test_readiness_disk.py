@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 GPU = "GPU-0"
 
 
-def _journal_fd(journal: Path) -> int:
+def journal_fd(journal: Path) -> int:
     """The descriptor this process (the in-process agent) writes `journal` through."""
     for name in os.listdir("/proc/self/fd"):
         try:
@@ -35,7 +35,7 @@ def _journal_fd(journal: Path) -> int:
     raise AssertionError(f"the agent has no open descriptor on {journal}")
 
 
-def _point(fd: int, path: str) -> None:
+def point(fd: int, path: str) -> None:
     """Make `fd` write to `path` from now on (appending)."""
     other = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
@@ -58,8 +58,8 @@ def test_a_journal_the_disk_refuses_makes_the_agent_not_ready_until_it_is_writte
     with Baton(agent.socket, [GPU], name="a") as baton:
         baton.acquire()  # the journal is opened by the first grant's line
         baton.yield_()
-        fd = _journal_fd(journal)
-        _point(fd, "/dev/full")
+        fd = journal_fd(journal)
+        point(fd, "/dev/full")
         snapshot_tmp.mkdir()  # the state file cannot be written either (as on a full disk)
         refused = baton.acquire()  # the turn goes on: its line is refused
         code, body = agent.http("/readyz")
@@ -71,7 +71,7 @@ def test_a_journal_the_disk_refuses_makes_the_agent_not_ready_until_it_is_writte
         )
         assert refused.lease_id not in _granted(journal)
         snapshot_tmp.rmdir()
-        _point(fd, str(journal))  # room again: the next write takes the refused line with it
+        point(fd, str(journal))  # room again: the next write takes the refused line with it
         baton.yield_()
     assert agent.http("/readyz") == (200, "ready\n")
     assert refused.lease_id in _granted(journal)
@@ -86,7 +86,7 @@ def test_a_state_file_covering_the_lines_the_journal_refused_makes_the_agent_rea
     with Baton(agent.socket, [GPU], name="a") as baton:
         baton.acquire()
         baton.yield_()
-        _point(_journal_fd(journal), "/dev/full")  # for good: only the state file is written
+        point(journal_fd(journal), "/dev/full")  # for good: only the state file is written
         baton.acquire()
         poll("/readyz ready again", lambda: agent.http("/readyz") == (200, "ready\n") or None, 10)
         baton.yield_()
