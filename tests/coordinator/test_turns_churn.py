@@ -24,15 +24,20 @@ from tests.coordinator.test_turns import close, run
 JOBS = 200
 
 
+async def two_nodes(tmp_path: Path) -> tuple[list[LoopbackNode], ClusterView]:
+    """Agents of nodes n1 and n2 on loopback, one GPU each, and a view listing them."""
+    nodes = [
+        await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start() for name in ("n1", "n2")
+    ]
+    view = ClusterView()
+    for node in nodes:
+        view.nodes[node.name] = Node(node.name, node.address, node.gpus)
+    return nodes, view
+
+
 def test_jobs_deleted_after_their_turns_leave_the_coordinators_table(tmp_path: Path) -> None:
     async def body() -> None:
-        nodes = [
-            await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start()
-            for name in ("n1", "n2")
-        ]
-        view = ClusterView()
-        for node in nodes:
-            view.nodes[node.name] = Node(node.name, node.address, node.gpus)
+        nodes, view = await two_nodes(tmp_path)
         new_table = lambda: LeaseTable(clock=time.time, policy=FairShare())  # noqa: E731
         arbiter = Arbiter(view, AgentLinks(TOKEN), new_table, time.time)
         table = arbiter.new_table()
@@ -220,13 +225,7 @@ def test_a_node_deleted_and_listed_again_is_asked_again(tmp_path: Path) -> None:
     late is; else its jobs would wait for it as unheard for the rest of the term."""
 
     async def body() -> None:
-        nodes = [
-            await LoopbackNode(name, tmp_path / name, (f"GPU-{name}",)).start()
-            for name in ("n1", "n2")
-        ]
-        view = ClusterView()
-        for node in nodes:
-            view.nodes[node.name] = Node(node.name, node.address, node.gpus)
+        nodes, view = await two_nodes(tmp_path)
         arbiter = Arbiter(view, AgentLinks(TOKEN), lambda: LeaseTable(clock=time.time), time.time)
         table = arbiter.new_table()
         found = await recover(view, arbiter.links, table, 1)

@@ -50,15 +50,20 @@ class Workload:
         self.device, self.host = self.host, None
 
 
-@pytest.fixture
-def agent(workdir: str) -> Iterator[AgentRunner]:
+def llmd_agent(workdir: str, backend: str) -> AgentRunner:
+    """An agent serving llm-d's API with one simulated GPU in group `g`, parking by `backend`."""
     gpu = next(iter(parse_fake_gpus(f"1x{GPU_MIB}")))
-    runner = AgentRunner(
+    return AgentRunner(
         workdir,
-        parking=ParkingOptions(backend="app", fake_gpus=f"1x{GPU_MIB}"),
+        parking=ParkingOptions(backend=backend, fake_gpus=f"1x{GPU_MIB}"),
         llmd_listen="127.0.0.1:0",
         llmd_groups=(f"g={gpu}",),
     ).start()
+
+
+@pytest.fixture
+def agent(workdir: str) -> Iterator[AgentRunner]:
+    runner = llmd_agent(workdir, "app")
     yield runner
     runner.stop()
 

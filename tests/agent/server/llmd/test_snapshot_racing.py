@@ -11,14 +11,13 @@ from concurrent.futures import wait as wait_futures
 
 import pytest
 
-from agent.parking.setup import ParkingOptions, parse_fake_gpus
 from baton._pb import snapshot_agent_pb2 as sa
 from tests.agent.server.llmd.llmd_client import (
     SnapshotAgentClient,
     TimeSliceOrchestratorClient,
     register_workload,
 )
-from tests.agent.server.llmd.test_snapshot_agent import GPU_MIB, Workload, _registered
+from tests.agent.server.llmd.test_snapshot_agent import Workload, _registered, llmd_agent
 from tests.harness.agent import AgentRunner
 
 WAIT_S = 10.0
@@ -27,13 +26,7 @@ WAIT_S = 10.0
 @pytest.fixture
 def agent(workdir: str) -> Iterator[AgentRunner]:
     """One GPU, group `g`; two methods, so a BackendConfig pins one (under the lock)."""
-    gpu = next(iter(parse_fake_gpus(f"1x{GPU_MIB}")))
-    runner = AgentRunner(
-        workdir,
-        parking=ParkingOptions(backend="app,fake", fake_gpus=f"1x{GPU_MIB}"),
-        llmd_listen="127.0.0.1:0",
-        llmd_groups=(f"g={gpu}",),
-    ).start()
+    runner = llmd_agent(workdir, "app,fake")
     yield runner
     runner.stop()
 
