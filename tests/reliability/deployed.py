@@ -66,7 +66,7 @@ def deployed_agent_config(
     assert argv[:1] == ["agent"], f"the agent container runs {argv}, not `baton agent`"
     seen: list[AgentConfig] = []
 
-    async def capture(config: AgentConfig) -> None:
+    async def capture(config: AgentConfig, early: object = None) -> None:
         seen.append(config)
 
     monkeypatch.setattr("agent.assembly.run_agent", capture)
