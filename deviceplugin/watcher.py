@@ -63,7 +63,13 @@ class SocketWatcher:
 
     def changes(self, timeout: float | None = None) -> Iterator[Change]:
         """Changes seen within one wait of at most `timeout` seconds (None: until one or close)."""
-        ready, _, _ = select.select([self._fd, self._wake_r], [], [], timeout)
+        # poll, not select: select refuses a descriptor numbered 1024 or more (a process with
+        # many files open, such as a long test run, or a plugin in a larger program)
+        poller = select.poll()
+        for fd in (self._fd, self._wake_r):
+            poller.register(fd, select.POLLIN)
+        wait_ms = None if timeout is None else max(0, int(timeout * 1000))
+        ready = [fd for fd, _ in poller.poll(wait_ms)]
         if self._wake_r in ready:
             self._drain_wakes()
         if self._fd not in ready:

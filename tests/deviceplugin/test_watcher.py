@@ -75,3 +75,22 @@ def test_a_directory_removed_while_the_queue_is_full_is_reported_gone(tmp_path: 
         assert Change.DIRECTORY_GONE in seen
     finally:
         watcher.close()
+
+
+def test_a_watcher_whose_descriptors_are_numbered_past_1024_still_reports(tmp_path: Path) -> None:
+    """A process with many files open (a long test run, a plugin in a larger program) gets
+    descriptors numbered 1024 and up, which `select` refuses: the wait must not depend on it,
+    else the watch thread dies and a kubelet restart is never followed by a registration."""
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        watcher = SocketWatcher(tmp_path, "kubelet.sock", "baton.sock")
+        try:
+            assert watcher._fd >= 1024
+            with socket.socket(socket.AF_UNIX) as kubelet:
+                kubelet.bind(str(tmp_path / "kubelet.sock"))
+                assert list(watcher.changes(5.0)) == [Change.KUBELET_SOCKET_CREATED]
+        finally:
+            watcher.close()
+    finally:
+        for fd in held:
+            os.close(fd)
