@@ -17,7 +17,7 @@ from tests.agent.server.llmd.agents import one_group_agent
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
 
 ROOT = Path(__file__).resolve().parents[4]
-PROCESSES, CONNECTIONS = 6, 50
+PROCESSES, CONNECTIONS = 4, 20
 
 
 def test_callers_that_exited_are_forgotten_and_a_live_one_is_kept(workdir: str) -> None:
@@ -32,7 +32,7 @@ def test_callers_that_exited_are_forgotten_and_a_live_one_is_kept(workdir: str) 
 
     try:
         assert live.list_groups() == ["g"]
-        for _ in range(PROCESSES):  # 300 connections, each from a port of its own
+        for _ in range(PROCESSES):  # 80 connections, each from a port of its own
             subprocess.run(
                 [sys.executable, "-m", "tests.agent.server.llmd.status_process", target,
                  str(CONNECTIONS)],
