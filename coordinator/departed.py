@@ -18,9 +18,11 @@ from __future__ import annotations
 from collections.abc import Collection, MutableMapping
 from typing import TYPE_CHECKING
 
+from agent.core.fair import clock_gpu
 from agent.core.leases import GpuState, LeaseTable
 from coordinator.agents import AgentLinks
 from coordinator.cluster import ClusterView
+from coordinator.jobturn import parse_turn_key
 
 if TYPE_CHECKING:
     from coordinator.turns import Arbiter
@@ -52,16 +54,10 @@ def forget_gone(table: LeaseTable, view: ClusterView, busy: Collection[str]) -> 
     known.difference_update(busy)
     known.difference_update(lease.tenant_id for lease in table.leases.values())
     known.difference_update(waiter.tenant_id for waiter in table.waiters.values())
-    gone = sorted(key for key in known if _job_of(key) not in jobs)
+    gone = sorted(key for key in known if parse_turn_key(key)[:2] not in jobs)
     for key in gone:
         table.drop_tenant(key)
     return gone
-
-
-def _job_of(key: str) -> tuple[str, str]:
-    """(namespace, job) of the arbiter's tenant `namespace/job[@group]` (`turn_key`)."""
-    namespace, _, rest = key.partition("/")
-    return namespace, rest.partition("@")[0]
 
 
 def forget_gone_nodes(
@@ -86,7 +82,7 @@ def forget_gone_nodes(
     known = set(table.gpus) | set(changed_at)
     fair = table.fair
     if fair is not None:
-        known.update(key.partition(" tier ")[0] for key in fair.vclock)  # (`clock_key`)
+        known.update(clock_gpu(key) for key in fair.vclock)
         known.update(gpu for gpu, _ in fair.balance)
     gone = sorted(
         gpu
@@ -100,7 +96,7 @@ def forget_gone_nodes(
         table.gpus.pop(gpu, None)
         changed_at.pop(gpu, None)
     if fair is not None:
-        for clock in [k for k in fair.vclock if k.partition(" tier ")[0] in dropped]:
+        for clock in [k for k in fair.vclock if clock_gpu(k) in dropped]:
             del fair.vclock[clock]
         for owed in [k for k in fair.balance if k[0] in dropped]:
             del fair.balance[owed]

@@ -172,3 +172,10 @@ def why_late(
 def time_left(deadline: float | None, now: float) -> float | None:
     """Seconds from `now` to `deadline` (none: None), at least 0."""
     return None if deadline is None else max(0.0, deadline - now)
+
+
+def parse_turn_key(key: str) -> tuple[str, str, str]:
+    """(namespace, job, group) of an arbiter key (`cluster.turn_key`; group "" where none)."""
+    namespace, _, rest = key.partition("/")
+    job, _, group = rest.partition("@")
+    return namespace, job, group

@@ -22,7 +22,7 @@ from baton._pb import timeslice_orchestrator_pb2_grpc as ts_grpc
 from baton.contract.deadline import answer_before
 from coordinator.callers import CallerUnknown
 from coordinator.cluster import ClusterView, PlanError, UnknownGroup, UnknownJob
-from coordinator.jobturn import NotHolder, sees
+from coordinator.jobturn import NotHolder, parse_turn_key, sees
 from coordinator.turns import Arbiter, NotLeading, TurnFailed
 
 
@@ -193,7 +193,8 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
         stamp.FromNanoseconds(int(changed * 1e9))
 
         def job(key: str) -> str:
-            return _job_of(key) if sees(viewer, key.partition("/")[0]) else ""
+            namespace, name, _ = parse_turn_key(key)
+            return name if sees(viewer, namespace) else ""
 
         active = holder.key if holder else switching or last
         status = ts.GroupStatus(
@@ -214,8 +215,3 @@ class LlmdOrchestrator(ts_grpc.TimeSliceOrchestratorServiceServicer):
                 for node in sorted(holder.nodes)
             ]
         return ts.GetGroupStatusResponse(group=status, agent_job_states=states)
-
-
-def _job_of(key: str) -> str:
-    """llm-d's job id from the arbiter's key (`namespace/job[@group]`)."""
-    return key.split("/", 1)[-1].split("@", 1)[0]

@@ -248,6 +248,11 @@ def clock_key(gpu: str, tier: int) -> str:
     return gpu if tier == 0 else f"{gpu} tier {tier}"
 
 
+def clock_gpu(key: str) -> str:
+    """The GPU of a `clock_key`."""
+    return key.partition(" tier ")[0]
+
+
 DEPARTED_MAX = 4096
 """Departed tenants whose debts are remembered at most (the oldest are forgotten first)."""
 
