@@ -140,6 +140,8 @@ def running_agent(backend: str) -> Iterator[tuple[str, str, Any]]:
         asyncio.run_coroutine_threadsafe(agent.stop(), loop).result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
+        if not thread.is_alive():
+            loop.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -129,6 +129,8 @@ class AgentRunner:
         self._loop.call_soon_threadsafe(self._loop.stop)
         assert self._thread is not None
         self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()  # its selector and self-pipe: three descriptors per runner
         self._loop = None
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
