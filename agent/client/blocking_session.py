@@ -114,7 +114,7 @@ class BlockingSession(BlockingConnection):
         self._owner.opened()  # before the lock: a child forked while it is held is told so
         with self._connect_lock:
             if self._closed.is_set():
-                raise BatonError("this Baton client is closed; create a new one")
+                raise closed_error()
             if self._reader is not None:
                 return
             reader = self._open()
@@ -157,7 +157,7 @@ class BlockingSession(BlockingConnection):
             if refused is not None:
                 raise refused
             if self._closed.is_set():
-                raise BatonError("this Baton client is closed; create a new one")
+                raise closed_error()
             if not self._reconnect or not self._reader.is_alive():
                 raise AgentUnavailable(
                     f"lost the Baton agent at {self.socket} and this client does not reconnect "
@@ -280,6 +280,11 @@ class BlockingSession(BlockingConnection):
             self.close()
             return False
         return True
+
+
+def closed_error() -> BatonError:
+    """What a call on a closed `Baton` raises, also one that close() cut off as it waited."""
+    return BatonError("this Baton client is closed; create a new one")
 
 
 def _close_at_exit(session: weakref.ref[BlockingSession]) -> None:

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 
-from agent.client.blocking_session import BlockingSession
+from agent.client.blocking_session import BlockingSession, closed_error
 from agent.client.call_link import CallLink, NotSent
 from agent.client.errors import AcquireTimeout, AgentUnavailable, BatonError, LeaseLost
 from agent.client.parked import given_back
@@ -74,6 +74,10 @@ class Baton(BlockingSession):
                             f"cannot open a call link to the Baton agent at {self.socket} "
                             f"while its session is up: {exc.__cause__ or exc}"
                         ) from None
+                except AgentUnavailable:
+                    if self._closed.is_set():  # close() ended the session under this call
+                        raise closed_error() from None
+                    raise
 
     def _call_link(self) -> CallLink:
         """The open call link of the current session (opened now if needed)."""
@@ -136,6 +140,8 @@ class Baton(BlockingSession):
             except AgentUnavailable:
                 raise
             except BatonError as exc:  # LeaseLost, TurnRevoked: the core's to judge
+                if self._closed.is_set():  # closed meanwhile: nothing to judge
+                    raise
                 outcome = exc
             with self._state:
                 self._core.renewed(lease, outcome, reclaiming=True)

@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 
-from agent.client import AcquireTimeout, AsyncBaton, Baton, BatonError, InvalidRequest, Refused
+from agent.client import (
+    AcquireTimeout,
+    AgentUnavailable,
+    AsyncBaton,
+    Baton,
+    BatonError,
+    InvalidRequest,
+    Refused,
+)
 from baton.contract.names import ENV_AGENT_SOCKET, ENV_GPUS
 from tests.harness.agent import AgentRunner
 
@@ -258,3 +266,24 @@ def test_an_infinite_acquire_timeout_waits_for_the_turn_without_end(agent: Agent
             await baton.yield_()
 
     asyncio.run(scenario())
+
+
+def test_closing_while_another_thread_waits_for_a_turn_tells_it_closed(agent: AgentRunner) -> None:
+    """The waiting thread was told "lost the Baton agent ...; reconnecting, retry the call", and
+    the retry it asked for then said "closed": it hears "closed" at once, as `AsyncBaton`'s do."""
+    with (
+        Baton(agent.socket, ["GPU-0"], name="holder", keep_turns=False) as holder,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        holder.acquire(timeout=WAIT_S)
+        waiter = Baton(agent.socket, ["GPU-0"], name="waiter")
+        mark = agent.mark()
+        waiting = pool.submit(waiter.acquire)
+        agent.wait_event(lambda e: e.kind == "queued" and e.tenant_id == "local/waiter", 5, mark)
+        waiter.close()
+        with pytest.raises(BatonError) as told:
+            waiting.result(WAIT_S)
+        assert str(told.value) == "this Baton client is closed; create a new one"
+        assert not isinstance(told.value, AgentUnavailable)
+        agent.wait_event(lambda e: e.kind == "tenant_gone" and e.tenant_id == "local/waiter", 5)
+        assert agent.status()["gpus"]["GPU-0"]["queue"] == []
