@@ -234,8 +234,9 @@ class AsyncBaton(AsyncSession):
         lease = await self.acquire(timeout)
         try:
             yield lease
-        finally:  # (a forked child leaving through the block: the turn is the parent's)
-            if self._core.holding() and not self._owner.forked():
+        finally:  # (a forked child leaving through the block: the turn is the parent's; a
+            # client closed in it: the agent took the turn back with the session)
+            if self._core.holding() and not self._owner.forked() and not self._closing:
                 await self.yield_()
 
     async def __aenter__(self) -> AsyncBaton:

@@ -250,8 +250,9 @@ class Baton(BlockingSession):
         lease = self.acquire(timeout)
         try:
             yield lease
-        finally:  # (a forked child leaving through the block: the turn is the parent's)
-            if self._core.holding() and not self._owner.forked():
+        finally:  # (a forked child leaving through the block: the turn is the parent's; a
+            # client closed in it: the agent took the turn back with the session)
+            if self._core.holding() and not self._owner.forked() and not self._closed.is_set():
                 self.yield_()
 
     # Lifecycle.

@@ -287,3 +287,24 @@ def test_closing_while_another_thread_waits_for_a_turn_tells_it_closed(agent: Ag
         assert not isinstance(told.value, AgentUnavailable)
         agent.wait_event(lambda e: e.kind == "tenant_gone" and e.tenant_id == "local/waiter", 5)
         assert agent.status()["gpus"]["GPU-0"]["queue"] == []
+
+
+def test_a_client_closed_inside_its_turn_block_leaves_the_block_quietly(
+    agent: AgentRunner,
+) -> None:
+    """The last turn that `close()` ends (as docs/client.md's "Closing" says to leave with the
+    memory on the device): the block's end raised "this Baton client is closed" as it yielded
+    the turn the close had already given back."""
+    baton = Baton(agent.socket, ["GPU-0"], name="sync")
+    with baton.turn(timeout=WAIT_S):
+        baton.close()
+    agent.wait_event(lambda e: e.kind == "tenant_gone" and e.tenant_id == "local/sync", 5)
+
+    async def scenario() -> None:
+        baton = AsyncBaton(agent.socket, ["GPU-0"], name="async")
+        async with baton.turn(timeout=WAIT_S):
+            await baton.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), WAIT_S))
+    agent.wait_event(lambda e: e.kind == "tenant_gone" and e.tenant_id == "local/async", 5)
+    assert agent.status()["gpus"]["GPU-0"]["holder"] is None
