@@ -21,7 +21,14 @@ from agent.client.errors import (
 )
 from agent.client.parked import restore_with_grant, restores_itself
 from agent.client.session_core import acquire_request
-from agent.client.types import REPLY_TIMEOUT_S, Callback, LeaseInfo, acquire_args, add_callbacks
+from agent.client.types import (
+    REPLY_TIMEOUT_S,
+    Callback,
+    LeaseInfo,
+    acquire_args,
+    add_callbacks,
+    turn_block,
+)
 from baton._pb import agent_pb2 as pb
 
 _ANOTHER_ACQUIRE = "another task's acquire on this client was still waiting"
@@ -230,14 +237,17 @@ class AsyncBaton(AsyncSession):
 
     @contextlib.asynccontextmanager
     async def turn(self, timeout: float | None = None) -> AsyncIterator[LeaseInfo]:
-        """`async with baton.turn(): ...` or, as a decorator, `@baton.turn()`."""
-        lease = await self.acquire(timeout)
-        try:
-            yield lease
-        finally:  # (a forked child leaving through the block: the turn is the parent's; a
-            # client closed in it: the agent took the turn back with the session)
-            if self._core.holding() and not self._owner.forked() and not self._closing:
-                await self.yield_()
+        """`async with baton.turn(): ...` or, as a decorator, `@baton.turn()`; nested in one
+        task (or in tasks a block started), the turn is held until the outermost block ends."""
+        with turn_block(self) as ends_turn:
+            lease = await self.acquire(timeout)
+            try:
+                yield lease
+            finally:  # (a forked child leaving through the block: the turn is the parent's; a
+                # client closed in it: the agent took the turn back with the session)
+                ours = ends_turn() and not self._owner.forked() and not self._closing
+                if ours and self._core.holding():
+                    await self.yield_()
 
     async def __aenter__(self) -> AsyncBaton:
         await self.connect()

@@ -25,6 +25,7 @@ from agent.client.types import (
     acquire_args,
     reply_wait,
     time_left,
+    turn_block,
 )
 from baton._pb import agent_pb2 as pb
 from baton.contract import framing
@@ -246,14 +247,17 @@ class Baton(BlockingSession):
 
     @contextlib.contextmanager
     def turn(self, timeout: float | None = None) -> Iterator[LeaseInfo]:
-        """`with baton.turn(): ...`, or as a decorator, `@baton.turn()`."""
-        lease = self.acquire(timeout)
-        try:
-            yield lease
-        finally:  # (a forked child leaving through the block: the turn is the parent's; a
-            # client closed in it: the agent took the turn back with the session)
-            if self._core.holding() and not self._owner.forked() and not self._closed.is_set():
-                self.yield_()
+        """`with baton.turn(): ...`, or as a decorator, `@baton.turn()`; nested on one thread,
+        the turn is held until the outermost block ends."""
+        with turn_block(self) as ends_turn:
+            lease = self.acquire(timeout)
+            try:
+                yield lease
+            finally:  # (a forked child leaving through the block: the turn is the parent's; a
+                # client closed in it: the agent took the turn back with the session)
+                ours = ends_turn() and not self._owner.forked() and not self._closed.is_set()
+                if ours and self._core.holding():
+                    self.yield_()
 
     # Lifecycle.
 

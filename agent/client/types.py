@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import inspect
 import logging
 import math
 import os
 import socket as socketlib
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from agent.client.errors import BatonError, InvalidRequest
@@ -84,6 +86,38 @@ def acquire_args(
     """An acquire's timeout, checked (`acquire_timeout`), and the GPUs it names (None: all the
     tenant's); a string is a comma-separated list, as in the constructor, never its letters."""
     return acquire_timeout(timeout), None if gpus is None else gpus_from(gpus)
+
+
+@dataclass
+class _TurnBlock:
+    client: object
+    open: bool = True
+
+
+_OPEN_TURNS: contextvars.ContextVar[tuple[_TurnBlock, ...]] = contextvars.ContextVar(
+    "baton_open_turns", default=()
+)
+"""The `turn()` blocks this thread (or task) is inside, outermost first."""
+
+
+@contextlib.contextmanager
+def turn_block(client: object) -> Iterator[Callable[[], bool]]:
+    """Around a `turn()` block of `client`; gives `ends_turn`, called as the block ends: True
+    unless a block of that client around it on this thread (or task, or the task that started
+    it) is still open, whose end yields the turn (a `@baton.turn()` step called inside one)."""
+    outer = _OPEN_TURNS.get()
+    block = _TurnBlock(client)
+    _OPEN_TURNS.set((*outer, block))
+
+    def ends_turn() -> bool:
+        block.open = False
+        return not any(around.client is client and around.open for around in outer)
+
+    try:
+        yield ends_turn
+    finally:
+        block.open = False
+        _OPEN_TURNS.set(outer)
 
 
 REPLY_TIMEOUT_S = 10.0

@@ -308,3 +308,46 @@ def test_a_client_closed_inside_its_turn_block_leaves_the_block_quietly(
     asyncio.run(asyncio.wait_for(scenario(), WAIT_S))
     agent.wait_event(lambda e: e.kind == "tenant_gone" and e.tenant_id == "local/async", 5)
     assert agent.status()["gpus"]["GPU-0"]["holder"] is None
+
+
+def test_nested_turn_blocks_hold_the_turn_until_the_outermost_ends(agent: AgentRunner) -> None:
+    """A `@baton.turn()` step called inside a `with baton.turn():` block: the step's end yielded
+    the turn, and the rest of the outer block ran on the GPU with no turn, silently."""
+
+    def holder() -> str | None:
+        return agent.status()["gpus"]["GPU-0"]["holder"]
+
+    with Baton(agent.socket, ["GPU-0"], name="sync", keep_turns=False) as baton:
+
+        @baton.turn(timeout=WAIT_S)
+        def step() -> None:
+            with baton.turn(timeout=WAIT_S):
+                pass
+
+        with baton.turn(timeout=WAIT_S) as lease:
+            step()
+            assert baton.lease == lease and holder() == "local/sync"
+        assert baton.lease is None and holder() is None
+
+    async def scenario() -> None:
+        async with AsyncBaton(agent.socket, ["GPU-0"], name="async", keep_turns=False) as baton:
+
+            async def step() -> None:
+                async with baton.turn(timeout=WAIT_S):
+                    pass
+
+            async def step_later(go: asyncio.Event) -> None:
+                await go.wait()
+                await step()
+
+            go = asyncio.Event()
+            async with baton.turn(timeout=WAIT_S) as lease:
+                await asyncio.gather(step(), step())  # tasks inside the block: inside its turn
+                assert baton.lease == lease and holder() == "local/async"
+                later = asyncio.create_task(step_later(go))
+            assert baton.lease is None and holder() is None
+            go.set()  # a task the block started, taking its turn after the block: its own
+            await later
+            assert baton.lease is None and holder() is None
+
+    asyncio.run(asyncio.wait_for(scenario(), WAIT_S))
