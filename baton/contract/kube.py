@@ -25,6 +25,11 @@ class KubeConfigError(RuntimeError):
     """No usable Kubernetes configuration could be found."""
 
 
+KUBECONFIG_UNREADABLE = (ValueError, TypeError, AttributeError, KeyError)
+"""What the Kubernetes client raises, besides `yaml.YAMLError`, loading a file that is no
+kubeconfig (`unreadable_kubeconfig` says why): not UTF-8, a list, a field of the wrong type."""
+
+
 def in_pod(token_path: Path = SERVICE_ACCOUNT_TOKEN) -> bool:
     """Whether this process runs in a pod with a service account."""
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and token_path.exists()
@@ -54,9 +59,9 @@ def load_api_client(kubeconfig: str | None) -> ApiClient:
             )
         except config.ConfigException as err:
             raise KubeConfigError(f"kubeconfig file {path!r} is not usable: {err}") from err
-        except (yaml.YAMLError, ValueError, TypeError, AttributeError, KeyError) as err:
+        except (*KUBECONFIG_UNREADABLE, yaml.YAMLError) as err:
             raise KubeConfigError(
-                f"kubeconfig file {path!r} is not a kubeconfig: {_unreadable(err)}"
+                f"kubeconfig file {path!r} is not a kubeconfig: {unreadable_kubeconfig(err)}"
             ) from None
     elif in_pod():
         config.load_incluster_config(client_configuration=configuration)
@@ -68,7 +73,7 @@ def load_api_client(kubeconfig: str | None) -> ApiClient:
     return client.ApiClient(configuration)
 
 
-def _unreadable(err: Exception) -> str:
+def unreadable_kubeconfig(err: Exception) -> str:
     """Why a kubeconfig file did not read as one, in one line: where its YAML breaks, or the
     Kubernetes client's complaint about its shape."""
     import yaml

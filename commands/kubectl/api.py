@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import yaml
 
+from baton.contract.kube import KUBECONFIG_UNREADABLE, unreadable_kubeconfig
 from baton.contract.names import NAMESPACE, PORT_AGENT, PORT_EXTENDER
 
 _LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -148,6 +149,7 @@ class KubeApi:
         configuration = client.Configuration()
         files = [p for p in (kubeconfig or "").split(os.pathsep) if p]
         context = context or (first_current_context(kubeconfig) if kubeconfig else None)
+        where = kubeconfig or "~/.kube/config (KUBECONFIG unset)"
         try:
             config.load_kube_config(
                 config_file=kubeconfig,
@@ -157,10 +159,13 @@ class KubeApi:
             )
             contexts, current = config.list_kube_config_contexts(kubeconfig)
         except (config.ConfigException, OSError) as err:
-            where = kubeconfig or "~/.kube/config (KUBECONFIG unset)"
             missing = files and not any(os.path.exists(os.path.expanduser(p)) for p in files)
             said = "no such file" if len(files) == 1 else "none of its files exists"
             raise PluginError(f"no usable kubeconfig {where}: {said if missing else err}") from None
+        except (*KUBECONFIG_UNREADABLE, yaml.YAMLError) as err:  # a YAML typo, a list
+            raise PluginError(
+                f"no usable kubeconfig {where}: {unreadable_kubeconfig(err)}"
+            ) from None
         configuration.retries = False
         chosen = context or current.get("name")
         found = [c.get("context") or {} for c in contexts if c.get("name") == chosen]

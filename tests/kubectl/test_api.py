@@ -53,6 +53,27 @@ def test_an_unusable_kubeconfig_is_one_line_naming_it(tmp_path: Path) -> None:
         KubeApi(str(empty))
 
 
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"clusters: [\n", "not YAML: expected the node content, but found '<stream end>'"),
+        (b"- a\n- list\n", "not shaped as a kubeconfig's (TypeError"),
+        (b"clusters: 5\n", "not shaped as a kubeconfig's (TypeError"),
+        (b"\x7fELF\xd0\x02", "not YAML: 'utf-8' codec can't decode"),
+    ],
+)
+def test_a_file_that_is_no_kubeconfig_is_one_line_not_a_traceback(
+    tmp_path: Path, content: bytes, says: str
+) -> None:
+    """A kubeconfig with a YAML typo (or a binary, or a list) was a Python traceback."""
+    path = tmp_path / "kubeconfig"
+    path.write_bytes(content)
+    said = CliRunner().invoke(cli.app, ["status", "--kubeconfig", str(path)])
+    assert said.exit_code == 1 and isinstance(said.exception, SystemExit), said.exception
+    assert said.output.startswith(f"kubectl baton: no usable kubeconfig {path}: ")
+    assert says in said.output and said.output.count("\n") == 1, said.output
+
+
 def test_a_kubeconfig_list_is_merged_as_kubectl_merges_it(tmp_path: Path) -> None:
     """KUBECONFIG=a:b: contexts from every file; the current one from the first that sets it."""
     other = tmp_path / "other.yaml"
