@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,58 @@ def test_a_file_that_is_no_kubeconfig_is_named_with_why(
         load_api_client(str(path))
     assert str(caught.value).startswith(f"kubeconfig file '{path}' is not a kubeconfig: ")
     assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+PLUGINS = [
+    (None, "[Errno 2] No such file or directory: "),
+    (
+        "import sys\nprint('token expired', file=sys.stderr)\nsys.exit('run: login')",
+        "exec: process returned 1. token expired run: login",
+    ),
+    ("print('Password:')", "exec: failed to decode process output: Expecting value"),
+]
+"""Credential plugins (`exec`) that give no credential: one not installed, one that fails saying
+why on two lines, one that asks for a password (an interactive login where none is possible)."""
+
+
+def exec_kubeconfig(tmp_path: Path, plugin: str | None) -> Path:
+    """A kubeconfig whose user's credential comes from `plugin` (Python; None: not installed)."""
+    script = tmp_path / "plugin.py"
+    if plugin is not None:
+        script.write_text(plugin)
+    command = sys.executable if plugin is not None else str(tmp_path / "no-such-plugin")
+    run = {"command": command, "args": [str(script)], "interactiveMode": "Never"}
+    user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", **run}}
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        json.dumps(
+            {
+                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": user}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return path
+
+
+@pytest.mark.parametrize(("plugin", "says"), PLUGINS, ids=["missing", "failing", "no-json"])
+def test_a_credential_plugin_that_gives_no_credential_is_named_not_ignored(
+    tmp_path: Path, plugin: str | None, says: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The Kubernetes client logged a bare "ERROR:root:" line and went on with no credentials:
+    a daemon then retried its refused (anonymous) calls for ever, naming no cause."""
+    path = exec_kubeconfig(tmp_path, plugin)
+    root = logging.getLogger()
+    handlers, filters = list(root.handlers), list(root.filters)
+    with pytest.raises(KubeConfigError) as caught:
+        load_api_client(str(path))
+    said = str(caught.value)
+    assert said.startswith(f"kubeconfig file '{path}': its user's credential plugin (exec) gave ")
+    assert says in said and "\n" not in said
+    assert capfd.readouterr().err == ""
+    assert (root.handlers, root.filters) == (handlers, filters)
 
 
 def test_a_kubeconfig_path_that_is_a_directory_is_named_so(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -54,15 +55,18 @@ def load_api_client(kubeconfig: str | None) -> ApiClient:
             what = "is not a file" if Path(path).exists() else "does not exist"
             raise KubeConfigError(f"kubeconfig file {path!r} {what}")
         try:
-            config.load_kube_config(
-                config_file=path, client_configuration=configuration, persist_config=False
-            )
+            with credential_plugin_failures() as failed:
+                config.load_kube_config(
+                    config_file=path, client_configuration=configuration, persist_config=False
+                )
         except config.ConfigException as err:
             raise KubeConfigError(f"kubeconfig file {path!r} is not usable: {err}") from err
         except (*KUBECONFIG_UNREADABLE, yaml.YAMLError) as err:
             raise KubeConfigError(
                 f"kubeconfig file {path!r} is not a kubeconfig: {unreadable_kubeconfig(err)}"
             ) from None
+        if failed:
+            raise KubeConfigError(f"kubeconfig file {path!r}: {failed[0]}")
     elif in_pod():
         config.load_incluster_config(client_configuration=configuration)
     else:
@@ -71,6 +75,39 @@ def load_api_client(kubeconfig: str | None) -> ApiClient:
             f" (KUBERNETES_SERVICE_HOST unset or {SERVICE_ACCOUNT_TOKEN} missing)"
         )
     return client.ApiClient(configuration)
+
+
+class _PluginFailures(logging.Filter):
+    """Takes the Kubernetes client's root-logger errors about a kubeconfig's credentials."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "root" or record.module != "kube_config":
+            return True
+        said = " ".join(record.getMessage().split())
+        self.said.append(f"its user's credential plugin (exec) gave no credential: {said}")
+        return False
+
+
+@contextlib.contextmanager
+def credential_plugin_failures() -> Iterator[list[str]]:
+    """While the Kubernetes client loads a kubeconfig: why its user's credential plugin
+    (`exec`) gave no credential (not found, failed, answered no credential), one line each.
+    The client only logs that (on the root logger, printed bare where nothing set logging up)
+    and goes on with no credentials, every call then refused as an anonymous user's; callers
+    refuse the kubeconfig instead, saying why."""
+    root, failures = logging.getLogger(), _PluginFailures()
+    bare = logging.NullHandler()  # `logging.error` gives a root without handlers a stderr one
+    root.addFilter(failures)
+    root.addHandler(bare)
+    try:
+        yield failures.said
+    finally:
+        root.removeHandler(bare)
+        root.removeFilter(failures)
 
 
 def unreadable_kubeconfig(err: Exception) -> str:

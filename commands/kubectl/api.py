@@ -13,7 +13,11 @@ from urllib.parse import quote
 
 import yaml
 
-from baton.contract.kube import KUBECONFIG_UNREADABLE, unreadable_kubeconfig
+from baton.contract.kube import (
+    KUBECONFIG_UNREADABLE,
+    credential_plugin_failures,
+    unreadable_kubeconfig,
+)
 from baton.contract.names import NAMESPACE, PORT_AGENT, PORT_EXTENDER
 
 _LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -151,12 +155,13 @@ class KubeApi:
         context = context or (first_current_context(kubeconfig) if kubeconfig else None)
         where = kubeconfig or "~/.kube/config (KUBECONFIG unset)"
         try:
-            config.load_kube_config(
-                config_file=kubeconfig,
-                context=context,
-                client_configuration=configuration,
-                persist_config=False,
-            )
+            with credential_plugin_failures() as failed:
+                config.load_kube_config(
+                    config_file=kubeconfig,
+                    context=context,
+                    client_configuration=configuration,
+                    persist_config=False,
+                )
             contexts, current = config.list_kube_config_contexts(kubeconfig)
         except (config.ConfigException, OSError) as err:
             missing = files and not any(os.path.exists(os.path.expanduser(p)) for p in files)
@@ -166,6 +171,8 @@ class KubeApi:
             raise PluginError(
                 f"no usable kubeconfig {where}: {unreadable_kubeconfig(err)}"
             ) from None
+        if failed:  # else every GET goes as an anonymous user's: "forbidden", naming no cause
+            raise PluginError(f"no usable kubeconfig {where}: {failed[0]}")
         configuration.retries = False
         chosen = context or current.get("name")
         found = [c.get("context") or {} for c in contexts if c.get("name") == chosen]

@@ -283,7 +283,11 @@ def test_a_sigterm_while_the_agent_loads_its_kubeconfig_stops_it_in_order(workdi
                 conn.settimeout(30)
                 assert conn.recv(16) == b"started"
                 proc.send_signal(signal.SIGTERM)
-                credential = {"apiVersion": api_version, "status": {"token": "t"}}
+                credential = {
+                    "apiVersion": api_version,
+                    "kind": "ExecCredential",
+                    "status": {"token": "t"},
+                }
                 with contextlib.suppress(OSError):  # the agent killed: the plugin may be gone
                     conn.sendall(json.dumps(credential).encode())
             _, err = proc.communicate(timeout=60)

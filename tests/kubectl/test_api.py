@@ -74,6 +74,28 @@ def test_a_file_that_is_no_kubeconfig_is_one_line_not_a_traceback(
     assert says in said.output and said.output.count("\n") == 1, said.output
 
 
+def test_a_credential_plugin_that_is_not_installed_is_named_not_sent_as_anonymous(
+    tmp_path: Path,
+) -> None:
+    """Before: a bare "ERROR:root:" line, then every GET refused as an anonymous user's (a
+    'forbidden' that names RBAC, not the missing plugin)."""
+    with FakeApiServer() as server:
+        found = yaml.safe_load(server.kubeconfig_path(tmp_path).read_text())
+        plugin = str(tmp_path / "gke-gcloud-auth-plugin")
+        exec_user = {"apiVersion": "client.authentication.k8s.io/v1", "command": plugin}
+        found["users"] = [{**u, "user": {"exec": exec_user}} for u in found["users"]]
+        kubeconfig = tmp_path / "plugin.yaml"
+        kubeconfig.write_text(yaml.safe_dump(found))
+        said = CliRunner().invoke(cli.app, ["status", "--kubeconfig", str(kubeconfig)])
+        asked = server.requests()
+    assert said.exit_code == 1 and isinstance(said.exception, SystemExit), said.exception
+    assert said.output == (
+        f"kubectl baton: no usable kubeconfig {kubeconfig}: its user's credential plugin (exec) "
+        f"gave no credential: [Errno 2] No such file or directory: '{plugin}'\n"
+    )
+    assert asked == []
+
+
 def test_a_kubeconfig_list_is_merged_as_kubectl_merges_it(tmp_path: Path) -> None:
     """KUBECONFIG=a:b: contexts from every file; the current one from the first that sets it."""
     other = tmp_path / "other.yaml"
