@@ -3,6 +3,7 @@ a line naming the flag and the problem, never a traceback."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -75,6 +76,28 @@ def test_the_agent_refuses_a_fake_dir_it_cannot_use(tmp_path: Path) -> None:
     where = ["--socket", str(tmp_path / "a.sock"), "--state-dir", str(tmp_path / "state")]
     said = _refusal([*AGENT, *where, "--backend", "fake", "--fake-dir", str(blocker / "gpus")])
     assert f"--fake-dir {blocker / 'gpus'}" in said and "Not a directory" in said
+
+
+KUBECONFIG = {
+    "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+    "users": [{"name": "u", "user": {"token": "t"}}],
+    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+    "current-context": "x",
+}
+
+
+@pytest.mark.timeout(30)  # refused: nothing runs (accepted, the agent serves till stopped)
+@pytest.mark.parametrize("name", ["GPU-Node-1", "gpu_node_1", "n1."])
+def test_the_agent_refuses_a_node_name_no_node_can_have(name: str, tmp_path: Path) -> None:
+    """As the device plugin does: the agent took a name with capitals (a host name as given,
+    which the kubelet lower-cases) and watched the pods of a node that cannot exist, refusing
+    every tenant's Register as in no pod of this node, its log saying only that none came."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps(KUBECONFIG))
+    where = ["--socket", str(tmp_path / "a.sock"), "--state-dir", str(tmp_path / "state")]
+    node = ["--node-name", name, "--kubeconfig", str(kubeconfig)]
+    said = _refusal([*AGENT, *where, *node])
+    assert f"Invalid value: --node-name {name!r}: not a Kubernetes node name" in said
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from commands.cli.options import (
     AsJson,
     check_address,
     check_grace,
+    check_node_name,
     echo_figures,
     interruptible,
     setup_logging,
@@ -105,6 +106,11 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
             param_hint="--socket",
         )
     check_grace(s.shutdown_grace)
+    if s.node_name:  # else it watches the pods of a node that cannot be, and serves none
+        try:
+            check_node_name(s.node_name)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
     order = _queue_policy(s.queue_policy, s.policy)
     if order not in QUEUE_POLICIES:
         choices = ", ".join(QUEUE_POLICIES)
