@@ -114,6 +114,16 @@ def test_the_other_daemons_refuse_a_port_out_of_range(args: list[str]) -> None:
     assert args[-2] in said and "Invalid value" in said
 
 
+@pytest.mark.parametrize("command", ["deviceplugin", "dra"])
+@pytest.mark.parametrize("slots", ["0", "1025", "99999999999"])
+def test_the_node_daemons_refuse_slots_per_gpu_out_of_range(command: str, slots: str) -> None:
+    """99999999999 slots made the device plugin build a device list it never finished, deaf to
+    SIGTERM, saying nothing; past about 8,900 on 8 GPUs the list passes the kubelet's 4 MiB."""
+    said = _refusal([command, "--node-name", "n", "--slots-per-gpu", slots])
+    bound = "greater than or equal to 1" if slots == "0" else "less than or equal to 1024"
+    assert "Invalid value for '--slots-per-gpu'" in said and f"Input should be {bound}" in said
+
+
 def test_the_device_plugin_refuses_a_reconcile_interval_that_never_passes() -> None:
     said = _refusal(["deviceplugin", "--node-name", "n", "--reconcile-interval", "inf"])
     assert "Invalid value for --reconcile-interval: inf: must be a finite number" in said

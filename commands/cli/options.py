@@ -39,8 +39,17 @@ AsJson = Annotated[bool, typer.Option("--json", help="One JSON object on the las
 NodeName = Annotated[
     str, typer.Option(envvar=names.ENV_NODE_NAME, help="This node's name (downward API).")
 ]
+MAX_SLOTS_PER_GPU = 1024
+"""Slots per GPU at most: a node's device list (8 GPUs of 1,024 IDs each) stays far below the
+kubelet's 4 MiB gRPC message, which about 8,900 slots per GPU would pass."""
 SlotsPerGpu = Annotated[
-    int, typer.Option(envvar="BATON_SLOTS_PER_GPU", min=1, help="Tenants (slots) per GPU.")
+    int,
+    typer.Option(
+        envvar="BATON_SLOTS_PER_GPU",
+        min=1,
+        max=MAX_SLOTS_PER_GPU,
+        help=f"Tenants (slots) per GPU (1 to {MAX_SLOTS_PER_GPU}).",
+    ),
 ]
 FakeGpus = Annotated[
     str | None,
