@@ -45,12 +45,23 @@ def _unpack(packed: Path, into: Path) -> Path:
     out = into / f"{packed.name.removesuffix('.xz')}-{digest}"
     if not out.exists():
         into.mkdir(parents=True, exist_ok=True)
-        part = out.with_suffix(".part")
+        part = out.with_name(f"{out.name}.{os.getpid()}.part")  # another process may unpack too
         with lzma.open(packed) as src, part.open("wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
         part.chmod(0o755)
-        part.rename(out)
+        part.rename(out)  # atomic: the other's whole file, or this one
     return out
+
+
+def _link(link: Path, target: Path) -> None:
+    """Point `link` at `target` in one step (a process unpacking beside this one sees the old
+    link or the new, never none)."""
+    if link.is_symlink() and link.readlink() == target:
+        return
+    part = link.with_name(f"{link.name}.{os.getpid()}.part")
+    part.unlink(missing_ok=True)
+    part.symlink_to(target)
+    part.rename(link)
 
 
 def _from_packed(directory: Path) -> KubeBinaries | None:
@@ -65,11 +76,8 @@ def _from_packed(directory: Path) -> KubeBinaries | None:
     links = bin_dir / kube_bin.name.replace("kube-", "links-", 1)
     links.mkdir(exist_ok=True)
     for command in KUBE_COMMANDS:
-        link = links / command
-        if not link.is_symlink():
-            link.symlink_to(kube_bin)
-    (links / "etcd").unlink(missing_ok=True)
-    (links / "etcd").symlink_to(etcd_bin)
+        _link(links / command, kube_bin)
+    _link(links / "etcd", etcd_bin)
     return _from_plain(links)
 
 
@@ -135,7 +143,7 @@ def _untar(packed: Path, into: Path) -> Path:
     digest = hashlib.sha256(packed.read_bytes()).hexdigest()[:16]
     out = into / f"{packed.name.removesuffix('.tar.xz')}-{digest}"
     if not out.exists():
-        part = out.with_name(out.name + ".part")
+        part = out.with_name(f"{out.name}.{os.getpid()}.part")  # another process may unpack too
         shutil.rmtree(part, ignore_errors=True)
         part.mkdir(parents=True)
         with tarfile.open(packed, "r:xz") as tar:
@@ -149,8 +157,14 @@ def _untar(packed: Path, into: Path) -> Path:
                     (part / name).chmod(0o755)
         missing = [c for c in CONTAINERD_COMMANDS if not (part / c).exists()]
         if missing:
+            shutil.rmtree(part, ignore_errors=True)
             raise LocalNodeError(f"{packed} lacks {', '.join(missing)}")
-        part.rename(out)
+        try:
+            part.rename(out)
+        except OSError:  # another process's is there (a directory is not replaced): use it
+            shutil.rmtree(part, ignore_errors=True)
+            if not out.is_dir():
+                raise
     return out
 
 
