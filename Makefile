@@ -25,8 +25,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Two workers: the real-node tests (tests/k8s, mostly waiting on the node) in one, the rest in
+# the other (tests/conftest.py groups them).
 test: lint
-	$(BIN)/pytest -q -rs --durations=25
+	$(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadgroup
 
 soak: $(STAMP)
 	mkdir -p build && rm -f build/reliability.jsonl

@@ -24,6 +24,20 @@ settings.load_profile(os.environ.get(HYPOTHESIS_PROFILE, "deterministic"))
 no example database); `make soak` sets BATON_HYPOTHESIS_PROFILE=random and draws new ones."""
 
 
+REAL_NODE = "tests/k8s/"
+"""The real-node tests: one node at a time on fixed ports, each module after the last."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Where `make test` runs two workers (`-n 2 --dist loadgroup`): the real-node tests all in
+    one, in order, while the other takes the rest a module at a time (a module's fixtures are
+    set up once, and its tests do not race each other)."""
+    for item in items:
+        where = item.nodeid.partition("::")[0]
+        group = "real-node" if where.startswith(REAL_NODE) else where
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Agents' directories under /tmp go with the session, whatever its tests' outcome."""
     remove_short_tmpdirs()
