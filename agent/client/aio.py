@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Sequence
 
 from agent.client.aio_session import AsyncSession
@@ -22,6 +23,7 @@ from agent.client.errors import (
 from agent.client.parked import restore_with_grant, restores_itself
 from agent.client.session_core import acquire_request
 from agent.client.types import (
+    ENDED_BY_ERROR,
     REPLY_TIMEOUT_S,
     Callback,
     LeaseInfo,
@@ -31,6 +33,7 @@ from agent.client.types import (
 )
 from baton._pb import agent_pb2 as pb
 
+log = logging.getLogger("baton.client")
 _ANOTHER_ACQUIRE = "another task's acquire on this client was still waiting"
 _PARK_OF_A_YIELD = "a yield cancelled in its park waited for that park (on_park) to end"
 
@@ -241,13 +244,23 @@ class AsyncBaton(AsyncSession):
         task (or in tasks a block started), the turn is held until the outermost block ends."""
         with turn_block(self) as ends_turn:
             lease = await self.acquire(timeout)
+
+            def ours() -> bool:  # (a forked child leaving through the block: the turn is the
+                # parent's; a client closed in it: the agent took the turn back with the session)
+                mine = ends_turn() and not self._owner.forked() and not self._closing
+                return mine and self._core.holding()
+
             try:
                 yield lease
-            finally:  # (a forked child leaving through the block: the turn is the parent's; a
-                # client closed in it: the agent took the turn back with the session)
-                ours = ends_turn() and not self._owner.forked() and not self._closing
-                if ours and self._core.holding():
-                    await self.yield_()
+            except BaseException as raised:
+                if ours():
+                    try:
+                        await self.yield_()
+                    except BatonError as exc:  # the block's own error is the one to tell
+                        log.warning(ENDED_BY_ERROR, type(raised).__name__, exc)
+                raise
+            if ours():
+                await self.yield_()
 
     async def __aenter__(self) -> AsyncBaton:
         await self.connect()

@@ -20,6 +20,7 @@ from agent.client.errors import AcquireTimeout, AgentUnavailable, BatonError, Le
 from agent.client.parked import given_back
 from agent.client.session_core import acquire_request
 from agent.client.types import (
+    ENDED_BY_ERROR,
     REPLY_TIMEOUT_S,
     LeaseInfo,
     acquire_args,
@@ -251,13 +252,23 @@ class Baton(BlockingSession):
         the turn is held until the outermost block ends."""
         with turn_block(self) as ends_turn:
             lease = self.acquire(timeout)
+
+            def ours() -> bool:  # (a forked child leaving through the block: the turn is the
+                # parent's; a client closed in it: the agent took the turn back with the session)
+                mine = ends_turn() and not self._owner.forked() and not self._closed.is_set()
+                return mine and self._core.holding()
+
             try:
                 yield lease
-            finally:  # (a forked child leaving through the block: the turn is the parent's; a
-                # client closed in it: the agent took the turn back with the session)
-                ours = ends_turn() and not self._owner.forked() and not self._closed.is_set()
-                if ours and self._core.holding():
-                    self.yield_()
+            except BaseException as raised:
+                if ours():
+                    try:
+                        self.yield_()
+                    except BatonError as exc:  # the block's own error is the one to tell
+                        log.warning(ENDED_BY_ERROR, type(raised).__name__, exc)
+                raise
+            if ours():
+                self.yield_()
 
     # Lifecycle.
 

@@ -100,6 +100,11 @@ _OPEN_TURNS: contextvars.ContextVar[tuple[_TurnBlock, ...]] = contextvars.Contex
 """The `turn()` blocks this thread (or task) is inside, outermost first."""
 
 
+ENDED_BY_ERROR = "a turn block raised %s, and its turn could not be yielded: %s"
+"""Logged, not raised, where a `turn()` block's yield fails as an error of its own leaves it:
+the caller hears of the error the block raised."""
+
+
 @contextlib.contextmanager
 def turn_block(client: object) -> Iterator[Callable[[], bool]]:
     """Around a `turn()` block of `client`; gives `ends_turn`, called as the block ends: True
