@@ -30,7 +30,7 @@ lint: $(STAMP)
 # sockets tests make there must fit in 107 bytes. Kept after a failing run, for its logs.
 test: lint
 	@tmp=$$(mktemp -d /tmp/bt-XXXXXX) && echo "make test: the tests' files under $$tmp" && \
-	status=0 && $(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadgroup --basetemp=$$tmp \
+	status=0 && $(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadscope --no-loadscope-reorder --basetemp=$$tmp \
 	|| status=$$?; if [ $$status = 0 ]; then rm -rf $$tmp; fi; exit $$status
 
 soak: $(STAMP)

@@ -3,6 +3,7 @@ Hypothesis profile every property and fuzz test runs under."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 from collections.abc import Iterator
@@ -28,14 +29,30 @@ REAL_NODE = "tests/k8s/"
 """The real-node tests: one node at a time on fixed ports, each module after the last."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Where `make test` runs two workers (`-n 2 --dist loadgroup`): the real-node tests all in
-    one, in order, while the other takes the rest a module at a time (a module's fixtures are
-    set up once, and its tests do not race each other)."""
-    for item in items:
-        where = item.nodeid.partition("::")[0]
-        group = "real-node" if where.startswith(REAL_NODE) else where
-        item.add_marker(pytest.mark.xdist_group(group))
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker (`make test`'s two), the real-node tests come first: the scheduler
+    below hands them to one worker before anything else, the other takes the rest."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: not item.nodeid.startswith(REAL_NODE))  # (a stable sort)
+
+
+def work_unit(nodeid: str) -> str:
+    """What one xdist worker runs whole, in order: all the real-node tests, else a module (its
+    fixtures set up once, its tests never racing each other)."""
+    return "real-node" if nodeid.startswith(REAL_NODE) else nodeid.partition("::")[0]
+
+
+if importlib.util.find_spec("xdist") is not None:  # (a dev extra: `make test` installs it)
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        """`--dist loadscope` with `work_unit`'s scopes."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        return ByWorkUnit(config, log) if config.getvalue("dist") == "loadscope" else None
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
