@@ -27,7 +27,9 @@ def test_a_bind_whose_pod_read_is_not_answered_fails_before_kube_scheduler_gives
     fake_api.put_object(node("gpu-1", gpus=2, slots=1))
     p = fake_api.put_object(pod("trainer"))
     uid = p["metadata"]["uid"]
-    assert kube_cache.wait_for(lambda s: s.pending_pod(uid) is not None, SYNC_TIMEOUT_S)
+    # the node and the pod come by watches of their own: both known before the bind
+    known = lambda s: s.node("gpu-1") is not None and s.pending_pod(uid) is not None  # noqa: E731
+    assert kube_cache.wait_for(known, SYNC_TIMEOUT_S)
     fake_api.fail_next("create", "pods/binding", 409, message="the object has been modified")
     fake_api.hang_next("get", "pods", times=4)
     binder = Binder(kube_cache, KubePodApi(api_client), time.time_ns)
