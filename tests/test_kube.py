@@ -23,6 +23,7 @@ from baton.contract.kube import (
     parse_timestamp_ns,
 )
 from tests.harness.fakeapi import FakeApiServer
+from tests.harness.kubeconfigs import NOT_KUBECONFIGS
 
 
 def test_kubeconfig_client_reaches_the_server(tmp_path: Path) -> None:
@@ -43,12 +44,7 @@ def test_missing_kubeconfig_file_is_named(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "says"),
-    [
-        (b"clusters: [\n", "not YAML: expected the node content, but found '<stream end>'"),
-        (b"just a word\n", "not shaped as a kubeconfig's (TypeError"),
-        (b"- a\n- list\n", "not shaped as a kubeconfig's (TypeError"),
-        (b"\x7fELF\xd0\x02", "not YAML: 'utf-8' codec can't decode"),
-    ],
+    NOT_KUBECONFIGS,
 )
 def test_a_file_that_is_no_kubeconfig_is_named_with_why(
     tmp_path: Path, content: bytes, says: str

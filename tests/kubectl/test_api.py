@@ -18,6 +18,7 @@ from commands.kubectl import cli
 from commands.kubectl.agents import read_agent
 from commands.kubectl.api import Forbidden, KubeApi, PluginError
 from tests.harness.fakeapi import FakeApiServer
+from tests.harness.kubeconfigs import NOT_KUBECONFIGS
 
 MESSAGE = (
     'pods is forbidden: User "bob" cannot list resource "pods" in API group "" in the'
@@ -55,12 +56,7 @@ def test_an_unusable_kubeconfig_is_one_line_naming_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "says"),
-    [
-        (b"clusters: [\n", "not YAML: expected the node content, but found '<stream end>'"),
-        (b"- a\n- list\n", "not shaped as a kubeconfig's (TypeError"),
-        (b"clusters: 5\n", "not shaped as a kubeconfig's (TypeError"),
-        (b"\x7fELF\xd0\x02", "not YAML: 'utf-8' codec can't decode"),
-    ],
+    NOT_KUBECONFIGS,
 )
 def test_a_file_that_is_no_kubeconfig_is_one_line_not_a_traceback(
     tmp_path: Path, content: bytes, says: str
