@@ -42,6 +42,7 @@ REFUSED = [
     (["--socket", ""], "--socket", "'' names no socket file: pass its path"),  # was a traceback
     (["--socket", "/"], "--socket", "'/' names no socket file: pass its path"),
     (["--socket", "."], "--socket", "'.' names no socket file: pass its path"),
+    (["--state-dir", ""], "--state-dir", "'' names no directory: pass its path"),  # was cwd
 ]
 
 
@@ -122,6 +123,13 @@ def test_the_node_daemons_refuse_slots_per_gpu_out_of_range(command: str, slots:
     said = _refusal([command, "--node-name", "n", "--slots-per-gpu", slots])
     bound = "greater than or equal to 1" if slots == "0" else "less than or equal to 1024"
     assert "Invalid value for '--slots-per-gpu'" in said and f"Input should be {bound}" in said
+
+
+def test_the_device_plugin_refuses_an_empty_device_plugin_dir() -> None:
+    """'' served the plugin's socket in the current directory, registering with a kubelet.sock
+    there that never comes."""
+    said = _refusal(["deviceplugin", "--node-name", "n", "--device-plugin-dir", ""])
+    assert "--device-plugin-dir (BATON_DEVICE_PLUGIN_DIR): '' names no directory" in said
 
 
 def test_the_device_plugin_refuses_a_reconcile_interval_that_never_passes() -> None:

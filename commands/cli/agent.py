@@ -15,6 +15,7 @@ from commands.cli.agent_settings import AgentSettings, command_options, env_of
 from commands.cli.options import (
     AsJson,
     check_address,
+    check_dir,
     check_grace,
     check_node_name,
     echo_figures,
@@ -105,6 +106,7 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
             f"{s.socket!r} names no socket file: pass its path, e.g. {names.AGENT_SOCKET}",
             param_hint="--socket",
         )
+    check_dir(s.state_dir, "--state-dir", names.AGENT_STATE_DIR)
     check_grace(s.shutdown_grace)
     if s.node_name:  # else it watches the pods of a node that cannot be, and serves none
         try:

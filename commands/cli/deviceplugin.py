@@ -22,6 +22,7 @@ from commands.cli.options import (
     LogLevel,
     NodeName,
     SlotsPerGpu,
+    check_dir,
     check_grace,
     echo_figures,
     interruptible,
@@ -91,6 +92,11 @@ def deviceplugin(
     from deviceplugin.errors import DevicePluginStartError
     from nodegpu.node import node_fields
 
+    check_dir(
+        device_plugin_dir,
+        "--device-plugin-dir (BATON_DEVICE_PLUGIN_DIR)",
+        names.KUBELET_DEVICE_PLUGIN_DIR,
+    )
     check_grace(shutdown_grace)
     if not math.isfinite(reconcile_interval):  # the periodic reconciliation would never come
         raise typer.BadParameter(

@@ -93,6 +93,15 @@ def check_address(value: str, option: str, grpc: bool = False) -> None:
         )
 
 
+def check_dir(value: str, option: str, example: str) -> None:
+    """A directory option's value, or a `BadParameter` naming the option: an empty path is
+    the current directory, where the daemon would keep its files unasked."""
+    if not value:
+        raise typer.BadParameter(
+            f"'' names no directory: pass its path, e.g. {example}", param_hint=option
+        )
+
+
 def check_grace(value: float, option: str = "--shutdown-grace") -> None:
     """A daemon's shutdown grace (seconds in-flight calls get on a stop), or a `BadParameter`
     naming the option: a negative, NaN or infinite grace has no stop to wait for."""
