@@ -100,6 +100,8 @@ def check_dir(value: str, option: str, example: str) -> None:
         raise typer.BadParameter(
             f"'' names no directory: pass its path, e.g. {example}", param_hint=option
         )
+    if Path(value).exists() and not Path(value).is_dir():
+        raise typer.BadParameter(f"{value} is not a directory", param_hint=option)
 
 
 def check_grace(value: float, option: str = "--shutdown-grace") -> None:
