@@ -23,6 +23,10 @@ class DiscoveryError(Exception):
     """No GPU could be found or declared; the message says what is missing."""
 
 
+class BadFakeGpus(DiscoveryError):
+    """The `--fake-gpus` value itself cannot be right (a usage mistake, not what the node has)."""
+
+
 def parse_fake_gpus(spec: str, node_name: str) -> list[NodeGpu]:
     """GPUs from `COUNTxMEMORY_MIB` (e.g. `2x81920`), `MIB,MIB,...`, or a JSON/YAML file.
 
@@ -36,9 +40,9 @@ def parse_fake_gpus(spec: str, node_name: str) -> list[NodeGpu]:
     try:
         sizes = fake_gpu_sizes(spec)
     except TooManyFakeGpus as err:
-        raise DiscoveryError(str(err)) from None
+        raise BadFakeGpus(str(err)) from None
     except ValueError:
-        raise DiscoveryError(
+        raise BadFakeGpus(
             f"--fake-gpus {spec!r} is neither COUNTxMEMORY_MIB (e.g. 2x81920), MIB,MIB,... "
             "nor a readable file"
         ) from None

@@ -175,33 +175,38 @@ def check_node_name(name: str) -> None:
 
 
 def node_inputs(command: str, options: NodeOptions) -> NodeInputs:
-    """Discover the GPUs (or make the fake ones), read the budget, XIDs and kubeconfig; a
-    problem ends the command with one line naming it."""
+    """Read the node name, budget, XIDs and fake GPUs' spec, then discover the GPUs (or make the
+    fake ones) and read the kubeconfig; a problem ends the command with one line naming it: exit
+    status 2 for a value that cannot be right (as a `BadParameter`), 1 for what the node lacks."""
     from baton.contract.kube import KubeConfigError, load_api_client
     from baton.contract.meminfo import MEMINFO
     from nodegpu.annotate import host_memory_budget_mib
-    from nodegpu.gpus import DiscoveryError, discover
+    from nodegpu.gpus import BadFakeGpus, DiscoveryError, discover
     from nodegpu.health import parse_xid_list
     from nodegpu.node import NodeSettings
 
     try:
         check_node_name(options.node_name)
+        budget = host_memory_budget_mib(options.host_memory_budget, Path(MEMINFO).read_text())
+        ignored_xids = parse_xid_list(options.ignored_xids)
         gpus, fake = discover(options.fake_gpus, options.node_name)
-        settings = NodeSettings(
-            node_name=options.node_name,
-            slots_per_gpu=options.slots_per_gpu,
-            host_memory_budget_mib=host_memory_budget_mib(
-                options.host_memory_budget, Path(MEMINFO).read_text()
-            ),
-            metrics_host=options.metrics_host,
-            metrics_port=options.metrics_port,
-            ignored_xids=parse_xid_list(options.ignored_xids),
-            shutdown_grace=options.shutdown_grace,
-        )
-        return NodeInputs(settings, list(gpus), fake, load_api_client(options.kubeconfig))
-    except (DiscoveryError, KubeConfigError, ValueError) as err:
+        api_client = load_api_client(options.kubeconfig)
+    except (BadFakeGpus, ValueError) as err:  # the value given: a usage mistake
+        typer.echo(f"{command}: {err}", err=True)
+        raise typer.Exit(2) from err
+    except (DiscoveryError, KubeConfigError) as err:  # no GPU, no usable kubeconfig
         typer.echo(f"{command}: {err}", err=True)
         raise typer.Exit(1) from err
+    settings = NodeSettings(
+        node_name=options.node_name,
+        slots_per_gpu=options.slots_per_gpu,
+        host_memory_budget_mib=budget,
+        metrics_host=options.metrics_host,
+        metrics_port=options.metrics_port,
+        ignored_xids=ignored_xids,
+        shutdown_grace=options.shutdown_grace,
+    )
+    return NodeInputs(settings, list(gpus), fake, api_client)
 
 
 def echo_figures(figures: Mapping[str, object], as_json: bool) -> None:

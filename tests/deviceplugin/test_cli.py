@@ -47,7 +47,7 @@ def test_a_negative_host_memory_budget_is_refused_at_start(socket_dir):
         "BATON_HOST_MEMORY_BUDGET": "-5",
     }
     result = CliRunner().invoke(app, ["deviceplugin"], env=env)
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a usage mistake
     assert result.output == (
         "baton deviceplugin: --host-memory-budget '-5': MiB must be 0 or more\n"
     )
@@ -64,7 +64,7 @@ def test_a_node_name_no_node_can_have_is_refused_at_start(socket_dir, name, said
     """An empty name would watch every unscheduled pod (`spec.nodeName=`) and annotate none."""
     env = {"BATON_FAKE_GPUS": "1x1024", "BATON_DEVICE_PLUGIN_DIR": str(socket_dir)}
     result = CliRunner().invoke(app, ["deviceplugin", "--node-name", name], env=env)
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a usage mistake
     assert result.output.startswith(f"baton deviceplugin: {said}")
     assert len(result.output.splitlines()) == 1
 
