@@ -43,6 +43,7 @@ REFUSED = [
     (["--socket", "/"], "--socket", "'/' names no socket file: pass its path"),
     (["--socket", "."], "--socket", "'.' names no socket file: pass its path"),
     (["--state-dir", ""], "--state-dir", "'' names no directory: pass its path"),  # was cwd
+    (["--fake-dir", ""], "--fake-dir", "'' names no directory: pass its path"),  # was cwd
 ]
 
 

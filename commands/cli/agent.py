@@ -107,6 +107,7 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
             param_hint="--socket",
         )
     check_dir(s.state_dir, "--state-dir", names.AGENT_STATE_DIR)
+    check_dir(s.fake_dir, "--fake-dir", names.DEFAULT_FAKE_GPU_DIR)
     check_grace(s.shutdown_grace)
     if s.node_name:  # else it watches the pods of a node that cannot be, and serves none
         try:

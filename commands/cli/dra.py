@@ -19,6 +19,7 @@ from commands.cli.options import (
     LogLevel,
     NodeName,
     SlotsPerGpu,
+    check_dir,
     check_grace,
     node_inputs,
     node_options,
@@ -84,6 +85,11 @@ def dra(
     from dra.daemon import DraStartError, DraStoppedAtStart, Driver, Settings
     from nodegpu.node import node_fields
 
+    check_dir(plugins_dir, "--plugins-dir (BATON_DRA_PLUGINS_DIR)", names.KUBELET_PLUGINS_DIR)
+    registry = "--registry-dir (BATON_DRA_REGISTRY_DIR)"
+    check_dir(registry_dir, registry, names.KUBELET_PLUGINS_REGISTRY_DIR)
+    check_dir(cdi_dir, "--cdi-dir (BATON_CDI_DIR)", names.CDI_SPEC_DIR)
+    check_dir(state_dir, "--state-dir (BATON_DRA_STATE_DIR)", names.DRA_STATE_DIR)
     check_grace(shutdown_grace)
     setup_logging(log_level)
     if runtime_cdi not in ("auto", "on", "off"):
