@@ -222,6 +222,45 @@ def test_the_coordinator_refuses_a_pod_namespace_without_the_pods_name(tmp_path:
     assert "--identity (POD_NAME)" in said
 
 
+@pytest.mark.parametrize(
+    ("flags", "flag", "problem"),
+    [
+        (
+            ["--namespace", "Baton_System"],
+            "--namespace",
+            "'Baton_System': not a Kubernetes namespace",
+        ),
+        (
+            ["--namespace", "baton.system"],
+            "--namespace",
+            "'baton.system': not a Kubernetes namespace",
+        ),
+        (["--namespace", ""], "--namespace", "'': not a Kubernetes namespace name"),
+        (["--namespace", "n" * 64], "--namespace", "at most 63 characters"),
+        (["--lease", "Coordinator"], "--lease", "'Coordinator': not a Kubernetes Lease name"),
+        (["--lease", "a_b"], "--lease", "'a_b': not a Kubernetes Lease name"),
+        (["--lease", "l" * 254], "--lease", "at most 253 characters"),
+        (["--pod-namespace", "Ns", "--identity", "p-0"], "--pod-namespace", "'Ns': not a"),
+        (
+            ["--pod-namespace", "ns", "--identity", "P_0"],
+            "--identity",
+            "'P_0': not a Kubernetes pod",
+        ),
+    ],
+    ids=lambda v: str(v)[:40],
+)
+def test_the_coordinator_refuses_a_name_no_object_can_have(
+    flags: list[str], flag: str, problem: str, tmp_path: Path
+) -> None:
+    """Taken, it campaigned for a Lease the API server refuses at every try (`Bad_NS/My_Lease`),
+    never leading, its log saying only that leader election failed."""
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    env = {"BATON_KUBECONFIG": str(tmp_path / "missing")}  # nothing can start
+    said = _refusal([*COORDINATOR, str(token), *flags], env=env)
+    assert f"Invalid value for {flag} (" in said and problem in said, said
+
+
 DEMO_REFUSED = [
     (["--footprints", "100,200", "--tenants", "3"], "--footprints '100,200'", "one per tenant (3)"),
     (["--pcie-gbps", "-1"], "--pcie-gbps -1", "give GB/s"),

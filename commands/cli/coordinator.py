@@ -15,6 +15,7 @@ from commands.cli.options import (
     Kubeconfig,
     LogLevel,
     check_address,
+    check_name,
     echo_figures,
     interruptible,
     setup_logging,
@@ -103,6 +104,8 @@ def coordinator(
         check_timing(lease_duration, renew_deadline, retry_period, flags)
     except TimingError as err:
         raise typer.BadParameter(err.problem, param_hint=err.name) from None
+    check_name(namespace, "--namespace (BATON_COORDINATOR_NAMESPACE)", "namespace", label=True)
+    check_name(lease, "--lease (BATON_COORDINATOR_LEASE)", "Lease")
     check_address(llmd_listen, "--llmd-listen", grpc=True)
     check_address(http_listen, "--http-listen")
     if not 0 < prepare_timeout < math.inf:  # (NaN too; an endless prepare holds a job for good)
@@ -116,6 +119,9 @@ def coordinator(
             "--identity (POD_NAME) too, so that the leader labels its pod for the Service",
             param_hint="--pod-namespace",
         )
+    if pod_namespace:  # the leader labels its pod: both name it
+        check_name(pod_namespace, "--pod-namespace (POD_NAMESPACE)", "namespace", label=True)
+        check_name(identity, "--identity (POD_NAME)", "pod")
     if not token_file:
         raise typer.BadParameter("the agents' token is required", param_hint="--token-file")
     try:

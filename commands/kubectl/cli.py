@@ -301,6 +301,8 @@ def usage(
 
     _connection(kubeconfig, context, baton_namespace)
     namespace = Settings.namespace if namespace is None else namespace
+    if namespace is not None:  # else no row matches it: an empty table, as if nothing ran
+        _check_name("namespace", namespace)
     _check_output(output)
     with connected() as api:
         if window:  # each node's agent windowed on its own; a node read once is not counted

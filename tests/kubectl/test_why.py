@@ -283,6 +283,8 @@ def test_a_name_no_pod_or_namespace_can_have_is_refused_before_asking(
         (["why", "ml/p/log"], "pod 'p/log' is not"),
         (["why", "p", "-n", "ML"], "namespace 'ML' is not a Kubernetes name (lower-case letters"),
         (["--baton-namespace", "a/b", "status"], "--baton-namespace 'a/b' is not"),
+        (["usage", "-n", "ML_Team"], "namespace 'ML_Team' is not a Kubernetes name"),  # was
+        (["-n", "ml.team", "usage"], "namespace 'ml.team' is not a Kubernetes name"),  # no rows
     ):
         result = CliRunner().invoke(cli.app, args)
         assert result.exit_code == 2, (args, result.output)
