@@ -158,7 +158,7 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
             fake_scale=s.fake_scale,
             fake_dir=s.fake_dir,
             pcie_gbps=s.pcie_gbps,
-            host_memory_budget_mib=s.host_memory_budget,
+            host_memory_budget_mib=_host_memory_budget(s.host_memory_budget),
             headroom_mib=s.headroom,
             lock_timeout_s=s.move_timeout,
             callback_timeout_s=s.move_timeout,
@@ -166,6 +166,19 @@ def _agent_config(s: AgentSettings) -> AgentConfig:
             slowest_copy_gbps=s.slowest_copy_gbps,
         ),
     )
+
+
+def _host_memory_budget(spec: str) -> int:
+    """`--host-memory-budget` in MiB (0: auto), from MiB or a share of MemTotal (`50%`), as the
+    device plugin and the DRA driver read the same variable (BATON_HOST_MEMORY_BUDGET)."""
+    from baton.contract.meminfo import MEMINFO
+    from nodegpu.annotate import host_memory_budget_mib
+
+    try:
+        meminfo = Path(MEMINFO).read_text() if spec.strip().endswith("%") else ""
+        return host_memory_budget_mib(spec, meminfo)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _socket_mode(mode: str) -> int:

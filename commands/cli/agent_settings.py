@@ -127,8 +127,10 @@ class AgentSettings:
     pcie_gbps: float = setting(
         0.0, names.ENV_PCIE_GBPS, "Modelled GB/s of a fake move; 0 = off.", min=0
     )
-    host_memory_budget: int = setting(
-        0, names.ENV_HOST_MEMORY_BUDGET, "MiB for parked memory; 0 = auto.", min=0
+    host_memory_budget: str = setting(
+        "0",
+        names.ENV_HOST_MEMORY_BUDGET,
+        "MiB for parked memory, or % of MemTotal (as the device plugin's); 0 = auto.",
     )
     headroom: int | None = setting(
         None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -115,3 +116,23 @@ def test_the_old_policy_flag_still_works_and_says_it_is_deprecated(
 def test_an_unknown_queue_policy_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     result, seen = _configs(monkeypatch, ["--queue-policy", "random"], {})
     assert result.exit_code == 2 and "unknown policy 'random'" in result.output and not seen
+
+
+def test_the_host_memory_budget_takes_a_share_of_memtotal_as_the_node_daemons_do(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`BATON_HOST_MEMORY_BUDGET=40%`, which the device plugin and the DRA driver take (and
+    publish for the extender), stopped the agent reading the same variable: exit 2, 'Input
+    should be a valid integer'."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:        1048576 kB\nMemAvailable:     524288 kB\n")
+    monkeypatch.setattr("baton.contract.meminfo.MEMINFO", str(meminfo))
+    for given, mib in (("40%", 409), (" 100% ", 1024), ("65536", 65536), ("0", 0)):
+        result, seen = _configs(monkeypatch, [], {"BATON_HOST_MEMORY_BUDGET": given})
+        assert result.exit_code == 0, result.output
+        assert seen[0].parking.host_memory_budget_mib == mib, given
+    for given, said in (("150%", "the share must be within (0, 100]%"), ("-5", "0 or more")):
+        result, seen = _configs(monkeypatch, ["--host-memory-budget", given], {})
+        shown = " ".join(result.output.replace("│", " ").split())
+        assert result.exit_code == 2 and not seen, shown
+        assert f"Invalid value: --host-memory-budget {given!r}: " in shown and said in shown
