@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ from coordinator.leader import LeaderElector
 from coordinator.llmd import LlmdOrchestrator
 from coordinator.podlabel import LeaderLabel, Term
 from coordinator.recovery import chase, recover
-from coordinator.status import CoordinatorMetrics, status_json, watch
+from coordinator.status import CoordinatorMetrics, readiness, status_json, watch
 from coordinator.turns import Arbiter
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,8 @@ class Coordinator:
         self._http: StatusServer | None = None
         self.http_port = 0
         self._reflectors: list[Reflector] = []
+        self._watches: list[tuple[Outage, threading.Event]] = []
+        """Each watch's outage and the event its first list sets (`/readyz` names the others)."""
         self._elector: LeaderElector | None = None
         self._server: grpc.aio.Server | None = None
         self._health = _Health()
@@ -196,13 +199,16 @@ class Coordinator:
         )  # fmt: skip
 
     def _not_ready(self) -> str | None:
-        """Why this replica grants no job turns now (`/readyz`), or None while it leads."""
-        if self.arbiter.epoch:
-            return None
-        lease = f"Lease {self.config.namespace}/{self.config.lease_name}"
-        if self._elector is not None and self._elector.is_leader():
-            return f"taking over as leader ({lease}): settling the turns the agents hold"
-        return f"not leading: this replica stands by to take over when {lease} is free"
+        """Why this replica grants no job turns now (`/readyz`), or None while it leads with
+        every watch listed (an API server that refuses it is named)."""
+        elector = self._elector
+        return readiness(
+            self.arbiter.epoch,
+            elector is not None and elector.is_leader(),
+            f"Lease {self.config.namespace}/{self.config.lease_name}",
+            elector.failing if elector is not None else "",
+            {o.what: o.last for o, listed in self._watches if not listed.is_set()},
+        )
 
     def _watch(self) -> None:
         for label in (names.LABEL_JOB, names.LABEL_LLMD_JOB):
@@ -210,11 +216,13 @@ class Coordinator:
             source = KubeSource(self._api, "pods", label_selector=label)
             outage = Outage(log, f"watch of pods labelled {label}", "job membership is not updated")
             self._reflectors.append(Reflector(source, store, outage, name=f"pods-{label}"))
+            self._watches.append((outage, self.view.listed_once(f"pods {label}")))
         outage = Outage(log, "watch of nodes", "agents' addresses and groups are not updated")
         nodes = Reflector(
             KubeSource(self._api, "nodes"), NodeStore(self.view), outage, name="nodes"
         )
         self._reflectors.append(nodes)
+        self._watches.append((outage, self.view.listed_once("nodes")))
         for reflector in self._reflectors:
             reflector.start()
 

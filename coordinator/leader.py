@@ -154,6 +154,11 @@ class LeaderElector:
         with self._lock:
             return self._lease_uid
 
+    @property
+    def failing(self) -> str:
+        """Why the latest attempt to read or write the Lease failed ("" if it was answered)."""
+        return self._outage.last
+
     def holds(self, epoch: int, lease_uid: str) -> bool:
         """Whether the Lease, read now from the API server, records our term `epoch` in the
         Lease object `lease_uid` (from any thread; raises if the API server does not answer)."""

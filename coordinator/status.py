@@ -119,3 +119,32 @@ def watch(metrics: CoordinatorMetrics, arbiter: Arbiter) -> None:
     arbiter.on_granted = granted
     arbiter.on_failed = failed
     arbiter.on_pruned = pruned
+
+
+def readiness(
+    epoch: int, taking_over: bool, lease: str, failing: str, unlisted: dict[str, str]
+) -> str | None:
+    """Why a replica grants no job turns now (`/readyz`), or None while it leads with every watch
+    listed. `epoch`: the one it leads with (0: none); `taking_over`: it holds the Lease and is
+    recovering; `failing`: why its latest Lease call failed ("" if answered); `unlisted`: each
+    watch that has not listed once → why ("" if no attempt failed yet)."""
+    blind = _not_listed(unlisted)
+    if epoch:
+        known = "it knows no job or agent it does not list"
+        return f"leading with epoch {epoch}, but {blind}: {known}" if blind else None
+    if taking_over:
+        waits = f"waiting for its watches: {blind}" if blind else ""
+        return f"taking over as leader ({lease}): {waits or 'settling the turns the agents hold'}"
+    if failing:
+        why = f"not leading: {lease} cannot be read or taken ({failing}); asking again"
+    else:
+        why = f"not leading: this replica stands by to take over when {lease} is free"
+    refused = _not_listed({what: why for what, why in unlisted.items() if why})
+    return f"{why}; {refused}" if refused else why
+
+
+def _not_listed(unlisted: dict[str, str]) -> str:
+    return "; ".join(
+        f"the {what} has not listed once ({why or 'no answer yet'})"
+        for what, why in sorted(unlisted.items())
+    )

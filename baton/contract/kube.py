@@ -134,6 +134,8 @@ class Outage:
         self.meanwhile = meanwhile
         """What the caller does until it answers, e.g. "the extender sees old annotations"."""
         self.failures = 0
+        self.last = ""
+        """Why the latest attempt failed; "" once one succeeds (a daemon's /readyz says it)."""
         self._lock = threading.Lock()
 
     def failed(self, err: BaseException | str, retry_s: float) -> None:
@@ -142,6 +144,7 @@ class Outage:
             self.failures += 1
             first = self.failures == 1
         why = err if isinstance(err, str) else api_error_reason(err)
+        self.last = why
         if first:
             self.log.warning(
                 "%s: %s; retrying with backoff (next in %.1f s) until the API server answers; "
@@ -158,6 +161,7 @@ class Outage:
         """An attempt succeeded."""
         with self._lock:
             failures, self.failures = self.failures, 0
+        self.last = ""
         if failures:
             self.log.info(
                 "%s: the API server answers again after %d failed attempts", self.what, failures
