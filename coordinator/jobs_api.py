@@ -40,6 +40,16 @@ class JobsServicer(jt_grpc.JobsServicer):
         self, request: jt.JoinRequest, context: grpc.aio.ServicerContext
     ) -> jt.JoinResponse:
         self._check(context, request)
+        self._arbiter.check_leading()
+        # A pod the view does not count yet (its watch lags): a turn prepared for the job without
+        # it would not take it in, and nobody would end it. Its agent asks again, with backoff.
+        plan = self._arbiter.view.plan(request.namespace, request.job, request.group)
+        if not any(request.pod in pods for pods in plan.pods.values()):
+            raise Refused(
+                grpc.StatusCode.UNAVAILABLE,
+                f"job {plan.key}: this coordinator does not see pod {request.pod} among its "
+                "members yet (its watch of pods has not shown the pod bound to its node)",
+            )
         timeout = request.timeout_s or None
         remaining = answer_before(context.time_remaining())  # so the agent hears why it waited
         if remaining is not None:
