@@ -103,6 +103,7 @@ class Arbiter:
             plan, timeout = await self.settling.wait(plan, timeout, replan)
         if turn := holding(plan, self.held, (w.plan for w in self._waits.values()), share):
             self.held[plan.key] = turn
+            turn.waited, turn.restored = 0.0, False  # this call waited for and restored nothing
             return turn
         waiter_id = self._by_key.get(plan.key, "")
         wait = self._waits.get(waiter_id)
@@ -206,8 +207,7 @@ class Arbiter:
             except TimeoutError:
                 raise TimeoutError(
                     f"job {turn.key}: pod {pod} became its member after its turn began, so it "
-                    "joins the next one, and the pods in this one had not all yielded by the "
-                    "deadline"
+                    "joins the next one; this one's pods had not all yielded by the deadline"
                 ) from None
 
     async def leave(
