@@ -281,12 +281,19 @@ def test_cdi_names_the_gpus_on_either_path_with_or_without_a_runtime_class(
 
 
 @pytest.mark.parametrize(
-    "spec", ["2x81920", "81920,40960", " 3 x 1024 ", "0x81920", "2x0", "81920,0", "0", "007x0"]
+    "spec",
+    [
+        *("2x81920", "81920,40960", " 3 x 1024 ", "0x81920", "2x0", "81920,0", "0", "007x0"),
+        # more GPUs than a node declares (64), often the count and size swapped
+        *("64x1", "0064x1", "65x1024", "81920x2", "100000000000000000000x1"),
+        *(",".join(["1024"] * n) for n in (64, 65)),
+    ],
+    ids=lambda spec: spec if len(spec) < 30 else f"list of {spec.count(',') + 1}",
 )
 def test_the_schema_takes_the_simulated_gpus_the_daemons_take(spec: str, tmp_path: Path) -> None:
     """`gpu.simulated.gpus` is parsed at start by the agent, the device plugin and the DRA driver
-    (`fake_gpu_sizes`): one they refuse (no GPU, a GPU of 0 MiB) would leave every node daemon
-    crash-looping, so the chart refuses it first, naming the value."""
+    (`fake_gpu_sizes`): one they refuse (no GPU, a GPU of 0 MiB, more than 64 GPUs) would leave
+    every node daemon crash-looping, so the chart refuses it first, naming the value."""
     from baton.contract.names import fake_gpu_sizes
 
     values = tmp_path / "values.yaml"
@@ -296,7 +303,7 @@ def test_the_schema_takes_the_simulated_gpus_the_daemons_take(spec: str, tmp_pat
         fake_gpu_sizes(spec)
     except ValueError:
         said = refused("-f", str(values))
-        assert "/gpu/simulated/gpus" in said, said
+        assert "/gpu/simulated/gpus" in said or f"gpu.simulated.gpus {spec}:" in said, said
     else:
         env = node_env(render("-f", str(values)), "baton-deviceplugin")
         assert env["BATON_FAKE_GPUS"] == spec
