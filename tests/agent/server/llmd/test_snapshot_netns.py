@@ -21,8 +21,9 @@ from tests.agent.server.llmd.llmd_client import SnapshotAgentClient, register_wo
 from tests.harness.agent import AgentRunner
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None,
-    reason="needs root and iproute2 (ip netns, veth): the caller runs in its own network namespace",
+    os.geteuid() != 0 or not all(map(shutil.which, ("ip", "unshare", "nsenter"))),
+    reason="needs root, iproute2 and util-linux (unshare, nsenter, veth): the caller runs in "
+    "its own network namespace",
 )
 
 REPO = Path(__file__).resolve().parents[4]
@@ -42,35 +43,40 @@ except grpc.RpcError as err:
 """
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+def run(*command: str) -> None:
+    subprocess.run(command, check=True, capture_output=True, timeout=10)
 
 
 @pytest.fixture
-def netns() -> Iterator[tuple[str, str]]:
-    """A network namespace joined to this one by a veth pair: (its name, this side's address)."""
+def netns(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A network namespace joined to this one by a veth pair: (the file it is bound on, this
+    side's address). Bound on a file of the test's own, not named in /run/netns: `ip netns add`
+    there makes /run/netns a mount of its own when it is none yet, over the network namespaces
+    containerd's CNI bound in it, which then can never be removed ("device or resource busy")
+    while a real node runs pods beside this test."""
     n = os.getpid() % 200 + 20
-    name, outside, inside = f"baton-llmd-{os.getpid()}", f"bvh{n}", f"bvc{n}"
+    bound, outside, inside = tmp_path / "netns", f"bvh{n}", f"bvc{n}"
     host, peer = f"10.213.{n}.1", f"10.213.{n}.2"
+    bound.touch()
     try:
-        ip("netns", "add", name)
-        ip("link", "add", outside, "type", "veth", "peer", "name", inside)
-        ip("link", "set", inside, "netns", name)
-        ip("addr", "add", f"{host}/30", "dev", outside)
-        ip("link", "set", outside, "up")
+        run("unshare", f"--net={bound}", "true")
+        run("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+        run("ip", "link", "set", inside, "netns", str(bound))
+        run("ip", "addr", "add", f"{host}/30", "dev", outside)
+        run("ip", "link", "set", outside, "up")
         for args in (("addr", "add", f"{peer}/30", "dev", inside), ("link", "set", inside, "up")):
-            ip("netns", "exec", name, "ip", *args)
-        ip("netns", "exec", name, "ip", "link", "set", "lo", "up")
-        yield name, host
+            run("nsenter", f"--net={bound}", "ip", *args)
+        run("nsenter", f"--net={bound}", "ip", "link", "set", "lo", "up")
+        yield str(bound), host
     finally:
         subprocess.run(["ip", "link", "del", outside], capture_output=True, timeout=10)
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+        subprocess.run(["umount", str(bound)], capture_output=True, timeout=10)
 
 
 def test_another_namespace_naming_a_pid_not_the_jobs_own_is_denied(
     workdir: str, netns: tuple[str, str]
 ) -> None:
-    name, host = netns
+    bound, host = netns
     gpu = next(iter(parse_fake_gpus("1x1024")))
     runner = AgentRunner(
         workdir,
@@ -92,10 +98,8 @@ def test_another_namespace_naming_a_pid_not_the_jobs_own_is_denied(
             threading.Event().wait(0.01)
         answer = subprocess.run(
             [
-                "ip",
-                "netns",
-                "exec",
-                name,
+                "nsenter",
+                f"--net={bound}",
                 sys.executable,
                 "-c",
                 CALLER,
