@@ -3,6 +3,7 @@ Hypothesis profile every property and fuzz test runs under."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 from collections.abc import Iterator
@@ -22,6 +23,36 @@ settings.register_profile("random", derandomize=False, database=None, print_blob
 settings.load_profile(os.environ.get(HYPOTHESIS_PROFILE, "deterministic"))
 """`make test` and CI draw the same examples every run (each test's seed is a hash of the test,
 no example database); `make soak` sets BATON_HYPOTHESIS_PROFILE=random and draws new ones."""
+
+
+REAL_NODE = "tests/k8s/"
+"""The real-node tests: one node at a time on fixed ports, each module after the last."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker (`make test`'s two), the real-node tests come first: the scheduler
+    below hands them to one worker before anything else, the other takes the rest."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: not item.nodeid.startswith(REAL_NODE))  # (a stable sort)
+
+
+def work_unit(nodeid: str) -> str:
+    """What one xdist worker runs whole, in order: all the real-node tests, else a module (its
+    fixtures set up once, its tests never racing each other)."""
+    return "real-node" if nodeid.startswith(REAL_NODE) else nodeid.partition("::")[0]
+
+
+if importlib.util.find_spec("xdist") is not None:  # (a dev extra: `make test` installs it)
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        """`--dist loadscope` with `work_unit`'s scopes."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        return ByWorkUnit(config, log) if config.getvalue("dist") == "loadscope" else None
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
