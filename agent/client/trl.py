@@ -113,7 +113,9 @@ class BatonCallback(TurnHolder, TrainerCallback):
 
     def _wire(self, handler: Any) -> None:
         """Wrap the handler's dispatch: the turn begins before an event's first callback and
-        ends after its last, so the order of the callbacks does not matter."""
+        ends after its last, so the order of the callbacks does not matter; at
+        `on_train_begin` the model and optimizer `train()` built are parked too, whether or not
+        the trainer lists this callback."""
         if getattr(handler, "_baton_turns", None) is self:
             return
         dispatch = handler.call_event
@@ -124,6 +126,8 @@ class BatonCallback(TurnHolder, TrainerCallback):
         ) -> TrainerControl:  # fmt: skip
             if event in BEGINS_TURN:
                 self.begin()
+            if event == "on_train_begin":  # what train() built (the optimizer), listed or not
+                self.watch(*(x for x in (handler.model, handler.optimizer) if x is not None))
             self._dispatching += 1  # an event raised inside another's callback ends nothing
             try:
                 control = dispatch(event, args, state, control, **kw)
