@@ -153,8 +153,9 @@ class TurnHolder:
         is parked again and the models are whole on the device after it. From then on the
         callback takes no turns: the watched trainer's methods and events run as plain calls.
         A park the agent asked for meanwhile (another job's turn needs the room) finishes
-        first, and what it parked comes back in that last turn too. An acquire that fails (its
-        timeout, the agent gone) raises after the session ended, the memory still parked."""
+        first, and what it parked comes back in that last turn too. If that turn does not come
+        (a Ctrl-C, its timeout, the agent away past the retries) it raises and leaves the
+        callback open, the memory parked: its turns and a later `close()` bring it back."""
         if self._closed:
             return
         self._closed = True
@@ -162,7 +163,20 @@ class TurnHolder:
         try:
             self._stop_holding()
             if parker is not None and self.baton.close_unless(lambda: parker.parked):
-                # its grant restores the parker
-                self._through_restarts(lambda: self.baton.acquire(self.acquire_timeout))
+                self._last_turn(parker)
         finally:
-            self.baton.close()
+            if self._closed:
+                self.baton.close()
+
+    def _last_turn(self, parker: TorchParker) -> None:
+        """Take the turn whose grant restores `parker`, for `close()`; if none comes, reopen
+        (the session is still up): parked memory only a turn can bring back stays reachable."""
+        try:
+            self._through_restarts(lambda: self.baton.acquire(self.acquire_timeout))
+        except BaseException:
+            if parker.parked:
+                self._closed = False
+                if self.baton.lease is not None:  # granted as it was cut, not restored
+                    with contextlib.suppress(BatonError):  # the error is the one to see
+                        self.baton.yield_()
+            raise
