@@ -129,18 +129,33 @@ def unreachable(server: str, err: Exception) -> PluginError:
     return Unreachable(f"cannot reach the API server at {server}: {why}")
 
 
-def first_current_context(kubeconfig: str) -> str | None:
-    """The current context of a KUBECONFIG list as kubectl takes it: from the first of its files
-    that sets one (the kubernetes client takes the last's)."""
+DEFAULT_KUBECONFIG = "~/.kube/config"
+"""The kubeconfig read where KUBECONFIG is unset, by kubectl and by the kubernetes client."""
+
+
+def merged_contexts(kubeconfig: str) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """The contexts of a KUBECONFIG list by name, and its current context, as kubectl merges
+    them: each name's from the first file that has it, the current one from the first file that
+    sets one (the kubernetes client takes the last's; its list of contexts refuses a kubeconfig
+    that sets none, --context or not)."""
+    contexts: dict[str, dict[str, Any]] = {}
+    current = None
     for path in kubeconfig.split(os.pathsep):
         try:
             with open(os.path.expanduser(path), encoding="utf-8") as file:
                 found = yaml.safe_load(file)
         except (OSError, ValueError, yaml.YAMLError):
             continue  # kubectl skips a file it cannot read; the loader names a broken one
-        if isinstance(found, dict) and found.get("current-context"):
-            return str(found["current-context"])
-    return None
+        if not isinstance(found, dict):
+            continue
+        if not current and found.get("current-context"):
+            current = str(found["current-context"])
+        for entry in found.get("contexts") or []:
+            if isinstance(entry, dict) and entry.get("name") is not None:
+                context = entry.get("context")
+                context = context if isinstance(context, dict) else {}
+                contexts.setdefault(str(entry["name"]), context)
+    return contexts, current
 
 
 class KubeApi:
@@ -152,8 +167,9 @@ class KubeApi:
 
         configuration = client.Configuration()
         files = [p for p in (kubeconfig or "").split(os.pathsep) if p]
-        context = context or (first_current_context(kubeconfig) if kubeconfig else None)
-        where = kubeconfig or "~/.kube/config (KUBECONFIG unset)"
+        contexts, current = merged_contexts(kubeconfig or DEFAULT_KUBECONFIG)
+        context = context or current
+        where = kubeconfig or f"{DEFAULT_KUBECONFIG} (KUBECONFIG unset)"
         try:
             with credential_plugin_failures() as failed:
                 config.load_kube_config(
@@ -162,7 +178,6 @@ class KubeApi:
                     client_configuration=configuration,
                     persist_config=False,
                 )
-            contexts, current = config.list_kube_config_contexts(kubeconfig)
         except (config.ConfigException, OSError) as err:
             missing = files and not any(os.path.exists(os.path.expanduser(p)) for p in files)
             said = "no such file" if len(files) == 1 else "none of its files exists"
@@ -174,9 +189,7 @@ class KubeApi:
         if failed:  # else every GET goes as an anonymous user's: "forbidden", naming no cause
             raise PluginError(f"no usable kubeconfig {where}: {failed[0]}")
         configuration.retries = False
-        chosen = context or current.get("name")
-        found = [c.get("context") or {} for c in contexts if c.get("name") == chosen]
-        self.namespace = str((found[0] if found else {}).get("namespace") or "default")
+        self.namespace = str(contexts.get(context or "", {}).get("namespace") or "default")
         self._configuration = configuration
         self._client = client.ApiClient(configuration)
         self.server = str(configuration.host)

@@ -254,3 +254,22 @@ def test_a_refused_connection_is_named_in_one_line(tmp_path: Path) -> None:
         api.get("/api/v1/namespaces/ml/pods/p")
     api.close()
     assert str(refused.value) == f"cannot reach the API server at {server}: connection refused"
+
+
+def test_a_context_given_is_used_where_the_kubeconfig_sets_no_current_one(tmp_path: Path) -> None:
+    """A kubeconfig written for several clusters, or after `kubectl config unset
+    current-context`, sets none: kubectl takes `--context`, the plugin refused the file ('Invalid
+    kube-config file. Expected key current-context'). The context's namespace is still `why`'s."""
+    with FakeApiServer() as server:
+        server.put_object(
+            {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p", "namespace": "ml"}}
+        )
+        found = yaml.safe_load(server.kubeconfig_path(tmp_path).read_text())
+        del found["current-context"]
+        found["contexts"][0]["context"]["namespace"] = "ml"
+        kubeconfig = tmp_path / "no-current.yaml"
+        kubeconfig.write_text(yaml.safe_dump(found))
+        for args in (["--context", "fake", "why", "p"], ["why", "p", "--context", "fake"]):
+            said = CliRunner().invoke(cli.app, args, env={"KUBECONFIG": str(kubeconfig)})
+            assert said.exit_code == 0, (args, said.output)
+            assert said.output.startswith("ml/p (None), scheduling:"), (args, said.output)
