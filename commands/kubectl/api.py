@@ -166,8 +166,8 @@ class KubeApi:
         from kubernetes import client, config
 
         configuration = client.Configuration()
-        files = [p for p in (kubeconfig or "").split(os.pathsep) if p]
-        contexts, current = merged_contexts(kubeconfig or DEFAULT_KUBECONFIG)
+        files = [p for p in (kubeconfig or "").split(os.pathsep) if p] or [DEFAULT_KUBECONFIG]
+        contexts, current = merged_contexts(os.pathsep.join(files))
         context = context or current
         where = kubeconfig or f"{DEFAULT_KUBECONFIG} (KUBECONFIG unset)"
         try:
@@ -179,7 +179,11 @@ class KubeApi:
                     persist_config=False,
                 )
         except (config.ConfigException, OSError) as err:
-            missing = files and not any(os.path.exists(os.path.expanduser(p)) for p in files)
+            missing = not any(os.path.exists(os.path.expanduser(p)) for p in files)
+            if not missing and context and context not in contexts:  # kubectl names it too
+                has = ", ".join(sorted(contexts)) or "none"
+                said = f"kubeconfig {where} has no context {context!r} (its contexts: {has})"
+                raise PluginError(said) from None
             said = "no such file" if len(files) == 1 else "none of its files exists"
             raise PluginError(f"no usable kubeconfig {where}: {said if missing else err}") from None
         except (*KUBECONFIG_UNREADABLE, yaml.YAMLError) as err:  # a YAML typo, a list

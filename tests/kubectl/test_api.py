@@ -273,3 +273,21 @@ def test_a_context_given_is_used_where_the_kubeconfig_sets_no_current_one(tmp_pa
             said = CliRunner().invoke(cli.app, args, env={"KUBECONFIG": str(kubeconfig)})
             assert said.exit_code == 0, (args, said.output)
             assert said.output.startswith("ml/p (None), scheduling:"), (args, said.output)
+
+
+def test_a_context_the_kubeconfig_lacks_is_named_in_one_line(tmp_path: Path) -> None:
+    """`--context` (or the current context) naming none of the kubeconfig's contexts: it said
+    'no usable kubeconfig ...: Invalid kube-config file. Expected object with name nope in
+    <the list's first file>/contexts list', as if the file were broken."""
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"contexts": [{"name": "o", "context": {"cluster": "o"}}]}))
+    with FakeApiServer() as server:
+        both = os.pathsep.join([str(other), str(server.kubeconfig_path(tmp_path))])
+        for args in (["--context", "nope", "status"], ["why", "p", "--context", "nope"]):
+            said = CliRunner().invoke(cli.app, args, env={"KUBECONFIG": both})
+            assert said.exit_code == 1 and isinstance(said.exception, SystemExit), said.output
+            assert said.output == (
+                f"kubectl baton: kubeconfig {both} has no context 'nope' (its contexts: fake, o)\n"
+            )
+        asked = server.requests()
+    assert asked == []
