@@ -1,6 +1,6 @@
 """`kubectl baton why POD`: why a pod waits, in one answer — the scheduler's reason while it is
 Pending (with DRA's numbers when only "cannot allocate all claims" was said), the agent's `why`
-while it waits for a turn."""
+while it waits for a turn (the cluster coordinator's for a pod of a job waiting for it)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from baton.contract.names import NAMESPACE
+from baton.contract.names import NAMESPACE, job_of_labels
 from commands.kubectl.agents import agent_pods, read_agent
 from commands.kubectl.api import Api, NotFound, PluginError
 from commands.kubectl.dra import DRA_REFUSAL, dra_shortfall
+from commands.kubectl.jobs import NoCoordinator, read_jobs
 
 
 def why(api: Api, namespace: str, name: str, baton_namespace: str = NAMESPACE) -> dict[str, Any]:
@@ -111,20 +112,66 @@ def missing_claims(api: Api, pod: Mapping[str, Any], events: list[dict[str, Any]
 
 
 def agent_reasons(api: Api, pod: Mapping[str, Any], baton_namespace: str) -> list[str]:
-    """What the node's agent says about this pod's turn."""
+    """What the node's agent says about this pod's turn; for a pod of a job asking for its turn
+    of the cluster coordinator (it waits there, not in its node's queue), the coordinator's."""
     node = pod["spec"]["nodeName"]
-    tenant = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+    namespace = pod["metadata"]["namespace"]
+    tenant = f"{namespace}/{pod['metadata']['name']}"
     agent = agent_pods(api, baton_namespace).get(node)
     if agent is None:
         return [f"no running Baton agent on node {node}"]
     status = read_agent(api, agent, baton_namespace)
     if isinstance(status, str):
         return [status]
+    labels = ((status.get("tenants") or {}).get(tenant) or {}).get("labels") or {}
+    job = job_of_labels(labels)
+    if job and not on_node(status, tenant):
+        turns = job_reasons(api, baton_namespace, namespace, job)
+        if turns:
+            return turns + tenant_reasons(status, tenant, node, elsewhere=True)
     return tenant_reasons(status, tenant, node)
 
 
-def tenant_reasons(status: Mapping[str, Any], tenant: str, node: str) -> list[str]:
-    """Per GPU of `tenant`: holding, waiting (the agent's why), or idle."""
+def on_node(status: Mapping[str, Any], tenant: str) -> bool:
+    """Whether `tenant` holds or waits for a turn of its node's agent."""
+    return any(
+        info.get("holder") == tenant
+        or any(q.get("tenant_id") == tenant for q in info.get("queue") or [])
+        for info in (status.get("gpus") or {}).values()
+    )
+
+
+def job_reasons(api: Api, baton_namespace: str, namespace: str, job: str) -> list[str]:
+    """The cluster coordinator's turns of `namespace`'s `job` (each of its groups'): held,
+    being prepared or waited for, where; none where no coordinator runs or the job asks none."""
+    key = f"{namespace}/{job}"
+    try:
+        rows = read_jobs(api, baton_namespace, namespace)["jobs"]
+    except NoCoordinator:
+        return []
+    except PluginError as err:  # the agent's view still stands below it
+        return [f"job {key} takes its turns through the cluster coordinator, not read: {err}"]
+    return [job_line(row) for row in rows if row["job"].partition("@")[0] == key]
+
+
+def job_line(row: Mapping[str, Any]) -> str:
+    """One of `read_jobs`'s rows as a sentence."""
+    job, nodes, seconds = row["job"], ", ".join(row["nodes"]) or "no node", row["seconds"] or 0
+    if row["state"] == "holding":
+        return f"job {job} holds its turn on {nodes} ({seconds:.1f} s so far)"
+    if row["state"] == "preparing":
+        return f"job {job}'s turn is being prepared on {nodes} ({seconds:.1f} s since it asked)"
+    return (
+        f"job {job} waits {seconds:.1f} s for its turn on {nodes}, in the cluster coordinator's"
+        " queue (kubectl baton jobs)"
+    )
+
+
+def tenant_reasons(
+    status: Mapping[str, Any], tenant: str, node: str, elsewhere: bool = False
+) -> list[str]:
+    """Per GPU of `tenant`: holding, waiting (the agent's why), or idle (`elsewhere`: its turn is
+    asked for elsewhere, its job's of the cluster coordinator)."""
     if tenant not in (status.get("tenants") or {}):
         return [
             f"the agent on {node} does not know {tenant}: it asks no Baton GPU, or it has not "
@@ -140,6 +187,8 @@ def tenant_reasons(status: Mapping[str, Any], tenant: str, node: str) -> list[st
         elif waiting:
             w = waiting[0]
             reasons.append(f"{gpu}: waits {w.get('waited_s', 0):.1f} s: {w.get('why')}")
+        elif elsewhere:
+            reasons.append(f"{gpu}: held by {info.get('holder') or 'no one'} now")
         else:
             reasons.append(f"{gpu}: not asking for a turn (holder: {info.get('holder') or 'none'})")
     return reasons or [f"{tenant} has no GPU on {node}'s agent"]
