@@ -125,6 +125,9 @@ def namespace_sums(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, flo
         per = sums.setdefault(row["namespace"], {"gpu_seconds": 0.0, "parked_byte_seconds": 0.0})
         per["gpu_seconds"] += row["gpu_seconds"]
         per["parked_byte_seconds"] += row["parked_byte_seconds"]
+    for per in sums.values():  # to the rows' precision: 0.3, not 0.30000000000000004
+        per["gpu_seconds"] = round(per["gpu_seconds"], 3)
+        per["parked_byte_seconds"] = round(per["parked_byte_seconds"], 1)
     return sums
 
 

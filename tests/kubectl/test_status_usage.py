@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from commands.kubectl import cli
 from commands.kubectl.agents import read_cluster
 from commands.kubectl.api import NoAnswer, PluginError, agent_status_path, inventory_path
-from commands.kubectl.usage import read_totals, usage_rows, window
+from commands.kubectl.usage import namespace_sums, read_totals, usage_rows, window
 from tests.kubectl.fake import (
     FORBIDDEN_PROXY,
     GIB,
@@ -199,6 +199,14 @@ def test_usage_sums_per_namespace_tenant_and_tier(run) -> None:
     ]  # fmt: skip
     result = run(cluster_routes(), "usage", "-o", "json")
     assert json.loads(result.output)["namespaces"]["ml"]["gpu_seconds"] == 15.0
+
+
+def test_a_namespaces_sums_keep_the_rows_precision() -> None:
+    rows = [
+        {"namespace": "ml", "gpu_seconds": s, "parked_byte_seconds": b}
+        for s, b in ((0.1, 0.1), (0.2, 0.2))
+    ]
+    assert namespace_sums(rows) == {"ml": {"gpu_seconds": 0.3, "parked_byte_seconds": 0.3}}
 
 
 def test_usage_over_a_window_counts_what_accrued() -> None:
