@@ -9,8 +9,8 @@
 `AsyncBaton` offers the same for asyncio code. Both drive one state machine with no I/O,
 `session_core.py` (the turn held, revocation and resume, renewal and reclaim, the yield's
 rollback, late grants handed back); `sync.py`, `blocking_session.py`, `blocking_connection.py`
-and `call_link.py` are the blocking shell, `aio.py`, `aio_session.py`, `connect.py` and
-`links.py` the asyncio one.
+and `call_link.py` are the blocking shell, `aio.py`, `aio_session.py`, `aio_withdrawal.py`,
+`connect.py` and `links.py` the asyncio one.
 """
 
 from agent.client.aio import AsyncBaton

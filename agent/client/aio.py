@@ -146,6 +146,8 @@ class AsyncBaton(AsyncSession):
         self._yield_kept(release)  # not taken back: its yield is written first
         if self._kept_yield is not None:
             await asyncio.wait([self._kept_yield])
+        if self._withdrawal is not None:  # an acquire given up on leaves the queue first
+            await asyncio.wait([self._withdrawal])
         if not self._backstop.released.is_set():  # given back off the loop: answered first
             await asyncio.to_thread(self._backstop.released.wait, REPLY_TIMEOUT_S)
         restores = restores_itself(self._callbacks)

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from agent.client.aio_withdrawal import withdrawal
 from agent.client.backstop import KeptBackstop
 from agent.client.callback_runner import CLOSE_WAIT_S
 from agent.client.connect import closed_error, connected, open_session, reconnect, usable
@@ -102,6 +103,7 @@ class AsyncSession:
             self._core, self._kept_lock, self.socket, lambda: self._token, self._send_undelivered
         )
         self._kept_yield: asyncio.Task[None] | None = None
+        self._withdrawal: asyncio.Task[None] | None = None  # of an acquire given up on
         self._closing = False
         self._owner = SessionOwner()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -263,16 +265,22 @@ class AsyncSession:
         request.request_id = next(self._core.ids)
         future: asyncio.Future[pb.Reply] = asyncio.get_running_loop().create_future()
         self._replies[request.request_id] = future
+        sent = False
         try:
             try:
                 await self._send(pb.ClientMessage(request=request))
             except AgentUnavailable:
                 raise _NotSent from None
+            sent = True
             reply = await asyncio.wait_for(future, timeout)
         except (asyncio.CancelledError, TimeoutError) as exc:
             kind = request.WhichOneof("kind")
-            if kind == "acquire":
-                self._withdraw(request.request_id, future)
+            if kind == "acquire":  # it leaves the queue; the next acquire waits for that
+                rid = request.request_id
+                gone = withdrawal(
+                    self._replies, rid, future, sent, self._send, self._core.unclaimed
+                )
+                self._withdrawal = self._spawn(gone)
             if isinstance(exc, TimeoutError):
                 raise AgentUnavailable(
                     f"the Baton agent at {self.socket} did not answer a {kind} request "
@@ -280,20 +288,11 @@ class AsyncSession:
                 ) from None
             raise
         finally:
-            self._replies.pop(request.request_id, None)
+            if self._replies.get(request.request_id) is future:  # (else: the withdrawal's)
+                del self._replies[request.request_id]
         if reply.HasField("error"):
             raise from_status(reply.error.code, reply.error.message, self.socket)
         return reply
-
-    def _withdraw(self, request_id: int, answer: asyncio.Future[pb.Reply]) -> None:
-        """An acquire given up on (cancelled, timed out) leaves the queue; a turn granted as it
-        was given up (the answer arrived, not yet taken) is handed back."""
-        if answer.done() and not answer.cancelled() and answer.exception() is None:
-            withdrawal = self._core.unclaimed(answer.result())
-        else:
-            withdrawal = pb.Request(request_id=request_id, cancel=pb.CancelRequest())
-        if withdrawal is not None:
-            self._spawn(self._send(pb.ClientMessage(request=withdrawal)))
 
     async def _reclaim(self) -> None:
         """After a reconnect: tell the new agent that the turn held is still in use."""
