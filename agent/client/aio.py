@@ -76,6 +76,11 @@ class AsyncBaton(AsyncSession):
             session is not None and (session.done() or session.get_loop().is_closed())
         )
 
+    def _ended_with_loop(self) -> bool:
+        """Its session's task was cancelled, as `asyncio.run` cancels the tasks left as it
+        returns: the agent took the turn back with the session."""
+        return self._supervisor is not None and self._supervisor.cancelled()
+
     def register_callbacks(
         self, on_park: Callback | None = None, on_restore: Callback | None = None
     ) -> None:
@@ -248,9 +253,10 @@ class AsyncBaton(AsyncSession):
             lease = await self.acquire(timeout)
 
             def ours() -> bool:  # (a forked child leaving through the block: the turn is the
-                # parent's; a client closed in it: the agent took the turn back with the session)
+                # parent's; a client closed in it, or its session ended with its event loop:
+                # the agent took the turn back with the session)
                 mine = ends_turn() and not self._owner.forked() and not self._closing
-                return mine and self._core.holding()
+                return mine and not self._ended_with_loop() and self._core.holding()
 
             try:
                 yield lease
@@ -259,7 +265,8 @@ class AsyncBaton(AsyncSession):
                     try:
                         await self.yield_()
                     except BatonError as exc:  # the block's own error is the one to tell
-                        log.warning(ENDED_BY_ERROR, type(raised).__name__, exc)
+                        if not self._ended_with_loop():  # (else: went with the session)
+                            log.warning(ENDED_BY_ERROR, type(raised).__name__, exc)
                 raise
             if ours():
                 await self.yield_()

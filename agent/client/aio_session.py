@@ -19,7 +19,7 @@ from typing import Any
 from agent.client.aio_withdrawal import withdrawal
 from agent.client.backstop import KeptBackstop
 from agent.client.callback_runner import CLOSE_WAIT_S
-from agent.client.connect import closed_error, connected, open_session, reconnect, usable
+from agent.client.connect import connected, lost_error, open_session, reconnect, usable
 from agent.client.errors import AgentUnavailable, BatonError, from_status
 from agent.client.links import TRANSPORTS, SessionLink
 from agent.client.owner import SessionOwner
@@ -181,8 +181,7 @@ class AsyncSession:
                 self._on_message(message)
         finally:
             self._lost(link)
-            why = f"lost the Baton agent at {self.socket}; reconnecting, retry the call"
-            lost = closed_error() if self._closing else AgentUnavailable(why)
+            lost = lost_error(self._closing, self.socket)  # (cancelled: its loop ends)
             for future in self._replies.values():
                 if not future.done():
                     future.set_exception(lost)

@@ -155,9 +155,29 @@ def closed_error() -> BatonError:
     return BatonError("this AsyncBaton client is closed; create a new one")
 
 
+def ended_error() -> BatonError:
+    """What a call on an `AsyncBaton` raises once its session's task was cancelled (as
+    `asyncio.run` cancels the tasks left as it returns): the agent took the turn back with it."""
+    return BatonError(
+        "this AsyncBaton client's session ended with its event loop (its task was cancelled, "
+        "as asyncio.run does on return); the agent took its turn back; create a new one"
+    )
+
+
+def lost_error(closing: bool, socket: str) -> BatonError:
+    """What the calls waiting for answers on a session that just ended raise (from its task):
+    "closed", "ended" if the task was cancelled, else `AgentUnavailable` (it reconnects)."""
+    if closing:
+        return closed_error()
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        return ended_error()
+    return AgentUnavailable(f"lost the Baton agent at {socket}; reconnecting, retry the call")
+
+
 def usable(closed: bool, session: asyncio.Task[None] | None) -> None:
-    """`BatonError` if an `AsyncBaton` cannot serve a call here: it was closed, or its session
-    runs on another event loop (an earlier `asyncio.run`)."""
+    """`BatonError` if an `AsyncBaton` cannot serve a call here: it was closed, its session
+    runs on another event loop (an earlier `asyncio.run`), or its session's task was cancelled."""
     if closed:
         raise closed_error()
     if session is not None and session.get_loop() is not asyncio.get_running_loop():
@@ -165,6 +185,8 @@ def usable(closed: bool, session: asyncio.Task[None] | None) -> None:
             "this AsyncBaton client was connected on another event loop (each asyncio.run() "
             "starts a new one); create a client per event loop"
         )
+    if session is not None and session.cancelled():
+        raise ended_error()
 
 
 async def connected(
