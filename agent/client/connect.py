@@ -60,6 +60,9 @@ async def _handshake(
     except (OSError, ValueError) as exc:
         writer.close()
         raise _unreachable(socket, exc) from None
+    except asyncio.CancelledError:  # (close() cut the connect short: the connection goes too)
+        writer.close()
+        raise
 
 
 async def session_token(socket: str, timeout: float) -> str:
@@ -102,6 +105,9 @@ async def _open_direct(
         raise AgentUnavailable(
             f"the Baton agent at {socket} did not open the session: {exc}"
         ) from None
+    except asyncio.CancelledError:  # (close() cut it short: else the agent keeps the session)
+        link.cancel()
+        raise
     if welcome is not None and welcome.HasField("welcome"):
         return Opened(link, welcome.welcome.tenant, token)
     await link.close()
