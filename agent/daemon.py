@@ -104,6 +104,7 @@ class Agent:
                 await service.parking.refresh()
             except Exception as exc:  # read again when a turn needs it
                 log.warning("reading the tenants' memory at start failed: %s", exc)
+        service.account()  # memory parked before the restart is charged from the start on
         service.metrics.watch(
             service.table,
             lambda: len(service.sessions.tenants()),

@@ -90,6 +90,11 @@ class TurnPreparer(Protocol):
         """The tenant's memory on its GPUs, not parked, as last read (0: none, or unknown)."""
         ...
 
+    def parked_by_tenant(self) -> dict[str, int]:
+        """Bytes each tenant has parked in host DRAM now (tenants with none left out), without
+        reading the backend or building `status`: the accounting reads it at every move."""
+        ...
+
     def rescan(self, tenant_id: str) -> None:
         """The tenant opened a session: its processes may have changed."""
         ...
@@ -144,6 +149,10 @@ class NullPreparer:
     def on_gpus(self, tenant_id: str) -> int:
         """No memory known."""
         return 0
+
+    def parked_by_tenant(self) -> dict[str, int]:
+        """Nothing parked."""
+        return {}
 
     def rescan(self, tenant_id: str) -> None:
         """No processes to find."""

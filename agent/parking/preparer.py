@@ -50,6 +50,10 @@ class ParkingPreparer(PlanMoves):
         st = self._model.states.get(tenant_id)
         return {} if st is None else gpu_residency(st)
 
+    def parked_by_tenant(self) -> dict[str, int]:
+        """Bytes each tenant has parked in host DRAM, from the model alone."""
+        return {t: st.parked_bytes for t, st in self._model.states.items() if st.parked_bytes}
+
     def backend_for(self, method: str) -> Backend:
         """The backend that moves tenants by `method`, one of `methods()`."""
         return self.backend.backend_for(method)

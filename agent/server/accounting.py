@@ -36,8 +36,8 @@ class Accounting:
         self.departed: dict[str, float] = {}
         """Tenant id → when it left the node (wall clock), until it is folded or comes back."""
         self._last: float | None = None
-        self._parking: frozenset[str] = frozenset()
-        """Tenants that had parked bytes at the last `parked` (not folded while they have)."""
+        self._reading: dict[Key, int] = {}
+        """What each tenant had parked at the last `parked`: what it holds parked until the next."""
 
     def held(self, tenant_id: str, tier: int, gpus: Sequence[str], seconds: float) -> None:
         """A turn on `gpus` held `seconds` ended."""
@@ -48,16 +48,20 @@ class Accounting:
             self.by_gpu[(gpu, tenant_id)] = self.by_gpu.get((gpu, tenant_id), 0.0) + seconds
 
     def parked(self, now: float, parked: Mapping[str, int], tiers: Mapping[str, int]) -> bool:
-        """Add each tenant's parked bytes times the time since the last call; whether any was."""
+        """What is parked `now`: add what each tenant had parked at the last call times the time
+        since, then count `parked` from now on; whether anything was added. Called whenever
+        what is parked changes (and before the totals are read), it integrates exactly."""
         added = False
-        self._parking = frozenset(t for t, nbytes in parked.items() if nbytes > 0)
         if self._last is not None and now > self._last:
-            for tenant_id, nbytes in parked.items():
-                if nbytes > 0:
-                    key = (tenant_id, namespace_of(tenant_id), tiers.get(tenant_id, 0))
-                    add = nbytes * (now - self._last)
-                    self.parked_byte_seconds[key] = self.parked_byte_seconds.get(key, 0.0) + add
-                    added = True
+            for key, nbytes in self._reading.items():
+                add = nbytes * (now - self._last)
+                self.parked_byte_seconds[key] = self.parked_byte_seconds.get(key, 0.0) + add
+                added = True
+        self._reading = {
+            (tenant_id, namespace_of(tenant_id), tiers.get(tenant_id, 0)): nbytes
+            for tenant_id, nbytes in parked.items()
+            if nbytes > 0
+        }
         self._last = now
         return added
 
@@ -73,11 +77,13 @@ class Accounting:
 
     def fold(self, now: float, after: float) -> bool:
         """Fold the tenants gone for `after` seconds or more (none if `after` is 0) into their
-        namespace's pseudo-tenant, per tier and per GPU; whether any was folded."""
+        namespace's pseudo-tenant, per tier and per GPU; whether any was folded (not one
+        that has memory parked: its row would grow again)."""
+        parking = {key[0] for key in self._reading}
         gone = {
             tenant_id
             for tenant_id, at in self.departed.items()
-            if after > 0 and now - at >= after and tenant_id not in self._parking
+            if after > 0 and now - at >= after and tenant_id not in parking
         }
         if not gone:
             return False

@@ -208,11 +208,9 @@ class TurnState:
         """Bring the parked byte-seconds up to now (before they are read or saved). What this
         adds is saved within `SAVE_DELAY_S`: a restart takes back no more of what a scrape
         showed than a crash in that delay loses (a counter that goes down reads as a reset)."""
-        residency = self.preparer.status().get("tenants") or {}
-        parked = {t: int(e.get("parked_bytes") or 0) for t, e in residency.items()}
         tiers = {t: u.tier for t, u in self.table.usage.items()}
         acct, now = self.metrics.accounting, self.clock()
-        added = acct.parked(now, parked, tiers)
+        added = acct.parked(now, self.preparer.parked_by_tenant(), tiers)
         folded = acct.fold(now, self.forget_departed_after)
         if (added or folded) and not self._closed:
             self.persist_step()
@@ -274,9 +272,11 @@ class TurnState:
     def persist(self) -> None:
         """The residency layer moved memory (or forgot a tenant): its record of what is parked
         goes to the journal with the grant the moves made room for, or else in the next
-        event-loop step, and the snapshot follows within `SAVE_DELAY_S`."""
+        event-loop step, and the snapshot follows within `SAVE_DELAY_S`. The accounting
+        charges what was parked until now, and what is parked from now."""
         if self._closed:  # the last snapshot is written, the store shut
             return
+        self.account()
         self._persist_asked = True
         asyncio.get_running_loop().call_soon(self._persist_now)
 

@@ -90,7 +90,8 @@ def test_a_tenant_with_memory_still_parked_is_folded_once_it_has_none() -> None:
     assert not acct.fold(1.0 + HOUR, HOUR), "its row would grow again at the next reading"
     acct.parked(2.0 + HOUR, {}, {})
     assert acct.fold(2.0 + HOUR, HOUR)
-    assert acct.parked_byte_seconds == {("ml/(departed)", "ml", 0): 10.0}
+    parked_since_1 = 10.0 * (2.0 + HOUR - 1.0)
+    assert acct.parked_byte_seconds == {("ml/(departed)", "ml", 0): parked_since_1}
 
 
 def test_departure_times_round_trip_through_the_state_files_json() -> None:

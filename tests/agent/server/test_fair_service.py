@@ -158,6 +158,9 @@ class _ParkedA(NullPreparer):
     def status(self) -> dict[str, Any]:
         return {"tenants": {"local/a": {"gpus": {"GPU-0": "parked"}, "parked_bytes": 1 << 30}}}
 
+    def parked_by_tenant(self) -> dict[str, int]:
+        return {"local/a": 1 << 30}
+
 
 def _parked_byte_seconds(agent: AgentRunner) -> float:
     for line in agent.http("/metrics")[1].splitlines():

@@ -69,6 +69,9 @@ class RecordingPreparer:
     def on_gpus(self, tenant_id: str) -> int:
         return 0
 
+    def parked_by_tenant(self) -> dict[str, int]:
+        return {}
+
     def rescan(self, tenant_id: str) -> None:
         pass
 
