@@ -30,7 +30,7 @@ from agent.node.identity import (
 from agent.node.podwatch import PodWatcher
 from agent.parking.host import Parking
 from agent.parking.methods import NONE
-from agent.server import direct_session
+from agent.server import direct_session, turn_state
 from agent.server.coordination import Coordination
 from agent.server.grpc_server import AgentServicer
 from agent.server.llmd.groups import Groups
@@ -242,6 +242,20 @@ class Agent:
         self._pods.start()
         self.readiness.pods_listed = lambda: pods.listed
 
+    def _say_moves_under_way(self) -> None:
+        """Name the tenants whose memory a move still moves once the state is saved: a move in
+        a worker thread cannot be cut short, and the stop waits only `CLOSE_WAIT_S` for it."""
+        parking = self.parking
+        tenants = self.service.tenants.tenants
+        moving = sorted(t for t in tenants if parking is not None and parking.moving(t))
+        if moving:
+            log.warning(
+                "stopping with the memory of %s still moving after %g s of waiting (a move "
+                "cannot be cut short): the state saved may not have where it ends, which the next "
+                "agent reads from the backend; this process exits once the move has ended",
+                ", ".join(moving), turn_state.CLOSE_WAIT_S,
+            )  # fmt: skip
+
     def request_stop(self, reason: str) -> None:
         """Wake `wait`: the agent should stop, for `reason` (e.g. `SIGTERM`)."""
         self.readiness.stop(reason)
@@ -273,6 +287,7 @@ class Agent:
         if self._http is not None:
             await self._http.stop()
         await self.service.close()
+        self._say_moves_under_way()
         self._socket.remove()  # only while its own: not a live agent's, nor a newer one's
         self.readiness.remove_own_sockets()
         self._stop_requested.set()
