@@ -45,6 +45,9 @@ from baton.contract.statushttp import StatusServer
 from baton.contract.tcpbind import bind_error
 from baton.contract.unixsocket import ServedSocket, unix_target
 
+SESSIONS_CLOSE_S = 1.0
+"""How long a stop waits, once the gRPC server has stopped, for the sessions it cut to close."""
+
 log = logging.getLogger("agent.assembly")  # the start and stop lines share run_agent's logger
 
 
@@ -284,6 +287,8 @@ class Agent:
             self._servicer.end_watches(why, self.config.shutdown_grace)
         if self._grpc is not None:
             await self._grpc.stop(grace=self.config.shutdown_grace)
+        if self._servicer is not None:  # the gRPC sessions the stop cut are closing: let them
+            await self._servicer.sessions_closed(SESSIONS_CLOSE_S)
         if self._http is not None:
             await self._http.stop()
         await self.service.close()

@@ -58,6 +58,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self._watches_end = asyncio.Event()
         self._watches_end_why = ""
         self._watches_hangup_s = WATCH_HANGUP_S
+        self._sessions: set[TenantSession] = set()
+        """The tenant sessions open on this servicer (gRPC and direct)."""
 
     def _as_seen_by(self, tenant: Tenant | None, pid: int) -> Tenant | None:
         """A pod tenant as the process `pid` sees it: its own container's GPUs."""
@@ -179,6 +181,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         )
         self._tokens.attach(peer.token)
         self._service.sessions.open(session)
+        self._sessions.add(session)
         self._service.session_opened(tenant.tenant_id, peer.pid)
         log.info("session opened: tenant %s pid %d", tenant.tenant_id, peer.pid)
         welcome = pb.AgentMessage(welcome=pb.Welcome(tenant=api_ops.tenant_to_pb(tenant)))
@@ -187,6 +190,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         try:
             await stream.serve(welcome)
         finally:
+            self._sessions.discard(session)
             last = self._service.sessions.close(session)
             self._tokens.revoke(peer.token)
             self._service.session_closed(tenant_id, peer.pid, last)
@@ -205,6 +209,16 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         if tenant is None:
             raise errors.TenantGone(f"tenant {tenant_id} is no longer known")
         return tenant
+
+    async def sessions_closed(self, timeout: float) -> None:
+        """Return once every tenant session is closed, or after `timeout`: once the gRPC server
+        has stopped, the streams it ended close in the loop's next steps, and one still open
+        as the agent's process ends would be cancelled (grpc logs that as an error)."""
+        ended = [asyncio.ensure_future(self._tokens.ended(s.token).wait()) for s in self._sessions]
+        if ended:
+            _, pending = await asyncio.wait(ended, timeout=timeout)
+            for wait in pending:
+                wait.cancel()
 
     def session_ended(self, token: str) -> asyncio.Event:
         """Set when the session of `token` ends."""
