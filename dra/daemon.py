@@ -216,7 +216,8 @@ class Driver:
         return None
 
     def start(self) -> None:
-        """Read the node, clean orphaned specs, then serve and register."""
+        """Read the node, clean orphaned specs, then serve and register, then publish the
+        ResourceSlice (a registration before that is published once it starts)."""
         why = self.cdi_refusal()
         if why:
             log.error("claims will not be prepared on this node: %s", why)
@@ -232,7 +233,6 @@ class Driver:
                 registration_path(self.settings.registry_dir).name,
             )
         self.node.start()
-        self.publisher.start()
         try:
             self.server.start()
         except OSError as err:  # a directory that is a file, or one it may not write
@@ -240,6 +240,9 @@ class Driver:
                 f"cannot serve the kubelet plugin sockets ({err}); check --plugins-dir "
                 "(BATON_DRA_PLUGINS_DIR) and --registry-dir (BATON_DRA_REGISTRY_DIR)"
             ) from None
+        # Only a driver that serves publishes its GPUs: a slice left by one that could not
+        # start would have the scheduler send claims to a node with no driver to prepare them.
+        self.publisher.start()
         log.info(
             "DRA driver %s serving %d GPUs on %s; metrics on :%d",
             names.DRA_DRIVER,

@@ -26,14 +26,20 @@ __all__ = ["tmp"]  # the fixture, used by name
 def test_a_socket_directory_that_is_a_file_is_refused_naming_the_flags(
     tmp: Path, flag: str
 ) -> None:
+    """A driver that cannot serve its sockets is refused naming both flags, and publishes no
+    ResourceSlice: it published the node's GPUs before it served, so a driver that never
+    started left a slice the scheduler allocated claims from, their pods sent to a node whose
+    kubelet had no driver to prepare them."""
     blocker = tmp / "a-file"
     blocker.write_text("not a directory")
     changed: dict[str, Any] = {flag: blocker}
     settings = dataclasses.replace(_settings(tmp), **changed)
-    driver = Driver(settings, GPUS, True, slices=Slices(), claims=Claims())
+    slices = Slices()
+    driver = Driver(settings, GPUS, True, slices=slices, claims=Claims())
     with pytest.raises(DraStartError, match=r"--plugins-dir .* --registry-dir") as refused:
         shutdown.run_until(driver.start, driver.stop, threading.Event())
     assert str(blocker) in str(refused.value)
+    assert slices.calls == [], "no slice published by a driver that did not start"
 
 
 def _dir_of_length(tmp: Path, socket: Callable[[Path], Path], length: int) -> Path:
