@@ -266,6 +266,9 @@ class Driver:
         parts.append(
             ("the kubelet plugin server", lambda: self.server.stop(self.settings.shutdown_grace))
         )
+        # Before the state directory goes: a prepare the server's stop cut may still be reading
+        # its claim, and must not write once the next driver may hold the directory.
+        parts.append(("claim preparation", self.preparer.close))
         parts.append(("the ResourceSlice publisher", self.publisher.stop))
         parts.append(("the node layer", self.node.stop))
         parts.append(("the state directory's lock", self._release_state_dir))

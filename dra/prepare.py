@@ -156,7 +156,21 @@ class Preparer:
         self.refusal = refusal
         self.between = between
         self._lock = threading.Lock()
+        """Held for each write of a spec or of the record, and to close."""
+        self._closed = False
         self._claims_busy = ClaimLocks()
+
+    def close(self) -> None:
+        """Write nothing from now on, once a write under way is done: the driver stops, and the
+        next one may hold the state directory as soon as it has (a prepare still reading its
+        claim would write over that driver's record)."""
+        with self._lock:
+            self._closed = True
+
+    def _still_open(self, where: str) -> None:
+        """PrepareError once closed (called holding `_lock`, right before a write)."""
+        if self._closed:
+            raise PrepareError(f"{where}: the driver is stopping; another driver prepares it")
 
     def remove_orphans(self) -> list[Path]:
         """Remove specs no recorded claim owns (a prepare cut before it recorded)."""
@@ -238,6 +252,7 @@ class Preparer:
         """Record `prepared`; where it cannot be, remove its spec (nothing stays prepared)."""
         try:
             with self._lock:
+                self._still_open(where)  # its spec stays: the next driver's, or an orphan
                 self.record.put(prepared)
         except OSError as err:
             cdi.remove_spec(self.spec_dir, prepared.uid)
@@ -248,7 +263,9 @@ class Preparer:
     def _write(self, uid: str, devices: dict[str, str], where: str) -> tuple[str, ...]:
         spec, vendor_ids = cdi.claim_spec(uid, devices, self.vendor_kind)
         try:
-            cdi.write_spec(self.spec_dir, uid, spec)
+            with self._lock:
+                self._still_open(where)
+                cdi.write_spec(self.spec_dir, uid, spec)
         except OSError as err:
             raise PrepareError(
                 f"{where}: cannot write its CDI spec in {self.spec_dir} ({err.strerror or err})"
@@ -262,18 +279,19 @@ class Preparer:
 
     def _unprepare(self, namespace: str, uid: str, name: str) -> None:
         where = f"claim {namespace}/{name}"
-        try:
-            cdi.remove_spec(self.spec_dir, uid)
-        except OSError as err:
-            raise PrepareError(
-                f"{where}: cannot remove its CDI spec {cdi.spec_path(self.spec_dir, uid)} "
-                f"({err.strerror or err})"
-            ) from err
-        try:
-            with self._lock:
+        with self._lock:
+            self._still_open(where)
+            try:
+                cdi.remove_spec(self.spec_dir, uid)
+            except OSError as err:
+                raise PrepareError(
+                    f"{where}: cannot remove its CDI spec {cdi.spec_path(self.spec_dir, uid)} "
+                    f"({err.strerror or err})"
+                ) from err
+            try:
                 self.record.drop(uid)
-        except OSError as err:
-            raise PrepareError(
-                f"{where}: cannot drop it from {self.record.path} ({err.strerror or err})"
-            ) from err
+            except OSError as err:
+                raise PrepareError(
+                    f"{where}: cannot drop it from {self.record.path} ({err.strerror or err})"
+                ) from err
         log.info("unprepared claim %s/%s (%s)", namespace, name, uid)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from baton.contract.shutdown import StopSignal
@@ -144,3 +145,53 @@ def test_a_driver_waiting_for_the_state_directory_stops_at_a_stop_signal(tmp_pat
     assert "stopped on SIGTERM while another driver" in str(stopped.value)
     again = _start(tmp_path, Claims(), Slices())  # nothing of the stopped one is left
     again.stop()
+
+
+def test_a_prepare_that_outlives_its_drivers_stop_writes_nothing(tmp_path: Path) -> None:
+    """A rollout while the API server is slow: the old driver stopped (its gRPC call cut at the
+    end of its grace) and let the state directory go while a prepare of it still read its
+    claim; that prepare then wrote its spec and its record over the new driver's, so the claim
+    the new driver had prepared meanwhile was gone from the record (and its spec removed as an
+    orphan at the next start, its pod running). A prepare ending after its driver stopped
+    writes nothing; the kubelet's retry is the new driver's."""
+    claims, slices = GatedClaims(), Slices()
+    claims.add("ns", "c1", "uid-1", "gpu-0")
+    claims.add("ns", "c2", "uid-2", "gpu-1")
+    old = _start(tmp_path, claims, slices)
+    kubelet = DraKubeletStub(tmp_path / "plugins_registry")
+    cut: list[Any] = []
+
+    def in_flight() -> None:
+        try:
+            kubelet.prepare(("ns", "uid-1", "c1"))
+        except grpc.RpcError as err:  # cut by the old driver's stop
+            cut.append(err.code())
+
+    asking = threading.Thread(target=in_flight)
+    new: list[Driver] = []
+    try:
+        kubelet.register()
+        claims.hold.set()
+        asking.start()
+        assert claims.reading.wait(WAIT_S)
+        old.stop()  # its grace over: the call is cut, its claim's read goes on
+        asking.join(WAIT_S)
+        assert cut == [grpc.StatusCode.UNAVAILABLE]
+        new.append(_start(tmp_path, claims, slices))
+        claims.hold.clear()
+        kubelet.close()
+        kubelet.register()
+        assert kubelet.prepare(("ns", "uid-2", "c2")).claims["uid-2"].error == ""
+        claims.gate.set()  # the old driver's read answers
+        for thread in threading.enumerate():
+            if thread.name.startswith("dra-prepare"):
+                thread.join(WAIT_S)
+        assert ClaimRecord(tmp_path / "state").uids() == ["uid-2"]
+        assert not spec_path(tmp_path / "cdi", "uid-1").exists()
+    finally:
+        claims.gate.set()
+        kubelet.close()
+        asking.join(WAIT_S)
+        for driver in new:
+            driver.stop()
+        old.stop()
