@@ -49,7 +49,7 @@ def still_denied(cluster: Cluster, line: str) -> bool:
     authentication config once at start and only warns. Allowed now: that was the cache. Still
     refused, or a line that cannot be read: a missing grant.
     """
-    found = DENIAL.search(line)
+    found = DENIAL.search(line.replace('\\"', '"'))  # (klog's err="..." escapes its quotes)
     if found is None:
         return True
     kind = found["resource"] + (f".{found['group']}" if found["group"] else "")
@@ -113,3 +113,11 @@ def test_a_denial_the_authorizer_still_makes_is_told_from_a_cold_cache(cluster: 
     lasting = cold.replace("baton-scheduler", "baton-agent")  # never granted that configmap
     assert still_denied(cluster, lasting)
     assert still_denied(cluster, "E1202 forbidden, in words this check cannot read")
+    structured = (  # a reflector's failed list, as kube-scheduler logs it: quotes escaped
+        'E1207 reflector.go:227] "Failed to watch" err="failed to list *v1.PersistentVolumeClaim: '
+        'persistentvolumeclaims is forbidden: User \\"system:serviceaccount:baton-system:'
+        'baton-scheduler\\" cannot list resource \\"persistentvolumeclaims\\" in API group '
+        '\\"\\" at the cluster scope" logger="UnhandledError"'
+    )
+    assert not still_denied(cluster, structured)
+    assert still_denied(cluster, structured.replace("baton-scheduler", "baton-agent"))
