@@ -26,12 +26,15 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # Two workers: the real-node tests (tests/k8s, mostly waiting on the node) in one, the rest in
-# the other (tests/conftest.py groups them). Their files go under a short /tmp/bt-*: the unix
-# sockets tests make there must fit in 107 bytes. Kept after a failing run, for its logs.
+# the other (tests/conftest.py groups them); then the tests marked `alone` (shares measured by
+# the clock) in one process, with the machine to themselves. Their files go under a short
+# /tmp/bt-*: the unix sockets tests make there must fit in 107 bytes. Kept after a failing run.
 test: lint
 	@tmp=$$(mktemp -d /tmp/bt-XXXXXX) && echo "make test: the tests' files under $$tmp" && \
 	status=0 && $(BIN)/pytest -q -rs --durations=25 -n 2 --dist loadscope --no-loadscope-reorder --basetemp=$$tmp \
-	|| status=$$?; if [ $$status = 0 ]; then rm -rf $$tmp; fi; exit $$status
+		-m 'not soak and not alone' || status=$$?; \
+	$(BIN)/pytest -q -rs -m alone --basetemp=$$tmp/alone || status=$$?; \
+	if [ $$status = 0 ]; then rm -rf $$tmp; fi; exit $$status
 
 soak: $(STAMP)
 	mkdir -p build && rm -f build/reliability.jsonl

@@ -13,7 +13,7 @@ from agent.core.fair import FairConfig
 from commands.bench.fairness_procs import Turn, run_mix
 from commands.bench.shares import MIXES
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.alone]  # (the shares are timed: no neighbour)
 
 
 @pytest.mark.parametrize(
