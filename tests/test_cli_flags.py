@@ -99,7 +99,7 @@ def test_the_agent_refuses_a_node_name_no_node_can_have(name: str, tmp_path: Pat
     where = ["--socket", str(tmp_path / "a.sock"), "--state-dir", str(tmp_path / "state")]
     node = ["--node-name", name, "--kubeconfig", str(kubeconfig)]
     said = _refusal([*AGENT, *where, *node])
-    assert f"Invalid value: --node-name {name!r}: not a Kubernetes node name" in said
+    assert f"Invalid value: --node-name: node {name!r} is not a Kubernetes name" in said
 
 
 @pytest.mark.parametrize(
@@ -228,23 +228,27 @@ def test_the_coordinator_refuses_a_pod_namespace_without_the_pods_name(tmp_path:
         (
             ["--namespace", "Baton_System"],
             "--namespace",
-            "'Baton_System': not a Kubernetes namespace",
+            "namespace 'Baton_System' is not a Kubernetes name",
         ),
         (
             ["--namespace", "baton.system"],
             "--namespace",
-            "'baton.system': not a Kubernetes namespace",
+            "namespace 'baton.system' is not a Kubernetes name",
         ),
-        (["--namespace", ""], "--namespace", "'': not a Kubernetes namespace name"),
+        (["--namespace", ""], "--namespace", "namespace '' is not a Kubernetes name"),
         (["--namespace", "n" * 64], "--namespace", "at most 63 characters"),
-        (["--lease", "Coordinator"], "--lease", "'Coordinator': not a Kubernetes Lease name"),
-        (["--lease", "a_b"], "--lease", "'a_b': not a Kubernetes Lease name"),
+        (["--lease", "Coordinator"], "--lease", "Lease 'Coordinator' is not a Kubernetes name"),
+        (["--lease", "a_b"], "--lease", "Lease 'a_b' is not a Kubernetes name"),
         (["--lease", "l" * 254], "--lease", "at most 253 characters"),
-        (["--pod-namespace", "Ns", "--identity", "p-0"], "--pod-namespace", "'Ns': not a"),
+        (
+            ["--pod-namespace", "Ns", "--identity", "p-0"],
+            "--pod-namespace",
+            "namespace 'Ns' is not a",
+        ),
         (
             ["--pod-namespace", "ns", "--identity", "P_0"],
             "--identity",
-            "'P_0': not a Kubernetes pod",
+            "pod 'P_0' is not a Kubernetes name",
         ),
     ],
     ids=lambda v: str(v)[:40],

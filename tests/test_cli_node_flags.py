@@ -17,7 +17,7 @@ MALFORMED = [
     ({"BATON_HOST_MEMORY_BUDGET": "-5"}, "--host-memory-budget '-5': MiB must be 0 or more"),
     ({"BATON_HOST_MEMORY_BUDGET": "150%"}, "--host-memory-budget '150%': the share must be"),
     ({"BATON_IGNORED_XIDS": "13,x"}, "--ignored-xids '13,x' must be comma-separated integers"),
-    ({"NODE_NAME": "Node_1"}, "--node-name 'Node_1': not a Kubernetes node name"),
+    ({"NODE_NAME": "Node_1"}, "--node-name: node 'Node_1' is not a Kubernetes name"),
 ]
 
 

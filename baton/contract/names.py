@@ -5,6 +5,7 @@ Every component imports these values; none spells them out again.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 # Extended resources.
@@ -250,3 +251,23 @@ namespace: its name and namespace are that namespace's."""
 def dra_device_name(index: int) -> str:
     """The DRA device name of GPU `index` in the node's ResourceSlice."""
     return f"{DRA_DEVICE_PREFIX}{index}"
+
+
+_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_OBJECT_NAMES = {
+    False: (re.compile(_LABEL), 63, "'-'"),  # a DNS label: a namespace's name
+    True: (re.compile(rf"{_LABEL}(\.{_LABEL})*"), 253, "'-', '.'"),  # a DNS subdomain: a pod's
+}
+
+
+def name_problem(what: str, name: str, dotted: bool = False) -> str | None:
+    """Why `name` cannot name a Kubernetes `what` (`dotted`: a DNS subdomain such as a pod's,
+    node's or Lease's name, else a DNS label such as a namespace's), or None: the API server
+    would refuse every call about it, and a name goes into an API path as it is."""
+    pattern, limit, marks = _OBJECT_NAMES[dotted]
+    if len(name) <= limit and pattern.fullmatch(name):
+        return None
+    return (
+        f"{what} {name!r} is not a Kubernetes name (lower-case letters, digits, {marks}; a "
+        f"letter or digit first and last; at most {limit} characters)"
+    )

@@ -7,7 +7,6 @@ import functools
 import json
 import logging
 import math
-import re
 import signal
 import threading
 from collections.abc import Callable, Mapping
@@ -156,29 +155,11 @@ def node_options(arguments: Mapping[str, Any]) -> NodeOptions:
     return NodeOptions(**{f.name: arguments[f.name] for f in dataclasses.fields(NodeOptions)})
 
 
-_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_NAMES = {  # a DNS-1123 label (a namespace's name), or subdomain (a node's, a Lease's, a pod's)
-    True: (re.compile(_LABEL), 63, "lower-case letters, digits and '-'"),
-    False: (re.compile(rf"{_LABEL}(\.{_LABEL})*"), 253, "lower-case letters, digits, '-' and '.'"),
-}
-
-
-def name_problem(name: str, what: str, label: bool = False) -> str | None:
-    """Why `name` cannot name a Kubernetes `what` (a DNS subdomain; with `label`, a DNS label
-    such as a namespace's name), or None."""
-    pattern, limit, allowed = _NAMES[label]
-    if len(name) <= limit and pattern.fullmatch(name):
-        return None
-    return (
-        f"{name!r}: not a Kubernetes {what} name ({allowed}, a letter or digit first and last, "
-        f"at most {limit} characters)"
-    )
-
-
 def check_name(value: str, option: str, what: str, label: bool = False) -> None:
-    """An option naming a Kubernetes object, or a `BadParameter` naming the option: the API
-    server would refuse every call about an object of that name, again and again."""
-    problem = name_problem(value, what, label)
+    """An option naming a Kubernetes object (`label`: one named by a DNS label, a namespace), or
+    a `BadParameter` naming the option: the API server would refuse every call about it, again
+    and again."""
+    problem = names.name_problem(what, value, dotted=not label)
     if problem:
         raise typer.BadParameter(problem, param_hint=option)
 
@@ -191,9 +172,9 @@ def check_node_name(name: str) -> None:
             f"--node-name ({names.ENV_NODE_NAME}) is empty: give this node's name (in a pod, "
             "the downward API's spec.nodeName)"
         )
-    problem = name_problem(name, "node")
+    problem = names.name_problem("node", name, dotted=True)
     if problem:
-        raise ValueError(f"--node-name {problem}")
+        raise ValueError(f"--node-name: {problem}")
 
 
 def node_inputs(command: str, options: NodeOptions) -> NodeInputs:

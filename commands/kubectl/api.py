@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import ssl
 from typing import Any, Protocol
@@ -19,24 +18,6 @@ from baton.contract.kube import (
     unreadable_kubeconfig,
 )
 from baton.contract.names import NAMESPACE, PORT_AGENT, PORT_EXTENDER
-
-_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_NAMES = {
-    False: (re.compile(_LABEL), 63, "'-'"),  # a DNS label: namespaces
-    True: (re.compile(rf"{_LABEL}(\.{_LABEL})*"), 253, "'-', '.'"),  # a DNS subdomain: pods
-}
-
-
-def name_problem(what: str, name: str, dotted: bool = False) -> str | None:
-    """Why `name` cannot name a `what` (`dotted`: a DNS subdomain such as a pod's name, else a
-    DNS label such as a namespace's), or None. A name goes into an API path as it is."""
-    pattern, limit, marks = _NAMES[dotted]
-    if len(name) <= limit and pattern.fullmatch(name):
-        return None
-    return (
-        f"{what} {name!r} is not a Kubernetes name (lower-case letters, digits, {marks}; a "
-        f"letter or digit first and last; at most {limit} characters)"
-    )
 
 
 class PluginError(RuntimeError):

@@ -13,8 +13,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from baton.contract.names import NAMESPACE
-from commands.kubectl.api import Api, KubeApi, PluginError, name_problem
+from baton.contract.names import NAMESPACE, name_problem
+from commands.kubectl.api import Api, KubeApi, PluginError
 
 app = typer.Typer(
     name="kubectl baton",

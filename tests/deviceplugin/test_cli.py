@@ -57,7 +57,7 @@ def test_a_negative_host_memory_budget_is_refused_at_start(socket_dir):
     ("name", "said"),
     [
         ("", "--node-name (NODE_NAME) is empty: give this node's name"),
-        ("Node_1", "--node-name 'Node_1': not a Kubernetes node name"),
+        ("Node_1", "--node-name: node 'Node_1' is not a Kubernetes name"),
     ],
 )
 def test_a_node_name_no_node_can_have_is_refused_at_start(socket_dir, name, said):
