@@ -138,6 +138,10 @@ class TokenRegistry:
         if ended is not None:
             ended.set()
 
+    def attached(self) -> list[str]:
+        """The tokens of the sessions open now (attached, not yet revoked)."""
+        return list(self._attached)
+
     def ended(self, token: str) -> asyncio.Event:
         """Set when the session of `token` ends (already set if the token is not valid)."""
         event = self._ended.get(token)

@@ -58,8 +58,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         self._watches_end = asyncio.Event()
         self._watches_end_why = ""
         self._watches_hangup_s = WATCH_HANGUP_S
-        self._sessions: set[TenantSession] = set()
-        """The tenant sessions open on this servicer (gRPC and direct)."""
 
     def _as_seen_by(self, tenant: Tenant | None, pid: int) -> Tenant | None:
         """A pod tenant as the process `pid` sees it: its own container's GPUs."""
@@ -181,7 +179,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         )
         self._tokens.attach(peer.token)
         self._service.sessions.open(session)
-        self._sessions.add(session)
         self._service.session_opened(tenant.tenant_id, peer.pid)
         log.info("session opened: tenant %s pid %d", tenant.tenant_id, peer.pid)
         welcome = pb.AgentMessage(welcome=pb.Welcome(tenant=api_ops.tenant_to_pb(tenant)))
@@ -190,7 +187,6 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         try:
             await stream.serve(welcome)
         finally:
-            self._sessions.discard(session)
             last = self._service.sessions.close(session)
             self._tokens.revoke(peer.token)
             self._service.session_closed(tenant_id, peer.pid, last)
@@ -214,7 +210,8 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         """Return once every tenant session is closed, or after `timeout`: once the gRPC server
         has stopped, the streams it ended close in the loop's next steps, and one still open
         as the agent's process ends would be cancelled (grpc logs that as an error)."""
-        ended = [asyncio.ensure_future(self._tokens.ended(s.token).wait()) for s in self._sessions]
+        tokens = self._tokens.attached()
+        ended = [asyncio.ensure_future(self._tokens.ended(t).wait()) for t in tokens]
         if ended:
             _, pending = await asyncio.wait(ended, timeout=timeout)
             for wait in pending:
