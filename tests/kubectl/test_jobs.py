@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from typer.testing import CliRunner
@@ -17,20 +19,21 @@ from commands.kubectl import cli
 from commands.kubectl.api import Forbidden, NoAnswer
 from commands.kubectl.jobs import COORDINATOR_SELECTOR, coordinator_status_path
 from coordinator.status import status_json
+from coordinator.turns import Arbiter
 from tests.coordinator.loopback import LoopbackNode, leading, view_of
 from tests.coordinator.test_members import until
 from tests.kubectl.fake import DictApi
 
 NS = "baton-system"
 PODS = f"/api/v1/namespaces/{NS}/pods"
+T = TypeVar("T")
 
 
-@pytest.fixture(scope="module")
-def leader_status(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The leader's /v1/status: team/rl holds its GPUs on n1 and n2, ops/eval waits on n1's."""
-    tmp = tmp_path_factory.mktemp("coordinator")
+def while_eval_waits(tmp: Path, read: Callable[[Arbiter, LoopbackNode], T]) -> T:
+    """`read(arbiter, n1)` while team/rl holds its GPUs on n1 and n2 and ops/eval, one pod on
+    n1, waits for its turn: loopback agents and a real arbiter, stopped after."""
 
-    async def body() -> dict[str, Any]:
+    async def body() -> T:
         n1 = await LoopbackNode("n1", tmp / "n1", ("GPU-n1",)).start()
         n2 = await LoopbackNode("n2", tmp / "n2", ("GPU-n2",)).start()
         jobs = {
@@ -42,9 +45,9 @@ def leader_status(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             await arbiter.acquire("team", "rl", "", timeout=5)
             waiter = asyncio.ensure_future(arbiter.acquire("ops", "eval", "", timeout=5))
             await until(lambda: bool(arbiter.table.waiters), "ops/eval waiting")
+            found = read(arbiter, n1)
             waiter.cancel()
-            arbiter.settling.unsettled["n3"] = "its agent did not answer the leader's recovery"
-            return status_json(arbiter, "coordinator-a", True, time.time())
+            return found
         finally:
             await arbiter.close()
             await arbiter.links.close()
@@ -52,6 +55,17 @@ def leader_status(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             await n2.stop()
 
     return asyncio.run(asyncio.wait_for(body(), 30))
+
+
+@pytest.fixture(scope="module")
+def leader_status(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The leader's /v1/status: team/rl holds its GPUs on n1 and n2, ops/eval waits on n1's."""
+
+    def read(arbiter: Arbiter, n1: LoopbackNode) -> dict[str, Any]:
+        arbiter.settling.unsettled["n3"] = "its agent did not answer the leader's recovery"
+        return status_json(arbiter, "coordinator-a", True, time.time())
+
+    return while_eval_waits(tmp_path_factory.mktemp("coordinator"), read)
 
 
 def replica(name: str, leads: bool, epoch: int = 1, phase: str = "Running") -> dict[str, Any]:

@@ -5,7 +5,6 @@ paths."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -16,10 +15,10 @@ from baton.contract.names import NODE_POD_SELECTOR
 from commands.kubectl.api import agent_status_path
 from commands.kubectl.why import why
 from coordinator.status import status_json
-from tests.coordinator.loopback import LoopbackNode, leading, view_of
-from tests.coordinator.test_members import until
+from coordinator.turns import Arbiter
+from tests.coordinator.loopback import LoopbackNode
 from tests.kubectl.fake import DictApi, agent_pod
-from tests.kubectl.test_jobs import NS, PODS, replica, routes
+from tests.kubectl.test_jobs import NS, PODS, replica, routes, while_eval_waits
 
 AGENT = "baton-agent-n1"
 
@@ -28,34 +27,12 @@ AGENT = "baton-agent-n1"
 def statuses(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
     """The leader's and n1's agent's /v1/status while team/rl holds its GPUs on n1 and n2 and
     ops/eval, one pod on n1, waits for its turn."""
-    tmp = tmp_path_factory.mktemp("coordinator")
 
-    async def body() -> tuple[dict[str, Any], dict[str, Any]]:
-        n1 = await LoopbackNode("n1", tmp / "n1", ("GPU-n1",)).start()
-        n2 = await LoopbackNode("n2", tmp / "n2", ("GPU-n2",)).start()
-        jobs = {
-            "rl": [("team/rl-trainer", "n1", ""), ("team/rl-sampler", "n2", "")],
-            "eval": [("ops/eval-a", "n1", "")],
-        }
-        arbiter = await leading(view_of([n1, n2], jobs))
-        try:
-            await arbiter.acquire("team", "rl", "", timeout=5)
-            waiter = asyncio.ensure_future(arbiter.acquire("ops", "eval", "", timeout=5))
-            await until(lambda: bool(arbiter.table.waiters), "ops/eval waiting")
-            now = time.time()
-            found = (
-                status_json(arbiter, "coordinator-a", True, now),
-                agent_status_json(n1.service, now),
-            )
-            waiter.cancel()
-            return found
-        finally:
-            await arbiter.close()
-            await arbiter.links.close()
-            await n1.stop()
-            await n2.stop()
+    def read(arbiter: Arbiter, n1: LoopbackNode) -> tuple[dict[str, Any], dict[str, Any]]:
+        now = time.time()
+        return status_json(arbiter, "coordinator-a", True, now), agent_status_json(n1.service, now)
 
-    return asyncio.run(asyncio.wait_for(body(), 30))
+    return while_eval_waits(tmp_path_factory.mktemp("coordinator"), read)
 
 
 def pod(namespace: str, name: str) -> dict[str, Any]:
