@@ -30,6 +30,7 @@ from agent.assembly import Agent, AgentConfig, build_agent
 from agent.core.events import Event
 from agent.core.residency import TurnPreparer
 from agent.parking.backends.base import Backend
+from agent.parking.setup import ParkingOptions
 from agent.server.service import LeaseService
 from commands.localnode.procs import wait_for
 from tests.harness.lines import JsonLines
@@ -54,6 +55,19 @@ def remove_short_tmpdirs() -> None:
     """Remove every directory `short_tmpdir` made (tests/conftest.py, as the session ends)."""
     while _MADE:
         shutil.rmtree(_MADE.pop(), ignore_errors=True)
+
+
+def one_small_fake_gpu(workdir: str, **options: Any) -> ParkingOptions:
+    """Parking on one simulated GPU of 100 MiB (its memory files under `workdir`, 1/64 of the
+    bytes), no headroom: two tenants of 60 MiB cannot both be resident."""
+    return ParkingOptions(
+        backend="fake",
+        fake_gpus="1x100",
+        fake_dir=f"{workdir}/gpus",
+        fake_scale=1 / 64,
+        headroom_mib=0,
+        **options,
+    )
 
 
 class AgentRunner:

@@ -13,7 +13,6 @@ import pytest
 from agent.node.jobturn_store import JobTurnStore
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.fakegpu import FakeGpuMemory
-from agent.parking.setup import ParkingOptions
 from agent.server import jobturns_link
 from agent.server.jobturns import JobTurns
 from agent.server.sessions import Session
@@ -21,7 +20,7 @@ from baton._pb import jobturns_pb2 as jt
 from baton.contract.names import LABEL_JOB, fake_gpu_uuid
 from tests.agent.server.test_jobturn_prepare import Answers
 from tests.agent.server.test_jobturns_link import until
-from tests.harness.agent import AgentRunner
+from tests.harness.agent import AgentRunner, one_small_fake_gpu
 
 GPU = fake_gpu_uuid(0)
 WAIT_S = 10.0
@@ -49,10 +48,8 @@ def test_a_turn_prepared_while_a_members_departed_process_is_forgotten_is_not_re
     context_restored), as it did when the preparation read the departed process's residency
     before the forget ran. A pod that leaves the node meanwhile still fails the prepare, naming
     it, rather than taking a turn for nobody."""
-    fake_dir = f"{workdir}/gpus"
-    parking = ParkingOptions(
-        backend="fake", fake_gpus="1x100", fake_dir=fake_dir, fake_scale=1 / 64, headroom_mib=0
-    )
+    parking = one_small_fake_gpu(workdir)
+    fake_dir = parking.fake_dir
     agent = AgentRunner(workdir, parking=parking).start()
     trainer, b = pod("trainer", {LABEL_JOB: "rl"}), pod("b")
     prep = agent.service.preparer

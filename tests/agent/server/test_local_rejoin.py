@@ -13,10 +13,9 @@ from agent.client import Baton, BatonError
 from agent.core import events as ev
 from agent.parking.backends.base import Residency
 from agent.parking.backends.fakegpu import FakeGpuMemory
-from agent.parking.setup import ParkingOptions
 from baton.contract.names import fake_gpu_uuid
 from commands.localnode.procs import wait_for
-from tests.harness.agent import AgentRunner
+from tests.harness.agent import AgentRunner, one_small_fake_gpu
 
 GPU = fake_gpu_uuid(0)
 A = "local/a"
@@ -32,10 +31,8 @@ def test_a_turn_prepared_for_a_tenant_that_left_parks_nobody_for_its_namesake(
     itself: it parked b (idle, resident) and restored the departed a's memory for nobody. The new
     registration now waits until the departed a is forgotten (logged): nothing moves."""
     caplog.set_level(logging.INFO, logger="agent.server.tenancy")
-    fake_dir = f"{workdir}/gpus"
-    parking = ParkingOptions(
-        backend="fake", fake_gpus="1x100", fake_dir=fake_dir, fake_scale=1 / 64, headroom_mib=0
-    )
+    parking = one_small_fake_gpu(workdir)
+    fake_dir = parking.fake_dir
     agent = AgentRunner(workdir, parking=parking).start()
     socket = agent.config.socket
     a = Baton(socket, [GPU], name="a", gpu_memory_mib=60)

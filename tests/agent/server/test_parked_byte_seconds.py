@@ -10,10 +10,9 @@ import pytest
 
 from agent.client import Baton
 from agent.parking.backends.fakegpu import FakeGpuMemory
-from agent.parking.setup import ParkingOptions
 from agent.server.accounting import Accounting
 from baton.contract.names import MIB, fake_gpu_uuid
-from tests.harness.agent import AgentRunner
+from tests.harness.agent import AgentRunner, one_small_fake_gpu
 
 GPU = fake_gpu_uuid(0)
 MIB_EACH = 60
@@ -48,13 +47,7 @@ def test_a_tenant_parked_and_restored_between_two_scrapes_is_charged_for_that_ti
 ) -> None:
     """a is parked for b's turn and restored for its own between two scrapes: it is charged
     for those moments; b, parked for a's turn, only from then on."""
-    parking = ParkingOptions(
-        backend="fake",
-        fake_gpus="1x100",
-        fake_dir=f"{workdir}/gpus",
-        fake_scale=1 / 64,
-        headroom_mib=0,
-    )
+    parking = one_small_fake_gpu(workdir)
     agent = AgentRunner(workdir, parking=parking).start()
     a = Baton(agent.config.socket, [GPU], name="a", gpu_memory_mib=MIB_EACH)
     b = Baton(agent.config.socket, [GPU], name="b", gpu_memory_mib=MIB_EACH)

@@ -13,9 +13,8 @@ from agent.core import events as ev
 from agent.node.tenants import POD, Tenant
 from agent.parking.backends.base import Residency
 from agent.parking.backends.fakegpu import FakeGpuMemory
-from agent.parking.setup import ParkingOptions
 from baton.contract.names import fake_gpu_uuid
-from tests.harness.agent import AgentRunner
+from tests.harness.agent import AgentRunner, one_small_fake_gpu
 
 GPU = fake_gpu_uuid(0)
 WAIT_S = 10.0
@@ -37,10 +36,8 @@ def test_a_turn_prepared_for_a_pod_that_left_parks_nobody_for_its_namesake(workd
     """Pod a (parked) is granted its turn and leaves the node while the restore waits for the
     lock; a pod of the same name appears at once. The departed a's preparation took the new one
     for itself: it parked b (idle, resident) and restored the departed a's memory for nobody."""
-    fake_dir = f"{workdir}/gpus"
-    parking = ParkingOptions(
-        backend="fake", fake_gpus="1x100", fake_dir=fake_dir, fake_scale=1 / 64, headroom_mib=0
-    )
+    parking = one_small_fake_gpu(workdir)
+    fake_dir = parking.fake_dir
     agent = AgentRunner(workdir, parking=parking).start()
     a, b = pod("a", "uid-a1"), pod("b", "uid-b")
     prep = agent.service.preparer

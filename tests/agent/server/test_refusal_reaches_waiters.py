@@ -14,11 +14,10 @@ import grpc
 import pytest
 
 from agent.client import AcquireTimeout, Baton
-from agent.parking.setup import ParkingOptions
 from baton.contract.names import fake_gpu_uuid
 from commands.demo.fakenode import tenant_env
 from tests.agent.server.llmd.llmd_client import TimeSliceOrchestratorClient
-from tests.harness.agent import AgentRunner
+from tests.harness.agent import AgentRunner, one_small_fake_gpu
 
 ROOT = Path(__file__).resolve().parents[3]
 GPU = fake_gpu_uuid(0)
@@ -30,14 +29,7 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture
 def node(workdir: str) -> Iterator[tuple[AgentRunner, subprocess.Popen[str]]]:
     """An agent with a 100 MiB GPU and a 50 MiB host budget; a 60 MiB tenant resident on it."""
-    parking = ParkingOptions(
-        backend="fake",
-        fake_gpus="1x100",
-        fake_dir=f"{workdir}/gpus",
-        fake_scale=1 / 64,
-        host_memory_budget_mib=50,
-        headroom_mib=0,
-    )
+    parking = one_small_fake_gpu(workdir, host_memory_budget_mib=50)
     agent = AgentRunner(
         workdir, parking=parking, llmd_listen="127.0.0.1:0", llmd_groups=(f"jobs={GPU}",)
     ).start()

@@ -14,9 +14,8 @@ import pytest
 from agent.client import AcquireTimeout, Baton
 from agent.parking.backends.base import Residency
 from agent.parking.backends.fakegpu import FakeGpuMemory
-from agent.parking.setup import ParkingOptions
 from baton.contract.names import fake_gpu_uuid
-from tests.harness.agent import AgentRunner
+from tests.harness.agent import AgentRunner, one_small_fake_gpu
 
 GPU = fake_gpu_uuid(0)
 WAIT_S = 10.0
@@ -29,13 +28,7 @@ def test_a_holder_whose_waiter_left_during_its_revocation_is_not_parked(
 ) -> None:
     """Its waiter gave up while the revocation read the node: a holder that yields takes its
     next turn with nothing moved; one that holds on keeps its turn, unrevoked and unparked."""
-    parking = ParkingOptions(
-        backend="fake",
-        fake_gpus="1x100",
-        fake_dir=f"{workdir}/gpus",
-        fake_scale=1 / 64,
-        headroom_mib=0,
-    )
+    parking = one_small_fake_gpu(workdir)
     agent = AgentRunner(workdir, parking=parking, max_hold=0.3).start()
     a = Baton(agent.config.socket, [GPU], name="a")
     b = Baton(agent.config.socket, [GPU], name="b")

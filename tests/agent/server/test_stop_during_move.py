@@ -12,10 +12,9 @@ import pytest
 
 from agent.client import Baton, BatonError
 from agent.parking.backends.fakegpu import FakeGpuMemory
-from agent.parking.setup import ParkingOptions
 from agent.server import turn_state
 from baton.contract.names import fake_gpu_uuid
-from tests.harness.agent import AgentRunner
+from tests.harness.agent import AgentRunner, one_small_fake_gpu
 
 GPU = fake_gpu_uuid(0)
 WAIT_S = 10.0
@@ -26,13 +25,7 @@ def test_a_stop_that_leaves_a_park_under_way_names_the_tenant_being_moved(
     workdir: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(turn_state, "CLOSE_WAIT_S", 0.05)
-    parking = ParkingOptions(
-        backend="fake",
-        fake_gpus="1x100",
-        fake_dir=f"{workdir}/gpus",
-        fake_scale=1 / 64,
-        headroom_mib=0,
-    )
+    parking = one_small_fake_gpu(workdir)
     agent = AgentRunner(workdir, parking=parking).start()
     backend = agent.service.preparer.backend  # type: ignore[attr-defined]
     parks, parking_now, let_go = backend.park, threading.Event(), threading.Event()
