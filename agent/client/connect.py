@@ -43,16 +43,19 @@ async def _handshake(
     socket: str, timeout: float
 ) -> tuple[str, asyncio.StreamReader, asyncio.StreamWriter]:
     """Connect to the handshake socket next to `socket` and read the token line."""
+    # `asyncio.timeout`, not `wait_for`: on Python 3.11 a wait_for whose inner call finishes as
+    # it is cancelled (close() during the connect) returns and drops the cancellation, and the
+    # close then waits out the next read's whole timeout.
     try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_unix_connection(handshake_path(socket)), timeout
-        )
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_unix_connection(handshake_path(socket))
     except TimeoutError:
         raise _unreachable(socket, f"no connection within {timeout:g} s") from None
     except OSError as exc:
         raise _unreachable(socket, exc) from None
     try:
-        line = await asyncio.wait_for(reader.readline(), timeout)
+        async with asyncio.timeout(timeout):
+            line = await reader.readline()
         return token_of(line), reader, writer
     except TimeoutError:
         writer.close()
@@ -99,7 +102,8 @@ async def _open_direct(
     hello.register.CopyFrom(registration)
     try:
         await link.write(pb.ClientMessage(hello=hello))
-        welcome = await asyncio.wait_for(link.read(), timeout)
+        async with asyncio.timeout(timeout):
+            welcome = await link.read()
     except (AgentUnavailable, TimeoutError) as exc:
         await link.close()
         raise AgentUnavailable(
@@ -131,7 +135,8 @@ async def _open_grpc(
         reply = await stub.Register(registration, metadata=metadata, timeout=timeout)
         call = stub.Session(metadata=metadata)
         await call.write(pb.ClientMessage(hello=hello))
-        welcome = await asyncio.wait_for(call.read(), timeout)
+        async with asyncio.timeout(timeout):
+            welcome = await call.read()
         if not isinstance(welcome, pb.AgentMessage):
             raise AgentUnavailable(f"the Baton agent at {socket} closed the session")
     except (grpc.aio.AioRpcError, TimeoutError, AgentUnavailable) as exc:
